@@ -1,0 +1,120 @@
+package wire
+
+import (
+	"errors"
+
+	"ticketing/locksm"
+)
+
+// Code is a stable error code carried in TypeError replies. Codes are never
+// renumbered; new ones are appended.
+type Code uint16
+
+const (
+	CodeBadRequest      Code = 1  // malformed frame or field
+	CodeInvalidKey      Code = 2  // locksm.ErrInvalidKey
+	CodeInvalidOwner    Code = 3  // locksm.ErrInvalidOwner
+	CodeInvalidLease    Code = 4  // locksm.ErrInvalidLease
+	CodeInvalidWait     Code = 5  // locksm.ErrInvalidWait
+	CodeNotHeld         Code = 6  // locksm.ErrNotHeld
+	CodeTokenMismatch   Code = 7  // locksm.ErrTokenMismatch
+	CodeOwnerMismatch   Code = 8  // locksm.ErrOwnerMismatch
+	CodeDuplicateID     Code = 9  // request id already in flight on this connection
+	CodeTooManyInFlight Code = 10 // per-connection pipeline limit
+	CodeNoQuorum        Code = 11 // leader cannot reach a majority: nothing was proposed
+	CodeShuttingDown    Code = 12 // node is stopping: nothing was proposed
+	CodeUnknownTarget   Code = 13 // cancel names no pending acquire of this connection
+	CodeAuthFailed      Code = 14 // handshake proof wrong
+	CodeVersion         Code = 15 // no common protocol version
+	CodeWrongNode       Code = 16 // peer handshake: not the node id the dialler expects
+	CodeWrongCluster    Code = 17 // handshake: cluster id differs
+	CodeInternal        Code = 18 // bug or storage failure; see the node's log
+	CodeFrameTooLarge   Code = 19 // frame length above MaxFrameLen
+	CodeUnexpectedFrame Code = 20 // frame type not valid in this state
+)
+
+// Sentinel errors of this package.
+var (
+	ErrFrameTooLarge   = errors.New("wire: frame too large")
+	ErrMalformed       = errors.New("wire: malformed frame")
+	ErrUnknownType     = errors.New("wire: unknown frame type")
+	ErrAuthFailed      = errors.New("wire: authentication failed")
+	ErrVersion         = errors.New("wire: no common protocol version")
+	ErrWrongNode       = errors.New("wire: peer is not the expected node")
+	ErrWrongCluster    = errors.New("wire: peer belongs to another cluster")
+	ErrDuplicateID     = errors.New("wire: request id already in flight")
+	ErrTooManyInFlight = errors.New("wire: too many requests in flight")
+	ErrNoQuorum        = errors.New("wire: leader has no quorum")
+	ErrShuttingDown    = errors.New("wire: node shutting down")
+	ErrUnknownTarget   = errors.New("wire: no such pending acquire")
+	ErrInternal        = errors.New("wire: internal error")
+	ErrUnexpectedFrame = errors.New("wire: unexpected frame type")
+	// ErrRemote wraps a TypeError reply whose code has no local sentinel.
+	ErrRemote = errors.New("wire: remote error")
+)
+
+// codeTable is the one mapping between sentinels and wire codes.
+var codeTable = []struct {
+	code Code
+	err  error
+}{
+	{CodeBadRequest, ErrMalformed},
+	{CodeInvalidKey, locksm.ErrInvalidKey},
+	{CodeInvalidOwner, locksm.ErrInvalidOwner},
+	{CodeInvalidLease, locksm.ErrInvalidLease},
+	{CodeInvalidWait, locksm.ErrInvalidWait},
+	{CodeNotHeld, locksm.ErrNotHeld},
+	{CodeTokenMismatch, locksm.ErrTokenMismatch},
+	{CodeOwnerMismatch, locksm.ErrOwnerMismatch},
+	{CodeDuplicateID, ErrDuplicateID},
+	{CodeTooManyInFlight, ErrTooManyInFlight},
+	{CodeNoQuorum, ErrNoQuorum},
+	{CodeShuttingDown, ErrShuttingDown},
+	{CodeUnknownTarget, ErrUnknownTarget},
+	{CodeAuthFailed, ErrAuthFailed},
+	{CodeVersion, ErrVersion},
+	{CodeWrongNode, ErrWrongNode},
+	{CodeWrongCluster, ErrWrongCluster},
+	{CodeInternal, ErrInternal},
+	{CodeFrameTooLarge, ErrFrameTooLarge},
+	{CodeUnexpectedFrame, ErrUnexpectedFrame},
+}
+
+// CodeOf maps an error (possibly wrapped) to its wire code; CodeInternal if
+// none matches.
+func CodeOf(err error) Code {
+	for _, e := range codeTable {
+		if errors.Is(err, e.err) {
+			return e.code
+		}
+	}
+	return CodeInternal
+}
+
+// ErrOf maps a wire code back to its sentinel (ErrRemote if unknown).
+func ErrOf(c Code) error {
+	for _, e := range codeTable {
+		if e.code == c {
+			return e.err
+		}
+	}
+	return ErrRemote
+}
+
+// String is the code's stable short name, used in logs and in the unix API.
+func (c Code) String() string {
+	if name, ok := codeNames[c]; ok {
+		return name
+	}
+	return "unknown"
+}
+
+var codeNames = map[Code]string{
+	CodeBadRequest: "bad_request", CodeInvalidKey: "invalid_key", CodeInvalidOwner: "invalid_owner",
+	CodeInvalidLease: "invalid_lease", CodeInvalidWait: "invalid_wait", CodeNotHeld: "not_held",
+	CodeTokenMismatch: "token_mismatch", CodeOwnerMismatch: "owner_mismatch", CodeDuplicateID: "duplicate_id",
+	CodeTooManyInFlight: "too_many_in_flight", CodeNoQuorum: "no_quorum", CodeShuttingDown: "shutting_down",
+	CodeUnknownTarget: "unknown_target", CodeAuthFailed: "auth_failed", CodeVersion: "version",
+	CodeWrongNode: "wrong_node", CodeWrongCluster: "wrong_cluster", CodeInternal: "internal",
+	CodeFrameTooLarge: "frame_too_large", CodeUnexpectedFrame: "unexpected_frame",
+}

@@ -1,0 +1,97 @@
+// Package wire owns Ticketing's TCP wire format: the framing, the
+// handshake (version negotiation and mutual challenge-response
+// authentication) and the request/reply messages of the client protocol, and
+// the handshake of the peer protocol. cluster/PROTOCOL.md is the contract;
+// this file and that document must agree.
+package wire
+
+// ProtocolVersion is the newest version this build speaks.
+//
+// History:
+//
+//	1 — first version: length-prefixed frames, mutual HMAC-SHA256 handshake,
+//	    acquire/release/cancel/ping/status requests.
+const ProtocolVersion = 1
+
+// Frame layout, all integers big-endian:
+//
+//	length uint32   // bytes that follow: 1 (type) + len(payload); 1..MaxFrameLen
+//	type   uint8    // one of the Type* constants
+//	payload [length-1]byte
+//
+// Strings inside payloads are a length then bytes: str8 = uint8 length,
+// str16 = uint16 length.
+const (
+	// MaxFrameLen bounds length. A larger length is a protocol error: the
+	// receiver answers with a connection-level error and closes.
+	MaxFrameLen = 4096
+)
+
+// Frame types. Lowercase letters are requests (client → server), capitals are
+// replies (server → client). Handshake frames are only valid during the
+// handshake; request/reply frames only after it.
+const (
+	// Handshake (see handshake.go for payloads).
+	TypeHello     = 'h' // client → server
+	TypeChallenge = 'C' // server → client
+	TypeAuth      = 'x' // client → server
+	TypeWelcome   = 'W' // server → client: handshake done
+
+	// Requests: every payload starts with id uint64 (client-chosen, nonzero,
+	// unique among this connection's requests in flight).
+	TypeAcquire = 'a' // id u64 | lease_sec u16 | wait_ms u32 | key str8 | owner str8
+	TypeRelease = 'r' // id u64 | token u64 | key str8 | owner str8
+	TypeCancel  = 'c' // id u64 | target u64 (id of a pending acquire on this connection)
+	TypePing    = 'p' // id u64
+	TypeStatus  = 's' // id u64
+
+	// Replies: every payload starts with the id of the request it answers;
+	// exactly one reply per request.
+	TypeGranted = 'G' // id u64 | token u64                 acquire granted (after commit)
+	TypeBusy    = 'B' // id u64                             definite: not acquired (wait 0, key held)
+	TypeTimeout = 'T' // id u64                             definite: wait ran out, never granted
+	TypeMoved   = 'M' // id u64 | leader_addr str8 | leader_id str8  not executed; empty addr = no leader known
+	TypeOK      = 'K' // id u64                             release done / cancel done
+	TypeUnknown = 'U' // id u64 | text str16                outcome unknown (the node cannot know whether it committed)
+	TypeError   = 'E' // id u64 | code u16 | text str16     definite failure; id 0 = connection error, then close
+	TypePong    = 'P' // id u64
+	TypeStatusR = 'S' // id u64 | node_id str8 | role u8 | term u64 | leader_id str8 | leader_addr str8 | commit u64 | applied u64 | last_token u64 | held u64 | waiting u64
+)
+
+// Msg is any post-handshake message, request or reply. Only the fields its
+// Type uses are encoded; the rest must be zero.
+type Msg struct {
+	Type   byte
+	ID     uint64
+	Key    string
+	Owner  string
+	Token  uint64
+	Lease  uint16 // seconds
+	WaitMs uint32
+	Target uint64 // TypeCancel
+	Code   Code   // TypeError
+	Text   string // TypeError, TypeUnknown
+	// TypeMoved and TypeStatusR.
+	LeaderAddr string
+	LeaderID   string
+	// TypeStatusR.
+	NodeID    string
+	Role      Role
+	Term      uint64
+	Commit    uint64
+	Applied   uint64
+	LastToken uint64
+	Held      uint64
+	Waiting   uint64
+}
+
+// Role of a node as reported in a status reply.
+type Role uint8
+
+const (
+	RoleUnknown   Role = 0
+	RoleFollower  Role = 1
+	RoleCandidate Role = 2
+	RoleLeader    Role = 3
+	RoleShutdown  Role = 4
+)

@@ -1,0 +1,158 @@
+// Package locksm is Ticketing's lock table as a pure, deterministic state
+// machine: it applies one command at a time to a State and reports what
+// happened (a Result for the command itself and Effects owed to others, such
+// as a hand-off grant to the head of a queue). It has no goroutines, reads no
+// clock and does no I/O; time enters only as the Now value that the proposing
+// leader stamped into each command. Every replica that applies the same
+// commands in the same order reaches the same State and the same Effects.
+package locksm
+
+import "errors"
+
+// Field constraints. They are part of the replicated semantics: every replica
+// must agree on them, so they are constants, not configuration. Changing one
+// is a protocol change (see cluster/PROTOCOL.md, "Field constraints").
+const (
+	// MaxKeyLen is the longest key in bytes. Keys are 1..MaxKeyLen bytes,
+	// each in the visible ASCII range 0x21..0x7E (no space, no control byte),
+	// so a key can travel unquoted in the unix line protocol.
+	MaxKeyLen = 255
+	// MaxOwnerLen is the longest owner id in bytes, same alphabet as keys.
+	MaxOwnerLen = 128
+	// MinLeaseSec and MaxLeaseSec bound the lease in whole seconds. Anything
+	// outside is rejected with ErrInvalidLease, never clamped.
+	MinLeaseSec = 1
+	MaxLeaseSec = 250
+	// MaxWaitMs is the longest wait bound in milliseconds (5 minutes).
+	// 0 means one immediate try. There is no infinite wait.
+	MaxWaitMs = 300_000
+)
+
+// Sentinel errors reported in Result.Err. Wire codes for them are assigned in
+// one table in cluster/wire.
+var (
+	ErrInvalidKey     = errors.New("locksm: invalid key")
+	ErrInvalidOwner   = errors.New("locksm: invalid owner")
+	ErrInvalidLease   = errors.New("locksm: invalid lease")
+	ErrInvalidWait    = errors.New("locksm: invalid wait")
+	ErrInvalidCommand = errors.New("locksm: invalid command")
+	// ErrNotHeld: release of a key that nobody holds (unknown or expired).
+	ErrNotHeld = errors.New("locksm: key not held")
+	// ErrTokenMismatch: the key is held, but under another token.
+	ErrTokenMismatch = errors.New("locksm: token mismatch")
+	// ErrOwnerMismatch: the token matches the holder but the owner does not.
+	ErrOwnerMismatch = errors.New("locksm: owner mismatch")
+	// ErrDuplicateRef: an acquire whose Ref is already queued on that key.
+	ErrDuplicateRef = errors.New("locksm: duplicate ref")
+	// ErrCorruptCommand / ErrCorruptSnapshot: a decoder met bytes it cannot
+	// accept (bad version, truncated, trailing bytes, out-of-range field).
+	ErrCorruptCommand  = errors.New("locksm: corrupt command")
+	ErrCorruptSnapshot = errors.New("locksm: corrupt snapshot")
+)
+
+// Op names a command.
+type Op uint8
+
+const (
+	// OpAcquire asks for Key on behalf of Owner with LeaseSec and WaitMs.
+	// Free key: granted at once with a fresh token. Held key and WaitMs == 0:
+	// Busy. Held key and WaitMs > 0: queued at the tail (FIFO) under Ref.
+	// Non-reentrant: the holder asking again is treated like anyone else.
+	OpAcquire Op = 1
+	// OpRelease releases Key if it is held by exactly (Owner, Token); the
+	// queue head (if any) becomes holder with a fresh token in this command.
+	OpRelease Op = 2
+	// OpExpire ends the holding of Key under Token because its lease ran out
+	// (the leader decides when; see Command.Now). A stale Token is a no-op.
+	// Hands off to the queue head like a release.
+	OpExpire Op = 3
+	// OpCancelWait removes the waiter Ref from Key's queue: its wait ran out
+	// or its requester went away. The waiter is owed a timeout (EffectTimedOut)
+	// and can never be granted afterwards. No-op if Ref is not queued there
+	// (already granted, or already gone).
+	OpCancelWait Op = 4
+	// OpDropWaiters removes every queued waiter of every key. A new leader
+	// proposes it before serving, because the connections those waiters were
+	// queued from died with the old leader: handing a key to one of them would
+	// leave it held by nobody who knows its token until its lease expires.
+	OpDropWaiters Op = 5
+)
+
+// Command is one replicated state change. The leader fills Now with its wall
+// clock (Unix milliseconds) when it proposes; the state machine records it
+// (grant and enqueue times, for inspection) and never reads a clock itself.
+type Command struct {
+	Op    Op
+	Now   int64  // Unix milliseconds stamped by the proposer
+	Key   string // all ops but OpDropWaiters
+	Owner string // OpAcquire, OpRelease
+	Token uint64 // OpRelease, OpExpire
+	// Ref is the proposer's identifier for an acquire: echoed in Effects that
+	// concern this waiter and used by OpCancelWait. Unique per proposer; the
+	// state machine rejects an acquire whose Ref is already queued on Key.
+	Ref      uint64
+	LeaseSec uint32 // OpAcquire: MinLeaseSec..MaxLeaseSec
+	WaitMs   uint32 // OpAcquire: 0..MaxWaitMs
+}
+
+// Status says what a command did.
+type Status uint8
+
+const (
+	StatusRejected Status = iota // validation or match failure: Result.Err says why
+	StatusGranted                // acquire granted now: Result.Token
+	StatusQueued                 // acquire queued: a later Effect grants it or times it out
+	StatusBusy                   // acquire with WaitMs == 0 on a held key: definite no
+	StatusReleased               // release done (hand-off, if any, in Effects)
+	StatusExpired                // expiry done (hand-off, if any, in Effects)
+	StatusCanceled               // waiter removed (its EffectTimedOut is in Effects)
+	StatusNoop                   // expire/cancel that found nothing to do (stale)
+	StatusDropped                // OpDropWaiters done (one EffectDropped per waiter)
+)
+
+// Result is the outcome of a command for its proposer.
+type Result struct {
+	Status Status
+	Token  uint64 // StatusGranted
+	Err    error  // StatusRejected: one of the sentinels above
+}
+
+// EffectKind says what an Effect owes.
+type EffectKind uint8
+
+const (
+	// EffectGranted: waiter Ref now holds Key under Token (hand-off).
+	EffectGranted EffectKind = iota + 1
+	// EffectTimedOut: waiter Ref was removed by OpCancelWait and will never
+	// be granted. Its requester is owed a T.
+	EffectTimedOut
+	// EffectDropped: waiter Ref was removed by OpDropWaiters.
+	EffectDropped
+)
+
+// Effect is something a command owes to a party other than its proposer.
+type Effect struct {
+	Kind     EffectKind
+	Key      string
+	Owner    string
+	Ref      uint64
+	Token    uint64 // EffectGranted
+	LeaseSec uint32 // EffectGranted: the waiter's requested lease
+}
+
+// Holder is the current holder of a key.
+type Holder struct {
+	Owner     string
+	Token     uint64
+	LeaseSec  uint32
+	GrantedAt int64 // Now of the command that granted it (Unix ms)
+}
+
+// Waiter is one queued acquire.
+type Waiter struct {
+	Owner      string
+	Ref        uint64
+	LeaseSec   uint32
+	WaitMs     uint32
+	EnqueuedAt int64 // Now of the acquire (Unix ms)
+}
