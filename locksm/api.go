@@ -5,6 +5,29 @@
 // clock and does no I/O; time enters only as the Now value that the proposing
 // leader stamped into each command. Every replica that applies the same
 // commands in the same order reaches the same State and the same Effects.
+//
+// # Expiry is decided by the leader, not by Now
+//
+// OpExpire carries the token of the holding to end, and Apply ends it if that
+// token still holds the key; it does not compare Command.Now with GrantedAt
+// and the lease. The leader decides that a lease ran out with its own
+// monotonic timers and proposes the expiry. Gating expiry on Now would tie
+// correctness to wall clocks: Now is stamped by whichever node leads, and
+// clocks of different leaders disagree. A leader whose clock is behind would
+// see every lease as still running and could hold locks forever; one whose
+// clock is ahead would cut leases short. Keeping Now out of the decision
+// makes the replicated outcome depend only on the order of commands. A
+// stale expiry (the holding already ended) is a harmless no-op, so the
+// leader may propose expiries freely after a leader change.
+//
+// # Tokens
+//
+// One token counter serves the whole table. Every grant, immediate or by
+// hand-off, takes the next value (the first is 1); tokens are never reused,
+// and the counter is part of snapshots, so it never goes back.
+//
+// The field constraints and the request × key-state matrix are in MATRIX.md
+// next to this file; the testdata scripts pin every cell of it.
 package locksm
 
 import "errors"
@@ -48,6 +71,10 @@ var (
 	// accept (bad version, truncated, trailing bytes, out-of-range field).
 	ErrCorruptCommand  = errors.New("locksm: corrupt command")
 	ErrCorruptSnapshot = errors.New("locksm: corrupt snapshot")
+	// ErrTokensExhausted: the counter reached 2^64-1, so no fresh token is
+	// left to grant with (unreachable in practice: 584,000 years at a
+	// million grants a second; possible only from a crafted snapshot).
+	ErrTokensExhausted = errors.New("locksm: tokens exhausted")
 )
 
 // Op names a command.
@@ -87,8 +114,10 @@ type Command struct {
 	Key   string // all ops but OpDropWaiters
 	Owner string // OpAcquire, OpRelease
 	Token uint64 // OpRelease, OpExpire
-	// Ref is the proposer's identifier for an acquire: echoed in Effects that
-	// concern this waiter and used by OpCancelWait. Unique per proposer; the
+	// Ref is the proposer's identifier for an acquire or a release (so the
+	// proposer can match the applied command to the request that owes a
+	// reply): echoed in Effects that concern an acquire's waiter and used by
+	// OpCancelWait. The state machine ignores it for releases. Unique per proposer; the
 	// state machine rejects an acquire whose Ref is already queued on Key.
 	Ref      uint64
 	LeaseSec uint32 // OpAcquire: MinLeaseSec..MaxLeaseSec

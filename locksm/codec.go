@@ -2,21 +2,282 @@ package locksm
 
 // A Raft log entry carries a batch of commands (so the leader can group many
 // clients' requests into one entry). The encoding is owned here.
-// TODO(helper): document the byte layout in this comment: version byte, count,
-// per command: op, now, key, owner, token, ref, lease, wait (only the fields
-// the op uses), with varints where they make it compact.
+//
+// Byte layout (uvarint/varint are encoding/binary's LEB128 forms; varint is
+// zig-zag; both must be minimal, so every accepted entry has exactly one
+// encoding and DecodeBatch∘AppendBatch is the identity on bytes):
+//
+//	batch   = version:byte(0x01) count:uvarint(0..MaxBatch) command*count
+//	command = op:byte fields(op)
+//	string  = len:uvarint bytes*len
+//
+//	op  name           fields, in this order
+//	1   OpAcquire      now:varint key:string owner:string ref:uvarint lease:uvarint wait:uvarint
+//	2   OpRelease      now:varint key:string owner:string token:uvarint ref:uvarint
+//	3   OpExpire       now:varint key:string token:uvarint
+//	4   OpCancelWait   key:string ref:uvarint
+//	5   OpDropWaiters  (none)
+//
+// Only the fields an op uses are carried; the others decode as zero (Apply
+// ignores them anyway). Now is carried only by ops that record it (grant or
+// enqueue time). A key is at most MaxKeyLen bytes and an owner at most
+// MaxOwnerLen; lease and wait must fit in uint32. Nothing else is validated
+// here: an empty key or a lease of 0 decodes fine and Apply rejects it, so
+// every replica reports the same error for it.
+//
+// DecodeBatch rejects, wrapping ErrCorruptCommand: an unknown version, a
+// count above MaxBatch or above the bytes left (every command takes at
+// least one byte), truncation, trailing bytes, an unknown op, an over-long
+// string, a non-minimal varint, a lease or wait above uint32.
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+)
 
 // MaxBatch is the most commands one entry may carry.
 const MaxBatch = 4096
 
+// batchVersion is the first byte of every entry. A new layout gets a new
+// version; entries written in an older one stay in the Raft log, so the
+// decoder must keep understanding every version it ever wrote.
+const batchVersion = 1
+
 // AppendBatch appends the encoding of cmds to dst.
-func AppendBatch(dst []byte, cmds []Command) []byte { panic("TODO") }
+//
+// It cannot fail, so it never refuses a command. Callers should vet commands
+// with ValidateCommand first; for those that slip through, a key or owner
+// longer than its bound is encoded as the empty string. Apply rejects both
+// with the same sentinel in the same order of checks, so the proposer still
+// gets the right answer, and the entry stays decodable instead of taking the
+// rest of the batch down with it. An unknown Op is encoded as is and makes
+// DecodeBatch reject the whole entry: that is a bug in the proposer, not
+// client input. Passing more than MaxBatch commands likewise produces an
+// entry DecodeBatch rejects.
+func AppendBatch(dst []byte, cmds []Command) []byte {
+	dst = append(dst, batchVersion)
+	dst = binary.AppendUvarint(dst, uint64(len(cmds)))
+	for i := range cmds {
+		c := &cmds[i]
+		dst = append(dst, byte(c.Op))
+		switch c.Op {
+		case OpAcquire:
+			dst = binary.AppendVarint(dst, c.Now)
+			dst = appendString(dst, c.Key, MaxKeyLen)
+			dst = appendString(dst, c.Owner, MaxOwnerLen)
+			dst = binary.AppendUvarint(dst, c.Ref)
+			dst = binary.AppendUvarint(dst, uint64(c.LeaseSec))
+			dst = binary.AppendUvarint(dst, uint64(c.WaitMs))
+		case OpRelease:
+			dst = binary.AppendVarint(dst, c.Now)
+			dst = appendString(dst, c.Key, MaxKeyLen)
+			dst = appendString(dst, c.Owner, MaxOwnerLen)
+			dst = binary.AppendUvarint(dst, c.Token)
+			dst = binary.AppendUvarint(dst, c.Ref)
+		case OpExpire:
+			dst = binary.AppendVarint(dst, c.Now)
+			dst = appendString(dst, c.Key, MaxKeyLen)
+			dst = binary.AppendUvarint(dst, c.Token)
+		case OpCancelWait:
+			dst = appendString(dst, c.Key, MaxKeyLen)
+			dst = binary.AppendUvarint(dst, c.Ref)
+		}
+	}
+	return dst
+}
+
+func appendString(dst []byte, s string, limit int) []byte {
+	if len(s) > limit {
+		s = ""
+	}
+	dst = binary.AppendUvarint(dst, uint64(len(s)))
+	return append(dst, s...)
+}
 
 // DecodeBatch decodes an entry produced by AppendBatch, appending the
 // commands to into. Corrupt input gives an error wrapping ErrCorruptCommand
-// (never a panic, never an allocation larger than the input warrants).
-func DecodeBatch(b []byte, into []Command) ([]Command, error) { panic("TODO") }
+// (never a panic, never an allocation larger than the input warrants). On
+// error into is returned unextended.
+func DecodeBatch(b []byte, into []Command) ([]Command, error) {
+	d := decoder{b: b}
+	if v := d.byte(); d.err == nil && v != batchVersion {
+		return into, fmt.Errorf("%w: unknown batch version %d", ErrCorruptCommand, v)
+	}
+	n := d.uvarint()
+	if d.err != nil {
+		return into, d.corrupt()
+	}
+	if n > MaxBatch {
+		return into, fmt.Errorf("%w: batch of %d commands exceeds %d", ErrCorruptCommand, n, MaxBatch)
+	}
+	if n > uint64(len(d.b)) {
+		return into, fmt.Errorf("%w: %d commands cannot fit in %d bytes", ErrCorruptCommand, n, len(d.b))
+	}
+	orig := len(into)
+	into = slices.Grow(into, int(n))
+	for i := range int(n) {
+		var c Command
+		c.Op = Op(d.byte())
+		switch c.Op {
+		case OpAcquire:
+			c.Now = d.varint()
+			c.Key = d.string(MaxKeyLen)
+			c.Owner = d.string(MaxOwnerLen)
+			c.Ref = d.uvarint()
+			c.LeaseSec = d.uint32()
+			c.WaitMs = d.uint32()
+		case OpRelease:
+			c.Now = d.varint()
+			c.Key = d.string(MaxKeyLen)
+			c.Owner = d.string(MaxOwnerLen)
+			c.Token = d.uvarint()
+			c.Ref = d.uvarint()
+		case OpExpire:
+			c.Now = d.varint()
+			c.Key = d.string(MaxKeyLen)
+			c.Token = d.uvarint()
+		case OpCancelWait:
+			c.Key = d.string(MaxKeyLen)
+			c.Ref = d.uvarint()
+		case OpDropWaiters:
+		default:
+			if d.err == nil {
+				d.err = fmt.Errorf("unknown op %d", c.Op)
+			}
+		}
+		if d.err != nil {
+			clear(into[orig:len(into)]) // drop string references we appended
+			return into[:orig], fmt.Errorf("%w: command %d: %v", ErrCorruptCommand, i, d.err)
+		}
+		into = append(into, c)
+	}
+	if len(d.b) != 0 {
+		clear(into[orig:len(into)])
+		return into[:orig], fmt.Errorf("%w: %d trailing bytes", ErrCorruptCommand, len(d.b))
+	}
+	return into, nil
+}
+
+// decoder reads from b with a sticky error, so the per-op field lists above
+// read straight through and are checked once.
+type decoder struct {
+	b   []byte
+	err error
+}
+
+func (d *decoder) corrupt() error { return fmt.Errorf("%w: %v", ErrCorruptCommand, d.err) }
+
+func (d *decoder) byte() byte {
+	if d.err != nil {
+		return 0
+	}
+	if len(d.b) == 0 {
+		d.err = errTruncated
+		return 0
+	}
+	c := d.b[0]
+	d.b = d.b[1:]
+	return c
+}
+
+func (d *decoder) uvarint() uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n, err := uvarint(d.b)
+	if err != nil {
+		d.err = err
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) varint() int64 {
+	u := d.uvarint()
+	// Zig-zag, as binary.AppendVarint writes it.
+	return int64(u>>1) ^ -int64(u&1)
+}
+
+func (d *decoder) uint32() uint32 {
+	v := d.uvarint()
+	if v > math.MaxUint32 && d.err == nil {
+		d.err = errUint32
+	}
+	return uint32(v)
+}
+
+func (d *decoder) string(limit int) string {
+	n := d.uvarint()
+	if d.err != nil {
+		return ""
+	}
+	if n > uint64(limit) {
+		d.err = fmt.Errorf("string of %d bytes exceeds %d", n, limit)
+		return ""
+	}
+	if n > uint64(len(d.b)) {
+		d.err = errTruncated
+		return ""
+	}
+	s := string(d.b[:n])
+	d.b = d.b[n:]
+	return s
+}
+
+// Decoding errors shared by the batch and snapshot decoders; each decoder
+// wraps them in its own sentinel.
+var (
+	errTruncated  = errors.New("truncated")
+	errOverflow   = errors.New("varint overflows 64 bits")
+	errNonMinimal = errors.New("non-minimal varint")
+	errUint32     = errors.New("value exceeds 32 bits")
+)
+
+// uvarint is binary.Uvarint that also refuses non-minimal encodings (a
+// trailing 0x00 continuation byte), which keeps every encoding canonical.
+func uvarint(b []byte) (uint64, int, error) {
+	v, n := binary.Uvarint(b)
+	switch {
+	case n == 0:
+		return 0, 0, errTruncated
+	case n < 0:
+		return 0, 0, errOverflow
+	case n > 1 && b[n-1] == 0:
+		return 0, 0, errNonMinimal
+	}
+	return v, n, nil
+}
 
 // ValidateKey and ValidateOwner check the field constraints (see MaxKeyLen).
-func ValidateKey(key string) error     { panic("TODO") }
-func ValidateOwner(owner string) error { panic("TODO") }
+// They return the bare sentinel (ErrInvalidKey, ErrInvalidOwner) so it can
+// go into Result.Err and be compared with ==.
+func ValidateKey(key string) error {
+	if !validIdent(key, MaxKeyLen) {
+		return ErrInvalidKey
+	}
+	return nil
+}
+
+// ValidateOwner checks an owner id: 1..MaxOwnerLen bytes in 0x21..0x7E.
+func ValidateOwner(owner string) error {
+	if !validIdent(owner, MaxOwnerLen) {
+		return ErrInvalidOwner
+	}
+	return nil
+}
+
+func validIdent(s string, limit int) bool {
+	if len(s) == 0 || len(s) > limit {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x21 || c > 0x7e {
+			return false
+		}
+	}
+	return true
+}

@@ -2,15 +2,62 @@
 // authenticated, pipelined TCP connection that sends requests and matches
 // replies by id (cluster/PROTOCOL.md, "Response matching rules"). It does not
 // follow M, reconnect or retry: that is sidecar.Broker's job, built on it.
+//
+// Writes go through one combining buffer: callers append their encoded
+// request under a mutex and wake a single writer goroutine, which sends
+// everything buffered in one Write. Under many concurrent callers this turns
+// dozens of requests into one syscall, and no caller ever blocks on the
+// socket, so a cancelled context always returns promptly. Replies are read by
+// one reader goroutine and handed to the waiting call by id.
+//
+// Written accounting: ids are assigned in buffer order, and before each
+// Write the writer records the highest id in it. A request counts as written
+// once a Write that contained it was attempted — conservatively, since some
+// of those bytes may never have left, but never the other way round, so a
+// request reported unwritten truly never reached the socket and may be sent
+// again elsewhere.
 package client
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net"
+	"os"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"ticketing/cluster/wire"
 )
+
+// Sentinel errors of this package.
+var (
+	// ErrConnClosed: the connection is dead (closed locally, by the server,
+	// or by an I/O error); errors of calls that were in flight wrap it and
+	// the cause.
+	ErrConnClosed = errors.New("client: connection closed")
+	// ErrProtocol: the server broke the protocol (reply to an unknown id, a
+	// reply type that cannot answer the request, a malformed frame, or a
+	// connection-level error). The connection is closed; the error wraps
+	// ErrConnClosed too.
+	ErrProtocol = errors.New("client: protocol violation")
+	// ErrInvalidRequest: Start/Do was given a message it cannot send (not a
+	// request type, nonzero ID, or a field that does not encode). Nothing
+	// was sent.
+	ErrInvalidRequest = errors.New("client: invalid request")
+	// ErrAbandoned: the call was withdrawn by Abandon before it was sent.
+	ErrAbandoned = errors.New("client: request abandoned before sending")
+)
+
+// DefaultHandshakeTimeout bounds dial + handshake when Config leaves it zero.
+const DefaultHandshakeTimeout = 5 * time.Second
+
+// frameRef is where one request's frame starts in Conn.wbuf.
+type frameRef struct {
+	id  uint64
+	off int
+}
 
 // Config configures Dial.
 type Config struct {
@@ -26,17 +73,168 @@ type Config struct {
 
 // Conn is one client connection. Safe for concurrent use: many goroutines may
 // have requests in flight at once; replies may arrive in any order.
-type Conn struct{}
+type Conn struct {
+	nc   net.Conn
+	peer wire.Peer
 
-// Dial connects to addr and runs the handshake.
-func Dial(ctx context.Context, addr string, cfg Config) (*Conn, error) { panic("TODO") }
+	// wmu guards the write side: id assignment, the combining buffer and
+	// closed. Ids are assigned under it so that buffer order is id order.
+	wmu    sync.Mutex
+	lastID uint64 // last id assigned
+	wbuf   []byte // encoded requests not yet taken by the writer
+	// wframes locates each request in wbuf, in id order, so that Abandon
+	// can withdraw one that was never sent.
+	wframes []frameRef
+	closed  bool // no more appends once set
+
+	// writtenUpTo is the highest id whose bytes were handed to a Write.
+	writtenUpTo atomic.Uint64
+
+	kick chan struct{} // wakes the writer; capacity 1
+
+	// pmu guards pending. Lock order: wmu before pmu.
+	pmu     sync.Mutex
+	pending map[uint64]*Call
+
+	dead     chan struct{} // closed by shutdown
+	deadOnce sync.Once
+	deadErr  error // why the connection died; set before dead is closed
+}
+
+// Dial connects to addr and runs the handshake. Cancelling ctx, or
+// HandshakeTimeout running out, aborts the dial and the handshake.
+func Dial(ctx context.Context, addr string, cfg Config) (*Conn, error) {
+	timeout := cfg.HandshakeTimeout
+	if timeout <= 0 {
+		timeout = DefaultHandshakeTimeout
+	}
+	hctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	dial := cfg.Dialer
+	if dial == nil {
+		var d net.Dialer
+		dial = d.DialContext
+	}
+	nc, err := dial(hctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("client: dial %s: %w", addr, err)
+	}
+	deadline, _ := hctx.Deadline()
+	if err := nc.SetDeadline(deadline); err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("client: %s: %w", addr, err)
+	}
+	// A cancelled ctx must interrupt a handshake blocked in Read: a deadline
+	// in the past does that without closing the socket under the handshake.
+	stop := context.AfterFunc(hctx, func() { nc.SetDeadline(time.Unix(1, 0)) })
+	peer, err := wire.ClientHandshake(nc, wire.HandshakeConfig{
+		Kind:      wire.KindClient,
+		Secret:    cfg.Secret,
+		ClusterID: cfg.ClusterID,
+	})
+	stopped := stop()
+	switch {
+	case err == nil && !stopped:
+		// The AfterFunc may still be setting its deadline: do not race it.
+		err = context.Cause(hctx)
+	case err != nil && hctx.Err() != nil:
+		err = fmt.Errorf("%w (%w)", context.Cause(hctx), err)
+	case err != nil && errors.Is(err, os.ErrDeadlineExceeded):
+		// The socket deadline (== hctx's) can fire just before hctx does.
+		err = fmt.Errorf("%w (%w)", context.DeadlineExceeded, err)
+	case err == nil:
+		err = nc.SetDeadline(time.Time{})
+	}
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("client: handshake with %s: %w", addr, err)
+	}
+	return newConn(nc, peer), nil
+}
+
+// newConn starts the reader and writer of an authenticated connection.
+func newConn(nc net.Conn, peer wire.Peer) *Conn {
+	c := &Conn{
+		nc:      nc,
+		peer:    peer,
+		kick:    make(chan struct{}, 1),
+		pending: make(map[uint64]*Call),
+		dead:    make(chan struct{}),
+	}
+	go c.readLoop()
+	go c.writeLoop()
+	return c
+}
+
+// Peer returns what the handshake learned about the node (its node id and
+// the negotiated version).
+func (c *Conn) Peer() wire.Peer { return c.peer }
+
+// RemoteAddr is the node's address.
+func (c *Conn) RemoteAddr() net.Addr { return c.nc.RemoteAddr() }
 
 // Do sends m (its ID is assigned by Conn; the caller leaves it 0) and waits
 // for its reply. written reports whether any byte of the request reached the
 // socket: if err != nil and written is true, the outcome is unknown.
 // Cancelling ctx stops the wait (the request may still run on the server);
 // the error then wraps ctx.Err().
-func (c *Conn) Do(ctx context.Context, m wire.Msg) (reply wire.Msg, written bool, err error) { panic("TODO") }
+//
+// A reply is returned as is, TypeError included, with err == nil: err is set
+// only when no reply was matched, which is exactly when the outcome may be
+// unknown.
+func (c *Conn) Do(ctx context.Context, m wire.Msg) (reply wire.Msg, written bool, err error) {
+	call, err := c.Start(m)
+	if err != nil {
+		return wire.Msg{}, false, err
+	}
+	select {
+	case <-call.done:
+		return call.Reply, call.Written, call.Err
+	case <-ctx.Done():
+		written := c.Abandon(call)
+		return wire.Msg{}, written, fmt.Errorf("client: waiting for reply to %d: %w", call.ID, ctx.Err())
+	}
+}
+
+// Abandon gives up on call without closing the connection and reports
+// whether its request was written. A request still in the send buffer is
+// withdrawn (never sent: false, and Done is closed with an error wrapping
+// ErrAbandoned); a written one stays pending and its reply is dropped when
+// it arrives (true: its outcome is unknown to the caller). Abandoning a
+// completed call just returns its Written.
+func (c *Conn) Abandon(call *Call) (written bool) {
+	c.wmu.Lock()
+	if c.closed || call.ID <= c.writtenUpTo.Load() {
+		c.wmu.Unlock()
+		// Closed: writtenUpTo is final. Otherwise it was already taken
+		// by the writer. Either way no later Write can include it.
+		return c.isWritten(call.ID)
+	}
+	// Still in wbuf: the writer has not seen it, cut it out.
+	for i, f := range c.wframes {
+		if f.id != call.ID {
+			continue
+		}
+		end := len(c.wbuf)
+		if i+1 < len(c.wframes) {
+			end = c.wframes[i+1].off
+		}
+		size := end - f.off
+		c.wbuf = append(c.wbuf[:f.off], c.wbuf[end:]...)
+		for j := i + 1; j < len(c.wframes); j++ {
+			c.wframes[j].off -= size
+		}
+		c.wframes = append(c.wframes[:i], c.wframes[i+1:]...)
+		break
+	}
+	c.pmu.Lock()
+	delete(c.pending, call.ID)
+	c.pmu.Unlock()
+	c.wmu.Unlock()
+	call.Err = fmt.Errorf("request %d: %w", call.ID, ErrAbandoned)
+	close(call.done)
+	return false
+}
 
 // Call is one request in flight.
 type Call struct {
@@ -50,13 +248,198 @@ type Call struct {
 	Err error
 	// Written reports whether any byte of the request reached the socket.
 	Written bool
+
+	done    chan struct{}
+	reqType byte
 }
 
-// Start sends m without waiting (m.ID must be 0; Conn assigns it).
-func (c *Conn) Start(m wire.Msg) (*Call, error) { panic("TODO") }
+// Start sends m without waiting (m.ID must be 0; Conn assigns it). The
+// request is queued for the writer goroutine; Start never blocks on the
+// socket. Errors wrap ErrInvalidRequest (nothing queued) or ErrConnClosed.
+func (c *Conn) Start(m wire.Msg) (*Call, error) {
+	if m.ID != 0 {
+		return nil, fmt.Errorf("%w: ID must be 0, Conn assigns it", ErrInvalidRequest)
+	}
+	if !wire.IsRequest(m.Type) {
+		return nil, fmt.Errorf("%w: %s is not a request type", ErrInvalidRequest, wire.TypeName(m.Type))
+	}
+	done := make(chan struct{})
+	call := &Call{Done: done, done: done, reqType: m.Type}
 
-// Close closes the connection; calls waiting in Do return an error.
-func (c *Conn) Close() error { panic("TODO") }
+	c.wmu.Lock()
+	if c.closed {
+		c.wmu.Unlock()
+		return nil, c.closedErr()
+	}
+	m.ID = c.lastID + 1
+	buf, err := wire.AppendMsg(c.wbuf, &m)
+	if err != nil {
+		c.wmu.Unlock()
+		return nil, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+	}
+	c.wframes = append(c.wframes, frameRef{id: m.ID, off: len(c.wbuf)})
+	c.wbuf = buf
+	c.lastID = m.ID
+	call.ID = m.ID
+	// Registered before the writer can take the bytes, so the reply can
+	// never arrive for an id the reader does not know.
+	c.pmu.Lock()
+	c.pending[call.ID] = call
+	c.pmu.Unlock()
+	c.wmu.Unlock()
+
+	select {
+	case c.kick <- struct{}{}:
+	default: // the writer is already due to run
+	}
+	return call, nil
+}
+
+// Close closes the connection; calls waiting in Do return an error wrapping
+// ErrConnClosed. Close is idempotent.
+func (c *Conn) Close() error {
+	c.shutdown(ErrConnClosed)
+	return nil
+}
 
 // Done is closed when the connection is dead (closed by either side).
-func (c *Conn) Done() <-chan struct{} { panic("TODO") }
+func (c *Conn) Done() <-chan struct{} { return c.dead }
+
+// Err returns why the connection died (wrapping ErrConnClosed), or nil while
+// it is alive.
+func (c *Conn) Err() error {
+	select {
+	case <-c.dead:
+		return c.deadErr
+	default:
+		return nil
+	}
+}
+
+// InFlight returns how many calls await a reply (cancelled Do calls
+// included, until their reply comes).
+func (c *Conn) InFlight() int {
+	c.pmu.Lock()
+	defer c.pmu.Unlock()
+	return len(c.pending)
+}
+
+func (c *Conn) isWritten(id uint64) bool { return id <= c.writtenUpTo.Load() }
+
+func (c *Conn) closedErr() error {
+	<-c.dead // closed is set inside shutdown just before dead is closed
+	return c.deadErr
+}
+
+// writeLoop sends whatever callers buffered, in one Write per wake-up. It
+// owns two buffers and swaps them, so appends continue while it writes.
+func (c *Conn) writeLoop() {
+	var spare []byte
+	for {
+		select {
+		case <-c.kick:
+		case <-c.dead:
+			return
+		}
+		c.wmu.Lock()
+		if c.closed {
+			c.wmu.Unlock()
+			return
+		}
+		out := c.wbuf
+		c.wbuf = spare[:0]
+		c.wframes = c.wframes[:0]
+		// Recorded before the Write, under wmu, so that shutdown (which sets
+		// closed under wmu) reads the final value: conservative "written".
+		c.writtenUpTo.Store(c.lastID)
+		c.wmu.Unlock()
+		if len(out) == 0 {
+			spare = out
+			continue
+		}
+		if _, err := c.nc.Write(out); err != nil {
+			c.shutdown(fmt.Errorf("writing: %w", err))
+			return
+		}
+		if cap(out) > 1<<20 {
+			out = nil // a burst grew it; do not keep a megabyte per idle conn
+		}
+		spare = out
+	}
+}
+
+// readLoop matches replies to calls until the connection dies.
+func (c *Conn) readLoop() {
+	r := wire.NewReader(c.nc)
+	var m wire.Msg
+	for {
+		if err := r.ReadMsg(&m); err != nil {
+			if errors.Is(err, wire.ErrMalformed) || errors.Is(err, wire.ErrUnknownType) ||
+				errors.Is(err, wire.ErrUnexpectedFrame) || errors.Is(err, wire.ErrFrameTooLarge) {
+				err = fmt.Errorf("%w: %w", ErrProtocol, err)
+			} else {
+				err = fmt.Errorf("reading: %w", err)
+			}
+			c.shutdown(err)
+			return
+		}
+		if m.Type == wire.TypeError && m.ID == 0 {
+			// The server's connection-level error: it closes after it.
+			c.shutdown(fmt.Errorf("%w: server error %s: %w: %q", ErrProtocol, m.Code, wire.ErrOf(m.Code), m.Text))
+			return
+		}
+		if !wire.IsReply(m.Type) {
+			c.shutdown(fmt.Errorf("%w: request frame %s from server", ErrProtocol, wire.TypeName(m.Type)))
+			return
+		}
+		c.pmu.Lock()
+		call := c.pending[m.ID]
+		if call != nil && wire.ReplyAllowed(call.reqType, m.Type) {
+			delete(c.pending, m.ID)
+		}
+		c.pmu.Unlock()
+		if call == nil {
+			c.shutdown(fmt.Errorf("%w: reply %s to unknown id %d", ErrProtocol, wire.TypeName(m.Type), m.ID))
+			return
+		}
+		if !wire.ReplyAllowed(call.reqType, m.Type) {
+			c.shutdown(fmt.Errorf("%w: reply %s cannot answer request %s (id %d)", ErrProtocol, wire.TypeName(m.Type), wire.TypeName(call.reqType), m.ID))
+			return
+		}
+		call.Reply = m
+		call.Written = true
+		close(call.done)
+	}
+}
+
+// shutdown kills the connection once: it stops new requests, closes the
+// socket (which ends the reader and unblocks the writer) and fails every
+// pending call with cause, recording whether each was written.
+func (c *Conn) shutdown(cause error) {
+	c.deadOnce.Do(func() {
+		err := ErrConnClosed
+		if cause != ErrConnClosed {
+			err = fmt.Errorf("%w: %w", ErrConnClosed, cause)
+		}
+		c.wmu.Lock()
+		c.closed = true
+		c.wbuf, c.wframes = nil, nil
+		c.wmu.Unlock()
+		// From here writtenUpTo is final: the writer stores it only under
+		// wmu while !closed.
+		c.nc.Close()
+
+		c.pmu.Lock()
+		pending := c.pending
+		c.pending = nil
+		c.pmu.Unlock()
+
+		c.deadErr = err
+		close(c.dead)
+		for id, call := range pending {
+			call.Err = fmt.Errorf("request %d: %w", id, err)
+			call.Written = c.isWritten(id)
+			close(call.done)
+		}
+	})
+}

@@ -1,31 +1,450 @@
 package wire
 
-import "io"
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+
+	"ticketing/locksm"
+)
+
+// headerLen is the size of the length prefix.
+const headerLen = 4
+
+// MaxFrameBytes is the largest complete frame on the wire: the length prefix
+// plus MaxFrameLen bytes (type and payload). Reader's buffer has this size.
+const MaxFrameBytes = headerLen + MaxFrameLen
+
+// MaxTextLen is the longest text a TypeError or TypeUnknown can carry: what
+// is left of MaxFrameLen after type, id, code and the str16 length.
+const MaxTextLen = MaxFrameLen - 1 - 8 - 2 - 2
 
 // SplitFrame is the incremental frame parser: given the bytes received so
 // far, it returns the first complete frame's type and payload (aliasing b)
 // and the number of bytes it used. n == 0 and err == nil mean "need more
-// bytes". A length of 0 or above MaxFrameLen gives ErrFrameTooLarge or
-// ErrMalformed with a quoted snippet, before the rest of the frame arrives.
-func SplitFrame(b []byte) (typ byte, payload []byte, n int, err error) { panic("TODO") }
+// bytes". A length of 0 (ErrMalformed) or above MaxFrameLen
+// (ErrFrameTooLarge) is reported as soon as the 4-byte header is visible,
+// before the rest of the frame arrives, so a peer speaking another protocol
+// (an HTTP probe, say) is refused at once instead of being waited for; the
+// error quotes the first bytes in hex and ASCII for the log.
+//
+// SplitFrame does no I/O, holds no state and does not look at the type byte:
+// DecodeMsg (or the handshake) judges the type.
+func SplitFrame(b []byte) (typ byte, payload []byte, n int, err error) {
+	if len(b) < headerLen {
+		return 0, nil, 0, nil
+	}
+	length := binary.BigEndian.Uint32(b)
+	if length == 0 {
+		return 0, nil, 0, fmt.Errorf("%w: length 0 (bytes %s)", ErrMalformed, Snippet(b))
+	}
+	if length > MaxFrameLen {
+		return 0, nil, 0, fmt.Errorf("%w: length %d > %d (bytes %s)", ErrFrameTooLarge, length, MaxFrameLen, Snippet(b))
+	}
+	end := headerLen + int(length)
+	if len(b) < end {
+		return 0, nil, 0, nil
+	}
+	return b[headerLen], b[headerLen+1 : end : end], end, nil
+}
+
+// snippetLen is how many bytes Snippet quotes.
+const snippetLen = 16
+
+// Snippet renders the first bytes of b as hex and as ASCII (non-printable
+// bytes as '.'), for error messages about bytes a peer sent: short enough for
+// one log line, recognisable when someone points the wrong protocol at a port.
+func Snippet(b []byte) string {
+	more := ""
+	if len(b) > snippetLen {
+		b, more = b[:snippetLen], "…"
+	}
+	buf := make([]byte, 0, 5*len(b)+8)
+	for i, c := range b {
+		if i > 0 {
+			buf = append(buf, ' ')
+		}
+		buf = append(buf, "0123456789abcdef"[c>>4], "0123456789abcdef"[c&15])
+	}
+	buf = append(buf, more...)
+	buf = append(buf, ' ', '"')
+	for _, c := range b {
+		if c < 0x20 || c > 0x7E || c == '"' || c == '\\' {
+			c = '.'
+		}
+		buf = append(buf, c)
+	}
+	buf = append(buf, '"')
+	buf = append(buf, more...)
+	return string(buf)
+}
+
+// TypeName is a short printable name for a frame type: its letter when it
+// is printable, else its hex value.
+func TypeName(typ byte) string {
+	if typ >= 0x21 && typ <= 0x7E {
+		return "'" + string(rune(typ)) + "'"
+	}
+	return "0x" + strconv.FormatUint(uint64(typ), 16)
+}
+
+// decoder reads a payload field by field. The first failure sticks (later
+// reads return zero values) so the per-type code stays a flat list of reads
+// followed by one check; errors are only built on the failure path.
+type decoder struct {
+	b    []byte
+	fail bool
+}
+
+func (d *decoder) take(n int) []byte {
+	if d.fail || len(d.b) < n {
+		d.fail = true
+		return nil
+	}
+	p := d.b[:n]
+	d.b = d.b[n:]
+	return p
+}
+
+func (d *decoder) u8() byte {
+	if p := d.take(1); p != nil {
+		return p[0]
+	}
+	return 0
+}
+
+func (d *decoder) u16() uint16 {
+	if p := d.take(2); p != nil {
+		return binary.BigEndian.Uint16(p)
+	}
+	return 0
+}
+
+func (d *decoder) u32() uint32 {
+	if p := d.take(4); p != nil {
+		return binary.BigEndian.Uint32(p)
+	}
+	return 0
+}
+
+func (d *decoder) u64() uint64 {
+	if p := d.take(8); p != nil {
+		return binary.BigEndian.Uint64(p)
+	}
+	return 0
+}
+
+func (d *decoder) str8() string {
+	n := int(d.u8())
+	return string(d.take(n))
+}
+
+func (d *decoder) str16() string {
+	n := int(d.u16())
+	return string(d.take(n))
+}
+
+// done reports whether every read fitted and nothing is left over.
+func (d *decoder) done() bool { return !d.fail && len(d.b) == 0 }
 
 // DecodeMsg decodes a post-handshake frame into m (which it overwrites).
-// Errors wrap ErrMalformed or ErrUnknownType.
-func DecodeMsg(typ byte, payload []byte, m *Msg) error { panic("TODO") }
+//
+// It validates the payload exactly: the fixed fields and every str8/str16
+// must fit, nothing may trail, request ids (and cancel targets) are nonzero,
+// reply ids are nonzero except for TypeError (id 0 = connection error),
+// error codes are nonzero, roles are known, and keys and owners have
+// locksm's lengths (1..MaxKeyLen, 1..MaxOwnerLen; their alphabet is checked
+// by locksm or ValidKey/ValidOwner).
+//
+// Errors wrap ErrMalformed, ErrUnknownType, or ErrUnexpectedFrame (a
+// handshake frame after the handshake). A key or owner of the wrong length
+// also wraps locksm.ErrInvalidKey / ErrInvalidOwner, so CodeOf answers
+// invalid_key / invalid_owner as locksm would. On error, m.Type is set, and
+// m.ID too when the payload holds one, so a server can answer a request
+// under its id instead of dropping the connection.
+func DecodeMsg(typ byte, payload []byte, m *Msg) error {
+	*m = Msg{Type: typ}
+	d := decoder{b: payload}
+	isReq := IsRequest(typ)
+	if !isReq && !IsReply(typ) {
+		if isHandshake(typ) {
+			return fmt.Errorf("%w: handshake frame %s after the handshake", ErrUnexpectedFrame, TypeName(typ))
+		}
+		return fmt.Errorf("%w: %s (payload %s)", ErrUnknownType, TypeName(typ), Snippet(payload))
+	}
+	m.ID = d.u64()
+	if d.fail {
+		return malformed(typ, "short id", payload)
+	}
+	switch typ {
+	case TypeAcquire:
+		m.Lease = d.u16()
+		m.WaitMs = d.u32()
+		m.Key = d.str8()
+		m.Owner = d.str8()
+	case TypeRelease:
+		m.Token = d.u64()
+		m.Key = d.str8()
+		m.Owner = d.str8()
+	case TypeCancel:
+		m.Target = d.u64()
+	case TypeGranted:
+		m.Token = d.u64()
+	case TypeMoved:
+		m.LeaderAddr = d.str8()
+		m.LeaderID = d.str8()
+	case TypeUnknown:
+		m.Text = d.str16()
+	case TypeError:
+		m.Code = Code(d.u16())
+		m.Text = d.str16()
+	case TypeStatusR:
+		m.NodeID = d.str8()
+		m.Role = Role(d.u8())
+		m.Term = d.u64()
+		m.LeaderID = d.str8()
+		m.LeaderAddr = d.str8()
+		m.Commit = d.u64()
+		m.Applied = d.u64()
+		m.LastToken = d.u64()
+		m.Held = d.u64()
+		m.Waiting = d.u64()
+	}
+	if !d.done() {
+		if d.fail {
+			return malformed(typ, "truncated payload or string length beyond it", payload)
+		}
+		return malformed(typ, strconv.Itoa(len(d.b))+" trailing bytes", payload)
+	}
+	if err := checkFields(m); err != nil {
+		return fmt.Errorf("%w (frame %s)", err, TypeName(typ))
+	}
+	return nil
+}
 
-// AppendMsg appends m as one complete frame to dst. It fails (without
-// appending) if a field does not fit its encoding or the frame would exceed
-// MaxFrameLen.
-func AppendMsg(dst []byte, m *Msg) ([]byte, error) { panic("TODO") }
+func malformed(typ byte, what string, payload []byte) error {
+	return fmt.Errorf("%w: frame %s: %s (payload %s)", ErrMalformed, TypeName(typ), what, Snippet(payload))
+}
 
-// Reader reads frames from a stream with a bounded buffer (MaxFrameLen+5).
-type Reader struct{}
+// checkFields holds the value rules shared by DecodeMsg and AppendMsg, so
+// that whatever AppendMsg writes DecodeMsg accepts and vice versa.
+func checkFields(m *Msg) error {
+	if m.ID == 0 && m.Type != TypeError {
+		return fmt.Errorf("%w: id 0", ErrMalformed)
+	}
+	switch m.Type {
+	case TypeAcquire, TypeRelease:
+		if len(m.Key) == 0 || len(m.Key) > locksm.MaxKeyLen {
+			return fmt.Errorf("%w: %w: key length %d not in 1..%d", ErrMalformed, locksm.ErrInvalidKey, len(m.Key), locksm.MaxKeyLen)
+		}
+		if len(m.Owner) == 0 || len(m.Owner) > locksm.MaxOwnerLen {
+			return fmt.Errorf("%w: %w: owner length %d not in 1..%d", ErrMalformed, locksm.ErrInvalidOwner, len(m.Owner), locksm.MaxOwnerLen)
+		}
+	case TypeCancel:
+		if m.Target == 0 {
+			return fmt.Errorf("%w: cancel target 0", ErrMalformed)
+		}
+	case TypeError:
+		if m.Code == 0 {
+			return fmt.Errorf("%w: error code 0", ErrMalformed)
+		}
+	case TypeStatusR:
+		if m.Role > RoleShutdown {
+			return fmt.Errorf("%w: role %d", ErrMalformed, m.Role)
+		}
+	}
+	return nil
+}
+
+// errTooLong reports a string that does not fit its length prefix.
+var errTooLong = errors.New("string too long for its length prefix")
+
+// payloadLen returns the encoded payload size of m and checks that every
+// string fits its length prefix.
+func payloadLen(m *Msg) (int, error) {
+	s8 := func(s string) int {
+		if len(s) > 255 {
+			return -1 << 30
+		}
+		return 1 + len(s)
+	}
+	s16 := func(s string) int {
+		if len(s) > 0xFFFF {
+			return -1 << 30
+		}
+		return 2 + len(s)
+	}
+	n := 8 // id
+	switch m.Type {
+	case TypeAcquire:
+		n += 2 + 4 + s8(m.Key) + s8(m.Owner)
+	case TypeRelease:
+		n += 8 + s8(m.Key) + s8(m.Owner)
+	case TypeCancel, TypeGranted:
+		n += 8
+	case TypePing, TypeStatus, TypeBusy, TypeTimeout, TypeOK, TypePong:
+	case TypeMoved:
+		n += s8(m.LeaderAddr) + s8(m.LeaderID)
+	case TypeUnknown:
+		n += s16(m.Text)
+	case TypeError:
+		n += 2 + s16(m.Text)
+	case TypeStatusR:
+		n += s8(m.NodeID) + 1 + 8 + s8(m.LeaderID) + s8(m.LeaderAddr) + 5*8
+	default:
+		return 0, fmt.Errorf("%w: cannot encode %s", ErrUnknownType, TypeName(m.Type))
+	}
+	if n < 0 {
+		return 0, fmt.Errorf("%w: frame %s: %w", ErrMalformed, TypeName(m.Type), errTooLong)
+	}
+	return n, nil
+}
+
+// AppendMsg appends m as one complete frame to dst. It encodes only the
+// fields m.Type uses (others are ignored) and fails, without appending, if a
+// field does not fit its encoding, breaks a rule DecodeMsg enforces, or the
+// frame would exceed MaxFrameLen (ErrFrameTooLarge). With enough capacity in
+// dst it does not allocate.
+func AppendMsg(dst []byte, m *Msg) ([]byte, error) {
+	n, err := payloadLen(m)
+	if err != nil {
+		return dst, err
+	}
+	if 1+n > MaxFrameLen {
+		return dst, fmt.Errorf("%w: frame %s would be %d bytes > %d", ErrFrameTooLarge, TypeName(m.Type), 1+n, MaxFrameLen)
+	}
+	if err := checkFields(m); err != nil {
+		return dst, fmt.Errorf("%w (frame %s)", err, TypeName(m.Type))
+	}
+	b := binary.BigEndian.AppendUint32(dst, uint32(1+n))
+	b = append(b, m.Type)
+	b = binary.BigEndian.AppendUint64(b, m.ID)
+	switch m.Type {
+	case TypeAcquire:
+		b = binary.BigEndian.AppendUint16(b, m.Lease)
+		b = binary.BigEndian.AppendUint32(b, m.WaitMs)
+		b = appendStr8(b, m.Key)
+		b = appendStr8(b, m.Owner)
+	case TypeRelease:
+		b = binary.BigEndian.AppendUint64(b, m.Token)
+		b = appendStr8(b, m.Key)
+		b = appendStr8(b, m.Owner)
+	case TypeCancel:
+		b = binary.BigEndian.AppendUint64(b, m.Target)
+	case TypeGranted:
+		b = binary.BigEndian.AppendUint64(b, m.Token)
+	case TypeMoved:
+		b = appendStr8(b, m.LeaderAddr)
+		b = appendStr8(b, m.LeaderID)
+	case TypeUnknown:
+		b = appendStr16(b, m.Text)
+	case TypeError:
+		b = binary.BigEndian.AppendUint16(b, uint16(m.Code))
+		b = appendStr16(b, m.Text)
+	case TypeStatusR:
+		b = appendStr8(b, m.NodeID)
+		b = append(b, byte(m.Role))
+		b = binary.BigEndian.AppendUint64(b, m.Term)
+		b = appendStr8(b, m.LeaderID)
+		b = appendStr8(b, m.LeaderAddr)
+		b = binary.BigEndian.AppendUint64(b, m.Commit)
+		b = binary.BigEndian.AppendUint64(b, m.Applied)
+		b = binary.BigEndian.AppendUint64(b, m.LastToken)
+		b = binary.BigEndian.AppendUint64(b, m.Held)
+		b = binary.BigEndian.AppendUint64(b, m.Waiting)
+	}
+	return b, nil
+}
+
+// appendStr8 and appendStr16 assume the caller checked the length.
+func appendStr8(b []byte, s string) []byte {
+	return append(append(b, byte(len(s))), s...)
+}
+
+func appendStr16(b []byte, s string) []byte {
+	return append(binary.BigEndian.AppendUint16(b, uint16(len(s))), s...)
+}
+
+// Reader reads frames from a stream with a bounded buffer of MaxFrameBytes
+// (the largest legal frame), so a peer cannot make it grow. One Read may
+// bring many small frames; they are then split without further syscalls.
+// A Reader is not safe for concurrent use.
+type Reader struct {
+	r    io.Reader
+	buf  []byte
+	head int   // start of unparsed bytes
+	tail int   // end of received bytes
+	rerr error // error of the last Read, reported once its data is used
+	err  error // sticky error returned by every later call
+}
 
 // NewReader wraps r.
-func NewReader(r io.Reader) *Reader { panic("TODO") }
+func NewReader(r io.Reader) *Reader {
+	return &Reader{r: r, buf: make([]byte, MaxFrameBytes)}
+}
 
 // ReadFrame returns the next frame; payload is valid until the next call.
-func (r *Reader) ReadFrame() (typ byte, payload []byte, err error) { panic("TODO") }
+// At a frame boundary a clean end of stream is io.EOF; inside a frame it is
+// io.ErrUnexpectedEOF. Framing errors (SplitFrame's) and read errors are
+// sticky: the stream cannot be resynchronised after them.
+func (r *Reader) ReadFrame() (typ byte, payload []byte, err error) {
+	for {
+		if r.err != nil {
+			return 0, nil, r.err
+		}
+		typ, payload, n, err := SplitFrame(r.buf[r.head:r.tail])
+		if err != nil {
+			r.err = err
+			return 0, nil, err
+		}
+		if n > 0 {
+			r.head += n
+			return typ, payload, nil
+		}
+		// Need more bytes. The previous payload is no longer promised to
+		// the caller, so unparsed bytes may move to the front.
+		if r.head == r.tail {
+			r.head, r.tail = 0, 0
+		} else if r.tail == len(r.buf) {
+			r.tail = copy(r.buf, r.buf[r.head:r.tail])
+			r.head = 0
+		}
+		if r.rerr != nil {
+			// No complete frame left before the read error.
+			r.err = r.rerr
+			if r.err == io.EOF && r.head != r.tail {
+				r.err = io.ErrUnexpectedEOF
+			}
+			continue
+		}
+		m, err := r.r.Read(r.buf[r.tail:])
+		r.tail += m
+		// An error that came with data is kept until that data is split.
+		r.rerr = err
+	}
+}
 
-// ReadMsg reads and decodes the next post-handshake message.
-func (r *Reader) ReadMsg(m *Msg) error { panic("TODO") }
+// Buffered returns how many received bytes are not yet returned as frames.
+func (r *Reader) Buffered() int { return r.tail - r.head }
+
+// ReadMsg reads and decodes the next post-handshake message. A decoding
+// error is not sticky: framing is intact, so the caller may go on reading.
+func (r *Reader) ReadMsg(m *Msg) error {
+	typ, payload, err := r.ReadFrame()
+	if err != nil {
+		return err
+	}
+	return DecodeMsg(typ, payload, m)
+}
+
+// IsFieldError reports whether err, from DecodeMsg, concerns only the value
+// of a request's key or owner (wrong length): the frame was well formed and
+// m.ID is valid, so a server should answer E(invalid_key / invalid_owner)
+// under that id and keep the connection, instead of treating it as a
+// connection error that would leave every other request in flight on the
+// connection indeterminate.
+func IsFieldError(err error) bool {
+	return errors.Is(err, locksm.ErrInvalidKey) || errors.Is(err, locksm.ErrInvalidOwner)
+}

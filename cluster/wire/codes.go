@@ -53,16 +53,19 @@ var (
 	ErrRemote = errors.New("wire: remote error")
 )
 
-// codeTable is the one mapping between sentinels and wire codes.
+// codeTable is the one mapping between sentinels and wire codes. Order
+// matters only to CodeOf for an error that wraps several sentinels: the
+// specific field errors come before the generic ErrMalformed, so a decode
+// error for a bad key length (which wraps both) answers invalid_key.
 var codeTable = []struct {
 	code Code
 	err  error
 }{
-	{CodeBadRequest, ErrMalformed},
 	{CodeInvalidKey, locksm.ErrInvalidKey},
 	{CodeInvalidOwner, locksm.ErrInvalidOwner},
 	{CodeInvalidLease, locksm.ErrInvalidLease},
 	{CodeInvalidWait, locksm.ErrInvalidWait},
+	{CodeBadRequest, ErrMalformed},
 	{CodeNotHeld, locksm.ErrNotHeld},
 	{CodeTokenMismatch, locksm.ErrTokenMismatch},
 	{CodeOwnerMismatch, locksm.ErrOwnerMismatch},

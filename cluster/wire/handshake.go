@@ -1,6 +1,15 @@
 package wire
 
-import "io"
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+)
 
 // ConnKind says which secret and which checks a handshake uses.
 type ConnKind uint8
@@ -12,7 +21,7 @@ const (
 
 // HandshakeConfig is one side's view of a handshake.
 //
-// Payloads (TODO(helper): keep identical to cluster/PROTOCOL.md):
+// Payloads (identical to cluster/PROTOCOL.md, "Handshake"):
 //
 //	Hello     'h': magic "TKTG" | min_version u16 | max_version u16 | kind u8 |
 //	               client_nonce [32] | cluster_id str8 | sender_id str8 | expect_id str8
@@ -61,11 +70,319 @@ type Peer struct {
 // NonceLen is the size of each side's nonce.
 const NonceLen = 32
 
+// MinProtocolVersion is the oldest version this build still speaks.
+const MinProtocolVersion = 1
+
+// MinSecretLen is the shortest secret HandshakeConfig accepts: HMAC keys
+// shorter than this are guessable offline from one recorded handshake.
+const MinSecretLen = 16
+
+// Magic opens every Hello, so a node can tell a Ticketing dialler from a
+// stray connection at its first bytes.
+const Magic = "TKTG"
+
+// ErrBadConfig reports a HandshakeConfig that cannot work (short secret,
+// bad kind, missing ids); it is returned before any byte is sent.
+var ErrBadConfig = errors.New("wire: bad handshake config")
+
+// Proof labels: distinct per direction, so a server proof can never be
+// replayed as a client proof (or vice versa) for the same transcript.
+const (
+	serverLabel = "ticketing/server/v1"
+	clientLabel = "ticketing/client/v1"
+)
+
+const proofLen = sha256.Size
+
 // ClientHandshake runs the dialler's side on rw (a fresh connection, deadline
 // set by the caller). Both handshake functions read exactly the handshake's
 // frames from rw and never more, so the caller can wrap rw in its own
-// buffered reader afterwards.
-func ClientHandshake(rw io.ReadWriter, cfg HandshakeConfig) (Peer, error) { panic("TODO") }
+// buffered reader afterwards. It never sleeps: pacing failed attempts is the
+// caller's job.
+//
+// The client checks the Challenge (version within its range, cluster id,
+// server proof, and server_id == ExpectNodeID when that is set) before it
+// sends its own proof, so an impostor learns nothing it could replay.
+// Errors wrap ErrAuthFailed, ErrVersion, ErrWrongNode, ErrWrongCluster,
+// ErrMalformed, ErrUnexpectedFrame, ErrBadConfig, the sentinel of an error
+// code the server sent, or an I/O error.
+func ClientHandshake(rw io.ReadWriter, cfg HandshakeConfig) (Peer, error) {
+	return clientHandshake(rw, cfg, MinProtocolVersion, ProtocolVersion)
+}
+
+// clientHandshake takes the version range as parameters so that tests can
+// play an older or newer client.
+func clientHandshake(rw io.ReadWriter, cfg HandshakeConfig, minV, maxV uint16) (Peer, error) {
+	if err := cfg.check(true); err != nil {
+		return Peer{}, err
+	}
+	var cn [NonceLen]byte
+	if err := readNonce(cfg.Rand, cn[:]); err != nil {
+		return Peer{}, err
+	}
+	hello := make([]byte, 0, 64+3*256)
+	hello = append(hello, 0, 0, 0, 0, TypeHello)
+	hello = append(hello, Magic...)
+	hello = binary.BigEndian.AppendUint16(hello, minV)
+	hello = binary.BigEndian.AppendUint16(hello, maxV)
+	hello = append(hello, byte(cfg.Kind))
+	hello = append(hello, cn[:]...)
+	hello = appendStr8(hello, cfg.ClusterID)
+	hello = appendStr8(hello, cfg.NodeID)
+	hello = appendStr8(hello, cfg.ExpectNodeID)
+	if _, err := rw.Write(finishFrame(hello)); err != nil {
+		return Peer{}, fmt.Errorf("wire: handshake: sending hello: %w", err)
+	}
+
+	buf := make([]byte, MaxFrameBytes)
+	typ, payload, err := readFrameExact(rw, buf)
+	if err != nil {
+		return Peer{}, fmt.Errorf("wire: handshake: reading challenge: %w", err)
+	}
+	switch typ {
+	case TypeChallenge:
+	case TypeError:
+		return Peer{}, remoteError(payload, "server")
+	default:
+		return Peer{}, fail(rw, CodeUnexpectedFrame, fmt.Errorf("%w: %s instead of challenge", ErrUnexpectedFrame, TypeName(typ)))
+	}
+	d := decoder{b: payload}
+	version := d.u16()
+	sn := d.take(NonceLen)
+	serverID := d.str8()
+	clusterID := d.str8()
+	serverProof := d.take(proofLen)
+	if !d.done() {
+		return Peer{}, fail(rw, CodeBadRequest, malformed(typ, "bad challenge payload", payload))
+	}
+	if version < minV || version > maxV {
+		return Peer{}, fail(rw, CodeVersion, fmt.Errorf("%w: server chose %d, client speaks %d..%d", ErrVersion, version, minV, maxV))
+	}
+	if clusterID != cfg.ClusterID {
+		return Peer{}, fail(rw, CodeWrongCluster, fmt.Errorf("%w: server is in cluster %q, expected %q", ErrWrongCluster, clusterID, cfg.ClusterID))
+	}
+	t := transcript(version, cfg.Kind, cn[:], sn, clusterID, serverID, cfg.NodeID, cfg.ExpectNodeID, cfg.ChannelBinding)
+	if !hmac.Equal(serverProof, proof(cfg.Secret, serverLabel, t)) {
+		return Peer{}, fail(rw, CodeAuthFailed, fmt.Errorf("%w: server proof does not match (wrong secret or impostor)", ErrAuthFailed))
+	}
+	// The server refuses a wrong expect_id itself; checking again here
+	// (now that server_id is proven) guards against a server that does not.
+	if cfg.ExpectNodeID != "" && serverID != cfg.ExpectNodeID {
+		return Peer{}, fail(rw, CodeWrongNode, fmt.Errorf("%w: reached %q, expected %q", ErrWrongNode, serverID, cfg.ExpectNodeID))
+	}
+
+	auth := append(buf[:0], 0, 0, 0, 0, TypeAuth)
+	auth = append(auth, proof(cfg.Secret, clientLabel, t)...)
+	if _, err := rw.Write(finishFrame(auth)); err != nil {
+		return Peer{}, fmt.Errorf("wire: handshake: sending auth: %w", err)
+	}
+	typ, payload, err = readFrameExact(rw, buf)
+	if err != nil {
+		return Peer{}, fmt.Errorf("wire: handshake: reading welcome: %w", err)
+	}
+	switch {
+	case typ == TypeError:
+		return Peer{}, remoteError(payload, "server")
+	case typ != TypeWelcome:
+		return Peer{}, fail(rw, CodeUnexpectedFrame, fmt.Errorf("%w: %s instead of welcome", ErrUnexpectedFrame, TypeName(typ)))
+	case len(payload) != 0:
+		return Peer{}, fail(rw, CodeBadRequest, malformed(typ, "welcome with payload", payload))
+	}
+	return Peer{Version: version, NodeID: serverID, ClusterID: clusterID}, nil
+}
 
 // ServerHandshake runs the accepting side on rw.
-func ServerHandshake(rw io.ReadWriter, cfg HandshakeConfig) (Peer, error) { panic("TODO") }
+//
+// It picks the highest version both sides speak, then checks kind, cluster
+// id and (for peers, or any dialler that names one) expect_id against its
+// NodeID before it spends a nonce, and finally the client proof. Every
+// refusal is answered with a TypeError (id 0) carrying the matching code,
+// then the error is returned; the caller closes the connection. Errors wrap
+// the same sentinels as ClientHandshake's.
+func ServerHandshake(rw io.ReadWriter, cfg HandshakeConfig) (Peer, error) {
+	if err := cfg.check(false); err != nil {
+		return Peer{}, err
+	}
+	buf := make([]byte, MaxFrameBytes)
+	typ, payload, err := readFrameExact(rw, buf)
+	if err != nil {
+		if errors.Is(err, ErrFrameTooLarge) || errors.Is(err, ErrMalformed) {
+			return Peer{}, fail(rw, CodeOf(err), fmt.Errorf("wire: handshake: reading hello: %w", err))
+		}
+		return Peer{}, fmt.Errorf("wire: handshake: reading hello: %w", err)
+	}
+	if typ != TypeHello {
+		return Peer{}, fail(rw, CodeUnexpectedFrame, fmt.Errorf("%w: %s instead of hello (payload %s)", ErrUnexpectedFrame, TypeName(typ), Snippet(payload)))
+	}
+	d := decoder{b: payload}
+	magic := d.take(len(Magic))
+	minV := d.u16()
+	maxV := d.u16()
+	kind := ConnKind(d.u8())
+	cn := d.take(NonceLen)
+	clusterID := d.str8()
+	senderID := d.str8()
+	expectID := d.str8()
+	if !d.done() || string(magic) != Magic {
+		return Peer{}, fail(rw, CodeBadRequest, malformed(typ, "bad hello payload", payload))
+	}
+	version := min(maxV, ProtocolVersion)
+	if minV > maxV || version < minV || version < MinProtocolVersion {
+		return Peer{}, fail(rw, CodeVersion, fmt.Errorf("%w: client speaks %d..%d, server %d..%d", ErrVersion, minV, maxV, MinProtocolVersion, ProtocolVersion))
+	}
+	if kind != cfg.Kind {
+		return Peer{}, fail(rw, CodeBadRequest, fmt.Errorf("%w: connection kind %d on a port for kind %d", ErrMalformed, kind, cfg.Kind))
+	}
+	if clusterID != cfg.ClusterID {
+		return Peer{}, fail(rw, CodeWrongCluster, fmt.Errorf("%w: dialler is in cluster %q, this node in %q", ErrWrongCluster, clusterID, cfg.ClusterID))
+	}
+	if (kind == KindPeer || expectID != "") && expectID != cfg.NodeID {
+		return Peer{}, fail(rw, CodeWrongNode, fmt.Errorf("%w: dialler expects %q, this node is %q", ErrWrongNode, expectID, cfg.NodeID))
+	}
+
+	var sn [NonceLen]byte
+	if err := readNonce(cfg.Rand, sn[:]); err != nil {
+		return Peer{}, fail(rw, CodeInternal, err)
+	}
+	t := transcript(version, kind, cn, sn[:], clusterID, cfg.NodeID, senderID, expectID, cfg.ChannelBinding)
+	ch := make([]byte, 0, 128+len(cfg.NodeID)+len(cfg.ClusterID))
+	ch = append(ch, 0, 0, 0, 0, TypeChallenge)
+	ch = binary.BigEndian.AppendUint16(ch, version)
+	ch = append(ch, sn[:]...)
+	ch = appendStr8(ch, cfg.NodeID)
+	ch = appendStr8(ch, cfg.ClusterID)
+	ch = append(ch, proof(cfg.Secret, serverLabel, t)...)
+	if _, err := rw.Write(finishFrame(ch)); err != nil {
+		return Peer{}, fmt.Errorf("wire: handshake: sending challenge: %w", err)
+	}
+
+	typ, payload, err = readFrameExact(rw, buf)
+	if err != nil {
+		if errors.Is(err, ErrFrameTooLarge) || errors.Is(err, ErrMalformed) {
+			return Peer{}, fail(rw, CodeOf(err), fmt.Errorf("wire: handshake: reading auth: %w", err))
+		}
+		return Peer{}, fmt.Errorf("wire: handshake: reading auth: %w", err)
+	}
+	switch {
+	case typ == TypeError:
+		return Peer{}, remoteError(payload, "client")
+	case typ != TypeAuth:
+		return Peer{}, fail(rw, CodeUnexpectedFrame, fmt.Errorf("%w: %s instead of auth", ErrUnexpectedFrame, TypeName(typ)))
+	case len(payload) != proofLen:
+		return Peer{}, fail(rw, CodeBadRequest, malformed(typ, "auth payload is not "+strconv.Itoa(proofLen)+" bytes", payload))
+	}
+	if !hmac.Equal(payload, proof(cfg.Secret, clientLabel, t)) {
+		return Peer{}, fail(rw, CodeAuthFailed, fmt.Errorf("%w: client proof does not match", ErrAuthFailed))
+	}
+	if _, err := rw.Write([]byte{0, 0, 0, 1, TypeWelcome}); err != nil {
+		return Peer{}, fmt.Errorf("wire: handshake: sending welcome: %w", err)
+	}
+	return Peer{Version: version, NodeID: senderID, ClusterID: clusterID}, nil
+}
+
+// check validates cfg before any I/O; dialler says which side uses it.
+func (cfg *HandshakeConfig) check(dialler bool) error {
+	switch {
+	case cfg.Kind != KindClient && cfg.Kind != KindPeer:
+		return fmt.Errorf("%w: kind %d", ErrBadConfig, cfg.Kind)
+	case len(cfg.Secret) < MinSecretLen:
+		return fmt.Errorf("%w: secret is %d bytes, need at least %d", ErrBadConfig, len(cfg.Secret), MinSecretLen)
+	case len(cfg.ClusterID) > 255 || len(cfg.NodeID) > 255 || len(cfg.ExpectNodeID) > 255 || len(cfg.ChannelBinding) > 255:
+		return fmt.Errorf("%w: an id or the channel binding is longer than 255 bytes", ErrBadConfig)
+	case dialler && cfg.Kind == KindPeer && (cfg.NodeID == "" || cfg.ExpectNodeID == ""):
+		return fmt.Errorf("%w: a peer dialler needs NodeID and ExpectNodeID", ErrBadConfig)
+	case !dialler && cfg.Kind == KindPeer && cfg.NodeID == "":
+		return fmt.Errorf("%w: a peer server needs NodeID", ErrBadConfig)
+	}
+	return nil
+}
+
+func readNonce(r io.Reader, b []byte) error {
+	if r == nil {
+		r = rand.Reader
+	}
+	if _, err := io.ReadFull(r, b); err != nil {
+		return fmt.Errorf("wire: handshake: reading nonce: %w", err)
+	}
+	return nil
+}
+
+// finishFrame fills the length prefix of a frame built after 4 zero bytes.
+func finishFrame(b []byte) []byte {
+	binary.BigEndian.PutUint32(b, uint32(len(b)-headerLen))
+	return b
+}
+
+// readFrameExact reads one frame with io.ReadFull, never past its end, so
+// the bytes after the handshake stay in the connection for the caller's
+// buffered reader. buf must hold MaxFrameBytes.
+func readFrameExact(r io.Reader, buf []byte) (typ byte, payload []byte, err error) {
+	if _, err := io.ReadFull(r, buf[:headerLen]); err != nil {
+		return 0, nil, err
+	}
+	if _, _, _, err := SplitFrame(buf[:headerLen]); err != nil {
+		return 0, nil, err
+	}
+	n := headerLen + int(binary.BigEndian.Uint32(buf))
+	if _, err := io.ReadFull(r, buf[headerLen:n]); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return 0, nil, err
+	}
+	return buf[headerLen], buf[headerLen+1 : n], nil
+}
+
+// transcript is the byte string both proofs sign: everything either side
+// said that matters, so no field can be swapped without breaking a proof.
+func transcript(version uint16, kind ConnKind, cn, sn []byte, clusterID, serverID, senderID, expectID string, binding []byte) []byte {
+	t := make([]byte, 0, 3+2*NonceLen+5+len(clusterID)+len(serverID)+len(senderID)+len(expectID)+len(binding))
+	t = binary.BigEndian.AppendUint16(t, version)
+	t = append(t, byte(kind))
+	t = append(t, cn...)
+	t = append(t, sn...)
+	t = appendStr8(t, clusterID)
+	t = appendStr8(t, serverID)
+	t = appendStr8(t, senderID)
+	t = appendStr8(t, expectID)
+	t = append(t, byte(len(binding)))
+	t = append(t, binding...)
+	return t
+}
+
+// proof is HMAC-SHA256(secret, label 0x00 transcript).
+func proof(secret []byte, label string, t []byte) []byte {
+	h := hmac.New(sha256.New, secret)
+	h.Write([]byte(label))
+	h.Write([]byte{0})
+	h.Write(t)
+	return h.Sum(nil)
+}
+
+// fail sends a connection-level TypeError (id 0) with code and a short
+// text, ignoring write errors (the connection is being abandoned anyway),
+// and returns err.
+func fail(w io.Writer, code Code, err error) error {
+	text := err.Error()
+	if len(text) > 200 {
+		text = text[:200]
+	}
+	if b, e := AppendMsg(nil, &Msg{Type: TypeError, Code: code, Text: text}); e == nil {
+		_, _ = w.Write(b)
+	}
+	return err
+}
+
+// remoteError turns a TypeError received during the handshake into an error
+// wrapping the code's sentinel.
+func remoteError(payload []byte, side string) error {
+	var m Msg
+	if err := DecodeMsg(TypeError, payload, &m); err != nil {
+		return fmt.Errorf("wire: handshake: bad error frame from %s: %w", side, err)
+	}
+	text := m.Text
+	if len(text) > 200 {
+		text = text[:200]
+	}
+	return fmt.Errorf("wire: handshake refused by %s (%s): %w: %q", side, m.Code, ErrOf(m.Code), text)
+}

@@ -5,6 +5,8 @@
 // this file and that document must agree.
 package wire
 
+import "ticketing/locksm"
+
 // ProtocolVersion is the newest version this build speaks.
 //
 // History:
@@ -95,3 +97,98 @@ const (
 	RoleLeader    Role = 3
 	RoleShutdown  Role = 4
 )
+
+// String names the role for logs and the unix API status output.
+func (r Role) String() string {
+	switch r {
+	case RoleFollower:
+		return "follower"
+	case RoleCandidate:
+		return "candidate"
+	case RoleLeader:
+		return "leader"
+	case RoleShutdown:
+		return "shutdown"
+	}
+	return "unknown"
+}
+
+// IsRequest reports whether typ is a post-handshake request type.
+func IsRequest(typ byte) bool {
+	switch typ {
+	case TypeAcquire, TypeRelease, TypeCancel, TypePing, TypeStatus:
+		return true
+	}
+	return false
+}
+
+// IsReply reports whether typ is a post-handshake reply type.
+func IsReply(typ byte) bool {
+	switch typ {
+	case TypeGranted, TypeBusy, TypeTimeout, TypeMoved, TypeOK, TypeUnknown,
+		TypeError, TypePong, TypeStatusR:
+		return true
+	}
+	return false
+}
+
+// isHandshake reports whether typ is only valid during the handshake.
+func isHandshake(typ byte) bool {
+	switch typ {
+	case TypeHello, TypeChallenge, TypeAuth, TypeWelcome:
+		return true
+	}
+	return false
+}
+
+// ReplyAllowed reports whether a reply of type reply may answer a request of
+// type req (cluster/PROTOCOL.md, "Replies per request"). A client treats any
+// other pairing as a protocol violation. E may answer every request; M and U
+// only requests that the leader proposes through Raft.
+func ReplyAllowed(req, reply byte) bool {
+	if reply == TypeError {
+		return IsRequest(req)
+	}
+	switch req {
+	case TypeAcquire:
+		return reply == TypeGranted || reply == TypeBusy || reply == TypeTimeout ||
+			reply == TypeMoved || reply == TypeUnknown
+	case TypeRelease, TypeCancel:
+		return reply == TypeOK || reply == TypeMoved || reply == TypeUnknown
+	case TypePing:
+		return reply == TypePong
+	case TypeStatus:
+		return reply == TypeStatusR
+	}
+	return false
+}
+
+// ValidKey checks a key's length and alphabet (locksm's rule, see
+// locksm.MaxKeyLen). DecodeMsg checks only the length; the server may call
+// this to reject a bad key before proposing anything.
+func ValidKey(s string) error {
+	if !validToken(s, locksm.MaxKeyLen) {
+		return locksm.ErrInvalidKey
+	}
+	return nil
+}
+
+// ValidOwner is ValidKey for owners (1..locksm.MaxOwnerLen bytes).
+func ValidOwner(s string) error {
+	if !validToken(s, locksm.MaxOwnerLen) {
+		return locksm.ErrInvalidOwner
+	}
+	return nil
+}
+
+func validToken(s string, max int) bool {
+	if len(s) == 0 || len(s) > max {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x21 || s[i] > 0x7E {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,296 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"time"
+)
+
+// Peer is one initial voter: its Raft server id and its peer address.
+type Peer struct {
+	ID   string
+	Addr string // host:port of its peer port
+}
+
+// Config configures a Node. Build it from DefaultConfig and check it with
+// Validate (New does both checks again).
+type Config struct {
+	// NodeID is this node's id, unique in the cluster: 1..64 characters of
+	// [A-Za-z0-9._-]. It is the Raft server id.
+	NodeID string
+	// DataDir holds raft.db (log and stable store) and snapshots/. Created if
+	// missing. Required.
+	DataDir string
+	// ClientAddr is the host:port the client port listens on. Ignored when
+	// ClientListener is set.
+	ClientAddr string
+	// AdvertiseClientAddr is the client address other nodes hand out in M
+	// replies; "" means the listener's own address.
+	AdvertiseClientAddr string
+	// PeerAddr is the host:port the peer (Raft) port listens on; it must be
+	// the address this node has in Peers. Ignored when PeerListener is set.
+	PeerAddr string
+	// ClientListener and PeerListener, when set, are used instead of
+	// listening on ClientAddr/PeerAddr (tests pre-open them on port 0).
+	ClientListener net.Listener
+	PeerListener   net.Listener
+	// Peers are the initial voters, this node included: exactly 3 or 5.
+	// Used to bootstrap a fresh data dir; checked on every start.
+	Peers []Peer
+	// ClusterID names the cluster; peers and clients must present the same
+	// one in their handshake. "" is allowed and matches only "".
+	ClusterID string
+	// ClientSecret authenticates clients; PeerSecret authenticates peers.
+	// Each at least 16 bytes. They should differ.
+	ClientSecret []byte
+	PeerSecret   []byte
+
+	// HeartbeatTimeout is how long a follower waits without contact from the
+	// leader before it starts an election (randomised up to twice this).
+	// Together with ElectionTimeout it sets failover time. Zero: default.
+	HeartbeatTimeout time.Duration
+	// ElectionTimeout is how long a candidate waits for votes (randomised up
+	// to twice this). Zero: default.
+	ElectionTimeout time.Duration
+	// LeaderLeaseTimeout is how long a leader keeps leading without hearing
+	// from a majority; after it, it steps down and stops granting. Zero:
+	// default. Must not exceed HeartbeatTimeout.
+	LeaderLeaseTimeout time.Duration
+	// CommitTimeout bounds how long a follower can go without learning the
+	// commit index when there is no new entry. Zero: default.
+	CommitTimeout time.Duration
+	// MaxAppendEntries is the most log entries in one AppendEntries RPC.
+	// Zero: default.
+	MaxAppendEntries int
+	// SnapshotThreshold is how many log entries after the last snapshot
+	// trigger a new one; SnapshotInterval how often that is checked;
+	// TrailingLogs how many entries a snapshot leaves in the log. Zero:
+	// default.
+	SnapshotThreshold uint64
+	SnapshotInterval  time.Duration
+	TrailingLogs      uint64
+	// PeerTimeout is the I/O deadline of one Raft RPC. Zero: default.
+	PeerTimeout time.Duration
+
+	// HandshakeTimeout bounds a client or peer handshake. Zero: default.
+	HandshakeTimeout time.Duration
+	// MaxInFlightPerConn bounds requests without a reply on one client
+	// connection; past it a request gets CodeTooManyInFlight. Zero: default.
+	MaxInFlightPerConn int
+	// MaxClientConns bounds open client connections; past it new ones are
+	// closed after a connection-level error. Zero: default.
+	MaxClientConns int
+
+	// Logger receives the node's logs (Raft's included). nil: slog.Default().
+	Logger *slog.Logger
+	// Now is the wall clock stamped into proposed commands; nil: time.Now.
+	// Lease and wait timers run on the monotonic clock regardless.
+	Now func() time.Time
+	// Faults, when set, injects network faults into the peer transport
+	// (tests only).
+	Faults *Faults
+}
+
+// Defaults. The Raft timeouts are tuned so that a new leader grants within
+// about 2.5 s of the old leader's death on a LAN (see README, "Failover").
+const (
+	DefaultHeartbeatTimeout   = 1000 * time.Millisecond
+	DefaultElectionTimeout    = 1000 * time.Millisecond
+	DefaultLeaderLeaseTimeout = 500 * time.Millisecond
+	DefaultCommitTimeout      = 20 * time.Millisecond
+	DefaultMaxAppendEntries   = 256
+	DefaultSnapshotThreshold  = 16384
+	DefaultSnapshotInterval   = 30 * time.Second
+	DefaultTrailingLogs       = 10240
+	DefaultPeerTimeout        = 5 * time.Second
+	DefaultHandshakeTimeout   = 5 * time.Second
+	DefaultMaxInFlightPerConn = 4096
+	DefaultMaxClientConns     = 10000
+)
+
+// DefaultConfig returns a Config with every tunable at its default and the
+// identity fields empty.
+func DefaultConfig() Config {
+	return Config{
+		HeartbeatTimeout:   DefaultHeartbeatTimeout,
+		ElectionTimeout:    DefaultElectionTimeout,
+		LeaderLeaseTimeout: DefaultLeaderLeaseTimeout,
+		CommitTimeout:      DefaultCommitTimeout,
+		MaxAppendEntries:   DefaultMaxAppendEntries,
+		SnapshotThreshold:  DefaultSnapshotThreshold,
+		SnapshotInterval:   DefaultSnapshotInterval,
+		TrailingLogs:       DefaultTrailingLogs,
+		PeerTimeout:        DefaultPeerTimeout,
+		HandshakeTimeout:   DefaultHandshakeTimeout,
+		MaxInFlightPerConn: DefaultMaxInFlightPerConn,
+		MaxClientConns:     DefaultMaxClientConns,
+	}
+}
+
+// ErrBadConfig wraps every configuration error.
+var ErrBadConfig = errors.New("cluster: bad config")
+
+// withDefaults fills zero tunables.
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.HeartbeatTimeout == 0 {
+		c.HeartbeatTimeout = d.HeartbeatTimeout
+	}
+	if c.ElectionTimeout == 0 {
+		c.ElectionTimeout = d.ElectionTimeout
+	}
+	if c.LeaderLeaseTimeout == 0 {
+		c.LeaderLeaseTimeout = d.LeaderLeaseTimeout
+	}
+	if c.CommitTimeout == 0 {
+		c.CommitTimeout = d.CommitTimeout
+	}
+	if c.MaxAppendEntries == 0 {
+		c.MaxAppendEntries = d.MaxAppendEntries
+	}
+	if c.SnapshotThreshold == 0 {
+		c.SnapshotThreshold = d.SnapshotThreshold
+	}
+	if c.SnapshotInterval == 0 {
+		c.SnapshotInterval = d.SnapshotInterval
+	}
+	if c.TrailingLogs == 0 {
+		c.TrailingLogs = d.TrailingLogs
+	}
+	if c.PeerTimeout == 0 {
+		c.PeerTimeout = d.PeerTimeout
+	}
+	if c.HandshakeTimeout == 0 {
+		c.HandshakeTimeout = d.HandshakeTimeout
+	}
+	if c.MaxInFlightPerConn == 0 {
+		c.MaxInFlightPerConn = d.MaxInFlightPerConn
+	}
+	if c.MaxClientConns == 0 {
+		c.MaxClientConns = d.MaxClientConns
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+// Validate reports the first problem with c, wrapping ErrBadConfig. The
+// message says what to change.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrBadConfig}, args...)...)
+	}
+	if err := ValidateNodeID(c.NodeID); err != nil {
+		return bad("node id: %v", err)
+	}
+	if c.DataDir == "" {
+		return bad("a data dir is required")
+	}
+	if c.ClientListener == nil && c.ClientAddr == "" {
+		return bad("a client address is required")
+	}
+	if c.PeerListener == nil && c.PeerAddr == "" {
+		return bad("a peer address is required")
+	}
+	if err := ValidateVoters(c.Peers); err != nil {
+		return fmt.Errorf("%w: %w", ErrBadConfig, err)
+	}
+	self := false
+	for _, p := range c.Peers {
+		if p.ID == c.NodeID {
+			self = true
+		}
+	}
+	if !self {
+		return bad("the initial voters must include this node (%q)", c.NodeID)
+	}
+	if len(c.ClientSecret) < 16 {
+		return bad("the client secret must be at least 16 bytes (got %d)", len(c.ClientSecret))
+	}
+	if len(c.PeerSecret) < 16 {
+		return bad("the peer secret must be at least 16 bytes (got %d)", len(c.PeerSecret))
+	}
+	if c.LeaderLeaseTimeout > c.HeartbeatTimeout {
+		return bad("leader lease timeout %v exceeds heartbeat timeout %v", c.LeaderLeaseTimeout, c.HeartbeatTimeout)
+	}
+	if c.HeartbeatTimeout < 5*time.Millisecond || c.ElectionTimeout < 5*time.Millisecond {
+		return bad("heartbeat and election timeouts must be at least 5ms")
+	}
+	if c.MaxAppendEntries < 1 || c.MaxAppendEntries > 1024 {
+		return bad("max append entries must be 1..1024")
+	}
+	if c.MaxInFlightPerConn < 1 || c.MaxClientConns < 1 {
+		return bad("connection limits must be positive")
+	}
+	return nil
+}
+
+// ErrVoterCount is returned for an initial membership that is not 3 or 5
+// voters.
+var ErrVoterCount = errors.New("cluster: a cluster has exactly 3 or 5 voters")
+
+// ValidateVoters checks an initial voter set: 3 or 5 members with distinct,
+// valid ids and distinct addresses.
+func ValidateVoters(peers []Peer) error {
+	if n := len(peers); n != 3 && n != 5 {
+		return fmt.Errorf("%w; %d given. An even count tolerates no more failures than the odd count below it "+
+			"and risks split votes; 1 has no failure tolerance; more than 5 slows every commit", ErrVoterCount, n)
+	}
+	ids := map[string]bool{}
+	addrs := map[string]bool{}
+	for _, p := range peers {
+		if err := ValidateNodeID(p.ID); err != nil {
+			return fmt.Errorf("voter %q: %w", p.ID, err)
+		}
+		if _, _, err := net.SplitHostPort(p.Addr); err != nil {
+			return fmt.Errorf("voter %q: peer address %q: %w", p.ID, p.Addr, err)
+		}
+		if ids[p.ID] {
+			return fmt.Errorf("voter id %q listed twice", p.ID)
+		}
+		if addrs[p.Addr] {
+			return fmt.Errorf("peer address %q listed twice", p.Addr)
+		}
+		ids[p.ID], addrs[p.Addr] = true, true
+	}
+	return nil
+}
+
+// ValidateNodeID checks a node id: 1..64 characters of [A-Za-z0-9._-].
+func ValidateNodeID(id string) error {
+	if id == "" || len(id) > 64 {
+		return errors.New("must be 1..64 characters")
+	}
+	for _, r := range id {
+		ok := r == '.' || r == '_' || r == '-' || (r >= '0' && r <= '9') || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z')
+		if !ok {
+			return fmt.Errorf("character %q not allowed (use A-Z a-z 0-9 . _ -)", r)
+		}
+	}
+	return nil
+}
+
+// ParsePeers parses "ID=HOST:PORT,ID=HOST:PORT,..." (the --peers flag).
+func ParsePeers(s string) ([]Peer, error) {
+	var out []Peer
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		id, addr, ok := strings.Cut(part, "=")
+		if !ok {
+			return nil, fmt.Errorf("%w: peer %q: want ID=HOST:PORT", ErrBadConfig, part)
+		}
+		out = append(out, Peer{ID: strings.TrimSpace(id), Addr: strings.TrimSpace(addr)})
+	}
+	return out, nil
+}

@@ -1,0 +1,246 @@
+package cluster
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sort"
+	"sync"
+
+	"github.com/hashicorp/raft"
+
+	"ticketing/locksm"
+)
+
+// Log entry layout (the Data of a raft.LogCommand entry). The first byte says
+// what follows:
+//
+//	'L' locksm batch: the rest is locksm.AppendBatch's encoding
+//	'A' leader announcement: node_id str8 | client_addr str8
+//	    (a new leader records its client address in the log, so every
+//	    follower can send clients there in an M reply)
+//
+// An entry that does not decode is skipped on every replica alike (the same
+// bytes fail the same way everywhere) and logged.
+const (
+	entryLockBatch byte = 'L'
+	entryAnnounce  byte = 'A'
+)
+
+// applied is one applied command and what it did, handed to the node after
+// the state lock is released, in log order.
+type applied struct {
+	cmd     locksm.Command
+	res     locksm.Result
+	effects []locksm.Effect
+}
+
+// applySink receives what each committed entry did. It is called from the
+// FSM goroutine only, in log order, without the FSM lock held.
+type applySink interface {
+	onApplied(batch []applied)
+	onAnnounce(nodeID, clientAddr string)
+}
+
+// fsm is the raft.FSM wrapping the lock table. Raft calls Apply/ApplyBatch,
+// Snapshot and Restore from one goroutine; the node reads state through the
+// accessors under mu.
+type fsm struct {
+	sink applySink
+	log  *slog.Logger
+
+	mu          sync.Mutex
+	state       *locksm.State
+	clientAddrs map[string]string // node id → advertised client address
+
+	// Scratch reused across ApplyBatch calls (FSM goroutine only).
+	cmds []locksm.Command
+}
+
+func newFSM(sink applySink, log *slog.Logger) *fsm {
+	return &fsm{sink: sink, log: log, state: locksm.New(), clientAddrs: map[string]string{}}
+}
+
+// Apply implements raft.FSM.
+func (f *fsm) Apply(l *raft.Log) interface{} {
+	f.ApplyBatch([]*raft.Log{l})
+	return nil
+}
+
+// ApplyBatch implements raft.BatchingFSM.
+func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
+	var out []applied
+	type announce struct{ id, addr string }
+	var announces []announce
+	f.mu.Lock()
+	for _, l := range logs {
+		if l.Type != raft.LogCommand || len(l.Data) == 0 {
+			continue
+		}
+		switch l.Data[0] {
+		case entryLockBatch:
+			cmds, err := locksm.DecodeBatch(l.Data[1:], f.cmds[:0])
+			f.cmds = cmds[:0]
+			if err != nil {
+				f.log.Error("skipping undecodable log entry", "index", l.Index, "err", err)
+				continue
+			}
+			for _, c := range cmds {
+				res, eff := f.state.Apply(c, nil)
+				out = append(out, applied{cmd: c, res: res, effects: eff})
+			}
+		case entryAnnounce:
+			id, addr, err := decodeAnnounce(l.Data[1:])
+			if err != nil {
+				f.log.Error("skipping undecodable announcement", "index", l.Index, "err", err)
+				continue
+			}
+			f.clientAddrs[id] = addr
+			announces = append(announces, announce{id, addr})
+		default:
+			f.log.Error("skipping log entry of unknown kind", "index", l.Index, "kind", l.Data[0])
+		}
+	}
+	f.mu.Unlock()
+	for _, a := range announces {
+		f.sink.onAnnounce(a.id, a.addr)
+	}
+	if len(out) > 0 {
+		f.sink.onApplied(out)
+	}
+	return make([]interface{}, len(logs))
+}
+
+func encodeAnnounce(id, addr string) []byte {
+	b := []byte{entryAnnounce, byte(len(id))}
+	b = append(b, id...)
+	b = append(b, byte(len(addr)))
+	return append(b, addr...)
+}
+
+var errCorruptEntry = errors.New("cluster: corrupt log entry")
+
+func decodeAnnounce(b []byte) (id, addr string, err error) {
+	str := func() (string, bool) {
+		if len(b) < 1 || len(b) < 1+int(b[0]) {
+			return "", false
+		}
+		s := string(b[1 : 1+int(b[0])])
+		b = b[1+int(b[0]):]
+		return s, true
+	}
+	var ok1, ok2 bool
+	id, ok1 = str()
+	addr, ok2 = str()
+	if !ok1 || !ok2 || len(b) != 0 {
+		return "", "", errCorruptEntry
+	}
+	return id, addr, nil
+}
+
+// Snapshot layout: magic "TKSN" | version u8 (1) | n u32 | n × (node_id str8 |
+// client_addr str8) | the locksm snapshot. Encoded under the lock so the
+// snapshot is a point in time; Persist only writes bytes.
+const snapshotVersion = 1
+
+var snapshotMagic = []byte("TKSN")
+
+// Snapshot implements raft.FSM.
+func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
+	var buf bytes.Buffer
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	buf.Write(snapshotMagic)
+	buf.WriteByte(snapshotVersion)
+	ids := make([]string, 0, len(f.clientAddrs))
+	for id := range f.clientAddrs {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	buf.Write(binary.BigEndian.AppendUint32(nil, uint32(len(ids))))
+	for _, id := range ids {
+		buf.WriteByte(byte(len(id)))
+		buf.WriteString(id)
+		buf.WriteByte(byte(len(f.clientAddrs[id])))
+		buf.WriteString(f.clientAddrs[id])
+	}
+	if err := f.state.WriteSnapshot(&buf); err != nil {
+		return nil, err
+	}
+	return &fsmSnapshot{data: buf.Bytes()}, nil
+}
+
+// Restore implements raft.FSM.
+func (f *fsm) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	r := bufio.NewReader(rc)
+	head := make([]byte, 9)
+	if _, err := io.ReadFull(r, head); err != nil {
+		return fmt.Errorf("cluster: snapshot header: %w", err)
+	}
+	if !bytes.Equal(head[:4], snapshotMagic) || head[4] != snapshotVersion {
+		return fmt.Errorf("cluster: not a version %d snapshot", snapshotVersion)
+	}
+	n := binary.BigEndian.Uint32(head[5:])
+	if n > 1024 {
+		return fmt.Errorf("cluster: snapshot lists %d nodes", n)
+	}
+	addrs := map[string]string{}
+	readStr := func() (string, error) {
+		l, err := r.ReadByte()
+		if err != nil {
+			return "", err
+		}
+		b := make([]byte, l)
+		_, err = io.ReadFull(r, b)
+		return string(b), err
+	}
+	for i := uint32(0); i < n; i++ {
+		id, err := readStr()
+		if err != nil {
+			return fmt.Errorf("cluster: snapshot node list: %w", err)
+		}
+		addr, err := readStr()
+		if err != nil {
+			return fmt.Errorf("cluster: snapshot node list: %w", err)
+		}
+		addrs[id] = addr
+	}
+	st, err := locksm.ReadSnapshot(r)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	f.state, f.clientAddrs = st, addrs
+	f.mu.Unlock()
+	return nil
+}
+
+type fsmSnapshot struct{ data []byte }
+
+func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
+	if _, err := sink.Write(s.data); err != nil {
+		sink.Cancel()
+		return err
+	}
+	return sink.Close()
+}
+
+func (s *fsmSnapshot) Release() {}
+
+// read runs fn with the state locked.
+func (f *fsm) read(fn func(st *locksm.State)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fn(f.state)
+}
+
+func (f *fsm) clientAddr(id string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.clientAddrs[id]
+}

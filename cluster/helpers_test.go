@@ -1,0 +1,231 @@
+package cluster_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"ticketing/cluster"
+	"ticketing/cluster/client"
+	"ticketing/cluster/local"
+	"ticketing/cluster/wire"
+)
+
+// Test timing: much shorter than production so elections take a fraction of
+// a second, but long enough for -race on two cores.
+func fastRaft(cfg *cluster.Config) {
+	cfg.HeartbeatTimeout = 400 * time.Millisecond
+	cfg.ElectionTimeout = 400 * time.Millisecond
+	cfg.LeaderLeaseTimeout = 200 * time.Millisecond
+	cfg.CommitTimeout = 10 * time.Millisecond
+}
+
+type testCluster struct {
+	*local.Cluster
+	t      *testing.T
+	faults *cluster.Faults
+}
+
+func testLogger(t *testing.T) *slog.Logger {
+	if os.Getenv("TICKETING_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+func startCluster(t *testing.T, nodes int) *testCluster {
+	t.Helper()
+	faults := cluster.NewFaults()
+	c, err := local.Start(local.Options{
+		Dir: t.TempDir(), Nodes: nodes, Faults: faults, Tune: fastRaft, Logger: testLogger(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return &testCluster{Cluster: c, t: t, faults: faults}
+}
+
+func (c *testCluster) leader() int {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	i, err := c.Leader(ctx)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return i
+}
+
+// dial connects to node i's client port.
+func (c *testCluster) dial(i int) *client.Conn {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, err := client.Dial(ctx, c.ClientAddr(i), client.Config{Secret: c.ClientSecret, ClusterID: c.ClusterID})
+	if err != nil {
+		c.t.Fatalf("dial node %d: %v", i, err)
+	}
+	c.t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+func do(t *testing.T, conn *client.Conn, m wire.Msg) wire.Msg {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	r, _, err := conn.Do(ctx, m)
+	if err != nil {
+		t.Fatalf("%c request: %v", m.Type, err)
+	}
+	return r
+}
+
+func acquireMsg(key, owner string, lease uint16, wait time.Duration) wire.Msg {
+	return wire.Msg{Type: wire.TypeAcquire, Key: key, Owner: owner, Lease: lease, WaitMs: uint32(wait / time.Millisecond)}
+}
+
+func releaseMsg(key, owner string, token uint64) wire.Msg {
+	return wire.Msg{Type: wire.TypeRelease, Key: key, Owner: owner, Token: token}
+}
+
+func mustGrant(t *testing.T, r wire.Msg) uint64 {
+	t.Helper()
+	if r.Type != wire.TypeGranted || r.Token == 0 {
+		t.Fatalf("want G with a token, got %s", describe(r))
+	}
+	return r.Token
+}
+
+func mustType(t *testing.T, r wire.Msg, typ byte) {
+	t.Helper()
+	if r.Type != typ {
+		t.Fatalf("want %c, got %s", typ, describe(r))
+	}
+}
+
+func describe(r wire.Msg) string {
+	switch r.Type {
+	case wire.TypeError:
+		return fmt.Sprintf("E(%s: %s)", r.Code, r.Text)
+	case wire.TypeUnknown:
+		return fmt.Sprintf("U(%s)", r.Text)
+	case wire.TypeMoved:
+		return fmt.Sprintf("M(%q %q)", r.LeaderID, r.LeaderAddr)
+	case wire.TypeGranted:
+		return fmt.Sprintf("G(%d)", r.Token)
+	}
+	return string(rune(r.Type))
+}
+
+// leaderClient sends requests to whichever node serves, following M and
+// retrying only requests that were definitely not executed.
+type leaderClient struct {
+	t  *testing.T
+	c  *testCluster
+	mu sync.Mutex
+	at int
+	cn *client.Conn
+}
+
+func (c *testCluster) client() *leaderClient {
+	return &leaderClient{t: c.t, c: c, at: -1}
+}
+
+// do sends m to the leader. It retries after M, or a failed dial/unwritten
+// request; a written request that loses its connection returns U.
+func (lc *leaderClient) do(m wire.Msg) wire.Msg {
+	lc.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		conn, err := lc.conn()
+		if err != nil {
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		r, written, err := conn.Do(ctx, m)
+		cancel()
+		if err != nil {
+			lc.drop()
+			if written {
+				return wire.Msg{Type: wire.TypeUnknown, Text: err.Error()}
+			}
+			continue
+		}
+		if r.Type == wire.TypeMoved {
+			lc.drop()
+			lc.mu.Lock()
+			lc.at = -1
+			for i := 0; i < lc.c.Size(); i++ {
+				if r.LeaderAddr != "" && lc.c.ClientAddr(i) == r.LeaderAddr {
+					lc.at = i
+				}
+			}
+			lc.mu.Unlock()
+			if r.LeaderAddr == "" {
+				time.Sleep(20 * time.Millisecond)
+			}
+			continue
+		}
+		return r
+	}
+	lc.t.Fatalf("no leader answered %c within 20s", m.Type)
+	return wire.Msg{}
+}
+
+func (lc *leaderClient) conn() (*client.Conn, error) {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	if lc.cn != nil {
+		select {
+		case <-lc.cn.Done():
+			lc.cn = nil
+		default:
+			return lc.cn, nil
+		}
+	}
+	if lc.at < 0 {
+		// Round-robin over the nodes until one names the leader.
+		lc.at = int(time.Now().UnixNano() % int64(lc.c.Size()))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	cn, err := client.Dial(ctx, lc.c.ClientAddr(lc.at), client.Config{Secret: lc.c.ClientSecret, ClusterID: lc.c.ClusterID})
+	if err != nil {
+		lc.at = (lc.at + 1) % lc.c.Size()
+		return nil, err
+	}
+	lc.cn = cn
+	return cn, nil
+}
+
+func (lc *leaderClient) drop() {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	if lc.cn != nil {
+		lc.cn.Close()
+		lc.cn = nil
+	}
+}
+
+func (lc *leaderClient) close() { lc.drop() }
+
+// waitFor polls cond until it holds or the test times out.
+func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+var errNoNode = errors.New("node stopped")

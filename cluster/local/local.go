@@ -1,0 +1,267 @@
+// Package local runs a whole Ticketing cluster inside one process on
+// loopback: real cluster.Nodes with real Raft, real TCP and real bolt files.
+// It backs `ticketing dev` and the tests that need a cluster.
+package local
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"ticketing/cluster"
+)
+
+// Options configures Start.
+type Options struct {
+	// Dir holds one data dir per node and the secret files. Required.
+	Dir string
+	// Nodes is the number of voters: 3 (zero) or 5.
+	Nodes int
+	// BasePort, when nonzero, puts node i's client port at BasePort+i and its
+	// peer port at BasePort+100+i on 127.0.0.1. Zero picks free ports.
+	BasePort int
+	// ClusterID is the cluster id; "" means "dev".
+	ClusterID string
+	// Logger receives every node's logs; nil discards them.
+	Logger *slog.Logger
+	// Faults is shared by every node's peer transport; nil injects nothing.
+	Faults *cluster.Faults
+	// Tune, when set, adjusts each node's config before it starts.
+	Tune func(*cluster.Config)
+}
+
+// Cluster is a running local cluster.
+type Cluster struct {
+	Dir            string
+	SecretFile     string // client secret file
+	PeerSecretFile string
+	ClientSecret   []byte
+	ClusterID      string
+
+	mu    sync.Mutex
+	cfgs  []cluster.Config
+	nodes []*cluster.Node // nil while stopped
+}
+
+// Start starts every node and returns without waiting for a leader.
+func Start(opts Options) (*Cluster, error) {
+	if opts.Nodes == 0 {
+		opts.Nodes = 3
+	}
+	if opts.ClusterID == "" {
+		opts.ClusterID = "dev"
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if err := os.MkdirAll(opts.Dir, 0o700); err != nil {
+		return nil, err
+	}
+	c := &Cluster{
+		Dir:            opts.Dir,
+		SecretFile:     filepath.Join(opts.Dir, "client.secret"),
+		PeerSecretFile: filepath.Join(opts.Dir, "peer.secret"),
+		ClusterID:      opts.ClusterID,
+	}
+	var err error
+	if c.ClientSecret, err = ensureSecret(c.SecretFile); err != nil {
+		return nil, err
+	}
+	peerSecret, err := ensureSecret(c.PeerSecretFile)
+	if err != nil {
+		return nil, err
+	}
+
+	// Pre-open every listener so ports are known before any node starts.
+	clientLns := make([]net.Listener, opts.Nodes)
+	peerLns := make([]net.Listener, opts.Nodes)
+	closeAll := func() {
+		for i := range clientLns {
+			if clientLns[i] != nil {
+				clientLns[i].Close()
+			}
+			if peerLns[i] != nil {
+				peerLns[i].Close()
+			}
+		}
+	}
+	for i := 0; i < opts.Nodes; i++ {
+		ca, pa := "127.0.0.1:0", "127.0.0.1:0"
+		if opts.BasePort != 0 {
+			ca = fmt.Sprintf("127.0.0.1:%d", opts.BasePort+i)
+			pa = fmt.Sprintf("127.0.0.1:%d", opts.BasePort+100+i)
+		}
+		if clientLns[i], err = net.Listen("tcp", ca); err != nil {
+			closeAll()
+			return nil, err
+		}
+		if peerLns[i], err = net.Listen("tcp", pa); err != nil {
+			closeAll()
+			return nil, err
+		}
+	}
+	var peers []cluster.Peer
+	for i := 0; i < opts.Nodes; i++ {
+		peers = append(peers, cluster.Peer{ID: fmt.Sprintf("n%d", i+1), Addr: peerLns[i].Addr().String()})
+	}
+	for i := 0; i < opts.Nodes; i++ {
+		cfg := cluster.DefaultConfig()
+		cfg.NodeID = peers[i].ID
+		cfg.DataDir = filepath.Join(opts.Dir, peers[i].ID)
+		cfg.ClientAddr = clientLns[i].Addr().String()
+		cfg.PeerAddr = peers[i].Addr
+		cfg.Peers = peers
+		cfg.ClusterID = opts.ClusterID
+		cfg.ClientSecret = c.ClientSecret
+		cfg.PeerSecret = peerSecret
+		cfg.Logger = opts.Logger
+		cfg.Faults = opts.Faults
+		if opts.Tune != nil {
+			opts.Tune(&cfg)
+		}
+		c.cfgs = append(c.cfgs, cfg)
+	}
+	c.nodes = make([]*cluster.Node, opts.Nodes)
+	for i := range c.cfgs {
+		cfg := c.cfgs[i]
+		cfg.ClientListener, cfg.PeerListener = clientLns[i], peerLns[i]
+		n, err := cluster.New(cfg)
+		if err != nil {
+			for j := i; j < opts.Nodes; j++ {
+				clientLns[j].Close()
+				peerLns[j].Close()
+			}
+			c.Close()
+			return nil, err
+		}
+		c.nodes[i] = n
+	}
+	return c, nil
+}
+
+func ensureSecret(path string) ([]byte, error) {
+	if b, err := cluster.ReadSecretFile(path); err == nil {
+		return b, nil
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	raw := make([]byte, 32)
+	if _, err := rand.Read(raw); err != nil {
+		return nil, err
+	}
+	s := hex.EncodeToString(raw)
+	if err := os.WriteFile(path, []byte(s+"\n"), 0o600); err != nil {
+		return nil, err
+	}
+	return []byte(s), nil
+}
+
+// Size is the number of nodes.
+func (c *Cluster) Size() int { return len(c.cfgs) }
+
+// Node returns node i, or nil while it is stopped.
+func (c *Cluster) Node(i int) *cluster.Node {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.nodes[i]
+}
+
+// ID returns node i's id.
+func (c *Cluster) ID(i int) string { return c.cfgs[i].NodeID }
+
+// IDs returns every node id.
+func (c *Cluster) IDs() []string {
+	out := make([]string, len(c.cfgs))
+	for i := range c.cfgs {
+		out[i] = c.cfgs[i].NodeID
+	}
+	return out
+}
+
+// ClientAddr returns node i's client address (stable across restarts).
+func (c *Cluster) ClientAddr(i int) string { return c.cfgs[i].ClientAddr }
+
+// ClientAddrs returns every node's client address.
+func (c *Cluster) ClientAddrs() []string {
+	out := make([]string, len(c.cfgs))
+	for i := range c.cfgs {
+		out[i] = c.cfgs[i].ClientAddr
+	}
+	return out
+}
+
+// Stop stops node i (its data dir stays).
+func (c *Cluster) Stop(i int) error {
+	c.mu.Lock()
+	n := c.nodes[i]
+	c.nodes[i] = nil
+	c.mu.Unlock()
+	if n == nil {
+		return nil
+	}
+	return n.Close()
+}
+
+// Restart starts node i again from its data dir on the same addresses.
+func (c *Cluster) Restart(i int) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.nodes[i] != nil {
+		return fmt.Errorf("local: node %s is running", c.cfgs[i].NodeID)
+	}
+	var n *cluster.Node
+	var err error
+	// The old listeners' ports may take a moment to be free again.
+	for try := 0; try < 50; try++ {
+		if n, err = cluster.New(c.cfgs[i]); err == nil || !errors.Is(err, syscall.EADDRINUSE) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		return err
+	}
+	c.nodes[i] = n
+	return nil
+}
+
+// Leader waits for a node that is leader and serving, and returns its index.
+func (c *Cluster) Leader(ctx context.Context) (int, error) {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		c.mu.Lock()
+		for i, n := range c.nodes {
+			if n != nil && n.Serving() {
+				c.mu.Unlock()
+				return i, nil
+			}
+		}
+		c.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return -1, fmt.Errorf("local: no serving leader: %w", ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// Close stops every node.
+func (c *Cluster) Close() error {
+	var errs []error
+	for i := range c.cfgs {
+		if err := c.Stop(i); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}

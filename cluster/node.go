@@ -1,0 +1,658 @@
+// Package cluster is a Ticketing cluster node: hashicorp/raft with
+// raft-boltdb/v2 and a file snapshot store around the locksm state machine,
+// the authenticated peer transport, and the client port that serves the
+// protocol of cluster/PROTOCOL.md. Only the leader serves lock requests; it
+// stamps time into commands, runs the lease and wait timers, and replies to
+// clients only after their command has committed.
+package cluster
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	"go.etcd.io/bbolt"
+
+	"ticketing/cluster/wire"
+	"ticketing/locksm"
+)
+
+// Node is one running cluster member. Create it with New; stop it with
+// Close. See LOCKS.md in this directory for the lock-ordering rules.
+type Node struct {
+	cfg Config
+	log *slog.Logger
+
+	raft      *raft.Raft
+	fsm       *fsm
+	transport *raft.NetworkTransport
+	peers     *peerLayer
+	store     *raftboltdb.BoltStore
+	clientLn  net.Listener
+	advertise string // client address handed out in M replies
+
+	// Proposals wait in an unbounded queue so that the FSM goroutine, which
+	// proposes compensations, never blocks on Raft (which may be waiting for
+	// the FSM). Admission is bounded per connection instead.
+	propMu   sync.Mutex
+	propQ    []locksm.Command
+	propWake chan struct{}
+	futures  chan batchFuture
+	timers   *timerQueue
+
+	// mu guards everything below. Never held while taking fsm.mu.
+	mu      sync.Mutex
+	leading bool   // raft says we are leader (timers may be armed)
+	serving bool   // leader and ready: earlier entries applied, waiters dropped
+	epoch   uint64 // bumped on every leadership change
+	pend    map[uint64]*pending
+	conns   map[*clientConn]struct{}
+	nextRef uint64
+	closed  bool
+
+	closing chan struct{}
+	wg      sync.WaitGroup
+}
+
+// pending is a client request whose reply is owed. Guarded by Node.mu.
+type pending struct {
+	conn     *clientConn
+	id       uint64 // request id on conn
+	op       locksm.Op
+	key      string
+	owner    string
+	leaseSec uint32
+	ref      uint64
+	deadline time.Time // acquire: when its wait runs out (monotonic)
+	queued   bool      // acquire applied as StatusQueued, not yet granted/timed out
+	cancel   bool      // the client asked to cancel it
+}
+
+type batchFuture struct {
+	f    raft.ApplyFuture
+	cmds []locksm.Command
+}
+
+// New starts a node: opens (or bootstraps) its data dir, starts Raft and
+// the listeners. It returns once both ports listen; leadership comes later.
+func New(cfg Config) (*Node, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	n := &Node{
+		cfg:      cfg,
+		log:      cfg.Logger.With("node", cfg.NodeID),
+		propWake: make(chan struct{}, 1),
+		futures:  make(chan batchFuture, 1024),
+		pend:     map[uint64]*pending{},
+		conns:    map[*clientConn]struct{}{},
+		closing:  make(chan struct{}),
+	}
+	var seed [8]byte
+	_, _ = rand.Read(seed[:])
+	// Refs only need to be unique among one leader's in-flight requests;
+	// a random start keeps them apart from refs of earlier leaders too.
+	n.nextRef = binary.BigEndian.Uint64(seed[:]) >> 1
+	if err := n.start(); err != nil {
+		n.cleanup()
+		return nil, err
+	}
+	return n, nil
+}
+
+func (n *Node) start() error {
+	cfg := n.cfg
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return fmt.Errorf("cluster: data dir: %w", err)
+	}
+	hlog := newHCLogger(n.log)
+	store, err := raftboltdb.New(raftboltdb.Options{
+		Path:        filepath.Join(cfg.DataDir, "raft.db"),
+		BoltOptions: &bbolt.Options{Timeout: 2 * time.Second},
+	})
+	if err != nil {
+		return fmt.Errorf("cluster: open %s (is another node using this data dir?): %w",
+			filepath.Join(cfg.DataDir, "raft.db"), err)
+	}
+	n.store = store
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(filepath.Join(cfg.DataDir, "snapshots"), 2, hlog)
+	if err != nil {
+		return fmt.Errorf("cluster: snapshot store: %w", err)
+	}
+
+	peerLn := cfg.PeerListener
+	if peerLn == nil {
+		if peerLn, err = net.Listen("tcp", cfg.PeerAddr); err != nil {
+			return fmt.Errorf("cluster: peer port: %w", err)
+		}
+	}
+	n.peers = newPeerLayer(peerLn, cfg, n.log)
+	n.transport = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+		Stream:  n.peers,
+		MaxPool: 3,
+		Timeout: cfg.PeerTimeout,
+		Logger:  hlog,
+	})
+
+	n.clientLn = cfg.ClientListener
+	if n.clientLn == nil {
+		if n.clientLn, err = net.Listen("tcp", cfg.ClientAddr); err != nil {
+			return fmt.Errorf("cluster: client port: %w", err)
+		}
+	}
+	n.advertise = cfg.AdvertiseClientAddr
+	if n.advertise == "" {
+		n.advertise = n.clientLn.Addr().String()
+	}
+
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(cfg.NodeID)
+	rc.HeartbeatTimeout = cfg.HeartbeatTimeout
+	rc.ElectionTimeout = cfg.ElectionTimeout
+	rc.LeaderLeaseTimeout = cfg.LeaderLeaseTimeout
+	rc.CommitTimeout = cfg.CommitTimeout
+	rc.MaxAppendEntries = cfg.MaxAppendEntries
+	rc.BatchApplyCh = true
+	rc.SnapshotThreshold = cfg.SnapshotThreshold
+	rc.SnapshotInterval = cfg.SnapshotInterval
+	rc.TrailingLogs = cfg.TrailingLogs
+	rc.Logger = hlog
+	rc.NoLegacyTelemetry = true
+
+	n.fsm = newFSM(n, n.log)
+	has, err := raft.HasExistingState(store, store, snaps)
+	if err != nil {
+		return fmt.Errorf("cluster: read state: %w", err)
+	}
+	if !has {
+		var conf raft.Configuration
+		for _, p := range cfg.Peers {
+			conf.Servers = append(conf.Servers, raft.Server{
+				Suffrage: raft.Voter, ID: raft.ServerID(p.ID), Address: raftAddr(p.ID, p.Addr),
+			})
+		}
+		if err := raft.BootstrapCluster(rc, store, store, snaps, n.transport, conf); err != nil {
+			return fmt.Errorf("cluster: bootstrap: %w", err)
+		}
+		n.log.Info("bootstrapped a new cluster", "voters", len(conf.Servers))
+	}
+	r, err := raft.NewRaft(rc, n.fsm, store, store, snaps, n.transport)
+	if err != nil {
+		return fmt.Errorf("cluster: start raft: %w", err)
+	}
+	n.raft = r
+	n.timers = newTimerQueue(n.timerDue)
+
+	n.wg.Add(4)
+	go n.watchLeadership()
+	go n.proposeLoop()
+	go n.futureLoop()
+	go n.acceptClients()
+	n.log.Info("node started", "client", n.advertise, "peer", string(n.peers.advertise), "cluster", cfg.ClusterID)
+	return nil
+}
+
+// ClientAddr is the address clients reach this node at.
+func (n *Node) ClientAddr() string { return n.advertise }
+
+// ID is the node id.
+func (n *Node) ID() string { return n.cfg.NodeID }
+
+// Raft exposes the underlying Raft instance (tests and status).
+func (n *Node) Raft() *raft.Raft { return n.raft }
+
+// Serving reports whether this node is the leader and ready for requests.
+func (n *Node) Serving() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.serving
+}
+
+// LastToken is the highest token this node's state machine has applied.
+func (n *Node) LastToken() uint64 {
+	var t uint64
+	n.fsm.read(func(st *locksm.State) { t = st.LastToken() })
+	return t
+}
+
+// ReadState runs fn with this node's applied lock table (read only).
+func (n *Node) ReadState(fn func(st *locksm.State)) { n.fsm.read(fn) }
+
+// Close stops the node: the client port first (pending requests get U),
+// then Raft, the transport and the store. It does not hand leadership over.
+func (n *Node) Close() error {
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return nil
+	}
+	n.closed = true
+	n.mu.Unlock()
+	close(n.closing)
+	n.clientLn.Close()
+	n.mu.Lock()
+	conns := make([]*clientConn, 0, len(n.conns))
+	for c := range n.conns {
+		conns = append(conns, c)
+	}
+	n.mu.Unlock()
+	for _, c := range conns {
+		c.close()
+	}
+	var err error
+	if n.raft != nil {
+		err = n.raft.Shutdown().Error()
+	}
+	n.loseLeadership("node shutting down")
+	n.wg.Wait()
+	n.cleanup()
+	return err
+}
+
+func (n *Node) cleanup() {
+	if n.timers != nil {
+		n.timers.close()
+	}
+	if n.transport != nil {
+		n.transport.Close()
+	}
+	if n.peers != nil {
+		n.peers.Close()
+		n.peers.wait()
+	}
+	if n.clientLn != nil {
+		n.clientLn.Close()
+	}
+	if n.store != nil {
+		n.store.Close()
+	}
+}
+
+// ---- leadership ----
+
+func (n *Node) watchLeadership() {
+	defer n.wg.Done()
+	ch := n.raft.LeaderCh()
+	for {
+		select {
+		case <-ch:
+		case <-n.closing:
+			return
+		}
+		// LeaderCh may coalesce signals; act on the current state.
+		isLeader := n.raft.State() == raft.Leader
+		n.mu.Lock()
+		was := n.leading
+		n.mu.Unlock()
+		switch {
+		case isLeader && !was:
+			n.gainLeadership()
+		case !isLeader && was:
+			n.loseLeadership("leadership lost")
+		case isLeader && was:
+			// Lost and regained between two looks: start over.
+			n.loseLeadership("leadership lost")
+			n.gainLeadership()
+		}
+	}
+}
+
+// gainLeadership makes this node serve once it is safe: every earlier entry
+// applied (Barrier), its client address announced, and every queued waiter
+// dropped (their connections died with the old leader, and nobody could
+// learn the token of a key handed to one of them). Then it re-arms a full
+// lease for every holder: measured from now, never shorter than what the
+// holder counted on (its lease started before the old leader applied it).
+func (n *Node) gainLeadership() {
+	n.mu.Lock()
+	n.epoch++
+	epoch := n.epoch
+	n.leading = true
+	n.mu.Unlock()
+	n.log.Info("became leader; preparing to serve")
+	start := time.Now()
+	go func() {
+		timeout := 10 * n.cfg.HeartbeatTimeout
+		if err := n.raft.Barrier(timeout).Error(); err != nil {
+			n.log.Warn("barrier after election failed", "err", err)
+			return
+		}
+		f1 := n.raft.Apply(encodeAnnounce(n.cfg.NodeID, n.advertise), timeout)
+		drop := locksm.AppendBatch([]byte{entryLockBatch}, []locksm.Command{{Op: locksm.OpDropWaiters, Now: n.cfg.Now().UnixMilli()}})
+		f2 := n.raft.Apply(drop, timeout)
+		if err := f1.Error(); err != nil {
+			n.log.Warn("leader announcement failed", "err", err)
+			return
+		}
+		if err := f2.Error(); err != nil {
+			n.log.Warn("dropping orphaned waiters failed", "err", err)
+			return
+		}
+		now := time.Now()
+		var items []timerItem
+		n.fsm.read(func(st *locksm.State) {
+			st.RangeHolders(func(key string, h locksm.Holder) bool {
+				items = append(items, timerItem{
+					at: now.Add(time.Duration(h.LeaseSec) * time.Second), kind: timerExpire,
+					key: key, token: h.Token, epoch: epoch,
+				})
+				return true
+			})
+		})
+		n.mu.Lock()
+		if n.epoch != epoch || !n.leading {
+			n.mu.Unlock()
+			return
+		}
+		for _, it := range items {
+			n.timers.add(it)
+		}
+		n.serving = true
+		n.mu.Unlock()
+		n.log.Info("leader serving", "ready_after", time.Since(start).Round(time.Millisecond), "holders", len(items))
+	}()
+}
+
+// loseLeadership stops serving and answers every owed reply with U: each of
+// those commands may or may not commit under the next leader.
+func (n *Node) loseLeadership(why string) {
+	n.mu.Lock()
+	wasLeading := n.leading
+	n.epoch++
+	n.leading, n.serving = false, false
+	owed := n.pend
+	n.pend = map[uint64]*pending{}
+	for _, p := range owed {
+		delete(p.conn.inflight, p.id)
+		p.conn.send(&wire.Msg{Type: wire.TypeUnknown, ID: p.id, Text: why + ": outcome unknown"})
+	}
+	n.mu.Unlock()
+	if n.timers != nil {
+		n.timers.clear()
+	}
+	if wasLeading {
+		n.log.Warn("stopped serving", "why", why, "owed_unknown", len(owed))
+	}
+}
+
+// leaderHint returns the leader's client address and id for an M reply;
+// addr is "" when no leader is known (or its address is not yet known).
+func (n *Node) leaderHint() (addr, id string) {
+	_, lid := n.raft.LeaderWithID()
+	if lid == "" {
+		return "", ""
+	}
+	id = string(lid)
+	if id == n.cfg.NodeID {
+		// We are the leader but not yet serving: retry shortly.
+		return "", id
+	}
+	return n.fsm.clientAddr(id), id
+}
+
+// ---- proposing ----
+
+// propose queues a command for the next batch. Never blocks.
+func (n *Node) propose(c locksm.Command) {
+	n.propMu.Lock()
+	n.propQ = append(n.propQ, c)
+	n.propMu.Unlock()
+	select {
+	case n.propWake <- struct{}{}:
+	default:
+	}
+}
+
+// proposeLoop groups queued commands into one log entry each time Raft is
+// ready for more, so many clients share one fsync and one replication round.
+func (n *Node) proposeLoop() {
+	defer n.wg.Done()
+	var queue, spare []locksm.Command
+	for {
+		select {
+		case <-n.propWake:
+		case <-n.closing:
+			return
+		}
+		n.propMu.Lock()
+		queue, n.propQ = n.propQ, spare[:0]
+		n.propMu.Unlock()
+		for rest := queue; len(rest) > 0; {
+			k := min(len(rest), locksm.MaxBatch)
+			batch := append([]locksm.Command(nil), rest[:k]...)
+			rest = rest[k:]
+			now := n.cfg.Now().UnixMilli()
+			for i := range batch {
+				batch[i].Now = now
+			}
+			f := n.raft.Apply(locksm.AppendBatch([]byte{entryLockBatch}, batch), 0)
+			select {
+			case n.futures <- batchFuture{f: f, cmds: batch}:
+			case <-n.closing:
+				return
+			}
+		}
+		spare = queue
+	}
+}
+
+// futureLoop answers the requests of batches Raft could not commit. Futures
+// complete in log order, so one goroutine suffices.
+func (n *Node) futureLoop() {
+	defer n.wg.Done()
+	for {
+		var bf batchFuture
+		select {
+		case bf = <-n.futures:
+		case <-n.closing:
+			return
+		}
+		err := bf.f.Error()
+		if err == nil {
+			continue
+		}
+		n.proposalFailed(bf.cmds, err)
+	}
+}
+
+func (n *Node) proposalFailed(cmds []locksm.Command, err error) {
+	// ErrNotLeader means the entry was never appended: definitely not
+	// executed, so M is honest. Anything else (leadership lost, shutdown)
+	// leaves the entry possibly committed: U.
+	notAppended := errors.Is(err, raft.ErrNotLeader)
+	addr, id := "", ""
+	if notAppended {
+		addr, id = n.leaderHint()
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, c := range cmds {
+		p := n.pend[c.Ref]
+		if c.Ref == 0 || p == nil || p.op != c.Op || p.key != c.Key || p.queued {
+			continue
+		}
+		n.finish(p)
+		if notAppended {
+			p.conn.send(&wire.Msg{Type: wire.TypeMoved, ID: p.id, LeaderAddr: addr, LeaderID: id})
+		} else {
+			p.conn.send(&wire.Msg{Type: wire.TypeUnknown, ID: p.id, Text: "not committed before " + err.Error() + ": outcome unknown"})
+		}
+	}
+}
+
+// finish forgets p (its reply is being sent). Requires n.mu.
+func (n *Node) finish(p *pending) {
+	delete(n.pend, p.ref)
+	delete(p.conn.inflight, p.id)
+}
+
+// ---- applying ----
+
+// onApplied implements applySink: it sends the replies owed for committed
+// commands and arms timers for new grants. Runs on the FSM goroutine in log
+// order, so a grant is never told before the command that queued it.
+func (n *Node) onApplied(batch []applied) {
+	now := time.Now()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for i := range batch {
+		a := &batch[i]
+		c := &a.cmd
+		if n.leading && a.res.Status == locksm.StatusGranted {
+			n.armExpiry(now, c.Key, a.res.Token, c.LeaseSec)
+		}
+		if p := n.pend[c.Ref]; c.Ref != 0 && p != nil && p.op == c.Op && p.key == c.Key && !p.queued {
+			n.resolve(p, a.res, now)
+		}
+		for _, e := range a.effects {
+			switch e.Kind {
+			case locksm.EffectGranted:
+				if n.leading {
+					n.armExpiry(now, e.Key, e.Token, e.LeaseSec)
+				}
+				if p := n.pend[e.Ref]; p != nil && p.queued && p.key == e.Key {
+					n.granted(p, e.Token)
+				}
+			case locksm.EffectTimedOut, locksm.EffectDropped:
+				if p := n.pend[e.Ref]; p != nil && p.queued && p.key == e.Key {
+					n.finish(p)
+					if e.Kind == locksm.EffectTimedOut {
+						p.conn.send(&wire.Msg{Type: wire.TypeTimeout, ID: p.id})
+					} else {
+						p.conn.send(&wire.Msg{Type: wire.TypeUnknown, ID: p.id, Text: "waiter dropped by a new leader"})
+					}
+				}
+			}
+		}
+	}
+}
+
+func (n *Node) onAnnounce(id, addr string) {
+	n.log.Debug("leader announced", "leader", id, "client_addr", addr)
+}
+
+// resolve handles the result of p's own command. Requires n.mu.
+func (n *Node) resolve(p *pending, res locksm.Result, now time.Time) {
+	switch res.Status {
+	case locksm.StatusGranted:
+		n.granted(p, res.Token)
+	case locksm.StatusQueued:
+		p.queued = true
+		switch {
+		case p.conn.dead || p.cancel:
+			n.propose(locksm.Command{Op: locksm.OpCancelWait, Key: p.key, Ref: p.ref})
+		default:
+			n.timers.add(timerItem{at: p.deadline, kind: timerWait, key: p.key, ref: p.ref, epoch: n.epoch})
+		}
+	case locksm.StatusBusy:
+		n.finish(p)
+		p.conn.send(&wire.Msg{Type: wire.TypeBusy, ID: p.id})
+	case locksm.StatusReleased:
+		n.finish(p)
+		p.conn.send(&wire.Msg{Type: wire.TypeOK, ID: p.id})
+	case locksm.StatusRejected:
+		n.finish(p)
+		p.conn.send(&wire.Msg{Type: wire.TypeError, ID: p.id, Code: wire.CodeOf(res.Err), Text: res.Err.Error()})
+	default:
+		n.finish(p)
+		n.log.Error("unexpected result for a client command", "op", p.op, "status", res.Status)
+		p.conn.send(&wire.Msg{Type: wire.TypeError, ID: p.id, Code: wire.CodeInternal, Text: "unexpected result"})
+	}
+}
+
+// granted tells p its token, or, if p's connection died before the grant
+// could be written, releases it at once: nobody can know that token, so
+// nobody can use it, and the next waiter should not wait for the lease.
+func (n *Node) granted(p *pending, token uint64) {
+	n.finish(p)
+	if p.conn.dead {
+		n.propose(locksm.Command{Op: locksm.OpRelease, Key: p.key, Owner: p.owner, Token: token})
+		return
+	}
+	p.conn.send(&wire.Msg{Type: wire.TypeGranted, ID: p.id, Token: token})
+}
+
+// armExpiry starts the lease clock of a grant the leader just applied: the
+// holder's own clock started when it sent the acquire, before this. Requires
+// n.mu.
+func (n *Node) armExpiry(now time.Time, key string, token uint64, leaseSec uint32) {
+	n.timers.add(timerItem{
+		at: now.Add(time.Duration(leaseSec) * time.Second), kind: timerExpire,
+		key: key, token: token, epoch: n.epoch,
+	})
+}
+
+// timerDue proposes what a due timer asks for, if it still applies.
+func (n *Node) timerDue(it timerItem) {
+	n.mu.Lock()
+	current := n.leading && it.epoch == n.epoch
+	var p *pending
+	if current && it.kind == timerWait {
+		p = n.pend[it.ref]
+	}
+	n.mu.Unlock()
+	if !current {
+		return
+	}
+	switch it.kind {
+	case timerExpire:
+		held := false
+		n.fsm.read(func(st *locksm.State) {
+			h, ok := st.Holder(it.key)
+			held = ok && h.Token == it.token
+		})
+		if held {
+			n.propose(locksm.Command{Op: locksm.OpExpire, Key: it.key, Token: it.token})
+		}
+	case timerWait:
+		if p != nil && p.queued {
+			n.propose(locksm.Command{Op: locksm.OpCancelWait, Key: it.key, Ref: it.ref})
+		}
+	}
+}
+
+// ---- hashicorp logging into slog ----
+
+type hcWriter struct{ log *slog.Logger }
+
+func (w hcWriter) Write(b []byte) (int, error) {
+	line := strings.TrimSpace(string(b))
+	level := slog.LevelInfo
+	switch {
+	case strings.Contains(line, "[ERROR]"):
+		level = slog.LevelError
+	case strings.Contains(line, "[WARN]"):
+		level = slog.LevelWarn
+	case strings.Contains(line, "[DEBUG]"), strings.Contains(line, "[TRACE]"):
+		level = slog.LevelDebug
+	}
+	for _, tag := range []string{"[ERROR] ", "[WARN]  ", "[INFO]  ", "[DEBUG] ", "[TRACE] "} {
+		if i := strings.Index(line, tag); i >= 0 {
+			line = line[i+len(tag):]
+			break
+		}
+	}
+	w.log.Log(nil, level, line, "component", "raft")
+	return len(b), nil
+}
+
+func newHCLogger(log *slog.Logger) hclog.Logger {
+	return hclog.New(&hclog.LoggerOptions{
+		Name:        "raft",
+		Level:       hclog.Info,
+		Output:      hcWriter{log},
+		DisableTime: true,
+	})
+}

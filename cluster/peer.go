@@ -1,0 +1,192 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"ticketing/cluster/wire"
+)
+
+// Peer addresses inside Raft carry the node id they must reach:
+// "ID@HOST:PORT". hashicorp/raft hands the transport only the address, and
+// counts a vote under the id it dialled; putting the id in the address lets
+// the dialler demand proof of exactly that id in the handshake, so a node
+// answering under another identity is refused by construction.
+
+// raftAddr formats the Raft server address of (id, hostport).
+func raftAddr(id, hostport string) raft.ServerAddress {
+	return raft.ServerAddress(id + "@" + hostport)
+}
+
+// splitRaftAddr splits "ID@HOST:PORT".
+func splitRaftAddr(a raft.ServerAddress) (id, hostport string, err error) {
+	id, hostport, ok := strings.Cut(string(a), "@")
+	if !ok || id == "" || hostport == "" {
+		return "", "", fmt.Errorf("cluster: peer address %q is not ID@HOST:PORT", a)
+	}
+	return id, hostport, nil
+}
+
+// peerNetAddr is the net.Addr of the peer listener as Raft sees it.
+type peerNetAddr struct{ s string }
+
+func (a peerNetAddr) Network() string { return "tcp" }
+func (a peerNetAddr) String() string  { return a.s }
+
+// peerLayer is the raft.StreamLayer: TCP plus the peer handshake (with the
+// peer secret, proving both node ids and the cluster id) in both directions.
+// TLS, when it arrives, wraps the TCP conn before the handshake.
+type peerLayer struct {
+	ln        net.Listener
+	self      string
+	advertise raft.ServerAddress
+	hs        wire.HandshakeConfig
+	timeout   time.Duration
+	faults    *Faults
+	log       *slog.Logger
+
+	accepted chan net.Conn
+	closing  chan struct{}
+	once     sync.Once
+	wg       sync.WaitGroup
+}
+
+func newPeerLayer(ln net.Listener, cfg Config, log *slog.Logger) *peerLayer {
+	hostport := ln.Addr().String()
+	if cfg.PeerAddr != "" && cfg.PeerListener == nil {
+		hostport = cfg.PeerAddr
+	}
+	for _, p := range cfg.Peers {
+		if p.ID == cfg.NodeID {
+			hostport = p.Addr
+		}
+	}
+	l := &peerLayer{
+		ln:        ln,
+		self:      cfg.NodeID,
+		advertise: raftAddr(cfg.NodeID, hostport),
+		hs: wire.HandshakeConfig{
+			Kind:      wire.KindPeer,
+			Secret:    cfg.PeerSecret,
+			ClusterID: cfg.ClusterID,
+			NodeID:    cfg.NodeID,
+		},
+		timeout:  cfg.HandshakeTimeout,
+		faults:   cfg.Faults,
+		log:      log,
+		accepted: make(chan net.Conn),
+		closing:  make(chan struct{}),
+	}
+	l.wg.Add(1)
+	go l.acceptLoop()
+	return l
+}
+
+func (l *peerLayer) acceptLoop() {
+	defer l.wg.Done()
+	for {
+		c, err := l.ln.Accept()
+		if err != nil {
+			select {
+			case <-l.closing:
+				return
+			default:
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			l.log.Error("peer listener failed", "err", err)
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		l.wg.Add(1)
+		go l.serverHandshake(c)
+	}
+}
+
+func (l *peerLayer) serverHandshake(c net.Conn) {
+	defer l.wg.Done()
+	_ = c.SetDeadline(time.Now().Add(l.timeout))
+	peer, err := wire.ServerHandshake(c, l.hs)
+	if err != nil {
+		l.log.Warn("peer handshake refused", "remote", c.RemoteAddr().String(), "err", err)
+		c.Close()
+		return
+	}
+	_ = c.SetDeadline(time.Time{})
+	fc, err := l.faults.wrap(c, peer.NodeID, l.self)
+	if err != nil {
+		c.Close()
+		return
+	}
+	select {
+	case l.accepted <- fc:
+	case <-l.closing:
+		fc.Close()
+	}
+}
+
+// Accept implements net.Listener: it returns authenticated connections.
+func (l *peerLayer) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.accepted:
+		return c, nil
+	case <-l.closing:
+		return nil, net.ErrClosed
+	}
+}
+
+// Close implements net.Listener.
+func (l *peerLayer) Close() error {
+	var err error
+	l.once.Do(func() {
+		close(l.closing)
+		err = l.ln.Close()
+	})
+	return err
+}
+
+// wait waits for the accept loop and handshakes to end (after Close).
+func (l *peerLayer) wait() { l.wg.Wait() }
+
+// Addr implements net.Listener; its String is this node's Raft address.
+func (l *peerLayer) Addr() net.Addr { return peerNetAddr{string(l.advertise)} }
+
+// Dial implements raft.StreamLayer: TCP, then the handshake demanding that
+// the answering node proves the id named in address.
+func (l *peerLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	id, hostport, err := splitRaftAddr(address)
+	if err != nil {
+		return nil, err
+	}
+	if err := l.faults.allowDial(l.self, id); err != nil {
+		return nil, err
+	}
+	c, err := net.DialTimeout("tcp", hostport, timeout)
+	if err != nil {
+		return nil, err
+	}
+	hs := l.hs
+	hs.ExpectNodeID = id
+	_ = c.SetDeadline(time.Now().Add(l.timeout))
+	peer, err := wire.ClientHandshake(c, hs)
+	if err != nil {
+		c.Close()
+		l.log.Warn("peer handshake failed", "peer", id, "addr", hostport, "err", err)
+		return nil, fmt.Errorf("cluster: handshake with %s at %s: %w", id, hostport, err)
+	}
+	_ = c.SetDeadline(time.Time{})
+	if peer.NodeID != id {
+		c.Close()
+		return nil, fmt.Errorf("cluster: %s answered as %q: %w", hostport, peer.NodeID, wire.ErrWrongNode)
+	}
+	return l.faults.wrap(c, l.self, id)
+}

@@ -1,0 +1,416 @@
+package wire
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"io"
+	"reflect"
+	"strings"
+	"testing"
+	"testing/iotest"
+
+	"ticketing/locksm"
+)
+
+// sampleMsgs has one or more messages of every type, with fields at their
+// edges (max lengths, zero values where allowed).
+func sampleMsgs() []Msg {
+	return []Msg{
+		{Type: TypeAcquire, ID: 1, Lease: 30, WaitMs: 5000, Key: "event:42", Owner: "srv-a"},
+		{Type: TypeAcquire, ID: ^uint64(0), Lease: 0xFFFF, WaitMs: 0xFFFFFFFF, Key: strings.Repeat("k", locksm.MaxKeyLen), Owner: strings.Repeat("o", locksm.MaxOwnerLen)},
+		{Type: TypeAcquire, ID: 7, Key: "k", Owner: "o"},
+		{Type: TypeRelease, ID: 2, Token: 99, Key: "event:42", Owner: "srv-a"},
+		{Type: TypeRelease, ID: 3, Token: 0, Key: "x", Owner: "y"},
+		{Type: TypeCancel, ID: 4, Target: 1},
+		{Type: TypePing, ID: 5},
+		{Type: TypeStatus, ID: 6},
+		{Type: TypeGranted, ID: 1, Token: 1},
+		{Type: TypeBusy, ID: 1},
+		{Type: TypeTimeout, ID: 1},
+		{Type: TypeMoved, ID: 1, LeaderAddr: "10.0.0.2:7001", LeaderID: "n2"},
+		{Type: TypeMoved, ID: 1},
+		{Type: TypeOK, ID: 2},
+		{Type: TypeUnknown, ID: 3, Text: "leadership lost before commit"},
+		{Type: TypeUnknown, ID: 3},
+		{Type: TypeError, ID: 4, Code: CodeInvalidLease, Text: "lease 0"},
+		{Type: TypeError, ID: 0, Code: CodeShuttingDown, Text: strings.Repeat("t", MaxTextLen)},
+		{Type: TypePong, ID: 5},
+		{Type: TypeStatusR, ID: 6, NodeID: "n1", Role: RoleLeader, Term: 3, LeaderID: "n1", LeaderAddr: "10.0.0.1:7001",
+			Commit: 100, Applied: 99, LastToken: 12, Held: 4, Waiting: 9},
+		{Type: TypeStatusR, ID: 6, Role: RoleUnknown},
+	}
+}
+
+func TestRoundTrip(t *testing.T) {
+	for _, m := range sampleMsgs() {
+		t.Run(TypeName(m.Type), func(t *testing.T) {
+			b, err := AppendMsg([]byte("prefix"), &m)
+			if err != nil {
+				t.Fatalf("AppendMsg(%+v): %v", m, err)
+			}
+			if !bytes.HasPrefix(b, []byte("prefix")) {
+				t.Fatal("AppendMsg lost dst")
+			}
+			b = b[len("prefix"):]
+			typ, payload, n, err := SplitFrame(b)
+			if err != nil || n != len(b) || typ != m.Type {
+				t.Fatalf("SplitFrame: typ %q n %d/%d err %v", typ, n, len(b), err)
+			}
+			var got Msg
+			if err := DecodeMsg(typ, payload, &got); err != nil {
+				t.Fatalf("DecodeMsg: %v", err)
+			}
+			if !reflect.DeepEqual(got, m) {
+				t.Fatalf("round trip:\n got %+v\nwant %+v", got, m)
+			}
+		})
+	}
+}
+
+// TestAppendIgnoresUnusedFields: only the fields of the type are encoded.
+func TestAppendIgnoresUnusedFields(t *testing.T) {
+	m := Msg{Type: TypePing, ID: 9, Key: "ignored", Token: 5, Text: "x"}
+	b, err := AppendMsg(nil, &m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []byte{0, 0, 0, 9, 'p', 0, 0, 0, 0, 0, 0, 0, 9}
+	if !bytes.Equal(b, want) {
+		t.Fatalf("got % x want % x", b, want)
+	}
+}
+
+// TestSplitEveryOffset feeds a stream of all sample frames to SplitFrame in
+// two pieces cut at every offset, and one byte at a time, and checks the
+// same messages come out (the nats-server parser test pattern).
+func TestSplitEveryOffset(t *testing.T) {
+	var stream []byte
+	msgs := sampleMsgs()
+	for i := range msgs {
+		var err error
+		if stream, err = AppendMsg(stream, &msgs[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	parse := func(chunks [][]byte) []Msg {
+		var out []Msg
+		var pending []byte
+		for _, c := range chunks {
+			pending = append(pending, c...)
+			for {
+				typ, payload, n, err := SplitFrame(pending)
+				if err != nil {
+					t.Fatalf("SplitFrame: %v", err)
+				}
+				if n == 0 {
+					break
+				}
+				var m Msg
+				if err := DecodeMsg(typ, payload, &m); err != nil {
+					t.Fatalf("DecodeMsg: %v", err)
+				}
+				out = append(out, m)
+				pending = pending[n:]
+			}
+		}
+		if len(pending) != 0 {
+			t.Fatalf("%d bytes left over", len(pending))
+		}
+		return out
+	}
+	for cut := 0; cut <= len(stream); cut++ {
+		got := parse([][]byte{stream[:cut], stream[cut:]})
+		if !reflect.DeepEqual(got, msgs) {
+			t.Fatalf("cut at %d: messages differ", cut)
+		}
+	}
+	var bytewise [][]byte
+	for i := range stream {
+		bytewise = append(bytewise, stream[i:i+1])
+	}
+	if got := parse(bytewise); !reflect.DeepEqual(got, msgs) {
+		t.Fatal("byte by byte: messages differ")
+	}
+	// Every strict prefix of one frame is "need more".
+	one, _ := AppendMsg(nil, &msgs[1])
+	for i := 0; i < len(one); i++ {
+		if _, _, n, err := SplitFrame(one[:i]); n != 0 || err != nil {
+			t.Fatalf("prefix %d: n %d err %v", i, n, err)
+		}
+	}
+}
+
+func TestSplitFrameRejectsEarly(t *testing.T) {
+	cases := []struct {
+		name string
+		in   []byte
+		want error
+	}{
+		{"zero length", []byte{0, 0, 0, 0}, ErrMalformed},
+		{"zero length with more", []byte{0, 0, 0, 0, 'p', 1, 2}, ErrMalformed},
+		{"one over max", binary.BigEndian.AppendUint32(nil, MaxFrameLen+1), ErrFrameTooLarge},
+		{"http probe", []byte("GET / HTTP/1.1\r\n"), ErrFrameTooLarge},
+		{"huge", []byte{0xff, 0xff, 0xff, 0xff}, ErrFrameTooLarge},
+	}
+	for _, c := range cases {
+		_, _, n, err := SplitFrame(c.in)
+		if n != 0 || !errors.Is(err, c.want) {
+			t.Errorf("%s: n %d err %v, want %v", c.name, n, err, c.want)
+		}
+	}
+	_, _, _, err := SplitFrame([]byte("GET / HTTP/1.1\r\n"))
+	if !strings.Contains(err.Error(), `"GET / HTTP/1.1.."`) || !strings.Contains(err.Error(), "47 45 54") {
+		t.Errorf("error does not quote the bytes: %v", err)
+	}
+	// Exactly MaxFrameLen is legal.
+	b := binary.BigEndian.AppendUint32(nil, MaxFrameLen)
+	if _, _, n, err := SplitFrame(b); n != 0 || err != nil {
+		t.Errorf("max length header: n %d err %v", n, err)
+	}
+	b = append(b, make([]byte, MaxFrameLen)...)
+	if _, p, n, err := SplitFrame(b); n != MaxFrameBytes || err != nil || len(p) != MaxFrameLen-1 {
+		t.Errorf("max frame: n %d err %v", n, err)
+	}
+}
+
+func u64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
+func u32(v uint32) []byte { return binary.BigEndian.AppendUint32(nil, v) }
+func u16(v uint16) []byte { return binary.BigEndian.AppendUint16(nil, v) }
+func s8(s string) []byte  { return append([]byte{byte(len(s))}, s...) }
+
+func TestDecodeMalformed(t *testing.T) {
+	long := strings.Repeat("o", locksm.MaxOwnerLen+1)
+	cases := []struct {
+		name    string
+		typ     byte
+		payload []byte
+		want    []error
+	}{
+		{"empty ping", 'p', nil, []error{ErrMalformed}},
+		{"short id", 'p', []byte{0, 0, 0, 1}, []error{ErrMalformed}},
+		{"ping trailing", 'p', append(u64(1), 0), []error{ErrMalformed}},
+		{"ping id 0", 'p', u64(0), []error{ErrMalformed}},
+		{"status id 0", 's', u64(0), []error{ErrMalformed}},
+		{"acquire truncated", 'a', bytes.Join([][]byte{u64(1), u16(1), u32(0)}, nil), []error{ErrMalformed}},
+		{"acquire key beyond payload", 'a', bytes.Join([][]byte{u64(1), u16(1), u32(0), {5}, []byte("ab")}, nil), []error{ErrMalformed}},
+		{"acquire trailing", 'a', bytes.Join([][]byte{u64(1), u16(1), u32(0), s8("k"), s8("o"), {0}}, nil), []error{ErrMalformed}},
+		{"acquire empty key", 'a', bytes.Join([][]byte{u64(1), u16(1), u32(0), s8(""), s8("o")}, nil), []error{ErrMalformed, locksm.ErrInvalidKey}},
+		{"acquire empty owner", 'a', bytes.Join([][]byte{u64(1), u16(1), u32(0), s8("k"), s8("")}, nil), []error{ErrMalformed, locksm.ErrInvalidOwner}},
+		{"acquire owner too long", 'a', bytes.Join([][]byte{u64(1), u16(1), u32(0), s8("k"), s8(long)}, nil), []error{ErrMalformed, locksm.ErrInvalidOwner}},
+		{"acquire id 0", 'a', bytes.Join([][]byte{u64(0), u16(1), u32(0), s8("k"), s8("o")}, nil), []error{ErrMalformed}},
+		{"release owner too long", 'r', bytes.Join([][]byte{u64(1), u64(1), s8("k"), s8(long)}, nil), []error{ErrMalformed, locksm.ErrInvalidOwner}},
+		{"release short", 'r', bytes.Join([][]byte{u64(1), u64(1), s8("k")}, nil), []error{ErrMalformed}},
+		{"cancel target 0", 'c', bytes.Join([][]byte{u64(1), u64(0)}, nil), []error{ErrMalformed}},
+		{"cancel short", 'c', u64(1), []error{ErrMalformed}},
+		{"granted id 0", 'G', bytes.Join([][]byte{u64(0), u64(1)}, nil), []error{ErrMalformed}},
+		{"busy id 0", 'B', u64(0), []error{ErrMalformed}},
+		{"moved truncated", 'M', bytes.Join([][]byte{u64(1), s8("a")}, nil), []error{ErrMalformed}},
+		{"unknown text beyond", 'U', bytes.Join([][]byte{u64(1), u16(10), []byte("abc")}, nil), []error{ErrMalformed}},
+		{"error code 0", 'E', bytes.Join([][]byte{u64(0), u16(0), u16(0)}, nil), []error{ErrMalformed}},
+		{"error trailing", 'E', bytes.Join([][]byte{u64(0), u16(1), u16(0), {1}}, nil), []error{ErrMalformed}},
+		{"status bad role", 'S', bytes.Join([][]byte{u64(1), s8(""), {9}, u64(0), s8(""), s8(""), u64(0), u64(0), u64(0), u64(0), u64(0)}, nil), []error{ErrMalformed}},
+		{"status short", 'S', bytes.Join([][]byte{u64(1), s8(""), {1}, u64(0), s8(""), s8(""), u64(0), u64(0), u64(0), u64(0)}, nil), []error{ErrMalformed}},
+		{"unknown type", 'z', u64(1), []error{ErrUnknownType}},
+		{"zero type", 0, nil, []error{ErrUnknownType}},
+		{"hello after handshake", TypeHello, nil, []error{ErrUnexpectedFrame}},
+		{"welcome after handshake", TypeWelcome, nil, []error{ErrUnexpectedFrame}},
+	}
+	for _, c := range cases {
+		var m Msg
+		err := DecodeMsg(c.typ, c.payload, &m)
+		for _, want := range c.want {
+			if !errors.Is(err, want) {
+				t.Errorf("%s: err %v, want %v", c.name, err, want)
+			}
+		}
+	}
+	// The id survives a payload error so the server can answer under it.
+	var m Msg
+	err := DecodeMsg('a', bytes.Join([][]byte{u64(77), u16(1), u32(0), s8(""), s8("o")}, nil), &m)
+	if m.ID != 77 || m.Type != 'a' || CodeOf(err) != CodeInvalidKey || !IsFieldError(err) {
+		t.Errorf("id %d type %q code %v (%v)", m.ID, m.Type, CodeOf(err), err)
+	}
+	if err := DecodeMsg('p', u64(0), &m); CodeOf(err) != CodeBadRequest || IsFieldError(err) {
+		t.Error("malformed ping is not bad_request")
+	}
+}
+
+func TestAppendRefuses(t *testing.T) {
+	cases := []struct {
+		name string
+		m    Msg
+		want error
+	}{
+		{"unknown type", Msg{Type: 'z', ID: 1}, ErrUnknownType},
+		{"handshake type", Msg{Type: TypeHello, ID: 1}, ErrUnknownType},
+		{"request id 0", Msg{Type: TypePing}, ErrMalformed},
+		{"reply id 0", Msg{Type: TypeOK}, ErrMalformed},
+		{"key too long", Msg{Type: TypeAcquire, ID: 1, Key: strings.Repeat("k", 256), Owner: "o"}, ErrMalformed},
+		{"owner too long", Msg{Type: TypeRelease, ID: 1, Key: "k", Owner: strings.Repeat("o", 129)}, locksm.ErrInvalidOwner},
+		{"empty key", Msg{Type: TypeAcquire, ID: 1, Owner: "o"}, locksm.ErrInvalidKey},
+		{"text too long", Msg{Type: TypeError, Code: 1, Text: strings.Repeat("t", MaxTextLen+1)}, ErrFrameTooLarge},
+		{"text beyond str16", Msg{Type: TypeUnknown, ID: 1, Text: strings.Repeat("t", 70000)}, ErrMalformed},
+		{"moved addr too long", Msg{Type: TypeMoved, ID: 1, LeaderAddr: strings.Repeat("a", 256)}, ErrMalformed},
+		{"code 0", Msg{Type: TypeError, ID: 1}, ErrMalformed},
+		{"cancel target 0", Msg{Type: TypeCancel, ID: 1}, ErrMalformed},
+		{"bad role", Msg{Type: TypeStatusR, ID: 1, Role: 200}, ErrMalformed},
+	}
+	for _, c := range cases {
+		dst := []byte("keep")
+		out, err := AppendMsg(dst, &c.m)
+		if !errors.Is(err, c.want) {
+			t.Errorf("%s: err %v, want %v", c.name, err, c.want)
+		}
+		if string(out) != "keep" {
+			t.Errorf("%s: dst changed to %q", c.name, out)
+		}
+	}
+}
+
+func TestAppendMsgNoAlloc(t *testing.T) {
+	m := Msg{Type: TypeAcquire, ID: 1, Lease: 30, WaitMs: 1000, Key: "event:42", Owner: "srv-a"}
+	buf := make([]byte, 0, 256)
+	allocs := testing.AllocsPerRun(100, func() {
+		var err error
+		if buf, err = AppendMsg(buf[:0], &m); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("AppendMsg allocates %v times", allocs)
+	}
+}
+
+func TestValidKeyOwner(t *testing.T) {
+	for _, k := range []string{"a", "event:42/seat#7", strings.Repeat("~", 255)} {
+		if ValidKey(k) != nil {
+			t.Errorf("ValidKey(%q) failed", k)
+		}
+	}
+	for _, k := range []string{"", "a b", "tab\t", "é", strings.Repeat("k", 256), "\x7f"} {
+		if !errors.Is(ValidKey(k), locksm.ErrInvalidKey) {
+			t.Errorf("ValidKey(%q) passed", k)
+		}
+	}
+	if ValidOwner(strings.Repeat("o", 128)) != nil || !errors.Is(ValidOwner(strings.Repeat("o", 129)), locksm.ErrInvalidOwner) {
+		t.Error("ValidOwner length bound wrong")
+	}
+}
+
+func TestReplyAllowed(t *testing.T) {
+	if !ReplyAllowed(TypeAcquire, TypeGranted) || !ReplyAllowed(TypePing, TypeError) ||
+		ReplyAllowed(TypePing, TypeGranted) || ReplyAllowed(TypeRelease, TypeGranted) ||
+		ReplyAllowed(TypeGranted, TypeError) || !ReplyAllowed(TypeCancel, TypeOK) {
+		t.Error("ReplyAllowed table wrong")
+	}
+}
+
+func TestCodeTable(t *testing.T) {
+	for c := Code(1); c <= CodeUnexpectedFrame; c++ {
+		if CodeOf(ErrOf(c)) != c {
+			t.Errorf("code %d (%s) does not round trip", c, c)
+		}
+		if c.String() == "unknown" {
+			t.Errorf("code %d has no name", c)
+		}
+	}
+	if ErrOf(999) != ErrRemote || CodeOf(io.EOF) != CodeInternal {
+		t.Error("fallbacks wrong")
+	}
+}
+
+func TestReader(t *testing.T) {
+	var stream []byte
+	msgs := sampleMsgs()
+	for range 50 { // more than one buffer's worth, so compaction runs
+		for i := range msgs {
+			stream, _ = AppendMsg(stream, &msgs[i])
+		}
+	}
+	for _, name := range []string{"whole", "onebyte", "half"} {
+		var src io.Reader = bytes.NewReader(stream)
+		switch name {
+		case "onebyte":
+			src = iotest.OneByteReader(src)
+		case "half":
+			src = iotest.HalfReader(iotest.DataErrReader(src))
+		}
+		r := NewReader(src)
+		for i := 0; i < 50*len(msgs); i++ {
+			var m Msg
+			if err := r.ReadMsg(&m); err != nil {
+				t.Fatalf("%s: msg %d: %v", name, i, err)
+			}
+			if !reflect.DeepEqual(m, msgs[i%len(msgs)]) {
+				t.Fatalf("%s: msg %d differs", name, i)
+			}
+		}
+		if _, _, err := r.ReadFrame(); err != io.EOF {
+			t.Fatalf("%s: end: %v", name, err)
+		}
+	}
+	// EOF inside a frame.
+	b, _ := AppendMsg(nil, &msgs[0])
+	r := NewReader(bytes.NewReader(b[:len(b)-1]))
+	if _, _, err := r.ReadFrame(); err != io.ErrUnexpectedEOF {
+		t.Fatalf("truncated: %v", err)
+	}
+	// Framing errors are sticky; decode errors are not.
+	r = NewReader(bytes.NewReader(append([]byte{0, 0, 0, 9, 'p', 0, 0, 0, 0, 0, 0, 0, 0}, b...)))
+	var m Msg
+	if err := r.ReadMsg(&m); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("id 0: %v", err)
+	}
+	if err := r.ReadMsg(&m); err != nil || m.Type != TypeAcquire {
+		t.Fatalf("after decode error: %v", err)
+	}
+	r = NewReader(bytes.NewReader([]byte{0xff, 0, 0, 0, 1}))
+	for range 2 {
+		if _, _, err := r.ReadFrame(); !errors.Is(err, ErrFrameTooLarge) {
+			t.Fatalf("oversize: %v", err)
+		}
+	}
+}
+
+func BenchmarkAppendMsg(b *testing.B) {
+	m := Msg{Type: TypeAcquire, ID: 1, Lease: 30, WaitMs: 1000, Key: "event:42:seat-block-7", Owner: "event-server-17"}
+	buf := make([]byte, 0, 4096)
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		m.ID = uint64(i + 1)
+		var err error
+		if buf, err = AppendMsg(buf[:0], &m); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkSplitDecode(b *testing.B) {
+	var stream []byte
+	msgs := []Msg{
+		{Type: TypeAcquire, ID: 1, Lease: 30, WaitMs: 1000, Key: "event:42:seat-block-7", Owner: "event-server-17"},
+		{Type: TypeRelease, ID: 2, Token: 12345, Key: "event:42:seat-block-7", Owner: "event-server-17"},
+		{Type: TypeGranted, ID: 1, Token: 12345},
+		{Type: TypeOK, ID: 2},
+	}
+	for i := range msgs {
+		stream, _ = AppendMsg(stream, &msgs[i])
+	}
+	b.SetBytes(int64(len(stream)))
+	b.ReportAllocs()
+	var m Msg
+	for i := 0; i < b.N; i++ {
+		rest := stream
+		for len(rest) > 0 {
+			typ, payload, n, err := SplitFrame(rest)
+			if err != nil || n == 0 {
+				b.Fatal(err)
+			}
+			if err := DecodeMsg(typ, payload, &m); err != nil {
+				b.Fatal(err)
+			}
+			rest = rest[n:]
+		}
+	}
+}

@@ -1,0 +1,330 @@
+package wire
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+)
+
+var (
+	clientSecret = []byte("client-secret-0123456789")
+	peerSecret   = []byte("peer-secret-abcdefghijklm")
+)
+
+type hsResult struct {
+	peer Peer
+	err  error
+}
+
+// runPair runs both sides over net.Pipe and returns their results. Each
+// side closes its end when done, so a side blocked writing its error frame
+// to a peer that already gave up is released.
+func runPair(t *testing.T, ccfg, scfg HandshakeConfig, client func(io.ReadWriter, HandshakeConfig) (Peer, error)) (c, s hsResult) {
+	t.Helper()
+	cc, sc := net.Pipe()
+	deadline := time.Now().Add(5 * time.Second)
+	cc.SetDeadline(deadline)
+	sc.SetDeadline(deadline)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		defer cc.Close()
+		c.peer, c.err = client(cc, ccfg)
+	}()
+	go func() {
+		defer wg.Done()
+		defer sc.Close()
+		s.peer, s.err = ServerHandshake(sc, scfg)
+	}()
+	wg.Wait()
+	return c, s
+}
+
+func clientPair() (HandshakeConfig, HandshakeConfig) {
+	return HandshakeConfig{Kind: KindClient, Secret: clientSecret, ClusterID: "prod"},
+		HandshakeConfig{Kind: KindClient, Secret: clientSecret, ClusterID: "prod", NodeID: "n1"}
+}
+
+func peerPair() (HandshakeConfig, HandshakeConfig) {
+	return HandshakeConfig{Kind: KindPeer, Secret: peerSecret, ClusterID: "prod", NodeID: "n2", ExpectNodeID: "n1"},
+		HandshakeConfig{Kind: KindPeer, Secret: peerSecret, ClusterID: "prod", NodeID: "n1"}
+}
+
+func TestHandshakeSuccess(t *testing.T) {
+	for _, kind := range []string{"client", "peer", "client-tls-binding"} {
+		t.Run(kind, func(t *testing.T) {
+			ccfg, scfg := clientPair()
+			if kind == "peer" {
+				ccfg, scfg = peerPair()
+			}
+			if kind == "client-tls-binding" {
+				ccfg.ChannelBinding = []byte("exporter-value")
+				scfg.ChannelBinding = []byte("exporter-value")
+			}
+			c, s := runPair(t, ccfg, scfg, ClientHandshake)
+			if c.err != nil || s.err != nil {
+				t.Fatalf("client %v, server %v", c.err, s.err)
+			}
+			if c.peer.NodeID != "n1" || c.peer.Version != ProtocolVersion || c.peer.ClusterID != "prod" {
+				t.Errorf("client learned %+v", c.peer)
+			}
+			if s.peer.NodeID != ccfg.NodeID || s.peer.Version != ProtocolVersion {
+				t.Errorf("server learned %+v", s.peer)
+			}
+		})
+	}
+}
+
+// TestHandshakeNoOverRead: bytes the client sends right after its Auth are
+// left in the connection for the caller.
+func TestHandshakeNoOverRead(t *testing.T) {
+	ccfg, scfg := clientPair()
+	cc, sc := net.Pipe()
+	defer cc.Close()
+	defer sc.Close()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := ClientHandshake(cc, ccfg)
+		if err == nil {
+			ping, _ := AppendMsg(nil, &Msg{Type: TypePing, ID: 1})
+			_, err = cc.Write(ping)
+		}
+		errc <- err
+	}()
+	if _, err := ServerHandshake(sc, scfg); err != nil {
+		t.Fatal(err)
+	}
+	var m Msg
+	if err := NewReader(sc).ReadMsg(&m); err != nil || m.Type != TypePing || m.ID != 1 {
+		t.Fatalf("after handshake: %+v %v", m, err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestHandshakeFailures(t *testing.T) {
+	other := []byte("another-secret-0123456789")
+	cases := []struct {
+		name       string
+		mod        func(c, s *HandshakeConfig)
+		peer       bool
+		clientWant error
+		serverWant error
+	}{
+		{"client detects fake server", func(c, s *HandshakeConfig) { s.Secret = other }, false, ErrAuthFailed, ErrAuthFailed},
+		{"server detects bad client", func(c, s *HandshakeConfig) { c.Secret = other }, false, ErrAuthFailed, ErrAuthFailed},
+		{"peer wrong secret", func(c, s *HandshakeConfig) { c.Secret = other }, true, ErrAuthFailed, ErrAuthFailed},
+		{"wrong cluster", func(c, s *HandshakeConfig) { c.ClusterID = "staging" }, false, ErrWrongCluster, ErrWrongCluster},
+		{"wrong cluster peer", func(c, s *HandshakeConfig) { s.ClusterID = "" }, true, ErrWrongCluster, ErrWrongCluster},
+		{"wrong expected node", func(c, s *HandshakeConfig) { c.ExpectNodeID = "n3" }, true, ErrWrongNode, ErrWrongNode},
+		{"client expects node", func(c, s *HandshakeConfig) { c.ExpectNodeID = "n9" }, false, ErrWrongNode, ErrWrongNode},
+		{"binding differs", func(c, s *HandshakeConfig) { c.ChannelBinding = []byte("relay") }, false, ErrAuthFailed, ErrAuthFailed},
+		{"client on peer port", func(c, s *HandshakeConfig) { s.Kind, s.Secret = KindPeer, peerSecret }, false, ErrMalformed, ErrMalformed},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ccfg, scfg := clientPair()
+			if tc.peer {
+				ccfg, scfg = peerPair()
+			}
+			tc.mod(&ccfg, &scfg)
+			c, s := runPair(t, ccfg, scfg, ClientHandshake)
+			if !errors.Is(c.err, tc.clientWant) {
+				t.Errorf("client: %v, want %v", c.err, tc.clientWant)
+			}
+			if !errors.Is(s.err, tc.serverWant) {
+				t.Errorf("server: %v, want %v", s.err, tc.serverWant)
+			}
+		})
+	}
+}
+
+// TestFakeServerNodeID: a server that knows the secret but does not check
+// expect_id itself (a misconfigured or buggy node answering for another id)
+// is still caught by the client, which then sends an error, not its proof.
+func TestFakeServerNodeID(t *testing.T) {
+	ccfg, _ := peerPair() // expects n1
+	cc, sc := net.Pipe()
+	defer cc.Close()
+	sc.SetDeadline(time.Now().Add(5 * time.Second))
+	got := make(chan []byte, 1)
+	go func() {
+		defer sc.Close()
+		buf := make([]byte, MaxFrameBytes)
+		_, p, err := readFrameExact(sc, buf)
+		if err != nil {
+			got <- nil
+			return
+		}
+		cn := append([]byte{}, p[9:9+NonceLen]...)
+		var sn [NonceLen]byte
+		tr := transcript(1, KindPeer, cn, sn[:], "prod", "n3", "n2", "n1", nil)
+		ch := []byte{0, 0, 0, 0, TypeChallenge, 0, 1}
+		ch = append(ch, sn[:]...)
+		ch = appendStr8(ch, "n3")
+		ch = appendStr8(ch, "prod")
+		ch = append(ch, proof(peerSecret, serverLabel, tr)...)
+		sc.Write(finishFrame(ch))
+		typ, p, err := readFrameExact(sc, buf)
+		if err != nil {
+			got <- nil
+			return
+		}
+		got <- append([]byte{typ}, p...)
+	}()
+	if _, err := ClientHandshake(cc, ccfg); !errors.Is(err, ErrWrongNode) {
+		t.Fatalf("client: %v", err)
+	}
+	f := <-got
+	var m Msg
+	if len(f) == 0 || DecodeMsg(f[0], f[1:], &m) != nil || m.Type != TypeError || m.Code != CodeWrongNode {
+		t.Fatalf("fake server received %x, want an error frame with wrong_node", f)
+	}
+}
+
+func TestHandshakeVersion(t *testing.T) {
+	ccfg, scfg := clientPair()
+	newer := func(rw io.ReadWriter, cfg HandshakeConfig) (Peer, error) {
+		return clientHandshake(rw, cfg, ProtocolVersion+1, ProtocolVersion+3)
+	}
+	c, s := runPair(t, ccfg, scfg, newer)
+	if !errors.Is(c.err, ErrVersion) || !errors.Is(s.err, ErrVersion) {
+		t.Fatalf("client %v, server %v", c.err, s.err)
+	}
+	// A client that also speaks future versions gets the server's newest.
+	wider := func(rw io.ReadWriter, cfg HandshakeConfig) (Peer, error) {
+		return clientHandshake(rw, cfg, 1, ProtocolVersion+5)
+	}
+	c, s = runPair(t, ccfg, scfg, wider)
+	if c.err != nil || s.err != nil || c.peer.Version != ProtocolVersion {
+		t.Fatalf("client %v %+v, server %v", c.err, c.peer, s.err)
+	}
+}
+
+// recordRW records what is written through it.
+type recordRW struct {
+	io.ReadWriter
+	w bytes.Buffer
+}
+
+func (r *recordRW) Write(p []byte) (int, error) {
+	r.w.Write(p)
+	return r.ReadWriter.Write(p)
+}
+
+// TestHandshakeReplay: a recorded Hello+Auth from an earlier successful
+// handshake is useless against a fresh server nonce.
+func TestHandshakeReplay(t *testing.T) {
+	ccfg, scfg := clientPair()
+	var rec *recordRW
+	c, s := runPair(t, ccfg, scfg, func(rw io.ReadWriter, cfg HandshakeConfig) (Peer, error) {
+		rec = &recordRW{ReadWriter: rw}
+		return ClientHandshake(rec, cfg)
+	})
+	if c.err != nil || s.err != nil {
+		t.Fatal(c.err, s.err)
+	}
+	recorded := rec.w.Bytes()
+
+	cc, sc := net.Pipe()
+	defer cc.Close()
+	cc.SetDeadline(time.Now().Add(5 * time.Second))
+	errc := make(chan error, 1)
+	go func() {
+		defer sc.Close()
+		_, err := ServerHandshake(sc, scfg)
+		errc <- err
+	}()
+	go cc.Write(recorded) // Hello and the old Auth; net.Pipe blocks, so async
+	r := NewReader(cc)
+	typ, _, err := r.ReadFrame()
+	if err != nil || typ != TypeChallenge {
+		t.Fatalf("challenge: %q %v", typ, err)
+	}
+	var m Msg
+	if err := r.ReadMsg(&m); err != nil || m.Type != TypeError || m.ID != 0 || m.Code != CodeAuthFailed {
+		t.Fatalf("reply to replayed auth: %+v %v", m, err)
+	}
+	if err := <-errc; !errors.Is(err, ErrAuthFailed) {
+		t.Fatalf("server: %v", err)
+	}
+}
+
+// TestServerRefusesGarbage: the server answers a non-Ticketing first frame
+// with an error frame carrying the right code.
+func TestServerRefusesGarbage(t *testing.T) {
+	_, scfg := clientPair()
+	hello := func(mut func([]byte) []byte) []byte {
+		b := []byte{0, 0, 0, 0, TypeHello}
+		b = append(b, Magic...)
+		b = append(b, 0, 1, 0, 1, byte(KindClient))
+		b = append(b, make([]byte, NonceLen)...)
+		b = append(b, 4, 'p', 'r', 'o', 'd', 0, 0)
+		return finishFrame(mut(b))
+	}
+	cases := []struct {
+		name string
+		in   []byte
+		code Code
+		want error
+	}{
+		{"http", []byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"), CodeFrameTooLarge, ErrFrameTooLarge},
+		{"zero length", []byte{0, 0, 0, 0}, CodeBadRequest, ErrMalformed},
+		{"request first", []byte{0, 0, 0, 9, 'p', 0, 0, 0, 0, 0, 0, 0, 1}, CodeUnexpectedFrame, ErrUnexpectedFrame},
+		{"bad magic", hello(func(b []byte) []byte { b[5] = 'X'; return b }), CodeBadRequest, ErrMalformed},
+		{"trailing", hello(func(b []byte) []byte { return append(b, 0) }), CodeBadRequest, ErrMalformed},
+		{"min > max", hello(func(b []byte) []byte { b[10] = 2; return b }), CodeVersion, ErrVersion},
+		{"version 0", hello(func(b []byte) []byte { b[10], b[12] = 0, 0; return b }), CodeVersion, ErrVersion},
+		{"kind peer", hello(func(b []byte) []byte { b[13] = byte(KindPeer); return b }), CodeBadRequest, ErrMalformed},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cc, sc := net.Pipe()
+			defer cc.Close()
+			cc.SetDeadline(time.Now().Add(5 * time.Second))
+			errc := make(chan error, 1)
+			go func() {
+				defer sc.Close()
+				_, err := ServerHandshake(sc, scfg)
+				errc <- err
+			}()
+			go cc.Write(tc.in)
+			var m Msg
+			if err := NewReader(cc).ReadMsg(&m); err != nil || m.Type != TypeError || m.Code != tc.code {
+				t.Fatalf("reply %+v %v, want code %v", m, err, tc.code)
+			}
+			if err := <-errc; !errors.Is(err, tc.want) {
+				t.Fatalf("server: %v, want %v", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestHandshakeConfigErrors(t *testing.T) {
+	var rw bytes.Buffer // nothing must be written or read
+	bad := []HandshakeConfig{
+		{Kind: KindClient, Secret: []byte("short")},
+		{Kind: 0, Secret: clientSecret},
+		{Kind: KindPeer, Secret: peerSecret, NodeID: "n2"}, // dialler without ExpectNodeID
+	}
+	for i, cfg := range bad {
+		if _, err := ClientHandshake(&rw, cfg); !errors.Is(err, ErrBadConfig) {
+			t.Errorf("client %d: %v", i, err)
+		}
+	}
+	if _, err := ServerHandshake(&rw, HandshakeConfig{Kind: KindClient, Secret: []byte("0123456789abcde")}); !errors.Is(err, ErrBadConfig) {
+		t.Errorf("server 15-byte secret: %v", err)
+	}
+	if _, err := ServerHandshake(&rw, HandshakeConfig{Kind: KindPeer, Secret: peerSecret}); !errors.Is(err, ErrBadConfig) {
+		t.Errorf("peer server without NodeID: %v", err)
+	}
+	if rw.Len() != 0 {
+		t.Errorf("config error wrote %d bytes", rw.Len())
+	}
+}

@@ -1,0 +1,279 @@
+package cli
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"ticketing/cluster/client"
+	"ticketing/cluster/local"
+	"ticketing/cluster/wire"
+)
+
+func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprintln(stderr, "usage: ticketing bench failover|throughput [flags]")
+		return ExitUsage
+	}
+	fs := flag.NewFlagSet("ticketing bench "+args[0], flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		dir      string
+		nodes    int
+		kills    int
+		clients  int
+		duration time.Duration
+		warmup   time.Duration
+	)
+	fs.StringVar(&dir, "dir", "", "working directory (default: a temporary one, removed afterwards)")
+	fs.IntVar(&nodes, "nodes", 3, "cluster size: 3 or 5")
+	fs.IntVar(&kills, "kills", 7, "failover: number of leader SIGKILLs")
+	fs.IntVar(&clients, "clients", 64, "throughput: concurrent clients, one connection and one key each")
+	fs.DurationVar(&duration, "duration", 10*time.Second, "throughput: measured duration")
+	fs.DurationVar(&warmup, "warmup", 2*time.Second, "throughput: warm-up before measuring")
+	if err := fs.Parse(args[1:]); err != nil {
+		return ExitUsage
+	}
+	bin, err := os.Executable()
+	if err != nil {
+		fmt.Fprintln(stderr, "ticketing bench:", err)
+		return ExitError
+	}
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "ticketing-bench-"); err != nil {
+			fmt.Fprintln(stderr, "ticketing bench:", err)
+			return ExitError
+		}
+		defer os.RemoveAll(dir)
+	}
+	p, err := local.StartProcs(local.ProcOptions{Binary: bin, Dir: filepath.Join(dir, "cluster"), Nodes: nodes,
+		ExtraArgs: []string{"--log-level", "warn"}})
+	if err != nil {
+		fmt.Fprintln(stderr, "ticketing bench:", err)
+		return ExitError
+	}
+	defer p.Close()
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	_, err = p.Leader(wctx)
+	cancel()
+	if err != nil {
+		fmt.Fprintln(stderr, "ticketing bench:", err)
+		return ExitError
+	}
+	switch args[0] {
+	case "failover":
+		err = benchFailover(ctx, p, kills, stdout)
+	case "throughput":
+		err = benchThroughput(ctx, p, clients, warmup, duration, stdout)
+	default:
+		fmt.Fprintf(stderr, "ticketing bench: unknown benchmark %q\n", args[0])
+		return ExitUsage
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "ticketing bench:", err)
+		return ExitError
+	}
+	return ExitOK
+}
+
+// benchFailover SIGKILLs the leader kills times and measures, each time, how
+// long until some other node grants a lock.
+func benchFailover(ctx context.Context, p *local.Procs, kills int, out io.Writer) error {
+	var times []time.Duration
+	for k := 0; k < kills; k++ {
+		if err := waitHealthy(ctx, p); err != nil {
+			return err
+		}
+		li, err := p.Leader(ctx)
+		if err != nil {
+			return err
+		}
+		start := time.Now()
+		if err := p.Signal(li, syscall.SIGKILL); err != nil {
+			return err
+		}
+		d, err := firstGrant(ctx, p, li, start, fmt.Sprintf("failover/%d", k))
+		if err != nil {
+			return err
+		}
+		times = append(times, d)
+		fmt.Fprintf(out, "kill %d: leader %s SIGKILLed, next grant after %v\n", k+1, p.ID(li), d.Round(time.Millisecond))
+		if err := p.Start(li); err != nil {
+			return err
+		}
+	}
+	sorted := append([]time.Duration(nil), times...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i] < sorted[j] })
+	fmt.Fprintf(out, "failover over %d SIGKILLs: median %v, min %v, max %v\n", len(sorted),
+		sorted[len(sorted)/2].Round(time.Millisecond), sorted[0].Round(time.Millisecond), sorted[len(sorted)-1].Round(time.Millisecond))
+	return nil
+}
+
+// waitHealthy waits until every node runs, a leader serves and every node
+// has applied what the leader committed, then lets heartbeats settle.
+func waitHealthy(ctx context.Context, p *local.Procs) error {
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		ok := true
+		var commit uint64
+		var applied []uint64
+		for i := 0; i < p.Size(); i++ {
+			sctx, cancel := context.WithTimeout(ctx, time.Second)
+			st, err := p.Status(sctx, i)
+			cancel()
+			if err != nil || st.LeaderID == "" {
+				ok = false
+				break
+			}
+			if st.Role == wire.RoleLeader {
+				commit = st.Commit
+			}
+			applied = append(applied, st.Applied)
+		}
+		if ok && commit > 0 {
+			for _, a := range applied {
+				if a < commit {
+					ok = false
+				}
+			}
+			if ok {
+				time.Sleep(500 * time.Millisecond)
+				return nil
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("cluster not healthy within 60s")
+}
+
+// firstGrant probes every node but dead until one grants key; it returns the
+// time since start.
+func firstGrant(ctx context.Context, p *local.Procs, dead int, start time.Time, key string) (time.Duration, error) {
+	conns := map[int]*client.Conn{}
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for attempt := 0; time.Since(start) < 60*time.Second; attempt++ {
+		for i := 0; i < p.Size(); i++ {
+			if i == dead {
+				continue
+			}
+			c := conns[i]
+			if c == nil {
+				dctx, cancel := context.WithTimeout(ctx, time.Second)
+				var err error
+				c, err = p.Dial(dctx, i)
+				cancel()
+				if err != nil {
+					continue
+				}
+				conns[i] = c
+			}
+			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			r, _, err := c.Do(rctx, wire.Msg{Type: wire.TypeAcquire, Key: fmt.Sprintf("%s/%d", key, attempt), Owner: "bench", Lease: 5})
+			cancel()
+			if err != nil {
+				c.Close()
+				delete(conns, i)
+				continue
+			}
+			if r.Type == wire.TypeGranted {
+				return time.Since(start), nil
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return 0, fmt.Errorf("no grant within 60s of the kill")
+}
+
+// benchThroughput runs uncontended acquire+release cycles, each client on its
+// own connection to the leader and its own key.
+func benchThroughput(ctx context.Context, p *local.Procs, clients int, warmup, duration time.Duration, out io.Writer) error {
+	li, err := p.Leader(ctx)
+	if err != nil {
+		return err
+	}
+	var measuring atomic.Bool
+	stop := make(chan struct{})
+	lat := make([][]time.Duration, clients)
+	errs := make(chan error, clients)
+	var wg sync.WaitGroup
+	for c := 0; c < clients; c++ {
+		dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		conn, err := p.Dial(dctx, li)
+		cancel()
+		if err != nil {
+			close(stop)
+			wg.Wait()
+			return err
+		}
+		wg.Add(1)
+		go func(c int, conn *client.Conn) {
+			defer wg.Done()
+			defer conn.Close()
+			key := fmt.Sprintf("bench/%d", c)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				t0 := time.Now()
+				r, _, err := conn.Do(ctx, wire.Msg{Type: wire.TypeAcquire, Key: key, Owner: "bench", Lease: 30})
+				if err == nil && r.Type != wire.TypeGranted {
+					err = fmt.Errorf("acquire: got %c", r.Type)
+				}
+				if err == nil {
+					r, _, err = conn.Do(ctx, wire.Msg{Type: wire.TypeRelease, Key: key, Owner: "bench", Token: r.Token})
+					if err == nil && r.Type != wire.TypeOK {
+						err = fmt.Errorf("release: got %c %s", r.Type, r.Text)
+					}
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+				if measuring.Load() {
+					lat[c] = append(lat[c], time.Since(t0))
+				}
+			}
+		}(c, conn)
+	}
+	time.Sleep(warmup)
+	measuring.Store(true)
+	start := time.Now()
+	select {
+	case <-time.After(duration):
+	case err = <-errs:
+	}
+	measuring.Store(false)
+	elapsed := time.Since(start)
+	close(stop)
+	wg.Wait()
+	if err != nil {
+		return err
+	}
+	var all []time.Duration
+	for _, l := range lat {
+		all = append(all, l...)
+	}
+	if len(all) == 0 {
+		return fmt.Errorf("no cycle completed")
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i] < all[j] })
+	q := func(f float64) time.Duration { return all[int(f*float64(len(all)-1))] }
+	fmt.Fprintf(out, "throughput: %d clients, %d nodes, %v: %d acquire+release cycles, %.0f cycles/s; cycle latency p50 %v p99 %v p99.9 %v\n",
+		clients, p.Size(), elapsed.Round(time.Millisecond), len(all), float64(len(all))/elapsed.Seconds(),
+		q(0.5).Round(time.Microsecond), q(0.99).Round(time.Microsecond), q(0.999).Round(time.Microsecond))
+	return nil
+}

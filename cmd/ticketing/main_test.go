@@ -1,0 +1,234 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"ticketing/cluster/client"
+	"ticketing/cluster/local"
+	"ticketing/cluster/wire"
+)
+
+var binary string
+
+// TestMain builds the real binary once; the tests run it as processes.
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "ticketing-bin-")
+	if err != nil {
+		panic(err)
+	}
+	binary = filepath.Join(dir, "ticketing")
+	out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func TestNodeRefusesEvenVoterCounts(t *testing.T) {
+	dir := t.TempDir()
+	secret := filepath.Join(dir, "s")
+	if err := os.WriteFile(secret, []byte("0123456789abcdef0123456789abcdef\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, peers := range []string{
+		"n1=127.0.0.1:1,n2=127.0.0.1:2",
+		"n1=127.0.0.1:1,n2=127.0.0.1:2,n3=127.0.0.1:3,n4=127.0.0.1:4",
+	} {
+		cmd := exec.Command(binary, "node", "--id", "n1", "--data-dir", filepath.Join(dir, "d"),
+			"--client-addr", "127.0.0.1:0", "--peer-addr", "127.0.0.1:1", "--peers", peers,
+			"--secret-file", secret, "--peer-secret-file", secret)
+		out, err := cmd.CombinedOutput()
+		ee, ok := err.(*exec.ExitError)
+		if !ok || ee.ExitCode() != 2 {
+			t.Fatalf("peers %s: want exit 2, got %v\n%s", peers, err, out)
+		}
+		if !strings.Contains(string(out), "exactly 3 or 5 voters") {
+			t.Fatalf("peers %s: message does not say why:\n%s", peers, out)
+		}
+	}
+}
+
+func TestNodeRefusesWorldReadableSecret(t *testing.T) {
+	dir := t.TempDir()
+	secret := filepath.Join(dir, "s")
+	if err := os.WriteFile(secret, []byte("0123456789abcdef0123456789abcdef\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(binary, "node", "--id", "n1", "--data-dir", filepath.Join(dir, "d"),
+		"--client-addr", "127.0.0.1:0", "--peer-addr", "127.0.0.1:1",
+		"--peers", "n1=127.0.0.1:1,n2=127.0.0.1:2,n3=127.0.0.1:3",
+		"--secret-file", secret, "--peer-secret-file", secret)
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "chmod 600") {
+		t.Fatalf("want a refusal naming chmod 600, got %v\n%s", err, out)
+	}
+}
+
+// The dev command runs a real cluster, says it is ready, grants, and stops
+// cleanly on SIGINT.
+func TestDevReadyAndGrants(t *testing.T) {
+	cmd := exec.Command(binary, "dev", "--base-port", "0", "--dir", t.TempDir())
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	sc := bufio.NewScanner(stdout)
+	var addrs []string
+	var secretFile string
+	ready := false
+	deadline := time.AfterFunc(30*time.Second, func() { cmd.Process.Kill() })
+	defer deadline.Stop()
+	for sc.Scan() {
+		line := sc.Text()
+		if f := strings.Fields(line); len(f) == 4 && f[0] == "node" && f[2] == "client" {
+			addrs = append(addrs, f[3])
+		}
+		if s, ok := strings.CutPrefix(strings.TrimSpace(line), "client secret file: "); ok {
+			secretFile = s
+		}
+		if strings.Contains(line, "ready") {
+			ready = true
+			break
+		}
+	}
+	if !ready || len(addrs) != 3 || secretFile == "" {
+		t.Fatalf("dev output incomplete: ready=%v addrs=%v secret=%q", ready, addrs, secretFile)
+	}
+	secret, err := os.ReadFile(secretFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	granted := false
+	for _, a := range addrs {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		conn, err := client.Dial(ctx, a, client.Config{Secret: []byte(strings.TrimSpace(string(secret))), ClusterID: "dev"})
+		if err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+		r, _, err := conn.Do(ctx, wire.Msg{Type: wire.TypeAcquire, Key: "k", Owner: "o", Lease: 5})
+		cancel()
+		conn.Close()
+		if err == nil && r.Type == wire.TypeGranted {
+			granted = true
+			break
+		}
+	}
+	if !granted {
+		t.Fatal("no node of the dev cluster granted")
+	}
+	cmd.Process.Signal(syscall.SIGINT)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("dev exited with %v after SIGINT", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("dev did not stop after SIGINT")
+	}
+}
+
+// SIGKILL of the leader process: a new leader grants, with tokens above
+// every earlier one, and the killed node rejoins from its data dir.
+func TestLeaderSIGKILL(t *testing.T) {
+	p, err := local.StartProcs(local.ProcOptions{Binary: binary, Dir: t.TempDir(),
+		ExtraArgs: []string{"--log-level", "warn"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var max uint64
+	for round := 0; round < 2; round++ {
+		li, err := p.Leader(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn, err := p.Dial(ctx, li)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < 3; i++ {
+			r, _, err := conn.Do(ctx, wire.Msg{Type: wire.TypeAcquire, Key: fmt.Sprintf("r%d/%d", round, i), Owner: "o", Lease: 60})
+			if err != nil || r.Type != wire.TypeGranted || r.Token <= max {
+				t.Fatalf("acquire: %v %c token %d (max %d)", err, r.Type, r.Token, max)
+			}
+			max = r.Token
+		}
+		conn.Close()
+		if err := p.Signal(li, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		ni, err := p.Leader(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ni == li {
+			t.Fatal("killed node still leader")
+		}
+		if err := p.Start(li); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The new leader knows every earlier holder and grants above max.
+	var r wire.Msg
+	for until := time.Now().Add(20 * time.Second); time.Now().Before(until); {
+		li, err := p.Leader(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn, err := p.Dial(ctx, li)
+		if err != nil {
+			continue
+		}
+		r, _, err = conn.Do(ctx, wire.Msg{Type: wire.TypeAcquire, Key: "r0/0", Owner: "x", Lease: 5})
+		if err == nil && r.Type == wire.TypeBusy {
+			r, _, err = conn.Do(ctx, wire.Msg{Type: wire.TypeAcquire, Key: "new", Owner: "x", Lease: 5})
+		}
+		conn.Close()
+		if err == nil && r.Type != wire.TypeMoved {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if r.Type != wire.TypeGranted || r.Token <= max {
+		t.Fatalf("after two leader kills: %c token %d, want G above %d", r.Type, r.Token, max)
+	}
+	// The restarted node has caught up with the whole history.
+	waitDeadline := time.Now().Add(20 * time.Second)
+	for {
+		behind := 0
+		for i := 0; i < p.Size(); i++ {
+			st, err := p.Status(ctx, i)
+			if err != nil || st.LastToken < r.Token {
+				behind++
+			}
+		}
+		if behind == 0 {
+			break
+		}
+		if time.Now().After(waitDeadline) {
+			t.Fatalf("%d nodes never caught up to token %d", behind, r.Token)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -1,0 +1,156 @@
+package locksm
+
+import (
+	"bytes"
+	"fmt"
+	"sync"
+	"testing"
+)
+
+// TestHotPathAllocations pins the promise that an uncontended acquire and
+// release allocate nothing in steady state (entries are recycled, the map
+// slot is reused, results carry sentinel errors).
+func TestHotPathAllocations(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	s := New()
+	keys := benchKeys(64)
+	var eff []Effect
+	i := 0
+	cycle := func() {
+		k := keys[i%len(keys)]
+		i++
+		var res Result
+		res, eff = s.Apply(Command{Op: OpAcquire, Key: k, Owner: "owner", LeaseSec: 30, Now: int64(i)}, eff[:0])
+		_, eff = s.Apply(Command{Op: OpRelease, Key: k, Owner: "owner", Token: res.Token}, eff[:0])
+	}
+	for range 1000 {
+		cycle()
+	}
+	if a := testing.AllocsPerRun(1000, cycle); a != 0 {
+		t.Fatalf("%v allocations per acquire+release", a)
+	}
+}
+
+func benchKeys(n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("event-%07d", i)
+	}
+	return keys
+}
+
+// BenchmarkApplyAcquireRelease: one op is an uncontended acquire plus its
+// release, next to 100k other held keys.
+func BenchmarkApplyAcquireRelease(b *testing.B) {
+	s := New()
+	for i, k := range benchKeys(100_000) {
+		s.Apply(Command{Op: OpAcquire, Key: "held-" + k, Owner: "o", LeaseSec: 30, Now: int64(i)}, nil)
+	}
+	keys := benchKeys(1024)
+	var eff []Effect
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		k := keys[i&1023]
+		i++
+		var res Result
+		res, eff = s.Apply(Command{Op: OpAcquire, Key: k, Owner: "owner", LeaseSec: 30, Now: int64(i)}, eff[:0])
+		_, eff = s.Apply(Command{Op: OpRelease, Key: k, Owner: "owner", Token: res.Token, Now: int64(i)}, eff[:0])
+		if res.Status != StatusGranted {
+			b.Fatal(res)
+		}
+	}
+}
+
+// BenchmarkApplyHandoff: one op is a queued acquire plus the release that
+// hands the key to the queue head, with a queue of 8 behind the holder.
+func BenchmarkApplyHandoff(b *testing.B) {
+	s := New()
+	owners := benchKeys(16)
+	res, _ := s.Apply(Command{Op: OpAcquire, Key: "k", Owner: owners[0], LeaseSec: 30}, nil)
+	holder, token := owners[0], res.Token
+	ref := uint64(0)
+	for ; ref < 8; ref++ {
+		s.Apply(Command{Op: OpAcquire, Key: "k", Owner: owners[ref%16], Ref: ref, LeaseSec: 30, WaitMs: 1000}, nil)
+	}
+	var eff []Effect
+	b.ReportAllocs()
+	for b.Loop() {
+		ref++
+		res, eff = s.Apply(Command{Op: OpAcquire, Key: "k", Owner: owners[ref%16], Ref: ref, LeaseSec: 30, WaitMs: 1000}, eff[:0])
+		if res.Status != StatusQueued {
+			b.Fatal(res)
+		}
+		_, eff = s.Apply(Command{Op: OpRelease, Key: "k", Owner: holder, Token: token}, eff[:0])
+		if len(eff) != 1 {
+			b.Fatal(eff)
+		}
+		holder, token = eff[0].Owner, eff[0].Token
+	}
+}
+
+var snap1M struct {
+	once sync.Once
+	s    *State
+	b    []byte
+}
+
+// BenchmarkSnapshot1M writes and reads a table of one million held keys
+// (1% with a short queue), the size the service is meant to carry.
+func BenchmarkSnapshot1M(b *testing.B) {
+	snap1M.once.Do(func() {
+		s := New()
+		for i, k := range benchKeys(1_000_000) {
+			s.Apply(Command{Op: OpAcquire, Key: k, Owner: "web-0001", LeaseSec: 30, Now: 1_700_000_000_000 + int64(i)}, nil)
+			if i%100 == 0 {
+				for r := range uint64(3) {
+					s.Apply(Command{Op: OpAcquire, Key: k, Owner: "web-0002", Ref: r, LeaseSec: 30, WaitMs: 5000, Now: 1_700_000_000_000 + int64(i)}, nil)
+				}
+			}
+		}
+		var buf bytes.Buffer
+		if err := s.WriteSnapshot(&buf); err != nil {
+			b.Fatal(err)
+		}
+		snap1M.s, snap1M.b = s, buf.Bytes()
+	})
+	b.Run("write", func(b *testing.B) {
+		b.SetBytes(int64(len(snap1M.b)))
+		b.ReportAllocs()
+		var buf bytes.Buffer
+		for b.Loop() {
+			buf.Reset()
+			if err := snap1M.s.WriteSnapshot(&buf); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("read", func(b *testing.B) {
+		b.SetBytes(int64(len(snap1M.b)))
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := ReadSnapshot(bytes.NewReader(snap1M.b)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+func BenchmarkDecodeBatch(b *testing.B) {
+	cmds := make([]Command, 256)
+	for i := range cmds {
+		cmds[i] = Command{Op: OpAcquire, Now: 1_700_000_000_000, Key: fmt.Sprintf("event-%d", i), Owner: "web-0001", Ref: uint64(i), LeaseSec: 30, WaitMs: 2000}
+	}
+	enc := AppendBatch(nil, cmds)
+	b.SetBytes(int64(len(enc)))
+	b.ReportAllocs()
+	var into []Command
+	for b.Loop() {
+		var err error
+		if into, err = DecodeBatch(enc, into[:0]); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

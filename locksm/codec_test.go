@@ -1,0 +1,234 @@
+package locksm
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"math"
+	"slices"
+	"strings"
+	"testing"
+	"testing/quick"
+)
+
+// sampleCommands covers every op with ordinary and extreme field values.
+func sampleCommands() []Command {
+	long := strings.Repeat("k", MaxKeyLen)
+	longOwner := strings.Repeat("o", MaxOwnerLen)
+	return []Command{
+		{Op: OpAcquire, Now: 1_700_000_000_000, Key: "k", Owner: "a", Ref: 1, LeaseSec: 10, WaitMs: 0},
+		{Op: OpAcquire, Now: math.MinInt64, Key: long, Owner: longOwner, Ref: math.MaxUint64, LeaseSec: math.MaxUint32, WaitMs: math.MaxUint32},
+		{Op: OpAcquire, Now: -1, Key: "", Owner: "", Ref: 0, LeaseSec: 0, WaitMs: MaxWaitMs},
+		{Op: OpRelease, Now: math.MaxInt64, Key: "k", Owner: "a", Token: 1},
+		{Op: OpRelease, Now: 0, Key: long, Owner: longOwner, Token: math.MaxUint64},
+		{Op: OpExpire, Now: 42, Key: "k", Token: 7},
+		{Op: OpExpire, Now: -42, Key: "!~", Token: 0},
+		{Op: OpCancelWait, Key: "k", Ref: 99},
+		{Op: OpCancelWait, Key: long, Ref: math.MaxUint64},
+		{Op: OpDropWaiters},
+	}
+}
+
+func TestCodecRoundTrip(t *testing.T) {
+	cmds := sampleCommands()
+	b := AppendBatch([]byte("prefix"), cmds)
+	if !bytes.HasPrefix(b, []byte("prefix")) {
+		t.Fatal("AppendBatch clobbered dst")
+	}
+	b = b[len("prefix"):]
+	into := []Command{{Op: OpDropWaiters}}
+	got, err := DecodeBatch(b, into)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(cmds)+1 || got[0] != into[0] {
+		t.Fatalf("into not extended: %d commands", len(got))
+	}
+	for i, c := range cmds {
+		if got[i+1] != c {
+			t.Errorf("command %d: got %+v want %+v", i, got[i+1], c)
+		}
+	}
+	if re := AppendBatch(nil, got[1:]); !bytes.Equal(re, b) {
+		t.Fatalf("re-encoding differs")
+	}
+	// An empty batch is legal (and useless).
+	if got, err := DecodeBatch(AppendBatch(nil, nil), nil); err != nil || len(got) != 0 {
+		t.Fatalf("empty batch: %v %v", got, err)
+	}
+}
+
+func TestCodecCompact(t *testing.T) {
+	// A typical acquire: op, 6-byte now, 1+8 key, 1+8 owner, 3-byte ref, lease, wait.
+	b := AppendBatch(nil, []Command{{Op: OpAcquire, Now: 1_700_000_000_000, Key: "event-42", Owner: "web-0001",
+		Ref: 100_000, LeaseSec: 30, WaitMs: 2000}})
+	if len(b) > 2+1+6+9+9+3+1+2 {
+		t.Fatalf("acquire takes %d bytes", len(b))
+	}
+	if b := AppendBatch(nil, []Command{{Op: OpDropWaiters, Now: 5, Key: "ignored"}}); len(b) != 3 {
+		t.Fatalf("drop-waiters takes %d bytes, want 3", len(b))
+	}
+}
+
+func TestCodecQuick(t *testing.T) {
+	f := func(op uint8, now int64, key, owner string, token, ref uint64, lease, wait uint32) bool {
+		c := Command{Op: Op(op%5 + 1), Now: now, Key: key, Owner: owner, Token: token, Ref: ref, LeaseSec: lease, WaitMs: wait}
+		b := AppendBatch(nil, []Command{c, c})
+		got, err := DecodeBatch(b, nil)
+		return err == nil && len(got) == 2 && got[0] == normalize(c) && got[1] == got[0] &&
+			bytes.Equal(AppendBatch(nil, got), b)
+	}
+	if err := quick.Check(f, &quick.Config{MaxCount: 2000}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// An over-long string is encoded as empty: Apply must reject the decoded
+// command exactly as it would have rejected the original.
+func TestAppendBatchOverlongStrings(t *testing.T) {
+	s := New()
+	if res, _ := s.Apply(Command{Op: OpAcquire, Key: "k", Owner: "a", LeaseSec: 1}, nil); res.Status != StatusGranted {
+		t.Fatal(res)
+	}
+	long := strings.Repeat("x", 300)
+	for _, c := range []Command{
+		{Op: OpAcquire, Key: long, Owner: "a", LeaseSec: 1},
+		{Op: OpAcquire, Key: "k", Owner: long, LeaseSec: 1},
+		{Op: OpAcquire, Key: long, Owner: long, LeaseSec: 0},
+		{Op: OpRelease, Key: "k", Owner: long, Token: 1},
+		{Op: OpExpire, Key: long, Token: 1},
+		{Op: OpCancelWait, Key: long, Ref: 1},
+	} {
+		dec, err := DecodeBatch(AppendBatch(nil, []Command{c}), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _ := s.Apply(c, nil)
+		got, _ := s.Apply(dec[0], nil)
+		if want.Status != StatusRejected || got != want {
+			t.Errorf("%v: original %+v, decoded %+v", c.Op, want, got)
+		}
+	}
+}
+
+func uv(v uint64) []byte { return binary.AppendUvarint(nil, v) }
+
+func cat(parts ...[]byte) []byte { return slices.Concat(parts...) }
+
+func TestDecodeBatchRejects(t *testing.T) {
+	valid := AppendBatch(nil, sampleCommands())
+	acquireWith := func(key, owner []byte, lease []byte) []byte {
+		return cat([]byte{1, 1, byte(OpAcquire)}, uv(0), uv(uint64(len(key))), key,
+			uv(uint64(len(owner))), owner, uv(1), lease, uv(0))
+	}
+	drops := func(n int) []byte { return bytes.Repeat([]byte{byte(OpDropWaiters)}, n) }
+	cases := map[string][]byte{
+		"empty":              {},
+		"version 0":          {0, 0},
+		"version 2":          {2, 0},
+		"no count":           {1},
+		"count over max":     cat([]byte{1}, uv(MaxBatch+1), drops(MaxBatch+1)),
+		"count over bytes":   cat([]byte{1}, uv(3), drops(2)),
+		"huge count":         cat([]byte{1}, uv(math.MaxUint64), drops(4)),
+		"trailing byte":      cat(valid, []byte{0}),
+		"op 0":               {1, 1, 0},
+		"op 6":               {1, 1, 6},
+		"op 255":             {1, 1, 255},
+		"key too long":       acquireWith(bytes.Repeat([]byte("k"), MaxKeyLen+1), []byte("a"), uv(1)),
+		"owner too long":     acquireWith([]byte("k"), bytes.Repeat([]byte("o"), MaxOwnerLen+1), uv(1)),
+		"lease over uint32":  acquireWith([]byte("k"), []byte("a"), uv(math.MaxUint32+1)),
+		"non-minimal count":  {1, 0x81, 0x00, 5},
+		"non-minimal lease":  acquireWith([]byte("k"), []byte("a"), []byte{0x81, 0x00}),
+		"varint overflow":    cat([]byte{1, 1, byte(OpExpire)}, uv(0), uv(1), []byte("k"), bytes.Repeat([]byte{0xff}, 10), []byte{1}),
+		"string past end":    cat([]byte{1, 1, byte(OpCancelWait)}, uv(10), []byte("k")),
+		"second cmd corrupt": cat([]byte{1, 2, byte(OpDropWaiters), 9}),
+	}
+	for name, b := range cases {
+		into := []Command{{Op: OpExpire, Key: "keep"}}
+		got, err := DecodeBatch(b, into)
+		if !errors.Is(err, ErrCorruptCommand) {
+			t.Errorf("%s: err %v", name, err)
+		}
+		if len(got) != 1 || got[0] != into[0] {
+			t.Errorf("%s: into changed: %+v", name, got)
+		}
+	}
+	// The limits themselves are fine.
+	if got, err := DecodeBatch(cat([]byte{1}, uv(MaxBatch), drops(MaxBatch)), nil); err != nil || len(got) != MaxBatch {
+		t.Fatalf("MaxBatch commands: %d, %v", len(got), err)
+	}
+	// Every strict prefix of a valid entry is truncated.
+	for n := range len(valid) {
+		if _, err := DecodeBatch(valid[:n], nil); !errors.Is(err, ErrCorruptCommand) {
+			t.Fatalf("prefix of %d bytes: %v", n, err)
+		}
+	}
+}
+
+// A lying count must not buy a large allocation: the count is checked
+// against the bytes present before anything is reserved.
+func TestDecodeBatchAllocation(t *testing.T) {
+	b := cat([]byte{1}, uv(MaxBatch), []byte{byte(OpDropWaiters)})
+	allocs := testing.AllocsPerRun(100, func() {
+		if _, err := DecodeBatch(b, nil); err == nil {
+			t.Fatal("accepted")
+		}
+	})
+	if allocs > 4 { // the error value only
+		t.Fatalf("%v allocations for a 4-byte entry", allocs)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	for _, k := range []string{"k", "!", "~", strings.Repeat("a", MaxKeyLen), "a:b/c-d_e.f"} {
+		if err := ValidateKey(k); err != nil {
+			t.Errorf("ValidateKey(%q) = %v", k, err)
+		}
+	}
+	for _, k := range []string{"", " ", "a b", "\x7f", "\x00", "é", strings.Repeat("a", MaxKeyLen+1)} {
+		if err := ValidateKey(k); err != ErrInvalidKey {
+			t.Errorf("ValidateKey(%q) = %v", k, err)
+		}
+	}
+	if err := ValidateOwner(strings.Repeat("o", MaxOwnerLen)); err != nil {
+		t.Error(err)
+	}
+	for _, o := range []string{"", "o\n", strings.Repeat("o", MaxOwnerLen+1)} {
+		if err := ValidateOwner(o); err != ErrInvalidOwner {
+			t.Errorf("ValidateOwner(%q) = %v", o, err)
+		}
+	}
+}
+
+func FuzzDecodeBatch(f *testing.F) {
+	f.Add(AppendBatch(nil, sampleCommands()))
+	f.Add(AppendBatch(nil, nil))
+	for _, c := range sampleCommands() {
+		f.Add(AppendBatch(nil, []Command{c}))
+	}
+	f.Add([]byte{})
+	f.Add([]byte{1, 2, 5, 5})
+	f.Add([]byte{1, 0x81, 0x00})
+	f.Add([]byte{1, 1, 4, 1, 'k', 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		cmds, err := DecodeBatch(b, nil)
+		if err != nil {
+			if !errors.Is(err, ErrCorruptCommand) {
+				t.Fatalf("error does not wrap ErrCorruptCommand: %v", err)
+			}
+			return
+		}
+		// Encodings are canonical: whatever is accepted re-encodes to
+		// the same bytes.
+		if re := AppendBatch(nil, cmds); !bytes.Equal(re, b) {
+			t.Fatalf("round trip:\n%x\n%x", b, re)
+		}
+		s := New()
+		for _, c := range cmds {
+			s.Apply(c, nil)
+		}
+		if err := checkInvariants(s); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

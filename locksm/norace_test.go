@@ -1,0 +1,5 @@
+//go:build !race
+
+package locksm
+
+const raceEnabled = false

@@ -1,0 +1,424 @@
+package locksm
+
+// A small data-driven test runner in the style of etcd-io/raft's interaction
+// tests (github.com/cockroachdb/datadriven), written here to keep the module
+// free of test-only dependencies.
+//
+// A script in testdata/*.txt is a sequence of cases:
+//
+//	# comments and blank lines before a case are kept on rewrite
+//	acquire key=k owner=a lease=10 wait=0 ref=1 now=1000
+//	----
+//	granted token=1
+//
+// The expected output runs from the "----" line to the next blank line (or
+// the end of the file), so outputs never contain blank lines. Values are bare
+// words, or Go-quoted strings optionally repeated: key="x"*256.
+//
+// Commands:
+//
+//	acquire key= owner= lease= wait= ref= now=
+//	release key= owner= token= now=
+//	expire  key= token= now=
+//	cancel  key= ref=
+//	drop-waiters
+//	apply   op= [any field]      a raw Command, for unknown ops
+//	state                        holders and queues, keys ascending
+//
+// After every command the runner checks the invariants and that a snapshot
+// round trip and a codec round trip reproduce the state and the command.
+//
+// Run `go test ./locksm -run TestScripts -rewrite` (or set
+// LOCKSM_REWRITE=1) to regenerate the expected outputs; review the diff.
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+var rewrite = flag.Bool("rewrite", false, "rewrite expected output of testdata scripts")
+
+func TestScripts(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join("testdata", "*.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) == 0 {
+		t.Fatal("no scripts in testdata")
+	}
+	for _, f := range files {
+		t.Run(strings.TrimSuffix(filepath.Base(f), ".txt"), func(t *testing.T) {
+			runScript(t, f, *rewrite || os.Getenv("LOCKSM_REWRITE") != "")
+		})
+	}
+}
+
+type scriptCase struct {
+	pre    []string // comment and blank lines before the command
+	line   int      // 1-based line of the command
+	cmd    string
+	expect string
+}
+
+func parseScript(t *testing.T, path string) (cases []scriptCase, tail []string) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	var pre []string
+	for i := 0; i < len(lines); i++ {
+		l := lines[i]
+		if strings.TrimSpace(l) == "" || strings.HasPrefix(l, "#") {
+			pre = append(pre, l)
+			continue
+		}
+		c := scriptCase{pre: pre, line: i + 1, cmd: l}
+		pre = nil
+		if i+1 >= len(lines) || lines[i+1] != "----" {
+			t.Fatalf("%s:%d: command not followed by ----", path, i+1)
+		}
+		i += 2
+		var out []string
+		for ; i < len(lines) && strings.TrimSpace(lines[i]) != ""; i++ {
+			out = append(out, lines[i])
+		}
+		c.expect = strings.Join(out, "\n")
+		cases = append(cases, c)
+	}
+	return cases, pre
+}
+
+func runScript(t *testing.T, path string, rewrite bool) {
+	cases, tail := parseScript(t, path)
+	s := New()
+	var out bytes.Buffer
+	for _, c := range cases {
+		got := strings.TrimRight(runScriptCommand(t, path, c, s), "\n")
+		if rewrite {
+			for _, l := range c.pre {
+				out.WriteString(l + "\n")
+			}
+			// The blank line ends the output block; the parser consumed it.
+			fmt.Fprintf(&out, "%s\n----\n%s\n\n", c.cmd, got)
+			continue
+		}
+		if got != c.expect {
+			t.Errorf("%s:%d: %s\ngot:\n%s\nwant:\n%s", path, c.line, c.cmd, got, c.expect)
+		}
+	}
+	if rewrite {
+		for _, l := range tail {
+			out.WriteString(l + "\n")
+		}
+		data := append(bytes.TrimRight(out.Bytes(), "\n"), '\n')
+		if err := os.WriteFile(path, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func runScriptCommand(t *testing.T, path string, c scriptCase, s *State) string {
+	t.Helper()
+	where := fmt.Sprintf("%s:%d", path, c.line)
+	name, args, err := parseCommandLine(c.cmd)
+	if err != nil {
+		t.Fatalf("%s: %v", where, err)
+	}
+	if name == "state" {
+		return formatState(s)
+	}
+	cmd := Command{}
+	switch name {
+	case "acquire":
+		cmd.Op = OpAcquire
+	case "release":
+		cmd.Op = OpRelease
+	case "expire":
+		cmd.Op = OpExpire
+	case "cancel":
+		cmd.Op = OpCancelWait
+	case "drop-waiters":
+		cmd.Op = OpDropWaiters
+	case "apply":
+	default:
+		t.Fatalf("%s: unknown command %q", where, name)
+	}
+	for k, v := range args {
+		var err error
+		switch k {
+		case "key":
+			cmd.Key = v
+		case "owner":
+			cmd.Owner = v
+		case "op":
+			var n uint64
+			n, err = strconv.ParseUint(v, 10, 8)
+			cmd.Op = Op(n)
+		case "now":
+			cmd.Now, err = strconv.ParseInt(v, 10, 64)
+		case "token":
+			cmd.Token, err = strconv.ParseUint(v, 10, 64)
+		case "ref":
+			cmd.Ref, err = strconv.ParseUint(v, 10, 64)
+		case "lease":
+			var n uint64
+			n, err = strconv.ParseUint(v, 10, 32)
+			cmd.LeaseSec = uint32(n)
+		case "wait":
+			var n uint64
+			n, err = strconv.ParseUint(v, 10, 32)
+			cmd.WaitMs = uint32(n)
+		default:
+			t.Fatalf("%s: unknown argument %q", where, k)
+		}
+		if err != nil {
+			t.Fatalf("%s: %s: %v", where, k, err)
+		}
+	}
+
+	// Every command also travels through the codec and must mean the same
+	// thing afterwards; only unknown ops cannot be encoded.
+	if cmd.Op >= OpAcquire && cmd.Op <= OpDropWaiters {
+		dec, err := DecodeBatch(AppendBatch(nil, []Command{cmd}), nil)
+		if err != nil || len(dec) != 1 || dec[0] != normalize(cmd) {
+			t.Fatalf("%s: codec round trip: %v %+v", where, err, dec)
+		}
+	}
+	before := snapshotBytes(t, s)
+	res, effects := s.Apply(cmd, nil)
+	if res.Status == StatusRejected && !bytes.Equal(before, snapshotBytes(t, s)) {
+		t.Errorf("%s: rejected command changed the state", where)
+	}
+	if err := checkInvariants(s); err != nil {
+		t.Fatalf("%s: %v", where, err)
+	}
+	checkSnapshotRoundTrip(t, s)
+	return formatResult(res, effects)
+}
+
+func parseCommandLine(line string) (string, map[string]string, error) {
+	line = strings.TrimSpace(line)
+	name, rest, _ := strings.Cut(line, " ")
+	args := map[string]string{}
+	for rest = strings.TrimLeft(rest, " "); rest != ""; rest = strings.TrimLeft(rest, " ") {
+		k, r, ok := strings.Cut(rest, "=")
+		if !ok || k == "" || strings.Contains(k, " ") {
+			return "", nil, fmt.Errorf("bad argument at %q", rest)
+		}
+		var v string
+		if strings.HasPrefix(r, `"`) {
+			q, err := strconv.QuotedPrefix(r)
+			if err != nil {
+				return "", nil, fmt.Errorf("%s: %v", k, err)
+			}
+			v, _ = strconv.Unquote(q)
+			r = r[len(q):]
+			if strings.HasPrefix(r, "*") {
+				end := strings.IndexByte(r, ' ')
+				if end < 0 {
+					end = len(r)
+				}
+				n, err := strconv.Atoi(r[1:end])
+				if err != nil {
+					return "", nil, fmt.Errorf("%s: bad repeat: %v", k, err)
+				}
+				v = strings.Repeat(v, n)
+				r = r[end:]
+			}
+		} else {
+			end := strings.IndexByte(r, ' ')
+			if end < 0 {
+				end = len(r)
+			}
+			v, r = r[:end], r[end:]
+		}
+		if _, dup := args[k]; dup {
+			return "", nil, fmt.Errorf("argument %s twice", k)
+		}
+		args[k] = v
+		rest = r
+	}
+	return name, args, nil
+}
+
+var statusNames = map[Status]string{
+	StatusRejected: "rejected", StatusGranted: "granted", StatusQueued: "queued",
+	StatusBusy: "busy", StatusReleased: "released", StatusExpired: "expired",
+	StatusCanceled: "canceled", StatusNoop: "noop", StatusDropped: "dropped",
+}
+
+var errNames = map[error]string{
+	ErrInvalidKey: "ErrInvalidKey", ErrInvalidOwner: "ErrInvalidOwner",
+	ErrInvalidLease: "ErrInvalidLease", ErrInvalidWait: "ErrInvalidWait",
+	ErrInvalidCommand: "ErrInvalidCommand", ErrNotHeld: "ErrNotHeld",
+	ErrTokenMismatch: "ErrTokenMismatch", ErrOwnerMismatch: "ErrOwnerMismatch",
+	ErrDuplicateRef: "ErrDuplicateRef", ErrTokensExhausted: "ErrTokensExhausted",
+}
+
+var effectNames = map[EffectKind]string{
+	EffectGranted: "granted", EffectTimedOut: "timed-out", EffectDropped: "dropped",
+}
+
+func formatResult(res Result, effects []Effect) string {
+	var b strings.Builder
+	b.WriteString(statusNames[res.Status])
+	if res.Status == StatusGranted {
+		fmt.Fprintf(&b, " token=%d", res.Token)
+	}
+	if res.Err != nil {
+		name, ok := errNames[res.Err]
+		if !ok {
+			name = fmt.Sprintf("%q (not a sentinel)", res.Err)
+		}
+		fmt.Fprintf(&b, " err=%s", name)
+	}
+	for _, e := range effects {
+		fmt.Fprintf(&b, "\neffect %s key=%s owner=%s ref=%d", effectNames[e.Kind], e.Key, e.Owner, e.Ref)
+		if e.Kind == EffectGranted {
+			fmt.Fprintf(&b, " token=%d lease=%d", e.Token, e.LeaseSec)
+		}
+	}
+	return b.String()
+}
+
+func formatState(s *State) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "last-token=%d held=%d waiting=%d", s.LastToken(), s.NumHeld(), s.NumWaiting())
+	s.RangeHolders(func(k string, h Holder) bool {
+		fmt.Fprintf(&b, "\n%s: holder owner=%s token=%d lease=%d granted-at=%d",
+			k, h.Owner, h.Token, h.LeaseSec, h.GrantedAt)
+		for _, w := range s.Waiters(k) {
+			fmt.Fprintf(&b, "\n  waiter owner=%s ref=%d lease=%d wait=%d enqueued-at=%d",
+				w.Owner, w.Ref, w.LeaseSec, w.WaitMs, w.EnqueuedAt)
+		}
+		return true
+	})
+	return b.String()
+}
+
+// normalize clears the fields cmd.Op does not use: that is exactly what the
+// codec carries.
+func normalize(c Command) Command {
+	n := Command{Op: c.Op, Key: c.Key}
+	switch c.Op {
+	case OpAcquire:
+		n.Now, n.Owner, n.Ref, n.LeaseSec, n.WaitMs = c.Now, c.Owner, c.Ref, c.LeaseSec, c.WaitMs
+	case OpRelease:
+		n.Now, n.Owner, n.Token, n.Ref = c.Now, c.Owner, c.Token, c.Ref
+	case OpExpire:
+		n.Now, n.Token = c.Now, c.Token
+	case OpCancelWait:
+		n.Ref = c.Ref
+	case OpDropWaiters:
+		n.Key = ""
+	}
+	if len(n.Key) > MaxKeyLen {
+		n.Key = ""
+	}
+	if len(n.Owner) > MaxOwnerLen {
+		n.Owner = ""
+	}
+	return n
+}
+
+func snapshotBytes(t testing.TB, s *State) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := s.WriteSnapshot(&buf); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// checkSnapshotRoundTrip restores s from its snapshot and checks that the
+// copy writes the same bytes and answers every query the same way.
+func checkSnapshotRoundTrip(t testing.TB, s *State) *State {
+	t.Helper()
+	b := snapshotBytes(t, s)
+	r, err := ReadSnapshot(bytes.NewReader(b))
+	if err != nil {
+		t.Fatalf("restore: %v", err)
+	}
+	if b2 := snapshotBytes(t, r); !bytes.Equal(b, b2) {
+		t.Fatalf("snapshot round trip differs:\n%x\n%x", b, b2)
+	}
+	if err := checkInvariants(r); err != nil {
+		t.Fatalf("restored: %v", err)
+	}
+	if formatState(s) != formatState(r) {
+		t.Fatalf("restored state differs:\n%s\n%s", formatState(s), formatState(r))
+	}
+	return r
+}
+
+// checkInvariants checks the internal consistency of s: what Apply relies on
+// and what the package promises.
+func checkInvariants(s *State) error {
+	waiting := 0
+	var tokens = map[uint64]string{}
+	for k, e := range s.keys {
+		if e == nil {
+			return fmt.Errorf("key %q: nil entry", k)
+		}
+		if ValidateKey(k) != nil || ValidateOwner(e.holder.Owner) != nil {
+			return fmt.Errorf("key %q: invalid key or holder %+v", k, e.holder)
+		}
+		if e.holder.Token == 0 || e.holder.Token > s.last {
+			return fmt.Errorf("key %q: token %d, last %d", k, e.holder.Token, s.last)
+		}
+		if other, dup := tokens[e.holder.Token]; dup {
+			return fmt.Errorf("token %d held by %q and %q", e.holder.Token, k, other)
+		}
+		tokens[e.holder.Token] = k
+		refs := map[uint64]bool{}
+		for _, w := range e.queue {
+			if refs[w.Ref] {
+				return fmt.Errorf("key %q: ref %d queued twice", k, w.Ref)
+			}
+			refs[w.Ref] = true
+			if w.WaitMs == 0 {
+				return fmt.Errorf("key %q: queued waiter with wait 0", k)
+			}
+		}
+		waiting += len(e.queue)
+		if (len(e.queue) > 0) != (s.queued[k] == e) {
+			return fmt.Errorf("key %q: queued index out of step", k)
+		}
+	}
+	for k := range s.queued {
+		if s.keys[k] == nil {
+			// A queue without a holder would let a newcomer cut the line.
+			return fmt.Errorf("key %q: queue without holder", k)
+		}
+	}
+	if waiting != s.waiting {
+		return fmt.Errorf("waiting count %d, actual %d", s.waiting, waiting)
+	}
+	return nil
+}
+
+func TestParseCommandLine(t *testing.T) {
+	name, args, err := parseCommandLine(`acquire key="a b"*2 owner=x ref=3`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"key": "a ba b", "owner": "x", "ref": "3"}
+	if name != "acquire" || !reflect.DeepEqual(args, want) {
+		t.Fatalf("got %q %v", name, args)
+	}
+	if _, _, err := parseCommandLine(`acquire key`); err == nil {
+		t.Fatal("missing = accepted")
+	}
+	if _, _, err := parseCommandLine(`acquire key=a key=b`); err == nil {
+		t.Fatal("duplicate argument accepted")
+	}
+}

@@ -1,0 +1,352 @@
+package locksm
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"hash/crc32"
+	"io"
+	"math"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"testing/iotest"
+)
+
+// sampleState has free keys that were once held, plain holders, queues of
+// several lengths and extreme field values.
+func sampleState(t testing.TB) *State {
+	t.Helper()
+	s := New()
+	apply := func(c Command) Result {
+		res, _ := s.Apply(c, nil)
+		if res.Status == StatusRejected {
+			t.Fatalf("%+v: %v", c, res.Err)
+		}
+		return res
+	}
+	apply(Command{Op: OpAcquire, Key: "gone", Owner: "a", LeaseSec: 1, Now: 1})
+	apply(Command{Op: OpRelease, Key: "gone", Owner: "a", Token: 1})
+	apply(Command{Op: OpAcquire, Key: "z", Owner: "a", LeaseSec: 250, Now: math.MinInt64})
+	apply(Command{Op: OpAcquire, Key: strings.Repeat("~", MaxKeyLen), Owner: strings.Repeat("!", MaxOwnerLen), LeaseSec: 3, Now: math.MaxInt64})
+	apply(Command{Op: OpAcquire, Key: "q", Owner: "h", LeaseSec: 5, Now: 10})
+	for i := range uint64(5) {
+		apply(Command{Op: OpAcquire, Key: "q", Owner: "w", Ref: math.MaxUint64 - i, LeaseSec: uint32(1 + i), WaitMs: MaxWaitMs - uint32(i), Now: -int64(i)})
+	}
+	apply(Command{Op: OpCancelWait, Key: "q", Ref: math.MaxUint64 - 2})
+	apply(Command{Op: OpRelease, Key: "q", Owner: "h", Token: 4, Now: 20})
+	apply(Command{Op: OpAcquire, Key: "r", Owner: "h", LeaseSec: 5})
+	apply(Command{Op: OpAcquire, Key: "r", Owner: "w", Ref: 0, LeaseSec: 1, WaitMs: 1})
+	return s
+}
+
+func TestSnapshotRoundTrip(t *testing.T) {
+	checkSnapshotRoundTrip(t, New())
+	s := sampleState(t)
+	r := checkSnapshotRoundTrip(t, s)
+	if r.LastToken() != s.LastToken() || r.NumHeld() != 4 || r.NumWaiting() != 4 {
+		t.Fatalf("restored %s", formatState(r))
+	}
+	// The counter survives even when nothing is held.
+	s = New()
+	for range 3 {
+		res, _ := s.Apply(Command{Op: OpAcquire, Key: "k", Owner: "a", LeaseSec: 1}, nil)
+		s.Apply(Command{Op: OpExpire, Key: "k", Token: res.Token}, nil)
+	}
+	r = checkSnapshotRoundTrip(t, s)
+	if res, _ := r.Apply(Command{Op: OpAcquire, Key: "k", Owner: "a", LeaseSec: 1}, nil); res.Token != 4 {
+		t.Fatalf("token after restore: %d, want 4", res.Token)
+	}
+}
+
+// Restoring through readers that return little at a time, or data with
+// io.EOF, exercises the buffer refill and checksum bookkeeping.
+func TestReadSnapshotReaders(t *testing.T) {
+	want := snapshotBytes(t, sampleState(t))
+	big := New()
+	for i := range 1500 {
+		big.Apply(Command{Op: OpAcquire, Key: strings.Repeat("k", 200) + strconv.Itoa(i), Owner: "o", LeaseSec: 1}, nil)
+	}
+	wantBig := snapshotBytes(t, big)
+	if len(wantBig) < 3*snapBufSize {
+		t.Fatalf("snapshot of %d bytes does not span buffers", len(wantBig))
+	}
+	for _, b := range [][]byte{want, wantBig} {
+		for name, r := range map[string]io.Reader{
+			"one byte": iotest.OneByteReader(bytes.NewReader(b)),
+			"half":     iotest.HalfReader(bytes.NewReader(b)),
+			"data+EOF": iotest.DataErrReader(bytes.NewReader(b)),
+		} {
+			s, err := ReadSnapshot(r)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			if got := snapshotBytes(t, s); !bytes.Equal(got, b) {
+				t.Fatalf("%s: round trip differs", name)
+			}
+		}
+	}
+}
+
+func TestReadSnapshotTruncatedAndFlipped(t *testing.T) {
+	b := snapshotBytes(t, sampleState(t))
+	for n := range len(b) {
+		if _, err := ReadSnapshot(bytes.NewReader(b[:n])); !errors.Is(err, ErrCorruptSnapshot) {
+			t.Fatalf("prefix of %d bytes: %v", n, err)
+		}
+	}
+	for i := range b {
+		for _, mask := range []byte{0x01, 0x80} {
+			c := bytes.Clone(b)
+			c[i] ^= mask
+			if _, err := ReadSnapshot(bytes.NewReader(c)); !errors.Is(err, ErrCorruptSnapshot) {
+				t.Fatalf("byte %d ^ %#x accepted: %v", i, mask, err)
+			}
+		}
+	}
+	if _, err := ReadSnapshot(bytes.NewReader(append(bytes.Clone(b), 0))); !errors.Is(err, ErrCorruptSnapshot) {
+		t.Fatalf("trailing byte: %v", err)
+	}
+}
+
+// snapBuilder writes raw snapshot fields, so tests can state things
+// WriteSnapshot never would, with a valid checksum unless told otherwise.
+type snapBuilder struct{ b []byte }
+
+func newSnap(last, nkeys uint64) *snapBuilder {
+	sb := &snapBuilder{b: []byte(snapMagic + "\x01")}
+	return sb.u(last).u(nkeys)
+}
+
+func (sb *snapBuilder) u(v uint64) *snapBuilder { sb.b = binary.AppendUvarint(sb.b, v); return sb }
+func (sb *snapBuilder) i(v int64) *snapBuilder  { sb.b = binary.AppendVarint(sb.b, v); return sb }
+func (sb *snapBuilder) s(v string) *snapBuilder { return sb.u(uint64(len(v))).raw(v) }
+func (sb *snapBuilder) raw(v string) *snapBuilder {
+	sb.b = append(sb.b, v...)
+	return sb
+}
+
+// key appends a key record: holder and the number of waiters that follow.
+func (sb *snapBuilder) key(name, owner string, token, lease uint64, nwait uint64) *snapBuilder {
+	return sb.s(name).s(owner).u(token).u(lease).i(0).u(nwait)
+}
+
+func (sb *snapBuilder) waiter(owner string, ref, lease, wait uint64) *snapBuilder {
+	return sb.s(owner).u(ref).u(lease).u(wait).i(0)
+}
+
+func (sb *snapBuilder) done() []byte {
+	return binary.LittleEndian.AppendUint32(bytes.Clone(sb.b), crc32.Checksum(sb.b, castagnoli))
+}
+
+func TestReadSnapshotInvariants(t *testing.T) {
+	good := newSnap(5, 2).key("a", "o", 1, 10, 1).waiter("w", 7, 10, 1).key("b", "o", 5, 250, 0).done()
+	s, err := ReadSnapshot(bytes.NewReader(good))
+	if err != nil {
+		t.Fatalf("builder's valid snapshot rejected: %v", err)
+	}
+	if !bytes.Equal(snapshotBytes(t, s), good) {
+		t.Fatal("builder's snapshot does not round trip")
+	}
+	bad := map[string][]byte{
+		"empty":                 {},
+		"bad magic":             append([]byte("TKSX"), good[4:]...),
+		"version 2":             append([]byte("TKSM\x02"), good[5:]...),
+		"bad checksum":          append(bytes.Clone(good[:len(good)-1]), good[len(good)-1]^1),
+		"more keys than tokens": newSnap(1, 2).key("a", "o", 1, 10, 0).key("b", "o", 1, 10, 0).done(),
+		"fewer keys than said":  newSnap(5, 3).key("a", "o", 1, 10, 0).key("b", "o", 2, 10, 0).done(),
+		"empty key":             newSnap(5, 1).key("", "o", 1, 10, 0).done(),
+		"key with space":        newSnap(5, 1).key("a b", "o", 1, 10, 0).done(),
+		"key too long":          newSnap(5, 1).key(strings.Repeat("k", MaxKeyLen+1), "o", 1, 10, 0).done(),
+		"keys descending":       newSnap(5, 2).key("b", "o", 1, 10, 0).key("a", "o", 2, 10, 0).done(),
+		"duplicate key":         newSnap(5, 2).key("a", "o", 1, 10, 0).key("a", "o", 2, 10, 0).done(),
+		"empty owner":           newSnap(5, 1).key("a", "", 1, 10, 0).done(),
+		"owner too long":        newSnap(5, 1).key("a", strings.Repeat("o", MaxOwnerLen+1), 1, 10, 0).done(),
+		"token 0":               newSnap(5, 1).key("a", "o", 0, 10, 0).done(),
+		"token above counter":   newSnap(5, 1).key("a", "o", 6, 10, 0).done(),
+		"token held twice":      newSnap(5, 2).key("a", "o", 3, 10, 0).key("b", "o", 3, 10, 0).done(),
+		"lease 0":               newSnap(5, 1).key("a", "o", 1, 0, 0).done(),
+		"lease 251":             newSnap(5, 1).key("a", "o", 1, 251, 0).done(),
+		"lease over uint32":     newSnap(5, 1).key("a", "o", 1, 1<<32, 0).done(),
+		"waiter wait 0":         newSnap(5, 1).key("a", "o", 1, 10, 1).waiter("w", 1, 10, 0).done(),
+		"waiter wait too long":  newSnap(5, 1).key("a", "o", 1, 10, 1).waiter("w", 1, 10, MaxWaitMs+1).done(),
+		"waiter lease 0":        newSnap(5, 1).key("a", "o", 1, 10, 1).waiter("w", 1, 0, 10).done(),
+		"waiter bad owner":      newSnap(5, 1).key("a", "o", 1, 10, 1).waiter("w\n", 1, 10, 10).done(),
+		"waiter ref twice":      newSnap(5, 1).key("a", "o", 1, 10, 2).waiter("w", 1, 10, 10).waiter("x", 1, 10, 10).done(),
+		"missing waiter":        newSnap(5, 1).key("a", "o", 1, 10, 2).waiter("w", 1, 10, 10).done(),
+		"non-minimal varint":    newSnap(5, 1).s("a").s("o").raw("\x81\x00").u(10).i(0).u(0).done(),
+		"varint overflow":       newSnap(5, 1).s("a").s("o").raw(strings.Repeat("\xff", 10) + "\x01").u(10).i(0).u(0).done(),
+		"trailing bytes":        append(bytes.Clone(good), 0),
+		"two snapshots":         append(bytes.Clone(good), good...),
+	}
+	for name, b := range bad {
+		if _, err := ReadSnapshot(bytes.NewReader(b)); !errors.Is(err, ErrCorruptSnapshot) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+// Counts in a snapshot are not trusted: a tiny input claiming 2^62 keys or
+// waiters must fail on truncation without reserving memory for them.
+func TestReadSnapshotLyingCounts(t *testing.T) {
+	for name, b := range map[string][]byte{
+		"keys":    newSnap(math.MaxUint64, 1<<62).key("a", "o", 1, 10, 0).done(),
+		"waiters": newSnap(5, 1).key("a", "o", 1, 10, 1<<62).waiter("w", 1, 10, 10).done(),
+	} {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		_, err := ReadSnapshot(bytes.NewReader(b))
+		runtime.ReadMemStats(&after)
+		if !errors.Is(err, ErrCorruptSnapshot) {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if n := after.TotalAlloc - before.TotalAlloc; n > 16<<20 {
+			t.Fatalf("%s: %d bytes allocated for a %d-byte input", name, n, len(b))
+		}
+	}
+}
+
+type failingIO struct{ n int }
+
+var errDisk = errors.New("disk on fire")
+
+func (f *failingIO) Read(p []byte) (int, error) {
+	if f.n <= 0 {
+		return 0, errDisk
+	}
+	n := min(len(p), f.n)
+	f.n -= n
+	return n, nil
+}
+
+func (f *failingIO) Write(p []byte) (int, error) {
+	if len(p) > f.n {
+		n := f.n
+		f.n = 0
+		return n, errDisk
+	}
+	f.n -= len(p)
+	return len(p), nil
+}
+
+func TestSnapshotIOErrors(t *testing.T) {
+	b := snapshotBytes(t, sampleState(t))
+	r := io.MultiReader(bytes.NewReader(b[:len(b)/2]), &failingIO{})
+	if _, err := ReadSnapshot(r); !errors.Is(err, errDisk) || errors.Is(err, ErrCorruptSnapshot) {
+		t.Fatalf("read error reported as %v", err)
+	}
+	for _, n := range []int{0, 10, len(b) - 1} {
+		if err := sampleState(t).WriteSnapshot(&failingIO{n: n}); !errors.Is(err, errDisk) {
+			t.Fatalf("write error after %d bytes reported as %v", n, err)
+		}
+	}
+}
+
+// A counter at 2^64-1 (only from a crafted snapshot) must not wrap around
+// to reuse tokens: grants are refused and waiters are told they lost.
+func TestTokensExhausted(t *testing.T) {
+	b := newSnap(math.MaxUint64, 1).key("k", "o", math.MaxUint64, 10, 2).
+		waiter("w", 1, 10, 10).waiter("x", 2, 10, 10).done()
+	s, err := ReadSnapshot(bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, _ := s.Apply(Command{Op: OpAcquire, Key: "j", Owner: "a", LeaseSec: 1}, nil); res.Err != ErrTokensExhausted {
+		t.Fatalf("acquire: %+v", res)
+	}
+	res, eff := s.Apply(Command{Op: OpRelease, Key: "k", Owner: "o", Token: math.MaxUint64}, nil)
+	got := formatResult(res, eff)
+	want := "released\neffect dropped key=k owner=w ref=1\neffect dropped key=k owner=x ref=2"
+	if got != want {
+		t.Fatalf("release:\n%s\nwant\n%s", got, want)
+	}
+	if err := checkInvariants(s); err != nil {
+		t.Fatal(err)
+	}
+	if s.NumHeld() != 0 || s.NumWaiting() != 0 || s.LastToken() != math.MaxUint64 {
+		t.Fatal(formatState(s))
+	}
+}
+
+func TestReadMethods(t *testing.T) {
+	s := sampleState(t)
+	w := s.Waiters("q")
+	if len(w) != 3 {
+		t.Fatalf("waiters: %+v", w)
+	}
+	w[0].Owner = "changed"
+	if s.Waiters("q")[0].Owner == "changed" {
+		t.Fatal("Waiters returned the state's own slice")
+	}
+	if s.Waiters("nope") != nil || s.Waiters("z") != nil {
+		t.Fatal("waiters of a key without a queue")
+	}
+	if _, ok := s.Holder("gone"); ok {
+		t.Fatal("released key still held")
+	}
+	var keys []string
+	s.RangeHolders(func(k string, h Holder) bool {
+		keys = append(keys, k)
+		return len(keys) < 2
+	})
+	if len(keys) != 2 || keys[0] != "q" || keys[1] != "r" {
+		t.Fatalf("RangeHolders visited %q", keys)
+	}
+	// fn may change the state: released keys are skipped.
+	keys = keys[:0]
+	s.RangeHolders(func(k string, h Holder) bool {
+		keys = append(keys, k)
+		if k == "q" {
+			z, _ := s.Holder("z")
+			s.Apply(Command{Op: OpRelease, Key: "z", Owner: z.Owner, Token: z.Token}, nil)
+		}
+		return true
+	})
+	if strings.Join(keys, ",") != "q,r,"+strings.Repeat("~", MaxKeyLen) {
+		t.Fatalf("RangeHolders visited %q", keys)
+	}
+}
+
+func FuzzReadSnapshot(f *testing.F) {
+	f.Add(snapshotBytes(f, New()), false)
+	f.Add(snapshotBytes(f, sampleState(f)), false)
+	good := newSnap(5, 2).key("a", "o", 1, 10, 1).waiter("w", 7, 10, 1).key("b", "o", 5, 250, 0)
+	f.Add(bytes.Clone(good.b), true)
+	f.Add(newSnap(1, 2).key("a", "o", 1, 10, 0).key("b", "o", 1, 10, 0).b, true)
+	f.Add([]byte("TKSM\x01\x00\x00"), true)
+	f.Add([]byte{}, false)
+	f.Fuzz(func(t *testing.T, b []byte, fixChecksum bool) {
+		// With fixChecksum the input is a snapshot body and the fuzzer
+		// can reach the accepting path; without it, the checksum guards
+		// it and the fuzzer exercises the rejections.
+		if fixChecksum {
+			b = binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+		}
+		s, err := ReadSnapshot(bytes.NewReader(b))
+		if err != nil {
+			if !errors.Is(err, ErrCorruptSnapshot) {
+				t.Fatalf("error does not wrap ErrCorruptSnapshot: %v", err)
+			}
+			return
+		}
+		if err := checkInvariants(s); err != nil {
+			t.Fatal(err)
+		}
+		if re := snapshotBytes(t, s); !bytes.Equal(re, b) {
+			t.Fatalf("round trip:\n%x\n%x", b, re)
+		}
+		// A restored state must be fully usable.
+		var eff []Effect
+		s.RangeHolders(func(k string, h Holder) bool {
+			_, eff = s.Apply(Command{Op: OpAcquire, Key: k, Owner: "f", Ref: 1, LeaseSec: 1, WaitMs: 1}, eff)
+			_, eff = s.Apply(Command{Op: OpExpire, Key: k, Token: h.Token}, eff)
+			return true
+		})
+		s.Apply(Command{Op: OpDropWaiters}, eff)
+		if err := checkInvariants(s); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
