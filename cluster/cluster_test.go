@@ -245,6 +245,9 @@ func TestLeaderKillTokensKeepGrowing(t *testing.T) {
 		if err := c.Stop(li); err != nil {
 			t.Fatal(err)
 		}
+		// A request written to the dead leader's socket would be U (never
+		// resent); start the next round on a fresh connection.
+		lc.drop()
 		c.leader() // a new one among the other two
 		if err := c.Restart(li); err != nil {
 			t.Fatal(err)
@@ -482,6 +485,7 @@ func TestFiveNodesToleratesTwoDown(t *testing.T) {
 	li := c.leader()
 	c.Stop(li)
 	c.Stop((li + 1) % 5)
+	lc.drop() // its connection was to the dead leader
 	t2 := mustGrant(t, lc.do(acquireMsg("k2", "a", 60, 0)))
 	if t2 <= t1 {
 		t.Fatalf("token %d not above %d", t2, t1)

@@ -96,13 +96,18 @@ func (n *Node) serveConn(cc *clientConn) {
 	var m wire.Msg
 	for {
 		if err := r.ReadMsg(&m); err != nil {
-			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !isClosedConn(err) {
-				n.log.Info("closing client connection", "remote", cc.remote, "err", err)
-				if errors.Is(err, wire.ErrMalformed) || errors.Is(err, wire.ErrFrameTooLarge) || errors.Is(err, wire.ErrUnknownType) {
-					cc.send(&wire.Msg{Type: wire.TypeError, Code: wire.CodeOf(err), Text: err.Error()})
-					cc.flushAndClose()
-				}
+			if wire.IsFieldError(err) && m.ID != 0 {
+				// Well framed, one bad field: a definite error for that
+				// request only; the others in flight stay unaffected.
+				cc.send(errReply(m.ID, err))
+				continue
 			}
+			if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || isClosedConn(err) {
+				return
+			}
+			n.log.Info("closing client connection after a protocol error", "remote", cc.remote, "err", err)
+			cc.send(&wire.Msg{Type: wire.TypeError, Code: wire.CodeOf(err), Text: err.Error()})
+			cc.flushAndClose()
 			return
 		}
 		if !n.handle(cc, &m) {
@@ -130,7 +135,8 @@ func (n *Node) connGone(cc *clientConn) {
 		}
 	}
 	n.mu.Unlock()
-	cc.close()
+	// Whatever is queued (a final error reply, typically) still goes out.
+	cc.flushAndClose()
 }
 
 // handle serves one request; false means close the connection.
@@ -150,24 +156,17 @@ func (n *Node) handle(cc *clientConn, m *wire.Msg) bool {
 		return false
 	}
 
-	// Field checks that need no state: a definite error, nothing proposed.
-	if m.Type != wire.TypeCancel {
-		if err := locksm.ValidateKey(m.Key); err != nil {
-			cc.send(errReply(m.ID, err))
-			return true
-		}
-		if err := locksm.ValidateOwner(m.Owner); err != nil {
-			cc.send(errReply(m.ID, err))
-			return true
-		}
+	// Checks that need no state give a definite error; nothing is proposed.
+	var cmd locksm.Command
+	switch m.Type {
+	case wire.TypeAcquire:
+		cmd = locksm.Command{Op: locksm.OpAcquire, Key: m.Key, Owner: m.Owner, LeaseSec: uint32(m.Lease), WaitMs: m.WaitMs}
+	case wire.TypeRelease:
+		cmd = locksm.Command{Op: locksm.OpRelease, Key: m.Key, Owner: m.Owner, Token: m.Token}
 	}
-	if m.Type == wire.TypeAcquire {
-		if m.Lease < locksm.MinLeaseSec || m.Lease > locksm.MaxLeaseSec {
-			cc.send(errReply(m.ID, locksm.ErrInvalidLease))
-			return true
-		}
-		if m.WaitMs > locksm.MaxWaitMs {
-			cc.send(errReply(m.ID, locksm.ErrInvalidWait))
+	if m.Type != wire.TypeCancel {
+		if err := locksm.ValidateCommand(cmd); err != nil {
+			cc.send(errReply(m.ID, err))
 			return true
 		}
 	}
@@ -206,15 +205,10 @@ func (n *Node) handle(cc *clientConn, m *wire.Msg) bool {
 		return true
 	}
 	n.nextRef++
-	p := &pending{conn: cc, id: m.ID, key: m.Key, owner: m.Owner, ref: n.nextRef}
-	cmd := locksm.Command{Key: m.Key, Owner: m.Owner, Ref: p.ref}
-	if m.Type == wire.TypeAcquire {
-		p.op, p.leaseSec = locksm.OpAcquire, uint32(m.Lease)
+	cmd.Ref = n.nextRef
+	p := &pending{conn: cc, id: m.ID, op: cmd.Op, key: m.Key, owner: m.Owner, leaseSec: cmd.LeaseSec, ref: cmd.Ref}
+	if cmd.Op == locksm.OpAcquire {
 		p.deadline = time.Now().Add(time.Duration(m.WaitMs) * time.Millisecond)
-		cmd.Op, cmd.LeaseSec, cmd.WaitMs = locksm.OpAcquire, uint32(m.Lease), m.WaitMs
-	} else {
-		p.op = locksm.OpRelease
-		cmd.Op, cmd.Token = locksm.OpRelease, m.Token
 	}
 	n.pend[p.ref] = p
 	cc.inflight[m.ID] = p

@@ -31,6 +31,9 @@ const (
 	CodeInternal        Code = 18 // bug or storage failure; see the node's log
 	CodeFrameTooLarge   Code = 19 // frame length above MaxFrameLen
 	CodeUnexpectedFrame Code = 20 // frame type not valid in this state
+	CodeDuplicateRef    Code = 21 // locksm.ErrDuplicateRef (a leader bug; never sent for client input)
+	CodeInvalidCommand  Code = 22 // locksm.ErrInvalidCommand
+	CodeTokensExhausted Code = 23 // locksm.ErrTokensExhausted: the 2^64-1 token counter is spent
 )
 
 // Sentinel errors of this package.
@@ -81,6 +84,9 @@ var codeTable = []struct {
 	{CodeInternal, ErrInternal},
 	{CodeFrameTooLarge, ErrFrameTooLarge},
 	{CodeUnexpectedFrame, ErrUnexpectedFrame},
+	{CodeDuplicateRef, locksm.ErrDuplicateRef},
+	{CodeInvalidCommand, locksm.ErrInvalidCommand},
+	{CodeTokensExhausted, locksm.ErrTokensExhausted},
 }
 
 // CodeOf maps an error (possibly wrapped) to its wire code; CodeInternal if
@@ -120,4 +126,5 @@ var codeNames = map[Code]string{
 	CodeUnknownTarget: "unknown_target", CodeAuthFailed: "auth_failed", CodeVersion: "version",
 	CodeWrongNode: "wrong_node", CodeWrongCluster: "wrong_cluster", CodeInternal: "internal",
 	CodeFrameTooLarge: "frame_too_large", CodeUnexpectedFrame: "unexpected_frame",
+	CodeDuplicateRef: "duplicate_ref", CodeInvalidCommand: "invalid_command", CodeTokensExhausted: "tokens_exhausted",
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -32,6 +33,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		clients  int
 		duration time.Duration
 		warmup   time.Duration
+		nodeArgs string
 	)
 	fs.StringVar(&dir, "dir", "", "working directory (default: a temporary one, removed afterwards)")
 	fs.IntVar(&nodes, "nodes", 3, "cluster size: 3 or 5")
@@ -39,6 +41,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.IntVar(&clients, "clients", 64, "throughput: concurrent clients, one connection and one key each")
 	fs.DurationVar(&duration, "duration", 10*time.Second, "throughput: measured duration")
 	fs.DurationVar(&warmup, "warmup", 2*time.Second, "throughput: warm-up before measuring")
+	fs.StringVar(&nodeArgs, "node-args", "", "extra flags for every node, space separated (e.g. \"--heartbeat-timeout 800ms\")")
 	if err := fs.Parse(args[1:]); err != nil {
 		return ExitUsage
 	}
@@ -55,7 +58,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		defer os.RemoveAll(dir)
 	}
 	p, err := local.StartProcs(local.ProcOptions{Binary: bin, Dir: filepath.Join(dir, "cluster"), Nodes: nodes,
-		ExtraArgs: []string{"--log-level", "warn"}})
+		ExtraArgs: append([]string{"--log-level", "warn"}, strings.Fields(nodeArgs)...)})
 	if err != nil {
 		fmt.Fprintln(stderr, "ticketing bench:", err)
 		return ExitError
