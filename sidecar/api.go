@@ -1,0 +1,59 @@
+// Package sidecar is Ticketing's official client, the Broker: it keeps
+// persistent, leader-aware, pipelined connections to the cluster and gives
+// callers the client semantics of the product description (Indeterminate,
+// no resend of a written request, bounded release retries with an absolute
+// deadline, compensation of late grants). The sidecar process serves it over
+// a unix socket (unixapi/); Go programs may also use it in process.
+package sidecar
+
+import (
+	"errors"
+	"time"
+)
+
+// Sentinel errors. Definite errors from the cluster come back as the
+// locksm / wire sentinels (errors.Is(err, locksm.ErrNotHeld), ...).
+var (
+	// ErrBusy: the key was held and the wait was 0. Definite: not acquired.
+	ErrBusy = errors.New("sidecar: busy")
+	// ErrTimeout: the wait ran out before the turn came. Definite: not
+	// acquired, and never will be.
+	ErrTimeout = errors.New("sidecar: timeout")
+	// ErrIndeterminate: a written request got no definite reply. For an
+	// acquire the caller must not enter the critical section (the lease ends
+	// any holding it may have created); for a release, the lock may still be
+	// held until its lease ends.
+	ErrIndeterminate = errors.New("sidecar: indeterminate")
+	// ErrUnavailable: no connection to a serving leader could take the
+	// request within its budget; not one byte was written. Definite.
+	ErrUnavailable = errors.New("sidecar: cluster unavailable")
+	// ErrMoved: the node that got the request was not the leader and did not
+	// execute it. Definite. The broker remembers the leader it named and
+	// sends later requests there; it never resends a written request.
+	ErrMoved = errors.New("sidecar: moved")
+	// ErrReleaseQueueFull: the bounded release queue is full; nothing was
+	// sent (the lease remains the safety net).
+	ErrReleaseQueueFull = errors.New("sidecar: release queue full")
+	// ErrClosed: the broker is closed.
+	ErrClosed = errors.New("sidecar: broker closed")
+)
+
+// Lock is a granted lock.
+type Lock struct {
+	Key   string
+	Owner string
+	Token uint64
+	Lease time.Duration
+	// ValidUntil is a conservative end of the holding: the moment the
+	// acquire was sent plus the lease. The server's lease started later, so
+	// this is never later than the real expiry (clock rate drift aside).
+	ValidUntil time.Time
+}
+
+// Info describes the broker's view of the cluster.
+type Info struct {
+	ClusterID string
+	Leader    string   // client address of the known leader, "" if unknown
+	Connected []string // addresses with a live connection
+	Addrs     []string // every configured address
+}
