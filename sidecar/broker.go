@@ -2,50 +2,681 @@ package sidecar
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
+	"net"
+	"sync"
 	"time"
+
+	"ticketing/cluster/client"
+	"ticketing/cluster/wire"
+	"ticketing/locksm"
 )
 
-// Config configures a Broker.
+// Config configures a Broker. Zero tunables take the defaults below.
 type Config struct {
-	// Addrs are the cluster nodes' client addresses (HOST:PORT). Required.
+	// Addrs are the cluster nodes' client addresses (HOST:PORT), as the
+	// nodes advertise them (the leader named in a status or M reply is
+	// matched against these strings). Required.
 	Addrs []string
 	// Secret is the cluster's client secret. Required (>= 16 bytes).
 	Secret []byte
 	// ClusterID must match the nodes'.
 	ClusterID string
+
+	// DialTimeout bounds one dial + handshake. Zero: 2 s.
+	DialTimeout time.Duration
+	// BackoffMin and BackoffMax bound the reconnect backoff, which doubles
+	// after every failed dial and starts again at BackoffMin after a
+	// connection succeeds. Zero: 100 ms and 3.2 s.
+	BackoffMin, BackoffMax time.Duration
+	// LeaderWait is how long an acquire or release may wait for a serving
+	// leader to be known and connected before it is sent (or, for an
+	// acquire, the remaining wait if that is longer). Nothing is written
+	// while waiting. Zero: 3 s, about one failover.
+	LeaderWait time.Duration
+	// ReplyGrace is how long past its wait an acquire waits for the
+	// server's reply before it reports Indeterminate. Zero: 5 s.
+	ReplyGrace time.Duration
+	// ReleaseDeadline is the absolute deadline of a release's retries,
+	// counted from Release/Compensate. Zero: 5 s.
+	ReleaseDeadline time.Duration
+	// ReleaseQueue bounds releases waiting for a worker; ReleaseWorkers is
+	// how many releases may be in flight at once. Zero: 4096 and 64.
+	ReleaseQueue, ReleaseWorkers int
+
 	// Logger; nil: slog.Default().
 	Logger *slog.Logger
+	// Now is the clock for deadlines and validity; nil: time.Now.
+	Now func() time.Time
+	// After is used for backoff and retry pauses; nil: time.After. Tests
+	// record the schedule through it.
+	After func(d time.Duration) <-chan time.Time
+	// Dialer dials TCP for the connections; nil: net.Dialer (tests inject
+	// faults through it).
+	Dialer func(ctx context.Context, network, addr string) (net.Conn, error)
+}
+
+// Defaults.
+const (
+	DefaultDialTimeout     = 2 * time.Second
+	DefaultBackoffMin      = 100 * time.Millisecond
+	DefaultBackoffMax      = 3200 * time.Millisecond
+	DefaultLeaderWait      = 3 * time.Second
+	DefaultReplyGrace      = 5 * time.Second
+	DefaultReleaseDeadline = 5 * time.Second
+	DefaultReleaseQueue    = 4096
+	DefaultReleaseWorkers  = 64
+)
+
+// DefaultConfig returns a Config with every tunable at its default.
+func DefaultConfig() Config {
+	return Config{
+		DialTimeout: DefaultDialTimeout, BackoffMin: DefaultBackoffMin, BackoffMax: DefaultBackoffMax,
+		LeaderWait: DefaultLeaderWait, ReplyGrace: DefaultReplyGrace, ReleaseDeadline: DefaultReleaseDeadline,
+		ReleaseQueue: DefaultReleaseQueue, ReleaseWorkers: DefaultReleaseWorkers,
+	}
+}
+
+// ErrBadConfig wraps every configuration error.
+var ErrBadConfig = errors.New("sidecar: bad config")
+
+// Validate reports the first problem with c.
+func (c Config) Validate() error {
+	if len(c.Addrs) == 0 {
+		return fmt.Errorf("%w: at least one cluster address is required", ErrBadConfig)
+	}
+	for _, a := range c.Addrs {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return fmt.Errorf("%w: cluster address %q: %w", ErrBadConfig, a, err)
+		}
+	}
+	if len(c.Secret) < wire.MinSecretLen {
+		return fmt.Errorf("%w: the client secret must be at least %d bytes", ErrBadConfig, wire.MinSecretLen)
+	}
+	if c.BackoffMin < 0 || c.BackoffMax < c.BackoffMin && c.BackoffMax != 0 {
+		return fmt.Errorf("%w: backoff bounds %v..%v", ErrBadConfig, c.BackoffMin, c.BackoffMax)
+	}
+	if c.ReleaseQueue < 0 || c.ReleaseWorkers < 0 {
+		return fmt.Errorf("%w: release queue and workers must not be negative", ErrBadConfig)
+	}
+	return nil
+}
+
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	set := func(v *time.Duration, def time.Duration) {
+		if *v == 0 {
+			*v = def
+		}
+	}
+	set(&c.DialTimeout, d.DialTimeout)
+	set(&c.BackoffMin, d.BackoffMin)
+	set(&c.BackoffMax, d.BackoffMax)
+	set(&c.LeaderWait, d.LeaderWait)
+	set(&c.ReplyGrace, d.ReplyGrace)
+	set(&c.ReleaseDeadline, d.ReleaseDeadline)
+	if c.ReleaseQueue == 0 {
+		c.ReleaseQueue = d.ReleaseQueue
+	}
+	if c.ReleaseWorkers == 0 {
+		c.ReleaseWorkers = d.ReleaseWorkers
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.After == nil {
+		c.After = time.After
+	}
+	return c
 }
 
 // Broker is the official client. Safe for concurrent use.
-type Broker struct{}
+//
+// Lock order: Broker.mu is a leaf; nothing blocks while it is held.
+type Broker struct {
+	cfg Config
+	log *slog.Logger
 
-// New starts a broker; its connections come up in the background.
-func New(cfg Config) (*Broker, error) { panic("TODO") }
+	slots    []*slot
+	releases chan *releaseJob
 
-// Acquire asks for key on behalf of owner. lease must be whole seconds in
-// 1..250 s; wait is the bound on waiting for the turn (0 = one try). It
-// returns the Lock, or ErrBusy, ErrTimeout, ErrIndeterminate, ErrMoved,
-// ErrUnavailable, a field error (locksm.ErrInvalidKey, ...) or an error
-// wrapping ctx.Err() (not acquired; a grant that arrives later is released
-// by the broker).
-func (b *Broker) Acquire(ctx context.Context, key, owner string, lease, wait time.Duration) (Lock, error) {
-	panic("TODO")
+	mu      sync.Mutex
+	leader  string        // client address of the known serving leader
+	rr      int           // round-robin position
+	changed chan struct{} // closed (and replaced) when a slot or the leader changes
+	closed  bool
+
+	closing  chan struct{}
+	slotWG   sync.WaitGroup
+	workerWG sync.WaitGroup
 }
 
-// Release releases l through the bounded release queue, retrying until 5 s
-// after this call; nil only on a success reply. Otherwise a definite server
-// error (locksm.ErrNotHeld, ErrTokenMismatch, ...), ErrIndeterminate, or
-// ErrReleaseQueueFull.
-func (b *Broker) Release(ctx context.Context, l Lock) error { panic("TODO") }
+// slot is one persistent connection to one address.
+type slot struct {
+	addr string
+	conn *client.Conn // guarded by Broker.mu; nil while down
+}
+
+type releaseJob struct {
+	lock     Lock
+	deadline time.Time
+	done     chan error // nil for a compensation nobody waits for
+}
+
+// New starts a broker; its connections come up in the background.
+func New(cfg Config) (*Broker, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	b := &Broker{
+		cfg:      cfg,
+		log:      cfg.Logger.With("component", "broker"),
+		releases: make(chan *releaseJob, cfg.ReleaseQueue),
+		changed:  make(chan struct{}),
+		closing:  make(chan struct{}),
+	}
+	// One connection per address; a single address gets two, so one socket
+	// dropping does not interrupt service.
+	for _, a := range cfg.Addrs {
+		b.slots = append(b.slots, &slot{addr: a})
+	}
+	if len(cfg.Addrs) == 1 {
+		b.slots = append(b.slots, &slot{addr: cfg.Addrs[0]})
+	}
+	for _, s := range b.slots {
+		b.slotWG.Add(1)
+		go b.keep(s)
+	}
+	for i := 0; i < cfg.ReleaseWorkers; i++ {
+		b.workerWG.Add(1)
+		go b.releaseWorker()
+	}
+	return b, nil
+}
+
+// notifyLocked wakes everyone waiting for a connection or leader change.
+func (b *Broker) notifyLocked() {
+	close(b.changed)
+	b.changed = make(chan struct{})
+}
+
+// keep maintains one slot's connection for the broker's lifetime.
+func (b *Broker) keep(s *slot) {
+	defer b.slotWG.Done()
+	backoff := b.cfg.BackoffMin
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), b.cfg.DialTimeout)
+		conn, err := client.Dial(ctx, s.addr, client.Config{
+			Secret: b.cfg.Secret, ClusterID: b.cfg.ClusterID, HandshakeTimeout: b.cfg.DialTimeout, Dialer: b.cfg.Dialer,
+		})
+		cancel()
+		if err == nil {
+			backoff = b.cfg.BackoffMin
+			b.up(s, conn)
+			select {
+			case <-conn.Done():
+			case <-b.closing:
+			}
+			conn.Close()
+			b.down(s, conn)
+		} else {
+			b.log.Debug("connect failed", "addr", s.addr, "err", err, "retry_in", backoff)
+		}
+		select {
+		case <-b.closing:
+			return
+		case <-b.cfg.After(backoff):
+		}
+		if err != nil {
+			backoff = min(2*backoff, b.cfg.BackoffMax)
+		}
+	}
+}
+
+func (b *Broker) up(s *slot, conn *client.Conn) {
+	b.mu.Lock()
+	s.conn = conn
+	b.notifyLocked()
+	b.mu.Unlock()
+	b.log.Debug("connected", "addr", s.addr)
+	// Learn who leads, so the first requests go straight there.
+	go b.probe(conn)
+}
+
+func (b *Broker) down(s *slot, conn *client.Conn) {
+	b.mu.Lock()
+	if s.conn == conn {
+		s.conn = nil
+	}
+	if b.leader == s.addr && !b.connectedLocked(s.addr) {
+		b.leader = ""
+	}
+	b.notifyLocked()
+	b.mu.Unlock()
+	b.log.Debug("disconnected", "addr", s.addr, "err", conn.Err())
+}
+
+func (b *Broker) connectedLocked(addr string) bool {
+	for _, s := range b.slots {
+		if s.addr == addr && s.conn != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// probe asks one connection's node who the serving leader is.
+func (b *Broker) probe(conn *client.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.DialTimeout)
+	defer cancel()
+	st, _, err := conn.Do(ctx, wire.Msg{Type: wire.TypeStatus})
+	if err == nil && st.Type == wire.TypeStatusR && st.LeaderAddr != "" {
+		b.setLeader(st.LeaderAddr)
+	}
+}
+
+// setLeader records a leader hint if it names one of our addresses.
+func (b *Broker) setLeader(addr string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.leader == addr {
+		return
+	}
+	for _, s := range b.slots {
+		if s.addr == addr {
+			b.leader = addr
+			b.notifyLocked()
+			return
+		}
+	}
+}
+
+// target returns the connection to send to: the known leader's, else
+// round-robin over live ones, skipping those in skip. It also returns the
+// channel closed at the next change, to wait on when there is none.
+func (b *Broker) target(skip map[*client.Conn]bool) (*client.Conn, bool, <-chan struct{}) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := len(b.slots)
+	if b.leader != "" {
+		for i := 0; i < n; i++ {
+			s := b.slots[(b.rr+i)%n]
+			if s.addr == b.leader && s.conn != nil && !skip[s.conn] {
+				b.rr = (b.rr + i + 1) % n
+				return s.conn, true, b.changed
+			}
+		}
+	}
+	for i := 0; i < n; i++ {
+		s := b.slots[(b.rr+i)%n]
+		if s.conn != nil && !skip[s.conn] {
+			b.rr = (b.rr + i + 1) % n
+			return s.conn, false, b.changed
+		}
+	}
+	return nil, false, b.changed
+}
+
+// findLeader makes sure a serving leader is known, asking the live
+// connections when it is not. Status requests are not lock requests, so
+// asking again is always safe. It returns false once until passes.
+func (b *Broker) findLeader(ctx context.Context, until time.Time) bool {
+	for {
+		b.mu.Lock()
+		known, changed := b.leader != "", b.changed
+		var conns []*client.Conn
+		for _, s := range b.slots {
+			if s.conn != nil {
+				conns = append(conns, s.conn)
+			}
+		}
+		b.mu.Unlock()
+		if known {
+			return true
+		}
+		left := until.Sub(b.cfg.Now())
+		if left <= 0 {
+			return false
+		}
+		if len(conns) > 0 {
+			var wg sync.WaitGroup
+			for _, c := range conns {
+				wg.Add(1)
+				go func() { defer wg.Done(); b.probe(c) }()
+			}
+			wg.Wait()
+			b.mu.Lock()
+			known = b.leader != ""
+			b.mu.Unlock()
+			if known {
+				return true
+			}
+		}
+		// An election is under way (or nothing is connected): look again
+		// shortly, or as soon as a connection comes up.
+		pause := min(left, 50*time.Millisecond)
+		if len(conns) == 0 {
+			pause = left
+		}
+		select {
+		case <-changed:
+		case <-b.cfg.After(pause):
+		case <-ctx.Done():
+			return false
+		case <-b.closing:
+			return false
+		}
+	}
+}
+
+// Acquire asks for key on behalf of owner. lease must be whole seconds in
+// 1..250 s; wait is the bound on waiting for the turn (0 = one try) and must
+// be a whole number of milliseconds up to 300 s. It returns the Lock, or
+// ErrBusy, ErrTimeout, ErrIndeterminate, ErrMoved, ErrUnavailable, a field
+// error (locksm.ErrInvalidKey, ...) or an error wrapping ctx.Err() (not
+// acquired; a grant that arrives later is released by the broker).
+//
+// The request is retried on another connection only if not one byte of it
+// was written; a written request with no definite reply is Indeterminate.
+func (b *Broker) Acquire(ctx context.Context, key, owner string, lease, wait time.Duration) (Lock, error) {
+	if lease%time.Second != 0 || lease < locksm.MinLeaseSec*time.Second || lease > locksm.MaxLeaseSec*time.Second {
+		return Lock{}, fmt.Errorf("%w: lease %v is not whole seconds in 1..250", locksm.ErrInvalidLease, lease)
+	}
+	if wait < 0 || wait%time.Millisecond != 0 || wait > locksm.MaxWaitMs*time.Millisecond {
+		return Lock{}, fmt.Errorf("%w: wait %v is not whole milliseconds in 0..300s", locksm.ErrInvalidWait, wait)
+	}
+	if err := locksm.ValidateKey(key); err != nil {
+		return Lock{}, err
+	}
+	if err := locksm.ValidateOwner(owner); err != nil {
+		return Lock{}, err
+	}
+	start := b.cfg.Now()
+	waitEnd := start.Add(wait)
+	connectEnd := start.Add(max(wait, b.cfg.LeaderWait))
+	skip := map[*client.Conn]bool{}
+	for {
+		if err := ctx.Err(); err != nil {
+			return Lock{}, fmt.Errorf("sidecar: acquire not sent: %w", err)
+		}
+		if b.isClosed() {
+			return Lock{}, ErrClosed
+		}
+		if !b.findLeader(ctx, connectEnd) {
+			if b.isClosed() {
+				return Lock{}, ErrClosed
+			}
+			if err := ctx.Err(); err != nil {
+				return Lock{}, fmt.Errorf("sidecar: acquire not sent: %w", err)
+			}
+			return Lock{}, fmt.Errorf("%w: no serving leader known within %v", ErrUnavailable, connectEnd.Sub(start))
+		}
+		conn, _, changed := b.target(skip)
+		if conn == nil {
+			left := connectEnd.Sub(b.cfg.Now())
+			if left <= 0 {
+				return Lock{}, fmt.Errorf("%w: no connection took the request within %v", ErrUnavailable, connectEnd.Sub(start))
+			}
+			select {
+			case <-changed:
+				clear(skip) // a new connection, or the old ones again
+			case <-b.cfg.After(left):
+			case <-ctx.Done():
+			}
+			continue
+		}
+		remaining := max(waitEnd.Sub(b.cfg.Now()), 0)
+		sentAt := b.cfg.Now()
+		call, err := conn.Start(wire.Msg{Type: wire.TypeAcquire, Key: key, Owner: owner,
+			Lease: uint16(lease / time.Second), WaitMs: uint32(remaining / time.Millisecond)})
+		if err != nil {
+			skip[conn] = true // dead before anything was queued: try another
+			continue
+		}
+		lk := Lock{Key: key, Owner: owner, Lease: lease, ValidUntil: sentAt.Add(lease)}
+		replyBy := time.NewTimer(remaining + b.cfg.ReplyGrace)
+		select {
+		case <-call.Done:
+			replyBy.Stop()
+			if call.Err != nil {
+				if !call.Written {
+					skip[conn] = true // the connection died before a byte left: retry
+					continue
+				}
+				return Lock{}, fmt.Errorf("%w: connection lost after the acquire was sent: %w", ErrIndeterminate, call.Err)
+			}
+			return b.acquireReply(lk, call.Reply)
+		case <-ctx.Done():
+			replyBy.Stop()
+			if !conn.Written(call) && !conn.Abandon(call) {
+				return Lock{}, fmt.Errorf("sidecar: acquire not sent: %w", ctx.Err())
+			}
+			b.giveUp(conn, call, lk)
+			return Lock{}, fmt.Errorf("sidecar: acquire abandoned, not acquired (a late grant is released): %w", ctx.Err())
+		case <-replyBy.C:
+			b.giveUp(conn, call, lk)
+			return Lock{}, fmt.Errorf("%w: no reply within %v of the wait", ErrIndeterminate, b.cfg.ReplyGrace)
+		}
+	}
+}
+
+func (b *Broker) acquireReply(lk Lock, r wire.Msg) (Lock, error) {
+	switch r.Type {
+	case wire.TypeGranted:
+		lk.Token = r.Token
+		return lk, nil
+	case wire.TypeBusy:
+		return Lock{}, ErrBusy
+	case wire.TypeTimeout:
+		return Lock{}, ErrTimeout
+	case wire.TypeMoved:
+		if r.LeaderAddr != "" {
+			b.setLeader(r.LeaderAddr)
+		} else {
+			b.forgetLeader()
+		}
+		return Lock{}, fmt.Errorf("%w: leader is %q at %q; not executed", ErrMoved, r.LeaderID, r.LeaderAddr)
+	case wire.TypeUnknown:
+		b.forgetLeader()
+		return Lock{}, fmt.Errorf("%w: %s", ErrIndeterminate, r.Text)
+	case wire.TypeError:
+		return Lock{}, fmt.Errorf("%w: %s", wire.ErrOf(r.Code), r.Text)
+	}
+	return Lock{}, fmt.Errorf("%w: unexpected reply %s", ErrIndeterminate, wire.TypeName(r.Type))
+}
+
+// giveUp stops waiting for a written acquire: it asks the node to cancel it
+// and watches for a grant that still arrives, to release it at once.
+func (b *Broker) giveUp(conn *client.Conn, call *client.Call, lk Lock) {
+	if cancel, err := conn.Start(wire.Msg{Type: wire.TypeCancel, Target: call.ID}); err == nil {
+		go func() { <-cancel.Done }()
+	}
+	go func() {
+		<-call.Done
+		if call.Err == nil && call.Reply.Type == wire.TypeGranted {
+			lk.Token = call.Reply.Token
+			b.log.Info("releasing a grant that arrived after its caller gave up", "key", lk.Key, "token", lk.Token)
+			b.Compensate(lk)
+		}
+	}()
+}
+
+func (b *Broker) forgetLeader() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.leader != "" {
+		b.leader = ""
+		b.notifyLocked()
+	}
+}
+
+func (b *Broker) isClosed() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.closed
+}
+
+// Release releases l through the bounded release queue, retrying until
+// ReleaseDeadline after this call; nil only on a success reply. Otherwise a
+// definite server error (locksm.ErrNotHeld, ErrTokenMismatch, ...),
+// ErrIndeterminate (deadline passed without a definite reply), or
+// ErrReleaseQueueFull. If ctx ends first, the release goes on in the
+// background and the error wraps ctx.Err().
+func (b *Broker) Release(ctx context.Context, l Lock) error {
+	job := &releaseJob{lock: l, deadline: b.cfg.Now().Add(b.cfg.ReleaseDeadline), done: make(chan error, 1)}
+	if err := b.enqueue(job); err != nil {
+		return err
+	}
+	select {
+	case err := <-job.done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("sidecar: stopped waiting for the release (it goes on until its deadline): %w", ctx.Err())
+	}
+}
 
 // Compensate enqueues the release of l without waiting for the outcome (for
 // locks whose user went away). The outcome is logged.
-func (b *Broker) Compensate(l Lock) { panic("TODO") }
+func (b *Broker) Compensate(l Lock) {
+	job := &releaseJob{lock: l, deadline: b.cfg.Now().Add(b.cfg.ReleaseDeadline)}
+	if err := b.enqueue(job); err != nil {
+		b.log.Error("cannot release; the lease will end it", "key", l.Key, "token", l.Token, "err", err)
+	}
+}
+
+func (b *Broker) enqueue(job *releaseJob) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return ErrClosed
+	}
+	select {
+	case b.releases <- job:
+		return nil
+	default:
+		return ErrReleaseQueueFull
+	}
+}
+
+func (b *Broker) releaseWorker() {
+	defer b.workerWG.Done()
+	for job := range b.releases {
+		err := b.release(job)
+		if job.done != nil {
+			job.done <- err
+		} else if err != nil {
+			b.log.Warn("compensating release failed; the lease will end the holding",
+				"key", job.lock.Key, "token", job.lock.Token, "err", err)
+		}
+	}
+}
+
+// release sends one release, retrying on another connection (or the same
+// one after a pause) until it gets a definite reply or its deadline passes.
+// Unlike an acquire, a release may be resent: its effect is exact (key,
+// owner, token), and resending an executed one only earns not_held or
+// token_mismatch, never a wrong release.
+func (b *Broker) release(job *releaseJob) error {
+	l := job.lock
+	pause := 20 * time.Millisecond
+	var last error
+	for {
+		left := job.deadline.Sub(b.cfg.Now())
+		if left <= 0 {
+			return fmt.Errorf("%w: release of %s token %d not confirmed within %v (last: %v)",
+				ErrIndeterminate, l.Key, l.Token, b.cfg.ReleaseDeadline, last)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), left)
+		b.findLeader(ctx, job.deadline)
+		cancel()
+		conn, _, changed := b.target(nil)
+		if conn == nil {
+			last = ErrUnavailable
+			select {
+			case <-changed:
+			case <-b.cfg.After(max(job.deadline.Sub(b.cfg.Now()), 0)):
+			case <-b.closing:
+				return ErrClosed
+			}
+			continue
+		}
+		call, err := conn.Start(wire.Msg{Type: wire.TypeRelease, Key: l.Key, Owner: l.Owner, Token: l.Token})
+		if err != nil {
+			last = err
+			continue
+		}
+		timer := time.NewTimer(max(job.deadline.Sub(b.cfg.Now()), 0))
+		select {
+		case <-call.Done:
+			timer.Stop()
+		case <-timer.C:
+			return fmt.Errorf("%w: release of %s token %d got no reply within %v",
+				ErrIndeterminate, l.Key, l.Token, b.cfg.ReleaseDeadline)
+		}
+		if call.Err != nil {
+			last = call.Err
+		} else {
+			switch r := call.Reply; r.Type {
+			case wire.TypeOK:
+				return nil
+			case wire.TypeError:
+				return fmt.Errorf("%w: %s", wire.ErrOf(r.Code), r.Text)
+			case wire.TypeMoved:
+				if r.LeaderAddr != "" {
+					b.setLeader(r.LeaderAddr)
+				} else {
+					b.forgetLeader()
+				}
+				last = ErrMoved
+				continue // not executed: go to the leader at once
+			default:
+				b.forgetLeader()
+				last = fmt.Errorf("reply %s: %s", wire.TypeName(r.Type), r.Text)
+			}
+		}
+		select {
+		case <-b.cfg.After(min(pause, max(job.deadline.Sub(b.cfg.Now()), 0))):
+		case <-b.closing:
+		}
+		pause = min(2*pause, 500*time.Millisecond)
+	}
+}
 
 // Info reports the broker's view of the cluster.
-func (b *Broker) Info() Info { panic("TODO") }
+func (b *Broker) Info() Info {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	in := Info{ClusterID: b.cfg.ClusterID, Leader: b.leader, Addrs: append([]string(nil), b.cfg.Addrs...)}
+	seen := map[string]bool{}
+	for _, s := range b.slots {
+		if s.conn != nil && !seen[s.addr] {
+			seen[s.addr] = true
+			in.Connected = append(in.Connected, s.addr)
+		}
+	}
+	return in
+}
 
-// Close stops the broker and its connections.
-func (b *Broker) Close() error { panic("TODO") }
+// Close stops taking requests, lets queued releases finish (each within its
+// own deadline), then closes the connections.
+func (b *Broker) Close() error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil
+	}
+	b.closed = true
+	close(b.releases)
+	b.notifyLocked()
+	b.mu.Unlock()
+	b.workerWG.Wait()
+	close(b.closing)
+	b.slotWG.Wait()
+	return nil
+}

@@ -173,6 +173,9 @@ func (c *Conn) Peer() wire.Peer { return c.peer }
 // RemoteAddr is the node's address.
 func (c *Conn) RemoteAddr() net.Addr { return c.nc.RemoteAddr() }
 
+// LocalAddr is the local end of the connection.
+func (c *Conn) LocalAddr() net.Addr { return c.nc.LocalAddr() }
+
 // Do sends m (its ID is assigned by Conn; the caller leaves it 0) and waits
 // for its reply. written reports whether any byte of the request reached the
 // socket: if err != nil and written is true, the outcome is unknown.
@@ -235,6 +238,11 @@ func (c *Conn) Abandon(call *Call) (written bool) {
 	close(call.done)
 	return false
 }
+
+// Written reports whether any byte of call's request may have reached the
+// socket yet. Unlike Abandon it changes nothing, so a caller can keep
+// watching for the reply (to compensate a late grant, say).
+func (c *Conn) Written(call *Call) bool { return c.isWritten(call.ID) }
 
 // Call is one request in flight.
 type Call struct {

@@ -1,0 +1,538 @@
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"ticketing/cluster"
+	"ticketing/cluster/local"
+	"ticketing/locksm"
+)
+
+func fastRaft(cfg *cluster.Config) {
+	cfg.HeartbeatTimeout = 400 * time.Millisecond
+	cfg.ElectionTimeout = 400 * time.Millisecond
+	cfg.LeaderLeaseTimeout = 200 * time.Millisecond
+	cfg.CommitTimeout = 10 * time.Millisecond
+}
+
+func testLogger() *slog.Logger {
+	if os.Getenv("TICKETING_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+func startCluster(t *testing.T) *local.Cluster {
+	t.Helper()
+	c, err := local.Start(local.Options{Dir: t.TempDir(), Tune: fastRaft, Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := c.Leader(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func leaderOf(t *testing.T, c *local.Cluster) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	i, err := c.Leader(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return i
+}
+
+func newBroker(t *testing.T, c *local.Cluster, tune func(*Config)) *Broker {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.Addrs, cfg.Secret, cfg.ClusterID, cfg.Logger = c.ClientAddrs(), c.ClientSecret, c.ClusterID, testLogger()
+	if tune != nil {
+		tune(&cfg)
+	}
+	b, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func holder(c *local.Cluster, i int, key string) (locksm.Holder, bool) {
+	var h locksm.Holder
+	var ok bool
+	c.Node(i).ReadState(func(st *locksm.State) { h, ok = st.Holder(key) })
+	return h, ok
+}
+
+func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestBrokerFIFOHandOff(t *testing.T) {
+	c := startCluster(t)
+	b := newBroker(t, c, nil)
+	ctx := ctxT(t, 30*time.Second)
+	first, err := b.Acquire(ctx, "seats/1", "w0", 30*time.Second, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Acquire(ctx, "seats/1", "w0", 30*time.Second, 0); !errors.Is(err, ErrBusy) {
+		t.Fatalf("second acquire with wait 0: %v, want ErrBusy", err)
+	}
+	if time.Until(first.ValidUntil) > 30*time.Second || time.Until(first.ValidUntil) < 25*time.Second {
+		t.Fatalf("validity deadline %v not about a lease from now", time.Until(first.ValidUntil))
+	}
+	// Three waiters queue in order; each release hands over to the next.
+	type res struct {
+		i  int
+		lk Lock
+		at time.Time
+	}
+	got := make(chan res, 3)
+	li := leaderOf(t, c)
+	for i := 1; i <= 3; i++ {
+		go func(i int) {
+			lk, err := b.Acquire(ctx, "seats/1", fmt.Sprintf("w%d", i), 30*time.Second, 20*time.Second)
+			if err != nil {
+				t.Errorf("waiter %d: %v", i, err)
+			}
+			got <- res{i, lk, time.Now()}
+		}(i)
+		waitFor(t, "waiter queued", 5*time.Second, func() bool {
+			var n int
+			c.Node(li).ReadState(func(st *locksm.State) { n = len(st.Waiters("seats/1")) })
+			return n == i
+		})
+	}
+	prev := first
+	for i := 1; i <= 3; i++ {
+		if err := b.Release(ctx, prev); err != nil {
+			t.Fatalf("release %d: %v", i-1, err)
+		}
+		r := <-got
+		if r.i != i || r.lk.Token <= prev.Token {
+			t.Fatalf("hand-off %d went to waiter %d with token %d (previous %d)", i, r.i, r.lk.Token, prev.Token)
+		}
+		prev = r.lk
+	}
+	if err := b.Release(ctx, prev); err != nil {
+		t.Fatal(err)
+	}
+	// A release of something no longer held is a definite error.
+	if err := b.Release(ctx, prev); !errors.Is(err, locksm.ErrNotHeld) {
+		t.Fatalf("double release: %v, want ErrNotHeld", err)
+	}
+}
+
+func TestBrokerTimeoutAndFieldErrors(t *testing.T) {
+	c := startCluster(t)
+	b := newBroker(t, c, nil)
+	ctx := ctxT(t, 30*time.Second)
+	if _, err := b.Acquire(ctx, "k", "a", 30*time.Second, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Acquire(ctx, "k", "b", 30*time.Second, 200*time.Millisecond); !errors.Is(err, ErrTimeout) {
+		t.Fatalf("got %v, want ErrTimeout", err)
+	}
+	for _, tc := range []struct {
+		lease, wait time.Duration
+		key         string
+		want        error
+	}{
+		{0, 0, "k", locksm.ErrInvalidLease},
+		{1500 * time.Millisecond, 0, "k", locksm.ErrInvalidLease},
+		{251 * time.Second, 0, "k", locksm.ErrInvalidLease},
+		{time.Second, 301 * time.Second, "k", locksm.ErrInvalidWait},
+		{time.Second, 0, "bad key", locksm.ErrInvalidKey},
+	} {
+		if _, err := b.Acquire(ctx, tc.key, "a", tc.lease, tc.wait); !errors.Is(err, tc.want) {
+			t.Errorf("lease %v wait %v key %q: %v, want %v", tc.lease, tc.wait, tc.key, err, tc.want)
+		}
+	}
+}
+
+// An M is a hint for later requests, never grounds to resend a written one.
+func TestBrokerMovedIsRememberedNotResent(t *testing.T) {
+	c := startCluster(t)
+	b := newBroker(t, c, nil)
+	ctx := ctxT(t, 30*time.Second)
+	li := leaderOf(t, c)
+	waitFor(t, "broker knows the leader", 5*time.Second, func() bool { return b.Info().Leader == c.ClientAddr(li) })
+	fi := (li + 1) % 3
+	// Followers must know the leader's client address for a useful M.
+	waitFor(t, "follower knows the leader", 5*time.Second, func() bool {
+		st := c.Node(fi)
+		return st != nil && st.Raft().Leader() != ""
+	})
+	time.Sleep(100 * time.Millisecond)
+	b.setLeader(c.ClientAddr(fi)) // a stale hint, as after a leader change
+	_, err := b.Acquire(ctx, "k", "a", 30*time.Second, 5*time.Second)
+	if !errors.Is(err, ErrMoved) {
+		t.Fatalf("acquire at a follower: %v, want ErrMoved", err)
+	}
+	if _, ok := holder(c, li, "k"); ok {
+		t.Fatal("the acquire answered with M was executed")
+	}
+	if got := b.Info().Leader; got != c.ClientAddr(li) {
+		t.Fatalf("broker remembers leader %q, want %q", got, c.ClientAddr(li))
+	}
+	if _, err := b.Acquire(ctx, "k", "a", 30*time.Second, 0); err != nil {
+		t.Fatalf("next acquire, straight to the leader: %v", err)
+	}
+}
+
+// The leader dies while an acquire waits there: Indeterminate, never a
+// grant that is then lost.
+func TestBrokerLeaderKillDuringPendingAcquire(t *testing.T) {
+	c := startCluster(t)
+	b := newBroker(t, c, nil)
+	ctx := ctxT(t, 30*time.Second)
+	held, err := b.Acquire(ctx, "k", "holder", 60*time.Second, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	li := leaderOf(t, c)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := b.Acquire(ctx, "k", "waiter", 60*time.Second, 20*time.Second)
+		errc <- err
+	}()
+	waitFor(t, "waiter queued", 5*time.Second, func() bool {
+		var n int
+		c.Node(li).ReadState(func(st *locksm.State) { n = len(st.Waiters("k")) })
+		return n == 1
+	})
+	c.Stop(li)
+	if err := <-errc; !errors.Is(err, ErrIndeterminate) {
+		t.Fatalf("pending acquire at a killed leader: %v, want ErrIndeterminate", err)
+	}
+	// The holder keeps its lock on the new leader and releases it there;
+	// the broker heals by itself.
+	if err := b.Release(ctx, held); err != nil {
+		t.Fatalf("release on the new leader: %v", err)
+	}
+	if _, err := b.Acquire(ctx, "k", "next", 10*time.Second, 0); err != nil {
+		t.Fatalf("acquire after failover: %v", err)
+	}
+}
+
+// stallConn lets a test hold back writes or reads of a connection.
+type stallConn struct {
+	net.Conn
+	mu          sync.Mutex
+	stallWrites bool
+	stallReads  bool
+	resume      chan struct{}
+	closed      chan struct{}
+	once        sync.Once
+}
+
+func (s *stallConn) gate(reads bool) {
+	for {
+		s.mu.Lock()
+		stalled := s.stallWrites
+		if reads {
+			stalled = s.stallReads
+		}
+		resume := s.resume
+		s.mu.Unlock()
+		if !stalled {
+			return
+		}
+		select {
+		case <-resume:
+		case <-s.closed:
+			return
+		}
+	}
+}
+
+func (s *stallConn) Write(p []byte) (int, error) { s.gate(false); return s.Conn.Write(p) }
+
+// Read holds back what arrived, so a reader already blocked in Read is
+// stalled too.
+func (s *stallConn) Read(p []byte) (int, error) {
+	n, err := s.Conn.Read(p)
+	s.gate(true)
+	return n, err
+}
+func (s *stallConn) Close() error {
+	s.once.Do(func() { close(s.closed) })
+	return s.Conn.Close()
+}
+
+func (s *stallConn) set(writes, reads bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stallWrites, s.stallReads = writes, reads
+	close(s.resume)
+	s.resume = make(chan struct{})
+}
+
+type stallDialer struct {
+	mu    sync.Mutex
+	conns []*stallConn
+}
+
+func (d *stallDialer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	sc := &stallConn{Conn: c, resume: make(chan struct{}), closed: make(chan struct{})}
+	d.mu.Lock()
+	d.conns = append(d.conns, sc)
+	d.mu.Unlock()
+	return sc, nil
+}
+
+func (d *stallDialer) all() []*stallConn {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]*stallConn(nil), d.conns...)
+}
+
+// An acquire that was still queued behind a stalled write when its
+// connection dropped was never sent: the broker retries it on the other
+// connection. The one whose bytes were being written is Indeterminate.
+func TestBrokerUnwrittenAcquireIsRetried(t *testing.T) {
+	c := startCluster(t)
+	li := leaderOf(t, c)
+	d := &stallDialer{}
+	// One address: two connections to it.
+	b := newBroker(t, c, func(cfg *Config) { cfg.Addrs = []string{c.ClientAddr(li)}; cfg.Dialer = d.dial })
+	ctx := ctxT(t, 30*time.Second)
+	waitFor(t, "two connections", 5*time.Second, func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return b.slots[0].conn != nil && b.slots[1].conn != nil && b.leader != ""
+	})
+	if _, err := b.Acquire(ctx, "warm", "a", 10*time.Second, 0); err != nil {
+		t.Fatal(err)
+	}
+	conns := d.all()
+	for _, sc := range conns {
+		sc.set(true, false)
+	}
+	// Round-robin over the two slots: x → slot s, y → other, z → s again.
+	b.mu.Lock()
+	first := b.slots[b.rr%2].conn
+	b.mu.Unlock()
+	type out struct {
+		lk  Lock
+		err error
+	}
+	results := map[string]chan out{}
+	for _, key := range []string{"x", "y", "z"} {
+		ch := make(chan out, 1)
+		results[key] = ch
+		go func(key string) {
+			lk, err := b.Acquire(ctx, key, "a", 10*time.Second, 5*time.Second)
+			ch <- out{lk, err}
+		}(key)
+		waitFor(t, key+" started", 5*time.Second, func() bool {
+			n := 0
+			b.mu.Lock()
+			for _, s := range b.slots {
+				if s.conn != nil {
+					n += s.conn.InFlight()
+				}
+			}
+			b.mu.Unlock()
+			return n == len(results)
+		})
+	}
+	// Kill the connection holding x (written, stalled) and z (queued).
+	var victim *stallConn
+	for _, sc := range conns {
+		if sc.LocalAddr().String() == first.LocalAddr().String() {
+			victim = sc
+		}
+	}
+	if victim == nil {
+		t.Fatal("cannot find the first slot's connection")
+	}
+	victim.Close()
+	for _, sc := range conns {
+		if sc != victim {
+			sc.set(false, false)
+		}
+	}
+	x, y, z := <-results["x"], <-results["y"], <-results["z"]
+	if !errors.Is(x.err, ErrIndeterminate) {
+		t.Fatalf("x (written when the connection died): %v, want ErrIndeterminate", x.err)
+	}
+	if y.err != nil || z.err != nil {
+		t.Fatalf("y: %v, z (never written, retried): %v", y.err, z.err)
+	}
+}
+
+// Reconnects back off from 0.1 s, doubling to at most 3.2 s, and start over
+// after a connection succeeds.
+func TestBrokerBackoffSchedule(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // connection refused from now on
+	var mu sync.Mutex
+	var pauses []time.Duration
+	enough := make(chan struct{})
+	cfg := DefaultConfig()
+	cfg.Addrs, cfg.Secret, cfg.Logger = []string{addr, addr}, []byte("0123456789abcdef"), testLogger()
+	cfg.After = func(d time.Duration) <-chan time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		// Only the first slot's schedule: both dial the same address, so
+		// record every pause and check the sequence of one of them below.
+		pauses = append(pauses, d)
+		if len(pauses) == 20 {
+			close(enough)
+		}
+		ch := make(chan time.Time, 1)
+		ch <- time.Now()
+		return ch
+	}
+	b, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-enough:
+	case <-time.After(20 * time.Second):
+		t.Fatal("broker did not retry")
+	}
+	b.Close()
+	mu.Lock()
+	defer mu.Unlock()
+	// Two slots (one address given twice → 2 slots; ignore the duplicate)
+	// interleave: count occurrences instead of order.
+	want := []time.Duration{100, 200, 400, 800, 1600, 3200}
+	for _, w := range want {
+		found := false
+		for _, p := range pauses {
+			if p == w*time.Millisecond {
+				found = true
+			}
+		}
+		if !found {
+			t.Fatalf("backoff %v never used: %v", w*time.Millisecond, pauses)
+		}
+	}
+	for _, p := range pauses {
+		if p > 3200*time.Millisecond || p < 100*time.Millisecond {
+			t.Fatalf("backoff %v outside 0.1..3.2s: %v", p, pauses)
+		}
+	}
+}
+
+// Release retries end 5 s after the release was requested, and a release
+// is reported successful only on a success reply.
+func TestBrokerReleaseDeadline(t *testing.T) {
+	c := startCluster(t)
+	b := newBroker(t, c, nil)
+	ctx := ctxT(t, 30*time.Second)
+	lk, err := b.Acquire(ctx, "k", "a", 60*time.Second, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	li := leaderOf(t, c)
+	c.Stop((li + 1) % 3)
+	c.Stop((li + 2) % 3) // no majority: nothing can commit
+	start := time.Now()
+	err = b.Release(ctx, lk)
+	el := time.Since(start)
+	if !errors.Is(err, ErrIndeterminate) {
+		t.Fatalf("release without a majority: %v, want ErrIndeterminate", err)
+	}
+	if el < DefaultReleaseDeadline-100*time.Millisecond || el > DefaultReleaseDeadline+2*time.Second {
+		t.Fatalf("release gave up after %v, want about %v", el, DefaultReleaseDeadline)
+	}
+}
+
+// A grant whose reply arrives after the caller gave up is released at once
+// with its exact token.
+func TestBrokerCompensatesLateGrant(t *testing.T) {
+	c := startCluster(t)
+	li := leaderOf(t, c)
+	d := &stallDialer{}
+	b := newBroker(t, c, func(cfg *Config) {
+		cfg.Addrs = []string{c.ClientAddr(li)}
+		cfg.Dialer = d.dial
+		cfg.ReplyGrace = 300 * time.Millisecond
+	})
+	ctx := ctxT(t, 30*time.Second)
+	if _, err := b.Acquire(ctx, "warm", "a", 10*time.Second, 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, sc := range d.all() {
+		sc.set(false, true) // replies are held back
+	}
+	_, err := b.Acquire(ctx, "k", "late", 60*time.Second, 0)
+	if !errors.Is(err, ErrIndeterminate) {
+		t.Fatalf("acquire without a timely reply: %v, want ErrIndeterminate", err)
+	}
+	h, ok := holder(c, li, "k")
+	if !ok || h.Owner != "late" {
+		t.Fatalf("the grant should have committed: %+v %v", h, ok)
+	}
+	for _, sc := range d.all() {
+		sc.set(false, false) // the G arrives now
+	}
+	waitFor(t, "the late grant released", 5*time.Second, func() bool {
+		_, ok := holder(c, li, "k")
+		return !ok
+	})
+}
+
+func TestBrokerSingleAddressSurvivesOneDrop(t *testing.T) {
+	c := startCluster(t)
+	li := leaderOf(t, c)
+	d := &stallDialer{}
+	b := newBroker(t, c, func(cfg *Config) { cfg.Addrs = []string{c.ClientAddr(li)}; cfg.Dialer = d.dial })
+	ctx := ctxT(t, 30*time.Second)
+	waitFor(t, "two connections", 5*time.Second, func() bool { return len(d.all()) == 2 && b.Info().Leader != "" })
+	d.all()[0].Close()
+	waitFor(t, "the broker to notice the drop", 5*time.Second, func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return b.slots[0].conn == nil || b.slots[1].conn == nil
+	})
+	for i := 0; i < 10; i++ {
+		lk, err := b.Acquire(ctx, fmt.Sprintf("k%d", i), "a", 10*time.Second, 0)
+		if err != nil {
+			t.Fatalf("acquire %d with one of two connections down: %v", i, err)
+		}
+		if err := b.Release(ctx, lk); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
