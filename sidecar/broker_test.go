@@ -68,6 +68,12 @@ func newBroker(t *testing.T, c *local.Cluster, tune func(*Config)) *Broker {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Close() })
+	// Start from a settled state: the broker knows the serving leader (a
+	// stale hint would earn a definite ErrMoved, which the tests below do
+	// not expect unless they provoke it).
+	waitFor(t, "broker to know the serving leader", 10*time.Second, func() bool {
+		return b.Info().Leader == c.ClientAddr(leaderOf(t, c))
+	})
 	return b
 }
 
@@ -252,6 +258,7 @@ type stallConn struct {
 	resume      chan struct{}
 	closed      chan struct{}
 	once        sync.Once
+	blocked     int // writes waiting in gate
 }
 
 func (s *stallConn) gate(reads bool) {
@@ -265,6 +272,12 @@ func (s *stallConn) gate(reads bool) {
 		s.mu.Unlock()
 		if !stalled {
 			return
+		}
+		if !reads {
+			s.mu.Lock()
+			s.blocked++
+			s.mu.Unlock()
+			defer func() { s.mu.Lock(); s.blocked--; s.mu.Unlock() }()
 		}
 		select {
 		case <-resume:
@@ -283,9 +296,18 @@ func (s *stallConn) Read(p []byte) (int, error) {
 	s.gate(true)
 	return n, err
 }
+// Close closes the socket before it lets stalled calls go, so a stalled
+// Write fails instead of slipping its bytes out.
 func (s *stallConn) Close() error {
+	err := s.Conn.Close()
 	s.once.Do(func() { close(s.closed) })
-	return s.Conn.Close()
+	return err
+}
+
+func (s *stallConn) blockedWrites() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.blocked
 }
 
 func (s *stallConn) set(writes, reads bool) {
@@ -341,44 +363,52 @@ func TestBrokerUnwrittenAcquireIsRetried(t *testing.T) {
 	for _, sc := range conns {
 		sc.set(true, false)
 	}
-	// Round-robin over the two slots: x → slot s, y → other, z → s again.
-	b.mu.Lock()
-	first := b.slots[b.rr%2].conn
-	b.mu.Unlock()
 	type out struct {
 		lk  Lock
 		err error
 	}
 	results := map[string]chan out{}
-	for _, key := range []string{"x", "y", "z"} {
+	launch := func(key string) {
 		ch := make(chan out, 1)
 		results[key] = ch
-		go func(key string) {
+		go func() {
 			lk, err := b.Acquire(ctx, key, "a", 10*time.Second, 5*time.Second)
 			ch <- out{lk, err}
-		}(key)
-		waitFor(t, key+" started", 5*time.Second, func() bool {
-			n := 0
-			b.mu.Lock()
-			for _, s := range b.slots {
-				if s.conn != nil {
-					n += s.conn.InFlight()
-				}
+		}()
+	}
+	blockedOn := func() map[*stallConn]int {
+		m := map[*stallConn]int{}
+		for _, sc := range conns {
+			if n := sc.blockedWrites(); n > 0 {
+				m[sc] = n
 			}
-			b.mu.Unlock()
-			return n == len(results)
-		})
-	}
-	// Kill the connection holding x (written, stalled) and z (queued).
-	var victim *stallConn
-	for _, sc := range conns {
-		if sc.LocalAddr().String() == first.LocalAddr().String() {
-			victim = sc
 		}
+		return m
 	}
-	if victim == nil {
-		t.Fatal("cannot find the first slot's connection")
+	// x goes to one connection, whose writer blocks in Write with x's bytes.
+	launch("x")
+	waitFor(t, "x in a stalled write", 5*time.Second, func() bool { return len(blockedOn()) == 1 })
+	var victim *stallConn
+	for sc := range blockedOn() {
+		victim = sc
 	}
+	// y goes to the other connection (round-robin), blocking it too.
+	launch("y")
+	waitFor(t, "y in a stalled write", 5*time.Second, func() bool { return len(blockedOn()) == 2 })
+	// z goes to x's connection again and waits behind the stalled write:
+	// not one byte of it has been written.
+	launch("z")
+	waitFor(t, "z queued", 5*time.Second, func() bool {
+		n := 0
+		b.mu.Lock()
+		for _, s := range b.slots {
+			if s.conn != nil {
+				n += s.conn.InFlight()
+			}
+		}
+		b.mu.Unlock()
+		return n == 3
+	})
 	victim.Close()
 	for _, sc := range conns {
 		if sc != victim {
