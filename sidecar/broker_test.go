@@ -296,6 +296,7 @@ func (s *stallConn) Read(p []byte) (int, error) {
 	s.gate(true)
 	return n, err
 }
+
 // Close closes the socket before it lets stalled calls go, so a stalled
 // Write fails instead of slipping its bytes out.
 func (s *stallConn) Close() error {

@@ -4,9 +4,11 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -230,5 +232,188 @@ func TestLeaderSIGKILL(t *testing.T) {
 			t.Fatalf("%d nodes never caught up to token %d", behind, r.Token)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// startDevSidecar runs `ticketing dev` with its sidecar on a fresh socket
+// and returns the socket path once dev says it is ready.
+func startDevSidecar(t *testing.T) string {
+	t.Helper()
+	sockDir, err := os.MkdirTemp("", "tks")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(sockDir) })
+	sock := filepath.Join(sockDir, "s")
+	cmd := exec.Command(binary, "dev", "--base-port", "0", "--dir", t.TempDir(), "--socket", sock)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGINT)
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+		}
+	})
+	deadline := time.AfterFunc(30*time.Second, func() { cmd.Process.Kill() })
+	defer deadline.Stop()
+	sc := bufio.NewScanner(stdout)
+	shown := ""
+	for sc.Scan() {
+		if s, ok := strings.CutPrefix(strings.TrimSpace(sc.Text()), "sidecar socket: "); ok {
+			shown = s
+		}
+		if strings.Contains(sc.Text(), "ready") {
+			if shown != sock {
+				t.Fatalf("dev printed sidecar socket %q, want %q", shown, sock)
+			}
+			go io.Copy(io.Discard, stdout)
+			return sock
+		}
+	}
+	t.Fatal("dev never printed its ready line")
+	return ""
+}
+
+// run runs the binary and returns its exit code and combined output.
+func run(t *testing.T, sock string, args ...string) (int, string) {
+	t.Helper()
+	cmd := exec.Command(binary, args...)
+	cmd.Env = append(os.Environ(), "TICKETING_SOCKET="+sock)
+	out, err := cmd.CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); ok {
+		return ee.ExitCode(), string(out)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return 0, string(out)
+}
+
+// holdLock starts `ticketing acquire --hold KEY` and returns it once it
+// printed its token.
+func holdLock(t *testing.T, sock, key string, extra ...string) (*exec.Cmd, uint64) {
+	t.Helper()
+	cmd := exec.Command(binary, append(append([]string{"acquire", "--hold", "--socket", sock}, extra...), key)...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	tok, perr := strconv.ParseUint(strings.TrimSpace(line), 10, 64)
+	if err != nil || perr != nil {
+		t.Fatalf("acquire --hold printed %q: %v %v", line, err, perr)
+	}
+	return cmd, tok
+}
+
+// The client commands' exit codes and the lock command's environment.
+func TestLockCommandExitCodes(t *testing.T) {
+	sock := startDevSidecar(t)
+	if code, out := run(t, sock, "ping"); code != 0 || !strings.HasPrefix(out, "PONG") {
+		t.Fatalf("ping: %d %q", code, out)
+	}
+	if code, out := run(t, sock, "info"); code != 0 || !strings.Contains(out, "cluster=dev leader=127.0.0.1:") {
+		t.Fatalf("info: %d %q", code, out)
+	}
+	code, out := run(t, sock, "lock", "--lease", "10", "k1", "--", "sh", "-c", `echo "key=$TICKETING_KEY token=$TICKETING_TOKEN"; exit 7`)
+	if code != 7 || !strings.Contains(out, "key=k1 token=") || strings.Contains(out, "token=\n") {
+		t.Fatalf("lock: exit %d, output %q; want 7 and the env vars", code, out)
+	}
+	hold, tok := holdLock(t, sock, "k2")
+	for _, tc := range []struct {
+		args []string
+		code int
+	}{
+		{[]string{"lock", "--wait", "0", "k2", "--", "true"}, 75},
+		{[]string{"lock", "--wait", "0.3", "k2", "--", "true"}, 76},
+		{[]string{"acquire", "--wait", "0", "k2"}, 75},
+		{[]string{"release", "k2", strconv.FormatUint(tok, 10)}, 78}, // another connection's lock
+		{[]string{"lock", "--lease", "0", "k3", "--", "true"}, 78},
+		{[]string{"lock", "k3"}, 78},
+		{[]string{"lock", "k3", "--", "/nonexistent/command"}, 78},
+		{[]string{"lock", "--socket", "/nonexistent/sock", "k3", "--", "true"}, 78},
+		{[]string{"lock", "k3", "--", "sh", "-c", "kill -TERM $$"}, 128 + int(syscall.SIGTERM)},
+		{[]string{"acquire", "k3"}, 0}, // a probe: taken and released
+		{[]string{"lock", "--wait", "0", "k3", "--", "true"}, 0},
+	} {
+		if code, out := run(t, sock, tc.args...); code != tc.code {
+			t.Errorf("%v: exit %d, want %d\n%s", tc.args, code, tc.code, out)
+		}
+	}
+	// SIGINT ends --hold, which releases: k2 is free at once.
+	hold.Process.Signal(syscall.SIGINT)
+	if err := hold.Wait(); err != nil {
+		t.Fatalf("acquire --hold after SIGINT: %v", err)
+	}
+	if code, out := run(t, sock, "lock", "--wait", "0", "k2", "--", "true"); code != 0 {
+		t.Fatalf("k2 after the holder's SIGINT: %d %s", code, out)
+	}
+}
+
+// A client process SIGKILLed while holding: the sidecar notices the closed
+// connection and the next waiter gets the key well within a second.
+func TestKilledHolderFreesKeyFast(t *testing.T) {
+	sock := startDevSidecar(t)
+	for _, how := range []string{"acquire --hold", "lock -- sleep 60"} {
+		key := "killed/" + strings.Fields(how)[0]
+		var holder *exec.Cmd
+		if how == "acquire --hold" {
+			holder, _ = holdLock(t, sock, key)
+		} else {
+			holder = exec.Command(binary, "lock", "--socket", sock, key, "--", "sleep", "60")
+			// Its own process group, so the orphaned sleep can be cleaned up.
+			holder.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+			if err := holder.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { syscall.Kill(-holder.Process.Pid, syscall.SIGKILL); holder.Wait() })
+			// Wait until it holds: a probe gets BUSY.
+			for until := time.Now().Add(10 * time.Second); ; {
+				if code, _ := run(t, sock, "acquire", "--wait", "0", key); code == 75 {
+					break
+				}
+				if time.Now().After(until) {
+					t.Fatal("lock -- sleep 60 never held the key")
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+		type res struct {
+			code int
+			out  string
+			at   time.Time
+		}
+		got := make(chan res, 1)
+		go func() {
+			code, out := run(t, sock, "acquire", "--wait", "10", key)
+			got <- res{code, out, time.Now()}
+		}()
+		time.Sleep(300 * time.Millisecond) // the waiter is queued
+		killed := time.Now()
+		holder.Process.Signal(syscall.SIGKILL)
+		r := <-got
+		if r.code != 0 {
+			t.Fatalf("%s: waiter exit %d: %s", how, r.code, r.out)
+		}
+		d := r.at.Sub(killed)
+		t.Logf("%s: SIGKILL to next holder's exit: %v", how, d)
+		// The waiter's time includes its own release and exit.
+		if d > time.Second {
+			t.Fatalf("%s: next waiter got the key %v after the holder's SIGKILL", how, d)
+		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,7 +22,7 @@ import (
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprintln(stderr, "usage: ticketing bench failover|throughput [flags]")
+		fmt.Fprintln(stderr, "usage: ticketing bench failover|throughput|unix|unixconns [flags]")
 		return ExitUsage
 	}
 	fs := flag.NewFlagSet("ticketing bench "+args[0], flag.ContinueOnError)
@@ -34,6 +35,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		duration time.Duration
 		warmup   time.Duration
 		nodeArgs string
+		unixN    string
+		conns    int
 	)
 	fs.StringVar(&dir, "dir", "", "working directory (default: a temporary one, removed afterwards)")
 	fs.IntVar(&nodes, "nodes", 3, "cluster size: 3 or 5")
@@ -42,6 +45,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.DurationVar(&duration, "duration", 10*time.Second, "throughput: measured duration")
 	fs.DurationVar(&warmup, "warmup", 2*time.Second, "throughput: warm-up before measuring")
 	fs.StringVar(&nodeArgs, "node-args", "", "extra flags for every node, space separated (e.g. \"--heartbeat-timeout 800ms\")")
+	fs.StringVar(&unixN, "unix-clients", "1,64", "unix: client counts to measure, comma separated")
+	fs.IntVar(&conns, "conns", 10000, "unixconns: local connections to open to a sidecar process")
 	if err := fs.Parse(args[1:]); err != nil {
 		return ExitUsage
 	}
@@ -76,6 +81,19 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		err = benchFailover(ctx, p, kills, stdout)
 	case "throughput":
 		err = benchThroughput(ctx, p, clients, warmup, duration, stdout)
+	case "unix":
+		var counts []int
+		for _, f := range strings.Split(unixN, ",") {
+			n, perr := strconv.Atoi(strings.TrimSpace(f))
+			if perr != nil || n < 1 {
+				fmt.Fprintf(stderr, "ticketing bench: --unix-clients %q\n", unixN)
+				return ExitUsage
+			}
+			counts = append(counts, n)
+		}
+		err = benchUnix(ctx, p, dir, counts, warmup, duration, stdout)
+	case "unixconns":
+		err = benchUnixConns(ctx, p, dir, bin, conns, stdout)
 	default:
 		fmt.Fprintf(stderr, "ticketing bench: unknown benchmark %q\n", args[0])
 		return ExitUsage

@@ -31,7 +31,13 @@ func commands() []command {
 	return []command{
 		{"node", "run one cluster node", runNode},
 		{"dev", "run a 3-node cluster on loopback in this process", runDev},
-		{"bench", "measure failover time and throughput", runBench},
+		{"sidecar", "serve the unix-socket API, connected to a cluster", runSidecar},
+		{"lock", "run a command while holding a lock (like flock(1))", runLock},
+		{"acquire", "take a lock through the sidecar and print its token", runAcquire},
+		{"release", "send one RELEASE through the sidecar (debugging)", runRelease},
+		{"ping", "check that the sidecar answers", runPing},
+		{"info", "print the sidecar's view of the cluster", runInfo},
+		{"bench", "measure failover time, throughput and the unix-socket path", runBench},
 	}
 }
 

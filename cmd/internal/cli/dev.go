@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"time"
 
 	"ticketing/cluster/local"
+	"ticketing/sidecar"
+	"ticketing/unixapi"
 )
 
 func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -22,7 +25,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		logs     logFlags
 	)
 	fs.StringVar(&dir, "dir", "", "directory for the nodes' data and secrets (default: a new temporary directory, removed on exit)")
-	fs.StringVar(&socket, "socket", "./ticketing.sock", "unix socket for the local sidecar (the sidecar arrives with the sidecar issue; accepted now)")
+	fs.StringVar(&socket, "socket", "./ticketing.sock", "unix socket of the sidecar that dev runs in process, connected to its nodes")
 	fs.IntVar(&basePort, "base-port", 7400, "node i listens for clients on 127.0.0.1:BASE+i and for peers on BASE+100+i; 0 picks free ports (fresh --dir only)")
 	fs.IntVar(&nodes, "nodes", 3, "number of nodes: 3 or 5")
 	logs.register(fs, "warn")
@@ -63,6 +66,29 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, "  client secret file: %s\n", c.SecretFile)
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	li, err := c.Leader(wctx)
+	cancel()
+	if err != nil {
+		fmt.Fprintln(stderr, "ticketing dev:", err)
+		return ExitError
+	}
+	// The sidecar, in process, like `ticketing sidecar` would run it.
+	bcfg := sidecar.DefaultConfig()
+	bcfg.Addrs, bcfg.Secret, bcfg.ClusterID = c.ClientAddrs(), c.ClientSecret, c.ClusterID
+	ucfg := unixapi.DefaultConfig()
+	ucfg.Path = socket
+	shown, err := filepath.Abs(socket) // for display: the listener keeps the path as given (sun_path is short)
+	if err != nil {
+		shown = socket
+	}
+	b, srv, err := startSidecar(bcfg, ucfg, log)
+	if err != nil {
+		fmt.Fprintln(stderr, "ticketing dev: sidecar:", err)
+		return ExitError
+	}
+	defer stopSidecar(b, srv, log)
+	fmt.Fprintf(stdout, "  sidecar socket: %s\n", shown)
+	wctx, cancel = context.WithTimeout(ctx, 30*time.Second)
+	err = waitSidecarReady(wctx, ucfg.Path)
 	cancel()
 	if err != nil {
 		fmt.Fprintln(stderr, "ticketing dev:", err)
