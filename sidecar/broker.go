@@ -219,10 +219,7 @@ func (b *Broker) keep(s *slot) {
 		if err == nil {
 			backoff = b.cfg.BackoffMin
 			b.up(s, conn)
-			select {
-			case <-conn.Done():
-			case <-b.closing:
-			}
+			b.watch(conn)
 			conn.Close()
 			b.down(s, conn)
 		} else {
@@ -238,6 +235,32 @@ func (b *Broker) keep(s *slot) {
 		}
 	}
 }
+
+// watch waits for conn to die or the broker to close. While no leader is
+// known it asks conn's node now and then, so the broker learns of a new
+// leader before a request needs one (an election may still have been under
+// way when the connection came up).
+func (b *Broker) watch(conn *client.Conn) {
+	for {
+		select {
+		case <-conn.Done():
+			return
+		case <-b.closing:
+			return
+		case <-b.cfg.After(leaderProbeInterval):
+		}
+		b.mu.Lock()
+		known := b.leader != ""
+		b.mu.Unlock()
+		if !known {
+			b.probe(conn)
+		}
+	}
+}
+
+// leaderProbeInterval is how often an idle connection asks for the leader
+// while none is known.
+const leaderProbeInterval = 250 * time.Millisecond
 
 func (b *Broker) up(s *slot, conn *client.Conn) {
 	b.mu.Lock()

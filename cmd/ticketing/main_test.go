@@ -81,7 +81,8 @@ func TestNodeRefusesWorldReadableSecret(t *testing.T) {
 // The dev command runs a real cluster, says it is ready, grants, and stops
 // cleanly on SIGINT.
 func TestDevReadyAndGrants(t *testing.T) {
-	cmd := exec.Command(binary, "dev", "--base-port", "0", "--dir", t.TempDir())
+	dir := t.TempDir()
+	cmd := exec.Command(binary, "dev", "--base-port", "0", "--dir", dir, "--socket", filepath.Join(dir, "ticketing.sock"))
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,404 @@
+// Package ticketing is a small, dependency-free Go client of the Ticketing
+// sidecar's unix-socket API (unixapi/PROTOCOL.md). Programs that prefer an
+// in-process client can use ticketing/sidecar's Broker instead.
+//
+// A Client is one connection, and the connection is the session that owns
+// the locks acquired through it: only it can release them, and when it
+// closes (Close, process exit, crash) the sidecar releases all of them at
+// once. Keep the Client open for as long as you hold locks.
+//
+// A Client is safe for concurrent use; requests are pipelined and replies
+// are matched by order, as the protocol defines.
+package ticketing
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Definite outcomes of Acquire and Release that are not protocol errors.
+var (
+	// ErrBusy: the key was held and wait was 0. Not acquired.
+	ErrBusy = errors.New("ticketing: busy")
+	// ErrTimeout: the wait ran out before the turn came. Not acquired.
+	ErrTimeout = errors.New("ticketing: timeout")
+	// ErrIndeterminate: the sidecar could not learn the outcome. For
+	// Acquire: do not enter the critical section. For Release: the lock may
+	// stay held until its lease ends.
+	ErrIndeterminate = errors.New("ticketing: indeterminate")
+	// ErrClosed: the connection is closed (by Close, or it broke). Locks held
+	// through it are released by the sidecar; a pending Acquire that fails
+	// with it did not acquire.
+	ErrClosed = errors.New("ticketing: connection closed")
+	// ErrInvalidArgument: an argument outside the protocol's limits; nothing
+	// was sent.
+	ErrInvalidArgument = errors.New("ticketing: invalid argument")
+	// ErrProtocol: the sidecar sent a line this client does not understand.
+	ErrProtocol = errors.New("ticketing: protocol error")
+)
+
+// Error is an "ERR <code> <message>" reply. errors.Is matches an *Error by
+// Code alone, so errors.Is(err, ticketing.ErrNotHeld) works whatever the
+// message.
+type Error struct {
+	Code    string // lowercase word, e.g. "not_held"; the stable part
+	Message string // for humans and logs
+}
+
+func (e *Error) Error() string { return "ticketing: " + e.Code + ": " + e.Message }
+
+// Is reports whether target is an *Error with the same Code.
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Code == e.Code
+}
+
+// Error codes worth testing for with errors.Is (see PROTOCOL.md for all).
+var (
+	ErrNotHeld          = &Error{Code: "not_held"}
+	ErrTokenMismatch    = &Error{Code: "token_mismatch"}
+	ErrInvalidKey       = &Error{Code: "invalid_key"}
+	ErrInvalidLease     = &Error{Code: "invalid_lease"}
+	ErrInvalidWait      = &Error{Code: "invalid_wait"}
+	ErrUnavailable      = &Error{Code: "unavailable"}
+	ErrForbidden        = &Error{Code: "forbidden"}
+	ErrLineTooLong      = &Error{Code: "line_too_long"}
+	ErrReleaseQueueFull = &Error{Code: "release_queue_full"}
+)
+
+// Limits of the protocol, checked before sending.
+const (
+	MaxLease = 250 * time.Second
+	MaxWait  = 300 * time.Second
+)
+
+// Client is one connection to the sidecar.
+type Client struct {
+	conn net.Conn
+
+	mu      sync.Mutex // serialises writes and the order of pending
+	pending []*call    // requests written, oldest first
+	err     error      // set once the connection broke or was closed
+	done    chan struct{}
+}
+
+// call is one request awaiting its reply line.
+type call struct {
+	line string
+	ch   chan string // buffered; gets the reply line
+	// onOrphan runs with the reply when the caller stopped waiting (its
+	// context ended): an ACQUIRE uses it to release a late grant.
+	onOrphan func(reply string)
+	mu       sync.Mutex
+	orphaned bool
+}
+
+// Dial connects to the sidecar's socket at path.
+func Dial(ctx context.Context, path string) (*Client, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("ticketing: dial %s: %w", path, err)
+	}
+	c := &Client{conn: conn, done: make(chan struct{})}
+	go c.readLoop()
+	return c, nil
+}
+
+// Done is closed when the connection is gone; every lock acquired through
+// this Client has then been handed back to the sidecar for release.
+func (c *Client) Done() <-chan struct{} { return c.done }
+
+// Close closes the connection. The sidecar releases every lock this
+// Client still holds and cancels its pending acquires.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.err == nil {
+		c.err = ErrClosed
+	}
+	c.mu.Unlock()
+	err := c.conn.Close()
+	<-c.done
+	if errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+	return err
+}
+
+// Ping checks that the sidecar answers.
+func (c *Client) Ping(ctx context.Context) error {
+	r, err := c.do(ctx, "PING", nil)
+	if err != nil {
+		return err
+	}
+	if r != "PONG" {
+		return outcome("PING", r)
+	}
+	return nil
+}
+
+// Info returns the sidecar's INFO line without the "INFO " prefix, e.g.
+// "cluster=dev leader=127.0.0.1:7400 connected=3/3".
+func (c *Client) Info(ctx context.Context) (string, error) {
+	r, err := c.do(ctx, "INFO", nil)
+	if err != nil {
+		return "", err
+	}
+	if s, ok := strings.CutPrefix(r, "INFO "); ok {
+		return s, nil
+	}
+	return "", outcome("INFO", r)
+}
+
+// Acquire takes key for lease (whole seconds, 1..250 s), waiting at most
+// wait (milliseconds, 0 = one immediate try, at most 300 s) for its turn.
+// It returns the fencing token, or ErrBusy, ErrTimeout, ErrIndeterminate,
+// an *Error, or an error wrapping ctx.Err() or ErrClosed (not acquired).
+//
+// If ctx ends while the request is with the sidecar, Acquire returns at
+// once; should the lock be granted anyway, the Client releases it in the
+// background. Give ctx a deadline above wait, or leave it to wait alone.
+func (c *Client) Acquire(ctx context.Context, key string, lease, wait time.Duration) (uint64, error) {
+	if lease%time.Second != 0 || lease < time.Second || lease > MaxLease {
+		return 0, fmt.Errorf("%w: lease %v: whole seconds 1..250", ErrInvalidArgument, lease)
+	}
+	if wait%time.Millisecond != 0 || wait < 0 || wait > MaxWait {
+		return 0, fmt.Errorf("%w: wait %v: whole milliseconds 0..300s", ErrInvalidArgument, wait)
+	}
+	if err := checkKey(key); err != nil {
+		return 0, err
+	}
+	ms := wait.Milliseconds()
+	line := fmt.Sprintf("ACQUIRE %s %d %d.%03d", key, lease/time.Second, ms/1000, ms%1000)
+	r, err := c.do(ctx, line, func(reply string) {
+		// Nobody waits for this grant any more: release it so the key is
+		// not held until the lease ends.
+		if tok, ok := strings.CutPrefix(reply, "OK "); ok {
+			c.send("RELEASE "+key+" "+tok, nil)
+		}
+	})
+	if err != nil {
+		return 0, err
+	}
+	if tok, ok := strings.CutPrefix(r, "OK "); ok {
+		t, err := strconv.ParseUint(tok, 10, 64)
+		if err != nil || t == 0 {
+			return 0, unexpected("ACQUIRE", r)
+		}
+		return t, nil
+	}
+	return 0, outcome("ACQUIRE", r)
+}
+
+// Release releases key held under token by this Client. nil only when the
+// cluster confirmed; otherwise ErrIndeterminate (the 5 s release deadline
+// passed) or an *Error (ErrNotHeld: this connection holds no such lock, or
+// its lease ran out; ErrTokenMismatch; ...).
+func (c *Client) Release(ctx context.Context, key string, token uint64) error {
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	if token == 0 {
+		return fmt.Errorf("%w: token 0 (tokens start at 1)", ErrInvalidArgument)
+	}
+	r, err := c.do(ctx, "RELEASE "+key+" "+strconv.FormatUint(token, 10), nil)
+	if err != nil {
+		return err
+	}
+	if r == "OK" {
+		return nil
+	}
+	return outcome("RELEASE", r)
+}
+
+// Held returns the locks this connection holds, key to token.
+func (c *Client) Held(ctx context.Context) (map[string]uint64, error) {
+	r, err := c.do(ctx, "HELD", nil)
+	if err != nil {
+		return nil, err
+	}
+	f := strings.Fields(r)
+	if len(f) < 2 || f[0] != "HELD" {
+		return nil, outcome("HELD", r)
+	}
+	n, err := strconv.Atoi(f[1])
+	if err != nil || n != len(f)-2 {
+		return nil, unexpected("HELD", r)
+	}
+	out := make(map[string]uint64, n)
+	for _, kt := range f[2:] {
+		// Keys may contain ':'; the token follows the last one.
+		i := strings.LastIndexByte(kt, ':')
+		t, err := strconv.ParseUint(kt[i+1:], 10, 64)
+		if i <= 0 || err != nil {
+			return nil, unexpected("HELD", r)
+		}
+		out[kt[:i]] = t
+	}
+	return out, nil
+}
+
+// Do sends one raw request line (without "\n") and returns the raw reply
+// line, for tools and tests. A lock acquired this way is still owned by
+// the connection and released when it closes.
+func (c *Client) Do(ctx context.Context, line string) (string, error) {
+	if strings.ContainsAny(line, "\r\n") {
+		return "", fmt.Errorf("%w: a request line cannot contain CR or LF", ErrInvalidArgument)
+	}
+	return c.do(ctx, line, nil)
+}
+
+// checkKey applies the protocol's key rule: 1..255 bytes of 0x21..0x7E.
+func checkKey(key string) error {
+	if len(key) == 0 || len(key) > 255 {
+		return fmt.Errorf("%w: key of %d bytes (1..255)", ErrInvalidArgument, len(key))
+	}
+	for i := 0; i < len(key); i++ {
+		if key[i] < 0x21 || key[i] > 0x7E {
+			return fmt.Errorf("%w: key %q: byte 0x%02x outside visible ASCII", ErrInvalidArgument, key, key[i])
+		}
+	}
+	return nil
+}
+
+// outcome maps a reply that is not a success to an error.
+func outcome(verb, r string) error {
+	switch r {
+	case "BUSY":
+		return ErrBusy
+	case "TIMEOUT":
+		return ErrTimeout
+	case "INDETERMINATE":
+		return ErrIndeterminate
+	}
+	if rest, ok := strings.CutPrefix(r, "ERR "); ok {
+		code, msg, _ := strings.Cut(rest, " ")
+		return &Error{Code: code, Message: msg}
+	}
+	return unexpected(verb, r)
+}
+
+func unexpected(verb, r string) error {
+	if len(r) > 80 {
+		r = r[:80] + "..."
+	}
+	return fmt.Errorf("%w: unexpected reply to %s: %q", ErrProtocol, verb, r)
+}
+
+// do sends line and waits for its reply or ctx.
+func (c *Client) do(ctx context.Context, line string, onOrphan func(string)) (string, error) {
+	if err := ctx.Err(); err != nil {
+		return "", err
+	}
+	cl, err := c.send(line, onOrphan)
+	if err != nil {
+		return "", err
+	}
+	select {
+	case r, ok := <-cl.ch:
+		if !ok {
+			return "", c.closedErr()
+		}
+		return r, nil
+	case <-ctx.Done():
+		// Under cl.mu so the reader either sees orphaned or has already
+		// delivered the reply, which is then handled as an orphan here.
+		cl.mu.Lock()
+		cl.orphaned = true
+		select {
+		case r, ok := <-cl.ch:
+			if ok && cl.onOrphan != nil {
+				go cl.onOrphan(r)
+			}
+		default:
+		}
+		cl.mu.Unlock()
+		return "", fmt.Errorf("ticketing: %s: %w", strings.SplitN(line, " ", 2)[0], ctx.Err())
+	}
+}
+
+// send writes line and queues its call; order of the queue is the order of
+// the writes, which is the order of the replies.
+func (c *Client) send(line string, onOrphan func(string)) (*call, error) {
+	cl := &call{line: line, ch: make(chan string, 1), onOrphan: onOrphan}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrClosed, c.err)
+	}
+	// Queue before writing: the reply may arrive before Write returns.
+	c.pending = append(c.pending, cl)
+	if _, err := c.conn.Write([]byte(line + "\n")); err != nil {
+		c.pending = c.pending[:len(c.pending)-1]
+		c.err = err
+		c.conn.Close()
+		return nil, fmt.Errorf("%w: %w", ErrClosed, err)
+	}
+	return cl, nil
+}
+
+func (c *Client) closedErr() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if errors.Is(c.err, ErrClosed) {
+		return c.err
+	}
+	return fmt.Errorf("%w: %w", ErrClosed, c.err)
+}
+
+func (c *Client) readLoop() {
+	defer close(c.done)
+	br := bufio.NewReaderSize(c.conn, 4096)
+	var err, refusal error
+	for {
+		var line string
+		line, err = br.ReadString('\n')
+		if err != nil {
+			break
+		}
+		line = strings.TrimSuffix(strings.TrimSuffix(line, "\n"), "\r")
+		c.mu.Lock()
+		if len(c.pending) == 0 {
+			c.mu.Unlock()
+			// A reply nobody asked for: the sidecar refused the connection
+			// (ERR forbidden, too_many_connections) or a bug. Record it as
+			// the reason the connection ends.
+			if refusal == nil {
+				refusal = outcome("", line)
+			}
+			continue
+		}
+		cl := c.pending[0]
+		c.pending[0] = nil
+		c.pending = c.pending[1:]
+		c.mu.Unlock()
+		cl.mu.Lock()
+		if !cl.orphaned {
+			cl.ch <- line // buffered: never blocks
+		} else if cl.onOrphan != nil {
+			go cl.onOrphan(line)
+		}
+		cl.mu.Unlock()
+	}
+	if refusal != nil {
+		err = refusal
+	}
+	c.mu.Lock()
+	if c.err == nil {
+		c.err = err
+	}
+	pending := c.pending
+	c.pending = nil
+	c.mu.Unlock()
+	c.conn.Close()
+	for _, cl := range pending {
+		close(cl.ch)
+	}
+}

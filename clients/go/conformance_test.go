@@ -1,0 +1,444 @@
+package ticketing_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	ticketing "ticketing/clients/go"
+	"ticketing/cluster"
+	"ticketing/cluster/local"
+	"ticketing/sidecar"
+	"ticketing/unixapi"
+)
+
+// sidecarSocket returns the socket to test against: $TICKETING_SOCKET if set
+// (e.g. a running `ticketing dev`), else a real 3-node cluster, a real
+// Broker and a unixapi server started in this process for the test.
+func sidecarSocket(t *testing.T) string {
+	t.Helper()
+	if s := os.Getenv("TICKETING_SOCKET"); s != "" {
+		return s
+	}
+	c, err := local.Start(local.Options{Dir: t.TempDir(), Tune: func(cfg *cluster.Config) {
+		cfg.HeartbeatTimeout = 400 * time.Millisecond
+		cfg.ElectionTimeout = 400 * time.Millisecond
+		cfg.LeaderLeaseTimeout = 200 * time.Millisecond
+		cfg.CommitTimeout = 10 * time.Millisecond
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	// The broker learns the leader when its connections come up; start it
+	// once there is one, as `ticketing dev` does.
+	lctx, lcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer lcancel()
+	if _, err := c.Leader(lctx); err != nil {
+		t.Fatal(err)
+	}
+	bcfg := sidecar.DefaultConfig()
+	bcfg.Addrs, bcfg.Secret, bcfg.ClusterID, bcfg.Logger = c.ClientAddrs(), c.ClientSecret, c.ClusterID, slog.New(slog.DiscardHandler)
+	b, err := sidecar.New(bcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	dir, err := os.MkdirTemp("", "tkc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	ucfg := unixapi.DefaultConfig()
+	ucfg.Path, ucfg.Logger = filepath.Join(dir, "s"), slog.New(slog.DiscardHandler)
+	srv, err := unixapi.Listen(ucfg, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		cl, err := ticketing.Dial(ctx, ucfg.Path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := cl.Info(ctx)
+		cl.Close()
+		if err == nil && !strings.Contains(info, "leader=-") {
+			return ucfg.Path
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("sidecar never knew a leader: %q %v", info, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// The shared behavioural suite of every client library.
+func TestConformance(t *testing.T) {
+	data, err := os.ReadFile("../conformance/scenarios.json")
+	if errors.Is(err, os.ErrNotExist) {
+		t.Skip("no clients/conformance/scenarios.json")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var suite struct {
+		Format    int `json:"format"`
+		Scenarios []struct {
+			Name  string                       `json:"name"`
+			Keys  map[string]map[string]any    `json:"keys"`
+			Steps []map[string]json.RawMessage `json:"steps"`
+		} `json:"scenarios"`
+	}
+	if err := json.Unmarshal(data, &suite); err != nil {
+		t.Fatal(err)
+	}
+	if suite.Format != 1 {
+		t.Fatalf("scenarios format %d; this runner knows 1", suite.Format)
+	}
+	sock := sidecarSocket(t)
+	run := time.Now().UnixNano()
+	for _, sc := range suite.Scenarios {
+		t.Run(sc.Name, func(t *testing.T) {
+			r := &runner{t: t, sock: sock, conns: map[string]*ticketing.Client{}, tokens: map[string]uint64{},
+				bg: map[string]chan result{}, prefix: fmt.Sprintf("go/%d/%s/", run, sc.Name), pads: map[string]int{}}
+			for name, opts := range sc.Keys {
+				if p, ok := opts["pad_to"].(float64); ok {
+					r.pads[name] = int(p)
+				}
+			}
+			defer r.closeAll()
+			for i, st := range sc.Steps {
+				r.step(i, st)
+			}
+		})
+	}
+}
+
+type runner struct {
+	t      *testing.T
+	sock   string
+	prefix string
+	pads   map[string]int
+	conns  map[string]*ticketing.Client
+	tokens map[string]uint64 // guarded by mu: background calls read it
+	bg     map[string]chan result
+	mu     sync.Mutex
+}
+
+func (r *runner) tok(name string) uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.tokens[name]
+}
+
+// result is what one operation came to, in the suite's vocabulary.
+type result struct {
+	kind  string // ok, busy, timeout, indeterminate, error, arg_error, pong, info, held, closed
+	token uint64
+	code  string
+	raw   string
+	held  map[string]uint64
+	dur   time.Duration
+	err   error
+}
+
+func (r *runner) closeAll() {
+	for _, c := range r.conns {
+		c.Close()
+	}
+}
+
+func (r *runner) key(name string) string {
+	k := r.prefix + name
+	if n := r.pads[name]; n > len(k) {
+		k += strings.Repeat("x", n-len(k))
+	}
+	return k
+}
+
+func (r *runner) conn(name string) *ticketing.Client {
+	if c := r.conns[name]; c != nil {
+		return c
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := ticketing.Dial(ctx, r.sock)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.conns[name] = c
+	return c
+}
+
+func str(st map[string]json.RawMessage, f string) string {
+	var s string
+	json.Unmarshal(st[f], &s)
+	return s
+}
+
+func num(st map[string]json.RawMessage, f string) (float64, bool) {
+	var v float64
+	err := json.Unmarshal(st[f], &v)
+	return v, err == nil && st[f] != nil
+}
+
+func strs(st map[string]json.RawMessage, f string) []string {
+	var one string
+	if json.Unmarshal(st[f], &one) == nil {
+		return []string{one}
+	}
+	var many []string
+	json.Unmarshal(st[f], &many)
+	return many
+}
+
+// seconds converts a JSON number of seconds; a value of another type is
+// an argument error that Go's types catch before any call.
+func seconds(st map[string]json.RawMessage, f string) (time.Duration, bool) {
+	v, ok := num(st, f)
+	if !ok {
+		return 0, false
+	}
+	return time.Duration(math.Round(v * 1e9)), true
+}
+
+func (r *runner) step(i int, st map[string]json.RawMessage) {
+	t := r.t
+	op := str(st, "op")
+	where := fmt.Sprintf("step %d (%s %s)", i, op, str(st, "conn"))
+	switch op {
+	case "sleep":
+		d, _ := seconds(st, "seconds")
+		time.Sleep(d)
+		return
+	case "pending":
+		select {
+		case res := <-r.bg[str(st, "id")]:
+			t.Fatalf("%s: %s already answered: %+v", where, str(st, "id"), res)
+		default:
+		}
+		return
+	case "await":
+		start := time.Now()
+		select {
+		case res := <-r.bg[str(st, "id")]:
+			res.dur = time.Since(start)
+			r.check(where, st, res)
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%s: no answer within 20s", where)
+		}
+		return
+	case "close":
+		c := r.conn(str(st, "conn"))
+		c.Close()
+		delete(r.conns, str(st, "conn"))
+		return
+	case "expect_closed":
+		within, _ := seconds(st, "within")
+		c := r.conn(str(st, "conn"))
+		select {
+		case <-c.Done():
+		case <-time.After(within):
+			t.Fatalf("%s: connection still open after %v", where, within)
+		}
+		delete(r.conns, str(st, "conn"))
+		return
+	}
+	c := r.conn(str(st, "conn"))
+	do := func() result {
+		start := time.Now()
+		res := r.call(c, op, st)
+		res.dur = time.Since(start)
+		return res
+	}
+	if id := str(st, "background"); id != "" {
+		ch := make(chan result, 1)
+		r.bg[id] = ch
+		go func() { ch <- do() }()
+		// Let the request be written before the next step, so requests
+		// from different steps reach the sidecar in step order.
+		time.Sleep(20 * time.Millisecond)
+		return
+	}
+	r.check(where, st, do())
+}
+
+// call performs one client operation.
+func (r *runner) call(c *ticketing.Client, op string, st map[string]json.RawMessage) result {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	key := r.key(str(st, "key"))
+	if _, ok := st["literal_key"]; ok {
+		key = str(st, "literal_key")
+	}
+	var err error
+	switch op {
+	case "ping":
+		if err = c.Ping(ctx); err == nil {
+			return result{kind: "pong", raw: "PONG"}
+		}
+	case "info":
+		var s string
+		if s, err = c.Info(ctx); err == nil {
+			return result{kind: "info", raw: s}
+		}
+	case "held":
+		var h map[string]uint64
+		if h, err = c.Held(ctx); err == nil {
+			return result{kind: "held", held: h}
+		}
+	case "acquire":
+		lease, ok1 := seconds(st, "lease")
+		wait, ok2 := seconds(st, "wait")
+		if !ok1 || !ok2 {
+			return result{kind: "arg_error"}
+		}
+		var tok uint64
+		if tok, err = c.Acquire(ctx, key, lease, wait); err == nil {
+			return result{kind: "ok", token: tok}
+		}
+	case "release":
+		tok := r.tok(str(st, "token"))
+		if _, ok := st["literal_token"]; ok {
+			var perr error
+			if tok, perr = strconv.ParseUint(str(st, "literal_token"), 10, 64); perr != nil {
+				return result{kind: "arg_error"}
+			}
+		}
+		if err = c.Release(ctx, key, tok); err == nil {
+			return result{kind: "ok"}
+		}
+	case "raw":
+		line := str(st, "line")
+		for {
+			i := strings.Index(line, "${")
+			if i < 0 {
+				break
+			}
+			j := strings.IndexByte(line[i:], '}')
+			kind, name, _ := strings.Cut(line[i+2:i+j], ":")
+			v := r.key(name)
+			if kind == "token" {
+				v = strconv.FormatUint(r.tok(name), 10)
+			}
+			line = line[:i] + v + line[i+j+1:]
+		}
+		if n, ok := num(st, "pad_to"); ok && int(n) > len(line) {
+			line += strings.Repeat("x", int(n)-len(line))
+		}
+		var reply string
+		if reply, err = c.Do(ctx, line); err == nil {
+			return parseRaw(reply)
+		}
+	default:
+		r.t.Fatalf("unknown op %q", op)
+	}
+	var e *ticketing.Error
+	switch {
+	case errors.Is(err, ticketing.ErrInvalidArgument):
+		return result{kind: "arg_error", err: err}
+	case errors.Is(err, ticketing.ErrBusy):
+		return result{kind: "busy", err: err}
+	case errors.Is(err, ticketing.ErrTimeout):
+		return result{kind: "timeout", err: err}
+	case errors.Is(err, ticketing.ErrIndeterminate):
+		return result{kind: "indeterminate", err: err}
+	case errors.As(err, &e):
+		return result{kind: "error", code: e.Code, err: err}
+	}
+	return result{kind: "failed", err: err}
+}
+
+func parseRaw(reply string) result {
+	res := result{raw: reply}
+	switch {
+	case reply == "OK":
+		res.kind = "ok"
+	case strings.HasPrefix(reply, "OK "):
+		res.kind = "ok"
+		res.token, _ = strconv.ParseUint(reply[3:], 10, 64)
+	case reply == "PONG":
+		res.kind = "pong"
+	case reply == "BUSY", reply == "TIMEOUT", reply == "INDETERMINATE":
+		res.kind = strings.ToLower(reply)
+	case strings.HasPrefix(reply, "ERR "):
+		res.kind = "error"
+		res.code, _, _ = strings.Cut(reply[4:], " ")
+	case strings.HasPrefix(reply, "INFO "):
+		res.kind = "info"
+	default:
+		res.kind = "unknown"
+	}
+	return res
+}
+
+func (r *runner) check(where string, st map[string]json.RawMessage, res result) {
+	t := r.t
+	t.Helper()
+	want := str(st, "expect")
+	if want != "" && res.kind != want {
+		t.Fatalf("%s: got %s (code %q, err %v, raw %q), want %s", where, res.kind, res.code, res.err, res.raw, want)
+	}
+	if codes := strs(st, "code"); len(codes) > 0 {
+		ok := false
+		for _, c := range codes {
+			ok = ok || c == res.code
+		}
+		if !ok {
+			t.Fatalf("%s: code %q, want one of %v", where, res.code, codes)
+		}
+	}
+	if reply := str(st, "reply"); reply != "" && res.raw != reply {
+		t.Fatalf("%s: reply %q, want %q", where, res.raw, reply)
+	}
+	if min, ok := seconds(st, "min_seconds"); ok && res.dur < min {
+		t.Fatalf("%s: answered after %v, before min %v", where, res.dur, min)
+	}
+	if max, ok := seconds(st, "max_seconds"); ok && res.dur > max {
+		t.Fatalf("%s: answered after %v, beyond max %v", where, res.dur, max)
+	}
+	for _, v := range strs(st, "expect_token_gt") {
+		if res.token <= r.tok(v) {
+			t.Fatalf("%s: token %d not above %s=%d", where, res.token, v, r.tok(v))
+		}
+	}
+	if name := str(st, "save"); name != "" {
+		r.mu.Lock()
+		r.tokens[name] = res.token
+		r.mu.Unlock()
+	}
+	if want == "info" && res.kind == "info" && !strings.Contains(res.raw, "cluster=") {
+		t.Fatalf("%s: INFO %q", where, res.raw)
+	}
+	if want == "held" {
+		var keys []string
+		json.Unmarshal(st["keys"], &keys)
+		var toks map[string]string
+		json.Unmarshal(st["tokens"], &toks)
+		if len(res.held) != len(keys) {
+			t.Fatalf("%s: held %v, want keys %v", where, res.held, keys)
+		}
+		for _, k := range keys {
+			tok, ok := res.held[r.key(k)]
+			if !ok {
+				t.Fatalf("%s: held %v lacks %s", where, res.held, k)
+			}
+			if v, ok := toks[k]; ok && tok != r.tok(v) {
+				t.Fatalf("%s: %s held under %d, want %s=%d", where, k, tok, v, r.tok(v))
+			}
+		}
+	}
+}

@@ -1,0 +1,150 @@
+package cli
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	ticketing "ticketing/clients/go"
+	"ticketing/cluster"
+	"ticketing/sidecar"
+	"ticketing/unixapi"
+)
+
+// defaultSocket is the socket the client commands use without --socket.
+func defaultSocket() string {
+	if s := os.Getenv("TICKETING_SOCKET"); s != "" {
+		return s
+	}
+	return "./ticketing.sock"
+}
+
+func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fset := flag.NewFlagSet("ticketing sidecar", flag.ContinueOnError)
+	fset.SetOutput(stderr)
+	ucfg := unixapi.DefaultConfig()
+	var (
+		addrs, secretFile, clusterID, mode, allow string
+		logs                                      logFlags
+	)
+	fset.StringVar(&addrs, "cluster", "", "the cluster nodes' client addresses: HOST:PORT,HOST:PORT,HOST:PORT")
+	fset.StringVar(&ucfg.Path, "socket", defaultSocket(), "unix socket to serve (default $TICKETING_SOCKET, else ./ticketing.sock)")
+	fset.StringVar(&secretFile, "secret-file", "", "file holding the cluster's client secret (mode 600)")
+	fset.StringVar(&clusterID, "cluster-id", "", "cluster id the nodes present (as their --cluster-id)")
+	fset.StringVar(&mode, "socket-mode", "0660", "permission bits of the socket file, octal (connecting needs write permission)")
+	fset.StringVar(&ucfg.Group, "socket-group", "", "group name or gid to give the socket file (default: unchanged)")
+	fset.StringVar(&allow, "allow-uid", "", "comma-separated peer uids allowed to connect (default: any uid the file mode admits)")
+	fset.IntVar(&ucfg.MaxConns, "max-conns", ucfg.MaxConns, "max local connections served at once")
+	fset.StringVar(&ucfg.OwnerPrefix, "owner-prefix", ucfg.OwnerPrefix, "prefix of the owner ids sent to the cluster (owner = PREFIX.CONN)")
+	logs.register(fset, "info")
+	if err := fset.Parse(args); err != nil {
+		return ExitUsage
+	}
+	if fset.NArg() != 0 {
+		fmt.Fprintf(stderr, "ticketing sidecar: unexpected arguments %q\n", fset.Args())
+		return ExitUsage
+	}
+	log, err := logs.logger(stderr)
+	if err != nil {
+		fmt.Fprintln(stderr, "ticketing sidecar:", err)
+		return ExitUsage
+	}
+	bcfg := sidecar.DefaultConfig()
+	for _, a := range strings.Split(addrs, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			bcfg.Addrs = append(bcfg.Addrs, a)
+		}
+	}
+	if len(bcfg.Addrs) == 0 || secretFile == "" {
+		fmt.Fprintln(stderr, "ticketing sidecar: --cluster and --secret-file are required")
+		return ExitUsage
+	}
+	if bcfg.Secret, err = cluster.ReadSecretFile(secretFile); err != nil {
+		fmt.Fprintln(stderr, "ticketing sidecar:", err)
+		return ExitUsage
+	}
+	bcfg.ClusterID = clusterID
+	m, err := strconv.ParseUint(mode, 8, 32)
+	if err != nil || m == 0 || m > 0o777 {
+		fmt.Fprintf(stderr, "ticketing sidecar: --socket-mode %q: want octal permission bits such as 0660\n", mode)
+		return ExitUsage
+	}
+	ucfg.Mode = fs.FileMode(m)
+	if allow != "" {
+		ucfg.AllowUIDs = []uint32{}
+		for _, s := range strings.Split(allow, ",") {
+			u, err := strconv.ParseUint(strings.TrimSpace(s), 10, 32)
+			if err != nil {
+				fmt.Fprintf(stderr, "ticketing sidecar: --allow-uid %q: %v\n", s, err)
+				return ExitUsage
+			}
+			ucfg.AllowUIDs = append(ucfg.AllowUIDs, uint32(u))
+		}
+	}
+	b, srv, err := startSidecar(bcfg, ucfg, log)
+	if err != nil {
+		fmt.Fprintln(stderr, "ticketing sidecar:", err)
+		return ExitError
+	}
+	<-ctx.Done()
+	log.Info("shutting down: releasing the locks of every connection")
+	stopSidecar(b, srv, log)
+	return ExitOK
+}
+
+// startSidecar starts a Broker and serves it on the unix socket.
+func startSidecar(bcfg sidecar.Config, ucfg unixapi.Config, log *slog.Logger) (*sidecar.Broker, *unixapi.Server, error) {
+	bcfg.Logger = log.With("part", "broker")
+	ucfg.Logger = log.With("part", "unixapi")
+	if err := ucfg.Validate(); err != nil {
+		return nil, nil, err
+	}
+	b, err := sidecar.New(bcfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	srv, err := unixapi.Listen(ucfg, b)
+	if err != nil {
+		b.Close()
+		return nil, nil, err
+	}
+	return b, srv, nil
+}
+
+// stopSidecar closes the server first (its sessions hand their locks to
+// the broker's release queue), then the broker, which finishes that queue.
+func stopSidecar(b *sidecar.Broker, srv *unixapi.Server, log *slog.Logger) {
+	if err := srv.Close(); err != nil {
+		log.Warn("closing the unix socket", "err", err)
+	}
+	if err := b.Close(); err != nil {
+		log.Warn("closing the broker", "err", err)
+	}
+}
+
+// waitSidecarReady polls the socket until INFO names a leader.
+func waitSidecarReady(ctx context.Context, path string) error {
+	var last string
+	for {
+		c, err := ticketing.Dial(ctx, path)
+		if err == nil {
+			last, err = c.Info(ctx)
+			c.Close()
+			if err == nil && !strings.Contains(last, "leader=-") {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("sidecar on %s not ready (last INFO %q, err %v): %w", path, last, err, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,150 @@
+package unixapi
+
+import (
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"strconv"
+	"time"
+
+	"ticketing/locksm"
+)
+
+// Config configures a Server. Start from DefaultConfig.
+type Config struct {
+	// Path is the unix socket's file path. Required. A stale socket file
+	// there (nothing accepts on it) is removed at start; a live one is an
+	// error (ErrSocketInUse), and so is any file that is not a socket.
+	Path string
+	// Mode is the socket file's permission bits. Connecting to a unix
+	// socket needs write permission on it, so this decides who may connect.
+	// Zero means 0660 (owner and group).
+	Mode fs.FileMode
+	// Group, if not "", is the group name or numeric gid the socket file is
+	// chowned to (so a group of event-server users can connect). "" leaves
+	// the group as created (the sidecar's primary group or the directory's
+	// setgid group).
+	Group string
+	// AllowUIDs, if not nil, lists the peer uids (read with SO_PEERCRED)
+	// that may use the socket; others get "ERR forbidden" and are
+	// disconnected. nil allows every uid that the file mode lets connect.
+	// An empty non-nil slice allows nobody.
+	AllowUIDs []uint32
+	// MaxLineLen is the longest request line in bytes, "\n" excluded. Zero
+	// means DefaultMaxLineLen (1024). Values below 300 are refused: a
+	// RELEASE with a 255-byte key needs 284.
+	MaxLineLen int
+	// MaxConns is the most connections served at once; one more is answered
+	// "ERR too_many_connections" and closed. Zero means 16384.
+	MaxConns int
+	// MaxInFlight is the most ACQUIRE and RELEASE requests one connection
+	// may have running at once; one more is answered
+	// "ERR too_many_in_flight". Zero means 256.
+	MaxInFlight int
+	// OwnerPrefix starts every owner id this server sends to the cluster:
+	// owner = OwnerPrefix + "." + connection number. The whole owner must
+	// be visible ASCII (0x21..0x7E) and at most 128 bytes, so the prefix is
+	// at most 107 bytes. "" means "<hostname>/<pid>" (sanitised), which
+	// keeps owners of different sidecars apart in the cluster's logs.
+	OwnerPrefix string
+	// CloseTimeout bounds how long Close waits for in-flight requests to
+	// finish after it cancelled them. Zero means 2 s.
+	CloseTimeout time.Duration
+	// Logger receives connection and release logs. nil means
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// DefaultConfig returns a Config with every default filled in except Path.
+func DefaultConfig() Config {
+	return Config{
+		Mode:         0o660,
+		MaxLineLen:   DefaultMaxLineLen,
+		MaxConns:     16384,
+		MaxInFlight:  256,
+		OwnerPrefix:  defaultOwnerPrefix(),
+		CloseTimeout: 2 * time.Second,
+	}
+}
+
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.Mode == 0 {
+		c.Mode = d.Mode
+	}
+	if c.MaxLineLen == 0 {
+		c.MaxLineLen = d.MaxLineLen
+	}
+	if c.MaxConns == 0 {
+		c.MaxConns = d.MaxConns
+	}
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = d.MaxInFlight
+	}
+	if c.OwnerPrefix == "" {
+		c.OwnerPrefix = d.OwnerPrefix
+	}
+	if c.CloseTimeout == 0 {
+		c.CloseTimeout = d.CloseTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// maxOwnerPrefix leaves room for "." and a 20-digit connection number.
+const maxOwnerPrefix = locksm.MaxOwnerLen - 21
+
+// Validate reports the first problem with c (zero fields take their
+// defaults first). Errors wrap ErrInvalidConfig.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...)
+	}
+	switch {
+	case c.Path == "":
+		return bad("Path is required")
+	case len(c.Path) > 107:
+		// sockaddr_un.sun_path is 108 bytes on Linux, NUL included.
+		return bad("Path %q is %d bytes; unix socket paths are limited to 107", c.Path, len(c.Path))
+	case c.Mode&^fs.ModePerm != 0:
+		return bad("Mode %v has bits beyond the permission bits", c.Mode)
+	case c.MaxLineLen < 300 || c.MaxLineLen > 1<<20:
+		return bad("MaxLineLen %d outside 300..1048576", c.MaxLineLen)
+	case c.MaxConns < 1:
+		return bad("MaxConns %d < 1", c.MaxConns)
+	case c.MaxInFlight < 1:
+		return bad("MaxInFlight %d < 1", c.MaxInFlight)
+	case c.CloseTimeout < 0:
+		return bad("CloseTimeout %v < 0", c.CloseTimeout)
+	case len(c.OwnerPrefix) > maxOwnerPrefix:
+		return bad("OwnerPrefix is %d bytes, at most %d", len(c.OwnerPrefix), maxOwnerPrefix)
+	}
+	for i := 0; i < len(c.OwnerPrefix); i++ {
+		if b := c.OwnerPrefix[i]; b < 0x21 || b > 0x7E {
+			return bad("OwnerPrefix %q: byte 0x%02x outside 0x21..0x7E", c.OwnerPrefix, b)
+		}
+	}
+	return nil
+}
+
+func defaultOwnerPrefix() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "sidecar"
+	}
+	b := []byte(host)
+	for i, c := range b {
+		if c < 0x21 || c > 0x7E {
+			b[i] = '_'
+		}
+	}
+	pid := strconv.Itoa(os.Getpid())
+	if len(b) > maxOwnerPrefix-1-len(pid) {
+		b = b[:maxOwnerPrefix-1-len(pid)]
+	}
+	return string(b) + "/" + pid
+}

@@ -1,0 +1,300 @@
+package unixapi
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"ticketing/locksm"
+)
+
+// This file is the protocol's parser, kept free of sockets, locks and
+// goroutines so it can be tested byte by byte and fuzzed: LineSplitter turns
+// a byte stream into lines with a bounded buffer, ParseLine turns one line
+// into a Request.
+
+// Protocol limits.
+const (
+	// DefaultMaxLineLen is the longest request line in bytes, the "\n"
+	// excluded (a "\r" before it counts). The longest valid request,
+	// RELEASE with a 255-byte key and a 20-digit token, is 284 bytes, so
+	// 1024 leaves room for future optional fields.
+	DefaultMaxLineLen = 1024
+	// MaxWait is the longest wait an ACQUIRE may ask for.
+	MaxWait = locksm.MaxWaitMs * time.Millisecond
+	// snippetLen bounds how much of the offending input an error quotes.
+	snippetLen = 32
+)
+
+// Parser errors. The codes they answer with are in the one error table in
+// errors.go. Field errors reuse the locksm sentinels (locksm.ErrInvalidKey,
+// locksm.ErrInvalidLease, locksm.ErrInvalidWait) so a bad key answers
+// invalid_key whether the sidecar or the cluster noticed it.
+var (
+	// ErrBadRequest: wrong number of fields, empty fields, stray spaces.
+	ErrBadRequest = errors.New("unixapi: bad request")
+	// ErrUnknownVerb: the first field is not a verb of the protocol.
+	ErrUnknownVerb = errors.New("unixapi: unknown verb")
+	// ErrLineTooLong: a line exceeded the maximum length. The stream cannot
+	// be resynchronised reliably, so the connection is closed after the
+	// reply.
+	ErrLineTooLong = errors.New("unixapi: line too long")
+	// ErrInvalidToken: a token that is not a decimal u64 in 1..2^64-1.
+	ErrInvalidToken = errors.New("unixapi: invalid token")
+)
+
+// Verb is a request verb.
+type Verb uint8
+
+// The verbs of the protocol.
+const (
+	VerbPing Verb = iota + 1
+	VerbAcquire
+	VerbRelease
+	VerbInfo
+	VerbHeld
+)
+
+var verbNames = map[string]Verb{
+	"PING": VerbPing, "ACQUIRE": VerbAcquire, "RELEASE": VerbRelease, "INFO": VerbInfo, "HELD": VerbHeld,
+}
+
+// String returns the verb as it appears on the wire.
+func (v Verb) String() string {
+	for name, x := range verbNames {
+		if x == v {
+			return name
+		}
+	}
+	return "?"
+}
+
+// Request is one parsed request line.
+type Request struct {
+	Verb  Verb
+	Key   string        // ACQUIRE, RELEASE
+	Lease time.Duration // ACQUIRE: whole seconds, 1..250 s
+	Wait  time.Duration // ACQUIRE: milliseconds, 0..MaxWait
+	Token uint64        // RELEASE
+}
+
+// ParseLine parses one request line, without its "\n" (a trailing "\r" is
+// tolerated). Errors wrap one of the sentinels above or a locksm field
+// sentinel, and quote at most a short snippet of the input.
+func ParseLine(line []byte) (Request, error) {
+	line = bytes.TrimSuffix(line, []byte("\r"))
+	if len(line) == 0 {
+		return Request{}, fmt.Errorf("%w: empty line", ErrBadRequest)
+	}
+	var f [5][]byte
+	n := 0
+	for rest := line; ; {
+		i := bytes.IndexByte(rest, ' ')
+		if n == len(f) {
+			return Request{}, fmt.Errorf("%w: too many fields in %s", ErrBadRequest, snippet(line))
+		}
+		if i < 0 {
+			f[n] = rest
+			n++
+			break
+		}
+		f[n] = rest[:i]
+		n++
+		rest = rest[i+1:]
+	}
+	for i := 0; i < n; i++ {
+		if len(f[i]) == 0 {
+			return Request{}, fmt.Errorf("%w: fields must be separated by exactly one space: %s", ErrBadRequest, snippet(line))
+		}
+	}
+	verb, ok := verbNames[string(f[0])]
+	if !ok {
+		return Request{}, fmt.Errorf("%w: %s (verbs are PING, ACQUIRE, RELEASE, INFO, HELD; upper case)", ErrUnknownVerb, snippet(f[0]))
+	}
+	want := map[Verb]int{VerbPing: 1, VerbInfo: 1, VerbHeld: 1, VerbAcquire: 4, VerbRelease: 3}[verb]
+	if n != want {
+		return Request{}, fmt.Errorf("%w: %s takes %d arguments, got %d", ErrBadRequest, verb, want-1, n-1)
+	}
+	r := Request{Verb: verb}
+	var err error
+	switch verb {
+	case VerbAcquire:
+		if r.Key, err = parseKey(f[1]); err != nil {
+			return Request{}, err
+		}
+		if r.Lease, err = parseLease(f[2]); err != nil {
+			return Request{}, err
+		}
+		if r.Wait, err = parseWait(f[3]); err != nil {
+			return Request{}, err
+		}
+	case VerbRelease:
+		if r.Key, err = parseKey(f[1]); err != nil {
+			return Request{}, err
+		}
+		if r.Token, err = parseToken(f[2]); err != nil {
+			return Request{}, err
+		}
+	}
+	return r, nil
+}
+
+// parseKey checks the key constraints of locksm (1..255 bytes of 0x21..0x7E)
+// here, so a bad key never costs a round trip to the cluster.
+func parseKey(b []byte) (string, error) {
+	if len(b) > locksm.MaxKeyLen {
+		return "", fmt.Errorf("%w: %d bytes, at most %d", locksm.ErrInvalidKey, len(b), locksm.MaxKeyLen)
+	}
+	for _, c := range b {
+		if c < 0x21 || c > 0x7E {
+			return "", fmt.Errorf("%w: byte 0x%02x in %s (keys are visible ASCII 0x21..0x7E)", locksm.ErrInvalidKey, c, snippet(b))
+		}
+	}
+	return string(b), nil
+}
+
+func parseLease(b []byte) (time.Duration, error) {
+	v, ok := digits(b, 3)
+	if !ok || v < locksm.MinLeaseSec || v > locksm.MaxLeaseSec {
+		return 0, fmt.Errorf("%w: %s (whole seconds %d..%d)", locksm.ErrInvalidLease, snippet(b), locksm.MinLeaseSec, locksm.MaxLeaseSec)
+	}
+	return time.Duration(v) * time.Second, nil
+}
+
+// parseWait accepts DIGITS or DIGITS "." 1*3DIGIT: seconds down to
+// milliseconds, without signs, exponents or rounding, so two clients that
+// send the same text always mean the same wait.
+func parseWait(b []byte) (time.Duration, error) {
+	bad := func() (time.Duration, error) {
+		return 0, fmt.Errorf("%w: %s (seconds 0..%d, up to 3 decimals, e.g. 2.5)", locksm.ErrInvalidWait, snippet(b), int(MaxWait/time.Second))
+	}
+	whole, frac, dot := bytes.Cut(b, []byte("."))
+	sec, ok := digits(whole, 3)
+	if !ok {
+		return bad()
+	}
+	var ms uint64
+	if dot {
+		if len(frac) == 0 || len(frac) > 3 {
+			return bad()
+		}
+		f, ok := digits(frac, 3)
+		if !ok {
+			return bad()
+		}
+		for i := len(frac); i < 3; i++ {
+			f *= 10
+		}
+		ms = f
+	}
+	d := time.Duration(sec)*time.Second + time.Duration(ms)*time.Millisecond
+	if d > MaxWait {
+		return bad()
+	}
+	return d, nil
+}
+
+func parseToken(b []byte) (uint64, error) {
+	v, ok := digits(b, 20)
+	if ok && len(b) == 20 {
+		// 20 digits may overflow u64; let strconv decide.
+		var err error
+		v, err = strconv.ParseUint(string(b), 10, 64)
+		ok = err == nil
+	}
+	if !ok || v == 0 {
+		return 0, fmt.Errorf("%w: %s (a decimal number 1..18446744073709551615)", ErrInvalidToken, snippet(b))
+	}
+	return v, nil
+}
+
+// digits parses 1..max ASCII digits. For max < 20 the value cannot
+// overflow; for max == 20 the caller re-checks 20-digit values.
+func digits(b []byte, max int) (uint64, bool) {
+	if len(b) == 0 || len(b) > max {
+		return 0, false
+	}
+	var v uint64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		v = v*10 + uint64(c-'0')
+	}
+	return v, true
+}
+
+// snippet quotes at most snippetLen bytes of b for an error message, with
+// every byte outside visible ASCII escaped, so a reply line can never carry
+// a newline or a control byte from the input.
+func snippet(b []byte) string {
+	cut := len(b) > snippetLen
+	if cut {
+		b = b[:snippetLen]
+	}
+	s := strconv.QuoteToASCII(string(b))
+	if cut {
+		s += "..."
+	}
+	return s
+}
+
+// LineSplitter cuts a byte stream into lines of at most max bytes (the "\n"
+// excluded). It buffers at most one partial line, so its memory is bounded
+// by max whatever the peer sends. The zero value is not usable; use
+// NewLineSplitter.
+type LineSplitter struct {
+	max     int
+	partial []byte // bytes of the current line not yet terminated
+}
+
+// NewLineSplitter returns a splitter for lines of at most max bytes.
+func NewLineSplitter(max int) *LineSplitter {
+	return &LineSplitter{max: max}
+}
+
+// Feed consumes p and calls fn with every line it completes, in order. The
+// slice passed to fn is only valid during the call. If a line exceeds the
+// limit, Feed stops and returns an error wrapping ErrLineTooLong; the
+// splitter must not be fed again (the stream cannot be resynchronised). If
+// fn returns false, Feed stops and returns nil; the rest of p is dropped.
+func (s *LineSplitter) Feed(p []byte, fn func(line []byte) bool) error {
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n')
+		if i < 0 {
+			if len(s.partial)+len(p) > s.max {
+				return s.tooLong(p)
+			}
+			s.partial = append(s.partial, p...)
+			return nil
+		}
+		if len(s.partial)+i > s.max {
+			return s.tooLong(p[:i])
+		}
+		line := p[:i]
+		if len(s.partial) > 0 {
+			s.partial = append(s.partial, line...)
+			line = s.partial
+		}
+		p = p[i+1:]
+		ok := fn(line)
+		s.partial = s.partial[:0]
+		if !ok {
+			return nil
+		}
+	}
+	return nil
+}
+
+// Buffered reports how many bytes of an unterminated line are held.
+func (s *LineSplitter) Buffered() int { return len(s.partial) }
+
+func (s *LineSplitter) tooLong(p []byte) error {
+	head := s.partial
+	if len(head) < snippetLen {
+		head = append(head[:len(head):len(head)], p[:min(len(p), snippetLen)]...)
+	}
+	return fmt.Errorf("%w: a line longer than %d bytes, starting %s", ErrLineTooLong, s.max, snippet(head))
+}

@@ -1,0 +1,221 @@
+package unixapi
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"ticketing/locksm"
+)
+
+func TestParseLineValid(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want Request
+	}{
+		{"PING", Request{Verb: VerbPing}},
+		{"PING\r", Request{Verb: VerbPing}},
+		{"INFO", Request{Verb: VerbInfo}},
+		{"HELD", Request{Verb: VerbHeld}},
+		{"ACQUIRE seats/42 30 5", Request{Verb: VerbAcquire, Key: "seats/42", Lease: 30 * time.Second, Wait: 5 * time.Second}},
+		{"ACQUIRE k 1 0", Request{Verb: VerbAcquire, Key: "k", Lease: time.Second}},
+		{"ACQUIRE k 250 300", Request{Verb: VerbAcquire, Key: "k", Lease: 250 * time.Second, Wait: 300 * time.Second}},
+		{"ACQUIRE k 10 2.5", Request{Verb: VerbAcquire, Key: "k", Lease: 10 * time.Second, Wait: 2500 * time.Millisecond}},
+		{"ACQUIRE k 10 0.05", Request{Verb: VerbAcquire, Key: "k", Lease: 10 * time.Second, Wait: 50 * time.Millisecond}},
+		{"ACQUIRE k 10 0.001", Request{Verb: VerbAcquire, Key: "k", Lease: 10 * time.Second, Wait: time.Millisecond}},
+		{"ACQUIRE k 10 299.999\r", Request{Verb: VerbAcquire, Key: "k", Lease: 10 * time.Second, Wait: 299999 * time.Millisecond}},
+		{"ACQUIRE a:b!~ 010 007", Request{Verb: VerbAcquire, Key: "a:b!~", Lease: 10 * time.Second, Wait: 7 * time.Second}},
+		{"RELEASE k 1", Request{Verb: VerbRelease, Key: "k", Token: 1}},
+		{"RELEASE k 18446744073709551615", Request{Verb: VerbRelease, Key: "k", Token: 1<<64 - 1}},
+		{"ACQUIRE " + strings.Repeat("k", 255) + " 1 0", Request{Verb: VerbAcquire, Key: strings.Repeat("k", 255), Lease: time.Second}},
+	} {
+		got, err := ParseLine([]byte(tc.in))
+		if err != nil || got != tc.want {
+			t.Errorf("ParseLine(%q) = %+v, %v; want %+v", tc.in, got, err, tc.want)
+		}
+	}
+}
+
+func TestParseLineErrors(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want error
+		code string
+	}{
+		{"", ErrBadRequest, "bad_request"},
+		{"\r", ErrBadRequest, "bad_request"},
+		{"ping", ErrUnknownVerb, "unknown_verb"},
+		{"LOCK k", ErrUnknownVerb, "unknown_verb"},
+		{" PING", ErrBadRequest, "bad_request"},
+		{"PING ", ErrBadRequest, "bad_request"},
+		{"PING x", ErrBadRequest, "bad_request"},
+		{"ACQUIRE k  1 0", ErrBadRequest, "bad_request"},
+		{"ACQUIRE k 1", ErrBadRequest, "bad_request"},
+		{"ACQUIRE k 1 0 x", ErrBadRequest, "bad_request"},
+		{"ACQUIRE k 1 0 x y z", ErrBadRequest, "bad_request"},
+		{"ACQUIRE k\t 1 0", locksm.ErrInvalidKey, "invalid_key"},
+		{"ACQUIRE \x80 1 0", locksm.ErrInvalidKey, "invalid_key"},
+		{"ACQUIRE " + strings.Repeat("k", 256) + " 1 0", locksm.ErrInvalidKey, "invalid_key"},
+		{"ACQUIRE k 0 0", locksm.ErrInvalidLease, "invalid_lease"},
+		{"ACQUIRE k 251 0", locksm.ErrInvalidLease, "invalid_lease"},
+		{"ACQUIRE k 1.5 0", locksm.ErrInvalidLease, "invalid_lease"},
+		{"ACQUIRE k -1 0", locksm.ErrInvalidLease, "invalid_lease"},
+		{"ACQUIRE k 99999999999999999999999 0", locksm.ErrInvalidLease, "invalid_lease"},
+		{"ACQUIRE k 1 300.001", locksm.ErrInvalidWait, "invalid_wait"},
+		{"ACQUIRE k 1 301", locksm.ErrInvalidWait, "invalid_wait"},
+		{"ACQUIRE k 1 1.", locksm.ErrInvalidWait, "invalid_wait"},
+		{"ACQUIRE k 1 .5", locksm.ErrInvalidWait, "invalid_wait"},
+		{"ACQUIRE k 1 0.0001", locksm.ErrInvalidWait, "invalid_wait"},
+		{"ACQUIRE k 1 -1", locksm.ErrInvalidWait, "invalid_wait"},
+		{"ACQUIRE k 1 1e3", locksm.ErrInvalidWait, "invalid_wait"},
+		{"ACQUIRE k 1 inf", locksm.ErrInvalidWait, "invalid_wait"},
+		{"RELEASE k 0", ErrInvalidToken, "invalid_token"},
+		{"RELEASE k 18446744073709551616", ErrInvalidToken, "invalid_token"},
+		{"RELEASE k 99999999999999999999", ErrInvalidToken, "invalid_token"},
+		{"RELEASE k 123456789012345678901", ErrInvalidToken, "invalid_token"},
+		{"RELEASE k x", ErrInvalidToken, "invalid_token"},
+		{"RELEASE k", ErrBadRequest, "bad_request"},
+	} {
+		_, err := ParseLine([]byte(tc.in))
+		if !errors.Is(err, tc.want) {
+			t.Errorf("ParseLine(%q) err = %v; want %v", tc.in, err, tc.want)
+			continue
+		}
+		if got := codeOf(err); got != tc.code {
+			t.Errorf("ParseLine(%q): code %q, want %q", tc.in, got, tc.code)
+		}
+		checkReplyLine(t, replyFor(err))
+	}
+}
+
+// checkReplyLine: a reply is one line of visible ASCII and spaces.
+func checkReplyLine(t *testing.T, s string) {
+	t.Helper()
+	if len(s) == 0 || len(s) > 512 {
+		t.Fatalf("reply %q: length %d", s, len(s))
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] > 0x7E {
+			t.Fatalf("reply %q has byte 0x%02x", s, s[i])
+		}
+	}
+}
+
+// splitAll feeds data to a splitter in chunks cut at the given offsets and
+// returns the lines and the error.
+func splitAll(max int, data []byte, cuts ...int) ([]string, error) {
+	s := NewLineSplitter(max)
+	var lines []string
+	prev := 0
+	for _, c := range append(cuts, len(data)) {
+		if err := s.Feed(data[prev:c], func(l []byte) bool { lines = append(lines, string(l)); return true }); err != nil {
+			return lines, err
+		}
+		prev = c
+	}
+	return lines, nil
+}
+
+// Every request, split at every byte offset (and at every pair of
+// offsets), comes out as the same lines and the same requests.
+func TestSplitEveryOffset(t *testing.T) {
+	stream := []byte("PING\nACQUIRE seats/42 30 2.5\r\nRELEASE seats/42 17\nINFO\nHELD\nACQUIRE x 0 0\n")
+	want, err := splitAll(1024, stream)
+	if err != nil || len(want) != 6 {
+		t.Fatalf("whole: %q %v", want, err)
+	}
+	for i := 0; i <= len(stream); i++ {
+		for j := i; j <= len(stream); j++ {
+			got, err := splitAll(1024, stream, i, j)
+			if err != nil || strings.Join(got, "|") != strings.Join(want, "|") {
+				t.Fatalf("cut at %d,%d: %q %v", i, j, got, err)
+			}
+		}
+	}
+	for i, l := range want {
+		r, err := ParseLine([]byte(l))
+		if (i == 5) != (err != nil) {
+			t.Fatalf("line %q: %+v %v", l, r, err)
+		}
+	}
+}
+
+func TestSplitLineTooLong(t *testing.T) {
+	max := 300
+	ok := append(bytes.Repeat([]byte("a"), max), '\n')
+	long := append(bytes.Repeat([]byte("b"), max+1), '\n')
+	stream := append(append([]byte("PING\n"), ok...), long...)
+	for i := 0; i <= len(stream); i++ {
+		lines, err := splitAll(max, stream, i)
+		if !errors.Is(err, ErrLineTooLong) || len(lines) != 2 {
+			t.Fatalf("cut at %d: %d lines, err %v", i, len(lines), err)
+		}
+		if codeOf(err) != "line_too_long" {
+			t.Fatalf("code %q", codeOf(err))
+		}
+		checkReplyLine(t, replyFor(err))
+	}
+	// The limit is enforced before the newline arrives: memory stays
+	// bounded however much a peer sends without one.
+	s := NewLineSplitter(max)
+	var err error
+	for n := 0; err == nil && n < 10*max; n++ {
+		err = s.Feed([]byte("x"), func([]byte) bool { return true })
+		if s.Buffered() > max {
+			t.Fatalf("buffered %d > %d", s.Buffered(), max)
+		}
+	}
+	if !errors.Is(err, ErrLineTooLong) {
+		t.Fatalf("no error after 10x max without a newline: %v", err)
+	}
+}
+
+func FuzzParseLine(f *testing.F) {
+	for _, s := range []string{
+		"PING\n", "ACQUIRE seats/42 30 2.5\r\n", "RELEASE k 18446744073709551615\n", "INFO\nHELD\n",
+		"ACQUIRE k 1 300.000\n", "RELEASE k 18446744073709551616\n", "ACQUIRE  k 1 0\n", "\n\n\r\n",
+		"ACQUIRE k\x00 1 0\n", strings.Repeat("A", 400) + "\n", "ACQUIRE k 1 .5\nPING",
+	} {
+		f.Add([]byte(s), uint16(3))
+	}
+	f.Fuzz(func(t *testing.T, data []byte, cut uint16) {
+		const max = 300
+		c := int(cut) % (len(data) + 1)
+		s := NewLineSplitter(max)
+		n := 0
+		check := func(l []byte) bool {
+			n++
+			if len(l) > max || bytes.IndexByte(l, '\n') >= 0 {
+				t.Fatalf("line of %d bytes with newline=%v", len(l), bytes.IndexByte(l, '\n') >= 0)
+			}
+			r, err := ParseLine(l)
+			if err != nil {
+				if r != (Request{}) {
+					t.Fatalf("error with a request: %+v", r)
+				}
+				checkReplyLine(t, replyFor(err))
+				return true
+			}
+			// A valid request respects every limit of the protocol.
+			if r.Lease < 0 || r.Lease > 250*time.Second || r.Wait < 0 || r.Wait > MaxWait || len(r.Key) > locksm.MaxKeyLen {
+				t.Fatalf("out of range: %+v", r)
+			}
+			if (r.Verb == VerbAcquire || r.Verb == VerbRelease) && r.Key == "" {
+				t.Fatalf("empty key: %+v", r)
+			}
+			return true
+		}
+		if err := s.Feed(data[:c], check); err != nil {
+			return
+		}
+		if s.Buffered() > max {
+			t.Fatalf("buffered %d", s.Buffered())
+		}
+		s.Feed(data[c:], check)
+		if s.Buffered() > max {
+			t.Fatalf("buffered %d", s.Buffered())
+		}
+	})
+}

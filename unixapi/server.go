@@ -1,0 +1,347 @@
+// Package unixapi serves Ticketing's local API: a line protocol over a unix
+// stream socket (PROTOCOL.md next to this file is the contract), backed by a
+// sidecar.Broker that holds the persistent connections to the cluster.
+//
+// A connection is a session. It owns what it acquires: only it may release
+// those locks, and when it closes (the client exits or crashes) the server
+// releases every lock it holds at once with the known token and cancels its
+// pending acquires, so a crashed event server frees its keys in
+// milliseconds rather than at lease expiry.
+//
+// The package has three parts: parser.go (a socket-free, bounded line
+// splitter and parser), errors.go (the one table from errors to reply
+// lines) and this file with session.go (sockets, sessions, ordering).
+package unixapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"ticketing/sidecar"
+)
+
+// Broker is what the server needs of a *sidecar.Broker; tests may fake it.
+type Broker interface {
+	Acquire(ctx context.Context, key, owner string, lease, wait time.Duration) (sidecar.Lock, error)
+	Release(ctx context.Context, l sidecar.Lock) error
+	Compensate(l sidecar.Lock)
+	Info() sidecar.Info
+}
+
+var _ Broker = (*sidecar.Broker)(nil)
+
+// Server serves the unix API on one socket. Create it with Listen.
+type Server struct {
+	cfg    Config
+	broker Broker
+	log    *slog.Logger
+	ln     *net.UnixListener
+	sockFI os.FileInfo // the socket file we created, to remove only ours
+
+	// hardCtx bounds RELEASE calls, which outlive their connection on
+	// purpose (a release already asked for is finished, not abandoned);
+	// Close cancels it only when its grace period is over.
+	hardCtx    context.Context
+	hardCancel context.CancelFunc
+
+	connSeq  atomic.Uint64
+	mu       sync.Mutex
+	sessions map[*session]struct{}
+	closed   bool
+	wg       sync.WaitGroup // accept loop and every session
+}
+
+// Listen creates the socket at cfg.Path with cfg.Mode and cfg.Group and
+// starts serving it in the background.
+func Listen(cfg Config, b Broker) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	if b == nil {
+		return nil, fmt.Errorf("%w: nil broker", ErrInvalidConfig)
+	}
+	gid := -1
+	if cfg.Group != "" {
+		var err error
+		if gid, err = lookupGroup(cfg.Group); err != nil {
+			return nil, fmt.Errorf("%w: Group: %w", ErrInvalidConfig, err)
+		}
+	}
+	ln, fi, err := listenSocket(cfg.Path, cfg.Mode, gid)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{
+		cfg: cfg, broker: b, log: cfg.Logger.With("socket", cfg.Path), ln: ln, sockFI: fi,
+		sessions: map[*session]struct{}{},
+	}
+	s.hardCtx, s.hardCancel = context.WithCancel(context.Background())
+	s.wg.Add(1)
+	go s.acceptLoop()
+	s.log.Info("unix API listening", "mode", fmt.Sprintf("%#o", cfg.Mode), "group", cfg.Group,
+		"allow_uids", cfg.AllowUIDs, "owner_prefix", cfg.OwnerPrefix)
+	return s, nil
+}
+
+// Path returns the socket path.
+func (s *Server) Path() string { return s.cfg.Path }
+
+// Conns returns the number of connections being served.
+func (s *Server) Conns() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.sessions)
+}
+
+// Close stops accepting, ends every session (releasing each held lock with
+// Compensate and cancelling pending acquires), waits up to CloseTimeout for
+// in-flight requests, and removes the socket file. The broker is the
+// caller's to close, afterwards.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	sessions := make([]*session, 0, len(s.sessions))
+	for ss := range s.sessions {
+		sessions = append(sessions, ss)
+	}
+	s.mu.Unlock()
+	err := s.ln.Close()
+	// Only remove the file if it is still the socket we created: a second
+	// sidecar started by mistake must not lose its socket to our shutdown.
+	if fi, lerr := os.Lstat(s.cfg.Path); lerr == nil && os.SameFile(fi, s.sockFI) {
+		os.Remove(s.cfg.Path)
+	}
+	for _, ss := range sessions {
+		ss.end("server closing")
+	}
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(s.cfg.CloseTimeout):
+		s.log.Warn("requests still running at close; abandoning them", "after", s.cfg.CloseTimeout)
+		s.hardCancel()
+		select {
+		case <-done:
+		case <-time.After(time.Second):
+		}
+	}
+	s.hardCancel()
+	if errors.Is(err, net.ErrClosed) {
+		err = nil
+	}
+	return err
+}
+
+func (s *Server) acceptLoop() {
+	defer s.wg.Done()
+	var backoff time.Duration
+	for {
+		c, err := s.ln.AcceptUnix()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// EMFILE and friends: back off instead of spinning, as
+			// net/http does.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			s.log.Warn("accept", "err", err, "retry_in", backoff)
+			time.Sleep(backoff)
+			continue
+		}
+		backoff = 0
+		s.admit(c)
+	}
+}
+
+// admit checks the peer and the connection limit, then starts a session.
+func (s *Server) admit(c *net.UnixConn) {
+	id := s.connSeq.Add(1)
+	cred, err := peerCred(c)
+	log := s.log.With("conn", id)
+	if err != nil {
+		log.Warn("SO_PEERCRED failed; refusing", "err", err)
+		s.refuse(c, fmt.Errorf("%w: cannot read peer credentials", ErrForbidden))
+		return
+	}
+	log = log.With("uid", cred.Uid, "gid", cred.Gid, "pid", cred.Pid)
+	if !s.allowed(cred.Uid) {
+		log.Warn("peer uid not allowed; refusing")
+		s.refuse(c, fmt.Errorf("%w: uid %d may not use this socket", ErrForbidden, cred.Uid))
+		return
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		s.refuse(c, ErrServerClosed)
+		return
+	}
+	if len(s.sessions) >= s.cfg.MaxConns {
+		s.mu.Unlock()
+		log.Warn("too many connections; refusing", "max", s.cfg.MaxConns)
+		s.refuse(c, fmt.Errorf("%w: the sidecar serves %d connections already", ErrTooManyConns, s.cfg.MaxConns))
+		return
+	}
+	ss := newSession(s, c, id, log)
+	s.sessions[ss] = struct{}{}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	go func() {
+		defer s.wg.Done()
+		ss.run()
+		s.mu.Lock()
+		delete(s.sessions, ss)
+		s.mu.Unlock()
+	}()
+}
+
+// refuse answers one ERR line and closes, off the accept loop so a peer that
+// never reads cannot stall accepting.
+func (s *Server) refuse(c *net.UnixConn, err error) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		c.SetWriteDeadline(time.Now().Add(time.Second))
+		c.Write([]byte(replyFor(err) + "\n"))
+		c.Close()
+	}()
+}
+
+func (s *Server) allowed(uid uint32) bool {
+	if s.cfg.AllowUIDs == nil {
+		return true
+	}
+	for _, u := range s.cfg.AllowUIDs {
+		if u == uid {
+			return true
+		}
+	}
+	return false
+}
+
+// peerCred reads the peer's credentials as the kernel recorded them at
+// connect time (SO_PEERCRED), which the peer cannot forge.
+func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cred *unix.Ucred
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, serr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return nil, err
+	}
+	return cred, serr
+}
+
+func lookupGroup(g string) (int, error) {
+	if n, err := strconv.Atoi(g); err == nil && n >= 0 {
+		return n, nil
+	}
+	grp, err := user.LookupGroup(g)
+	if err != nil {
+		return -1, err
+	}
+	return strconv.Atoi(grp.Gid)
+}
+
+// listenSocket creates the listening socket at path with mode and gid
+// (gid -1: unchanged). To be umask-safe it binds a temporary name in the
+// same directory, sets mode and group there, and only then renames it into
+// place (without replacing anything), so no client ever sees the socket
+// with looser permissions than asked for.
+func listenSocket(path string, mode os.FileMode, gid int) (*net.UnixListener, os.FileInfo, error) {
+	if err := removeStale(path); err != nil {
+		return nil, nil, err
+	}
+	tmp := filepath.Join(filepath.Dir(path), fmt.Sprintf(".%s.%d.tmp", filepath.Base(path), os.Getpid()))
+	if len(tmp) > 107 {
+		// No room for a temporary name: bind in place; the umask decides
+		// the mode until the chmod below.
+		tmp = path
+	}
+	os.Remove(tmp) // a leftover of a crashed earlier run with our pid
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
+	if err != nil {
+		return nil, nil, err
+	}
+	// We remove the file ourselves in Close, and only if it is still ours.
+	ln.SetUnlinkOnClose(false)
+	fail := func(err error) (*net.UnixListener, os.FileInfo, error) {
+		ln.Close()
+		os.Remove(tmp)
+		return nil, nil, err
+	}
+	if err := os.Chmod(tmp, mode); err != nil {
+		return fail(err)
+	}
+	if gid >= 0 {
+		if err := os.Chown(tmp, -1, gid); err != nil {
+			return fail(fmt.Errorf("chown socket to gid %d: %w", gid, err))
+		}
+	}
+	if tmp != path {
+		err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, path, unix.RENAME_NOREPLACE)
+		if errors.Is(err, syscall.EINVAL) || errors.Is(err, syscall.ENOSYS) {
+			err = os.Rename(tmp, path) // file system without RENAME_NOREPLACE
+		}
+		if errors.Is(err, syscall.EEXIST) {
+			return fail(fmt.Errorf("%w: %s appeared while starting (another sidecar?)", ErrSocketInUse, path))
+		}
+		if err != nil {
+			return fail(err)
+		}
+	}
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return fail(err)
+	}
+	return ln, fi, nil
+}
+
+// removeStale removes a socket file nobody accepts on (left by a crash). A
+// socket somebody accepts on, or any other kind of file, is left alone.
+func removeStale(path string) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if fi.Mode().Type() != os.ModeSocket {
+		return fmt.Errorf("%w: %s exists and is not a socket", ErrSocketInUse, path)
+	}
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err == nil {
+		c.Close()
+		return fmt.Errorf("%w: a process is accepting connections on %s", ErrSocketInUse, path)
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		return fmt.Errorf("%w: cannot tell whether %s is in use: %w", ErrSocketInUse, path, err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}

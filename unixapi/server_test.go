@@ -1,0 +1,451 @@
+package unixapi_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"ticketing/cluster"
+	"ticketing/cluster/local"
+	"ticketing/sidecar"
+	"ticketing/unixapi"
+)
+
+// One real 3-node cluster and one real Broker serve every test of the
+// package (each test uses its own keys and its own socket), to keep the
+// package's run time short.
+var (
+	testCluster *local.Cluster
+	testBroker  *sidecar.Broker
+	keySeq      atomic.Int64
+)
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "unixapi-test-")
+	if err != nil {
+		panic(err)
+	}
+	code := func() int {
+		testCluster, err = local.Start(local.Options{Dir: dir, Tune: func(cfg *cluster.Config) {
+			cfg.HeartbeatTimeout = 400 * time.Millisecond
+			cfg.ElectionTimeout = 400 * time.Millisecond
+			cfg.LeaderLeaseTimeout = 200 * time.Millisecond
+			cfg.CommitTimeout = 10 * time.Millisecond
+		}, Logger: testLogger()})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer testCluster.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := testCluster.Leader(ctx); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		cfg := sidecar.DefaultConfig()
+		cfg.Addrs, cfg.Secret, cfg.ClusterID, cfg.Logger = testCluster.ClientAddrs(), testCluster.ClientSecret, testCluster.ClusterID, testLogger()
+		if testBroker, err = sidecar.New(cfg); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer testBroker.Close()
+		return m.Run()
+	}()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func testLogger() *slog.Logger {
+	if os.Getenv("TICKETING_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+func key(t *testing.T) string {
+	return fmt.Sprintf("%s/%d", t.Name(), keySeq.Add(1))
+}
+
+// sockPath returns a short socket path (sun_path is limited to 107 bytes,
+// and t.TempDir() paths can be long).
+func sockPath(t *testing.T) string {
+	dir, err := os.MkdirTemp("", "ux")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return filepath.Join(dir, "s")
+}
+
+func serve(t *testing.T, tune func(*unixapi.Config)) *unixapi.Server {
+	t.Helper()
+	cfg := unixapi.DefaultConfig()
+	cfg.Path = sockPath(t)
+	cfg.Logger = testLogger()
+	if tune != nil {
+		tune(&cfg)
+	}
+	s, err := unixapi.Listen(cfg, testBroker)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	// Wait until the broker knows a leader, so the first ACQUIRE is fast.
+	c := dial(t, s)
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		if !strings.Contains(c.do("INFO"), "leader=-") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("broker never learned a leader")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	c.close()
+	for s.Conns() != 0 {
+		time.Sleep(time.Millisecond)
+	}
+	return s
+}
+
+// conn is a raw protocol connection.
+type conn struct {
+	t  *testing.T
+	c  net.Conn
+	br *bufio.Reader
+}
+
+func dial(t *testing.T, s *unixapi.Server) *conn {
+	t.Helper()
+	c, err := net.Dial("unix", s.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return &conn{t: t, c: c, br: bufio.NewReader(c)}
+}
+
+func (c *conn) send(lines ...string) {
+	c.t.Helper()
+	if _, err := c.c.Write([]byte(strings.Join(lines, "\n") + "\n")); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+func (c *conn) read() string {
+	c.t.Helper()
+	c.c.SetReadDeadline(time.Now().Add(15 * time.Second))
+	l, err := c.br.ReadString('\n')
+	if err != nil {
+		c.t.Fatalf("read: %v (got %q)", err, l)
+	}
+	return strings.TrimSuffix(l, "\n")
+}
+
+func (c *conn) do(line string) string {
+	c.t.Helper()
+	c.send(line)
+	return c.read()
+}
+
+func (c *conn) close() { c.c.Close() }
+
+func token(t *testing.T, reply string) uint64 {
+	t.Helper()
+	s, ok := strings.CutPrefix(reply, "OK ")
+	n, err := strconv.ParseUint(s, 10, 64)
+	if !ok || err != nil || n == 0 {
+		t.Fatalf("want OK <token>, got %q", reply)
+	}
+	return n
+}
+
+func expect(t *testing.T, got, want string) {
+	t.Helper()
+	if got != want {
+		t.Fatalf("got %q, want %q", got, want)
+	}
+}
+
+func expectPrefix(t *testing.T, got, prefix string) {
+	t.Helper()
+	if !strings.HasPrefix(got, prefix) {
+		t.Fatalf("got %q, want %q...", got, prefix)
+	}
+}
+
+// Three connections queue on one key; each release hands the key to the
+// next in arrival order with a larger token.
+func TestFIFOHandoff(t *testing.T) {
+	s := serve(t, nil)
+	k := key(t)
+	a := dial(t, s)
+	tok := token(t, a.do("ACQUIRE "+k+" 30 0"))
+	waiters := []*conn{dial(t, s), dial(t, s), dial(t, s)}
+	for _, w := range waiters {
+		w.send("ACQUIRE " + k + " 30 10")
+		time.Sleep(150 * time.Millisecond) // arrival order is the queue order
+	}
+	expect(t, dial(t, s).do("ACQUIRE "+k+" 30 0"), "BUSY")
+	holder, held := a, tok
+	for i, w := range waiters {
+		expect(t, holder.do(fmt.Sprintf("RELEASE %s %d", k, held)), "OK")
+		start := time.Now()
+		next := token(t, w.read())
+		if next <= held {
+			t.Fatalf("waiter %d: token %d not above %d", i, next, held)
+		}
+		if d := time.Since(start); d > time.Second {
+			t.Fatalf("waiter %d: hand-off took %v", i, d)
+		}
+		holder, held = w, next
+	}
+	expect(t, holder.do(fmt.Sprintf("RELEASE %s %d", k, held)), "OK")
+}
+
+func TestBusyAndTimeout(t *testing.T) {
+	s := serve(t, nil)
+	k := key(t)
+	a, b := dial(t, s), dial(t, s)
+	token(t, a.do("ACQUIRE "+k+" 10 0"))
+	expect(t, b.do("ACQUIRE "+k+" 10 0"), "BUSY")
+	// Not reentrant: the holder itself is busy too.
+	expect(t, a.do("ACQUIRE "+k+" 10 0"), "BUSY")
+	start := time.Now()
+	expect(t, b.do("ACQUIRE "+k+" 10 0.3"), "TIMEOUT")
+	if d := time.Since(start); d < 250*time.Millisecond {
+		t.Fatalf("TIMEOUT after %v, before the 0.3 s wait", d)
+	}
+	expect(t, b.do("HELD"), "HELD 0")
+}
+
+// Malformed lines answer ERR, in order with everything else, and leave the
+// connection and its locks alone.
+func TestMalformedLinesKeepConnection(t *testing.T) {
+	s := serve(t, nil)
+	k := key(t)
+	a := dial(t, s)
+	tok := token(t, a.do("ACQUIRE "+k+" 10 0"))
+	a.send("FROBNICATE", "", "ACQUIRE", "ACQUIRE "+k+" 0 0", "ACQUIRE "+k+" 10 301", "ACQUIRE k\x01 1 0",
+		"RELEASE "+k+" 0", "RELEASE "+k+" 99", "RELEASE other 1", "PING\r", "ping", "HELD")
+	for _, want := range []string{"ERR unknown_verb ", "ERR bad_request ", "ERR bad_request ", "ERR invalid_lease ",
+		"ERR invalid_wait ", "ERR invalid_key ", "ERR invalid_token ", "ERR token_mismatch ", "ERR not_held ",
+		"PONG", "ERR unknown_verb ", fmt.Sprintf("HELD 1 %s:%d", k, tok)} {
+		expectPrefix(t, a.read(), want)
+	}
+	expect(t, a.do(fmt.Sprintf("RELEASE %s %d", k, tok)), "OK")
+}
+
+// Replies come in request order, but a waiting ACQUIRE does not hold up
+// the RELEASE pipelined behind it.
+func TestPipelinedReleaseNotBlockedByWaitingAcquire(t *testing.T) {
+	s := serve(t, nil)
+	k1, k2 := key(t), key(t)
+	a, b := dial(t, s), dial(t, s)
+	t1 := token(t, a.do("ACQUIRE "+k1+" 30 0"))
+	token(t, b.do("ACQUIRE "+k2+" 30 0"))
+	a.send("ACQUIRE "+k2+" 30 3", fmt.Sprintf("RELEASE %s %d", k1, t1), "PING")
+	// The RELEASE runs while the ACQUIRE waits: b can take k1 now.
+	start := time.Now()
+	token(t, b.do("ACQUIRE "+k1+" 30 2"))
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("RELEASE behind a waiting ACQUIRE took effect after %v", d)
+	}
+	expect(t, a.read(), "TIMEOUT")
+	expect(t, a.read(), "OK")
+	expect(t, a.read(), "PONG")
+}
+
+func TestOverlongLineClosesAndReleases(t *testing.T) {
+	s := serve(t, nil)
+	k := key(t)
+	a, b := dial(t, s), dial(t, s)
+	tok := token(t, a.do("ACQUIRE "+k+" 30 0"))
+	b.send("ACQUIRE " + k + " 30 5")
+	time.Sleep(100 * time.Millisecond)
+	a.send("PING " + strings.Repeat("x", 2000))
+	expectPrefix(t, a.read(), "ERR line_too_long ")
+	a.c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if l, err := a.br.ReadString('\n'); err == nil {
+		t.Fatalf("connection still open after line_too_long: %q", l)
+	}
+	start := time.Now()
+	if next := token(t, b.read()); next <= tok {
+		t.Fatalf("token %d not above %d", next, tok)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("hand-off after close took %v", d)
+	}
+}
+
+// A pending ACQUIRE is cancelled when its connection closes: the key is
+// not granted to the dead connection (or, if the grant won the race, it is
+// released at once).
+func TestPendingAcquireCancelledOnClose(t *testing.T) {
+	s := serve(t, nil)
+	k := key(t)
+	a, b, c := dial(t, s), dial(t, s), dial(t, s)
+	tok := token(t, a.do("ACQUIRE "+k+" 30 0"))
+	b.send("ACQUIRE " + k + " 30 20")
+	time.Sleep(200 * time.Millisecond)
+	b.close()
+	time.Sleep(200 * time.Millisecond)
+	expect(t, a.do(fmt.Sprintf("RELEASE %s %d", k, tok)), "OK")
+	start := time.Now()
+	token(t, c.do("ACQUIRE "+k+" 30 5"))
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("key reached the next live waiter after %v", d)
+	}
+}
+
+// Another connection's bad input and releases never touch your locks.
+func TestOtherConnectionCannotTouchLocks(t *testing.T) {
+	s := serve(t, nil)
+	k := key(t)
+	a, b := dial(t, s), dial(t, s)
+	tok := token(t, a.do("ACQUIRE "+k+" 30 0"))
+	b.send("RELEASE "+k+" "+strconv.FormatUint(tok, 10), "\x00\xff garbage", "ACQUIRE "+k+" 30 0")
+	expectPrefix(t, b.read(), "ERR not_held ")
+	expectPrefix(t, b.read(), "ERR ")
+	expect(t, b.read(), "BUSY")
+	b.send(strings.Repeat("y", 3000))
+	expectPrefix(t, b.read(), "ERR line_too_long ")
+	expect(t, a.do("HELD"), fmt.Sprintf("HELD 1 %s:%d", k, tok))
+	expect(t, dial(t, s).do("ACQUIRE "+k+" 30 0"), "BUSY")
+}
+
+func TestAllowList(t *testing.T) {
+	uid := uint32(os.Getuid())
+	s := serve(t, func(c *unixapi.Config) { c.AllowUIDs = []uint32{uid} })
+	expect(t, dial(t, s).do("PING"), "PONG")
+	s2 := func() *unixapi.Server {
+		cfg := unixapi.DefaultConfig()
+		cfg.Path, cfg.Logger, cfg.AllowUIDs = sockPath(t), testLogger(), []uint32{uid + 1}
+		s, err := unixapi.Listen(cfg, testBroker)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}()
+	c := dial(t, s2)
+	c.send("PING")
+	expectPrefix(t, c.read(), "ERR forbidden ")
+	c.c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if l, err := c.br.ReadString('\n'); err == nil {
+		t.Fatalf("refused connection still open: %q", l)
+	}
+}
+
+func TestSocketFile(t *testing.T) {
+	s := serve(t, func(c *unixapi.Config) { c.Mode = 0o600 })
+	fi, err := os.Lstat(s.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Type() != os.ModeSocket || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("socket mode %v, want socket 0600", fi.Mode())
+	}
+	// A live socket is not taken over.
+	cfg := unixapi.DefaultConfig()
+	cfg.Path, cfg.Logger = s.Path(), testLogger()
+	if _, err := unixapi.Listen(cfg, testBroker); !errors.Is(err, unixapi.ErrSocketInUse) {
+		t.Fatalf("second Listen on a live socket: %v", err)
+	}
+	// Default mode 0660 whatever the umask; no temporary file left behind.
+	s2 := serve(t, nil)
+	fi, _ = os.Lstat(s2.Path())
+	if fi.Mode().Perm() != 0o660 {
+		t.Fatalf("default mode %v, want 0660", fi.Mode().Perm())
+	}
+	if ents, _ := os.ReadDir(filepath.Dir(s2.Path())); len(ents) != 1 {
+		t.Fatalf("socket dir holds %d entries", len(ents))
+	}
+	// A stale socket (nobody accepts) is replaced.
+	stale := sockPath(t)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: stale, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.SetUnlinkOnClose(false)
+	ln.Close()
+	cfg.Path = stale
+	s3, err := unixapi.Listen(cfg, testBroker)
+	if err != nil {
+		t.Fatalf("Listen over a stale socket: %v", err)
+	}
+	s3.Close()
+	if _, err := os.Lstat(stale); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("Close left the socket file: %v", err)
+	}
+	// A regular file is never removed.
+	if err := os.WriteFile(stale, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := unixapi.Listen(cfg, testBroker); !errors.Is(err, unixapi.ErrSocketInUse) {
+		t.Fatalf("Listen over a regular file: %v", err)
+	}
+}
+
+// Close releases every held lock and cancels pending acquires.
+func TestServerCloseReleases(t *testing.T) {
+	s := serve(t, nil)
+	k := key(t)
+	a := dial(t, s)
+	token(t, a.do("ACQUIRE "+k+" 30 0"))
+	other := serve(t, nil)
+	b := dial(t, other)
+	b.send("ACQUIRE " + k + " 30 5")
+	time.Sleep(100 * time.Millisecond)
+	start := time.Now()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	token(t, b.read())
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("hand-off after Close took %v", d)
+	}
+}
+
+func TestInfoAndConfig(t *testing.T) {
+	s := serve(t, nil)
+	got := dial(t, s).do("INFO")
+	if !strings.HasPrefix(got, "INFO cluster=dev leader=127.0.0.1:") || !strings.HasSuffix(got, "/3") {
+		t.Fatalf("INFO: %q", got)
+	}
+	for _, bad := range []func(*unixapi.Config){
+		func(c *unixapi.Config) { c.Path = "" },
+		func(c *unixapi.Config) { c.Path = strings.Repeat("p", 108) },
+		func(c *unixapi.Config) { c.MaxLineLen = 100 },
+		func(c *unixapi.Config) { c.OwnerPrefix = "has space" },
+		func(c *unixapi.Config) { c.OwnerPrefix = strings.Repeat("o", 108) },
+		func(c *unixapi.Config) { c.Mode = os.ModeSetuid | 0o600 },
+	} {
+		cfg := unixapi.DefaultConfig()
+		cfg.Path = "/tmp/x.sock"
+		bad(&cfg)
+		if err := cfg.Validate(); !errors.Is(err, unixapi.ErrInvalidConfig) {
+			t.Errorf("Validate(%+v) = %v", cfg, err)
+		}
+	}
+}
+
+func TestTooManyConnections(t *testing.T) {
+	s := serve(t, func(c *unixapi.Config) { c.MaxConns = 2 })
+	a, b := dial(t, s), dial(t, s)
+	expect(t, a.do("PING"), "PONG")
+	expect(t, b.do("PING"), "PONG")
+	c := dial(t, s)
+	expectPrefix(t, c.read(), "ERR too_many_connections ")
+}
