@@ -1,0 +1,80 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"syscall"
+	"testing"
+	"time"
+
+	"ticketing/cluster/local"
+	"ticketing/cluster/wire"
+	"ticketing/sidecar"
+)
+
+// The leader process is SIGKILLed while an acquire waits there: the broker
+// reports Indeterminate (never a grant that is then lost), keeps serving
+// through the new leader, and the holder's release succeeds there.
+func TestBrokerLeaderSIGKILLDuringPendingAcquire(t *testing.T) {
+	p, err := local.StartProcs(local.ProcOptions{Binary: binary, Dir: t.TempDir(),
+		ExtraArgs: []string{"--log-level", "warn"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	li, err := p.Leader(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := sidecar.DefaultConfig()
+	cfg.Addrs, cfg.Secret, cfg.ClusterID = p.ClientAddrs(), p.ClientSecret, p.ClusterID
+	b, err := sidecar.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	held, err := b.Acquire(ctx, "seats", "holder", 60*time.Second, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := b.Acquire(ctx, "seats", "waiter", 60*time.Second, 30*time.Second)
+		errc <- err
+	}()
+	// Wait until the leader has the waiter queued.
+	for {
+		st, err := p.Status(ctx, li)
+		if err == nil && st.Waiting == 1 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("waiter never queued")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := p.Signal(li, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; !errors.Is(err, sidecar.ErrIndeterminate) {
+		t.Fatalf("pending acquire at a SIGKILLed leader: %v, want ErrIndeterminate", err)
+	}
+	if err := b.Release(ctx, held); err != nil {
+		t.Fatalf("holder's release on the new leader: %v", err)
+	}
+	// The waiter was dropped by the new leader, so the key is free, not
+	// held by a waiter nobody listens to.
+	ni, err := p.Leader(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := p.Status(ctx, ni)
+	if err != nil || st.Type != wire.TypeStatusR || st.Held != 0 || st.Waiting != 0 {
+		t.Fatalf("after failover: %+v %v, want nothing held or waiting", st, err)
+	}
+	if _, err := b.Acquire(ctx, "seats", "next", 10*time.Second, 0); err != nil {
+		t.Fatalf("acquire after failover: %v", err)
+	}
+}
