@@ -16,15 +16,6 @@ import (
 	"ticketing/cluster/wire"
 )
 
-// Test timing: much shorter than production so elections take a fraction of
-// a second, but long enough for -race on two cores.
-func fastRaft(cfg *cluster.Config) {
-	cfg.HeartbeatTimeout = 400 * time.Millisecond
-	cfg.ElectionTimeout = 400 * time.Millisecond
-	cfg.LeaderLeaseTimeout = 200 * time.Millisecond
-	cfg.CommitTimeout = 10 * time.Millisecond
-}
-
 type testCluster struct {
 	*local.Cluster
 	t      *testing.T
@@ -42,7 +33,7 @@ func startCluster(t *testing.T, nodes int) *testCluster {
 	t.Helper()
 	faults := cluster.NewFaults()
 	c, err := local.Start(local.Options{
-		Dir: t.TempDir(), Nodes: nodes, Faults: faults, Tune: fastRaft, Logger: testLogger(t),
+		Dir: t.TempDir(), Nodes: nodes, Faults: faults, Tune: local.FastRaft, Logger: testLogger(t),
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -11,17 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"ticketing/cluster"
 	"ticketing/cluster/local"
 	"ticketing/locksm"
 )
-
-func fastRaft(cfg *cluster.Config) {
-	cfg.HeartbeatTimeout = 400 * time.Millisecond
-	cfg.ElectionTimeout = 400 * time.Millisecond
-	cfg.LeaderLeaseTimeout = 200 * time.Millisecond
-	cfg.CommitTimeout = 10 * time.Millisecond
-}
 
 func testLogger() *slog.Logger {
 	if os.Getenv("TICKETING_TEST_LOG") != "" {
@@ -32,7 +24,7 @@ func testLogger() *slog.Logger {
 
 func startCluster(t *testing.T) *local.Cluster {
 	t.Helper()
-	c, err := local.Start(local.Options{Dir: t.TempDir(), Tune: fastRaft, Logger: testLogger()})
+	c, err := local.Start(local.Options{Dir: t.TempDir(), Tune: local.FastRaft, Logger: testLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}

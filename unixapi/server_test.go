@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"ticketing/cluster"
 	"ticketing/cluster/local"
 	"ticketing/sidecar"
 	"ticketing/unixapi"
@@ -36,12 +35,7 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	code := func() int {
-		testCluster, err = local.Start(local.Options{Dir: dir, Tune: func(cfg *cluster.Config) {
-			cfg.HeartbeatTimeout = 400 * time.Millisecond
-			cfg.ElectionTimeout = 400 * time.Millisecond
-			cfg.LeaderLeaseTimeout = 200 * time.Millisecond
-			cfg.CommitTimeout = 10 * time.Millisecond
-		}, Logger: testLogger()})
+		testCluster, err = local.Start(local.Options{Dir: dir, Tune: local.FastRaft, Logger: testLogger()})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	ticketing "ticketing/clients/go"
-	"ticketing/cluster"
 	"ticketing/cluster/local"
 	"ticketing/sidecar"
 	"ticketing/unixapi"
@@ -30,12 +29,7 @@ func sidecarSocket(t *testing.T) string {
 	if s := os.Getenv("TICKETING_SOCKET"); s != "" {
 		return s
 	}
-	c, err := local.Start(local.Options{Dir: t.TempDir(), Tune: func(cfg *cluster.Config) {
-		cfg.HeartbeatTimeout = 400 * time.Millisecond
-		cfg.ElectionTimeout = 400 * time.Millisecond
-		cfg.LeaderLeaseTimeout = 200 * time.Millisecond
-		cfg.CommitTimeout = 10 * time.Millisecond
-	}})
+	c, err := local.Start(local.Options{Dir: t.TempDir(), Tune: local.FastRaft})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -265,3 +265,13 @@ func (c *Cluster) Close() error {
 	}
 	return errors.Join(errs...)
 }
+
+// FastRaft shortens the Raft timeouts for tests: elections take a fraction
+// of a second, yet heartbeats survive the race detector on two cores. Use
+// it as Options.Tune.
+func FastRaft(cfg *cluster.Config) {
+	cfg.HeartbeatTimeout = 400 * time.Millisecond
+	cfg.ElectionTimeout = 400 * time.Millisecond
+	cfg.LeaderLeaseTimeout = 200 * time.Millisecond
+	cfg.CommitTimeout = 10 * time.Millisecond
+}
