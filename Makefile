@@ -1,11 +1,25 @@
 # The README's commands. `make test` is what CI runs.
 GO ?= go
+PYTHON ?= python3
+NODE ?= node
 
-.PHONY: test vet build dev bench-failover bench-throughput fuzz
+.PHONY: test vet build dev bench-failover bench-throughput fuzz test-clients test-python test-node
 
-# Every test of the project, with the race detector (a few minutes on 2 cores).
+# Every test of the project, with the race detector (a few minutes on 2 cores),
+# then the Python and Node.js clients against a real `ticketing dev`.
 test: vet
 	$(GO) test -race -count=1 -timeout 20m ./...
+	$(MAKE) test-clients
+
+# The Python and Node.js client suites (each starts its own `ticketing dev`
+# on free ports, using the binary built once by `build`).
+test-clients: test-python test-node
+
+test-python: build
+	cd clients/python && TICKETING_BIN=$(CURDIR)/bin/ticketing $(PYTHON) -m unittest discover
+
+test-node: build
+	cd clients/node && TICKETING_BIN=$(CURDIR)/bin/ticketing $(NODE) --test test/
 
 vet:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -32,3 +46,4 @@ fuzz:
 	$(GO) test ./locksm -run '^$$' -fuzz FuzzReadSnapshot -fuzztime $(FUZZTIME)
 	$(GO) test ./cluster/wire -run '^$$' -fuzz FuzzSplitDecode -fuzztime $(FUZZTIME)
 	$(GO) test ./cluster/wire -run '^$$' -fuzz FuzzHandshake -fuzztime $(FUZZTIME)
+	$(GO) test ./unixapi -run '^$$' -fuzz FuzzParseLine -fuzztime $(FUZZTIME)

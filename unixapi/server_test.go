@@ -443,3 +443,28 @@ func TestTooManyConnections(t *testing.T) {
 	c := dial(t, s)
 	expectPrefix(t, c.read(), "ERR too_many_connections ")
 }
+
+// A client that only shuts down its sending side (`printf ... | socat`)
+// still gets every reply, HELD reflects the earlier requests, and its locks
+// are released when the session then ends.
+func TestHalfCloseAnswersThenReleases(t *testing.T) {
+	s := serve(t, nil)
+	k := key(t)
+	a := dial(t, s)
+	a.send("ACQUIRE "+k+" 30 2", "HELD")
+	if err := a.c.(*net.UnixConn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	tok := token(t, a.read())
+	expect(t, a.read(), fmt.Sprintf("HELD 1 %s:%d", k, tok))
+	if line, err := a.br.ReadString('\n'); err == nil {
+		t.Fatalf("session did not end after the replies: %q", line)
+	}
+	// The session ended and released the key.
+	b := dial(t, s)
+	start := time.Now()
+	token(t, b.do("ACQUIRE "+k+" 30 5"))
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("key released %v after the half-closed session ended", d)
+	}
+}

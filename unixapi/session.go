@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
+
+	"golang.org/x/sys/unix"
 
 	"ticketing/locksm"
 	"ticketing/sidecar"
@@ -52,8 +55,11 @@ type holding struct {
 }
 
 // reply is the answer to one request; done is closed once line is set.
+// A lazy reply (INFO, HELD) is computed when its turn to be written comes,
+// so it reflects every earlier request on the connection.
 type reply struct {
 	line string
+	lazy func() string
 	done chan struct{}
 }
 
@@ -81,7 +87,14 @@ func newSession(srv *Server, c *net.UnixConn, id uint64, log *slog.Logger) *sess
 func (ss *session) run() {
 	ss.log.Debug("connection opened", "owner", ss.owner)
 	go ss.writeLoop()
-	why := ss.readLoop()
+	why, eof := ss.readLoop()
+	if eof && !ss.peerHungUp() {
+		// The client only shut down its sending side (`printf ... | socat`
+		// does): it still reads, so let what it asked for finish and be
+		// answered before the session ends and releases its locks. A
+		// client that closed or crashed is hung up and ends at once.
+		ss.work.Wait()
+	}
 	ss.end(why)
 	close(ss.replies)
 	// The writer still answers what was asked before the end (a client may
@@ -93,8 +106,8 @@ func (ss *session) run() {
 }
 
 // readLoop reads and dispatches requests until EOF, an error or an
-// over-long line, and says why it stopped.
-func (ss *session) readLoop() string {
+// over-long line, and says why it stopped and whether it was a clean EOF.
+func (ss *session) readLoop() (why string, eof bool) {
 	buf := make([]byte, 512)
 	split := NewLineSplitter(ss.srv.cfg.MaxLineLen)
 	stopped := false
@@ -109,21 +122,41 @@ func (ss *session) readLoop() string {
 				return true
 			})
 			if stopped {
-				return "session ended"
+				return "session ended", false
 			}
 			if ferr != nil {
 				ss.log.Info("line too long; closing", "err", ferr)
 				ss.push(&reply{line: replyFor(ferr), done: closedCh})
-				return "line too long"
+				return "line too long", false
 			}
 		}
 		if err != nil {
 			if split.Buffered() > 0 {
 				ss.log.Debug("connection ended inside a line; partial line ignored", "bytes", split.Buffered())
 			}
-			return "read: " + err.Error()
+			return "read: " + err.Error(), errors.Is(err, io.EOF)
 		}
 	}
+}
+
+// peerHungUp reports whether the peer closed its end entirely (POLLHUP), as
+// opposed to shutting down only its sending side (then it can still read
+// replies). A crashed process's socket is closed by the kernel: hung up.
+func (ss *session) peerHungUp() bool {
+	raw, err := ss.conn.SyscallConn()
+	if err != nil {
+		return true
+	}
+	hup := true
+	_ = raw.Control(func(fd uintptr) {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
+		if n, err := unix.Poll(fds, 0); err == nil && n == 1 {
+			hup = fds[0].Revents&(unix.POLLHUP|unix.POLLERR) != 0
+		} else if err == nil {
+			hup = false // not even writable yet: the peer is still there
+		}
+	})
+	return hup
 }
 
 // push queues r for the writer; false if the session ended meanwhile.
@@ -155,9 +188,9 @@ func (ss *session) dispatch(line []byte) bool {
 	case VerbPing:
 		return ss.push(&reply{line: "PONG", done: closedCh})
 	case VerbInfo:
-		return ss.push(&reply{line: ss.infoLine(), done: closedCh})
+		return ss.push(&reply{lazy: ss.infoLine, done: closedCh})
 	case VerbHeld:
-		return ss.push(&reply{line: ss.heldLine(), done: closedCh})
+		return ss.push(&reply{lazy: ss.heldLine, done: closedCh})
 	case VerbAcquire:
 		return ss.startAcquire(req)
 	case VerbRelease:
@@ -338,6 +371,9 @@ func (ss *session) writeLoop() {
 		default:
 			flush()
 			<-r.done
+		}
+		if r.lazy != nil {
+			r.line = r.lazy()
 		}
 		buf = append(buf, r.line...)
 		buf = append(buf, '\n')

@@ -1,0 +1,29 @@
+'use strict';
+
+/**
+ * Node.js client of the Ticketing sidecar (no dependencies, Node.js 20+).
+ *
+ * @example
+ * const { Client } = require('ticketing-client');
+ * const client = new Client(); // $TICKETING_SOCKET or ./ticketing.sock
+ * await client.withLock('seats/42', { lease: 30, wait: 5 }, async (token) => {
+ *   // critical section; pass `token` (a BigInt) to your fenced write
+ * });
+ * await client.close();
+ * @module ticketing-client
+ */
+
+const { Client, DEFAULT_REPLY_GRACE } = require('./lib/client');
+const errors = require('./lib/errors');
+const protocol = require('./lib/protocol');
+
+module.exports = {
+  Client,
+  DEFAULT_REPLY_GRACE,
+  ...errors,
+  MIN_LEASE: protocol.MIN_LEASE,
+  MAX_LEASE: protocol.MAX_LEASE,
+  MAX_WAIT: protocol.MAX_WAIT,
+  MAX_KEY_LEN: protocol.MAX_KEY_LEN,
+  MAX_TOKEN: protocol.MAX_TOKEN,
+};

@@ -1,0 +1,108 @@
+'use strict';
+
+/**
+ * Errors of the Ticketing client.
+ *
+ * Every failure reported by the sidecar or by the connection to it is a
+ * {@link TicketingError}. Invalid arguments are reported before anything is
+ * sent, with the built-in `TypeError` / `RangeError` (never a TicketingError).
+ *
+ * | class                    | meaning                                          | held?   |
+ * |--------------------------|--------------------------------------------------|---------|
+ * | BusyError                | key held and `wait` was 0                        | no      |
+ * | LockTimeoutError         | the turn did not come within `wait`              | no      |
+ * | IndeterminateError       | no definite reply: do NOT enter the critical     | unknown |
+ * |                          | section (the lease ends any holding)             |         |
+ * | ServerError              | definite `ERR <code> <message>`                  | no      |
+ * | SidecarConnectionError   | sidecar unreachable or connection lost (the      | no      |
+ * |                          | sidecar releases the session's locks)            |         |
+ * @module
+ */
+
+/** Base class; `code` is a lowercase word naming the error. */
+class TicketingError extends Error {
+  /**
+   * @param {string} message
+   * @param {string} code
+   * @param {ErrorOptions} [options]
+   */
+  constructor(message, code, options) {
+    super(message || code, options);
+    this.name = new.target.name;
+    /** @type {string} */
+    this.code = code;
+  }
+}
+
+/** `BUSY`: the key is held and the wait was 0. Definite: not acquired. */
+class BusyError extends TicketingError {
+  constructor(message = 'the key is held by someone else (wait was 0)') {
+    super(message, 'busy');
+  }
+}
+
+/** `TIMEOUT`: the turn did not come within the wait. Definite: not acquired. */
+class LockTimeoutError extends TicketingError {
+  constructor(message = 'the wait ran out before the turn came') {
+    super(message, 'timeout');
+  }
+}
+
+/**
+ * `INDETERMINATE`, or no reply in time: the outcome is unknown. After an
+ * acquire the caller must not enter the critical section (a grant that
+ * arrives late is released by the client; the lease ends any other). After a
+ * release the lock may still be held until its lease ends.
+ */
+class IndeterminateError extends TicketingError {
+  constructor(message = 'no definite reply from the cluster; do not assume the outcome') {
+    super(message, 'indeterminate');
+  }
+}
+
+/**
+ * `ERR <code> <message>`: a definite failure reported by the sidecar, e.g.
+ * `not_held`, `token_mismatch`, `invalid_key`, `unavailable`. Unknown codes
+ * (newer sidecars) are just as definite.
+ */
+class ServerError extends TicketingError {
+  /**
+   * @param {string} code
+   * @param {string} message
+   */
+  constructor(code, message) {
+    super(message ? `${code}: ${message}` : code, code);
+    /** The sidecar's message text, without the code. */
+    this.detail = message;
+  }
+}
+
+/** The sidecar sent a reply this client does not understand. */
+class ProtocolError extends TicketingError {
+  constructor(message) {
+    super(message, 'protocol_error');
+  }
+}
+
+/**
+ * The socket could not be reached, or the connection was lost. The
+ * connection is the session that owns its locks: when it is lost the sidecar
+ * releases them and cancels pending acquires. The next request opens a new
+ * connection (a new session, holding nothing).
+ */
+class SidecarConnectionError extends TicketingError {
+  constructor(message, options) {
+    super(message, 'connection', options);
+  }
+}
+
+module.exports = {
+  TicketingError,
+  BusyError,
+  LockTimeoutError,
+  TimeoutError: LockTimeoutError,
+  IndeterminateError,
+  ServerError,
+  ProtocolError,
+  SidecarConnectionError,
+};

@@ -1,0 +1,218 @@
+'use strict';
+
+/**
+ * The sidecar's line protocol: argument checks, request lines and reply
+ * parsing. No I/O. See unixapi/PROTOCOL.md in the Ticketing repository.
+ * @module
+ */
+
+const {
+  BusyError, LockTimeoutError, IndeterminateError, ServerError, ProtocolError,
+} = require('./errors');
+
+const MIN_LEASE = 1;
+const MAX_LEASE = 250;
+const MAX_WAIT = 300;
+const MAX_KEY_LEN = 255;
+const MAX_TOKEN = (1n << 64n) - 1n;
+const RELEASE_DEADLINE = 5;
+const SOCKET_ENV = 'TICKETING_SOCKET';
+const DEFAULT_SOCKET = './ticketing.sock';
+
+/**
+ * @param {string} [path]
+ * @returns {string} path, else $TICKETING_SOCKET, else ./ticketing.sock
+ */
+function defaultPath(path) {
+  return path || process.env[SOCKET_ENV] || DEFAULT_SOCKET;
+}
+
+/** @param {unknown} key @returns {string} */
+function checkKey(key) {
+  if (typeof key !== 'string') throw new TypeError(`key must be a string, not ${typeof key}`);
+  if (key.length < 1 || key.length > MAX_KEY_LEN) {
+    throw new RangeError(`key must be 1..${MAX_KEY_LEN} characters long, got ${key.length}`);
+  }
+  for (let i = 0; i < key.length; i++) {
+    const c = key.charCodeAt(i);
+    if (c < 0x21 || c > 0x7e) {
+      throw new RangeError(`key may contain only printable ASCII without spaces (0x21..0x7E); character ${i} is ${JSON.stringify(key[i])}`);
+    }
+  }
+  return key;
+}
+
+/** @param {unknown} lease whole seconds 1..250 @returns {number} */
+function checkLease(lease) {
+  if (typeof lease !== 'number') throw new TypeError(`lease must be a number of seconds, not ${typeof lease}`);
+  if (!Number.isInteger(lease)) throw new RangeError(`lease must be whole seconds, got ${lease}`);
+  if (lease < MIN_LEASE || lease > MAX_LEASE) {
+    throw new RangeError(`lease must be ${MIN_LEASE}..${MAX_LEASE} seconds, got ${lease}`);
+  }
+  return lease;
+}
+
+/**
+ * @param {unknown} wait seconds 0..300, at most millisecond precision
+ * @returns {number} the wait in whole milliseconds
+ */
+function waitMillis(wait) {
+  if (typeof wait !== 'number') throw new TypeError(`wait must be a number of seconds, not ${typeof wait}`);
+  if (!Number.isFinite(wait)) throw new RangeError(`wait must be finite, got ${wait}`);
+  const ms = Math.round(wait * 1000);
+  if (Math.abs(wait * 1000 - ms) > 1e-6) {
+    throw new RangeError(`wait has at most millisecond precision, got ${wait}`);
+  }
+  if (ms < 0 || ms > MAX_WAIT * 1000) throw new RangeError(`wait must be 0..${MAX_WAIT} seconds, got ${wait}`);
+  return ms;
+}
+
+/** Render milliseconds as the protocol's seconds: `5`, `0.25`, `1.005`. */
+function formatWait(ms) {
+  const whole = Math.floor(ms / 1000);
+  const frac = ms % 1000;
+  return frac === 0 ? String(whole) : `${whole}.${String(frac).padStart(3, '0').replace(/0+$/, '')}`;
+}
+
+/**
+ * A fencing token as a BigInt. Accepts a bigint, a decimal string, or a
+ * safe-integer number.
+ * @param {unknown} token
+ * @returns {bigint}
+ */
+function toToken(token) {
+  let t;
+  if (typeof token === 'bigint') {
+    t = token;
+  } else if (typeof token === 'string') {
+    if (!/^[0-9]{1,20}$/.test(token)) throw new RangeError(`token must be a decimal number, got ${JSON.stringify(token)}`);
+    t = BigInt(token);
+  } else if (typeof token === 'number') {
+    if (!Number.isSafeInteger(token)) {
+      throw new RangeError(`token ${token} is not a safe integer; pass tokens as BigInt or string`);
+    }
+    t = BigInt(token);
+  } else {
+    throw new TypeError(`token must be a bigint, a decimal string or a number, not ${typeof token}`);
+  }
+  if (t < 1n || t > MAX_TOKEN) throw new RangeError(`token must be 1..2^64-1, got ${t}`);
+  return t;
+}
+
+/** @param {unknown} line @returns {string} */
+function checkRaw(line) {
+  if (typeof line !== 'string') throw new TypeError(`line must be a string, not ${typeof line}`);
+  if (line === '' || line.includes('\n')) throw new RangeError('a raw line must be non-empty and must not contain a newline');
+  return line;
+}
+
+/**
+ * @returns {{line: string, waitSeconds: number}}
+ */
+function acquireLine(key, lease, wait) {
+  checkKey(key);
+  checkLease(lease);
+  const ms = waitMillis(wait);
+  return { line: `ACQUIRE ${key} ${lease} ${formatWait(ms)}`, waitSeconds: ms / 1000 };
+}
+
+function releaseLine(key, token) {
+  checkKey(key);
+  return `RELEASE ${key} ${toToken(token)}`;
+}
+
+/** The error a non-success reply line stands for. */
+function errorFrom(reply) {
+  if (reply === 'BUSY') return new BusyError();
+  if (reply === 'TIMEOUT') return new LockTimeoutError();
+  if (reply === 'INDETERMINATE') return new IndeterminateError();
+  if (reply === 'ERR' || reply.startsWith('ERR ')) {
+    const sp = reply.indexOf(' ', 4);
+    const code = sp < 0 ? reply.slice(4) : reply.slice(4, sp);
+    return new ServerError(code || 'unknown', sp < 0 ? '' : reply.slice(sp + 1));
+  }
+  return new ProtocolError(`unexpected reply ${JSON.stringify(reply)}`);
+}
+
+/** `OK <token>` → bigint token; otherwise throws the matching error. */
+function parseAcquire(reply) {
+  if (reply.startsWith('OK ')) {
+    const text = reply.slice(3);
+    if (/^[0-9]{1,20}$/.test(text)) {
+      const t = BigInt(text);
+      if (t >= 1n && t <= MAX_TOKEN) return t;
+    }
+    throw new ProtocolError(`bad token in reply ${JSON.stringify(reply)}`);
+  }
+  throw errorFrom(reply);
+}
+
+function parseRelease(reply) {
+  if (reply !== 'OK') throw errorFrom(reply);
+}
+
+function parsePing(reply) {
+  if (reply !== 'PONG') throw errorFrom(reply);
+}
+
+/**
+ * @typedef {object} Info
+ * @property {string} cluster cluster id
+ * @property {string|null} leader address of the known leader, or null
+ * @property {number} connected cluster addresses with a live connection
+ * @property {number} total configured cluster addresses
+ * @property {Record<string,string>} fields every `name=value` field of the reply
+ */
+
+/** @returns {Info} */
+function parseInfo(reply) {
+  const words = reply.split(' ');
+  if (words[0] !== 'INFO') throw errorFrom(reply);
+  /** @type {Record<string,string>} */
+  const fields = {};
+  for (const w of words.slice(1)) {
+    if (!w) continue;
+    const eq = w.indexOf('=');
+    if (eq < 0) throw new ProtocolError(`bad field ${JSON.stringify(w)} in reply ${JSON.stringify(reply)}`);
+    fields[w.slice(0, eq)] = w.slice(eq + 1);
+  }
+  const m = /^([0-9]+)\/([0-9]+)$/.exec(fields.connected ?? '0/0');
+  if (!m) throw new ProtocolError(`bad INFO reply ${JSON.stringify(reply)}`);
+  const leader = fields.leader ?? '-';
+  return {
+    cluster: fields.cluster ?? '',
+    leader: leader === '' || leader === '-' ? null : leader,
+    connected: Number(m[1]),
+    total: Number(m[2]),
+    fields,
+  };
+}
+
+/**
+ * `HELD <n> key:token ...` → [{key, token}] in reply order. Keys may contain
+ * `:` (the token follows the last one); a key may appear twice if the
+ * connection re-acquired it after a lease ran out.
+ * @returns {{key: string, token: bigint}[]}
+ */
+function parseHeld(reply) {
+  const words = reply.split(' ');
+  if (words[0] !== 'HELD') throw errorFrom(reply);
+  const bad = () => new ProtocolError(`bad HELD reply ${JSON.stringify(reply)}`);
+  if (!/^[0-9]+$/.test(words[1] ?? '')) throw bad();
+  const held = [];
+  for (const w of words.slice(2)) {
+    if (!w) continue;
+    const colon = w.lastIndexOf(':');
+    const token = w.slice(colon + 1);
+    if (colon < 1 || !/^[0-9]+$/.test(token)) throw bad();
+    held.push({ key: w.slice(0, colon), token: BigInt(token) });
+  }
+  if (held.length !== Number(words[1])) throw bad();
+  return held;
+}
+
+module.exports = {
+  MIN_LEASE, MAX_LEASE, MAX_WAIT, MAX_KEY_LEN, MAX_TOKEN, RELEASE_DEADLINE, SOCKET_ENV, DEFAULT_SOCKET,
+  defaultPath, checkKey, checkLease, waitMillis, formatWait, toToken, checkRaw,
+  acquireLine, releaseLine, errorFrom, parseAcquire, parseRelease, parsePing, parseInfo, parseHeld,
+};

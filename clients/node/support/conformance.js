@@ -1,0 +1,274 @@
+'use strict';
+
+/**
+ * Runner of the shared behavioural suite, clients/conformance/scenarios.json
+ * (format: clients/conformance/README.md), for the Node.js Client.
+ */
+
+const crypto = require('node:crypto');
+const fs = require('node:fs');
+const path = require('node:path');
+const { performance } = require('node:perf_hooks');
+
+const ticketing = require('..');
+const { parseInfo, parseHeld } = require('../lib/protocol');
+
+const SCENARIOS_FILE = path.resolve(__dirname, '..', '..', 'conformance', 'scenarios.json');
+const AWAIT_LIMIT_MS = 30_000;
+
+/** @returns {object[]} the scenarios */
+function loadScenarios() {
+  const doc = JSON.parse(fs.readFileSync(SCENARIOS_FILE, 'utf8'));
+  if (doc.format !== 1) throw new Error(`${SCENARIOS_FILE}: unsupported format ${doc.format}`);
+  return doc.scenarios;
+}
+
+class ScenarioFailure extends Error {}
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+/** A raw reply line as an outcome. */
+function classifyReply(line) {
+  if (line === 'PONG') return { kind: 'pong', reply: line };
+  if (line === 'OK') return { kind: 'ok', reply: line };
+  let m = /^OK ([0-9]+)$/.exec(line);
+  if (m) return { kind: 'ok', token: BigInt(m[1]), reply: line };
+  if (['BUSY', 'TIMEOUT', 'INDETERMINATE'].includes(line)) return { kind: line.toLowerCase(), reply: line };
+  m = /^ERR(?: ([^ ]*))?/.exec(line);
+  if (m) return { kind: 'error', code: m[1] ?? '', reply: line };
+  if (line.startsWith('INFO')) return { kind: 'info', info: parseInfo(line), reply: line };
+  if (line.startsWith('HELD')) return { kind: 'held', held: parseHeld(line), reply: line };
+  return { kind: 'reply', reply: line };
+}
+
+/** A client error as an outcome (argument errors are TypeError/RangeError). */
+function classifyError(e) {
+  if (e instanceof ticketing.BusyError) return { kind: 'busy' };
+  if (e instanceof ticketing.LockTimeoutError) return { kind: 'timeout' };
+  if (e instanceof ticketing.IndeterminateError) return { kind: 'indeterminate', detail: e.message };
+  if (e instanceof ticketing.ServerError) return { kind: 'error', code: e.code, detail: e.detail };
+  if (e instanceof ticketing.SidecarConnectionError) return { kind: 'connection_error', detail: e.message };
+  if (e instanceof ticketing.TicketingError) return { kind: 'protocol_error', detail: e.message };
+  if (e instanceof TypeError || e instanceof RangeError) return { kind: 'arg_error', detail: `${e.name}: ${e.message}` };
+  throw e;
+}
+
+const show = (o) => JSON.stringify(o, (_, v) => (typeof v === 'bigint' ? `${v}n` : v));
+
+class Runner {
+  /**
+   * @param {string} socketPath
+   * @param {object} scenario
+   * @param {number} index
+   */
+  constructor(socketPath, scenario, index) {
+    this.socketPath = socketPath;
+    this.scenario = scenario;
+    this.namespace = `conf-node-${crypto.randomBytes(4).toString('hex')}/${index}/`;
+    this.keyOpts = scenario.keys ?? {};
+    /** @type {Map<string, ticketing.Client>} */
+    this.conns = new Map();
+    /** @type {Map<string, bigint>} */
+    this.tokens = new Map();
+    /** @type {Map<string, {promise: Promise<any>, done: boolean, result?: any}>} */
+    this.background = new Map();
+  }
+
+  key(name) {
+    const k = this.namespace + name;
+    const pad = this.keyOpts[name]?.pad_to;
+    return pad ? k + 'x'.repeat(pad - k.length) : k;
+  }
+
+  stepKey(step) {
+    return 'literal_key' in step ? step.literal_key : this.key(step.key);
+  }
+
+  token(name) {
+    if (!this.tokens.has(name)) throw new ScenarioFailure(`no saved token ${name}`);
+    return this.tokens.get(name);
+  }
+
+  stepToken(step) {
+    // Decimal strings go to the client as they are: release() accepts them.
+    return 'literal_token' in step ? step.literal_token : this.token(step.token);
+  }
+
+  expand(line) {
+    return line.replace(/\$\{(key|token):([^}]+)\}/g, (_, kind, name) => (
+      kind === 'key' ? this.key(name) : String(this.token(name))));
+  }
+
+  conn(name) {
+    if (!this.conns.has(name)) this.conns.set(name, new ticketing.Client({ path: this.socketPath }));
+    return this.conns.get(name);
+  }
+
+  /**
+   * Start the step's request (written synchronously) and return a promise
+   * of its outcome and duration.
+   */
+  perform(step) {
+    const client = this.conn(step.conn);
+    const t0 = performance.now();
+    let promise;
+    switch (step.op) {
+      case 'acquire':
+        promise = client.acquire(this.stepKey(step), { lease: step.lease, wait: step.wait })
+          .then((token) => ({ kind: 'ok', token }));
+        break;
+      case 'release':
+        promise = client.release(this.stepKey(step), this.stepToken(step)).then(() => ({ kind: 'ok' }));
+        break;
+      case 'ping':
+        promise = client.ping().then(() => ({ kind: 'pong' }));
+        break;
+      case 'info':
+        promise = client.info().then((info) => ({ kind: 'info', info }));
+        break;
+      case 'held':
+        promise = client.held().then((held) => ({ kind: 'held', held }));
+        break;
+      case 'raw': {
+        let line = this.expand(step.line);
+        if (step.pad_to) line += 'x'.repeat(step.pad_to - line.length);
+        promise = client.raw(line).then(classifyReply);
+        break;
+      }
+      default:
+        throw new ScenarioFailure(`unknown op ${step.op}`);
+    }
+    return promise.catch(classifyError).then((out) => ({ out, elapsed: (performance.now() - t0) / 1000 }));
+  }
+
+  check(step, out, elapsed) {
+    if (step.expect !== undefined && out.kind !== step.expect) {
+      throw new ScenarioFailure(`expected ${step.expect}, got ${show(out)}`);
+    }
+    if (step.code !== undefined) {
+      const codes = Array.isArray(step.code) ? step.code : [step.code];
+      if (!codes.includes(out.code)) throw new ScenarioFailure(`expected error code ${codes.join(' or ')}, got ${show(out)}`);
+    }
+    if (step.reply !== undefined && out.reply !== step.reply) {
+      throw new ScenarioFailure(`expected reply ${JSON.stringify(step.reply)}, got ${JSON.stringify(out.reply)}`);
+    }
+    if (step.save !== undefined) {
+      if (typeof out.token !== 'bigint') throw new ScenarioFailure(`no token to save in ${show(out)}`);
+      this.tokens.set(step.save, out.token);
+    }
+    const gt = step.expect_token_gt === undefined ? [] : [].concat(step.expect_token_gt);
+    for (const name of gt) {
+      if (typeof out.token !== 'bigint' || !(out.token > this.token(name))) {
+        throw new ScenarioFailure(`expected a token > ${name}=${this.token(name)}, got ${out.token}`);
+      }
+    }
+    if (step.min_seconds !== undefined && elapsed < step.min_seconds) {
+      throw new ScenarioFailure(`took ${elapsed.toFixed(3)} s, expected at least ${step.min_seconds} s`);
+    }
+    if (step.max_seconds !== undefined && elapsed > step.max_seconds) {
+      throw new ScenarioFailure(`took ${elapsed.toFixed(3)} s, expected at most ${step.max_seconds} s`);
+    }
+    if (step.expect === 'held') {
+      const want = (step.keys ?? []).map((k) => this.key(k)).sort();
+      const got = out.held.map((h) => h.key).sort();
+      if (JSON.stringify(want) !== JSON.stringify(got)) {
+        throw new ScenarioFailure(`expected held keys ${JSON.stringify(want)}, got ${show(out.held)}`);
+      }
+      for (const [k, t] of Object.entries(step.tokens ?? {})) {
+        if (!out.held.some((h) => h.key === this.key(k) && h.token === this.token(t))) {
+          throw new ScenarioFailure(`expected ${k} held under ${t}=${this.token(t)}, got ${show(out.held)}`);
+        }
+      }
+    }
+    if (step.expect === 'info') {
+      const { info } = out;
+      if (!info.cluster || info.total < 1 || info.connected < 0 || info.connected > info.total) {
+        throw new ScenarioFailure(`implausible INFO ${show(info)}`);
+      }
+    }
+  }
+
+  async runStep(step) {
+    switch (step.op) {
+      case 'sleep':
+        await sleep(step.seconds * 1000);
+        return;
+      case 'pending': {
+        const bg = this.background.get(step.id);
+        await sleep(0);
+        if (bg.done) throw new ScenarioFailure(`expected still pending, but finished: ${show(bg.result.out)}`);
+        return;
+      }
+      case 'await': {
+        const bg = this.background.get(step.id);
+        const t0 = performance.now();
+        let timer;
+        const limit = new Promise((_, reject) => {
+          timer = setTimeout(() => reject(new ScenarioFailure(`still pending after ${AWAIT_LIMIT_MS / 1000} s`)), AWAIT_LIMIT_MS);
+        });
+        try {
+          const { out } = await Promise.race([bg.promise, limit]);
+          this.check(step, out, (performance.now() - t0) / 1000);
+        } finally {
+          clearTimeout(timer);
+        }
+        return;
+      }
+      case 'close': {
+        const client = this.conns.get(step.conn);
+        this.conns.delete(step.conn);
+        if (client) await client.close();
+        return;
+      }
+      case 'expect_closed': {
+        const client = this.conn(step.conn);
+        const within = step.within ?? 2;
+        const deadline = performance.now() + within * 1000;
+        while (client.connected) {
+          if (performance.now() > deadline) throw new ScenarioFailure(`connection still open after ${within} s`);
+          await sleep(10);
+        }
+        return;
+      }
+      default:
+        break;
+    }
+    if (step.background !== undefined) {
+      // The request is written synchronously by perform().
+      const bg = { done: false };
+      bg.promise = this.perform(step).then((r) => { bg.done = true; bg.result = r; return r; });
+      this.background.set(step.background, bg);
+      return;
+    }
+    const { out, elapsed } = await this.perform(step);
+    this.check(step, out, elapsed);
+  }
+
+  async run() {
+    try {
+      for (const [i, step] of this.scenario.steps.entries()) {
+        try {
+          await this.runStep(step);
+        } catch (e) {
+          if (!(e instanceof ScenarioFailure)) throw e;
+          throw new ScenarioFailure(`${this.scenario.name} step ${i} ${JSON.stringify(step)}: ${e.message}`);
+        }
+      }
+    } finally {
+      await Promise.all([...this.conns.values()].map((c) => c.close()));
+      await Promise.allSettled([...this.background.values()].map((b) => b.promise));
+    }
+  }
+}
+
+/**
+ * Run one scenario against the sidecar at socketPath; rejects on failure.
+ * @param {string} socketPath
+ * @param {object} scenario
+ * @param {number} index
+ */
+function runScenario(socketPath, scenario, index) {
+  return new Runner(socketPath, scenario, index).run();
+}
+
+module.exports = { loadScenarios, runScenario, classifyReply, ScenarioFailure };

@@ -1,0 +1,150 @@
+'use strict';
+
+// The Client against a real `ticketing dev` (one per file).
+
+const assert = require('node:assert/strict');
+const crypto = require('node:crypto');
+const { before, after, beforeEach, afterEach, test } = require('node:test');
+const { startDev } = require('../support/dev');
+const ticketing = require('..');
+
+const { Client } = ticketing;
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+let dev;
+before(async () => { dev = await startDev(); });
+after(async () => { if (dev) await dev.stop(); });
+
+let prefix;
+let clients;
+const key = (name) => prefix + name;
+const client = () => {
+  const c = new Client({ path: dev.socket });
+  clients.push(c);
+  return c;
+};
+beforeEach(() => {
+  prefix = `node-${crypto.randomBytes(4).toString('hex')}/`;
+  clients = [];
+});
+afterEach(() => Promise.all(clients.map((c) => c.close())));
+
+test('acquire, busy, timeout, release', async () => {
+  const a = client();
+  const b = client();
+  await a.ping();
+  const t1 = await a.acquire(key('seats/42'), { lease: 30, wait: 0 });
+  assert.equal(typeof t1, 'bigint');
+  assert.deepEqual(await a.held(), [{ key: key('seats/42'), token: t1 }]);
+  await assert.rejects(b.acquire(key('seats/42'), { lease: 10, wait: 0 }), ticketing.BusyError);
+  const t0 = performance.now();
+  await assert.rejects(b.acquire(key('seats/42'), { lease: 10, wait: 0.2 }), ticketing.TimeoutError);
+  assert.ok(performance.now() - t0 >= 150);
+  await a.release(key('seats/42'), t1);
+  await assert.rejects(a.release(key('seats/42'), t1), (e) => e instanceof ticketing.ServerError && e.code === 'not_held');
+  const t2 = await b.acquire(key('seats/42'), { lease: 10, wait: 0 });
+  assert.ok(t2 > t1);
+  await b.release(key('seats/42'), String(t2)); // tokens as decimal strings work too
+});
+
+test('withLock releases on success and on throw', async () => {
+  const a = client();
+  const b = client();
+  const result = await a.withLock(key('k'), { lease: 30, wait: 1 }, async (token) => {
+    assert.equal(typeof token, 'bigint');
+    await assert.rejects(b.acquire(key('k'), { wait: 0 }), ticketing.BusyError);
+    return 'done';
+  });
+  assert.equal(result, 'done');
+  await assert.rejects(a.withLock(key('k'), { wait: 1 }, () => { throw new Error('boom'); }), /boom/);
+  assert.deepEqual(await a.held(), []);
+  const t = await b.acquire(key('k'), { wait: 0 });
+  await b.release(key('k'), t);
+});
+
+test('withLock rejects when the release fails', async () => {
+  const a = client();
+  await assert.rejects(
+    a.withLock(key('k'), { wait: 0 }, (token) => a.release(key('k'), token)),
+    (e) => e instanceof ticketing.ServerError && e.code === 'not_held',
+  );
+});
+
+test('FIFO hand-off between clients, increasing tokens', async () => {
+  const holder = client();
+  const t0 = await holder.acquire(key('k'), { lease: 30, wait: 0 });
+  const order = [];
+  const waiters = [];
+  for (let i = 0; i < 3; i++) {
+    const c = client();
+    waiters.push(c.withLock(key('k'), { lease: 30, wait: 10 }, (token) => { order.push([i, token]); }));
+    await sleep(150);
+  }
+  await holder.release(key('k'), t0);
+  await Promise.all(waiters);
+  assert.deepEqual(order.map(([i]) => i), [0, 1, 2]);
+  assert.ok(order[0][1] > t0 && order[1][1] > order[0][1] && order[2][1] > order[1][1]);
+});
+
+test('pipelined requests on one connection', async () => {
+  const c = client();
+  const tokens = await Promise.all(Array.from({ length: 50 }, (_, i) => c.acquire(key(`k${i}`), { lease: 10, wait: 0 })));
+  assert.equal(new Set(tokens.map(String)).size, 50);
+  assert.equal((await c.held()).length, 50);
+  await Promise.all(tokens.map((t, i) => c.release(key(`k${i}`), t)));
+  assert.deepEqual(await c.held(), []);
+  const info = await c.info();
+  assert.ok(info.cluster);
+  assert.ok(info.total >= 3 && info.connected <= info.total);
+});
+
+test('closing a client releases its locks at once', async () => {
+  const a = client();
+  const b = client();
+  await a.acquire(key('k'), { lease: 60, wait: 0 });
+  const waiting = b.acquire(key('k'), { lease: 10, wait: 5 });
+  await sleep(200);
+  const t0 = performance.now();
+  await a.close();
+  await waiting;
+  assert.ok(performance.now() - t0 < 1000);
+  await assert.rejects(a.ping(), ticketing.SidecarConnectionError);
+});
+
+test('reconnects after the sidecar closed the connection', async () => {
+  const c = client();
+  await c.acquire(key('k'), { lease: 60, wait: 0 });
+  const reply = await c.raw(`PING ${'x'.repeat(2000)}`);
+  assert.match(reply, /^ERR /);
+  for (let i = 0; i < 200 && c.connected; i++) await sleep(10);
+  assert.equal(c.connected, false);
+  await c.ping(); // new connection, new session: the old lock is gone
+  assert.deepEqual(await c.held(), []);
+  await client().acquire(key('k'), { wait: 1 });
+});
+
+test('argument errors reject before sending', async () => {
+  const c = client();
+  await assert.rejects(c.acquire(key('k'), { lease: 0 }), RangeError);
+  await assert.rejects(c.acquire('bad key'), RangeError);
+  await assert.rejects(c.release(key('k'), 'x'), RangeError);
+  assert.equal(c.requestsSent, 0);
+});
+
+test('default path and unreachable socket', async () => {
+  const saved = process.env.TICKETING_SOCKET;
+  try {
+    process.env.TICKETING_SOCKET = dev.socket;
+    const c = new Client();
+    clients.push(c);
+    assert.equal(c.path, dev.socket);
+    await c.ping();
+    delete process.env.TICKETING_SOCKET;
+    assert.equal(new Client().path, './ticketing.sock');
+  } finally {
+    if (saved === undefined) delete process.env.TICKETING_SOCKET;
+    else process.env.TICKETING_SOCKET = saved;
+  }
+  const bad = new Client({ path: '/nonexistent/ticketing.sock' });
+  await assert.rejects(bad.ping(), (e) => e instanceof ticketing.SidecarConnectionError && /nonexistent/.test(e.message));
+});

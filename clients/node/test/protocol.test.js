@@ -1,0 +1,63 @@
+'use strict';
+
+// Argument checks and reply parsing, without a sidecar.
+
+const assert = require('node:assert/strict');
+const { test } = require('node:test');
+const p = require('../lib/protocol');
+const ticketing = require('..');
+
+test('acquire lines', () => {
+  assert.deepEqual(p.acquireLine('seats/42', 30, 5), { line: 'ACQUIRE seats/42 30 5', waitSeconds: 5 });
+  assert.equal(p.acquireLine('k', 1, 0).line, 'ACQUIRE k 1 0');
+  assert.equal(p.acquireLine('k', 250, 0.25).line, 'ACQUIRE k 250 0.25');
+  assert.equal(p.acquireLine('k', 10, 1.005).line, 'ACQUIRE k 10 1.005');
+  assert.equal(p.acquireLine('k', 10, 0.1).line, 'ACQUIRE k 10 0.1');
+  assert.equal(p.acquireLine('k', 10, 300).line, 'ACQUIRE k 10 300');
+  assert.equal(p.acquireLine('~'.repeat(255), 10, 0).line, `ACQUIRE ${'~'.repeat(255)} 10 0`);
+});
+
+test('bad arguments', () => {
+  for (const lease of [0, 251, -1, 1.5]) assert.throws(() => p.checkLease(lease), RangeError, `lease ${lease}`);
+  for (const lease of ['30', 30n, null, undefined]) assert.throws(() => p.checkLease(lease), TypeError);
+  for (const wait of [-1, -0.001, 300.001, 301, 0.0005, Infinity, NaN]) assert.throws(() => p.waitMillis(wait), RangeError, `wait ${wait}`);
+  for (const wait of ['1', null, true]) assert.throws(() => p.waitMillis(wait), TypeError);
+  for (const key of ['', 'a b', 'tab\t', 'nl\n', 'del\x7f', 'métro', 'x'.repeat(256)]) {
+    assert.throws(() => p.checkKey(key), RangeError, `key ${JSON.stringify(key)}`);
+  }
+  assert.throws(() => p.checkKey(Buffer.from('k')), TypeError);
+});
+
+test('tokens keep u64 precision', () => {
+  assert.equal(p.releaseLine('k', 18446744073709551615n), 'RELEASE k 18446744073709551615');
+  assert.equal(p.releaseLine('k', '18446744073709551615'), 'RELEASE k 18446744073709551615');
+  assert.equal(p.releaseLine('k', 7), 'RELEASE k 7');
+  for (const t of [0n, -1n, 1n << 64n, '0', '-1', 'abc', '18446744073709551616', 2 ** 53, 1.5]) {
+    assert.throws(() => p.toToken(t), RangeError, `token ${t}`);
+  }
+  for (const t of [null, {}, true]) assert.throws(() => p.toToken(t), TypeError);
+});
+
+test('reply parsing', () => {
+  assert.equal(p.parseAcquire('OK 18446744073709551615'), 18446744073709551615n);
+  assert.throws(() => p.parseAcquire('BUSY'), ticketing.BusyError);
+  assert.throws(() => p.parseAcquire('TIMEOUT'), ticketing.TimeoutError);
+  assert.throws(() => p.parseAcquire('INDETERMINATE'), ticketing.IndeterminateError);
+  for (const bad of ['OK', 'OK 0', 'OK -3', 'OK 18446744073709551616', 'WHAT']) {
+    assert.throws(() => p.parseAcquire(bad), ticketing.ProtocolError, bad);
+  }
+  assert.throws(() => p.parseAcquire('ERR invalid_lease lease must be 1..250 seconds'), (e) => {
+    assert.ok(e instanceof ticketing.ServerError && e instanceof ticketing.TicketingError);
+    assert.equal(e.code, 'invalid_lease');
+    assert.equal(e.detail, 'lease must be 1..250 seconds');
+    return true;
+  });
+  assert.throws(() => p.parseRelease('ERR not_held'), (e) => e.code === 'not_held' && e.detail === '');
+  assert.deepEqual(p.parseInfo('INFO cluster=dev leader=- connected=2/3 x=y'), {
+    cluster: 'dev', leader: null, connected: 2, total: 3, fields: { cluster: 'dev', leader: '-', connected: '2/3', x: 'y' },
+  });
+  assert.deepEqual(p.parseHeld('HELD 0'), []);
+  assert.deepEqual(p.parseHeld('HELD 3 a:b:7 c:9 c:12'), [
+    { key: 'a:b', token: 7n }, { key: 'c', token: 9n }, { key: 'c', token: 12n }]);
+  assert.throws(() => p.parseHeld('HELD 2 a:1'), ticketing.ProtocolError);
+});

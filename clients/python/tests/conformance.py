@@ -1,0 +1,312 @@
+"""Runner of the shared behavioural suite, clients/conformance/scenarios.json.
+
+The runner is written once with asyncio; :class:`SyncAdapter` drives the
+blocking :class:`ticketing.Client` from worker threads (so background steps
+really block concurrently) and :class:`AsyncAdapter` drives
+:class:`ticketing.AsyncClient`. The format is described in
+clients/conformance/README.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import secrets
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import ticketing
+
+SCENARIOS_FILE = Path(__file__).resolve().parents[2] / "conformance" / "scenarios.json"
+AWAIT_LIMIT = 30.0  # seconds; no scenario should ever wait this long
+
+
+def load_scenarios() -> List[Dict[str, Any]]:
+    with open(SCENARIOS_FILE, encoding="utf-8") as f:
+        doc = json.load(f)
+    if doc.get("format") != 1:
+        raise ValueError(f"{SCENARIOS_FILE}: unsupported format {doc.get('format')!r}")
+    return doc["scenarios"]
+
+
+@dataclass
+class Outcome:
+    """What a step produced, in the suite's vocabulary."""
+
+    kind: str  # ok busy timeout indeterminate error arg_error pong info held reply connection_error
+    token: Optional[int] = None
+    code: Optional[str] = None
+    reply: Optional[str] = None
+    info: Optional[ticketing.Info] = None
+    held: List[Tuple[str, int]] = field(default_factory=list)
+    detail: str = ""
+
+    def __str__(self) -> str:
+        extra = {k: v for k, v in (("token", self.token), ("code", self.code), ("reply", self.reply)) if v is not None}
+        return f"{self.kind} {extra or ''} {self.detail}".strip()
+
+
+def classify_reply(line: str) -> Outcome:
+    """Map a raw reply line to an Outcome."""
+    if line == "PONG":
+        return Outcome("pong", reply=line)
+    if line == "OK":
+        return Outcome("ok", reply=line)
+    m = re.fullmatch(r"OK (\d+)", line)
+    if m:
+        return Outcome("ok", token=int(m.group(1)), reply=line)
+    if line in ("BUSY", "TIMEOUT", "INDETERMINATE"):
+        return Outcome(line.lower(), reply=line)
+    if line.startswith("ERR"):
+        parts = line.split(" ", 2)
+        return Outcome("error", code=parts[1] if len(parts) > 1 else "", reply=line)
+    if line.startswith("INFO"):
+        return Outcome("info", info=ticketing._protocol.parse_info(line), reply=line)
+    if line.startswith("HELD"):
+        return Outcome("held", held=ticketing._protocol.parse_held(line), reply=line)
+    return Outcome("reply", reply=line)
+
+
+def classify_exception(e: BaseException) -> Outcome:
+    """Map a client exception to an Outcome (argument errors first)."""
+    if isinstance(e, ticketing.TicketingError):
+        if isinstance(e, ticketing.BusyError):
+            return Outcome("busy")
+        if isinstance(e, ticketing.LockTimeoutError):
+            return Outcome("timeout")
+        if isinstance(e, ticketing.IndeterminateError):
+            return Outcome("indeterminate", detail=str(e))
+        if isinstance(e, ticketing.ServerError):
+            return Outcome("error", code=e.code, detail=e.message)
+        if isinstance(e, ticketing.SidecarConnectionError):
+            return Outcome("connection_error", detail=str(e))
+        return Outcome("protocol_error", detail=str(e))
+    if isinstance(e, (ValueError, TypeError)):
+        return Outcome("arg_error", detail=f"{type(e).__name__}: {e}")
+    raise e
+
+
+class SyncAdapter:
+    """Drives :class:`ticketing.Client` from threads."""
+
+    name = "sync"
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="conformance")
+
+    def new(self) -> ticketing.Client:
+        return ticketing.Client(self.path)
+
+    async def call(self, client: ticketing.Client, method: str, *args: Any) -> Any:
+        fn: Callable[..., Any] = getattr(client, method)
+        return await asyncio.get_running_loop().run_in_executor(self.pool, lambda: fn(*args))
+
+    async def close(self, client: ticketing.Client) -> None:
+        await asyncio.get_running_loop().run_in_executor(self.pool, client.close)
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=False)
+
+
+class AsyncAdapter:
+    """Drives :class:`ticketing.AsyncClient`."""
+
+    name = "async"
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def new(self) -> ticketing.AsyncClient:
+        return ticketing.AsyncClient(self.path)
+
+    async def call(self, client: ticketing.AsyncClient, method: str, *args: Any) -> Any:
+        return await getattr(client, method)(*args)
+
+    async def close(self, client: ticketing.AsyncClient) -> None:
+        await client.close()
+
+    def shutdown(self) -> None:
+        pass
+
+
+class ScenarioFailure(AssertionError):
+    pass
+
+
+class Runner:
+    """Runs one scenario with one adapter."""
+
+    def __init__(self, adapter: Any, scenario: Dict[str, Any], index: int, prefix: str) -> None:
+        self.adapter = adapter
+        self.scenario = scenario
+        self.namespace = f"{prefix}/{index}/"
+        self.key_opts: Dict[str, Dict[str, Any]] = scenario.get("keys", {})
+        self.conns: Dict[str, Any] = {}
+        self.tokens: Dict[str, int] = {}
+        self.background: Dict[str, "asyncio.Task[tuple]"] = {}
+
+    # -- resolution ----------------------------------------------------------
+
+    def key(self, name: str) -> str:
+        k = self.namespace + name
+        pad = self.key_opts.get(name, {}).get("pad_to")
+        return k + "x" * (pad - len(k)) if pad else k
+
+    def step_key(self, step: Dict[str, Any]) -> str:
+        return step["literal_key"] if "literal_key" in step else self.key(step["key"])
+
+    def step_token(self, step: Dict[str, Any]) -> Any:
+        if "literal_token" in step:
+            lit = step["literal_token"]
+            return int(lit) if re.fullmatch(r"-?\d+", lit) else lit
+        return self.tokens[step["token"]]
+
+    def expand(self, line: str) -> str:
+        def sub(m: "re.Match[str]") -> str:
+            kind, name = m.group(1), m.group(2)
+            return self.key(name) if kind == "key" else str(self.tokens[name])
+
+        return re.sub(r"\$\{(key|token):([^}]+)\}", sub, line)
+
+    def conn(self, name: str) -> Any:
+        if name not in self.conns:
+            self.conns[name] = self.adapter.new()
+        return self.conns[name]
+
+    # -- execution -------------------------------------------------------------
+
+    async def perform(self, step: Dict[str, Any]) -> Outcome:
+        client = self.conn(step["conn"])
+        op = step["op"]
+        call = self.adapter.call
+        try:
+            if op == "acquire":
+                token = await call(client, "acquire", self.step_key(step), step["lease"], step["wait"])
+                return Outcome("ok", token=token)
+            if op == "release":
+                await call(client, "release", self.step_key(step), self.step_token(step))
+                return Outcome("ok")
+            if op == "ping":
+                await call(client, "ping")
+                return Outcome("pong")
+            if op == "info":
+                return Outcome("info", info=await call(client, "info"))
+            if op == "held":
+                return Outcome("held", held=await call(client, "held"))
+            if op == "raw":
+                line = self.expand(step["line"])
+                if "pad_to" in step:
+                    line += "x" * (step["pad_to"] - len(line))
+                return classify_reply(await call(client, "raw", line))
+        except Exception as e:  # noqa: BLE001 - classified below
+            return classify_exception(e)
+        raise ScenarioFailure(f"unknown op {op!r}")
+
+    async def timed(self, step: Dict[str, Any]) -> tuple:
+        t0 = time.monotonic()
+        out = await self.perform(step)
+        return out, time.monotonic() - t0
+
+    def check(self, step: Dict[str, Any], out: Outcome, elapsed: float) -> None:
+        want = step.get("expect")
+        if want is not None and out.kind != want:
+            raise ScenarioFailure(f"expected {want}, got {out}")
+        if "code" in step:
+            codes = step["code"] if isinstance(step["code"], list) else [step["code"]]
+            if out.code not in codes:
+                raise ScenarioFailure(f"expected error code {' or '.join(codes)}, got {out}")
+        if "reply" in step and out.reply != step["reply"]:
+            raise ScenarioFailure(f"expected reply {step['reply']!r}, got {out.reply!r}")
+        if "save" in step:
+            if out.token is None:
+                raise ScenarioFailure(f"no token to save in {out}")
+            self.tokens[step["save"]] = out.token
+        gt = step.get("expect_token_gt", [])
+        for name in [gt] if isinstance(gt, str) else gt:
+            if out.token is None or not out.token > self.tokens[name]:
+                raise ScenarioFailure(f"expected a token > {name}={self.tokens[name]}, got {out.token}")
+        if "min_seconds" in step and elapsed < step["min_seconds"]:
+            raise ScenarioFailure(f"took {elapsed:.3f} s, expected at least {step['min_seconds']} s")
+        if "max_seconds" in step and elapsed > step["max_seconds"]:
+            raise ScenarioFailure(f"took {elapsed:.3f} s, expected at most {step['max_seconds']} s")
+        if want == "held":
+            keys = sorted(self.key(k) for k in step.get("keys", []))
+            if sorted(k for k, _ in out.held) != keys:
+                raise ScenarioFailure(f"expected held keys {keys}, got {out.held}")
+            for k, t in step.get("tokens", {}).items():
+                if (self.key(k), self.tokens[t]) not in out.held:
+                    raise ScenarioFailure(f"expected {k} held under {t}={self.tokens[t]}, got {out.held}")
+        if want == "info":
+            info = out.info
+            assert info is not None
+            if not info.cluster or info.total < 1 or not 0 <= info.connected <= info.total:
+                raise ScenarioFailure(f"implausible INFO {info}")
+
+    async def run(self) -> None:
+        try:
+            for i, step in enumerate(self.scenario["steps"]):
+                try:
+                    await self.run_step(step)
+                except ScenarioFailure as e:
+                    raise ScenarioFailure(
+                        f"[{self.adapter.name}] {self.scenario['name']} step {i} {json.dumps(step)}: {e}"
+                    ) from None
+        finally:
+            for task in self.background.values():
+                task.cancel()
+            for client in self.conns.values():
+                await self.adapter.close(client)
+            await asyncio.gather(*self.background.values(), return_exceptions=True)
+
+    async def run_step(self, step: Dict[str, Any]) -> None:
+        op = step["op"]
+        if op == "sleep":
+            await asyncio.sleep(step["seconds"])
+        elif op == "pending":
+            if self.background[step["id"]].done():
+                out, _ = self.background[step["id"]].result()
+                raise ScenarioFailure(f"expected still pending, but finished: {out}")
+        elif op == "await":
+            t0 = time.monotonic()
+            try:
+                out, _ = await asyncio.wait_for(asyncio.shield(self.background[step["id"]]), AWAIT_LIMIT)
+            except asyncio.TimeoutError:
+                raise ScenarioFailure(f"still pending after {AWAIT_LIMIT} s") from None
+            self.check(step, out, time.monotonic() - t0)
+        elif op == "close":
+            client = self.conns.pop(step["conn"], None)
+            if client is not None:
+                await self.adapter.close(client)
+        elif op == "expect_closed":
+            client = self.conn(step["conn"])
+            deadline = time.monotonic() + step.get("within", 2)
+            while client.connected:
+                if time.monotonic() > deadline:
+                    raise ScenarioFailure(f"connection still open after {step.get('within', 2)} s")
+                await asyncio.sleep(0.01)
+        elif "background" in step:
+            # The request must be written before the next step starts.
+            client = self.conn(step["conn"])
+            sent = client.requests_sent
+            task = asyncio.ensure_future(self.timed(step))
+            self.background[step["background"]] = task
+            while client.requests_sent == sent and not task.done():
+                await asyncio.sleep(0.001)
+        else:
+            out, elapsed = await self.timed(step)
+            self.check(step, out, elapsed)
+
+
+def run_scenario(adapter_cls: Any, path: str, scenario: Dict[str, Any], index: int) -> None:
+    """Run one scenario to completion in a fresh event loop; raise on failure."""
+    prefix = f"conf-py-{adapter_cls.name}-{secrets.token_hex(4)}"
+    adapter = adapter_cls(path)
+    try:
+        asyncio.run(Runner(adapter, scenario, index, prefix).run())
+    finally:
+        adapter.shutdown()

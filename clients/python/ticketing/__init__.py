@@ -1,0 +1,51 @@
+"""Python client of the Ticketing sidecar (standard library only, 3.9+).
+
+The sidecar runs next to your service and serves distributed locks over a
+unix socket; this package speaks its line protocol::
+
+    import ticketing
+
+    client = ticketing.Client()          # $TICKETING_SOCKET or ./ticketing.sock
+    with client.lock("seats/42", lease=30, wait=5) as token:
+        ...  # critical section; pass `token` to your fenced database write
+
+A connection is a session that owns its locks: closing the client (or the
+process dying) releases them. :class:`AsyncClient` is the asyncio variant.
+"""
+
+from ._protocol import MAX_KEY_LEN, MAX_LEASE, MAX_TOKEN, MAX_WAIT, MIN_LEASE, Info
+from .aio import AsyncClient, AsyncLock
+from .client import Client, Lock
+from .errors import (
+    BusyError,
+    IndeterminateError,
+    LockTimeout,
+    LockTimeoutError,
+    ProtocolError,
+    ServerError,
+    SidecarConnectionError,
+    TicketingError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Client",
+    "Lock",
+    "AsyncClient",
+    "AsyncLock",
+    "Info",
+    "TicketingError",
+    "BusyError",
+    "LockTimeoutError",
+    "LockTimeout",
+    "IndeterminateError",
+    "ServerError",
+    "ProtocolError",
+    "SidecarConnectionError",
+    "MIN_LEASE",
+    "MAX_LEASE",
+    "MAX_WAIT",
+    "MAX_KEY_LEN",
+    "MAX_TOKEN",
+]

@@ -1,0 +1,124 @@
+"""Exceptions raised by the Ticketing clients.
+
+Every failure reported by the sidecar or the connection to it is a
+:class:`TicketingError`. Invalid arguments are reported *before* anything is
+sent, with the built-in :class:`ValueError` / :class:`TypeError` (never a
+:class:`TicketingError`).
+
+Which outcome means what for an acquire:
+
+=========================  =========================================  ==========
+exception                  meaning                                    held?
+=========================  =========================================  ==========
+:class:`BusyError`         key held and ``wait`` was 0                no
+:class:`LockTimeoutError`  the turn did not come within ``wait``      no
+:class:`IndeterminateError`  no definite reply; do NOT enter the      unknown
+                           critical section (the lease ends it)
+:class:`ServerError`       definite ``ERR <code> <message>``          no
+:class:`SidecarConnectionError`  cannot reach the sidecar / lost it   no [1]_
+=========================  =========================================  ==========
+
+.. [1] The connection is the session that owns the locks: when it is lost
+   the sidecar releases every lock it held and cancels its pending acquires.
+"""
+
+from __future__ import annotations
+
+import builtins
+from typing import Optional
+
+__all__ = [
+    "TicketingError",
+    "BusyError",
+    "LockTimeoutError",
+    "LockTimeout",
+    "IndeterminateError",
+    "ServerError",
+    "ProtocolError",
+    "SidecarConnectionError",
+]
+
+
+class TicketingError(Exception):
+    """Base class of every error reported by the sidecar or its connection.
+
+    :ivar code: a lowercase word naming the error (for :class:`ServerError`
+        the code sent by the sidecar, e.g. ``"not_held"``).
+    :ivar message: human-readable detail.
+    """
+
+    code: str = "error"
+
+    def __init__(self, message: str = "", code: Optional[str] = None) -> None:
+        if code is not None:
+            self.code = code
+        self.message = message
+        super().__init__(message or self.code)
+
+
+class BusyError(TicketingError):
+    """``BUSY``: the key is held and the wait was 0. Definite: not acquired."""
+
+    code = "busy"
+
+
+class LockTimeoutError(TicketingError, builtins.TimeoutError):
+    """``TIMEOUT``: the turn did not come within the wait. Definite: not
+    acquired, and never will be by this request.
+
+    Also an instance of the built-in :class:`TimeoutError`.
+    """
+
+    code = "timeout"
+
+
+#: Short alias of :class:`LockTimeoutError`.
+LockTimeout = LockTimeoutError
+
+
+class IndeterminateError(TicketingError):
+    """``INDETERMINATE`` (or no reply in time): the outcome is unknown.
+
+    For an acquire the caller must not enter the critical section; any
+    holding that may exist ends with its lease (and the client releases a
+    grant that arrives late). For a release the lock may still be held until
+    its lease ends.
+    """
+
+    code = "indeterminate"
+
+
+class ServerError(TicketingError):
+    """``ERR <code> <message>``: a definite failure reported by the sidecar.
+
+    Common codes: ``bad_request``, ``invalid_key``, ``invalid_lease``,
+    ``invalid_wait``, ``not_held``, ``token_mismatch``, ``moved``,
+    ``unavailable``. Unknown codes are possible (newer sidecars) and are just
+    as definite.
+    """
+
+    def __init__(self, code: str, message: str = "") -> None:
+        super().__init__(message, code)
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}" if self.message else self.code
+
+
+class ProtocolError(TicketingError):
+    """The sidecar sent a reply this client does not understand."""
+
+    code = "protocol_error"
+
+
+class SidecarConnectionError(TicketingError, builtins.ConnectionError):
+    """The sidecar socket could not be reached, or the connection was lost.
+
+    A connection is the session owning its locks: when it is lost, the
+    sidecar releases every lock acquired through it and cancels its pending
+    acquires, so a request that failed this way holds nothing. The next
+    request opens a new connection (a new session).
+
+    Also an instance of the built-in :class:`ConnectionError`.
+    """
+
+    code = "connection"
