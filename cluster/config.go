@@ -92,6 +92,15 @@ type Config struct {
 	// Faults, when set, injects network faults into the peer transport
 	// (tests only).
 	Faults *Faults
+	// FaultFile, when set, turns on fault injection driven by a JSON file
+	// (tests only; see FaultSpec): the node rereads it every
+	// FaultPollInterval and applies its cut and frozen peer links (through
+	// Faults, created if nil) and its wall-clock offset (in front of Now).
+	// The offset moves only the stamped wall time: lease and wait timers run
+	// on the monotonic clock, so a wall-clock jump on a node is modelled
+	// exactly as the node would see a real one. Off ("") by default; the
+	// node logs a warning when it is on.
+	FaultFile string
 }
 
 // Defaults. The Raft timeouts are tuned so that a new leader grants within

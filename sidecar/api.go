@@ -22,7 +22,9 @@ var (
 	// ErrIndeterminate: a written request got no definite reply. For an
 	// acquire the caller must not enter the critical section (the lease ends
 	// any holding it may have created); for a release, the lock may still be
-	// held until its lease ends.
+	// held until its lease ends — or it is gone, but whether this release or
+	// the lease ended it is unknown (an attempt whose reply was lost, then a
+	// retry answered not_held).
 	ErrIndeterminate = errors.New("sidecar: indeterminate")
 	// ErrUnavailable: no connection to a serving leader could take the
 	// request within its budget; not one byte was written. Definite.

@@ -547,8 +547,10 @@ func (b *Broker) isClosed() bool {
 
 // Release releases l through the bounded release queue, retrying until
 // ReleaseDeadline after this call; nil only on a success reply. Otherwise a
-// definite server error (locksm.ErrNotHeld, ErrTokenMismatch, ...),
-// ErrIndeterminate (deadline passed without a definite reply), or
+// definite server error (locksm.ErrNotHeld, ErrTokenMismatch, ...: the lease
+// ended the holding), ErrIndeterminate (deadline passed without a definite
+// reply, or a retry found the key gone after an attempt whose reply was
+// lost), or
 // ErrReleaseQueueFull. If ctx ends first, the release goes on in the
 // background and the error wraps ctx.Err().
 func (b *Broker) Release(ctx context.Context, l Lock) error {
@@ -604,11 +606,18 @@ func (b *Broker) releaseWorker() {
 // one after a pause) until it gets a definite reply or its deadline passes.
 // Unlike an acquire, a release may be resent: its effect is exact (key,
 // owner, token), and resending an executed one only earns not_held or
-// token_mismatch, never a wrong release.
+// token_mismatch, never a wrong release. But that answer is then
+// ambiguous: the key is not held under this token any more, either because
+// an earlier attempt released it or because the lease ran out first. It is
+// reported as ErrIndeterminate, never as the definite error, which would
+// tell the caller its lease ran out when its release may have worked (the
+// verification suite caught this: a release whose connection dropped after
+// the leader applied it came back not_held).
 func (b *Broker) release(job *releaseJob) error {
 	l := job.lock
 	pause := 20 * time.Millisecond
 	var last error
+	mayHaveRun := false // an earlier attempt was sent and got no definite reply
 	for {
 		left := job.deadline.Sub(b.cfg.Now())
 		if left <= 0 {
@@ -644,12 +653,20 @@ func (b *Broker) release(job *releaseJob) error {
 		}
 		if call.Err != nil {
 			last = call.Err
+			if call.Written {
+				mayHaveRun = true
+			}
 		} else {
 			switch r := call.Reply; r.Type {
 			case wire.TypeOK:
 				return nil
 			case wire.TypeError:
-				return fmt.Errorf("%w: %s", wire.ErrOf(r.Code), r.Text)
+				err := fmt.Errorf("%w: %s", wire.ErrOf(r.Code), r.Text)
+				if mayHaveRun && releaseGone(err) {
+					return fmt.Errorf("%w: release of %s token %d: an earlier attempt may have released it (its reply was lost), and now the cluster answers: %v",
+						ErrIndeterminate, l.Key, l.Token, err)
+				}
+				return err
 			case wire.TypeMoved:
 				if r.LeaderAddr != "" {
 					b.setLeader(r.LeaderAddr)
@@ -661,6 +678,7 @@ func (b *Broker) release(job *releaseJob) error {
 			default:
 				b.forgetLeader()
 				last = fmt.Errorf("reply %s: %s", wire.TypeName(r.Type), r.Text)
+				mayHaveRun = mayHaveRun || r.Type == wire.TypeUnknown
 			}
 		}
 		select {
@@ -669,6 +687,33 @@ func (b *Broker) release(job *releaseJob) error {
 		}
 		pause = min(2*pause, 500*time.Millisecond)
 	}
+}
+
+// DropConnections closes every cluster connection the broker has right now,
+// as a network failure would: requests in flight on them end as they would
+// on a broken connection (Indeterminate if written), and each connection is
+// re-established in the background with the usual backoff. A test hook for
+// fault injection (`ticketing sidecar --fault-file`); never needed in
+// normal operation.
+func (b *Broker) DropConnections() int {
+	b.mu.Lock()
+	var conns []*client.Conn
+	for _, s := range b.slots {
+		if s.conn != nil {
+			conns = append(conns, s.conn)
+		}
+	}
+	b.mu.Unlock()
+	for _, c := range conns {
+		c.Close()
+	}
+	return len(conns)
+}
+
+// releaseGone reports whether a release's definite error says the holding
+// no longer exists (not held, held under another token or owner).
+func releaseGone(err error) bool {
+	return errors.Is(err, locksm.ErrNotHeld) || errors.Is(err, locksm.ErrTokenMismatch) || errors.Is(err, locksm.ErrOwnerMismatch)
 }
 
 // Info reports the broker's view of the cluster.

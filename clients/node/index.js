@@ -16,11 +16,14 @@
 const { Client, DEFAULT_REPLY_GRACE } = require('./lib/client');
 const errors = require('./lib/errors');
 const protocol = require('./lib/protocol');
+const fence = require('./lib/fence');
 
 module.exports = {
   Client,
   DEFAULT_REPLY_GRACE,
   ...errors,
+  StaleTokenError: fence.StaleTokenError,
+  fence,
   MIN_LEASE: protocol.MIN_LEASE,
   MAX_LEASE: protocol.MAX_LEASE,
   MAX_WAIT: protocol.MAX_WAIT,

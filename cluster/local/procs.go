@@ -2,6 +2,7 @@ package local
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -12,40 +13,74 @@ import (
 	"syscall"
 	"time"
 
+	"ticketing/cluster"
 	"ticketing/cluster/client"
 	"ticketing/cluster/wire"
 )
 
 // ProcOptions configures StartProcs.
 type ProcOptions struct {
-	// Binary is the ticketing executable to run as `Binary node ...`.
+	// Binary is the ticketing executable to run as `Binary node ...` (and
+	// `Binary sidecar ...`).
 	Binary string
 	// Dir holds one data dir and one log file per node, and the secrets.
 	Dir string
 	// Nodes is 3 (zero) or 5.
 	Nodes int
+	// ClusterID is the cluster id; "" means "bench".
+	ClusterID string
 	// ExtraArgs are appended to every node's command line.
 	ExtraArgs []string
+	// FaultFiles, when set, starts every node with --fault-file
+	// Dir/ID.faults.json and every sidecar with --fault-file
+	// Dir/sidecarJ.faults.json (tests only; see WriteFaults and
+	// DropSidecarConnections).
+	FaultFiles bool
+	// Sidecars is how many `ticketing sidecar` processes to start, each on
+	// its own socket in Dir and connected to every node. Zero: none.
+	Sidecars int
+	// SidecarArgs are appended to every sidecar's command line.
+	SidecarArgs []string
+	// SocketDir holds the sidecars' unix sockets; "" means Dir. (A socket
+	// path must stay under ~107 bytes.)
+	SocketDir string
 }
 
-// Procs is a cluster of `ticketing node` processes on loopback.
+// proc is one child process that can be stopped and started again.
+type proc struct {
+	name string
+	args []string
+	log  string // log file (stdout and stderr, appended)
+
+	cmd  *exec.Cmd // nil while not running
+	exit chan struct{}
+}
+
+// Procs is a cluster of `ticketing node` processes on loopback, with
+// optional sidecar processes.
 type Procs struct {
-	opts         ProcOptions
-	ClientSecret []byte
-	ClusterID    string
-	ids          []string
-	clientAddrs  []string
-	args         [][]string
+	opts           ProcOptions
+	ClientSecret   []byte
+	ClusterID      string
+	SecretFile     string // client secret file
+	PeerSecretFile string
+	ids            []string
+	clientAddrs    []string
 
-	mu    sync.Mutex
-	cmds  []*exec.Cmd
-	exits []chan struct{}
+	mu       sync.Mutex
+	nodes    []*proc
+	sidecars []*proc
+	drops    []uint64 // sidecar fault counters
 }
 
-// StartProcs starts every node process.
+// StartProcs starts every node process, then every sidecar process (it
+// does not wait for a leader or for the sidecars' sockets).
 func StartProcs(opts ProcOptions) (*Procs, error) {
 	if opts.Nodes == 0 {
 		opts.Nodes = 3
+	}
+	if opts.ClusterID == "" {
+		opts.ClusterID = "bench"
 	}
 	if err := os.MkdirAll(opts.Dir, 0o700); err != nil {
 		return nil, err
@@ -63,7 +98,8 @@ func StartProcs(opts ProcOptions) (*Procs, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Procs{opts: opts, ClientSecret: secret, ClusterID: "bench"}
+	p := &Procs{opts: opts, ClientSecret: secret, ClusterID: opts.ClusterID,
+		SecretFile: secretFile, PeerSecretFile: peerSecretFile}
 	var peers []string
 	for i := 0; i < opts.Nodes; i++ {
 		id := fmt.Sprintf("n%d", i+1)
@@ -74,7 +110,7 @@ func StartProcs(opts ProcOptions) (*Procs, error) {
 	for i := 0; i < opts.Nodes; i++ {
 		args := []string{"node",
 			"--id", p.ids[i],
-			"--data-dir", filepath.Join(opts.Dir, p.ids[i]),
+			"--data-dir", p.DataDir(i),
 			"--client-addr", p.clientAddrs[i],
 			"--peer-addr", fmt.Sprintf("127.0.0.1:%d", ports[2*i+1]),
 			"--peers", strings.Join(peers, ","),
@@ -82,12 +118,37 @@ func StartProcs(opts ProcOptions) (*Procs, error) {
 			"--secret-file", secretFile,
 			"--peer-secret-file", peerSecretFile,
 		}
-		p.args = append(p.args, append(args, opts.ExtraArgs...))
+		if opts.FaultFiles {
+			args = append(args, "--fault-file", p.FaultFile(i))
+		}
+		p.nodes = append(p.nodes, &proc{name: p.ids[i], args: append(args, opts.ExtraArgs...),
+			log: filepath.Join(opts.Dir, p.ids[i]+".log")})
 	}
-	p.cmds = make([]*exec.Cmd, opts.Nodes)
-	p.exits = make([]chan struct{}, opts.Nodes)
-	for i := range p.ids {
+	for j := 0; j < opts.Sidecars; j++ {
+		name := fmt.Sprintf("sidecar%d", j+1)
+		args := []string{"sidecar",
+			"--cluster", strings.Join(p.clientAddrs, ","),
+			"--cluster-id", p.ClusterID,
+			"--secret-file", secretFile,
+			"--socket", p.SidecarSocket(j),
+			"--socket-mode", "0600",
+			"--owner-prefix", name,
+		}
+		if opts.FaultFiles {
+			args = append(args, "--fault-file", p.SidecarFaultFile(j))
+		}
+		p.sidecars = append(p.sidecars, &proc{name: name, args: append(args, opts.SidecarArgs...),
+			log: filepath.Join(opts.Dir, name+".log")})
+		p.drops = append(p.drops, 0)
+	}
+	for i := range p.nodes {
 		if err := p.Start(i); err != nil {
+			p.Close()
+			return nil, err
+		}
+	}
+	for j := range p.sidecars {
+		if err := p.StartSidecar(j); err != nil {
 			p.Close()
 			return nil, err
 		}
@@ -121,21 +182,73 @@ func (p *Procs) Size() int { return len(p.ids) }
 func (p *Procs) ID(i int) string         { return p.ids[i] }
 func (p *Procs) ClientAddr(i int) string { return p.clientAddrs[i] }
 
+// IDs returns every node's id.
+func (p *Procs) IDs() []string { return append([]string(nil), p.ids...) }
+
 // ClientAddrs returns every node's client address.
 func (p *Procs) ClientAddrs() []string { return append([]string(nil), p.clientAddrs...) }
 
-// Start starts node i's process (again), appending to its log file.
-func (p *Procs) Start(i int) error {
+// DataDir is node i's data directory.
+func (p *Procs) DataDir(i int) string { return filepath.Join(p.opts.Dir, p.ids[i]) }
+
+// FaultFile is node i's fault file (used when ProcOptions.FaultFiles).
+func (p *Procs) FaultFile(i int) string {
+	return filepath.Join(p.opts.Dir, p.ids[i]+".faults.json")
+}
+
+// WriteFaults replaces node i's fault file; the node applies it within
+// cluster.FaultPollInterval.
+func (p *Procs) WriteFaults(i int, spec cluster.FaultSpec) error {
+	return cluster.WriteFaultFile(p.FaultFile(i), spec)
+}
+
+// Sidecars is the number of sidecar processes.
+func (p *Procs) Sidecars() int { return len(p.sidecars) }
+
+// SidecarSocket is sidecar j's unix socket.
+func (p *Procs) SidecarSocket(j int) string {
+	dir := p.opts.SocketDir
+	if dir == "" {
+		dir = p.opts.Dir
+	}
+	return filepath.Join(dir, fmt.Sprintf("sidecar%d.sock", j+1))
+}
+
+// SidecarFaultFile is sidecar j's fault file.
+func (p *Procs) SidecarFaultFile(j int) string {
+	return filepath.Join(p.opts.Dir, fmt.Sprintf("sidecar%d.faults.json", j+1))
+}
+
+// DropSidecarConnections makes sidecar j drop every cluster connection it
+// has (through its fault file; needs ProcOptions.FaultFiles).
+func (p *Procs) DropSidecarConnections(j int) error {
+	p.mu.Lock()
+	p.drops[j]++
+	n := p.drops[j]
+	p.mu.Unlock()
+	// The layout of sidecar.FaultSpec (this package cannot import sidecar,
+	// whose tests import this package).
+	path := p.SidecarFaultFile(j)
+	if err := os.WriteFile(path+".tmp", fmt.Appendf(nil, `{"drop_connections":%d}`, n), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(path+".tmp", path)
+}
+
+// ErrRunning is returned when starting a process that is running.
+var ErrRunning = errors.New("local: process is running")
+
+func (p *Procs) start(pr *proc) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.cmds[i] != nil {
-		return fmt.Errorf("local: node %s is running", p.ids[i])
+	if pr.cmd != nil {
+		return fmt.Errorf("%w: %s", ErrRunning, pr.name)
 	}
-	logf, err := os.OpenFile(filepath.Join(p.opts.Dir, p.ids[i]+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	logf, err := os.OpenFile(pr.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(p.opts.Binary, p.args[i]...)
+	cmd := exec.Command(p.opts.Binary, pr.args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		logf.Close()
@@ -147,17 +260,17 @@ func (p *Procs) Start(i int) error {
 		logf.Close()
 		close(exit)
 	}()
-	p.cmds[i], p.exits[i] = cmd, exit
+	pr.cmd, pr.exit = cmd, exit
 	return nil
 }
 
-// Signal sends sig to node i and, for SIGKILL and SIGTERM, waits for it to
-// exit.
-func (p *Procs) Signal(i int, sig syscall.Signal) error {
+// signal sends sig to pr and, for SIGKILL and SIGTERM, waits for it to
+// exit. SIGSTOP and SIGCONT just pause and resume it.
+func (p *Procs) signal(pr *proc, sig syscall.Signal) error {
 	p.mu.Lock()
-	cmd, exit := p.cmds[i], p.exits[i]
+	cmd, exit := pr.cmd, pr.exit
 	if sig == syscall.SIGKILL || sig == syscall.SIGTERM {
-		p.cmds[i] = nil
+		pr.cmd = nil
 	}
 	p.mu.Unlock()
 	if cmd == nil {
@@ -165,6 +278,10 @@ func (p *Procs) Signal(i int, sig syscall.Signal) error {
 	}
 	if err := cmd.Process.Signal(sig); err != nil {
 		return err
+	}
+	if sig == syscall.SIGTERM {
+		// A paused process would never handle SIGTERM.
+		cmd.Process.Signal(syscall.SIGCONT)
 	}
 	if sig == syscall.SIGKILL || sig == syscall.SIGTERM {
 		select {
@@ -177,11 +294,57 @@ func (p *Procs) Signal(i int, sig syscall.Signal) error {
 	return nil
 }
 
-// Running reports whether node i's process is running.
+// Start starts node i's process (again), appending to its log file.
+func (p *Procs) Start(i int) error { return p.start(p.nodes[i]) }
+
+// Signal sends sig to node i: SIGKILL and SIGTERM wait for it to exit (then
+// Start runs it again from its data dir); SIGSTOP and SIGCONT pause and
+// resume it.
+func (p *Procs) Signal(i int, sig syscall.Signal) error { return p.signal(p.nodes[i], sig) }
+
+// Running reports whether node i's process is running (a paused one is).
 func (p *Procs) Running(i int) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.cmds[i] != nil
+	return p.nodes[i].cmd != nil
+}
+
+// Exited reports whether node i's process ended by itself (it was started
+// and not killed through Signal, but is gone).
+func (p *Procs) Exited(i int) bool {
+	p.mu.Lock()
+	pr := p.nodes[i]
+	cmd, exit := pr.cmd, pr.exit
+	p.mu.Unlock()
+	if cmd == nil {
+		return false
+	}
+	select {
+	case <-exit:
+		return true
+	default:
+		return false
+	}
+}
+
+// Wipe removes node i's data directory; the node must be stopped. Started
+// again, it bootstraps a fresh log at its old address.
+func (p *Procs) Wipe(i int) error {
+	if p.Running(i) {
+		return fmt.Errorf("%w: %s (stop it before wiping)", ErrRunning, p.ids[i])
+	}
+	return os.RemoveAll(p.DataDir(i))
+}
+
+// StartSidecar starts sidecar j's process (again).
+func (p *Procs) StartSidecar(j int) error {
+	os.Remove(p.SidecarSocket(j)) // a killed sidecar leaves its socket
+	return p.start(p.sidecars[j])
+}
+
+// SignalSidecar sends sig to sidecar j, like Signal.
+func (p *Procs) SignalSidecar(j int, sig syscall.Signal) error {
+	return p.signal(p.sidecars[j], sig)
 }
 
 // Status asks node i for its status.
@@ -223,8 +386,11 @@ func (p *Procs) Leader(ctx context.Context) (int, error) {
 	}
 }
 
-// Close kills every node.
+// Close kills every sidecar and node.
 func (p *Procs) Close() {
+	for j := range p.sidecars {
+		p.SignalSidecar(j, syscall.SIGKILL)
+	}
 	for i := range p.ids {
 		p.Signal(i, syscall.SIGKILL)
 	}

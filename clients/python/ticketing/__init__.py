@@ -26,6 +26,8 @@ from .errors import (
     SidecarConnectionError,
     TicketingError,
 )
+from . import fence
+from .fence import StaleTokenError, fenced
 
 __version__ = "0.1.0"
 
@@ -43,6 +45,9 @@ __all__ = [
     "ServerError",
     "ProtocolError",
     "SidecarConnectionError",
+    "StaleTokenError",
+    "fence",
+    "fenced",
     "MIN_LEASE",
     "MAX_LEASE",
     "MAX_WAIT",

@@ -33,6 +33,7 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&cfg.LeaderLeaseTimeout, "leader-lease-timeout", d.LeaderLeaseTimeout, "how long a leader leads without a majority before it steps down")
 	fs.IntVar(&cfg.MaxInFlightPerConn, "max-inflight", d.MaxInFlightPerConn, "max requests in flight per client connection")
 	fs.IntVar(&cfg.MaxClientConns, "max-conns", d.MaxClientConns, "max client connections")
+	fs.StringVar(&cfg.FaultFile, "fault-file", "", "TESTS ONLY: obey fault injections (cut/frozen peer links, clock offset) from this JSON file; off by default")
 	logs.register(fs, "info")
 	if err := fs.Parse(args); err != nil {
 		return ExitUsage

@@ -32,6 +32,7 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	ucfg := unixapi.DefaultConfig()
 	var (
 		addrs, secretFile, clusterID, mode, allow string
+		faultFile                                 string
 		logs                                      logFlags
 	)
 	fset.StringVar(&addrs, "cluster", "", "the cluster nodes' client addresses: HOST:PORT,HOST:PORT,HOST:PORT")
@@ -43,6 +44,7 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	fset.StringVar(&allow, "allow-uid", "", "comma-separated peer uids allowed to connect (default: any uid the file mode admits)")
 	fset.IntVar(&ucfg.MaxConns, "max-conns", ucfg.MaxConns, "max local connections served at once")
 	fset.StringVar(&ucfg.OwnerPrefix, "owner-prefix", ucfg.OwnerPrefix, "prefix of the owner ids sent to the cluster (owner = PREFIX.CONN)")
+	fset.StringVar(&faultFile, "fault-file", "", "TESTS ONLY: drop every cluster connection each time the drop_connections counter in this JSON file grows; off by default")
 	logs.register(fset, "info")
 	if err := fset.Parse(args); err != nil {
 		return ExitUsage
@@ -92,6 +94,9 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if err != nil {
 		fmt.Fprintln(stderr, "ticketing sidecar:", err)
 		return ExitError
+	}
+	if faultFile != "" {
+		go sidecar.WatchFaultFile(ctx, faultFile, 20*time.Millisecond, b, log.With("part", "faults"))
 	}
 	<-ctx.Done()
 	log.Info("shutting down: releasing the locks of every connection")

@@ -1,0 +1,105 @@
+package main
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestMain lets the test binary be a Go seller too: the runner starts
+// os.Executable() with "seller" as its first argument.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == "seller" {
+		os.Exit(sellerMain(os.Args[2:]))
+	}
+	os.Exit(m.Run())
+}
+
+// ticketingBin returns $TICKETING_BIN or builds the binary once for the test.
+func ticketingBin(t *testing.T) string {
+	t.Helper()
+	if b := os.Getenv("TICKETING_BIN"); b != "" {
+		return b
+	}
+	bin := filepath.Join(t.TempDir(), "ticketing")
+	out, err := exec.Command("go", "build", "-o", bin, "ticketing/cmd/ticketing").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build ticketing/cmd/ticketing: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// chaosRun is the example's short chaos run: 2 Go and 2 Python sellers sell
+// 40 seats; one of each is stopped (SIGSTOP) holding the lock past its
+// 2-second lease. Both stale writes must be rejected by the fence and the
+// inventory must add up.
+func chaosRun(t *testing.T, db string, python int, pythonBin string) {
+	if _, err := exec.LookPath(pythonBin); err != nil && python > 0 {
+		t.Fatal("python3 is needed for the Python sellers of the ticket-sale example")
+	}
+	cfg := defaultConfig()
+	cfg.DB, cfg.Seats, cfg.LeaseSec, cfg.PySellers, cfg.Verbose = db, 40, 2, python, testing.Verbose()
+	cfg.TicketingBin, cfg.Python = ticketingBin(t), pythonBin
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	rep, err := run(ctx, cfg, &logWriter{t: t})
+	if err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	var out strings.Builder
+	rep.print(&out)
+	t.Logf("report:\n%s", out.String())
+	if !rep.OK() {
+		t.Fatalf("the inventory does not add up:\n%s", out.String())
+	}
+	victims := 0
+	for _, p := range rep.Sellers {
+		if p.victim {
+			victims++
+		}
+	}
+	if want := 1 + min(python, 1); victims != want || rep.Stale < victims {
+		t.Fatalf("%d chaos victims (want %d), %d stale writes rejected", victims, want, rep.Stale)
+	}
+	if rep.Audit.SeatsSold != cfg.Seats || rep.MaxSold == 0 {
+		t.Fatalf("sold %d of %d seats, largest token %d", rep.Audit.SeatsSold, cfg.Seats, rep.MaxSold)
+	}
+}
+
+func TestChaosSQLite(t *testing.T) {
+	chaosRun(t, filepath.Join(t.TempDir(), "sale.db"), 2, "python3")
+}
+
+// TestChaosPostgres needs a PostgreSQL server: `make test` starts one with
+// .ci/postgres.sh and sets TICKETING_TEST_PG_DSN. The Python sellers take
+// part when python3 or the system Python (/usr/bin/python3, where Debian's
+// python3-psycopg installs) can import psycopg or psycopg2.
+func TestChaosPostgres(t *testing.T) {
+	dsn := os.Getenv("TICKETING_TEST_PG_DSN")
+	if dsn == "" {
+		t.Skip("TICKETING_TEST_PG_DSN is not set: no PostgreSQL server for this test (`make test` starts one with .ci/postgres.sh)")
+	}
+	for _, py := range []string{"python3", "/usr/bin/python3"} {
+		if exec.Command(py, "-c", "import importlib.util as u, sys; sys.exit(not (u.find_spec('psycopg') or u.find_spec('psycopg2')))").Run() == nil {
+			chaosRun(t, dsn, 2, py)
+			return
+		}
+	}
+	t.Log("no Python with psycopg/psycopg2: Go sellers only against PostgreSQL")
+	chaosRun(t, dsn, 0, "python3")
+}
+
+// logWriter sends the runner's progress to t.Log, line by line (t.Log is
+// safe for concurrent use).
+type logWriter struct{ t *testing.T }
+
+func (w *logWriter) Write(p []byte) (int, error) {
+	for _, l := range strings.Split(strings.TrimRight(string(p), "\n"), "\n") {
+		w.t.Log(l)
+	}
+	return len(p), nil
+}

@@ -1,0 +1,292 @@
+// Package fence stores Ticketing fencing tokens next to the data they
+// protect, with database/sql, for SQLite and PostgreSQL.
+//
+// A lock orders the work; it cannot stop a holder that stalled (GC pause,
+// SIGSTOP, overload) past its lease from writing afterwards. Only the store
+// can: every write carries the token of the grant it was made under, and the
+// store refuses a token lower than the highest it has already accepted for
+// that key, atomically with the write. This package does that check:
+//
+//   - [Fence.Advance], inside the caller's *sql.Tx, raises the per-key
+//     high-water mark in a fencing table to the token, or returns an error
+//     wrapping [ErrStale] when a newer token got there first. Run it as the
+//     first statement of the transaction, do the reads and writes the sale
+//     depends on after it, and commit: the business write commits only
+//     together with the fence, and a stale writer's transaction rolls back
+//     whole. [Fence.Do] is the begin/advance/commit wrapper.
+//   - [Fence.Update] is the single-statement form for a row that carries its
+//     own token column: an UPDATE whose WHERE clause also requires the row's
+//     token to be older than (or equal to) this one.
+//
+// Updating the fencing row in its own transaction and writing the data
+// afterwards is NOT safe: a holder can stall between the two (see
+// clients/FENCING.md for the timeline).
+//
+// # Token encoding
+//
+// Tokens are u64 (1..2^64-1). Neither PostgreSQL (BIGINT) nor SQLite
+// (INTEGER) has an unsigned 64-bit type, so both columns store
+// [Encode](token) = token XOR 2^63 as a signed 64-bit integer, which is
+// token - 2^63: token 1 is stored as -9223372036854775807, token 2^63 as 0,
+// token 2^64-1 as 9223372036854775807. The mapping is a bijection that
+// preserves order, so "<" in SQL compares tokens correctly across the whole
+// u64 range. [Decode] reverses it; in PostgreSQL
+// "token::numeric + 9223372036854775808" shows the real token (the schema
+// files define a view that does).
+//
+// # Equal tokens
+//
+// A token equal to the high-water mark is accepted: a token belongs to
+// exactly one grant, so an equal token is the current holder writing again
+// (several transactions in one critical section, or a retry of one whose
+// commit outcome was lost). Only a strictly lower token is stale.
+package fence
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strconv"
+)
+
+// ErrStale means the token is older than the high-water mark the store
+// already holds for the key: the lock was lost (its lease ran out) and a
+// newer holder has written. The transaction must not commit; Advance's
+// caller rolls it back, Do and Update do so themselves.
+var ErrStale = errors.New("fence: stale fencing token")
+
+// Dialect selects the SQL placeholders of a database.
+type Dialect int
+
+const (
+	// SQLite uses ? placeholders (modernc.org/sqlite, mattn/go-sqlite3).
+	SQLite Dialect = iota
+	// Postgres uses $1, $2, ... placeholders (pgx's stdlib, lib/pq).
+	Postgres
+)
+
+func (d Dialect) String() string {
+	switch d {
+	case SQLite:
+		return "sqlite"
+	case Postgres:
+		return "postgres"
+	}
+	return "Dialect(" + strconv.Itoa(int(d)) + ")"
+}
+
+// placeholder returns the n-th (1-based) placeholder.
+func (d Dialect) placeholder(n int) string {
+	if d == Postgres {
+		return "$" + strconv.Itoa(n)
+	}
+	return "?"
+}
+
+// DefaultTable is the fencing table of the schema files
+// (clients/schema/fence.{sqlite,postgres}.sql).
+const DefaultTable = "ticketing_fence"
+
+// Zero is the encoded value below every real token (token 0, which is never
+// granted): the default of a token column on rows no holder has written yet.
+const Zero int64 = -1 << 63
+
+// Encode maps a u64 token to the signed 64-bit value stored in the database,
+// preserving order: Encode(a) < Encode(b) exactly when a < b.
+func Encode(token uint64) int64 { return int64(token ^ 1<<63) }
+
+// Decode reverses Encode.
+func Decode(v int64) uint64 { return uint64(v) ^ 1<<63 }
+
+// Fence is the fencing table of one database. The zero value is not usable:
+// set Dialect (SQLite is 0) and, if it is not DefaultTable, Table.
+type Fence struct {
+	Dialect Dialect
+	// Table is the fencing table, with columns (domain, key, token) and
+	// PRIMARY KEY (domain, key). Empty means DefaultTable. It is put into the
+	// SQL as written: a trusted identifier, never user input.
+	Table string
+}
+
+// New returns the Fence of a database of dialect d using DefaultTable.
+func New(d Dialect) Fence { return Fence{Dialect: d} }
+
+func (f Fence) table() string {
+	if f.Table == "" {
+		return DefaultTable
+	}
+	return f.Table
+}
+
+// advanceSQL is the conditional high-water upsert. The row is inserted for a
+// new key; otherwise it is updated only when the stored token is not newer,
+// and then the statement reports one row affected, else none. In PostgreSQL
+// the update locks the fence row until the transaction ends, so concurrent
+// holders of the same key serialise on it and a lower token that arrives
+// second sees the committed higher one (READ COMMITTED re-checks the WHERE
+// against the latest version). In SQLite the write lock serialises them.
+func (f Fence) advanceSQL() string {
+	t := f.table()
+	return "INSERT INTO " + t + " AS f (domain, key, token) VALUES (" +
+		f.Dialect.placeholder(1) + ", " + f.Dialect.placeholder(2) + ", " + f.Dialect.placeholder(3) + ")" +
+		" ON CONFLICT (domain, key) DO UPDATE SET token = excluded.token WHERE f.token <= excluded.token"
+}
+
+func checkToken(token uint64) error {
+	if token == 0 {
+		return errors.New("fence: token 0 (tokens start at 1)")
+	}
+	return nil
+}
+
+// Advance raises the high-water mark of (domain, key) to token inside tx, or
+// returns an error wrapping ErrStale if a higher token was already recorded.
+// The caller must then roll tx back. Call it before the reads and writes
+// that the token protects, in the same transaction, and commit after them.
+//
+// domain names the token sequence: the Ticketing cluster (its id, as INFO
+// reports it), since tokens of different clusters are not comparable. key is
+// the lock key.
+func (f Fence) Advance(ctx context.Context, tx *sql.Tx, domain, key string, token uint64) error {
+	if err := checkToken(token); err != nil {
+		return err
+	}
+	res, err := tx.ExecContext(ctx, f.advanceSQL(), domain, key, Encode(token))
+	if err != nil {
+		return fmt.Errorf("fence: advance %s/%s to %d: %w", domain, key, token, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("fence: advance %s/%s: rows affected: %w", domain, key, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("%w: %s/%s token %d is older than the stored high-water mark", ErrStale, domain, key, token)
+	}
+	return nil
+}
+
+// HighWater returns the highest token recorded for (domain, key), 0 if none.
+// q is a *sql.DB, *sql.Conn or *sql.Tx.
+func (f Fence) HighWater(ctx context.Context, q interface {
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+}, domain, key string) (uint64, error) {
+	var v int64
+	err := q.QueryRowContext(ctx, "SELECT token FROM "+f.table()+" WHERE domain = "+
+		f.Dialect.placeholder(1)+" AND key = "+f.Dialect.placeholder(2), domain, key).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("fence: high-water %s/%s: %w", domain, key, err)
+	}
+	return Decode(v), nil
+}
+
+// Do runs fn in a new transaction of db that starts with Advance, and
+// commits it if fn returns nil; on any error (ErrStale included) it rolls
+// back and returns the error. opts may be nil.
+//
+// For SQLite, open the database so that transactions take the write lock
+// at BEGIN (modernc.org/sqlite: "_txlock=immediate"), and set a busy
+// timeout; otherwise two writers can deadlock on the lock upgrade and one
+// gets SQLITE_BUSY.
+func (f Fence) Do(ctx context.Context, db *sql.DB, opts *sql.TxOptions, domain, key string, token uint64, fn func(tx *sql.Tx) error) (err error) {
+	tx, err := db.BeginTx(ctx, opts)
+	if err != nil {
+		return fmt.Errorf("fence: begin: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			tx.Rollback()
+		}
+	}()
+	if err = f.Advance(ctx, tx, domain, key, token); err != nil {
+		return err
+	}
+	if err = fn(tx); err != nil {
+		return err
+	}
+	if err = tx.Commit(); err != nil {
+		return fmt.Errorf("fence: commit: %w", err)
+	}
+	return nil
+}
+
+// Execer is what Update runs on: *sql.DB, *sql.Conn, *sql.Tx.
+type Execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// Update is the single-statement form of a fenced write, for a row that
+// keeps its own token column (declared "BIGINT NOT NULL DEFAULT
+// -9223372036854775808", i.e. Zero, for rows not yet written under a lock).
+// It runs
+//
+//	UPDATE <Table> SET <Column> = <token>, <Set> WHERE (<Where>) AND <Column> <= <token>
+//
+// Set and Where use the dialect's placeholders for Args ($1..$n in
+// PostgreSQL, ? in SQLite); the token's placeholders are added around
+// them (see SQL). Exec returns an error wrapping ErrStale when no row matched, which
+// means the row's token is newer, or no row satisfies Where: make sure Where
+// matches exactly the rows you expect to exist (check RowsAffected against
+// the expected count with Want).
+type Update struct {
+	Dialect Dialect
+	Table   string // trusted identifier
+	Set     string // e.g. "balance = $1"
+	Where   string // e.g. "id = $2"
+	Args    []any  // arguments of Set and Where, in placeholder order
+	// Column is the row's token column; empty means "fence_token".
+	Column string
+	// Want is the number of rows the update must change; 0 means at least
+	// one. Fewer is ErrStale.
+	Want int64
+}
+
+// SQL returns the statement and its arguments for token. In PostgreSQL the
+// token is $n+1 (n = len(Args)); in SQLite, whose ? placeholders are
+// positional, the token's assignment comes first in SET and its
+// comparison last in WHERE, so the arguments are token, Args..., token.
+func (u Update) SQL(token uint64) (string, []any) {
+	col := u.Column
+	if col == "" {
+		col = "fence_token"
+	}
+	tok := Encode(token)
+	if u.Dialect == Postgres {
+		p := u.Dialect.placeholder(len(u.Args) + 1)
+		return "UPDATE " + u.Table + " SET " + col + " = " + p + ", " + u.Set +
+				" WHERE (" + u.Where + ") AND " + col + " <= " + p,
+			append(append([]any(nil), u.Args...), tok)
+	}
+	args := make([]any, 0, len(u.Args)+2)
+	args = append(append(append(args, tok), u.Args...), tok)
+	return "UPDATE " + u.Table + " SET " + col + " = ?, " + u.Set +
+		" WHERE (" + u.Where + ") AND " + col + " <= ?", args
+}
+
+// Exec runs the update for token on ex (inside a transaction or alone: it is
+// one statement, atomic by itself).
+func (u Update) Exec(ctx context.Context, ex Execer, token uint64) (sql.Result, error) {
+	if err := checkToken(token); err != nil {
+		return nil, err
+	}
+	q, args := u.SQL(token)
+	res, err := ex.ExecContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("fence: update %s: %w", u.Table, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return nil, fmt.Errorf("fence: update %s: rows affected: %w", u.Table, err)
+	}
+	want := u.Want
+	if want == 0 {
+		want = 1
+	}
+	if n < want {
+		return res, fmt.Errorf("%w: update %s with token %d changed %d of %d rows", ErrStale, u.Table, token, n, want)
+	}
+	return res, nil
+}

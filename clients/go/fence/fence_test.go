@@ -1,0 +1,322 @@
+package fence_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib"
+	_ "modernc.org/sqlite"
+
+	"ticketing/clients/go/fence"
+)
+
+// db is one database under test with the fencing schema and a business
+// table "accounts" (id, balance, fence_token) created.
+type db struct {
+	*sql.DB
+	f fence.Fence
+	// q rewrites a query written with $n placeholders for the dialect.
+	d fence.Dialect
+}
+
+func (d db) q(s string) string {
+	if d.d == fence.Postgres {
+		return s
+	}
+	// $1, $2, ... → ? (tests use each placeholder once and in order).
+	out := []byte{}
+	for i := 0; i < len(s); i++ {
+		if s[i] == '$' {
+			out = append(out, '?')
+			for i+1 < len(s) && s[i+1] >= '0' && s[i+1] <= '9' {
+				i++
+			}
+			continue
+		}
+		out = append(out, s[i])
+	}
+	return string(out)
+}
+
+// SQLiteDSN is how the tests (and the ticket-sale example) open SQLite: WAL,
+// a busy timeout, and BEGIN IMMEDIATE so a transaction takes the write lock
+// up front.
+func sqliteDSN(path string) string {
+	return "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate"
+}
+
+func openSQLite(t *testing.T) db {
+	t.Helper()
+	sdb, err := sql.Open("sqlite", sqliteDSN(filepath.Join(t.TempDir(), "fence.db")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sdb.Close() })
+	return setup(t, sdb, fence.SQLite)
+}
+
+// openPostgres connects to $TICKETING_TEST_PG_DSN (set by .ci/postgres.sh,
+// which `make test` runs) and gives the test a schema of its own.
+func openPostgres(t *testing.T) db {
+	t.Helper()
+	dsn := os.Getenv("TICKETING_TEST_PG_DSN")
+	if dsn == "" {
+		t.Skip("TICKETING_TEST_PG_DSN is not set: no PostgreSQL server for this test (`make test` starts one with .ci/postgres.sh)")
+	}
+	admin, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	schema := "fence_test_" + time.Now().Format("150405_000000000")
+	if _, err := admin.Exec("CREATE SCHEMA " + schema); err != nil {
+		t.Fatal(err)
+	}
+	pdb, err := sql.Open("pgx", dsn+"&search_path="+schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		pdb.Close()
+		if a, err := sql.Open("pgx", dsn); err == nil {
+			a.Exec("DROP SCHEMA " + schema + " CASCADE")
+			a.Close()
+		}
+	})
+	return setup(t, pdb, fence.Postgres)
+}
+
+func setup(t *testing.T, sdb *sql.DB, d fence.Dialect) db {
+	t.Helper()
+	if _, err := sdb.Exec(fence.Schema(d)); err != nil {
+		t.Fatalf("schema: %v", err)
+	}
+	tokType := "INTEGER"
+	if d == fence.Postgres {
+		tokType = "BIGINT"
+	}
+	if _, err := sdb.Exec(`CREATE TABLE accounts (
+		id TEXT PRIMARY KEY, balance INTEGER NOT NULL,
+		fence_token ` + tokType + ` NOT NULL DEFAULT -9223372036854775808)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sdb.Exec(`CREATE TABLE ledger (id TEXT PRIMARY KEY, note TEXT)`); err != nil {
+		t.Fatal(err)
+	}
+	return db{DB: sdb, f: fence.New(d), d: d}
+}
+
+// forEachDB runs body against SQLite and, when one is available, PostgreSQL.
+func forEachDB(t *testing.T, body func(t *testing.T, d db)) {
+	t.Run("sqlite", func(t *testing.T) { body(t, openSQLite(t)) })
+	t.Run("postgres", func(t *testing.T) { body(t, openPostgres(t)) })
+}
+
+func TestEncodePreservesOrder(t *testing.T) {
+	vals := []uint64{0, 1, 2, 1<<53 + 1, 1<<63 - 1, 1 << 63, 1<<63 + 1, math.MaxUint64 - 1, math.MaxUint64}
+	for i, v := range vals {
+		if fence.Decode(fence.Encode(v)) != v {
+			t.Fatalf("Decode(Encode(%d)) = %d", v, fence.Decode(fence.Encode(v)))
+		}
+		if i > 0 && !(fence.Encode(vals[i-1]) < fence.Encode(v)) {
+			t.Fatalf("Encode(%d)=%d is not below Encode(%d)=%d", vals[i-1], fence.Encode(vals[i-1]), v, fence.Encode(v))
+		}
+	}
+	if fence.Encode(0) != fence.Zero || fence.Encode(1<<63) != 0 || fence.Encode(math.MaxUint64) != math.MaxInt64 {
+		t.Fatal("encoding constants")
+	}
+}
+
+func TestSchemaFilesMatch(t *testing.T) {
+	for _, d := range []fence.Dialect{fence.SQLite, fence.Postgres} {
+		b, err := os.ReadFile(filepath.Join("..", "..", "schema", "fence."+d.String()+".sql"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(b) != fence.Schema(d) {
+			t.Errorf("clients/schema/fence.%s.sql differs from fence.Schema(%v)", d, d)
+		}
+	}
+}
+
+// advance runs Advance in a transaction of its own that also writes a ledger
+// row, and reports whether the ledger row exists afterwards.
+func advance(t *testing.T, d db, key string, token uint64, note string) (error, bool) {
+	t.Helper()
+	ctx := context.Background()
+	err := d.f.Do(ctx, d.DB, nil, "test", key, token, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, d.q(`INSERT INTO ledger (id, note) VALUES ($1, $2)`), note, key)
+		return err
+	})
+	var n int
+	if qerr := d.QueryRow(d.q(`SELECT count(*) FROM ledger WHERE id = $1`), note).Scan(&n); qerr != nil {
+		t.Fatal(qerr)
+	}
+	return err, n == 1
+}
+
+func TestAdvance(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d db) {
+		steps := []struct {
+			token uint64
+			stale bool
+		}{
+			{5, false},         // first write for the key: inserted
+			{7, false},         // newer
+			{7, false},         // equal: the same grant writing again
+			{6, true},          // older
+			{1, true},          // much older
+			{1<<63 - 1, false}, // just below 2^63
+			{1 << 63, false},   // 2^63: stored as 0
+			{1<<63 - 1, true},  // order holds across the sign boundary
+			{math.MaxUint64 - 1, false},
+			{math.MaxUint64, false}, // the largest token
+			{math.MaxUint64 - 1, true},
+			{1 << 63, true},
+		}
+		for i, s := range steps {
+			note := "n" + string(rune('a'+i))
+			err, wrote := advance(t, d, "seats/42", s.token, note)
+			if s.stale {
+				if !errors.Is(err, fence.ErrStale) {
+					t.Fatalf("step %d token %d: err %v, want ErrStale", i, s.token, err)
+				}
+				if wrote {
+					t.Fatalf("step %d token %d: business write committed despite ErrStale", i, s.token)
+				}
+				continue
+			}
+			if err != nil || !wrote {
+				t.Fatalf("step %d token %d: err %v wrote %v", i, s.token, err, wrote)
+			}
+		}
+		hw, err := d.f.HighWater(context.Background(), d.DB, "test", "seats/42")
+		if err != nil || hw != math.MaxUint64 {
+			t.Fatalf("high-water %d, %v", hw, err)
+		}
+		// Keys and domains are independent.
+		if err, _ := advance(t, d, "seats/43", 2, "other-key"); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.f.Do(context.Background(), d.DB, nil, "other-cluster", "seats/42", 1, func(*sql.Tx) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.f.Do(context.Background(), d.DB, nil, "test", "k", 0, func(*sql.Tx) error { return nil }); err == nil || errors.Is(err, fence.ErrStale) {
+			t.Fatalf("token 0: %v", err)
+		}
+	})
+}
+
+// TestBusinessErrorRollsBackFence: when the business write fails, the fence
+// does not move either (it is the same transaction).
+func TestBusinessErrorRollsBackFence(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d db) {
+		ctx := context.Background()
+		boom := errors.New("boom")
+		err := d.f.Do(ctx, d.DB, nil, "test", "k", 9, func(tx *sql.Tx) error { return boom })
+		if !errors.Is(err, boom) {
+			t.Fatal(err)
+		}
+		if hw, err := d.f.HighWater(ctx, d.DB, "test", "k"); err != nil || hw != 0 {
+			t.Fatalf("high-water %d after rollback, %v", hw, err)
+		}
+	})
+}
+
+// TestConcurrentStaleWaitsAndLoses: a newer holder has advanced the fence in
+// an open transaction; the stale holder's Advance waits for it (row lock in
+// PostgreSQL, write lock in SQLite) and, once it commits, is rejected.
+func TestConcurrentStaleWaitsAndLoses(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d db) {
+		ctx := context.Background()
+		if err, _ := advance(t, d, "k", 10, "first"); err != nil {
+			t.Fatal(err)
+		}
+		newer, err := d.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.f.Advance(ctx, newer, "test", "k", 12); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			err, wrote := advance(t, d, "k", 11, "stale")
+			if wrote {
+				err = errors.New("stale write committed")
+			}
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			t.Fatalf("stale transaction finished while the newer one was open: %v", err)
+		case <-time.After(300 * time.Millisecond):
+		}
+		if _, err := newer.ExecContext(ctx, d.q(`INSERT INTO ledger (id, note) VALUES ($1, $2)`), "newer", "k"); err != nil {
+			t.Fatal(err)
+		}
+		if err := newer.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; !errors.Is(err, fence.ErrStale) {
+			t.Fatalf("stale holder: %v, want ErrStale", err)
+		}
+	})
+}
+
+// TestUpdate is the single-statement form: the row carries its own token.
+func TestUpdate(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d db) {
+		ctx := context.Background()
+		if _, err := d.Exec(d.q(`INSERT INTO accounts (id, balance) VALUES ($1, 100)`), "alice"); err != nil {
+			t.Fatal(err)
+		}
+		set := func(balance int, token uint64) error {
+			u := fence.Update{
+				Dialect: d.d, Table: "accounts",
+				Set: d.q("balance = $1"), Where: d.q("id = $2"),
+				Args: []any{balance, "alice"},
+			}
+			_, err := u.Exec(ctx, d.DB, token)
+			return err
+		}
+		balance := func() int {
+			var b int
+			if err := d.QueryRow(d.q(`SELECT balance FROM accounts WHERE id = $1`), "alice").Scan(&b); err != nil {
+				t.Fatal(err)
+			}
+			return b
+		}
+		for _, s := range []struct {
+			balance int
+			token   uint64
+			stale   bool
+		}{
+			{90, 3, false}, {80, 3, false}, {70, 2, true},
+			{60, 1 << 63, false}, {50, 1<<63 - 1, true},
+			{40, math.MaxUint64, false}, {30, math.MaxUint64 - 1, true},
+		} {
+			before := balance()
+			err := set(s.balance, s.token)
+			if s.stale {
+				if !errors.Is(err, fence.ErrStale) || balance() != before {
+					t.Fatalf("token %d: err %v, balance %d (was %d)", s.token, err, balance(), before)
+				}
+				continue
+			}
+			if err != nil || balance() != s.balance {
+				t.Fatalf("token %d: err %v, balance %d", s.token, err, balance())
+			}
+		}
+		u := fence.Update{Dialect: d.d, Table: "accounts", Set: d.q("balance = $1"), Where: d.q("id = $2"), Args: []any{1, "bob"}}
+		if _, err := u.Exec(ctx, d.DB, 5); !errors.Is(err, fence.ErrStale) {
+			t.Fatalf("missing row: %v", err)
+		}
+	})
+}

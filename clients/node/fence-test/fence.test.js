@@ -1,0 +1,144 @@
+'use strict';
+
+// ticketing-client's fence helpers against a real PostgreSQL through `pg`.
+// `make test` starts a server (.ci/postgres.sh) and sets TICKETING_TEST_PG_DSN.
+
+const { test, before, after } = require('node:test');
+const assert = require('node:assert/strict');
+const fs = require('node:fs');
+const path = require('node:path');
+const { Client: PgClient } = require('pg');
+const { fence, StaleTokenError, TicketingError } = require('..');
+
+const DSN = process.env.TICKETING_TEST_PG_DSN;
+const skip = DSN ? false : 'TICKETING_TEST_PG_DSN is not set (make test starts PostgreSQL with .ci/postgres.sh)';
+const MAX = (1n << 64n) - 1n;
+const schema = `fence_node_${process.pid}_${Date.now()}`;
+const opened = [];
+
+async function connect() {
+  const c = new PgClient({ connectionString: DSN, options: `-c search_path=${schema}` });
+  await c.connect();
+  opened.push(c);
+  return c;
+}
+
+before(async () => {
+  if (skip) return;
+  const c = await connect();
+  await c.query(`CREATE SCHEMA ${schema}`);
+  await c.query(`SET search_path TO ${schema}`);
+  await c.query(fs.readFileSync(path.join(__dirname, '..', '..', 'schema', 'fence.postgres.sql'), 'utf8'));
+  await c.query(`CREATE TABLE accounts (id TEXT PRIMARY KEY, balance INTEGER NOT NULL,
+    fence_token BIGINT NOT NULL DEFAULT ${fence.ZERO})`);
+  await c.query('CREATE TABLE ledger (id TEXT PRIMARY KEY, note TEXT)');
+});
+
+after(async () => {
+  if (skip) return;
+  await opened[0].query(`DROP SCHEMA ${schema} CASCADE`);
+  await Promise.all(opened.map((c) => c.end()));
+});
+
+const opts = (key, token) => ({ dialect: 'postgres', domain: 'test', key, token });
+
+async function write(db, key, token, note) {
+  try {
+    await fence.withFence(db, opts(key, token), (tx) =>
+      tx.query('INSERT INTO ledger (id, note) VALUES ($1, $2)', [note, key]));
+    return true;
+  } catch (e) {
+    if (e instanceof StaleTokenError) return false;
+    throw e;
+  }
+}
+
+async function ledgerHas(db, note) {
+  const r = await db.query('SELECT count(*)::int AS n FROM ledger WHERE id = $1', [note]);
+  return r.rows[0].n === 1;
+}
+
+test('advance: newer and equal pass, older is stale, over the whole u64 range', { skip }, async () => {
+  const db = await connect();
+  const steps = [
+    [5n, true], [7n, true], [7n, true], [6n, false], [1n, false],
+    [(1n << 63n) - 1n, true], [1n << 63n, true], [(1n << 63n) - 1n, false],
+    [MAX - 1n, true], [MAX, true], [MAX - 1n, false], [1n << 63n, false],
+  ];
+  for (const [i, [token, ok]] of steps.entries()) {
+    assert.equal(await write(db, 'seats/42', token, `n${i}`), ok, `step ${i} token ${token}`);
+    assert.equal(await ledgerHas(db, `n${i}`), ok, `step ${i}: ledger`);
+  }
+  assert.equal(await fence.highWater(db, opts('seats/42')), MAX);
+  assert.equal(await fence.highWater(db, opts('nothing')), 0n);
+  const view = await db.query("SELECT token::text FROM ticketing_fence_tokens WHERE key = 'seats/42'");
+  assert.equal(view.rows[0].token, String(MAX));
+  assert.equal(await write(db, 'seats/43', '1', 'other-key'), true); // decimal string token
+});
+
+test('stale error type; the callback does not run', { skip }, async () => {
+  const db = await connect();
+  assert.equal(await write(db, 'k1', 10n, 'a'), true);
+  let ran = false;
+  await assert.rejects(fence.withFence(db, opts('k1', 9n), async () => { ran = true; }), (e) => {
+    assert.ok(e instanceof StaleTokenError && e instanceof TicketingError);
+    assert.equal(e.code, 'stale_token');
+    return true;
+  });
+  assert.equal(ran, false);
+});
+
+test('an error in the callback rolls back the fence too', { skip }, async () => {
+  const db = await connect();
+  await assert.rejects(fence.withFence(db, opts('k2', 9n), async (tx) => {
+    await tx.query('INSERT INTO ledger (id, note) VALUES ($1, $2)', ['x', 'k2']);
+    throw new Error('boom');
+  }), /boom/);
+  assert.equal(await ledgerHas(db, 'x'), false);
+  assert.equal(await fence.highWater(db, opts('k2')), 0n);
+});
+
+test('a stale holder waits for the open newer transaction, then loses', { skip }, async () => {
+  const newer = await connect();
+  const stale = await connect();
+  assert.equal(await write(newer, 'k3', 10n, 'first'), true);
+  await newer.query('BEGIN');
+  await fence.advance(newer, opts('k3', 12n));
+  let settled = false;
+  const pending = write(stale, 'k3', 11n, 'stale').finally(() => { settled = true; });
+  await new Promise((r) => setTimeout(r, 300));
+  assert.equal(settled, false, 'the stale transaction must wait on the fence row');
+  await newer.query('INSERT INTO ledger (id, note) VALUES ($1, $2)', ['newer', 'k3']);
+  await newer.query('COMMIT');
+  assert.equal(await pending, false);
+  assert.equal(await ledgerHas(newer, 'stale'), false);
+});
+
+test('conditionalUpdate: the single-statement form', { skip }, async () => {
+  const db = await connect();
+  await db.query("INSERT INTO accounts (id, balance) VALUES ('alice', 100)");
+  const set = async (balance, token) => {
+    try {
+      await fence.conditionalUpdate(db, {
+        dialect: 'postgres', table: 'accounts', set: 'balance = $1', where: 'id = $2', params: [balance, 'alice'], token,
+      });
+      return true;
+    } catch (e) {
+      if (e instanceof StaleTokenError) return false;
+      throw e;
+    }
+  };
+  const balance = async () => (await db.query("SELECT balance FROM accounts WHERE id = 'alice'")).rows[0].balance;
+  for (const [value, token, ok] of [
+    [90, 3n, true], [80, 3n, true], [70, 2n, false],
+    [60, 1n << 63n, true], [50, (1n << 63n) - 1n, false],
+    [40, MAX, true], [30, MAX - 1n, false],
+  ]) {
+    const before = await balance();
+    assert.equal(await set(value, token), ok, `token ${token}`);
+    assert.equal(await balance(), ok ? value : before);
+  }
+  await assert.rejects(fence.conditionalUpdate(db, {
+    dialect: 'postgres', table: 'accounts', set: 'balance = $1', where: 'id = $2', params: [1, 'bob'], token: 5n,
+  }), StaleTokenError);
+});

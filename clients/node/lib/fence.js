@@ -1,0 +1,197 @@
+'use strict';
+
+/**
+ * Fencing tokens in a SQL database, through a minimal adapter.
+ *
+ * A lock orders the work; it cannot stop a holder that stalled past its lease
+ * (GC pause, SIGSTOP, overload) from writing afterwards. Only the store can:
+ * every write carries the token of its grant, and the store refuses a token
+ * lower than the highest it already accepted for the key, in the same
+ * transaction as the write.
+ *
+ * The adapter is anything with `query(sql, params) → Promise<{ rowCount }>`
+ * (or a plain `{ rowCount }`): a `pg` Client (or a client checked out of a
+ * Pool — a transaction needs one connection) fits as is; for better-sqlite3:
+ *
+ *   const adapter = { query: (sql, params) => {
+ *     const st = db.prepare(sql);
+ *     return st.reader ? { rows: st.all(...params), rowCount: 0 } : { rowCount: st.run(...params).changes };
+ *   } };
+ *
+ * @example
+ * const { Client, fence } = require('ticketing-client');
+ * await client.withLock('event/42', { lease: 30, wait: 5 }, async (token) => {
+ *   await fence.withFence(pgClient, { dialect: 'postgres', domain: 'prod', key: 'event/42', token }, async (db) => {
+ *     await db.query('UPDATE seats SET buyer = $1 WHERE seat = $2', ['bob', 7]);
+ *   }); // rejects with StaleTokenError (nothing written) if a newer token wrote first
+ * });
+ *
+ * Tokens are u64 (BigInt); the table stores `token - 2^63` (= token XOR 2^63)
+ * in a signed 64-bit column (PostgreSQL BIGINT, SQLite INTEGER), which keeps
+ * their order. Parameters are passed as decimal strings. A token equal to the
+ * stored one is accepted (the same grant writing again); only a lower token
+ * is stale. Schema: clients/schema/fence.{postgres,sqlite}.sql.
+ * @module
+ */
+
+const { TicketingError } = require('./errors');
+const { MAX_TOKEN } = require('./protocol');
+
+const DEFAULT_TABLE = 'ticketing_fence';
+const OFFSET = 1n << 63n;
+/** The stored value below every real token (token 0 is never granted). */
+const ZERO = String(-OFFSET);
+
+/** The token is older than the high-water mark: the lock was lost and a newer holder wrote. */
+class StaleTokenError extends TicketingError {
+  constructor(message = 'stale fencing token') {
+    super(message, 'stale_token');
+  }
+}
+
+/** @param {bigint|string|number} token */
+function toBigInt(token) {
+  let t;
+  if (typeof token === 'bigint') t = token;
+  else if (typeof token === 'number' && Number.isSafeInteger(token)) t = BigInt(token);
+  else if (typeof token === 'string' && /^[0-9]{1,20}$/.test(token)) t = BigInt(token);
+  else throw new TypeError(`token must be a BigInt, a decimal string or a safe integer, not ${typeof token}`);
+  if (t < 0n || t > MAX_TOKEN) throw new RangeError(`token ${t} outside 0..2^64-1`);
+  return t;
+}
+
+/**
+ * The stored (signed 64-bit, decimal string) value of a u64 token; order-preserving.
+ * @param {bigint|string|number} token
+ * @returns {string}
+ */
+function encodeToken(token) {
+  return String(toBigInt(token) - OFFSET);
+}
+
+/**
+ * The u64 token of a stored value (reverses encodeToken).
+ * @param {bigint|string|number} value
+ * @returns {bigint}
+ */
+function decodeToken(value) {
+  return BigInt(value) + OFFSET;
+}
+
+function placeholders(dialect, n) {
+  if (dialect === 'postgres') return Array.from({ length: n }, (_, i) => `$${i + 1}`);
+  if (dialect === 'sqlite') return Array(n).fill('?');
+  throw new RangeError(`dialect must be 'postgres' or 'sqlite', not ${dialect}`);
+}
+
+function nonZero(token) {
+  const t = toBigInt(token);
+  if (t === 0n) throw new RangeError('token 0 (tokens start at 1)');
+  return t;
+}
+
+/**
+ * The conditional high-water upsert for a dialect and table.
+ * @param {'postgres'|'sqlite'} dialect
+ * @param {string} [table]
+ */
+function advanceSql(dialect, table = DEFAULT_TABLE) {
+  const [a, b, c] = placeholders(dialect, 3);
+  return `INSERT INTO ${table} AS f (domain, key, token) VALUES (${a}, ${b}, ${c}) ` +
+    'ON CONFLICT (domain, key) DO UPDATE SET token = excluded.token WHERE f.token <= excluded.token';
+}
+
+/**
+ * Raise (domain, key)'s high-water mark to token inside the adapter's open
+ * transaction, or reject with StaleTokenError (then roll back). Run it as
+ * the first statement of the transaction, before the reads and writes it
+ * protects.
+ * @param {{query: Function}} db
+ * @param {{dialect: 'postgres'|'sqlite', domain: string, key: string, token: bigint|string|number, table?: string}} opts
+ */
+async function advance(db, { dialect, domain, key, token, table = DEFAULT_TABLE }) {
+  const t = nonZero(token);
+  const res = await db.query(advanceSql(dialect, table), [domain, key, encodeToken(t)]);
+  if (!res || Number(res.rowCount) === 0) {
+    throw new StaleTokenError(`${domain}/${key}: token ${t} is older than the stored high-water mark`);
+  }
+}
+
+/**
+ * The highest token recorded for (domain, key), 0n if none. The adapter's
+ * query must return `rows` (arrays or objects with a `token` field).
+ */
+async function highWater(db, { dialect, domain, key, table = DEFAULT_TABLE }) {
+  const [a, b] = placeholders(dialect, 2);
+  const res = await db.query(`SELECT token FROM ${table} WHERE domain = ${a} AND key = ${b}`, [domain, key]);
+  const row = res.rows && res.rows[0];
+  if (!row) return 0n;
+  return decodeToken(Array.isArray(row) ? row[0] : row.token);
+}
+
+/**
+ * Run fn(db) in a transaction that starts with the fencing check: BEGIN
+ * (`opts.begin`, default 'BEGIN'; use 'BEGIN IMMEDIATE' for SQLite),
+ * advance, fn, COMMIT. Any rejection (StaleTokenError included, raised
+ * before fn runs) rolls back and is rethrown. Resolves to fn's result.
+ * @template T
+ * @param {{query: Function}} db one connection
+ * @param {{dialect: 'postgres'|'sqlite', domain: string, key: string, token: bigint|string|number, table?: string, begin?: string}} opts
+ * @param {(db: {query: Function}) => Promise<T>} fn
+ * @returns {Promise<T>}
+ */
+async function withFence(db, opts, fn) {
+  nonZero(opts.token);
+  await db.query(opts.begin || 'BEGIN', []);
+  let result;
+  try {
+    await advance(db, opts);
+    result = await fn(db);
+  } catch (e) {
+    try { await db.query('ROLLBACK', []); } catch { /* the original error matters */ }
+    throw e;
+  }
+  await db.query('COMMIT', []);
+  return result;
+}
+
+/**
+ * Single-statement form for a row that carries its own token column
+ * (`BIGINT NOT NULL DEFAULT -9223372036854775808`, i.e. ZERO): runs
+ * `UPDATE table SET column = <token>, set WHERE (where) AND column <= <token>`.
+ * `set`/`where` use the dialect's placeholders for `params` ($1..$n, or ?
+ * in order). Rejects with StaleTokenError if fewer than `want` rows changed
+ * (a newer token wrote them, or they do not exist). Resolves to the count.
+ */
+async function conditionalUpdate(db, { dialect, table, set, where, params = [], token, column = 'fence_token', want = 1 }) {
+  const t = nonZero(token);
+  const enc = encodeToken(t);
+  let sql;
+  let args;
+  if (dialect === 'postgres') {
+    const p = `$${params.length + 1}`;
+    sql = `UPDATE ${table} SET ${column} = ${p}, ${set} WHERE (${where}) AND ${column} <= ${p}`;
+    args = [...params, enc];
+  } else {
+    placeholders(dialect, 0);
+    sql = `UPDATE ${table} SET ${column} = ?, ${set} WHERE (${where}) AND ${column} <= ?`;
+    args = [enc, ...params, enc];
+  }
+  const res = await db.query(sql, args);
+  const n = Number(res && res.rowCount);
+  if (n < want) throw new StaleTokenError(`update ${table} with token ${t} changed ${n} of ${want} rows`);
+  return n;
+}
+
+module.exports = {
+  StaleTokenError,
+  advance,
+  advanceSql,
+  highWater,
+  withFence,
+  conditionalUpdate,
+  encodeToken,
+  decodeToken,
+  DEFAULT_TABLE,
+  ZERO,
+};

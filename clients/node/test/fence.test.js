@@ -1,0 +1,36 @@
+'use strict';
+
+// Database-free checks of the fence helpers; the database tests are in
+// ../fence-test (PostgreSQL through `pg`).
+
+const { test } = require('node:test');
+const assert = require('node:assert/strict');
+const { fence, StaleTokenError, TicketingError } = require('..');
+
+const MAX = (1n << 64n) - 1n;
+
+test('encodeToken preserves order over the whole u64 range', () => {
+  const vals = [0n, 1n, (1n << 53n) + 1n, (1n << 63n) - 1n, 1n << 63n, (1n << 63n) + 1n, MAX - 1n, MAX];
+  const enc = vals.map((v) => BigInt(fence.encodeToken(v)));
+  for (let i = 1; i < enc.length; i++) assert.ok(enc[i - 1] < enc[i]);
+  assert.deepEqual(enc.map((e) => fence.decodeToken(e)), vals);
+  assert.equal(fence.encodeToken(0n), fence.ZERO);
+  assert.equal(fence.encodeToken(1n << 63n), '0');
+  assert.equal(fence.encodeToken(MAX), '9223372036854775807');
+  assert.equal(fence.encodeToken('17'), fence.encodeToken(17));
+  assert.throws(() => fence.encodeToken(-1n), RangeError);
+  assert.throws(() => fence.encodeToken(MAX + 1n), RangeError);
+  assert.throws(() => fence.encodeToken(1.5), TypeError);
+});
+
+test('advance maps rowCount 0 to StaleTokenError, with an adapter', async () => {
+  const calls = [];
+  const db = { query: async (sql, params) => { calls.push([sql, params]); return { rowCount: params[2] === fence.encodeToken(5n) ? 0 : 1 }; } };
+  await fence.advance(db, { dialect: 'sqlite', domain: 'd', key: 'k', token: 6n });
+  assert.match(calls[0][0], /VALUES \(\?, \?, \?\)/);
+  await assert.rejects(fence.advance(db, { dialect: 'postgres', domain: 'd', key: 'k', token: 5n }), (e) =>
+    e instanceof StaleTokenError && e instanceof TicketingError && e.code === 'stale_token');
+  assert.match(calls[1][0], /VALUES \(\$1, \$2, \$3\)/);
+  await assert.rejects(fence.advance(db, { dialect: 'mysql', domain: 'd', key: 'k', token: 5n }), RangeError);
+  await assert.rejects(fence.advance(db, { dialect: 'sqlite', domain: 'd', key: 'k', token: 0n }), RangeError);
+});

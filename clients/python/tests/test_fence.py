@@ -1,0 +1,248 @@
+"""ticketing.fence against real databases: sqlite3 always; PostgreSQL through
+psycopg (3) or psycopg2 when one is importable and $TICKETING_TEST_PG_DSN is
+set (`make test` starts a server and runs this file with a Python that has
+Debian's python3-psycopg when it is installed; the same SQL is also covered on
+PostgreSQL by the Go and Node.js fence tests)."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import tempfile
+import threading
+import time
+import unittest
+import uuid
+
+import ticketing
+from ticketing import fence
+
+MAX = 2**64 - 1
+PG_DSN = os.environ.get("TICKETING_TEST_PG_DSN", "")
+
+try:  # pragma: no cover - depends on the machine
+    import psycopg as _pg  # type: ignore
+
+    _PG_DRIVER = "psycopg"
+except ImportError:  # pragma: no cover
+    try:
+        import psycopg2 as _pg  # type: ignore
+
+        _PG_DRIVER = "psycopg2"
+    except ImportError:
+        _pg = None
+        _PG_DRIVER = ""
+
+SQLITE_SCHEMA = os.path.join(os.path.dirname(__file__), "..", "..", "schema", "fence.sqlite.sql")
+PG_SCHEMA = os.path.join(os.path.dirname(__file__), "..", "..", "schema", "fence.postgres.sql")
+
+
+class Base:
+    """Tests shared by both databases. Subclasses provide connect() and q()."""
+
+    def connect(self):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def q(self, sql: str) -> str:
+        return sql
+
+    def write(self, conn, key: str, token: int, note: str) -> bool:
+        """Fenced transaction that inserts a ledger row; True if it committed."""
+        try:
+            with fence.fenced(conn, "test", key, token) as cur:
+                cur.execute(self.q("INSERT INTO ledger (id, note) VALUES (?, ?)"), (note, key))
+            return True
+        except fence.StaleTokenError:
+            return False
+
+    def ledger_has(self, conn, note: str) -> bool:
+        cur = conn.cursor()
+        cur.execute(self.q("SELECT count(*) FROM ledger WHERE id = ?"), (note,))
+        n = cur.fetchone()[0]
+        self.end_read(conn)
+        return n == 1
+
+    def end_read(self, conn) -> None:
+        """Ends the transaction a driver opened implicitly for a read."""
+
+    def test_advance_sequence(self):
+        conn = self.connect()
+        steps = [
+            (5, True), (7, True), (7, True), (6, False), (1, False),
+            (2**63 - 1, True), (2**63, True), (2**63 - 1, False),
+            (MAX - 1, True), (MAX, True), (MAX - 1, False), (2**63, False),
+        ]
+        for i, (token, ok) in enumerate(steps):
+            note = f"n{i}"
+            self.assertEqual(self.write(conn, "seats/42", token, note), ok, f"step {i} token {token}")
+            self.assertEqual(self.ledger_has(conn, note), ok, f"step {i}: ledger")
+        cur = conn.cursor()
+        self.assertEqual(fence.Fence.for_connection(conn).high_water(cur, "test", "seats/42"), MAX)
+        self.assertEqual(fence.Fence.for_connection(conn).high_water(cur, "test", "nothing"), 0)
+        self.end_read(conn)
+        # Other keys and domains are independent.
+        self.assertTrue(self.write(conn, "seats/43", 1, "other"))
+
+    def test_exception_rolls_back_fence(self):
+        conn = self.connect()
+        with self.assertRaises(KeyError):
+            with fence.fenced(conn, "test", "k", 9) as cur:
+                cur.execute(self.q("INSERT INTO ledger (id, note) VALUES (?, ?)"), ("x", "k"))
+                raise KeyError("boom")
+        self.assertFalse(self.ledger_has(conn, "x"))
+        cur = conn.cursor()
+        self.assertEqual(fence.Fence.for_connection(conn).high_water(cur, "test", "k"), 0)
+        self.end_read(conn)
+
+    def test_stale_error_type(self):
+        conn = self.connect()
+        self.assertTrue(self.write(conn, "k", 10, "a"))
+        with self.assertRaises(ticketing.StaleTokenError) as cm:
+            with fence.fenced(conn, "test", "k", 9):
+                self.fail("the block must not run for a stale token")
+        self.assertIsInstance(cm.exception, ticketing.TicketingError)
+        self.assertEqual(cm.exception.code, "stale_token")
+
+    def test_concurrent_stale_waits_and_loses(self):
+        newer_conn, stale_conn = self.connect(), self.connect()
+        self.assertTrue(self.write(newer_conn, "k", 10, "first"))
+        result = {}
+        with fence.fenced(newer_conn, "test", "k", 12) as cur:
+
+            def stale():
+                result["ok"] = self.write(stale_conn, "k", 11, "stale")
+
+            t = threading.Thread(target=stale)
+            t.start()
+            time.sleep(0.3)
+            self.assertTrue(t.is_alive(), "the stale transaction must wait for the open newer one")
+            cur.execute(self.q("INSERT INTO ledger (id, note) VALUES (?, ?)"), ("newer", "k"))
+        t.join(15)
+        self.assertFalse(result["ok"])
+        self.assertTrue(self.ledger_has(newer_conn, "newer"))
+        self.assertFalse(self.ledger_has(newer_conn, "stale"))
+
+    def test_update_single_statement(self):
+        conn = self.connect()
+        cur = conn.cursor()
+        cur.execute(self.q("INSERT INTO accounts (id, balance) VALUES (?, 100)"), ("alice",))
+        conn.commit()
+        f = fence.Fence.for_connection(conn)
+        p = "?" if f.paramstyle == "qmark" else "%s"
+
+        def set_balance(balance: int, token: int) -> bool:
+            try:
+                f.update(cur, "accounts", f"balance = {p}", f"id = {p}", (balance, "alice"), token)
+                conn.commit()
+                return True
+            except fence.StaleTokenError:
+                conn.rollback()
+                return False
+
+        def balance() -> int:
+            cur.execute(self.q("SELECT balance FROM accounts WHERE id = ?"), ("alice",))
+            b = cur.fetchone()[0]
+            self.end_read(conn)
+            return b
+
+        for value, token, ok in [
+            (90, 3, True), (80, 3, True), (70, 2, False),
+            (60, 2**63, True), (50, 2**63 - 1, False),
+            (40, MAX, True), (30, MAX - 1, False),
+        ]:
+            before = balance()
+            self.assertEqual(set_balance(value, token), ok, f"token {token}")
+            self.assertEqual(balance(), value if ok else before)
+        with self.assertRaises(fence.StaleTokenError):
+            f.update(cur, "accounts", f"balance = {p}", f"id = {p}", (1, "bob"), 5)
+        conn.rollback()
+
+
+class SQLiteFenceTest(Base, unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.addCleanup(self.dir.cleanup)
+        self.path = os.path.join(self.dir.name, "fence.db")
+        conn = sqlite3.connect(self.path, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        with open(SQLITE_SCHEMA) as fh:
+            conn.executescript(fh.read())
+        conn.execute(
+            "CREATE TABLE accounts (id TEXT PRIMARY KEY, balance INTEGER NOT NULL, "
+            "fence_token INTEGER NOT NULL DEFAULT -9223372036854775808)"
+        )
+        conn.execute("CREATE TABLE ledger (id TEXT PRIMARY KEY, note TEXT)")
+        conn.close()
+
+    def connect(self):
+        # Autocommit mode: fenced() opens the transaction with BEGIN IMMEDIATE.
+        conn = sqlite3.connect(self.path, timeout=10, isolation_level=None, check_same_thread=False)
+        self.addCleanup(conn.close)
+        return conn
+
+    def test_legacy_transaction_mode(self):
+        # The default isolation_level ("") opens a transaction implicitly at
+        # the upsert; fenced() commits or rolls back through the connection.
+        conn = sqlite3.connect(self.path, timeout=10)
+        self.addCleanup(conn.close)
+        self.assertTrue(self.write(conn, "legacy", 5, "l1"))
+        self.assertFalse(self.write(conn, "legacy", 4, "l2"))
+        self.assertTrue(self.ledger_has(conn, "l1"))
+        self.assertFalse(self.ledger_has(conn, "l2"))
+
+    def test_encoding(self):
+        vals = [0, 1, 2**53 + 1, 2**63 - 1, 2**63, 2**63 + 1, MAX - 1, MAX]
+        enc = [fence.encode_token(v) for v in vals]
+        self.assertEqual(enc, sorted(enc))
+        self.assertEqual([fence.decode_token(e) for e in enc], vals)
+        self.assertEqual(fence.encode_token(0), fence.ZERO)
+        self.assertTrue(all(-(2**63) <= e < 2**63 for e in enc))
+        for bad in (-1, MAX + 1):
+            with self.assertRaises(ValueError):
+                fence.encode_token(bad)
+        with self.assertRaises(TypeError):
+            fence.encode_token("5")  # type: ignore[arg-type]
+
+
+@unittest.skipUnless(PG_DSN, "TICKETING_TEST_PG_DSN is not set (make test starts PostgreSQL with .ci/postgres.sh)")
+@unittest.skipUnless(
+    _pg is not None,
+    "no PostgreSQL driver (psycopg/psycopg2) importable by this Python; the same SQL is tested "
+    "on PostgreSQL by the Go (clients/go/fence) and Node.js (clients/node/fence-test) suites",
+)
+class PostgresFenceTest(Base, unittest.TestCase):  # pragma: no cover - depends on the machine
+    def setUp(self):
+        self.schema = "fence_py_" + uuid.uuid4().hex[:12]
+        admin = _pg.connect(PG_DSN)
+        admin.autocommit = True
+        cur = admin.cursor()
+        cur.execute(f"CREATE SCHEMA {self.schema}")
+        cur.execute(f"SET search_path TO {self.schema}")
+        with open(PG_SCHEMA) as fh:
+            cur.execute(fh.read())
+        cur.execute(
+            "CREATE TABLE accounts (id TEXT PRIMARY KEY, balance INTEGER NOT NULL, "
+            "fence_token BIGINT NOT NULL DEFAULT -9223372036854775808)"
+        )
+        cur.execute("CREATE TABLE ledger (id TEXT PRIMARY KEY, note TEXT)")
+        self.admin = admin
+        self.addCleanup(self._drop)
+
+    def _drop(self):
+        self.admin.cursor().execute(f"DROP SCHEMA {self.schema} CASCADE")
+        self.admin.close()
+
+    def connect(self):
+        conn = _pg.connect(PG_DSN, options=f"-c search_path={self.schema}")
+        self.addCleanup(conn.close)
+        return conn
+
+    def q(self, sql: str) -> str:
+        return sql.replace("?", "%s")
+
+    def end_read(self, conn) -> None:
+        conn.rollback()
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,253 @@
+"""Fencing tokens in a SQL database (DB-API 2.0: sqlite3, psycopg, ...).
+
+A lock orders the work; it cannot stop a holder that stalled past its lease
+(GC pause, SIGSTOP, overload) from writing afterwards. Only the store can:
+every write carries the token of its grant, and the store refuses a token
+lower than the highest it already accepted for the key, *in the same
+transaction* as the write::
+
+    import sqlite3, ticketing
+    from ticketing import fence
+
+    conn = sqlite3.connect("shop.db", timeout=10, isolation_level=None)
+    client = ticketing.Client()
+    with client.lock("event/42", lease=30, wait=5) as token:
+        try:
+            with fence.fenced(conn, "prod-cluster", "event/42", token) as cur:
+                # the fence row is now ours: read and write what the token protects
+                cur.execute("UPDATE seats SET buyer = ? WHERE seat = ?", ("bob", 7))
+        except fence.StaleTokenError:
+            ...  # the lease ran out and a newer holder wrote: nothing was written
+
+:func:`fenced` opens a transaction, raises the per-key high-water mark in the
+fencing table (``clients/schema/fence.*.sql``) to ``token`` as its first
+statement, yields a cursor, and commits when the block ends; a stale token
+raises :class:`StaleTokenError` before the block runs, and any exception
+rolls everything back. Updating the fence row in a transaction of its own
+and writing afterwards is NOT safe (``clients/FENCING.md``).
+
+Tokens are u64; the table stores ``token - 2**63`` (= token XOR 2**63) in a
+signed 64-bit column (SQLite INTEGER, PostgreSQL BIGINT), which keeps their
+order over the whole range. A token *equal* to the stored one is accepted:
+it is the same grant writing again; only a lower token is stale.
+
+The SQL is the same for SQLite (3.24+) and PostgreSQL (9.5+); only the
+placeholders differ and follow the driver's ``paramstyle`` (``qmark`` for
+sqlite3, ``%s`` for psycopg / psycopg2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Any, Iterator, Optional, Sequence
+
+from ._protocol import MAX_TOKEN
+from .errors import TicketingError
+
+__all__ = [
+    "StaleTokenError",
+    "Fence",
+    "fenced",
+    "encode_token",
+    "decode_token",
+    "DEFAULT_TABLE",
+    "ZERO",
+]
+
+DEFAULT_TABLE = "ticketing_fence"
+_OFFSET = 1 << 63
+#: The stored value below every real token (token 0 is never granted): the
+#: default of a row's own token column before any holder wrote it.
+ZERO = -_OFFSET
+
+
+class StaleTokenError(TicketingError):
+    """The token is lower than the high-water mark the store already has.
+
+    The lock was lost (its lease ran out) and a newer holder has written;
+    the transaction was rolled back. Not retryable with this token.
+    """
+
+    code = "stale_token"
+
+
+def encode_token(token: int) -> int:
+    """The signed 64-bit value stored for a u64 token (order-preserving)."""
+    if isinstance(token, bool) or not isinstance(token, int):
+        raise TypeError(f"token must be an int, not {type(token).__name__}")
+    if not 0 <= token <= MAX_TOKEN:
+        raise ValueError(f"token {token} outside 0..2**64-1")
+    return token - _OFFSET
+
+
+def decode_token(value: int) -> int:
+    """The u64 token of a stored value (reverses :func:`encode_token`)."""
+    return int(value) + _OFFSET
+
+
+def _placeholders(paramstyle: str, n: int) -> list:
+    if paramstyle == "qmark":
+        return ["?"] * n
+    if paramstyle in ("format", "pyformat"):
+        return ["%s"] * n
+    if paramstyle == "numeric":
+        return [f":{i}" for i in range(1, n + 1)]
+    raise ValueError(f"unsupported paramstyle {paramstyle!r} (qmark, format, pyformat, numeric)")
+
+
+def _paramstyle_of(conn: Any) -> str:
+    top = type(conn).__module__.split(".")[0]
+    return getattr(sys.modules.get(top), "paramstyle", "qmark")
+
+
+def _autocommit(conn: Any) -> bool:
+    """True if the connection does not open transactions by itself."""
+    if getattr(conn, "autocommit", None) is True:  # psycopg, sqlite3 (3.12+)
+        return True
+    # sqlite3 with isolation_level=None runs every statement on its own.
+    return hasattr(conn, "isolation_level") and conn.isolation_level is None and type(
+        conn
+    ).__module__.startswith("sqlite3")
+
+
+class Fence:
+    """The fencing table of one database.
+
+    :param paramstyle: the driver's placeholder style (``qmark``,
+        ``format``/``pyformat`` = ``%s``, ``numeric``).
+    :param table: the fencing table (a trusted identifier, put in the SQL
+        as written).
+    """
+
+    def __init__(self, paramstyle: str = "qmark", table: str = DEFAULT_TABLE) -> None:
+        _placeholders(paramstyle, 0)  # validate
+        self.paramstyle = paramstyle
+        self.table = table
+
+    @classmethod
+    def for_connection(cls, conn: Any, table: str = DEFAULT_TABLE) -> "Fence":
+        """A Fence using the paramstyle of ``conn``'s driver module."""
+        return cls(_paramstyle_of(conn), table)
+
+    def advance_sql(self) -> str:
+        """The conditional high-water upsert, with three placeholders."""
+        a, b, c = _placeholders(self.paramstyle, 3)
+        return (
+            f"INSERT INTO {self.table} AS f (domain, key, token) VALUES ({a}, {b}, {c}) "
+            "ON CONFLICT (domain, key) DO UPDATE SET token = excluded.token "
+            "WHERE f.token <= excluded.token"
+        )
+
+    def advance(self, cursor: Any, domain: str, key: str, token: int) -> None:
+        """Raise (domain, key)'s high-water mark to ``token`` in the cursor's
+        open transaction, or raise :class:`StaleTokenError` (the caller must
+        then roll back). Run it before the reads and writes it protects."""
+        if token == 0:
+            raise ValueError("token 0 (tokens start at 1)")
+        cursor.execute(self.advance_sql(), (domain, key, encode_token(token)))
+        if cursor.rowcount == 0:
+            raise StaleTokenError(
+                f"{domain}/{key}: token {token} is older than the stored high-water mark"
+            )
+
+    def high_water(self, cursor: Any, domain: str, key: str) -> int:
+        """The highest token recorded for (domain, key), 0 if none."""
+        a, b = _placeholders(self.paramstyle, 2)
+        cursor.execute(f"SELECT token FROM {self.table} WHERE domain = {a} AND key = {b}", (domain, key))
+        row = cursor.fetchone()
+        return 0 if row is None else decode_token(row[0])
+
+    @contextlib.contextmanager
+    def transaction(
+        self, conn: Any, domain: str, key: str, token: int, begin: Optional[str] = None
+    ) -> Iterator[Any]:
+        """Context manager: a transaction that starts with :meth:`advance`.
+
+        Yields a cursor; commits when the block ends, rolls back on any
+        exception (:class:`StaleTokenError` included, raised before the block
+        runs). ``begin`` is the statement that opens the transaction; by
+        default none for drivers that open one implicitly, ``BEGIN IMMEDIATE``
+        for sqlite3 in autocommit mode (``isolation_level=None``, recommended:
+        the write lock is taken up front, so concurrent writers wait for the
+        busy timeout instead of failing on a lock upgrade), ``BEGIN`` for
+        other autocommit connections.
+        """
+        cur = conn.cursor()
+        try:
+            if begin is None and _autocommit(conn):
+                begin = "BEGIN IMMEDIATE" if type(conn).__module__.startswith("sqlite3") else "BEGIN"
+            if begin:
+                cur.execute(begin)
+            try:
+                self.advance(cur, domain, key, token)
+                yield cur
+            except BaseException:
+                if begin:
+                    cur.execute("ROLLBACK")
+                else:
+                    conn.rollback()
+                raise
+            if begin:
+                cur.execute("COMMIT")
+            else:
+                conn.commit()
+        finally:
+            cur.close()
+
+    def update(
+        self,
+        cursor: Any,
+        table: str,
+        set_sql: str,
+        where_sql: str,
+        params: Sequence[Any],
+        token: int,
+        column: str = "fence_token",
+        want: int = 1,
+    ) -> int:
+        """Single-statement form for a row that carries its own token column
+        (``BIGINT NOT NULL DEFAULT -9223372036854775808``, i.e. :data:`ZERO`).
+
+        Runs ``UPDATE table SET column = <token>, set_sql WHERE (where_sql)
+        AND column <= <token>``; ``set_sql`` and ``where_sql`` use the
+        paramstyle's placeholders for ``params`` (``qmark``/``%s``: in order).
+        Raises :class:`StaleTokenError` if fewer than ``want`` rows changed:
+        a newer token wrote them, or they do not exist. Returns the count.
+        Atomic by itself; commit as usual for the driver.
+        """
+        if token == 0:
+            raise ValueError("token 0 (tokens start at 1)")
+        if self.paramstyle == "numeric":
+            raise ValueError("update() supports positional paramstyles only (qmark, format, pyformat)")
+        (p,) = _placeholders(self.paramstyle, 1)
+        enc = encode_token(token)
+        cursor.execute(
+            f"UPDATE {table} SET {column} = {p}, {set_sql} WHERE ({where_sql}) AND {column} <= {p}",
+            (enc, *params, enc),
+        )
+        if cursor.rowcount < want:
+            raise StaleTokenError(
+                f"update {table} with token {token} changed {cursor.rowcount} of {want} rows"
+            )
+        return cursor.rowcount
+
+
+def fenced(
+    conn: Any,
+    domain: str,
+    key: str,
+    token: int,
+    *,
+    table: str = DEFAULT_TABLE,
+    paramstyle: Optional[str] = None,
+    begin: Optional[str] = None,
+):
+    """``with fenced(conn, domain, key, token) as cur:`` — a transaction on
+    ``conn`` that starts with the fencing check; see :meth:`Fence.transaction`.
+
+    ``domain`` names the token sequence: the Ticketing cluster (its id, as
+    ``client.info().cluster`` reports it); ``key`` is the lock key.
+    """
+    f = Fence(paramstyle or _paramstyle_of(conn), table)
+    return f.transaction(conn, domain, key, token, begin=begin)

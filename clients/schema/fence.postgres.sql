@@ -1,0 +1,17 @@
+-- Ticketing fencing table, PostgreSQL (9.5+ for ON CONFLICT).
+-- One row per (domain, key): the highest fencing token that has written.
+-- domain: the token sequence, i.e. the Ticketing cluster id (tokens of two
+--         clusters are not comparable); key: the lock key.
+-- token:  the u64 token stored as token XOR 2^63 (= token - 2^63) in a
+--         BIGINT, which keeps the order of all u64 values (PostgreSQL has
+--         no unsigned 64-bit type). The view shows the real token.
+CREATE TABLE IF NOT EXISTS ticketing_fence (
+    domain TEXT   NOT NULL,
+    key    TEXT   NOT NULL,
+    token  BIGINT NOT NULL,
+    PRIMARY KEY (domain, key)
+);
+
+CREATE OR REPLACE VIEW ticketing_fence_tokens AS
+    SELECT domain, key, token::numeric + 9223372036854775808 AS token
+    FROM ticketing_fence;

@@ -1,0 +1,135 @@
+package verify
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"sort"
+	"sync"
+)
+
+// Operation kinds in a history.
+const (
+	KindAcquire = "acquire"
+	KindRelease = "release"
+	KindWrite   = "write" // a fenced write to the protected resource
+	KindClose   = "close" // the worker's sidecar session ended (its locks were released)
+	KindFault   = "fault" // a nemesis action
+)
+
+// Results of an operation.
+const (
+	ResOK            = "ok"
+	ResBusy          = "busy"
+	ResTimeout       = "timeout"
+	ResIndeterminate = "indeterminate"
+	ResRejected      = "rejected" // write refused by the fencing check
+	ResError         = "error"    // a definite error; Err has the code
+)
+
+// Op is one line of the history file (JSON lines). Times are Unix
+// nanoseconds of the machine's wall clock, which the harness and the
+// worker processes share (the nemesis shifts only the nodes' stamped
+// clocks, never the machine's).
+type Op struct {
+	ID     int64  `json:"id"`
+	Worker int    `json:"worker"`
+	Proc   bool   `json:"proc,omitempty"` // reported by a worker process
+	Kind   string `json:"kind"`
+	Key    string `json:"key,omitempty"`
+	// LeaseMs and WaitMs are an acquire's arguments.
+	LeaseMs int64 `json:"lease_ms,omitempty"`
+	WaitMs  int64 `json:"wait_ms,omitempty"`
+	// Token: the token granted (acquire) or used (release, write).
+	Token  uint64 `json:"token,omitempty"`
+	Inv    int64  `json:"inv"`
+	Cmp    int64  `json:"cmp"`
+	Result string `json:"result,omitempty"`
+	Err    string `json:"err,omitempty"`
+	// Acq is the acquire a release or write belongs to.
+	Acq int64 `json:"acq,omitempty"`
+	// Late marks a write made on purpose after the lease ran out.
+	Late bool `json:"late,omitempty"`
+	// Fault, Target, Detail describe a nemesis action (Kind "fault");
+	// Inv..Cmp is when it was in force.
+	Fault  string `json:"fault,omitempty"`
+	Target string `json:"target,omitempty"`
+	Detail string `json:"detail,omitempty"`
+}
+
+// History collects operations and appends each to a JSON-lines file as it
+// completes. Safe for concurrent use.
+type History struct {
+	mu  sync.Mutex
+	ops []Op
+	f   *os.File
+	w   *bufio.Writer
+	enc *json.Encoder
+}
+
+// NewHistory creates (truncates) the history file at path.
+func NewHistory(path string) (*History, error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	w := bufio.NewWriter(f)
+	return &History{f: f, w: w, enc: json.NewEncoder(w)}, nil
+}
+
+// Add records op.
+func (h *History) Add(op Op) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.ops = append(h.ops, op)
+	if h.enc != nil {
+		_ = h.enc.Encode(op)
+	}
+}
+
+// Ops returns a copy of every operation so far, sorted by invocation.
+func (h *History) Ops() []Op {
+	h.mu.Lock()
+	out := append([]Op(nil), h.ops...)
+	h.mu.Unlock()
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Inv < out[j].Inv })
+	return out
+}
+
+// Close flushes and closes the file.
+func (h *History) Close() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.f == nil {
+		return nil
+	}
+	err := h.w.Flush()
+	if cerr := h.f.Close(); err == nil {
+		err = cerr
+	}
+	h.f, h.enc = nil, nil
+	return err
+}
+
+// ReadHistory reads a history file written by History (for re-checking a
+// run with Check).
+func ReadHistory(path string) ([]Op, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var ops []Op
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64*1024), 1<<20)
+	for n := 1; sc.Scan(); n++ {
+		var op Op
+		if err := json.Unmarshal(sc.Bytes(), &op); err != nil {
+			return nil, fmt.Errorf("verify: %s line %d: %w", path, n, err)
+		}
+		ops = append(ops, op)
+	}
+	sort.SliceStable(ops, func(i, j int) bool { return ops[i].Inv < ops[j].Inv })
+	return ops, sc.Err()
+}

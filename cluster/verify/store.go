@@ -1,0 +1,170 @@
+package verify
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Store is the protected resource: a per-key register that accepts a write
+// only if its fencing token is above the key's high-water mark, checked and
+// updated atomically with the write (like a database's conditional write).
+// Workers in the harness call Write; worker processes reach it over a unix
+// socket (Serve). Every attempt is logged with its outcome and time.
+type Store struct {
+	mu  sync.Mutex
+	hw  map[string]uint64
+	log []StoreRec
+
+	ln   net.Listener
+	wg   sync.WaitGroup
+	done chan struct{}
+}
+
+// StoreRec is one write attempt, in the order the store decided them.
+type StoreRec struct {
+	Seq      int
+	Key      string
+	Token    uint64
+	Worker   int
+	Op       int64 // the write's op id
+	At       int64 // Unix ns when decided
+	Accepted bool
+	HW       uint64 // the key's high-water mark before this write
+}
+
+// NewStore returns an empty store.
+func NewStore() *Store { return &Store{hw: map[string]uint64{}, done: make(chan struct{})} }
+
+// Write applies the fencing check and the write atomically. It reports
+// whether the write was accepted and the high-water mark it was checked
+// against.
+func (s *Store) Write(key string, token uint64, worker int, op int64) (bool, uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	hw := s.hw[key]
+	ok := token > hw
+	if ok {
+		s.hw[key] = token
+	}
+	s.log = append(s.log, StoreRec{Seq: len(s.log), Key: key, Token: token, Worker: worker, Op: op,
+		At: time.Now().UnixNano(), Accepted: ok, HW: hw})
+	return ok, hw
+}
+
+// Log returns every write attempt in decision order.
+func (s *Store) Log() []StoreRec {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]StoreRec(nil), s.log...)
+}
+
+// Serve listens on a unix socket at path. The protocol is one line per
+// write, "W <key> <token> <worker> <op>", answered "OK" or "REJECT <hw>".
+func (s *Store) Serve(path string) error {
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return err
+	}
+	s.ln = ln
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s.wg.Add(1)
+			go s.serveConn(c)
+		}
+	}()
+	return nil
+}
+
+func (s *Store) serveConn(c net.Conn) {
+	defer s.wg.Done()
+	defer c.Close()
+	go func() { <-s.done; c.Close() }()
+	r := bufio.NewReader(c)
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			return
+		}
+		f := strings.Fields(line)
+		if len(f) != 5 || f[0] != "W" {
+			fmt.Fprintf(c, "ERR bad request\n")
+			continue
+		}
+		tok, err1 := strconv.ParseUint(f[2], 10, 64)
+		w, err2 := strconv.Atoi(f[3])
+		op, err3 := strconv.ParseInt(f[4], 10, 64)
+		if err1 != nil || err2 != nil || err3 != nil {
+			fmt.Fprintf(c, "ERR bad numbers\n")
+			continue
+		}
+		if ok, hw := s.Write(f[1], tok, w, op); ok {
+			fmt.Fprintf(c, "OK\n")
+		} else {
+			fmt.Fprintf(c, "REJECT %d\n", hw)
+		}
+	}
+}
+
+// Close stops serving.
+func (s *Store) Close() {
+	select {
+	case <-s.done:
+		return
+	default:
+	}
+	close(s.done)
+	if s.ln != nil {
+		s.ln.Close()
+	}
+	s.wg.Wait()
+}
+
+// ErrStore is returned by a remote write that got no clear answer.
+var ErrStore = errors.New("verify: protected resource unreachable")
+
+// storeClient is a worker process's connection to the store.
+type storeClient struct {
+	path string
+	c    net.Conn
+	r    *bufio.Reader
+}
+
+func (sc *storeClient) write(key string, token uint64, worker int, op int64) (bool, error) {
+	if sc.c == nil {
+		c, err := net.Dial("unix", sc.path)
+		if err != nil {
+			return false, fmt.Errorf("%w: %w", ErrStore, err)
+		}
+		sc.c, sc.r = c, bufio.NewReader(c)
+	}
+	if _, err := fmt.Fprintf(sc.c, "W %s %d %d %d\n", key, token, worker, op); err != nil {
+		sc.c.Close()
+		sc.c = nil
+		return false, fmt.Errorf("%w: %w", ErrStore, err)
+	}
+	line, err := sc.r.ReadString('\n')
+	if err != nil {
+		sc.c.Close()
+		sc.c = nil
+		return false, fmt.Errorf("%w: %w", ErrStore, err)
+	}
+	switch {
+	case line == "OK\n":
+		return true, nil
+	case strings.HasPrefix(line, "REJECT "):
+		return false, nil
+	}
+	return false, fmt.Errorf("%w: answer %q", ErrStore, line)
+}
