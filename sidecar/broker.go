@@ -219,7 +219,7 @@ func (b *Broker) keep(s *slot) {
 		if err == nil {
 			backoff = b.cfg.BackoffMin
 			b.up(s, conn)
-			b.watch(conn)
+			b.watch(s.addr, conn)
 			conn.Close()
 			b.down(s, conn)
 		} else {
@@ -240,7 +240,7 @@ func (b *Broker) keep(s *slot) {
 // known it asks conn's node now and then, so the broker learns of a new
 // leader before a request needs one (an election may still have been under
 // way when the connection came up).
-func (b *Broker) watch(conn *client.Conn) {
+func (b *Broker) watch(addr string, conn *client.Conn) {
 	for {
 		select {
 		case <-conn.Done():
@@ -253,7 +253,7 @@ func (b *Broker) watch(conn *client.Conn) {
 		known := b.leader != ""
 		b.mu.Unlock()
 		if !known {
-			b.probe(conn)
+			b.probe(addr, conn)
 		}
 	}
 }
@@ -269,7 +269,7 @@ func (b *Broker) up(s *slot, conn *client.Conn) {
 	b.mu.Unlock()
 	b.log.Debug("connected", "addr", s.addr)
 	// Learn who leads, so the first requests go straight there.
-	go b.probe(conn)
+	go b.probe(s.addr, conn)
 }
 
 func (b *Broker) down(s *slot, conn *client.Conn) {
@@ -294,13 +294,18 @@ func (b *Broker) connectedLocked(addr string) bool {
 	return false
 }
 
-// probe asks one connection's node who the serving leader is.
-func (b *Broker) probe(conn *client.Conn) {
+// probe asks one connection's node whether it is the serving leader. Only
+// a node's word about itself counts: a follower may still name a leader
+// that has since been deposed, and sending there would earn an M (which,
+// for a written acquire, is a definite failure the caller sees). addr is
+// the configured address the connection was dialled at, so the leader is
+// recognised even when it advertises another name for itself.
+func (b *Broker) probe(addr string, conn *client.Conn) {
 	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.DialTimeout)
 	defer cancel()
 	st, _, err := conn.Do(ctx, wire.Msg{Type: wire.TypeStatus})
-	if err == nil && st.Type == wire.TypeStatusR && st.LeaderAddr != "" {
-		b.setLeader(st.LeaderAddr)
+	if err == nil && st.Type == wire.TypeStatusR && st.Role == wire.RoleLeader && st.LeaderAddr != "" {
+		b.setLeader(addr)
 	}
 }
 
@@ -353,10 +358,14 @@ func (b *Broker) findLeader(ctx context.Context, until time.Time) bool {
 	for {
 		b.mu.Lock()
 		known, changed := b.leader != "", b.changed
-		var conns []*client.Conn
+		type live struct {
+			addr string
+			conn *client.Conn
+		}
+		var conns []live
 		for _, s := range b.slots {
 			if s.conn != nil {
-				conns = append(conns, s.conn)
+				conns = append(conns, live{s.addr, s.conn})
 			}
 		}
 		b.mu.Unlock()
@@ -371,7 +380,7 @@ func (b *Broker) findLeader(ctx context.Context, until time.Time) bool {
 			var wg sync.WaitGroup
 			for _, c := range conns {
 				wg.Add(1)
-				go func() { defer wg.Done(); b.probe(c) }()
+				go func() { defer wg.Done(); b.probe(c.addr, c.conn) }()
 			}
 			wg.Wait()
 			b.mu.Lock()

@@ -35,8 +35,19 @@ func TestBrokerLeaderSIGKILLDuringPendingAcquire(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	held, err := b.Acquire(ctx, "seats", "holder", 60*time.Second, 0)
+	// Setup: an M is a definite "not executed" (the leader may have changed
+	// since p.Leader looked), so the caller may ask again.
+	var held sidecar.Lock
+	for {
+		held, err = b.Acquire(ctx, "seats", "holder", 60*time.Second, 0)
+		if !errors.Is(err, sidecar.ErrMoved) {
+			break
+		}
+	}
 	if err != nil {
+		t.Fatal(err)
+	}
+	if li, err = p.Leader(ctx); err != nil {
 		t.Fatal(err)
 	}
 	errc := make(chan error, 1)
