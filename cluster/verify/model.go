@@ -209,9 +209,16 @@ func porcupineHistory(ops []Op, window time.Duration) [][]porcupine.Operation {
 	for _, k := range keys {
 		part := byKey[k]
 		for _, c := range closes {
+			// The sidecar releases the session's locks within its release
+			// deadline (or the lease ends them, which the model allows
+			// anyway), so the effect lands within the window too.
+			ret := int64(never)
+			if window > 0 {
+				ret = c.Cmp + int64(window)
+			}
 			part = append(part, porcupine.Operation{ClientId: c.Worker,
-				Input: lockInput{kind: KindClose, worker: c.Worker, call: c.Inv}, Output: lockOutput{result: ResIndeterminate, ret: never},
-				Call: c.Inv, Return: never})
+				Input: lockInput{kind: KindClose, worker: c.Worker, call: c.Inv}, Output: lockOutput{result: ResIndeterminate, ret: ret},
+				Call: c.Inv, Return: ret})
 		}
 		// "never" as a return time: one past the end keeps the
 		// visualization readable and means the same to the checker.
