@@ -402,3 +402,24 @@ func (c *Client) readLoop() {
 		close(cl.ch)
 	}
 }
+
+// WaitReady polls the sidecar at path until its INFO names a leader (the
+// sidecar is up and reaches a serving cluster) or ctx ends.
+func WaitReady(ctx context.Context, path string) error {
+	var last string
+	for {
+		c, err := Dial(ctx, path)
+		if err == nil {
+			last, err = c.Info(ctx)
+			c.Close()
+			if err == nil && !strings.Contains(last, "leader=-") {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("sidecar on %s not ready (last INFO %q, err %v): %w", path, last, err, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}

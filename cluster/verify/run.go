@@ -178,7 +178,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, fmt.Errorf("verify: cluster did not elect a leader (logs in %s): %w", clusterDir, err)
 	}
 	for j := 0; j < p.Sidecars(); j++ {
-		if err := waitSidecar(upCtx, p.SidecarSocket(j)); err != nil {
+		if err := ticketing.WaitReady(upCtx, p.SidecarSocket(j)); err != nil {
 			return nil, fmt.Errorf("verify: sidecar %d (logs in %s): %w", j+1, clusterDir, err)
 		}
 	}
@@ -326,26 +326,6 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return res, err
 	}
 	return res, nil
-}
-
-// waitSidecar waits until the sidecar's INFO names a leader.
-func waitSidecar(ctx context.Context, path string) error {
-	var last string
-	for {
-		c, err := ticketing.Dial(ctx, path)
-		if err == nil {
-			last, err = c.Info(ctx)
-			c.Close()
-			if err == nil && !strings.Contains(last, "leader=-") {
-				return nil
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("not ready (last INFO %q, err %v): %w", last, err, ctx.Err())
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
 }
 
 // settle waits until the serving leader holds nothing and queues nothing

@@ -38,7 +38,7 @@ func benchUnix(ctx context.Context, p *local.Procs, dir string, clientCounts []i
 	}
 	defer stopSidecar(b, srv, slog.New(slog.DiscardHandler))
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err = waitSidecarReady(wctx, ucfg.Path)
+	err = ticketing.WaitReady(wctx, ucfg.Path)
 	cancel()
 	if err != nil {
 		return err
@@ -169,7 +169,7 @@ func benchUnixConns(ctx context.Context, p *local.Procs, dir, bin string, conns 
 		cmd.Wait()
 	}()
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err := waitSidecarReady(wctx, sock)
+	err := ticketing.WaitReady(wctx, sock)
 	cancel()
 	if err != nil {
 		return err

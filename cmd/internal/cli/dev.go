@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	ticketing "ticketing/clients/go"
 	"time"
 
 	"ticketing/cluster/local"
@@ -88,7 +89,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	defer stopSidecar(b, srv, log)
 	fmt.Fprintf(stdout, "  sidecar socket: %s\n", shown)
 	wctx, cancel = context.WithTimeout(ctx, 30*time.Second)
-	err = waitSidecarReady(wctx, ucfg.Path)
+	err = ticketing.WaitReady(wctx, ucfg.Path)
 	cancel()
 	if err != nil {
 		fmt.Fprintln(stderr, "ticketing dev:", err)

@@ -12,7 +12,6 @@ import (
 	"strings"
 	"time"
 
-	ticketing "ticketing/clients/go"
 	"ticketing/cluster"
 	"ticketing/sidecar"
 	"ticketing/unixapi"
@@ -131,25 +130,5 @@ func stopSidecar(b *sidecar.Broker, srv *unixapi.Server, log *slog.Logger) {
 	}
 	if err := b.Close(); err != nil {
 		log.Warn("closing the broker", "err", err)
-	}
-}
-
-// waitSidecarReady polls the socket until INFO names a leader.
-func waitSidecarReady(ctx context.Context, path string) error {
-	var last string
-	for {
-		c, err := ticketing.Dial(ctx, path)
-		if err == nil {
-			last, err = c.Info(ctx)
-			c.Close()
-			if err == nil && !strings.Contains(last, "leader=-") {
-				return nil
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("sidecar on %s not ready (last INFO %q, err %v): %w", path, last, err, ctx.Err())
-		case <-time.After(20 * time.Millisecond):
-		}
 	}
 }
