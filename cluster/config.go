@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -47,6 +48,23 @@ type Config struct {
 	// Each at least 16 bytes. They should differ.
 	ClientSecret []byte
 	PeerSecret   []byte
+	// NextClientSecret and NextPeerSecret, when set, are accepted as well
+	// during a secret rollover (each at least 16 bytes); see
+	// wire.HandshakeConfig.NextSecret. nil: only the current secret.
+	NextClientSecret []byte
+	NextPeerSecret   []byte
+
+	// ClientTLS, when set, makes the client port TLS 1.3 only (build it
+	// with tlsconf.ServerConfig); the handshake then signs the TLS
+	// exporter. nil: plaintext TCP, which the node logs as a warning at
+	// start.
+	ClientTLS *tls.Config
+	// PeerTLS, when set, makes the peer port mutual TLS 1.3 in both
+	// directions (build it with tlsconf.PeerConfig): a dialler verifies
+	// that the certificate names the node id it dialled, an acceptor that
+	// the dialler's certificate names the node id it proved. nil:
+	// plaintext, logged as a warning at start.
+	PeerTLS *tls.Config
 
 	// HeartbeatTimeout is how long a follower waits without contact from the
 	// leader before it starts an election (randomised up to twice this).
@@ -83,6 +101,34 @@ type Config struct {
 	// MaxClientConns bounds open client connections; past it new ones are
 	// closed after a connection-level error. Zero: default.
 	MaxClientConns int
+	// IdleTimeout closes a client connection from which nothing arrived
+	// for this long (after E idle_timeout). Clients keep connections alive
+	// with pings (the official client pings after a third of it). Zero:
+	// default (2 min).
+	IdleTimeout time.Duration
+	// MaxReplyBacklog bounds the reply bytes queued for one client
+	// connection that does not read them; past it the connection is
+	// closed (its locks are then handled as for any dead connection).
+	// Zero: default (8 MiB).
+	MaxReplyBacklog int
+	// MaxKeys bounds the keys held at once (plus acquires not yet
+	// committed); an acquire that could create one more gets E
+	// too_many_keys. Zero: default (4 million).
+	MaxKeys int
+	// MaxWaitersPerKey bounds one key's queue (plus acquires for it not
+	// yet committed); one more gets E too_many_waiters. Zero: default
+	// (10,000).
+	MaxWaitersPerKey int
+	// MaxHandshakesPerIP bounds the connections from one IP address that
+	// are between accept and a finished handshake, on each port; more are
+	// closed at once. Zero: default (64).
+	MaxHandshakesPerIP int
+	// AuthFailureDelay is how long a connection that failed its handshake
+	// is held before it is closed; it doubles with every further failure
+	// from the same IP within a minute, up to AuthFailureDelayMax. Zero:
+	// defaults (500 ms, 8 s).
+	AuthFailureDelay    time.Duration
+	AuthFailureDelayMax time.Duration
 
 	// Logger receives the node's logs (Raft's included). nil: slog.Default().
 	Logger *slog.Logger
@@ -110,36 +156,50 @@ type Config struct {
 // noticed yet it rejects the first vote, and the candidate tries again after
 // 1–2 election timeouts.
 const (
-	DefaultHeartbeatTimeout   = 800 * time.Millisecond
-	DefaultElectionTimeout    = 800 * time.Millisecond
-	DefaultLeaderLeaseTimeout = 500 * time.Millisecond
-	DefaultCommitTimeout      = 20 * time.Millisecond
-	DefaultMaxAppendEntries   = 256
-	DefaultSnapshotThreshold  = 16384
-	DefaultSnapshotInterval   = 30 * time.Second
-	DefaultTrailingLogs       = 10240
-	DefaultPeerTimeout        = 5 * time.Second
-	DefaultHandshakeTimeout   = 5 * time.Second
-	DefaultMaxInFlightPerConn = 4096
-	DefaultMaxClientConns     = 10000
+	DefaultHeartbeatTimeout    = 800 * time.Millisecond
+	DefaultElectionTimeout     = 800 * time.Millisecond
+	DefaultLeaderLeaseTimeout  = 500 * time.Millisecond
+	DefaultCommitTimeout       = 20 * time.Millisecond
+	DefaultMaxAppendEntries    = 256
+	DefaultSnapshotThreshold   = 16384
+	DefaultSnapshotInterval    = 30 * time.Second
+	DefaultTrailingLogs        = 10240
+	DefaultPeerTimeout         = 5 * time.Second
+	DefaultHandshakeTimeout    = 5 * time.Second
+	DefaultMaxInFlightPerConn  = 4096
+	DefaultMaxClientConns      = 10000
+	DefaultIdleTimeout         = 2 * time.Minute
+	DefaultMaxReplyBacklog     = 8 << 20
+	DefaultMaxKeys             = 4_000_000
+	DefaultMaxWaitersPerKey    = 10_000
+	DefaultMaxHandshakesPerIP  = 64
+	DefaultAuthFailureDelay    = 500 * time.Millisecond
+	DefaultAuthFailureDelayMax = 8 * time.Second
 )
 
 // DefaultConfig returns a Config with every tunable at its default and the
 // identity fields empty.
 func DefaultConfig() Config {
 	return Config{
-		HeartbeatTimeout:   DefaultHeartbeatTimeout,
-		ElectionTimeout:    DefaultElectionTimeout,
-		LeaderLeaseTimeout: DefaultLeaderLeaseTimeout,
-		CommitTimeout:      DefaultCommitTimeout,
-		MaxAppendEntries:   DefaultMaxAppendEntries,
-		SnapshotThreshold:  DefaultSnapshotThreshold,
-		SnapshotInterval:   DefaultSnapshotInterval,
-		TrailingLogs:       DefaultTrailingLogs,
-		PeerTimeout:        DefaultPeerTimeout,
-		HandshakeTimeout:   DefaultHandshakeTimeout,
-		MaxInFlightPerConn: DefaultMaxInFlightPerConn,
-		MaxClientConns:     DefaultMaxClientConns,
+		HeartbeatTimeout:    DefaultHeartbeatTimeout,
+		ElectionTimeout:     DefaultElectionTimeout,
+		LeaderLeaseTimeout:  DefaultLeaderLeaseTimeout,
+		CommitTimeout:       DefaultCommitTimeout,
+		MaxAppendEntries:    DefaultMaxAppendEntries,
+		SnapshotThreshold:   DefaultSnapshotThreshold,
+		SnapshotInterval:    DefaultSnapshotInterval,
+		TrailingLogs:        DefaultTrailingLogs,
+		PeerTimeout:         DefaultPeerTimeout,
+		HandshakeTimeout:    DefaultHandshakeTimeout,
+		MaxInFlightPerConn:  DefaultMaxInFlightPerConn,
+		MaxClientConns:      DefaultMaxClientConns,
+		IdleTimeout:         DefaultIdleTimeout,
+		MaxReplyBacklog:     DefaultMaxReplyBacklog,
+		MaxKeys:             DefaultMaxKeys,
+		MaxWaitersPerKey:    DefaultMaxWaitersPerKey,
+		MaxHandshakesPerIP:  DefaultMaxHandshakesPerIP,
+		AuthFailureDelay:    DefaultAuthFailureDelay,
+		AuthFailureDelayMax: DefaultAuthFailureDelayMax,
 	}
 }
 
@@ -184,6 +244,27 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxClientConns == 0 {
 		c.MaxClientConns = d.MaxClientConns
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = d.IdleTimeout
+	}
+	if c.MaxReplyBacklog == 0 {
+		c.MaxReplyBacklog = d.MaxReplyBacklog
+	}
+	if c.MaxKeys == 0 {
+		c.MaxKeys = d.MaxKeys
+	}
+	if c.MaxWaitersPerKey == 0 {
+		c.MaxWaitersPerKey = d.MaxWaitersPerKey
+	}
+	if c.MaxHandshakesPerIP == 0 {
+		c.MaxHandshakesPerIP = d.MaxHandshakesPerIP
+	}
+	if c.AuthFailureDelay == 0 {
+		c.AuthFailureDelay = d.AuthFailureDelay
+	}
+	if c.AuthFailureDelayMax == 0 {
+		c.AuthFailureDelayMax = max(d.AuthFailureDelayMax, c.AuthFailureDelay)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -243,8 +324,24 @@ func (c Config) Validate() error {
 	if c.MaxAppendEntries < 1 || c.MaxAppendEntries > 1024 {
 		return bad("max append entries must be 1..1024")
 	}
-	if c.MaxInFlightPerConn < 1 || c.MaxClientConns < 1 {
-		return bad("connection limits must be positive")
+	if c.MaxInFlightPerConn < 1 || c.MaxClientConns < 1 || c.MaxReplyBacklog < 1 || c.MaxKeys < 1 ||
+		c.MaxWaitersPerKey < 1 || c.MaxHandshakesPerIP < 1 {
+		return bad("connection and table limits must be positive")
+	}
+	if c.IdleTimeout < time.Second {
+		return bad("idle timeout %v is below 1s", c.IdleTimeout)
+	}
+	if c.AuthFailureDelay < 0 || c.AuthFailureDelayMax < c.AuthFailureDelay {
+		return bad("auth failure delays %v..%v", c.AuthFailureDelay, c.AuthFailureDelayMax)
+	}
+	if c.NextClientSecret != nil && len(c.NextClientSecret) < 16 || c.NextPeerSecret != nil && len(c.NextPeerSecret) < 16 {
+		return bad("a next secret must be at least 16 bytes")
+	}
+	if c.ClientTLS != nil && c.ClientTLS.MinVersion < tls.VersionTLS13 {
+		return bad("the client port's TLS config must require TLS 1.3 (use tlsconf.ServerConfig)")
+	}
+	if c.PeerTLS != nil && (c.PeerTLS.MinVersion < tls.VersionTLS13 || c.PeerTLS.ClientAuth != tls.RequireAndVerifyClientCert) {
+		return bad("the peer port's TLS config must require TLS 1.3 and client certificates (use tlsconf.PeerConfig)")
 	}
 	return nil
 }

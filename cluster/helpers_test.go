@@ -31,10 +31,23 @@ func testLogger(t *testing.T) *slog.Logger {
 
 func startCluster(t *testing.T, nodes int) *testCluster {
 	t.Helper()
+	return startClusterOpts(t, local.Options{Nodes: nodes})
+}
+
+// startClusterOpts starts a cluster with opts; Dir, Faults and Logger are
+// filled in, and Tune runs after local.FastRaft.
+func startClusterOpts(t *testing.T, opts local.Options) *testCluster {
+	t.Helper()
 	faults := cluster.NewFaults()
-	c, err := local.Start(local.Options{
-		Dir: t.TempDir(), Nodes: nodes, Faults: faults, Tune: local.FastRaft, Logger: testLogger(t),
-	})
+	tune := opts.Tune
+	opts.Dir, opts.Faults, opts.Logger = t.TempDir(), faults, testLogger(t)
+	opts.Tune = func(cfg *cluster.Config) {
+		local.FastRaft(cfg)
+		if tune != nil {
+			tune(cfg)
+		}
+	}
+	c, err := local.Start(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +71,7 @@ func (c *testCluster) dial(i int) *client.Conn {
 	c.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	conn, err := client.Dial(ctx, c.ClientAddr(i), client.Config{Secret: c.ClientSecret, ClusterID: c.ClusterID})
+	conn, err := client.Dial(ctx, c.ClientAddr(i), client.Config{Secret: c.ClientSecret, ClusterID: c.ClusterID, TLS: c.ClientTLS})
 	if err != nil {
 		c.t.Fatalf("dial node %d: %v", i, err)
 	}
@@ -187,7 +200,7 @@ func (lc *leaderClient) conn() (*client.Conn, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	cn, err := client.Dial(ctx, lc.c.ClientAddr(lc.at), client.Config{Secret: lc.c.ClientSecret, ClusterID: lc.c.ClusterID})
+	cn, err := client.Dial(ctx, lc.c.ClientAddr(lc.at), client.Config{Secret: lc.c.ClientSecret, ClusterID: lc.c.ClusterID, TLS: lc.c.ClientTLS})
 	if err != nil {
 		lc.at = (lc.at + 1) % lc.c.Size()
 		return nil, err

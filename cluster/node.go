@@ -67,6 +67,14 @@ type Node struct {
 	conns   map[*clientConn]struct{}
 	nextRef uint64
 	closed  bool
+	// uncommitted counts acquires proposed but not applied: those that may
+	// wait per key (for MaxWaitersPerKey), all in total (for MaxKeys); see
+	// admitAcquire.
+	uncommitted      map[string]int
+	uncommittedTotal int
+
+	stats      nodeStats
+	clientGate *gate
 
 	closing chan struct{}
 	wg      sync.WaitGroup
@@ -84,6 +92,10 @@ type pending struct {
 	deadline time.Time // acquire: when its wait runs out (monotonic)
 	queued   bool      // acquire applied as StatusQueued, not yet granted/timed out
 	cancel   bool      // the client asked to cancel it
+	// uncommitted: an acquire counted in Node.uncommittedTotal (proposed,
+	// its own command not applied yet), and if mayWait (wait > 0) in
+	// Node.uncommitted too.
+	uncommitted, mayWait bool
 }
 
 type batchFuture struct {
@@ -113,6 +125,9 @@ func New(cfg Config) (*Node, error) {
 		pend:      map[uint64]*pending{},
 		conns:     map[*clientConn]struct{}{},
 		closing:   make(chan struct{}),
+
+		uncommitted: map[string]int{},
+		clientGate:  newGate(cfg.MaxHandshakesPerIP, cfg.AuthFailureDelay, cfg.AuthFailureDelayMax),
 	}
 	var seed [8]byte
 	_, _ = rand.Read(seed[:])
@@ -152,7 +167,7 @@ func (n *Node) start() error {
 			return fmt.Errorf("cluster: peer port: %w", err)
 		}
 	}
-	n.peers = newPeerLayer(peerLn, cfg, n.log)
+	n.peers = newPeerLayer(peerLn, cfg, n.log, &n.stats.peerAuthFailures)
 	n.transport = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream:  n.peers,
 		MaxPool: 3,
@@ -209,6 +224,14 @@ func (n *Node) start() error {
 	n.raft = r
 	n.timers = newTimerQueue(n.timerDue)
 
+	if cfg.ClientTLS == nil {
+		n.log.Warn("PLAINTEXT CLIENT PORT: lock traffic (keys, owners, tokens) travels unencrypted and unauthenticated "+
+			"beyond the handshake; use TLS (--tls-cert, --tls-key, --tls-ca) anywhere but loopback", "client", n.advertise)
+	}
+	if cfg.PeerTLS == nil {
+		n.log.Warn("PLAINTEXT PEER PORT: Raft traffic travels unencrypted; use TLS anywhere but loopback",
+			"peer", string(n.peers.advertise))
+	}
 	if n.faultFile != nil {
 		n.log.Warn("FAULT INJECTION ENABLED: this node obeys a fault file; never use this in production",
 			"fault_file", n.faultFile.path)
@@ -394,7 +417,9 @@ func (n *Node) loseLeadership(why string) {
 	n.leading, n.serving = false, false
 	owed := n.pend
 	n.pend = map[uint64]*pending{}
+	n.uncommitted, n.uncommittedTotal = map[string]int{}, 0
 	for _, p := range owed {
+		p.uncommitted = false
 		delete(p.conn.inflight, p.id)
 		p.conn.send(&wire.Msg{Type: wire.TypeUnknown, ID: p.id, Text: why + ": outcome unknown"})
 	}
@@ -527,6 +552,7 @@ func (n *Node) proposalFailed(cmds []locksm.Command, err error) {
 
 // finish forgets p (its reply is being sent). Requires n.mu.
 func (n *Node) finish(p *pending) {
+	n.committed(p)
 	delete(n.pend, p.ref)
 	delete(p.conn.inflight, p.id)
 }
@@ -582,6 +608,7 @@ func (n *Node) resolve(p *pending, res locksm.Result, now time.Time) {
 	case locksm.StatusGranted:
 		n.granted(p, res.Token)
 	case locksm.StatusQueued:
+		n.committed(p)
 		p.queued = true
 		switch {
 		case p.conn.dead || p.cancel:

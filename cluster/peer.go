@@ -1,16 +1,20 @@
 package cluster
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
 
+	"ticketing/cluster/tlsconf"
 	"ticketing/cluster/wire"
 )
 
@@ -42,7 +46,9 @@ func (a peerNetAddr) String() string  { return a.s }
 
 // peerLayer is the raft.StreamLayer: TCP plus the peer handshake (with the
 // peer secret, proving both node ids and the cluster id) in both directions.
-// TLS, when it arrives, wraps the TCP conn before the handshake.
+// With PeerTLS, mutual TLS 1.3 wraps the TCP conn first, the handshake
+// signs its exporter, and each side checks that the other's certificate
+// names the node id it proved.
 type peerLayer struct {
 	ln        net.Listener
 	self      string
@@ -51,6 +57,9 @@ type peerLayer struct {
 	timeout   time.Duration
 	faults    *Faults
 	log       *slog.Logger
+	tls       *tls.Config // nil: plaintext
+	gate      *gate
+	failures  *atomic.Uint64
 
 	accepted chan net.Conn
 	closing  chan struct{}
@@ -58,7 +67,7 @@ type peerLayer struct {
 	wg       sync.WaitGroup
 }
 
-func newPeerLayer(ln net.Listener, cfg Config, log *slog.Logger) *peerLayer {
+func newPeerLayer(ln net.Listener, cfg Config, log *slog.Logger, failures *atomic.Uint64) *peerLayer {
 	hostport := ln.Addr().String()
 	if cfg.PeerAddr != "" && cfg.PeerListener == nil {
 		hostport = cfg.PeerAddr
@@ -73,11 +82,15 @@ func newPeerLayer(ln net.Listener, cfg Config, log *slog.Logger) *peerLayer {
 		self:      cfg.NodeID,
 		advertise: raftAddr(cfg.NodeID, hostport),
 		hs: wire.HandshakeConfig{
-			Kind:      wire.KindPeer,
-			Secret:    cfg.PeerSecret,
-			ClusterID: cfg.ClusterID,
-			NodeID:    cfg.NodeID,
+			Kind:       wire.KindPeer,
+			Secret:     cfg.PeerSecret,
+			NextSecret: cfg.NextPeerSecret,
+			ClusterID:  cfg.ClusterID,
+			NodeID:     cfg.NodeID,
 		},
+		tls:      cfg.PeerTLS,
+		gate:     newGate(cfg.MaxHandshakesPerIP, cfg.AuthFailureDelay, cfg.AuthFailureDelayMax),
+		failures: failures,
 		timeout:  cfg.HandshakeTimeout,
 		faults:   cfg.Faults,
 		log:      log,
@@ -112,13 +125,38 @@ func (l *peerLayer) acceptLoop() {
 	}
 }
 
-func (l *peerLayer) serverHandshake(c net.Conn) {
+func (l *peerLayer) serverHandshake(raw net.Conn) {
 	defer l.wg.Done()
-	_ = c.SetDeadline(time.Now().Add(l.timeout))
-	peer, err := wire.ServerHandshake(c, l.hs)
+	ip := ipOf(raw.RemoteAddr().String())
+	if !l.gate.enter(ip) {
+		raw.Close()
+		return
+	}
+	_ = raw.SetDeadline(time.Now().Add(l.timeout))
+	c, binding, err := secureAccept(raw, l.tls)
+	var peer wire.Peer
+	if err == nil {
+		hs := l.hs
+		hs.ChannelBinding = binding
+		peer, err = wire.ServerHandshake(c, hs)
+	}
+	if err == nil && l.tls != nil && !slices.Contains(tlsconf.PeerNames(c), peer.NodeID) {
+		err = fmt.Errorf("%w: %q proved its id with the peer secret, but its certificate names %v",
+			wire.ErrWrongNode, peer.NodeID, tlsconf.PeerNames(c))
+	}
+	delay, failures := l.gate.leave(ip, err != nil)
 	if err != nil {
-		l.log.Warn("peer handshake refused", "remote", c.RemoteAddr().String(), "err", err)
-		c.Close()
+		l.failures.Add(1)
+		if logFailure(failures) {
+			l.log.Warn("peer admission refused", "remote", raw.RemoteAddr().String(), "recent_failures_from_ip", failures, "err", err)
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-l.closing:
+		}
+		t.Stop()
+		raw.Close()
 		return
 	}
 	_ = c.SetDeadline(time.Time{})
@@ -170,16 +208,30 @@ func (l *peerLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net
 	if err := l.faults.allowDial(l.self, id); err != nil {
 		return nil, err
 	}
-	c, err := net.DialTimeout("tcp", hostport, timeout)
+	raw, err := net.DialTimeout("tcp", hostport, timeout)
 	if err != nil {
 		return nil, err
 	}
+	_ = raw.SetDeadline(time.Now().Add(l.timeout))
+	var tcfg *tls.Config
+	if l.tls != nil {
+		// The certificate must name the node id we dial, whatever
+		// address it answers at.
+		tcfg = l.tls.Clone()
+		tcfg.ServerName = id
+	}
+	c, binding, err := secureDial(raw, tcfg)
+	if err != nil {
+		raw.Close()
+		l.log.Warn("peer TLS failed", "peer", id, "addr", hostport, "err", err)
+		return nil, fmt.Errorf("cluster: TLS with %s at %s: %w", id, hostport, err)
+	}
 	hs := l.hs
 	hs.ExpectNodeID = id
-	_ = c.SetDeadline(time.Now().Add(l.timeout))
+	hs.ChannelBinding = binding
 	peer, err := wire.ClientHandshake(c, hs)
 	if err != nil {
-		c.Close()
+		raw.Close()
 		l.log.Warn("peer handshake failed", "peer", id, "addr", hostport, "err", err)
 		return nil, fmt.Errorf("cluster: handshake with %s at %s: %w", id, hostport, err)
 	}

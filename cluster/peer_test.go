@@ -1,23 +1,31 @@
 package cluster
 
 import (
+	"crypto/tls"
 	"errors"
 	"log/slog"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"ticketing/cluster/tlsconf"
 	"ticketing/cluster/wire"
 )
 
 func testPeerLayer(t *testing.T, id, cluster string, secret []byte, faults *Faults) *peerLayer {
+	return testPeerLayerTLS(t, id, cluster, secret, faults, nil)
+}
+
+func testPeerLayerTLS(t *testing.T, id, cluster string, secret []byte, faults *Faults, peerTLS *tls.Config) *peerLayer {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{NodeID: id, ClusterID: cluster, PeerSecret: secret, HandshakeTimeout: 2 * time.Second, Faults: faults}
-	l := newPeerLayer(ln, cfg, slog.New(slog.DiscardHandler))
+	cfg := Config{NodeID: id, ClusterID: cluster, PeerSecret: secret, HandshakeTimeout: 2 * time.Second, Faults: faults,
+		AuthFailureDelay: time.Millisecond, PeerTLS: peerTLS}
+	l := newPeerLayer(ln, cfg.withDefaults(), slog.New(slog.DiscardHandler), new(atomic.Uint64))
 	t.Cleanup(func() { l.Close(); l.wait() })
 	return l
 }
@@ -105,4 +113,74 @@ func TestFaultsCutAndHeal(t *testing.T) {
 		t.Fatalf("dial after heal: %v", err)
 	}
 	c2.Close()
+}
+
+// devPeerTLS issues a throwaway CA and peer TLS configs for ids.
+func devPeerTLS(t *testing.T, ids ...string) map[string]*tls.Config {
+	t.Helper()
+	_, files, err := tlsconf.DevSet(t.TempDir(), ids, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]*tls.Config{}
+	for id, f := range files {
+		if out[id], err = tlsconf.PeerConfig(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
+}
+
+// Over mutual TLS the certificate must name the node id on both sides: the
+// dialler checks the id it dials, the acceptor the id the dialler proved.
+func TestPeerTLSIdentity(t *testing.T) {
+	secret := []byte("peer-secret-0123456789")
+	tl := devPeerTLS(t, "n1", "n2", "n3")
+	n1 := testPeerLayerTLS(t, "n1", "c", secret, nil, tl["n1"])
+	n2 := testPeerLayerTLS(t, "n2", "c", secret, nil, tl["n2"])
+	go func() {
+		for {
+			c, err := n1.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	c, err := n2.Dial(raftAddr("n1", hostport(n1)), time.Second)
+	if err != nil {
+		t.Fatalf("dial n1 over TLS: %v", err)
+	}
+	c.Close()
+
+	// n1's certificate does not name n3: refused before any proof.
+	if _, err := n2.Dial(raftAddr("n3", hostport(n1)), time.Second); err == nil {
+		t.Fatal("n1 answered for n3 over TLS")
+	}
+
+	// A dialler that knows the peer secret but holds n3's certificate
+	// while claiming to be n2 is refused by the acceptor.
+	liar := testPeerLayerTLS(t, "n2", "c", secret, nil, tl["n3"])
+	if c, err := liar.Dial(raftAddr("n1", hostport(n1)), time.Second); err == nil {
+		// The acceptor refuses after the dialler's handshake finished:
+		// the refused connection is closed without carrying traffic.
+		c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		if _, rerr := c.Read(make([]byte, 1)); rerr == nil {
+			t.Fatal("acceptor kept a connection whose certificate names another node")
+		}
+		c.Close()
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for n1.failures.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n1.failures.Load() == 0 {
+		t.Fatal("n1 did not count the liar as a failed admission")
+	}
+
+	// A plaintext dialler is refused by the TLS peer port.
+	plain := testPeerLayer(t, "n2", "c", secret, nil)
+	if _, err := plain.Dial(raftAddr("n1", hostport(n1)), time.Second); !errors.Is(err, wire.ErrTLSRequired) {
+		t.Fatalf("plaintext dial of a TLS peer port: %v, want tls_required", err)
+	}
 }

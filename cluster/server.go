@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -18,8 +19,11 @@ import (
 // blocking, and written by the connection's writer goroutine.
 type clientConn struct {
 	n      *Node
-	c      net.Conn
+	c      net.Conn // the TCP connection: closing it stops everything
 	remote string
+	// rw is what requests and replies travel on: c, or the TLS session
+	// over it. Set by serveConn before the writer starts.
+	rw net.Conn
 
 	// Guarded by Node.mu.
 	inflight map[uint64]*pending // by request id
@@ -55,7 +59,7 @@ func (n *Node) acceptClients() {
 			time.Sleep(50 * time.Millisecond)
 			continue
 		}
-		cc := &clientConn{n: n, c: c, remote: c.RemoteAddr().String(), inflight: map[uint64]*pending{}, wake: make(chan struct{}, 1)}
+		cc := &clientConn{n: n, c: c, rw: c, remote: c.RemoteAddr().String(), inflight: map[uint64]*pending{}, wake: make(chan struct{}, 1)}
 		n.mu.Lock()
 		full := len(n.conns) >= n.cfg.MaxClientConns
 		closed := n.closed
@@ -64,7 +68,15 @@ func (n *Node) acceptClients() {
 		}
 		n.mu.Unlock()
 		if full || closed {
-			n.log.Warn("refusing client connection: limit reached", "remote", cc.remote, "max", n.cfg.MaxClientConns)
+			if full {
+				n.stats.connLimitRefusals.Add(1)
+				n.log.Warn("refusing client connection: limit reached", "remote", cc.remote, "max", n.cfg.MaxClientConns)
+				// Plaintext: the client has not started TLS, and the
+				// refusal must not cost a TLS handshake.
+				if n.cfg.ClientTLS == nil {
+					writeConnError(c, fmt.Errorf("%w: this node serves at most %d", wire.ErrTooManyConns, n.cfg.MaxClientConns))
+				}
+			}
 			c.Close()
 			continue
 		}
@@ -76,23 +88,14 @@ func (n *Node) acceptClients() {
 func (n *Node) serveConn(cc *clientConn) {
 	defer n.wg.Done()
 	defer n.connGone(cc)
-	_ = cc.c.SetDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
-	_, err := wire.ServerHandshake(cc.c, wire.HandshakeConfig{
-		Kind:      wire.KindClient,
-		Secret:    n.cfg.ClientSecret,
-		ClusterID: n.cfg.ClusterID,
-		NodeID:    n.cfg.NodeID,
-	})
-	if err != nil {
-		n.log.Warn("client handshake refused", "remote", cc.remote, "err", err)
+	if !n.admitClient(cc) {
 		return
 	}
-	_ = cc.c.SetDeadline(time.Time{})
 	cc.mu.Lock()
 	cc.writing = true
 	cc.mu.Unlock()
 	go cc.writeLoop()
-	r := wire.NewReader(cc.c)
+	r := wire.NewReader(idleReader{cc.rw, n.cfg.IdleTimeout})
 	var m wire.Msg
 	for {
 		if err := r.ReadMsg(&m); err != nil {
@@ -102,19 +105,96 @@ func (n *Node) serveConn(cc *clientConn) {
 				cc.send(errReply(m.ID, err))
 				continue
 			}
+			if isTimeout(err) {
+				n.stats.idleCloses.Add(1)
+				n.log.Info("closing idle client connection", "remote", cc.remote, "idle", n.cfg.IdleTimeout)
+				cc.send(&wire.Msg{Type: wire.TypeError, Code: wire.CodeIdleTimeout,
+					Text: fmt.Sprintf("nothing received for %v; send pings to keep a connection open", n.cfg.IdleTimeout)})
+				cc.flushAndClose()
+				return
+			}
 			if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || isClosedConn(err) {
 				return
 			}
+			n.stats.protocolErrorCloses.Add(1)
 			n.log.Info("closing client connection after a protocol error", "remote", cc.remote, "err", err)
 			cc.send(&wire.Msg{Type: wire.TypeError, Code: wire.CodeOf(err), Text: err.Error()})
 			cc.flushAndClose()
 			return
 		}
 		if !n.handle(cc, &m) {
+			n.stats.protocolErrorCloses.Add(1)
 			cc.flushAndClose()
 			return
 		}
 	}
+}
+
+// admitClient runs a new connection's admission (see admission.go): the
+// per-IP gate, TLS when configured, and the authentication handshake. On
+// failure it holds the connection for the failure delay and returns false
+// (the caller closes it).
+func (n *Node) admitClient(cc *clientConn) bool {
+	ip := ipOf(cc.remote)
+	if !n.clientGate.enter(ip) {
+		n.stats.gateRefusals.Add(1)
+		return false
+	}
+	_ = cc.c.SetDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
+	rw, binding, err := secureAccept(cc.c, n.cfg.ClientTLS)
+	if err == nil {
+		_, err = wire.ServerHandshake(rw, wire.HandshakeConfig{
+			Kind:           wire.KindClient,
+			Secret:         n.cfg.ClientSecret,
+			NextSecret:     n.cfg.NextClientSecret,
+			ClusterID:      n.cfg.ClusterID,
+			NodeID:         n.cfg.NodeID,
+			ChannelBinding: binding,
+		})
+		if err != nil && isTimeout(err) {
+			writeConnError(rw, fmt.Errorf("%w after %v", wire.ErrHandshakeTimeout, n.cfg.HandshakeTimeout))
+		}
+	}
+	delay, failures := n.clientGate.leave(ip, err != nil)
+	if err != nil {
+		n.stats.clientAuthFailures.Add(1)
+		if logFailure(failures) {
+			n.log.Warn("client admission refused", "remote", cc.remote, "recent_failures_from_ip", failures, "err", err)
+		}
+		n.hold(delay)
+		return false
+	}
+	_ = cc.c.SetDeadline(time.Time{})
+	cc.mu.Lock()
+	cc.rw = rw
+	cc.mu.Unlock()
+	return true
+}
+
+// hold sleeps for d, or until the node closes.
+func (n *Node) hold(d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-n.closing:
+	}
+}
+
+// idleReader sets the read deadline before every read from the socket, so
+// a connection that sends nothing for d (including one that stops in the
+// middle of a frame) gets a timeout.
+type idleReader struct {
+	c net.Conn
+	d time.Duration
+}
+
+func (r idleReader) Read(p []byte) (int, error) {
+	_ = r.c.SetReadDeadline(time.Now().Add(r.d))
+	return r.c.Read(p)
 }
 
 func isClosedConn(err error) bool {
@@ -201,8 +281,15 @@ func (n *Node) handle(cc *clientConn, m *wire.Msg) bool {
 		return true
 	}
 	if len(cc.inflight) >= n.cfg.MaxInFlightPerConn {
+		n.stats.inFlightRefusals.Add(1)
 		cc.send(errReply(m.ID, wire.ErrTooManyInFlight))
 		return true
+	}
+	if cmd.Op == locksm.OpAcquire {
+		if err := n.admitAcquire(m.Key, m.WaitMs > 0); err != nil {
+			cc.send(errReply(m.ID, err))
+			return true
+		}
 	}
 	n.nextRef++
 	cmd.Ref = n.nextRef
@@ -212,8 +299,54 @@ func (n *Node) handle(cc *clientConn, m *wire.Msg) bool {
 	}
 	n.pend[p.ref] = p
 	cc.inflight[m.ID] = p
+	if cmd.Op == locksm.OpAcquire {
+		p.uncommitted, p.mayWait = true, m.WaitMs > 0
+		if p.mayWait {
+			n.uncommitted[m.Key]++
+		}
+		n.uncommittedTotal++
+	}
 	n.propose(cmd)
 	return true
+}
+
+// admitAcquire applies MaxKeys and MaxWaitersPerKey to an acquire of key
+// (mayWait: its wait is not zero, so it can join the queue). Acquires
+// proposed but not yet applied count as if each created a key and, if
+// they may wait, joined the queue, so a burst cannot overshoot. Requires
+// n.mu.
+func (n *Node) admitAcquire(key string, mayWait bool) error {
+	var held bool
+	var keys, queue int
+	n.fsm.read(func(s *locksm.State) {
+		_, held = s.Holder(key)
+		keys = s.NumHeld()
+		queue = s.QueueLen(key)
+	})
+	if !held && keys+n.uncommittedTotal >= n.cfg.MaxKeys {
+		n.stats.keyLimitRefusals.Add(1)
+		return fmt.Errorf("%w: %d keys held or being acquired; this node allows %d", wire.ErrTooManyKeys, keys+n.uncommittedTotal, n.cfg.MaxKeys)
+	}
+	if mayWait && queue+n.uncommitted[key] >= n.cfg.MaxWaitersPerKey {
+		n.stats.waiterLimitRefusals.Add(1)
+		return fmt.Errorf("%w: %d waiting or joining; this node allows %d per key", wire.ErrTooManyWaiters, queue+n.uncommitted[key], n.cfg.MaxWaitersPerKey)
+	}
+	return nil
+}
+
+// committed drops p from the uncommitted-acquire counts (its command was
+// applied, or will never be). Idempotent. Requires n.mu.
+func (n *Node) committed(p *pending) {
+	if !p.uncommitted {
+		return
+	}
+	p.uncommitted = false
+	if p.mayWait {
+		if n.uncommitted[p.key]--; n.uncommitted[p.key] <= 0 {
+			delete(n.uncommitted, p.key)
+		}
+	}
+	n.uncommittedTotal--
 }
 
 func errReply(id uint64, err error) *wire.Msg {
@@ -265,6 +398,17 @@ func (cc *clientConn) send(m *wire.Msg) {
 		return
 	}
 	cc.out = out
+	if len(cc.out) > cc.n.cfg.MaxReplyBacklog {
+		// The client does not read its replies: cut it off rather than
+		// buffer without bound. Its locks are handled like any dead
+		// connection's (queued acquires cancelled, late grants released).
+		cc.n.stats.slowConsumerCloses.Add(1)
+		cc.n.log.Warn("closing client connection: it does not read its replies", "remote", cc.remote,
+			"backlog_bytes", len(cc.out), "max", cc.n.cfg.MaxReplyBacklog)
+		cc.out = nil
+		cc.closeLocked()
+		return
+	}
 	cc.wakeLocked()
 }
 
@@ -283,8 +427,8 @@ func (cc *clientConn) writeLoop() {
 		draining := cc.draining
 		cc.mu.Unlock()
 		if len(buf) > 0 {
-			_ = cc.c.SetWriteDeadline(time.Now().Add(10 * time.Second))
-			if _, err := cc.c.Write(buf); err != nil {
+			_ = cc.rw.SetWriteDeadline(time.Now().Add(10 * time.Second))
+			if _, err := cc.rw.Write(buf); err != nil {
 				cc.close()
 				return
 			}

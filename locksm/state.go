@@ -283,6 +283,14 @@ func (s *State) Waiters(key string) []Waiter {
 	return nil
 }
 
+// QueueLen is the length of key's queue (0 if the key is free).
+func (s *State) QueueLen(key string) int {
+	if e := s.keys[key]; e != nil {
+		return len(e.queue)
+	}
+	return 0
+}
+
 // NumHeld is the number of held keys; NumWaiting the number of queued waiters.
 func (s *State) NumHeld() int { return len(s.keys) }
 

@@ -2,6 +2,7 @@ package sidecar
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -22,6 +23,13 @@ type Config struct {
 	Addrs []string
 	// Secret is the cluster's client secret. Required (>= 16 bytes).
 	Secret []byte
+	// NextSecret, when set, is tried when a node does not prove itself
+	// with Secret (during a secret rollover). nil: Secret only.
+	NextSecret []byte
+	// TLS, when set, makes every connection TLS 1.3 (build it with
+	// tlsconf.ClientConfig): the nodes' certificates must be signed by its
+	// CA and name the host of the address dialled. nil: plaintext.
+	TLS *tls.Config
 	// ClusterID must match the nodes'.
 	ClusterID string
 
@@ -213,7 +221,8 @@ func (b *Broker) keep(s *slot) {
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), b.cfg.DialTimeout)
 		conn, err := client.Dial(ctx, s.addr, client.Config{
-			Secret: b.cfg.Secret, ClusterID: b.cfg.ClusterID, HandshakeTimeout: b.cfg.DialTimeout, Dialer: b.cfg.Dialer,
+			Secret: b.cfg.Secret, NextSecret: b.cfg.NextSecret, TLS: b.cfg.TLS,
+			ClusterID: b.cfg.ClusterID, HandshakeTimeout: b.cfg.DialTimeout, Dialer: b.cfg.Dialer,
 		})
 		cancel()
 		if err == nil {

@@ -77,6 +77,9 @@ var errorTable = []struct {
 	{wire.ErrShuttingDown, "", "shutting_down"},
 	{wire.ErrTooManyInFlight, "", "unavailable"},
 	{locksm.ErrTokensExhausted, "", "tokens_exhausted"},
+	// The cluster's table limits: definite, nothing was executed.
+	{wire.ErrTooManyKeys, "", "too_many_keys"},
+	{wire.ErrTooManyWaiters, "", "too_many_waiters"},
 	{context.Canceled, "", "cancelled"},
 	{context.DeadlineExceeded, "", "cancelled"},
 }

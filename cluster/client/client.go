@@ -20,6 +20,7 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -63,6 +64,18 @@ type frameRef struct {
 type Config struct {
 	// Secret is the client secret (the node's --secret-file content).
 	Secret []byte
+	// NextSecret, when set, is tried when the node does not prove itself
+	// with Secret (during a secret rollover). nil: Secret only.
+	NextSecret []byte
+	// TLS, when set, runs TLS 1.3 before the handshake (build it with
+	// tlsconf.ClientConfig); the handshake then signs the TLS exporter.
+	// An empty ServerName is set to the host of the dialled address. nil:
+	// plaintext.
+	TLS *tls.Config
+	// KeepAlive is the idle time after which the connection sends a ping,
+	// so that the node's IdleTimeout (default 2 min) never closes a
+	// connection that is merely quiet. Zero: 30 s; negative: never.
+	KeepAlive time.Duration
 	// ClusterID must match the node's; "" for the default.
 	ClusterID string
 	// HandshakeTimeout bounds dial + handshake; zero means 5s.
@@ -74,7 +87,8 @@ type Config struct {
 // Conn is one client connection. Safe for concurrent use: many goroutines may
 // have requests in flight at once; replies may arrive in any order.
 type Conn struct {
-	nc   net.Conn
+	nc   net.Conn // requests and replies: the TCP conn or TLS over it
+	raw  net.Conn // the TCP conn: closing it never blocks
 	peer wire.Peer
 
 	// wmu guards the write side: id assignment, the combining buffer and
@@ -89,6 +103,8 @@ type Conn struct {
 
 	// writtenUpTo is the highest id whose bytes were handed to a Write.
 	writtenUpTo atomic.Uint64
+	// writes counts the writer's Writes (keepAlive watches it).
+	writes atomic.Uint64
 
 	kick chan struct{} // wakes the writer; capacity 1
 
@@ -115,10 +131,11 @@ func Dial(ctx context.Context, addr string, cfg Config) (*Conn, error) {
 		var d net.Dialer
 		dial = d.DialContext
 	}
-	nc, err := dial(hctx, "tcp", addr)
+	raw, err := dial(hctx, "tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("client: dial %s: %w", addr, err)
 	}
+	nc := raw
 	deadline, _ := hctx.Deadline()
 	if err := nc.SetDeadline(deadline); err != nil {
 		nc.Close()
@@ -126,12 +143,34 @@ func Dial(ctx context.Context, addr string, cfg Config) (*Conn, error) {
 	}
 	// A cancelled ctx must interrupt a handshake blocked in Read: a deadline
 	// in the past does that without closing the socket under the handshake.
-	stop := context.AfterFunc(hctx, func() { nc.SetDeadline(time.Unix(1, 0)) })
-	peer, err := wire.ClientHandshake(nc, wire.HandshakeConfig{
-		Kind:      wire.KindClient,
-		Secret:    cfg.Secret,
-		ClusterID: cfg.ClusterID,
-	})
+	stop := context.AfterFunc(hctx, func() { raw.SetDeadline(time.Unix(1, 0)) })
+	var binding []byte
+	if cfg.TLS != nil {
+		tcfg := cfg.TLS
+		if tcfg.ServerName == "" {
+			tcfg = tcfg.Clone()
+			tcfg.ServerName, _, _ = net.SplitHostPort(addr)
+		}
+		tc := tls.Client(raw, tcfg)
+		if err = tc.Handshake(); err == nil {
+			nc = tc
+			st := tc.ConnectionState()
+			binding, err = st.ExportKeyingMaterial(wire.ExporterLabel, nil, wire.ChannelBindingLen)
+		}
+		if err != nil {
+			err = fmt.Errorf("TLS: %w", err)
+		}
+	}
+	var peer wire.Peer
+	if err == nil {
+		peer, err = wire.ClientHandshake(nc, wire.HandshakeConfig{
+			Kind:           wire.KindClient,
+			Secret:         cfg.Secret,
+			NextSecret:     cfg.NextSecret,
+			ClusterID:      cfg.ClusterID,
+			ChannelBinding: binding,
+		})
+	}
 	stopped := stop()
 	switch {
 	case err == nil && !stopped:
@@ -146,16 +185,49 @@ func Dial(ctx context.Context, addr string, cfg Config) (*Conn, error) {
 		err = nc.SetDeadline(time.Time{})
 	}
 	if err != nil {
-		nc.Close()
+		raw.Close()
 		return nil, fmt.Errorf("client: handshake with %s: %w", addr, err)
 	}
-	return newConn(nc, peer), nil
+	c := newConn(nc, raw, peer)
+	switch ka := cfg.KeepAlive; {
+	case ka == 0:
+		go c.keepAlive(DefaultKeepAlive)
+	case ka > 0:
+		go c.keepAlive(ka)
+	}
+	return c, nil
+}
+
+// DefaultKeepAlive is Config.KeepAlive's default.
+const DefaultKeepAlive = 30 * time.Second
+
+// keepAlive pings when nothing was written for a whole interval. The pong
+// is matched like any reply and dropped.
+func (c *Conn) keepAlive(every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	last := c.writes.Load()
+	for {
+		select {
+		case <-c.dead:
+			return
+		case <-t.C:
+		}
+		if w := c.writes.Load(); w != last {
+			last = w
+			continue
+		}
+		if _, err := c.Start(wire.Msg{Type: wire.TypePing}); err != nil {
+			return
+		}
+	}
 }
 
 // newConn starts the reader and writer of an authenticated connection.
-func newConn(nc net.Conn, peer wire.Peer) *Conn {
+func newConn(nc, raw net.Conn, peer wire.Peer) *Conn {
 	c := &Conn{
 		nc:      nc,
+		raw:     raw,
 		peer:    peer,
 		kick:    make(chan struct{}, 1),
 		pending: make(map[uint64]*Call),
@@ -365,6 +437,7 @@ func (c *Conn) writeLoop() {
 			spare = out
 			continue
 		}
+		c.writes.Add(1)
 		if _, err := c.nc.Write(out); err != nil {
 			c.shutdown(fmt.Errorf("writing: %w", err))
 			return
@@ -435,7 +508,7 @@ func (c *Conn) shutdown(cause error) {
 		c.wmu.Unlock()
 		// From here writtenUpTo is final: the writer stores it only under
 		// wmu while !closed.
-		c.nc.Close()
+		c.raw.Close()
 
 		c.pmu.Lock()
 		pending := c.pending

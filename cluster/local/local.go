@@ -6,6 +6,7 @@ package local
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 	"time"
 
 	"ticketing/cluster"
+	"ticketing/cluster/tlsconf"
 )
 
 // Options configures Start.
@@ -37,6 +39,10 @@ type Options struct {
 	Faults *cluster.Faults
 	// Tune, when set, adjusts each node's config before it starts.
 	Tune func(*cluster.Config)
+	// TLS, when set, issues a throwaway CA and node certificates into
+	// Dir/tls (reused when present) and runs both ports over TLS; clients
+	// dial with Cluster.ClientTLS.
+	TLS bool
 }
 
 // Cluster is a running local cluster.
@@ -46,6 +52,10 @@ type Cluster struct {
 	PeerSecretFile string
 	ClientSecret   []byte
 	ClusterID      string
+	// CAFile is the CA that signed the nodes' certificates and ClientTLS
+	// the configuration to dial them with; "" and nil without TLS.
+	CAFile    string
+	ClientTLS *tls.Config
 
 	mu    sync.Mutex
 	cfgs  []cluster.Config
@@ -110,8 +120,20 @@ func Start(opts Options) (*Cluster, error) {
 		}
 	}
 	var peers []cluster.Peer
+	var ids []string
 	for i := 0; i < opts.Nodes; i++ {
 		peers = append(peers, cluster.Peer{ID: fmt.Sprintf("n%d", i+1), Addr: peerLns[i].Addr().String()})
+		ids = append(ids, peers[i].ID)
+	}
+	var nodeTLS map[string]tlsconf.Files
+	if opts.TLS {
+		if c.CAFile, nodeTLS, err = DevTLS(filepath.Join(opts.Dir, "tls"), ids); err == nil {
+			c.ClientTLS, err = tlsconf.ClientConfig(tlsconf.Files{CAFile: c.CAFile})
+		}
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
 	}
 	for i := 0; i < opts.Nodes; i++ {
 		cfg := cluster.DefaultConfig()
@@ -125,6 +147,15 @@ func Start(opts Options) (*Cluster, error) {
 		cfg.PeerSecret = peerSecret
 		cfg.Logger = opts.Logger
 		cfg.Faults = opts.Faults
+		if f, ok := nodeTLS[cfg.NodeID]; ok {
+			if cfg.ClientTLS, err = tlsconf.ServerConfig(f, false); err == nil {
+				cfg.PeerTLS, err = tlsconf.PeerConfig(f)
+			}
+			if err != nil {
+				closeAll()
+				return nil, err
+			}
+		}
 		if opts.Tune != nil {
 			opts.Tune(&cfg)
 		}
@@ -146,6 +177,24 @@ func Start(opts Options) (*Cluster, error) {
 		c.nodes[i] = n
 	}
 	return c, nil
+}
+
+// DevTLS returns the throwaway CA and node certificates in dir, issuing
+// them (tlsconf.DevSet) unless dir already holds them.
+func DevTLS(dir string, ids []string) (caFile string, nodes map[string]tlsconf.Files, err error) {
+	caFile = filepath.Join(dir, "ca.crt")
+	if _, err := os.Stat(caFile); err == nil {
+		nodes = map[string]tlsconf.Files{}
+		for _, id := range ids {
+			f := tlsconf.Files{CertFile: filepath.Join(dir, id+".crt"), KeyFile: filepath.Join(dir, id+".key"), CAFile: caFile}
+			if _, err := os.Stat(f.CertFile); err != nil {
+				return "", nil, fmt.Errorf("local: %s has a CA but no certificate for %s: %w", dir, id, err)
+			}
+			nodes[id] = f
+		}
+		return caFile, nodes, nil
+	}
+	return tlsconf.DevSet(dir, ids, time.Now())
 }
 
 func ensureSecret(path string) ([]byte, error) {

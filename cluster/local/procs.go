@@ -2,6 +2,7 @@ package local
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -15,6 +16,7 @@ import (
 
 	"ticketing/cluster"
 	"ticketing/cluster/client"
+	"ticketing/cluster/tlsconf"
 	"ticketing/cluster/wire"
 )
 
@@ -44,6 +46,10 @@ type ProcOptions struct {
 	// SocketDir holds the sidecars' unix sockets; "" means Dir. (A socket
 	// path must stay under ~107 bytes.)
 	SocketDir string
+	// TLS, when set, issues a throwaway CA and node certificates into
+	// Dir/tls and starts nodes with --tls-cert/--tls-key/--tls-ca and
+	// sidecars with --tls-ca.
+	TLS bool
 }
 
 // proc is one child process that can be stopped and started again.
@@ -64,8 +70,11 @@ type Procs struct {
 	ClusterID      string
 	SecretFile     string // client secret file
 	PeerSecretFile string
-	ids            []string
-	clientAddrs    []string
+	// CAFile and ClientTLS: see Cluster; "" and nil without TLS.
+	CAFile      string
+	ClientTLS   *tls.Config
+	ids         []string
+	clientAddrs []string
 
 	mu       sync.Mutex
 	nodes    []*proc
@@ -107,6 +116,15 @@ func StartProcs(opts ProcOptions) (*Procs, error) {
 		p.clientAddrs = append(p.clientAddrs, fmt.Sprintf("127.0.0.1:%d", ports[2*i]))
 		peers = append(peers, fmt.Sprintf("%s=127.0.0.1:%d", id, ports[2*i+1]))
 	}
+	var nodeTLS map[string]tlsconf.Files
+	if opts.TLS {
+		if p.CAFile, nodeTLS, err = DevTLS(filepath.Join(opts.Dir, "tls"), p.ids); err == nil {
+			p.ClientTLS, err = tlsconf.ClientConfig(tlsconf.Files{CAFile: p.CAFile})
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
 	for i := 0; i < opts.Nodes; i++ {
 		args := []string{"node",
 			"--id", p.ids[i],
@@ -120,6 +138,9 @@ func StartProcs(opts ProcOptions) (*Procs, error) {
 		}
 		if opts.FaultFiles {
 			args = append(args, "--fault-file", p.FaultFile(i))
+		}
+		if f, ok := nodeTLS[p.ids[i]]; ok {
+			args = append(args, "--tls-cert", f.CertFile, "--tls-key", f.KeyFile, "--tls-ca", f.CAFile)
 		}
 		p.nodes = append(p.nodes, &proc{name: p.ids[i], args: append(args, opts.ExtraArgs...),
 			log: filepath.Join(opts.Dir, p.ids[i]+".log")})
@@ -136,6 +157,9 @@ func StartProcs(opts ProcOptions) (*Procs, error) {
 		}
 		if opts.FaultFiles {
 			args = append(args, "--fault-file", p.SidecarFaultFile(j))
+		}
+		if p.CAFile != "" {
+			args = append(args, "--tls-ca", p.CAFile)
 		}
 		p.sidecars = append(p.sidecars, &proc{name: name, args: append(args, opts.SidecarArgs...),
 			log: filepath.Join(opts.Dir, name+".log")})
@@ -360,7 +384,7 @@ func (p *Procs) Status(ctx context.Context, i int) (wire.Msg, error) {
 
 // Dial connects to node i's client port.
 func (p *Procs) Dial(ctx context.Context, i int) (*client.Conn, error) {
-	return client.Dial(ctx, p.clientAddrs[i], client.Config{Secret: p.ClientSecret, ClusterID: p.ClusterID})
+	return client.Dial(ctx, p.clientAddrs[i], client.Config{Secret: p.ClientSecret, ClusterID: p.ClusterID, TLS: p.ClientTLS})
 }
 
 // Leader polls statuses until a running node reports itself the serving

@@ -167,6 +167,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	p, err := local.StartProcs(local.ProcOptions{
 		Binary: cfg.Binary, Dir: clusterDir, Nodes: cfg.Nodes, ClusterID: "verify",
 		FaultFiles: true, Sidecars: cfg.Sidecars, SocketDir: sockDir,
+		// The production configuration: every node and sidecar link over TLS.
+		TLS: true,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("verify: start cluster: %w", err)

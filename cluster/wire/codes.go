@@ -11,47 +11,59 @@ import (
 type Code uint16
 
 const (
-	CodeBadRequest      Code = 1  // malformed frame or field
-	CodeInvalidKey      Code = 2  // locksm.ErrInvalidKey
-	CodeInvalidOwner    Code = 3  // locksm.ErrInvalidOwner
-	CodeInvalidLease    Code = 4  // locksm.ErrInvalidLease
-	CodeInvalidWait     Code = 5  // locksm.ErrInvalidWait
-	CodeNotHeld         Code = 6  // locksm.ErrNotHeld
-	CodeTokenMismatch   Code = 7  // locksm.ErrTokenMismatch
-	CodeOwnerMismatch   Code = 8  // locksm.ErrOwnerMismatch
-	CodeDuplicateID     Code = 9  // request id already in flight on this connection
-	CodeTooManyInFlight Code = 10 // per-connection pipeline limit
-	CodeNoQuorum        Code = 11 // leader cannot reach a majority: nothing was proposed
-	CodeShuttingDown    Code = 12 // node is stopping: nothing was proposed
-	CodeUnknownTarget   Code = 13 // cancel names no pending acquire of this connection
-	CodeAuthFailed      Code = 14 // handshake proof wrong
-	CodeVersion         Code = 15 // no common protocol version
-	CodeWrongNode       Code = 16 // peer handshake: not the node id the dialler expects
-	CodeWrongCluster    Code = 17 // handshake: cluster id differs
-	CodeInternal        Code = 18 // bug or storage failure; see the node's log
-	CodeFrameTooLarge   Code = 19 // frame length above MaxFrameLen
-	CodeUnexpectedFrame Code = 20 // frame type not valid in this state
-	CodeDuplicateRef    Code = 21 // locksm.ErrDuplicateRef (a leader bug; never sent for client input)
-	CodeInvalidCommand  Code = 22 // locksm.ErrInvalidCommand
-	CodeTokensExhausted Code = 23 // locksm.ErrTokensExhausted: the 2^64-1 token counter is spent
+	CodeBadRequest       Code = 1  // malformed frame or field
+	CodeInvalidKey       Code = 2  // locksm.ErrInvalidKey
+	CodeInvalidOwner     Code = 3  // locksm.ErrInvalidOwner
+	CodeInvalidLease     Code = 4  // locksm.ErrInvalidLease
+	CodeInvalidWait      Code = 5  // locksm.ErrInvalidWait
+	CodeNotHeld          Code = 6  // locksm.ErrNotHeld
+	CodeTokenMismatch    Code = 7  // locksm.ErrTokenMismatch
+	CodeOwnerMismatch    Code = 8  // locksm.ErrOwnerMismatch
+	CodeDuplicateID      Code = 9  // request id already in flight on this connection
+	CodeTooManyInFlight  Code = 10 // per-connection pipeline limit
+	CodeNoQuorum         Code = 11 // leader cannot reach a majority: nothing was proposed
+	CodeShuttingDown     Code = 12 // node is stopping: nothing was proposed
+	CodeUnknownTarget    Code = 13 // cancel names no pending acquire of this connection
+	CodeAuthFailed       Code = 14 // handshake proof wrong
+	CodeVersion          Code = 15 // no common protocol version
+	CodeWrongNode        Code = 16 // peer handshake: not the node id the dialler expects
+	CodeWrongCluster     Code = 17 // handshake: cluster id differs
+	CodeInternal         Code = 18 // bug or storage failure; see the node's log
+	CodeFrameTooLarge    Code = 19 // frame length above MaxFrameLen
+	CodeUnexpectedFrame  Code = 20 // frame type not valid in this state
+	CodeDuplicateRef     Code = 21 // locksm.ErrDuplicateRef (a leader bug; never sent for client input)
+	CodeInvalidCommand   Code = 22 // locksm.ErrInvalidCommand
+	CodeTokensExhausted  Code = 23 // locksm.ErrTokensExhausted: the 2^64-1 token counter is spent
+	CodeTooManyKeys      Code = 24 // the node's MaxKeys limit: the acquire would create one key too many
+	CodeTooManyWaiters   Code = 25 // the node's MaxWaitersPerKey limit: the key's queue is full
+	CodeTLSRequired      Code = 26 // plaintext bytes on a TLS port (connection-level, then close)
+	CodeIdleTimeout      Code = 27 // nothing received for IdleTimeout (connection-level, then close)
+	CodeTooManyConns     Code = 28 // the node's connection limit (connection-level, then close)
+	CodeHandshakeTimeout Code = 29 // the handshake did not finish in time (connection-level, then close)
 )
 
 // Sentinel errors of this package.
 var (
-	ErrFrameTooLarge   = errors.New("wire: frame too large")
-	ErrMalformed       = errors.New("wire: malformed frame")
-	ErrUnknownType     = errors.New("wire: unknown frame type")
-	ErrAuthFailed      = errors.New("wire: authentication failed")
-	ErrVersion         = errors.New("wire: no common protocol version")
-	ErrWrongNode       = errors.New("wire: peer is not the expected node")
-	ErrWrongCluster    = errors.New("wire: peer belongs to another cluster")
-	ErrDuplicateID     = errors.New("wire: request id already in flight")
-	ErrTooManyInFlight = errors.New("wire: too many requests in flight")
-	ErrNoQuorum        = errors.New("wire: leader has no quorum")
-	ErrShuttingDown    = errors.New("wire: node shutting down")
-	ErrUnknownTarget   = errors.New("wire: no such pending acquire")
-	ErrInternal        = errors.New("wire: internal error")
-	ErrUnexpectedFrame = errors.New("wire: unexpected frame type")
+	ErrFrameTooLarge    = errors.New("wire: frame too large")
+	ErrMalformed        = errors.New("wire: malformed frame")
+	ErrUnknownType      = errors.New("wire: unknown frame type")
+	ErrAuthFailed       = errors.New("wire: authentication failed")
+	ErrVersion          = errors.New("wire: no common protocol version")
+	ErrWrongNode        = errors.New("wire: peer is not the expected node")
+	ErrWrongCluster     = errors.New("wire: peer belongs to another cluster")
+	ErrDuplicateID      = errors.New("wire: request id already in flight")
+	ErrTooManyInFlight  = errors.New("wire: too many requests in flight")
+	ErrNoQuorum         = errors.New("wire: leader has no quorum")
+	ErrShuttingDown     = errors.New("wire: node shutting down")
+	ErrUnknownTarget    = errors.New("wire: no such pending acquire")
+	ErrInternal         = errors.New("wire: internal error")
+	ErrUnexpectedFrame  = errors.New("wire: unexpected frame type")
+	ErrTooManyKeys      = errors.New("wire: too many keys")
+	ErrTooManyWaiters   = errors.New("wire: too many waiters on this key")
+	ErrTLSRequired      = errors.New("wire: this port requires TLS")
+	ErrIdleTimeout      = errors.New("wire: connection idle too long")
+	ErrTooManyConns     = errors.New("wire: too many connections")
+	ErrHandshakeTimeout = errors.New("wire: handshake timed out")
 	// ErrRemote wraps a TypeError reply whose code has no local sentinel.
 	ErrRemote = errors.New("wire: remote error")
 )
@@ -84,9 +96,18 @@ var codeTable = []struct {
 	{CodeInternal, ErrInternal},
 	{CodeFrameTooLarge, ErrFrameTooLarge},
 	{CodeUnexpectedFrame, ErrUnexpectedFrame},
+	// A type this version does not know is as unexpected as a reply type
+	// sent by a client; ErrOf(CodeUnexpectedFrame) stays ErrUnexpectedFrame.
+	{CodeUnexpectedFrame, ErrUnknownType},
 	{CodeDuplicateRef, locksm.ErrDuplicateRef},
 	{CodeInvalidCommand, locksm.ErrInvalidCommand},
 	{CodeTokensExhausted, locksm.ErrTokensExhausted},
+	{CodeTooManyKeys, ErrTooManyKeys},
+	{CodeTooManyWaiters, ErrTooManyWaiters},
+	{CodeTLSRequired, ErrTLSRequired},
+	{CodeIdleTimeout, ErrIdleTimeout},
+	{CodeTooManyConns, ErrTooManyConns},
+	{CodeHandshakeTimeout, ErrHandshakeTimeout},
 }
 
 // CodeOf maps an error (possibly wrapped) to its wire code; CodeInternal if
@@ -127,4 +148,6 @@ var codeNames = map[Code]string{
 	CodeWrongNode: "wrong_node", CodeWrongCluster: "wrong_cluster", CodeInternal: "internal",
 	CodeFrameTooLarge: "frame_too_large", CodeUnexpectedFrame: "unexpected_frame",
 	CodeDuplicateRef: "duplicate_ref", CodeInvalidCommand: "invalid_command", CodeTokensExhausted: "tokens_exhausted",
+	CodeTooManyKeys: "too_many_keys", CodeTooManyWaiters: "too_many_waiters", CodeTLSRequired: "tls_required",
+	CodeIdleTimeout: "idle_timeout", CodeTooManyConns: "too_many_connections", CodeHandshakeTimeout: "handshake_timeout",
 }

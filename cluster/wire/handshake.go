@@ -4,6 +4,7 @@ import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -25,7 +26,8 @@ const (
 //
 //	Hello     'h': magic "TKTG" | min_version u16 | max_version u16 | kind u8 |
 //	               client_nonce [32] | cluster_id str8 | sender_id str8 | expect_id str8
-//	Challenge 'C': version u16 | server_nonce [32] | server_id str8 | cluster_id str8 | server_proof [32]
+//	Challenge 'C': version u16 | server_nonce [32] | server_id str8 | cluster_id str8 |
+//	               n u8 (1..2) | n × server_proof [32]
 //	Auth      'x': client_proof [32]
 //	Welcome   'W': (empty)
 //
@@ -34,6 +36,8 @@ const (
 // str8 channel_binding (empty without TLS)
 // server_proof = HMAC-SHA256(secret, "ticketing/server/v1" 0x00 transcript)
 // client_proof = HMAC-SHA256(secret, "ticketing/client/v1" 0x00 transcript)
+// The server sends one server_proof per secret it accepts (two during a
+// secret rollover); the client answers with the secret whose proof matched.
 // Proofs are compared in constant time. The client checks server_proof (and,
 // for peers, server_id == expect_id) before it sends its own proof, so a fake
 // node learns nothing. Any failure: the side that detects it sends a
@@ -43,6 +47,12 @@ type HandshakeConfig struct {
 	Kind ConnKind
 	// Secret is the shared secret for Kind. Required, at least 16 bytes.
 	Secret []byte
+	// NextSecret, when set, is a second accepted secret during a rollover
+	// (at least 16 bytes). A server proves itself with both and accepts a
+	// client proof made with either; a client whose Secret does not match
+	// tries NextSecret. Rollover: give every node the new secret as
+	// NextSecret, move the clients (or peers) to it, then make it Secret.
+	NextSecret []byte
 	// ClusterID must match on both sides ("" matches only "").
 	ClusterID string
 	// NodeID is this side's node id: on a server, the accepting node; on a
@@ -53,8 +63,9 @@ type HandshakeConfig struct {
 	// "" accepts any (clients). Peers always set it: hashicorp/raft counts a
 	// vote under the id it dialled, so the answering node must prove it.
 	ExpectNodeID string
-	// ChannelBinding is mixed into both proofs when non-empty (a TLS
-	// exporter value, so a relayed answer is useless). Empty without TLS.
+	// ChannelBinding is mixed into both proofs when non-empty: the TLS
+	// exporter value of the connection (see ExporterLabel), so an answer
+	// relayed between two TLS sessions does not verify. Empty without TLS.
 	ChannelBinding []byte
 	// Rand supplies nonces; nil means crypto/rand.
 	Rand io.Reader
@@ -71,7 +82,20 @@ type Peer struct {
 const NonceLen = 32
 
 // MinProtocolVersion is the oldest version this build still speaks.
-const MinProtocolVersion = 1
+// Version 1 carried exactly one server proof; it was never released.
+const MinProtocolVersion = 2
+
+// ExporterLabel is the TLS exporter label (RFC 5705/8446 section 7.5) whose
+// 32-byte output is the handshake's channel binding on a TLS connection,
+// with an empty context.
+const ExporterLabel = "EXPORTER-ticketing-channel-binding"
+
+// ChannelBindingLen is the length of the exporter output used as binding.
+const ChannelBindingLen = 32
+
+// maxServerProofs bounds the proofs in a Challenge: the current secret and
+// the next one during a rollover.
+const maxServerProofs = 2
 
 // MinSecretLen is the shortest secret HandshakeConfig accepts: HMAC keys
 // shorter than this are guessable offline from one recorded handshake.
@@ -151,8 +175,12 @@ func clientHandshake(rw io.ReadWriter, cfg HandshakeConfig, minV, maxV uint16) (
 	sn := d.take(NonceLen)
 	serverID := d.str8()
 	clusterID := d.str8()
-	serverProof := d.take(proofLen)
-	if !d.done() {
+	nproofs := int(d.u8())
+	var serverProofs [maxServerProofs][]byte
+	for i := 0; i < nproofs && i < maxServerProofs; i++ {
+		serverProofs[i] = d.take(proofLen)
+	}
+	if !d.done() || nproofs < 1 || nproofs > maxServerProofs {
 		return Peer{}, fail(rw, CodeBadRequest, malformed(typ, "bad challenge payload", payload))
 	}
 	if version < minV || version > maxV {
@@ -162,8 +190,19 @@ func clientHandshake(rw io.ReadWriter, cfg HandshakeConfig, minV, maxV uint16) (
 		return Peer{}, fail(rw, CodeWrongCluster, fmt.Errorf("%w: server is in cluster %q, expected %q", ErrWrongCluster, clusterID, cfg.ClusterID))
 	}
 	t := transcript(version, cfg.Kind, cn[:], sn, clusterID, serverID, cfg.NodeID, cfg.ExpectNodeID, cfg.ChannelBinding)
-	if !hmac.Equal(serverProof, proof(cfg.Secret, serverLabel, t)) {
-		return Peer{}, fail(rw, CodeAuthFailed, fmt.Errorf("%w: server proof does not match (wrong secret or impostor)", ErrAuthFailed))
+	// Every proof is checked against every secret (constant time each), so
+	// the time taken does not say which one matched.
+	var secret []byte
+	for _, s := range cfg.secrets() {
+		want := proof(s, serverLabel, t)
+		for _, p := range serverProofs[:nproofs] {
+			if hmac.Equal(p, want) && secret == nil {
+				secret = s
+			}
+		}
+	}
+	if secret == nil {
+		return Peer{}, fail(rw, CodeAuthFailed, fmt.Errorf("%w: server proof does not match (wrong secret, impostor, or a relayed TLS session)", ErrAuthFailed))
 	}
 	// The server refuses a wrong expect_id itself; checking again here
 	// (now that server_id is proven) guards against a server that does not.
@@ -172,7 +211,7 @@ func clientHandshake(rw io.ReadWriter, cfg HandshakeConfig, minV, maxV uint16) (
 	}
 
 	auth := append(buf[:0], 0, 0, 0, 0, TypeAuth)
-	auth = append(auth, proof(cfg.Secret, clientLabel, t)...)
+	auth = append(auth, proof(secret, clientLabel, t)...)
 	if _, err := rw.Write(finishFrame(auth)); err != nil {
 		return Peer{}, fmt.Errorf("wire: handshake: sending auth: %w", err)
 	}
@@ -251,7 +290,11 @@ func ServerHandshake(rw io.ReadWriter, cfg HandshakeConfig) (Peer, error) {
 	ch = append(ch, sn[:]...)
 	ch = appendStr8(ch, cfg.NodeID)
 	ch = appendStr8(ch, cfg.ClusterID)
-	ch = append(ch, proof(cfg.Secret, serverLabel, t)...)
+	secrets := cfg.secrets()
+	ch = append(ch, byte(len(secrets)))
+	for _, s := range secrets {
+		ch = append(ch, proof(s, serverLabel, t)...)
+	}
 	if _, err := rw.Write(finishFrame(ch)); err != nil {
 		return Peer{}, fmt.Errorf("wire: handshake: sending challenge: %w", err)
 	}
@@ -271,8 +314,12 @@ func ServerHandshake(rw io.ReadWriter, cfg HandshakeConfig) (Peer, error) {
 	case len(payload) != proofLen:
 		return Peer{}, fail(rw, CodeBadRequest, malformed(typ, "auth payload is not "+strconv.Itoa(proofLen)+" bytes", payload))
 	}
-	if !hmac.Equal(payload, proof(cfg.Secret, clientLabel, t)) {
-		return Peer{}, fail(rw, CodeAuthFailed, fmt.Errorf("%w: client proof does not match", ErrAuthFailed))
+	ok := 0
+	for _, s := range secrets {
+		ok |= subtle.ConstantTimeCompare(payload, proof(s, clientLabel, t))
+	}
+	if ok != 1 {
+		return Peer{}, fail(rw, CodeAuthFailed, fmt.Errorf("%w: client proof does not match (wrong secret or a relayed TLS session)", ErrAuthFailed))
 	}
 	if _, err := rw.Write([]byte{0, 0, 0, 1, TypeWelcome}); err != nil {
 		return Peer{}, fmt.Errorf("wire: handshake: sending welcome: %w", err)
@@ -287,6 +334,8 @@ func (cfg *HandshakeConfig) check(dialler bool) error {
 		return fmt.Errorf("%w: kind %d", ErrBadConfig, cfg.Kind)
 	case len(cfg.Secret) < MinSecretLen:
 		return fmt.Errorf("%w: secret is %d bytes, need at least %d", ErrBadConfig, len(cfg.Secret), MinSecretLen)
+	case cfg.NextSecret != nil && len(cfg.NextSecret) < MinSecretLen:
+		return fmt.Errorf("%w: next secret is %d bytes, need at least %d", ErrBadConfig, len(cfg.NextSecret), MinSecretLen)
 	case len(cfg.ClusterID) > 255 || len(cfg.NodeID) > 255 || len(cfg.ExpectNodeID) > 255 || len(cfg.ChannelBinding) > 255:
 		return fmt.Errorf("%w: an id or the channel binding is longer than 255 bytes", ErrBadConfig)
 	case dialler && cfg.Kind == KindPeer && (cfg.NodeID == "" || cfg.ExpectNodeID == ""):
@@ -295,6 +344,14 @@ func (cfg *HandshakeConfig) check(dialler bool) error {
 		return fmt.Errorf("%w: a peer server needs NodeID", ErrBadConfig)
 	}
 	return nil
+}
+
+// secrets lists the accepted secrets, current first.
+func (cfg *HandshakeConfig) secrets() [][]byte {
+	if cfg.NextSecret != nil {
+		return [][]byte{cfg.Secret, cfg.NextSecret}
+	}
+	return [][]byte{cfg.Secret}
 }
 
 func readNonce(r io.Reader, b []byte) error {

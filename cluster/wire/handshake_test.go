@@ -164,11 +164,12 @@ func TestFakeServerNodeID(t *testing.T) {
 		}
 		cn := append([]byte{}, p[9:9+NonceLen]...)
 		var sn [NonceLen]byte
-		tr := transcript(1, KindPeer, cn, sn[:], "prod", "n3", "n2", "n1", nil)
-		ch := []byte{0, 0, 0, 0, TypeChallenge, 0, 1}
+		tr := transcript(ProtocolVersion, KindPeer, cn, sn[:], "prod", "n3", "n2", "n1", nil)
+		ch := []byte{0, 0, 0, 0, TypeChallenge, 0, ProtocolVersion}
 		ch = append(ch, sn[:]...)
 		ch = appendStr8(ch, "n3")
 		ch = appendStr8(ch, "prod")
+		ch = append(ch, 1)
 		ch = append(ch, proof(peerSecret, serverLabel, tr)...)
 		sc.Write(finishFrame(ch))
 		typ, p, err := readFrameExact(sc, buf)
@@ -263,7 +264,7 @@ func TestServerRefusesGarbage(t *testing.T) {
 	hello := func(mut func([]byte) []byte) []byte {
 		b := []byte{0, 0, 0, 0, TypeHello}
 		b = append(b, Magic...)
-		b = append(b, 0, 1, 0, 1, byte(KindClient))
+		b = append(b, 0, ProtocolVersion, 0, ProtocolVersion, byte(KindClient))
 		b = append(b, make([]byte, NonceLen)...)
 		b = append(b, 4, 'p', 'r', 'o', 'd', 0, 0)
 		return finishFrame(mut(b))
@@ -279,7 +280,8 @@ func TestServerRefusesGarbage(t *testing.T) {
 		{"request first", []byte{0, 0, 0, 9, 'p', 0, 0, 0, 0, 0, 0, 0, 1}, CodeUnexpectedFrame, ErrUnexpectedFrame},
 		{"bad magic", hello(func(b []byte) []byte { b[5] = 'X'; return b }), CodeBadRequest, ErrMalformed},
 		{"trailing", hello(func(b []byte) []byte { return append(b, 0) }), CodeBadRequest, ErrMalformed},
-		{"min > max", hello(func(b []byte) []byte { b[10] = 2; return b }), CodeVersion, ErrVersion},
+		{"min > max", hello(func(b []byte) []byte { b[10] = ProtocolVersion + 1; return b }), CodeVersion, ErrVersion},
+		{"version 1", hello(func(b []byte) []byte { b[10], b[12] = 1, 1; return b }), CodeVersion, ErrVersion},
 		{"version 0", hello(func(b []byte) []byte { b[10], b[12] = 0, 0; return b }), CodeVersion, ErrVersion},
 		{"kind peer", hello(func(b []byte) []byte { b[13] = byte(KindPeer); return b }), CodeBadRequest, ErrMalformed},
 	}
@@ -326,5 +328,60 @@ func TestHandshakeConfigErrors(t *testing.T) {
 	}
 	if rw.Len() != 0 {
 		t.Errorf("config error wrote %d bytes", rw.Len())
+	}
+}
+
+// TestSecretRollover: a server holding the current and the next secret
+// accepts clients of either, and a client holding both reaches servers of
+// either; a secret neither side shares still fails.
+func TestSecretRollover(t *testing.T) {
+	cur, next, other := clientSecret, []byte("next-client-secret-xyz0123"), []byte("unrelated-secret-qwertyuiop")
+	cases := []struct {
+		name           string
+		client, server HandshakeConfig
+		wantOK         bool
+	}{
+		{"old client, rolling server", HandshakeConfig{Secret: cur}, HandshakeConfig{Secret: cur, NextSecret: next}, true},
+		{"new client, rolling server", HandshakeConfig{Secret: next}, HandshakeConfig{Secret: cur, NextSecret: next}, true},
+		{"rolling client, old server", HandshakeConfig{Secret: next, NextSecret: cur}, HandshakeConfig{Secret: cur}, true},
+		{"rolling client, new server", HandshakeConfig{Secret: cur, NextSecret: next}, HandshakeConfig{Secret: next}, true},
+		{"stranger, rolling server", HandshakeConfig{Secret: other}, HandshakeConfig{Secret: cur, NextSecret: next}, false},
+		{"rolling client, stranger server", HandshakeConfig{Secret: cur, NextSecret: next}, HandshakeConfig{Secret: other}, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ccfg, scfg := clientPair()
+			ccfg.Secret, ccfg.NextSecret = tc.client.Secret, tc.client.NextSecret
+			scfg.Secret, scfg.NextSecret = tc.server.Secret, tc.server.NextSecret
+			c, s := runPair(t, ccfg, scfg, ClientHandshake)
+			if tc.wantOK {
+				if c.err != nil || s.err != nil {
+					t.Fatalf("client %v, server %v", c.err, s.err)
+				}
+				return
+			}
+			if !errors.Is(c.err, ErrAuthFailed) {
+				t.Fatalf("client %v, want auth failure", c.err)
+			}
+			if s.err == nil {
+				t.Fatal("server accepted a client without a shared secret")
+			}
+		})
+	}
+}
+
+// TestChannelBindingMismatch: the same secret on both sides, but each side
+// sees a different TLS session (a man in the middle relaying between two
+// sessions): neither side accepts, and the client never sends a proof.
+func TestChannelBindingMismatch(t *testing.T) {
+	ccfg, scfg := clientPair()
+	ccfg.ChannelBinding = bytes.Repeat([]byte{1}, ChannelBindingLen)
+	scfg.ChannelBinding = bytes.Repeat([]byte{2}, ChannelBindingLen)
+	c, s := runPair(t, ccfg, scfg, ClientHandshake)
+	if !errors.Is(c.err, ErrAuthFailed) {
+		t.Fatalf("client %v, want auth failure", c.err)
+	}
+	if !errors.Is(s.err, ErrAuthFailed) {
+		t.Fatalf("server %v, want the client's auth_failed", s.err)
 	}
 }

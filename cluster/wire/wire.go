@@ -12,8 +12,10 @@ import "ticketing/locksm"
 // History:
 //
 //	1 — first version: length-prefixed frames, mutual HMAC-SHA256 handshake,
-//	    acquire/release/cancel/ping/status requests.
-const ProtocolVersion = 1
+//	    acquire/release/cancel/ping/status requests. Never released.
+//	2 — the Challenge carries 1 or 2 server proofs (secret rollover); over
+//	    TLS both proofs bind the TLS exporter value (ExporterLabel).
+const ProtocolVersion = 2
 
 // Frame layout, all integers big-endian:
 //

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -16,6 +17,7 @@ import (
 
 	"ticketing/cluster/client"
 	"ticketing/cluster/local"
+	"ticketing/cluster/tlsconf"
 	"ticketing/cluster/wire"
 )
 
@@ -93,7 +95,7 @@ func TestDevReadyAndGrants(t *testing.T) {
 	defer cmd.Process.Kill()
 	sc := bufio.NewScanner(stdout)
 	var addrs []string
-	var secretFile string
+	var secretFile, caFile string
 	ready := false
 	deadline := time.AfterFunc(30*time.Second, func() { cmd.Process.Kill() })
 	defer deadline.Stop()
@@ -105,22 +107,37 @@ func TestDevReadyAndGrants(t *testing.T) {
 		if s, ok := strings.CutPrefix(strings.TrimSpace(line), "client secret file: "); ok {
 			secretFile = s
 		}
+		if s, ok := strings.CutPrefix(strings.TrimSpace(line), "tls ca file: "); ok {
+			caFile = s
+		}
 		if strings.Contains(line, "ready") {
 			ready = true
 			break
 		}
 	}
-	if !ready || len(addrs) != 3 || secretFile == "" {
-		t.Fatalf("dev output incomplete: ready=%v addrs=%v secret=%q", ready, addrs, secretFile)
+	if !ready || len(addrs) != 3 || secretFile == "" || caFile == "" {
+		t.Fatalf("dev output incomplete: ready=%v addrs=%v secret=%q ca=%q", ready, addrs, secretFile, caFile)
+	}
+	// dev runs TLS with a throwaway CA: a plaintext client is refused with
+	// a clear error, a client that trusts the CA gets in.
+	tlsCfg, err := tlsconf.ClientConfig(tlsconf.Files{CAFile: caFile})
+	if err != nil {
+		t.Fatal(err)
 	}
 	secret, err := os.ReadFile(secretFile)
 	if err != nil {
 		t.Fatal(err)
 	}
 	granted := false
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	_, err = client.Dial(ctx, addrs[0], client.Config{Secret: []byte(strings.TrimSpace(string(secret))), ClusterID: "dev"})
+	cancel()
+	if !errors.Is(err, wire.ErrTLSRequired) {
+		t.Fatalf("plaintext dial of dev's TLS port: %v, want tls_required", err)
+	}
 	for _, a := range addrs {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		conn, err := client.Dial(ctx, a, client.Config{Secret: []byte(strings.TrimSpace(string(secret))), ClusterID: "dev"})
+		conn, err := client.Dial(ctx, a, client.Config{Secret: []byte(strings.TrimSpace(string(secret))), ClusterID: "dev", TLS: tlsCfg})
 		if err != nil {
 			cancel()
 			t.Fatal(err)

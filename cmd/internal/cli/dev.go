@@ -23,12 +23,14 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		socket   string
 		basePort int
 		nodes    int
+		plain    bool
 		logs     logFlags
 	)
 	fs.StringVar(&dir, "dir", "", "directory for the nodes' data and secrets (default: a new temporary directory, removed on exit)")
 	fs.StringVar(&socket, "socket", "./ticketing.sock", "unix socket of the sidecar that dev runs in process, connected to its nodes")
 	fs.IntVar(&basePort, "base-port", 7400, "node i listens for clients on 127.0.0.1:BASE+i and for peers on BASE+100+i; 0 picks free ports (fresh --dir only)")
 	fs.IntVar(&nodes, "nodes", 3, "number of nodes: 3 or 5")
+	fs.BoolVar(&plain, "plaintext", false, "run the ports without TLS (default: TLS with a throwaway CA in DIR/tls)")
 	logs.register(fs, "warn")
 	if err := fs.Parse(args); err != nil {
 		return ExitUsage
@@ -51,7 +53,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		defer os.RemoveAll(dir)
 	}
 	start := time.Now()
-	c, err := local.Start(local.Options{Dir: dir, Nodes: nodes, BasePort: basePort, Logger: log})
+	c, err := local.Start(local.Options{Dir: dir, Nodes: nodes, BasePort: basePort, Logger: log, TLS: !plain})
 	if err != nil {
 		fmt.Fprintln(stderr, "ticketing dev:", err)
 		if basePort != 0 {
@@ -65,6 +67,9 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "  node %s  client %s\n", c.ID(i), c.ClientAddr(i))
 	}
 	fmt.Fprintf(stdout, "  client secret file: %s\n", c.SecretFile)
+	if c.CAFile != "" {
+		fmt.Fprintf(stdout, "  tls ca file: %s\n", c.CAFile)
+	}
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	li, err := c.Leader(wctx)
 	cancel()
@@ -74,7 +79,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	// The sidecar, in process, like `ticketing sidecar` would run it.
 	bcfg := sidecar.DefaultConfig()
-	bcfg.Addrs, bcfg.Secret, bcfg.ClusterID = c.ClientAddrs(), c.ClientSecret, c.ClusterID
+	bcfg.Addrs, bcfg.Secret, bcfg.ClusterID, bcfg.TLS = c.ClientAddrs(), c.ClientSecret, c.ClusterID, c.ClientTLS
 	ucfg := unixapi.DefaultConfig()
 	ucfg.Path = socket
 	shown, err := filepath.Abs(socket) // for display: the listener keeps the path as given (sun_path is short)

@@ -7,6 +7,7 @@ import (
 	"io"
 
 	"ticketing/cluster"
+	"ticketing/cluster/tlsconf"
 )
 
 func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -17,6 +18,8 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		cfg                     = d
 		peers                   string
 		secretFile, peerSecFile string
+		nextSecret, nextPeerSec string
+		tf                      tlsFlags
 		logs                    logFlags
 	)
 	fs.StringVar(&cfg.NodeID, "id", "", "this node's id (1-64 of A-Z a-z 0-9 . _ -)")
@@ -28,6 +31,13 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&cfg.ClusterID, "cluster-id", "", "cluster id that clients and peers must present")
 	fs.StringVar(&secretFile, "secret-file", "", "file holding the client secret")
 	fs.StringVar(&peerSecFile, "peer-secret-file", "", "file holding the peer secret")
+	fs.StringVar(&nextSecret, "next-secret-file", "", "rollover: a second client secret accepted as well")
+	fs.StringVar(&nextPeerSec, "next-peer-secret-file", "", "rollover: a second peer secret accepted as well")
+	tf.register(fs, true)
+	fs.DurationVar(&cfg.HandshakeTimeout, "handshake-timeout", d.HandshakeTimeout, "time a new connection has to finish TLS and the handshake")
+	fs.DurationVar(&cfg.IdleTimeout, "idle-timeout", d.IdleTimeout, "close a client connection that sent nothing for this long")
+	fs.IntVar(&cfg.MaxKeys, "max-keys", d.MaxKeys, "max keys held at once")
+	fs.IntVar(&cfg.MaxWaitersPerKey, "max-waiters-per-key", d.MaxWaitersPerKey, "max queued waiters on one key")
 	fs.DurationVar(&cfg.HeartbeatTimeout, "heartbeat-timeout", d.HeartbeatTimeout, "Raft heartbeat timeout (failover detection)")
 	fs.DurationVar(&cfg.ElectionTimeout, "election-timeout", d.ElectionTimeout, "Raft election timeout")
 	fs.DurationVar(&cfg.LeaderLeaseTimeout, "leader-lease-timeout", d.LeaderLeaseTimeout, "how long a leader leads without a majority before it steps down")
@@ -63,6 +73,35 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if cfg.PeerSecret, err = cluster.ReadSecretFile(peerSecFile); err != nil {
 		fmt.Fprintln(stderr, "ticketing node:", err)
 		return ExitUsage
+	}
+	for _, f := range []struct {
+		path string
+		dst  *[]byte
+	}{{nextSecret, &cfg.NextClientSecret}, {nextPeerSec, &cfg.NextPeerSecret}} {
+		if f.path == "" {
+			continue
+		}
+		if *f.dst, err = cluster.ReadSecretFile(f.path); err != nil {
+			fmt.Fprintln(stderr, "ticketing node:", err)
+			return ExitUsage
+		}
+	}
+	addrs := []string{cfg.ClientAddr, cfg.PeerAddr}
+	for _, p := range cfg.Peers {
+		addrs = append(addrs, p.Addr)
+	}
+	if err := tf.plaintextAllowed(addrs...); err != nil {
+		fmt.Fprintln(stderr, "ticketing node: refusing to start:", err)
+		return ExitUsage
+	}
+	if tf.files.Enabled() {
+		if cfg.ClientTLS, err = tlsconf.ServerConfig(tf.files, tf.clientCerts); err == nil {
+			cfg.PeerTLS, err = tlsconf.PeerConfig(tf.files)
+		}
+		if err != nil {
+			fmt.Fprintln(stderr, "ticketing node:", err)
+			return ExitUsage
+		}
 	}
 	if err := cfg.Validate(); err != nil {
 		fmt.Fprintln(stderr, "ticketing node: refusing to start:", err)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"ticketing/cluster"
+	"ticketing/cluster/tlsconf"
 	"ticketing/sidecar"
 	"ticketing/unixapi"
 )
@@ -31,13 +32,16 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	ucfg := unixapi.DefaultConfig()
 	var (
 		addrs, secretFile, clusterID, mode, allow string
-		faultFile                                 string
+		faultFile, nextSecret                     string
+		tf                                        tlsFlags
 		logs                                      logFlags
 	)
 	fset.StringVar(&addrs, "cluster", "", "the cluster nodes' client addresses: HOST:PORT,HOST:PORT,HOST:PORT")
 	fset.StringVar(&ucfg.Path, "socket", defaultSocket(), "unix socket to serve (default $TICKETING_SOCKET, else ./ticketing.sock)")
 	fset.StringVar(&secretFile, "secret-file", "", "file holding the cluster's client secret (mode 600)")
 	fset.StringVar(&clusterID, "cluster-id", "", "cluster id the nodes present (as their --cluster-id)")
+	fset.StringVar(&nextSecret, "next-secret-file", "", "rollover: a second client secret, tried when a node does not accept the first")
+	tf.register(fset, false)
 	fset.StringVar(&mode, "socket-mode", "0660", "permission bits of the socket file, octal (connecting needs write permission)")
 	fset.StringVar(&ucfg.Group, "socket-group", "", "group name or gid to give the socket file (default: unchanged)")
 	fset.StringVar(&allow, "allow-uid", "", "comma-separated peer uids allowed to connect (default: any uid the file mode admits)")
@@ -70,6 +74,25 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if bcfg.Secret, err = cluster.ReadSecretFile(secretFile); err != nil {
 		fmt.Fprintln(stderr, "ticketing sidecar:", err)
 		return ExitUsage
+	}
+	if nextSecret != "" {
+		if bcfg.NextSecret, err = cluster.ReadSecretFile(nextSecret); err != nil {
+			fmt.Fprintln(stderr, "ticketing sidecar:", err)
+			return ExitUsage
+		}
+	}
+	if err := tf.plaintextAllowed(bcfg.Addrs...); err != nil {
+		fmt.Fprintln(stderr, "ticketing sidecar: refusing to start:", err)
+		return ExitUsage
+	}
+	if tf.files.Enabled() {
+		if bcfg.TLS, err = tlsconf.ClientConfig(tf.files); err != nil {
+			fmt.Fprintln(stderr, "ticketing sidecar:", err)
+			return ExitUsage
+		}
+		bcfg.TLS.ServerName = tf.serverName
+	} else {
+		log.Warn("PLAINTEXT: the connections to the cluster are not encrypted; use --tls-ca anywhere but loopback")
 	}
 	bcfg.ClusterID = clusterID
 	m, err := strconv.ParseUint(mode, 8, 32)

@@ -1,0 +1,493 @@
+package cluster_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"ticketing/cluster"
+	"ticketing/cluster/client"
+	"ticketing/cluster/local"
+	"ticketing/cluster/wire"
+	"ticketing/locksm"
+)
+
+// hostileLimits are small limits, so each can be hit quickly.
+func hostileLimits(cfg *cluster.Config) {
+	cfg.HandshakeTimeout = time.Second
+	cfg.IdleTimeout = 2 * time.Second
+	cfg.MaxClientConns = 700
+	cfg.MaxInFlightPerConn = 64
+	cfg.MaxReplyBacklog = 256 << 10
+	cfg.MaxKeys = 200
+	cfg.MaxWaitersPerKey = 5
+	cfg.AuthFailureDelay = 50 * time.Millisecond
+	cfg.AuthFailureDelayMax = 400 * time.Millisecond
+}
+
+// tlsRaw opens a TLS connection to node i without the authentication
+// handshake.
+func (c *testCluster) tlsRaw(i int) *tls.Conn {
+	c.t.Helper()
+	raw, err := net.DialTimeout("tcp", c.ClientAddr(i), 2*time.Second)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(func() { raw.Close() })
+	raw.SetDeadline(time.Now().Add(10 * time.Second))
+	cfg := c.ClientTLS.Clone()
+	cfg.ServerName = "127.0.0.1"
+	tc := tls.Client(raw, cfg)
+	if err := tc.Handshake(); err != nil {
+		c.t.Fatal(err)
+	}
+	return tc
+}
+
+func binding(t *testing.T, tc *tls.Conn) []byte {
+	st := tc.ConnectionState()
+	b, err := st.ExportKeyingMaterial(wire.ExporterLabel, nil, wire.ChannelBindingLen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// tlsAuthed is tlsRaw plus a successful authentication handshake.
+func (c *testCluster) tlsAuthed(i int) (*tls.Conn, *wire.Reader) {
+	c.t.Helper()
+	tc := c.tlsRaw(i)
+	if _, err := wire.ClientHandshake(tc, wire.HandshakeConfig{Kind: wire.KindClient, Secret: c.ClientSecret,
+		ClusterID: c.ClusterID, ChannelBinding: binding(c.t, tc)}); err != nil {
+		c.t.Fatal(err)
+	}
+	return tc, wire.NewReader(tc)
+}
+
+// expectConnError reads until a connection-level E arrives (replies to
+// earlier requests may come first) and then the close.
+func expectConnError(t *testing.T, name string, r *wire.Reader, code wire.Code) {
+	t.Helper()
+	var m wire.Msg
+	for {
+		m = wire.Msg{}
+		if err := r.ReadMsg(&m); err != nil {
+			t.Fatalf("%s: want E(%s), got %v", name, code, err)
+		}
+		if m.Type == wire.TypeError && m.ID == 0 {
+			break
+		}
+	}
+	if m.Code != code {
+		t.Fatalf("%s: want E(%s), got E(%s: %s)", name, code, m.Code, m.Text)
+	}
+	m = wire.Msg{}
+	if err := r.ReadMsg(&m); err == nil {
+		t.Fatalf("%s: connection still open after E: %+v", name, m)
+	}
+}
+
+// goodClient acquires and releases its own key in a loop and records each
+// cycle's latency; any failure is an error.
+type goodClient struct {
+	conn *client.Conn
+	key  string
+
+	mu   sync.Mutex
+	lat  []time.Duration
+	errs []string
+	n    atomic.Int64
+}
+
+func (g *goodClient) run(stop <-chan struct{}, done *sync.WaitGroup) {
+	defer done.Done()
+	for i := 0; ; i++ {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		start := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		r, _, err := g.conn.Do(ctx, acquireMsg(g.key, "good", 30, time.Second))
+		if err == nil && r.Type == wire.TypeGranted {
+			var rr wire.Msg
+			rr, _, err = g.conn.Do(ctx, releaseMsg(g.key, "good", r.Token))
+			if err == nil && rr.Type != wire.TypeOK {
+				err = errors.New("release: " + describe(rr))
+			}
+		} else if err == nil {
+			err = errors.New("acquire: " + describe(r))
+		}
+		cancel()
+		g.mu.Lock()
+		if err != nil {
+			g.errs = append(g.errs, err.Error())
+		} else {
+			g.lat = append(g.lat, time.Since(start))
+		}
+		g.mu.Unlock()
+		g.n.Add(1)
+	}
+}
+
+// window returns the p50 and p99 of cycles recorded since from, and
+// forgets them.
+func (g *goodClient) window() (p50, p99 time.Duration, n int) {
+	g.mu.Lock()
+	l := g.lat
+	g.lat = nil
+	g.mu.Unlock()
+	if len(l) == 0 {
+		return 0, 0, 0
+	}
+	sort.Slice(l, func(i, j int) bool { return l[i] < l[j] })
+	return l[len(l)/2], l[len(l)*99/100], len(l)
+}
+
+// TestHostileClientsOverTLS: every kind of hostile or broken client gets a
+// clear error or a close, and a well-behaved client on the same node keeps
+// its lock and keeps getting served throughout.
+func TestHostileClientsOverTLS(t *testing.T) {
+	c := startClusterOpts(t, local.Options{TLS: true, Tune: hostileLimits})
+	li := c.leader()
+	node := c.Node(li)
+
+	// A holder whose lock must survive everything below.
+	keeper := c.dialKeepAlive(li)
+	keepTok := mustGrant(t, do(t, keeper, acquireMsg("keeper", "keeper", 120, 0)))
+
+	good := &goodClient{conn: c.dialKeepAlive(li), key: "good-key"}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go good.run(stop, &wg)
+	time.Sleep(time.Second)
+	quietP50, quietP99, quietN := good.window()
+
+	type tcase struct {
+		name string
+		run  func(t *testing.T)
+	}
+	cases := []tcase{
+		{"plaintext on the TLS port", func(t *testing.T) {
+			raw, err := net.Dial("tcp", c.ClientAddr(li))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer raw.Close()
+			raw.SetDeadline(time.Now().Add(5 * time.Second))
+			_, err = wire.ClientHandshake(raw, wire.HandshakeConfig{Kind: wire.KindClient, Secret: c.ClientSecret, ClusterID: c.ClusterID})
+			if !errors.Is(err, wire.ErrTLSRequired) {
+				t.Fatalf("plaintext handshake on a TLS port: %v, want tls_required", err)
+			}
+		}},
+		{"garbage bytes before TLS", func(t *testing.T) {
+			raw, err := net.Dial("tcp", c.ClientAddr(li))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer raw.Close()
+			raw.SetDeadline(time.Now().Add(5 * time.Second))
+			raw.Write([]byte("\x00\xff\xfeGET / HTTP/1.1\r\n\r\n"))
+			expectConnError(t, "garbage", wire.NewReader(raw), wire.CodeTLSRequired)
+		}},
+		{"garbage instead of the hello", func(t *testing.T) {
+			tc := c.tlsRaw(li)
+			tc.Write(bytes.Repeat([]byte{0xff}, 64))
+			expectConnError(t, "garbage hello", wire.NewReader(tc), wire.CodeFrameTooLarge)
+		}},
+		{"wrong protocol version", func(t *testing.T) {
+			tc := c.tlsRaw(li)
+			h := []byte{0, 0, 0, 0, wire.TypeHello}
+			h = append(h, wire.Magic...)
+			h = append(h, 0, 1, 0, 1, byte(wire.KindClient))
+			h = append(h, make([]byte, wire.NonceLen)...)
+			h = append(h, byte(len(c.ClusterID)))
+			h = append(h, c.ClusterID...)
+			h = append(h, 0, 0)
+			binary.BigEndian.PutUint32(h, uint32(len(h)-4))
+			tc.Write(h)
+			expectConnError(t, "version 1", wire.NewReader(tc), wire.CodeVersion)
+		}},
+		{"wrong secret, slowed down", func(t *testing.T) {
+			before := node.Stats().ClientAuthFailures
+			var last time.Duration
+			for i := 0; i < 4; i++ {
+				tc := c.tlsRaw(li)
+				start := time.Now()
+				_, err := wire.ClientHandshake(tc, wire.HandshakeConfig{Kind: wire.KindClient, Secret: []byte("not-the-secret-at-all"),
+					ClusterID: c.ClusterID, ChannelBinding: binding(t, tc)})
+				if !errors.Is(err, wire.ErrAuthFailed) {
+					t.Fatalf("wrong secret: %v", err)
+				}
+				// The node holds a failed connection before closing it,
+				// longer with each recent failure from this address.
+				io.Copy(io.Discard, tc)
+				last = time.Since(start)
+			}
+			if got := node.Stats().ClientAuthFailures - before; got < 4 {
+				t.Fatalf("auth failures counted: %d, want >= 4", got)
+			}
+			if last < 400*time.Millisecond {
+				t.Fatalf("the 4th failure in a row was closed after %v, want the escalated delay (>= 400ms)", last)
+			}
+		}},
+		{"replayed handshake transcript", func(t *testing.T) {
+			tc := c.tlsRaw(li)
+			rec := &recorder{Conn: tc}
+			if _, err := wire.ClientHandshake(rec, wire.HandshakeConfig{Kind: wire.KindClient, Secret: c.ClientSecret,
+				ClusterID: c.ClusterID, ChannelBinding: binding(t, tc)}); err != nil {
+				t.Fatal(err)
+			}
+			// The same Hello and Auth bytes on a new session: the server's
+			// nonce and the TLS exporter differ, so the proof is useless.
+			tc2 := c.tlsRaw(li)
+			tc2.Write(rec.buf.Bytes())
+			if typ, _ := readRawFrame(t, tc2); typ != wire.TypeChallenge {
+				t.Fatalf("replay: first frame %q, want the challenge", typ)
+			}
+			typ, payload := readRawFrame(t, tc2)
+			var m wire.Msg
+			if typ != wire.TypeError || wire.DecodeMsg(typ, payload, &m) != nil || m.Code != wire.CodeAuthFailed {
+				t.Fatalf("replay: got frame %q %+v, want E(auth_failed)", typ, m)
+			}
+		}},
+		{"proof relayed from another TLS session", func(t *testing.T) {
+			// A relay that knows no secret forwards a real client's bytes
+			// into its own TLS session with the node: the client signed
+			// the binding of its session with the relay, not this one.
+			tc := c.tlsRaw(li)
+			_, err := wire.ClientHandshake(tc, wire.HandshakeConfig{Kind: wire.KindClient, Secret: c.ClientSecret,
+				ClusterID: c.ClusterID, ChannelBinding: bytes.Repeat([]byte{9}, wire.ChannelBindingLen)})
+			if !errors.Is(err, wire.ErrAuthFailed) {
+				t.Fatalf("mismatched channel binding: %v, want auth_failed", err)
+			}
+		}},
+		{"truncated frame, then close", func(t *testing.T) {
+			tc, _ := c.tlsAuthed(li)
+			tc.Write([]byte{0, 0, 0, 40, wire.TypeAcquire, 0, 0})
+			tc.Close()
+		}},
+		{"oversize frame", func(t *testing.T) {
+			tc, r := c.tlsAuthed(li)
+			tc.Write(binary.BigEndian.AppendUint32(nil, 1<<20))
+			expectConnError(t, "oversize", r, wire.CodeFrameTooLarge)
+		}},
+		{"unknown frame type", func(t *testing.T) {
+			tc, r := c.tlsAuthed(li)
+			tc.Write(frame('z', []byte{1, 2, 3}))
+			expectConnError(t, "unknown type", r, wire.CodeUnexpectedFrame)
+		}},
+		{"slowloris: half a frame, then silence", func(t *testing.T) {
+			tc, r := c.tlsAuthed(li)
+			tc.Write([]byte{0, 0, 0, 20, wire.TypeAcquire, 0, 0, 0})
+			expectConnError(t, "slowloris", r, wire.CodeIdleTimeout)
+		}},
+		{"huge pipeline of acquires", func(t *testing.T) {
+			tc, r := c.tlsAuthed(li)
+			var buf []byte
+			const n = 1000
+			for i := 1; i <= n; i++ {
+				b, _ := wire.AppendMsg(nil, &wire.Msg{Type: wire.TypeAcquire, ID: uint64(i), Key: "pipe", Owner: "p" + itoa(i), Lease: 5, WaitMs: 0})
+				buf = append(buf, b...)
+			}
+			go tc.Write(buf)
+			counts := map[string]int{}
+			for i := 0; i < n; i++ {
+				var m wire.Msg
+				if err := r.ReadMsg(&m); err != nil {
+					t.Fatalf("after %d replies: %v", i, err)
+				}
+				switch {
+				case m.Type == wire.TypeError:
+					counts[m.Code.String()]++
+				default:
+					counts[string(rune(m.Type))]++
+				}
+			}
+			// One grant, busy for the others admitted, and the rest refused
+			// by the in-flight limit: each a definite reply of its own.
+			if counts["G"] != 1 || counts["too_many_in_flight"] == 0 || counts["G"]+counts["B"]+counts["too_many_in_flight"] != n {
+				t.Fatalf("replies %v", counts)
+			}
+		}},
+		{"pings without reading the replies", func(t *testing.T) {
+			tc, _ := c.tlsAuthed(li)
+			before := node.Stats().SlowConsumerCloses
+			ping := frame(wire.TypePing, binary.BigEndian.AppendUint64(nil, 1))
+			// Distinct ids are not needed for pings to pile up replies.
+			batch := bytes.Repeat(ping, 4096)
+			tc.SetWriteDeadline(time.Now().Add(10 * time.Second))
+			for i := 0; i < 200; i++ {
+				if _, err := tc.Write(batch); err != nil {
+					break // cut off: what we wanted
+				}
+			}
+			waitFor(t, "slow consumer cut off", 10*time.Second, func() bool { return node.Stats().SlowConsumerCloses > before })
+		}},
+		{"max keys and max waiters", func(t *testing.T) {
+			conn := c.dialKeepAlive(li)
+			var toks []uint64
+			var refusedKeys bool
+			for i := 0; i < 250; i++ {
+				r := do(t, conn, acquireMsg("k"+itoa(i), "many", 60, 0))
+				if r.Type == wire.TypeError && r.Code == wire.CodeTooManyKeys {
+					refusedKeys = true
+					break
+				}
+				toks = append(toks, mustGrant(t, r))
+			}
+			if !refusedKeys || len(toks) > 200 {
+				t.Fatalf("granted %d keys with MaxKeys 200, refused: %v", len(toks), refusedKeys)
+			}
+			for i, tok := range toks {
+				mustType(t, do(t, conn, releaseMsg("k"+itoa(i), "many", tok)), wire.TypeOK)
+			}
+			// Five waiters fit on one key; the sixth is refused at once.
+			tok := mustGrant(t, do(t, conn, acquireMsg("queue", "head", 60, 0)))
+			var calls []*client.Call
+			for i := 0; i < 5; i++ {
+				call, err := conn.Start(acquireMsg("queue", "w"+itoa(i), 60, 30*time.Second))
+				if err != nil {
+					t.Fatal(err)
+				}
+				calls = append(calls, call)
+			}
+			waitFor(t, "five waiters", 5*time.Second, func() bool {
+				n := 0
+				node.ReadState(func(s *locksm.State) { n = s.QueueLen("queue") })
+				return n == 5
+			})
+			r := do(t, conn, acquireMsg("queue", "sixth", 60, 30*time.Second))
+			if r.Type != wire.TypeError || r.Code != wire.CodeTooManyWaiters {
+				t.Fatalf("sixth waiter: %s, want E(too_many_waiters)", describe(r))
+			}
+			mustType(t, do(t, conn, releaseMsg("queue", "head", tok)), wire.TypeOK)
+			<-calls[0].Done
+			if calls[0].Reply.Type != wire.TypeGranted {
+				t.Fatalf("first waiter after release: %s", describe(calls[0].Reply))
+			}
+		}},
+		{"thousands of idle connections", func(t *testing.T) {
+			// 2,000 TCP connections that never speak: at most
+			// MaxHandshakesPerIP wait in admission (closed after the
+			// handshake timeout), the rest are closed at once.
+			var conns []net.Conn
+			for i := 0; i < 2000; i++ {
+				nc, err := net.Dial("tcp", c.ClientAddr(li))
+				if err != nil {
+					t.Fatalf("dial %d: %v", i, err)
+				}
+				conns = append(conns, nc)
+			}
+			closed := 0
+			for _, nc := range conns {
+				nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+				if _, err := nc.Read(make([]byte, 1)); err != nil && !isTimeoutErr(err) {
+					closed++
+				}
+				nc.Close()
+			}
+			if closed != len(conns) {
+				t.Fatalf("%d of %d silent connections closed within the handshake timeout", closed, len(conns))
+			}
+			// Hundreds of authenticated connections that go quiet are
+			// closed after IdleTimeout with E idle_timeout, and one past
+			// MaxClientConns is refused.
+			var readers []*wire.Reader
+			for i := 0; i < 600; i++ {
+				_, r := c.tlsAuthed(li)
+				readers = append(readers, r)
+			}
+			raw, err := net.Dial("tcp", c.ClientAddr(li))
+			if err != nil {
+				t.Fatal(err)
+			}
+			raw.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if _, err := raw.Read(make([]byte, 1)); err == nil || isTimeoutErr(err) {
+				t.Fatalf("connection past MaxClientConns: %v, want it closed", err)
+			}
+			raw.Close()
+			for i, r := range readers {
+				expectConnError(t, "idle "+itoa(i), r, wire.CodeIdleTimeout)
+			}
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, tc.run)
+		p50, p99, n := good.window()
+		t.Logf("good client during %q: %d cycles, p50 %v, p99 %v", tc.name, n, p50, p99)
+	}
+	close(stop)
+	wg.Wait()
+	t.Logf("good client quiet: %d cycles in 1s, p50 %v, p99 %v", quietN, quietP50, quietP99)
+	if len(good.errs) > 0 {
+		t.Fatalf("the well-behaved client saw %d failures, first: %s", len(good.errs), good.errs[0])
+	}
+	if good.n.Load() == 0 {
+		t.Fatal("the well-behaved client made no progress")
+	}
+	c.converged("keeper", locksm.Holder{Owner: "keeper", Token: keepTok}, true)
+	mustType(t, do(t, keeper, releaseMsg("keeper", "keeper", keepTok)), wire.TypeOK)
+	t.Logf("node stats: %+v", node.Stats())
+}
+
+// readRawFrame reads one frame of any type (handshake frames included).
+func readRawFrame(t *testing.T, r io.Reader) (byte, []byte) {
+	t.Helper()
+	var h [4]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		t.Fatalf("reading a frame: %v", err)
+	}
+	b := make([]byte, binary.BigEndian.Uint32(h[:]))
+	if len(b) == 0 || len(b) > wire.MaxFrameBytes {
+		t.Fatalf("frame length %d", len(b))
+	}
+	if _, err := io.ReadFull(r, b); err != nil {
+		t.Fatalf("reading a frame: %v", err)
+	}
+	return b[0], b[1:]
+}
+
+type recorder struct {
+	net.Conn
+	buf bytes.Buffer
+}
+
+func (r *recorder) Write(p []byte) (int, error) {
+	r.buf.Write(p)
+	return r.Conn.Write(p)
+}
+
+func isTimeoutErr(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+// dialKeepAlive is dial with pings every 300 ms, for connections that sit
+// quiet in a cluster with a short IdleTimeout.
+func (c *testCluster) dialKeepAlive(i int) *client.Conn {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, err := client.Dial(ctx, c.ClientAddr(i), client.Config{Secret: c.ClientSecret, ClusterID: c.ClusterID,
+		TLS: c.ClientTLS, KeepAlive: 300 * time.Millisecond})
+	if err != nil {
+		c.t.Fatalf("dial node %d: %v", i, err)
+	}
+	c.t.Cleanup(func() { conn.Close() })
+	return conn
+}

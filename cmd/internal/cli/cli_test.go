@@ -1,0 +1,75 @@
+package cli
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func secretFile(t *testing.T, dir, name string) string {
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte("0123456789abcdef0123456789abcdef\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// Plaintext beyond loopback needs an explicit flag: a node or sidecar
+// that would silently expose lock traffic refuses to start.
+func TestPlaintextRefusedBeyondLoopback(t *testing.T) {
+	dir := t.TempDir()
+	sec, peer := secretFile(t, dir, "c.secret"), secretFile(t, dir, "p.secret")
+	var out, errb bytes.Buffer
+	code := Main([]string{"node", "--id", "n1", "--data-dir", filepath.Join(dir, "d"),
+		"--client-addr", "0.0.0.0:0", "--peer-addr", "10.1.2.3:7500",
+		"--peers", "n1=10.1.2.3:7500,n2=10.1.2.4:7500,n3=10.1.2.5:7500",
+		"--secret-file", sec, "--peer-secret-file", peer}, &out, &errb)
+	if code != ExitUsage || !strings.Contains(errb.String(), "--insecure-plaintext") {
+		t.Fatalf("node without TLS on 0.0.0.0: exit %d, stderr %q", code, errb.String())
+	}
+	errb.Reset()
+	code = Main([]string{"sidecar", "--cluster", "10.1.2.3:7400,10.1.2.4:7400", "--secret-file", sec,
+		"--socket", filepath.Join(dir, "s.sock")}, &out, &errb)
+	if code != ExitUsage || !strings.Contains(errb.String(), "--insecure-plaintext") {
+		t.Fatalf("sidecar without TLS to remote nodes: exit %d, stderr %q", code, errb.String())
+	}
+	if !isLoopback("127.0.0.1:7400") || !isLoopback("[::1]:1") || !isLoopback("localhost:1") || isLoopback(":7400") || isLoopback("10.0.0.1:1") {
+		t.Fatal("isLoopback")
+	}
+}
+
+func TestCertsCommand(t *testing.T) {
+	dir := t.TempDir()
+	run := func(args ...string) (int, string) {
+		var out, errb bytes.Buffer
+		code := Main(append([]string{"certs"}, args...), &out, &errb)
+		return code, out.String() + errb.String()
+	}
+	if code, msg := run("node", "--dir", dir, "--id", "n1"); code != ExitError || !strings.Contains(msg, "certs ca") {
+		t.Fatalf("node cert without a CA: %d %q", code, msg)
+	}
+	for _, args := range [][]string{
+		{"ca", "--dir", dir},
+		{"node", "--dir", dir, "--id", "n1", "--host", "10.0.0.1,node1.example"},
+		{"client", "--dir", dir, "--name", "web1"},
+	} {
+		if code, msg := run(args...); code != ExitOK {
+			t.Fatalf("certs %v: %d %q", args, code, msg)
+		}
+	}
+	for _, name := range []string{"ca", "n1", "web1"} {
+		fi, err := os.Stat(filepath.Join(dir, name+".key"))
+		if err != nil || fi.Mode().Perm() != 0o600 {
+			t.Fatalf("%s.key: %v %v", name, fi, err)
+		}
+	}
+	// Never overwrite a key.
+	if code, _ := run("ca", "--dir", dir); code != ExitError {
+		t.Fatalf("second CA in the same dir: exit %d", code)
+	}
+	if code, _ := run("node", "--dir", dir, "--id", "bad id"); code != ExitUsage {
+		t.Fatalf("invalid node id: exit %d", code)
+	}
+}
