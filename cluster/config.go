@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"bytes"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -311,6 +312,10 @@ func (c Config) Validate() error {
 	}
 	if len(c.PeerSecret) < 16 {
 		return bad("the peer secret must be at least 16 bytes (got %d)", len(c.PeerSecret))
+	}
+	if bytes.Equal(c.ClientSecret, c.PeerSecret) {
+		return bad("the client and peer secrets are the same: every sidecar host would hold the key to the Raft " +
+			"log; generate two secrets")
 	}
 	if c.LeaderLeaseTimeout > c.HeartbeatTimeout {
 		return bad("leader lease timeout %v exceeds heartbeat timeout %v", c.LeaderLeaseTimeout, c.HeartbeatTimeout)

@@ -379,6 +379,28 @@ func TestHostileClientsOverTLS(t *testing.T) {
 				t.Fatalf("first waiter after release: %s", describe(calls[0].Reply))
 			}
 		}},
+		{"garbage and floods on the peer port", func(t *testing.T) {
+			// Replication to the followers must go on (the good client's
+			// commits prove it) while the leader's peer port is flooded.
+			before := node.Stats().PeerAuthFailures
+			var conns []net.Conn
+			for i := 0; i < 300; i++ {
+				nc, err := net.Dial("tcp", c.PeerAddr(li))
+				if err != nil {
+					t.Fatal(err)
+				}
+				conns = append(conns, nc)
+				if i%2 == 0 {
+					nc.Write([]byte("\x00\x00\x00\x05hello raft, let me in"))
+				}
+			}
+			for _, nc := range conns {
+				nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+				io.Copy(io.Discard, nc)
+				nc.Close()
+			}
+			waitFor(t, "peer admissions refused", 5*time.Second, func() bool { return node.Stats().PeerAuthFailures > before })
+		}},
 		{"thousands of idle connections", func(t *testing.T) {
 			// 2,000 TCP connections that never speak: at most
 			// MaxHandshakesPerIP wait in admission (closed after the
@@ -406,9 +428,11 @@ func TestHostileClientsOverTLS(t *testing.T) {
 			// closed after IdleTimeout with E idle_timeout, and one past
 			// MaxClientConns is refused.
 			var readers []*wire.Reader
+			var tcs []*tls.Conn
 			for i := 0; i < 600; i++ {
-				_, r := c.tlsAuthed(li)
+				tc, r := c.tlsAuthed(li)
 				readers = append(readers, r)
+				tcs = append(tcs, tc)
 			}
 			raw, err := net.Dial("tcp", c.ClientAddr(li))
 			if err != nil {
@@ -419,6 +443,11 @@ func TestHostileClientsOverTLS(t *testing.T) {
 				t.Fatalf("connection past MaxClientConns: %v, want it closed", err)
 			}
 			raw.Close()
+			// 600 TLS handshakes may take longer than tlsRaw's deadline
+			// under the race detector.
+			for _, tc := range tcs {
+				tc.SetDeadline(time.Now().Add(10 * time.Second))
+			}
 			for i, r := range readers {
 				expectConnError(t, "idle "+itoa(i), r, wire.CodeIdleTimeout)
 			}

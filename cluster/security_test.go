@@ -104,3 +104,30 @@ func TestSecretRolloverOnNodes(t *testing.T) {
 	tok := mustGrant(t, do(t, conn, acquireMsg("replicated", "o", 30, 0)))
 	c.converged("replicated", locksm.Holder{Owner: "o", Token: tok}, true)
 }
+
+func TestConfigSecurityChecks(t *testing.T) {
+	base := cluster.DefaultConfig()
+	base.NodeID, base.DataDir = "n1", t.TempDir()
+	base.ClientAddr, base.PeerAddr = "127.0.0.1:0", "127.0.0.1:1"
+	base.Peers = []cluster.Peer{{ID: "n1", Addr: "127.0.0.1:1"}, {ID: "n2", Addr: "127.0.0.1:2"}, {ID: "n3", Addr: "127.0.0.1:3"}}
+	base.ClientSecret = []byte("0123456789abcdef0123")
+	base.PeerSecret = []byte("fedcba9876543210fedc")
+	if err := base.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	cases := map[string]func(*cluster.Config){
+		"same secrets":     func(c *cluster.Config) { c.PeerSecret = c.ClientSecret },
+		"short next":       func(c *cluster.Config) { c.NextClientSecret = []byte("short") },
+		"TLS 1.2 clients":  func(c *cluster.Config) { c.ClientTLS = &tls.Config{MinVersion: tls.VersionTLS12} },
+		"peer TLS no mTLS": func(c *cluster.Config) { c.PeerTLS = &tls.Config{MinVersion: tls.VersionTLS13} },
+		"idle below 1s":    func(c *cluster.Config) { c.IdleTimeout = time.Millisecond },
+		"negative keys":    func(c *cluster.Config) { c.MaxKeys = -1 },
+	}
+	for name, mut := range cases {
+		cfg := base
+		mut(&cfg)
+		if err := cfg.Validate(); !errors.Is(err, cluster.ErrBadConfig) {
+			t.Errorf("%s: %v, want ErrBadConfig", name, err)
+		}
+	}
+}

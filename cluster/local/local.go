@@ -239,6 +239,9 @@ func (c *Cluster) IDs() []string {
 // ClientAddr returns node i's client address (stable across restarts).
 func (c *Cluster) ClientAddr(i int) string { return c.cfgs[i].ClientAddr }
 
+// PeerAddr returns node i's peer (Raft) address.
+func (c *Cluster) PeerAddr(i int) string { return c.cfgs[i].PeerAddr }
+
 // ClientAddrs returns every node's client address.
 func (c *Cluster) ClientAddrs() []string {
 	out := make([]string, len(c.cfgs))

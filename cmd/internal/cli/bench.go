@@ -37,6 +37,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		nodeArgs string
 		unixN    string
 		conns    int
+		useTLS   bool
 	)
 	fs.StringVar(&dir, "dir", "", "working directory (default: a temporary one, removed afterwards)")
 	fs.IntVar(&nodes, "nodes", 3, "cluster size: 3 or 5")
@@ -47,6 +48,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.StringVar(&nodeArgs, "node-args", "", "extra flags for every node, space separated (e.g. \"--heartbeat-timeout 800ms\")")
 	fs.StringVar(&unixN, "unix-clients", "1,64", "unix: client counts to measure, comma separated")
 	fs.IntVar(&conns, "conns", 10000, "unixconns: local connections to open to a sidecar process")
+	fs.BoolVar(&useTLS, "tls", true, "run nodes (and sidecars) over TLS with a throwaway CA, as in production")
 	if err := fs.Parse(args[1:]); err != nil {
 		return ExitUsage
 	}
@@ -62,7 +64,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 		defer os.RemoveAll(dir)
 	}
-	p, err := local.StartProcs(local.ProcOptions{Binary: bin, Dir: filepath.Join(dir, "cluster"), Nodes: nodes,
+	p, err := local.StartProcs(local.ProcOptions{Binary: bin, Dir: filepath.Join(dir, "cluster"), Nodes: nodes, TLS: useTLS,
 		ExtraArgs: append([]string{"--log-level", "warn"}, strings.Fields(nodeArgs)...)})
 	if err != nil {
 		fmt.Fprintln(stderr, "ticketing bench:", err)

@@ -28,7 +28,7 @@ import (
 // Broker, clients/go clients), for each client count, on one cluster.
 func benchUnix(ctx context.Context, p *local.Procs, dir string, clientCounts []int, warmup, duration time.Duration, out io.Writer) error {
 	bcfg := sidecar.DefaultConfig()
-	bcfg.Addrs, bcfg.Secret, bcfg.ClusterID = p.ClientAddrs(), p.ClientSecret, p.ClusterID
+	bcfg.Addrs, bcfg.Secret, bcfg.ClusterID, bcfg.TLS = p.ClientAddrs(), p.ClientSecret, p.ClusterID, p.ClientTLS
 	bcfg.Logger = slog.New(slog.DiscardHandler)
 	ucfg := unixapi.DefaultConfig()
 	ucfg.Path = filepath.Join(dir, "bench.sock")
@@ -157,9 +157,13 @@ func cycles(ctx context.Context, n int, warmup, duration time.Duration, setup fu
 // (each has answered a PING, so its session exists).
 func benchUnixConns(ctx context.Context, p *local.Procs, dir, bin string, conns int, out io.Writer) error {
 	sock := filepath.Join(dir, "conns.sock")
-	cmd := exec.CommandContext(ctx, bin, "sidecar", "--cluster", strings.Join(p.ClientAddrs(), ","),
+	args := []string{"sidecar", "--cluster", strings.Join(p.ClientAddrs(), ","),
 		"--secret-file", filepath.Join(dir, "cluster", "client.secret"), "--cluster-id", p.ClusterID,
-		"--socket", sock, "--max-conns", strconv.Itoa(conns+16), "--log-level", "warn")
+		"--socket", sock, "--max-conns", strconv.Itoa(conns+16), "--log-level", "warn"}
+	if p.CAFile != "" {
+		args = append(args, "--tls-ca", p.CAFile)
+	}
+	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		return err
