@@ -103,8 +103,9 @@ func TestFollowerAnswersMoved(t *testing.T) {
 		return r.LeaderAddr != ""
 	})
 	r := do(t, c.dial(fi), acquireMsg("k", "o", 10, 0))
-	if r.LeaderAddr != c.ClientAddr(li) || r.LeaderID != c.ID(li) {
-		t.Fatalf("M names %q at %q, want %q at %q", r.LeaderID, r.LeaderAddr, c.ID(li), c.ClientAddr(li))
+	// leader_id is the Raft server id, NAME/INCARNATION.
+	if r.LeaderAddr != c.ClientAddr(li) || r.LeaderID != c.Node(li).ServerID() {
+		t.Fatalf("M names %q at %q, want %q at %q", r.LeaderID, r.LeaderAddr, c.Node(li).ServerID(), c.ClientAddr(li))
 	}
 	// Release too; and the key was never granted by the follower.
 	mustType(t, do(t, c.dial(fi), releaseMsg("k", "o", 1)), wire.TypeMoved)

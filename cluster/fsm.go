@@ -23,12 +23,17 @@ import (
 //	'A' leader announcement: node_id str8 | client_addr str8
 //	    (a new leader records its client address in the log, so every
 //	    follower can send clients there in an M reply)
+//	'D' domain creation: domain str8 | token_floor u64
+//	    (the first leader of a new cluster names its fencing domain and
+//	    raises the token counter to the floor; only the first 'D' of a log
+//	    counts, later ones are ignored)
 //
 // An entry that does not decode is skipped on every replica alike (the same
 // bytes fail the same way everywhere) and logged.
 const (
 	entryLockBatch byte = 'L'
 	entryAnnounce  byte = 'A'
+	entryDomain    byte = 'D'
 )
 
 // applied is one applied command and what it did, handed to the node after
@@ -56,6 +61,7 @@ type fsm struct {
 	mu          sync.Mutex
 	state       *locksm.State
 	clientAddrs map[string]string // node id → advertised client address
+	domain      string            // the fencing domain; "" until the first 'D'
 
 	// Scratch reused across ApplyBatch calls (FSM goroutine only).
 	cmds []locksm.Command
@@ -101,6 +107,16 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 			}
 			f.clientAddrs[id] = addr
 			announces = append(announces, announce{id, addr})
+		case entryDomain:
+			domain, floor, err := decodeDomain(l.Data[1:])
+			if err != nil {
+				f.log.Error("skipping undecodable domain entry", "index", l.Index, "err", err)
+				continue
+			}
+			if f.domain == "" {
+				f.domain = domain
+				f.state.RaiseTokenFloor(floor)
+			}
 		default:
 			f.log.Error("skipping log entry of unknown kind", "index", l.Index, "kind", l.Data[0])
 		}
@@ -124,6 +140,19 @@ func encodeAnnounce(id, addr string) []byte {
 
 var errCorruptEntry = errors.New("cluster: corrupt log entry")
 
+func encodeDomain(domain string, floor uint64) []byte {
+	b := []byte{entryDomain, byte(len(domain))}
+	b = append(b, domain...)
+	return binary.BigEndian.AppendUint64(b, floor)
+}
+
+func decodeDomain(b []byte) (domain string, floor uint64, err error) {
+	if len(b) < 1 || len(b) != 1+int(b[0])+8 || b[0] == 0 {
+		return "", 0, errCorruptEntry
+	}
+	return string(b[1 : 1+int(b[0])]), binary.BigEndian.Uint64(b[1+int(b[0]):]), nil
+}
+
 func decodeAnnounce(b []byte) (id, addr string, err error) {
 	str := func() (string, bool) {
 		if len(b) < 1 || len(b) < 1+int(b[0]) {
@@ -142,10 +171,11 @@ func decodeAnnounce(b []byte) (id, addr string, err error) {
 	return id, addr, nil
 }
 
-// Snapshot layout: magic "TKSN" | version u8 (1) | n u32 | n × (node_id str8 |
-// client_addr str8) | the locksm snapshot. Encoded under the lock so the
-// snapshot is a point in time; Persist only writes bytes.
-const snapshotVersion = 1
+// Snapshot layout: magic "TKSN" | version u8 (2) | domain str8 | n u32 |
+// n × (node_id str8 | client_addr str8) | the locksm snapshot. Version 1
+// had no domain field. Encoded under the lock so the snapshot is a point in
+// time; Persist only writes bytes.
+const snapshotVersion = 2
 
 var snapshotMagic = []byte("TKSN")
 
@@ -156,6 +186,8 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	defer f.mu.Unlock()
 	buf.Write(snapshotMagic)
 	buf.WriteByte(snapshotVersion)
+	buf.WriteByte(byte(len(f.domain)))
+	buf.WriteString(f.domain)
 	ids := make([]string, 0, len(f.clientAddrs))
 	for id := range f.clientAddrs {
 		ids = append(ids, id)
@@ -178,18 +210,13 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 func (f *fsm) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
 	r := bufio.NewReader(rc)
-	head := make([]byte, 9)
+	head := make([]byte, 5)
 	if _, err := io.ReadFull(r, head); err != nil {
 		return fmt.Errorf("cluster: snapshot header: %w", err)
 	}
-	if !bytes.Equal(head[:4], snapshotMagic) || head[4] != snapshotVersion {
-		return fmt.Errorf("cluster: not a version %d snapshot", snapshotVersion)
+	if !bytes.Equal(head[:4], snapshotMagic) || head[4] < 1 || head[4] > snapshotVersion {
+		return fmt.Errorf("cluster: not a version 1..%d snapshot", snapshotVersion)
 	}
-	n := binary.BigEndian.Uint32(head[5:])
-	if n > 1024 {
-		return fmt.Errorf("cluster: snapshot lists %d nodes", n)
-	}
-	addrs := map[string]string{}
 	readStr := func() (string, error) {
 		l, err := r.ReadByte()
 		if err != nil {
@@ -199,6 +226,22 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 		_, err = io.ReadFull(r, b)
 		return string(b), err
 	}
+	var domain string
+	if head[4] >= 2 {
+		var err error
+		if domain, err = readStr(); err != nil {
+			return fmt.Errorf("cluster: snapshot domain: %w", err)
+		}
+	}
+	var nb [4]byte
+	if _, err := io.ReadFull(r, nb[:]); err != nil {
+		return fmt.Errorf("cluster: snapshot header: %w", err)
+	}
+	n := binary.BigEndian.Uint32(nb[:])
+	if n > 1024 {
+		return fmt.Errorf("cluster: snapshot lists %d nodes", n)
+	}
+	addrs := map[string]string{}
 	for i := uint32(0); i < n; i++ {
 		id, err := readStr()
 		if err != nil {
@@ -215,7 +258,7 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 		return err
 	}
 	f.mu.Lock()
-	f.state, f.clientAddrs = st, addrs
+	f.state, f.clientAddrs, f.domain = st, addrs, domain
 	f.mu.Unlock()
 	return nil
 }
@@ -237,6 +280,13 @@ func (f *fsm) read(fn func(st *locksm.State)) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	fn(f.state)
+}
+
+// getDomain returns the fencing domain ("" before the first 'D' entry).
+func (f *fsm) getDomain() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.domain
 }
 
 func (f *fsm) clientAddr(id string) string {

@@ -9,6 +9,7 @@ package cluster
 import (
 	"crypto/rand"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,6 +18,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -33,12 +35,15 @@ import (
 type Node struct {
 	cfg Config
 	log *slog.Logger
+	// serverID is NAME/INCARNATION, the Raft server id (see identity.go).
+	serverID string
 
 	raft      *raft.Raft
 	fsm       *fsm
 	transport *raft.NetworkTransport
 	peers     *peerLayer
 	store     *raftboltdb.BoltStore
+	snaps     raft.SnapshotStore
 	clientLn  net.Listener
 	advertise string // client address handed out in M replies
 
@@ -75,6 +80,9 @@ type Node struct {
 
 	stats      nodeStats
 	clientGate *gate
+	// hasState: this node has Raft state (bootstrapped, or received a
+	// log or snapshot); told to discovering peers.
+	hasState atomic.Bool
 
 	closing chan struct{}
 	wg      sync.WaitGroup
@@ -160,6 +168,17 @@ func (n *Node) start() error {
 	if err != nil {
 		return fmt.Errorf("cluster: snapshot store: %w", err)
 	}
+	n.snaps = snaps
+
+	has, err := raft.HasExistingState(store, store, snaps)
+	if err != nil {
+		return fmt.Errorf("cluster: read state: %w", err)
+	}
+	if n.serverID, _, err = loadIdentity(cfg.DataDir, cfg.NodeID, has); err != nil {
+		return err
+	}
+	n.log = n.log.With("server", n.serverID)
+	n.hasState.Store(has)
 
 	peerLn := cfg.PeerListener
 	if peerLn == nil {
@@ -167,7 +186,7 @@ func (n *Node) start() error {
 			return fmt.Errorf("cluster: peer port: %w", err)
 		}
 	}
-	n.peers = newPeerLayer(peerLn, cfg, n.log, &n.stats.peerAuthFailures)
+	n.peers = newPeerLayer(peerLn, cfg, n.serverID, n.log, &n.stats.peerAuthFailures, n.identity)
 	n.transport = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream:  n.peers,
 		MaxPool: 3,
@@ -187,7 +206,7 @@ func (n *Node) start() error {
 	}
 
 	rc := raft.DefaultConfig()
-	rc.LocalID = raft.ServerID(cfg.NodeID)
+	rc.LocalID = raft.ServerID(n.serverID)
 	rc.HeartbeatTimeout = cfg.HeartbeatTimeout
 	rc.ElectionTimeout = cfg.ElectionTimeout
 	rc.LeaderLeaseTimeout = cfg.LeaderLeaseTimeout
@@ -201,21 +220,9 @@ func (n *Node) start() error {
 	rc.NoLegacyTelemetry = true
 
 	n.fsm = newFSM(n, n.log)
-	has, err := raft.HasExistingState(store, store, snaps)
-	if err != nil {
-		return fmt.Errorf("cluster: read state: %w", err)
-	}
 	if !has {
-		var conf raft.Configuration
-		for _, p := range cfg.Peers {
-			conf.Servers = append(conf.Servers, raft.Server{
-				Suffrage: raft.Voter, ID: raft.ServerID(p.ID), Address: raftAddr(p.ID, p.Addr),
-			})
-		}
-		if err := raft.BootstrapCluster(rc, store, store, snaps, n.transport, conf); err != nil {
-			return fmt.Errorf("cluster: bootstrap: %w", err)
-		}
-		n.log.Info("bootstrapped a new cluster", "voters", len(conf.Servers))
+		n.log.Warn("empty data dir: this server waits until a configuration names it (ticketing bootstrap "+
+			"on a new cluster, or ticketing members add-learner on an existing one)")
 	}
 	r, err := raft.NewRaft(rc, n.fsm, store, store, snaps, n.transport)
 	if err != nil {
@@ -252,6 +259,29 @@ func (n *Node) ClientAddr() string { return n.advertise }
 
 // ID is the node id.
 func (n *Node) ID() string { return n.cfg.NodeID }
+
+// AddLearner adds serverID (NAME/INCARNATION) at peerAddr as a non-voter;
+// only the leader can. It returns once the change is committed.
+func (n *Node) AddLearner(serverID, peerAddr string, timeout time.Duration) error {
+	if name, inc := SplitServerID(serverID); ValidateNodeID(name) != nil || len(inc) != incarnationLen {
+		return fmt.Errorf("%w: %q is not NAME/INCARNATION", ErrBadConfig, serverID)
+	}
+	return n.raft.AddNonvoter(raft.ServerID(serverID), raftAddr(serverID, peerAddr), 0, timeout).Error()
+}
+
+// Domain is the cluster's fencing domain ("" until the first leader has
+// committed it): tokens are comparable only within one domain.
+func (n *Node) Domain() string { return n.fsm.getDomain() }
+
+// newDomainID is a new fencing domain id: 16 random bytes, hex.
+func newDomainID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// ServerID is the node's Raft server id, NAME/INCARNATION.
+func (n *Node) ServerID() string { return n.serverID }
 
 // Raft exposes the underlying Raft instance (tests and status).
 func (n *Node) Raft() *raft.Raft { return n.raft }
@@ -372,7 +402,7 @@ func (n *Node) gainLeadership() {
 			n.log.Warn("barrier after election failed", "err", err)
 			return
 		}
-		f1 := n.raft.Apply(encodeAnnounce(n.cfg.NodeID, n.advertise), timeout)
+		f1 := n.raft.Apply(encodeAnnounce(n.serverID, n.advertise), timeout)
 		drop := locksm.AppendBatch([]byte{entryLockBatch}, []locksm.Command{{Op: locksm.OpDropWaiters, Now: n.cfg.Now().UnixMilli()}})
 		f2 := n.raft.Apply(drop, timeout)
 		if err := f1.Error(); err != nil {
@@ -440,7 +470,7 @@ func (n *Node) leaderHint() (addr, id string) {
 		return "", ""
 	}
 	id = string(lid)
-	if id == n.cfg.NodeID {
+	if id == n.serverID {
 		// We are the leader but not yet serving: retry shortly.
 		return "", id
 	}

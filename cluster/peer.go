@@ -51,7 +51,9 @@ func (a peerNetAddr) String() string  { return a.s }
 // names the node id it proved.
 type peerLayer struct {
 	ln        net.Listener
-	self      string
+	self      string // this node's server id, NAME/INCARNATION
+	name      string // this node's name
+	identity  func() wire.Identity
 	advertise raft.ServerAddress
 	hs        wire.HandshakeConfig
 	timeout   time.Duration
@@ -67,7 +69,7 @@ type peerLayer struct {
 	wg       sync.WaitGroup
 }
 
-func newPeerLayer(ln net.Listener, cfg Config, log *slog.Logger, failures *atomic.Uint64) *peerLayer {
+func newPeerLayer(ln net.Listener, cfg Config, serverID string, log *slog.Logger, failures *atomic.Uint64, identity func() wire.Identity) *peerLayer {
 	hostport := ln.Addr().String()
 	if cfg.PeerAddr != "" && cfg.PeerListener == nil {
 		hostport = cfg.PeerAddr
@@ -79,14 +81,17 @@ func newPeerLayer(ln net.Listener, cfg Config, log *slog.Logger, failures *atomi
 	}
 	l := &peerLayer{
 		ln:        ln,
-		self:      cfg.NodeID,
-		advertise: raftAddr(cfg.NodeID, hostport),
+		self:      serverID,
+		name:      cfg.NodeID,
+		advertise: raftAddr(serverID, hostport),
+		identity:  identity,
 		hs: wire.HandshakeConfig{
 			Kind:       wire.KindPeer,
 			Secret:     cfg.PeerSecret,
 			NextSecret: cfg.NextPeerSecret,
 			ClusterID:  cfg.ClusterID,
-			NodeID:     cfg.NodeID,
+			NodeID:     serverID,
+			NodeName:   cfg.NodeID,
 		},
 		tls:      cfg.PeerTLS,
 		gate:     newGate(cfg.MaxHandshakesPerIP, cfg.AuthFailureDelay, cfg.AuthFailureDelayMax),
@@ -140,7 +145,8 @@ func (l *peerLayer) serverHandshake(raw net.Conn) {
 		hs.ChannelBinding = binding
 		peer, err = wire.ServerHandshake(c, hs)
 	}
-	if err == nil && l.tls != nil && !slices.Contains(tlsconf.PeerNames(c), peer.NodeID) {
+	peerName, _ := SplitServerID(peer.NodeID)
+	if err == nil && l.tls != nil && !slices.Contains(tlsconf.PeerNames(c), peerName) {
 		err = fmt.Errorf("%w: %q proved its id with the peer secret, but its certificate names %v",
 			wire.ErrWrongNode, peer.NodeID, tlsconf.PeerNames(c))
 	}
@@ -159,8 +165,15 @@ func (l *peerLayer) serverHandshake(raw net.Conn) {
 		raw.Close()
 		return
 	}
+	if peer.Kind == wire.KindDiscover {
+		// A node at its first start asks who we are: the Challenge proved
+		// our server id; tell it whether we have state, then hang up.
+		_ = wire.WriteIdentity(c, l.identity())
+		c.Close()
+		return
+	}
 	_ = c.SetDeadline(time.Time{})
-	fc, err := l.faults.wrap(c, peer.NodeID, l.self)
+	fc, err := l.faults.wrap(c, peerName, l.name)
 	if err != nil {
 		c.Close()
 		return
@@ -205,40 +218,72 @@ func (l *peerLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net
 	if err != nil {
 		return nil, err
 	}
-	if err := l.faults.allowDial(l.self, id); err != nil {
+	name, _ := SplitServerID(id)
+	raw, c, peer, err := l.dialPeer(wire.KindPeer, id, name, hostport, timeout)
+	if err != nil {
+		l.log.Warn("peer dial failed", "peer", id, "addr", hostport, "err", err)
 		return nil, err
 	}
-	raw, err := net.DialTimeout("tcp", hostport, timeout)
+	_ = c.SetDeadline(time.Time{})
+	if peer.NodeID != id {
+		raw.Close()
+		return nil, fmt.Errorf("cluster: %s answered as %q: %w", hostport, peer.NodeID, wire.ErrWrongNode)
+	}
+	return l.faults.wrap(c, l.name, name)
+}
+
+// dialPeer dials hostport and runs TLS (whose certificate must name name,
+// whatever address it answers at) and a handshake of kind expecting
+// expect. On success it returns the TCP conn (to close) and the conn to
+// talk on.
+func (l *peerLayer) dialPeer(kind wire.ConnKind, expect, name, hostport string, timeout time.Duration) (raw, c net.Conn, peer wire.Peer, err error) {
+	if err := l.faults.allowDial(l.name, name); err != nil {
+		return nil, nil, wire.Peer{}, err
+	}
+	raw, err = net.DialTimeout("tcp", hostport, timeout)
 	if err != nil {
-		return nil, err
+		return nil, nil, wire.Peer{}, err
 	}
 	_ = raw.SetDeadline(time.Now().Add(l.timeout))
 	var tcfg *tls.Config
 	if l.tls != nil {
-		// The certificate must name the node id we dial, whatever
-		// address it answers at.
 		tcfg = l.tls.Clone()
-		tcfg.ServerName = id
+		tcfg.ServerName = name
 	}
 	c, binding, err := secureDial(raw, tcfg)
 	if err != nil {
 		raw.Close()
-		l.log.Warn("peer TLS failed", "peer", id, "addr", hostport, "err", err)
-		return nil, fmt.Errorf("cluster: TLS with %s at %s: %w", id, hostport, err)
+		return nil, nil, wire.Peer{}, fmt.Errorf("cluster: TLS with %s at %s: %w", expect, hostport, err)
 	}
 	hs := l.hs
-	hs.ExpectNodeID = id
-	hs.ChannelBinding = binding
-	peer, err := wire.ClientHandshake(c, hs)
-	if err != nil {
+	hs.Kind, hs.ExpectNodeID, hs.ChannelBinding = kind, expect, binding
+	if peer, err = wire.ClientHandshake(c, hs); err != nil {
 		raw.Close()
-		l.log.Warn("peer handshake failed", "peer", id, "addr", hostport, "err", err)
-		return nil, fmt.Errorf("cluster: handshake with %s at %s: %w", id, hostport, err)
+		return nil, nil, wire.Peer{}, fmt.Errorf("cluster: handshake with %s at %s: %w", expect, hostport, err)
 	}
-	_ = c.SetDeadline(time.Time{})
-	if peer.NodeID != id {
-		c.Close()
-		return nil, fmt.Errorf("cluster: %s answered as %q: %w", hostport, peer.NodeID, wire.ErrWrongNode)
+	return raw, c, peer, nil
+}
+
+// newPeerDialer is a peerLayer that only dials (Bootstrap's discovery).
+func newPeerDialer(cfg Config, serverID string, log *slog.Logger) *peerLayer {
+	return &peerLayer{
+		self: serverID, name: cfg.NodeID, tls: cfg.PeerTLS, timeout: cfg.HandshakeTimeout, faults: cfg.Faults, log: log,
+		hs: wire.HandshakeConfig{Kind: wire.KindPeer, Secret: cfg.PeerSecret, NextSecret: cfg.NextPeerSecret,
+			ClusterID: cfg.ClusterID, NodeID: serverID, NodeName: cfg.NodeID},
 	}
-	return l.faults.wrap(c, l.self, id)
+}
+
+// discover asks the node named name at hostport (a peer port) for its
+// server id and whether it has Raft state, with a KindDiscover handshake.
+func (l *peerLayer) discover(name, hostport string, timeout time.Duration) (serverID string, id wire.Identity, err error) {
+	raw, c, peer, err := l.dialPeer(wire.KindDiscover, name, name, hostport, timeout)
+	if err != nil {
+		return "", wire.Identity{}, err
+	}
+	defer raw.Close()
+	if n, inc := SplitServerID(peer.NodeID); n != name || inc == "" {
+		return "", wire.Identity{}, fmt.Errorf("cluster: %s answered discovery as %q: %w", hostport, peer.NodeID, wire.ErrWrongNode)
+	}
+	id, err = wire.ReadIdentity(c)
+	return peer.NodeID, id, err
 }

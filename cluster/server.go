@@ -148,7 +148,7 @@ func (n *Node) admitClient(cc *clientConn) bool {
 			Secret:         n.cfg.ClientSecret,
 			NextSecret:     n.cfg.NextClientSecret,
 			ClusterID:      n.cfg.ClusterID,
-			NodeID:         n.cfg.NodeID,
+			NodeID:         n.serverID,
 			ChannelBinding: binding,
 		})
 		if err != nil && isTimeout(err) {
@@ -355,7 +355,7 @@ func errReply(id uint64, err error) *wire.Msg {
 
 // status builds a status reply (without its id).
 func (n *Node) status() wire.Msg {
-	st := wire.Msg{Type: wire.TypeStatusR, NodeID: n.cfg.NodeID}
+	st := wire.Msg{Type: wire.TypeStatusR, NodeID: n.serverID}
 	switch n.raft.State() {
 	case raft.Leader:
 		st.Role = wire.RoleLeader
@@ -372,7 +372,7 @@ func (n *Node) status() wire.Msg {
 	// leader_addr is where requests are served right now: a leader that is
 	// still preparing (barrier, dropping orphaned waiters) leaves it empty.
 	addr, id := n.leaderHint()
-	if id == n.cfg.NodeID && n.Serving() {
+	if id == n.serverID && n.Serving() {
 		addr = n.advertise
 	}
 	st.LeaderAddr, st.LeaderID = addr, id

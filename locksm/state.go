@@ -283,6 +283,16 @@ func (s *State) Waiters(key string) []Waiter {
 	return nil
 }
 
+// RaiseTokenFloor makes the next token issued greater than floor (it never
+// lowers the counter). A cluster calls it once, through a committed log
+// entry, when its fencing domain is created, so that a new domain's tokens
+// start above an old one's.
+func (s *State) RaiseTokenFloor(floor uint64) {
+	if floor > s.last {
+		s.last = floor
+	}
+}
+
 // QueueLen is the length of key's queue (0 if the key is free).
 func (s *State) QueueLen(key string) int {
 	if e := s.keys[key]; e != nil {

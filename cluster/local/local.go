@@ -39,6 +39,8 @@ type Options struct {
 	Faults *cluster.Faults
 	// Tune, when set, adjusts each node's config before it starts.
 	Tune func(*cluster.Config)
+	// TokenFloor is passed to cluster.Bootstrap for a new cluster.
+	TokenFloor uint64
 	// TLS, when set, issues a throwaway CA and node certificates into
 	// Dir/tls (reused when present) and runs both ports over TLS; clients
 	// dial with Cluster.ClientTLS.
@@ -56,6 +58,9 @@ type Cluster struct {
 	// the configuration to dial them with; "" and nil without TLS.
 	CAFile    string
 	ClientTLS *tls.Config
+	// Domain is the fencing domain created by Start ("" when Dir held an
+	// existing cluster).
+	Domain string
 
 	mu    sync.Mutex
 	cfgs  []cluster.Config
@@ -161,20 +166,44 @@ func Start(opts Options) (*Cluster, error) {
 		}
 		c.cfgs = append(c.cfgs, cfg)
 	}
+	// Nodes 2..N start first (empty, they wait); then node 1's data dir is
+	// bootstrapped, which asks them for their server ids, and node 1
+	// starts and becomes the first leader (see cluster/bootstrap.go). A
+	// Dir that already holds the cluster just restarts.
 	c.nodes = make([]*cluster.Node, opts.Nodes)
-	for i := range c.cfgs {
+	start := func(i int) error {
 		cfg := c.cfgs[i]
 		cfg.ClientListener, cfg.PeerListener = clientLns[i], peerLns[i]
 		n, err := cluster.New(cfg)
 		if err != nil {
-			for j := i; j < opts.Nodes; j++ {
-				clientLns[j].Close()
-				peerLns[j].Close()
-			}
-			c.Close()
-			return nil, err
+			return err
 		}
+		c.mu.Lock()
 		c.nodes[i] = n
+		c.mu.Unlock()
+		return nil
+	}
+	fail := func(err error) (*Cluster, error) {
+		closeAll()
+		c.Close()
+		return nil, err
+	}
+	for i := 1; i < opts.Nodes; i++ {
+		if err := start(i); err != nil {
+			return fail(err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(c.cfgs[0].DataDir, "identity")); errors.Is(err, os.ErrNotExist) {
+		bcfg := c.cfgs[0]
+		bcfg.ClientListener, bcfg.PeerListener = clientLns[0], peerLns[0]
+		res, err := cluster.Bootstrap(bcfg, cluster.BootstrapOptions{TokenFloor: opts.TokenFloor})
+		if err != nil {
+			return fail(err)
+		}
+		c.Domain = res.Domain
+	}
+	if err := start(0); err != nil {
+		return fail(err)
 	}
 	return c, nil
 }
@@ -262,6 +291,30 @@ func (c *Cluster) Stop(i int) error {
 	}
 	return n.Close()
 }
+
+// Wipe stops node i and deletes its data dir, as a lost disk would; a
+// Restart then starts it empty, with a new incarnation.
+func (c *Cluster) Wipe(i int) error {
+	if err := c.Stop(i); err != nil {
+		return err
+	}
+	return os.RemoveAll(c.cfgs[i].DataDir)
+}
+
+// Bootstrap runs cluster.Bootstrap on node i's data dir (node i stopped):
+// the operator's explicit creation of a new cluster and fencing domain.
+func (c *Cluster) Bootstrap(i int, opts cluster.BootstrapOptions) (cluster.BootstrapResult, error) {
+	c.mu.Lock()
+	running := c.nodes[i] != nil
+	c.mu.Unlock()
+	if running {
+		return cluster.BootstrapResult{}, fmt.Errorf("local: node %s is running", c.cfgs[i].NodeID)
+	}
+	return cluster.Bootstrap(c.cfgs[i], opts)
+}
+
+// PeerAddrOf is node i's peer address (for adding it as a learner).
+func (c *Cluster) PeerAddrOf(i int) string { return c.cfgs[i].PeerAddr }
 
 // Restart starts node i again from its data dir on the same addresses.
 func (c *Cluster) Restart(i int) error {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -70,6 +71,8 @@ type Procs struct {
 	ClusterID      string
 	SecretFile     string // client secret file
 	PeerSecretFile string
+	// TokenFloor is the domain's token floor (from ticketing bootstrap).
+	TokenFloor uint64
 	// CAFile and ClientTLS: see Cluster; "" and nil without TLS.
 	CAFile      string
 	ClientTLS   *tls.Config
@@ -165,11 +168,31 @@ func StartProcs(opts ProcOptions) (*Procs, error) {
 			log: filepath.Join(opts.Dir, name+".log")})
 		p.drops = append(p.drops, 0)
 	}
-	for i := range p.nodes {
+	// Nodes 2..N start empty and wait; `ticketing bootstrap --new-domain`
+	// then creates the cluster in node 1's data dir (asking them for their
+	// server ids), and node 1 starts (see cluster/bootstrap.go).
+	for i := 1; i < len(p.nodes); i++ {
 		if err := p.Start(i); err != nil {
 			p.Close()
 			return nil, err
 		}
+	}
+	if _, err := os.Stat(filepath.Join(p.DataDir(0), "identity")); errors.Is(err, os.ErrNotExist) {
+		args := append([]string{"bootstrap", "--new-domain"}, p.nodes[0].args[1:]...)
+		out, err := exec.Command(opts.Binary, args...).CombinedOutput()
+		if err != nil {
+			p.Close()
+			return nil, fmt.Errorf("local: bootstrap %s: %w\n%s", p.ids[0], err, out)
+		}
+		for _, line := range strings.Split(string(out), "\n") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "tokens start above: "); ok {
+				p.TokenFloor, _ = strconv.ParseUint(v, 10, 64)
+			}
+		}
+	}
+	if err := p.Start(0); err != nil {
+		p.Close()
+		return nil, err
 	}
 	for j := range p.sidecars {
 		if err := p.StartSidecar(j); err != nil {
@@ -352,7 +375,9 @@ func (p *Procs) Exited(i int) bool {
 }
 
 // Wipe removes node i's data directory; the node must be stopped. Started
-// again, it bootstraps a fresh log at its old address.
+// again at its old address it has a new incarnation (a new server id): it
+// does not bootstrap, cannot vote under its old id, and stays a stranger
+// until added as a learner (see cluster/bootstrap.go).
 func (p *Procs) Wipe(i int) error {
 	if p.Running(i) {
 		return fmt.Errorf("%w: %s (stop it before wiping)", ErrRunning, p.ids[i])

@@ -20,6 +20,9 @@ type Violation struct {
 type FinalState struct {
 	// LastToken is the last token the cluster issued (0: unknown).
 	LastToken uint64
+	// TokenFloor is the domain's token floor: the first token issued is
+	// TokenFloor+1.
+	TokenFloor uint64
 	// Wiped: a node was wiped during the run (token accounting is then not
 	// meaningful).
 	Wiped bool
@@ -92,12 +95,16 @@ func Check(ops []Op, store []StoreRec, final FinalState, opts CheckOptions) Chec
 		for _, g := range grants {
 			known[g.Token] = true
 		}
-		r.UnknownTokens = int(final.LastToken) - len(known)
+		issued := final.LastToken - final.TokenFloor
+		r.UnknownTokens = int(issued) - len(known)
 		if r.UnknownTokens > r.Indeterminate {
 			bad("no-leak", "the cluster issued %d tokens; workers learned %d and %d acquires were indeterminate: %d grants are unexplained",
-				final.LastToken, len(known), r.Indeterminate, r.UnknownTokens-r.Indeterminate)
+				issued, len(known), r.Indeterminate, r.UnknownTokens-r.Indeterminate)
 		}
 		for t := range known {
+			if t <= final.TokenFloor {
+				bad("tokens", "token %d granted at or below the domain's floor %d", t, final.TokenFloor)
+			}
 			if t > final.LastToken {
 				bad("tokens", "token %d granted but the cluster's last token is %d", t, final.LastToken)
 			}

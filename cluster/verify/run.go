@@ -268,7 +268,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 
 	// Nothing lost: with every session closed, the locks they held are
 	// released (or expire within their lease), and every node converges.
-	final := FinalState{Wiped: nem.wiped}
+	final := FinalState{Wiped: nem.wiped, TokenFloor: p.TokenFloor}
 	fctx, cancelF := context.WithTimeout(context.Background(), maxLease+15*time.Second)
 	defer cancelF()
 	st, err := settle(fctx, p)

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 )
 
 // ConnKind says which secret and which checks a handshake uses.
@@ -18,6 +19,11 @@ type ConnKind uint8
 const (
 	KindClient ConnKind = 1 // a client (sidecar, tool) on a node's client port
 	KindPeer   ConnKind = 2 // a Raft peer on a node's peer port
+	// KindDiscover: a node at its first start asking a peer, on the peer
+	// port with the peer secret, for its full server id and whether it has
+	// Raft state. expect_id may name the bare node name. After the Welcome
+	// the server sends one Identity frame and closes.
+	KindDiscover ConnKind = 3
 )
 
 // HandshakeConfig is one side's view of a handshake.
@@ -59,6 +65,9 @@ type HandshakeConfig struct {
 	// peer dialler, the dialling node (proven by the client proof). Clients
 	// leave it empty.
 	NodeID string
+	// NodeName (server only, peer port): the bare node name a KindDiscover
+	// dialler may expect instead of NodeID ("n1" for "n1/abcdefghij").
+	NodeName string
 	// ExpectNodeID (dialler only): the node id the dialler expects to reach;
 	// "" accepts any (clients). Peers always set it: hashicorp/raft counts a
 	// vote under the id it dialled, so the answering node must prove it.
@@ -73,6 +82,7 @@ type HandshakeConfig struct {
 
 // Peer is what a finished handshake learned about the other side.
 type Peer struct {
+	Kind      ConnKind
 	Version   uint16
 	NodeID    string // server side: the dialler's sender_id; client side: server_id
 	ClusterID string
@@ -206,7 +216,9 @@ func clientHandshake(rw io.ReadWriter, cfg HandshakeConfig, minV, maxV uint16) (
 	}
 	// The server refuses a wrong expect_id itself; checking again here
 	// (now that server_id is proven) guards against a server that does not.
-	if cfg.ExpectNodeID != "" && serverID != cfg.ExpectNodeID {
+	// A discovering node knows only the name: "NAME" matches "NAME/INC".
+	byName := cfg.Kind == KindDiscover && strings.HasPrefix(serverID, cfg.ExpectNodeID+"/")
+	if cfg.ExpectNodeID != "" && serverID != cfg.ExpectNodeID && !byName {
 		return Peer{}, fail(rw, CodeWrongNode, fmt.Errorf("%w: reached %q, expected %q", ErrWrongNode, serverID, cfg.ExpectNodeID))
 	}
 
@@ -269,13 +281,14 @@ func ServerHandshake(rw io.ReadWriter, cfg HandshakeConfig) (Peer, error) {
 	if minV > maxV || version < minV || version < MinProtocolVersion {
 		return Peer{}, fail(rw, CodeVersion, fmt.Errorf("%w: client speaks %d..%d, server %d..%d", ErrVersion, minV, maxV, MinProtocolVersion, ProtocolVersion))
 	}
-	if kind != cfg.Kind {
+	if kind != cfg.Kind && !(cfg.Kind == KindPeer && kind == KindDiscover) {
 		return Peer{}, fail(rw, CodeBadRequest, fmt.Errorf("%w: connection kind %d on a port for kind %d", ErrMalformed, kind, cfg.Kind))
 	}
 	if clusterID != cfg.ClusterID {
 		return Peer{}, fail(rw, CodeWrongCluster, fmt.Errorf("%w: dialler is in cluster %q, this node in %q", ErrWrongCluster, clusterID, cfg.ClusterID))
 	}
-	if (kind == KindPeer || expectID != "") && expectID != cfg.NodeID {
+	discoverByName := kind == KindDiscover && cfg.NodeName != "" && expectID == cfg.NodeName
+	if (kind != KindClient || expectID != "") && expectID != cfg.NodeID && !discoverByName {
 		return Peer{}, fail(rw, CodeWrongNode, fmt.Errorf("%w: dialler expects %q, this node is %q", ErrWrongNode, expectID, cfg.NodeID))
 	}
 
@@ -324,13 +337,13 @@ func ServerHandshake(rw io.ReadWriter, cfg HandshakeConfig) (Peer, error) {
 	if _, err := rw.Write([]byte{0, 0, 0, 1, TypeWelcome}); err != nil {
 		return Peer{}, fmt.Errorf("wire: handshake: sending welcome: %w", err)
 	}
-	return Peer{Version: version, NodeID: senderID, ClusterID: clusterID}, nil
+	return Peer{Kind: kind, Version: version, NodeID: senderID, ClusterID: clusterID}, nil
 }
 
 // check validates cfg before any I/O; dialler says which side uses it.
 func (cfg *HandshakeConfig) check(dialler bool) error {
 	switch {
-	case cfg.Kind != KindClient && cfg.Kind != KindPeer:
+	case cfg.Kind != KindClient && cfg.Kind != KindPeer && !(dialler && cfg.Kind == KindDiscover):
 		return fmt.Errorf("%w: kind %d", ErrBadConfig, cfg.Kind)
 	case len(cfg.Secret) < MinSecretLen:
 		return fmt.Errorf("%w: secret is %d bytes, need at least %d", ErrBadConfig, len(cfg.Secret), MinSecretLen)
@@ -338,7 +351,7 @@ func (cfg *HandshakeConfig) check(dialler bool) error {
 		return fmt.Errorf("%w: next secret is %d bytes, need at least %d", ErrBadConfig, len(cfg.NextSecret), MinSecretLen)
 	case len(cfg.ClusterID) > 255 || len(cfg.NodeID) > 255 || len(cfg.ExpectNodeID) > 255 || len(cfg.ChannelBinding) > 255:
 		return fmt.Errorf("%w: an id or the channel binding is longer than 255 bytes", ErrBadConfig)
-	case dialler && cfg.Kind == KindPeer && (cfg.NodeID == "" || cfg.ExpectNodeID == ""):
+	case dialler && cfg.Kind != KindClient && (cfg.NodeID == "" || cfg.ExpectNodeID == ""):
 		return fmt.Errorf("%w: a peer dialler needs NodeID and ExpectNodeID", ErrBadConfig)
 	case !dialler && cfg.Kind == KindPeer && cfg.NodeID == "":
 		return fmt.Errorf("%w: a peer server needs NodeID", ErrBadConfig)
@@ -442,4 +455,57 @@ func remoteError(payload []byte, side string) error {
 		text = text[:200]
 	}
 	return fmt.Errorf("wire: handshake refused by %s (%s): %w: %q", side, m.Code, ErrOf(m.Code), text)
+}
+
+// Identity is what a node tells a KindDiscover dialler after the handshake
+// (the server id itself was proven in the Challenge).
+//
+//	Identity 'I': flags u8 (bit 0: has Raft state) | domain str8
+type Identity struct {
+	HasState bool
+	Domain   string // the fencing domain, "" if not known yet
+}
+
+// WriteIdentity sends id as an Identity frame.
+func WriteIdentity(w io.Writer, id Identity) error {
+	b := []byte{0, 0, 0, 0, TypeIdentity, 0}
+	if id.HasState {
+		b[5] = 1
+	}
+	if len(id.Domain) > 255 {
+		return fmt.Errorf("%w: domain longer than 255 bytes", ErrBadConfig)
+	}
+	b = appendStr8(b, id.Domain)
+	_, err := w.Write(finishFrame(b))
+	return err
+}
+
+// ReadIdentity reads the Identity frame that follows a KindDiscover
+// handshake.
+func ReadIdentity(r io.Reader) (Identity, error) {
+	buf := make([]byte, 512)
+	var h [headerLen]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return Identity{}, err
+	}
+	n := int(binary.BigEndian.Uint32(h[:]))
+	if n < 1 || n > len(buf) {
+		return Identity{}, fmt.Errorf("%w: identity frame of %d bytes", ErrMalformed, n)
+	}
+	if _, err := io.ReadFull(r, buf[:n]); err != nil {
+		return Identity{}, err
+	}
+	if buf[0] != TypeIdentity {
+		if buf[0] == TypeError {
+			return Identity{}, remoteError(buf[1:n], "server")
+		}
+		return Identity{}, fmt.Errorf("%w: %s instead of identity", ErrUnexpectedFrame, TypeName(buf[0]))
+	}
+	d := decoder{b: buf[1:n]}
+	flags := d.u8()
+	domain := d.str8()
+	if !d.done() || flags > 1 {
+		return Identity{}, malformed(TypeIdentity, "bad identity payload", buf[1:n])
+	}
+	return Identity{HasState: flags == 1, Domain: domain}, nil
 }

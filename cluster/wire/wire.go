@@ -40,6 +40,7 @@ const (
 	TypeChallenge = 'C' // server → client
 	TypeAuth      = 'x' // client → server
 	TypeWelcome   = 'W' // server → client: handshake done
+	TypeIdentity  = 'I' // server → client after a KindDiscover handshake, then close
 
 	// Requests: every payload starts with id uint64 (client-chosen, nonzero,
 	// unique among this connection's requests in flight).
@@ -137,7 +138,7 @@ func IsReply(typ byte) bool {
 // isHandshake reports whether typ is only valid during the handshake.
 func isHandshake(typ byte) bool {
 	switch typ {
-	case TypeHello, TypeChallenge, TypeAuth, TypeWelcome:
+	case TypeHello, TypeChallenge, TypeAuth, TypeWelcome, TypeIdentity:
 		return true
 	}
 	return false

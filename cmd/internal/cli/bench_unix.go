@@ -159,7 +159,7 @@ func benchUnixConns(ctx context.Context, p *local.Procs, dir, bin string, conns 
 	sock := filepath.Join(dir, "conns.sock")
 	args := []string{"sidecar", "--cluster", strings.Join(p.ClientAddrs(), ","),
 		"--secret-file", filepath.Join(dir, "cluster", "client.secret"), "--cluster-id", p.ClusterID,
-		"--socket", sock, "--max-conns", strconv.Itoa(conns+16), "--log-level", "warn"}
+		"--socket", sock, "--max-conns", strconv.Itoa(conns + 16), "--log-level", "warn"}
 	if p.CAFile != "" {
 		args = append(args, "--tls-ca", p.CAFile)
 	}

@@ -30,6 +30,7 @@ type command struct {
 func commands() []command {
 	return []command{
 		{"node", "run one cluster node", runNode},
+		{"bootstrap", "create a new cluster and fencing domain on one stopped node's data dir", runBootstrap},
 		{"dev", "run a 3-node cluster on loopback in this process", runDev},
 		{"sidecar", "serve the unix-socket API, connected to a cluster", runSidecar},
 		{"certs", "make a private CA and node/client certificates for TLS", runCerts},

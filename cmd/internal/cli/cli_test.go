@@ -73,3 +73,21 @@ func TestCertsCommand(t *testing.T) {
 		t.Fatalf("invalid node id: exit %d", code)
 	}
 }
+
+// Creating a cluster must be said out loud.
+func TestBootstrapNeedsNewDomain(t *testing.T) {
+	dir := t.TempDir()
+	sec, peer := secretFile(t, dir, "c.secret"), secretFile(t, dir, "p2.secret")
+	os.WriteFile(peer, []byte("fedcba9876543210fedcba9876543210\n"), 0o600)
+	var out, errb bytes.Buffer
+	code := Main([]string{"bootstrap", "--id", "n1", "--data-dir", filepath.Join(dir, "d"),
+		"--client-addr", "127.0.0.1:0", "--peer-addr", "127.0.0.1:7501",
+		"--peers", "n1=127.0.0.1:7501,n2=127.0.0.1:7502,n3=127.0.0.1:7503",
+		"--secret-file", sec, "--peer-secret-file", peer}, &out, &errb)
+	if code != ExitUsage || !strings.Contains(errb.String(), "--new-domain") {
+		t.Fatalf("bootstrap without --new-domain: exit %d, stderr %q", code, errb.String())
+	}
+	if _, err := os.Stat(filepath.Join(dir, "d", "raft.db")); err == nil {
+		t.Fatal("bootstrap without --new-domain touched the data dir")
+	}
+}

@@ -5,13 +5,70 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
+	"strings"
+	"time"
 
 	"ticketing/cluster"
 	"ticketing/cluster/tlsconf"
 )
 
 func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("ticketing node", flag.ContinueOnError)
+	cfg, log, code := nodeConfig("ticketing node", args, stderr, nil)
+	if code != ExitOK {
+		return code
+	}
+	n, err := cluster.New(cfg)
+	if err != nil {
+		fmt.Fprintln(stderr, "ticketing node:", err)
+		return ExitError
+	}
+	<-ctx.Done()
+	log.Info("shutting down")
+	if err := n.Close(); err != nil {
+		log.Warn("shutdown", "err", err)
+	}
+	return ExitOK
+}
+
+// runBootstrap creates a new cluster and fencing domain: the operator's
+// explicit act (cluster.Bootstrap). It takes the node's own flags, on the
+// node's data dir, with the node stopped and the other initial voters up.
+func runBootstrap(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	var (
+		newDomain bool
+		floor     uint64
+		timeout   time.Duration
+	)
+	cfg, _, code := nodeConfig("ticketing bootstrap", args, stderr, func(fs *flag.FlagSet) {
+		fs.BoolVar(&newDomain, "new-domain", false, "required: yes, create a new cluster and fencing domain")
+		fs.Uint64Var(&floor, "token-floor", 0, "the new domain's tokens start above this (default: the clock in µs; "+
+			"give the old domain's highest token when replacing a lost cluster)")
+		fs.DurationVar(&timeout, "wait", time.Minute, "how long to wait for the other initial voters to answer")
+	})
+	if code != ExitOK {
+		return code
+	}
+	if !newDomain {
+		fmt.Fprintln(stderr, "ticketing bootstrap: creating a cluster starts a new fencing domain whose tokens are not "+
+			"comparable with any other; say so with --new-domain")
+		return ExitUsage
+	}
+	res, err := cluster.Bootstrap(cfg, cluster.BootstrapOptions{TokenFloor: floor, Timeout: timeout})
+	if err != nil {
+		fmt.Fprintln(stderr, "ticketing bootstrap:", err)
+		return ExitError
+	}
+	fmt.Fprintf(stdout, "bootstrapped a new cluster in %s\n  domain: %s\n  tokens start above: %d\n  voters: %s\n"+
+		"now start this node with the same flags as 'ticketing node'\n", cfg.DataDir, res.Domain, res.TokenFloor,
+		strings.Join(res.Servers, ", "))
+	return ExitOK
+}
+
+// nodeConfig parses the node flags (plus extra ones) into a validated
+// Config; code is ExitOK or the exit code to return.
+func nodeConfig(name string, args []string, stderr io.Writer, extra func(*flag.FlagSet)) (cluster.Config, *slog.Logger, int) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	d := cluster.DefaultConfig()
 	var (
@@ -45,34 +102,37 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.MaxClientConns, "max-conns", d.MaxClientConns, "max client connections")
 	fs.StringVar(&cfg.FaultFile, "fault-file", "", "TESTS ONLY: obey fault injections (cut/frozen peer links, clock offset) from this JSON file; off by default")
 	logs.register(fs, "info")
+	if extra != nil {
+		extra(fs)
+	}
 	if err := fs.Parse(args); err != nil {
-		return ExitUsage
+		return cfg, nil, ExitUsage
 	}
 	if fs.NArg() != 0 {
-		fmt.Fprintf(stderr, "ticketing node: unexpected arguments %q\n", fs.Args())
-		return ExitUsage
+		fmt.Fprintf(stderr, "%s: unexpected arguments %q\n", name, fs.Args())
+		return cfg, nil, ExitUsage
 	}
 	log, err := logs.logger(stderr)
 	if err != nil {
-		fmt.Fprintln(stderr, "ticketing node:", err)
-		return ExitUsage
+		fmt.Fprintln(stderr, name+":", err)
+		return cfg, nil, ExitUsage
 	}
 	cfg.Logger = log
 	if cfg.Peers, err = cluster.ParsePeers(peers); err != nil {
-		fmt.Fprintln(stderr, "ticketing node: --peers:", err)
-		return ExitUsage
+		fmt.Fprintln(stderr, name+": --peers:", err)
+		return cfg, nil, ExitUsage
 	}
 	if secretFile == "" || peerSecFile == "" {
-		fmt.Fprintln(stderr, "ticketing node: --secret-file and --peer-secret-file are required")
-		return ExitUsage
+		fmt.Fprintln(stderr, name+": --secret-file and --peer-secret-file are required")
+		return cfg, nil, ExitUsage
 	}
 	if cfg.ClientSecret, err = cluster.ReadSecretFile(secretFile); err != nil {
-		fmt.Fprintln(stderr, "ticketing node:", err)
-		return ExitUsage
+		fmt.Fprintln(stderr, name+":", err)
+		return cfg, nil, ExitUsage
 	}
 	if cfg.PeerSecret, err = cluster.ReadSecretFile(peerSecFile); err != nil {
-		fmt.Fprintln(stderr, "ticketing node:", err)
-		return ExitUsage
+		fmt.Fprintln(stderr, name+":", err)
+		return cfg, nil, ExitUsage
 	}
 	for _, f := range []struct {
 		path string
@@ -82,8 +142,8 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			continue
 		}
 		if *f.dst, err = cluster.ReadSecretFile(f.path); err != nil {
-			fmt.Fprintln(stderr, "ticketing node:", err)
-			return ExitUsage
+			fmt.Fprintln(stderr, name+":", err)
+			return cfg, nil, ExitUsage
 		}
 	}
 	addrs := []string{cfg.ClientAddr, cfg.PeerAddr}
@@ -91,31 +151,21 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		addrs = append(addrs, p.Addr)
 	}
 	if err := tf.plaintextAllowed(addrs...); err != nil {
-		fmt.Fprintln(stderr, "ticketing node: refusing to start:", err)
-		return ExitUsage
+		fmt.Fprintln(stderr, name+": refusing to start:", err)
+		return cfg, nil, ExitUsage
 	}
 	if tf.files.Enabled() {
 		if cfg.ClientTLS, err = tlsconf.ServerConfig(tf.files, tf.clientCerts); err == nil {
 			cfg.PeerTLS, err = tlsconf.PeerConfig(tf.files)
 		}
 		if err != nil {
-			fmt.Fprintln(stderr, "ticketing node:", err)
-			return ExitUsage
+			fmt.Fprintln(stderr, name+":", err)
+			return cfg, nil, ExitUsage
 		}
 	}
 	if err := cfg.Validate(); err != nil {
-		fmt.Fprintln(stderr, "ticketing node: refusing to start:", err)
-		return ExitUsage
+		fmt.Fprintln(stderr, name+": refusing to start:", err)
+		return cfg, nil, ExitUsage
 	}
-	n, err := cluster.New(cfg)
-	if err != nil {
-		fmt.Fprintln(stderr, "ticketing node:", err)
-		return ExitError
-	}
-	<-ctx.Done()
-	log.Info("shutting down")
-	if err := n.Close(); err != nil {
-		log.Warn("shutdown", "err", err)
-	}
-	return ExitOK
+	return cfg, log, ExitOK
 }
