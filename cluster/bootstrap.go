@@ -178,5 +178,9 @@ func (n *Node) identity() wire.Identity {
 			n.hasState.Store(true)
 		}
 	}
-	return wire.Identity{HasState: has, Domain: n.fsm.getDomain()}
+	id := wire.Identity{HasState: has, Domain: n.fsm.getDomain()}
+	if r := n.raftIfStarted(); r != nil {
+		id.Applied = r.AppliedIndex()
+	}
+	return id
 }

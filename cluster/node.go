@@ -80,6 +80,12 @@ type Node struct {
 
 	stats      nodeStats
 	clientGate *gate
+	// memberMu serializes membership changes (a leaf: held across Raft
+	// configuration calls, never while taking another lock).
+	memberMu sync.Mutex
+	// raftStarted is n.raft once started, for goroutines that may run
+	// before (the peer layer answering discovery).
+	raftStarted atomic.Pointer[raft.Raft]
 	// hasState: this node has Raft state (bootstrapped, or received a
 	// log or snapshot); told to discovering peers.
 	hasState atomic.Bool
@@ -229,6 +235,7 @@ func (n *Node) start() error {
 		return fmt.Errorf("cluster: start raft: %w", err)
 	}
 	n.raft = r
+	n.raftStarted.Store(r)
 	n.timers = newTimerQueue(n.timerDue)
 
 	if cfg.ClientTLS == nil {
@@ -260,15 +267,6 @@ func (n *Node) ClientAddr() string { return n.advertise }
 // ID is the node id.
 func (n *Node) ID() string { return n.cfg.NodeID }
 
-// AddLearner adds serverID (NAME/INCARNATION) at peerAddr as a non-voter;
-// only the leader can. It returns once the change is committed.
-func (n *Node) AddLearner(serverID, peerAddr string, timeout time.Duration) error {
-	if name, inc := SplitServerID(serverID); ValidateNodeID(name) != nil || len(inc) != incarnationLen {
-		return fmt.Errorf("%w: %q is not NAME/INCARNATION", ErrBadConfig, serverID)
-	}
-	return n.raft.AddNonvoter(raft.ServerID(serverID), raftAddr(serverID, peerAddr), 0, timeout).Error()
-}
-
 // Domain is the cluster's fencing domain ("" until the first leader has
 // committed it): tokens are comparable only within one domain.
 func (n *Node) Domain() string { return n.fsm.getDomain() }
@@ -279,6 +277,9 @@ func newDomainID() string {
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
 }
+
+// raftIfStarted returns the Raft instance, or nil before it started.
+func (n *Node) raftIfStarted() *raft.Raft { return n.raftStarted.Load() }
 
 // ServerID is the node's Raft server id, NAME/INCARNATION.
 func (n *Node) ServerID() string { return n.serverID }

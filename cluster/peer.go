@@ -273,6 +273,18 @@ func newPeerDialer(cfg Config, serverID string, log *slog.Logger) *peerLayer {
 	}
 }
 
+// discoverID is discover for a known server id: the node must prove
+// exactly id.
+func (l *peerLayer) discoverID(id, name, hostport string, timeout time.Duration) (string, wire.Identity, error) {
+	raw, c, _, err := l.dialPeer(wire.KindDiscover, id, name, hostport, timeout)
+	if err != nil {
+		return "", wire.Identity{}, err
+	}
+	defer raw.Close()
+	ident, err := wire.ReadIdentity(c)
+	return id, ident, err
+}
+
 // discover asks the node named name at hostport (a peer port) for its
 // server id and whether it has Raft state, with a KindDiscover handshake.
 func (l *peerLayer) discover(name, hostport string, timeout time.Duration) (serverID string, id wire.Identity, err error) {

@@ -460,10 +460,11 @@ func remoteError(payload []byte, side string) error {
 // Identity is what a node tells a KindDiscover dialler after the handshake
 // (the server id itself was proven in the Challenge).
 //
-//	Identity 'I': flags u8 (bit 0: has Raft state) | domain str8
+//	Identity 'I': flags u8 (bit 0: has Raft state) | domain str8 | applied u64
 type Identity struct {
 	HasState bool
 	Domain   string // the fencing domain, "" if not known yet
+	Applied  uint64 // the node's last applied Raft index (a leader measures a learner's lag with it)
 }
 
 // WriteIdentity sends id as an Identity frame.
@@ -476,6 +477,7 @@ func WriteIdentity(w io.Writer, id Identity) error {
 		return fmt.Errorf("%w: domain longer than 255 bytes", ErrBadConfig)
 	}
 	b = appendStr8(b, id.Domain)
+	b = binary.BigEndian.AppendUint64(b, id.Applied)
 	_, err := w.Write(finishFrame(b))
 	return err
 }
@@ -504,8 +506,9 @@ func ReadIdentity(r io.Reader) (Identity, error) {
 	d := decoder{b: buf[1:n]}
 	flags := d.u8()
 	domain := d.str8()
+	applied := d.u64()
 	if !d.done() || flags > 1 {
 		return Identity{}, malformed(TypeIdentity, "bad identity payload", buf[1:n])
 	}
-	return Identity{HasState: flags == 1, Domain: domain}, nil
+	return Identity{HasState: flags == 1, Domain: domain, Applied: applied}, nil
 }
