@@ -197,7 +197,7 @@ func TestUnsafeMembershipChangesRefused(t *testing.T) {
 	if err := n.Promote("n9/aaaaaaaaaa", 5*time.Second); err == nil {
 		t.Fatal("promoted a learner that cannot be reached")
 	}
-	if err := c.Node((li + 1) % 3).Promote("n9/aaaaaaaaaa", time.Second); !errors.Is(err, cluster.ErrNotLeader) {
+	if err := c.Node((li+1)%3).Promote("n9/aaaaaaaaaa", time.Second); !errors.Is(err, cluster.ErrNotLeader) {
 		t.Fatalf("promote on a follower: %v", err)
 	}
 	// A learner does not count toward the voter rules: it can be removed.

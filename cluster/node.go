@@ -227,7 +227,7 @@ func (n *Node) start() error {
 
 	n.fsm = newFSM(n, n.log)
 	if !has {
-		n.log.Warn("empty data dir: this server waits until a configuration names it (ticketing bootstrap "+
+		n.log.Warn("empty data dir: this server waits until a configuration names it (ticketing bootstrap " +
 			"on a new cluster, or ticketing members add-learner on an existing one)")
 	}
 	r, err := raft.NewRaft(rc, n.fsm, store, store, snaps, n.transport)
