@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
+	"runtime/metrics"
 	"slices"
 	"strings"
 	"testing"
@@ -130,6 +132,9 @@ func TestDecodeBatchRejects(t *testing.T) {
 		"count over max":     cat([]byte{1}, uv(MaxBatch+1), drops(MaxBatch+1)),
 		"count over bytes":   cat([]byte{1}, uv(3), drops(2)),
 		"huge count":         cat([]byte{1}, uv(math.MaxUint64), drops(4)),
+		"count 2^32":         cat([]byte{1}, uv(1<<32), drops(4)),
+		"count 2^32-1":       cat([]byte{1}, uv(1<<32-1), drops(4)),
+		"string len 2^32":    cat([]byte{1, 1, byte(OpCancelWait)}, uv(1<<32), []byte("k")),
 		"trailing byte":      cat(valid, []byte{0}),
 		"op 0":               {1, 1, 0},
 		"op 6":               {1, 1, 6},
@@ -200,6 +205,42 @@ func TestValidate(t *testing.T) {
 	}
 }
 
+// allocatedBy returns the bytes the heap allocated while fn ran. It reads
+// runtime/metrics, which does not stop the world, so fuzz targets can
+// afford it on every input. The figure is coarse: it counts whole spans as
+// they are handed to a P, and it counts what other goroutines of the
+// process allocate meanwhile (the fuzzing machinery does, now and then), so
+// a check should only fail if fn is over its bound on several runs; see
+// checkAllocBound. It never misses a large allocation by fn itself.
+func allocatedBy(fn func()) uint64 {
+	s := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
+	metrics.Read(s)
+	before := s[0].Value.Uint64()
+	fn()
+	metrics.Read(s)
+	if after := s[0].Value.Uint64(); after > before {
+		return after - before
+	}
+	return 0
+}
+
+// checkAllocBound fails t if fn allocates more than limit bytes on each of
+// four runs (so fn must be repeatable). An allocation sized by a lying
+// length field happens every time; noise from elsewhere does not.
+func checkAllocBound(t testing.TB, limit uint64, what string, fn func()) {
+	t.Helper()
+	var n uint64
+	for range 4 {
+		if n = allocatedBy(fn); n <= limit {
+			return
+		}
+	}
+	t.Fatalf("%s: %d bytes allocated, bound %d", what, n, limit)
+}
+
+// FuzzDecodeBatch: seeds in testdata/fuzz/FuzzDecodeBatch (a valid batch of
+// each op, the limits, lying counts and lengths, known-bad shapes) besides
+// the ones added here.
 func FuzzDecodeBatch(f *testing.F) {
 	f.Add(AppendBatch(nil, sampleCommands()))
 	f.Add(AppendBatch(nil, nil))
@@ -211,7 +252,13 @@ func FuzzDecodeBatch(f *testing.F) {
 	f.Add([]byte{1, 0x81, 0x00})
 	f.Add([]byte{1, 1, 4, 1, 'k', 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		cmds, err := DecodeBatch(b, nil)
+		var cmds []Command
+		var err error
+		// A count or length field must not buy memory the input does
+		// not back: every command takes at least one byte, every string
+		// byte one byte.
+		checkAllocBound(t, 64<<10+256*uint64(len(b)), fmt.Sprintf("decoding %d bytes", len(b)),
+			func() { cmds, err = DecodeBatch(b, nil) })
 		if err != nil {
 			if !errors.Is(err, ErrCorruptCommand) {
 				t.Fatalf("error does not wrap ErrCorruptCommand: %v", err)

@@ -40,7 +40,9 @@ type Config struct {
 	MaxConns int
 	// MaxInFlight is the most ACQUIRE and RELEASE requests one connection
 	// may have running at once; one more is answered
-	// "ERR too_many_in_flight". Zero means 256.
+	// "ERR too_many_in_flight". Zero means 256; at most 4096. A connection
+	// queues at most MaxInFlight+64 replies (its reply queue is allocated
+	// with it); past that the server stops reading it until it can write.
 	MaxInFlight int
 	// OwnerPrefix starts every owner id this server sends to the cluster:
 	// owner = OwnerPrefix + "." + connection number. The whole owner must
@@ -94,6 +96,10 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// maxInFlight bounds Config.MaxInFlight: every connection preallocates a
+// reply queue of that size.
+const maxInFlight = 4096
+
 // maxOwnerPrefix leaves room for "." and a 20-digit connection number.
 const maxOwnerPrefix = locksm.MaxOwnerLen - 21
 
@@ -116,8 +122,8 @@ func (c Config) Validate() error {
 		return bad("MaxLineLen %d outside 300..1048576", c.MaxLineLen)
 	case c.MaxConns < 1:
 		return bad("MaxConns %d < 1", c.MaxConns)
-	case c.MaxInFlight < 1:
-		return bad("MaxInFlight %d < 1", c.MaxInFlight)
+	case c.MaxInFlight < 1 || c.MaxInFlight > maxInFlight:
+		return bad("MaxInFlight %d outside 1..%d", c.MaxInFlight, maxInFlight)
 	case c.CloseTimeout < 0:
 		return bad("CloseTimeout %v < 0", c.CloseTimeout)
 	case len(c.OwnerPrefix) > maxOwnerPrefix:

@@ -3,6 +3,8 @@ package unixapi
 import (
 	"bytes"
 	"errors"
+	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -172,21 +174,42 @@ func TestSplitLineTooLong(t *testing.T) {
 	}
 }
 
+// formatRequest writes r in the protocol's canonical form (no leading zeros,
+// the shortest wait), the inverse of ParseLine for valid requests.
+func formatRequest(r Request) string {
+	switch r.Verb {
+	case VerbAcquire:
+		w := strconv.FormatInt(int64(r.Wait/time.Second), 10)
+		if ms := r.Wait % time.Second / time.Millisecond; ms != 0 {
+			w += strings.TrimRight(fmt.Sprintf(".%03d", ms), "0")
+		}
+		return fmt.Sprintf("ACQUIRE %s %d %s", r.Key, r.Lease/time.Second, w)
+	case VerbRelease:
+		return fmt.Sprintf("RELEASE %s %d", r.Key, r.Token)
+	}
+	return r.Verb.String()
+}
+
+// FuzzParseLine feeds a byte stream, cut in two at an arbitrary offset, to a
+// LineSplitter with the server's line limit and parses every line. The seed
+// corpus is in testdata/fuzz/FuzzParseLine: every verb, the longest valid
+// lines, lines at and one byte over the limit, and known-bad shapes.
 func FuzzParseLine(f *testing.F) {
 	for _, s := range []string{
 		"PING\n", "ACQUIRE seats/42 30 2.5\r\n", "RELEASE k 18446744073709551615\n", "INFO\nHELD\n",
 		"ACQUIRE k 1 300.000\n", "RELEASE k 18446744073709551616\n", "ACQUIRE  k 1 0\n", "\n\n\r\n",
 		"ACQUIRE k\x00 1 0\n", strings.Repeat("A", 400) + "\n", "ACQUIRE k 1 .5\nPING",
+		strings.Repeat("A", DefaultMaxLineLen) + "\nPING\n", strings.Repeat("A", DefaultMaxLineLen+1) + "\nPING\n",
 	} {
 		f.Add([]byte(s), uint16(3))
 	}
 	f.Fuzz(func(t *testing.T, data []byte, cut uint16) {
-		const max = 300
+		const max = DefaultMaxLineLen
 		c := int(cut) % (len(data) + 1)
 		s := NewLineSplitter(max)
-		n := 0
+		var lines [][]byte
 		check := func(l []byte) bool {
-			n++
+			lines = append(lines, bytes.Clone(l))
 			if len(l) > max || bytes.IndexByte(l, '\n') >= 0 {
 				t.Fatalf("line of %d bytes with newline=%v", len(l), bytes.IndexByte(l, '\n') >= 0)
 			}
@@ -202,20 +225,66 @@ func FuzzParseLine(f *testing.F) {
 			if r.Lease < 0 || r.Lease > 250*time.Second || r.Wait < 0 || r.Wait > MaxWait || len(r.Key) > locksm.MaxKeyLen {
 				t.Fatalf("out of range: %+v", r)
 			}
-			if (r.Verb == VerbAcquire || r.Verb == VerbRelease) && r.Key == "" {
-				t.Fatalf("empty key: %+v", r)
+			if (r.Verb == VerbAcquire || r.Verb == VerbRelease) && locksm.ValidateKey(r.Key) != nil {
+				t.Fatalf("invalid key accepted: %+v", r)
+			}
+			if r.Verb == VerbRelease && r.Token == 0 {
+				t.Fatalf("token 0 accepted: %+v", r)
+			}
+			// Round trip: the canonical form of what was parsed parses
+			// to the same request and fits in a line.
+			canon := formatRequest(r)
+			if len(canon) > max {
+				t.Fatalf("canonical form of %q is %d bytes", l, len(canon))
+			}
+			if r2, err := ParseLine([]byte(canon)); err != nil || r2 != r {
+				t.Fatalf("%q parsed as %+v; its canonical form %q parsed as %+v, %v", l, r, canon, r2, err)
 			}
 			return true
 		}
-		if err := s.Feed(data[:c], check); err != nil {
-			return
+		err := s.Feed(data[:c], check)
+		if err == nil {
+			if s.Buffered() > max {
+				t.Fatalf("buffered %d", s.Buffered())
+			}
+			err = s.Feed(data[c:], check)
+			if s.Buffered() > max {
+				t.Fatalf("buffered %d", s.Buffered())
+			}
 		}
-		if s.Buffered() > max {
-			t.Fatalf("buffered %d", s.Buffered())
+		// Differential check against bytes.Split: the splitter hands
+		// over exactly the segments before the first over-long one, and
+		// fails if and only if there is one (the unterminated tail
+		// counts as soon as it is over the limit).
+		segs := bytes.Split(data, []byte("\n"))
+		tail := segs[len(segs)-1]
+		segs = segs[:len(segs)-1]
+		want := len(segs)
+		for i, seg := range segs {
+			if len(seg) > max {
+				want = i
+				break
+			}
 		}
-		s.Feed(data[c:], check)
-		if s.Buffered() > max {
-			t.Fatalf("buffered %d", s.Buffered())
+		tooLong := want < len(segs) || len(tail) > max
+		if tooLong != (err != nil) {
+			t.Fatalf("over-long line: %v, error: %v", tooLong, err)
+		}
+		if err != nil {
+			if !errors.Is(err, ErrLineTooLong) {
+				t.Fatalf("splitter error %v", err)
+			}
+			checkReplyLine(t, replyFor(err))
+		} else if s.Buffered() != len(tail) {
+			t.Fatalf("buffered %d, unterminated tail %d", s.Buffered(), len(tail))
+		}
+		if len(lines) != want {
+			t.Fatalf("%d lines, want %d", len(lines), want)
+		}
+		for i := range lines {
+			if !bytes.Equal(lines[i], segs[i]) {
+				t.Fatalf("line %d: %q, want %q", i, lines[i], segs[i])
+			}
 		}
 	})
 }

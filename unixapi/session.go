@@ -33,7 +33,13 @@ type session struct {
 	cancel context.CancelFunc
 
 	// replies holds one entry per request, in request order. Only the reader
-	// sends on it and closes it; the writer drains it.
+	// sends on it and closes it; the writer drains it. Its capacity,
+	// MaxInFlight+replySlack, is the most replies queued per connection:
+	// room for every request that may run at once (so a waiting ACQUIRE at
+	// the head of the order never keeps the reader from starting up to
+	// MaxInFlight requests, or from answering too_many_in_flight) plus some
+	// answered at once. When it is full the reader stops reading: that is
+	// the back-pressure on a client that does not read its replies.
 	replies    chan *reply
 	writerDone chan struct{}
 
@@ -68,6 +74,10 @@ func (r *reply) finish(line string) {
 	close(r.done)
 }
 
+// replySlack is how many replies beyond MaxInFlight a connection may have
+// queued (see session.replies).
+const replySlack = 64
+
 // closedCh is the done channel of replies known at once.
 var closedCh = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
@@ -75,7 +85,7 @@ func newSession(srv *Server, c *net.UnixConn, id uint64, log *slog.Logger) *sess
 	ss := &session{
 		srv: srv, id: id, conn: c, log: log,
 		owner:      srv.cfg.OwnerPrefix + "." + strconv.FormatUint(id, 10),
-		replies:    make(chan *reply, 64),
+		replies:    make(chan *reply, srv.cfg.MaxInFlight+replySlack),
 		writerDone: make(chan struct{}),
 		held:       map[heldKey]*holding{},
 	}

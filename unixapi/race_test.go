@@ -1,0 +1,5 @@
+//go:build race
+
+package unixapi_test
+
+const raceEnabled = true
