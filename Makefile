@@ -82,5 +82,7 @@ fuzz:
 	$(GO) test ./locksm -run '^$$' -fuzz FuzzDecodeBatch -fuzztime $(FUZZTIME)
 	$(GO) test ./locksm -run '^$$' -fuzz FuzzReadSnapshot -fuzztime $(FUZZTIME)
 	$(GO) test ./cluster/wire -run '^$$' -fuzz FuzzSplitDecode -fuzztime $(FUZZTIME)
-	$(GO) test ./cluster/wire -run '^$$' -fuzz FuzzHandshake -fuzztime $(FUZZTIME)
+	$(GO) test ./cluster/wire -run '^$$' -fuzz '^FuzzHandshake$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./cluster/wire -run '^$$' -fuzz '^FuzzClientHandshake$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./cluster/wire -run '^$$' -fuzz '^FuzzReader$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./unixapi -run '^$$' -fuzz FuzzParseLine -fuzztime $(FUZZTIME)

@@ -34,7 +34,7 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs.IntVar(&cfg.Sidecars, "sidecars", 2, "sidecar processes")
 	fs.IntVar(&cfg.Keys, "keys", 4, "contended keys")
 	fs.StringVar(&out, "out", "", "output directory: history, summary, logs, data dirs (default: a new temporary directory)")
-	fs.BoolVar(&cfg.Wipe, "wipe", false, "also wipe a follower's data dir and restart it at its old address: EXPECTED TO BE ABLE TO BREAK SAFETY until issue 6")
+	fs.BoolVar(&cfg.Wipe, "wipe", false, "also wipe nodes' data dirs and restart them at their old addresses (they come back as new servers that cannot vote under the old ids; a wiped majority stops the cluster)")
 	fs.DurationVar(&cfg.RecoveryBound, "recovery-bound", 5*time.Second, "grants must resume within this after the final heal")
 	logs.register(fs, "info")
 	if err := fs.Parse(args); err != nil {
