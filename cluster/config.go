@@ -55,6 +55,15 @@ type Config struct {
 	NextClientSecret []byte
 	NextPeerSecret   []byte
 
+	// AdminAddr, when set, is the host:port of the admin port (membership
+	// changes, `ticketing members`), which needs AdminSecret; it uses
+	// ClientTLS. Ignored when AdminListener is set. "": no admin port.
+	AdminAddr     string
+	AdminListener net.Listener
+	// AdminSecret authenticates operator tools on the admin port; at
+	// least 16 bytes and different from the client and peer secrets.
+	AdminSecret []byte
+
 	// ClientTLS, when set, makes the client port TLS 1.3 only (build it
 	// with tlsconf.ServerConfig); the handshake then signs the TLS
 	// exporter. nil: plaintext TCP, which the node logs as a warning at
@@ -312,6 +321,14 @@ func (c Config) Validate() error {
 	}
 	if len(c.PeerSecret) < 16 {
 		return bad("the peer secret must be at least 16 bytes (got %d)", len(c.PeerSecret))
+	}
+	if c.AdminAddr != "" || c.AdminListener != nil {
+		if len(c.AdminSecret) < 16 {
+			return bad("the admin port needs an admin secret of at least 16 bytes")
+		}
+		if bytes.Equal(c.AdminSecret, c.ClientSecret) || bytes.Equal(c.AdminSecret, c.PeerSecret) {
+			return bad("the admin secret must differ from the client and peer secrets")
+		}
 	}
 	if bytes.Equal(c.ClientSecret, c.PeerSecret) {
 		return bad("the client and peer secrets are the same: every sidecar host would hold the key to the Raft " +

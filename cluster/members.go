@@ -42,6 +42,9 @@ var (
 	// ErrUnsafeChange: the change would break a rule (voter count, a
 	// majority of the remaining voters reachable, a lagging learner).
 	ErrUnsafeChange = errors.New("cluster: unsafe membership change")
+	// ErrLearnerLagging: the learner trails the commit index by more than
+	// MaxPromoteLag (or did not answer); try again once it caught up.
+	ErrLearnerLagging = errors.New("cluster: the learner has not caught up")
 	// ErrNoSuchMember: the server id is not in the configuration.
 	ErrNoSuchMember = errors.New("cluster: no such member")
 )
@@ -168,11 +171,11 @@ func (n *Node) Promote(id string, timeout time.Duration) error {
 	}
 	lag, err := n.Lag(id)
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: %w", ErrLearnerLagging, err)
 	}
 	if lag > MaxPromoteLag {
 		return fmt.Errorf("%w: %s trails the commit index by %d entries (at most %d); wait for it to catch up",
-			ErrUnsafeChange, id, lag, MaxPromoteLag)
+			ErrLearnerLagging, id, lag, MaxPromoteLag)
 	}
 	return n.raft.AddVoter(raft.ServerID(m.ServerID), raftAddr(m.ServerID, m.PeerAddr), 0, timeout).Error()
 }

@@ -1,6 +1,7 @@
 package cluster_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -8,45 +9,30 @@ import (
 	"time"
 
 	"ticketing/cluster"
+	"ticketing/cluster/local"
 	"ticketing/cluster/wire"
 )
 
+var adminSecret = []byte("the-admin-secret-0123456789abcdef")
+
+func (c *testCluster) admin() *cluster.AdminCluster {
+	var addrs []string
+	for i := 0; i < c.Size(); i++ {
+		addrs = append(addrs, c.AdminAddr(i))
+	}
+	return &cluster.AdminCluster{Addrs: addrs, Config: cluster.AdminConfig{Secret: adminSecret, ClusterID: c.ClusterID, TLS: c.ClientTLS}}
+}
+
 // replaceInPlace replaces node i (already wiped and restarted with a new
-// incarnation) through the leader: learner, catch up, promote, remove the
-// old server id. Returns the leader index used.
+// incarnation) through the admin port: learner, catch up, promote, remove
+// the old server id.
 func (c *testCluster) replaceInPlace(t *testing.T, i int, oldID string) {
 	t.Helper()
-	newID := c.Node(i).ServerID()
-	retry := func(what string, op func(n *cluster.Node) error) {
-		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			li := c.leader()
-			err := op(c.Node(li))
-			if err == nil {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: %v", what, err)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := c.admin().Replace(ctx, oldID, c.Node(i).ServerID(), c.PeerAddrOf(i), func(s string) { t.Log(s) }); err != nil {
+		t.Fatal(err)
 	}
-	retry("add learner "+newID, func(n *cluster.Node) error {
-		err := n.AddLearner(newID, c.PeerAddrOf(i), 5*time.Second)
-		if errors.Is(err, cluster.ErrUnsafeChange) { // already added by an earlier try
-			return nil
-		}
-		return err
-	})
-	retry("promote "+newID, func(n *cluster.Node) error { return n.Promote(newID, 5*time.Second) })
-	retry("remove "+oldID, func(n *cluster.Node) error {
-		err := n.Remove(oldID, 5*time.Second)
-		if errors.Is(err, cluster.ErrNoSuchMember) {
-			return nil
-		}
-		return err
-	})
 }
 
 // Every node of a 3-node cluster, the leader included, loses its disk and
@@ -54,7 +40,7 @@ func (c *testCluster) replaceInPlace(t *testing.T, i int, oldID string) {
 // clients keep acquiring and releasing. Tokens keep increasing, no grant
 // is reported twice, and clients fail only around leader changes.
 func TestRollingReplacementOfEveryNode(t *testing.T) {
-	c := startCluster(t, 3)
+	c := startClusterOpts(t, local.Options{TLS: true, AdminSecret: adminSecret})
 	c.leader()
 
 	type result struct {
@@ -194,8 +180,8 @@ func TestUnsafeMembershipChangesRefused(t *testing.T) {
 	if err := n.AddLearner("n9/aaaaaaaaaa", "127.0.0.1:1", 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if err := n.Promote("n9/aaaaaaaaaa", 5*time.Second); err == nil {
-		t.Fatal("promoted a learner that cannot be reached")
+	if err := n.Promote("n9/aaaaaaaaaa", 5*time.Second); !errors.Is(err, cluster.ErrLearnerLagging) {
+		t.Fatalf("promoting a learner that cannot be reached: %v", err)
 	}
 	if err := c.Node((li+1)%3).Promote("n9/aaaaaaaaaa", time.Second); !errors.Is(err, cluster.ErrNotLeader) {
 		t.Fatalf("promote on a follower: %v", err)
@@ -203,5 +189,40 @@ func TestUnsafeMembershipChangesRefused(t *testing.T) {
 	// A learner does not count toward the voter rules: it can be removed.
 	if err := n.Remove("n9/aaaaaaaaaa", 5*time.Second); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The admin port takes only the admin secret, and lists the members with
+// the leader's view of their lag.
+func TestAdminPortAuthAndMembers(t *testing.T) {
+	c := startClusterOpts(t, local.Options{TLS: true, AdminSecret: adminSecret})
+	c.leader()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	a := c.admin()
+	rep, err := a.Do(ctx, cluster.AdminRequest{Op: "members"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Members) != 3 || rep.Leader == "" {
+		t.Fatalf("members reply %+v", rep)
+	}
+	for _, m := range rep.Members {
+		if !m.Voter || m.Lag < 0 {
+			t.Fatalf("member %+v", m)
+		}
+	}
+	for name, secret := range map[string][]byte{"client secret": c.ClientSecret, "wrong": []byte("some-other-secret-123456")} {
+		cfg := a.Config
+		cfg.Secret = secret
+		if _, err := cluster.AdminDo(ctx, c.AdminAddr(0), cfg, cluster.AdminRequest{Op: "members"}); !errors.Is(err, wire.ErrAuthFailed) {
+			t.Fatalf("admin port with the %s: %v, want auth_failed", name, err)
+		}
+	}
+	if _, err := a.Do(ctx, cluster.AdminRequest{Op: "remove", ID: rep.Members[0].ServerID}); !errors.Is(err, cluster.ErrUnsafeChange) {
+		t.Fatalf("removing a voter of 3 over the admin port: %v", err)
+	}
+	if _, err := a.Do(ctx, cluster.AdminRequest{Op: "explode"}); !errors.Is(err, cluster.ErrBadConfig) {
+		t.Fatalf("unknown op: %v", err)
 	}
 }

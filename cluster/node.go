@@ -45,6 +45,7 @@ type Node struct {
 	store     *raftboltdb.BoltStore
 	snaps     raft.SnapshotStore
 	clientLn  net.Listener
+	adminLn   net.Listener // nil: no admin port
 	advertise string // client address handed out in M replies
 
 	// Proposals wait in an unbounded queue so that the FSM goroutine, which
@@ -206,6 +207,12 @@ func (n *Node) start() error {
 			return fmt.Errorf("cluster: client port: %w", err)
 		}
 	}
+	n.adminLn = cfg.AdminListener
+	if n.adminLn == nil && cfg.AdminAddr != "" {
+		if n.adminLn, err = net.Listen("tcp", cfg.AdminAddr); err != nil {
+			return fmt.Errorf("cluster: admin port: %w", err)
+		}
+	}
 	n.advertise = cfg.AdvertiseClientAddr
 	if n.advertise == "" {
 		n.advertise = n.clientLn.Addr().String()
@@ -257,8 +264,43 @@ func (n *Node) start() error {
 	go n.proposeLoop()
 	go n.futureLoop()
 	go n.acceptClients()
+	if n.adminLn != nil {
+		n.wg.Add(1)
+		go n.acceptAdmin()
+	}
 	n.log.Info("node started", "client", n.advertise, "peer", string(n.peers.advertise), "cluster", cfg.ClusterID)
 	return nil
+}
+
+// AdminAddr is the admin port's address ("" without one).
+func (n *Node) AdminAddr() string {
+	if n.adminLn == nil {
+		return ""
+	}
+	return n.adminLn.Addr().String()
+}
+
+// acceptAdmin serves the admin port, one connection at a time per
+// goroutine; admin tools are few.
+func (n *Node) acceptAdmin() {
+	defer n.wg.Done()
+	for {
+		c, err := n.adminLn.Accept()
+		if err != nil {
+			select {
+			case <-n.closing:
+				return
+			default:
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		n.wg.Add(1)
+		go n.serveAdmin(c)
+	}
 }
 
 // ClientAddr is the address clients reach this node at.
@@ -316,6 +358,9 @@ func (n *Node) Close() error {
 	n.mu.Unlock()
 	close(n.closing)
 	n.clientLn.Close()
+	if n.adminLn != nil {
+		n.adminLn.Close()
+	}
 	n.mu.Lock()
 	conns := make([]*clientConn, 0, len(n.conns))
 	for c := range n.conns {
@@ -348,6 +393,9 @@ func (n *Node) cleanup() {
 	}
 	if n.clientLn != nil {
 		n.clientLn.Close()
+	}
+	if n.adminLn != nil {
+		n.adminLn.Close()
 	}
 	if n.store != nil {
 		n.store.Close()

@@ -39,6 +39,9 @@ type Options struct {
 	Faults *cluster.Faults
 	// Tune, when set, adjusts each node's config before it starts.
 	Tune func(*cluster.Config)
+	// AdminSecret, when set, gives every node an admin port (at
+	// BasePort+200+i with BasePort) with this secret.
+	AdminSecret []byte
 	// TokenFloor is passed to cluster.Bootstrap for a new cluster.
 	TokenFloor uint64
 	// TLS, when set, issues a throwaway CA and node certificates into
@@ -99,13 +102,13 @@ func Start(opts Options) (*Cluster, error) {
 	// Pre-open every listener so ports are known before any node starts.
 	clientLns := make([]net.Listener, opts.Nodes)
 	peerLns := make([]net.Listener, opts.Nodes)
+	adminLns := make([]net.Listener, opts.Nodes)
 	closeAll := func() {
-		for i := range clientLns {
-			if clientLns[i] != nil {
-				clientLns[i].Close()
-			}
-			if peerLns[i] != nil {
-				peerLns[i].Close()
+		for _, lns := range [][]net.Listener{clientLns, peerLns, adminLns} {
+			for _, ln := range lns {
+				if ln != nil {
+					ln.Close()
+				}
 			}
 		}
 	}
@@ -122,6 +125,16 @@ func Start(opts Options) (*Cluster, error) {
 		if peerLns[i], err = net.Listen("tcp", pa); err != nil {
 			closeAll()
 			return nil, err
+		}
+		if opts.AdminSecret != nil {
+			aa := "127.0.0.1:0"
+			if opts.BasePort != 0 {
+				aa = fmt.Sprintf("127.0.0.1:%d", opts.BasePort+200+i)
+			}
+			if adminLns[i], err = net.Listen("tcp", aa); err != nil {
+				closeAll()
+				return nil, err
+			}
 		}
 	}
 	var peers []cluster.Peer
@@ -145,6 +158,9 @@ func Start(opts Options) (*Cluster, error) {
 		cfg.NodeID = peers[i].ID
 		cfg.DataDir = filepath.Join(opts.Dir, peers[i].ID)
 		cfg.ClientAddr = clientLns[i].Addr().String()
+		if adminLns[i] != nil {
+			cfg.AdminAddr, cfg.AdminSecret = adminLns[i].Addr().String(), opts.AdminSecret
+		}
 		cfg.PeerAddr = peers[i].Addr
 		cfg.Peers = peers
 		cfg.ClusterID = opts.ClusterID
@@ -174,6 +190,9 @@ func Start(opts Options) (*Cluster, error) {
 	start := func(i int) error {
 		cfg := c.cfgs[i]
 		cfg.ClientListener, cfg.PeerListener = clientLns[i], peerLns[i]
+		if adminLns[i] != nil {
+			cfg.AdminListener = adminLns[i]
+		}
 		n, err := cluster.New(cfg)
 		if err != nil {
 			return err
@@ -267,6 +286,9 @@ func (c *Cluster) IDs() []string {
 
 // ClientAddr returns node i's client address (stable across restarts).
 func (c *Cluster) ClientAddr(i int) string { return c.cfgs[i].ClientAddr }
+
+// AdminAddr returns node i's admin address ("" without one).
+func (c *Cluster) AdminAddr(i int) string { return c.cfgs[i].AdminAddr }
 
 // PeerAddr returns node i's peer (Raft) address.
 func (c *Cluster) PeerAddr(i int) string { return c.cfgs[i].PeerAddr }

@@ -24,6 +24,9 @@ const (
 	// Raft state. expect_id may name the bare node name. After the Welcome
 	// the server sends one Identity frame and closes.
 	KindDiscover ConnKind = 3
+	// KindAdmin: an operator tool on a node's admin port, with the admin
+	// secret (membership changes; see cluster/admin.go).
+	KindAdmin ConnKind = 4
 )
 
 // HandshakeConfig is one side's view of a handshake.
@@ -288,7 +291,7 @@ func ServerHandshake(rw io.ReadWriter, cfg HandshakeConfig) (Peer, error) {
 		return Peer{}, fail(rw, CodeWrongCluster, fmt.Errorf("%w: dialler is in cluster %q, this node in %q", ErrWrongCluster, clusterID, cfg.ClusterID))
 	}
 	discoverByName := kind == KindDiscover && cfg.NodeName != "" && expectID == cfg.NodeName
-	if (kind != KindClient || expectID != "") && expectID != cfg.NodeID && !discoverByName {
+	if (kind == KindPeer || kind == KindDiscover || expectID != "") && expectID != cfg.NodeID && !discoverByName {
 		return Peer{}, fail(rw, CodeWrongNode, fmt.Errorf("%w: dialler expects %q, this node is %q", ErrWrongNode, expectID, cfg.NodeID))
 	}
 
@@ -343,7 +346,7 @@ func ServerHandshake(rw io.ReadWriter, cfg HandshakeConfig) (Peer, error) {
 // check validates cfg before any I/O; dialler says which side uses it.
 func (cfg *HandshakeConfig) check(dialler bool) error {
 	switch {
-	case cfg.Kind != KindClient && cfg.Kind != KindPeer && !(dialler && cfg.Kind == KindDiscover):
+	case cfg.Kind != KindClient && cfg.Kind != KindPeer && cfg.Kind != KindAdmin && !(dialler && cfg.Kind == KindDiscover):
 		return fmt.Errorf("%w: kind %d", ErrBadConfig, cfg.Kind)
 	case len(cfg.Secret) < MinSecretLen:
 		return fmt.Errorf("%w: secret is %d bytes, need at least %d", ErrBadConfig, len(cfg.Secret), MinSecretLen)
@@ -351,7 +354,7 @@ func (cfg *HandshakeConfig) check(dialler bool) error {
 		return fmt.Errorf("%w: next secret is %d bytes, need at least %d", ErrBadConfig, len(cfg.NextSecret), MinSecretLen)
 	case len(cfg.ClusterID) > 255 || len(cfg.NodeID) > 255 || len(cfg.ExpectNodeID) > 255 || len(cfg.ChannelBinding) > 255:
 		return fmt.Errorf("%w: an id or the channel binding is longer than 255 bytes", ErrBadConfig)
-	case dialler && cfg.Kind != KindClient && (cfg.NodeID == "" || cfg.ExpectNodeID == ""):
+	case dialler && (cfg.Kind == KindPeer || cfg.Kind == KindDiscover) && (cfg.NodeID == "" || cfg.ExpectNodeID == ""):
 		return fmt.Errorf("%w: a peer dialler needs NodeID and ExpectNodeID", ErrBadConfig)
 	case !dialler && cfg.Kind == KindPeer && cfg.NodeID == "":
 		return fmt.Errorf("%w: a peer server needs NodeID", ErrBadConfig)

@@ -34,6 +34,7 @@ func commands() []command {
 		{"dev", "run a 3-node cluster on loopback in this process", runDev},
 		{"sidecar", "serve the unix-socket API, connected to a cluster", runSidecar},
 		{"certs", "make a private CA and node/client certificates for TLS", runCerts},
+		{"members", "list, add, promote, remove and replace cluster members", runMembers},
 		{"lock", "run a command while holding a lock (like flock(1))", runLock},
 		{"acquire", "take a lock through the sidecar and print its token", runAcquire},
 		{"release", "send one RELEASE through the sidecar (debugging)", runRelease},

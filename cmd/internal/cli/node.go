@@ -76,6 +76,7 @@ func nodeConfig(name string, args []string, stderr io.Writer, extra func(*flag.F
 		peers                   string
 		secretFile, peerSecFile string
 		nextSecret, nextPeerSec string
+		adminSecret             string
 		tf                      tlsFlags
 		logs                    logFlags
 	)
@@ -90,6 +91,8 @@ func nodeConfig(name string, args []string, stderr io.Writer, extra func(*flag.F
 	fs.StringVar(&peerSecFile, "peer-secret-file", "", "file holding the peer secret")
 	fs.StringVar(&nextSecret, "next-secret-file", "", "rollover: a second client secret accepted as well")
 	fs.StringVar(&nextPeerSec, "next-peer-secret-file", "", "rollover: a second peer secret accepted as well")
+	fs.StringVar(&cfg.AdminAddr, "admin-addr", "", "HOST:PORT of the admin port for ticketing members (needs --admin-secret-file; default: none)")
+	fs.StringVar(&adminSecret, "admin-secret-file", "", "file holding the admin secret (differs from the client and peer secrets)")
 	tf.register(fs, true)
 	fs.DurationVar(&cfg.HandshakeTimeout, "handshake-timeout", d.HandshakeTimeout, "time a new connection has to finish TLS and the handshake")
 	fs.DurationVar(&cfg.IdleTimeout, "idle-timeout", d.IdleTimeout, "close a client connection that sent nothing for this long")
@@ -137,7 +140,7 @@ func nodeConfig(name string, args []string, stderr io.Writer, extra func(*flag.F
 	for _, f := range []struct {
 		path string
 		dst  *[]byte
-	}{{nextSecret, &cfg.NextClientSecret}, {nextPeerSec, &cfg.NextPeerSecret}} {
+	}{{nextSecret, &cfg.NextClientSecret}, {nextPeerSec, &cfg.NextPeerSecret}, {adminSecret, &cfg.AdminSecret}} {
 		if f.path == "" {
 			continue
 		}
@@ -147,6 +150,9 @@ func nodeConfig(name string, args []string, stderr io.Writer, extra func(*flag.F
 		}
 	}
 	addrs := []string{cfg.ClientAddr, cfg.PeerAddr}
+	if cfg.AdminAddr != "" {
+		addrs = append(addrs, cfg.AdminAddr)
+	}
 	for _, p := range cfg.Peers {
 		addrs = append(addrs, p.Addr)
 	}
