@@ -46,7 +46,7 @@ type Node struct {
 	snaps     raft.SnapshotStore
 	clientLn  net.Listener
 	adminLn   net.Listener // nil: no admin port
-	advertise string // client address handed out in M replies
+	advertise string       // client address handed out in M replies
 
 	// Proposals wait in an unbounded queue so that the FSM goroutine, which
 	// proposes compensations, never blocks on Raft (which may be waiting for
