@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"time"
 
@@ -71,6 +72,12 @@ type BootstrapResult struct {
 func Bootstrap(cfg Config, opts BootstrapOptions) (BootstrapResult, error) {
 	if err := cfg.Validate(); err != nil {
 		return BootstrapResult{}, err
+	}
+	if err := ValidateVoters(cfg.Peers); err != nil {
+		return BootstrapResult{}, fmt.Errorf("%w: %w", ErrBadConfig, err)
+	}
+	if !slices.ContainsFunc(cfg.Peers, func(p Peer) bool { return p.ID == cfg.NodeID }) {
+		return BootstrapResult{}, fmt.Errorf("%w: the initial voters must include this node (%q)", ErrBadConfig, cfg.NodeID)
 	}
 	cfg = cfg.withDefaults()
 	if opts.Timeout == 0 {

@@ -39,8 +39,10 @@ type Config struct {
 	// listening on ClientAddr/PeerAddr (tests pre-open them on port 0).
 	ClientListener net.Listener
 	PeerListener   net.Listener
-	// Peers are the initial voters, this node included: exactly 3 or 5.
-	// Used to bootstrap a fresh data dir; checked on every start.
+	// Peers are the initial voters (exactly 3 or 5), which Bootstrap
+	// writes into the first configuration and which must then include this
+	// node. A running node does not need them: membership lives in the
+	// log, and a node that joins later (a learner) may leave Peers empty.
 	Peers []Peer
 	// ClusterID names the cluster; peers and clients must present the same
 	// one in their handshake. "" is allowed and matches only "".
@@ -304,17 +306,10 @@ func (c Config) Validate() error {
 	if c.PeerListener == nil && c.PeerAddr == "" {
 		return bad("a peer address is required")
 	}
-	if err := ValidateVoters(c.Peers); err != nil {
-		return fmt.Errorf("%w: %w", ErrBadConfig, err)
-	}
-	self := false
-	for _, p := range c.Peers {
-		if p.ID == c.NodeID {
-			self = true
+	if len(c.Peers) > 0 {
+		if err := ValidateVoters(c.Peers); err != nil {
+			return fmt.Errorf("%w: %w", ErrBadConfig, err)
 		}
-	}
-	if !self {
-		return bad("the initial voters must include this node (%q)", c.NodeID)
 	}
 	if len(c.ClientSecret) < 16 {
 		return bad("the client secret must be at least 16 bytes (got %d)", len(c.ClientSecret))

@@ -226,3 +226,61 @@ func TestAdminPortAuthAndMembers(t *testing.T) {
 		t.Fatalf("unknown op: %v", err)
 	}
 }
+
+// Growing 3 → 5 and shrinking 5 → 3 go through the same commands: learner,
+// promote (4 voters is the transition step), and remove.
+func TestGrowToFiveAndShrinkToThree(t *testing.T) {
+	c := startClusterOpts(t, local.Options{Nodes: 5, Voters: 3, TLS: true, AdminSecret: adminSecret})
+	c.leader()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	a := c.admin()
+	lc := c.client()
+	defer lc.close()
+	tok := mustGrant(t, lc.do(acquireMsg("k", "a", 120, 0)))
+	for _, i := range []int{3, 4} {
+		id := c.Node(i).ServerID()
+		if _, err := a.Do(ctx, cluster.AdminRequest{Op: "add-learner", ID: id, Addr: c.PeerAddrOf(i)}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, id+" to catch up", 20*time.Second, func() bool {
+			h, ok := c.holderOn(i, "k")
+			return ok && h.Token == tok
+		})
+		for {
+			_, err := a.Do(ctx, cluster.AdminRequest{Op: "promote", ID: id})
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, cluster.ErrLearnerLagging) && !errors.Is(err, cluster.ErrChangeInProgress) {
+				t.Fatalf("promote %s: %v", id, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	rep, err := a.Do(ctx, cluster.AdminRequest{Op: "members"})
+	if err != nil || len(rep.Members) != 5 {
+		t.Fatalf("members after growing: %+v %v", rep, err)
+	}
+	for _, m := range rep.Members {
+		if !m.Voter {
+			t.Fatalf("not a voter after growing: %+v", m)
+		}
+	}
+	// Shrink: remove two voters (never below three).
+	for _, i := range []int{3, 4} {
+		if _, err := a.Do(ctx, cluster.AdminRequest{Op: "remove", ID: c.Node(i).ServerID()}); err != nil {
+			t.Fatalf("remove: %v", err)
+		}
+	}
+	if _, err := a.Do(ctx, cluster.AdminRequest{Op: "remove", ID: c.Node(0).ServerID()}); !errors.Is(err, cluster.ErrUnsafeChange) {
+		t.Fatalf("removing a fourth voter: %v", err)
+	}
+	rep, err = a.Do(ctx, cluster.AdminRequest{Op: "members"})
+	if err != nil || len(rep.Members) != 3 {
+		t.Fatalf("members after shrinking: %+v %v", rep, err)
+	}
+	if t2 := mustGrant(t, lc.do(acquireMsg("k2", "a", 30, 0))); t2 <= tok {
+		t.Fatalf("token %d after %d", t2, tok)
+	}
+}

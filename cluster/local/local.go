@@ -28,6 +28,10 @@ type Options struct {
 	Dir string
 	// Nodes is the number of voters: 3 (zero) or 5.
 	Nodes int
+	// Voters is how many of the nodes are initial voters: 3 or 5, at most
+	// Nodes; zero means all. The others start empty, as spare servers to
+	// add with the membership API.
+	Voters int
 	// BasePort, when nonzero, puts node i's client port at BasePort+i and its
 	// peer port at BasePort+100+i on 127.0.0.1. Zero picks free ports.
 	BasePort int
@@ -74,6 +78,9 @@ type Cluster struct {
 func Start(opts Options) (*Cluster, error) {
 	if opts.Nodes == 0 {
 		opts.Nodes = 3
+	}
+	if opts.Voters == 0 {
+		opts.Voters = opts.Nodes
 	}
 	if opts.ClusterID == "" {
 		opts.ClusterID = "dev"
@@ -162,7 +169,7 @@ func Start(opts Options) (*Cluster, error) {
 			cfg.AdminAddr, cfg.AdminSecret = adminLns[i].Addr().String(), opts.AdminSecret
 		}
 		cfg.PeerAddr = peers[i].Addr
-		cfg.Peers = peers
+		cfg.Peers = peers[:opts.Voters]
 		cfg.ClusterID = opts.ClusterID
 		cfg.ClientSecret = c.ClientSecret
 		cfg.PeerSecret = peerSecret
