@@ -22,7 +22,7 @@ import (
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprintln(stderr, "usage: ticketing bench failover|throughput|unix|unixconns [flags]")
+		fmt.Fprintln(stderr, "usage: ticketing bench failover|throughput|unix|unixconns|catchup [flags]")
 		return ExitUsage
 	}
 	fs := flag.NewFlagSet("ticketing bench "+args[0], flag.ContinueOnError)
@@ -38,6 +38,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		unixN    string
 		conns    int
 		useTLS   bool
+		keys     int
 	)
 	fs.StringVar(&dir, "dir", "", "working directory (default: a temporary one, removed afterwards)")
 	fs.IntVar(&nodes, "nodes", 3, "cluster size: 3 or 5")
@@ -48,6 +49,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.StringVar(&nodeArgs, "node-args", "", "extra flags for every node, space separated (e.g. \"--heartbeat-timeout 800ms\")")
 	fs.StringVar(&unixN, "unix-clients", "1,64", "unix: client counts to measure, comma separated")
 	fs.IntVar(&conns, "conns", 10000, "unixconns: local connections to open to a sidecar process")
+	fs.IntVar(&keys, "keys", 1000000, "catchup: keys held while a learner catches up")
 	fs.BoolVar(&useTLS, "tls", true, "run nodes (and sidecars) over TLS with a throwaway CA, as in production")
 	if err := fs.Parse(args[1:]); err != nil {
 		return ExitUsage
@@ -63,6 +65,13 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			return ExitError
 		}
 		defer os.RemoveAll(dir)
+	}
+	if args[0] == "catchup" {
+		if err := benchCatchup(ctx, dir, keys, stdout); err != nil {
+			fmt.Fprintln(stderr, "ticketing bench:", err)
+			return ExitError
+		}
+		return ExitOK
 	}
 	p, err := local.StartProcs(local.ProcOptions{Binary: bin, Dir: filepath.Join(dir, "cluster"), Nodes: nodes, TLS: useTLS,
 		ExtraArgs: append([]string{"--log-level", "warn"}, strings.Fields(nodeArgs)...)})
