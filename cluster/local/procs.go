@@ -51,6 +51,9 @@ type ProcOptions struct {
 	// Dir/tls and starts nodes with --tls-cert/--tls-key/--tls-ca and
 	// sidecars with --tls-ca.
 	TLS bool
+	// Admin gives every node an admin port (Dir/admin.secret) for
+	// membership changes; see Procs.Admin.
+	Admin bool
 }
 
 // proc is one child process that can be stopped and started again.
@@ -78,6 +81,9 @@ type Procs struct {
 	ClientTLS   *tls.Config
 	ids         []string
 	clientAddrs []string
+	peerAddrs   []string
+	adminAddrs  []string // with ProcOptions.Admin
+	adminSecret []byte
 
 	mu       sync.Mutex
 	nodes    []*proc
@@ -106,18 +112,26 @@ func StartProcs(opts ProcOptions) (*Procs, error) {
 	if _, err := ensureSecret(peerSecretFile); err != nil {
 		return nil, err
 	}
-	ports, err := freePorts(2 * opts.Nodes)
+	adminSecretFile := filepath.Join(opts.Dir, "admin.secret")
+	var adminSecret []byte
+	if opts.Admin {
+		if adminSecret, err = ensureSecret(adminSecretFile); err != nil {
+			return nil, err
+		}
+	}
+	ports, err := freePorts(3 * opts.Nodes)
 	if err != nil {
 		return nil, err
 	}
 	p := &Procs{opts: opts, ClientSecret: secret, ClusterID: opts.ClusterID,
-		SecretFile: secretFile, PeerSecretFile: peerSecretFile}
+		SecretFile: secretFile, PeerSecretFile: peerSecretFile, adminSecret: adminSecret}
 	var peers []string
 	for i := 0; i < opts.Nodes; i++ {
 		id := fmt.Sprintf("n%d", i+1)
 		p.ids = append(p.ids, id)
-		p.clientAddrs = append(p.clientAddrs, fmt.Sprintf("127.0.0.1:%d", ports[2*i]))
-		peers = append(peers, fmt.Sprintf("%s=127.0.0.1:%d", id, ports[2*i+1]))
+		p.clientAddrs = append(p.clientAddrs, fmt.Sprintf("127.0.0.1:%d", ports[3*i]))
+		p.peerAddrs = append(p.peerAddrs, fmt.Sprintf("127.0.0.1:%d", ports[3*i+1]))
+		peers = append(peers, fmt.Sprintf("%s=127.0.0.1:%d", id, ports[3*i+1]))
 	}
 	var nodeTLS map[string]tlsconf.Files
 	if opts.TLS {
@@ -133,7 +147,7 @@ func StartProcs(opts ProcOptions) (*Procs, error) {
 			"--id", p.ids[i],
 			"--data-dir", p.DataDir(i),
 			"--client-addr", p.clientAddrs[i],
-			"--peer-addr", fmt.Sprintf("127.0.0.1:%d", ports[2*i+1]),
+			"--peer-addr", fmt.Sprintf("127.0.0.1:%d", ports[3*i+1]),
 			"--peers", strings.Join(peers, ","),
 			"--cluster-id", p.ClusterID,
 			"--secret-file", secretFile,
@@ -144,6 +158,10 @@ func StartProcs(opts ProcOptions) (*Procs, error) {
 		}
 		if f, ok := nodeTLS[p.ids[i]]; ok {
 			args = append(args, "--tls-cert", f.CertFile, "--tls-key", f.KeyFile, "--tls-ca", f.CAFile)
+		}
+		if opts.Admin {
+			p.adminAddrs = append(p.adminAddrs, fmt.Sprintf("127.0.0.1:%d", ports[3*i+2]))
+			args = append(args, "--admin-addr", p.adminAddrs[i], "--admin-secret-file", adminSecretFile)
 		}
 		p.nodes = append(p.nodes, &proc{name: p.ids[i], args: append(args, opts.ExtraArgs...),
 			log: filepath.Join(opts.Dir, p.ids[i]+".log")})
@@ -372,6 +390,31 @@ func (p *Procs) Exited(i int) bool {
 	default:
 		return false
 	}
+}
+
+// PeerAddr is node i's peer address.
+func (p *Procs) PeerAddr(i int) string { return p.peerAddrs[i] }
+
+// ServerID reads node i's server id (NAME/INCARNATION) from its data dir,
+// waiting up to timeout for a freshly started node to create it.
+func (p *Procs) ServerID(i int, timeout time.Duration) (string, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		b, err := os.ReadFile(filepath.Join(p.DataDir(i), "identity"))
+		if err == nil {
+			return strings.TrimSpace(string(b)), nil
+		}
+		if time.Now().After(deadline) {
+			return "", err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Admin returns a client of the nodes' admin ports (ProcOptions.Admin).
+func (p *Procs) Admin() *cluster.AdminCluster {
+	return &cluster.AdminCluster{Addrs: p.adminAddrs,
+		Config: cluster.AdminConfig{Secret: p.adminSecret, ClusterID: p.ClusterID, TLS: p.ClientTLS}}
 }
 
 // Wipe removes node i's data directory; the node must be stopped. Started

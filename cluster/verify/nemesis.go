@@ -34,6 +34,10 @@ const (
 	// wiped at its old address, and with the stale minority it forms a
 	// quorum that has forgotten committed grants.
 	FaultWipeQuorum = "wipe-quorum"
+	// FaultReplace (--replace-all): a node (Step.Node) loses its disk for
+	// good and is replaced through the admin port by a new server at the
+	// same address: learner, catch up, promote, remove the old id.
+	FaultReplace = "replace"
 )
 
 // Step is one fault of a schedule: what, for how long, the pause after it,
@@ -43,6 +47,18 @@ type Step struct {
 	Hold time.Duration
 	Gap  time.Duration
 	R    int64
+	Node int // FaultReplace: the node index
+}
+
+// ReplaceAllSchedule replaces every node of a cluster of size nodes, one
+// after the other (the leader is whichever node serves when its turn
+// comes), with a pause between replacements.
+func ReplaceAllSchedule(nodes int) []Step {
+	var out []Step
+	for i := 0; i < nodes; i++ {
+		out = append(out, Step{Kind: FaultReplace, Hold: time.Second, Gap: 3 * time.Second, Node: i})
+	}
+	return out
 }
 
 // Schedule derives a nemesis schedule from seed: faults one at a time,
@@ -115,6 +131,25 @@ func (n *nemesis) leader(ctx context.Context) int {
 	return i
 }
 
+// replace swaps node i's old server id for the new server now running at
+// its address, through the admin port, and says how it went (for the
+// fault's record).
+func (n *nemesis) replace(ctx context.Context, i int, oldID string) string {
+	newID, err := n.p.ServerID(i, 10*time.Second)
+	if err != nil || oldID == "" || newID == oldID {
+		return fmt.Sprintf("; not replaced (old %q, new %q, %v)", oldID, newID, err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := n.p.Admin().Replace(rctx, oldID, newID, n.p.PeerAddr(i), nil); err != nil {
+		n.log("nemesis: replacing %s by %s failed: %v", oldID, newID, err)
+		return fmt.Sprintf("; replacing %s by %s failed: %v", oldID, newID, err)
+	}
+	n.log("nemesis: replaced %s by %s in %v", oldID, newID, time.Since(start).Round(time.Millisecond))
+	return fmt.Sprintf("; replaced by %s in %v", newID, time.Since(start).Round(time.Millisecond))
+}
+
 // pick returns the leader (or a random node if none serves) and a follower
 // distinct from it.
 func (n *nemesis) pick(ctx context.Context, rng *rand.Rand) (leader, follower int) {
@@ -169,15 +204,20 @@ func (n *nemesis) apply(ctx context.Context, st Step) {
 		n.log("nemesis: %s %s %s", st.Kind, target, detail)
 	}
 	switch st.Kind {
-	case FaultKillLeader, FaultKillFollower, FaultWipeFollower:
+	case FaultKillLeader, FaultKillFollower, FaultWipeFollower, FaultReplace:
 		l, f := n.pick(ctx, rng)
 		i := l
 		if st.Kind != FaultKillLeader {
 			i = f
 		}
+		if st.Kind == FaultReplace {
+			i = st.Node
+		}
+		oldID, _ := n.p.ServerID(i, 0)
 		begin(ids[i], fmt.Sprintf("down %v", st.Hold))
 		_ = n.p.Signal(i, syscall.SIGKILL)
-		if st.Kind == FaultWipeFollower {
+		wipe := st.Kind == FaultWipeFollower || st.Kind == FaultReplace
+		if wipe {
 			if err := n.p.Wipe(i); err != nil {
 				rec.Detail += " (wipe failed: " + err.Error() + ")"
 			}
@@ -190,8 +230,13 @@ func (n *nemesis) apply(ctx context.Context, st Step) {
 		if err := n.p.Start(i); err != nil {
 			rec.Detail += " (restart failed: " + err.Error() + ")"
 		}
+		if wipe {
+			// Heal: the new server takes the old one's place.
+			rec.Detail += n.replace(ctx, i, oldID)
+		}
 	case FaultWipeQuorum:
 		l, f := n.pick(ctx, rng)
+		oldF, _ := n.p.ServerID(f, 0)
 		var lagging, current []int
 		for _, i := range rng.Perm(size) {
 			if i != l && i != f && len(lagging) < size/2 {
@@ -223,6 +268,7 @@ func (n *nemesis) apply(ctx context.Context, st Step) {
 				_ = n.p.Start(i)
 			}
 		}
+		rec.Detail += n.replace(ctx, f, oldF)
 	case FaultPauseLeader, FaultPauseFollower:
 		l, f := n.pick(ctx, rng)
 		i := l

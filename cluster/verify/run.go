@@ -56,6 +56,9 @@ type Config struct {
 	Sidecars int
 	// Keys is the number of contended keys. Default 4.
 	Keys int
+	// ReplaceAll replaces the schedule by a rolling replacement of every
+	// node (FaultReplace, one after the other, the leader included).
+	ReplaceAll bool
 	// Wipe adds the wiped-node faults (a data dir removed, the node
 	// restarted at its old address). The node comes back as a new server
 	// (a new incarnation) that cannot vote under its old id and that no
@@ -170,7 +173,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		Binary: cfg.Binary, Dir: clusterDir, Nodes: cfg.Nodes, ClusterID: "verify",
 		FaultFiles: true, Sidecars: cfg.Sidecars, SocketDir: sockDir,
 		// The production configuration: every node and sidecar link over TLS.
-		TLS: true,
+		TLS: true, Admin: true,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("verify: start cluster: %w", err)
@@ -250,6 +253,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	// Warm up, then the nemesis.
 	sleepCtx(ctx, 2*time.Second)
 	steps := Schedule(cfg.Seed, cfg.Duration, cfg.Wipe)
+	if cfg.ReplaceAll {
+		steps = ReplaceAllSchedule(cfg.Nodes)
+	}
 	nem := newNemesis(p, procs, h, logf)
 	nctx, stopNemesis := context.WithTimeout(ctx, cfg.Duration+10*time.Second)
 	nem.run(nctx, steps)
@@ -462,6 +468,9 @@ func (r *Result) Summary() string {
 	wipe := ""
 	if c.Wipe {
 		wipe = " --wipe"
+	}
+	if c.ReplaceAll {
+		wipe += " --replace-all"
 	}
 	fmt.Fprintf(&b, "replay: ticketing verify --seed %d --nodes %d --duration %v --workers %d%s\n", c.Seed, c.Nodes, c.Duration, c.Workers, wipe)
 	return b.String()
