@@ -383,7 +383,10 @@ func TestLockCommandExitCodes(t *testing.T) {
 }
 
 // A client process SIGKILLed while holding: the sidecar notices the closed
-// connection and the next waiter gets the key well within a second.
+// connection and releases at once, so the next waiter gets the key long
+// before the 60 s lease could have expired (typically within a few hundred
+// milliseconds; the bound is loose because tests must not depend on the
+// machine's speed, only on which mechanism freed the key).
 func TestKilledHolderFreesKeyFast(t *testing.T) {
 	sock := startDevSidecar(t)
 	for _, how := range []string{"acquire --hold", "lock -- sleep 60"} {
@@ -429,9 +432,11 @@ func TestKilledHolderFreesKeyFast(t *testing.T) {
 		}
 		d := r.at.Sub(killed)
 		t.Logf("%s: SIGKILL to next holder's exit: %v", how, d)
-		// The waiter's time includes its own release and exit.
-		if d > time.Second {
-			t.Fatalf("%s: next waiter got the key %v after the holder's SIGKILL", how, d)
+		// The waiter's time includes its own release and exit. The lease
+		// is 60 s: anything well under it means the disconnect freed the
+		// key, not the lease.
+		if d > 20*time.Second {
+			t.Fatalf("%s: next waiter got the key %v after the holder's SIGKILL: freed by the lease, not the disconnect", how, d)
 		}
 	}
 }
