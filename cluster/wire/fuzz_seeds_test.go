@@ -1,0 +1,785 @@
+package wire
+
+import (
+	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/binary"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"ticketing/locksm"
+)
+
+// This file holds, for the fuzz targets in fuzz_test.go:
+//
+//   - reference parsers written from cluster/PROTOCOL.md ("Framing",
+//     "Handshake") that share no code with the package, so a target can
+//     compare the implementation with an independent reading of the spec;
+//   - the named seeds, and TestWriteFuzzSeedCorpus, which writes them to
+//     testdata/fuzz/<FuzzName>/ in Go's corpus format:
+//
+//	go test ./cluster/wire -run '^TestWriteFuzzSeedCorpus$' -wire.writecorpus
+//
+// Files found by fuzzing (crashers kept as regression seeds) live in the
+// same directories under their hash names; the writer never removes them.
+
+var writeCorpus = flag.Bool("wire.writecorpus", false, "write the fuzz seed corpus to testdata/fuzz")
+
+var (
+	nextPeerSecret = []byte("next-peer-secret-0123456789")
+	strangerSecret = []byte("stranger-secret-qwertyuiop")
+)
+
+// Spec constants, spelled out again rather than taken from the package.
+const (
+	specServerLabel = "ticketing/server/v1"
+	specClientLabel = "ticketing/client/v1"
+	specMaxFrameLen = 4096
+)
+
+var specWelcome = []byte{0, 0, 0, 1, 'W'}
+
+// specFrame is one frame as PROTOCOL.md's "Framing" section defines it.
+type specFrame struct {
+	typ     byte
+	payload []byte
+	raw     []byte // length prefix, type and payload
+}
+
+// specNext reads the frame at the start of b. end is how many bytes a
+// receiver reading exactly this frame consumes: the whole frame, or up to
+// the end of b when it is cut short, or only the 4-byte header when the
+// length is invalid (refused at once). err is nil for a complete frame,
+// else io.EOF (b is empty: a clean end), io.ErrUnexpectedEOF (cut inside a
+// frame), ErrMalformed (length 0) or ErrFrameTooLarge (length > 4096).
+func specNext(b []byte) (f specFrame, end int, err error) {
+	if len(b) == 0 {
+		return f, 0, io.EOF
+	}
+	if len(b) < 4 {
+		return f, len(b), io.ErrUnexpectedEOF
+	}
+	n := int(b[0])<<24 | int(b[1])<<16 | int(b[2])<<8 | int(b[3])
+	switch {
+	case n == 0:
+		return f, 4, ErrMalformed
+	case n > specMaxFrameLen:
+		return f, 4, ErrFrameTooLarge
+	case len(b) < 4+n:
+		return f, len(b), io.ErrUnexpectedEOF
+	}
+	return specFrame{typ: b[4], payload: b[5 : 4+n], raw: b[:4+n]}, 4 + n, nil
+}
+
+// specFrames splits b into complete frames; rest is what does not form one.
+func specFrames(b []byte) (frames []specFrame, rest []byte) {
+	for {
+		f, end, err := specNext(b)
+		if err != nil {
+			return frames, b
+		}
+		frames = append(frames, f)
+		b = b[end:]
+	}
+}
+
+// cursor reads payload fields; any shortfall sets bad.
+type cursor struct {
+	b   []byte
+	bad bool
+}
+
+func (c *cursor) next(n int) []byte {
+	if c.bad || n > len(c.b) {
+		c.bad = true
+		return nil
+	}
+	p := c.b[:n]
+	c.b = c.b[n:]
+	return p
+}
+
+func (c *cursor) u8() int {
+	if p := c.next(1); p != nil {
+		return int(p[0])
+	}
+	return 0
+}
+
+func (c *cursor) u16() uint16 {
+	if p := c.next(2); p != nil {
+		return uint16(p[0])<<8 | uint16(p[1])
+	}
+	return 0
+}
+
+func (c *cursor) str8() string { return string(c.next(c.u8())) }
+
+func (c *cursor) exact() bool { return !c.bad && len(c.b) == 0 }
+
+type specHello struct {
+	minV, maxV              uint16
+	kind                    ConnKind
+	cn                      []byte
+	cluster, sender, expect string
+}
+
+// parseSpecHello parses a Hello frame at the start of data; end is where
+// the frame ends.
+func parseSpecHello(data []byte) (h specHello, end int, ok bool) {
+	f, end, err := specNext(data)
+	if err != nil || f.typ != 'h' {
+		return h, end, false
+	}
+	c := cursor{b: f.payload}
+	magic := c.next(4)
+	h.minV, h.maxV = c.u16(), c.u16()
+	h.kind = ConnKind(c.u8())
+	h.cn = c.next(32)
+	h.cluster, h.sender, h.expect = c.str8(), c.str8(), c.str8()
+	return h, end, c.exact() && string(magic) == "TKTG"
+}
+
+type specChallenge struct {
+	version             uint16
+	sn                  []byte
+	serverID, clusterID string
+	proofs              [][]byte // as many as the count byte says (0..255)
+}
+
+// parseSpecChallenge parses a Challenge payload: ok when the fields fit
+// exactly, whatever the proof count (1..2 is the caller's check).
+func parseSpecChallenge(p []byte) (ch specChallenge, ok bool) {
+	c := cursor{b: p}
+	ch.version = c.u16()
+	ch.sn = c.next(32)
+	ch.serverID, ch.clusterID = c.str8(), c.str8()
+	n := c.u8()
+	for range n {
+		ch.proofs = append(ch.proofs, c.next(32))
+	}
+	return ch, c.exact()
+}
+
+// specTranscript is "Transcript and proofs" of PROTOCOL.md.
+func specTranscript(version uint16, kind ConnKind, cn, sn []byte, clusterID, serverID, senderID, expectID string, binding []byte) []byte {
+	t := []byte{byte(version >> 8), byte(version), byte(kind)}
+	t = append(t, cn...)
+	t = append(t, sn...)
+	for _, s := range []string{clusterID, serverID, senderID, expectID, string(binding)} {
+		t = append(t, byte(len(s)))
+		t = append(t, s...)
+	}
+	return t
+}
+
+// specProof is HMAC-SHA256(secret, label 0x00 transcript).
+func specProof(secret []byte, label string, t []byte) []byte {
+	h := hmac.New(sha256.New, secret)
+	h.Write([]byte(label))
+	h.Write([]byte{0})
+	h.Write(t)
+	return h.Sum(nil)
+}
+
+// clientWant is what a dialler must do with a given server byte stream.
+type clientWant struct {
+	err      error // nil: the handshake succeeds; else the error it wraps
+	proofOK  bool  // the Challenge passed every check: the client sends its Auth
+	secret   []byte
+	tr       []byte
+	ch       specChallenge
+	consumed int  // bytes the client reads: its frames, nothing after them
+	sendsE   bool // the client detected the failure: it sends E(CodeOf(err))
+	mayE     bool // framing or I/O failure: an E is allowed, not required
+}
+
+// specRemote is the error for a received E frame.
+func specRemote(payload []byte) error {
+	var m Msg
+	if DecodeMsg(TypeError, payload, &m) != nil {
+		return ErrMalformed
+	}
+	return ErrOf(m.Code)
+}
+
+// wantClient reads PROTOCOL.md's "Checks and failure behaviour" for the
+// client (checks in the documented order: payload, version, cluster id,
+// server proof, expected node id), for a zero client nonce.
+func wantClient(cfg HandshakeConfig, data []byte) (w clientWant) {
+	cn := make([]byte, 32)
+	f, end, err := specNext(data)
+	w.consumed = end
+	if err != nil {
+		w.err, w.mayE = err, true
+		return w
+	}
+	switch f.typ {
+	case 'C':
+	case 'E':
+		w.err = specRemote(f.payload)
+		return w
+	default:
+		w.err, w.sendsE = ErrUnexpectedFrame, true
+		return w
+	}
+	w.sendsE = true
+	ch, ok := parseSpecChallenge(f.payload)
+	switch {
+	case !ok || len(ch.proofs) < 1 || len(ch.proofs) > 2:
+		w.err = ErrMalformed
+		return w
+	case ch.version < MinProtocolVersion || ch.version > ProtocolVersion:
+		w.err = ErrVersion
+		return w
+	case ch.clusterID != cfg.ClusterID:
+		w.err = ErrWrongCluster
+		return w
+	}
+	w.ch = ch
+	w.tr = specTranscript(ch.version, cfg.Kind, cn, ch.sn, ch.clusterID, ch.serverID, cfg.NodeID, cfg.ExpectNodeID, cfg.ChannelBinding)
+	secrets := [][]byte{cfg.Secret}
+	if cfg.NextSecret != nil {
+		secrets = append(secrets, cfg.NextSecret)
+	}
+find:
+	for _, s := range secrets {
+		want := specProof(s, specServerLabel, w.tr)
+		for _, p := range ch.proofs {
+			if bytes.Equal(p, want) {
+				w.secret = s
+				break find
+			}
+		}
+	}
+	switch {
+	case w.secret == nil:
+		w.err = ErrAuthFailed
+		return w
+	case cfg.ExpectNodeID != "" && ch.serverID != cfg.ExpectNodeID &&
+		!(cfg.Kind == KindDiscover && strings.HasPrefix(ch.serverID, cfg.ExpectNodeID+"/")):
+		// A discovering dialler knows only the name: NAME matches NAME/INC.
+		w.err = ErrWrongNode
+		return w
+	}
+	w.proofOK = true
+	w.sendsE = false
+	f, end2, err := specNext(data[end:])
+	w.consumed = end + end2
+	switch {
+	case err != nil:
+		w.err, w.mayE = err, true
+	case f.typ == 'E':
+		w.err = specRemote(f.payload)
+	case f.typ != 'W':
+		w.err, w.sendsE = ErrUnexpectedFrame, true
+	case len(f.payload) != 0:
+		w.err, w.sendsE = ErrMalformed, true
+	}
+	return w
+}
+
+// serverWant is what an accepting node must do with a given client stream.
+type serverWant struct {
+	err        error // nil: the handshake succeeds
+	hello      specHello
+	challenges bool // the Hello passed: the server sends its Challenge
+	consumed   int  // bytes the server reads: its two frames, nothing more
+	sendsE     bool // the server sends E(CodeOf(err))
+}
+
+// wantServer reads "Checks and failure behaviour" for the server (no
+// channel binding; zero server nonce). A client proof made with either of
+// the server's secrets passes.
+func wantServer(cfg HandshakeConfig, data []byte) (w serverWant) {
+	f, end, err := specNext(data)
+	w.consumed = end
+	switch {
+	case err == io.EOF || err == io.ErrUnexpectedEOF:
+		w.err = err
+		return w
+	case err != nil:
+		w.err, w.sendsE = err, true
+		return w
+	}
+	w.sendsE = true
+	if f.typ != 'h' {
+		w.err = ErrUnexpectedFrame
+		return w
+	}
+	h, _, ok := parseSpecHello(data)
+	version := min(h.maxV, ProtocolVersion)
+	switch {
+	case !ok:
+		w.err = ErrMalformed
+	case h.minV > h.maxV || version < h.minV || version < MinProtocolVersion:
+		w.err = ErrVersion
+	case h.kind != cfg.Kind && !(cfg.Kind == KindPeer && h.kind == KindDiscover):
+		w.err = ErrMalformed // the peer port also takes discovery
+	case h.cluster != cfg.ClusterID:
+		w.err = ErrWrongCluster
+	case (h.kind == KindPeer || h.kind == KindDiscover || h.expect != "") && h.expect != cfg.NodeID &&
+		!(h.kind == KindDiscover && cfg.NodeName != "" && h.expect == cfg.NodeName):
+		w.err = ErrWrongNode
+	}
+	if w.err != nil {
+		return w
+	}
+	w.hello, w.challenges = h, true
+	f, end2, err := specNext(data[end:])
+	w.consumed = end + end2
+	tr := specTranscript(version, h.kind, h.cn, make([]byte, 32), cfg.ClusterID, cfg.NodeID, h.sender, h.expect, nil)
+	switch {
+	case err == io.EOF || err == io.ErrUnexpectedEOF:
+		w.err, w.sendsE = err, false
+	case err != nil:
+		w.err = err
+	case f.typ == 'E':
+		w.err, w.sendsE = specRemote(f.payload), false
+	case f.typ != 'x':
+		w.err = ErrUnexpectedFrame
+	case len(f.payload) != 32:
+		w.err = ErrMalformed
+	case !bytes.Equal(f.payload, specProof(cfg.Secret, specClientLabel, tr)) &&
+		(cfg.NextSecret == nil || !bytes.Equal(f.payload, specProof(cfg.NextSecret, specClientLabel, tr))):
+		w.err = ErrAuthFailed
+	default:
+		w.sendsE = false
+	}
+	return w
+}
+
+// ---- seed builders ----
+
+type namedSeed struct {
+	name string
+	data []byte
+}
+
+// rawFrame builds a frame with a correct length prefix (which may exceed
+// MaxFrameLen: the one-over seeds).
+func rawFrame(typ byte, parts ...[]byte) []byte {
+	n := 1
+	for _, p := range parts {
+		n += len(p)
+	}
+	b := binary.BigEndian.AppendUint32(nil, uint32(n))
+	b = append(b, typ)
+	for _, p := range parts {
+		b = append(b, p...)
+	}
+	return b
+}
+
+func s16(s string) []byte { return append(u16(uint16(len(s))), s...) }
+
+func cat(parts ...[]byte) []byte { return bytes.Join(parts, nil) }
+
+func rep(c byte, n int) string { return strings.Repeat(string(rune(c)), n) }
+
+func mustMsg(m Msg) []byte {
+	b, err := AppendMsg(nil, &m)
+	if err != nil {
+		panic(fmt.Sprintf("seed %+v: %v", m, err))
+	}
+	return b
+}
+
+// Foreign protocols pointed at a Ticketing port.
+var (
+	seedHTTP = []byte("GET / HTTP/1.1\r\nHost: ticketing:7000\r\nUser-Agent: curl/8.5.0\r\nAccept: */*\r\n\r\n")
+	// A TLS 1.2/1.3 ClientHello record prefix: content type 22, legacy
+	// version 3.1, record length 0x0200, handshake type 1, length, 3.3,
+	// random, session id.
+	seedTLS = cat([]byte{0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03},
+		bytes.Repeat([]byte{0xa5}, 32), []byte{0x20}, bytes.Repeat([]byte{0x5a}, 32),
+		[]byte{0x00, 0x3e, 0x13, 0x02, 0x13, 0x03, 0x13, 0x01, 0xc0, 0x2c})
+	seedHTTPResponse = []byte("HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+	seedSSH          = []byte("SSH-2.0-OpenSSH_9.6p1 Ubuntu-3ubuntu13\r\n")
+)
+
+// handshakeFrameSeeds are valid handshake frames (for the post-handshake
+// decoder they are unexpected frames).
+func handshakeFrameSeeds() []namedSeed {
+	cn := bytes.Repeat([]byte{7}, 32)
+	sn := bytes.Repeat([]byte{0x5a}, 32)
+	hello := specHelloFrame(ProtocolVersion, ProtocolVersion, KindClient, cn, "prod", "", "")
+	tr := specTranscript(ProtocolVersion, KindClient, cn, sn, "prod", "n1", "", "", nil)
+	return []namedSeed{
+		{"hs-hello", hello},
+		{"hs-challenge", specChallengeFrame(ProtocolVersion, sn, "n1", "prod", specProof(clientSecret, specServerLabel, tr))},
+		{"hs-auth", rawFrame('x', specProof(clientSecret, specClientLabel, tr))},
+		{"hs-welcome", specWelcome},
+	}
+}
+
+func specHelloFrame(minV, maxV uint16, kind ConnKind, cn []byte, cluster, sender, expect string) []byte {
+	return rawFrame('h', []byte("TKTG"), u16(minV), u16(maxV), []byte{byte(kind)}, cn, s8(cluster), s8(sender), s8(expect))
+}
+
+func specChallengeFrame(version uint16, sn []byte, serverID, clusterID string, proofs ...[]byte) []byte {
+	return rawFrame('C', u16(version), sn, s8(serverID), s8(clusterID), []byte{byte(len(proofs))}, cat(proofs...))
+}
+
+// frameSeeds: every post-handshake frame type valid, each at its maximum
+// field lengths and one over, malformed payloads, handshake frames, and
+// foreign protocols.
+func frameSeeds() []namedSeed {
+	var seeds []namedSeed
+	add := func(name string, b []byte) { seeds = append(seeds, namedSeed{name, b}) }
+	for i, m := range sampleMsgs() {
+		add(fmt.Sprintf("valid-%02d-%c", i, m.Type), mustMsg(m))
+	}
+	maxU := MaxFrameLen - 1 - 8 - 2
+	// Maximum field lengths.
+	add("max-acquire", mustMsg(Msg{Type: TypeAcquire, ID: ^uint64(0), Lease: 250, WaitMs: 300000, Key: rep('k', locksm.MaxKeyLen), Owner: rep('o', locksm.MaxOwnerLen)}))
+	add("max-release", mustMsg(Msg{Type: TypeRelease, ID: ^uint64(0), Token: ^uint64(0), Key: rep('~', locksm.MaxKeyLen), Owner: rep('!', locksm.MaxOwnerLen)}))
+	add("max-cancel", mustMsg(Msg{Type: TypeCancel, ID: ^uint64(0), Target: ^uint64(0)}))
+	add("max-granted", mustMsg(Msg{Type: TypeGranted, ID: ^uint64(0), Token: ^uint64(0)}))
+	add("max-moved", mustMsg(Msg{Type: TypeMoved, ID: 1, LeaderAddr: rep('a', 255), LeaderID: rep('i', 255)}))
+	add("max-unknown", mustMsg(Msg{Type: TypeUnknown, ID: 1, Text: rep('u', maxU)}))
+	add("max-error", mustMsg(Msg{Type: TypeError, ID: 1, Code: Code(0xFFFF), Text: rep('e', MaxTextLen)}))
+	add("max-status", mustMsg(Msg{Type: TypeStatusR, ID: ^uint64(0), NodeID: rep('n', 255), Role: RoleShutdown, Term: ^uint64(0),
+		LeaderID: rep('l', 255), LeaderAddr: rep('a', 255), Commit: ^uint64(0), Applied: ^uint64(0), LastToken: ^uint64(0), Held: ^uint64(0), Waiting: ^uint64(0)}))
+	// One over: a field the decoder refuses, or a frame above MaxFrameLen.
+	add("over-acquire-owner", rawFrame('a', u64(1), u16(30), u32(0), s8("k"), s8(rep('o', locksm.MaxOwnerLen+1))))
+	add("over-release-owner", rawFrame('r', u64(2), u64(1), s8(rep('k', locksm.MaxKeyLen)), s8(rep('o', locksm.MaxOwnerLen+1))))
+	add("over-acquire-key-len-past-payload", rawFrame('a', u64(1), u16(30), u32(0), []byte{255}, []byte(rep('k', 254))))
+	add("over-moved-str8-past-payload", rawFrame('M', u64(1), []byte{255}, []byte(rep('a', 255)), []byte{1}))
+	add("over-unknown-text", rawFrame('U', u64(1), s16(rep('u', maxU+1))))
+	add("over-error-text", rawFrame('E', u64(1), u16(1), s16(rep('e', MaxTextLen+1))))
+	add("over-status-role", rawFrame('S', u64(6), s8("n1"), []byte{byte(RoleShutdown) + 1}, u64(1), s8(""), s8(""), make([]byte, 40)))
+	add("over-length-4097", append(binary.BigEndian.AppendUint32(nil, MaxFrameLen+1), 'p'))
+	add("over-length-max-u32", []byte{0xff, 0xff, 0xff, 0xff, 'p'})
+	// Under and malformed.
+	add("under-acquire-key-empty", rawFrame('a', u64(1), u16(30), u32(0), s8(""), s8("o")))
+	add("under-acquire-owner-empty", rawFrame('a', u64(1), u16(30), u32(0), s8("k"), s8("")))
+	add("bad-ping-id0", rawFrame('p', u64(0)))
+	add("bad-ping-trailing", rawFrame('p', u64(1), []byte{0}))
+	add("bad-ping-short", rawFrame('p', u32(1)))
+	add("bad-cancel-target0", rawFrame('c', u64(1), u64(0)))
+	add("bad-error-code0", rawFrame('E', u64(0), u16(0), s16("x")))
+	add("bad-granted-id0", rawFrame('G', u64(0), u64(1)))
+	add("bad-type-only", []byte{0, 0, 0, 1, 'p'})
+	add("bad-length0", []byte{0, 0, 0, 0})
+	add("bad-unknown-type", rawFrame('z', u64(1)))
+	add("bad-type-nul", rawFrame(0, u64(1)))
+	add("truncated-header", []byte{0, 0, 0})
+	add("truncated-payload", mustMsg(sampleMsgs()[0])[:20])
+	for _, s := range handshakeFrameSeeds() {
+		add(s.name, s.data)
+	}
+	add("foreign-http", seedHTTP)
+	add("foreign-tls-clienthello", seedTLS)
+	add("foreign-ssh", seedSSH)
+	var all []byte
+	for i := range sampleMsgs() {
+		all = append(all, seeds[i].data...)
+	}
+	add("stream-all-valid", all)
+	return seeds
+}
+
+// readerSeeds: FuzzReader inputs, a chunk byte (see chunkParams) then a
+// stream: every frame seed alone with rotating read sizes, and streams that
+// mix valid frames, decode errors and each way of ending.
+func readerSeeds() []namedSeed {
+	chunks := []byte{0x00, 0x02, 0x0f, 0x3f, 0x7f, 0x80, 0xc4, 0xff}
+	var seeds []namedSeed
+	for i, s := range frameSeeds() {
+		c := chunks[i%len(chunks)]
+		seeds = append(seeds, namedSeed{fmt.Sprintf("%s-c%02x", s.name, c), append([]byte{c}, s.data...)})
+	}
+	msgs := sampleMsgs()
+	var all []byte
+	for i := range msgs {
+		all = append(all, mustMsg(msgs[i])...)
+	}
+	ping := mustMsg(Msg{Type: TypePing, ID: 1})
+	maxU := mustMsg(Msg{Type: TypeUnknown, ID: 1, Text: rep('u', MaxFrameLen-1-8-2)})
+	maxE := mustMsg(Msg{Type: TypeError, ID: 0, Code: CodeShuttingDown, Text: rep('e', MaxTextLen)})
+	hs := handshakeFrameSeeds()
+	mixed := cat(rawFrame('p', u64(0)), ping,
+		rawFrame('a', u64(9), u16(30), u32(0), s8("k"), s8(rep('o', locksm.MaxOwnerLen+1))), ping,
+		rawFrame('z', u64(1)), hs[0].data, hs[3].data, rawFrame('E', u64(0), u16(0), s16("")), ping)
+	streams := []namedSeed{
+		{"all-valid", all},
+		{"max-frames", cat(maxU, maxE, maxU, ping, maxU, maxE)}, // crosses buffer ends: compaction
+		{"decode-errors-then-valid", mixed},
+		{"ends-frame-too-large", cat(ping, ping, rawFrame('U', u64(1), s16(rep('u', MaxFrameLen-1-8-2+1))))},
+		{"ends-length0", cat(ping, []byte{0, 0, 0, 0}, ping)},
+		{"ends-truncated-frame", cat(ping, all[:len(all)-3])},
+		{"ends-truncated-header", cat(ping, []byte{0, 0})},
+		{"http", seedHTTP},
+		{"tls-clienthello", seedTLS},
+		{"empty", nil},
+	}
+	for _, s := range streams {
+		for _, c := range []byte{0x00, 0x06, 0x41, 0xc4, 0xff} {
+			seeds = append(seeds, namedSeed{fmt.Sprintf("rs-%s-c%02x", s.name, c), append([]byte{c}, s.data...)})
+		}
+	}
+	return seeds
+}
+
+// serverHandshakeSeeds: client byte streams for FuzzHandshake's server
+// (Kind client, secret clientSecret, cluster "prod", node "n1", zero server
+// nonce).
+func serverHandshakeSeeds() []namedSeed {
+	cn := bytes.Repeat([]byte{7}, 32)
+	sn := make([]byte, 32)
+	v := uint16(ProtocolVersion)
+	auth := func(sender, expect string) []byte {
+		tr := specTranscript(v, KindClient, cn, sn, "prod", "n1", sender, expect, nil)
+		return rawFrame('x', specProof(clientSecret, specClientLabel, tr))
+	}
+	hello := specHelloFrame(v, v, KindClient, cn, "prod", "", "")
+	good := auth("", "")
+	serverProof := specProof(clientSecret, specServerLabel, specTranscript(v, KindClient, cn, sn, "prod", "n1", "", "", nil))
+	ping := mustMsg(Msg{Type: TypePing, ID: 1})
+	seeds := []namedSeed{
+		{"valid", cat(hello, good)},
+		{"valid-then-traffic", cat(hello, good, ping, ping)},
+		{"valid-wide-versions", cat(specHelloFrame(1, 0xffff, KindClient, cn, "prod", "", ""), good)},
+		{"valid-max-sender-expect-n1", cat(specHelloFrame(v, v, KindClient, cn, "prod", rep('s', 255), "n1"), auth(rep('s', 255), "n1"))},
+		{"valid-rollover-next-secret-refused", cat(hello, rawFrame('x', specProof(nextPeerSecret, specClientLabel,
+			specTranscript(v, KindClient, cn, sn, "prod", "n1", "", "", nil))))},
+		{"hello-only", hello},
+		{"hello-max-cluster", cat(specHelloFrame(v, v, KindClient, cn, rep('c', 255), "", ""), good)},
+		{"hello-max-expect", cat(specHelloFrame(v, v, KindClient, cn, "prod", "", rep('e', 255)), good)},
+		{"hello-wrong-magic", cat(rawFrame('h', []byte("TKTH"), hello[9:]), good)},
+		{"hello-trailing-byte", cat(rawFrame('h', hello[5:], []byte{0}), good)},
+		{"hello-str8-past-payload", rawFrame('h', hello[5:len(hello)-1], []byte{255})},
+		{"hello-version-1", cat(specHelloFrame(1, 1, KindClient, cn, "prod", "", ""), good)},
+		{"hello-version-3-5", cat(specHelloFrame(3, 5, KindClient, cn, "prod", "", ""), good)},
+		{"hello-min-gt-max", cat(specHelloFrame(v+1, v, KindClient, cn, "prod", "", ""), good)},
+		{"hello-kind-peer", cat(specHelloFrame(v, v, KindPeer, cn, "prod", "n2", "n1"), good)},
+		{"hello-kind-0", cat(specHelloFrame(v, v, 0, cn, "prod", "", ""), good)},
+		{"hello-wrong-cluster", cat(specHelloFrame(v, v, KindClient, cn, "staging", "", ""), good)},
+		{"hello-wrong-expect", cat(specHelloFrame(v, v, KindClient, cn, "prod", "", "n9"), good)},
+		{"hello-over-length", cat(rawFrame('h', hello[5:], make([]byte, MaxFrameLen)))},
+		{"auth-wrong-proof", cat(hello, rawFrame('x', make([]byte, 32)))},
+		{"auth-reflected-server-proof", cat(hello, rawFrame('x', serverProof))},
+		{"auth-truncated", cat(hello, good[:len(good)-1])},
+		{"auth-short-payload", cat(hello, rawFrame('x', good[5:len(good)-1]))},
+		{"auth-long-payload", cat(hello, rawFrame('x', good[5:], []byte{0}))},
+		{"auth-empty", cat(hello, []byte{0, 0, 0, 1, 'x'})},
+		{"auth-length0", cat(hello, []byte{0, 0, 0, 0})},
+		{"auth-too-large", cat(hello, []byte{0, 0, 0x10, 0x01, 'x'})},
+		{"error-after-hello", cat(hello, mustMsg(Msg{Type: TypeError, Code: CodeAuthFailed, Text: "no"}))},
+		{"welcome-after-hello", cat(hello, specWelcome)},
+		{"challenge-reflected", cat(hello, specChallengeFrame(v, sn, "n1", "prod", serverProof))},
+		{"ping-after-hello", cat(hello, ping)},
+		{"first-ping", ping},
+		{"first-auth", good},
+		{"first-error", mustMsg(Msg{Type: TypeError, Code: CodeVersion, Text: "x"})},
+		{"first-welcome", specWelcome},
+		{"length0", []byte{0, 0, 0, 0}},
+		{"length-4097", append(binary.BigEndian.AppendUint32(nil, MaxFrameLen+1), 'h')},
+		{"truncated-hello", hello[:len(hello)-5]},
+		{"truncated-header", hello[:3]},
+		{"foreign-http", seedHTTP},
+		{"foreign-tls-clienthello", seedTLS},
+		{"foreign-ssh", seedSSH},
+		{"empty", nil},
+	}
+	// Peer port (fuzzServerCfgs()[1]: n1/abcdefghij, name n1, secrets
+	// peerSecret and nextPeerSecret): peers, discovery, rollover.
+	peerAuth := func(kind ConnKind, sender, expect string, secret []byte) []byte {
+		tr := specTranscript(v, kind, cn, sn, "prod", "n1/abcdefghij", sender, expect, nil)
+		return rawFrame('x', specProof(secret, specClientLabel, tr))
+	}
+	peerHello := func(kind ConnKind, expect string) []byte {
+		return specHelloFrame(v, v, kind, cn, "prod", "n2/zzzzzzzzzz", expect)
+	}
+	seeds = append(seeds,
+		namedSeed{"peer-valid", cat(peerHello(KindPeer, "n1/abcdefghij"), peerAuth(KindPeer, "n2/zzzzzzzzzz", "n1/abcdefghij", peerSecret))},
+		namedSeed{"peer-valid-next-secret", cat(peerHello(KindPeer, "n1/abcdefghij"), peerAuth(KindPeer, "n2/zzzzzzzzzz", "n1/abcdefghij", nextPeerSecret))},
+		namedSeed{"peer-stranger-secret", cat(peerHello(KindPeer, "n1/abcdefghij"), peerAuth(KindPeer, "n2/zzzzzzzzzz", "n1/abcdefghij", strangerSecret))},
+		namedSeed{"peer-expects-bare-name", cat(peerHello(KindPeer, "n1"), peerAuth(KindPeer, "n2/zzzzzzzzzz", "n1", peerSecret))},
+		namedSeed{"peer-expects-nobody", cat(peerHello(KindPeer, ""), peerAuth(KindPeer, "n2/zzzzzzzzzz", "", peerSecret))},
+		namedSeed{"discover-bare-name", cat(peerHello(KindDiscover, "n1"), peerAuth(KindDiscover, "n2/zzzzzzzzzz", "n1", peerSecret))},
+		namedSeed{"discover-full-id", cat(peerHello(KindDiscover, "n1/abcdefghij"), peerAuth(KindDiscover, "n2/zzzzzzzzzz", "n1/abcdefghij", nextPeerSecret))},
+		namedSeed{"discover-other-name", cat(peerHello(KindDiscover, "n9"), peerAuth(KindDiscover, "n2/zzzzzzzzzz", "n9", peerSecret))},
+		namedSeed{"discover-name-prefix", cat(peerHello(KindDiscover, "n1/"), peerAuth(KindDiscover, "n2/zzzzzzzzzz", "n1/", peerSecret))},
+		namedSeed{"admin-kind-on-peer-port", cat(peerHello(KindAdmin, "n1/abcdefghij"), peerAuth(KindAdmin, "n2/zzzzzzzzzz", "n1/abcdefghij", peerSecret))},
+		namedSeed{"peer-auth-with-client-kind-transcript", cat(peerHello(KindPeer, "n1/abcdefghij"), peerAuth(KindDiscover, "n2/zzzzzzzzzz", "n1/abcdefghij", peerSecret))},
+	)
+	return seeds
+}
+
+// clientHandshakeSeeds: server byte streams for FuzzClientHandshake (see
+// fuzzClientCfgs; zero client nonce).
+func clientHandshakeSeeds() []namedSeed {
+	cn := make([]byte, 32)
+	sn := bytes.Repeat([]byte{0x5a}, 32)
+	v := uint16(ProtocolVersion)
+	// Client dialler: kind client, no sender id, any node.
+	trC := func(version uint16, serverID, clusterID string) []byte {
+		return specTranscript(version, KindClient, cn, sn, clusterID, serverID, "", "", nil)
+	}
+	pC := func(version uint16, serverID, clusterID string) []byte {
+		return specProof(clientSecret, specServerLabel, trC(version, serverID, clusterID))
+	}
+	// Peer dialler: n2 expecting n1, secrets peerSecret and nextPeerSecret.
+	trP := func(serverID string) []byte {
+		return specTranscript(v, KindPeer, cn, sn, "prod", serverID, "n2", "n1", nil)
+	}
+	// Discovering dialler: n2/zzzzzzzzzz expecting the bare name n1.
+	trD := func(serverID string) []byte {
+		return specTranscript(v, KindDiscover, cn, sn, "prod", serverID, "n2/zzzzzzzzzz", "n1", nil)
+	}
+	valid := specChallengeFrame(v, sn, "n1", "prod", pC(v, "n1", "prod"))
+	wrong := bytes.Repeat([]byte{0xee}, 32)
+	ping := mustMsg(Msg{Type: TypePing, ID: 1})
+	eFrame := mustMsg(Msg{Type: TypeError, Code: CodeAuthFailed, Text: "client proof does not match"})
+	return []namedSeed{
+		{"valid", cat(valid, specWelcome)},
+		{"valid-then-traffic", cat(valid, specWelcome, ping)},
+		{"valid-max-server-id", cat(specChallengeFrame(v, sn, rep('n', 255), "prod", pC(v, rep('n', 255), "prod")), specWelcome)},
+		{"two-proofs-second-valid", cat(specChallengeFrame(v, sn, "n1", "prod", wrong, pC(v, "n1", "prod")), specWelcome)},
+		{"two-proofs-first-valid", cat(specChallengeFrame(v, sn, "n1", "prod", pC(v, "n1", "prod"), wrong), specWelcome)},
+		{"two-proofs-both-wrong", cat(specChallengeFrame(v, sn, "n1", "prod", wrong, wrong), specWelcome)},
+		{"peer-valid-current-secret", cat(specChallengeFrame(v, sn, "n1", "prod", specProof(peerSecret, specServerLabel, trP("n1"))), specWelcome)},
+		{"peer-rollover-next-secret", cat(specChallengeFrame(v, sn, "n1", "prod",
+			specProof(strangerSecret, specServerLabel, trP("n1")), specProof(nextPeerSecret, specServerLabel, trP("n1"))), specWelcome)},
+		{"peer-rollover-both", cat(specChallengeFrame(v, sn, "n1", "prod",
+			specProof(nextPeerSecret, specServerLabel, trP("n1")), specProof(peerSecret, specServerLabel, trP("n1"))), specWelcome)},
+		{"peer-wrong-node-name-prefix", cat(specChallengeFrame(v, sn, "n1/abcdefghij", "prod", specProof(peerSecret, specServerLabel, trP("n1/abcdefghij"))), specWelcome)},
+		{"peer-wrong-node-valid-proof", cat(specChallengeFrame(v, sn, "n3", "prod", specProof(peerSecret, specServerLabel, trP("n3"))), specWelcome)},
+		{"discover-full-id", cat(specChallengeFrame(v, sn, "n1/abcdefghij", "prod", specProof(peerSecret, specServerLabel, trD("n1/abcdefghij"))), specWelcome)},
+		{"discover-bare-name", cat(specChallengeFrame(v, sn, "n1", "prod", specProof(peerSecret, specServerLabel, trD("n1"))), specWelcome)},
+		{"discover-other-name", cat(specChallengeFrame(v, sn, "n10/abcdefghij", "prod", specProof(peerSecret, specServerLabel, trD("n10/abcdefghij"))), specWelcome)},
+		{"discover-name-slash-only", cat(specChallengeFrame(v, sn, "n1/", "prod", specProof(peerSecret, specServerLabel, trD("n1/"))), specWelcome)},
+		{"wrong-proof", cat(specChallengeFrame(v, sn, "n1", "prod", wrong), specWelcome)},
+		{"reflected-client-label", cat(specChallengeFrame(v, sn, "n1", "prod",
+			specProof(clientSecret, specClientLabel, trC(v, "n1", "prod"))), specWelcome)},
+		{"proof-for-other-nonce", cat(specChallengeFrame(v, bytes.Repeat([]byte{0x5b}, 32), "n1", "prod", pC(v, "n1", "prod")), specWelcome)},
+		{"n0", cat(specChallengeFrame(v, sn, "n1", "prod"), specWelcome)},
+		{"n3", cat(specChallengeFrame(v, sn, "n1", "prod", pC(v, "n1", "prod"), pC(v, "n1", "prod"), pC(v, "n1", "prod")), specWelcome)},
+		{"n2-one-proof", cat(rawFrame('C', valid[5:len(valid)-33], []byte{2}, valid[len(valid)-32:]), specWelcome)},
+		{"n1-trailing-byte", cat(rawFrame('C', valid[5:], []byte{0}), specWelcome)},
+		{"n255", cat(rawFrame('C', valid[5:len(valid)-33], []byte{255}, bytes.Repeat(valid[len(valid)-32:], 8)), specWelcome)},
+		{"version-1", cat(specChallengeFrame(1, sn, "n1", "prod", pC(1, "n1", "prod")), specWelcome)},
+		{"version-3", cat(specChallengeFrame(3, sn, "n1", "prod", pC(3, "n1", "prod")), specWelcome)},
+		{"wrong-cluster", cat(specChallengeFrame(v, sn, "n1", "staging", pC(v, "n1", "staging")), specWelcome)},
+		{"max-cluster", cat(specChallengeFrame(v, sn, "n1", rep('c', 255), pC(v, "n1", rep('c', 255))), specWelcome)},
+		{"challenge-over-length", cat(rawFrame('C', valid[5:], make([]byte, MaxFrameLen)), specWelcome)},
+		{"truncated-challenge", valid[:len(valid)-1]},
+		{"truncated-header", valid[:2]},
+		{"challenge-only", valid},
+		{"truncated-welcome", cat(valid, specWelcome[:3])},
+		{"welcome-with-payload", cat(valid, rawFrame('W', []byte{0}))},
+		{"welcome-length0", cat(valid, []byte{0, 0, 0, 0})},
+		{"welcome-too-large", cat(valid, []byte{0, 0, 0x10, 0x01, 'W'})},
+		{"challenge-twice", cat(valid, valid)},
+		{"ping-instead-of-welcome", cat(valid, ping)},
+		{"error-after-challenge", cat(valid, eFrame)},
+		{"error", eFrame},
+		{"error-version", mustMsg(Msg{Type: TypeError, Code: CodeVersion, Text: "no common version"})},
+		{"error-unknown-code", mustMsg(Msg{Type: TypeError, Code: 999, Text: "from the future"})},
+		{"error-malformed", rawFrame('E', u64(0), u16(0), s16(""))},
+		{"welcome-first", specWelcome},
+		{"hello-reflected", specHelloFrame(v, v, KindClient, cn, "prod", "", "")},
+		{"ping-first", ping},
+		{"length0", []byte{0, 0, 0, 0}},
+		{"foreign-http-response", seedHTTPResponse},
+		{"foreign-http-request", seedHTTP},
+		{"foreign-tls-clienthello", seedTLS},
+		{"foreign-ssh", seedSSH},
+		{"empty", nil},
+	}
+}
+
+// marshalSeed is Go's corpus file format for one []byte argument.
+func marshalSeed(b []byte) []byte {
+	return fmt.Appendf(nil, "go test fuzz v1\n[]byte(%q)\n", b)
+}
+
+// TestWriteFuzzSeedCorpus writes the named seeds as corpus files (with
+// -wire.writecorpus). Without the flag it only checks that the seed names
+// are unique, so no seed silently overwrites another.
+func TestWriteFuzzSeedCorpus(t *testing.T) {
+	targets := map[string][]namedSeed{
+		"FuzzSplitDecode":     frameSeeds(),
+		"FuzzReader":          readerSeeds(),
+		"FuzzHandshake":       serverHandshakeSeeds(),
+		"FuzzClientHandshake": clientHandshakeSeeds(),
+	}
+	for target, seeds := range targets {
+		seen := map[string]bool{}
+		for _, s := range seeds {
+			if seen[s.name] {
+				t.Fatalf("%s: duplicate seed name %q", target, s.name)
+			}
+			seen[s.name] = true
+		}
+		if !*writeCorpus {
+			continue
+		}
+		dir := filepath.Join("testdata", "fuzz", target)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range seeds {
+			if err := os.WriteFile(filepath.Join(dir, "seed-"+s.name), marshalSeed(s.data), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// TestFuzzSeedsSucceed guards the handshake targets against going vacuous:
+// the seeds built to succeed do succeed (so the fuzzer starts from inputs
+// that reach the end of the handshake), under the configs the targets use.
+func TestFuzzSeedsSucceed(t *testing.T) {
+	byName := func(seeds []namedSeed, name string) []byte {
+		for _, s := range seeds {
+			if s.name == name {
+				return s.data
+			}
+		}
+		t.Fatalf("no seed %q", name)
+		return nil
+	}
+	cfgs := fuzzClientCfgs()
+	for _, tc := range []struct {
+		seed string
+		cfg  int
+	}{
+		{"valid", 0}, {"valid-then-traffic", 0}, {"valid-max-server-id", 0},
+		{"two-proofs-second-valid", 0}, {"two-proofs-first-valid", 0},
+		{"peer-valid-current-secret", 1}, {"peer-rollover-next-secret", 1}, {"peer-rollover-both", 1},
+		{"discover-full-id", 2}, {"discover-bare-name", 2},
+	} {
+		data := byName(clientHandshakeSeeds(), tc.seed)
+		if _, err := ClientHandshake(newFuzzRW(data), cfgs[tc.cfg]); err != nil {
+			t.Errorf("client seed %s: %v", tc.seed, err)
+		}
+		if w := wantClient(cfgs[tc.cfg], data); w.err != nil {
+			t.Errorf("client seed %s: reference says %v", tc.seed, w.err)
+		}
+	}
+	scfgs := fuzzServerCfgs()
+	for _, tc := range []struct {
+		seed string
+		cfg  int
+	}{
+		{"valid", 0}, {"valid-then-traffic", 0}, {"valid-wide-versions", 0}, {"valid-max-sender-expect-n1", 0},
+		{"peer-valid", 1}, {"peer-valid-next-secret", 1}, {"discover-bare-name", 1}, {"discover-full-id", 1},
+	} {
+		data := byName(serverHandshakeSeeds(), tc.seed)
+		if _, err := ServerHandshake(newFuzzRW(data), scfgs[tc.cfg]); err != nil {
+			t.Errorf("server seed %s: %v", tc.seed, err)
+		}
+		if w := wantServer(scfgs[tc.cfg], data); w.err != nil {
+			t.Errorf("server seed %s: reference says %v", tc.seed, w.err)
+		}
+	}
+}
