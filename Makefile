@@ -84,5 +84,5 @@ fuzz:
 	$(GO) test ./cluster/wire -run '^$$' -fuzz FuzzSplitDecode -fuzztime $(FUZZTIME)
 	$(GO) test ./cluster/wire -run '^$$' -fuzz '^FuzzHandshake$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./cluster/wire -run '^$$' -fuzz '^FuzzClientHandshake$$' -fuzztime $(FUZZTIME)
-	$(GO) test ./cluster/wire -run '^$$' -fuzz '^FuzzReader$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./cluster/wire -run '^$$' -fuzz '^FuzzReader$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s
 	$(GO) test ./unixapi -run '^$$' -fuzz FuzzParseLine -fuzztime $(FUZZTIME)
