@@ -53,8 +53,12 @@ var (
 // the leader's commit index and still be promoted.
 const MaxPromoteLag = 64
 
-// memberLock takes Node.memberMu without waiting: one change at a time.
-func (n *Node) memberLock() (unlock func(), err error) {
+// beginChange checks that this node leads and takes Node.memberMu without
+// waiting: one change at a time.
+func (n *Node) beginChange() (unlock func(), err error) {
+	if err := n.requireLeader(); err != nil {
+		return nil, err
+	}
 	if !n.memberMu.TryLock() {
 		return nil, ErrChangeInProgress
 	}
@@ -134,10 +138,7 @@ func (n *Node) AddLearner(serverID, peerAddr string, timeout time.Duration) erro
 	if name, inc := SplitServerID(serverID); ValidateNodeID(name) != nil || len(inc) != incarnationLen {
 		return fmt.Errorf("%w: %q is not NAME/INCARNATION", ErrBadConfig, serverID)
 	}
-	if err := n.requireLeader(); err != nil {
-		return err
-	}
-	unlock, err := n.memberLock()
+	unlock, err := n.beginChange()
 	if err != nil {
 		return err
 	}
@@ -151,10 +152,7 @@ func (n *Node) AddLearner(serverID, peerAddr string, timeout time.Duration) erro
 // Promote makes learner id a voter, if it is caught up (lag at most
 // MaxPromoteLag) and the cluster would have at most 5 voters.
 func (n *Node) Promote(id string, timeout time.Duration) error {
-	if err := n.requireLeader(); err != nil {
-		return err
-	}
-	unlock, err := n.memberLock()
+	unlock, err := n.beginChange()
 	if err != nil {
 		return err
 	}
@@ -185,10 +183,7 @@ func (n *Node) Promote(id string, timeout time.Duration) error {
 // now; the leader itself first hands leadership over and returns
 // ErrNotLeader (ask the new leader).
 func (n *Node) Remove(id string, timeout time.Duration) error {
-	if err := n.requireLeader(); err != nil {
-		return err
-	}
-	unlock, err := n.memberLock()
+	unlock, err := n.beginChange()
 	if err != nil {
 		return err
 	}

@@ -161,7 +161,7 @@ func voters(ms []cluster.Member) int {
 
 // Unsafe requests are refused: removing a voter that would leave fewer
 // than 3, promoting a learner that is not there or lags, a second change at
-// once is covered by memberLock.
+// once is covered by beginChange.
 func TestUnsafeMembershipChangesRefused(t *testing.T) {
 	c := startCluster(t, 3)
 	li := c.leader()

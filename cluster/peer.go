@@ -156,12 +156,7 @@ func (l *peerLayer) serverHandshake(raw net.Conn) {
 		if logFailure(failures) {
 			l.log.Warn("peer admission refused", "remote", raw.RemoteAddr().String(), "recent_failures_from_ip", failures, "err", err)
 		}
-		t := time.NewTimer(delay)
-		select {
-		case <-t.C:
-		case <-l.closing:
-		}
-		t.Stop()
+		holdFor(delay, l.closing)
 		raw.Close()
 		return
 	}

@@ -172,7 +172,10 @@ func (n *Node) admitClient(cc *clientConn) bool {
 }
 
 // hold sleeps for d, or until the node closes.
-func (n *Node) hold(d time.Duration) {
+func (n *Node) hold(d time.Duration) { holdFor(d, n.closing) }
+
+// holdFor sleeps for d, or until closing is closed.
+func holdFor(d time.Duration, closing <-chan struct{}) {
 	if d <= 0 {
 		return
 	}
@@ -180,7 +183,7 @@ func (n *Node) hold(d time.Duration) {
 	defer t.Stop()
 	select {
 	case <-t.C:
-	case <-n.closing:
+	case <-closing:
 	}
 }
 
