@@ -107,7 +107,7 @@ func (n *Node) serveAdmin(raw net.Conn) {
 	c, binding, err := secureAccept(raw, n.cfg.ClientTLS)
 	if err == nil {
 		_, err = wire.ServerHandshake(c, wire.HandshakeConfig{Kind: wire.KindAdmin, Secret: n.cfg.AdminSecret,
-			ClusterID: n.cfg.ClusterID, NodeID: n.serverID, ChannelBinding: binding})
+			ClusterID: n.cfg.ClusterID, Domain: n.fsm.getDomain(), NodeID: n.serverID, ChannelBinding: binding})
 	}
 	if err != nil {
 		n.stats.clientAuthFailures.Add(1)

@@ -29,8 +29,11 @@ type Member struct {
 	ServerID string // NAME/INCARNATION
 	Name     string
 	PeerAddr string // host:port of its peer port
-	Voter    bool
-	Leader   bool
+	// ClientAddr is the client address it announced through the log; ""
+	// until it has led once (only leaders announce theirs).
+	ClientAddr string
+	Voter      bool
+	Leader     bool
 }
 
 // Sentinel errors of membership changes.
@@ -77,7 +80,7 @@ func (n *Node) Members() ([]Member, error) {
 		name, _ := SplitServerID(string(s.ID))
 		_, hostport, _ := splitRaftAddr(s.Address)
 		out = append(out, Member{ServerID: string(s.ID), Name: name, PeerAddr: hostport,
-			Voter: s.Suffrage == raft.Voter, Leader: s.ID == leader})
+			ClientAddr: n.fsm.clientAddr(string(s.ID)), Voter: s.Suffrage == raft.Voter, Leader: s.ID == leader})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ServerID < out[j].ServerID })
 	return out, nil

@@ -247,6 +247,10 @@ func TestGrowToFiveAndShrinkToThree(t *testing.T) {
 			h, ok := c.holderOn(i, "k")
 			return ok && h.Token == tok
 		})
+		// Clients see the learner in the members reply (any node answers).
+		if got := suffrageOf(t, lc.do(wire.Msg{Type: wire.TypeMembers}), id); got != wire.SuffrageLearner {
+			t.Fatalf("%s is a %v in the members reply, want a learner", id, got)
+		}
 		for {
 			_, err := a.Do(ctx, cluster.AdminRequest{Op: "promote", ID: id})
 			if err == nil {
@@ -256,6 +260,9 @@ func TestGrowToFiveAndShrinkToThree(t *testing.T) {
 				t.Fatalf("promote %s: %v", id, err)
 			}
 			time.Sleep(100 * time.Millisecond)
+		}
+		if got := suffrageOf(t, lc.do(wire.Msg{Type: wire.TypeMembers}), id); got != wire.SuffrageVoter {
+			t.Fatalf("%s is a %v in the members reply after promote", id, got)
 		}
 	}
 	rep, err := a.Do(ctx, cluster.AdminRequest{Op: "members"})
@@ -283,4 +290,19 @@ func TestGrowToFiveAndShrinkToThree(t *testing.T) {
 	if t2 := mustGrant(t, lc.do(acquireMsg("k2", "a", 30, 0))); t2 <= tok {
 		t.Fatalf("token %d after %d", t2, tok)
 	}
+}
+
+// suffrageOf finds id in a members reply (failing if absent).
+func suffrageOf(t *testing.T, r wire.Msg, id string) wire.Suffrage {
+	t.Helper()
+	if r.Type != wire.TypeMembersR {
+		t.Fatalf("members request answered %s %+v", wire.TypeName(r.Type), r)
+	}
+	for _, m := range r.Members {
+		if m.ServerID == id {
+			return m.Suffrage
+		}
+	}
+	t.Fatalf("%s missing from members reply %+v", id, r.Members)
+	return 0
 }

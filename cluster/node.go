@@ -187,6 +187,7 @@ func (n *Node) start() error {
 	n.log = n.log.With("server", n.serverID)
 	n.hasState.Store(has)
 
+	n.fsm = newFSM(n, n.log) // before the peer layer, which reads the domain
 	peerLn := cfg.PeerListener
 	if peerLn == nil {
 		if peerLn, err = net.Listen("tcp", cfg.PeerAddr); err != nil {
@@ -194,6 +195,7 @@ func (n *Node) start() error {
 		}
 	}
 	n.peers = newPeerLayer(peerLn, cfg, n.serverID, n.log, &n.stats.peerAuthFailures, n.identity)
+	n.peers.domain = n.fsm.getDomain
 	n.transport = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream:  n.peers,
 		MaxPool: 3,
@@ -232,7 +234,6 @@ func (n *Node) start() error {
 	rc.Logger = hlog
 	rc.NoLegacyTelemetry = true
 
-	n.fsm = newFSM(n, n.log)
 	if !has {
 		n.log.Warn("empty data dir: this server waits until a configuration names it (ticketing bootstrap " +
 			"on a new cluster, or ticketing members add-learner on an existing one)")

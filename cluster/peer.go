@@ -50,10 +50,13 @@ func (a peerNetAddr) String() string  { return a.s }
 // signs its exporter, and each side checks that the other's certificate
 // names the node id it proved.
 type peerLayer struct {
-	ln        net.Listener
-	self      string // this node's server id, NAME/INCARNATION
-	name      string // this node's name
-	identity  func() wire.Identity
+	ln       net.Listener
+	self     string // this node's server id, NAME/INCARNATION
+	name     string // this node's name
+	identity func() wire.Identity
+	// domain returns this node's fencing domain for each handshake ("" in
+	// Bootstrap's dialer and before the domain is known).
+	domain    func() string
 	advertise raft.ServerAddress
 	hs        wire.HandshakeConfig
 	timeout   time.Duration
@@ -143,6 +146,7 @@ func (l *peerLayer) serverHandshake(raw net.Conn) {
 	if err == nil {
 		hs := l.hs
 		hs.ChannelBinding = binding
+		hs.Domain = l.currentDomain()
 		peer, err = wire.ServerHandshake(c, hs)
 	}
 	peerName, _ := SplitServerID(peer.NodeID)
@@ -252,11 +256,19 @@ func (l *peerLayer) dialPeer(kind wire.ConnKind, expect, name, hostport string, 
 	}
 	hs := l.hs
 	hs.Kind, hs.ExpectNodeID, hs.ChannelBinding = kind, expect, binding
+	hs.Domain = l.currentDomain()
 	if peer, err = wire.ClientHandshake(c, hs); err != nil {
 		raw.Close()
 		return nil, nil, wire.Peer{}, fmt.Errorf("cluster: handshake with %s at %s: %w", expect, hostport, err)
 	}
 	return raw, c, peer, nil
+}
+
+func (l *peerLayer) currentDomain() string {
+	if l.domain == nil {
+		return ""
+	}
+	return l.domain()
 }
 
 // newPeerDialer is a peerLayer that only dials (Bootstrap's discovery).

@@ -148,6 +148,7 @@ func (n *Node) admitClient(cc *clientConn) bool {
 			Secret:         n.cfg.ClientSecret,
 			NextSecret:     n.cfg.NextClientSecret,
 			ClusterID:      n.cfg.ClusterID,
+			Domain:         n.fsm.getDomain(),
 			NodeID:         n.serverID,
 			ChannelBinding: binding,
 		})
@@ -232,6 +233,11 @@ func (n *Node) handle(cc *clientConn, m *wire.Msg) bool {
 		st := n.status()
 		st.ID = m.ID
 		cc.send(&st)
+		return true
+	case wire.TypeMembers:
+		ms := n.membersReply()
+		ms.ID = m.ID
+		cc.send(&ms)
 		return true
 	case wire.TypeAcquire, wire.TypeRelease, wire.TypeCancel:
 	default:
@@ -385,6 +391,32 @@ func (n *Node) status() wire.Msg {
 		st.Waiting = uint64(s.NumWaiting())
 	})
 	return st
+}
+
+// membersReply builds a members reply (without its id): this node's view
+// of the configuration, as many members as fit in one frame (a cluster has
+// at most 5 voters and a learner or two, far below that).
+func (n *Node) membersReply() wire.Msg {
+	r := wire.Msg{Type: wire.TypeMembersR}
+	ms, err := n.Members()
+	if err != nil {
+		return r
+	}
+	size := 1 + 8 + 1
+	for _, m := range ms {
+		mb := wire.Member{ServerID: m.ServerID, ClientAddr: m.ClientAddr, Suffrage: wire.SuffrageLearner}
+		if m.Voter {
+			mb.Suffrage = wire.SuffrageVoter
+		}
+		if len(mb.ClientAddr) > 255 {
+			mb.ClientAddr = ""
+		}
+		if size += 1 + len(mb.ServerID) + 1 + 1 + len(mb.ClientAddr); size > wire.MaxFrameLen {
+			break
+		}
+		r.Members = append(r.Members, mb)
+	}
+	return r
 }
 
 // send encodes m for the writer. Never blocks; a message that cannot be

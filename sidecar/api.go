@@ -9,6 +9,8 @@ package sidecar
 import (
 	"errors"
 	"time"
+
+	"ticketing/cluster/wire"
 )
 
 // Sentinel errors. Definite errors from the cluster come back as the
@@ -55,7 +57,11 @@ type Lock struct {
 // Info describes the broker's view of the cluster.
 type Info struct {
 	ClusterID string
+	Domain    string   // the fencing domain the nodes belong to, "" until known
 	Leader    string   // client address of the known leader, "" if unknown
 	Connected []string // addresses with a live connection
 	Addrs     []string // every configured address
+	// Members is the Raft configuration as the leader last reported it
+	// (refreshed on leader changes and every 30 s; nil until known).
+	Members []wire.Member
 }

@@ -32,6 +32,11 @@ type Config struct {
 	TLS *tls.Config
 	// ClusterID must match the nodes'.
 	ClusterID string
+	// Domain is the fencing domain the nodes must belong to; "" learns it
+	// from the first node that names one and then holds to it. A node of
+	// another domain is refused (its tokens are not comparable with the
+	// ones already handed out through this broker).
+	Domain string
 
 	// DialTimeout bounds one dial + handshake. Zero: 2 s.
 	DialTimeout time.Duration
@@ -103,6 +108,9 @@ func (c Config) Validate() error {
 	if len(c.Secret) < wire.MinSecretLen {
 		return fmt.Errorf("%w: the client secret must be at least %d bytes", ErrBadConfig, wire.MinSecretLen)
 	}
+	if len(c.Domain) > 255 {
+		return fmt.Errorf("%w: fencing domain of %d bytes (at most 255)", ErrBadConfig, len(c.Domain))
+	}
 	if c.BackoffMin < 0 || c.BackoffMax < c.BackoffMin && c.BackoffMax != 0 {
 		return fmt.Errorf("%w: backoff bounds %v..%v", ErrBadConfig, c.BackoffMin, c.BackoffMax)
 	}
@@ -153,11 +161,16 @@ type Broker struct {
 	slots    []*slot
 	releases chan *releaseJob
 
-	mu      sync.Mutex
-	leader  string        // client address of the known serving leader
-	rr      int           // round-robin position
-	changed chan struct{} // closed (and replaced) when a slot or the leader changes
-	closed  bool
+	mu     sync.Mutex
+	domain string // the pinned fencing domain ("" until a node names one)
+	leader string // client address of the known serving leader
+	// members is the leader's view of the Raft configuration, refreshed on
+	// every leader change and every membersRefresh; nil until first asked.
+	members   []wire.Member
+	membersAt time.Time
+	rr        int           // round-robin position
+	changed   chan struct{} // closed (and replaced) when a slot or the leader changes
+	closed    bool
 
 	closing  chan struct{}
 	slotWG   sync.WaitGroup
@@ -183,6 +196,7 @@ func New(cfg Config) (*Broker, error) {
 	}
 	cfg = cfg.withDefaults()
 	b := &Broker{
+		domain:   cfg.Domain,
 		cfg:      cfg,
 		log:      cfg.Logger.With("component", "broker"),
 		releases: make(chan *releaseJob, cfg.ReleaseQueue),
@@ -220,11 +234,20 @@ func (b *Broker) keep(s *slot) {
 	backoff := b.cfg.BackoffMin
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), b.cfg.DialTimeout)
+		b.mu.Lock()
+		domain := b.domain
+		b.mu.Unlock()
 		conn, err := client.Dial(ctx, s.addr, client.Config{
 			Secret: b.cfg.Secret, NextSecret: b.cfg.NextSecret, TLS: b.cfg.TLS,
-			ClusterID: b.cfg.ClusterID, HandshakeTimeout: b.cfg.DialTimeout, Dialer: b.cfg.Dialer,
+			ClusterID: b.cfg.ClusterID, Domain: domain, HandshakeTimeout: b.cfg.DialTimeout, Dialer: b.cfg.Dialer,
 		})
 		cancel()
+		if err == nil {
+			if err = b.pinDomain(s.addr, conn.Peer().Domain); err != nil {
+				conn.Close()
+				b.log.Error("refusing a node of another fencing domain", "addr", s.addr, "err", err)
+			}
+		}
 		if err == nil {
 			backoff = b.cfg.BackoffMin
 			b.up(s, conn)
@@ -245,6 +268,29 @@ func (b *Broker) keep(s *slot) {
 	}
 }
 
+// ErrWrongDomain: a node belongs to another fencing domain than the one
+// this broker holds to.
+var ErrWrongDomain = errors.New("sidecar: node of another fencing domain")
+
+// pinDomain checks a node's domain against the pinned one, pinning it if
+// none is yet. A node that names no domain (it has not joined a cluster)
+// is accepted: it never serves.
+func (b *Broker) pinDomain(addr, domain string) error {
+	if domain == "" {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case b.domain == "":
+		b.domain = domain
+		b.log.Info("fencing domain", "domain", domain, "from", addr)
+	case b.domain != domain:
+		return fmt.Errorf("%w: %s is in domain %s, this sidecar serves domain %s", ErrWrongDomain, addr, domain, b.domain)
+	}
+	return nil
+}
+
 // watch waits for conn to die or the broker to close. While no leader is
 // known it asks conn's node now and then, so the broker learns of a new
 // leader before a request needs one (an election may still have been under
@@ -260,12 +306,20 @@ func (b *Broker) watch(addr string, conn *client.Conn) {
 		}
 		b.mu.Lock()
 		known := b.leader != ""
+		stale := b.leader == addr && b.cfg.Now().Sub(b.membersAt) >= membersRefresh
 		b.mu.Unlock()
-		if !known {
+		switch {
+		case !known:
 			b.probe(addr, conn)
+		case stale:
+			b.fetchMembers(addr, conn)
 		}
 	}
 }
+
+// membersRefresh is how often the leader's connection is asked for the
+// members (INFO shows them; it is information, not routing).
+const membersRefresh = 30 * time.Second
 
 // leaderProbeInterval is how often an idle connection asks for the leader
 // while none is known.
@@ -315,7 +369,23 @@ func (b *Broker) probe(addr string, conn *client.Conn) {
 	st, _, err := conn.Do(ctx, wire.Msg{Type: wire.TypeStatus})
 	if err == nil && st.Type == wire.TypeStatusR && st.Role == wire.RoleLeader && st.LeaderAddr != "" {
 		b.setLeader(addr)
+		b.fetchMembers(addr, conn)
 	}
+}
+
+// fetchMembers asks the leader's node for the configuration (a read, safe
+// to repeat).
+func (b *Broker) fetchMembers(addr string, conn *client.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.DialTimeout)
+	defer cancel()
+	r, _, err := conn.Do(ctx, wire.Msg{Type: wire.TypeMembers})
+	if err != nil || r.Type != wire.TypeMembersR {
+		b.log.Debug("members request failed", "addr", addr, "err", err, "reply", wire.TypeName(r.Type))
+		return
+	}
+	b.mu.Lock()
+	b.members, b.membersAt = r.Members, b.cfg.Now()
+	b.mu.Unlock()
 }
 
 // setLeader records a leader hint if it names one of our addresses.
@@ -738,7 +808,8 @@ func releaseGone(err error) bool {
 func (b *Broker) Info() Info {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	in := Info{ClusterID: b.cfg.ClusterID, Leader: b.leader, Addrs: append([]string(nil), b.cfg.Addrs...)}
+	in := Info{ClusterID: b.cfg.ClusterID, Domain: b.domain, Leader: b.leader, Addrs: append([]string(nil), b.cfg.Addrs...),
+		Members: append([]wire.Member(nil), b.members...)}
 	seen := map[string]bool{}
 	for _, s := range b.slots {
 		if s.conn != nil && !seen[s.addr] {

@@ -559,3 +559,111 @@ func TestBrokerSingleAddressSurvivesOneDrop(t *testing.T) {
 		}
 	}
 }
+
+// Tokens of two fencing domains are not comparable, so one broker must
+// never hand out tokens from both: it holds to the first domain a node
+// names and refuses nodes of any other (a second cluster started with the
+// same cluster id and secret, e.g. after `bootstrap --new-domain` on some
+// of the old machines while a stale node still runs).
+func TestBrokerRefusesASecondFencingDomain(t *testing.T) {
+	a := startCluster(t)
+	dirB := t.TempDir()
+	secret, err := os.ReadFile(a.SecretFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dirB+"/client.secret", secret, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b2, err := local.Start(local.Options{Dir: dirB, Tune: local.FastRaft, Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b2.Close() })
+	leaderOf(t, b2)
+	if a.Domain == "" || b2.Domain == "" || a.Domain == b2.Domain {
+		t.Fatalf("domains %q and %q", a.Domain, b2.Domain)
+	}
+
+	// Pinned to A's domain by config: B's nodes are refused at the handshake.
+	br := newBroker(t, a, func(cfg *Config) {
+		cfg.Domain = a.Domain
+		cfg.Addrs = append(a.ClientAddrs(), b2.ClientAddrs()...)
+	})
+	ctx := ctxT(t, 30*time.Second)
+	waitFor(t, "A's three nodes connected", 5*time.Second, func() bool { return len(br.Info().Connected) == 3 })
+	time.Sleep(300 * time.Millisecond) // B's nodes had every chance to connect
+	in := br.Info()
+	if in.Domain != a.Domain || len(in.Connected) != 3 {
+		t.Fatalf("info %+v, want only A's nodes (domain %s)", in, a.Domain)
+	}
+	for _, addr := range in.Connected {
+		for _, bad := range b2.ClientAddrs() {
+			if addr == bad {
+				t.Fatalf("connected to %s of domain %s", addr, b2.Domain)
+			}
+		}
+	}
+	lk, err := br.Acquire(ctx, "k", "o", 10*time.Second, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := holder(a, leaderOf(t, a), "k"); !ok {
+		t.Fatal("the grant did not come from domain A")
+	}
+	if err := br.Release(ctx, lk); err != nil {
+		t.Fatal(err)
+	}
+
+	// Unpinned: the first domain seen wins and the other is refused; it
+	// never connects to both.
+	free := newBrokerAddrs(t, a, append(b2.ClientAddrs(), a.ClientAddrs()...))
+	waitFor(t, "a domain pinned", 5*time.Second, func() bool { return free.Info().Domain != "" })
+	time.Sleep(300 * time.Millisecond)
+	in = free.Info()
+	want := a.ClientAddrs()
+	if in.Domain == b2.Domain {
+		want = b2.ClientAddrs()
+	}
+	if len(in.Connected) != 3 {
+		t.Fatalf("connected %v in domain %s, want %v", in.Connected, in.Domain, want)
+	}
+	for _, addr := range in.Connected {
+		ok := false
+		for _, w := range want {
+			ok = ok || addr == w
+		}
+		if !ok {
+			t.Fatalf("connected %v in domain %s: %s is of the other domain", in.Connected, in.Domain, addr)
+		}
+	}
+
+	// Pinned to a domain nobody serves: nothing connects, acquire is
+	// unavailable (never a grant from a foreign domain).
+	none := newBrokerAddrs(t, a, a.ClientAddrs(), func(cfg *Config) {
+		cfg.Domain = "00000000000000000000000000000000"
+		cfg.LeaderWait = 500 * time.Millisecond
+	})
+	if _, err := none.Acquire(ctx, "k2", "o", 10*time.Second, 0); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("acquire through a broker of a foreign domain: %v, want ErrUnavailable", err)
+	}
+	if got := none.Info(); len(got.Connected) != 0 {
+		t.Fatalf("connected to %v of another domain", got.Connected)
+	}
+}
+
+// newBrokerAddrs is a broker on addrs that does not wait for a leader.
+func newBrokerAddrs(t *testing.T, c *local.Cluster, addrs []string, tune ...func(*Config)) *Broker {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.Addrs, cfg.Secret, cfg.ClusterID, cfg.Logger = addrs, c.ClientSecret, c.ClusterID, testLogger()
+	for _, f := range tune {
+		f(&cfg)
+	}
+	b, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -417,9 +418,58 @@ func TestServerCloseReleases(t *testing.T) {
 func TestInfoAndConfig(t *testing.T) {
 	s := serve(t, nil)
 	got := dial(t, s).do("INFO")
-	if !strings.HasPrefix(got, "INFO cluster=dev leader=127.0.0.1:") || !strings.HasSuffix(got, "/3") {
-		t.Fatalf("INFO: %q", got)
+	// The sidecar learns the cluster's fencing domain from the nodes.
+	if !strings.HasPrefix(got, "INFO cluster=dev leader=127.0.0.1:") || !strings.Contains(got, " connected=3/3 ") ||
+		!strings.Contains(got, " domain="+testCluster.Domain+" ") {
+		t.Fatalf("INFO: %q (domain %s)", got, testCluster.Domain)
 	}
+	// And the members, as the leader reports them: every server id, each a
+	// voter, the leader with its client address (a follower shows "-", or
+	// its address if it led before).
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	li, err := testCluster.Leader(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrOf := map[string]string{}
+	for i := range testCluster.Size() {
+		addrOf[testCluster.Node(i).ServerID()] = testCluster.ClientAddr(i)
+	}
+	// The broker asks for them right after it learns the leader.
+	var members string
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		_, members, _ = strings.Cut(got, " members=")
+		members, _, _ = strings.Cut(members, " ")
+		if members != "-" || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+		got = dial(t, s).do("INFO")
+	}
+	var ids []string
+	for _, e := range strings.Split(members, ",") {
+		idRole, addr, _ := strings.Cut(e, "@")
+		cut := strings.LastIndexByte(idRole, ':')
+		if cut < 0 {
+			t.Fatalf("INFO members %q: entry %q", members, e)
+		}
+		id, role := idRole[:cut], idRole[cut+1:]
+		ids = append(ids, id)
+		leader := id == testCluster.Node(li).ServerID()
+		if role != "voter" || leader && addr != addrOf[id] || !leader && addr != "-" && addr != addrOf[id] {
+			t.Fatalf("INFO members %q: entry %q (leader %s at %s)", members, e, testCluster.Node(li).ServerID(), testCluster.ClientAddr(li))
+		}
+	}
+	if len(ids) != 3 || !sort.StringsAreSorted(ids) || len(addrOf) != 3 {
+		t.Fatalf("INFO members %q, want the 3 server ids %v sorted", members, addrOf)
+	}
+	for _, id := range ids {
+		if _, ok := addrOf[id]; !ok {
+			t.Fatalf("INFO members %q: unknown server %s", members, id)
+		}
+	}
+
 	for _, bad := range []func(*unixapi.Config){
 		func(c *unixapi.Config) { c.Path = "" },
 		func(c *unixapi.Config) { c.Path = strings.Repeat("p", 108) },

@@ -403,7 +403,24 @@ func (ss *session) infoLine() string {
 	if leader == "" {
 		leader = "-"
 	}
-	return fmt.Sprintf("INFO cluster=%s leader=%s connected=%d/%d", clean(id), clean(leader), len(in.Connected), len(in.Addrs))
+	domain := in.Domain
+	if domain == "" {
+		domain = "-"
+	}
+	members := "-"
+	if len(in.Members) > 0 {
+		parts := make([]string, len(in.Members))
+		for i, m := range in.Members {
+			addr := m.ClientAddr
+			if addr == "" {
+				addr = "-"
+			}
+			parts[i] = clean(m.ServerID) + ":" + m.Suffrage.String() + "@" + clean(addr)
+		}
+		members = strings.Join(parts, ",")
+	}
+	return fmt.Sprintf("INFO cluster=%s leader=%s connected=%d/%d domain=%s members=%s", clean(id), clean(leader),
+		len(in.Connected), len(in.Addrs), clean(domain), members)
 }
 
 func (ss *session) heldLine() string {

@@ -78,6 +78,10 @@ type Config struct {
 	KeepAlive time.Duration
 	// ClusterID must match the node's; "" for the default.
 	ClusterID string
+	// Domain, when set, is the fencing domain the node must belong to
+	// (the handshake fails with wrong_domain otherwise). "": any; the
+	// node's domain is in Conn.Peer().Domain.
+	Domain string
 	// HandshakeTimeout bounds dial + handshake; zero means 5s.
 	HandshakeTimeout time.Duration
 	// Dialer dials TCP; nil means a net.Dialer.
@@ -168,6 +172,7 @@ func Dial(ctx context.Context, addr string, cfg Config) (*Conn, error) {
 			Secret:         cfg.Secret,
 			NextSecret:     cfg.NextSecret,
 			ClusterID:      cfg.ClusterID,
+			Domain:         cfg.Domain,
 			ChannelBinding: binding,
 		})
 	}

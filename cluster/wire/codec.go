@@ -211,6 +211,18 @@ func DecodeMsg(typ byte, payload []byte, m *Msg) error {
 		m.LastToken = d.u64()
 		m.Held = d.u64()
 		m.Waiting = d.u64()
+	case TypeMembersR:
+		n := int(d.u8())
+		// Each member takes at least 3 bytes: a count beyond the payload is
+		// malformed before anything is allocated for it.
+		if n > 0 && 3*n <= len(d.b) {
+			m.Members = make([]Member, n)
+			for i := range m.Members {
+				m.Members[i] = Member{ServerID: d.str8(), Suffrage: Suffrage(d.u8()), ClientAddr: d.str8()}
+			}
+		} else if n > 0 {
+			d.fail = true
+		}
 	}
 	if !d.done() {
 		if d.fail {
@@ -254,6 +266,15 @@ func checkFields(m *Msg) error {
 		if m.Role > RoleShutdown {
 			return fmt.Errorf("%w: role %d", ErrMalformed, m.Role)
 		}
+	case TypeMembersR:
+		if len(m.Members) > 255 {
+			return fmt.Errorf("%w: %d members", ErrMalformed, len(m.Members))
+		}
+		for _, mb := range m.Members {
+			if mb.ServerID == "" || mb.Suffrage > SuffrageLearner {
+				return fmt.Errorf("%w: member %q suffrage %d", ErrMalformed, mb.ServerID, mb.Suffrage)
+			}
+		}
 	}
 	return nil
 }
@@ -284,7 +305,7 @@ func payloadLen(m *Msg) (int, error) {
 		n += 8 + s8(m.Key) + s8(m.Owner)
 	case TypeCancel, TypeGranted:
 		n += 8
-	case TypePing, TypeStatus, TypeBusy, TypeTimeout, TypeOK, TypePong:
+	case TypePing, TypeStatus, TypeMembers, TypeBusy, TypeTimeout, TypeOK, TypePong:
 	case TypeMoved:
 		n += s8(m.LeaderAddr) + s8(m.LeaderID)
 	case TypeUnknown:
@@ -293,6 +314,11 @@ func payloadLen(m *Msg) (int, error) {
 		n += 2 + s16(m.Text)
 	case TypeStatusR:
 		n += s8(m.NodeID) + 1 + 8 + s8(m.LeaderID) + s8(m.LeaderAddr) + 5*8
+	case TypeMembersR:
+		n++
+		for _, mb := range m.Members {
+			n += s8(mb.ServerID) + 1 + s8(mb.ClientAddr)
+		}
 	default:
 		return 0, fmt.Errorf("%w: cannot encode %s", ErrUnknownType, TypeName(m.Type))
 	}
@@ -354,6 +380,13 @@ func AppendMsg(dst []byte, m *Msg) ([]byte, error) {
 		b = binary.BigEndian.AppendUint64(b, m.LastToken)
 		b = binary.BigEndian.AppendUint64(b, m.Held)
 		b = binary.BigEndian.AppendUint64(b, m.Waiting)
+	case TypeMembersR:
+		b = append(b, byte(len(m.Members)))
+		for _, mb := range m.Members {
+			b = appendStr8(b, mb.ServerID)
+			b = append(b, byte(mb.Suffrage))
+			b = appendStr8(b, mb.ClientAddr)
+		}
 	}
 	return b, nil
 }

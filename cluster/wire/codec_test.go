@@ -39,6 +39,10 @@ func sampleMsgs() []Msg {
 		{Type: TypeStatusR, ID: 6, NodeID: "n1", Role: RoleLeader, Term: 3, LeaderID: "n1", LeaderAddr: "10.0.0.1:7001",
 			Commit: 100, Applied: 99, LastToken: 12, Held: 4, Waiting: 9},
 		{Type: TypeStatusR, ID: 6, Role: RoleUnknown},
+		{Type: TypeMembers, ID: 7},
+		{Type: TypeMembersR, ID: 7, Members: []Member{{ServerID: "n1/aaaaaaaaaa", ClientAddr: "10.0.0.1:7001"},
+			{ServerID: "n4/bbbbbbbbbb", Suffrage: SuffrageLearner}}},
+		{Type: TypeMembersR, ID: 7},
 	}
 }
 
@@ -211,6 +215,11 @@ func TestDecodeMalformed(t *testing.T) {
 		{"error trailing", 'E', bytes.Join([][]byte{u64(0), u16(1), u16(0), {1}}, nil), []error{ErrMalformed}},
 		{"status bad role", 'S', bytes.Join([][]byte{u64(1), s8(""), {9}, u64(0), s8(""), s8(""), u64(0), u64(0), u64(0), u64(0), u64(0)}, nil), []error{ErrMalformed}},
 		{"status short", 'S', bytes.Join([][]byte{u64(1), s8(""), {1}, u64(0), s8(""), s8(""), u64(0), u64(0), u64(0), u64(0)}, nil), []error{ErrMalformed}},
+		{"members count beyond payload", 'L', bytes.Join([][]byte{u64(1), {255}, s8("n1"), {0}, s8("")}, nil), []error{ErrMalformed}},
+		{"members entry truncated", 'L', bytes.Join([][]byte{u64(1), {2}, s8("n1"), {0}, s8(""), s8("n2")}, nil), []error{ErrMalformed}},
+		{"members bad suffrage", 'L', bytes.Join([][]byte{u64(1), {1}, s8("n1"), {2}, s8("")}, nil), []error{ErrMalformed}},
+		{"members empty id", 'L', bytes.Join([][]byte{u64(1), {1}, s8(""), {0}, s8("")}, nil), []error{ErrMalformed}},
+		{"members trailing", 'L', bytes.Join([][]byte{u64(1), {0}, {0}}, nil), []error{ErrMalformed}},
 		{"unknown type", 'z', u64(1), []error{ErrUnknownType}},
 		{"zero type", 0, nil, []error{ErrUnknownType}},
 		{"hello after handshake", TypeHello, nil, []error{ErrUnexpectedFrame}},
@@ -255,6 +264,9 @@ func TestAppendRefuses(t *testing.T) {
 		{"code 0", Msg{Type: TypeError, ID: 1}, ErrMalformed},
 		{"cancel target 0", Msg{Type: TypeCancel, ID: 1}, ErrMalformed},
 		{"bad role", Msg{Type: TypeStatusR, ID: 1, Role: 200}, ErrMalformed},
+		{"bad suffrage", Msg{Type: TypeMembersR, ID: 1, Members: []Member{{ServerID: "n1", Suffrage: 7}}}, ErrMalformed},
+		{"member id too long", Msg{Type: TypeMembersR, ID: 1, Members: []Member{{ServerID: strings.Repeat("n", 256)}}}, ErrMalformed},
+		{"members beyond a frame", Msg{Type: TypeMembersR, ID: 1, Members: manyMembers(20)}, ErrFrameTooLarge},
 	}
 	for _, c := range cases {
 		dst := []byte("keep")
@@ -413,4 +425,12 @@ func BenchmarkSplitDecode(b *testing.B) {
 			rest = rest[n:]
 		}
 	}
+}
+
+func manyMembers(n int) []Member {
+	ms := make([]Member, n)
+	for i := range ms {
+		ms[i] = Member{ServerID: strings.Repeat("n", 200), ClientAddr: strings.Repeat("a", 200)}
+	}
+	return ms
 }

@@ -40,6 +40,7 @@ const (
 	CodeIdleTimeout      Code = 27 // nothing received for IdleTimeout (connection-level, then close)
 	CodeTooManyConns     Code = 28 // the node's connection limit (connection-level, then close)
 	CodeHandshakeTimeout Code = 29 // the handshake did not finish in time (connection-level, then close)
+	CodeWrongDomain      Code = 30 // handshake: the two sides belong to different fencing domains
 )
 
 // Sentinel errors of this package.
@@ -64,6 +65,7 @@ var (
 	ErrIdleTimeout      = errors.New("wire: connection idle too long")
 	ErrTooManyConns     = errors.New("wire: too many connections")
 	ErrHandshakeTimeout = errors.New("wire: handshake timed out")
+	ErrWrongDomain      = errors.New("wire: peer belongs to another fencing domain")
 	// ErrRemote wraps a TypeError reply whose code has no local sentinel.
 	ErrRemote = errors.New("wire: remote error")
 )
@@ -108,6 +110,7 @@ var codeTable = []struct {
 	{CodeIdleTimeout, ErrIdleTimeout},
 	{CodeTooManyConns, ErrTooManyConns},
 	{CodeHandshakeTimeout, ErrHandshakeTimeout},
+	{CodeWrongDomain, ErrWrongDomain},
 }
 
 // CodeOf maps an error (possibly wrapped) to its wire code; CodeInternal if
@@ -150,4 +153,5 @@ var codeNames = map[Code]string{
 	CodeDuplicateRef: "duplicate_ref", CodeInvalidCommand: "invalid_command", CodeTokensExhausted: "tokens_exhausted",
 	CodeTooManyKeys: "too_many_keys", CodeTooManyWaiters: "too_many_waiters", CodeTLSRequired: "tls_required",
 	CodeIdleTimeout: "idle_timeout", CodeTooManyConns: "too_many_connections", CodeHandshakeTimeout: "handshake_timeout",
+	CodeWrongDomain: "wrong_domain",
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -124,10 +125,13 @@ func (c *cursor) str8() string { return string(c.next(c.u8())) }
 func (c *cursor) exact() bool { return !c.bad && len(c.b) == 0 }
 
 type specHello struct {
-	minV, maxV              uint16
-	kind                    ConnKind
-	cn                      []byte
-	cluster, sender, expect string
+	minV, maxV                      uint16
+	kind                            ConnKind
+	cn                              []byte
+	cluster, sender, expect, domain string
+	// prefixOK: magic, min_version and max_version are there (the version
+	// check comes before the version-dependent rest of the layout).
+	prefixOK bool
 }
 
 // parseSpecHello parses a Hello frame at the start of data; end is where
@@ -140,17 +144,18 @@ func parseSpecHello(data []byte) (h specHello, end int, ok bool) {
 	c := cursor{b: f.payload}
 	magic := c.next(4)
 	h.minV, h.maxV = c.u16(), c.u16()
+	h.prefixOK = !c.bad && string(magic) == "TKTG"
 	h.kind = ConnKind(c.u8())
 	h.cn = c.next(32)
-	h.cluster, h.sender, h.expect = c.str8(), c.str8(), c.str8()
+	h.cluster, h.sender, h.expect, h.domain = c.str8(), c.str8(), c.str8(), c.str8()
 	return h, end, c.exact() && string(magic) == "TKTG"
 }
 
 type specChallenge struct {
-	version             uint16
-	sn                  []byte
-	serverID, clusterID string
-	proofs              [][]byte // as many as the count byte says (0..255)
+	version                     uint16
+	sn                          []byte
+	serverID, clusterID, domain string
+	proofs                      [][]byte // as many as the count byte says (0..255)
 }
 
 // parseSpecChallenge parses a Challenge payload: ok when the fields fit
@@ -159,7 +164,7 @@ func parseSpecChallenge(p []byte) (ch specChallenge, ok bool) {
 	c := cursor{b: p}
 	ch.version = c.u16()
 	ch.sn = c.next(32)
-	ch.serverID, ch.clusterID = c.str8(), c.str8()
+	ch.serverID, ch.clusterID, ch.domain = c.str8(), c.str8(), c.str8()
 	n := c.u8()
 	for range n {
 		ch.proofs = append(ch.proofs, c.next(32))
@@ -167,12 +172,14 @@ func parseSpecChallenge(p []byte) (ch specChallenge, ok bool) {
 	return ch, c.exact()
 }
 
-// specTranscript is "Transcript and proofs" of PROTOCOL.md.
-func specTranscript(version uint16, kind ConnKind, cn, sn []byte, clusterID, serverID, senderID, expectID string, binding []byte) []byte {
+// specTranscript is "Transcript and proofs" of PROTOCOL.md: helloDomain is
+// the Hello's domain field, challengeDomain the Challenge's.
+func specTranscript(version uint16, kind ConnKind, cn, sn []byte, clusterID, serverID, senderID, expectID,
+	helloDomain, challengeDomain string, binding []byte) []byte {
 	t := []byte{byte(version >> 8), byte(version), byte(kind)}
 	t = append(t, cn...)
 	t = append(t, sn...)
-	for _, s := range []string{clusterID, serverID, senderID, expectID, string(binding)} {
+	for _, s := range []string{clusterID, serverID, senderID, expectID, helloDomain, challengeDomain, string(binding)} {
 		t = append(t, byte(len(s)))
 		t = append(t, s...)
 	}
@@ -211,7 +218,8 @@ func specRemote(payload []byte) error {
 
 // wantClient reads PROTOCOL.md's "Checks and failure behaviour" for the
 // client (checks in the documented order: payload, version, cluster id,
-// server proof, expected node id), for a zero client nonce.
+// fencing domain, server proof, expected node id), for a zero client nonce.
+// The Hello it sent named cfg.Domain.
 func wantClient(cfg HandshakeConfig, data []byte) (w clientWant) {
 	cn := make([]byte, 32)
 	f, end, err := specNext(data)
@@ -241,9 +249,15 @@ func wantClient(cfg HandshakeConfig, data []byte) (w clientWant) {
 	case ch.clusterID != cfg.ClusterID:
 		w.err = ErrWrongCluster
 		return w
+	case cfg.Domain != "" && ch.domain != "" && ch.domain != cfg.Domain:
+		// Both sides name a fencing domain and they differ; refused before
+		// the proof is even looked at.
+		w.err = ErrWrongDomain
+		return w
 	}
 	w.ch = ch
-	w.tr = specTranscript(ch.version, cfg.Kind, cn, ch.sn, ch.clusterID, ch.serverID, cfg.NodeID, cfg.ExpectNodeID, cfg.ChannelBinding)
+	w.tr = specTranscript(ch.version, cfg.Kind, cn, ch.sn, ch.clusterID, ch.serverID, cfg.NodeID, cfg.ExpectNodeID,
+		cfg.Domain, ch.domain, cfg.ChannelBinding)
 	secrets := [][]byte{cfg.Secret}
 	if cfg.NextSecret != nil {
 		secrets = append(secrets, cfg.NextSecret)
@@ -316,14 +330,16 @@ func wantServer(cfg HandshakeConfig, data []byte) (w serverWant) {
 	h, _, ok := parseSpecHello(data)
 	version := min(h.maxV, ProtocolVersion)
 	switch {
+	case h.prefixOK && (h.minV > h.maxV || version < h.minV || version < MinProtocolVersion):
+		w.err = ErrVersion
 	case !ok:
 		w.err = ErrMalformed
-	case h.minV > h.maxV || version < h.minV || version < MinProtocolVersion:
-		w.err = ErrVersion
 	case h.kind != cfg.Kind && !(cfg.Kind == KindPeer && h.kind == KindDiscover):
 		w.err = ErrMalformed // the peer port also takes discovery
 	case h.cluster != cfg.ClusterID:
 		w.err = ErrWrongCluster
+	case h.domain != "" && cfg.Domain != "" && h.domain != cfg.Domain:
+		w.err = ErrWrongDomain
 	case (h.kind == KindPeer || h.kind == KindDiscover || h.expect != "") && h.expect != cfg.NodeID &&
 		!(h.kind == KindDiscover && cfg.NodeName != "" && h.expect == cfg.NodeName):
 		w.err = ErrWrongNode
@@ -334,7 +350,7 @@ func wantServer(cfg HandshakeConfig, data []byte) (w serverWant) {
 	w.hello, w.challenges = h, true
 	f, end2, err := specNext(data[end:])
 	w.consumed = end + end2
-	tr := specTranscript(version, h.kind, h.cn, make([]byte, 32), cfg.ClusterID, cfg.NodeID, h.sender, h.expect, nil)
+	tr := specTranscript(version, h.kind, h.cn, make([]byte, 32), cfg.ClusterID, cfg.NodeID, h.sender, h.expect, h.domain, cfg.Domain, nil)
 	switch {
 	case err == io.EOF || err == io.ErrUnexpectedEOF:
 		w.err, w.sendsE = err, false
@@ -409,22 +425,22 @@ var (
 func handshakeFrameSeeds() []namedSeed {
 	cn := bytes.Repeat([]byte{7}, 32)
 	sn := bytes.Repeat([]byte{0x5a}, 32)
-	hello := specHelloFrame(ProtocolVersion, ProtocolVersion, KindClient, cn, "prod", "", "")
-	tr := specTranscript(ProtocolVersion, KindClient, cn, sn, "prod", "n1", "", "", nil)
+	hello := specHelloFrame(ProtocolVersion, ProtocolVersion, KindClient, cn, "prod", "", "", "")
+	tr := specTranscript(ProtocolVersion, KindClient, cn, sn, "prod", "n1", "", "", "", "", nil)
 	return []namedSeed{
 		{"hs-hello", hello},
-		{"hs-challenge", specChallengeFrame(ProtocolVersion, sn, "n1", "prod", specProof(clientSecret, specServerLabel, tr))},
+		{"hs-challenge", specChallengeFrame(ProtocolVersion, sn, "n1", "prod", "", specProof(clientSecret, specServerLabel, tr))},
 		{"hs-auth", rawFrame('x', specProof(clientSecret, specClientLabel, tr))},
 		{"hs-welcome", specWelcome},
 	}
 }
 
-func specHelloFrame(minV, maxV uint16, kind ConnKind, cn []byte, cluster, sender, expect string) []byte {
-	return rawFrame('h', []byte("TKTG"), u16(minV), u16(maxV), []byte{byte(kind)}, cn, s8(cluster), s8(sender), s8(expect))
+func specHelloFrame(minV, maxV uint16, kind ConnKind, cn []byte, cluster, sender, expect, domain string) []byte {
+	return rawFrame('h', []byte("TKTG"), u16(minV), u16(maxV), []byte{byte(kind)}, cn, s8(cluster), s8(sender), s8(expect), s8(domain))
 }
 
-func specChallengeFrame(version uint16, sn []byte, serverID, clusterID string, proofs ...[]byte) []byte {
-	return rawFrame('C', u16(version), sn, s8(serverID), s8(clusterID), []byte{byte(len(proofs))}, cat(proofs...))
+func specChallengeFrame(version uint16, sn []byte, serverID, clusterID, domain string, proofs ...[]byte) []byte {
+	return rawFrame('C', u16(version), sn, s8(serverID), s8(clusterID), s8(domain), []byte{byte(len(proofs))}, cat(proofs...))
 }
 
 // frameSeeds: every post-handshake frame type valid, each at its maximum
@@ -447,7 +463,15 @@ func frameSeeds() []namedSeed {
 	add("max-error", mustMsg(Msg{Type: TypeError, ID: 1, Code: Code(0xFFFF), Text: rep('e', MaxTextLen)}))
 	add("max-status", mustMsg(Msg{Type: TypeStatusR, ID: ^uint64(0), NodeID: rep('n', 255), Role: RoleShutdown, Term: ^uint64(0),
 		LeaderID: rep('l', 255), LeaderAddr: rep('a', 255), Commit: ^uint64(0), Applied: ^uint64(0), LastToken: ^uint64(0), Held: ^uint64(0), Waiting: ^uint64(0)}))
+	// Members: as many 255-byte ids and addresses as fit in one frame (7).
+	bigMembers := make([]Member, (MaxFrameLen-1-8-1)/(1+255+1+1+255))
+	for i := range bigMembers {
+		bigMembers[i] = Member{ServerID: rep(byte('a'+i), 255), Suffrage: Suffrage(i % 2), ClientAddr: rep('c', 255)}
+	}
+	add("max-members", mustMsg(Msg{Type: TypeMembersR, ID: ^uint64(0), Members: bigMembers}))
 	// One over: a field the decoder refuses, or a frame above MaxFrameLen.
+	add("over-members-suffrage", rawFrame('L', u64(7), []byte{1}, s8("n1"), []byte{byte(SuffrageLearner) + 1}, s8("")))
+	add("over-members-count", rawFrame('L', u64(7), []byte{3}, s8("n1"), []byte{0}, s8(""), s8("n2"), []byte{1}, s8("")))
 	add("over-acquire-owner", rawFrame('a', u64(1), u16(30), u32(0), s8("k"), s8(rep('o', locksm.MaxOwnerLen+1))))
 	add("over-release-owner", rawFrame('r', u64(2), u64(1), s8(rep('k', locksm.MaxKeyLen)), s8(rep('o', locksm.MaxOwnerLen+1))))
 	add("over-acquire-key-len-past-payload", rawFrame('a', u64(1), u16(30), u32(0), []byte{255}, []byte(rep('k', 254))))
@@ -528,41 +552,72 @@ func readerSeeds() []namedSeed {
 	return seeds
 }
 
-// serverHandshakeSeeds: client byte streams for FuzzHandshake's server
-// (Kind client, secret clientSecret, cluster "prod", node "n1", zero server
-// nonce).
+// serverHandshakeSeeds: client byte streams for FuzzHandshake's servers
+// (fuzzServerCfgs: the client port, kind client, secret clientSecret,
+// cluster "prod", node "n1", without a fencing domain [0] and in domain
+// "d1" [2]; and the peer port [1]; zero server nonce).
 func serverHandshakeSeeds() []namedSeed {
 	cn := bytes.Repeat([]byte{7}, 32)
 	sn := make([]byte, 32)
 	v := uint16(ProtocolVersion)
 	auth := func(sender, expect string) []byte {
-		tr := specTranscript(v, KindClient, cn, sn, "prod", "n1", sender, expect, nil)
+		tr := specTranscript(v, KindClient, cn, sn, "prod", "n1", sender, expect, "", "", nil)
 		return rawFrame('x', specProof(clientSecret, specClientLabel, tr))
 	}
-	hello := specHelloFrame(v, v, KindClient, cn, "prod", "", "")
+	hello := specHelloFrame(v, v, KindClient, cn, "prod", "", "", "")
 	good := auth("", "")
-	serverProof := specProof(clientSecret, specServerLabel, specTranscript(v, KindClient, cn, sn, "prod", "n1", "", "", nil))
+	serverProof := specProof(clientSecret, specServerLabel, specTranscript(v, KindClient, cn, sn, "prod", "n1", "", "", "", "", nil))
 	ping := mustMsg(Msg{Type: TypePing, ID: 1})
+	// Fencing domains on the client port: the Hello names helloDomain, the
+	// server answers with serverDomain ("" for cfgs[0], "d1" for cfgs[2]);
+	// both are in the transcript.
+	helloD := func(domain string) []byte { return specHelloFrame(v, v, KindClient, cn, "prod", "", "", domain) }
+	authD := func(helloDomain, serverDomain string) []byte {
+		tr := specTranscript(v, KindClient, cn, sn, "prod", "n1", "", "", helloDomain, serverDomain, nil)
+		return rawFrame('x', specProof(clientSecret, specClientLabel, tr))
+	}
+	maxDomain := rep('d', 255)
 	seeds := []namedSeed{
 		{"valid", cat(hello, good)},
 		{"valid-then-traffic", cat(hello, good, ping, ping)},
-		{"valid-wide-versions", cat(specHelloFrame(1, 0xffff, KindClient, cn, "prod", "", ""), good)},
-		{"valid-max-sender-expect-n1", cat(specHelloFrame(v, v, KindClient, cn, "prod", rep('s', 255), "n1"), auth(rep('s', 255), "n1"))},
+		{"valid-wide-versions", cat(specHelloFrame(1, 0xffff, KindClient, cn, "prod", "", "", ""), good)},
+		{"valid-max-sender-expect-n1", cat(specHelloFrame(v, v, KindClient, cn, "prod", rep('s', 255), "n1", ""), auth(rep('s', 255), "n1"))},
 		{"valid-rollover-next-secret-refused", cat(hello, rawFrame('x', specProof(nextPeerSecret, specClientLabel,
-			specTranscript(v, KindClient, cn, sn, "prod", "n1", "", "", nil))))},
+			specTranscript(v, KindClient, cn, sn, "prod", "n1", "", "", "", "", nil))))},
 		{"hello-only", hello},
-		{"hello-max-cluster", cat(specHelloFrame(v, v, KindClient, cn, rep('c', 255), "", ""), good)},
-		{"hello-max-expect", cat(specHelloFrame(v, v, KindClient, cn, "prod", "", rep('e', 255)), good)},
+		{"hello-max-cluster", cat(specHelloFrame(v, v, KindClient, cn, rep('c', 255), "", "", ""), good)},
+		{"hello-max-expect", cat(specHelloFrame(v, v, KindClient, cn, "prod", "", rep('e', 255), ""), good)},
 		{"hello-wrong-magic", cat(rawFrame('h', []byte("TKTH"), hello[9:]), good)},
 		{"hello-trailing-byte", cat(rawFrame('h', hello[5:], []byte{0}), good)},
 		{"hello-str8-past-payload", rawFrame('h', hello[5:len(hello)-1], []byte{255})},
-		{"hello-version-1", cat(specHelloFrame(1, 1, KindClient, cn, "prod", "", ""), good)},
-		{"hello-version-3-5", cat(specHelloFrame(3, 5, KindClient, cn, "prod", "", ""), good)},
-		{"hello-min-gt-max", cat(specHelloFrame(v+1, v, KindClient, cn, "prod", "", ""), good)},
-		{"hello-kind-peer", cat(specHelloFrame(v, v, KindPeer, cn, "prod", "n2", "n1"), good)},
-		{"hello-kind-0", cat(specHelloFrame(v, v, 0, cn, "prod", "", ""), good)},
-		{"hello-wrong-cluster", cat(specHelloFrame(v, v, KindClient, cn, "staging", "", ""), good)},
-		{"hello-wrong-expect", cat(specHelloFrame(v, v, KindClient, cn, "prod", "", "n9"), good)},
+		{"hello-version-1", cat(specHelloFrame(1, 1, KindClient, cn, "prod", "", "", ""), good)},
+		{"hello-version-3-5", cat(specHelloFrame(3, 5, KindClient, cn, "prod", "", "", ""), good)},
+		{"hello-min-gt-max", cat(specHelloFrame(v+1, v, KindClient, cn, "prod", "", "", ""), good)},
+		{"hello-kind-peer", cat(specHelloFrame(v, v, KindPeer, cn, "prod", "n2", "n1", ""), good)},
+		{"hello-kind-0", cat(specHelloFrame(v, v, 0, cn, "prod", "", "", ""), good)},
+		{"hello-wrong-cluster", cat(specHelloFrame(v, v, KindClient, cn, "staging", "", "", ""), good)},
+		{"hello-wrong-expect", cat(specHelloFrame(v, v, KindClient, cn, "prod", "", "n9", ""), good)},
+		// Fencing domain: "" on either side matches any; two named domains
+		// must be equal (else wrong_domain, checked after the cluster id and
+		// before expect_id).
+		{"hello-domain-match", cat(helloD("d1"), authD("d1", "d1"))},                        // ok on cfgs[2]
+		{"hello-domain-wrong", cat(helloD("d2"), authD("d2", "d1"))},                        // wrong_domain on cfgs[2]
+		{"hello-domain-empty-server-has-one", cat(hello, authD("", "d1"))},                  // ok on cfgs[2]
+		{"hello-domain-any-server-has-none", cat(helloD("d2"), authD("d2", ""))},            // ok on cfgs[0]
+		{"hello-max-domain", cat(helloD(maxDomain), authD(maxDomain, ""))},                  // ok on cfgs[0]
+		{"hello-max-domain-server-has-one", cat(helloD(maxDomain), authD(maxDomain, "d1"))}, // wrong_domain on cfgs[2]
+		{"hello-domain-wrong-and-wrong-expect", cat(specHelloFrame(v, v, KindClient, cn, "prod", "", "n9", "d2"), authD("d2", "d1"))},
+		{"hello-domain-wrong-and-wrong-cluster", cat(specHelloFrame(v, v, KindClient, cn, "staging", "", "", "d2"), authD("d2", "d1"))},
+		// A man in the middle strips the dialler's domain "d2" so that the
+		// "d1" server accepts: the proof covers the domain, so it fails.
+		{"hello-domain-stripped", cat(hello, authD("d2", "d1"))},
+		// The Hello of a build before the domain field: one str8 short.
+		{"hello-without-domain", cat(rawFrame('h', hello[5:len(hello)-1]), good)},
+		// A version 1 client: its Hello has the version 1 layout (no domain
+		// field), and it is told "version", not "malformed".
+		{"hello-v1-layout", cat(rawFrame('h', []byte("TKTG"), u16(1), u16(1), []byte{byte(KindClient)}, cn, s8("prod"), s8(""), s8("")), good)},
+		{"hello-version-only", rawFrame('h', []byte("TKTG"), u16(1), u16(1))},
+		{"hello-version-cut", rawFrame('h', []byte("TKTG"), u16(1), []byte{0})},
 		{"hello-over-length", cat(rawFrame('h', hello[5:], make([]byte, MaxFrameLen)))},
 		{"auth-wrong-proof", cat(hello, rawFrame('x', make([]byte, 32)))},
 		{"auth-reflected-server-proof", cat(hello, rawFrame('x', serverProof))},
@@ -574,7 +629,7 @@ func serverHandshakeSeeds() []namedSeed {
 		{"auth-too-large", cat(hello, []byte{0, 0, 0x10, 0x01, 'x'})},
 		{"error-after-hello", cat(hello, mustMsg(Msg{Type: TypeError, Code: CodeAuthFailed, Text: "no"}))},
 		{"welcome-after-hello", cat(hello, specWelcome)},
-		{"challenge-reflected", cat(hello, specChallengeFrame(v, sn, "n1", "prod", serverProof))},
+		{"challenge-reflected", cat(hello, specChallengeFrame(v, sn, "n1", "prod", "", serverProof))},
 		{"ping-after-hello", cat(hello, ping)},
 		{"first-ping", ping},
 		{"first-auth", good},
@@ -592,12 +647,14 @@ func serverHandshakeSeeds() []namedSeed {
 	// Peer port (fuzzServerCfgs()[1]: n1/abcdefghij, name n1, secrets
 	// peerSecret and nextPeerSecret): peers, discovery, rollover.
 	peerAuth := func(kind ConnKind, sender, expect string, secret []byte) []byte {
-		tr := specTranscript(v, kind, cn, sn, "prod", "n1/abcdefghij", sender, expect, nil)
+		tr := specTranscript(v, kind, cn, sn, "prod", "n1/abcdefghij", sender, expect, "", "", nil)
 		return rawFrame('x', specProof(secret, specClientLabel, tr))
 	}
 	peerHello := func(kind ConnKind, expect string) []byte {
-		return specHelloFrame(v, v, kind, cn, "prod", "n2/zzzzzzzzzz", expect)
+		return specHelloFrame(v, v, kind, cn, "prod", "n2/zzzzzzzzzz", expect, "")
 	}
+	// A dialling peer that names its domain to a server without one.
+	peerDomainTr := specTranscript(v, KindPeer, cn, sn, "prod", "n1/abcdefghij", "n2/zzzzzzzzzz", "n1/abcdefghij", "d1", "", nil)
 	seeds = append(seeds,
 		namedSeed{"peer-valid", cat(peerHello(KindPeer, "n1/abcdefghij"), peerAuth(KindPeer, "n2/zzzzzzzzzz", "n1/abcdefghij", peerSecret))},
 		namedSeed{"peer-valid-next-secret", cat(peerHello(KindPeer, "n1/abcdefghij"), peerAuth(KindPeer, "n2/zzzzzzzzzz", "n1/abcdefghij", nextPeerSecret))},
@@ -609,67 +666,96 @@ func serverHandshakeSeeds() []namedSeed {
 		namedSeed{"discover-other-name", cat(peerHello(KindDiscover, "n9"), peerAuth(KindDiscover, "n2/zzzzzzzzzz", "n9", peerSecret))},
 		namedSeed{"discover-name-prefix", cat(peerHello(KindDiscover, "n1/"), peerAuth(KindDiscover, "n2/zzzzzzzzzz", "n1/", peerSecret))},
 		namedSeed{"admin-kind-on-peer-port", cat(peerHello(KindAdmin, "n1/abcdefghij"), peerAuth(KindAdmin, "n2/zzzzzzzzzz", "n1/abcdefghij", peerSecret))},
+		namedSeed{"peer-with-domain", cat(specHelloFrame(v, v, KindPeer, cn, "prod", "n2/zzzzzzzzzz", "n1/abcdefghij", "d1"),
+			rawFrame('x', specProof(peerSecret, specClientLabel, peerDomainTr)))},
 		namedSeed{"peer-auth-with-client-kind-transcript", cat(peerHello(KindPeer, "n1/abcdefghij"), peerAuth(KindDiscover, "n2/zzzzzzzzzz", "n1/abcdefghij", peerSecret))},
 	)
 	return seeds
 }
 
 // clientHandshakeSeeds: server byte streams for FuzzClientHandshake (see
-// fuzzClientCfgs; zero client nonce).
+// fuzzClientCfgs; zero client nonce). The dialler's own domain ("" for
+// cfgs[0..2], "d1" for cfgs[3]) is in the transcript as hello_domain, so a
+// proof is valid for one of the two client-kind configs only.
 func clientHandshakeSeeds() []namedSeed {
 	cn := make([]byte, 32)
 	sn := bytes.Repeat([]byte{0x5a}, 32)
 	v := uint16(ProtocolVersion)
 	// Client dialler: kind client, no sender id, any node.
 	trC := func(version uint16, serverID, clusterID string) []byte {
-		return specTranscript(version, KindClient, cn, sn, clusterID, serverID, "", "", nil)
+		return specTranscript(version, KindClient, cn, sn, clusterID, serverID, "", "", "", "", nil)
 	}
 	pC := func(version uint16, serverID, clusterID string) []byte {
 		return specProof(clientSecret, specServerLabel, trC(version, serverID, clusterID))
 	}
 	// Peer dialler: n2 expecting n1, secrets peerSecret and nextPeerSecret.
 	trP := func(serverID string) []byte {
-		return specTranscript(v, KindPeer, cn, sn, "prod", serverID, "n2", "n1", nil)
+		return specTranscript(v, KindPeer, cn, sn, "prod", serverID, "n2", "n1", "", "", nil)
 	}
 	// Discovering dialler: n2/zzzzzzzzzz expecting the bare name n1.
 	trD := func(serverID string) []byte {
-		return specTranscript(v, KindDiscover, cn, sn, "prod", serverID, "n2/zzzzzzzzzz", "n1", nil)
+		return specTranscript(v, KindDiscover, cn, sn, "prod", serverID, "n2/zzzzzzzzzz", "n1", "", "", nil)
 	}
-	valid := specChallengeFrame(v, sn, "n1", "prod", pC(v, "n1", "prod"))
+	valid := specChallengeFrame(v, sn, "n1", "prod", "", pC(v, "n1", "prod"))
 	wrong := bytes.Repeat([]byte{0xee}, 32)
 	ping := mustMsg(Msg{Type: TypePing, ID: 1})
 	eFrame := mustMsg(Msg{Type: TypeError, Code: CodeAuthFailed, Text: "client proof does not match"})
+	// Fencing domains: a Challenge from n1 naming chDomain, proven for a
+	// client-kind dialler whose Hello named helloDomain.
+	pD := func(helloDomain, chDomain string) []byte {
+		return specProof(clientSecret, specServerLabel, specTranscript(v, KindClient, cn, sn, "prod", "n1", "", "", helloDomain, chDomain, nil))
+	}
+	chD := func(chDomain string, proofs ...[]byte) []byte {
+		return specChallengeFrame(v, sn, "n1", "prod", chDomain, proofs...)
+	}
+	maxDomain := rep('d', 255)
 	return []namedSeed{
 		{"valid", cat(valid, specWelcome)},
 		{"valid-then-traffic", cat(valid, specWelcome, ping)},
-		{"valid-max-server-id", cat(specChallengeFrame(v, sn, rep('n', 255), "prod", pC(v, rep('n', 255), "prod")), specWelcome)},
-		{"two-proofs-second-valid", cat(specChallengeFrame(v, sn, "n1", "prod", wrong, pC(v, "n1", "prod")), specWelcome)},
-		{"two-proofs-first-valid", cat(specChallengeFrame(v, sn, "n1", "prod", pC(v, "n1", "prod"), wrong), specWelcome)},
-		{"two-proofs-both-wrong", cat(specChallengeFrame(v, sn, "n1", "prod", wrong, wrong), specWelcome)},
-		{"peer-valid-current-secret", cat(specChallengeFrame(v, sn, "n1", "prod", specProof(peerSecret, specServerLabel, trP("n1"))), specWelcome)},
-		{"peer-rollover-next-secret", cat(specChallengeFrame(v, sn, "n1", "prod",
+		{"valid-max-server-id", cat(specChallengeFrame(v, sn, rep('n', 255), "prod", "", pC(v, rep('n', 255), "prod")), specWelcome)},
+		{"two-proofs-second-valid", cat(specChallengeFrame(v, sn, "n1", "prod", "", wrong, pC(v, "n1", "prod")), specWelcome)},
+		{"two-proofs-first-valid", cat(specChallengeFrame(v, sn, "n1", "prod", "", pC(v, "n1", "prod"), wrong), specWelcome)},
+		{"two-proofs-both-wrong", cat(specChallengeFrame(v, sn, "n1", "prod", "", wrong, wrong), specWelcome)},
+		{"peer-valid-current-secret", cat(specChallengeFrame(v, sn, "n1", "prod", "", specProof(peerSecret, specServerLabel, trP("n1"))), specWelcome)},
+		{"peer-rollover-next-secret", cat(specChallengeFrame(v, sn, "n1", "prod", "",
 			specProof(strangerSecret, specServerLabel, trP("n1")), specProof(nextPeerSecret, specServerLabel, trP("n1"))), specWelcome)},
-		{"peer-rollover-both", cat(specChallengeFrame(v, sn, "n1", "prod",
+		{"peer-rollover-both", cat(specChallengeFrame(v, sn, "n1", "prod", "",
 			specProof(nextPeerSecret, specServerLabel, trP("n1")), specProof(peerSecret, specServerLabel, trP("n1"))), specWelcome)},
-		{"peer-wrong-node-name-prefix", cat(specChallengeFrame(v, sn, "n1/abcdefghij", "prod", specProof(peerSecret, specServerLabel, trP("n1/abcdefghij"))), specWelcome)},
-		{"peer-wrong-node-valid-proof", cat(specChallengeFrame(v, sn, "n3", "prod", specProof(peerSecret, specServerLabel, trP("n3"))), specWelcome)},
-		{"discover-full-id", cat(specChallengeFrame(v, sn, "n1/abcdefghij", "prod", specProof(peerSecret, specServerLabel, trD("n1/abcdefghij"))), specWelcome)},
-		{"discover-bare-name", cat(specChallengeFrame(v, sn, "n1", "prod", specProof(peerSecret, specServerLabel, trD("n1"))), specWelcome)},
-		{"discover-other-name", cat(specChallengeFrame(v, sn, "n10/abcdefghij", "prod", specProof(peerSecret, specServerLabel, trD("n10/abcdefghij"))), specWelcome)},
-		{"discover-name-slash-only", cat(specChallengeFrame(v, sn, "n1/", "prod", specProof(peerSecret, specServerLabel, trD("n1/"))), specWelcome)},
-		{"wrong-proof", cat(specChallengeFrame(v, sn, "n1", "prod", wrong), specWelcome)},
-		{"reflected-client-label", cat(specChallengeFrame(v, sn, "n1", "prod",
+		{"peer-wrong-node-name-prefix", cat(specChallengeFrame(v, sn, "n1/abcdefghij", "prod", "", specProof(peerSecret, specServerLabel, trP("n1/abcdefghij"))), specWelcome)},
+		{"peer-wrong-node-valid-proof", cat(specChallengeFrame(v, sn, "n3", "prod", "", specProof(peerSecret, specServerLabel, trP("n3"))), specWelcome)},
+		{"discover-full-id", cat(specChallengeFrame(v, sn, "n1/abcdefghij", "prod", "", specProof(peerSecret, specServerLabel, trD("n1/abcdefghij"))), specWelcome)},
+		{"discover-bare-name", cat(specChallengeFrame(v, sn, "n1", "prod", "", specProof(peerSecret, specServerLabel, trD("n1"))), specWelcome)},
+		{"discover-other-name", cat(specChallengeFrame(v, sn, "n10/abcdefghij", "prod", "", specProof(peerSecret, specServerLabel, trD("n10/abcdefghij"))), specWelcome)},
+		{"discover-name-slash-only", cat(specChallengeFrame(v, sn, "n1/", "prod", "", specProof(peerSecret, specServerLabel, trD("n1/"))), specWelcome)},
+		{"wrong-proof", cat(specChallengeFrame(v, sn, "n1", "prod", "", wrong), specWelcome)},
+		{"reflected-client-label", cat(specChallengeFrame(v, sn, "n1", "prod", "",
 			specProof(clientSecret, specClientLabel, trC(v, "n1", "prod"))), specWelcome)},
-		{"proof-for-other-nonce", cat(specChallengeFrame(v, bytes.Repeat([]byte{0x5b}, 32), "n1", "prod", pC(v, "n1", "prod")), specWelcome)},
-		{"n0", cat(specChallengeFrame(v, sn, "n1", "prod"), specWelcome)},
-		{"n3", cat(specChallengeFrame(v, sn, "n1", "prod", pC(v, "n1", "prod"), pC(v, "n1", "prod"), pC(v, "n1", "prod")), specWelcome)},
+		{"proof-for-other-nonce", cat(specChallengeFrame(v, bytes.Repeat([]byte{0x5b}, 32), "n1", "prod", "", pC(v, "n1", "prod")), specWelcome)},
+		{"n0", cat(specChallengeFrame(v, sn, "n1", "prod", ""), specWelcome)},
+		{"n3", cat(specChallengeFrame(v, sn, "n1", "prod", "", pC(v, "n1", "prod"), pC(v, "n1", "prod"), pC(v, "n1", "prod")), specWelcome)},
 		{"n2-one-proof", cat(rawFrame('C', valid[5:len(valid)-33], []byte{2}, valid[len(valid)-32:]), specWelcome)},
 		{"n1-trailing-byte", cat(rawFrame('C', valid[5:], []byte{0}), specWelcome)},
 		{"n255", cat(rawFrame('C', valid[5:len(valid)-33], []byte{255}, bytes.Repeat(valid[len(valid)-32:], 8)), specWelcome)},
-		{"version-1", cat(specChallengeFrame(1, sn, "n1", "prod", pC(1, "n1", "prod")), specWelcome)},
-		{"version-3", cat(specChallengeFrame(3, sn, "n1", "prod", pC(3, "n1", "prod")), specWelcome)},
-		{"wrong-cluster", cat(specChallengeFrame(v, sn, "n1", "staging", pC(v, "n1", "staging")), specWelcome)},
-		{"max-cluster", cat(specChallengeFrame(v, sn, "n1", rep('c', 255), pC(v, "n1", rep('c', 255))), specWelcome)},
+		{"version-1", cat(specChallengeFrame(1, sn, "n1", "prod", "", pC(1, "n1", "prod")), specWelcome)},
+		{"version-3", cat(specChallengeFrame(3, sn, "n1", "prod", "", pC(3, "n1", "prod")), specWelcome)},
+		{"wrong-cluster", cat(specChallengeFrame(v, sn, "n1", "staging", "", pC(v, "n1", "staging")), specWelcome)},
+		// Fencing domain: cfgs[3] expects "d1"; cfgs[0] accepts any and
+		// learns the server's.
+		{"domain-match", cat(chD("d1", pD("d1", "d1")), specWelcome)},                            // ok on cfgs[3]
+		{"domain-wrong", cat(chD("d2", pD("d1", "d2")), specWelcome)},                            // wrong_domain on cfgs[3]
+		{"domain-wrong-unproven", cat(chD("d2", wrong), specWelcome)},                            // wrong_domain before auth_failed
+		{"domain-empty-client-expects-one", cat(chD("", pD("d1", "")), specWelcome)},             // ok on cfgs[3]
+		{"domain-any-client-expects-none", cat(chD("d7", pD("", "d7")), specWelcome)},            // ok on cfgs[0]
+		{"max-domain", cat(chD(maxDomain, pD("", maxDomain)), specWelcome)},                      // ok on cfgs[0]
+		{"max-domain-client-expects-one", cat(chD(maxDomain, pD("d1", maxDomain)), specWelcome)}, // wrong_domain on cfgs[3]
+		{"domain-wrong-and-wrong-cluster", cat(specChallengeFrame(v, sn, "n1", "staging", "d2", pC(v, "n1", "staging")), specWelcome)},
+		// A man in the middle strips the server's domain "d2" so that the
+		// "d1" client would accept: the proof covers it, so it fails.
+		{"domain-stripped", cat(chD("", pD("d1", "d2")), specWelcome)},
+		// The Challenge of a build before the domain field.
+		{"challenge-without-domain", cat(rawFrame('C', u16(v), sn, s8("n1"), s8("prod"), []byte{1}, pC(v, "n1", "prod")), specWelcome)},
+		{"domain-n0", cat(chD("d1"), specWelcome)},
+		{"max-cluster", cat(specChallengeFrame(v, sn, "n1", rep('c', 255), "", pC(v, "n1", rep('c', 255))), specWelcome)},
 		{"challenge-over-length", cat(rawFrame('C', valid[5:], make([]byte, MaxFrameLen)), specWelcome)},
 		{"truncated-challenge", valid[:len(valid)-1]},
 		{"truncated-header", valid[:2]},
@@ -686,7 +772,7 @@ func clientHandshakeSeeds() []namedSeed {
 		{"error-unknown-code", mustMsg(Msg{Type: TypeError, Code: 999, Text: "from the future"})},
 		{"error-malformed", rawFrame('E', u64(0), u16(0), s16(""))},
 		{"welcome-first", specWelcome},
-		{"hello-reflected", specHelloFrame(v, v, KindClient, cn, "prod", "", "")},
+		{"hello-reflected", specHelloFrame(v, v, KindClient, cn, "prod", "", "", "")},
 		{"ping-first", ping},
 		{"length0", []byte{0, 0, 0, 0}},
 		{"foreign-http-response", seedHTTPResponse},
@@ -732,22 +818,38 @@ func TestWriteFuzzSeedCorpus(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+		// Seeds renamed or gone leave no stale file behind (findings the
+		// fuzzer saved have hash names and stay).
+		old, err := filepath.Glob(filepath.Join(dir, "seed-*"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range old {
+			if name := strings.TrimPrefix(filepath.Base(f), "seed-"); !seen[name] {
+				if err := os.Remove(f); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
 	}
+}
+
+func seedByName(t *testing.T, seeds []namedSeed, name string) []byte {
+	t.Helper()
+	for _, s := range seeds {
+		if s.name == name {
+			return s.data
+		}
+	}
+	t.Fatalf("no seed %q", name)
+	return nil
 }
 
 // TestFuzzSeedsSucceed guards the handshake targets against going vacuous:
 // the seeds built to succeed do succeed (so the fuzzer starts from inputs
 // that reach the end of the handshake), under the configs the targets use.
 func TestFuzzSeedsSucceed(t *testing.T) {
-	byName := func(seeds []namedSeed, name string) []byte {
-		for _, s := range seeds {
-			if s.name == name {
-				return s.data
-			}
-		}
-		t.Fatalf("no seed %q", name)
-		return nil
-	}
+	byName := func(seeds []namedSeed, name string) []byte { return seedByName(t, seeds, name) }
 	cfgs := fuzzClientCfgs()
 	for _, tc := range []struct {
 		seed string
@@ -757,6 +859,8 @@ func TestFuzzSeedsSucceed(t *testing.T) {
 		{"two-proofs-second-valid", 0}, {"two-proofs-first-valid", 0},
 		{"peer-valid-current-secret", 1}, {"peer-rollover-next-secret", 1}, {"peer-rollover-both", 1},
 		{"discover-full-id", 2}, {"discover-bare-name", 2},
+		{"domain-any-client-expects-none", 0}, {"max-domain", 0},
+		{"domain-match", 3}, {"domain-empty-client-expects-one", 3},
 	} {
 		data := byName(clientHandshakeSeeds(), tc.seed)
 		if _, err := ClientHandshake(newFuzzRW(data), cfgs[tc.cfg]); err != nil {
@@ -773,6 +877,8 @@ func TestFuzzSeedsSucceed(t *testing.T) {
 	}{
 		{"valid", 0}, {"valid-then-traffic", 0}, {"valid-wide-versions", 0}, {"valid-max-sender-expect-n1", 0},
 		{"peer-valid", 1}, {"peer-valid-next-secret", 1}, {"discover-bare-name", 1}, {"discover-full-id", 1},
+		{"hello-domain-any-server-has-none", 0}, {"hello-max-domain", 0}, {"peer-with-domain", 1},
+		{"hello-domain-match", 2}, {"hello-domain-empty-server-has-one", 2},
 	} {
 		data := byName(serverHandshakeSeeds(), tc.seed)
 		if _, err := ServerHandshake(newFuzzRW(data), scfgs[tc.cfg]); err != nil {
@@ -780,6 +886,81 @@ func TestFuzzSeedsSucceed(t *testing.T) {
 		}
 		if w := wantServer(scfgs[tc.cfg], data); w.err != nil {
 			t.Errorf("server seed %s: reference says %v", tc.seed, w.err)
+		}
+	}
+}
+
+// TestFuzzSeedsRefused: the seeds built to stop at one particular check
+// (the fencing domain ones, whose order among the checks matters) stop
+// there, in the implementation and in the reference alike.
+func TestFuzzSeedsRefused(t *testing.T) {
+	cfgs := fuzzClientCfgs()
+	for _, tc := range []struct {
+		seed string
+		cfg  int
+		want error
+	}{
+		{"domain-wrong", 3, ErrWrongDomain},
+		{"domain-wrong", 0, ErrAuthFailed}, // proven for a dialler naming "d1"
+		{"domain-wrong-unproven", 3, ErrWrongDomain},
+		{"domain-wrong-unproven", 0, ErrAuthFailed},
+		{"max-domain-client-expects-one", 3, ErrWrongDomain},
+		{"max-domain", 3, ErrWrongDomain},
+		{"domain-any-client-expects-none", 3, ErrWrongDomain},
+		{"domain-match", 0, ErrAuthFailed},
+		{"domain-wrong-and-wrong-cluster", 3, ErrWrongCluster},
+		{"domain-stripped", 3, ErrAuthFailed},
+		{"challenge-without-domain", 0, ErrMalformed},
+		{"domain-n0", 3, ErrMalformed},
+	} {
+		data := seedByName(t, clientHandshakeSeeds(), tc.seed)
+		rw := newFuzzRW(data)
+		_, err := ClientHandshake(rw, cfgs[tc.cfg])
+		if !errors.Is(err, tc.want) {
+			t.Errorf("client seed %s, cfg %d: %v, want %v", tc.seed, tc.cfg, err, tc.want)
+		}
+		if w := wantClient(cfgs[tc.cfg], data); !errors.Is(w.err, tc.want) {
+			t.Errorf("client seed %s, cfg %d: reference says %v, want %v", tc.seed, tc.cfg, w.err, tc.want)
+		}
+		// The client refuses a wrong domain before it proves anything:
+		// it writes its Hello and one E frame.
+		if out, _ := specFrames(rw.w.Bytes()); tc.want == ErrWrongDomain && (len(out) != 2 || out[1].typ != TypeError) {
+			t.Errorf("client seed %s, cfg %d: wrote % x", tc.seed, tc.cfg, rw.w.Bytes())
+		}
+	}
+	scfgs := fuzzServerCfgs()
+	for _, tc := range []struct {
+		seed string
+		cfg  int
+		want error
+	}{
+		{"hello-domain-wrong", 2, ErrWrongDomain},
+		{"hello-domain-wrong", 0, ErrAuthFailed}, // proven for a "d1" server
+		{"hello-max-domain-server-has-one", 2, ErrWrongDomain},
+		{"hello-max-domain", 2, ErrWrongDomain},
+		{"hello-domain-any-server-has-none", 2, ErrWrongDomain},
+		{"hello-domain-match", 0, ErrAuthFailed},
+		{"hello-domain-wrong-and-wrong-expect", 2, ErrWrongDomain},
+		{"hello-domain-wrong-and-wrong-expect", 0, ErrWrongNode},
+		{"hello-domain-wrong-and-wrong-cluster", 2, ErrWrongCluster},
+		{"hello-domain-stripped", 2, ErrAuthFailed},
+		{"hello-without-domain", 0, ErrMalformed},
+		{"hello-v1-layout", 0, ErrVersion},
+		{"hello-version-only", 0, ErrVersion},
+		{"hello-version-cut", 0, ErrMalformed},
+	} {
+		data := seedByName(t, serverHandshakeSeeds(), tc.seed)
+		rw := newFuzzRW(data)
+		_, err := ServerHandshake(rw, scfgs[tc.cfg])
+		if !errors.Is(err, tc.want) {
+			t.Errorf("server seed %s, cfg %d: %v, want %v", tc.seed, tc.cfg, err, tc.want)
+		}
+		if w := wantServer(scfgs[tc.cfg], data); !errors.Is(w.err, tc.want) {
+			t.Errorf("server seed %s, cfg %d: reference says %v, want %v", tc.seed, tc.cfg, w.err, tc.want)
+		}
+		// A wrong domain is refused before the Challenge: one E frame.
+		if out, _ := specFrames(rw.w.Bytes()); tc.want == ErrWrongDomain && (len(out) != 1 || out[0].typ != TypeError) {
+			t.Errorf("server seed %s, cfg %d: wrote % x", tc.seed, tc.cfg, rw.w.Bytes())
 		}
 	}
 }

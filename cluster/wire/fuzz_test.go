@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"reflect"
 	"testing"
 
 	"ticketing/locksm"
@@ -52,7 +53,7 @@ func FuzzSplitDecode(f *testing.F) {
 				t.Fatalf("re-encoding differs:\n in % x\nout % x", frame, enc)
 			}
 			var m2 Msg
-			if err := DecodeMsg(enc[4], enc[5:], &m2); err != nil || m2 != m {
+			if err := DecodeMsg(enc[4], enc[5:], &m2); err != nil || !reflect.DeepEqual(m2, m) {
 				t.Fatalf("second decode: %+v %v", m2, err)
 			}
 		}
@@ -131,10 +132,10 @@ func FuzzHandshake(f *testing.F) {
 	hello = append(hello, 0, ProtocolVersion, 0, ProtocolVersion, byte(KindClient))
 	cn := bytes.Repeat([]byte{7}, NonceLen)
 	hello = append(hello, cn...)
-	hello = append(hello, 4, 'p', 'r', 'o', 'd', 0, 0)
+	hello = append(hello, 4, 'p', 'r', 'o', 'd', 0, 0, 0) // cluster, sender, expect, domain
 	hello = finishFrame(hello)
 	var sn [NonceLen]byte
-	t := transcript(ProtocolVersion, KindClient, cn, sn[:], "prod", "n1", "", "", nil)
+	t := transcript(ProtocolVersion, KindClient, cn, sn[:], "prod", "n1", "", "", "", "", nil)
 	auth := finishFrame(append([]byte{0, 0, 0, 0, TypeAuth}, proof(clientSecret, clientLabel, t)...))
 	f.Add(append(append([]byte{}, hello...), auth...))
 	f.Add(hello)
@@ -179,12 +180,12 @@ func FuzzHandshake(f *testing.F) {
 				ch, ok := parseSpecChallenge(out[0].payload)
 				h := w.hello
 				version := min(h.maxV, ProtocolVersion)
-				tr := specTranscript(version, h.kind, h.cn, ch.sn, cfg.ClusterID, cfg.NodeID, h.sender, h.expect, nil)
+				tr := specTranscript(version, h.kind, h.cn, ch.sn, cfg.ClusterID, cfg.NodeID, h.sender, h.expect, h.domain, cfg.Domain, nil)
 				secrets := [][]byte{cfg.Secret}
 				if cfg.NextSecret != nil {
 					secrets = append(secrets, cfg.NextSecret)
 				}
-				ok = ok && ch.version == version && ch.serverID == cfg.NodeID && ch.clusterID == cfg.ClusterID &&
+				ok = ok && ch.version == version && ch.serverID == cfg.NodeID && ch.clusterID == cfg.ClusterID && ch.domain == cfg.Domain &&
 					bytes.Equal(ch.sn, make([]byte, NonceLen)) && len(ch.proofs) == len(secrets)
 				for j := 0; ok && j < len(secrets); j++ {
 					ok = bytes.Equal(ch.proofs[j], specProof(secrets[j], specServerLabel, tr))
@@ -199,11 +200,12 @@ func FuzzHandshake(f *testing.F) {
 				// the transcript does not cover, such as max_version).
 				// wantServer checks the proof for any Hello; this is the
 				// seed's own case.
-				sameTranscript := ci == 0 && bytes.Equal(w.hello.cn, cn) && w.hello.sender == "" && w.hello.expect == ""
+				sameTranscript := ci == 0 && bytes.Equal(w.hello.cn, cn) && w.hello.sender == "" && w.hello.expect == "" && w.hello.domain == ""
 				if (sameTranscript && !bytes.Contains(data, auth[5:])) || peer.Version != ProtocolVersion {
 					t.Fatalf("handshake accepted %x as %+v", data, peer)
 				}
-				if peer.NodeID != w.hello.sender || peer.ClusterID != w.hello.cluster || peer.Kind != w.hello.kind {
+				if peer.NodeID != w.hello.sender || peer.ClusterID != w.hello.cluster || peer.Kind != w.hello.kind ||
+					peer.Domain != w.hello.domain {
 					t.Fatalf("port %d: peer %+v, hello %+v", cfg.Kind, peer, w.hello)
 				}
 				// The reply stream is exactly Challenge then Welcome.
@@ -232,25 +234,30 @@ func FuzzHandshake(f *testing.F) {
 	})
 }
 
-// fuzzServerCfgs are the servers FuzzHandshake plays: a client port (n1),
-// and a peer port (server id n1/abcdefghij, name n1) in a secret rollover,
-// which also takes discovery. Both draw a zero server nonce.
+// fuzzServerCfgs are the servers FuzzHandshake plays: a client port (n1)
+// of a node that knows no fencing domain yet, a peer port (server id
+// n1/abcdefghij, name n1) in a secret rollover, which also takes discovery,
+// and the client port of the same n1 in fencing domain "d1". All draw a zero
+// server nonce.
 func fuzzServerCfgs() []HandshakeConfig {
 	return []HandshakeConfig{
 		{Kind: KindClient, Secret: clientSecret, ClusterID: "prod", NodeID: "n1", Rand: zeroRand{}},
 		{Kind: KindPeer, Secret: peerSecret, NextSecret: nextPeerSecret, ClusterID: "prod", NodeID: "n1/abcdefghij", NodeName: "n1", Rand: zeroRand{}},
+		{Kind: KindClient, Secret: clientSecret, ClusterID: "prod", Domain: "d1", NodeID: "n1", Rand: zeroRand{}},
 	}
 }
 
 // fuzzClientCfgs are the diallers FuzzClientHandshake plays: a plain client
-// accepting any node id, a peer in a secret rollover that expects n1, and a
-// discovering node that knows only the name n1. All draw a zero client
-// nonce.
+// accepting any node id and any fencing domain, a peer in a secret rollover
+// that expects n1, a discovering node that knows only the name n1, and a
+// client that holds to fencing domain "d1" (a sidecar that pinned it). All
+// draw a zero client nonce.
 func fuzzClientCfgs() []HandshakeConfig {
 	return []HandshakeConfig{
 		{Kind: KindClient, Secret: clientSecret, ClusterID: "prod", Rand: zeroRand{}},
 		{Kind: KindPeer, Secret: peerSecret, NextSecret: nextPeerSecret, ClusterID: "prod", NodeID: "n2", ExpectNodeID: "n1", Rand: zeroRand{}},
 		{Kind: KindDiscover, Secret: peerSecret, ClusterID: "prod", NodeID: "n2/zzzzzzzzzz", ExpectNodeID: "n1", Rand: zeroRand{}},
+		{Kind: KindClient, Secret: clientSecret, ClusterID: "prod", Domain: "d1", Rand: zeroRand{}},
 	}
 }
 
@@ -277,7 +284,8 @@ func FuzzClientHandshake(f *testing.F) {
 			if (err == nil) != (w.err == nil) || (err != nil && !errors.Is(err, w.err)) {
 				t.Fatalf("kind %d: input %x: got %v, want %v", cfg.Kind, data, err, w.err)
 			}
-			if err == nil && (peer.Version != w.ch.version || peer.NodeID != w.ch.serverID || peer.ClusterID != w.ch.clusterID) {
+			if err == nil && (peer.Version != w.ch.version || peer.NodeID != w.ch.serverID || peer.ClusterID != w.ch.clusterID ||
+				peer.Domain != w.ch.domain) {
 				t.Fatalf("kind %d: peer %+v, challenge %+v", cfg.Kind, peer, w.ch)
 			}
 			if got := rw.consumed(); got != w.consumed {
@@ -405,7 +413,7 @@ func FuzzReader(f *testing.F) {
 			rest = rest[end:]
 			var want Msg
 			werr := DecodeMsg(fr.typ, fr.payload, &want)
-			if m != want || (err == nil) != (werr == nil) || (err != nil && err.Error() != werr.Error()) {
+			if !reflect.DeepEqual(m, want) || (err == nil) != (werr == nil) || (err != nil && err.Error() != werr.Error()) {
 				t.Fatalf("frame % x: Reader gave %+v, %v; want %+v, %v", fr.raw, m, err, want, werr)
 			}
 			if err != nil {
@@ -476,7 +484,14 @@ func checkMsgBounds(t *testing.T, m *Msg, raw []byte) {
 			t.Fatalf("str8 field of %d bytes", len(s))
 		}
 	}
-	if n := len(m.Key) + len(m.Owner) + len(m.Text) + len(m.LeaderAddr) + len(m.LeaderID) + len(m.NodeID); n > len(raw)-5 {
+	n := len(m.Key) + len(m.Owner) + len(m.Text) + len(m.LeaderAddr) + len(m.LeaderID) + len(m.NodeID)
+	for _, mb := range m.Members {
+		if mb.ServerID == "" || len(mb.ServerID) > 255 || len(mb.ClientAddr) > 255 || mb.Suffrage > SuffrageLearner {
+			t.Fatalf("member %+v", mb)
+		}
+		n += 3 + len(mb.ServerID) + len(mb.ClientAddr) // each entry costs its strings plus 3 bytes
+	}
+	if n > len(raw)-5 {
 		t.Fatalf("%d bytes of strings from a %d-byte payload", n, len(raw)-5)
 	}
 	enc, err := AppendMsg(nil, m)

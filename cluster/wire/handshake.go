@@ -34,14 +34,16 @@ const (
 // Payloads (identical to cluster/PROTOCOL.md, "Handshake"):
 //
 //	Hello     'h': magic "TKTG" | min_version u16 | max_version u16 | kind u8 |
-//	               client_nonce [32] | cluster_id str8 | sender_id str8 | expect_id str8
+//	               client_nonce [32] | cluster_id str8 | sender_id str8 | expect_id str8 |
+//	               domain str8
 //	Challenge 'C': version u16 | server_nonce [32] | server_id str8 | cluster_id str8 |
-//	               n u8 (1..2) | n × server_proof [32]
+//	               domain str8 | n u8 (1..2) | n × server_proof [32]
 //	Auth      'x': client_proof [32]
 //	Welcome   'W': (empty)
 //
 // transcript = version u16 | kind u8 | client_nonce | server_nonce |
 // str8 cluster_id | str8 server_id | str8 sender_id | str8 expect_id |
+// str8 hello_domain | str8 challenge_domain |
 // str8 channel_binding (empty without TLS)
 // server_proof = HMAC-SHA256(secret, "ticketing/server/v1" 0x00 transcript)
 // client_proof = HMAC-SHA256(secret, "ticketing/client/v1" 0x00 transcript)
@@ -64,6 +66,11 @@ type HandshakeConfig struct {
 	NextSecret []byte
 	// ClusterID must match on both sides ("" matches only "").
 	ClusterID string
+	// Domain is the fencing domain: a server's own ("" while it does not
+	// know one), a dialler's expected one ("" accepts any). When both
+	// sides name one and they differ, the handshake fails (wrong_domain):
+	// tokens of two domains are not comparable.
+	Domain string
 	// NodeID is this side's node id: on a server, the accepting node; on a
 	// peer dialler, the dialling node (proven by the client proof). Clients
 	// leave it empty.
@@ -86,6 +93,7 @@ type HandshakeConfig struct {
 // Peer is what a finished handshake learned about the other side.
 type Peer struct {
 	Kind      ConnKind
+	Domain    string // the other side's fencing domain ("" if it named none)
 	Version   uint16
 	NodeID    string // server side: the dialler's sender_id; client side: server_id
 	ClusterID string
@@ -167,6 +175,7 @@ func clientHandshake(rw io.ReadWriter, cfg HandshakeConfig, minV, maxV uint16) (
 	hello = appendStr8(hello, cfg.ClusterID)
 	hello = appendStr8(hello, cfg.NodeID)
 	hello = appendStr8(hello, cfg.ExpectNodeID)
+	hello = appendStr8(hello, cfg.Domain)
 	if _, err := rw.Write(finishFrame(hello)); err != nil {
 		return Peer{}, fmt.Errorf("wire: handshake: sending hello: %w", err)
 	}
@@ -188,6 +197,7 @@ func clientHandshake(rw io.ReadWriter, cfg HandshakeConfig, minV, maxV uint16) (
 	sn := d.take(NonceLen)
 	serverID := d.str8()
 	clusterID := d.str8()
+	serverDomain := d.str8()
 	nproofs := int(d.u8())
 	var serverProofs [maxServerProofs][]byte
 	for i := 0; i < nproofs && i < maxServerProofs; i++ {
@@ -202,7 +212,10 @@ func clientHandshake(rw io.ReadWriter, cfg HandshakeConfig, minV, maxV uint16) (
 	if clusterID != cfg.ClusterID {
 		return Peer{}, fail(rw, CodeWrongCluster, fmt.Errorf("%w: server is in cluster %q, expected %q", ErrWrongCluster, clusterID, cfg.ClusterID))
 	}
-	t := transcript(version, cfg.Kind, cn[:], sn, clusterID, serverID, cfg.NodeID, cfg.ExpectNodeID, cfg.ChannelBinding)
+	if cfg.Domain != "" && serverDomain != "" && serverDomain != cfg.Domain {
+		return Peer{}, fail(rw, CodeWrongDomain, fmt.Errorf("%w: server is in fencing domain %q, expected %q", ErrWrongDomain, serverDomain, cfg.Domain))
+	}
+	t := transcript(version, cfg.Kind, cn[:], sn, clusterID, serverID, cfg.NodeID, cfg.ExpectNodeID, cfg.Domain, serverDomain, cfg.ChannelBinding)
 	// Every proof is checked against every secret (constant time each), so
 	// the time taken does not say which one matched.
 	var secret []byte
@@ -242,7 +255,7 @@ func clientHandshake(rw io.ReadWriter, cfg HandshakeConfig, minV, maxV uint16) (
 	case len(payload) != 0:
 		return Peer{}, fail(rw, CodeBadRequest, malformed(typ, "welcome with payload", payload))
 	}
-	return Peer{Version: version, NodeID: serverID, ClusterID: clusterID}, nil
+	return Peer{Version: version, NodeID: serverID, ClusterID: clusterID, Domain: serverDomain}, nil
 }
 
 // ServerHandshake runs the accepting side on rw.
@@ -272,23 +285,30 @@ func ServerHandshake(rw io.ReadWriter, cfg HandshakeConfig) (Peer, error) {
 	magic := d.take(len(Magic))
 	minV := d.u16()
 	maxV := d.u16()
+	// The version range comes before anything whose layout may differ
+	// between versions: a client of another version gets "version", not
+	// "malformed", whatever the rest of its Hello looks like.
+	version := min(maxV, ProtocolVersion)
+	if !d.fail && string(magic) == Magic && (minV > maxV || version < minV || version < MinProtocolVersion) {
+		return Peer{}, fail(rw, CodeVersion, fmt.Errorf("%w: client speaks %d..%d, server %d..%d", ErrVersion, minV, maxV, MinProtocolVersion, ProtocolVersion))
+	}
 	kind := ConnKind(d.u8())
 	cn := d.take(NonceLen)
 	clusterID := d.str8()
 	senderID := d.str8()
 	expectID := d.str8()
+	helloDomain := d.str8()
 	if !d.done() || string(magic) != Magic {
 		return Peer{}, fail(rw, CodeBadRequest, malformed(typ, "bad hello payload", payload))
-	}
-	version := min(maxV, ProtocolVersion)
-	if minV > maxV || version < minV || version < MinProtocolVersion {
-		return Peer{}, fail(rw, CodeVersion, fmt.Errorf("%w: client speaks %d..%d, server %d..%d", ErrVersion, minV, maxV, MinProtocolVersion, ProtocolVersion))
 	}
 	if kind != cfg.Kind && !(cfg.Kind == KindPeer && kind == KindDiscover) {
 		return Peer{}, fail(rw, CodeBadRequest, fmt.Errorf("%w: connection kind %d on a port for kind %d", ErrMalformed, kind, cfg.Kind))
 	}
 	if clusterID != cfg.ClusterID {
 		return Peer{}, fail(rw, CodeWrongCluster, fmt.Errorf("%w: dialler is in cluster %q, this node in %q", ErrWrongCluster, clusterID, cfg.ClusterID))
+	}
+	if helloDomain != "" && cfg.Domain != "" && helloDomain != cfg.Domain {
+		return Peer{}, fail(rw, CodeWrongDomain, fmt.Errorf("%w: dialler is in fencing domain %q, this node in %q", ErrWrongDomain, helloDomain, cfg.Domain))
 	}
 	discoverByName := kind == KindDiscover && cfg.NodeName != "" && expectID == cfg.NodeName
 	if (kind == KindPeer || kind == KindDiscover || expectID != "") && expectID != cfg.NodeID && !discoverByName {
@@ -299,13 +319,14 @@ func ServerHandshake(rw io.ReadWriter, cfg HandshakeConfig) (Peer, error) {
 	if err := readNonce(cfg.Rand, sn[:]); err != nil {
 		return Peer{}, fail(rw, CodeInternal, err)
 	}
-	t := transcript(version, kind, cn, sn[:], clusterID, cfg.NodeID, senderID, expectID, cfg.ChannelBinding)
+	t := transcript(version, kind, cn, sn[:], clusterID, cfg.NodeID, senderID, expectID, helloDomain, cfg.Domain, cfg.ChannelBinding)
 	ch := make([]byte, 0, 128+len(cfg.NodeID)+len(cfg.ClusterID))
 	ch = append(ch, 0, 0, 0, 0, TypeChallenge)
 	ch = binary.BigEndian.AppendUint16(ch, version)
 	ch = append(ch, sn[:]...)
 	ch = appendStr8(ch, cfg.NodeID)
 	ch = appendStr8(ch, cfg.ClusterID)
+	ch = appendStr8(ch, cfg.Domain)
 	secrets := cfg.secrets()
 	ch = append(ch, byte(len(secrets)))
 	for _, s := range secrets {
@@ -340,7 +361,7 @@ func ServerHandshake(rw io.ReadWriter, cfg HandshakeConfig) (Peer, error) {
 	if _, err := rw.Write([]byte{0, 0, 0, 1, TypeWelcome}); err != nil {
 		return Peer{}, fmt.Errorf("wire: handshake: sending welcome: %w", err)
 	}
-	return Peer{Kind: kind, Version: version, NodeID: senderID, ClusterID: clusterID}, nil
+	return Peer{Kind: kind, Version: version, NodeID: senderID, ClusterID: clusterID, Domain: helloDomain}, nil
 }
 
 // check validates cfg before any I/O; dialler says which side uses it.
@@ -352,7 +373,7 @@ func (cfg *HandshakeConfig) check(dialler bool) error {
 		return fmt.Errorf("%w: secret is %d bytes, need at least %d", ErrBadConfig, len(cfg.Secret), MinSecretLen)
 	case cfg.NextSecret != nil && len(cfg.NextSecret) < MinSecretLen:
 		return fmt.Errorf("%w: next secret is %d bytes, need at least %d", ErrBadConfig, len(cfg.NextSecret), MinSecretLen)
-	case len(cfg.ClusterID) > 255 || len(cfg.NodeID) > 255 || len(cfg.ExpectNodeID) > 255 || len(cfg.ChannelBinding) > 255:
+	case len(cfg.ClusterID) > 255 || len(cfg.Domain) > 255 || len(cfg.NodeID) > 255 || len(cfg.ExpectNodeID) > 255 || len(cfg.ChannelBinding) > 255:
 		return fmt.Errorf("%w: an id or the channel binding is longer than 255 bytes", ErrBadConfig)
 	case dialler && (cfg.Kind == KindPeer || cfg.Kind == KindDiscover) && (cfg.NodeID == "" || cfg.ExpectNodeID == ""):
 		return fmt.Errorf("%w: a peer dialler needs NodeID and ExpectNodeID", ErrBadConfig)
@@ -408,7 +429,7 @@ func readFrameExact(r io.Reader, buf []byte) (typ byte, payload []byte, err erro
 
 // transcript is the byte string both proofs sign: everything either side
 // said that matters, so no field can be swapped without breaking a proof.
-func transcript(version uint16, kind ConnKind, cn, sn []byte, clusterID, serverID, senderID, expectID string, binding []byte) []byte {
+func transcript(version uint16, kind ConnKind, cn, sn []byte, clusterID, serverID, senderID, expectID, helloDomain, serverDomain string, binding []byte) []byte {
 	t := make([]byte, 0, 3+2*NonceLen+5+len(clusterID)+len(serverID)+len(senderID)+len(expectID)+len(binding))
 	t = binary.BigEndian.AppendUint16(t, version)
 	t = append(t, byte(kind))
@@ -418,6 +439,8 @@ func transcript(version uint16, kind ConnKind, cn, sn []byte, clusterID, serverI
 	t = appendStr8(t, serverID)
 	t = appendStr8(t, senderID)
 	t = appendStr8(t, expectID)
+	t = appendStr8(t, helloDomain)
+	t = appendStr8(t, serverDomain)
 	t = append(t, byte(len(binding)))
 	t = append(t, binding...)
 	return t

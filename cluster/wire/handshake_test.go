@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -164,11 +165,12 @@ func TestFakeServerNodeID(t *testing.T) {
 		}
 		cn := append([]byte{}, p[9:9+NonceLen]...)
 		var sn [NonceLen]byte
-		tr := transcript(ProtocolVersion, KindPeer, cn, sn[:], "prod", "n3", "n2", "n1", nil)
+		tr := transcript(ProtocolVersion, KindPeer, cn, sn[:], "prod", "n3", "n2", "n1", "", "", nil)
 		ch := []byte{0, 0, 0, 0, TypeChallenge, 0, ProtocolVersion}
 		ch = append(ch, sn[:]...)
 		ch = appendStr8(ch, "n3")
 		ch = appendStr8(ch, "prod")
+		ch = appendStr8(ch, "") // domain
 		ch = append(ch, 1)
 		ch = append(ch, proof(peerSecret, serverLabel, tr)...)
 		sc.Write(finishFrame(ch))
@@ -266,7 +268,7 @@ func TestServerRefusesGarbage(t *testing.T) {
 		b = append(b, Magic...)
 		b = append(b, 0, ProtocolVersion, 0, ProtocolVersion, byte(KindClient))
 		b = append(b, make([]byte, NonceLen)...)
-		b = append(b, 4, 'p', 'r', 'o', 'd', 0, 0)
+		b = append(b, 4, 'p', 'r', 'o', 'd', 0, 0, 0) // cluster, sender, expect, domain
 		return finishFrame(mut(b))
 	}
 	cases := []struct {
@@ -284,6 +286,7 @@ func TestServerRefusesGarbage(t *testing.T) {
 		{"version 1", hello(func(b []byte) []byte { b[10], b[12] = 1, 1; return b }), CodeVersion, ErrVersion},
 		{"version 0", hello(func(b []byte) []byte { b[10], b[12] = 0, 0; return b }), CodeVersion, ErrVersion},
 		{"kind peer", hello(func(b []byte) []byte { b[13] = byte(KindPeer); return b }), CodeBadRequest, ErrMalformed},
+		{"no domain field", hello(func(b []byte) []byte { return b[:len(b)-1] }), CodeBadRequest, ErrMalformed},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -383,5 +386,191 @@ func TestChannelBindingMismatch(t *testing.T) {
 	}
 	if !errors.Is(s.err, ErrAuthFailed) {
 		t.Fatalf("server %v, want the client's auth_failed", s.err)
+	}
+}
+
+// TestHandshakeDomain: the fencing domain is checked when both sides name
+// one; a side that names none accepts the other's, and each side learns
+// the other's domain.
+func TestHandshakeDomain(t *testing.T) {
+	cases := []struct {
+		name                    string
+		peer                    bool
+		client, server          string // Domain of each side
+		wantErr                 error  // nil: both succeed
+		clientLearns, srvLearns string
+	}{
+		{"same domain", false, "a", "a", nil, "a", "a"},
+		{"same domain peer", true, "a", "a", nil, "a", "a"},
+		{"client names none, learns the server's", false, "", "a", nil, "a", ""},
+		{"server names none, accepts any", false, "b", "", nil, "", "b"},
+		{"server names none, peer", true, "b", "", nil, "", "b"},
+		{"neither names one", false, "", "", nil, "", ""},
+		{"different domains", false, "b", "a", ErrWrongDomain, "", ""},
+		{"different domains peer", true, "b", "a", ErrWrongDomain, "", ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ccfg, scfg := clientPair()
+			if tc.peer {
+				ccfg, scfg = peerPair()
+			}
+			ccfg.Domain, scfg.Domain = tc.client, tc.server
+			c, s := runPair(t, ccfg, scfg, ClientHandshake)
+			if tc.wantErr != nil {
+				// The server refuses the Hello; the client gets its E.
+				if !errors.Is(s.err, ErrWrongDomain) || !errors.Is(c.err, ErrWrongDomain) {
+					t.Fatalf("client %v, server %v; want both %v", c.err, s.err, ErrWrongDomain)
+				}
+				if CodeOf(c.err) != CodeWrongDomain || !strings.Contains(c.err.Error(), "(wrong_domain)") {
+					t.Fatalf("client error %q, want the server's wrong_domain code", c.err)
+				}
+				return
+			}
+			if c.err != nil || s.err != nil {
+				t.Fatalf("client %v, server %v", c.err, s.err)
+			}
+			if c.peer.Domain != tc.clientLearns || s.peer.Domain != tc.srvLearns {
+				t.Fatalf("client learned domain %q, server %q; want %q, %q", c.peer.Domain, s.peer.Domain, tc.clientLearns, tc.srvLearns)
+			}
+		})
+	}
+	if CodeWrongDomain.String() != "wrong_domain" || CodeOf(ErrWrongDomain) != CodeWrongDomain || ErrOf(30) != ErrWrongDomain {
+		t.Fatalf("code 30: %q %d %v", CodeWrongDomain, CodeOf(ErrWrongDomain), ErrOf(30))
+	}
+}
+
+// relayPair runs client and server through a relay that rewrites the
+// domain of the Hello (to helloDomain) and of the Challenge (to chDomain)
+// when those are not nil, and forwards everything else frame by frame.
+func relayPair(t *testing.T, ccfg, scfg HandshakeConfig, helloDomain, chDomain *string) (c, s hsResult) {
+	t.Helper()
+	cc, rc := net.Pipe() // client - relay
+	rs, sc := net.Pipe() // relay - server
+	deadline := time.Now().Add(5 * time.Second)
+	for _, p := range []net.Conn{cc, rc, rs, sc} {
+		p.SetDeadline(deadline)
+	}
+	forward := func(from, to net.Conn, rewrite func(typ byte, raw, payload []byte) []byte) {
+		defer to.Close()
+		defer from.Close()
+		buf := make([]byte, MaxFrameBytes)
+		for {
+			typ, payload, err := readFrameExact(from, buf)
+			if err != nil {
+				return
+			}
+			raw := buf[:headerLen+1+len(payload)]
+			if _, err := to.Write(rewrite(typ, raw, payload)); err != nil {
+				return
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	wg.Add(4)
+	go func() {
+		defer wg.Done()
+		forward(rc, rs, func(typ byte, raw, _ []byte) []byte {
+			if h, _, ok := parseSpecHello(raw); ok && typ == TypeHello && helloDomain != nil {
+				return specHelloFrame(h.minV, h.maxV, h.kind, h.cn, h.cluster, h.sender, h.expect, *helloDomain)
+			}
+			return raw
+		})
+	}()
+	go func() {
+		defer wg.Done()
+		forward(rs, rc, func(typ byte, raw, payload []byte) []byte {
+			if ch, ok := parseSpecChallenge(payload); ok && typ == TypeChallenge && chDomain != nil {
+				return specChallengeFrame(ch.version, ch.sn, ch.serverID, ch.clusterID, *chDomain, ch.proofs...)
+			}
+			return raw
+		})
+	}()
+	go func() {
+		defer wg.Done()
+		defer cc.Close()
+		c.peer, c.err = ClientHandshake(cc, ccfg)
+	}()
+	go func() {
+		defer wg.Done()
+		defer sc.Close()
+		s.peer, s.err = ServerHandshake(sc, scfg)
+	}()
+	wg.Wait()
+	return c, s
+}
+
+// TestHandshakeDomainTampered: a man in the middle (holding no secret) that
+// rewrites the domain fields cannot make two sides of different domains
+// agree: stripping the dialler's domain gets it past the server, but the
+// client then sees the server's domain and refuses itself (before it sends
+// a proof); stripping the server's too leaves the two transcripts
+// different, so the server proof fails at the client.
+func TestHandshakeDomainTampered(t *testing.T) {
+	empty := ""
+	ccfg, scfg := clientPair()
+	ccfg.Domain, scfg.Domain = "b", "a"
+
+	c, s := relayPair(t, ccfg, scfg, &empty, nil)
+	if !errors.Is(c.err, ErrWrongDomain) || !strings.Contains(c.err.Error(), `server is in fencing domain "a"`) {
+		t.Fatalf("hello stripped: client %v, want its own wrong_domain", c.err)
+	}
+	if !errors.Is(s.err, ErrWrongDomain) || !strings.Contains(s.err.Error(), "refused by client (wrong_domain)") {
+		t.Fatalf("hello stripped: server %v, want the client's wrong_domain", s.err)
+	}
+
+	c, s = relayPair(t, ccfg, scfg, &empty, &empty)
+	if !errors.Is(c.err, ErrAuthFailed) || !errors.Is(s.err, ErrAuthFailed) {
+		t.Fatalf("both stripped: client %v, server %v; want auth_failed", c.err, s.err)
+	}
+
+	// A relay that rewrites nothing changes nothing.
+	ccfg.Domain = "a"
+	if c, s = relayPair(t, ccfg, scfg, nil, nil); c.err != nil || s.err != nil || c.peer.Domain != "a" || s.peer.Domain != "a" {
+		t.Fatalf("plain relay: client %v %+v, server %v %+v", c.err, c.peer, s.err, s.peer)
+	}
+}
+
+// TestFakeServerDomain: a server that knows the secret but does not check
+// domains (another build, or a node answering for another domain) is still
+// caught by a client that names its domain: it sends wrong_domain, not its
+// proof.
+func TestFakeServerDomain(t *testing.T) {
+	ccfg, _ := clientPair()
+	ccfg.Domain = "b"
+	cc, sc := net.Pipe()
+	defer cc.Close()
+	sc.SetDeadline(time.Now().Add(5 * time.Second))
+	got := make(chan []byte, 1)
+	go func() {
+		defer sc.Close()
+		buf := make([]byte, MaxFrameBytes)
+		_, p, err := readFrameExact(sc, buf)
+		if err != nil {
+			got <- nil
+			return
+		}
+		h, _, ok := parseSpecHello(finishFrame(append([]byte{0, 0, 0, 0, TypeHello}, p...)))
+		if !ok || h.domain != "b" {
+			got <- nil
+			return
+		}
+		sn := make([]byte, NonceLen)
+		tr := specTranscript(ProtocolVersion, KindClient, h.cn, sn, "prod", "n1", "", "", "b", "a", nil)
+		sc.Write(specChallengeFrame(ProtocolVersion, sn, "n1", "prod", "a", specProof(clientSecret, specServerLabel, tr)))
+		typ, p, err := readFrameExact(sc, buf)
+		if err != nil {
+			got <- nil
+			return
+		}
+		got <- append([]byte{typ}, p...)
+	}()
+	if _, err := ClientHandshake(cc, ccfg); !errors.Is(err, ErrWrongDomain) {
+		t.Fatalf("client: %v", err)
+	}
+	f := <-got
+	var m Msg
+	if len(f) == 0 || DecodeMsg(f[0], f[1:], &m) != nil || m.Type != TypeError || m.Code != CodeWrongDomain {
+		t.Fatalf("fake server received %x, want an error frame with wrong_domain", f)
 	}
 }

@@ -14,7 +14,9 @@ import "ticketing/locksm"
 //	1 — first version: length-prefixed frames, mutual HMAC-SHA256 handshake,
 //	    acquire/release/cancel/ping/status requests. Never released.
 //	2 — the Challenge carries 1 or 2 server proofs (secret rollover); over
-//	    TLS both proofs bind the TLS exporter value (ExporterLabel).
+//	    TLS both proofs bind the TLS exporter value (ExporterLabel). Hello
+//	    and Challenge carry the fencing domain; the members request 'm'
+//	    and its reply 'L'. (Version 2 was never released without them.)
 const ProtocolVersion = 2
 
 // Frame layout, all integers big-endian:
@@ -49,6 +51,7 @@ const (
 	TypeCancel  = 'c' // id u64 | target u64 (id of a pending acquire on this connection)
 	TypePing    = 'p' // id u64
 	TypeStatus  = 's' // id u64
+	TypeMembers = 'm' // id u64
 
 	// Replies: every payload starts with the id of the request it answers;
 	// exactly one reply per request.
@@ -61,6 +64,10 @@ const (
 	TypeError   = 'E' // id u64 | code u16 | text str16     definite failure; id 0 = connection error, then close
 	TypePong    = 'P' // id u64
 	TypeStatusR = 'S' // id u64 | node_id str8 | role u8 | term u64 | leader_id str8 | leader_addr str8 | commit u64 | applied u64 | last_token u64 | held u64 | waiting u64
+	// TypeMembersR answers TypeMembers with the node's view of the Raft
+	// configuration: id u64 | n u8 | n × (server_id str8 | suffrage u8 | client_addr str8)
+	// (client_addr "" when the member has not announced one yet).
+	TypeMembersR = 'L'
 )
 
 // Msg is any post-handshake message, request or reply. Only the fields its
@@ -88,6 +95,32 @@ type Msg struct {
 	LastToken uint64
 	Held      uint64
 	Waiting   uint64
+	// TypeMembersR.
+	Members []Member
+}
+
+// Member is one server of the Raft configuration, as a members reply lists it.
+type Member struct {
+	ServerID   string // NAME/INCARNATION
+	Suffrage   Suffrage
+	ClientAddr string // the address clients dial; "" if not announced yet
+}
+
+// Suffrage is a member's vote: a voter or a learner (a non-voter that
+// receives the log, e.g. a replacement catching up).
+type Suffrage uint8
+
+const (
+	SuffrageVoter   Suffrage = 0
+	SuffrageLearner Suffrage = 1
+)
+
+// String names the suffrage for logs and the unix API.
+func (s Suffrage) String() string {
+	if s == SuffrageVoter {
+		return "voter"
+	}
+	return "learner"
 }
 
 // Role of a node as reported in a status reply.
@@ -119,7 +152,7 @@ func (r Role) String() string {
 // IsRequest reports whether typ is a post-handshake request type.
 func IsRequest(typ byte) bool {
 	switch typ {
-	case TypeAcquire, TypeRelease, TypeCancel, TypePing, TypeStatus:
+	case TypeAcquire, TypeRelease, TypeCancel, TypePing, TypeStatus, TypeMembers:
 		return true
 	}
 	return false
@@ -129,7 +162,7 @@ func IsRequest(typ byte) bool {
 func IsReply(typ byte) bool {
 	switch typ {
 	case TypeGranted, TypeBusy, TypeTimeout, TypeMoved, TypeOK, TypeUnknown,
-		TypeError, TypePong, TypeStatusR:
+		TypeError, TypePong, TypeStatusR, TypeMembersR:
 		return true
 	}
 	return false
@@ -162,6 +195,8 @@ func ReplyAllowed(req, reply byte) bool {
 		return reply == TypePong
 	case TypeStatus:
 		return reply == TypeStatusR
+	case TypeMembers:
+		return reply == TypeMembersR
 	}
 	return false
 }

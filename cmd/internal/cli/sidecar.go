@@ -32,7 +32,7 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	ucfg := unixapi.DefaultConfig()
 	var (
 		addrs, secretFile, clusterID, mode, allow string
-		faultFile, nextSecret                     string
+		faultFile, nextSecret, bcfgDomain         string
 		tf                                        tlsFlags
 		logs                                      logFlags
 	)
@@ -40,6 +40,7 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	fset.StringVar(&ucfg.Path, "socket", defaultSocket(), "unix socket to serve (default $TICKETING_SOCKET, else ./ticketing.sock)")
 	fset.StringVar(&secretFile, "secret-file", "", "file holding the cluster's client secret (mode 600)")
 	fset.StringVar(&clusterID, "cluster-id", "", "cluster id the nodes present (as their --cluster-id)")
+	fset.StringVar(&bcfgDomain, "domain", "", "the fencing domain the nodes must belong to (INFO's domain=); default: hold to the first one a node names")
 	fset.StringVar(&nextSecret, "next-secret-file", "", "rollover: a second client secret, tried when a node does not accept the first")
 	tf.register(fset, false)
 	fset.StringVar(&mode, "socket-mode", "0660", "permission bits of the socket file, octal (connecting needs write permission)")
@@ -94,7 +95,7 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	} else {
 		log.Warn("PLAINTEXT: the connections to the cluster are not encrypted; use --tls-ca anywhere but loopback")
 	}
-	bcfg.ClusterID = clusterID
+	bcfg.ClusterID, bcfg.Domain = clusterID, bcfgDomain
 	m, err := strconv.ParseUint(mode, 8, 32)
 	if err != nil || m == 0 || m > 0o777 {
 		fmt.Fprintf(stderr, "ticketing sidecar: --socket-mode %q: want octal permission bits such as 0660\n", mode)
