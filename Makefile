@@ -3,7 +3,7 @@ GO ?= go
 PYTHON ?= python3
 NODE ?= node
 
-.PHONY: test vet build dev bench-failover bench-throughput fuzz test-clients test-python test-node test-verify verify-long \
+.PHONY: test vet build dev bench-failover bench-throughput bench-compare test-ticketbench fuzz test-clients test-python test-node test-verify verify-long \
 	test-go test-postgres test-fence-node test-fence-python-pg
 
 # Every test of the project, with the race detector (a few minutes on 2 cores),
@@ -11,11 +11,17 @@ NODE ?= node
 # throwaway PostgreSQL server (.ci/postgres.sh; Debian's postgresql package)
 # runs around them, so the fencing helpers and the ticket-sale example are
 # tested on PostgreSQL as well as SQLite (TICKETING_TEST_PG_DSN).
-test: vet test-verify
+test: vet test-verify test-ticketbench
 	./.ci/postgres.sh $(MAKE) test-go test-clients test-fence-node test-fence-python-pg
 
 test-go:
 	$(GO) test -race -count=1 -timeout 20m ./...
+
+# The comparison benchmark is its own module (cmd/ticketbench/go.mod, so
+# the etcd, ZooKeeper and Redis clients stay out of ours): vet it and run its
+# short self-test (Ticketing only, 200 ms runs; the peers are not needed).
+test-ticketbench:
+	cd cmd/ticketbench && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 # The Python and Node.js client suites (each starts its own `ticketing dev`
 # on free ports, using the binary built once by `build`).
@@ -75,6 +81,12 @@ bench-failover: build
 
 bench-throughput: build
 	./bin/ticketing bench throughput --clients 64 --duration 10s
+
+# Ticketing against etcd, ZooKeeper and Redis in one run (cmd/ticketbench;
+# installs the Debian packages if missing, starts the peers on loopback,
+# stops them afterwards). Writes cmd/ticketbench/results/{results.md,plot.svg}.
+bench-compare:
+	cd cmd/ticketbench && ./peers.sh install && $(GO) run . --start-peers --peers-dir /tmp/ticketbench-peers --duration 5s --out results
 
 # Fuzz each target for FUZZTIME (default 30s).
 FUZZTIME ?= 30s

@@ -11,7 +11,6 @@ import (
 
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
-	"go.etcd.io/bbolt"
 
 	"ticketing/cluster/wire"
 )
@@ -91,7 +90,7 @@ func Bootstrap(cfg Config, opts BootstrapOptions) (BootstrapResult, error) {
 	}
 	store, err := raftboltdb.New(raftboltdb.Options{
 		Path:        filepath.Join(cfg.DataDir, "raft.db"),
-		BoltOptions: &bbolt.Options{Timeout: 2 * time.Second},
+		BoltOptions: boltOptions(),
 	})
 	if err != nil {
 		return BootstrapResult{}, fmt.Errorf("cluster: open %s (is the node running? stop it first): %w",

@@ -492,3 +492,42 @@ func TestFiveNodesToleratesTwoDown(t *testing.T) {
 		t.Fatalf("token %d not above %d", t2, t1)
 	}
 }
+
+// A leader that shuts down gracefully hands its leadership to another
+// voter first (no election timeout to wait out); the locks stay held with
+// their tokens and the new leader grants above them.
+func TestLeaderShutdownHandsLeadershipOver(t *testing.T) {
+	c := startCluster(t, 3)
+	li := c.leader()
+	lc := c.client()
+	defer lc.close()
+	tok := mustGrant(t, lc.do(acquireMsg("held", "a", 120, 0)))
+	oldTerm := c.Node(li).Raft().CurrentTerm()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	to, err := c.Shutdown(ctx, li)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := -1
+	for i := range c.Size() {
+		if i != li && c.Node(i).ServerID() == to {
+			next = i
+		}
+	}
+	if next < 0 {
+		t.Fatalf("leadership handed to %q, not to one of the other voters", to)
+	}
+	waitFor(t, "the new leader to serve", 10*time.Second, func() bool { return c.Node(next).Serving() })
+	// A hand-over is one election at the next term, started at once by the
+	// target (TimeoutNow), not a series of timed-out ones.
+	if term := c.Node(next).Raft().CurrentTerm(); term != oldTerm+1 {
+		t.Fatalf("term %d after the hand-over from term %d", term, oldTerm)
+	}
+	if h, ok := c.holderOn(next, "held"); !ok || h.Token != tok {
+		t.Fatalf("after the hand-over the lock is %+v (held %v), want token %d", h, ok, tok)
+	}
+	if t2 := mustGrant(t, lc.do(acquireMsg("other", "a", 30, 0))); t2 <= tok {
+		t.Fatalf("token %d after %d", t2, tok)
+	}
+}

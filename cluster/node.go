@@ -7,6 +7,7 @@
 package cluster
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
@@ -164,7 +165,7 @@ func (n *Node) start() error {
 	hlog := newHCLogger(n.log)
 	store, err := raftboltdb.New(raftboltdb.Options{
 		Path:        filepath.Join(cfg.DataDir, "raft.db"),
-		BoltOptions: &bbolt.Options{Timeout: 2 * time.Second},
+		BoltOptions: boltOptions(),
 	})
 	if err != nil {
 		return fmt.Errorf("cluster: open %s (is another node using this data dir?): %w",
@@ -349,6 +350,55 @@ func (n *Node) ReadState(fn func(st *locksm.State)) { n.fsm.read(fn) }
 
 // Close stops the node: the client port first (pending requests get U),
 // then Raft, the transport and the store. It does not hand leadership over.
+// Shutdown stops the node gracefully: a leader first hands leadership to
+// the most up-to-date voter (hashicorp/raft LeadershipTransfer), so clients
+// wait for one round of messages rather than an election timeout, then the
+// node closes. The hand-over is bounded by ctx; if it fails or ctx ends,
+// the node closes anyway (the others then elect a leader as after a
+// crash). handedTo is the server id leadership went to ("" if none).
+func (n *Node) Shutdown(ctx context.Context) (handedTo string, err error) {
+	if n.raft != nil && n.raft.State() == raft.Leader && n.otherVoters() > 0 {
+		start := time.Now()
+		done := make(chan error, 1)
+		go func() { done <- n.raft.LeadershipTransfer().Error() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				n.log.Warn("leadership transfer before shutdown failed", "err", err)
+				break
+			}
+			// Wait (bounded by ctx) to hear from the new leader, so that
+			// closing does not race its first heartbeat.
+			for handedTo == "" && ctx.Err() == nil {
+				if _, to := n.raft.LeaderWithID(); to != "" && to != raft.ServerID(n.serverID) {
+					handedTo = string(to)
+					break
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			n.log.Info("leadership handed over before shutdown", "to", handedTo, "took", time.Since(start).Round(time.Millisecond))
+		case <-ctx.Done():
+			n.log.Warn("leadership transfer before shutdown did not finish in time", "err", ctx.Err())
+		}
+	}
+	return handedTo, n.Close()
+}
+
+// otherVoters counts the voters other than this node.
+func (n *Node) otherVoters() int {
+	ms, err := n.Members()
+	if err != nil {
+		return 0
+	}
+	c := 0
+	for _, m := range ms {
+		if m.Voter && m.ServerID != n.serverID {
+			c++
+		}
+	}
+	return c
+}
+
 func (n *Node) Close() error {
 	n.mu.Lock()
 	if n.closed {
@@ -609,7 +659,9 @@ func (n *Node) proposalFailed(cmds []locksm.Command, err error) {
 	// ErrNotLeader means the entry was never appended: definitely not
 	// executed, so M is honest. Anything else (leadership lost, shutdown)
 	// leaves the entry possibly committed: U.
-	notAppended := errors.Is(err, raft.ErrNotLeader)
+	// A proposal refused during a leadership transfer was not appended
+	// either (hashicorp/raft answers it before dispatching).
+	notAppended := errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipTransferInProgress)
 	addr, id := "", ""
 	if notAppended {
 		addr, id = n.leaderHint()
@@ -795,6 +847,15 @@ func newHCLogger(log *slog.Logger) hclog.Logger {
 		Output:      hcWriter{log},
 		DisableTime: true,
 	})
+}
+
+// boltOptions are the options of the Raft log store (raft-boltdb/v2 over
+// bbolt). Every commit syncs: durability is not tunable. (NoFreelistSync
+// with the hash-map free list, as etcd uses, made no measurable difference
+// to append latency here: 1.4–1.8 ms per StoreLogs either way at 64
+// clients, so the defaults stay.)
+func boltOptions() *bbolt.Options {
+	return &bbolt.Options{Timeout: 2 * time.Second}
 }
 
 // batchesInFlight is how many batches may be proposed and not yet applied.

@@ -321,6 +321,19 @@ func (c *Cluster) Stop(i int) error {
 	return n.Close()
 }
 
+// Shutdown stops node i gracefully (cluster.Node.Shutdown: a leader hands
+// its leadership over first) and returns who took the lead ("" if nobody).
+func (c *Cluster) Shutdown(ctx context.Context, i int) (string, error) {
+	c.mu.Lock()
+	n := c.nodes[i]
+	c.nodes[i] = nil
+	c.mu.Unlock()
+	if n == nil {
+		return "", nil
+	}
+	return n.Shutdown(ctx)
+}
+
 // Wipe stops node i and deletes its data dir, as a lost disk would; a
 // Restart then starts it empty, with a new incarnation.
 func (c *Cluster) Wipe(i int) error {

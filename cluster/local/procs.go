@@ -367,6 +367,19 @@ func (p *Procs) Start(i int) error { return p.start(p.nodes[i]) }
 // resume it.
 func (p *Procs) Signal(i int, sig syscall.Signal) error { return p.signal(p.nodes[i], sig) }
 
+// LogFile is the file node i's output is appended to.
+func (p *Procs) LogFile(i int) string { return p.nodes[i].log }
+
+// Pid is node i's process id, 0 while it is not running.
+func (p *Procs) Pid(i int) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if c := p.nodes[i].cmd; c != nil && c.Process != nil {
+		return c.Process.Pid
+	}
+	return 0
+}
+
 // Running reports whether node i's process is running (a paused one is).
 func (p *Procs) Running(i int) bool {
 	p.mu.Lock()

@@ -1,12 +1,14 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -22,7 +24,7 @@ import (
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprintln(stderr, "usage: ticketing bench failover|throughput|unix|unixconns|catchup [flags]")
+		fmt.Fprintln(stderr, "usage: ticketing bench failover|throughput|unix|unixconns|catchup|scale [flags]")
 		return ExitUsage
 	}
 	fs := flag.NewFlagSet("ticketing bench "+args[0], flag.ContinueOnError)
@@ -39,17 +41,21 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		conns    int
 		useTLS   bool
 		keys     int
+		sigName  string
+		waiters  int
 	)
 	fs.StringVar(&dir, "dir", "", "working directory (default: a temporary one, removed afterwards)")
 	fs.IntVar(&nodes, "nodes", 3, "cluster size: 3 or 5")
-	fs.IntVar(&kills, "kills", 7, "failover: number of leader SIGKILLs")
+	fs.IntVar(&kills, "kills", 7, "failover: number of times the leader is stopped")
+	fs.StringVar(&sigName, "signal", "kill", "failover: kill (SIGKILL: a crash, the others elect after the election timeout) or term (SIGTERM: the leader hands leadership over first)")
 	fs.IntVar(&clients, "clients", 64, "throughput: concurrent clients, one connection and one key each")
 	fs.DurationVar(&duration, "duration", 10*time.Second, "throughput: measured duration")
 	fs.DurationVar(&warmup, "warmup", 2*time.Second, "throughput: warm-up before measuring")
 	fs.StringVar(&nodeArgs, "node-args", "", "extra flags for every node, space separated (e.g. \"--heartbeat-timeout 800ms\")")
 	fs.StringVar(&unixN, "unix-clients", "1,64", "unix: client counts to measure, comma separated")
 	fs.IntVar(&conns, "conns", 10000, "unixconns: local connections to open to a sidecar process")
-	fs.IntVar(&keys, "keys", 1000000, "catchup: keys held while a learner catches up")
+	fs.IntVar(&keys, "keys", 1000000, "catchup, scale: keys held")
+	fs.IntVar(&waiters, "waiters", 100000, "scale: acquires queued behind the held keys (one per key), for the memory per waiter")
 	fs.BoolVar(&useTLS, "tls", true, "run nodes (and sidecars) over TLS with a throwaway CA, as in production")
 	if err := fs.Parse(args[1:]); err != nil {
 		return ExitUsage
@@ -73,8 +79,12 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 		return ExitOK
 	}
+	extra := []string{"--log-level", "warn"}
+	if args[0] == "scale" { // the heap figures come from the profiler
+		extra = []string{"--log-level", "info", "--pprof-addr", "127.0.0.1:0"}
+	}
 	p, err := local.StartProcs(local.ProcOptions{Binary: bin, Dir: filepath.Join(dir, "cluster"), Nodes: nodes, TLS: useTLS,
-		ExtraArgs: append([]string{"--log-level", "warn"}, strings.Fields(nodeArgs)...)})
+		ExtraArgs: append(extra, strings.Fields(nodeArgs)...)})
 	if err != nil {
 		fmt.Fprintln(stderr, "ticketing bench:", err)
 		return ExitError
@@ -89,9 +99,18 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	switch args[0] {
 	case "failover":
-		err = benchFailover(ctx, p, kills, stdout)
+		sig := syscall.SIGKILL
+		switch sigName {
+		case "kill":
+		case "term":
+			sig = syscall.SIGTERM
+		default:
+			fmt.Fprintf(stderr, "ticketing bench: --signal %q: want kill or term\n", sigName)
+			return ExitUsage
+		}
+		err = benchFailover(ctx, p, kills, sig, stdout)
 	case "throughput":
-		err = benchThroughput(ctx, p, clients, warmup, duration, stdout)
+		_, err = benchThroughput(ctx, p, clients, warmup, duration, stdout)
 	case "unix":
 		var counts []int
 		for _, f := range strings.Split(unixN, ",") {
@@ -103,6 +122,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			counts = append(counts, n)
 		}
 		err = benchUnix(ctx, p, dir, counts, warmup, duration, stdout)
+	case "scale":
+		err = benchScale(ctx, p, keys, waiters, clients, warmup, duration, stdout)
 	case "unixconns":
 		err = benchUnixConns(ctx, p, dir, bin, conns, stdout)
 	default:
@@ -116,9 +137,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	return ExitOK
 }
 
-// benchFailover SIGKILLs the leader kills times and measures, each time, how
-// long until some other node grants a lock.
-func benchFailover(ctx context.Context, p *local.Procs, kills int, out io.Writer) error {
+// benchFailover stops the leader with sig kills times and measures, each
+// time, how long from the signal until some other node grants a lock.
+func benchFailover(ctx context.Context, p *local.Procs, kills int, sig syscall.Signal, out io.Writer) error {
 	var times []time.Duration
 	for k := 0; k < kills; k++ {
 		if err := waitHealthy(ctx, p); err != nil {
@@ -129,22 +150,26 @@ func benchFailover(ctx context.Context, p *local.Procs, kills int, out io.Writer
 			return err
 		}
 		start := time.Now()
-		if err := p.Signal(li, syscall.SIGKILL); err != nil {
-			return err
-		}
+		// Signal returns once the process has exited; a SIGTERMed leader
+		// hands over first, so the grant may come before that.
+		stopped := make(chan error, 1)
+		go func() { stopped <- p.Signal(li, sig) }()
 		d, err := firstGrant(ctx, p, li, start, fmt.Sprintf("failover/%d", k))
+		if serr := <-stopped; serr != nil {
+			return serr
+		}
 		if err != nil {
 			return err
 		}
 		times = append(times, d)
-		fmt.Fprintf(out, "kill %d: leader %s SIGKILLed, next grant after %v\n", k+1, p.ID(li), d.Round(time.Millisecond))
+		fmt.Fprintf(out, "stop %d: leader %s sent %v, next grant after %v\n", k+1, p.ID(li), sig, d.Round(time.Millisecond))
 		if err := p.Start(li); err != nil {
 			return err
 		}
 	}
 	sorted := append([]time.Duration(nil), times...)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i] < sorted[j] })
-	fmt.Fprintf(out, "failover over %d SIGKILLs: median %v, min %v, max %v\n", len(sorted),
+	fmt.Fprintf(out, "failover over %d × %v: median %v, min %v, max %v\n", len(sorted), sig,
 		sorted[len(sorted)/2].Round(time.Millisecond), sorted[0].Round(time.Millisecond), sorted[len(sorted)-1].Round(time.Millisecond))
 	return nil
 }
@@ -230,10 +255,10 @@ func firstGrant(ctx context.Context, p *local.Procs, dead int, start time.Time, 
 
 // benchThroughput runs uncontended acquire+release cycles, each client on its
 // own connection to the leader and its own key.
-func benchThroughput(ctx context.Context, p *local.Procs, clients int, warmup, duration time.Duration, out io.Writer) error {
+func benchThroughput(ctx context.Context, p *local.Procs, clients int, warmup, duration time.Duration, out io.Writer) (float64, error) {
 	li, err := p.Leader(ctx)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	var measuring atomic.Bool
 	stop := make(chan struct{})
@@ -247,7 +272,7 @@ func benchThroughput(ctx context.Context, p *local.Procs, clients int, warmup, d
 		if err != nil {
 			close(stop)
 			wg.Wait()
-			return err
+			return 0, err
 		}
 		wg.Add(1)
 		go func(c int, conn *client.Conn) {
@@ -282,6 +307,8 @@ func benchThroughput(ctx context.Context, p *local.Procs, clients int, warmup, d
 		}(c, conn)
 	}
 	time.Sleep(warmup)
+	cpu0 := nodesCPU(p)
+	self0 := selfCPU()
 	measuring.Store(true)
 	start := time.Now()
 	select {
@@ -290,22 +317,64 @@ func benchThroughput(ctx context.Context, p *local.Procs, clients int, warmup, d
 	}
 	measuring.Store(false)
 	elapsed := time.Since(start)
+	cpu1 := nodesCPU(p)
+	self1 := selfCPU()
 	close(stop)
 	wg.Wait()
 	if err != nil {
-		return err
+		return 0, err
 	}
 	var all []time.Duration
 	for _, l := range lat {
 		all = append(all, l...)
 	}
 	if len(all) == 0 {
-		return fmt.Errorf("no cycle completed")
+		return 0, fmt.Errorf("no cycle completed")
 	}
 	sort.Slice(all, func(i, j int) bool { return all[i] < all[j] })
 	q := func(f float64) time.Duration { return all[int(f*float64(len(all)-1))] }
+	perSec := float64(len(all)) / elapsed.Seconds()
 	fmt.Fprintf(out, "throughput: %d clients, %d nodes, %v: %d acquire+release cycles, %.0f cycles/s; cycle latency p50 %v p99 %v p99.9 %v\n",
-		clients, p.Size(), elapsed.Round(time.Millisecond), len(all), float64(len(all))/elapsed.Seconds(),
+		clients, p.Size(), elapsed.Round(time.Millisecond), len(all), perSec,
 		q(0.5).Round(time.Microsecond), q(0.99).Round(time.Microsecond), q(0.999).Round(time.Microsecond))
-	return nil
+	var nodes time.Duration
+	for i := range cpu1 {
+		nodes += cpu1[i] - cpu0[i]
+	}
+	if n := time.Duration(len(all)); n > 0 && len(cpu0) == len(cpu1) {
+		fmt.Fprintf(out, "throughput: CPU (user+sys) per cycle: %v in the %d nodes (leader %v), %v in the clients; machine busy %.0f%% of %d cores\n",
+			(nodes / n).Round(time.Microsecond), p.Size(), ((cpu1[li] - cpu0[li]) / n).Round(time.Microsecond),
+			((self1 - self0) / n).Round(time.Microsecond), 100*(nodes+self1-self0).Seconds()/elapsed.Seconds()/float64(runtime.NumCPU()), runtime.NumCPU())
+	}
+	return perSec, nil
+}
+
+// nodesCPU is each node process's CPU time so far (user+sys, from /proc).
+func nodesCPU(p *local.Procs) []time.Duration {
+	var out []time.Duration
+	for i := 0; i < p.Size(); i++ {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.Pid(i)))
+		if err != nil {
+			return nil
+		}
+		// Fields after the ")" that ends the command name: state is the
+		// 1st, utime the 12th and stime the 13th (clock ticks, 100 Hz).
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) < 13 {
+			return nil
+		}
+		ut, _ := strconv.ParseInt(f[11], 10, 64)
+		st, _ := strconv.ParseInt(f[12], 10, 64)
+		out = append(out, time.Duration(ut+st)*10*time.Millisecond)
+	}
+	return out
+}
+
+// selfCPU is this process's CPU time so far (the benchmark's clients).
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

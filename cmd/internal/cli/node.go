@@ -14,10 +14,17 @@ import (
 )
 
 func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	cfg, log, code := nodeConfig("ticketing node", args, stderr, nil)
+	var prof pprofFlag
+	cfg, log, code := nodeConfig("ticketing node", args, stderr, prof.register)
 	if code != ExitOK {
 		return code
 	}
+	stopProf, err := prof.start(log)
+	if err != nil {
+		fmt.Fprintln(stderr, "ticketing node:", err)
+		return ExitUsage
+	}
+	defer stopProf()
 	n, err := cluster.New(cfg)
 	if err != nil {
 		fmt.Fprintln(stderr, "ticketing node:", err)
@@ -25,11 +32,18 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	<-ctx.Done()
 	log.Info("shutting down")
-	if err := n.Close(); err != nil {
+	// A leader hands its leadership over first (bounded), so a rolling
+	// restart costs clients one hand-over instead of an election timeout.
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownTransferTimeout)
+	defer cancel()
+	if _, err := n.Shutdown(sctx); err != nil {
 		log.Warn("shutdown", "err", err)
 	}
 	return ExitOK
 }
+
+// shutdownTransferTimeout bounds the leadership hand-over at SIGTERM.
+const shutdownTransferTimeout = 5 * time.Second
 
 // runBootstrap creates a new cluster and fencing domain: the operator's
 // explicit act (cluster.Bootstrap). It takes the node's own flags, on the
@@ -40,7 +54,9 @@ func runBootstrap(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		floor     uint64
 		timeout   time.Duration
 	)
+	var prof pprofFlag // accepted so the node's command line works as is; unused
 	cfg, _, code := nodeConfig("ticketing bootstrap", args, stderr, func(fs *flag.FlagSet) {
+		prof.register(fs)
 		fs.BoolVar(&newDomain, "new-domain", false, "required: yes, create a new cluster and fencing domain")
 		fs.Uint64Var(&floor, "token-floor", 0, "the new domain's tokens start above this (default: the clock in µs; "+
 			"give the old domain's highest token when replacing a lost cluster)")

@@ -50,6 +50,8 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	fset.StringVar(&ucfg.OwnerPrefix, "owner-prefix", ucfg.OwnerPrefix, "prefix of the owner ids sent to the cluster (owner = PREFIX.CONN)")
 	fset.StringVar(&faultFile, "fault-file", "", "TESTS ONLY: drop every cluster connection each time the drop_connections counter in this JSON file grows; off by default")
 	logs.register(fset, "info")
+	var prof pprofFlag
+	prof.register(fset)
 	if err := fset.Parse(args); err != nil {
 		return ExitUsage
 	}
@@ -62,6 +64,12 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		fmt.Fprintln(stderr, "ticketing sidecar:", err)
 		return ExitUsage
 	}
+	stopProf, err := prof.start(log)
+	if err != nil {
+		fmt.Fprintln(stderr, "ticketing sidecar:", err)
+		return ExitUsage
+	}
+	defer stopProf()
 	bcfg := sidecar.DefaultConfig()
 	for _, a := range strings.Split(addrs, ",") {
 		if a = strings.TrimSpace(a); a != "" {
