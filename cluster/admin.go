@@ -16,10 +16,10 @@ import (
 )
 
 // The admin port (Config.AdminAddr) serves operator tools (`ticketing
-// members`): TCP → TLS like the client port → the handshake of
-// cluster/PROTOCOL.md with kind 4 (admin) and the admin secret, which
-// differs from the client and peer secrets → request/reply frames owned by
-// this file:
+// members`, `status`, `inspect`): TCP → TLS like the client port → the
+// handshake of cluster/PROTOCOL.md with kind 4 (admin) and the admin
+// secret, which differs from the client and peer secrets → request/reply
+// frames owned by this file:
 //
 //	'j' admin request: JSON AdminRequest   (client → node)
 //	'J' admin reply:   JSON AdminReply     (node → client), one per request, in order
@@ -34,12 +34,18 @@ const (
 
 // AdminRequest is one admin operation.
 type AdminRequest struct {
-	// Op is "members", "add-learner", "promote" or "remove".
+	// Op is "members", "add-learner", "promote", "remove" (leader only),
+	// "status" or "inspect" (any node; see LeaderOnly).
 	Op string `json:"op"`
 	// ID is the server id (NAME/INCARNATION) the change is about.
 	ID string `json:"id,omitempty"`
 	// Addr is the peer address of a new learner.
 	Addr string `json:"addr,omitempty"`
+	// Key is the key to inspect (op "inspect").
+	Key string `json:"key,omitempty"`
+	// LeaderOnly makes "status" and "inspect" answer not_leader on a node
+	// that does not lead, so that AdminCluster.Do finds the leader.
+	LeaderOnly bool `json:"leader_only,omitempty"`
 }
 
 // AdminReply answers an AdminRequest.
@@ -55,6 +61,11 @@ type AdminReply struct {
 	Members []AdminMember `json:"members,omitempty"`
 	// Commit is the answering leader's commit index (op "members").
 	Commit uint64 `json:"commit,omitempty"`
+	// Status is the answering node's StatusReport (op "status").
+	Status *StatusReport `json:"status,omitempty"`
+	// Key is the answering node's KeyReport (op "inspect"); its queue is
+	// cut short (queue_truncated) to fit the reply in one frame.
+	Key *KeyReport `json:"key,omitempty"`
 }
 
 // AdminMember is one member with the leader's view of its lag.
@@ -131,7 +142,7 @@ func (n *Node) serveAdmin(raw net.Conn) {
 		}
 		_, leader := n.raft.LeaderWithID()
 		rep.Leader = string(leader)
-		b, _ := json.Marshal(rep)
+		b := fitAdminReply(&rep)
 		if err := writeAdminFrame(c, adminReply, b); err != nil {
 			return
 		}
@@ -163,6 +174,22 @@ func (n *Node) admin(req AdminRequest) AdminReply {
 			}
 			return rep
 		}
+	case "status", "inspect":
+		if req.LeaderOnly {
+			if err = n.requireLeader(); err != nil {
+				break
+			}
+		}
+		if req.Op == "status" {
+			st := n.StatusReport()
+			return AdminReply{OK: true, Status: &st}
+		}
+		var kr KeyReport
+		if kr, err = n.Inspect(req.Key); err != nil {
+			err = fmt.Errorf("%w: %w", ErrBadConfig, err)
+			break
+		}
+		return AdminReply{OK: true, Key: &kr}
 	case "add-learner":
 		err = n.AddLearner(req.ID, req.Addr, timeout)
 	case "promote":
@@ -176,6 +203,41 @@ func (n *Node) admin(req AdminRequest) AdminReply {
 		return AdminReply{Code: adminCodeOf(err), Error: err.Error()}
 	}
 	return AdminReply{OK: true}
+}
+
+// fitAdminReply marshals rep so that it fits one frame: an inspected key's
+// queue is cut short (QueueTruncated; QueueLen still counts every waiter),
+// and a reply that still does not fit becomes an "internal" failure.
+func fitAdminReply(rep *AdminReply) []byte {
+	const limit = wire.MaxFrameLen - 1 // the type byte
+	b, _ := json.Marshal(rep)
+	if len(b) <= limit {
+		return b
+	}
+	if k := rep.Key; k != nil && len(k.Queue) > 0 {
+		full := k.Queue
+		// Binary search for the longest prefix (1..len-1 waiters) that fits.
+		var best []byte
+		for lo, hi := 1, len(full)-1; lo <= hi; {
+			mid := (lo + hi) / 2
+			k.Queue, k.QueueTruncated = full[:mid], true
+			if mb, _ := json.Marshal(rep); len(mb) <= limit {
+				best, lo = mb, mid+1
+			} else {
+				hi = mid - 1
+			}
+		}
+		if best != nil {
+			return best
+		}
+		k.Queue, k.QueueTruncated = []WaiterReport{}, true
+		if b, _ = json.Marshal(rep); len(b) <= limit {
+			return b
+		}
+	}
+	b, _ = json.Marshal(AdminReply{Code: "internal", Leader: rep.Leader,
+		Error: fmt.Sprintf("reply of %d bytes does not fit one admin frame", len(b))})
+	return b
 }
 
 func readAdminFrame(r io.Reader) (byte, []byte, error) {

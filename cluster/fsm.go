@@ -55,8 +55,9 @@ type applySink interface {
 // Snapshot and Restore from one goroutine; the node reads state through the
 // accessors under mu.
 type fsm struct {
-	sink applySink
-	log  *slog.Logger
+	sink    applySink
+	log     *slog.Logger
+	metrics *nodeMetrics // nil: not counted
 
 	mu          sync.Mutex
 	state       *locksm.State
@@ -203,7 +204,7 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	if err := f.state.WriteSnapshot(&buf); err != nil {
 		return nil, err
 	}
-	return &fsmSnapshot{data: buf.Bytes()}, nil
+	return &fsmSnapshot{data: buf.Bytes(), metrics: f.metrics}, nil
 }
 
 // Restore implements raft.FSM.
@@ -260,17 +261,30 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	f.mu.Lock()
 	f.state, f.clientAddrs, f.domain = st, addrs, domain
 	f.mu.Unlock()
+	if f.metrics != nil {
+		f.metrics.restores.Inc()
+	}
 	return nil
 }
 
-type fsmSnapshot struct{ data []byte }
+type fsmSnapshot struct {
+	data    []byte
+	metrics *nodeMetrics // nil: not counted
+}
 
 func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 	if _, err := sink.Write(s.data); err != nil {
 		sink.Cancel()
 		return err
 	}
-	return sink.Close()
+	if err := sink.Close(); err != nil {
+		return err
+	}
+	if s.metrics != nil {
+		s.metrics.snapshotsTaken.Inc()
+		s.metrics.snapshotBytes.Add(float64(len(s.data)))
+	}
+	return nil
 }
 
 func (s *fsmSnapshot) Release() {}

@@ -79,8 +79,12 @@ type Node struct {
 	// admitAcquire.
 	uncommitted      map[string]int
 	uncommittedTotal int
+	// expiring: when the lease of each expiry the leader proposed ran
+	// out (by token), for the hand-off latency; emptied on apply.
+	expiring map[uint64]time.Time
 
 	stats      nodeStats
+	metrics    *nodeMetrics
 	clientGate *gate
 	// memberMu serializes membership changes (a leaf: held across Raft
 	// configuration calls, never while taking another lock).
@@ -105,6 +109,7 @@ type pending struct {
 	owner    string
 	leaseSec uint32
 	ref      uint64
+	start    time.Time // when the request arrived (latency metrics)
 	deadline time.Time // acquire: when its wait runs out (monotonic)
 	queued   bool      // acquire applied as StatusQueued, not yet granted/timed out
 	cancel   bool      // the client asked to cancel it
@@ -143,6 +148,7 @@ func New(cfg Config) (*Node, error) {
 		closing:   make(chan struct{}),
 
 		uncommitted: map[string]int{},
+		expiring:    map[uint64]time.Time{},
 		clientGate:  newGate(cfg.MaxHandshakesPerIP, cfg.AuthFailureDelay, cfg.AuthFailureDelayMax),
 	}
 	var seed [8]byte
@@ -150,6 +156,7 @@ func New(cfg Config) (*Node, error) {
 	// Refs only need to be unique among one leader's in-flight requests;
 	// a random start keeps them apart from refs of earlier leaders too.
 	n.nextRef = binary.BigEndian.Uint64(seed[:]) >> 1
+	n.metrics = newNodeMetrics(n)
 	if err := n.start(); err != nil {
 		n.cleanup()
 		return nil, err
@@ -189,6 +196,7 @@ func (n *Node) start() error {
 	n.hasState.Store(has)
 
 	n.fsm = newFSM(n, n.log) // before the peer layer, which reads the domain
+	n.fsm.metrics = n.metrics
 	peerLn := cfg.PeerListener
 	if peerLn == nil {
 		if peerLn, err = net.Listen("tcp", cfg.PeerAddr); err != nil {
@@ -261,8 +269,9 @@ func (n *Node) start() error {
 		n.wg.Add(1)
 		go n.pollFaultFile()
 	}
-	n.wg.Add(4)
+	n.wg.Add(5)
 	go n.watchLeadership()
+	go n.watchLeaderChanges()
 	go n.proposeLoop()
 	go n.futureLoop()
 	go n.acceptClients()
@@ -548,9 +557,11 @@ func (n *Node) loseLeadership(why string) {
 	owed := n.pend
 	n.pend = map[uint64]*pending{}
 	n.uncommitted, n.uncommittedTotal = map[string]int{}, 0
+	clear(n.expiring)
 	for _, p := range owed {
 		p.uncommitted = false
 		delete(p.conn.inflight, p.id)
+		n.metrics.reply(p.op, resIndeterminate)
 		p.conn.send(&wire.Msg{Type: wire.TypeUnknown, ID: p.id, Text: why + ": outcome unknown"})
 	}
 	n.mu.Unlock()
@@ -669,14 +680,19 @@ func (n *Node) proposalFailed(cmds []locksm.Command, err error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for _, c := range cmds {
+		if c.Op == locksm.OpExpire {
+			delete(n.expiring, c.Token)
+		}
 		p := n.pend[c.Ref]
 		if c.Ref == 0 || p == nil || p.op != c.Op || p.key != c.Key || p.queued {
 			continue
 		}
 		n.finish(p)
 		if notAppended {
+			n.metrics.reply(p.op, resMoved)
 			p.conn.send(&wire.Msg{Type: wire.TypeMoved, ID: p.id, LeaderAddr: addr, LeaderID: id})
 		} else {
+			n.metrics.reply(p.op, resIndeterminate)
 			p.conn.send(&wire.Msg{Type: wire.TypeUnknown, ID: p.id, Text: "not committed before " + err.Error() + ": outcome unknown"})
 		}
 	}
@@ -704,24 +720,44 @@ func (n *Node) onApplied(batch []applied) {
 		if n.leading && a.res.Status == locksm.StatusGranted {
 			n.armExpiry(now, c.Key, a.res.Token, c.LeaseSec)
 		}
+		// freedAt: when the key this command frees was freed, as the
+		// leader saw it (for the hand-off latency).
+		var freedAt time.Time
 		if p := n.pend[c.Ref]; c.Ref != 0 && p != nil && p.op == c.Op && p.key == c.Key && !p.queued {
+			if c.Op == locksm.OpRelease {
+				freedAt = p.start
+			}
 			n.resolve(p, a.res, now)
+		}
+		if c.Op == locksm.OpExpire {
+			if at, ok := n.expiring[c.Token]; ok {
+				freedAt = at
+				delete(n.expiring, c.Token)
+			}
+			if n.leading && a.res.Status == locksm.StatusExpired {
+				n.metrics.expiries.Inc()
+			}
 		}
 		for _, e := range a.effects {
 			switch e.Kind {
 			case locksm.EffectGranted:
 				if n.leading {
 					n.armExpiry(now, e.Key, e.Token, e.LeaseSec)
+					n.metrics.handoffs.Inc()
 				}
 				if p := n.pend[e.Ref]; p != nil && p.queued && p.key == e.Key {
-					n.granted(p, e.Token)
+					if n.granted(p, e.Token) {
+						n.metrics.observeHandoff(freedAt)
+					}
 				}
 			case locksm.EffectTimedOut, locksm.EffectDropped:
 				if p := n.pend[e.Ref]; p != nil && p.queued && p.key == e.Key {
 					n.finish(p)
 					if e.Kind == locksm.EffectTimedOut {
+						n.metrics.reply(locksm.OpAcquire, resTimeout)
 						p.conn.send(&wire.Msg{Type: wire.TypeTimeout, ID: p.id})
 					} else {
+						n.metrics.reply(locksm.OpAcquire, resIndeterminate)
 						p.conn.send(&wire.Msg{Type: wire.TypeUnknown, ID: p.id, Text: "waiter dropped by a new leader"})
 					}
 				}
@@ -750,15 +786,19 @@ func (n *Node) resolve(p *pending, res locksm.Result, now time.Time) {
 		}
 	case locksm.StatusBusy:
 		n.finish(p)
+		n.metrics.reply(p.op, resBusy)
 		p.conn.send(&wire.Msg{Type: wire.TypeBusy, ID: p.id})
 	case locksm.StatusReleased:
 		n.finish(p)
+		n.metrics.reply(p.op, resOK)
 		p.conn.send(&wire.Msg{Type: wire.TypeOK, ID: p.id})
 	case locksm.StatusRejected:
 		n.finish(p)
+		n.metrics.reply(p.op, rejected(p.op, res.Err))
 		p.conn.send(&wire.Msg{Type: wire.TypeError, ID: p.id, Code: wire.CodeOf(res.Err), Text: res.Err.Error()})
 	default:
 		n.finish(p)
+		n.metrics.reply(p.op, resError)
 		n.log.Error("unexpected result for a client command", "op", p.op, "status", res.Status)
 		p.conn.send(&wire.Msg{Type: wire.TypeError, ID: p.id, Code: wire.CodeInternal, Text: "unexpected result"})
 	}
@@ -767,13 +807,24 @@ func (n *Node) resolve(p *pending, res locksm.Result, now time.Time) {
 // granted tells p its token, or, if p's connection died before the grant
 // could be written, releases it at once: nobody can know that token, so
 // nobody can use it, and the next waiter should not wait for the lease.
-func (n *Node) granted(p *pending, token uint64) {
+// It reports whether the grant was told. Requires n.mu.
+func (n *Node) granted(p *pending, token uint64) bool {
 	n.finish(p)
 	if p.conn.dead {
+		n.metrics.abandonedGrants.Inc()
 		n.propose(locksm.Command{Op: locksm.OpRelease, Key: p.key, Owner: p.owner, Token: token})
-		return
+		return false
+	}
+	if m := n.metrics; m != nil {
+		m.acquires[resGranted].Inc()
+		q := 0
+		if p.queued {
+			q = 1
+		}
+		m.acquireLatency[q].Observe(time.Since(p.start).Seconds())
 	}
 	p.conn.send(&wire.Msg{Type: wire.TypeGranted, ID: p.id, Token: token})
+	return true
 }
 
 // armExpiry starts the lease clock of a grant the leader just applied: the
@@ -806,6 +857,11 @@ func (n *Node) timerDue(it timerItem) {
 			held = ok && h.Token == it.token
 		})
 		if held {
+			n.mu.Lock()
+			if n.leading && it.epoch == n.epoch {
+				n.expiring[it.token] = it.at
+			}
+			n.mu.Unlock()
 			n.propose(locksm.Command{Op: locksm.OpExpire, Key: it.key, Token: it.token})
 		}
 	case timerWait:

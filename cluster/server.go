@@ -102,6 +102,7 @@ func (n *Node) serveConn(cc *clientConn) {
 			if wire.IsFieldError(err) && m.ID != 0 {
 				// Well framed, one bad field: a definite error for that
 				// request only; the others in flight stay unaffected.
+				n.metrics.reply(opOf(m.Type), resError)
 				cc.send(errReply(m.ID, err))
 				continue
 			}
@@ -255,6 +256,7 @@ func (n *Node) handle(cc *clientConn, m *wire.Msg) bool {
 	}
 	if m.Type != wire.TypeCancel {
 		if err := locksm.ValidateCommand(cmd); err != nil {
+			n.metrics.reply(cmd.Op, resError)
 			cc.send(errReply(m.ID, err))
 			return true
 		}
@@ -264,6 +266,7 @@ func (n *Node) handle(cc *clientConn, m *wire.Msg) bool {
 	defer n.mu.Unlock()
 	if _, dup := cc.inflight[m.ID]; dup {
 		// Two replies with one id could not be told apart: close.
+		n.metrics.reply(cmd.Op, resError)
 		cc.send(&wire.Msg{Type: wire.TypeError, ID: m.ID, Code: wire.CodeDuplicateID, Text: "request id already in flight"})
 		return false
 	}
@@ -286,25 +289,28 @@ func (n *Node) handle(cc *clientConn, m *wire.Msg) bool {
 	}
 	if !n.serving {
 		addr, id := n.leaderHint()
+		n.metrics.reply(cmd.Op, resMoved)
 		cc.send(&wire.Msg{Type: wire.TypeMoved, ID: m.ID, LeaderAddr: addr, LeaderID: id})
 		return true
 	}
 	if len(cc.inflight) >= n.cfg.MaxInFlightPerConn {
 		n.stats.inFlightRefusals.Add(1)
+		n.metrics.reply(cmd.Op, resError)
 		cc.send(errReply(m.ID, wire.ErrTooManyInFlight))
 		return true
 	}
 	if cmd.Op == locksm.OpAcquire {
 		if err := n.admitAcquire(m.Key, m.WaitMs > 0); err != nil {
+			n.metrics.reply(cmd.Op, resError)
 			cc.send(errReply(m.ID, err))
 			return true
 		}
 	}
 	n.nextRef++
 	cmd.Ref = n.nextRef
-	p := &pending{conn: cc, id: m.ID, op: cmd.Op, key: m.Key, owner: m.Owner, leaseSec: cmd.LeaseSec, ref: cmd.Ref}
+	p := &pending{conn: cc, id: m.ID, op: cmd.Op, key: m.Key, owner: m.Owner, leaseSec: cmd.LeaseSec, ref: cmd.Ref, start: time.Now()}
 	if cmd.Op == locksm.OpAcquire {
-		p.deadline = time.Now().Add(time.Duration(m.WaitMs) * time.Millisecond)
+		p.deadline = p.start.Add(time.Duration(m.WaitMs) * time.Millisecond)
 	}
 	n.pend[p.ref] = p
 	cc.inflight[m.ID] = p
@@ -356,6 +362,17 @@ func (n *Node) committed(p *pending) {
 		}
 	}
 	n.uncommittedTotal--
+}
+
+// opOf is the lock operation of a request frame type (0 for the others).
+func opOf(typ byte) locksm.Op {
+	switch typ {
+	case wire.TypeAcquire:
+		return locksm.OpAcquire
+	case wire.TypeRelease:
+		return locksm.OpRelease
+	}
+	return 0
 }
 
 func errReply(id uint64, err error) *wire.Msg {

@@ -155,8 +155,9 @@ func (c Config) withDefaults() Config {
 //
 // Lock order: Broker.mu is a leaf; nothing blocks while it is held.
 type Broker struct {
-	cfg Config
-	log *slog.Logger
+	cfg     Config
+	log     *slog.Logger
+	metrics *brokerMetrics
 
 	slots    []*slot
 	releases chan *releaseJob
@@ -185,6 +186,7 @@ type slot struct {
 
 type releaseJob struct {
 	lock     Lock
+	start    time.Time // when it was asked for (latency metric)
 	deadline time.Time
 	done     chan error // nil for a compensation nobody waits for
 }
@@ -203,6 +205,7 @@ func New(cfg Config) (*Broker, error) {
 		changed:  make(chan struct{}),
 		closing:  make(chan struct{}),
 	}
+	b.metrics = newBrokerMetrics(b)
 	// One connection per address; a single address gets two, so one socket
 	// dropping does not interrupt service.
 	for _, a := range cfg.Addrs {
@@ -255,6 +258,7 @@ func (b *Broker) keep(s *slot) {
 			conn.Close()
 			b.down(s, conn)
 		} else {
+			b.metrics.dialFailures.Inc()
 			b.log.Debug("connect failed", "addr", s.addr, "err", err, "retry_in", backoff)
 		}
 		select {
@@ -398,6 +402,7 @@ func (b *Broker) setLeader(addr string) {
 	for _, s := range b.slots {
 		if s.addr == addr {
 			b.leader = addr
+			b.metrics.leaderChanges.Inc()
 			b.notifyLocked()
 			return
 		}
@@ -496,6 +501,13 @@ func (b *Broker) findLeader(ctx context.Context, until time.Time) bool {
 // The request is retried on another connection only if not one byte of it
 // was written; a written request with no definite reply is Indeterminate.
 func (b *Broker) Acquire(ctx context.Context, key, owner string, lease, wait time.Duration) (Lock, error) {
+	start := time.Now()
+	lk, err := b.acquire(ctx, key, owner, lease, wait)
+	b.metrics.acquired(err, start)
+	return lk, err
+}
+
+func (b *Broker) acquire(ctx context.Context, key, owner string, lease, wait time.Duration) (Lock, error) {
 	if lease%time.Second != 0 || lease < locksm.MinLeaseSec*time.Second || lease > locksm.MaxLeaseSec*time.Second {
 		return Lock{}, fmt.Errorf("%w: lease %v is not whole seconds in 1..250", locksm.ErrInvalidLease, lease)
 	}
@@ -611,6 +623,7 @@ func (b *Broker) giveUp(conn *client.Conn, call *client.Call, lk Lock) {
 	go func() {
 		<-call.Done
 		if call.Err == nil && call.Reply.Type == wire.TypeGranted {
+			b.metrics.lateGrants.Inc()
 			lk.Token = call.Reply.Token
 			b.log.Info("releasing a grant that arrived after its caller gave up", "key", lk.Key, "token", lk.Token)
 			b.Compensate(lk)
@@ -642,8 +655,9 @@ func (b *Broker) isClosed() bool {
 // ErrReleaseQueueFull. If ctx ends first, the release goes on in the
 // background and the error wraps ctx.Err().
 func (b *Broker) Release(ctx context.Context, l Lock) error {
-	job := &releaseJob{lock: l, deadline: b.cfg.Now().Add(b.cfg.ReleaseDeadline), done: make(chan error, 1)}
+	job := &releaseJob{lock: l, start: time.Now(), deadline: b.cfg.Now().Add(b.cfg.ReleaseDeadline), done: make(chan error, 1)}
 	if err := b.enqueue(job); err != nil {
+		b.metrics.released(job, err)
 		return err
 	}
 	select {
@@ -657,8 +671,9 @@ func (b *Broker) Release(ctx context.Context, l Lock) error {
 // Compensate enqueues the release of l without waiting for the outcome (for
 // locks whose user went away). The outcome is logged.
 func (b *Broker) Compensate(l Lock) {
-	job := &releaseJob{lock: l, deadline: b.cfg.Now().Add(b.cfg.ReleaseDeadline)}
+	job := &releaseJob{lock: l, start: time.Now(), deadline: b.cfg.Now().Add(b.cfg.ReleaseDeadline)}
 	if err := b.enqueue(job); err != nil {
+		b.metrics.released(job, err)
 		b.log.Error("cannot release; the lease will end it", "key", l.Key, "token", l.Token, "err", err)
 	}
 }
@@ -681,6 +696,7 @@ func (b *Broker) releaseWorker() {
 	defer b.workerWG.Done()
 	for job := range b.releases {
 		err := b.release(job)
+		b.metrics.released(job, err)
 		if job.done != nil {
 			job.done <- err
 		} else if err != nil {

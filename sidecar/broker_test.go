@@ -534,6 +534,12 @@ func TestBrokerCompensatesLateGrant(t *testing.T) {
 		_, ok := holder(c, li, "k")
 		return !ok
 	})
+	reg := b.MetricsRegistry()
+	wantValue(t, reg, 1, "ticketing_sidecar_acquires_total", "result", "indeterminate")
+	wantValue(t, reg, 1, "ticketing_sidecar_late_grants_total")
+	waitFor(t, "the compensation counted", 5*time.Second, func() bool {
+		return metricValue(t, reg, "ticketing_sidecar_compensations_total", "result", "ok") == 1
+	})
 }
 
 func TestBrokerSingleAddressSurvivesOneDrop(t *testing.T) {

@@ -62,6 +62,9 @@ type Server struct {
 	sessions map[*session]struct{}
 	closed   bool
 	wg       sync.WaitGroup // accept loop and every session
+
+	// Refusal counters (Stats).
+	forbidden, tooMany atomic.Uint64
 }
 
 // Listen creates the socket at cfg.Path with cfg.Mode and cfg.Group and
@@ -105,6 +108,17 @@ func (s *Server) Conns() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.sessions)
+}
+
+// Stats counts the connections the server refused.
+type Stats struct {
+	Forbidden    uint64 // peer uid not allowed (or its credentials unreadable)
+	TooManyConns uint64 // MaxConns reached
+}
+
+// Stats returns the server's refusal counters (they only grow).
+func (s *Server) Stats() Stats {
+	return Stats{Forbidden: s.forbidden.Load(), TooManyConns: s.tooMany.Load()}
 }
 
 // Close stops accepting, ends every session (releasing each held lock with
@@ -179,12 +193,14 @@ func (s *Server) admit(c *net.UnixConn) {
 	log := s.log.With("conn", id)
 	if err != nil {
 		log.Warn("SO_PEERCRED failed; refusing", "err", err)
+		s.forbidden.Add(1)
 		s.refuse(c, fmt.Errorf("%w: cannot read peer credentials", ErrForbidden))
 		return
 	}
 	log = log.With("uid", cred.Uid, "gid", cred.Gid, "pid", cred.Pid)
 	if !s.allowed(cred.Uid) {
 		log.Warn("peer uid not allowed; refusing")
+		s.forbidden.Add(1)
 		s.refuse(c, fmt.Errorf("%w: uid %d may not use this socket", ErrForbidden, cred.Uid))
 		return
 	}
@@ -197,6 +213,7 @@ func (s *Server) admit(c *net.UnixConn) {
 	if len(s.sessions) >= s.cfg.MaxConns {
 		s.mu.Unlock()
 		log.Warn("too many connections; refusing", "max", s.cfg.MaxConns)
+		s.tooMany.Add(1)
 		s.refuse(c, fmt.Errorf("%w: the sidecar serves %d connections already", ErrTooManyConns, s.cfg.MaxConns))
 		return
 	}

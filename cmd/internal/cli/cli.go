@@ -35,6 +35,8 @@ func commands() []command {
 		{"sidecar", "serve the unix-socket API, connected to a cluster", runSidecar},
 		{"certs", "make a private CA and node/client certificates for TLS", runCerts},
 		{"members", "list, add, promote, remove and replace cluster members", runMembers},
+		{"status", "the cluster as the leader sees it: members, lag, domain, locks, tokens", runStatus},
+		{"inspect", "one key: its holder, lease, and queue of waiters", runInspect},
 		{"lock", "run a command while holding a lock (like flock(1))", runLock},
 		{"acquire", "take a lock through the sidecar and print its token", runAcquire},
 		{"release", "send one RELEASE through the sidecar (debugging)", runRelease},

@@ -14,8 +14,14 @@ import (
 )
 
 func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	var prof pprofFlag
-	cfg, log, code := nodeConfig("ticketing node", args, stderr, prof.register)
+	var (
+		prof    pprofFlag
+		metrics metricsFlag
+	)
+	cfg, log, code := nodeConfig("ticketing node", args, stderr, func(fs *flag.FlagSet) {
+		prof.register(fs)
+		metrics.register(fs)
+	})
 	if code != ExitOK {
 		return code
 	}
@@ -29,6 +35,18 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintln(stderr, "ticketing node:", err)
 		return ExitError
+	}
+	msrv, err := metrics.start(n.MetricsRegistry(), n.Ready, log)
+	if err != nil {
+		fmt.Fprintln(stderr, "ticketing node: --metrics-addr:", err)
+		n.Close()
+		return ExitUsage
+	}
+	if msrv != nil {
+		// The status and inspection reports as JSON, beside the metrics.
+		msrv.Handle("/v1/", n.ReportHandler())
+		// Closed after the node: /readyz says 503 while it shuts down.
+		defer msrv.Close()
 	}
 	<-ctx.Done()
 	log.Info("shutting down")
@@ -54,9 +72,14 @@ func runBootstrap(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		floor     uint64
 		timeout   time.Duration
 	)
-	var prof pprofFlag // accepted so the node's command line works as is; unused
+	// Accepted so the node's command line works as is; unused.
+	var (
+		prof    pprofFlag
+		metrics metricsFlag
+	)
 	cfg, _, code := nodeConfig("ticketing bootstrap", args, stderr, func(fs *flag.FlagSet) {
 		prof.register(fs)
+		metrics.register(fs)
 		fs.BoolVar(&newDomain, "new-domain", false, "required: yes, create a new cluster and fencing domain")
 		fs.Uint64Var(&floor, "token-floor", 0, "the new domain's tokens start above this (default: the clock in µs; "+
 			"give the old domain's highest token when replacing a lost cluster)")

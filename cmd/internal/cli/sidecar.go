@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"ticketing/cluster"
 	"ticketing/cluster/tlsconf"
 	"ticketing/sidecar"
@@ -50,8 +52,12 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	fset.StringVar(&ucfg.OwnerPrefix, "owner-prefix", ucfg.OwnerPrefix, "prefix of the owner ids sent to the cluster (owner = PREFIX.CONN)")
 	fset.StringVar(&faultFile, "fault-file", "", "TESTS ONLY: drop every cluster connection each time the drop_connections counter in this JSON file grows; off by default")
 	logs.register(fset, "info")
-	var prof pprofFlag
+	var (
+		prof    pprofFlag
+		metrics metricsFlag
+	)
 	prof.register(fset)
+	metrics.register(fset)
 	if err := fset.Parse(args); err != nil {
 		return ExitUsage
 	}
@@ -126,6 +132,16 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		fmt.Fprintln(stderr, "ticketing sidecar:", err)
 		return ExitError
 	}
+	registerUnixMetrics(b.MetricsRegistry(), srv)
+	msrv, err := metrics.start(b.MetricsRegistry(), b.Ready, log)
+	if err != nil {
+		fmt.Fprintln(stderr, "ticketing sidecar: --metrics-addr:", err)
+		stopSidecar(b, srv, log)
+		return ExitUsage
+	}
+	if msrv != nil {
+		defer msrv.Close()
+	}
 	if faultFile != "" {
 		go sidecar.WatchFaultFile(ctx, faultFile, 20*time.Millisecond, b, log.With("part", "faults"))
 	}
@@ -152,6 +168,27 @@ func startSidecar(bcfg sidecar.Config, ucfg unixapi.Config, log *slog.Logger) (*
 		return nil, nil, err
 	}
 	return b, srv, nil
+}
+
+// registerUnixMetrics adds the unix socket's gauges and counters to the
+// broker's registry.
+func registerUnixMetrics(reg prometheus.Registerer, srv *unixapi.Server) {
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "ticketing_sidecar_local_connections",
+			Help: "Connections served on the sidecar's unix socket.",
+		}, func() float64 { return float64(srv.Conns()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "ticketing_sidecar_local_refusals_total",
+			Help:        "Unix socket connections refused: forbidden (peer uid not allowed), too_many_conns (--max-conns).",
+			ConstLabels: prometheus.Labels{"reason": "forbidden"},
+		}, func() float64 { return float64(srv.Stats().Forbidden) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "ticketing_sidecar_local_refusals_total",
+			Help:        "Unix socket connections refused: forbidden (peer uid not allowed), too_many_conns (--max-conns).",
+			ConstLabels: prometheus.Labels{"reason": "too_many_conns"},
+		}, func() float64 { return float64(srv.Stats().TooManyConns) }),
+	)
 }
 
 // stopSidecar closes the server first (its sessions hand their locks to

@@ -1,0 +1,382 @@
+package cluster
+
+import (
+	"errors"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"ticketing/cluster/obs"
+	"ticketing/locksm"
+)
+
+// Metrics. Every Node has its own registry (MetricsRegistry), so several
+// nodes in one process (tests, `ticketing dev`) never share a metric. The
+// request path only adds to counters and observes histograms (atomic
+// operations, no allocation); everything that reads state (the lock table,
+// Raft's indexes, connections, the refusal counters of Stats) is read when
+// the registry is gathered. The README's "Metrics and health" lists every
+// metric.
+//
+// Reply counters count where the node decides a client's reply (server.go
+// handle, node.go resolve/granted/onApplied/proposalFailed/loseLeadership):
+// each request is counted once, with the reply it got, even when its
+// connection went away before the reply could be written (a grant to a
+// dead connection is counted as an abandoned grant instead, as no G is
+// sent). A follower counts the M replies it sends; the leader everything
+// else. Expiries and hand-offs are counted by the leader when it applies
+// them, so the sum over the nodes is the cluster's total.
+
+// replyResult is the result label of the acquire and release counters.
+type replyResult uint8
+
+const (
+	resGranted replyResult = iota
+	resBusy
+	resTimeout
+	resIndeterminate
+	resMoved
+	resError
+	resOK
+	resNotHeld
+	numReplyResults
+)
+
+var replyResultNames = [numReplyResults]string{
+	resGranted: "granted", resBusy: "busy", resTimeout: "timeout", resIndeterminate: "indeterminate",
+	resMoved: "moved", resError: "error", resOK: "ok", resNotHeld: "not_held",
+}
+
+type nodeMetrics struct {
+	reg *prometheus.Registry
+
+	acquires, releases [numReplyResults]prometheus.Counter // nil: not a result of that op
+	// acquireLatency[0]: granted by its own command; [1]: granted from the
+	// queue (the wait included).
+	acquireLatency  [2]prometheus.Observer
+	handoffLatency  prometheus.Observer
+	expiries        prometheus.Counter
+	handoffs        prometheus.Counter
+	abandonedGrants prometheus.Counter
+	leaderChanges   prometheus.Counter
+	snapshotsTaken  prometheus.Counter
+	snapshotBytes   prometheus.Counter
+	restores        prometheus.Counter
+}
+
+func newNodeMetrics(n *Node) *nodeMetrics {
+	m := &nodeMetrics{reg: prometheus.NewRegistry()}
+	acq := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ticketing_node_acquires_total",
+		Help: "Acquire requests answered by this node, by reply: granted (G), busy (B), timeout (T, a wait that ran out or was cancelled), indeterminate (U), moved (M, not the serving leader), error (E).",
+	}, []string{"result"})
+	for _, r := range []replyResult{resGranted, resBusy, resTimeout, resIndeterminate, resMoved, resError} {
+		m.acquires[r] = acq.WithLabelValues(replyResultNames[r])
+	}
+	rel := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ticketing_node_releases_total",
+		Help: "Release requests answered by this node, by reply: ok (K), not_held (E not_held, token_mismatch or owner_mismatch: the holding had ended), indeterminate (U), moved (M), error (any other E).",
+	}, []string{"result"})
+	for _, r := range []replyResult{resOK, resNotHeld, resIndeterminate, resMoved, resError} {
+		m.releases[r] = rel.WithLabelValues(replyResultNames[r])
+	}
+	lat := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "ticketing_node_acquire_duration_seconds",
+		Help:    "Leader side: from an acquire's arrival to its G reply; queued=\"true\" for grants from the wait queue (the wait included).",
+		Buckets: obs.LatencyBuckets,
+	}, []string{"queued"})
+	m.acquireLatency[0] = lat.WithLabelValues("false")
+	m.acquireLatency[1] = lat.WithLabelValues("true")
+	hol := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "ticketing_node_handoff_duration_seconds",
+		Help:    "Leader side: from the event that freed a key (the release request's arrival, or the lease running out on the leader's timer) to the G sent to the next waiter.",
+		Buckets: obs.LatencyBuckets,
+	})
+	m.handoffLatency = hol
+	m.expiries = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ticketing_node_expiries_total",
+		Help: "Leases that ran out, counted by the leader when it applied the expiry.",
+	})
+	m.handoffs = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ticketing_node_handoffs_total",
+		Help: "Keys handed to a queued waiter (by a release or an expiry), counted by the leader when it applied them.",
+	})
+	m.abandonedGrants = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ticketing_node_abandoned_grants_total",
+		Help: "Grants whose requester's connection had gone; the leader released them at once.",
+	})
+	m.leaderChanges = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ticketing_node_leader_changes_total",
+		Help: "Times this node learned of a new Raft leader (after none, or another, was known).",
+	})
+	m.snapshotsTaken = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ticketing_node_snapshots_total",
+		Help: "State machine snapshots this node wrote.",
+	})
+	m.snapshotBytes = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ticketing_node_snapshot_written_bytes_total",
+		Help: "Bytes of the state machine snapshots this node wrote.",
+	})
+	m.restores = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ticketing_node_snapshot_restores_total",
+		Help: "Snapshots restored into the state machine (at start, or installed from the leader).",
+	})
+	m.reg.MustRegister(acq, rel, lat, hol, m.expiries, m.handoffs, m.abandonedGrants,
+		m.leaderChanges, m.snapshotsTaken, m.snapshotBytes, m.restores, newNodeCollector(n))
+	return m
+}
+
+// reply counts one reply to a client request of op.
+func (m *nodeMetrics) reply(op locksm.Op, r replyResult) {
+	if m == nil {
+		return
+	}
+	var c prometheus.Counter
+	switch op {
+	case locksm.OpAcquire:
+		c = m.acquires[r]
+	case locksm.OpRelease:
+		c = m.releases[r]
+	}
+	if c != nil {
+		c.Inc()
+	}
+}
+
+// rejected is the result label of a rejected command of op.
+func rejected(op locksm.Op, err error) replyResult {
+	if op == locksm.OpRelease && (errors.Is(err, locksm.ErrNotHeld) || errors.Is(err, locksm.ErrTokenMismatch) || errors.Is(err, locksm.ErrOwnerMismatch)) {
+		return resNotHeld
+	}
+	return resError
+}
+
+// MetricsRegistry is this node's Prometheus registry (its own, never the
+// global default one). Serve it with promhttp.HandlerFor, or register
+// further collectors on it.
+func (n *Node) MetricsRegistry() *prometheus.Registry { return n.metrics.reg }
+
+// Ready says whether this node should receive client traffic: nil when it
+// is the serving leader, or a member (voter or learner) of a configuration
+// with a known leader (it then sends clients there with M); otherwise the
+// reason, one line. Load balancers and orchestrators poll it (/readyz).
+func (n *Node) Ready() error {
+	n.mu.Lock()
+	closed, serving := n.closed, n.serving
+	n.mu.Unlock()
+	switch {
+	case closed:
+		return errors.New("node closed")
+	case serving:
+		return nil
+	}
+	switch n.raft.State() {
+	case raft.Leader:
+		return errors.New("leader, not serving yet (applying earlier entries)")
+	case raft.Candidate:
+		return errors.New("candidate: an election is in progress")
+	case raft.Shutdown:
+		return errors.New("raft shut down")
+	}
+	fut := n.raft.GetConfiguration()
+	if err := fut.Error(); err != nil {
+		return errors.New("no configuration: " + err.Error())
+	}
+	servers := fut.Configuration().Servers
+	if len(servers) == 0 {
+		return errors.New("not part of a cluster yet (bootstrap it, or add it as a learner)")
+	}
+	member := false
+	for _, s := range servers {
+		if string(s.ID) == n.serverID {
+			member = true
+			break
+		}
+	}
+	if !member {
+		return errors.New("not a member of the current configuration")
+	}
+	if _, id := n.raft.LeaderWithID(); id == "" {
+		return errors.New("no known leader")
+	}
+	return nil
+}
+
+// watchLeaderChanges counts the leader changes this node observes.
+func (n *Node) watchLeaderChanges() {
+	defer n.wg.Done()
+	ch := make(chan raft.Observation, 16)
+	obsv := raft.NewObserver(ch, false, func(o *raft.Observation) bool {
+		_, ok := o.Data.(raft.LeaderObservation)
+		return ok
+	})
+	n.raft.RegisterObserver(obsv)
+	defer n.raft.DeregisterObserver(obsv)
+	last := raft.ServerID("")
+	if _, id := n.raft.LeaderWithID(); id != "" {
+		// A leader already known before the observer was registered.
+		n.metrics.leaderChanges.Inc()
+		last = id
+	}
+	for {
+		select {
+		case o := <-ch:
+			lo := o.Data.(raft.LeaderObservation)
+			if lo.LeaderID != "" && lo.LeaderID != last {
+				n.metrics.leaderChanges.Inc()
+			}
+			last = lo.LeaderID
+		case <-n.closing:
+			return
+		}
+	}
+}
+
+// nodeCollector reads the node's state when the registry is gathered.
+type nodeCollector struct {
+	n *Node
+
+	keysHeld, waiters, lastToken, pending, proposalQueue, conns, serving *prometheus.Desc
+	raftState, term, commit, applied, lastIndex, leaderKnown, members    *prometheus.Desc
+	snapSize, snapIndex                                                  *prometheus.Desc
+	authFailures, limitRefusals, closes, info                            *prometheus.Desc
+}
+
+func newNodeCollector(n *Node) *nodeCollector {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(name, help, labels, nil)
+	}
+	return &nodeCollector{
+		n:             n,
+		keysHeld:      d("ticketing_node_keys_held", "Keys held in this node's applied lock table."),
+		waiters:       d("ticketing_node_waiters", "Queued waiters over all keys in this node's applied lock table (queue depth)."),
+		lastToken:     d("ticketing_node_last_token", "The highest fencing token this node has applied."),
+		pending:       d("ticketing_node_pending_requests", "Client requests whose reply this node owes (proposed, or queued waiters)."),
+		proposalQueue: d("ticketing_node_proposal_queue", "Commands waiting for the next batch to be proposed to Raft."),
+		conns:         d("ticketing_node_client_connections", "Open client-port connections."),
+		serving:       d("ticketing_node_serving", "1 while this node is the leader and serves lock requests."),
+		raftState:     d("ticketing_node_raft_state", "1 for this node's current Raft state, 0 for the others.", "state"),
+		term:          d("ticketing_node_raft_term", "Current Raft term."),
+		commit:        d("ticketing_node_raft_commit_index", "Raft commit index known to this node."),
+		applied:       d("ticketing_node_raft_applied_index", "Raft index applied to this node's state machine."),
+		lastIndex:     d("ticketing_node_raft_last_log_index", "Last index in this node's Raft log (or snapshot)."),
+		leaderKnown:   d("ticketing_node_raft_leader_known", "1 while this node knows a Raft leader (itself included)."),
+		members:       d("ticketing_node_raft_members", "Servers in the latest Raft configuration, by suffrage.", "suffrage"),
+		snapSize:      d("ticketing_node_snapshot_size_bytes", "Size of the newest snapshot in this node's snapshot store (written or installed); 0 without one."),
+		snapIndex:     d("ticketing_node_snapshot_index", "Raft index of the newest snapshot in this node's snapshot store; 0 without one."),
+		authFailures:  d("ticketing_node_auth_failures_total", "Failed admissions (TLS, authentication handshake, handshake timeout), by port; client includes the admin port.", "port"),
+		limitRefusals: d("ticketing_node_limit_refusals_total", "Connections or requests refused by a limit: handshakes_per_ip (MaxHandshakesPerIP), connections (MaxClientConns), in_flight (MaxInFlightPerConn), keys (MaxKeys), waiters_per_key (MaxWaitersPerKey).", "limit"),
+		closes:        d("ticketing_node_connection_closes_total", "Client connections this node cut off, by reason: idle (IdleTimeout), slow_consumer (MaxReplyBacklog), protocol_error.", "reason"),
+		info:          d("ticketing_node_info", "Constant 1, labelled with this node's identity.", "node_id", "server_id", "cluster_id"),
+	}
+}
+
+func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.keysHeld, c.waiters, c.lastToken, c.pending, c.proposalQueue, c.conns, c.serving,
+		c.raftState, c.term, c.commit, c.applied, c.lastIndex, c.leaderKnown, c.members, c.snapSize, c.snapIndex,
+		c.authFailures, c.limitRefusals, c.closes, c.info} {
+		ch <- d
+	}
+}
+
+func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
+	n := c.n
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	b := func(v bool) float64 {
+		if v {
+			return 1
+		}
+		return 0
+	}
+	gauge(c.info, 1, n.cfg.NodeID, n.serverID, n.cfg.ClusterID)
+
+	var held, waiting int
+	var last uint64
+	n.fsm.read(func(st *locksm.State) {
+		held, waiting, last = st.NumHeld(), st.NumWaiting(), st.LastToken()
+	})
+	gauge(c.keysHeld, float64(held))
+	gauge(c.waiters, float64(waiting))
+	gauge(c.lastToken, float64(last))
+
+	n.mu.Lock()
+	pending, conns, serving := len(n.pend), len(n.conns), n.serving
+	n.mu.Unlock()
+	n.propMu.Lock()
+	queued := len(n.propQ)
+	n.propMu.Unlock()
+	gauge(c.pending, float64(pending))
+	gauge(c.proposalQueue, float64(queued))
+	gauge(c.conns, float64(conns))
+	gauge(c.serving, b(serving))
+
+	r := n.raft
+	state := r.State()
+	for _, s := range []raft.RaftState{raft.Follower, raft.Candidate, raft.Leader, raft.Shutdown} {
+		gauge(c.raftState, b(s == state), stateName(s))
+	}
+	gauge(c.term, float64(r.CurrentTerm()))
+	gauge(c.commit, float64(r.CommitIndex()))
+	gauge(c.applied, float64(r.AppliedIndex()))
+	gauge(c.lastIndex, float64(r.LastIndex()))
+	_, lid := r.LeaderWithID()
+	gauge(c.leaderKnown, b(lid != ""))
+	var voters, nonvoters int
+	if fut := r.GetConfiguration(); fut.Error() == nil {
+		for _, s := range fut.Configuration().Servers {
+			if s.Suffrage == raft.Voter {
+				voters++
+			} else {
+				nonvoters++
+			}
+		}
+	}
+	gauge(c.members, float64(voters), "voter")
+	gauge(c.members, float64(nonvoters), "nonvoter")
+
+	var size int64
+	var index uint64
+	if metas, err := n.snaps.List(); err == nil && len(metas) > 0 {
+		size, index = metas[0].Size, metas[0].Index // newest first
+	}
+	gauge(c.snapSize, float64(size))
+	gauge(c.snapIndex, float64(index))
+
+	st := n.Stats()
+	counter(c.authFailures, st.ClientAuthFailures, "client")
+	counter(c.authFailures, st.PeerAuthFailures, "peer")
+	counter(c.limitRefusals, st.GateRefusals, "handshakes_per_ip")
+	counter(c.limitRefusals, st.ConnLimitRefusals, "connections")
+	counter(c.limitRefusals, st.InFlightRefusals, "in_flight")
+	counter(c.limitRefusals, st.KeyLimitRefusals, "keys")
+	counter(c.limitRefusals, st.WaiterLimitRefusals, "waiters_per_key")
+	counter(c.closes, st.IdleCloses, "idle")
+	counter(c.closes, st.SlowConsumerCloses, "slow_consumer")
+	counter(c.closes, st.ProtocolErrorCloses, "protocol_error")
+}
+
+func stateName(s raft.RaftState) string {
+	switch s {
+	case raft.Follower:
+		return "follower"
+	case raft.Candidate:
+		return "candidate"
+	case raft.Leader:
+		return "leader"
+	}
+	return "shutdown"
+}
+
+// observeHandoff records a hand-off's latency when the moment its key was
+// freed is known.
+func (m *nodeMetrics) observeHandoff(freedAt time.Time) {
+	if m != nil && !freedAt.IsZero() {
+		m.handoffLatency.Observe(time.Since(freedAt).Seconds())
+	}
+}

@@ -1,0 +1,379 @@
+package cluster
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"ticketing/locksm"
+)
+
+// Status and inspection: read-only views of one node for operators
+// (`ticketing status`, `ticketing inspect`, the admin ops "status" and
+// "inspect", and the HTTP endpoint). Every node can answer from its own
+// applied state; only the leader knows its followers' lag and the lease and
+// wait timers it runs, so those parts are exact only on the leader.
+//
+// Times. The state machine records, per holder, the leader's wall clock
+// (Unix ms) stamped into the command that granted it (GrantedAt), and per
+// waiter the stamp of its acquire (EnqueuedAt). It does not record any
+// deadline: the leader runs lease and wait timers on its monotonic clock.
+// So a remaining time is reported with its source:
+//
+//   - "leader_timer": this node leads and read the deadline it will act on
+//     (the armed lease timer of the holding; the wait deadline of the
+//     request, which runs from when the leader read it). Exact up to the
+//     commit of the expiry or cancel it will then propose.
+//   - "clock_estimate": stamp + lease (or + wait) minus this node's wall
+//     clock. An estimate: the stamp comes from the leader's clock, and
+//     after a leader change the new leader gives every holder a full lease
+//     from the moment it serves, so the real deadline is later than this
+//     estimate for holdings granted under an earlier leader. Waiters do not
+//     survive a leader change (the new leader drops them), so a waiter's
+//     stamp always comes from the current leader.
+//
+// Held and waited times (HeldMs, WaitedMs) are this node's wall clock minus
+// the leader's stamp, on every node.
+
+// StatusReport is one node's view of the cluster.
+type StatusReport struct {
+	// ServerID is the node that answered (NAME/INCARNATION).
+	ServerID string `json:"server_id"`
+	// Role is "leader", "follower", "learner" (a follower without a vote),
+	// "candidate" or "shutdown".
+	Role string `json:"role"`
+	// Serving: this node leads and is ready for lock requests.
+	Serving bool   `json:"serving"`
+	Term    uint64 `json:"term"`
+	// Leader is the leader's server id as this node knows it ("" if none)
+	// and LeaderClientAddr the client address it announced.
+	Leader           string `json:"leader"`
+	LeaderClientAddr string `json:"leader_client_addr"`
+	// Domain is the fencing domain ("" until the first leader committed it).
+	Domain       string `json:"domain"`
+	ClusterID    string `json:"cluster_id"`
+	CommitIndex  uint64 `json:"commit_index"`
+	AppliedIndex uint64 `json:"applied_index"`
+	// KeysHeld, Waiters and LastToken (the highest token ever issued: the
+	// token high-water mark) are from this node's applied state.
+	KeysHeld  int    `json:"keys_held"`
+	Waiters   int    `json:"waiters"`
+	LastToken uint64 `json:"last_token"`
+	// Members is the configuration, sorted by server id.
+	Members []MemberReport `json:"members"`
+	// MembersError says why Members is empty (Raft shut down).
+	MembersError string `json:"members_error,omitempty"`
+	// AtUnixMs is this node's wall clock when it answered.
+	AtUnixMs int64 `json:"at_unix_ms"`
+}
+
+// MemberReport is one server of the configuration.
+type MemberReport struct {
+	ServerID string `json:"server_id"`
+	Voter    bool   `json:"voter"`
+	Leader   bool   `json:"leader"`
+	PeerAddr string `json:"peer_addr"`
+	// ClientAddr is "" until the member has led once.
+	ClientAddr string `json:"client_addr"`
+	// Lag is how many entries the member's applied index trails the
+	// leader's commit index, in the leader's view: null when the answering
+	// node does not lead or the member did not answer within reportLagWait.
+	Lag *uint64 `json:"lag"`
+}
+
+// KeyReport is one key as a node sees it.
+type KeyReport struct {
+	Key string `json:"key"`
+	// ServerID and Role say which node answered (see StatusReport); Leader
+	// is the leader it knows.
+	ServerID string `json:"server_id"`
+	Role     string `json:"role"`
+	Leader   string `json:"leader"`
+	// AtUnixMs is the answering node's wall clock when it read the key.
+	AtUnixMs int64 `json:"at_unix_ms"`
+	Held     bool  `json:"held"`
+	// Holder is set when Held.
+	Holder *HolderReport `json:"holder,omitempty"`
+	// QueueLen is the number of waiters; Queue lists them head first, the
+	// first MaxInspectQueue only (fewer over the admin port when they do not
+	// fit one frame), QueueTruncated saying so.
+	QueueLen       int            `json:"queue_len"`
+	Queue          []WaiterReport `json:"queue"`
+	QueueTruncated bool           `json:"queue_truncated,omitempty"`
+}
+
+// HolderReport is the holder of a key.
+type HolderReport struct {
+	Owner    string `json:"owner"`
+	Token    uint64 `json:"token"`
+	LeaseSec uint32 `json:"lease_sec"`
+	// GrantedAtUnixMs is the leader's stamp in the granting command.
+	GrantedAtUnixMs int64 `json:"granted_at_unix_ms"`
+	// HeldMs is AtUnixMs − GrantedAtUnixMs (at least 0).
+	HeldMs int64 `json:"held_ms"`
+	// LeaseRemainingMs is when the leader will end the holding unless it
+	// is released first (at least 0), from LeaseFrom: "leader_timer" or
+	// "clock_estimate" (see the top of cluster/report.go).
+	LeaseRemainingMs int64  `json:"lease_remaining_ms"`
+	LeaseFrom        string `json:"lease_from"`
+}
+
+// WaiterReport is one queued acquire.
+type WaiterReport struct {
+	Owner string `json:"owner"`
+	// Ref is the leader's reference of the request (it also appears in the
+	// leader's logs).
+	Ref      uint64 `json:"ref"`
+	LeaseSec uint32 `json:"lease_sec"`
+	// WaitMs is the wait the client asked for.
+	WaitMs uint32 `json:"wait_ms"`
+	// EnqueuedAtUnixMs is the leader's stamp in the acquire.
+	EnqueuedAtUnixMs int64 `json:"enqueued_at_unix_ms"`
+	// WaitedMs is AtUnixMs − EnqueuedAtUnixMs (at least 0).
+	WaitedMs int64 `json:"waited_ms"`
+	// WaitRemainingMs is how long until the leader gives up on it (at least
+	// 0), from WaitFrom: "leader_timer" or "clock_estimate".
+	WaitRemainingMs int64  `json:"wait_remaining_ms"`
+	WaitFrom        string `json:"wait_from"`
+}
+
+// Sources of a remaining time.
+const (
+	FromLeaderTimer   = "leader_timer"
+	FromClockEstimate = "clock_estimate"
+)
+
+// MaxInspectQueue bounds the waiters one KeyReport lists (QueueLen counts
+// them all).
+const MaxInspectQueue = 1000
+
+// reportLagWait bounds the wait for the members' lag in a StatusReport (each
+// member is asked concurrently, over the peer port).
+const reportLagWait = 3 * time.Second
+
+// role names this node's Raft role for reports.
+func (n *Node) role() string {
+	switch n.raft.State() {
+	case raft.Leader:
+		return "leader"
+	case raft.Candidate:
+		return "candidate"
+	case raft.Shutdown:
+		return "shutdown"
+	}
+	return "follower"
+}
+
+// StatusReport describes this node, from its local state. Members' lag is
+// filled only when this node leads (each asked concurrently over the peer
+// port, within reportLagWait); it is read-only and safe on any node.
+func (n *Node) StatusReport() StatusReport {
+	_, leader := n.raft.LeaderWithID()
+	r := StatusReport{
+		ServerID:     n.serverID,
+		Role:         n.role(),
+		Serving:      n.Serving(),
+		Term:         n.raft.CurrentTerm(),
+		Leader:       string(leader),
+		Domain:       n.fsm.getDomain(),
+		ClusterID:    n.cfg.ClusterID,
+		CommitIndex:  n.raft.CommitIndex(),
+		AppliedIndex: n.raft.AppliedIndex(),
+	}
+	if leader != "" {
+		r.LeaderClientAddr = n.fsm.clientAddr(string(leader))
+	}
+	n.fsm.read(func(st *locksm.State) {
+		r.KeysHeld, r.Waiters, r.LastToken = st.NumHeld(), st.NumWaiting(), st.LastToken()
+	})
+	ms, err := n.Members()
+	if err != nil {
+		r.MembersError = err.Error()
+	}
+	r.Members = make([]MemberReport, 0, len(ms))
+	for _, m := range ms {
+		r.Members = append(r.Members, MemberReport{ServerID: m.ServerID, Voter: m.Voter, Leader: m.Leader,
+			PeerAddr: m.PeerAddr, ClientAddr: m.ClientAddr})
+		if m.ServerID == n.serverID && !m.Voter && r.Role == "follower" {
+			r.Role = "learner"
+		}
+	}
+	if r.Role == "leader" {
+		n.fillLag(r.Members)
+	}
+	r.AtUnixMs = n.cfg.Now().UnixMilli()
+	return r
+}
+
+// fillLag asks every member for its lag, concurrently, and waits at most
+// reportLagWait; members that did not answer by then keep a nil Lag.
+func (n *Node) fillLag(ms []MemberReport) {
+	var mu sync.Mutex
+	lags := make([]*uint64, len(ms)) // guarded by mu: late answers land here, not in ms
+	done := make(chan struct{}, len(ms))
+	for i := range ms {
+		if ms[i].ServerID == n.serverID {
+			commit, applied := n.raft.CommitIndex(), n.raft.AppliedIndex()
+			lag := commit - min(commit, applied)
+			lags[i] = &lag
+			done <- struct{}{}
+			continue
+		}
+		go func(i int, id string) {
+			lag, err := n.Lag(id) // bounded by the discovery timeout (2 s)
+			if err == nil {
+				mu.Lock()
+				lags[i] = &lag
+				mu.Unlock()
+			}
+			done <- struct{}{}
+		}(i, ms[i].ServerID)
+	}
+	timeout := time.NewTimer(reportLagWait)
+	defer timeout.Stop()
+wait:
+	for range ms {
+		select {
+		case <-done:
+		case <-timeout.C:
+			break wait
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i, l := range lags {
+		if l != nil {
+			v := *l
+			ms[i].Lag = &v
+		}
+	}
+}
+
+// Inspect describes key from this node's applied state: its holder and its
+// queue, head first (at most MaxInspectQueue waiters listed). On the
+// leader, remaining lease and wait times come from its own timers; on other
+// nodes they are estimates from the leader's stamps and this node's clock
+// (see the top of this file). A key that is not held is reported with Held
+// false. An invalid key is an error wrapping locksm.ErrInvalidKey.
+func (n *Node) Inspect(key string) (KeyReport, error) {
+	if err := locksm.ValidateKey(key); err != nil {
+		return KeyReport{}, fmt.Errorf("%w: %q", err, key)
+	}
+	_, leader := n.raft.LeaderWithID()
+	r := KeyReport{Key: key, ServerID: n.serverID, Role: n.role(), Leader: string(leader), Queue: []WaiterReport{}}
+	var (
+		h       locksm.Holder
+		ws      []locksm.Waiter
+		waitDL  []time.Time // the leader's wait deadlines, per listed waiter (zero: unknown)
+		leading bool
+		epoch   uint64
+	)
+	n.mu.Lock()
+	n.fsm.read(func(st *locksm.State) {
+		h, r.Held = st.Holder(key)
+		r.QueueLen = st.QueueLen(key)
+		if r.QueueLen > 0 {
+			ws = st.Waiters(key)
+		}
+	})
+	leading, epoch = n.leading, n.epoch
+	if len(ws) > MaxInspectQueue {
+		ws, r.QueueTruncated = ws[:MaxInspectQueue], true
+	}
+	if leading {
+		// Every queued waiter was queued by this leader (a new leader
+		// drops the queues), from a request in its pending table.
+		waitDL = make([]time.Time, len(ws))
+		for i, w := range ws {
+			if p := n.pend[w.Ref]; p != nil && p.op == locksm.OpAcquire && p.key == key && !p.deadline.IsZero() {
+				waitDL[i] = p.deadline
+			}
+		}
+	}
+	n.mu.Unlock()
+	mono := time.Now()
+	nowMs := n.cfg.Now().UnixMilli()
+	r.AtUnixMs = nowMs
+	if r.Held {
+		hr := &HolderReport{Owner: h.Owner, Token: h.Token, LeaseSec: h.LeaseSec, GrantedAtUnixMs: h.GrantedAt,
+			HeldMs: max(0, nowMs-h.GrantedAt)}
+		hr.LeaseRemainingMs = max(0, h.GrantedAt+int64(h.LeaseSec)*1000-nowMs)
+		hr.LeaseFrom = FromClockEstimate
+		if leading && n.timers != nil {
+			// Not found: the timer fired and the expiry is on its way, or
+			// the grant is applied but its timer not armed yet; the
+			// estimate covers both.
+			if at, ok := n.timers.expiryOf(key, h.Token, epoch); ok {
+				hr.LeaseRemainingMs = max(0, at.Sub(mono).Milliseconds())
+				hr.LeaseFrom = FromLeaderTimer
+			}
+		}
+		r.Holder = hr
+	}
+	for i, w := range ws {
+		wr := WaiterReport{Owner: w.Owner, Ref: w.Ref, LeaseSec: w.LeaseSec, WaitMs: w.WaitMs,
+			EnqueuedAtUnixMs: w.EnqueuedAt, WaitedMs: max(0, nowMs-w.EnqueuedAt),
+			WaitRemainingMs: max(0, w.EnqueuedAt+int64(w.WaitMs)-nowMs), WaitFrom: FromClockEstimate}
+		if waitDL != nil && !waitDL[i].IsZero() {
+			wr.WaitRemainingMs = max(0, waitDL[i].Sub(mono).Milliseconds())
+			wr.WaitFrom = FromLeaderTimer
+		}
+		r.Queue = append(r.Queue, wr)
+	}
+	return r, nil
+}
+
+// expiryOf returns the earliest lease timer armed in epoch for the holding
+// (key, token). It scans the whole heap (O(timers), one comparison of a
+// token per item): meant for inspecting one key, not for a hot path.
+func (q *timerQueue) expiryOf(key string, token, epoch uint64) (time.Time, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var at time.Time
+	found := false
+	for i := range q.items {
+		it := &q.items[i]
+		if it.token != token || it.kind != timerExpire || it.epoch != epoch || it.key != key {
+			continue
+		}
+		if !found || it.at.Before(at) {
+			at, found = it.at, true
+		}
+	}
+	return at, found
+}
+
+// ReportHandler serves StatusReport and Inspect as read-only JSON, for the
+// node's --metrics-addr listener: GET /v1/status and GET /v1/keys/KEY (a
+// free key is a report with held false; an invalid key is 400).
+func (n *Node) ReportHandler() http.Handler {
+	mux := http.NewServeMux()
+	writeJSON := func(w http.ResponseWriter, code int, v any) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(code)
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(v)
+	}
+	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, n.StatusReport())
+	})
+	mux.HandleFunc("GET /v1/keys/{key...}", func(w http.ResponseWriter, r *http.Request) {
+		rep, err := n.Inspect(r.PathValue("key"))
+		if err != nil {
+			code := http.StatusInternalServerError
+			if errors.Is(err, locksm.ErrInvalidKey) {
+				code = http.StatusBadRequest
+			}
+			writeJSON(w, code, map[string]string{"error": err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, rep)
+	})
+	return mux
+}

@@ -1,0 +1,304 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"ticketing/cluster"
+	"ticketing/cluster/tlsconf"
+)
+
+// runStatus is `ticketing status`: the cluster as one node sees it (the
+// leader when one answers), through the admin port ("status" op).
+func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs, af := newAdminFlagSet("ticketing status", stderr)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, `usage: ticketing status --admin ADDR,ADDR,... --admin-secret-file F [--tls-ca CA] [--cluster-id ID] [--json]
+
+Leader, term, commit index, fencing domain, keys held, waiters, the token
+high-water mark, and every member with its role and lag behind the leader's
+commit index. The leader answers when one of the addresses is the leader;
+otherwise the first node that answers does (lag is then unknown).`)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return ExitUsage
+	}
+	if fs.NArg() != 0 {
+		fs.Usage()
+		return ExitUsage
+	}
+	return af.run(ctx, "ticketing status", cluster.AdminRequest{Op: "status"}, stdout, stderr)
+}
+
+// runInspect is `ticketing inspect KEY`: one key's holder and queue.
+func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs, af := newAdminFlagSet("ticketing inspect", stderr)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, `usage: ticketing inspect [flags] KEY    (or: ticketing inspect KEY [flags])
+
+The holder of KEY (owner, token, lease, how long it has held it and how much
+lease is left) and its queue, head first (owners, how long each has waited and
+how much of its wait is left). Asked of the leader, whose timers give the
+remaining times; from another node they are estimates from the leader's
+time stamps and that node's clock.`)
+		fs.PrintDefaults()
+	}
+	var key string
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		key, args = args[0], args[1:]
+	}
+	if err := fs.Parse(args); err != nil {
+		return ExitUsage
+	}
+	switch {
+	case key == "" && fs.NArg() == 1:
+		key = fs.Arg(0)
+	case key != "" && fs.NArg() == 0:
+	default:
+		fs.Usage()
+		return ExitUsage
+	}
+	return af.run(ctx, "ticketing inspect", cluster.AdminRequest{Op: "inspect", Key: key}, stdout, stderr)
+}
+
+// adminFlags are the flags of the read-only admin commands (the same as
+// `ticketing members`, plus --json).
+type adminFlags struct {
+	addrs, secretFile, clusterID string
+	timeout                      time.Duration
+	tf                           tlsFlags
+	json                         bool
+}
+
+func newAdminFlagSet(name string, stderr io.Writer) (*flag.FlagSet, *adminFlags) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	af := &adminFlags{}
+	fs.StringVar(&af.addrs, "admin", "", "the nodes' admin addresses, comma separated (the leader is found among them)")
+	fs.StringVar(&af.secretFile, "admin-secret-file", "", "file holding the admin secret")
+	fs.StringVar(&af.clusterID, "cluster-id", "", "the nodes' --cluster-id")
+	fs.DurationVar(&af.timeout, "timeout", 20*time.Second, "give up after this long")
+	fs.BoolVar(&af.json, "json", false, "print the node's report as JSON")
+	af.tf.register(fs, false)
+	return fs, af
+}
+
+// perNodeWait bounds one node's answer (a leader's status asks every
+// member for its lag, for up to 3 s).
+const perNodeWait = 8 * time.Second
+
+// run sends req (leader first) and prints the reply.
+func (af *adminFlags) run(ctx context.Context, name string, req cluster.AdminRequest, stdout, stderr io.Writer) int {
+	a := &cluster.AdminCluster{Addrs: splitList(af.addrs)}
+	if len(a.Addrs) == 0 || af.secretFile == "" {
+		fmt.Fprintln(stderr, name+": --admin and --admin-secret-file are required")
+		return ExitUsage
+	}
+	var err error
+	if a.Config.Secret, err = cluster.ReadSecretFile(af.secretFile); err != nil {
+		fmt.Fprintln(stderr, name+":", err)
+		return ExitUsage
+	}
+	a.Config.ClusterID = af.clusterID
+	if err := af.tf.plaintextAllowed(a.Addrs...); err != nil {
+		fmt.Fprintln(stderr, name+":", err)
+		return ExitUsage
+	}
+	if af.tf.files.Enabled() {
+		if a.Config.TLS, err = tlsconf.ClientConfig(af.tf.files); err != nil {
+			fmt.Fprintln(stderr, name+":", err)
+			return ExitUsage
+		}
+		a.Config.TLS.ServerName = af.tf.serverName
+	}
+	ctx, cancel := context.WithTimeout(ctx, af.timeout)
+	defer cancel()
+	rep, fromLeader, err := askLeaderFirst(ctx, a, req)
+	if err != nil {
+		fmt.Fprintln(stderr, name+":", strings.TrimSpace(err.Error()))
+		return ExitError
+	}
+	if !fromLeader {
+		who := "?"
+		if rep.Status != nil {
+			who = rep.Status.ServerID + " (" + rep.Status.Role + ")"
+		} else if rep.Key != nil {
+			who = rep.Key.ServerID + " (" + rep.Key.Role + ")"
+		}
+		fmt.Fprintf(stderr, "%s: no leader among the addresses answered; this is the view of %s\n", name, who)
+	}
+	if af.json {
+		var v any = rep.Status
+		if req.Op == "inspect" {
+			v = rep.Key
+		}
+		b, _ := json.MarshalIndent(v, "", "  ")
+		fmt.Fprintln(stdout, string(b))
+		return ExitOK
+	}
+	switch {
+	case rep.Status != nil:
+		printStatus(stdout, rep.Status)
+	case rep.Key != nil:
+		printKey(stdout, rep.Key)
+	default:
+		fmt.Fprintln(stderr, name+": the node sent an empty report (is it an older version?)")
+		return ExitError
+	}
+	return ExitOK
+}
+
+// askLeaderFirst asks each address for req as leader-only (so the leader
+// answers); if none leads or answers, it asks again without that, and the
+// first node that answers gives its own view (fromLeader false).
+func askLeaderFirst(ctx context.Context, a *cluster.AdminCluster, req cluster.AdminRequest) (rep cluster.AdminReply, fromLeader bool, err error) {
+	var errs []error
+	unreachable := map[string]bool{}
+	for _, leaderOnly := range []bool{true, false} {
+		req.LeaderOnly = leaderOnly
+		for _, addr := range a.Addrs {
+			if unreachable[addr] {
+				continue // no use asking again
+			}
+			actx, cancel := context.WithTimeout(ctx, perNodeWait)
+			rep, err := cluster.AdminDo(actx, addr, a.Config, req)
+			cancel()
+			switch {
+			case err == nil:
+				return rep, leaderOnly, nil
+			case errors.Is(err, cluster.ErrNotLeader):
+				continue // reachable: asked again in the second round
+			case errors.Is(err, cluster.ErrAdmin):
+				return rep, false, err // a refusal (bad key, unknown op): the same everywhere
+			case ctx.Err() != nil:
+				return rep, false, fmt.Errorf("%s: %w", addr, err)
+			}
+			unreachable[addr] = true
+			errs = append(errs, fmt.Errorf("%s: %w", addr, err))
+		}
+	}
+	if len(errs) == 0 {
+		errs = append(errs, errors.New("no node answered"))
+	}
+	return cluster.AdminReply{}, false, errors.Join(errs...)
+}
+
+func printStatus(w io.Writer, s *cluster.StatusReport) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	answered := s.Role
+	if s.Serving {
+		answered += ", serving"
+	}
+	fmt.Fprintf(tw, "Answered by:\t%s (%s)\n", s.ServerID, answered)
+	leader := "none known"
+	if s.Leader != "" {
+		leader = s.Leader
+		if s.LeaderClientAddr != "" {
+			leader += " at " + s.LeaderClientAddr
+		}
+	}
+	fmt.Fprintf(tw, "Leader:\t%s\n", leader)
+	fmt.Fprintf(tw, "Cluster:\t%s, domain %s, term %d\n", s.ClusterID, orDash(s.Domain), s.Term)
+	fmt.Fprintf(tw, "Raft index:\tcommit %d, applied %d\n", s.CommitIndex, s.AppliedIndex)
+	keys := "keys"
+	if s.KeysHeld == 1 {
+		keys = "key"
+	}
+	fmt.Fprintf(tw, "Locks:\t%d %s held, %d waiting, last token %d\n", s.KeysHeld, keys, s.Waiters, s.LastToken)
+	tw.Flush()
+	fmt.Fprintln(w)
+	if s.MembersError != "" {
+		fmt.Fprintln(w, "members unknown:", s.MembersError)
+		return
+	}
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SERVER ID\tROLE\tPEER ADDRESS\tCLIENT ADDRESS\tLAG")
+	for _, m := range s.Members {
+		role := "learner"
+		switch {
+		case m.Leader:
+			role = "leader"
+		case m.Voter:
+			role = "voter"
+		}
+		lag := "-"
+		switch {
+		case m.Lag != nil:
+			lag = fmt.Sprint(*m.Lag)
+		case s.Role == "leader":
+			lag = "no answer"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", m.ServerID, role, m.PeerAddr, orDash(m.ClientAddr), lag)
+	}
+	tw.Flush()
+	if s.Role != "leader" {
+		fmt.Fprintln(w, "(lag is known only to the leader)")
+	}
+}
+
+func printKey(w io.Writer, k *cluster.KeyReport) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "Key:\t%s\n", k.Key)
+	fmt.Fprintf(tw, "Answered by:\t%s (%s)\n", k.ServerID, k.Role)
+	if h := k.Holder; k.Held && h != nil {
+		fmt.Fprintf(tw, "Holder:\t%s, token %d\n", h.Owner, h.Token)
+		fmt.Fprintf(tw, "Lease:\t%ds, held %s, %s left%s\n", h.LeaseSec, fmtMs(h.HeldMs), fmtMs(h.LeaseRemainingMs), fromNote(h.LeaseFrom))
+	} else {
+		fmt.Fprintf(tw, "Holder:\tnone (not held)\n")
+	}
+	queue := fmt.Sprintf("%d waiting", k.QueueLen)
+	if len(k.Queue) < k.QueueLen {
+		queue += fmt.Sprintf(" (first %d shown)", len(k.Queue))
+	}
+	fmt.Fprintf(tw, "Queue:\t%s\n", queue)
+	tw.Flush()
+	if len(k.Queue) == 0 {
+		return
+	}
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "#\tOWNER\tWAITED\tWAIT LEFT\tLEASE")
+	estimated := false
+	for i, q := range k.Queue {
+		left := fmtMs(q.WaitRemainingMs)
+		if q.WaitFrom != cluster.FromLeaderTimer {
+			left, estimated = "~"+left, true
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%ds\n", i+1, q.Owner, fmtMs(q.WaitedMs), left, q.LeaseSec)
+	}
+	tw.Flush()
+	if estimated {
+		fmt.Fprintln(w, "(~: estimated from the leader's time stamps and this node's clock)")
+	}
+}
+
+// fromNote says where a remaining time comes from.
+func fromNote(from string) string {
+	if from == cluster.FromLeaderTimer {
+		return " (leader's timer)"
+	}
+	return " (estimate from the leader's time stamp and this node's clock)"
+}
+
+// fmtMs prints milliseconds as a short duration: 850ms, 12.3s, 2m5.1s.
+func fmtMs(ms int64) string {
+	if ms < 1000 {
+		return fmt.Sprintf("%dms", ms)
+	}
+	return (time.Duration(ms) * time.Millisecond).Round(100 * time.Millisecond).String()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

@@ -1,0 +1,129 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"ticketing/cluster"
+	"ticketing/cluster/client"
+	"ticketing/cluster/local"
+	"ticketing/cluster/wire"
+)
+
+// `ticketing status` and `ticketing inspect` against a real TLS cluster
+// with a held key and two waiters.
+func TestStatusAndInspect(t *testing.T) {
+	dir := t.TempDir()
+	secret := []byte("the-admin-secret-for-this-test-0123")
+	c, err := local.Start(local.Options{Dir: filepath.Join(dir, "c"), TLS: true, AdminSecret: secret, Tune: local.FastRaft})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	li, err := c.Leader(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := client.Dial(ctx, c.ClientAddr(li), client.Config{Secret: c.ClientSecret, ClusterID: c.ClusterID, TLS: c.ClientTLS})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	r, _, err := conn.Do(ctx, wire.Msg{Type: wire.TypeAcquire, Key: "seats/12A", Owner: "alice", Lease: 60})
+	if err != nil || r.Type != wire.TypeGranted {
+		t.Fatalf("acquire: %v %+v", err, r)
+	}
+	for _, owner := range []string{"bob", "carol"} {
+		if _, err := conn.Start(wire.Msg{Type: wire.TypeAcquire, Key: "seats/12A", Owner: owner, Lease: 30, WaitMs: 60_000}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The waiters are queued once the leader lists both.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		kr, err := c.Node(li).Inspect("seats/12A")
+		if err == nil && kr.QueueLen == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("waiters not queued: %v %+v", err, kr)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	secretPath := filepath.Join(dir, "admin.secret")
+	os.WriteFile(secretPath, secret, 0o600)
+	var addrs []string
+	for i := 0; i < c.Size(); i++ {
+		addrs = append(addrs, c.AdminAddr(i))
+	}
+	flags := []string{"--admin", strings.Join(addrs, ","), "--admin-secret-file", secretPath,
+		"--tls-ca", c.CAFile, "--cluster-id", c.ClusterID}
+	run := func(args ...string) (int, string, string) {
+		var out, errb bytes.Buffer
+		code := Main(args, &out, &errb)
+		return code, out.String(), errb.String()
+	}
+	leaderID := c.Node(li).ServerID()
+
+	code, out, errs := run(append([]string{"status"}, flags...)...)
+	if code != ExitOK || !strings.Contains(out, "Answered by:  "+leaderID+" (leader, serving)") ||
+		!strings.Contains(out, "1 key held, 2 waiting, last token "+itoa(r.Token)) ||
+		!strings.Contains(out, c.Node(li).Domain()) || strings.Count(out, " voter ")+strings.Count(out, " leader ") != 3 {
+		t.Fatalf("status: exit %d\n%s%s", code, out, errs)
+	}
+	t.Logf("ticketing status:\n%s", out)
+
+	code, out, errs = run(append([]string{"status", "--json"}, flags...)...)
+	var st cluster.StatusReport
+	if code != ExitOK || json.Unmarshal([]byte(out), &st) != nil || st.ServerID != leaderID || len(st.Members) != 3 || st.Waiters != 2 {
+		t.Fatalf("status --json: exit %d\n%s%s", code, out, errs)
+	}
+
+	code, out, errs = run(append([]string{"inspect", "seats/12A"}, flags...)...)
+	if code != ExitOK || !strings.Contains(out, "Holder:       alice, token "+itoa(r.Token)) ||
+		!strings.Contains(out, "(leader's timer)") || !strings.Contains(out, "2 waiting") ||
+		strings.Index(out, "bob") < 0 || strings.Index(out, "bob") > strings.Index(out, "carol") {
+		t.Fatalf("inspect: exit %d\n%s%s", code, out, errs)
+	}
+	t.Logf("ticketing inspect seats/12A:\n%s", out)
+
+	code, out, errs = run(append(append([]string{"inspect"}, flags...), "--json", "seats/12A")...)
+	var kr cluster.KeyReport
+	if code != ExitOK || json.Unmarshal([]byte(out), &kr) != nil || !kr.Held || kr.Holder.Owner != "alice" ||
+		len(kr.Queue) != 2 || kr.Queue[0].Owner != "bob" || kr.Queue[1].Owner != "carol" {
+		t.Fatalf("inspect --json: exit %d\n%s%s", code, out, errs)
+	}
+
+	code, out, errs = run(append([]string{"inspect", "seats/free"}, flags...)...)
+	if code != ExitOK || !strings.Contains(out, "none (not held)") || !strings.Contains(out, "0 waiting") {
+		t.Fatalf("inspect of a free key: exit %d\n%s%s", code, out, errs)
+	}
+
+	// One follower's address only: it answers with its own view and says so.
+	fi := (li + 1) % c.Size()
+	one := append([]string{"--admin", c.AdminAddr(fi)}, flags[2:]...)
+	code, out, errs = run(append([]string{"status"}, one...)...)
+	if code != ExitOK || !strings.Contains(errs, "no leader among the addresses answered") ||
+		!strings.Contains(out, c.Node(fi).ServerID()+" (follower)") || !strings.Contains(out, "known only to the leader") {
+		t.Fatalf("status from a follower: exit %d\n%s%s", code, out, errs)
+	}
+
+	if code, _, errs := run(append([]string{"inspect", "has space"}, flags...)...); code != ExitError || !strings.Contains(errs, "invalid key") {
+		t.Fatalf("inspect of an invalid key: exit %d\n%s", code, errs)
+	}
+	if code, _, _ := run(append([]string{"inspect"}, flags...)...); code != ExitUsage {
+		t.Fatalf("inspect without a key: exit %d", code)
+	}
+}
+
+func itoa(v uint64) string { return strconv.FormatUint(v, 10) }

@@ -1,0 +1,240 @@
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"ticketing/cluster/obs"
+)
+
+// Metrics. Every Broker has its own registry (MetricsRegistry). Outcomes
+// are counted once per call, where Acquire returns and where a release
+// job finishes; gauges are read when the registry is gathered. The
+// README's "Metrics and health" lists them.
+
+// acquireResult is the result label of ticketing_sidecar_acquires_total.
+type acquireResult uint8
+
+const (
+	acqGranted acquireResult = iota
+	acqBusy
+	acqTimeout
+	acqIndeterminate
+	acqUnavailable
+	acqMoved
+	acqCancelled
+	acqError
+	numAcquireResults
+)
+
+var acquireResultNames = [numAcquireResults]string{
+	acqGranted: "granted", acqBusy: "busy", acqTimeout: "timeout", acqIndeterminate: "indeterminate",
+	acqUnavailable: "unavailable", acqMoved: "moved", acqCancelled: "cancelled", acqError: "error",
+}
+
+func classifyAcquire(err error) acquireResult {
+	switch {
+	case err == nil:
+		return acqGranted
+	case errors.Is(err, ErrBusy):
+		return acqBusy
+	case errors.Is(err, ErrTimeout):
+		return acqTimeout
+	case errors.Is(err, ErrIndeterminate):
+		return acqIndeterminate
+	case errors.Is(err, ErrUnavailable), errors.Is(err, ErrClosed):
+		return acqUnavailable
+	case errors.Is(err, ErrMoved):
+		return acqMoved
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return acqCancelled
+	}
+	return acqError
+}
+
+// releaseResult is the result label of the release and compensation
+// counters.
+type releaseResult uint8
+
+const (
+	relOK releaseResult = iota
+	relNotHeld
+	relIndeterminate
+	relQueueFull
+	relError
+	numReleaseResults
+)
+
+var releaseResultNames = [numReleaseResults]string{
+	relOK: "ok", relNotHeld: "not_held", relIndeterminate: "indeterminate", relQueueFull: "queue_full", relError: "error",
+}
+
+func classifyRelease(err error) releaseResult {
+	switch {
+	case err == nil:
+		return relOK
+	case errors.Is(err, ErrIndeterminate):
+		return relIndeterminate
+	case releaseGone(err):
+		return relNotHeld
+	case errors.Is(err, ErrReleaseQueueFull):
+		return relQueueFull
+	}
+	return relError
+}
+
+type brokerMetrics struct {
+	reg            *prometheus.Registry
+	acquires       [numAcquireResults]prometheus.Counter
+	releases       [numReleaseResults]prometheus.Counter
+	compensations  [numReleaseResults]prometheus.Counter
+	acquireLatency prometheus.Observer
+	releaseLatency prometheus.Observer
+	lateGrants     prometheus.Counter
+	leaderChanges  prometheus.Counter
+	dialFailures   prometheus.Counter
+}
+
+func newBrokerMetrics(b *Broker) *brokerMetrics {
+	m := &brokerMetrics{reg: prometheus.NewRegistry()}
+	acq := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ticketing_sidecar_acquires_total",
+		Help: "Acquire calls, by outcome: granted, busy, timeout, indeterminate, unavailable (no serving leader reached; nothing sent), moved, cancelled (the caller gave up), error (a definite error).",
+	}, []string{"result"})
+	for r := range numAcquireResults {
+		m.acquires[r] = acq.WithLabelValues(acquireResultNames[r])
+	}
+	rel := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ticketing_sidecar_releases_total",
+		Help: "Release calls, by final outcome (after retries): ok, not_held (the holding had ended), indeterminate, queue_full, error.",
+	}, []string{"result"})
+	for r := range numReleaseResults {
+		m.releases[r] = rel.WithLabelValues(releaseResultNames[r])
+	}
+	comp := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ticketing_sidecar_compensations_total",
+		Help: "Compensating releases (locks whose user went away, grants that arrived after the caller gave up), by outcome as for releases.",
+	}, []string{"result"})
+	for r := range numReleaseResults {
+		m.compensations[r] = comp.WithLabelValues(releaseResultNames[r])
+	}
+	al := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "ticketing_sidecar_acquire_duration_seconds",
+		Help:    "Granted acquires: from the call to the grant (finding the leader and the wait included).",
+		Buckets: obs.LatencyBuckets,
+	})
+	rl := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "ticketing_sidecar_release_duration_seconds",
+		Help:    "Successful releases: from the call to the confirmation (queueing and retries included).",
+		Buckets: obs.LatencyBuckets,
+	})
+	m.acquireLatency, m.releaseLatency = al, rl
+	m.lateGrants = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ticketing_sidecar_late_grants_total",
+		Help: "Grants that arrived after their caller gave up (cancelled, or no reply in time); each is released by a compensation.",
+	})
+	m.leaderChanges = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ticketing_sidecar_leader_changes_total",
+		Help: "Times the broker learned of a new serving leader.",
+	})
+	m.dialFailures = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ticketing_sidecar_connect_failures_total",
+		Help: "Failed connection attempts to cluster nodes (dial, TLS, authentication, wrong fencing domain).",
+	})
+	m.reg.MustRegister(acq, rel, comp, al, rl, m.lateGrants, m.leaderChanges, m.dialFailures, &brokerCollector{b: b,
+		connected: prometheus.NewDesc("ticketing_sidecar_connected_nodes",
+			"Cluster nodes this broker has a live connection to.", nil, nil),
+		configured: prometheus.NewDesc("ticketing_sidecar_configured_nodes",
+			"Cluster node addresses this broker was given.", nil, nil),
+		leaderKnown: prometheus.NewDesc("ticketing_sidecar_leader_known",
+			"1 while the broker knows a serving leader and is connected to it.", nil, nil),
+		releaseQueue: prometheus.NewDesc("ticketing_sidecar_release_queue",
+			"Releases and compensations waiting for a release worker.", nil, nil),
+	})
+	return m
+}
+
+func (m *brokerMetrics) acquired(err error, start time.Time) {
+	r := classifyAcquire(err)
+	m.acquires[r].Inc()
+	if r == acqGranted {
+		m.acquireLatency.Observe(time.Since(start).Seconds())
+	}
+}
+
+func (m *brokerMetrics) released(job *releaseJob, err error) {
+	r := classifyRelease(err)
+	if job.done == nil {
+		m.compensations[r].Inc()
+		return
+	}
+	m.releases[r].Inc()
+	if r == relOK {
+		m.releaseLatency.Observe(time.Since(job.start).Seconds())
+	}
+}
+
+type brokerCollector struct {
+	b                                                *Broker
+	connected, configured, leaderKnown, releaseQueue *prometheus.Desc
+}
+
+func (c *brokerCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.connected
+	ch <- c.configured
+	ch <- c.leaderKnown
+	ch <- c.releaseQueue
+}
+
+func (c *brokerCollector) Collect(ch chan<- prometheus.Metric) {
+	b := c.b
+	b.mu.Lock()
+	connected := map[string]bool{}
+	for _, s := range b.slots {
+		if s.conn != nil {
+			connected[s.addr] = true
+		}
+	}
+	known := b.leader != "" && connected[b.leader]
+	b.mu.Unlock()
+	leader := 0.0
+	if known {
+		leader = 1
+	}
+	ch <- prometheus.MustNewConstMetric(c.connected, prometheus.GaugeValue, float64(len(connected)))
+	ch <- prometheus.MustNewConstMetric(c.configured, prometheus.GaugeValue, float64(len(b.cfg.Addrs)))
+	ch <- prometheus.MustNewConstMetric(c.leaderKnown, prometheus.GaugeValue, leader)
+	ch <- prometheus.MustNewConstMetric(c.releaseQueue, prometheus.GaugeValue, float64(len(b.releases)))
+}
+
+// MetricsRegistry is this broker's Prometheus registry (its own, never the
+// global default one). The sidecar command adds its unix-socket gauges.
+func (b *Broker) MetricsRegistry() *prometheus.Registry { return b.metrics.reg }
+
+// Ready says whether the broker can take requests now: nil when it knows a
+// serving leader and has a connection to it, else the reason (one line).
+func (b *Broker) Ready() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case b.closed:
+		return ErrClosed
+	case b.leader == "":
+		n := 0
+		for _, s := range b.slots {
+			if s.conn != nil {
+				n++
+			}
+		}
+		if n == 0 {
+			return errors.New("no connection to any cluster node")
+		}
+		return errors.New("no serving leader known")
+	case !b.connectedLocked(b.leader):
+		return errors.New("not connected to the leader " + b.leader)
+	}
+	return nil
+}
