@@ -4,7 +4,7 @@ PYTHON ?= python3
 NODE ?= node
 
 .PHONY: test vet build dev bench-failover bench-throughput bench-compare test-ticketbench fuzz test-clients test-python test-node test-verify verify-long \
-	test-go test-postgres test-fence-node test-fence-python-pg
+	test-go test-postgres test-fence-node test-fence-python-pg deb
 
 # Every test of the project, with the race detector (a few minutes on 2 cores),
 # then the Python and Node.js clients against a real `ticketing dev`. A
@@ -71,6 +71,11 @@ vet:
 
 build:
 	$(GO) build -o bin/ticketing ./cmd/ticketing
+
+# The Debian package (binary, systemd units, example configuration):
+# dist/ticketing_<version>_<arch>.deb; packaging/README.md.
+deb:
+	GO=$(GO) ./packaging/build-deb.sh dist
 
 dev:
 	$(GO) run ./cmd/ticketing dev

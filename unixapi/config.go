@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"net"
 	"os"
 	"strconv"
 	"time"
@@ -13,10 +14,21 @@ import (
 
 // Config configures a Server. Start from DefaultConfig.
 type Config struct {
-	// Path is the unix socket's file path. Required. A stale socket file
-	// there (nothing accepts on it) is removed at start; a live one is an
-	// error (ErrSocketInUse), and so is any file that is not a socket.
+	// Path is the unix socket's file path. Required unless Listener is
+	// set. A stale socket file there (nothing accepts on it) is removed at
+	// start; a live one is an error (ErrSocketInUse), and so is any file
+	// that is not a socket.
 	Path string
+	// Listener, if not nil, is an already listening unix stream socket to
+	// serve instead of creating one at Path: the one systemd passes with
+	// socket activation (LISTEN_FDS). It must be a *net.UnixListener of
+	// network "unix". Path is then only informational (logs, Server.Path)
+	// and may be ""; the server does not create, chmod, chown or remove
+	// the socket file, so Mode and Group are not used (the socket's owner,
+	// systemd's SocketMode= and SocketGroup=, decides who may connect),
+	// while AllowUIDs still applies. The server owns the listener once
+	// Listen succeeds, and Close closes it.
+	Listener net.Listener
 	// Mode is the socket file's permission bits. Connecting to a unix
 	// socket needs write permission on it, so this decides who may connect.
 	// Zero means 0660 (owner and group).
@@ -111,9 +123,11 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...)
 	}
 	switch {
-	case c.Path == "":
+	case c.Listener != nil && !isUnixStream(c.Listener):
+		return bad("Listener is a %T on %q; want a unix stream socket listener", c.Listener, c.Listener.Addr().Network())
+	case c.Path == "" && c.Listener == nil:
 		return bad("Path is required")
-	case len(c.Path) > 107:
+	case len(c.Path) > 107 && c.Listener == nil:
 		// sockaddr_un.sun_path is 108 bytes on Linux, NUL included.
 		return bad("Path %q is %d bytes; unix socket paths are limited to 107", c.Path, len(c.Path))
 	case c.Mode&^fs.ModePerm != 0:
@@ -135,6 +149,11 @@ func (c Config) Validate() error {
 		}
 	}
 	return nil
+}
+
+func isUnixStream(ln net.Listener) bool {
+	ul, ok := ln.(*net.UnixListener)
+	return ok && ul != nil && ul.Addr().Network() == "unix"
 }
 
 func defaultOwnerPrefix() string {

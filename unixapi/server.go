@@ -67,8 +67,8 @@ type Server struct {
 	forbidden, tooMany atomic.Uint64
 }
 
-// Listen creates the socket at cfg.Path with cfg.Mode and cfg.Group and
-// starts serving it in the background.
+// Listen creates the socket at cfg.Path with cfg.Mode and cfg.Group (or
+// takes cfg.Listener as it is) and starts serving it in the background.
 func Listen(cfg Config, b Broker) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -77,16 +77,29 @@ func Listen(cfg Config, b Broker) (*Server, error) {
 	if b == nil {
 		return nil, fmt.Errorf("%w: nil broker", ErrInvalidConfig)
 	}
-	gid := -1
-	if cfg.Group != "" {
-		var err error
-		if gid, err = lookupGroup(cfg.Group); err != nil {
-			return nil, fmt.Errorf("%w: Group: %w", ErrInvalidConfig, err)
+	var (
+		ln *net.UnixListener
+		fi os.FileInfo
+	)
+	if cfg.Listener != nil {
+		// Socket activation: the socket and its file are systemd's.
+		ln = cfg.Listener.(*net.UnixListener) // Validate checked
+		ln.SetUnlinkOnClose(false)
+		if cfg.Path == "" {
+			cfg.Path = ln.Addr().String()
 		}
-	}
-	ln, fi, err := listenSocket(cfg.Path, cfg.Mode, gid)
-	if err != nil {
-		return nil, err
+	} else {
+		gid := -1
+		if cfg.Group != "" {
+			var err error
+			if gid, err = lookupGroup(cfg.Group); err != nil {
+				return nil, fmt.Errorf("%w: Group: %w", ErrInvalidConfig, err)
+			}
+		}
+		var err error
+		if ln, fi, err = listenSocket(cfg.Path, cfg.Mode, gid); err != nil {
+			return nil, err
+		}
 	}
 	s := &Server{
 		cfg: cfg, broker: b, log: cfg.Logger.With("socket", cfg.Path), ln: ln, sockFI: fi,
@@ -95,8 +108,13 @@ func Listen(cfg Config, b Broker) (*Server, error) {
 	s.hardCtx, s.hardCancel = context.WithCancel(context.Background())
 	s.wg.Add(1)
 	go s.acceptLoop()
-	s.log.Info("unix API listening", "mode", fmt.Sprintf("%#o", cfg.Mode), "group", cfg.Group,
-		"allow_uids", cfg.AllowUIDs, "owner_prefix", cfg.OwnerPrefix)
+	if cfg.Listener != nil {
+		s.log.Info("unix API serving an inherited socket (socket activation)",
+			"allow_uids", cfg.AllowUIDs, "owner_prefix", cfg.OwnerPrefix)
+	} else {
+		s.log.Info("unix API listening", "mode", fmt.Sprintf("%#o", cfg.Mode), "group", cfg.Group,
+			"allow_uids", cfg.AllowUIDs, "owner_prefix", cfg.OwnerPrefix)
+	}
 	return s, nil
 }
 
@@ -123,7 +141,8 @@ func (s *Server) Stats() Stats {
 
 // Close stops accepting, ends every session (releasing each held lock with
 // Compensate and cancelling pending acquires), waits up to CloseTimeout for
-// in-flight requests, and removes the socket file. The broker is the
+// in-flight requests, and removes the socket file (not an inherited one:
+// Config.Listener). The broker is the
 // caller's to close, afterwards.
 func (s *Server) Close() error {
 	s.mu.Lock()
@@ -140,7 +159,8 @@ func (s *Server) Close() error {
 	err := s.ln.Close()
 	// Only remove the file if it is still the socket we created: a second
 	// sidecar started by mistake must not lose its socket to our shutdown.
-	if fi, lerr := os.Lstat(s.cfg.Path); lerr == nil && os.SameFile(fi, s.sockFI) {
+	// An inherited socket (Config.Listener) is never ours to remove.
+	if fi, lerr := os.Lstat(s.cfg.Path); s.sockFI != nil && lerr == nil && os.SameFile(fi, s.sockFI) {
 		os.Remove(s.cfg.Path)
 	}
 	for _, ss := range sessions {

@@ -522,3 +522,67 @@ func TestHalfCloseAnswersThenReleases(t *testing.T) {
 		t.Fatalf("key released %v after the half-closed session ended", d)
 	}
 }
+
+// An inherited listener (socket activation) is served as it is: no file is
+// created at Path, the file's mode is left alone, and Close closes the
+// listener but leaves the socket file, which belongs to systemd.
+func TestInheritedListener(t *testing.T) {
+	path := sockPath(t)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(path, 0o606); err != nil {
+		t.Fatal(err)
+	}
+	cfg := unixapi.DefaultConfig()
+	cfg.Logger, cfg.Listener = testLogger(), ln
+	s, err := unixapi.Listen(cfg, testBroker)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Path() != path {
+		t.Fatalf("Path() = %q, want the listener's %q", s.Path(), path)
+	}
+	expect(t, dial(t, s).do("PING"), "PONG")
+	if fi, err := os.Lstat(path); err != nil || fi.Mode().Perm() != 0o606 {
+		t.Fatalf("inherited socket file changed: %v %v", fi, err)
+	}
+	if ents, _ := os.ReadDir(filepath.Dir(path)); len(ents) != 1 {
+		t.Fatalf("socket dir holds %d entries", len(ents))
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Lstat(path); err != nil || fi.Mode().Type() != os.ModeSocket {
+		t.Fatalf("Close removed the inherited socket file: %v %v", fi, err)
+	}
+	if _, err := net.Dial("unix", path); err == nil {
+		t.Fatal("the listener still accepts after Close")
+	}
+
+	// Validate: Path is optional with a Listener; the listener must be a
+	// unix stream socket.
+	tcp, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tcp.Close()
+	cfg.Listener = tcp
+	if err := cfg.Validate(); !errors.Is(err, unixapi.ErrInvalidConfig) {
+		t.Fatalf("Validate with a TCP listener: %v", err)
+	}
+	pkt, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: sockPath(t), Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pkt.Close()
+	cfg.Listener = pkt
+	if err := cfg.Validate(); !errors.Is(err, unixapi.ErrInvalidConfig) {
+		t.Fatalf("Validate with a seqpacket listener: %v", err)
+	}
+	cfg.Listener, cfg.Path = nil, ""
+	if err := cfg.Validate(); !errors.Is(err, unixapi.ErrInvalidConfig) {
+		t.Fatalf("Validate without Path or Listener: %v", err)
+	}
+}

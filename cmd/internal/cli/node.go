@@ -48,7 +48,10 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		// Closed after the node: /readyz says 503 while it shuts down.
 		defer msrv.Close()
 	}
+	sd := startSystemd(log, func() (bool, string) { return nodeStatus(n) }, func() error { return nodeAlive(n) })
+	defer sd.close()
 	<-ctx.Done()
+	sd.stopping("shutting down")
 	log.Info("shutting down")
 	// A leader hands its leadership over first (bounded), so a rolling
 	// restart costs clients one hand-over instead of an election timeout.
@@ -147,7 +150,7 @@ func nodeConfig(name string, args []string, stderr io.Writer, extra func(*flag.F
 	if extra != nil {
 		extra(fs)
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseConfigured(fs, args); err != nil {
 		return cfg, nil, ExitUsage
 	}
 	if fs.NArg() != 0 {

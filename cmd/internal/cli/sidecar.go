@@ -58,7 +58,7 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	)
 	prof.register(fset)
 	metrics.register(fset)
-	if err := fset.Parse(args); err != nil {
+	if err := parseConfigured(fset, args); err != nil {
 		return ExitUsage
 	}
 	if fset.NArg() != 0 {
@@ -127,6 +127,17 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) in
 			ucfg.AllowUIDs = append(ucfg.AllowUIDs, uint32(u))
 		}
 	}
+	activated, err := activatedListener()
+	if err != nil {
+		fmt.Fprintln(stderr, "ticketing sidecar:", err)
+		return ExitError
+	}
+	if activated != nil {
+		// The socket, its file and its permissions are systemd's.
+		log.Info("socket activation: serving the socket systemd passed; --socket, --socket-mode and --socket-group are not used",
+			"socket", activated.Addr().String())
+		ucfg.Listener, ucfg.Path = activated, ""
+	}
 	b, srv, err := startSidecar(bcfg, ucfg, log)
 	if err != nil {
 		fmt.Fprintln(stderr, "ticketing sidecar:", err)
@@ -145,7 +156,12 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if faultFile != "" {
 		go sidecar.WatchFaultFile(ctx, faultFile, 20*time.Millisecond, b, log.With("part", "faults"))
 	}
+	// READY=1 waits for the cluster, but the socket is served already:
+	// requests wait or fail as they would at any leader change.
+	sd := startSystemd(log, func() (bool, string) { return sidecarStatus(b) }, func() error { return sidecarAlive(b, srv) })
+	defer sd.close()
 	<-ctx.Done()
+	sd.stopping("shutting down: releasing the locks of every connection")
 	log.Info("shutting down: releasing the locks of every connection")
 	stopSidecar(b, srv, log)
 	return ExitOK
