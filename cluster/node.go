@@ -203,8 +203,7 @@ func (n *Node) start() error {
 			return fmt.Errorf("cluster: peer port: %w", err)
 		}
 	}
-	n.peers = newPeerLayer(peerLn, cfg, n.serverID, n.log, &n.stats.peerAuthFailures, n.identity)
-	n.peers.domain = n.fsm.getDomain
+	n.peers = newPeerLayer(peerLn, cfg, n.serverID, n.log, &n.stats.peerAuthFailures, n.identity, n.fsm.getDomain)
 	n.transport = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream:  n.peers,
 		MaxPool: 3,

@@ -72,7 +72,8 @@ type peerLayer struct {
 	wg       sync.WaitGroup
 }
 
-func newPeerLayer(ln net.Listener, cfg Config, serverID string, log *slog.Logger, failures *atomic.Uint64, identity func() wire.Identity) *peerLayer {
+func newPeerLayer(ln net.Listener, cfg Config, serverID string, log *slog.Logger, failures *atomic.Uint64,
+	identity func() wire.Identity, domain func() string) *peerLayer {
 	hostport := ln.Addr().String()
 	if cfg.PeerAddr != "" && cfg.PeerListener == nil {
 		hostport = cfg.PeerAddr
@@ -88,6 +89,7 @@ func newPeerLayer(ln net.Listener, cfg Config, serverID string, log *slog.Logger
 		name:      cfg.NodeID,
 		advertise: raftAddr(serverID, hostport),
 		identity:  identity,
+		domain:    domain,
 		hs: wire.HandshakeConfig{
 			Kind:       wire.KindPeer,
 			Secret:     cfg.PeerSecret,

@@ -25,7 +25,7 @@ func testPeerLayerTLS(t *testing.T, id, cluster string, secret []byte, faults *F
 	}
 	cfg := Config{NodeID: id, ClusterID: cluster, PeerSecret: secret, HandshakeTimeout: 2 * time.Second, Faults: faults,
 		AuthFailureDelay: time.Millisecond, PeerTLS: peerTLS}
-	l := newPeerLayer(ln, cfg.withDefaults(), id, slog.New(slog.DiscardHandler), new(atomic.Uint64), func() wire.Identity { return wire.Identity{} })
+	l := newPeerLayer(ln, cfg.withDefaults(), id, slog.New(slog.DiscardHandler), new(atomic.Uint64), func() wire.Identity { return wire.Identity{} }, nil)
 	t.Cleanup(func() { l.Close(); l.wait() })
 	return l
 }
