@@ -68,6 +68,19 @@ func (n *Node) beginChange() (unlock func(), err error) {
 	return n.memberMu.Unlock, nil
 }
 
+// beginChangeOn is beginChange for a change about member id, which it
+// looks up with the whole configuration.
+func (n *Node) beginChangeOn(id string) (m Member, ms []Member, unlock func(), err error) {
+	if unlock, err = n.beginChange(); err != nil {
+		return Member{}, nil, nil, err
+	}
+	if m, ms, err = n.member(id); err != nil {
+		unlock()
+		return Member{}, nil, nil, err
+	}
+	return m, ms, unlock, nil
+}
+
 // Members lists the current configuration, sorted by server id.
 func (n *Node) Members() ([]Member, error) {
 	fut := n.raft.GetConfiguration()
@@ -155,15 +168,11 @@ func (n *Node) AddLearner(serverID, peerAddr string, timeout time.Duration) erro
 // Promote makes learner id a voter, if it is caught up (lag at most
 // MaxPromoteLag) and the cluster would have at most 5 voters.
 func (n *Node) Promote(id string, timeout time.Duration) error {
-	unlock, err := n.beginChange()
+	m, ms, unlock, err := n.beginChangeOn(id)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	m, ms, err := n.member(id)
-	if err != nil {
-		return err
-	}
 	if m.Voter {
 		return fmt.Errorf("%w: %s is already a voter", ErrUnsafeChange, id)
 	}
@@ -186,15 +195,11 @@ func (n *Node) Promote(id string, timeout time.Duration) error {
 // now; the leader itself first hands leadership over and returns
 // ErrNotLeader (ask the new leader).
 func (n *Node) Remove(id string, timeout time.Duration) error {
-	unlock, err := n.beginChange()
+	m, ms, unlock, err := n.beginChangeOn(id)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	m, ms, err := n.member(id)
-	if err != nil {
-		return err
-	}
 	if m.Voter {
 		if voters(ms)-1 < 3 {
 			return fmt.Errorf("%w: removing %s would leave %d voters; add and promote its replacement first",

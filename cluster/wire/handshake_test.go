@@ -174,21 +174,12 @@ func TestFakeServerNodeID(t *testing.T) {
 		ch = append(ch, 1)
 		ch = append(ch, proof(peerSecret, serverLabel, tr)...)
 		sc.Write(finishFrame(ch))
-		typ, p, err := readFrameExact(sc, buf)
-		if err != nil {
-			got <- nil
-			return
-		}
-		got <- append([]byte{typ}, p...)
+		got <- nextFrame(sc, buf)
 	}()
 	if _, err := ClientHandshake(cc, ccfg); !errors.Is(err, ErrWrongNode) {
 		t.Fatalf("client: %v", err)
 	}
-	f := <-got
-	var m Msg
-	if len(f) == 0 || DecodeMsg(f[0], f[1:], &m) != nil || m.Type != TypeError || m.Code != CodeWrongNode {
-		t.Fatalf("fake server received %x, want an error frame with wrong_node", f)
-	}
+	wantErrorFrame(t, <-got, CodeWrongNode)
 }
 
 func TestHandshakeVersion(t *testing.T) {
@@ -558,19 +549,28 @@ func TestFakeServerDomain(t *testing.T) {
 		sn := make([]byte, NonceLen)
 		tr := specTranscript(ProtocolVersion, KindClient, h.cn, sn, "prod", "n1", "", "", "b", "a", nil)
 		sc.Write(specChallengeFrame(ProtocolVersion, sn, "n1", "prod", "a", specProof(clientSecret, specServerLabel, tr)))
-		typ, p, err := readFrameExact(sc, buf)
-		if err != nil {
-			got <- nil
-			return
-		}
-		got <- append([]byte{typ}, p...)
+		got <- nextFrame(sc, buf)
 	}()
 	if _, err := ClientHandshake(cc, ccfg); !errors.Is(err, ErrWrongDomain) {
 		t.Fatalf("client: %v", err)
 	}
-	f := <-got
+	wantErrorFrame(t, <-got, CodeWrongDomain)
+}
+
+// nextFrame reads one frame as type byte + payload; nil if none came.
+func nextFrame(r io.Reader, buf []byte) []byte {
+	typ, p, err := readFrameExact(r, buf)
+	if err != nil {
+		return nil
+	}
+	return append([]byte{typ}, p...)
+}
+
+// wantErrorFrame: f (type byte + payload) is an E frame with code.
+func wantErrorFrame(t *testing.T, f []byte, code Code) {
+	t.Helper()
 	var m Msg
-	if len(f) == 0 || DecodeMsg(f[0], f[1:], &m) != nil || m.Type != TypeError || m.Code != CodeWrongDomain {
-		t.Fatalf("fake server received %x, want an error frame with wrong_domain", f)
+	if len(f) == 0 || DecodeMsg(f[0], f[1:], &m) != nil || m.Type != TypeError || m.Code != code {
+		t.Fatalf("fake server received %x, want an error frame with code %d", f, code)
 	}
 }

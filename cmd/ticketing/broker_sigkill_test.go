@@ -16,25 +16,11 @@ import (
 // reports Indeterminate (never a grant that is then lost), keeps serving
 // through the new leader, and the holder's release succeeds there.
 func TestBrokerLeaderSIGKILLDuringPendingAcquire(t *testing.T) {
-	p, err := local.StartProcs(local.ProcOptions{Binary: binary, Dir: t.TempDir(),
-		ExtraArgs: []string{"--log-level", "warn"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	p, b, ctx := procsAndBroker(t, "warn")
 	li, err := p.Leader(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := sidecar.DefaultConfig()
-	cfg.Addrs, cfg.Secret, cfg.ClusterID = p.ClientAddrs(), p.ClientSecret, p.ClusterID
-	b, err := sidecar.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
 	// Setup: an M is a definite "not executed" (the leader may have changed
 	// since p.Leader looked), so the caller may ask again.
 	var held sidecar.Lock
@@ -88,4 +74,27 @@ func TestBrokerLeaderSIGKILLDuringPendingAcquire(t *testing.T) {
 	if _, err := b.Acquire(ctx, "seats", "next", 10*time.Second, 0); err != nil {
 		t.Fatalf("acquire after failover: %v", err)
 	}
+}
+
+// procsAndBroker starts 3 node processes (logging at level) and a Broker
+// on them; both are closed when the test ends, as is the returned context
+// (60 s).
+func procsAndBroker(t *testing.T, level string) (*local.Procs, *sidecar.Broker, context.Context) {
+	t.Helper()
+	p, err := local.StartProcs(local.ProcOptions{Binary: binary, Dir: t.TempDir(),
+		ExtraArgs: []string{"--log-level", level}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	cfg := sidecar.DefaultConfig()
+	cfg.Addrs, cfg.Secret, cfg.ClusterID = p.ClientAddrs(), p.ClientSecret, p.ClusterID
+	b, err := sidecar.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return p, b, ctx
 }

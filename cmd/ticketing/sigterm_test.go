@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"os"
 	"strings"
@@ -9,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"ticketing/cluster/local"
 	"ticketing/sidecar"
 )
 
@@ -19,21 +17,7 @@ import (
 // larger tokens. (How fast is measured by `ticketing bench failover
 // --signal term`, not asserted: median 33 ms here.)
 func TestLeaderSIGTERMHandsLeadershipOver(t *testing.T) {
-	p, err := local.StartProcs(local.ProcOptions{Binary: binary, Dir: t.TempDir(),
-		ExtraArgs: []string{"--log-level", "info"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cfg := sidecar.DefaultConfig()
-	cfg.Addrs, cfg.Secret, cfg.ClusterID = p.ClientAddrs(), p.ClientSecret, p.ClusterID
-	b, err := sidecar.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	p, b, ctx := procsAndBroker(t, "info")
 	acquire := func(key string) sidecar.Lock {
 		t.Helper()
 		for {

@@ -2,41 +2,17 @@ package cli
 
 import (
 	"bytes"
-	"context"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
-	"time"
-
-	"ticketing/cluster/local"
 )
 
 // `ticketing members list` and `replace` against a real TLS cluster: a
 // node loses its disk, comes back as a new server, and replace swaps it in.
 func TestMembersListAndReplace(t *testing.T) {
-	dir := t.TempDir()
-	secret := []byte("the-admin-secret-for-this-test-0123")
-	c, err := local.Start(local.Options{Dir: filepath.Join(dir, "c"), TLS: true, AdminSecret: secret, Tune: local.FastRaft})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if _, err := c.Leader(ctx); err != nil {
-		t.Fatal(err)
-	}
-	secretPath := filepath.Join(dir, "admin.secret")
-	os.WriteFile(secretPath, secret, 0o600)
-	var addrs []string
-	for i := 0; i < c.Size(); i++ {
-		addrs = append(addrs, c.AdminAddr(i))
-	}
+	c, flags := adminTestCluster(t)
 	run := func(args ...string) (int, string) {
 		var out, errb bytes.Buffer
-		code := Main(append(append([]string{"members"}, args[0]), append([]string{"--admin", strings.Join(addrs, ","),
-			"--admin-secret-file", secretPath, "--tls-ca", c.CAFile, "--cluster-id", c.ClusterID}, args[1:]...)...), &out, &errb)
+		code := Main(append(append([]string{"members"}, args[0]), append(flags, args[1:]...)...), &out, &errb)
 		return code, out.String() + errb.String()
 	}
 	code, out := run("list")

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -13,20 +11,13 @@ import (
 
 	"ticketing/cluster"
 	"ticketing/cluster/client"
-	"ticketing/cluster/local"
 	"ticketing/cluster/wire"
 )
 
 // `ticketing status` and `ticketing inspect` against a real TLS cluster
 // with a held key and two waiters.
 func TestStatusAndInspect(t *testing.T) {
-	dir := t.TempDir()
-	secret := []byte("the-admin-secret-for-this-test-0123")
-	c, err := local.Start(local.Options{Dir: filepath.Join(dir, "c"), TLS: true, AdminSecret: secret, Tune: local.FastRaft})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, flags := adminTestCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	li, err := c.Leader(ctx)
@@ -60,14 +51,6 @@ func TestStatusAndInspect(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 
-	secretPath := filepath.Join(dir, "admin.secret")
-	os.WriteFile(secretPath, secret, 0o600)
-	var addrs []string
-	for i := 0; i < c.Size(); i++ {
-		addrs = append(addrs, c.AdminAddr(i))
-	}
-	flags := []string{"--admin", strings.Join(addrs, ","), "--admin-secret-file", secretPath,
-		"--tls-ca", c.CAFile, "--cluster-id", c.ClusterID}
 	run := func(args ...string) (int, string, string) {
 		var out, errb bytes.Buffer
 		code := Main(args, &out, &errb)
