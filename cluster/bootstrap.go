@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 
 	"ticketing/cluster/wire"
 )
@@ -88,10 +87,7 @@ func Bootstrap(cfg Config, opts BootstrapOptions) (BootstrapResult, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return BootstrapResult{}, fmt.Errorf("cluster: data dir: %w", err)
 	}
-	store, err := raftboltdb.New(raftboltdb.Options{
-		Path:        filepath.Join(cfg.DataDir, "raft.db"),
-		BoltOptions: boltOptions(),
-	})
+	store, err := OpenLogStore(cfg.DataDir)
 	if err != nil {
 		return BootstrapResult{}, fmt.Errorf("cluster: open %s (is the node running? stop it first): %w",
 			filepath.Join(cfg.DataDir, "raft.db"), err)

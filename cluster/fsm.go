@@ -45,7 +45,8 @@ type applied struct {
 }
 
 // applySink receives what each committed entry did. It is called from the
-// FSM goroutine only, in log order, without the FSM lock held.
+// FSM goroutine only, in log order, without the FSM lock held. The batch
+// slice is reused afterwards: a sink must not keep it.
 type applySink interface {
 	onApplied(batch []applied)
 	onAnnounce(nodeID, clientAddr string)
@@ -64,8 +65,10 @@ type fsm struct {
 	clientAddrs map[string]string // node id → advertised client address
 	domain      string            // the fencing domain; "" until the first 'D'
 
-	// Scratch reused across ApplyBatch calls (FSM goroutine only).
+	// Scratch reused across ApplyBatch calls (FSM goroutine only). out is
+	// handed to the sink, which must not keep it.
 	cmds []locksm.Command
+	out  []applied
 }
 
 func newFSM(sink applySink, log *slog.Logger) *fsm {
@@ -80,7 +83,7 @@ func (f *fsm) Apply(l *raft.Log) interface{} {
 
 // ApplyBatch implements raft.BatchingFSM.
 func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
-	var out []applied
+	out := f.out[:0]
 	type announce struct{ id, addr string }
 	var announces []announce
 	f.mu.Lock()
@@ -129,6 +132,8 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 	if len(out) > 0 {
 		f.sink.onApplied(out)
 	}
+	clear(out) // keep no keys, owners or effects alive until the next batch
+	f.out = out[:0]
 	return make([]interface{}, len(logs))
 }
 
@@ -174,37 +179,36 @@ func decodeAnnounce(b []byte) (id, addr string, err error) {
 
 // Snapshot layout: magic "TKSN" | version u8 (2) | domain str8 | n u32 |
 // n × (node_id str8 | client_addr str8) | the locksm snapshot. Version 1
-// had no domain field. Encoded under the lock so the snapshot is a point in
-// time; Persist only writes bytes.
+// had no domain field.
 const snapshotVersion = 2
 
 var snapshotMagic = []byte("TKSN")
 
-// Snapshot implements raft.FSM.
+// Snapshot implements raft.FSM. Raft calls it on the apply goroutine, so it
+// must be quick: it only freezes the table (a copy of the key map; entries
+// are copied on write afterwards) and encodes the small header. Persist,
+// which Raft runs concurrently with later applies, sorts and encodes the
+// frozen table: with a million held keys that is about a second that
+// applies no longer wait for.
 func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
-	var buf bytes.Buffer
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	buf.Write(snapshotMagic)
-	buf.WriteByte(snapshotVersion)
-	buf.WriteByte(byte(len(f.domain)))
-	buf.WriteString(f.domain)
+	head := append([]byte(nil), snapshotMagic...)
+	head = append(head, snapshotVersion, byte(len(f.domain)))
+	head = append(head, f.domain...)
 	ids := make([]string, 0, len(f.clientAddrs))
 	for id := range f.clientAddrs {
 		ids = append(ids, id)
 	}
 	sort.Strings(ids)
-	buf.Write(binary.BigEndian.AppendUint32(nil, uint32(len(ids))))
+	head = binary.BigEndian.AppendUint32(head, uint32(len(ids)))
 	for _, id := range ids {
-		buf.WriteByte(byte(len(id)))
-		buf.WriteString(id)
-		buf.WriteByte(byte(len(f.clientAddrs[id])))
-		buf.WriteString(f.clientAddrs[id])
+		head = append(head, byte(len(id)))
+		head = append(head, id...)
+		head = append(head, byte(len(f.clientAddrs[id])))
+		head = append(head, f.clientAddrs[id]...)
 	}
-	if err := f.state.WriteSnapshot(&buf); err != nil {
-		return nil, err
-	}
-	return &fsmSnapshot{data: buf.Bytes(), metrics: f.metrics}, nil
+	return &fsmSnapshot{head: head, table: f.state.Freeze(), metrics: f.metrics}, nil
 }
 
 // Restore implements raft.FSM.
@@ -268,12 +272,18 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 }
 
 type fsmSnapshot struct {
-	data    []byte
-	metrics *nodeMetrics // nil: not counted
+	head    []byte         // everything before the locksm snapshot
+	table   *locksm.Frozen // the lock table at the moment of Snapshot
+	metrics *nodeMetrics   // nil: not counted
 }
 
 func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
-	if _, err := sink.Write(s.data); err != nil {
+	w := &countingWriter{w: sink}
+	_, err := w.Write(s.head)
+	if err == nil {
+		err = s.table.WriteSnapshot(w)
+	}
+	if err != nil {
 		sink.Cancel()
 		return err
 	}
@@ -282,12 +292,24 @@ func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 	}
 	if s.metrics != nil {
 		s.metrics.snapshotsTaken.Inc()
-		s.metrics.snapshotBytes.Add(float64(len(s.data)))
+		s.metrics.snapshotBytes.Add(float64(w.n))
 	}
 	return nil
 }
 
-func (s *fsmSnapshot) Release() {}
+// Release drops the frozen table, so entries replaced since can be freed.
+func (s *fsmSnapshot) Release() { s.table = nil }
+
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
 
 // read runs fn with the state locked.
 func (f *fsm) read(fn func(st *locksm.State)) {

@@ -170,10 +170,7 @@ func (n *Node) start() error {
 		return fmt.Errorf("cluster: data dir: %w", err)
 	}
 	hlog := newHCLogger(n.log)
-	store, err := raftboltdb.New(raftboltdb.Options{
-		Path:        filepath.Join(cfg.DataDir, "raft.db"),
-		BoltOptions: boltOptions(),
-	})
+	store, err := OpenLogStore(cfg.DataDir)
 	if err != nil {
 		return fmt.Errorf("cluster: open %s (is another node using this data dir?): %w",
 			filepath.Join(cfg.DataDir, "raft.db"), err)
@@ -911,6 +908,17 @@ func newHCLogger(log *slog.Logger) hclog.Logger {
 // clients, so the defaults stay.)
 func boltOptions() *bbolt.Options {
 	return &bbolt.Options{Timeout: 2 * time.Second}
+}
+
+// OpenLogStore opens (creating if need be) the Raft log and stable store of
+// a node's data directory, with the options a node uses. Nodes and
+// bootstrap use it; so does `ticketing bench disk`, which measures what one
+// durable append costs on a disk.
+func OpenLogStore(dataDir string) (*raftboltdb.BoltStore, error) {
+	return raftboltdb.New(raftboltdb.Options{
+		Path:        filepath.Join(dataDir, "raft.db"),
+		BoltOptions: boltOptions(),
+	})
 }
 
 // batchesInFlight is how many batches may be proposed and not yet applied.

@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"container/heap"
 	"sync"
 	"time"
 )
@@ -23,17 +22,47 @@ type timerItem struct {
 	epoch uint64 // leadership epoch that armed it
 }
 
+// timerHeap is a binary min-heap on at. It is typed rather than built on
+// container/heap, whose Push(any) boxes every item: one allocation per
+// grant on the leader.
 type timerHeap []timerItem
 
-func (h timerHeap) Len() int           { return len(h) }
-func (h timerHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
-func (h timerHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *timerHeap) Push(x any)        { *h = append(*h, x.(timerItem)) }
-func (h *timerHeap) Pop() any {
-	old := *h
-	it := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return it
+func (h *timerHeap) push(it timerItem) {
+	*h = append(*h, it)
+	s := *h
+	for i := len(s) - 1; i > 0; {
+		parent := (i - 1) / 2
+		if !s[i].at.Before(s[parent].at) {
+			break
+		}
+		s[i], s[parent] = s[parent], s[i]
+		i = parent
+	}
+}
+
+func (h *timerHeap) pop() timerItem {
+	s := *h
+	top := s[0]
+	last := len(s) - 1
+	s[0] = s[last]
+	s[last] = timerItem{} // drop the key string with the slot
+	s = s[:last]
+	for i := 0; ; {
+		smallest, l, r := i, 2*i+1, 2*i+2
+		if l < len(s) && s[l].at.Before(s[smallest].at) {
+			smallest = l
+		}
+		if r < len(s) && s[r].at.Before(s[smallest].at) {
+			smallest = r
+		}
+		if smallest == i {
+			break
+		}
+		s[i], s[smallest] = s[smallest], s[i]
+		i = smallest
+	}
+	*h = s
+	return top
 }
 
 // timerQueue runs the leader's lease and wait timers on one goroutine with a
@@ -59,7 +88,7 @@ func newTimerQueue(fire func(timerItem)) *timerQueue {
 
 func (q *timerQueue) add(it timerItem) {
 	q.mu.Lock()
-	heap.Push(&q.items, it)
+	q.items.push(it)
 	first := q.items[0].at.Equal(it.at)
 	q.mu.Unlock()
 	if first {
@@ -92,7 +121,7 @@ func (q *timerQueue) run() {
 		now := time.Now()
 		due = due[:0]
 		for len(q.items) > 0 && !q.items[0].at.After(now) {
-			due = append(due, heap.Pop(&q.items).(timerItem))
+			due = append(due, q.items.pop())
 		}
 		wait := time.Hour
 		if len(q.items) > 0 {

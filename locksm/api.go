@@ -26,6 +26,16 @@
 // hand-off, takes the next value (the first is 1); tokens are never reused,
 // and the counter is part of snapshots, so it never goes back.
 //
+// # Snapshots beside applies
+//
+// Freeze returns a view of the table as it is, in time proportional to the
+// number of held keys but with no per-key copying; the view's WriteSnapshot
+// may then run on another goroutine while Apply goes on. Entries are copied
+// on write: after a Freeze, the first change to a key's entry replaces it
+// with a private copy, so a view never sees a later change and the State
+// never writes memory a view reads. That is the one exception to "a State
+// is used from one goroutine": a Frozen may be read concurrently.
+//
 // The field constraints and the request × key-state matrix are in MATRIX.md
 // next to this file; the testdata scripts pin every cell of it.
 package locksm

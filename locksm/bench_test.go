@@ -3,6 +3,7 @@ package locksm
 import (
 	"bytes"
 	"fmt"
+	"runtime"
 	"sync"
 	"testing"
 )
@@ -97,7 +98,7 @@ var snap1M struct {
 	b    []byte
 }
 
-// BenchmarkSnapshot1M writes and reads a table of one million held keys
+// BenchmarkSnapshot1M freezes, writes and reads a table of one million held keys
 // (1% with a short queue), the size the service is meant to carry.
 func BenchmarkSnapshot1M(b *testing.B) {
 	snap1M.once.Do(func() {
@@ -127,6 +128,14 @@ func BenchmarkSnapshot1M(b *testing.B) {
 			}
 		}
 	})
+	// freeze is what the apply goroutine pays when Raft takes a snapshot;
+	// write then runs beside the applies.
+	b.Run("freeze", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			snap1M.s.Freeze()
+		}
+	})
 	b.Run("read", func(b *testing.B) {
 		b.SetBytes(int64(len(snap1M.b)))
 		b.ReportAllocs()
@@ -153,4 +162,25 @@ func BenchmarkDecodeBatch(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkGCWith1M is one full garbage collection with a table of one
+// million held keys alive: what a node pays each time its heap doubles. The
+// table's shape (objects and pointers per key) decides it.
+func BenchmarkGCWith1M(b *testing.B) {
+	s := New()
+	for i, k := range benchKeys(1_000_000) {
+		// Owners as the wire decoder makes them: a new string per command.
+		owner := string([]byte("web-0001"))
+		s.Apply(Command{Op: OpAcquire, Key: string([]byte(k)), Owner: owner, LeaseSec: 30, Now: int64(i)}, nil)
+	}
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	b.ResetTimer()
+	for b.Loop() {
+		runtime.GC()
+	}
+	b.ReportMetric(float64(ms.HeapAlloc)/1e6, "heap-MB")
+	runtime.KeepAlive(s)
 }

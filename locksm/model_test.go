@@ -8,6 +8,7 @@ package locksm
 // so a bug shared by State and model still has to get past them.
 
 import (
+	"bytes"
 	"fmt"
 	"math/rand/v2"
 	"reflect"
@@ -329,14 +330,47 @@ func TestModel(t *testing.T) {
 	}
 }
 
-func runModel(t *testing.T, seed uint64, steps int) error {
+func runModel(t *testing.T, seed uint64, steps int) (err error) {
 	r := rand.New(rand.NewPCG(seed, 0x7469636b6574))
 	m := &model{}
 	g := &gen{r: r, m: m}
 	s := New()
 	p := &propertyChecker{pending: map[string][]uint64{}, gone: map[string]bool{}}
 	var effects []Effect
+	// Frozen views taken along the way, each with the bytes the State
+	// wrote at that moment: later applies (copy-on-write) must leave every
+	// view exactly as it was.
+	type frozenAt struct {
+		step int
+		f    *Frozen
+		want []byte
+	}
+	var frozen []frozenAt
+	checkFrozen := func() error {
+		for _, fa := range frozen {
+			var buf bytes.Buffer
+			if err := fa.f.WriteSnapshot(&buf); err != nil {
+				return err
+			}
+			if !bytes.Equal(buf.Bytes(), fa.want) {
+				return fmt.Errorf("view frozen at step %d changed after later applies", fa.step)
+			}
+		}
+		return nil
+	}
+	defer func() {
+		if err == nil {
+			err = checkFrozen()
+		}
+	}()
 	for step := 0; step < steps; {
+		if r.IntN(8) == 0 {
+			var buf bytes.Buffer
+			if err := s.WriteSnapshot(&buf); err != nil {
+				return err
+			}
+			frozen = append(frozen, frozenAt{step, s.Freeze(), buf.Bytes()})
+		}
 		// A batch of commands travels through the codec like a log entry;
 		// the state applies what was decoded, the model what was generated,
 		// so the codec has to preserve meaning, not just bytes.

@@ -30,6 +30,7 @@ import (
 	"hash/crc32"
 	"io"
 	"slices"
+	"strings"
 )
 
 const (
@@ -50,14 +51,28 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // order) to w in a versioned, deterministic binary form: the same state
 // always gives the same bytes, whatever its map layout.
 func (s *State) WriteSnapshot(w io.Writer) error {
+	keys := s.sortedKeys()
+	return writeSnapshot(w, len(keys), func(i int) (string, *entry) { return keys[i], s.keys[keys[i]] }, s.last)
+}
+
+// WriteSnapshot writes the view exactly as State.WriteSnapshot would have
+// written the State at the moment of Freeze. It may run concurrently with
+// Applies to the State.
+func (f *Frozen) WriteSnapshot(w io.Writer) error {
+	keys := slices.Clone(f.keys) // a view may be written more than once, even at once
+	slices.SortFunc(keys, func(a, b frozenKey) int { return strings.Compare(a.key, b.key) })
+	return writeSnapshot(w, len(keys), func(i int) (string, *entry) { return keys[i].key, keys[i].e }, f.last)
+}
+
+// writeSnapshot writes n keys, in ascending order, key(i) giving the i-th.
+func writeSnapshot(w io.Writer, n int, key func(i int) (string, *entry), last uint64) error {
 	sw := snapWriter{w: w, buf: make([]byte, 0, snapBufSize)}
 	sw.buf = append(sw.buf, snapMagic...)
 	sw.buf = append(sw.buf, snapVersion)
-	sw.buf = binary.AppendUvarint(sw.buf, s.last)
-	keys := s.sortedKeys()
-	sw.buf = binary.AppendUvarint(sw.buf, uint64(len(keys)))
-	for _, k := range keys {
-		e := s.keys[k]
+	sw.buf = binary.AppendUvarint(sw.buf, last)
+	sw.buf = binary.AppendUvarint(sw.buf, uint64(n))
+	for i := range n {
+		k, e := key(i)
 		h := &e.holder
 		sw.string(k)
 		sw.string(h.Owner)
@@ -165,7 +180,7 @@ func (d *snapReader) read() (*State, error) {
 		key := d.string(MaxKeyLen)
 		e := &entry{}
 		h := &e.holder
-		h.Owner = d.string(MaxOwnerLen)
+		h.Owner = intern(d.string(MaxOwnerLen))
 		h.Token = d.uvarint()
 		h.LeaseSec = d.uint32()
 		h.GrantedAt = d.varint()
@@ -193,7 +208,7 @@ func (d *snapReader) read() (*State, error) {
 		}
 		for j := range nq {
 			var w Waiter
-			w.Owner = d.string(MaxOwnerLen)
+			w.Owner = intern(d.string(MaxOwnerLen))
 			w.Ref = d.uvarint()
 			w.LeaseSec = d.uint32()
 			w.WaitMs = d.uint32()

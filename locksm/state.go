@@ -3,6 +3,7 @@ package locksm
 import (
 	"math"
 	"slices"
+	"unique"
 )
 
 // State is the whole replicated lock table. The zero value is not usable;
@@ -24,6 +25,10 @@ type State struct {
 	// spare recycles entries of released keys: an uncontended
 	// acquire/release cycle then allocates nothing in steady state.
 	spare []*entry
+	// gen is the current generation: Freeze increments it. An entry whose
+	// gen is older may be shared with a Frozen view and is never written
+	// again; own replaces it with a private copy first (copy-on-write).
+	gen uint64
 }
 
 // entry is one held key. Invariant: an entry exists iff the key is held, so
@@ -36,7 +41,16 @@ type entry struct {
 	// waiters, so the popped prefix is reclaimed without an O(n) shift per
 	// hand-off.
 	queue []Waiter
+	// gen is the State generation this entry was created or copied in.
+	gen uint64
 }
+
+// intern returns the one shared copy of owner. An owner (a sidecar
+// connection) typically holds many keys; without interning every holding
+// keeps its own copy of the string, one more object per held key for the
+// garbage collector to visit. With a million keys held by a few owners that
+// halves a full collection (BenchmarkGCWith1M: 220–290 ms → 120 ms).
+func intern(owner string) string { return unique.Make(owner).Value() }
 
 // maxSpare bounds the recycled entries kept after a burst of releases; more
 // would just pin memory the GC could reclaim.
@@ -119,7 +133,7 @@ func (s *State) acquire(cmd Command) Result {
 		}
 		s.last++
 		e = s.newEntry()
-		e.holder = Holder{Owner: cmd.Owner, Token: s.last, LeaseSec: cmd.LeaseSec, GrantedAt: cmd.Now}
+		e.holder = Holder{Owner: intern(cmd.Owner), Token: s.last, LeaseSec: cmd.LeaseSec, GrantedAt: cmd.Now}
 		s.keys[cmd.Key] = e
 		return Result{Status: StatusGranted, Token: s.last}
 	}
@@ -135,11 +149,12 @@ func (s *State) acquire(cmd Command) Result {
 			return Result{Status: StatusRejected, Err: ErrDuplicateRef}
 		}
 	}
+	e = s.own(cmd.Key, e)
 	if len(e.queue) == 0 {
 		s.queued[cmd.Key] = e
 	}
 	e.queue = append(e.queue, Waiter{
-		Owner: cmd.Owner, Ref: cmd.Ref, LeaseSec: cmd.LeaseSec, WaitMs: cmd.WaitMs, EnqueuedAt: cmd.Now,
+		Owner: intern(cmd.Owner), Ref: cmd.Ref, LeaseSec: cmd.LeaseSec, WaitMs: cmd.WaitMs, EnqueuedAt: cmd.Now,
 	})
 	s.waiting++
 	return Result{Status: StatusQueued}
@@ -191,6 +206,7 @@ func (s *State) handOff(key string, e *entry, now int64, effects []Effect) []Eff
 		s.recycle(e)
 		return effects
 	}
+	e = s.own(key, e)
 	w := e.queue[0]
 	e.queue[0] = Waiter{} // let the GC have the owner string
 	e.queue = e.queue[1:]
@@ -216,6 +232,7 @@ func (s *State) cancelWait(cmd Command, effects []Effect) (Result, []Effect) {
 		// Already granted (hand-off won the race) or already gone.
 		return Result{Status: StatusNoop}, effects
 	}
+	e = s.own(cmd.Key, e)
 	w := e.queue[i]
 	e.queue = slices.Delete(e.queue, i, i+1) // keeps FIFO order, zeroes the tail
 	s.waiting--
@@ -240,7 +257,7 @@ func (s *State) dropWaiters(effects []Effect) (Result, []Effect) {
 		for _, w := range e.queue {
 			effects = append(effects, Effect{Kind: EffectDropped, Key: k, Owner: w.Owner, Ref: w.Ref})
 		}
-		e.queue = nil
+		s.own(k, e).queue = nil
 	}
 	clear(s.queued)
 	s.waiting = 0
@@ -252,17 +269,69 @@ func (s *State) newEntry() *entry {
 		e := s.spare[n-1]
 		s.spare[n-1] = nil
 		s.spare = s.spare[:n-1]
+		e.gen = s.gen
 		return e
 	}
-	return new(entry)
+	return &entry{gen: s.gen}
 }
 
+// recycle keeps e for reuse unless a Frozen view may still read it.
 func (s *State) recycle(e *entry) {
+	if e.gen != s.gen {
+		return
+	}
 	*e = entry{}
 	if len(s.spare) < maxSpare {
 		s.spare = append(s.spare, e)
 	}
 }
+
+// own returns key's entry e in a form this State may write: e itself if it
+// was created or copied since the last Freeze, otherwise a private copy
+// (queue included) that replaces e in the table, leaving e as the frozen
+// views see it.
+func (s *State) own(key string, e *entry) *entry {
+	if e.gen == s.gen {
+		return e
+	}
+	c := &entry{holder: e.holder, queue: slices.Clone(e.queue), gen: s.gen}
+	s.keys[key] = c
+	if len(e.queue) > 0 {
+		s.queued[key] = c
+	}
+	return c
+}
+
+// Frozen is the table as it was when Freeze was called. Later Applies to
+// the State do not change it, so it may be read (WriteSnapshot) from
+// another goroutine while the State goes on applying: the Raft FSM freezes
+// in Snapshot, on the apply goroutine, and writes the bytes in Persist,
+// concurrently with new applies.
+type Frozen struct {
+	keys []frozenKey // in map order; WriteSnapshot sorts
+	last uint64
+}
+
+type frozenKey struct {
+	key string
+	e   *entry
+}
+
+// Freeze returns a Frozen view of the current table. It lists the held
+// keys with their entries (O(held keys), a key and a pointer each: about
+// 30 ms for a million here); every entry then becomes read-only for the State,
+// which copies an entry the first time it changes it afterwards.
+func (s *State) Freeze() *Frozen {
+	s.gen++
+	keys := make([]frozenKey, 0, len(s.keys))
+	for k, e := range s.keys {
+		keys = append(keys, frozenKey{k, e})
+	}
+	return &Frozen{keys: keys, last: s.last}
+}
+
+// NumHeld is the number of held keys in the view.
+func (f *Frozen) NumHeld() int { return len(f.keys) }
 
 // LastToken is the highest token ever issued (0 before the first grant).
 func (s *State) LastToken() uint64 { return s.last }

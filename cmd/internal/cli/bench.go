@@ -24,7 +24,7 @@ import (
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprintln(stderr, "usage: ticketing bench failover|throughput|unix|unixconns|catchup|scale [flags]")
+		fmt.Fprintln(stderr, "usage: ticketing bench failover|throughput|unix|unixconns|catchup|scale|disk [flags]")
 		return ExitUsage
 	}
 	fs := flag.NewFlagSet("ticketing bench "+args[0], flag.ContinueOnError)
@@ -45,11 +45,11 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		waiters  int
 	)
 	fs.StringVar(&dir, "dir", "", "working directory (default: a temporary one, removed afterwards)")
-	fs.IntVar(&nodes, "nodes", 3, "cluster size: 3 or 5")
+	fs.IntVar(&nodes, "nodes", 3, "cluster size: 3 or 5 (disk: stores appending at once)")
 	fs.IntVar(&kills, "kills", 7, "failover: number of times the leader is stopped")
 	fs.StringVar(&sigName, "signal", "kill", "failover: kill (SIGKILL: a crash, the others elect after the election timeout) or term (SIGTERM: the leader hands leadership over first)")
 	fs.IntVar(&clients, "clients", 64, "throughput: concurrent clients, one connection and one key each")
-	fs.DurationVar(&duration, "duration", 10*time.Second, "throughput: measured duration")
+	fs.DurationVar(&duration, "duration", 10*time.Second, "throughput, disk: measured duration")
 	fs.DurationVar(&warmup, "warmup", 2*time.Second, "throughput: warm-up before measuring")
 	fs.StringVar(&nodeArgs, "node-args", "", "extra flags for every node, space separated (e.g. \"--heartbeat-timeout 800ms\")")
 	fs.StringVar(&unixN, "unix-clients", "1,64", "unix: client counts to measure, comma separated")
@@ -71,6 +71,13 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			return ExitError
 		}
 		defer os.RemoveAll(dir)
+	}
+	if args[0] == "disk" {
+		if err := benchDisk(ctx, dir, nodes, duration, stdout); err != nil {
+			fmt.Fprintln(stderr, "ticketing bench:", err)
+			return ExitError
+		}
+		return ExitOK
 	}
 	if args[0] == "catchup" {
 		if err := benchCatchup(ctx, dir, keys, stdout); err != nil {

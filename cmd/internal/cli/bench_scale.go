@@ -68,6 +68,9 @@ func benchScale(ctx context.Context, p *local.Procs, keys, waiters, clients int,
 		return err
 	}
 	fill := time.Since(start)
+	if l, err := p.Leader(ctx); err == nil {
+		li = l // the fill may have seen a leader change
+	}
 	h1, err := heap()
 	if err != nil {
 		return err
@@ -145,9 +148,15 @@ func holdKeys(ctx context.Context, p *local.Procs, li int, format string, n int,
 		idx[i] = i
 	}
 	// Up to five passes over the keys not granted (a connection cut off
-	// under the burst, say); waiting acquires go out once.
+	// under the burst, or a leader change: each pass goes to the leader of
+	// the moment); waiting acquires go out once.
 	for pass := 0; pass < 5 && len(idx) > 0; pass++ {
-		missing, err := sendAcquires(ctx, p, li, format, idx, wait)
+		if pass > 0 {
+			if l, err := p.Leader(ctx); err == nil {
+				li = l
+			}
+		}
+		missing, err := sendAcquires(ctx, p, li, format, idx, wait, pass > 0)
 		if err != nil || wait > 0 {
 			return err
 		}
@@ -159,8 +168,10 @@ func holdKeys(ctx context.Context, p *local.Procs, li int, format string, n int,
 	return nil
 }
 
-// sendAcquires acquires the keys at idx and returns those not granted.
-func sendAcquires(ctx context.Context, p *local.Procs, li int, format string, idx []int, wait time.Duration) ([]int, error) {
+// sendAcquires acquires the keys at idx and returns those not granted. On a
+// retry, busy counts as granted: nobody else takes these keys, so the key
+// was granted to an earlier acquire whose reply was lost (indeterminate).
+func sendAcquires(ctx context.Context, p *local.Procs, li int, format string, idx []int, wait time.Duration, retry bool) ([]int, error) {
 	n := len(idx)
 	var mu sync.Mutex
 	var missing []int
@@ -213,7 +224,8 @@ func sendAcquires(ctx context.Context, p *local.Procs, li int, format string, id
 					defer inner.Done()
 					select {
 					case <-call.Done:
-						if call.Err != nil || call.Reply.Type != wire.TypeGranted {
+						held := call.Reply.Type == wire.TypeGranted || retry && call.Reply.Type == wire.TypeBusy
+						if call.Err != nil || !held {
 							if os.Getenv("TICKETING_BENCH_DEBUG") != "" {
 								fmt.Fprintln(os.Stderr, "acquire", i, "->", call.Err, wire.TypeName(call.Reply.Type), call.Reply.Text)
 							}
