@@ -369,16 +369,16 @@ func checkInvariants(s *State) error {
 		if e == nil {
 			return fmt.Errorf("key %q: nil entry", k)
 		}
-		if ValidateKey(k) != nil || ValidateOwner(e.holder.Owner) != nil {
-			return fmt.Errorf("key %q: invalid key or holder %+v", k, e.holder)
+		if ValidateKey(k) != nil || ValidateOwner(e.owner) != nil {
+			return fmt.Errorf("key %q: invalid key or holder %+v", k, e.holder())
 		}
-		if e.holder.Token == 0 || e.holder.Token > s.last {
-			return fmt.Errorf("key %q: token %d, last %d", k, e.holder.Token, s.last)
+		if e.token == 0 || e.token > s.last {
+			return fmt.Errorf("key %q: token %d, last %d", k, e.token, s.last)
 		}
-		if other, dup := tokens[e.holder.Token]; dup {
-			return fmt.Errorf("token %d held by %q and %q", e.holder.Token, k, other)
+		if other, dup := tokens[e.token]; dup {
+			return fmt.Errorf("token %d held by %q and %q", e.token, k, other)
 		}
-		tokens[e.holder.Token] = k
+		tokens[e.token] = k
 		refs := map[uint64]bool{}
 		for _, w := range e.queue {
 			if refs[w.Ref] {

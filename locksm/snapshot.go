@@ -73,7 +73,7 @@ func writeSnapshot(w io.Writer, n int, key func(i int) (string, *entry), last ui
 	sw.buf = binary.AppendUvarint(sw.buf, uint64(n))
 	for i := range n {
 		k, e := key(i)
-		h := &e.holder
+		h := e.holder()
 		sw.string(k)
 		sw.string(h.Owner)
 		sw.buf = binary.AppendUvarint(sw.buf, h.Token)
@@ -179,7 +179,7 @@ func (d *snapReader) read() (*State, error) {
 	for i := range nkeys {
 		key := d.string(MaxKeyLen)
 		e := &entry{}
-		h := &e.holder
+		var h Holder
 		h.Owner = intern(d.string(MaxOwnerLen))
 		h.Token = d.uvarint()
 		h.LeaseSec = d.uint32()
@@ -201,6 +201,7 @@ func (d *snapReader) read() (*State, error) {
 			return nil, fmt.Errorf("key %q: holder lease %d", key, h.LeaseSec)
 		}
 		prev = key
+		e.setHolder(h)
 		tokens = append(tokens, h.Token)
 		if nq > 0 {
 			e.queue = make([]Waiter, 0, min(nq, 64))
