@@ -59,8 +59,12 @@ func (s *State) WriteSnapshot(w io.Writer) error {
 // written the State at the moment of Freeze. It may run concurrently with
 // Applies to the State.
 func (f *Frozen) WriteSnapshot(w io.Writer) error {
-	keys := slices.Clone(f.keys) // a view may be written more than once, even at once
-	slices.SortFunc(keys, func(a, b frozenKey) int { return strings.Compare(a.key, b.key) })
+	// Sorted once, in place: later or concurrent writers wait for it and
+	// then only read.
+	f.sorted.Do(func() {
+		slices.SortFunc(f.keys, func(a, b frozenKey) int { return strings.Compare(a.key, b.key) })
+	})
+	keys := f.keys
 	return writeSnapshot(w, len(keys), func(i int) (string, *entry) { return keys[i].key, keys[i].e }, f.last)
 }
 

@@ -3,6 +3,7 @@ package locksm
 import (
 	"math"
 	"slices"
+	"sync"
 	"unique"
 )
 
@@ -325,8 +326,9 @@ func (s *State) own(key string, e *entry) *entry {
 // in Snapshot, on the apply goroutine, and writes the bytes in Persist,
 // concurrently with new applies.
 type Frozen struct {
-	keys []frozenKey // in map order; WriteSnapshot sorts
-	last uint64
+	sorted sync.Once   // the first WriteSnapshot sorts keys in place
+	keys   []frozenKey // map order until sorted
+	last   uint64
 }
 
 type frozenKey struct {
