@@ -5,15 +5,17 @@
 # nothing outside OUTDIR (running it again replaces the .deb).
 #
 # Environment:
-#   VERSION  package version (default: from `git describe --tags --always`:
-#            tag v1.2.3 -> 1.2.3, 3 commits past it -> 1.2.3+git3.<hash>,
-#            no tag -> 0.0.0+git<hash>, no git -> 0.0.0)
+#   VERSION  package version (default: from the newest version tag, v1.2.3
+#            or 1.2.3, that `git describe --tags` finds: on it -> 1.2.3,
+#            3 commits past it -> 1.2.3+git3.<hash>; no version tag ->
+#            0.0.0+git<hash>; no git -> 0.0.0)
 #   ARCH     Debian architecture (default: `dpkg --print-architecture`);
 #            the binary is cross-built for it (amd64, arm64, armhf, i386,
 #            ppc64el, riscv64, s390x)
 #   GO       go command (default: go)
 #   MAINTAINER  the control file's Maintainer field
 # Prints the path of the .deb on the last line of stdout.
+# build-deb.sh --print-version prints the version it would use and exits.
 set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -22,27 +24,36 @@ outdir=${1:-$top/dist}
 GO=${GO:-go}
 MAINTAINER=${MAINTAINER:-Ticketing maintainers <ticketing@localhost>}
 
-for tool in dpkg-deb "$GO"; do
-	command -v "$tool" >/dev/null 2>&1 || { echo "build-deb.sh: $tool not found" >&2; exit 1; }
-done
-
-# Version: Debian versions must start with a digit.
+# Version: Debian versions must start with a digit. Only a real version
+# tag (v1.2.3 or 1.2.3) counts as one: the describe output alone cannot
+# tell a tag from an abbreviated hash that happens to start with a digit.
 if [ -z "${VERSION:-}" ]; then
-	desc=$(git -C "$top" describe --tags --always 2>/dev/null || true)
-	case $desc in
-	'') VERSION=0.0.0 ;;
-	v[0-9]* | [0-9]*)
-		desc=${desc#v}
-		# 1.2.3-4-gabcdef0 -> 1.2.3+git4.abcdef0
-		VERSION=$(printf '%s\n' "$desc" | sed -E 's/-([0-9]+)-g([0-9a-f]+)$/+git\1.\2/') ;;
-	*) VERSION=0.0.0+git$desc ;;
-	esac
+	if desc=$(git -C "$top" describe --tags --long --match 'v[0-9]*' --match '[0-9]*' 2>/dev/null); then
+		# v1.2.3-4-gabcdef0: the tag, commits past it, the hash.
+		tag=$(printf '%s\n' "$desc" | sed -E 's/-[0-9]+-g[0-9a-f]+$//')
+		past=$(printf '%s\n' "$desc" | sed -E 's/^.*-([0-9]+)-g[0-9a-f]+$/\1/')
+		hash=$(printf '%s\n' "$desc" | sed -E 's/^.*-g([0-9a-f]+)$/\1/')
+		tag=${tag#v}
+		if [ "$past" = 0 ]; then VERSION=$tag; else VERSION=$tag+git$past.$hash; fi
+	elif hash=$(git -C "$top" rev-parse --short HEAD 2>/dev/null) && [ -n "$hash" ]; then
+		VERSION=0.0.0+git$hash
+	else
+		VERSION=0.0.0
+	fi
 fi
 VERSION=${VERSION#v}
 case $VERSION in
 [0-9]*) ;;
 *) echo "build-deb.sh: version $VERSION does not start with a digit" >&2; exit 1 ;;
 esac
+if [ "${1:-}" = --print-version ]; then
+	echo "$VERSION"
+	exit 0
+fi
+for tool in dpkg-deb "$GO"; do
+	command -v "$tool" >/dev/null 2>&1 || { echo "build-deb.sh: $tool not found" >&2; exit 1; }
+done
+
 ARCH=${ARCH:-$(dpkg --print-architecture 2>/dev/null || echo amd64)}
 case $ARCH in
 amd64) goarch=amd64 ;; arm64) goarch=arm64 ;; armhf) goarch=arm goarm=7 ;;

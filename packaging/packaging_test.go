@@ -518,3 +518,55 @@ func TestMaintainerScripts(t *testing.T) {
 		t.Errorf("postinst bogus-action succeeded:\n%s", out)
 	}
 }
+
+// TestVersionRule runs build-deb.sh --print-version with a stub git on
+// PATH that answers as git does for each kind of checkout. The case that
+// went wrong: with no tag, `git describe --tags --always` prints the
+// abbreviated hash, and one that starts with a digit (60bffe5) passed for
+// a version tag.
+func TestVersionRule(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		describe string // what `git describe --tags --long --match ...` prints; "" = no tag (exit 128)
+		hash     string // what `git rev-parse --short HEAD` prints; "" = not a checkout
+		want     string
+	}{
+		{"no tag, hash starts with a digit", "", "60bffe5", "0.0.0+git60bffe5"},
+		{"no tag, hash starts with a letter", "", "c49e9d5", "0.0.0+gitc49e9d5"},
+		{"on a v tag", "v1.2.3-0-g60bffe5", "60bffe5", "1.2.3"},
+		{"past a v tag", "v1.2.3-4-g0abcdef", "0abcdef", "1.2.3+git4.0abcdef"},
+		{"past a bare tag", "2.0.1-12-gabc1234", "abc1234", "2.0.1+git12.abc1234"},
+		{"no git checkout", "", "", "0.0.0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bin := t.TempDir()
+			stub := fmt.Sprintf(`#!/bin/sh
+# A stub git: describe answers like a checkout with or without a tag.
+for a; do
+	case $a in
+	describe)
+		for b; do [ "$b" = --always ] && { echo %[2]q; exit 0; }; done
+		[ -n %[1]q ] && { echo %[1]q; exit 0; }
+		echo "fatal: No names found, cannot describe anything." >&2; exit 128 ;;
+	rev-parse)
+		[ -n %[2]q ] && { echo %[2]q; exit 0; }
+		echo "fatal: not a git repository" >&2; exit 128 ;;
+	esac
+done
+exit 128
+`, tc.describe, tc.hash)
+			if err := os.WriteFile(filepath.Join(bin, "git"), []byte(stub), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command("sh", "./build-deb.sh", "--print-version")
+			cmd.Env = append(os.Environ(), "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"), "VERSION=")
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("build-deb.sh --print-version: %v\n%s", err, out)
+			}
+			if got := strings.TrimSpace(string(out)); got != tc.want {
+				t.Fatalf("version %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
