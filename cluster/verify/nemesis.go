@@ -101,10 +101,21 @@ type nemesis struct {
 	offsets []int64
 	wiped   bool
 	heals   []int64 // Unix ns at which each fault was healed
+	// lost: server ids whose state was wiped and that are not replaced
+	// yet; maxLost: the largest set of them at one time.
+	lost    map[string]replacement
+	maxLost []string
+}
+
+// replacement is a wiped server's pending replacement: node index and the
+// new server id at its address (node -1: not known yet).
+type replacement struct {
+	node  int
+	newID string
 }
 
 func newNemesis(p *local.Procs, workers []*workerProc, h *History, logf func(string, ...any)) *nemesis {
-	return &nemesis{p: p, workers: workers, h: h, log: logf, offsets: make([]int64, p.Size())}
+	return &nemesis{p: p, workers: workers, h: h, log: logf, offsets: make([]int64, p.Size()), lost: map[string]replacement{}}
 }
 
 // writeFaults writes every node's fault file from the current state.
@@ -133,21 +144,96 @@ func (n *nemesis) leader(ctx context.Context) int {
 
 // replace swaps node i's old server id for the new server now running at
 // its address, through the admin port, and says how it went (for the
-// fault's record).
+// fault's record). Like an operator it does not give up on a refusal: it
+// asks again until the replacement is done or ctx ends (the run is over),
+// so one refused attempt cannot leave a lost voter in the configuration
+// while the next fault wipes another. Until then oldID counts as lost.
 func (n *nemesis) replace(ctx context.Context, i int, oldID string) string {
 	newID, err := n.p.ServerID(i, 10*time.Second)
 	if err != nil || oldID == "" || newID == oldID {
 		return fmt.Sprintf("; not replaced (old %q, new %q, %v)", oldID, newID, err)
 	}
-	rctx, cancel := context.WithTimeout(ctx, 90*time.Second)
-	defer cancel()
+	n.mu.Lock()
+	n.lost[oldID] = replacement{node: i, newID: newID}
+	n.mu.Unlock()
 	start := time.Now()
-	if err := n.p.Admin().Replace(rctx, oldID, newID, n.p.PeerAddr(i), nil); err != nil {
-		n.log("nemesis: replacing %s by %s failed: %v", oldID, newID, err)
-		return fmt.Sprintf("; replacing %s by %s failed: %v", oldID, newID, err)
+	for attempt := 1; ; attempt++ {
+		rctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+		err := n.p.Admin().Replace(rctx, oldID, newID, n.p.PeerAddr(i), func(step string) {
+			n.log("nemesis: replace %s by %s: %s", oldID, newID, step)
+		})
+		cancel()
+		if err == nil {
+			n.mu.Lock()
+			delete(n.lost, oldID)
+			n.mu.Unlock()
+			took := time.Since(start).Round(time.Millisecond)
+			n.log("nemesis: replaced %s by %s in %v (%d attempts)", oldID, newID, took, attempt)
+			return fmt.Sprintf("; replaced by %s in %v (%d attempts)", newID, took, attempt)
+		}
+		n.log("nemesis: replacing %s by %s: attempt %d failed: %v", oldID, newID, attempt, err)
+		if ctx.Err() != nil {
+			return fmt.Sprintf("; replacing %s by %s not done when the run ended (%d attempts; last: %v)", oldID, newID, attempt, err)
+		}
+		sleepCtx(ctx, time.Second)
 	}
-	n.log("nemesis: replaced %s by %s in %v", oldID, newID, time.Since(start).Round(time.Millisecond))
-	return fmt.Sprintf("; replaced by %s in %v", newID, time.Since(start).Round(time.Millisecond))
+}
+
+// finishReplacements retries, within ctx, every replacement the nemesis
+// could not finish before its run ended: part of the final heal.
+func (n *nemesis) finishReplacements(ctx context.Context) {
+	n.mu.Lock()
+	pending := make(map[string]replacement, len(n.lost))
+	for old, r := range n.lost {
+		pending[old] = r
+	}
+	n.mu.Unlock()
+	for old, r := range pending {
+		n.log("nemesis: final heal: finishing the replacement of %s%s", old, n.replace(ctx, r.node, old))
+	}
+}
+
+// MaxLost returns the largest set of server ids that had lost their state
+// at one time during the run, sorted.
+func (n *nemesis) MaxLost() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]string(nil), n.maxLost...)
+}
+
+// Lost returns the server ids that lost their state (wiped) and were not
+// replaced, sorted.
+func (n *nemesis) Lost() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := make([]string, 0, len(n.lost))
+	for id := range n.lost {
+		out = append(out, id)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// noteLost records that server ids lost their state at once (one fault);
+// maxLost keeps the largest such set of the run.
+func (n *nemesis) noteLost(ids ...string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, id := range ids {
+		if id == "" {
+			continue
+		}
+		if _, ok := n.lost[id]; !ok {
+			n.lost[id] = replacement{node: -1}
+		}
+	}
+	if len(n.lost) > len(n.maxLost) {
+		n.maxLost = n.maxLost[:0]
+		for id := range n.lost {
+			n.maxLost = append(n.maxLost, id)
+		}
+		sort.Strings(n.maxLost)
+	}
 }
 
 // pick returns the leader (or a random node if none serves) and a follower
@@ -221,6 +307,7 @@ func (n *nemesis) apply(ctx context.Context, st Step) {
 			if err := n.p.Wipe(i); err != nil {
 				rec.Detail += " (wipe failed: " + err.Error() + ")"
 			}
+			n.noteLost(oldID)
 			n.mu.Lock()
 			n.wiped = true
 			n.mu.Unlock()
@@ -257,6 +344,7 @@ func (n *nemesis) apply(ctx context.Context, st Step) {
 			_ = n.p.Signal(i, syscall.SIGKILL)
 		}
 		_ = n.p.Wipe(f)
+		n.noteLost(oldF)
 		n.mu.Lock()
 		n.cut = nil
 		n.mu.Unlock()

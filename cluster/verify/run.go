@@ -122,10 +122,17 @@ type Result struct {
 	// Faults lists the nemesis actions in order.
 	Faults []Op
 	// Recovery is the time from the final heal to the first grant after
-	// it (-1: none); FaultRecoveries the same after each fault's heal.
+	// it (NoGrant: none); FaultRecoveries the same after each fault's heal.
 	Recovery        time.Duration
 	FaultRecoveries []time.Duration
-	Check           CheckReport
+	// Lost lists the servers whose state was wiped and that were never
+	// replaced; MaxLost the largest set of such servers at one time.
+	Lost, MaxLost []string
+	// ExpectedStop, when set, says why the cluster was expected to stop
+	// serving (a majority of voters lost their state at once); liveness
+	// and the final state are then not checked, safety still is.
+	ExpectedStop string
+	Check        CheckReport
 	// Violations are every broken guarantee (Check's and the run's own:
 	// liveness, final state, crashed nodes).
 	Violations []Violation
@@ -261,6 +268,12 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	nem.run(nctx, steps)
 	stopNemesis()
 	nem.healAll()
+	// An operator's heal also finishes a replacement that was still
+	// refused when the nemesis stopped (bounded: a majority that lost its
+	// state can never be replaced).
+	rctx, stopReplacing := context.WithTimeout(ctx, 2*time.Minute)
+	nem.finishReplacements(rctx)
+	stopReplacing()
 	healAt := time.Now()
 	logf("nemesis done: %d faults; healed", len(nem.heals))
 
@@ -277,13 +290,21 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	// Nothing lost: with every session closed, the locks they held are
 	// released (or expire within their lease), and every node converges.
 	final := FinalState{Wiped: nem.wiped, TokenFloor: p.TokenFloor}
+	res.Lost, res.MaxLost = nem.Lost(), nem.MaxLost()
+	res.ExpectedStop = expectedStop(res.MaxLost, cfg.Nodes)
 	fctx, cancelF := context.WithTimeout(context.Background(), maxLease+15*time.Second)
 	defer cancelF()
 	st, err := settle(fctx, p, nem.wiped)
-	if err != nil {
-		bad("final-state", "%v", err)
-	} else {
+	switch {
+	case err == nil:
 		final.LastToken = st.LastToken
+	case res.ExpectedStop != "":
+		// Not a violation: nothing can commit without that majority, which
+		// is what keeps a token from being issued twice.
+	case len(res.Lost) > 0:
+		bad("final-state", "%v (servers still lost, not replaced: %s)", err, strings.Join(res.Lost, ", "))
+	default:
+		bad("final-state", "%v", err)
 	}
 	for i := 0; i < p.Size(); i++ {
 		if p.Exited(i) {
@@ -310,13 +331,17 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	firstGrantAfter := func(t int64) time.Duration {
 		i := sort.Search(len(grantsAfter), func(i int) bool { return grantsAfter[i] > t })
 		if i == len(grantsAfter) {
-			return -1
+			return NoGrant
 		}
 		return time.Duration(grantsAfter[i] - t)
 	}
 	res.Recovery = firstGrantAfter(healAt.UnixNano())
-	if res.Recovery < 0 || res.Recovery > cfg.RecoveryBound {
-		bad("liveness", "after the final heal the first grant came after %v (bound %v)", res.Recovery, cfg.RecoveryBound)
+	switch {
+	case res.ExpectedStop != "":
+	case res.Recovery == NoGrant:
+		bad("liveness", "no grant at all in the %v after the final heal (bound %v)", cfg.Quiet, cfg.RecoveryBound)
+	case res.Recovery > cfg.RecoveryBound:
+		bad("liveness", "after the final heal the first grant came after %v (bound %v)", res.Recovery.Round(time.Millisecond), cfg.RecoveryBound)
 	}
 	for _, hAt := range nem.heals {
 		res.FaultRecoveries = append(res.FaultRecoveries, firstGrantAfter(hAt))
@@ -336,6 +361,21 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return res, err
 	}
 	return res, nil
+}
+
+// NoGrant is a recovery time that never came: no grant followed.
+const NoGrant time.Duration = -1
+
+// expectedStop says why a cluster of voters voters whose servers lost
+// (wiped at one time, never replaced) is expected to stop serving, or ""
+// if it is not: once a majority of the voters has lost its state nothing
+// can be committed again, and no command may make it (README, Runbook).
+func expectedStop(lost []string, voters int) string {
+	if voters <= 0 || len(lost) < voters/2+1 {
+		return ""
+	}
+	return fmt.Sprintf("%d of %d voters lost their state at once (%s): a majority is gone for good, so the cluster is expected to stop serving",
+		len(lost), voters, strings.Join(lost, ", "))
 }
 
 // settle waits until the serving leader holds nothing and queues nothing
@@ -418,18 +458,29 @@ func (r *Result) Summary() string {
 	var recs []time.Duration
 	none := 0
 	for _, d := range r.FaultRecoveries {
-		if d < 0 {
+		if d == NoGrant {
 			none++
 			continue
 		}
 		recs = append(recs, d)
 	}
 	sort.Slice(recs, func(i, j int) bool { return recs[i] < recs[j] })
+	final := "no grant after the final heal"
+	if r.Recovery != NoGrant {
+		final = fmt.Sprintf("after the final heal %v", r.Recovery.Round(time.Millisecond))
+	}
+	fmt.Fprintf(&b, "recovery: %s (bound %v)", final, c.RecoveryBound)
 	if len(recs) > 0 {
-		fmt.Fprintf(&b, "recovery: after the final heal %v (bound %v); after each fault median %v, max %v\n",
-			r.Recovery.Round(time.Millisecond), c.RecoveryBound, recs[len(recs)/2].Round(time.Millisecond), recs[len(recs)-1].Round(time.Millisecond))
-	} else {
-		fmt.Fprintf(&b, "recovery: after the final heal %v (bound %v)\n", r.Recovery.Round(time.Millisecond), c.RecoveryBound)
+		fmt.Fprintf(&b, "; after each fault median %v, max %v", recs[len(recs)/2].Round(time.Millisecond), recs[len(recs)-1].Round(time.Millisecond))
+	}
+	if none > 0 {
+		fmt.Fprintf(&b, "; %d faults with no grant after them", none)
+	}
+	fmt.Fprintln(&b)
+	if r.ExpectedStop != "" {
+		fmt.Fprintf(&b, "expected stop: %s (liveness and final state not checked; safety is)\n", r.ExpectedStop)
+	} else if len(r.Lost) > 0 {
+		fmt.Fprintf(&b, "lost servers never replaced: %s\n", strings.Join(r.Lost, ", "))
 	}
 	ck := r.Check
 	fmt.Fprintf(&b, "fencing: %d stale writes rejected; %d writes past the lease (%d accepted: no newer holder had written)\n",
