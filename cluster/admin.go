@@ -12,6 +12,8 @@ import (
 	"net"
 	"time"
 
+	"github.com/hashicorp/raft"
+
 	"ticketing/cluster/wire"
 )
 
@@ -217,6 +219,12 @@ func (n *Node) admin(req AdminRequest) AdminReply {
 		err = fmt.Errorf("%w: unknown admin op %q", ErrBadConfig, req.Op)
 	}
 	if err != nil {
+		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) ||
+			errors.Is(err, raft.ErrLeadershipTransferInProgress) {
+			// Raft's own word for it: the change did not commit here (or
+			// may yet, under the next leader); ask the leader.
+			err = fmt.Errorf("%w: %w", ErrNotLeader, err)
+		}
 		return AdminReply{Code: adminCodeOf(err), Error: err.Error()}
 	}
 	return AdminReply{OK: true}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -194,11 +193,15 @@ type health struct {
 // identity and applied index (a discovery handshake on its peer port), and
 // waits at most wait; a member that did not answer by then does not
 // answer. A member that does not prove its id is asked who stands at its
-// address, by name.
+// address, by name. (No lock: answers come back over a channel with room
+// for all, so late ones are dropped with it.)
 func (n *Node) probe(ms []Member, wait time.Duration) map[string]health {
-	var mu sync.Mutex
-	out := make(map[string]health, len(ms)) // guarded by mu: late answers are dropped
-	done := make(chan struct{}, len(ms))
+	type answer struct {
+		id string
+		h  health
+	}
+	out := make(map[string]health, len(ms))
+	answers := make(chan answer, len(ms))
 	asked := 0
 	for _, m := range ms {
 		if m.ServerID == n.serverID {
@@ -207,35 +210,26 @@ func (n *Node) probe(ms []Member, wait time.Duration) map[string]health {
 		}
 		asked++
 		go func(m Member) {
-			defer func() { done <- struct{}{} }()
 			var h health
 			if _, ident, err := n.peers.discoverID(m.ServerID, m.Name, m.PeerAddr, wait); err == nil {
 				h = health{answers: true, applied: ident.Applied}
 			} else if sid, _, err := n.peers.discover(m.Name, m.PeerAddr, wait); err == nil && sid != m.ServerID {
 				h.found = sid
 			}
-			mu.Lock()
-			defer mu.Unlock()
-			if out != nil {
-				out[m.ServerID] = h
-			}
+			answers <- answer{m.ServerID, h}
 		}(m)
 	}
 	timeout := time.NewTimer(wait)
 	defer timeout.Stop()
-wait:
 	for ; asked > 0; asked-- {
 		select {
-		case <-done:
+		case a := <-answers:
+			out[a.id] = a.h
 		case <-timeout.C:
-			break wait
+			return out
 		}
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	res := out
-	out = nil // answers after the deadline are not counted
-	return res
+	return out
 }
 
 // tally counts the voters of ms and how many of them answer in hs.

@@ -134,7 +134,8 @@ func planReplace(ms []AdminMember, oldID, newID, peerAddr string, acted bool) (r
 // the members and their health from the leader, so it picks up where an
 // earlier run or a leader change left off, and running it again after it
 // succeeded changes nothing. It retries through elections, lost
-// connections and a change already in progress; it refuses, with a reason,
+// connections, a change already in progress and (up to 10 times in a row)
+// a change Raft failed without a reason code; it refuses, with a reason,
 // only when no safe order exists (ErrNoQuorum: a majority of the voters do
 // not answer; or a request that names the wrong members). progress, if not
 // nil, hears each step.
@@ -160,6 +161,7 @@ func (a *AdminCluster) Replace(ctx context.Context, oldID, newID, peerAddr strin
 		refused    string // the step refused last, and how often in a row
 		refusals   int
 		planErrs   int
+		internal   int // failed changes in a row without a reason code
 		lastWaited string
 	)
 	for {
@@ -201,7 +203,7 @@ func (a *AdminCluster) Replace(ctx context.Context, oldID, newID, peerAddr strin
 		switch {
 		case err == nil:
 			say("%s: done", step.what)
-			refused, refusals = "", 0
+			refused, refusals, internal = "", 0, 0
 			continue // the next read confirms it
 		case ctx.Err() != nil:
 			return fmt.Errorf("%s: %w", step.what, err)
@@ -222,8 +224,15 @@ func (a *AdminCluster) Replace(ctx context.Context, oldID, newID, peerAddr strin
 				return fmt.Errorf("%s: %w", step.what, err)
 			}
 			say("%s: %v; reading the members again", step.what, err)
-		default:
+		case errors.Is(err, ErrBadConfig):
 			return fmt.Errorf("%s: %w", step.what, err)
+		default:
+			// "internal": Raft failed the change (a timeout, a hand-over
+			// that did not finish); the next read shows what happened.
+			if internal++; internal >= 10 {
+				return fmt.Errorf("%s: %w", step.what, err)
+			}
+			say("%s: %v; retrying", step.what, err)
 		}
 		if err := pause(500 * time.Millisecond); err != nil {
 			return fmt.Errorf("%s: %w", step.what, err)

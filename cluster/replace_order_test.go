@@ -2,7 +2,10 @@ package cluster_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"maps"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -254,4 +257,44 @@ func TestRemoveDeadVoterOfThree(t *testing.T) {
 	lc := c.client()
 	defer lc.close()
 	mustGrant(t, lc.do(acquireMsg("k", "o", 10, 0)))
+}
+
+// The JSON keys of a members reply and of a status report's members are
+// the ones cluster/PROTOCOL.md lists (so the contract cannot drift).
+func TestAdminMemberJSONMatchesProtocol(t *testing.T) {
+	b, err := os.ReadFile("PROTOCOL.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := strings.Join(strings.Fields(string(b)), " ")
+	keysOf := func(v any) []string {
+		raw, _ := json.Marshal(v)
+		var m map[string]any
+		if err := json.Unmarshal(raw, &m); err != nil {
+			t.Fatal(err)
+		}
+		return slices.Sorted(maps.Keys(m))
+	}
+	// "`members` lists every server as `{"ServerID", ...}`"
+	_, rest, ok := strings.Cut(doc, "`members` lists every server as `{")
+	list, _, ok2 := strings.Cut(rest, "}`")
+	if !ok || !ok2 {
+		t.Fatal("PROTOCOL.md no longer lists the members reply's keys")
+	}
+	var documented []string
+	for _, k := range strings.Split(list, ",") {
+		documented = append(documented, strings.Trim(strings.TrimSpace(k), `"`))
+	}
+	slices.Sort(documented)
+	if got := keysOf(cluster.AdminMember{FoundAtAddr: "x"}); !slices.Equal(got, documented) {
+		t.Fatalf("members reply keys %v, PROTOCOL.md lists %v", got, documented)
+	}
+	// The status row names every member key in backquotes.
+	_, row, _ := strings.Cut(doc, "| `status` | any node;")
+	row, _, _ = strings.Cut(row, "| `inspect` |")
+	for _, k := range keysOf(cluster.MemberReport{FoundAtAddr: "x"}) {
+		if !strings.Contains(row, "`"+k+"`") {
+			t.Errorf("PROTOCOL.md's status row does not name the member key %q", k)
+		}
+	}
 }

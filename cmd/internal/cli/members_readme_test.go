@@ -161,6 +161,13 @@ func TestREADMEMembersLines(t *testing.T) {
 			strings.Join(sample, "\n"), norm(sample), out, norm(got))
 	}
 
+	// status shows the same health and the same repair.
+	var sb, eb bytes.Buffer
+	code = Main(append([]string{"status"}, flags...), &sb, &eb)
+	if code != ExitOK || !strings.Contains(sb.String(), "\n"+repair+"\n") || !strings.Contains(sb.String(), "  no  ") {
+		t.Fatalf("status with a wiped node: exit %d\n%s%s", code, sb.String(), eb.String())
+	}
+
 	// $M replace OLD NEW ADDR, as the README writes it (flags first).
 	code, out, errs = run(append(slices.Clone(flags), "replace", oldID, newID, c.PeerAddrOf(1))...)
 	if code != ExitOK || !strings.Contains(out, "done: "+newID+" is a voter") {
@@ -175,6 +182,29 @@ func TestREADMEMembersLines(t *testing.T) {
 	mixed := append(append([]string{flags[0], flags[1], "list"}, flags[2:]...), "--timeout", "30s")
 	if code, out, errs := run(mixed...); code != ExitOK || strings.Count(out, " yes ") != 3 || strings.Contains(out, oldID) {
 		t.Fatalf("members FLAG list FLAGS after the repair: exit %d\n%s%s", code, out, errs)
+	}
+
+	// The README's status sample (healthy) has the real member table
+	// header and summary line.
+	sb.Reset()
+	if code := Main(append([]string{"status"}, flags...), &sb, &eb); code != ExitOK {
+		t.Fatalf("status: exit %d\n%s", code, eb.String())
+	}
+	printed := map[string]bool{}
+	for _, l := range strings.Split(sb.String(), "\n") {
+		printed[normalize(l)] = true
+	}
+	checked := 0
+	for _, l := range readmeSection(t, "Status and inspection") {
+		if strings.HasPrefix(l, "SERVER ID") || strings.Contains(l, "votes answer") {
+			checked++
+			if !printed[normalize(l)] {
+				t.Errorf("README's status sample line %q is not in the real output:\n%s", l, sb.String())
+			}
+		}
+	}
+	if checked != 2 {
+		t.Errorf("README's status sample: %d of its header and summary lines found, want 2", checked)
 	}
 }
 
