@@ -12,6 +12,8 @@ import (
 	"net"
 	"time"
 
+	"github.com/hashicorp/raft"
+
 	"ticketing/cluster/wire"
 )
 
@@ -39,6 +41,9 @@ type AdminRequest struct {
 	Op string `json:"op"`
 	// ID is the server id (NAME/INCARNATION) the change is about.
 	ID string `json:"id,omitempty"`
+	// Replaces (op "promote") is the voter that the promoted learner
+	// replaces in the same step (Node.PromoteReplacing); "" promotes only.
+	Replaces string `json:"replaces,omitempty"`
 	// Addr is the peer address of a new learner.
 	Addr string `json:"addr,omitempty"`
 	// Key is the key to inspect (op "inspect").
@@ -51,8 +56,9 @@ type AdminRequest struct {
 // AdminReply answers an AdminRequest.
 type AdminReply struct {
 	OK bool `json:"ok"`
-	// Code is set on failure: "not_leader", "unsafe", "lagging",
-	// "in_progress", "no_such_member", "bad_request" or "internal".
+	// Code is set on failure: "not_leader", "no_quorum", "unsafe",
+	// "lagging", "in_progress", "no_such_member", "bad_request" or
+	// "internal".
 	Code  string `json:"code,omitempty"`
 	Error string `json:"error,omitempty"`
 	// Leader is the leader's server id as this node knows it.
@@ -68,12 +74,20 @@ type AdminReply struct {
 	Key *KeyReport `json:"key,omitempty"`
 }
 
-// AdminMember is one member with the leader's view of its lag.
+// AdminMember is one member with the leader's view of its health.
 type AdminMember struct {
 	Member
 	// Lag is how many entries its applied index trails the leader's
 	// commit index; -1 when it did not answer.
 	Lag int64 `json:"lag"`
+	// Answers: it proved exactly its server id over its peer port within
+	// 2 s (the leader always does).
+	Answers bool `json:"answers"`
+	// FoundAtAddr, when it does not answer, is the server id that answered
+	// at its peer address instead under the same node name: a wiped node's
+	// new incarnation ("" if none did). `ticketing members replace
+	// ServerID FoundAtAddr PeerAddr` repairs it.
+	FoundAtAddr string `json:"found_at_addr,omitempty"`
 }
 
 var adminCodes = []struct {
@@ -81,6 +95,7 @@ var adminCodes = []struct {
 	code string
 }{
 	{ErrNotLeader, "not_leader"},
+	{ErrNoQuorum, "no_quorum"}, // before unsafe: it wraps both
 	{ErrUnsafeChange, "unsafe"},
 	{ErrLearnerLagging, "lagging"},
 	{ErrChangeInProgress, "in_progress"},
@@ -146,7 +161,7 @@ func (n *Node) serveAdmin(raw net.Conn) {
 		if err := writeAdminFrame(c, adminReply, b); err != nil {
 			return
 		}
-		n.log.Info("admin request", "op", req.Op, "id", req.ID, "ok", rep.OK, "err", rep.Error)
+		n.log.Info("admin request", "op", req.Op, "id", req.ID, "replaces", req.Replaces, "ok", rep.OK, "err", rep.Error)
 	}
 }
 
@@ -162,13 +177,13 @@ func (n *Node) admin(req AdminRequest) AdminReply {
 		}
 		var ms []Member
 		if ms, err = n.Members(); err == nil {
+			hs := n.probe(ms, probeWait)
 			rep := AdminReply{OK: true, Commit: n.raft.CommitIndex()}
 			for _, m := range ms {
-				am := AdminMember{Member: m, Lag: -1}
-				if m.ServerID == n.serverID {
-					am.Lag = int64(rep.Commit - min(rep.Commit, n.raft.AppliedIndex()))
-				} else if lag, lerr := n.Lag(m.ServerID); lerr == nil {
-					am.Lag = int64(lag)
+				h := hs[m.ServerID]
+				am := AdminMember{Member: m, Lag: -1, Answers: h.answers, FoundAtAddr: h.found}
+				if h.answers {
+					am.Lag = int64(rep.Commit - min(rep.Commit, h.applied))
 				}
 				rep.Members = append(rep.Members, am)
 			}
@@ -193,13 +208,23 @@ func (n *Node) admin(req AdminRequest) AdminReply {
 	case "add-learner":
 		err = n.AddLearner(req.ID, req.Addr, timeout)
 	case "promote":
-		err = n.Promote(req.ID, timeout)
+		if req.Replaces != "" {
+			err = n.PromoteReplacing(req.ID, req.Replaces, timeout)
+		} else {
+			err = n.Promote(req.ID, timeout)
+		}
 	case "remove":
 		err = n.Remove(req.ID, timeout)
 	default:
 		err = fmt.Errorf("%w: unknown admin op %q", ErrBadConfig, req.Op)
 	}
 	if err != nil {
+		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) ||
+			errors.Is(err, raft.ErrLeadershipTransferInProgress) {
+			// Raft's own word for it: the change did not commit here (or
+			// may yet, under the next leader); ask the leader.
+			err = fmt.Errorf("%w: %w", ErrNotLeader, err)
+		}
 		return AdminReply{Code: adminCodeOf(err), Error: err.Error()}
 	}
 	return AdminReply{OK: true}
@@ -331,96 +356,43 @@ func AdminDo(ctx context.Context, addr string, cfg AdminConfig, req AdminRequest
 type AdminCluster struct {
 	Addrs  []string
 	Config AdminConfig
+	// NoLeaderWait is how long Replace waits for a node that leads (one
+	// election normally takes a second or two) before it gives up with
+	// ErrNoQuorum. Zero: DefaultNoLeaderWait.
+	NoLeaderWait time.Duration
 }
+
+// DefaultNoLeaderWait is AdminCluster.NoLeaderWait's default.
+const DefaultNoLeaderWait = 30 * time.Second
+
+// Per-address bounds of Do: a change may wait up to a minute to commit
+// (Node.admin); the read-only ops answer within a few seconds (the
+// leader asks every member for its health, for up to 3 s).
+const (
+	adminChangeWait = 70 * time.Second
+	adminReadWait   = 10 * time.Second
+)
 
 // Do sends req to each address in turn until a node other than a
 // non-leader answers; ErrNotLeader from all of them is returned as is.
 func (a *AdminCluster) Do(ctx context.Context, req AdminRequest) (AdminReply, error) {
+	wait := adminChangeWait
+	switch req.Op {
+	case "members", "status", "inspect":
+		wait = adminReadWait
+	}
 	var lastErr error = fmt.Errorf("%w: no admin address", ErrBadConfig)
 	for _, addr := range a.Addrs {
-		actx, cancel := context.WithTimeout(ctx, 70*time.Second)
+		actx, cancel := context.WithTimeout(ctx, wait)
 		rep, err := AdminDo(actx, addr, a.Config, req)
 		cancel()
 		if err == nil || (errors.Is(err, ErrAdmin) && !errors.Is(err, ErrNotLeader)) {
 			return rep, err
 		}
 		lastErr = fmt.Errorf("%s: %w", addr, err)
+		if ctx.Err() != nil {
+			break
+		}
 	}
 	return AdminReply{}, lastErr
-}
-
-// Replace swaps server oldID for newID (a node already running at peerAddr
-// with an empty data dir): add it as a learner, wait until it has caught
-// up, promote it, remove oldID (the leader hands over first if it is
-// oldID). Each step is retried while another change or an election is
-// under way; refusals (unsafe, no such member) end it. progress, if not
-// nil, hears each step.
-func (a *AdminCluster) Replace(ctx context.Context, oldID, newID, peerAddr string, progress func(string)) error {
-	say := func(format string, args ...any) {
-		if progress != nil {
-			progress(fmt.Sprintf(format, args...))
-		}
-	}
-	members := func() (map[string]AdminMember, error) {
-		rep, err := a.Do(ctx, AdminRequest{Op: "members"})
-		for err != nil && (errors.Is(err, ErrNotLeader) || !errors.Is(err, ErrAdmin)) {
-			// An election is under way, or a node is unreachable.
-			select {
-			case <-ctx.Done():
-				return nil, fmt.Errorf("%w (last: %w)", ctx.Err(), err)
-			case <-time.After(300 * time.Millisecond):
-			}
-			rep, err = a.Do(ctx, AdminRequest{Op: "members"})
-		}
-		if err != nil {
-			return nil, err
-		}
-		out := map[string]AdminMember{}
-		for _, m := range rep.Members {
-			out[m.ServerID] = m
-		}
-		return out, nil
-	}
-	ms, err := members()
-	if err != nil {
-		return err
-	}
-	if _, ok := ms[oldID]; !ok {
-		return fmt.Errorf("%w: %s", ErrNoSuchMember, oldID)
-	}
-	step := func(what string, req AdminRequest, done func(map[string]AdminMember) bool) error {
-		for {
-			ms, err := members()
-			if err == nil && done(ms) {
-				return nil
-			}
-			_, err = a.Do(ctx, req)
-			switch {
-			case err == nil:
-				say("%s: done", what)
-				continue // confirm through members
-			case errors.Is(err, ErrChangeInProgress), errors.Is(err, ErrNotLeader), !errors.Is(err, ErrAdmin):
-				say("%s: %v; retrying", what, err)
-			case errors.Is(err, ErrLearnerLagging):
-				say("%s: %v; waiting", what, err)
-			default:
-				return fmt.Errorf("%s: %w", what, err)
-			}
-			select {
-			case <-ctx.Done():
-				return fmt.Errorf("%s: %w", what, ctx.Err())
-			case <-time.After(500 * time.Millisecond):
-			}
-		}
-	}
-	if err := step("add learner "+newID, AdminRequest{Op: "add-learner", ID: newID, Addr: peerAddr},
-		func(ms map[string]AdminMember) bool { _, ok := ms[newID]; return ok }); err != nil {
-		return err
-	}
-	if err := step("promote "+newID, AdminRequest{Op: "promote", ID: newID},
-		func(ms map[string]AdminMember) bool { return ms[newID].Voter }); err != nil {
-		return err
-	}
-	return step("remove "+oldID, AdminRequest{Op: "remove", ID: oldID},
-		func(ms map[string]AdminMember) bool { _, ok := ms[oldID]; return !ok })
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -12,17 +13,42 @@ import (
 // Membership changes, one at a time, on the leader.
 //
 // A node is replaced by a new server (a new NAME/INCARNATION), never
-// revived under an old id: add it as a learner (non-voter), let it catch
-// up from a snapshot and the log, promote it once its applied index is
-// within MaxPromoteLag of the leader's commit index, then remove the old
-// server. hashicorp/raft applies each of these as one single-server
-// configuration change, committed by a majority of the old configuration
-// before the next may start, so any two consecutive configurations share a
-// majority; that is what keeps a change safe. The voter count is 3 or 5
-// outside one transition step: a replacement passes through 4 voters
-// (promote, then remove), growing 3 → 5 through 4 as well. Removing the
-// leader first hands leadership to another voter (LeadershipTransfer), and
-// the new leader removes it.
+// revived under an old id. hashicorp/raft applies each change as one
+// single-server configuration change, committed before the next may
+// start, so any two consecutive configurations share a majority; that is
+// what keeps each change safe. What the order of the changes decides is
+// how many failures the cluster survives on the way.
+//
+// The replacement rule. With v voters of which h answer, the cluster
+// survives h − (⌊v/2⌋+1) more voter failures (tolerance; negative: no
+// majority answers and nothing can commit). A replacement of OLD by NEW
+// takes the order that never lowers it below its value now:
+//
+//   - OLD does not answer (dead, or a wiped node stands at its address
+//     under a new incarnation): remove OLD first. With v odd, v−1 voters of
+//     which h answer survive exactly as many failures as before (3 voters
+//     with one dead and 2 voters both survive 0; 5 with two dead and 4 with
+//     one dead both survive 0). Then NEW joins as a learner, catches up
+//     from a snapshot and the log, and is promoted: one more answering
+//     voter, one more failure survived.
+//   - OLD answers: NEW joins as a learner and catches up; then one leader
+//     operation (PromoteReplacing) promotes NEW and removes OLD at once.
+//     v+1 voters of which h+1 answer survive as many failures as v of h,
+//     and so do v of h again after OLD leaves; removing a healthy OLD
+//     first would cost one. The transient 4th or 6th voter exists only
+//     inside that step. If OLD leads, it first hands its leadership over
+//     and the new leader runs the step.
+//
+// AdminCluster.Replace (admin.go) reads the members with their health
+// before each step and takes the next one of these, so it resumes after a
+// leader change or a half-done earlier attempt. The plain operations keep
+// their rules, relaxed only where the tolerance says it is safe: Remove
+// leaves at least 3 voters, or at least 2 when the tolerance does not drop
+// (the voter removed does not answer); Promote never makes a 6th voter
+// (PromoteReplacing may, inside its step). Growing 3 → 5 is learner +
+// promote twice (passing 4 voters); shrinking is remove twice. Removing
+// the leader first hands leadership over (LeadershipTransfer) and the new
+// leader removes it.
 
 // Member is one server of the current configuration.
 type Member struct {
@@ -42,9 +68,13 @@ var (
 	ErrNotLeader = errors.New("cluster: not the leader")
 	// ErrChangeInProgress: another membership change has not finished.
 	ErrChangeInProgress = errors.New("cluster: a membership change is in progress")
-	// ErrUnsafeChange: the change would break a rule (voter count, a
-	// majority of the remaining voters reachable, a lagging learner).
+	// ErrUnsafeChange: the change would break a rule (voter count, the
+	// failures the cluster survives, a voter that must answer).
 	ErrUnsafeChange = errors.New("cluster: unsafe membership change")
+	// ErrNoQuorum: fewer than a majority of the voters answer, so no
+	// change can commit (and no order of changes can help); see the
+	// README's runbook, "The majority is lost for good".
+	ErrNoQuorum = errors.New("cluster: no majority of the voters answers")
 	// ErrLearnerLagging: the learner trails the commit index by more than
 	// MaxPromoteLag (or did not answer); try again once it caught up.
 	ErrLearnerLagging = errors.New("cluster: the learner has not caught up")
@@ -55,6 +85,16 @@ var (
 // MaxPromoteLag is how many entries a learner's applied index may trail
 // the leader's commit index and still be promoted.
 const MaxPromoteLag = 64
+
+// probeWait bounds the leader's wait for the members' answers before a
+// change and in a members reply (all are asked at once, over the peer
+// port).
+const probeWait = 2 * time.Second
+
+// Tolerance is how many more voter failures a cluster of voters voters,
+// of which answering answer, survives and still commits: answering −
+// (⌊voters/2⌋+1). Negative: no majority answers now.
+func Tolerance(voters, answering int) int { return answering - (voters/2 + 1) }
 
 // beginChange checks that this node leads and takes Node.memberMu without
 // waiting: one change at a time.
@@ -104,12 +144,19 @@ func (n *Node) member(id string) (Member, []Member, error) {
 	if err != nil {
 		return Member{}, nil, err
 	}
-	for _, m := range ms {
-		if m.ServerID == id {
-			return m, ms, nil
-		}
+	if m, ok := findMember(ms, id); ok {
+		return m, ms, nil
 	}
 	return Member{}, ms, fmt.Errorf("%w: %s", ErrNoSuchMember, id)
+}
+
+func findMember(ms []Member, id string) (Member, bool) {
+	for _, m := range ms {
+		if m.ServerID == id {
+			return m, true
+		}
+	}
+	return Member{}, false
 }
 
 func voters(ms []Member) int {
@@ -130,6 +177,90 @@ func (n *Node) requireLeader() error {
 	return nil
 }
 
+// health is what the leader learned about one member over the peer port.
+type health struct {
+	// answers: it proved exactly its server id (this node always does).
+	answers bool
+	// applied is its last applied index (when it answers).
+	applied uint64
+	// found is the server id that answered at its peer address instead,
+	// under the same node name (a wiped node's new incarnation); "" if
+	// none did.
+	found string
+}
+
+// probe asks every member other than this node, all at once, for its
+// identity and applied index (a discovery handshake on its peer port), and
+// waits at most wait; a member that did not answer by then does not
+// answer. A member that does not prove its id is asked who stands at its
+// address, by name. (No lock: answers come back over a channel with room
+// for all, so late ones are dropped with it.)
+func (n *Node) probe(ms []Member, wait time.Duration) map[string]health {
+	type answer struct {
+		id string
+		h  health
+	}
+	out := make(map[string]health, len(ms))
+	answers := make(chan answer, len(ms))
+	asked := 0
+	for _, m := range ms {
+		if m.ServerID == n.serverID {
+			out[m.ServerID] = health{answers: true, applied: n.raft.AppliedIndex()}
+			continue
+		}
+		asked++
+		go func(m Member) {
+			var h health
+			if _, ident, err := n.peers.discoverID(m.ServerID, m.Name, m.PeerAddr, wait); err == nil {
+				h = health{answers: true, applied: ident.Applied}
+			} else if sid, _, err := n.peers.discover(m.Name, m.PeerAddr, wait); err == nil && sid != m.ServerID {
+				h.found = sid
+			}
+			answers <- answer{m.ServerID, h}
+		}(m)
+	}
+	timeout := time.NewTimer(wait)
+	defer timeout.Stop()
+	for ; asked > 0; asked-- {
+		select {
+		case a := <-answers:
+			out[a.id] = a.h
+		case <-timeout.C:
+			return out
+		}
+	}
+	return out
+}
+
+// tally counts the voters of ms and how many of them answer in hs.
+func tally(ms []Member, hs map[string]health) (v, h int) {
+	for _, m := range ms {
+		if m.Voter {
+			v++
+			if hs[m.ServerID].answers {
+				h++
+			}
+		}
+	}
+	return v, h
+}
+
+// noQuorum describes a configuration in which fewer than a majority of the
+// voters answer.
+func noQuorum(ms []Member, hs map[string]health) error {
+	v, h := tally(ms, hs)
+	var silent []string
+	for _, m := range ms {
+		if m.Voter && !hs[m.ServerID].answers {
+			silent = append(silent, m.ServerID)
+		}
+	}
+	return fmt.Errorf("%w: %w: only %d of the %d voters answer (not answering: %s); nothing can be committed, "+
+		"so no change can help: bring back the voters that still have their data dirs; if a majority lost them "+
+		"for good, build a new cluster (README, Runbook: \"The majority is lost for good\")",
+		ErrUnsafeChange, ErrNoQuorum, h, v, strings.Join(silent, ", "))
+}
+
 // Lag asks server id (over the peer port) for its applied index and
 // returns how far it trails this node's commit index.
 func (n *Node) Lag(id string) (lag uint64, err error) {
@@ -138,14 +269,26 @@ func (n *Node) Lag(id string) (lag uint64, err error) {
 		return 0, err
 	}
 	commit := n.raft.CommitIndex()
-	_, ident, err := n.peers.discoverID(m.ServerID, m.Name, m.PeerAddr, 2*time.Second)
+	_, ident, err := n.peers.discoverID(m.ServerID, m.Name, m.PeerAddr, probeWait)
 	if err != nil {
 		return 0, fmt.Errorf("cluster: asking %s for its applied index: %w", id, err)
 	}
-	if ident.Applied >= commit {
-		return 0, nil
+	return commit - min(commit, ident.Applied), nil
+}
+
+// caughtUp checks that learner m answered (in hs) within MaxPromoteLag of
+// the commit index.
+func (n *Node) caughtUp(m Member, hs map[string]health) error {
+	h := hs[m.ServerID]
+	if !h.answers {
+		return fmt.Errorf("%w: %s did not answer over the peer port (is it running at %s?)", ErrLearnerLagging, m.ServerID, m.PeerAddr)
 	}
-	return commit - ident.Applied, nil
+	commit := n.raft.CommitIndex()
+	if lag := commit - min(commit, h.applied); lag > MaxPromoteLag {
+		return fmt.Errorf("%w: %s trails the commit index by %d entries (at most %d); wait for it to catch up",
+			ErrLearnerLagging, m.ServerID, lag, MaxPromoteLag)
+	}
+	return nil
 }
 
 // AddLearner adds serverID (NAME/INCARNATION) at peerAddr as a non-voter;
@@ -166,7 +309,8 @@ func (n *Node) AddLearner(serverID, peerAddr string, timeout time.Duration) erro
 }
 
 // Promote makes learner id a voter, if it is caught up (lag at most
-// MaxPromoteLag) and the cluster would have at most 5 voters.
+// MaxPromoteLag) and the cluster would have at most 5 voters. To swap a
+// voter for the learner, PromoteReplacing does both in one step.
 func (n *Node) Promote(id string, timeout time.Duration) error {
 	m, ms, unlock, err := n.beginChangeOn(id)
 	if err != nil {
@@ -177,23 +321,79 @@ func (n *Node) Promote(id string, timeout time.Duration) error {
 		return fmt.Errorf("%w: %s is already a voter", ErrUnsafeChange, id)
 	}
 	if voters(ms) >= 5 {
-		return fmt.Errorf("%w: the cluster has %d voters; at most 5", ErrUnsafeChange, voters(ms))
+		return fmt.Errorf("%w: the cluster has %d voters; at most 5 (to swap a voter OLD for %s, use "+
+			"`ticketing members replace OLD %s %s`: it promotes %s and removes OLD in one step)",
+			ErrUnsafeChange, voters(ms), id, id, m.PeerAddr, id)
 	}
-	lag, err := n.Lag(id)
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrLearnerLagging, err)
+	hs := n.probe(ms, probeWait)
+	if err := n.caughtUp(m, hs); err != nil {
+		return err
 	}
-	if lag > MaxPromoteLag {
-		return fmt.Errorf("%w: %s trails the commit index by %d entries (at most %d); wait for it to catch up",
-			ErrLearnerLagging, id, lag, MaxPromoteLag)
+	// A caught-up learner answers: one more voter and one more answering
+	// never lowers the tolerance.
+	if v, h := tally(ms, hs); Tolerance(v, h) < 0 {
+		return noQuorum(ms, hs)
 	}
 	return n.raft.AddVoter(raft.ServerID(m.ServerID), raftAddr(m.ServerID, m.PeerAddr), 0, timeout).Error()
 }
 
+// PromoteReplacing swaps voter old for learner id in one step: it checks
+// that id has caught up and that old answers, then promotes id and removes
+// old at once, so the extra voter (a 4th or 6th) exists only inside this
+// call (see the replacement rule at the top of this file). A voter old
+// that does not answer must be removed first instead (Remove), which keeps
+// the tolerance; this call refuses it. If old is this node, it hands its
+// leadership over first and returns ErrNotLeader: ask the new leader.
+func (n *Node) PromoteReplacing(id, old string, timeout time.Duration) error {
+	m, ms, unlock, err := n.beginChangeOn(id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	o, ok := findMember(ms, old)
+	switch {
+	case !ok:
+		return fmt.Errorf("%w: %s (the voter %s was to replace)", ErrNoSuchMember, old, id)
+	case !o.Voter:
+		return fmt.Errorf("%w: %s is a learner, not a voter: remove it and add %s as a learner instead", ErrUnsafeChange, old, id)
+	case m.Voter:
+		return fmt.Errorf("%w: %s is already a voter; remove %s to finish the replacement", ErrUnsafeChange, id, old)
+	case voters(ms) > 5:
+		return fmt.Errorf("%w: the cluster has %d voters; remove one before replacing another", ErrUnsafeChange, voters(ms))
+	}
+	hs := n.probe(ms, probeWait)
+	if err := n.caughtUp(m, hs); err != nil {
+		return err
+	}
+	if !hs[old].answers {
+		return fmt.Errorf("%w: %s does not answer: remove it first (that keeps the failures the cluster survives), "+
+			"then promote %s; `ticketing members replace` does that", ErrUnsafeChange, old, id)
+	}
+	if v, h := tally(ms, hs); Tolerance(v, h) < 0 {
+		return noQuorum(ms, hs)
+	}
+	if old == n.serverID {
+		if err := n.raft.LeadershipTransfer().Error(); err != nil {
+			return fmt.Errorf("cluster: handing leadership over before replacing this node: %w", err)
+		}
+		return fmt.Errorf("%w: leadership handed over; ask the new leader to promote %s replacing %s", ErrNotLeader, id, old)
+	}
+	if err := n.raft.AddVoter(raft.ServerID(m.ServerID), raftAddr(m.ServerID, m.PeerAddr), 0, timeout).Error(); err != nil {
+		return err
+	}
+	if err := n.raft.RemoveServer(raft.ServerID(o.ServerID), 0, timeout).Error(); err != nil {
+		n.log.Warn("promoted a replacement but could not remove the voter it replaces", "new", id, "old", old, "err", err)
+		return fmt.Errorf("cluster: %s is a voter, but removing %s failed (ask again: `members replace` finishes it): %w", id, old, err)
+	}
+	return nil
+}
+
 // Remove takes server id out of the configuration. A voter may go only if
-// at least 3 voters stay and a majority of the remaining voters answer
-// now; the leader itself first hands leadership over and returns
-// ErrNotLeader (ask the new leader).
+// a majority of the remaining voters answer now, and at least 3 voters
+// stay, or at least 2 when the cluster then survives as many failures as
+// now (the voter removed does not answer: the dead voter of three). The
+// leader itself first hands leadership over and returns ErrNotLeader (ask
+// the new leader).
 func (n *Node) Remove(id string, timeout time.Duration) error {
 	m, ms, unlock, err := n.beginChangeOn(id)
 	if err != nil {
@@ -201,27 +401,29 @@ func (n *Node) Remove(id string, timeout time.Duration) error {
 	}
 	defer unlock()
 	if m.Voter {
-		if voters(ms)-1 < 3 {
-			return fmt.Errorf("%w: removing %s would leave %d voters; add and promote its replacement first",
-				ErrUnsafeChange, id, voters(ms)-1)
+		hs := n.probe(ms, probeWait)
+		v, h := tally(ms, hs)
+		hAfter := h
+		if hs[id].answers {
+			hAfter--
 		}
-		up, rest := 0, 0
-		for _, o := range ms {
-			if !o.Voter || o.ServerID == id {
-				continue
-			}
-			rest++
-			if o.ServerID == n.serverID {
-				up++
-				continue
-			}
-			if _, _, err := n.peers.discoverID(o.ServerID, o.Name, o.PeerAddr, time.Second); err == nil {
-				up++
-			}
-		}
-		if up <= rest/2 {
+		before, after := Tolerance(v, h), Tolerance(v-1, hAfter)
+		switch {
+		case Tolerance(v, h) < 0:
+			return noQuorum(ms, hs)
+		case after < 0:
 			return fmt.Errorf("%w: only %d of the %d remaining voters answer; removing %s would leave no majority",
-				ErrUnsafeChange, up, rest, id)
+				ErrUnsafeChange, hAfter, v-1, id)
+		case v-1 >= 3:
+		case v-1 >= 2 && after >= before:
+		default:
+			what := "answers"
+			if !hs[id].answers {
+				what = "does not answer"
+			}
+			return fmt.Errorf("%w: the cluster has %d voters (%d answer; %s %s); removing it would leave %d and lower the "+
+				"voter failures the cluster survives from %d to %d: add and promote its replacement first "+
+				"(`ticketing members replace` does it in a safe order)", ErrUnsafeChange, v, h, id, what, v-1, before, after)
 		}
 	}
 	if m.ServerID == n.serverID {

@@ -24,8 +24,9 @@ func (c *testCluster) admin() *cluster.AdminCluster {
 }
 
 // replaceInPlace replaces node i (already wiped and restarted with a new
-// incarnation) through the admin port: learner, catch up, promote, remove
-// the old server id.
+// incarnation) through the admin port: the old server id does not answer,
+// so it is removed first, then the new one joins as a learner, catches up
+// and is promoted.
 func (c *testCluster) replaceInPlace(t *testing.T, i int, oldID string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

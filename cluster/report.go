@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"sync"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -84,6 +83,16 @@ type MemberReport struct {
 	// leader's commit index, in the leader's view: null when the answering
 	// node does not lead or the member did not answer within reportLagWait.
 	Lag *uint64 `json:"lag"`
+	// Answers is whether the member proved exactly its server id over its
+	// peer port within reportLagWait, in the leader's view: null when the
+	// answering node does not lead.
+	Answers *bool `json:"answers"`
+	// FoundAtAddr, when it does not answer, is the server id that answered
+	// at its peer address under the same node name instead (a wiped node's
+	// new incarnation; `ticketing members replace ServerID FoundAtAddr
+	// PeerAddr` repairs it); "" if none did or the answering node does not
+	// lead.
+	FoundAtAddr string `json:"found_at_addr,omitempty"`
 }
 
 // KeyReport is one key as a node sees it.
@@ -152,8 +161,8 @@ const (
 // them all).
 const MaxInspectQueue = 1000
 
-// reportLagWait bounds the wait for the members' lag in a StatusReport (each
-// member is asked concurrently, over the peer port).
+// reportLagWait bounds the wait for the members' lag and health in a
+// StatusReport (each member is asked concurrently, over the peer port).
 const reportLagWait = 3 * time.Second
 
 // role names this node's Raft role for reports.
@@ -169,9 +178,10 @@ func (n *Node) role() string {
 	return "follower"
 }
 
-// StatusReport describes this node, from its local state. Members' lag is
-// filled only when this node leads (each asked concurrently over the peer
-// port, within reportLagWait); it is read-only and safe on any node.
+// StatusReport describes this node, from its local state. Members' lag and
+// health are filled only when this node leads (each asked concurrently over
+// the peer port, within reportLagWait); it is read-only and safe on any
+// node.
 func (n *Node) StatusReport() StatusReport {
 	_, leader := n.raft.LeaderWithID()
 	r := StatusReport{
@@ -196,62 +206,31 @@ func (n *Node) StatusReport() StatusReport {
 		r.MembersError = err.Error()
 	}
 	r.Members = make([]MemberReport, 0, len(ms))
+	var hs map[string]health
+	commit := r.CommitIndex
+	if r.Role == "leader" {
+		hs = n.probe(ms, reportLagWait)
+		commit = n.raft.CommitIndex()
+	}
 	for _, m := range ms {
-		r.Members = append(r.Members, MemberReport{ServerID: m.ServerID, Voter: m.Voter, Leader: m.Leader,
-			PeerAddr: m.PeerAddr, ClientAddr: m.ClientAddr})
+		mr := MemberReport{ServerID: m.ServerID, Voter: m.Voter, Leader: m.Leader,
+			PeerAddr: m.PeerAddr, ClientAddr: m.ClientAddr}
+		if hs != nil {
+			h := hs[m.ServerID]
+			answers := h.answers
+			mr.Answers, mr.FoundAtAddr = &answers, h.found
+			if h.answers {
+				lag := commit - min(commit, h.applied)
+				mr.Lag = &lag
+			}
+		}
+		r.Members = append(r.Members, mr)
 		if m.ServerID == n.serverID && !m.Voter && r.Role == "follower" {
 			r.Role = "learner"
 		}
 	}
-	if r.Role == "leader" {
-		n.fillLag(r.Members)
-	}
 	r.AtUnixMs = n.cfg.Now().UnixMilli()
 	return r
-}
-
-// fillLag asks every member for its lag, concurrently, and waits at most
-// reportLagWait; members that did not answer by then keep a nil Lag.
-func (n *Node) fillLag(ms []MemberReport) {
-	var mu sync.Mutex
-	lags := make([]*uint64, len(ms)) // guarded by mu: late answers land here, not in ms
-	done := make(chan struct{}, len(ms))
-	for i := range ms {
-		if ms[i].ServerID == n.serverID {
-			commit, applied := n.raft.CommitIndex(), n.raft.AppliedIndex()
-			lag := commit - min(commit, applied)
-			lags[i] = &lag
-			done <- struct{}{}
-			continue
-		}
-		go func(i int, id string) {
-			lag, err := n.Lag(id) // bounded by the discovery timeout (2 s)
-			if err == nil {
-				mu.Lock()
-				lags[i] = &lag
-				mu.Unlock()
-			}
-			done <- struct{}{}
-		}(i, ms[i].ServerID)
-	}
-	timeout := time.NewTimer(reportLagWait)
-	defer timeout.Stop()
-wait:
-	for range ms {
-		select {
-		case <-done:
-		case <-timeout.C:
-			break wait
-		}
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	for i, l := range lags {
-		if l != nil {
-			v := *l
-			ms[i].Lag = &v
-		}
-	}
 }
 
 // Inspect describes key from this node's applied state: its holder and its

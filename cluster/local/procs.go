@@ -28,8 +28,14 @@ type ProcOptions struct {
 	Binary string
 	// Dir holds one data dir and one log file per node, and the secrets.
 	Dir string
-	// Nodes is 3 (zero) or 5.
+	// Nodes is the number of node processes: 3 (zero) or 5, or more with
+	// Voters.
 	Nodes int
+	// Voters is how many of the nodes are initial voters: 3 or 5, at most
+	// Nodes; zero means all. The others are spares: they start with empty
+	// data dirs and no --peers, and wait until added as learners (`ticketing
+	// members add-learner` or `replace`).
+	Voters int
 	// ClusterID is the cluster id; "" means "bench".
 	ClusterID string
 	// ExtraArgs are appended to every node's command line.
@@ -74,6 +80,8 @@ type Procs struct {
 	ClusterID      string
 	SecretFile     string // client secret file
 	PeerSecretFile string
+	// AdminSecretFile holds the admin secret ("" without ProcOptions.Admin).
+	AdminSecretFile string
 	// TokenFloor is the domain's token floor (from ticketing bootstrap).
 	TokenFloor uint64
 	// CAFile and ClientTLS: see Cluster; "" and nil without TLS.
@@ -97,8 +105,14 @@ func StartProcs(opts ProcOptions) (*Procs, error) {
 	if opts.Nodes == 0 {
 		opts.Nodes = 3
 	}
+	if opts.Voters == 0 {
+		opts.Voters = opts.Nodes
+	}
 	if opts.ClusterID == "" {
 		opts.ClusterID = "bench"
+	}
+	if opts.Voters > opts.Nodes {
+		return nil, fmt.Errorf("local: %d voters of %d nodes", opts.Voters, opts.Nodes)
 	}
 	if err := os.MkdirAll(opts.Dir, 0o700); err != nil {
 		return nil, err
@@ -118,20 +132,24 @@ func StartProcs(opts ProcOptions) (*Procs, error) {
 		if adminSecret, err = ensureSecret(adminSecretFile); err != nil {
 			return nil, err
 		}
+	} else {
+		adminSecretFile = ""
 	}
 	ports, err := freePorts(3 * opts.Nodes)
 	if err != nil {
 		return nil, err
 	}
 	p := &Procs{opts: opts, ClientSecret: secret, ClusterID: opts.ClusterID,
-		SecretFile: secretFile, PeerSecretFile: peerSecretFile, adminSecret: adminSecret}
+		SecretFile: secretFile, PeerSecretFile: peerSecretFile, AdminSecretFile: adminSecretFile, adminSecret: adminSecret}
 	var peers []string
 	for i := 0; i < opts.Nodes; i++ {
 		id := fmt.Sprintf("n%d", i+1)
 		p.ids = append(p.ids, id)
 		p.clientAddrs = append(p.clientAddrs, fmt.Sprintf("127.0.0.1:%d", ports[3*i]))
 		p.peerAddrs = append(p.peerAddrs, fmt.Sprintf("127.0.0.1:%d", ports[3*i+1]))
-		peers = append(peers, fmt.Sprintf("%s=127.0.0.1:%d", id, ports[3*i+1]))
+		if i < opts.Voters {
+			peers = append(peers, fmt.Sprintf("%s=127.0.0.1:%d", id, ports[3*i+1]))
+		}
 	}
 	var nodeTLS map[string]tlsconf.Files
 	if opts.TLS {
@@ -148,10 +166,12 @@ func StartProcs(opts ProcOptions) (*Procs, error) {
 			"--data-dir", p.DataDir(i),
 			"--client-addr", p.clientAddrs[i],
 			"--peer-addr", fmt.Sprintf("127.0.0.1:%d", ports[3*i+1]),
-			"--peers", strings.Join(peers, ","),
 			"--cluster-id", p.ClusterID,
 			"--secret-file", secretFile,
 			"--peer-secret-file", peerSecretFile,
+		}
+		if i < opts.Voters {
+			args = append(args, "--peers", strings.Join(peers, ","))
 		}
 		if opts.FaultFiles {
 			args = append(args, "--fault-file", p.FaultFile(i))
@@ -423,6 +443,9 @@ func (p *Procs) ServerID(i int, timeout time.Duration) (string, error) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// AdminAddrs returns every node's admin address (ProcOptions.Admin).
+func (p *Procs) AdminAddrs() []string { return append([]string(nil), p.adminAddrs...) }
 
 // Admin returns a client of the nodes' admin ports (ProcOptions.Admin).
 func (p *Procs) Admin() *cluster.AdminCluster {

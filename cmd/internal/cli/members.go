@@ -2,103 +2,98 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"ticketing/cluster"
-	"ticketing/cluster/tlsconf"
 )
+
+const membersUsage = `usage: ticketing members COMMAND [ARGS] --admin ADDR,ADDR,... --admin-secret-file F [--tls-ca CA] [--cluster-id ID]
+       (the flags may come before or after COMMAND and its arguments)
+
+  list                           members: role, whether each answers, lag behind the leader's
+                                 commit index, and how many more voter failures the cluster
+                                 survives; a wiped node standing at a member's address is shown
+                                 with the replace command that repairs it
+  add-learner SERVERID PEERADDR  add a new server (NAME/INCARNATION, from its log) as a non-voter
+  promote SERVERID               make a caught-up learner a voter (never a 6th voter: use replace)
+  remove SERVERID                take a server out (the leader hands over first if it is SERVERID)
+  replace OLD NEW PEERADDR       swap voter OLD for NEW, a node already running at PEERADDR with
+                                 an empty data dir, in a safe order (below)
+
+The replacement rule. With v voters of which h answer, the cluster survives h - (v/2 rounded
+down + 1) more voter failures. replace never lowers that number on the way:
+  - OLD does not answer (dead, or a wiped node stands at its address): remove OLD first, then
+    add NEW as a learner, wait until it has caught up (within 64 entries), promote it.
+  - OLD answers: add NEW as a learner, wait until it has caught up, then promote NEW and remove
+    OLD in one step on the leader: the 4th or 6th voter exists only inside that step. If OLD
+    leads, it hands its leadership over first.
+replace reads the members before every step, so running it again finishes an interrupted
+replacement, and changes nothing once it is done. It refuses only when no safe order exists:
+fewer than a majority of the voters answer, so nothing can be committed. Then bring back the
+voters that still have their data dirs; if a majority lost their data for good, build a new
+cluster (README, Runbook: "The majority is lost for good").
+
+remove refuses when the remaining voters would not form a majority of answering nodes, and
+when fewer than 3 voters would stay, except that it may leave 2 when the voter removed does
+not answer (the cluster then survives as many failures as before: none).
+
+Flags:`
 
 // runMembers is `ticketing members list|add-learner|promote|remove|replace`:
 // membership changes through the nodes' admin ports (cluster/admin.go).
 func runMembers(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	usage := func() int {
-		fmt.Fprintln(stderr, `usage: ticketing members COMMAND --admin ADDR,ADDR,... --admin-secret-file F [--tls-ca CA] [--cluster-id ID]
-
-  list                           members, their role and lag behind the leader's commit index
-  add-learner SERVERID PEERADDR  add a new server (NAME/INCARNATION, from its log) as a non-voter
-  promote SERVERID               make a caught-up learner a voter
-  remove SERVERID                take a server out (refused if fewer than 3 voters would stay or
-                                 the rest could not form a majority; the leader hands over first)
-  replace OLD NEW PEERADDR       all of it: add NEW as a learner, wait until it caught up, promote
-                                 it, remove OLD`)
-		return ExitUsage
+	fs, af := newAdminFlags("ticketing members", stderr, 10*time.Minute, "list: print the leader's members reply as JSON")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, membersUsage)
+		fs.PrintDefaults()
 	}
-	if len(args) == 0 {
-		return usage()
+	pos, err := parseInterspersed(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		return ExitOK
 	}
-	cmd := args[0]
-	fs := flag.NewFlagSet("ticketing members "+cmd, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var (
-		addrs, secretFile, clusterID string
-		timeout                      time.Duration
-		tf                           tlsFlags
-	)
-	fs.StringVar(&addrs, "admin", "", "the nodes' admin addresses, comma separated (the leader is found among them)")
-	fs.StringVar(&secretFile, "admin-secret-file", "", "file holding the admin secret")
-	fs.StringVar(&clusterID, "cluster-id", "", "the nodes' --cluster-id")
-	fs.DurationVar(&timeout, "timeout", 10*time.Minute, "give up after this long")
-	tf.register(fs, false)
-	if err := fs.Parse(args[1:]); err != nil {
+	if err != nil {
 		return ExitUsage
 	}
 	want := map[string]int{"list": 0, "add-learner": 2, "promote": 1, "remove": 1, "replace": 3}
-	n, ok := want[cmd]
-	if !ok || fs.NArg() != n {
-		return usage()
-	}
-	a := &cluster.AdminCluster{Addrs: splitList(addrs)}
-	if len(a.Addrs) == 0 || secretFile == "" {
-		fmt.Fprintln(stderr, "ticketing members: --admin and --admin-secret-file are required")
+	if len(pos) == 0 {
+		fs.Usage()
 		return ExitUsage
 	}
-	var err error
-	if a.Config.Secret, err = cluster.ReadSecretFile(secretFile); err != nil {
-		fmt.Fprintln(stderr, "ticketing members:", err)
-		return ExitUsage
-	}
-	a.Config.ClusterID = clusterID
-	if err := tf.plaintextAllowed(a.Addrs...); err != nil {
-		fmt.Fprintln(stderr, "ticketing members:", err)
-		return ExitUsage
-	}
-	if tf.files.Enabled() {
-		if a.Config.TLS, err = tlsconf.ClientConfig(tf.files); err != nil {
-			fmt.Fprintln(stderr, "ticketing members:", err)
-			return ExitUsage
+	cmd, arg := pos[0], pos[1:]
+	if n, ok := want[cmd]; !ok || len(arg) != n {
+		if !ok {
+			fmt.Fprintf(stderr, "ticketing members: unknown command %q\n", cmd)
+		} else {
+			fmt.Fprintf(stderr, "ticketing members %s: want %d arguments, got %d (%q)\n", cmd, n, len(arg), arg)
 		}
-		a.Config.TLS.ServerName = tf.serverName
+		fs.Usage()
+		return ExitUsage
 	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	name := "ticketing members " + cmd
+	a := af.cluster(name, stderr)
+	if a == nil {
+		return ExitUsage
+	}
+	ctx, cancel := context.WithTimeout(ctx, af.timeout)
 	defer cancel()
-	arg := fs.Args()
 	switch cmd {
 	case "list":
 		var rep cluster.AdminReply
-		if rep, err = a.Do(ctx, cluster.AdminRequest{Op: "members"}); err == nil {
-			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "SERVER ID\tPEER ADDRESS\tROLE\tLAG")
-			for _, m := range rep.Members {
-				role := "learner"
-				switch {
-				case m.Leader:
-					role = "leader"
-				case m.Voter:
-					role = "voter"
-				}
-				lag := fmt.Sprint(m.Lag)
-				if m.Lag < 0 {
-					lag = "no answer"
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", m.ServerID, m.PeerAddr, role, lag)
+		if rep, err = a.Members(ctx); err == nil {
+			if af.json {
+				b, _ := json.MarshalIndent(rep, "", "  ")
+				fmt.Fprintln(stdout, string(b))
+				break
 			}
-			tw.Flush()
-			fmt.Fprintf(stdout, "commit index %d\n", rep.Commit)
+			printMembers(stdout, rep)
 		}
 	case "add-learner":
 		_, err = a.Do(ctx, cluster.AdminRequest{Op: "add-learner", ID: arg[0], Addr: arg[1]})
@@ -107,14 +102,134 @@ func runMembers(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	case "remove":
 		_, err = a.Do(ctx, cluster.AdminRequest{Op: "remove", ID: arg[0]})
 	case "replace":
-		err = a.Replace(ctx, arg[0], arg[1], arg[2], func(s string) { fmt.Fprintln(stdout, s) })
+		start := time.Now()
+		err = a.Replace(ctx, arg[0], arg[1], arg[2], func(s string) {
+			fmt.Fprintf(stdout, "%6.1fs  %s\n", time.Since(start).Seconds(), s)
+		})
 	}
 	if err != nil {
-		fmt.Fprintln(stderr, "ticketing members "+cmd+":", strings.TrimSpace(err.Error()))
+		fmt.Fprintln(stderr, name+":", strings.TrimSpace(err.Error()))
 		return ExitError
 	}
 	if cmd != "list" && cmd != "replace" {
 		fmt.Fprintln(stdout, "ok")
 	}
 	return ExitOK
+}
+
+// parseInterspersed parses args with fs, taking flags before, between and
+// after the positional arguments (the flag package stops at the first
+// positional one); everything after a "--" is positional.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var tail []string
+	if i := slices.Index(args, "--"); i >= 0 {
+		args, tail = args[:i], args[i+1:]
+	}
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		if fs.NArg() == 0 {
+			return append(pos, tail...), nil
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+// memberRow is one member as `members list` and `status` print it.
+type memberRow struct {
+	id, peerAddr  string
+	voter, leader bool
+	// answers is nil when unknown (the view of a node that does not lead).
+	answers *bool
+	found   string
+}
+
+func (m memberRow) role() string {
+	switch {
+	case m.leader:
+		return "leader"
+	case m.voter:
+		return "voter"
+	}
+	return "learner"
+}
+
+func (m memberRow) answersCol() string {
+	switch {
+	case m.answers == nil:
+		return "-"
+	case *m.answers:
+		return "yes"
+	}
+	return "no"
+}
+
+func printMembers(w io.Writer, rep cluster.AdminReply) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SERVER ID\tPEER ADDRESS\tROLE\tANSWERS\tLAG")
+	var rows []memberRow
+	for _, m := range rep.Members {
+		answers := m.Answers
+		r := memberRow{id: m.ServerID, peerAddr: m.PeerAddr, voter: m.Voter, leader: m.Leader, answers: &answers, found: m.FoundAtAddr}
+		rows = append(rows, r)
+		lag := "-"
+		if m.Lag >= 0 {
+			lag = fmt.Sprint(m.Lag)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", m.ServerID, m.PeerAddr, r.role(), r.answersCol(), lag)
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "commit index %d\n", rep.Commit)
+	printHealthNotes(w, rows)
+}
+
+// printHealthNotes says how many failures the cluster survives and, for
+// each member that does not answer, what stands at its address and the
+// command that repairs it.
+func printHealthNotes(w io.Writer, rows []memberRow) {
+	v, h := 0, 0
+	for _, r := range rows {
+		if r.answers == nil {
+			return
+		}
+		if r.voter {
+			v++
+			if *r.answers {
+				h++
+			}
+		}
+	}
+	// (Worded without "voter" and "leader", the words of the ROLE column.)
+	switch f := cluster.Tolerance(v, h); {
+	case f < 0:
+		fmt.Fprintf(w, "%d of %d votes answer (%d needed): no majority, nothing can be committed (README, Runbook)\n", h, v, v/2+1)
+	case f == 1:
+		fmt.Fprintf(w, "%d of %d votes answer (%d needed): the cluster survives 1 more failure\n", h, v, v/2+1)
+	default:
+		fmt.Fprintf(w, "%d of %d votes answer (%d needed): the cluster survives %d more failures\n", h, v, v/2+1, f)
+	}
+	for _, r := range rows {
+		switch {
+		case *r.answers:
+		case r.found != "":
+			name, _ := cluster.SplitServerID(r.id)
+			known := "not a member yet"
+			for _, o := range rows {
+				if o.id == r.found {
+					known = "already a " + o.role() + ": a replacement is half done"
+				}
+			}
+			fmt.Fprintf(w, "%s does not answer: %s stands at its address %s, a new incarnation of %s (its data dir was "+
+				"wiped or replaced; %s). Repair with:\n  ticketing members replace %s %s %s\n",
+				r.id, r.found, r.peerAddr, name, known, r.id, r.found, r.peerAddr)
+		case r.voter:
+			fmt.Fprintf(w, "%s does not answer at %s. If it is lost for good, start a replacement with an empty "+
+				"data dir and run: ticketing members replace %s NEW PEERADDR\n", r.id, r.peerAddr, r.id)
+		default:
+			fmt.Fprintf(w, "%s (a learner) does not answer at %s\n", r.id, r.peerAddr)
+		}
+	}
 }

@@ -23,9 +23,12 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintln(stderr, `usage: ticketing status --admin ADDR,ADDR,... --admin-secret-file F [--tls-ca CA] [--cluster-id ID] [--json]
 
 Leader, term, commit index, fencing domain, keys held, waiters, the token
-high-water mark, and every member with its role and lag behind the leader's
-commit index. The leader answers when one of the addresses is the leader;
-otherwise the first node that answers does (lag is then unknown).`)
+high-water mark, and every member with its role, whether it answers the
+leader over the peer port, and its lag behind the leader's commit index; how
+many more voter failures the cluster survives; for a member that does not
+answer, what stands at its address and the command that repairs it. The
+leader answers when one of the addresses is the leader; otherwise the first
+node that answers does (health and lag are then unknown).`)
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -79,16 +82,50 @@ type adminFlags struct {
 }
 
 func newAdminFlagSet(name string, stderr io.Writer) (*flag.FlagSet, *adminFlags) {
+	return newAdminFlags(name, stderr, 20*time.Second, "print the node's report as JSON")
+}
+
+// newAdminFlags is the flag set of the admin commands, with the default
+// of --timeout and the meaning of --json.
+func newAdminFlags(name string, stderr io.Writer, timeout time.Duration, jsonUsage string) (*flag.FlagSet, *adminFlags) {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	af := &adminFlags{}
 	fs.StringVar(&af.addrs, "admin", "", "the nodes' admin addresses, comma separated (the leader is found among them)")
 	fs.StringVar(&af.secretFile, "admin-secret-file", "", "file holding the admin secret")
 	fs.StringVar(&af.clusterID, "cluster-id", "", "the nodes' --cluster-id")
-	fs.DurationVar(&af.timeout, "timeout", 20*time.Second, "give up after this long")
-	fs.BoolVar(&af.json, "json", false, "print the node's report as JSON")
+	fs.DurationVar(&af.timeout, "timeout", timeout, "give up after this long")
+	fs.BoolVar(&af.json, "json", false, jsonUsage)
 	af.tf.register(fs, false)
 	return fs, af
+}
+
+// cluster builds the admin client from the flags; on a bad flag it says
+// why on stderr and returns nil.
+func (af *adminFlags) cluster(name string, stderr io.Writer) *cluster.AdminCluster {
+	a := &cluster.AdminCluster{Addrs: splitList(af.addrs)}
+	if len(a.Addrs) == 0 || af.secretFile == "" {
+		fmt.Fprintln(stderr, name+": --admin and --admin-secret-file are required")
+		return nil
+	}
+	var err error
+	if a.Config.Secret, err = cluster.ReadSecretFile(af.secretFile); err != nil {
+		fmt.Fprintln(stderr, name+":", err)
+		return nil
+	}
+	a.Config.ClusterID = af.clusterID
+	if err := af.tf.plaintextAllowed(a.Addrs...); err != nil {
+		fmt.Fprintln(stderr, name+":", err)
+		return nil
+	}
+	if af.tf.files.Enabled() {
+		if a.Config.TLS, err = tlsconf.ClientConfig(af.tf.files); err != nil {
+			fmt.Fprintln(stderr, name+":", err)
+			return nil
+		}
+		a.Config.TLS.ServerName = af.tf.serverName
+	}
+	return a
 }
 
 // perNodeWait bounds one node's answer (a leader's status asks every
@@ -97,27 +134,9 @@ const perNodeWait = 8 * time.Second
 
 // run sends req (leader first) and prints the reply.
 func (af *adminFlags) run(ctx context.Context, name string, req cluster.AdminRequest, stdout, stderr io.Writer) int {
-	a := &cluster.AdminCluster{Addrs: splitList(af.addrs)}
-	if len(a.Addrs) == 0 || af.secretFile == "" {
-		fmt.Fprintln(stderr, name+": --admin and --admin-secret-file are required")
+	a := af.cluster(name, stderr)
+	if a == nil {
 		return ExitUsage
-	}
-	var err error
-	if a.Config.Secret, err = cluster.ReadSecretFile(af.secretFile); err != nil {
-		fmt.Fprintln(stderr, name+":", err)
-		return ExitUsage
-	}
-	a.Config.ClusterID = af.clusterID
-	if err := af.tf.plaintextAllowed(a.Addrs...); err != nil {
-		fmt.Fprintln(stderr, name+":", err)
-		return ExitUsage
-	}
-	if af.tf.files.Enabled() {
-		if a.Config.TLS, err = tlsconf.ClientConfig(af.tf.files); err != nil {
-			fmt.Fprintln(stderr, name+":", err)
-			return ExitUsage
-		}
-		a.Config.TLS.ServerName = af.tf.serverName
 	}
 	ctx, cancel := context.WithTimeout(ctx, af.timeout)
 	defer cancel()
@@ -220,28 +239,23 @@ func printStatus(w io.Writer, s *cluster.StatusReport) {
 		return
 	}
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "SERVER ID\tROLE\tPEER ADDRESS\tCLIENT ADDRESS\tLAG")
+	fmt.Fprintln(tw, "SERVER ID\tROLE\tPEER ADDRESS\tCLIENT ADDRESS\tANSWERS\tLAG")
+	var rows []memberRow
 	for _, m := range s.Members {
-		role := "learner"
-		switch {
-		case m.Leader:
-			role = "leader"
-		case m.Voter:
-			role = "voter"
-		}
+		r := memberRow{id: m.ServerID, peerAddr: m.PeerAddr, voter: m.Voter, leader: m.Leader, answers: m.Answers, found: m.FoundAtAddr}
+		rows = append(rows, r)
 		lag := "-"
-		switch {
-		case m.Lag != nil:
+		if m.Lag != nil {
 			lag = fmt.Sprint(*m.Lag)
-		case s.Role == "leader":
-			lag = "no answer"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", m.ServerID, role, m.PeerAddr, orDash(m.ClientAddr), lag)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", m.ServerID, r.role(), m.PeerAddr, orDash(m.ClientAddr), r.answersCol(), lag)
 	}
 	tw.Flush()
 	if s.Role != "leader" {
-		fmt.Fprintln(w, "(lag is known only to the leader)")
+		fmt.Fprintln(w, "(whether members answer, and their lag, are known only to the leader)")
+		return
 	}
+	printHealthNotes(w, rows)
 }
 
 func printKey(w io.Writer, k *cluster.KeyReport) {

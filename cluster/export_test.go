@@ -1,0 +1,49 @@
+package cluster
+
+import (
+	"sort"
+
+	"github.com/hashicorp/raft"
+)
+
+// ConfigEntry is one configuration in a node's Raft log (tests only).
+type ConfigEntry struct {
+	Index            uint64
+	Voters, Learners []string
+}
+
+// ConfigHistory returns every configuration in node n's log, oldest
+// first, so a test can see each step a membership change went through
+// (polling the members would miss a configuration that lasted a moment).
+func ConfigHistory(n *Node) ([]ConfigEntry, error) {
+	first, err := n.store.FirstIndex()
+	if err != nil {
+		return nil, err
+	}
+	last, err := n.store.LastIndex()
+	if err != nil {
+		return nil, err
+	}
+	var out []ConfigEntry
+	for i := max(first, 1); i <= last; i++ {
+		var l raft.Log
+		if err := n.store.GetLog(i, &l); err != nil {
+			return nil, err
+		}
+		if l.Type != raft.LogConfiguration {
+			continue
+		}
+		e := ConfigEntry{Index: i}
+		for _, s := range raft.DecodeConfiguration(l.Data).Servers {
+			if s.Suffrage == raft.Voter {
+				e.Voters = append(e.Voters, string(s.ID))
+			} else {
+				e.Learners = append(e.Learners, string(s.ID))
+			}
+		}
+		sort.Strings(e.Voters)
+		sort.Strings(e.Learners)
+		out = append(out, e)
+	}
+	return out, nil
+}
