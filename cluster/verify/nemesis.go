@@ -36,7 +36,9 @@ const (
 	FaultWipeQuorum = "wipe-quorum"
 	// FaultReplace (--replace-all): a node (Step.Node) loses its disk for
 	// good and is replaced through the admin port by a new server at the
-	// same address: learner, catch up, promote, remove the old id.
+	// same address (members replace: the old id, which no longer answers,
+	// is removed first, then the new server joins as a learner, catches
+	// up and is promoted).
 	FaultReplace = "replace"
 )
 

@@ -28,12 +28,22 @@ func TestVerifyShort(t *testing.T) {
 		nodes int
 		seed  int64
 		dur   time.Duration
+		wipe  bool
 	}{
-		{3, 11, 40 * time.Second},
-		{5, 12, 40 * time.Second},
-		{3, 13, 30 * time.Second},
+		{3, 11, 40 * time.Second, false},
+		{5, 12, 40 * time.Second, false},
+		{3, 13, 30 * time.Second, false},
+		// Two wiped followers and a wiped quorum member of five, each
+		// replaced while the cluster runs degraded: before issue 15 the
+		// replacement was refused (a 6th voter), never retried, and the
+		// run ended with no leader.
+		{5, 10, 30 * time.Second, true},
 	} {
-		t.Run(fmt.Sprintf("nodes=%d/seed=%d", tc.nodes, tc.seed), func(t *testing.T) {
+		name := fmt.Sprintf("nodes=%d/seed=%d", tc.nodes, tc.seed)
+		if tc.wipe {
+			name += "/wipe"
+		}
+		t.Run(name, func(t *testing.T) {
 			// Kept when the case fails (to replay and to read the history).
 			dir, err := os.MkdirTemp(os.Getenv("TICKETING_VERIFY_OUT"), fmt.Sprintf("ticketing-verify-n%d-s%d-", tc.nodes, tc.seed))
 			if err != nil {
@@ -51,7 +61,7 @@ func TestVerifyShort(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
 			res, err := verify.Run(ctx, verify.Config{
-				Binary: binary, Dir: dir, Nodes: tc.nodes, Seed: tc.seed, Duration: tc.dur, Logger: log,
+				Binary: binary, Dir: dir, Nodes: tc.nodes, Seed: tc.seed, Duration: tc.dur, Wipe: tc.wipe, Logger: log,
 			})
 			if err != nil {
 				t.Fatal(err)
@@ -62,6 +72,9 @@ func TestVerifyShort(t *testing.T) {
 			}
 			if len(res.Faults) < 5 || res.Check.Grants < 100 {
 				t.Fatalf("too little happened: %d faults, %d grants", len(res.Faults), res.Check.Grants)
+			}
+			if tc.wipe && (len(res.Lost) > 0 || res.ExpectedStop != "") {
+				t.Fatalf("wiped servers not replaced: %v (%s)", res.Lost, res.ExpectedStop)
 			}
 		})
 	}
