@@ -225,7 +225,7 @@ func (n *Node) Remove(id string, timeout time.Duration) error {
 		}
 	}
 	if m.ServerID == n.serverID {
-		if err := n.raft.LeadershipTransfer().Error(); err != nil {
+		if err := n.handOverWithin(timeout); err != nil {
 			return fmt.Errorf("cluster: handing leadership over before removing this node: %w", err)
 		}
 		return fmt.Errorf("%w: leadership handed over; ask the new leader to remove %s", ErrNotLeader, id)
