@@ -28,8 +28,13 @@ type ProcOptions struct {
 	Binary string
 	// Dir holds one data dir and one log file per node, and the secrets.
 	Dir string
-	// Nodes is 3 (zero) or 5.
+	// Nodes is the number of node processes: 3 (zero) or 5, or more with
+	// Voters.
 	Nodes int
+	// Voters is how many of the nodes are initial voters (3 or 5; zero:
+	// all). The others start with empty data dirs and no --peers, as spare
+	// servers to add through the admin port (a learner, then promoted).
+	Voters int
 	// ClusterID is the cluster id; "" means "bench".
 	ClusterID string
 	// ExtraArgs are appended to every node's command line.
@@ -97,6 +102,9 @@ func StartProcs(opts ProcOptions) (*Procs, error) {
 	if opts.Nodes == 0 {
 		opts.Nodes = 3
 	}
+	if opts.Voters == 0 || opts.Voters > opts.Nodes {
+		opts.Voters = opts.Nodes
+	}
 	if opts.ClusterID == "" {
 		opts.ClusterID = "bench"
 	}
@@ -131,7 +139,9 @@ func StartProcs(opts ProcOptions) (*Procs, error) {
 		p.ids = append(p.ids, id)
 		p.clientAddrs = append(p.clientAddrs, fmt.Sprintf("127.0.0.1:%d", ports[3*i]))
 		p.peerAddrs = append(p.peerAddrs, fmt.Sprintf("127.0.0.1:%d", ports[3*i+1]))
-		peers = append(peers, fmt.Sprintf("%s=127.0.0.1:%d", id, ports[3*i+1]))
+		if i < opts.Voters {
+			peers = append(peers, fmt.Sprintf("%s=127.0.0.1:%d", id, ports[3*i+1]))
+		}
 	}
 	var nodeTLS map[string]tlsconf.Files
 	if opts.TLS {
@@ -148,10 +158,12 @@ func StartProcs(opts ProcOptions) (*Procs, error) {
 			"--data-dir", p.DataDir(i),
 			"--client-addr", p.clientAddrs[i],
 			"--peer-addr", fmt.Sprintf("127.0.0.1:%d", ports[3*i+1]),
-			"--peers", strings.Join(peers, ","),
 			"--cluster-id", p.ClusterID,
 			"--secret-file", secretFile,
 			"--peer-secret-file", peerSecretFile,
+		}
+		if i < opts.Voters { // a spare joins later, as a learner
+			args = append(args, "--peers", strings.Join(peers, ","))
 		}
 		if opts.FaultFiles {
 			args = append(args, "--fault-file", p.FaultFile(i))
@@ -242,6 +254,9 @@ func freePorts(n int) ([]int, error) {
 
 // Size is the number of nodes.
 func (p *Procs) Size() int { return len(p.ids) }
+
+// AdminAddr is node i's admin address (with ProcOptions.Admin).
+func (p *Procs) AdminAddr(i int) string { return p.adminAddrs[i] }
 
 // ID is node i's id; ClientAddr its client address.
 func (p *Procs) ID(i int) string         { return p.ids[i] }
