@@ -151,9 +151,20 @@ func (n *Node) HandOver(ctx context.Context, to string) (string, error) {
 	case <-ctx.Done():
 		err = ctx.Err()
 	}
+	if err != nil {
+		// hashicorp/raft gives up after one election timeout even when
+		// its TimeoutNow got through and the target is still campaigning
+		// (slow on a loaded machine): serving again at once could take
+		// requests that the target's win then leaves unknown. Wait one
+		// more election timeout for a late win before serving again.
+		n.waitHandOver(ctx, n.cfg.ElectionTimeout, func() bool { return n.raft.State() != raft.Leader })
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	h.active = false
+	if err != nil && n.raft.State() != raft.Leader {
+		err = nil // the target won late
+	}
 	if err != nil {
 		n.resumeLocked(h)
 		n.log.Warn("leadership transfer failed; serving again", "to", id, "err", err)
