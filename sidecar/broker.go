@@ -421,6 +421,18 @@ func (b *Broker) watch(s *slot, conn *client.Conn) {
 		case <-b.closing:
 			return
 		case <-s.stop:
+			// No longer kept (and no longer chosen for new requests): let
+			// what is in flight on it end before closing, so that nothing
+			// written there becomes Indeterminate by our own hand.
+			for end := time.Now().Add(b.cfg.DialTimeout + b.cfg.ReplyGrace); conn.InFlight() > 0 && time.Now().Before(end); {
+				select {
+				case <-conn.Done():
+					return
+				case <-b.closing:
+					return
+				case <-time.After(20 * time.Millisecond):
+				}
+			}
 			return
 		case <-b.cfg.After(leaderProbeInterval):
 		}

@@ -521,7 +521,7 @@ func TestBrokerCompensatesLateGrant(t *testing.T) {
 	li := leaderOf(t, c)
 	d := &stallDialer{}
 	b := newBroker(t, c, func(cfg *Config) {
-		cfg.Addrs = []string{c.ClientAddr(li)}
+		seedOnly(cfg, c.ClientAddr(li))
 		cfg.Dialer = d.dial
 		cfg.ReplyGrace = 300 * time.Millisecond
 	})
