@@ -180,7 +180,10 @@ func (n *Node) identity() wire.Identity {
 			n.hasState.Store(true)
 		}
 	}
-	id := wire.Identity{HasState: has, Domain: n.fsm.getDomain()}
+	id := wire.Identity{HasState: has, Domain: n.fsm.getDomain(), ClientAddr: n.advertise}
+	if len(id.ClientAddr) > 255 { // does not fit the frame; clients cannot be told it
+		id.ClientAddr = ""
+	}
 	if r := n.raftIfStarted(); r != nil {
 		id.Applied = r.AppliedIndex()
 	}

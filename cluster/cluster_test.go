@@ -527,6 +527,22 @@ func TestLeaderShutdownHandsLeadershipOver(t *testing.T) {
 	if h, ok := c.holderOn(next, "held"); !ok || h.Token != tok {
 		t.Fatalf("after the hand-over the lock is %+v (held %v), want token %d", h, ok, tok)
 	}
+	// The client's connection was to the old leader, which told it of the
+	// hand-over before it stopped serving and then closed it. Writing the
+	// next acquire there before the client has read that would race the
+	// close (a written request on a dying connection is Indeterminate):
+	// the notice, then the EOF, reach the client in that order, so wait
+	// for either to have been read. (This raced under a loaded CI run.)
+	if old := lc.current(); old != nil {
+		waitFor(t, "the client to read the old leader's notice or close", 10*time.Second, func() bool {
+			select {
+			case <-old.Done():
+				return true
+			default:
+				return old.HandingOver()
+			}
+		})
+	}
 	if t2 := mustGrant(t, lc.do(acquireMsg("other", "a", 30, 0))); t2 <= tok {
 		t.Fatalf("token %d after %d", t2, tok)
 	}

@@ -20,9 +20,11 @@ import (
 // what follows:
 //
 //	'L' locksm batch: the rest is locksm.AppendBatch's encoding
-//	'A' leader announcement: node_id str8 | client_addr str8
-//	    (a new leader records its client address in the log, so every
-//	    follower can send clients there in an M reply)
+//	'A' client address: node_id str8 | client_addr str8
+//	    (a new leader records its own client address in the log, so every
+//	    follower can send clients there in an M reply, and the serving
+//	    leader records every other member's, learned over discovery, so
+//	    that members replies list them; see memberaddrs.go)
 //	'D' domain creation: domain str8 | token_floor u64
 //	    (the first leader of a new cluster names its fencing domain and
 //	    raises the token counter to the floor; only the first 'D' of a log
@@ -62,7 +64,7 @@ type fsm struct {
 
 	mu          sync.Mutex
 	state       *locksm.State
-	clientAddrs map[string]string // node id → advertised client address
+	clientAddrs map[string]string // server id → advertised client address
 	domain      string            // the fencing domain; "" until the first 'D'
 
 	// Scratch reused across ApplyBatch calls (FSM goroutine only). out is

@@ -191,7 +191,13 @@ func (lc *leaderClient) conn() (*client.Conn, error) {
 		case <-lc.cn.Done():
 			lc.cn = nil
 		default:
-			return lc.cn, nil
+			if !lc.cn.HandingOver() {
+				return lc.cn, nil
+			}
+			// The node announced that it hands its leadership over: it
+			// takes no more lock requests on this connection.
+			lc.cn.Close()
+			lc.cn = nil
 		}
 	}
 	if lc.at < 0 {
@@ -219,6 +225,13 @@ func (lc *leaderClient) drop() {
 }
 
 func (lc *leaderClient) close() { lc.drop() }
+
+// current is the connection the client holds now (nil: none).
+func (lc *leaderClient) current() *client.Conn {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	return lc.cn
+}
 
 // waitFor polls cond until it holds or the test times out.
 func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {

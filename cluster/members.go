@@ -47,16 +47,17 @@ import (
 // (the voter removed does not answer); Promote never makes a 6th voter
 // (PromoteReplacing may, inside its step). Growing 3 → 5 is learner +
 // promote twice (passing 4 voters); shrinking is remove twice. Removing
-// the leader first hands leadership over (LeadershipTransfer) and the new
-// leader removes it.
+// the leader first hands leadership over (a quiet hand-over, handover.go)
+// and the new leader removes it.
 
 // Member is one server of the current configuration.
 type Member struct {
 	ServerID string // NAME/INCARNATION
 	Name     string
 	PeerAddr string // host:port of its peer port
-	// ClientAddr is the client address it announced through the log; ""
-	// until it has led once (only leaders announce theirs).
+	// ClientAddr is its client address as recorded in the log (the
+	// serving leader records every member's, memberaddrs.go); "" until
+	// then, or for a member that never answered.
 	ClientAddr string
 	Voter      bool
 	Leader     bool
@@ -373,7 +374,7 @@ func (n *Node) PromoteReplacing(id, old string, timeout time.Duration) error {
 		return noQuorum(ms, hs)
 	}
 	if old == n.serverID {
-		if err := n.raft.LeadershipTransfer().Error(); err != nil {
+		if err := n.handOverWithin(timeout); err != nil {
 			return fmt.Errorf("cluster: handing leadership over before replacing this node: %w", err)
 		}
 		return fmt.Errorf("%w: leadership handed over; ask the new leader to promote %s replacing %s", ErrNotLeader, id, old)
@@ -427,7 +428,7 @@ func (n *Node) Remove(id string, timeout time.Duration) error {
 		}
 	}
 	if m.ServerID == n.serverID {
-		if err := n.raft.LeadershipTransfer().Error(); err != nil {
+		if err := n.handOverWithin(timeout); err != nil {
 			return fmt.Errorf("cluster: handing leadership over before removing this node: %w", err)
 		}
 		return fmt.Errorf("%w: leadership handed over; ask the new leader to remove %s", ErrNotLeader, id)

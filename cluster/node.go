@@ -56,6 +56,8 @@ type Node struct {
 	propQ    []locksm.Command
 	propWake chan struct{}
 	futures  chan batchFuture
+	// addrWake asks the member-address check to run now (memberaddrs.go).
+	addrWake chan struct{}
 	// slots bounds the batches proposed but not yet applied. While they
 	// are in flight, new commands queue up and go out together in the next
 	// batch (group commit): one entry, one fsync, one replication round for
@@ -68,12 +70,17 @@ type Node struct {
 	// mu guards everything below. Never held while taking fsm.mu.
 	mu      sync.Mutex
 	leading bool   // raft says we are leader (timers may be armed)
-	serving bool   // leader and ready: earlier entries applied, waiters dropped
+	ready   bool   // leading, and earlier entries applied, waiters dropped (gainLeadership done)
+	serving bool   // ready and not handing over: lock requests are taken
 	epoch   uint64 // bumped on every leadership change
-	pend    map[uint64]*pending
-	conns   map[*clientConn]struct{}
-	nextRef uint64
-	closed  bool
+	// handover is the hand-over of this node's leadership in progress, or
+	// after one, its target as the leader hint until a leader is known
+	// (see handover.go). nil: none.
+	handover *handOver
+	pend     map[uint64]*pending
+	conns    map[*clientConn]struct{}
+	nextRef  uint64
+	closed   bool
 	// uncommitted counts acquires proposed but not applied: those that may
 	// wait per key (for MaxWaitersPerKey), all in total (for MaxKeys); see
 	// admitAcquire.
@@ -141,6 +148,7 @@ func New(cfg Config) (*Node, error) {
 		cfg:       cfg,
 		log:       cfg.Logger.With("node", cfg.NodeID),
 		propWake:  make(chan struct{}, 1),
+		addrWake:  make(chan struct{}, 1),
 		slots:     make(chan struct{}, batchesInFlight),
 		futures:   make(chan batchFuture, 1024),
 		pend:      map[uint64]*pending{},
@@ -194,6 +202,18 @@ func (n *Node) start() error {
 
 	n.fsm = newFSM(n, n.log) // before the peer layer, which reads the domain
 	n.fsm.metrics = n.metrics
+	// The client port and its advertised address come before the peer
+	// layer: a discovering peer may ask for the address at once.
+	n.clientLn = cfg.ClientListener
+	if n.clientLn == nil {
+		if n.clientLn, err = net.Listen("tcp", cfg.ClientAddr); err != nil {
+			return fmt.Errorf("cluster: client port: %w", err)
+		}
+	}
+	n.advertise = cfg.AdvertiseClientAddr
+	if n.advertise == "" {
+		n.advertise = n.clientLn.Addr().String()
+	}
 	peerLn := cfg.PeerListener
 	if peerLn == nil {
 		if peerLn, err = net.Listen("tcp", cfg.PeerAddr); err != nil {
@@ -208,21 +228,11 @@ func (n *Node) start() error {
 		Logger:  hlog,
 	})
 
-	n.clientLn = cfg.ClientListener
-	if n.clientLn == nil {
-		if n.clientLn, err = net.Listen("tcp", cfg.ClientAddr); err != nil {
-			return fmt.Errorf("cluster: client port: %w", err)
-		}
-	}
 	n.adminLn = cfg.AdminListener
 	if n.adminLn == nil && cfg.AdminAddr != "" {
 		if n.adminLn, err = net.Listen("tcp", cfg.AdminAddr); err != nil {
 			return fmt.Errorf("cluster: admin port: %w", err)
 		}
-	}
-	n.advertise = cfg.AdvertiseClientAddr
-	if n.advertise == "" {
-		n.advertise = n.clientLn.Addr().String()
 	}
 
 	rc := raft.DefaultConfig()
@@ -265,7 +275,8 @@ func (n *Node) start() error {
 		n.wg.Add(1)
 		go n.pollFaultFile()
 	}
-	n.wg.Add(5)
+	n.wg.Add(6)
+	go n.memberAddrLoop()
 	go n.watchLeadership()
 	go n.watchLeaderChanges()
 	go n.proposeLoop()
@@ -353,25 +364,20 @@ func (n *Node) LastToken() uint64 {
 // ReadState runs fn with this node's applied lock table (read only).
 func (n *Node) ReadState(fn func(st *locksm.State)) { n.fsm.read(fn) }
 
-// Close stops the node: the client port first (pending requests get U),
-// then Raft, the transport and the store. It does not hand leadership over.
-// Shutdown stops the node gracefully: a leader first hands leadership to
-// the most up-to-date voter (hashicorp/raft LeadershipTransfer), so clients
-// wait for one round of messages rather than an election timeout, then the
-// node closes. The hand-over is bounded by ctx; if it fails or ctx ends,
-// the node closes anyway (the others then elect a leader as after a
-// crash). handedTo is the server id leadership went to ("" if none).
+// Shutdown stops the node gracefully: a leader first hands its leadership
+// over quietly (HandOver: its clients are told, in-flight requests are
+// answered, queued waiters withdrawn, then a hashicorp/raft transfer to the
+// most up-to-date voter), so clients wait for one round of messages rather
+// than an election timeout, then the node closes. The hand-over is bounded
+// by ctx; if it fails or ctx ends, the node closes anyway (the others then
+// elect a leader as after a crash). handedTo is the server id leadership
+// went to ("" if none).
 func (n *Node) Shutdown(ctx context.Context) (handedTo string, err error) {
 	if n.raft != nil && n.raft.State() == raft.Leader && n.otherVoters() > 0 {
 		start := time.Now()
-		done := make(chan error, 1)
-		go func() { done <- n.raft.LeadershipTransfer().Error() }()
-		select {
-		case err := <-done:
-			if err != nil {
-				n.log.Warn("leadership transfer before shutdown failed", "err", err)
-				break
-			}
+		if _, err := n.HandOver(ctx, ""); err != nil {
+			n.log.Warn("leadership transfer before shutdown failed", "err", err)
+		} else {
 			// Wait (bounded by ctx) to hear from the new leader, so that
 			// closing does not race its first heartbeat.
 			for handedTo == "" && ctx.Err() == nil {
@@ -382,8 +388,6 @@ func (n *Node) Shutdown(ctx context.Context) (handedTo string, err error) {
 				time.Sleep(5 * time.Millisecond)
 			}
 			n.log.Info("leadership handed over before shutdown", "to", handedTo, "took", time.Since(start).Round(time.Millisecond))
-		case <-ctx.Done():
-			n.log.Warn("leadership transfer before shutdown did not finish in time", "err", ctx.Err())
 		}
 	}
 	return handedTo, n.Close()
@@ -404,6 +408,8 @@ func (n *Node) otherVoters() int {
 	return c
 }
 
+// Close stops the node: the client port first (pending requests get U),
+// then Raft, the transport and the store. It does not hand leadership over.
 func (n *Node) Close() error {
 	n.mu.Lock()
 	if n.closed {
@@ -518,17 +524,7 @@ func (n *Node) gainLeadership() {
 			n.log.Warn("dropping orphaned waiters failed", "err", err)
 			return
 		}
-		now := time.Now()
-		var items []timerItem
-		n.fsm.read(func(st *locksm.State) {
-			st.RangeHolders(func(key string, h locksm.Holder) bool {
-				items = append(items, timerItem{
-					at: now.Add(time.Duration(h.LeaseSec) * time.Second), kind: timerExpire,
-					key: key, token: h.Token, epoch: epoch,
-				})
-				return true
-			})
-		})
+		items := n.holderTimers(time.Now(), epoch)
 		n.mu.Lock()
 		if n.epoch != epoch || !n.leading {
 			n.mu.Unlock()
@@ -537,8 +533,18 @@ func (n *Node) gainLeadership() {
 		for _, it := range items {
 			n.timers.add(it)
 		}
-		n.serving = true
+		n.ready = true
+		// A hand-over started while preparing: it decides (resumeLocked).
+		if h := n.handover; h == nil || !h.active {
+			n.handover = nil
+			n.serving = true
+			n.broadcastServingLocked()
+		}
 		n.mu.Unlock()
+		select { // record the members' client addresses (memberaddrs.go)
+		case n.addrWake <- struct{}{}:
+		default:
+		}
 		n.log.Info("leader serving", "ready_after", time.Since(start).Round(time.Millisecond), "holders", len(items))
 	}()
 }
@@ -549,7 +555,7 @@ func (n *Node) loseLeadership(why string) {
 	n.mu.Lock()
 	wasLeading := n.leading
 	n.epoch++
-	n.leading, n.serving = false, false
+	n.leading, n.ready, n.serving = false, false, false
 	owed := n.pend
 	n.pend = map[uint64]*pending{}
 	n.uncommitted, n.uncommittedTotal = map[string]int{}, 0
@@ -569,10 +575,31 @@ func (n *Node) loseLeadership(why string) {
 	}
 }
 
-// leaderHint returns the leader's client address and id for an M reply;
-// addr is "" when no leader is known (or its address is not yet known).
-func (n *Node) leaderHint() (addr, id string) {
+// leaderHintLocked returns where lock requests should go, for an M reply:
+// the leader's client address and id. During a hand-over of this node's
+// leadership, and after it until Raft knows the new leader, that is the
+// target. addr is "" when no leader is known (or its address is not yet
+// known). Requires n.mu.
+func (n *Node) leaderHintLocked() (addr, id string) {
 	_, lid := n.raft.LeaderWithID()
+	if h := n.handover; h != nil {
+		switch string(lid) {
+		case "", n.serverID:
+			return h.addr, h.id
+		case h.id:
+			// The target leads; the log may not have its address yet.
+			if addr := n.fsm.clientAddr(h.id); addr != "" {
+				if !h.active {
+					n.handover = nil // Raft and the log know all the hint did
+				}
+				return addr, h.id
+			}
+			return h.addr, h.id
+		}
+		if !h.active {
+			n.handover = nil // another leader is known: the hint has served
+		}
+	}
 	if lid == "" {
 		return "", ""
 	}
@@ -669,12 +696,12 @@ func (n *Node) proposalFailed(cmds []locksm.Command, err error) {
 	// A proposal refused during a leadership transfer was not appended
 	// either (hashicorp/raft answers it before dispatching).
 	notAppended := errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipTransferInProgress)
-	addr, id := "", ""
-	if notAppended {
-		addr, id = n.leaderHint()
-	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	addr, id := "", ""
+	if notAppended {
+		addr, id = n.leaderHintLocked()
+	}
 	for _, c := range cmds {
 		if c.Op == locksm.OpExpire {
 			delete(n.expiring, c.Token)
@@ -763,7 +790,7 @@ func (n *Node) onApplied(batch []applied) {
 }
 
 func (n *Node) onAnnounce(id, addr string) {
-	n.log.Debug("leader announced", "leader", id, "client_addr", addr)
+	n.log.Debug("client address recorded", "member", id, "client_addr", addr)
 }
 
 // resolve handles the result of p's own command. Requires n.mu.
@@ -775,7 +802,9 @@ func (n *Node) resolve(p *pending, res locksm.Result, now time.Time) {
 		n.committed(p)
 		p.queued = true
 		switch {
-		case p.conn.dead || p.cancel:
+		case p.conn.dead || p.cancel || n.withdrawing():
+			// Gone, cancelled, or a hand-over withdraws its waiters.
+			p.cancel = true
 			n.propose(locksm.Command{Op: locksm.OpCancelWait, Key: p.key, Ref: p.ref})
 		default:
 			n.timers.add(timerItem{at: p.deadline, kind: timerWait, key: p.key, ref: p.ref, epoch: n.epoch})

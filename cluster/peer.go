@@ -169,7 +169,7 @@ func (l *peerLayer) serverHandshake(raw net.Conn) {
 	if peer.Kind == wire.KindDiscover {
 		// A node at its first start asks who we are: the Challenge proved
 		// our server id; tell it whether we have state, then hang up.
-		_ = wire.WriteIdentity(c, l.identity())
+		_ = wire.WriteIdentity(c, l.identity(), peer.Version)
 		c.Close()
 		return
 	}
@@ -285,12 +285,12 @@ func newPeerDialer(cfg Config, serverID string, log *slog.Logger) *peerLayer {
 // discoverID is discover for a known server id: the node must prove
 // exactly id.
 func (l *peerLayer) discoverID(id, name, hostport string, timeout time.Duration) (string, wire.Identity, error) {
-	raw, c, _, err := l.dialPeer(wire.KindDiscover, id, name, hostport, timeout)
+	raw, c, peer, err := l.dialPeer(wire.KindDiscover, id, name, hostport, timeout)
 	if err != nil {
 		return "", wire.Identity{}, err
 	}
 	defer raw.Close()
-	ident, err := wire.ReadIdentity(c)
+	ident, err := wire.ReadIdentity(c, peer.Version)
 	return id, ident, err
 }
 
@@ -305,6 +305,6 @@ func (l *peerLayer) discover(name, hostport string, timeout time.Duration) (serv
 	if n, inc := SplitServerID(peer.NodeID); n != name || inc == "" {
 		return "", wire.Identity{}, fmt.Errorf("cluster: %s answered discovery as %q: %w", hostport, peer.NodeID, wire.ErrWrongNode)
 	}
-	id, err = wire.ReadIdentity(c)
+	id, err = wire.ReadIdentity(c, peer.Version)
 	return peer.NodeID, id, err
 }

@@ -77,7 +77,7 @@ type MemberReport struct {
 	Voter    bool   `json:"voter"`
 	Leader   bool   `json:"leader"`
 	PeerAddr string `json:"peer_addr"`
-	// ClientAddr is "" until the member has led once.
+	// ClientAddr is "" until the leader has recorded it in the log.
 	ClientAddr string `json:"client_addr"`
 	// Lag is how many entries the member's applied index trails the
 	// leader's commit index, in the leader's view: null when the answering

@@ -28,6 +28,11 @@ type clientConn struct {
 	// Guarded by Node.mu.
 	inflight map[uint64]*pending // by request id
 	dead     bool                // reader stopped: later grants are compensated
+	// version is the protocol version the handshake negotiated (0 until
+	// then): notices go only to connections of VersionNotices or later.
+	version uint16
+	// ackPending: told of a hand-over, not acknowledged yet (handover.go).
+	ackPending bool
 
 	// mu guards out and closed. Lock order: Node.mu before clientConn.mu.
 	mu       sync.Mutex
@@ -88,9 +93,18 @@ func (n *Node) acceptClients() {
 func (n *Node) serveConn(cc *clientConn) {
 	defer n.wg.Done()
 	defer n.connGone(cc)
-	if !n.admitClient(cc) {
+	version, ok := n.admitClient(cc)
+	if !ok {
 		return
 	}
+	n.mu.Lock()
+	cc.version = version
+	if h := n.handover; h != nil && h.active && version >= wire.VersionNotices {
+		// Connected during a hand-over: told like the others (its
+		// acknowledgement is not waited for).
+		cc.send(&wire.Msg{Type: wire.TypeNotice, Event: wire.NoticeHandOver, LeaderID: h.id, LeaderAddr: h.addr})
+	}
+	n.mu.Unlock()
 	cc.mu.Lock()
 	cc.writing = true
 	cc.mu.Unlock()
@@ -132,19 +146,21 @@ func (n *Node) serveConn(cc *clientConn) {
 }
 
 // admitClient runs a new connection's admission (see admission.go): the
-// per-IP gate, TLS when configured, and the authentication handshake. On
-// failure it holds the connection for the failure delay and returns false
-// (the caller closes it).
-func (n *Node) admitClient(cc *clientConn) bool {
+// per-IP gate, TLS when configured, and the authentication handshake, and
+// returns the negotiated protocol version. On failure it holds the
+// connection for the failure delay and returns false (the caller closes
+// it).
+func (n *Node) admitClient(cc *clientConn) (uint16, bool) {
 	ip := ipOf(cc.remote)
 	if !n.clientGate.enter(ip) {
 		n.stats.gateRefusals.Add(1)
-		return false
+		return 0, false
 	}
 	_ = cc.c.SetDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
 	rw, binding, err := secureAccept(cc.c, n.cfg.ClientTLS)
+	var peer wire.Peer
 	if err == nil {
-		_, err = wire.ServerHandshake(rw, wire.HandshakeConfig{
+		peer, err = wire.ServerHandshake(rw, wire.HandshakeConfig{
 			Kind:           wire.KindClient,
 			Secret:         n.cfg.ClientSecret,
 			NextSecret:     n.cfg.NextClientSecret,
@@ -164,13 +180,13 @@ func (n *Node) admitClient(cc *clientConn) bool {
 			n.log.Warn("client admission refused", "remote", cc.remote, "recent_failures_from_ip", failures, "err", err)
 		}
 		n.hold(delay)
-		return false
+		return 0, false
 	}
 	_ = cc.c.SetDeadline(time.Time{})
 	cc.mu.Lock()
 	cc.rw = rw
 	cc.mu.Unlock()
-	return true
+	return peer.Version, true
 }
 
 // hold sleeps for d, or until the node closes.
@@ -211,6 +227,7 @@ func isClosedConn(err error) bool {
 // cancelled, and grants that arrive later are released (see granted).
 func (n *Node) connGone(cc *clientConn) {
 	n.mu.Lock()
+	n.noticeAckedLocked(cc) // a hand-over need not wait for it any more
 	cc.dead = true
 	delete(n.conns, cc)
 	for _, p := range cc.inflight {
@@ -239,6 +256,12 @@ func (n *Node) handle(cc *clientConn, m *wire.Msg) bool {
 		ms := n.membersReply()
 		ms.ID = m.ID
 		cc.send(&ms)
+		return true
+	case wire.TypeNoticeAck:
+		n.mu.Lock()
+		n.noticeAckedLocked(cc)
+		n.mu.Unlock()
+		cc.send(&wire.Msg{Type: wire.TypeOK, ID: m.ID})
 		return true
 	case wire.TypeAcquire, wire.TypeRelease, wire.TypeCancel:
 	default:
@@ -288,7 +311,7 @@ func (n *Node) handle(cc *clientConn, m *wire.Msg) bool {
 		return true
 	}
 	if !n.serving {
-		addr, id := n.leaderHint()
+		addr, id := n.leaderHintLocked()
 		n.metrics.reply(cmd.Op, resMoved)
 		cc.send(&wire.Msg{Type: wire.TypeMoved, ID: m.ID, LeaderAddr: addr, LeaderID: id})
 		return true
@@ -396,10 +419,19 @@ func (n *Node) status() wire.Msg {
 	st.Commit = n.raft.CommitIndex()
 	st.Applied = n.raft.AppliedIndex()
 	// leader_addr is where requests are served right now: a leader that is
-	// still preparing (barrier, dropping orphaned waiters) leaves it empty.
-	addr, id := n.leaderHint()
-	if id == n.serverID && n.Serving() {
-		addr = n.advertise
+	// still preparing (barrier, dropping orphaned waiters) or handing its
+	// leadership over leaves it empty. (Unlike M, status names Raft's
+	// leader, never a hand-over's target: an older client takes a status
+	// naming the node itself with an address for "serving".)
+	var addr, id string
+	if _, lid := n.raft.LeaderWithID(); lid != "" {
+		id = string(lid)
+		switch {
+		case id != n.serverID:
+			addr = n.fsm.clientAddr(id)
+		case n.Serving():
+			addr = n.advertise
+		}
 	}
 	st.LeaderAddr, st.LeaderID = addr, id
 	n.fsm.read(func(s *locksm.State) {

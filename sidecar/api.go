@@ -2,8 +2,12 @@
 // persistent, leader-aware, pipelined connections to the cluster and gives
 // callers the client semantics of the product description (Indeterminate,
 // no resend of a written request, bounded release retries with an absolute
-// deadline, compensation of late grants). The sidecar process serves it over
-// a unix socket (unixapi/); Go programs may also use it in process.
+// deadline, compensation of late grants). It follows membership (the
+// configured addresses are seeds; members' client addresses are learned from
+// the leader) and planned hand-overs (on a leader's notice it stops writing
+// there and holds new requests until a leader serves). The sidecar process
+// serves it over a unix socket (unixapi/); Go programs may also use it in
+// process.
 package sidecar
 
 import (
@@ -31,9 +35,10 @@ var (
 	// ErrUnavailable: no connection to a serving leader could take the
 	// request within its budget; not one byte was written. Definite.
 	ErrUnavailable = errors.New("sidecar: cluster unavailable")
-	// ErrMoved: the node that got the request was not the leader and did not
-	// execute it. Definite. The broker remembers the leader it named and
-	// sends later requests there; it never resends a written request.
+	// ErrMoved: the node that got the request was not the leader (or was
+	// handing its leadership over) and did not execute it. Definite. The
+	// broker remembers the leader it named and sends later requests there;
+	// it never resends a written request.
 	ErrMoved = errors.New("sidecar: moved")
 	// ErrReleaseQueueFull: the bounded release queue is full; nothing was
 	// sent (the lease remains the safety net).
@@ -60,8 +65,12 @@ type Info struct {
 	Domain    string   // the fencing domain the nodes belong to, "" until known
 	Leader    string   // client address of the known leader, "" if unknown
 	Connected []string // addresses with a live connection
-	Addrs     []string // every configured address
+	// Addrs is every address the broker keeps: the seeds, then the
+	// members' client addresses learned from the leader.
+	Addrs []string
+	Seeds []string // the configured addresses (Config.Addrs)
 	// Members is the Raft configuration as the leader last reported it
-	// (refreshed on leader changes and every 30 s; nil until known).
+	// (refreshed on leader changes and every Config.MembersRefresh; nil
+	// until known).
 	Members []wire.Member
 }

@@ -17,9 +17,11 @@ import (
 
 // Config configures a Broker. Zero tunables take the defaults below.
 type Config struct {
-	// Addrs are the cluster nodes' client addresses (HOST:PORT), as the
-	// nodes advertise them (the leader named in a status or M reply is
-	// matched against these strings). Required.
+	// Addrs are the seeds: cluster nodes' client addresses (HOST:PORT),
+	// as the nodes advertise them (the leader named in a status or M reply
+	// is matched against these strings). The broker always keeps a
+	// connection to each, and adds the members' client addresses it
+	// learns from the leader (see MembersRefresh). Required.
 	Addrs []string
 	// Secret is the cluster's client secret. Required (>= 16 bytes).
 	Secret []byte
@@ -58,6 +60,17 @@ type Config struct {
 	// ReleaseQueue bounds releases waiting for a worker; ReleaseWorkers is
 	// how many releases may be in flight at once. Zero: 4096 and 64.
 	ReleaseQueue, ReleaseWorkers int
+	// MembersRefresh is how often the serving leader's node is asked for
+	// the members (as etcd's client AutoSyncInterval): the broker then
+	// dials members' client addresses it does not keep yet and stops
+	// keeping addresses that are neither seeds nor members. It also asks
+	// on every leader change. Zero: 30 s; negative: only on leader
+	// changes.
+	MembersRefresh time.Duration
+	// AllowAddr, when set, vets a member's client address learned from the
+	// cluster before the broker dials it (the sidecar applies its plaintext
+	// rule here); an address it refuses is not kept. nil: any.
+	AllowAddr func(addr string) error
 
 	// Logger; nil: slog.Default().
 	Logger *slog.Logger
@@ -81,6 +94,7 @@ const (
 	DefaultReleaseDeadline = 5 * time.Second
 	DefaultReleaseQueue    = 4096
 	DefaultReleaseWorkers  = 64
+	DefaultMembersRefresh  = 30 * time.Second
 )
 
 // DefaultConfig returns a Config with every tunable at its default.
@@ -89,6 +103,7 @@ func DefaultConfig() Config {
 		DialTimeout: DefaultDialTimeout, BackoffMin: DefaultBackoffMin, BackoffMax: DefaultBackoffMax,
 		LeaderWait: DefaultLeaderWait, ReplyGrace: DefaultReplyGrace, ReleaseDeadline: DefaultReleaseDeadline,
 		ReleaseQueue: DefaultReleaseQueue, ReleaseWorkers: DefaultReleaseWorkers,
+		MembersRefresh: DefaultMembersRefresh,
 	}
 }
 
@@ -133,6 +148,7 @@ func (c Config) withDefaults() Config {
 	set(&c.LeaderWait, d.LeaderWait)
 	set(&c.ReplyGrace, d.ReplyGrace)
 	set(&c.ReleaseDeadline, d.ReleaseDeadline)
+	set(&c.MembersRefresh, d.MembersRefresh)
 	if c.ReleaseQueue == 0 {
 		c.ReleaseQueue = d.ReleaseQueue
 	}
@@ -153,18 +169,28 @@ func (c Config) withDefaults() Config {
 
 // Broker is the official client. Safe for concurrent use.
 //
-// Lock order: Broker.mu is a leaf; nothing blocks while it is held.
+// Lock order: Broker.mu is a leaf; nothing blocks while it is held. A
+// connection's notice callback (onNotice) runs on that connection's reader
+// goroutine, which holds none of the connection's locks then, and takes
+// only Broker.mu; the connection's own locks are never taken under it
+// (HandingOver is an atomic read).
 type Broker struct {
 	cfg     Config
 	log     *slog.Logger
 	metrics *brokerMetrics
 
-	slots    []*slot
 	releases chan *releaseJob
 
-	mu     sync.Mutex
+	mu sync.Mutex
+	// slots are the addresses kept: one per seed (two for a single seed),
+	// then one per member's client address learned from the leader.
+	slots  []*slot
 	domain string // the pinned fencing domain ("" until a node names one)
 	leader string // client address of the known serving leader
+	// awaiting is the client address a hand-over notice named as the next
+	// leader, until a node says it serves: meanwhile an M naming a leader
+	// is not taken as one (the target does not serve yet).
+	awaiting string
 	// members is the leader's view of the Raft configuration, refreshed on
 	// every leader change and every membersRefresh; nil until first asked.
 	members   []wire.Member
@@ -181,7 +207,9 @@ type Broker struct {
 // slot is one persistent connection to one address.
 type slot struct {
 	addr string
-	conn *client.Conn // guarded by Broker.mu; nil while down
+	seed bool          // a configured address: kept for the broker's lifetime
+	conn *client.Conn  // guarded by Broker.mu; nil while down
+	stop chan struct{} // closed (under Broker.mu) when the address is no longer kept
 }
 
 type releaseJob struct {
@@ -208,16 +236,14 @@ func New(cfg Config) (*Broker, error) {
 	b.metrics = newBrokerMetrics(b)
 	// One connection per address; a single address gets two, so one socket
 	// dropping does not interrupt service.
+	b.mu.Lock()
 	for _, a := range cfg.Addrs {
-		b.slots = append(b.slots, &slot{addr: a})
+		b.addSlotLocked(a, true)
 	}
 	if len(cfg.Addrs) == 1 {
-		b.slots = append(b.slots, &slot{addr: cfg.Addrs[0]})
+		b.addSlotLocked(cfg.Addrs[0], true)
 	}
-	for _, s := range b.slots {
-		b.slotWG.Add(1)
-		go b.keep(s)
-	}
+	b.mu.Unlock()
 	for i := 0; i < cfg.ReleaseWorkers; i++ {
 		b.workerWG.Add(1)
 		go b.releaseWorker()
@@ -231,7 +257,89 @@ func (b *Broker) notifyLocked() {
 	b.changed = make(chan struct{})
 }
 
-// keep maintains one slot's connection for the broker's lifetime.
+// addSlotLocked starts keeping addr. Requires b.mu.
+func (b *Broker) addSlotLocked(addr string, seed bool) {
+	s := &slot{addr: addr, seed: seed, stop: make(chan struct{})}
+	b.slots = append(b.slots, s)
+	b.slotWG.Add(1)
+	go b.keep(s)
+}
+
+// keptLocked reports whether a slot keeps addr. Requires b.mu.
+func (b *Broker) keptLocked(addr string) bool {
+	for _, s := range b.slots {
+		if s.addr == addr {
+			return true
+		}
+	}
+	return false
+}
+
+// learn starts keeping addr, a member's client address the cluster named,
+// unless it is kept already or AllowAddr refuses it.
+func (b *Broker) learn(addr string) {
+	if addr == "" {
+		return
+	}
+	b.mu.Lock()
+	known := b.keptLocked(addr) || b.closed
+	b.mu.Unlock()
+	if known {
+		return
+	}
+	if err := b.allowAddr(addr); err != nil {
+		b.log.Warn("not dialling a member's address", "addr", addr, "err", err)
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.keptLocked(addr) && !b.closed {
+		b.addSlotLocked(addr, false)
+		b.notifyLocked()
+		b.log.Info("following membership: dialling a member's address", "addr", addr)
+	}
+}
+
+func (b *Broker) allowAddr(addr string) error {
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return err
+	}
+	if b.cfg.AllowAddr != nil {
+		return b.cfg.AllowAddr(addr)
+	}
+	return nil
+}
+
+// syncMembers follows the membership the leader reported: it keeps every
+// member's client address and stops keeping learned addresses that are
+// neither members nor the leader (or a hand-over's target) any more.
+// Seeds are always kept.
+func (b *Broker) syncMembers(ms []wire.Member) {
+	want := map[string]bool{}
+	for _, m := range ms {
+		if m.ClientAddr != "" {
+			want[m.ClientAddr] = true
+			b.learn(m.ClientAddr)
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	kept := b.slots[:0]
+	for _, s := range b.slots {
+		if s.seed || want[s.addr] || s.addr == b.leader || s.addr == b.awaiting {
+			kept = append(kept, s)
+			continue
+		}
+		close(s.stop)
+		b.log.Info("following membership: no longer keeping an address that is not a member", "addr", s.addr)
+	}
+	clear(b.slots[len(kept):])
+	b.slots = kept
+	b.rr = 0
+}
+
+// keep maintains one slot's connection until the broker closes or stops
+// keeping the address.
 func (b *Broker) keep(s *slot) {
 	defer b.slotWG.Done()
 	backoff := b.cfg.BackoffMin
@@ -243,6 +351,7 @@ func (b *Broker) keep(s *slot) {
 		conn, err := client.Dial(ctx, s.addr, client.Config{
 			Secret: b.cfg.Secret, NextSecret: b.cfg.NextSecret, TLS: b.cfg.TLS,
 			ClusterID: b.cfg.ClusterID, Domain: domain, HandshakeTimeout: b.cfg.DialTimeout, Dialer: b.cfg.Dialer,
+			OnNotice: func(c *client.Conn, n wire.Msg) { b.onNotice(s, c, n) },
 		})
 		cancel()
 		if err == nil {
@@ -253,8 +362,9 @@ func (b *Broker) keep(s *slot) {
 		}
 		if err == nil {
 			backoff = b.cfg.BackoffMin
-			b.up(s, conn)
-			b.watch(s.addr, conn)
+			if b.up(s, conn) {
+				b.watch(s, conn)
+			}
 			conn.Close()
 			b.down(s, conn)
 		} else {
@@ -263,6 +373,8 @@ func (b *Broker) keep(s *slot) {
 		}
 		select {
 		case <-b.closing:
+			return
+		case <-s.stop:
 			return
 		case <-b.cfg.After(backoff):
 		}
@@ -295,22 +407,38 @@ func (b *Broker) pinDomain(addr, domain string) error {
 	return nil
 }
 
-// watch waits for conn to die or the broker to close. While no leader is
-// known it asks conn's node now and then, so the broker learns of a new
-// leader before a request needs one (an election may still have been under
-// way when the connection came up).
-func (b *Broker) watch(addr string, conn *client.Conn) {
+// watch waits for conn to die, the broker to close or the address to be
+// dropped. While no leader is known it asks conn's node now and then, so
+// the broker learns of a new leader before a request needs one (an
+// election may still have been under way when the connection came up); on
+// the leader's connection it asks for the members every MembersRefresh.
+func (b *Broker) watch(s *slot, conn *client.Conn) {
+	addr := s.addr
 	for {
 		select {
 		case <-conn.Done():
 			return
 		case <-b.closing:
 			return
+		case <-s.stop:
+			// No longer kept (and no longer chosen for new requests): let
+			// what is in flight on it end before closing, so that nothing
+			// written there becomes Indeterminate by our own hand.
+			for end := time.Now().Add(b.cfg.DialTimeout + b.cfg.ReplyGrace); conn.InFlight() > 0 && time.Now().Before(end); {
+				select {
+				case <-conn.Done():
+					return
+				case <-b.closing:
+					return
+				case <-time.After(20 * time.Millisecond):
+				}
+			}
+			return
 		case <-b.cfg.After(leaderProbeInterval):
 		}
 		b.mu.Lock()
 		known := b.leader != ""
-		stale := b.leader == addr && b.cfg.Now().Sub(b.membersAt) >= membersRefresh
+		stale := b.leader == addr && b.cfg.MembersRefresh > 0 && b.cfg.Now().Sub(b.membersAt) >= b.cfg.MembersRefresh
 		b.mu.Unlock()
 		switch {
 		case !known:
@@ -321,22 +449,26 @@ func (b *Broker) watch(addr string, conn *client.Conn) {
 	}
 }
 
-// membersRefresh is how often the leader's connection is asked for the
-// members (INFO shows them; it is information, not routing).
-const membersRefresh = 30 * time.Second
-
 // leaderProbeInterval is how often an idle connection asks for the leader
 // while none is known.
 const leaderProbeInterval = 250 * time.Millisecond
 
-func (b *Broker) up(s *slot, conn *client.Conn) {
+// up installs a new connection; false if the address is no longer kept.
+func (b *Broker) up(s *slot, conn *client.Conn) bool {
 	b.mu.Lock()
+	select {
+	case <-s.stop:
+		b.mu.Unlock()
+		return false
+	default:
+	}
 	s.conn = conn
 	b.notifyLocked()
 	b.mu.Unlock()
 	b.log.Debug("connected", "addr", s.addr)
 	// Learn who leads, so the first requests go straight there.
 	go b.probe(s.addr, conn)
+	return true
 }
 
 func (b *Broker) down(s *slot, conn *client.Conn) {
@@ -368,13 +500,49 @@ func (b *Broker) connectedLocked(addr string) bool {
 // the configured address the connection was dialled at, so the leader is
 // recognised even when it advertises another name for itself.
 func (b *Broker) probe(addr string, conn *client.Conn) {
+	if conn.HandingOver() {
+		return // it said it hands over: it will not serve
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.DialTimeout)
 	defer cancel()
 	st, _, err := conn.Do(ctx, wire.Msg{Type: wire.TypeStatus})
-	if err == nil && st.Type == wire.TypeStatusR && st.Role == wire.RoleLeader && st.LeaderAddr != "" {
-		b.setLeader(addr)
+	if err == nil && st.Type == wire.TypeStatusR && st.Role == wire.RoleLeader && st.LeaderAddr != "" &&
+		st.LeaderID == st.NodeID && !conn.HandingOver() {
+		b.serving(addr)
 		b.fetchMembers(addr, conn)
 	}
+}
+
+// onNotice handles a node's notice (a connection's reader goroutine calls
+// it, before the connection acts on it).
+func (b *Broker) onNotice(s *slot, conn *client.Conn, n wire.Msg) {
+	switch n.Event {
+	case wire.NoticeHandOver:
+		// Stop sending there (the connection refuses acquires and
+		// releases from now on) and hold new requests, writing nothing,
+		// until a leader serves: findLeader waits while none is known.
+		b.mu.Lock()
+		if b.leader == s.addr || b.leader == "" {
+			b.leader = ""
+			b.awaiting = n.LeaderAddr
+		}
+		b.notifyLocked()
+		b.mu.Unlock()
+		b.log.Info("leader hands over", "from", s.addr, "to", n.LeaderID, "to_addr", n.LeaderAddr)
+		b.learn(n.LeaderAddr)
+	case wire.NoticeServing:
+		b.serving(s.addr)
+		go b.fetchMembers(s.addr, conn)
+	}
+}
+
+// serving records the node at addr (a kept address) as the serving
+// leader, on its own word (a status or a serving notice).
+func (b *Broker) serving(addr string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.awaiting = ""
+	b.setLeaderLocked(addr)
 }
 
 // fetchMembers asks the leader's node for the configuration (a read, safe
@@ -390,12 +558,22 @@ func (b *Broker) fetchMembers(addr string, conn *client.Conn) {
 	b.mu.Lock()
 	b.members, b.membersAt = r.Members, b.cfg.Now()
 	b.mu.Unlock()
+	b.syncMembers(r.Members)
 }
 
-// setLeader records a leader hint if it names one of our addresses.
+// setLeader records a leader hint from an M if it names one of our
+// addresses, unless a hand-over is under way (its target names the old
+// leader until it serves itself).
 func (b *Broker) setLeader(addr string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.awaiting != "" {
+		return
+	}
+	b.setLeaderLocked(addr)
+}
+
+func (b *Broker) setLeaderLocked(addr string) {
 	if b.leader == addr {
 		return
 	}
@@ -419,7 +597,7 @@ func (b *Broker) target(skip map[*client.Conn]bool) (*client.Conn, bool, <-chan 
 	if b.leader != "" {
 		for i := 0; i < n; i++ {
 			s := b.slots[(b.rr+i)%n]
-			if s.addr == b.leader && s.conn != nil && !skip[s.conn] {
+			if s.addr == b.leader && s.conn != nil && !skip[s.conn] && !s.conn.HandingOver() {
 				b.rr = (b.rr + i + 1) % n
 				return s.conn, true, b.changed
 			}
@@ -427,7 +605,7 @@ func (b *Broker) target(skip map[*client.Conn]bool) (*client.Conn, bool, <-chan 
 	}
 	for i := 0; i < n; i++ {
 		s := b.slots[(b.rr+i)%n]
-		if s.conn != nil && !skip[s.conn] {
+		if s.conn != nil && !skip[s.conn] && !s.conn.HandingOver() {
 			b.rr = (b.rr + i + 1) % n
 			return s.conn, false, b.changed
 		}
@@ -448,7 +626,7 @@ func (b *Broker) findLeader(ctx context.Context, until time.Time) bool {
 		}
 		var conns []live
 		for _, s := range b.slots {
-			if s.conn != nil {
+			if s.conn != nil && !s.conn.HandingOver() {
 				conns = append(conns, live{s.addr, s.conn})
 			}
 		}
@@ -558,6 +736,9 @@ func (b *Broker) acquire(ctx context.Context, key, owner string, lease, wait tim
 		sentAt := b.cfg.Now()
 		call, err := conn.Start(wire.Msg{Type: wire.TypeAcquire, Key: key, Owner: owner,
 			Lease: uint16(lease / time.Second), WaitMs: uint32(remaining / time.Millisecond)})
+		if errors.Is(err, client.ErrHandingOver) {
+			continue // nothing written; findLeader holds it until a leader serves
+		}
 		if err != nil {
 			skip[conn] = true // dead before anything was queued: try another
 			continue
@@ -599,11 +780,7 @@ func (b *Broker) acquireReply(lk Lock, r wire.Msg) (Lock, error) {
 	case wire.TypeTimeout:
 		return Lock{}, ErrTimeout
 	case wire.TypeMoved:
-		if r.LeaderAddr != "" {
-			b.setLeader(r.LeaderAddr)
-		} else {
-			b.forgetLeader()
-		}
+		b.moved(r.LeaderAddr)
 		return Lock{}, fmt.Errorf("%w: leader is %q at %q; not executed", ErrMoved, r.LeaderID, r.LeaderAddr)
 	case wire.TypeUnknown:
 		b.forgetLeader()
@@ -629,6 +806,17 @@ func (b *Broker) giveUp(conn *client.Conn, call *client.Call, lk Lock) {
 			b.Compensate(lk)
 		}
 	}()
+}
+
+// moved takes the leader hint of an M reply: the named leader (dialled
+// if its address is not kept yet), or none.
+func (b *Broker) moved(addr string) {
+	if addr == "" {
+		b.forgetLeader()
+		return
+	}
+	b.learn(addr)
+	b.setLeader(addr)
 }
 
 func (b *Broker) forgetLeader() {
@@ -772,11 +960,7 @@ func (b *Broker) release(job *releaseJob) error {
 				}
 				return err
 			case wire.TypeMoved:
-				if r.LeaderAddr != "" {
-					b.setLeader(r.LeaderAddr)
-				} else {
-					b.forgetLeader()
-				}
+				b.moved(r.LeaderAddr)
 				last = ErrMoved
 				continue // not executed: go to the leader at once
 			default:
@@ -824,10 +1008,14 @@ func releaseGone(err error) bool {
 func (b *Broker) Info() Info {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	in := Info{ClusterID: b.cfg.ClusterID, Domain: b.domain, Leader: b.leader, Addrs: append([]string(nil), b.cfg.Addrs...),
+	in := Info{ClusterID: b.cfg.ClusterID, Domain: b.domain, Leader: b.leader, Seeds: append([]string(nil), b.cfg.Addrs...),
 		Members: append([]wire.Member(nil), b.members...)}
-	seen := map[string]bool{}
+	kept, seen := map[string]bool{}, map[string]bool{}
 	for _, s := range b.slots {
+		if !kept[s.addr] {
+			kept[s.addr] = true
+			in.Addrs = append(in.Addrs, s.addr)
+		}
 		if s.conn != nil && !seen[s.addr] {
 			seen[s.addr] = true
 			in.Connected = append(in.Connected, s.addr)

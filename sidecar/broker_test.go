@@ -311,6 +311,19 @@ func (s *stallConn) set(writes, reads bool) {
 	s.resume = make(chan struct{})
 }
 
+// seedOnly configures a broker with the one address seed and no
+// membership following (it refuses every learned address), so that its
+// two connections to seed are all it has.
+func seedOnly(cfg *Config, seed string) {
+	cfg.Addrs = []string{seed}
+	cfg.AllowAddr = func(addr string) error {
+		if addr != seed {
+			return errors.New("test: seed only")
+		}
+		return nil
+	}
+}
+
 type stallDialer struct {
 	mu    sync.Mutex
 	conns []*stallConn
@@ -341,8 +354,8 @@ func TestBrokerUnwrittenAcquireIsRetried(t *testing.T) {
 	c := startCluster(t)
 	li := leaderOf(t, c)
 	d := &stallDialer{}
-	// One address: two connections to it.
-	b := newBroker(t, c, func(cfg *Config) { cfg.Addrs = []string{c.ClientAddr(li)}; cfg.Dialer = d.dial })
+	// One address: two connections to it (and none to the other members).
+	b := newBroker(t, c, func(cfg *Config) { seedOnly(cfg, c.ClientAddr(li)); cfg.Dialer = d.dial })
 	ctx := ctxT(t, 30*time.Second)
 	waitFor(t, "two connections", 5*time.Second, func() bool {
 		b.mu.Lock()
@@ -508,7 +521,7 @@ func TestBrokerCompensatesLateGrant(t *testing.T) {
 	li := leaderOf(t, c)
 	d := &stallDialer{}
 	b := newBroker(t, c, func(cfg *Config) {
-		cfg.Addrs = []string{c.ClientAddr(li)}
+		seedOnly(cfg, c.ClientAddr(li))
 		cfg.Dialer = d.dial
 		cfg.ReplyGrace = 300 * time.Millisecond
 	})
@@ -546,7 +559,7 @@ func TestBrokerSingleAddressSurvivesOneDrop(t *testing.T) {
 	c := startCluster(t)
 	li := leaderOf(t, c)
 	d := &stallDialer{}
-	b := newBroker(t, c, func(cfg *Config) { cfg.Addrs = []string{c.ClientAddr(li)}; cfg.Dialer = d.dial })
+	b := newBroker(t, c, func(cfg *Config) { seedOnly(cfg, c.ClientAddr(li)); cfg.Dialer = d.dial })
 	ctx := ctxT(t, 30*time.Second)
 	waitFor(t, "two connections", 5*time.Second, func() bool { return len(d.all()) == 2 && b.Info().Leader != "" })
 	d.all()[0].Close()

@@ -102,7 +102,7 @@ func TestBrokerReleaseRetriedAfterLostReplyIsIndeterminate(t *testing.T) {
 	c := startCluster(t)
 	li := leaderOf(t, c)
 	d := &stallDialer{}
-	b := newBroker(t, c, func(cfg *Config) { cfg.Addrs = []string{c.ClientAddr(li)}; cfg.Dialer = d.dial })
+	b := newBroker(t, c, func(cfg *Config) { seedOnly(cfg, c.ClientAddr(li)); cfg.Dialer = d.dial })
 	ctx := ctxT(t, 30*time.Second)
 	waitFor(t, "two connections", 5*time.Second, func() bool { return len(b.Info().Connected) == 1 && len(d.all()) == 2 })
 	lk, err := b.Acquire(ctx, "k", "a", 60*time.Second, 0)

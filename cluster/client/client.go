@@ -2,6 +2,10 @@
 // authenticated, pipelined TCP connection that sends requests and matches
 // replies by id (cluster/PROTOCOL.md, "Response matching rules"). It does not
 // follow M, reconnect or retry: that is sidecar.Broker's job, built on it.
+// It does act on a node's hand-over notice (protocol version 3): from then
+// on it refuses acquires and releases without writing them
+// (ErrHandingOver) and acknowledges the notice behind everything it wrote
+// before, until the node says it serves again.
 //
 // Writes go through one combining buffer: callers append their encoded
 // request under a mutex and wake a single writer goroutine, which sends
@@ -49,6 +53,10 @@ var (
 	ErrInvalidRequest = errors.New("client: invalid request")
 	// ErrAbandoned: the call was withdrawn by Abandon before it was sent.
 	ErrAbandoned = errors.New("client: request abandoned before sending")
+	// ErrHandingOver: Start refused an acquire or release because the node
+	// announced that it is handing its leadership over (a NoticeHandOver
+	// notice); nothing was written. Send it where the next leader serves.
+	ErrHandingOver = errors.New("client: the node is handing its leadership over")
 )
 
 // DefaultHandshakeTimeout bounds dial + handshake when Config leaves it zero.
@@ -86,6 +94,13 @@ type Config struct {
 	HandshakeTimeout time.Duration
 	// Dialer dials TCP; nil means a net.Dialer.
 	Dialer func(ctx context.Context, network, addr string) (net.Conn, error)
+	// OnNotice, when set, hears every notice the node sends (version 3:
+	// a hand-over starting, or the node serving as leader). It runs on the
+	// connection's reader goroutine before the connection acts on the
+	// notice (for NoticeHandOver: refusing further acquires and releases
+	// and acknowledging), possibly before Dial has returned; it must not
+	// block. nil: notices are only acted on.
+	OnNotice func(c *Conn, n wire.Msg)
 }
 
 // Conn is one client connection. Safe for concurrent use: many goroutines may
@@ -111,6 +126,13 @@ type Conn struct {
 	writes atomic.Uint64
 
 	kick chan struct{} // wakes the writer; capacity 1
+
+	onNotice func(*Conn, wire.Msg)
+	// handingOver: the node announced a hand-over (NoticeHandOver) and has
+	// not said it serves again; Start refuses acquires and releases. Set
+	// and cleared under wmu (so that no request is buffered behind the
+	// acknowledgement), read without it by HandingOver.
+	handingOver atomic.Bool
 
 	// pmu guards pending. Lock order: wmu before pmu.
 	pmu     sync.Mutex
@@ -193,7 +215,7 @@ func Dial(ctx context.Context, addr string, cfg Config) (*Conn, error) {
 		raw.Close()
 		return nil, fmt.Errorf("client: handshake with %s: %w", addr, err)
 	}
-	c := newConn(nc, raw, peer)
+	c := newConn(nc, raw, peer, cfg.OnNotice)
 	switch ka := cfg.KeepAlive; {
 	case ka == 0:
 		go c.keepAlive(DefaultKeepAlive)
@@ -229,14 +251,15 @@ func (c *Conn) keepAlive(every time.Duration) {
 }
 
 // newConn starts the reader and writer of an authenticated connection.
-func newConn(nc, raw net.Conn, peer wire.Peer) *Conn {
+func newConn(nc, raw net.Conn, peer wire.Peer, onNotice func(*Conn, wire.Msg)) *Conn {
 	c := &Conn{
-		nc:      nc,
-		raw:     raw,
-		peer:    peer,
-		kick:    make(chan struct{}, 1),
-		pending: make(map[uint64]*Call),
-		dead:    make(chan struct{}),
+		nc:       nc,
+		raw:      raw,
+		peer:     peer,
+		onNotice: onNotice,
+		kick:     make(chan struct{}, 1),
+		pending:  make(map[uint64]*Call),
+		dead:     make(chan struct{}),
 	}
 	go c.readLoop()
 	go c.writeLoop()
@@ -340,26 +363,41 @@ type Call struct {
 
 // Start sends m without waiting (m.ID must be 0; Conn assigns it). The
 // request is queued for the writer goroutine; Start never blocks on the
-// socket. Errors wrap ErrInvalidRequest (nothing queued) or ErrConnClosed.
+// socket. Errors wrap ErrInvalidRequest (nothing queued), ErrHandingOver
+// (an acquire or release after the node announced a hand-over; nothing
+// queued) or ErrConnClosed.
 func (c *Conn) Start(m wire.Msg) (*Call, error) {
 	if m.ID != 0 {
 		return nil, fmt.Errorf("%w: ID must be 0, Conn assigns it", ErrInvalidRequest)
 	}
-	if !wire.IsRequest(m.Type) {
+	if !wire.IsRequest(m.Type) || m.Type == wire.TypeNoticeAck {
 		return nil, fmt.Errorf("%w: %s is not a request type", ErrInvalidRequest, wire.TypeName(m.Type))
 	}
-	done := make(chan struct{})
-	call := &Call{Done: done, done: done, reqType: m.Type}
-
 	c.wmu.Lock()
 	if c.closed {
 		c.wmu.Unlock()
 		return nil, c.closedErr()
 	}
+	if c.handingOver.Load() && (m.Type == wire.TypeAcquire || m.Type == wire.TypeRelease) {
+		c.wmu.Unlock()
+		return nil, fmt.Errorf("%w (%s): %s not sent", ErrHandingOver, c.peer.NodeID, wire.TypeName(m.Type))
+	}
+	call, err := c.startLocked(m)
+	c.wmu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	c.wake()
+	return call, nil
+}
+
+// startLocked buffers m under a new id. Requires wmu, !closed.
+func (c *Conn) startLocked(m wire.Msg) (*Call, error) {
+	done := make(chan struct{})
+	call := &Call{Done: done, done: done, reqType: m.Type}
 	m.ID = c.lastID + 1
 	buf, err := wire.AppendMsg(c.wbuf, &m)
 	if err != nil {
-		c.wmu.Unlock()
 		return nil, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
 	}
 	c.wframes = append(c.wframes, frameRef{id: m.ID, off: len(c.wbuf)})
@@ -371,13 +409,43 @@ func (c *Conn) Start(m wire.Msg) (*Call, error) {
 	c.pmu.Lock()
 	c.pending[call.ID] = call
 	c.pmu.Unlock()
-	c.wmu.Unlock()
+	return call, nil
+}
 
+func (c *Conn) wake() {
 	select {
 	case c.kick <- struct{}{}:
 	default: // the writer is already due to run
 	}
-	return call, nil
+}
+
+// HandingOver reports whether the node announced a hand-over of its
+// leadership (and has not said since that it serves again): acquires and
+// releases are refused with ErrHandingOver.
+func (c *Conn) HandingOver() bool { return c.handingOver.Load() }
+
+// notice handles an unsolicited notice from the node.
+func (c *Conn) notice(n wire.Msg) {
+	if c.onNotice != nil {
+		c.onNotice(c, n)
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.closed {
+		return
+	}
+	switch n.Event {
+	case wire.NoticeHandOver:
+		// Refuse what comes next, then acknowledge behind everything
+		// already buffered: the node knows that whatever it reads after
+		// the acknowledgement was not sent by this connection.
+		c.handingOver.Store(true)
+		if _, err := c.startLocked(wire.Msg{Type: wire.TypeNoticeAck}); err == nil {
+			c.wake()
+		}
+	case wire.NoticeServing:
+		c.handingOver.Store(false)
+	}
 }
 
 // Close closes the connection; calls waiting in Do return an error wrapping
@@ -468,6 +536,14 @@ func (c *Conn) readLoop() {
 			}
 			c.shutdown(err)
 			return
+		}
+		if wire.IsNotice(m.Type) {
+			if c.peer.Version < wire.VersionNotices {
+				c.shutdown(fmt.Errorf("%w: notice on a version %d connection", ErrProtocol, c.peer.Version))
+				return
+			}
+			c.notice(m)
+			continue
 		}
 		if m.Type == wire.TypeError && m.ID == 0 {
 			// The server's connection-level error: it closes after it.

@@ -463,3 +463,82 @@ func BenchmarkDoParallel(b *testing.B) {
 		}
 	})
 }
+
+// A hand-over notice: the connection tells OnNotice, refuses acquires and
+// releases from then on (nothing written: ErrHandingOver), still sends
+// pings, and acknowledges behind every request it wrote before; a serving
+// notice lifts the refusal.
+func TestHandOverNotice(t *testing.T) {
+	got := make(chan byte, 16)
+	s := newFakeServer(t, func(sc *srvConn, m wire.Msg) {
+		got <- m.Type
+		switch m.Type {
+		case wire.TypeAcquire:
+			sc.reply(t, wire.Msg{Type: wire.TypeGranted, ID: m.ID, Token: 7})
+		case wire.TypePing:
+			sc.reply(t, wire.Msg{Type: wire.TypePong, ID: m.ID})
+		case wire.TypeNoticeAck:
+			sc.reply(t, wire.Msg{Type: wire.TypeOK, ID: m.ID})
+		}
+	})
+	notices := make(chan wire.Msg, 4)
+	c, err := Dial(context.Background(), s.ln.Addr().String(), Config{Secret: secret,
+		OnNotice: func(_ *Conn, n wire.Msg) { notices <- n }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	sc := <-s.conns
+	first, err := c.Start(acquire("k"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if typ := <-got; typ != wire.TypeAcquire {
+		t.Fatalf("server got %c first", typ)
+	}
+	sc.reply(t, wire.Msg{Type: wire.TypeNotice, Event: wire.NoticeHandOver, LeaderID: "n2/bbbbbbbbbb", LeaderAddr: "10.0.0.2:7001"})
+	if n := <-notices; n.Event != wire.NoticeHandOver || n.LeaderID != "n2/bbbbbbbbbb" || n.LeaderAddr != "10.0.0.2:7001" {
+		t.Fatalf("OnNotice got %+v", n)
+	}
+	// The acknowledgement follows what was written before the notice.
+	if typ := <-got; typ != wire.TypeNoticeAck {
+		t.Fatalf("after the notice the server got %c, want the acknowledgement", typ)
+	}
+	<-first.Done
+	if first.Err != nil || first.Reply.Type != wire.TypeGranted {
+		t.Fatalf("request written before the notice: %+v %v", first.Reply, first.Err)
+	}
+	if !c.HandingOver() {
+		t.Fatal("HandingOver false after the notice")
+	}
+	for _, m := range []wire.Msg{acquire("k2"), {Type: wire.TypeRelease, Key: "k", Owner: "me", Token: 7}} {
+		if _, err := c.Start(m); !errors.Is(err, ErrHandingOver) {
+			t.Fatalf("%c after a hand-over notice: %v, want ErrHandingOver", m.Type, err)
+		}
+	}
+	if r, _, err := c.Do(context.Background(), wire.Msg{Type: wire.TypePing}); err != nil || r.Type != wire.TypePong {
+		t.Fatalf("ping during a hand-over: %+v %v", r, err)
+	}
+	if typ := <-got; typ != wire.TypePing {
+		t.Fatalf("server got %c, want only the ping", typ)
+	}
+	sc.reply(t, wire.Msg{Type: wire.TypeNotice, Event: wire.NoticeServing, LeaderID: "n1"})
+	if n := <-notices; n.Event != wire.NoticeServing {
+		t.Fatalf("OnNotice got %+v", n)
+	}
+	waitUntil(t, func() bool { return !c.HandingOver() })
+	if r, _, err := c.Do(context.Background(), acquire("k3")); err != nil || r.Type != wire.TypeGranted {
+		t.Fatalf("acquire after the serving notice: %+v %v", r, err)
+	}
+}
+
+func waitUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached within 10s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

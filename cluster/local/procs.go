@@ -263,6 +263,9 @@ func freePorts(n int) ([]int, error) {
 // Size is the number of nodes.
 func (p *Procs) Size() int { return len(p.ids) }
 
+// AdminAddr is node i's admin address (with ProcOptions.Admin).
+func (p *Procs) AdminAddr(i int) string { return p.adminAddrs[i] }
+
 // ID is node i's id; ClientAddr its client address.
 func (p *Procs) ID(i int) string         { return p.ids[i] }
 func (p *Procs) ClientAddr(i int) string { return p.clientAddrs[i] }

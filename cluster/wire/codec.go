@@ -154,6 +154,7 @@ func (d *decoder) done() bool { return !d.fail && len(d.b) == 0 }
 // It validates the payload exactly: the fixed fields and every str8/str16
 // must fit, nothing may trail, request ids (and cancel targets) are nonzero,
 // reply ids are nonzero except for TypeError (id 0 = connection error),
+// a TypeNotice's id is 0 and its event known,
 // error codes are nonzero, roles are known, and keys and owners have
 // locksm's lengths (1..MaxKeyLen, 1..MaxOwnerLen; their alphabet is checked
 // by locksm or ValidKey/ValidOwner).
@@ -168,7 +169,7 @@ func DecodeMsg(typ byte, payload []byte, m *Msg) error {
 	*m = Msg{Type: typ}
 	d := decoder{b: payload}
 	isReq := IsRequest(typ)
-	if !isReq && !IsReply(typ) {
+	if !isReq && !IsReply(typ) && !IsNotice(typ) {
 		if isHandshake(typ) {
 			return fmt.Errorf("%w: handshake frame %s after the handshake", ErrUnexpectedFrame, TypeName(typ))
 		}
@@ -200,6 +201,10 @@ func DecodeMsg(typ byte, payload []byte, m *Msg) error {
 	case TypeError:
 		m.Code = Code(d.u16())
 		m.Text = d.str16()
+	case TypeNotice:
+		m.Event = NoticeEvent(d.u8())
+		m.LeaderID = d.str8()
+		m.LeaderAddr = d.str8()
 	case TypeStatusR:
 		m.NodeID = d.str8()
 		m.Role = Role(d.u8())
@@ -243,10 +248,17 @@ func malformed(typ byte, what string, payload []byte) error {
 // checkFields holds the value rules shared by DecodeMsg and AppendMsg, so
 // that whatever AppendMsg writes DecodeMsg accepts and vice versa.
 func checkFields(m *Msg) error {
-	if m.ID == 0 && m.Type != TypeError {
+	if m.ID == 0 && m.Type != TypeError && m.Type != TypeNotice {
 		return fmt.Errorf("%w: id 0", ErrMalformed)
 	}
 	switch m.Type {
+	case TypeNotice:
+		if m.ID != 0 {
+			return fmt.Errorf("%w: notice with id %d (notices answer no request)", ErrMalformed, m.ID)
+		}
+		if m.Event != NoticeHandOver && m.Event != NoticeServing {
+			return fmt.Errorf("%w: notice event %d", ErrMalformed, m.Event)
+		}
 	case TypeAcquire, TypeRelease:
 		if len(m.Key) == 0 || len(m.Key) > locksm.MaxKeyLen {
 			return fmt.Errorf("%w: %w: key length %d not in 1..%d", ErrMalformed, locksm.ErrInvalidKey, len(m.Key), locksm.MaxKeyLen)
@@ -305,9 +317,11 @@ func payloadLen(m *Msg) (int, error) {
 		n += 8 + s8(m.Key) + s8(m.Owner)
 	case TypeCancel, TypeGranted:
 		n += 8
-	case TypePing, TypeStatus, TypeMembers, TypeBusy, TypeTimeout, TypeOK, TypePong:
+	case TypePing, TypeStatus, TypeMembers, TypeNoticeAck, TypeBusy, TypeTimeout, TypeOK, TypePong:
 	case TypeMoved:
 		n += s8(m.LeaderAddr) + s8(m.LeaderID)
+	case TypeNotice:
+		n += 1 + s8(m.LeaderID) + s8(m.LeaderAddr)
 	case TypeUnknown:
 		n += s16(m.Text)
 	case TypeError:
@@ -364,6 +378,10 @@ func AppendMsg(dst []byte, m *Msg) ([]byte, error) {
 	case TypeMoved:
 		b = appendStr8(b, m.LeaderAddr)
 		b = appendStr8(b, m.LeaderID)
+	case TypeNotice:
+		b = append(b, byte(m.Event))
+		b = appendStr8(b, m.LeaderID)
+		b = appendStr8(b, m.LeaderAddr)
 	case TypeUnknown:
 		b = appendStr16(b, m.Text)
 	case TypeError:

@@ -43,6 +43,9 @@ func sampleMsgs() []Msg {
 		{Type: TypeMembersR, ID: 7, Members: []Member{{ServerID: "n1/aaaaaaaaaa", ClientAddr: "10.0.0.1:7001"},
 			{ServerID: "n4/bbbbbbbbbb", Suffrage: SuffrageLearner}}},
 		{Type: TypeMembersR, ID: 7},
+		{Type: TypeNoticeAck, ID: 8},
+		{Type: TypeNotice, Event: NoticeHandOver, LeaderID: "n2/bbbbbbbbbb", LeaderAddr: "10.0.0.2:7001"},
+		{Type: TypeNotice, Event: NoticeServing, LeaderID: "n1/aaaaaaaaaa"},
 	}
 }
 
@@ -267,6 +270,10 @@ func TestAppendRefuses(t *testing.T) {
 		{"bad suffrage", Msg{Type: TypeMembersR, ID: 1, Members: []Member{{ServerID: "n1", Suffrage: 7}}}, ErrMalformed},
 		{"member id too long", Msg{Type: TypeMembersR, ID: 1, Members: []Member{{ServerID: strings.Repeat("n", 256)}}}, ErrMalformed},
 		{"members beyond a frame", Msg{Type: TypeMembersR, ID: 1, Members: manyMembers(20)}, ErrFrameTooLarge},
+		{"notice with an id", Msg{Type: TypeNotice, ID: 1, Event: NoticeServing}, ErrMalformed},
+		{"notice event 0", Msg{Type: TypeNotice}, ErrMalformed},
+		{"notice event 3", Msg{Type: TypeNotice, Event: 3}, ErrMalformed},
+		{"notice ack id 0", Msg{Type: TypeNoticeAck}, ErrMalformed},
 	}
 	for _, c := range cases {
 		dst := []byte("keep")
@@ -313,7 +320,9 @@ func TestValidKeyOwner(t *testing.T) {
 func TestReplyAllowed(t *testing.T) {
 	if !ReplyAllowed(TypeAcquire, TypeGranted) || !ReplyAllowed(TypePing, TypeError) ||
 		ReplyAllowed(TypePing, TypeGranted) || ReplyAllowed(TypeRelease, TypeGranted) ||
-		ReplyAllowed(TypeGranted, TypeError) || !ReplyAllowed(TypeCancel, TypeOK) {
+		ReplyAllowed(TypeGranted, TypeError) || !ReplyAllowed(TypeCancel, TypeOK) ||
+		!ReplyAllowed(TypeNoticeAck, TypeOK) || ReplyAllowed(TypeNoticeAck, TypeMoved) ||
+		ReplyAllowed(TypeAcquire, TypeNotice) || ReplyAllowed(TypeNotice, TypeOK) {
 		t.Error("ReplyAllowed table wrong")
 	}
 }

@@ -469,7 +469,10 @@ func frameSeeds() []namedSeed {
 		bigMembers[i] = Member{ServerID: rep(byte('a'+i), 255), Suffrage: Suffrage(i % 2), ClientAddr: rep('c', 255)}
 	}
 	add("max-members", mustMsg(Msg{Type: TypeMembersR, ID: ^uint64(0), Members: bigMembers}))
+	add("max-notice", mustMsg(Msg{Type: TypeNotice, Event: NoticeHandOver, LeaderID: rep('i', 255), LeaderAddr: rep('a', 255)}))
 	// One over: a field the decoder refuses, or a frame above MaxFrameLen.
+	add("over-notice-event", rawFrame('N', u64(0), []byte{byte(NoticeServing) + 1}, s8("n1"), s8("")))
+	add("over-notice-id", rawFrame('N', u64(1), []byte{byte(NoticeServing)}, s8("n1"), s8("")))
 	add("over-members-suffrage", rawFrame('L', u64(7), []byte{1}, s8("n1"), []byte{byte(SuffrageLearner) + 1}, s8("")))
 	add("over-members-count", rawFrame('L', u64(7), []byte{3}, s8("n1"), []byte{0}, s8(""), s8("n2"), []byte{1}, s8("")))
 	add("over-acquire-owner", rawFrame('a', u64(1), u16(30), u32(0), s8("k"), s8(rep('o', locksm.MaxOwnerLen+1))))

@@ -450,11 +450,11 @@ func checkReaderState(t *testing.T, r *Reader) {
 // strings per message), and re-encodes to exactly its frame.
 func checkMsgBounds(t *testing.T, m *Msg, raw []byte) {
 	t.Helper()
-	if !IsRequest(m.Type) && !IsReply(m.Type) {
+	if !IsRequest(m.Type) && !IsReply(m.Type) && !IsNotice(m.Type) {
 		t.Fatalf("decoded a frame of type %q", m.Type)
 	}
-	if m.ID == 0 && m.Type != TypeError {
-		t.Fatalf("decoded id 0: %+v", m)
+	if (m.ID == 0) != (m.Type == TypeNotice) && m.Type != TypeError {
+		t.Fatalf("decoded id %d for %q: %+v", m.ID, m.Type, m)
 	}
 	switch m.Type {
 	case TypeAcquire, TypeRelease:
@@ -477,6 +477,10 @@ func checkMsgBounds(t *testing.T, m *Msg, raw []byte) {
 	case TypeStatusR:
 		if m.Role > RoleShutdown {
 			t.Fatalf("role %d", m.Role)
+		}
+	case TypeNotice:
+		if m.Event != NoticeHandOver && m.Event != NoticeServing {
+			t.Fatalf("notice event %d", m.Event)
 		}
 	}
 	for _, s := range []string{m.LeaderAddr, m.LeaderID, m.NodeID} {

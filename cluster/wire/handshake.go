@@ -487,31 +487,43 @@ func remoteError(payload []byte, side string) error {
 // (the server id itself was proven in the Challenge).
 //
 //	Identity 'I': flags u8 (bit 0: has Raft state) | domain str8 | applied u64
+//	              | client_addr str8 (from version 3)
+//
+// The layout depends on the version the handshake negotiated: a version 2
+// dialler gets (and a version 2 node sends) no client_addr.
 type Identity struct {
 	HasState bool
 	Domain   string // the fencing domain, "" if not known yet
 	Applied  uint64 // the node's last applied Raft index (a leader measures a learner's lag with it)
+	// ClientAddr is the client address the node advertises (from version
+	// 3; "" from an older node): the leader records it in the log, so that
+	// every member's address is known to clients (members reply).
+	ClientAddr string
 }
 
-// WriteIdentity sends id as an Identity frame.
-func WriteIdentity(w io.Writer, id Identity) error {
+// WriteIdentity sends id as an Identity frame in the layout of version
+// (the one the discovery handshake negotiated).
+func WriteIdentity(w io.Writer, id Identity, version uint16) error {
 	b := []byte{0, 0, 0, 0, TypeIdentity, 0}
 	if id.HasState {
 		b[5] = 1
 	}
-	if len(id.Domain) > 255 {
-		return fmt.Errorf("%w: domain longer than 255 bytes", ErrBadConfig)
+	if len(id.Domain) > 255 || len(id.ClientAddr) > 255 {
+		return fmt.Errorf("%w: domain or client address longer than 255 bytes", ErrBadConfig)
 	}
 	b = appendStr8(b, id.Domain)
 	b = binary.BigEndian.AppendUint64(b, id.Applied)
+	if version >= VersionNotices {
+		b = appendStr8(b, id.ClientAddr)
+	}
 	_, err := w.Write(finishFrame(b))
 	return err
 }
 
 // ReadIdentity reads the Identity frame that follows a KindDiscover
-// handshake.
-func ReadIdentity(r io.Reader) (Identity, error) {
-	buf := make([]byte, 512)
+// handshake that negotiated version.
+func ReadIdentity(r io.Reader, version uint16) (Identity, error) {
+	buf := make([]byte, 1024)
 	var h [headerLen]byte
 	if _, err := io.ReadFull(r, h[:]); err != nil {
 		return Identity{}, err
@@ -533,8 +545,12 @@ func ReadIdentity(r io.Reader) (Identity, error) {
 	flags := d.u8()
 	domain := d.str8()
 	applied := d.u64()
+	var addr string
+	if version >= VersionNotices {
+		addr = d.str8()
+	}
 	if !d.done() || flags > 1 {
 		return Identity{}, malformed(TypeIdentity, "bad identity payload", buf[1:n])
 	}
-	return Identity{HasState: flags == 1, Domain: domain, Applied: applied}, nil
+	return Identity{HasState: flags == 1, Domain: domain, Applied: applied, ClientAddr: addr}, nil
 }

@@ -574,3 +574,41 @@ func wantErrorFrame(t *testing.T, f []byte, code Code) {
 		t.Fatalf("fake server received %x, want an error frame with code %d", f, code)
 	}
 }
+
+// The Identity frame carries client_addr from version 3 only: each
+// version reads exactly its own layout, so a version 2 peer never sees the
+// field and a version 3 reader of a version 2 frame gets no address.
+func TestIdentityLayoutByVersion(t *testing.T) {
+	id := Identity{HasState: true, Domain: "d1", Applied: 42, ClientAddr: "10.0.0.4:7400"}
+	var v3, v2 bytes.Buffer
+	if err := WriteIdentity(&v3, id, VersionNotices); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteIdentity(&v2, id, VersionNotices-1); err != nil {
+		t.Fatal(err)
+	}
+	// v2: flags | str8 domain | u64 applied; v3 appends str8 client_addr.
+	want2 := []byte{0, 0, 0, 1 + 1 + 1 + 2 + 8, TypeIdentity, 1, 2, 'd', '1', 0, 0, 0, 0, 0, 0, 0, 42}
+	if !bytes.Equal(v2.Bytes(), want2) {
+		t.Fatalf("version 2 identity % x, want % x", v2.Bytes(), want2)
+	}
+	if !bytes.Equal(v3.Bytes()[5:], append(append([]byte{}, want2[5:]...), append([]byte{13}, id.ClientAddr...)...)) {
+		t.Fatalf("version 3 identity % x", v3.Bytes())
+	}
+	got, err := ReadIdentity(bytes.NewReader(v3.Bytes()), VersionNotices)
+	if err != nil || got != id {
+		t.Fatalf("version 3 read %+v, %v; want %+v", got, err, id)
+	}
+	got, err = ReadIdentity(bytes.NewReader(v2.Bytes()), VersionNotices-1)
+	if want := (Identity{HasState: true, Domain: "d1", Applied: 42}); err != nil || got != want {
+		t.Fatalf("version 2 read %+v, %v; want %+v", got, err, want)
+	}
+	// A reader of one version refuses the other's layout instead of
+	// misreading it.
+	if _, err := ReadIdentity(bytes.NewReader(v3.Bytes()), VersionNotices-1); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("version 2 reader of a version 3 identity: %v", err)
+	}
+	if _, err := ReadIdentity(bytes.NewReader(v2.Bytes()), VersionNotices); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("version 3 reader of a version 2 identity: %v", err)
+	}
+}

@@ -17,7 +17,20 @@ import "ticketing/locksm"
 //	    TLS both proofs bind the TLS exporter value (ExporterLabel). Hello
 //	    and Challenge carry the fencing domain; the members request 'm'
 //	    and its reply 'L'. (Version 2 was never released without them.)
-const ProtocolVersion = 2
+//	3 — quiet planned hand-overs and members' client addresses: the
+//	    unsolicited notice 'N' (server → client: "handing over to X",
+//	    "serving") and its acknowledgement request 'n'; the discovery
+//	    Identity frame carries the node's client_addr. A version 2 peer or
+//	    client negotiates 2 and sees none of this: no notices (requests that
+//	    reach a leader during a hand-over are answered M, naming the
+//	    target), an Identity without client_addr (a version 3 leader learns
+//	    that member's client address only once it runs version 3).
+const ProtocolVersion = 3
+
+// VersionNotices is the first version with the notice 'N' and its
+// acknowledgement 'n' and with client_addr in the Identity frame: a node
+// sends notices only on connections that negotiated at least this.
+const VersionNotices = 3
 
 // Frame layout, all integers big-endian:
 //
@@ -52,6 +65,11 @@ const (
 	TypePing    = 'p' // id u64
 	TypeStatus  = 's' // id u64
 	TypeMembers = 'm' // id u64
+	// TypeNoticeAck acknowledges a TypeNotice of event NoticeHandOver: the
+	// client sends it right after it stopped sending lock requests on the
+	// connection, so every request it wrote before is ahead of it. Reply:
+	// K. From version 3.
+	TypeNoticeAck = 'n' // id u64
 
 	// Replies: every payload starts with the id of the request it answers;
 	// exactly one reply per request.
@@ -68,7 +86,39 @@ const (
 	// configuration: id u64 | n u8 | n × (server_id str8 | suffrage u8 | client_addr str8)
 	// (client_addr "" when the member has not announced one yet).
 	TypeMembersR = 'L'
+
+	// TypeNotice is unsolicited (server → client, answering no request;
+	// from version 3, only on connections that negotiated it):
+	//
+	//	id u64 (always 0) | event u8 | leader_id str8 | leader_addr str8
+	//
+	// NoticeHandOver: this node is about to hand its leadership to
+	// leader_id at leader_addr; send it no more lock requests (what was
+	// written is answered as usual), acknowledge with TypeNoticeAck, and
+	// hold new requests until a leader serves. NoticeServing: this node
+	// (leader_id, leader_addr) serves as the leader now — after winning an
+	// election, or again after a hand-over that failed.
+	TypeNotice = 'N'
 )
+
+// NoticeEvent says what a TypeNotice announces.
+type NoticeEvent uint8
+
+const (
+	NoticeHandOver NoticeEvent = 1
+	NoticeServing  NoticeEvent = 2
+)
+
+// String names the event for logs.
+func (e NoticeEvent) String() string {
+	switch e {
+	case NoticeHandOver:
+		return "hand-over"
+	case NoticeServing:
+		return "serving"
+	}
+	return "unknown"
+}
 
 // Msg is any post-handshake message, request or reply. Only the fields its
 // Type uses are encoded; the rest must be zero.
@@ -97,6 +147,8 @@ type Msg struct {
 	Waiting   uint64
 	// TypeMembersR.
 	Members []Member
+	// TypeNotice (with LeaderID and LeaderAddr).
+	Event NoticeEvent
 }
 
 // Member is one server of the Raft configuration, as a members reply lists it.
@@ -152,11 +204,15 @@ func (r Role) String() string {
 // IsRequest reports whether typ is a post-handshake request type.
 func IsRequest(typ byte) bool {
 	switch typ {
-	case TypeAcquire, TypeRelease, TypeCancel, TypePing, TypeStatus, TypeMembers:
+	case TypeAcquire, TypeRelease, TypeCancel, TypePing, TypeStatus, TypeMembers, TypeNoticeAck:
 		return true
 	}
 	return false
 }
+
+// IsNotice reports whether typ is the unsolicited server → client notice,
+// which answers no request (its id is always 0).
+func IsNotice(typ byte) bool { return typ == TypeNotice }
 
 // IsReply reports whether typ is a post-handshake reply type.
 func IsReply(typ byte) bool {
@@ -197,6 +253,8 @@ func ReplyAllowed(req, reply byte) bool {
 		return reply == TypeStatusR
 	case TypeMembers:
 		return reply == TypeMembersR
+	case TypeNoticeAck:
+		return reply == TypeOK
 	}
 	return false
 }

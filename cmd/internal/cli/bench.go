@@ -24,31 +24,35 @@ import (
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprintln(stderr, "usage: ticketing bench failover|throughput|unix|unixconns|catchup|scale|disk [flags]")
+		fmt.Fprintln(stderr, "usage: ticketing bench failover|handover|throughput|unix|unixconns|catchup|scale|disk [flags]")
 		return ExitUsage
 	}
 	fs := flag.NewFlagSet("ticketing bench "+args[0], flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
-		dir      string
-		nodes    int
-		kills    int
-		clients  int
-		duration time.Duration
-		warmup   time.Duration
-		nodeArgs string
-		unixN    string
-		conns    int
-		useTLS   bool
-		keys     int
-		sigName  string
-		waiters  int
+		dir       string
+		nodes     int
+		kills     int
+		clients   int
+		duration  time.Duration
+		warmup    time.Duration
+		nodeArgs  string
+		unixN     string
+		conns     int
+		useTLS    bool
+		keys      int
+		sigName   string
+		waiters   int
+		handOvers int
+		hoMode    string
+		contended bool
+		nodeBin   string
 	)
 	fs.StringVar(&dir, "dir", "", "working directory (default: a temporary one, removed afterwards)")
 	fs.IntVar(&nodes, "nodes", 3, "cluster size: 3 or 5 (disk: stores appending at once)")
 	fs.IntVar(&kills, "kills", 7, "failover: number of times the leader is stopped")
 	fs.StringVar(&sigName, "signal", "kill", "failover: kill (SIGKILL: a crash, the others elect after the election timeout) or term (SIGTERM: the leader hands leadership over first)")
-	fs.IntVar(&clients, "clients", 64, "throughput: concurrent clients, one connection and one key each")
+	fs.IntVar(&clients, "clients", 64, "throughput: concurrent clients, one connection and one key each; handover: unix-socket clients through the sidecar (default 16)")
 	fs.DurationVar(&duration, "duration", 10*time.Second, "throughput, disk: measured duration")
 	fs.DurationVar(&warmup, "warmup", 2*time.Second, "throughput: warm-up before measuring")
 	fs.StringVar(&nodeArgs, "node-args", "", "extra flags for every node, space separated (e.g. \"--heartbeat-timeout 800ms\")")
@@ -57,6 +61,10 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.IntVar(&keys, "keys", 1000000, "catchup, scale: keys held")
 	fs.IntVar(&waiters, "waiters", 100000, "scale: acquires queued behind the held keys (one per key), for the memory per waiter")
 	fs.BoolVar(&useTLS, "tls", true, "run nodes (and sidecars) over TLS with a throwaway CA, as in production")
+	fs.IntVar(&handOvers, "handovers", 10, "handover: number of planned hand-overs of the leader")
+	fs.StringVar(&hoMode, "mode", "term", "handover: term (SIGTERM to the leader), replace (members replace of the leader by a spare) or remove (members remove of the leader, after promoting a spare)")
+	fs.BoolVar(&contended, "contended", false, "handover: every client on one key (its waiters queue at the leader); default one key each")
+	fs.StringVar(&nodeBin, "node-binary", "", "handover: the ticketing executable to run as nodes and sidecar (default: this one), to measure another build the same way")
 	if err := fs.Parse(args[1:]); err != nil {
 		return ExitUsage
 	}
@@ -74,6 +82,27 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	if args[0] == "disk" {
 		if err := benchDisk(ctx, dir, nodes, duration, stdout); err != nil {
+			fmt.Fprintln(stderr, "ticketing bench:", err)
+			return ExitError
+		}
+		return ExitOK
+	}
+	if args[0] == "handover" {
+		clientsSet := false
+		fs.Visit(func(f *flag.Flag) { clientsSet = clientsSet || f.Name == "clients" })
+		if !clientsSet {
+			clients = 16
+		}
+		if nodeBin == "" {
+			nodeBin = bin
+		}
+		o := HandOverOptions{Binary: nodeBin, Dir: dir, Clients: clients, HandOvers: handOvers, Mode: hoMode,
+			Contended: contended, TLS: useTLS, Out: stdout}
+		rounds, err := RunHandOvers(ctx, o)
+		if len(rounds) > 0 {
+			fmt.Fprintln(stdout, handOverSummary(o, rounds))
+		}
+		if err != nil {
 			fmt.Fprintln(stderr, "ticketing bench:", err)
 			return ExitError
 		}

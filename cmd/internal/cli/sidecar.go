@@ -50,6 +50,9 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	fset.StringVar(&allow, "allow-uid", "", "comma-separated peer uids allowed to connect (default: any uid the file mode admits)")
 	fset.IntVar(&ucfg.MaxConns, "max-conns", ucfg.MaxConns, "max local connections served at once")
 	fset.StringVar(&ucfg.OwnerPrefix, "owner-prefix", ucfg.OwnerPrefix, "prefix of the owner ids sent to the cluster (owner = PREFIX.CONN)")
+	var membersRefresh time.Duration
+	fset.DurationVar(&membersRefresh, "members-refresh", sidecar.DefaultMembersRefresh,
+		"how often to ask the leader for the members and follow them (dial new members' client addresses, drop those of removed ones; the --cluster addresses are always kept); 0: only on leader changes")
 	fset.StringVar(&faultFile, "fault-file", "", "TESTS ONLY: drop every cluster connection each time the drop_connections counter in this JSON file grows; off by default")
 	logs.register(fset, "info")
 	var (
@@ -110,6 +113,13 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		log.Warn("PLAINTEXT: the connections to the cluster are not encrypted; use --tls-ca anywhere but loopback")
 	}
 	bcfg.ClusterID, bcfg.Domain = clusterID, bcfgDomain
+	bcfg.MembersRefresh = membersRefresh
+	if membersRefresh <= 0 {
+		bcfg.MembersRefresh = -1
+	}
+	// Addresses learned from the cluster obey the same plaintext rule as
+	// the --cluster ones.
+	bcfg.AllowAddr = func(addr string) error { return tf.plaintextAllowed(addr) }
 	m, err := strconv.ParseUint(mode, 8, 32)
 	if err != nil || m == 0 || m > 0o777 {
 		fmt.Fprintf(stderr, "ticketing sidecar: --socket-mode %q: want octal permission bits such as 0660\n", mode)

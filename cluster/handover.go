@@ -1,0 +1,351 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"ticketing/cluster/wire"
+	"ticketing/locksm"
+)
+
+// Quiet planned hand-overs (SIGTERM → Shutdown, remove/replace of the
+// leader itself). A leader that hands its leadership over:
+//
+//  1. chooses the target: the voter that answers a discovery handshake
+//     and has applied the most (or the one named);
+//  2. tells every connection of protocol version 3 or later with a
+//     NoticeHandOver naming the target's id and client address, and keeps
+//     serving until each has acknowledged it (TypeNoticeAck: a client
+//     writes it right after it stopped sending lock requests, so nothing it
+//     wrote before is refused) or handOverAckWait has passed;
+//  3. stops taking lock requests (M naming the target: not executed) and
+//     withdraws every queued waiter through the log (a committed
+//     cancel-wait: the waiter gets T and is never granted);
+//  4. lets what is in flight commit and be answered (bounded by
+//     handOverDrainWait);
+//  5. transfers leadership to the target (raft LeadershipTransferToServer).
+//
+// If the transfer fails the leader serves again and says so with a
+// NoticeServing; a new leader sends NoticeServing once it serves.
+
+// handOverAckWait bounds how long a hand-over waits for the clients'
+// acknowledgements while it still serves. A client that does not answer
+// in time may see M for a request it wrote after that.
+const handOverAckWait = time.Second
+
+// handOverDrainWait bounds how long a hand-over waits for the requests in
+// flight to commit and be answered. What is still owed after that becomes
+// U when leadership moves (as at any leader change).
+const handOverDrainWait = 2 * time.Second
+
+// ErrHandOverInProgress: another hand-over of this node's leadership has
+// not finished.
+var ErrHandOverInProgress = errors.New("cluster: a leadership hand-over is in progress")
+
+// ErrNoTarget: no other voter answered, so there is nobody to hand the
+// leadership to.
+var ErrNoTarget = errors.New("cluster: no voter to hand the leadership to")
+
+// handOver is a hand-over of this node's leadership. Guarded by Node.mu.
+type handOver struct {
+	id, addr string // the target's server id and client address
+	peerAddr string // the target's peer address (host:port)
+	epoch    uint64 // the leadership epoch it started in
+	// active until the hand-over has finished (either way). An inactive
+	// one stays in Node.handover as the leader hint while Raft knows no
+	// leader yet (between stepping down and hearing the new leader).
+	active bool
+	// stopped: serving stopped and waiters withdrawn (step 3).
+	stopped bool
+	unacked int // notified connections that have not acknowledged
+}
+
+// HandOver hands this node's leadership to another voter quietly (see the
+// steps above): to names the target's server id, or "" for the voter that
+// answers and has applied the most. It returns the target's server id once
+// the target has taken over (Raft has stepped this node down), or an error
+// (ErrNotLeader, ErrHandOverInProgress, ErrNoTarget, a failed transfer:
+// this node then serves again). ctx bounds the whole hand-over.
+func (n *Node) HandOver(ctx context.Context, to string) (string, error) {
+	if err := n.requireLeader(); err != nil {
+		return "", err
+	}
+	n.mu.Lock()
+	busy := n.handover != nil && n.handover.active
+	n.mu.Unlock()
+	if busy {
+		return "", ErrHandOverInProgress
+	}
+	id, peerAddr, addr, err := n.chooseTarget(to)
+	if err != nil {
+		return "", err
+	}
+	start := time.Now()
+	if len(addr) > 255 { // does not fit a notice or an M
+		addr = ""
+	}
+
+	n.mu.Lock()
+	if !n.leading || n.closed {
+		n.mu.Unlock()
+		return "", fmt.Errorf("%w: leadership lost before the hand-over started", ErrNotLeader)
+	}
+	if n.handover != nil && n.handover.active {
+		n.mu.Unlock()
+		return "", ErrHandOverInProgress
+	}
+	h := &handOver{id: id, addr: addr, peerAddr: peerAddr, epoch: n.epoch, active: true}
+	n.handover = h
+	notice := &wire.Msg{Type: wire.TypeNotice, Event: wire.NoticeHandOver, LeaderID: id, LeaderAddr: addr}
+	for cc := range n.conns {
+		if cc.version >= wire.VersionNotices && !cc.dead {
+			cc.ackPending = true
+			h.unacked++
+			cc.send(notice)
+		}
+	}
+	notified := h.unacked
+	if h.unacked == 0 {
+		n.stopServingLocked(h)
+	}
+	n.mu.Unlock()
+	n.log.Info("handing leadership over", "to", id, "client_addr", addr, "clients_told", notified)
+
+	// Step 2: the acknowledgements (the last one stops serving at once,
+	// under Node.mu, so a request behind it on that connection gets M).
+	acked := n.waitHandOver(ctx, handOverAckWait, func() bool { return h.stopped })
+	n.mu.Lock()
+	if n.epoch != h.epoch {
+		n.handover = nil
+		n.mu.Unlock()
+		return "", fmt.Errorf("%w: leadership lost during the hand-over", ErrNotLeader)
+	}
+	if !h.stopped {
+		n.stopServingLocked(h)
+	}
+	n.mu.Unlock()
+	if !acked {
+		n.log.Warn("hand-over: not every client acknowledged the notice in time", "wait", handOverAckWait)
+	}
+
+	// Step 4: what is in flight commits and is answered.
+	if !n.waitHandOver(ctx, handOverDrainWait, n.quiescent) {
+		n.mu.Lock()
+		owed := len(n.pend)
+		n.mu.Unlock()
+		n.log.Warn("hand-over: requests still in flight; they get U if leadership moves", "owed", owed)
+	}
+
+	// Step 5.
+	fut := n.raft.LeadershipTransferToServer(raft.ServerID(id), raftAddr(id, peerAddr))
+	done := make(chan error, 1)
+	go func() { done <- fut.Error() }()
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	if err != nil {
+		// hashicorp/raft gives up after one election timeout even when
+		// its TimeoutNow got through and the target is still campaigning
+		// (slow on a loaded machine): serving again at once could take
+		// requests that the target's win then leaves unknown. Wait one
+		// more election timeout for a late win before serving again.
+		n.waitHandOver(ctx, n.cfg.ElectionTimeout, func() bool { return n.raft.State() != raft.Leader })
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	h.active = false
+	if err != nil && n.raft.State() != raft.Leader {
+		err = nil // the target won late
+	}
+	if err != nil {
+		n.resumeLocked(h)
+		n.log.Warn("leadership transfer failed; serving again", "to", id, "err", err)
+		return "", fmt.Errorf("cluster: handing leadership to %s: %w", id, err)
+	}
+	n.log.Info("leadership transferred", "to", id, "took", time.Since(start).Round(time.Millisecond))
+	return id, nil
+}
+
+// handOverWithin is HandOver to the best target, bounded by timeout.
+func (n *Node) handOverWithin(timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	_, err := n.HandOver(ctx, "")
+	return err
+}
+
+// chooseTarget picks the voter to hand over to: to if named (it must be a
+// voter; its client address from discovery, else from the log), else the
+// voter that answers a discovery handshake and has applied the most.
+func (n *Node) chooseTarget(to string) (id, peerAddr, addr string, err error) {
+	ms, err := n.Members()
+	if err != nil {
+		return "", "", "", err
+	}
+	var cands []Member
+	for _, m := range ms {
+		if m.Voter && m.ServerID != n.serverID && (to == "" || m.ServerID == to) {
+			cands = append(cands, m)
+		}
+	}
+	if to != "" && len(cands) == 0 {
+		return "", "", "", fmt.Errorf("%w: %s is not another voter", ErrNoSuchMember, to)
+	}
+	type answer struct {
+		m     Member
+		ident wire.Identity
+		err   error
+	}
+	answers := make([]answer, len(cands))
+	var wg sync.WaitGroup
+	for i, m := range cands {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, ident, err := n.peers.discoverID(m.ServerID, m.Name, m.PeerAddr, time.Second)
+			answers[i] = answer{m, ident, err}
+		}()
+	}
+	wg.Wait()
+	sort.SliceStable(answers, func(i, j int) bool {
+		if (answers[i].err == nil) != (answers[j].err == nil) {
+			return answers[i].err == nil
+		}
+		return answers[i].ident.Applied > answers[j].ident.Applied
+	})
+	if len(answers) == 0 || (answers[0].err != nil && to == "") {
+		return "", "", "", ErrNoTarget
+	}
+	best := answers[0]
+	addr = best.ident.ClientAddr
+	if addr == "" {
+		addr = best.m.ClientAddr // from the log (an older node, or it did not answer)
+	}
+	return best.m.ServerID, best.m.PeerAddr, addr, nil
+}
+
+// waitHandOver polls cond until it holds (true), d has passed or ctx ended.
+func (n *Node) waitHandOver(ctx context.Context, d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
+	for {
+		n.mu.Lock()
+		ok := cond()
+		n.mu.Unlock()
+		if ok {
+			return true
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false
+		}
+		select {
+		case <-time.After(time.Millisecond):
+		case <-ctx.Done():
+		case <-n.closing:
+			return false
+		}
+	}
+}
+
+// quiescent reports whether nothing is owed or being proposed: no request
+// waits for its reply, no command waits to be proposed or applied.
+// Requires n.mu.
+func (n *Node) quiescent() bool {
+	if len(n.pend) > 0 || len(n.slots) > 0 {
+		return false
+	}
+	n.propMu.Lock()
+	defer n.propMu.Unlock()
+	return len(n.propQ) == 0
+}
+
+// stopServingLocked is step 3: lock requests get M naming the target from
+// now on, and every queued waiter is withdrawn through the log (T once
+// the cancel commits). Acquires that are queued later, when their command
+// applies, are withdrawn then (resolve). Requires n.mu.
+func (n *Node) stopServingLocked(h *handOver) {
+	h.stopped = true
+	n.serving = false
+	for _, p := range n.pend {
+		if p.op == locksm.OpAcquire && p.queued && !p.cancel {
+			p.cancel = true
+			n.propose(locksm.Command{Op: locksm.OpCancelWait, Key: p.key, Ref: p.ref})
+		}
+	}
+}
+
+// withdrawing reports whether an acquire queued now must be withdrawn at
+// once (a hand-over stopped serving). Requires n.mu.
+func (n *Node) withdrawing() bool {
+	return n.handover != nil && n.handover.active && n.handover.stopped
+}
+
+// noticeAcked records cc's acknowledgement of the hand-over notice; the
+// last one stops serving. Requires n.mu.
+func (n *Node) noticeAckedLocked(cc *clientConn) {
+	if !cc.ackPending {
+		return
+	}
+	cc.ackPending = false
+	h := n.handover
+	if h == nil || !h.active || h.stopped {
+		return
+	}
+	if h.unacked--; h.unacked <= 0 {
+		n.stopServingLocked(h)
+	}
+}
+
+// resumeLocked ends a failed hand-over: the node serves again if it still
+// leads and was ready, with a fresh lease timer for every holder (expiries
+// proposed during the transfer were refused), and tells its clients.
+// Requires n.mu.
+func (n *Node) resumeLocked(h *handOver) {
+	if n.handover == h {
+		n.handover = nil
+	}
+	if !n.leading || n.epoch != h.epoch || !n.ready || n.closed {
+		return
+	}
+	for _, it := range n.holderTimers(time.Now(), n.epoch) {
+		n.timers.add(it)
+	}
+	n.serving = true
+	n.broadcastServingLocked()
+}
+
+// holderTimers is a full lease timer for every holder, from now.
+func (n *Node) holderTimers(now time.Time, epoch uint64) []timerItem {
+	var items []timerItem
+	n.fsm.read(func(st *locksm.State) {
+		st.RangeHolders(func(key string, h locksm.Holder) bool {
+			items = append(items, timerItem{
+				at: now.Add(time.Duration(h.LeaseSec) * time.Second), kind: timerExpire,
+				key: key, token: h.Token, epoch: epoch,
+			})
+			return true
+		})
+	})
+	return items
+}
+
+// broadcastServingLocked tells every connection that speaks notices that
+// this node serves as the leader now. Requires n.mu.
+func (n *Node) broadcastServingLocked() {
+	m := &wire.Msg{Type: wire.TypeNotice, Event: wire.NoticeServing, LeaderID: n.serverID, LeaderAddr: n.advertise}
+	if len(m.LeaderAddr) > 255 {
+		m.LeaderAddr = ""
+	}
+	for cc := range n.conns {
+		if cc.version >= wire.VersionNotices && !cc.dead {
+			cc.send(m)
+		}
+	}
+}
