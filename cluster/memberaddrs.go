@@ -85,7 +85,7 @@ func (n *Node) recordMemberAddrs() {
 	for _, f := range out {
 		// Refused during a leadership transfer or after losing the lead:
 		// the next check (or the next leader) records it.
-		if err := n.raft.Apply(encodeAnnounce(f.id, f.addr), timeout).Error(); err != nil {
+		if err := n.await(n.raft.Apply(encodeAnnounce(f.id, f.addr), timeout)); err != nil {
 			n.log.Debug("recording a member's client address failed", "member", f.id, "err", err)
 			return
 		}

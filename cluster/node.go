@@ -668,9 +668,34 @@ func (n *Node) proposeLoop() {
 }
 
 // futureLoop answers the requests of batches Raft could not commit. Futures
-// complete in log order, so one goroutine suffices.
+// complete in log order, so one goroutine suffices. The blocking wait on
+// each future runs on futureWaiter, which Close does not wait for: with
+// BatchApplyCh a future still in Raft's apply buffer when Raft shuts down
+// is never answered (hashicorp/raft, Config.BatchApplyCh), and a Close
+// waiting for it would hang.
 func (n *Node) futureLoop() {
 	defer n.wg.Done()
+	failed := make(chan failedBatch, 64)
+	go n.futureWaiter(failed)
+	for {
+		select {
+		case fb := <-failed:
+			n.proposalFailed(fb.cmds, fb.err)
+		case <-n.closing:
+			return
+		}
+	}
+}
+
+type failedBatch struct {
+	cmds []locksm.Command
+	err  error
+}
+
+// futureWaiter waits for each batch's future in log order, frees its slot
+// and hands failures to futureLoop. It holds no lock while it waits, so
+// one left waiting on a future Raft never answers harms nothing.
+func (n *Node) futureWaiter(failed chan<- failedBatch) {
 	for {
 		var bf batchFuture
 		select {
@@ -685,9 +710,31 @@ func (n *Node) futureLoop() {
 		if err == nil {
 			continue
 		}
-		n.proposalFailed(bf.cmds, err)
+		select {
+		case failed <- failedBatch{bf.cmds, err}:
+		case <-n.closing:
+			return
+		}
 	}
 }
+
+// await returns f's error, or ErrClosing if the node closes first (a
+// future still in Raft's apply buffer at shutdown is never answered; see
+// futureLoop). Goroutines that Close waits for use it for every Apply and
+// Barrier future.
+func (n *Node) await(f raft.Future) error {
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	select {
+	case err := <-done:
+		return err
+	case <-n.closing:
+		return ErrClosing
+	}
+}
+
+// ErrClosing: the node was closed before Raft answered.
+var ErrClosing = errors.New("cluster: node closing")
 
 func (n *Node) proposalFailed(cmds []locksm.Command, err error) {
 	// ErrNotLeader means the entry was never appended: definitely not
