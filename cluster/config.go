@@ -145,19 +145,18 @@ type Config struct {
 	// Logger receives the node's logs (Raft's included). nil: slog.Default().
 	Logger *slog.Logger
 	// Now is the wall clock stamped into proposed commands; nil: time.Now.
-	// Lease and wait timers run on the monotonic clock regardless.
+	// Lease and wait timers run on the monotonic clock regardless, so a
+	// shifted Now (the lab's clock-offset fault) is exactly how a
+	// wall-clock jump reaches a node.
 	Now func() time.Time
-	// Faults, when set, injects network faults into the peer transport
-	// (tests only).
-	Faults *Faults
+	// PeerNet is the network under the peer transport: every Raft
+	// connection is dialled through it and handed to it once its
+	// handshake has proved both ends (see PeerNet). Tests and the lab
+	// plug their network faults in here (cluster/netfault). nil: plain
+	// TCP.
+	PeerNet PeerNet
 	// FaultFile, when set, turns on fault injection driven by a JSON file
-	// (tests only; see FaultSpec): the node rereads it every
-	// FaultPollInterval and applies its cut and frozen peer links (through
-	// Faults, created if nil) and its wall-clock offset (in front of Now).
-	// The offset moves only the stamped wall time: lease and wait timers run
-	// on the monotonic clock, so a wall-clock jump on a node is modelled
-	// exactly as the node would see a real one. Off ("") by default; the
-	// node logs a warning when it is on.
+	// (tests only; see FaultSpec). Off ("") by default.
 	FaultFile string
 }
 

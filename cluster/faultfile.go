@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"sync/atomic"
 	"time"
+
+	"ticketing/cluster/netfault"
 )
 
 // FaultSpec is the content of a fault file (Config.FaultFile), JSON:
@@ -84,7 +86,7 @@ func WriteFaultFile(path string, spec FaultSpec) error {
 // faultFile drives a node's Faults and clock offset from Config.FaultFile.
 type faultFile struct {
 	path   string
-	faults *Faults
+	faults *netfault.Network
 	offset atomic.Int64 // ms added to the stamped wall clock
 	last   []byte
 }
@@ -97,11 +99,8 @@ func setupFaultFile(cfg *Config) (*faultFile, error) {
 	if cfg.FaultFile == "" {
 		return nil, nil
 	}
-	ff := &faultFile{path: cfg.FaultFile, faults: cfg.Faults}
-	if ff.faults == nil {
-		ff.faults = NewFaults()
-		cfg.Faults = ff.faults
-	}
+	ff := &faultFile{path: cfg.FaultFile, faults: netfault.New()}
+	cfg.PeerNet = ff.faults
 	base := cfg.Now
 	cfg.Now = func() time.Time { return base().Add(time.Duration(ff.offset.Load()) * time.Millisecond) }
 	if _, err := ff.poll(); err != nil {

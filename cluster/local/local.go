@@ -39,8 +39,9 @@ type Options struct {
 	ClusterID string
 	// Logger receives every node's logs; nil discards them.
 	Logger *slog.Logger
-	// Faults is shared by every node's peer transport; nil injects nothing.
-	Faults *cluster.Faults
+	// PeerNet is shared by every node's peer transport (tests plug a
+	// netfault.Network in here); nil: plain TCP.
+	PeerNet cluster.PeerNet
 	// Tune, when set, adjusts each node's config before it starts.
 	Tune func(*cluster.Config)
 	// AdminSecret, when set, gives every node an admin port (at
@@ -174,7 +175,7 @@ func Start(opts Options) (*Cluster, error) {
 		cfg.ClientSecret = c.ClientSecret
 		cfg.PeerSecret = peerSecret
 		cfg.Logger = opts.Logger
-		cfg.Faults = opts.Faults
+		cfg.PeerNet = opts.PeerNet
 		if f, ok := nodeTLS[cfg.NodeID]; ok {
 			if cfg.ClientTLS, err = tlsconf.ServerConfig(f, false); err == nil {
 				cfg.PeerTLS, err = tlsconf.PeerConfig(f)

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"ticketing/cluster/netfault"
 )
 
 // acceptInto forwards every connection n accepts to a channel.
@@ -27,7 +29,7 @@ func acceptInto(l *peerLayer) chan net.Conn {
 // A frozen link blocks I/O on its existing connections until the thaw,
 // holds back nothing and loses nothing; new dials work meanwhile.
 func TestFaultsFreezeAndThaw(t *testing.T) {
-	f := NewFaults()
+	f := netfault.New()
 	secret := []byte("peer-secret-0123456789")
 	n1 := testPeerLayer(t, "n1", "c", secret, f)
 	n2 := testPeerLayer(t, "n2", "c", secret, f)
@@ -83,7 +85,7 @@ func TestFaultsFreezeAndThaw(t *testing.T) {
 
 // Closing a connection blocked on a frozen link unblocks it.
 func TestFaultsFrozenConnCloses(t *testing.T) {
-	f := NewFaults()
+	f := netfault.New()
 	secret := []byte("peer-secret-0123456789")
 	n1 := testPeerLayer(t, "n1", "c", secret, f)
 	n2 := testPeerLayer(t, "n2", "c", secret, f)
@@ -111,27 +113,6 @@ func TestFaultsFrozenConnCloses(t *testing.T) {
 	}
 }
 
-// SetLinks replaces the whole cut list: links not named are healed, links
-// named are cut (existing connections closed, dials refused).
-func TestFaultsSetLinksReplacesAll(t *testing.T) {
-	f := NewFaults()
-	f.Cut("n1", "n3")
-	f.SetLinks([][2]string{{"n2", "n1"}}, nil)
-	if f.isCut("n1", "n3") {
-		t.Fatal("n1-n3 still cut after SetLinks without it")
-	}
-	if !f.isCut("n1", "n2") || !f.isCut("n2", "n1") {
-		t.Fatal("n1-n2 not cut in both directions")
-	}
-	if err := f.allowDial("n2", "n1"); !errors.Is(err, ErrLinkCut) {
-		t.Fatalf("dial on a cut link: %v", err)
-	}
-	f.Heal()
-	if f.isCut("n1", "n2") {
-		t.Fatal("heal left a cut")
-	}
-}
-
 // The fault file drives the links and the stamped clock; a missing file is
 // no fault, and a file that does not parse is refused at start.
 func TestFaultFile(t *testing.T) {
@@ -143,7 +124,7 @@ func TestFaultFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Faults == nil || cfg.Now().UnixMilli() != base.UnixMilli() {
+	if cfg.PeerNet == nil || cfg.Now().UnixMilli() != base.UnixMilli() {
 		t.Fatal("missing file: want faults installed and no offset")
 	}
 	if err := WriteFaultFile(path, FaultSpec{Cut: [][2]string{{"n1", "n2"}}, Freeze: [][2]string{{"n1", "n3"}}, ClockOffsetMs: -30000}); err != nil {
@@ -156,7 +137,8 @@ func TestFaultFile(t *testing.T) {
 	if got := cfg.Now().Sub(base); got != -30*time.Second {
 		t.Fatalf("clock offset %v, want -30s", got)
 	}
-	if !cfg.Faults.isCut("n2", "n1") || !cfg.Faults.frozen[linkKey("n3", "n1")] {
+	nf := cfg.PeerNet.(*netfault.Network)
+	if !nf.IsCut("n2", "n1") || !nf.IsFrozen("n3", "n1") {
 		t.Fatal("links not applied")
 	}
 	if spec, err := ff.poll(); spec != nil || err != nil {
@@ -168,7 +150,7 @@ func TestFaultFile(t *testing.T) {
 	if _, err := ff.poll(); !errors.Is(err, ErrBadFaultFile) {
 		t.Fatalf("bad file: %v", err)
 	}
-	if !cfg.Faults.isCut("n1", "n2") {
+	if !nf.IsCut("n1", "n2") {
 		t.Fatal("a bad file must keep the previous faults")
 	}
 	if err := os.WriteFile(path, []byte(`{"bogus": 1}`), 0o600); err != nil {
@@ -185,7 +167,7 @@ func TestFaultFile(t *testing.T) {
 func TestNoFaultFileNoFaults(t *testing.T) {
 	cfg := Config{}
 	ff, err := setupFaultFile(&cfg)
-	if ff != nil || err != nil || cfg.Faults != nil || cfg.Now != nil {
+	if ff != nil || err != nil || cfg.PeerNet != nil || cfg.Now != nil {
 		t.Fatal("fault injection installed without a fault file")
 	}
 }

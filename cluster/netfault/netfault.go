@@ -1,19 +1,29 @@
-package cluster
+// Package netfault injects network faults at the connection level, for
+// tests and the lab (cmd/ticketlab): cut and frozen links between named
+// nodes (Network, which plugs into cluster.Config.PeerNet) and dropped
+// client connections (Dropper, which plugs into sidecar.Config.Dialer).
+//
+// It does not import cluster, so the cluster package's own tests can use
+// it; the product binary never links it (a test in cmd/ticketing pins
+// that).
+package netfault
 
 import (
+	"context"
 	"errors"
 	"net"
 	"sync"
+	"time"
 )
 
-// ErrLinkCut is returned by the peer transport for a link a Faults has cut.
-var ErrLinkCut = errors.New("cluster: peer link cut by fault injection")
+// ErrLinkCut is returned for I/O and dials on a link a Network has cut.
+var ErrLinkCut = errors.New("netfault: link cut by fault injection")
 
-// Faults injects network faults into the peer transport at the connection
-// level, in the style of etcd-io/raft's test network (cut, isolate, heal).
-// One Faults may be shared by every node of an in-process cluster; a node
-// process started with Config.FaultFile gets its own, driven by that file.
-// A nil *Faults injects nothing. Safe for concurrent use.
+// Network injects faults into the links between named nodes, in the style
+// of etcd-io/raft's test network (cut, isolate, heal). It implements
+// cluster.PeerNet, and one Network may be shared by every node of an
+// in-process cluster; a lab node process has its own, driven by its fault
+// file. Safe for concurrent use.
 //
 // A link is named by its two node ids, in either order; a fault on it
 // applies to both directions.
@@ -29,17 +39,17 @@ var ErrLinkCut = errors.New("cluster: peer link cut by fault injection")
 // stalled replication stream whose fresh connections still get through —
 // the shape of hashicorp/raft issues #611/#612, where replication to one
 // follower stops while heartbeats continue.
-type Faults struct {
-	mu      sync.Mutex
+type Network struct {
+	mu      sync.Mutex // a leaf: nothing is taken while it is held
 	cut     map[[2]string]bool
 	frozen  map[[2]string]bool
 	conns   map[*faultConn]struct{}
 	changed chan struct{} // closed and replaced on every change
 }
 
-// NewFaults returns a Faults with every link up.
-func NewFaults() *Faults {
-	return &Faults{
+// New returns a Network with every link up.
+func New() *Network {
+	return &Network{
 		cut: map[[2]string]bool{}, frozen: map[[2]string]bool{},
 		conns: map[*faultConn]struct{}{}, changed: make(chan struct{}),
 	}
@@ -53,13 +63,13 @@ func linkKey(a, b string) [2]string {
 }
 
 // notifyLocked wakes every connection blocked on a frozen link. Requires mu.
-func (f *Faults) notifyLocked() {
+func (f *Network) notifyLocked() {
 	close(f.changed)
 	f.changed = make(chan struct{})
 }
 
 // Cut cuts the link between nodes a and b.
-func (f *Faults) Cut(a, b string) {
+func (f *Network) Cut(a, b string) {
 	f.mu.Lock()
 	f.cut[linkKey(a, b)] = true
 	doomed := f.doomedLocked()
@@ -72,7 +82,7 @@ func (f *Faults) Cut(a, b string) {
 
 // Freeze freezes the link between nodes a and b: its current connections
 // block all I/O until the link is thawed (SetLinks without it, or Heal).
-func (f *Faults) Freeze(a, b string) {
+func (f *Network) Freeze(a, b string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	k := linkKey(a, b)
@@ -89,7 +99,7 @@ func (f *Faults) Freeze(a, b string) {
 // links in cut are cut and exactly those in frozen are frozen (a link in
 // both is cut). A link that stays frozen keeps its frozen connections; a
 // link newly frozen freezes the connections it has now.
-func (f *Faults) SetLinks(cut, frozen [][2]string) {
+func (f *Network) SetLinks(cut, frozen [][2]string) {
 	f.mu.Lock()
 	f.cut = map[[2]string]bool{}
 	for _, l := range cut {
@@ -117,7 +127,7 @@ func (f *Faults) SetLinks(cut, frozen [][2]string) {
 }
 
 // doomedLocked lists the connections on cut links. Requires mu.
-func (f *Faults) doomedLocked() []*faultConn {
+func (f *Network) doomedLocked() []*faultConn {
 	var doomed []*faultConn
 	for c := range f.conns {
 		if f.cut[c.link] {
@@ -128,7 +138,7 @@ func (f *Faults) doomedLocked() []*faultConn {
 }
 
 // Isolate cuts every link between id and the others.
-func (f *Faults) Isolate(id string, others []string) {
+func (f *Network) Isolate(id string, others []string) {
 	for _, o := range others {
 		if o != id {
 			f.Cut(id, o)
@@ -137,42 +147,50 @@ func (f *Faults) Isolate(id string, others []string) {
 }
 
 // Heal restores every link, cut or frozen.
-func (f *Faults) Heal() { f.SetLinks(nil, nil) }
+func (f *Network) Heal() { f.SetLinks(nil, nil) }
 
-func (f *Faults) isCut(a, b string) bool {
+// IsCut reports whether the link between a and b is cut.
+func (f *Network) IsCut(a, b string) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.cut[linkKey(a, b)]
 }
 
-func (f *Faults) allowDial(from, to string) error {
-	if f == nil || !f.isCut(from, to) {
-		return nil
-	}
-	return ErrLinkCut
+// IsFrozen reports whether the link between a and b is frozen.
+func (f *Network) IsFrozen(a, b string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.frozen[linkKey(a, b)]
 }
 
-// wrap registers an authenticated connection between a and b.
-func (f *Faults) wrap(c net.Conn, a, b string) (net.Conn, error) {
-	if f == nil {
-		return c, nil
+// Dial implements cluster.PeerNet: TCP to addr, refused with ErrLinkCut
+// while the link between from and to is cut.
+func (f *Network) Dial(from, to, addr string, timeout time.Duration) (net.Conn, error) {
+	if f.IsCut(from, to) {
+		return nil, ErrLinkCut
 	}
-	fc := &faultConn{Conn: c, f: f, link: linkKey(a, b)}
+	return net.DialTimeout("tcp", addr, timeout)
+}
+
+// Wrap implements cluster.PeerNet: it puts the authenticated connection
+// between local and remote under the link's faults, or refuses it with
+// ErrLinkCut while the link is cut (the caller closes it then).
+func (f *Network) Wrap(c net.Conn, local, remote string) (net.Conn, error) {
+	fc := &faultConn{Conn: c, f: f, link: linkKey(local, remote)}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.cut[fc.link] {
-		c.Close()
 		return nil, ErrLinkCut
 	}
 	f.conns[fc] = struct{}{}
 	return fc, nil
 }
 
-// faultConn is a peer connection under fault injection. frozen and closed
-// are guarded by Faults.mu.
+// faultConn is a connection under fault injection. frozen and closed are
+// guarded by Network.mu.
 type faultConn struct {
 	net.Conn
-	f      *Faults
+	f      *Network
 	link   [2]string
 	frozen bool
 	closed bool
@@ -225,5 +243,64 @@ func (c *faultConn) Close() error {
 		c.f.notifyLocked()
 	}
 	c.f.mu.Unlock()
+	return c.Conn.Close()
+}
+
+// Dropper is a dialer that can drop every connection it dialled, as a
+// network failure would (a sidecar's cluster connections: plug Dial into
+// sidecar.Config.Dialer). Safe for concurrent use.
+type Dropper struct {
+	mu    sync.Mutex // a leaf
+	conns map[*dropConn]struct{}
+}
+
+// Dial dials like a net.Dialer and remembers the connection until it is
+// closed.
+func (d *Dropper) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	dc := &dropConn{Conn: c, d: d}
+	d.mu.Lock()
+	if d.conns == nil {
+		d.conns = map[*dropConn]struct{}{}
+	}
+	d.conns[dc] = struct{}{}
+	d.mu.Unlock()
+	return dc, nil
+}
+
+// Drop closes every open connection it dialled and returns how many: the
+// owner's reads and writes on them fail as on a broken connection.
+func (d *Dropper) Drop() int {
+	d.mu.Lock()
+	conns := make([]*dropConn, 0, len(d.conns))
+	for c := range d.conns {
+		conns = append(conns, c)
+	}
+	d.mu.Unlock()
+	for _, c := range conns {
+		c.Close()
+	}
+	return len(conns)
+}
+
+// Open is the number of connections it dialled that are still open.
+func (d *Dropper) Open() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.conns)
+}
+
+type dropConn struct {
+	net.Conn
+	d *Dropper
+}
+
+func (c *dropConn) Close() error {
+	c.d.mu.Lock()
+	delete(c.d.conns, c)
+	c.d.mu.Unlock()
 	return c.Conn.Close()
 }
