@@ -1,6 +1,7 @@
 // Package local runs a whole Ticketing cluster inside one process on
 // loopback: real cluster.Nodes with real Raft, real TCP and real bolt files.
-// It backs `ticketing dev` and the tests that need a cluster.
+// It backs `ticketing dev` and the tests that need a cluster. (A cluster of
+// node processes is cluster/localproc, which the binary does not link.)
 package local
 
 import (
@@ -99,10 +100,10 @@ func Start(opts Options) (*Cluster, error) {
 		ClusterID:      opts.ClusterID,
 	}
 	var err error
-	if c.ClientSecret, err = ensureSecret(c.SecretFile); err != nil {
+	if c.ClientSecret, err = EnsureSecret(c.SecretFile); err != nil {
 		return nil, err
 	}
-	peerSecret, err := ensureSecret(c.PeerSecretFile)
+	peerSecret, err := EnsureSecret(c.PeerSecretFile)
 	if err != nil {
 		return nil, err
 	}
@@ -253,7 +254,9 @@ func DevTLS(dir string, ids []string) (caFile string, nodes map[string]tlsconf.F
 	return tlsconf.DevSet(dir, ids, time.Now())
 }
 
-func ensureSecret(path string) ([]byte, error) {
+// EnsureSecret reads the secret file at path, or writes a new random one
+// (32 bytes, hex, mode 0600) when there is none.
+func EnsureSecret(path string) ([]byte, error) {
 	if b, err := cluster.ReadSecretFile(path); err == nil {
 		return b, nil
 	} else if !errors.Is(err, os.ErrNotExist) {

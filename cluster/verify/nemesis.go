@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -11,7 +12,8 @@ import (
 	"time"
 
 	"ticketing/cluster"
-	"ticketing/cluster/local"
+	"ticketing/cluster/localproc"
+	"ticketing/sidecar"
 )
 
 // Fault kinds of the nemesis.
@@ -92,7 +94,9 @@ func Schedule(seed int64, d time.Duration, wipe bool) []Step {
 
 // nemesis applies a schedule to a process cluster.
 type nemesis struct {
-	p       *local.Procs
+	p       *localproc.Procs
+	dir     string   // the cluster's dir, where the fault files are
+	drops   []uint64 // each sidecar's drop_connections counter
 	workers []*workerProc
 	h       *History
 	log     func(format string, args ...any)
@@ -116,8 +120,23 @@ type replacement struct {
 	newID string
 }
 
-func newNemesis(p *local.Procs, workers []*workerProc, h *History, logf func(string, ...any)) *nemesis {
-	return &nemesis{p: p, workers: workers, h: h, log: logf, offsets: make([]int64, p.Size()), lost: map[string]replacement{}}
+func newNemesis(p *localproc.Procs, dir string, workers []*workerProc, h *History, logf func(string, ...any)) *nemesis {
+	return &nemesis{p: p, dir: dir, drops: make([]uint64, p.Sidecars()), workers: workers, h: h, log: logf,
+		offsets: make([]int64, p.Size()), lost: map[string]replacement{}}
+}
+
+// faultFile is the fault file of the process named name (a node id or
+// sidecarJ) in the cluster's dir.
+func faultFile(dir, name string) string { return filepath.Join(dir, name+".faults.json") }
+
+// dropSidecarConnections makes sidecar j drop every cluster connection it
+// has, through its fault file's counter.
+func (n *nemesis) dropSidecarConnections(j int) error {
+	n.mu.Lock()
+	n.drops[j]++
+	spec := sidecar.FaultSpec{DropConnections: n.drops[j]}
+	n.mu.Unlock()
+	return sidecar.WriteFaultFile(faultFile(n.dir, fmt.Sprintf("sidecar%d", j+1)), spec)
 }
 
 // writeFaults writes every node's fault file from the current state.
@@ -126,7 +145,7 @@ func (n *nemesis) writeFaults() error {
 	defer n.mu.Unlock()
 	for i := 0; i < n.p.Size(); i++ {
 		spec := cluster.FaultSpec{Cut: n.cut, Freeze: n.freeze, ClockOffsetMs: n.offsets[i]}
-		if err := n.p.WriteFaults(i, spec); err != nil {
+		if err := cluster.WriteFaultFile(faultFile(n.dir, n.p.ID(i)), spec); err != nil {
 			return err
 		}
 	}
@@ -459,7 +478,7 @@ func (n *nemesis) apply(ctx context.Context, st Step) {
 		times := 1 + rng.Intn(3)
 		begin(fmt.Sprintf("sidecar%d", j+1), fmt.Sprintf("%d drops over %v", times, st.Hold))
 		for k := 0; k < times && ctx.Err() == nil; k++ {
-			_ = n.p.DropSidecarConnections(j)
+			_ = n.dropSidecarConnections(j)
 			sleepCtx(ctx, st.Hold/time.Duration(times))
 		}
 	case FaultFreezeFollower:

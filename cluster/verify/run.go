@@ -27,7 +27,7 @@ import (
 	"time"
 
 	ticketing "ticketing/clients/go"
-	"ticketing/cluster/local"
+	"ticketing/cluster/localproc"
 	"ticketing/cluster/wire"
 )
 
@@ -176,9 +176,12 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 
 	clusterDir := filepath.Join(cfg.Dir, "cluster")
 	os.RemoveAll(clusterDir)
-	p, err := local.StartProcs(local.ProcOptions{
+	p, err := localproc.Start(localproc.Options{
 		Binary: cfg.Binary, Dir: clusterDir, Nodes: cfg.Nodes, ClusterID: "verify",
-		FaultFiles: true, Sidecars: cfg.Sidecars, SocketDir: sockDir,
+		Sidecars: cfg.Sidecars, SocketDir: sockDir,
+		Command: func(name string, args []string) (string, []string) {
+			return cfg.Binary, append([]string{args[0], "--fault-file", faultFile(clusterDir, name)}, args[1:]...)
+		},
 		// The production configuration: every node and sidecar link over TLS.
 		TLS: true, Admin: true,
 	})
@@ -263,7 +266,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if cfg.ReplaceAll {
 		steps = ReplaceAllSchedule(cfg.Nodes)
 	}
-	nem := newNemesis(p, procs, h, logf)
+	nem := newNemesis(p, clusterDir, procs, h, logf)
 	nctx, stopNemesis := context.WithTimeout(ctx, cfg.Duration+10*time.Second)
 	nem.run(nctx, steps)
 	stopNemesis()
@@ -384,7 +387,7 @@ func expectedStop(lost []string, voters int) string {
 // never received any state are skipped: a wiped node comes back as a new
 // server that no configuration names (cluster/bootstrap.go), not a member
 // that diverged.
-func settle(ctx context.Context, p *local.Procs, strangers bool) (wire.Msg, error) {
+func settle(ctx context.Context, p *localproc.Procs, strangers bool) (wire.Msg, error) {
 	var last wire.Msg
 	var lastErr error
 	for {

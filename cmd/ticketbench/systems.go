@@ -16,7 +16,7 @@ import (
 	"time"
 
 	ticketing "ticketing/clients/go"
-	"ticketing/cluster/local"
+	"ticketing/cluster/localproc"
 	"ticketing/sidecar"
 )
 
@@ -64,7 +64,7 @@ const TicketingWait = 60 * time.Second
 // process, shared by the two Ticketing systems.
 
 type ticketingCluster struct {
-	procs  *local.Procs
+	procs  *localproc.Procs
 	dir    string
 	sock   string
 	broker *sidecar.Broker
@@ -79,7 +79,7 @@ func startTicketing(ctx context.Context, bin, dir string, useTLS bool) (*ticketi
 	if err != nil {
 		return nil, err
 	}
-	p, err := local.StartProcs(local.ProcOptions{Binary: bin, Dir: filepath.Join(dir, "cluster"), Nodes: 3, TLS: useTLS,
+	p, err := localproc.Start(localproc.Options{Binary: bin, Dir: filepath.Join(dir, "cluster"), Nodes: 3, TLS: useTLS,
 		ClusterID: "ticketbench", Sidecars: 1, SocketDir: sockDir,
 		ExtraArgs:   []string{"--log-level", "warn"},
 		SidecarArgs: []string{"--log-level", "warn"}})

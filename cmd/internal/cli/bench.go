@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"ticketing/cluster/client"
-	"ticketing/cluster/local"
+	"ticketing/cluster/localproc"
 	"ticketing/cluster/wire"
 )
 
@@ -119,7 +119,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if args[0] == "scale" { // the heap figures come from the profiler
 		extra = []string{"--log-level", "info", "--pprof-addr", "127.0.0.1:0"}
 	}
-	p, err := local.StartProcs(local.ProcOptions{Binary: bin, Dir: filepath.Join(dir, "cluster"), Nodes: nodes, TLS: useTLS,
+	p, err := localproc.Start(localproc.Options{Binary: bin, Dir: filepath.Join(dir, "cluster"), Nodes: nodes, TLS: useTLS,
 		ExtraArgs: append(extra, strings.Fields(nodeArgs)...)})
 	if err != nil {
 		fmt.Fprintln(stderr, "ticketing bench:", err)
@@ -175,7 +175,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 
 // benchFailover stops the leader with sig kills times and measures, each
 // time, how long from the signal until some other node grants a lock.
-func benchFailover(ctx context.Context, p *local.Procs, kills int, sig syscall.Signal, out io.Writer) error {
+func benchFailover(ctx context.Context, p *localproc.Procs, kills int, sig syscall.Signal, out io.Writer) error {
 	var times []time.Duration
 	for k := 0; k < kills; k++ {
 		if err := waitHealthy(ctx, p); err != nil {
@@ -212,7 +212,7 @@ func benchFailover(ctx context.Context, p *local.Procs, kills int, sig syscall.S
 
 // waitHealthy waits until every node runs, a leader serves and every node
 // has applied what the leader committed, then lets heartbeats settle.
-func waitHealthy(ctx context.Context, p *local.Procs) error {
+func waitHealthy(ctx context.Context, p *localproc.Procs) error {
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
 		ok := true
@@ -249,7 +249,7 @@ func waitHealthy(ctx context.Context, p *local.Procs) error {
 
 // firstGrant probes every node but dead until one grants key; it returns the
 // time since start.
-func firstGrant(ctx context.Context, p *local.Procs, dead int, start time.Time, key string) (time.Duration, error) {
+func firstGrant(ctx context.Context, p *localproc.Procs, dead int, start time.Time, key string) (time.Duration, error) {
 	conns := map[int]*client.Conn{}
 	defer func() {
 		for _, c := range conns {
@@ -291,7 +291,7 @@ func firstGrant(ctx context.Context, p *local.Procs, dead int, start time.Time, 
 
 // benchThroughput runs uncontended acquire+release cycles, each client on its
 // own connection to the leader and its own key.
-func benchThroughput(ctx context.Context, p *local.Procs, clients int, warmup, duration time.Duration, out io.Writer) (float64, error) {
+func benchThroughput(ctx context.Context, p *localproc.Procs, clients int, warmup, duration time.Duration, out io.Writer) (float64, error) {
 	li, err := p.Leader(ctx)
 	if err != nil {
 		return 0, err
@@ -386,7 +386,7 @@ func benchThroughput(ctx context.Context, p *local.Procs, clients int, warmup, d
 }
 
 // nodesCPU is each node process's CPU time so far (user+sys, from /proc).
-func nodesCPU(p *local.Procs) []time.Duration {
+func nodesCPU(p *localproc.Procs) []time.Duration {
 	var out []time.Duration
 	for i := 0; i < p.Size(); i++ {
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.Pid(i)))

@@ -14,7 +14,7 @@ import (
 
 	ticketing "ticketing/clients/go"
 	"ticketing/cluster"
-	"ticketing/cluster/local"
+	"ticketing/cluster/localproc"
 	"ticketing/cluster/wire"
 )
 
@@ -129,7 +129,7 @@ func RunHandOvers(ctx context.Context, o HandOverOptions) ([]HandOverRound, erro
 	if o.Clients < 1 || o.HandOvers < 1 {
 		return nil, fmt.Errorf("want at least one client and one hand-over")
 	}
-	p, err := local.StartProcs(local.ProcOptions{Binary: o.Binary, Dir: filepath.Join(o.Dir, "cluster"), Nodes: nodes, Voters: 3,
+	p, err := localproc.Start(localproc.Options{Binary: o.Binary, Dir: filepath.Join(o.Dir, "cluster"), Nodes: nodes, Voters: 3,
 		TLS: o.TLS, Admin: true, Sidecars: 1, ExtraArgs: []string{"--log-level", "warn"}, SidecarArgs: []string{"--log-level", "warn"}})
 	if err != nil {
 		return nil, err
@@ -297,7 +297,7 @@ func RunHandOvers(ctx context.Context, o HandOverOptions) ([]HandOverRound, erro
 // skip (a spare, not a member) knows a leader and has applied what the
 // leader had committed when it was asked (first: under load the commit
 // index moves on), then lets heartbeats settle.
-func settle(ctx context.Context, p *local.Procs, skip int) error {
+func settle(ctx context.Context, p *localproc.Procs, skip int) error {
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
 		ok := false

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"ticketing/cluster/client"
-	"ticketing/cluster/local"
+	"ticketing/cluster/localproc"
 	"ticketing/cluster/wire"
 )
 
@@ -21,7 +21,7 @@ import (
 // resident memory per held key and per queued waiter, and uncontended
 // throughput with 1,000 keys held against throughput with keys held.
 // Leases are 250 s (the maximum), so everything runs within that.
-func benchScale(ctx context.Context, p *local.Procs, keys, waiters, clients int, warmup, duration time.Duration, out io.Writer) error {
+func benchScale(ctx context.Context, p *localproc.Procs, keys, waiters, clients int, warmup, duration time.Duration, out io.Writer) error {
 	li, err := p.Leader(ctx)
 	if err != nil {
 		return err
@@ -142,7 +142,7 @@ func benchScale(ctx context.Context, p *local.Procs, keys, waiters, clients int,
 // every reply (wait 0: try once; otherwise the acquires queue behind the
 // holders and the function returns when ctx ends). Refusals are not
 // retried: a figure over fewer keys shows in the counts printed.
-func holdKeys(ctx context.Context, p *local.Procs, li int, format string, n int, wait time.Duration) error {
+func holdKeys(ctx context.Context, p *localproc.Procs, li int, format string, n int, wait time.Duration) error {
 	idx := make([]int, n)
 	for i := range idx {
 		idx[i] = i
@@ -171,7 +171,7 @@ func holdKeys(ctx context.Context, p *local.Procs, li int, format string, n int,
 // sendAcquires acquires the keys at idx and returns those not granted. On a
 // retry, busy counts as granted: nobody else takes these keys, so the key
 // was granted to an earlier acquire whose reply was lost (indeterminate).
-func sendAcquires(ctx context.Context, p *local.Procs, li int, format string, idx []int, wait time.Duration, retry bool) ([]int, error) {
+func sendAcquires(ctx context.Context, p *localproc.Procs, li int, format string, idx []int, wait time.Duration, retry bool) ([]int, error) {
 	n := len(idx)
 	var mu sync.Mutex
 	var missing []int
@@ -255,7 +255,7 @@ func sendAcquires(ctx context.Context, p *local.Procs, li int, format string, id
 }
 
 // profilerAddrs reads each node's profiler address from its log.
-func profilerAddrs(p *local.Procs) ([]string, error) {
+func profilerAddrs(p *localproc.Procs) ([]string, error) {
 	var out []string
 	for i := 0; i < p.Size(); i++ {
 		b, err := os.ReadFile(p.LogFile(i))

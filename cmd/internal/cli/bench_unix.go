@@ -18,7 +18,7 @@ import (
 	"time"
 
 	ticketing "ticketing/clients/go"
-	"ticketing/cluster/local"
+	"ticketing/cluster/localproc"
 	"ticketing/sidecar"
 	"ticketing/unixapi"
 )
@@ -26,7 +26,7 @@ import (
 // benchUnix measures acquire+release cycle latency through the in-process
 // Broker and through the unix socket (a unixapi server over the same
 // Broker, clients/go clients), for each client count, on one cluster.
-func benchUnix(ctx context.Context, p *local.Procs, dir string, clientCounts []int, warmup, duration time.Duration, out io.Writer) error {
+func benchUnix(ctx context.Context, p *localproc.Procs, dir string, clientCounts []int, warmup, duration time.Duration, out io.Writer) error {
 	bcfg := sidecar.DefaultConfig()
 	bcfg.Addrs, bcfg.Secret, bcfg.ClusterID, bcfg.TLS = p.ClientAddrs(), p.ClientSecret, p.ClusterID, p.ClientTLS
 	bcfg.Logger = slog.New(slog.DiscardHandler)
@@ -155,7 +155,7 @@ func cycles(ctx context.Context, n int, warmup, duration time.Duration, setup fu
 // benchUnixConns runs `ticketing sidecar` as its own process and reports
 // its resident memory before and after conns local connections are open
 // (each has answered a PING, so its session exists).
-func benchUnixConns(ctx context.Context, p *local.Procs, dir, bin string, conns int, out io.Writer) error {
+func benchUnixConns(ctx context.Context, p *localproc.Procs, dir, bin string, conns int, out io.Writer) error {
 	sock := filepath.Join(dir, "conns.sock")
 	args := []string{"sidecar", "--cluster", strings.Join(p.ClientAddrs(), ","),
 		"--secret-file", filepath.Join(dir, "cluster", "client.secret"), "--cluster-id", p.ClusterID,

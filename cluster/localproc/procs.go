@@ -1,4 +1,9 @@
-package local
+// Package localproc runs a Ticketing cluster as processes on loopback:
+// `ticketing node` processes (bootstrapped with `ticketing bootstrap`) and
+// optional `ticketing sidecar` processes, each stopped, paused, killed and
+// restarted at will. The product's process tests (cmd/ticketing) and the
+// lab (cmd/ticketlab) use it; the ticketing binary does not link it.
+package localproc
 
 import (
 	"context"
@@ -17,12 +22,13 @@ import (
 
 	"ticketing/cluster"
 	"ticketing/cluster/client"
+	"ticketing/cluster/local"
 	"ticketing/cluster/tlsconf"
 	"ticketing/cluster/wire"
 )
 
-// ProcOptions configures StartProcs.
-type ProcOptions struct {
+// Options configures Start.
+type Options struct {
 	// Binary is the ticketing executable to run as `Binary node ...` (and
 	// `Binary sidecar ...`).
 	Binary string
@@ -40,11 +46,13 @@ type ProcOptions struct {
 	ClusterID string
 	// ExtraArgs are appended to every node's command line.
 	ExtraArgs []string
-	// FaultFiles, when set, starts every node with --fault-file
-	// Dir/ID.faults.json and every sidecar with --fault-file
-	// Dir/sidecarJ.faults.json (tests only; see WriteFaults and
-	// DropSidecarConnections).
-	FaultFiles bool
+	// Command, when set, gives the command line of each node and sidecar
+	// process instead of `Binary ARGS...`: it is called with the process's
+	// name (the node id, or sidecarJ) and ARGS (starting with "node" or
+	// "sidecar") and returns the executable and its arguments. The lab runs
+	// its fault-injecting `ticketlab node` and `ticketlab sidecar` this
+	// way. `ticketing bootstrap` always runs Binary.
+	Command func(name string, args []string) (bin string, argv []string)
 	// Sidecars is how many `ticketing sidecar` processes to start, each on
 	// its own socket in Dir and connected to every node. Zero: none.
 	Sidecars int
@@ -65,8 +73,11 @@ type ProcOptions struct {
 // proc is one child process that can be stopped and started again.
 type proc struct {
 	name string
-	args []string
-	log  string // log file (stdout and stderr, appended)
+	bin  string   // executable
+	args []string // its arguments
+	// bootArgs are the product's node arguments, for `ticketing bootstrap`.
+	bootArgs []string
+	log      string // log file (stdout and stderr, appended)
 
 	cmd  *exec.Cmd // nil while not running
 	exit chan struct{}
@@ -75,33 +86,32 @@ type proc struct {
 // Procs is a cluster of `ticketing node` processes on loopback, with
 // optional sidecar processes.
 type Procs struct {
-	opts           ProcOptions
+	opts           Options
 	ClientSecret   []byte
 	ClusterID      string
 	SecretFile     string // client secret file
 	PeerSecretFile string
-	// AdminSecretFile holds the admin secret ("" without ProcOptions.Admin).
+	// AdminSecretFile holds the admin secret ("" without Options.Admin).
 	AdminSecretFile string
 	// TokenFloor is the domain's token floor (from ticketing bootstrap).
 	TokenFloor uint64
-	// CAFile and ClientTLS: see Cluster; "" and nil without TLS.
+	// CAFile and ClientTLS: see local.Cluster; "" and nil without TLS.
 	CAFile      string
 	ClientTLS   *tls.Config
 	ids         []string
 	clientAddrs []string
 	peerAddrs   []string
-	adminAddrs  []string // with ProcOptions.Admin
+	adminAddrs  []string // with Options.Admin
 	adminSecret []byte
 
 	mu       sync.Mutex
 	nodes    []*proc
 	sidecars []*proc
-	drops    []uint64 // sidecar fault counters
 }
 
-// StartProcs starts every node process, then every sidecar process (it
-// does not wait for a leader or for the sidecars' sockets).
-func StartProcs(opts ProcOptions) (*Procs, error) {
+// Start starts every node process, then every sidecar process (it does
+// not wait for a leader or for the sidecars' sockets).
+func Start(opts Options) (*Procs, error) {
 	if opts.Nodes == 0 {
 		opts.Nodes = 3
 	}
@@ -112,24 +122,24 @@ func StartProcs(opts ProcOptions) (*Procs, error) {
 		opts.ClusterID = "bench"
 	}
 	if opts.Voters > opts.Nodes {
-		return nil, fmt.Errorf("local: %d voters of %d nodes", opts.Voters, opts.Nodes)
+		return nil, fmt.Errorf("localproc: %d voters of %d nodes", opts.Voters, opts.Nodes)
 	}
 	if err := os.MkdirAll(opts.Dir, 0o700); err != nil {
 		return nil, err
 	}
 	secretFile := filepath.Join(opts.Dir, "client.secret")
 	peerSecretFile := filepath.Join(opts.Dir, "peer.secret")
-	secret, err := ensureSecret(secretFile)
+	secret, err := local.EnsureSecret(secretFile)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := ensureSecret(peerSecretFile); err != nil {
+	if _, err := local.EnsureSecret(peerSecretFile); err != nil {
 		return nil, err
 	}
 	adminSecretFile := filepath.Join(opts.Dir, "admin.secret")
 	var adminSecret []byte
 	if opts.Admin {
-		if adminSecret, err = ensureSecret(adminSecretFile); err != nil {
+		if adminSecret, err = local.EnsureSecret(adminSecretFile); err != nil {
 			return nil, err
 		}
 	} else {
@@ -153,7 +163,7 @@ func StartProcs(opts ProcOptions) (*Procs, error) {
 	}
 	var nodeTLS map[string]tlsconf.Files
 	if opts.TLS {
-		if p.CAFile, nodeTLS, err = DevTLS(filepath.Join(opts.Dir, "tls"), p.ids); err == nil {
+		if p.CAFile, nodeTLS, err = local.DevTLS(filepath.Join(opts.Dir, "tls"), p.ids); err == nil {
 			p.ClientTLS, err = tlsconf.ClientConfig(tlsconf.Files{CAFile: p.CAFile})
 		}
 		if err != nil {
@@ -173,9 +183,6 @@ func StartProcs(opts ProcOptions) (*Procs, error) {
 		if i < opts.Voters {
 			args = append(args, "--peers", strings.Join(peers, ","))
 		}
-		if opts.FaultFiles {
-			args = append(args, "--fault-file", p.FaultFile(i))
-		}
 		if f, ok := nodeTLS[p.ids[i]]; ok {
 			args = append(args, "--tls-cert", f.CertFile, "--tls-key", f.KeyFile, "--tls-ca", f.CAFile)
 		}
@@ -183,8 +190,7 @@ func StartProcs(opts ProcOptions) (*Procs, error) {
 			p.adminAddrs = append(p.adminAddrs, fmt.Sprintf("127.0.0.1:%d", ports[3*i+2]))
 			args = append(args, "--admin-addr", p.adminAddrs[i], "--admin-secret-file", adminSecretFile)
 		}
-		p.nodes = append(p.nodes, &proc{name: p.ids[i], args: append(args, opts.ExtraArgs...),
-			log: filepath.Join(opts.Dir, p.ids[i]+".log")})
+		p.nodes = append(p.nodes, p.newProc(p.ids[i], append(args, opts.ExtraArgs...)))
 	}
 	for j := 0; j < opts.Sidecars; j++ {
 		name := fmt.Sprintf("sidecar%d", j+1)
@@ -196,15 +202,10 @@ func StartProcs(opts ProcOptions) (*Procs, error) {
 			"--socket-mode", "0600",
 			"--owner-prefix", name,
 		}
-		if opts.FaultFiles {
-			args = append(args, "--fault-file", p.SidecarFaultFile(j))
-		}
 		if p.CAFile != "" {
 			args = append(args, "--tls-ca", p.CAFile)
 		}
-		p.sidecars = append(p.sidecars, &proc{name: name, args: append(args, opts.SidecarArgs...),
-			log: filepath.Join(opts.Dir, name+".log")})
-		p.drops = append(p.drops, 0)
+		p.sidecars = append(p.sidecars, p.newProc(name, append(args, opts.SidecarArgs...)))
 	}
 	// Nodes 2..N start empty and wait; `ticketing bootstrap --new-domain`
 	// then creates the cluster in node 1's data dir (asking them for their
@@ -216,11 +217,11 @@ func StartProcs(opts ProcOptions) (*Procs, error) {
 		}
 	}
 	if _, err := os.Stat(filepath.Join(p.DataDir(0), "identity")); errors.Is(err, os.ErrNotExist) {
-		args := append([]string{"bootstrap", "--new-domain"}, p.nodes[0].args[1:]...)
+		args := append([]string{"bootstrap", "--new-domain"}, p.nodes[0].bootArgs...)
 		out, err := exec.Command(opts.Binary, args...).CombinedOutput()
 		if err != nil {
 			p.Close()
-			return nil, fmt.Errorf("local: bootstrap %s: %w\n%s", p.ids[0], err, out)
+			return nil, fmt.Errorf("localproc: bootstrap %s: %w\n%s", p.ids[0], err, out)
 		}
 		for _, line := range strings.Split(string(out), "\n") {
 			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "tokens start above: "); ok {
@@ -239,6 +240,18 @@ func StartProcs(opts ProcOptions) (*Procs, error) {
 		}
 	}
 	return p, nil
+}
+
+// newProc is the process name running args (Options.Command applied).
+func (p *Procs) newProc(name string, args []string) *proc {
+	pr := &proc{name: name, bin: p.opts.Binary, args: args, log: filepath.Join(p.opts.Dir, name+".log")}
+	if args[0] == "node" {
+		pr.bootArgs = args[1:]
+	}
+	if p.opts.Command != nil {
+		pr.bin, pr.args = p.opts.Command(name, append([]string(nil), args...))
+	}
+	return pr
 }
 
 func freePorts(n int) ([]int, error) {
@@ -263,7 +276,7 @@ func freePorts(n int) ([]int, error) {
 // Size is the number of nodes.
 func (p *Procs) Size() int { return len(p.ids) }
 
-// AdminAddr is node i's admin address (with ProcOptions.Admin).
+// AdminAddr is node i's admin address (with Options.Admin).
 func (p *Procs) AdminAddr(i int) string { return p.adminAddrs[i] }
 
 // ID is node i's id; ClientAddr its client address.
@@ -279,17 +292,6 @@ func (p *Procs) ClientAddrs() []string { return append([]string(nil), p.clientAd
 // DataDir is node i's data directory.
 func (p *Procs) DataDir(i int) string { return filepath.Join(p.opts.Dir, p.ids[i]) }
 
-// FaultFile is node i's fault file (used when ProcOptions.FaultFiles).
-func (p *Procs) FaultFile(i int) string {
-	return filepath.Join(p.opts.Dir, p.ids[i]+".faults.json")
-}
-
-// WriteFaults replaces node i's fault file; the node applies it within
-// cluster.FaultPollInterval.
-func (p *Procs) WriteFaults(i int, spec cluster.FaultSpec) error {
-	return cluster.WriteFaultFile(p.FaultFile(i), spec)
-}
-
 // Sidecars is the number of sidecar processes.
 func (p *Procs) Sidecars() int { return len(p.sidecars) }
 
@@ -302,29 +304,8 @@ func (p *Procs) SidecarSocket(j int) string {
 	return filepath.Join(dir, fmt.Sprintf("sidecar%d.sock", j+1))
 }
 
-// SidecarFaultFile is sidecar j's fault file.
-func (p *Procs) SidecarFaultFile(j int) string {
-	return filepath.Join(p.opts.Dir, fmt.Sprintf("sidecar%d.faults.json", j+1))
-}
-
-// DropSidecarConnections makes sidecar j drop every cluster connection it
-// has (through its fault file; needs ProcOptions.FaultFiles).
-func (p *Procs) DropSidecarConnections(j int) error {
-	p.mu.Lock()
-	p.drops[j]++
-	n := p.drops[j]
-	p.mu.Unlock()
-	// The layout of sidecar.FaultSpec (this package cannot import sidecar,
-	// whose tests import this package).
-	path := p.SidecarFaultFile(j)
-	if err := os.WriteFile(path+".tmp", fmt.Appendf(nil, `{"drop_connections":%d}`, n), 0o600); err != nil {
-		return err
-	}
-	return os.Rename(path+".tmp", path)
-}
-
 // ErrRunning is returned when starting a process that is running.
-var ErrRunning = errors.New("local: process is running")
+var ErrRunning = errors.New("localproc: process is running")
 
 func (p *Procs) start(pr *proc) error {
 	p.mu.Lock()
@@ -336,7 +317,7 @@ func (p *Procs) start(pr *proc) error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(p.opts.Binary, pr.args...)
+	cmd := exec.Command(pr.bin, pr.args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		logf.Close()
@@ -447,10 +428,10 @@ func (p *Procs) ServerID(i int, timeout time.Duration) (string, error) {
 	}
 }
 
-// AdminAddrs returns every node's admin address (ProcOptions.Admin).
+// AdminAddrs returns every node's admin address (Options.Admin).
 func (p *Procs) AdminAddrs() []string { return append([]string(nil), p.adminAddrs...) }
 
-// Admin returns a client of the nodes' admin ports (ProcOptions.Admin).
+// Admin returns a client of the nodes' admin ports (Options.Admin).
 func (p *Procs) Admin() *cluster.AdminCluster {
 	return &cluster.AdminCluster{Addrs: p.adminAddrs,
 		Config: cluster.AdminConfig{Secret: p.adminSecret, ClusterID: p.ClusterID, TLS: p.ClientTLS}}
@@ -511,7 +492,7 @@ func (p *Procs) Leader(ctx context.Context) (int, error) {
 		}
 		select {
 		case <-ctx.Done():
-			return -1, fmt.Errorf("local: no leader: %w", ctx.Err())
+			return -1, fmt.Errorf("localproc: no leader: %w", ctx.Err())
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
