@@ -36,7 +36,9 @@ type Config struct {
 	// the address this node has in Peers. Ignored when PeerListener is set.
 	PeerAddr string
 	// ClientListener and PeerListener, when set, are used instead of
-	// listening on ClientAddr/PeerAddr (tests pre-open them on port 0).
+	// listening on ClientAddr/PeerAddr: cluster/local (`ticketing dev`)
+	// pre-opens every node's listeners, on port 0 with --base-port 0, so
+	// that all the addresses are known before the first node starts.
 	ClientListener net.Listener
 	PeerListener   net.Listener
 	// Peers are the initial voters (exactly 3 or 5), which Bootstrap
@@ -155,9 +157,6 @@ type Config struct {
 	// plug their network faults in here (cluster/netfault). nil: plain
 	// TCP.
 	PeerNet PeerNet
-	// FaultFile, when set, turns on fault injection driven by a JSON file
-	// (tests only; see FaultSpec). Off ("") by default.
-	FaultFile string
 }
 
 // Defaults. The Raft timeouts are tuned so that a new leader grants within

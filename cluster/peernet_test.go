@@ -1,10 +1,7 @@
 package cluster
 
 import (
-	"errors"
 	"net"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -110,64 +107,5 @@ func TestFaultsFrozenConnCloses(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("close did not unblock a frozen read")
-	}
-}
-
-// The fault file drives the links and the stamped clock; a missing file is
-// no fault, and a file that does not parse is refused at start.
-func TestFaultFile(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "faults.json")
-	base := time.Unix(1_700_000_000, 0)
-	cfg := Config{FaultFile: path, Now: func() time.Time { return base }}
-	ff, err := setupFaultFile(&cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if cfg.PeerNet == nil || cfg.Now().UnixMilli() != base.UnixMilli() {
-		t.Fatal("missing file: want faults installed and no offset")
-	}
-	if err := WriteFaultFile(path, FaultSpec{Cut: [][2]string{{"n1", "n2"}}, Freeze: [][2]string{{"n1", "n3"}}, ClockOffsetMs: -30000}); err != nil {
-		t.Fatal(err)
-	}
-	spec, err := ff.poll()
-	if err != nil || spec == nil {
-		t.Fatalf("poll: %v %v", spec, err)
-	}
-	if got := cfg.Now().Sub(base); got != -30*time.Second {
-		t.Fatalf("clock offset %v, want -30s", got)
-	}
-	nf := cfg.PeerNet.(*netfault.Network)
-	if !nf.IsCut("n2", "n1") || !nf.IsFrozen("n3", "n1") {
-		t.Fatal("links not applied")
-	}
-	if spec, err := ff.poll(); spec != nil || err != nil {
-		t.Fatalf("unchanged file applied again: %v %v", spec, err)
-	}
-	if err := os.WriteFile(path, []byte(`{"cut": 7}`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ff.poll(); !errors.Is(err, ErrBadFaultFile) {
-		t.Fatalf("bad file: %v", err)
-	}
-	if !nf.IsCut("n1", "n2") {
-		t.Fatal("a bad file must keep the previous faults")
-	}
-	if err := os.WriteFile(path, []byte(`{"bogus": 1}`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg2 := Config{FaultFile: path}
-	if _, err := setupFaultFile(&cfg2); !errors.Is(err, ErrBadFaultFile) {
-		t.Fatalf("unknown field at start: %v", err)
-	}
-}
-
-// Without a fault file the node installs nothing (the hot path is the
-// plain connection).
-func TestNoFaultFileNoFaults(t *testing.T) {
-	cfg := Config{}
-	ff, err := setupFaultFile(&cfg)
-	if ff != nil || err != nil || cfg.PeerNet != nil || cfg.Now != nil {
-		t.Fatal("fault injection installed without a fault file")
 	}
 }
