@@ -3,7 +3,7 @@ GO ?= go
 PYTHON ?= python3
 NODE ?= node
 
-.PHONY: test vet build dev bench-failover bench-throughput bench-compare test-ticketbench fuzz test-clients test-python test-node test-verify verify-long \
+.PHONY: test vet build lab dev bench-failover bench-throughput bench-compare test-lab fuzz test-clients test-python test-node test-verify verify-long \
 	test-go test-postgres test-fence-node test-fence-python-pg deb
 
 # Every test of the project, with the race detector (a few minutes on 2 cores),
@@ -11,17 +11,20 @@ NODE ?= node
 # throwaway PostgreSQL server (.ci/postgres.sh; Debian's postgresql package)
 # runs around them, so the fencing helpers and the ticket-sale example are
 # tested on PostgreSQL as well as SQLite (TICKETING_TEST_PG_DSN).
-test: vet test-verify test-ticketbench
+test: vet test-verify test-lab
 	./.ci/postgres.sh $(MAKE) test-go test-clients test-fence-node test-fence-python-pg
 
 test-go:
 	$(GO) test -race -count=1 -timeout 20m ./...
 
-# The comparison benchmark is its own module (cmd/ticketbench/go.mod, so
-# the etcd, ZooKeeper and Redis clients stay out of ours): vet it and run its
-# short self-test (Ticketing only, 200 ms runs; the peers are not needed).
-test-ticketbench:
-	cd cmd/ticketbench && $(GO) vet ./... && $(GO) test -count=1 ./...
+# The lab (benchmarks, verification, the comparison with etcd, ZooKeeper
+# and Redis, fault injection) is its own module, cmd/ticketlab/go.mod, so
+# porcupine and the peers' clients stay out of ours. Its self-tests drive
+# the freshly built bin/ticketing (and bin/ticketlab for its fault-injecting
+# nodes and sidecars); the short verification is test-verify.
+LAB_ENV = TICKETING_BIN=$(CURDIR)/bin/ticketing TICKETLAB_BIN=$(CURDIR)/bin/ticketlab
+test-lab: build lab
+	cd cmd/ticketlab && $(LAB_ENV) $(GO) test -race -count=1 -timeout 20m -skip '^TestVerifyShort$$' ./...
 
 # The Python and Node.js client suites (each starts its own `ticketing dev`
 # on free ports, using the binary built once by `build`).
@@ -34,15 +37,16 @@ test-node: build
 	cd clients/node && TICKETING_BIN=$(CURDIR)/bin/ticketing $(NODE) --test test/
 
 # The short form of the Jepsen-style verification suite (real node, sidecar
-# and worker processes under a seeded nemesis; about 2 minutes; README,
-# "Verification"). Without -race: the harness is timing-sensitive and the
-# race detector would only slow it; under -race the test skips itself.
-test-verify:
-	$(GO) test -count=1 -timeout 10m -run '^TestVerifyShort$$' -v ./cmd/ticketing
+# and worker processes under a seeded nemesis; about 3.5 minutes; README,
+# "Verification"), from the lab, on the freshly built bin/ticketing. Without
+# -race: the harness is timing-sensitive and the race detector would only
+# slow it; under -race the test skips itself.
+test-verify: build lab
+	cd cmd/ticketlab && $(LAB_ENV) $(GO) test -count=1 -timeout 10m -run '^TestVerifyShort$$' -v .
 
 # The long form (not part of `make test`): 30 minutes of faults on 5 nodes.
-verify-long: build
-	./bin/ticketing verify --duration 30m --nodes 5
+verify-long: build lab
+	./bin/ticketlab verify --binary bin/ticketing --duration 30m --nodes 5
 
 # Only what uses PostgreSQL: the fence helpers (Go, Node.js, Python when the
 # system Python has psycopg) and the ticket-sale example, on a throwaway server.
@@ -68,9 +72,14 @@ vet:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
+	cd cmd/ticketlab && $(GO) vet ./...
 
 build:
 	$(GO) build -o bin/ticketing ./cmd/ticketing
+
+# The lab's command (cmd/ticketlab, its own module): bin/ticketlab.
+lab:
+	cd cmd/ticketlab && $(GO) build -o $(CURDIR)/bin/ticketlab .
 
 # The Debian package (binary, systemd units, example configuration):
 # dist/ticketing_<version>_<arch>.deb; packaging/README.md.
@@ -80,18 +89,20 @@ deb:
 dev:
 	$(GO) run ./cmd/ticketing dev
 
-# Measurements (not part of `make test`).
-bench-failover: build
-	./bin/ticketing bench failover --kills 7
+# Measurements (not part of `make test`), by the lab on bin/ticketing;
+# `bin/ticketlab bench -h` lists every benchmark.
+bench-failover: build lab
+	./bin/ticketlab bench failover --binary bin/ticketing --kills 7
 
-bench-throughput: build
-	./bin/ticketing bench throughput --clients 64 --duration 10s
+bench-throughput: build lab
+	./bin/ticketlab bench throughput --binary bin/ticketing --clients 64 --duration 10s
 
-# Ticketing against etcd, ZooKeeper and Redis in one run (cmd/ticketbench;
-# installs the Debian packages if missing, starts the peers on loopback,
-# stops them afterwards). Writes cmd/ticketbench/results/{results.md,plot.svg}.
-bench-compare:
-	cd cmd/ticketbench && ./peers.sh install && $(GO) run . --start-peers --peers-dir /tmp/ticketbench-peers --duration 5s --out results
+# Ticketing against etcd, ZooKeeper and Redis in one run (`ticketlab
+# compare`; installs the Debian packages if missing, starts the peers on
+# loopback, stops them afterwards). Writes
+# cmd/ticketlab/results/{results.md,plot.svg}.
+bench-compare: build lab
+	cd cmd/ticketlab && ./peers.sh install && $(CURDIR)/bin/ticketlab compare --binary $(CURDIR)/bin/ticketing --start-peers --peers-dir /tmp/ticketbench-peers --duration 5s --out results
 
 # Fuzz each target for FUZZTIME (default 30s).
 FUZZTIME ?= 30s

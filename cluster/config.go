@@ -36,7 +36,9 @@ type Config struct {
 	// the address this node has in Peers. Ignored when PeerListener is set.
 	PeerAddr string
 	// ClientListener and PeerListener, when set, are used instead of
-	// listening on ClientAddr/PeerAddr (tests pre-open them on port 0).
+	// listening on ClientAddr/PeerAddr: cluster/local (`ticketing dev`)
+	// pre-opens every node's listeners, on port 0 with --base-port 0, so
+	// that all the addresses are known before the first node starts.
 	ClientListener net.Listener
 	PeerListener   net.Listener
 	// Peers are the initial voters (exactly 3 or 5), which Bootstrap
@@ -145,20 +147,16 @@ type Config struct {
 	// Logger receives the node's logs (Raft's included). nil: slog.Default().
 	Logger *slog.Logger
 	// Now is the wall clock stamped into proposed commands; nil: time.Now.
-	// Lease and wait timers run on the monotonic clock regardless.
+	// Lease and wait timers run on the monotonic clock regardless, so a
+	// shifted Now (the lab's clock-offset fault) is exactly how a
+	// wall-clock jump reaches a node.
 	Now func() time.Time
-	// Faults, when set, injects network faults into the peer transport
-	// (tests only).
-	Faults *Faults
-	// FaultFile, when set, turns on fault injection driven by a JSON file
-	// (tests only; see FaultSpec): the node rereads it every
-	// FaultPollInterval and applies its cut and frozen peer links (through
-	// Faults, created if nil) and its wall-clock offset (in front of Now).
-	// The offset moves only the stamped wall time: lease and wait timers run
-	// on the monotonic clock, so a wall-clock jump on a node is modelled
-	// exactly as the node would see a real one. Off ("") by default; the
-	// node logs a warning when it is on.
-	FaultFile string
+	// PeerNet is the network under the peer transport: every Raft
+	// connection is dialled through it and handed to it once its
+	// handshake has proved both ends (see PeerNet). Tests and the lab
+	// plug their network faults in here (cluster/netfault). nil: plain
+	// TCP.
+	PeerNet PeerNet
 }
 
 // Defaults. The Raft timeouts are tuned so that a new leader grants within

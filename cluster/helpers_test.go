@@ -13,13 +13,14 @@ import (
 	"ticketing/cluster"
 	"ticketing/cluster/client"
 	"ticketing/cluster/local"
+	"ticketing/cluster/netfault"
 	"ticketing/cluster/wire"
 )
 
 type testCluster struct {
 	*local.Cluster
 	t      *testing.T
-	faults *cluster.Faults
+	faults *netfault.Network
 }
 
 func testLogger(t *testing.T) *slog.Logger {
@@ -34,13 +35,13 @@ func startCluster(t *testing.T, nodes int) *testCluster {
 	return startClusterOpts(t, local.Options{Nodes: nodes})
 }
 
-// startClusterOpts starts a cluster with opts; Dir, Faults and Logger are
+// startClusterOpts starts a cluster with opts; Dir, PeerNet and Logger are
 // filled in, and Tune runs after local.FastRaft.
 func startClusterOpts(t *testing.T, opts local.Options) *testCluster {
 	t.Helper()
-	faults := cluster.NewFaults()
+	faults := netfault.New()
 	tune := opts.Tune
-	opts.Dir, opts.Faults, opts.Logger = t.TempDir(), faults, testLogger(t)
+	opts.Dir, opts.PeerNet, opts.Logger = t.TempDir(), faults, testLogger(t)
 	opts.Tune = func(cfg *cluster.Config) {
 		local.FastRaft(cfg)
 		if tune != nil {

@@ -65,8 +65,6 @@ type Node struct {
 	slots  chan struct{}
 	timers *timerQueue
 
-	faultFile *faultFile // nil unless Config.FaultFile is set
-
 	// mu guards everything below. Never held while taking fsm.mu.
 	mu      sync.Mutex
 	leading bool   // raft says we are leader (timers may be armed)
@@ -139,21 +137,16 @@ func New(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	ff, err := setupFaultFile(&cfg)
-	if err != nil {
-		return nil, fmt.Errorf("%w: fault file: %w", ErrBadConfig, err)
-	}
 	n := &Node{
-		faultFile: ff,
-		cfg:       cfg,
-		log:       cfg.Logger.With("node", cfg.NodeID),
-		propWake:  make(chan struct{}, 1),
-		addrWake:  make(chan struct{}, 1),
-		slots:     make(chan struct{}, batchesInFlight),
-		futures:   make(chan batchFuture, 1024),
-		pend:      map[uint64]*pending{},
-		conns:     map[*clientConn]struct{}{},
-		closing:   make(chan struct{}),
+		cfg:      cfg,
+		log:      cfg.Logger.With("node", cfg.NodeID),
+		propWake: make(chan struct{}, 1),
+		addrWake: make(chan struct{}, 1),
+		slots:    make(chan struct{}, batchesInFlight),
+		futures:  make(chan batchFuture, 1024),
+		pend:     map[uint64]*pending{},
+		conns:    map[*clientConn]struct{}{},
+		closing:  make(chan struct{}),
 
 		uncommitted: map[string]int{},
 		expiring:    map[uint64]time.Time{},
@@ -268,12 +261,6 @@ func (n *Node) start() error {
 	if cfg.PeerTLS == nil {
 		n.log.Warn("PLAINTEXT PEER PORT: Raft traffic travels unencrypted; use TLS anywhere but loopback",
 			"peer", string(n.peers.advertise))
-	}
-	if n.faultFile != nil {
-		n.log.Warn("FAULT INJECTION ENABLED: this node obeys a fault file; never use this in production",
-			"fault_file", n.faultFile.path)
-		n.wg.Add(1)
-		go n.pollFaultFile()
 	}
 	n.wg.Add(6)
 	go n.memberAddrLoop()

@@ -38,6 +38,39 @@ func splitRaftAddr(a raft.ServerAddress) (id, hostport string, err error) {
 	return id, hostport, nil
 }
 
+// PeerNet is the network under the peer transport (Config.PeerNet), the
+// seam for network faults: cluster's own tests and the lab plug
+// netfault.Network in here. Nodes are named by their node ids
+// (Config.NodeID, the NAME of a server id). The transport calls it with no
+// lock of this package held.
+type PeerNet interface {
+	// Dial opens the TCP connection from node from to node to, which
+	// listens at addr (HOST:PORT), within timeout. TLS and the handshake
+	// run on the returned conn.
+	Dial(from, to, addr string, timeout time.Duration) (net.Conn, error)
+	// Wrap is handed every peer connection, dialled or accepted, once its
+	// handshake has proved both ends (local is this node, remote the
+	// other); Raft talks on the conn it returns. An error refuses the link:
+	// the transport closes c.
+	Wrap(c net.Conn, local, remote string) (net.Conn, error)
+}
+
+// tcpNet is the PeerNet of a node without one: plain TCP.
+type tcpNet struct{}
+
+func (tcpNet) Dial(_, _, addr string, timeout time.Duration) (net.Conn, error) {
+	return net.DialTimeout("tcp", addr, timeout)
+}
+
+func (tcpNet) Wrap(c net.Conn, _, _ string) (net.Conn, error) { return c, nil }
+
+func peerNetOf(cfg Config) PeerNet {
+	if cfg.PeerNet == nil {
+		return tcpNet{}
+	}
+	return cfg.PeerNet
+}
+
 // peerNetAddr is the net.Addr of the peer listener as Raft sees it.
 type peerNetAddr struct{ s string }
 
@@ -60,7 +93,7 @@ type peerLayer struct {
 	advertise raft.ServerAddress
 	hs        wire.HandshakeConfig
 	timeout   time.Duration
-	faults    *Faults
+	net       PeerNet
 	log       *slog.Logger
 	tls       *tls.Config // nil: plaintext
 	gate      *gate
@@ -102,7 +135,7 @@ func newPeerLayer(ln net.Listener, cfg Config, serverID string, log *slog.Logger
 		gate:     newGate(cfg.MaxHandshakesPerIP, cfg.AuthFailureDelay, cfg.AuthFailureDelayMax),
 		failures: failures,
 		timeout:  cfg.HandshakeTimeout,
-		faults:   cfg.Faults,
+		net:      peerNetOf(cfg),
 		log:      log,
 		accepted: make(chan net.Conn),
 		closing:  make(chan struct{}),
@@ -174,7 +207,7 @@ func (l *peerLayer) serverHandshake(raw net.Conn) {
 		return
 	}
 	_ = c.SetDeadline(time.Time{})
-	fc, err := l.faults.wrap(c, peerName, l.name)
+	fc, err := l.net.Wrap(c, l.name, peerName)
 	if err != nil {
 		c.Close()
 		return
@@ -230,7 +263,12 @@ func (l *peerLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net
 		raw.Close()
 		return nil, fmt.Errorf("cluster: %s answered as %q: %w", hostport, peer.NodeID, wire.ErrWrongNode)
 	}
-	return l.faults.wrap(c, l.name, name)
+	fc, err := l.net.Wrap(c, l.name, name)
+	if err != nil {
+		raw.Close()
+		return nil, err
+	}
+	return fc, nil
 }
 
 // dialPeer dials hostport and runs TLS (whose certificate must name name,
@@ -238,10 +276,7 @@ func (l *peerLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net
 // expect. On success it returns the TCP conn (to close) and the conn to
 // talk on.
 func (l *peerLayer) dialPeer(kind wire.ConnKind, expect, name, hostport string, timeout time.Duration) (raw, c net.Conn, peer wire.Peer, err error) {
-	if err := l.faults.allowDial(l.name, name); err != nil {
-		return nil, nil, wire.Peer{}, err
-	}
-	raw, err = net.DialTimeout("tcp", hostport, timeout)
+	raw, err = l.net.Dial(l.name, name, hostport, timeout)
 	if err != nil {
 		return nil, nil, wire.Peer{}, err
 	}
@@ -276,7 +311,7 @@ func (l *peerLayer) currentDomain() string {
 // newPeerDialer is a peerLayer that only dials (Bootstrap's discovery).
 func newPeerDialer(cfg Config, serverID string, log *slog.Logger) *peerLayer {
 	return &peerLayer{
-		self: serverID, name: cfg.NodeID, tls: cfg.PeerTLS, timeout: cfg.HandshakeTimeout, faults: cfg.Faults, log: log,
+		self: serverID, name: cfg.NodeID, tls: cfg.PeerTLS, timeout: cfg.HandshakeTimeout, net: peerNetOf(cfg), log: log,
 		hs: wire.HandshakeConfig{Kind: wire.KindPeer, Secret: cfg.PeerSecret, NextSecret: cfg.NextPeerSecret,
 			ClusterID: cfg.ClusterID, NodeID: serverID, NodeName: cfg.NodeID},
 	}

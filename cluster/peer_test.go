@@ -9,21 +9,22 @@ import (
 	"testing"
 	"time"
 
+	"ticketing/cluster/netfault"
 	"ticketing/cluster/tlsconf"
 	"ticketing/cluster/wire"
 )
 
-func testPeerLayer(t *testing.T, id, cluster string, secret []byte, faults *Faults) *peerLayer {
+func testPeerLayer(t *testing.T, id, cluster string, secret []byte, faults PeerNet) *peerLayer {
 	return testPeerLayerTLS(t, id, cluster, secret, faults, nil)
 }
 
-func testPeerLayerTLS(t *testing.T, id, cluster string, secret []byte, faults *Faults, peerTLS *tls.Config) *peerLayer {
+func testPeerLayerTLS(t *testing.T, id, cluster string, secret []byte, faults PeerNet, peerTLS *tls.Config) *peerLayer {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{NodeID: id, ClusterID: cluster, PeerSecret: secret, HandshakeTimeout: 2 * time.Second, Faults: faults,
+	cfg := Config{NodeID: id, ClusterID: cluster, PeerSecret: secret, HandshakeTimeout: 2 * time.Second, PeerNet: faults,
 		AuthFailureDelay: time.Millisecond, PeerTLS: peerTLS}
 	l := newPeerLayer(ln, cfg.withDefaults(), id, slog.New(slog.DiscardHandler), new(atomic.Uint64), func() wire.Identity { return wire.Identity{} }, nil)
 	t.Cleanup(func() { l.Close(); l.wait() })
@@ -77,7 +78,7 @@ func TestPeerDialRefusesWrongSecretAndCluster(t *testing.T) {
 }
 
 func TestFaultsCutAndHeal(t *testing.T) {
-	f := NewFaults()
+	f := netfault.New()
 	secret := []byte("peer-secret-0123456789")
 	n1 := testPeerLayer(t, "n1", "c", secret, f)
 	n2 := testPeerLayer(t, "n2", "c", secret, f)
@@ -97,14 +98,14 @@ func TestFaultsCutAndHeal(t *testing.T) {
 	}
 	srv := <-accepted
 	f.Cut("n1", "n2")
-	if _, err := c.Write([]byte("x")); !errors.Is(err, ErrLinkCut) {
+	if _, err := c.Write([]byte("x")); !errors.Is(err, netfault.ErrLinkCut) {
 		t.Fatalf("write on a cut link: %v", err)
 	}
 	buf := make([]byte, 1)
 	if _, err := srv.Read(buf); err == nil {
 		t.Fatal("read on a cut link succeeded")
 	}
-	if _, err := n2.Dial(raftAddr("n1", hostport(n1)), time.Second); !errors.Is(err, ErrLinkCut) {
+	if _, err := n2.Dial(raftAddr("n1", hostport(n1)), time.Second); !errors.Is(err, netfault.ErrLinkCut) {
 		t.Fatalf("dial on a cut link: %v", err)
 	}
 	f.Heal()

@@ -352,8 +352,8 @@ func TestConfigExamples(t *testing.T) {
 	_, root, _ := deb(t)
 	bin := filepath.Join(root, "usr/bin/ticketing")
 	setting := regexp.MustCompile(`^#?([a-z0-9-]+) = (.*)$`)
-	// Not in the examples on purpose: the file itself, and a test hook.
-	skip := []string{"config", "fault-file"}
+	// Not in the examples on purpose: the file itself.
+	skip := []string{"config"}
 	for _, c := range []struct{ file, sub string }{{"etc/node.conf", "node"}, {"etc/sidecar.conf", "sidecar"}} {
 		real := flags(t, bin, c.sub)
 		b, err := os.ReadFile(c.file)

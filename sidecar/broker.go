@@ -79,8 +79,9 @@ type Config struct {
 	// After is used for backoff and retry pauses; nil: time.After. Tests
 	// record the schedule through it.
 	After func(d time.Duration) <-chan time.Time
-	// Dialer dials TCP for the connections; nil: net.Dialer (tests inject
-	// faults through it).
+	// Dialer dials TCP for the connections; nil: net.Dialer. Tests and
+	// the lab's `ticketlab sidecar` inject network faults through it
+	// (cluster/netfault.Dropper drops every connection it dialled).
 	Dialer func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
@@ -975,27 +976,6 @@ func (b *Broker) release(job *releaseJob) error {
 		}
 		pause = min(2*pause, 500*time.Millisecond)
 	}
-}
-
-// DropConnections closes every cluster connection the broker has right now,
-// as a network failure would: requests in flight on them end as they would
-// on a broken connection (Indeterminate if written), and each connection is
-// re-established in the background with the usual backoff. A test hook for
-// fault injection (`ticketing sidecar --fault-file`); never needed in
-// normal operation.
-func (b *Broker) DropConnections() int {
-	b.mu.Lock()
-	var conns []*client.Conn
-	for _, s := range b.slots {
-		if s.conn != nil {
-			conns = append(conns, s.conn)
-		}
-	}
-	b.mu.Unlock()
-	for _, c := range conns {
-		c.Close()
-	}
-	return len(conns)
 }
 
 // releaseGone reports whether a release's definite error says the holding

@@ -282,10 +282,16 @@ func (s *stallConn) gate(reads bool) {
 func (s *stallConn) Write(p []byte) (int, error) { s.gate(false); return s.Conn.Write(p) }
 
 // Read holds back what arrived, so a reader already blocked in Read is
-// stalled too.
+// stalled too. What is held back when the connection closes is lost, as on
+// a dropped connection.
 func (s *stallConn) Read(p []byte) (int, error) {
 	n, err := s.Conn.Read(p)
 	s.gate(true)
+	select {
+	case <-s.closed:
+		return 0, net.ErrClosed
+	default:
+	}
 	return n, err
 }
 

@@ -1,23 +1,23 @@
 package sidecar
 
 import (
-	"context"
 	"errors"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"ticketing/cluster/local"
+	"ticketing/cluster/netfault"
 	"ticketing/locksm"
 )
 
-// DropConnections closes every cluster connection: a written acquire
-// waiting on one is Indeterminate (never resent), the broker reconnects by
-// itself, and the held lock survives (it lives in the cluster, not in the
-// connection).
+// Every cluster connection dropped at once (as the lab's sidecar does
+// through its dialer): a written acquire waiting on one is Indeterminate
+// (never resent), the broker reconnects by itself, and the held lock
+// survives (it lives in the cluster, not in the connection).
 func TestBrokerDropConnections(t *testing.T) {
 	c := startCluster(t)
-	b := newBroker(t, c, nil)
+	d := &netfault.Dropper{}
+	b := newBroker(t, c, func(cfg *Config) { cfg.Dialer = d.Dial })
 	ctx := ctxT(t, 30*time.Second)
 	held, err := b.Acquire(ctx, "k", "holder", 30*time.Second, 0)
 	if err != nil {
@@ -32,7 +32,7 @@ func TestBrokerDropConnections(t *testing.T) {
 	waitFor(t, "the waiter queued", 5*time.Second, func() bool {
 		return waiting(c, li) == 1
 	})
-	if n := b.DropConnections(); n != len(c.ClientAddrs()) {
+	if n := d.Drop(); n != len(c.ClientAddrs()) {
 		t.Fatalf("dropped %d connections, want %d", n, len(c.ClientAddrs()))
 	}
 	if err := <-errc; !errors.Is(err, ErrIndeterminate) {
@@ -46,45 +46,6 @@ func TestBrokerDropConnections(t *testing.T) {
 	if _, ok := holder(c, li, "k"); ok {
 		t.Fatal("key still held: the waiter of a dead connection must not be granted")
 	}
-}
-
-// The fault file's counter drops connections each time it grows, not at
-// start.
-func TestWatchFaultFile(t *testing.T) {
-	c := startCluster(t)
-	b := newBroker(t, c, nil)
-	path := filepath.Join(t.TempDir(), "faults.json")
-	if err := WriteFaultFile(path, FaultSpec{DropConnections: 5}); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { WatchFaultFile(ctx, path, 5*time.Millisecond, b, testLogger()); close(done) }()
-	defer func() { cancel(); <-done }()
-	first := b.Info().Connected
-	time.Sleep(100 * time.Millisecond)
-	if got := b.Info().Connected; len(got) != len(first) {
-		t.Fatalf("a counter already present at start dropped connections: %v -> %v", first, got)
-	}
-	conns := map[any]bool{}
-	b.mu.Lock()
-	for _, s := range b.slots {
-		conns[s.conn] = true
-	}
-	b.mu.Unlock()
-	if err := WriteFaultFile(path, FaultSpec{DropConnections: 6}); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "every connection replaced", 5*time.Second, func() bool {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		for _, s := range b.slots {
-			if s.conn == nil || conns[s.conn] {
-				return false
-			}
-		}
-		return true
-	})
 }
 
 func waiting(c *local.Cluster, i int) int {
@@ -118,7 +79,9 @@ func TestBrokerReleaseRetriedAfterLostReplyIsIndeterminate(t *testing.T) {
 		_, held := holder(c, li, "k")
 		return !held
 	})
-	b.DropConnections() // the K is lost with the connection
+	for _, sc := range d.all() { // the K is lost with the connection
+		sc.Close()
+	}
 	err = <-errc
 	if !errors.Is(err, ErrIndeterminate) || errors.Is(err, locksm.ErrNotHeld) {
 		t.Fatalf("release applied but its reply lost, then retried: %v, want ErrIndeterminate (not a definite not_held)", err)

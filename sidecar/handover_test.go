@@ -10,6 +10,7 @@ import (
 
 	"ticketing/cluster"
 	"ticketing/cluster/local"
+	"ticketing/cluster/netfault"
 	"ticketing/cluster/obs"
 	"ticketing/locksm"
 )
@@ -76,8 +77,8 @@ func waitAddrs(t *testing.T, c *local.Cluster) {
 // waited in the leader's queue got a definite timeout (withdrawn through
 // the log), not Indeterminate.
 func TestBrokerHoldsRequestsDuringAHandOver(t *testing.T) {
-	faults := cluster.NewFaults()
-	c := startClusterWith(t, local.Options{Faults: faults})
+	faults := netfault.New()
+	c := startClusterWith(t, local.Options{PeerNet: faults})
 	b := newBroker(t, c, nil)
 	ctx := ctxT(t, 60*time.Second)
 	waitAddrs(t, c)

@@ -1,6 +1,7 @@
 // Package local runs a whole Ticketing cluster inside one process on
 // loopback: real cluster.Nodes with real Raft, real TCP and real bolt files.
-// It backs `ticketing dev` and the tests that need a cluster.
+// It backs `ticketing dev` and the tests that need a cluster. (A cluster of
+// node processes is cluster/localproc, which the binary does not link.)
 package local
 
 import (
@@ -39,8 +40,9 @@ type Options struct {
 	ClusterID string
 	// Logger receives every node's logs; nil discards them.
 	Logger *slog.Logger
-	// Faults is shared by every node's peer transport; nil injects nothing.
-	Faults *cluster.Faults
+	// PeerNet is shared by every node's peer transport (tests plug a
+	// netfault.Network in here); nil: plain TCP.
+	PeerNet cluster.PeerNet
 	// Tune, when set, adjusts each node's config before it starts.
 	Tune func(*cluster.Config)
 	// AdminSecret, when set, gives every node an admin port (at
@@ -98,10 +100,10 @@ func Start(opts Options) (*Cluster, error) {
 		ClusterID:      opts.ClusterID,
 	}
 	var err error
-	if c.ClientSecret, err = ensureSecret(c.SecretFile); err != nil {
+	if c.ClientSecret, err = EnsureSecret(c.SecretFile); err != nil {
 		return nil, err
 	}
-	peerSecret, err := ensureSecret(c.PeerSecretFile)
+	peerSecret, err := EnsureSecret(c.PeerSecretFile)
 	if err != nil {
 		return nil, err
 	}
@@ -174,7 +176,7 @@ func Start(opts Options) (*Cluster, error) {
 		cfg.ClientSecret = c.ClientSecret
 		cfg.PeerSecret = peerSecret
 		cfg.Logger = opts.Logger
-		cfg.Faults = opts.Faults
+		cfg.PeerNet = opts.PeerNet
 		if f, ok := nodeTLS[cfg.NodeID]; ok {
 			if cfg.ClientTLS, err = tlsconf.ServerConfig(f, false); err == nil {
 				cfg.PeerTLS, err = tlsconf.PeerConfig(f)
@@ -252,7 +254,9 @@ func DevTLS(dir string, ids []string) (caFile string, nodes map[string]tlsconf.F
 	return tlsconf.DevSet(dir, ids, time.Now())
 }
 
-func ensureSecret(path string) ([]byte, error) {
+// EnsureSecret reads the secret file at path, or writes a new random one
+// (32 bytes, hex, mode 0600) when there is none.
+func EnsureSecret(path string) ([]byte, error) {
 	if b, err := cluster.ReadSecretFile(path); err == nil {
 		return b, nil
 	} else if !errors.Is(err, os.ErrNotExist) {

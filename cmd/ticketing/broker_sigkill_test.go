@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"ticketing/cluster/local"
+	"ticketing/cluster/localproc"
 	"ticketing/cluster/wire"
 	"ticketing/sidecar"
 )
@@ -79,9 +79,9 @@ func TestBrokerLeaderSIGKILLDuringPendingAcquire(t *testing.T) {
 // procsAndBroker starts 3 node processes (logging at level) and a Broker
 // on them; both are closed when the test ends, as is the returned context
 // (60 s).
-func procsAndBroker(t *testing.T, level string) (*local.Procs, *sidecar.Broker, context.Context) {
+func procsAndBroker(t *testing.T, level string) (*localproc.Procs, *sidecar.Broker, context.Context) {
 	t.Helper()
-	p, err := local.StartProcs(local.ProcOptions{Binary: binary, Dir: t.TempDir(),
+	p, err := localproc.Start(localproc.Options{Binary: binary, Dir: t.TempDir(),
 		ExtraArgs: []string{"--log-level", level}})
 	if err != nil {
 		t.Fatal(err)

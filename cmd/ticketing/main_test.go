@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"ticketing/cluster/client"
-	"ticketing/cluster/local"
+	"ticketing/cluster/localproc"
 	"ticketing/cluster/tlsconf"
 	"ticketing/cluster/wire"
 )
@@ -169,7 +169,7 @@ func TestDevReadyAndGrants(t *testing.T) {
 // SIGKILL of the leader process: a new leader grants, with tokens above
 // every earlier one, and the killed node rejoins from its data dir.
 func TestLeaderSIGKILL(t *testing.T) {
-	p, err := local.StartProcs(local.ProcOptions{Binary: binary, Dir: t.TempDir(),
+	p, err := localproc.Start(localproc.Options{Binary: binary, Dir: t.TempDir(),
 		ExtraArgs: []string{"--log-level", "warn"}})
 	if err != nil {
 		t.Fatal(err)

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"ticketing/cluster/local"
+	"ticketing/cluster/localproc"
 	"ticketing/sidecar"
 )
 
@@ -163,7 +163,7 @@ func (l *loadRun) finish(t *testing.T, from, to time.Time) time.Duration {
 // replaceEnv is a process cluster with admin ports and a broker under load.
 type replaceEnv struct {
 	t    *testing.T
-	p    *local.Procs
+	p    *localproc.Procs
 	b    *sidecar.Broker
 	load *loadRun
 	ctx  context.Context
@@ -171,7 +171,7 @@ type replaceEnv struct {
 
 func startReplaceEnv(t *testing.T, nodes, voters int) *replaceEnv {
 	t.Helper()
-	p, err := local.StartProcs(local.ProcOptions{Binary: binary, Dir: t.TempDir(), Nodes: nodes, Voters: voters,
+	p, err := localproc.Start(localproc.Options{Binary: binary, Dir: t.TempDir(), Nodes: nodes, Voters: voters,
 		Admin: true, ExtraArgs: fastRaftArgs})
 	if err != nil {
 		t.Fatal(err)

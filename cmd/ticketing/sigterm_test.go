@@ -14,7 +14,7 @@ import (
 // SIGTERM on the leader process: it hands leadership over before it exits
 // (its log says to whom), the locks it granted stay held with their
 // tokens, and the broker keeps granting through the new leader with
-// larger tokens. (How fast is measured by `ticketing bench failover
+// larger tokens. (How fast is measured by `ticketlab bench failover
 // --signal term`, not asserted: median 33 ms here.)
 func TestLeaderSIGTERMHandsLeadershipOver(t *testing.T) {
 	p, b, ctx := procsAndBroker(t, "info")

@@ -42,8 +42,6 @@ func commands() []command {
 		{"release", "send one RELEASE through the sidecar (debugging)", runRelease},
 		{"ping", "check that the sidecar answers", runPing},
 		{"info", "print the sidecar's view of the cluster", runInfo},
-		{"bench", "measure failover time, throughput and the unix-socket path", runBench},
-		{"verify", "Jepsen-style test: workload + faults on real processes, then safety checks", runVerify},
 	}
 }
 

@@ -14,31 +14,66 @@ import (
 )
 
 func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return RunNode(ctx, args, stdout, stderr, NodeOptions{})
+}
+
+// NodeOptions are what a caller of RunNode plugs into the node command;
+// the zero value is `ticketing node`. The lab's `ticketlab node` is this
+// command with its fault injection plugged into the seams of
+// cluster.Config (PeerNet, Now); the product itself sets none.
+type NodeOptions struct {
+	// Name is the command's name in its usage and messages; "": "ticketing
+	// node".
+	Name string
+	// Flags, when set, adds the caller's flags to the command's.
+	Flags func(fs *flag.FlagSet)
+	// Setup, when set, is called with the parsed and validated config
+	// before the node starts, and may set its seams. ctx ends when the
+	// command is told to stop. An error refuses to start (exit 2).
+	Setup func(ctx context.Context, cfg *cluster.Config, log *slog.Logger) error
+}
+
+// RunNode runs the node command with o's additions until ctx ends, and
+// returns its exit code.
+func RunNode(ctx context.Context, args []string, stdout, stderr io.Writer, o NodeOptions) int {
+	name := o.Name
+	if name == "" {
+		name = "ticketing node"
+	}
 	var (
 		prof    pprofFlag
 		metrics metricsFlag
 	)
-	cfg, log, code := nodeConfig("ticketing node", args, stderr, func(fs *flag.FlagSet) {
+	cfg, log, code := nodeConfig(name, args, stderr, func(fs *flag.FlagSet) {
 		prof.register(fs)
 		metrics.register(fs)
+		if o.Flags != nil {
+			o.Flags(fs)
+		}
 	})
 	if code != ExitOK {
 		return code
 	}
+	if o.Setup != nil {
+		if err := o.Setup(ctx, &cfg, log); err != nil {
+			fmt.Fprintln(stderr, name+":", err)
+			return ExitUsage
+		}
+	}
 	stopProf, err := prof.start(log)
 	if err != nil {
-		fmt.Fprintln(stderr, "ticketing node:", err)
+		fmt.Fprintln(stderr, name+":", err)
 		return ExitUsage
 	}
 	defer stopProf()
 	n, err := cluster.New(cfg)
 	if err != nil {
-		fmt.Fprintln(stderr, "ticketing node:", err)
+		fmt.Fprintln(stderr, name+":", err)
 		return ExitError
 	}
 	msrv, err := metrics.start(n.MetricsRegistry(), n.Ready, log)
 	if err != nil {
-		fmt.Fprintln(stderr, "ticketing node: --metrics-addr:", err)
+		fmt.Fprintln(stderr, name+": --metrics-addr:", err)
 		n.Close()
 		return ExitUsage
 	}
@@ -145,7 +180,6 @@ func nodeConfig(name string, args []string, stderr io.Writer, extra func(*flag.F
 	fs.DurationVar(&cfg.LeaderLeaseTimeout, "leader-lease-timeout", d.LeaderLeaseTimeout, "how long a leader leads without a majority before it steps down")
 	fs.IntVar(&cfg.MaxInFlightPerConn, "max-inflight", d.MaxInFlightPerConn, "max requests in flight per client connection")
 	fs.IntVar(&cfg.MaxClientConns, "max-conns", d.MaxClientConns, "max client connections")
-	fs.StringVar(&cfg.FaultFile, "fault-file", "", "TESTS ONLY: obey fault injections (cut/frozen peer links, clock offset) from this JSON file; off by default")
 	logs.register(fs, "info")
 	if extra != nil {
 		extra(fs)

@@ -29,12 +29,38 @@ func defaultSocket() string {
 }
 
 func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fset := flag.NewFlagSet("ticketing sidecar", flag.ContinueOnError)
+	return RunSidecar(ctx, args, stdout, stderr, SidecarOptions{})
+}
+
+// SidecarOptions are what a caller of RunSidecar plugs into the sidecar
+// command; the zero value is `ticketing sidecar`. The lab's `ticketlab
+// sidecar` is this command with a dropping dialer plugged into
+// sidecar.Config.Dialer; the product itself sets none.
+type SidecarOptions struct {
+	// Name is the command's name in its usage; "":
+	// "ticketing sidecar".
+	Name string
+	// Flags, when set, adds the caller's flags to the command's.
+	Flags func(fs *flag.FlagSet)
+	// Setup, when set, is called with the parsed broker config before the
+	// broker starts, and may set its seams. ctx ends when the command is
+	// told to stop. An error refuses to start (exit 2).
+	Setup func(ctx context.Context, cfg *sidecar.Config, log *slog.Logger) error
+}
+
+// RunSidecar runs the sidecar command with o's additions until ctx ends,
+// and returns its exit code.
+func RunSidecar(ctx context.Context, args []string, stdout, stderr io.Writer, o SidecarOptions) int {
+	name := o.Name
+	if name == "" {
+		name = "ticketing sidecar"
+	}
+	fset := flag.NewFlagSet(name, flag.ContinueOnError)
 	fset.SetOutput(stderr)
 	ucfg := unixapi.DefaultConfig()
 	var (
 		addrs, secretFile, clusterID, mode, allow string
-		faultFile, nextSecret, bcfgDomain         string
+		nextSecret, bcfgDomain                    string
 		tf                                        tlsFlags
 		logs                                      logFlags
 	)
@@ -53,7 +79,6 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	var membersRefresh time.Duration
 	fset.DurationVar(&membersRefresh, "members-refresh", sidecar.DefaultMembersRefresh,
 		"how often to ask the leader for the members and follow them (dial new members' client addresses, drop those of removed ones; the --cluster addresses are always kept); 0: only on leader changes")
-	fset.StringVar(&faultFile, "fault-file", "", "TESTS ONLY: drop every cluster connection each time the drop_connections counter in this JSON file grows; off by default")
 	logs.register(fset, "info")
 	var (
 		prof    pprofFlag
@@ -61,6 +86,9 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	)
 	prof.register(fset)
 	metrics.register(fset)
+	if o.Flags != nil {
+		o.Flags(fset)
+	}
 	if err := parseConfigured(fset, args); err != nil {
 		return ExitUsage
 	}
@@ -148,6 +176,12 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) in
 			"socket", activated.Addr().String())
 		ucfg.Listener, ucfg.Path = activated, ""
 	}
+	if o.Setup != nil {
+		if err := o.Setup(ctx, &bcfg, log); err != nil {
+			fmt.Fprintln(stderr, "ticketing sidecar:", err)
+			return ExitUsage
+		}
+	}
 	b, srv, err := startSidecar(bcfg, ucfg, log)
 	if err != nil {
 		fmt.Fprintln(stderr, "ticketing sidecar:", err)
@@ -162,9 +196,6 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	}
 	if msrv != nil {
 		defer msrv.Close()
-	}
-	if faultFile != "" {
-		go sidecar.WatchFaultFile(ctx, faultFile, 20*time.Millisecond, b, log.With("part", "faults"))
 	}
 	// READY=1 waits for the cluster, but the socket is served already:
 	// requests wait or fail as they would at any leader change.

@@ -1,0 +1,531 @@
+package verify
+
+import (
+	"context"
+	"fmt"
+	"math/rand"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"ticketing/cluster/localproc"
+	"ticketing/cmd/ticketlab/internal/faults"
+)
+
+// Fault kinds of the nemesis.
+const (
+	FaultKillLeader     = "kill-leader"     // SIGKILL the leader, restart it from its data dir
+	FaultKillFollower   = "kill-follower"   // the same for a follower
+	FaultPauseLeader    = "pause-leader"    // SIGSTOP/SIGCONT the leader
+	FaultPauseFollower  = "pause-follower"  // SIGSTOP/SIGCONT a follower
+	FaultPauseWorker    = "pause-worker"    // SIGSTOP a lock-holding worker process past its lease
+	FaultIsolateLeader  = "isolate-leader"  // cut every link of the leader
+	FaultSplit          = "split"           // a random minority apart from the majority
+	FaultBridge         = "bridge"          // two sides that only one node sees both of
+	FaultClockForward   = "clock-forward"   // the leader's stamped clock jumps ahead
+	FaultClockBackward  = "clock-backward"  // ... or back
+	FaultSidecarDrop    = "sidecar-drop"    // a sidecar drops its cluster connections
+	FaultFreezeFollower = "freeze-follower" // the leader's links to one follower stall (hashicorp/raft #611/#612)
+	FaultWipeFollower   = "wipe-follower"   // a follower loses its data dir and returns at its old address (--wipe)
+	// FaultWipeQuorum (--wipe) aims at the hazard: a minority falls behind
+	// (partitioned), the up-to-date majority dies, one of it comes back
+	// wiped at its old address, and with the stale minority it forms a
+	// quorum that has forgotten committed grants.
+	FaultWipeQuorum = "wipe-quorum"
+	// FaultReplace (--replace-all): a node (Step.Node) loses its disk for
+	// good and is replaced through the admin port by a new server at the
+	// same address (members replace: the old id, which no longer answers,
+	// is removed first, then the new server joins as a learner, catches
+	// up and is promoted).
+	FaultReplace = "replace"
+)
+
+// Step is one fault of a schedule: what, for how long, the pause after it,
+// and a random number that picks targets and magnitudes.
+type Step struct {
+	Kind string
+	Hold time.Duration
+	Gap  time.Duration
+	R    int64
+	Node int // FaultReplace: the node index
+}
+
+// ReplaceAllSchedule replaces every node of a cluster of size nodes, one
+// after the other (the leader is whichever node serves when its turn
+// comes), with a pause between replacements.
+func ReplaceAllSchedule(nodes int) []Step {
+	var out []Step
+	for i := 0; i < nodes; i++ {
+		out = append(out, Step{Kind: FaultReplace, Hold: time.Second, Gap: 3 * time.Second, Node: i})
+	}
+	return out
+}
+
+// Schedule derives a nemesis schedule from seed: faults one at a time,
+// each bounded in time, until d is filled. The same seed gives the same
+// schedule; which node is "the leader" is resolved when a step runs.
+func Schedule(seed int64, d time.Duration, wipe bool) []Step {
+	rng := rand.New(rand.NewSource(seed))
+	kinds := []string{
+		FaultKillLeader, FaultKillFollower, FaultPauseLeader, FaultPauseFollower, FaultPauseWorker,
+		FaultIsolateLeader, FaultSplit, FaultBridge, FaultClockForward, FaultClockBackward,
+		FaultSidecarDrop, FaultFreezeFollower,
+	}
+	if wipe {
+		kinds = append(kinds, FaultWipeFollower, FaultWipeQuorum)
+	}
+	var out []Step
+	for total := time.Duration(0); total < d; {
+		k := kinds[rng.Intn(len(kinds))]
+		hold := time.Duration(1000+rng.Intn(3000)) * time.Millisecond
+		if k == FaultPauseWorker {
+			hold = maxLease + time.Duration(500+rng.Intn(2000))*time.Millisecond
+		}
+		gap := time.Duration(500+rng.Intn(1500)) * time.Millisecond
+		out = append(out, Step{Kind: k, Hold: hold, Gap: gap, R: rng.Int63()})
+		total += hold + gap
+	}
+	return out
+}
+
+// nemesis applies a schedule to a process cluster.
+type nemesis struct {
+	p       *localproc.Procs
+	dir     string   // the cluster's dir, where the fault files are
+	drops   []uint64 // each sidecar's drop_connections counter
+	workers []*workerProc
+	h       *History
+	log     func(format string, args ...any)
+
+	mu      sync.Mutex
+	cut     [][2]string
+	freeze  [][2]string
+	offsets []int64
+	wiped   bool
+	heals   []int64 // Unix ns at which each fault was healed
+	// lost: server ids whose state was wiped and that are not replaced
+	// yet; maxLost: the largest set of them at one time.
+	lost    map[string]replacement
+	maxLost []string
+}
+
+// replacement is a wiped server's pending replacement: node index and the
+// new server id at its address (node -1: not known yet).
+type replacement struct {
+	node  int
+	newID string
+}
+
+func newNemesis(p *localproc.Procs, dir string, workers []*workerProc, h *History, logf func(string, ...any)) *nemesis {
+	return &nemesis{p: p, dir: dir, drops: make([]uint64, p.Sidecars()), workers: workers, h: h, log: logf,
+		offsets: make([]int64, p.Size()), lost: map[string]replacement{}}
+}
+
+// faultFile is the fault file of the process named name (a node id or
+// sidecarJ) in the cluster's dir.
+func faultFile(dir, name string) string { return filepath.Join(dir, name+".faults.json") }
+
+// dropSidecarConnections makes sidecar j drop every cluster connection it
+// has, through its fault file's counter.
+func (n *nemesis) dropSidecarConnections(j int) error {
+	n.mu.Lock()
+	n.drops[j]++
+	spec := faults.Spec{DropConnections: n.drops[j]}
+	n.mu.Unlock()
+	return faults.Write(faultFile(n.dir, fmt.Sprintf("sidecar%d", j+1)), spec)
+}
+
+// writeFaults writes every node's fault file from the current state.
+func (n *nemesis) writeFaults() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for i := 0; i < n.p.Size(); i++ {
+		spec := faults.Spec{Cut: n.cut, Freeze: n.freeze, ClockOffsetMs: n.offsets[i]}
+		if err := faults.Write(faultFile(n.dir, n.p.ID(i)), spec); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// leader finds the serving leader, or -1.
+func (n *nemesis) leader(ctx context.Context) int {
+	lctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	i, err := n.p.Leader(lctx)
+	if err != nil {
+		return -1
+	}
+	return i
+}
+
+// replace swaps node i's old server id for the new server now running at
+// its address, through the admin port, and says how it went (for the
+// fault's record). Like an operator it does not give up on a refusal: it
+// asks again until the replacement is done or ctx ends (the run is over),
+// so one refused attempt cannot leave a lost voter in the configuration
+// while the next fault wipes another. Until then oldID counts as lost.
+func (n *nemesis) replace(ctx context.Context, i int, oldID string) string {
+	newID, err := n.p.ServerID(i, 10*time.Second)
+	if err != nil || oldID == "" || newID == oldID {
+		return fmt.Sprintf("; not replaced (old %q, new %q, %v)", oldID, newID, err)
+	}
+	n.mu.Lock()
+	n.lost[oldID] = replacement{node: i, newID: newID}
+	n.mu.Unlock()
+	start := time.Now()
+	for attempt := 1; ; attempt++ {
+		rctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+		err := n.p.Admin().Replace(rctx, oldID, newID, n.p.PeerAddr(i), func(step string) {
+			n.log("nemesis: replace %s by %s: %s", oldID, newID, step)
+		})
+		cancel()
+		if err == nil {
+			n.mu.Lock()
+			delete(n.lost, oldID)
+			n.mu.Unlock()
+			took := time.Since(start).Round(time.Millisecond)
+			n.log("nemesis: replaced %s by %s in %v (%d attempts)", oldID, newID, took, attempt)
+			return fmt.Sprintf("; replaced by %s in %v (%d attempts)", newID, took, attempt)
+		}
+		n.log("nemesis: replacing %s by %s: attempt %d failed: %v", oldID, newID, attempt, err)
+		if ctx.Err() != nil {
+			return fmt.Sprintf("; replacing %s by %s not done when the run ended (%d attempts; last: %v)", oldID, newID, attempt, err)
+		}
+		sleepCtx(ctx, time.Second)
+	}
+}
+
+// finishReplacements retries, within ctx, every replacement the nemesis
+// could not finish before its run ended: part of the final heal.
+func (n *nemesis) finishReplacements(ctx context.Context) {
+	n.mu.Lock()
+	pending := make(map[string]replacement, len(n.lost))
+	for old, r := range n.lost {
+		pending[old] = r
+	}
+	n.mu.Unlock()
+	for old, r := range pending {
+		n.log("nemesis: final heal: finishing the replacement of %s%s", old, n.replace(ctx, r.node, old))
+	}
+}
+
+// MaxLost returns the largest set of server ids that had lost their state
+// at one time during the run, sorted.
+func (n *nemesis) MaxLost() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]string(nil), n.maxLost...)
+}
+
+// Lost returns the server ids that lost their state (wiped) and were not
+// replaced, sorted.
+func (n *nemesis) Lost() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := make([]string, 0, len(n.lost))
+	for id := range n.lost {
+		out = append(out, id)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// noteLost records that server ids lost their state at once (one fault);
+// maxLost keeps the largest such set of the run.
+func (n *nemesis) noteLost(ids ...string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, id := range ids {
+		if id == "" {
+			continue
+		}
+		if _, ok := n.lost[id]; !ok {
+			n.lost[id] = replacement{node: -1}
+		}
+	}
+	if len(n.lost) > len(n.maxLost) {
+		n.maxLost = n.maxLost[:0]
+		for id := range n.lost {
+			n.maxLost = append(n.maxLost, id)
+		}
+		sort.Strings(n.maxLost)
+	}
+}
+
+// pick returns the leader (or a random node if none serves) and a follower
+// distinct from it.
+func (n *nemesis) pick(ctx context.Context, rng *rand.Rand) (leader, follower int) {
+	size := n.p.Size()
+	leader = n.leader(ctx)
+	if leader < 0 {
+		leader = rng.Intn(size)
+	}
+	follower = (leader + 1 + rng.Intn(size-1)) % size
+	return leader, follower
+}
+
+// groups turns a partition into the cut links: every pair in different
+// groups, except that a bridge node (not in any group) keeps its links.
+func groupsCut(ids []string, groups ...[]int) [][2]string {
+	side := map[int]int{}
+	for g, members := range groups {
+		for _, m := range members {
+			side[m] = g + 1
+		}
+	}
+	var cut [][2]string
+	for a := range ids {
+		for b := a + 1; b < len(ids); b++ {
+			if side[a] != 0 && side[b] != 0 && side[a] != side[b] {
+				cut = append(cut, [2]string{ids[a], ids[b]})
+			}
+		}
+	}
+	return cut
+}
+
+func (n *nemesis) run(ctx context.Context, steps []Step) {
+	for _, st := range steps {
+		if ctx.Err() != nil {
+			return
+		}
+		n.apply(ctx, st)
+		sleepCtx(ctx, st.Gap)
+	}
+}
+
+// apply runs one step: inject, hold, heal, and record it.
+func (n *nemesis) apply(ctx context.Context, st Step) {
+	rng := rand.New(rand.NewSource(st.R))
+	ids := n.p.IDs()
+	size := len(ids)
+	rec := Op{Kind: KindFault, Fault: st.Kind, Worker: -1}
+	hold := func() { sleepCtx(ctx, st.Hold) }
+	begin := func(target, detail string) {
+		rec.Target, rec.Detail, rec.Inv = target, detail, time.Now().UnixNano()
+		n.log("nemesis: %s %s %s", st.Kind, target, detail)
+	}
+	switch st.Kind {
+	case FaultKillLeader, FaultKillFollower, FaultWipeFollower, FaultReplace:
+		l, f := n.pick(ctx, rng)
+		i := l
+		if st.Kind != FaultKillLeader {
+			i = f
+		}
+		if st.Kind == FaultReplace {
+			i = st.Node
+		}
+		oldID, _ := n.p.ServerID(i, 0)
+		begin(ids[i], fmt.Sprintf("down %v", st.Hold))
+		_ = n.p.Signal(i, syscall.SIGKILL)
+		wipe := st.Kind == FaultWipeFollower || st.Kind == FaultReplace
+		if wipe {
+			if err := n.p.Wipe(i); err != nil {
+				rec.Detail += " (wipe failed: " + err.Error() + ")"
+			}
+			n.noteLost(oldID)
+			n.mu.Lock()
+			n.wiped = true
+			n.mu.Unlock()
+			rec.Detail += ", data dir wiped"
+		}
+		hold()
+		if err := n.p.Start(i); err != nil {
+			rec.Detail += " (restart failed: " + err.Error() + ")"
+		}
+		if wipe {
+			// Heal: the new server takes the old one's place.
+			rec.Detail += n.replace(ctx, i, oldID)
+		}
+	case FaultWipeQuorum:
+		l, f := n.pick(ctx, rng)
+		oldF, _ := n.p.ServerID(f, 0)
+		var lagging, current []int
+		for _, i := range rng.Perm(size) {
+			if i != l && i != f && len(lagging) < size/2 {
+				lagging = append(lagging, i)
+			} else {
+				current = append(current, i)
+			}
+		}
+		sort.Ints(lagging)
+		begin(ids[f], fmt.Sprintf("%s fall behind; %s die; %s returns wiped", names(ids, lagging), names(ids, current), ids[f]))
+		n.mu.Lock()
+		n.cut = groupsCut(ids, lagging, current)
+		n.wiped = true
+		n.mu.Unlock()
+		_ = n.writeFaults()
+		sleepCtx(ctx, st.Hold/2) // grants commit without the lagging side
+		for _, i := range current {
+			_ = n.p.Signal(i, syscall.SIGKILL)
+		}
+		_ = n.p.Wipe(f)
+		n.noteLost(oldF)
+		n.mu.Lock()
+		n.cut = nil
+		n.mu.Unlock()
+		_ = n.writeFaults()
+		_ = n.p.Start(f)
+		hold()
+		for _, i := range current {
+			if i != f {
+				_ = n.p.Start(i)
+			}
+		}
+		rec.Detail += n.replace(ctx, f, oldF)
+	case FaultPauseLeader, FaultPauseFollower:
+		l, f := n.pick(ctx, rng)
+		i := l
+		if st.Kind == FaultPauseFollower {
+			i = f
+		}
+		begin(ids[i], fmt.Sprintf("paused %v", st.Hold))
+		_ = n.p.Signal(i, syscall.SIGSTOP)
+		hold()
+		_ = n.p.Signal(i, syscall.SIGCONT)
+	case FaultPauseWorker:
+		if len(n.workers) == 0 {
+			return
+		}
+		// Wait (a little) for a worker process that holds a lock.
+		var w *workerProc
+		var held Op
+		deadline := time.Now().Add(3 * time.Second)
+		for w == nil && time.Now().Before(deadline) && ctx.Err() == nil {
+			for _, k := range rng.Perm(len(n.workers)) {
+				if op, ok := n.workers[k].holds(); ok {
+					w, held = n.workers[k], op
+					break
+				}
+			}
+			if w == nil {
+				sleepCtx(ctx, 5*time.Millisecond)
+			}
+		}
+		if w == nil {
+			w = n.workers[rng.Intn(len(n.workers))]
+			begin(fmt.Sprintf("w%d", w.id), fmt.Sprintf("paused %v (holding nothing)", st.Hold))
+		} else {
+			begin(fmt.Sprintf("w%d", w.id), fmt.Sprintf("paused %v holding %s token %d (lease %dms)", st.Hold, held.Key, held.Token, held.LeaseMs))
+		}
+		w.signal(syscall.SIGSTOP)
+		hold()
+		w.signal(syscall.SIGCONT)
+	case FaultIsolateLeader, FaultSplit, FaultBridge:
+		l, _ := n.pick(ctx, rng)
+		var cut [][2]string
+		var detail string
+		switch st.Kind {
+		case FaultIsolateLeader:
+			var rest []int
+			for i := range ids {
+				if i != l {
+					rest = append(rest, i)
+				}
+			}
+			cut = groupsCut(ids, []int{l}, rest)
+			detail = "alone"
+		case FaultSplit:
+			perm := rng.Perm(size)
+			minority, majority := perm[:size/2], perm[size/2:]
+			sort.Ints(minority)
+			sort.Ints(majority)
+			cut = groupsCut(ids, minority, majority)
+			detail = fmt.Sprintf("%s | %s", names(ids, minority), names(ids, majority))
+		case FaultBridge:
+			perm := rng.Perm(size)
+			bridge := perm[0]
+			a, b := perm[1:1+(size-1)/2], perm[1+(size-1)/2:]
+			cut = groupsCut(ids, a, b)
+			detail = fmt.Sprintf("%s | %s, bridged by %s", names(ids, a), names(ids, b), ids[bridge])
+		}
+		begin(ids[l], detail)
+		n.mu.Lock()
+		n.cut = cut
+		n.mu.Unlock()
+		_ = n.writeFaults()
+		hold()
+		n.mu.Lock()
+		n.cut = nil
+		n.mu.Unlock()
+		_ = n.writeFaults()
+	case FaultClockForward, FaultClockBackward:
+		l, _ := n.pick(ctx, rng)
+		off := int64(10_000 + rng.Intn(110_000))
+		if st.Kind == FaultClockBackward {
+			off = -off
+		}
+		begin(ids[l], fmt.Sprintf("offset %+dms for %v", off, st.Hold))
+		n.mu.Lock()
+		n.offsets[l] = off
+		n.mu.Unlock()
+		_ = n.writeFaults()
+		hold()
+		n.mu.Lock()
+		n.offsets[l] = 0
+		n.mu.Unlock()
+		_ = n.writeFaults()
+	case FaultSidecarDrop:
+		if n.p.Sidecars() == 0 {
+			return
+		}
+		j := rng.Intn(n.p.Sidecars())
+		times := 1 + rng.Intn(3)
+		begin(fmt.Sprintf("sidecar%d", j+1), fmt.Sprintf("%d drops over %v", times, st.Hold))
+		for k := 0; k < times && ctx.Err() == nil; k++ {
+			_ = n.dropSidecarConnections(j)
+			sleepCtx(ctx, st.Hold/time.Duration(times))
+		}
+	case FaultFreezeFollower:
+		l, f := n.pick(ctx, rng)
+		begin(ids[f], fmt.Sprintf("links to leader %s frozen %v", ids[l], st.Hold))
+		n.mu.Lock()
+		n.freeze = [][2]string{{ids[l], ids[f]}}
+		n.mu.Unlock()
+		_ = n.writeFaults()
+		hold()
+		n.mu.Lock()
+		n.freeze = nil
+		n.mu.Unlock()
+		_ = n.writeFaults()
+	default:
+		return
+	}
+	rec.Cmp = time.Now().UnixNano()
+	n.mu.Lock()
+	n.heals = append(n.heals, rec.Cmp)
+	n.mu.Unlock()
+	n.h.Add(rec)
+}
+
+// healAll ends every fault: links and clocks restored, paused processes
+// resumed, stopped nodes started.
+func (n *nemesis) healAll() {
+	n.mu.Lock()
+	n.cut, n.freeze = nil, nil
+	clear(n.offsets)
+	n.mu.Unlock()
+	_ = n.writeFaults()
+	for i := 0; i < n.p.Size(); i++ {
+		if n.p.Running(i) {
+			_ = n.p.Signal(i, syscall.SIGCONT)
+		} else {
+			_ = n.p.Start(i)
+		}
+	}
+	for _, w := range n.workers {
+		w.signal(syscall.SIGCONT)
+	}
+}
+
+func names(ids []string, idx []int) string {
+	var s []string
+	for _, i := range idx {
+		s = append(s, ids[i])
+	}
+	return strings.Join(s, ",")
+}

@@ -1,0 +1,548 @@
+// Package verify is Ticketing's Jepsen-style verification harness (issue
+// 4). It runs a real cluster of node processes with sidecar processes on
+// loopback, drives a contended lock workload through them (worker
+// goroutines with their own unix-socket sessions, and worker processes
+// that the nemesis can pause while they hold a lock), injects
+// faults from a seeded schedule (process kills and pauses, partitions,
+// clock jumps, sidecar connection drops, a frozen replication link, and
+// optionally a wiped node), heals, and then checks the recorded history:
+// mutual exclusion, token order, fencing, no leaked grants,
+// linearizability against a lock model (porcupine), liveness after the
+// heal, and that nothing stays held past its lease.
+//
+// The nodes and sidecars are the lab's own `ticketlab node` and `ticketlab
+// sidecar` (the product's commands with the lab's fault file plugged into
+// their seams, internal/faults), bootstrapped with the `ticketing` binary
+// under test. `ticketlab verify` is the command-line front end; the short
+// form runs in `make test` (cmd/ticketlab/verify_test.go).
+package verify
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	ticketing "ticketing/clients/go"
+	"ticketing/cluster/localproc"
+	"ticketing/cluster/wire"
+)
+
+// Config configures one verification run. Zero fields take the defaults.
+type Config struct {
+	// Binary is the ticketing executable under test (`ticketing
+	// bootstrap` creates the cluster with it). Required.
+	Binary string
+	// Lab is the ticketlab executable: every node and sidecar runs as
+	// `Lab node|sidecar --fault-file F ...` and every worker process as
+	// `Lab verify worker ...`. Required.
+	Lab string
+	// Dir receives everything: the cluster's data dirs and logs,
+	// history.jsonl, summary.txt and, on a failed check, porcupine's HTML
+	// visualization. Required.
+	Dir string
+	// Nodes is 3 (default) or 5.
+	Nodes int
+	// Seed picks the nemesis schedule and the workers' choices.
+	Seed int64
+	// Duration is how long the nemesis runs. Default 30 s.
+	Duration time.Duration
+	// Workers is the number of in-harness workers (goroutines, each with
+	// its own sidecar session). Default 16.
+	Workers int
+	// ProcWorkers is the number of worker processes (the "pause a
+	// lock-holding worker" nemesis needs them). Default 3.
+	ProcWorkers int
+	// Sidecars is the number of sidecar processes. Default 2.
+	Sidecars int
+	// Keys is the number of contended keys. Default 4.
+	Keys int
+	// ReplaceAll replaces the schedule by a rolling replacement of every
+	// node (FaultReplace, one after the other, the leader included).
+	ReplaceAll bool
+	// Wipe adds the wiped-node faults (a data dir removed, the node
+	// restarted at its old address). The node comes back as a new server
+	// (a new incarnation) that cannot vote under its old id and that no
+	// configuration names; once a majority of the original voters is
+	// wiped the cluster stops serving (see README, "Verification").
+	Wipe bool
+	// RecoveryBound is how soon after the final heal grants must resume.
+	// Default 5 s.
+	RecoveryBound time.Duration
+	// Quiet is how long the workload runs after the final heal. Default 8 s.
+	Quiet time.Duration
+	// LinearizeTimeout bounds porcupine. Default 2 min.
+	LinearizeTimeout time.Duration
+	// Logger receives progress lines; nil discards them.
+	Logger *slog.Logger
+}
+
+func (c Config) withDefaults() Config {
+	if c.Nodes == 0 {
+		c.Nodes = 3
+	}
+	if c.Duration == 0 {
+		c.Duration = 30 * time.Second
+	}
+	if c.Workers == 0 {
+		c.Workers = 16
+	}
+	if c.ProcWorkers == 0 {
+		c.ProcWorkers = 3
+	}
+	if c.Sidecars == 0 {
+		c.Sidecars = 2
+	}
+	if c.Keys == 0 {
+		c.Keys = 4
+	}
+	if c.RecoveryBound == 0 {
+		c.RecoveryBound = 5 * time.Second
+	}
+	if c.Quiet == 0 {
+		c.Quiet = 8 * time.Second
+	}
+	if c.LinearizeTimeout == 0 {
+		c.LinearizeTimeout = 2 * time.Minute
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// ErrBadConfig wraps configuration errors.
+var ErrBadConfig = errors.New("verify: bad config")
+
+// Result is the outcome of a run.
+type Result struct {
+	Config  Config
+	Elapsed time.Duration
+	// Ops counts operations by kind and result ("acquire ok", ...).
+	Ops map[string]int
+	// Faults lists the nemesis actions in order.
+	Faults []Op
+	// Recovery is the time from the final heal to the first grant after
+	// it (NoGrant: none); FaultRecoveries the same after each fault's heal.
+	Recovery        time.Duration
+	FaultRecoveries []time.Duration
+	// Lost lists the servers whose state was wiped and that were never
+	// replaced; MaxLost the largest set of such servers at one time.
+	Lost, MaxLost []string
+	// ExpectedStop, when set, says why the cluster was expected to stop
+	// serving (a majority of voters lost their state at once); liveness
+	// and the final state are then not checked, safety still is.
+	ExpectedStop string
+	Check        CheckReport
+	// Violations are every broken guarantee (Check's and the run's own:
+	// liveness, final state, crashed nodes).
+	Violations []Violation
+	// History is the history file.
+	History string
+}
+
+// Run performs one verification run. A returned error means the harness
+// could not run (the cluster never came up, ...); broken guarantees are
+// reported in Result.Violations.
+func Run(ctx context.Context, cfg Config) (*Result, error) {
+	cfg = cfg.withDefaults()
+	if cfg.Binary == "" || cfg.Lab == "" || cfg.Dir == "" {
+		return nil, fmt.Errorf("%w: Binary, Lab and Dir are required", ErrBadConfig)
+	}
+	if cfg.Nodes != 3 && cfg.Nodes != 5 {
+		return nil, fmt.Errorf("%w: nodes must be 3 or 5", ErrBadConfig)
+	}
+	if cfg.Workers+cfg.ProcWorkers < 16 {
+		return nil, fmt.Errorf("%w: at least 16 workers in all", ErrBadConfig)
+	}
+	log := cfg.Logger
+	logf := func(format string, args ...any) { log.Info(fmt.Sprintf(format, args...)) }
+	start := time.Now()
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, err
+	}
+	// Unix socket paths are limited to ~107 bytes: keep them short.
+	sockDir, err := os.MkdirTemp("", "tkv-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(sockDir)
+
+	res := &Result{Config: cfg, History: filepath.Join(cfg.Dir, "history.jsonl"), Recovery: -1}
+	h, err := NewHistory(res.History)
+	if err != nil {
+		return nil, err
+	}
+	defer h.Close()
+
+	clusterDir := filepath.Join(cfg.Dir, "cluster")
+	os.RemoveAll(clusterDir)
+	p, err := localproc.Start(localproc.Options{
+		Binary: cfg.Binary, Dir: clusterDir, Nodes: cfg.Nodes, ClusterID: "verify",
+		Sidecars: cfg.Sidecars, SocketDir: sockDir,
+		Command: func(name string, args []string) (string, []string) {
+			return cfg.Lab, append([]string{args[0], "--fault-file", faultFile(clusterDir, name)}, args[1:]...)
+		},
+		// The production configuration: every node and sidecar link over TLS.
+		TLS: true, Admin: true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("verify: start cluster: %w", err)
+	}
+	defer p.Close()
+	upCtx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	if _, err := p.Leader(upCtx); err != nil {
+		return nil, fmt.Errorf("verify: cluster did not elect a leader (logs in %s): %w", clusterDir, err)
+	}
+	for j := 0; j < p.Sidecars(); j++ {
+		if err := ticketing.WaitReady(upCtx, p.SidecarSocket(j)); err != nil {
+			return nil, fmt.Errorf("verify: sidecar %d (logs in %s): %w", j+1, clusterDir, err)
+		}
+	}
+	logf("cluster up: %d nodes, %d sidecars (%v)", cfg.Nodes, cfg.Sidecars, time.Since(start).Round(time.Millisecond))
+
+	store := NewStore()
+	storeSock := filepath.Join(sockDir, "store.sock")
+	if err := store.Serve(storeSock); err != nil {
+		return nil, err
+	}
+	defer store.Close()
+
+	keys := make([]string, cfg.Keys)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("seat/%d", i)
+	}
+	params := func(id int, proc bool) WorkerParams {
+		wp := WorkerParams{ID: id, Proc: proc, Seed: cfg.Seed*1000 + int64(id), Socket: p.SidecarSocket(id % p.Sidecars()),
+			Keys: keys, HoldMin: 0, HoldMax: 200 * time.Millisecond, LateProb: 0.05}
+		if proc {
+			// Long enough holds that the nemesis can catch them holding.
+			wp.HoldMin, wp.HoldMax, wp.LateProb = 300*time.Millisecond, 1500*time.Millisecond, 0.1
+		}
+		return wp
+	}
+
+	// The workload.
+	wctx, stopWorkers := context.WithCancel(context.Background())
+	defer stopWorkers()
+	var wg sync.WaitGroup
+	for i := 0; i < cfg.Workers; i++ {
+		wp := params(i, false)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runWorker(wctx, wp, func(key string, token uint64, worker int, op int64) (bool, error) {
+				ok, _ := store.Write(key, token, worker, op)
+				return ok, nil
+			}, h.Add)
+		}()
+	}
+	werr, err := os.Create(filepath.Join(cfg.Dir, "workers.log"))
+	if err != nil {
+		return nil, err
+	}
+	defer werr.Close()
+	var procs []*workerProc
+	for i := 0; i < cfg.ProcWorkers; i++ {
+		w, err := startWorkerProc(cfg.Lab, params(cfg.Workers+i, true), storeSock, h, werr)
+		if err != nil {
+			stopWorkers()
+			wg.Wait()
+			return nil, fmt.Errorf("verify: worker process: %w", err)
+		}
+		procs = append(procs, w)
+	}
+	stopAll := func() {
+		stopWorkers()
+		for _, w := range procs {
+			w.stop(20 * time.Second)
+		}
+		wg.Wait()
+	}
+
+	// Warm up, then the nemesis.
+	sleepCtx(ctx, 2*time.Second)
+	steps := Schedule(cfg.Seed, cfg.Duration, cfg.Wipe)
+	if cfg.ReplaceAll {
+		steps = ReplaceAllSchedule(cfg.Nodes)
+	}
+	nem := newNemesis(p, clusterDir, procs, h, logf)
+	nctx, stopNemesis := context.WithTimeout(ctx, cfg.Duration+10*time.Second)
+	nem.run(nctx, steps)
+	stopNemesis()
+	nem.healAll()
+	// An operator's heal also finishes a replacement that was still
+	// refused when the nemesis stopped (bounded: a majority that lost its
+	// state can never be replaced).
+	rctx, stopReplacing := context.WithTimeout(ctx, 2*time.Minute)
+	nem.finishReplacements(rctx)
+	stopReplacing()
+	healAt := time.Now()
+	logf("nemesis done: %d faults; healed", len(nem.heals))
+
+	// Quiet period: the workload goes on on a healed cluster.
+	sleepCtx(ctx, cfg.Quiet)
+	stopAll()
+	logf("workload stopped")
+
+	var viol []Violation
+	bad := func(check, format string, args ...any) {
+		viol = append(viol, Violation{Check: check, Detail: fmt.Sprintf(format, args...)})
+	}
+
+	// Nothing lost: with every session closed, the locks they held are
+	// released (or expire within their lease), and every node converges.
+	final := FinalState{Wiped: nem.wiped, TokenFloor: p.TokenFloor}
+	res.Lost, res.MaxLost = nem.Lost(), nem.MaxLost()
+	res.ExpectedStop = expectedStop(res.MaxLost, cfg.Nodes)
+	fctx, cancelF := context.WithTimeout(context.Background(), maxLease+15*time.Second)
+	defer cancelF()
+	st, err := settle(fctx, p, nem.wiped)
+	switch {
+	case err == nil:
+		final.LastToken = st.LastToken
+	case res.ExpectedStop != "":
+		// Not a violation: nothing can commit without that majority, which
+		// is what keeps a token from being issued twice.
+	case len(res.Lost) > 0:
+		bad("final-state", "%v (servers still lost, not replaced: %s)", err, strings.Join(res.Lost, ", "))
+	default:
+		bad("final-state", "%v", err)
+	}
+	for i := 0; i < p.Size(); i++ {
+		if p.Exited(i) {
+			bad("crash", "node %s exited by itself (see %s)", p.ID(i), filepath.Join(clusterDir, p.ID(i)+".log"))
+		}
+	}
+
+	ops := h.Ops()
+	res.Ops = map[string]int{}
+	var grantsAfter []int64
+	for _, op := range ops {
+		switch op.Kind {
+		case KindFault:
+			res.Faults = append(res.Faults, op)
+		case KindClose:
+		default:
+			res.Ops[op.Kind+" "+op.Result]++
+			if op.Kind == KindAcquire && op.Result == ResOK {
+				grantsAfter = append(grantsAfter, op.Cmp)
+			}
+		}
+	}
+	sort.Slice(grantsAfter, func(i, j int) bool { return grantsAfter[i] < grantsAfter[j] })
+	firstGrantAfter := func(t int64) time.Duration {
+		i := sort.Search(len(grantsAfter), func(i int) bool { return grantsAfter[i] > t })
+		if i == len(grantsAfter) {
+			return NoGrant
+		}
+		return time.Duration(grantsAfter[i] - t)
+	}
+	res.Recovery = firstGrantAfter(healAt.UnixNano())
+	switch {
+	case res.ExpectedStop != "":
+	case res.Recovery == NoGrant:
+		bad("liveness", "no grant at all in the %v after the final heal (bound %v)", cfg.Quiet, cfg.RecoveryBound)
+	case res.Recovery > cfg.RecoveryBound:
+		bad("liveness", "after the final heal the first grant came after %v (bound %v)", res.Recovery.Round(time.Millisecond), cfg.RecoveryBound)
+	}
+	for _, hAt := range nem.heals {
+		res.FaultRecoveries = append(res.FaultRecoveries, firstGrantAfter(hAt))
+	}
+
+	res.Check = Check(ops, store.Log(), final, CheckOptions{Dir: cfg.Dir, LinearizeTimeout: cfg.LinearizeTimeout, IndeterminateWindow: IndeterminateWindow})
+	res.Violations = append(res.Check.Violations, viol...)
+	res.Elapsed = time.Since(start)
+	var all strings.Builder
+	for _, v := range res.Violations {
+		fmt.Fprintf(&all, "%s: %s\n", v.Check, v.Detail)
+	}
+	if err := os.WriteFile(filepath.Join(cfg.Dir, "violations.txt"), []byte(all.String()), 0o644); err != nil {
+		return res, err
+	}
+	if err := os.WriteFile(filepath.Join(cfg.Dir, "summary.txt"), []byte(res.Summary()), 0o644); err != nil {
+		return res, err
+	}
+	return res, nil
+}
+
+// NoGrant is a recovery time that never came: no grant followed.
+const NoGrant time.Duration = -1
+
+// expectedStop says why a cluster of voters voters whose servers lost
+// (wiped at one time, never replaced) is expected to stop serving, or ""
+// if it is not: once a majority of the voters has lost its state nothing
+// can be committed again, and no command may make it (README, Runbook).
+func expectedStop(lost []string, voters int) string {
+	if voters <= 0 || len(lost) < voters/2+1 {
+		return ""
+	}
+	return fmt.Sprintf("%d of %d voters lost their state at once (%s): a majority is gone for good, so the cluster is expected to stop serving",
+		len(lost), voters, strings.Join(lost, ", "))
+}
+
+// settle waits until the serving leader holds nothing and queues nothing
+// and every node has applied the same last token, and returns the
+// leader's status. With strangers set (a run that wiped nodes), nodes that
+// never received any state are skipped: a wiped node comes back as a new
+// server that no configuration names (cluster/bootstrap.go), not a member
+// that diverged.
+func settle(ctx context.Context, p *localproc.Procs, strangers bool) (wire.Msg, error) {
+	var last wire.Msg
+	var lastErr error
+	for {
+		li, err := p.Leader(ctx)
+		if err == nil {
+			st, err := p.Status(ctx, li)
+			if err == nil {
+				last = st
+				same := st.Held == 0 && st.Waiting == 0
+				for i := 0; i < p.Size() && same; i++ {
+					o, err := p.Status(ctx, i)
+					if strangers && err == nil && o.Commit == 0 && o.LastToken == 0 {
+						continue
+					}
+					same = err == nil && o.LastToken == st.LastToken && o.Applied >= st.Commit-2
+				}
+				if same {
+					return st, nil
+				}
+			}
+			lastErr = err
+		} else {
+			lastErr = err
+		}
+		select {
+		case <-ctx.Done():
+			return last, fmt.Errorf("cluster did not settle after the workload stopped (held %d, waiting %d, last token %d; %v): a lock outlived its lease or the nodes diverged",
+				last.Held, last.Waiting, last.LastToken, lastErr)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// Summary is the one-screen report of a run.
+func (r *Result) Summary() string {
+	var b strings.Builder
+	c := r.Config
+	fmt.Fprintf(&b, "ticketlab verify: seed %d, %d nodes, %d sidecars, %d workers + %d worker processes, %d keys, nemesis %v (run %v)\n",
+		c.Seed, c.Nodes, c.Sidecars, c.Workers, c.ProcWorkers, c.Keys, c.Duration, r.Elapsed.Round(time.Second))
+	total := 0
+	var kinds []string
+	for k, n := range r.Ops {
+		total += n
+		kinds = append(kinds, k)
+	}
+	sort.Strings(kinds)
+	fmt.Fprintf(&b, "operations: %d\n", total)
+	for _, kind := range []string{KindAcquire, KindWrite, KindRelease} {
+		var parts []string
+		for _, k := range kinds {
+			if strings.HasPrefix(k, kind+" ") {
+				parts = append(parts, fmt.Sprintf("%s %d", strings.TrimPrefix(k, kind+" "), r.Ops[k]))
+			}
+		}
+		fmt.Fprintf(&b, "  %-8s %s\n", kind, strings.Join(parts, ", "))
+	}
+	fc := map[string]int{}
+	var fk []string
+	for _, f := range r.Faults {
+		if fc[f.Fault] == 0 {
+			fk = append(fk, f.Fault)
+		}
+		fc[f.Fault]++
+	}
+	sort.Strings(fk)
+	var fparts []string
+	for _, k := range fk {
+		fparts = append(fparts, fmt.Sprintf("%s %d", k, fc[k]))
+	}
+	fmt.Fprintf(&b, "faults: %d (%s)\n", len(r.Faults), strings.Join(fparts, ", "))
+	var recs []time.Duration
+	none := 0
+	for _, d := range r.FaultRecoveries {
+		if d == NoGrant {
+			none++
+			continue
+		}
+		recs = append(recs, d)
+	}
+	sort.Slice(recs, func(i, j int) bool { return recs[i] < recs[j] })
+	final := "no grant after the final heal"
+	if r.Recovery != NoGrant {
+		final = fmt.Sprintf("after the final heal %v", r.Recovery.Round(time.Millisecond))
+	}
+	fmt.Fprintf(&b, "recovery: %s (bound %v)", final, c.RecoveryBound)
+	if len(recs) > 0 {
+		fmt.Fprintf(&b, "; after each fault median %v, max %v", recs[len(recs)/2].Round(time.Millisecond), recs[len(recs)-1].Round(time.Millisecond))
+	}
+	if none > 0 {
+		fmt.Fprintf(&b, "; %d faults with no grant after them", none)
+	}
+	fmt.Fprintln(&b)
+	if r.ExpectedStop != "" {
+		fmt.Fprintf(&b, "expected stop: %s (liveness and final state not checked; safety is)\n", r.ExpectedStop)
+	} else if len(r.Lost) > 0 {
+		fmt.Fprintf(&b, "lost servers never replaced: %s\n", strings.Join(r.Lost, ", "))
+	}
+	ck := r.Check
+	fmt.Fprintf(&b, "fencing: %d stale writes rejected; %d writes past the lease (%d accepted: no newer holder had written)\n",
+		ck.StaleWrites, ck.LateWrites, ck.LateAccepted)
+	fmt.Fprintf(&b, "tokens: %d grants, %d indeterminate acquires, %d tokens issued that no worker learned\n",
+		ck.Grants, ck.Indeterminate, ck.UnknownTokens)
+	fmt.Fprintf(&b, "linearizability: %s (%d keys, %v)\n", ck.Linearizable, ck.PorcupineParts, ck.LinearizeTime.Round(time.Millisecond))
+	if ck.Visualization != "" {
+		fmt.Fprintf(&b, "  visualization: %s\n", ck.Visualization)
+	}
+	byCheck := map[string]int{}
+	var checks []string
+	for _, v := range r.Violations {
+		if byCheck[v.Check] == 0 {
+			checks = append(checks, v.Check)
+		}
+		byCheck[v.Check]++
+	}
+	var vparts []string
+	for _, ch := range checks {
+		vparts = append(vparts, fmt.Sprintf("%s %d", ch, byCheck[ch]))
+	}
+	fmt.Fprintf(&b, "violations: %d", len(r.Violations))
+	if len(vparts) > 0 {
+		fmt.Fprintf(&b, " (%s; all in %s)", strings.Join(vparts, ", "), filepath.Join(c.Dir, "violations.txt"))
+	}
+	fmt.Fprintln(&b)
+	for i, v := range r.Violations {
+		if i == 8 {
+			fmt.Fprintf(&b, "  ...\n")
+			break
+		}
+		fmt.Fprintf(&b, "  %s: %s\n", v.Check, v.Detail)
+	}
+	fmt.Fprintf(&b, "history: %s\n", r.History)
+	wipe := ""
+	if c.Wipe {
+		wipe = " --wipe"
+	}
+	if c.ReplaceAll {
+		wipe += " --replace-all"
+	}
+	fmt.Fprintf(&b, "replay: ticketlab verify --seed %d --nodes %d --duration %v --workers %d%s\n", c.Seed, c.Nodes, c.Duration, c.Workers, wipe)
+	return b.String()
+}
+
+// IndeterminateWindow is how long after its completion the checker lets an
+// INDETERMINATE operation (or a session's close) take effect. Every fault
+// of the nemesis lasts at most about 6 s and they never overlap, so a
+// request still somewhere in the system — a paused node's socket buffer, a
+// log entry a new leader commits in its barrier, a release the sidecar
+// retries for up to 5 s — lands well within 30 s. Without a bound, every
+// such operation stays open to the end of the history and porcupine's
+// search grows too large for a 15-minute run.
+const IndeterminateWindow = 30 * time.Second

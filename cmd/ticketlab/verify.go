@@ -1,0 +1,126 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"ticketing/cmd/ticketlab/internal/labcli"
+	"ticketing/cmd/ticketlab/internal/verify"
+)
+
+// runVerify runs the Jepsen-style verification harness (internal/verify):
+// nodes and sidecars are this binary's fault-injecting `ticketlab node`
+// and `ticketlab sidecar`, the cluster is bootstrapped with the ticketing
+// binary under test (--binary).
+func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "worker" {
+		return runVerifyWorker(ctx, args[1:], stdout, stderr)
+	}
+	fs := labcli.NewFlagSet("ticketlab verify")
+	var (
+		cfg    verify.Config
+		out    string
+		level  string
+		format string
+	)
+	binary := labcli.BinaryFlag(fs)
+	fs.DurationVar(&cfg.Duration, "duration", 30*time.Second, "how long the nemesis injects faults")
+	fs.IntVar(&cfg.Nodes, "nodes", 3, "cluster size: 3 or 5")
+	fs.Int64Var(&cfg.Seed, "seed", 0, "seed of the fault schedule and the workload (0: from the clock; printed for replay)")
+	fs.IntVar(&cfg.Workers, "workers", 16, "in-harness workers, each with its own sidecar session")
+	fs.IntVar(&cfg.ProcWorkers, "worker-procs", 3, "worker processes (the pause-a-lock-holder fault needs them)")
+	fs.IntVar(&cfg.Sidecars, "sidecars", 2, "sidecar processes")
+	fs.IntVar(&cfg.Keys, "keys", 4, "contended keys")
+	fs.StringVar(&out, "out", "", "output directory: history, summary, logs, data dirs (default: a new temporary directory)")
+	fs.BoolVar(&cfg.Wipe, "wipe", false, "also wipe nodes' data dirs and restart them at their old addresses (they come back as new servers that cannot vote under the old ids; a wiped majority stops the cluster)")
+	fs.BoolVar(&cfg.ReplaceAll, "replace-all", false, "instead of random faults, replace every node in turn (disk lost, new server swapped in through the admin port)")
+	fs.DurationVar(&cfg.RecoveryBound, "recovery-bound", 5*time.Second, "grants must resume within this after the final heal")
+	fs.StringVar(&level, "log-level", "info", "log level: debug, info, warn or error")
+	fs.StringVar(&format, "log-format", "text", "log format: text or json")
+	if code, ok := labcli.Parse(fs, args, stdout, stderr); !ok {
+		return code
+	}
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return labcli.Usage(fs, stderr, "--log-level: "+err.Error())
+	}
+	var log *slog.Logger
+	switch format {
+	case "text":
+		log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lv}))
+	case "json":
+		log = slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: lv}))
+	default:
+		return labcli.Usage(fs, stderr, fmt.Sprintf("--log-format %q: want text or json", format))
+	}
+	var err error
+	if cfg.Binary, err = labcli.Binary(*binary); err != nil {
+		return labcli.Usage(fs, stderr, err.Error())
+	}
+	if cfg.Seed == 0 {
+		cfg.Seed = time.Now().UnixNano() % 1_000_000
+	}
+	if out == "" {
+		if out, err = os.MkdirTemp("", "ticketlab-verify-"); err != nil {
+			fmt.Fprintln(stderr, "ticketlab verify:", err)
+			return labcli.ExitError
+		}
+	}
+	if cfg.Lab, err = os.Executable(); err != nil {
+		fmt.Fprintln(stderr, "ticketlab verify: cannot find my own binary:", err)
+		return labcli.ExitError
+	}
+	cfg.Dir, _ = filepath.Abs(out)
+	cfg.Logger = log
+	fmt.Fprintf(stdout, "ticketlab verify: seed %d, ticketing binary %s, output in %s\n", cfg.Seed, cfg.Binary, cfg.Dir)
+	res, err := verify.Run(ctx, cfg)
+	if err != nil {
+		fmt.Fprintln(stderr, "ticketlab verify:", err)
+		return labcli.ExitError
+	}
+	fmt.Fprint(stdout, res.Summary())
+	if len(res.Violations) > 0 {
+		return labcli.ExitError
+	}
+	return labcli.ExitOK
+}
+
+// runVerifyWorker is a worker process of the harness (`ticketlab verify
+// worker`, started by the harness).
+func runVerifyWorker(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := labcli.NewFlagSet("ticketlab verify worker")
+	var (
+		p         verify.WorkerParams
+		store     string
+		keys      string
+		holdRange [2]time.Duration
+	)
+	fs.IntVar(&p.ID, "id", 0, "worker number")
+	fs.Int64Var(&p.Seed, "seed", 0, "seed of the worker's choices")
+	fs.StringVar(&p.Socket, "socket", "", "sidecar socket")
+	fs.StringVar(&store, "store", "", "the protected resource's socket")
+	fs.StringVar(&keys, "keys", "", "comma-separated keys")
+	fs.DurationVar(&holdRange[0], "hold-min", 0, "shortest hold before the fenced write")
+	fs.DurationVar(&holdRange[1], "hold-max", time.Second, "longest hold before the fenced write")
+	fs.Float64Var(&p.LateProb, "late", 0.1, "chance of sleeping past the lease before writing")
+	if code, ok := labcli.Parse(fs, args, stdout, stderr); !ok {
+		return code
+	}
+	p.Proc = true
+	p.Keys = strings.Split(keys, ",")
+	p.HoldMin, p.HoldMax = holdRange[0], holdRange[1]
+	if p.Socket == "" || store == "" || keys == "" || p.HoldMax < p.HoldMin {
+		return labcli.Usage(fs, stderr, "--socket, --store and --keys are required, and --hold-max at least --hold-min")
+	}
+	if err := verify.RunWorkerProcess(ctx, p, store, stdout); err != nil {
+		fmt.Fprintln(stderr, "ticketlab verify worker:", err)
+		return labcli.ExitError
+	}
+	return labcli.ExitOK
+}
