@@ -3,7 +3,9 @@
 // the authenticated peer transport, and the client port that serves the
 // protocol of cluster/PROTOCOL.md. Only the leader serves lock requests; it
 // stamps time into commands, runs the lease and wait timers, and replies to
-// clients only after their command has committed.
+// clients only after their command has committed. Those rules live in the
+// pure leader core of cluster/leader; Node feeds it and performs what it
+// asks for (sockets, Raft, timers, metrics).
 package cluster
 
 import (
