@@ -212,7 +212,8 @@ func TestCancelAndDeadConnectionFreeTheQueue(t *testing.T) {
 
 func TestPipelinedWaitDoesNotBlockRelease(t *testing.T) {
 	c := startCluster(t, 3)
-	conn := c.dial(c.leader())
+	li := c.leader()
+	conn := c.dial(li)
 	t1 := mustGrant(t, do(t, conn, acquireMsg("k", "a", 30, 0)))
 	// A waiting acquire and then, on the same connection, the release
 	// that ends its wait: replies come back out of order.
@@ -220,7 +221,11 @@ func TestPipelinedWaitDoesNotBlockRelease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(100 * time.Millisecond)
+	waitFor(t, "b queued", 5*time.Second, func() bool {
+		var q int
+		c.Node(li).ReadState(func(st *locksm.State) { q = len(st.Waiters("k")) })
+		return q == 1
+	})
 	mustType(t, do(t, conn, releaseMsg("k", "a", t1)), wire.TypeOK)
 	<-call.Done
 	if mustGrant(t, call.Reply) <= t1 {

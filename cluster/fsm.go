@@ -13,6 +13,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"ticketing/cluster/leader"
 	"ticketing/locksm"
 )
 
@@ -40,11 +41,7 @@ const (
 
 // applied is one applied command and what it did, handed to the node after
 // the state lock is released, in log order.
-type applied struct {
-	cmd     locksm.Command
-	res     locksm.Result
-	effects []locksm.Effect
-}
+type applied = leader.Applied
 
 // applySink receives what each committed entry did. It is called from the
 // FSM goroutine only, in log order, without the FSM lock held. The batch
@@ -103,7 +100,7 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 			}
 			for _, c := range cmds {
 				res, eff := f.state.Apply(c, nil)
-				out = append(out, applied{cmd: c, res: res, effects: eff})
+				out = append(out, applied{Cmd: c, Res: res, Effects: eff})
 			}
 		case entryAnnounce:
 			id, addr, err := decodeAnnounce(l.Data[1:])
@@ -325,6 +322,33 @@ func (f *fsm) getDomain() string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.domain
+}
+
+// Occupancy, HeldUnder and RangeHolders are the lock table as the leader
+// core reads it (leader.Table), each under mu.
+
+// Occupancy implements leader.Table.
+func (f *fsm) Occupancy(key string) (held bool, keys, queue int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, held = f.state.Holder(key)
+	return held, f.state.NumHeld(), f.state.QueueLen(key)
+}
+
+// HeldUnder implements leader.Table.
+func (f *fsm) HeldUnder(key string, token uint64) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	h, ok := f.state.Holder(key)
+	return ok && h.Token == token
+}
+
+// RangeHolders implements leader.Table; fn runs under mu and must take no
+// lock.
+func (f *fsm) RangeHolders(fn func(key string, h locksm.Holder) bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.state.RangeHolders(fn)
 }
 
 func (f *fsm) clientAddr(id string) string {

@@ -10,8 +10,8 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"ticketing/cluster/leader"
 	"ticketing/cluster/wire"
-	"ticketing/locksm"
 )
 
 // Quiet planned hand-overs (SIGTERM → Shutdown, remove/replace of the
@@ -33,6 +33,10 @@ import (
 //
 // If the transfer fails the leader serves again and says so with a
 // NoticeServing; a new leader sends NoticeServing once it serves.
+//
+// Steps 2 and 3, the acknowledgements and serving again are the leader
+// core's (cluster/leader, handover.go there); this file chooses the
+// target, waits, and runs the transfer.
 
 // handOverAckWait bounds how long a hand-over waits for the clients'
 // acknowledgements while it still serves. A client that does not answer
@@ -52,20 +56,6 @@ var ErrHandOverInProgress = errors.New("cluster: a leadership hand-over is in pr
 // leadership to.
 var ErrNoTarget = errors.New("cluster: no voter to hand the leadership to")
 
-// handOver is a hand-over of this node's leadership. Guarded by Node.mu.
-type handOver struct {
-	id, addr string // the target's server id and client address
-	peerAddr string // the target's peer address (host:port)
-	epoch    uint64 // the leadership epoch it started in
-	// active until the hand-over has finished (either way). An inactive
-	// one stays in Node.handover as the leader hint while Raft knows no
-	// leader yet (between stepping down and hearing the new leader).
-	active bool
-	// stopped: serving stopped and waiters withdrawn (step 3).
-	stopped bool
-	unacked int // notified connections that have not acknowledged
-}
-
 // HandOver hands this node's leadership to another voter quietly (see the
 // steps above): to names the target's server id, or "" for the voter that
 // answers and has applied the most. It returns the target's server id once
@@ -77,7 +67,7 @@ func (n *Node) HandOver(ctx context.Context, to string) (string, error) {
 		return "", err
 	}
 	n.mu.Lock()
-	busy := n.handover != nil && n.handover.active
+	busy := n.core.HandOverActive()
 	n.mu.Unlock()
 	if busy {
 		return "", ErrHandOverInProgress
@@ -91,45 +81,33 @@ func (n *Node) HandOver(ctx context.Context, to string) (string, error) {
 		addr = ""
 	}
 
+	// Step 2: every client that speaks notices is told (a core that no
+	// longer leads, or whose node is closing, refuses).
 	n.mu.Lock()
-	if !n.leading || n.closed {
-		n.mu.Unlock()
-		return "", fmt.Errorf("%w: leadership lost before the hand-over started", ErrNotLeader)
-	}
-	if n.handover != nil && n.handover.active {
-		n.mu.Unlock()
-		return "", ErrHandOverInProgress
-	}
-	h := &handOver{id: id, addr: addr, peerAddr: peerAddr, epoch: n.epoch, active: true}
-	n.handover = h
-	notice := &wire.Msg{Type: wire.TypeNotice, Event: wire.NoticeHandOver, LeaderID: id, LeaderAddr: addr}
-	for cc := range n.conns {
-		if cc.version >= wire.VersionNotices && !cc.dead {
-			cc.ackPending = true
-			h.unacked++
-			cc.send(notice)
-		}
-	}
-	notified := h.unacked
-	if h.unacked == 0 {
-		n.stopServingLocked(h)
-	}
+	h, notified, err := n.core.BeginHandOver(id, addr)
+	n.performLocked()
 	n.mu.Unlock()
+	switch {
+	case errors.Is(err, leader.ErrNotLeading):
+		return "", fmt.Errorf("%w: leadership lost before the hand-over started", ErrNotLeader)
+	case errors.Is(err, leader.ErrHandOverActive):
+		return "", ErrHandOverInProgress
+	case err != nil:
+		return "", err
+	}
 	n.log.Info("handing leadership over", "to", id, "client_addr", addr, "clients_told", notified)
 
-	// Step 2: the acknowledgements (the last one stops serving at once,
-	// under Node.mu, so a request behind it on that connection gets M).
-	acked := n.waitHandOver(ctx, handOverAckWait, func() bool { return h.stopped })
+	// The acknowledgements (the last one stops serving at once, under
+	// Node.mu, so a request behind it on that connection gets M), then
+	// step 3 if they did not all come.
+	acked := n.waitHandOver(ctx, handOverAckWait, func() bool { return n.core.HandOverStopped(h) })
 	n.mu.Lock()
-	if n.epoch != h.epoch {
-		n.handover = nil
-		n.mu.Unlock()
+	err = n.core.StopServing(h)
+	n.performLocked()
+	n.mu.Unlock()
+	if err != nil {
 		return "", fmt.Errorf("%w: leadership lost during the hand-over", ErrNotLeader)
 	}
-	if !h.stopped {
-		n.stopServingLocked(h)
-	}
-	n.mu.Unlock()
 	if !acked {
 		n.log.Warn("hand-over: not every client acknowledged the notice in time", "wait", handOverAckWait)
 	}
@@ -137,7 +115,7 @@ func (n *Node) HandOver(ctx context.Context, to string) (string, error) {
 	// Step 4: what is in flight commits and is answered.
 	if !n.waitHandOver(ctx, handOverDrainWait, n.quiescent) {
 		n.mu.Lock()
-		owed := len(n.pend)
+		owed := n.core.Owed()
 		n.mu.Unlock()
 		n.log.Warn("hand-over: requests still in flight; they get U if leadership moves", "owed", owed)
 	}
@@ -161,12 +139,15 @@ func (n *Node) HandOver(ctx context.Context, to string) (string, error) {
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	h.active = false
 	if err != nil && n.raft.State() != raft.Leader {
 		err = nil // the target won late
 	}
+	// A failed transfer: the core serves again (with a fresh lease timer
+	// for every holder: expiries proposed during the transfer were
+	// refused) and tells its clients.
+	n.core.EndHandOver(time.Now(), h, err != nil)
+	n.performLocked()
 	if err != nil {
-		n.resumeLocked(h)
 		n.log.Warn("leadership transfer failed; serving again", "to", id, "err", err)
 		return "", fmt.Errorf("cluster: handing leadership to %s: %w", id, err)
 	}
@@ -258,94 +239,10 @@ func (n *Node) waitHandOver(ctx context.Context, d time.Duration, cond func() bo
 // waits for its reply, no command waits to be proposed or applied.
 // Requires n.mu.
 func (n *Node) quiescent() bool {
-	if len(n.pend) > 0 || len(n.slots) > 0 {
+	if n.core.Owed() > 0 || len(n.slots) > 0 {
 		return false
 	}
 	n.propMu.Lock()
 	defer n.propMu.Unlock()
 	return len(n.propQ) == 0
-}
-
-// stopServingLocked is step 3: lock requests get M naming the target from
-// now on, and every queued waiter is withdrawn through the log (T once
-// the cancel commits). Acquires that are queued later, when their command
-// applies, are withdrawn then (resolve). Requires n.mu.
-func (n *Node) stopServingLocked(h *handOver) {
-	h.stopped = true
-	n.serving = false
-	for _, p := range n.pend {
-		if p.op == locksm.OpAcquire && p.queued && !p.cancel {
-			p.cancel = true
-			n.propose(locksm.Command{Op: locksm.OpCancelWait, Key: p.key, Ref: p.ref})
-		}
-	}
-}
-
-// withdrawing reports whether an acquire queued now must be withdrawn at
-// once (a hand-over stopped serving). Requires n.mu.
-func (n *Node) withdrawing() bool {
-	return n.handover != nil && n.handover.active && n.handover.stopped
-}
-
-// noticeAcked records cc's acknowledgement of the hand-over notice; the
-// last one stops serving. Requires n.mu.
-func (n *Node) noticeAckedLocked(cc *clientConn) {
-	if !cc.ackPending {
-		return
-	}
-	cc.ackPending = false
-	h := n.handover
-	if h == nil || !h.active || h.stopped {
-		return
-	}
-	if h.unacked--; h.unacked <= 0 {
-		n.stopServingLocked(h)
-	}
-}
-
-// resumeLocked ends a failed hand-over: the node serves again if it still
-// leads and was ready, with a fresh lease timer for every holder (expiries
-// proposed during the transfer were refused), and tells its clients.
-// Requires n.mu.
-func (n *Node) resumeLocked(h *handOver) {
-	if n.handover == h {
-		n.handover = nil
-	}
-	if !n.leading || n.epoch != h.epoch || !n.ready || n.closed {
-		return
-	}
-	for _, it := range n.holderTimers(time.Now(), n.epoch) {
-		n.timers.add(it)
-	}
-	n.serving = true
-	n.broadcastServingLocked()
-}
-
-// holderTimers is a full lease timer for every holder, from now.
-func (n *Node) holderTimers(now time.Time, epoch uint64) []timerItem {
-	var items []timerItem
-	n.fsm.read(func(st *locksm.State) {
-		st.RangeHolders(func(key string, h locksm.Holder) bool {
-			items = append(items, timerItem{
-				at: now.Add(time.Duration(h.LeaseSec) * time.Second), kind: timerExpire,
-				key: key, token: h.Token, epoch: epoch,
-			})
-			return true
-		})
-	})
-	return items
-}
-
-// broadcastServingLocked tells every connection that speaks notices that
-// this node serves as the leader now. Requires n.mu.
-func (n *Node) broadcastServingLocked() {
-	m := &wire.Msg{Type: wire.TypeNotice, Event: wire.NoticeServing, LeaderID: n.serverID, LeaderAddr: n.advertise}
-	if len(m.LeaderAddr) > 255 {
-		m.LeaderAddr = ""
-	}
-	for cc := range n.conns {
-		if cc.version >= wire.VersionNotices && !cc.dead {
-			cc.send(m)
-		}
-	}
 }

@@ -2,11 +2,11 @@ package cluster
 
 import (
 	"errors"
-	"time"
 
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"ticketing/cluster/leader"
 	"ticketing/cluster/obs"
 	"ticketing/locksm"
 )
@@ -19,34 +19,30 @@ import (
 // the registry is gathered. The README's "Metrics and health" lists every
 // metric.
 //
-// Reply counters count where the node decides a client's reply (server.go
-// handle, node.go resolve/granted/onApplied/proposalFailed/loseLeadership):
-// each request is counted once, with the reply it got, even when its
-// connection went away before the reply could be written (a grant to a
-// dead connection is counted as an abandoned grant instead, as no G is
-// sent). A follower counts the M replies it sends; the leader everything
-// else. Expiries and hand-offs are counted by the leader when it applies
-// them, so the sum over the nodes is the cluster's total.
+// Reply counters count where the node decides a client's reply (the
+// leader core's reply events, see record, and the definite errors of
+// server.go for frames that do not decode): each request is counted once,
+// with the reply it got, even when its connection went away before the
+// reply could be written (a grant to a dead connection is counted as an
+// abandoned grant instead, as no G is sent). A follower counts the M
+// replies it sends; the leader everything else. Expiries and hand-offs are
+// counted by the leader when it applies them, so the sum over the nodes is
+// the cluster's total.
 
 // replyResult is the result label of the acquire and release counters.
-type replyResult uint8
+type replyResult = leader.Outcome
 
 const (
-	resGranted replyResult = iota
-	resBusy
-	resTimeout
-	resIndeterminate
-	resMoved
-	resError
-	resOK
-	resNotHeld
-	numReplyResults
+	resGranted       = leader.OutcomeGranted
+	resBusy          = leader.OutcomeBusy
+	resTimeout       = leader.OutcomeTimeout
+	resIndeterminate = leader.OutcomeIndeterminate
+	resMoved         = leader.OutcomeMoved
+	resError         = leader.OutcomeError
+	resOK            = leader.OutcomeOK
+	resNotHeld       = leader.OutcomeNotHeld
+	numReplyResults  = leader.NumOutcomes
 )
-
-var replyResultNames = [numReplyResults]string{
-	resGranted: "granted", resBusy: "busy", resTimeout: "timeout", resIndeterminate: "indeterminate",
-	resMoved: "moved", resError: "error", resOK: "ok", resNotHeld: "not_held",
-}
 
 type nodeMetrics struct {
 	reg *prometheus.Registry
@@ -72,14 +68,14 @@ func newNodeMetrics(n *Node) *nodeMetrics {
 		Help: "Acquire requests answered by this node, by reply: granted (G), busy (B), timeout (T, a wait that ran out or was cancelled), indeterminate (U), moved (M, not the serving leader), error (E).",
 	}, []string{"result"})
 	for _, r := range []replyResult{resGranted, resBusy, resTimeout, resIndeterminate, resMoved, resError} {
-		m.acquires[r] = acq.WithLabelValues(replyResultNames[r])
+		m.acquires[r] = acq.WithLabelValues(r.String())
 	}
 	rel := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ticketing_node_releases_total",
 		Help: "Release requests answered by this node, by reply: ok (K), not_held (E not_held, token_mismatch or owner_mismatch: the holding had ended), indeterminate (U), moved (M), error (any other E).",
 	}, []string{"result"})
 	for _, r := range []replyResult{resOK, resNotHeld, resIndeterminate, resMoved, resError} {
-		m.releases[r] = rel.WithLabelValues(replyResultNames[r])
+		m.releases[r] = rel.WithLabelValues(r.String())
 	}
 	lat := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "ticketing_node_acquire_duration_seconds",
@@ -144,12 +140,36 @@ func (m *nodeMetrics) reply(op locksm.Op, r replyResult) {
 	}
 }
 
-// rejected is the result label of a rejected command of op.
-func rejected(op locksm.Op, err error) replyResult {
-	if op == locksm.OpRelease && (errors.Is(err, locksm.ErrNotHeld) || errors.Is(err, locksm.ErrTokenMismatch) || errors.Is(err, locksm.ErrOwnerMismatch)) {
-		return resNotHeld
+// record counts one event of the leader core.
+func (n *Node) record(e leader.Event) {
+	m := n.metrics
+	switch e.Kind {
+	case leader.EventReply:
+		m.reply(e.Op, e.Outcome)
+		if e.Outcome == leader.OutcomeGranted {
+			q := 0
+			if e.Queued {
+				q = 1
+			}
+			m.acquireLatency[q].Observe(e.Latency.Seconds())
+		}
+	case leader.EventHandoffLatency:
+		m.handoffLatency.Observe(e.Latency.Seconds())
+	case leader.EventExpiry:
+		m.expiries.Inc()
+	case leader.EventHandoff:
+		m.handoffs.Inc()
+	case leader.EventAbandonedGrant:
+		m.abandonedGrants.Inc()
+	case leader.EventRefusedInFlight:
+		n.stats.inFlightRefusals.Add(1)
+	case leader.EventRefusedKeys:
+		n.stats.keyLimitRefusals.Add(1)
+	case leader.EventRefusedWaiters:
+		n.stats.waiterLimitRefusals.Add(1)
+	case leader.EventUnexpectedResult:
+		n.log.Error("unexpected result for a client command", "op", e.Op, "status", e.Status)
 	}
-	return resError
 }
 
 // MetricsRegistry is this node's Prometheus registry (its own, never the
@@ -163,7 +183,7 @@ func (n *Node) MetricsRegistry() *prometheus.Registry { return n.metrics.reg }
 // reason, one line. Load balancers and orchestrators poll it (/readyz).
 func (n *Node) Ready() error {
 	n.mu.Lock()
-	closed, serving := n.closed, n.serving
+	closed, serving := n.closed, n.core.Serving()
 	n.mu.Unlock()
 	switch {
 	case closed:
@@ -306,7 +326,7 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.lastToken, float64(last))
 
 	n.mu.Lock()
-	pending, conns, serving := len(n.pend), len(n.conns), n.serving
+	pending, conns, serving := n.core.Owed(), len(n.conns), n.core.Serving()
 	n.mu.Unlock()
 	n.propMu.Lock()
 	queued := len(n.propQ)
@@ -371,12 +391,4 @@ func stateName(s raft.RaftState) string {
 		return "leader"
 	}
 	return "shutdown"
-}
-
-// observeHandoff records a hand-off's latency when the moment its key was
-// freed is known.
-func (m *nodeMetrics) observeHandoff(freedAt time.Time) {
-	if m != nil && !freedAt.IsZero() {
-		m.handoffLatency.Observe(time.Since(freedAt).Seconds())
-	}
 }

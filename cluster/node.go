@@ -3,7 +3,9 @@
 // the authenticated peer transport, and the client port that serves the
 // protocol of cluster/PROTOCOL.md. Only the leader serves lock requests; it
 // stamps time into commands, runs the lease and wait timers, and replies to
-// clients only after their command has committed.
+// clients only after their command has committed. Those rules live in the
+// pure leader core of cluster/leader; Node feeds it and performs what it
+// asks for (sockets, Raft, timers, metrics).
 package cluster
 
 import (
@@ -27,7 +29,7 @@ import (
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"go.etcd.io/bbolt"
 
-	"ticketing/cluster/wire"
+	"ticketing/cluster/leader"
 	"ticketing/locksm"
 )
 
@@ -65,28 +67,17 @@ type Node struct {
 	slots  chan struct{}
 	timers *timerQueue
 
-	// mu guards everything below. Never held while taking fsm.mu.
-	mu      sync.Mutex
-	leading bool   // raft says we are leader (timers may be armed)
-	ready   bool   // leading, and earlier entries applied, waiters dropped (gainLeadership done)
-	serving bool   // ready and not handing over: lock requests are taken
-	epoch   uint64 // bumped on every leadership change
-	// handover is the hand-over of this node's leadership in progress, or
-	// after one, its target as the leader hint until a leader is known
-	// (see handover.go). nil: none.
-	handover *handOver
-	pend     map[uint64]*pending
-	conns    map[*clientConn]struct{}
-	nextRef  uint64
-	closed   bool
-	// uncommitted counts acquires proposed but not applied: those that may
-	// wait per key (for MaxWaitersPerKey), all in total (for MaxKeys); see
-	// admitAcquire.
-	uncommitted      map[string]int
-	uncommittedTotal int
-	// expiring: when the lease of each expiry the leader proposed ran
-	// out (by token), for the hand-off latency; emptied on apply.
-	expiring map[uint64]time.Time
+	// mu guards the leader core and everything below. The core's inputs
+	// are fed and its outputs performed under it (performLocked), so it is
+	// held while taking clientConn.mu (replies), fsm.mu (the core reads
+	// the lock table), timerQueue.mu and Node.propMu; see LOCKS.md.
+	mu sync.Mutex
+	// core is the leader's request handling (cluster/leader): who is owed
+	// which reply, admission, dead-connection compensation, the lease and
+	// wait timers, leadership and the core's part of a hand-over.
+	core   *leader.Core[*clientConn]
+	conns  map[*clientConn]struct{} // every accepted client connection
+	closed bool
 
 	stats      nodeStats
 	metrics    *nodeMetrics
@@ -103,25 +94,6 @@ type Node struct {
 
 	closing chan struct{}
 	wg      sync.WaitGroup
-}
-
-// pending is a client request whose reply is owed. Guarded by Node.mu.
-type pending struct {
-	conn     *clientConn
-	id       uint64 // request id on conn
-	op       locksm.Op
-	key      string
-	owner    string
-	leaseSec uint32
-	ref      uint64
-	start    time.Time // when the request arrived (latency metrics)
-	deadline time.Time // acquire: when its wait runs out (monotonic)
-	queued   bool      // acquire applied as StatusQueued, not yet granted/timed out
-	cancel   bool      // the client asked to cancel it
-	// uncommitted: an acquire counted in Node.uncommittedTotal (proposed,
-	// its own command not applied yet), and if mayWait (wait > 0) in
-	// Node.uncommitted too.
-	uncommitted, mayWait bool
 }
 
 type batchFuture struct {
@@ -144,19 +116,11 @@ func New(cfg Config) (*Node, error) {
 		addrWake: make(chan struct{}, 1),
 		slots:    make(chan struct{}, batchesInFlight),
 		futures:  make(chan batchFuture, 1024),
-		pend:     map[uint64]*pending{},
 		conns:    map[*clientConn]struct{}{},
 		closing:  make(chan struct{}),
 
-		uncommitted: map[string]int{},
-		expiring:    map[uint64]time.Time{},
-		clientGate:  newGate(cfg.MaxHandshakesPerIP, cfg.AuthFailureDelay, cfg.AuthFailureDelayMax),
+		clientGate: newGate(cfg.MaxHandshakesPerIP, cfg.AuthFailureDelay, cfg.AuthFailureDelayMax),
 	}
-	var seed [8]byte
-	_, _ = rand.Read(seed[:])
-	// Refs only need to be unique among one leader's in-flight requests;
-	// a random start keeps them apart from refs of earlier leaders too.
-	n.nextRef = binary.BigEndian.Uint64(seed[:]) >> 1
 	n.metrics = newNodeMetrics(n)
 	if err := n.start(); err != nil {
 		n.cleanup()
@@ -207,6 +171,16 @@ func (n *Node) start() error {
 	if n.advertise == "" {
 		n.advertise = n.clientLn.Addr().String()
 	}
+	var seed [8]byte
+	_, _ = rand.Read(seed[:])
+	n.core = leader.New[*clientConn](leader.Config{
+		ServerID: n.serverID, Advertise: n.advertise,
+		MaxInFlightPerConn: cfg.MaxInFlightPerConn, MaxKeys: cfg.MaxKeys, MaxWaitersPerKey: cfg.MaxWaitersPerKey,
+		// Refs only need to be unique among one leader's in-flight
+		// requests; a random start keeps them apart from refs of earlier
+		// leaders too.
+		FirstRef: binary.BigEndian.Uint64(seed[:]) >> 1,
+	}, n.fsm, nodeDirectory{n})
 	peerLn := cfg.PeerListener
 	if peerLn == nil {
 		if peerLn, err = net.Listen("tcp", cfg.PeerAddr); err != nil {
@@ -338,7 +312,7 @@ func (n *Node) Raft() *raft.Raft { return n.raft }
 func (n *Node) Serving() bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return n.serving
+	return n.core.Serving()
 }
 
 // LastToken is the highest token this node's state machine has applied.
@@ -404,6 +378,7 @@ func (n *Node) Close() error {
 		return nil
 	}
 	n.closed = true
+	n.core.Close()
 	n.mu.Unlock()
 	close(n.closing)
 	n.clientLn.Close()
@@ -465,7 +440,7 @@ func (n *Node) watchLeadership() {
 		// LeaderCh may coalesce signals; act on the current state.
 		isLeader := n.raft.State() == raft.Leader
 		n.mu.Lock()
-		was := n.leading
+		was, _ := n.core.Leading()
 		n.mu.Unlock()
 		switch {
 		case isLeader && !was:
@@ -483,14 +458,11 @@ func (n *Node) watchLeadership() {
 // gainLeadership makes this node serve once it is safe: every earlier entry
 // applied (Barrier), its client address announced, and every queued waiter
 // dropped (their connections died with the old leader, and nobody could
-// learn the token of a key handed to one of them). Then it re-arms a full
-// lease for every holder: measured from now, never shorter than what the
-// holder counted on (its lease started before the old leader applied it).
+// learn the token of a key handed to one of them). Then the core serves
+// (leader.Core.Serve: a full lease re-armed for every holder).
 func (n *Node) gainLeadership() {
 	n.mu.Lock()
-	n.epoch++
-	epoch := n.epoch
-	n.leading = true
+	epoch := n.core.GainLeadership()
 	n.mu.Unlock()
 	n.log.Info("became leader; preparing to serve")
 	start := time.Now()
@@ -511,28 +483,18 @@ func (n *Node) gainLeadership() {
 			n.log.Warn("dropping orphaned waiters failed", "err", err)
 			return
 		}
-		items := n.holderTimers(time.Now(), epoch)
 		n.mu.Lock()
-		if n.epoch != epoch || !n.leading {
-			n.mu.Unlock()
+		holders, ok := n.core.Serve(time.Now(), epoch)
+		n.performLocked()
+		n.mu.Unlock()
+		if !ok {
 			return
 		}
-		for _, it := range items {
-			n.timers.add(it)
-		}
-		n.ready = true
-		// A hand-over started while preparing: it decides (resumeLocked).
-		if h := n.handover; h == nil || !h.active {
-			n.handover = nil
-			n.serving = true
-			n.broadcastServingLocked()
-		}
-		n.mu.Unlock()
 		select { // record the members' client addresses (memberaddrs.go)
 		case n.addrWake <- struct{}{}:
 		default:
 		}
-		n.log.Info("leader serving", "ready_after", time.Since(start).Round(time.Millisecond), "holders", len(items))
+		n.log.Info("leader serving", "ready_after", time.Since(start).Round(time.Millisecond), "holders", holders)
 	}()
 }
 
@@ -540,70 +502,61 @@ func (n *Node) gainLeadership() {
 // those commands may or may not commit under the next leader.
 func (n *Node) loseLeadership(why string) {
 	n.mu.Lock()
-	wasLeading := n.leading
-	n.epoch++
-	n.leading, n.ready, n.serving = false, false, false
-	owed := n.pend
-	n.pend = map[uint64]*pending{}
-	n.uncommitted, n.uncommittedTotal = map[string]int{}, 0
-	clear(n.expiring)
-	for _, p := range owed {
-		p.uncommitted = false
-		delete(p.conn.inflight, p.id)
-		n.metrics.reply(p.op, resIndeterminate)
-		p.conn.send(&wire.Msg{Type: wire.TypeUnknown, ID: p.id, Text: why + ": outcome unknown"})
-	}
+	wasLeading, owed := n.core.LoseLeadership(why)
+	n.performLocked()
 	n.mu.Unlock()
-	if n.timers != nil {
-		n.timers.clear()
-	}
 	if wasLeading {
-		n.log.Warn("stopped serving", "why", why, "owed_unknown", len(owed))
+		n.log.Warn("stopped serving", "why", why, "owed_unknown", owed)
 	}
 }
 
-// leaderHintLocked returns where lock requests should go, for an M reply:
-// the leader's client address and id. During a hand-over of this node's
-// leadership, and after it until Raft knows the new leader, that is the
-// target. addr is "" when no leader is known (or its address is not yet
-// known). Requires n.mu.
-func (n *Node) leaderHintLocked() (addr, id string) {
-	_, lid := n.raft.LeaderWithID()
-	if h := n.handover; h != nil {
-		switch string(lid) {
-		case "", n.serverID:
-			return h.addr, h.id
-		case h.id:
-			// The target leads; the log may not have its address yet.
-			if addr := n.fsm.clientAddr(h.id); addr != "" {
-				if !h.active {
-					n.handover = nil // Raft and the log know all the hint did
-				}
-				return addr, h.id
-			}
-			return h.addr, h.id
+// nodeDirectory tells the core who leads: what Raft knows, and the client
+// addresses the log recorded.
+type nodeDirectory struct{ n *Node }
+
+func (d nodeDirectory) Leader() string {
+	r := d.n.raftIfStarted()
+	if r == nil {
+		return ""
+	}
+	_, id := r.LeaderWithID()
+	return string(id)
+}
+
+func (d nodeDirectory) ClientAddr(id string) string { return d.n.fsm.clientAddr(id) }
+
+// performLocked carries out what the core's last inputs produced: replies
+// and notices are appended to their connections' buffers (in the core's
+// order), commands join the proposal queue, timers are armed, metrics
+// recorded. Nothing blocks. Requires n.mu.
+func (n *Node) performLocked() {
+	rd := n.core.Ready()
+	for i := range rd.Sends {
+		rd.Sends[i].To.send(&rd.Sends[i].Msg)
+	}
+	if len(rd.Proposals) > 0 {
+		n.propose(rd.Proposals...)
+	}
+	if n.timers != nil {
+		if rd.ClearTimers {
+			n.timers.clear()
 		}
-		if !h.active {
-			n.handover = nil // another leader is known: the hint has served
+		for _, t := range rd.Timers {
+			n.timers.add(t)
 		}
 	}
-	if lid == "" {
-		return "", ""
+	for _, e := range rd.Events {
+		n.record(e)
 	}
-	id = string(lid)
-	if id == n.serverID {
-		// We are the leader but not yet serving: retry shortly.
-		return "", id
-	}
-	return n.fsm.clientAddr(id), id
+	n.core.Advance()
 }
 
 // ---- proposing ----
 
-// propose queues a command for the next batch. Never blocks.
-func (n *Node) propose(c locksm.Command) {
+// propose queues commands for the next batch. Never blocks.
+func (n *Node) propose(cs ...locksm.Command) {
 	n.propMu.Lock()
-	n.propQ = append(n.propQ, c)
+	n.propQ = append(n.propQ, cs...)
 	n.propMu.Unlock()
 	select {
 	case n.propWake <- struct{}{}:
@@ -731,203 +684,35 @@ func (n *Node) proposalFailed(cmds []locksm.Command, err error) {
 	// either (hashicorp/raft answers it before dispatching).
 	notAppended := errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipTransferInProgress)
 	n.mu.Lock()
-	defer n.mu.Unlock()
-	addr, id := "", ""
-	if notAppended {
-		addr, id = n.leaderHintLocked()
-	}
-	for _, c := range cmds {
-		if c.Op == locksm.OpExpire {
-			delete(n.expiring, c.Token)
-		}
-		p := n.pend[c.Ref]
-		if c.Ref == 0 || p == nil || p.op != c.Op || p.key != c.Key || p.queued {
-			continue
-		}
-		n.finish(p)
-		if notAppended {
-			n.metrics.reply(p.op, resMoved)
-			p.conn.send(&wire.Msg{Type: wire.TypeMoved, ID: p.id, LeaderAddr: addr, LeaderID: id})
-		} else {
-			n.metrics.reply(p.op, resIndeterminate)
-			p.conn.send(&wire.Msg{Type: wire.TypeUnknown, ID: p.id, Text: "not committed before " + err.Error() + ": outcome unknown"})
-		}
-	}
-}
-
-// finish forgets p (its reply is being sent). Requires n.mu.
-func (n *Node) finish(p *pending) {
-	n.committed(p)
-	delete(n.pend, p.ref)
-	delete(p.conn.inflight, p.id)
+	n.core.ProposalFailed(cmds, notAppended, err)
+	n.performLocked()
+	n.mu.Unlock()
 }
 
 // ---- applying ----
 
-// onApplied implements applySink: it sends the replies owed for committed
-// commands and arms timers for new grants. Runs on the FSM goroutine in log
+// onApplied implements applySink: the core answers what the committed
+// commands owe and times new grants. Runs on the FSM goroutine in log
 // order, so a grant is never told before the command that queued it.
 func (n *Node) onApplied(batch []applied) {
 	now := time.Now()
 	n.mu.Lock()
-	defer n.mu.Unlock()
-	for i := range batch {
-		a := &batch[i]
-		c := &a.cmd
-		if n.leading && a.res.Status == locksm.StatusGranted {
-			n.armExpiry(now, c.Key, a.res.Token, c.LeaseSec)
-		}
-		// freedAt: when the key this command frees was freed, as the
-		// leader saw it (for the hand-off latency).
-		var freedAt time.Time
-		if p := n.pend[c.Ref]; c.Ref != 0 && p != nil && p.op == c.Op && p.key == c.Key && !p.queued {
-			if c.Op == locksm.OpRelease {
-				freedAt = p.start
-			}
-			n.resolve(p, a.res, now)
-		}
-		if c.Op == locksm.OpExpire {
-			if at, ok := n.expiring[c.Token]; ok {
-				freedAt = at
-				delete(n.expiring, c.Token)
-			}
-			if n.leading && a.res.Status == locksm.StatusExpired {
-				n.metrics.expiries.Inc()
-			}
-		}
-		for _, e := range a.effects {
-			switch e.Kind {
-			case locksm.EffectGranted:
-				if n.leading {
-					n.armExpiry(now, e.Key, e.Token, e.LeaseSec)
-					n.metrics.handoffs.Inc()
-				}
-				if p := n.pend[e.Ref]; p != nil && p.queued && p.key == e.Key {
-					if n.granted(p, e.Token) {
-						n.metrics.observeHandoff(freedAt)
-					}
-				}
-			case locksm.EffectTimedOut, locksm.EffectDropped:
-				if p := n.pend[e.Ref]; p != nil && p.queued && p.key == e.Key {
-					n.finish(p)
-					if e.Kind == locksm.EffectTimedOut {
-						n.metrics.reply(locksm.OpAcquire, resTimeout)
-						p.conn.send(&wire.Msg{Type: wire.TypeTimeout, ID: p.id})
-					} else {
-						n.metrics.reply(locksm.OpAcquire, resIndeterminate)
-						p.conn.send(&wire.Msg{Type: wire.TypeUnknown, ID: p.id, Text: "waiter dropped by a new leader"})
-					}
-				}
-			}
-		}
-	}
+	n.core.Applied(now, batch)
+	n.performLocked()
+	n.mu.Unlock()
 }
 
 func (n *Node) onAnnounce(id, addr string) {
 	n.log.Debug("client address recorded", "member", id, "client_addr", addr)
 }
 
-// resolve handles the result of p's own command. Requires n.mu.
-func (n *Node) resolve(p *pending, res locksm.Result, now time.Time) {
-	switch res.Status {
-	case locksm.StatusGranted:
-		n.granted(p, res.Token)
-	case locksm.StatusQueued:
-		n.committed(p)
-		p.queued = true
-		switch {
-		case p.conn.dead || p.cancel || n.withdrawing():
-			// Gone, cancelled, or a hand-over withdraws its waiters.
-			p.cancel = true
-			n.propose(locksm.Command{Op: locksm.OpCancelWait, Key: p.key, Ref: p.ref})
-		default:
-			n.timers.add(timerItem{at: p.deadline, kind: timerWait, key: p.key, ref: p.ref, epoch: n.epoch})
-		}
-	case locksm.StatusBusy:
-		n.finish(p)
-		n.metrics.reply(p.op, resBusy)
-		p.conn.send(&wire.Msg{Type: wire.TypeBusy, ID: p.id})
-	case locksm.StatusReleased:
-		n.finish(p)
-		n.metrics.reply(p.op, resOK)
-		p.conn.send(&wire.Msg{Type: wire.TypeOK, ID: p.id})
-	case locksm.StatusRejected:
-		n.finish(p)
-		n.metrics.reply(p.op, rejected(p.op, res.Err))
-		p.conn.send(&wire.Msg{Type: wire.TypeError, ID: p.id, Code: wire.CodeOf(res.Err), Text: res.Err.Error()})
-	default:
-		n.finish(p)
-		n.metrics.reply(p.op, resError)
-		n.log.Error("unexpected result for a client command", "op", p.op, "status", res.Status)
-		p.conn.send(&wire.Msg{Type: wire.TypeError, ID: p.id, Code: wire.CodeInternal, Text: "unexpected result"})
-	}
-}
-
-// granted tells p its token, or, if p's connection died before the grant
-// could be written, releases it at once: nobody can know that token, so
-// nobody can use it, and the next waiter should not wait for the lease.
-// It reports whether the grant was told. Requires n.mu.
-func (n *Node) granted(p *pending, token uint64) bool {
-	n.finish(p)
-	if p.conn.dead {
-		n.metrics.abandonedGrants.Inc()
-		n.propose(locksm.Command{Op: locksm.OpRelease, Key: p.key, Owner: p.owner, Token: token})
-		return false
-	}
-	if m := n.metrics; m != nil {
-		m.acquires[resGranted].Inc()
-		q := 0
-		if p.queued {
-			q = 1
-		}
-		m.acquireLatency[q].Observe(time.Since(p.start).Seconds())
-	}
-	p.conn.send(&wire.Msg{Type: wire.TypeGranted, ID: p.id, Token: token})
-	return true
-}
-
-// armExpiry starts the lease clock of a grant the leader just applied: the
-// holder's own clock started when it sent the acquire, before this. Requires
-// n.mu.
-func (n *Node) armExpiry(now time.Time, key string, token uint64, leaseSec uint32) {
-	n.timers.add(timerItem{
-		at: now.Add(time.Duration(leaseSec) * time.Second), kind: timerExpire,
-		key: key, token: token, epoch: n.epoch,
-	})
-}
-
-// timerDue proposes what a due timer asks for, if it still applies.
-func (n *Node) timerDue(it timerItem) {
+// timerDue hands a due lease or wait timer to the core, which proposes
+// what it asks for if it still applies.
+func (n *Node) timerDue(t leader.Timer) {
 	n.mu.Lock()
-	current := n.leading && it.epoch == n.epoch
-	var p *pending
-	if current && it.kind == timerWait {
-		p = n.pend[it.ref]
-	}
+	n.core.TimerDue(t)
+	n.performLocked()
 	n.mu.Unlock()
-	if !current {
-		return
-	}
-	switch it.kind {
-	case timerExpire:
-		held := false
-		n.fsm.read(func(st *locksm.State) {
-			h, ok := st.Holder(it.key)
-			held = ok && h.Token == it.token
-		})
-		if held {
-			n.mu.Lock()
-			if n.leading && it.epoch == n.epoch {
-				n.expiring[it.token] = it.at
-			}
-			n.mu.Unlock()
-			n.propose(locksm.Command{Op: locksm.OpExpire, Key: it.key, Token: it.token})
-		}
-	case timerWait:
-		if p != nil && p.queued {
-			n.propose(locksm.Command{Op: locksm.OpCancelWait, Key: it.key, Ref: it.ref})
-		}
-	}
 }
 
 // ---- hashicorp logging into slog ----

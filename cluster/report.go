@@ -9,6 +9,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"ticketing/cluster/leader"
 	"ticketing/locksm"
 )
 
@@ -260,7 +261,7 @@ func (n *Node) Inspect(key string) (KeyReport, error) {
 			ws = st.Waiters(key)
 		}
 	})
-	leading, epoch = n.leading, n.epoch
+	leading, epoch = n.core.Leading()
 	if len(ws) > MaxInspectQueue {
 		ws, r.QueueTruncated = ws[:MaxInspectQueue], true
 	}
@@ -269,8 +270,8 @@ func (n *Node) Inspect(key string) (KeyReport, error) {
 		// drops the queues), from a request in its pending table.
 		waitDL = make([]time.Time, len(ws))
 		for i, w := range ws {
-			if p := n.pend[w.Ref]; p != nil && p.op == locksm.OpAcquire && p.key == key && !p.deadline.IsZero() {
-				waitDL[i] = p.deadline
+			if dl, ok := n.core.WaitDeadline(w.Ref, key); ok {
+				waitDL[i] = dl
 			}
 		}
 	}
@@ -317,11 +318,11 @@ func (q *timerQueue) expiryOf(key string, token, epoch uint64) (time.Time, bool)
 	found := false
 	for i := range q.items {
 		it := &q.items[i]
-		if it.token != token || it.kind != timerExpire || it.epoch != epoch || it.key != key {
+		if it.Token != token || it.Kind != leader.TimerExpire || it.Epoch != epoch || it.Key != key {
 			continue
 		}
-		if !found || it.at.Before(at) {
-			at, found = it.at, true
+		if !found || it.At.Before(at) {
+			at, found = it.At, true
 		}
 	}
 	return at, found

@@ -15,8 +15,12 @@ import (
 )
 
 // clientConn is one authenticated client connection. Replies are encoded
-// into out by whoever owes them (FSM goroutine, reader, timers) without
-// blocking, and written by the connection's writer goroutine.
+// into out by whoever owes them (the leader core's outputs, performed by
+// the reader, the FSM goroutine or the timers) without blocking, and
+// written by the connection's writer goroutine. What the leader knows of
+// the connection (its requests in flight, whether it died, its protocol
+// version, a hand-over notice it owes an acknowledgement for) is the
+// core's, which knows it by this pointer.
 type clientConn struct {
 	n      *Node
 	c      net.Conn // the TCP connection: closing it stops everything
@@ -24,15 +28,6 @@ type clientConn struct {
 	// rw is what requests and replies travel on: c, or the TLS session
 	// over it. Set by serveConn before the writer starts.
 	rw net.Conn
-
-	// Guarded by Node.mu.
-	inflight map[uint64]*pending // by request id
-	dead     bool                // reader stopped: later grants are compensated
-	// version is the protocol version the handshake negotiated (0 until
-	// then): notices go only to connections of VersionNotices or later.
-	version uint16
-	// ackPending: told of a hand-over, not acknowledged yet (handover.go).
-	ackPending bool
 
 	// mu guards out and closed. Lock order: Node.mu before clientConn.mu.
 	mu       sync.Mutex
@@ -64,7 +59,7 @@ func (n *Node) acceptClients() {
 			time.Sleep(50 * time.Millisecond)
 			continue
 		}
-		cc := &clientConn{n: n, c: c, rw: c, remote: c.RemoteAddr().String(), inflight: map[uint64]*pending{}, wake: make(chan struct{}, 1)}
+		cc := &clientConn{n: n, c: c, rw: c, remote: c.RemoteAddr().String(), wake: make(chan struct{}, 1)}
 		n.mu.Lock()
 		full := len(n.conns) >= n.cfg.MaxClientConns
 		closed := n.closed
@@ -98,12 +93,8 @@ func (n *Node) serveConn(cc *clientConn) {
 		return
 	}
 	n.mu.Lock()
-	cc.version = version
-	if h := n.handover; h != nil && h.active && version >= wire.VersionNotices {
-		// Connected during a hand-over: told like the others (its
-		// acknowledgement is not waited for).
-		cc.send(&wire.Msg{Type: wire.TypeNotice, Event: wire.NoticeHandOver, LeaderID: h.id, LeaderAddr: h.addr})
-	}
+	n.core.Open(cc, version) // connected during a hand-over: told too
+	n.performLocked()
 	n.mu.Unlock()
 	cc.mu.Lock()
 	cc.writing = true
@@ -223,19 +214,14 @@ func isClosedConn(err error) bool {
 	return errors.As(err, &op)
 }
 
-// connGone runs when the reader stops: the connection's queued acquires are
-// cancelled, and grants that arrive later are released (see granted).
+// connGone runs when the reader stops: the core cancels the connection's
+// queued acquires and releases grants that arrive for it later (and a
+// hand-over need not wait for its acknowledgement any more).
 func (n *Node) connGone(cc *clientConn) {
 	n.mu.Lock()
-	n.noticeAckedLocked(cc) // a hand-over need not wait for it any more
-	cc.dead = true
 	delete(n.conns, cc)
-	for _, p := range cc.inflight {
-		if p.op == locksm.OpAcquire && p.queued && !p.cancel {
-			p.cancel = true
-			n.propose(locksm.Command{Op: locksm.OpCancelWait, Key: p.key, Ref: p.ref})
-		}
-	}
+	n.core.Closed(cc)
+	n.performLocked()
 	n.mu.Unlock()
 	// Whatever is queued (a final error reply, typically) still goes out.
 	cc.flushAndClose()
@@ -257,134 +243,16 @@ func (n *Node) handle(cc *clientConn, m *wire.Msg) bool {
 		ms.ID = m.ID
 		cc.send(&ms)
 		return true
-	case wire.TypeNoticeAck:
-		n.mu.Lock()
-		n.noticeAckedLocked(cc)
-		n.mu.Unlock()
-		cc.send(&wire.Msg{Type: wire.TypeOK, ID: m.ID})
-		return true
-	case wire.TypeAcquire, wire.TypeRelease, wire.TypeCancel:
-	default:
-		cc.send(&wire.Msg{Type: wire.TypeError, Code: wire.CodeUnexpectedFrame, Text: "not a request frame"})
-		return false
 	}
-
-	// Checks that need no state give a definite error; nothing is proposed.
-	var cmd locksm.Command
-	switch m.Type {
-	case wire.TypeAcquire:
-		cmd = locksm.Command{Op: locksm.OpAcquire, Key: m.Key, Owner: m.Owner, LeaseSec: uint32(m.Lease), WaitMs: m.WaitMs}
-	case wire.TypeRelease:
-		cmd = locksm.Command{Op: locksm.OpRelease, Key: m.Key, Owner: m.Owner, Token: m.Token}
-	}
-	if m.Type != wire.TypeCancel {
-		if err := locksm.ValidateCommand(cmd); err != nil {
-			n.metrics.reply(cmd.Op, resError)
-			cc.send(errReply(m.ID, err))
-			return true
-		}
-	}
-
+	// Lock requests and notice acknowledgements are the leader core's (it
+	// answers any other frame E unexpected_frame, and the connection
+	// closes).
+	now := time.Now()
 	n.mu.Lock()
-	defer n.mu.Unlock()
-	if _, dup := cc.inflight[m.ID]; dup {
-		// Two replies with one id could not be told apart: close.
-		n.metrics.reply(cmd.Op, resError)
-		cc.send(&wire.Msg{Type: wire.TypeError, ID: m.ID, Code: wire.CodeDuplicateID, Text: "request id already in flight"})
-		return false
-	}
-	if m.Type == wire.TypeCancel {
-		p := cc.inflight[m.Target]
-		if p == nil || p.op != locksm.OpAcquire {
-			cc.send(&wire.Msg{Type: wire.TypeError, ID: m.ID, Code: wire.CodeUnknownTarget, Text: "no pending acquire with that id"})
-			return true
-		}
-		if !p.cancel {
-			p.cancel = true
-			if p.queued {
-				n.propose(locksm.Command{Op: locksm.OpCancelWait, Key: p.key, Ref: p.ref})
-			}
-		}
-		// The target's own reply (T, or G if the grant won the race) is
-		// the outcome; K only says the cancel was taken.
-		cc.send(&wire.Msg{Type: wire.TypeOK, ID: m.ID})
-		return true
-	}
-	if !n.serving {
-		addr, id := n.leaderHintLocked()
-		n.metrics.reply(cmd.Op, resMoved)
-		cc.send(&wire.Msg{Type: wire.TypeMoved, ID: m.ID, LeaderAddr: addr, LeaderID: id})
-		return true
-	}
-	if len(cc.inflight) >= n.cfg.MaxInFlightPerConn {
-		n.stats.inFlightRefusals.Add(1)
-		n.metrics.reply(cmd.Op, resError)
-		cc.send(errReply(m.ID, wire.ErrTooManyInFlight))
-		return true
-	}
-	if cmd.Op == locksm.OpAcquire {
-		if err := n.admitAcquire(m.Key, m.WaitMs > 0); err != nil {
-			n.metrics.reply(cmd.Op, resError)
-			cc.send(errReply(m.ID, err))
-			return true
-		}
-	}
-	n.nextRef++
-	cmd.Ref = n.nextRef
-	p := &pending{conn: cc, id: m.ID, op: cmd.Op, key: m.Key, owner: m.Owner, leaseSec: cmd.LeaseSec, ref: cmd.Ref, start: time.Now()}
-	if cmd.Op == locksm.OpAcquire {
-		p.deadline = p.start.Add(time.Duration(m.WaitMs) * time.Millisecond)
-	}
-	n.pend[p.ref] = p
-	cc.inflight[m.ID] = p
-	if cmd.Op == locksm.OpAcquire {
-		p.uncommitted, p.mayWait = true, m.WaitMs > 0
-		if p.mayWait {
-			n.uncommitted[m.Key]++
-		}
-		n.uncommittedTotal++
-	}
-	n.propose(cmd)
-	return true
-}
-
-// admitAcquire applies MaxKeys and MaxWaitersPerKey to an acquire of key
-// (mayWait: its wait is not zero, so it can join the queue). Acquires
-// proposed but not yet applied count as if each created a key and, if
-// they may wait, joined the queue, so a burst cannot overshoot. Requires
-// n.mu.
-func (n *Node) admitAcquire(key string, mayWait bool) error {
-	var held bool
-	var keys, queue int
-	n.fsm.read(func(s *locksm.State) {
-		_, held = s.Holder(key)
-		keys = s.NumHeld()
-		queue = s.QueueLen(key)
-	})
-	if !held && keys+n.uncommittedTotal >= n.cfg.MaxKeys {
-		n.stats.keyLimitRefusals.Add(1)
-		return fmt.Errorf("%w: %d keys held or being acquired; this node allows %d", wire.ErrTooManyKeys, keys+n.uncommittedTotal, n.cfg.MaxKeys)
-	}
-	if mayWait && queue+n.uncommitted[key] >= n.cfg.MaxWaitersPerKey {
-		n.stats.waiterLimitRefusals.Add(1)
-		return fmt.Errorf("%w: %d waiting or joining; this node allows %d per key", wire.ErrTooManyWaiters, queue+n.uncommitted[key], n.cfg.MaxWaitersPerKey)
-	}
-	return nil
-}
-
-// committed drops p from the uncommitted-acquire counts (its command was
-// applied, or will never be). Idempotent. Requires n.mu.
-func (n *Node) committed(p *pending) {
-	if !p.uncommitted {
-		return
-	}
-	p.uncommitted = false
-	if p.mayWait {
-		if n.uncommitted[p.key]--; n.uncommitted[p.key] <= 0 {
-			delete(n.uncommitted, p.key)
-		}
-	}
-	n.uncommittedTotal--
+	keep := n.core.Request(now, cc, m)
+	n.performLocked()
+	n.mu.Unlock()
+	return keep
 }
 
 // opOf is the lock operation of a request frame type (0 for the others).

@@ -3,24 +3,13 @@ package cluster
 import (
 	"sync"
 	"time"
+
+	"ticketing/cluster/leader"
 )
 
-// timerKind says what a due timer asks the leader to propose.
-type timerKind uint8
-
-const (
-	timerExpire timerKind = iota + 1 // propose OpExpire(key, token)
-	timerWait                        // propose OpCancelWait(key, ref)
-)
-
-type timerItem struct {
-	at    time.Time // monotonic reading: wall-clock jumps do not move it
-	kind  timerKind
-	key   string
-	token uint64 // timerExpire
-	ref   uint64 // timerWait
-	epoch uint64 // leadership epoch that armed it
-}
+// timerItem is one timer the leader core asked for. At is a monotonic
+// reading (time.Now on this node): wall-clock jumps do not move it.
+type timerItem = leader.Timer
 
 // timerHeap is a binary min-heap on at. It is typed rather than built on
 // container/heap, whose Push(any) boxes every item: one allocation per
@@ -32,7 +21,7 @@ func (h *timerHeap) push(it timerItem) {
 	s := *h
 	for i := len(s) - 1; i > 0; {
 		parent := (i - 1) / 2
-		if !s[i].at.Before(s[parent].at) {
+		if !s[i].At.Before(s[parent].At) {
 			break
 		}
 		s[i], s[parent] = s[parent], s[i]
@@ -49,10 +38,10 @@ func (h *timerHeap) pop() timerItem {
 	s = s[:last]
 	for i := 0; ; {
 		smallest, l, r := i, 2*i+1, 2*i+2
-		if l < len(s) && s[l].at.Before(s[smallest].at) {
+		if l < len(s) && s[l].At.Before(s[smallest].At) {
 			smallest = l
 		}
-		if r < len(s) && s[r].at.Before(s[smallest].at) {
+		if r < len(s) && s[r].At.Before(s[smallest].At) {
 			smallest = r
 		}
 		if smallest == i {
@@ -68,8 +57,8 @@ func (h *timerHeap) pop() timerItem {
 // timerQueue runs the leader's lease and wait timers on one goroutine with a
 // heap, instead of one runtime timer per lock: a million held keys cost a
 // million small heap items, not a million timers. Items are never cancelled;
-// a due item whose lock or waiter has moved on is dropped by fire, and the
-// state machine ignores a stale expiry or cancel anyway.
+// a due item whose lock or waiter has moved on is dropped by the core, and
+// the state machine ignores a stale expiry or cancel anyway.
 type timerQueue struct {
 	fire func(timerItem)
 
@@ -89,7 +78,7 @@ func newTimerQueue(fire func(timerItem)) *timerQueue {
 func (q *timerQueue) add(it timerItem) {
 	q.mu.Lock()
 	q.items.push(it)
-	first := q.items[0].at.Equal(it.at)
+	first := q.items[0].At.Equal(it.At)
 	q.mu.Unlock()
 	if first {
 		select {
@@ -120,12 +109,12 @@ func (q *timerQueue) run() {
 		q.mu.Lock()
 		now := time.Now()
 		due = due[:0]
-		for len(q.items) > 0 && !q.items[0].at.After(now) {
+		for len(q.items) > 0 && !q.items[0].At.After(now) {
 			due = append(due, q.items.pop())
 		}
 		wait := time.Hour
 		if len(q.items) > 0 {
-			wait = q.items[0].at.Sub(now)
+			wait = q.items[0].At.Sub(now)
 		}
 		q.mu.Unlock()
 		for _, it := range due {

@@ -18,14 +18,14 @@ func TestTimerHeapOrder(t *testing.T) {
 		for step := 0; step < 200; step++ {
 			if len(model) == 0 || r.IntN(3) > 0 {
 				d := time.Duration(r.IntN(50)) * time.Millisecond // ties included
-				h.push(timerItem{at: base.Add(d), key: "k"})
+				h.push(timerItem{At: base.Add(d), Key: "k"})
 				model = append(model, d)
 				continue
 			}
 			slices.Sort(model)
 			got := h.pop()
-			if want := base.Add(model[0]); !got.at.Equal(want) {
-				t.Fatalf("round %d step %d: popped %v, want %v", round, step, got.at.Sub(base), model[0])
+			if want := base.Add(model[0]); !got.At.Equal(want) {
+				t.Fatalf("round %d step %d: popped %v, want %v", round, step, got.At.Sub(base), model[0])
 			}
 			model = model[1:]
 			if len(h) != len(model) {
@@ -38,12 +38,12 @@ func TestTimerHeapOrder(t *testing.T) {
 // TestTimerQueueFiresInOrder runs the queue's goroutine on real timers.
 func TestTimerQueueFiresInOrder(t *testing.T) {
 	fired := make(chan string, 3)
-	q := newTimerQueue(func(it timerItem) { fired <- it.key })
+	q := newTimerQueue(func(it timerItem) { fired <- it.Key })
 	defer q.close()
 	now := time.Now()
-	q.add(timerItem{at: now.Add(60 * time.Millisecond), key: "c"})
-	q.add(timerItem{at: now.Add(20 * time.Millisecond), key: "a"})
-	q.add(timerItem{at: now.Add(40 * time.Millisecond), key: "b"})
+	q.add(timerItem{At: now.Add(60 * time.Millisecond), Key: "c"})
+	q.add(timerItem{At: now.Add(20 * time.Millisecond), Key: "a"})
+	q.add(timerItem{At: now.Add(40 * time.Millisecond), Key: "b"})
 	for _, want := range []string{"a", "b", "c"} {
 		select {
 		case got := <-fired:

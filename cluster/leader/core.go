@@ -1,0 +1,850 @@
+// Package leader is the leader's request handling as a pure, deterministic
+// state machine, in the manner of etcd-io/raft's RawNode and Ready: a Core
+// takes inputs (a client's request, a connection's death, the commands the
+// log applied with what they did, proposals that failed, leadership gained
+// and lost, the steps of a planned hand-over, a due timer) and collects
+// outputs (replies and notices to send, commands to propose, timers to arm,
+// metric events), which the caller takes with Ready and acknowledges with
+// Advance. A Core has no sockets, no goroutines and no clock: time enters
+// as a value with each input. It reads the applied lock table and who
+// leads only through the read-only Table and Directory it is given.
+//
+// A Core is not safe for concurrent use: its caller (cluster.Node) feeds
+// it under one mutex and performs its outputs in the order they come.
+//
+// # What the core decides
+//
+// Who is owed which reply. A request is answered exactly once:
+//
+//   - G (granted) after the command that granted it, its own or a release
+//     or expiry that handed the key on, was applied; B (busy) and K (released)
+//     after its own command was applied; T (timeout) after the cancel of
+//     its wait was applied; E for a rejected command or a refused one.
+//   - M (moved, with the leader hint) when it was never proposed (this node
+//     does not serve) or its proposal was refused before being appended.
+//   - U (outcome unknown) when leadership was lost while it was owed, when
+//     its proposal failed after it may have been appended, and for a
+//     waiter dropped by a new leader.
+//
+// A grant whose requester's connection died is never told; its release is
+// proposed at once (nobody can know that token). A queued acquire whose
+// connection died, that was cancelled, or that a hand-over withdraws has its
+// wait cancelled through the log.
+//
+// Admission counts acquires proposed but not applied as if each created a
+// key and, if it may wait, joined its key's queue (MaxKeys,
+// MaxWaitersPerKey), so a burst cannot overshoot; MaxInFlightPerConn bounds
+// the requests owed per connection.
+//
+// Timers run on the caller's monotonic clock: a lease timer for every grant
+// applied while leading (a full lease from the moment the leader applied
+// it), a wait timer for every acquire queued, and a full lease for every
+// holder when serving starts or resumes. A due lease timer proposes the
+// expiry only if the key is still held under that token; a due wait timer
+// proposes the cancel only if the acquire is still queued. Timers carry the
+// leadership epoch that armed them and are ignored in any other.
+package leader
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"ticketing/cluster/wire"
+	"ticketing/locksm"
+)
+
+// Config is what a Core needs to know of its node.
+type Config struct {
+	// ServerID is this node's Raft server id (NAME/INCARNATION): the leader
+	// id of its serving notices, and how it recognizes itself as the
+	// Directory's leader. Required.
+	ServerID string
+	// Advertise is the client address named in serving notices ("" if not
+	// known; one longer than 255 bytes is sent as "").
+	Advertise string
+	// MaxInFlightPerConn bounds the requests owed per connection (>= 1).
+	MaxInFlightPerConn int
+	// MaxKeys bounds the keys held plus the acquires proposed but not yet
+	// applied (>= 1).
+	MaxKeys int
+	// MaxWaitersPerKey bounds a key's queue plus the waiting acquires of
+	// that key proposed but not yet applied (>= 1).
+	MaxWaitersPerKey int
+	// FirstRef: the refs (locksm.Command.Ref) this core hands out are
+	// FirstRef+1, FirstRef+2, ... Zero is a valid start. A node starts at
+	// a random value, so refs of different leaders stay apart.
+	FirstRef uint64
+}
+
+// Validate checks the fields.
+func (c Config) Validate() error {
+	switch {
+	case c.ServerID == "":
+		return fmt.Errorf("%w: server id required", ErrBadConfig)
+	case c.MaxInFlightPerConn < 1, c.MaxKeys < 1, c.MaxWaitersPerKey < 1:
+		return fmt.Errorf("%w: limits must be at least 1", ErrBadConfig)
+	}
+	return nil
+}
+
+// Table is the core's read-only view of the applied lock table. The caller
+// implements it under its own locking; the core calls it only from its
+// inputs.
+type Table interface {
+	// Occupancy reports, in one look, whether key is held, how many keys
+	// are held in all, and the length of key's queue.
+	Occupancy(key string) (held bool, keys, queue int)
+	// HeldUnder reports whether key is held under token.
+	HeldUnder(key string, token uint64) bool
+	// RangeHolders calls fn for every holder until fn returns false.
+	RangeHolders(fn func(key string, h locksm.Holder) bool)
+}
+
+// Directory tells the core who leads, for the hint of an M reply.
+type Directory interface {
+	// Leader is the server id of the leader Raft knows ("" if none).
+	Leader() string
+	// ClientAddr is the client address the log records for server id
+	// ("" if none).
+	ClientAddr(id string) string
+}
+
+// Applied is one command the log applied and what it did, in log order.
+type Applied struct {
+	Cmd     locksm.Command
+	Res     locksm.Result
+	Effects []locksm.Effect
+}
+
+// Outcome is how a request was answered, for the reply metrics.
+type Outcome uint8
+
+const (
+	OutcomeGranted       Outcome = iota // G
+	OutcomeBusy                         // B
+	OutcomeTimeout                      // T
+	OutcomeIndeterminate                // U
+	OutcomeMoved                        // M
+	OutcomeError                        // E (any but the release's not-held family)
+	OutcomeOK                           // K to a release
+	OutcomeNotHeld                      // E not_held, token_mismatch or owner_mismatch to a release
+	NumOutcomes
+)
+
+var outcomeNames = [NumOutcomes]string{
+	OutcomeGranted: "granted", OutcomeBusy: "busy", OutcomeTimeout: "timeout", OutcomeIndeterminate: "indeterminate",
+	OutcomeMoved: "moved", OutcomeError: "error", OutcomeOK: "ok", OutcomeNotHeld: "not_held",
+}
+
+// String is the outcome's metric label.
+func (o Outcome) String() string {
+	if o < NumOutcomes {
+		return outcomeNames[o]
+	}
+	return "unknown"
+}
+
+// EventKind says what an Event counts.
+type EventKind uint8
+
+const (
+	// EventReply: a request of Op was answered with Outcome (counted even
+	// when its connection is gone). A grant also carries Queued (granted
+	// from the queue) and Latency (from its arrival).
+	EventReply EventKind = iota + 1
+	// EventHandoffLatency: a key freed by a release or an expiry was
+	// handed to a waiter that was told: Latency from the release's arrival
+	// or the lease running out to the G.
+	EventHandoffLatency
+	// EventExpiry: the leader applied an expiry that ended a lease.
+	EventExpiry
+	// EventHandoff: the leader applied a hand-off to a queued waiter.
+	EventHandoff
+	// EventAbandonedGrant: a grant to a dead connection, released at once.
+	EventAbandonedGrant
+	// EventRefusedInFlight, EventRefusedKeys, EventRefusedWaiters: a
+	// request refused by MaxInFlightPerConn, MaxKeys, MaxWaitersPerKey.
+	EventRefusedInFlight
+	EventRefusedKeys
+	EventRefusedWaiters
+	// EventUnexpectedResult: a client command's own result had a Status
+	// the core does not expect for its Op (a bug: log it). It was
+	// answered E internal.
+	EventUnexpectedResult
+)
+
+// Event is something for the metrics (or the log) to record.
+type Event struct {
+	Kind    EventKind
+	Op      locksm.Op     // EventReply, EventUnexpectedResult
+	Outcome Outcome       // EventReply
+	Queued  bool          // EventReply of a grant
+	Latency time.Duration // EventReply of a grant, EventHandoffLatency
+	Status  locksm.Status // EventUnexpectedResult
+}
+
+// TimerKind says what a due timer asks for.
+type TimerKind uint8
+
+const (
+	TimerExpire TimerKind = iota + 1 // propose OpExpire(Key, Token) if still held so
+	TimerWait                        // propose OpCancelWait(Key, Ref) if still queued
+)
+
+// Timer is a timer to arm: at At (a reading of the caller's monotonic
+// clock), hand it back to TimerDue. Timers are never cancelled; a stale
+// one is ignored when due.
+type Timer struct {
+	At    time.Time
+	Kind  TimerKind
+	Key   string
+	Token uint64 // TimerExpire
+	Ref   uint64 // TimerWait
+	Epoch uint64 // the leadership epoch that armed it
+}
+
+// Send is a message to write on connection To: a reply or a notice.
+type Send[C comparable] struct {
+	To  C
+	Msg wire.Msg
+}
+
+// Ready is the outputs collected since the last Advance, in the order the
+// core produced them. Perform ClearTimers before arming Timers. The slices
+// belong to the core and are reused after Advance.
+type Ready[C comparable] struct {
+	Sends     []Send[C]
+	Proposals []locksm.Command // Now is left 0 for the proposer to stamp
+	// ClearTimers: drop every timer armed before (leadership was lost).
+	ClearTimers bool
+	Timers      []Timer
+	Events      []Event
+}
+
+// pending is a client request whose reply is owed.
+type pending[C comparable] struct {
+	conn     *conn[C]
+	id       uint64 // request id on conn
+	op       locksm.Op
+	key      string
+	owner    string
+	leaseSec uint32
+	ref      uint64
+	start    time.Time // when the request arrived (latency metrics)
+	deadline time.Time // acquire: when its wait runs out
+	queued   bool      // acquire applied as StatusQueued, not yet granted/timed out
+	cancel   bool      // the client asked to cancel it
+	// uncommitted: an acquire counted in Core.uncommittedTotal (proposed,
+	// its own command not applied yet), and if mayWait (wait > 0) in
+	// Core.uncommitted too.
+	uncommitted, mayWait bool
+}
+
+// conn is what the core knows of one connection.
+type conn[C comparable] struct {
+	handle   C
+	seq      uint64                 // opening order: the order notices go out in
+	inflight map[uint64]*pending[C] // by request id
+	dead     bool                   // closed: later grants are compensated
+	version  uint16                 // negotiated protocol version
+	// ackPending: told of a hand-over, not acknowledged yet.
+	ackPending bool
+}
+
+// Core is the leader's request handling; see the package comment. C is the
+// caller's connection handle.
+type Core[C comparable] struct {
+	cfg   Config
+	table Table
+	dir   Directory
+
+	leading bool   // Raft says we are leader (timers may be armed)
+	ready   bool   // leading and prepared (Serve done)
+	serving bool   // ready and not handing over: lock requests are taken
+	closed  bool   // the node is closing
+	epoch   uint64 // bumped on every leadership change
+	// handover is the hand-over of this node's leadership in progress, or
+	// after one, its target as the leader hint until a leader is known.
+	handover *HandOver
+	pend     map[uint64]*pending[C] // by ref
+	conns    map[C]*conn[C]
+	connSeq  uint64
+	nextRef  uint64
+	// uncommitted counts acquires proposed but not applied: those that may
+	// wait per key (for MaxWaitersPerKey), all in total (for MaxKeys).
+	uncommitted      map[string]int
+	uncommittedTotal int
+	// expiring: when the lease of each expiry this leader proposed ran
+	// out (by token), for the hand-off latency; emptied on apply.
+	expiring map[uint64]time.Time
+
+	rd Ready[C]
+}
+
+// New returns a core that does not lead. It panics on a config that does
+// not Validate (the caller validated its own).
+func New[C comparable](cfg Config, table Table, dir Directory) *Core[C] {
+	if err := cfg.Validate(); err != nil {
+		panic(err)
+	}
+	return &Core[C]{
+		cfg: cfg, table: table, dir: dir,
+		pend:        map[uint64]*pending[C]{},
+		conns:       map[C]*conn[C]{},
+		nextRef:     cfg.FirstRef,
+		uncommitted: map[string]int{},
+		expiring:    map[uint64]time.Time{},
+	}
+}
+
+// Ready returns the outputs collected since the last Advance.
+func (k *Core[C]) Ready() *Ready[C] { return &k.rd }
+
+// Advance acknowledges that the outputs of Ready were performed.
+func (k *Core[C]) Advance() {
+	clear(k.rd.Sends) // keep no strings alive
+	clear(k.rd.Proposals)
+	clear(k.rd.Timers)
+	k.rd.Sends, k.rd.Proposals, k.rd.Timers, k.rd.Events = k.rd.Sends[:0], k.rd.Proposals[:0], k.rd.Timers[:0], k.rd.Events[:0]
+	k.rd.ClearTimers = false
+}
+
+// ---- queries ----
+
+// Leading reports whether the core leads, and the current epoch.
+func (k *Core[C]) Leading() (bool, uint64) { return k.leading, k.epoch }
+
+// Serving reports whether lock requests are taken.
+func (k *Core[C]) Serving() bool { return k.serving }
+
+// Owed is the number of requests whose reply is owed.
+func (k *Core[C]) Owed() int { return len(k.pend) }
+
+// WaitDeadline is when the wait of the acquire with ref on key runs out,
+// if that acquire is owed a reply.
+func (k *Core[C]) WaitDeadline(ref uint64, key string) (time.Time, bool) {
+	p := k.pend[ref]
+	if p == nil || p.op != locksm.OpAcquire || p.key != key || p.deadline.IsZero() {
+		return time.Time{}, false
+	}
+	return p.deadline, true
+}
+
+// ---- outputs ----
+
+func (k *Core[C]) send(to *conn[C], m wire.Msg) {
+	k.rd.Sends = append(k.rd.Sends, Send[C]{To: to.handle, Msg: m})
+}
+
+func (k *Core[C]) propose(c locksm.Command) { k.rd.Proposals = append(k.rd.Proposals, c) }
+
+func (k *Core[C]) event(e Event) { k.rd.Events = append(k.rd.Events, e) }
+
+func (k *Core[C]) reply(op locksm.Op, o Outcome) {
+	k.rd.Events = append(k.rd.Events, Event{Kind: EventReply, Op: op, Outcome: o})
+}
+
+// ---- connections ----
+
+// Open registers a connection whose handshake negotiated version. One
+// opened during a hand-over that speaks notices is told of it (its
+// acknowledgement is not waited for).
+func (k *Core[C]) Open(h C, version uint16) {
+	k.connSeq++
+	cn := &conn[C]{handle: h, seq: k.connSeq, inflight: map[uint64]*pending[C]{}, version: version}
+	k.conns[h] = cn
+	if ho := k.handover; ho != nil && ho.active && version >= wire.VersionNotices {
+		k.send(cn, wire.Msg{Type: wire.TypeNotice, Event: wire.NoticeHandOver, LeaderID: ho.id, LeaderAddr: ho.addr})
+	}
+}
+
+// Closed records that connection h stopped reading: its queued acquires
+// are cancelled, and grants that arrive for it later are released. A
+// connection never opened is ignored.
+func (k *Core[C]) Closed(h C) {
+	cn := k.conns[h]
+	if cn == nil {
+		return
+	}
+	k.noticeAcked(cn) // a hand-over need not wait for it any more
+	cn.dead = true
+	delete(k.conns, h)
+	for _, p := range sortedByRef(cn.inflight) {
+		if p.op == locksm.OpAcquire && p.queued && !p.cancel {
+			p.cancel = true
+			k.propose(locksm.Command{Op: locksm.OpCancelWait, Key: p.key, Ref: p.ref})
+		}
+	}
+}
+
+// ---- requests ----
+
+// Request takes one request frame of connection h (opened): an acquire, a
+// release, a cancel or a notice acknowledgement; any other type is answered
+// E unexpected_frame. It returns false when the connection must be closed
+// (after its queued output is written).
+func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
+	cn := k.conns[h]
+	if cn == nil {
+		// A wiring bug: requests come only between Open and Closed.
+		k.rd.Sends = append(k.rd.Sends, Send[C]{To: h, Msg: wire.Msg{Type: wire.TypeError, ID: m.ID,
+			Code: wire.CodeInternal, Text: "connection not open"}})
+		return false
+	}
+	switch m.Type {
+	case wire.TypeNoticeAck:
+		k.noticeAcked(cn)
+		k.send(cn, wire.Msg{Type: wire.TypeOK, ID: m.ID})
+		return true
+	case wire.TypeAcquire, wire.TypeRelease, wire.TypeCancel:
+	default:
+		k.send(cn, wire.Msg{Type: wire.TypeError, Code: wire.CodeUnexpectedFrame, Text: "not a request frame"})
+		return false
+	}
+
+	// Checks that need no state give a definite error; nothing is proposed.
+	var cmd locksm.Command
+	switch m.Type {
+	case wire.TypeAcquire:
+		cmd = locksm.Command{Op: locksm.OpAcquire, Key: m.Key, Owner: m.Owner, LeaseSec: uint32(m.Lease), WaitMs: m.WaitMs}
+	case wire.TypeRelease:
+		cmd = locksm.Command{Op: locksm.OpRelease, Key: m.Key, Owner: m.Owner, Token: m.Token}
+	}
+	if m.Type != wire.TypeCancel {
+		if err := locksm.ValidateCommand(cmd); err != nil {
+			k.reply(cmd.Op, OutcomeError)
+			k.send(cn, errReply(m.ID, err))
+			return true
+		}
+	}
+
+	if _, dup := cn.inflight[m.ID]; dup {
+		// Two replies with one id could not be told apart: close.
+		k.reply(cmd.Op, OutcomeError)
+		k.send(cn, wire.Msg{Type: wire.TypeError, ID: m.ID, Code: wire.CodeDuplicateID, Text: "request id already in flight"})
+		return false
+	}
+	if m.Type == wire.TypeCancel {
+		p := cn.inflight[m.Target]
+		if p == nil || p.op != locksm.OpAcquire {
+			k.send(cn, wire.Msg{Type: wire.TypeError, ID: m.ID, Code: wire.CodeUnknownTarget, Text: "no pending acquire with that id"})
+			return true
+		}
+		if !p.cancel {
+			p.cancel = true
+			if p.queued {
+				k.propose(locksm.Command{Op: locksm.OpCancelWait, Key: p.key, Ref: p.ref})
+			}
+		}
+		// The target's own reply (T, or G if the grant won the race) is
+		// the outcome; K only says the cancel was taken.
+		k.send(cn, wire.Msg{Type: wire.TypeOK, ID: m.ID})
+		return true
+	}
+	if !k.serving {
+		addr, id := k.hint()
+		k.reply(cmd.Op, OutcomeMoved)
+		k.send(cn, wire.Msg{Type: wire.TypeMoved, ID: m.ID, LeaderAddr: addr, LeaderID: id})
+		return true
+	}
+	if len(cn.inflight) >= k.cfg.MaxInFlightPerConn {
+		k.event(Event{Kind: EventRefusedInFlight})
+		k.reply(cmd.Op, OutcomeError)
+		k.send(cn, errReply(m.ID, wire.ErrTooManyInFlight))
+		return true
+	}
+	if cmd.Op == locksm.OpAcquire {
+		if err := k.admitAcquire(m.Key, m.WaitMs > 0); err != nil {
+			k.reply(cmd.Op, OutcomeError)
+			k.send(cn, errReply(m.ID, err))
+			return true
+		}
+	}
+	k.nextRef++
+	cmd.Ref = k.nextRef
+	p := &pending[C]{conn: cn, id: m.ID, op: cmd.Op, key: m.Key, owner: m.Owner, leaseSec: cmd.LeaseSec, ref: cmd.Ref, start: now}
+	if cmd.Op == locksm.OpAcquire {
+		p.deadline = now.Add(time.Duration(m.WaitMs) * time.Millisecond)
+	}
+	k.pend[p.ref] = p
+	cn.inflight[m.ID] = p
+	if cmd.Op == locksm.OpAcquire {
+		p.uncommitted, p.mayWait = true, m.WaitMs > 0
+		if p.mayWait {
+			k.uncommitted[m.Key]++
+		}
+		k.uncommittedTotal++
+	}
+	k.propose(cmd)
+	return true
+}
+
+// admitAcquire applies MaxKeys and MaxWaitersPerKey to an acquire of key
+// (mayWait: its wait is not zero, so it can join the queue). Acquires
+// proposed but not yet applied count as if each created a key and, if
+// they may wait, joined the queue, so a burst cannot overshoot.
+func (k *Core[C]) admitAcquire(key string, mayWait bool) error {
+	held, keys, queue := k.table.Occupancy(key)
+	if !held && keys+k.uncommittedTotal >= k.cfg.MaxKeys {
+		k.event(Event{Kind: EventRefusedKeys})
+		return fmt.Errorf("%w: %d keys held or being acquired; this node allows %d", wire.ErrTooManyKeys, keys+k.uncommittedTotal, k.cfg.MaxKeys)
+	}
+	if mayWait && queue+k.uncommitted[key] >= k.cfg.MaxWaitersPerKey {
+		k.event(Event{Kind: EventRefusedWaiters})
+		return fmt.Errorf("%w: %d waiting or joining; this node allows %d per key", wire.ErrTooManyWaiters, queue+k.uncommitted[key], k.cfg.MaxWaitersPerKey)
+	}
+	return nil
+}
+
+// committed drops p from the uncommitted-acquire counts (its command was
+// applied, or will never be). Idempotent.
+func (k *Core[C]) committed(p *pending[C]) {
+	if !p.uncommitted {
+		return
+	}
+	p.uncommitted = false
+	if p.mayWait {
+		if k.uncommitted[p.key]--; k.uncommitted[p.key] <= 0 {
+			delete(k.uncommitted, p.key)
+		}
+	}
+	k.uncommittedTotal--
+}
+
+// finish forgets p (its reply is being sent).
+func (k *Core[C]) finish(p *pending[C]) {
+	k.committed(p)
+	delete(k.pend, p.ref)
+	delete(p.conn.inflight, p.id)
+}
+
+func errReply(id uint64, err error) wire.Msg {
+	return wire.Msg{Type: wire.TypeError, ID: id, Code: wire.CodeOf(err), Text: err.Error()}
+}
+
+// ---- proposals and applies ----
+
+// ProposalFailed answers the requests of commands whose proposal failed.
+// notAppended: the entry was never appended (definitely not executed: M
+// with the leader hint); otherwise it may have been appended and may still
+// commit under the next leader (U, saying err).
+func (k *Core[C]) ProposalFailed(cmds []locksm.Command, notAppended bool, err error) {
+	addr, id := "", ""
+	if notAppended {
+		addr, id = k.hint()
+	}
+	for _, c := range cmds {
+		if c.Op == locksm.OpExpire {
+			delete(k.expiring, c.Token)
+		}
+		p := k.pend[c.Ref]
+		if c.Ref == 0 || p == nil || p.op != c.Op || p.key != c.Key || p.queued {
+			continue
+		}
+		k.finish(p)
+		if notAppended {
+			k.reply(p.op, OutcomeMoved)
+			k.send(p.conn, wire.Msg{Type: wire.TypeMoved, ID: p.id, LeaderAddr: addr, LeaderID: id})
+		} else {
+			k.reply(p.op, OutcomeIndeterminate)
+			k.send(p.conn, wire.Msg{Type: wire.TypeUnknown, ID: p.id, Text: "not committed before " + err.Error() + ": outcome unknown"})
+		}
+	}
+}
+
+// Applied takes what the log applied, in log order (on every node; a
+// follower owes nobody). now is when the batch reached the core: lease
+// timers of new grants start then, since the holder's own clock started
+// when it sent the acquire, before this. A grant is never told before the
+// command that queued it, since commands come in log order.
+func (k *Core[C]) Applied(now time.Time, batch []Applied) {
+	for i := range batch {
+		a := &batch[i]
+		c := &a.Cmd
+		if k.leading && a.Res.Status == locksm.StatusGranted {
+			k.armExpiry(now, c.Key, a.Res.Token, c.LeaseSec)
+		}
+		// freedAt: when the key this command frees was freed, as the
+		// leader saw it (for the hand-off latency).
+		var freedAt time.Time
+		if p := k.pend[c.Ref]; c.Ref != 0 && p != nil && p.op == c.Op && p.key == c.Key && !p.queued {
+			if c.Op == locksm.OpRelease {
+				freedAt = p.start
+			}
+			k.resolve(p, a.Res, now)
+		}
+		if c.Op == locksm.OpExpire {
+			if at, ok := k.expiring[c.Token]; ok {
+				freedAt = at
+				delete(k.expiring, c.Token)
+			}
+			if k.leading && a.Res.Status == locksm.StatusExpired {
+				k.event(Event{Kind: EventExpiry})
+			}
+		}
+		for _, e := range a.Effects {
+			switch e.Kind {
+			case locksm.EffectGranted:
+				if k.leading {
+					k.armExpiry(now, e.Key, e.Token, e.LeaseSec)
+					k.event(Event{Kind: EventHandoff})
+				}
+				if p := k.pend[e.Ref]; p != nil && p.queued && p.key == e.Key {
+					if k.granted(p, e.Token, now) && !freedAt.IsZero() {
+						k.event(Event{Kind: EventHandoffLatency, Latency: now.Sub(freedAt)})
+					}
+				}
+			case locksm.EffectTimedOut, locksm.EffectDropped:
+				if p := k.pend[e.Ref]; p != nil && p.queued && p.key == e.Key {
+					k.finish(p)
+					if e.Kind == locksm.EffectTimedOut {
+						k.reply(locksm.OpAcquire, OutcomeTimeout)
+						k.send(p.conn, wire.Msg{Type: wire.TypeTimeout, ID: p.id})
+					} else {
+						k.reply(locksm.OpAcquire, OutcomeIndeterminate)
+						k.send(p.conn, wire.Msg{Type: wire.TypeUnknown, ID: p.id, Text: "waiter dropped by a new leader"})
+					}
+				}
+			}
+		}
+	}
+}
+
+// resolve handles the result of p's own command.
+func (k *Core[C]) resolve(p *pending[C], res locksm.Result, now time.Time) {
+	switch res.Status {
+	case locksm.StatusGranted:
+		k.granted(p, res.Token, now)
+	case locksm.StatusQueued:
+		k.committed(p)
+		p.queued = true
+		switch {
+		case p.conn.dead || p.cancel || k.withdrawing():
+			// Gone, cancelled, or a hand-over withdraws its waiters.
+			p.cancel = true
+			k.propose(locksm.Command{Op: locksm.OpCancelWait, Key: p.key, Ref: p.ref})
+		default:
+			k.rd.Timers = append(k.rd.Timers, Timer{At: p.deadline, Kind: TimerWait, Key: p.key, Ref: p.ref, Epoch: k.epoch})
+		}
+	case locksm.StatusBusy:
+		k.finish(p)
+		k.reply(p.op, OutcomeBusy)
+		k.send(p.conn, wire.Msg{Type: wire.TypeBusy, ID: p.id})
+	case locksm.StatusReleased:
+		k.finish(p)
+		k.reply(p.op, OutcomeOK)
+		k.send(p.conn, wire.Msg{Type: wire.TypeOK, ID: p.id})
+	case locksm.StatusRejected:
+		k.finish(p)
+		k.reply(p.op, rejected(p.op, res.Err))
+		k.send(p.conn, wire.Msg{Type: wire.TypeError, ID: p.id, Code: wire.CodeOf(res.Err), Text: res.Err.Error()})
+	default:
+		k.finish(p)
+		k.reply(p.op, OutcomeError)
+		k.event(Event{Kind: EventUnexpectedResult, Op: p.op, Status: res.Status})
+		k.send(p.conn, wire.Msg{Type: wire.TypeError, ID: p.id, Code: wire.CodeInternal, Text: "unexpected result"})
+	}
+}
+
+// granted tells p its token, or, if p's connection died before the grant
+// could be written, releases it at once: nobody can know that token, so
+// nobody can use it, and the next waiter should not wait for the lease.
+// It reports whether the grant was told.
+func (k *Core[C]) granted(p *pending[C], token uint64, now time.Time) bool {
+	k.finish(p)
+	if p.conn.dead {
+		k.event(Event{Kind: EventAbandonedGrant})
+		k.propose(locksm.Command{Op: locksm.OpRelease, Key: p.key, Owner: p.owner, Token: token})
+		return false
+	}
+	k.event(Event{Kind: EventReply, Op: locksm.OpAcquire, Outcome: OutcomeGranted, Queued: p.queued, Latency: now.Sub(p.start)})
+	k.send(p.conn, wire.Msg{Type: wire.TypeGranted, ID: p.id, Token: token})
+	return true
+}
+
+// rejected is the outcome of a rejected command of op.
+func rejected(op locksm.Op, err error) Outcome {
+	if op == locksm.OpRelease && (errors.Is(err, locksm.ErrNotHeld) || errors.Is(err, locksm.ErrTokenMismatch) || errors.Is(err, locksm.ErrOwnerMismatch)) {
+		return OutcomeNotHeld
+	}
+	return OutcomeError
+}
+
+// armExpiry starts the lease clock of a grant the leader just applied.
+func (k *Core[C]) armExpiry(now time.Time, key string, token uint64, leaseSec uint32) {
+	k.rd.Timers = append(k.rd.Timers, Timer{
+		At: now.Add(time.Duration(leaseSec) * time.Second), Kind: TimerExpire,
+		Key: key, Token: token, Epoch: k.epoch,
+	})
+}
+
+// armHolders arms a full lease timer for every holder, from now, and
+// returns how many.
+func (k *Core[C]) armHolders(now time.Time) int {
+	n := 0
+	k.table.RangeHolders(func(key string, h locksm.Holder) bool {
+		k.armExpiry(now, key, h.Token, h.LeaseSec)
+		n++
+		return true
+	})
+	return n
+}
+
+// TimerDue proposes what a due timer asks for, if it still applies: an
+// expiry if the key is still held under the token, a cancel if the
+// acquire is still queued. Timers of another epoch are ignored.
+func (k *Core[C]) TimerDue(t Timer) {
+	if !k.leading || t.Epoch != k.epoch {
+		return
+	}
+	switch t.Kind {
+	case TimerExpire:
+		if k.table.HeldUnder(t.Key, t.Token) {
+			k.expiring[t.Token] = t.At
+			k.propose(locksm.Command{Op: locksm.OpExpire, Key: t.Key, Token: t.Token})
+		}
+	case TimerWait:
+		if p := k.pend[t.Ref]; p != nil && p.queued {
+			k.propose(locksm.Command{Op: locksm.OpCancelWait, Key: t.Key, Ref: t.Ref})
+		}
+	}
+}
+
+// ---- leadership ----
+
+// GainLeadership records that Raft made this node leader. It does not
+// serve yet: the caller first makes every earlier entry applied, records
+// its client address and drops every queued waiter through the log, then
+// calls Serve with the epoch returned here.
+func (k *Core[C]) GainLeadership() (epoch uint64) {
+	k.epoch++
+	k.leading = true
+	return k.epoch
+}
+
+// Serve makes a leader that is prepared serve: a full lease is armed for
+// every holder (measured from now, never shorter than what the holder
+// counted on: its lease started before the old leader applied it), and,
+// unless a hand-over of this leadership started meanwhile (it decides
+// then), lock requests
+// are taken and every connection that speaks notices is told. It returns
+// false if epoch is not the current leadership's (lost meanwhile), else
+// the number of holders.
+func (k *Core[C]) Serve(now time.Time, epoch uint64) (holders int, ok bool) {
+	if k.epoch != epoch || !k.leading {
+		return 0, false
+	}
+	holders = k.armHolders(now)
+	k.ready = true
+	// Only a hand-over of this leadership decides: one begun in an
+	// earlier epoch ended with that leadership (lost and regained while
+	// it ran), and waiting for it would leave a leader that never serves.
+	if h := k.handover; h == nil || !h.active || h.epoch != k.epoch {
+		k.handover = nil
+		k.serving = true
+		k.broadcastServing()
+	}
+	return holders, true
+}
+
+// LoseLeadership stops serving and answers every owed reply with U (each
+// of those commands may or may not commit under the next leader), saying
+// why. It reports whether the core led, and how many replies were owed.
+func (k *Core[C]) LoseLeadership(why string) (wasLeading bool, owed int) {
+	wasLeading = k.leading
+	k.epoch++
+	k.leading, k.ready, k.serving = false, false, false
+	ps := sortedByRef(k.pend)
+	k.pend = map[uint64]*pending[C]{}
+	k.uncommitted, k.uncommittedTotal = map[string]int{}, 0
+	clear(k.expiring)
+	for _, p := range ps {
+		p.uncommitted = false
+		delete(p.conn.inflight, p.id)
+		k.reply(p.op, OutcomeIndeterminate)
+		k.send(p.conn, wire.Msg{Type: wire.TypeUnknown, ID: p.id, Text: why + ": outcome unknown"})
+	}
+	clear(k.rd.Timers)
+	k.rd.Timers = k.rd.Timers[:0]
+	k.rd.ClearTimers = true
+	return wasLeading, len(ps)
+}
+
+// Close records that the node is closing: a hand-over that fails after
+// this does not serve again, and none can start.
+func (k *Core[C]) Close() { k.closed = true }
+
+// hint returns where lock requests should go, for an M reply: the
+// leader's client address and id. During a hand-over of this node's
+// leadership, and after it until Raft knows the new leader, that is the
+// target. addr is "" when no leader is known (or its address is not yet
+// known).
+func (k *Core[C]) hint() (addr, id string) {
+	lid := k.dir.Leader()
+	if h := k.handover; h != nil {
+		switch lid {
+		case "", k.cfg.ServerID:
+			return h.addr, h.id
+		case h.id:
+			// The target leads; the log may not have its address yet.
+			if addr := k.dir.ClientAddr(h.id); addr != "" {
+				if !h.active {
+					k.handover = nil // Raft and the log know all the hint did
+				}
+				return addr, h.id
+			}
+			return h.addr, h.id
+		}
+		if !h.active {
+			k.handover = nil // another leader is known: the hint has served
+		}
+	}
+	if lid == "" {
+		return "", ""
+	}
+	if lid == k.cfg.ServerID {
+		// We are the leader but not yet serving: retry shortly.
+		return "", lid
+	}
+	return k.dir.ClientAddr(lid), lid
+}
+
+// broadcastServing tells every connection that speaks notices that this
+// node serves as the leader now.
+func (k *Core[C]) broadcastServing() {
+	m := wire.Msg{Type: wire.TypeNotice, Event: wire.NoticeServing, LeaderID: k.cfg.ServerID, LeaderAddr: k.cfg.Advertise}
+	if len(m.LeaderAddr) > 255 {
+		m.LeaderAddr = ""
+	}
+	for _, cn := range k.sortedConns() {
+		if cn.version >= wire.VersionNotices && !cn.dead {
+			k.send(cn, m)
+		}
+	}
+}
+
+func (k *Core[C]) sortedConns() []*conn[C] {
+	cs := make([]*conn[C], 0, len(k.conns))
+	for _, cn := range k.conns {
+		cs = append(cs, cn)
+	}
+	slices.SortFunc(cs, func(a, b *conn[C]) int { return cmp.Compare(a.seq, b.seq) })
+	return cs
+}
+
+// sortedByRef lists the pending requests of m in ref order (the order they
+// were proposed in), so outputs do not depend on map order.
+func sortedByRef[C comparable](m map[uint64]*pending[C]) []*pending[C] {
+	if len(m) == 0 {
+		return nil
+	}
+	ps := make([]*pending[C], 0, len(m))
+	for _, p := range m {
+		ps = append(ps, p)
+	}
+	slices.SortFunc(ps, func(a, b *pending[C]) int { return cmp.Compare(a.ref, b.ref) })
+	return ps
+}

@@ -1,0 +1,419 @@
+package leader
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+
+	"ticketing/cluster/wire"
+	"ticketing/locksm"
+)
+
+// TestRandomized drives the core through the script harness with random
+// inputs (requests, commits, failed proposals, time, dying connections,
+// leadership changes, hand-overs) and checks what it says against what the
+// log did:
+//
+//   - every request gets exactly one reply, or, for an acquire granted
+//     after its connection died, no reply and the grant's release proposed;
+//   - G only for a grant the log applied for that request, with its token;
+//     B, K (release), T only after the log said so for that request;
+//   - U only when leadership is lost, a proposal may have been appended,
+//     or a new leader dropped the waiter;
+//   - M only for a request never proposed or whose proposal was refused
+//     before being appended, and such a command is never applied;
+//   - while leadership never changed, admission held: keys held never
+//     above MaxKeys, no queue longer than MaxWaitersPerKey;
+//   - a queued waiter owed a reply whose connection died, or that was
+//     cancelled, has its cancel proposed; any other has its wait timer
+//     armed at its deadline (or fired, and the cancel proposed);
+//   - drained under a fresh leader, every lease runs out through the log
+//     and the table ends empty.
+func TestRandomized(t *testing.T) {
+	seeds := 400
+	if testing.Short() {
+		seeds = 50
+	}
+	for seed := 0; seed < seeds; seed++ {
+		if err := runRandom(uint64(seed), 300); err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+	}
+}
+
+type reqKey struct {
+	conn string
+	id   uint64
+}
+
+type reqInfo struct {
+	op      byte // wire type
+	ref     uint64
+	replies []wire.Msg
+	moved   bool // answered M
+}
+
+type randomRun struct {
+	r     *rand.Rand
+	h     *harness
+	phase string // the harness command being run
+
+	reqs   map[reqKey]*reqInfo
+	byRef  map[uint64]*reqInfo
+	nextID map[string]uint64
+	open   []string
+	dead   map[string]bool
+	conns  int
+
+	// What the log did, by ref.
+	granted  map[uint64]uint64 // ref → token
+	busy     map[uint64]bool
+	released map[uint64]bool
+	timedOut map[uint64]bool
+	dropped  map[uint64]bool
+	applied  map[uint64]bool
+	// Tokens whose release was proposed by the core (compensations).
+	compensated map[uint64]bool
+	cancelled   map[uint64]bool // refs whose cancel was proposed
+	tokens      []uint64        // granted tokens, for releases
+
+	leaderChanged bool
+	err           error
+}
+
+func runRandom(seed uint64, steps int) error {
+	rr := &randomRun{
+		r:      rand.New(rand.NewPCG(seed, 7)),
+		reqs:   map[reqKey]*reqInfo{},
+		byRef:  map[uint64]*reqInfo{},
+		nextID: map[string]uint64{}, dead: map[string]bool{},
+		granted: map[uint64]uint64{}, busy: map[uint64]bool{}, released: map[uint64]bool{},
+		timedOut: map[uint64]bool{}, dropped: map[uint64]bool{}, applied: map[uint64]bool{},
+		compensated: map[uint64]bool{}, cancelled: map[uint64]bool{},
+	}
+	rr.h = newHarness(Config{MaxKeys: 3, MaxWaitersPerKey: 2, MaxInFlightPerConn: 4})
+	rr.h.onSend = rr.sent
+	rr.h.onApplied = rr.logApplied
+	rr.h.onPropose = func(c locksm.Command) {
+		if c.Op == locksm.OpRelease && c.Ref == 0 {
+			rr.compensated[c.Token] = true
+		}
+		if c.Op == locksm.OpCancelWait {
+			rr.cancelled[c.Ref] = true
+		}
+	}
+	rr.do("leader id=n1")
+	rr.do("address id=n2 addr=n2:7000")
+	rr.do("gain")
+	rr.do("append op=drop-waiters")
+	rr.do("serve")
+	for i := 0; i < steps && rr.err == nil; i++ {
+		rr.step()
+	}
+	// Drain under a fresh leader: everything in the log commits and every
+	// timer fires. Then every lease has run out through the log and every
+	// wait has ended, and once leadership is lost nothing may stay owed.
+	if h := rr.h; h.ho != nil && h.ho.active {
+		rr.do("lose")
+		rr.do("handover-end failed=false")
+	}
+	rr.do("lose")
+	rr.do("leader id=n1")
+	rr.do("gain")
+	rr.do("append op=drop-waiters")
+	rr.do("commit")
+	rr.do("serve")
+	for i := 0; i < 50 && rr.err == nil && (len(rr.h.log) > 0 || len(rr.h.timers) > 0); i++ {
+		rr.do("commit")
+		rr.do("advance ms=400000")
+	}
+	if rr.err == nil && (rr.h.st.NumHeld() > 0 || rr.h.st.NumWaiting() > 0) {
+		return fmt.Errorf("after draining, %d keys still held and %d waiting:\n%s", rr.h.st.NumHeld(), rr.h.st.NumWaiting(), formatState(rr.h.st))
+	}
+	rr.do("lose")
+	if rr.err != nil {
+		return rr.err
+	}
+	return rr.final()
+}
+
+func (rr *randomRun) fail(format string, args ...any) {
+	if rr.err == nil {
+		rr.err = fmt.Errorf("after %s: %s", rr.phase, fmt.Sprintf(format, args...))
+	}
+}
+
+func (rr *randomRun) do(line string) {
+	if rr.err != nil {
+		return
+	}
+	rr.phase = line
+	if _, err := rr.h.run(line); err != nil {
+		rr.fail("harness: %v", err)
+		return
+	}
+	if err := rr.h.k.check(); err != nil {
+		rr.fail("bookkeeping: %v", err)
+		return
+	}
+	// A waiter owed a reply whose connection died or that was cancelled
+	// has its cancel proposed (it must not hold up the queue, nor be
+	// granted to nobody).
+	for _, p := range rr.h.k.pend {
+		if p.queued && (p.conn.dead || p.cancel) && !rr.cancelled[p.ref] {
+			rr.fail("ref %d queued for a dead or cancelling connection, no cancel proposed", p.ref)
+		}
+		// Every other waiter's wait is timed: armed, or fired and its
+		// cancel proposed.
+		if p.queued && !rr.cancelled[p.ref] && !slices.ContainsFunc(rr.h.timers, func(a armed) bool {
+			return a.t.Kind == TimerWait && a.t.Ref == p.ref && a.t.At.Equal(p.deadline)
+		}) {
+			rr.fail("ref %d queued without a wait timer", p.ref)
+		}
+	}
+	if !rr.leaderChanged {
+		if n := rr.h.st.NumHeld(); n > rr.h.cfg.MaxKeys {
+			rr.fail("%d keys held, MaxKeys %d", n, rr.h.cfg.MaxKeys)
+		}
+		for _, key := range keys {
+			if q := rr.h.st.QueueLen(key); q > rr.h.cfg.MaxWaitersPerKey {
+				rr.fail("queue of %s is %d long", key, q)
+			}
+		}
+	}
+}
+
+var keys = []string{"a", "b", "c", "d"}
+
+func (rr *randomRun) pick(n int) int { return rr.r.IntN(n) }
+
+func (rr *randomRun) step() {
+	h := rr.h
+	switch x := rr.pick(100); {
+	case x < 6 || len(rr.open) == 0:
+		rr.conns++
+		name := fmt.Sprintf("c%d", rr.conns)
+		version := wire.VersionNotices
+		if rr.pick(4) == 0 {
+			version = 2
+		}
+		rr.open = append(rr.open, name)
+		rr.do(fmt.Sprintf("open conn=%s version=%d", name, version))
+	case x < 9:
+		i := rr.pick(len(rr.open))
+		name := rr.open[i]
+		rr.open = append(rr.open[:i], rr.open[i+1:]...)
+		rr.dead[name] = true
+		rr.do("close conn=" + name)
+	case x < 35:
+		c := rr.open[rr.pick(len(rr.open))]
+		waits := []int{0, 0, 100, 2000, 60000}
+		rr.request(c, wire.TypeAcquire, fmt.Sprintf("acquire conn=%s id=%%d key=%s owner=o%d lease=%d wait=%d",
+			c, keys[rr.pick(len(keys))], rr.pick(3), 1+rr.pick(3), waits[rr.pick(len(waits))]))
+	case x < 47:
+		c := rr.open[rr.pick(len(rr.open))]
+		tok := uint64(rr.pick(3))
+		if len(rr.tokens) > 0 && rr.pick(4) > 0 {
+			tok = rr.tokens[rr.pick(len(rr.tokens))]
+		}
+		rr.request(c, wire.TypeRelease, fmt.Sprintf("release conn=%s id=%%d key=%s owner=o%d token=%d",
+			c, keys[rr.pick(len(keys))], rr.pick(3), tok))
+	case x < 52:
+		c := rr.open[rr.pick(len(rr.open))]
+		target := uint64(0)
+		if n := rr.nextID[c]; n > 0 {
+			target = 1 + uint64(rr.pick(int(n)))
+		}
+		rr.request(c, wire.TypeCancel, fmt.Sprintf("cancel conn=%s id=%%d target=%d", c, target))
+	case x < 70:
+		if len(h.log) > 0 {
+			rr.do(fmt.Sprintf("commit n=%d", 1+rr.pick(len(h.log))))
+		}
+	case x < 73:
+		if len(h.log) > 0 {
+			ap := []string{"no", "maybe"}[rr.pick(2)]
+			rr.do(fmt.Sprintf("fail n=%d appended=%s", 1+rr.pick(len(h.log)), ap))
+		}
+	case x < 84:
+		rr.do(fmt.Sprintf("advance ms=%d", rr.pick(1500)))
+	case x < 85:
+		rr.leaderChanged = true
+		rr.do("lose")
+		if rr.pick(2) == 0 {
+			rr.do("leader id=n2")
+		} else {
+			rr.do("leader id=")
+		}
+	case x < 90:
+		if leading, _ := h.k.Leading(); !leading {
+			rr.leaderChanged = true
+			rr.do("leader id=n1")
+			rr.do("gain")
+			rr.do("append op=drop-waiters")
+			if rr.pick(3) > 0 {
+				rr.do("commit")
+				rr.do("serve")
+			}
+		} else if !h.k.ready {
+			rr.do("serve")
+		}
+	case x < 91:
+		rr.do("handover to=n2 addr=n2:7000")
+	case x < 95:
+		if h.ho != nil {
+			rr.do("handover-stop")
+		}
+	case x < 98:
+		if h.ho != nil && h.ho.active {
+			if rr.pick(2) == 0 {
+				rr.do("handover-end failed=true")
+			} else {
+				rr.leaderChanged = true
+				rr.do("lose")
+				rr.do("handover-end failed=false")
+			}
+		}
+	default:
+		c := rr.open[rr.pick(len(rr.open))]
+		rr.request(c, wire.TypeNoticeAck, fmt.Sprintf("ack conn=%s id=%%d", c))
+	}
+}
+
+// request sends one request with the connection's next id (line has a %d
+// for it) and records it.
+func (rr *randomRun) request(c string, typ byte, line string) {
+	rr.nextID[c]++
+	id := rr.nextID[c]
+	info := &reqInfo{op: typ}
+	rr.reqs[reqKey{c, id}] = info
+	rr.do(fmt.Sprintf(line, id))
+	if cn := rr.h.k.conns[c]; cn != nil {
+		if p := cn.inflight[id]; p != nil {
+			info.ref = p.ref
+			rr.byRef[p.ref] = info
+		}
+	}
+}
+
+func (rr *randomRun) logApplied(a Applied) {
+	c := a.Cmd
+	if c.Ref != 0 {
+		rr.applied[c.Ref] = true
+		if info := rr.byRef[c.Ref]; info != nil && info.moved && (c.Op == locksm.OpAcquire || c.Op == locksm.OpRelease) {
+			rr.fail("ref %d applied after its request was answered M", c.Ref)
+		}
+	}
+	switch a.Res.Status {
+	case locksm.StatusGranted:
+		rr.granted[c.Ref] = a.Res.Token
+		rr.tokens = append(rr.tokens, a.Res.Token)
+	case locksm.StatusBusy:
+		rr.busy[c.Ref] = true
+	case locksm.StatusReleased:
+		rr.released[c.Ref] = true
+	}
+	for _, e := range a.Effects {
+		switch e.Kind {
+		case locksm.EffectGranted:
+			rr.granted[e.Ref] = e.Token
+			rr.tokens = append(rr.tokens, e.Token)
+		case locksm.EffectTimedOut:
+			rr.timedOut[e.Ref] = true
+		case locksm.EffectDropped:
+			rr.dropped[e.Ref] = true
+		}
+	}
+}
+
+func (rr *randomRun) sent(s Send[string]) {
+	m := s.Msg
+	if m.Type == wire.TypeNotice {
+		return
+	}
+	info := rr.reqs[reqKey{s.To, m.ID}]
+	if info == nil {
+		rr.fail("reply %s to %s answers no request", fmtMsg(m), s.To)
+		return
+	}
+	info.replies = append(info.replies, m)
+	if len(info.replies) > 1 {
+		rr.fail("request %s/%d answered twice: %s, %s", s.To, m.ID, fmtMsg(info.replies[0]), fmtMsg(m))
+		return
+	}
+	phase, _, _ := strings.Cut(rr.phase, " ")
+	switch m.Type {
+	case wire.TypeGranted:
+		if rr.dead[s.To] {
+			rr.fail("G told to dead %s/%d: its grant is never released", s.To, m.ID)
+		}
+		if info.op != wire.TypeAcquire || info.ref == 0 || rr.granted[info.ref] != m.Token || phase != "commit" {
+			rr.fail("G %s to %s/%d: no applied grant for ref %d (log granted %d)", fmtMsg(m), s.To, m.ID, info.ref, rr.granted[info.ref])
+		}
+	case wire.TypeBusy:
+		if !rr.busy[info.ref] {
+			rr.fail("B to %s/%d without the log saying busy", s.To, m.ID)
+		}
+	case wire.TypeTimeout:
+		if !rr.timedOut[info.ref] {
+			rr.fail("T to %s/%d without the wait cancelled in the log", s.To, m.ID)
+		}
+	case wire.TypeOK:
+		if info.op == wire.TypeRelease && !rr.released[info.ref] {
+			rr.fail("K to release %s/%d without the log releasing", s.To, m.ID)
+		}
+	case wire.TypeUnknown:
+		switch {
+		case phase == "lose":
+		case phase == "fail" && strings.Contains(rr.phase, "appended=maybe"):
+		case phase == "commit" && rr.dropped[info.ref]:
+		default:
+			rr.fail("U to %s/%d during %q", s.To, m.ID, rr.phase)
+		}
+	case wire.TypeMoved:
+		info.moved = true
+		switch {
+		case phase != "fail" && info.ref == 0:
+		case phase == "fail" && strings.Contains(rr.phase, "appended=no"):
+			if rr.applied[info.ref] {
+				rr.fail("M to %s/%d whose command was applied", s.To, m.ID)
+			}
+		default:
+			rr.fail("M to %s/%d during %q (ref %d)", s.To, m.ID, rr.phase, info.ref)
+		}
+	case wire.TypeError:
+		switch phase {
+		case "acquire", "release", "cancel":
+		case "commit":
+			if !rr.applied[info.ref] {
+				rr.fail("E to %s/%d before its command was applied", s.To, m.ID)
+			}
+		default:
+			rr.fail("E to %s/%d during %q", s.To, m.ID, rr.phase)
+		}
+	}
+}
+
+// final checks that every request was answered exactly once, or was a
+// grant to a dead connection that was released.
+func (rr *randomRun) final() error {
+	if n := rr.h.k.Owed(); n != 0 {
+		return fmt.Errorf("%d replies still owed after leadership was lost", n)
+	}
+	for rk, info := range rr.reqs {
+		if len(info.replies) == 1 {
+			continue
+		}
+		if info.op == wire.TypeAcquire && rr.dead[rk.conn] && info.ref != 0 {
+			if tok, ok := rr.granted[info.ref]; ok {
+				if !rr.compensated[tok] {
+					return fmt.Errorf("grant %d to dead %s/%d never released", tok, rk.conn, rk.id)
+				}
+				continue
+			}
+		}
+		return fmt.Errorf("request %s/%d (%c, ref %d) answered %d times", rk.conn, rk.id, info.op, info.ref, len(info.replies))
+	}
+	return nil
+}

@@ -1,0 +1,774 @@
+package leader
+
+// Data-driven scripts in the style of locksm's (testdata/*.txt): each case
+// is one input to the core, and its expected output is everything the core
+// produced for it, so a script reads as a trace of the leader.
+//
+//	# comments and blank lines before a case are kept on rewrite
+//	acquire conn=c1 id=1 key=k owner=a lease=10 wait=0
+//	----
+//	propose acquire key=k owner=a lease=10 wait=0 ref=1
+//
+// The expected output runs from "----" to the next blank line. Values are
+// bare words or Go-quoted strings.
+//
+// The runner plays everything around the core: the applied lock table (a
+// locksm.State), the log (commands proposed and not yet applied or failed,
+// in order), the armed timers, a clock (ms from the start), and what Raft
+// knows of the leader. Commands:
+//
+//	config [server=] [addr=] [max-inflight=] [max-keys=] [max-waiters=]
+//	                             a fresh core, table, log and clock
+//	leader id=                   the leader Raft knows ("" none)
+//	address id= addr=            a client address the log records
+//	open conn= [version=]        a connection's handshake done (version 3)
+//	close conn=                  its reader stopped
+//	gain                         Raft made us leader (prints the epoch)
+//	serve [epoch=]               prepared: Serve (default the current epoch)
+//	lose [why=]                  leadership lost
+//	close-node                   Core.Close
+//	acquire conn= id= key= owner= lease= [wait=]
+//	release conn= id= key= owner= token=
+//	cancel conn= id= target=
+//	ack conn= id=                a notice acknowledgement
+//	frame conn= type= [id=]      any other frame type (one character)
+//	append op= [key= owner= token= ref= lease= wait=]
+//	                             a command the core did not propose (the
+//	                             new leader's drop-waiters, say) joins the log
+//	commit [n=]                  apply the first n logged commands (all)
+//	fail [n=] appended=no|maybe [err=]
+//	                             the first n logged proposals failed (all)
+//	advance ms=                  the clock moves; due timers fire in order
+//	due kind=expire|wait key= [token=] [ref=] [at=] epoch=
+//	                             hand the core a due timer it may not have
+//	                             armed (a stale one, say)
+//	handover to= [addr=]         BeginHandOver
+//	handover-stop                StopServing
+//	handover-end [failed=]       EndHandOver
+//	timers                       the armed timers, in firing order
+//	state                        the lock table
+//	core                         the core's own state
+//
+// After every case the runner checks the core's bookkeeping (see check).
+//
+// Run `go test ./cluster/leader -run TestScripts -rewrite` (or set
+// LEADER_REWRITE=1) to regenerate the expected outputs; review the diff.
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"ticketing/cluster/wire"
+	"ticketing/locksm"
+)
+
+var rewrite = flag.Bool("rewrite", false, "rewrite expected output of testdata scripts")
+
+func TestScripts(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join("testdata", "*.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) == 0 {
+		t.Fatal("no scripts in testdata")
+	}
+	for _, f := range files {
+		t.Run(strings.TrimSuffix(filepath.Base(f), ".txt"), func(t *testing.T) {
+			runScript(t, f, *rewrite || os.Getenv("LEADER_REWRITE") != "")
+		})
+	}
+}
+
+type scriptCase struct {
+	pre    []string // comment and blank lines before the command
+	line   int      // 1-based line of the command
+	cmd    string
+	expect string
+}
+
+func parseScript(t *testing.T, path string) (cases []scriptCase, tail []string) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	var pre []string
+	for i := 0; i < len(lines); i++ {
+		l := lines[i]
+		if strings.TrimSpace(l) == "" || strings.HasPrefix(l, "#") {
+			pre = append(pre, l)
+			continue
+		}
+		c := scriptCase{pre: pre, line: i + 1, cmd: l}
+		pre = nil
+		if i+1 >= len(lines) || lines[i+1] != "----" {
+			t.Fatalf("%s:%d: command not followed by ----", path, i+1)
+		}
+		i += 2
+		var out []string
+		for ; i < len(lines) && strings.TrimSpace(lines[i]) != ""; i++ {
+			out = append(out, lines[i])
+		}
+		c.expect = strings.Join(out, "\n")
+		cases = append(cases, c)
+	}
+	return cases, pre
+}
+
+func runScript(t *testing.T, path string, rewrite bool) {
+	cases, tail := parseScript(t, path)
+	h := newHarness(Config{})
+	var out bytes.Buffer
+	for _, c := range cases {
+		where := fmt.Sprintf("%s:%d", path, c.line)
+		got, err := h.run(c.cmd)
+		if err != nil {
+			t.Fatalf("%s: %s: %v", where, c.cmd, err)
+		}
+		if err := h.k.check(); err != nil {
+			t.Fatalf("%s: %s: core bookkeeping: %v", where, c.cmd, err)
+		}
+		got = strings.TrimRight(got, "\n")
+		if got == "" {
+			got = "ok"
+		}
+		if rewrite {
+			for _, l := range c.pre {
+				out.WriteString(l + "\n")
+			}
+			fmt.Fprintf(&out, "%s\n----\n%s\n\n", c.cmd, got)
+			continue
+		}
+		if got != c.expect {
+			t.Errorf("%s: %s\ngot:\n%s\nwant:\n%s", where, c.cmd, got, c.expect)
+		}
+	}
+	if rewrite {
+		for _, l := range tail {
+			out.WriteString(l + "\n")
+		}
+		data := append(bytes.TrimRight(out.Bytes(), "\n"), '\n')
+		if err := os.WriteFile(path, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// ---- the world around the core ----
+
+// stateTable is a Table over a locksm.State (no locking: one goroutine).
+type stateTable struct{ s *locksm.State }
+
+func (t stateTable) Occupancy(key string) (bool, int, int) {
+	_, held := t.s.Holder(key)
+	return held, t.s.NumHeld(), t.s.QueueLen(key)
+}
+
+func (t stateTable) HeldUnder(key string, token uint64) bool {
+	h, ok := t.s.Holder(key)
+	return ok && h.Token == token
+}
+
+func (t stateTable) RangeHolders(fn func(string, locksm.Holder) bool) { t.s.RangeHolders(fn) }
+
+// directory is what Raft and the log know of the leader.
+type directory struct {
+	leader string
+	addrs  map[string]string
+}
+
+func (d *directory) Leader() string              { return d.leader }
+func (d *directory) ClientAddr(id string) string { return d.addrs[id] }
+
+// scriptBase is the clock's zero (wall time stamped into commands is
+// scriptBase + the clock; the monotonic readings are the same values).
+var scriptBase = time.UnixMilli(1_700_000_000_000)
+
+type armed struct {
+	t   Timer
+	seq int // arming order: ties fire in it
+}
+
+type harness struct {
+	cfg      Config
+	k        *Core[string]
+	st       *locksm.State
+	dir      *directory
+	log      []locksm.Command // proposed, not yet applied or failed
+	timers   []armed
+	timerSeq int
+	clock    time.Duration
+	ho       *HandOver
+	// replies and proposals seen, for the randomized test's checks.
+	onSend    func(Send[string])
+	onApplied func(Applied)
+	onPropose func(locksm.Command)
+}
+
+func defaultConfig(c Config) Config {
+	if c.ServerID == "" {
+		c.ServerID = "n1"
+	}
+	if c.Advertise == "" {
+		c.Advertise = "n1:7000"
+	}
+	if c.MaxInFlightPerConn == 0 {
+		c.MaxInFlightPerConn = 8
+	}
+	if c.MaxKeys == 0 {
+		c.MaxKeys = 100
+	}
+	if c.MaxWaitersPerKey == 0 {
+		c.MaxWaitersPerKey = 8
+	}
+	return c
+}
+
+func newHarness(cfg Config) *harness {
+	cfg = defaultConfig(cfg)
+	h := &harness{cfg: cfg, st: locksm.New(), dir: &directory{addrs: map[string]string{}}}
+	h.k = New[string](cfg, stateTable{h.st}, h.dir)
+	return h
+}
+
+func (h *harness) now() time.Time { return scriptBase.Add(h.clock) }
+
+// drain performs the core's outputs: the log and the timers take theirs,
+// and everything is printed.
+func (h *harness) drain(b *strings.Builder) {
+	rd := h.k.Ready()
+	for _, s := range rd.Sends {
+		fmt.Fprintf(b, "send %s %s\n", s.To, fmtMsg(s.Msg))
+		if h.onSend != nil {
+			h.onSend(s)
+		}
+	}
+	for _, c := range rd.Proposals {
+		fmt.Fprintf(b, "propose %s\n", fmtCmd(c))
+		h.log = append(h.log, c)
+		if h.onPropose != nil {
+			h.onPropose(c)
+		}
+	}
+	if rd.ClearTimers {
+		if len(h.timers) > 0 {
+			fmt.Fprintf(b, "clear-timers (%d)\n", len(h.timers))
+		}
+		h.timers = nil
+	}
+	for _, t := range rd.Timers {
+		fmt.Fprintf(b, "arm %s\n", fmtTimer(t))
+		h.timerSeq++
+		h.timers = append(h.timers, armed{t, h.timerSeq})
+	}
+	for _, e := range rd.Events {
+		fmt.Fprintf(b, "metric %s\n", fmtEvent(e))
+	}
+	h.k.Advance()
+}
+
+func (h *harness) run(line string) (string, error) {
+	name, args, err := parseCommandLine(line)
+	if err != nil {
+		return "", err
+	}
+	a := &argReader{args: args}
+	var b strings.Builder
+	switch name {
+	case "config":
+		cfg := Config{ServerID: a.str("server", ""), Advertise: a.str("addr", ""),
+			MaxInFlightPerConn: a.int("max-inflight", 0), MaxKeys: a.int("max-keys", 0),
+			MaxWaitersPerKey: a.int("max-waiters", 0)}
+		if a.err != nil {
+			return "", a.err
+		}
+		*h = *newHarness(cfg)
+	case "leader":
+		h.dir.leader = a.str("id", "")
+	case "address":
+		h.dir.addrs[a.need("id")] = a.need("addr")
+	case "open":
+		h.k.Open(a.need("conn"), uint16(a.int("version", wire.VersionNotices)))
+	case "close":
+		h.k.Closed(a.need("conn"))
+	case "gain":
+		fmt.Fprintf(&b, "epoch=%d\n", h.k.GainLeadership())
+	case "serve":
+		_, epoch := h.k.Leading()
+		n, ok := h.k.Serve(h.now(), uint64(a.int("epoch", int(epoch))))
+		if ok {
+			fmt.Fprintf(&b, "serving=%v holders=%d\n", h.k.Serving(), n)
+		} else {
+			b.WriteString("stale epoch\n")
+		}
+	case "lose":
+		was, owed := h.k.LoseLeadership(a.str("why", "leadership lost"))
+		fmt.Fprintf(&b, "was-leading=%v owed=%d\n", was, owed)
+	case "close-node":
+		h.k.Close()
+	case "acquire", "release", "cancel", "ack", "frame":
+		cn := a.need("conn")
+		m := wire.Msg{ID: uint64(a.int("id", 0))}
+		switch name {
+		case "acquire":
+			m.Type, m.Key, m.Owner = wire.TypeAcquire, a.str("key", ""), a.str("owner", "")
+			m.Lease, m.WaitMs = uint16(a.int("lease", 0)), uint32(a.int("wait", 0))
+		case "release":
+			m.Type, m.Key, m.Owner, m.Token = wire.TypeRelease, a.str("key", ""), a.str("owner", ""), uint64(a.int("token", 0))
+		case "cancel":
+			m.Type, m.Target = wire.TypeCancel, uint64(a.int("target", 0))
+		case "ack":
+			m.Type = wire.TypeNoticeAck
+		case "frame":
+			m.Type = a.need("type")[0]
+		}
+		if a.err != nil {
+			return "", a.err
+		}
+		if !h.k.Request(h.now(), cn, &m) {
+			fmt.Fprintf(&b, "close %s\n", cn)
+		}
+	case "append":
+		c, err := parseCmd(a)
+		if err != nil {
+			return "", err
+		}
+		h.log = append(h.log, c)
+	case "commit":
+		n := a.int("n", len(h.log))
+		if n > len(h.log) {
+			return "", fmt.Errorf("only %d commands in the log", len(h.log))
+		}
+		batch := make([]Applied, 0, n)
+		for _, c := range h.log[:n] {
+			c.Now = h.now().UnixMilli()
+			res, eff := h.st.Apply(c, nil)
+			fmt.Fprintf(&b, "applied %s: %s\n", fmtCmd(c), fmtResult(res, eff))
+			batch = append(batch, Applied{Cmd: c, Res: res, Effects: eff})
+			if h.onApplied != nil {
+				h.onApplied(batch[len(batch)-1])
+			}
+		}
+		h.log = h.log[n:]
+		h.k.Applied(h.now(), batch)
+	case "fail":
+		n := a.int("n", len(h.log))
+		if n > len(h.log) {
+			return "", fmt.Errorf("only %d commands in the log", len(h.log))
+		}
+		var notAppended bool
+		switch ap := a.need("appended"); ap {
+		case "no":
+			notAppended = true
+		case "maybe":
+		default:
+			return "", fmt.Errorf("appended=%s: want no or maybe", ap)
+		}
+		failed := slices.Clone(h.log[:n])
+		h.log = h.log[n:]
+		h.k.ProposalFailed(failed, notAppended, errors.New(a.str("err", "leadership lost")))
+	case "advance":
+		h.clock += time.Duration(a.int("ms", 0)) * time.Millisecond
+		if a.err != nil {
+			return "", a.err
+		}
+		for {
+			i := h.nextDue()
+			if i < 0 {
+				break
+			}
+			t := h.timers[i].t
+			h.timers = slices.Delete(h.timers, i, i+1)
+			fmt.Fprintf(&b, "fire %s\n", fmtTimer(t))
+			h.k.TimerDue(t)
+			h.drain(&b)
+		}
+	case "due":
+		t := Timer{Key: a.need("key"), Token: uint64(a.int("token", 0)), Ref: uint64(a.int("ref", 0)),
+			At: scriptBase.Add(time.Duration(a.int("at", 0)) * time.Millisecond), Epoch: uint64(a.int("epoch", 0))}
+		switch kind := a.need("kind"); kind {
+		case "expire":
+			t.Kind = TimerExpire
+		case "wait":
+			t.Kind = TimerWait
+		default:
+			return "", fmt.Errorf("kind=%s: want expire or wait", kind)
+		}
+		h.k.TimerDue(t)
+	case "handover":
+		ho, n, err := h.k.BeginHandOver(a.need("to"), a.str("addr", ""))
+		if err != nil {
+			fmt.Fprintf(&b, "error: %v\n", err)
+		} else {
+			h.ho = ho
+			fmt.Fprintf(&b, "told=%d stopped=%v\n", n, h.k.HandOverStopped(ho))
+		}
+	case "handover-stop":
+		if h.ho == nil {
+			return "", errors.New("no hand-over")
+		}
+		if err := h.k.StopServing(h.ho); err != nil {
+			fmt.Fprintf(&b, "error: %v\n", err)
+		}
+	case "handover-end":
+		if h.ho == nil {
+			return "", errors.New("no hand-over")
+		}
+		h.k.EndHandOver(h.now(), h.ho, a.str("failed", "false") == "true")
+		fmt.Fprintf(&b, "serving=%v\n", h.k.Serving())
+	case "timers":
+		ts := slices.Clone(h.timers)
+		slices.SortStableFunc(ts, func(x, y armed) int { return x.t.At.Compare(y.t.At) })
+		for _, t := range ts {
+			fmt.Fprintf(&b, "%s\n", fmtTimer(t.t))
+		}
+		if len(ts) == 0 {
+			b.WriteString("none\n")
+		}
+	case "state":
+		b.WriteString(formatState(h.st))
+	case "core":
+		b.WriteString(h.formatCore())
+	default:
+		return "", fmt.Errorf("unknown command %q", name)
+	}
+	if a.err != nil {
+		return "", a.err
+	}
+	if err := a.unused(); err != nil {
+		return "", err
+	}
+	h.drain(&b)
+	return b.String(), nil
+}
+
+// nextDue is the index of the earliest due timer (ties: armed first), or -1.
+func (h *harness) nextDue() int {
+	best := -1
+	for i, t := range h.timers {
+		if t.t.At.After(h.now()) {
+			continue
+		}
+		if best < 0 || t.t.At.Before(h.timers[best].t.At) || (t.t.At.Equal(h.timers[best].t.At) && t.seq < h.timers[best].seq) {
+			best = i
+		}
+	}
+	return best
+}
+
+// ---- formatting ----
+
+func ms(t time.Time) int64 { return t.Sub(scriptBase).Milliseconds() }
+
+func fmtMsg(m wire.Msg) string {
+	switch m.Type {
+	case wire.TypeGranted:
+		return fmt.Sprintf("G id=%d token=%d", m.ID, m.Token)
+	case wire.TypeMoved:
+		return fmt.Sprintf("M id=%d leader=%q addr=%q", m.ID, m.LeaderID, m.LeaderAddr)
+	case wire.TypeUnknown:
+		return fmt.Sprintf("U id=%d %q", m.ID, m.Text)
+	case wire.TypeError:
+		return fmt.Sprintf("E id=%d code=%s %q", m.ID, m.Code, m.Text)
+	case wire.TypeNotice:
+		return fmt.Sprintf("N %s leader=%q addr=%q", m.Event, m.LeaderID, m.LeaderAddr)
+	}
+	return fmt.Sprintf("%c id=%d", m.Type, m.ID)
+}
+
+var opNames = map[locksm.Op]string{
+	locksm.OpAcquire: "acquire", locksm.OpRelease: "release", locksm.OpExpire: "expire",
+	locksm.OpCancelWait: "cancel", locksm.OpDropWaiters: "drop-waiters",
+}
+
+func fmtCmd(c locksm.Command) string {
+	switch c.Op {
+	case locksm.OpAcquire:
+		return fmt.Sprintf("acquire key=%s owner=%s lease=%d wait=%d ref=%d", c.Key, c.Owner, c.LeaseSec, c.WaitMs, c.Ref)
+	case locksm.OpRelease:
+		return fmt.Sprintf("release key=%s owner=%s token=%d ref=%d", c.Key, c.Owner, c.Token, c.Ref)
+	case locksm.OpExpire:
+		return fmt.Sprintf("expire key=%s token=%d", c.Key, c.Token)
+	case locksm.OpCancelWait:
+		return fmt.Sprintf("cancel key=%s ref=%d", c.Key, c.Ref)
+	case locksm.OpDropWaiters:
+		return "drop-waiters"
+	}
+	return fmt.Sprintf("op=%d", c.Op)
+}
+
+func parseCmd(a *argReader) (locksm.Command, error) {
+	c := locksm.Command{Key: a.str("key", ""), Owner: a.str("owner", ""), Token: uint64(a.int("token", 0)),
+		Ref: uint64(a.int("ref", 0)), LeaseSec: uint32(a.int("lease", 0)), WaitMs: uint32(a.int("wait", 0))}
+	op := a.need("op")
+	for o, name := range opNames {
+		if name == op {
+			c.Op = o
+		}
+	}
+	if c.Op == 0 {
+		return c, fmt.Errorf("unknown op %q", op)
+	}
+	return c, a.err
+}
+
+var statusNames = map[locksm.Status]string{
+	locksm.StatusRejected: "rejected", locksm.StatusGranted: "granted", locksm.StatusQueued: "queued",
+	locksm.StatusBusy: "busy", locksm.StatusReleased: "released", locksm.StatusExpired: "expired",
+	locksm.StatusCanceled: "canceled", locksm.StatusNoop: "noop", locksm.StatusDropped: "dropped",
+}
+
+var effectNames = map[locksm.EffectKind]string{
+	locksm.EffectGranted: "granted", locksm.EffectTimedOut: "timed-out", locksm.EffectDropped: "dropped",
+}
+
+func fmtResult(res locksm.Result, effects []locksm.Effect) string {
+	var b strings.Builder
+	b.WriteString(statusNames[res.Status])
+	if res.Status == locksm.StatusGranted {
+		fmt.Fprintf(&b, " token=%d", res.Token)
+	}
+	if res.Err != nil {
+		fmt.Fprintf(&b, " err=%q", res.Err)
+	}
+	for _, e := range effects {
+		fmt.Fprintf(&b, ", %s key=%s ref=%d", effectNames[e.Kind], e.Key, e.Ref)
+		if e.Kind == locksm.EffectGranted {
+			fmt.Fprintf(&b, " token=%d", e.Token)
+		}
+	}
+	return b.String()
+}
+
+func fmtTimer(t Timer) string {
+	switch t.Kind {
+	case TimerExpire:
+		return fmt.Sprintf("expire key=%s token=%d at=%d epoch=%d", t.Key, t.Token, ms(t.At), t.Epoch)
+	case TimerWait:
+		return fmt.Sprintf("wait key=%s ref=%d at=%d epoch=%d", t.Key, t.Ref, ms(t.At), t.Epoch)
+	}
+	return fmt.Sprintf("kind=%d", t.Kind)
+}
+
+func fmtEvent(e Event) string {
+	switch e.Kind {
+	case EventReply:
+		s := fmt.Sprintf("reply %s %s", opNames[e.Op], e.Outcome)
+		if e.Op == 0 {
+			s = fmt.Sprintf("reply - %s", e.Outcome)
+		}
+		if e.Outcome == OutcomeGranted {
+			s += fmt.Sprintf(" queued=%v latency=%v", e.Queued, e.Latency)
+		}
+		return s
+	case EventHandoffLatency:
+		return fmt.Sprintf("handoff-latency %v", e.Latency)
+	case EventExpiry:
+		return "expiry"
+	case EventHandoff:
+		return "handoff"
+	case EventAbandonedGrant:
+		return "abandoned-grant"
+	case EventRefusedInFlight:
+		return "refused in-flight"
+	case EventRefusedKeys:
+		return "refused keys"
+	case EventRefusedWaiters:
+		return "refused waiters-per-key"
+	case EventUnexpectedResult:
+		return fmt.Sprintf("unexpected-result op=%s status=%s", opNames[e.Op], statusNames[e.Status])
+	}
+	return fmt.Sprintf("kind=%d", e.Kind)
+}
+
+func formatState(s *locksm.State) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "last-token=%d held=%d waiting=%d\n", s.LastToken(), s.NumHeld(), s.NumWaiting())
+	s.RangeHolders(func(k string, h locksm.Holder) bool {
+		fmt.Fprintf(&b, "%s: holder owner=%s token=%d lease=%d\n", k, h.Owner, h.Token, h.LeaseSec)
+		for _, w := range s.Waiters(k) {
+			fmt.Fprintf(&b, "  waiter owner=%s ref=%d wait=%d\n", w.Owner, w.Ref, w.WaitMs)
+		}
+		return true
+	})
+	return b.String()
+}
+
+func (h *harness) formatCore() string {
+	k := h.k
+	var b strings.Builder
+	fmt.Fprintf(&b, "leading=%v ready=%v serving=%v epoch=%d owed=%d uncommitted=%d expiring=%d",
+		k.leading, k.ready, k.serving, k.epoch, len(k.pend), k.uncommittedTotal, len(k.expiring))
+	if ho := k.handover; ho != nil {
+		fmt.Fprintf(&b, " handover=%s active=%v stopped=%v unacked=%d", ho.id, ho.active, ho.stopped, ho.unacked)
+	}
+	b.WriteString("\n")
+	for _, p := range sortedByRef(k.pend) {
+		fmt.Fprintf(&b, "owed ref=%d %s id=%d %s key=%s", p.ref, p.conn.handle, p.id, opNames[p.op], p.key)
+		if p.queued {
+			b.WriteString(" queued")
+		}
+		if p.cancel {
+			b.WriteString(" cancel")
+		}
+		if p.uncommitted {
+			b.WriteString(" uncommitted")
+		}
+		if p.conn.dead {
+			b.WriteString(" dead-conn")
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+// check verifies the core's bookkeeping: the pending table, the
+// connections' in-flight maps and the uncommitted counts agree, and owed
+// replies exist only while leading.
+func (k *Core[C]) check() error {
+	total, perKey := 0, map[string]int{}
+	for ref, p := range k.pend {
+		if p.ref != ref {
+			return fmt.Errorf("pending ref %d filed under %d", p.ref, ref)
+		}
+		if p.conn.inflight[p.id] != p {
+			return fmt.Errorf("pending ref %d missing from its connection's in-flight map", ref)
+		}
+		if p.queued && p.conn.dead && !p.cancel {
+			return fmt.Errorf("ref %d queued for a dead connection, not cancelled", ref)
+		}
+		if p.uncommitted {
+			if p.queued {
+				return fmt.Errorf("ref %d queued and uncommitted", ref)
+			}
+			total++
+			if p.mayWait {
+				perKey[p.key]++
+			}
+		}
+	}
+	if total != k.uncommittedTotal {
+		return fmt.Errorf("uncommitted total %d, counted %d", k.uncommittedTotal, total)
+	}
+	if len(perKey) != len(k.uncommitted) {
+		return fmt.Errorf("uncommitted per key %v, counted %v", k.uncommitted, perKey)
+	}
+	for key, n := range perKey {
+		if k.uncommitted[key] != n {
+			return fmt.Errorf("uncommitted per key %v, counted %v", k.uncommitted, perKey)
+		}
+	}
+	for h, cn := range k.conns {
+		if cn.handle != h || cn.dead {
+			return fmt.Errorf("connection %v filed wrongly or dead", h)
+		}
+		for id, p := range cn.inflight {
+			if p.id != id || k.pend[p.ref] != p {
+				return fmt.Errorf("connection %v: in-flight id %d not pending", h, id)
+			}
+		}
+	}
+	if !k.leading && len(k.pend) > 0 {
+		return fmt.Errorf("%d replies owed while not leading", len(k.pend))
+	}
+	if k.serving && (!k.leading || !k.ready) {
+		return errors.New("serving but not leading and ready")
+	}
+	return nil
+}
+
+// ---- command lines ----
+
+type argReader struct {
+	args map[string]string
+	used map[string]bool
+	err  error
+}
+
+func (a *argReader) get(k string) (string, bool) {
+	if a.used == nil {
+		a.used = map[string]bool{}
+	}
+	a.used[k] = true
+	v, ok := a.args[k]
+	return v, ok
+}
+
+func (a *argReader) str(k, def string) string {
+	if v, ok := a.get(k); ok {
+		return v
+	}
+	return def
+}
+
+func (a *argReader) need(k string) string {
+	v, ok := a.get(k)
+	if !ok && a.err == nil {
+		a.err = fmt.Errorf("missing %s=", k)
+	}
+	return v
+}
+
+func (a *argReader) int(k string, def int) int {
+	v, ok := a.get(k)
+	if !ok {
+		return def
+	}
+	n, err := strconv.ParseUint(v, 10, 63)
+	if err != nil && a.err == nil {
+		a.err = fmt.Errorf("%s: %v", k, err)
+	}
+	return int(n)
+}
+
+func (a *argReader) unused() error {
+	for k := range a.args {
+		if !a.used[k] {
+			return fmt.Errorf("unknown argument %s=", k)
+		}
+	}
+	return nil
+}
+
+func parseCommandLine(line string) (string, map[string]string, error) {
+	line = strings.TrimSpace(line)
+	name, rest, _ := strings.Cut(line, " ")
+	args := map[string]string{}
+	for rest = strings.TrimLeft(rest, " "); rest != ""; rest = strings.TrimLeft(rest, " ") {
+		k, r, ok := strings.Cut(rest, "=")
+		if !ok || k == "" || strings.Contains(k, " ") {
+			return "", nil, fmt.Errorf("bad argument at %q", rest)
+		}
+		var v string
+		if strings.HasPrefix(r, `"`) {
+			q, err := strconv.QuotedPrefix(r)
+			if err != nil {
+				return "", nil, fmt.Errorf("%s: %v", k, err)
+			}
+			v, _ = strconv.Unquote(q)
+			r = r[len(q):]
+		} else {
+			end := strings.IndexByte(r, ' ')
+			if end < 0 {
+				end = len(r)
+			}
+			v, r = r[:end], r[end:]
+		}
+		if _, dup := args[k]; dup {
+			return "", nil, fmt.Errorf("argument %s twice", k)
+		}
+		args[k] = v
+		rest = r
+	}
+	return name, args, nil
+}
