@@ -10,6 +10,7 @@ import (
 
 	"ticketing/cluster"
 	"ticketing/cluster/local"
+	"ticketing/cluster/testkit"
 	"ticketing/cluster/wire"
 )
 
@@ -244,7 +245,7 @@ func TestGrowToFiveAndShrinkToThree(t *testing.T) {
 		if _, err := a.Do(ctx, cluster.AdminRequest{Op: "add-learner", ID: id, Addr: c.PeerAddrOf(i)}); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, id+" to catch up", 20*time.Second, func() bool {
+		testkit.WaitFor(t, id+" to catch up", 20*time.Second, func() bool {
 			h, ok := c.holderOn(i, "k")
 			return ok && h.Token == tok
 		})

@@ -13,6 +13,7 @@ import (
 
 	"ticketing/cluster"
 	"ticketing/cluster/local"
+	"ticketing/cluster/testkit"
 )
 
 // history is the configurations in the log of the node that leads now,
@@ -55,7 +56,7 @@ func (c *testCluster) replaceLogged(t *testing.T, oldID, newID, addr string) []s
 // within MaxPromoteLag.
 func (c *testCluster) waitCaughtUp(id string) {
 	c.t.Helper()
-	waitFor(c.t, id+" to catch up", 20*time.Second, func() bool {
+	testkit.WaitFor(c.t, id+" to catch up", 20*time.Second, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		rep, err := c.admin().Do(ctx, cluster.AdminRequest{Op: "members"})

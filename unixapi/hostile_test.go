@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"ticketing/cluster/testkit"
 	"ticketing/locksm"
 	"ticketing/unixapi"
 )
@@ -46,18 +47,6 @@ func holderOf(t *testing.T, k string) (locksm.Holder, bool) {
 	var ok bool
 	testCluster.Node(i).ReadState(func(st *locksm.State) { h, ok = st.Holder(k) })
 	return h, ok
-}
-
-// eventually polls cond for up to 3 s.
-func eventually(cond func() bool) bool {
-	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		if cond() {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-	}
 }
 
 // maxTerm is the highest Raft term any node is in: it moves when an
@@ -329,7 +318,7 @@ func TestHostileClients(t *testing.T) {
 		}
 	})
 	// Every hostile session is gone, only the good client is left.
-	if !eventually(func() bool { return s.Conns() == 1 }) {
+	if !testkit.Eventually(3*time.Second, func() bool { return s.Conns() == 1 }) {
 		t.Fatalf("%d connections left after the attacks", s.Conns())
 	}
 	t.Run("idle_connections_and_max_conns", func(t *testing.T) { hostileIdle(t, s, nIdle) })
@@ -420,7 +409,7 @@ func hostileLongLines(t *testing.T, s *unixapi.Server, g *goodClient) {
 	c.send(strings.Repeat("z", 5000))
 	expectCode(t, c, "holder's long line", "line_too_long")
 	expectClosed(t, c)
-	if !eventually(func() bool { _, held := holderOf(t, k); return !held }) {
+	if !testkit.Eventually(3*time.Second, func() bool { _, held := holderOf(t, k); return !held }) {
 		t.Fatalf("lock %s:%d still held after its connection was closed", k, tok)
 	}
 }
@@ -710,7 +699,7 @@ func hostileIdle(t *testing.T, s *unixapi.Server, n int) {
 		}
 		conns = append(conns, c)
 	}
-	if !eventually(func() bool { return s.Conns() == n }) {
+	if !testkit.Eventually(3*time.Second, func() bool { return s.Conns() == n }) {
 		t.Fatalf("%d connections served, want %d", s.Conns(), n)
 	}
 	t.Logf("%d idle connections open after %v, %d goroutines more", len(conns), time.Since(start), runtime.NumGoroutine()-g0)
@@ -726,7 +715,7 @@ func hostileIdle(t *testing.T, s *unixapi.Server, n int) {
 		c.Close()
 	}
 	conns = nil
-	if !eventually(func() bool { return s.Conns() == 1 }) {
+	if !testkit.Eventually(3*time.Second, func() bool { return s.Conns() == 1 }) {
 		t.Fatalf("%d connections left after closing the idle ones", s.Conns())
 	}
 	expect(t, dial(t, s).do("PING"), "PONG")
