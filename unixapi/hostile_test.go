@@ -49,6 +49,27 @@ func holderOf(t *testing.T, k string) (locksm.Holder, bool) {
 	return h, ok
 }
 
+// queueLen is how many acquires wait for key k in the leader's state
+// machine: a waiter counts once its acquire is committed and applied.
+func queueLen(t *testing.T, k string) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	i, err := testCluster.Leader(ctx)
+	if err != nil {
+		t.Errorf("no leader: %v", err)
+		return -1
+	}
+	n := 0
+	testCluster.Node(i).ReadState(func(st *locksm.State) { n = st.QueueLen(k) })
+	return n
+}
+
+// waitQueued waits until n acquires wait for k at the leader.
+func waitQueued(t *testing.T, k string, n int) {
+	t.Helper()
+	testkit.WaitFor(t, fmt.Sprintf("%d waiters queued on %s", n, k), 10*time.Second, func() bool { return queueLen(t, k) == n })
+}
+
 // maxTerm is the highest Raft term any node is in: it moves when an
 // election happens.
 func maxTerm() uint64 {
@@ -91,6 +112,17 @@ func startGoodClient(t *testing.T, s *unixapi.Server) *goodClient {
 	g := &goodClient{t: t, s: s, c: dial(t, s), key: key(t), stop: make(chan struct{}), done: make(chan struct{})}
 	go g.loop()
 	return g
+}
+
+// baselineCycles is how many cycles the good client completes alone
+// before the attacks start: enough for the quantiles it logs.
+const baselineCycles = 50
+
+// numCycles is how many cycles completed in phase.
+func (g *goodClient) numCycles(phase int) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.cycles[phase])
 }
 
 // Key returns the key the good client is using.
@@ -293,7 +325,7 @@ func TestHostileClients(t *testing.T) {
 		}
 	}()
 	// Baseline latency, alone.
-	time.Sleep(700 * time.Millisecond)
+	testkit.WaitFor(t, "the good client's baseline cycles", 30*time.Second, func() bool { return g.numCycles(0) >= baselineCycles })
 	g.phase.Store(1)
 
 	t.Run("attacks", func(t *testing.T) {
@@ -430,10 +462,13 @@ func hostilePartialLine(t *testing.T, s *unixapi.Server, g *goodClient) {
 	c := dial(t, s)
 	c.send("PING")
 	expect(t, c.read(), "PONG")
-	if _, err := c.c.Write([]byte("ACQUIRE " + k1 + " 30 0")); err != nil {
+	// The partial line comes in the same write as a PING: once the PONG is
+	// back, the server has read the PING, and the few bytes behind it came
+	// in the same read.
+	if _, err := c.c.Write([]byte("PING\nACQUIRE " + k1 + " 30 0")); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(50 * time.Millisecond)
+	expect(t, c.read(), "PONG")
 	c.close()
 
 	c = dial(t, s)
