@@ -175,11 +175,10 @@ func TestBrokerMovedIsRememberedNotResent(t *testing.T) {
 	testkit.WaitFor(t, "broker knows the leader", 5*time.Second, func() bool { return b.Info().Leader == c.ClientAddr(li) })
 	fi := (li + 1) % 3
 	// Followers must know the leader's client address for a useful M.
-	testkit.WaitFor(t, "follower knows the leader", 5*time.Second, func() bool {
+	testkit.WaitFor(t, "follower knows the leader's client address", 5*time.Second, func() bool {
 		st := c.Node(fi)
-		return st != nil && st.Raft().Leader() != ""
+		return st != nil && st.StatusReport().LeaderClientAddr == c.ClientAddr(li)
 	})
-	time.Sleep(100 * time.Millisecond)
 	b.setLeader(c.ClientAddr(fi)) // a stale hint, as after a leader change
 	_, err := b.Acquire(ctx, "k", "a", 30*time.Second, 5*time.Second)
 	if !errors.Is(err, ErrMoved) {
@@ -601,13 +600,16 @@ func TestBrokerRefusesASecondFencingDomain(t *testing.T) {
 	}
 
 	// Pinned to A's domain by config: B's nodes are refused at the handshake.
+	dials := newDialLog()
 	br := newBroker(t, a, func(cfg *Config) {
 		cfg.Domain = a.Domain
 		cfg.Addrs = append(a.ClientAddrs(), b2.ClientAddrs()...)
+		cfg.Dialer = dials.dial
 	})
 	ctx := ctxT(t, 30*time.Second)
 	testkit.WaitFor(t, "A's three nodes connected", 5*time.Second, func() bool { return len(br.Info().Connected) == 3 })
-	time.Sleep(300 * time.Millisecond) // B's nodes had every chance to connect
+	// B's nodes had their chance: each was dialled and let go.
+	testkit.WaitFor(t, "B's nodes refused", 10*time.Second, func() bool { return dials.allClosed(b2.ClientAddrs()) })
 	in := br.Info()
 	if in.Domain != a.Domain || len(in.Connected) != 3 {
 		t.Fatalf("info %+v, want only A's nodes (domain %s)", in, a.Domain)
@@ -632,14 +634,17 @@ func TestBrokerRefusesASecondFencingDomain(t *testing.T) {
 
 	// Unpinned: the first domain seen wins and the other is refused; it
 	// never connects to both.
-	free := newBrokerAddrs(t, a, append(b2.ClientAddrs(), a.ClientAddrs()...))
+	dials = newDialLog()
+	free := newBrokerAddrs(t, a, append(b2.ClientAddrs(), a.ClientAddrs()...), func(cfg *Config) { cfg.Dialer = dials.dial })
 	testkit.WaitFor(t, "a domain pinned", 5*time.Second, func() bool { return free.Info().Domain != "" })
-	time.Sleep(300 * time.Millisecond)
-	in = free.Info()
-	want := a.ClientAddrs()
-	if in.Domain == b2.Domain {
-		want = b2.ClientAddrs()
+	want, other := a.ClientAddrs(), b2.ClientAddrs()
+	if free.Info().Domain == b2.Domain {
+		want, other = other, want
 	}
+	testkit.WaitFor(t, "the other domain's nodes refused, three connected", 10*time.Second, func() bool {
+		return dials.allClosed(other) && len(free.Info().Connected) == 3
+	})
+	in = free.Info()
 	if len(in.Connected) != 3 {
 		t.Fatalf("connected %v in domain %s, want %v", in.Connected, in.Domain, want)
 	}
@@ -665,6 +670,52 @@ func TestBrokerRefusesASecondFencingDomain(t *testing.T) {
 	if got := none.Info(); len(got.Connected) != 0 {
 		t.Fatalf("connected to %v of another domain", got.Connected)
 	}
+}
+
+// dialLog is a broker's Dialer that notes, per address, whether a
+// connection it dialled was closed: the broker closes the connections of
+// the nodes it refuses.
+type dialLog struct {
+	mu     sync.Mutex
+	closed map[string]bool
+}
+
+func newDialLog() *dialLog { return &dialLog{closed: map[string]bool{}} }
+
+func (l *dialLog) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	return &loggedConn{Conn: c, onClose: func() {
+		l.mu.Lock()
+		l.closed[addr] = true
+		l.mu.Unlock()
+	}}, nil
+}
+
+// allClosed reports whether a connection to each of addrs was closed.
+func (l *dialLog) allClosed(addrs []string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, a := range addrs {
+		if !l.closed[a] {
+			return false
+		}
+	}
+	return true
+}
+
+type loggedConn struct {
+	net.Conn
+	once    sync.Once
+	onClose func()
+}
+
+func (c *loggedConn) Close() error {
+	c.once.Do(c.onClose)
+	return c.Conn.Close()
 }
 
 // newBrokerAddrs is a broker on addrs that does not wait for a leader.
