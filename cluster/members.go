@@ -39,16 +39,16 @@ import (
 //     inside that step. If OLD leads, it first hands its leadership over
 //     and the new leader runs the step.
 //
-// AdminCluster.Replace (admin.go) reads the members with their health
-// before each step and takes the next one of these, so it resumes after a
-// leader change or a half-done earlier attempt. The plain operations keep
-// their rules, relaxed only where the tolerance says it is safe: Remove
-// leaves at least 3 voters, or at least 2 when the tolerance does not drop
-// (the voter removed does not answer); Promote never makes a 6th voter
-// (PromoteReplacing may, inside its step). Growing 3 → 5 is learner +
-// promote twice (passing 4 voters); shrinking is remove twice. Removing
-// the leader first hands leadership over (a quiet hand-over, handover.go)
-// and the new leader removes it.
+// client.AdminCluster.Replace (cluster/client/replace.go) reads the
+// members with their health before each step and takes the next one of
+// these, so it resumes after a leader change or a half-done earlier
+// attempt. The plain operations keep their rules, relaxed only where the
+// tolerance says it is safe: Remove leaves at least 3 voters, or at least
+// 2 when the tolerance does not drop (the voter removed does not answer);
+// Promote never makes a 6th voter (PromoteReplacing may, inside its step).
+// Growing 3 → 5 is learner + promote twice (passing 4 voters); shrinking is
+// remove twice. Removing the leader first hands leadership over (a quiet
+// hand-over, handover.go) and the new leader removes it.
 
 // Member is one server of the current configuration.
 type Member struct {

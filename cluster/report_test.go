@@ -117,10 +117,10 @@ func TestStatusReport(t *testing.T) {
 	if err != nil || rep.Status == nil || rep.Status.ServerID != leaderID || rep.Status.KeysHeld != 2 || rep.Leader != leaderID {
 		t.Fatalf("admin status: %v %+v", err, rep)
 	}
-	if _, err := cluster.AdminDo(ctx, c.AdminAddr(fi), a.Config, cluster.AdminRequest{Op: "status", LeaderOnly: true}); !errors.Is(err, cluster.ErrNotLeader) {
+	if _, err := client.AdminDo(ctx, c.AdminAddr(fi), a.Config, cluster.AdminRequest{Op: "status", LeaderOnly: true}); !errors.Is(err, cluster.ErrNotLeader) {
 		t.Fatalf("leader-only status from a follower: %v, want not_leader", err)
 	}
-	rep, err = cluster.AdminDo(ctx, c.AdminAddr(fi), a.Config, cluster.AdminRequest{Op: "status"})
+	rep, err = client.AdminDo(ctx, c.AdminAddr(fi), a.Config, cluster.AdminRequest{Op: "status"})
 	if err != nil || rep.Status == nil || rep.Status.ServerID != c.Node(fi).ServerID() || rep.Status.Role != "follower" {
 		t.Fatalf("status from a follower: %v %+v", err, rep)
 	}

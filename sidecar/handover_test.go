@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"ticketing/cluster"
+	"ticketing/cluster/client"
 	"ticketing/cluster/local"
 	"ticketing/cluster/netfault"
 	"ticketing/cluster/obs"
@@ -249,7 +249,7 @@ func TestBrokerFollowsMembership(t *testing.T) {
 	for i := 0; i < c.Size(); i++ {
 		admins = append(admins, c.AdminAddr(i))
 	}
-	admin := &cluster.AdminCluster{Addrs: admins, Config: cluster.AdminConfig{Secret: adminSecret, ClusterID: c.ClusterID}}
+	admin := &client.AdminCluster{Addrs: admins, Config: client.AdminConfig{Secret: adminSecret, ClusterID: c.ClusterID}}
 
 	var mu sync.Mutex
 	var ok int

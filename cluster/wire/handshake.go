@@ -25,7 +25,7 @@ const (
 	// the server sends one Identity frame and closes.
 	KindDiscover ConnKind = 3
 	// KindAdmin: an operator tool on a node's admin port, with the admin
-	// secret (membership changes; see cluster/admin.go).
+	// secret (membership changes; see admin.go).
 	KindAdmin ConnKind = 4
 )
 
