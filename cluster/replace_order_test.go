@@ -261,9 +261,9 @@ func TestRemoveDeadVoterOfThree(t *testing.T) {
 }
 
 // The JSON keys of a members reply and of a status report's members are
-// the ones cluster/PROTOCOL.md lists (so the contract cannot drift).
+// the ones cluster/wire/PROTOCOL.md lists (so the contract cannot drift).
 func TestAdminMemberJSONMatchesProtocol(t *testing.T) {
-	b, err := os.ReadFile("PROTOCOL.md")
+	b, err := os.ReadFile("wire/PROTOCOL.md")
 	if err != nil {
 		t.Fatal(err)
 	}

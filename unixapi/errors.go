@@ -37,7 +37,7 @@ var (
 // ones. An entry with a reply word (BUSY, TIMEOUT, INDETERMINATE) answers
 // with that word alone; the others answer "ERR <code> <message>". Errors
 // that match nothing answer "ERR internal ...". PROTOCOL.md reproduces this
-// table; keep them in step.
+// table (TestProtocolErrorTableMatchesCode compares the two).
 var errorTable = []struct {
 	err   error
 	reply string // a whole-line reply word, or "" for ERR

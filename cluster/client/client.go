@@ -1,6 +1,6 @@
 // Package client is the low-level client of a node's client port: one
 // authenticated, pipelined TCP connection that sends requests and matches
-// replies by id (cluster/PROTOCOL.md, "Response matching rules"). It does not
+// replies by id (cluster/wire/PROTOCOL.md, "Response matching rules"). It does not
 // follow M, reconnect or retry: that is sidecar.Broker's job, built on it.
 // It does act on a node's hand-over notice (protocol version 3): from then
 // on it refuses acquires and releases without writing them

@@ -31,7 +31,7 @@ const (
 
 // HandshakeConfig is one side's view of a handshake.
 //
-// Payloads (identical to cluster/PROTOCOL.md, "Handshake"):
+// Payloads (identical to PROTOCOL.md, "Handshake"):
 //
 //	Hello     'h': magic "TKTG" | min_version u16 | max_version u16 | kind u8 |
 //	               client_nonce [32] | cluster_id str8 | sender_id str8 | expect_id str8 |
