@@ -76,46 +76,6 @@ type AdminMember struct {
 	FoundAtAddr string `json:"found_at_addr,omitempty"`
 }
 
-// adminCodes maps this package's sentinels to the admin reply codes. Order
-// matters only to AdminCodeOf for an error that wraps several: ErrNoQuorum
-// comes before ErrUnsafeChange, which a refusal for want of a quorum wraps
-// too.
-var adminCodes = []struct {
-	err  error
-	code string
-}{
-	{ErrNotLeader, wire.AdminNotLeader},
-	{ErrNoQuorum, wire.AdminNoQuorum},
-	{ErrUnsafeChange, wire.AdminUnsafe},
-	{ErrLearnerLagging, wire.AdminLagging},
-	{ErrChangeInProgress, wire.AdminInProgress},
-	{ErrNoSuchMember, wire.AdminNoSuchMember},
-	{ErrBadConfig, wire.AdminBadRequest},
-}
-
-// AdminCodeOf is the admin reply code of err (possibly wrapped):
-// wire.AdminInternal when no sentinel of this package matches.
-func AdminCodeOf(err error) string {
-	for _, c := range adminCodes {
-		if errors.Is(err, c.err) {
-			return c.code
-		}
-	}
-	return wire.AdminInternal
-}
-
-// AdminErrOf is the sentinel of an admin reply code (nil for
-// wire.AdminInternal and for codes this version does not know), so that a
-// client's error matches errors.Is(err, ErrNotLeader) and the like.
-func AdminErrOf(code string) error {
-	for _, c := range adminCodes {
-		if c.code == code {
-			return c.err
-		}
-	}
-	return nil
-}
-
 // serveAdmin answers one admin connection.
 func (n *Node) serveAdmin(raw net.Conn) {
 	defer n.wg.Done()

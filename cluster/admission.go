@@ -33,9 +33,6 @@ import (
 // tlsRecordHandshake is the first byte of every TLS ClientHello.
 const tlsRecordHandshake = 0x16
 
-// errTLSOnPlainPort: a TLS ClientHello arrived on a plaintext port.
-var errTLSOnPlainPort = errors.New("cluster: TLS ClientHello on a plaintext port")
-
 // prefixConn replays bytes already read before reading from the conn.
 type prefixConn struct {
 	net.Conn

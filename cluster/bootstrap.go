@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -33,10 +32,6 @@ import (
 // domain: a random domain id and the token floor. When that node starts,
 // it is the only one with a log, wins the first election, and replicates
 // both entries; the others, empty, accept it.
-
-// ErrClusterExists: Bootstrap found Raft state in its own data dir or on
-// another initial voter.
-var ErrClusterExists = errors.New("cluster: the cluster already exists")
 
 // BootstrapOptions are the choices of the operator creating a domain.
 type BootstrapOptions struct {

@@ -213,9 +213,6 @@ func DefaultConfig() Config {
 	}
 }
 
-// ErrBadConfig wraps every configuration error.
-var ErrBadConfig = errors.New("cluster: bad config")
-
 // withDefaults fills zero tunables.
 func (c Config) withDefaults() Config {
 	d := DefaultConfig()
@@ -360,10 +357,6 @@ func (c Config) Validate() error {
 	}
 	return nil
 }
-
-// ErrVoterCount is returned for an initial membership that is not 3 or 5
-// voters.
-var ErrVoterCount = errors.New("cluster: a cluster has exactly 3 or 5 voters")
 
 // ValidateVoters checks an initial voter set: 3 or 5 members with distinct,
 // valid ids and distinct addresses.

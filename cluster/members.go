@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -62,26 +61,6 @@ type Member struct {
 	Voter      bool
 	Leader     bool
 }
-
-// Sentinel errors of membership changes.
-var (
-	// ErrNotLeader: the change must be asked of the leader.
-	ErrNotLeader = errors.New("cluster: not the leader")
-	// ErrChangeInProgress: another membership change has not finished.
-	ErrChangeInProgress = errors.New("cluster: a membership change is in progress")
-	// ErrUnsafeChange: the change would break a rule (voter count, the
-	// failures the cluster survives, a voter that must answer).
-	ErrUnsafeChange = errors.New("cluster: unsafe membership change")
-	// ErrNoQuorum: fewer than a majority of the voters answer, so no
-	// change can commit (and no order of changes can help); see the
-	// README's runbook, "The majority is lost for good".
-	ErrNoQuorum = errors.New("cluster: no majority of the voters answers")
-	// ErrLearnerLagging: the learner trails the commit index by more than
-	// MaxPromoteLag (or did not answer); try again once it caught up.
-	ErrLearnerLagging = errors.New("cluster: the learner has not caught up")
-	// ErrNoSuchMember: the server id is not in the configuration.
-	ErrNoSuchMember = errors.New("cluster: no such member")
-)
 
 // MaxPromoteLag is how many entries a learner's applied index may trail
 // the leader's commit index and still be promoted.

@@ -673,9 +673,6 @@ func (n *Node) await(f raft.Future) error {
 	}
 }
 
-// ErrClosing: the node was closed before Raft answered.
-var ErrClosing = errors.New("cluster: node closing")
-
 func (n *Node) proposalFailed(cmds []locksm.Command, err error) {
 	// ErrNotLeader means the entry was never appended: definitely not
 	// executed, so M is honest. Anything else (leadership lost, shutdown)

@@ -126,10 +126,6 @@ const MinSecretLen = 16
 // stray connection at its first bytes.
 const Magic = "TKTG"
 
-// ErrBadConfig reports a HandshakeConfig that cannot work (short secret,
-// bad kind, missing ids); it is returned before any byte is sent.
-var ErrBadConfig = errors.New("wire: bad handshake config")
-
 // Proof labels: distinct per direction, so a server proof can never be
 // replayed as a client proof (or vice versa) for the same transcript.
 const (
