@@ -45,11 +45,14 @@ type BootstrapOptions struct {
 	// table's high-water mark) to rely on neither. Zero: the clock alone.
 	TokenFloor uint64
 	// Timeout bounds the wait for every other initial voter to answer.
-	// Zero: 1 minute.
+	// Zero: DefaultBootstrapTimeout.
 	Timeout time.Duration
 	// Now is the wall clock; nil: time.Now.
 	Now func() time.Time
 }
+
+// DefaultBootstrapTimeout is BootstrapOptions.Timeout's default.
+const DefaultBootstrapTimeout = time.Minute
 
 // BootstrapResult says what Bootstrap created.
 type BootstrapResult struct {
@@ -74,7 +77,7 @@ func Bootstrap(cfg Config, opts BootstrapOptions) (BootstrapResult, error) {
 	}
 	cfg = cfg.withDefaults()
 	if opts.Timeout == 0 {
-		opts.Timeout = time.Minute
+		opts.Timeout = DefaultBootstrapTimeout
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
