@@ -128,7 +128,7 @@ type gate struct {
 	base, max  time.Duration
 	now        func() time.Time
 
-	mu sync.Mutex
+	mu sync.Mutex // a leaf, taken with no other lock held (LOCKS.md)
 	m  map[string]*gateEntry
 }
 

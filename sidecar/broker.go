@@ -16,11 +16,13 @@ import (
 
 // Broker is the official client. Safe for concurrent use.
 //
-// Lock order: Broker.mu is a leaf; nothing blocks while it is held. A
+// Lock order (cluster/LOCKS.md, "Above the cluster"): Broker.mu is a
+// leaf; nothing blocks while it is held, and no client.Conn method that
+// takes a lock is called under it (HandingOver is an atomic read). A
 // connection's notice callback (onNotice) runs on that connection's reader
 // goroutine, which holds none of the connection's locks then, and takes
-// only Broker.mu; the connection's own locks are never taken under it
-// (HandingOver is an atomic read).
+// only Broker.mu. The unix API calls the Broker holding none of its own
+// locks.
 type Broker struct {
 	cfg     Config
 	log     *slog.Logger

@@ -58,7 +58,10 @@ type Server struct {
 	hardCtx    context.Context
 	hardCancel context.CancelFunc
 
-	connSeq  atomic.Uint64
+	connSeq atomic.Uint64
+	// mu guards sessions and closed. It is never held together with a
+	// session's mu, nor while calling the Broker or doing socket I/O
+	// (cluster/LOCKS.md, "Above the cluster").
 	mu       sync.Mutex
 	sessions map[*session]struct{}
 	closed   bool

@@ -111,7 +111,9 @@ type Conn struct {
 	// acknowledgement), read without it by HandingOver.
 	handingOver atomic.Bool
 
-	// pmu guards pending. Lock order: wmu before pmu.
+	// pmu guards pending. Lock order: wmu before pmu; neither is held while
+	// calling out (OnNotice, a call's done) or writing the socket
+	// (cluster/LOCKS.md, "cluster/client").
 	pmu     sync.Mutex
 	pending map[uint64]*Call
 
