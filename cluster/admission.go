@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"ticketing/cluster/tlsconf"
@@ -32,9 +31,6 @@ import (
 
 // tlsRecordHandshake is the first byte of every TLS ClientHello.
 const tlsRecordHandshake = 0x16
-
-// errTLSOnPlainPort: a TLS ClientHello arrived on a plaintext port.
-var errTLSOnPlainPort = errors.New("cluster: TLS ClientHello on a plaintext port")
 
 // prefixConn replays bytes already read before reading from the conn.
 type prefixConn struct {
@@ -132,7 +128,7 @@ type gate struct {
 	base, max  time.Duration
 	now        func() time.Time
 
-	mu sync.Mutex
+	mu sync.Mutex // a leaf, taken with no other lock held (LOCKS.md)
 	m  map[string]*gateEntry
 }
 
@@ -218,38 +214,6 @@ func ipOf(remote string) string {
 		return remote
 	}
 	return host
-}
-
-// Stats counts what a node refused or cut off. All counters only grow.
-type Stats struct {
-	ClientAuthFailures  uint64 // failed client-port admissions (TLS, handshake, timeout)
-	PeerAuthFailures    uint64 // failed peer-port admissions
-	GateRefusals        uint64 // connections refused: too many in admission from one IP
-	ConnLimitRefusals   uint64 // client connections refused: MaxClientConns
-	InFlightRefusals    uint64 // requests refused: MaxInFlightPerConn
-	KeyLimitRefusals    uint64 // acquires refused: MaxKeys
-	WaiterLimitRefusals uint64 // acquires refused: MaxWaitersPerKey
-	IdleCloses          uint64 // connections closed after IdleTimeout
-	SlowConsumerCloses  uint64 // connections closed: reply backlog above MaxReplyBacklog
-	ProtocolErrorCloses uint64 // connections closed after a protocol error
-}
-
-type nodeStats struct {
-	clientAuthFailures, peerAuthFailures, gateRefusals, connLimitRefusals atomic.Uint64
-	inFlightRefusals, keyLimitRefusals, waiterLimitRefusals               atomic.Uint64
-	idleCloses, slowConsumerCloses, protocolErrorCloses                   atomic.Uint64
-}
-
-// Stats returns the node's refusal counters.
-func (n *Node) Stats() Stats {
-	s := &n.stats
-	return Stats{
-		ClientAuthFailures: s.clientAuthFailures.Load(), PeerAuthFailures: s.peerAuthFailures.Load(),
-		GateRefusals: s.gateRefusals.Load(), ConnLimitRefusals: s.connLimitRefusals.Load(),
-		InFlightRefusals: s.inFlightRefusals.Load(), KeyLimitRefusals: s.keyLimitRefusals.Load(),
-		WaiterLimitRefusals: s.waiterLimitRefusals.Load(), IdleCloses: s.idleCloses.Load(),
-		SlowConsumerCloses: s.slowConsumerCloses.Load(), ProtocolErrorCloses: s.protocolErrorCloses.Load(),
-	}
 }
 
 // logFailure says whether the count-th recent failure from one address is

@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -34,10 +33,6 @@ import (
 // it is the only one with a log, wins the first election, and replicates
 // both entries; the others, empty, accept it.
 
-// ErrClusterExists: Bootstrap found Raft state in its own data dir or on
-// another initial voter.
-var ErrClusterExists = errors.New("cluster: the cluster already exists")
-
 // BootstrapOptions are the choices of the operator creating a domain.
 type BootstrapOptions struct {
 	// TokenFloor is the lowest value the new domain's first token may
@@ -50,11 +45,14 @@ type BootstrapOptions struct {
 	// table's high-water mark) to rely on neither. Zero: the clock alone.
 	TokenFloor uint64
 	// Timeout bounds the wait for every other initial voter to answer.
-	// Zero: 1 minute.
+	// Zero: DefaultBootstrapTimeout.
 	Timeout time.Duration
 	// Now is the wall clock; nil: time.Now.
 	Now func() time.Time
 }
+
+// DefaultBootstrapTimeout is BootstrapOptions.Timeout's default.
+const DefaultBootstrapTimeout = time.Minute
 
 // BootstrapResult says what Bootstrap created.
 type BootstrapResult struct {
@@ -79,7 +77,7 @@ func Bootstrap(cfg Config, opts BootstrapOptions) (BootstrapResult, error) {
 	}
 	cfg = cfg.withDefaults()
 	if opts.Timeout == 0 {
-		opts.Timeout = time.Minute
+		opts.Timeout = DefaultBootstrapTimeout
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"ticketing/cluster"
+	"ticketing/cluster/testkit"
 	"ticketing/cluster/wire"
 	"ticketing/locksm"
 )
@@ -28,7 +29,7 @@ func (c *testCluster) holderOn(i int, key string) (locksm.Holder, bool) {
 // converged waits until every running node has the same holder for key.
 func (c *testCluster) converged(key string, want locksm.Holder, held bool) {
 	c.t.Helper()
-	waitFor(c.t, "replicas to agree on "+key, 10*time.Second, func() bool {
+	testkit.WaitFor(c.t, "replicas to agree on "+key, 10*time.Second, func() bool {
 		for i := 0; i < c.Size(); i++ {
 			if c.Node(i) == nil {
 				continue
@@ -57,7 +58,7 @@ func TestGrantAndHandOffAcrossNodes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "bob queued", 5*time.Second, func() bool {
+	testkit.WaitFor(t, "bob queued", 5*time.Second, func() bool {
 		var q int
 		c.Node(li).ReadState(func(st *locksm.State) { q = len(st.Waiters("seats/1")) })
 		return q == 1
@@ -95,7 +96,7 @@ func TestFollowerAnswersMoved(t *testing.T) {
 	li := c.leader()
 	fi := (li + 1) % 3
 	// The leader's announcement may still be on its way to this follower.
-	waitFor(t, "follower to know the leader's client address", 5*time.Second, func() bool {
+	testkit.WaitFor(t, "follower to know the leader's client address", 5*time.Second, func() bool {
 		r := do(t, c.dial(fi), acquireMsg("k", "o", 10, 0))
 		if r.Type != wire.TypeMoved {
 			t.Fatalf("follower answered %s", describe(r))
@@ -192,20 +193,20 @@ func TestCancelAndDeadConnectionFreeTheQueue(t *testing.T) {
 			return q == n
 		}
 	}
-	waitFor(t, "b queued", 5*time.Second, queued(1))
+	testkit.WaitFor(t, "b queued", 5*time.Second, queued(1))
 	mustType(t, do(t, b, wire.Msg{Type: wire.TypeCancel, Target: call.ID}), wire.TypeOK)
 	<-call.Done
 	mustType(t, call.Reply, wire.TypeTimeout)
-	waitFor(t, "queue empty", 5*time.Second, queued(0))
+	testkit.WaitFor(t, "queue empty", 5*time.Second, queued(0))
 
 	// A waiter whose connection dies is removed, so the release frees the
 	// key instead of handing it to nobody.
 	if _, err := d.Start(acquireMsg("k", "d", 30, 20*time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "d queued", 5*time.Second, queued(1))
+	testkit.WaitFor(t, "d queued", 5*time.Second, queued(1))
 	d.Close()
-	waitFor(t, "d's wait cancelled", 5*time.Second, queued(0))
+	testkit.WaitFor(t, "d's wait cancelled", 5*time.Second, queued(0))
 	mustType(t, do(t, a, releaseMsg("k", "a", t1)), wire.TypeOK)
 	c.converged("k", locksm.Holder{}, false)
 }
@@ -221,7 +222,7 @@ func TestPipelinedWaitDoesNotBlockRelease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "b queued", 5*time.Second, func() bool {
+	testkit.WaitFor(t, "b queued", 5*time.Second, func() bool {
 		var q int
 		c.Node(li).ReadState(func(st *locksm.State) { q = len(st.Waiters("k")) })
 		return q == 1
@@ -294,7 +295,7 @@ func TestRestartKeepsState(t *testing.T) {
 	}
 	li = c.leader()
 	for i := 0; i < 3; i++ {
-		waitFor(t, "replay on every node", 10*time.Second, func() bool { return c.Node(i).LastToken() == last })
+		testkit.WaitFor(t, "replay on every node", 10*time.Second, func() bool { return c.Node(i).LastToken() == last })
 		if _, ok := c.holderOn(i, "k0"); ok {
 			t.Fatal("released key held after restart")
 		}
@@ -394,11 +395,11 @@ func TestIsolatedLeaderStopsGranting(t *testing.T) {
 			t.Fatalf("isolated leader answered %s, want U or M", describe(r))
 		}
 	}
-	waitFor(t, "old leader to stop serving", 5*time.Second, func() bool { return !c.Node(li).Serving() })
+	testkit.WaitFor(t, "old leader to stop serving", 5*time.Second, func() bool { return !c.Node(li).Serving() })
 
 	// The majority side elects a new leader, which keeps the holder.
 	var ni int
-	waitFor(t, "a new leader", 10*time.Second, func() bool {
+	testkit.WaitFor(t, "a new leader", 10*time.Second, func() bool {
 		for i := 0; i < 3; i++ {
 			if i != li && c.Node(i).Serving() {
 				ni = i
@@ -435,7 +436,7 @@ func TestNewLeaderDropsOrphanedWaiters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "b queued everywhere", 5*time.Second, func() bool {
+	testkit.WaitFor(t, "b queued everywhere", 5*time.Second, func() bool {
 		for i := 0; i < 3; i++ {
 			var q int
 			c.Node(i).ReadState(func(st *locksm.State) { q = len(st.Waiters("k")) })
@@ -523,7 +524,7 @@ func TestLeaderShutdownHandsLeadershipOver(t *testing.T) {
 	if next < 0 {
 		t.Fatalf("leadership handed to %q, not to one of the other voters", to)
 	}
-	waitFor(t, "the new leader to serve", 10*time.Second, func() bool { return c.Node(next).Serving() })
+	testkit.WaitFor(t, "the new leader to serve", 10*time.Second, func() bool { return c.Node(next).Serving() })
 	// A hand-over is one election at the next term, started at once by the
 	// target (TimeoutNow), not a series of timed-out ones.
 	if term := c.Node(next).Raft().CurrentTerm(); term != oldTerm+1 {
@@ -539,7 +540,7 @@ func TestLeaderShutdownHandsLeadershipOver(t *testing.T) {
 	// the notice, then the EOF, reach the client in that order, so wait
 	// for either to have been read. (This raced under a loaded CI run.)
 	if old := lc.current(); old != nil {
-		waitFor(t, "the client to read the old leader's notice or close", 10*time.Second, func() bool {
+		testkit.WaitFor(t, "the client to read the old leader's notice or close", 10*time.Second, func() bool {
 			select {
 			case <-old.Done():
 				return true

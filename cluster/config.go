@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"reflect"
 	"strings"
 	"time"
 )
@@ -82,65 +83,70 @@ type Config struct {
 
 	// HeartbeatTimeout is how long a follower waits without contact from the
 	// leader before it starts an election (randomised up to twice this).
-	// Together with ElectionTimeout it sets failover time. Zero: default.
+	// Together with ElectionTimeout it sets failover time. Zero:
+	// DefaultHeartbeatTimeout.
 	HeartbeatTimeout time.Duration
 	// ElectionTimeout is how long a candidate waits for votes (randomised up
-	// to twice this). Zero: default.
+	// to twice this). Zero: DefaultElectionTimeout.
 	ElectionTimeout time.Duration
 	// LeaderLeaseTimeout is how long a leader keeps leading without hearing
 	// from a majority; after it, it steps down and stops granting. Zero:
-	// default. Must not exceed HeartbeatTimeout.
+	// DefaultLeaderLeaseTimeout. Must not exceed HeartbeatTimeout.
 	LeaderLeaseTimeout time.Duration
 	// CommitTimeout bounds how long a follower can go without learning the
-	// commit index when there is no new entry. Zero: default.
+	// commit index when there is no new entry. Zero: DefaultCommitTimeout.
 	CommitTimeout time.Duration
 	// MaxAppendEntries is the most log entries in one AppendEntries RPC.
-	// Zero: default.
+	// Zero: DefaultMaxAppendEntries.
 	MaxAppendEntries int
 	// SnapshotThreshold is how many log entries after the last snapshot
 	// trigger a new one; SnapshotInterval how often that is checked;
 	// TrailingLogs how many entries a snapshot leaves in the log. Zero:
-	// default.
+	// DefaultSnapshotThreshold, DefaultSnapshotInterval, DefaultTrailingLogs.
 	SnapshotThreshold uint64
 	SnapshotInterval  time.Duration
 	TrailingLogs      uint64
-	// PeerTimeout is the I/O deadline of one Raft RPC. Zero: default.
+	// PeerTimeout is the I/O deadline of one Raft RPC. Zero:
+	// DefaultPeerTimeout.
 	PeerTimeout time.Duration
 
-	// HandshakeTimeout bounds a client or peer handshake. Zero: default.
+	// HandshakeTimeout bounds a client or peer handshake. Zero:
+	// DefaultHandshakeTimeout.
 	HandshakeTimeout time.Duration
 	// MaxInFlightPerConn bounds requests without a reply on one client
-	// connection; past it a request gets CodeTooManyInFlight. Zero: default.
+	// connection; past it a request gets CodeTooManyInFlight. Zero:
+	// DefaultMaxInFlightPerConn.
 	MaxInFlightPerConn int
 	// MaxClientConns bounds open client connections; past it new ones are
-	// closed after a connection-level error. Zero: default.
+	// closed after a connection-level error. Zero: DefaultMaxClientConns.
 	MaxClientConns int
 	// IdleTimeout closes a client connection from which nothing arrived
 	// for this long (after E idle_timeout). Clients keep connections alive
 	// with pings (the official client pings after a third of it). Zero:
-	// default (2 min).
+	// DefaultIdleTimeout.
 	IdleTimeout time.Duration
 	// MaxReplyBacklog bounds the reply bytes queued for one client
 	// connection that does not read them; past it the connection is
 	// closed (its locks are then handled as for any dead connection).
-	// Zero: default (8 MiB).
+	// Zero: DefaultMaxReplyBacklog.
 	MaxReplyBacklog int
 	// MaxKeys bounds the keys held at once (plus acquires not yet
 	// committed); an acquire that could create one more gets E
-	// too_many_keys. Zero: default (4 million).
+	// too_many_keys. Zero: DefaultMaxKeys.
 	MaxKeys int
 	// MaxWaitersPerKey bounds one key's queue (plus acquires for it not
-	// yet committed); one more gets E too_many_waiters. Zero: default
-	// (10,000).
+	// yet committed); one more gets E too_many_waiters. Zero:
+	// DefaultMaxWaitersPerKey.
 	MaxWaitersPerKey int
 	// MaxHandshakesPerIP bounds the connections from one IP address that
 	// are between accept and a finished handshake, on each port; more are
-	// closed at once. Zero: default (64).
+	// closed at once. Zero: DefaultMaxHandshakesPerIP.
 	MaxHandshakesPerIP int
 	// AuthFailureDelay is how long a connection that failed its handshake
 	// is held before it is closed; it doubles with every further failure
 	// from the same IP within a minute, up to AuthFailureDelayMax. Zero:
-	// defaults (500 ms, 8 s).
+	// DefaultAuthFailureDelay, DefaultAuthFailureDelayMax (at least
+	// AuthFailureDelay).
 	AuthFailureDelay    time.Duration
 	AuthFailureDelayMax time.Duration
 
@@ -188,7 +194,9 @@ const (
 )
 
 // DefaultConfig returns a Config with every tunable at its default and the
-// identity fields empty.
+// identity fields empty. It is the one place that names the default of
+// each field: withDefaults fills zero fields from it, and `ticketing node`
+// takes its flag defaults from it.
 func DefaultConfig() Config {
 	return Config{
 		HeartbeatTimeout:    DefaultHeartbeatTimeout,
@@ -213,68 +221,24 @@ func DefaultConfig() Config {
 	}
 }
 
-// ErrBadConfig wraps every configuration error.
-var ErrBadConfig = errors.New("cluster: bad config")
-
-// withDefaults fills zero tunables.
+// withDefaults fills every zero tunable from DefaultConfig, and a nil
+// Logger and Now. It copies field by field with reflection, so the
+// defaults are written in one place (the constants, named once in
+// DefaultConfig) and a new tunable cannot be forgotten here; fields
+// DefaultConfig leaves zero (the identity, the secrets, the seams) stay as
+// they are.
 func (c Config) withDefaults() Config {
-	d := DefaultConfig()
-	if c.HeartbeatTimeout == 0 {
-		c.HeartbeatTimeout = d.HeartbeatTimeout
+	maxUnset := c.AuthFailureDelayMax == 0
+	d := reflect.ValueOf(DefaultConfig())
+	v := reflect.ValueOf(&c).Elem()
+	for i := range v.NumField() {
+		if f := v.Field(i); f.CanSet() && f.IsZero() {
+			f.Set(d.Field(i))
+		}
 	}
-	if c.ElectionTimeout == 0 {
-		c.ElectionTimeout = d.ElectionTimeout
-	}
-	if c.LeaderLeaseTimeout == 0 {
-		c.LeaderLeaseTimeout = d.LeaderLeaseTimeout
-	}
-	if c.CommitTimeout == 0 {
-		c.CommitTimeout = d.CommitTimeout
-	}
-	if c.MaxAppendEntries == 0 {
-		c.MaxAppendEntries = d.MaxAppendEntries
-	}
-	if c.SnapshotThreshold == 0 {
-		c.SnapshotThreshold = d.SnapshotThreshold
-	}
-	if c.SnapshotInterval == 0 {
-		c.SnapshotInterval = d.SnapshotInterval
-	}
-	if c.TrailingLogs == 0 {
-		c.TrailingLogs = d.TrailingLogs
-	}
-	if c.PeerTimeout == 0 {
-		c.PeerTimeout = d.PeerTimeout
-	}
-	if c.HandshakeTimeout == 0 {
-		c.HandshakeTimeout = d.HandshakeTimeout
-	}
-	if c.MaxInFlightPerConn == 0 {
-		c.MaxInFlightPerConn = d.MaxInFlightPerConn
-	}
-	if c.MaxClientConns == 0 {
-		c.MaxClientConns = d.MaxClientConns
-	}
-	if c.IdleTimeout == 0 {
-		c.IdleTimeout = d.IdleTimeout
-	}
-	if c.MaxReplyBacklog == 0 {
-		c.MaxReplyBacklog = d.MaxReplyBacklog
-	}
-	if c.MaxKeys == 0 {
-		c.MaxKeys = d.MaxKeys
-	}
-	if c.MaxWaitersPerKey == 0 {
-		c.MaxWaitersPerKey = d.MaxWaitersPerKey
-	}
-	if c.MaxHandshakesPerIP == 0 {
-		c.MaxHandshakesPerIP = d.MaxHandshakesPerIP
-	}
-	if c.AuthFailureDelay == 0 {
-		c.AuthFailureDelay = d.AuthFailureDelay
-	}
-	if c.AuthFailureDelayMax == 0 {
-		c.AuthFailureDelayMax = max(d.AuthFailureDelayMax, c.AuthFailureDelay)
+	if maxUnset {
+		// The cap of the doubling delay is never below its start.
+		c.AuthFailureDelayMax = max(c.AuthFailureDelayMax, c.AuthFailureDelay)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -360,10 +324,6 @@ func (c Config) Validate() error {
 	}
 	return nil
 }
-
-// ErrVoterCount is returned for an initial membership that is not 3 or 5
-// voters.
-var ErrVoterCount = errors.New("cluster: a cluster has exactly 3 or 5 voters")
 
 // ValidateVoters checks an initial voter set: 3 or 5 members with distinct,
 // valid ids and distinct addresses.

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -142,8 +141,6 @@ func encodeAnnounce(id, addr string) []byte {
 	b = append(b, byte(len(addr)))
 	return append(b, addr...)
 }
-
-var errCorruptEntry = errors.New("cluster: corrupt log entry")
 
 func encodeDomain(domain string, floor uint64) []byte {
 	b := []byte{entryDomain, byte(len(domain))}

@@ -48,14 +48,6 @@ const handOverAckWait = time.Second
 // U when leadership moves (as at any leader change).
 const handOverDrainWait = 2 * time.Second
 
-// ErrHandOverInProgress: another hand-over of this node's leadership has
-// not finished.
-var ErrHandOverInProgress = errors.New("cluster: a leadership hand-over is in progress")
-
-// ErrNoTarget: no other voter answered, so there is nobody to hand the
-// leadership to.
-var ErrNoTarget = errors.New("cluster: no voter to hand the leadership to")
-
 // HandOver hands this node's leadership to another voter quietly (see the
 // steps above): to names the target's server id, or "" for the voter that
 // answers and has applied the most. It returns the target's server id once

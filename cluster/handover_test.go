@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"ticketing/cluster/testkit"
 	"ticketing/cluster/wire"
 	"ticketing/locksm"
 )
@@ -40,7 +41,7 @@ func rawNext(t *testing.T, r *wire.Reader) wire.Msg {
 // (the leader records the other members' through the log).
 func (c *testCluster) waitAddrsRecorded(i int) {
 	c.t.Helper()
-	waitFor(c.t, "every member's client address in the log", 15*time.Second, func() bool {
+	testkit.WaitFor(c.t, "every member's client address in the log", 15*time.Second, func() bool {
 		ms, err := c.Node(i).Members()
 		if err != nil {
 			return false
@@ -103,7 +104,7 @@ func TestHandOverFailedTransferResumesServing(t *testing.T) {
 	w := acquireMsg("k", "waiter", 60, 30*time.Second)
 	w.ID = 2
 	rawSend(t, conn, w)
-	waitFor(t, "the waiter to queue", 10*time.Second, func() bool {
+	testkit.WaitFor(t, "the waiter to queue", 10*time.Second, func() bool {
 		var q int
 		leader.ReadState(func(st *locksm.State) { q = len(st.Waiters("k")) })
 		return q == 1
@@ -214,7 +215,7 @@ func TestHandOverNamesTheTarget(t *testing.T) {
 	if to := <-toc; to != n.LeaderID {
 		t.Fatalf("HandOver returned %q, the notice named %q", to, n.LeaderID)
 	}
-	waitFor(t, "the target to serve", 10*time.Second, func() bool { return c.Node(ti).Serving() })
+	testkit.WaitFor(t, "the target to serve", 10*time.Second, func() bool { return c.Node(ti).Serving() })
 	if got := c.Node(ti).Raft().CurrentTerm(); got != term+1 {
 		t.Fatalf("term %d after a hand-over from term %d", got, term)
 	}

@@ -234,16 +234,4 @@ func (lc *leaderClient) current() *client.Conn {
 	return lc.cn
 }
 
-// waitFor polls cond until it holds or the test times out.
-func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 var errNoNode = errors.New("node stopped")

@@ -19,6 +19,7 @@ import (
 	"ticketing/cluster"
 	"ticketing/cluster/client"
 	"ticketing/cluster/local"
+	"ticketing/cluster/testkit"
 	"ticketing/cluster/wire"
 	"ticketing/locksm"
 )
@@ -364,7 +365,7 @@ func TestHostileClientsOverTLS(t *testing.T) {
 					break // cut off: what we wanted
 				}
 			}
-			waitFor(t, "slow consumer cut off", 10*time.Second, func() bool { return node.Stats().SlowConsumerCloses > before })
+			testkit.WaitFor(t, "slow consumer cut off", 10*time.Second, func() bool { return node.Stats().SlowConsumerCloses > before })
 		}},
 		{fillsKeyTable, func(t *testing.T) {
 			conn := c.dialKeepAlive(li)
@@ -394,7 +395,7 @@ func TestHostileClientsOverTLS(t *testing.T) {
 				}
 				calls = append(calls, call)
 			}
-			waitFor(t, "five waiters", 5*time.Second, func() bool {
+			testkit.WaitFor(t, "five waiters", 5*time.Second, func() bool {
 				n := 0
 				node.ReadState(func(s *locksm.State) { n = s.QueueLen("queue") })
 				return n == 5
@@ -429,7 +430,7 @@ func TestHostileClientsOverTLS(t *testing.T) {
 				io.Copy(io.Discard, nc)
 				nc.Close()
 			}
-			waitFor(t, "peer admissions refused", 5*time.Second, func() bool { return node.Stats().PeerAuthFailures > before })
+			testkit.WaitFor(t, "peer admissions refused", 5*time.Second, func() bool { return node.Stats().PeerAuthFailures > before })
 		}},
 		{"thousands of idle connections", func(t *testing.T) {
 			// 1,000 TCP connections that never speak: at most
@@ -485,7 +486,7 @@ func TestHostileClientsOverTLS(t *testing.T) {
 				a.Close()
 			}
 			alive = nil
-			waitFor(t, "the connections to be gone", 10*time.Second, func() bool {
+			testkit.WaitFor(t, "the connections to be gone", 10*time.Second, func() bool {
 				_, err := dialWith(t, c.ClientAddr(li), client.Config{Secret: c.ClientSecret, ClusterID: c.ClusterID, TLS: c.ClientTLS})
 				return err == nil
 			})

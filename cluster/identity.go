@@ -23,9 +23,6 @@ import (
 // identityFile holds "NAME/INCARNATION\n" in the data dir.
 const identityFile = "identity"
 
-// ErrIdentity wraps every problem with a data dir's identity.
-var ErrIdentity = errors.New("cluster: data dir identity")
-
 // incarnationLen is the length of an incarnation: 10 base32 characters (50
 // random bits; it only has to differ from the earlier incarnations of the
 // same node name).

@@ -11,6 +11,7 @@ import (
 
 	"ticketing/cluster"
 	"ticketing/cluster/local"
+	"ticketing/cluster/testkit"
 )
 
 // The hazard this guards against (reproduced with hashicorp/raft v1.8.0): an
@@ -31,7 +32,7 @@ func TestWipedNodeCannotVoteUnderItsOldIdentity(t *testing.T) {
 	defer lc.close()
 	tok := mustGrant(t, lc.do(acquireMsg("x", "a", 250, 0))) // committed on li and wiped only
 	lc.drop()
-	waitFor(t, "x applied on the node to be wiped", 5*time.Second, func() bool {
+	testkit.WaitFor(t, "x applied on the node to be wiped", 5*time.Second, func() bool {
 		_, ok := c.holderOn(wiped, "x")
 		return ok
 	})
@@ -70,7 +71,7 @@ func TestWipedNodeCannotVoteUnderItsOldIdentity(t *testing.T) {
 	if err := c.Restart(li); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "x replicated to the lagging node", 20*time.Second, func() bool {
+	testkit.WaitFor(t, "x replicated to the lagging node", 20*time.Second, func() bool {
 		h, ok := c.holderOn(lag, "x")
 		return ok && h.Token == tok
 	})
@@ -88,7 +89,7 @@ func TestWipedNodeCannotVoteUnderItsOldIdentity(t *testing.T) {
 	if err := c.Node(nl).AddLearner(newID, c.PeerAddrOf(wiped), 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the learner to catch up", 20*time.Second, func() bool {
+	testkit.WaitFor(t, "the learner to catch up", 20*time.Second, func() bool {
 		h, ok := c.holderOn(wiped, "x")
 		return ok && h.Token == tok
 	})
@@ -116,7 +117,7 @@ func TestFencingDomainIsReplicatedAndTokensStartAboveTheFloor(t *testing.T) {
 	c := startClusterOpts(t, local.Options{TokenFloor: floor})
 	li := c.leader()
 	var domain string
-	waitFor(t, "every node to know the domain", 10*time.Second, func() bool {
+	testkit.WaitFor(t, "every node to know the domain", 10*time.Second, func() bool {
 		domain = c.Node(0).Domain()
 		for i := 1; i < c.Size(); i++ {
 			if c.Node(i).Domain() != domain {
@@ -148,7 +149,7 @@ func TestFencingDomainIsReplicatedAndTokensStartAboveTheFloor(t *testing.T) {
 	// A new cluster is a new domain, even on the same machine.
 	c2 := startCluster(t, 3)
 	c2.leader()
-	waitFor(t, "the second cluster's domain", 10*time.Second, func() bool { return c2.Node(0).Domain() != "" })
+	testkit.WaitFor(t, "the second cluster's domain", 10*time.Second, func() bool { return c2.Node(0).Domain() != "" })
 	if d2 := c2.Node(0).Domain(); d2 == domain {
 		t.Fatalf("two clusters share the domain %s", d2)
 	}
@@ -215,7 +216,7 @@ func TestNewDomainOnlyByExplicitBootstrap(t *testing.T) {
 	if tok := mustGrant(t, lc2.do(acquireMsg("k", "b", 30, 0))); tok <= oldTok {
 		t.Fatalf("the new domain's token %d is not above the old domain's %d", tok, oldTok)
 	}
-	waitFor(t, "every node in the new domain", 10*time.Second, func() bool {
+	testkit.WaitFor(t, "every node in the new domain", 10*time.Second, func() bool {
 		for i := 0; i < 3; i++ {
 			if c.Node(i).Domain() != res.Domain {
 				return false

@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -39,16 +38,16 @@ import (
 //     inside that step. If OLD leads, it first hands its leadership over
 //     and the new leader runs the step.
 //
-// AdminCluster.Replace (admin.go) reads the members with their health
-// before each step and takes the next one of these, so it resumes after a
-// leader change or a half-done earlier attempt. The plain operations keep
-// their rules, relaxed only where the tolerance says it is safe: Remove
-// leaves at least 3 voters, or at least 2 when the tolerance does not drop
-// (the voter removed does not answer); Promote never makes a 6th voter
-// (PromoteReplacing may, inside its step). Growing 3 → 5 is learner +
-// promote twice (passing 4 voters); shrinking is remove twice. Removing
-// the leader first hands leadership over (a quiet hand-over, handover.go)
-// and the new leader removes it.
+// client.AdminCluster.Replace (cluster/client/replace.go) reads the
+// members with their health before each step and takes the next one of
+// these, so it resumes after a leader change or a half-done earlier
+// attempt. The plain operations keep their rules, relaxed only where the
+// tolerance says it is safe: Remove leaves at least 3 voters, or at least
+// 2 when the tolerance does not drop (the voter removed does not answer);
+// Promote never makes a 6th voter (PromoteReplacing may, inside its step).
+// Growing 3 → 5 is learner + promote twice (passing 4 voters); shrinking is
+// remove twice. Removing the leader first hands leadership over (a quiet
+// hand-over, handover.go) and the new leader removes it.
 
 // Member is one server of the current configuration.
 type Member struct {
@@ -62,26 +61,6 @@ type Member struct {
 	Voter      bool
 	Leader     bool
 }
-
-// Sentinel errors of membership changes.
-var (
-	// ErrNotLeader: the change must be asked of the leader.
-	ErrNotLeader = errors.New("cluster: not the leader")
-	// ErrChangeInProgress: another membership change has not finished.
-	ErrChangeInProgress = errors.New("cluster: a membership change is in progress")
-	// ErrUnsafeChange: the change would break a rule (voter count, the
-	// failures the cluster survives, a voter that must answer).
-	ErrUnsafeChange = errors.New("cluster: unsafe membership change")
-	// ErrNoQuorum: fewer than a majority of the voters answer, so no
-	// change can commit (and no order of changes can help); see the
-	// README's runbook, "The majority is lost for good".
-	ErrNoQuorum = errors.New("cluster: no majority of the voters answers")
-	// ErrLearnerLagging: the learner trails the commit index by more than
-	// MaxPromoteLag (or did not answer); try again once it caught up.
-	ErrLearnerLagging = errors.New("cluster: the learner has not caught up")
-	// ErrNoSuchMember: the server id is not in the configuration.
-	ErrNoSuchMember = errors.New("cluster: no such member")
-)
 
 // MaxPromoteLag is how many entries a learner's applied index may trail
 // the leader's commit index and still be promoted.

@@ -9,18 +9,20 @@ import (
 	"time"
 
 	"ticketing/cluster"
+	"ticketing/cluster/client"
 	"ticketing/cluster/local"
+	"ticketing/cluster/testkit"
 	"ticketing/cluster/wire"
 )
 
 var adminSecret = []byte("the-admin-secret-0123456789abcdef")
 
-func (c *testCluster) admin() *cluster.AdminCluster {
+func (c *testCluster) admin() *client.AdminCluster {
 	var addrs []string
 	for i := 0; i < c.Size(); i++ {
 		addrs = append(addrs, c.AdminAddr(i))
 	}
-	return &cluster.AdminCluster{Addrs: addrs, Config: cluster.AdminConfig{Secret: adminSecret, ClusterID: c.ClusterID, TLS: c.ClientTLS}}
+	return &client.AdminCluster{Addrs: addrs, Config: client.AdminConfig{Secret: adminSecret, ClusterID: c.ClusterID, TLS: c.ClientTLS}}
 }
 
 // replaceInPlace replaces node i (already wiped and restarted with a new
@@ -216,7 +218,7 @@ func TestAdminPortAuthAndMembers(t *testing.T) {
 	for name, secret := range map[string][]byte{"client secret": c.ClientSecret, "wrong": []byte("some-other-secret-123456")} {
 		cfg := a.Config
 		cfg.Secret = secret
-		if _, err := cluster.AdminDo(ctx, c.AdminAddr(0), cfg, cluster.AdminRequest{Op: "members"}); !errors.Is(err, wire.ErrAuthFailed) {
+		if _, err := client.AdminDo(ctx, c.AdminAddr(0), cfg, cluster.AdminRequest{Op: "members"}); !errors.Is(err, wire.ErrAuthFailed) {
 			t.Fatalf("admin port with the %s: %v, want auth_failed", name, err)
 		}
 	}
@@ -244,7 +246,7 @@ func TestGrowToFiveAndShrinkToThree(t *testing.T) {
 		if _, err := a.Do(ctx, cluster.AdminRequest{Op: "add-learner", ID: id, Addr: c.PeerAddrOf(i)}); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, id+" to catch up", 20*time.Second, func() bool {
+		testkit.WaitFor(t, id+" to catch up", 20*time.Second, func() bool {
 			h, ok := c.holderOn(i, "k")
 			return ok && h.Token == tok
 		})

@@ -1,8 +1,6 @@
 package cluster
 
 import (
-	"errors"
-
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -176,52 +174,6 @@ func (n *Node) record(e leader.Event) {
 // global default one). Serve it with promhttp.HandlerFor, or register
 // further collectors on it.
 func (n *Node) MetricsRegistry() *prometheus.Registry { return n.metrics.reg }
-
-// Ready says whether this node should receive client traffic: nil when it
-// is the serving leader, or a member (voter or learner) of a configuration
-// with a known leader (it then sends clients there with M); otherwise the
-// reason, one line. Load balancers and orchestrators poll it (/readyz).
-func (n *Node) Ready() error {
-	n.mu.Lock()
-	closed, serving := n.closed, n.core.Serving()
-	n.mu.Unlock()
-	switch {
-	case closed:
-		return errors.New("node closed")
-	case serving:
-		return nil
-	}
-	switch n.raft.State() {
-	case raft.Leader:
-		return errors.New("leader, not serving yet (applying earlier entries)")
-	case raft.Candidate:
-		return errors.New("candidate: an election is in progress")
-	case raft.Shutdown:
-		return errors.New("raft shut down")
-	}
-	fut := n.raft.GetConfiguration()
-	if err := fut.Error(); err != nil {
-		return errors.New("no configuration: " + err.Error())
-	}
-	servers := fut.Configuration().Servers
-	if len(servers) == 0 {
-		return errors.New("not part of a cluster yet (bootstrap it, or add it as a learner)")
-	}
-	member := false
-	for _, s := range servers {
-		if string(s.ID) == n.serverID {
-			member = true
-			break
-		}
-	}
-	if !member {
-		return errors.New("not a member of the current configuration")
-	}
-	if _, id := n.raft.LeaderWithID(); id == "" {
-		return errors.New("no known leader")
-	}
-	return nil
-}
 
 // watchLeaderChanges counts the leader changes this node observes.
 func (n *Node) watchLeaderChanges() {

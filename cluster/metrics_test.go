@@ -15,6 +15,7 @@ import (
 	"ticketing/cluster/client"
 	"ticketing/cluster/local"
 	"ticketing/cluster/obs"
+	"ticketing/cluster/testkit"
 	"ticketing/cluster/wire"
 	"ticketing/locksm"
 )
@@ -73,7 +74,7 @@ func TestMetricsUnderSmallWorkload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "bob queued", 5*time.Second, func() bool {
+	testkit.WaitFor(t, "bob queued", 5*time.Second, func() bool {
 		v, _ := lookupMetric(t, reg, "ticketing_node_waiters")
 		return v == 1
 	})
@@ -144,7 +145,7 @@ func TestMetricsUnderSmallWorkload(t *testing.T) {
 	wantMetric(t, freg, 0, "ticketing_node_handoffs_total") // counted by the leader only
 	wantMetric(t, freg, 1, "ticketing_node_raft_state", "state", "follower")
 	wantMetric(t, freg, 1, "ticketing_node_raft_leader_known")
-	waitFor(t, "follower applied the last grant", 5*time.Second, func() bool {
+	testkit.WaitFor(t, "follower applied the last grant", 5*time.Second, func() bool {
 		v, _ := lookupMetric(t, freg, "ticketing_node_last_token")
 		return v == float64(t4)
 	})
@@ -157,7 +158,7 @@ func TestMetricsUnderSmallWorkload(t *testing.T) {
 		cn.Close()
 		t.Fatal("dial with a wrong secret succeeded")
 	}
-	waitFor(t, "auth failure counted", 5*time.Second, func() bool {
+	testkit.WaitFor(t, "auth failure counted", 5*time.Second, func() bool {
 		v, _ := lookupMetric(t, reg, "ticketing_node_auth_failures_total", "port", "client")
 		return v == 1
 	})
@@ -244,7 +245,7 @@ func TestMetricsListenerAndReadiness(t *testing.T) {
 	if code, body := httpGet(t, lu+"/readyz"); code != http.StatusOK {
 		t.Errorf("/readyz on the leader: %d %q", code, body)
 	}
-	waitFor(t, "follower ready", 5*time.Second, func() bool { return c.Node(fi).Ready() == nil })
+	testkit.WaitFor(t, "follower ready", 5*time.Second, func() bool { return c.Node(fi).Ready() == nil })
 	if code, body := httpGet(t, fu+"/readyz"); code != http.StatusOK {
 		t.Errorf("/readyz on a follower: %d %q", code, body)
 	}

@@ -1,7 +1,7 @@
 // Package cluster is a Ticketing cluster node: hashicorp/raft with
 // raft-boltdb/v2 and a file snapshot store around the locksm state machine,
 // the authenticated peer transport, and the client port that serves the
-// protocol of cluster/PROTOCOL.md. Only the leader serves lock requests; it
+// protocol of cluster/wire/PROTOCOL.md. Only the leader serves lock requests; it
 // stamps time into commands, runs the lease and wait timers, and replies to
 // clients only after their command has committed. Those rules live in the
 // pure leader core of cluster/leader; Node feeds it and performs what it
@@ -672,9 +672,6 @@ func (n *Node) await(f raft.Future) error {
 		return ErrClosing
 	}
 }
-
-// ErrClosing: the node was closed before Raft answered.
-var ErrClosing = errors.New("cluster: node closing")
 
 func (n *Node) proposalFailed(cmds []locksm.Command, err error) {
 	// ErrNotLeader means the entry was never appended: definitely not

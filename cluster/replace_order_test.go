@@ -13,6 +13,7 @@ import (
 
 	"ticketing/cluster"
 	"ticketing/cluster/local"
+	"ticketing/cluster/testkit"
 )
 
 // history is the configurations in the log of the node that leads now,
@@ -55,7 +56,7 @@ func (c *testCluster) replaceLogged(t *testing.T, oldID, newID, addr string) []s
 // within MaxPromoteLag.
 func (c *testCluster) waitCaughtUp(id string) {
 	c.t.Helper()
-	waitFor(c.t, id+" to catch up", 20*time.Second, func() bool {
+	testkit.WaitFor(c.t, id+" to catch up", 20*time.Second, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		rep, err := c.admin().Do(ctx, cluster.AdminRequest{Op: "members"})
@@ -260,9 +261,9 @@ func TestRemoveDeadVoterOfThree(t *testing.T) {
 }
 
 // The JSON keys of a members reply and of a status report's members are
-// the ones cluster/PROTOCOL.md lists (so the contract cannot drift).
+// the ones cluster/wire/PROTOCOL.md lists (so the contract cannot drift).
 func TestAdminMemberJSONMatchesProtocol(t *testing.T) {
-	b, err := os.ReadFile("PROTOCOL.md")
+	b, err := os.ReadFile("wire/PROTOCOL.md")
 	if err != nil {
 		t.Fatal(err)
 	}

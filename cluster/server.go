@@ -8,8 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hashicorp/raft"
-
 	"ticketing/cluster/wire"
 	"ticketing/locksm"
 )
@@ -268,72 +266,6 @@ func opOf(typ byte) locksm.Op {
 
 func errReply(id uint64, err error) *wire.Msg {
 	return &wire.Msg{Type: wire.TypeError, ID: id, Code: wire.CodeOf(err), Text: err.Error()}
-}
-
-// status builds a status reply (without its id).
-func (n *Node) status() wire.Msg {
-	st := wire.Msg{Type: wire.TypeStatusR, NodeID: n.serverID}
-	switch n.raft.State() {
-	case raft.Leader:
-		st.Role = wire.RoleLeader
-	case raft.Follower:
-		st.Role = wire.RoleFollower
-	case raft.Candidate:
-		st.Role = wire.RoleCandidate
-	case raft.Shutdown:
-		st.Role = wire.RoleShutdown
-	}
-	st.Term = n.raft.CurrentTerm()
-	st.Commit = n.raft.CommitIndex()
-	st.Applied = n.raft.AppliedIndex()
-	// leader_addr is where requests are served right now: a leader that is
-	// still preparing (barrier, dropping orphaned waiters) or handing its
-	// leadership over leaves it empty. (Unlike M, status names Raft's
-	// leader, never a hand-over's target: an older client takes a status
-	// naming the node itself with an address for "serving".)
-	var addr, id string
-	if _, lid := n.raft.LeaderWithID(); lid != "" {
-		id = string(lid)
-		switch {
-		case id != n.serverID:
-			addr = n.fsm.clientAddr(id)
-		case n.Serving():
-			addr = n.advertise
-		}
-	}
-	st.LeaderAddr, st.LeaderID = addr, id
-	n.fsm.read(func(s *locksm.State) {
-		st.LastToken = s.LastToken()
-		st.Held = uint64(s.NumHeld())
-		st.Waiting = uint64(s.NumWaiting())
-	})
-	return st
-}
-
-// membersReply builds a members reply (without its id): this node's view
-// of the configuration, as many members as fit in one frame (a cluster has
-// at most 5 voters and a learner or two, far below that).
-func (n *Node) membersReply() wire.Msg {
-	r := wire.Msg{Type: wire.TypeMembersR}
-	ms, err := n.Members()
-	if err != nil {
-		return r
-	}
-	size := 1 + 8 + 1
-	for _, m := range ms {
-		mb := wire.Member{ServerID: m.ServerID, ClientAddr: m.ClientAddr, Suffrage: wire.SuffrageLearner}
-		if m.Voter {
-			mb.Suffrage = wire.SuffrageVoter
-		}
-		if len(mb.ClientAddr) > 255 {
-			mb.ClientAddr = ""
-		}
-		if size += 1 + len(mb.ServerID) + 1 + 1 + len(mb.ClientAddr); size > wire.MaxFrameLen {
-			break
-		}
-		r.Members = append(r.Members, mb)
-	}
-	return r
 }
 
 // send encodes m for the writer. Never blocks; a message that cannot be

@@ -135,3 +135,23 @@ func (q *timerQueue) run() {
 		}
 	}
 }
+
+// expiryOf returns the earliest lease timer armed in epoch for the holding
+// (key, token). It scans the whole heap (O(timers), one comparison of a
+// token per item): meant for inspecting one key, not for a hot path.
+func (q *timerQueue) expiryOf(key string, token, epoch uint64) (time.Time, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var at time.Time
+	found := false
+	for i := range q.items {
+		it := &q.items[i]
+		if it.Token != token || it.Kind != leader.TimerExpire || it.Epoch != epoch || it.Key != key {
+			continue
+		}
+		if !found || it.At.Before(at) {
+			at, found = it.At, true
+		}
+	}
+	return at, found
+}

@@ -44,7 +44,7 @@ import "errors"
 
 // Field constraints. They are part of the replicated semantics: every replica
 // must agree on them, so they are constants, not configuration. Changing one
-// is a protocol change (see cluster/PROTOCOL.md, "Field constraints").
+// is a protocol change (see cluster/wire/PROTOCOL.md, "Field constraints").
 const (
 	// MaxKeyLen is the longest key in bytes. Keys are 1..MaxKeyLen bytes,
 	// each in the visible ASCII range 0x21..0x7E (no space, no control byte),

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"ticketing/cluster/local"
+	"ticketing/cluster/testkit"
 	"ticketing/locksm"
 )
 
@@ -63,7 +64,7 @@ func newBroker(t *testing.T, c *local.Cluster, tune func(*Config)) *Broker {
 	// Start from a settled state: the broker knows the serving leader (a
 	// stale hint would earn a definite ErrMoved, which the tests below do
 	// not expect unless they provoke it).
-	waitFor(t, "broker to know the serving leader", 10*time.Second, func() bool {
+	testkit.WaitFor(t, "broker to know the serving leader", 10*time.Second, func() bool {
 		return b.Info().Leader == c.ClientAddr(leaderOf(t, c))
 	})
 	return b
@@ -80,17 +81,6 @@ func holder(c *local.Cluster, i int, key string) (locksm.Holder, bool) {
 	var ok bool
 	c.Node(i).ReadState(func(st *locksm.State) { h, ok = st.Holder(key) })
 	return h, ok
-}
-
-func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 func TestBrokerFIFOHandOff(t *testing.T) {
@@ -123,7 +113,7 @@ func TestBrokerFIFOHandOff(t *testing.T) {
 			}
 			got <- res{i, lk, time.Now()}
 		}(i)
-		waitFor(t, "waiter queued", 5*time.Second, func() bool {
+		testkit.WaitFor(t, "waiter queued", 5*time.Second, func() bool {
 			var n int
 			c.Node(li).ReadState(func(st *locksm.State) { n = len(st.Waiters("seats/1")) })
 			return n == i
@@ -182,14 +172,13 @@ func TestBrokerMovedIsRememberedNotResent(t *testing.T) {
 	b := newBroker(t, c, nil)
 	ctx := ctxT(t, 30*time.Second)
 	li := leaderOf(t, c)
-	waitFor(t, "broker knows the leader", 5*time.Second, func() bool { return b.Info().Leader == c.ClientAddr(li) })
+	testkit.WaitFor(t, "broker knows the leader", 5*time.Second, func() bool { return b.Info().Leader == c.ClientAddr(li) })
 	fi := (li + 1) % 3
 	// Followers must know the leader's client address for a useful M.
-	waitFor(t, "follower knows the leader", 5*time.Second, func() bool {
+	testkit.WaitFor(t, "follower knows the leader's client address", 5*time.Second, func() bool {
 		st := c.Node(fi)
-		return st != nil && st.Raft().Leader() != ""
+		return st != nil && st.StatusReport().LeaderClientAddr == c.ClientAddr(li)
 	})
-	time.Sleep(100 * time.Millisecond)
 	b.setLeader(c.ClientAddr(fi)) // a stale hint, as after a leader change
 	_, err := b.Acquire(ctx, "k", "a", 30*time.Second, 5*time.Second)
 	if !errors.Is(err, ErrMoved) {
@@ -222,7 +211,7 @@ func TestBrokerLeaderKillDuringPendingAcquire(t *testing.T) {
 		_, err := b.Acquire(ctx, "k", "waiter", 60*time.Second, 20*time.Second)
 		errc <- err
 	}()
-	waitFor(t, "waiter queued", 5*time.Second, func() bool {
+	testkit.WaitFor(t, "waiter queued", 5*time.Second, func() bool {
 		var n int
 		c.Node(li).ReadState(func(st *locksm.State) { n = len(st.Waiters("k")) })
 		return n == 1
@@ -363,7 +352,7 @@ func TestBrokerUnwrittenAcquireIsRetried(t *testing.T) {
 	// One address: two connections to it (and none to the other members).
 	b := newBroker(t, c, func(cfg *Config) { seedOnly(cfg, c.ClientAddr(li)); cfg.Dialer = d.dial })
 	ctx := ctxT(t, 30*time.Second)
-	waitFor(t, "two connections", 5*time.Second, func() bool {
+	testkit.WaitFor(t, "two connections", 5*time.Second, func() bool {
 		b.mu.Lock()
 		defer b.mu.Unlock()
 		return b.slots[0].conn != nil && b.slots[1].conn != nil && b.leader != ""
@@ -399,18 +388,18 @@ func TestBrokerUnwrittenAcquireIsRetried(t *testing.T) {
 	}
 	// x goes to one connection, whose writer blocks in Write with x's bytes.
 	launch("x")
-	waitFor(t, "x in a stalled write", 5*time.Second, func() bool { return len(blockedOn()) == 1 })
+	testkit.WaitFor(t, "x in a stalled write", 5*time.Second, func() bool { return len(blockedOn()) == 1 })
 	var victim *stallConn
 	for sc := range blockedOn() {
 		victim = sc
 	}
 	// y goes to the other connection (round-robin), blocking it too.
 	launch("y")
-	waitFor(t, "y in a stalled write", 5*time.Second, func() bool { return len(blockedOn()) == 2 })
+	testkit.WaitFor(t, "y in a stalled write", 5*time.Second, func() bool { return len(blockedOn()) == 2 })
 	// z goes to x's connection again and waits behind the stalled write:
 	// not one byte of it has been written.
 	launch("z")
-	waitFor(t, "z queued", 5*time.Second, func() bool {
+	testkit.WaitFor(t, "z queued", 5*time.Second, func() bool {
 		n := 0
 		b.mu.Lock()
 		for _, s := range b.slots {
@@ -549,14 +538,14 @@ func TestBrokerCompensatesLateGrant(t *testing.T) {
 	for _, sc := range d.all() {
 		sc.set(false, false) // the G arrives now
 	}
-	waitFor(t, "the late grant released", 5*time.Second, func() bool {
+	testkit.WaitFor(t, "the late grant released", 5*time.Second, func() bool {
 		_, ok := holder(c, li, "k")
 		return !ok
 	})
 	reg := b.MetricsRegistry()
 	wantValue(t, reg, 1, "ticketing_sidecar_acquires_total", "result", "indeterminate")
 	wantValue(t, reg, 1, "ticketing_sidecar_late_grants_total")
-	waitFor(t, "the compensation counted", 5*time.Second, func() bool {
+	testkit.WaitFor(t, "the compensation counted", 5*time.Second, func() bool {
 		return metricValue(t, reg, "ticketing_sidecar_compensations_total", "result", "ok") == 1
 	})
 }
@@ -567,9 +556,9 @@ func TestBrokerSingleAddressSurvivesOneDrop(t *testing.T) {
 	d := &stallDialer{}
 	b := newBroker(t, c, func(cfg *Config) { seedOnly(cfg, c.ClientAddr(li)); cfg.Dialer = d.dial })
 	ctx := ctxT(t, 30*time.Second)
-	waitFor(t, "two connections", 5*time.Second, func() bool { return len(d.all()) == 2 && b.Info().Leader != "" })
+	testkit.WaitFor(t, "two connections", 5*time.Second, func() bool { return len(d.all()) == 2 && b.Info().Leader != "" })
 	d.all()[0].Close()
-	waitFor(t, "the broker to notice the drop", 5*time.Second, func() bool {
+	testkit.WaitFor(t, "the broker to notice the drop", 5*time.Second, func() bool {
 		b.mu.Lock()
 		defer b.mu.Unlock()
 		return b.slots[0].conn == nil || b.slots[1].conn == nil
@@ -611,13 +600,16 @@ func TestBrokerRefusesASecondFencingDomain(t *testing.T) {
 	}
 
 	// Pinned to A's domain by config: B's nodes are refused at the handshake.
+	dials := newDialLog()
 	br := newBroker(t, a, func(cfg *Config) {
 		cfg.Domain = a.Domain
 		cfg.Addrs = append(a.ClientAddrs(), b2.ClientAddrs()...)
+		cfg.Dialer = dials.dial
 	})
 	ctx := ctxT(t, 30*time.Second)
-	waitFor(t, "A's three nodes connected", 5*time.Second, func() bool { return len(br.Info().Connected) == 3 })
-	time.Sleep(300 * time.Millisecond) // B's nodes had every chance to connect
+	testkit.WaitFor(t, "A's three nodes connected", 5*time.Second, func() bool { return len(br.Info().Connected) == 3 })
+	// B's nodes had their chance: each was dialled and let go.
+	testkit.WaitFor(t, "B's nodes refused", 10*time.Second, func() bool { return dials.allClosed(b2.ClientAddrs()) })
 	in := br.Info()
 	if in.Domain != a.Domain || len(in.Connected) != 3 {
 		t.Fatalf("info %+v, want only A's nodes (domain %s)", in, a.Domain)
@@ -642,14 +634,17 @@ func TestBrokerRefusesASecondFencingDomain(t *testing.T) {
 
 	// Unpinned: the first domain seen wins and the other is refused; it
 	// never connects to both.
-	free := newBrokerAddrs(t, a, append(b2.ClientAddrs(), a.ClientAddrs()...))
-	waitFor(t, "a domain pinned", 5*time.Second, func() bool { return free.Info().Domain != "" })
-	time.Sleep(300 * time.Millisecond)
-	in = free.Info()
-	want := a.ClientAddrs()
-	if in.Domain == b2.Domain {
-		want = b2.ClientAddrs()
+	dials = newDialLog()
+	free := newBrokerAddrs(t, a, append(b2.ClientAddrs(), a.ClientAddrs()...), func(cfg *Config) { cfg.Dialer = dials.dial })
+	testkit.WaitFor(t, "a domain pinned", 5*time.Second, func() bool { return free.Info().Domain != "" })
+	want, other := a.ClientAddrs(), b2.ClientAddrs()
+	if free.Info().Domain == b2.Domain {
+		want, other = other, want
 	}
+	testkit.WaitFor(t, "the other domain's nodes refused, three connected", 10*time.Second, func() bool {
+		return dials.allClosed(other) && len(free.Info().Connected) == 3
+	})
+	in = free.Info()
 	if len(in.Connected) != 3 {
 		t.Fatalf("connected %v in domain %s, want %v", in.Connected, in.Domain, want)
 	}
@@ -675,6 +670,52 @@ func TestBrokerRefusesASecondFencingDomain(t *testing.T) {
 	if got := none.Info(); len(got.Connected) != 0 {
 		t.Fatalf("connected to %v of another domain", got.Connected)
 	}
+}
+
+// dialLog is a broker's Dialer that notes, per address, whether a
+// connection it dialled was closed: the broker closes the connections of
+// the nodes it refuses.
+type dialLog struct {
+	mu     sync.Mutex
+	closed map[string]bool
+}
+
+func newDialLog() *dialLog { return &dialLog{closed: map[string]bool{}} }
+
+func (l *dialLog) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	return &loggedConn{Conn: c, onClose: func() {
+		l.mu.Lock()
+		l.closed[addr] = true
+		l.mu.Unlock()
+	}}, nil
+}
+
+// allClosed reports whether a connection to each of addrs was closed.
+func (l *dialLog) allClosed(addrs []string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, a := range addrs {
+		if !l.closed[a] {
+			return false
+		}
+	}
+	return true
+}
+
+type loggedConn struct {
+	net.Conn
+	once    sync.Once
+	onClose func()
+}
+
+func (c *loggedConn) Close() error {
+	c.once.Do(c.onClose)
+	return c.Conn.Close()
 }
 
 // newBrokerAddrs is a broker on addrs that does not wait for a leader.

@@ -7,6 +7,7 @@ import (
 
 	"ticketing/cluster/local"
 	"ticketing/cluster/netfault"
+	"ticketing/cluster/testkit"
 	"ticketing/locksm"
 )
 
@@ -29,7 +30,7 @@ func TestBrokerDropConnections(t *testing.T) {
 		errc <- err
 	}()
 	li := leaderOf(t, c)
-	waitFor(t, "the waiter queued", 5*time.Second, func() bool {
+	testkit.WaitFor(t, "the waiter queued", 5*time.Second, func() bool {
 		return waiting(c, li) == 1
 	})
 	if n := d.Drop(); n != len(c.ClientAddrs()) {
@@ -38,11 +39,11 @@ func TestBrokerDropConnections(t *testing.T) {
 	if err := <-errc; !errors.Is(err, ErrIndeterminate) {
 		t.Fatalf("acquire in flight on a dropped connection: %v, want ErrIndeterminate", err)
 	}
-	waitFor(t, "the broker to reconnect", 5*time.Second, func() bool { return len(b.Info().Connected) == len(c.ClientAddrs()) })
+	testkit.WaitFor(t, "the broker to reconnect", 5*time.Second, func() bool { return len(b.Info().Connected) == len(c.ClientAddrs()) })
 	if err := b.Release(ctx, held); err != nil {
 		t.Fatalf("release after the drop: %v", err)
 	}
-	waitFor(t, "the node to drop the dead connection's waiter", 5*time.Second, func() bool { return waiting(c, li) == 0 })
+	testkit.WaitFor(t, "the node to drop the dead connection's waiter", 5*time.Second, func() bool { return waiting(c, li) == 0 })
 	if _, ok := holder(c, li, "k"); ok {
 		t.Fatal("key still held: the waiter of a dead connection must not be granted")
 	}
@@ -65,7 +66,7 @@ func TestBrokerReleaseRetriedAfterLostReplyIsIndeterminate(t *testing.T) {
 	d := &stallDialer{}
 	b := newBroker(t, c, func(cfg *Config) { seedOnly(cfg, c.ClientAddr(li)); cfg.Dialer = d.dial })
 	ctx := ctxT(t, 30*time.Second)
-	waitFor(t, "two connections", 5*time.Second, func() bool { return len(b.Info().Connected) == 1 && len(d.all()) == 2 })
+	testkit.WaitFor(t, "two connections", 5*time.Second, func() bool { return len(b.Info().Connected) == 1 && len(d.all()) == 2 })
 	lk, err := b.Acquire(ctx, "k", "a", 60*time.Second, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -75,7 +76,7 @@ func TestBrokerReleaseRetriedAfterLostReplyIsIndeterminate(t *testing.T) {
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- b.Release(ctx, lk) }()
-	waitFor(t, "the release applied on the leader", 5*time.Second, func() bool {
+	testkit.WaitFor(t, "the release applied on the leader", 5*time.Second, func() bool {
 		_, held := holder(c, li, "k")
 		return !held
 	})
@@ -91,7 +92,7 @@ func TestBrokerReleaseRetriedAfterLostReplyIsIndeterminate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the lease to run out", 5*time.Second, func() bool {
+	testkit.WaitFor(t, "the lease to run out", 5*time.Second, func() bool {
 		_, held := holder(c, li, "k2")
 		return !held
 	})

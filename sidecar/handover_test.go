@@ -8,10 +8,11 @@ import (
 	"testing"
 	"time"
 
-	"ticketing/cluster"
+	"ticketing/cluster/client"
 	"ticketing/cluster/local"
 	"ticketing/cluster/netfault"
 	"ticketing/cluster/obs"
+	"ticketing/cluster/testkit"
 	"ticketing/locksm"
 )
 
@@ -56,7 +57,7 @@ func movedReplies(t *testing.T, c *local.Cluster) float64 {
 // address.
 func waitAddrs(t *testing.T, c *local.Cluster) {
 	t.Helper()
-	waitFor(t, "every member's client address", 15*time.Second, func() bool {
+	testkit.WaitFor(t, "every member's client address", 15*time.Second, func() bool {
 		ms, err := c.Node(leaderOf(t, c)).Members()
 		if err != nil {
 			return false
@@ -95,7 +96,7 @@ func TestBrokerHoldsRequestsDuringAHandOver(t *testing.T) {
 		_, err := b.Acquire(ctx, "k", "waiter", 60*time.Second, 20*time.Second)
 		waiter <- err
 	}()
-	waitFor(t, "the waiter to queue", 10*time.Second, func() bool {
+	testkit.WaitFor(t, "the waiter to queue", 10*time.Second, func() bool {
 		var q int
 		leader.ReadState(func(st *locksm.State) { q = len(st.Waiters("k")) })
 		return q == 1
@@ -110,7 +111,7 @@ func TestBrokerHoldsRequestsDuringAHandOver(t *testing.T) {
 		_, err := leader.HandOver(hctx, target)
 		handed <- err
 	}()
-	waitFor(t, "the broker to hear of the hand-over", 10*time.Second, func() bool { return b.Info().Leader == "" })
+	testkit.WaitFor(t, "the broker to hear of the hand-over", 10*time.Second, func() bool { return b.Info().Leader == "" })
 	heldReq := make(chan error, 1)
 	go func() {
 		lk, err := b.Acquire(ctx, "during", "o", 30*time.Second, 0)
@@ -196,7 +197,7 @@ func TestBrokerHandOverUnderLoad(t *testing.T) {
 		mu.Lock()
 		n := counts["ok"]
 		mu.Unlock()
-		waitFor(t, "cycles to go on", 20*time.Second, func() bool {
+		testkit.WaitFor(t, "cycles to go on", 20*time.Second, func() bool {
 			mu.Lock()
 			defer mu.Unlock()
 			return counts["ok"] >= n+50
@@ -248,7 +249,7 @@ func TestBrokerFollowsMembership(t *testing.T) {
 	for i := 0; i < c.Size(); i++ {
 		admins = append(admins, c.AdminAddr(i))
 	}
-	admin := &cluster.AdminCluster{Addrs: admins, Config: cluster.AdminConfig{Secret: adminSecret, ClusterID: c.ClusterID}}
+	admin := &client.AdminCluster{Addrs: admins, Config: client.AdminConfig{Secret: adminSecret, ClusterID: c.ClusterID}}
 
 	var mu sync.Mutex
 	var ok int
@@ -295,11 +296,11 @@ func TestBrokerFollowsMembership(t *testing.T) {
 	}
 	// Every original address is gone now.
 	n := okNow()
-	waitFor(t, "calls to succeed through the new members", 30*time.Second, func() bool { return okNow() >= n+100 })
+	testkit.WaitFor(t, "calls to succeed through the new members", 30*time.Second, func() bool { return okNow() >= n+100 })
 	close(stop)
 	wg.Wait()
 
-	waitFor(t, "the broker to follow the new membership", 10*time.Second, func() bool {
+	testkit.WaitFor(t, "the broker to follow the new membership", 10*time.Second, func() bool {
 		in := b.Info()
 		if len(in.Members) != 3 || len(in.Connected) != 3 {
 			return false

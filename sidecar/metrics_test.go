@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"ticketing/cluster/obs"
+	"ticketing/cluster/testkit"
 	"ticketing/locksm"
 )
 
@@ -63,7 +64,7 @@ func TestBrokerMetricsAndReadiness(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.Compensate(held)
-	waitFor(t, "compensation counted", 5*time.Second, func() bool {
+	testkit.WaitFor(t, "compensation counted", 5*time.Second, func() bool {
 		return metricValue(t, reg, "ticketing_sidecar_compensations_total", "result", "ok") == 1
 	})
 
@@ -129,7 +130,7 @@ func TestBrokerNotReadyWithoutCluster(t *testing.T) {
 	wantValue(t, reg, 1, "ticketing_sidecar_acquires_total", "result", "unavailable")
 	wantValue(t, reg, 0, "ticketing_sidecar_connected_nodes")
 	wantValue(t, reg, 0, "ticketing_sidecar_leader_known")
-	waitFor(t, "a failed connect counted", 5*time.Second, func() bool {
+	testkit.WaitFor(t, "a failed connect counted", 5*time.Second, func() bool {
 		return metricValue(t, reg, "ticketing_sidecar_connect_failures_total") >= 1
 	})
 	s, err := obs.Listen(obs.Options{Addr: "127.0.0.1:0", Gatherer: reg, Ready: b.Ready, Logger: testLogger()})

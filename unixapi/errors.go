@@ -10,7 +10,24 @@ import (
 	"ticketing/sidecar"
 )
 
-// Server-side sentinels (the parser's are in parser.go).
+// Parser errors (parser.go). The codes they answer with are in errorTable
+// below. Field errors reuse the locksm sentinels (locksm.ErrInvalidKey,
+// locksm.ErrInvalidLease, locksm.ErrInvalidWait) so a bad key answers
+// invalid_key whether the sidecar or the cluster noticed it.
+var (
+	// ErrBadRequest: wrong number of fields, empty fields, stray spaces.
+	ErrBadRequest = errors.New("unixapi: bad request")
+	// ErrUnknownVerb: the first field is not a verb of the protocol.
+	ErrUnknownVerb = errors.New("unixapi: unknown verb")
+	// ErrLineTooLong: a line exceeded the maximum length. The stream cannot
+	// be resynchronised reliably, so the connection is closed after the
+	// reply.
+	ErrLineTooLong = errors.New("unixapi: line too long")
+	// ErrInvalidToken: a token that is not a decimal u64 in 1..2^64-1.
+	ErrInvalidToken = errors.New("unixapi: invalid token")
+)
+
+// Server-side sentinels (server.go, session.go).
 var (
 	// ErrNotHeld: RELEASE of a key+token this connection does not hold.
 	// Answered without contacting the cluster.
@@ -37,7 +54,7 @@ var (
 // ones. An entry with a reply word (BUSY, TIMEOUT, INDETERMINATE) answers
 // with that word alone; the others answer "ERR <code> <message>". Errors
 // that match nothing answer "ERR internal ...". PROTOCOL.md reproduces this
-// table; keep them in step.
+// table (TestProtocolErrorTableMatchesCode compares the two).
 var errorTable = []struct {
 	err   error
 	reply string // a whole-line reply word, or "" for ERR

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"ticketing/cluster/testkit"
 	"ticketing/locksm"
 	"ticketing/unixapi"
 )
@@ -48,16 +49,25 @@ func holderOf(t *testing.T, k string) (locksm.Holder, bool) {
 	return h, ok
 }
 
-// eventually polls cond for up to 3 s.
-func eventually(cond func() bool) bool {
-	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		if cond() {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
+// queueLen is how many acquires wait for key k in the leader's state
+// machine: a waiter counts once its acquire is committed and applied.
+func queueLen(t *testing.T, k string) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	i, err := testCluster.Leader(ctx)
+	if err != nil {
+		t.Errorf("no leader: %v", err)
+		return -1
 	}
+	n := 0
+	testCluster.Node(i).ReadState(func(st *locksm.State) { n = st.QueueLen(k) })
+	return n
+}
+
+// waitQueued waits until n acquires wait for k at the leader.
+func waitQueued(t *testing.T, k string, n int) {
+	t.Helper()
+	testkit.WaitFor(t, fmt.Sprintf("%d waiters queued on %s", n, k), 10*time.Second, func() bool { return queueLen(t, k) == n })
 }
 
 // maxTerm is the highest Raft term any node is in: it moves when an
@@ -102,6 +112,17 @@ func startGoodClient(t *testing.T, s *unixapi.Server) *goodClient {
 	g := &goodClient{t: t, s: s, c: dial(t, s), key: key(t), stop: make(chan struct{}), done: make(chan struct{})}
 	go g.loop()
 	return g
+}
+
+// baselineCycles is how many cycles the good client completes alone
+// before the attacks start: enough for the quantiles it logs.
+const baselineCycles = 50
+
+// numCycles is how many cycles completed in phase.
+func (g *goodClient) numCycles(phase int) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.cycles[phase])
 }
 
 // Key returns the key the good client is using.
@@ -304,7 +325,7 @@ func TestHostileClients(t *testing.T) {
 		}
 	}()
 	// Baseline latency, alone.
-	time.Sleep(700 * time.Millisecond)
+	testkit.WaitFor(t, "the good client's baseline cycles", 30*time.Second, func() bool { return g.numCycles(0) >= baselineCycles })
 	g.phase.Store(1)
 
 	t.Run("attacks", func(t *testing.T) {
@@ -329,7 +350,7 @@ func TestHostileClients(t *testing.T) {
 		}
 	})
 	// Every hostile session is gone, only the good client is left.
-	if !eventually(func() bool { return s.Conns() == 1 }) {
+	if !testkit.Eventually(3*time.Second, func() bool { return s.Conns() == 1 }) {
 		t.Fatalf("%d connections left after the attacks", s.Conns())
 	}
 	t.Run("idle_connections_and_max_conns", func(t *testing.T) { hostileIdle(t, s, nIdle) })
@@ -420,7 +441,7 @@ func hostileLongLines(t *testing.T, s *unixapi.Server, g *goodClient) {
 	c.send(strings.Repeat("z", 5000))
 	expectCode(t, c, "holder's long line", "line_too_long")
 	expectClosed(t, c)
-	if !eventually(func() bool { _, held := holderOf(t, k); return !held }) {
+	if !testkit.Eventually(3*time.Second, func() bool { _, held := holderOf(t, k); return !held }) {
 		t.Fatalf("lock %s:%d still held after its connection was closed", k, tok)
 	}
 }
@@ -441,10 +462,13 @@ func hostilePartialLine(t *testing.T, s *unixapi.Server, g *goodClient) {
 	c := dial(t, s)
 	c.send("PING")
 	expect(t, c.read(), "PONG")
-	if _, err := c.c.Write([]byte("ACQUIRE " + k1 + " 30 0")); err != nil {
+	// The partial line comes in the same write as a PING: once the PONG is
+	// back, the server has read the PING, and the few bytes behind it came
+	// in the same read.
+	if _, err := c.c.Write([]byte("PING\nACQUIRE " + k1 + " 30 0")); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(50 * time.Millisecond)
+	expect(t, c.read(), "PONG")
 	c.close()
 
 	c = dial(t, s)
@@ -710,7 +734,7 @@ func hostileIdle(t *testing.T, s *unixapi.Server, n int) {
 		}
 		conns = append(conns, c)
 	}
-	if !eventually(func() bool { return s.Conns() == n }) {
+	if !testkit.Eventually(3*time.Second, func() bool { return s.Conns() == n }) {
 		t.Fatalf("%d connections served, want %d", s.Conns(), n)
 	}
 	t.Logf("%d idle connections open after %v, %d goroutines more", len(conns), time.Since(start), runtime.NumGoroutine()-g0)
@@ -726,7 +750,7 @@ func hostileIdle(t *testing.T, s *unixapi.Server, n int) {
 		c.Close()
 	}
 	conns = nil
-	if !eventually(func() bool { return s.Conns() == 1 }) {
+	if !testkit.Eventually(3*time.Second, func() bool { return s.Conns() == 1 }) {
 		t.Fatalf("%d connections left after closing the idle ones", s.Conns())
 	}
 	expect(t, dial(t, s).do("PING"), "PONG")

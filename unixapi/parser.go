@@ -2,7 +2,6 @@ package unixapi
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -26,23 +25,6 @@ const (
 	MaxWait = locksm.MaxWaitMs * time.Millisecond
 	// snippetLen bounds how much of the offending input an error quotes.
 	snippetLen = 32
-)
-
-// Parser errors. The codes they answer with are in the one error table in
-// errors.go. Field errors reuse the locksm sentinels (locksm.ErrInvalidKey,
-// locksm.ErrInvalidLease, locksm.ErrInvalidWait) so a bad key answers
-// invalid_key whether the sidecar or the cluster noticed it.
-var (
-	// ErrBadRequest: wrong number of fields, empty fields, stray spaces.
-	ErrBadRequest = errors.New("unixapi: bad request")
-	// ErrUnknownVerb: the first field is not a verb of the protocol.
-	ErrUnknownVerb = errors.New("unixapi: unknown verb")
-	// ErrLineTooLong: a line exceeded the maximum length. The stream cannot
-	// be resynchronised reliably, so the connection is closed after the
-	// reply.
-	ErrLineTooLong = errors.New("unixapi: line too long")
-	// ErrInvalidToken: a token that is not a decimal u64 in 1..2^64-1.
-	ErrInvalidToken = errors.New("unixapi: invalid token")
 )
 
 // Verb is a request verb.

@@ -8,9 +8,10 @@
 // pending acquires, so a crashed event server frees its keys in
 // milliseconds rather than at lease expiry.
 //
-// The package has three parts: parser.go (a socket-free, bounded line
-// splitter and parser), errors.go (the one table from errors to reply
-// lines) and this file with session.go (sockets, sessions, ordering).
+// The package has four parts: parser.go (a socket-free, bounded line
+// splitter and parser), errors.go (the sentinels and the one table from
+// errors to reply lines), config.go, and this file with session.go
+// (sockets, sessions, ordering).
 package unixapi
 
 import (
@@ -57,7 +58,10 @@ type Server struct {
 	hardCtx    context.Context
 	hardCancel context.CancelFunc
 
-	connSeq  atomic.Uint64
+	connSeq atomic.Uint64
+	// mu guards sessions and closed. It is never held together with a
+	// session's mu, nor while calling the Broker or doing socket I/O
+	// (cluster/LOCKS.md, "Above the cluster").
 	mu       sync.Mutex
 	sessions map[*session]struct{}
 	closed   bool

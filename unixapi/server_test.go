@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"ticketing/cluster/local"
+	"ticketing/cluster/testkit"
 	"ticketing/sidecar"
 	"ticketing/unixapi"
 )
@@ -98,19 +99,9 @@ func serve(t *testing.T, tune func(*unixapi.Config)) *unixapi.Server {
 	t.Cleanup(func() { s.Close() })
 	// Wait until the broker knows a leader, so the first ACQUIRE is fast.
 	c := dial(t, s)
-	for deadline := time.Now().Add(20 * time.Second); ; {
-		if !strings.Contains(c.do("INFO"), "leader=-") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("broker never learned a leader")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testkit.WaitFor(t, "the broker to learn a leader", 20*time.Second, func() bool { return !strings.Contains(c.do("INFO"), "leader=-") })
 	c.close()
-	for s.Conns() != 0 {
-		time.Sleep(time.Millisecond)
-	}
+	testkit.WaitFor(t, "the INFO session to end", 10*time.Second, func() bool { return s.Conns() == 0 })
 	return s
 }
 
@@ -189,9 +180,9 @@ func TestFIFOHandoff(t *testing.T) {
 	a := dial(t, s)
 	tok := token(t, a.do("ACQUIRE "+k+" 30 0"))
 	waiters := []*conn{dial(t, s), dial(t, s), dial(t, s)}
-	for _, w := range waiters {
+	for i, w := range waiters {
 		w.send("ACQUIRE " + k + " 30 10")
-		time.Sleep(150 * time.Millisecond) // arrival order is the queue order
+		waitQueued(t, k, i+1) // arrival order is the queue order
 	}
 	expect(t, dial(t, s).do("ACQUIRE "+k+" 30 0"), "BUSY")
 	holder, held := a, tok
@@ -269,7 +260,7 @@ func TestOverlongLineClosesAndReleases(t *testing.T) {
 	a, b := dial(t, s), dial(t, s)
 	tok := token(t, a.do("ACQUIRE "+k+" 30 0"))
 	b.send("ACQUIRE " + k + " 30 5")
-	time.Sleep(100 * time.Millisecond)
+	waitQueued(t, k, 1)
 	a.send("PING " + strings.Repeat("x", 2000))
 	expectPrefix(t, a.read(), "ERR line_too_long ")
 	a.c.SetReadDeadline(time.Now().Add(2 * time.Second))
@@ -294,9 +285,9 @@ func TestPendingAcquireCancelledOnClose(t *testing.T) {
 	a, b, c := dial(t, s), dial(t, s), dial(t, s)
 	tok := token(t, a.do("ACQUIRE "+k+" 30 0"))
 	b.send("ACQUIRE " + k + " 30 20")
-	time.Sleep(200 * time.Millisecond)
+	waitQueued(t, k, 1)
 	b.close()
-	time.Sleep(200 * time.Millisecond)
+	waitQueued(t, k, 0) // the close cancelled it through the log
 	expect(t, a.do(fmt.Sprintf("RELEASE %s %d", k, tok)), "OK")
 	start := time.Now()
 	token(t, c.do("ACQUIRE "+k+" 30 5"))
@@ -404,7 +395,7 @@ func TestServerCloseReleases(t *testing.T) {
 	other := serve(t, nil)
 	b := dial(t, other)
 	b.send("ACQUIRE " + k + " 30 5")
-	time.Sleep(100 * time.Millisecond)
+	waitQueued(t, k, 1)
 	start := time.Now()
 	if err := s.Close(); err != nil {
 		t.Fatal(err)

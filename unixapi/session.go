@@ -43,6 +43,9 @@ type session struct {
 	replies    chan *reply
 	writerDone chan struct{}
 
+	// mu guards held, inflight and ended. A leaf: never held together with
+	// Server.mu, nor while calling the Broker, queueing a reply (push may
+	// wait for the writer) or doing socket I/O.
 	mu       sync.Mutex
 	held     map[heldKey]*holding
 	inflight int  // ACQUIRE and RELEASE requests running

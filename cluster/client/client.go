@@ -1,6 +1,6 @@
 // Package client is the low-level client of a node's client port: one
 // authenticated, pipelined TCP connection that sends requests and matches
-// replies by id (cluster/PROTOCOL.md, "Response matching rules"). It does not
+// replies by id (cluster/wire/PROTOCOL.md, "Response matching rules"). It does not
 // follow M, reconnect or retry: that is sidecar.Broker's job, built on it.
 // It does act on a node's hand-over notice (protocol version 3): from then
 // on it refuses acquires and releases without writing them
@@ -34,29 +34,6 @@ import (
 	"time"
 
 	"ticketing/cluster/wire"
-)
-
-// Sentinel errors of this package.
-var (
-	// ErrConnClosed: the connection is dead (closed locally, by the server,
-	// or by an I/O error); errors of calls that were in flight wrap it and
-	// the cause.
-	ErrConnClosed = errors.New("client: connection closed")
-	// ErrProtocol: the server broke the protocol (reply to an unknown id, a
-	// reply type that cannot answer the request, a malformed frame, or a
-	// connection-level error). The connection is closed; the error wraps
-	// ErrConnClosed too.
-	ErrProtocol = errors.New("client: protocol violation")
-	// ErrInvalidRequest: Start/Do was given a message it cannot send (not a
-	// request type, nonzero ID, or a field that does not encode). Nothing
-	// was sent.
-	ErrInvalidRequest = errors.New("client: invalid request")
-	// ErrAbandoned: the call was withdrawn by Abandon before it was sent.
-	ErrAbandoned = errors.New("client: request abandoned before sending")
-	// ErrHandingOver: Start refused an acquire or release because the node
-	// announced that it is handing its leadership over (a NoticeHandOver
-	// notice); nothing was written. Send it where the next leader serves.
-	ErrHandingOver = errors.New("client: the node is handing its leadership over")
 )
 
 // DefaultHandshakeTimeout bounds dial + handshake when Config leaves it zero.
@@ -134,7 +111,9 @@ type Conn struct {
 	// acknowledgement), read without it by HandingOver.
 	handingOver atomic.Bool
 
-	// pmu guards pending. Lock order: wmu before pmu.
+	// pmu guards pending. Lock order: wmu before pmu; neither is held while
+	// calling out (OnNotice, a call's done) or writing the socket
+	// (cluster/LOCKS.md, "cluster/client").
 	pmu     sync.Mutex
 	pending map[uint64]*Call
 

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"ticketing/cluster/testkit"
 	"ticketing/cluster/wire"
 )
 
@@ -526,19 +527,8 @@ func TestHandOverNotice(t *testing.T) {
 	if n := <-notices; n.Event != wire.NoticeServing {
 		t.Fatalf("OnNotice got %+v", n)
 	}
-	waitUntil(t, func() bool { return !c.HandingOver() })
+	testkit.WaitFor(t, "the serving notice to end the hand-over", 10*time.Second, func() bool { return !c.HandingOver() })
 	if r, _, err := c.Do(context.Background(), acquire("k3")); err != nil || r.Type != wire.TypeGranted {
 		t.Fatalf("acquire after the serving notice: %+v %v", r, err)
-	}
-}
-
-func waitUntil(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached within 10s")
-		}
-		time.Sleep(time.Millisecond)
 	}
 }

@@ -417,15 +417,15 @@ func (c *Cluster) Close() error {
 	return errors.Join(errs...)
 }
 
-// FastRaft tunes Raft for tests: a short commit timeout, and election and
-// lease timeouts a little under the production defaults (elections well
+// FastRaft tunes Raft for tests: a short commit timeout, and heartbeat and
+// election timeouts a little under the production defaults (elections well
 // within a second or two) but with margin enough that a leader keeps its
-// lease on a loaded 2-core machine under the race detector. Shorter values
-// (400/200 ms) made leaders step down spuriously there. Use it as
-// Options.Tune.
+// lease (the production one, cluster.DefaultLeaderLeaseTimeout) on a loaded
+// 2-core machine under the race detector. Shorter values (400/200 ms) made
+// leaders step down spuriously there. Use it as Options.Tune.
 func FastRaft(cfg *cluster.Config) {
 	cfg.HeartbeatTimeout = 600 * time.Millisecond
 	cfg.ElectionTimeout = 600 * time.Millisecond
-	cfg.LeaderLeaseTimeout = 500 * time.Millisecond
+	cfg.LeaderLeaseTimeout = cluster.DefaultLeaderLeaseTimeout
 	cfg.CommitTimeout = 10 * time.Millisecond
 }

@@ -20,7 +20,6 @@ import (
 	"syscall"
 	"time"
 
-	"ticketing/cluster"
 	"ticketing/cluster/client"
 	"ticketing/cluster/local"
 	"ticketing/cluster/tlsconf"
@@ -432,9 +431,9 @@ func (p *Procs) ServerID(i int, timeout time.Duration) (string, error) {
 func (p *Procs) AdminAddrs() []string { return append([]string(nil), p.adminAddrs...) }
 
 // Admin returns a client of the nodes' admin ports (Options.Admin).
-func (p *Procs) Admin() *cluster.AdminCluster {
-	return &cluster.AdminCluster{Addrs: p.adminAddrs,
-		Config: cluster.AdminConfig{Secret: p.adminSecret, ClusterID: p.ClusterID, TLS: p.ClientTLS}}
+func (p *Procs) Admin() *client.AdminCluster {
+	return &client.AdminCluster{Addrs: p.adminAddrs,
+		Config: client.AdminConfig{Secret: p.adminSecret, ClusterID: p.ClusterID, TLS: p.ClientTLS}}
 }
 
 // Wipe removes node i's data directory; the node must be stopped. Started

@@ -1,6 +1,6 @@
 // Package tlsconf builds the TLS configurations of a node's client and peer
 // ports and of the clients that dial them, derives the channel binding that
-// the authentication handshake signs (cluster/PROTOCOL.md, "TLS"), and
+// the authentication handshake signs (cluster/wire/PROTOCOL.md, "TLS"), and
 // issues the certificates of a small private CA (ticketing certs, ticketing
 // dev). Every configuration is TLS 1.3 only.
 package tlsconf

@@ -50,6 +50,34 @@ func SplitFrame(b []byte) (typ byte, payload []byte, n int, err error) {
 	return b[headerLen], b[headerLen+1 : end : end], end, nil
 }
 
+// MaxPayloadLen is the largest payload one frame carries: MaxFrameLen less
+// the type byte.
+const MaxPayloadLen = MaxFrameLen - 1
+
+// AppendFrame appends one frame of type typ carrying payload to dst. It
+// fails, without appending, with ErrFrameTooLarge when the payload exceeds
+// MaxPayloadLen. AppendMsg encodes the binary messages; this is for the
+// frames whose payload the framing does not look into (the admin JSON,
+// admin.go); Reader.ReadFrame reads either kind.
+func AppendFrame(dst []byte, typ byte, payload []byte) ([]byte, error) {
+	if len(payload) > MaxPayloadLen {
+		return dst, fmt.Errorf("%w: frame %s would be %d bytes > %d", ErrFrameTooLarge, TypeName(typ), 1+len(payload), MaxFrameLen)
+	}
+	dst = binary.BigEndian.AppendUint32(dst, uint32(1+len(payload)))
+	dst = append(dst, typ)
+	return append(dst, payload...), nil
+}
+
+// WriteFrame writes one frame (AppendFrame) to w in one Write.
+func WriteFrame(w io.Writer, typ byte, payload []byte) error {
+	b, err := AppendFrame(make([]byte, 0, headerLen+1+len(payload)), typ, payload)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(b)
+	return err
+}
+
 // snippetLen is how many bytes Snippet quotes.
 const snippetLen = 16
 

@@ -43,7 +43,8 @@ const (
 	CodeWrongDomain      Code = 30 // handshake: the two sides belong to different fencing domains
 )
 
-// Sentinel errors of this package.
+// Sentinel errors of this package (each but ErrRemote and ErrBadConfig
+// has its code in codeTable below).
 var (
 	ErrFrameTooLarge    = errors.New("wire: frame too large")
 	ErrMalformed        = errors.New("wire: malformed frame")
@@ -68,6 +69,10 @@ var (
 	ErrWrongDomain      = errors.New("wire: peer belongs to another fencing domain")
 	// ErrRemote wraps a TypeError reply whose code has no local sentinel.
 	ErrRemote = errors.New("wire: remote error")
+	// ErrBadConfig reports a HandshakeConfig that cannot work (short
+	// secret, bad kind, missing ids); it is returned before any byte is
+	// sent. It has no wire code: it never leaves the caller.
+	ErrBadConfig = errors.New("wire: bad handshake config")
 )
 
 // codeTable is the one mapping between sentinels and wire codes. Order

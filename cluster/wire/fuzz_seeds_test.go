@@ -19,7 +19,7 @@ import (
 
 // This file holds, for the fuzz targets in fuzz_test.go:
 //
-//   - reference parsers written from cluster/PROTOCOL.md ("Framing",
+//   - reference parsers written from PROTOCOL.md ("Framing",
 //     "Handshake") that share no code with the package, so a target can
 //     compare the implementation with an independent reading of the spec;
 //   - the named seeds, and TestWriteFuzzSeedCorpus, which writes them to

@@ -25,13 +25,13 @@ const (
 	// the server sends one Identity frame and closes.
 	KindDiscover ConnKind = 3
 	// KindAdmin: an operator tool on a node's admin port, with the admin
-	// secret (membership changes; see cluster/admin.go).
+	// secret (membership changes; see admin.go).
 	KindAdmin ConnKind = 4
 )
 
 // HandshakeConfig is one side's view of a handshake.
 //
-// Payloads (identical to cluster/PROTOCOL.md, "Handshake"):
+// Payloads (identical to PROTOCOL.md, "Handshake"):
 //
 //	Hello     'h': magic "TKTG" | min_version u16 | max_version u16 | kind u8 |
 //	               client_nonce [32] | cluster_id str8 | sender_id str8 | expect_id str8 |
@@ -125,10 +125,6 @@ const MinSecretLen = 16
 // Magic opens every Hello, so a node can tell a Ticketing dialler from a
 // stray connection at its first bytes.
 const Magic = "TKTG"
-
-// ErrBadConfig reports a HandshakeConfig that cannot work (short secret,
-// bad kind, missing ids); it is returned before any byte is sent.
-var ErrBadConfig = errors.New("wire: bad handshake config")
 
 // Proof labels: distinct per direction, so a server proof can never be
 // replayed as a client proof (or vice versa) for the same transcript.

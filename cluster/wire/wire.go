@@ -1,8 +1,11 @@
-// Package wire owns Ticketing's TCP wire format: the framing, the
-// handshake (version negotiation and mutual challenge-response
-// authentication) and the request/reply messages of the client protocol, and
-// the handshake of the peer protocol. cluster/PROTOCOL.md is the contract;
-// this file and that document must agree.
+// Package wire owns Ticketing's TCP wire formats: the framing (codec.go),
+// the handshake (version negotiation and mutual challenge-response
+// authentication, handshake.go) of every port, the request/reply messages
+// of the client protocol (this file and codec.go) and the admin frames
+// (admin.go); the error codes and the package's sentinel errors are in
+// codes.go. PROTOCOL.md, next to these files, is the contract: the code and
+// that document must agree (its error tables are checked against codes.go
+// and admin.go by a test).
 package wire
 
 import "ticketing/locksm"
@@ -234,7 +237,7 @@ func isHandshake(typ byte) bool {
 }
 
 // ReplyAllowed reports whether a reply of type reply may answer a request of
-// type req (cluster/PROTOCOL.md, "Replies per request"). A client treats any
+// type req (PROTOCOL.md, "Replies per request"). A client treats any
 // other pairing as a protocol violation. E may answer every request; M and U
 // only requests that the leader proposes through Raft.
 func ReplyAllowed(req, reply byte) bool {

@@ -121,7 +121,7 @@ func runBootstrap(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		fs.BoolVar(&newDomain, "new-domain", false, "required: yes, create a new cluster and fencing domain")
 		fs.Uint64Var(&floor, "token-floor", 0, "the new domain's tokens start above this (default: the clock in µs; "+
 			"give the old domain's highest token when replacing a lost cluster)")
-		fs.DurationVar(&timeout, "wait", time.Minute, "how long to wait for the other initial voters to answer")
+		fs.DurationVar(&timeout, "wait", cluster.DefaultBootstrapTimeout, "how long to wait for the other initial voters to answer")
 	})
 	if code != ExitOK {
 		return code

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"ticketing/cluster"
+	"ticketing/cluster/client"
 	"ticketing/cluster/tlsconf"
 )
 
@@ -102,8 +103,8 @@ func newAdminFlags(name string, stderr io.Writer, timeout time.Duration, jsonUsa
 
 // cluster builds the admin client from the flags; on a bad flag it says
 // why on stderr and returns nil.
-func (af *adminFlags) cluster(name string, stderr io.Writer) *cluster.AdminCluster {
-	a := &cluster.AdminCluster{Addrs: splitList(af.addrs)}
+func (af *adminFlags) cluster(name string, stderr io.Writer) *client.AdminCluster {
+	a := &client.AdminCluster{Addrs: splitList(af.addrs)}
 	if len(a.Addrs) == 0 || af.secretFile == "" {
 		fmt.Fprintln(stderr, name+": --admin and --admin-secret-file are required")
 		return nil
@@ -178,7 +179,7 @@ func (af *adminFlags) run(ctx context.Context, name string, req cluster.AdminReq
 // askLeaderFirst asks each address for req as leader-only (so the leader
 // answers); if none leads or answers, it asks again without that, and the
 // first node that answers gives its own view (fromLeader false).
-func askLeaderFirst(ctx context.Context, a *cluster.AdminCluster, req cluster.AdminRequest) (rep cluster.AdminReply, fromLeader bool, err error) {
+func askLeaderFirst(ctx context.Context, a *client.AdminCluster, req cluster.AdminRequest) (rep cluster.AdminReply, fromLeader bool, err error) {
 	var errs []error
 	unreachable := map[string]bool{}
 	for _, leaderOnly := range []bool{true, false} {
@@ -188,14 +189,14 @@ func askLeaderFirst(ctx context.Context, a *cluster.AdminCluster, req cluster.Ad
 				continue // no use asking again
 			}
 			actx, cancel := context.WithTimeout(ctx, perNodeWait)
-			rep, err := cluster.AdminDo(actx, addr, a.Config, req)
+			rep, err := client.AdminDo(actx, addr, a.Config, req)
 			cancel()
 			switch {
 			case err == nil:
 				return rep, leaderOnly, nil
 			case errors.Is(err, cluster.ErrNotLeader):
 				continue // reachable: asked again in the second round
-			case errors.Is(err, cluster.ErrAdmin):
+			case errors.Is(err, client.ErrAdmin):
 				return rep, false, err // a refusal (bad key, unknown op): the same everywhere
 			case ctx.Err() != nil:
 				return rep, false, fmt.Errorf("%s: %w", addr, err)

@@ -14,6 +14,7 @@ import (
 
 	ticketing "ticketing/clients/go"
 	"ticketing/cluster"
+	"ticketing/cluster/client"
 	"ticketing/cluster/localproc"
 	"ticketing/cluster/wire"
 )
@@ -331,7 +332,7 @@ func settle(ctx context.Context, p *localproc.Procs, skip int) error {
 // adminUntil sends req through the admin ports until done holds for the
 // leader's member list, retrying while another change, an election or a
 // lagging learner is in the way (as AdminCluster.Replace does per step).
-func adminUntil(ctx context.Context, a *cluster.AdminCluster, req cluster.AdminRequest, done func(map[string]cluster.AdminMember) bool) error {
+func adminUntil(ctx context.Context, a *client.AdminCluster, req cluster.AdminRequest, done func(map[string]cluster.AdminMember) bool) error {
 	for {
 		if rep, err := a.Do(ctx, cluster.AdminRequest{Op: "members"}); err == nil {
 			ms := map[string]cluster.AdminMember{}
@@ -347,7 +348,7 @@ func adminUntil(ctx context.Context, a *cluster.AdminCluster, req cluster.AdminR
 		case err == nil:
 			continue // confirm through members
 		case errors.Is(err, cluster.ErrChangeInProgress), errors.Is(err, cluster.ErrNotLeader),
-			errors.Is(err, cluster.ErrLearnerLagging), !errors.Is(err, cluster.ErrAdmin):
+			errors.Is(err, cluster.ErrLearnerLagging), !errors.Is(err, client.ErrAdmin):
 		default:
 			return fmt.Errorf("%s %s: %w", req.Op, req.ID, err)
 		}

@@ -13,6 +13,7 @@ import (
 
 	"ticketing/cluster"
 	"ticketing/cluster/local"
+	"ticketing/cluster/testkit"
 	"ticketing/sidecar"
 )
 
@@ -44,17 +45,6 @@ func (r *records) count(s string) int {
 		}
 	}
 	return n
-}
-
-func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 func TestSpecRoundTripAndStrictness(t *testing.T) {
@@ -106,7 +96,7 @@ func TestNodeFaultFile(t *testing.T) {
 	if err := Write(path, Spec{Cut: [][2]string{{"n1", "n2"}}, Freeze: [][2]string{{"n1", "n3"}}, ClockOffsetMs: -30000}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the file applied", 5*time.Second, func() bool { return rec.count("applying fault file") == 1 })
+	testkit.WaitFor(t, "the file applied", 5*time.Second, func() bool { return rec.count("applying fault file") == 1 })
 	if got := cfg.Now().Sub(base); got != -30*time.Second {
 		t.Fatalf("clock offset %v, want -30s", got)
 	}
@@ -116,14 +106,14 @@ func TestNodeFaultFile(t *testing.T) {
 	if err := os.WriteFile(path, []byte(`{"cut": 7}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the bad file noticed", 5*time.Second, func() bool { return rec.count("fault file unreadable") == 1 })
+	testkit.WaitFor(t, "the bad file noticed", 5*time.Second, func() bool { return rec.count("fault file unreadable") == 1 })
 	if !nf.IsCut("n1", "n2") || cfg.Now().Sub(base) != -30*time.Second {
 		t.Fatal("a bad file must keep the faults in force")
 	}
 	if err := Write(path, Spec{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the heal applied", 5*time.Second, func() bool { return rec.count("applying fault file") == 2 })
+	testkit.WaitFor(t, "the heal applied", 5*time.Second, func() bool { return rec.count("applying fault file") == 2 })
 	if nf.IsCut("n1", "n2") || nf.IsFrozen("n1", "n3") || !cfg.Now().Equal(base) {
 		t.Fatal("heal not applied")
 	}
@@ -165,12 +155,12 @@ func TestSidecarFaultFile(t *testing.T) {
 	}
 	defer b.Close()
 	n := len(c.ClientAddrs())
-	waitFor(t, "the broker connected", 10*time.Second, func() bool { return len(b.Info().Connected) == n && d.Open() >= n })
+	testkit.WaitFor(t, "the broker connected", 10*time.Second, func() bool { return len(b.Info().Connected) == n && d.Open() >= n })
 	if err := Write(path, Spec{DropConnections: 6}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the drop", 5*time.Second, func() bool { return rec.count("dropped every cluster connection") > 0 })
-	waitFor(t, "the broker reconnected", 10*time.Second, func() bool { return len(b.Info().Connected) == n })
+	testkit.WaitFor(t, "the drop", 5*time.Second, func() bool { return rec.count("dropped every cluster connection") > 0 })
+	testkit.WaitFor(t, "the broker reconnected", 10*time.Second, func() bool { return len(b.Info().Connected) == n })
 	if got := rec.count("dropped every cluster connection"); got != 1 {
 		t.Fatalf("%d drops, want 1: a counter already present at start must not drop", got)
 	}
@@ -180,5 +170,5 @@ func TestSidecarFaultFile(t *testing.T) {
 	if err := Write(path, Spec{DropConnections: 7}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the second drop", 5*time.Second, func() bool { return rec.count("dropped every cluster connection") == 2 })
+	testkit.WaitFor(t, "the second drop", 5*time.Second, func() bool { return rec.count("dropped every cluster connection") == 2 })
 }

@@ -5,19 +5,23 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
 
-	"ticketing/cluster/leader"
+	"ticketing/cluster/wire"
 	"ticketing/locksm"
 )
 
-// Status and inspection: read-only views of one node for operators
-// (`ticketing status`, `ticketing inspect`, the admin ops "status" and
-// "inspect", and the HTTP endpoint). Every node can answer from its own
-// applied state; only the leader knows its followers' lag and the lease and
-// wait timers it runs, so those parts are exact only on the leader.
+// Status and reports: everything a node tells about itself, read-only and
+// in this file. For clients, the status and members replies of the client
+// port ('s', 'm'; status, membersReply). For operators, StatusReport and
+// Inspect (the admin ops "status" and "inspect", `ticketing status` and
+// `inspect`, and the HTTP endpoint ReportHandler), Ready (/readyz) and the
+// refusal counters (Stats). Every node can answer from its own applied
+// state; only the leader knows its followers' lag and the lease and wait
+// timers it runs, so those parts are exact only on the leader.
 //
 // Times. The state machine records, per holder, the leader's wall clock
 // (Unix ms) stamped into the command that granted it (GrantedAt), and per
@@ -128,7 +132,7 @@ type HolderReport struct {
 	HeldMs int64 `json:"held_ms"`
 	// LeaseRemainingMs is when the leader will end the holding unless it
 	// is released first (at least 0), from LeaseFrom: "leader_timer" or
-	// "clock_estimate" (see the top of cluster/report.go).
+	// "clock_estimate" (see the top of cluster/status.go).
 	LeaseRemainingMs int64  `json:"lease_remaining_ms"`
 	LeaseFrom        string `json:"lease_from"`
 }
@@ -308,26 +312,6 @@ func (n *Node) Inspect(key string) (KeyReport, error) {
 	return r, nil
 }
 
-// expiryOf returns the earliest lease timer armed in epoch for the holding
-// (key, token). It scans the whole heap (O(timers), one comparison of a
-// token per item): meant for inspecting one key, not for a hot path.
-func (q *timerQueue) expiryOf(key string, token, epoch uint64) (time.Time, bool) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	var at time.Time
-	found := false
-	for i := range q.items {
-		it := &q.items[i]
-		if it.Token != token || it.Kind != leader.TimerExpire || it.Epoch != epoch || it.Key != key {
-			continue
-		}
-		if !found || it.At.Before(at) {
-			at, found = it.At, true
-		}
-	}
-	return at, found
-}
-
 // ReportHandler serves StatusReport and Inspect as read-only JSON, for the
 // node's --metrics-addr listener: GET /v1/status and GET /v1/keys/KEY (a
 // free key is a report with held false; an invalid key is 400).
@@ -356,4 +340,150 @@ func (n *Node) ReportHandler() http.Handler {
 		writeJSON(w, http.StatusOK, rep)
 	})
 	return mux
+}
+
+// status builds a status reply (without its id).
+func (n *Node) status() wire.Msg {
+	st := wire.Msg{Type: wire.TypeStatusR, NodeID: n.serverID}
+	switch n.raft.State() {
+	case raft.Leader:
+		st.Role = wire.RoleLeader
+	case raft.Follower:
+		st.Role = wire.RoleFollower
+	case raft.Candidate:
+		st.Role = wire.RoleCandidate
+	case raft.Shutdown:
+		st.Role = wire.RoleShutdown
+	}
+	st.Term = n.raft.CurrentTerm()
+	st.Commit = n.raft.CommitIndex()
+	st.Applied = n.raft.AppliedIndex()
+	// leader_addr is where requests are served right now: a leader that is
+	// still preparing (barrier, dropping orphaned waiters) or handing its
+	// leadership over leaves it empty. (Unlike M, status names Raft's
+	// leader, never a hand-over's target: an older client takes a status
+	// naming the node itself with an address for "serving".)
+	var addr, id string
+	if _, lid := n.raft.LeaderWithID(); lid != "" {
+		id = string(lid)
+		switch {
+		case id != n.serverID:
+			addr = n.fsm.clientAddr(id)
+		case n.Serving():
+			addr = n.advertise
+		}
+	}
+	st.LeaderAddr, st.LeaderID = addr, id
+	n.fsm.read(func(s *locksm.State) {
+		st.LastToken = s.LastToken()
+		st.Held = uint64(s.NumHeld())
+		st.Waiting = uint64(s.NumWaiting())
+	})
+	return st
+}
+
+// membersReply builds a members reply (without its id): this node's view
+// of the configuration, as many members as fit in one frame (a cluster has
+// at most 5 voters and a learner or two, far below that).
+func (n *Node) membersReply() wire.Msg {
+	r := wire.Msg{Type: wire.TypeMembersR}
+	ms, err := n.Members()
+	if err != nil {
+		return r
+	}
+	size := 1 + 8 + 1
+	for _, m := range ms {
+		mb := wire.Member{ServerID: m.ServerID, ClientAddr: m.ClientAddr, Suffrage: wire.SuffrageLearner}
+		if m.Voter {
+			mb.Suffrage = wire.SuffrageVoter
+		}
+		if len(mb.ClientAddr) > 255 {
+			mb.ClientAddr = ""
+		}
+		if size += 1 + len(mb.ServerID) + 1 + 1 + len(mb.ClientAddr); size > wire.MaxFrameLen {
+			break
+		}
+		r.Members = append(r.Members, mb)
+	}
+	return r
+}
+
+// Ready says whether this node should receive client traffic: nil when it
+// is the serving leader, or a member (voter or learner) of a configuration
+// with a known leader (it then sends clients there with M); otherwise the
+// reason, one line. Load balancers and orchestrators poll it (/readyz).
+func (n *Node) Ready() error {
+	n.mu.Lock()
+	closed, serving := n.closed, n.core.Serving()
+	n.mu.Unlock()
+	switch {
+	case closed:
+		return errors.New("node closed")
+	case serving:
+		return nil
+	}
+	switch n.raft.State() {
+	case raft.Leader:
+		return errors.New("leader, not serving yet (applying earlier entries)")
+	case raft.Candidate:
+		return errors.New("candidate: an election is in progress")
+	case raft.Shutdown:
+		return errors.New("raft shut down")
+	}
+	fut := n.raft.GetConfiguration()
+	if err := fut.Error(); err != nil {
+		return errors.New("no configuration: " + err.Error())
+	}
+	servers := fut.Configuration().Servers
+	if len(servers) == 0 {
+		return errors.New("not part of a cluster yet (bootstrap it, or add it as a learner)")
+	}
+	member := false
+	for _, s := range servers {
+		if string(s.ID) == n.serverID {
+			member = true
+			break
+		}
+	}
+	if !member {
+		return errors.New("not a member of the current configuration")
+	}
+	if _, id := n.raft.LeaderWithID(); id == "" {
+		return errors.New("no known leader")
+	}
+	return nil
+}
+
+// Stats counts what a node refused or cut off. All counters only grow.
+type Stats struct {
+	ClientAuthFailures  uint64 // failed client-port admissions (TLS, handshake, timeout)
+	PeerAuthFailures    uint64 // failed peer-port admissions
+	GateRefusals        uint64 // connections refused: too many in admission from one IP
+	ConnLimitRefusals   uint64 // client connections refused: MaxClientConns
+	InFlightRefusals    uint64 // requests refused: MaxInFlightPerConn
+	KeyLimitRefusals    uint64 // acquires refused: MaxKeys
+	WaiterLimitRefusals uint64 // acquires refused: MaxWaitersPerKey
+	IdleCloses          uint64 // connections closed after IdleTimeout
+	SlowConsumerCloses  uint64 // connections closed: reply backlog above MaxReplyBacklog
+	ProtocolErrorCloses uint64 // connections closed after a protocol error
+}
+
+// nodeStats are the counters behind Stats, counted where each refusal
+// happens.
+type nodeStats struct {
+	clientAuthFailures, peerAuthFailures, gateRefusals, connLimitRefusals atomic.Uint64
+	inFlightRefusals, keyLimitRefusals, waiterLimitRefusals               atomic.Uint64
+	idleCloses, slowConsumerCloses, protocolErrorCloses                   atomic.Uint64
+}
+
+// Stats returns the node's refusal counters.
+func (n *Node) Stats() Stats {
+	s := &n.stats
+	return Stats{
+		ClientAuthFailures: s.clientAuthFailures.Load(), PeerAuthFailures: s.peerAuthFailures.Load(),
+		GateRefusals: s.gateRefusals.Load(), ConnLimitRefusals: s.connLimitRefusals.Load(),
+		InFlightRefusals: s.inFlightRefusals.Load(), KeyLimitRefusals: s.keyLimitRefusals.Load(),
+		WaiterLimitRefusals: s.waiterLimitRefusals.Load(), IdleCloses: s.idleCloses.Load(),
+		SlowConsumerCloses: s.slowConsumerCloses.Load(), ProtocolErrorCloses: s.protocolErrorCloses.Load(),
+	}
 }

@@ -1,4 +1,4 @@
-package cluster
+package client
 
 import (
 	"context"
@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"ticketing/cluster"
+	"ticketing/cluster/wire"
 )
 
-// Replace is the client side of the replacement rule (members.go): it
+// Replace is the client side of the replacement rule (cluster/members.go): it
 // reads the members with their health from the leader before every step
 // and takes the next step that keeps the failures the cluster survives, so
 // a run that was cut short (a leader change, a lost connection, an earlier
@@ -20,7 +23,7 @@ type replaceStep struct {
 	// wait: nothing to ask yet (the learner is catching up or does not
 	// answer); read the members again shortly.
 	wait bool
-	req  AdminRequest
+	req  cluster.AdminRequest
 	// what says what the step does, and why, for progress messages.
 	what string
 }
@@ -32,8 +35,8 @@ type replaceStep struct {
 // taken for a half-done earlier one: OLD gone while another member carries
 // its node name or the voter count is odd (a mistyped OLD would otherwise
 // grow the cluster), or OLD and NEW both voting in an odd-sized cluster.
-func planReplace(ms []AdminMember, oldID, newID, peerAddr string, acted bool) (replaceStep, error) {
-	var old, nw *AdminMember
+func planReplace(ms []cluster.AdminMember, oldID, newID, peerAddr string, acted bool) (replaceStep, error) {
+	var old, nw *cluster.AdminMember
 	v, h := 0, 0
 	var silent []string
 	for i := range ms {
@@ -54,59 +57,59 @@ func planReplace(ms []AdminMember, oldID, newID, peerAddr string, acted bool) (r
 		}
 	}
 	if nw != nil && nw.PeerAddr != peerAddr {
-		return replaceStep{}, fmt.Errorf("%w: %s is already a member at %s, not %s", ErrBadConfig, newID, nw.PeerAddr, peerAddr)
+		return replaceStep{}, fmt.Errorf("%w: %s is already a member at %s, not %s", cluster.ErrBadConfig, newID, nw.PeerAddr, peerAddr)
 	}
 	if old == nil && nw != nil && nw.Voter {
 		return replaceStep{done: true, what: fmt.Sprintf("%s is a voter and %s is gone (%d voters, %d answer)", newID, oldID, v, h)}, nil
 	}
-	if Tolerance(v, h) < 0 {
+	if cluster.Tolerance(v, h) < 0 {
 		return replaceStep{}, fmt.Errorf("%w: %w: only %d of the %d voters answer (not answering: %s); nothing can be "+
 			"committed, so no order of changes can replace %s: bring back the voters that still have their data dirs "+
 			"(they rejoin as they were), then run this again; if a majority lost their data for good, build a new "+
 			"cluster (README, Runbook: \"The majority is lost for good\")",
-			ErrUnsafeChange, ErrNoQuorum, h, v, strings.Join(silent, ", "), oldID)
+			cluster.ErrUnsafeChange, cluster.ErrNoQuorum, h, v, strings.Join(silent, ", "), oldID)
 	}
-	oldName, _ := SplitServerID(oldID)
+	oldName, _ := cluster.SplitServerID(oldID)
 	namesake := ""
 	for _, m := range ms {
 		if m.Name == oldName && m.ServerID != newID {
 			namesake = m.ServerID
 		}
 	}
-	promote := func(req AdminRequest, what string) replaceStep {
+	promote := func(req cluster.AdminRequest, what string) replaceStep {
 		switch {
 		case !nw.Answers:
 			return replaceStep{wait: true, what: fmt.Sprintf("%s does not answer at %s yet (is it running, with an empty data dir?)", newID, peerAddr)}
-		case nw.Lag > MaxPromoteLag:
+		case nw.Lag > cluster.MaxPromoteLag:
 			return replaceStep{wait: true, what: fmt.Sprintf("%s is catching up: %d entries behind the commit index", newID, nw.Lag)}
 		}
 		return replaceStep{req: req, what: what}
 	}
-	addLearner := replaceStep{req: AdminRequest{Op: "add-learner", ID: newID, Addr: peerAddr},
+	addLearner := replaceStep{req: cluster.AdminRequest{Op: wire.AdminOpAddLearner, ID: newID, Addr: peerAddr},
 		what: fmt.Sprintf("add %s at %s as a learner", newID, peerAddr)}
 	if old == nil {
 		if !acted && namesake != "" {
-			return replaceStep{}, fmt.Errorf("%w: %s is not a member, but %s is: did you mean it?", ErrNoSuchMember, oldID, namesake)
+			return replaceStep{}, fmt.Errorf("%w: %s is not a member, but %s is: did you mean it?", cluster.ErrNoSuchMember, oldID, namesake)
 		}
 		if nw == nil {
 			if !acted && v%2 == 1 {
 				return replaceStep{}, fmt.Errorf("%w: %s is not a member and the cluster has %d voters (no replacement is half "+
-					"done); to grow the cluster, use `members add-learner` and `members promote`", ErrNoSuchMember, oldID, v)
+					"done); to grow the cluster, use `members add-learner` and `members promote`", cluster.ErrNoSuchMember, oldID, v)
 			}
 			return addLearner, nil
 		}
-		return promote(AdminRequest{Op: "promote", ID: newID}, fmt.Sprintf("promote %s (%s is gone)", newID, oldID)), nil
+		return promote(cluster.AdminRequest{Op: wire.AdminOpPromote, ID: newID}, fmt.Sprintf("promote %s (%s is gone)", newID, oldID)), nil
 	}
 	if !old.Voter {
 		return replaceStep{}, fmt.Errorf("%w: %s is a learner, not a voter: `members remove %s`, then `members add-learner %s %s`",
-			ErrBadConfig, oldID, oldID, newID, peerAddr)
+			cluster.ErrBadConfig, oldID, oldID, newID, peerAddr)
 	}
 	if nw != nil && nw.Voter {
 		if !acted && v%2 == 1 {
 			return replaceStep{}, fmt.Errorf("%w: %s and %s are both voters of %d: nothing to replace (`members remove %s` shrinks the cluster)",
-				ErrUnsafeChange, oldID, newID, v, oldID)
+				cluster.ErrUnsafeChange, oldID, newID, v, oldID)
 		}
-		return replaceStep{req: AdminRequest{Op: "remove", ID: oldID},
+		return replaceStep{req: cluster.AdminRequest{Op: wire.AdminOpRemove, ID: oldID},
 			what: fmt.Sprintf("remove %s (%s already votes)", oldID, newID)}, nil
 	}
 	if !old.Answers {
@@ -114,20 +117,20 @@ func planReplace(ms []AdminMember, oldID, newID, peerAddr string, acted bool) (r
 		if old.FoundAtAddr != "" {
 			why = fmt.Sprintf("it does not answer; %s stands at its address", old.FoundAtAddr)
 		}
-		return replaceStep{req: AdminRequest{Op: "remove", ID: oldID},
+		return replaceStep{req: cluster.AdminRequest{Op: wire.AdminOpRemove, ID: oldID},
 			what: fmt.Sprintf("remove %s first (%s; %d voters, %d answer: the cluster survives %d more failures with or without it)",
-				oldID, why, v, h, Tolerance(v, h))}, nil
+				oldID, why, v, h, cluster.Tolerance(v, h))}, nil
 	}
 	if nw == nil {
 		return addLearner, nil
 	}
-	return promote(AdminRequest{Op: "promote", ID: newID, Replaces: oldID},
+	return promote(cluster.AdminRequest{Op: wire.AdminOpPromote, ID: newID, Replaces: oldID},
 		fmt.Sprintf("promote %s and remove %s in one step (%s answers)", newID, oldID, oldID)), nil
 }
 
 // Replace swaps server oldID for newID, a node already running at
 // peerAddr with an empty data dir, in the order of the replacement rule
-// (members.go): if oldID does not answer, remove it, add newID as a
+// (cluster/members.go): if oldID does not answer, remove it, add newID as a
 // learner, wait until it has caught up, promote it; if oldID answers, add
 // newID as a learner, wait, then promote it and remove oldID in one step
 // (the leader hands over first if it is oldID). Before every step it reads
@@ -136,7 +139,7 @@ func planReplace(ms []AdminMember, oldID, newID, peerAddr string, acted bool) (r
 // succeeded changes nothing. It retries through elections, lost
 // connections, a change already in progress and (up to 10 times in a row)
 // a change Raft failed without a reason code; it refuses, with a reason,
-// only when no safe order exists (ErrNoQuorum: a majority of the voters do
+// only when no safe order exists (cluster.ErrNoQuorum: a majority of the voters do
 // not answer; or a request that names the wrong members). progress, if not
 // nil, hears each step.
 func (a *AdminCluster) Replace(ctx context.Context, oldID, newID, peerAddr string, progress func(string)) error {
@@ -146,7 +149,7 @@ func (a *AdminCluster) Replace(ctx context.Context, oldID, newID, peerAddr strin
 		}
 	}
 	if oldID == newID {
-		return fmt.Errorf("%w: replacing %s by itself", ErrBadConfig, oldID)
+		return fmt.Errorf("%w: replacing %s by itself", cluster.ErrBadConfig, oldID)
 	}
 	pause := func(d time.Duration) error {
 		select {
@@ -207,11 +210,11 @@ func (a *AdminCluster) Replace(ctx context.Context, oldID, newID, peerAddr strin
 			continue // the next read confirms it
 		case ctx.Err() != nil:
 			return fmt.Errorf("%s: %w", step.what, err)
-		case errors.Is(err, ErrChangeInProgress), errors.Is(err, ErrNotLeader), !errors.Is(err, ErrAdmin):
+		case errors.Is(err, cluster.ErrChangeInProgress), errors.Is(err, cluster.ErrNotLeader), !errors.Is(err, ErrAdmin):
 			say("%s: %v; retrying", step.what, err)
-		case errors.Is(err, ErrLearnerLagging):
+		case errors.Is(err, cluster.ErrLearnerLagging):
 			say("%s: %v; waiting", step.what, err)
-		case errors.Is(err, ErrUnsafeChange), errors.Is(err, ErrNoQuorum), errors.Is(err, ErrNoSuchMember):
+		case errors.Is(err, cluster.ErrUnsafeChange), errors.Is(err, cluster.ErrNoQuorum), errors.Is(err, cluster.ErrNoSuchMember):
 			// The leader's own look at the health differed from the one
 			// the step was chosen by: read again, and give up only when
 			// the same step is refused twice in a row.
@@ -224,7 +227,7 @@ func (a *AdminCluster) Replace(ctx context.Context, oldID, newID, peerAddr strin
 				return fmt.Errorf("%s: %w", step.what, err)
 			}
 			say("%s: %v; reading the members again", step.what, err)
-		case errors.Is(err, ErrBadConfig):
+		case errors.Is(err, cluster.ErrBadConfig):
 			return fmt.Errorf("%s: %w", step.what, err)
 		default:
 			// "internal": Raft failed the change (a timeout, a hand-over
@@ -243,8 +246,8 @@ func (a *AdminCluster) Replace(ctx context.Context, oldID, newID, peerAddr strin
 // Members asks for the leader's members reply (op "members": each member
 // with its health) until a leader answers, through elections and
 // unreachable nodes, for at most NoLeaderWait; then it fails with
-// ErrNoQuorum, saying what each address answered.
-func (a *AdminCluster) Members(ctx context.Context) (AdminReply, error) {
+// cluster.ErrNoQuorum, saying what each address answered.
+func (a *AdminCluster) Members(ctx context.Context) (cluster.AdminReply, error) {
 	wait := a.NoLeaderWait
 	if wait <= 0 {
 		wait = DefaultNoLeaderWait
@@ -254,12 +257,12 @@ func (a *AdminCluster) Members(ctx context.Context) (AdminReply, error) {
 		var seen []string
 		for _, addr := range a.Addrs {
 			actx, cancel := context.WithTimeout(ctx, adminReadWait)
-			rep, err := AdminDo(actx, addr, a.Config, AdminRequest{Op: "members"})
+			rep, err := AdminDo(actx, addr, a.Config, cluster.AdminRequest{Op: wire.AdminOpMembers})
 			cancel()
 			switch {
 			case err == nil:
 				return rep, nil
-			case errors.Is(err, ErrNotLeader):
+			case errors.Is(err, cluster.ErrNotLeader):
 				knows := "no leader"
 				if rep.Leader != "" {
 					knows = "leader " + rep.Leader
@@ -271,22 +274,22 @@ func (a *AdminCluster) Members(ctx context.Context) (AdminReply, error) {
 				seen = append(seen, fmt.Sprintf("%s: %v", addr, err))
 			}
 			if ctx.Err() != nil {
-				return AdminReply{}, fmt.Errorf("%w (%s)", ctx.Err(), strings.Join(seen, "; "))
+				return cluster.AdminReply{}, fmt.Errorf("%w (%s)", ctx.Err(), strings.Join(seen, "; "))
 			}
 		}
 		if len(a.Addrs) == 0 {
-			return AdminReply{}, fmt.Errorf("%w: no admin address", ErrBadConfig)
+			return cluster.AdminReply{}, fmt.Errorf("%w: no admin address", cluster.ErrBadConfig)
 		}
 		if time.Now().After(deadline) {
-			return AdminReply{}, fmt.Errorf("%w: no node led for %v (%s): a leader needs a majority of the voters "+
+			return cluster.AdminReply{}, fmt.Errorf("%w: no node led for %v (%s): a leader needs a majority of the voters "+
 				"answering each other. If a majority is down, nothing can be committed and no membership change can "+
 				"help: bring back the voters that still have their data dirs, then run this again; if a majority lost "+
 				"their data for good, build a new cluster (README, Runbook: \"The majority is lost for good\")",
-				ErrNoQuorum, wait, strings.Join(seen, "; "))
+				cluster.ErrNoQuorum, wait, strings.Join(seen, "; "))
 		}
 		select {
 		case <-ctx.Done():
-			return AdminReply{}, fmt.Errorf("%w (%s)", ctx.Err(), strings.Join(seen, "; "))
+			return cluster.AdminReply{}, fmt.Errorf("%w (%s)", ctx.Err(), strings.Join(seen, "; "))
 		case <-time.After(300 * time.Millisecond):
 		}
 	}

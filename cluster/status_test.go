@@ -11,6 +11,7 @@ import (
 	"ticketing/cluster"
 	"ticketing/cluster/client"
 	"ticketing/cluster/local"
+	"ticketing/cluster/testkit"
 	"ticketing/cluster/wire"
 	"ticketing/locksm"
 )
@@ -27,7 +28,7 @@ func queueWaiter(t *testing.T, c *testCluster, li int, conn *client.Conn, key, o
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, owner+" queued on "+key, 20*time.Second, func() bool {
+	testkit.WaitFor(t, owner+" queued on "+key, 20*time.Second, func() bool {
 		kr, err := c.Node(li).Inspect(key)
 		if err != nil {
 			t.Fatal(err)
@@ -58,7 +59,7 @@ func TestStatusReport(t *testing.T) {
 
 	leaderID := c.Node(li).ServerID()
 	var st cluster.StatusReport
-	waitFor(t, "every member's lag in the leader's status", 20*time.Second, func() bool {
+	testkit.WaitFor(t, "every member's lag in the leader's status", 20*time.Second, func() bool {
 		st = c.Node(li).StatusReport()
 		for _, m := range st.Members {
 			if m.Lag == nil {
@@ -93,7 +94,7 @@ func TestStatusReport(t *testing.T) {
 
 	fi := follower(c, li)
 	var fs cluster.StatusReport
-	waitFor(t, "the follower to apply the acquires", 20*time.Second, func() bool {
+	testkit.WaitFor(t, "the follower to apply the acquires", 20*time.Second, func() bool {
 		fs = c.Node(fi).StatusReport()
 		return fs.KeysHeld == 2 && fs.Waiters == 1
 	})
@@ -116,10 +117,10 @@ func TestStatusReport(t *testing.T) {
 	if err != nil || rep.Status == nil || rep.Status.ServerID != leaderID || rep.Status.KeysHeld != 2 || rep.Leader != leaderID {
 		t.Fatalf("admin status: %v %+v", err, rep)
 	}
-	if _, err := cluster.AdminDo(ctx, c.AdminAddr(fi), a.Config, cluster.AdminRequest{Op: "status", LeaderOnly: true}); !errors.Is(err, cluster.ErrNotLeader) {
+	if _, err := client.AdminDo(ctx, c.AdminAddr(fi), a.Config, cluster.AdminRequest{Op: "status", LeaderOnly: true}); !errors.Is(err, cluster.ErrNotLeader) {
 		t.Fatalf("leader-only status from a follower: %v, want not_leader", err)
 	}
-	rep, err = cluster.AdminDo(ctx, c.AdminAddr(fi), a.Config, cluster.AdminRequest{Op: "status"})
+	rep, err = client.AdminDo(ctx, c.AdminAddr(fi), a.Config, cluster.AdminRequest{Op: "status"})
 	if err != nil || rep.Status == nil || rep.Status.ServerID != c.Node(fi).ServerID() || rep.Status.Role != "follower" {
 		t.Fatalf("status from a follower: %v %+v", err, rep)
 	}
@@ -175,7 +176,7 @@ func TestInspectKey(t *testing.T) {
 	check(kr, cluster.FromLeaderTimer)
 
 	fi := follower(c, li)
-	waitFor(t, "the follower to apply the queue", 20*time.Second, func() bool {
+	testkit.WaitFor(t, "the follower to apply the queue", 20*time.Second, func() bool {
 		kr, err = c.Node(fi).Inspect("seats/12A")
 		return err == nil && kr.QueueLen == 2
 	})
@@ -236,7 +237,7 @@ func TestAdminInspectTruncatesQueue(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "every waiter queued", 20*time.Second, func() bool {
+	testkit.WaitFor(t, "every waiter queued", 20*time.Second, func() bool {
 		kr, err := c.Node(li).Inspect("k")
 		return err == nil && kr.QueueLen == waiters
 	})

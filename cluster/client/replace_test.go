@@ -1,13 +1,15 @@
-package cluster
+package client
 
 import (
 	"errors"
 	"fmt"
 	"testing"
+
+	"ticketing/cluster"
 )
 
 // The order planReplace picks, state by state: the replacement rule of
-// members.go, the resumption of half-done runs, and the refusals.
+// cluster/members.go, the resumption of half-done runs, and the refusals.
 func TestPlanReplaceOrder(t *testing.T) {
 	const (
 		oldID = "n2/oldoldoldo"
@@ -54,17 +56,17 @@ func TestPlanReplaceOrder(t *testing.T) {
 		{"done", []mem{n1, n3, voter(newID, true)}, false, want{done: true}},
 		{"done, with a learner elsewhere", []mem{n1, n3, voter(newID, true), learner("n9/zzzzzzzzzz", false, -1)}, false, want{done: true}},
 		// Refusals.
-		{"no majority answers", []mem{n1, voter(oldID, false), voter("n3/cccccccccc", false)}, false, want{err: ErrNoQuorum}},
-		{"five voters, three silent", []mem{n1, voter(oldID, false), n3, dead4, dead5}, false, want{err: ErrNoQuorum}},
-		{"OLD not a member, odd voter count", []mem{n1, n3, n4}, false, want{err: ErrNoSuchMember}},
-		{"OLD not a member, its name is", []mem{n1, voter("n2/realrealre", true), n3, n4}, false, want{err: ErrNoSuchMember}},
-		{"both voters of an odd cluster", []mem{n1, voter(oldID, true), voter(newID, true)}, false, want{err: ErrUnsafeChange}},
-		{"OLD is a learner", []mem{n1, n3, n4, learner(oldID, true, 0)}, false, want{err: ErrBadConfig}},
+		{"no majority answers", []mem{n1, voter(oldID, false), voter("n3/cccccccccc", false)}, false, want{err: cluster.ErrNoQuorum}},
+		{"five voters, three silent", []mem{n1, voter(oldID, false), n3, dead4, dead5}, false, want{err: cluster.ErrNoQuorum}},
+		{"OLD not a member, odd voter count", []mem{n1, n3, n4}, false, want{err: cluster.ErrNoSuchMember}},
+		{"OLD not a member, its name is", []mem{n1, voter("n2/realrealre", true), n3, n4}, false, want{err: cluster.ErrNoSuchMember}},
+		{"both voters of an odd cluster", []mem{n1, voter(oldID, true), voter(newID, true)}, false, want{err: cluster.ErrUnsafeChange}},
+		{"OLD is a learner", []mem{n1, n3, n4, learner(oldID, true, 0)}, false, want{err: cluster.ErrBadConfig}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var ms []AdminMember
+			var ms []cluster.AdminMember
 			for _, m := range tc.ms {
-				name, _ := SplitServerID(m.id)
+				name, _ := cluster.SplitServerID(m.id)
 				peer := fmt.Sprintf("127.0.0.1:%d", 7000+len(ms))
 				if m.id == newID || m.id == oldID {
 					peer = addr
@@ -73,7 +75,7 @@ func TestPlanReplaceOrder(t *testing.T) {
 				if !m.answers {
 					lag = -1
 				}
-				ms = append(ms, AdminMember{Member: Member{ServerID: m.id, Name: name, PeerAddr: peer, Voter: m.voter},
+				ms = append(ms, cluster.AdminMember{Member: cluster.Member{ServerID: m.id, Name: name, PeerAddr: peer, Voter: m.voter},
 					Answers: m.answers, Lag: lag, FoundAtAddr: m.found})
 			}
 			step, err := planReplace(ms, oldID, newID, addr, tc.acted)
@@ -104,8 +106,8 @@ func TestPlanReplaceOrder(t *testing.T) {
 		})
 	}
 	// A NEW already at another address is refused whatever else holds.
-	ms := []AdminMember{{Member: Member{ServerID: newID, Name: "n2", PeerAddr: "127.0.0.1:1"}, Lag: 0, Answers: true}}
-	if _, err := planReplace(ms, oldID, newID, addr, false); !errors.Is(err, ErrBadConfig) {
+	ms := []cluster.AdminMember{{Member: cluster.Member{ServerID: newID, Name: "n2", PeerAddr: "127.0.0.1:1"}, Lag: 0, Answers: true}}
+	if _, err := planReplace(ms, oldID, newID, addr, false); !errors.Is(err, cluster.ErrBadConfig) {
 		t.Fatalf("NEW at another address: %v", err)
 	}
 }
@@ -115,7 +117,7 @@ func TestTolerance(t *testing.T) {
 	for _, c := range []struct{ v, h, want int }{
 		{3, 3, 1}, {3, 2, 0}, {2, 2, 0}, {4, 3, 0}, {4, 4, 1}, {5, 5, 2}, {5, 3, 0}, {4, 4, 1}, {6, 6, 2}, {6, 5, 1}, {3, 1, -1}, {5, 2, -1},
 	} {
-		if got := Tolerance(c.v, c.h); got != c.want {
+		if got := cluster.Tolerance(c.v, c.h); got != c.want {
 			t.Errorf("Tolerance(%d, %d) = %d, want %d", c.v, c.h, got, c.want)
 		}
 	}

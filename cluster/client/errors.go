@@ -1,0 +1,30 @@
+package client
+
+import "errors"
+
+// Sentinel errors of this package.
+var (
+	// ErrConnClosed: the connection is dead (closed locally, by the server,
+	// or by an I/O error); errors of calls that were in flight wrap it and
+	// the cause.
+	ErrConnClosed = errors.New("client: connection closed")
+	// ErrProtocol: the server broke the protocol (reply to an unknown id, a
+	// reply type that cannot answer the request, a malformed frame, or a
+	// connection-level error). The connection is closed; the error wraps
+	// ErrConnClosed too.
+	ErrProtocol = errors.New("client: protocol violation")
+	// ErrInvalidRequest: Start/Do was given a message it cannot send (not a
+	// request type, nonzero ID, or a field that does not encode). Nothing
+	// was sent.
+	ErrInvalidRequest = errors.New("client: invalid request")
+	// ErrAbandoned: the call was withdrawn by Abandon before it was sent.
+	ErrAbandoned = errors.New("client: request abandoned before sending")
+	// ErrHandingOver: Start refused an acquire or release because the node
+	// announced that it is handing its leadership over (a NoticeHandOver
+	// notice); nothing was written. Send it where the next leader serves.
+	ErrHandingOver = errors.New("client: the node is handing its leadership over")
+	// ErrAdmin wraps a failure reply from a node's admin port (AdminDo);
+	// errors.Is also matches the sentinel of its code (cluster.ErrNotLeader,
+	// cluster.ErrUnsafeChange, ...: cluster.AdminErrOf).
+	ErrAdmin = errors.New("client: admin request failed")
+)

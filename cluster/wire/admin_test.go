@@ -1,0 +1,57 @@
+package wire
+
+import (
+	"bytes"
+	"errors"
+	"slices"
+	"testing"
+)
+
+// Admin frames use the framing of every other frame: what WriteFrame
+// writes Reader.ReadFrame reads back, and a payload over MaxPayloadLen is
+// refused on both sides.
+func TestAdminFraming(t *testing.T) {
+	var buf bytes.Buffer
+	small := []byte(`{"op":"members"}`)
+	full := bytes.Repeat([]byte{'x'}, MaxPayloadLen)
+	for _, p := range [][]byte{small, full, {}} {
+		if err := WriteFrame(&buf, TypeAdminRequest, p); err != nil {
+			t.Fatalf("WriteFrame of %d bytes: %v", len(p), err)
+		}
+	}
+	if err := WriteFrame(&buf, TypeAdminReply, append(full, 'x')); !errors.Is(err, ErrFrameTooLarge) {
+		t.Fatalf("WriteFrame of %d bytes: %v, want ErrFrameTooLarge", MaxPayloadLen+1, err)
+	}
+	if b, err := AppendFrame([]byte("keep"), TypeAdminReply, append(full, 'x')); err == nil || string(b) != "keep" {
+		t.Fatalf("AppendFrame of an oversized payload: %q, %v", b, err)
+	}
+	r := NewReader(&buf)
+	for _, want := range [][]byte{small, full, {}} {
+		typ, p, err := r.ReadFrame()
+		if err != nil || typ != TypeAdminRequest || !bytes.Equal(p, want) {
+			t.Fatalf("ReadFrame: %s %d bytes %v, want 'j' with %d bytes", TypeName(typ), len(p), err, len(want))
+		}
+	}
+	// A length prefix above MaxFrameLen is refused before its payload.
+	over := []byte{0, 0, 0x10, 0x01, TypeAdminRequest}
+	if _, _, err := NewReader(bytes.NewReader(over)).ReadFrame(); !errors.Is(err, ErrFrameTooLarge) {
+		t.Fatalf("ReadFrame of a %d-byte length: %v, want ErrFrameTooLarge", MaxFrameLen+1, err)
+	}
+}
+
+// The admin frame types are none of the client protocol's, so a client
+// port refuses them as it refuses any unknown type.
+func TestAdminTypesApart(t *testing.T) {
+	for _, typ := range []byte{TypeAdminRequest, TypeAdminReply} {
+		if IsRequest(typ) || IsReply(typ) || IsNotice(typ) || isHandshake(typ) {
+			t.Errorf("%s is also a client-protocol frame type", TypeName(typ))
+		}
+		var m Msg
+		if err := DecodeMsg(typ, make([]byte, 8), &m); !errors.Is(err, ErrUnknownType) {
+			t.Errorf("DecodeMsg(%s): %v, want ErrUnknownType", TypeName(typ), err)
+		}
+	}
+	if len(AdminCodes) != len(slices.Compact(slices.Sorted(slices.Values(AdminCodes)))) {
+		t.Errorf("AdminCodes has duplicates: %v", AdminCodes)
+	}
+}

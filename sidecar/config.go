@@ -1,0 +1,162 @@
+package sidecar
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"ticketing/cluster/wire"
+)
+
+// Config configures a Broker. Zero tunables take the defaults below.
+type Config struct {
+	// Addrs are the seeds: cluster nodes' client addresses (HOST:PORT),
+	// as the nodes advertise them (the leader named in a status or M reply
+	// is matched against these strings). The broker always keeps a
+	// connection to each, and adds the members' client addresses it
+	// learns from the leader (see MembersRefresh). Required.
+	Addrs []string
+	// Secret is the cluster's client secret. Required (>= 16 bytes).
+	Secret []byte
+	// NextSecret, when set, is tried when a node does not prove itself
+	// with Secret (during a secret rollover). nil: Secret only.
+	NextSecret []byte
+	// TLS, when set, makes every connection TLS 1.3 (build it with
+	// tlsconf.ClientConfig): the nodes' certificates must be signed by its
+	// CA and name the host of the address dialled. nil: plaintext.
+	TLS *tls.Config
+	// ClusterID must match the nodes'.
+	ClusterID string
+	// Domain is the fencing domain the nodes must belong to; "" learns it
+	// from the first node that names one and then holds to it. A node of
+	// another domain is refused (its tokens are not comparable with the
+	// ones already handed out through this broker).
+	Domain string
+
+	// DialTimeout bounds one dial + handshake. Zero: 2 s.
+	DialTimeout time.Duration
+	// BackoffMin and BackoffMax bound the reconnect backoff, which doubles
+	// after every failed dial and starts again at BackoffMin after a
+	// connection succeeds. Zero: 100 ms and 3.2 s.
+	BackoffMin, BackoffMax time.Duration
+	// LeaderWait is how long an acquire or release may wait for a serving
+	// leader to be known and connected before it is sent (or, for an
+	// acquire, the remaining wait if that is longer). Nothing is written
+	// while waiting. Zero: 3 s, about one failover.
+	LeaderWait time.Duration
+	// ReplyGrace is how long past its wait an acquire waits for the
+	// server's reply before it reports Indeterminate. Zero: 5 s.
+	ReplyGrace time.Duration
+	// ReleaseDeadline is the absolute deadline of a release's retries,
+	// counted from Release/Compensate. Zero: 5 s.
+	ReleaseDeadline time.Duration
+	// ReleaseQueue bounds releases waiting for a worker; ReleaseWorkers is
+	// how many releases may be in flight at once. Zero: 4096 and 64.
+	ReleaseQueue, ReleaseWorkers int
+	// MembersRefresh is how often the serving leader's node is asked for
+	// the members (as etcd's client AutoSyncInterval): the broker then
+	// dials members' client addresses it does not keep yet and stops
+	// keeping addresses that are neither seeds nor members. It also asks
+	// on every leader change. Zero: 30 s; negative: only on leader
+	// changes.
+	MembersRefresh time.Duration
+	// AllowAddr, when set, vets a member's client address learned from the
+	// cluster before the broker dials it (the sidecar applies its plaintext
+	// rule here); an address it refuses is not kept. nil: any.
+	AllowAddr func(addr string) error
+
+	// Logger; nil: slog.Default().
+	Logger *slog.Logger
+	// Now is the clock for deadlines and validity; nil: time.Now.
+	Now func() time.Time
+	// After is used for backoff and retry pauses; nil: time.After. Tests
+	// record the schedule through it.
+	After func(d time.Duration) <-chan time.Time
+	// Dialer dials TCP for the connections; nil: net.Dialer. Tests and
+	// the lab's `ticketlab sidecar` inject network faults through it
+	// (cluster/netfault.Dropper drops every connection it dialled).
+	Dialer func(ctx context.Context, network, addr string) (net.Conn, error)
+}
+
+// Defaults.
+const (
+	DefaultDialTimeout     = 2 * time.Second
+	DefaultBackoffMin      = 100 * time.Millisecond
+	DefaultBackoffMax      = 3200 * time.Millisecond
+	DefaultLeaderWait      = 3 * time.Second
+	DefaultReplyGrace      = 5 * time.Second
+	DefaultReleaseDeadline = 5 * time.Second
+	DefaultReleaseQueue    = 4096
+	DefaultReleaseWorkers  = 64
+	DefaultMembersRefresh  = 30 * time.Second
+)
+
+// DefaultConfig returns a Config with every tunable at its default.
+func DefaultConfig() Config {
+	return Config{
+		DialTimeout: DefaultDialTimeout, BackoffMin: DefaultBackoffMin, BackoffMax: DefaultBackoffMax,
+		LeaderWait: DefaultLeaderWait, ReplyGrace: DefaultReplyGrace, ReleaseDeadline: DefaultReleaseDeadline,
+		ReleaseQueue: DefaultReleaseQueue, ReleaseWorkers: DefaultReleaseWorkers,
+		MembersRefresh: DefaultMembersRefresh,
+	}
+}
+
+// Validate reports the first problem with c.
+func (c Config) Validate() error {
+	if len(c.Addrs) == 0 {
+		return fmt.Errorf("%w: at least one cluster address is required", ErrBadConfig)
+	}
+	for _, a := range c.Addrs {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return fmt.Errorf("%w: cluster address %q: %w", ErrBadConfig, a, err)
+		}
+	}
+	if len(c.Secret) < wire.MinSecretLen {
+		return fmt.Errorf("%w: the client secret must be at least %d bytes", ErrBadConfig, wire.MinSecretLen)
+	}
+	if len(c.Domain) > 255 {
+		return fmt.Errorf("%w: fencing domain of %d bytes (at most 255)", ErrBadConfig, len(c.Domain))
+	}
+	if c.BackoffMin < 0 || c.BackoffMax < c.BackoffMin && c.BackoffMax != 0 {
+		return fmt.Errorf("%w: backoff bounds %v..%v", ErrBadConfig, c.BackoffMin, c.BackoffMax)
+	}
+	if c.ReleaseQueue < 0 || c.ReleaseWorkers < 0 {
+		return fmt.Errorf("%w: release queue and workers must not be negative", ErrBadConfig)
+	}
+	return nil
+}
+
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	set := func(v *time.Duration, def time.Duration) {
+		if *v == 0 {
+			*v = def
+		}
+	}
+	set(&c.DialTimeout, d.DialTimeout)
+	set(&c.BackoffMin, d.BackoffMin)
+	set(&c.BackoffMax, d.BackoffMax)
+	set(&c.LeaderWait, d.LeaderWait)
+	set(&c.ReplyGrace, d.ReplyGrace)
+	set(&c.ReleaseDeadline, d.ReleaseDeadline)
+	set(&c.MembersRefresh, d.MembersRefresh)
+	if c.ReleaseQueue == 0 {
+		c.ReleaseQueue = d.ReleaseQueue
+	}
+	if c.ReleaseWorkers == 0 {
+		c.ReleaseWorkers = d.ReleaseWorkers
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.After == nil {
+		c.After = time.After
+	}
+	return c
+}

@@ -1,0 +1,38 @@
+package sidecar
+
+import "errors"
+
+// Sentinel errors. Definite errors from the cluster come back as the
+// locksm / wire sentinels (errors.Is(err, locksm.ErrNotHeld), ...).
+var (
+	// ErrBusy: the key was held and the wait was 0. Definite: not acquired.
+	ErrBusy = errors.New("sidecar: busy")
+	// ErrTimeout: the wait ran out before the turn came. Definite: not
+	// acquired, and never will be.
+	ErrTimeout = errors.New("sidecar: timeout")
+	// ErrIndeterminate: a written request got no definite reply. For an
+	// acquire the caller must not enter the critical section (the lease ends
+	// any holding it may have created); for a release, the lock may still be
+	// held until its lease ends — or it is gone, but whether this release or
+	// the lease ended it is unknown (an attempt whose reply was lost, then a
+	// retry answered not_held).
+	ErrIndeterminate = errors.New("sidecar: indeterminate")
+	// ErrUnavailable: no connection to a serving leader could take the
+	// request within its budget; not one byte was written. Definite.
+	ErrUnavailable = errors.New("sidecar: cluster unavailable")
+	// ErrMoved: the node that got the request was not the leader (or was
+	// handing its leadership over) and did not execute it. Definite. The
+	// broker remembers the leader it named and sends later requests there;
+	// it never resends a written request.
+	ErrMoved = errors.New("sidecar: moved")
+	// ErrReleaseQueueFull: the bounded release queue is full; nothing was
+	// sent (the lease remains the safety net).
+	ErrReleaseQueueFull = errors.New("sidecar: release queue full")
+	// ErrClosed: the broker is closed.
+	ErrClosed = errors.New("sidecar: broker closed")
+	// ErrWrongDomain: a node belongs to another fencing domain than the
+	// one this broker holds to; the broker does not keep its connection.
+	ErrWrongDomain = errors.New("sidecar: node of another fencing domain")
+	// ErrBadConfig wraps every configuration error (Config.Validate).
+	ErrBadConfig = errors.New("sidecar: bad config")
+)
