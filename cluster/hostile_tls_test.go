@@ -511,7 +511,7 @@ func TestHostileClientsOverTLS(t *testing.T) {
 			// The flood let its keys go: the good client is served again
 			// at once.
 			served := good.servedOK.Load()
-			waitFor(t, "the good client to be served again after the key table emptied", 10*time.Second,
+			testkit.WaitFor(t, "the good client to be served again after the key table emptied", 10*time.Second,
 				func() bool { return good.servedOK.Load() > served })
 		}
 		p50, p99, n := good.window()
