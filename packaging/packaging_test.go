@@ -328,6 +328,11 @@ func TestPackage(t *testing.T) {
 	if !strings.Contains(string(out), "-data-dir") {
 		t.Errorf("packaged ticketing node --help:\n%s", out)
 	}
+	// It knows the package's version (build-deb.sh sets it).
+	out, err = exec.Command(filepath.Join(root, "usr/bin/ticketing"), "--version").CombinedOutput()
+	if err != nil || !strings.HasPrefix(string(out), "ticketing 1.2.3+test, commit ") {
+		t.Errorf("packaged ticketing --version: %v\n%s", err, out)
+	}
 }
 
 // flags lists the long flags a subcommand's --help prints.

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -16,8 +15,10 @@ import (
 )
 
 func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("ticketing dev", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newCmdFlags("ticketing dev", "ticketing dev [--dir DIR] [--socket PATH] [--base-port N] [--nodes 3|5] [--plaintext]",
+		"Runs a real cluster of 3 (or 5) nodes on loopback in this process, with a sidecar\n"+
+			"serving the unix socket, prints their addresses, the client secret file, the CA\n"+
+			"and a ready line, and runs until Ctrl-C (SIGINT) or SIGTERM.", stdout, stderr)
 	var (
 		dir      string
 		socket   string
@@ -31,19 +32,21 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&basePort, "base-port", 7400, "node i listens for clients on 127.0.0.1:BASE+i and for peers on BASE+100+i; 0 picks free ports (fresh --dir only)")
 	fs.IntVar(&nodes, "nodes", 3, "number of nodes: 3 or 5")
 	fs.BoolVar(&plain, "plaintext", false, "run the ports without TLS (default: TLS with a throwaway CA in DIR/tls)")
-	logs.register(fs, "warn")
-	if err := fs.Parse(args); err != nil {
-		return ExitUsage
+	logs.register(fs.FlagSet, "warn")
+	if code, ok := fs.parse(args); !ok {
+		return code
 	}
-	log, err := logs.logger(stderr)
-	if err != nil {
-		fmt.Fprintln(stderr, "ticketing dev:", err)
-		return ExitUsage
+	if fs.NArg() != 0 {
+		return fs.bad("unexpected arguments %q", fs.Args())
 	}
 	if nodes != 3 && nodes != 5 {
-		fmt.Fprintf(stderr, "ticketing dev: --nodes must be 3 or 5, not %d\n", nodes)
-		return ExitUsage
+		return fs.bad("--nodes %d: want 3 or 5", nodes)
 	}
+	if basePort < 0 || basePort > 65535-200 {
+		return fs.bad("--base-port %d: want 0 (free ports) or 1..65335", basePort)
+	}
+	log, _ := logs.logger(stderr)
+	var err error
 	temp := dir == ""
 	if temp {
 		if dir, err = os.MkdirTemp("", "ticketing-dev-"); err != nil {
