@@ -97,6 +97,9 @@ install -m 0644 "$here/etc/node.conf" "$here/etc/sidecar.conf" "$root/etc/ticket
 doc=$root/usr/share/doc/ticketing
 install -d -m 0755 "$doc"
 install -m 0644 "$top/README.md" "$doc/README.md"
+# The README's documents (its links point into docs/).
+install -d -m 0755 "$doc/docs"
+install -m 0644 "$top"/docs/*.md "$doc/docs/"
 install -m 0644 "$here/README.md" "$doc/README.Debian"
 install -m 0644 "$here/debian/copyright" "$doc/copyright"
 

@@ -278,6 +278,10 @@ func TestPackage(t *testing.T) {
 		"/etc/ticketing/node.conf":                      "-rw-r--r--",
 		"/etc/ticketing/sidecar.conf":                   "-rw-r--r--",
 		"/usr/share/doc/ticketing/README.md":            "-rw-r--r--",
+		"/usr/share/doc/ticketing/docs/operations.md":   "-rw-r--r--",
+		"/usr/share/doc/ticketing/docs/security.md":     "-rw-r--r--",
+		"/usr/share/doc/ticketing/docs/performance.md":  "-rw-r--r--",
+		"/usr/share/doc/ticketing/docs/verification.md": "-rw-r--r--",
 		"/usr/share/doc/ticketing/README.Debian":        "-rw-r--r--",
 		"/usr/share/doc/ticketing/copyright":            "-rw-r--r--",
 	}

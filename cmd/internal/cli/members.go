@@ -38,7 +38,7 @@ replace reads the members before every step, so running it again finishes an int
 replacement, and changes nothing once it is done. It refuses only when no safe order exists:
 fewer than a majority of the voters answer, so nothing can be committed. Then bring back the
 voters that still have their data dirs; if a majority lost their data for good, build a new
-cluster (README, Runbook: "The majority is lost for good").
+cluster (docs/operations.md, Runbook: "The majority is lost for good").
 
 remove refuses when the remaining voters would not form a majority of answering nodes, and
 when fewer than 3 voters would stay, except that it may leave 2 when the voter removed does
@@ -191,7 +191,7 @@ func printHealthNotes(w io.Writer, rows []memberRow) {
 	// (Worded without "voter" and "leader", the words of the ROLE column.)
 	switch f := cluster.Tolerance(v, h); {
 	case f < 0:
-		fmt.Fprintf(w, "%d of %d votes answer (%d needed): no majority, nothing can be committed (README, Runbook)\n", h, v, v/2+1)
+		fmt.Fprintf(w, "%d of %d votes answer (%d needed): no majority, nothing can be committed (docs/operations.md, Runbook)\n", h, v, v/2+1)
 	case f == 1:
 		fmt.Fprintf(w, "%d of %d votes answer (%d needed): the cluster survives 1 more failure\n", h, v, v/2+1)
 	default:
