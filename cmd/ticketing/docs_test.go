@@ -169,7 +169,9 @@ func (p placeholders) apply(s, dir string) string {
 }
 
 // addr is node n's (1-based) address on port in this run.
-func (p placeholders) addr(n, port int) string { return fmt.Sprintf("127.%d.0.%d:%d", p.octet, n, port) }
+func (p placeholders) addr(n, port int) string {
+	return fmt.Sprintf("127.%d.0.%d:%d", p.octet, n, port)
+}
 
 var privateAddr = regexp.MustCompile(`\b10\.\d+\.\d+\.\d+\b`)
 
