@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-// The secret-file mode rule (README/docs/security.md, packaging/README.md):
+// The secret-file mode rule (docs/security.md, packaging/README.md):
 // others no access, the group at most read.
 func TestReadSecretFileModes(t *testing.T) {
 	dir := t.TempDir()
