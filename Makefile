@@ -3,19 +3,31 @@ GO ?= go
 PYTHON ?= python3
 NODE ?= node
 
-.PHONY: test vet build lab dev bench-failover bench-throughput bench-compare test-lab fuzz test-clients test-python test-node test-verify verify-long \
+.PHONY: test prepare test-docs vet build lab dev bench-failover bench-throughput bench-compare test-lab fuzz test-clients test-python test-node test-verify verify-long \
 	test-go test-postgres test-fence-node test-fence-python-pg deb
 
 # Every test of the project, with the race detector (a few minutes on 2 cores),
 # then the Python and Node.js clients against a real `ticketing dev`. A
 # throwaway PostgreSQL server (.ci/postgres.sh; Debian's postgresql package)
 # runs around them, so the fencing helpers and the ticket-sale example are
-# tested on PostgreSQL as well as SQLite (TICKETING_TEST_PG_DSN).
-test: vet test-verify test-lab
+# tested on PostgreSQL as well as SQLite (TICKETING_TEST_PG_DSN). `prepare`
+# comes first: it checks the toolchains and installs the packages of
+# .ci/packages (as root on Debian) or says which are missing, and stops.
+test: prepare vet test-verify test-lab
 	./.ci/postgres.sh $(MAKE) test-go test-clients test-fence-node test-fence-python-pg
 
 test-go:
 	$(GO) test -race -count=1 -timeout 20m ./...
+
+# The machine's prerequisites for `make test` (.ci/prepare.sh, .ci/packages).
+prepare:
+	GO=$(GO) NODE=$(NODE) ./.ci/prepare.sh
+
+# The documentation's checked examples (against a real `ticketing dev` and
+# real node processes) and its links; part of test-go (docs/verification.md,
+# "Checked examples").
+test-docs:
+	$(GO) test -count=1 -run '^TestDoc' -v ./cmd/ticketing
 
 # The lab (benchmarks, verification, the comparison with etcd, ZooKeeper
 # and Redis, fault injection) is its own module, cmd/ticketlab/go.mod, so

@@ -73,12 +73,15 @@ trap 'rm -rf "$stage"' EXIT INT TERM
 root=$stage/root
 umask 022
 
-# The binary: static (the project has no cgo), reproducible paths. There is
-# no version variable in the main package; the Go toolchain records the
-# commit in the binary's build info (`go version -m /usr/bin/ticketing`).
+# The binary: static (the project has no cgo), reproducible paths, and
+# the package version and commit for `ticketing --version`
+# (cmd/internal/cli/version.go).
+commit=$(git -C "$top" rev-parse HEAD 2>/dev/null || true)
 mkdir -p "$root/usr/bin"
 (cd "$top" && CGO_ENABLED=0 GOOS=linux GOARCH=$goarch GOARM=${goarm:-} \
-	"$GO" build -trimpath -ldflags='-s -w' -o "$root/usr/bin/ticketing" ./cmd/ticketing)
+	"$GO" build -trimpath \
+	-ldflags="-s -w -X ticketing/cmd/internal/cli.Version=$VERSION -X ticketing/cmd/internal/cli.Commit=$commit" \
+	-o "$root/usr/bin/ticketing" ./cmd/ticketing)
 chmod 0755 "$root/usr/bin/ticketing"
 
 install -d -m 0755 "$root/lib/systemd/system"
@@ -94,6 +97,9 @@ install -m 0644 "$here/etc/node.conf" "$here/etc/sidecar.conf" "$root/etc/ticket
 doc=$root/usr/share/doc/ticketing
 install -d -m 0755 "$doc"
 install -m 0644 "$top/README.md" "$doc/README.md"
+# The README's documents (its links point into docs/).
+install -d -m 0755 "$doc/docs"
+install -m 0644 "$top"/docs/*.md "$doc/docs/"
 install -m 0644 "$here/README.md" "$doc/README.Debian"
 install -m 0644 "$here/debian/copyright" "$doc/copyright"
 

@@ -278,6 +278,10 @@ func TestPackage(t *testing.T) {
 		"/etc/ticketing/node.conf":                      "-rw-r--r--",
 		"/etc/ticketing/sidecar.conf":                   "-rw-r--r--",
 		"/usr/share/doc/ticketing/README.md":            "-rw-r--r--",
+		"/usr/share/doc/ticketing/docs/operations.md":   "-rw-r--r--",
+		"/usr/share/doc/ticketing/docs/security.md":     "-rw-r--r--",
+		"/usr/share/doc/ticketing/docs/performance.md":  "-rw-r--r--",
+		"/usr/share/doc/ticketing/docs/verification.md": "-rw-r--r--",
 		"/usr/share/doc/ticketing/README.Debian":        "-rw-r--r--",
 		"/usr/share/doc/ticketing/copyright":            "-rw-r--r--",
 	}
@@ -327,6 +331,11 @@ func TestPackage(t *testing.T) {
 	out, _ := exec.Command(filepath.Join(root, "usr/bin/ticketing"), "node", "--help").CombinedOutput()
 	if !strings.Contains(string(out), "-data-dir") {
 		t.Errorf("packaged ticketing node --help:\n%s", out)
+	}
+	// It knows the package's version (build-deb.sh sets it).
+	out, err = exec.Command(filepath.Join(root, "usr/bin/ticketing"), "--version").CombinedOutput()
+	if err != nil || !strings.HasPrefix(string(out), "ticketing 1.2.3+test, commit ") {
+		t.Errorf("packaged ticketing --version: %v\n%s", err, out)
 	}
 }
 

@@ -168,7 +168,7 @@ func (s *Server) Close() error {
 		os.Remove(s.cfg.Path)
 	}
 	for _, ss := range sessions {
-		ss.end("server closing")
+		ss.endCause("server closing", ErrServerClosed)
 	}
 	done := make(chan struct{})
 	go func() { s.wg.Wait(); close(done) }()

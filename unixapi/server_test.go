@@ -577,3 +577,41 @@ func TestInheritedListener(t *testing.T) {
 		t.Fatalf("Validate without Path or Listener: %v", err)
 	}
 }
+
+// An ACQUIRE still waiting when the server closes (the sidecar's SIGTERM)
+// is answered ERR shutting_down, as PROTOCOL.md says, not cancelled.
+func TestServerCloseAnswersWaitingAcquireShuttingDown(t *testing.T) {
+	holder := serve(t, nil)
+	k := key(t)
+	a := dial(t, holder)
+	token(t, a.do("ACQUIRE "+k+" 30 0"))
+	s := serve(t, nil)
+	b := dial(t, s)
+	b.send("ACQUIRE " + k + " 30 20")
+	// Wait until the leader has it queued.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for {
+		li, err := testCluster.Leader(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep, err := testCluster.Node(li).Inspect(k); err == nil && rep.QueueLen == 1 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the ACQUIRE never queued")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.read(); !strings.HasPrefix(got, "ERR shutting_down ") {
+		t.Fatalf("waiting ACQUIRE at Close: %q, want ERR shutting_down", got)
+	}
+	// The holder on the other server is untouched.
+	if got := a.do("HELD"); !strings.Contains(got, k+":") {
+		t.Fatalf("holder after the other server's Close: %q", got)
+	}
+}

@@ -29,8 +29,10 @@ type session struct {
 	log   *slog.Logger
 
 	// ctx is cancelled when the session ends; pending ACQUIREs run under it.
+	// Its cause is ErrServerClosed when the server ends the session (Close),
+	// so those ACQUIREs are answered shutting_down, as the protocol says.
 	ctx    context.Context
-	cancel context.CancelFunc
+	cancel context.CancelCauseFunc
 
 	// replies holds one entry per request, in request order. Only the reader
 	// sends on it and closes it; the writer drains it. Its capacity,
@@ -92,7 +94,7 @@ func newSession(srv *Server, c *net.UnixConn, id uint64, log *slog.Logger) *sess
 		writerDone: make(chan struct{}),
 		held:       map[heldKey]*holding{},
 	}
-	ss.ctx, ss.cancel = context.WithCancel(context.Background())
+	ss.ctx, ss.cancel = context.WithCancelCause(context.Background())
 	return ss
 }
 
@@ -246,9 +248,11 @@ func (ss *session) acquire(req Request, r *reply) {
 		// Granted just as the connection went away: nobody can use it.
 		ss.log.Debug("grant after the connection ended; compensating", "key", l.Key, "token", l.Token)
 		ss.srv.broker.Compensate(l)
-		r.finish(replyFor(fmt.Errorf("%w: connection closed", context.Canceled)))
+		r.finish(replyFor(ss.endedErr()))
 	case err == nil:
 		r.finish("OK " + strconv.FormatUint(l.Token, 10))
+	case errors.Is(err, context.Canceled) && errors.Is(context.Cause(ss.ctx), ErrServerClosed):
+		r.finish(replyFor(ss.endedErr()))
 	default:
 		if code := codeOf(err); code == "internal" {
 			ss.log.Warn("acquire failed", "key", req.Key, "err", err)
@@ -333,9 +337,23 @@ func (ss *session) release(k heldKey, h *holding, r *reply) {
 	r.finish(replyFor(err))
 }
 
+// endedErr is the error for an ACQUIRE cut short by the end of the
+// session: ErrServerClosed when the server is shutting down, else
+// context.Canceled (the connection closed).
+func (ss *session) endedErr() error {
+	if cause := context.Cause(ss.ctx); errors.Is(cause, ErrServerClosed) {
+		return fmt.Errorf("%w: the sidecar is shutting down; not acquired", ErrServerClosed)
+	}
+	return fmt.Errorf("%w: connection closed", context.Canceled)
+}
+
 // end finishes the session: pending acquires are cancelled and every held
 // lock not being released is compensated. Idempotent.
-func (ss *session) end(why string) {
+func (ss *session) end(why string) { ss.endCause(why, nil) }
+
+// endCause is end with the cause its pending acquires are cancelled with
+// (nil: context.Canceled).
+func (ss *session) endCause(why string, cause error) {
 	ss.mu.Lock()
 	if ss.ended {
 		ss.mu.Unlock()
@@ -349,7 +367,7 @@ func (ss *session) end(why string) {
 		}
 	}
 	ss.mu.Unlock()
-	ss.cancel()
+	ss.cancel(cause)
 	if len(locks) > 0 {
 		ss.log.Info("connection ended holding locks; releasing them", "why", why, "locks", len(locks))
 	}

@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -42,7 +43,15 @@ var (
 	ErrInvalidArgument = errors.New("ticketing: invalid argument")
 	// ErrProtocol: the sidecar sent a line this client does not understand.
 	ErrProtocol = errors.New("ticketing: protocol error")
+	// ErrNoSidecar: Dial found no sidecar at the path: no socket file there,
+	// or a stale one that nothing serves (a sidecar that stopped). The
+	// message names the path and what to start.
+	ErrNoSidecar = errors.New("ticketing: no sidecar")
 )
+
+// noSidecarHint is what to do when nothing serves the socket.
+const noSidecarHint = "start one with `ticketing dev` (a local cluster and its sidecar) or " +
+	"`ticketing sidecar` (beside a cluster), or give the path of a running sidecar's socket"
 
 // Error is an "ERR <code> <message>" reply. errors.Is matches an *Error by
 // Code alone, so errors.Is(err, ticketing.ErrNotHeld) works whatever the
@@ -104,7 +113,13 @@ type call struct {
 func Dial(ctx context.Context, path string) (*Client, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", path)
-	if err != nil {
+	switch {
+	case errors.Is(err, syscall.ENOENT):
+		return nil, fmt.Errorf("%w at %s: no socket file there; %s: %w", ErrNoSidecar, path, noSidecarHint, err)
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return nil, fmt.Errorf("%w at %s: nothing serves that socket file (left by a sidecar that stopped?); %s: %w",
+			ErrNoSidecar, path, noSidecarHint, err)
+	case err != nil:
 		return nil, fmt.Errorf("ticketing: dial %s: %w", path, err)
 	}
 	c := &Client{conn: conn, done: make(chan struct{})}

@@ -15,6 +15,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -121,26 +122,58 @@ func Start(opts Options) (*Cluster, error) {
 			}
 		}
 	}
-	for i := 0; i < opts.Nodes; i++ {
-		ca, pa := "127.0.0.1:0", "127.0.0.1:0"
-		if opts.BasePort != 0 {
-			ca = fmt.Sprintf("127.0.0.1:%d", opts.BasePort+i)
-			pa = fmt.Sprintf("127.0.0.1:%d", opts.BasePort+100+i)
+	// The addresses: a Dir that holds a cluster keeps the ones it was
+	// created with (its Raft configuration names the peer addresses), so
+	// free ports picked for it are saved and reused.
+	want := make([]nodeAddrs, opts.Nodes)
+	for i := range want {
+		want[i] = nodeAddrs{client: "127.0.0.1:0", peer: "127.0.0.1:0"}
+		if opts.AdminSecret != nil {
+			want[i].admin = "127.0.0.1:0"
 		}
-		if clientLns[i], err = net.Listen("tcp", ca); err != nil {
+		if opts.BasePort != 0 {
+			want[i].client = fmt.Sprintf("127.0.0.1:%d", opts.BasePort+i)
+			want[i].peer = fmt.Sprintf("127.0.0.1:%d", opts.BasePort+100+i)
+			if opts.AdminSecret != nil {
+				want[i].admin = fmt.Sprintf("127.0.0.1:%d", opts.BasePort+200+i)
+			}
+		}
+	}
+	saved, err := readAddrs(opts.Dir)
+	if err != nil {
+		return nil, err
+	}
+	switch _, serr := os.Stat(filepath.Join(opts.Dir, "n1", "identity")); {
+	case saved != nil:
+		if len(saved) != opts.Nodes {
+			return nil, fmt.Errorf("%w: %s holds a cluster of %d nodes, not %d", ErrAddrsChanged, opts.Dir, len(saved), opts.Nodes)
+		}
+		for i := range want {
+			if opts.BasePort != 0 && (want[i].client != saved[i].client || want[i].peer != saved[i].peer) {
+				return nil, fmt.Errorf("%w: %s was created with client addresses %s and peer addresses %s, which "+
+					"its Raft configuration names; start it on those (with base port 0 they are reused)",
+					ErrAddrsChanged, opts.Dir, joinAddrs(saved, false), joinAddrs(saved, true))
+			}
+			if want[i].admin != "" && saved[i].admin != "" {
+				want[i].admin = saved[i].admin
+			}
+			want[i].client, want[i].peer = saved[i].client, saved[i].peer
+		}
+	case serr == nil && opts.BasePort == 0:
+		return nil, fmt.Errorf("%w: %s holds a cluster whose addresses were not saved (made by an older version); "+
+			"start it on the base port it was created with", ErrAddrsChanged, opts.Dir)
+	}
+	for i := 0; i < opts.Nodes; i++ {
+		if clientLns[i], err = net.Listen("tcp", want[i].client); err != nil {
 			closeAll()
 			return nil, err
 		}
-		if peerLns[i], err = net.Listen("tcp", pa); err != nil {
+		if peerLns[i], err = net.Listen("tcp", want[i].peer); err != nil {
 			closeAll()
 			return nil, err
 		}
 		if opts.AdminSecret != nil {
-			aa := "127.0.0.1:0"
-			if opts.BasePort != 0 {
-				aa = fmt.Sprintf("127.0.0.1:%d", opts.BasePort+200+i)
-			}
-			if adminLns[i], err = net.Listen("tcp", aa); err != nil {
+			if adminLns[i], err = net.Listen("tcp", want[i].admin); err != nil {
 				closeAll()
 				return nil, err
 			}
@@ -230,10 +263,97 @@ func Start(opts Options) (*Cluster, error) {
 		}
 		c.Domain = res.Domain
 	}
+	// Saved once the Raft configuration names the addresses.
+	if saved == nil {
+		got := make([]nodeAddrs, opts.Nodes)
+		for i := range got {
+			got[i] = nodeAddrs{client: clientLns[i].Addr().String(), peer: peerLns[i].Addr().String()}
+			if adminLns[i] != nil {
+				got[i].admin = adminLns[i].Addr().String()
+			}
+		}
+		if err := writeAddrs(opts.Dir, got); err != nil {
+			return fail(err)
+		}
+	}
 	if err := start(0); err != nil {
 		return fail(err)
 	}
 	return c, nil
+}
+
+// ErrAddrsChanged is returned by Start for a Dir that holds a cluster
+// created on other addresses or with another number of nodes.
+var ErrAddrsChanged = errors.New("local: the cluster in this directory has other addresses")
+
+// addrsFile, in Dir, records each node's addresses when the cluster is
+// created: one line per node, "n1 client=HOST:PORT peer=HOST:PORT
+// [admin=HOST:PORT]".
+const addrsFile = "addrs"
+
+type nodeAddrs struct{ client, peer, admin string }
+
+// HasCluster reports whether dir holds a cluster that Start created, with
+// its addresses saved: Start with BasePort 0 then reuses them.
+func HasCluster(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, addrsFile))
+	return err == nil
+}
+
+func readAddrs(dir string) ([]nodeAddrs, error) {
+	b, err := os.ReadFile(filepath.Join(dir, addrsFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []nodeAddrs
+	for n, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		f := strings.Fields(line)
+		var a nodeAddrs
+		for _, kv := range f[min(1, len(f)):] {
+			k, v, _ := strings.Cut(kv, "=")
+			switch k {
+			case "client":
+				a.client = v
+			case "peer":
+				a.peer = v
+			case "admin":
+				a.admin = v
+			}
+		}
+		if len(f) == 0 || f[0] != fmt.Sprintf("n%d", n+1) || a.client == "" || a.peer == "" {
+			return nil, fmt.Errorf("local: %s line %d: want \"n%d client=HOST:PORT peer=HOST:PORT\", got %q",
+				filepath.Join(dir, addrsFile), n+1, n+1, line)
+		}
+		out = append(out, a)
+	}
+	return out, nil
+}
+
+func writeAddrs(dir string, addrs []nodeAddrs) error {
+	var b strings.Builder
+	for i, a := range addrs {
+		fmt.Fprintf(&b, "n%d client=%s peer=%s", i+1, a.client, a.peer)
+		if a.admin != "" {
+			fmt.Fprintf(&b, " admin=%s", a.admin)
+		}
+		b.WriteString("\n")
+	}
+	return os.WriteFile(filepath.Join(dir, addrsFile), []byte(b.String()), 0o600)
+}
+
+func joinAddrs(addrs []nodeAddrs, peer bool) string {
+	var s []string
+	for _, a := range addrs {
+		if peer {
+			s = append(s, a.peer)
+		} else {
+			s = append(s, a.client)
+		}
+	}
+	return strings.Join(s, ",")
 }
 
 // DevTLS returns the throwaway CA and node certificates in dir, issuing

@@ -4,6 +4,27 @@ const net = require('node:net');
 const p = require('./protocol');
 const { IndeterminateError, SidecarConnectionError, TicketingError } = require('./errors');
 
+const NO_SIDECAR_HINT = 'start one with `ticketing dev` (a local cluster and its sidecar) or '
+  + '`ticketing sidecar` (beside a cluster), or give the path of a running sidecar\'s socket';
+
+/**
+ * The message for a failed connect: a missing or stale socket says so, and
+ * what to start.
+ * @param {string} path
+ * @param {Error & {code?: string}} err
+ */
+function connectErrorMessage(path, err) {
+  switch (err.code) {
+    case 'ENOENT':
+      return `no sidecar at ${path}: no socket file there; ${NO_SIDECAR_HINT}: ${err.message}`;
+    case 'ECONNREFUSED':
+      return `no sidecar at ${path}: nothing serves that socket file (left by a sidecar that stopped?); `
+        + `${NO_SIDECAR_HINT}: ${err.message}`;
+    default:
+      return `cannot connect to the sidecar at ${path}: ${err.message}`;
+  }
+}
+
 /** Seconds a reply may take beyond the sidecar's own bound. */
 const DEFAULT_REPLY_GRACE = 10;
 
@@ -36,13 +57,20 @@ class Connection {
       socket.destroy(new Error(`connect timed out after ${connectTimeoutMs} ms`));
     }, connectTimeoutMs);
     timer.unref();
-    socket.once('connect', () => clearTimeout(timer));
+    // Whether the connection was ever made: socket.connecting is already
+    // false when a failed connect's 'error' arrives, and a connection never
+    // made was not "lost".
+    this.established = false;
+    socket.once('connect', () => {
+      this.established = true;
+      clearTimeout(timer);
+    });
     socket.on('data', (chunk) => this.onData(chunk));
     socket.on('error', (err) => {
       clearTimeout(timer);
-      const msg = socket.connecting
-        ? `cannot connect to the sidecar at ${path}: ${err.message}`
-        : `connection to the sidecar at ${path} lost: ${err.message}`;
+      const msg = this.established
+        ? `connection to the sidecar at ${path} lost: ${err.message}`
+        : connectErrorMessage(path, err);
       this.fail(new SidecarConnectionError(msg, { cause: err }));
     });
     socket.on('close', () => {

@@ -148,3 +148,34 @@ test('default path and unreachable socket', async () => {
   const bad = new Client({ path: '/nonexistent/ticketing.sock' });
   await assert.rejects(bad.ping(), (e) => e instanceof ticketing.SidecarConnectionError && /nonexistent/.test(e.message));
 });
+
+test('a missing or stale socket names the path and what to start, and is not "lost"', async () => {
+  const fs = require('node:fs');
+  const os = require('node:os');
+  const path = require('node:path');
+  const { spawnSync } = require('node:child_process');
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'tk-nosc-'));
+  try {
+    // A socket file that nothing serves, as a killed sidecar leaves it: a
+    // child binds it and is SIGKILLed (a server closed normally unlinks it).
+    const stale = path.join(dir, 'stale.sock');
+    spawnSync(process.execPath, ['-e',
+      `require('net').createServer().listen(${JSON.stringify(stale)}, () => process.kill(process.pid, 'SIGKILL'))`]);
+    assert.ok(fs.existsSync(stale), 'the stale socket file stays');
+    for (const [p, why] of [[path.join(dir, 'missing.sock'), 'no socket file there'],
+      [stale, 'nothing serves that socket file']]) {
+      const c = new Client({ path: p });
+      clients.push(c);
+      await assert.rejects(c.ping(), (e) => {
+        assert.ok(e instanceof ticketing.SidecarConnectionError, String(e));
+        for (const want of [p, why, 'ticketing dev', 'ticketing sidecar']) {
+          assert.ok(e.message.includes(want), `${e.message} lacks ${want}`);
+        }
+        assert.ok(!/lost/.test(e.message), `${e.message} says lost`);
+        return true;
+      });
+    }
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});

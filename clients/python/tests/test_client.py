@@ -229,3 +229,33 @@ class ClientTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class NoSidecarTest(unittest.TestCase):
+    """A missing or stale socket: the error names the path and what to start
+    (sync and asyncio clients; no cluster needed)."""
+
+    def test_missing_and_stale_socket(self) -> None:
+        import asyncio
+        import socket
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as d:
+            stale = os.path.join(d, "stale.sock")
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.bind(stale)
+            s.close()  # the file stays, as a killed sidecar leaves it
+            for path, why in ((os.path.join(d, "missing.sock"), "no socket file there"),
+                              (stale, "nothing serves that socket file")):
+
+                async def aping() -> None:
+                    await ticketing.AsyncClient(path).ping()
+
+                for name, call in (("sync", lambda: ticketing.Client(path).ping()),
+                                   ("asyncio", lambda: asyncio.run(aping()))):
+                    with self.subTest(path=path, client=name):
+                        with self.assertRaises(ticketing.SidecarConnectionError) as cm:
+                            call()
+                        msg = str(cm.exception)
+                        for want in (path, why, "ticketing dev", "ticketing sidecar"):
+                            self.assertIn(want, msg)

@@ -15,7 +15,7 @@ from typing import Callable, Deque, List, Optional, Tuple
 
 from . import _protocol as p
 from .client import DEFAULT_REPLY_GRACE
-from .errors import IndeterminateError, SidecarConnectionError, TicketingError
+from .errors import IndeterminateError, SidecarConnectionError, TicketingError, connect_error
 
 __all__ = ["AsyncClient", "AsyncLock"]
 
@@ -43,7 +43,7 @@ class _AsyncConnection:
                 asyncio.open_unix_connection(path, limit=_READ_LIMIT), connect_timeout
             )
         except (OSError, asyncio.TimeoutError) as e:
-            raise SidecarConnectionError(f"cannot connect to the sidecar at {path}: {e!r}") from e
+            raise connect_error(path, e) from e
         return cls(path, reader, writer)
 
     @property

@@ -11,7 +11,7 @@ from concurrent.futures import TimeoutError as _FutureTimeout
 from typing import Callable, Deque, List, Optional, Tuple
 
 from . import _protocol as p
-from .errors import IndeterminateError, SidecarConnectionError, TicketingError
+from .errors import IndeterminateError, SidecarConnectionError, TicketingError, connect_error
 
 __all__ = ["Client", "Lock"]
 
@@ -37,7 +37,7 @@ class _Connection:
             sock.settimeout(None)
         except OSError as e:
             sock.close()
-            raise SidecarConnectionError(f"cannot connect to the sidecar at {path}: {e}") from e
+            raise connect_error(path, e) from e
         self._sock = sock
         self._lock = threading.Lock()
         # (future, local deadline or None)

@@ -122,3 +122,22 @@ class SidecarConnectionError(TicketingError, builtins.ConnectionError):
     """
 
     code = "connection"
+
+
+_NO_SIDECAR_HINT = (
+    "start one with `ticketing dev` (a local cluster and its sidecar) or "
+    "`ticketing sidecar` (beside a cluster), or give the path of a running sidecar's socket"
+)
+
+
+def connect_error(path: str, e: BaseException) -> SidecarConnectionError:
+    """The error for a failed connect to *path*: a missing or stale socket
+    says so, with what to start."""
+    if isinstance(e, FileNotFoundError):
+        why = f"no sidecar at {path}: no socket file there; {_NO_SIDECAR_HINT}"
+    elif isinstance(e, ConnectionRefusedError):
+        why = (f"no sidecar at {path}: nothing serves that socket file (left by a sidecar that stopped?); "
+               f"{_NO_SIDECAR_HINT}")
+    else:
+        why = f"cannot connect to the sidecar at {path}"
+    return SidecarConnectionError(f"{why}: {e}")

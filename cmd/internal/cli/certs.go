@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"path/filepath"
@@ -19,16 +18,26 @@ import (
 //	ticketing certs node   --dir DIR --id n1 --host ...   -> DIR/n1.crt, DIR/n1.key
 //	ticketing certs client --dir DIR --name web1          -> DIR/web1.crt, DIR/web1.key
 func runCerts(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || (args[0] != "ca" && args[0] != "node" && args[0] != "client") {
-		fmt.Fprintln(stderr, "usage: ticketing certs ca|node|client --dir DIR [flags]\n\n"+
-			"  ca      a new CA (keep ca.key offline; give ca.crt to every node and sidecar)\n"+
+	top := newCmdFlags("ticketing certs", "ticketing certs ca|node|client --dir DIR [flags]",
+		"  ca      a new CA (keep ca.key offline; give ca.crt to every node and sidecar)\n"+
 			"  node    a node certificate: names the node id (peers check it) and every host clients dial\n"+
-			"  client  a client certificate, for nodes run with --tls-client-certs")
-		return ExitUsage
+			"  client  a client certificate, for nodes run with --tls-client-certs\n\n"+
+			"Run 'ticketing certs ca|node|client -h' for their flags.", stdout, stderr)
+	if len(args) == 0 || (args[0] != "ca" && args[0] != "node" && args[0] != "client") {
+		if code, ok := top.parse(args); !ok {
+			return code // -h, or a flag before the kind
+		}
+		if len(args) == 0 {
+			return top.bad("want the kind of certificate: ca, node or client")
+		}
+		return top.bad("unknown kind %q: want ca, node or client", args[0])
 	}
 	kind := args[0]
-	fs := flag.NewFlagSet("ticketing certs "+kind, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newCmdFlags("ticketing certs "+kind, "ticketing certs "+kind+" --dir DIR [flags]", map[string]string{
+		"ca":     "Makes a new CA in DIR (ca.crt, ca.key; keep ca.key offline).",
+		"node":   "Makes DIR/ID.crt and DIR/ID.key, signed by the CA in DIR, naming the node id and every host\nclients and peers dial.",
+		"client": "Makes DIR/NAME.crt and DIR/NAME.key, signed by the CA in DIR, for nodes run with\n--tls-client-certs.",
+	}[kind], stdout, stderr)
 	var (
 		dir, id, hosts, name string
 		days                 int
@@ -46,18 +55,19 @@ func runCerts(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fs.StringVar(&name, "name", "", "the client's name, e.g. the event server's host (required)")
 		fs.IntVar(&days, "days", 398, "validity in days")
 	}
-	if err := fs.Parse(args[1:]); err != nil {
-		return ExitUsage
+	if code, ok := fs.parse(args[1:]); !ok {
+		return code
+	}
+	if fs.NArg() != 0 {
+		return fs.bad("unexpected arguments %q", fs.Args())
 	}
 	if dir == "" {
-		fmt.Fprintln(stderr, "ticketing certs: --dir is required")
-		return ExitUsage
+		return fs.bad("--dir is required")
 	}
 	now := time.Now()
 	validity := time.Duration(days) * 24 * time.Hour
 	if days < 1 {
-		fmt.Fprintln(stderr, "ticketing certs: --days must be at least 1")
-		return ExitUsage
+		return fs.bad("--days %d: want at least 1", days)
 	}
 	var (
 		is   tlsconf.Issued
@@ -76,15 +86,13 @@ func runCerts(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 		if kind == "node" {
 			if verr := cluster.ValidateNodeID(id); verr != nil {
-				fmt.Fprintf(stderr, "ticketing certs: --id %q: %v\n", id, verr)
-				return ExitUsage
+				return fs.bad("--id %q: %v", id, verr)
 			}
 			base = id
 			is, err = tlsconf.Issue(ca, id, splitList(hosts), tlsconf.UsageNode, validity, now)
 		} else {
 			if name == "" || strings.ContainsAny(name, "/\\ ") {
-				fmt.Fprintln(stderr, "ticketing certs: --name is required (no spaces or slashes)")
-				return ExitUsage
+				return fs.bad("--name %q: required, without spaces or slashes", name)
 			}
 			base = name
 			is, err = tlsconf.Issue(ca, name, nil, tlsconf.UsageClient, validity, now)

@@ -87,9 +87,11 @@ type setting struct {
 }
 
 // readConfigFile parses a configuration file: one "name = value" a line,
-// where name is one of fs's flags; "#" starts a comment line; blank lines
-// are ignored; a value may be double-quoted (Go string syntax, so \" and
-// \\ inside). Errors name the file and line.
+// where name is one of fs's flags; "#" starts a comment line, and a "#"
+// after white space ends a value and starts a comment ("log-level = info
+// # quiet"); blank lines are ignored; a value may be double-quoted (Go
+// string syntax, so \" and \\ inside), and then keeps every "#" and space
+// inside the quotes. Errors name the file and line.
 func readConfigFile(path string, fs *flag.FlagSet) (map[string]setting, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -125,11 +127,16 @@ func readConfigFile(path string, fs *flag.FlagSet) (map[string]setting, error) {
 			return nil, bad("%s set again (first on line %d)", name, prev.line)
 		}
 		if strings.HasPrefix(value, `"`) {
-			uq, err := strconv.Unquote(value)
-			if err != nil || !strings.HasSuffix(value, `"`) {
+			q, err := strconv.QuotedPrefix(value)
+			if err != nil {
 				return nil, bad("bad quoted value %s", value)
 			}
-			value = uq
+			if rest := strings.TrimSpace(value[len(q):]); rest != "" && !strings.HasPrefix(rest, "#") {
+				return nil, bad("%s: text %q after the closing quote (a comment starts with #)", name, rest)
+			}
+			value, _ = strconv.Unquote(q)
+		} else {
+			value = cutComment(value)
 		}
 		out[name] = setting{value: value, line: n}
 	}
@@ -140,4 +147,15 @@ func readConfigFile(path string, fs *flag.FlagSet) (map[string]setting, error) {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return out, nil
+}
+
+// cutComment returns an unquoted value without its trailing comment: from
+// the first "#" that starts the value or follows a space or tab.
+func cutComment(value string) string {
+	for i := 0; i < len(value); i++ {
+		if value[i] == '#' && (i == 0 || value[i-1] == ' ' || value[i-1] == '\t') {
+			return strings.TrimSpace(value[:i])
+		}
+	}
+	return value
 }

@@ -2,22 +2,27 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
-	ticketing "ticketing/clients/go"
+	"sync"
 	"time"
 
+	ticketing "ticketing/clients/go"
 	"ticketing/cluster/local"
 	"ticketing/sidecar"
 	"ticketing/unixapi"
 )
 
 func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("ticketing dev", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newCmdFlags("ticketing dev", "ticketing dev [--dir DIR] [--socket PATH] [--base-port N] [--nodes 3|5] [--plaintext]",
+		"Runs a real cluster of 3 (or 5) nodes on loopback in this process, with a sidecar\n"+
+			"serving the unix socket, prints their addresses, the client secret file, the CA\n"+
+			"and a ready line, and runs until Ctrl-C (SIGINT) or SIGTERM.", stdout, stderr)
 	var (
 		dir      string
 		socket   string
@@ -28,24 +33,31 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	)
 	fs.StringVar(&dir, "dir", "", "directory for the nodes' data and secrets (default: a new temporary directory, removed on exit)")
 	fs.StringVar(&socket, "socket", "./ticketing.sock", "unix socket of the sidecar that dev runs in process, connected to its nodes")
-	fs.IntVar(&basePort, "base-port", 7400, "node i listens for clients on 127.0.0.1:BASE+i and for peers on BASE+100+i; 0 picks free ports (fresh --dir only)")
+	fs.IntVar(&basePort, "base-port", 7400, "node i listens for clients on 127.0.0.1:BASE+i and for peers on BASE+100+i; 0 picks free ports. "+
+		"A --dir that holds a cluster keeps the ports it was created with (saved in DIR/addrs); another --base-port is refused")
 	fs.IntVar(&nodes, "nodes", 3, "number of nodes: 3 or 5")
 	fs.BoolVar(&plain, "plaintext", false, "run the ports without TLS (default: TLS with a throwaway CA in DIR/tls)")
-	logs.register(fs, "warn")
-	if err := fs.Parse(args); err != nil {
-		return ExitUsage
+	logs.register(fs.FlagSet, "warn")
+	if code, ok := fs.parse(args); !ok {
+		return code
 	}
-	log, err := logs.logger(stderr)
-	if err != nil {
-		fmt.Fprintln(stderr, "ticketing dev:", err)
-		return ExitUsage
+	if fs.NArg() != 0 {
+		return fs.bad("unexpected arguments %q", fs.Args())
 	}
 	if nodes != 3 && nodes != 5 {
-		fmt.Fprintf(stderr, "ticketing dev: --nodes must be 3 or 5, not %d\n", nodes)
-		return ExitUsage
+		return fs.bad("--nodes %d: want 3 or 5", nodes)
 	}
-	temp := dir == ""
-	if temp {
+	if basePort < 0 || basePort > 65535-200 {
+		return fs.bad("--base-port %d: want 0 (free ports) or 1..65335", basePort)
+	}
+	log, _ := logs.logger(stderr)
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == "base-port" })
+	if dir != "" && !given && local.HasCluster(dir) {
+		basePort = 0 // the ports the cluster in dir was created with
+	}
+	var err error
+	if dir == "" {
 		if dir, err = os.MkdirTemp("", "ticketing-dev-"); err != nil {
 			fmt.Fprintln(stderr, "ticketing dev:", err)
 			return ExitError
@@ -53,10 +65,17 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		defer os.RemoveAll(dir)
 	}
 	start := time.Now()
-	c, err := local.Start(local.Options{Dir: dir, Nodes: nodes, BasePort: basePort, Logger: log, TLS: !plain})
+	// The nodes log through devLogs, which keeps the expected warnings of
+	// starting and stopping them quiet.
+	nodeLogs := newDevLogs(log.Handler())
+	c, err := local.Start(local.Options{Dir: dir, Nodes: nodes, BasePort: basePort, Logger: slog.New(nodeLogs), TLS: !plain})
 	if err != nil {
+		nodeLogs.failed()
 		fmt.Fprintln(stderr, "ticketing dev:", err)
-		if basePort != 0 {
+		switch {
+		case errors.Is(err, local.ErrAddrsChanged):
+			fmt.Fprintln(stderr, "ticketing dev: start it without --base-port (its saved ports are reused), or use a fresh --dir")
+		case basePort != 0:
 			fmt.Fprintln(stderr, "ticketing dev: (another dev cluster running? try --base-port with other ports)")
 		}
 		return ExitError
@@ -74,6 +93,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	li, err := c.Leader(wctx)
 	cancel()
 	if err != nil {
+		nodeLogs.failed()
 		fmt.Fprintln(stderr, "ticketing dev:", err)
 		return ExitError
 	}
@@ -88,6 +108,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	b, srv, err := startSidecar(bcfg, ucfg, log)
 	if err != nil {
+		nodeLogs.failed()
 		fmt.Fprintln(stderr, "ticketing dev: sidecar:", err)
 		return ExitError
 	}
@@ -97,12 +118,129 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	err = ticketing.WaitReady(wctx, ucfg.Path)
 	cancel()
 	if err != nil {
+		nodeLogs.failed()
 		fmt.Fprintln(stderr, "ticketing dev:", err)
 		return ExitError
 	}
+	// The followers' first contact with the leader (raft warns of their
+	// empty logs) is over once each has applied what the leader had
+	// committed when it began to serve.
+	caughtUp(ctx, c, li, 5*time.Second)
+	nodeLogs.serving()
 	fmt.Fprintf(stdout, "ticketing dev: ready in %v: leader %s at %s (Ctrl-C stops)\n",
 		time.Since(start).Round(time.Millisecond), c.ID(li), c.ClientAddr(li))
 	<-ctx.Done()
+	nodeLogs.stopping()
 	fmt.Fprintln(stdout, "ticketing dev: stopping")
 	return ExitOK
+}
+
+// caughtUp waits, at most max, until every node has applied the leader's
+// commit index.
+func caughtUp(ctx context.Context, c *local.Cluster, leader int, max time.Duration) {
+	ln := c.Node(leader)
+	if ln == nil {
+		return
+	}
+	target := ln.Raft().CommitIndex()
+	for until := time.Now().Add(max); time.Now().Before(until) && ctx.Err() == nil; time.Sleep(10 * time.Millisecond) {
+		done := true
+		for i := 0; i < c.Size(); i++ {
+			if n := c.Node(i); n != nil && n.Raft().AppliedIndex() < target {
+				done = false
+			}
+		}
+		if done {
+			return
+		}
+	}
+}
+
+// devLogs is the handler of dev's nodes' logs. dev starts a cluster's
+// nodes and stops them all at once, and the nodes warn of what that looks
+// like from inside: a fresh node's empty data dir, raft's first election
+// and its followers' empty logs, a leader that stops serving because it
+// shuts down. Those warnings are expected, so while dev starts the nodes
+// and while it stops them, devLogs logs warnings at info (shown with
+// --log-level info). If the start fails it prints the warnings it quieted,
+// at their own level, since they then tell why. Between the two, and for
+// errors always, records pass unchanged.
+type devLogs struct {
+	inner slog.Handler
+	st    *devLogState
+}
+
+type devLogState struct {
+	mu    sync.Mutex
+	quiet bool
+	keep  bool         // keeping the quieted records (while starting)
+	held  []heldRecord // the start's quieted warnings, the most recent maxHeld
+}
+
+type heldRecord struct {
+	h slog.Handler
+	r slog.Record
+}
+
+const maxHeld = 200
+
+func newDevLogs(inner slog.Handler) *devLogs {
+	return &devLogs{inner: inner, st: &devLogState{quiet: true, keep: true}}
+}
+
+func (d *devLogs) Enabled(ctx context.Context, l slog.Level) bool { return d.inner.Enabled(ctx, l) }
+
+func (d *devLogs) Handle(ctx context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelWarn && r.Level < slog.LevelError {
+		d.st.mu.Lock()
+		if d.st.quiet {
+			if d.st.keep {
+				if len(d.st.held) == maxHeld {
+					d.st.held = d.st.held[1:]
+				}
+				d.st.held = append(d.st.held, heldRecord{d.inner, r.Clone()})
+			}
+			r.Level = slog.LevelInfo
+		}
+		d.st.mu.Unlock()
+		if !d.inner.Enabled(ctx, r.Level) {
+			return nil
+		}
+	}
+	return d.inner.Handle(ctx, r)
+}
+
+func (d *devLogs) WithAttrs(a []slog.Attr) slog.Handler {
+	return &devLogs{inner: d.inner.WithAttrs(a), st: d.st}
+}
+
+func (d *devLogs) WithGroup(name string) slog.Handler {
+	return &devLogs{inner: d.inner.WithGroup(name), st: d.st}
+}
+
+// serving: the cluster is up; warnings from now on are news.
+func (d *devLogs) serving() {
+	d.st.mu.Lock()
+	defer d.st.mu.Unlock()
+	d.st.quiet, d.st.keep, d.st.held = false, false, nil
+}
+
+// stopping: dev is shutting the nodes down.
+func (d *devLogs) stopping() {
+	d.st.mu.Lock()
+	defer d.st.mu.Unlock()
+	d.st.quiet, d.st.keep = true, false
+}
+
+// failed: the start failed; print what was quieted, at its own level.
+func (d *devLogs) failed() {
+	d.st.mu.Lock()
+	held := d.st.held
+	d.st.quiet, d.st.keep, d.st.held = false, false, nil
+	d.st.mu.Unlock()
+	for _, h := range held {
+		if h.h.Enabled(context.Background(), h.r.Level) {
+			h.h.Handle(context.Background(), h.r)
+		}
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -53,6 +54,20 @@ func (c *clientFlags) register(fs *flag.FlagSet, withLock bool) {
 	}
 }
 
+// check says what is wrong with --lease and --wait, in the units the user
+// typed them in ("" when both are fine).
+func (c *clientFlags) check() string {
+	if c.lease < 1 || c.lease > 250 {
+		return fmt.Sprintf("--lease %d: want whole seconds 1..250", c.lease)
+	}
+	ms := c.wait * 1000
+	if c.wait < 0 || c.wait > 300 || math.IsNaN(c.wait) || math.Abs(ms-math.Round(ms)) > 1e-6 {
+		return fmt.Sprintf("--wait %s: want seconds 0..300 with at most 3 decimals",
+			strconv.FormatFloat(c.wait, 'f', -1, 64))
+	}
+	return ""
+}
+
 func (c *clientFlags) durations() (lease, wait time.Duration) {
 	return time.Duration(c.lease) * time.Second, time.Duration(math.Round(c.wait*1000)) * time.Millisecond
 }
@@ -70,47 +85,56 @@ func acquireExit(err error) int {
 	return ExitLockError
 }
 
-func newClientFlagSet(name, usage string, stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet("ticketing "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: ticketing %s %s\n\nflags:\n", name, usage)
-		fs.PrintDefaults()
-		fmt.Fprint(stderr, exitCodesHelp)
-	}
-	return fs
+// newClientFlags is the flag set of a client command. A bad invocation
+// exits with ExitLockError, the documented "error" code of these commands
+// (unixapi/PROTOCOL.md): `lock` passes on its COMMAND's own exit code, so
+// its own failures keep to 75..79, away from the small codes (2 among them)
+// that the COMMAND may return.
+func newClientFlags(name, synopsis, about string, stdout, stderr io.Writer) *cmdFlags {
+	c := newCmdFlags("ticketing "+name, "ticketing "+name+" "+synopsis, about, stdout, stderr)
+	c.after = strings.TrimSpace(exitCodesHelp)
+	c.badCode = ExitLockError
+	return c
 }
 
-func parseClientFlags(fs *flag.FlagSet, args []string) (int, bool) {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return ExitOK, false
-		}
-		return ExitLockError, false
+// dial connects to the sidecar; on failure it says so, naming the socket
+// and what to start (the client's ErrNoSidecar message), and returns nil.
+func dial(ctx context.Context, name, socket string, stderr io.Writer) *ticketing.Client {
+	c, err := ticketing.Dial(ctx, socket)
+	if err != nil {
+		fmt.Fprintf(stderr, "ticketing %s: %v\n", name, err)
+		return nil
 	}
-	return 0, true
+	return c
 }
 
 // runLock is flock(1) for Ticketing: acquire, run the command, release.
 func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var cf clientFlags
-	fs := newClientFlagSet("lock", "[--socket PATH] [--lease S] [--wait S] KEY -- COMMAND [ARG...]", stderr)
-	cf.register(fs, true)
-	if code, ok := parseClientFlags(fs, args); !ok {
+	fs := newClientFlags("lock", "[--socket PATH] [--lease S] [--wait S] KEY -- COMMAND [ARG...]",
+		"Takes the lock KEY through the sidecar, runs COMMAND with TICKETING_KEY and\n"+
+			"TICKETING_TOKEN in its environment, and releases the lock when COMMAND exits\n"+
+			"(like flock(1)). Signals are passed on to COMMAND.", stdout, stderr)
+	cf.register(fs.FlagSet, true)
+	if code, ok := fs.parse(args); !ok {
 		return code
 	}
 	rest := fs.Args()
 	if len(rest) >= 2 && rest[1] == "--" {
 		rest = append(rest[:1], rest[2:]...)
 	}
-	if len(rest) < 2 {
-		fs.Usage()
-		return ExitLockError
+	switch {
+	case len(rest) == 0:
+		return fs.bad("want KEY and a COMMAND to run")
+	case len(rest) == 1:
+		return fs.bad("want a COMMAND to run after KEY %q", rest[0])
+	}
+	if why := cf.check(); why != "" {
+		return fs.bad("%s", why)
 	}
 	key, argv := rest[0], rest[1:]
-	c, err := ticketing.Dial(ctx, cf.socket)
-	if err != nil {
-		fmt.Fprintln(stderr, "ticketing lock:", err)
+	c := dial(ctx, "lock", cf.socket, stderr)
+	if c == nil {
 		return ExitLockError
 	}
 	defer c.Close()
@@ -181,23 +205,24 @@ func releaseOrReport(c *ticketing.Client, key string, tok uint64, stderr io.Writ
 func runAcquire(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var cf clientFlags
 	var hold bool
-	fs := newClientFlagSet("acquire", "[--socket PATH] [--lease S] [--wait S] [--hold] KEY\n\n"+
+	fs := newClientFlags("acquire", "[--socket PATH] [--lease S] [--wait S] [--hold] KEY",
 		"Prints the token. A lock belongs to the connection that took it: without\n"+
-		"--hold it is released again before the command exits (a probe); with --hold\n"+
-		"the command keeps it until SIGINT or SIGTERM, then releases it.", stderr)
-	cf.register(fs, true)
+			"--hold it is released again before the command exits (a probe); with --hold\n"+
+			"the command keeps it until SIGINT or SIGTERM, then releases it.", stdout, stderr)
+	cf.register(fs.FlagSet, true)
 	fs.BoolVar(&hold, "hold", false, "keep the lock until SIGINT/SIGTERM (or the lease ends), then release it")
-	if code, ok := parseClientFlags(fs, args); !ok {
+	if code, ok := fs.parse(args); !ok {
 		return code
 	}
 	if fs.NArg() != 1 {
-		fs.Usage()
-		return ExitLockError
+		return fs.bad("want one KEY, got %d arguments %q", fs.NArg(), fs.Args())
+	}
+	if why := cf.check(); why != "" {
+		return fs.bad("%s", why)
 	}
 	key := fs.Arg(0)
-	c, err := ticketing.Dial(ctx, cf.socket)
-	if err != nil {
-		fmt.Fprintln(stderr, "ticketing acquire:", err)
+	c := dial(ctx, "acquire", cf.socket, stderr)
+	if c == nil {
 		return ExitLockError
 	}
 	defer c.Close()
@@ -230,26 +255,23 @@ func runAcquire(ctx context.Context, args []string, stdout, stderr io.Writer) in
 // here for scripts that check the protocol and for debugging.
 func runRelease(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var cf clientFlags
-	fs := newClientFlagSet("release", "[--socket PATH] KEY TOKEN\n\n"+
+	fs := newClientFlags("release", "[--socket PATH] KEY TOKEN",
 		"Only the connection that took a lock can release it, so a one-shot release\n"+
-		"answers not_held (exit 78) for locks of other connections. To release a\n"+
-		"lock held by 'ticketing acquire --hold', send that process SIGINT.", stderr)
-	cf.register(fs, false)
-	if code, ok := parseClientFlags(fs, args); !ok {
+			"answers not_held (exit 78) for locks of other connections. To release a\n"+
+			"lock held by 'ticketing acquire --hold', send that process SIGINT.", stdout, stderr)
+	cf.register(fs.FlagSet, false)
+	if code, ok := fs.parse(args); !ok {
 		return code
 	}
 	if fs.NArg() != 2 {
-		fs.Usage()
-		return ExitLockError
+		return fs.bad("want KEY and TOKEN, got %d arguments %q", fs.NArg(), fs.Args())
 	}
 	tok, err := strconv.ParseUint(fs.Arg(1), 10, 64)
-	if err != nil {
-		fmt.Fprintf(stderr, "ticketing release: token %q: %v\n", fs.Arg(1), err)
-		return ExitLockError
+	if err != nil || tok == 0 {
+		return fs.bad("token %q: want the decimal token that acquire printed (1..18446744073709551615)", fs.Arg(1))
 	}
-	c, err := ticketing.Dial(ctx, cf.socket)
-	if err != nil {
-		fmt.Fprintln(stderr, "ticketing release:", err)
+	c := dial(ctx, "release", cf.socket, stderr)
+	if c == nil {
 		return ExitLockError
 	}
 	defer c.Close()
@@ -265,7 +287,7 @@ func runRelease(ctx context.Context, args []string, stdout, stderr io.Writer) in
 }
 
 func runPing(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	return oneShot(ctx, "ping", args, stdout, stderr, func(ctx context.Context, c *ticketing.Client) (string, error) {
+	return oneShot(ctx, "ping", "Checks that the sidecar answers, and prints PONG and the round trip.", args, stdout, stderr, func(ctx context.Context, c *ticketing.Client) (string, error) {
 		start := time.Now()
 		if err := c.Ping(ctx); err != nil {
 			return "", err
@@ -275,29 +297,27 @@ func runPing(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 func runInfo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	return oneShot(ctx, "info", args, stdout, stderr, func(ctx context.Context, c *ticketing.Client) (string, error) {
+	return oneShot(ctx, "info", "Prints the sidecar's INFO line: cluster id, leader, connections, fencing\ndomain and members.", args, stdout, stderr, func(ctx context.Context, c *ticketing.Client) (string, error) {
 		s, err := c.Info(ctx)
 		return "INFO " + s, err
 	})
 }
 
-func oneShot(ctx context.Context, name string, args []string, stdout, stderr io.Writer,
+func oneShot(ctx context.Context, name, about string, args []string, stdout, stderr io.Writer,
 	fn func(context.Context, *ticketing.Client) (string, error)) int {
 	var cf clientFlags
-	fs := newClientFlagSet(name, "[--socket PATH]", stderr)
-	cf.register(fs, false)
-	if code, ok := parseClientFlags(fs, args); !ok {
+	fs := newClientFlags(name, "[--socket PATH]", about, stdout, stderr)
+	cf.register(fs.FlagSet, false)
+	if code, ok := fs.parse(args); !ok {
 		return code
 	}
 	if fs.NArg() != 0 {
-		fs.Usage()
-		return ExitLockError
+		return fs.bad("want no arguments, got %q", fs.Args())
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	c, err := ticketing.Dial(ctx, cf.socket)
-	if err != nil {
-		fmt.Fprintf(stderr, "ticketing %s: %v\n", name, err)
+	c := dial(ctx, name, cf.socket, stderr)
+	if c == nil {
 		return ExitLockError
 	}
 	defer c.Close()

@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -15,10 +14,10 @@ import (
 	"ticketing/cluster"
 )
 
-const membersUsage = `usage: ticketing members COMMAND [ARGS] --admin ADDR,ADDR,... --admin-secret-file F [--tls-ca CA] [--cluster-id ID]
-       (the flags may come before or after COMMAND and its arguments)
+const membersSynopsis = `ticketing members COMMAND [ARGS] --admin ADDR,ADDR,... --admin-secret-file F [--tls-ca CA] [--cluster-id ID]
+       (the flags may come before or after COMMAND and its arguments)`
 
-  list                           members: role, whether each answers, lag behind the leader's
+const membersAbout = `  list                           members: role, whether each answers, lag behind the leader's
                                  commit index, and how many more voter failures the cluster
                                  survives; a wiped node standing at a member's address is shown
                                  with the replace command that repairs it
@@ -39,43 +38,30 @@ replace reads the members before every step, so running it again finishes an int
 replacement, and changes nothing once it is done. It refuses only when no safe order exists:
 fewer than a majority of the voters answer, so nothing can be committed. Then bring back the
 voters that still have their data dirs; if a majority lost their data for good, build a new
-cluster (README, Runbook: "The majority is lost for good").
+cluster (docs/operations.md, Runbook: "The majority is lost for good").
 
 remove refuses when the remaining voters would not form a majority of answering nodes, and
 when fewer than 3 voters would stay, except that it may leave 2 when the voter removed does
-not answer (the cluster then survives as many failures as before: none).
-
-Flags:`
+not answer (the cluster then survives as many failures as before: none).`
 
 // runMembers is `ticketing members list|add-learner|promote|remove|replace`:
 // membership changes through the nodes' admin ports (cluster/admin.go).
 func runMembers(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs, af := newAdminFlags("ticketing members", stderr, 10*time.Minute, "list: print the leader's members reply as JSON")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, membersUsage)
-		fs.PrintDefaults()
-	}
-	pos, err := parseInterspersed(fs, args)
-	if errors.Is(err, flag.ErrHelp) {
-		return ExitOK
-	}
-	if err != nil {
-		return ExitUsage
+	fs, af := newAdminFlags("ticketing members", membersSynopsis, membersAbout, stdout, stderr, 10*time.Minute,
+		"list: print the leader's members reply as JSON")
+	pos, err := parseInterspersed(fs.FlagSet, args)
+	if code, ok := fs.parsed(err); !ok {
+		return code
 	}
 	want := map[string]int{"list": 0, "add-learner": 2, "promote": 1, "remove": 1, "replace": 3}
 	if len(pos) == 0 {
-		fs.Usage()
-		return ExitUsage
+		return fs.bad("want a COMMAND: list, add-learner, promote, remove or replace")
 	}
 	cmd, arg := pos[0], pos[1:]
-	if n, ok := want[cmd]; !ok || len(arg) != n {
-		if !ok {
-			fmt.Fprintf(stderr, "ticketing members: unknown command %q\n", cmd)
-		} else {
-			fmt.Fprintf(stderr, "ticketing members %s: want %d arguments, got %d (%q)\n", cmd, n, len(arg), arg)
-		}
-		fs.Usage()
-		return ExitUsage
+	if n, ok := want[cmd]; !ok {
+		return fs.bad("unknown command %q", cmd)
+	} else if len(arg) != n {
+		return fs.bad("%s: want %d arguments, got %d (%q)", cmd, n, len(arg), arg)
 	}
 	name := "ticketing members " + cmd
 	a := af.cluster(name, stderr)
@@ -108,7 +94,7 @@ func runMembers(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		})
 	}
 	if err != nil {
-		fmt.Fprintln(stderr, name+":", strings.TrimSpace(err.Error()))
+		fmt.Fprintln(stderr, name+":", strings.TrimSpace(err.Error())+clusterIDHint(err))
 		return ExitError
 	}
 	if cmd != "list" && cmd != "replace" {
@@ -205,7 +191,7 @@ func printHealthNotes(w io.Writer, rows []memberRow) {
 	// (Worded without "voter" and "leader", the words of the ROLE column.)
 	switch f := cluster.Tolerance(v, h); {
 	case f < 0:
-		fmt.Fprintf(w, "%d of %d votes answer (%d needed): no majority, nothing can be committed (README, Runbook)\n", h, v, v/2+1)
+		fmt.Fprintf(w, "%d of %d votes answer (%d needed): no majority, nothing can be committed (docs/operations.md, Runbook)\n", h, v, v/2+1)
 	case f == 1:
 		fmt.Fprintf(w, "%d of %d votes answer (%d needed): the cluster survives 1 more failure\n", h, v, v/2+1)
 	default:

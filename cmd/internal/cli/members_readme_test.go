@@ -15,11 +15,12 @@ import (
 	"ticketing/cluster/local"
 )
 
-// readmeSection returns the lines of README.md's section titled title
-// (up to the next "## " heading).
+// readmeSection returns the lines of docs/operations.md's section titled
+// title (up to the next "## " heading): the sections that were the
+// README's "Replacing a node" and "Status and inspection".
 func readmeSection(t *testing.T, title string) []string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "..", "..", "README.md"))
+	b, err := os.ReadFile(filepath.Join("..", "..", "..", "docs", "operations.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +36,7 @@ func readmeSection(t *testing.T, title string) []string {
 		}
 	}
 	if len(out) == 0 {
-		t.Fatalf("README.md has no section %q", title)
+		t.Fatalf("docs/operations.md has no section %q", title)
 	}
 	return out
 }
@@ -75,11 +76,12 @@ func TestREADMEMembersLines(t *testing.T) {
 		t.Fatalf("README's members lines changed: M=%q uses=%q", mLine, uses)
 	}
 
-	// A cluster with the README's (empty) cluster id, TLS and an admin port.
+	// A cluster with the documented cluster id ("prod", as the example
+	// configuration file sets it), TLS and an admin port.
 	dir := t.TempDir()
 	secret := []byte("the-admin-secret-for-the-readme-test")
 	c, err := local.Start(local.Options{Dir: filepath.Join(dir, "c"), TLS: true, AdminSecret: secret,
-		Tune: func(cfg *cluster.Config) { local.FastRaft(cfg); cfg.ClusterID = "" }})
+		Tune: func(cfg *cluster.Config) { local.FastRaft(cfg); cfg.ClusterID = "prod" }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +99,8 @@ func TestREADMEMembersLines(t *testing.T) {
 	for i := 0; i < c.Size(); i++ {
 		addrs = append(addrs, c.AdminAddr(i))
 	}
-	values := map[string]string{"--admin": strings.Join(addrs, ","), "--admin-secret-file": secretPath, "--tls-ca": c.CAFile}
+	values := map[string]string{"--admin": strings.Join(addrs, ","), "--admin-secret-file": secretPath, "--tls-ca": c.CAFile,
+		"--cluster-id": "prod"}
 	m := strings.Fields(mLine)
 	var flags []string
 	for i := 0; i < len(m); i += 2 {

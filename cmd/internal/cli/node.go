@@ -44,18 +44,18 @@ func RunNode(ctx context.Context, args []string, stdout, stderr io.Writer, o Nod
 		prof    pprofFlag
 		metrics metricsFlag
 	)
-	cfg, log, code := nodeConfig(name, args, stderr, func(fs *flag.FlagSet) {
+	cfg, log, code := nodeConfig(name, args, stdout, stderr, func(fs *flag.FlagSet) {
 		prof.register(fs)
 		metrics.register(fs)
 		if o.Flags != nil {
 			o.Flags(fs)
 		}
 	})
-	if code != ExitOK {
+	if cfg == nil {
 		return code
 	}
 	if o.Setup != nil {
-		if err := o.Setup(ctx, &cfg, log); err != nil {
+		if err := o.Setup(ctx, cfg, log); err != nil {
 			fmt.Fprintln(stderr, name+":", err)
 			return ExitUsage
 		}
@@ -66,7 +66,7 @@ func RunNode(ctx context.Context, args []string, stdout, stderr io.Writer, o Nod
 		return ExitUsage
 	}
 	defer stopProf()
-	n, err := cluster.New(cfg)
+	n, err := cluster.New(*cfg)
 	if err != nil {
 		fmt.Fprintln(stderr, name+":", err)
 		return ExitError
@@ -115,7 +115,7 @@ func runBootstrap(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		prof    pprofFlag
 		metrics metricsFlag
 	)
-	cfg, _, code := nodeConfig("ticketing bootstrap", args, stderr, func(fs *flag.FlagSet) {
+	cfg, _, code := nodeConfig("ticketing bootstrap", args, stdout, stderr, func(fs *flag.FlagSet) {
 		prof.register(fs)
 		metrics.register(fs)
 		fs.BoolVar(&newDomain, "new-domain", false, "required: yes, create a new cluster and fencing domain")
@@ -123,7 +123,7 @@ func runBootstrap(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			"give the old domain's highest token when replacing a lost cluster)")
 		fs.DurationVar(&timeout, "wait", cluster.DefaultBootstrapTimeout, "how long to wait for the other initial voters to answer")
 	})
-	if code != ExitOK {
+	if cfg == nil {
 		return code
 	}
 	if !newDomain {
@@ -131,7 +131,7 @@ func runBootstrap(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			"comparable with any other; say so with --new-domain")
 		return ExitUsage
 	}
-	res, err := cluster.Bootstrap(cfg, cluster.BootstrapOptions{TokenFloor: floor, Timeout: timeout})
+	res, err := cluster.Bootstrap(*cfg, cluster.BootstrapOptions{TokenFloor: floor, Timeout: timeout})
 	if err != nil {
 		fmt.Fprintln(stderr, "ticketing bootstrap:", err)
 		return ExitError
@@ -142,15 +142,33 @@ func runBootstrap(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	return ExitOK
 }
 
+// nodeSynopsis and nodeAbout are the usage of node and bootstrap.
+var (
+	nodeSynopsis = map[string]string{
+		"ticketing node": "ticketing node --id ID --data-dir DIR --client-addr HOST:PORT --peer-addr HOST:PORT\n" +
+			"         --peers ID=HOST:PORT,... --secret-file F --peer-secret-file F [flags]\n" +
+			"       ticketing node --config FILE [flags]",
+		"ticketing bootstrap": "ticketing bootstrap --new-domain <the flags of ticketing node>\n" +
+			"       ticketing bootstrap --new-domain --config FILE",
+	}
+	nodeAbout = map[string]string{
+		"ticketing node": "Runs one cluster node. Every flag can also be set in the --config file (name = value,\n" +
+			"the long flag name without dashes) or as $TICKETING_<NAME>.",
+		"ticketing bootstrap": "Creates a new cluster and fencing domain on this node's data dir, once, with the\n" +
+			"node stopped and the other initial voters running; then start the node with the\n" +
+			"same flags.",
+	}
+)
+
 // nodeConfig parses the node flags (plus extra ones) into a validated
-// Config; code is ExitOK or the exit code to return.
-func nodeConfig(name string, args []string, stderr io.Writer, extra func(*flag.FlagSet)) (cluster.Config, *slog.Logger, int) {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+// Config; a nil Config means the command returns code.
+func nodeConfig(name string, args []string, stdout, stderr io.Writer, extra func(*flag.FlagSet)) (*cluster.Config, *slog.Logger, int) {
+	fl := newCmdFlags(name, nodeSynopsis[name], nodeAbout[name], stdout, stderr)
+	fs := fl.FlagSet
 	d := cluster.DefaultConfig()
 	var (
 		cfg                     = d
-		peers                   string
+		peers                   peersValue
 		secretFile, peerSecFile string
 		nextSecret, nextPeerSec string
 		adminSecret             string
@@ -162,7 +180,7 @@ func nodeConfig(name string, args []string, stderr io.Writer, extra func(*flag.F
 	fs.StringVar(&cfg.ClientAddr, "client-addr", "", "HOST:PORT to serve clients on")
 	fs.StringVar(&cfg.AdvertiseClientAddr, "advertise-client-addr", "", "client address handed to clients in M replies (default: --client-addr)")
 	fs.StringVar(&cfg.PeerAddr, "peer-addr", "", "HOST:PORT to serve Raft peers on (must match this node's entry in --peers)")
-	fs.StringVar(&peers, "peers", "", "initial voters, this node included: ID=HOST:PORT,ID=HOST:PORT,ID=HOST:PORT (3 or 5)")
+	fs.Var(&peers, "peers", "initial voters, this node included: ID=HOST:PORT,ID=HOST:PORT,ID=HOST:PORT (3 or 5)")
 	fs.StringVar(&cfg.ClusterID, "cluster-id", "", "cluster id that clients and peers must present")
 	fs.StringVar(&secretFile, "secret-file", "", "file holding the client secret")
 	fs.StringVar(&peerSecFile, "peer-secret-file", "", "file holding the peer secret")
@@ -184,34 +202,26 @@ func nodeConfig(name string, args []string, stderr io.Writer, extra func(*flag.F
 	if extra != nil {
 		extra(fs)
 	}
-	if err := parseConfigured(fs, args); err != nil {
-		return cfg, nil, ExitUsage
+	if code, ok := fl.parseConfigured(args); !ok {
+		return nil, nil, code
 	}
 	if fs.NArg() != 0 {
-		fmt.Fprintf(stderr, "%s: unexpected arguments %q\n", name, fs.Args())
-		return cfg, nil, ExitUsage
+		return nil, nil, fl.bad("unexpected arguments %q", fs.Args())
 	}
-	log, err := logs.logger(stderr)
-	if err != nil {
-		fmt.Fprintln(stderr, name+":", err)
-		return cfg, nil, ExitUsage
-	}
+	log, _ := logs.logger(stderr)
 	cfg.Logger = log
-	if cfg.Peers, err = cluster.ParsePeers(peers); err != nil {
-		fmt.Fprintln(stderr, name+": --peers:", err)
-		return cfg, nil, ExitUsage
-	}
+	cfg.Peers = peers.peers
 	if secretFile == "" || peerSecFile == "" {
-		fmt.Fprintln(stderr, name+": --secret-file and --peer-secret-file are required")
-		return cfg, nil, ExitUsage
+		return nil, nil, fl.bad("--secret-file and --peer-secret-file are required")
 	}
+	var err error
 	if cfg.ClientSecret, err = cluster.ReadSecretFile(secretFile); err != nil {
 		fmt.Fprintln(stderr, name+":", err)
-		return cfg, nil, ExitUsage
+		return nil, nil, ExitUsage
 	}
 	if cfg.PeerSecret, err = cluster.ReadSecretFile(peerSecFile); err != nil {
 		fmt.Fprintln(stderr, name+":", err)
-		return cfg, nil, ExitUsage
+		return nil, nil, ExitUsage
 	}
 	for _, f := range []struct {
 		path string
@@ -222,7 +232,7 @@ func nodeConfig(name string, args []string, stderr io.Writer, extra func(*flag.F
 		}
 		if *f.dst, err = cluster.ReadSecretFile(f.path); err != nil {
 			fmt.Fprintln(stderr, name+":", err)
-			return cfg, nil, ExitUsage
+			return nil, nil, ExitUsage
 		}
 	}
 	addrs := []string{cfg.ClientAddr, cfg.PeerAddr}
@@ -234,7 +244,7 @@ func nodeConfig(name string, args []string, stderr io.Writer, extra func(*flag.F
 	}
 	if err := tf.plaintextAllowed(addrs...); err != nil {
 		fmt.Fprintln(stderr, name+": refusing to start:", err)
-		return cfg, nil, ExitUsage
+		return nil, nil, ExitUsage
 	}
 	if tf.files.Enabled() {
 		if cfg.ClientTLS, err = tlsconf.ServerConfig(tf.files, tf.clientCerts); err == nil {
@@ -242,12 +252,33 @@ func nodeConfig(name string, args []string, stderr io.Writer, extra func(*flag.F
 		}
 		if err != nil {
 			fmt.Fprintln(stderr, name+":", err)
-			return cfg, nil, ExitUsage
+			return nil, nil, ExitUsage
 		}
 	}
 	if err := cfg.Validate(); err != nil {
 		fmt.Fprintln(stderr, name+": refusing to start:", err)
-		return cfg, nil, ExitUsage
+		return nil, nil, ExitUsage
 	}
-	return cfg, log, ExitOK
+	return &cfg, log, ExitOK
+}
+
+// peersValue is --peers, checked when set (so a bad value in the --config
+// file is reported with its line).
+type peersValue struct {
+	text  string
+	peers []cluster.Peer
+}
+
+func (p *peersValue) String() string { return p.text }
+
+func (p *peersValue) Set(s string) error {
+	peers, err := cluster.ParsePeers(s)
+	if err == nil && len(peers) > 0 {
+		err = cluster.ValidateVoters(peers)
+	}
+	if err != nil {
+		return err
+	}
+	p.text, p.peers = s, peers
+	return nil
 }

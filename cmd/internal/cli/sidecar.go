@@ -55,14 +55,20 @@ func RunSidecar(ctx context.Context, args []string, stdout, stderr io.Writer, o 
 	if name == "" {
 		name = "ticketing sidecar"
 	}
-	fset := flag.NewFlagSet(name, flag.ContinueOnError)
-	fset.SetOutput(stderr)
+	fl := newCmdFlags(name, name+" --cluster HOST:PORT,... --secret-file F [--tls-ca CA] [--socket PATH] [flags]\n"+
+		"       "+name+" --config FILE [flags]",
+		"Serves the unix-socket API (unixapi/PROTOCOL.md) to local programs, connected to\n"+
+			"the cluster's nodes. Every flag can also be set in the --config file (name = value,\n"+
+			"the long flag name without dashes) or as $TICKETING_<NAME>.", stdout, stderr)
+	fset := fl.FlagSet
 	ucfg := unixapi.DefaultConfig()
 	var (
-		addrs, secretFile, clusterID, mode, allow string
-		nextSecret, bcfgDomain                    string
-		tf                                        tlsFlags
-		logs                                      logFlags
+		addrs, secretFile, clusterID string
+		nextSecret, bcfgDomain       string
+		mode                         = socketMode(0o660)
+		allow                        uidList
+		tf                           tlsFlags
+		logs                         logFlags
 	)
 	fset.StringVar(&addrs, "cluster", "", "the cluster nodes' client addresses: HOST:PORT,HOST:PORT,HOST:PORT")
 	fset.StringVar(&ucfg.Path, "socket", defaultSocket(), "unix socket to serve (default $TICKETING_SOCKET, else ./ticketing.sock)")
@@ -71,9 +77,9 @@ func RunSidecar(ctx context.Context, args []string, stdout, stderr io.Writer, o 
 	fset.StringVar(&bcfgDomain, "domain", "", "the fencing domain the nodes must belong to (INFO's domain=); default: hold to the first one a node names")
 	fset.StringVar(&nextSecret, "next-secret-file", "", "rollover: a second client secret, tried when a node does not accept the first")
 	tf.register(fset, false)
-	fset.StringVar(&mode, "socket-mode", "0660", "permission bits of the socket file, octal (connecting needs write permission)")
+	fset.Var(&mode, "socket-mode", "permission bits of the socket file, octal (connecting needs write permission)")
 	fset.StringVar(&ucfg.Group, "socket-group", "", "group name or gid to give the socket file (default: unchanged)")
-	fset.StringVar(&allow, "allow-uid", "", "comma-separated peer uids allowed to connect (default: any uid the file mode admits)")
+	fset.Var(&allow, "allow-uid", "comma-separated peer uids allowed to connect (default: any uid the file mode admits)")
 	fset.IntVar(&ucfg.MaxConns, "max-conns", ucfg.MaxConns, "max local connections served at once")
 	fset.StringVar(&ucfg.OwnerPrefix, "owner-prefix", ucfg.OwnerPrefix, "prefix of the owner ids sent to the cluster (owner = PREFIX.CONN)")
 	var membersRefresh time.Duration
@@ -89,21 +95,16 @@ func RunSidecar(ctx context.Context, args []string, stdout, stderr io.Writer, o 
 	if o.Flags != nil {
 		o.Flags(fset)
 	}
-	if err := parseConfigured(fset, args); err != nil {
-		return ExitUsage
+	if code, ok := fl.parseConfigured(args); !ok {
+		return code
 	}
 	if fset.NArg() != 0 {
-		fmt.Fprintf(stderr, "ticketing sidecar: unexpected arguments %q\n", fset.Args())
-		return ExitUsage
+		return fl.bad("unexpected arguments %q", fset.Args())
 	}
-	log, err := logs.logger(stderr)
-	if err != nil {
-		fmt.Fprintln(stderr, "ticketing sidecar:", err)
-		return ExitUsage
-	}
+	log, _ := logs.logger(stderr)
 	stopProf, err := prof.start(log)
 	if err != nil {
-		fmt.Fprintln(stderr, "ticketing sidecar:", err)
+		fmt.Fprintln(stderr, name+":", err)
 		return ExitUsage
 	}
 	defer stopProf()
@@ -114,26 +115,25 @@ func RunSidecar(ctx context.Context, args []string, stdout, stderr io.Writer, o 
 		}
 	}
 	if len(bcfg.Addrs) == 0 || secretFile == "" {
-		fmt.Fprintln(stderr, "ticketing sidecar: --cluster and --secret-file are required")
-		return ExitUsage
+		return fl.bad("--cluster and --secret-file are required")
 	}
 	if bcfg.Secret, err = cluster.ReadSecretFile(secretFile); err != nil {
-		fmt.Fprintln(stderr, "ticketing sidecar:", err)
+		fmt.Fprintln(stderr, name+":", err)
 		return ExitUsage
 	}
 	if nextSecret != "" {
 		if bcfg.NextSecret, err = cluster.ReadSecretFile(nextSecret); err != nil {
-			fmt.Fprintln(stderr, "ticketing sidecar:", err)
+			fmt.Fprintln(stderr, name+":", err)
 			return ExitUsage
 		}
 	}
 	if err := tf.plaintextAllowed(bcfg.Addrs...); err != nil {
-		fmt.Fprintln(stderr, "ticketing sidecar: refusing to start:", err)
+		fmt.Fprintln(stderr, name+": refusing to start:", err)
 		return ExitUsage
 	}
 	if tf.files.Enabled() {
 		if bcfg.TLS, err = tlsconf.ClientConfig(tf.files); err != nil {
-			fmt.Fprintln(stderr, "ticketing sidecar:", err)
+			fmt.Fprintln(stderr, name+":", err)
 			return ExitUsage
 		}
 		bcfg.TLS.ServerName = tf.serverName
@@ -148,26 +148,13 @@ func RunSidecar(ctx context.Context, args []string, stdout, stderr io.Writer, o 
 	// Addresses learned from the cluster obey the same plaintext rule as
 	// the --cluster ones.
 	bcfg.AllowAddr = func(addr string) error { return tf.plaintextAllowed(addr) }
-	m, err := strconv.ParseUint(mode, 8, 32)
-	if err != nil || m == 0 || m > 0o777 {
-		fmt.Fprintf(stderr, "ticketing sidecar: --socket-mode %q: want octal permission bits such as 0660\n", mode)
-		return ExitUsage
-	}
-	ucfg.Mode = fs.FileMode(m)
-	if allow != "" {
-		ucfg.AllowUIDs = []uint32{}
-		for _, s := range strings.Split(allow, ",") {
-			u, err := strconv.ParseUint(strings.TrimSpace(s), 10, 32)
-			if err != nil {
-				fmt.Fprintf(stderr, "ticketing sidecar: --allow-uid %q: %v\n", s, err)
-				return ExitUsage
-			}
-			ucfg.AllowUIDs = append(ucfg.AllowUIDs, uint32(u))
-		}
+	ucfg.Mode = fs.FileMode(mode)
+	if allow.set {
+		ucfg.AllowUIDs = append([]uint32{}, allow.uids...)
 	}
 	activated, err := activatedListener()
 	if err != nil {
-		fmt.Fprintln(stderr, "ticketing sidecar:", err)
+		fmt.Fprintln(stderr, name+":", err)
 		return ExitError
 	}
 	if activated != nil {
@@ -178,19 +165,19 @@ func RunSidecar(ctx context.Context, args []string, stdout, stderr io.Writer, o 
 	}
 	if o.Setup != nil {
 		if err := o.Setup(ctx, &bcfg, log); err != nil {
-			fmt.Fprintln(stderr, "ticketing sidecar:", err)
+			fmt.Fprintln(stderr, name+":", err)
 			return ExitUsage
 		}
 	}
 	b, srv, err := startSidecar(bcfg, ucfg, log)
 	if err != nil {
-		fmt.Fprintln(stderr, "ticketing sidecar:", err)
+		fmt.Fprintln(stderr, name+":", err)
 		return ExitError
 	}
 	registerUnixMetrics(b.MetricsRegistry(), srv)
 	msrv, err := metrics.start(b.MetricsRegistry(), b.Ready, log)
 	if err != nil {
-		fmt.Fprintln(stderr, "ticketing sidecar: --metrics-addr:", err)
+		fmt.Fprintln(stderr, name+": --metrics-addr:", err)
 		stopSidecar(b, srv, log)
 		return ExitUsage
 	}
@@ -257,4 +244,49 @@ func stopSidecar(b *sidecar.Broker, srv *unixapi.Server, log *slog.Logger) {
 	if err := b.Close(); err != nil {
 		log.Warn("closing the broker", "err", err)
 	}
+}
+
+// socketMode is --socket-mode: octal permission bits, checked when set.
+type socketMode fs.FileMode
+
+func (m *socketMode) String() string { return fmt.Sprintf("%04o", uint32(*m)) }
+
+func (m *socketMode) Set(s string) error {
+	v, err := strconv.ParseUint(s, 8, 32)
+	if err != nil || v == 0 || v > 0o777 {
+		return fmt.Errorf("want octal permission bits 1..0777 such as 0660, got %q", s)
+	}
+	*m = socketMode(v)
+	return nil
+}
+
+// uidList is --allow-uid: comma-separated uids, checked when set.
+type uidList struct {
+	set  bool
+	uids []uint32
+}
+
+func (u *uidList) String() string {
+	var s []string
+	for _, id := range u.uids {
+		s = append(s, strconv.FormatUint(uint64(id), 10))
+	}
+	return strings.Join(s, ",")
+}
+
+func (u *uidList) Set(s string) error {
+	if strings.TrimSpace(s) == "" {
+		u.set, u.uids = false, nil // unset: any uid the file mode admits
+		return nil
+	}
+	var uids []uint32
+	for _, f := range strings.Split(s, ",") {
+		id, err := strconv.ParseUint(strings.TrimSpace(f), 10, 32)
+		if err != nil {
+			return fmt.Errorf("want comma-separated numeric uids, got %q", f)
+		}
+		uids = append(uids, uint32(id))
+	}
+	u.set, u.uids = true, uids
+	return nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strings"
@@ -14,61 +13,56 @@ import (
 	"ticketing/cluster"
 	"ticketing/cluster/client"
 	"ticketing/cluster/tlsconf"
+	"ticketing/cluster/wire"
 )
 
 // runStatus is `ticketing status`: the cluster as one node sees it (the
 // leader when one answers), through the admin port ("status" op).
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs, af := newAdminFlagSet("ticketing status", stderr)
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, `usage: ticketing status --admin ADDR,ADDR,... --admin-secret-file F [--tls-ca CA] [--cluster-id ID] [--json]
-
-Leader, term, commit index, fencing domain, keys held, waiters, the token
+	fs, af := newAdminFlagSet("ticketing status", "ticketing status --admin ADDR,ADDR,... --admin-secret-file F [--tls-ca CA] [--cluster-id ID] [--json]",
+		`Leader, term, commit index, fencing domain, keys held, waiters, the token
 high-water mark, and every member with its role, whether it answers the
 leader over the peer port, and its lag behind the leader's commit index; how
 many more voter failures the cluster survives; for a member that does not
 answer, what stands at its address and the command that repairs it. The
 leader answers when one of the addresses is the leader; otherwise the first
-node that answers does (health and lag are then unknown).`)
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		return ExitUsage
+node that answers does (health and lag are then unknown).`, stdout, stderr)
+	if code, ok := fs.parse(args); !ok {
+		return code
 	}
 	if fs.NArg() != 0 {
-		fs.Usage()
-		return ExitUsage
+		return fs.bad("want no arguments, got %q", fs.Args())
 	}
 	return af.run(ctx, "ticketing status", cluster.AdminRequest{Op: "status"}, stdout, stderr)
 }
 
 // runInspect is `ticketing inspect KEY`: one key's holder and queue.
 func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs, af := newAdminFlagSet("ticketing inspect", stderr)
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, `usage: ticketing inspect [flags] KEY    (or: ticketing inspect KEY [flags])
-
-The holder of KEY (owner, token, lease, how long it has held it and how much
+	fs, af := newAdminFlagSet("ticketing inspect", "ticketing inspect [flags] KEY    (or: ticketing inspect KEY [flags])",
+		`The holder of KEY (owner, token, lease, how long it has held it and how much
 lease is left) and its queue, head first (owners, how long each has waited and
 how much of its wait is left). Asked of the leader, whose timers give the
 remaining times; from another node they are estimates from the leader's
-time stamps and that node's clock.`)
-		fs.PrintDefaults()
-	}
+time stamps and that node's clock.`, stdout, stderr)
 	var key string
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		key, args = args[0], args[1:]
 	}
-	if err := fs.Parse(args); err != nil {
-		return ExitUsage
+	if code, ok := fs.parse(args); !ok {
+		return code
 	}
 	switch {
 	case key == "" && fs.NArg() == 1:
 		key = fs.Arg(0)
 	case key != "" && fs.NArg() == 0:
+	case key == "" && fs.NArg() == 0:
+		return fs.bad("want the KEY to inspect")
 	default:
-		fs.Usage()
-		return ExitUsage
+		got := fs.Args()
+		if key != "" {
+			got = append([]string{key}, got...)
+		}
+		return fs.bad("want one KEY, got %q", got)
 	}
 	return af.run(ctx, "ticketing inspect", cluster.AdminRequest{Op: "inspect", Key: key}, stdout, stderr)
 }
@@ -82,23 +76,23 @@ type adminFlags struct {
 	json                         bool
 }
 
-func newAdminFlagSet(name string, stderr io.Writer) (*flag.FlagSet, *adminFlags) {
-	return newAdminFlags(name, stderr, 20*time.Second, "print the node's report as JSON")
+func newAdminFlagSet(name, synopsis, about string, stdout, stderr io.Writer) (*cmdFlags, *adminFlags) {
+	return newAdminFlags(name, synopsis, about, stdout, stderr, 20*time.Second, "print the node's report as JSON")
 }
 
 // newAdminFlags is the flag set of the admin commands, with the default
 // of --timeout and the meaning of --json.
-func newAdminFlags(name string, stderr io.Writer, timeout time.Duration, jsonUsage string) (*flag.FlagSet, *adminFlags) {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+func newAdminFlags(name, synopsis, about string, stdout, stderr io.Writer, timeout time.Duration, jsonUsage string) (*cmdFlags, *adminFlags) {
+	fl := newCmdFlags(name, synopsis, about, stdout, stderr)
+	fs := fl.FlagSet
 	af := &adminFlags{}
 	fs.StringVar(&af.addrs, "admin", "", "the nodes' admin addresses, comma separated (the leader is found among them)")
 	fs.StringVar(&af.secretFile, "admin-secret-file", "", "file holding the admin secret")
-	fs.StringVar(&af.clusterID, "cluster-id", "", "the nodes' --cluster-id")
+	fs.StringVar(&af.clusterID, "cluster-id", "", "the nodes' --cluster-id (cluster-id in their configuration file)")
 	fs.DurationVar(&af.timeout, "timeout", timeout, "give up after this long")
 	fs.BoolVar(&af.json, "json", false, jsonUsage)
 	af.tf.register(fs, false)
-	return fs, af
+	return fl, af
 }
 
 // cluster builds the admin client from the flags; on a bad flag it says
@@ -143,7 +137,7 @@ func (af *adminFlags) run(ctx context.Context, name string, req cluster.AdminReq
 	defer cancel()
 	rep, fromLeader, err := askLeaderFirst(ctx, a, req)
 	if err != nil {
-		fmt.Fprintln(stderr, name+":", strings.TrimSpace(err.Error()))
+		fmt.Fprintln(stderr, name+":", strings.TrimSpace(err.Error())+clusterIDHint(err))
 		return ExitError
 	}
 	if !fromLeader {
@@ -316,4 +310,13 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// clusterIDHint is added to an error that is a node's refusal of the
+// cluster id: the fix is --cluster-id as in the nodes' configuration.
+func clusterIDHint(err error) string {
+	if errors.Is(err, wire.ErrWrongCluster) {
+		return "\n(give --cluster-id with the id the nodes were started with: cluster-id in their configuration file)"
+	}
+	return ""
 }

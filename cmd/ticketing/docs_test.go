@@ -1,0 +1,489 @@
+package main
+
+// The documentation's checked examples and its links.
+//
+// A fenced shell block preceded by a line
+//
+//	<!-- check: ENV -->        (or <!-- check: ENV output -->)
+//
+// in README.md, docs/*.md or packaging/README.md is run by
+// TestDocExamples with bash (set -e -o pipefail), the binary under test
+// first on PATH as `ticketing`. ENV is where it runs:
+//
+//	dev      in a directory where a real `ticketing dev` (free ports) serves
+//	         ./ticketing.sock; one dev for every such block
+//	nodes    in a directory holding client.secret, peer.secret,
+//	         admin.secret and pki/ (ca.crt, n1..n3), beside three real
+//	         `ticketing node` processes with TLS, an admin port and
+//	         cluster-id prod: the docs' example cluster, bootstrapped once
+//	scratch  in a new empty directory, nothing running
+//
+// A block whose lines start with "$ " is a console session: the "$ " lines
+// are the commands, the others their output, which is compared line by
+// line when the marker says `output` ("…" in an expected line matches any
+// text). Any other block is a script, run as a whole.
+//
+// Placeholders: the documents use the example cluster's addresses and the
+// Debian paths. Before a block runs, 10.0.0.N becomes 127.X.0.N (X picked
+// per run: loopback, with the documented ports 7400/7500/7600 kept), and
+// /etc/ticketing/ becomes the directory the block runs in, /var/lib/ticketing
+// its data/ and /run/ticketing/ticketing.sock ./ticketing.sock. A block that
+// still names a 10.x address after that is refused, not run.
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+	"unicode"
+)
+
+// docFiles are the documents whose examples and links are checked,
+// relative to the repository root.
+func docFiles(t *testing.T) []string {
+	files := []string{"README.md", "packaging/README.md"}
+	docs, err := filepath.Glob(filepath.Join(repoRoot(t), "docs", "*.md"))
+	if err != nil || len(docs) < 4 {
+		t.Fatalf("docs/*.md: %v %v", docs, err)
+	}
+	for _, d := range docs {
+		files = append(files, filepath.Join("docs", filepath.Base(d)))
+	}
+	return files
+}
+
+func repoRoot(t *testing.T) string {
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
+
+// docExample is one checked block.
+type docExample struct {
+	file   string
+	line   int // of the marker
+	env    string
+	output bool
+	text   string // the block's lines
+}
+
+func (e docExample) String() string { return fmt.Sprintf("%s:%d", e.file, e.line) }
+
+var checkMarker = regexp.MustCompile(`^<!-- check: (\w+)( output)? -->$`)
+
+// docExamples finds the checked blocks of the documents.
+func docExamples(t *testing.T) []docExample {
+	var out []docExample
+	for _, f := range docFiles(t) {
+		b, err := os.ReadFile(filepath.Join(repoRoot(t), f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.Split(string(b), "\n")
+		fence := false
+		for i := 0; i < len(lines); i++ {
+			if strings.HasPrefix(lines[i], "```") {
+				fence = !fence
+			}
+			m := checkMarker.FindStringSubmatch(strings.TrimSpace(lines[i]))
+			if m == nil || fence {
+				if !fence && strings.HasPrefix(strings.TrimSpace(lines[i]), "<!-- check") {
+					t.Errorf("%s:%d: malformed check marker %q", f, i+1, lines[i])
+				}
+				continue
+			}
+			ex := docExample{file: f, line: i + 1, env: m[1], output: m[2] != ""}
+			if ex.env != "dev" && ex.env != "nodes" && ex.env != "scratch" {
+				t.Errorf("%s: unknown environment %q", ex, ex.env)
+			}
+			if i+1 >= len(lines) || (lines[i+1] != "```sh" && lines[i+1] != "```console") {
+				t.Errorf("%s: a check marker must stand right before a ```sh or ```console block", ex)
+				continue
+			}
+			var body []string
+			j := i + 2
+			for ; j < len(lines) && lines[j] != "```"; j++ {
+				body = append(body, lines[j])
+			}
+			if j == len(lines) {
+				t.Errorf("%s: unterminated block", ex)
+			}
+			ex.text = strings.Join(body, "\n")
+			out = append(out, ex)
+			i = j
+		}
+	}
+	return out
+}
+
+// script turns a block into what bash runs and the output it must print
+// (nil: not compared).
+func (e docExample) script() (string, []string) {
+	lines := strings.Split(e.text, "\n")
+	console := false
+	for _, l := range lines {
+		if strings.HasPrefix(l, "$ ") {
+			console = true
+		}
+	}
+	if !console {
+		return e.text, nil
+	}
+	var cmds, want []string
+	for _, l := range lines {
+		if c, ok := strings.CutPrefix(l, "$ "); ok {
+			cmds = append(cmds, c)
+		} else {
+			want = append(want, l)
+		}
+	}
+	if !e.output {
+		want = nil
+	}
+	return strings.Join(cmds, "\n"), want
+}
+
+// placeholders is the substitution of the documents' placeholders for one
+// run (see the comment at the top).
+type placeholders struct{ octet int }
+
+func (p placeholders) apply(s, dir string) string {
+	s = regexp.MustCompile(`\b10\.0\.0\.(\d+)\b`).ReplaceAllString(s, fmt.Sprintf("127.%d.0.$1", p.octet))
+	s = strings.ReplaceAll(s, "/run/ticketing/ticketing.sock", "./ticketing.sock")
+	s = strings.ReplaceAll(s, "/etc/ticketing/", dir+"/")
+	s = strings.ReplaceAll(s, "/var/lib/ticketing", dir+"/data")
+	return s
+}
+
+// addr is node n's (1-based) address on port in this run.
+func (p placeholders) addr(n, port int) string {
+	return fmt.Sprintf("127.%d.0.%d:%d", p.octet, n, port)
+}
+
+var privateAddr = regexp.MustCompile(`\b10\.\d+\.\d+\.\d+\b`)
+
+// pickPlaceholders picks the loopback block 127.X.0.0/24 whose documented
+// ports are free.
+func pickPlaceholders(t *testing.T) placeholders {
+	for try := 0; try < 20; try++ {
+		n, err := rand.Int(rand.Reader, big.NewInt(200))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := placeholders{octet: 20 + int(n.Int64())}
+		free := true
+		for node := 1; node <= 4 && free; node++ {
+			for _, port := range []int{7400, 7500, 7600} {
+				ln, err := net.Listen("tcp", p.addr(node, port))
+				if err != nil {
+					free = false
+					break
+				}
+				ln.Close()
+			}
+		}
+		if free {
+			return p
+		}
+	}
+	t.Fatal("no free 127.X.0.0/24 block for the documented ports")
+	return placeholders{}
+}
+
+// TestDocExamples runs every checked example of the documentation.
+func TestDocExamples(t *testing.T) {
+	examples := docExamples(t)
+	if t.Failed() {
+		t.FailNow()
+	}
+	envs := map[string]int{}
+	for _, e := range examples {
+		envs[e.env]++
+	}
+	if envs["dev"] == 0 || envs["nodes"] == 0 {
+		t.Fatalf("want checked examples for dev and for nodes, found %v", envs)
+	}
+	for _, tool := range []string{"bash", "socat", "xxd"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("the examples need %s (make test installs it: .ci/packages): %v", tool, err)
+		}
+	}
+	ph := pickPlaceholders(t)
+	dirs := map[string]string{}
+	if envs["dev"] > 0 {
+		dirs["dev"] = startDocDev(t)
+	}
+	if envs["nodes"] > 0 {
+		dirs["nodes"] = startDocNodes(t, ph)
+	}
+	path := filepath.Dir(binary) + string(os.PathListSeparator) + os.Getenv("PATH")
+	for _, e := range examples {
+		t.Run(e.String(), func(t *testing.T) {
+			dir := dirs[e.env]
+			if e.env == "scratch" {
+				dir = t.TempDir()
+			}
+			sh, want := e.script()
+			sh = ph.apply(sh, dir)
+			if a := privateAddr.FindString(sh); a != "" {
+				t.Fatalf("%s: %s is left after the placeholders; only loopback is ever dialled", e, a)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, "bash", "-e", "-o", "pipefail", "-c", sh)
+			cmd.Dir = dir
+			cmd.Env = append(withoutEnv(os.Environ(), "TICKETING_SOCKET", "PATH"), "PATH="+path)
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("%s (%s) failed: %v\n--- script\n%s\n--- output\n%s", e, e.env, err, sh, out)
+			}
+			if want != nil {
+				checkOutput(t, e, want, string(out))
+			}
+		})
+	}
+}
+
+// checkOutput compares a console example's documented output with the
+// real one, line by line; "…" matches any text.
+func checkOutput(t *testing.T, e docExample, want []string, got string) {
+	t.Helper()
+	gotLines := strings.Split(strings.TrimRight(got, "\n"), "\n")
+	ok := len(gotLines) == len(want)
+	for i := 0; ok && i < len(want); i++ {
+		parts := strings.Split(want[i], "…")
+		for j := range parts {
+			parts[j] = regexp.QuoteMeta(parts[j])
+		}
+		ok = regexp.MustCompile("^" + strings.Join(parts, ".*") + "$").MatchString(gotLines[i])
+	}
+	if !ok {
+		t.Errorf("%s: the documented output drifted\n--- documented\n%s\n--- real\n%s", e, strings.Join(want, "\n"), got)
+	}
+}
+
+func withoutEnv(env []string, names ...string) []string {
+	var out []string
+	for _, kv := range env {
+		keep := true
+		for _, n := range names {
+			if strings.HasPrefix(kv, n+"=") {
+				keep = false
+			}
+		}
+		if keep {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// startDocDev runs `ticketing dev` serving ./ticketing.sock in a new
+// directory and returns the directory once dev is ready.
+func startDocDev(t *testing.T) string {
+	dir := shortDir(t)
+	cmd := exec.Command(binary, "dev", "--base-port", "0", "--dir", filepath.Join(dir, "data"))
+	cmd.Dir = dir
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr // quiet when all is well (dev logs no warnings then)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stopProcess(cmd) })
+	deadline := time.AfterFunc(60*time.Second, func() { cmd.Process.Kill() })
+	defer deadline.Stop()
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		if strings.Contains(sc.Text(), ": ready in ") {
+			go func() {
+				for sc.Scan() {
+				}
+			}()
+			return dir
+		}
+	}
+	t.Fatal("ticketing dev never printed its ready line")
+	return ""
+}
+
+// startDocNodes sets up the docs' example cluster: the files, three node
+// processes on 127.X.0.1-3 with the documented ports, bootstrapped.
+func startDocNodes(t *testing.T, ph placeholders) string {
+	dir := t.TempDir()
+	for _, name := range []string{"client.secret", "peer.secret", "admin.secret"} {
+		b := make([]byte, 32)
+		rand.Read(b)
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(hex.EncodeToString(b)+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tk := func(args ...string) {
+		t.Helper()
+		cmd := exec.Command(binary, args...)
+		cmd.Dir = dir
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("ticketing %q: %v\n%s", args, err, out)
+		}
+	}
+	tk("certs", "ca", "--dir", "pki")
+	var peers []string
+	for n := 1; n <= 3; n++ {
+		tk("certs", "node", "--dir", "pki", "--id", fmt.Sprintf("n%d", n), "--host", strings.Split(ph.addr(n, 0), ":")[0])
+		peers = append(peers, fmt.Sprintf("n%d=%s", n, ph.addr(n, 7500)))
+	}
+	flags := func(n int) []string {
+		id := fmt.Sprintf("n%d", n)
+		return []string{"--id", id, "--cluster-id", "prod", "--data-dir", filepath.Join(dir, "data", id),
+			"--client-addr", ph.addr(n, 7400), "--peer-addr", ph.addr(n, 7500), "--admin-addr", ph.addr(n, 7600),
+			"--peers", strings.Join(peers, ","), "--secret-file", "client.secret", "--peer-secret-file", "peer.secret",
+			"--admin-secret-file", "admin.secret", "--tls-cert", "pki/" + id + ".crt", "--tls-key", "pki/" + id + ".key",
+			"--tls-ca", "pki/ca.crt"}
+	}
+	start := func(n int) {
+		cmd := exec.Command(binary, append([]string{"node"}, flags(n)...)...)
+		cmd.Dir = dir
+		// Each node's log in the directory: shown when the cluster does
+		// not come up, and by a failing example's own output otherwise.
+		logf, err := os.Create(filepath.Join(dir, fmt.Sprintf("n%d.log", n)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { logf.Close() })
+		cmd.Stdout, cmd.Stderr = logf, logf
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { stopProcess(cmd) })
+	}
+	start(2)
+	start(3)
+	tk(append([]string{"bootstrap", "--new-domain"}, flags(1)...)...)
+	start(1)
+	admin := ph.addr(1, 7600) + "," + ph.addr(2, 7600) + "," + ph.addr(3, 7600)
+	for until := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		cmd := exec.Command(binary, "status", "--admin", admin, "--admin-secret-file", "admin.secret",
+			"--tls-ca", "pki/ca.crt", "--cluster-id", "prod", "--timeout", "5s")
+		cmd.Dir = dir
+		out, err := cmd.CombinedOutput()
+		if err == nil && strings.Contains(string(out), "(leader, serving)") && strings.Count(string(out), " yes ") == 3 {
+			return dir
+		}
+		if time.Now().After(until) {
+			var logs strings.Builder
+			for n := 1; n <= 3; n++ {
+				b, _ := os.ReadFile(filepath.Join(dir, fmt.Sprintf("n%d.log", n)))
+				fmt.Fprintf(&logs, "--- n%d.log\n%s", n, b)
+			}
+			t.Fatalf("the example cluster never served: %v\n%s\n%s", err, out, logs.String())
+		}
+	}
+}
+
+// stopProcess stops a process with SIGTERM, then SIGKILL after 15 s.
+func stopProcess(cmd *exec.Cmd) {
+	cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(15 * time.Second):
+		cmd.Process.Kill()
+		<-done
+	}
+}
+
+// TestDocLinks checks the relative links of the documents: the file (or
+// directory) exists, and an anchor names a heading of its target.
+func TestDocLinks(t *testing.T) {
+	root := repoRoot(t)
+	anchors := map[string]map[string]bool{} // file -> anchors
+	anchorsOf := func(file string) map[string]bool {
+		if a, ok := anchors[file]; ok {
+			return a
+		}
+		a := map[string]bool{}
+		b, _ := os.ReadFile(filepath.Join(root, file))
+		fence := false
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "```") {
+				fence = !fence
+			}
+			if h, ok := strings.CutPrefix(l, "#"); ok && !fence {
+				a[headingAnchor(strings.TrimLeft(h, "#"))] = true
+			}
+		}
+		anchors[file] = a
+		return a
+	}
+	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	checked := 0
+	for _, f := range append(docFiles(t), "unixapi/PROTOCOL.md", "clients/README.md") {
+		b, err := os.ReadFile(filepath.Join(root, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fence := false
+		for n, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "```") {
+				fence = !fence
+			}
+			if fence {
+				continue
+			}
+			for _, m := range link.FindAllStringSubmatch(l, -1) {
+				target := m[1]
+				if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+					continue
+				}
+				checked++
+				file, anchor, _ := strings.Cut(target, "#")
+				if file == "" {
+					file = f
+				} else {
+					file = filepath.Join(filepath.Dir(f), file)
+				}
+				if _, err := os.Stat(filepath.Join(root, file)); err != nil {
+					t.Errorf("%s:%d: link %s: %v", f, n+1, target, err)
+					continue
+				}
+				if anchor != "" && strings.HasSuffix(file, ".md") && !anchorsOf(file)[anchor] {
+					t.Errorf("%s:%d: link %s: %s has no heading with anchor #%s", f, n+1, target, file, anchor)
+				}
+			}
+		}
+	}
+	if checked < 30 {
+		t.Fatalf("only %d links checked", checked)
+	}
+}
+
+// headingAnchor is GitHub's anchor of a heading: lower case, punctuation
+// but hyphens and underscores dropped, spaces as hyphens.
+func headingAnchor(h string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(strings.TrimSpace(h)) {
+		switch {
+		case r == ' ':
+			b.WriteByte('-')
+		case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsNumber(r):
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
