@@ -9,11 +9,6 @@ import (
 	"strings"
 )
 
-// labCommands are the measurement and verification commands that leave
-// the product binary for the lab (cmd/ticketlab, issue 16). They are not
-// asked for their flags here: bench has no help of its own to ask.
-var labCommands = map[string]bool{"bench": true, "verify": true}
-
 // subcommands are the words that follow a command before its flags.
 var subcommands = map[string][]string{
 	"members": {"list", "add-learner", "promote", "remove", "replace"},
@@ -71,8 +66,6 @@ _ticketing() {
 `)
 	for _, c := range commands() {
 		switch {
-		case labCommands[c.name]:
-			continue
 		case c.name == "certs":
 			b.WriteString("    certs)\n      case ${COMP_WORDS[2]} in\n")
 			for _, sub := range subcommands["certs"] {

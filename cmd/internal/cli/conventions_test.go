@@ -26,14 +26,10 @@ type invocation struct {
 }
 
 // productInvocations are every command and subcommand with flags of its
-// own: commands() without the lab's (labCommands, leaving for
-// cmd/ticketlab), plus certs' kinds and completion.
+// own: commands(), plus certs' kinds and completion.
 func productInvocations(t *testing.T) []invocation {
 	var out []invocation
 	for _, c := range commands() {
-		if labCommands[c.name] {
-			continue
-		}
 		code := ExitUsage
 		switch c.name {
 		case "lock", "acquire", "release", "ping", "info":
