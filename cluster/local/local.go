@@ -163,17 +163,23 @@ func Start(opts Options) (*Cluster, error) {
 		return nil, fmt.Errorf("%w: %s holds a cluster whose addresses were not saved (made by an older version); "+
 			"start it on the base port it was created with", ErrAddrsChanged, opts.Dir)
 	}
+	listen := func(addr string) (net.Listener, error) {
+		if addr == "127.0.0.1:0" {
+			return ListenLoopback()
+		}
+		return net.Listen("tcp", addr)
+	}
 	for i := 0; i < opts.Nodes; i++ {
-		if clientLns[i], err = net.Listen("tcp", want[i].client); err != nil {
+		if clientLns[i], err = listen(want[i].client); err != nil {
 			closeAll()
 			return nil, err
 		}
-		if peerLns[i], err = net.Listen("tcp", want[i].peer); err != nil {
+		if peerLns[i], err = listen(want[i].peer); err != nil {
 			closeAll()
 			return nil, err
 		}
 		if opts.AdminSecret != nil {
-			if adminLns[i], err = net.Listen("tcp", want[i].admin); err != nil {
+			if adminLns[i], err = listen(want[i].admin); err != nil {
 				closeAll()
 				return nil, err
 			}

@@ -262,7 +262,7 @@ func freePorts(n int) ([]int, error) {
 	}()
 	var out []int
 	for i := 0; i < n; i++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		l, err := local.ListenLoopback() // below the ephemeral range: a restarted node gets its ports back
 		if err != nil {
 			return nil, err
 		}
