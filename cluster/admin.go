@@ -15,66 +15,10 @@ import (
 // The admin port (Config.AdminAddr) serves operator tools (`ticketing
 // members`, `status`, `inspect`): the frames, operations and reply codes
 // are cluster/wire's (admin.go there; PROTOCOL.md next to it is the
-// contract), the client is cluster/client's AdminDo and AdminCluster, and
-// this file is the node's side: it answers each request before reading
-// the next.
-
-// AdminRequest is one admin operation.
-type AdminRequest struct {
-	// Op is wire.AdminOpMembers, AdminOpAddLearner, AdminOpPromote,
-	// AdminOpRemove (leader only), AdminOpStatus or AdminOpInspect (any
-	// node; see LeaderOnly).
-	Op string `json:"op"`
-	// ID is the server id (NAME/INCARNATION) the change is about.
-	ID string `json:"id,omitempty"`
-	// Replaces (op "promote") is the voter that the promoted learner
-	// replaces in the same step (Node.PromoteReplacing); "" promotes only.
-	Replaces string `json:"replaces,omitempty"`
-	// Addr is the peer address of a new learner.
-	Addr string `json:"addr,omitempty"`
-	// Key is the key to inspect (op "inspect").
-	Key string `json:"key,omitempty"`
-	// LeaderOnly makes "status" and "inspect" answer not_leader on a node
-	// that does not lead, so that a tool walking the addresses finds the
-	// leader.
-	LeaderOnly bool `json:"leader_only,omitempty"`
-}
-
-// AdminReply answers an AdminRequest.
-type AdminReply struct {
-	OK bool `json:"ok"`
-	// Code is set on failure: one of wire.AdminCodes (AdminErrOf maps it
-	// to this package's sentinel).
-	Code  string `json:"code,omitempty"`
-	Error string `json:"error,omitempty"`
-	// Leader is the leader's server id as this node knows it.
-	Leader string `json:"leader,omitempty"`
-	// Members lists the configuration (op "members").
-	Members []AdminMember `json:"members,omitempty"`
-	// Commit is the answering leader's commit index (op "members").
-	Commit uint64 `json:"commit,omitempty"`
-	// Status is the answering node's StatusReport (op "status").
-	Status *StatusReport `json:"status,omitempty"`
-	// Key is the answering node's KeyReport (op "inspect"); its queue is
-	// cut short (queue_truncated) to fit the reply in one frame.
-	Key *KeyReport `json:"key,omitempty"`
-}
-
-// AdminMember is one member with the leader's view of its health.
-type AdminMember struct {
-	Member
-	// Lag is how many entries its applied index trails the leader's
-	// commit index; -1 when it did not answer.
-	Lag int64 `json:"lag"`
-	// Answers: it proved exactly its server id over its peer port within
-	// 2 s (the leader always does).
-	Answers bool `json:"answers"`
-	// FoundAtAddr, when it does not answer, is the server id that answered
-	// at its peer address instead under the same node name: a wiped node's
-	// new incarnation ("" if none did). `ticketing members replace
-	// ServerID FoundAtAddr PeerAddr` repairs it.
-	FoundAtAddr string `json:"found_at_addr,omitempty"`
-}
+// contract), and so are the JSON request and reply (wire.AdminRequest,
+// wire.AdminReply); the client is cluster/client's AdminDo and
+// AdminCluster, and this file is the node's side: it answers each request
+// before reading the next.
 
 // serveAdmin answers one admin connection.
 func (n *Node) serveAdmin(raw net.Conn) {
@@ -108,10 +52,10 @@ func (n *Node) serveAdmin(raw net.Conn) {
 		if err != nil {
 			return
 		}
-		var req AdminRequest
-		var rep AdminReply
+		var req wire.AdminRequest
+		var rep wire.AdminReply
 		if typ != wire.TypeAdminRequest || json.Unmarshal(payload, &req) != nil {
-			rep = AdminReply{Code: wire.AdminBadRequest, Error: "want a JSON admin request frame"}
+			rep = wire.AdminReply{Code: wire.AdminBadRequest, Error: "want a JSON admin request frame"}
 		} else {
 			rep = n.admin(req)
 		}
@@ -126,7 +70,7 @@ func (n *Node) serveAdmin(raw net.Conn) {
 }
 
 // admin runs one request. Changes wait up to a minute to commit.
-func (n *Node) admin(req AdminRequest) AdminReply {
+func (n *Node) admin(req wire.AdminRequest) wire.AdminReply {
 	const timeout = time.Minute
 	var err error
 	switch req.Op {
@@ -138,10 +82,11 @@ func (n *Node) admin(req AdminRequest) AdminReply {
 		var ms []Member
 		if ms, err = n.Members(); err == nil {
 			hs := n.probe(ms, probeWait)
-			rep := AdminReply{OK: true, Commit: n.raft.CommitIndex()}
+			rep := wire.AdminReply{OK: true, Commit: n.raft.CommitIndex()}
 			for _, m := range ms {
 				h := hs[m.ServerID]
-				am := AdminMember{Member: m, Lag: -1, Answers: h.answers, FoundAtAddr: h.found}
+				am := wire.AdminMember{ServerID: m.ServerID, Name: m.Name, PeerAddr: m.PeerAddr, ClientAddr: m.ClientAddr,
+					Voter: m.Voter, Leader: m.Leader, Lag: -1, Answers: h.answers, FoundAtAddr: h.found}
 				if h.answers {
 					am.Lag = int64(rep.Commit - min(rep.Commit, h.applied))
 				}
@@ -157,14 +102,14 @@ func (n *Node) admin(req AdminRequest) AdminReply {
 		}
 		if req.Op == wire.AdminOpStatus {
 			st := n.StatusReport()
-			return AdminReply{OK: true, Status: &st}
+			return wire.AdminReply{OK: true, Status: &st}
 		}
-		var kr KeyReport
+		var kr wire.KeyReport
 		if kr, err = n.Inspect(req.Key); err != nil {
 			err = fmt.Errorf("%w: %w", ErrBadConfig, err)
 			break
 		}
-		return AdminReply{OK: true, Key: &kr}
+		return wire.AdminReply{OK: true, Key: &kr}
 	case wire.AdminOpAddLearner:
 		err = n.AddLearner(req.ID, req.Addr, timeout)
 	case wire.AdminOpPromote:
@@ -185,15 +130,15 @@ func (n *Node) admin(req AdminRequest) AdminReply {
 			// may yet, under the next leader); ask the leader.
 			err = fmt.Errorf("%w: %w", ErrNotLeader, err)
 		}
-		return AdminReply{Code: AdminCodeOf(err), Error: err.Error()}
+		return wire.AdminReply{Code: wire.AdminCodeOf(err), Error: err.Error()}
 	}
-	return AdminReply{OK: true}
+	return wire.AdminReply{OK: true}
 }
 
 // fitAdminReply marshals rep so that it fits one frame: an inspected key's
 // queue is cut short (QueueTruncated; QueueLen still counts every waiter),
 // and a reply that still does not fit becomes an "internal" failure.
-func fitAdminReply(rep *AdminReply) []byte {
+func fitAdminReply(rep *wire.AdminReply) []byte {
 	const limit = wire.MaxPayloadLen
 	b, _ := json.Marshal(rep)
 	if len(b) <= limit {
@@ -215,12 +160,12 @@ func fitAdminReply(rep *AdminReply) []byte {
 		if best != nil {
 			return best
 		}
-		k.Queue, k.QueueTruncated = []WaiterReport{}, true
+		k.Queue, k.QueueTruncated = []wire.WaiterReport{}, true
 		if b, _ = json.Marshal(rep); len(b) <= limit {
 			return b
 		}
 	}
-	b, _ = json.Marshal(AdminReply{Code: wire.AdminInternal, Leader: rep.Leader,
+	b, _ = json.Marshal(wire.AdminReply{Code: wire.AdminInternal, Leader: rep.Leader,
 		Error: fmt.Sprintf("reply of %d bytes does not fit one admin frame", len(b))})
 	return b
 }

@@ -11,8 +11,9 @@ import (
 // secret.go.)
 var (
 	// ErrBadConfig wraps every configuration error (Config.Validate, a bad
-	// admin request).
-	ErrBadConfig = errors.New("cluster: bad config")
+	// admin request). It is wire.ErrBadRequest, the sentinel of the admin
+	// code bad_request, so that the admin client's errors match it too.
+	ErrBadConfig = wire.ErrBadRequest
 	// ErrVoterCount is returned for an initial membership that is not 3 or
 	// 5 voters.
 	ErrVoterCount = errors.New("cluster: a cluster has exactly 3 or 5 voters")
@@ -24,24 +25,28 @@ var (
 	// ErrClosing: the node was closed before Raft answered.
 	ErrClosing = errors.New("cluster: node closing")
 
-	// Membership changes (members.go).
+	// Membership changes (members.go). These are the sentinels of the
+	// admin reply codes, which cluster/wire owns (adminCodeTable there):
+	// the same values, so errors.Is matches either spelling for errors of
+	// the node and of the admin client (cluster/client) alike.
 
 	// ErrNotLeader: the change must be asked of the leader.
-	ErrNotLeader = errors.New("cluster: not the leader")
+	ErrNotLeader = wire.ErrNotLeader
 	// ErrChangeInProgress: another membership change has not finished.
-	ErrChangeInProgress = errors.New("cluster: a membership change is in progress")
+	ErrChangeInProgress = wire.ErrChangeInProgress
 	// ErrUnsafeChange: the change would break a rule (voter count, the
 	// failures the cluster survives, a voter that must answer).
-	ErrUnsafeChange = errors.New("cluster: unsafe membership change")
+	ErrUnsafeChange = wire.ErrUnsafeChange
 	// ErrNoQuorum: fewer than a majority of the voters answer, so no
-	// change can commit (and no order of changes can help); see the
-	// README's runbook, "The majority is lost for good".
-	ErrNoQuorum = errors.New("cluster: no majority of the voters answers")
+	// change can commit (and no order of changes can help); see
+	// docs/operations.md's runbook, "The majority is lost for good". (The
+	// admin code no_quorum; not wire.ErrNoQuorum, the client port's.)
+	ErrNoQuorum = wire.ErrNoVoterMajority
 	// ErrLearnerLagging: the learner trails the commit index by more than
 	// MaxPromoteLag (or did not answer); try again once it caught up.
-	ErrLearnerLagging = errors.New("cluster: the learner has not caught up")
+	ErrLearnerLagging = wire.ErrLearnerLagging
 	// ErrNoSuchMember: the server id is not in the configuration.
-	ErrNoSuchMember = errors.New("cluster: no such member")
+	ErrNoSuchMember = wire.ErrNoSuchMember
 
 	// Planned hand-overs (handover.go).
 
@@ -61,43 +66,3 @@ var (
 	// not decode.
 	errCorruptEntry = errors.New("cluster: corrupt log entry")
 )
-
-// adminCodes maps this package's sentinels to the admin reply codes. Order
-// matters only to AdminCodeOf for an error that wraps several: ErrNoQuorum
-// comes before ErrUnsafeChange, which a refusal for want of a quorum wraps
-// too.
-var adminCodes = []struct {
-	err  error
-	code string
-}{
-	{ErrNotLeader, wire.AdminNotLeader},
-	{ErrNoQuorum, wire.AdminNoQuorum},
-	{ErrUnsafeChange, wire.AdminUnsafe},
-	{ErrLearnerLagging, wire.AdminLagging},
-	{ErrChangeInProgress, wire.AdminInProgress},
-	{ErrNoSuchMember, wire.AdminNoSuchMember},
-	{ErrBadConfig, wire.AdminBadRequest},
-}
-
-// AdminCodeOf is the admin reply code of err (possibly wrapped):
-// wire.AdminInternal when no sentinel of this package matches.
-func AdminCodeOf(err error) string {
-	for _, c := range adminCodes {
-		if errors.Is(err, c.err) {
-			return c.code
-		}
-	}
-	return wire.AdminInternal
-}
-
-// AdminErrOf is the sentinel of an admin reply code (nil for
-// wire.AdminInternal and for codes this version does not know), so that a
-// client's error matches errors.Is(err, ErrNotLeader) and the like.
-func AdminErrOf(code string) error {
-	for _, c := range adminCodes {
-		if c.code == code {
-			return c.err
-		}
-	}
-	return nil
-}

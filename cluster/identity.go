@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"ticketing/cluster/wire"
 )
 
 // A node's Raft server id is NAME/INCARNATION: the configured node id and a
@@ -32,10 +34,8 @@ const incarnationLen = 10
 func ServerID(name, incarnation string) string { return name + "/" + incarnation }
 
 // SplitServerID splits NAME/INCARNATION; a bare name has no incarnation.
-func SplitServerID(id string) (name, incarnation string) {
-	name, incarnation, _ = strings.Cut(id, "/")
-	return name, incarnation
-}
+// (wire.SplitServerID, for the tools that do not link the node.)
+func SplitServerID(id string) (name, incarnation string) { return wire.SplitServerID(id) }
 
 // loadIdentity returns the server id stored in dataDir, creating a new
 // incarnation when the data dir is fresh (hasState false and no identity

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"ticketing/cluster/wire"
 )
 
 // Membership changes, one at a time, on the leader.
@@ -63,8 +65,9 @@ type Member struct {
 }
 
 // MaxPromoteLag is how many entries a learner's applied index may trail
-// the leader's commit index and still be promoted.
-const MaxPromoteLag = 64
+// the leader's commit index and still be promoted: wire.MaxPromoteLag (a
+// fact of the admin contract, which the admin client plans by).
+const MaxPromoteLag = wire.MaxPromoteLag
 
 // probeWait bounds the leader's wait for the members' answers before a
 // change and in a members reply (all are asked at once, over the peer
@@ -72,9 +75,9 @@ const MaxPromoteLag = 64
 const probeWait = 2 * time.Second
 
 // Tolerance is how many more voter failures a cluster of voters voters,
-// of which answering answer, survives and still commits: answering −
-// (⌊voters/2⌋+1). Negative: no majority answers now.
-func Tolerance(voters, answering int) int { return answering - (voters/2 + 1) }
+// of which answering answer, survives and still commits:
+// wire.Tolerance, the formula the admin client plans by too.
+func Tolerance(voters, answering int) int { return wire.Tolerance(voters, answering) }
 
 // beginChange checks that this node leads and takes Node.memberMu without
 // waiting: one change at a time.

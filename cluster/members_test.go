@@ -203,7 +203,7 @@ func TestAdminPortAuthAndMembers(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	a := c.admin()
-	rep, err := a.Do(ctx, cluster.AdminRequest{Op: "members"})
+	rep, err := a.Do(ctx, wire.AdminRequest{Op: "members"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,14 +218,14 @@ func TestAdminPortAuthAndMembers(t *testing.T) {
 	for name, secret := range map[string][]byte{"client secret": c.ClientSecret, "wrong": []byte("some-other-secret-123456")} {
 		cfg := a.Config
 		cfg.Secret = secret
-		if _, err := client.AdminDo(ctx, c.AdminAddr(0), cfg, cluster.AdminRequest{Op: "members"}); !errors.Is(err, wire.ErrAuthFailed) {
+		if _, err := client.AdminDo(ctx, c.AdminAddr(0), cfg, wire.AdminRequest{Op: "members"}); !errors.Is(err, wire.ErrAuthFailed) {
 			t.Fatalf("admin port with the %s: %v, want auth_failed", name, err)
 		}
 	}
-	if _, err := a.Do(ctx, cluster.AdminRequest{Op: "remove", ID: rep.Members[0].ServerID}); !errors.Is(err, cluster.ErrUnsafeChange) {
+	if _, err := a.Do(ctx, wire.AdminRequest{Op: "remove", ID: rep.Members[0].ServerID}); !errors.Is(err, cluster.ErrUnsafeChange) {
 		t.Fatalf("removing a voter of 3 over the admin port: %v", err)
 	}
-	if _, err := a.Do(ctx, cluster.AdminRequest{Op: "explode"}); !errors.Is(err, cluster.ErrBadConfig) {
+	if _, err := a.Do(ctx, wire.AdminRequest{Op: "explode"}); !errors.Is(err, cluster.ErrBadConfig) {
 		t.Fatalf("unknown op: %v", err)
 	}
 }
@@ -243,7 +243,7 @@ func TestGrowToFiveAndShrinkToThree(t *testing.T) {
 	tok := mustGrant(t, lc.do(acquireMsg("k", "a", 120, 0)))
 	for _, i := range []int{3, 4} {
 		id := c.Node(i).ServerID()
-		if _, err := a.Do(ctx, cluster.AdminRequest{Op: "add-learner", ID: id, Addr: c.PeerAddrOf(i)}); err != nil {
+		if _, err := a.Do(ctx, wire.AdminRequest{Op: "add-learner", ID: id, Addr: c.PeerAddrOf(i)}); err != nil {
 			t.Fatal(err)
 		}
 		testkit.WaitFor(t, id+" to catch up", 20*time.Second, func() bool {
@@ -255,7 +255,7 @@ func TestGrowToFiveAndShrinkToThree(t *testing.T) {
 			t.Fatalf("%s is a %v in the members reply, want a learner", id, got)
 		}
 		for {
-			_, err := a.Do(ctx, cluster.AdminRequest{Op: "promote", ID: id})
+			_, err := a.Do(ctx, wire.AdminRequest{Op: "promote", ID: id})
 			if err == nil {
 				break
 			}
@@ -268,7 +268,7 @@ func TestGrowToFiveAndShrinkToThree(t *testing.T) {
 			t.Fatalf("%s is a %v in the members reply after promote", id, got)
 		}
 	}
-	rep, err := a.Do(ctx, cluster.AdminRequest{Op: "members"})
+	rep, err := a.Do(ctx, wire.AdminRequest{Op: "members"})
 	if err != nil || len(rep.Members) != 5 {
 		t.Fatalf("members after growing: %+v %v", rep, err)
 	}
@@ -279,14 +279,14 @@ func TestGrowToFiveAndShrinkToThree(t *testing.T) {
 	}
 	// Shrink: remove two voters (never below three).
 	for _, i := range []int{3, 4} {
-		if _, err := a.Do(ctx, cluster.AdminRequest{Op: "remove", ID: c.Node(i).ServerID()}); err != nil {
+		if _, err := a.Do(ctx, wire.AdminRequest{Op: "remove", ID: c.Node(i).ServerID()}); err != nil {
 			t.Fatalf("remove: %v", err)
 		}
 	}
-	if _, err := a.Do(ctx, cluster.AdminRequest{Op: "remove", ID: c.Node(0).ServerID()}); !errors.Is(err, cluster.ErrUnsafeChange) {
+	if _, err := a.Do(ctx, wire.AdminRequest{Op: "remove", ID: c.Node(0).ServerID()}); !errors.Is(err, cluster.ErrUnsafeChange) {
 		t.Fatalf("removing a fourth voter: %v", err)
 	}
-	rep, err = a.Do(ctx, cluster.AdminRequest{Op: "members"})
+	rep, err = a.Do(ctx, wire.AdminRequest{Op: "members"})
 	if err != nil || len(rep.Members) != 3 {
 		t.Fatalf("members after shrinking: %+v %v", rep, err)
 	}

@@ -288,7 +288,7 @@ func TestReportHandlerJSON(t *testing.T) {
 	u := "http://" + s.Addr()
 
 	code, body := httpGet(t, u+"/v1/status")
-	var st cluster.StatusReport
+	var st wire.StatusReport
 	if err := json.Unmarshal([]byte(body), &st); code != http.StatusOK || err != nil {
 		t.Fatalf("/v1/status: %d %v %s", code, err, body)
 	}
@@ -296,7 +296,7 @@ func TestReportHandlerJSON(t *testing.T) {
 		t.Fatalf("/v1/status: %+v", st)
 	}
 	code, body = httpGet(t, u+"/v1/keys/seat/1")
-	var kr cluster.KeyReport
+	var kr wire.KeyReport
 	if err := json.Unmarshal([]byte(body), &kr); code != http.StatusOK || err != nil {
 		t.Fatalf("/v1/keys/seat/1: %d %v %s", code, err, body)
 	}

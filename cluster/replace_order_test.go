@@ -14,6 +14,7 @@ import (
 	"ticketing/cluster"
 	"ticketing/cluster/local"
 	"ticketing/cluster/testkit"
+	"ticketing/cluster/wire"
 )
 
 // history is the configurations in the log of the node that leads now,
@@ -59,7 +60,7 @@ func (c *testCluster) waitCaughtUp(id string) {
 	testkit.WaitFor(c.t, id+" to catch up", 20*time.Second, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		rep, err := c.admin().Do(ctx, cluster.AdminRequest{Op: "members"})
+		rep, err := c.admin().Do(ctx, wire.AdminRequest{Op: "members"})
 		if err != nil {
 			return false
 		}
@@ -86,29 +87,29 @@ func TestReplaceHealthyVoterPromotesFirst(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	a := c.admin()
-	if _, err := a.Do(ctx, cluster.AdminRequest{Op: "add-learner", ID: newID, Addr: c.PeerAddrOf(spare)}); err != nil {
+	if _, err := a.Do(ctx, wire.AdminRequest{Op: "add-learner", ID: newID, Addr: c.PeerAddrOf(spare)}); err != nil {
 		t.Fatal(err)
 	}
 	c.waitCaughtUp(newID)
-	_, err := a.Do(ctx, cluster.AdminRequest{Op: "promote", ID: newID})
+	_, err := a.Do(ctx, wire.AdminRequest{Op: "promote", ID: newID})
 	if !errors.Is(err, cluster.ErrUnsafeChange) || !strings.Contains(err.Error(), "members replace") {
 		t.Fatalf("plain promote to a 6th voter: %v, want unsafe pointing at replace", err)
 	}
 	// A learner that does not answer is never promoted in the step.
-	if _, err := a.Do(ctx, cluster.AdminRequest{Op: "add-learner", ID: "n9/aaaaaaaaaa", Addr: "127.0.0.1:1"}); err != nil {
+	if _, err := a.Do(ctx, wire.AdminRequest{Op: "add-learner", ID: "n9/aaaaaaaaaa", Addr: "127.0.0.1:1"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Do(ctx, cluster.AdminRequest{Op: "promote", ID: "n9/aaaaaaaaaa", Replaces: oldID}); !errors.Is(err, cluster.ErrLearnerLagging) {
+	if _, err := a.Do(ctx, wire.AdminRequest{Op: "promote", ID: "n9/aaaaaaaaaa", Replaces: oldID}); !errors.Is(err, cluster.ErrLearnerLagging) {
 		t.Fatalf("promote of a silent learner replacing %s: %v", oldID, err)
 	}
-	if _, err := a.Do(ctx, cluster.AdminRequest{Op: "remove", ID: "n9/aaaaaaaaaa"}); err != nil {
+	if _, err := a.Do(ctx, wire.AdminRequest{Op: "remove", ID: "n9/aaaaaaaaaa"}); err != nil {
 		t.Fatal(err)
 	}
 	// An OLD that does not answer must be removed first: the step refuses.
 	if err := c.Stop(old); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Do(ctx, cluster.AdminRequest{Op: "promote", ID: newID, Replaces: oldID}); !errors.Is(err, cluster.ErrUnsafeChange) {
+	if _, err := a.Do(ctx, wire.AdminRequest{Op: "promote", ID: newID, Replaces: oldID}); !errors.Is(err, cluster.ErrUnsafeChange) {
 		t.Fatalf("promote replacing a stopped voter: %v, want unsafe", err)
 	}
 	if err := c.Restart(old); err != nil {
@@ -193,11 +194,11 @@ func TestReplaceFinishesHalfDoneRun(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	a := c.admin()
-	if _, err := a.Do(ctx, cluster.AdminRequest{Op: "add-learner", ID: newID, Addr: c.PeerAddrOf(3)}); err != nil {
+	if _, err := a.Do(ctx, wire.AdminRequest{Op: "add-learner", ID: newID, Addr: c.PeerAddrOf(3)}); err != nil {
 		t.Fatal(err)
 	}
 	c.waitCaughtUp(newID)
-	if _, err := a.Do(ctx, cluster.AdminRequest{Op: "promote", ID: newID}); err != nil {
+	if _, err := a.Do(ctx, wire.AdminRequest{Op: "promote", ID: newID}); err != nil {
 		t.Fatal(err)
 	}
 	mid := lastIndex(c.history(0))
@@ -287,13 +288,13 @@ func TestAdminMemberJSONMatchesProtocol(t *testing.T) {
 		documented = append(documented, strings.Trim(strings.TrimSpace(k), `"`))
 	}
 	slices.Sort(documented)
-	if got := keysOf(cluster.AdminMember{FoundAtAddr: "x"}); !slices.Equal(got, documented) {
+	if got := keysOf(wire.AdminMember{FoundAtAddr: "x"}); !slices.Equal(got, documented) {
 		t.Fatalf("members reply keys %v, PROTOCOL.md lists %v", got, documented)
 	}
 	// The status row names every member key in backquotes.
 	_, row, _ := strings.Cut(doc, "| `status` | any node;")
 	row, _, _ = strings.Cut(row, "| `inspect` |")
-	for _, k := range keysOf(cluster.MemberReport{FoundAtAddr: "x"}) {
+	for _, k := range keysOf(wire.MemberReport{FoundAtAddr: "x"}) {
 		if !strings.Contains(row, "`"+k+"`") {
 			t.Errorf("PROTOCOL.md's status row does not name the member key %q", k)
 		}

@@ -15,9 +15,11 @@ import (
 )
 
 // Status and reports: everything a node tells about itself, read-only and
-// in this file. For clients, the status and members replies of the client
-// port ('s', 'm'; status, membersReply). For operators, StatusReport and
-// Inspect (the admin ops "status" and "inspect", `ticketing status` and
+// in this file (the reports' types are the admin protocol's JSON,
+// wire.StatusReport and wire.KeyReport, in cluster/wire/admin_json.go). For
+// clients, the status and members replies of the client port ('s', 'm';
+// status, membersReply). For operators, StatusReport and Inspect (the
+// admin ops "status" and "inspect", `ticketing status` and
 // `inspect`, and the HTTP endpoint ReportHandler), Ready (/readyz) and the
 // refusal counters (Stats). Every node can answer from its own applied
 // state; only the leader knows its followers' lag and the lease and wait
@@ -29,140 +31,24 @@ import (
 // deadline: the leader runs lease and wait timers on its monotonic clock.
 // So a remaining time is reported with its source:
 //
-//   - "leader_timer": this node leads and read the deadline it will act on
-//     (the armed lease timer of the holding; the wait deadline of the
-//     request, which runs from when the leader read it). Exact up to the
-//     commit of the expiry or cancel it will then propose.
-//   - "clock_estimate": stamp + lease (or + wait) minus this node's wall
-//     clock. An estimate: the stamp comes from the leader's clock, and
-//     after a leader change the new leader gives every holder a full lease
-//     from the moment it serves, so the real deadline is later than this
-//     estimate for holdings granted under an earlier leader. Waiters do not
-//     survive a leader change (the new leader drops them), so a waiter's
-//     stamp always comes from the current leader.
+//   - "leader_timer" (wire.FromLeaderTimer): this node leads and read the
+//     deadline it will act on (the armed lease timer of the holding; the
+//     wait deadline of the request, which runs from when the leader read
+//     it). Exact up to the commit of the expiry or cancel it will then
+//     propose.
+//   - "clock_estimate" (wire.FromClockEstimate): stamp + lease (or +
+//     wait) minus this node's wall clock. An estimate: the stamp comes
+//     from the leader's clock, and after a leader change the new leader
+//     gives every holder a full lease from the moment it serves, so the
+//     real deadline is later than this estimate for holdings granted under
+//     an earlier leader. Waiters do not survive a leader change (the new
+//     leader drops them), so a waiter's stamp always comes from the
+//     current leader.
 //
 // Held and waited times (HeldMs, WaitedMs) are this node's wall clock minus
 // the leader's stamp, on every node.
 
-// StatusReport is one node's view of the cluster.
-type StatusReport struct {
-	// ServerID is the node that answered (NAME/INCARNATION).
-	ServerID string `json:"server_id"`
-	// Role is "leader", "follower", "learner" (a follower without a vote),
-	// "candidate" or "shutdown".
-	Role string `json:"role"`
-	// Serving: this node leads and is ready for lock requests.
-	Serving bool   `json:"serving"`
-	Term    uint64 `json:"term"`
-	// Leader is the leader's server id as this node knows it ("" if none)
-	// and LeaderClientAddr the client address it announced.
-	Leader           string `json:"leader"`
-	LeaderClientAddr string `json:"leader_client_addr"`
-	// Domain is the fencing domain ("" until the first leader committed it).
-	Domain       string `json:"domain"`
-	ClusterID    string `json:"cluster_id"`
-	CommitIndex  uint64 `json:"commit_index"`
-	AppliedIndex uint64 `json:"applied_index"`
-	// KeysHeld, Waiters and LastToken (the highest token ever issued: the
-	// token high-water mark) are from this node's applied state.
-	KeysHeld  int    `json:"keys_held"`
-	Waiters   int    `json:"waiters"`
-	LastToken uint64 `json:"last_token"`
-	// Members is the configuration, sorted by server id.
-	Members []MemberReport `json:"members"`
-	// MembersError says why Members is empty (Raft shut down).
-	MembersError string `json:"members_error,omitempty"`
-	// AtUnixMs is this node's wall clock when it answered.
-	AtUnixMs int64 `json:"at_unix_ms"`
-}
-
-// MemberReport is one server of the configuration.
-type MemberReport struct {
-	ServerID string `json:"server_id"`
-	Voter    bool   `json:"voter"`
-	Leader   bool   `json:"leader"`
-	PeerAddr string `json:"peer_addr"`
-	// ClientAddr is "" until the leader has recorded it in the log.
-	ClientAddr string `json:"client_addr"`
-	// Lag is how many entries the member's applied index trails the
-	// leader's commit index, in the leader's view: null when the answering
-	// node does not lead or the member did not answer within reportLagWait.
-	Lag *uint64 `json:"lag"`
-	// Answers is whether the member proved exactly its server id over its
-	// peer port within reportLagWait, in the leader's view: null when the
-	// answering node does not lead.
-	Answers *bool `json:"answers"`
-	// FoundAtAddr, when it does not answer, is the server id that answered
-	// at its peer address under the same node name instead (a wiped node's
-	// new incarnation; `ticketing members replace ServerID FoundAtAddr
-	// PeerAddr` repairs it); "" if none did or the answering node does not
-	// lead.
-	FoundAtAddr string `json:"found_at_addr,omitempty"`
-}
-
-// KeyReport is one key as a node sees it.
-type KeyReport struct {
-	Key string `json:"key"`
-	// ServerID and Role say which node answered (see StatusReport); Leader
-	// is the leader it knows.
-	ServerID string `json:"server_id"`
-	Role     string `json:"role"`
-	Leader   string `json:"leader"`
-	// AtUnixMs is the answering node's wall clock when it read the key.
-	AtUnixMs int64 `json:"at_unix_ms"`
-	Held     bool  `json:"held"`
-	// Holder is set when Held.
-	Holder *HolderReport `json:"holder,omitempty"`
-	// QueueLen is the number of waiters; Queue lists them head first, the
-	// first MaxInspectQueue only (fewer over the admin port when they do not
-	// fit one frame), QueueTruncated saying so.
-	QueueLen       int            `json:"queue_len"`
-	Queue          []WaiterReport `json:"queue"`
-	QueueTruncated bool           `json:"queue_truncated,omitempty"`
-}
-
-// HolderReport is the holder of a key.
-type HolderReport struct {
-	Owner    string `json:"owner"`
-	Token    uint64 `json:"token"`
-	LeaseSec uint32 `json:"lease_sec"`
-	// GrantedAtUnixMs is the leader's stamp in the granting command.
-	GrantedAtUnixMs int64 `json:"granted_at_unix_ms"`
-	// HeldMs is AtUnixMs − GrantedAtUnixMs (at least 0).
-	HeldMs int64 `json:"held_ms"`
-	// LeaseRemainingMs is when the leader will end the holding unless it
-	// is released first (at least 0), from LeaseFrom: "leader_timer" or
-	// "clock_estimate" (see the top of cluster/status.go).
-	LeaseRemainingMs int64  `json:"lease_remaining_ms"`
-	LeaseFrom        string `json:"lease_from"`
-}
-
-// WaiterReport is one queued acquire.
-type WaiterReport struct {
-	Owner string `json:"owner"`
-	// Ref is the leader's reference of the request (it also appears in the
-	// leader's logs).
-	Ref      uint64 `json:"ref"`
-	LeaseSec uint32 `json:"lease_sec"`
-	// WaitMs is the wait the client asked for.
-	WaitMs uint32 `json:"wait_ms"`
-	// EnqueuedAtUnixMs is the leader's stamp in the acquire.
-	EnqueuedAtUnixMs int64 `json:"enqueued_at_unix_ms"`
-	// WaitedMs is AtUnixMs − EnqueuedAtUnixMs (at least 0).
-	WaitedMs int64 `json:"waited_ms"`
-	// WaitRemainingMs is how long until the leader gives up on it (at least
-	// 0), from WaitFrom: "leader_timer" or "clock_estimate".
-	WaitRemainingMs int64  `json:"wait_remaining_ms"`
-	WaitFrom        string `json:"wait_from"`
-}
-
-// Sources of a remaining time.
-const (
-	FromLeaderTimer   = "leader_timer"
-	FromClockEstimate = "clock_estimate"
-)
-
-// MaxInspectQueue bounds the waiters one KeyReport lists (QueueLen counts
+// MaxInspectQueue bounds the waiters one wire.KeyReport lists (QueueLen counts
 // them all).
 const MaxInspectQueue = 1000
 
@@ -187,9 +73,9 @@ func (n *Node) role() string {
 // health are filled only when this node leads (each asked concurrently over
 // the peer port, within reportLagWait); it is read-only and safe on any
 // node.
-func (n *Node) StatusReport() StatusReport {
+func (n *Node) StatusReport() wire.StatusReport {
 	_, leader := n.raft.LeaderWithID()
-	r := StatusReport{
+	r := wire.StatusReport{
 		ServerID:     n.serverID,
 		Role:         n.role(),
 		Serving:      n.Serving(),
@@ -210,7 +96,7 @@ func (n *Node) StatusReport() StatusReport {
 	if err != nil {
 		r.MembersError = err.Error()
 	}
-	r.Members = make([]MemberReport, 0, len(ms))
+	r.Members = make([]wire.MemberReport, 0, len(ms))
 	var hs map[string]health
 	commit := r.CommitIndex
 	if r.Role == "leader" {
@@ -218,7 +104,7 @@ func (n *Node) StatusReport() StatusReport {
 		commit = n.raft.CommitIndex()
 	}
 	for _, m := range ms {
-		mr := MemberReport{ServerID: m.ServerID, Voter: m.Voter, Leader: m.Leader,
+		mr := wire.MemberReport{ServerID: m.ServerID, Voter: m.Voter, Leader: m.Leader,
 			PeerAddr: m.PeerAddr, ClientAddr: m.ClientAddr}
 		if hs != nil {
 			h := hs[m.ServerID]
@@ -244,12 +130,12 @@ func (n *Node) StatusReport() StatusReport {
 // nodes they are estimates from the leader's stamps and this node's clock
 // (see the top of this file). A key that is not held is reported with Held
 // false. An invalid key is an error wrapping locksm.ErrInvalidKey.
-func (n *Node) Inspect(key string) (KeyReport, error) {
+func (n *Node) Inspect(key string) (wire.KeyReport, error) {
 	if err := locksm.ValidateKey(key); err != nil {
-		return KeyReport{}, fmt.Errorf("%w: %q", err, key)
+		return wire.KeyReport{}, fmt.Errorf("%w: %q", err, key)
 	}
 	_, leader := n.raft.LeaderWithID()
-	r := KeyReport{Key: key, ServerID: n.serverID, Role: n.role(), Leader: string(leader), Queue: []WaiterReport{}}
+	r := wire.KeyReport{Key: key, ServerID: n.serverID, Role: n.role(), Leader: string(leader), Queue: []wire.WaiterReport{}}
 	var (
 		h       locksm.Holder
 		ws      []locksm.Waiter
@@ -284,28 +170,28 @@ func (n *Node) Inspect(key string) (KeyReport, error) {
 	nowMs := n.cfg.Now().UnixMilli()
 	r.AtUnixMs = nowMs
 	if r.Held {
-		hr := &HolderReport{Owner: h.Owner, Token: h.Token, LeaseSec: h.LeaseSec, GrantedAtUnixMs: h.GrantedAt,
+		hr := &wire.HolderReport{Owner: h.Owner, Token: h.Token, LeaseSec: h.LeaseSec, GrantedAtUnixMs: h.GrantedAt,
 			HeldMs: max(0, nowMs-h.GrantedAt)}
 		hr.LeaseRemainingMs = max(0, h.GrantedAt+int64(h.LeaseSec)*1000-nowMs)
-		hr.LeaseFrom = FromClockEstimate
+		hr.LeaseFrom = wire.FromClockEstimate
 		if leading && n.timers != nil {
 			// Not found: the timer fired and the expiry is on its way, or
 			// the grant is applied but its timer not armed yet; the
 			// estimate covers both.
 			if at, ok := n.timers.expiryOf(key, h.Token, epoch); ok {
 				hr.LeaseRemainingMs = max(0, at.Sub(mono).Milliseconds())
-				hr.LeaseFrom = FromLeaderTimer
+				hr.LeaseFrom = wire.FromLeaderTimer
 			}
 		}
 		r.Holder = hr
 	}
 	for i, w := range ws {
-		wr := WaiterReport{Owner: w.Owner, Ref: w.Ref, LeaseSec: w.LeaseSec, WaitMs: w.WaitMs,
+		wr := wire.WaiterReport{Owner: w.Owner, Ref: w.Ref, LeaseSec: w.LeaseSec, WaitMs: w.WaitMs,
 			EnqueuedAtUnixMs: w.EnqueuedAt, WaitedMs: max(0, nowMs-w.EnqueuedAt),
-			WaitRemainingMs: max(0, w.EnqueuedAt+int64(w.WaitMs)-nowMs), WaitFrom: FromClockEstimate}
+			WaitRemainingMs: max(0, w.EnqueuedAt+int64(w.WaitMs)-nowMs), WaitFrom: wire.FromClockEstimate}
 		if waitDL != nil && !waitDL[i].IsZero() {
 			wr.WaitRemainingMs = max(0, waitDL[i].Sub(mono).Milliseconds())
-			wr.WaitFrom = FromLeaderTimer
+			wr.WaitFrom = wire.FromLeaderTimer
 		}
 		r.Queue = append(r.Queue, wr)
 	}

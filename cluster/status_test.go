@@ -58,7 +58,7 @@ func TestStatusReport(t *testing.T) {
 	queueWaiter(t, c, li, conn, "a", "carol", 30, time.Minute)
 
 	leaderID := c.Node(li).ServerID()
-	var st cluster.StatusReport
+	var st wire.StatusReport
 	testkit.WaitFor(t, "every member's lag in the leader's status", 20*time.Second, func() bool {
 		st = c.Node(li).StatusReport()
 		for _, m := range st.Members {
@@ -93,7 +93,7 @@ func TestStatusReport(t *testing.T) {
 	}
 
 	fi := follower(c, li)
-	var fs cluster.StatusReport
+	var fs wire.StatusReport
 	testkit.WaitFor(t, "the follower to apply the acquires", 20*time.Second, func() bool {
 		fs = c.Node(fi).StatusReport()
 		return fs.KeysHeld == 2 && fs.Waiters == 1
@@ -113,14 +113,14 @@ func TestStatusReport(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	a := c.admin()
-	rep, err := a.Do(ctx, cluster.AdminRequest{Op: "status", LeaderOnly: true})
+	rep, err := a.Do(ctx, wire.AdminRequest{Op: "status", LeaderOnly: true})
 	if err != nil || rep.Status == nil || rep.Status.ServerID != leaderID || rep.Status.KeysHeld != 2 || rep.Leader != leaderID {
 		t.Fatalf("admin status: %v %+v", err, rep)
 	}
-	if _, err := client.AdminDo(ctx, c.AdminAddr(fi), a.Config, cluster.AdminRequest{Op: "status", LeaderOnly: true}); !errors.Is(err, cluster.ErrNotLeader) {
+	if _, err := client.AdminDo(ctx, c.AdminAddr(fi), a.Config, wire.AdminRequest{Op: "status", LeaderOnly: true}); !errors.Is(err, cluster.ErrNotLeader) {
 		t.Fatalf("leader-only status from a follower: %v, want not_leader", err)
 	}
-	rep, err = client.AdminDo(ctx, c.AdminAddr(fi), a.Config, cluster.AdminRequest{Op: "status"})
+	rep, err = client.AdminDo(ctx, c.AdminAddr(fi), a.Config, wire.AdminRequest{Op: "status"})
 	if err != nil || rep.Status == nil || rep.Status.ServerID != c.Node(fi).ServerID() || rep.Status.Role != "follower" {
 		t.Fatalf("status from a follower: %v %+v", err, rep)
 	}
@@ -140,7 +140,7 @@ func TestInspectKey(t *testing.T) {
 	bob := queueWaiter(t, c, li, conn, "seats/12A", "bob", 20, time.Minute)
 	queueWaiter(t, c, li, conn, "seats/12A", "carol", 25, 50*time.Second)
 
-	check := func(kr cluster.KeyReport, from string) {
+	check := func(kr wire.KeyReport, from string) {
 		t.Helper()
 		h := kr.Holder
 		if !kr.Held || h == nil || h.Owner != "alice" || h.Token != tok || h.LeaseSec != 30 || h.GrantedAtUnixMs == 0 ||
@@ -173,7 +173,7 @@ func TestInspectKey(t *testing.T) {
 	if kr.ServerID != c.Node(li).ServerID() || kr.Role != "leader" || kr.Key != "seats/12A" || kr.AtUnixMs == 0 {
 		t.Fatalf("inspect on the leader: %+v", kr)
 	}
-	check(kr, cluster.FromLeaderTimer)
+	check(kr, wire.FromLeaderTimer)
 
 	fi := follower(c, li)
 	testkit.WaitFor(t, "the follower to apply the queue", 20*time.Second, func() bool {
@@ -183,16 +183,16 @@ func TestInspectKey(t *testing.T) {
 	if kr.Role != "follower" || kr.Leader != c.Node(li).ServerID() {
 		t.Fatalf("inspect on a follower: %+v", kr)
 	}
-	check(kr, cluster.FromClockEstimate)
+	check(kr, wire.FromClockEstimate)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	a := c.admin()
-	rep, err := a.Do(ctx, cluster.AdminRequest{Op: "inspect", Key: "seats/12A", LeaderOnly: true})
+	rep, err := a.Do(ctx, wire.AdminRequest{Op: "inspect", Key: "seats/12A", LeaderOnly: true})
 	if err != nil || rep.Key == nil || rep.Key.ServerID != c.Node(li).ServerID() {
 		t.Fatalf("admin inspect: %v %+v", err, rep)
 	}
-	check(*rep.Key, cluster.FromLeaderTimer)
+	check(*rep.Key, wire.FromLeaderTimer)
 
 	// Hand-off: bob holds, carol waits.
 	mustType(t, lc.do(releaseMsg("seats/12A", "alice", tok)), wire.TypeOK)
@@ -214,7 +214,7 @@ func TestInspectKey(t *testing.T) {
 		if _, err := c.Node(li).Inspect(bad); !errors.Is(err, locksm.ErrInvalidKey) {
 			t.Fatalf("inspect %q: %v, want invalid key", bad, err)
 		}
-		if _, err := a.Do(ctx, cluster.AdminRequest{Op: "inspect", Key: bad}); !errors.Is(err, cluster.ErrBadConfig) {
+		if _, err := a.Do(ctx, wire.AdminRequest{Op: "inspect", Key: bad}); !errors.Is(err, cluster.ErrBadConfig) {
 			t.Fatalf("admin inspect %q: %v, want bad_request", bad, err)
 		}
 	}
@@ -247,7 +247,7 @@ func TestAdminInspectTruncatesQueue(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	rep, err := c.admin().Do(ctx, cluster.AdminRequest{Op: "inspect", Key: "k", LeaderOnly: true})
+	rep, err := c.admin().Do(ctx, wire.AdminRequest{Op: "inspect", Key: "k", LeaderOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}

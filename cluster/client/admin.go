@@ -9,16 +9,16 @@ import (
 	"net"
 	"time"
 
-	"ticketing/cluster"
 	"ticketing/cluster/tlsconf"
 	"ticketing/cluster/wire"
 )
 
-// The admin client: requests to a node's admin port (the protocol is
-// cluster/wire's, admin.go there; the node's side is cluster's admin.go),
-// for `ticketing members`, `status` and `inspect`. It imports package
-// cluster for the JSON request and reply (which carry the node's reports)
-// and for the sentinels a failure reply matches.
+// The admin client: requests to a node's admin port (the protocol, its
+// JSON request and reply and the sentinels of its failure codes are
+// cluster/wire's, admin.go and admin_json.go there; the node's side is
+// package cluster's admin.go), for `ticketing members`, `status` and
+// `inspect`. It does not import package cluster: a tool that talks to
+// nodes links no Raft (layering_test.go).
 
 // AdminConfig configures AdminDo.
 type AdminConfig struct {
@@ -29,13 +29,14 @@ type AdminConfig struct {
 
 // AdminDo sends one request to the admin port at addr and returns the
 // reply; a failure reply is returned as an error wrapping ErrAdmin and the
-// code's sentinel (cluster.AdminErrOf: cluster.ErrNotLeader, ...),
-// together with the reply (for Leader).
-func AdminDo(ctx context.Context, addr string, cfg AdminConfig, req cluster.AdminRequest) (cluster.AdminReply, error) {
+// code's sentinel (wire.AdminErrOf: wire.ErrNotLeader, ..., which package
+// cluster's sentinels of the same names are), together with the reply
+// (for Leader).
+func AdminDo(ctx context.Context, addr string, cfg AdminConfig, req wire.AdminRequest) (wire.AdminReply, error) {
 	var d net.Dialer
 	raw, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return cluster.AdminReply{}, err
+		return wire.AdminReply{}, err
 	}
 	defer raw.Close()
 	if dl, ok := ctx.Deadline(); ok {
@@ -51,31 +52,31 @@ func AdminDo(ctx context.Context, addr string, cfg AdminConfig, req cluster.Admi
 		}
 		tc := tls.Client(raw, tcfg)
 		if err := tc.Handshake(); err != nil {
-			return cluster.AdminReply{}, fmt.Errorf("client: TLS handshake: %w", err)
+			return wire.AdminReply{}, fmt.Errorf("client: TLS handshake: %w", err)
 		}
 		if binding, err = tlsconf.Binding(tc); err != nil {
-			return cluster.AdminReply{}, err
+			return wire.AdminReply{}, err
 		}
 		c = tc
 	}
 	if _, err := wire.ClientHandshake(c, wire.HandshakeConfig{Kind: wire.KindAdmin, Secret: cfg.Secret,
 		ClusterID: cfg.ClusterID, ChannelBinding: binding}); err != nil {
-		return cluster.AdminReply{}, err
+		return wire.AdminReply{}, err
 	}
 	b, _ := json.Marshal(req)
 	if err := wire.WriteFrame(c, wire.TypeAdminRequest, b); err != nil {
-		return cluster.AdminReply{}, err
+		return wire.AdminReply{}, err
 	}
 	typ, payload, err := wire.NewReader(c).ReadFrame()
 	if err != nil {
-		return cluster.AdminReply{}, err
+		return wire.AdminReply{}, err
 	}
-	var rep cluster.AdminReply
+	var rep wire.AdminReply
 	if typ != wire.TypeAdminReply || json.Unmarshal(payload, &rep) != nil {
-		return cluster.AdminReply{}, fmt.Errorf("%w: not an admin reply", wire.ErrMalformed)
+		return wire.AdminReply{}, fmt.Errorf("%w: not an admin reply", wire.ErrMalformed)
 	}
 	if !rep.OK {
-		if sentinel := cluster.AdminErrOf(rep.Code); sentinel != nil {
+		if sentinel := wire.AdminErrOf(rep.Code); sentinel != nil {
 			return rep, fmt.Errorf("%w: %w: %s", ErrAdmin, sentinel, rep.Error)
 		}
 		return rep, fmt.Errorf("%w: %s: %s", ErrAdmin, rep.Code, rep.Error)
@@ -90,7 +91,7 @@ type AdminCluster struct {
 	Config AdminConfig
 	// NoLeaderWait is how long Members (and so Replace) waits for a node
 	// that leads (one election normally takes a second or two) before it
-	// gives up with cluster.ErrNoQuorum. Zero: DefaultNoLeaderWait.
+	// gives up with wire.ErrNoVoterMajority. Zero: DefaultNoLeaderWait.
 	NoLeaderWait time.Duration
 }
 
@@ -106,20 +107,20 @@ const (
 )
 
 // Do sends req to each address in turn until a node other than a
-// non-leader answers; cluster.ErrNotLeader from all of them is returned as
+// non-leader answers; wire.ErrNotLeader from all of them is returned as
 // is.
-func (a *AdminCluster) Do(ctx context.Context, req cluster.AdminRequest) (cluster.AdminReply, error) {
+func (a *AdminCluster) Do(ctx context.Context, req wire.AdminRequest) (wire.AdminReply, error) {
 	wait := adminChangeWait
 	switch req.Op {
 	case wire.AdminOpMembers, wire.AdminOpStatus, wire.AdminOpInspect:
 		wait = adminReadWait
 	}
-	var lastErr error = fmt.Errorf("%w: no admin address", cluster.ErrBadConfig)
+	var lastErr error = fmt.Errorf("%w: no admin address", wire.ErrBadRequest)
 	for _, addr := range a.Addrs {
 		actx, cancel := context.WithTimeout(ctx, wait)
 		rep, err := AdminDo(actx, addr, a.Config, req)
 		cancel()
-		if err == nil || (errors.Is(err, ErrAdmin) && !errors.Is(err, cluster.ErrNotLeader)) {
+		if err == nil || (errors.Is(err, ErrAdmin) && !errors.Is(err, wire.ErrNotLeader)) {
 			return rep, err
 		}
 		lastErr = fmt.Errorf("%s: %w", addr, err)
@@ -127,5 +128,5 @@ func (a *AdminCluster) Do(ctx context.Context, req cluster.AdminRequest) (cluste
 			break
 		}
 	}
-	return cluster.AdminReply{}, lastErr
+	return wire.AdminReply{}, lastErr
 }

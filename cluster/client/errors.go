@@ -24,7 +24,8 @@ var (
 	// notice); nothing was written. Send it where the next leader serves.
 	ErrHandingOver = errors.New("client: the node is handing its leadership over")
 	// ErrAdmin wraps a failure reply from a node's admin port (AdminDo);
-	// errors.Is also matches the sentinel of its code (cluster.ErrNotLeader,
-	// cluster.ErrUnsafeChange, ...: cluster.AdminErrOf).
+	// errors.Is also matches the sentinel of its code (wire.ErrNotLeader,
+	// wire.ErrUnsafeChange, ...: wire.AdminErrOf; package cluster's
+	// ErrNotLeader, ... are the same values).
 	ErrAdmin = errors.New("client: admin request failed")
 )

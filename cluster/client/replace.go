@@ -7,7 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"ticketing/cluster"
 	"ticketing/cluster/wire"
 )
 
@@ -23,7 +22,7 @@ type replaceStep struct {
 	// wait: nothing to ask yet (the learner is catching up or does not
 	// answer); read the members again shortly.
 	wait bool
-	req  cluster.AdminRequest
+	req  wire.AdminRequest
 	// what says what the step does, and why, for progress messages.
 	what string
 }
@@ -35,8 +34,8 @@ type replaceStep struct {
 // taken for a half-done earlier one: OLD gone while another member carries
 // its node name or the voter count is odd (a mistyped OLD would otherwise
 // grow the cluster), or OLD and NEW both voting in an odd-sized cluster.
-func planReplace(ms []cluster.AdminMember, oldID, newID, peerAddr string, acted bool) (replaceStep, error) {
-	var old, nw *cluster.AdminMember
+func planReplace(ms []wire.AdminMember, oldID, newID, peerAddr string, acted bool) (replaceStep, error) {
+	var old, nw *wire.AdminMember
 	v, h := 0, 0
 	var silent []string
 	for i := range ms {
@@ -57,59 +56,59 @@ func planReplace(ms []cluster.AdminMember, oldID, newID, peerAddr string, acted 
 		}
 	}
 	if nw != nil && nw.PeerAddr != peerAddr {
-		return replaceStep{}, fmt.Errorf("%w: %s is already a member at %s, not %s", cluster.ErrBadConfig, newID, nw.PeerAddr, peerAddr)
+		return replaceStep{}, fmt.Errorf("%w: %s is already a member at %s, not %s", wire.ErrBadRequest, newID, nw.PeerAddr, peerAddr)
 	}
 	if old == nil && nw != nil && nw.Voter {
 		return replaceStep{done: true, what: fmt.Sprintf("%s is a voter and %s is gone (%d voters, %d answer)", newID, oldID, v, h)}, nil
 	}
-	if cluster.Tolerance(v, h) < 0 {
+	if wire.Tolerance(v, h) < 0 {
 		return replaceStep{}, fmt.Errorf("%w: %w: only %d of the %d voters answer (not answering: %s); nothing can be "+
 			"committed, so no order of changes can replace %s: bring back the voters that still have their data dirs "+
 			"(they rejoin as they were), then run this again; if a majority lost their data for good, build a new "+
 			"cluster (README, Runbook: \"The majority is lost for good\")",
-			cluster.ErrUnsafeChange, cluster.ErrNoQuorum, h, v, strings.Join(silent, ", "), oldID)
+			wire.ErrUnsafeChange, wire.ErrNoVoterMajority, h, v, strings.Join(silent, ", "), oldID)
 	}
-	oldName, _ := cluster.SplitServerID(oldID)
+	oldName, _ := wire.SplitServerID(oldID)
 	namesake := ""
 	for _, m := range ms {
 		if m.Name == oldName && m.ServerID != newID {
 			namesake = m.ServerID
 		}
 	}
-	promote := func(req cluster.AdminRequest, what string) replaceStep {
+	promote := func(req wire.AdminRequest, what string) replaceStep {
 		switch {
 		case !nw.Answers:
 			return replaceStep{wait: true, what: fmt.Sprintf("%s does not answer at %s yet (is it running, with an empty data dir?)", newID, peerAddr)}
-		case nw.Lag > cluster.MaxPromoteLag:
+		case nw.Lag > wire.MaxPromoteLag:
 			return replaceStep{wait: true, what: fmt.Sprintf("%s is catching up: %d entries behind the commit index", newID, nw.Lag)}
 		}
 		return replaceStep{req: req, what: what}
 	}
-	addLearner := replaceStep{req: cluster.AdminRequest{Op: wire.AdminOpAddLearner, ID: newID, Addr: peerAddr},
+	addLearner := replaceStep{req: wire.AdminRequest{Op: wire.AdminOpAddLearner, ID: newID, Addr: peerAddr},
 		what: fmt.Sprintf("add %s at %s as a learner", newID, peerAddr)}
 	if old == nil {
 		if !acted && namesake != "" {
-			return replaceStep{}, fmt.Errorf("%w: %s is not a member, but %s is: did you mean it?", cluster.ErrNoSuchMember, oldID, namesake)
+			return replaceStep{}, fmt.Errorf("%w: %s is not a member, but %s is: did you mean it?", wire.ErrNoSuchMember, oldID, namesake)
 		}
 		if nw == nil {
 			if !acted && v%2 == 1 {
 				return replaceStep{}, fmt.Errorf("%w: %s is not a member and the cluster has %d voters (no replacement is half "+
-					"done); to grow the cluster, use `members add-learner` and `members promote`", cluster.ErrNoSuchMember, oldID, v)
+					"done); to grow the cluster, use `members add-learner` and `members promote`", wire.ErrNoSuchMember, oldID, v)
 			}
 			return addLearner, nil
 		}
-		return promote(cluster.AdminRequest{Op: wire.AdminOpPromote, ID: newID}, fmt.Sprintf("promote %s (%s is gone)", newID, oldID)), nil
+		return promote(wire.AdminRequest{Op: wire.AdminOpPromote, ID: newID}, fmt.Sprintf("promote %s (%s is gone)", newID, oldID)), nil
 	}
 	if !old.Voter {
 		return replaceStep{}, fmt.Errorf("%w: %s is a learner, not a voter: `members remove %s`, then `members add-learner %s %s`",
-			cluster.ErrBadConfig, oldID, oldID, newID, peerAddr)
+			wire.ErrBadRequest, oldID, oldID, newID, peerAddr)
 	}
 	if nw != nil && nw.Voter {
 		if !acted && v%2 == 1 {
 			return replaceStep{}, fmt.Errorf("%w: %s and %s are both voters of %d: nothing to replace (`members remove %s` shrinks the cluster)",
-				cluster.ErrUnsafeChange, oldID, newID, v, oldID)
+				wire.ErrUnsafeChange, oldID, newID, v, oldID)
 		}
-		return replaceStep{req: cluster.AdminRequest{Op: wire.AdminOpRemove, ID: oldID},
+		return replaceStep{req: wire.AdminRequest{Op: wire.AdminOpRemove, ID: oldID},
 			what: fmt.Sprintf("remove %s (%s already votes)", oldID, newID)}, nil
 	}
 	if !old.Answers {
@@ -117,14 +116,14 @@ func planReplace(ms []cluster.AdminMember, oldID, newID, peerAddr string, acted 
 		if old.FoundAtAddr != "" {
 			why = fmt.Sprintf("it does not answer; %s stands at its address", old.FoundAtAddr)
 		}
-		return replaceStep{req: cluster.AdminRequest{Op: wire.AdminOpRemove, ID: oldID},
+		return replaceStep{req: wire.AdminRequest{Op: wire.AdminOpRemove, ID: oldID},
 			what: fmt.Sprintf("remove %s first (%s; %d voters, %d answer: the cluster survives %d more failures with or without it)",
-				oldID, why, v, h, cluster.Tolerance(v, h))}, nil
+				oldID, why, v, h, wire.Tolerance(v, h))}, nil
 	}
 	if nw == nil {
 		return addLearner, nil
 	}
-	return promote(cluster.AdminRequest{Op: wire.AdminOpPromote, ID: newID, Replaces: oldID},
+	return promote(wire.AdminRequest{Op: wire.AdminOpPromote, ID: newID, Replaces: oldID},
 		fmt.Sprintf("promote %s and remove %s in one step (%s answers)", newID, oldID, oldID)), nil
 }
 
@@ -139,9 +138,10 @@ func planReplace(ms []cluster.AdminMember, oldID, newID, peerAddr string, acted 
 // succeeded changes nothing. It retries through elections, lost
 // connections, a change already in progress and (up to 10 times in a row)
 // a change Raft failed without a reason code; it refuses, with a reason,
-// only when no safe order exists (cluster.ErrNoQuorum: a majority of the voters do
-// not answer; or a request that names the wrong members). progress, if not
-// nil, hears each step.
+// only when no safe order exists (wire.ErrNoVoterMajority, which is
+// cluster.ErrNoQuorum: a majority of the voters do not answer; or a
+// request that names the wrong members). progress, if not nil, hears each
+// step.
 func (a *AdminCluster) Replace(ctx context.Context, oldID, newID, peerAddr string, progress func(string)) error {
 	say := func(format string, args ...any) {
 		if progress != nil {
@@ -149,7 +149,7 @@ func (a *AdminCluster) Replace(ctx context.Context, oldID, newID, peerAddr strin
 		}
 	}
 	if oldID == newID {
-		return fmt.Errorf("%w: replacing %s by itself", cluster.ErrBadConfig, oldID)
+		return fmt.Errorf("%w: replacing %s by itself", wire.ErrBadRequest, oldID)
 	}
 	pause := func(d time.Duration) error {
 		select {
@@ -210,11 +210,11 @@ func (a *AdminCluster) Replace(ctx context.Context, oldID, newID, peerAddr strin
 			continue // the next read confirms it
 		case ctx.Err() != nil:
 			return fmt.Errorf("%s: %w", step.what, err)
-		case errors.Is(err, cluster.ErrChangeInProgress), errors.Is(err, cluster.ErrNotLeader), !errors.Is(err, ErrAdmin):
+		case errors.Is(err, wire.ErrChangeInProgress), errors.Is(err, wire.ErrNotLeader), !errors.Is(err, ErrAdmin):
 			say("%s: %v; retrying", step.what, err)
-		case errors.Is(err, cluster.ErrLearnerLagging):
+		case errors.Is(err, wire.ErrLearnerLagging):
 			say("%s: %v; waiting", step.what, err)
-		case errors.Is(err, cluster.ErrUnsafeChange), errors.Is(err, cluster.ErrNoQuorum), errors.Is(err, cluster.ErrNoSuchMember):
+		case errors.Is(err, wire.ErrUnsafeChange), errors.Is(err, wire.ErrNoVoterMajority), errors.Is(err, wire.ErrNoSuchMember):
 			// The leader's own look at the health differed from the one
 			// the step was chosen by: read again, and give up only when
 			// the same step is refused twice in a row.
@@ -227,7 +227,7 @@ func (a *AdminCluster) Replace(ctx context.Context, oldID, newID, peerAddr strin
 				return fmt.Errorf("%s: %w", step.what, err)
 			}
 			say("%s: %v; reading the members again", step.what, err)
-		case errors.Is(err, cluster.ErrBadConfig):
+		case errors.Is(err, wire.ErrBadRequest):
 			return fmt.Errorf("%s: %w", step.what, err)
 		default:
 			// "internal": Raft failed the change (a timeout, a hand-over
@@ -246,8 +246,8 @@ func (a *AdminCluster) Replace(ctx context.Context, oldID, newID, peerAddr strin
 // Members asks for the leader's members reply (op "members": each member
 // with its health) until a leader answers, through elections and
 // unreachable nodes, for at most NoLeaderWait; then it fails with
-// cluster.ErrNoQuorum, saying what each address answered.
-func (a *AdminCluster) Members(ctx context.Context) (cluster.AdminReply, error) {
+// wire.ErrNoVoterMajority, saying what each address answered.
+func (a *AdminCluster) Members(ctx context.Context) (wire.AdminReply, error) {
 	wait := a.NoLeaderWait
 	if wait <= 0 {
 		wait = DefaultNoLeaderWait
@@ -257,12 +257,12 @@ func (a *AdminCluster) Members(ctx context.Context) (cluster.AdminReply, error) 
 		var seen []string
 		for _, addr := range a.Addrs {
 			actx, cancel := context.WithTimeout(ctx, adminReadWait)
-			rep, err := AdminDo(actx, addr, a.Config, cluster.AdminRequest{Op: wire.AdminOpMembers})
+			rep, err := AdminDo(actx, addr, a.Config, wire.AdminRequest{Op: wire.AdminOpMembers})
 			cancel()
 			switch {
 			case err == nil:
 				return rep, nil
-			case errors.Is(err, cluster.ErrNotLeader):
+			case errors.Is(err, wire.ErrNotLeader):
 				knows := "no leader"
 				if rep.Leader != "" {
 					knows = "leader " + rep.Leader
@@ -274,22 +274,22 @@ func (a *AdminCluster) Members(ctx context.Context) (cluster.AdminReply, error) 
 				seen = append(seen, fmt.Sprintf("%s: %v", addr, err))
 			}
 			if ctx.Err() != nil {
-				return cluster.AdminReply{}, fmt.Errorf("%w (%s)", ctx.Err(), strings.Join(seen, "; "))
+				return wire.AdminReply{}, fmt.Errorf("%w (%s)", ctx.Err(), strings.Join(seen, "; "))
 			}
 		}
 		if len(a.Addrs) == 0 {
-			return cluster.AdminReply{}, fmt.Errorf("%w: no admin address", cluster.ErrBadConfig)
+			return wire.AdminReply{}, fmt.Errorf("%w: no admin address", wire.ErrBadRequest)
 		}
 		if time.Now().After(deadline) {
-			return cluster.AdminReply{}, fmt.Errorf("%w: no node led for %v (%s): a leader needs a majority of the voters "+
+			return wire.AdminReply{}, fmt.Errorf("%w: no node led for %v (%s): a leader needs a majority of the voters "+
 				"answering each other. If a majority is down, nothing can be committed and no membership change can "+
 				"help: bring back the voters that still have their data dirs, then run this again; if a majority lost "+
 				"their data for good, build a new cluster (README, Runbook: \"The majority is lost for good\")",
-				cluster.ErrNoQuorum, wait, strings.Join(seen, "; "))
+				wire.ErrNoVoterMajority, wait, strings.Join(seen, "; "))
 		}
 		select {
 		case <-ctx.Done():
-			return cluster.AdminReply{}, fmt.Errorf("%w (%s)", ctx.Err(), strings.Join(seen, "; "))
+			return wire.AdminReply{}, fmt.Errorf("%w (%s)", ctx.Err(), strings.Join(seen, "; "))
 		case <-time.After(300 * time.Millisecond):
 		}
 	}

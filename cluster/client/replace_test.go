@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"testing"
 
-	"ticketing/cluster"
+	"ticketing/cluster/wire"
 )
 
 // The order planReplace picks, state by state: the replacement rule of
@@ -56,17 +56,17 @@ func TestPlanReplaceOrder(t *testing.T) {
 		{"done", []mem{n1, n3, voter(newID, true)}, false, want{done: true}},
 		{"done, with a learner elsewhere", []mem{n1, n3, voter(newID, true), learner("n9/zzzzzzzzzz", false, -1)}, false, want{done: true}},
 		// Refusals.
-		{"no majority answers", []mem{n1, voter(oldID, false), voter("n3/cccccccccc", false)}, false, want{err: cluster.ErrNoQuorum}},
-		{"five voters, three silent", []mem{n1, voter(oldID, false), n3, dead4, dead5}, false, want{err: cluster.ErrNoQuorum}},
-		{"OLD not a member, odd voter count", []mem{n1, n3, n4}, false, want{err: cluster.ErrNoSuchMember}},
-		{"OLD not a member, its name is", []mem{n1, voter("n2/realrealre", true), n3, n4}, false, want{err: cluster.ErrNoSuchMember}},
-		{"both voters of an odd cluster", []mem{n1, voter(oldID, true), voter(newID, true)}, false, want{err: cluster.ErrUnsafeChange}},
-		{"OLD is a learner", []mem{n1, n3, n4, learner(oldID, true, 0)}, false, want{err: cluster.ErrBadConfig}},
+		{"no majority answers", []mem{n1, voter(oldID, false), voter("n3/cccccccccc", false)}, false, want{err: wire.ErrNoVoterMajority}},
+		{"five voters, three silent", []mem{n1, voter(oldID, false), n3, dead4, dead5}, false, want{err: wire.ErrNoVoterMajority}},
+		{"OLD not a member, odd voter count", []mem{n1, n3, n4}, false, want{err: wire.ErrNoSuchMember}},
+		{"OLD not a member, its name is", []mem{n1, voter("n2/realrealre", true), n3, n4}, false, want{err: wire.ErrNoSuchMember}},
+		{"both voters of an odd cluster", []mem{n1, voter(oldID, true), voter(newID, true)}, false, want{err: wire.ErrUnsafeChange}},
+		{"OLD is a learner", []mem{n1, n3, n4, learner(oldID, true, 0)}, false, want{err: wire.ErrBadRequest}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var ms []cluster.AdminMember
+			var ms []wire.AdminMember
 			for _, m := range tc.ms {
-				name, _ := cluster.SplitServerID(m.id)
+				name, _ := wire.SplitServerID(m.id)
 				peer := fmt.Sprintf("127.0.0.1:%d", 7000+len(ms))
 				if m.id == newID || m.id == oldID {
 					peer = addr
@@ -75,7 +75,7 @@ func TestPlanReplaceOrder(t *testing.T) {
 				if !m.answers {
 					lag = -1
 				}
-				ms = append(ms, cluster.AdminMember{Member: cluster.Member{ServerID: m.id, Name: name, PeerAddr: peer, Voter: m.voter},
+				ms = append(ms, wire.AdminMember{ServerID: m.id, Name: name, PeerAddr: peer, Voter: m.voter,
 					Answers: m.answers, Lag: lag, FoundAtAddr: m.found})
 			}
 			step, err := planReplace(ms, oldID, newID, addr, tc.acted)
@@ -106,19 +106,8 @@ func TestPlanReplaceOrder(t *testing.T) {
 		})
 	}
 	// A NEW already at another address is refused whatever else holds.
-	ms := []cluster.AdminMember{{Member: cluster.Member{ServerID: newID, Name: "n2", PeerAddr: "127.0.0.1:1"}, Lag: 0, Answers: true}}
-	if _, err := planReplace(ms, oldID, newID, addr, false); !errors.Is(err, cluster.ErrBadConfig) {
+	ms := []wire.AdminMember{{ServerID: newID, Name: "n2", PeerAddr: "127.0.0.1:1", Lag: 0, Answers: true}}
+	if _, err := planReplace(ms, oldID, newID, addr, false); !errors.Is(err, wire.ErrBadRequest) {
 		t.Fatalf("NEW at another address: %v", err)
-	}
-}
-
-// The tolerance formula at the cluster sizes a replacement passes through.
-func TestTolerance(t *testing.T) {
-	for _, c := range []struct{ v, h, want int }{
-		{3, 3, 1}, {3, 2, 0}, {2, 2, 0}, {4, 3, 0}, {4, 4, 1}, {5, 5, 2}, {5, 3, 0}, {4, 4, 1}, {6, 6, 2}, {6, 5, 1}, {3, 1, -1}, {5, 2, -1},
-	} {
-		if got := cluster.Tolerance(c.v, c.h); got != c.want {
-			t.Errorf("Tolerance(%d, %d) = %d, want %d", c.v, c.h, got, c.want)
-		}
 	}
 }

@@ -1,5 +1,10 @@
 package wire
 
+import (
+	"errors"
+	"strings"
+)
+
 // The admin protocol: a node's admin port (cluster.Config.AdminAddr) serves
 // the operator tools (`ticketing members`, `status`, `inspect`). TCP → TLS
 // as on the client port → the handshake (handshake.go) with KindAdmin and
@@ -8,9 +13,10 @@ package wire
 // at most MaxFrameLen), one reply per request, in order: the node answers
 // each request before it reads the next. Admin traffic is rare, so the
 // payloads are JSON, readable in a capture and easy to extend. The JSON
-// objects are cluster.AdminRequest and cluster.AdminReply (the reply
+// objects are AdminRequest and AdminReply (admin_json.go; the reply
 // carries the node's reports, which its HTTP endpoint serves too);
-// PROTOCOL.md, "Admin port", is the contract for both.
+// PROTOCOL.md, "Admin port", is the contract for both. The node's side is
+// package cluster (admin.go there), the client's cluster/client.
 const (
 	// TypeAdminRequest (tool → node): one JSON object
 	//
@@ -42,7 +48,7 @@ const (
 )
 
 // Admin reply codes (AdminReply.Code): stable short names, never renamed;
-// new ones are appended. Package cluster maps its sentinels to them.
+// new ones are appended. adminCodeTable pairs each with its sentinel.
 const (
 	AdminNotLeader    = "not_leader"     // ask the leader (the reply's leader names it when known)
 	AdminNoQuorum     = "no_quorum"      // fewer than a majority of the voters answer: nothing can commit
@@ -58,4 +64,70 @@ const (
 var AdminCodes = []string{
 	AdminNotLeader, AdminNoQuorum, AdminUnsafe, AdminLagging, AdminInProgress,
 	AdminNoSuchMember, AdminBadRequest, AdminInternal,
+}
+
+// adminCodeTable is the one mapping between the admin reply codes and
+// their sentinels (codes.go), for the node (AdminCodeOf, to answer) and
+// the client (AdminErrOf, to match); package cluster's sentinels of the
+// same names are these values. Order matters only to AdminCodeOf for an
+// error that wraps several: ErrNoVoterMajority comes before
+// ErrUnsafeChange, which a refusal for want of a quorum wraps too.
+// AdminInternal has no sentinel.
+var adminCodeTable = []struct {
+	code string
+	err  error
+}{
+	{AdminNotLeader, ErrNotLeader},
+	{AdminNoQuorum, ErrNoVoterMajority},
+	{AdminUnsafe, ErrUnsafeChange},
+	{AdminLagging, ErrLearnerLagging},
+	{AdminInProgress, ErrChangeInProgress},
+	{AdminNoSuchMember, ErrNoSuchMember},
+	{AdminBadRequest, ErrBadRequest},
+}
+
+// AdminCodeOf is the admin reply code of err (possibly wrapped):
+// AdminInternal when no admin sentinel matches.
+func AdminCodeOf(err error) string {
+	for _, c := range adminCodeTable {
+		if errors.Is(err, c.err) {
+			return c.code
+		}
+	}
+	return AdminInternal
+}
+
+// AdminErrOf is the sentinel of an admin reply code (nil for AdminInternal
+// and for codes this version does not know), so that a client's error
+// matches errors.Is(err, ErrNotLeader) and the like.
+func AdminErrOf(code string) error {
+	for _, c := range adminCodeTable {
+		if c.code == code {
+			return c.err
+		}
+	}
+	return nil
+}
+
+// Membership facts of the admin contract. The node enforces them (package
+// cluster, members.go) and the admin client plans by them
+// (client.AdminCluster.Replace), so both read them here; PROTOCOL.md
+// states them too.
+
+// MaxPromoteLag is how many entries a learner's applied index may trail
+// the leader's commit index and still be promoted (a promote beyond it is
+// refused with lagging).
+const MaxPromoteLag = 64
+
+// Tolerance is how many more voter failures a cluster of voters voters,
+// of which answering answer, survives and still commits: answering −
+// (⌊voters/2⌋+1). Negative: no majority answers now.
+func Tolerance(voters, answering int) int { return answering - (voters/2 + 1) }
+
+// SplitServerID splits a server id, NAME/INCARNATION (the ids of the
+// handshake and of the admin requests and replies); a bare name has no
+// incarnation.
+func SplitServerID(id string) (name, incarnation string) {
+	name, incarnation, _ = strings.Cut(id, "/")
+	return name, incarnation
 }

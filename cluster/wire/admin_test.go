@@ -3,6 +3,7 @@ package wire
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 )
@@ -53,5 +54,53 @@ func TestAdminTypesApart(t *testing.T) {
 	}
 	if len(AdminCodes) != len(slices.Compact(slices.Sorted(slices.Values(AdminCodes)))) {
 		t.Errorf("AdminCodes has duplicates: %v", AdminCodes)
+	}
+}
+
+// The tolerance formula at the cluster sizes a replacement passes through.
+func TestTolerance(t *testing.T) {
+	for _, c := range []struct{ v, h, want int }{
+		{3, 3, 1}, {3, 2, 0}, {2, 2, 0}, {4, 3, 0}, {4, 4, 1}, {5, 5, 2}, {5, 3, 0}, {4, 4, 1}, {6, 6, 2}, {6, 5, 1}, {3, 1, -1}, {5, 2, -1},
+	} {
+		if got := Tolerance(c.v, c.h); got != c.want {
+			t.Errorf("Tolerance(%d, %d) = %d, want %d", c.v, c.h, got, c.want)
+		}
+	}
+}
+
+// Every admin reply code but "internal" has its sentinel, each sentinel
+// maps back to its code (also wrapped, and wrapped with the sentinels a
+// refusal may carry besides), and nothing maps to a code AdminCodes does
+// not list.
+func TestAdminCodeTable(t *testing.T) {
+	for _, code := range AdminCodes {
+		err := AdminErrOf(code)
+		if code == AdminInternal {
+			if err != nil {
+				t.Errorf("AdminErrOf(%q) = %v, want nil", code, err)
+			}
+			continue
+		}
+		if err == nil {
+			t.Errorf("admin code %q has no sentinel", code)
+			continue
+		}
+		if got := AdminCodeOf(fmt.Errorf("op: %w", err)); got != code {
+			t.Errorf("AdminCodeOf(%v) = %q, want %q", err, got, code)
+		}
+	}
+	for _, c := range adminCodeTable {
+		if !slices.Contains(AdminCodes, c.code) {
+			t.Errorf("%v maps to %q, which AdminCodes does not list", c.err, c.code)
+		}
+	}
+	if got := AdminCodeOf(fmt.Errorf("%w: %w", ErrUnsafeChange, ErrNoVoterMajority)); got != AdminNoQuorum {
+		t.Errorf("a refusal for want of a quorum answers %q, want %q", got, AdminNoQuorum)
+	}
+	if got := AdminCodeOf(errors.New("disk on fire")); got != AdminInternal {
+		t.Errorf("an unknown error answers %q, want internal", got)
+	}
+	if AdminErrOf("from_a_later_version") != nil {
+		t.Error("an unknown code has a sentinel")
 	}
 }

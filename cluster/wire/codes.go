@@ -43,8 +43,9 @@ const (
 	CodeWrongDomain      Code = 30 // handshake: the two sides belong to different fencing domains
 )
 
-// Sentinel errors of this package (each but ErrRemote and ErrBadConfig
-// has its code in codeTable below).
+// Sentinel errors of this package (each but ErrRemote, ErrBadConfig and
+// the admin failures has its code in codeTable below; the admin failures
+// have theirs in adminCodeTable, admin.go).
 var (
 	ErrFrameTooLarge    = errors.New("wire: frame too large")
 	ErrMalformed        = errors.New("wire: malformed frame")
@@ -73,6 +74,37 @@ var (
 	// secret, bad kind, missing ids); it is returned before any byte is
 	// sent. It has no wire code: it never leaves the caller.
 	ErrBadConfig = errors.New("wire: bad handshake config")
+
+	// Admin failures: the sentinels of the admin reply codes (admin.go,
+	// adminCodeTable). The node returns them (package cluster's
+	// ErrNotLeader, ... are these values) and the admin client's errors
+	// wrap the one of the reply's code.
+
+	// ErrNotLeader (not_leader): the op must be asked of the leader.
+	ErrNotLeader = errors.New("wire: not the leader")
+	// ErrNoVoterMajority (no_quorum): fewer than a majority of the voters
+	// answer, so no membership change can commit (and no order of changes
+	// can help). Not ErrNoQuorum, the client port's no_quorum: the two
+	// were always apart, and the admin port maps only this one.
+	ErrNoVoterMajority = errors.New("wire: no majority of the voters answers")
+	// ErrUnsafeChange (unsafe): the change would break a membership rule
+	// (voter count, the failures the cluster survives, a voter that must
+	// answer).
+	ErrUnsafeChange = errors.New("wire: unsafe membership change")
+	// ErrLearnerLagging (lagging): the learner trails the commit index by
+	// more than MaxPromoteLag, or did not answer.
+	ErrLearnerLagging = errors.New("wire: the learner has not caught up")
+	// ErrChangeInProgress (in_progress): another membership change has not
+	// finished.
+	ErrChangeInProgress = errors.New("wire: a membership change is in progress")
+	// ErrNoSuchMember (no_such_member): the server id is not in the
+	// configuration.
+	ErrNoSuchMember = errors.New("wire: no such member")
+	// ErrBadRequest (bad_request): an unknown op, a bad field, an invalid
+	// key. Package cluster's ErrBadConfig is this value (a bad admin
+	// request was always one of its configuration errors), so a node's
+	// Config.Validate errors wrap it too.
+	ErrBadRequest = errors.New("wire: bad request or config")
 )
 
 // codeTable is the one mapping between sentinels and wire codes. Order

@@ -11,7 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"ticketing/cluster"
+	"ticketing/cluster/wire"
 )
 
 const membersSynopsis = `ticketing members COMMAND [ARGS] --admin ADDR,ADDR,... --admin-secret-file F [--tls-ca CA] [--cluster-id ID]
@@ -72,7 +72,7 @@ func runMembers(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	defer cancel()
 	switch cmd {
 	case "list":
-		var rep cluster.AdminReply
+		var rep wire.AdminReply
 		if rep, err = a.Members(ctx); err == nil {
 			if af.json {
 				b, _ := json.MarshalIndent(rep, "", "  ")
@@ -82,11 +82,11 @@ func runMembers(ctx context.Context, args []string, stdout, stderr io.Writer) in
 			printMembers(stdout, rep)
 		}
 	case "add-learner":
-		_, err = a.Do(ctx, cluster.AdminRequest{Op: "add-learner", ID: arg[0], Addr: arg[1]})
+		_, err = a.Do(ctx, wire.AdminRequest{Op: "add-learner", ID: arg[0], Addr: arg[1]})
 	case "promote":
-		_, err = a.Do(ctx, cluster.AdminRequest{Op: "promote", ID: arg[0]})
+		_, err = a.Do(ctx, wire.AdminRequest{Op: "promote", ID: arg[0]})
 	case "remove":
-		_, err = a.Do(ctx, cluster.AdminRequest{Op: "remove", ID: arg[0]})
+		_, err = a.Do(ctx, wire.AdminRequest{Op: "remove", ID: arg[0]})
 	case "replace":
 		start := time.Now()
 		err = a.Replace(ctx, arg[0], arg[1], arg[2], func(s string) {
@@ -153,7 +153,7 @@ func (m memberRow) answersCol() string {
 	return "no"
 }
 
-func printMembers(w io.Writer, rep cluster.AdminReply) {
+func printMembers(w io.Writer, rep wire.AdminReply) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SERVER ID\tPEER ADDRESS\tROLE\tANSWERS\tLAG")
 	var rows []memberRow
@@ -189,7 +189,7 @@ func printHealthNotes(w io.Writer, rows []memberRow) {
 		}
 	}
 	// (Worded without "voter" and "leader", the words of the ROLE column.)
-	switch f := cluster.Tolerance(v, h); {
+	switch f := wire.Tolerance(v, h); {
 	case f < 0:
 		fmt.Fprintf(w, "%d of %d votes answer (%d needed): no majority, nothing can be committed (docs/operations.md, Runbook)\n", h, v, v/2+1)
 	case f == 1:
@@ -201,7 +201,7 @@ func printHealthNotes(w io.Writer, rows []memberRow) {
 		switch {
 		case *r.answers:
 		case r.found != "":
-			name, _ := cluster.SplitServerID(r.id)
+			name, _ := wire.SplitServerID(r.id)
 			known := "not a member yet"
 			for _, o := range rows {
 				if o.id == r.found {

@@ -33,7 +33,7 @@ node that answers does (health and lag are then unknown).`, stdout, stderr)
 	if fs.NArg() != 0 {
 		return fs.bad("want no arguments, got %q", fs.Args())
 	}
-	return af.run(ctx, "ticketing status", cluster.AdminRequest{Op: "status"}, stdout, stderr)
+	return af.run(ctx, "ticketing status", wire.AdminRequest{Op: "status"}, stdout, stderr)
 }
 
 // runInspect is `ticketing inspect KEY`: one key's holder and queue.
@@ -64,7 +64,7 @@ time stamps and that node's clock.`, stdout, stderr)
 		}
 		return fs.bad("want one KEY, got %q", got)
 	}
-	return af.run(ctx, "ticketing inspect", cluster.AdminRequest{Op: "inspect", Key: key}, stdout, stderr)
+	return af.run(ctx, "ticketing inspect", wire.AdminRequest{Op: "inspect", Key: key}, stdout, stderr)
 }
 
 // adminFlags are the flags of the read-only admin commands (the same as
@@ -128,7 +128,7 @@ func (af *adminFlags) cluster(name string, stderr io.Writer) *client.AdminCluste
 const perNodeWait = 8 * time.Second
 
 // run sends req (leader first) and prints the reply.
-func (af *adminFlags) run(ctx context.Context, name string, req cluster.AdminRequest, stdout, stderr io.Writer) int {
+func (af *adminFlags) run(ctx context.Context, name string, req wire.AdminRequest, stdout, stderr io.Writer) int {
 	a := af.cluster(name, stderr)
 	if a == nil {
 		return ExitUsage
@@ -173,7 +173,7 @@ func (af *adminFlags) run(ctx context.Context, name string, req cluster.AdminReq
 // askLeaderFirst asks each address for req as leader-only (so the leader
 // answers); if none leads or answers, it asks again without that, and the
 // first node that answers gives its own view (fromLeader false).
-func askLeaderFirst(ctx context.Context, a *client.AdminCluster, req cluster.AdminRequest) (rep cluster.AdminReply, fromLeader bool, err error) {
+func askLeaderFirst(ctx context.Context, a *client.AdminCluster, req wire.AdminRequest) (rep wire.AdminReply, fromLeader bool, err error) {
 	var errs []error
 	unreachable := map[string]bool{}
 	for _, leaderOnly := range []bool{true, false} {
@@ -188,7 +188,7 @@ func askLeaderFirst(ctx context.Context, a *client.AdminCluster, req cluster.Adm
 			switch {
 			case err == nil:
 				return rep, leaderOnly, nil
-			case errors.Is(err, cluster.ErrNotLeader):
+			case errors.Is(err, wire.ErrNotLeader):
 				continue // reachable: asked again in the second round
 			case errors.Is(err, client.ErrAdmin):
 				return rep, false, err // a refusal (bad key, unknown op): the same everywhere
@@ -202,10 +202,10 @@ func askLeaderFirst(ctx context.Context, a *client.AdminCluster, req cluster.Adm
 	if len(errs) == 0 {
 		errs = append(errs, errors.New("no node answered"))
 	}
-	return cluster.AdminReply{}, false, errors.Join(errs...)
+	return wire.AdminReply{}, false, errors.Join(errs...)
 }
 
-func printStatus(w io.Writer, s *cluster.StatusReport) {
+func printStatus(w io.Writer, s *wire.StatusReport) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	answered := s.Role
 	if s.Serving {
@@ -253,7 +253,7 @@ func printStatus(w io.Writer, s *cluster.StatusReport) {
 	printHealthNotes(w, rows)
 }
 
-func printKey(w io.Writer, k *cluster.KeyReport) {
+func printKey(w io.Writer, k *wire.KeyReport) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "Key:\t%s\n", k.Key)
 	fmt.Fprintf(tw, "Answered by:\t%s (%s)\n", k.ServerID, k.Role)
@@ -278,7 +278,7 @@ func printKey(w io.Writer, k *cluster.KeyReport) {
 	estimated := false
 	for i, q := range k.Queue {
 		left := fmtMs(q.WaitRemainingMs)
-		if q.WaitFrom != cluster.FromLeaderTimer {
+		if q.WaitFrom != wire.FromLeaderTimer {
 			left, estimated = "~"+left, true
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%ds\n", i+1, q.Owner, fmtMs(q.WaitedMs), left, q.LeaseSec)
@@ -291,7 +291,7 @@ func printKey(w io.Writer, k *cluster.KeyReport) {
 
 // fromNote says where a remaining time comes from.
 func fromNote(from string) string {
-	if from == cluster.FromLeaderTimer {
+	if from == wire.FromLeaderTimer {
 		return " (leader's timer)"
 	}
 	return " (estimate from the leader's time stamp and this node's clock)"

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"ticketing/cluster"
 	"ticketing/cluster/client"
 	"ticketing/cluster/wire"
 )
@@ -67,7 +66,7 @@ func TestStatusAndInspect(t *testing.T) {
 	t.Logf("ticketing status:\n%s", out)
 
 	code, out, errs = run(append([]string{"status", "--json"}, flags...)...)
-	var st cluster.StatusReport
+	var st wire.StatusReport
 	if code != ExitOK || json.Unmarshal([]byte(out), &st) != nil || st.ServerID != leaderID || len(st.Members) != 3 || st.Waiters != 2 {
 		t.Fatalf("status --json: exit %d\n%s%s", code, out, errs)
 	}
@@ -81,7 +80,7 @@ func TestStatusAndInspect(t *testing.T) {
 	t.Logf("ticketing inspect seats/12A:\n%s", out)
 
 	code, out, errs = run(append(append([]string{"inspect"}, flags...), "--json", "seats/12A")...)
-	var kr cluster.KeyReport
+	var kr wire.KeyReport
 	if code != ExitOK || json.Unmarshal([]byte(out), &kr) != nil || !kr.Held || kr.Holder.Owner != "alice" ||
 		len(kr.Queue) != 2 || kr.Queue[0].Owner != "bob" || kr.Queue[1].Owner != "carol" {
 		t.Fatalf("inspect --json: exit %d\n%s%s", code, out, errs)

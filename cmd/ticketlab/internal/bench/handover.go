@@ -13,7 +13,6 @@ import (
 	"time"
 
 	ticketing "ticketing/clients/go"
-	"ticketing/cluster"
 	"ticketing/cluster/client"
 	"ticketing/cluster/localproc"
 	"ticketing/cluster/wire"
@@ -218,12 +217,12 @@ func RunHandOvers(ctx context.Context, o HandOverOptions) ([]HandOverRound, erro
 			}
 		}
 		if o.Mode == "remove" { // not measured: the cluster grows to 4 voters first
-			if err := adminUntil(ctx, admin, cluster.AdminRequest{Op: "add-learner", ID: spareID, Addr: p.PeerAddr(spare)},
-				func(ms map[string]cluster.AdminMember) bool { _, ok := ms[spareID]; return ok }); err != nil {
+			if err := adminUntil(ctx, admin, wire.AdminRequest{Op: "add-learner", ID: spareID, Addr: p.PeerAddr(spare)},
+				func(ms map[string]wire.AdminMember) bool { _, ok := ms[spareID]; return ok }); err != nil {
 				return rounds, err
 			}
-			if err := adminUntil(ctx, admin, cluster.AdminRequest{Op: "promote", ID: spareID},
-				func(ms map[string]cluster.AdminMember) bool { return ms[spareID].Voter }); err != nil {
+			if err := adminUntil(ctx, admin, wire.AdminRequest{Op: "promote", ID: spareID},
+				func(ms map[string]wire.AdminMember) bool { return ms[spareID].Voter }); err != nil {
 				return rounds, err
 			}
 			if err := settle(ctx, p, -1); err != nil {
@@ -242,8 +241,8 @@ func RunHandOvers(ctx context.Context, o HandOverOptions) ([]HandOverRound, erro
 			case "replace":
 				acted <- admin.Replace(ctx, from, spareID, p.PeerAddr(spare), nil)
 			case "remove":
-				acted <- adminUntil(ctx, admin, cluster.AdminRequest{Op: "remove", ID: from},
-					func(ms map[string]cluster.AdminMember) bool { _, ok := ms[from]; return !ok })
+				acted <- adminUntil(ctx, admin, wire.AdminRequest{Op: "remove", ID: from},
+					func(ms map[string]wire.AdminMember) bool { _, ok := ms[from]; return !ok })
 			}
 		}()
 		var ni int
@@ -332,10 +331,10 @@ func settle(ctx context.Context, p *localproc.Procs, skip int) error {
 // adminUntil sends req through the admin ports until done holds for the
 // leader's member list, retrying while another change, an election or a
 // lagging learner is in the way (as AdminCluster.Replace does per step).
-func adminUntil(ctx context.Context, a *client.AdminCluster, req cluster.AdminRequest, done func(map[string]cluster.AdminMember) bool) error {
+func adminUntil(ctx context.Context, a *client.AdminCluster, req wire.AdminRequest, done func(map[string]wire.AdminMember) bool) error {
 	for {
-		if rep, err := a.Do(ctx, cluster.AdminRequest{Op: "members"}); err == nil {
-			ms := map[string]cluster.AdminMember{}
+		if rep, err := a.Do(ctx, wire.AdminRequest{Op: "members"}); err == nil {
+			ms := map[string]wire.AdminMember{}
 			for _, m := range rep.Members {
 				ms[m.ServerID] = m
 			}
@@ -347,8 +346,8 @@ func adminUntil(ctx context.Context, a *client.AdminCluster, req cluster.AdminRe
 		switch {
 		case err == nil:
 			continue // confirm through members
-		case errors.Is(err, cluster.ErrChangeInProgress), errors.Is(err, cluster.ErrNotLeader),
-			errors.Is(err, cluster.ErrLearnerLagging), !errors.Is(err, client.ErrAdmin):
+		case errors.Is(err, wire.ErrChangeInProgress), errors.Is(err, wire.ErrNotLeader),
+			errors.Is(err, wire.ErrLearnerLagging), !errors.Is(err, client.ErrAdmin):
 		default:
 			return fmt.Errorf("%s %s: %w", req.Op, req.ID, err)
 		}

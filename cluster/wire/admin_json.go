@@ -1,0 +1,206 @@
+package wire
+
+// The JSON payloads of the admin frames (admin.go): AdminRequest in
+// TypeAdminRequest, AdminReply in TypeAdminReply, and the node's reports
+// that travel in a reply (StatusReport, KeyReport), which a node's HTTP
+// report endpoint (cluster.Node.ReportHandler) serves too. The JSON field
+// names are the contract (PROTOCOL.md, "Admin port"): never renamed; new
+// fields are added with omitempty or as fields an older tool ignores. The
+// node fills these from its state (package cluster); the admin client
+// (package cluster/client) and the tools read them, without linking the
+// node.
+
+// AdminRequest is one admin operation.
+type AdminRequest struct {
+	// Op is AdminOpMembers, AdminOpAddLearner, AdminOpPromote,
+	// AdminOpRemove (leader only), AdminOpStatus or AdminOpInspect (any
+	// node; see LeaderOnly).
+	Op string `json:"op"`
+	// ID is the server id (NAME/INCARNATION) the change is about.
+	ID string `json:"id,omitempty"`
+	// Replaces (op "promote") is the voter that the promoted learner
+	// replaces in the same step (cluster.Node.PromoteReplacing); ""
+	// promotes only.
+	Replaces string `json:"replaces,omitempty"`
+	// Addr is the peer address of a new learner.
+	Addr string `json:"addr,omitempty"`
+	// Key is the key to inspect (op "inspect").
+	Key string `json:"key,omitempty"`
+	// LeaderOnly makes "status" and "inspect" answer not_leader on a node
+	// that does not lead, so that a tool walking the addresses finds the
+	// leader.
+	LeaderOnly bool `json:"leader_only,omitempty"`
+}
+
+// AdminReply answers an AdminRequest.
+type AdminReply struct {
+	OK bool `json:"ok"`
+	// Code is set on failure: one of AdminCodes (AdminErrOf maps it to its
+	// sentinel).
+	Code  string `json:"code,omitempty"`
+	Error string `json:"error,omitempty"`
+	// Leader is the leader's server id as this node knows it.
+	Leader string `json:"leader,omitempty"`
+	// Members lists the configuration (op "members").
+	Members []AdminMember `json:"members,omitempty"`
+	// Commit is the answering leader's commit index (op "members").
+	Commit uint64 `json:"commit,omitempty"`
+	// Status is the answering node's StatusReport (op "status").
+	Status *StatusReport `json:"status,omitempty"`
+	// Key is the answering node's KeyReport (op "inspect"); its queue is
+	// cut short (queue_truncated) to fit the reply in one frame.
+	Key *KeyReport `json:"key,omitempty"`
+}
+
+// AdminMember is one member of the configuration with the leader's view
+// of its health. The first six keys are capitalized, as they always were
+// (they were a Go struct's field names).
+type AdminMember struct {
+	ServerID string `json:"ServerID"` // NAME/INCARNATION
+	Name     string `json:"Name"`
+	PeerAddr string `json:"PeerAddr"` // host:port of its peer port
+	// ClientAddr is its client address as recorded in the log; "" until
+	// the serving leader has recorded it.
+	ClientAddr string `json:"ClientAddr"`
+	Voter      bool   `json:"Voter"`
+	Leader     bool   `json:"Leader"`
+	// Lag is how many entries its applied index trails the leader's
+	// commit index; -1 when it did not answer.
+	Lag int64 `json:"lag"`
+	// Answers: it proved exactly its server id over its peer port within
+	// 2 s (the leader always does).
+	Answers bool `json:"answers"`
+	// FoundAtAddr, when it does not answer, is the server id that answered
+	// at its peer address instead under the same node name: a wiped node's
+	// new incarnation ("" if none did). `ticketing members replace
+	// ServerID FoundAtAddr PeerAddr` repairs it.
+	FoundAtAddr string `json:"found_at_addr,omitempty"`
+}
+
+// Times in the reports. The state machine records, per holder, the
+// leader's wall clock (Unix ms) stamped into the command that granted it,
+// and per waiter the stamp of its acquire; it records no deadline (the
+// leader runs lease and wait timers on its monotonic clock). So a
+// remaining time carries its source: FromLeaderTimer or FromClockEstimate
+// (the node's side, cluster/status.go, says how each is computed).
+const (
+	// FromLeaderTimer: the answering node leads and read the deadline it
+	// will act on. Exact up to the commit of the expiry or cancel.
+	FromLeaderTimer = "leader_timer"
+	// FromClockEstimate: the leader's stamp + lease (or + wait) minus the
+	// answering node's wall clock; after a leader change the real lease
+	// deadline is later (a new leader re-arms a full lease).
+	FromClockEstimate = "clock_estimate"
+)
+
+// StatusReport is one node's view of the cluster.
+type StatusReport struct {
+	// ServerID is the node that answered (NAME/INCARNATION).
+	ServerID string `json:"server_id"`
+	// Role is "leader", "follower", "learner" (a follower without a vote),
+	// "candidate" or "shutdown".
+	Role string `json:"role"`
+	// Serving: this node leads and is ready for lock requests.
+	Serving bool   `json:"serving"`
+	Term    uint64 `json:"term"`
+	// Leader is the leader's server id as this node knows it ("" if none)
+	// and LeaderClientAddr the client address it announced.
+	Leader           string `json:"leader"`
+	LeaderClientAddr string `json:"leader_client_addr"`
+	// Domain is the fencing domain ("" until the first leader committed it).
+	Domain       string `json:"domain"`
+	ClusterID    string `json:"cluster_id"`
+	CommitIndex  uint64 `json:"commit_index"`
+	AppliedIndex uint64 `json:"applied_index"`
+	// KeysHeld, Waiters and LastToken (the highest token ever issued: the
+	// token high-water mark) are from this node's applied state.
+	KeysHeld  int    `json:"keys_held"`
+	Waiters   int    `json:"waiters"`
+	LastToken uint64 `json:"last_token"`
+	// Members is the configuration, sorted by server id.
+	Members []MemberReport `json:"members"`
+	// MembersError says why Members is empty (Raft shut down).
+	MembersError string `json:"members_error,omitempty"`
+	// AtUnixMs is this node's wall clock when it answered.
+	AtUnixMs int64 `json:"at_unix_ms"`
+}
+
+// MemberReport is one server of the configuration in a StatusReport.
+type MemberReport struct {
+	ServerID string `json:"server_id"`
+	Voter    bool   `json:"voter"`
+	Leader   bool   `json:"leader"`
+	PeerAddr string `json:"peer_addr"`
+	// ClientAddr is "" until the leader has recorded it in the log.
+	ClientAddr string `json:"client_addr"`
+	// Lag is how many entries the member's applied index trails the
+	// leader's commit index, in the leader's view: null when the answering
+	// node does not lead or the member did not answer within 3 s.
+	Lag *uint64 `json:"lag"`
+	// Answers is whether the member proved exactly its server id over its
+	// peer port within 3 s, in the leader's view: null when the answering
+	// node does not lead.
+	Answers *bool `json:"answers"`
+	// FoundAtAddr, when it does not answer, is the server id that answered
+	// at its peer address under the same node name instead (a wiped node's
+	// new incarnation; `ticketing members replace ServerID FoundAtAddr
+	// PeerAddr` repairs it); "" if none did or the answering node does not
+	// lead.
+	FoundAtAddr string `json:"found_at_addr,omitempty"`
+}
+
+// KeyReport is one key as a node sees it.
+type KeyReport struct {
+	Key string `json:"key"`
+	// ServerID and Role say which node answered (see StatusReport); Leader
+	// is the leader it knows.
+	ServerID string `json:"server_id"`
+	Role     string `json:"role"`
+	Leader   string `json:"leader"`
+	// AtUnixMs is the answering node's wall clock when it read the key.
+	AtUnixMs int64 `json:"at_unix_ms"`
+	Held     bool  `json:"held"`
+	// Holder is set when Held.
+	Holder *HolderReport `json:"holder,omitempty"`
+	// QueueLen is the number of waiters; Queue lists them head first, the
+	// first 1000 only (cluster.MaxInspectQueue; fewer over the admin port
+	// when they do not fit one frame), QueueTruncated saying so.
+	QueueLen       int            `json:"queue_len"`
+	Queue          []WaiterReport `json:"queue"`
+	QueueTruncated bool           `json:"queue_truncated,omitempty"`
+}
+
+// HolderReport is the holder of a key.
+type HolderReport struct {
+	Owner    string `json:"owner"`
+	Token    uint64 `json:"token"`
+	LeaseSec uint32 `json:"lease_sec"`
+	// GrantedAtUnixMs is the leader's stamp in the granting command.
+	GrantedAtUnixMs int64 `json:"granted_at_unix_ms"`
+	// HeldMs is AtUnixMs − GrantedAtUnixMs (at least 0).
+	HeldMs int64 `json:"held_ms"`
+	// LeaseRemainingMs is when the leader will end the holding unless it
+	// is released first (at least 0), from LeaseFrom: FromLeaderTimer or
+	// FromClockEstimate.
+	LeaseRemainingMs int64  `json:"lease_remaining_ms"`
+	LeaseFrom        string `json:"lease_from"`
+}
+
+// WaiterReport is one queued acquire.
+type WaiterReport struct {
+	Owner string `json:"owner"`
+	// Ref is the leader's reference of the request (it also appears in the
+	// leader's logs).
+	Ref      uint64 `json:"ref"`
+	LeaseSec uint32 `json:"lease_sec"`
+	// WaitMs is the wait the client asked for.
+	WaitMs uint32 `json:"wait_ms"`
+	// EnqueuedAtUnixMs is the leader's stamp in the acquire.
+	EnqueuedAtUnixMs int64 `json:"enqueued_at_unix_ms"`
+	// WaitedMs is AtUnixMs − EnqueuedAtUnixMs (at least 0).
+	WaitedMs int64 `json:"waited_ms"`
+	// WaitRemainingMs is how long until the leader gives up on it (at least
+	// 0), from WaitFrom: FromLeaderTimer or FromClockEstimate.
+	WaitRemainingMs int64  `json:"wait_remaining_ms"`
+	WaitFrom        string `json:"wait_from"`
+}
