@@ -167,7 +167,7 @@ type Config struct {
 
 // Defaults. The Raft timeouts are tuned so that a new leader grants within
 // 2.5 s of the old leader's death (measured: median 1.8 s, worst 2.4 s over
-// 11 SIGKILLs on loopback; see README, "Failover"). A follower notices the
+// 11 SIGKILLs on loopback; see docs/operations.md, "Failover"). A follower notices the
 // silence after 1–2 heartbeat timeouts; when the other follower has not
 // noticed yet it rejects the first vote, and the candidate tries again after
 // 1–2 election timeouts.

@@ -11,9 +11,10 @@ import (
 // secret.go.)
 var (
 	// ErrBadConfig wraps every configuration error (Config.Validate, a bad
-	// admin request). It is wire.ErrBadRequest, the sentinel of the admin
-	// code bad_request, so that the admin client's errors match it too.
-	ErrBadConfig = wire.ErrBadRequest
+	// admin request). It also matches wire.ErrBadRequest (errors.Is), so a
+	// bad admin request is answered with the code bad_request; the admin
+	// client reports that code as wire.ErrBadRequest.
+	ErrBadConfig error = badConfig{}
 	// ErrVoterCount is returned for an initial membership that is not 3 or
 	// 5 voters.
 	ErrVoterCount = errors.New("cluster: a cluster has exactly 3 or 5 voters")
@@ -66,3 +67,10 @@ var (
 	// not decode.
 	errCorruptEntry = errors.New("cluster: corrupt log entry")
 )
+
+// badConfig is ErrBadConfig: its own text, and the admin code of
+// wire.ErrBadRequest.
+type badConfig struct{}
+
+func (badConfig) Error() string        { return "cluster: bad config" }
+func (badConfig) Is(target error) bool { return target == wire.ErrBadRequest }

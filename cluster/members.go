@@ -240,7 +240,7 @@ func noQuorum(ms []Member, hs map[string]health) error {
 	}
 	return fmt.Errorf("%w: %w: only %d of the %d voters answer (not answering: %s); nothing can be committed, "+
 		"so no change can help: bring back the voters that still have their data dirs; if a majority lost them "+
-		"for good, build a new cluster (README, Runbook: \"The majority is lost for good\")",
+		"for good, build a new cluster (docs/operations.md, Runbook: \"The majority is lost for good\")",
 		ErrUnsafeChange, ErrNoQuorum, h, v, strings.Join(silent, ", "))
 }
 

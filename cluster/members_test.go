@@ -225,7 +225,7 @@ func TestAdminPortAuthAndMembers(t *testing.T) {
 	if _, err := a.Do(ctx, wire.AdminRequest{Op: "remove", ID: rep.Members[0].ServerID}); !errors.Is(err, cluster.ErrUnsafeChange) {
 		t.Fatalf("removing a voter of 3 over the admin port: %v", err)
 	}
-	if _, err := a.Do(ctx, wire.AdminRequest{Op: "explode"}); !errors.Is(err, cluster.ErrBadConfig) {
+	if _, err := a.Do(ctx, wire.AdminRequest{Op: "explode"}); !errors.Is(err, wire.ErrBadRequest) {
 		t.Fatalf("unknown op: %v", err)
 	}
 }

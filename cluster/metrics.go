@@ -14,7 +14,7 @@ import (
 // request path only adds to counters and observes histograms (atomic
 // operations, no allocation); everything that reads state (the lock table,
 // Raft's indexes, connections, the refusal counters of Stats) is read when
-// the registry is gathered. The README's "Metrics and health" lists every
+// the registry is gathered. docs/operations.md, "Metrics and health", lists every
 // metric.
 //
 // Reply counters count where the node decides a client's reply (the

@@ -214,7 +214,7 @@ func TestInspectKey(t *testing.T) {
 		if _, err := c.Node(li).Inspect(bad); !errors.Is(err, locksm.ErrInvalidKey) {
 			t.Fatalf("inspect %q: %v, want invalid key", bad, err)
 		}
-		if _, err := a.Do(ctx, wire.AdminRequest{Op: "inspect", Key: bad}); !errors.Is(err, cluster.ErrBadConfig) {
+		if _, err := a.Do(ctx, wire.AdminRequest{Op: "inspect", Key: bad}); !errors.Is(err, wire.ErrBadRequest) {
 			t.Fatalf("admin inspect %q: %v, want bad_request", bad, err)
 		}
 	}

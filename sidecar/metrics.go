@@ -13,7 +13,7 @@ import (
 // Metrics. Every Broker has its own registry (MetricsRegistry). Outcomes
 // are counted once per call, where Acquire returns and where a release
 // job finishes; gauges are read when the registry is gathered. The
-// README's "Metrics and health" lists them.
+// docs/operations.md, "Metrics and health", lists them.
 
 // acquireResult is the result label of ticketing_sidecar_acquires_total.
 type acquireResult uint8

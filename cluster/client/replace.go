@@ -65,7 +65,7 @@ func planReplace(ms []wire.AdminMember, oldID, newID, peerAddr string, acted boo
 		return replaceStep{}, fmt.Errorf("%w: %w: only %d of the %d voters answer (not answering: %s); nothing can be "+
 			"committed, so no order of changes can replace %s: bring back the voters that still have their data dirs "+
 			"(they rejoin as they were), then run this again; if a majority lost their data for good, build a new "+
-			"cluster (README, Runbook: \"The majority is lost for good\")",
+			"cluster (docs/operations.md, Runbook: \"The majority is lost for good\")",
 			wire.ErrUnsafeChange, wire.ErrNoVoterMajority, h, v, strings.Join(silent, ", "), oldID)
 	}
 	oldName, _ := wire.SplitServerID(oldID)
@@ -284,7 +284,7 @@ func (a *AdminCluster) Members(ctx context.Context) (wire.AdminReply, error) {
 			return wire.AdminReply{}, fmt.Errorf("%w: no node led for %v (%s): a leader needs a majority of the voters "+
 				"answering each other. If a majority is down, nothing can be committed and no membership change can "+
 				"help: bring back the voters that still have their data dirs, then run this again; if a majority lost "+
-				"their data for good, build a new cluster (README, Runbook: \"The majority is lost for good\")",
+				"their data for good, build a new cluster (docs/operations.md, Runbook: \"The majority is lost for good\")",
 				wire.ErrNoVoterMajority, wait, strings.Join(seen, "; "))
 		}
 		select {

@@ -101,10 +101,9 @@ var (
 	// configuration.
 	ErrNoSuchMember = errors.New("wire: no such member")
 	// ErrBadRequest (bad_request): an unknown op, a bad field, an invalid
-	// key. Package cluster's ErrBadConfig is this value (a bad admin
-	// request was always one of its configuration errors), so a node's
-	// Config.Validate errors wrap it too.
-	ErrBadRequest = errors.New("wire: bad request or config")
+	// key. Package cluster's ErrBadConfig matches it (errors.Is), so the
+	// node answers its configuration errors with this code.
+	ErrBadRequest = errors.New("wire: bad request")
 )
 
 // codeTable is the one mapping between sentinels and wire codes. Order

@@ -70,7 +70,7 @@ type Config struct {
 	// restarted at its old address). The node comes back as a new server
 	// (a new incarnation) that cannot vote under its old id and that no
 	// configuration names; once a majority of the original voters is
-	// wiped the cluster stops serving (see README, "Verification").
+	// wiped the cluster stops serving (see docs/verification.md).
 	Wipe bool
 	// RecoveryBound is how soon after the final heal grants must resume.
 	// Default 5 s.
@@ -379,7 +379,7 @@ const NoGrant time.Duration = -1
 // expectedStop says why a cluster of voters voters whose servers lost
 // (wiped at one time, never replaced) is expected to stop serving, or ""
 // if it is not: once a majority of the voters has lost its state nothing
-// can be committed again, and no command may make it (README, Runbook).
+// can be committed again, and no command may make it (docs/operations.md, Runbook).
 func expectedStop(lost []string, voters int) string {
 	if voters <= 0 || len(lost) < voters/2+1 {
 		return ""
