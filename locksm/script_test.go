@@ -1,8 +1,6 @@
 package locksm
 
-// A small data-driven test runner in the style of etcd-io/raft's interaction
-// tests (github.com/cockroachdb/datadriven), written here to keep the module
-// free of test-only dependencies.
+// The state machine's data-driven scripts (runner: locksm/scripttest).
 //
 // A script in testdata/*.txt is a sequence of cases:
 //
@@ -36,100 +34,30 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"path/filepath"
-	"reflect"
 	"strconv"
 	"strings"
 	"testing"
+
+	"ticketing/locksm/scripttest"
 )
 
 var rewrite = flag.Bool("rewrite", false, "rewrite expected output of testdata scripts")
 
 func TestScripts(t *testing.T) {
-	files, err := filepath.Glob(filepath.Join("testdata", "*.txt"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(files) == 0 {
-		t.Fatal("no scripts in testdata")
-	}
-	for _, f := range files {
-		t.Run(strings.TrimSuffix(filepath.Base(f), ".txt"), func(t *testing.T) {
-			runScript(t, f, *rewrite || os.Getenv("LOCKSM_REWRITE") != "")
+	for _, f := range scripttest.Files(t, "testdata") {
+		t.Run(scripttest.Name(f), func(t *testing.T) {
+			s := New()
+			scripttest.Run(t, f, *rewrite || os.Getenv("LOCKSM_REWRITE") != "", func(t *testing.T, c scripttest.Case) string {
+				return runScriptCommand(t, c, s)
+			})
 		})
 	}
 }
 
-type scriptCase struct {
-	pre    []string // comment and blank lines before the command
-	line   int      // 1-based line of the command
-	cmd    string
-	expect string
-}
-
-func parseScript(t *testing.T, path string) (cases []scriptCase, tail []string) {
+func runScriptCommand(t *testing.T, c scripttest.Case, s *State) string {
 	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	var pre []string
-	for i := 0; i < len(lines); i++ {
-		l := lines[i]
-		if strings.TrimSpace(l) == "" || strings.HasPrefix(l, "#") {
-			pre = append(pre, l)
-			continue
-		}
-		c := scriptCase{pre: pre, line: i + 1, cmd: l}
-		pre = nil
-		if i+1 >= len(lines) || lines[i+1] != "----" {
-			t.Fatalf("%s:%d: command not followed by ----", path, i+1)
-		}
-		i += 2
-		var out []string
-		for ; i < len(lines) && strings.TrimSpace(lines[i]) != ""; i++ {
-			out = append(out, lines[i])
-		}
-		c.expect = strings.Join(out, "\n")
-		cases = append(cases, c)
-	}
-	return cases, pre
-}
-
-func runScript(t *testing.T, path string, rewrite bool) {
-	cases, tail := parseScript(t, path)
-	s := New()
-	var out bytes.Buffer
-	for _, c := range cases {
-		got := strings.TrimRight(runScriptCommand(t, path, c, s), "\n")
-		if rewrite {
-			for _, l := range c.pre {
-				out.WriteString(l + "\n")
-			}
-			// The blank line ends the output block; the parser consumed it.
-			fmt.Fprintf(&out, "%s\n----\n%s\n\n", c.cmd, got)
-			continue
-		}
-		if got != c.expect {
-			t.Errorf("%s:%d: %s\ngot:\n%s\nwant:\n%s", path, c.line, c.cmd, got, c.expect)
-		}
-	}
-	if rewrite {
-		for _, l := range tail {
-			out.WriteString(l + "\n")
-		}
-		data := append(bytes.TrimRight(out.Bytes(), "\n"), '\n')
-		if err := os.WriteFile(path, data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-func runScriptCommand(t *testing.T, path string, c scriptCase, s *State) string {
-	t.Helper()
-	where := fmt.Sprintf("%s:%d", path, c.line)
-	name, args, err := parseCommandLine(c.cmd)
+	where := c.Where()
+	name, args, err := scripttest.ParseCommand(c.Cmd)
 	if err != nil {
 		t.Fatalf("%s: %v", where, err)
 	}
@@ -203,51 +131,6 @@ func runScriptCommand(t *testing.T, path string, c scriptCase, s *State) string 
 	}
 	checkSnapshotRoundTrip(t, s)
 	return formatResult(res, effects)
-}
-
-func parseCommandLine(line string) (string, map[string]string, error) {
-	line = strings.TrimSpace(line)
-	name, rest, _ := strings.Cut(line, " ")
-	args := map[string]string{}
-	for rest = strings.TrimLeft(rest, " "); rest != ""; rest = strings.TrimLeft(rest, " ") {
-		k, r, ok := strings.Cut(rest, "=")
-		if !ok || k == "" || strings.Contains(k, " ") {
-			return "", nil, fmt.Errorf("bad argument at %q", rest)
-		}
-		var v string
-		if strings.HasPrefix(r, `"`) {
-			q, err := strconv.QuotedPrefix(r)
-			if err != nil {
-				return "", nil, fmt.Errorf("%s: %v", k, err)
-			}
-			v, _ = strconv.Unquote(q)
-			r = r[len(q):]
-			if strings.HasPrefix(r, "*") {
-				end := strings.IndexByte(r, ' ')
-				if end < 0 {
-					end = len(r)
-				}
-				n, err := strconv.Atoi(r[1:end])
-				if err != nil {
-					return "", nil, fmt.Errorf("%s: bad repeat: %v", k, err)
-				}
-				v = strings.Repeat(v, n)
-				r = r[end:]
-			}
-		} else {
-			end := strings.IndexByte(r, ' ')
-			if end < 0 {
-				end = len(r)
-			}
-			v, r = r[:end], r[end:]
-		}
-		if _, dup := args[k]; dup {
-			return "", nil, fmt.Errorf("argument %s twice", k)
-		}
-		args[k] = v
-		rest = r
-	}
-	return name, args, nil
 }
 
 var statusNames = map[Status]string{
@@ -404,21 +287,4 @@ func checkInvariants(s *State) error {
 		return fmt.Errorf("waiting count %d, actual %d", s.waiting, waiting)
 	}
 	return nil
-}
-
-func TestParseCommandLine(t *testing.T) {
-	name, args, err := parseCommandLine(`acquire key="a b"*2 owner=x ref=3`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := map[string]string{"key": "a ba b", "owner": "x", "ref": "3"}
-	if name != "acquire" || !reflect.DeepEqual(args, want) {
-		t.Fatalf("got %q %v", name, args)
-	}
-	if _, _, err := parseCommandLine(`acquire key`); err == nil {
-		t.Fatal("missing = accepted")
-	}
-	if _, _, err := parseCommandLine(`acquire key=a key=b`); err == nil {
-		t.Fatal("duplicate argument accepted")
-	}
 }

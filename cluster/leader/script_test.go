@@ -55,12 +55,10 @@ package leader
 // LEADER_REWRITE=1) to regenerate the expected outputs; review the diff.
 
 import (
-	"bytes"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -69,98 +67,29 @@ import (
 
 	"ticketing/cluster/wire"
 	"ticketing/locksm"
+	"ticketing/locksm/scripttest"
 )
 
 var rewrite = flag.Bool("rewrite", false, "rewrite expected output of testdata scripts")
 
 func TestScripts(t *testing.T) {
-	files, err := filepath.Glob(filepath.Join("testdata", "*.txt"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(files) == 0 {
-		t.Fatal("no scripts in testdata")
-	}
-	for _, f := range files {
-		t.Run(strings.TrimSuffix(filepath.Base(f), ".txt"), func(t *testing.T) {
-			runScript(t, f, *rewrite || os.Getenv("LEADER_REWRITE") != "")
+	for _, f := range scripttest.Files(t, "testdata") {
+		t.Run(scripttest.Name(f), func(t *testing.T) {
+			h := newHarness(Config{})
+			scripttest.Run(t, f, *rewrite || os.Getenv("LEADER_REWRITE") != "", func(t *testing.T, c scripttest.Case) string {
+				got, err := h.run(c.Cmd)
+				if err != nil {
+					t.Fatalf("%s: %s: %v", c.Where(), c.Cmd, err)
+				}
+				if err := h.k.check(); err != nil {
+					t.Fatalf("%s: %s: core bookkeeping: %v", c.Where(), c.Cmd, err)
+				}
+				if strings.TrimRight(got, "\n") == "" {
+					return "ok"
+				}
+				return got
+			})
 		})
-	}
-}
-
-type scriptCase struct {
-	pre    []string // comment and blank lines before the command
-	line   int      // 1-based line of the command
-	cmd    string
-	expect string
-}
-
-func parseScript(t *testing.T, path string) (cases []scriptCase, tail []string) {
-	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	var pre []string
-	for i := 0; i < len(lines); i++ {
-		l := lines[i]
-		if strings.TrimSpace(l) == "" || strings.HasPrefix(l, "#") {
-			pre = append(pre, l)
-			continue
-		}
-		c := scriptCase{pre: pre, line: i + 1, cmd: l}
-		pre = nil
-		if i+1 >= len(lines) || lines[i+1] != "----" {
-			t.Fatalf("%s:%d: command not followed by ----", path, i+1)
-		}
-		i += 2
-		var out []string
-		for ; i < len(lines) && strings.TrimSpace(lines[i]) != ""; i++ {
-			out = append(out, lines[i])
-		}
-		c.expect = strings.Join(out, "\n")
-		cases = append(cases, c)
-	}
-	return cases, pre
-}
-
-func runScript(t *testing.T, path string, rewrite bool) {
-	cases, tail := parseScript(t, path)
-	h := newHarness(Config{})
-	var out bytes.Buffer
-	for _, c := range cases {
-		where := fmt.Sprintf("%s:%d", path, c.line)
-		got, err := h.run(c.cmd)
-		if err != nil {
-			t.Fatalf("%s: %s: %v", where, c.cmd, err)
-		}
-		if err := h.k.check(); err != nil {
-			t.Fatalf("%s: %s: core bookkeeping: %v", where, c.cmd, err)
-		}
-		got = strings.TrimRight(got, "\n")
-		if got == "" {
-			got = "ok"
-		}
-		if rewrite {
-			for _, l := range c.pre {
-				out.WriteString(l + "\n")
-			}
-			fmt.Fprintf(&out, "%s\n----\n%s\n\n", c.cmd, got)
-			continue
-		}
-		if got != c.expect {
-			t.Errorf("%s: %s\ngot:\n%s\nwant:\n%s", where, c.cmd, got, c.expect)
-		}
-	}
-	if rewrite {
-		for _, l := range tail {
-			out.WriteString(l + "\n")
-		}
-		data := append(bytes.TrimRight(out.Bytes(), "\n"), '\n')
-		if err := os.WriteFile(path, data, 0o644); err != nil {
-			t.Fatal(err)
-		}
 	}
 }
 
@@ -278,7 +207,7 @@ func (h *harness) drain(b *strings.Builder) {
 }
 
 func (h *harness) run(line string) (string, error) {
-	name, args, err := parseCommandLine(line)
+	name, args, err := scripttest.ParseCommand(line)
 	if err != nil {
 		return "", err
 	}
@@ -738,37 +667,4 @@ func (a *argReader) unused() error {
 		}
 	}
 	return nil
-}
-
-func parseCommandLine(line string) (string, map[string]string, error) {
-	line = strings.TrimSpace(line)
-	name, rest, _ := strings.Cut(line, " ")
-	args := map[string]string{}
-	for rest = strings.TrimLeft(rest, " "); rest != ""; rest = strings.TrimLeft(rest, " ") {
-		k, r, ok := strings.Cut(rest, "=")
-		if !ok || k == "" || strings.Contains(k, " ") {
-			return "", nil, fmt.Errorf("bad argument at %q", rest)
-		}
-		var v string
-		if strings.HasPrefix(r, `"`) {
-			q, err := strconv.QuotedPrefix(r)
-			if err != nil {
-				return "", nil, fmt.Errorf("%s: %v", k, err)
-			}
-			v, _ = strconv.Unquote(q)
-			r = r[len(q):]
-		} else {
-			end := strings.IndexByte(r, ' ')
-			if end < 0 {
-				end = len(r)
-			}
-			v, r = r[:end], r[end:]
-		}
-		if _, dup := args[k]; dup {
-			return "", nil, fmt.Errorf("argument %s twice", k)
-		}
-		args[k] = v
-		rest = r
-	}
-	return name, args, nil
 }
