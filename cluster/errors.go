@@ -7,8 +7,7 @@ import (
 )
 
 // Sentinel errors of this package. Errors are wrapped with %w; test for
-// them with errors.Is. (ErrSecretFile, of ReadSecretFile, is in
-// secret.go.)
+// them with errors.Is.
 var (
 	// ErrBadConfig wraps every configuration error (Config.Validate, a bad
 	// admin request). It also matches wire.ErrBadRequest (errors.Is), so a
@@ -23,6 +22,8 @@ var (
 	// ErrClusterExists: Bootstrap found Raft state in its own data dir or
 	// on another initial voter.
 	ErrClusterExists = errors.New("cluster: the cluster already exists")
+	// ErrSecretFile wraps every problem with a secret file (ReadSecretFile).
+	ErrSecretFile = errors.New("cluster: secret file")
 	// ErrClosing: the node was closed before Raft answered.
 	ErrClosing = errors.New("cluster: node closing")
 

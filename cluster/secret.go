@@ -2,13 +2,9 @@ package cluster
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"os"
 )
-
-// ErrSecretFile wraps every problem with a secret file.
-var ErrSecretFile = errors.New("cluster: secret file")
 
 // ReadSecretFile reads a secret file: the secret as text, surrounding white
 // space ignored (for example 64 hex characters and a newline), at least 16

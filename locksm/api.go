@@ -40,8 +40,6 @@
 // next to this file; the testdata scripts pin every cell of it.
 package locksm
 
-import "errors"
-
 // Field constraints. They are part of the replicated semantics: every replica
 // must agree on them, so they are constants, not configuration. Changing one
 // is a protocol change (see cluster/wire/PROTOCOL.md, "Field constraints").
@@ -59,32 +57,6 @@ const (
 	// MaxWaitMs is the longest wait bound in milliseconds (5 minutes).
 	// 0 means one immediate try. There is no infinite wait.
 	MaxWaitMs = 300_000
-)
-
-// Sentinel errors reported in Result.Err. Wire codes for them are assigned in
-// one table in cluster/wire.
-var (
-	ErrInvalidKey     = errors.New("locksm: invalid key")
-	ErrInvalidOwner   = errors.New("locksm: invalid owner")
-	ErrInvalidLease   = errors.New("locksm: invalid lease")
-	ErrInvalidWait    = errors.New("locksm: invalid wait")
-	ErrInvalidCommand = errors.New("locksm: invalid command")
-	// ErrNotHeld: release of a key that nobody holds (unknown or expired).
-	ErrNotHeld = errors.New("locksm: key not held")
-	// ErrTokenMismatch: the key is held, but under another token.
-	ErrTokenMismatch = errors.New("locksm: token mismatch")
-	// ErrOwnerMismatch: the token matches the holder but the owner does not.
-	ErrOwnerMismatch = errors.New("locksm: owner mismatch")
-	// ErrDuplicateRef: an acquire whose Ref is already queued on that key.
-	ErrDuplicateRef = errors.New("locksm: duplicate ref")
-	// ErrCorruptCommand / ErrCorruptSnapshot: a decoder met bytes it cannot
-	// accept (bad version, truncated, trailing bytes, out-of-range field).
-	ErrCorruptCommand  = errors.New("locksm: corrupt command")
-	ErrCorruptSnapshot = errors.New("locksm: corrupt snapshot")
-	// ErrTokensExhausted: the counter reached 2^64-1, so no fresh token is
-	// left to grant with (unreachable in practice: 584,000 years at a
-	// million grants a second; possible only from a crafted snapshot).
-	ErrTokensExhausted = errors.New("locksm: tokens exhausted")
 )
 
 // Op names a command.
