@@ -71,6 +71,9 @@ type Client struct {
 	pending []*call    // requests written, oldest first
 	err     error      // set once the connection broke or was closed
 	done    chan struct{}
+	// written counts the request lines written (guarded by mu), so a test
+	// can tell that a request left before it takes its next step.
+	written uint64
 }
 
 // call is one request awaiting its reply line.
@@ -331,6 +334,7 @@ func (c *Client) send(line string, onOrphan func(string)) (*call, error) {
 		c.conn.Close()
 		return nil, fmt.Errorf("%w: %w", ErrClosed, err)
 	}
+	c.written++
 	return cl, nil
 }
 

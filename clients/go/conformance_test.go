@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"ticketing/cluster/testkit"
 	"time"
 
 	ticketing "ticketing/clients/go"
@@ -261,10 +262,14 @@ func (r *runner) step(i int, st map[string]json.RawMessage) {
 	if id := str(st, "background"); id != "" {
 		ch := make(chan result, 1)
 		r.bg[id] = ch
+		written := ticketing.Written(c)
 		go func() { ch <- do() }()
-		// Let the request be written before the next step, so requests
-		// from different steps reach the sidecar in step order.
-		time.Sleep(20 * time.Millisecond)
+		// The request is written before the next step, so requests from
+		// different steps reach the sidecar in step order (an argument
+		// error writes nothing and finishes at once).
+		testkit.WaitFor(r.t, where+": the background request written", 10*time.Second, func() bool {
+			return ticketing.Written(c) > written || len(ch) > 0
+		})
 		return
 	}
 	r.check(where, st, do())

@@ -17,6 +17,7 @@ import (
 
 	"ticketing/cluster/client"
 	"ticketing/cluster/localproc"
+	"ticketing/cluster/testkit"
 	"ticketing/cluster/tlsconf"
 	"ticketing/cluster/wire"
 )
@@ -257,6 +258,46 @@ func TestLeaderSIGKILL(t *testing.T) {
 // and returns the socket path once dev says it is ready.
 func startDevSidecar(t *testing.T) string {
 	t.Helper()
+	return startDev(t).sock
+}
+
+// devCluster is what a `ticketing dev` printed: its sidecar's socket and
+// how to reach its nodes.
+type devCluster struct {
+	sock, secretFile, caFile string
+	addrs                    []string
+}
+
+// leaderStatus asks dc's nodes for their status and returns the serving
+// leader's ('s' request; ok false while none serves).
+func (dc devCluster) leaderStatus(t *testing.T) (wire.Msg, bool) {
+	t.Helper()
+	secret, err := os.ReadFile(dc.secretFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tlsCfg, err := tlsconf.ClientConfig(tlsconf.Files{CAFile: dc.caFile})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range dc.addrs {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		conn, err := client.Dial(ctx, a, client.Config{Secret: []byte(strings.TrimSpace(string(secret))), ClusterID: "dev", TLS: tlsCfg})
+		if err == nil {
+			st, _, err := conn.Do(ctx, wire.Msg{Type: wire.TypeStatus})
+			conn.Close()
+			if err == nil && st.Role == wire.RoleLeader && st.LeaderID == st.NodeID {
+				cancel()
+				return st, true
+			}
+		}
+		cancel()
+	}
+	return wire.Msg{}, false
+}
+
+func startDev(t *testing.T) devCluster {
+	t.Helper()
 	sockDir, err := os.MkdirTemp("", "tks")
 	if err != nil {
 		t.Fatal(err)
@@ -284,21 +325,31 @@ func startDevSidecar(t *testing.T) string {
 	deadline := time.AfterFunc(30*time.Second, func() { cmd.Process.Kill() })
 	defer deadline.Stop()
 	sc := bufio.NewScanner(stdout)
-	shown := ""
+	dc := devCluster{}
 	for sc.Scan() {
-		if s, ok := strings.CutPrefix(strings.TrimSpace(sc.Text()), "sidecar socket: "); ok {
-			shown = s
+		line := strings.TrimSpace(sc.Text())
+		if s, ok := strings.CutPrefix(line, "sidecar socket: "); ok {
+			dc.sock = s
+		}
+		if s, ok := strings.CutPrefix(line, "client secret file: "); ok {
+			dc.secretFile = s
+		}
+		if s, ok := strings.CutPrefix(line, "tls ca file: "); ok {
+			dc.caFile = s
+		}
+		if f := strings.Fields(line); len(f) == 4 && f[0] == "node" && f[2] == "client" {
+			dc.addrs = append(dc.addrs, f[3])
 		}
 		if strings.Contains(sc.Text(), "ready") {
-			if shown != sock {
-				t.Fatalf("dev printed sidecar socket %q, want %q", shown, sock)
+			if dc.sock != sock {
+				t.Fatalf("dev printed sidecar socket %q, want %q", dc.sock, sock)
 			}
 			go io.Copy(io.Discard, stdout)
-			return sock
+			return dc
 		}
 	}
 	t.Fatal("dev never printed its ready line")
-	return ""
+	return devCluster{}
 }
 
 // run runs the binary and returns its exit code and combined output.
@@ -388,7 +439,8 @@ func TestLockCommandExitCodes(t *testing.T) {
 // milliseconds; the bound is loose because tests must not depend on the
 // machine's speed, only on which mechanism freed the key).
 func TestKilledHolderFreesKeyFast(t *testing.T) {
-	sock := startDevSidecar(t)
+	dc := startDev(t)
+	sock := dc.sock
 	for _, how := range []string{"acquire --hold", "lock -- sleep 60"} {
 		key := "killed/" + strings.Fields(how)[0]
 		var holder *exec.Cmd
@@ -423,7 +475,10 @@ func TestKilledHolderFreesKeyFast(t *testing.T) {
 			code, out := run(t, sock, "acquire", "--wait", "10", key)
 			got <- res{code, out, time.Now()}
 		}()
-		time.Sleep(300 * time.Millisecond) // the waiter is queued
+		testkit.WaitFor(t, "the waiter to be queued on the leader", 10*time.Second, func() bool {
+			st, ok := dc.leaderStatus(t)
+			return ok && st.Waiting >= 1
+		})
 		killed := time.Now()
 		holder.Process.Signal(syscall.SIGKILL)
 		r := <-got
