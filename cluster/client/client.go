@@ -529,6 +529,18 @@ func (c *Conn) readLoop() {
 			c.shutdown(fmt.Errorf("%w: server error %s: %w: %q", ErrProtocol, m.Code, wire.ErrOf(m.Code), m.Text))
 			return
 		}
+		if wire.IsProgress(m.Type) {
+			// Q: the acquire joined its key's queue; its reply follows.
+			c.pmu.Lock()
+			call := c.pending[m.ID]
+			c.pmu.Unlock()
+			if call == nil || !wire.ProgressAllowed(call.reqType, m.Type, c.peer.Version) {
+				c.shutdown(fmt.Errorf("%w: progress frame %s for id %d (no acquire in flight, or a version %d connection)",
+					ErrProtocol, wire.TypeName(m.Type), m.ID, c.peer.Version))
+				return
+			}
+			continue
+		}
 		if !wire.IsReply(m.Type) {
 			c.shutdown(fmt.Errorf("%w: request frame %s from server", ErrProtocol, wire.TypeName(m.Type)))
 			return
