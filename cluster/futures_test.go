@@ -25,7 +25,7 @@ func TestCloseDoesNotWaitForAnUnansweredFuture(t *testing.T) {
 	n := &Node{closing: make(chan struct{}), futures: make(chan batchFuture, 1), slots: make(chan struct{}, 1)}
 	f := neverAnswered{waiting: make(chan struct{}, 2)}
 	n.slots <- struct{}{}
-	n.futures <- batchFuture{f: f, last: true}
+	n.futures <- batchFuture{f: f}
 	n.wg.Add(1)
 	go n.futureLoop()
 	awaited := make(chan error, 1)

@@ -236,5 +236,5 @@ func (n *Node) quiescent() bool {
 	}
 	n.propMu.Lock()
 	defer n.propMu.Unlock()
-	return len(n.propQ) == 0
+	return len(n.propQ) == 0 && len(n.houseQ) == 0
 }

@@ -283,7 +283,7 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	pending, conns, serving := n.core.Owed(), len(n.conns), n.core.Serving()
 	n.mu.Unlock()
 	n.propMu.Lock()
-	queued := len(n.propQ)
+	queued := len(n.propQ) + len(n.houseQ)
 	n.propMu.Unlock()
 	gauge(c.pending, float64(pending))
 	gauge(c.proposalQueue, float64(queued))

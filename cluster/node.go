@@ -51,11 +51,16 @@ type Node struct {
 	adminLn   net.Listener // nil: no admin port
 	advertise string       // client address handed out in M replies
 
-	// Proposals wait in an unbounded queue so that the FSM goroutine, which
+	// Proposals wait in unbounded queues so that the FSM goroutine, which
 	// proposes compensations, never blocks on Raft (which may be waiting for
-	// the FSM). Admission is bounded per connection instead.
+	// the FSM). Admission is bounded per connection instead. propQ holds
+	// clients' requests (acquires and releases someone waits for), houseQ
+	// the leader's own housekeeping (cancelled waits, expiries,
+	// compensating releases); see nextBatchLocked for how a batch is
+	// filled from the two.
 	propMu   sync.Mutex
 	propQ    []locksm.Command
+	houseQ   []locksm.Command
 	propWake chan struct{}
 	futures  chan batchFuture
 	// addrWake asks the member-address check to run now (memberaddrs.go).
@@ -99,7 +104,6 @@ type Node struct {
 type batchFuture struct {
 	f    raft.ApplyFuture
 	cmds []locksm.Command
-	last bool // the last entry of one proposeLoop round: frees its slot
 }
 
 // New starts a node: opens (or bootstraps) its data dir, starts Raft and
@@ -557,7 +561,13 @@ func (n *Node) performLocked() {
 // propose queues commands for the next batch. Never blocks.
 func (n *Node) propose(cs ...locksm.Command) {
 	n.propMu.Lock()
-	n.propQ = append(n.propQ, cs...)
+	for _, c := range cs {
+		if housekeeping(c) {
+			n.houseQ = append(n.houseQ, c)
+		} else {
+			n.propQ = append(n.propQ, c)
+		}
+	}
 	n.propMu.Unlock()
 	select {
 	case n.propWake <- struct{}{}:
@@ -565,16 +575,35 @@ func (n *Node) propose(cs ...locksm.Command) {
 	}
 }
 
-// proposeLoop groups queued commands into one log entry each time Raft is
-// ready for more, so many clients share one fsync and one replication round.
+// housekeeping reports whether c is the leader's own work rather than a
+// request a client waits for: a cancelled or timed-out wait, an expiry,
+// or the release of a grant nobody can use (Ref 0).
+func housekeeping(c locksm.Command) bool {
+	switch c.Op {
+	case locksm.OpAcquire:
+		return false
+	case locksm.OpRelease:
+		return c.Ref == 0
+	}
+	return true
+}
+
+// proposeLoop proposes one batch per free slot (group commit: one entry,
+// one fsync, one replication round for many clients), filled by
+// nextBatchLocked, until the node closes.
 func (n *Node) proposeLoop() {
 	defer n.wg.Done()
-	var queue, spare []locksm.Command
 	for {
-		select {
-		case <-n.propWake:
-		case <-n.closing:
-			return
+		n.propMu.Lock()
+		idle := len(n.propQ) == 0 && len(n.houseQ) == 0
+		n.propMu.Unlock()
+		if idle {
+			select {
+			case <-n.propWake:
+			case <-n.closing:
+				return
+			}
+			continue
 		}
 		select {
 		case n.slots <- struct{}{}:
@@ -582,30 +611,53 @@ func (n *Node) proposeLoop() {
 			return
 		}
 		n.propMu.Lock()
-		queue, n.propQ = n.propQ, spare[:0]
+		batch := n.nextBatchLocked()
 		n.propMu.Unlock()
-		if len(queue) == 0 {
-			<-n.slots // a wake-up that found nothing: give the slot back
-			spare = queue
-			continue
+		now := n.cfg.Now().UnixMilli()
+		for i := range batch {
+			batch[i].Now = now
 		}
-		for rest := queue; len(rest) > 0; {
-			k := min(len(rest), locksm.MaxBatch)
-			batch := append([]locksm.Command(nil), rest[:k]...)
-			rest = rest[k:]
-			now := n.cfg.Now().UnixMilli()
-			for i := range batch {
-				batch[i].Now = now
-			}
-			f := n.raft.Apply(locksm.AppendBatch([]byte{entryLockBatch}, batch), 0)
-			select {
-			case n.futures <- batchFuture{f: f, cmds: batch, last: len(rest) == 0}:
-			case <-n.closing:
-				return
-			}
+		f := n.raft.Apply(locksm.AppendBatch([]byte{entryLockBatch}, batch), 0)
+		select {
+		case n.futures <- batchFuture{f: f, cmds: batch}:
+		case <-n.closing:
+			return
 		}
-		spare = queue
 	}
+}
+
+// housekeepingShare is the part of a full batch kept for housekeeping
+// while both queues are longer than a batch. A burst of housekeeping (the
+// 60,000 waits of a waiting room whose connections all closed at once)
+// then takes a few batches' tail ends, instead of every request that comes
+// after it waiting behind all of it (the isolation test saw a wait-0
+// acquire go Indeterminate past the broker's 5 s reply grace); and a flood
+// of requests cannot hold back expiries and cancels either.
+const housekeepingShare = locksm.MaxBatch / 4
+
+// nextBatchLocked takes the next batch off the queues: housekeeping first
+// (it concerns only what is applied already, so it may go ahead of
+// requests, and a cancelled wait then leaves the queue before a release
+// could hand the key to it), then requests in arrival order, each queue
+// yielding to the other what the other cannot fill. Requires propMu.
+func (n *Node) nextBatchLocked() []locksm.Command {
+	house := min(len(n.houseQ), max(housekeepingShare, locksm.MaxBatch-len(n.propQ)))
+	reqs := min(len(n.propQ), locksm.MaxBatch-house)
+	batch := make([]locksm.Command, 0, house+reqs)
+	batch = append(batch, n.houseQ[:house]...)
+	batch = append(batch, n.propQ[:reqs]...)
+	n.houseQ = dropFront(n.houseQ, house)
+	n.propQ = dropFront(n.propQ, reqs)
+	return batch
+}
+
+// dropFront removes q's first k commands, keeping no strings alive.
+func dropFront(q []locksm.Command, k int) []locksm.Command {
+	clear(q[:k])
+	if k == len(q) {
+		return q[:0]
+	}
+	return q[k:]
 }
 
 // futureLoop answers the requests of batches Raft could not commit. Futures
@@ -645,9 +697,7 @@ func (n *Node) futureWaiter(failed chan<- failedBatch) {
 			return
 		}
 		err := bf.f.Error()
-		if bf.last {
-			<-n.slots
-		}
+		<-n.slots
 		if err == nil {
 			continue
 		}

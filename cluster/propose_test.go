@@ -1,0 +1,88 @@
+package cluster
+
+import (
+	"testing"
+
+	"ticketing/locksm"
+)
+
+// A burst of housekeeping (every wait of a waiting room cancelled at once)
+// must not hold back the requests that come after it, nor a flood of
+// requests the housekeeping: each batch takes from both queues.
+func TestNextBatchSharesBetweenRequestsAndHousekeeping(t *testing.T) {
+	cancel := func(ref uint64) locksm.Command {
+		return locksm.Command{Op: locksm.OpCancelWait, Key: "hot/1", Ref: ref}
+	}
+	acquire := func(ref uint64) locksm.Command {
+		return locksm.Command{Op: locksm.OpAcquire, Key: "good/1", Owner: "o", LeaseSec: 10, Ref: ref}
+	}
+	count := func(b []locksm.Command) (reqs, house int) {
+		for _, c := range b {
+			if housekeeping(c) {
+				house++
+			} else {
+				reqs++
+			}
+		}
+		return
+	}
+
+	n := &Node{propWake: make(chan struct{}, 1)}
+	for i := range 60_000 {
+		n.propose(cancel(uint64(i + 1)))
+	}
+	n.propose(acquire(1_000_000))
+	b := n.nextBatchLocked()
+	if len(b) != locksm.MaxBatch {
+		t.Fatalf("first batch has %d commands, want a full %d", len(b), locksm.MaxBatch)
+	}
+	if reqs, _ := count(b); reqs != 1 || b[len(b)-1].Ref != 1_000_000 {
+		t.Fatalf("the acquire behind 60,000 cancels is not in the first batch (%d requests in it)", reqs)
+	}
+	if b[0].Ref != 1 {
+		t.Fatalf("housekeeping out of order: first ref %d", b[0].Ref)
+	}
+
+	// A flood of requests with housekeeping waiting: housekeeping keeps its share.
+	n = &Node{propWake: make(chan struct{}, 1)}
+	for i := range 10_000 {
+		n.propose(acquire(uint64(i + 1)))
+	}
+	for i := range 5 {
+		n.propose(locksm.Command{Op: locksm.OpExpire, Key: "k", Token: uint64(i + 1)})
+		n.propose(locksm.Command{Op: locksm.OpRelease, Key: "k", Owner: "o", Token: uint64(i + 1)}) // Ref 0: compensation
+	}
+	n.propose(locksm.Command{Op: locksm.OpRelease, Key: "k", Owner: "o", Token: 9, Ref: 77}) // a client's release: a request
+	b = n.nextBatchLocked()
+	reqs, house := count(b)
+	if house != 10 || reqs != locksm.MaxBatch-10 {
+		t.Fatalf("batch with a request flood: %d requests, %d housekeeping; want %d and 10", reqs, house, locksm.MaxBatch-10)
+	}
+	for i := 0; i < len(b)-1; i++ {
+		if !housekeeping(b[i]) && !housekeeping(b[i+1]) && b[i].Ref >= b[i+1].Ref {
+			t.Fatalf("requests out of arrival order at %d: ref %d then %d", i, b[i].Ref, b[i+1].Ref)
+		}
+	}
+	// Drain: every command comes out exactly once.
+	total := len(b)
+	for {
+		b = n.nextBatchLocked()
+		if len(b) == 0 {
+			break
+		}
+		total += len(b)
+	}
+	if total != 10_000+11 {
+		t.Fatalf("drained %d commands, want %d", total, 10_000+11)
+	}
+
+	// Both longer than a batch: housekeeping gets its quarter.
+	n = &Node{propWake: make(chan struct{}, 1)}
+	for i := range 2 * locksm.MaxBatch {
+		n.propose(acquire(uint64(i + 1)))
+		n.propose(cancel(uint64(i + 1)))
+	}
+	if reqs, house := count(n.nextBatchLocked()); house != housekeepingShare || reqs != locksm.MaxBatch-housekeepingShare {
+		t.Fatalf("both queues full: %d requests, %d housekeeping; want %d and %d", reqs, house, locksm.MaxBatch-housekeepingShare, housekeepingShare)
+	}
+}
