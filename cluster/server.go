@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"sync"
 	"time"
@@ -157,6 +158,7 @@ func (n *Node) admitClient(cc *clientConn) (uint16, bool) {
 			Domain:         n.fsm.getDomain(),
 			NodeID:         n.serverID,
 			ChannelBinding: binding,
+			MaxInFlight:    toldLimit(n.cfg.MaxInFlightPerConn),
 		})
 		if err != nil && isTimeout(err) {
 			writeConnError(rw, fmt.Errorf("%w after %v", wire.ErrHandshakeTimeout, n.cfg.HandshakeTimeout))
@@ -177,6 +179,10 @@ func (n *Node) admitClient(cc *clientConn) (uint16, bool) {
 	cc.mu.Unlock()
 	return peer.Version, true
 }
+
+// toldLimit is a limit as the Welcome tells it: a u32, so a larger one
+// (no client could reach it) is told as the largest u32.
+func toldLimit(v int) int { return int(min(uint64(v), math.MaxUint32)) }
 
 // hold sleeps for d, or until the node closes.
 func (n *Node) hold(d time.Duration) { holdFor(d, n.closing) }

@@ -181,7 +181,8 @@ func (d *decoder) done() bool { return !d.fail && len(d.b) == 0 }
 //
 // It validates the payload exactly: the fixed fields and every str8/str16
 // must fit, nothing may trail, request ids (and cancel targets) are nonzero,
-// reply ids are nonzero except for TypeError (id 0 = connection error),
+// reply and progress (TypeQueued) ids are nonzero except for TypeError
+// (id 0 = connection error),
 // a TypeNotice's id is 0 and its event known,
 // error codes are nonzero, roles are known, and keys and owners have
 // locksm's lengths (1..MaxKeyLen, 1..MaxOwnerLen; their alphabet is checked
@@ -197,7 +198,7 @@ func DecodeMsg(typ byte, payload []byte, m *Msg) error {
 	*m = Msg{Type: typ}
 	d := decoder{b: payload}
 	isReq := IsRequest(typ)
-	if !isReq && !IsReply(typ) && !IsNotice(typ) {
+	if !isReq && !IsReply(typ) && !IsNotice(typ) && !IsProgress(typ) {
 		if isHandshake(typ) {
 			return fmt.Errorf("%w: handshake frame %s after the handshake", ErrUnexpectedFrame, TypeName(typ))
 		}
@@ -345,7 +346,7 @@ func payloadLen(m *Msg) (int, error) {
 		n += 8 + s8(m.Key) + s8(m.Owner)
 	case TypeCancel, TypeGranted:
 		n += 8
-	case TypePing, TypeStatus, TypeMembers, TypeNoticeAck, TypeBusy, TypeTimeout, TypeOK, TypePong:
+	case TypePing, TypeStatus, TypeMembers, TypeNoticeAck, TypeBusy, TypeTimeout, TypeOK, TypePong, TypeQueued:
 	case TypeMoved:
 		n += s8(m.LeaderAddr) + s8(m.LeaderID)
 	case TypeNotice:

@@ -46,6 +46,8 @@ func sampleMsgs() []Msg {
 		{Type: TypeNoticeAck, ID: 8},
 		{Type: TypeNotice, Event: NoticeHandOver, LeaderID: "n2/bbbbbbbbbb", LeaderAddr: "10.0.0.2:7001"},
 		{Type: TypeNotice, Event: NoticeServing, LeaderID: "n1/aaaaaaaaaa"},
+		{Type: TypeQueued, ID: 1},
+		{Type: TypeQueued, ID: ^uint64(0)},
 	}
 }
 
@@ -274,6 +276,7 @@ func TestAppendRefuses(t *testing.T) {
 		{"notice event 0", Msg{Type: TypeNotice}, ErrMalformed},
 		{"notice event 3", Msg{Type: TypeNotice, Event: 3}, ErrMalformed},
 		{"notice ack id 0", Msg{Type: TypeNoticeAck}, ErrMalformed},
+		{"queued id 0", Msg{Type: TypeQueued}, ErrMalformed},
 	}
 	for _, c := range cases {
 		dst := []byte("keep")
@@ -324,6 +327,41 @@ func TestReplyAllowed(t *testing.T) {
 		!ReplyAllowed(TypeNoticeAck, TypeOK) || ReplyAllowed(TypeNoticeAck, TypeMoved) ||
 		ReplyAllowed(TypeAcquire, TypeNotice) || ReplyAllowed(TypeNotice, TypeOK) {
 		t.Error("ReplyAllowed table wrong")
+	}
+	// Q is a progress frame, never a reply: a client that took it for
+	// one would end the call before its outcome is known.
+	for _, req := range []byte{TypeAcquire, TypeRelease, TypeCancel, TypePing, TypeStatus, TypeMembers, TypeNoticeAck} {
+		if ReplyAllowed(req, TypeQueued) {
+			t.Errorf("ReplyAllowed(%s, Q)", TypeName(req))
+		}
+	}
+	if IsReply(TypeQueued) || IsRequest(TypeQueued) || IsNotice(TypeQueued) || !IsProgress(TypeQueued) || IsProgress(TypeGranted) {
+		t.Error("Q's class wrong")
+	}
+}
+
+// TestProgressAllowed: Q only for an acquire, only on a version 4
+// connection; no other frame is progress.
+func TestProgressAllowed(t *testing.T) {
+	for _, tc := range []struct {
+		req, typ byte
+		version  uint16
+		want     bool
+	}{
+		{TypeAcquire, TypeQueued, VersionQueued, true},
+		{TypeAcquire, TypeQueued, VersionQueued + 1, true},
+		{TypeAcquire, TypeQueued, VersionQueued - 1, false},
+		{TypeAcquire, TypeQueued, 2, false},
+		{TypeRelease, TypeQueued, VersionQueued, false},
+		{TypeCancel, TypeQueued, VersionQueued, false},
+		{TypePing, TypeQueued, VersionQueued, false},
+		{TypeNoticeAck, TypeQueued, VersionQueued, false},
+		{TypeAcquire, TypeGranted, VersionQueued, false},
+		{TypeAcquire, TypeNotice, VersionQueued, false},
+	} {
+		if got := ProgressAllowed(tc.req, tc.typ, tc.version); got != tc.want {
+			t.Errorf("ProgressAllowed(%s, %s, %d) = %v", TypeName(tc.req), TypeName(tc.typ), tc.version, got)
+		}
 	}
 }
 

@@ -44,7 +44,22 @@ const (
 	specMaxFrameLen = 4096
 )
 
+// specWelcome is the Welcome of versions 2 and 3 (empty payload);
+// specWelcome4 the version 4 one, which carries the node's per-connection
+// limits: max_in_flight u32 | max_waiters u32.
 var specWelcome = []byte{0, 0, 0, 1, 'W'}
+
+func specWelcome4(maxInFlight, maxWaiters uint32) []byte {
+	return cat([]byte{0, 0, 0, 9, 'W'}, u32(maxInFlight), u32(maxWaiters))
+}
+
+// specWelcomeFor is the Welcome a server with cfg's limits sends in version.
+func specWelcomeFor(version uint16, cfg HandshakeConfig) []byte {
+	if version >= 4 {
+		return specWelcome4(uint32(cfg.MaxInFlight), uint32(cfg.MaxWaiters))
+	}
+	return specWelcome
+}
 
 // specFrame is one frame as PROTOCOL.md's "Framing" section defines it.
 type specFrame struct {
@@ -205,6 +220,8 @@ type clientWant struct {
 	consumed int  // bytes the client reads: its frames, nothing after them
 	sendsE   bool // the client detected the failure: it sends E(CodeOf(err))
 	mayE     bool // framing or I/O failure: an E is allowed, not required
+	// maxInFlight, maxWaiters: the limits a version 4 Welcome told.
+	maxInFlight, maxWaiters int
 }
 
 // specRemote is the error for a received E frame.
@@ -293,8 +310,14 @@ find:
 		w.err = specRemote(f.payload)
 	case f.typ != 'W':
 		w.err, w.sendsE = ErrUnexpectedFrame, true
-	case len(f.payload) != 0:
+	case w.ch.version < 4 && len(f.payload) != 0:
 		w.err, w.sendsE = ErrMalformed, true
+	case w.ch.version >= 4 && len(f.payload) != 8:
+		// Version 4: max_in_flight u32 | max_waiters u32, exactly.
+		w.err, w.sendsE = ErrMalformed, true
+	case w.ch.version >= 4:
+		w.maxInFlight = int(binary.BigEndian.Uint32(f.payload))
+		w.maxWaiters = int(binary.BigEndian.Uint32(f.payload[4:]))
 	}
 	return w
 }
@@ -432,6 +455,7 @@ func handshakeFrameSeeds() []namedSeed {
 		{"hs-challenge", specChallengeFrame(ProtocolVersion, sn, "n1", "prod", "", specProof(clientSecret, specServerLabel, tr))},
 		{"hs-auth", rawFrame('x', specProof(clientSecret, specClientLabel, tr))},
 		{"hs-welcome", specWelcome},
+		{"hs-welcome-v4", specWelcome4(4096, 200000)},
 	}
 }
 
@@ -472,6 +496,10 @@ func frameSeeds() []namedSeed {
 	add("max-notice", mustMsg(Msg{Type: TypeNotice, Event: NoticeHandOver, LeaderID: rep('i', 255), LeaderAddr: rep('a', 255)}))
 	// One over: a field the decoder refuses, or a frame above MaxFrameLen.
 	add("over-notice-event", rawFrame('N', u64(0), []byte{byte(NoticeServing) + 1}, s8("n1"), s8("")))
+	add("max-queued", mustMsg(Msg{Type: TypeQueued, ID: ^uint64(0)}))
+	add("bad-queued-id0", rawFrame('Q', u64(0)))
+	add("bad-queued-trailing", rawFrame('Q', u64(1), []byte{0}))
+	add("bad-queued-short", rawFrame('Q', u32(1)))
 	add("over-notice-id", rawFrame('N', u64(1), []byte{byte(NoticeServing)}, s8("n1"), s8("")))
 	add("over-members-suffrage", rawFrame('L', u64(7), []byte{1}, s8("n1"), []byte{byte(SuffrageLearner) + 1}, s8("")))
 	add("over-members-count", rawFrame('L', u64(7), []byte{3}, s8("n1"), []byte{0}, s8(""), s8("n2"), []byte{1}, s8("")))
@@ -569,6 +597,10 @@ func serverHandshakeSeeds() []namedSeed {
 	}
 	hello := specHelloFrame(v, v, KindClient, cn, "prod", "", "", "")
 	good := auth("", "")
+	authV := func(version uint16) []byte {
+		tr := specTranscript(version, KindClient, cn, sn, "prod", "n1", "", "", "", "", nil)
+		return rawFrame('x', specProof(clientSecret, specClientLabel, tr))
+	}
 	serverProof := specProof(clientSecret, specServerLabel, specTranscript(v, KindClient, cn, sn, "prod", "n1", "", "", "", "", nil))
 	ping := mustMsg(Msg{Type: TypePing, ID: 1})
 	// Fencing domains on the client port: the Hello names helloDomain, the
@@ -584,6 +616,11 @@ func serverHandshakeSeeds() []namedSeed {
 		{"valid", cat(hello, good)},
 		{"valid-then-traffic", cat(hello, good, ping, ping)},
 		{"valid-wide-versions", cat(specHelloFrame(1, 0xffff, KindClient, cn, "prod", "", "", ""), good)},
+		// Older clients negotiate their own version (and get the Welcome
+		// of that version: empty, without the limits).
+		{"valid-v3-client", cat(specHelloFrame(2, 3, KindClient, cn, "prod", "", "", ""), authV(3))},
+		{"valid-v2-client", cat(specHelloFrame(2, 2, KindClient, cn, "prod", "", "", ""), authV(2))},
+		{"v3-client-proof-for-v4", cat(specHelloFrame(2, 3, KindClient, cn, "prod", "", "", ""), good)},
 		{"valid-max-sender-expect-n1", cat(specHelloFrame(v, v, KindClient, cn, "prod", rep('s', 255), "n1", ""), auth(rep('s', 255), "n1"))},
 		{"valid-rollover-next-secret-refused", cat(hello, rawFrame('x', specProof(nextPeerSecret, specClientLabel,
 			specTranscript(v, KindClient, cn, sn, "prod", "n1", "", "", "", "", nil))))},
@@ -712,59 +749,70 @@ func clientHandshakeSeeds() []namedSeed {
 		return specChallengeFrame(v, sn, "n1", "prod", chDomain, proofs...)
 	}
 	maxDomain := rep('d', 255)
+	wel := specWelcome4(4096, 200000)
 	return []namedSeed{
-		{"valid", cat(valid, specWelcome)},
-		{"valid-then-traffic", cat(valid, specWelcome, ping)},
-		{"valid-max-server-id", cat(specChallengeFrame(v, sn, rep('n', 255), "prod", "", pC(v, rep('n', 255), "prod")), specWelcome)},
-		{"two-proofs-second-valid", cat(specChallengeFrame(v, sn, "n1", "prod", "", wrong, pC(v, "n1", "prod")), specWelcome)},
-		{"two-proofs-first-valid", cat(specChallengeFrame(v, sn, "n1", "prod", "", pC(v, "n1", "prod"), wrong), specWelcome)},
-		{"two-proofs-both-wrong", cat(specChallengeFrame(v, sn, "n1", "prod", "", wrong, wrong), specWelcome)},
-		{"peer-valid-current-secret", cat(specChallengeFrame(v, sn, "n1", "prod", "", specProof(peerSecret, specServerLabel, trP("n1"))), specWelcome)},
+		{"valid", cat(valid, wel)},
+		{"valid-then-traffic", cat(valid, wel, ping)},
+		{"valid-max-server-id", cat(specChallengeFrame(v, sn, rep('n', 255), "prod", "", pC(v, rep('n', 255), "prod")), wel)},
+		{"two-proofs-second-valid", cat(specChallengeFrame(v, sn, "n1", "prod", "", wrong, pC(v, "n1", "prod")), wel)},
+		{"two-proofs-first-valid", cat(specChallengeFrame(v, sn, "n1", "prod", "", pC(v, "n1", "prod"), wrong), wel)},
+		{"two-proofs-both-wrong", cat(specChallengeFrame(v, sn, "n1", "prod", "", wrong, wrong), wel)},
+		{"peer-valid-current-secret", cat(specChallengeFrame(v, sn, "n1", "prod", "", specProof(peerSecret, specServerLabel, trP("n1"))), wel)},
 		{"peer-rollover-next-secret", cat(specChallengeFrame(v, sn, "n1", "prod", "",
-			specProof(strangerSecret, specServerLabel, trP("n1")), specProof(nextPeerSecret, specServerLabel, trP("n1"))), specWelcome)},
+			specProof(strangerSecret, specServerLabel, trP("n1")), specProof(nextPeerSecret, specServerLabel, trP("n1"))), wel)},
 		{"peer-rollover-both", cat(specChallengeFrame(v, sn, "n1", "prod", "",
-			specProof(nextPeerSecret, specServerLabel, trP("n1")), specProof(peerSecret, specServerLabel, trP("n1"))), specWelcome)},
-		{"peer-wrong-node-name-prefix", cat(specChallengeFrame(v, sn, "n1/abcdefghij", "prod", "", specProof(peerSecret, specServerLabel, trP("n1/abcdefghij"))), specWelcome)},
-		{"peer-wrong-node-valid-proof", cat(specChallengeFrame(v, sn, "n3", "prod", "", specProof(peerSecret, specServerLabel, trP("n3"))), specWelcome)},
-		{"discover-full-id", cat(specChallengeFrame(v, sn, "n1/abcdefghij", "prod", "", specProof(peerSecret, specServerLabel, trD("n1/abcdefghij"))), specWelcome)},
-		{"discover-bare-name", cat(specChallengeFrame(v, sn, "n1", "prod", "", specProof(peerSecret, specServerLabel, trD("n1"))), specWelcome)},
-		{"discover-other-name", cat(specChallengeFrame(v, sn, "n10/abcdefghij", "prod", "", specProof(peerSecret, specServerLabel, trD("n10/abcdefghij"))), specWelcome)},
-		{"discover-name-slash-only", cat(specChallengeFrame(v, sn, "n1/", "prod", "", specProof(peerSecret, specServerLabel, trD("n1/"))), specWelcome)},
-		{"wrong-proof", cat(specChallengeFrame(v, sn, "n1", "prod", "", wrong), specWelcome)},
+			specProof(nextPeerSecret, specServerLabel, trP("n1")), specProof(peerSecret, specServerLabel, trP("n1"))), wel)},
+		{"peer-wrong-node-name-prefix", cat(specChallengeFrame(v, sn, "n1/abcdefghij", "prod", "", specProof(peerSecret, specServerLabel, trP("n1/abcdefghij"))), wel)},
+		{"peer-wrong-node-valid-proof", cat(specChallengeFrame(v, sn, "n3", "prod", "", specProof(peerSecret, specServerLabel, trP("n3"))), wel)},
+		{"discover-full-id", cat(specChallengeFrame(v, sn, "n1/abcdefghij", "prod", "", specProof(peerSecret, specServerLabel, trD("n1/abcdefghij"))), wel)},
+		{"discover-bare-name", cat(specChallengeFrame(v, sn, "n1", "prod", "", specProof(peerSecret, specServerLabel, trD("n1"))), wel)},
+		{"discover-other-name", cat(specChallengeFrame(v, sn, "n10/abcdefghij", "prod", "", specProof(peerSecret, specServerLabel, trD("n10/abcdefghij"))), wel)},
+		{"discover-name-slash-only", cat(specChallengeFrame(v, sn, "n1/", "prod", "", specProof(peerSecret, specServerLabel, trD("n1/"))), wel)},
+		{"wrong-proof", cat(specChallengeFrame(v, sn, "n1", "prod", "", wrong), wel)},
 		{"reflected-client-label", cat(specChallengeFrame(v, sn, "n1", "prod", "",
-			specProof(clientSecret, specClientLabel, trC(v, "n1", "prod"))), specWelcome)},
-		{"proof-for-other-nonce", cat(specChallengeFrame(v, bytes.Repeat([]byte{0x5b}, 32), "n1", "prod", "", pC(v, "n1", "prod")), specWelcome)},
-		{"n0", cat(specChallengeFrame(v, sn, "n1", "prod", ""), specWelcome)},
-		{"n3", cat(specChallengeFrame(v, sn, "n1", "prod", "", pC(v, "n1", "prod"), pC(v, "n1", "prod"), pC(v, "n1", "prod")), specWelcome)},
-		{"n2-one-proof", cat(rawFrame('C', valid[5:len(valid)-33], []byte{2}, valid[len(valid)-32:]), specWelcome)},
-		{"n1-trailing-byte", cat(rawFrame('C', valid[5:], []byte{0}), specWelcome)},
-		{"n255", cat(rawFrame('C', valid[5:len(valid)-33], []byte{255}, bytes.Repeat(valid[len(valid)-32:], 8)), specWelcome)},
-		{"version-1", cat(specChallengeFrame(1, sn, "n1", "prod", "", pC(1, "n1", "prod")), specWelcome)},
+			specProof(clientSecret, specClientLabel, trC(v, "n1", "prod"))), wel)},
+		{"proof-for-other-nonce", cat(specChallengeFrame(v, bytes.Repeat([]byte{0x5b}, 32), "n1", "prod", "", pC(v, "n1", "prod")), wel)},
+		{"n0", cat(specChallengeFrame(v, sn, "n1", "prod", ""), wel)},
+		{"n3", cat(specChallengeFrame(v, sn, "n1", "prod", "", pC(v, "n1", "prod"), pC(v, "n1", "prod"), pC(v, "n1", "prod")), wel)},
+		{"n2-one-proof", cat(rawFrame('C', valid[5:len(valid)-33], []byte{2}, valid[len(valid)-32:]), wel)},
+		{"n1-trailing-byte", cat(rawFrame('C', valid[5:], []byte{0}), wel)},
+		{"n255", cat(rawFrame('C', valid[5:len(valid)-33], []byte{255}, bytes.Repeat(valid[len(valid)-32:], 8)), wel)},
+		{"version-1", cat(specChallengeFrame(1, sn, "n1", "prod", "", pC(1, "n1", "prod")), wel)},
 		{"version-3", cat(specChallengeFrame(3, sn, "n1", "prod", "", pC(3, "n1", "prod")), specWelcome)},
-		{"wrong-cluster", cat(specChallengeFrame(v, sn, "n1", "staging", "", pC(v, "n1", "staging")), specWelcome)},
+		{"version-2", cat(specChallengeFrame(2, sn, "n1", "prod", "", pC(2, "n1", "prod")), specWelcome)},
+		{"version-3-welcome-with-limits", cat(specChallengeFrame(3, sn, "n1", "prod", "", pC(3, "n1", "prod")), wel)},
+		{"version-5", cat(specChallengeFrame(5, sn, "n1", "prod", "", pC(5, "n1", "prod")), wel)},
+		{"wrong-cluster", cat(specChallengeFrame(v, sn, "n1", "staging", "", pC(v, "n1", "staging")), wel)},
 		// Fencing domain: cfgs[3] expects "d1"; cfgs[0] accepts any and
 		// learns the server's.
-		{"domain-match", cat(chD("d1", pD("d1", "d1")), specWelcome)},                            // ok on cfgs[3]
-		{"domain-wrong", cat(chD("d2", pD("d1", "d2")), specWelcome)},                            // wrong_domain on cfgs[3]
-		{"domain-wrong-unproven", cat(chD("d2", wrong), specWelcome)},                            // wrong_domain before auth_failed
-		{"domain-empty-client-expects-one", cat(chD("", pD("d1", "")), specWelcome)},             // ok on cfgs[3]
-		{"domain-any-client-expects-none", cat(chD("d7", pD("", "d7")), specWelcome)},            // ok on cfgs[0]
-		{"max-domain", cat(chD(maxDomain, pD("", maxDomain)), specWelcome)},                      // ok on cfgs[0]
-		{"max-domain-client-expects-one", cat(chD(maxDomain, pD("d1", maxDomain)), specWelcome)}, // wrong_domain on cfgs[3]
-		{"domain-wrong-and-wrong-cluster", cat(specChallengeFrame(v, sn, "n1", "staging", "d2", pC(v, "n1", "staging")), specWelcome)},
+		{"domain-match", cat(chD("d1", pD("d1", "d1")), wel)},                            // ok on cfgs[3]
+		{"domain-wrong", cat(chD("d2", pD("d1", "d2")), wel)},                            // wrong_domain on cfgs[3]
+		{"domain-wrong-unproven", cat(chD("d2", wrong), wel)},                            // wrong_domain before auth_failed
+		{"domain-empty-client-expects-one", cat(chD("", pD("d1", "")), wel)},             // ok on cfgs[3]
+		{"domain-any-client-expects-none", cat(chD("d7", pD("", "d7")), wel)},            // ok on cfgs[0]
+		{"max-domain", cat(chD(maxDomain, pD("", maxDomain)), wel)},                      // ok on cfgs[0]
+		{"max-domain-client-expects-one", cat(chD(maxDomain, pD("d1", maxDomain)), wel)}, // wrong_domain on cfgs[3]
+		{"domain-wrong-and-wrong-cluster", cat(specChallengeFrame(v, sn, "n1", "staging", "d2", pC(v, "n1", "staging")), wel)},
 		// A man in the middle strips the server's domain "d2" so that the
 		// "d1" client would accept: the proof covers it, so it fails.
-		{"domain-stripped", cat(chD("", pD("d1", "d2")), specWelcome)},
+		{"domain-stripped", cat(chD("", pD("d1", "d2")), wel)},
 		// The Challenge of a build before the domain field.
-		{"challenge-without-domain", cat(rawFrame('C', u16(v), sn, s8("n1"), s8("prod"), []byte{1}, pC(v, "n1", "prod")), specWelcome)},
-		{"domain-n0", cat(chD("d1"), specWelcome)},
-		{"max-cluster", cat(specChallengeFrame(v, sn, "n1", rep('c', 255), "", pC(v, "n1", rep('c', 255))), specWelcome)},
-		{"challenge-over-length", cat(rawFrame('C', valid[5:], make([]byte, MaxFrameLen)), specWelcome)},
+		{"challenge-without-domain", cat(rawFrame('C', u16(v), sn, s8("n1"), s8("prod"), []byte{1}, pC(v, "n1", "prod")), wel)},
+		{"domain-n0", cat(chD("d1"), wel)},
+		{"max-cluster", cat(specChallengeFrame(v, sn, "n1", rep('c', 255), "", pC(v, "n1", rep('c', 255))), wel)},
+		{"challenge-over-length", cat(rawFrame('C', valid[5:], make([]byte, MaxFrameLen)), wel)},
 		{"truncated-challenge", valid[:len(valid)-1]},
 		{"truncated-header", valid[:2]},
 		{"challenge-only", valid},
 		{"truncated-welcome", cat(valid, specWelcome[:3])},
 		{"welcome-with-payload", cat(valid, rawFrame('W', []byte{0}))},
+		// Version 4: the Welcome is exactly max_in_flight u32 | max_waiters u32.
+		{"welcome-v4-empty", cat(valid, specWelcome)},
+		{"welcome-v4-short", cat(valid, wel[:len(wel)-1])},
+		{"welcome-v4-7-bytes", cat(valid, rawFrame('W', make([]byte, 7)))},
+		{"welcome-v4-9-bytes", cat(valid, rawFrame('W', make([]byte, 9)))},
+		{"welcome-v4-zero-limits", cat(valid, specWelcome4(0, 0))},
+		{"welcome-v4-max-limits", cat(valid, specWelcome4(^uint32(0), ^uint32(0)))},
 		{"welcome-length0", cat(valid, []byte{0, 0, 0, 0})},
 		{"welcome-too-large", cat(valid, []byte{0, 0, 0x10, 0x01, 'W'})},
 		{"challenge-twice", cat(valid, valid)},
@@ -864,6 +912,7 @@ func TestFuzzSeedsSucceed(t *testing.T) {
 		{"discover-full-id", 2}, {"discover-bare-name", 2},
 		{"domain-any-client-expects-none", 0}, {"max-domain", 0},
 		{"domain-match", 3}, {"domain-empty-client-expects-one", 3},
+		{"version-3", 0}, {"version-2", 0}, {"welcome-v4-zero-limits", 0}, {"welcome-v4-max-limits", 0},
 	} {
 		data := byName(clientHandshakeSeeds(), tc.seed)
 		if _, err := ClientHandshake(newFuzzRW(data), cfgs[tc.cfg]); err != nil {
@@ -882,6 +931,7 @@ func TestFuzzSeedsSucceed(t *testing.T) {
 		{"peer-valid", 1}, {"peer-valid-next-secret", 1}, {"discover-bare-name", 1}, {"discover-full-id", 1},
 		{"hello-domain-any-server-has-none", 0}, {"hello-max-domain", 0}, {"peer-with-domain", 1},
 		{"hello-domain-match", 2}, {"hello-domain-empty-server-has-one", 2},
+		{"valid-v3-client", 0}, {"valid-v2-client", 0},
 	} {
 		data := byName(serverHandshakeSeeds(), tc.seed)
 		if _, err := ServerHandshake(newFuzzRW(data), scfgs[tc.cfg]); err != nil {
@@ -915,6 +965,11 @@ func TestFuzzSeedsRefused(t *testing.T) {
 		{"domain-stripped", 3, ErrAuthFailed},
 		{"challenge-without-domain", 0, ErrMalformed},
 		{"domain-n0", 3, ErrMalformed},
+		{"version-3-welcome-with-limits", 0, ErrMalformed},
+		{"version-5", 0, ErrVersion},
+		{"welcome-v4-empty", 0, ErrMalformed},
+		{"welcome-v4-7-bytes", 0, ErrMalformed},
+		{"welcome-v4-9-bytes", 0, ErrMalformed},
 	} {
 		data := seedByName(t, clientHandshakeSeeds(), tc.seed)
 		rw := newFuzzRW(data)
@@ -951,6 +1006,7 @@ func TestFuzzSeedsRefused(t *testing.T) {
 		{"hello-v1-layout", 0, ErrVersion},
 		{"hello-version-only", 0, ErrVersion},
 		{"hello-version-cut", 0, ErrMalformed},
+		{"v3-client-proof-for-v4", 0, ErrAuthFailed}, // the version is in the transcript
 	} {
 		data := seedByName(t, serverHandshakeSeeds(), tc.seed)
 		rw := newFuzzRW(data)

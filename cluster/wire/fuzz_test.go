@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"math"
 	"reflect"
 	"testing"
 
@@ -200,16 +201,17 @@ func FuzzHandshake(f *testing.F) {
 				// the transcript does not cover, such as max_version).
 				// wantServer checks the proof for any Hello; this is the
 				// seed's own case.
-				sameTranscript := ci == 0 && bytes.Equal(w.hello.cn, cn) && w.hello.sender == "" && w.hello.expect == "" && w.hello.domain == ""
-				if (sameTranscript && !bytes.Contains(data, auth[5:])) || peer.Version != ProtocolVersion {
+				sameTranscript := ci == 0 && min(w.hello.maxV, ProtocolVersion) == ProtocolVersion && bytes.Equal(w.hello.cn, cn) && w.hello.sender == "" && w.hello.expect == "" && w.hello.domain == ""
+				if (sameTranscript && !bytes.Contains(data, auth[5:])) || peer.Version != min(w.hello.maxV, ProtocolVersion) {
 					t.Fatalf("handshake accepted %x as %+v", data, peer)
 				}
 				if peer.NodeID != w.hello.sender || peer.ClusterID != w.hello.cluster || peer.Kind != w.hello.kind ||
-					peer.Domain != w.hello.domain {
+					peer.Domain != w.hello.domain || peer.MaxInFlight != 0 || peer.MaxWaiters != 0 {
 					t.Fatalf("port %d: peer %+v, hello %+v", cfg.Kind, peer, w.hello)
 				}
-				// The reply stream is exactly Challenge then Welcome.
-				if len(out) != 2 || !bytes.Equal(out[1].raw, specWelcome) {
+				// The reply stream is exactly Challenge then the Welcome of
+				// the negotiated version (version 4: with the limits).
+				if len(out) != 2 || !bytes.Equal(out[1].raw, specWelcomeFor(peer.Version, cfg)) {
 					t.Fatalf("port %d: successful handshake wrote % x, want Challenge then Welcome", cfg.Kind, rw.w.Bytes())
 				}
 				continue
@@ -241,9 +243,9 @@ func FuzzHandshake(f *testing.F) {
 // server nonce.
 func fuzzServerCfgs() []HandshakeConfig {
 	return []HandshakeConfig{
-		{Kind: KindClient, Secret: clientSecret, ClusterID: "prod", NodeID: "n1", Rand: zeroRand{}},
+		{Kind: KindClient, Secret: clientSecret, ClusterID: "prod", NodeID: "n1", Rand: zeroRand{}, MaxInFlight: 4096, MaxWaiters: 200000},
 		{Kind: KindPeer, Secret: peerSecret, NextSecret: nextPeerSecret, ClusterID: "prod", NodeID: "n1/abcdefghij", NodeName: "n1", Rand: zeroRand{}},
-		{Kind: KindClient, Secret: clientSecret, ClusterID: "prod", Domain: "d1", NodeID: "n1", Rand: zeroRand{}},
+		{Kind: KindClient, Secret: clientSecret, ClusterID: "prod", Domain: "d1", NodeID: "n1", Rand: zeroRand{}, MaxInFlight: math.MaxUint32, MaxWaiters: 1},
 	}
 }
 
@@ -264,7 +266,8 @@ func fuzzClientCfgs() []HandshakeConfig {
 // FuzzClientHandshake: the dialler fed arbitrary server bytes (a fake or
 // hostile node) never panics, reads exactly the frames it needs and nothing
 // after them, and succeeds only on a Challenge with a valid server proof
-// for its nonce followed by an empty Welcome. It sends its own proof only
+// for its nonce followed by the Welcome of that version (empty before 4,
+// the two limits from 4). It sends its own proof only
 // after such a Challenge, and otherwise at most one connection-level E.
 // Every outcome is compared with wantClient, a reading of PROTOCOL.md that
 // shares no code with the handshake.
@@ -285,7 +288,7 @@ func FuzzClientHandshake(f *testing.F) {
 				t.Fatalf("kind %d: input %x: got %v, want %v", cfg.Kind, data, err, w.err)
 			}
 			if err == nil && (peer.Version != w.ch.version || peer.NodeID != w.ch.serverID || peer.ClusterID != w.ch.clusterID ||
-				peer.Domain != w.ch.domain) {
+				peer.Domain != w.ch.domain || peer.MaxInFlight != w.maxInFlight || peer.MaxWaiters != w.maxWaiters) {
 				t.Fatalf("kind %d: peer %+v, challenge %+v", cfg.Kind, peer, w.ch)
 			}
 			if got := rw.consumed(); got != w.consumed {
@@ -450,7 +453,7 @@ func checkReaderState(t *testing.T, r *Reader) {
 // strings per message), and re-encodes to exactly its frame.
 func checkMsgBounds(t *testing.T, m *Msg, raw []byte) {
 	t.Helper()
-	if !IsRequest(m.Type) && !IsReply(m.Type) && !IsNotice(m.Type) {
+	if !IsRequest(m.Type) && !IsReply(m.Type) && !IsNotice(m.Type) && !IsProgress(m.Type) {
 		t.Fatalf("decoded a frame of type %q", m.Type)
 	}
 	if (m.ID == 0) != (m.Type == TypeNotice) && m.Type != TypeError {

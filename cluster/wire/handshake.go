@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"strings"
 )
@@ -39,7 +40,8 @@ const (
 //	Challenge 'C': version u16 | server_nonce [32] | server_id str8 | cluster_id str8 |
 //	               domain str8 | n u8 (1..2) | n × server_proof [32]
 //	Auth      'x': client_proof [32]
-//	Welcome   'W': (empty)
+//	Welcome   'W': (empty before version 4)
+//	               max_in_flight u32 | max_waiters u32 (version 4 on)
 //
 // transcript = version u16 | kind u8 | client_nonce | server_nonce |
 // str8 cluster_id | str8 server_id | str8 sender_id | str8 expect_id |
@@ -88,6 +90,14 @@ type HandshakeConfig struct {
 	ChannelBinding []byte
 	// Rand supplies nonces; nil means crypto/rand.
 	Rand io.Reader
+	// MaxInFlight and MaxWaiters (server only) are the node's
+	// per-connection limits, told to the dialler in a version 4 Welcome:
+	// the acquires (and, separately, the releases) one connection may
+	// have owed before their own command is applied, and the waiting
+	// acquires (queued, or with a wait and not applied yet) it may have.
+	// 0 = not told (peer and admin ports, which have no such limits).
+	// At most math.MaxUint32; ignored by a dialler.
+	MaxInFlight, MaxWaiters int
 }
 
 // Peer is what a finished handshake learned about the other side.
@@ -97,6 +107,11 @@ type Peer struct {
 	Version   uint16
 	NodeID    string // server side: the dialler's sender_id; client side: server_id
 	ClusterID string
+	// MaxInFlight and MaxWaiters (client side) are the node's
+	// per-connection limits from its Welcome (HandshakeConfig.MaxInFlight,
+	// MaxWaiters); 0 = not told (a version 2 or 3 node, or a port without
+	// such limits). Zero on the server side.
+	MaxInFlight, MaxWaiters int
 }
 
 // NonceLen is the size of each side's nonce.
@@ -248,10 +263,24 @@ func clientHandshake(rw io.ReadWriter, cfg HandshakeConfig, minV, maxV uint16) (
 		return Peer{}, remoteError(payload, "server")
 	case typ != TypeWelcome:
 		return Peer{}, fail(rw, CodeUnexpectedFrame, fmt.Errorf("%w: %s instead of welcome", ErrUnexpectedFrame, TypeName(typ)))
-	case len(payload) != 0:
-		return Peer{}, fail(rw, CodeBadRequest, malformed(typ, "welcome with payload", payload))
+	case len(payload) != welcomeLen(version):
+		return Peer{}, fail(rw, CodeBadRequest, malformed(typ, "welcome payload is not "+strconv.Itoa(welcomeLen(version))+" bytes for version "+strconv.Itoa(int(version)), payload))
 	}
-	return Peer{Version: version, NodeID: serverID, ClusterID: clusterID, Domain: serverDomain}, nil
+	p := Peer{Version: version, NodeID: serverID, ClusterID: clusterID, Domain: serverDomain}
+	if version >= VersionQueued {
+		p.MaxInFlight = int(binary.BigEndian.Uint32(payload))
+		p.MaxWaiters = int(binary.BigEndian.Uint32(payload[4:]))
+	}
+	return p, nil
+}
+
+// welcomeLen is the Welcome's payload length in version: empty before
+// VersionQueued, then max_in_flight u32 | max_waiters u32.
+func welcomeLen(version uint16) int {
+	if version >= VersionQueued {
+		return 8
+	}
+	return 0
 }
 
 // ServerHandshake runs the accepting side on rw.
@@ -263,6 +292,12 @@ func clientHandshake(rw io.ReadWriter, cfg HandshakeConfig, minV, maxV uint16) (
 // then the error is returned; the caller closes the connection. Errors wrap
 // the same sentinels as ClientHandshake's.
 func ServerHandshake(rw io.ReadWriter, cfg HandshakeConfig) (Peer, error) {
+	return serverHandshake(rw, cfg, ProtocolVersion)
+}
+
+// serverHandshake takes the newest version as a parameter so that tests
+// can play an older node.
+func serverHandshake(rw io.ReadWriter, cfg HandshakeConfig, newest uint16) (Peer, error) {
 	if err := cfg.check(false); err != nil {
 		return Peer{}, err
 	}
@@ -284,9 +319,9 @@ func ServerHandshake(rw io.ReadWriter, cfg HandshakeConfig) (Peer, error) {
 	// The version range comes before anything whose layout may differ
 	// between versions: a client of another version gets "version", not
 	// "malformed", whatever the rest of its Hello looks like.
-	version := min(maxV, ProtocolVersion)
+	version := min(maxV, newest)
 	if !d.fail && string(magic) == Magic && (minV > maxV || version < minV || version < MinProtocolVersion) {
-		return Peer{}, fail(rw, CodeVersion, fmt.Errorf("%w: client speaks %d..%d, server %d..%d", ErrVersion, minV, maxV, MinProtocolVersion, ProtocolVersion))
+		return Peer{}, fail(rw, CodeVersion, fmt.Errorf("%w: client speaks %d..%d, server %d..%d", ErrVersion, minV, maxV, MinProtocolVersion, newest))
 	}
 	kind := ConnKind(d.u8())
 	cn := d.take(NonceLen)
@@ -354,7 +389,12 @@ func ServerHandshake(rw io.ReadWriter, cfg HandshakeConfig) (Peer, error) {
 	if ok != 1 {
 		return Peer{}, fail(rw, CodeAuthFailed, fmt.Errorf("%w: client proof does not match (wrong secret or a relayed TLS session)", ErrAuthFailed))
 	}
-	if _, err := rw.Write([]byte{0, 0, 0, 1, TypeWelcome}); err != nil {
+	w := append(buf[:0], 0, 0, 0, 0, TypeWelcome)
+	if version >= VersionQueued {
+		w = binary.BigEndian.AppendUint32(w, uint32(cfg.MaxInFlight))
+		w = binary.BigEndian.AppendUint32(w, uint32(cfg.MaxWaiters))
+	}
+	if _, err := rw.Write(finishFrame(w)); err != nil {
 		return Peer{}, fmt.Errorf("wire: handshake: sending welcome: %w", err)
 	}
 	return Peer{Kind: kind, Version: version, NodeID: senderID, ClusterID: clusterID, Domain: helloDomain}, nil
@@ -369,6 +409,8 @@ func (cfg *HandshakeConfig) check(dialler bool) error {
 		return fmt.Errorf("%w: secret is %d bytes, need at least %d", ErrBadConfig, len(cfg.Secret), MinSecretLen)
 	case cfg.NextSecret != nil && len(cfg.NextSecret) < MinSecretLen:
 		return fmt.Errorf("%w: next secret is %d bytes, need at least %d", ErrBadConfig, len(cfg.NextSecret), MinSecretLen)
+	case cfg.MaxInFlight < 0 || cfg.MaxWaiters < 0 || uint64(cfg.MaxInFlight) > math.MaxUint32 || uint64(cfg.MaxWaiters) > math.MaxUint32:
+		return fmt.Errorf("%w: limits %d, %d not in 0..%d", ErrBadConfig, cfg.MaxInFlight, cfg.MaxWaiters, uint32(math.MaxUint32))
 	case len(cfg.ClusterID) > 255 || len(cfg.Domain) > 255 || len(cfg.NodeID) > 255 || len(cfg.ExpectNodeID) > 255 || len(cfg.ChannelBinding) > 255:
 		return fmt.Errorf("%w: an id or the channel binding is longer than 255 bytes", ErrBadConfig)
 	case dialler && (cfg.Kind == KindPeer || cfg.Kind == KindDiscover) && (cfg.NodeID == "" || cfg.ExpectNodeID == ""):

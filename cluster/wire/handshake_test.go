@@ -26,6 +26,12 @@ type hsResult struct {
 // to a peer that already gave up is released.
 func runPair(t *testing.T, ccfg, scfg HandshakeConfig, client func(io.ReadWriter, HandshakeConfig) (Peer, error)) (c, s hsResult) {
 	t.Helper()
+	return runPairVersions(t, ccfg, scfg, client, ProtocolVersion)
+}
+
+// runPairVersions is runPair with a server whose newest version is newest.
+func runPairVersions(t *testing.T, ccfg, scfg HandshakeConfig, client func(io.ReadWriter, HandshakeConfig) (Peer, error), newest uint16) (c, s hsResult) {
+	t.Helper()
 	cc, sc := net.Pipe()
 	deadline := time.Now().Add(5 * time.Second)
 	cc.SetDeadline(deadline)
@@ -40,7 +46,7 @@ func runPair(t *testing.T, ccfg, scfg HandshakeConfig, client func(io.ReadWriter
 	go func() {
 		defer wg.Done()
 		defer sc.Close()
-		s.peer, s.err = ServerHandshake(sc, scfg)
+		s.peer, s.err = serverHandshake(sc, scfg, newest)
 	}()
 	wg.Wait()
 	return c, s
@@ -201,6 +207,41 @@ func TestHandshakeVersion(t *testing.T) {
 	}
 }
 
+// TestHandshakeLimits: a version 4 Welcome tells the dialler the node's
+// per-connection limits; a version 2 or 3 client, or a version 3 node,
+// negotiates its own version and the Welcome is empty (limits 0: not told).
+func TestHandshakeLimits(t *testing.T) {
+	ccfg, scfg := clientPair()
+	scfg.MaxInFlight, scfg.MaxWaiters = 4096, 200000
+	c, s := runPair(t, ccfg, scfg, ClientHandshake)
+	if c.err != nil || s.err != nil || c.peer.Version != VersionQueued || c.peer.MaxInFlight != 4096 || c.peer.MaxWaiters != 200000 {
+		t.Fatalf("v4: client %v %+v, server %v", c.err, c.peer, s.err)
+	}
+	if s.peer.MaxInFlight != 0 || s.peer.MaxWaiters != 0 {
+		t.Fatalf("server side learned limits: %+v", s.peer)
+	}
+	for _, v := range []uint16{2, 3} {
+		older := func(rw io.ReadWriter, cfg HandshakeConfig) (Peer, error) {
+			return clientHandshake(rw, cfg, MinProtocolVersion, v)
+		}
+		c, s = runPair(t, ccfg, scfg, older)
+		if c.err != nil || s.err != nil || c.peer.Version != v || s.peer.Version != v || c.peer.MaxInFlight != 0 || c.peer.MaxWaiters != 0 {
+			t.Fatalf("v%d client: %v %+v, server %v", v, c.err, c.peer, s.err)
+		}
+		// A version 4 client meets a node whose newest version is v.
+		c, s = runPairVersions(t, ccfg, scfg, ClientHandshake, v)
+		if c.err != nil || s.err != nil || c.peer.Version != v || c.peer.MaxInFlight != 0 || c.peer.MaxWaiters != 0 {
+			t.Fatalf("v%d node: %v %+v, server %v", v, c.err, c.peer, s.err)
+		}
+	}
+	// The peer port tells no limits: zeros in a version 4 Welcome.
+	pc, ps := peerPair()
+	c, s = runPair(t, pc, ps, ClientHandshake)
+	if c.err != nil || s.err != nil || c.peer.MaxInFlight != 0 || c.peer.MaxWaiters != 0 {
+		t.Fatalf("peer: %v %+v, server %v", c.err, c.peer, s.err)
+	}
+}
+
 // recordRW records what is written through it.
 type recordRW struct {
 	io.ReadWriter
@@ -319,6 +360,12 @@ func TestHandshakeConfigErrors(t *testing.T) {
 	}
 	if _, err := ServerHandshake(&rw, HandshakeConfig{Kind: KindPeer, Secret: peerSecret}); !errors.Is(err, ErrBadConfig) {
 		t.Errorf("peer server without NodeID: %v", err)
+	}
+	for _, lim := range [][2]int{{-1, 0}, {0, -1}, {1 << 32, 0}, {0, 1 << 32}} {
+		cfg := HandshakeConfig{Kind: KindClient, Secret: clientSecret, MaxInFlight: lim[0], MaxWaiters: lim[1]}
+		if _, err := ServerHandshake(&rw, cfg); !errors.Is(err, ErrBadConfig) {
+			t.Errorf("server limits %v: %v", lim, err)
+		}
 	}
 	if rw.Len() != 0 {
 		t.Errorf("config error wrote %d bytes", rw.Len())

@@ -28,12 +28,22 @@ import "ticketing/locksm"
 //	    reach a leader during a hand-over are answered M, naming the
 //	    target), an Identity without client_addr (a version 3 leader learns
 //	    that member's client address only once it runs version 3).
-const ProtocolVersion = 3
+//	4 — waiting rooms: the progress frame 'Q' (server → client: "your
+//	    acquire joined the key's queue"), and the Welcome carries the
+//	    node's per-connection limits (max_in_flight, max_waiters). A
+//	    version 2 or 3 peer or client negotiates its own version and sees
+//	    neither: no Q, an empty Welcome.
+const ProtocolVersion = 4
 
 // VersionNotices is the first version with the notice 'N' and its
 // acknowledgement 'n' and with client_addr in the Identity frame: a node
 // sends notices only on connections that negotiated at least this.
 const VersionNotices = 3
+
+// VersionQueued is the first version with the progress frame 'Q' and the
+// Welcome that carries the node's per-connection limits: a node sends Q
+// only on connections that negotiated at least this.
+const VersionQueued = 4
 
 // Frame layout, all integers big-endian:
 //
@@ -102,6 +112,19 @@ const (
 	// (leader_id, leader_addr) serves as the leader now — after winning an
 	// election, or again after a hand-over that failed.
 	TypeNotice = 'N'
+
+	// TypeQueued is a progress frame (server → client, from version 4,
+	// only on connections that negotiated it):
+	//
+	//	id u64 (the id of an acquire in flight)
+	//
+	// It says that the acquire's own command was applied as queued: it
+	// joined the key's FIFO queue and waits for its turn. It is not the
+	// acquire's reply: exactly one final reply follows (G, T or U; never
+	// B or M, since the acquire was executed), and no Q after it. At most one Q per acquire. A Q for any other request,
+	// for an id not in flight, or on a version 2 or 3 connection is a
+	// protocol violation (the client closes the connection).
+	TypeQueued = 'Q'
 )
 
 // NoticeEvent says what a TypeNotice announces.
@@ -217,7 +240,22 @@ func IsRequest(typ byte) bool {
 // which answers no request (its id is always 0).
 func IsNotice(typ byte) bool { return typ == TypeNotice }
 
-// IsReply reports whether typ is a post-handshake reply type.
+// IsProgress reports whether typ is a progress frame: server → client,
+// carrying the id of a request in flight, but not that request's reply
+// (the reply follows). TypeQueued is the only one.
+func IsProgress(typ byte) bool { return typ == TypeQueued }
+
+// ProgressAllowed reports whether a progress frame of type typ may be sent
+// for a request of type req on a connection that negotiated version
+// (PROTOCOL.md, "Q queued"): Q only for an acquire, only from
+// VersionQueued, and only before the acquire's reply. A client treats any
+// other progress frame as a protocol violation.
+func ProgressAllowed(req, typ byte, version uint16) bool {
+	return typ == TypeQueued && req == TypeAcquire && version >= VersionQueued
+}
+
+// IsReply reports whether typ is a post-handshake reply type (a final
+// reply: progress frames are not replies, see IsProgress).
 func IsReply(typ byte) bool {
 	switch typ {
 	case TypeGranted, TypeBusy, TypeTimeout, TypeMoved, TypeOK, TypeUnknown,
@@ -239,7 +277,8 @@ func isHandshake(typ byte) bool {
 // ReplyAllowed reports whether a reply of type reply may answer a request of
 // type req (PROTOCOL.md, "Replies per request"). A client treats any
 // other pairing as a protocol violation. E may answer every request; M and U
-// only requests that the leader proposes through Raft.
+// only requests that the leader proposes through Raft. A progress frame
+// (TypeQueued) is never a reply: see ProgressAllowed.
 func ReplyAllowed(req, reply byte) bool {
 	if reply == TypeError {
 		return IsRequest(req)
