@@ -88,7 +88,6 @@ var errorTable = []struct {
 	// The broker could not get a definite answer, but nothing was executed.
 	{sidecar.ErrMoved, "", "moved"},
 	{sidecar.ErrUnavailable, "", "unavailable"},
-	{sidecar.ErrReleaseQueueFull, "", "release_queue_full"},
 	{sidecar.ErrClosed, "", "shutting_down"},
 	{wire.ErrNoQuorum, "", "no_quorum"},
 	{wire.ErrShuttingDown, "", "shutting_down"},
@@ -97,6 +96,7 @@ var errorTable = []struct {
 	// The cluster's table limits: definite, nothing was executed.
 	{wire.ErrTooManyKeys, "", "too_many_keys"},
 	{wire.ErrTooManyWaiters, "", "too_many_waiters"},
+	{sidecar.ErrTooManyWaiters, "", "too_many_waiters"},
 	{context.Canceled, "", "cancelled"},
 	{context.DeadlineExceeded, "", "cancelled"},
 }
