@@ -113,9 +113,12 @@ type Config struct {
 	// HandshakeTimeout bounds a client or peer handshake. Zero:
 	// DefaultHandshakeTimeout.
 	HandshakeTimeout time.Duration
-	// MaxInFlightPerConn bounds requests without a reply on one client
-	// connection; past it a request gets CodeTooManyInFlight. Zero:
-	// DefaultMaxInFlightPerConn.
+	// MaxInFlightPerConn bounds, on one client connection, the acquires
+	// whose own command is not applied yet, and separately (room reserved
+	// for them) the releases whose own command is not applied yet; past
+	// it a request gets E too_many_in_flight. A queued waiter does not
+	// count (see MaxWaitersPerConn). Told to clients in the Welcome
+	// (protocol version 4). Zero: DefaultMaxInFlightPerConn.
 	MaxInFlightPerConn int
 	// MaxClientConns bounds open client connections; past it new ones are
 	// closed after a connection-level error. Zero: DefaultMaxClientConns.
@@ -138,6 +141,12 @@ type Config struct {
 	// yet committed); one more gets E too_many_waiters. Zero:
 	// DefaultMaxWaitersPerKey.
 	MaxWaitersPerKey int
+	// MaxWaitersPerConn bounds the waiters of one client connection: its
+	// queued acquires plus its acquires with a wait not yet committed;
+	// one more gets E too_many_waiters (an acquire with wait 0 never
+	// counts). Told to clients in the Welcome (protocol version 4). Zero:
+	// DefaultMaxWaitersPerConn.
+	MaxWaitersPerConn int
 	// MaxHandshakesPerIP bounds the connections from one IP address that
 	// are between accept and a finished handshake, on each port; more are
 	// closed at once. Zero: DefaultMaxHandshakesPerIP.
@@ -188,6 +197,7 @@ const (
 	DefaultMaxReplyBacklog     = 8 << 20
 	DefaultMaxKeys             = 4_000_000
 	DefaultMaxWaitersPerKey    = 10_000
+	DefaultMaxWaitersPerConn   = 200_000
 	DefaultMaxHandshakesPerIP  = 64
 	DefaultAuthFailureDelay    = 500 * time.Millisecond
 	DefaultAuthFailureDelayMax = 8 * time.Second
@@ -215,6 +225,7 @@ func DefaultConfig() Config {
 		MaxReplyBacklog:     DefaultMaxReplyBacklog,
 		MaxKeys:             DefaultMaxKeys,
 		MaxWaitersPerKey:    DefaultMaxWaitersPerKey,
+		MaxWaitersPerConn:   DefaultMaxWaitersPerConn,
 		MaxHandshakesPerIP:  DefaultMaxHandshakesPerIP,
 		AuthFailureDelay:    DefaultAuthFailureDelay,
 		AuthFailureDelayMax: DefaultAuthFailureDelayMax,
@@ -304,7 +315,7 @@ func (c Config) Validate() error {
 		return bad("max append entries must be 1..1024")
 	}
 	if c.MaxInFlightPerConn < 1 || c.MaxClientConns < 1 || c.MaxReplyBacklog < 1 || c.MaxKeys < 1 ||
-		c.MaxWaitersPerKey < 1 || c.MaxHandshakesPerIP < 1 {
+		c.MaxWaitersPerKey < 1 || c.MaxWaitersPerConn < 1 || c.MaxHandshakesPerIP < 1 {
 		return bad("connection and table limits must be positive")
 	}
 	if c.IdleTimeout < time.Second {

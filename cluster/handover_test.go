@@ -109,6 +109,11 @@ func TestHandOverFailedTransferResumesServing(t *testing.T) {
 		leader.ReadState(func(st *locksm.State) { q = len(st.Waiters("k")) })
 		return q == 1
 	})
+	// A version 4 connection is told that the waiter queued (progress,
+	// not its reply: that is the T below).
+	if m := rawNext(t, r); m.Type != wire.TypeQueued || m.ID != 2 {
+		t.Fatalf("after the waiter queued: %s, want Q id 2", describe(m))
+	}
 
 	// The target cannot be reached: the transfer cannot finish (it cannot
 	// even catch up with the waiter's withdrawal).

@@ -176,6 +176,7 @@ func (n *Node) start() error {
 	n.core = leader.New[*clientConn](leader.Config{
 		ServerID: n.serverID, Advertise: n.advertise,
 		MaxInFlightPerConn: cfg.MaxInFlightPerConn, MaxKeys: cfg.MaxKeys, MaxWaitersPerKey: cfg.MaxWaitersPerKey,
+		MaxWaitersPerConn: cfg.MaxWaitersPerConn,
 		// Refs only need to be unique among one leader's in-flight
 		// requests; a random start keeps them apart from refs of earlier
 		// leaders too.

@@ -159,6 +159,7 @@ func (n *Node) admitClient(cc *clientConn) (uint16, bool) {
 			NodeID:         n.serverID,
 			ChannelBinding: binding,
 			MaxInFlight:    toldLimit(n.cfg.MaxInFlightPerConn),
+			MaxWaiters:     toldLimit(n.cfg.MaxWaitersPerConn),
 		})
 		if err != nil && isTimeout(err) {
 			writeConnError(rw, fmt.Errorf("%w after %v", wire.ErrHandshakeTimeout, n.cfg.HandshakeTimeout))

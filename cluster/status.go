@@ -349,9 +349,11 @@ type Stats struct {
 	InFlightRefusals    uint64 // requests refused: MaxInFlightPerConn
 	KeyLimitRefusals    uint64 // acquires refused: MaxKeys
 	WaiterLimitRefusals uint64 // acquires refused: MaxWaitersPerKey
-	IdleCloses          uint64 // connections closed after IdleTimeout
-	SlowConsumerCloses  uint64 // connections closed: reply backlog above MaxReplyBacklog
-	ProtocolErrorCloses uint64 // connections closed after a protocol error
+	// ConnWaiterLimitRefusals: acquires refused: MaxWaitersPerConn.
+	ConnWaiterLimitRefusals uint64
+	IdleCloses              uint64 // connections closed after IdleTimeout
+	SlowConsumerCloses      uint64 // connections closed: reply backlog above MaxReplyBacklog
+	ProtocolErrorCloses     uint64 // connections closed after a protocol error
 }
 
 // nodeStats are the counters behind Stats, counted where each refusal
@@ -359,6 +361,7 @@ type Stats struct {
 type nodeStats struct {
 	clientAuthFailures, peerAuthFailures, gateRefusals, connLimitRefusals atomic.Uint64
 	inFlightRefusals, keyLimitRefusals, waiterLimitRefusals               atomic.Uint64
+	connWaiterLimitRefusals                                               atomic.Uint64
 	idleCloses, slowConsumerCloses, protocolErrorCloses                   atomic.Uint64
 }
 
@@ -369,7 +372,8 @@ func (n *Node) Stats() Stats {
 		ClientAuthFailures: s.clientAuthFailures.Load(), PeerAuthFailures: s.peerAuthFailures.Load(),
 		GateRefusals: s.gateRefusals.Load(), ConnLimitRefusals: s.connLimitRefusals.Load(),
 		InFlightRefusals: s.inFlightRefusals.Load(), KeyLimitRefusals: s.keyLimitRefusals.Load(),
-		WaiterLimitRefusals: s.waiterLimitRefusals.Load(), IdleCloses: s.idleCloses.Load(),
+		WaiterLimitRefusals: s.waiterLimitRefusals.Load(), ConnWaiterLimitRefusals: s.connWaiterLimitRefusals.Load(),
+		IdleCloses:         s.idleCloses.Load(),
 		SlowConsumerCloses: s.slowConsumerCloses.Load(), ProtocolErrorCloses: s.protocolErrorCloses.Load(),
 	}
 }

@@ -33,8 +33,22 @@
 //
 // Admission counts acquires proposed but not applied as if each created a
 // key and, if it may wait, joined its key's queue (MaxKeys,
-// MaxWaitersPerKey), so a burst cannot overshoot; MaxInFlightPerConn bounds
-// the requests owed per connection.
+// MaxWaitersPerKey), so a burst cannot overshoot. Per connection:
+//
+//   - "In flight" is a request whose own command is not applied yet: the
+//     work about to commit. MaxInFlightPerConn bounds a connection's
+//     acquires in flight, and, separately, its releases in flight (the
+//     same number again: room reserved for releases, so a flood of
+//     acquires can never make a release wait or be refused). A queued
+//     waiter is not in flight: it costs the leader memory, not work.
+//   - MaxWaitersPerConn bounds a connection's waiters: its queued
+//     acquires plus its acquires with a wait whose command is not applied
+//     yet (each may join a queue). An acquire with wait 0 never needs
+//     waiter room.
+//
+// An acquire whose own command is applied as queued is told Q (progress,
+// not its reply) on a connection of version wire.VersionQueued or later;
+// its reply (G, T or U) follows.
 //
 // Timers run on the caller's monotonic clock: a lease timer for every grant
 // applied while leading (a full lease from the moment the leader applied
@@ -65,7 +79,9 @@ type Config struct {
 	// Advertise is the client address named in serving notices ("" if not
 	// known; one longer than 255 bytes is sent as "").
 	Advertise string
-	// MaxInFlightPerConn bounds the requests owed per connection (>= 1).
+	// MaxInFlightPerConn bounds, per connection, the acquires whose own
+	// command is not applied yet, and separately the releases whose own
+	// command is not applied yet (>= 1). A queued waiter does not count.
 	MaxInFlightPerConn int
 	// MaxKeys bounds the keys held plus the acquires proposed but not yet
 	// applied (>= 1).
@@ -73,6 +89,9 @@ type Config struct {
 	// MaxWaitersPerKey bounds a key's queue plus the waiting acquires of
 	// that key proposed but not yet applied (>= 1).
 	MaxWaitersPerKey int
+	// MaxWaitersPerConn bounds, per connection, the queued acquires plus
+	// the acquires with a wait (> 0) proposed but not yet applied (>= 1).
+	MaxWaitersPerConn int
 	// FirstRef: the refs (locksm.Command.Ref) this core hands out are
 	// FirstRef+1, FirstRef+2, ... Zero is a valid start. A node starts at
 	// a random value, so refs of different leaders stay apart.
@@ -84,7 +103,7 @@ func (c Config) Validate() error {
 	switch {
 	case c.ServerID == "":
 		return fmt.Errorf("%w: server id required", ErrBadConfig)
-	case c.MaxInFlightPerConn < 1, c.MaxKeys < 1, c.MaxWaitersPerKey < 1:
+	case c.MaxInFlightPerConn < 1, c.MaxKeys < 1, c.MaxWaitersPerKey < 1, c.MaxWaitersPerConn < 1:
 		return fmt.Errorf("%w: limits must be at least 1", ErrBadConfig)
 	}
 	return nil
@@ -165,8 +184,9 @@ const (
 	EventHandoff
 	// EventAbandonedGrant: a grant to a dead connection, released at once.
 	EventAbandonedGrant
-	// EventRefusedInFlight, EventRefusedKeys, EventRefusedWaiters: a
-	// request refused by MaxInFlightPerConn, MaxKeys, MaxWaitersPerKey.
+	// EventRefusedInFlight, EventRefusedKeys, EventRefusedWaiters,
+	// EventRefusedConnWaiters: a request refused by MaxInFlightPerConn,
+	// MaxKeys, MaxWaitersPerKey, MaxWaitersPerConn.
 	EventRefusedInFlight
 	EventRefusedKeys
 	EventRefusedWaiters
@@ -174,6 +194,7 @@ const (
 	// the core does not expect for its Op (a bug: log it). It was
 	// answered E internal.
 	EventUnexpectedResult
+	EventRefusedConnWaiters
 )
 
 // Event is something for the metrics (or the log) to record.
@@ -243,13 +264,26 @@ type pending[C comparable] struct {
 	uncommitted, mayWait bool
 }
 
+// inFlight reports whether p counts in its connection's acquiring or
+// releasing: owed, and its own command not applied yet.
+func (p *pending[C]) inFlight() bool { return !p.queued }
+
+// waiter reports whether p counts in its connection's waiters: an acquire
+// that may wait (queued, or not applied yet).
+func (p *pending[C]) waiter() bool { return p.op == locksm.OpAcquire && p.mayWait }
+
 // conn is what the core knows of one connection.
 type conn[C comparable] struct {
 	handle   C
 	seq      uint64                 // opening order: the order notices go out in
-	inflight map[uint64]*pending[C] // by request id
-	dead     bool                   // closed: later grants are compensated
-	version  uint16                 // negotiated protocol version
+	inflight map[uint64]*pending[C] // owed replies, by request id
+	// acquiring and releasing count the acquires and the releases of
+	// inflight whose own command is not applied yet (MaxInFlightPerConn
+	// each); waiters its acquires that may wait, queued or not applied
+	// yet (MaxWaitersPerConn).
+	acquiring, releasing, waiters int
+	dead                          bool   // closed: later grants are compensated
+	version                       uint16 // negotiated protocol version
 	// ackPending: told of a hand-over, not acknowledged yet.
 	ackPending bool
 }
@@ -450,13 +484,25 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 		k.send(cn, wire.Msg{Type: wire.TypeMoved, ID: m.ID, LeaderAddr: addr, LeaderID: id})
 		return true
 	}
-	if len(cn.inflight) >= k.cfg.MaxInFlightPerConn {
+	if n := cn.flying(cmd.Op); n >= k.cfg.MaxInFlightPerConn {
 		k.event(Event{Kind: EventRefusedInFlight})
 		k.reply(cmd.Op, OutcomeError)
-		k.send(cn, errReply(m.ID, wire.ErrTooManyInFlight))
+		what := "acquires"
+		if cmd.Op == locksm.OpRelease {
+			what = "releases"
+		}
+		k.send(cn, errReply(m.ID, fmt.Errorf("%w: %d %s on this connection not committed yet; this node allows %d per connection",
+			wire.ErrTooManyInFlight, n, what, k.cfg.MaxInFlightPerConn)))
 		return true
 	}
 	if cmd.Op == locksm.OpAcquire {
+		if m.WaitMs > 0 && cn.waiters >= k.cfg.MaxWaitersPerConn {
+			k.event(Event{Kind: EventRefusedConnWaiters})
+			k.reply(cmd.Op, OutcomeError)
+			k.send(cn, errReply(m.ID, fmt.Errorf("%w on this connection: %d waiting or joining; this node allows %d per connection",
+				wire.ErrTooManyWaiters, cn.waiters, k.cfg.MaxWaitersPerConn)))
+			return true
+		}
 		if err := k.admitAcquire(m.Key, m.WaitMs > 0); err != nil {
 			k.reply(cmd.Op, OutcomeError)
 			k.send(cn, errReply(m.ID, err))
@@ -469,8 +515,6 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 	if cmd.Op == locksm.OpAcquire {
 		p.deadline = now.Add(time.Duration(m.WaitMs) * time.Millisecond)
 	}
-	k.pend[p.ref] = p
-	cn.inflight[m.ID] = p
 	if cmd.Op == locksm.OpAcquire {
 		p.uncommitted, p.mayWait = true, m.WaitMs > 0
 		if p.mayWait {
@@ -478,8 +522,45 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 		}
 		k.uncommittedTotal++
 	}
+	k.pend[p.ref] = p
+	cn.owe(p)
 	k.propose(cmd)
 	return true
+}
+
+// flying is how many requests of op cn has in flight (their own command
+// not applied yet): the count MaxInFlightPerConn bounds for op.
+func (cn *conn[C]) flying(op locksm.Op) int {
+	if op == locksm.OpRelease {
+		return cn.releasing
+	}
+	return cn.acquiring
+}
+
+// owe files p, a request just proposed, under its connection.
+func (cn *conn[C]) owe(p *pending[C]) {
+	cn.inflight[p.id] = p
+	cn.count(p, 1)
+}
+
+// unowe forgets p, whose reply is being sent (or lost with leadership).
+func (cn *conn[C]) unowe(p *pending[C]) {
+	delete(cn.inflight, p.id)
+	cn.count(p, -1)
+}
+
+// count adds d to the counts p is in.
+func (cn *conn[C]) count(p *pending[C], d int) {
+	if p.inFlight() {
+		if p.op == locksm.OpRelease {
+			cn.releasing += d
+		} else {
+			cn.acquiring += d
+		}
+	}
+	if p.waiter() {
+		cn.waiters += d
+	}
 }
 
 // admitAcquire applies MaxKeys and MaxWaitersPerKey to an acquire of key
@@ -494,7 +575,7 @@ func (k *Core[C]) admitAcquire(key string, mayWait bool) error {
 	}
 	if mayWait && queue+k.uncommitted[key] >= k.cfg.MaxWaitersPerKey {
 		k.event(Event{Kind: EventRefusedWaiters})
-		return fmt.Errorf("%w: %d waiting or joining; this node allows %d per key", wire.ErrTooManyWaiters, queue+k.uncommitted[key], k.cfg.MaxWaitersPerKey)
+		return fmt.Errorf("%w on this key: %d waiting or joining; this node allows %d per key", wire.ErrTooManyWaiters, queue+k.uncommitted[key], k.cfg.MaxWaitersPerKey)
 	}
 	return nil
 }
@@ -518,7 +599,7 @@ func (k *Core[C]) committed(p *pending[C]) {
 func (k *Core[C]) finish(p *pending[C]) {
 	k.committed(p)
 	delete(k.pend, p.ref)
-	delete(p.conn.inflight, p.id)
+	p.conn.unowe(p)
 }
 
 func errReply(id uint64, err error) wire.Msg {
@@ -620,7 +701,13 @@ func (k *Core[C]) resolve(p *pending[C], res locksm.Result, now time.Time) {
 		k.granted(p, res.Token, now)
 	case locksm.StatusQueued:
 		k.committed(p)
+		// Queued, it is no longer in flight (it stays a waiter).
+		p.conn.count(p, -1)
 		p.queued = true
+		p.conn.count(p, 1)
+		if !p.conn.dead && p.conn.version >= wire.VersionQueued {
+			k.send(p.conn, wire.Msg{Type: wire.TypeQueued, ID: p.id})
+		}
 		switch {
 		case p.conn.dead || p.cancel || k.withdrawing():
 			// Gone, cancelled, or a hand-over withdraws its waiters.
@@ -763,7 +850,7 @@ func (k *Core[C]) LoseLeadership(why string) (wasLeading bool, owed int) {
 	clear(k.expiring)
 	for _, p := range ps {
 		p.uncommitted = false
-		delete(p.conn.inflight, p.id)
+		p.conn.unowe(p)
 		k.reply(p.op, OutcomeIndeterminate)
 		k.send(p.conn, wire.Msg{Type: wire.TypeUnknown, ID: p.id, Text: why + ": outcome unknown"})
 	}

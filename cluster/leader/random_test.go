@@ -25,7 +25,17 @@ import (
 //   - M only for a request never proposed or whose proposal was refused
 //     before being appended, and such a command is never applied;
 //   - while leadership never changed, admission held: keys held never
-//     above MaxKeys, no queue longer than MaxWaitersPerKey;
+//     above MaxKeys, no queue longer than MaxWaitersPerKey; per connection
+//     (the bookkeeping check): acquires and releases not applied yet each
+//     within MaxInFlightPerConn, waiters within MaxWaitersPerConn;
+//   - a refusal names a full room: too_many_in_flight only when the
+//     connection has MaxInFlightPerConn requests of that op in flight (a
+//     release is never refused for acquires, nor the other way round),
+//     too_many_waiters per connection only when its waiters fill
+//     MaxWaitersPerConn, and never for an acquire with wait 0;
+//   - Q exactly once for each acquire of a version 4 connection whose own
+//     command the log applied as queued while it was owed, before its
+//     reply; never on an older connection, never for anything else;
 //   - a queued waiter owed a reply whose connection died, or that was
 //     cancelled, has its cancel proposed; any other has its wait timer
 //     armed at its deadline (or fired, and the cancel proposed);
@@ -51,8 +61,11 @@ type reqKey struct {
 type reqInfo struct {
 	op      byte // wire type
 	ref     uint64
+	wait    bool // an acquire with a wait
 	replies []wire.Msg
 	moved   bool // answered M
+	queuedQ int  // Q frames received
+	wantQ   bool // applied as queued while owed, on a version 4 connection
 }
 
 type randomRun struct {
@@ -65,7 +78,9 @@ type randomRun struct {
 	nextID map[string]uint64
 	open   []string
 	dead   map[string]bool
-	conns  int
+	// version: each connection's protocol version.
+	version map[string]uint16
+	conns   int
 
 	// What the log did, by ref.
 	granted  map[uint64]uint64 // ref → token
@@ -88,12 +103,12 @@ func runRandom(seed uint64, steps int) error {
 		r:      rand.New(rand.NewPCG(seed, 7)),
 		reqs:   map[reqKey]*reqInfo{},
 		byRef:  map[uint64]*reqInfo{},
-		nextID: map[string]uint64{}, dead: map[string]bool{},
+		nextID: map[string]uint64{}, dead: map[string]bool{}, version: map[string]uint16{},
 		granted: map[uint64]uint64{}, busy: map[uint64]bool{}, released: map[uint64]bool{},
 		timedOut: map[uint64]bool{}, dropped: map[uint64]bool{}, applied: map[uint64]bool{},
 		compensated: map[uint64]bool{}, cancelled: map[uint64]bool{},
 	}
-	rr.h = newHarness(Config{MaxKeys: 3, MaxWaitersPerKey: 2, MaxInFlightPerConn: 4})
+	rr.h = newHarness(Config{MaxKeys: 3, MaxWaitersPerKey: 2, MaxInFlightPerConn: 4, MaxWaitersPerConn: 3})
 	rr.h.onSend = rr.sent
 	rr.h.onApplied = rr.logApplied
 	rr.h.onPropose = func(c locksm.Command) {
@@ -195,10 +210,8 @@ func (rr *randomRun) step() {
 	case x < 6 || len(rr.open) == 0:
 		rr.conns++
 		name := fmt.Sprintf("c%d", rr.conns)
-		version := wire.VersionNotices
-		if rr.pick(4) == 0 {
-			version = 2
-		}
+		version := []uint16{2, wire.VersionNotices, wire.VersionQueued, wire.VersionQueued}[rr.pick(4)]
+		rr.version[name] = version
 		rr.open = append(rr.open, name)
 		rr.do(fmt.Sprintf("open conn=%s version=%d", name, version))
 	case x < 9:
@@ -286,9 +299,26 @@ func (rr *randomRun) step() {
 func (rr *randomRun) request(c string, typ byte, line string) {
 	rr.nextID[c]++
 	id := rr.nextID[c]
-	info := &reqInfo{op: typ}
+	info := &reqInfo{op: typ, wait: typ == wire.TypeAcquire && !strings.HasSuffix(line, " wait=0")}
 	rr.reqs[reqKey{c, id}] = info
+	// The room the request finds, for judging a refusal.
+	var acquiring, releasing, waiters int
+	if cn := rr.h.k.conns[c]; cn != nil {
+		acquiring, releasing, waiters = cn.acquiring, cn.releasing, cn.waiters
+	}
 	rr.do(fmt.Sprintf(line, id))
+	if len(info.replies) == 1 && info.replies[0].Type == wire.TypeError {
+		m, cfg := info.replies[0], rr.h.cfg
+		switch {
+		case m.Code == wire.CodeTooManyInFlight && typ == wire.TypeRelease && releasing < cfg.MaxInFlightPerConn,
+			m.Code == wire.CodeTooManyInFlight && typ == wire.TypeAcquire && acquiring < cfg.MaxInFlightPerConn:
+			rr.fail("%s/%d refused too_many_in_flight with %d acquires and %d releases in flight", c, id, acquiring, releasing)
+		case m.Code == wire.CodeTooManyWaiters && !info.wait:
+			rr.fail("%s/%d with wait 0 refused too_many_waiters", c, id)
+		case m.Code == wire.CodeTooManyWaiters && strings.Contains(m.Text, "per connection") && waiters < cfg.MaxWaitersPerConn:
+			rr.fail("%s/%d refused too_many_waiters per connection with %d waiters", c, id, waiters)
+		}
+	}
 	if cn := rr.h.k.conns[c]; cn != nil {
 		if p := cn.inflight[id]; p != nil {
 			info.ref = p.ref
@@ -299,6 +329,12 @@ func (rr *randomRun) request(c string, typ byte, line string) {
 
 func (rr *randomRun) logApplied(a Applied) {
 	c := a.Cmd
+	if p := rr.h.k.pend[c.Ref]; c.Ref != 0 && a.Res.Status == locksm.StatusQueued && p != nil && p.op == locksm.OpAcquire &&
+		!p.queued && !p.conn.dead && p.conn.version >= wire.VersionQueued {
+		if info := rr.byRef[c.Ref]; info != nil {
+			info.wantQ = true
+		}
+	}
 	if c.Ref != 0 {
 		rr.applied[c.Ref] = true
 		if info := rr.byRef[c.Ref]; info != nil && info.moved && (c.Op == locksm.OpAcquire || c.Op == locksm.OpRelease) {
@@ -335,6 +371,21 @@ func (rr *randomRun) sent(s Send[string]) {
 	info := rr.reqs[reqKey{s.To, m.ID}]
 	if info == nil {
 		rr.fail("reply %s to %s answers no request", fmtMsg(m), s.To)
+		return
+	}
+	if m.Type == wire.TypeQueued {
+		info.queuedQ++
+		phase, _, _ := strings.Cut(rr.phase, " ")
+		switch {
+		case !wire.ProgressAllowed(info.op, m.Type, rr.version[s.To]):
+			rr.fail("Q to %s/%d: request %c on a version %d connection", s.To, m.ID, info.op, rr.version[s.To])
+		case info.queuedQ > 1:
+			rr.fail("Q to %s/%d twice", s.To, m.ID)
+		case len(info.replies) > 0:
+			rr.fail("Q to %s/%d after its reply %s", s.To, m.ID, fmtMsg(info.replies[0]))
+		case !info.wantQ || phase != "commit":
+			rr.fail("Q to %s/%d during %q, not applied as queued while owed", s.To, m.ID, rr.phase)
+		}
 		return
 	}
 	info.replies = append(info.replies, m)
@@ -402,6 +453,10 @@ func (rr *randomRun) final() error {
 		return fmt.Errorf("%d replies still owed after leadership was lost", n)
 	}
 	for rk, info := range rr.reqs {
+		if info.wantQ && info.queuedQ != 1 {
+			return fmt.Errorf("request %s/%d (ref %d) queued on a version %d connection, told Q %d times",
+				rk.conn, rk.id, info.ref, rr.version[rk.conn], info.queuedQ)
+		}
 		if len(info.replies) == 1 {
 			continue
 		}

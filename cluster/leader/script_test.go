@@ -18,7 +18,7 @@ package leader
 // knows of the leader. Commands:
 //
 //	config [server=] [addr=] [max-inflight=] [max-keys=] [max-waiters=]
-//	                             a fresh core, table, log and clock
+//	       [max-conn-waiters=]   a fresh core, table, log and clock
 //	leader id=                   the leader Raft knows ("" none)
 //	address id= addr=            a client address the log records
 //	open conn= [version=]        a connection's handshake done (version 3)
@@ -160,6 +160,9 @@ func defaultConfig(c Config) Config {
 	if c.MaxWaitersPerKey == 0 {
 		c.MaxWaitersPerKey = 8
 	}
+	if c.MaxWaitersPerConn == 0 {
+		c.MaxWaitersPerConn = 16
+	}
 	return c
 }
 
@@ -217,7 +220,7 @@ func (h *harness) run(line string) (string, error) {
 	case "config":
 		cfg := Config{ServerID: a.str("server", ""), Advertise: a.str("addr", ""),
 			MaxInFlightPerConn: a.int("max-inflight", 0), MaxKeys: a.int("max-keys", 0),
-			MaxWaitersPerKey: a.int("max-waiters", 0)}
+			MaxWaitersPerKey: a.int("max-waiters", 0), MaxWaitersPerConn: a.int("max-conn-waiters", 0)}
 		if a.err != nil {
 			return "", a.err
 		}
@@ -514,6 +517,8 @@ func fmtEvent(e Event) string {
 		return "refused keys"
 	case EventRefusedWaiters:
 		return "refused waiters-per-key"
+	case EventRefusedConnWaiters:
+		return "refused waiters-per-conn"
 	case EventUnexpectedResult:
 		return fmt.Sprintf("unexpected-result op=%s status=%s", opNames[e.Op], statusNames[e.Status])
 	}
@@ -542,6 +547,11 @@ func (h *harness) formatCore() string {
 		fmt.Fprintf(&b, " handover=%s active=%v stopped=%v unacked=%d", ho.id, ho.active, ho.stopped, ho.unacked)
 	}
 	b.WriteString("\n")
+	for _, cn := range k.sortedConns() {
+		if cn.acquiring+cn.releasing+cn.waiters > 0 {
+			fmt.Fprintf(&b, "conn %s acquiring=%d releasing=%d waiters=%d\n", cn.handle, cn.acquiring, cn.releasing, cn.waiters)
+		}
+	}
 	for _, p := range sortedByRef(k.pend) {
 		fmt.Fprintf(&b, "owed ref=%d %s id=%d %s key=%s", p.ref, p.conn.handle, p.id, opNames[p.op], p.key)
 		if p.queued {
@@ -609,6 +619,37 @@ func (k *Core[C]) check() error {
 	}
 	if !k.leading && len(k.pend) > 0 {
 		return fmt.Errorf("%d replies owed while not leading", len(k.pend))
+	}
+	// Per connection: the counts agree with the owed requests, and stay
+	// within their limits (open and dead connections alike).
+	conns := map[*conn[C]]bool{}
+	for _, cn := range k.conns {
+		conns[cn] = true
+	}
+	for _, p := range k.pend {
+		conns[p.conn] = true
+	}
+	for cn := range conns {
+		var acq, rel, wait int
+		for _, p := range cn.inflight {
+			if !p.queued && p.op == locksm.OpAcquire {
+				acq++
+			}
+			if !p.queued && p.op == locksm.OpRelease {
+				rel++
+			}
+			if p.op == locksm.OpAcquire && p.mayWait {
+				wait++
+			}
+		}
+		if acq != cn.acquiring || rel != cn.releasing || wait != cn.waiters {
+			return fmt.Errorf("connection %v: counts acquiring %d releasing %d waiters %d, counted %d %d %d",
+				cn.handle, cn.acquiring, cn.releasing, cn.waiters, acq, rel, wait)
+		}
+		if acq > k.cfg.MaxInFlightPerConn || rel > k.cfg.MaxInFlightPerConn || wait > k.cfg.MaxWaitersPerConn {
+			return fmt.Errorf("connection %v over its limits: acquiring %d releasing %d (max %d each), waiters %d (max %d)",
+				cn.handle, acq, rel, k.cfg.MaxInFlightPerConn, wait, k.cfg.MaxWaitersPerConn)
+		}
 	}
 	if k.serving && (!k.leading || !k.ready) {
 		return errors.New("serving but not leading and ready")

@@ -35,7 +35,7 @@ const (
 	CodeInvalidCommand   Code = 22 // locksm.ErrInvalidCommand
 	CodeTokensExhausted  Code = 23 // locksm.ErrTokensExhausted: the 2^64-1 token counter is spent
 	CodeTooManyKeys      Code = 24 // the node's MaxKeys limit: the acquire would create one key too many
-	CodeTooManyWaiters   Code = 25 // the node's MaxWaitersPerKey limit: the key's queue is full
+	CodeTooManyWaiters   Code = 25 // the node's MaxWaitersPerKey (the key's queue is full) or MaxWaitersPerConn limit
 	CodeTLSRequired      Code = 26 // plaintext bytes on a TLS port (connection-level, then close)
 	CodeIdleTimeout      Code = 27 // nothing received for IdleTimeout (connection-level, then close)
 	CodeTooManyConns     Code = 28 // the node's connection limit (connection-level, then close)
@@ -62,7 +62,7 @@ var (
 	ErrInternal         = errors.New("wire: internal error")
 	ErrUnexpectedFrame  = errors.New("wire: unexpected frame type")
 	ErrTooManyKeys      = errors.New("wire: too many keys")
-	ErrTooManyWaiters   = errors.New("wire: too many waiters on this key")
+	ErrTooManyWaiters   = errors.New("wire: too many waiters")
 	ErrTLSRequired      = errors.New("wire: this port requires TLS")
 	ErrIdleTimeout      = errors.New("wire: connection idle too long")
 	ErrTooManyConns     = errors.New("wire: too many connections")
