@@ -137,7 +137,7 @@ func TestFloodOfWaitersDoesNotStarveOthers(t *testing.T) {
 // evicted connection's other waiters keep their order (FIFO per session).
 func TestWaiterRoomRefusesTheLargestSession(t *testing.T) {
 	const room = 4
-	_, s := brokerFor(t, testCluster, func(cfg *sidecar.Config) { cfg.MaxWaiters = room }, nil)
+	br, s := brokerFor(t, testCluster, func(cfg *sidecar.Config) { cfg.MaxWaiters = room }, nil)
 	hot := key(t)
 	holder := dial(t, s)
 	hotTok := token(t, holder.do("ACQUIRE "+hot+" 60 0"))
@@ -184,4 +184,33 @@ func TestWaiterRoomRefusesTheLargestSession(t *testing.T) {
 	if tok := token(t, b.read()); tok <= last {
 		t.Fatalf("b's grant token %d after a's %d", tok, last)
 	}
+	// The metrics say so too.
+	if n := counter(t, br, "ticketing_sidecar_waiter_evictions_total", ""); n != 1 {
+		t.Errorf("evictions %v, want 1", n)
+	}
+	if n := counter(t, br, "ticketing_sidecar_waiter_refusals_total", "sidecar_full"); n != 1 {
+		t.Errorf("refusals (sidecar_full) %v, want 1", n)
+	}
+}
+
+// counter reads a counter of the broker's registry (with the label value
+// reason, or unlabelled when "").
+func counter(t *testing.T, b *sidecar.Broker, name, reason string) float64 {
+	t.Helper()
+	mfs, err := b.MetricsRegistry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if reason == "" || (len(m.GetLabel()) == 1 && m.GetLabel()[0].GetValue() == reason) {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	t.Fatalf("no %s{%s}", name, reason)
+	return 0
 }
