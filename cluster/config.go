@@ -180,6 +180,15 @@ type Config struct {
 // silence after 1–2 heartbeat timeouts; when the other follower has not
 // noticed yet it rejects the first vote, and the candidate tries again after
 // 1–2 election timeouts.
+//
+// The waiter limits are sized for waiting rooms (issue 20: 50,000 buyers on
+// one hot key behind one sidecar, which multiplexes its whole host on one
+// connection per node): MaxWaitersPerKey 100,000, MaxWaitersPerConn
+// 200,000. A queued waiter costs the leader about 430 bytes of heap (all
+// three in-process nodes together 560; BenchmarkLeaderMemoryPerWaiter), so
+// a full connection's waiters cost about 86 MiB, a full key's 43 MiB.
+// MaxInFlightPerConn (4096) bounds only work about to commit: acquires, and
+// as many releases, whose own command is not applied yet.
 const (
 	DefaultHeartbeatTimeout    = 800 * time.Millisecond
 	DefaultElectionTimeout     = 800 * time.Millisecond
@@ -196,7 +205,7 @@ const (
 	DefaultIdleTimeout         = 2 * time.Minute
 	DefaultMaxReplyBacklog     = 8 << 20
 	DefaultMaxKeys             = 4_000_000
-	DefaultMaxWaitersPerKey    = 10_000
+	DefaultMaxWaitersPerKey    = 100_000
 	DefaultMaxWaitersPerConn   = 200_000
 	DefaultMaxHandshakesPerIP  = 64
 	DefaultAuthFailureDelay    = 500 * time.Millisecond

@@ -98,6 +98,10 @@ type HandshakeConfig struct {
 	// 0 = not told (peer and admin ports, which have no such limits).
 	// At most math.MaxUint32; ignored by a dialler.
 	MaxInFlight, MaxWaiters int
+	// MaxVersion (dialler only) is the newest version to offer:
+	// MinProtocolVersion..ProtocolVersion, 0 = ProtocolVersion. Tests and
+	// tools play an older client with it.
+	MaxVersion uint16
 }
 
 // Peer is what a finished handshake learned about the other side.
@@ -163,7 +167,11 @@ const proofLen = sha256.Size
 // ErrMalformed, ErrUnexpectedFrame, ErrBadConfig, the sentinel of an error
 // code the server sent, or an I/O error.
 func ClientHandshake(rw io.ReadWriter, cfg HandshakeConfig) (Peer, error) {
-	return clientHandshake(rw, cfg, MinProtocolVersion, ProtocolVersion)
+	maxV := uint16(ProtocolVersion)
+	if cfg.MaxVersion != 0 {
+		maxV = cfg.MaxVersion
+	}
+	return clientHandshake(rw, cfg, MinProtocolVersion, maxV)
 }
 
 // clientHandshake takes the version range as parameters so that tests can
@@ -409,6 +417,8 @@ func (cfg *HandshakeConfig) check(dialler bool) error {
 		return fmt.Errorf("%w: secret is %d bytes, need at least %d", ErrBadConfig, len(cfg.Secret), MinSecretLen)
 	case cfg.NextSecret != nil && len(cfg.NextSecret) < MinSecretLen:
 		return fmt.Errorf("%w: next secret is %d bytes, need at least %d", ErrBadConfig, len(cfg.NextSecret), MinSecretLen)
+	case cfg.MaxVersion != 0 && (cfg.MaxVersion < MinProtocolVersion || cfg.MaxVersion > ProtocolVersion):
+		return fmt.Errorf("%w: max version %d not in %d..%d", ErrBadConfig, cfg.MaxVersion, MinProtocolVersion, ProtocolVersion)
 	case cfg.MaxInFlight < 0 || cfg.MaxWaiters < 0 || uint64(cfg.MaxInFlight) > math.MaxUint32 || uint64(cfg.MaxWaiters) > math.MaxUint32:
 		return fmt.Errorf("%w: limits %d, %d not in 0..%d", ErrBadConfig, cfg.MaxInFlight, cfg.MaxWaiters, uint32(math.MaxUint32))
 	case len(cfg.ClusterID) > 255 || len(cfg.Domain) > 255 || len(cfg.NodeID) > 255 || len(cfg.ExpectNodeID) > 255 || len(cfg.ChannelBinding) > 255:

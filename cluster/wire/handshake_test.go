@@ -234,6 +234,23 @@ func TestHandshakeLimits(t *testing.T) {
 			t.Fatalf("v%d node: %v %+v, server %v", v, c.err, c.peer, s.err)
 		}
 	}
+	// MaxVersion plays an older client through the exported API.
+	for _, v := range []uint16{2, 3, 4} {
+		cc := ccfg
+		cc.MaxVersion = v
+		c, s = runPair(t, cc, scfg, ClientHandshake)
+		if c.err != nil || s.err != nil || c.peer.Version != v || (c.peer.MaxInFlight != 0) != (v >= VersionQueued) {
+			t.Fatalf("MaxVersion %d: %v %+v, server %v", v, c.err, c.peer, s.err)
+		}
+	}
+	var rw bytes.Buffer
+	for _, v := range []uint16{1, ProtocolVersion + 1} {
+		cc := ccfg
+		cc.MaxVersion = v
+		if _, err := ClientHandshake(&rw, cc); !errors.Is(err, ErrBadConfig) || rw.Len() != 0 {
+			t.Errorf("MaxVersion %d: %v, wrote %d bytes", v, err, rw.Len())
+		}
+	}
 	// The peer port tells no limits: zeros in a version 4 Welcome.
 	pc, ps := peerPair()
 	c, s = runPair(t, pc, ps, ClientHandshake)

@@ -193,10 +193,11 @@ func nodeConfig(name string, args []string, stdout, stderr io.Writer, extra func
 	fs.DurationVar(&cfg.IdleTimeout, "idle-timeout", d.IdleTimeout, "close a client connection that sent nothing for this long")
 	fs.IntVar(&cfg.MaxKeys, "max-keys", d.MaxKeys, "max keys held at once")
 	fs.IntVar(&cfg.MaxWaitersPerKey, "max-waiters-per-key", d.MaxWaitersPerKey, "max queued waiters on one key")
+	fs.IntVar(&cfg.MaxWaitersPerConn, "max-waiters-per-conn", d.MaxWaitersPerConn, "max waiting acquires (queued, or with a wait and not committed yet) per client connection")
 	fs.DurationVar(&cfg.HeartbeatTimeout, "heartbeat-timeout", d.HeartbeatTimeout, "Raft heartbeat timeout (failover detection)")
 	fs.DurationVar(&cfg.ElectionTimeout, "election-timeout", d.ElectionTimeout, "Raft election timeout")
 	fs.DurationVar(&cfg.LeaderLeaseTimeout, "leader-lease-timeout", d.LeaderLeaseTimeout, "how long a leader leads without a majority before it steps down")
-	fs.IntVar(&cfg.MaxInFlightPerConn, "max-inflight", d.MaxInFlightPerConn, "max requests in flight per client connection")
+	fs.IntVar(&cfg.MaxInFlightPerConn, "max-inflight", d.MaxInFlightPerConn, "max acquires not committed yet per client connection, and as many releases (queued waiters do not count)")
 	fs.IntVar(&cfg.MaxClientConns, "max-conns", d.MaxClientConns, "max client connections")
 	logs.register(fs, "info")
 	if extra != nil {
