@@ -538,7 +538,7 @@ func (b *Broker) dispatch() {
 			}
 			continue
 		}
-		conn, changed := b.leaderConn(skip)
+		conn, changed := b.leastLoaded(b.leaderConns(skip))
 		if conn == nil {
 			b.mu.Lock()
 			known := b.leader != ""
@@ -566,24 +566,45 @@ func (b *Broker) dispatch() {
 	}
 }
 
-// leaderConn returns a live connection to the serving leader not in skip
-// (round-robin over those), or nil, and the channel closed at the next
-// change of connections or leader.
-func (b *Broker) leaderConn(skip map[*client.Conn]bool) (*client.Conn, <-chan struct{}) {
+// leaderConns returns the live connections to the serving leader not in
+// skip, starting round-robin, and the channel closed at the next change of
+// connections or leader.
+func (b *Broker) leaderConns(skip map[*client.Conn]bool) ([]*client.Conn, <-chan struct{}) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	n := len(b.slots)
 	if b.leader == "" {
 		return nil, b.changed
 	}
+	var conns []*client.Conn
+	n := len(b.slots)
 	for i := 0; i < n; i++ {
 		s := b.slots[(b.rr+i)%n]
 		if s.addr == b.leader && s.conn != nil && !skip[s.conn] && !s.conn.HandingOver() {
-			b.rr = (b.rr + i + 1) % n
-			return s.conn, b.changed
+			if len(conns) == 0 {
+				b.rr = (b.rr + i + 1) % n
+			}
+			conns = append(conns, s.conn)
 		}
 	}
-	return nil, b.changed
+	return conns, b.changed
+}
+
+// leastLoaded picks the connection with the fewest acquires in flight (the
+// first of conns on a tie), so that a connection stalled in a write does
+// not get every new acquire.
+func (b *Broker) leastLoaded(conns []*client.Conn, changed <-chan struct{}) (*client.Conn, <-chan struct{}) {
+	if len(conns) == 0 {
+		return nil, changed
+	}
+	b.qmu.Lock()
+	defer b.qmu.Unlock()
+	best := conns[0]
+	for _, c := range conns[1:] {
+		if b.inflight[c] < b.inflight[best] {
+			best = c
+		}
+	}
+	return best, changed
 }
 
 // failQueuedLocked answers every acquire not sent yet with err (the broker
