@@ -73,7 +73,7 @@ type Config struct {
 	// on their way). Zero: the node's MaxWaitersPerConn as its handshake
 	// tells it (version 4), else 200,000 (that node default). A waiter
 	// costs the sidecar under 2 KiB (unixapi's BenchmarkWaiterMemory
-	// measures about 1 KiB per waiting ACQUIRE, broker and unix API
+	// measures about 1.2 KiB per waiting ACQUIRE, broker and unix API
 	// together), so the default room takes some 200-400 MiB when full.
 	MaxWaiters int
 	// MaxWaitersPerSession bounds one session's (owner's) waiters. Zero:

@@ -65,7 +65,7 @@ type Config struct {
 	// broker's MaxWaitersPerSession default, one whole queue at the node's
 	// default per key: an event server's connection can hold a sale's
 	// waiting room on its own); at most 1,000,000. A waiting ACQUIRE costs
-	// the sidecar about 1 KiB and no goroutine (BenchmarkWaiterMemory), and
+	// the sidecar about 1.2 KiB and no goroutine (BenchmarkWaiterMemory), and
 	// the broker bounds the waiters of all connections together
 	// (sidecar.Config.MaxWaiters).
 	MaxWaiting int

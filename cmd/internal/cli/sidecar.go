@@ -86,7 +86,7 @@ func RunSidecar(ctx context.Context, args []string, stdout, stderr io.Writer, o 
 	fset.IntVar(&maxWaiters, "max-waiters", 0,
 		"max waiting ACQUIREs (with a wait) of all local connections together; when full, the connection holding the most is refused or evicted (too_many_waiters); 0: the node's per-connection bound (200000 by default)")
 	fset.IntVar(&ucfg.MaxWaiting, "max-waiters-per-conn", ucfg.MaxWaiting,
-		"max waiting ACQUIREs (with a wait) of one local connection (too_many_waiters); about 1 KiB of sidecar memory each")
+		"max waiting ACQUIREs (with a wait) of one local connection (too_many_waiters); about 1.2 KiB of sidecar memory each")
 	fset.IntVar(&ucfg.MaxInFlight, "max-inflight-per-conn", ucfg.MaxInFlight,
 		"max ACQUIREs with wait 0 running at once on one local connection (too_many_in_flight); RELEASEs are not limited")
 	var membersRefresh time.Duration
