@@ -5,7 +5,11 @@
 // deadline, compensation of late grants). It follows membership (the
 // configured addresses are seeds; members' client addresses are learned from
 // the leader) and planned hand-overs (on a leader's notice it stops writing
-// there and holds new requests until a leader serves). The sidecar process
+// there and holds new requests until a leader serves). Acquires are
+// asynchronous inside (AcquireAsync; Acquire waits for one), so a waiter
+// costs memory and no goroutine; they are scheduled fairly between
+// sessions (owners) within the leader connection's in-flight budget and a
+// bounded waiter room (sched.go). The sidecar process
 // serves it over a unix socket (unixapi/); Go programs may also use it in
 // process.
 package sidecar

@@ -16,19 +16,42 @@ import (
 
 // Broker is the official client. Safe for concurrent use.
 //
-// Lock order (cluster/LOCKS.md, "Above the cluster"): Broker.mu is a
-// leaf; nothing blocks while it is held, and no client.Conn method that
-// takes a lock is called under it (HandingOver is an atomic read). A
-// connection's notice callback (onNotice) runs on that connection's reader
-// goroutine, which holds none of the connection's locks then, and takes
-// only Broker.mu. The unix API calls the Broker holding none of its own
-// locks.
+// Lock order (cluster/LOCKS.md, "Above the cluster"): Broker.qmu (the
+// acquires) is taken first; under it the broker may send with
+// client.Conn.StartFunc, but never waits, never calls Conn.Abandon and
+// never runs a caller's callback. Broker.mu and Broker.rmu are leaves;
+// nothing blocks while they are held, and no client.Conn method that
+// takes a lock is called under Broker.mu (HandingOver is an atomic read).
+// A connection's notice callback (onNotice) and an acquire's hooks run on
+// that connection's reader goroutine, which holds none of the
+// connection's locks then, and take only Broker.mu or Broker.qmu. The
+// unix API calls the Broker holding none of its own locks.
 type Broker struct {
 	cfg     Config
 	log     *slog.Logger
 	metrics *brokerMetrics
 
-	releases chan *releaseJob
+	// qmu guards the acquires: the scheduler (sessions, pending acquires,
+	// waiter room), every acqOp, the in-flight counts and qclosed. It is
+	// taken before Broker.mu and a client.Conn's locks (it is held while
+	// sending with StartFunc); a connection's hooks take it with none of
+	// the connection's locks held (cluster/LOCKS.md).
+	qmu      sync.Mutex
+	sc       *sched
+	inflight map[*client.Conn]int // acquires holding an in-flight slot, per connection
+	qclosed  bool
+	kick     chan struct{} // wakes the dispatcher; capacity 1
+	qstop    chan struct{} // closed when the broker stops taking acquires
+	qctx     context.Context
+	qcancel  context.CancelFunc
+
+	// rmu guards the release queue (a leaf). The queue is a list, not a
+	// bounded channel: a release is never refused for room. What bounds
+	// it is what can be released: the locks held through this broker.
+	rmu     sync.Mutex
+	rcond   *sync.Cond // signalled when a job is queued or the queue closes
+	rjobs   []*releaseJob
+	rclosed bool
 
 	mu sync.Mutex
 	// slots are the addresses kept: one per seed (two for a single seed),
@@ -65,7 +88,7 @@ type releaseJob struct {
 	lock     Lock
 	start    time.Time // when it was asked for (latency metric)
 	deadline time.Time
-	done     chan error // nil for a compensation nobody waits for
+	done     func(error) // nil for a compensation nobody waits for
 }
 
 // New starts a broker; its connections come up in the background.
@@ -78,10 +101,18 @@ func New(cfg Config) (*Broker, error) {
 		domain:   cfg.Domain,
 		cfg:      cfg,
 		log:      cfg.Logger.With("component", "broker"),
-		releases: make(chan *releaseJob, cfg.ReleaseQueue),
 		changed:  make(chan struct{}),
 		closing:  make(chan struct{}),
+		sc:       newSched(cfg.MaxWaiters, cfg.MaxWaitersPerSession),
+		inflight: map[*client.Conn]int{},
+		kick:     make(chan struct{}, 1),
+		qstop:    make(chan struct{}),
 	}
+	if cfg.MaxWaiters == 0 {
+		b.sc.maxWaiters = DefaultMaxWaiters // until a node tells its own
+	}
+	b.rcond = sync.NewCond(&b.rmu)
+	b.qctx, b.qcancel = context.WithCancel(context.Background())
 	b.metrics = newBrokerMetrics(b)
 	// One connection per address; a single address gets two, so one socket
 	// dropping does not interrupt service.
@@ -97,6 +128,8 @@ func New(cfg Config) (*Broker, error) {
 		b.workerWG.Add(1)
 		go b.releaseWorker()
 	}
+	b.workerWG.Add(1)
+	go b.dispatch()
 	return b, nil
 }
 
@@ -514,145 +547,6 @@ func (b *Broker) findLeader(ctx context.Context, until time.Time) bool {
 	}
 }
 
-// Acquire asks for key on behalf of owner. lease must be whole seconds in
-// 1..250 s; wait is the bound on waiting for the turn (0 = one try) and must
-// be a whole number of milliseconds up to 300 s. It returns the Lock, or
-// ErrBusy, ErrTimeout, ErrIndeterminate, ErrMoved, ErrUnavailable, a field
-// error (locksm.ErrInvalidKey, ...) or an error wrapping ctx.Err() (not
-// acquired; a grant that arrives later is released by the broker).
-//
-// The request is retried on another connection only if not one byte of it
-// was written; a written request with no definite reply is Indeterminate.
-func (b *Broker) Acquire(ctx context.Context, key, owner string, lease, wait time.Duration) (Lock, error) {
-	start := time.Now()
-	lk, err := b.acquire(ctx, key, owner, lease, wait)
-	b.metrics.acquired(err, start)
-	return lk, err
-}
-
-func (b *Broker) acquire(ctx context.Context, key, owner string, lease, wait time.Duration) (Lock, error) {
-	if lease%time.Second != 0 || lease < locksm.MinLeaseSec*time.Second || lease > locksm.MaxLeaseSec*time.Second {
-		return Lock{}, fmt.Errorf("%w: lease %v is not whole seconds in 1..250", locksm.ErrInvalidLease, lease)
-	}
-	if wait < 0 || wait%time.Millisecond != 0 || wait > locksm.MaxWaitMs*time.Millisecond {
-		return Lock{}, fmt.Errorf("%w: wait %v is not whole milliseconds in 0..300s", locksm.ErrInvalidWait, wait)
-	}
-	if err := locksm.ValidateKey(key); err != nil {
-		return Lock{}, err
-	}
-	if err := locksm.ValidateOwner(owner); err != nil {
-		return Lock{}, err
-	}
-	start := b.cfg.Now()
-	waitEnd := start.Add(wait)
-	connectEnd := start.Add(max(wait, b.cfg.LeaderWait))
-	skip := map[*client.Conn]bool{}
-	for {
-		if err := ctx.Err(); err != nil {
-			return Lock{}, fmt.Errorf("sidecar: acquire not sent: %w", err)
-		}
-		if b.isClosed() {
-			return Lock{}, ErrClosed
-		}
-		if !b.findLeader(ctx, connectEnd) {
-			if b.isClosed() {
-				return Lock{}, ErrClosed
-			}
-			if err := ctx.Err(); err != nil {
-				return Lock{}, fmt.Errorf("sidecar: acquire not sent: %w", err)
-			}
-			return Lock{}, fmt.Errorf("%w: no serving leader known within %v", ErrUnavailable, connectEnd.Sub(start))
-		}
-		conn, _, changed := b.target(skip)
-		if conn == nil {
-			left := connectEnd.Sub(b.cfg.Now())
-			if left <= 0 {
-				return Lock{}, fmt.Errorf("%w: no connection took the request within %v", ErrUnavailable, connectEnd.Sub(start))
-			}
-			select {
-			case <-changed:
-				clear(skip) // a new connection, or the old ones again
-			case <-b.cfg.After(left):
-			case <-ctx.Done():
-			}
-			continue
-		}
-		remaining := max(waitEnd.Sub(b.cfg.Now()), 0)
-		sentAt := b.cfg.Now()
-		call, err := conn.Start(wire.Msg{Type: wire.TypeAcquire, Key: key, Owner: owner,
-			Lease: uint16(lease / time.Second), WaitMs: uint32(remaining / time.Millisecond)})
-		if errors.Is(err, client.ErrHandingOver) {
-			continue // nothing written; findLeader holds it until a leader serves
-		}
-		if err != nil {
-			skip[conn] = true // dead before anything was queued: try another
-			continue
-		}
-		lk := Lock{Key: key, Owner: owner, Lease: lease, ValidUntil: sentAt.Add(lease)}
-		replyBy := time.NewTimer(remaining + b.cfg.ReplyGrace)
-		select {
-		case <-call.Done:
-			replyBy.Stop()
-			if call.Err != nil {
-				if !call.Written {
-					skip[conn] = true // the connection died before a byte left: retry
-					continue
-				}
-				return Lock{}, fmt.Errorf("%w: connection lost after the acquire was sent: %w", ErrIndeterminate, call.Err)
-			}
-			return b.acquireReply(lk, call.Reply)
-		case <-ctx.Done():
-			replyBy.Stop()
-			if !conn.Written(call) && !conn.Abandon(call) {
-				return Lock{}, fmt.Errorf("sidecar: acquire not sent: %w", ctx.Err())
-			}
-			b.giveUp(conn, call, lk)
-			return Lock{}, fmt.Errorf("sidecar: acquire abandoned, not acquired (a late grant is released): %w", ctx.Err())
-		case <-replyBy.C:
-			b.giveUp(conn, call, lk)
-			return Lock{}, fmt.Errorf("%w: no reply within %v of the wait", ErrIndeterminate, b.cfg.ReplyGrace)
-		}
-	}
-}
-
-func (b *Broker) acquireReply(lk Lock, r wire.Msg) (Lock, error) {
-	switch r.Type {
-	case wire.TypeGranted:
-		lk.Token = r.Token
-		return lk, nil
-	case wire.TypeBusy:
-		return Lock{}, ErrBusy
-	case wire.TypeTimeout:
-		return Lock{}, ErrTimeout
-	case wire.TypeMoved:
-		b.moved(r.LeaderAddr)
-		return Lock{}, fmt.Errorf("%w: leader is %q at %q; not executed", ErrMoved, r.LeaderID, r.LeaderAddr)
-	case wire.TypeUnknown:
-		b.forgetLeader()
-		return Lock{}, fmt.Errorf("%w: %s", ErrIndeterminate, r.Text)
-	case wire.TypeError:
-		return Lock{}, fmt.Errorf("%w: %s", wire.ErrOf(r.Code), r.Text)
-	}
-	return Lock{}, fmt.Errorf("%w: unexpected reply %s", ErrIndeterminate, wire.TypeName(r.Type))
-}
-
-// giveUp stops waiting for a written acquire: it asks the node to cancel it
-// and watches for a grant that still arrives, to release it at once.
-func (b *Broker) giveUp(conn *client.Conn, call *client.Call, lk Lock) {
-	if cancel, err := conn.Start(wire.Msg{Type: wire.TypeCancel, Target: call.ID}); err == nil {
-		go func() { <-cancel.Done }()
-	}
-	go func() {
-		<-call.Done
-		if call.Err == nil && call.Reply.Type == wire.TypeGranted {
-			b.metrics.lateGrants.Inc()
-			lk.Token = call.Reply.Token
-			b.log.Info("releasing a grant that arrived after its caller gave up", "key", lk.Key, "token", lk.Token)
-			b.Compensate(lk)
-		}
-	}()
-}
-
 // moved takes the leader hint of an M reply: the named leader (dialled
 // if its address is not kept yet), or none.
 func (b *Broker) moved(addr string) {
@@ -679,29 +573,43 @@ func (b *Broker) isClosed() bool {
 	return b.closed
 }
 
-// Release releases l through the bounded release queue, retrying until
+// Release releases l through the release queue, retrying until
 // ReleaseDeadline after this call; nil only on a success reply. Otherwise a
 // definite server error (locksm.ErrNotHeld, ErrTokenMismatch, ...: the lease
 // ended the holding), ErrIndeterminate (deadline passed without a definite
 // reply, or a retry found the key gone after an attempt whose reply was
-// lost), or
-// ErrReleaseQueueFull. If ctx ends first, the release goes on in the
-// background and the error wraps ctx.Err().
+// lost) or ErrClosed. A release is never refused for capacity: it does not
+// wait behind acquires (the node keeps releases a budget of their own too),
+// and the queue is bounded only by the locks there are to release. If ctx
+// ends first, the release goes on in the background and the error wraps
+// ctx.Err().
 func (b *Broker) Release(ctx context.Context, l Lock) error {
-	job := &releaseJob{lock: l, start: time.Now(), deadline: b.cfg.Now().Add(b.cfg.ReleaseDeadline), done: make(chan error, 1)}
-	if err := b.enqueue(job); err != nil {
-		b.metrics.released(job, err)
+	ch := make(chan error, 1)
+	if err := b.ReleaseAsync(l, func(err error) { ch <- err }); err != nil {
 		return err
 	}
 	select {
-	case err := <-job.done:
+	case err := <-ch:
 		return err
 	case <-ctx.Done():
 		return fmt.Errorf("sidecar: stopped waiting for the release (it goes on until its deadline): %w", ctx.Err())
 	}
 }
 
-// Compensate enqueues the release of l without waiting for the outcome (for
+// ReleaseAsync queues the release of l (as Release) and returns at once;
+// done is called once with the outcome, on a release worker, and must not
+// block. The only error returned here (done then never runs) is
+// ErrClosed.
+func (b *Broker) ReleaseAsync(l Lock, done func(error)) error {
+	job := &releaseJob{lock: l, start: time.Now(), deadline: b.cfg.Now().Add(b.cfg.ReleaseDeadline), done: done}
+	if err := b.enqueue(job); err != nil {
+		b.metrics.released(job, err)
+		return err
+	}
+	return nil
+}
+
+// Compensate queues the release of l without waiting for the outcome (for
 // locks whose user went away). The outcome is logged.
 func (b *Broker) Compensate(l Lock) {
 	job := &releaseJob{lock: l, start: time.Now(), deadline: b.cfg.Now().Add(b.cfg.ReleaseDeadline)}
@@ -712,26 +620,50 @@ func (b *Broker) Compensate(l Lock) {
 }
 
 func (b *Broker) enqueue(job *releaseJob) error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.closed {
+	b.rmu.Lock()
+	defer b.rmu.Unlock()
+	if b.rclosed {
 		return ErrClosed
 	}
-	select {
-	case b.releases <- job:
-		return nil
-	default:
-		return ErrReleaseQueueFull
+	b.rjobs = append(b.rjobs, job)
+	b.rcond.Signal()
+	return nil
+}
+
+// nextRelease waits for a queued release; nil once the queue is closed and
+// empty.
+func (b *Broker) nextRelease() *releaseJob {
+	b.rmu.Lock()
+	defer b.rmu.Unlock()
+	for len(b.rjobs) == 0 && !b.rclosed {
+		b.rcond.Wait()
 	}
+	if len(b.rjobs) == 0 {
+		return nil
+	}
+	job := b.rjobs[0]
+	b.rjobs[0] = nil
+	b.rjobs = b.rjobs[1:]
+	if len(b.rjobs) == 0 {
+		b.rjobs = nil // let a burst's array go
+	}
+	return job
+}
+
+// releaseQueueLen is how many releases wait for a worker.
+func (b *Broker) releaseQueueLen() int {
+	b.rmu.Lock()
+	defer b.rmu.Unlock()
+	return len(b.rjobs)
 }
 
 func (b *Broker) releaseWorker() {
 	defer b.workerWG.Done()
-	for job := range b.releases {
+	for job := b.nextRelease(); job != nil; job = b.nextRelease() {
 		err := b.release(job)
 		b.metrics.released(job, err)
 		if job.done != nil {
-			job.done <- err
+			job.done(err)
 		} else if err != nil {
 			b.log.Warn("compensating release failed; the lease will end the holding",
 				"key", job.lock.Key, "token", job.lock.Token, "err", err)
@@ -848,8 +780,9 @@ func (b *Broker) Info() Info {
 	return in
 }
 
-// Close stops taking requests, lets queued releases finish (each within its
-// own deadline), then closes the connections.
+// Close stops taking requests (acquires not sent yet are answered
+// ErrClosed), lets queued releases finish (each within its own deadline),
+// then closes the connections.
 func (b *Broker) Close() error {
 	b.mu.Lock()
 	if b.closed {
@@ -857,9 +790,22 @@ func (b *Broker) Close() error {
 		return nil
 	}
 	b.closed = true
-	close(b.releases)
 	b.notifyLocked()
 	b.mu.Unlock()
+	// Acquires not sent yet end now; those sent end with their
+	// connections, below.
+	var fx effects
+	b.qmu.Lock()
+	b.qclosed = true
+	b.failQueuedLocked(ErrClosed, &fx)
+	close(b.qstop)
+	b.qmu.Unlock()
+	b.qcancel()
+	fx.run()
+	b.rmu.Lock()
+	b.rclosed = true
+	b.rcond.Broadcast()
+	b.rmu.Unlock()
 	b.workerWG.Wait()
 	close(b.closing)
 	b.slotWG.Wait()

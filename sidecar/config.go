@@ -53,9 +53,36 @@ type Config struct {
 	// ReleaseDeadline is the absolute deadline of a release's retries,
 	// counted from Release/Compensate. Zero: 5 s.
 	ReleaseDeadline time.Duration
-	// ReleaseQueue bounds releases waiting for a worker; ReleaseWorkers is
-	// how many releases may be in flight at once. Zero: 4096 and 64.
-	ReleaseQueue, ReleaseWorkers int
+	// ReleaseWorkers is how many releases may be in flight at once; the
+	// others wait in the release queue, which has no bound of its own (a
+	// release is never refused for room; the locks held bound it). 64
+	// releases in flight keep far below the node's release budget per
+	// connection (its MaxInFlightPerConn, 4096) and take about 64/commit
+	// latency releases per second, some 30,000/s at 2 ms. Zero: 64.
+	ReleaseWorkers int
+
+	// MaxInFlight caps the acquires in flight to commit on one connection
+	// (sent, neither queued at the node nor answered yet); the others wait
+	// in the broker, unsent, and are sent round-robin across sessions as
+	// slots free. Zero: the node's own bound, as its handshake tells it
+	// (protocol version 4: its MaxInFlightPerConn), else 4096 (an older
+	// node's default). A value above the node's bound is lowered to it.
+	MaxInFlight int
+	// MaxWaiters bounds the waiters of the whole broker: acquires with a
+	// wait, from the call until their final reply (queued at the node, or
+	// on their way). Zero: the node's MaxWaitersPerConn as its handshake
+	// tells it (version 4), else 200,000 (that node default). A waiter
+	// costs the sidecar under 2 KiB (unixapi's BenchmarkWaiterMemory
+	// measures about 1.2 KiB per waiting ACQUIRE, broker and unix API
+	// together), so the default room takes some 200-400 MiB when full.
+	MaxWaiters int
+	// MaxWaitersPerSession bounds one session's (owner's) waiters. Zero:
+	// 100,000: one whole queue at the node's default MaxWaitersPerKey, so
+	// that one event server's connection can hold a sale's waiting room
+	// for its hot key alone, while the sidecar-wide default still leaves
+	// as much again to the others (fair shares beyond that are the
+	// eviction rule's job, see AcquireAsync).
+	MaxWaitersPerSession int
 	// MembersRefresh is how often the serving leader's node is asked for
 	// the members (as etcd's client AutoSyncInterval): the broker then
 	// dials members' client addresses it does not keep yet and stops
@@ -89,9 +116,12 @@ const (
 	DefaultLeaderWait      = 3 * time.Second
 	DefaultReplyGrace      = 5 * time.Second
 	DefaultReleaseDeadline = 5 * time.Second
-	DefaultReleaseQueue    = 4096
 	DefaultReleaseWorkers  = 64
-	DefaultMembersRefresh  = 30 * time.Second
+	// DefaultMaxWaiters is MaxWaiters for a node that does not tell its
+	// own: the node's default MaxWaitersPerConn.
+	DefaultMaxWaiters           = 200_000
+	DefaultMaxWaitersPerSession = 100_000
+	DefaultMembersRefresh       = 30 * time.Second
 )
 
 // DefaultConfig returns a Config with every tunable at its default.
@@ -99,7 +129,7 @@ func DefaultConfig() Config {
 	return Config{
 		DialTimeout: DefaultDialTimeout, BackoffMin: DefaultBackoffMin, BackoffMax: DefaultBackoffMax,
 		LeaderWait: DefaultLeaderWait, ReplyGrace: DefaultReplyGrace, ReleaseDeadline: DefaultReleaseDeadline,
-		ReleaseQueue: DefaultReleaseQueue, ReleaseWorkers: DefaultReleaseWorkers,
+		ReleaseWorkers: DefaultReleaseWorkers, MaxWaitersPerSession: DefaultMaxWaitersPerSession,
 		MembersRefresh: DefaultMembersRefresh,
 	}
 }
@@ -123,8 +153,11 @@ func (c Config) Validate() error {
 	if c.BackoffMin < 0 || c.BackoffMax < c.BackoffMin && c.BackoffMax != 0 {
 		return fmt.Errorf("%w: backoff bounds %v..%v", ErrBadConfig, c.BackoffMin, c.BackoffMax)
 	}
-	if c.ReleaseQueue < 0 || c.ReleaseWorkers < 0 {
-		return fmt.Errorf("%w: release queue and workers must not be negative", ErrBadConfig)
+	if c.ReleaseWorkers < 0 {
+		return fmt.Errorf("%w: release workers must not be negative", ErrBadConfig)
+	}
+	if c.MaxInFlight < 0 || c.MaxWaiters < 0 || c.MaxWaitersPerSession < 0 {
+		return fmt.Errorf("%w: MaxInFlight, MaxWaiters and MaxWaitersPerSession must not be negative", ErrBadConfig)
 	}
 	return nil
 }
@@ -143,8 +176,8 @@ func (c Config) withDefaults() Config {
 	set(&c.ReplyGrace, d.ReplyGrace)
 	set(&c.ReleaseDeadline, d.ReleaseDeadline)
 	set(&c.MembersRefresh, d.MembersRefresh)
-	if c.ReleaseQueue == 0 {
-		c.ReleaseQueue = d.ReleaseQueue
+	if c.MaxWaitersPerSession == 0 {
+		c.MaxWaitersPerSession = d.MaxWaitersPerSession
 	}
 	if c.ReleaseWorkers == 0 {
 		c.ReleaseWorkers = d.ReleaseWorkers

@@ -25,9 +25,12 @@ var (
 	// broker remembers the leader it named and sends later requests there;
 	// it never resends a written request.
 	ErrMoved = errors.New("sidecar: moved")
-	// ErrReleaseQueueFull: the bounded release queue is full; nothing was
-	// sent (the lease remains the safety net).
-	ErrReleaseQueueFull = errors.New("sidecar: release queue full")
+	// ErrTooManyWaiters: an acquire with a wait found no waiter room
+	// (Config.MaxWaiters sidecar-wide, where its session holds the most,
+	// or MaxWaitersPerSession), or was evicted to make room for a session
+	// holding less. Definite: not acquired, nothing left at the node. The
+	// message says which.
+	ErrTooManyWaiters = errors.New("sidecar: too many waiters")
 	// ErrClosed: the broker is closed.
 	ErrClosed = errors.New("sidecar: broker closed")
 	// ErrWrongDomain: a node belongs to another fencing domain than the

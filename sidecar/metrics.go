@@ -26,13 +26,15 @@ const (
 	acqUnavailable
 	acqMoved
 	acqCancelled
+	acqTooManyWaiters
 	acqError
 	numAcquireResults
 )
 
 var acquireResultNames = [numAcquireResults]string{
 	acqGranted: "granted", acqBusy: "busy", acqTimeout: "timeout", acqIndeterminate: "indeterminate",
-	acqUnavailable: "unavailable", acqMoved: "moved", acqCancelled: "cancelled", acqError: "error",
+	acqUnavailable: "unavailable", acqMoved: "moved", acqCancelled: "cancelled",
+	acqTooManyWaiters: "too_many_waiters", acqError: "error",
 }
 
 func classifyAcquire(err error) acquireResult {
@@ -51,6 +53,8 @@ func classifyAcquire(err error) acquireResult {
 		return acqMoved
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return acqCancelled
+	case errors.Is(err, ErrTooManyWaiters):
+		return acqTooManyWaiters
 	}
 	return acqError
 }
@@ -63,13 +67,12 @@ const (
 	relOK releaseResult = iota
 	relNotHeld
 	relIndeterminate
-	relQueueFull
 	relError
 	numReleaseResults
 )
 
 var releaseResultNames = [numReleaseResults]string{
-	relOK: "ok", relNotHeld: "not_held", relIndeterminate: "indeterminate", relQueueFull: "queue_full", relError: "error",
+	relOK: "ok", relNotHeld: "not_held", relIndeterminate: "indeterminate", relError: "error",
 }
 
 func classifyRelease(err error) releaseResult {
@@ -80,8 +83,6 @@ func classifyRelease(err error) releaseResult {
 		return relIndeterminate
 	case releaseGone(err):
 		return relNotHeld
-	case errors.Is(err, ErrReleaseQueueFull):
-		return relQueueFull
 	}
 	return relError
 }
@@ -96,20 +97,36 @@ type brokerMetrics struct {
 	lateGrants     prometheus.Counter
 	leaderChanges  prometheus.Counter
 	dialFailures   prometheus.Counter
+	waiterRefusals [numWaiterRefusals]prometheus.Counter
+	evictions      prometheus.Counter
+}
+
+// waiterRefusal is the reason label of ticketing_sidecar_waiter_refusals_total.
+type waiterRefusal uint8
+
+const (
+	refusedSidecarFull waiterRefusal = iota
+	refusedPerSession
+	refusedNoRoomFreed
+	numWaiterRefusals
+)
+
+var waiterRefusalNames = [numWaiterRefusals]string{
+	refusedSidecarFull: "sidecar_full", refusedPerSession: "per_session", refusedNoRoomFreed: "no_room_freed",
 }
 
 func newBrokerMetrics(b *Broker) *brokerMetrics {
 	m := &brokerMetrics{reg: prometheus.NewRegistry()}
 	acq := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ticketing_sidecar_acquires_total",
-		Help: "Acquire calls, by outcome: granted, busy, timeout, indeterminate, unavailable (no serving leader reached; nothing sent), moved, cancelled (the caller gave up), error (a definite error).",
+		Help: "Acquire calls, by outcome: granted, busy, timeout, indeterminate, unavailable (no serving leader reached; nothing sent), moved, cancelled (the caller gave up), too_many_waiters (no waiter room, or evicted to make room), error (a definite error).",
 	}, []string{"result"})
 	for r := range numAcquireResults {
 		m.acquires[r] = acq.WithLabelValues(acquireResultNames[r])
 	}
 	rel := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ticketing_sidecar_releases_total",
-		Help: "Release calls, by final outcome (after retries): ok, not_held (the holding had ended), indeterminate, queue_full, error.",
+		Help: "Release calls, by final outcome (after retries): ok, not_held (the holding had ended), indeterminate, error.",
 	}, []string{"result"})
 	for r := range numReleaseResults {
 		m.releases[r] = rel.WithLabelValues(releaseResultNames[r])
@@ -144,7 +161,18 @@ func newBrokerMetrics(b *Broker) *brokerMetrics {
 		Name: "ticketing_sidecar_connect_failures_total",
 		Help: "Failed connection attempts to cluster nodes (dial, TLS, authentication, wrong fencing domain).",
 	})
-	m.reg.MustRegister(acq, rel, comp, al, rl, m.lateGrants, m.leaderChanges, m.dialFailures, &brokerCollector{b: b,
+	wr := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ticketing_sidecar_waiter_refusals_total",
+		Help: "Acquires with a wait refused waiter room (answered too_many_waiters, nothing sent), by reason: sidecar_full (the sidecar-wide room is full and the asking session holds the most), per_session (MaxWaitersPerSession), no_room_freed (an eviction did not free room in time).",
+	}, []string{"reason"})
+	for r := range numWaiterRefusals {
+		m.waiterRefusals[r] = wr.WithLabelValues(waiterRefusalNames[r])
+	}
+	m.evictions = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ticketing_sidecar_waiter_evictions_total",
+		Help: "Waiters of the session holding the most waiter room evicted (cancelled, answered too_many_waiters unless granted first) to make room for a session holding less.",
+	})
+	m.reg.MustRegister(acq, rel, comp, al, rl, m.lateGrants, m.leaderChanges, m.dialFailures, wr, m.evictions, &brokerCollector{b: b,
 		connected: prometheus.NewDesc("ticketing_sidecar_connected_nodes",
 			"Cluster nodes this broker has a live connection to.", nil, nil),
 		configured: prometheus.NewDesc("ticketing_sidecar_configured_nodes",
@@ -153,6 +181,16 @@ func newBrokerMetrics(b *Broker) *brokerMetrics {
 			"1 while the broker knows a serving leader and is connected to it.", nil, nil),
 		releaseQueue: prometheus.NewDesc("ticketing_sidecar_release_queue",
 			"Releases and compensations waiting for a release worker.", nil, nil),
+		inFlight: prometheus.NewDesc("ticketing_sidecar_acquires_in_flight",
+			"Acquires sent and in flight to commit (neither queued at the node nor answered): each holds a slot of the connection's in-flight budget.", nil, nil),
+		unsent: prometheus.NewDesc("ticketing_sidecar_acquires_unsent",
+			"Acquires waiting in the broker to be sent (no serving leader yet, or the in-flight budget is used up); nothing of them is written.", nil, nil),
+		waiters: prometheus.NewDesc("ticketing_sidecar_waiters",
+			"Acquires with a wait holding waiter room (queued at the node or on their way).", nil, nil),
+		waitersLimit: prometheus.NewDesc("ticketing_sidecar_waiters_limit",
+			"The sidecar-wide waiter room (MaxWaiters, or the node's bound).", nil, nil),
+		sessions: prometheus.NewDesc("ticketing_sidecar_sessions",
+			"Sessions (owners) with acquires in the broker.", nil, nil),
 	})
 	return m
 }
@@ -178,15 +216,16 @@ func (m *brokerMetrics) released(job *releaseJob, err error) {
 }
 
 type brokerCollector struct {
-	b                                                *Broker
-	connected, configured, leaderKnown, releaseQueue *prometheus.Desc
+	b                                                 *Broker
+	connected, configured, leaderKnown, releaseQueue  *prometheus.Desc
+	inFlight, unsent, waiters, waitersLimit, sessions *prometheus.Desc
 }
 
 func (c *brokerCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- c.connected
-	ch <- c.configured
-	ch <- c.leaderKnown
-	ch <- c.releaseQueue
+	for _, d := range []*prometheus.Desc{c.connected, c.configured, c.leaderKnown, c.releaseQueue,
+		c.inFlight, c.unsent, c.waiters, c.waitersLimit, c.sessions} {
+		ch <- d
+	}
 }
 
 func (c *brokerCollector) Collect(ch chan<- prometheus.Metric) {
@@ -207,7 +246,20 @@ func (c *brokerCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.connected, prometheus.GaugeValue, float64(len(connected)))
 	ch <- prometheus.MustNewConstMetric(c.configured, prometheus.GaugeValue, float64(len(b.cfg.Addrs)))
 	ch <- prometheus.MustNewConstMetric(c.leaderKnown, prometheus.GaugeValue, leader)
-	ch <- prometheus.MustNewConstMetric(c.releaseQueue, prometheus.GaugeValue, float64(len(b.releases)))
+	ch <- prometheus.MustNewConstMetric(c.releaseQueue, prometheus.GaugeValue, float64(b.releaseQueueLen()))
+	b.qmu.Lock()
+	inFlight := 0
+	for _, n := range b.inflight {
+		inFlight += n
+	}
+	unsent, waiters, limit, sessions := b.sc.pendingN, b.sc.waiters, b.sc.maxWaiters, len(b.sc.sessions)
+	b.qmu.Unlock()
+	for _, v := range []struct {
+		d *prometheus.Desc
+		n int
+	}{{c.inFlight, inFlight}, {c.unsent, unsent}, {c.waiters, waiters}, {c.waitersLimit, limit}, {c.sessions, sessions}} {
+		ch <- prometheus.MustNewConstMetric(v.d, prometheus.GaugeValue, float64(v.n))
+	}
 }
 
 // MetricsRegistry is this broker's Prometheus registry (its own, never the

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"ticketing/locksm"
+	"ticketing/sidecar"
 )
 
 // Config configures a Server. Start from DefaultConfig.
@@ -50,12 +51,24 @@ type Config struct {
 	// MaxConns is the most connections served at once; one more is answered
 	// "ERR too_many_connections" and closed. Zero means 16384.
 	MaxConns int
-	// MaxInFlight is the most ACQUIRE and RELEASE requests one connection
-	// may have running at once; one more is answered
-	// "ERR too_many_in_flight". Zero means 256; at most 4096. A connection
-	// queues at most MaxInFlight+64 replies (its reply queue is allocated
-	// with it); past that the server stops reading it until it can write.
+	// MaxInFlight is the most ACQUIREs with wait 0 one connection may have
+	// running at once; one more is answered "ERR too_many_in_flight". Zero
+	// means 256; at most 4096. RELEASEs are not counted: each needs a lock
+	// the connection holds, which bounds them. Besides its running
+	// requests, a connection may have MaxInFlight+64 answered replies
+	// waiting to be written; past that the server stops reading it until
+	// it can write (the back-pressure on a client that does not read).
 	MaxInFlight int
+	// MaxWaiting is the most ACQUIREs with a wait (> 0) one connection may
+	// have running at once, waiting for their turn or on their way; one
+	// more is answered "ERR too_many_waiters". Zero means 100,000 (the
+	// broker's MaxWaitersPerSession default, one whole queue at the node's
+	// default per key: an event server's connection can hold a sale's
+	// waiting room on its own); at most 1,000,000. A waiting ACQUIRE costs
+	// the sidecar about 1.2 KiB and no goroutine (BenchmarkWaiterMemory), and
+	// the broker bounds the waiters of all connections together
+	// (sidecar.Config.MaxWaiters).
+	MaxWaiting int
 	// OwnerPrefix starts every owner id this server sends to the cluster:
 	// owner = OwnerPrefix + "." + connection number. The whole owner must
 	// be visible ASCII (0x21..0x7E) and at most 128 bytes, so the prefix is
@@ -77,6 +90,7 @@ func DefaultConfig() Config {
 		MaxLineLen:   DefaultMaxLineLen,
 		MaxConns:     16384,
 		MaxInFlight:  256,
+		MaxWaiting:   DefaultMaxWaiting,
 		OwnerPrefix:  defaultOwnerPrefix(),
 		CloseTimeout: 2 * time.Second,
 	}
@@ -96,6 +110,9 @@ func (c Config) withDefaults() Config {
 	if c.MaxInFlight == 0 {
 		c.MaxInFlight = d.MaxInFlight
 	}
+	if c.MaxWaiting == 0 {
+		c.MaxWaiting = d.MaxWaiting
+	}
 	if c.OwnerPrefix == "" {
 		c.OwnerPrefix = d.OwnerPrefix
 	}
@@ -108,9 +125,14 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// maxInFlight bounds Config.MaxInFlight: every connection preallocates a
-// reply queue of that size.
-const maxInFlight = 4096
+// maxInFlight bounds Config.MaxInFlight; maxWaiting bounds MaxWaiting.
+const (
+	maxInFlight = 4096
+	maxWaiting  = 1_000_000
+)
+
+// DefaultMaxWaiting is Config.MaxWaiting's default.
+const DefaultMaxWaiting = sidecar.DefaultMaxWaitersPerSession
 
 // maxOwnerPrefix leaves room for "." and a 20-digit connection number.
 const maxOwnerPrefix = locksm.MaxOwnerLen - 21
@@ -138,6 +160,8 @@ func (c Config) Validate() error {
 		return bad("MaxConns %d < 1", c.MaxConns)
 	case c.MaxInFlight < 1 || c.MaxInFlight > maxInFlight:
 		return bad("MaxInFlight %d outside 1..%d", c.MaxInFlight, maxInFlight)
+	case c.MaxWaiting < 1 || c.MaxWaiting > maxWaiting:
+		return bad("MaxWaiting %d outside 1..%d", c.MaxWaiting, maxWaiting)
 	case c.CloseTimeout < 0:
 		return bad("CloseTimeout %v < 0", c.CloseTimeout)
 	case len(c.OwnerPrefix) > maxOwnerPrefix:

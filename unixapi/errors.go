@@ -34,9 +34,12 @@ var (
 	ErrNotHeld = errors.New("unixapi: not held by this connection")
 	// ErrReleaseInProgress: a RELEASE of that key+token is already running.
 	ErrReleaseInProgress = errors.New("unixapi: release already in progress")
-	// ErrTooManyInFlight: the connection has MaxInFlight ACQUIRE/RELEASE
-	// requests running already.
+	// ErrTooManyInFlight: the connection has MaxInFlight ACQUIREs with
+	// wait 0 running already.
 	ErrTooManyInFlight = errors.New("unixapi: too many requests in flight")
+	// ErrTooManyWaiters: the connection has MaxWaiting ACQUIREs with a
+	// wait running already.
+	ErrTooManyWaiters = errors.New("unixapi: too many waiting requests")
 	// ErrTooManyConns: the server has MaxConns connections already.
 	ErrTooManyConns = errors.New("unixapi: too many connections")
 	// ErrForbidden: the peer's uid is not in AllowUIDs.
@@ -77,6 +80,7 @@ var errorTable = []struct {
 	{ErrNotHeld, "", "not_held"},
 	{ErrReleaseInProgress, "", "release_in_progress"},
 	{ErrTooManyInFlight, "", "too_many_in_flight"},
+	{ErrTooManyWaiters, "", "too_many_waiters"},
 	{ErrTooManyConns, "", "too_many_connections"},
 	{ErrForbidden, "", "forbidden"},
 	{ErrServerClosed, "", "shutting_down"},
@@ -88,15 +92,15 @@ var errorTable = []struct {
 	// The broker could not get a definite answer, but nothing was executed.
 	{sidecar.ErrMoved, "", "moved"},
 	{sidecar.ErrUnavailable, "", "unavailable"},
-	{sidecar.ErrReleaseQueueFull, "", "release_queue_full"},
 	{sidecar.ErrClosed, "", "shutting_down"},
 	{wire.ErrNoQuorum, "", "no_quorum"},
 	{wire.ErrShuttingDown, "", "shutting_down"},
-	{wire.ErrTooManyInFlight, "", "unavailable"},
+	{wire.ErrTooManyInFlight, "", "too_many_in_flight"},
 	{locksm.ErrTokensExhausted, "", "tokens_exhausted"},
 	// The cluster's table limits: definite, nothing was executed.
 	{wire.ErrTooManyKeys, "", "too_many_keys"},
 	{wire.ErrTooManyWaiters, "", "too_many_waiters"},
+	{sidecar.ErrTooManyWaiters, "", "too_many_waiters"},
 	{context.Canceled, "", "cancelled"},
 	{context.DeadlineExceeded, "", "cancelled"},
 }

@@ -315,6 +315,7 @@ func TestHostileClients(t *testing.T) {
 	s := serve(t, func(c *unixapi.Config) {
 		c.OwnerPrefix = hostileOwnerPrefix
 		c.MaxConns = nIdle // the good client and nIdle-1 idle ones
+		c.MaxWaiting = hostileMaxWaiting
 	})
 	g := startGoodClient(t, s)
 	finished := false
@@ -338,7 +339,7 @@ func TestHostileClients(t *testing.T) {
 			{"partial_line_then_close", hostilePartialLine},
 			{"no_newline_held_open", hostileNoNewline},
 			{"pipeline_flood_unread", hostileFlood},
-			{"too_many_in_flight", hostileInFlight},
+			{"too_many_waiting", hostileInFlight},
 			{"unknown_verbs_and_arity", hostileVerbs},
 			{"invalid_fields", hostileFields},
 			{"release_others_lock", hostileRelease},
@@ -576,15 +577,19 @@ func hostileFlood(t *testing.T, s *unixapi.Server, g *goodClient) {
 	}
 }
 
-// MaxInFlight (256) ACQUIREs may run at once on a connection; the next ones
-// are answered too_many_in_flight, in their place in the reply order, while
-// the connection keeps working.
+// hostileMaxWaiting is the suite server's MaxWaiting: small enough to
+// reach (the default is 100,000).
+const hostileMaxWaiting = 256
+
+// MaxWaiting (256 here) ACQUIREs with a wait may run at once on a
+// connection; the next ones are answered too_many_waiters, in their place
+// in the reply order, while the connection keeps working.
 func hostileInFlight(t *testing.T, s *unixapi.Server, g *goodClient) {
 	k := key(t)
 	holder := dial(t, s)
 	tok := token(t, holder.do("ACQUIRE "+k+" 30 0"))
 	c := dial(t, s)
-	const max, extra = 256, 20
+	const max, extra = hostileMaxWaiting, 20
 	lines := make([]string, 0, max+extra+1)
 	for range max + extra {
 		lines = append(lines, "ACQUIRE "+k+" 30 1.5")
@@ -603,7 +608,7 @@ func hostileInFlight(t *testing.T, s *unixapi.Server, g *goodClient) {
 		case i == len(lines):
 			want = "PONG"
 		case i >= max:
-			want = "ERR too_many_in_flight "
+			want = "ERR too_many_waiters "
 		}
 		if !strings.HasPrefix(r, want) {
 			if maxTerm() != term && electionReply(r) {

@@ -35,9 +35,11 @@ import (
 )
 
 // Broker is what the server needs of a *sidecar.Broker; tests may fake it.
+// Its calls must not block: an ACQUIRE or RELEASE waits without a
+// goroutine, in the broker (see sidecar.Broker.AcquireAsync).
 type Broker interface {
-	Acquire(ctx context.Context, key, owner string, lease, wait time.Duration) (sidecar.Lock, error)
-	Release(ctx context.Context, l sidecar.Lock) error
+	AcquireAsync(key, owner string, lease, wait time.Duration, done func(sidecar.Lock, error)) (cancel func(error), err error)
+	ReleaseAsync(l sidecar.Lock, done func(error)) error
 	Compensate(l sidecar.Lock)
 	Info() sidecar.Info
 }
@@ -52,9 +54,10 @@ type Server struct {
 	ln     *net.UnixListener
 	sockFI os.FileInfo // the socket file we created, to remove only ours
 
-	// hardCtx bounds RELEASE calls, which outlive their connection on
-	// purpose (a release already asked for is finished, not abandoned);
-	// Close cancels it only when its grace period is over.
+	// hardCtx ends the waiting for requests at Close: a RELEASE outlives
+	// its connection on purpose (a release already asked for is finished,
+	// not abandoned, within the broker's deadline), and Close waits for
+	// it, until its grace period is over and it cancels hardCtx.
 	hardCtx    context.Context
 	hardCancel context.CancelFunc
 

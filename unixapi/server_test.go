@@ -32,6 +32,9 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	if dir := os.Getenv(childClusterEnv); dir != "" {
+		os.Exit(runChildCluster(dir))
+	}
 	dir, err := os.MkdirTemp("", "unixapi-test-")
 	if err != nil {
 		panic(err)
@@ -75,7 +78,7 @@ func key(t *testing.T) string {
 
 // sockPath returns a short socket path (sun_path is limited to 107 bytes,
 // and t.TempDir() paths can be long).
-func sockPath(t *testing.T) string {
+func sockPath(t testing.TB) string {
 	dir, err := os.MkdirTemp("", "ux")
 	if err != nil {
 		t.Fatal(err)

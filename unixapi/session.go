@@ -20,7 +20,9 @@ import (
 
 // A session is one connection: a reader that parses and dispatches requests,
 // a writer that answers them in request order, and the locks the connection
-// holds.
+// holds. Requests wait without a goroutine: an ACQUIRE is the broker's
+// asynchronous acquire (sidecar.Broker.AcquireAsync) and a RELEASE its
+// asynchronous release, whose callbacks finish the reply.
 type session struct {
 	srv   *Server
 	id    uint64
@@ -28,31 +30,40 @@ type session struct {
 	conn  *net.UnixConn
 	log   *slog.Logger
 
-	// ctx is cancelled when the session ends; pending ACQUIREs run under it.
-	// Its cause is ErrServerClosed when the server ends the session (Close),
-	// so those ACQUIREs are answered shutting_down, as the protocol says.
+	// ctx is cancelled when the session ends. Its cause is ErrServerClosed
+	// when the server ends the session (Close), so pending ACQUIREs are
+	// answered shutting_down, as the protocol says.
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
-	// replies holds one entry per request, in request order. Only the reader
-	// sends on it and closes it; the writer drains it. Its capacity,
-	// MaxInFlight+replySlack, is the most replies queued per connection:
-	// room for every request that may run at once (so a waiting ACQUIRE at
-	// the head of the order never keeps the reader from starting up to
-	// MaxInFlight requests, or from answering too_many_in_flight) plus some
-	// answered at once. When it is full the reader stops reading: that is
-	// the back-pressure on a client that does not read its replies.
-	replies    chan *reply
 	writerDone chan struct{}
+	wake       chan struct{} // wakes the writer; capacity 1
 
-	// mu guards held, inflight and ended. A leaf: never held together with
-	// Server.mu, nor while calling the Broker, queueing a reply (push may
-	// wait for the writer) or doing socket I/O.
-	mu       sync.Mutex
-	held     map[heldKey]*holding
-	inflight int  // ACQUIRE and RELEASE requests running
-	ended    bool // end ran: held locks were handed to Compensate
-	work     sync.WaitGroup
+	// mu guards everything below. A leaf: never held together with
+	// Server.mu, nor while calling the Broker or doing socket I/O. The
+	// reader waits on space (a sync.Cond on mu) for room in the reply
+	// queue.
+	mu   sync.Mutex
+	held map[heldKey]*holding
+	// acquiring counts wait-0 ACQUIREs running (bounded by MaxInFlight),
+	// waiting those with a wait (bounded by MaxWaiting), releasing the
+	// RELEASEs running (bounded by the locks held).
+	acquiring, waiting, releasing int
+	pend                          map[*acq]struct{} // ACQUIREs running, to cancel at the end
+	ended                         bool              // end ran: held locks were handed to Compensate
+	work                          sync.WaitGroup
+
+	// replies holds one entry per request, in request order, from
+	// replies[rhead] on (a queue that grows as needed and is never
+	// preallocated). An entry is running until its request ends; the
+	// others are answered and wait for the writer. When answered entries
+	// reach MaxInFlight+replySlack, the reader stops reading until the
+	// writer catches up: the back-pressure on a client that does not read.
+	replies []*reply
+	rhead   int
+	running int
+	rclosed bool // the reader is done: no more entries
+	space   *sync.Cond
 }
 
 type heldKey struct {
@@ -65,35 +76,39 @@ type holding struct {
 	releasing bool // a RELEASE for it is running
 }
 
-// reply is the answer to one request; done is closed once line is set.
-// A lazy reply (INFO, HELD) is computed when its turn to be written comes,
-// so it reflects every earlier request on the connection.
+// reply is the answer to one request; done once line is set (under
+// session.mu). A lazy reply (INFO, HELD) is computed when its turn to be
+// written comes, so it reflects every earlier request on the connection.
 type reply struct {
-	line string
-	lazy func() string
-	done chan struct{}
+	line   string
+	lazy   func() string
+	done   bool
+	queued bool // in session.replies, counted running until done
 }
 
-func (r *reply) finish(line string) {
-	r.line = line
-	close(r.done)
+// acq is one running ACQUIRE.
+type acq struct {
+	ss       *session
+	r        *reply
+	waiter   bool
+	cancel   func(error) // the broker's; nil until AcquireAsync returned
+	finished bool
 }
 
-// replySlack is how many replies beyond MaxInFlight a connection may have
-// queued (see session.replies).
+// replySlack is how many answered replies beyond MaxInFlight a connection
+// may have waiting for the writer (see session.replies).
 const replySlack = 64
-
-// closedCh is the done channel of replies known at once.
-var closedCh = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 func newSession(srv *Server, c *net.UnixConn, id uint64, log *slog.Logger) *session {
 	ss := &session{
 		srv: srv, id: id, conn: c, log: log,
 		owner:      srv.cfg.OwnerPrefix + "." + strconv.FormatUint(id, 10),
-		replies:    make(chan *reply, srv.cfg.MaxInFlight+replySlack),
 		writerDone: make(chan struct{}),
+		wake:       make(chan struct{}, 1),
 		held:       map[heldKey]*holding{},
+		pend:       map[*acq]struct{}{},
 	}
+	ss.space = sync.NewCond(&ss.mu)
 	ss.ctx, ss.cancel = context.WithCancelCause(context.Background())
 	return ss
 }
@@ -111,13 +126,31 @@ func (ss *session) run() {
 		ss.work.Wait()
 	}
 	ss.end(why)
-	close(ss.replies)
+	ss.mu.Lock()
+	ss.rclosed = true
+	ss.mu.Unlock()
+	ss.kickWriter()
 	// The writer still answers what was asked before the end (a client may
 	// half-close after its last request and wait for the replies).
 	<-ss.writerDone
-	ss.work.Wait()
+	ss.waitWork()
 	ss.conn.Close()
 	ss.log.Debug("connection closed", "why", why)
+}
+
+// waitWork waits for the session's requests to end, or for the server to
+// stop waiting for them (Close's grace period is over): a RELEASE goes on
+// in the broker until its deadline either way.
+func (ss *session) waitWork() {
+	if ss.srv.hardCtx.Err() != nil {
+		return
+	}
+	done := make(chan struct{})
+	go func() { ss.work.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ss.srv.hardCtx.Done():
+	}
 }
 
 // readLoop reads and dispatches requests until EOF, an error or an
@@ -141,7 +174,7 @@ func (ss *session) readLoop() (why string, eof bool) {
 			}
 			if ferr != nil {
 				ss.log.Info("line too long; closing", "err", ferr)
-				ss.push(&reply{line: replyFor(ferr), done: closedCh})
+				ss.push(&reply{line: replyFor(ferr), done: true})
 				return "line too long", false
 			}
 		}
@@ -174,91 +207,164 @@ func (ss *session) peerHungUp() bool {
 	return hup
 }
 
-// push queues r for the writer; false if the session ended meanwhile.
-func (ss *session) push(r *reply) bool {
+func (ss *session) kickWriter() {
 	select {
-	case ss.replies <- r:
-		return true
-	case <-ss.writerDone:
-		return false
-	case <-ss.ctx.Done():
-		// Still try to queue (the writer drains until replies is closed),
-		// but do not block on a writer that stopped writing.
-		select {
-		case ss.replies <- r:
-			return true
-		case <-ss.writerDone:
-			return false
-		}
+	case ss.wake <- struct{}{}:
+	default:
 	}
+}
+
+// push queues r for the writer, first waiting while the answered replies
+// waiting to be written are at their bound (back-pressure); false if the
+// session ended meanwhile and the writer is gone.
+func (ss *session) push(r *reply) bool {
+	ss.mu.Lock()
+	limit := ss.srv.cfg.MaxInFlight + replySlack
+	for !ss.ended && len(ss.replies)-ss.rhead-ss.running >= limit {
+		ss.space.Wait()
+	}
+	select {
+	case <-ss.writerDone:
+		ss.mu.Unlock()
+		return false
+	default:
+	}
+	ss.replies = append(ss.replies, r)
+	if !r.done {
+		r.queued = true
+		ss.running++
+	}
+	ss.mu.Unlock()
+	ss.kickWriter()
+	return true
+}
+
+// finish answers r (a running entry) with line.
+func (ss *session) finish(r *reply, line string) {
+	ss.mu.Lock()
+	r.line, r.done = line, true
+	if r.queued {
+		ss.running--
+	}
+	ss.mu.Unlock()
+	ss.kickWriter()
 }
 
 // dispatch handles one request line; false stops reading.
 func (ss *session) dispatch(line []byte) bool {
 	req, err := ParseLine(line)
 	if err != nil {
-		return ss.push(&reply{line: replyFor(err), done: closedCh})
+		return ss.push(&reply{line: replyFor(err), done: true})
 	}
 	switch req.Verb {
 	case VerbPing:
-		return ss.push(&reply{line: "PONG", done: closedCh})
+		return ss.push(&reply{line: "PONG", done: true})
 	case VerbInfo:
-		return ss.push(&reply{lazy: ss.infoLine, done: closedCh})
+		return ss.push(&reply{lazy: ss.infoLine, done: true})
 	case VerbHeld:
-		return ss.push(&reply{lazy: ss.heldLine, done: closedCh})
+		return ss.push(&reply{lazy: ss.heldLine, done: true})
 	case VerbAcquire:
 		return ss.startAcquire(req)
 	case VerbRelease:
 		return ss.startRelease(req)
 	}
-	return ss.push(&reply{line: replyFor(fmt.Errorf("%w: verb %d", ErrUnknownVerb, req.Verb)), done: closedCh})
+	return ss.push(&reply{line: replyFor(fmt.Errorf("%w: verb %d", ErrUnknownVerb, req.Verb)), done: true})
 }
 
+// startAcquire starts an ACQUIRE: one with a wait counts against
+// MaxWaiting (it may queue at the node), one without against MaxInFlight.
 func (ss *session) startAcquire(req Request) bool {
+	a := &acq{ss: ss, r: &reply{}, waiter: req.Wait > 0}
 	ss.mu.Lock()
 	if ss.ended {
 		ss.mu.Unlock()
 		return false
 	}
-	if ss.inflight >= ss.srv.cfg.MaxInFlight {
+	switch {
+	case a.waiter && ss.waiting >= ss.srv.cfg.MaxWaiting:
 		ss.mu.Unlock()
-		return ss.push(&reply{line: replyFor(fmt.Errorf("%w: at most %d ACQUIRE/RELEASE at once per connection", ErrTooManyInFlight, ss.srv.cfg.MaxInFlight)), done: closedCh})
+		return ss.push(&reply{line: replyFor(fmt.Errorf("%w: at most %d ACQUIREs with a wait running at once per connection", ErrTooManyWaiters, ss.srv.cfg.MaxWaiting)), done: true})
+	case !a.waiter && ss.acquiring >= ss.srv.cfg.MaxInFlight:
+		ss.mu.Unlock()
+		return ss.push(&reply{line: replyFor(fmt.Errorf("%w: at most %d ACQUIREs with wait 0 running at once per connection", ErrTooManyInFlight, ss.srv.cfg.MaxInFlight)), done: true})
+	case a.waiter:
+		ss.waiting++
+	default:
+		ss.acquiring++
 	}
-	ss.inflight++
 	ss.work.Add(1)
 	ss.mu.Unlock()
-	r := &reply{done: make(chan struct{})}
-	go ss.acquire(req, r)
-	return ss.push(r)
+	if !ss.push(a.r) {
+		ss.mu.Lock()
+		if a.waiter {
+			ss.waiting--
+		} else {
+			ss.acquiring--
+		}
+		ss.mu.Unlock()
+		ss.work.Done()
+		return false
+	}
+	cancel, err := ss.srv.broker.AcquireAsync(req.Key, ss.owner, req.Lease, req.Wait, a.done)
+	if err != nil {
+		a.done(sidecar.Lock{}, err)
+		return true
+	}
+	ss.mu.Lock()
+	if a.finished {
+		ss.mu.Unlock()
+		return true
+	}
+	a.cancel = cancel
+	ss.pend[a] = struct{}{}
+	ended := ss.ended
+	ss.mu.Unlock()
+	if ended {
+		cancel(ss.endCauseErr())
+	}
+	return true
 }
 
-func (ss *session) acquire(req Request, r *reply) {
-	defer ss.work.Done()
-	// The broker compensates a grant that arrives after ctx is cancelled.
-	l, err := ss.srv.broker.Acquire(ss.ctx, req.Key, ss.owner, req.Lease, req.Wait)
+// done is the broker's callback for the ACQUIRE (or its immediate
+// outcome). It runs on a broker goroutine and must not block.
+func (a *acq) done(l sidecar.Lock, err error) {
+	ss := a.ss
 	ss.mu.Lock()
-	ss.inflight--
+	if a.finished {
+		ss.mu.Unlock()
+		return
+	}
+	a.finished = true
+	delete(ss.pend, a)
+	if a.waiter {
+		ss.waiting--
+	} else {
+		ss.acquiring--
+	}
 	ended := ss.ended
 	if err == nil && !ended {
 		ss.held[heldKey{l.Key, l.Token}] = &holding{lock: l}
 	}
 	ss.mu.Unlock()
+	var line string
 	switch {
 	case err == nil && ended:
 		// Granted just as the connection went away: nobody can use it.
 		ss.log.Debug("grant after the connection ended; compensating", "key", l.Key, "token", l.Token)
 		ss.srv.broker.Compensate(l)
-		r.finish(replyFor(ss.endedErr()))
+		line = replyFor(ss.endedErr())
 	case err == nil:
-		r.finish("OK " + strconv.FormatUint(l.Token, 10))
-	case errors.Is(err, context.Canceled) && errors.Is(context.Cause(ss.ctx), ErrServerClosed):
-		r.finish(replyFor(ss.endedErr()))
+		line = "OK " + strconv.FormatUint(l.Token, 10)
+	case ended && (errors.Is(err, context.Canceled) || errors.Is(err, ErrServerClosed)):
+		line = replyFor(ss.endedErr())
 	default:
 		if code := codeOf(err); code == "internal" {
-			ss.log.Warn("acquire failed", "key", req.Key, "err", err)
+			ss.log.Warn("acquire failed", "err", err)
 		}
-		r.finish(replyFor(err))
+		line = replyFor(err)
 	}
+	ss.finish(a.r, line)
+	ss.work.Done()
 }
 
 func (ss *session) startRelease(req Request) bool {
@@ -278,20 +384,25 @@ func (ss *session) startRelease(req Request) bool {
 		err = fmt.Errorf("%w: this connection holds no lock on %s with token %d", ErrNotHeld, snippet([]byte(req.Key)), req.Token)
 	case h.releasing:
 		err = fmt.Errorf("%w: %s token %d", ErrReleaseInProgress, snippet([]byte(req.Key)), req.Token)
-	case ss.inflight >= ss.srv.cfg.MaxInFlight:
-		err = fmt.Errorf("%w: at most %d ACQUIRE/RELEASE at once per connection", ErrTooManyInFlight, ss.srv.cfg.MaxInFlight)
 	}
 	if err != nil {
 		ss.mu.Unlock()
-		return ss.push(&reply{line: replyFor(err), done: closedCh})
+		return ss.push(&reply{line: replyFor(err), done: true})
 	}
+	// No in-flight bound: a RELEASE needs a lock this connection holds
+	// and is not releasing, so the locks held bound them.
 	h.releasing = true
-	ss.inflight++
+	ss.releasing++
 	ss.work.Add(1)
 	ss.mu.Unlock()
-	r := &reply{done: make(chan struct{})}
-	go ss.release(k, h, r)
-	return ss.push(r)
+	r := &reply{}
+	ok := ss.push(r)
+	// Even if the session ended meanwhile: a release asked for is
+	// finished (the broker bounds it at 5 s).
+	if err := ss.srv.broker.ReleaseAsync(h.lock, func(err error) { ss.released(k, h, r, err) }); err != nil {
+		ss.released(k, h, r, err)
+	}
+	return ok
 }
 
 func (ss *session) holdsKeyLocked(key string) bool {
@@ -309,14 +420,11 @@ func gone(err error) bool {
 	return errors.Is(err, locksm.ErrNotHeld) || errors.Is(err, locksm.ErrTokenMismatch) || errors.Is(err, locksm.ErrOwnerMismatch)
 }
 
-func (ss *session) release(k heldKey, h *holding, r *reply) {
-	defer ss.work.Done()
-	// Not ss.ctx: a release already asked for is finished even if the
-	// client disconnects; the broker bounds it at 5 s.
-	err := ss.srv.broker.Release(ss.srv.hardCtx, h.lock)
+// released is the broker's callback for a RELEASE.
+func (ss *session) released(k heldKey, h *holding, r *reply, err error) {
 	definite := err == nil || gone(err)
 	ss.mu.Lock()
-	ss.inflight--
+	ss.releasing--
 	if definite {
 		delete(ss.held, k)
 	} else {
@@ -329,12 +437,13 @@ func (ss *session) release(k heldKey, h *holding, r *reply) {
 	if ended && !definite {
 		ss.srv.broker.Compensate(h.lock)
 	}
-	if err == nil {
-		r.finish("OK")
-		return
+	line := "OK"
+	if err != nil {
+		ss.log.Info("release failed", "key", k.key, "token", k.token, "err", err)
+		line = replyFor(err)
 	}
-	ss.log.Info("release failed", "key", k.key, "token", k.token, "err", err)
-	r.finish(replyFor(err))
+	ss.finish(r, line)
+	ss.work.Done()
 }
 
 // endedErr is the error for an ACQUIRE cut short by the end of the
@@ -345,6 +454,14 @@ func (ss *session) endedErr() error {
 		return fmt.Errorf("%w: the sidecar is shutting down; not acquired", ErrServerClosed)
 	}
 	return fmt.Errorf("%w: connection closed", context.Canceled)
+}
+
+// endCauseErr is what pending ACQUIREs are cancelled with.
+func (ss *session) endCauseErr() error {
+	if cause := context.Cause(ss.ctx); cause != nil {
+		return cause
+	}
+	return context.Canceled
 }
 
 // end finishes the session: pending acquires are cancelled and every held
@@ -360,14 +477,25 @@ func (ss *session) endCause(why string, cause error) {
 		return
 	}
 	ss.ended = true
+	ss.space.Broadcast() // a reader waiting for room stops waiting
 	var locks []sidecar.Lock
 	for _, h := range ss.held {
 		if !h.releasing {
 			locks = append(locks, h.lock)
 		}
 	}
+	var cancels []func(error)
+	for a := range ss.pend {
+		if a.cancel != nil {
+			cancels = append(cancels, a.cancel)
+		}
+	}
 	ss.mu.Unlock()
 	ss.cancel(cause)
+	ccause := ss.endCauseErr()
+	for _, c := range cancels {
+		c(ccause) // the callbacks answer them (and compensate a grant that won)
+	}
 	if len(locks) > 0 {
 		ss.log.Info("connection ended holding locks; releasing them", "why", why, "locks", len(locks))
 	}
@@ -396,23 +524,51 @@ func (ss *session) writeLoop() {
 		}
 		buf = buf[:0]
 	}
-	for r := range ss.replies {
-		select {
-		case <-r.done:
-		default:
+	for {
+		ss.mu.Lock()
+		for ss.rhead == len(ss.replies) || !ss.replies[ss.rhead].done {
+			if ss.rclosed && ss.rhead == len(ss.replies) {
+				ss.mu.Unlock()
+				flush()
+				return
+			}
+			ss.mu.Unlock()
 			flush()
-			<-r.done
+			select {
+			case <-ss.wake:
+			case <-ss.srv.hardCtx.Done():
+				return // Close's grace period is over: stop answering
+			}
+			ss.mu.Lock()
 		}
+		r := ss.replies[ss.rhead]
+		ss.replies[ss.rhead] = nil
+		if ss.rhead++; ss.rhead == len(ss.replies) {
+			// Empty: start over, and let a burst's array go.
+			if cap(ss.replies) > 1024 {
+				ss.replies = nil
+			} else {
+				ss.replies = ss.replies[:0]
+			}
+			ss.rhead = 0
+		} else if ss.rhead >= 1024 && ss.rhead*2 >= len(ss.replies) {
+			n := copy(ss.replies, ss.replies[ss.rhead:])
+			clear(ss.replies[n:])
+			ss.replies, ss.rhead = ss.replies[:n], 0
+		}
+		ss.space.Broadcast()
+		more := ss.rhead < len(ss.replies) && ss.replies[ss.rhead].done
+		ss.mu.Unlock()
+		line := r.line
 		if r.lazy != nil {
-			r.line = r.lazy()
+			line = r.lazy()
 		}
-		buf = append(buf, r.line...)
+		buf = append(buf, line...)
 		buf = append(buf, '\n')
-		if len(ss.replies) == 0 || len(buf) >= 4096 {
+		if !more || len(buf) >= 4096 {
 			flush()
 		}
 	}
-	flush()
 }
 
 func (ss *session) infoLine() string {

@@ -281,7 +281,7 @@ func (c *Conn) Do(ctx context.Context, m wire.Msg) (reply wire.Msg, written bool
 // Abandon gives up on call without closing the connection and reports
 // whether its request was written. A request still in the send buffer is
 // withdrawn (never sent: false, and Done is closed with an error wrapping
-// ErrAbandoned); a written one stays pending and its reply is dropped when
+// ErrAbandoned, its Done hook running on the caller's goroutine); a written one stays pending and its reply is dropped when
 // it arrives (true: its outcome is unknown to the caller). Abandoning a
 // completed call just returns its Written.
 func (c *Conn) Abandon(call *Call) (written bool) {
@@ -314,8 +314,17 @@ func (c *Conn) Abandon(call *Call) (written bool) {
 	c.pmu.Unlock()
 	c.wmu.Unlock()
 	call.Err = fmt.Errorf("request %d: %w", call.ID, ErrAbandoned)
-	close(call.done)
+	call.complete()
 	return false
+}
+
+// complete closes the call's done channel and runs its Done hook. Its
+// fields are set; no lock is held.
+func (call *Call) complete() {
+	close(call.done)
+	if call.hooks.Done != nil {
+		call.hooks.Done(call)
+	}
 }
 
 // Written reports whether any byte of call's request may have reached the
@@ -335,9 +344,33 @@ type Call struct {
 	Err error
 	// Written reports whether any byte of the request reached the socket.
 	Written bool
+	// Queued reports that the node said the acquire joined its key's queue
+	// (a Q frame, protocol version 4): it waits for its turn and no longer
+	// counts against the node's in-flight limit. Its final reply is still
+	// to come. Read it in a hook or after Done.
+	Queued bool
 
 	done    chan struct{}
 	reqType byte
+	hooks   Hooks
+}
+
+// Hooks are the callbacks of a call started with StartFunc, so that a
+// caller can follow many calls without a goroutine per call. They must not
+// block and must not wait for another call of the same connection: they
+// run on the connection's reader goroutine (or, for Done, on the goroutine
+// that closed the connection or abandoned the call), with none of the
+// connection's locks held. Each may be nil.
+type Hooks struct {
+	// Queued runs once when the node reports that the acquire joined its
+	// key's queue (Q, version 4), before its final reply. It may run while
+	// Done runs on another goroutine, when the connection is being closed
+	// at that moment: a caller must treat a Queued after Done as nothing.
+	Queued func(*Call)
+	// Done runs once, right after the call completed (Reply or Err set and
+	// the Done channel closed): on its reply, on the death of the
+	// connection, or on Abandon withdrawing it.
+	Done func(*Call)
 }
 
 // Start sends m without waiting (m.ID must be 0; Conn assigns it). The
@@ -345,7 +378,12 @@ type Call struct {
 // socket. Errors wrap ErrInvalidRequest (nothing queued), ErrHandingOver
 // (an acquire or release after the node announced a hand-over; nothing
 // queued) or ErrConnClosed.
-func (c *Conn) Start(m wire.Msg) (*Call, error) {
+func (c *Conn) Start(m wire.Msg) (*Call, error) { return c.StartFunc(m, Hooks{}) }
+
+// StartFunc is Start with hooks that run when the call is queued and when
+// it completes (see Hooks), so that a caller needs no goroutine to wait for
+// each call. When it returns an error, no hook ever runs.
+func (c *Conn) StartFunc(m wire.Msg, h Hooks) (*Call, error) {
 	if m.ID != 0 {
 		return nil, fmt.Errorf("%w: ID must be 0, Conn assigns it", ErrInvalidRequest)
 	}
@@ -361,7 +399,7 @@ func (c *Conn) Start(m wire.Msg) (*Call, error) {
 		c.wmu.Unlock()
 		return nil, fmt.Errorf("%w (%s): %s not sent", ErrHandingOver, c.peer.NodeID, wire.TypeName(m.Type))
 	}
-	call, err := c.startLocked(m)
+	call, err := c.startLocked(m, h)
 	c.wmu.Unlock()
 	if err != nil {
 		return nil, err
@@ -371,9 +409,9 @@ func (c *Conn) Start(m wire.Msg) (*Call, error) {
 }
 
 // startLocked buffers m under a new id. Requires wmu, !closed.
-func (c *Conn) startLocked(m wire.Msg) (*Call, error) {
+func (c *Conn) startLocked(m wire.Msg, h Hooks) (*Call, error) {
 	done := make(chan struct{})
-	call := &Call{Done: done, done: done, reqType: m.Type}
+	call := &Call{Done: done, done: done, reqType: m.Type, hooks: h}
 	m.ID = c.lastID + 1
 	buf, err := wire.AppendMsg(c.wbuf, &m)
 	if err != nil {
@@ -419,7 +457,7 @@ func (c *Conn) notice(n wire.Msg) {
 		// already buffered: the node knows that whatever it reads after
 		// the acknowledgement was not sent by this connection.
 		c.handingOver.Store(true)
-		if _, err := c.startLocked(wire.Msg{Type: wire.TypeNoticeAck}); err == nil {
+		if _, err := c.startLocked(wire.Msg{Type: wire.TypeNoticeAck}, Hooks{}); err == nil {
 			c.wake()
 		}
 	case wire.NoticeServing:
@@ -529,14 +567,9 @@ func (c *Conn) readLoop() {
 			c.shutdown(fmt.Errorf("%w: server error %s: %w: %q", ErrProtocol, m.Code, wire.ErrOf(m.Code), m.Text))
 			return
 		}
-		if wire.IsProgress(m.Type) {
-			// Q: the acquire joined its key's queue; its reply follows.
-			c.pmu.Lock()
-			call := c.pending[m.ID]
-			c.pmu.Unlock()
-			if call == nil || !wire.ProgressAllowed(call.reqType, m.Type, c.peer.Version) {
-				c.shutdown(fmt.Errorf("%w: progress frame %s for id %d (no acquire in flight, or a version %d connection)",
-					ErrProtocol, wire.TypeName(m.Type), m.ID, c.peer.Version))
+		if m.Type == wire.TypeQueued {
+			if err := c.queued(m.ID); err != nil {
+				c.shutdown(err)
 				return
 			}
 			continue
@@ -561,8 +594,36 @@ func (c *Conn) readLoop() {
 		}
 		call.Reply = m
 		call.Written = true
-		close(call.done)
+		call.complete()
 	}
+}
+
+// queued handles a Q frame: the acquire id joined its key's queue. Only
+// one Q per acquire in flight, on a version 4 connection; anything else is
+// a protocol violation.
+func (c *Conn) queued(id uint64) error {
+	if c.peer.Version < wire.VersionQueued {
+		return fmt.Errorf("%w: Q frame on a version %d connection", ErrProtocol, c.peer.Version)
+	}
+	c.pmu.Lock()
+	call := c.pending[id]
+	ok := call != nil && call.reqType == wire.TypeAcquire && !call.Queued
+	if ok {
+		call.Queued = true // under pmu: shutdown, which completes it, reads pending under pmu
+	}
+	c.pmu.Unlock()
+	switch {
+	case call == nil:
+		return fmt.Errorf("%w: Q for unknown id %d", ErrProtocol, id)
+	case call.reqType != wire.TypeAcquire:
+		return fmt.Errorf("%w: Q for request %s (id %d), not an acquire", ErrProtocol, wire.TypeName(call.reqType), id)
+	case !ok:
+		return fmt.Errorf("%w: a second Q for acquire %d", ErrProtocol, id)
+	}
+	if call.hooks.Queued != nil {
+		call.hooks.Queued(call)
+	}
+	return nil
 }
 
 // shutdown kills the connection once: it stops new requests, closes the
@@ -592,7 +653,7 @@ func (c *Conn) shutdown(cause error) {
 		for id, call := range pending {
 			call.Err = fmt.Errorf("request %d: %w", id, err)
 			call.Written = c.isWritten(id)
-			close(call.done)
+			call.complete()
 		}
 	})
 }

@@ -532,3 +532,183 @@ func TestHandOverNotice(t *testing.T) {
 		t.Fatalf("acquire after the serving notice: %+v %v", r, err)
 	}
 }
+
+// hookLog records the hooks of StartFunc calls, in the order they ran.
+type hookLog struct {
+	mu     sync.Mutex
+	events []string
+	done   chan *Call
+}
+
+func newHookLog() *hookLog { return &hookLog{done: make(chan *Call, 16)} }
+
+func (h *hookLog) hooks(name string) Hooks {
+	return Hooks{
+		Queued: func(c *Call) {
+			h.mu.Lock()
+			h.events = append(h.events, name+" queued")
+			h.mu.Unlock()
+		},
+		Done: func(c *Call) {
+			h.mu.Lock()
+			h.events = append(h.events, name+" done")
+			h.mu.Unlock()
+			h.done <- c
+		},
+	}
+}
+
+func (h *hookLog) wait(t *testing.T) *Call {
+	t.Helper()
+	select {
+	case c := <-h.done:
+		return c
+	case <-time.After(5 * time.Second):
+		t.Fatal("no Done hook")
+		return nil
+	}
+}
+
+func (h *hookLog) got() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]string(nil), h.events...)
+}
+
+// A queued acquire: Q runs the Queued hook and leaves the call in flight;
+// the final reply completes it and runs Done. No goroutine waits on it.
+func TestStartFuncQueuedThenGranted(t *testing.T) {
+	ids := make(chan uint64, 4)
+	s := newFakeServer(t, func(sc *srvConn, m wire.Msg) {
+		switch m.Type {
+		case wire.TypeAcquire:
+			sc.reply(t, wire.Msg{Type: wire.TypeQueued, ID: m.ID})
+			ids <- m.ID
+		case wire.TypePing:
+			sc.reply(t, wire.Msg{Type: wire.TypePong, ID: m.ID})
+		}
+	})
+	c := s.dial(t)
+	if c.Peer().Version < wire.VersionQueued {
+		t.Fatalf("negotiated version %d", c.Peer().Version)
+	}
+	h := newHookLog()
+	call, err := c.StartFunc(acquire("k"), h.hooks("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := <-ids
+	// A ping round trip after the Q: the reader has handled the Q by then.
+	if r, _, err := c.Do(context.Background(), wire.Msg{Type: wire.TypePing}); err != nil || r.Type != wire.TypePong {
+		t.Fatalf("ping: %+v %v", r, err)
+	}
+	if got := h.got(); len(got) != 1 || got[0] != "a queued" {
+		t.Fatalf("hooks after Q: %v", got)
+	}
+	if c.InFlight() != 1 {
+		t.Fatalf("%d in flight after Q, want the acquire still in flight", c.InFlight())
+	}
+	select {
+	case <-call.Done:
+		t.Fatal("Q completed the call")
+	default:
+	}
+	sc := <-s.conns
+	s.conns <- sc
+	sc.reply(t, wire.Msg{Type: wire.TypeGranted, ID: id, Token: 7})
+	if done := h.wait(t); done != call || !call.Queued || call.Reply.Type != wire.TypeGranted || call.Reply.Token != 7 || call.Err != nil {
+		t.Fatalf("call %+v", call)
+	}
+	<-call.Done
+	if got := h.got(); len(got) != 2 || got[1] != "a done" {
+		t.Fatalf("hooks: %v", got)
+	}
+}
+
+// Done hooks run when the connection dies (with the pending calls'
+// errors) and when Abandon withdraws an unsent call; an answered call
+// without Q has Queued false.
+func TestStartFuncDoneOnDeathAndAbandon(t *testing.T) {
+	s := newFakeServer(t, echo(t))
+	c, bc := dialBlocking(t, s)
+	h := newHookLog()
+	first, err := c.StartFunc(acquire("a"), h.hooks("first"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-bc.entered // the writer holds first's bytes inside Write
+	second, err := c.StartFunc(acquire("b"), h.hooks("second"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Abandon(second) {
+		t.Fatal("second was never written")
+	}
+	if got := h.wait(t); got != second || !errors.Is(second.Err, ErrAbandoned) || second.Written {
+		t.Fatalf("abandoned: %+v", second)
+	}
+	close(bc.release)
+	if got := h.wait(t); got != first || first.Err != nil || first.Reply.Type != wire.TypeGranted || first.Queued {
+		t.Fatalf("first: %+v", first)
+	}
+	third, err := c.StartFunc(wire.Msg{Type: wire.TypeAcquire, Lease: 30, WaitMs: 0, Key: "silent", Owner: "me"}, h.hooks("third"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = third
+	// echo answers acquires at once; close before it can matter or after:
+	// either way Done runs exactly once.
+	c.Close()
+	if got := h.wait(t); got != third {
+		t.Fatalf("Done for %+v", got)
+	}
+	select {
+	case extra := <-h.done:
+		t.Fatalf("a second Done hook: %+v", extra)
+	case <-time.After(50 * time.Millisecond):
+	}
+}
+
+// Q frames the protocol does not allow close the connection: for a
+// request other than an acquire, a second Q for one acquire, and a Q for
+// an id not in flight.
+func TestQueuedProtocolViolations(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		req   wire.Msg
+		reply func(sc *srvConn, m wire.Msg)
+	}{
+		{"for a ping", wire.Msg{Type: wire.TypePing}, func(sc *srvConn, m wire.Msg) {
+			sc.reply(t, wire.Msg{Type: wire.TypeQueued, ID: m.ID})
+		}},
+		{"twice", acquire("k"), func(sc *srvConn, m wire.Msg) {
+			sc.reply(t, wire.Msg{Type: wire.TypeQueued, ID: m.ID})
+			sc.reply(t, wire.Msg{Type: wire.TypeQueued, ID: m.ID})
+		}},
+		{"unknown id", acquire("k"), func(sc *srvConn, m wire.Msg) {
+			sc.reply(t, wire.Msg{Type: wire.TypeQueued, ID: m.ID + 100})
+		}},
+		{"after the reply", acquire("k"), func(sc *srvConn, m wire.Msg) {
+			sc.reply(t, wire.Msg{Type: wire.TypeGranted, ID: m.ID, Token: 1})
+			sc.reply(t, wire.Msg{Type: wire.TypeQueued, ID: m.ID})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newFakeServer(t, tc.reply)
+			c := s.dial(t)
+			h := newHookLog()
+			if _, err := c.StartFunc(tc.req, h.hooks("x")); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-c.Done():
+			case <-time.After(5 * time.Second):
+				t.Fatal("connection not closed")
+			}
+			if !errors.Is(c.Err(), ErrProtocol) {
+				t.Fatalf("Err %v, want ErrProtocol", c.Err())
+			}
+			h.wait(t)
+		})
+	}
+}

@@ -82,6 +82,13 @@ func RunSidecar(ctx context.Context, args []string, stdout, stderr io.Writer, o 
 	fset.Var(&allow, "allow-uid", "comma-separated peer uids allowed to connect (default: any uid the file mode admits)")
 	fset.IntVar(&ucfg.MaxConns, "max-conns", ucfg.MaxConns, "max local connections served at once")
 	fset.StringVar(&ucfg.OwnerPrefix, "owner-prefix", ucfg.OwnerPrefix, "prefix of the owner ids sent to the cluster (owner = PREFIX.CONN)")
+	var maxWaiters int
+	fset.IntVar(&maxWaiters, "max-waiters", 0,
+		"max waiting ACQUIREs (with a wait) of all local connections together; when full, the connection holding the most is refused or evicted (too_many_waiters); 0: the node's per-connection bound (200000 by default)")
+	fset.IntVar(&ucfg.MaxWaiting, "max-waiters-per-conn", ucfg.MaxWaiting,
+		"max waiting ACQUIREs (with a wait) of one local connection (too_many_waiters); about 1.2 KiB of sidecar memory each")
+	fset.IntVar(&ucfg.MaxInFlight, "max-inflight-per-conn", ucfg.MaxInFlight,
+		"max ACQUIREs with wait 0 running at once on one local connection (too_many_in_flight); RELEASEs are not limited")
 	var membersRefresh time.Duration
 	fset.DurationVar(&membersRefresh, "members-refresh", sidecar.DefaultMembersRefresh,
 		"how often to ask the leader for the members and follow them (dial new members' client addresses, drop those of removed ones; the --cluster addresses are always kept); 0: only on leader changes")
@@ -141,6 +148,12 @@ func RunSidecar(ctx context.Context, args []string, stdout, stderr io.Writer, o 
 		log.Warn("PLAINTEXT: the connections to the cluster are not encrypted; use --tls-ca anywhere but loopback")
 	}
 	bcfg.ClusterID, bcfg.Domain = clusterID, bcfgDomain
+	if maxWaiters < 0 {
+		return fl.bad("--max-waiters %d: must not be negative", maxWaiters)
+	}
+	// A connection is a session of the broker: the two per-session bounds
+	// are one setting.
+	bcfg.MaxWaiters, bcfg.MaxWaitersPerSession = maxWaiters, ucfg.MaxWaiting
 	bcfg.MembersRefresh = membersRefresh
 	if membersRefresh <= 0 {
 		bcfg.MembersRefresh = -1

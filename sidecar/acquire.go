@@ -1,0 +1,627 @@
+package sidecar
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"ticketing/cluster/client"
+	"ticketing/cluster/wire"
+	"ticketing/locksm"
+)
+
+// Acquires are asynchronous inside the broker: an acquire is an acqOp that
+// moves through the scheduler (sched.go) and the connection's hooks, with
+// one timer for its current deadline and no goroutine of its own, so a
+// waiting room of thousands costs memory, not goroutines. One dispatcher
+// goroutine sends; the connection's reader goroutine delivers Q and the
+// final reply; the op's timer goroutine (only when it fires) handles a
+// deadline.
+
+// opState is where an acquire is.
+type opState uint8
+
+const (
+	stAdmitting opState = iota // waiting for waiter room (sched.admitQ)
+	stPending                  // admitted, not sent: a session's pending FIFO
+	stSent                     // given to a connection; holds an in-flight slot
+	stQueued                   // the node queued it (Q): waits for its turn, no slot
+	stDone                     // over: answered, and nothing of it is left at the node
+)
+
+// acqOp is one acquire. Its fields are guarded by Broker.qmu, except
+// those set at creation.
+type acqOp struct {
+	b                   *Broker
+	sess                *sess
+	key, owner          string
+	lease, wait         time.Duration
+	waiter              bool      // wait > 0: needs waiter room
+	begun               time.Time // wall clock at the call (latency metric)
+	waitEnd, connectEnd time.Time // Config.Now based
+	done                func(Lock, error)
+
+	st          opState
+	answered    bool  // done was called; the call may still be live at the node
+	cancelCause error // the caller's cancel, if any
+	admitting   bool  // in sched.admitQ
+	hasRoom     bool  // holds a unit of the waiter room
+	evicting    bool  // chosen to make room: its Cancel was sent
+	slot        bool  // holds an in-flight slot on conn
+	conn        *client.Conn
+	call        *client.Call
+	lk          Lock
+	timer       *time.Timer
+	gen         uint32 // counts arm calls: a stale timer firing is ignored
+
+	qprev, qnext, wprev, wnext *acqOp
+}
+
+// effects are what a critical section decided to do once qmu is released:
+// callers' callbacks, metrics, logging, compensation, leader hints.
+type effects []func()
+
+func (fx *effects) add(f func()) { *fx = append(*fx, f) }
+
+func (fx effects) run() {
+	for _, f := range fx {
+		f()
+	}
+}
+
+// checkAcquire validates an acquire's fields.
+func checkAcquire(key, owner string, lease, wait time.Duration) error {
+	if lease%time.Second != 0 || lease < locksm.MinLeaseSec*time.Second || lease > locksm.MaxLeaseSec*time.Second {
+		return fmt.Errorf("%w: lease %v is not whole seconds in 1..250", locksm.ErrInvalidLease, lease)
+	}
+	if wait < 0 || wait%time.Millisecond != 0 || wait > locksm.MaxWaitMs*time.Millisecond {
+		return fmt.Errorf("%w: wait %v is not whole milliseconds in 0..300s", locksm.ErrInvalidWait, wait)
+	}
+	if err := locksm.ValidateKey(key); err != nil {
+		return err
+	}
+	return locksm.ValidateOwner(owner)
+}
+
+// Acquire asks for key on behalf of owner. lease must be whole seconds in
+// 1..250 s; wait is the bound on waiting for the turn (0 = one try) and must
+// be a whole number of milliseconds up to 300 s. It returns the Lock, or
+// ErrBusy, ErrTimeout, ErrIndeterminate, ErrMoved, ErrUnavailable,
+// ErrTooManyWaiters, a field error (locksm.ErrInvalidKey, ...) or an error
+// wrapping ctx.Err() (not acquired; a grant that arrives later is released
+// by the broker).
+//
+// owner is also the session the request is scheduled for (see
+// AcquireAsync). The request is retried on another connection only if not
+// one byte of it was written; a written request with no definite reply is
+// Indeterminate. Acquire is AcquireAsync and a wait.
+func (b *Broker) Acquire(ctx context.Context, key, owner string, lease, wait time.Duration) (Lock, error) {
+	if err := ctx.Err(); err != nil {
+		err = fmt.Errorf("sidecar: acquire not sent: %w", err)
+		b.metrics.acquired(err, time.Now())
+		return Lock{}, err
+	}
+	type result struct {
+		lk  Lock
+		err error
+	}
+	ch := make(chan result, 1)
+	cancel, err := b.AcquireAsync(key, owner, lease, wait, func(lk Lock, err error) { ch <- result{lk, err} })
+	if err != nil {
+		return Lock{}, err
+	}
+	select {
+	case r := <-ch:
+		return r.lk, r.err
+	case <-ctx.Done():
+		cancel(ctx.Err())
+		r := <-ch // cancel makes the answer come at once
+		return r.lk, r.err
+	}
+}
+
+// AcquireAsync starts an acquire (fields as for Acquire) and returns at
+// once. done is called exactly once with the outcome, on one of the
+// broker's goroutines (a connection's reader, a timer, the dispatcher) or
+// on the goroutine calling cancel or AcquireAsync for another request:
+// it must not block, and it must not call the broker's synchronous methods
+// (AcquireAsync, ReleaseAsync, Compensate and cancel are fine). An error
+// returned here (invalid fields, ErrClosed, ErrTooManyWaiters) is the
+// outcome instead, and done is never called.
+//
+// cancel(cause) gives up: an acquire not yet written is dropped (done gets
+// an error wrapping cause, "not sent"); a written one is cancelled at the
+// node and reported abandoned (wrapping cause), and a grant that still
+// arrives is released by the broker. Calling cancel after done ran does
+// nothing; done may still report a grant that won the race.
+//
+// owner is the session: acquires of one owner are sent in the order asked,
+// sessions take turns to send (round-robin), and an acquire with a wait
+// takes waiter room (Config.MaxWaiters, MaxWaitersPerSession) from now
+// until its final reply. When the sidecar-wide room is full, the session
+// that holds the most is refused (ErrTooManyWaiters); an asker holding
+// less gets room by evicting that session's newest waiter, which is
+// answered ErrTooManyWaiters ("evicted"), unless a grant reaches it first.
+func (b *Broker) AcquireAsync(key, owner string, lease, wait time.Duration, done func(Lock, error)) (cancel func(cause error), err error) {
+	begun := time.Now()
+	if err := checkAcquire(key, owner, lease, wait); err != nil {
+		b.metrics.acquired(err, begun)
+		return nil, err
+	}
+	now := b.cfg.Now()
+	o := &acqOp{b: b, key: key, owner: owner, lease: lease, wait: wait, waiter: wait > 0, begun: begun,
+		waitEnd: now.Add(wait), connectEnd: now.Add(max(wait, b.cfg.LeaderWait)), done: done}
+	var fx effects
+	b.qmu.Lock()
+	if b.qclosed {
+		b.qmu.Unlock()
+		b.metrics.acquired(ErrClosed, begun)
+		return nil, ErrClosed
+	}
+	o.sess = b.sc.session(owner)
+	v, victim := b.sc.admit(o)
+	switch v {
+	case refusedSession, refusedFull:
+		if v == refusedSession {
+			err = fmt.Errorf("%w: this session has %d waiting acquires already (at most %d per session)",
+				ErrTooManyWaiters, o.sess.count(), b.sc.maxPerSession)
+			b.metrics.waiterRefusals[refusedPerSession].Inc()
+		} else {
+			err = fmt.Errorf("%w: the sidecar's waiter room (%d) is full and this session holds the most of it (%d)",
+				ErrTooManyWaiters, b.sc.maxWaiters, o.sess.count())
+			b.metrics.waiterRefusals[refusedSidecarFull].Inc()
+		}
+		b.sc.drop(o.sess)
+		b.qmu.Unlock()
+		b.metrics.acquired(err, begun)
+		return nil, err
+	case mustWait:
+		o.st = stAdmitting
+		if victim != nil {
+			b.evictLocked(victim, &fx)
+		}
+	case admitted:
+		o.st = stPending
+		b.sc.enqueue(o)
+		b.kickLocked()
+	}
+	if o.st != stDone {
+		o.armLocked(o.connectEnd)
+	}
+	b.qmu.Unlock()
+	fx.run()
+	return o.cancel, nil
+}
+
+// kickLocked wakes the dispatcher. Requires qmu (or not: it never blocks).
+func (b *Broker) kickLocked() {
+	select {
+	case b.kick <- struct{}{}:
+	default:
+	}
+}
+
+// armLocked sets o's one timer to fire at at (Config.Now's clock).
+func (o *acqOp) armLocked(at time.Time) {
+	if o.timer != nil {
+		o.timer.Stop()
+	}
+	o.gen++
+	gen := o.gen
+	o.timer = time.AfterFunc(max(at.Sub(o.b.cfg.Now()), 0), func() { o.onTimer(gen) })
+}
+
+// answerLocked records the outcome; done runs once qmu is released.
+func (o *acqOp) answerLocked(lk Lock, err error, fx *effects) {
+	if o.answered {
+		return
+	}
+	o.answered = true
+	done, b, begun := o.done, o.b, o.begun
+	o.done = nil
+	fx.add(func() {
+		b.metrics.acquired(err, begun)
+		done(lk, err)
+	})
+}
+
+// endLocked retires o: answered, and nothing of it left at the node. Its
+// waiter room goes to whoever waits for room.
+func (b *Broker) endLocked(o *acqOp, fx *effects) {
+	o.st = stDone
+	if o.timer != nil {
+		o.timer.Stop()
+	}
+	o.conn, o.call = nil, nil
+	b.freeLocked(o)
+	b.sc.drop(o.sess)
+}
+
+// freeLocked gives back o's waiter room; acquires admitted with it are
+// queued for sending.
+func (b *Broker) freeLocked(o *acqOp) {
+	for _, a := range b.sc.free(o) {
+		a.st = stPending
+		b.sc.enqueue(a)
+		b.kickLocked()
+	}
+}
+
+// errEvicted is the outcome of a waiter evicted to make room.
+func errEvicted(o *acqOp) error {
+	return fmt.Errorf("%w: evicted to make room: this session held the most of the sidecar's waiter room, and a session holding less asked for some",
+		ErrTooManyWaiters)
+}
+
+// evictLocked makes room by ending victim (sched.admit chose it).
+func (b *Broker) evictLocked(v *acqOp, fx *effects) {
+	b.metrics.evictions.Inc()
+	switch v.st {
+	case stAdmitting:
+		// Only a promise: sched.admit took it out of admitQ already.
+		v.answerLocked(Lock{}, errEvicted(v), fx)
+		b.endLocked(v, fx)
+	case stPending:
+		b.sc.unqueue(v)
+		v.answerLocked(Lock{}, errEvicted(v), fx)
+		b.endLocked(v, fx)
+	case stSent, stQueued:
+		// Cancel it at the node; its final reply frees the room (T: it
+		// was evicted; G: the grant won the race and stands).
+		if _, err := v.conn.StartFunc(wire.Msg{Type: wire.TypeCancel, Target: v.call.ID}, client.Hooks{}); err != nil {
+			b.log.Debug("cannot send the eviction's cancel; the connection's end frees the room", "key", v.key, "err", err)
+		}
+	}
+}
+
+// giveUpLocked stops waiting for o's written acquire: the node is asked to
+// cancel it; a grant that still arrives is released (onDone).
+func (b *Broker) giveUpLocked(o *acqOp) {
+	if o.conn == nil || o.call == nil {
+		return
+	}
+	if _, err := o.conn.StartFunc(wire.Msg{Type: wire.TypeCancel, Target: o.call.ID}, client.Hooks{}); err != nil {
+		b.log.Debug("cannot send a cancel", "key", o.key, "err", err)
+	}
+}
+
+// cancel is the caller's cancel func.
+func (o *acqOp) cancel(cause error) {
+	b := o.b
+	var fx effects
+	b.qmu.Lock()
+	if o.answered || o.st == stDone {
+		b.qmu.Unlock()
+		return
+	}
+	o.cancelCause = cause
+	switch o.st {
+	case stAdmitting:
+		b.sc.unwait(o)
+		o.answerLocked(Lock{}, fmt.Errorf("sidecar: acquire not sent: %w", cause), &fx)
+		b.endLocked(o, &fx)
+	case stPending:
+		b.sc.unqueue(o)
+		o.answerLocked(Lock{}, fmt.Errorf("sidecar: acquire not sent: %w", cause), &fx)
+		b.endLocked(o, &fx)
+	case stSent, stQueued:
+		conn, call := o.conn, o.call
+		b.qmu.Unlock()
+		// Withdrawn before a byte left: onDone (run by Abandon, on this
+		// goroutine) answers it as not sent.
+		if !conn.Written(call) && !conn.Abandon(call) {
+			return
+		}
+		b.qmu.Lock()
+		if !o.answered && o.st != stDone && o.call == call {
+			o.answerLocked(Lock{}, fmt.Errorf("sidecar: acquire abandoned, not acquired (a late grant is released): %w", cause), &fx)
+			b.giveUpLocked(o)
+		}
+	}
+	b.qmu.Unlock()
+	fx.run()
+}
+
+// onTimer handles o's deadline: not sent in time, no room in time, or no
+// reply in time.
+func (o *acqOp) onTimer(gen uint32) {
+	b := o.b
+	var fx effects
+	b.qmu.Lock()
+	if o.gen != gen || o.st == stDone {
+		b.qmu.Unlock()
+		return
+	}
+	switch o.st {
+	case stAdmitting:
+		b.sc.unwait(o)
+		b.metrics.waiterRefusals[refusedNoRoomFreed].Inc()
+		o.answerLocked(Lock{}, fmt.Errorf("%w: no waiter room freed within %v", ErrTooManyWaiters, max(o.wait, b.cfg.LeaderWait)), &fx)
+		b.endLocked(o, &fx)
+	case stPending:
+		b.sc.unqueue(o)
+		o.answerLocked(Lock{}, fmt.Errorf("%w: not sent within %v (no serving leader known and connected, or the in-flight budget to it stayed full); nothing written",
+			ErrUnavailable, max(o.wait, b.cfg.LeaderWait)), &fx)
+		b.endLocked(o, &fx)
+	case stSent, stQueued:
+		if !o.answered {
+			o.answerLocked(Lock{}, fmt.Errorf("%w: no reply within %v of the wait", ErrIndeterminate, b.cfg.ReplyGrace), &fx)
+			b.giveUpLocked(o)
+		}
+	}
+	b.qmu.Unlock()
+	fx.run()
+}
+
+// onQueued is the Q hook: the node queued the acquire, which frees its
+// in-flight slot.
+func (o *acqOp) onQueued(call *client.Call) {
+	b := o.b
+	b.qmu.Lock()
+	if o.call == call && o.st == stSent {
+		o.st = stQueued
+		b.dropSlotLocked(o)
+	}
+	b.qmu.Unlock()
+}
+
+// dropSlotLocked gives back o's in-flight slot.
+func (b *Broker) dropSlotLocked(o *acqOp) {
+	if !o.slot {
+		return
+	}
+	o.slot = false
+	if n := b.inflight[o.conn] - 1; n > 0 {
+		b.inflight[o.conn] = n
+	} else {
+		delete(b.inflight, o.conn)
+	}
+	b.kickLocked()
+}
+
+// onDone is the completion hook: the final reply, or the connection's end.
+func (o *acqOp) onDone(call *client.Call) {
+	b := o.b
+	var fx effects
+	b.qmu.Lock()
+	if o.call != call || o.st == stDone {
+		b.qmu.Unlock()
+		return
+	}
+	b.dropSlotLocked(o)
+	if call.Err != nil {
+		switch {
+		case !call.Written && !o.answered && o.cancelCause == nil && !b.qclosed && b.cfg.Now().Before(o.connectEnd):
+			// Not one byte was written: send it again, first of its
+			// session, on whichever connection serves next.
+			o.st, o.conn, o.call = stPending, nil, nil
+			b.sc.requeue(o)
+			b.kickLocked()
+			b.qmu.Unlock()
+			return
+		case o.answered:
+		case !call.Written && o.cancelCause != nil:
+			o.answerLocked(Lock{}, fmt.Errorf("sidecar: acquire not sent: %w", o.cancelCause), &fx)
+		case !call.Written && b.qclosed:
+			o.answerLocked(Lock{}, ErrClosed, &fx)
+		case !call.Written:
+			o.answerLocked(Lock{}, fmt.Errorf("%w: no connection took the request within %v", ErrUnavailable, max(o.wait, b.cfg.LeaderWait)), &fx)
+		default:
+			o.answerLocked(Lock{}, fmt.Errorf("%w: connection lost after the acquire was sent: %w", ErrIndeterminate, call.Err), &fx)
+		}
+	} else if o.answered {
+		if r := call.Reply; r.Type == wire.TypeGranted {
+			lk := o.lk
+			lk.Token = r.Token
+			fx.add(func() {
+				b.metrics.lateGrants.Inc()
+				b.log.Info("releasing a grant that arrived after its caller gave up", "key", lk.Key, "token", lk.Token)
+				b.Compensate(lk)
+			})
+		}
+	} else {
+		lk, err := b.acquireReply(o.lk, call.Reply, &fx)
+		if o.evicting && call.Reply.Type == wire.TypeTimeout {
+			err = errEvicted(o)
+		}
+		o.answerLocked(lk, err, &fx)
+	}
+	b.endLocked(o, &fx)
+	b.qmu.Unlock()
+	fx.run()
+}
+
+// acquireReply turns a final reply into the outcome; leader hints are
+// taken as effects.
+func (b *Broker) acquireReply(lk Lock, r wire.Msg, fx *effects) (Lock, error) {
+	switch r.Type {
+	case wire.TypeGranted:
+		lk.Token = r.Token
+		return lk, nil
+	case wire.TypeBusy:
+		return Lock{}, ErrBusy
+	case wire.TypeTimeout:
+		return Lock{}, ErrTimeout
+	case wire.TypeMoved:
+		fx.add(func() { b.moved(r.LeaderAddr) })
+		return Lock{}, fmt.Errorf("%w: leader is %q at %q; not executed", ErrMoved, r.LeaderID, r.LeaderAddr)
+	case wire.TypeUnknown:
+		fx.add(b.forgetLeader)
+		return Lock{}, fmt.Errorf("%w: %s", ErrIndeterminate, r.Text)
+	case wire.TypeError:
+		return Lock{}, fmt.Errorf("%w: %s", wire.ErrOf(r.Code), r.Text)
+	}
+	return Lock{}, fmt.Errorf("%w: unexpected reply %s", ErrIndeterminate, wire.TypeName(r.Type))
+}
+
+// DefaultNodeMaxInFlight is the in-flight budget per connection assumed
+// for a node that does not tell its own (protocol version 3 and older):
+// the node's default MaxInFlightPerConn.
+const DefaultNodeMaxInFlight = 4096
+
+// inFlightCap is how many acquires may be in flight to commit on conn.
+func (b *Broker) inFlightCap(conn *client.Conn) int {
+	n := conn.Peer().MaxInFlight
+	if n <= 0 {
+		n = DefaultNodeMaxInFlight
+	}
+	if b.cfg.MaxInFlight > 0 {
+		n = min(n, b.cfg.MaxInFlight)
+	}
+	return n
+}
+
+// sendResult is what one round of sending ended on.
+type sendResult uint8
+
+const (
+	sendIdle   sendResult = iota // nothing left to send
+	sendFull                     // the connection's in-flight budget is used up
+	sendFailed                   // the connection refused (closed, handing over)
+)
+
+// sendSome sends pending acquires on conn, round-robin across sessions,
+// until nothing is pending or conn's budget is used up.
+func (b *Broker) sendSome(conn *client.Conn) sendResult {
+	b.qmu.Lock()
+	defer b.qmu.Unlock()
+	if b.cfg.MaxWaiters == 0 {
+		if n := conn.Peer().MaxWaiters; n > 0 {
+			b.sc.maxWaiters = n // the node's own bound: never ask for more
+		}
+	}
+	limit := b.inFlightCap(conn)
+	for {
+		if b.inflight[conn] >= limit {
+			return sendFull
+		}
+		o := b.sc.next()
+		if o == nil {
+			return sendIdle
+		}
+		now := b.cfg.Now()
+		remaining := max(o.waitEnd.Sub(now), 0)
+		call, err := conn.StartFunc(wire.Msg{Type: wire.TypeAcquire, Key: o.key, Owner: o.owner,
+			Lease: uint16(o.lease / time.Second), WaitMs: uint32(remaining / time.Millisecond)},
+			client.Hooks{Queued: o.onQueued, Done: o.onDone})
+		if err != nil {
+			b.sc.requeue(o) // nothing written
+			return sendFailed
+		}
+		o.st, o.conn, o.call, o.slot = stSent, conn, call, true
+		b.inflight[conn]++
+		o.lk = Lock{Key: o.key, Owner: o.owner, Lease: o.lease, ValidUntil: now.Add(o.lease)}
+		o.armLocked(now.Add(remaining + b.cfg.ReplyGrace))
+	}
+}
+
+// dispatch is the one goroutine that sends acquires: whenever some are
+// pending, it finds the serving leader's connection and sends what its
+// budget allows; it sleeps until an acquire is asked for, a slot frees or
+// the connections change.
+func (b *Broker) dispatch() {
+	defer b.workerWG.Done()
+	skip := map[*client.Conn]bool{}
+	for {
+		b.qmu.Lock()
+		n, closed := b.sc.pendingN, b.qclosed
+		b.qmu.Unlock()
+		if closed {
+			return
+		}
+		if n == 0 {
+			select {
+			case <-b.kick:
+				clear(skip)
+			case <-b.qstop:
+				return
+			}
+			continue
+		}
+		conn, changed := b.leastLoaded(b.leaderConns(skip))
+		if conn == nil {
+			b.mu.Lock()
+			known := b.leader != ""
+			b.mu.Unlock()
+			if !known {
+				// Ask the nodes (a status request, safe to repeat); the
+				// pending acquires' own deadlines end those that wait
+				// too long.
+				b.findLeader(b.qctx, b.cfg.Now().Add(leaderProbeInterval))
+				continue
+			}
+			select {
+			case <-changed:
+			case <-b.kick:
+			case <-b.qstop:
+				return
+			case <-b.cfg.After(leaderProbeInterval):
+			}
+			clear(skip)
+			continue
+		}
+		if r := b.sendSome(conn); r != sendIdle {
+			skip[conn] = true // full or refusing: another connection to the leader, or wait
+		}
+	}
+}
+
+// leaderConns returns the live connections to the serving leader not in
+// skip, starting round-robin, and the channel closed at the next change of
+// connections or leader.
+func (b *Broker) leaderConns(skip map[*client.Conn]bool) ([]*client.Conn, <-chan struct{}) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.leader == "" {
+		return nil, b.changed
+	}
+	var conns []*client.Conn
+	n := len(b.slots)
+	for i := 0; i < n; i++ {
+		s := b.slots[(b.rr+i)%n]
+		if s.addr == b.leader && s.conn != nil && !skip[s.conn] && !s.conn.HandingOver() {
+			if len(conns) == 0 {
+				b.rr = (b.rr + i + 1) % n
+			}
+			conns = append(conns, s.conn)
+		}
+	}
+	return conns, b.changed
+}
+
+// leastLoaded picks the connection with the fewest acquires in flight (the
+// first of conns on a tie), so that a connection stalled in a write does
+// not get every new acquire.
+func (b *Broker) leastLoaded(conns []*client.Conn, changed <-chan struct{}) (*client.Conn, <-chan struct{}) {
+	if len(conns) == 0 {
+		return nil, changed
+	}
+	b.qmu.Lock()
+	defer b.qmu.Unlock()
+	best := conns[0]
+	for _, c := range conns[1:] {
+		if b.inflight[c] < b.inflight[best] {
+			best = c
+		}
+	}
+	return best, changed
+}
+
+// failQueuedLocked answers every acquire not sent yet with err (the broker
+// closes).
+func (b *Broker) failQueuedLocked(err error, fx *effects) {
+	for b.sc.admitQ.n > 0 {
+		o := b.sc.admitQ.head
+		b.sc.unwait(o)
+		o.answerLocked(Lock{}, err, fx)
+		b.endLocked(o, fx)
+	}
+	for {
+		o := b.sc.next()
+		if o == nil {
+			return
+		}
+		o.answerLocked(Lock{}, err, fx)
+		b.endLocked(o, fx)
+	}
+}
