@@ -348,6 +348,7 @@ func (g *goodClient) phase(ctx context.Context, name string, next *int, cycles i
 		return p, err
 	}
 	mine, haveMine := token(r)
+	mineAt := time.Now()
 	if !haveMine {
 		problem(req, r, "OK <token>: mine/1 is free")
 	}
@@ -386,7 +387,11 @@ func (g *goodClient) phase(ctx context.Context, name string, next *int, cycles i
 		if r, err := do(req); err != nil {
 			return p, err
 		} else if r != "OK" {
-			problem(req, r, "OK: the lock was untouched")
+			want := "OK: the lock was untouched"
+			if held := time.Since(mineAt); held > 60*time.Second {
+				want += fmt.Sprintf("; the phase took %v, longer than mine/1's 60 s lease: starved rather than touched", held.Round(time.Second))
+			}
+			problem(req, r, want)
 		}
 	}
 	return p, ctx.Err()

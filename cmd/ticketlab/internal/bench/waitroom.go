@@ -103,6 +103,14 @@ type WaitRoomReport struct {
 	SidecarRSS0, SidecarRSS1, LeaderRSS0, LeaderRSS1 int
 	// The second client with the room full, and while it drained.
 	FullSecond, DrainSecond latencies
+	// Cycles of the second client that failed in each window, and its
+	// first failure.
+	BaseFailed, FullFailed, DrainFailed int
+	SecondErr                           string
+	// GateRefused counts refusals of the gate's RELEASE (GateErr the
+	// last); the room does not drain if the gate never got it through.
+	GateRefused int
+	GateErr     string
 	// The drain: grants of room waiters, the time from the gate's
 	// release to the last grant, and the other final replies.
 	Granted   int
@@ -150,17 +158,23 @@ func (r *WaitRoomReport) String() string {
 	if r.BaseRate > 0 {
 		rate = r.DrainRate() / r.BaseRate
 	}
-	sc, ld := r.perWaiter(r.SidecarRSS0, r.SidecarRSS1), r.perWaiter(r.LeaderRSS0, r.LeaderRSS1)
+	// The sidecar holds every waiter sent (a refused one's reply waits
+	// behind the queued ones on its connection); the leader those queued.
+	sc := float64(r.SidecarRSS1-r.SidecarRSS0) * 1024 / float64(r.Waiters)
+	ld := r.perWaiter(r.LeaderRSS0, r.LeaderRSS1)
 	fmt.Fprintf(&b, "\nwaitroom: %d waiters on one key through one sidecar, %d per connection on %d connections; baseline: %d waiters cycling\n",
 		r.Waiters, r.PerConn, r.Conns, r.BaselineWaiters)
 	fmt.Fprintf(&b, "| what | without the room (baseline) | with the room | target | |\n| --- | ---: | ---: | --- | --- |\n")
 	fmt.Fprintf(&b, "| waiters queued at the leader | | %d of %d (filled in %v) | all | %s |\n", r.Queued, r.Waiters, r.Fill.Round(time.Millisecond), met(r.Queued >= uint64(r.Waiters)))
 	fmt.Fprintf(&b, "| hot key hand-offs/s | %.0f | %.0f (%d grants while draining) | ≥ %.0f %% | %s |\n", r.BaseRate, r.DrainRate(), r.Granted, roomRateTarget*100, met(rate >= roomRateTarget && r.Granted > 0))
+	secondOK := r.BaseFailed+r.FullFailed+r.DrainFailed == 0 && r.FullSecond.n > 0 && r.DrainSecond.n > 0
 	fmt.Fprintf(&b, "| second client p50 (room full / draining) | %s | %s / %s (%.2f×) | ≤ %.0f× | %s |\n", ms(r.BaseSecond.p50), ms(r.FullSecond.p50), ms(r.DrainSecond.p50), ratio, roomSecondP50Target,
-		met(ratio > 0 && ratio <= roomSecondP50Target))
+		met(secondOK && ratio <= roomSecondP50Target))
+	fmt.Fprintf(&b, "| second client cycles ok / failed (room full / draining) | %d / %d | %d / %d, %d / %d | none failed | %s |\n",
+		r.BaseSecond.n, r.BaseFailed, r.FullSecond.n, r.FullFailed, r.DrainSecond.n, r.DrainFailed, met(secondOK))
 	fmt.Fprintf(&b, "| second client p99 (room full / draining) | %s | %s / %s | | |\n", ms(r.BaseSecond.p99), ms(r.FullSecond.p99), ms(r.DrainSecond.p99))
-	fmt.Fprintf(&b, "| sidecar VmRSS per waiter | | %.0f bytes (%d → %d KiB) | ≤ %d | %s |\n", sc, r.SidecarRSS0, r.SidecarRSS1, roomSidecarTarget, met(r.Queued > 0 && sc <= roomSidecarTarget))
-	fmt.Fprintf(&b, "| leader VmRSS per waiter | | %.0f bytes (%d → %d KiB) | ≤ %d | %s |\n", ld, r.LeaderRSS0, r.LeaderRSS1, roomLeaderTarget, met(r.Queued > 0 && ld <= roomLeaderTarget))
+	fmt.Fprintf(&b, "| sidecar VmRSS per waiter sent | | %.0f bytes (%d → %d KiB) | ≤ %d | %s |\n", sc, r.SidecarRSS0, r.SidecarRSS1, roomSidecarTarget, met(r.Queued >= uint64(r.Waiters) && sc <= roomSidecarTarget))
+	fmt.Fprintf(&b, "| leader VmRSS per waiter queued | | %.0f bytes (%d → %d KiB) | ≤ %d | %s |\n", ld, r.LeaderRSS0, r.LeaderRSS1, roomLeaderTarget, met(r.Queued > 0 && ld <= roomLeaderTarget))
 	fmt.Fprintf(&b, "| time to drain the room | | %v | | |\n", r.Drain.Round(time.Millisecond))
 	fifo := "yes: per connection in line order with increasing tokens, across the room tokens increasing in the order observed, never two holders"
 	if r.Stalled > 0 && len(r.FIFO) == 0 {
@@ -170,6 +184,12 @@ func (r *WaitRoomReport) String() string {
 		fifo = fmt.Sprintf("**no**: %d violations, the first: %s", len(r.FIFO), r.FIFO[0])
 	}
 	fmt.Fprintf(&b, "| strict FIFO | | %s | yes | %s |\n", fifo, met(r.FIFOOK()))
+	if r.GateRefused > 0 {
+		fmt.Fprintf(&b, "the gate's RELEASE of room/hot was refused %d times, the last: %s\n", r.GateRefused, r.GateErr)
+	}
+	if r.SecondErr != "" {
+		fmt.Fprintf(&b, "the second client's first failure: %s\n", r.SecondErr)
+	}
 	var other []string
 	for k, n := range r.Other {
 		other = append(other, fmt.Sprintf("%d × %s", n, k))
@@ -181,7 +201,7 @@ func (r *WaitRoomReport) String() string {
 			if len(other) > 0 {
 				b.WriteString("; ")
 			}
-			fmt.Fprintf(&b, "%d still waiting when the drain stalled (no grant for the --stall time); %s", r.Stalled, r.StallNote)
+			fmt.Fprintf(&b, "%d still waiting when the drain stalled (no grant for the --stall time): %s", r.Stalled, r.StallNote)
 		}
 		b.WriteString("\n")
 	}
@@ -244,6 +264,7 @@ func RunWaitRoom(ctx context.Context, o WaitRoomOptions) (*WaitRoomReport, error
 	}
 	r.BaseRate = float64(g1-g0) / t1.Sub(t0).Seconds()
 	r.BaseSecond = second.window(t0, t1)
+	r.BaseFailed, _ = second.failures(t0, t1)
 	say("baseline: %.0f hand-offs/s; second client %v", r.BaseRate, r.BaseSecond)
 
 	// The gate holds room/hot, so the room fills without hand-offs.
@@ -306,13 +327,35 @@ func RunWaitRoom(ctx context.Context, o WaitRoomOptions) (*WaitRoomReport, error
 		r.Queued, r.Fill.Round(time.Millisecond), r.SidecarRSS0, r.SidecarRSS1, r.LeaderRSS0, r.LeaderRSS1)
 	f0 := time.Now()
 	time.Sleep(o.Duration)
-	r.FullSecond = second.window(f0, time.Now())
+	f1 := time.Now()
+	r.FullSecond = second.window(f0, f1)
+	r.FullFailed, _ = second.failures(f0, f1)
 	say("room full: second client %v", r.FullSecond)
 
 	// Drain: the gate releases, every waiter releases at once on its grant.
 	d0 := time.Now()
-	if err := gate.Release(ctx, "room/hot", gateTok); err != nil {
-		return nil, fmt.Errorf("gate release: %w", err)
+	for {
+		err := gate.Release(ctx, "room/hot", gateTok)
+		if err == nil {
+			break
+		}
+		// A refusal for capacity (ERR unavailable, nothing sent) may be
+		// retried; the protocol keeps the lock held meanwhile.
+		var e *ticketing.Error
+		if !errors.As(err, &e) || e.Code != "unavailable" || time.Since(d0) > o.Stall {
+			r.GateRefused++
+			r.GateErr = err.Error()
+			finals, _ := room.progress()
+			r.Stalled = o.Waiters - finals
+			r.StallNote = "the gate's RELEASE never got through, so the room never drained"
+			room.report(r)
+			_, first := second.failures(d0, d0)
+			r.SecondErr = errString(first)
+			return r, nil
+		}
+		r.GateRefused++
+		r.GateErr = err.Error()
+		time.Sleep(100 * time.Millisecond)
 	}
 	lastGrant := d0
 	for {
@@ -339,12 +382,19 @@ func RunWaitRoom(ctx context.Context, o WaitRoomOptions) (*WaitRoomReport, error
 	}
 	r.Drain = lastGrant.Sub(d0)
 	r.DrainSecond = second.window(d0, lastGrant)
-	if err := second.err(); err != nil {
-		return r, fmt.Errorf("second client: %w", err)
-	}
+	var first error
+	r.DrainFailed, first = second.failures(d0, lastGrant)
+	r.SecondErr = errString(first)
 	room.report(r)
 	say("drained: %d grants in %v", r.Granted, r.Drain.Round(time.Millisecond))
 	return r, nil
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }
 
 // startSidecarProc runs `ticketing sidecar` on p's nodes as its own
@@ -391,13 +441,15 @@ func startSidecarProc(ctx context.Context, p *localproc.Procs, dir, bin, sock st
 // secondClient cycles acquire → release on its own keys and remembers
 // when each cycle started and how long it took.
 type secondClient struct {
-	c     *ticketing.Client
-	done  chan struct{}
-	mu    sync.Mutex
-	at    []time.Time
-	took  []time.Duration
-	e     error
-	stopc chan struct{}
+	c    *ticketing.Client
+	done chan struct{}
+	mu   sync.Mutex
+	at   []time.Time
+	took []time.Duration
+	// failed are the start times of cycles that failed; firstErr the first.
+	failed   []time.Time
+	firstErr error
+	stopc    chan struct{}
 }
 
 func startSecond(ctx context.Context, sock string) (*secondClient, error) {
@@ -422,8 +474,9 @@ func startSecond(ctx context.Context, sock string) (*secondClient, error) {
 			}
 			s.mu.Lock()
 			if err != nil {
-				if s.e == nil {
-					s.e = fmt.Errorf("%s: %w", key, err)
+				s.failed = append(s.failed, t0)
+				if s.firstErr == nil {
+					s.firstErr = fmt.Errorf("%s: %w", key, err)
 				}
 			} else {
 				s.at, s.took = append(s.at, t0), append(s.took, time.Since(t0))
@@ -431,6 +484,9 @@ func startSecond(ctx context.Context, sock string) (*secondClient, error) {
 			s.mu.Unlock()
 			if errors.Is(err, ticketing.ErrClosed) || ctx.Err() != nil {
 				return
+			}
+			if err != nil {
+				time.Sleep(10 * time.Millisecond) // a refusal comes at once: do not spin
 			}
 		}
 	}()
@@ -455,10 +511,18 @@ func (s *secondClient) window(from, to time.Time) latencies {
 	return latencies{n: len(d), perSec: float64(len(d)) / to.Sub(from).Seconds(), p50: q(0.5), p99: q(0.99), max: d[len(d)-1]}
 }
 
-func (s *secondClient) err() error {
+// failures is how many cycles started in [from, to) failed, and the
+// first failure of the run.
+func (s *secondClient) failures(from, to time.Time) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.e
+	n := 0
+	for _, at := range s.failed {
+		if !at.Before(from) && at.Before(to) {
+			n++
+		}
+	}
+	return n, s.firstErr
 }
 
 func (s *secondClient) stop() {
