@@ -66,7 +66,7 @@ func TestUsageConventions(t *testing.T) {
 		{"bench", "--help"}, {"bench", "-h"}, {"bench", "help"},
 		{"bench", "failover", "-h"}, {"bench", "handover", "--help"}, {"bench", "throughput", "-h"},
 		{"bench", "unix", "-h"}, {"bench", "unixconns", "-h"}, {"bench", "catchup", "-h"},
-		{"bench", "scale", "-h"}, {"bench", "disk", "-h"},
+		{"bench", "scale", "-h"}, {"bench", "disk", "-h"}, {"bench", "isolation", "-h"}, {"bench", "waitroom", "-h"},
 		{"verify", "-h"}, {"verify", "worker", "-h"}, {"compare", "-h"},
 	} {
 		code, out, errs := run(args...)
@@ -86,6 +86,8 @@ func TestUsageConventions(t *testing.T) {
 		{[]string{"bench", "disk", "--kills", "3"}, "ticketlab bench disk: flag provided but not defined: -kills"},
 		{[]string{"bench", "failover", "--signal", "hup", "--binary", os.Args[0]}, `ticketlab bench failover: --signal "hup": want kill or term`},
 		{[]string{"bench", "failover", "--nodes", "4", "--binary", os.Args[0]}, "ticketlab bench failover: --nodes 4: want 3 or 5"},
+		{[]string{"bench", "isolation", "--cases", "bogus", "--binary", os.Args[0]}, `ticketlab bench isolation: --cases "bogus": want some of flood, slowread, releases, idle`},
+		{[]string{"bench", "waitroom", "--waiters", "0", "--binary", os.Args[0]}, "ticketlab bench waitroom: --waiters, --per-conn, --baseline-waiters: want at least 1"},
 		{[]string{"bench", "throughput", "extra"}, `ticketlab bench throughput: unexpected arguments ["extra"]`},
 		{[]string{"verify", "--nodes"}, "ticketlab verify: flag needs an argument: -nodes"},
 		{[]string{"compare", "--clients", "0"}, `ticketlab compare: --clients "0": want counts in 1..4096`},

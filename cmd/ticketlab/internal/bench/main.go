@@ -62,6 +62,8 @@ func modes() []mode {
 		{"catchup", "a learner catching up with a cluster holding many keys (in process)", setupCatchup},
 		{"scale", "memory per held key and per queued waiter, and throughput with many keys held", setupScale},
 		{"disk", "one durable Raft log append on this disk: the floor under every commit", setupDisk},
+		{"isolation", "a well-behaved unix client before, during and after four hostile local clients (issue 20)", setupIsolation},
+		{"waitroom", "a waiting room of 50,000 on one hot key through one sidecar: hand-offs, memory, FIFO (issue 20)", setupWaitRoom},
 	}
 }
 
