@@ -62,6 +62,7 @@ type Server struct {
 	hardCancel context.CancelFunc
 
 	connSeq atomic.Uint64
+	paced   atomic.Uint64 // Stats.PacedRefusals
 	// mu guards sessions and closed. It is never held together with a
 	// session's mu, nor while calling the Broker or doing socket I/O
 	// (cluster/LOCKS.md, "Above the cluster").
@@ -139,11 +140,14 @@ func (s *Server) Conns() int {
 type Stats struct {
 	Forbidden    uint64 // peer uid not allowed (or its credentials unreadable)
 	TooManyConns uint64 // MaxConns reached
+	// PacedRefusals counts refusals after which a connection's reading
+	// was held back (RefusalRate).
+	PacedRefusals uint64
 }
 
 // Stats returns the server's refusal counters (they only grow).
 func (s *Server) Stats() Stats {
-	return Stats{Forbidden: s.forbidden.Load(), TooManyConns: s.tooMany.Load()}
+	return Stats{Forbidden: s.forbidden.Load(), TooManyConns: s.tooMany.Load(), PacedRefusals: s.paced.Load()}
 }
 
 // Close stops accepting, ends every session (releasing each held lock with

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -38,6 +39,11 @@ type session struct {
 
 	writerDone chan struct{}
 	wake       chan struct{} // wakes the writer; capacity 1
+
+	// refusals is the RefusalRate bucket (refusals left, negative when in
+	// debt) as of refusalAt. The reader's alone: no lock.
+	refusals  float64
+	refusalAt time.Time
 
 	// mu guards everything below. A leaf: never held together with
 	// Server.mu, nor while calling the Broker or doing socket I/O. The
@@ -250,11 +256,47 @@ func (ss *session) finish(r *reply, line string) {
 	ss.kickWriter()
 }
 
+// refuse answers the request being dispatched with err, an ERR the
+// sidecar gives on its own, and then holds the reader back while the
+// connection refuses faster than RefusalRate: false if the session ended
+// meanwhile. Only the reader calls it.
+func (ss *session) refuse(err error) bool {
+	if !ss.push(&reply{line: replyFor(err), done: true}) {
+		return false
+	}
+	rate := ss.srv.cfg.RefusalRate
+	if rate < 0 {
+		return true
+	}
+	now := time.Now()
+	burst := float64(ss.srv.cfg.RefusalBurst)
+	if ss.refusalAt.IsZero() {
+		ss.refusals = burst
+	} else {
+		ss.refusals = min(burst, ss.refusals+now.Sub(ss.refusalAt).Seconds()*float64(rate))
+	}
+	ss.refusalAt = now
+	if ss.refusals -= 1; ss.refusals >= 0 {
+		return true
+	}
+	// In debt: read on once the bucket is back to zero.
+	ss.srv.paced.Add(1)
+	wait := time.Duration(-ss.refusals / float64(rate) * float64(time.Second))
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ss.ctx.Done():
+		return false
+	}
+}
+
 // dispatch handles one request line; false stops reading.
 func (ss *session) dispatch(line []byte) bool {
 	req, err := ParseLine(line)
 	if err != nil {
-		return ss.push(&reply{line: replyFor(err), done: true})
+		return ss.refuse(err)
 	}
 	switch req.Verb {
 	case VerbPing:
@@ -268,7 +310,7 @@ func (ss *session) dispatch(line []byte) bool {
 	case VerbRelease:
 		return ss.startRelease(req)
 	}
-	return ss.push(&reply{line: replyFor(fmt.Errorf("%w: verb %d", ErrUnknownVerb, req.Verb)), done: true})
+	return ss.refuse(fmt.Errorf("%w: verb %d", ErrUnknownVerb, req.Verb))
 }
 
 // startAcquire starts an ACQUIRE: one with a wait counts against
@@ -283,10 +325,10 @@ func (ss *session) startAcquire(req Request) bool {
 	switch {
 	case a.waiter && ss.waiting >= ss.srv.cfg.MaxWaiting:
 		ss.mu.Unlock()
-		return ss.push(&reply{line: replyFor(fmt.Errorf("%w: at most %d ACQUIREs with a wait running at once per connection", ErrTooManyWaiters, ss.srv.cfg.MaxWaiting)), done: true})
+		return ss.refuse(fmt.Errorf("%w: at most %d ACQUIREs with a wait running at once per connection", ErrTooManyWaiters, ss.srv.cfg.MaxWaiting))
 	case !a.waiter && ss.acquiring >= ss.srv.cfg.MaxInFlight:
 		ss.mu.Unlock()
-		return ss.push(&reply{line: replyFor(fmt.Errorf("%w: at most %d ACQUIREs with wait 0 running at once per connection", ErrTooManyInFlight, ss.srv.cfg.MaxInFlight)), done: true})
+		return ss.refuse(fmt.Errorf("%w: at most %d ACQUIREs with wait 0 running at once per connection", ErrTooManyInFlight, ss.srv.cfg.MaxInFlight))
 	case a.waiter:
 		ss.waiting++
 	default:
@@ -387,7 +429,7 @@ func (ss *session) startRelease(req Request) bool {
 	}
 	if err != nil {
 		ss.mu.Unlock()
-		return ss.push(&reply{line: replyFor(err), done: true})
+		return ss.refuse(err)
 	}
 	// No in-flight bound: a RELEASE needs a lock this connection holds
 	// and is not releasing, so the locks held bound them.

@@ -89,6 +89,8 @@ func RunSidecar(ctx context.Context, args []string, stdout, stderr io.Writer, o 
 		"max waiting ACQUIREs (with a wait) of one local connection (too_many_waiters); about 1.2 KiB of sidecar memory each")
 	fset.IntVar(&ucfg.MaxInFlight, "max-inflight-per-conn", ucfg.MaxInFlight,
 		"max ACQUIREs with wait 0 running at once on one local connection (too_many_in_flight); RELEASEs are not limited")
+	fset.IntVar(&ucfg.RefusalRate, "refusal-rate", ucfg.RefusalRate,
+		"requests per second one local connection may have refused by the sidecar itself (ERR without asking the cluster: bad lines, RELEASE of a lock it does not hold) once a burst of 256 is spent; past it the connection is read more slowly; negative: no pacing")
 	var membersRefresh time.Duration
 	fset.DurationVar(&membersRefresh, "members-refresh", sidecar.DefaultMembersRefresh,
 		"how often to ask the leader for the members and follow them (dial new members' client addresses, drop those of removed ones; the --cluster addresses are always kept); 0: only on leader changes")
