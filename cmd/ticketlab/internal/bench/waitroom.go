@@ -70,13 +70,13 @@ func setupWaitRoom(fs *flag.FlagSet, e *env) func(context.Context) error {
 	fs.DurationVar(&o.Duration, "duration", 10*time.Second, "measured window of the baseline, and of the full room before it drains")
 	fs.DurationVar(&o.Warmup, "warmup", 2*time.Second, "warm-up of the baseline before its window")
 	fs.DurationVar(&o.Stall, "stall", 60*time.Second, "give up the drain when no waiter was granted for this long")
-	fs.IntVar(&o.MaxWaitersPerKey, "max-waiters-per-key", 0, "the nodes' --max-waiters-per-key (default: the room plus 1,024)")
+	fs.IntVar(&o.MaxWaitersPerKey, "max-waiters-per-key", 0, "the nodes' --max-waiters-per-key (default: the room plus 2 batches of 4,096 and 1,024: near its bound a node may refuse up to one batch early)")
 	return func(ctx context.Context) error {
 		if o.Waiters < 1 || o.PerConn < 1 || o.BaselineWaiters < 1 || o.Duration <= 0 {
 			return usageError("--waiters, --per-conn, --baseline-waiters: want at least 1; --duration: want more than 0")
 		}
 		if o.MaxWaitersPerKey == 0 {
-			o.MaxWaitersPerKey = o.Waiters + 1024
+			o.MaxWaitersPerKey = o.Waiters + 2*4096 + 1024
 		}
 		o.Binary, o.Dir, o.Nodes, o.TLS, o.NodeArgs, o.Out = *e.cl.binary, e.dir, e.cl.nodes, e.cl.tls, strings.Fields(e.cl.nodeArgs), e.stdout
 		r, err := RunWaitRoom(ctx, o)
@@ -115,9 +115,10 @@ type WaitRoomReport struct {
 	// release to the last grant, and the other final replies.
 	Granted   int
 	Drain     time.Duration
-	Other     map[string]int // final replies other than OK, by kind
-	Stalled   int            // waiters without a final reply when the drain stalled
-	StallNote string         // what the leader held and queued then
+	Other     map[string]int    // final replies other than OK, by kind
+	Sample    map[string]string // the first reply of each kind of Other
+	Stalled   int               // waiters without a final reply when the drain stalled
+	StallNote string            // what the leader held and queued then
 	// FIFO: violations of strict FIFO order (empty: none).
 	FIFO []string
 }
@@ -192,6 +193,9 @@ func (r *WaitRoomReport) String() string {
 	}
 	var other []string
 	for k, n := range r.Other {
+		if smp := r.Sample[k]; smp != "" && smp != k {
+			k += fmt.Sprintf(" (the first: %q)", smp)
+		}
 		other = append(other, fmt.Sprintf("%d × %s", n, k))
 	}
 	sort.Strings(other)
@@ -632,12 +636,14 @@ type room struct {
 	tokens    []uint64  // grants in the order they were read
 	holding   bool      // a grant read whose RELEASE is not sent yet
 	other     map[string]int
+	sample    map[string]string // the first whole reply of each kind in other
 	fifo      []string
 	closed    bool
 }
 
 func (rm *room) start(sock string, waiters, perConn int) error {
 	rm.other = map[string]int{}
+	rm.sample = map[string]string{}
 	for i := 0; waiters > 0; i++ {
 		n := min(perConn, waiters)
 		waiters -= n
@@ -679,6 +685,9 @@ func (rm *room) read(i int, c net.Conn, n int) {
 			k := s
 			if f := strings.Fields(s); len(f) >= 2 && f[0] == "ERR" {
 				k = "ERR " + f[1]
+			}
+			if _, seen := rm.sample[k]; !seen {
+				rm.sample[k] = s
 			}
 			rm.other[k]++
 			rm.mu.Unlock()
@@ -736,6 +745,12 @@ func (rm *room) report(r *WaitRoomReport) {
 	r.Granted = len(rm.tokens)
 	for k, n := range rm.other {
 		r.Other[k] += n
+		if r.Sample == nil {
+			r.Sample = map[string]string{}
+		}
+		if _, seen := r.Sample[k]; !seen && rm.sample[k] != "" {
+			r.Sample[k] = rm.sample[k]
+		}
 	}
 	r.FIFO = append(r.FIFO, rm.fifo...)
 }
