@@ -46,14 +46,24 @@ func (e *Error) Is(target error) bool {
 
 // Error codes worth testing for with errors.Is (see PROTOCOL.md for all).
 var (
-	ErrNotHeld          = &Error{Code: "not_held"}
-	ErrTokenMismatch    = &Error{Code: "token_mismatch"}
-	ErrInvalidKey       = &Error{Code: "invalid_key"}
-	ErrInvalidLease     = &Error{Code: "invalid_lease"}
-	ErrInvalidWait      = &Error{Code: "invalid_wait"}
-	ErrUnavailable      = &Error{Code: "unavailable"}
-	ErrForbidden        = &Error{Code: "forbidden"}
-	ErrLineTooLong      = &Error{Code: "line_too_long"}
+	ErrNotHeld       = &Error{Code: "not_held"}
+	ErrTokenMismatch = &Error{Code: "token_mismatch"}
+	ErrInvalidKey    = &Error{Code: "invalid_key"}
+	ErrInvalidLease  = &Error{Code: "invalid_lease"}
+	ErrInvalidWait   = &Error{Code: "invalid_wait"}
+	ErrUnavailable   = &Error{Code: "unavailable"}
+	ErrForbidden     = &Error{Code: "forbidden"}
+	ErrLineTooLong   = &Error{Code: "line_too_long"}
+	// ErrTooManyWaiters: no room for one more waiting ACQUIRE (the key's
+	// queue, this connection's or the sidecar's waiter room; the sidecar
+	// refuses the connection holding the most, or evicts its newest).
+	ErrTooManyWaiters = &Error{Code: "too_many_waiters"}
+	// ErrTooManyInFlight: too many ACQUIREs with wait 0 running on this
+	// connection at once.
+	ErrTooManyInFlight = &Error{Code: "too_many_in_flight"}
+	// Deprecated: the sidecar no longer refuses a RELEASE for capacity
+	// (its release queue has no size bound), so no reply carries this
+	// code; kept so that code testing for it still compiles.
 	ErrReleaseQueueFull = &Error{Code: "release_queue_full"}
 )
 
