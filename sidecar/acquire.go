@@ -463,7 +463,10 @@ const DefaultNodeMaxInFlight = 4096
 func (b *Broker) inFlightCap(conn *client.Conn) int {
 	n := conn.Peer().MaxInFlight
 	if n <= 0 {
-		n = DefaultNodeMaxInFlight
+		// An older node: it sends no Q, so a queued waiter keeps its slot
+		// until its final reply, and a cap meant for requests about to
+		// commit would cap the waiting room. Its own bound it is.
+		return DefaultNodeMaxInFlight
 	}
 	if b.cfg.MaxInFlight > 0 {
 		n = min(n, b.cfg.MaxInFlight)

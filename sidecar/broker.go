@@ -232,7 +232,7 @@ func (b *Broker) keep(s *slot) {
 		b.mu.Unlock()
 		conn, err := client.Dial(ctx, s.addr, client.Config{
 			Secret: b.cfg.Secret, NextSecret: b.cfg.NextSecret, TLS: b.cfg.TLS,
-			ClusterID: b.cfg.ClusterID, Domain: domain, HandshakeTimeout: b.cfg.DialTimeout, Dialer: b.cfg.Dialer,
+			ClusterID: b.cfg.ClusterID, Domain: domain, HandshakeTimeout: b.cfg.DialTimeout, Dialer: b.cfg.Dialer, MaxVersion: b.cfg.maxVersion,
 			OnNotice: func(c *client.Conn, n wire.Msg) { b.onNotice(s, c, n) },
 		})
 		cancel()

@@ -69,8 +69,10 @@ type Config struct {
 	// of another session's request; the leader needs no more than its
 	// throughput times its commit latency to stay busy. Zero:
 	// DefaultMaxInFlight. A value above the node's own bound (protocol
-	// version 4 tells it: its MaxInFlightPerConn; else 4096) is lowered to
-	// it.
+	// version 4 tells it: its MaxInFlightPerConn) is lowered to it. On a
+	// connection to an older node (version 3: no Q, so a queued waiter
+	// holds its slot until its final reply) the budget is 4096, that
+	// node's default bound, whatever MaxInFlight says.
 	MaxInFlight int
 	// MaxWaiters bounds the waiters of the whole broker: acquires with a
 	// wait, from the call until their final reply (queued at the node, or
@@ -110,6 +112,10 @@ type Config struct {
 	// the lab's `ticketlab sidecar` inject network faults through it
 	// (cluster/netfault.Dropper drops every connection it dialled).
 	Dialer func(ctx context.Context, network, addr string) (net.Conn, error)
+
+	// maxVersion, when set (package tests), is the newest cluster protocol
+	// version offered: a broker that talks as to an older node.
+	maxVersion uint16
 }
 
 // Defaults.

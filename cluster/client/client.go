@@ -78,6 +78,9 @@ type Config struct {
 	// and acknowledging), possibly before Dial has returned; it must not
 	// block. nil: notices are only acted on.
 	OnNotice func(c *Conn, n wire.Msg)
+	// MaxVersion is the newest protocol version to offer (to play an older
+	// client, in tests and the lab). Zero: wire.ProtocolVersion.
+	MaxVersion uint16
 }
 
 // Conn is one client connection. Safe for concurrent use: many goroutines may
@@ -174,6 +177,7 @@ func Dial(ctx context.Context, addr string, cfg Config) (*Conn, error) {
 			NextSecret:     cfg.NextSecret,
 			ClusterID:      cfg.ClusterID,
 			Domain:         cfg.Domain,
+			MaxVersion:     cfg.MaxVersion,
 			ChannelBinding: binding,
 		})
 	}
