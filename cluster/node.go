@@ -530,12 +530,17 @@ func (d nodeDirectory) Leader() string {
 
 func (d nodeDirectory) ClientAddr(id string) string { return d.n.fsm.clientAddr(id) }
 
-// performLocked carries out what the core's last inputs produced: replies
-// and notices are appended to their connections' buffers (in the core's
-// order), commands join the proposal queue, timers are armed, metrics
-// recorded. Nothing blocks. Requires n.mu.
+// performLocked carries out what the core's last inputs produced: metrics
+// are recorded, replies and notices are appended to their connections'
+// buffers (in the core's order), commands join the proposal queue, timers
+// are armed. Nothing blocks. Requires n.mu.
 func (n *Node) performLocked() {
 	rd := n.core.Ready()
+	// Metrics first: whoever reads a reply and then the metrics sees the
+	// reply counted (a CI run read a follower's M before its count).
+	for _, e := range rd.Events {
+		n.record(e)
+	}
 	for i := range rd.Sends {
 		rd.Sends[i].To.send(&rd.Sends[i].Msg)
 	}
@@ -549,9 +554,6 @@ func (n *Node) performLocked() {
 		for _, t := range rd.Timers {
 			n.timers.add(t)
 		}
-	}
-	for _, e := range rd.Events {
-		n.record(e)
 	}
 	n.core.Advance()
 }
