@@ -14,7 +14,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"os"
 	"os/signal"
@@ -32,47 +31,17 @@ func main() {
 	os.Exit(code)
 }
 
-type command struct {
-	name, summary string
-	run           func(ctx context.Context, args []string, stdout, stderr io.Writer) int
-}
-
-func commands() []command {
-	return []command{
-		{"bench", "measure failover, hand-overs, throughput, the unix socket, memory, catch-up and the disk", bench.Main},
-		{"verify", "Jepsen-style test: workload + faults on real processes, then safety checks", runVerify},
-		{"compare", "Ticketing against etcd, ZooKeeper and Redis in one run (make bench-compare)", compare.Main},
-		{"node", "`ticketing node` that obeys a fault file (--fault-file): cut and frozen peer links, clock offset", runNode},
-		{"sidecar", "`ticketing sidecar` that obeys a fault file (--fault-file): dropped cluster connections", runSidecar},
+func commands() []labcli.Subcommand {
+	return []labcli.Subcommand{
+		{Name: "bench", Summary: "measure failover, hand-overs, throughput, the unix socket, memory, catch-up and the disk", Run: bench.Main},
+		{Name: "verify", Summary: "Jepsen-style test: workload + faults on real processes, then safety checks", Run: runVerify},
+		{Name: "compare", Summary: "Ticketing against etcd, ZooKeeper and Redis in one run (make bench-compare)", Run: compare.Main},
+		{Name: "node", Summary: "`ticketing node` that obeys a fault file (--fault-file): cut and frozen peer links, clock offset", Run: runNode},
+		{Name: "sidecar", Summary: "`ticketing sidecar` that obeys a fault file (--fault-file): dropped cluster connections", Run: runSidecar},
 	}
 }
 
 // Main runs the subcommand named by args[0] and returns the exit code.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 {
-		fmt.Fprintln(stderr, "ticketlab: name a command")
-		usage(stderr)
-		return labcli.ExitUsage
-	}
-	switch args[0] {
-	case "-h", "-help", "--help", "help":
-		usage(stdout)
-		return labcli.ExitOK
-	}
-	for _, c := range commands() {
-		if c.name == args[0] {
-			return c.run(ctx, args[1:], stdout, stderr)
-		}
-	}
-	fmt.Fprintf(stderr, "ticketlab: unknown command %q\n", args[0])
-	usage(stderr)
-	return labcli.ExitUsage
-}
-
-func usage(w io.Writer) {
-	fmt.Fprintln(w, "usage: ticketlab COMMAND [flags]\n\ncommands:")
-	for _, c := range commands() {
-		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
-	}
-	fmt.Fprintln(w, "\nRun 'ticketlab COMMAND -h' for a command's flags.")
+	return labcli.Dispatch(ctx, "ticketlab", "command", commands(), args, stdout, stderr)
 }

@@ -69,32 +69,14 @@ func modes() []mode {
 
 // Main runs `ticketlab bench ARGS...` and returns its exit code.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 {
-		fmt.Fprintln(stderr, "ticketlab bench: name a benchmark")
-		usage(stderr)
-		return labcli.ExitUsage
-	}
-	switch args[0] {
-	case "-h", "-help", "--help", "help":
-		usage(stdout)
-		return labcli.ExitOK
-	}
+	var subs []labcli.Subcommand
 	for _, m := range modes() {
-		if m.name == args[0] {
-			return run(ctx, m, args[1:], stdout, stderr)
-		}
+		subs = append(subs, labcli.Subcommand{Name: m.name, Summary: m.summary,
+			Run: func(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+				return run(ctx, m, args, stdout, stderr)
+			}})
 	}
-	fmt.Fprintf(stderr, "ticketlab bench: unknown benchmark %q\n", args[0])
-	usage(stderr)
-	return labcli.ExitUsage
-}
-
-func usage(w io.Writer) {
-	fmt.Fprintln(w, "usage: ticketlab bench BENCHMARK [flags]\n\nbenchmarks:")
-	for _, m := range modes() {
-		fmt.Fprintf(w, "  %-11s %s\n", m.name, m.summary)
-	}
-	fmt.Fprintln(w, "\nRun 'ticketlab bench BENCHMARK -h' for its flags.")
+	return labcli.Dispatch(ctx, "ticketlab bench", "benchmark", subs, args, stdout, stderr)
 }
 
 func run(ctx context.Context, m mode, args []string, stdout, stderr io.Writer) int {

@@ -5,6 +5,7 @@
 package labcli
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 )
 
 // Exit codes.
@@ -93,4 +95,47 @@ func Binary(flagValue string) (string, error) {
 		return "", fmt.Errorf("--binary: %s is not an executable", p)
 	}
 	return filepath.Abs(p)
+}
+
+// Subcommand is one entry of a command's table of subcommands.
+type Subcommand struct {
+	Name, Summary string
+	Run           func(ctx context.Context, args []string, stdout, stderr io.Writer) int
+}
+
+// Dispatch runs the subcommand of subs that args[0] names, with the rest
+// of args. prog is the command ("ticketlab bench") and noun what its
+// subcommands are called ("benchmark"): no name, an unknown one or -h
+// print the table (on stdout for -h, exit 0; else on stderr, ExitUsage).
+func Dispatch(ctx context.Context, prog, noun string, subs []Subcommand, args []string, stdout, stderr io.Writer) int {
+	usage := func(w io.Writer) {
+		width := 0
+		for _, s := range subs {
+			width = max(width, len(s.Name))
+		}
+		upper := strings.ToUpper(noun)
+		fmt.Fprintf(w, "usage: %s %s [flags]\n\n%ss:\n", prog, upper, noun)
+		for _, s := range subs {
+			fmt.Fprintf(w, "  %-*s  %s\n", width, s.Name, s.Summary)
+		}
+		fmt.Fprintf(w, "\nRun '%s %s -h' for its flags.\n", prog, upper)
+	}
+	if len(args) == 0 {
+		fmt.Fprintf(stderr, "%s: name a %s\n", prog, noun)
+		usage(stderr)
+		return ExitUsage
+	}
+	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		usage(stdout)
+		return ExitOK
+	}
+	for _, s := range subs {
+		if s.Name == args[0] {
+			return s.Run(ctx, args[1:], stdout, stderr)
+		}
+	}
+	fmt.Fprintf(stderr, "%s: unknown %s %q\n", prog, noun, args[0])
+	usage(stderr)
+	return ExitUsage
 }
