@@ -225,7 +225,14 @@ func (n *Node) start() error {
 		n.log.Warn("empty data dir: this server waits until a configuration names it (ticketing bootstrap " +
 			"on a new cluster, or ticketing members add-learner on an existing one)")
 	}
-	r, err := raft.NewRaft(rc, n.fsm, store, store, snaps, n.transport)
+	// Replication reads back what the leader just appended; from the cache
+	// rather than from bolt (a read transaction and a msgpack decode per
+	// entry and follower: 8.5 % of the leader's CPU at 256 clients).
+	logs, err := raft.NewLogCache(logCacheEntries, store)
+	if err != nil {
+		return fmt.Errorf("cluster: log cache: %w", err)
+	}
+	r, err := raft.NewRaft(rc, n.fsm, logs, store, snaps, n.transport)
 	if err != nil {
 		return fmt.Errorf("cluster: start raft: %w", err)
 	}
@@ -818,6 +825,13 @@ func OpenLogStore(dataDir string) (*raftboltdb.BoltStore, error) {
 		BoltOptions: boltOptions(),
 	})
 }
+
+// logCacheEntries is how many of the newest log entries the leader keeps in
+// memory for replication (raft.LogCache). Steady-state pipelined
+// replication only reads the last few; a follower further behind reads from
+// bolt. An entry carries at most locksm.MaxBatch commands, so the worst
+// case is 128 full batches (tens of MiB); the usual entry is a few KiB.
+const logCacheEntries = 128
 
 // batchesInFlight is how many batches may be proposed and not yet applied.
 // Two keep the pipeline busy (one being replicated while the next fills);
