@@ -733,3 +733,69 @@ func newBrokerAddrs(t *testing.T, c *local.Cluster, addrs []string, tune ...func
 	t.Cleanup(func() { b.Close() })
 	return b
 }
+
+// Releases go out together, not one per worker: with a single release
+// worker, 256 releases issued at once still share a few log entries
+// (group commit), because each first attempt is sent straight to the
+// leader. Sent one at a time by the worker, each would be its own entry.
+// With ReleasesInFlight 1 the rest wait for the worker, and every release
+// still succeeds.
+func TestBrokerReleasesAreSentWithoutAWorker(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		inFlight   int
+		maxEntries uint64 // log entries the 256 releases may take
+	}{
+		{"first attempts at once", 0, 64},
+		{"one in flight, the rest by the worker", 1, 1 << 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := startCluster(t)
+			b := newBroker(t, c, func(cfg *Config) { cfg.ReleaseWorkers, cfg.ReleasesInFlight = 1, tc.inFlight })
+			ctx := ctxT(t, 60*time.Second)
+			const n = 256
+			locks := make([]Lock, n)
+			var wg sync.WaitGroup
+			errs := make(chan error, n)
+			for i := range locks {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					var err error
+					locks[i], err = b.Acquire(ctx, fmt.Sprintf("k%d", i), "a", 60*time.Second, 0)
+					if err != nil {
+						errs <- err
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Fatal(err)
+			}
+			r := c.Node(leaderOf(t, c)).Raft()
+			before := r.LastIndex()
+			done := make(chan error, n)
+			for _, l := range locks {
+				if err := b.ReleaseAsync(l, func(err error) { done <- err }); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for range locks {
+				if err := <-done; err != nil {
+					t.Fatalf("release: %v", err)
+				}
+			}
+			got := r.LastIndex() - before
+			t.Logf("%d releases, %d log entries", n, got)
+			if got > tc.maxEntries {
+				t.Fatalf("%d releases took %d log entries, want at most %d", n, got, tc.maxEntries)
+			}
+			for i := range locks {
+				if h, held := holder(c, leaderOf(t, c), fmt.Sprintf("k%d", i)); held {
+					t.Fatalf("k%d still held after its release succeeded: %+v", i, h)
+				}
+			}
+		})
+	}
+}

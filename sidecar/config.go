@@ -53,12 +53,18 @@ type Config struct {
 	// ReleaseDeadline is the absolute deadline of a release's retries,
 	// counted from Release/Compensate. Zero: 5 s.
 	ReleaseDeadline time.Duration
-	// ReleaseWorkers is how many releases may be in flight at once; the
-	// others wait in the release queue, which has no bound of its own (a
-	// release is never refused for room; the locks held bound it). 64
-	// releases in flight keep far below the node's release budget per
-	// connection (its MaxInFlightPerConn, 4096) and take about 64/commit
-	// latency releases per second, some 30,000/s at 2 ms. Zero: 64.
+	// ReleasesInFlight is how many releases may be sent and unanswered at
+	// once on their first attempt, which goes to the known leader straight
+	// from Release/Compensate, without a worker. Beyond it, when no leader
+	// is known, and for every retry, a release waits in the release queue
+	// for one of ReleaseWorkers. The queue has no bound of its own (a
+	// release is never refused for room; the locks held bound it). The
+	// two together (1024 + 64) stay below the node's release budget per
+	// connection (its MaxInFlightPerConn, 4096), so the node never refuses
+	// a release for room. Zero: 1024.
+	ReleasesInFlight int
+	// ReleaseWorkers is how many goroutines retry releases (and send those
+	// beyond ReleasesInFlight), each one release at a time. Zero: 64.
 	ReleaseWorkers int
 
 	// MaxInFlight caps the acquires in flight to commit on one connection
@@ -120,13 +126,14 @@ type Config struct {
 
 // Defaults.
 const (
-	DefaultDialTimeout     = 2 * time.Second
-	DefaultBackoffMin      = 100 * time.Millisecond
-	DefaultBackoffMax      = 3200 * time.Millisecond
-	DefaultLeaderWait      = 3 * time.Second
-	DefaultReplyGrace      = 5 * time.Second
-	DefaultReleaseDeadline = 5 * time.Second
-	DefaultReleaseWorkers  = 64
+	DefaultDialTimeout      = 2 * time.Second
+	DefaultBackoffMin       = 100 * time.Millisecond
+	DefaultBackoffMax       = 3200 * time.Millisecond
+	DefaultLeaderWait       = 3 * time.Second
+	DefaultReplyGrace       = 5 * time.Second
+	DefaultReleaseDeadline  = 5 * time.Second
+	DefaultReleaseWorkers   = 64
+	DefaultReleasesInFlight = 1024
 	// DefaultMaxInFlight is MaxInFlight's default. Measured on the 2-core
 	// machine (ticketlab bench isolation, the flood of 60,000 waiting
 	// ACQUIREs): a well-behaved session's acquire+release p99 while the
@@ -148,7 +155,7 @@ func DefaultConfig() Config {
 	return Config{
 		DialTimeout: DefaultDialTimeout, BackoffMin: DefaultBackoffMin, BackoffMax: DefaultBackoffMax,
 		LeaderWait: DefaultLeaderWait, ReplyGrace: DefaultReplyGrace, ReleaseDeadline: DefaultReleaseDeadline,
-		ReleaseWorkers: DefaultReleaseWorkers, MaxWaitersPerSession: DefaultMaxWaitersPerSession,
+		ReleaseWorkers: DefaultReleaseWorkers, ReleasesInFlight: DefaultReleasesInFlight, MaxWaitersPerSession: DefaultMaxWaitersPerSession,
 		MembersRefresh: DefaultMembersRefresh,
 	}
 }
@@ -172,8 +179,8 @@ func (c Config) Validate() error {
 	if c.BackoffMin < 0 || c.BackoffMax < c.BackoffMin && c.BackoffMax != 0 {
 		return fmt.Errorf("%w: backoff bounds %v..%v", ErrBadConfig, c.BackoffMin, c.BackoffMax)
 	}
-	if c.ReleaseWorkers < 0 {
-		return fmt.Errorf("%w: release workers must not be negative", ErrBadConfig)
+	if c.ReleaseWorkers < 0 || c.ReleasesInFlight < 0 {
+		return fmt.Errorf("%w: release workers and releases in flight must not be negative", ErrBadConfig)
 	}
 	if c.MaxInFlight < 0 || c.MaxWaiters < 0 || c.MaxWaitersPerSession < 0 {
 		return fmt.Errorf("%w: MaxInFlight, MaxWaiters and MaxWaitersPerSession must not be negative", ErrBadConfig)
@@ -203,6 +210,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ReleaseWorkers == 0 {
 		c.ReleaseWorkers = d.ReleaseWorkers
+	}
+	if c.ReleasesInFlight == 0 {
+		c.ReleasesInFlight = d.ReleasesInFlight
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
