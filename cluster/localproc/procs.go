@@ -374,10 +374,15 @@ func (p *Procs) Signal(i int, sig syscall.Signal) error { return p.signal(p.node
 func (p *Procs) LogFile(i int) string { return p.nodes[i].log }
 
 // Pid is node i's process id, 0 while it is not running.
-func (p *Procs) Pid(i int) int {
+func (p *Procs) Pid(i int) int { return p.pid(p.nodes[i]) }
+
+// SidecarPid is sidecar j's process id, 0 while it is not running.
+func (p *Procs) SidecarPid(j int) int { return p.pid(p.sidecars[j]) }
+
+func (p *Procs) pid(pr *proc) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if c := p.nodes[i].cmd; c != nil && c.Process != nil {
+	if c := pr.cmd; c != nil && c.Process != nil {
 		return c.Process.Pid
 	}
 	return 0

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"ticketing/cluster/localproc"
+	"ticketing/cmd/ticketlab/internal/floor"
 	"ticketing/cmd/ticketlab/internal/labcli"
 )
 
@@ -274,10 +275,14 @@ func setupScale(fs *flag.FlagSet, e *env) func(context.Context) error {
 func setupDisk(fs *flag.FlagSet, e *env) func(context.Context) error {
 	stores := fs.Int("nodes", 3, "stores appending at once in the second round, as the nodes of a one-box cluster do")
 	duration := fs.Duration("duration", 10*time.Second, "measured duration of each round")
+	logStore := fs.String("log-store", floor.Bolt, "the Raft log store appended to: bolt (raft-boltdb/v2, as a node opens it) or wal (raft-wal)")
 	return func(ctx context.Context) error {
 		if *stores < 1 {
 			return usageError(fmt.Sprintf("--nodes %d: want at least 1", *stores))
 		}
-		return benchDisk(ctx, e.dir, *stores, *duration, e.stdout)
+		if err := floor.CheckKind(*logStore); err != nil {
+			return usageError("--log-store: " + err.Error())
+		}
+		return benchDisk(ctx, e.dir, *logStore, *stores, *duration, e.stdout)
 	}
 }

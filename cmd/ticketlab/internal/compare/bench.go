@@ -64,6 +64,18 @@ type Result struct {
 	MaxWaitFactor    float64 `json:"max_wait_factor,omitempty"` // longest acquire ÷ (clients × mean hand-off)
 	ExclusionFails   int     `json:"exclusion_fails,omitempty"` // grants while another client held the key (contended, mixed)
 	Skipped          string  `json:"skipped,omitempty"`
+	// CPU over the measured window (user+sys from /proc/PID/stat, every
+	// thread; not the warm-up): Procs per server process; ServerCPUms
+	// their sum and ServerCPUus that per cycle (per grant when
+	// contended); HarnessCPUms and HarnessCPUus the same for this process
+	// (the clients and, for ticketing-broker, the in-process Broker).
+	// CPUNote says why they are missing.
+	Procs        []ProcCPU `json:"procs,omitempty"`
+	ServerCPUms  float64   `json:"server_cpu_ms,omitempty"`
+	ServerCPUus  float64   `json:"server_cpu_us_per_cycle,omitempty"`
+	HarnessCPUms float64   `json:"harness_cpu_ms,omitempty"`
+	HarnessCPUus float64   `json:"harness_cpu_us_per_cycle,omitempty"`
+	CPUNote      string    `json:"cpu_note,omitempty"`
 	// Load1 is the machine's 1-minute load average at the run's end
 	// (other work on the machine shows here).
 	Load1 float64 `json:"load1"`
@@ -243,6 +255,8 @@ func run(ctx context.Context, sys System, rc RunConfig) (Result, error) {
 	}
 	defer done()
 	defer closeAll(clients)
+	// The server processes, and who leads, before the clients start.
+	procs, cpuErr := sys.Processes(ctx)
 
 	rec := newRecorder()
 	runCtx, cancel := context.WithCancel(ctx)
@@ -323,6 +337,10 @@ func run(ctx context.Context, sys System, rc RunConfig) (Result, error) {
 		}
 	}
 	sleep(rc.Warmup)
+	var cpu0, cpu1 cpuSample
+	if cpuErr == nil {
+		cpu0, cpuErr = sampleCPU(procs)
+	}
 	rec.mu.Lock()
 	rec.start = time.Now()
 	rec.measuring = true
@@ -332,6 +350,9 @@ func run(ctx context.Context, sys System, rc RunConfig) (Result, error) {
 	rec.measuring = false
 	end := time.Now()
 	rec.mu.Unlock()
+	if cpuErr == nil {
+		cpu1, cpuErr = sampleCPU(procs)
+	}
 	stop.Store(true)
 	cancel()
 	finished := make(chan struct{})
@@ -353,6 +374,7 @@ func run(ctx context.Context, sys System, rc RunConfig) (Result, error) {
 		acqAll = append(acqAll, acq[i]...)
 	}
 	res.Cycles = len(all)
+	ops := len(all) // what ops/s counts: cycles, or grants when contended
 	if elapsed > 0 {
 		res.OpsPerS = float64(len(all)) / elapsed.Seconds()
 	}
@@ -386,6 +408,7 @@ func run(ctx context.Context, sys System, rc RunConfig) (Result, error) {
 			hs = append(hs, d)
 		}
 		res.OpsPerS = float64(grants) / elapsed.Seconds()
+		ops = grants
 		res.Handoffs = len(hs)
 		if len(hsent) > 0 {
 			sortDur(hsent)
@@ -404,6 +427,11 @@ func run(ctx context.Context, sys System, rc RunConfig) (Result, error) {
 			res.MeanOvertakes = float64(rec.overtakes) / float64(rec.fairGrants)
 			res.MaxOvertakes = rec.maxOver
 		}
+	}
+	if cpuErr != nil {
+		res.CPUNote = "CPU not measured: " + cpuErr.Error()
+	} else {
+		setCPU(&res, procs, cpu0, cpu1, ops)
 	}
 	if rec.errors >= maxErrors {
 		return res, fmt.Errorf("%d errors, first: %s", rec.errors, rec.firstErr)

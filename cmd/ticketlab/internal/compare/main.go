@@ -26,6 +26,7 @@ import (
 	"strings"
 	"time"
 
+	"ticketing/cmd/ticketlab/internal/floor"
 	"ticketing/cmd/ticketlab/internal/labcli"
 )
 
@@ -55,6 +56,15 @@ type Options struct {
 	RedisRetry  time.Duration
 	EtcdClients string
 	Prewarm     time.Duration
+	// LogStore is the Ticketing nodes' Raft log store, bolt or wal (passed
+	// as --log-store wal; bolt passes nothing), and the floors' store.
+	LogStore string
+	// NodeArgs and SidecarArgs are appended to the Ticketing nodes' and
+	// sidecar's command lines.
+	NodeArgs, SidecarArgs []string
+	// FloorDuration is how long each floor (disk, library) is measured
+	// before the first system; zero skips them.
+	FloorDuration time.Duration
 }
 
 // Main runs `ticketlab compare ARGS...`; it returns the exit code.
@@ -84,7 +94,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // them once parsed.
 func register(fs *flag.FlagSet) func() (Options, error) {
 	var o Options
-	var systems, clients, workloads, etcd, zkServers string
+	var systems, clients, workloads, etcd, zkServers, nodeArgs, sidecarArgs string
 	fs.StringVar(&systems, "systems", strings.Join(AllSystems, ","), "systems to measure, comma separated: "+strings.Join(AllSystems, ", "))
 	fs.StringVar(&clients, "clients", "1,16,64,256", "client counts, comma separated")
 	fs.StringVar(&workloads, "workloads", strings.Join(AllWorkloads, ","), "workloads, comma separated: "+strings.Join(AllWorkloads, ", "))
@@ -93,7 +103,11 @@ func register(fs *flag.FlagSet) func() (Options, error) {
 	fs.DurationVar(&o.Prewarm, "prewarm", 3*time.Second, "before the first run, drive each system this long (uncontended, 16 clients, not reported): JIT, caches, connections")
 	fs.StringVar(&o.Out, "out", "results", "directory for results.md, results.json and plot.svg")
 	binary := labcli.BinaryFlag(fs)
-	fs.StringVar(&o.Dir, "dir", "", "working directory of the Ticketing nodes (default: a temporary one, removed afterwards)")
+	fs.StringVar(&o.Dir, "dir", "", "working directory of the Ticketing nodes and the floors' stores (default: a temporary one, removed afterwards)")
+	fs.StringVar(&o.LogStore, "log-store", floor.Bolt, "Raft log store of the Ticketing nodes (wal: passed as --log-store wal; bolt: nothing) and of the floors: bolt or wal")
+	fs.StringVar(&nodeArgs, "node-args", "", "extra flags for every Ticketing node, space separated (e.g. \"--pprof-addr 127.0.0.1:0\")")
+	fs.StringVar(&sidecarArgs, "sidecar-args", "", "extra flags for the Ticketing sidecar, space separated")
+	fs.DurationVar(&o.FloorDuration, "floor-duration", 3*time.Second, "before the first system, measure the disk floor and the library floor this long each (0: not at all)")
 	fs.BoolVar(&o.TLS, "tls", true, "run the Ticketing nodes and sidecar over TLS 1.3, as in production (the peers run plaintext)")
 	fs.StringVar(&o.PeersDir, "peers-dir", "/tmp/ticketbench-peers", "the DIR of `peers.sh start DIR` (with --start-peers: started there and stopped afterwards)")
 	fs.BoolVar(&o.StartPeers, "start-peers", false, "run `peers.sh start` before and `peers.sh stop` after the benchmark")
@@ -105,6 +119,7 @@ func register(fs *flag.FlagSet) func() (Options, error) {
 	fs.DurationVar(&o.RedisRetry, "redis-retry-delay", 5*time.Millisecond, "redsync's poll interval while the lock is taken (jittered ±50%)")
 	return func() (Options, error) {
 		o.Binary = *binary
+		o.NodeArgs, o.SidecarArgs = strings.Fields(nodeArgs), strings.Fields(sidecarArgs)
 		return check(o, systems, clients, workloads, etcd, zkServers)
 	}
 }
@@ -132,6 +147,12 @@ func check(o Options, systems, clients, workloads, etcd, zkServers string) (Opti
 	}
 	if o.RedisRetry <= 0 {
 		return o, fmt.Errorf("--redis-retry-delay must be > 0")
+	}
+	if err := floor.CheckKind(o.LogStore); err != nil {
+		return o, fmt.Errorf("--log-store: %w", err)
+	}
+	if o.FloorDuration < 0 {
+		return o, fmt.Errorf("--floor-duration must be >= 0")
 	}
 	o.Etcd = splitList(etcd)
 	o.ZooKeeper = splitList(zkServers)
@@ -188,9 +209,29 @@ func Run(ctx context.Context, o Options, stdout io.Writer) error {
 		Config: ReportConfig{Systems: o.Systems, Workloads: o.Workloads, Clients: o.Clients,
 			WarmupS: o.Warmup.Seconds(), DurationS: o.Duration.Seconds(), PrewarmS: o.Prewarm.Seconds(), TicketingTLS: o.TLS,
 			RedisRetryDelayMs: ms(o.RedisRetry), MixedKeys: MixedKeys, MixedZipfS: MixedZipfS,
-			LeaseS: Lease.Seconds()}}
+			LeaseS: Lease.Seconds(), LogStore: o.LogStore, NodeArgs: o.NodeArgs, SidecarArgs: o.SidecarArgs,
+			FloorDurationS: o.FloorDuration.Seconds()}}
 	if err := os.MkdirAll(o.Out, 0o755); err != nil {
 		return err
+	}
+	dir := o.Dir
+	if dir == "" {
+		tmp, err := os.MkdirTemp("", "ticketbench-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(tmp)
+		dir = tmp
+	}
+	// The floors first, while the box is quiet: no system started yet.
+	if o.FloorDuration > 0 {
+		rep.Floors = measureFloors(ctx, o.LogStore, filepath.Join(dir, "floors"), o.FloorDuration, stdout, &rep.Notes)
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := rep.Write(o.Out); err != nil {
+			return err
+		}
 	}
 	usesPeers := has(o.Systems, "etcd") || has(o.Systems, "zookeeper") || has(o.Systems, "redis")
 	if o.StartPeers && usesPeers {
@@ -215,18 +256,9 @@ func Run(ctx context.Context, o Options, stdout io.Writer) error {
 		}
 	}()
 	if has(o.Systems, "ticketing-sidecar") || has(o.Systems, "ticketing-broker") {
-		bin := o.Binary
-		dir := o.Dir
-		if dir == "" {
-			tmp, err := os.MkdirTemp("", "ticketbench-")
-			if err != nil {
-				return err
-			}
-			defer os.RemoveAll(tmp)
-			dir = tmp
-		}
 		fmt.Fprintln(stdout, "starting 3 ticketing nodes and a sidecar")
-		tc, err := startTicketing(ctx, bin, dir, o.TLS)
+		tc, err := startTicketing(ctx, ticketingOptions{Binary: o.Binary, Dir: dir, TLS: o.TLS, LogStore: o.LogStore,
+			NodeArgs: o.NodeArgs, SidecarArgs: o.SidecarArgs})
 		if err != nil {
 			return fmt.Errorf("ticketing: %w", err)
 		}
@@ -239,9 +271,9 @@ func Run(ctx context.Context, o Options, stdout io.Writer) error {
 		}
 	}
 	connect := map[string]func() (System, error){
-		"etcd":      func() (System, error) { return newEtcd(ctx, o.Etcd, o.EtcdClients == "per-client") },
-		"zookeeper": func() (System, error) { return newZK(ctx, o.ZooKeeper) },
-		"redis":     func() (System, error) { return newRedis(ctx, o.Redis, o.RedisRetry) },
+		"etcd":      func() (System, error) { return newEtcd(ctx, o.Etcd, o.EtcdClients == "per-client", o.PeersDir) },
+		"zookeeper": func() (System, error) { return newZK(ctx, o.ZooKeeper, o.PeersDir) },
+		"redis":     func() (System, error) { return newRedis(ctx, o.Redis, o.RedisRetry, o.PeersDir) },
 	}
 	for _, name := range []string{"etcd", "zookeeper", "redis"} {
 		if !has(o.Systems, name) {

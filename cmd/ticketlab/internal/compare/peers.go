@@ -32,7 +32,8 @@ import (
 type etcdSystem struct {
 	endpoints []string
 	cli       *clientv3.Client
-	perClient bool // a clientv3.Client (gRPC connection) per benchmark client
+	perClient bool   // a clientv3.Client (gRPC connection) per benchmark client
+	peersDir  string // peers.sh's DIR: the members' pids
 	ver       string
 }
 
@@ -40,12 +41,12 @@ func newEtcdClient(endpoints []string) (*clientv3.Client, error) {
 	return clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 }
 
-func newEtcd(ctx context.Context, endpoints []string, perClient bool) (*etcdSystem, error) {
+func newEtcd(ctx context.Context, endpoints []string, perClient bool, peersDir string) (*etcdSystem, error) {
 	cli, err := newEtcdClient(endpoints)
 	if err != nil {
 		return nil, err
 	}
-	s := &etcdSystem{endpoints: endpoints, cli: cli, perClient: perClient}
+	s := &etcdSystem{endpoints: endpoints, cli: cli, perClient: perClient, peersDir: peersDir}
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	for _, ep := range endpoints {
@@ -71,6 +72,26 @@ func (s *etcdSystem) Setup() string {
 func (s *etcdSystem) Version() string                         { return s.ver }
 func (s *etcdSystem) Prepare(context.Context, []string) error { return nil }
 func (s *etcdSystem) Close()                                  { s.cli.Close() }
+
+// Processes: the members peers.sh started (etcd-1..3, the Nth serving the
+// Nth endpoint), the leader as the members' status says.
+func (s *etcdSystem) Processes(ctx context.Context) ([]Process, error) {
+	ps, err := peerProcesses(s.peersDir, []string{"etcd-1", "etcd-2", "etcd-3"}, "etcd")
+	if err != nil || len(s.endpoints) != len(ps) {
+		return ps, err
+	}
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	for i, ep := range s.endpoints {
+		if st, err := s.cli.Status(sctx, ep); err == nil && st.Header != nil {
+			ps[i].Role = "follower"
+			if st.Header.MemberId == st.Leader {
+				ps[i].Role = "leader"
+			}
+		}
+	}
+	return ps, nil
+}
 
 func (s *etcdSystem) Clients(ctx context.Context, n int) ([]Client, func(), error) {
 	out, err := openClients(n, 32, func() (Client, error) {
@@ -157,9 +178,10 @@ func (c *etcdClient) Close() {
 // recipe's create/children/watch/delete, not one-time setup.
 
 type zkSystem struct {
-	servers []string
-	admin   *zk.Conn
-	ver     string
+	servers  []string
+	admin    *zk.Conn
+	peersDir string // peers.sh's DIR: the servers' pids
+	ver      string
 }
 
 type zkQuiet struct{}
@@ -193,12 +215,12 @@ func zkConnect(ctx context.Context, servers []string) (*zk.Conn, error) {
 	}
 }
 
-func newZK(ctx context.Context, servers []string) (*zkSystem, error) {
+func newZK(ctx context.Context, servers []string, peersDir string) (*zkSystem, error) {
 	admin, err := zkConnect(ctx, servers)
 	if err != nil {
 		return nil, err
 	}
-	s := &zkSystem{servers: servers, admin: admin}
+	s := &zkSystem{servers: servers, admin: admin, peersDir: peersDir}
 	if out, err := fourLetter(servers[0], "srvr"); err == nil {
 		for _, l := range strings.Split(out, "\n") {
 			if v, ok := strings.CutPrefix(l, "Zookeeper version: "); ok {
@@ -237,6 +259,27 @@ func (s *zkSystem) Setup() string {
 }
 func (s *zkSystem) Version() string { return s.ver }
 func (s *zkSystem) Close()          { s.admin.Close() }
+
+// Processes: the JVMs peers.sh started (zk-1..3, the Nth serving the Nth
+// server address), the leader as `srvr` says.
+func (s *zkSystem) Processes(context.Context) ([]Process, error) {
+	ps, err := peerProcesses(s.peersDir, []string{"zk-1", "zk-2", "zk-3"}, "java")
+	if err != nil || len(s.servers) != len(ps) {
+		return ps, err
+	}
+	for i, addr := range s.servers {
+		out, err := fourLetter(addr, "srvr")
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(out, "\n") {
+			if m, ok := strings.CutPrefix(l, "Mode: "); ok {
+				ps[i].Role = strings.TrimSpace(m)
+			}
+		}
+	}
+	return ps, nil
+}
 
 // Prepare creates the persistent parent nodes of every key's lock path,
 // level by level: each level's new paths in multi requests of up to 500
@@ -365,10 +408,11 @@ func (c *zkClient) Close()                     { c.conn.Close() }
 type redisSystem struct {
 	addr       string
 	retryDelay time.Duration
+	peersDir   string // peers.sh's DIR: the server's pid
 	ver        string
 }
 
-func newRedis(ctx context.Context, addr string, retryDelay time.Duration) (*redisSystem, error) {
+func newRedis(ctx context.Context, addr string, retryDelay time.Duration, peersDir string) (*redisSystem, error) {
 	rdb := goredislib.NewClient(&goredislib.Options{Addr: addr})
 	defer rdb.Close()
 	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -377,7 +421,7 @@ func newRedis(ctx context.Context, addr string, retryDelay time.Duration) (*redi
 	if err != nil {
 		return nil, fmt.Errorf("redis %s: %w (peers.sh start?)", addr, err)
 	}
-	s := &redisSystem{addr: addr, retryDelay: retryDelay}
+	s := &redisSystem{addr: addr, retryDelay: retryDelay, peersDir: peersDir}
 	for _, l := range strings.Split(info, "\n") {
 		if v, ok := strings.CutPrefix(strings.TrimSpace(l), "redis_version:"); ok {
 			s.ver = v
@@ -394,6 +438,11 @@ func (s *redisSystem) Setup() string {
 func (s *redisSystem) Version() string                         { return s.ver }
 func (s *redisSystem) Prepare(context.Context, []string) error { return nil }
 func (s *redisSystem) Close()                                  {}
+
+// Processes: the one server peers.sh started.
+func (s *redisSystem) Processes(context.Context) ([]Process, error) {
+	return peerProcesses(s.peersDir, []string{"redis"}, "redis-server")
+}
 
 func (s *redisSystem) Clients(ctx context.Context, n int) ([]Client, func(), error) {
 	rdb := goredislib.NewClient(&goredislib.Options{Addr: s.addr, PoolSize: n + 8})

@@ -20,7 +20,9 @@ type Report struct {
 	Config   ReportConfig `json:"config"`
 	Systems  []SystemInfo `json:"systems"`
 	Results  []Result     `json:"results"`
-	Notes    []string     `json:"notes,omitempty"`
+	// Floors were measured before the first system (nil: not measured).
+	Floors *Floors  `json:"floors,omitempty"`
+	Notes  []string `json:"notes,omitempty"`
 }
 
 // ReportConfig is the run's configuration.
@@ -36,6 +38,13 @@ type ReportConfig struct {
 	MixedKeys         int      `json:"mixed_keys"`
 	MixedZipfS        float64  `json:"mixed_zipf_s"`
 	LeaseS            float64  `json:"lease_s"`
+	// LogStore is the Ticketing nodes' and the floors' Raft log store.
+	LogStore string `json:"log_store"`
+	// NodeArgs and SidecarArgs were appended to the Ticketing command lines.
+	NodeArgs    []string `json:"node_args,omitempty"`
+	SidecarArgs []string `json:"sidecar_args,omitempty"`
+	// FloorDurationS is how long each floor was measured.
+	FloorDurationS float64 `json:"floor_duration_s"`
 }
 
 // SystemInfo describes one system under test.
@@ -112,6 +121,11 @@ func (r Result) Line() string {
 	if r.Workload == Contended {
 		s += fmt.Sprintf("; hand-off p50 %s p99 %s ms, FIFO %.0f%%, max overtakes %d", f2(r.HandoffP50ms), f2(r.HandoffP99ms), 100*r.FIFOFraction, r.MaxOvertakes)
 	}
+	if len(r.Procs) > 0 {
+		s += fmt.Sprintf("; CPU µs/cycle: server %s (%s), harness %s", f1(r.ServerCPUus), r.procList(), f1(r.HarnessCPUus))
+	} else if r.CPUNote != "" {
+		s += "; " + r.CPUNote
+	}
 	if r.Errors > 0 {
 		s += fmt.Sprintf("; %d errors (first: %s)", r.Errors, r.FirstError)
 	}
@@ -119,6 +133,27 @@ func (r Result) Line() string {
 		s += fmt.Sprintf("; %d MUTUAL EXCLUSION FAILURES", r.ExclusionFails)
 	}
 	return s + fmt.Sprintf(" [load %.1f]", r.Load1)
+}
+
+// procList is the per-process CPU per cycle, "n1 leader 39.2, n2 26.1, …".
+func (r Result) procList() string {
+	var parts []string
+	for _, p := range r.Procs {
+		name := p.Name
+		if p.Role != "" && p.Role != "follower" && p.Role != "sidecar" {
+			name += " " + p.Role
+		}
+		parts = append(parts, name+" "+f1(p.USPerCycle))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// f1 formats a CPU figure in µs.
+func f1(v float64) string {
+	if v >= 100 {
+		return fmt.Sprintf("%.0f", v)
+	}
+	return fmt.Sprintf("%.1f", v)
 }
 
 func f2(v float64) string {
@@ -194,6 +229,8 @@ func (r *Report) Markdown() string {
 	b.WriteString("\nDurable and replicated like Ticketing: etcd and ZooKeeper (3 members, fsync on commit). " +
 		"Redis is one node without persistence or replication: a reference for speed, not a like-for-like alternative.\n\n")
 
+	r.floorsSection(&b)
+
 	// Headline ratios.
 	var tick []string
 	for _, s := range r.Config.Systems {
@@ -239,8 +276,8 @@ func (r *Report) Markdown() string {
 			Mixed:       fmt.Sprintf("Mixed: keys drawn from Zipf(s=%.1f) over %d keys", r.Config.MixedZipfS, r.Config.MixedKeys),
 		}[w]
 		fmt.Fprintf(&b, "## %s\n\n", title)
-		b.WriteString("| system | clients | ops/s | p50 ms | p99 ms | p99.9 ms | errors | Ticketing ÷ etcd | Ticketing ÷ zookeeper | Ticketing ÷ redis |\n")
-		b.WriteString("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+		b.WriteString("| system | clients | ops/s | p50 ms | p99 ms | p99.9 ms | server CPU µs/cycle | errors | Ticketing ÷ etcd | Ticketing ÷ zookeeper | Ticketing ÷ redis |\n")
+		b.WriteString("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 		for _, n := range r.Config.Clients {
 			for _, s := range r.Config.Systems {
 				x, ok := r.findAny(s, w, n)
@@ -248,14 +285,14 @@ func (r *Report) Markdown() string {
 					continue
 				}
 				if x.Skipped != "" {
-					fmt.Fprintf(&b, "| %s | %d | failed: %s | | | | | | | |\n", s, n, mdCell(x.Skipped))
+					fmt.Fprintf(&b, "| %s | %d | failed: %s | | | | | | | | |\n", s, n, mdCell(x.Skipped))
 					continue
 				}
 				errs := fmt.Sprint(x.Errors)
 				if x.ExclusionFails > 0 {
 					errs += fmt.Sprintf(" (**%d exclusion failures**)", x.ExclusionFails)
 				}
-				fmt.Fprintf(&b, "| %s | %d | %.0f | %s | %s | %s | %s |", s, n, x.OpsPerS, f2(x.P50ms), f2(x.P99ms), f2(x.P999ms), errs)
+				fmt.Fprintf(&b, "| %s | %d | %.0f | %s | %s | %s | %s | %s |", s, n, x.OpsPerS, f2(x.P50ms), f2(x.P99ms), f2(x.P999ms), x.serverCPU(), errs)
 				for _, p := range peerNames {
 					pr, ok := r.find(p, w, n)
 					if isTicketing(s) && ok {
@@ -267,7 +304,9 @@ func (r *Report) Markdown() string {
 				b.WriteString("\n")
 			}
 		}
-		b.WriteString("\nLatency: one acquire (including any wait) + release cycle.\n\n")
+		b.WriteString("\nLatency: one acquire (including any wait) + release cycle. Server CPU: all the system's server processes " +
+			"over the measured window ÷ its cycles (grants when contended); ticketing-broker's nodes only, its Broker runs in the harness " +
+			"(see \"CPU per cycle, per process\").\n\n")
 		if w == Contended {
 			b.WriteString("### Contended: hand-off and fairness\n\n")
 			b.WriteString("| system | clients | hand-offs/s | hand-off p50 ms | p99 ms | p99.9 ms | told before release returned | release sent → next grant p50 / p99 ms | FIFO grants | overtakes mean / max | longest wait ÷ (clients × mean hand-off) |\n")
@@ -291,6 +330,7 @@ func (r *Report) Markdown() string {
 			b.WriteString("\n" + contendedNotes + "\n")
 		}
 	}
+	r.cpuSection(&b)
 	var errNotes []string
 	for _, x := range r.Results {
 		if x.Errors > 0 && x.FirstError != "" {

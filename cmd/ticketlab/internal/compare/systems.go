@@ -17,6 +17,7 @@ import (
 
 	ticketing "ticketing/clients/go"
 	"ticketing/cluster/localproc"
+	"ticketing/cmd/ticketlab/internal/floor"
 	"ticketing/sidecar"
 )
 
@@ -34,6 +35,9 @@ type System interface {
 	Clients(ctx context.Context, n int) (clients []Client, done func(), err error)
 	// Prepare is called before a run with every key the run may use.
 	Prepare(ctx context.Context, keys []string) error
+	// Processes lists the server processes whose CPU time a run counts,
+	// with their roles now; it is called before each run's clients start.
+	Processes(ctx context.Context) ([]Process, error)
 	Close()
 }
 
@@ -68,26 +72,55 @@ type ticketingCluster struct {
 	dir    string
 	sock   string
 	broker *sidecar.Broker
-	tls    bool
+	opts   ticketingOptions
 	ver    string
 }
 
+// ticketingOptions are how the Ticketing processes run.
+type ticketingOptions struct {
+	// Binary is the ticketing executable.
+	Binary string
+	// Dir holds the nodes' data dirs and logs.
+	Dir string
+	// TLS runs nodes and sidecar over TLS 1.3.
+	TLS bool
+	// LogStore is the nodes' Raft log store: "bolt" (the default, passed
+	// as nothing) or "wal" (passed as --log-store wal).
+	LogStore string
+	// NodeArgs and SidecarArgs are appended to every node's and to the
+	// sidecar's command line.
+	NodeArgs, SidecarArgs []string
+}
+
+// nodeArgs is the nodes' command line after localproc's own flags.
+func (o ticketingOptions) nodeArgs() []string {
+	args := []string{"--log-level", "warn"}
+	if o.LogStore != "" && o.LogStore != floor.Bolt {
+		args = append(args, "--log-store", o.LogStore)
+	}
+	return append(args, o.NodeArgs...)
+}
+
+// sidecarArgs is the sidecar's command line after localproc's own flags.
+func (o ticketingOptions) sidecarArgs() []string {
+	return append([]string{"--log-level", "warn"}, o.SidecarArgs...)
+}
+
 // startTicketing starts three durable node processes (TLS on unless
-// useTLS is false, as `ticketlab bench` does) and one sidecar process.
-func startTicketing(ctx context.Context, bin, dir string, useTLS bool) (*ticketingCluster, error) {
+// o.TLS is false, as `ticketlab bench` does) and one sidecar process.
+func startTicketing(ctx context.Context, o ticketingOptions) (*ticketingCluster, error) {
 	sockDir, err := os.MkdirTemp("", "tb-sock-") // a unix socket path must stay short
 	if err != nil {
 		return nil, err
 	}
-	p, err := localproc.Start(localproc.Options{Binary: bin, Dir: filepath.Join(dir, "cluster"), Nodes: 3, TLS: useTLS,
+	p, err := localproc.Start(localproc.Options{Binary: o.Binary, Dir: filepath.Join(o.Dir, "cluster"), Nodes: 3, TLS: o.TLS,
 		ClusterID: "ticketbench", Sidecars: 1, SocketDir: sockDir,
-		ExtraArgs:   []string{"--log-level", "warn"},
-		SidecarArgs: []string{"--log-level", "warn"}})
+		ExtraArgs: o.nodeArgs(), SidecarArgs: o.sidecarArgs()})
 	if err != nil {
 		os.RemoveAll(sockDir)
 		return nil, err
 	}
-	tc := &ticketingCluster{procs: p, dir: sockDir, sock: p.SidecarSocket(0), tls: useTLS}
+	tc := &ticketingCluster{procs: p, dir: sockDir, sock: p.SidecarSocket(0), opts: o}
 	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	if _, err := p.Leader(wctx); err != nil {
@@ -112,7 +145,7 @@ func startTicketing(ctx context.Context, bin, dir string, useTLS bool) (*ticketi
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	tc.ver = binaryVersion(bin)
+	tc.ver = binaryVersion(o.Binary)
 	return tc, nil
 }
 
@@ -126,10 +159,49 @@ func (tc *ticketingCluster) Close() {
 
 func (tc *ticketingCluster) setup(via string) string {
 	t := "TLS 1.3"
-	if !tc.tls {
+	if !tc.opts.TLS {
 		t = "plaintext"
 	}
-	return fmt.Sprintf("3 `ticketing node` processes on loopback (%s), every Raft entry fsynced (bolt, group commit); %s; lease 30 s, wait 60 s", t, via)
+	store := "bolt"
+	if tc.opts.LogStore == floor.WAL {
+		store = "raft-wal"
+	}
+	s := fmt.Sprintf("3 `ticketing node` processes on loopback (%s), every Raft entry fsynced (%s, group commit); %s; lease 30 s, wait 60 s", t, store, via)
+	if len(tc.opts.NodeArgs) > 0 {
+		s += "; node flags `" + strings.Join(tc.opts.NodeArgs, " ") + "`"
+	}
+	if len(tc.opts.SidecarArgs) > 0 {
+		s += "; sidecar flags `" + strings.Join(tc.opts.SidecarArgs, " ") + "`"
+	}
+	return s
+}
+
+// processes lists the three nodes (the leader found by asking them) and,
+// with sidecar, the sidecar process.
+func (tc *ticketingCluster) processes(ctx context.Context, sidecar bool) ([]Process, error) {
+	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	leader, err := tc.procs.Leader(lctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []Process
+	for i := 0; i < tc.procs.Size(); i++ {
+		role := "follower"
+		if i == leader {
+			role = "leader"
+		}
+		out = append(out, Process{Name: tc.procs.ID(i), Role: role, Pid: tc.procs.Pid(i)})
+	}
+	if sidecar {
+		out = append(out, Process{Name: "sidecar1", Role: "sidecar", Pid: tc.procs.SidecarPid(0)})
+	}
+	for _, p := range out {
+		if p.Pid == 0 {
+			return nil, fmt.Errorf("%s is not running", p.Name)
+		}
+	}
+	return out, nil
 }
 
 // ticketingSidecar: each client is one unix connection to the sidecar
@@ -143,6 +215,11 @@ func (s *ticketingSidecar) Setup() string {
 func (s *ticketingSidecar) Version() string                         { return s.tc.ver }
 func (s *ticketingSidecar) Prepare(context.Context, []string) error { return nil }
 func (s *ticketingSidecar) Close()                                  {}
+
+// Processes: the nodes and the sidecar.
+func (s *ticketingSidecar) Processes(ctx context.Context) ([]Process, error) {
+	return s.tc.processes(ctx, true)
+}
 
 func (s *ticketingSidecar) Clients(ctx context.Context, n int) ([]Client, func(), error) {
 	var out []Client
@@ -221,6 +298,12 @@ func (s *ticketingBroker) Setup() string {
 func (s *ticketingBroker) Version() string                         { return s.tc.ver }
 func (s *ticketingBroker) Prepare(context.Context, []string) error { return nil }
 func (s *ticketingBroker) Close()                                  {}
+
+// Processes: the nodes only; the Broker runs in the harness, whose CPU is
+// counted beside them.
+func (s *ticketingBroker) Processes(ctx context.Context) ([]Process, error) {
+	return s.tc.processes(ctx, false)
+}
 
 func (s *ticketingBroker) Clients(ctx context.Context, n int) ([]Client, func(), error) {
 	var out []Client

@@ -1,0 +1,92 @@
+// Package floor measures what bounds a commit on this machine below any
+// lock service: the disk (durable appends to a Raft log store, Disk) and
+// the Raft library itself (three in-process hashicorp/raft nodes over
+// loopback TCP, Library). `ticketlab bench disk` and `ticketlab compare`
+// print them; a server's figures are read against them.
+//
+// The log store is raft-boltdb/v2 opened as a node opens it
+// (cluster.OpenLogStore, the default) or github.com/hashicorp/raft-wal
+// (one fsync per append), the two `ticketing node --log-store` choices.
+package floor
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/hashicorp/raft"
+	wal "github.com/hashicorp/raft-wal"
+
+	"ticketing/cluster"
+)
+
+// The log stores a floor can be measured on.
+const (
+	// Bolt is raft-boltdb/v2 over bbolt, opened by cluster.OpenLogStore:
+	// a transaction with two fdatasyncs per append.
+	Bolt = "bolt"
+	// WAL is github.com/hashicorp/raft-wal: one fsync per append.
+	WAL = "wal"
+)
+
+// LogStores lists the kinds Open accepts, the default first.
+var LogStores = []string{Bolt, WAL}
+
+// Store is a Raft log and stable store that can be closed.
+type Store interface {
+	raft.LogStore
+	raft.StableStore
+	io.Closer
+}
+
+// Open opens (creating if need be) a store of the given kind in dir,
+// which it creates too.
+func Open(kind, dir string) (Store, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	switch kind {
+	case Bolt:
+		s, err := cluster.OpenLogStore(dir)
+		if err != nil {
+			return nil, fmt.Errorf("floor: bolt store in %s: %w", dir, err)
+		}
+		return s, nil
+	case WAL:
+		s, err := wal.Open(dir)
+		if err != nil {
+			return nil, fmt.Errorf("floor: wal store in %s: %w", dir, err)
+		}
+		return s, nil
+	default:
+		return nil, fmt.Errorf("floor: unknown log store %q (known: bolt, wal)", kind)
+	}
+}
+
+// CheckKind reports whether kind is one of LogStores.
+func CheckKind(kind string) error {
+	if !slices.Contains(LogStores, kind) {
+		return fmt.Errorf("unknown log store %q (known: bolt, wal)", kind)
+	}
+	return nil
+}
+
+// Quantiles are the p50, p99 and p99.9 of a set of latencies.
+type Quantiles struct {
+	// N is the number of latencies.
+	N int
+	// P50, P99 and P999 are the quantiles, rounded to the microsecond.
+	P50, P99, P999 time.Duration
+}
+
+// quantiles sorts lat and returns its quantiles (zero for none).
+func quantiles(lat []time.Duration) Quantiles {
+	if len(lat) == 0 {
+		return Quantiles{}
+	}
+	slices.Sort(lat)
+	q := func(f float64) time.Duration { return lat[int(f*float64(len(lat)-1))].Round(time.Microsecond) }
+	return Quantiles{N: len(lat), P50: q(0.5), P99: q(0.99), P999: q(0.999)}
+}

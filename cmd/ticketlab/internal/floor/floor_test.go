@@ -1,0 +1,36 @@
+package floor
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// TestFloors measures both floors briefly on each log store and checks
+// that they report what they measured (no figure is checked against a
+// speed).
+func TestFloors(t *testing.T) {
+	for _, kind := range LogStores {
+		t.Run(kind, func(t *testing.T) {
+			ctx := context.Background()
+			d, err := Disk(ctx, kind, t.TempDir(), 3, 200*time.Millisecond)
+			if err != nil {
+				t.Fatalf("disk: %v", err)
+			}
+			if d.LogStore != kind || d.Stores != 3 || d.Append.N < 3 || d.Append.P50 <= 0 || d.Append.P99 < d.Append.P50 ||
+				d.Commit() != 2*d.Append.P50 || d.HandoffsPerS() <= 0 || d.CyclesPerS(64) <= 0 {
+				t.Errorf("disk floor %+v", d)
+			}
+			l, err := Library(ctx, kind, t.TempDir(), 300*time.Millisecond)
+			if err != nil {
+				t.Fatalf("library: %v", err)
+			}
+			if l.LogStore != kind || l.Commit.N == 0 || l.Commit.P50 <= 0 || l.Commit.P99 < l.Commit.P50 || l.Cycle() != 2*l.Commit.P50 || l.Elapsed <= 0 {
+				t.Errorf("library floor %+v", l)
+			}
+		})
+	}
+	if _, err := Open("lsm", t.TempDir()); err == nil {
+		t.Error("Open accepted an unknown log store")
+	}
+}
