@@ -11,6 +11,7 @@ import (
 
 	"ticketing/cluster"
 	"ticketing/cluster/tlsconf"
+	"ticketing/cmd/internal/gctune"
 )
 
 func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -66,6 +67,7 @@ func RunNode(ctx context.Context, args []string, stdout, stderr io.Writer, o Nod
 		return ExitUsage
 	}
 	defer stopProf()
+	gctune.Start(ctx, gctune.DefaultConfig())
 	n, err := cluster.New(*cfg)
 	if err != nil {
 		fmt.Fprintln(stderr, name+":", err)

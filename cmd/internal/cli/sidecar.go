@@ -16,6 +16,7 @@ import (
 
 	"ticketing/cluster"
 	"ticketing/cluster/tlsconf"
+	"ticketing/cmd/internal/gctune"
 	"ticketing/sidecar"
 	"ticketing/unixapi"
 )
@@ -117,6 +118,7 @@ func RunSidecar(ctx context.Context, args []string, stdout, stderr io.Writer, o 
 		return ExitUsage
 	}
 	defer stopProf()
+	gctune.Start(ctx, gctune.DefaultConfig())
 	bcfg := sidecar.DefaultConfig()
 	for _, a := range strings.Split(addrs, ",") {
 		if a = strings.TrimSpace(a); a != "" {
