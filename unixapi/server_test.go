@@ -618,3 +618,54 @@ func TestServerCloseAnswersWaitingAcquireShuttingDown(t *testing.T) {
 		t.Fatalf("holder after the other server's Close: %q", got)
 	}
 }
+
+// Replies come back in request order whoever writes them: replies the
+// sidecar gives at once (PONG, refusals) and the broker's (OK, BUSY),
+// delivered by whichever goroutine answers them, and HELD, computed when
+// its turn comes. The client reads slowly, through a small receive
+// buffer, so deliveries meet a full socket and leave their rest to the
+// writer.
+func TestRepliesInRequestOrderUnderSlowReads(t *testing.T) {
+	s := serve(t, nil)
+	busy := key(t)
+	token(t, dial(t, s).do("ACQUIRE "+busy+" 60 0"))
+	c := dial(t, s)
+	if uc, ok := c.c.(*net.UnixConn); ok {
+		uc.SetReadBuffer(1024)
+	}
+	const groups = 200
+	var lines []string
+	for i := range groups {
+		lines = append(lines,
+			fmt.Sprintf("ACQUIRE %s/%d 60 0", busy, i),
+			"PING",
+			"ACQUIRE "+busy+" 60 0",
+			"HELD",
+			fmt.Sprintf("RELEASE %s/none 1", busy),
+		)
+	}
+	go func() {
+		// The requests outrun the reads: all of them are sent before the
+		// first reply is read.
+		c.c.SetWriteDeadline(time.Now().Add(30 * time.Second))
+		c.c.Write([]byte(strings.Join(lines, "\n") + "\n"))
+	}()
+	time.Sleep(200 * time.Millisecond) // let replies pile up against the small buffer
+	for i := range groups {
+		token(t, c.read())
+		expect(t, c.read(), "PONG")
+		expect(t, c.read(), "BUSY")
+		// HELD reflects every earlier request (and may already count
+		// later grants: it is computed when written).
+		held := c.read()
+		if f := strings.Fields(held); len(f) < 2 || f[0] != "HELD" {
+			t.Fatalf("group %d: got %.80q, want HELD ...", i, held)
+		} else if n, err := strconv.Atoi(f[1]); err != nil || n < i+1 || n > groups {
+			t.Fatalf("group %d: got HELD %s, want %d..%d", i, f[1], i+1, groups)
+		}
+		expectPrefix(t, c.read(), "ERR not_held")
+		if i%20 == 0 {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
