@@ -20,36 +20,40 @@ import (
 const diskEntryBytes = 512
 
 // benchDisk measures what bounds every commit on this machine: one durable
-// append to a node's Raft log store (raft-boltdb/v2 over bbolt: a
-// transaction with two fdatasyncs), first with one store appending alone,
-// then with `nodes` stores in one directory appending at once, as the nodes
-// of a one-box cluster do. hashicorp/raft writes the leader's log before it
-// replicates, and a follower acknowledges after its own append, so a commit
-// takes at least two appends in series; the bounds printed follow from that
-// alone, for any client, batching or network.
-func benchDisk(ctx context.Context, dir string, nodes int, duration time.Duration, out io.Writer) error {
-	var concurrent time.Duration
-	for _, n := range []int{1, nodes} {
-		lat, err := diskAppends(ctx, filepath.Join(dir, fmt.Sprintf("disk-%d", n)), n, duration)
-		if err != nil {
-			return err
+// append to a node's Raft log store, for each kind in kinds
+// (raft-boltdb/v2 over bbolt: a transaction with two fdatasyncs;
+// raft-wal: a write and one fsync of the tail segment), first with one
+// store appending alone, then with `nodes` stores in one directory
+// appending at once, as the nodes of a one-box cluster do. hashicorp/raft
+// writes the leader's log before it replicates, and a follower
+// acknowledges after its own append, so a commit takes at least two
+// appends in series; the bounds printed follow from that alone, for any
+// client, batching or network.
+func benchDisk(ctx context.Context, dir string, kinds []cluster.LogStoreKind, nodes int, duration time.Duration, out io.Writer) error {
+	for _, kind := range kinds {
+		var concurrent time.Duration
+		for _, n := range []int{1, nodes} {
+			lat, err := diskAppends(ctx, filepath.Join(dir, fmt.Sprintf("disk-%s-%d", kind, n)), kind, n, duration)
+			if err != nil {
+				return fmt.Errorf("%s: %w", kind, err)
+			}
+			slices.Sort(lat)
+			q := func(f float64) time.Duration { return lat[int(f*float64(len(lat)-1))].Round(time.Microsecond) }
+			fmt.Fprintf(out, "disk (%s): %d store(s) appending at once, %d-byte entries: %d appends in %v; per append p50 %v p99 %v p99.9 %v\n",
+				kind, n, diskEntryBytes, len(lat), duration, q(0.5), q(0.99), q(0.999))
+			concurrent = q(0.5)
 		}
-		slices.Sort(lat)
-		q := func(f float64) time.Duration { return lat[int(f*float64(len(lat)-1))].Round(time.Microsecond) }
-		fmt.Fprintf(out, "disk: %d store(s) appending at once, %d-byte entries: %d appends in %v; per append p50 %v p99 %v p99.9 %v\n",
-			n, diskEntryBytes, len(lat), duration, q(0.5), q(0.99), q(0.999))
-		concurrent = q(0.5)
+		commit := 2 * concurrent
+		fmt.Fprintf(out, "disk (%s): a commit is at least a leader append then a follower append: %v with %d stores busy\n", kind, commit, nodes)
+		fmt.Fprintf(out, "disk (%s): so, at best: contended hand-offs on one key ≤ %.0f/s (one commit each); uncontended acquire+release at 64 clients ≤ %.0f cycles/s (two commits per cycle)\n",
+			kind, 1/commit.Seconds(), 64/(2*commit.Seconds()))
 	}
-	commit := 2 * concurrent
-	fmt.Fprintf(out, "disk: a commit is at least a leader append then a follower append: %v with %d stores busy\n", commit, nodes)
-	fmt.Fprintf(out, "disk: so, at best: contended hand-offs on one key ≤ %.0f/s (one commit each); uncontended acquire+release at 64 clients ≤ %.0f cycles/s (two commits per cycle)\n",
-		1/commit.Seconds(), 64/(2*commit.Seconds()))
 	return nil
 }
 
-// diskAppends runs n stores, each appending one entry at a time for
-// duration, and returns every append's latency.
-func diskAppends(ctx context.Context, dir string, n int, duration time.Duration) ([]time.Duration, error) {
+// diskAppends runs n stores of the given kind, each appending one entry
+// at a time for duration, and returns every append's latency.
+func diskAppends(ctx context.Context, dir string, kind cluster.LogStoreKind, n int, duration time.Duration) ([]time.Duration, error) {
 	var (
 		mu   sync.Mutex
 		all  []time.Duration
@@ -63,7 +67,7 @@ func diskAppends(ctx context.Context, dir string, n int, duration time.Duration)
 		if err := os.MkdirAll(sdir, 0o700); err != nil {
 			return nil, err
 		}
-		store, err := cluster.OpenLogStore(sdir)
+		store, err := cluster.OpenLogStore(sdir, kind)
 		if err != nil {
 			return nil, err
 		}

@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"ticketing/cluster"
 	"ticketing/cluster/localproc"
 	"ticketing/cmd/ticketlab/internal/labcli"
 )
@@ -274,10 +275,19 @@ func setupScale(fs *flag.FlagSet, e *env) func(context.Context) error {
 func setupDisk(fs *flag.FlagSet, e *env) func(context.Context) error {
 	stores := fs.Int("nodes", 3, "stores appending at once in the second round, as the nodes of a one-box cluster do")
 	duration := fs.Duration("duration", 10*time.Second, "measured duration of each round")
+	store := fs.String("log-store", "both", "the Raft log store(s) to measure: bolt, wal or both (bolt first)")
 	return func(ctx context.Context) error {
 		if *stores < 1 {
 			return usageError(fmt.Sprintf("--nodes %d: want at least 1", *stores))
 		}
-		return benchDisk(ctx, e.dir, *stores, *duration, e.stdout)
+		kinds := []cluster.LogStoreKind{cluster.LogStoreBolt, cluster.LogStoreWAL}
+		switch *store {
+		case "both":
+		case string(cluster.LogStoreBolt), string(cluster.LogStoreWAL):
+			kinds = []cluster.LogStoreKind{cluster.LogStoreKind(*store)}
+		default:
+			return usageError(fmt.Sprintf("--log-store %q: want bolt, wal or both", *store))
+		}
+		return benchDisk(ctx, e.dir, kinds, *stores, *duration, e.stdout)
 	}
 }

@@ -1,0 +1,367 @@
+package cluster_test
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"ticketing/cluster"
+	"ticketing/cluster/local"
+	"ticketing/cluster/testkit"
+	"ticketing/cluster/wire"
+	"ticketing/locksm"
+)
+
+// writeStore opens a store of kind in dir and leaves state in it: a term,
+// a vote and one entry, as a node that has been a member does.
+func writeStore(t *testing.T, dir string, kind cluster.LogStoreKind) {
+	t.Helper()
+	s, err := cluster.OpenLogStore(dir, kind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetUint64([]byte("CurrentTerm"), 7); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Set([]byte("LastVoteCand"), []byte("n2/abcdefghij")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.StoreLog(&raft.Log{Index: 1, Term: 7, Type: raft.LogCommand, Data: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// nodeConfig is a valid config of a node with its data dir in dir (it is
+// never started far enough to listen for long).
+func nodeConfig(t *testing.T, dir string, kind cluster.LogStoreKind) cluster.Config {
+	cfg := cluster.DefaultConfig()
+	cfg.NodeID, cfg.DataDir, cfg.LogStore = "n1", dir, kind
+	cfg.ClientAddr, cfg.PeerAddr = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.ClientSecret, cfg.PeerSecret = []byte("0123456789abcdef-client"), []byte("0123456789abcdef-peer")
+	cfg.Peers = []cluster.Peer{{ID: "n1", Addr: "127.0.0.1:1"}, {ID: "n2", Addr: "127.0.0.1:2"}, {ID: "n3", Addr: "127.0.0.1:3"}}
+	cfg.Logger = testLogger(t)
+	return cfg
+}
+
+// A data dir written by one log store is never opened by the other, in
+// either direction and by every way in (the store itself, a node,
+// bootstrap): the node would start with an empty log and no term or vote
+// under its old server id. The refusal names the flag and the kind that
+// would open it, and the data dir is left as it was.
+func TestLogStoreKindIsFixedPerDataDir(t *testing.T) {
+	for _, tc := range []struct{ wrote, asked cluster.LogStoreKind }{
+		{cluster.LogStoreBolt, cluster.LogStoreWAL},
+		{cluster.LogStoreWAL, cluster.LogStoreBolt},
+	} {
+		t.Run(fmt.Sprintf("%s-then-%s", tc.wrote, tc.asked), func(t *testing.T) {
+			dir := t.TempDir()
+			writeStore(t, dir, tc.wrote)
+			before := listDir(t, dir)
+			if got, err := cluster.DetectLogStore(dir); err != nil || got != tc.wrote {
+				t.Fatalf("DetectLogStore = %q, %v; want %q", got, err, tc.wrote)
+			}
+			wantMsg := "start it with --log-store " + string(tc.wrote)
+			_, err := cluster.OpenLogStore(dir, tc.asked)
+			if !errors.Is(err, cluster.ErrLogStoreMismatch) || !strings.Contains(err.Error(), wantMsg) {
+				t.Fatalf("OpenLogStore(%s) of a %s data dir: %v; want ErrLogStoreMismatch saying %q", tc.asked, tc.wrote, err, wantMsg)
+			}
+			n, err := cluster.New(nodeConfig(t, dir, tc.asked))
+			if err == nil {
+				n.Close()
+				t.Fatalf("a node with --log-store %s started on a %s data dir", tc.asked, tc.wrote)
+			}
+			if !errors.Is(err, cluster.ErrLogStoreMismatch) || !strings.Contains(err.Error(), wantMsg) {
+				t.Fatalf("New: %v; want ErrLogStoreMismatch saying %q", err, wantMsg)
+			}
+			_, err = cluster.Bootstrap(nodeConfig(t, dir, tc.asked), cluster.BootstrapOptions{Timeout: time.Second})
+			if !errors.Is(err, cluster.ErrLogStoreMismatch) {
+				t.Fatalf("Bootstrap: %v; want ErrLogStoreMismatch", err)
+			}
+			if after := listDir(t, dir); after != before {
+				t.Fatalf("the refusals changed the data dir:\n%s\nbecame\n%s", before, after)
+			}
+			// The right kind still opens it, with its state.
+			s, err := cluster.OpenLogStore(dir, tc.wrote)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			term, err := s.GetUint64([]byte("CurrentTerm"))
+			last, lerr := s.LastIndex()
+			if err != nil || lerr != nil || term != 7 || last != 1 {
+				t.Fatalf("reopened %s store: term %d (%v), last index %d (%v); want 7 and 1", tc.wrote, term, err, last, lerr)
+			}
+		})
+	}
+}
+
+// A data dir holding both stores, or a server identity and no store at
+// all, is refused: nothing tells which log is this node's, or its log and
+// vote were lost.
+func TestLogStoreAmbiguousOrLostRefused(t *testing.T) {
+	dir := t.TempDir()
+	writeStore(t, dir, cluster.LogStoreBolt)
+	if err := os.Mkdir(filepath.Join(dir, "wal"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, kind := range []cluster.LogStoreKind{cluster.LogStoreBolt, cluster.LogStoreWAL} {
+		if _, err := cluster.OpenLogStore(dir, kind); !errors.Is(err, cluster.ErrLogStoreMismatch) || !strings.Contains(err.Error(), "both") {
+			t.Fatalf("OpenLogStore(%s) with both stores present: %v", kind, err)
+		}
+	}
+
+	lost := t.TempDir()
+	if err := os.WriteFile(filepath.Join(lost, "identity"), []byte("n1/abcdefghij\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, kind := range []cluster.LogStoreKind{cluster.LogStoreBolt, cluster.LogStoreWAL} {
+		n, err := cluster.New(nodeConfig(t, lost, kind))
+		if err == nil {
+			n.Close()
+			t.Fatalf("a node started on an identity without a log (%s)", kind)
+		}
+		if !errors.Is(err, cluster.ErrLogStoreMissing) {
+			t.Fatalf("New(%s) on an identity without a log: %v; want ErrLogStoreMissing", kind, err)
+		}
+	}
+	if entries := listDir(t, lost); entries != "identity" {
+		t.Fatalf("the refusal created files: %s", entries)
+	}
+}
+
+// Only bolt and wal are log stores.
+func TestLogStoreKindValues(t *testing.T) {
+	var k cluster.LogStoreKind
+	if err := k.Set("lsm"); err == nil || !strings.Contains(err.Error(), "want bolt or wal") {
+		t.Fatalf("Set(lsm): %v", err)
+	}
+	for _, s := range []string{"bolt", "wal"} {
+		if err := k.Set(s); err != nil || k.String() != s {
+			t.Fatalf("Set(%s): %v, %q", s, err, k)
+		}
+	}
+	cfg := nodeConfig(t, t.TempDir(), "lsm")
+	if err := cfg.Validate(); !errors.Is(err, cluster.ErrBadConfig) || !strings.Contains(err.Error(), "want bolt or wal") {
+		t.Fatalf("Validate with log store lsm: %v", err)
+	}
+	if cluster.DefaultConfig().LogStore != cluster.LogStoreBolt {
+		t.Fatal("the default log store is not bolt")
+	}
+	if _, err := cluster.OpenLogStore(t.TempDir(), "lsm"); !errors.Is(err, cluster.ErrBadConfig) {
+		t.Fatalf("OpenLogStore(lsm): %v", err)
+	}
+}
+
+// listDir is dir's entries, one level, sorted, as one string.
+func listDir(t *testing.T, dir string) string {
+	t.Helper()
+	es, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range es {
+		names = append(names, e.Name())
+	}
+	return strings.Join(names, " ")
+}
+
+// A cluster on the wal store grants, queues and hands off like one on
+// bolt, over TCP between real in-process nodes; every node's data dir
+// holds wal/ and no raft.db.
+func TestWALClusterGrantsAndHandsOff(t *testing.T) {
+	c := startClusterOpts(t, local.Options{LogStore: cluster.LogStoreWAL})
+	li := c.leader()
+	a, b := c.dial(li), c.dial(li)
+	t1 := mustGrant(t, do(t, a, acquireMsg("seats/1", "alice", 30, 0)))
+	mustType(t, do(t, b, acquireMsg("seats/1", "bob", 30, 0)), wire.TypeBusy)
+	call, err := b.Start(acquireMsg("seats/1", "bob", 30, 10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, "bob queued", 5*time.Second, func() bool {
+		var q int
+		c.Node(li).ReadState(func(st *locksm.State) { q = len(st.Waiters("seats/1")) })
+		return q == 1
+	})
+	mustType(t, do(t, a, releaseMsg("seats/1", "alice", t1)), wire.TypeOK)
+	<-call.Done
+	if call.Err != nil {
+		t.Fatal(call.Err)
+	}
+	t2 := mustGrant(t, call.Reply)
+	if t2 <= t1 {
+		t.Fatalf("hand-off token %d not above %d", t2, t1)
+	}
+	c.converged("seats/1", locksm.Holder{Owner: "bob", Token: t2}, true)
+	for i := 0; i < c.Size(); i++ {
+		dir := filepath.Join(c.Dir, c.ID(i))
+		if got, err := cluster.DetectLogStore(dir); err != nil || got != cluster.LogStoreWAL {
+			t.Fatalf("node %d's data dir holds %q (%v), want wal", i, got, err)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "raft.db")); err == nil {
+			t.Fatalf("node %d's data dir has a raft.db", i)
+		}
+	}
+}
+
+// A wal node restarted from its data dir keeps its log, term and vote:
+// right after the restart, before it hears from anyone, its last index
+// and term are at least what they were, and it rejoins. Then the whole
+// cluster restarts; holders stay, tokens keep increasing. A follower that
+// fell behind a snapshot is brought back by InstallSnapshot (raft-wal is a
+// monotonic store: raft removes the old log instead of leaving a gap,
+// which raft-wal would refuse) and keeps appending.
+func TestWALRestartKeepsLogAndTerm(t *testing.T) {
+	c := startClusterOpts(t, local.Options{LogStore: cluster.LogStoreWAL, Tune: func(cfg *cluster.Config) {
+		cfg.TrailingLogs = 8
+	}})
+	lc := c.client()
+	defer lc.close()
+	var toks []uint64
+	for i := 0; i < 10; i++ {
+		toks = append(toks, mustGrant(t, lc.do(acquireMsg(fmt.Sprintf("k%d", i), "o", 120, 0))))
+	}
+	li := c.leader()
+	fi := (li + 1) % c.Size()
+	testkit.WaitFor(t, "follower applied every grant", 10*time.Second, func() bool {
+		return c.Node(fi).LastToken() == toks[len(toks)-1]
+	})
+	lastIndex, term := c.Node(fi).Raft().LastIndex(), c.Node(fi).Raft().CurrentTerm()
+	if err := c.Stop(fi); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Restart(fi); err != nil {
+		t.Fatal(err)
+	}
+	if got, gotTerm := c.Node(fi).Raft().LastIndex(), c.Node(fi).Raft().CurrentTerm(); got < lastIndex || gotTerm < term {
+		t.Fatalf("restarted from its wal: last index %d term %d, before the restart %d and %d", got, gotTerm, lastIndex, term)
+	}
+	testkit.WaitFor(t, "restarted follower to apply its log", 10*time.Second, func() bool {
+		return c.Node(fi).LastToken() == toks[len(toks)-1]
+	})
+
+	// Behind a snapshot: the follower stops, the others grant on and
+	// compact their logs past the follower's last entry, and restart
+	// (raft-wal still serves compacted entries from the segment it has
+	// open until it is reopened).
+	if err := c.Stop(fi); err != nil {
+		t.Fatal(err)
+	}
+	behind := c.Node(li).Raft().LastIndex()
+	for i := 10; i < 40; i++ {
+		toks = append(toks, mustGrant(t, lc.do(acquireMsg(fmt.Sprintf("k%d", i), "o", 120, 0))))
+	}
+	lc.drop()
+	for i := 0; i < c.Size(); i++ {
+		if i == fi {
+			continue
+		}
+		testkit.WaitFor(t, "every running node applied every grant", 10*time.Second, func() bool {
+			return c.Node(i).LastToken() == toks[len(toks)-1]
+		})
+		if err := c.Node(i).Raft().Snapshot().Error(); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Stop(i); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Restart(i); err != nil {
+			t.Fatal(err)
+		}
+		if first, err := cluster.LogFirstIndex(c.Node(i)); err != nil || first <= behind {
+			t.Fatalf("node %d's first index %d (%v) after the snapshot, want above the follower's %d", i, first, err, behind)
+		}
+	}
+	c.leader()
+	if err := c.Restart(fi); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, "follower restored from the snapshot", 15*time.Second, func() bool {
+		return c.Node(fi).LastToken() == toks[len(toks)-1]
+	})
+	if snap := c.Node(fi).Raft().Stats()["last_snapshot_index"]; snap == "0" || snap == "" {
+		t.Fatalf("the follower caught up without a snapshot (last_snapshot_index %q)", snap)
+	}
+	toks = append(toks, mustGrant(t, lc.do(acquireMsg("after-snapshot", "o", 120, 0))))
+	testkit.WaitFor(t, "follower appends after the snapshot", 10*time.Second, func() bool {
+		return c.Node(fi).LastToken() == toks[len(toks)-1]
+	})
+	lc.close()
+
+	// Every node at once.
+	last := c.Node(c.leader()).LastToken()
+	for i := 0; i < c.Size(); i++ {
+		if err := c.Stop(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < c.Size(); i++ {
+		if err := c.Restart(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.leader()
+	for i := 0; i < c.Size(); i++ {
+		testkit.WaitFor(t, "replay on every node", 10*time.Second, func() bool { return c.Node(i).LastToken() == last })
+		for k := range toks[:len(toks)-1] {
+			h, ok := c.holderOn(i, fmt.Sprintf("k%d", k))
+			if !ok || h.Token != toks[k] || h.Owner != "o" {
+				t.Fatalf("node %d: k%d = %+v %v after restart, want token %d", i, k, h, ok, toks[k])
+			}
+		}
+	}
+	lc = c.client()
+	defer lc.close()
+	if tok := mustGrant(t, lc.do(acquireMsg("new", "o", 10, 0))); tok <= last {
+		t.Fatalf("token %d after restart not above %d", tok, last)
+	}
+}
+
+// Each node's log store is its own: a cluster of one bolt node and two
+// wal nodes grants, survives the loss of its leader and keeps its tokens
+// increasing (how a cluster moves from one store to the other, one
+// replaced node at a time).
+func TestMixedLogStores(t *testing.T) {
+	c := startClusterOpts(t, local.Options{Tune: func(cfg *cluster.Config) {
+		if cfg.NodeID != "n1" {
+			cfg.LogStore = cluster.LogStoreWAL
+		}
+	}})
+	for i, want := range []cluster.LogStoreKind{cluster.LogStoreBolt, cluster.LogStoreWAL, cluster.LogStoreWAL} {
+		if got, err := cluster.DetectLogStore(filepath.Join(c.Dir, c.ID(i))); err != nil || got != want {
+			t.Fatalf("node %d holds %q (%v), want %q", i, got, err, want)
+		}
+	}
+	lc := c.client()
+	defer lc.close()
+	var last uint64
+	for round := 0; round < 3; round++ {
+		tok := mustGrant(t, lc.do(acquireMsg(fmt.Sprintf("k%d", round), "o", 60, 0)))
+		if tok <= last {
+			t.Fatalf("round %d: token %d not above %d", round, tok, last)
+		}
+		last = tok
+		li := c.leader()
+		if err := c.Stop(li); err != nil {
+			t.Fatal(err)
+		}
+		lc.drop()
+		c.leader()
+		if err := c.Restart(li); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < c.Size(); i++ {
+		testkit.WaitFor(t, "every node applied every grant", 10*time.Second, func() bool { return c.Node(i).LastToken() == last })
+	}
+}
