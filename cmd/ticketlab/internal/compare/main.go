@@ -46,6 +46,7 @@ type Options struct {
 	Binary      string
 	Dir         string
 	TLS         bool
+	NodeArgs    []string // extra flags for every Ticketing node
 	PeersDir    string
 	StartPeers  bool
 	PeersScript string
@@ -95,6 +96,10 @@ func register(fs *flag.FlagSet) func() (Options, error) {
 	binary := labcli.BinaryFlag(fs)
 	fs.StringVar(&o.Dir, "dir", "", "working directory of the Ticketing nodes (default: a temporary one, removed afterwards)")
 	fs.BoolVar(&o.TLS, "tls", true, "run the Ticketing nodes and sidecar over TLS 1.3, as in production (the peers run plaintext)")
+	fs.Func("node-args", "extra flags for every Ticketing node, space separated (e.g. \"--log-store wal\")", func(s string) error {
+		o.NodeArgs = strings.Fields(s)
+		return nil
+	})
 	fs.StringVar(&o.PeersDir, "peers-dir", "/tmp/ticketbench-peers", "the DIR of `peers.sh start DIR` (with --start-peers: started there and stopped afterwards)")
 	fs.BoolVar(&o.StartPeers, "start-peers", false, "run `peers.sh start` before and `peers.sh stop` after the benchmark")
 	fs.StringVar(&o.PeersScript, "peers-script", "./peers.sh", "peers.sh, for --start-peers")
@@ -226,7 +231,7 @@ func Run(ctx context.Context, o Options, stdout io.Writer) error {
 			dir = tmp
 		}
 		fmt.Fprintln(stdout, "starting 3 ticketing nodes and a sidecar")
-		tc, err := startTicketing(ctx, bin, dir, o.TLS)
+		tc, err := startTicketing(ctx, bin, dir, o.TLS, o.NodeArgs)
 		if err != nil {
 			return fmt.Errorf("ticketing: %w", err)
 		}

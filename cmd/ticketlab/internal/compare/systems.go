@@ -73,15 +73,16 @@ type ticketingCluster struct {
 }
 
 // startTicketing starts three durable node processes (TLS on unless
-// useTLS is false, as `ticketlab bench` does) and one sidecar process.
-func startTicketing(ctx context.Context, bin, dir string, useTLS bool) (*ticketingCluster, error) {
+// useTLS is false, as `ticketlab bench` does; nodeArgs added to their
+// flags) and one sidecar process.
+func startTicketing(ctx context.Context, bin, dir string, useTLS bool, nodeArgs []string) (*ticketingCluster, error) {
 	sockDir, err := os.MkdirTemp("", "tb-sock-") // a unix socket path must stay short
 	if err != nil {
 		return nil, err
 	}
 	p, err := localproc.Start(localproc.Options{Binary: bin, Dir: filepath.Join(dir, "cluster"), Nodes: 3, TLS: useTLS,
 		ClusterID: "ticketbench", Sidecars: 1, SocketDir: sockDir,
-		ExtraArgs:   []string{"--log-level", "warn"},
+		ExtraArgs:   append([]string{"--log-level", "warn"}, nodeArgs...),
 		SidecarArgs: []string{"--log-level", "warn"}})
 	if err != nil {
 		os.RemoveAll(sockDir)
