@@ -365,3 +365,86 @@ func TestMixedLogStores(t *testing.T) {
 		testkit.WaitFor(t, "every node applied every grant", 10*time.Second, func() bool { return c.Node(i).LastToken() == last })
 	}
 }
+
+// What raft-wal (v0.4.0) does with a damaged tail, pinned: a torn append
+// (a partial record after the last commit frame, what a crash in the
+// middle of an append leaves; its fsync had not returned, so it was never
+// acknowledged) is dropped and everything before it kept. A last batch
+// cut in the middle (fsynced and acknowledged, then lost: beyond what a
+// crash can do) is dropped too, back to the commit before it, silently:
+// the store opens without an error and a shorter log; so is one with a
+// byte of it flipped (its commit frame's CRC fails). The term and vote
+// (in wal-meta.db) are untouched either way, and appends go on.
+func TestWALTornTailRecovery(t *testing.T) {
+	dir := t.TempDir()
+	open := func() cluster.LogStore {
+		t.Helper()
+		s, err := cluster.OpenLogStore(dir, cluster.LogStoreWAL)
+		if err != nil {
+			t.Fatalf("reopen: %v", err)
+		}
+		return s
+	}
+	appendBatch := func(s cluster.LogStore, from, to uint64) {
+		t.Helper()
+		var logs []*raft.Log
+		for i := from; i <= to; i++ {
+			logs = append(logs, &raft.Log{Index: i, Term: 3, Type: raft.LogCommand, Data: []byte(fmt.Sprintf("entry %d", i))})
+		}
+		if err := s.StoreLogs(logs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(s cluster.LogStore, last uint64) {
+		t.Helper()
+		got, err := s.LastIndex()
+		if err != nil || got != last {
+			t.Fatalf("last index %d (%v), want %d", got, err, last)
+		}
+		var l raft.Log
+		if err := s.GetLog(last, &l); err != nil || string(l.Data) != fmt.Sprintf("entry %d", last) {
+			t.Fatalf("entry %d: %q %v", last, l.Data, err)
+		}
+		if term, err := s.GetUint64([]byte("CurrentTerm")); err != nil || term != 3 {
+			t.Fatalf("term %d (%v), want 3", term, err)
+		}
+	}
+	s := open()
+	if err := s.SetUint64([]byte("CurrentTerm"), 3); err != nil {
+		t.Fatal(err)
+	}
+	appendBatch(s, 1, 3)
+	appendBatch(s, 4, 5)
+	appendBatch(s, 6, 8)
+	s.Close()
+	w := testkit.ReadWALTail(t, dir)
+	if len(w.Commits) != 3 || w.LastBatch() != 3 {
+		t.Fatalf("tail %+v: want 3 commit frames, 3 entries in the last batch", w)
+	}
+
+	w.TearNextAppend(t)
+	s = open()
+	check(s, 8)
+	appendBatch(s, 9, 11)
+	check(s, 11)
+	s.Close()
+
+	w = testkit.ReadWALTail(t, dir)
+	if len(w.Commits) != 4 || w.LastBatch() != 3 {
+		t.Fatalf("tail after the append over the torn record %+v: want 4 commit frames, 3 entries in the last batch", w)
+	}
+	w.CutLastBatch(t)
+	s = open()
+	check(s, 8) // 9..11 were acknowledged, and are gone without a word
+	appendBatch(s, 9, 9)
+	s.Close()
+	s = open()
+	check(s, 9)
+	appendBatch(s, 10, 12)
+	s.Close()
+
+	testkit.ReadWALTail(t, dir).GarbleLastBatch(t)
+	s = open()
+	defer s.Close()
+	check(s, 9) // the same with a byte of 10..12 flipped
+}
