@@ -14,7 +14,10 @@ import (
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	wal "github.com/hashicorp/raft-wal"
+	walfs "github.com/hashicorp/raft-wal/fs"
 	"github.com/hashicorp/raft-wal/metadb"
+	"github.com/hashicorp/raft-wal/segment"
+	"github.com/hashicorp/raft-wal/types"
 	"go.etcd.io/bbolt"
 )
 
@@ -41,8 +44,9 @@ const (
 	// one write and one fsync of the tail segment (the meta file is
 	// written only when a segment fills up or the log is truncated); a
 	// torn last batch is cut off at the previous commit frame on open.
-	// Truncation deletes whole segments: no free list. raft-wal calls
-	// itself experimental.
+	// Truncation deletes whole segments: no free list (a truncation of the
+	// log's tail starts a new segment). raft-wal calls itself
+	// experimental; walFiler works around a bug of v0.4.0.
 	LogStoreWAL LogStoreKind = "wal"
 )
 
@@ -214,13 +218,37 @@ func openWAL(dir string, log hclog.Logger) (*walStore, error) {
 		return nil, err
 	}
 	meta := &metadb.BoltMetaDB{}
-	w, err := wal.Open(dir, wal.WithMetaStore(meta), wal.WithLogger(log.Named("wal")))
+	w, err := wal.Open(dir, wal.WithMetaStore(meta), wal.WithLogger(log.Named("wal")),
+		wal.WithSegmentFiler(walFiler{segment.NewFiler(dir, walfs.New())}))
 	if err != nil {
 		meta.Close()
 		lock.Close()
 		return nil, fmt.Errorf("cluster: open wal %s: %w", dir, err)
 	}
 	return &walStore{WAL: w, meta: meta, lock: lock}, nil
+}
+
+// walFiler is raft-wal's segment filer, with a repair for a bug of
+// v0.4.0 (hashicorp/raft-wal#31, fixed upstream by #33, in no release the
+// module proxy here serves): a tail truncation (hashicorp/raft's "clearing
+// log suffix", when a follower drops entries of an old term that conflict
+// with the new leader's log) marks the truncated segment sealed in the
+// meta store without writing its index block, so after a restart every
+// read of it failed ("sealed segment has no index block") and
+// hashicorp/raft panicked in NewRaft: the node could not start again.
+// Such a segment (sealed, no IndexStart) is opened the way raft-wal opens
+// its tail instead: by reading its frames up to the last intact commit
+// frame. The WAL reads it only up to the MaxIndex the truncation recorded
+// (the entries after it, still in the file, are never served), and never
+// appends to it.
+type walFiler struct{ *segment.Filer }
+
+// Open implements types.SegmentFiler.
+func (f walFiler) Open(info types.SegmentInfo) (types.SegmentReader, error) {
+	if !info.SealTime.IsZero() && info.IndexStart == 0 {
+		return f.Filer.RecoverTail(info)
+	}
+	return f.Filer.Open(info)
 }
 
 // Close closes the WAL, its meta store and the lock.

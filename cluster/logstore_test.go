@@ -1,11 +1,14 @@
 package cluster_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -447,4 +450,142 @@ func TestWALTornTailRecovery(t *testing.T) {
 	s = open()
 	defer s.Close()
 	check(s, 9) // the same with a byte of 10..12 flipped
+}
+
+// A tail truncation (hashicorp/raft's "clearing log suffix": a follower
+// drops entries of an old term that conflict with the new leader's) and a
+// restart: raft-wal v0.4.0 marks the truncated segment sealed without
+// writing its index, and on reopening it could not read it ("sealed
+// segment has no index block"; hashicorp/raft panics on that at start:
+// hashicorp/raft-wal#31, fixed upstream after v0.4.0). The store reads
+// such a segment by scanning it, so the node restarts with its log.
+func TestWALRestartAfterTailTruncation(t *testing.T) {
+	dir := t.TempDir()
+	s, err := cluster.OpenLogStore(dir, cluster.LogStoreWAL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := func(term uint64, from, to uint64) {
+		t.Helper()
+		var logs []*raft.Log
+		for i := from; i <= to; i++ {
+			logs = append(logs, &raft.Log{Index: i, Term: term, Type: raft.LogCommand, Data: []byte(fmt.Sprintf("%d/%d", term, i))})
+		}
+		if err := s.StoreLogs(logs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	store(2, 1, 5)
+	if err := s.DeleteRange(4, 5); err != nil { // entries 4 and 5 of term 2 conflict
+		t.Fatal(err)
+	}
+	store(3, 4, 6)
+	for round := 0; round < 2; round++ {
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if s, err = cluster.OpenLogStore(dir, cluster.LogStoreWAL); err != nil {
+			t.Fatalf("reopen %d: %v", round, err)
+		}
+		for i, want := range []string{"2/1", "2/2", "2/3", "3/4", "3/5", "3/6"} {
+			var l raft.Log
+			if err := s.GetLog(uint64(i+1), &l); err != nil || string(l.Data) != want {
+				t.Fatalf("reopen %d: entry %d = %q (%v), want %q", round, i+1, l.Data, err, want)
+			}
+		}
+		if last, err := s.LastIndex(); err != nil || last != 6 {
+			t.Fatalf("reopen %d: last index %d (%v), want 6", round, last, err)
+		}
+		if round == 0 {
+			if err := s.DeleteRange(6, 6); err != nil { // and once more, across the reopen
+				t.Fatal(err)
+			}
+			store(3, 6, 6)
+		}
+	}
+	s.Close()
+}
+
+// suffixCleared is a log handler that notes which nodes' Raft cleared a
+// log suffix (a tail truncation of their log store).
+type suffixCleared struct {
+	mu   *sync.Mutex
+	seen map[string]bool
+	node string
+}
+
+func (h suffixCleared) Enabled(context.Context, slog.Level) bool { return true }
+func (h suffixCleared) Handle(_ context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, "clearing log suffix") {
+		h.mu.Lock()
+		h.seen[h.node] = true
+		h.mu.Unlock()
+	}
+	return nil
+}
+func (h suffixCleared) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h suffixCleared) WithGroup(string) slog.Handler      { return h }
+
+// An isolated wal leader appends entries that never commit; the majority
+// elects a new leader, which commits others at those indexes; healed, the
+// old leader's Raft clears that suffix from its log store (a tail
+// truncation), and the node then restarts from its data dir and rejoins.
+// On raft-wal v0.4.0 as released, that restart panicked
+// (TestWALRestartAfterTailTruncation).
+func TestWALRestartAfterLogSuffixCleared(t *testing.T) {
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	c := startClusterOpts(t, local.Options{LogStore: cluster.LogStoreWAL, Tune: func(cfg *cluster.Config) {
+		cfg.Logger = slog.New(suffixCleared{mu: &mu, seen: seen, node: cfg.NodeID})
+	}})
+	li := c.leader()
+	old := c.dial(li)
+	t1 := mustGrant(t, do(t, old, acquireMsg("held", "a", 60, 0)))
+	c.faults.Isolate(c.ID(li), c.IDs())
+	var wg sync.WaitGroup
+	for i := 0; i < 5; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			old.Do(ctx, acquireMsg(fmt.Sprintf("x%d", i), "a", 60, 0)) // appended by the isolated leader only
+		}()
+	}
+	wg.Wait()
+	var ni int
+	testkit.WaitFor(t, "a new leader", 10*time.Second, func() bool {
+		for i := 0; i < c.Size(); i++ {
+			if i != li && c.Node(i).Serving() {
+				ni = i
+				return true
+			}
+		}
+		return false
+	})
+	t2 := mustGrant(t, do(t, c.dial(ni), acquireMsg("fresh", "b", 60, 0)))
+	c.faults.Heal()
+	testkit.WaitFor(t, "the old leader to take the new leader's log", 10*time.Second, func() bool {
+		return c.Node(li).LastToken() >= t2
+	})
+	mu.Lock()
+	cleared := seen[c.ID(li)]
+	mu.Unlock()
+	if !cleared {
+		t.Fatal("the old leader's Raft never cleared a log suffix: the test did not truncate a tail")
+	}
+	if err := c.Stop(li); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Restart(li); err != nil {
+		t.Fatalf("restart after the tail truncation: %v", err)
+	}
+	c.converged("held", locksm.Holder{Owner: "a", Token: t1}, true)
+	c.converged("fresh", locksm.Holder{Owner: "b", Token: t2}, true)
+	lc := c.client()
+	defer lc.close()
+	t3 := mustGrant(t, lc.do(acquireMsg("after", "c", 60, 0)))
+	testkit.WaitFor(t, "the restarted node to apply the next grant", 10*time.Second, func() bool {
+		return c.Node(li).LastToken() == t3
+	})
 }
