@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -32,7 +34,16 @@ func walProcs(t *testing.T) (*localproc.Procs, *sidecar.Broker, context.Context)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(p.Close)
+	t.Cleanup(func() {
+		p.Close()
+		if t.Failed() {
+			for i := 0; i < p.Size(); i++ {
+				b, _ := os.ReadFile(p.LogFile(i))
+				lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+				t.Logf("the last lines of %s's log:\n%s", p.ID(i), strings.Join(lines[max(0, len(lines)-40):], "\n"))
+			}
+		}
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
 	if _, err := p.Leader(ctx); err != nil {
@@ -126,6 +137,18 @@ func settled(t *testing.T, ctx context.Context, p *localproc.Procs, min uint64) 
 	}
 }
 
+// logSuffixesCleared counts the tail truncations in the nodes' logs (Raft's
+// "clearing log suffix"), each of which a restart then had to read back
+// (see TestWALRestartAfterTailTruncation in cluster).
+func logSuffixesCleared(p *localproc.Procs) int {
+	n := 0
+	for i := 0; i < p.Size(); i++ {
+		b, _ := os.ReadFile(p.LogFile(i))
+		n += strings.Count(string(b), "clearing log suffix")
+	}
+	return n
+}
+
 // maxToken is the largest token the load was granted so far.
 func (l *loadRun) maxToken() uint64 {
 	l.mu.Lock()
@@ -188,7 +211,7 @@ func TestWALSIGKILLDuringAppends(t *testing.T) {
 		t.Fatalf("after all three restarted the largest token is %d, not above %d from before", m, seen)
 	}
 	gap := load.finish(t, from, time.Now())
-	t.Logf("longest time without a grant: %v", gap)
+	t.Logf("longest time without a grant: %v; log suffixes cleared: %d", gap, logSuffixesCleared(p))
 	settled(t, ctx, p, load.maxToken())
 	checkHeld(t, ctx, b, held)
 	for i := 0; i < p.Size(); i++ {
@@ -279,7 +302,7 @@ func TestWALTornTail(t *testing.T) {
 	}
 
 	gap := load.finish(t, from, time.Now())
-	t.Logf("longest time without a grant: %v", gap)
+	t.Logf("longest time without a grant: %v; log suffixes cleared: %d", gap, logSuffixesCleared(p))
 	settled(t, ctx, p, load.maxToken())
 	checkHeld(t, ctx, b, held)
 	for i := 0; i < p.Size(); i++ {
