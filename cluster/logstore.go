@@ -240,7 +240,11 @@ func openWAL(dir string, log hclog.Logger) (*walStore, error) {
 // its tail instead: by reading its frames up to the last intact commit
 // frame. The WAL reads it only up to the MaxIndex the truncation recorded
 // (the entries after it, still in the file, are never served), and never
-// appends to it.
+// appends to it. Not repaired here: the same upstream fix also makes a
+// tail truncation wait for a segment rotation still queued (one that
+// raced a 64 MiB segment filling up in the same instant), and #32 rolls an
+// append whose write or fsync failed back (in v0.4.0 later appends then
+// fail until the node restarts).
 type walFiler struct{ *segment.Filer }
 
 // Open implements types.SegmentFiler.
