@@ -52,9 +52,11 @@ test-node: build
 # and worker processes under a seeded nemesis; about 3.5 minutes; README,
 # "Verification"), from the lab, on the freshly built bin/ticketing. Without
 # -race: the harness is timing-sensitive and the race detector would only
-# slow it; under -race the test skips itself.
+# slow it; under -race the test skips itself. VERIFY_NODE_ARGS adds flags to
+# every node: `make test-verify VERIFY_NODE_ARGS="--log-store wal"`.
+VERIFY_NODE_ARGS ?=
 test-verify: build lab
-	cd cmd/ticketlab && $(LAB_ENV) $(GO) test -count=1 -timeout 10m -run '^TestVerifyShort$$' -v .
+	cd cmd/ticketlab && $(LAB_ENV) TICKETING_VERIFY_NODE_ARGS="$(VERIFY_NODE_ARGS)" $(GO) test -count=1 -timeout 10m -run '^TestVerifyShort$$' -v .
 
 # The long form (not part of `make test`): 30 minutes of faults on 5 nodes.
 verify-long: build lab

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -85,10 +86,13 @@ func Bootstrap(cfg Config, opts BootstrapOptions) (BootstrapResult, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return BootstrapResult{}, fmt.Errorf("cluster: data dir: %w", err)
 	}
-	store, err := OpenLogStore(cfg.DataDir)
+	store, err := openLogStore(cfg.DataDir, cfg.LogStore, newHCLogger(cfg.Logger))
 	if err != nil {
-		return BootstrapResult{}, fmt.Errorf("cluster: open %s (is the node running? stop it first): %w",
-			filepath.Join(cfg.DataDir, "raft.db"), err)
+		if errors.Is(err, ErrLogStoreMismatch) || errors.Is(err, ErrLogStoreMissing) || errors.Is(err, ErrBadConfig) {
+			return BootstrapResult{}, err
+		}
+		return BootstrapResult{}, fmt.Errorf("cluster: open the %s log store in %s (is the node running? stop it first): %w",
+			cfg.LogStore, cfg.DataDir, err)
 	}
 	defer store.Close()
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(filepath.Join(cfg.DataDir, "snapshots"), 2, newHCLogger(cfg.Logger))

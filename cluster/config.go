@@ -24,9 +24,17 @@ type Config struct {
 	// NodeID is this node's id, unique in the cluster: 1..64 characters of
 	// [A-Za-z0-9._-]. It is the Raft server id.
 	NodeID string
-	// DataDir holds raft.db (log and stable store) and snapshots/. Created if
+	// DataDir holds the Raft log and stable store (raft.db, or wal/ with
+	// LogStore wal), snapshots/ and the server identity. Created if
 	// missing. Required.
 	DataDir string
+	// LogStore is the Raft log store: LogStoreBolt (raft-boltdb/v2, one
+	// file, two fdatasyncs per append; the design's default) or
+	// LogStoreWAL (hashicorp/raft-wal, segment files, one fsync per
+	// append); see LogStoreKind for what each gives and costs. It is fixed
+	// per data dir: a node refuses a data dir the other kind wrote. Zero:
+	// DefaultLogStore.
+	LogStore LogStoreKind
 	// ClientAddr is the host:port the client port listens on. Ignored when
 	// ClientListener is set.
 	ClientAddr string
@@ -242,6 +250,7 @@ func DefaultConfig() Config {
 		MaxHandshakesPerIP:  DefaultMaxHandshakesPerIP,
 		AuthFailureDelay:    DefaultAuthFailureDelay,
 		AuthFailureDelayMax: DefaultAuthFailureDelayMax,
+		LogStore:            DefaultLogStore,
 	}
 }
 
@@ -285,6 +294,9 @@ func (c Config) Validate() error {
 	}
 	if c.DataDir == "" {
 		return bad("a data dir is required")
+	}
+	if err := c.LogStore.check(); err != nil {
+		return bad("%v", err)
 	}
 	if c.ClientListener == nil && c.ClientAddr == "" {
 		return bad("a client address is required")

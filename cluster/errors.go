@@ -26,6 +26,12 @@ var (
 	ErrSecretFile = errors.New("cluster: secret file")
 	// ErrClosing: the node was closed before Raft answered.
 	ErrClosing = errors.New("cluster: node closing")
+	// ErrLogStoreMismatch: the data dir holds a log store of another kind
+	// than the one asked for (Config.LogStore, --log-store), or both kinds.
+	ErrLogStoreMismatch = errors.New("cluster: the data dir holds another log store")
+	// ErrLogStoreMissing: the data dir has a server identity but no log
+	// store: its log, term and vote were lost.
+	ErrLogStoreMissing = errors.New("cluster: the data dir lost its log store")
 
 	// Membership changes (members.go). These are the sentinels of the
 	// admin reply codes, which cluster/wire owns (adminCodeTable there):

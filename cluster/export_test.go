@@ -47,3 +47,6 @@ func ConfigHistory(n *Node) ([]ConfigEntry, error) {
 	}
 	return out, nil
 }
+
+// LogFirstIndex is the first index in node n's log store (tests only).
+func LogFirstIndex(n *Node) (uint64, error) { return n.store.FirstIndex() }

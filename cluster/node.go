@@ -1,5 +1,6 @@
 // Package cluster is a Ticketing cluster node: hashicorp/raft with
-// raft-boltdb/v2 and a file snapshot store around the locksm state machine,
+// raft-boltdb/v2 (or hashicorp/raft-wal, Config.LogStore) and a file
+// snapshot store around the locksm state machine,
 // the authenticated peer transport, and the client port that serves the
 // protocol of cluster/wire/PROTOCOL.md. Only the leader serves lock requests; it
 // stamps time into commands, runs the lease and wait timers, and replies to
@@ -26,8 +27,6 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
-	"go.etcd.io/bbolt"
 
 	"ticketing/cluster/leader"
 	"ticketing/locksm"
@@ -45,7 +44,7 @@ type Node struct {
 	fsm       *fsm
 	transport *raft.NetworkTransport
 	peers     *peerLayer
-	store     *raftboltdb.BoltStore
+	store     LogStore
 	snaps     raft.SnapshotStore
 	clientLn  net.Listener
 	adminLn   net.Listener // nil: no admin port
@@ -139,10 +138,13 @@ func (n *Node) start() error {
 		return fmt.Errorf("cluster: data dir: %w", err)
 	}
 	hlog := newHCLogger(n.log)
-	store, err := OpenLogStore(cfg.DataDir)
+	store, err := openLogStore(cfg.DataDir, cfg.LogStore, hlog)
 	if err != nil {
-		return fmt.Errorf("cluster: open %s (is another node using this data dir?): %w",
-			filepath.Join(cfg.DataDir, "raft.db"), err)
+		if errors.Is(err, ErrLogStoreMismatch) || errors.Is(err, ErrLogStoreMissing) || errors.Is(err, ErrBadConfig) {
+			return err
+		}
+		return fmt.Errorf("cluster: open the %s log store in %s (is another node using this data dir?): %w",
+			cfg.LogStore, cfg.DataDir, err)
 	}
 	n.store = store
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(filepath.Join(cfg.DataDir, "snapshots"), 2, hlog)
@@ -259,7 +261,8 @@ func (n *Node) start() error {
 		n.wg.Add(1)
 		go n.acceptAdmin()
 	}
-	n.log.Info("node started", "client", n.advertise, "peer", string(n.peers.advertise), "cluster", cfg.ClusterID)
+	n.log.Info("node started", "client", n.advertise, "peer", string(n.peers.advertise), "cluster", cfg.ClusterID,
+		"log_store", string(cfg.LogStore))
 	return nil
 }
 
@@ -806,30 +809,10 @@ func newHCLogger(log *slog.Logger) hclog.Logger {
 	})
 }
 
-// boltOptions are the options of the Raft log store (raft-boltdb/v2 over
-// bbolt). Every commit syncs: durability is not tunable. (NoFreelistSync
-// with the hash-map free list, as etcd uses, made no measurable difference
-// to append latency here: 1.4–1.8 ms per StoreLogs either way at 64
-// clients, so the defaults stay.)
-func boltOptions() *bbolt.Options {
-	return &bbolt.Options{Timeout: 2 * time.Second}
-}
-
-// OpenLogStore opens (creating if need be) the Raft log and stable store of
-// a node's data directory, with the options a node uses. Nodes and
-// bootstrap use it; so does `ticketing bench disk`, which measures what one
-// durable append costs on a disk.
-func OpenLogStore(dataDir string) (*raftboltdb.BoltStore, error) {
-	return raftboltdb.New(raftboltdb.Options{
-		Path:        filepath.Join(dataDir, "raft.db"),
-		BoltOptions: boltOptions(),
-	})
-}
-
 // logCacheEntries is how many of the newest log entries the leader keeps in
 // memory for replication (raft.LogCache). Steady-state pipelined
 // replication only reads the last few; a follower further behind reads from
-// bolt. An entry carries at most locksm.MaxBatch commands, so the worst
+// the log store. An entry carries at most locksm.MaxBatch commands, so the worst
 // case is 128 full batches (tens of MiB); the usual entry is a few KiB.
 const logCacheEntries = 128
 

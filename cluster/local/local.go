@@ -1,5 +1,5 @@
 // Package local runs a whole Ticketing cluster inside one process on
-// loopback: real cluster.Nodes with real Raft, real TCP and real bolt files.
+// loopback: real cluster.Nodes with real Raft, real TCP and real log files.
 // It backs `ticketing dev` and the tests that need a cluster. (A cluster of
 // node processes is cluster/localproc, which the binary does not link.)
 package local
@@ -44,6 +44,10 @@ type Options struct {
 	// PeerNet is shared by every node's peer transport (tests plug a
 	// netfault.Network in here); nil: plain TCP.
 	PeerNet cluster.PeerNet
+	// LogStore is every node's Raft log store (cluster.Config.LogStore);
+	// "": the default. A Dir that holds a cluster must be started with
+	// the kind it was created with (the nodes refuse another).
+	LogStore cluster.LogStoreKind
 	// Tune, when set, adjusts each node's config before it starts.
 	Tune func(*cluster.Config)
 	// AdminSecret, when set, gives every node an admin port (at
@@ -216,6 +220,9 @@ func Start(opts Options) (*Cluster, error) {
 		cfg.PeerSecret = peerSecret
 		cfg.Logger = opts.Logger
 		cfg.PeerNet = opts.PeerNet
+		if opts.LogStore != "" {
+			cfg.LogStore = opts.LogStore
+		}
 		if f, ok := nodeTLS[cfg.NodeID]; ok {
 			if cfg.ClientTLS, err = tlsconf.ServerConfig(f, false); err == nil {
 				cfg.PeerTLS, err = tlsconf.PeerConfig(f)
@@ -304,6 +311,12 @@ type nodeAddrs struct{ client, peer, admin string }
 func HasCluster(dir string) bool {
 	_, err := os.Stat(filepath.Join(dir, addrsFile))
 	return err == nil
+}
+
+// LogStoreOf reports which log store the cluster in dir was created with
+// (its first node's, cluster.DetectLogStore); "" when dir holds none.
+func LogStoreOf(dir string) (cluster.LogStoreKind, error) {
+	return cluster.DetectLogStore(filepath.Join(dir, "n1"))
 }
 
 func readAddrs(dir string) ([]nodeAddrs, error) {

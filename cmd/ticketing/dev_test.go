@@ -102,3 +102,28 @@ func shortDir(t *testing.T) string {
 	t.Cleanup(func() { os.RemoveAll(d) })
 	return d
 }
+
+// `dev --log-store wal` runs its nodes on raft-wal; a restart of its --dir
+// keeps that store without the flag, and --log-store bolt on it is refused
+// with the flag that opens it.
+func TestDevOnTheWALStore(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "d")
+	sockDir := shortDir(t)
+	args := []string{"--base-port", "0", "--dir", dir, "--socket", filepath.Join(sockDir, "s")}
+	if _, errs := runDevUntilReady(t, append(args, "--log-store", "wal")...); strings.Contains(errs, "level=ERROR") {
+		t.Errorf("dev --log-store wal logged errors:\n%s", errs)
+	}
+	for _, n := range []string{"n1", "n2", "n3"} {
+		if fi, err := os.Stat(filepath.Join(dir, n, "wal")); err != nil || !fi.IsDir() {
+			t.Fatalf("%s: no wal dir: %v", n, err)
+		}
+		if _, err := os.Stat(filepath.Join(dir, n, "raft.db")); err == nil {
+			t.Fatalf("%s: a raft.db beside the wal", n)
+		}
+	}
+	runDevUntilReady(t, "--dir", dir, "--socket", filepath.Join(sockDir, "s"))
+	out, err := exec.Command(binary, "dev", "--dir", dir, "--socket", filepath.Join(sockDir, "s"), "--log-store", "bolt").CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), "start it with --log-store wal") {
+		t.Fatalf("dev --log-store bolt on a wal cluster: %v\n%s", err, out)
+	}
+}

@@ -40,6 +40,10 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs.StringVar(&out, "out", "", "output directory: history, summary, logs, data dirs (default: a new temporary directory)")
 	fs.BoolVar(&cfg.Wipe, "wipe", false, "also wipe nodes' data dirs and restart them at their old addresses (they come back as new servers that cannot vote under the old ids; a wiped majority stops the cluster)")
 	fs.BoolVar(&cfg.ReplaceAll, "replace-all", false, "instead of random faults, replace every node in turn (disk lost, new server swapped in through the admin port)")
+	fs.Func("node-args", "extra flags for every node and the bootstrap, space separated (e.g. \"--log-store wal\")", func(v string) error {
+		cfg.NodeArgs = strings.Fields(v)
+		return nil
+	})
 	fs.DurationVar(&cfg.RecoveryBound, "recovery-bound", 5*time.Second, "grants must resume within this after the final heal")
 	fs.StringVar(&level, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&format, "log-format", "text", "log format: text or json")

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,7 +20,9 @@ import (
 // `ticketlab verify --seed S --nodes N --duration D`. The nodes and
 // sidecars are this module's `ticketlab node|sidecar`, the cluster is
 // bootstrapped by the ticketing binary under test ($TICKETING_BIN, which
-// make sets to the freshly built bin/ticketing).
+// make sets to the freshly built bin/ticketing). $TICKETING_VERIFY_NODE_ARGS
+// adds flags to every node (`make test-verify VERIFY_NODE_ARGS="--log-store
+// wal"` runs it on the wal log store).
 func TestVerifyShort(t *testing.T) {
 	if raceEnabled && os.Getenv("TICKETING_VERIFY_RACE") == "" {
 		t.Skip("the short verification runs in `make test-verify`, without -race (set TICKETING_VERIFY_RACE=1 to run it here)")
@@ -66,6 +69,7 @@ func TestVerifyShort(t *testing.T) {
 			defer cancel()
 			res, err := verify.Run(ctx, verify.Config{
 				Binary: binary, Lab: lab, Dir: dir, Nodes: tc.nodes, Seed: tc.seed, Duration: tc.dur, Wipe: tc.wipe, Logger: log,
+				NodeArgs: strings.Fields(os.Getenv("TICKETING_VERIFY_NODE_ARGS")),
 			})
 			if err != nil {
 				t.Fatal(err)

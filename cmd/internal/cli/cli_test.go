@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"ticketing/cluster"
 )
 
 func secretFile(t *testing.T, dir, name string) string {
@@ -87,7 +89,49 @@ func TestBootstrapNeedsNewDomain(t *testing.T) {
 	if code != ExitUsage || !strings.Contains(errb.String(), "--new-domain") {
 		t.Fatalf("bootstrap without --new-domain: exit %d, stderr %q", code, errb.String())
 	}
-	if _, err := os.Stat(filepath.Join(dir, "d", "raft.db")); err == nil {
-		t.Fatal("bootstrap without --new-domain touched the data dir")
+	for _, f := range []string{"raft.db", "wal"} {
+		if _, err := os.Stat(filepath.Join(dir, "d", f)); err == nil {
+			t.Fatal("bootstrap without --new-domain touched the data dir")
+		}
+	}
+}
+
+// A node or bootstrap never opens a data dir with the other log store: the
+// refusal names the --log-store that opens it. Only bolt and wal exist.
+func TestNodeRefusesTheOtherLogStore(t *testing.T) {
+	dir := t.TempDir()
+	sec, peer := secretFile(t, dir, "c.secret"), secretFile(t, dir, "p.secret")
+	os.WriteFile(peer, []byte("fedcba9876543210fedcba9876543210\n"), 0o600)
+	for _, tc := range []struct {
+		cmd, wrote string
+		flags      []string
+	}{
+		{"node", "bolt", []string{"--log-store", "wal"}},
+		{"bootstrap", "wal", []string{"--new-domain"}},
+		{"node", "wal", []string{"--log-store", "bolt"}},
+	} {
+		data := filepath.Join(t.TempDir(), "d")
+		os.Mkdir(data, 0o700)
+		s, err := cluster.OpenLogStore(data, cluster.LogStoreKind(tc.wrote))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+		var out, errb bytes.Buffer
+		code := Main(append([]string{tc.cmd, "--id", "n1", "--data-dir", data,
+			"--client-addr", "127.0.0.1:0", "--peer-addr", "127.0.0.1:7501",
+			"--peers", "n1=127.0.0.1:7501,n2=127.0.0.1:7502,n3=127.0.0.1:7503",
+			"--secret-file", sec, "--peer-secret-file", peer}, tc.flags...), &out, &errb)
+		if want := "start it with --log-store " + tc.wrote; code != ExitError || !strings.Contains(errb.String(), want) {
+			t.Errorf("%s %v on a %s data dir: exit %d, stderr %q; want exit 1 saying %q", tc.cmd, tc.flags, tc.wrote, code, errb.String(), want)
+		}
+		if _, err := os.Stat(filepath.Join(data, "identity")); err == nil {
+			t.Errorf("%s %v on a %s data dir created an identity", tc.cmd, tc.flags, tc.wrote)
+		}
+	}
+	var out, errb bytes.Buffer
+	code := Main([]string{"node", "--log-store", "lsm"}, &out, &errb)
+	if code != ExitUsage || !strings.Contains(errb.String(), "want bolt or wal") {
+		t.Errorf("--log-store lsm: exit %d, stderr %q", code, errb.String())
 	}
 }

@@ -13,13 +13,14 @@ import (
 	"time"
 
 	ticketing "ticketing/clients/go"
+	"ticketing/cluster"
 	"ticketing/cluster/local"
 	"ticketing/sidecar"
 	"ticketing/unixapi"
 )
 
 func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newCmdFlags("ticketing dev", "ticketing dev [--dir DIR] [--socket PATH] [--base-port N] [--nodes 3|5] [--plaintext]",
+	fs := newCmdFlags("ticketing dev", "ticketing dev [--dir DIR] [--socket PATH] [--base-port N] [--nodes 3|5] [--plaintext] [--log-store bolt|wal]",
 		"Runs a real cluster of 3 (or 5) nodes on loopback in this process, with a sidecar\n"+
 			"serving the unix socket, prints their addresses, the client secret file, the CA\n"+
 			"and a ready line, and runs until Ctrl-C (SIGINT) or SIGTERM.", stdout, stderr)
@@ -29,6 +30,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		basePort int
 		nodes    int
 		plain    bool
+		store    = cluster.DefaultLogStore
 		logs     logFlags
 	)
 	fs.StringVar(&dir, "dir", "", "directory for the nodes' data and secrets (default: a new temporary directory, removed on exit)")
@@ -37,6 +39,8 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		"A --dir that holds a cluster keeps the ports it was created with (saved in DIR/addrs); another --base-port is refused")
 	fs.IntVar(&nodes, "nodes", 3, "number of nodes: 3 or 5")
 	fs.BoolVar(&plain, "plaintext", false, "run the ports without TLS (default: TLS with a throwaway CA in DIR/tls)")
+	fs.Var(&store, "log-store", "the nodes' Raft log store `KIND`: bolt or wal (ticketing node's --log-store). A --dir that holds a cluster "+
+		"keeps the store it was created with; another --log-store is refused")
 	logs.register(fs.FlagSet, "warn")
 	if code, ok := fs.parse(args); !ok {
 		return code
@@ -51,10 +55,15 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return fs.bad("--base-port %d: want 0 (free ports) or 1..65335", basePort)
 	}
 	log, _ := logs.logger(stderr)
-	given := false
-	fs.Visit(func(f *flag.Flag) { given = given || f.Name == "base-port" })
-	if dir != "" && !given && local.HasCluster(dir) {
-		basePort = 0 // the ports the cluster in dir was created with
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	if dir != "" && local.HasCluster(dir) {
+		if !given["base-port"] {
+			basePort = 0 // the ports the cluster in dir was created with
+		}
+		if k, err := local.LogStoreOf(dir); err == nil && k != "" && !given["log-store"] {
+			store = k // the store the cluster in dir was created with
+		}
 	}
 	var err error
 	if dir == "" {
@@ -68,7 +77,8 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	// The nodes log through devLogs, which keeps the expected warnings of
 	// starting and stopping them quiet.
 	nodeLogs := newDevLogs(log.Handler())
-	c, err := local.Start(local.Options{Dir: dir, Nodes: nodes, BasePort: basePort, Logger: slog.New(nodeLogs), TLS: !plain})
+	c, err := local.Start(local.Options{Dir: dir, Nodes: nodes, BasePort: basePort, Logger: slog.New(nodeLogs), TLS: !plain,
+		LogStore: store})
 	if err != nil {
 		nodeLogs.failed()
 		fmt.Fprintln(stderr, "ticketing dev:", err)

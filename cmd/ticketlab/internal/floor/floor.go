@@ -4,9 +4,9 @@
 // loopback TCP, Library). `ticketlab bench disk` and `ticketlab compare`
 // print them; a server's figures are read against them.
 //
-// The log store is raft-boltdb/v2 opened as a node opens it
-// (cluster.OpenLogStore, the default) or github.com/hashicorp/raft-wal
-// (one fsync per append), the two `ticketing node --log-store` choices.
+// The log store is either of the two `ticketing node --log-store` choices,
+// raft-boltdb/v2 (the default) or github.com/hashicorp/raft-wal (one fsync
+// per append), opened as a node opens it (cluster.OpenLogStore).
 package floor
 
 import (
@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
-	wal "github.com/hashicorp/raft-wal"
 
 	"ticketing/cluster"
 )
@@ -47,22 +46,15 @@ func Open(kind, dir string) (Store, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	switch kind {
-	case Bolt:
-		s, err := cluster.OpenLogStore(dir)
-		if err != nil {
-			return nil, fmt.Errorf("floor: bolt store in %s: %w", dir, err)
-		}
-		return s, nil
-	case WAL:
-		s, err := wal.Open(dir)
-		if err != nil {
-			return nil, fmt.Errorf("floor: wal store in %s: %w", dir, err)
-		}
-		return s, nil
-	default:
-		return nil, fmt.Errorf("floor: unknown log store %q (known: bolt, wal)", kind)
+	if err := CheckKind(kind); err != nil {
+		return nil, fmt.Errorf("floor: %w", err)
 	}
+	// The node's own opening, options included.
+	s, err := cluster.OpenLogStore(dir, cluster.LogStoreKind(kind))
+	if err != nil {
+		return nil, fmt.Errorf("floor: %s store in %s: %w", kind, dir, err)
+	}
+	return s, nil
 }
 
 // CheckKind reports whether kind is one of LogStores.

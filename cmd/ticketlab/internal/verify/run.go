@@ -79,6 +79,9 @@ type Config struct {
 	Quiet time.Duration
 	// LinearizeTimeout bounds porcupine. Default 2 min.
 	LinearizeTimeout time.Duration
+	// NodeArgs are extra flags for every node (and for the `ticketing
+	// bootstrap` that creates the cluster), e.g. --log-store wal.
+	NodeArgs []string
 	// Logger receives progress lines; nil discards them.
 	Logger *slog.Logger
 }
@@ -185,7 +188,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	os.RemoveAll(clusterDir)
 	p, err := localproc.Start(localproc.Options{
 		Binary: cfg.Binary, Dir: clusterDir, Nodes: cfg.Nodes, ClusterID: "verify",
-		Sidecars: cfg.Sidecars, SocketDir: sockDir,
+		Sidecars: cfg.Sidecars, SocketDir: sockDir, ExtraArgs: cfg.NodeArgs,
 		Command: func(name string, args []string) (string, []string) {
 			return cfg.Lab, append([]string{args[0], "--fault-file", faultFile(clusterDir, name)}, args[1:]...)
 		},
@@ -434,6 +437,9 @@ func (r *Result) Summary() string {
 	c := r.Config
 	fmt.Fprintf(&b, "ticketlab verify: seed %d, %d nodes, %d sidecars, %d workers + %d worker processes, %d keys, nemesis %v (run %v)\n",
 		c.Seed, c.Nodes, c.Sidecars, c.Workers, c.ProcWorkers, c.Keys, c.Duration, r.Elapsed.Round(time.Second))
+	if len(c.NodeArgs) > 0 {
+		fmt.Fprintf(&b, "node flags: %s\n", strings.Join(c.NodeArgs, " "))
+	}
 	total := 0
 	var kinds []string
 	for k, n := range r.Ops {
@@ -532,6 +538,9 @@ func (r *Result) Summary() string {
 	}
 	if c.ReplaceAll {
 		wipe += " --replace-all"
+	}
+	if len(c.NodeArgs) > 0 {
+		wipe += fmt.Sprintf(" --node-args %q", strings.Join(c.NodeArgs, " "))
 	}
 	fmt.Fprintf(&b, "replay: ticketlab verify --seed %d --nodes %d --duration %v --workers %d%s\n", c.Seed, c.Nodes, c.Duration, c.Workers, wipe)
 	return b.String()
