@@ -31,7 +31,9 @@ type HandOverOptions struct {
 	// HandOvers is how many planned hand-overs of the leader to make.
 	HandOvers int
 	// Mode: "term" (SIGTERM to the leader process, which is then started
-	// again), "replace" (members replace LEADER SPARE: learner, promote,
+	// again), "kill" (SIGKILL instead: a crash, not a hand-over; the
+	// others elect a leader after the election timeout, and the longest
+	// pause is the failover as the clients see it), "replace" (members replace LEADER SPARE: learner, promote,
 	// remove, the leader handing over), or "remove" (a spare is added and
 	// promoted first, outside the measurement; then members remove
 	// LEADER). After a replace or remove the old leader is stopped, wiped
@@ -120,11 +122,11 @@ func (s *roundStats) finish(at time.Time) HandOverRound {
 func RunHandOvers(ctx context.Context, o HandOverOptions) ([]HandOverRound, error) {
 	nodes := 3
 	switch o.Mode {
-	case "term":
+	case "term", "kill":
 	case "replace", "remove":
 		nodes = 4 // one spare server
 	default:
-		return nil, fmt.Errorf("mode %q: want term, replace or remove", o.Mode)
+		return nil, fmt.Errorf("mode %q: want term, kill, replace or remove", o.Mode)
 	}
 	if o.Clients < 1 || o.HandOvers < 1 {
 		return nil, fmt.Errorf("want at least one client and one hand-over")
@@ -238,6 +240,8 @@ func RunHandOvers(ctx context.Context, o HandOverOptions) ([]HandOverRound, erro
 			switch o.Mode {
 			case "term":
 				acted <- p.Signal(li, syscall.SIGTERM) // returns once it exited
+			case "kill":
+				acted <- p.Signal(li, syscall.SIGKILL)
 			case "replace":
 				acted <- admin.Replace(ctx, from, spareID, p.PeerAddr(spare), nil)
 			case "remove":
@@ -273,7 +277,7 @@ func RunHandOvers(ctx context.Context, o HandOverOptions) ([]HandOverRound, erro
 			fmt.Fprintln(o.Out, r)
 		}
 		switch o.Mode {
-		case "term":
+		case "term", "kill":
 			if err := p.Start(li); err != nil {
 				return rounds, err
 			}

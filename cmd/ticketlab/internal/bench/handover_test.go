@@ -51,3 +51,29 @@ func TestPlannedHandOversAreQuiet(t *testing.T) {
 		}
 	}
 }
+
+// --mode kill crashes the leader instead of handing over: another node
+// takes over, the clients carry on after it (the round's longest pause is
+// the failover as they saw it), and the killed node comes back.
+func TestKillModeMeasuresTheFailover(t *testing.T) {
+	binary, cleanup, err := labtest.Ticketing()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cleanup()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	rounds, err := RunHandOvers(ctx, HandOverOptions{Binary: binary, Dir: t.TempDir(), Clients: 8, HandOvers: 2, Mode: "kill"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rounds) != 2 {
+		t.Fatalf("%d rounds, want 2", len(rounds))
+	}
+	for _, r := range rounds {
+		t.Log(r)
+		if r.OK == 0 || r.From == r.To || r.To == "" || r.LongestPause <= 0 {
+			t.Errorf("kill %d: %v", r.N, r)
+		}
+	}
+}

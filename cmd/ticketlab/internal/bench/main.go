@@ -172,13 +172,13 @@ func setupHandover(fs *flag.FlagSet, e *env) func(context.Context) error {
 	o := HandOverOptions{}
 	fs.IntVar(&o.Clients, "clients", 16, "unix-socket clients through the sidecar")
 	fs.IntVar(&o.HandOvers, "handovers", 10, "number of planned hand-overs of the leader")
-	fs.StringVar(&o.Mode, "mode", "term", "term (SIGTERM to the leader), replace (members replace of the leader by a spare) or remove (members remove of the leader, after promoting a spare)")
+	fs.StringVar(&o.Mode, "mode", "term", "term (SIGTERM to the leader), kill (SIGKILL to the leader: a crash; the longest pause is the failover the clients see), replace (members replace of the leader by a spare) or remove (members remove of the leader, after promoting a spare)")
 	fs.BoolVar(&o.Contended, "contended", false, "every client on one key (its waiters queue at the leader); default one key each")
 	return func(ctx context.Context) error {
 		switch o.Mode {
-		case "term", "replace", "remove":
+		case "term", "kill", "replace", "remove":
 		default:
-			return usageError(fmt.Sprintf("--mode %q: want term, replace or remove", o.Mode))
+			return usageError(fmt.Sprintf("--mode %q: want term, kill, replace or remove", o.Mode))
 		}
 		o.Binary, o.Dir, o.TLS, o.Out = *e.cl.binary, e.dir, e.cl.tls, e.stdout
 		rounds, err := RunHandOvers(ctx, o)
