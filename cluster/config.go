@@ -107,6 +107,12 @@ type Config struct {
 	// MaxAppendEntries is the most log entries in one AppendEntries RPC.
 	// Zero: DefaultMaxAppendEntries.
 	MaxAppendEntries int
+	// ProposeLinger is the longest the leader holds back a batch made only
+	// of acquires that will join a queue (their key is held, and each may
+	// wait), waiting for a command someone waits on to go in the same log
+	// entry; anything else is proposed at once. Zero:
+	// DefaultProposeLinger; negative: never hold back.
+	ProposeLinger time.Duration
 	// SnapshotThreshold is how many log entries after the last snapshot
 	// trigger a new one; SnapshotInterval how often that is checked;
 	// TrailingLogs how many entries a snapshot leaves in the log. Zero:
@@ -202,11 +208,21 @@ type Config struct {
 // MaxInFlightPerConn (4096) bounds only work about to commit: acquires, and
 // as many releases, whose own command is not applied yet.
 const (
-	DefaultHeartbeatTimeout    = 800 * time.Millisecond
-	DefaultElectionTimeout     = 800 * time.Millisecond
-	DefaultLeaderLeaseTimeout  = 500 * time.Millisecond
-	DefaultCommitTimeout       = 20 * time.Millisecond
-	DefaultMaxAppendEntries    = 256
+	DefaultHeartbeatTimeout   = 800 * time.Millisecond
+	DefaultElectionTimeout    = 800 * time.Millisecond
+	DefaultLeaderLeaseTimeout = 500 * time.Millisecond
+	DefaultCommitTimeout      = 20 * time.Millisecond
+	DefaultMaxAppendEntries   = 256
+	// DefaultProposeLinger is ProposeLinger's default. On a hot key every
+	// hand-off's commit grants the next holder and answers the last, who
+	// at once asks again: that acquire (it will queue) reached the leader
+	// just before the new holder's release and took a log entry of its
+	// own, so the release waited a leader append behind it. Held back,
+	// both go in one entry. Measured on the 2-core machine (ticketlab
+	// compare, 64 clients on one key through a sidecar, alternating runs):
+	// bolt 483–499 → 558–566 hand-offs/s, wal 815–847 → 875–918, FIFO
+	// 100 % throughout; uncontended throughput unchanged.
+	DefaultProposeLinger       = 2 * time.Millisecond
 	DefaultSnapshotThreshold   = 16384
 	DefaultSnapshotInterval    = 30 * time.Second
 	DefaultTrailingLogs        = 10240
@@ -235,6 +251,7 @@ func DefaultConfig() Config {
 		LeaderLeaseTimeout:  DefaultLeaderLeaseTimeout,
 		CommitTimeout:       DefaultCommitTimeout,
 		MaxAppendEntries:    DefaultMaxAppendEntries,
+		ProposeLinger:       DefaultProposeLinger,
 		SnapshotThreshold:   DefaultSnapshotThreshold,
 		SnapshotInterval:    DefaultSnapshotInterval,
 		TrailingLogs:        DefaultTrailingLogs,

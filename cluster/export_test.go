@@ -50,3 +50,23 @@ func ConfigHistory(n *Node) ([]ConfigEntry, error) {
 
 // LogFirstIndex is the first index in node n's log store (tests only).
 func LogFirstIndex(n *Node) (uint64, error) { return n.store.FirstIndex() }
+
+// LockBatchEntries counts the lock-command entries (batches) in node n's
+// log after index from (tests only).
+func LockBatchEntries(n *Node, from uint64) (int, error) {
+	last, err := n.store.LastIndex()
+	if err != nil {
+		return 0, err
+	}
+	count := 0
+	for i := from + 1; i <= last; i++ {
+		var l raft.Log
+		if err := n.store.GetLog(i, &l); err != nil {
+			return 0, err
+		}
+		if l.Type == raft.LogCommand && len(l.Data) > 0 && l.Data[0] == entryLockBatch {
+			count++
+		}
+	}
+	return count, nil
+}

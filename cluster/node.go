@@ -57,11 +57,18 @@ type Node struct {
 	// the leader's own housekeeping (cancelled waits, expiries,
 	// compensating releases); see nextBatchLocked for how a batch is
 	// filled from the two.
-	propMu   sync.Mutex
-	propQ    []locksm.Command
-	houseQ   []locksm.Command
-	propWake chan struct{}
-	futures  chan batchFuture
+	propMu sync.Mutex
+	propQ  []locksm.Command
+	houseQ []locksm.Command
+	// propUrgent counts the commands in propQ that someone waits on now
+	// (all but acquires that will join a queue, see deferrable), while
+	// propQ has not been emptied; propSince is when propQ last went from
+	// empty to not. A queue of deferrable commands only lingers (see
+	// proposeLoop).
+	propUrgent int
+	propSince  time.Time
+	propWake   chan struct{}
+	futures    chan batchFuture
 	// addrWake asks the member-address check to run now (memberaddrs.go).
 	addrWake chan struct{}
 	// slots bounds the batches proposed but not yet applied. While they
@@ -570,16 +577,27 @@ func (n *Node) performLocked() {
 
 // ---- proposing ----
 
-// propose queues commands for the next batch. Never blocks.
+// propose queues commands for the next batch. Never blocks. Requires n.mu
+// (it reads the lock table, fsm.mu, after it).
 func (n *Node) propose(cs ...locksm.Command) {
+	urgent := 0
+	for _, c := range cs {
+		if !housekeeping(c) && !n.deferrable(c) {
+			urgent++
+		}
+	}
 	n.propMu.Lock()
 	for _, c := range cs {
 		if housekeeping(c) {
 			n.houseQ = append(n.houseQ, c)
-		} else {
-			n.propQ = append(n.propQ, c)
+			continue
 		}
+		if len(n.propQ) == 0 {
+			n.propSince = time.Now()
+		}
+		n.propQ = append(n.propQ, c)
 	}
+	n.propUrgent += urgent
 	n.propMu.Unlock()
 	select {
 	case n.propWake <- struct{}{}:
@@ -600,14 +618,33 @@ func housekeeping(c locksm.Command) bool {
 	return true
 }
 
+// deferrable reports whether c is an acquire that will join its key's
+// queue (it may wait, and the key is held now): its only answer before its
+// turn is the Q frame, so nothing is lost if it waits for the next
+// command someone does wait on. Requires n.mu.
+func (n *Node) deferrable(c locksm.Command) bool {
+	if c.Op != locksm.OpAcquire || c.WaitMs == 0 {
+		return false
+	}
+	held, _, _ := n.fsm.Occupancy(c.Key)
+	return held
+}
+
 // proposeLoop proposes one batch per free slot (group commit: one entry,
 // one fsync, one replication round for many clients), filled by
-// nextBatchLocked, until the node closes.
+// nextBatchLocked, until the node closes. A queue holding only
+// deferrable acquires lingers up to Config.ProposeLinger first.
 func (n *Node) proposeLoop() {
 	defer n.wg.Done()
+	linger := time.NewTimer(time.Hour)
+	linger.Stop()
 	for {
 		n.propMu.Lock()
 		idle := len(n.propQ) == 0 && len(n.houseQ) == 0
+		var wait time.Duration
+		if !idle && len(n.houseQ) == 0 && n.propUrgent == 0 && len(n.propQ) < locksm.MaxBatch {
+			wait = n.cfg.ProposeLinger - time.Since(n.propSince)
+		}
 		n.propMu.Unlock()
 		if idle {
 			select {
@@ -615,6 +652,17 @@ func (n *Node) proposeLoop() {
 			case <-n.closing:
 				return
 			}
+			continue
+		}
+		if wait > 0 {
+			linger.Reset(wait)
+			select {
+			case <-n.propWake:
+			case <-linger.C:
+			case <-n.closing:
+				return
+			}
+			linger.Stop()
 			continue
 		}
 		select {
@@ -660,6 +708,9 @@ func (n *Node) nextBatchLocked() []locksm.Command {
 	batch = append(batch, n.propQ[:reqs]...)
 	n.houseQ = dropFront(n.houseQ, house)
 	n.propQ = dropFront(n.propQ, reqs)
+	if len(n.propQ) == 0 {
+		n.propUrgent = 0
+	}
 	return batch
 }
 
