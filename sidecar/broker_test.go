@@ -598,6 +598,20 @@ func TestBrokerRefusesASecondFencingDomain(t *testing.T) {
 	if a.Domain == "" || b2.Domain == "" || a.Domain == b2.Domain {
 		t.Fatalf("domains %q and %q", a.Domain, b2.Domain)
 	}
+	// Every node names its domain only once it applied the entry that
+	// set it; until then a broker pinned to the domain refuses it and
+	// backs off (up to 3.2 s between attempts), which under a loaded CI
+	// outlasted the wait for A's three connections below.
+	for _, c := range []*local.Cluster{a, b2} {
+		testkit.WaitFor(t, "every node to know its domain", 20*time.Second, func() bool {
+			for i := 0; i < c.Size(); i++ {
+				if c.Node(i).Domain() != c.Domain {
+					return false
+				}
+			}
+			return true
+		})
+	}
 
 	// Pinned to A's domain by config: B's nodes are refused at the handshake.
 	dials := newDialLog()
