@@ -157,10 +157,14 @@ func RunHandOvers(ctx context.Context, o HandOverOptions) ([]HandOverRound, erro
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			key := fmt.Sprintf("handover/%d", i)
-			if o.Contended {
-				key = "handover/hot"
+			gen := 0
+			keyOf := func() string {
+				if o.Contended {
+					return "handover/hot"
+				}
+				return fmt.Sprintf("handover/%d/%d", i, gen)
 			}
+			key := keyOf()
 			var c *ticketing.Client
 			defer func() {
 				if c != nil {
@@ -187,7 +191,20 @@ func RunHandOvers(ctx context.Context, o HandOverOptions) ([]HandOverRound, erro
 				if rs := cur.Load(); rs != nil {
 					rs.record(err, time.Now())
 				}
-				if errors.Is(err, ticketing.ErrClosed) || errors.Is(err, ticketing.ErrProtocol) {
+				switch {
+				case errors.Is(err, ticketing.ErrIndeterminate) && !o.Contended:
+					// The lock may be held by this session still (an
+					// acquire granted unseen, a release that did not
+					// happen) until its lease ends: like an application
+					// that cannot tell, start over on a new connection
+					// (the sidecar releases what the old one held) and a
+					// new key, instead of waiting on its own lock (which
+					// made every later round of --mode kill look stalled).
+					c.Close()
+					c = nil
+					gen++
+					key = keyOf()
+				case errors.Is(err, ticketing.ErrClosed) || errors.Is(err, ticketing.ErrProtocol):
 					c.Close()
 					c = nil
 				}
