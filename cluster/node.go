@@ -241,13 +241,17 @@ func (n *Node) start() error {
 	if err != nil {
 		return fmt.Errorf("cluster: log cache: %w", err)
 	}
+	// Before Raft starts: its FSM goroutine applies committed entries at
+	// once (a restart replays them), and each apply runs performLocked,
+	// which reads n.timers (the race detector caught the assignment after
+	// NewRaft racing a restarted node's first applies).
+	n.timers = newTimerQueue(n.timerDue)
 	r, err := raft.NewRaft(rc, n.fsm, logs, store, snaps, n.transport)
 	if err != nil {
 		return fmt.Errorf("cluster: start raft: %w", err)
 	}
 	n.raft = r
 	n.raftStarted.Store(r)
-	n.timers = newTimerQueue(n.timerDue)
 
 	if cfg.ClientTLS == nil {
 		n.log.Warn("PLAINTEXT CLIENT PORT: lock traffic (keys, owners, tokens) travels unencrypted and unauthenticated "+
