@@ -54,25 +54,7 @@ func TestGrantAndHandOffAcrossNodes(t *testing.T) {
 	mustType(t, do(t, a, acquireMsg("seats/1", "alice", 30, 0)), wire.TypeBusy)
 
 	// bob waits; alice's release hands the key to him in the same commit.
-	call, err := b.Start(acquireMsg("seats/1", "bob", 30, 10*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	testkit.WaitFor(t, "bob queued", 5*time.Second, func() bool {
-		var q int
-		c.Node(li).ReadState(func(st *locksm.State) { q = len(st.Waiters("seats/1")) })
-		return q == 1
-	})
-	mustType(t, do(t, a, releaseMsg("seats/1", "alice", t1)), wire.TypeOK)
-	<-call.Done
-	if call.Err != nil {
-		t.Fatal(call.Err)
-	}
-	t2 := mustGrant(t, call.Reply)
-	if t2 <= t1 {
-		t.Fatalf("hand-off token %d not above %d", t2, t1)
-	}
-	c.converged("seats/1", locksm.Holder{Owner: "bob", Token: t2}, true)
+	t2 := handOffToBob(t, c, li, a, b, t1)
 
 	// A stale or foreign release is refused and changes nothing.
 	r := do(t, a, releaseMsg("seats/1", "alice", t1))

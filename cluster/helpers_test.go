@@ -14,7 +14,9 @@ import (
 	"ticketing/cluster/client"
 	"ticketing/cluster/local"
 	"ticketing/cluster/netfault"
+	"ticketing/cluster/testkit"
 	"ticketing/cluster/wire"
+	"ticketing/locksm"
 )
 
 type testCluster struct {
@@ -235,3 +237,31 @@ func (lc *leaderClient) current() *client.Conn {
 }
 
 var errNoNode = errors.New("node stopped")
+
+// handOffToBob queues bob (on b) behind alice, who holds seats/1 under t1
+// (on a, at leader li); alice's release hands the key to bob in the same
+// commit, with a larger token, and every node converges on it. It returns
+// bob's token.
+func handOffToBob(t *testing.T, c *testCluster, li int, a, b *client.Conn, t1 uint64) uint64 {
+	t.Helper()
+	call, err := b.Start(acquireMsg("seats/1", "bob", 30, 10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, "bob queued", 5*time.Second, func() bool {
+		var q int
+		c.Node(li).ReadState(func(st *locksm.State) { q = len(st.Waiters("seats/1")) })
+		return q == 1
+	})
+	mustType(t, do(t, a, releaseMsg("seats/1", "alice", t1)), wire.TypeOK)
+	<-call.Done
+	if call.Err != nil {
+		t.Fatal(call.Err)
+	}
+	t2 := mustGrant(t, call.Reply)
+	if t2 <= t1 {
+		t.Fatalf("hand-off token %d not above %d", t2, t1)
+	}
+	c.converged("seats/1", locksm.Holder{Owner: "bob", Token: t2}, true)
+	return t2
+}

@@ -187,25 +187,7 @@ func TestWALClusterGrantsAndHandsOff(t *testing.T) {
 	a, b := c.dial(li), c.dial(li)
 	t1 := mustGrant(t, do(t, a, acquireMsg("seats/1", "alice", 30, 0)))
 	mustType(t, do(t, b, acquireMsg("seats/1", "bob", 30, 0)), wire.TypeBusy)
-	call, err := b.Start(acquireMsg("seats/1", "bob", 30, 10*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	testkit.WaitFor(t, "bob queued", 5*time.Second, func() bool {
-		var q int
-		c.Node(li).ReadState(func(st *locksm.State) { q = len(st.Waiters("seats/1")) })
-		return q == 1
-	})
-	mustType(t, do(t, a, releaseMsg("seats/1", "alice", t1)), wire.TypeOK)
-	<-call.Done
-	if call.Err != nil {
-		t.Fatal(call.Err)
-	}
-	t2 := mustGrant(t, call.Reply)
-	if t2 <= t1 {
-		t.Fatalf("hand-off token %d not above %d", t2, t1)
-	}
-	c.converged("seats/1", locksm.Holder{Owner: "bob", Token: t2}, true)
+	handOffToBob(t, c, li, a, b, t1)
 	for i := 0; i < c.Size(); i++ {
 		dir := filepath.Join(c.Dir, c.ID(i))
 		if got, err := cluster.DetectLogStore(dir); err != nil || got != cluster.LogStoreWAL {

@@ -89,6 +89,14 @@ func procsAndBroker(t *testing.T, level string) (*localproc.Procs, *sidecar.Brok
 	t.Cleanup(p.Close)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
+	b := procsBroker(t, p)
+	return p, b, ctx
+}
+
+// procsBroker is an in-process Broker on the node processes p, closed at
+// the end of the test.
+func procsBroker(t *testing.T, p *localproc.Procs) *sidecar.Broker {
+	t.Helper()
 	cfg := sidecar.DefaultConfig()
 	cfg.Addrs, cfg.Secret, cfg.ClusterID = p.ClientAddrs(), p.ClientSecret, p.ClusterID
 	b, err := sidecar.New(cfg)
@@ -96,5 +104,5 @@ func procsAndBroker(t *testing.T, level string) (*localproc.Procs, *sidecar.Brok
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Close() })
-	return p, b, ctx
+	return b
 }

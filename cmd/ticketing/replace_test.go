@@ -182,13 +182,7 @@ func startReplaceEnv(t *testing.T, nodes, voters int) *replaceEnv {
 	if _, err := p.Leader(ctx); err != nil {
 		t.Fatal(err)
 	}
-	cfg := sidecar.DefaultConfig()
-	cfg.Addrs, cfg.Secret, cfg.ClusterID = p.ClientAddrs(), p.ClientSecret, p.ClusterID
-	b, err := sidecar.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Close() })
+	b := procsBroker(t, p)
 	e := &replaceEnv{t: t, p: p, b: b, ctx: ctx, load: startLoad(b, 4)}
 	e.load.waitGrants(t, 20)
 	return e

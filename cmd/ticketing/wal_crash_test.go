@@ -49,13 +49,7 @@ func walProcs(t *testing.T) (*localproc.Procs, *sidecar.Broker, context.Context)
 	if _, err := p.Leader(ctx); err != nil {
 		t.Fatal(err)
 	}
-	cfg := sidecar.DefaultConfig()
-	cfg.Addrs, cfg.Secret, cfg.ClusterID = p.ClientAddrs(), p.ClientSecret, p.ClusterID
-	b, err := sidecar.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Close() })
+	b := procsBroker(t, p)
 	return p, b, ctx
 }
 
