@@ -57,6 +57,11 @@ const (
 	// MaxWaitMs is the longest wait bound in milliseconds (5 minutes).
 	// 0 means one immediate try. There is no infinite wait.
 	MaxWaitMs = 300_000
+	// MinBlockKeys and MaxBlockKeys bound the keys of one OpAcquireBlock
+	// (a seat block: several keys granted together under one token). The
+	// keys must be distinct; anything else is ErrInvalidBlock.
+	MinBlockKeys = 2
+	MaxBlockKeys = 16
 )
 
 // Op names a command.

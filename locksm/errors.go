@@ -10,6 +10,9 @@ var (
 	ErrInvalidLease   = errors.New("locksm: invalid lease")
 	ErrInvalidWait    = errors.New("locksm: invalid wait")
 	ErrInvalidCommand = errors.New("locksm: invalid command")
+	// ErrInvalidBlock: a block acquire with fewer than MinBlockKeys or more
+	// than MaxBlockKeys keys, or with a key named twice.
+	ErrInvalidBlock = errors.New("locksm: invalid key set")
 	// ErrNotHeld: release of a key that nobody holds (unknown or expired).
 	ErrNotHeld = errors.New("locksm: key not held")
 	// ErrTokenMismatch: the key is held, but under another token.
