@@ -328,8 +328,12 @@ func (f *fsm) getDomain() string {
 func (f *fsm) Occupancy(key string) (held bool, keys, queue int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	// A reserved key (unheld, its head a block waiting for its other
+	// keys) has an entry like a held one: an acquire of it joins the
+	// queue and creates no key.
 	_, held = f.state.Holder(key)
-	return held, f.state.NumHeld(), f.state.QueueLen(key)
+	held = held || f.state.Reserved(key)
+	return held, f.state.NumHeld() + f.state.NumReserved(), f.state.QueueLen(key)
 }
 
 // HeldUnder implements leader.Table.

@@ -26,6 +26,15 @@
 // hand-off, takes the next value (the first is 1); tokens are never reused,
 // and the counter is part of snapshots, so it never goes back.
 //
+// # Blocks
+//
+// OpAcquireBlock takes 2..16 keys at once, all or none, under one token: it
+// joins every key's FIFO queue in one command, so on every key the waiters
+// stand in log order and two blocks can never wait for each other in a
+// cycle. A key whose queue head is a block still waiting for its other
+// keys is reserved: unheld, but not free (MATRIX.md, "Blocks", says why).
+// Releasing or expiring any key of a block ends the whole holding.
+//
 // # Snapshots beside applies
 //
 // Freeze returns a view of the table as it is, in time proportional to the
@@ -90,16 +99,27 @@ const (
 	// queued from died with the old leader: handing a key to one of them would
 	// leave it held by nobody who knows its token until its lease expires.
 	OpDropWaiters Op = 5
+	// OpAcquireBlock asks for every key of Keys (MinBlockKeys..MaxBlockKeys
+	// distinct keys; Key is unused) at once, on behalf of Owner with
+	// LeaseSec and WaitMs, under Ref: granted all together with one token,
+	// or queued on every key at once, or Busy (see MATRIX.md, "Blocks").
+	// The holding it creates is released or expired as a whole by naming
+	// any of its keys with its token.
+	OpAcquireBlock Op = 6
 )
 
 // Command is one replicated state change. The leader fills Now with its wall
 // clock (Unix milliseconds) when it proposes; the state machine records it
 // (grant and enqueue times, for inspection) and never reads a clock itself.
 type Command struct {
-	Op    Op
-	Now   int64  // Unix milliseconds stamped by the proposer
-	Key   string // all ops but OpDropWaiters
-	Owner string // OpAcquire, OpRelease
+	Op  Op
+	Now int64  // Unix milliseconds stamped by the proposer
+	Key string // all ops but OpDropWaiters and OpAcquireBlock
+	// Keys are the keys of an OpAcquireBlock, in the requester's order (the
+	// first is the block's primary key, named by its effects). The state
+	// keeps this slice (shared, never written): do not change it afterwards.
+	Keys  []string
+	Owner string // OpAcquire, OpAcquireBlock, OpRelease
 	Token uint64 // OpRelease, OpExpire
 	// Ref is the proposer's identifier for an acquire or a release (so the
 	// proposer can match the applied command to the request that owes a
@@ -107,8 +127,8 @@ type Command struct {
 	// OpCancelWait. The state machine ignores it for releases. Unique per proposer; the
 	// state machine rejects an acquire whose Ref is already queued on Key.
 	Ref      uint64
-	LeaseSec uint32 // OpAcquire: MinLeaseSec..MaxLeaseSec
-	WaitMs   uint32 // OpAcquire: 0..MaxWaitMs
+	LeaseSec uint32 // OpAcquire, OpAcquireBlock: MinLeaseSec..MaxLeaseSec
+	WaitMs   uint32 // OpAcquire, OpAcquireBlock: 0..MaxWaitMs
 }
 
 // Status says what a command did.
@@ -147,9 +167,14 @@ const (
 )
 
 // Effect is something a command owes to a party other than its proposer.
+//
+// An effect about a block names its primary key in Key and all its keys in
+// Keys (nil for a single-key waiter); the slice is shared with the state
+// and must not be changed.
 type Effect struct {
 	Kind     EffectKind
 	Key      string
+	Keys     []string
 	Owner    string
 	Ref      uint64
 	Token    uint64 // EffectGranted
@@ -162,6 +187,9 @@ type Holder struct {
 	Token     uint64
 	LeaseSec  uint32
 	GrantedAt int64 // Now of the command that granted it (Unix ms)
+	// Keys: for a block holding, every key of the block (the requester's
+	// order; shared, do not change); nil for a single key.
+	Keys []string
 }
 
 // Waiter is one queued acquire.
@@ -171,4 +199,8 @@ type Waiter struct {
 	LeaseSec   uint32
 	WaitMs     uint32
 	EnqueuedAt int64 // Now of the acquire (Unix ms)
+	// Keys: for a queued block, every key of the block, in whose queues it
+	// stands at once (the requester's order; shared, do not change); nil
+	// for a single-key waiter.
+	Keys []string
 }

@@ -17,6 +17,13 @@ package locksm
 //	3   OpExpire       now:varint key:string token:uvarint
 //	4   OpCancelWait   key:string ref:uvarint
 //	5   OpDropWaiters  (none)
+//	6   OpAcquireBlock now:varint n:uvarint(0..MaxBlockKeys) key:string*n owner:string ref:uvarint lease:uvarint wait:uvarint
+//
+// Op 6 came with blocks (protocol version 5): a node older than that
+// cannot decode an entry that carries it, so a leader proposes it only
+// once the cluster version says every member can (cluster/wire's
+// PROTOCOL.md, "Log entries"). The batch version did not change: every
+// entry without op 6 is exactly what older nodes wrote and read.
 //
 // Only the fields an op uses are carried; the others decode as zero (Apply
 // ignores them anyway). Now is carried only by ops that record it (grant or
@@ -28,7 +35,8 @@ package locksm
 // DecodeBatch rejects, wrapping ErrCorruptCommand: an unknown version, a
 // count above MaxBatch or above the bytes left (every command takes at
 // least one byte), truncation, trailing bytes, an unknown op, an over-long
-// string, a non-minimal varint, a lease or wait above uint32.
+// string, a non-minimal varint, a lease or wait above uint32, a block of
+// more than MaxBlockKeys keys.
 
 import (
 	"encoding/binary"
@@ -53,7 +61,8 @@ const batchVersion = 1
 // longer than its bound is encoded as the empty string. Apply rejects both
 // with the same sentinel in the same order of checks, so the proposer still
 // gets the right answer, and the entry stays decodable instead of taking the
-// rest of the batch down with it. An unknown Op is encoded as is and makes
+// rest of the batch down with it; a block of more than MaxBlockKeys keys is
+// encoded with none (Apply rejects both with ErrInvalidBlock). An unknown Op is encoded as is and makes
 // DecodeBatch reject the whole entry: that is a bug in the proposer, not
 // client input. Passing more than MaxBatch commands likewise produces an
 // entry DecodeBatch rejects.
@@ -84,6 +93,20 @@ func AppendBatch(dst []byte, cmds []Command) []byte {
 		case OpCancelWait:
 			dst = appendString(dst, c.Key, MaxKeyLen)
 			dst = binary.AppendUvarint(dst, c.Ref)
+		case OpAcquireBlock:
+			dst = binary.AppendVarint(dst, c.Now)
+			keys := c.Keys
+			if len(keys) > MaxBlockKeys {
+				keys = nil
+			}
+			dst = binary.AppendUvarint(dst, uint64(len(keys)))
+			for _, k := range keys {
+				dst = appendString(dst, k, MaxKeyLen)
+			}
+			dst = appendString(dst, c.Owner, MaxOwnerLen)
+			dst = binary.AppendUvarint(dst, c.Ref)
+			dst = binary.AppendUvarint(dst, uint64(c.LeaseSec))
+			dst = binary.AppendUvarint(dst, uint64(c.WaitMs))
 		}
 	}
 	return dst
@@ -143,6 +166,22 @@ func DecodeBatch(b []byte, into []Command) ([]Command, error) {
 			c.Key = d.string(MaxKeyLen)
 			c.Ref = d.uvarint()
 		case OpDropWaiters:
+		case OpAcquireBlock:
+			c.Now = d.varint()
+			if n := d.uvarint(); n > MaxBlockKeys {
+				if d.err == nil {
+					d.err = fmt.Errorf("block of %d keys exceeds %d", n, MaxBlockKeys)
+				}
+			} else if n > 0 {
+				c.Keys = make([]string, n)
+				for j := range c.Keys {
+					c.Keys[j] = d.string(MaxKeyLen)
+				}
+			}
+			c.Owner = d.string(MaxOwnerLen)
+			c.Ref = d.uvarint()
+			c.LeaseSec = d.uint32()
+			c.WaitMs = d.uint32()
 		default:
 			if d.err == nil {
 				d.err = fmt.Errorf("unknown op %d", c.Op)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"runtime/metrics"
 	"slices"
 	"strings"
@@ -28,6 +29,10 @@ func sampleCommands() []Command {
 		{Op: OpCancelWait, Key: "k", Ref: 99},
 		{Op: OpCancelWait, Key: long, Ref: math.MaxUint64},
 		{Op: OpDropWaiters},
+		{Op: OpAcquireBlock, Now: 5, Keys: []string{"s2", "s1"}, Owner: "a", Ref: 3, LeaseSec: 10, WaitMs: 100},
+		{Op: OpAcquireBlock, Now: math.MinInt64, Keys: slices.Repeat([]string{long}, MaxBlockKeys), Owner: longOwner,
+			Ref: math.MaxUint64, LeaseSec: math.MaxUint32, WaitMs: math.MaxUint32},
+		{Op: OpAcquireBlock, Now: -1, Keys: []string{""}, Owner: "", LeaseSec: 0},
 	}
 }
 
@@ -43,11 +48,11 @@ func TestCodecRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got) != len(cmds)+1 || got[0] != into[0] {
+	if len(got) != len(cmds)+1 || !reflect.DeepEqual(got[0], into[0]) {
 		t.Fatalf("into not extended: %d commands", len(got))
 	}
 	for i, c := range cmds {
-		if got[i+1] != c {
+		if !reflect.DeepEqual(got[i+1], c) {
 			t.Errorf("command %d: got %+v want %+v", i, got[i+1], c)
 		}
 	}
@@ -74,10 +79,13 @@ func TestCodecCompact(t *testing.T) {
 
 func TestCodecQuick(t *testing.T) {
 	f := func(op uint8, now int64, key, owner string, token, ref uint64, lease, wait uint32) bool {
-		c := Command{Op: Op(op%5 + 1), Now: now, Key: key, Owner: owner, Token: token, Ref: ref, LeaseSec: lease, WaitMs: wait}
+		c := Command{Op: Op(op%6 + 1), Now: now, Key: key, Owner: owner, Token: token, Ref: ref, LeaseSec: lease, WaitMs: wait}
+		if c.Op == OpAcquireBlock {
+			c.Keys = []string{key, owner, key + "x"}
+		}
 		b := AppendBatch(nil, []Command{c, c})
 		got, err := DecodeBatch(b, nil)
-		return err == nil && len(got) == 2 && got[0] == normalize(c) && got[1] == got[0] &&
+		return err == nil && len(got) == 2 && reflect.DeepEqual(got[0], normalize(c)) && reflect.DeepEqual(got[1], got[0]) &&
 			bytes.Equal(AppendBatch(nil, got), b)
 	}
 	if err := quick.Check(f, &quick.Config{MaxCount: 2000}); err != nil {
@@ -100,6 +108,10 @@ func TestAppendBatchOverlongStrings(t *testing.T) {
 		{Op: OpRelease, Key: "k", Owner: long, Token: 1},
 		{Op: OpExpire, Key: long, Token: 1},
 		{Op: OpCancelWait, Key: long, Ref: 1},
+		{Op: OpAcquireBlock, Keys: []string{"k", long}, Owner: "a", LeaseSec: 1},
+		{Op: OpAcquireBlock, Keys: []string{long, long}, Owner: "a", LeaseSec: 1},
+		{Op: OpAcquireBlock, Keys: []string{"j", "i"}, Owner: long, LeaseSec: 1},
+		{Op: OpAcquireBlock, Keys: slices.Repeat([]string{"k"}, MaxBlockKeys+1), Owner: "a", LeaseSec: 1},
 	} {
 		dec, err := DecodeBatch(AppendBatch(nil, []Command{c}), nil)
 		if err != nil {
@@ -137,7 +149,10 @@ func TestDecodeBatchRejects(t *testing.T) {
 		"string len 2^32":    cat([]byte{1, 1, byte(OpCancelWait)}, uv(1<<32), []byte("k")),
 		"trailing byte":      cat(valid, []byte{0}),
 		"op 0":               {1, 1, 0},
-		"op 6":               {1, 1, 6},
+		"op 6 truncated":     {1, 1, 6},
+		"op 7":               {1, 1, 7},
+		"block of 17 keys":   cat([]byte{1, 1, byte(OpAcquireBlock)}, uv(0), uv(MaxBlockKeys+1), bytes.Repeat([]byte{1, 'k'}, 17), []byte{1, 'a', 1, 1, 0}),
+		"block key too long": cat([]byte{1, 1, byte(OpAcquireBlock)}, uv(0), uv(2), uv(MaxKeyLen+1), bytes.Repeat([]byte("k"), MaxKeyLen+1), []byte{1, 'k', 1, 'a', 1, 1, 0}),
 		"op 255":             {1, 1, 255},
 		"key too long":       acquireWith(bytes.Repeat([]byte("k"), MaxKeyLen+1), []byte("a"), uv(1)),
 		"owner too long":     acquireWith([]byte("k"), bytes.Repeat([]byte("o"), MaxOwnerLen+1), uv(1)),
@@ -154,7 +169,7 @@ func TestDecodeBatchRejects(t *testing.T) {
 		if !errors.Is(err, ErrCorruptCommand) {
 			t.Errorf("%s: err %v", name, err)
 		}
-		if len(got) != 1 || got[0] != into[0] {
+		if len(got) != 1 || !reflect.DeepEqual(got[0], into[0]) {
 			t.Errorf("%s: into changed: %+v", name, got)
 		}
 	}

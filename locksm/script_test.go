@@ -16,6 +16,7 @@ package locksm
 // Commands:
 //
 //	acquire key= owner= lease= wait= ref= now=
+//	acquire-block keys=k1,k2,... owner= lease= wait= ref= now=
 //	release key= owner= token= now=
 //	expire  key= token= now=
 //	cancel  key= ref=
@@ -34,6 +35,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -68,6 +71,8 @@ func runScriptCommand(t *testing.T, c scripttest.Case, s *State) string {
 	switch name {
 	case "acquire":
 		cmd.Op = OpAcquire
+	case "acquire-block":
+		cmd.Op = OpAcquireBlock
 	case "release":
 		cmd.Op = OpRelease
 	case "expire":
@@ -85,6 +90,8 @@ func runScriptCommand(t *testing.T, c scripttest.Case, s *State) string {
 		switch k {
 		case "key":
 			cmd.Key = v
+		case "keys":
+			cmd.Keys = strings.Split(v, ",")
 		case "owner":
 			cmd.Owner = v
 		case "op":
@@ -115,9 +122,9 @@ func runScriptCommand(t *testing.T, c scripttest.Case, s *State) string {
 
 	// Every command also travels through the codec and must mean the same
 	// thing afterwards; only unknown ops cannot be encoded.
-	if cmd.Op >= OpAcquire && cmd.Op <= OpDropWaiters {
+	if cmd.Op >= OpAcquire && cmd.Op <= OpAcquireBlock {
 		dec, err := DecodeBatch(AppendBatch(nil, []Command{cmd}), nil)
-		if err != nil || len(dec) != 1 || dec[0] != normalize(cmd) {
+		if err != nil || len(dec) != 1 || !reflect.DeepEqual(dec[0], normalize(cmd)) {
 			t.Fatalf("%s: codec round trip: %v %+v", where, err, dec)
 		}
 	}
@@ -145,6 +152,7 @@ var errNames = map[error]string{
 	ErrInvalidCommand: "ErrInvalidCommand", ErrNotHeld: "ErrNotHeld",
 	ErrTokenMismatch: "ErrTokenMismatch", ErrOwnerMismatch: "ErrOwnerMismatch",
 	ErrDuplicateRef: "ErrDuplicateRef", ErrTokensExhausted: "ErrTokensExhausted",
+	ErrInvalidBlock: "ErrInvalidBlock",
 }
 
 var effectNames = map[EffectKind]string{
@@ -165,7 +173,11 @@ func formatResult(res Result, effects []Effect) string {
 		fmt.Fprintf(&b, " err=%s", name)
 	}
 	for _, e := range effects {
-		fmt.Fprintf(&b, "\neffect %s key=%s owner=%s ref=%d", effectNames[e.Kind], e.Key, e.Owner, e.Ref)
+		fmt.Fprintf(&b, "\neffect %s key=%s", effectNames[e.Kind], e.Key)
+		if e.Keys != nil {
+			fmt.Fprintf(&b, " keys=%s", strings.Join(e.Keys, ","))
+		}
+		fmt.Fprintf(&b, " owner=%s ref=%d", e.Owner, e.Ref)
 		if e.Kind == EffectGranted {
 			fmt.Fprintf(&b, " token=%d lease=%d", e.Token, e.LeaseSec)
 		}
@@ -176,15 +188,27 @@ func formatResult(res Result, effects []Effect) string {
 func formatState(s *State) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "last-token=%d held=%d waiting=%d", s.LastToken(), s.NumHeld(), s.NumWaiting())
-	s.RangeHolders(func(k string, h Holder) bool {
-		fmt.Fprintf(&b, "\n%s: holder owner=%s token=%d lease=%d granted-at=%d",
-			k, h.Owner, h.Token, h.LeaseSec, h.GrantedAt)
+	if s.NumReserved() > 0 || s.NumBlocks() > 0 {
+		fmt.Fprintf(&b, " reserved=%d blocks=%d", s.NumReserved(), s.NumBlocks())
+	}
+	for _, k := range s.sortedKeys() {
+		if h, ok := s.Holder(k); ok {
+			fmt.Fprintf(&b, "\n%s: holder owner=%s token=%d lease=%d granted-at=%d",
+				k, h.Owner, h.Token, h.LeaseSec, h.GrantedAt)
+			if h.Keys != nil {
+				fmt.Fprintf(&b, " block=%s", strings.Join(h.Keys, ","))
+			}
+		} else {
+			fmt.Fprintf(&b, "\n%s: reserved", k)
+		}
 		for _, w := range s.Waiters(k) {
 			fmt.Fprintf(&b, "\n  waiter owner=%s ref=%d lease=%d wait=%d enqueued-at=%d",
 				w.Owner, w.Ref, w.LeaseSec, w.WaitMs, w.EnqueuedAt)
+			if w.Keys != nil {
+				fmt.Fprintf(&b, " block=%s", strings.Join(w.Keys, ","))
+			}
 		}
-		return true
-	})
+	}
 	return b.String()
 }
 
@@ -203,6 +227,17 @@ func normalize(c Command) Command {
 		n.Ref = c.Ref
 	case OpDropWaiters:
 		n.Key = ""
+	case OpAcquireBlock:
+		n.Key = ""
+		n.Now, n.Owner, n.Ref, n.LeaseSec, n.WaitMs = c.Now, c.Owner, c.Ref, c.LeaseSec, c.WaitMs
+		if len(c.Keys) > 0 && len(c.Keys) <= MaxBlockKeys {
+			n.Keys = make([]string, len(c.Keys))
+			for i, k := range c.Keys {
+				if len(k) <= MaxKeyLen {
+					n.Keys[i] = k
+				}
+			}
+		}
 	}
 	if len(n.Key) > MaxKeyLen {
 		n.Key = ""
@@ -246,22 +281,31 @@ func checkSnapshotRoundTrip(t testing.TB, s *State) *State {
 // checkInvariants checks the internal consistency of s: what Apply relies on
 // and what the package promises.
 func checkInvariants(s *State) error {
-	waiting := 0
-	var tokens = map[uint64]string{}
+	waiting, reserved := 0, 0
+	tokens := map[uint64][]string{}
+	blockSeen := map[uint64][]string{} // queued block ref -> keys it was met on
 	for k, e := range s.keys {
 		if e == nil {
 			return fmt.Errorf("key %q: nil entry", k)
 		}
-		if ValidateKey(k) != nil || ValidateOwner(e.owner) != nil {
-			return fmt.Errorf("key %q: invalid key or holder %+v", k, e.holder())
+		if ValidateKey(k) != nil {
+			return fmt.Errorf("key %q: invalid key", k)
 		}
-		if e.token == 0 || e.token > s.last {
-			return fmt.Errorf("key %q: token %d, last %d", k, e.token, s.last)
+		if e.token == 0 {
+			reserved++
+			if e.owner != "" || len(e.queue) == 0 || e.queue[0].Keys == nil {
+				// A free key with waiters would let a newcomer cut the line.
+				return fmt.Errorf("key %q: unheld, and not reserved for a block %+v", k, e.queue)
+			}
+			if s.grantable(e.queue[0]) {
+				return fmt.Errorf("key %q: reserved for a block that could be granted", k)
+			}
+		} else {
+			if ValidateOwner(e.owner) != nil || e.token > s.last {
+				return fmt.Errorf("key %q: invalid holder %+v (last %d)", k, e.holder(), s.last)
+			}
+			tokens[e.token] = append(tokens[e.token], k)
 		}
-		if other, dup := tokens[e.token]; dup {
-			return fmt.Errorf("token %d held by %q and %q", e.token, k, other)
-		}
-		tokens[e.token] = k
 		refs := map[uint64]bool{}
 		for _, w := range e.queue {
 			if refs[w.Ref] {
@@ -271,20 +315,51 @@ func checkInvariants(s *State) error {
 			if w.WaitMs == 0 {
 				return fmt.Errorf("key %q: queued waiter with wait 0", k)
 			}
+			if w.Keys == nil {
+				waiting++
+				continue
+			}
+			if !slices.Contains(w.Keys, k) || !slices.Equal(s.blockWaiters[w.Ref], w.Keys) {
+				return fmt.Errorf("key %q: block waiter %+v not indexed as such", k, w)
+			}
+			if blockSeen[w.Ref] == nil {
+				waiting++
+			}
+			blockSeen[w.Ref] = append(blockSeen[w.Ref], k)
 		}
-		waiting += len(e.queue)
 		if (len(e.queue) > 0) != (s.queued[k] == e) {
 			return fmt.Errorf("key %q: queued index out of step", k)
 		}
 	}
-	for k := range s.queued {
-		if s.keys[k] == nil {
-			// A queue without a holder would let a newcomer cut the line.
-			return fmt.Errorf("key %q: queue without holder", k)
+	for ref, ks := range blockSeen {
+		if len(ks) != len(s.blockWaiters[ref]) {
+			return fmt.Errorf("block ref %d queued on %q, its keys are %q", ref, ks, s.blockWaiters[ref])
 		}
 	}
-	if waiting != s.waiting {
-		return fmt.Errorf("waiting count %d, actual %d", s.waiting, waiting)
+	if len(blockSeen) != len(s.blockWaiters) {
+		return fmt.Errorf("%d block waiters indexed, %d queued", len(s.blockWaiters), len(blockSeen))
+	}
+	for t, ks := range tokens {
+		b, isBlock := s.blocks[t]
+		switch {
+		case !isBlock && len(ks) > 1:
+			return fmt.Errorf("token %d held by %q", t, ks)
+		case isBlock && len(ks) != len(b):
+			return fmt.Errorf("token %d held by %q, its block is %q", t, ks, b)
+		}
+	}
+	for t, b := range s.blocks {
+		if len(tokens[t]) != len(b) {
+			return fmt.Errorf("block %d (%q) held by %q", t, b, tokens[t])
+		}
+	}
+	for k := range s.queued {
+		if s.keys[k] == nil {
+			return fmt.Errorf("key %q: queue without entry", k)
+		}
+	}
+	if waiting != s.waiting || reserved != s.reserved {
+		return fmt.Errorf("waiting/reserved counts %d/%d, actual %d/%d", s.waiting, s.reserved, waiting, reserved)
 	}
 	return nil
 }

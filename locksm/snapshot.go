@@ -2,26 +2,43 @@ package locksm
 
 // Snapshot byte layout (uvarint/varint as in codec.go, minimal encodings
 // only, so a snapshot has exactly one encoding per state and
-// write∘read is the identity on bytes):
+// write∘read is the identity on bytes). Version 2 is written when blocks
+// are held or queued; otherwise version 1, which nodes older than blocks
+// read too (so a cluster that has not used blocks can still install its
+// snapshots on them during a rolling upgrade). Both are read.
 //
-//	snapshot = magic:"TKSM" version:byte(0x01)
-//	           lastToken:uvarint nkeys:uvarint key*nkeys
-//	           crc:uint32-le EOF
-//	key      = name:string owner:string token:uvarint lease:uvarint
-//	           grantedAt:varint nwait:uvarint waiter*nwait
-//	waiter   = owner:string ref:uvarint lease:uvarint wait:uvarint
+//	snapshot = magic:"TKSM" version:byte(0x01 or 0x02) body crc:uint32-le EOF
+//	body v1  = lastToken:uvarint nkeys:uvarint key1*nkeys
+//	key1     = name:string owner:string token:uvarint lease:uvarint
+//	           grantedAt:varint nwait:uvarint waiter1*nwait
+//	waiter1  = owner:string ref:uvarint lease:uvarint wait:uvarint
 //	           enqueuedAt:varint
+//	body v2  = lastToken:uvarint clock:varint nkeys:uvarint key2*nkeys
+//	           nblocks:uvarint block*nblocks
+//	key2     = name:string token:uvarint
+//	           [token != 0: owner:string lease:uvarint grantedAt:varint]
+//	           nwait:uvarint waiter2*nwait
+//	waiter2  = waiter1 nbk:uvarint name:string*nbk
+//	block    = token:uvarint nbk:uvarint name:string*nbk
 //
-// Every key listed is held (the state keeps no entry for a free key), keys
-// are in strictly ascending byte order and waiters in queue order, head
-// first. crc is CRC-32C (Castagnoli) of every byte before it. Nothing may
-// follow it: the snapshot is the whole stream.
+// Every key listed is held or reserved (token 0: not held, its queue head a
+// block that cannot be granted yet); the state keeps no entry for a free
+// key. Keys are in strictly ascending byte order and waiters in queue
+// order, head first. A queued block appears in the queue of each of its
+// keys with its keys listed (nbk 2..16; nbk 0 is a single-key waiter); a
+// held block is listed once in the blocks section, tokens ascending, with
+// its keys in the requester's order. clock is State.clock. crc is CRC-32C
+// (Castagnoli) of every byte before it. Nothing may follow it: the
+// snapshot is the whole stream.
 //
 // ReadSnapshot checks, besides the framing, every invariant Apply relies on,
 // because a state it accepts will be mutated by Apply on every replica:
 // field constraints of keys, owners, leases and waits (a queued waiter has
 // wait >= 1), keys ascending and unique, holder tokens in 1..lastToken and
-// pairwise distinct (so nkeys <= lastToken), refs unique within a queue.
+// pairwise distinct except that exactly the keys of one block share its
+// token, refs unique within a queue, a queued block in exactly the queues
+// of its keys with the same fields in each and its ref unique among queued
+// blocks, and a reserved key's head a block that cannot be granted.
 
 import (
 	"encoding/binary"
@@ -29,13 +46,16 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 )
 
 const (
-	snapMagic   = "TKSM"
-	snapVersion = 1
+	snapMagic = "TKSM"
+	// snapV1 is the layout without blocks, snapV2 the one with them.
+	snapV1 = 1
+	snapV2 = 2
 	// snapBufSize is the I/O chunk of both directions: large enough that a
 	// 1M-key snapshot is a few thousand writes, small enough not to matter.
 	snapBufSize = 64 << 10
@@ -48,11 +68,12 @@ const (
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // WriteSnapshot writes the whole state (token counter, holders, queues in
-// order) to w in a versioned, deterministic binary form: the same state
-// always gives the same bytes, whatever its map layout.
+// order, blocks) to w in a versioned, deterministic binary form: the same
+// state always gives the same bytes, whatever its map layout.
 func (s *State) WriteSnapshot(w io.Writer) error {
 	keys := s.sortedKeys()
-	return writeSnapshot(w, len(keys), func(i int) (string, *entry) { return keys[i], s.keys[keys[i]] }, s.last)
+	return writeSnapshot(w, snapHeader{last: s.last, clock: s.clock, blocks: s.blocks, v2: s.hasBlockContent()},
+		len(keys), func(i int) (string, *entry) { return keys[i], s.keys[keys[i]] })
 }
 
 // WriteSnapshot writes the view exactly as State.WriteSnapshot would have
@@ -65,24 +86,48 @@ func (f *Frozen) WriteSnapshot(w io.Writer) error {
 		slices.SortFunc(f.keys, func(a, b frozenKey) int { return strings.Compare(a.key, b.key) })
 	})
 	keys := f.keys
-	return writeSnapshot(w, len(keys), func(i int) (string, *entry) { return keys[i].key, keys[i].e }, f.last)
+	return writeSnapshot(w, snapHeader{last: f.last, clock: f.clock, blocks: f.blocks, v2: f.blockContent},
+		len(keys), func(i int) (string, *entry) { return keys[i].key, keys[i].e })
+}
+
+// snapHeader is what a snapshot carries besides the keys.
+type snapHeader struct {
+	last   uint64
+	clock  int64
+	blocks map[uint64][]string
+	v2     bool // blocks held or queued: write version 2
 }
 
 // writeSnapshot writes n keys, in ascending order, key(i) giving the i-th.
-func writeSnapshot(w io.Writer, n int, key func(i int) (string, *entry), last uint64) error {
+func writeSnapshot(w io.Writer, hd snapHeader, n int, key func(i int) (string, *entry)) error {
 	sw := snapWriter{w: w, buf: make([]byte, 0, snapBufSize)}
 	sw.buf = append(sw.buf, snapMagic...)
-	sw.buf = append(sw.buf, snapVersion)
-	sw.buf = binary.AppendUvarint(sw.buf, last)
+	if !hd.v2 {
+		sw.buf = append(sw.buf, snapV1)
+		sw.buf = binary.AppendUvarint(sw.buf, hd.last)
+	} else {
+		sw.buf = append(sw.buf, snapV2)
+		sw.buf = binary.AppendUvarint(sw.buf, hd.last)
+		sw.buf = binary.AppendVarint(sw.buf, hd.clock)
+	}
 	sw.buf = binary.AppendUvarint(sw.buf, uint64(n))
 	for i := range n {
 		k, e := key(i)
 		h := e.holder()
 		sw.string(k)
-		sw.string(h.Owner)
-		sw.buf = binary.AppendUvarint(sw.buf, h.Token)
-		sw.buf = binary.AppendUvarint(sw.buf, uint64(h.LeaseSec))
-		sw.buf = binary.AppendVarint(sw.buf, h.GrantedAt)
+		if !hd.v2 {
+			sw.string(h.Owner)
+			sw.buf = binary.AppendUvarint(sw.buf, h.Token)
+			sw.buf = binary.AppendUvarint(sw.buf, uint64(h.LeaseSec))
+			sw.buf = binary.AppendVarint(sw.buf, h.GrantedAt)
+		} else {
+			sw.buf = binary.AppendUvarint(sw.buf, h.Token)
+			if h.Token != 0 {
+				sw.string(h.Owner)
+				sw.buf = binary.AppendUvarint(sw.buf, uint64(h.LeaseSec))
+				sw.buf = binary.AppendVarint(sw.buf, h.GrantedAt)
+			}
+		}
 		sw.buf = binary.AppendUvarint(sw.buf, uint64(len(e.queue)))
 		for i := range e.queue {
 			q := &e.queue[i]
@@ -91,9 +136,21 @@ func writeSnapshot(w io.Writer, n int, key func(i int) (string, *entry), last ui
 			sw.buf = binary.AppendUvarint(sw.buf, uint64(q.LeaseSec))
 			sw.buf = binary.AppendUvarint(sw.buf, uint64(q.WaitMs))
 			sw.buf = binary.AppendVarint(sw.buf, q.EnqueuedAt)
+			if hd.v2 {
+				sw.keys(q.Keys)
+			}
 			sw.maybeFlush()
 		}
 		sw.maybeFlush()
+	}
+	if hd.v2 {
+		tokens := slices.Sorted(maps.Keys(hd.blocks))
+		sw.buf = binary.AppendUvarint(sw.buf, uint64(len(tokens)))
+		for _, t := range tokens {
+			sw.buf = binary.AppendUvarint(sw.buf, t)
+			sw.keys(hd.blocks[t])
+			sw.maybeFlush()
+		}
 	}
 	sw.flush()
 	sw.buf = binary.LittleEndian.AppendUint32(sw.buf, sw.crc)
@@ -114,10 +171,18 @@ func (sw *snapWriter) string(s string) {
 	sw.buf = append(sw.buf, s...)
 }
 
+func (sw *snapWriter) keys(keys []string) {
+	sw.buf = binary.AppendUvarint(sw.buf, uint64(len(keys)))
+	for _, k := range keys {
+		sw.string(k)
+	}
+}
+
 func (sw *snapWriter) maybeFlush() {
-	// One waiter or key record is well under 1 KiB, so flushing with that
-	// much headroom keeps buf from ever growing.
-	if len(sw.buf) >= snapBufSize-1024 {
+	// One waiter, key or block record is at most MaxBlockKeys keys plus a
+	// few fields (under 5 KiB), so flushing with 8 KiB of headroom keeps
+	// buf from ever growing.
+	if len(sw.buf) >= snapBufSize-8<<10 {
 		sw.flush()
 	}
 }
@@ -160,34 +225,56 @@ func (d *snapReader) read() (*State, error) {
 	if m := d.bytes(len(snapMagic)); d.err != nil || string(m) != snapMagic {
 		return nil, d.fail(errors.New("bad magic"))
 	}
-	if v := d.byte(); d.err == nil && v != snapVersion {
-		return nil, fmt.Errorf("unknown version %d", v)
+	version := d.byte()
+	if d.err == nil && version != snapV1 && version != snapV2 {
+		return nil, fmt.Errorf("unknown version %d", version)
 	}
+	v2 := version == snapV2
 	last := d.uvarint()
+	var clock int64
+	if v2 {
+		clock = d.varint()
+	}
 	nkeys := d.uvarint()
 	if d.err != nil {
 		return nil, d.err
 	}
-	// Each held key owns a distinct token in 1..last.
-	if nkeys > last {
+	// Version 1: each held key owns a distinct token in 1..last.
+	if !v2 && nkeys > last {
 		return nil, fmt.Errorf("%d keys but only %d tokens ever issued", nkeys, last)
 	}
 	s := &State{
-		keys:   make(map[string]*entry, min(nkeys, snapPrealloc)),
-		queued: make(map[string]*entry),
-		last:   last,
+		keys:         make(map[string]*entry, min(nkeys, snapPrealloc)),
+		queued:       make(map[string]*entry),
+		blocks:       make(map[uint64][]string),
+		blockWaiters: make(map[uint64][]string),
+		last:         last,
+		clock:        clock,
 	}
 	tokens := make([]uint64, 0, min(nkeys, snapPrealloc))
 	var refs []uint64
+	// Every queued block as first read, and how many queues it was met in.
+	type seenBlock struct {
+		w Waiter
+		n int
+	}
+	queuedBlocks := map[uint64]*seenBlock{}
+	var reservedKeys []string
 	prev := ""
 	for i := range nkeys {
 		key := d.string(MaxKeyLen)
 		e := &entry{}
 		var h Holder
-		h.Owner = intern(d.string(MaxOwnerLen))
-		h.Token = d.uvarint()
-		h.LeaseSec = d.uint32()
-		h.GrantedAt = d.varint()
+		if !v2 {
+			h.Owner = intern(d.string(MaxOwnerLen))
+			h.Token = d.uvarint()
+		} else if h.Token = d.uvarint(); h.Token != 0 {
+			h.Owner = intern(d.string(MaxOwnerLen))
+		}
+		if h.Token != 0 {
+			h.LeaseSec = d.uint32()
+			h.GrantedAt = d.varint()
+		}
 		nq := d.uvarint()
 		if d.err != nil {
 			return nil, fmt.Errorf("key #%d: %w", i, d.err)
@@ -197,16 +284,25 @@ func (d *snapReader) read() (*State, error) {
 			return nil, fmt.Errorf("key #%d: invalid key %q", i, key)
 		case i > 0 && key <= prev:
 			return nil, fmt.Errorf("key #%d: %q not after %q", i, key, prev)
+		case h.Token == 0 && (!v2 || nq == 0):
+			return nil, fmt.Errorf("key %q: holder token 0", key)
+		case h.Token == 0:
+			// Reserved; its head is checked once every queue is read.
 		case ValidateOwner(h.Owner) != nil:
 			return nil, fmt.Errorf("key %q: invalid holder owner %q", key, h.Owner)
-		case h.Token == 0 || h.Token > last:
+		case h.Token > last:
 			return nil, fmt.Errorf("key %q: holder token %d outside 1..%d", key, h.Token, last)
 		case h.LeaseSec < MinLeaseSec || h.LeaseSec > MaxLeaseSec:
 			return nil, fmt.Errorf("key %q: holder lease %d", key, h.LeaseSec)
 		}
 		prev = key
 		e.setHolder(h)
-		tokens = append(tokens, h.Token)
+		if h.Token != 0 {
+			tokens = append(tokens, h.Token)
+		} else {
+			reservedKeys = append(reservedKeys, key)
+			s.reserved++
+		}
 		if nq > 0 {
 			e.queue = make([]Waiter, 0, min(nq, 64))
 			refs = refs[:0]
@@ -218,6 +314,9 @@ func (d *snapReader) read() (*State, error) {
 			w.LeaseSec = d.uint32()
 			w.WaitMs = d.uint32()
 			w.EnqueuedAt = d.varint()
+			if v2 {
+				w.Keys = d.keys()
+			}
 			switch {
 			case d.err != nil:
 				return nil, fmt.Errorf("key %q waiter #%d: %w", key, j, d.err)
@@ -228,6 +327,22 @@ func (d *snapReader) read() (*State, error) {
 			case w.WaitMs == 0 || w.WaitMs > MaxWaitMs:
 				// wait 0 never queues, so a queued waiter has wait >= 1.
 				return nil, fmt.Errorf("key %q waiter #%d: wait %d", key, j, w.WaitMs)
+			}
+			if w.Keys != nil {
+				if err := validateBlockKeys(w.Keys); err != nil || !slices.Contains(w.Keys, key) {
+					return nil, fmt.Errorf("key %q waiter #%d: block keys %q", key, j, w.Keys)
+				}
+				if sb := queuedBlocks[w.Ref]; sb == nil {
+					queuedBlocks[w.Ref] = &seenBlock{w: w, n: 1}
+					s.waiting++
+				} else if !sameWaiter(sb.w, w) {
+					return nil, fmt.Errorf("key %q waiter #%d: block ref %d differs from its other queues", key, j, w.Ref)
+				} else {
+					sb.n++
+					w.Keys = sb.w.Keys // one shared slice, as Apply keeps it
+				}
+			} else {
+				s.waiting++
 			}
 			e.queue = append(e.queue, w)
 			refs = append(refs, w.Ref)
@@ -240,15 +355,31 @@ func (d *snapReader) read() (*State, error) {
 				}
 			}
 			s.queued[key] = e
-			s.waiting += len(e.queue)
 		}
 		s.keys[key] = e
 	}
-	slices.Sort(tokens)
-	for j := 1; j < len(tokens); j++ {
-		if tokens[j] == tokens[j-1] {
-			return nil, fmt.Errorf("token %d held by two keys", tokens[j])
+	if v2 {
+		if err := d.readBlocks(s); err != nil {
+			return nil, err
 		}
+	}
+	if err := checkSnapshotTokens(s, tokens); err != nil {
+		return nil, err
+	}
+	for ref, sb := range queuedBlocks {
+		if sb.n != len(sb.w.Keys) {
+			return nil, fmt.Errorf("block ref %d queued on %d of its %d keys", ref, sb.n, len(sb.w.Keys))
+		}
+		s.blockWaiters[ref] = sb.w.Keys
+	}
+	for _, k := range reservedKeys {
+		head := s.keys[k].queue[0]
+		if head.Keys == nil || s.grantable(head) {
+			return nil, fmt.Errorf("key %q: reserved, but its head is not a block that must wait", k)
+		}
+	}
+	if !v2 && len(s.blocks)+len(s.blockWaiters) > 0 {
+		return nil, errors.New("version 1 with blocks") // unreachable: v1 reads no block keys
 	}
 	sum := d.sum()
 	crc := d.bytes(4)
@@ -265,6 +396,64 @@ func (d *snapReader) read() (*State, error) {
 		return nil, d.ioErr
 	}
 	return s, nil
+}
+
+// readBlocks reads the blocks section: every block's keys must be held
+// under its token.
+func (d *snapReader) readBlocks(s *State) error {
+	n := d.uvarint()
+	var prev uint64
+	for i := uint64(0); i < n && d.err == nil; i++ {
+		token := d.uvarint()
+		keys := d.keys()
+		if d.err != nil {
+			break
+		}
+		if i > 0 && token <= prev {
+			return fmt.Errorf("block #%d: token %d not after %d", i, token, prev)
+		}
+		prev = token
+		if err := validateBlockKeys(keys); err != nil {
+			return fmt.Errorf("block %d: keys %q", token, keys)
+		}
+		for _, k := range keys {
+			if e := s.keys[k]; e == nil || e.token != token {
+				return fmt.Errorf("block %d: key %q not held under it", token, k)
+			}
+		}
+		s.blocks[token] = keys
+	}
+	if d.err != nil {
+		return fmt.Errorf("blocks: %w", d.err)
+	}
+	return nil
+}
+
+// checkSnapshotTokens checks that tokens (one per held key) are pairwise
+// distinct except that the keys of a block share its token, and only they.
+func checkSnapshotTokens(s *State, tokens []uint64) error {
+	slices.Sort(tokens)
+	for j := 0; j < len(tokens); {
+		t, n := tokens[j], 1
+		for j+n < len(tokens) && tokens[j+n] == t {
+			n++
+		}
+		keys, block := s.blocks[t]
+		switch {
+		case block && len(keys) != n:
+			return fmt.Errorf("token %d: held by %d keys, its block has %d", t, n, len(keys))
+		case !block && n > 1:
+			return fmt.Errorf("token %d held by two keys", t)
+		}
+		j += n
+	}
+	return nil
+}
+
+// sameWaiter reports whether two occurrences of a queued block agree.
+func sameWaiter(a, b Waiter) bool {
+	return a.Owner == b.Owner && a.Ref == b.Ref && a.LeaseSec == b.LeaseSec && a.WaitMs == b.WaitMs &&
+		a.EnqueuedAt == b.EnqueuedAt && slices.Equal(a.Keys, b.Keys)
 }
 
 // snapReader is a small buffered reader with a sticky error that checksums
@@ -379,6 +568,24 @@ func (d *snapReader) uint32() uint32 {
 		d.err = errUint32
 	}
 	return uint32(v)
+}
+
+// keys reads a key list: nil for a count of 0, else the count's keys (up
+// to MaxBlockKeys; a larger count is corruption).
+func (d *snapReader) keys() []string {
+	n := d.uvarint()
+	if d.err != nil || n == 0 {
+		return nil
+	}
+	if n > MaxBlockKeys {
+		d.err = fmt.Errorf("%d block keys exceed %d", n, MaxBlockKeys)
+		return nil
+	}
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = d.string(MaxKeyLen)
+	}
+	return keys
 }
 
 func (d *snapReader) string(limit int) string {

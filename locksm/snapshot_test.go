@@ -9,6 +9,7 @@ import (
 	"io"
 	"math"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -137,6 +138,44 @@ func (sb *snapBuilder) waiter(owner string, ref, lease, wait uint64) *snapBuilde
 	return sb.s(owner).u(ref).u(lease).u(wait).i(0)
 }
 
+// newSnap2 starts a version 2 snapshot.
+func newSnap2(last uint64, clock int64, nkeys uint64) *snapBuilder {
+	sb := &snapBuilder{b: []byte(snapMagic + "\x02")}
+	return sb.u(last).i(clock).u(nkeys)
+}
+
+// key2 appends a version 2 key record held under token (0: reserved).
+func (sb *snapBuilder) key2(name, owner string, token, lease uint64, nwait uint64) *snapBuilder {
+	sb.s(name).u(token)
+	if token != 0 {
+		sb.s(owner).u(lease).i(0)
+	}
+	return sb.u(nwait)
+}
+
+// waiter2 appends a version 2 waiter; keys: its block's keys, none for a
+// single-key waiter.
+func (sb *snapBuilder) waiter2(owner string, ref, lease, wait uint64, keys ...string) *snapBuilder {
+	sb.waiter(owner, ref, lease, wait).u(uint64(len(keys)))
+	for _, k := range keys {
+		sb.s(k)
+	}
+	return sb
+}
+
+// blocks appends the blocks section: pairs of a token and its keys.
+func (sb *snapBuilder) blocks(bs ...any) *snapBuilder {
+	sb.u(uint64(len(bs) / 2))
+	for i := 0; i < len(bs); i += 2 {
+		keys := bs[i+1].([]string)
+		sb.u(bs[i].(uint64)).u(uint64(len(keys)))
+		for _, k := range keys {
+			sb.s(k)
+		}
+	}
+	return sb
+}
+
 func (sb *snapBuilder) done() []byte {
 	return binary.LittleEndian.AppendUint32(bytes.Clone(sb.b), crc32.Checksum(sb.b, castagnoli))
 }
@@ -153,7 +192,7 @@ func TestReadSnapshotInvariants(t *testing.T) {
 	bad := map[string][]byte{
 		"empty":                 {},
 		"bad magic":             append([]byte("TKSX"), good[4:]...),
-		"version 2":             append([]byte("TKSM\x02"), good[5:]...),
+		"version 3":             append([]byte("TKSM\x03"), good[5:]...),
 		"bad checksum":          append(bytes.Clone(good[:len(good)-1]), good[len(good)-1]^1),
 		"more keys than tokens": newSnap(1, 2).key("a", "o", 1, 10, 0).key("b", "o", 1, 10, 0).done(),
 		"fewer keys than said":  newSnap(5, 3).key("a", "o", 1, 10, 0).key("b", "o", 2, 10, 0).done(),
@@ -185,6 +224,109 @@ func TestReadSnapshotInvariants(t *testing.T) {
 		if _, err := ReadSnapshot(bytes.NewReader(b)); !errors.Is(err, ErrCorruptSnapshot) {
 			t.Errorf("%s: %v", name, err)
 		}
+	}
+}
+
+// Version 2 carries blocks; the reader checks what only blocks can break.
+func TestReadSnapshotV2Invariants(t *testing.T) {
+	ab := []string{"a", "b"}
+	// a and b held by block 3; c reserved for the block (c,a) of ref 9,
+	// which also waits on a; d held alone with a single waiter.
+	good := newSnap2(5, 77, 4).
+		key2("a", "o", 3, 10, 1).waiter2("w", 9, 10, 5, "c", "a").
+		key2("b", "o", 3, 10, 0).
+		key2("c", "", 0, 0, 1).waiter2("w", 9, 10, 5, "c", "a").
+		key2("d", "p", 4, 10, 1).waiter2("x", 1, 10, 5).
+		blocks(uint64(3), ab).done()
+	s, err := ReadSnapshot(bytes.NewReader(good))
+	if err != nil {
+		t.Fatalf("builder's valid snapshot rejected: %v", err)
+	}
+	if !bytes.Equal(snapshotBytes(t, s), good) {
+		t.Fatal("builder's snapshot does not round trip")
+	}
+	if err := checkInvariants(s); err != nil {
+		t.Fatal(err)
+	}
+	if s.NumHeld() != 3 || s.NumReserved() != 1 || s.NumWaiting() != 2 || s.NumBlocks() != 1 || s.clock != 77 {
+		t.Fatal(formatState(s))
+	}
+	if h, _ := s.Holder("b"); !slices.Equal(h.Keys, ab) {
+		t.Fatalf("holder of b: %+v", h)
+	}
+	bad := map[string][]byte{
+		"block key not held under its token": newSnap2(5, 0, 2).key2("a", "o", 3, 10, 0).key2("b", "o", 4, 10, 0).
+			blocks(uint64(3), ab).done(),
+		"shared token without a block": newSnap2(5, 0, 2).key2("a", "o", 3, 10, 0).key2("b", "o", 3, 10, 0).blocks().done(),
+		"block smaller than its holders": newSnap2(5, 0, 3).key2("a", "o", 3, 10, 0).key2("b", "o", 3, 10, 0).
+			key2("c", "o", 3, 10, 0).blocks(uint64(3), ab).done(),
+		"block of one key":         newSnap2(5, 0, 1).key2("a", "o", 3, 10, 0).blocks(uint64(3), []string{"a"}).done(),
+		"block naming a key twice": newSnap2(5, 0, 1).key2("a", "o", 3, 10, 0).blocks(uint64(3), []string{"a", "a"}).done(),
+		"blocks out of order": newSnap2(5, 0, 4).key2("a", "o", 3, 10, 0).key2("b", "o", 3, 10, 0).
+			key2("c", "o", 2, 10, 0).key2("d", "o", 2, 10, 0).blocks(uint64(3), ab, uint64(2), []string{"c", "d"}).done(),
+		"reserved key without waiters":     newSnap2(5, 0, 1).key2("a", "", 0, 0, 0).blocks().done(),
+		"reserved for a single-key waiter": newSnap2(5, 0, 1).key2("a", "", 0, 0, 1).waiter2("w", 1, 10, 5).blocks().done(),
+		"reserved for a block that could be granted": newSnap2(5, 0, 2).
+			key2("a", "", 0, 0, 1).waiter2("w", 9, 10, 5, "a", "b").
+			key2("b", "", 0, 0, 1).waiter2("w", 9, 10, 5, "a", "b").blocks().done(),
+		"queued block missing from one of its keys": newSnap2(5, 0, 1).
+			key2("a", "o", 1, 10, 1).waiter2("w", 9, 10, 5, "a", "b").blocks().done(),
+		"queued block on a key it does not name": newSnap2(5, 0, 1).
+			key2("c", "o", 1, 10, 1).waiter2("w", 9, 10, 5, "a", "b").blocks().done(),
+		"queued block differs between its queues": newSnap2(5, 0, 2).
+			key2("a", "o", 1, 10, 1).waiter2("w", 9, 10, 5, "a", "b").
+			key2("b", "o", 2, 10, 1).waiter2("w", 9, 11, 5, "a", "b").blocks().done(),
+		"two queued blocks with one ref": newSnap2(5, 0, 4).
+			key2("a", "o", 1, 10, 1).waiter2("w", 9, 10, 5, "a", "b").
+			key2("b", "o", 2, 10, 1).waiter2("w", 9, 10, 5, "a", "b").
+			key2("c", "o", 3, 10, 1).waiter2("w", 9, 10, 5, "c", "d").
+			key2("d", "o", 4, 10, 1).waiter2("w", 9, 10, 5, "c", "d").blocks().done(),
+		"queued block of 17 keys": newSnap2(5, 0, 1).
+			key2("a", "o", 1, 10, 1).waiter2("w", 9, 10, 5, slices.Repeat([]string{"a"}, 17)...).blocks().done(),
+		"version 1 reserved key": newSnap(5, 1).s("a").s("").u(0).done(),
+	}
+	for name, b := range bad {
+		if _, err := ReadSnapshot(bytes.NewReader(b)); !errors.Is(err, ErrCorruptSnapshot) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+// A state without blocks is written in version 1, which nodes older than
+// blocks can read; one with blocks held or queued in version 2; and once
+// they are gone, in version 1 again.
+func TestSnapshotVersionFollowsBlocks(t *testing.T) {
+	s := New()
+	version := func() byte { return snapshotBytes(t, s)[len(snapMagic)] }
+	apply := func(c Command) {
+		if res, _ := s.Apply(c, nil); res.Status == StatusRejected {
+			t.Fatalf("%+v: %v", c, res.Err)
+		}
+	}
+	apply(Command{Op: OpAcquire, Key: "a", Owner: "o", LeaseSec: 10, Now: 1})
+	if v := version(); v != snapV1 {
+		t.Fatalf("no blocks: version %d", v)
+	}
+	apply(Command{Op: OpAcquireBlock, Keys: []string{"a", "b"}, Owner: "o", LeaseSec: 10, WaitMs: 10, Ref: 5, Now: 2})
+	if v := version(); v != snapV2 {
+		t.Fatalf("queued block: version %d", v)
+	}
+	f := s.Freeze()
+	apply(Command{Op: OpCancelWait, Key: "b", Ref: 5})
+	if v := version(); v != snapV1 {
+		t.Fatalf("block gone: version %d", v)
+	}
+	var buf bytes.Buffer
+	if err := f.WriteSnapshot(&buf); err != nil || buf.Bytes()[len(snapMagic)] != snapV2 {
+		t.Fatalf("frozen view with a queued block: %v version %d", err, buf.Bytes()[len(snapMagic)])
+	}
+	apply(Command{Op: OpAcquireBlock, Keys: []string{"c", "b"}, Owner: "o", LeaseSec: 10, Now: 3})
+	if v := version(); v != snapV2 {
+		t.Fatalf("held block: version %d", v)
+	}
+	apply(Command{Op: OpExpire, Key: "b", Token: 2})
+	if v := version(); v != snapV1 {
+		t.Fatalf("block expired: version %d", v)
 	}
 }
 
@@ -274,6 +416,34 @@ func TestTokensExhausted(t *testing.T) {
 	}
 }
 
+// With no token left, a released block's keys cannot be handed on: every
+// waiter of each is dropped, a queued block leaves all its queues, and a
+// key reserved for it is decided again (and dropped in turn).
+func TestTokensExhaustedWithBlocks(t *testing.T) {
+	max := uint64(math.MaxUint64)
+	b := newSnap2(max, 0, 3).
+		key2("a", "o", max, 10, 1).waiter2("w", 1, 10, 10, "a", "c").
+		key2("b", "o", max, 10, 1).waiter2("x", 2, 10, 10).
+		key2("c", "", 0, 0, 2).waiter2("w", 1, 10, 10, "a", "c").waiter2("y", 3, 10, 10).
+		blocks(max, []string{"a", "b"}).done()
+	s, err := ReadSnapshot(bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, eff := s.Apply(Command{Op: OpRelease, Key: "b", Owner: "o", Token: max}, nil)
+	got := formatResult(res, eff)
+	want := "released\neffect dropped key=a keys=a,c owner=w ref=1\neffect dropped key=c owner=y ref=3\neffect dropped key=b owner=x ref=2"
+	if got != want {
+		t.Fatalf("release:\n%s\nwant\n%s", got, want)
+	}
+	if err := checkInvariants(s); err != nil {
+		t.Fatal(err)
+	}
+	if s.NumHeld() != 0 || s.NumWaiting() != 0 || s.NumReserved() != 0 || s.NumBlocks() != 0 {
+		t.Fatal(formatState(s))
+	}
+}
+
 func TestReadMethods(t *testing.T) {
 	s := sampleState(t)
 	w := s.Waiters("q")
@@ -324,6 +494,12 @@ func FuzzReadSnapshot(f *testing.F) {
 	f.Add(bytes.Clone(good.b), true)
 	f.Add(newSnap(1, 2).key("a", "o", 1, 10, 0).key("b", "o", 1, 10, 0).b, true)
 	f.Add([]byte("TKSM\x01\x00\x00"), true)
+	good2 := newSnap2(5, 77, 3).
+		key2("a", "o", 3, 10, 1).waiter2("w", 9, 10, 5, "c", "a").
+		key2("b", "o", 3, 10, 0).
+		key2("c", "", 0, 0, 1).waiter2("w", 9, 10, 5, "c", "a").
+		blocks(uint64(3), []string{"a", "b"})
+	f.Add(bytes.Clone(good2.b), true)
 	f.Add([]byte{}, false)
 	f.Fuzz(func(t *testing.T, b []byte, fixChecksum bool) {
 		// With fixChecksum the input is a snapshot body and the fuzzer

@@ -1,6 +1,7 @@
 package locksm
 
 import (
+	"maps"
 	"math"
 	"slices"
 	"sync"
@@ -23,6 +24,24 @@ type State struct {
 	// it, so a restored replica continues above every token it ever issued.
 	last    uint64
 	waiting int
+	// blocks maps the token of every held block to its keys (the
+	// requester's order); a single-key holding has no entry. Keeping it
+	// beside the entries leaves entry at 64 bytes.
+	blocks map[uint64][]string
+	// blockWaiters maps the ref of every queued block to its keys: a
+	// queued block's ref is unique in the table, so it names the one
+	// waiter that stands in all those queues.
+	blockWaiters map[uint64][]string
+	// reserved counts entries without a holder (their queue head is a
+	// block waiting for its other keys).
+	reserved int
+	// clock is the Now of the latest command that changed the table and
+	// carries one (acquires, releases, expiries). A cancel carries no Now,
+	// yet the cancel of a queued block can grant keys reserved for it to
+	// the waiters behind it; those grants record this as GrantedAt. It is
+	// replicated state (snapshots carry it when blocks exist), so every
+	// replica records the same value.
+	clock int64
 	// spare recycles entries of released keys: an uncontended
 	// acquire/release cycle then allocates nothing in steady state.
 	spare []*entry
@@ -33,9 +52,11 @@ type State struct {
 	gen uint32
 }
 
-// entry is one held key. Invariant: an entry exists iff the key is held, so
-// a non-empty queue always has a holder in front of it and a free key can
-// never be taken by someone who arrived after a waiter.
+// entry is one held or reserved key. Invariant: an entry exists iff the key
+// is held (token != 0) or reserved (token == 0: its queue head is a block
+// that cannot be granted yet), so a non-empty queue always has a holder or
+// a waiting block in front of it and a free key can never be taken by
+// someone who arrived after a waiter.
 //
 // The holder's fields are inline rather than a Holder, so that gen fits in
 // what would be Holder's padding: 64 bytes, the allocator's 64-byte class,
@@ -76,8 +97,10 @@ const maxSpare = 1024
 // (the first grant gets token 1).
 func New() *State {
 	return &State{
-		keys:   make(map[string]*entry),
-		queued: make(map[string]*entry),
+		keys:         make(map[string]*entry),
+		queued:       make(map[string]*entry),
+		blocks:       make(map[uint64][]string),
+		blockWaiters: make(map[uint64][]string),
 	}
 }
 
@@ -111,9 +134,42 @@ func ValidateCommand(cmd Command) error {
 		return ValidateKey(cmd.Key)
 	case OpDropWaiters:
 		return nil
+	case OpAcquireBlock:
+		if err := validateBlockKeys(cmd.Keys); err != nil {
+			return err
+		}
+		if err := ValidateOwner(cmd.Owner); err != nil {
+			return err
+		}
+		if cmd.LeaseSec < MinLeaseSec || cmd.LeaseSec > MaxLeaseSec {
+			return ErrInvalidLease
+		}
+		if cmd.WaitMs > MaxWaitMs {
+			return ErrInvalidWait
+		}
+		return nil
 	default:
 		return ErrInvalidCommand
 	}
+}
+
+// validateBlockKeys checks a block's keys: the count, each key, then that
+// none is named twice (a quadratic scan: at most 16 keys).
+func validateBlockKeys(keys []string) error {
+	if len(keys) < MinBlockKeys || len(keys) > MaxBlockKeys {
+		return ErrInvalidBlock
+	}
+	for _, k := range keys {
+		if err := ValidateKey(k); err != nil {
+			return err
+		}
+	}
+	for i := 1; i < len(keys); i++ {
+		if slices.Contains(keys[:i], keys[i]) {
+			return ErrInvalidBlock
+		}
+	}
+	return nil
 }
 
 // Apply applies one command, appending any effects it owes to effects, and
@@ -127,18 +183,26 @@ func (s *State) Apply(cmd Command, effects []Effect) (Result, []Effect) {
 	if err := ValidateCommand(cmd); err != nil {
 		return Result{Status: StatusRejected, Err: err}, effects
 	}
+	var res Result
 	switch cmd.Op {
 	case OpAcquire:
-		return s.acquire(cmd), effects
+		res = s.acquire(cmd)
 	case OpRelease:
-		return s.release(cmd, effects)
+		res, effects = s.release(cmd, effects)
 	case OpExpire:
-		return s.expire(cmd, effects)
+		res, effects = s.expire(cmd, effects)
 	case OpCancelWait:
 		return s.cancelWait(cmd, effects)
+	case OpAcquireBlock:
+		res = s.acquireBlock(cmd)
 	default: // OpDropWaiters; ValidateCommand rejected everything else
 		return s.dropWaiters(effects)
 	}
+	switch res.Status {
+	case StatusGranted, StatusQueued, StatusReleased, StatusExpired:
+		s.clock = cmd.Now
+	}
+	return res, effects
 }
 
 func (s *State) acquire(cmd Command) Result {
@@ -176,54 +240,186 @@ func (s *State) acquire(cmd Command) Result {
 	return Result{Status: StatusQueued}
 }
 
+// acquireBlock grants every key of cmd.Keys at once if none has an entry
+// (no holder, no queue), or queues one waiter on all of them in this
+// command.
+func (s *State) acquireBlock(cmd Command) Result {
+	free := true
+	for _, k := range cmd.Keys {
+		if s.keys[k] != nil {
+			free = false
+			break
+		}
+	}
+	if free {
+		if s.last == math.MaxUint64 {
+			return Result{Status: StatusRejected, Err: ErrTokensExhausted}
+		}
+		s.last++
+		owner := intern(cmd.Owner)
+		for _, k := range cmd.Keys {
+			e := s.newEntry()
+			e.setHolder(Holder{Owner: owner, Token: s.last, LeaseSec: cmd.LeaseSec, GrantedAt: cmd.Now})
+			s.keys[k] = e
+		}
+		s.blocks[s.last] = cmd.Keys
+		return Result{Status: StatusGranted, Token: s.last}
+	}
+	if cmd.WaitMs == 0 {
+		return Result{Status: StatusBusy}
+	}
+	if _, dup := s.blockWaiters[cmd.Ref]; dup {
+		return Result{Status: StatusRejected, Err: ErrDuplicateRef}
+	}
+	for _, k := range cmd.Keys {
+		if e := s.keys[k]; e != nil && slices.ContainsFunc(e.queue, func(w Waiter) bool { return w.Ref == cmd.Ref }) {
+			return Result{Status: StatusRejected, Err: ErrDuplicateRef}
+		}
+	}
+	w := Waiter{
+		Owner: intern(cmd.Owner), Ref: cmd.Ref, LeaseSec: cmd.LeaseSec, WaitMs: cmd.WaitMs, EnqueuedAt: cmd.Now,
+		Keys: cmd.Keys,
+	}
+	for _, k := range cmd.Keys {
+		e := s.keys[k]
+		if e == nil {
+			// Free: reserved for the block from now on.
+			e = s.newEntry()
+			s.keys[k] = e
+			s.reserved++
+		} else {
+			e = s.own(k, e)
+		}
+		if len(e.queue) == 0 {
+			s.queued[k] = e
+		}
+		e.queue = append(e.queue, w)
+	}
+	s.blockWaiters[cmd.Ref] = cmd.Keys
+	s.waiting++
+	return Result{Status: StatusQueued}
+}
+
 func (s *State) release(cmd Command, effects []Effect) (Result, []Effect) {
 	e := s.keys[cmd.Key]
 	switch {
-	case e == nil:
+	case e == nil || e.token == 0:
 		return Result{Status: StatusRejected, Err: ErrNotHeld}, effects
 	case e.token != cmd.Token:
 		return Result{Status: StatusRejected, Err: ErrTokenMismatch}, effects
 	case e.owner != cmd.Owner:
 		return Result{Status: StatusRejected, Err: ErrOwnerMismatch}, effects
 	}
-	return Result{Status: StatusReleased}, s.handOff(cmd.Key, e, cmd.Now, effects)
+	return Result{Status: StatusReleased}, s.endHolding(cmd.Key, e, cmd.Now, effects)
 }
 
 // expire deliberately ignores the owner: the leader's lease timer knows only
 // (key, token), and the token alone identifies one holding.
 func (s *State) expire(cmd Command, effects []Effect) (Result, []Effect) {
 	e := s.keys[cmd.Key]
-	if e == nil || e.token != cmd.Token {
+	if e == nil || e.token == 0 || e.token != cmd.Token {
 		// Stale: released, expired or handed off before this committed.
 		return Result{Status: StatusNoop}, effects
 	}
-	return Result{Status: StatusExpired}, s.handOff(cmd.Key, e, cmd.Now, effects)
+	return Result{Status: StatusExpired}, s.endHolding(cmd.Key, e, cmd.Now, effects)
 }
 
-// handOff ends the current holding of key. The queue head, if any, becomes
-// holder in the same command so the key is never observably free while
-// someone waits (nobody can cut the line); otherwise the entry is deleted.
-func (s *State) handOff(key string, e *entry, now int64, effects []Effect) []Effect {
+// endHolding ends the holding of key (entry e): the key alone, or every key
+// of its block. Every key loses its holder first; then each, in the
+// block's order, goes to its queue head (promote), so the key is never
+// observably free while someone waits and nobody can cut the line.
+func (s *State) endHolding(key string, e *entry, now int64, effects []Effect) []Effect {
+	if len(s.blocks) > 0 {
+		if keys, ok := s.blocks[e.token]; ok {
+			delete(s.blocks, e.token)
+			for _, k := range keys {
+				s.clearHolder(k)
+			}
+			for _, k := range keys {
+				effects = s.promote(k, now, effects)
+			}
+			return effects
+		}
+	}
+	if len(e.queue) == 0 {
+		// The common case, kept free of the map writes below.
+		delete(s.keys, key)
+		s.recycle(e)
+		return effects
+	}
+	s.clearHolder(key)
+	return s.promote(key, now, effects)
+}
+
+// clearHolder makes held key unheld: it becomes reserved until promote
+// decides what it is.
+func (s *State) clearHolder(key string) {
+	e := s.own(key, s.keys[key])
+	e.setHolder(Holder{})
+	s.reserved++
+}
+
+// promote decides what unheld key becomes: deleted when nobody waits;
+// held by its head if the head is a single-key waiter, or a block that
+// now stands first on all its keys, none of them held (then every key of
+// the block is granted); otherwise it stays reserved for its head.
+func (s *State) promote(key string, now int64, effects []Effect) []Effect {
+	e := s.keys[key]
+	if e == nil || e.token != 0 {
+		return effects
+	}
 	if len(e.queue) == 0 {
 		delete(s.keys, key)
+		s.reserved--
 		s.recycle(e)
 		return effects
 	}
 	if s.last == math.MaxUint64 {
-		// No token left to hand over (only reachable from a crafted
-		// snapshot). Granting with a reused token would break fencing, so
-		// free the key and tell every waiter it will never be granted.
-		for _, w := range e.queue {
-			effects = append(effects, Effect{Kind: EffectDropped, Key: key, Owner: w.Owner, Ref: w.Ref})
-		}
-		s.waiting -= len(e.queue)
-		delete(s.queued, key)
-		delete(s.keys, key)
-		s.recycle(e)
-		return effects
+		return s.exhausted(key, effects)
 	}
-	e = s.own(key, e)
 	w := e.queue[0]
+	if w.Keys == nil {
+		s.popHead(key)
+		s.last++
+		e = s.keys[key]
+		e.setHolder(Holder{Owner: w.Owner, Token: s.last, LeaseSec: w.LeaseSec, GrantedAt: now})
+		s.reserved--
+		return append(effects, Effect{
+			Kind: EffectGranted, Key: key, Owner: w.Owner, Ref: w.Ref, Token: s.last, LeaseSec: w.LeaseSec,
+		})
+	}
+	if !s.grantable(w) {
+		return effects // still waits for a holder or a waiter ahead
+	}
+	s.last++
+	for _, k := range w.Keys {
+		s.popHead(k)
+		s.keys[k].setHolder(Holder{Owner: w.Owner, Token: s.last, LeaseSec: w.LeaseSec, GrantedAt: now})
+		s.reserved--
+	}
+	s.waiting += len(w.Keys) - 1 // popHead counted the one waiter once per key
+	delete(s.blockWaiters, w.Ref)
+	s.blocks[s.last] = w.Keys
+	return append(effects, Effect{
+		Kind: EffectGranted, Key: w.Keys[0], Keys: w.Keys, Owner: w.Owner, Ref: w.Ref, Token: s.last, LeaseSec: w.LeaseSec,
+	})
+}
+
+// grantable reports whether queued block w stands first on each of its
+// keys, none of them held.
+func (s *State) grantable(w Waiter) bool {
+	for _, k := range w.Keys {
+		o := s.keys[k]
+		if o == nil || o.token != 0 || len(o.queue) == 0 || o.queue[0].Ref != w.Ref {
+			return false
+		}
+	}
+	return true
+}
+
+// popHead removes key's queue head, counting it out of waiting.
+func (s *State) popHead(key string) {
+	e := s.own(key, s.keys[key])
 	e.queue[0] = Waiter{} // let the GC have the owner string
 	e.queue = e.queue[1:]
 	s.waiting--
@@ -231,11 +427,65 @@ func (s *State) handOff(key string, e *entry, now int64, effects []Effect) []Eff
 		e.queue = nil
 		delete(s.queued, key)
 	}
-	s.last++
-	e.setHolder(Holder{Owner: w.Owner, Token: s.last, LeaseSec: w.LeaseSec, GrantedAt: now})
-	return append(effects, Effect{
-		Kind: EffectGranted, Key: key, Owner: w.Owner, Ref: w.Ref, Token: s.last, LeaseSec: w.LeaseSec,
-	})
+}
+
+// exhausted frees unheld key when no token is left to hand it over with
+// (only reachable from a crafted snapshot): granting with a reused token
+// would break fencing, so every waiter of the key is told it will never be
+// granted, and the keys of the blocks among them are decided again.
+func (s *State) exhausted(key string, effects []Effect) []Effect {
+	e := s.keys[key]
+	var others []string
+	for _, w := range e.queue {
+		effects = append(effects, Effect{Kind: EffectDropped, Key: w.primary(key), Keys: w.Keys, Owner: w.Owner, Ref: w.Ref})
+		if w.Keys != nil {
+			delete(s.blockWaiters, w.Ref)
+			for _, k := range w.Keys {
+				if k != key {
+					s.removeWaiter(k, w.Ref)
+					others = append(others, k)
+				}
+			}
+		}
+	}
+	s.waiting -= len(e.queue)
+	delete(s.queued, key)
+	delete(s.keys, key)
+	s.reserved--
+	s.recycle(e)
+	for _, k := range others {
+		effects = s.promote(k, 0, effects)
+	}
+	return effects
+}
+
+// primary is the key an effect about w names: its block's first key, or
+// key, the one queue a single-key waiter stands in.
+func (w *Waiter) primary(key string) string {
+	if w.Keys != nil {
+		return w.Keys[0]
+	}
+	return key
+}
+
+// removeWaiter takes the waiter ref out of key's queue (order of the others
+// kept), without counting it out of waiting: a block stands in several
+// queues but counts once.
+func (s *State) removeWaiter(key string, ref uint64) {
+	e := s.keys[key]
+	if e == nil {
+		return
+	}
+	i := slices.IndexFunc(e.queue, func(w Waiter) bool { return w.Ref == ref })
+	if i < 0 {
+		return
+	}
+	e = s.own(key, e)
+	e.queue = slices.Delete(e.queue, i, i+1) // keeps FIFO order, zeroes the tail
+	if len(e.queue) == 0 {
+		e.queue = nil
+		delete(s.queued, key)
+	}
 }
 
 func (s *State) cancelWait(cmd Command, effects []Effect) (Result, []Effect) {
@@ -248,17 +498,23 @@ func (s *State) cancelWait(cmd Command, effects []Effect) (Result, []Effect) {
 		// Already granted (hand-off won the race) or already gone.
 		return Result{Status: StatusNoop}, effects
 	}
-	e = s.own(cmd.Key, e)
 	w := e.queue[i]
-	e.queue = slices.Delete(e.queue, i, i+1) // keeps FIFO order, zeroes the tail
+	effects = append(effects, Effect{Kind: EffectTimedOut, Key: w.primary(cmd.Key), Keys: w.Keys, Owner: w.Owner, Ref: w.Ref})
 	s.waiting--
-	if len(e.queue) == 0 {
-		e.queue = nil
-		delete(s.queued, cmd.Key)
+	if w.Keys == nil {
+		s.removeWaiter(cmd.Key, w.Ref)
+		// A single-key waiter behind a block on a reserved key leaves the
+		// head as it was: nothing to decide.
+		return Result{Status: StatusCanceled}, effects
 	}
-	return Result{Status: StatusCanceled}, append(effects, Effect{
-		Kind: EffectTimedOut, Key: cmd.Key, Owner: w.Owner, Ref: w.Ref,
-	})
+	delete(s.blockWaiters, w.Ref)
+	for _, k := range w.Keys {
+		s.removeWaiter(k, w.Ref)
+	}
+	for _, k := range w.Keys {
+		effects = s.promote(k, s.clock, effects)
+	}
+	return Result{Status: StatusCanceled}, effects
 }
 
 func (s *State) dropWaiters(effects []Effect) (Result, []Effect) {
@@ -268,14 +524,28 @@ func (s *State) dropWaiters(effects []Effect) (Result, []Effect) {
 	}
 	slices.Sort(keys) // map order must not leak into the effects
 	effects = slices.Grow(effects, s.waiting)
+	told := make(map[uint64]bool, len(s.blockWaiters))
 	for _, k := range keys {
 		e := s.queued[k]
 		for _, w := range e.queue {
-			effects = append(effects, Effect{Kind: EffectDropped, Key: k, Owner: w.Owner, Ref: w.Ref})
+			if w.Keys != nil {
+				if told[w.Ref] {
+					continue
+				}
+				told[w.Ref] = true
+			}
+			effects = append(effects, Effect{Kind: EffectDropped, Key: w.primary(k), Keys: w.Keys, Owner: w.Owner, Ref: w.Ref})
 		}
-		s.own(k, e).queue = nil
+		e = s.own(k, e)
+		e.queue = nil
+		if e.token == 0 {
+			delete(s.keys, k)
+			s.reserved--
+			s.recycle(e)
+		}
 	}
 	clear(s.queued)
+	clear(s.blockWaiters)
 	s.waiting = 0
 	return Result{Status: StatusDropped}, effects
 }
@@ -329,6 +599,13 @@ type Frozen struct {
 	sorted sync.Once   // the first WriteSnapshot sorts keys in place
 	keys   []frozenKey // map order until sorted
 	last   uint64
+	clock  int64
+	// blocks is a copy of State.blocks (its key slices are never written);
+	// nil when no block is held.
+	blocks map[uint64][]string
+	// blockContent: blocks are held or queued, so the snapshot needs
+	// version 2.
+	blockContent bool
 }
 
 type frozenKey struct {
@@ -346,8 +623,16 @@ func (s *State) Freeze() *Frozen {
 	for k, e := range s.keys {
 		keys = append(keys, frozenKey{k, e})
 	}
-	return &Frozen{keys: keys, last: s.last}
+	f := &Frozen{keys: keys, last: s.last, clock: s.clock, blockContent: s.hasBlockContent()}
+	if len(s.blocks) > 0 {
+		f.blocks = maps.Clone(s.blocks)
+	}
+	return f
 }
+
+// hasBlockContent reports whether a block is held or queued (a reserved
+// key implies a queued block).
+func (s *State) hasBlockContent() bool { return len(s.blocks) > 0 || len(s.blockWaiters) > 0 }
 
 // NumHeld is the number of held keys in the view.
 func (f *Frozen) NumHeld() int { return len(f.keys) }
@@ -357,13 +642,29 @@ func (s *State) LastToken() uint64 { return s.last }
 
 // Holder returns the holder of key, if any.
 func (s *State) Holder(key string) (Holder, bool) {
-	if e := s.keys[key]; e != nil {
-		return e.holder(), true
+	if e := s.keys[key]; e != nil && e.token != 0 {
+		h := e.holder()
+		if len(s.blocks) > 0 {
+			h.Keys = s.blocks[h.Token]
+		}
+		return h, true
 	}
 	return Holder{}, false
 }
 
-// Waiters returns a copy of key's queue, head first (nil if none).
+// Block returns the keys of the block held under token (nil if token is
+// not a held block).
+func (s *State) Block(token uint64) []string { return s.blocks[token] }
+
+// Reserved reports whether key is reserved: not held, and its queue head is
+// a block that waits for its other keys.
+func (s *State) Reserved(key string) bool {
+	e := s.keys[key]
+	return e != nil && e.token == 0
+}
+
+// Waiters returns a copy of key's queue, head first (nil if none). A
+// queued block appears in the queue of each of its keys.
 func (s *State) Waiters(key string) []Waiter {
 	if e := s.keys[key]; e != nil && len(e.queue) > 0 {
 		return slices.Clone(e.queue)
@@ -389,11 +690,18 @@ func (s *State) QueueLen(key string) int {
 	return 0
 }
 
-// NumHeld is the number of held keys; NumWaiting the number of queued waiters.
-func (s *State) NumHeld() int { return len(s.keys) }
+// NumHeld is the number of held keys (a block counts each of its keys).
+func (s *State) NumHeld() int { return len(s.keys) - s.reserved }
 
-// NumWaiting is the number of queued waiters over all keys.
+// NumReserved is the number of reserved keys (see Reserved).
+func (s *State) NumReserved() int { return s.reserved }
+
+// NumWaiting is the number of queued waiters over all keys (a queued block
+// counts once).
 func (s *State) NumWaiting() int { return s.waiting }
+
+// NumBlocks is the number of held blocks.
+func (s *State) NumBlocks() int { return len(s.blocks) }
 
 // RangeHolders calls fn for every held key in ascending key order until fn
 // returns false. The keys are sorted on each call (O(n log n)); it is meant
@@ -403,11 +711,11 @@ func (s *State) NumWaiting() int { return s.waiting }
 // holders and a key freed meanwhile is skipped.
 func (s *State) RangeHolders(fn func(key string, h Holder) bool) {
 	for _, k := range s.sortedKeys() {
-		e := s.keys[k]
-		if e == nil {
-			continue
+		h, ok := s.Holder(k)
+		if !ok {
+			continue // freed meanwhile, or reserved
 		}
-		if !fn(k, e.holder()) {
+		if !fn(k, h) {
 			return
 		}
 	}

@@ -113,8 +113,9 @@ func (c Config) Validate() error {
 // implements it under its own locking; the core calls it only from its
 // inputs.
 type Table interface {
-	// Occupancy reports, in one look, whether key is held, how many keys
-	// are held in all, and the length of key's queue.
+	// Occupancy reports, in one look, whether key has an entry (held, or
+	// reserved for a block), how many keys have one in all, and the
+	// length of key's queue.
 	Occupancy(key string) (held bool, keys, queue int)
 	// HeldUnder reports whether key is held under token.
 	HeldUnder(key string, token uint64) bool
