@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"reflect"
 	"strings"
@@ -373,6 +374,16 @@ func TestCodeTable(t *testing.T) {
 		if c.String() == "unknown" {
 			t.Errorf("code %d has no name", c)
 		}
+	}
+	// The codes after it, appended since.
+	for c := CodeDuplicateRef; c <= CodeNotSupported; c++ {
+		if CodeOf(ErrOf(c)) != c || c.String() == "unknown" {
+			t.Errorf("code %d (%s) does not round trip", c, c)
+		}
+	}
+	if CodeOf(locksm.ErrInvalidBlock) != CodeInvalidKeys || CodeInvalidKeys.String() != "invalid_keys" ||
+		CodeOf(fmt.Errorf("block: %w", ErrNotSupported)) != CodeNotSupported || CodeNotSupported.String() != "not_supported" {
+		t.Error("invalid_keys / not_supported mapping wrong")
 	}
 	if ErrOf(999) != ErrRemote || CodeOf(io.EOF) != CodeInternal {
 		t.Error("fallbacks wrong")
