@@ -286,7 +286,7 @@ func (n *Node) membersReply() wire.Msg {
 		if len(mb.ClientAddr) > 255 {
 			mb.ClientAddr = ""
 		}
-		if size += 1 + len(mb.ServerID) + 1 + 1 + len(mb.ClientAddr); size > wire.MaxFrameLen {
+		if size += 1 + len(mb.ServerID) + 1 + 1 + len(mb.ClientAddr); size > wire.MaxFrameLenV4 {
 			break
 		}
 		r.Members = append(r.Members, mb)

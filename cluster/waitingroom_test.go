@@ -48,7 +48,7 @@ func TestWaitingRoomOnOneConnection(t *testing.T) {
 	holder := c.dial(li)
 	hot := mustGrant(t, do(t, holder, acquireMsg("hot", "holder", 120, 0)))
 
-	conn, r, peer := c.rawConnVersion(li, wire.ProtocolVersion)
+	conn, r, peer := c.rawConnVersion(li, wire.VersionQueued)
 	if peer.Version != wire.VersionQueued || peer.MaxInFlight != maxInFlight || peer.MaxWaiters != maxWaiters {
 		t.Fatalf("version 4 handshake learned %+v, want the limits %d and %d", peer, maxInFlight, maxWaiters)
 	}

@@ -10,7 +10,7 @@ import (
 // as on the client port → the handshake (handshake.go) with KindAdmin and
 // the admin secret, which differs from the client and peer secrets → frames
 // in the framing of this package (codec.go: u32 length, type byte, payload;
-// at most MaxFrameLen), one reply per request, in order: the node answers
+// at most MaxFrameLenV4), one reply per request, in order: the node answers
 // each request before it reads the next. Admin traffic is rare, so the
 // payloads are JSON, readable in a capture and easy to extend. The JSON
 // objects are AdminRequest and AdminReply (admin_json.go; the reply

@@ -34,9 +34,14 @@ func TestAdminFraming(t *testing.T) {
 		}
 	}
 	// A length prefix above MaxFrameLen is refused before its payload.
-	over := []byte{0, 0, 0x10, 0x01, TypeAdminRequest}
+	over := []byte{0, 0, 0x20, 0x01, TypeAdminRequest}
 	if _, _, err := NewReader(bytes.NewReader(over)).ReadFrame(); !errors.Is(err, ErrFrameTooLarge) {
 		t.Fatalf("ReadFrame of a %d-byte length: %v, want ErrFrameTooLarge", MaxFrameLen+1, err)
+	}
+	// The writer keeps to the bound of versions 1–4, so that a reply fits
+	// an older tool's reader: one byte over it is refused.
+	if MaxPayloadLen != MaxFrameLenV4-1 || MaxFrameLenV4 != 4096 || MaxFrameLen != 8192 {
+		t.Fatalf("MaxPayloadLen %d, MaxFrameLenV4 %d, MaxFrameLen %d", MaxPayloadLen, MaxFrameLenV4, MaxFrameLen)
 	}
 }
 

@@ -18,8 +18,18 @@ const headerLen = 4
 const MaxFrameBytes = headerLen + MaxFrameLen
 
 // MaxTextLen is the longest text a TypeError or TypeUnknown can carry: what
-// is left of MaxFrameLen after type, id, code and the str16 length.
-const MaxTextLen = MaxFrameLen - 1 - 8 - 2 - 2
+// is left of MaxFrameLenV4 (the bound of every type but TypeAcquireBlock)
+// after type, id, code and the str16 length.
+const MaxTextLen = MaxFrameLenV4 - 1 - 8 - 2 - 2
+
+// maxFrameLenOf is the bound of a frame of type typ: MaxFrameLen for
+// TypeAcquireBlock, MaxFrameLenV4 for every other type, in every version.
+func maxFrameLenOf(typ byte) int {
+	if typ == TypeAcquireBlock {
+		return MaxFrameLen
+	}
+	return MaxFrameLenV4
+}
 
 // SplitFrame is the incremental frame parser: given the bytes received so
 // far, it returns the first complete frame's type and payload (aliasing b)
@@ -50,9 +60,10 @@ func SplitFrame(b []byte) (typ byte, payload []byte, n int, err error) {
 	return b[headerLen], b[headerLen+1 : end : end], end, nil
 }
 
-// MaxPayloadLen is the largest payload one frame carries: MaxFrameLen less
-// the type byte.
-const MaxPayloadLen = MaxFrameLen - 1
+// MaxPayloadLen is the largest payload AppendFrame writes: MaxFrameLenV4
+// less the type byte, so that an admin frame fits every version's reader.
+// (Only the block acquire's payload can be longer; see MaxFrameLen.)
+const MaxPayloadLen = MaxFrameLenV4 - 1
 
 // AppendFrame appends one frame of type typ carrying payload to dst. It
 // fails, without appending, with ErrFrameTooLarge when the payload exceeds
@@ -61,7 +72,7 @@ const MaxPayloadLen = MaxFrameLen - 1
 // admin.go); Reader.ReadFrame reads either kind.
 func AppendFrame(dst []byte, typ byte, payload []byte) ([]byte, error) {
 	if len(payload) > MaxPayloadLen {
-		return dst, fmt.Errorf("%w: frame %s would be %d bytes > %d", ErrFrameTooLarge, TypeName(typ), 1+len(payload), MaxFrameLen)
+		return dst, fmt.Errorf("%w: frame %s would be %d bytes > %d", ErrFrameTooLarge, TypeName(typ), 1+len(payload), MaxFrameLenV4)
 	}
 	dst = binary.BigEndian.AppendUint32(dst, uint32(1+len(payload)))
 	dst = append(dst, typ)
@@ -180,7 +191,11 @@ func (d *decoder) done() bool { return !d.fail && len(d.b) == 0 }
 // DecodeMsg decodes a post-handshake frame into m (which it overwrites).
 //
 // It validates the payload exactly: the fixed fields and every str8/str16
-// must fit, nothing may trail, request ids (and cancel targets) are nonzero,
+// must fit, nothing may trail, the frame is within its type's bound
+// (MaxFrameLenV4 for every type but TypeAcquireBlock), a block acquire
+// names locksm.MinBlockKeys..MaxBlockKeys keys (their alphabet and
+// distinctness are locksm's checks, ValidateCommand), request ids (and
+// cancel targets) are nonzero,
 // reply and progress (TypeQueued) ids are nonzero except for TypeError
 // (id 0 = connection error),
 // a TypeNotice's id is 0 and its event known,
@@ -208,12 +223,29 @@ func DecodeMsg(typ byte, payload []byte, m *Msg) error {
 	if d.fail {
 		return malformed(typ, "short id", payload)
 	}
+	if bound := maxFrameLenOf(typ); 1+len(payload) > bound {
+		return malformed(typ, fmt.Sprintf("%d bytes > %d (only %s may be longer)", 1+len(payload), bound, TypeName(TypeAcquireBlock)), payload)
+	}
 	switch typ {
 	case TypeAcquire:
 		m.Lease = d.u16()
 		m.WaitMs = d.u32()
 		m.Key = d.str8()
 		m.Owner = d.str8()
+	case TypeAcquireBlock:
+		m.Lease = d.u16()
+		m.WaitMs = d.u32()
+		m.Owner = d.str8()
+		n := int(d.u8())
+		if !d.fail && (n < locksm.MinBlockKeys || n > locksm.MaxBlockKeys) {
+			return malformed(typ, fmt.Sprintf("%d keys, not %d..%d", n, locksm.MinBlockKeys, locksm.MaxBlockKeys), payload)
+		}
+		if !d.fail {
+			m.Keys = make([]string, n)
+			for i := range m.Keys {
+				m.Keys[i] = d.str8()
+			}
+		}
 	case TypeRelease:
 		m.Token = d.u64()
 		m.Key = d.str8()
@@ -295,6 +327,22 @@ func checkFields(m *Msg) error {
 		if len(m.Owner) == 0 || len(m.Owner) > locksm.MaxOwnerLen {
 			return fmt.Errorf("%w: %w: owner length %d not in 1..%d", ErrMalformed, locksm.ErrInvalidOwner, len(m.Owner), locksm.MaxOwnerLen)
 		}
+	case TypeAcquireBlock:
+		// The count is the frame's shape (malformed); the keys' lengths
+		// are field errors, as an acquire's key. Distinct keys and their
+		// alphabet are locksm's checks (ValidateCommand): invalid_keys,
+		// invalid_key.
+		if len(m.Keys) < locksm.MinBlockKeys || len(m.Keys) > locksm.MaxBlockKeys {
+			return fmt.Errorf("%w: %d keys, not %d..%d", ErrMalformed, len(m.Keys), locksm.MinBlockKeys, locksm.MaxBlockKeys)
+		}
+		for i, k := range m.Keys {
+			if len(k) == 0 || len(k) > locksm.MaxKeyLen {
+				return fmt.Errorf("%w: %w: key %d length %d not in 1..%d", ErrMalformed, locksm.ErrInvalidKey, i+1, len(k), locksm.MaxKeyLen)
+			}
+		}
+		if len(m.Owner) == 0 || len(m.Owner) > locksm.MaxOwnerLen {
+			return fmt.Errorf("%w: %w: owner length %d not in 1..%d", ErrMalformed, locksm.ErrInvalidOwner, len(m.Owner), locksm.MaxOwnerLen)
+		}
 	case TypeCancel:
 		if m.Target == 0 {
 			return fmt.Errorf("%w: cancel target 0", ErrMalformed)
@@ -342,6 +390,14 @@ func payloadLen(m *Msg) (int, error) {
 	switch m.Type {
 	case TypeAcquire:
 		n += 2 + 4 + s8(m.Key) + s8(m.Owner)
+	case TypeAcquireBlock:
+		n += 2 + 4 + s8(m.Owner) + 1
+		if len(m.Keys) > 255 {
+			n = -1 << 30 // the count does not fit its u8
+		}
+		for _, k := range m.Keys {
+			n += s8(k)
+		}
 	case TypeRelease:
 		n += 8 + s8(m.Key) + s8(m.Owner)
 	case TypeCancel, TypeGranted:
@@ -374,15 +430,16 @@ func payloadLen(m *Msg) (int, error) {
 // AppendMsg appends m as one complete frame to dst. It encodes only the
 // fields m.Type uses (others are ignored) and fails, without appending, if a
 // field does not fit its encoding, breaks a rule DecodeMsg enforces, or the
-// frame would exceed MaxFrameLen (ErrFrameTooLarge). With enough capacity in
+// frame would exceed its type's bound (ErrFrameTooLarge: MaxFrameLen for
+// TypeAcquireBlock, MaxFrameLenV4 for the others). With enough capacity in
 // dst it does not allocate.
 func AppendMsg(dst []byte, m *Msg) ([]byte, error) {
 	n, err := payloadLen(m)
 	if err != nil {
 		return dst, err
 	}
-	if 1+n > MaxFrameLen {
-		return dst, fmt.Errorf("%w: frame %s would be %d bytes > %d", ErrFrameTooLarge, TypeName(m.Type), 1+n, MaxFrameLen)
+	if bound := maxFrameLenOf(m.Type); 1+n > bound {
+		return dst, fmt.Errorf("%w: frame %s would be %d bytes > %d", ErrFrameTooLarge, TypeName(m.Type), 1+n, bound)
 	}
 	if err := checkFields(m); err != nil {
 		return dst, fmt.Errorf("%w (frame %s)", err, TypeName(m.Type))
@@ -396,6 +453,14 @@ func AppendMsg(dst []byte, m *Msg) ([]byte, error) {
 		b = binary.BigEndian.AppendUint32(b, m.WaitMs)
 		b = appendStr8(b, m.Key)
 		b = appendStr8(b, m.Owner)
+	case TypeAcquireBlock:
+		b = binary.BigEndian.AppendUint16(b, m.Lease)
+		b = binary.BigEndian.AppendUint32(b, m.WaitMs)
+		b = appendStr8(b, m.Owner)
+		b = append(b, byte(len(m.Keys)))
+		for _, k := range m.Keys {
+			b = appendStr8(b, k)
+		}
 	case TypeRelease:
 		b = binary.BigEndian.AppendUint64(b, m.Token)
 		b = appendStr8(b, m.Key)
@@ -520,7 +585,8 @@ func (r *Reader) ReadMsg(m *Msg) error {
 }
 
 // IsFieldError reports whether err, from DecodeMsg, concerns only the value
-// of a request's key or owner (wrong length): the frame was well formed and
+// of a request's key (a block acquire's: any of its keys) or owner (wrong
+// length): the frame was well formed and
 // m.ID is valid, so a server should answer E(invalid_key / invalid_owner)
 // under that id and keep the connection, instead of treating it as a
 // connection error that would leave every other request in flight on the

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"reflect"
 	"strings"
@@ -48,7 +49,22 @@ func sampleMsgs() []Msg {
 		{Type: TypeNotice, Event: NoticeServing, LeaderID: "n1/aaaaaaaaaa"},
 		{Type: TypeQueued, ID: 1},
 		{Type: TypeQueued, ID: ^uint64(0)},
+		{Type: TypeAcquireBlock, ID: 9, Lease: 30, WaitMs: 5000, Owner: "srv-a", Keys: []string{"event:42/seat:1", "event:42/seat:2"}},
+		{Type: TypeAcquireBlock, ID: 10, Owner: "o", Keys: []string{"k", "j"}},
+		// The largest frame of all: 16 keys of 255 bytes and a 128-byte
+		// owner, 4241 bytes (over MaxFrameLenV4, within MaxFrameLen).
+		{Type: TypeAcquireBlock, ID: ^uint64(0), Lease: 0xFFFF, WaitMs: 0xFFFFFFFF, Owner: strings.Repeat("o", locksm.MaxOwnerLen), Keys: maxBlockKeys()},
 	}
+}
+
+// maxBlockKeys is a block of locksm.MaxBlockKeys distinct keys of
+// locksm.MaxKeyLen bytes each.
+func maxBlockKeys() []string {
+	keys := make([]string, locksm.MaxBlockKeys)
+	for i := range keys {
+		keys[i] = strings.Repeat(string(rune('A'+i)), locksm.MaxKeyLen)
+	}
+	return keys
 }
 
 func TestRoundTrip(t *testing.T) {
@@ -188,6 +204,125 @@ func u32(v uint32) []byte { return binary.BigEndian.AppendUint32(nil, v) }
 func u16(v uint16) []byte { return binary.BigEndian.AppendUint16(nil, v) }
 func s8(s string) []byte  { return append([]byte{byte(len(s))}, s...) }
 
+// TestBlockAcquireFrame: the block acquire's bytes are PROTOCOL.md's
+// layout (id u64 | lease_sec u16 | wait_ms u32 | owner str8 | n u8 |
+// n × key str8); 2..16 keys encode and decode, 0, 1, 17 and more do not; the
+// largest block is 4241 bytes, the one frame over MaxFrameLenV4; the
+// decoder leaves distinctness and the key alphabet to locksm.
+func TestBlockAcquireFrame(t *testing.T) {
+	m := Msg{Type: TypeAcquireBlock, ID: 3, Lease: 30, WaitMs: 500, Owner: "ow", Keys: []string{"k1", "k22"}}
+	b, err := AppendMsg(nil, &m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := bytes.Join([][]byte{u32(1 + 8 + 2 + 4 + 3 + 1 + 3 + 4), {'b'}, u64(3), u16(30), u32(500), s8("ow"), {2}, s8("k1"), s8("k22")}, nil)
+	if !bytes.Equal(b, want) {
+		t.Fatalf("block frame\n got % x\nwant % x", b, want)
+	}
+
+	block := func(n int, keyLen int) Msg {
+		m := Msg{Type: TypeAcquireBlock, ID: 1, Lease: 30, Owner: strings.Repeat("o", locksm.MaxOwnerLen)}
+		for i := range n {
+			m.Keys = append(m.Keys, fmt.Sprintf("%0*d", keyLen, i))
+		}
+		return m
+	}
+	for n := 0; n <= 20; n++ {
+		m := block(n, locksm.MaxKeyLen)
+		b, err := AppendMsg(nil, &m)
+		ok := n >= locksm.MinBlockKeys && n <= locksm.MaxBlockKeys
+		if ok != (err == nil) || (!ok && !errors.Is(err, ErrMalformed)) {
+			t.Fatalf("AppendMsg of %d keys: %v", n, err)
+		}
+		// The decoder refuses the same counts, as malformed frames (not
+		// field errors: the frame's shape is wrong).
+		payload := bytes.Join([][]byte{u64(1), u16(30), u32(0), s8(m.Owner), {byte(n)}}, nil)
+		for _, k := range m.Keys {
+			payload = append(payload, s8(k)...)
+		}
+		var got Msg
+		err = DecodeMsg(TypeAcquireBlock, payload, &got)
+		if ok != (err == nil) || (!ok && (!errors.Is(err, ErrMalformed) || IsFieldError(err) || CodeOf(err) != CodeBadRequest || got.ID != 1)) {
+			t.Fatalf("DecodeMsg of %d keys: %v (id %d)", n, err, got.ID)
+		}
+		if ok && (!reflect.DeepEqual(got, m) || len(b) != 4+1+8+2+4+1+locksm.MaxOwnerLen+1+n*(1+locksm.MaxKeyLen)) {
+			t.Fatalf("%d keys: %d bytes, decoded %+v", n, len(b), got)
+		}
+	}
+	maxM := block(locksm.MaxBlockKeys, locksm.MaxKeyLen)
+	b, _ = AppendMsg(nil, &maxM)
+	if len(b)-4 != 4241 || len(b)-4 <= MaxFrameLenV4 || len(b)-4 > MaxFrameLen {
+		t.Fatalf("largest block frame %d bytes (type and payload)", len(b)-4)
+	}
+	if m := block(255, 1); !errors.Is(func() error { _, err := AppendMsg(nil, &m); return err }(), ErrMalformed) {
+		t.Fatal("255 keys encoded")
+	}
+	if m := block(256, 1); !errors.Is(func() error { _, err := AppendMsg(nil, &m); return err }(), ErrMalformed) {
+		t.Fatal("256 keys encoded (the count is a u8)")
+	}
+
+	// Not the decoder's checks: a key named twice (invalid_keys) and a
+	// key outside 0x21..0x7E (invalid_key) decode; locksm refuses them.
+	for _, keys := range [][]string{{"k", "k"}, {"a b", "k"}, {"k", "\x00"}} {
+		m := Msg{Type: TypeAcquireBlock, ID: 5, Lease: 1, Owner: "o", Keys: keys}
+		b, err := AppendMsg(nil, &m)
+		if err != nil {
+			t.Fatalf("keys %q: %v", keys, err)
+		}
+		var got Msg
+		if err := DecodeMsg(b[4], b[5:], &got); err != nil || !reflect.DeepEqual(got, m) {
+			t.Fatalf("keys %q: %+v %v", keys, got, err)
+		}
+	}
+	// A key or owner of the wrong length is a field error, answered
+	// under the id, as for an acquire.
+	for _, c := range []struct {
+		name    string
+		payload []byte
+		want    error
+	}{
+		{"empty first key", bytes.Join([][]byte{u64(8), u16(1), u32(0), s8("o"), {2}, s8(""), s8("k")}, nil), locksm.ErrInvalidKey},
+		{"empty last key", bytes.Join([][]byte{u64(8), u16(1), u32(0), s8("o"), {2}, s8("k"), s8("")}, nil), locksm.ErrInvalidKey},
+		{"empty owner", bytes.Join([][]byte{u64(8), u16(1), u32(0), s8(""), {2}, s8("k"), s8("j")}, nil), locksm.ErrInvalidOwner},
+		{"owner too long", bytes.Join([][]byte{u64(8), u16(1), u32(0), s8(strings.Repeat("o", locksm.MaxOwnerLen+1)), {2}, s8("k"), s8("j")}, nil), locksm.ErrInvalidOwner},
+	} {
+		var got Msg
+		err := DecodeMsg(TypeAcquireBlock, c.payload, &got)
+		if !errors.Is(err, c.want) || !errors.Is(err, ErrMalformed) || !IsFieldError(err) || got.ID != 8 || got.Type != TypeAcquireBlock {
+			t.Errorf("%s: %v (id %d)", c.name, err, got.ID)
+		}
+	}
+}
+
+// TestFrameBoundPerType: only the block acquire may be longer than
+// MaxFrameLenV4, so every other frame a version 5 speaker writes fits an
+// older peer; the decoder holds received frames to the same bounds (the
+// encoding stays canonical: whatever decodes re-encodes).
+func TestFrameBoundPerType(t *testing.T) {
+	maxU := MaxFrameLenV4 - 1 - 8 - 2
+	if _, err := AppendMsg(nil, &Msg{Type: TypeUnknown, ID: 1, Text: strings.Repeat("u", maxU)}); err != nil {
+		t.Fatalf("U of %d bytes of text: %v", maxU, err)
+	}
+	if _, err := AppendMsg(nil, &Msg{Type: TypeUnknown, ID: 1, Text: strings.Repeat("u", maxU+1)}); !errors.Is(err, ErrFrameTooLarge) {
+		t.Fatalf("U over MaxFrameLenV4: %v", err)
+	}
+	for _, text := range []int{maxU + 1, MaxFrameLen - 1 - 8 - 2} {
+		var m Msg
+		err := DecodeMsg(TypeUnknown, bytes.Join([][]byte{u64(1), u16(uint16(text)), []byte(strings.Repeat("u", text))}, nil), &m)
+		if !errors.Is(err, ErrMalformed) || CodeOf(err) != CodeBadRequest {
+			t.Errorf("U of %d bytes of text decoded: %v", text, err)
+		}
+	}
+	// A ping padded to MaxFrameLen is malformed, not a framing error.
+	var m Msg
+	if err := DecodeMsg(TypePing, make([]byte, MaxFrameLen-1), &m); !errors.Is(err, ErrMalformed) {
+		t.Errorf("long ping: %v", err)
+	}
+	if MaxTextLen != 4083 || MaxFrameBytes != 4+8192 {
+		t.Errorf("MaxTextLen %d MaxFrameBytes %d", MaxTextLen, MaxFrameBytes)
+	}
+}
+
 func TestDecodeMalformed(t *testing.T) {
 	long := strings.Repeat("o", locksm.MaxOwnerLen+1)
 	cases := []struct {
@@ -225,6 +360,16 @@ func TestDecodeMalformed(t *testing.T) {
 		{"members bad suffrage", 'L', bytes.Join([][]byte{u64(1), {1}, s8("n1"), {2}, s8("")}, nil), []error{ErrMalformed}},
 		{"members empty id", 'L', bytes.Join([][]byte{u64(1), {1}, s8(""), {0}, s8("")}, nil), []error{ErrMalformed}},
 		{"members trailing", 'L', bytes.Join([][]byte{u64(1), {0}, {0}}, nil), []error{ErrMalformed}},
+		{"block no keys", 'b', bytes.Join([][]byte{u64(1), u16(1), u32(0), s8("o"), {0}}, nil), []error{ErrMalformed}},
+		{"block one key", 'b', bytes.Join([][]byte{u64(1), u16(1), u32(0), s8("o"), {1}, s8("k")}, nil), []error{ErrMalformed}},
+		{"block 17 keys", 'b', bytes.Join([][]byte{u64(1), u16(1), u32(0), s8("o"), {17}, bytes.Repeat(s8("k"), 17)}, nil), []error{ErrMalformed}},
+		{"block 255 keys", 'b', bytes.Join([][]byte{u64(1), u16(1), u32(0), s8("o"), {255}}, nil), []error{ErrMalformed}},
+		{"block count missing", 'b', bytes.Join([][]byte{u64(1), u16(1), u32(0), s8("o")}, nil), []error{ErrMalformed}},
+		{"block keys short of the count", 'b', bytes.Join([][]byte{u64(1), u16(1), u32(0), s8("o"), {3}, s8("k"), s8("j")}, nil), []error{ErrMalformed}},
+		{"block key beyond payload", 'b', bytes.Join([][]byte{u64(1), u16(1), u32(0), s8("o"), {2}, s8("k"), {9}, []byte("j")}, nil), []error{ErrMalformed}},
+		{"block trailing", 'b', bytes.Join([][]byte{u64(1), u16(1), u32(0), s8("o"), {2}, s8("k"), s8("j"), {0}}, nil), []error{ErrMalformed}},
+		{"block id 0", 'b', bytes.Join([][]byte{u64(0), u16(1), u32(0), s8("o"), {2}, s8("k"), s8("j")}, nil), []error{ErrMalformed}},
+		{"block without lease and wait", 'b', bytes.Join([][]byte{u64(1), s8("o"), {2}, s8("k"), s8("j")}, nil), []error{ErrMalformed}},
 		{"unknown type", 'z', u64(1), []error{ErrUnknownType}},
 		{"zero type", 0, nil, []error{ErrUnknownType}},
 		{"hello after handshake", TypeHello, nil, []error{ErrUnexpectedFrame}},
@@ -277,6 +422,15 @@ func TestAppendRefuses(t *testing.T) {
 		{"notice event 3", Msg{Type: TypeNotice, Event: 3}, ErrMalformed},
 		{"notice ack id 0", Msg{Type: TypeNoticeAck}, ErrMalformed},
 		{"queued id 0", Msg{Type: TypeQueued}, ErrMalformed},
+		{"block no keys", Msg{Type: TypeAcquireBlock, ID: 1, Owner: "o"}, ErrMalformed},
+		{"block one key", Msg{Type: TypeAcquireBlock, ID: 1, Owner: "o", Keys: []string{"k"}}, ErrMalformed},
+		{"block 17 keys", Msg{Type: TypeAcquireBlock, ID: 1, Owner: "o", Keys: strings.Split("abcdefghijklmnopq", "")}, ErrMalformed},
+		{"block empty key", Msg{Type: TypeAcquireBlock, ID: 1, Owner: "o", Keys: []string{"k", ""}}, locksm.ErrInvalidKey},
+		{"block key too long", Msg{Type: TypeAcquireBlock, ID: 1, Owner: "o", Keys: []string{"k", strings.Repeat("k", 256)}}, ErrMalformed},
+		{"block empty owner", Msg{Type: TypeAcquireBlock, ID: 1, Keys: []string{"k", "j"}}, locksm.ErrInvalidOwner},
+		{"block owner too long", Msg{Type: TypeAcquireBlock, ID: 1, Owner: strings.Repeat("o", 129), Keys: []string{"k", "j"}}, locksm.ErrInvalidOwner},
+		{"block id 0", Msg{Type: TypeAcquireBlock, Owner: "o", Keys: []string{"k", "j"}}, ErrMalformed},
+		{"unknown text over MaxFrameLenV4", Msg{Type: TypeUnknown, ID: 1, Text: strings.Repeat("t", MaxTextLen+3)}, ErrFrameTooLarge},
 	}
 	for _, c := range cases {
 		dst := []byte("keep")
@@ -328,9 +482,18 @@ func TestReplyAllowed(t *testing.T) {
 		ReplyAllowed(TypeAcquire, TypeNotice) || ReplyAllowed(TypeNotice, TypeOK) {
 		t.Error("ReplyAllowed table wrong")
 	}
+	// A block acquire's replies are exactly an acquire's.
+	for reply := byte(0); reply < 0x80; reply++ {
+		if ReplyAllowed(TypeAcquireBlock, reply) != ReplyAllowed(TypeAcquire, reply) {
+			t.Errorf("ReplyAllowed(b, %s) = %v, a: %v", TypeName(reply), ReplyAllowed(TypeAcquireBlock, reply), ReplyAllowed(TypeAcquire, reply))
+		}
+	}
+	if !IsRequest(TypeAcquireBlock) || IsReply(TypeAcquireBlock) || IsNotice(TypeAcquireBlock) || IsProgress(TypeAcquireBlock) {
+		t.Error("b's class wrong")
+	}
 	// Q is a progress frame, never a reply: a client that took it for
 	// one would end the call before its outcome is known.
-	for _, req := range []byte{TypeAcquire, TypeRelease, TypeCancel, TypePing, TypeStatus, TypeMembers, TypeNoticeAck} {
+	for _, req := range []byte{TypeAcquire, TypeAcquireBlock, TypeRelease, TypeCancel, TypePing, TypeStatus, TypeMembers, TypeNoticeAck} {
 		if ReplyAllowed(req, TypeQueued) {
 			t.Errorf("ReplyAllowed(%s, Q)", TypeName(req))
 		}
@@ -358,10 +521,35 @@ func TestProgressAllowed(t *testing.T) {
 		{TypeNoticeAck, TypeQueued, VersionQueued, false},
 		{TypeAcquire, TypeGranted, VersionQueued, false},
 		{TypeAcquire, TypeNotice, VersionQueued, false},
+		{TypeAcquireBlock, TypeQueued, VersionBlocks, true},
+		{TypeAcquireBlock, TypeQueued, VersionBlocks + 1, true},
+		{TypeAcquireBlock, TypeQueued, VersionQueued, false}, // never sent on a version 4 connection
+		{TypeAcquireBlock, TypeGranted, VersionBlocks, false},
 	} {
 		if got := ProgressAllowed(tc.req, tc.typ, tc.version); got != tc.want {
 			t.Errorf("ProgressAllowed(%s, %s, %d) = %v", TypeName(tc.req), TypeName(tc.typ), tc.version, got)
 		}
+	}
+}
+
+// TestRequestAllowed: 'n' from version 3, 'b' from version 5, the other
+// requests in every version, and never a reply type.
+func TestRequestAllowed(t *testing.T) {
+	for v := uint16(MinProtocolVersion); v <= ProtocolVersion; v++ {
+		for _, req := range []byte{TypeAcquire, TypeRelease, TypeCancel, TypePing, TypeStatus, TypeMembers} {
+			if !RequestAllowed(req, v) {
+				t.Errorf("RequestAllowed(%s, %d)", TypeName(req), v)
+			}
+		}
+		if RequestAllowed(TypeNoticeAck, v) != (v >= VersionNotices) || RequestAllowed(TypeAcquireBlock, v) != (v >= VersionBlocks) {
+			t.Errorf("version %d: n %v, b %v", v, RequestAllowed(TypeNoticeAck, v), RequestAllowed(TypeAcquireBlock, v))
+		}
+		if RequestAllowed(TypeGranted, v) || RequestAllowed(TypeQueued, v) || RequestAllowed(TypeHello, v) {
+			t.Errorf("version %d: a non-request allowed", v)
+		}
+	}
+	if VersionBlocks != ProtocolVersion || VersionBlocks <= VersionQueued {
+		t.Errorf("VersionBlocks %d, ProtocolVersion %d", VersionBlocks, ProtocolVersion)
 	}
 }
 
@@ -373,6 +561,16 @@ func TestCodeTable(t *testing.T) {
 		if c.String() == "unknown" {
 			t.Errorf("code %d has no name", c)
 		}
+	}
+	// The codes after it, appended since.
+	for c := CodeDuplicateRef; c <= CodeNotSupported; c++ {
+		if CodeOf(ErrOf(c)) != c || c.String() == "unknown" {
+			t.Errorf("code %d (%s) does not round trip", c, c)
+		}
+	}
+	if CodeOf(locksm.ErrInvalidBlock) != CodeInvalidKeys || CodeInvalidKeys.String() != "invalid_keys" ||
+		CodeOf(fmt.Errorf("block: %w", ErrNotSupported)) != CodeNotSupported || CodeNotSupported.String() != "not_supported" {
+		t.Error("invalid_keys / not_supported mapping wrong")
 	}
 	if ErrOf(999) != ErrRemote || CodeOf(io.EOF) != CodeInternal {
 		t.Error("fallbacks wrong")

@@ -41,6 +41,8 @@ const (
 	CodeTooManyConns     Code = 28 // the node's connection limit (connection-level, then close)
 	CodeHandshakeTimeout Code = 29 // the handshake did not finish in time (connection-level, then close)
 	CodeWrongDomain      Code = 30 // handshake: the two sides belong to different fencing domains
+	CodeInvalidKeys      Code = 31 // locksm.ErrInvalidBlock: a block acquire's keys are not 2..16 distinct keys
+	CodeNotSupported     Code = 32 // the request needs a newer protocol than some cluster member speaks
 )
 
 // Sentinel errors of this package (each but ErrRemote, ErrBadConfig and
@@ -68,6 +70,10 @@ var (
 	ErrTooManyConns     = errors.New("wire: too many connections")
 	ErrHandshakeTimeout = errors.New("wire: handshake timed out")
 	ErrWrongDomain      = errors.New("wire: peer belongs to another fencing domain")
+	// ErrNotSupported (not_supported): the request needs a newer protocol
+	// than some cluster member speaks (a block acquire before every member
+	// runs version 5); definite, nothing was executed.
+	ErrNotSupported = errors.New("wire: not supported by the cluster yet")
 	// ErrRemote wraps a TypeError reply whose code has no local sentinel.
 	ErrRemote = errors.New("wire: remote error")
 	// ErrBadConfig reports a HandshakeConfig that cannot work (short
@@ -147,6 +153,8 @@ var codeTable = []struct {
 	{CodeTooManyConns, ErrTooManyConns},
 	{CodeHandshakeTimeout, ErrHandshakeTimeout},
 	{CodeWrongDomain, ErrWrongDomain},
+	{CodeInvalidKeys, locksm.ErrInvalidBlock},
+	{CodeNotSupported, ErrNotSupported},
 }
 
 // CodeOf maps an error (possibly wrapped) to its wire code; CodeInternal if
@@ -189,5 +197,5 @@ var codeNames = map[Code]string{
 	CodeDuplicateRef: "duplicate_ref", CodeInvalidCommand: "invalid_command", CodeTokensExhausted: "tokens_exhausted",
 	CodeTooManyKeys: "too_many_keys", CodeTooManyWaiters: "too_many_waiters", CodeTLSRequired: "tls_required",
 	CodeIdleTimeout: "idle_timeout", CodeTooManyConns: "too_many_connections", CodeHandshakeTimeout: "handshake_timeout",
-	CodeWrongDomain: "wrong_domain",
+	CodeWrongDomain: "wrong_domain", CodeInvalidKeys: "invalid_keys", CodeNotSupported: "not_supported",
 }

@@ -41,7 +41,7 @@ var (
 const (
 	specServerLabel = "ticketing/server/v1"
 	specClientLabel = "ticketing/client/v1"
-	specMaxFrameLen = 4096
+	specMaxFrameLen = 8192
 )
 
 // specWelcome is the Welcome of versions 2 and 3 (empty payload);
@@ -73,7 +73,7 @@ type specFrame struct {
 // the end of b when it is cut short, or only the 4-byte header when the
 // length is invalid (refused at once). err is nil for a complete frame,
 // else io.EOF (b is empty: a clean end), io.ErrUnexpectedEOF (cut inside a
-// frame), ErrMalformed (length 0) or ErrFrameTooLarge (length > 4096).
+// frame), ErrMalformed (length 0) or ErrFrameTooLarge (length > 8192).
 func specNext(b []byte) (f specFrame, end int, err error) {
 	if len(b) == 0 {
 		return f, 0, io.EOF
@@ -476,7 +476,7 @@ func frameSeeds() []namedSeed {
 	for i, m := range sampleMsgs() {
 		add(fmt.Sprintf("valid-%02d-%c", i, m.Type), mustMsg(m))
 	}
-	maxU := MaxFrameLen - 1 - 8 - 2
+	maxU := MaxFrameLenV4 - 1 - 8 - 2
 	// Maximum field lengths.
 	add("max-acquire", mustMsg(Msg{Type: TypeAcquire, ID: ^uint64(0), Lease: 250, WaitMs: 300000, Key: rep('k', locksm.MaxKeyLen), Owner: rep('o', locksm.MaxOwnerLen)}))
 	add("max-release", mustMsg(Msg{Type: TypeRelease, ID: ^uint64(0), Token: ^uint64(0), Key: rep('~', locksm.MaxKeyLen), Owner: rep('!', locksm.MaxOwnerLen)}))
@@ -488,7 +488,7 @@ func frameSeeds() []namedSeed {
 	add("max-status", mustMsg(Msg{Type: TypeStatusR, ID: ^uint64(0), NodeID: rep('n', 255), Role: RoleShutdown, Term: ^uint64(0),
 		LeaderID: rep('l', 255), LeaderAddr: rep('a', 255), Commit: ^uint64(0), Applied: ^uint64(0), LastToken: ^uint64(0), Held: ^uint64(0), Waiting: ^uint64(0)}))
 	// Members: as many 255-byte ids and addresses as fit in one frame (7).
-	bigMembers := make([]Member, (MaxFrameLen-1-8-1)/(1+255+1+1+255))
+	bigMembers := make([]Member, (MaxFrameLenV4-1-8-1)/(1+255+1+1+255))
 	for i := range bigMembers {
 		bigMembers[i] = Member{ServerID: rep(byte('a'+i), 255), Suffrage: Suffrage(i % 2), ClientAddr: rep('c', 255)}
 	}
@@ -510,7 +510,33 @@ func frameSeeds() []namedSeed {
 	add("over-unknown-text", rawFrame('U', u64(1), s16(rep('u', maxU+1))))
 	add("over-error-text", rawFrame('E', u64(1), u16(1), s16(rep('e', MaxTextLen+1))))
 	add("over-status-role", rawFrame('S', u64(6), s8("n1"), []byte{byte(RoleShutdown) + 1}, u64(1), s8(""), s8(""), make([]byte, 40)))
-	add("over-length-4097", append(binary.BigEndian.AppendUint32(nil, MaxFrameLen+1), 'p'))
+	// Version 5: U and the other types keep the bound of versions 1–4; a
+	// frame of up to 8192 bytes is framed, and refused by the decoder.
+	add("over-unknown-text-max-frame", rawFrame('U', u64(1), s16(rep('u', MaxFrameLen-1-8-2))))
+	add("over-ping-max-frame", rawFrame('p', u64(1), make([]byte, MaxFrameLen-1-8)))
+	// Block acquires: 2..16 keys; the count is checked, distinctness and
+	// the alphabet are not (locksm's invalid_keys, invalid_key).
+	blockKeys := make([]string, locksm.MaxBlockKeys)
+	for i := range blockKeys {
+		blockKeys[i] = rep(byte('A'+i), locksm.MaxKeyLen)
+	}
+	add("max-block", mustMsg(Msg{Type: TypeAcquireBlock, ID: ^uint64(0), Lease: 250, WaitMs: 300000, Owner: rep('o', locksm.MaxOwnerLen), Keys: blockKeys}))
+	add("min-block", mustMsg(Msg{Type: TypeAcquireBlock, ID: 1, Lease: 1, Owner: "o", Keys: []string{"k", "j"}}))
+	add("block-duplicate-keys", mustMsg(Msg{Type: TypeAcquireBlock, ID: 2, Lease: 30, Owner: "o", Keys: []string{"k", "k"}}))
+	add("block-key-outside-alphabet", rawFrame('b', u64(3), u16(30), u32(0), s8("o"), []byte{2}, s8("k"), s8("a b")))
+	blockHead := cat(u64(4), u16(30), u32(1000), s8("o"))
+	add("over-block-17-keys", rawFrame('b', blockHead, []byte{17}, bytes.Repeat(s8(rep('k', locksm.MaxKeyLen)), 17)))
+	add("over-block-255-keys", rawFrame('b', blockHead, []byte{255}, bytes.Repeat(s8("k"), 255)))
+	add("under-block-1-key", rawFrame('b', blockHead, []byte{1}, s8("k")))
+	add("under-block-0-keys", rawFrame('b', blockHead, []byte{0}))
+	add("under-block-key-empty", rawFrame('b', blockHead, []byte{2}, s8("k"), s8("")))
+	add("under-block-owner-empty", rawFrame('b', u64(4), u16(30), u32(0), s8(""), []byte{2}, s8("k"), s8("j")))
+	add("over-block-owner", rawFrame('b', u64(4), u16(30), u32(0), s8(rep('o', locksm.MaxOwnerLen+1)), []byte{2}, s8("k"), s8("j")))
+	add("bad-block-keys-short-of-count", rawFrame('b', blockHead, []byte{3}, s8("k"), s8("j")))
+	add("bad-block-key-past-payload", rawFrame('b', blockHead, []byte{2}, s8("k"), []byte{255}, []byte("j")))
+	add("bad-block-trailing", rawFrame('b', blockHead, []byte{2}, s8("k"), s8("j"), []byte{0}))
+	add("bad-block-id0", rawFrame('b', u64(0), u16(30), u32(0), s8("o"), []byte{2}, s8("k"), s8("j")))
+	add("over-length-8193", append(binary.BigEndian.AppendUint32(nil, MaxFrameLen+1), 'b'))
 	add("over-length-max-u32", []byte{0xff, 0xff, 0xff, 0xff, 'p'})
 	// Under and malformed.
 	add("under-acquire-key-empty", rawFrame('a', u64(1), u16(30), u32(0), s8(""), s8("o")))
@@ -557,8 +583,13 @@ func readerSeeds() []namedSeed {
 		all = append(all, mustMsg(msgs[i])...)
 	}
 	ping := mustMsg(Msg{Type: TypePing, ID: 1})
-	maxU := mustMsg(Msg{Type: TypeUnknown, ID: 1, Text: rep('u', MaxFrameLen-1-8-2)})
+	maxU := mustMsg(Msg{Type: TypeUnknown, ID: 1, Text: rep('u', MaxFrameLenV4-1-8-2)})
 	maxE := mustMsg(Msg{Type: TypeError, ID: 0, Code: CodeShuttingDown, Text: rep('e', MaxTextLen)})
+	maxKeys := make([]string, locksm.MaxBlockKeys)
+	for i := range maxKeys {
+		maxKeys[i] = rep(byte('a'+i), locksm.MaxKeyLen)
+	}
+	maxB := mustMsg(Msg{Type: TypeAcquireBlock, ID: 2, Lease: 30, WaitMs: 1, Owner: rep('o', locksm.MaxOwnerLen), Keys: maxKeys})
 	hs := handshakeFrameSeeds()
 	mixed := cat(rawFrame('p', u64(0)), ping,
 		rawFrame('a', u64(9), u16(30), u32(0), s8("k"), s8(rep('o', locksm.MaxOwnerLen+1))), ping,
@@ -566,8 +597,11 @@ func readerSeeds() []namedSeed {
 	streams := []namedSeed{
 		{"all-valid", all},
 		{"max-frames", cat(maxU, maxE, maxU, ping, maxU, maxE)}, // crosses buffer ends: compaction
+		{"max-blocks", cat(maxB, maxU, maxB, ping, maxB, maxB, maxE, maxB)},
 		{"decode-errors-then-valid", mixed},
 		{"ends-frame-too-large", cat(ping, ping, rawFrame('U', u64(1), s16(rep('u', MaxFrameLen-1-8-2+1))))},
+		{"ends-block-too-large", cat(ping, maxB, rawFrame('b', maxB[5:], make([]byte, MaxFrameLen-len(maxB)+5)))},
+		{"long-u-then-valid", cat(rawFrame('U', u64(1), s16(rep('u', MaxFrameLenV4))), ping, maxB)}, // framed, refused by the decoder
 		{"ends-length0", cat(ping, []byte{0, 0, 0, 0}, ping)},
 		{"ends-truncated-frame", cat(ping, all[:len(all)-3])},
 		{"ends-truncated-header", cat(ping, []byte{0, 0})},
@@ -618,9 +652,11 @@ func serverHandshakeSeeds() []namedSeed {
 		{"valid-wide-versions", cat(specHelloFrame(1, 0xffff, KindClient, cn, "prod", "", "", ""), good)},
 		// Older clients negotiate their own version (and get the Welcome
 		// of that version: empty, without the limits).
+		{"valid-v4-client", cat(specHelloFrame(2, 4, KindClient, cn, "prod", "", "", ""), authV(4))},
 		{"valid-v3-client", cat(specHelloFrame(2, 3, KindClient, cn, "prod", "", "", ""), authV(3))},
 		{"valid-v2-client", cat(specHelloFrame(2, 2, KindClient, cn, "prod", "", "", ""), authV(2))},
-		{"v3-client-proof-for-v4", cat(specHelloFrame(2, 3, KindClient, cn, "prod", "", "", ""), good)},
+		{"v3-client-proof-for-newest", cat(specHelloFrame(2, 3, KindClient, cn, "prod", "", "", ""), good)},
+		{"v4-client-proof-for-newest", cat(specHelloFrame(2, 4, KindClient, cn, "prod", "", "", ""), good)},
 		{"valid-max-sender-expect-n1", cat(specHelloFrame(v, v, KindClient, cn, "prod", rep('s', 255), "n1", ""), auth(rep('s', 255), "n1"))},
 		{"valid-rollover-next-secret-refused", cat(hello, rawFrame('x', specProof(nextPeerSecret, specClientLabel,
 			specTranscript(v, KindClient, cn, sn, "prod", "n1", "", "", "", "", nil))))},
@@ -666,7 +702,8 @@ func serverHandshakeSeeds() []namedSeed {
 		{"auth-long-payload", cat(hello, rawFrame('x', good[5:], []byte{0}))},
 		{"auth-empty", cat(hello, []byte{0, 0, 0, 1, 'x'})},
 		{"auth-length0", cat(hello, []byte{0, 0, 0, 0})},
-		{"auth-too-large", cat(hello, []byte{0, 0, 0x10, 0x01, 'x'})},
+		{"auth-too-large", cat(hello, []byte{0, 0, 0x20, 0x01, 'x'})},
+		{"auth-over-v4-bound", cat(hello, rawFrame('x', good[5:], make([]byte, MaxFrameLenV4)))},
 		{"error-after-hello", cat(hello, mustMsg(Msg{Type: TypeError, Code: CodeAuthFailed, Text: "no"}))},
 		{"welcome-after-hello", cat(hello, specWelcome)},
 		{"challenge-reflected", cat(hello, specChallengeFrame(v, sn, "n1", "prod", "", serverProof))},
@@ -676,7 +713,8 @@ func serverHandshakeSeeds() []namedSeed {
 		{"first-error", mustMsg(Msg{Type: TypeError, Code: CodeVersion, Text: "x"})},
 		{"first-welcome", specWelcome},
 		{"length0", []byte{0, 0, 0, 0}},
-		{"length-4097", append(binary.BigEndian.AppendUint32(nil, MaxFrameLen+1), 'h')},
+		{"length-8193", append(binary.BigEndian.AppendUint32(nil, MaxFrameLen+1), 'h')},
+		{"hello-over-v4-bound", cat(rawFrame('h', hello[5:], make([]byte, MaxFrameLenV4)), good)},
 		{"truncated-hello", hello[:len(hello)-5]},
 		{"truncated-header", hello[:3]},
 		{"foreign-http", seedHTTP},
@@ -781,7 +819,8 @@ func clientHandshakeSeeds() []namedSeed {
 		{"version-3", cat(specChallengeFrame(3, sn, "n1", "prod", "", pC(3, "n1", "prod")), specWelcome)},
 		{"version-2", cat(specChallengeFrame(2, sn, "n1", "prod", "", pC(2, "n1", "prod")), specWelcome)},
 		{"version-3-welcome-with-limits", cat(specChallengeFrame(3, sn, "n1", "prod", "", pC(3, "n1", "prod")), wel)},
-		{"version-5", cat(specChallengeFrame(5, sn, "n1", "prod", "", pC(5, "n1", "prod")), wel)},
+		{"version-4", cat(specChallengeFrame(4, sn, "n1", "prod", "", pC(4, "n1", "prod")), wel)},
+		{"version-6", cat(specChallengeFrame(6, sn, "n1", "prod", "", pC(6, "n1", "prod")), wel)},
 		{"wrong-cluster", cat(specChallengeFrame(v, sn, "n1", "staging", "", pC(v, "n1", "staging")), wel)},
 		// Fencing domain: cfgs[3] expects "d1"; cfgs[0] accepts any and
 		// learns the server's.
@@ -814,7 +853,8 @@ func clientHandshakeSeeds() []namedSeed {
 		{"welcome-v4-zero-limits", cat(valid, specWelcome4(0, 0))},
 		{"welcome-v4-max-limits", cat(valid, specWelcome4(^uint32(0), ^uint32(0)))},
 		{"welcome-length0", cat(valid, []byte{0, 0, 0, 0})},
-		{"welcome-too-large", cat(valid, []byte{0, 0, 0x10, 0x01, 'W'})},
+		{"welcome-too-large", cat(valid, []byte{0, 0, 0x20, 0x01, 'W'})},
+		{"welcome-over-v4-bound", cat(valid, rawFrame('W', make([]byte, MaxFrameLenV4)))},
 		{"challenge-twice", cat(valid, valid)},
 		{"ping-instead-of-welcome", cat(valid, ping)},
 		{"error-after-challenge", cat(valid, eFrame)},
@@ -912,7 +952,7 @@ func TestFuzzSeedsSucceed(t *testing.T) {
 		{"discover-full-id", 2}, {"discover-bare-name", 2},
 		{"domain-any-client-expects-none", 0}, {"max-domain", 0},
 		{"domain-match", 3}, {"domain-empty-client-expects-one", 3},
-		{"version-3", 0}, {"version-2", 0}, {"welcome-v4-zero-limits", 0}, {"welcome-v4-max-limits", 0},
+		{"version-4", 0}, {"version-3", 0}, {"version-2", 0}, {"welcome-v4-zero-limits", 0}, {"welcome-v4-max-limits", 0},
 	} {
 		data := byName(clientHandshakeSeeds(), tc.seed)
 		if _, err := ClientHandshake(newFuzzRW(data), cfgs[tc.cfg]); err != nil {
@@ -931,7 +971,7 @@ func TestFuzzSeedsSucceed(t *testing.T) {
 		{"peer-valid", 1}, {"peer-valid-next-secret", 1}, {"discover-bare-name", 1}, {"discover-full-id", 1},
 		{"hello-domain-any-server-has-none", 0}, {"hello-max-domain", 0}, {"peer-with-domain", 1},
 		{"hello-domain-match", 2}, {"hello-domain-empty-server-has-one", 2},
-		{"valid-v3-client", 0}, {"valid-v2-client", 0},
+		{"valid-v4-client", 0}, {"valid-v3-client", 0}, {"valid-v2-client", 0},
 	} {
 		data := byName(serverHandshakeSeeds(), tc.seed)
 		if _, err := ServerHandshake(newFuzzRW(data), scfgs[tc.cfg]); err != nil {
@@ -966,7 +1006,7 @@ func TestFuzzSeedsRefused(t *testing.T) {
 		{"challenge-without-domain", 0, ErrMalformed},
 		{"domain-n0", 3, ErrMalformed},
 		{"version-3-welcome-with-limits", 0, ErrMalformed},
-		{"version-5", 0, ErrVersion},
+		{"version-6", 0, ErrVersion},
 		{"welcome-v4-empty", 0, ErrMalformed},
 		{"welcome-v4-7-bytes", 0, ErrMalformed},
 		{"welcome-v4-9-bytes", 0, ErrMalformed},
@@ -1006,7 +1046,8 @@ func TestFuzzSeedsRefused(t *testing.T) {
 		{"hello-v1-layout", 0, ErrVersion},
 		{"hello-version-only", 0, ErrVersion},
 		{"hello-version-cut", 0, ErrMalformed},
-		{"v3-client-proof-for-v4", 0, ErrAuthFailed}, // the version is in the transcript
+		{"v3-client-proof-for-newest", 0, ErrAuthFailed}, // the version is in the transcript
+		{"v4-client-proof-for-newest", 0, ErrAuthFailed},
 	} {
 		data := seedByName(t, serverHandshakeSeeds(), tc.seed)
 		rw := newFuzzRW(data)

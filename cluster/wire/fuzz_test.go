@@ -356,14 +356,14 @@ func (c *chunkReader) Read(p []byte) (int, error) {
 }
 
 // chunkParams maps the first input byte of FuzzReader to the read size
-// (1..64, or 70..4480 in steps of 70, which passes MaxFrameBytes) and
+// (1..64, or 140..8960 in steps of 140, which passes MaxFrameBytes) and
 // whether the last data comes with io.EOF (top bit).
 func chunkParams(b byte) (k int, eofWithData bool) {
 	v := int(b & 0x7F)
 	if v < 64 {
 		k = v + 1
 	} else {
-		k = (v - 63) * 70
+		k = (v - 63) * 140
 	}
 	return k, b&0x80 != 0
 }
@@ -426,7 +426,7 @@ func FuzzReader(f *testing.F) {
 				if m.Type != fr.typ {
 					t.Fatalf("decode error left type %q, frame has %q", m.Type, fr.typ)
 				}
-				if IsFieldError(err) && (m.ID == 0 || (m.Type != TypeAcquire && m.Type != TypeRelease)) {
+				if IsFieldError(err) && (m.ID == 0 || (m.Type != TypeAcquire && m.Type != TypeAcquireBlock && m.Type != TypeRelease)) {
 					t.Fatalf("field error %v for %+v: a server could not answer it under an id", err, m)
 				}
 				continue
@@ -456,13 +456,26 @@ func checkMsgBounds(t *testing.T, m *Msg, raw []byte) {
 	if !IsRequest(m.Type) && !IsReply(m.Type) && !IsNotice(m.Type) && !IsProgress(m.Type) {
 		t.Fatalf("decoded a frame of type %q", m.Type)
 	}
+	// Only the block acquire may exceed the bound of versions 1–4.
+	if len(raw)-4 > MaxFrameLenV4 && m.Type != TypeAcquireBlock {
+		t.Fatalf("decoded a %d-byte %q frame", len(raw)-4, m.Type)
+	}
 	if (m.ID == 0) != (m.Type == TypeNotice) && m.Type != TypeError {
 		t.Fatalf("decoded id %d for %q: %+v", m.ID, m.Type, m)
 	}
 	switch m.Type {
 	case TypeAcquire, TypeRelease:
-		if len(m.Key) < 1 || len(m.Key) > locksm.MaxKeyLen || len(m.Owner) < 1 || len(m.Owner) > locksm.MaxOwnerLen {
-			t.Fatalf("key %d / owner %d bytes", len(m.Key), len(m.Owner))
+		if len(m.Key) < 1 || len(m.Key) > locksm.MaxKeyLen || len(m.Owner) < 1 || len(m.Owner) > locksm.MaxOwnerLen || m.Keys != nil {
+			t.Fatalf("key %d / owner %d bytes, %d block keys", len(m.Key), len(m.Owner), len(m.Keys))
+		}
+	case TypeAcquireBlock:
+		if m.Key != "" || len(m.Keys) < locksm.MinBlockKeys || len(m.Keys) > locksm.MaxBlockKeys || len(m.Owner) < 1 || len(m.Owner) > locksm.MaxOwnerLen {
+			t.Fatalf("block of %d keys (key %q), owner %d bytes", len(m.Keys), m.Key, len(m.Owner))
+		}
+		for _, k := range m.Keys {
+			if len(k) < 1 || len(k) > locksm.MaxKeyLen {
+				t.Fatalf("block key of %d bytes", len(k))
+			}
 		}
 	case TypeCancel:
 		if m.Target == 0 {
@@ -474,7 +487,7 @@ func checkMsgBounds(t *testing.T, m *Msg, raw []byte) {
 		}
 	case TypeUnknown:
 		// U has no code, so its text can be 2 bytes longer than E's.
-		if len(m.Text) > MaxFrameLen-1-8-2 {
+		if len(m.Text) > MaxFrameLenV4-1-8-2 {
 			t.Fatalf("unknown text %d bytes", len(m.Text))
 		}
 	case TypeStatusR:
@@ -497,6 +510,9 @@ func checkMsgBounds(t *testing.T, m *Msg, raw []byte) {
 			t.Fatalf("member %+v", mb)
 		}
 		n += 3 + len(mb.ServerID) + len(mb.ClientAddr) // each entry costs its strings plus 3 bytes
+	}
+	for _, k := range m.Keys {
+		n += 1 + len(k) // each block key costs its bytes plus its length byte
 	}
 	if n > len(raw)-5 {
 		t.Fatalf("%d bytes of strings from a %d-byte payload", n, len(raw)-5)

@@ -207,15 +207,29 @@ func TestHandshakeVersion(t *testing.T) {
 	}
 }
 
-// TestHandshakeLimits: a version 4 Welcome tells the dialler the node's
-// per-connection limits; a version 2 or 3 client, or a version 3 node,
-// negotiates its own version and the Welcome is empty (limits 0: not told).
+// TestHandshakeLimits: a version 4 or 5 Welcome tells the dialler the
+// node's per-connection limits; a version 2 or 3 client, or a version 3
+// node, negotiates its own version and the Welcome is empty (limits 0: not
+// told).
 func TestHandshakeLimits(t *testing.T) {
 	ccfg, scfg := clientPair()
 	scfg.MaxInFlight, scfg.MaxWaiters = 4096, 200000
 	c, s := runPair(t, ccfg, scfg, ClientHandshake)
+	if c.err != nil || s.err != nil || c.peer.Version != ProtocolVersion || c.peer.MaxInFlight != 4096 || c.peer.MaxWaiters != 200000 {
+		t.Fatalf("v%d: client %v %+v, server %v", ProtocolVersion, c.err, c.peer, s.err)
+	}
+	// A version 5 client and a version 4 node (and the other way round)
+	// negotiate 4, whose Welcome has the same limits.
+	c, s = runPairVersions(t, ccfg, scfg, ClientHandshake, VersionQueued)
 	if c.err != nil || s.err != nil || c.peer.Version != VersionQueued || c.peer.MaxInFlight != 4096 || c.peer.MaxWaiters != 200000 {
-		t.Fatalf("v4: client %v %+v, server %v", c.err, c.peer, s.err)
+		t.Fatalf("v4 node: client %v %+v, server %v", c.err, c.peer, s.err)
+	}
+	v4 := func(rw io.ReadWriter, cfg HandshakeConfig) (Peer, error) {
+		return clientHandshake(rw, cfg, MinProtocolVersion, VersionQueued)
+	}
+	c, s = runPair(t, ccfg, scfg, v4)
+	if c.err != nil || s.err != nil || c.peer.Version != VersionQueued || s.peer.Version != VersionQueued || c.peer.MaxInFlight != 4096 {
+		t.Fatalf("v4 client: %v %+v, server %v", c.err, c.peer, s.err)
 	}
 	if s.peer.MaxInFlight != 0 || s.peer.MaxWaiters != 0 {
 		t.Fatalf("server side learned limits: %+v", s.peer)
@@ -228,14 +242,14 @@ func TestHandshakeLimits(t *testing.T) {
 		if c.err != nil || s.err != nil || c.peer.Version != v || s.peer.Version != v || c.peer.MaxInFlight != 0 || c.peer.MaxWaiters != 0 {
 			t.Fatalf("v%d client: %v %+v, server %v", v, c.err, c.peer, s.err)
 		}
-		// A version 4 client meets a node whose newest version is v.
+		// A version 5 client meets a node whose newest version is v.
 		c, s = runPairVersions(t, ccfg, scfg, ClientHandshake, v)
 		if c.err != nil || s.err != nil || c.peer.Version != v || c.peer.MaxInFlight != 0 || c.peer.MaxWaiters != 0 {
 			t.Fatalf("v%d node: %v %+v, server %v", v, c.err, c.peer, s.err)
 		}
 	}
 	// MaxVersion plays an older client through the exported API.
-	for _, v := range []uint16{2, 3, 4} {
+	for _, v := range []uint16{2, 3, 4, 5} {
 		cc := ccfg
 		cc.MaxVersion = v
 		c, s = runPair(t, cc, scfg, ClientHandshake)

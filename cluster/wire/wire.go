@@ -33,7 +33,17 @@ import "ticketing/locksm"
 //	    node's per-connection limits (max_in_flight, max_waiters). A
 //	    version 2 or 3 peer or client negotiates its own version and sees
 //	    neither: no Q, an empty Welcome.
-const ProtocolVersion = 4
+//	5 — seat blocks: the block acquire 'b' (2..16 keys granted all or
+//	    none under one token; its replies are an acquire's). Frames may
+//	    be up to MaxFrameLen = 8192 bytes, but only 'b' can exceed
+//	    MaxFrameLenV4 (4096), the bound of versions 1–4, and 'b' is sent
+//	    only on version 5 connections. A version 2, 3 or 4 peer or client
+//	    negotiates its own version and never sees 'b'. The log gains a
+//	    lock command (locksm's block acquire) that an older node cannot
+//	    decode: the leader proposes one only once the cluster version is
+//	    5 (PROTOCOL.md, "Log entries"), and answers E not_supported
+//	    before.
+const ProtocolVersion = 5
 
 // VersionNotices is the first version with the notice 'N' and its
 // acknowledgement 'n' and with client_addr in the Identity frame: a node
@@ -44,6 +54,10 @@ const VersionNotices = 3
 // Welcome that carries the node's per-connection limits: a node sends Q
 // only on connections that negotiated at least this.
 const VersionQueued = 4
+
+// VersionBlocks is the first version with the block acquire 'b': a client
+// sends 'b' only on a connection that negotiated at least this.
+const VersionBlocks = 5
 
 // Frame layout, all integers big-endian:
 //
@@ -56,7 +70,14 @@ const VersionQueued = 4
 const (
 	// MaxFrameLen bounds length. A larger length is a protocol error: the
 	// receiver answers with a connection-level error and closes.
-	MaxFrameLen = 4096
+	MaxFrameLen = 8192
+
+	// MaxFrameLenV4 is the bound of versions 1–4 (their MaxFrameLen). Every
+	// frame type but TypeAcquireBlock stays within it (AppendMsg and
+	// DecodeMsg hold them to it), so every frame a version 5 speaker sends
+	// to an older peer fits: 'b' alone can be longer, and it is sent only
+	// on version 5 connections.
+	MaxFrameLenV4 = 4096
 )
 
 // Frame types. Lowercase letters are requests (client → server), capitals are
@@ -74,7 +95,7 @@ const (
 	// unique among this connection's requests in flight).
 	TypeAcquire = 'a' // id u64 | lease_sec u16 | wait_ms u32 | key str8 | owner str8
 	TypeRelease = 'r' // id u64 | token u64 | key str8 | owner str8
-	TypeCancel  = 'c' // id u64 | target u64 (id of a pending acquire on this connection)
+	TypeCancel  = 'c' // id u64 | target u64 (id of a pending acquire or block acquire on this connection)
 	TypePing    = 'p' // id u64
 	TypeStatus  = 's' // id u64
 	TypeMembers = 'm' // id u64
@@ -84,10 +105,20 @@ const (
 	// K. From version 3.
 	TypeNoticeAck = 'n' // id u64
 
+	// TypeAcquireBlock acquires n distinct keys (locksm.MinBlockKeys..
+	// locksm.MaxBlockKeys) all or none, in one command, under one token;
+	// its replies are those of TypeAcquire. From version 5 (VersionBlocks):
+	//
+	//	id u64 | lease_sec u16 | wait_ms u32 | owner str8 | n u8 | n × key str8
+	//
+	// The largest is 1+8+2+4+1+128+1+16×256 = 4241 bytes (type included),
+	// the one frame above MaxFrameLenV4.
+	TypeAcquireBlock = 'b'
+
 	// Replies: every payload starts with the id of the request it answers;
 	// exactly one reply per request.
-	TypeGranted = 'G' // id u64 | token u64                 acquire granted (after commit)
-	TypeBusy    = 'B' // id u64                             definite: not acquired (wait 0, key held)
+	TypeGranted = 'G' // id u64 | token u64                 acquire (or block acquire) granted (after commit)
+	TypeBusy    = 'B' // id u64                             definite: not acquired (wait 0, key held; block: a key held or queued)
 	TypeTimeout = 'T' // id u64                             definite: wait ran out, never granted
 	TypeMoved   = 'M' // id u64 | leader_addr str8 | leader_id str8  not executed; empty addr = no leader known
 	TypeOK      = 'K' // id u64                             release done / cancel done
@@ -119,7 +150,8 @@ const (
 	//	id u64 (the id of an acquire in flight)
 	//
 	// It says that the acquire's own command was applied as queued: it
-	// joined the key's FIFO queue and waits for its turn. It is not the
+	// joined the key's FIFO queue (a block acquire: the queues of its keys;
+	// from version 5) and waits for its turn. It is not the
 	// acquire's reply: exactly one final reply follows (G, T or U; never
 	// B or M, since the acquire was executed), and no Q after it. At most one Q per acquire. A Q for any other request,
 	// for an id not in flight, or on a version 2 or 3 connection is a
@@ -151,7 +183,8 @@ func (e NoticeEvent) String() string {
 type Msg struct {
 	Type   byte
 	ID     uint64
-	Key    string
+	Key    string   // TypeAcquire, TypeRelease (empty for TypeAcquireBlock)
+	Keys   []string // TypeAcquireBlock: 2..16 keys, in the client's order
 	Owner  string
 	Token  uint64
 	Lease  uint16 // seconds
@@ -230,10 +263,24 @@ func (r Role) String() string {
 // IsRequest reports whether typ is a post-handshake request type.
 func IsRequest(typ byte) bool {
 	switch typ {
-	case TypeAcquire, TypeRelease, TypeCancel, TypePing, TypeStatus, TypeMembers, TypeNoticeAck:
+	case TypeAcquire, TypeAcquireBlock, TypeRelease, TypeCancel, TypePing, TypeStatus, TypeMembers, TypeNoticeAck:
 		return true
 	}
 	return false
+}
+
+// RequestAllowed reports whether a client may send a request of type req on
+// a connection that negotiated version: 'n' from VersionNotices, 'b' from
+// VersionBlocks, every other request in every version. An older node does
+// not know the newer types (it answers unexpected_frame and closes).
+func RequestAllowed(req byte, version uint16) bool {
+	switch req {
+	case TypeNoticeAck:
+		return version >= VersionNotices
+	case TypeAcquireBlock:
+		return version >= VersionBlocks
+	}
+	return IsRequest(req)
 }
 
 // IsNotice reports whether typ is the unsolicited server → client notice,
@@ -248,10 +295,20 @@ func IsProgress(typ byte) bool { return typ == TypeQueued }
 // ProgressAllowed reports whether a progress frame of type typ may be sent
 // for a request of type req on a connection that negotiated version
 // (PROTOCOL.md, "Q queued"): Q only for an acquire, only from
-// VersionQueued, and only before the acquire's reply. A client treats any
-// other progress frame as a protocol violation.
+// VersionQueued (a block acquire: on its version 5 connection), and only
+// before the acquire's reply. A client treats any other progress frame as a
+// protocol violation.
 func ProgressAllowed(req, typ byte, version uint16) bool {
-	return typ == TypeQueued && req == TypeAcquire && version >= VersionQueued
+	if typ != TypeQueued {
+		return false
+	}
+	switch req {
+	case TypeAcquire:
+		return version >= VersionQueued
+	case TypeAcquireBlock:
+		return version >= VersionBlocks
+	}
+	return false
 }
 
 // IsReply reports whether typ is a post-handshake reply type (a final
@@ -284,7 +341,7 @@ func ReplyAllowed(req, reply byte) bool {
 		return IsRequest(req)
 	}
 	switch req {
-	case TypeAcquire:
+	case TypeAcquire, TypeAcquireBlock:
 		return reply == TypeGranted || reply == TypeBusy || reply == TypeTimeout ||
 			reply == TypeMoved || reply == TypeUnknown
 	case TypeRelease, TypeCancel:
