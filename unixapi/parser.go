@@ -225,12 +225,20 @@ func snippet(b []byte) string {
 
 // LineSplitter cuts a byte stream into lines of at most max bytes (the "\n"
 // excluded). It buffers at most one partial line, so its memory is bounded
-// by max whatever the peer sends. The zero value is not usable; use
-// NewLineSplitter.
+// by max whatever the peer sends. Its buffer is not allocated up front: it
+// grows with the partial line it holds, never past max bytes, and one grown
+// past keepPartialCap is let go when its line ends, so an idle connection
+// costs the same after a long line as before it. The zero value is not
+// usable; use NewLineSplitter.
 type LineSplitter struct {
 	max     int
 	partial []byte // bytes of the current line not yet terminated
 }
+
+// keepPartialCap is the largest partial-line buffer a LineSplitter keeps
+// between lines (version 1's whole line limit); a bigger one, grown for a
+// long line, is dropped once that line is handed over.
+const keepPartialCap = 1024
 
 // NewLineSplitter returns a splitter for lines of at most max bytes.
 func NewLineSplitter(max int) *LineSplitter {
@@ -249,7 +257,7 @@ func (s *LineSplitter) Feed(p []byte, fn func(line []byte) bool) error {
 			if len(s.partial)+len(p) > s.max {
 				return s.tooLong(p)
 			}
-			s.partial = append(s.partial, p...)
+			s.hold(p)
 			return nil
 		}
 		if len(s.partial)+i > s.max {
@@ -257,12 +265,16 @@ func (s *LineSplitter) Feed(p []byte, fn func(line []byte) bool) error {
 		}
 		line := p[:i]
 		if len(s.partial) > 0 {
-			s.partial = append(s.partial, line...)
+			s.hold(line)
 			line = s.partial
 		}
 		p = p[i+1:]
 		ok := fn(line)
-		s.partial = s.partial[:0]
+		if cap(s.partial) > keepPartialCap {
+			s.partial = nil
+		} else {
+			s.partial = s.partial[:0]
+		}
 		if !ok {
 			return nil
 		}
@@ -270,8 +282,24 @@ func (s *LineSplitter) Feed(p []byte, fn func(line []byte) bool) error {
 	return nil
 }
 
+// hold appends p to the partial line; the caller checked that the result
+// is at most max bytes. The buffer at least doubles when it grows (so a
+// line dribbled byte by byte costs O(n) copies) but is capped at max.
+func (s *LineSplitter) hold(p []byte) {
+	need := len(s.partial) + len(p)
+	if need > cap(s.partial) {
+		buf := make([]byte, len(s.partial), min(max(need, 2*cap(s.partial)), s.max))
+		copy(buf, s.partial)
+		s.partial = buf
+	}
+	s.partial = append(s.partial, p...)
+}
+
 // Buffered reports how many bytes of an unterminated line are held.
 func (s *LineSplitter) Buffered() int { return len(s.partial) }
+
+// held reports the capacity of the partial-line buffer (tests).
+func (s *LineSplitter) held() int { return cap(s.partial) }
 
 func (s *LineSplitter) tooLong(p []byte) error {
 	head := s.partial

@@ -174,6 +174,47 @@ func TestSplitLineTooLong(t *testing.T) {
 	}
 }
 
+// The partial-line buffer is not allocated up front, never grows past the
+// limit however a line arrives, and one grown for a long line is let go
+// when the line ends: an idle connection costs as much after a long line
+// as before it.
+func TestSplitBufferBounded(t *testing.T) {
+	const max = 4608
+	s := NewLineSplitter(max)
+	if s.held() != 0 {
+		t.Fatalf("new splitter holds a %d-byte buffer", s.held())
+	}
+	nop := func([]byte) bool { return true }
+	for _, chunk := range []int{1, 7, 512, 4096, max} {
+		line := append(bytes.Repeat([]byte("a"), max), '\n')
+		for len(line) > 0 {
+			n := min(chunk, len(line))
+			if err := s.Feed(line[:n], nop); err != nil {
+				t.Fatalf("chunks of %d: %v", chunk, err)
+			}
+			line = line[n:]
+			if s.held() > max {
+				t.Fatalf("chunks of %d: a %d-byte buffer for lines of %d", chunk, s.held(), max)
+			}
+		}
+		if s.Buffered() != 0 || s.held() > keepPartialCap {
+			t.Fatalf("chunks of %d: after the line, %d bytes buffered in a %d-byte buffer", chunk, s.Buffered(), s.held())
+		}
+	}
+	// A short line split across reads keeps its small buffer for the next.
+	for range 3 {
+		if err := s.Feed([]byte("PI"), nop); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Feed([]byte("NG\n"), nop); err != nil {
+			t.Fatal(err)
+		}
+		if s.held() == 0 || s.held() > keepPartialCap {
+			t.Fatalf("buffer of %d bytes after a short split line", s.held())
+		}
+	}
+}
+
 // formatRequest writes r in the protocol's canonical form (no leading zeros,
 // the shortest wait), the inverse of ParseLine for valid requests.
 func formatRequest(r Request) string {
