@@ -395,14 +395,14 @@ func hostileGarbage(t *testing.T, s *unixapi.Server, g *goodClient) {
 func hostileLongLines(t *testing.T, s *unixapi.Server, g *goodClient) {
 	c := dial(t, s)
 	c.send(strings.Repeat("A", unixapi.DefaultMaxLineLen), "PING "+strings.Repeat("x", unixapi.DefaultMaxLineLen-6)+"\r")
-	expectCode(t, c, "1024-byte line", "unknown_verb")
-	expectCode(t, c, "1024 bytes with the \\r", "bad_request")
+	expectCode(t, c, "line at the limit", "unknown_verb")
+	expectCode(t, c, "line at the limit with the \\r", "bad_request")
 	expect(t, c.do("PING"), "PONG")
 
 	for name, line := range map[string]string{
-		"1025 bytes":       strings.Repeat("A", unixapi.DefaultMaxLineLen+1),
-		"1024 bytes + \\r": "PING " + strings.Repeat("x", unixapi.DefaultMaxLineLen-5) + "\r",
-		"release":          "RELEASE " + g.Key() + " " + strings.Repeat("1", 2000),
+		"limit + 1 bytes":   strings.Repeat("A", unixapi.DefaultMaxLineLen+1),
+		"limit bytes + \\r": "PING " + strings.Repeat("x", unixapi.DefaultMaxLineLen-5) + "\r",
+		"release":           "RELEASE " + g.Key() + " " + strings.Repeat("1", unixapi.DefaultMaxLineLen),
 	} {
 		c := dial(t, s)
 		c.send("PING", line, "PING")
@@ -412,7 +412,8 @@ func hostileLongLines(t *testing.T, s *unixapi.Server, g *goodClient) {
 	}
 
 	// 1 MB without a newline, written as fast as the socket takes it: the
-	// server answers after 1025 bytes and closes; the writer is cut off.
+	// server answers after DefaultMaxLineLen+1 bytes and closes; the
+	// writer is cut off.
 	c = dial(t, s)
 	wrote := make(chan int64, 1)
 	c.c.SetWriteDeadline(time.Now().Add(10 * time.Second))
@@ -426,7 +427,7 @@ func hostileLongLines(t *testing.T, s *unixapi.Server, g *goodClient) {
 
 	// Slowloris: the over-long line arrives in dribbles.
 	c = dial(t, s)
-	for range 11 {
+	for range unixapi.DefaultMaxLineLen/100 + 1 {
 		if _, err := c.c.Write(bytes.Repeat([]byte("s"), 100)); err != nil {
 			t.Fatal(err)
 		}
@@ -439,7 +440,7 @@ func hostileLongLines(t *testing.T, s *unixapi.Server, g *goodClient) {
 	k := key(t)
 	c = dial(t, s)
 	tok := token(t, c.do("ACQUIRE "+k+" 30 0"))
-	c.send(strings.Repeat("z", 5000))
+	c.send(strings.Repeat("z", unixapi.DefaultMaxLineLen+400))
 	expectCode(t, c, "holder's long line", "line_too_long")
 	expectClosed(t, c)
 	if !testkit.Eventually(3*time.Second, func() bool { _, held := holderOf(t, k); return !held }) {

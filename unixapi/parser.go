@@ -17,10 +17,14 @@ import (
 // Protocol limits.
 const (
 	// DefaultMaxLineLen is the longest request line in bytes, the "\n"
-	// excluded (a "\r" before it counts). The longest valid request,
-	// RELEASE with a 255-byte key and a 20-digit token, is 284 bytes, so
-	// 1024 leaves room for future optional fields.
-	DefaultMaxLineLen = 1024
+	// excluded (a "\r" before it counts). The longest valid request of
+	// version 2, an ACQUIRE of a block of locksm.MaxBlockKeys keys of 255
+	// bytes with the lease "250" and the wait "300.000", is
+	// 8+16*255+15+12 = 4115 bytes, so 4608 leaves room for future optional
+	// fields. (Version 1's limit was 1024: its longest request, a RELEASE
+	// with a 255-byte key and a 20-digit token, is 284 bytes.) A
+	// LineSplitter does not allocate the limit up front.
+	DefaultMaxLineLen = 4608
 	// MaxWait is the longest wait an ACQUIRE may ask for.
 	MaxWait = locksm.MaxWaitMs * time.Millisecond
 	// snippetLen bounds how much of the offending input an error quotes.

@@ -264,7 +264,7 @@ func TestOverlongLineClosesAndReleases(t *testing.T) {
 	tok := token(t, a.do("ACQUIRE "+k+" 30 0"))
 	b.send("ACQUIRE " + k + " 30 5")
 	waitQueued(t, k, 1)
-	a.send("PING " + strings.Repeat("x", 2000))
+	a.send("PING " + strings.Repeat("x", unixapi.DefaultMaxLineLen))
 	expectPrefix(t, a.read(), "ERR line_too_long ")
 	a.c.SetReadDeadline(time.Now().Add(2 * time.Second))
 	if l, err := a.br.ReadString('\n'); err == nil {
@@ -309,7 +309,7 @@ func TestOtherConnectionCannotTouchLocks(t *testing.T) {
 	expectPrefix(t, b.read(), "ERR not_held ")
 	expectPrefix(t, b.read(), "ERR ")
 	expect(t, b.read(), "BUSY")
-	b.send(strings.Repeat("y", 3000))
+	b.send(strings.Repeat("y", unixapi.DefaultMaxLineLen+1))
 	expectPrefix(t, b.read(), "ERR line_too_long ")
 	expect(t, a.do("HELD"), fmt.Sprintf("HELD 1 %s:%d", k, tok))
 	expect(t, dial(t, s).do("ACQUIRE "+k+" 30 0"), "BUSY")
