@@ -306,6 +306,12 @@ func (ss *session) dispatch(line []byte) bool {
 	case VerbHeld:
 		return ss.push(&reply{lazy: ss.heldLine, done: true})
 	case VerbAcquire:
+		if req.Block() {
+			// TODO(issue 18): acquire the block through the broker (all
+			// keys or none, one token; RELEASE of any key, HELD and the
+			// end of the session cover every key of it).
+			return ss.refuse(fmt.Errorf("%w: multi-key acquire not served yet", ErrBadRequest))
+		}
 		return ss.startAcquire(req)
 	case VerbRelease:
 		return ss.startRelease(req)
