@@ -45,8 +45,10 @@ type Config struct {
 	// An empty non-nil slice allows nobody.
 	AllowUIDs []uint32
 	// MaxLineLen is the longest request line in bytes, "\n" excluded. Zero
-	// means DefaultMaxLineLen (1024). Values below 300 are refused: a
-	// RELEASE with a 255-byte key needs 284.
+	// means DefaultMaxLineLen (4608). Values below 300 are refused: a
+	// RELEASE with a 255-byte key needs 284. Below 4115 the longest block
+	// ACQUIRE (16 keys of 255 bytes) does not fit. The memory a connection
+	// costs does not grow with it: the line buffer grows with the line.
 	MaxLineLen int
 	// MaxConns is the most connections served at once; one more is answered
 	// "ERR too_many_connections" and closed. Zero means 16384.

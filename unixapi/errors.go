@@ -12,8 +12,10 @@ import (
 
 // Parser errors (parser.go). The codes they answer with are in errorTable
 // below. Field errors reuse the locksm sentinels (locksm.ErrInvalidKey,
-// locksm.ErrInvalidLease, locksm.ErrInvalidWait) so a bad key answers
-// invalid_key whether the sidecar or the cluster noticed it.
+// locksm.ErrInvalidBlock, locksm.ErrInvalidLease, locksm.ErrInvalidWait) so
+// a bad key answers invalid_key, and a bad key set of a block (more than
+// locksm.MaxBlockKeys keys, a key named twice) invalid_keys, whether the
+// sidecar or the cluster noticed it.
 var (
 	// ErrBadRequest: wrong number of fields, empty fields, stray spaces.
 	ErrBadRequest = errors.New("unixapi: bad request")
@@ -73,6 +75,7 @@ var errorTable = []struct {
 	{ErrInvalidToken, "", "invalid_token"},
 	{ErrBadRequest, "", "bad_request"},
 	{locksm.ErrInvalidKey, "", "invalid_key"},
+	{locksm.ErrInvalidBlock, "", "invalid_keys"},
 	{locksm.ErrInvalidOwner, "", "invalid_owner"},
 	{locksm.ErrInvalidLease, "", "invalid_lease"},
 	{locksm.ErrInvalidWait, "", "invalid_wait"},

@@ -395,14 +395,14 @@ func hostileGarbage(t *testing.T, s *unixapi.Server, g *goodClient) {
 func hostileLongLines(t *testing.T, s *unixapi.Server, g *goodClient) {
 	c := dial(t, s)
 	c.send(strings.Repeat("A", unixapi.DefaultMaxLineLen), "PING "+strings.Repeat("x", unixapi.DefaultMaxLineLen-6)+"\r")
-	expectCode(t, c, "1024-byte line", "unknown_verb")
-	expectCode(t, c, "1024 bytes with the \\r", "bad_request")
+	expectCode(t, c, "line at the limit", "unknown_verb")
+	expectCode(t, c, "line at the limit with the \\r", "bad_request")
 	expect(t, c.do("PING"), "PONG")
 
 	for name, line := range map[string]string{
-		"1025 bytes":       strings.Repeat("A", unixapi.DefaultMaxLineLen+1),
-		"1024 bytes + \\r": "PING " + strings.Repeat("x", unixapi.DefaultMaxLineLen-5) + "\r",
-		"release":          "RELEASE " + g.Key() + " " + strings.Repeat("1", 2000),
+		"limit + 1 bytes":   strings.Repeat("A", unixapi.DefaultMaxLineLen+1),
+		"limit bytes + \\r": "PING " + strings.Repeat("x", unixapi.DefaultMaxLineLen-5) + "\r",
+		"release":           "RELEASE " + g.Key() + " " + strings.Repeat("1", unixapi.DefaultMaxLineLen),
 	} {
 		c := dial(t, s)
 		c.send("PING", line, "PING")
@@ -412,7 +412,8 @@ func hostileLongLines(t *testing.T, s *unixapi.Server, g *goodClient) {
 	}
 
 	// 1 MB without a newline, written as fast as the socket takes it: the
-	// server answers after 1025 bytes and closes; the writer is cut off.
+	// server answers after DefaultMaxLineLen+1 bytes and closes; the
+	// writer is cut off.
 	c = dial(t, s)
 	wrote := make(chan int64, 1)
 	c.c.SetWriteDeadline(time.Now().Add(10 * time.Second))
@@ -426,7 +427,7 @@ func hostileLongLines(t *testing.T, s *unixapi.Server, g *goodClient) {
 
 	// Slowloris: the over-long line arrives in dribbles.
 	c = dial(t, s)
-	for range 11 {
+	for range unixapi.DefaultMaxLineLen/100 + 1 {
 		if _, err := c.c.Write(bytes.Repeat([]byte("s"), 100)); err != nil {
 			t.Fatal(err)
 		}
@@ -439,7 +440,7 @@ func hostileLongLines(t *testing.T, s *unixapi.Server, g *goodClient) {
 	k := key(t)
 	c = dial(t, s)
 	tok := token(t, c.do("ACQUIRE "+k+" 30 0"))
-	c.send(strings.Repeat("z", 5000))
+	c.send(strings.Repeat("z", unixapi.DefaultMaxLineLen+400))
 	expectCode(t, c, "holder's long line", "line_too_long")
 	expectClosed(t, c)
 	if !testkit.Eventually(3*time.Second, func() bool { _, held := holderOf(t, k); return !held }) {
@@ -633,11 +634,19 @@ func hostileVerbs(t *testing.T, s *unixapi.Server, g *goodClient) {
 		expectCode(t, c, l, "unknown_verb")
 	}
 	for _, l := range []string{"", "\r", " ", "PING x", "INFO all", "HELD " + k, "ACQUIRE", "ACQUIRE " + k,
-		"ACQUIRE " + k + " 30", "ACQUIRE " + k + " 30 0 someone-else", "ACQUIRE " + k + " 30 0 x y z",
+		"ACQUIRE " + k + " 30",
 		"RELEASE", "RELEASE " + k, "RELEASE " + k + " 1 hostile-suite.1", "ACQUIRE  " + k + " 30 0",
 		"RELEASE " + k + "  1", " PING", "PING "} {
 		c.send(l)
 		expectCode(t, c, l, "bad_request")
+	}
+	// Since version 2 the field count decides an ACQUIRE: the last two
+	// fields are the lease and the wait, the others keys. An extra field
+	// (an owner to forge) shifts them, so these lines are blocks whose
+	// lease is "0": refused before anything reaches the cluster.
+	for _, l := range []string{"ACQUIRE " + k + " 30 0 someone-else", "ACQUIRE " + k + " 30 0 x y z"} {
+		c.send(l)
+		expectCode(t, c, l, "invalid_lease")
 	}
 	expect(t, c.do("HELD"), "HELD 0")
 }

@@ -16,15 +16,31 @@ import (
 
 // Protocol limits.
 const (
+	// ProtocolVersion is the version of the protocol this package speaks
+	// (PROTOCOL.md): version 2 added the multi-key ACQUIRE (a seat block),
+	// HELLO and the longer line limit. HELLO answers the lower of it and
+	// the client's version; INFO reports it as protocol=.
+	ProtocolVersion = 2
 	// DefaultMaxLineLen is the longest request line in bytes, the "\n"
-	// excluded (a "\r" before it counts). The longest valid request,
-	// RELEASE with a 255-byte key and a 20-digit token, is 284 bytes, so
-	// 1024 leaves room for future optional fields.
-	DefaultMaxLineLen = 1024
+	// excluded (a "\r" before it counts). The longest valid request of
+	// version 2, an ACQUIRE of a block of locksm.MaxBlockKeys keys of 255
+	// bytes with the lease "250" and the wait "300.000", is
+	// 8+16*255+15+12 = 4115 bytes, so 4608 leaves room for future optional
+	// fields. (Version 1's limit was 1024: its longest request, a RELEASE
+	// with a 255-byte key and a 20-digit token, is 284 bytes.) A
+	// LineSplitter does not allocate the limit up front.
+	DefaultMaxLineLen = 4608
 	// MaxWait is the longest wait an ACQUIRE may ask for.
 	MaxWait = locksm.MaxWaitMs * time.Millisecond
 	// snippetLen bounds how much of the offending input an error quotes.
 	snippetLen = 32
+	// maxFields is the most fields a valid request has: ACQUIRE, its
+	// keys, the lease and the wait.
+	maxFields = 1 + locksm.MaxBlockKeys + 2
+	// maxValidLineLen is the length of the longest valid request line
+	// without leading zeros and "\r": "ACQUIRE " + 16 keys of 255 bytes
+	// and the 15 spaces between them + " 250 300.000".
+	maxValidLineLen = len("ACQUIRE ") + locksm.MaxBlockKeys*locksm.MaxKeyLen + locksm.MaxBlockKeys - 1 + len(" 250 300.000")
 )
 
 // Verb is a request verb.
@@ -37,10 +53,11 @@ const (
 	VerbRelease
 	VerbInfo
 	VerbHeld
+	VerbHello // version 2
 )
 
 var verbNames = map[string]Verb{
-	"PING": VerbPing, "ACQUIRE": VerbAcquire, "RELEASE": VerbRelease, "INFO": VerbInfo, "HELD": VerbHeld,
+	"PING": VerbPing, "ACQUIRE": VerbAcquire, "RELEASE": VerbRelease, "INFO": VerbInfo, "HELD": VerbHeld, "HELLO": VerbHello,
 }
 
 // String returns the verb as it appears on the wire.
@@ -55,12 +72,24 @@ func (v Verb) String() string {
 
 // Request is one parsed request line.
 type Request struct {
-	Verb  Verb
-	Key   string        // ACQUIRE, RELEASE
-	Lease time.Duration // ACQUIRE: whole seconds, 1..250 s
-	Wait  time.Duration // ACQUIRE: milliseconds, 0..MaxWait
-	Token uint64        // RELEASE
+	Verb Verb
+	// Key is the key of a RELEASE and of an ACQUIRE of one key. It is ""
+	// for an ACQUIRE of a block (Keys), so code that knows only one key
+	// cannot take a block for its first key.
+	Key string
+	// Keys are the keys of an ACQUIRE of a block (a seat block, granted
+	// all or none under one token): locksm.MinBlockKeys..MaxBlockKeys
+	// distinct keys, in request order. nil for every other request, an
+	// ACQUIRE of one key included (its Request is what version 1 parsed).
+	Keys    []string
+	Lease   time.Duration // ACQUIRE: whole seconds, 1..250 s
+	Wait    time.Duration // ACQUIRE: milliseconds, 0..MaxWait
+	Token   uint64        // RELEASE
+	Version uint16        // HELLO: the client's version, 1..65535
 }
+
+// Block reports whether r is an ACQUIRE of a block (more than one key).
+func (r Request) Block() bool { return len(r.Keys) > 0 }
 
 // ParseLine parses one request line, without its "\n" (a trailing "\r" is
 // tolerated). Errors wrap one of the sentinels above or a locksm field
@@ -70,55 +99,106 @@ func ParseLine(line []byte) (Request, error) {
 	if len(line) == 0 {
 		return Request{}, fmt.Errorf("%w: empty line", ErrBadRequest)
 	}
-	var f [5][]byte
+	// f holds the first maxFields fields; n counts them all, so a line
+	// with more (which no request has) is still told apart by its count.
+	var f [maxFields][]byte
 	n := 0
 	for rest := line; ; {
 		i := bytes.IndexByte(rest, ' ')
-		if n == len(f) {
-			return Request{}, fmt.Errorf("%w: too many fields in %s", ErrBadRequest, snippet(line))
+		field := rest
+		if i >= 0 {
+			field = rest[:i]
 		}
-		if i < 0 {
-			f[n] = rest
-			n++
-			break
-		}
-		f[n] = rest[:i]
-		n++
-		rest = rest[i+1:]
-	}
-	for i := 0; i < n; i++ {
-		if len(f[i]) == 0 {
+		if len(field) == 0 {
 			return Request{}, fmt.Errorf("%w: fields must be separated by exactly one space: %s", ErrBadRequest, snippet(line))
 		}
+		if n < len(f) {
+			f[n] = field
+		}
+		n++
+		if i < 0 {
+			break
+		}
+		rest = rest[i+1:]
 	}
 	verb, ok := verbNames[string(f[0])]
 	if !ok {
-		return Request{}, fmt.Errorf("%w: %s (verbs are PING, ACQUIRE, RELEASE, INFO, HELD; upper case)", ErrUnknownVerb, snippet(f[0]))
-	}
-	want := map[Verb]int{VerbPing: 1, VerbInfo: 1, VerbHeld: 1, VerbAcquire: 4, VerbRelease: 3}[verb]
-	if n != want {
-		return Request{}, fmt.Errorf("%w: %s takes %d arguments, got %d", ErrBadRequest, verb, want-1, n-1)
+		return Request{}, fmt.Errorf("%w: %s (verbs are PING, ACQUIRE, RELEASE, INFO, HELD, HELLO; upper case)", ErrUnknownVerb, snippet(f[0]))
 	}
 	r := Request{Verb: verb}
 	var err error
 	switch verb {
 	case VerbAcquire:
-		if r.Key, err = parseKey(f[1]); err != nil {
-			return Request{}, err
-		}
-		if r.Lease, err = parseLease(f[2]); err != nil {
-			return Request{}, err
-		}
-		if r.Wait, err = parseWait(f[3]); err != nil {
-			return Request{}, err
-		}
+		return parseAcquire(line, f[:min(n, len(f))], n)
 	case VerbRelease:
+		if n != 3 {
+			return Request{}, arity(verb, 2, n)
+		}
 		if r.Key, err = parseKey(f[1]); err != nil {
 			return Request{}, err
 		}
 		if r.Token, err = parseToken(f[2]); err != nil {
 			return Request{}, err
 		}
+	case VerbHello:
+		if n != 2 {
+			return Request{}, arity(verb, 1, n)
+		}
+		v, ok := digits(f[1], 5)
+		if !ok || v < 1 || v > 65535 {
+			return Request{}, fmt.Errorf("%w: HELLO version %s (a decimal number 1..65535)", ErrBadRequest, snippet(f[1]))
+		}
+		r.Version = uint16(v)
+	default: // PING, INFO, HELD
+		if n != 1 {
+			return Request{}, arity(verb, 0, n)
+		}
+	}
+	return r, nil
+}
+
+func arity(verb Verb, want, n int) error {
+	return fmt.Errorf("%w: %s takes %d arguments, got %d", ErrBadRequest, verb, want, n-1)
+}
+
+// parseAcquire parses "ACQUIRE <key> [<key> ...] <lease> <wait>": the
+// field count decides, the last two fields are the lease and the wait and
+// every field before them a key. f holds the first fields of the line (all
+// of them when n <= maxFields), n is how many the line has.
+func parseAcquire(line []byte, f [][]byte, n int) (Request, error) {
+	nkeys := n - 3
+	switch {
+	case nkeys < 1:
+		return Request{}, fmt.Errorf("%w: ACQUIRE takes 1..%d keys, a lease and a wait, got %d arguments", ErrBadRequest, locksm.MaxBlockKeys, n-1)
+	case nkeys > locksm.MaxBlockKeys:
+		return Request{}, fmt.Errorf("%w: %d keys, at most %d in one ACQUIRE: %s", locksm.ErrInvalidBlock, nkeys, locksm.MaxBlockKeys, snippet(line))
+	}
+	r := Request{Verb: VerbAcquire}
+	keys := f[1 : 1+nkeys]
+	for i, k := range keys {
+		if err := checkKey(k); err != nil {
+			return Request{}, err
+		}
+		for _, prev := range keys[:i] {
+			if bytes.Equal(prev, k) {
+				return Request{}, fmt.Errorf("%w: key %s named twice (a block's keys are distinct)", locksm.ErrInvalidBlock, snippet(k))
+			}
+		}
+	}
+	var err error
+	if r.Lease, err = parseLease(f[n-2]); err != nil {
+		return Request{}, err
+	}
+	if r.Wait, err = parseWait(f[n-1]); err != nil {
+		return Request{}, err
+	}
+	if nkeys == 1 {
+		r.Key = string(keys[0])
+		return r, nil
+	}
+	r.Keys = make([]string, nkeys)
+	for i, k := range keys {
+		r.Keys[i] = string(k)
 	}
 	return r, nil
 }
@@ -126,15 +206,24 @@ func ParseLine(line []byte) (Request, error) {
 // parseKey checks the key constraints of locksm (1..255 bytes of 0x21..0x7E)
 // here, so a bad key never costs a round trip to the cluster.
 func parseKey(b []byte) (string, error) {
+	if err := checkKey(b); err != nil {
+		return "", err
+	}
+	return string(b), nil
+}
+
+// checkKey is parseKey without the copy. The caller has made sure b is not
+// empty (ParseLine refuses empty fields).
+func checkKey(b []byte) error {
 	if len(b) > locksm.MaxKeyLen {
-		return "", fmt.Errorf("%w: %d bytes, at most %d", locksm.ErrInvalidKey, len(b), locksm.MaxKeyLen)
+		return fmt.Errorf("%w: %d bytes, at most %d", locksm.ErrInvalidKey, len(b), locksm.MaxKeyLen)
 	}
 	for _, c := range b {
 		if c < 0x21 || c > 0x7E {
-			return "", fmt.Errorf("%w: byte 0x%02x in %s (keys are visible ASCII 0x21..0x7E)", locksm.ErrInvalidKey, c, snippet(b))
+			return fmt.Errorf("%w: byte 0x%02x in %s (keys are visible ASCII 0x21..0x7E)", locksm.ErrInvalidKey, c, snippet(b))
 		}
 	}
-	return string(b), nil
+	return nil
 }
 
 func parseLease(b []byte) (time.Duration, error) {
@@ -225,12 +314,20 @@ func snippet(b []byte) string {
 
 // LineSplitter cuts a byte stream into lines of at most max bytes (the "\n"
 // excluded). It buffers at most one partial line, so its memory is bounded
-// by max whatever the peer sends. The zero value is not usable; use
-// NewLineSplitter.
+// by max whatever the peer sends. Its buffer is not allocated up front: it
+// grows with the partial line it holds, never past max bytes, and one grown
+// past keepPartialCap is let go when its line ends, so an idle connection
+// costs the same after a long line as before it. The zero value is not
+// usable; use NewLineSplitter.
 type LineSplitter struct {
 	max     int
 	partial []byte // bytes of the current line not yet terminated
 }
+
+// keepPartialCap is the largest partial-line buffer a LineSplitter keeps
+// between lines (version 1's whole line limit); a bigger one, grown for a
+// long line, is dropped once that line is handed over.
+const keepPartialCap = 1024
 
 // NewLineSplitter returns a splitter for lines of at most max bytes.
 func NewLineSplitter(max int) *LineSplitter {
@@ -249,7 +346,7 @@ func (s *LineSplitter) Feed(p []byte, fn func(line []byte) bool) error {
 			if len(s.partial)+len(p) > s.max {
 				return s.tooLong(p)
 			}
-			s.partial = append(s.partial, p...)
+			s.hold(p)
 			return nil
 		}
 		if len(s.partial)+i > s.max {
@@ -257,12 +354,16 @@ func (s *LineSplitter) Feed(p []byte, fn func(line []byte) bool) error {
 		}
 		line := p[:i]
 		if len(s.partial) > 0 {
-			s.partial = append(s.partial, line...)
+			s.hold(line)
 			line = s.partial
 		}
 		p = p[i+1:]
 		ok := fn(line)
-		s.partial = s.partial[:0]
+		if cap(s.partial) > keepPartialCap {
+			s.partial = nil
+		} else {
+			s.partial = s.partial[:0]
+		}
 		if !ok {
 			return nil
 		}
@@ -270,8 +371,24 @@ func (s *LineSplitter) Feed(p []byte, fn func(line []byte) bool) error {
 	return nil
 }
 
+// hold appends p to the partial line; the caller checked that the result
+// is at most max bytes. The buffer at least doubles when it grows (so a
+// line dribbled byte by byte costs O(n) copies) but is capped at max.
+func (s *LineSplitter) hold(p []byte) {
+	need := len(s.partial) + len(p)
+	if need > cap(s.partial) {
+		buf := make([]byte, len(s.partial), min(max(need, 2*cap(s.partial)), s.max))
+		copy(buf, s.partial)
+		s.partial = buf
+	}
+	s.partial = append(s.partial, p...)
+}
+
 // Buffered reports how many bytes of an unterminated line are held.
 func (s *LineSplitter) Buffered() int { return len(s.partial) }
+
+// held reports the capacity of the partial-line buffer (tests).
+func (s *LineSplitter) held() int { return cap(s.partial) }
 
 func (s *LineSplitter) tooLong(p []byte) error {
 	head := s.partial

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -32,9 +34,21 @@ func TestParseLineValid(t *testing.T) {
 		{"RELEASE k 1", Request{Verb: VerbRelease, Key: "k", Token: 1}},
 		{"RELEASE k 18446744073709551615", Request{Verb: VerbRelease, Key: "k", Token: 1<<64 - 1}},
 		{"ACQUIRE " + strings.Repeat("k", 255) + " 1 0", Request{Verb: VerbAcquire, Key: strings.Repeat("k", 255), Lease: time.Second}},
+		// Version 2: a block of 2..16 keys, in request order.
+		{"ACQUIRE seats/1 seats/2 30 5", Request{Verb: VerbAcquire, Keys: []string{"seats/1", "seats/2"}, Lease: 30 * time.Second, Wait: 5 * time.Second}},
+		{"ACQUIRE b a 1 0\r", Request{Verb: VerbAcquire, Keys: []string{"b", "a"}, Lease: time.Second}},
+		{"ACQUIRE k K 250 299.999", Request{Verb: VerbAcquire, Keys: []string{"k", "K"}, Lease: 250 * time.Second, Wait: 299999 * time.Millisecond}},
+		{"ACQUIRE a ab abc 010 007", Request{Verb: VerbAcquire, Keys: []string{"a", "ab", "abc"}, Lease: 10 * time.Second, Wait: 7 * time.Second}},
+		{"ACQUIRE " + strings.Join(blockKeys(16, 1), " ") + " 10 0.5", Request{Verb: VerbAcquire, Keys: blockKeys(16, 1), Lease: 10 * time.Second, Wait: 500 * time.Millisecond}},
+		{longestValidLine(), Request{Verb: VerbAcquire, Keys: blockKeys(16, 255), Lease: 250 * time.Second, Wait: MaxWait}},
+		{"HELLO 1", Request{Verb: VerbHello, Version: 1}},
+		{"HELLO 2", Request{Verb: VerbHello, Version: 2}},
+		{"HELLO 3\r", Request{Verb: VerbHello, Version: 3}},
+		{"HELLO 65535", Request{Verb: VerbHello, Version: 65535}},
+		{"HELLO 00002", Request{Verb: VerbHello, Version: 2}},
 	} {
 		got, err := ParseLine([]byte(tc.in))
-		if err != nil || got != tc.want {
+		if err != nil || !reflect.DeepEqual(got, tc.want) {
 			t.Errorf("ParseLine(%q) = %+v, %v; want %+v", tc.in, got, err, tc.want)
 		}
 	}
@@ -55,8 +69,45 @@ func TestParseLineErrors(t *testing.T) {
 		{"PING x", ErrBadRequest, "bad_request"},
 		{"ACQUIRE k  1 0", ErrBadRequest, "bad_request"},
 		{"ACQUIRE k 1", ErrBadRequest, "bad_request"},
-		{"ACQUIRE k 1 0 x", ErrBadRequest, "bad_request"},
-		{"ACQUIRE k 1 0 x y z", ErrBadRequest, "bad_request"},
+		{"ACQUIRE", ErrBadRequest, "bad_request"},
+		{"ACQUIRE k", ErrBadRequest, "bad_request"},
+		{"ACQUIRE k 1 0 ", ErrBadRequest, "bad_request"},
+		// Version 2: the field count decides, the last two fields are
+		// the lease and the wait. So a field too many is no longer
+		// bad_request (version 1's answer): it shifts the lease and
+		// the wait, here to "0" and "x", a block of "k" and "1".
+		{"ACQUIRE k 1 0 x", locksm.ErrInvalidLease, "invalid_lease"},
+		{"ACQUIRE k 1 0 x y z", locksm.ErrInvalidLease, "invalid_lease"},
+		{"ACQUIRE k 1 1 x", locksm.ErrInvalidWait, "invalid_wait"},
+		{"ACQUIRE a b  1 0", ErrBadRequest, "bad_request"},
+		{"ACQUIRE a b 1 0 ", ErrBadRequest, "bad_request"},
+		{"ACQUIRE a b\t 1 0", locksm.ErrInvalidKey, "invalid_key"},
+		{"ACQUIRE a \x80 1 0", locksm.ErrInvalidKey, "invalid_key"},
+		{"ACQUIRE a " + strings.Repeat("k", 256) + " 1 0", locksm.ErrInvalidKey, "invalid_key"},
+		{"ACQUIRE a b 0 0", locksm.ErrInvalidLease, "invalid_lease"},
+		{"ACQUIRE a b 1 301", locksm.ErrInvalidWait, "invalid_wait"},
+		{"ACQUIRE a a 1 0", locksm.ErrInvalidBlock, "invalid_keys"},
+		{"ACQUIRE a b c b 1 0", locksm.ErrInvalidBlock, "invalid_keys"},
+		{"ACQUIRE " + strings.Join(append(blockKeys(15, 255), blockKeys(1, 255)...), " ") + " 1 0", locksm.ErrInvalidBlock, "invalid_keys"},
+		{"ACQUIRE " + strings.Join(blockKeys(17, 1), " ") + " 10 0", locksm.ErrInvalidBlock, "invalid_keys"},
+		{"ACQUIRE " + strings.Join(blockKeys(17, 1), " ") + " 0 x", locksm.ErrInvalidBlock, "invalid_keys"},
+		{"ACQUIRE \x80 " + strings.Join(blockKeys(16, 1), " ") + " 10 0", locksm.ErrInvalidBlock, "invalid_keys"},
+		{"ACQUIRE " + strings.Repeat("x ", 2000) + "1 0", locksm.ErrInvalidBlock, "invalid_keys"},
+		{"PING" + strings.Repeat(" x", 100), ErrBadRequest, "bad_request"},
+		{"HELLO", ErrBadRequest, "bad_request"},
+		{"HELLO 0", ErrBadRequest, "bad_request"},
+		{"HELLO 00000", ErrBadRequest, "bad_request"},
+		{"HELLO 65536", ErrBadRequest, "bad_request"},
+		{"HELLO 99999", ErrBadRequest, "bad_request"},
+		{"HELLO 000002", ErrBadRequest, "bad_request"},
+		{"HELLO x", ErrBadRequest, "bad_request"},
+		{"HELLO -1", ErrBadRequest, "bad_request"},
+		{"HELLO +2", ErrBadRequest, "bad_request"},
+		{"HELLO 2.0", ErrBadRequest, "bad_request"},
+		{"HELLO 2 3", ErrBadRequest, "bad_request"},
+		{"HELLO  2", ErrBadRequest, "bad_request"},
+		{"HELLO 2 ", ErrBadRequest, "bad_request"},
+		{"hello 2", ErrUnknownVerb, "unknown_verb"},
 		{"ACQUIRE k\t 1 0", locksm.ErrInvalidKey, "invalid_key"},
 		{"ACQUIRE \x80 1 0", locksm.ErrInvalidKey, "invalid_key"},
 		{"ACQUIRE " + strings.Repeat("k", 256) + " 1 0", locksm.ErrInvalidKey, "invalid_key"},
@@ -89,6 +140,48 @@ func TestParseLineErrors(t *testing.T) {
 			t.Errorf("ParseLine(%q): code %q, want %q", tc.in, got, tc.code)
 		}
 		checkReplyLine(t, replyFor(err))
+	}
+}
+
+// blockKeys returns n distinct keys of l bytes (l >= 1, n <= 52).
+func blockKeys(n, l int) []string {
+	const first = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = first[i:i+1] + strings.Repeat("~", l-1)
+	}
+	return keys
+}
+
+// longestValidLine is the longest valid request without leading zeros: a
+// block of 16 keys of 255 bytes, the longest lease and the longest wait.
+func longestValidLine() string {
+	return "ACQUIRE " + strings.Join(blockKeys(16, 255), " ") + " 250 300.000"
+}
+
+func TestLongestValidLine(t *testing.T) {
+	l := longestValidLine()
+	if len(l) != maxValidLineLen || maxValidLineLen != 4115 || len(l)+len("\r") > DefaultMaxLineLen {
+		t.Fatalf("longest valid line %d bytes, maxValidLineLen %d, limit %d", len(l), maxValidLineLen, DefaultMaxLineLen)
+	}
+	// One key more still fits in a line (4371 bytes): it is answered
+	// invalid_keys, and the connection stays usable.
+	l17 := "ACQUIRE " + strings.Join(blockKeys(17, 255), " ") + " 250 300.000"
+	if _, err := ParseLine([]byte(l17)); len(l17) > DefaultMaxLineLen || codeOf(err) != "invalid_keys" {
+		t.Fatalf("17 keys of 255 bytes, %d bytes: %v", len(l17), err)
+	}
+}
+
+// The version-1 requests parse as version 1 parsed them: an ACQUIRE of one
+// key has no Keys, so it is not a block.
+func TestParseLineOneKeyIsNotABlock(t *testing.T) {
+	r, err := ParseLine([]byte("ACQUIRE seats/42 30 5"))
+	if err != nil || r.Block() || r.Keys != nil || r.Key != "seats/42" {
+		t.Fatalf("%+v %v", r, err)
+	}
+	r, err = ParseLine([]byte("ACQUIRE seats/1 seats/2 30 5"))
+	if err != nil || !r.Block() || r.Key != "" {
+		t.Fatalf("%+v %v", r, err)
 	}
 }
 
@@ -144,6 +237,66 @@ func TestSplitEveryOffset(t *testing.T) {
 	}
 }
 
+// A stream of version 2 requests with the longest valid line and lines at
+// the limit, cut at every byte offset (and at pairs of offsets, every
+// 61st), comes out as the same lines and the same requests.
+func TestSplitEveryOffsetBlock(t *testing.T) {
+	atLimit := "ACQUIRE " + strings.Join(blockKeys(16, 255), " ") + " 250 "
+	atLimit += strings.Repeat("0", DefaultMaxLineLen-len(atLimit))
+	atLimitCR := atLimit[:DefaultMaxLineLen-1] + "\r"
+	stream := []byte("HELLO 2\n" + longestValidLine() + "\r\nACQUIRE a b c 30 2.5\n" + atLimit + "\n" + atLimitCR + "\nPING\n")
+	want, err := splitAll(DefaultMaxLineLen, stream)
+	if err != nil || len(want) != 6 || len(want[3]) != DefaultMaxLineLen || len(want[4]) != DefaultMaxLineLen {
+		t.Fatalf("whole: %d lines, %v", len(want), err)
+	}
+	same := func(got []string, err error) bool {
+		return err == nil && len(got) == len(want) && strings.Join(got, "|") == strings.Join(want, "|")
+	}
+	for i := 0; i <= len(stream); i++ {
+		if got, err := splitAll(DefaultMaxLineLen, stream, i); !same(got, err) {
+			t.Fatalf("cut at %d: %d lines, %v", i, len(got), err)
+		}
+	}
+	for i := 0; i <= len(stream); i += 61 {
+		for j := i; j <= len(stream); j += 61 {
+			if got, err := splitAll(DefaultMaxLineLen, stream, i, j); !same(got, err) {
+				t.Fatalf("cut at %d,%d: %d lines, %v", i, j, len(got), err)
+			}
+		}
+	}
+	wantReq := []struct {
+		verb Verb
+		keys int
+		err  error
+	}{
+		{VerbHello, 0, nil}, {VerbAcquire, 16, nil}, {VerbAcquire, 3, nil},
+		{0, 0, locksm.ErrInvalidWait}, {0, 0, locksm.ErrInvalidWait}, {VerbPing, 0, nil},
+	}
+	for i, l := range want {
+		r, err := ParseLine([]byte(l))
+		if w := wantReq[i]; r.Verb != w.verb || len(r.Keys) != w.keys || !errors.Is(err, w.err) {
+			t.Fatalf("line %d (%d bytes): %v keys %d, %v; want %v keys %d, %v", i, len(l), r.Verb, len(r.Keys), err, w.verb, w.keys, w.err)
+		}
+	}
+}
+
+// At the default limit: 16 keys of 255 bytes padded to 4608 bytes are a
+// line (the "\r" counts), one byte more is line_too_long, whether or not
+// its newline has arrived, wherever the stream is cut.
+func TestSplitLineTooLongAtDefaultLimit(t *testing.T) {
+	over := "ACQUIRE " + strings.Join(blockKeys(16, 255), " ") + " 250 "
+	over += strings.Repeat("0", DefaultMaxLineLen+1-len(over))
+	for _, stream := range []string{"PING\n" + over + "\nPING\n", "PING\n" + over, "PING\n" + over[:DefaultMaxLineLen] + "\r\n"} {
+		for i := 0; i <= len(stream); i++ {
+			lines, err := splitAll(DefaultMaxLineLen, []byte(stream), i)
+			if !errors.Is(err, ErrLineTooLong) || len(lines) != 1 || lines[0] != "PING" {
+				t.Fatalf("%d-byte stream cut at %d: %d lines, err %v", len(stream), i, len(lines), err)
+			}
+			checkReplyLine(t, replyFor(err))
+		}
+	}
+}
+
 func TestSplitLineTooLong(t *testing.T) {
 	max := 300
 	ok := append(bytes.Repeat([]byte("a"), max), '\n')
@@ -174,6 +327,47 @@ func TestSplitLineTooLong(t *testing.T) {
 	}
 }
 
+// The partial-line buffer is not allocated up front, never grows past the
+// limit however a line arrives, and one grown for a long line is let go
+// when the line ends: an idle connection costs as much after a long line
+// as before it.
+func TestSplitBufferBounded(t *testing.T) {
+	const max = 4608
+	s := NewLineSplitter(max)
+	if s.held() != 0 {
+		t.Fatalf("new splitter holds a %d-byte buffer", s.held())
+	}
+	nop := func([]byte) bool { return true }
+	for _, chunk := range []int{1, 7, 512, 4096, max} {
+		line := append(bytes.Repeat([]byte("a"), max), '\n')
+		for len(line) > 0 {
+			n := min(chunk, len(line))
+			if err := s.Feed(line[:n], nop); err != nil {
+				t.Fatalf("chunks of %d: %v", chunk, err)
+			}
+			line = line[n:]
+			if s.held() > max {
+				t.Fatalf("chunks of %d: a %d-byte buffer for lines of %d", chunk, s.held(), max)
+			}
+		}
+		if s.Buffered() != 0 || s.held() > keepPartialCap {
+			t.Fatalf("chunks of %d: after the line, %d bytes buffered in a %d-byte buffer", chunk, s.Buffered(), s.held())
+		}
+	}
+	// A short line split across reads keeps its small buffer for the next.
+	for range 3 {
+		if err := s.Feed([]byte("PI"), nop); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Feed([]byte("NG\n"), nop); err != nil {
+			t.Fatal(err)
+		}
+		if s.held() == 0 || s.held() > keepPartialCap {
+			t.Fatalf("buffer of %d bytes after a short split line", s.held())
+		}
+	}
+}
+
 // formatRequest writes r in the protocol's canonical form (no leading zeros,
 // the shortest wait), the inverse of ParseLine for valid requests.
 func formatRequest(r Request) string {
@@ -183,9 +377,15 @@ func formatRequest(r Request) string {
 		if ms := r.Wait % time.Second / time.Millisecond; ms != 0 {
 			w += strings.TrimRight(fmt.Sprintf(".%03d", ms), "0")
 		}
-		return fmt.Sprintf("ACQUIRE %s %d %s", r.Key, r.Lease/time.Second, w)
+		keys := r.Key
+		if r.Block() {
+			keys = strings.Join(r.Keys, " ")
+		}
+		return fmt.Sprintf("ACQUIRE %s %d %s", keys, r.Lease/time.Second, w)
 	case VerbRelease:
 		return fmt.Sprintf("RELEASE %s %d", r.Key, r.Token)
+	case VerbHello:
+		return fmt.Sprintf("HELLO %d", r.Version)
 	}
 	return r.Verb.String()
 }
@@ -193,13 +393,18 @@ func formatRequest(r Request) string {
 // FuzzParseLine feeds a byte stream, cut in two at an arbitrary offset, to a
 // LineSplitter with the server's line limit and parses every line. The seed
 // corpus is in testdata/fuzz/FuzzParseLine: every verb, the longest valid
-// lines, lines at and one byte over the limit, and known-bad shapes.
+// lines (a block of 16 keys of 255 bytes), lines at and one byte over the
+// limit, blocks of 2, 16 and 17 keys, duplicate keys, HELLO in every form,
+// and known-bad shapes.
 func FuzzParseLine(f *testing.F) {
 	for _, s := range []string{
 		"PING\n", "ACQUIRE seats/42 30 2.5\r\n", "RELEASE k 18446744073709551615\n", "INFO\nHELD\n",
 		"ACQUIRE k 1 300.000\n", "RELEASE k 18446744073709551616\n", "ACQUIRE  k 1 0\n", "\n\n\r\n",
 		"ACQUIRE k\x00 1 0\n", strings.Repeat("A", 400) + "\n", "ACQUIRE k 1 .5\nPING",
 		strings.Repeat("A", DefaultMaxLineLen) + "\nPING\n", strings.Repeat("A", DefaultMaxLineLen+1) + "\nPING\n",
+		"HELLO 2\nHELLO 1\nHELLO 65535\n", "HELLO 0\nHELLO 65536\nHELLO x\nHELLO 2 3\n",
+		"ACQUIRE a b 30 2.5\r\n", "ACQUIRE a b a 1 0\n", "ACQUIRE " + strings.Join(blockKeys(17, 1), " ") + " 1 0\n",
+		longestValidLine() + "\r\nPING\n", "ACQUIRE " + strings.Join(blockKeys(16, 1), " ") + " 1 0\n",
 	} {
 		f.Add([]byte(s), uint16(3))
 	}
@@ -215,7 +420,7 @@ func FuzzParseLine(f *testing.F) {
 			}
 			r, err := ParseLine(l)
 			if err != nil {
-				if r != (Request{}) {
+				if !reflect.DeepEqual(r, Request{}) {
 					t.Fatalf("error with a request: %+v", r)
 				}
 				checkReplyLine(t, replyFor(err))
@@ -225,8 +430,20 @@ func FuzzParseLine(f *testing.F) {
 			if r.Lease < 0 || r.Lease > 250*time.Second || r.Wait < 0 || r.Wait > MaxWait || len(r.Key) > locksm.MaxKeyLen {
 				t.Fatalf("out of range: %+v", r)
 			}
-			if (r.Verb == VerbAcquire || r.Verb == VerbRelease) && locksm.ValidateKey(r.Key) != nil {
+			if r.Block() {
+				if r.Verb != VerbAcquire || r.Key != "" || len(r.Keys) < locksm.MinBlockKeys || len(r.Keys) > locksm.MaxBlockKeys {
+					t.Fatalf("bad block: %+v", r)
+				}
+				for i, k := range r.Keys {
+					if locksm.ValidateKey(k) != nil || slices.Contains(r.Keys[:i], k) {
+						t.Fatalf("invalid or duplicate key %q accepted: %+v", k, r)
+					}
+				}
+			} else if (r.Verb == VerbAcquire || r.Verb == VerbRelease) && locksm.ValidateKey(r.Key) != nil {
 				t.Fatalf("invalid key accepted: %+v", r)
+			}
+			if (r.Verb == VerbHello) != (r.Version != 0) {
+				t.Fatalf("version %d with %v", r.Version, r.Verb)
 			}
 			if r.Verb == VerbRelease && r.Token == 0 {
 				t.Fatalf("token 0 accepted: %+v", r)
@@ -234,10 +451,10 @@ func FuzzParseLine(f *testing.F) {
 			// Round trip: the canonical form of what was parsed parses
 			// to the same request and fits in a line.
 			canon := formatRequest(r)
-			if len(canon) > max {
+			if len(canon) > maxValidLineLen {
 				t.Fatalf("canonical form of %q is %d bytes", l, len(canon))
 			}
-			if r2, err := ParseLine([]byte(canon)); err != nil || r2 != r {
+			if r2, err := ParseLine([]byte(canon)); err != nil || !reflect.DeepEqual(r2, r) {
 				t.Fatalf("%q parsed as %+v; its canonical form %q parsed as %+v, %v", l, r, canon, r2, err)
 			}
 			return true

@@ -264,7 +264,7 @@ func TestOverlongLineClosesAndReleases(t *testing.T) {
 	tok := token(t, a.do("ACQUIRE "+k+" 30 0"))
 	b.send("ACQUIRE " + k + " 30 5")
 	waitQueued(t, k, 1)
-	a.send("PING " + strings.Repeat("x", 2000))
+	a.send("PING " + strings.Repeat("x", unixapi.DefaultMaxLineLen))
 	expectPrefix(t, a.read(), "ERR line_too_long ")
 	a.c.SetReadDeadline(time.Now().Add(2 * time.Second))
 	if l, err := a.br.ReadString('\n'); err == nil {
@@ -309,7 +309,7 @@ func TestOtherConnectionCannotTouchLocks(t *testing.T) {
 	expectPrefix(t, b.read(), "ERR not_held ")
 	expectPrefix(t, b.read(), "ERR ")
 	expect(t, b.read(), "BUSY")
-	b.send(strings.Repeat("y", 3000))
+	b.send(strings.Repeat("y", unixapi.DefaultMaxLineLen+1))
 	expectPrefix(t, b.read(), "ERR line_too_long ")
 	expect(t, a.do("HELD"), fmt.Sprintf("HELD 1 %s:%d", k, tok))
 	expect(t, dial(t, s).do("ACQUIRE "+k+" 30 0"), "BUSY")
@@ -407,6 +407,53 @@ func TestServerCloseReleases(t *testing.T) {
 	if d := time.Since(start); d > 2*time.Second {
 		t.Fatalf("hand-off after Close took %v", d)
 	}
+}
+
+// noClusterBroker answers INFO as a broker that knows nothing yet, and
+// refuses everything else: enough for the requests a session answers on
+// its own.
+type noClusterBroker struct{}
+
+var errNoCluster = errors.New("noClusterBroker: no cluster")
+
+func (noClusterBroker) AcquireAsync(string, string, time.Duration, time.Duration, func(sidecar.Lock, error)) (func(error), error) {
+	return nil, errNoCluster
+}
+func (noClusterBroker) ReleaseAsync(sidecar.Lock, func(error)) error { return errNoCluster }
+func (noClusterBroker) Compensate(sidecar.Lock)                      {}
+func (noClusterBroker) Info() sidecar.Info                           { return sidecar.Info{} }
+
+// HELLO answers the version both speak, INFO ends with protocol=2, and
+// neither needs the cluster. A block ACQUIRE is parsed (its key-set errors
+// are answered) but not served yet.
+func TestHelloAndProtocolVersion(t *testing.T) {
+	cfg := unixapi.DefaultConfig()
+	cfg.Path, cfg.Logger = sockPath(t), testLogger()
+	s, err := unixapi.Listen(cfg, noClusterBroker{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	c := dial(t, s)
+	expect(t, c.do("PING"), "PONG") // HELLO is optional
+	for _, tc := range []struct{ hello, reply string }{
+		{"HELLO 1", "HELLO 1"}, {"HELLO 2", "HELLO 2"}, {"HELLO 3", "HELLO 2"}, {"HELLO 65535", "HELLO 2"}, {"HELLO 1\r", "HELLO 1"},
+	} {
+		expect(t, c.do(tc.hello), tc.reply)
+	}
+	for _, l := range []string{"HELLO", "HELLO 0", "HELLO 65536", "HELLO two", "HELLO 2 3"} {
+		expectPrefix(t, c.do(l), "ERR bad_request ")
+	}
+	expect(t, c.do("INFO"), "INFO cluster=- leader=- connected=0/0 domain=- members=- protocol=2")
+	expectPrefix(t, c.do("ACQUIRE a b a 30 0"), "ERR invalid_keys ")
+	expectPrefix(t, c.do("ACQUIRE a b c d e f g h i j k l m n o p q 30 0"), "ERR invalid_keys ")
+	expect(t, c.do("ACQUIRE a b 30 0"), "ERR bad_request unixapi: bad request: multi-key acquire not served yet")
+	// Pipelined, in order, and the connection stays usable.
+	c.send("HELLO 2", "ACQUIRE a b 30 5", "HELD", "PING")
+	expect(t, c.read(), "HELLO 2")
+	expectPrefix(t, c.read(), "ERR bad_request ")
+	expect(t, c.read(), "HELD 0")
+	expect(t, c.read(), "PONG")
 }
 
 func TestInfoAndConfig(t *testing.T) {

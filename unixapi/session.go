@@ -305,7 +305,17 @@ func (ss *session) dispatch(line []byte) bool {
 		return ss.push(&reply{lazy: ss.infoLine, done: true})
 	case VerbHeld:
 		return ss.push(&reply{lazy: ss.heldLine, done: true})
+	case VerbHello:
+		// The version both speak; nothing else changes on the connection.
+		v := min(int(req.Version), ProtocolVersion)
+		return ss.push(&reply{line: "HELLO " + strconv.Itoa(v), done: true})
 	case VerbAcquire:
+		if req.Block() {
+			// TODO(issue 18): acquire the block through the broker (all
+			// keys or none, one token; RELEASE of any key, HELD and the
+			// end of the session cover every key of it).
+			return ss.refuse(fmt.Errorf("%w: multi-key acquire not served yet", ErrBadRequest))
+		}
 		return ss.startAcquire(req)
 	case VerbRelease:
 		return ss.startRelease(req)
@@ -638,8 +648,8 @@ func (ss *session) infoLine() string {
 		}
 		members = strings.Join(parts, ",")
 	}
-	return fmt.Sprintf("INFO cluster=%s leader=%s connected=%d/%d domain=%s members=%s", clean(id), clean(leader),
-		len(in.Connected), len(in.Addrs), clean(domain), members)
+	return fmt.Sprintf("INFO cluster=%s leader=%s connected=%d/%d domain=%s members=%s protocol=%d", clean(id), clean(leader),
+		len(in.Connected), len(in.Addrs), clean(domain), members, ProtocolVersion)
 }
 
 func (ss *session) heldLine() string {

@@ -114,7 +114,7 @@ test('closing a client releases its locks at once', async () => {
 test('reconnects after the sidecar closed the connection', async () => {
   const c = client();
   await c.acquire(key('k'), { lease: 60, wait: 0 });
-  const reply = await c.raw(`PING ${'x'.repeat(2000)}`);
+  const reply = await c.raw(`PING ${'x'.repeat(5000)}`);
   assert.match(reply, /^ERR /);
   for (let i = 0; i < 200 && c.connected; i++) await sleep(10);
   assert.equal(c.connected, false);

@@ -216,7 +216,7 @@ class ClientTest(unittest.TestCase):
     def test_reconnects_after_server_closed(self) -> None:
         c = self.client()
         c.acquire(self.key("k"), lease=60, wait=0)
-        reply = c.raw("PING " + "x" * 2000)  # over-long: ERR, then the sidecar closes
+        reply = c.raw("PING " + "x" * 5000)  # over-long: ERR, then the sidecar closes
         self.assertTrue(reply.startswith("ERR "), reply)
         deadline = time.monotonic() + 2
         while c.connected and time.monotonic() < deadline:
