@@ -60,6 +60,9 @@ type BootstrapResult struct {
 	Domain     string
 	TokenFloor uint64
 	Servers    []string // full server ids of the initial voters
+	// ClusterVersion is the protocol version recorded for the cluster: the
+	// lowest one an initial voter speaks.
+	ClusterVersion uint16
 }
 
 // Bootstrap creates a new cluster and fencing domain in cfg.DataDir (see
@@ -112,6 +115,8 @@ func Bootstrap(cfg Config, opts BootstrapOptions) (BootstrapResult, error) {
 	}
 	dialer := newPeerDialer(cfg, serverID, cfg.Logger)
 	ids := map[string]string{cfg.NodeID: serverID}
+	// clusterVersion: the lowest protocol version an initial voter speaks.
+	clusterVersion := uint16(wire.ProtocolVersion)
 	deadline := time.Now().Add(opts.Timeout)
 	for {
 		var missing []string
@@ -119,7 +124,7 @@ func Bootstrap(cfg Config, opts BootstrapOptions) (BootstrapResult, error) {
 			if _, known := ids[p.ID]; known {
 				continue
 			}
-			sid, id, err := dialer.discover(p.ID, p.Addr, time.Second)
+			sid, id, version, err := dialer.discover(p.ID, p.Addr, time.Second)
 			if err != nil {
 				missing = append(missing, fmt.Sprintf("%s at %s (%v)", p.ID, p.Addr, err))
 				continue
@@ -129,6 +134,7 @@ func Bootstrap(cfg Config, opts BootstrapOptions) (BootstrapResult, error) {
 					"existing cluster as a learner (ticketing members), never by a new bootstrap", ErrClusterExists, sid)
 			}
 			ids[p.ID] = sid
+			clusterVersion = min(clusterVersion, version)
 		}
 		if len(missing) == 0 {
 			break
@@ -169,6 +175,12 @@ func Bootstrap(cfg Config, opts BootstrapOptions) (BootstrapResult, error) {
 	if err := store.StoreLog(entry); err != nil {
 		return BootstrapResult{}, fmt.Errorf("cluster: bootstrap: writing the domain entry: %w", err)
 	}
+	// Then the cluster version: what every initial voter speaks.
+	entry = &raft.Log{Index: last + 2, Term: 1, Type: raft.LogCommand, Data: encodeClusterVersion(clusterVersion), AppendedAt: opts.Now()}
+	if err := store.StoreLog(entry); err != nil {
+		return BootstrapResult{}, fmt.Errorf("cluster: bootstrap: writing the cluster version entry: %w", err)
+	}
+	res.ClusterVersion = clusterVersion
 	return res, nil
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"ticketing/cluster/leader"
+	"ticketing/cluster/wire"
 	"ticketing/locksm"
 )
 
@@ -29,6 +30,14 @@ import (
 //	    (the first leader of a new cluster names its fencing domain and
 //	    raises the token counter to the floor; only the first 'D' of a log
 //	    counts, later ones are ignored)
+//	'V' cluster version: version u16
+//	    (the protocol version every member is known to speak: written by
+//	    bootstrap after 'D', and by the serving leader when discovery finds
+//	    every member at a higher one than the log says; it only rises. A
+//	    leader proposes what older nodes cannot apply — block acquires,
+//	    from wire.VersionBlocks — only once it says so. A node older than
+//	    'V' logs it as an unknown kind and skips it, which is harmless: it
+//	    is written only when no such node is a member)
 //
 // An entry that does not decode is skipped on every replica alike (the same
 // bytes fail the same way everywhere) and logged.
@@ -36,6 +45,7 @@ const (
 	entryLockBatch byte = 'L'
 	entryAnnounce  byte = 'A'
 	entryDomain    byte = 'D'
+	entryVersion   byte = 'V'
 )
 
 // applied is one applied command and what it did, handed to the node after
@@ -62,6 +72,9 @@ type fsm struct {
 	state       *locksm.State
 	clientAddrs map[string]string // server id → advertised client address
 	domain      string            // the fencing domain; "" until the first 'D'
+	// clusterVersion is the highest 'V' applied: the protocol version
+	// every member speaks (0: none recorded).
+	clusterVersion uint16
 
 	// Scratch reused across ApplyBatch calls (FSM goroutine only). out is
 	// handed to the sink, which must not keep it.
@@ -119,6 +132,14 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 				f.domain = domain
 				f.state.RaiseTokenFloor(floor)
 			}
+		case entryVersion:
+			if len(l.Data) != 3 {
+				f.log.Error("skipping undecodable cluster version entry", "index", l.Index)
+				continue
+			}
+			if v := binary.BigEndian.Uint16(l.Data[1:]); v > f.clusterVersion {
+				f.clusterVersion = v
+			}
 		default:
 			f.log.Error("skipping log entry of unknown kind", "index", l.Index, "kind", l.Data[0])
 		}
@@ -148,6 +169,10 @@ func encodeDomain(domain string, floor uint64) []byte {
 	return binary.BigEndian.AppendUint64(b, floor)
 }
 
+func encodeClusterVersion(v uint16) []byte {
+	return binary.BigEndian.AppendUint16([]byte{entryVersion}, v)
+}
+
 func decodeDomain(b []byte) (domain string, floor uint64, err error) {
 	if len(b) < 1 || len(b) != 1+int(b[0])+8 || b[0] == 0 {
 		return "", 0, errCorruptEntry
@@ -173,10 +198,17 @@ func decodeAnnounce(b []byte) (id, addr string, err error) {
 	return id, addr, nil
 }
 
-// Snapshot layout: magic "TKSN" | version u8 (2) | domain str8 | n u32 |
-// n × (node_id str8 | client_addr str8) | the locksm snapshot. Version 1
-// had no domain field.
-const snapshotVersion = 2
+// Snapshot layout: magic "TKSN" | version u8 (2 or 3) | domain str8 |
+// [version 3: cluster_version u16] | n u32 | n × (node_id str8 |
+// client_addr str8) | the locksm snapshot. Version 1 had no domain field.
+// Version 3 is written only once the cluster version reaches
+// wire.VersionBlocks (every member reads it then); below that the cluster
+// version means nothing yet and version 2 leaves it out, so nodes older
+// than it can still install the snapshot.
+const (
+	snapshotVersion                 = 3
+	snapshotVersionNoClusterVersion = 2
+)
 
 var snapshotMagic = []byte("TKSN")
 
@@ -190,8 +222,17 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	head := append([]byte(nil), snapshotMagic...)
-	head = append(head, snapshotVersion, byte(len(f.domain)))
+	v3 := f.clusterVersion >= wire.VersionBlocks
+	if v3 {
+		head = append(head, snapshotVersion)
+	} else {
+		head = append(head, snapshotVersionNoClusterVersion)
+	}
+	head = append(head, byte(len(f.domain)))
 	head = append(head, f.domain...)
+	if v3 {
+		head = binary.BigEndian.AppendUint16(head, f.clusterVersion)
+	}
 	ids := make([]string, 0, len(f.clientAddrs))
 	for id := range f.clientAddrs {
 		ids = append(ids, id)
@@ -234,6 +275,14 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 			return fmt.Errorf("cluster: snapshot domain: %w", err)
 		}
 	}
+	var clusterVersion uint16
+	if head[4] >= 3 {
+		var vb [2]byte
+		if _, err := io.ReadFull(r, vb[:]); err != nil {
+			return fmt.Errorf("cluster: snapshot cluster version: %w", err)
+		}
+		clusterVersion = binary.BigEndian.Uint16(vb[:])
+	}
 	var nb [4]byte
 	if _, err := io.ReadFull(r, nb[:]); err != nil {
 		return fmt.Errorf("cluster: snapshot header: %w", err)
@@ -259,7 +308,7 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 		return err
 	}
 	f.mu.Lock()
-	f.state, f.clientAddrs, f.domain = st, addrs, domain
+	f.state, f.clientAddrs, f.domain, f.clusterVersion = st, addrs, domain, clusterVersion
 	f.mu.Unlock()
 	if f.metrics != nil {
 		f.metrics.restores.Inc()
@@ -314,6 +363,14 @@ func (f *fsm) read(fn func(st *locksm.State)) {
 	fn(f.state)
 }
 
+// getClusterVersion returns the protocol version every member is known to
+// speak (0 before the first 'V' entry).
+func (f *fsm) getClusterVersion() uint16 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.clusterVersion
+}
+
 // getDomain returns the fencing domain ("" before the first 'D' entry).
 func (f *fsm) getDomain() string {
 	f.mu.Lock()
@@ -335,6 +392,9 @@ func (f *fsm) Occupancy(key string) (held bool, keys, queue int) {
 	held = held || f.state.Reserved(key)
 	return held, f.state.NumHeld() + f.state.NumReserved(), f.state.QueueLen(key)
 }
+
+// ClusterVersion implements leader.Table.
+func (f *fsm) ClusterVersion() uint16 { return f.getClusterVersion() }
 
 // HeldUnder implements leader.Table.
 func (f *fsm) HeldUnder(key string, token uint64) bool {

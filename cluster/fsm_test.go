@@ -8,6 +8,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"ticketing/cluster/wire"
 	"ticketing/locksm"
 )
 
@@ -94,6 +95,70 @@ func TestSnapshotIsTheMomentOfSnapshot(t *testing.T) {
 	f.read(func(st *locksm.State) {
 		if h, _ := st.Holder("a"); h.Owner != "o2" || h.Token != 103 {
 			t.Errorf("live a held by %+v, want o2 with token 103", h)
+		}
+	})
+}
+
+// The cluster version ('V') only rises, and the snapshot carries it from
+// wire.VersionBlocks on; below that the snapshot keeps the layout older
+// nodes read (version 2), and so does the lock table's own (no blocks).
+func TestClusterVersionEntriesAndSnapshots(t *testing.T) {
+	f := newFSM(discardSink{}, slog.New(slog.DiscardHandler))
+	persist := func(f *fsm) []byte {
+		t.Helper()
+		snap, err := f.Snapshot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sink memSink
+		if err := snap.Persist(&sink); err != nil {
+			t.Fatal(err)
+		}
+		return sink.Bytes()
+	}
+	restore := func(b []byte) *fsm {
+		t.Helper()
+		g := newFSM(discardSink{}, slog.New(slog.DiscardHandler))
+		if err := g.Restore(io.NopCloser(bytes.NewReader(b))); err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	f.ApplyBatch([]*raft.Log{
+		{Type: raft.LogCommand, Data: encodeDomain("dom", 100)},
+		{Type: raft.LogCommand, Data: encodeClusterVersion(4)},
+		lockEntry(locksm.Command{Op: locksm.OpAcquire, Key: "a", Owner: "o1", LeaseSec: 30, Now: 1}),
+	})
+	if v := f.ClusterVersion(); v != 4 {
+		t.Fatalf("cluster version %d, want 4", v)
+	}
+	b := persist(f)
+	if b[4] != snapshotVersionNoClusterVersion {
+		t.Fatalf("snapshot version %d below the block version, want %d", b[4], snapshotVersionNoClusterVersion)
+	}
+	if g := restore(b); g.ClusterVersion() != 0 || g.getDomain() != "dom" {
+		t.Fatalf("restored from version 2: cluster version %d domain %q", g.ClusterVersion(), g.getDomain())
+	}
+	f.ApplyBatch([]*raft.Log{
+		{Type: raft.LogCommand, Data: encodeClusterVersion(wire.VersionBlocks)},
+		{Type: raft.LogCommand, Data: encodeClusterVersion(3)}, // never lowers it
+		{Type: raft.LogCommand, Data: []byte{entryVersion, 9}}, // malformed: skipped
+		lockEntry(locksm.Command{Op: locksm.OpAcquireBlock, Keys: []string{"b", "c"}, Owner: "o2", LeaseSec: 30, Now: 2}),
+	})
+	if v := f.ClusterVersion(); v != wire.VersionBlocks {
+		t.Fatalf("cluster version %d, want %d", v, wire.VersionBlocks)
+	}
+	b = persist(f)
+	if b[4] != snapshotVersion {
+		t.Fatalf("snapshot version %d with the block version, want %d", b[4], snapshotVersion)
+	}
+	g := restore(b)
+	if g.ClusterVersion() != wire.VersionBlocks || g.getDomain() != "dom" {
+		t.Fatalf("restored: cluster version %d domain %q", g.ClusterVersion(), g.getDomain())
+	}
+	g.read(func(st *locksm.State) {
+		if h, ok := st.Holder("c"); !ok || h.Owner != "o2" || len(h.Keys) != 2 {
+			t.Errorf("restored block: c held by %+v", h)
 		}
 	})
 }

@@ -183,7 +183,7 @@ func (n *Node) chooseTarget(to string) (id, peerAddr, addr string, err error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, ident, err := n.peers.discoverID(m.ServerID, m.Name, m.PeerAddr, time.Second)
+			ident, _, err := n.peers.discoverID(m.ServerID, m.Name, m.PeerAddr, time.Second)
 			answers[i] = answer{m, ident, err}
 		}()
 	}

@@ -5,13 +5,18 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"ticketing/cluster/wire"
 )
 
 // Every member's client address is known to the cluster: the serving
 // leader asks each member for the address it advertises (the discovery
 // handshake's Identity frame carries it from protocol version 3) and
 // records those that differ from what the log has in 'A' entries, so every
-// node's members reply lists them and brokers can follow membership. It
+// node's members reply lists them and brokers can follow membership. The
+// same round learns the protocol version each member speaks; when every
+// member answered at a higher version than the log's cluster version, it
+// records the new one in a 'V' entry (a rolling upgrade completes so). It
 // does so when it starts serving, after each configuration change that
 // adds or removes a server (raft's PeerObservation on the leader), and
 // every memberAddrCheck.
@@ -49,7 +54,8 @@ func (n *Node) memberAddrLoop() {
 
 // recordMemberAddrs asks every other member for its client address and
 // proposes an 'A' entry for each one the log does not have yet (and for
-// this node's own, should it differ).
+// this node's own, should it differ), then the cluster version if every
+// member answered at a higher one.
 func (n *Node) recordMemberAddrs() {
 	ms, err := n.Members()
 	if err != nil {
@@ -60,6 +66,10 @@ func (n *Node) recordMemberAddrs() {
 		mu  sync.Mutex
 		out []found
 		wg  sync.WaitGroup
+		// lowest is the lowest version a member answered at; answered
+		// counts the members that did (this node included).
+		lowest   = uint16(wire.ProtocolVersion)
+		answered = 1
 	)
 	for _, m := range ms {
 		if m.ServerID == n.serverID {
@@ -71,13 +81,17 @@ func (n *Node) recordMemberAddrs() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, ident, err := n.peers.discoverID(m.ServerID, m.Name, m.PeerAddr, 2*time.Second)
-			if err != nil || ident.ClientAddr == "" || ident.ClientAddr == m.ClientAddr {
+			ident, version, err := n.peers.discoverID(m.ServerID, m.Name, m.PeerAddr, 2*time.Second)
+			if err != nil {
 				return
 			}
 			mu.Lock()
-			out = append(out, found{m.ServerID, ident.ClientAddr})
-			mu.Unlock()
+			defer mu.Unlock()
+			answered++
+			lowest = min(lowest, version)
+			if ident.ClientAddr != "" && ident.ClientAddr != m.ClientAddr {
+				out = append(out, found{m.ServerID, ident.ClientAddr})
+			}
 		}()
 	}
 	wg.Wait()
@@ -90,5 +104,12 @@ func (n *Node) recordMemberAddrs() {
 			return
 		}
 		n.log.Info("recorded a member's client address", "member", f.id, "client_addr", f.addr)
+	}
+	if answered == len(ms) && lowest > n.fsm.getClusterVersion() {
+		if err := n.await(n.raft.Apply(encodeClusterVersion(lowest), timeout)); err != nil {
+			n.log.Debug("recording the cluster version failed", "version", lowest, "err", err)
+			return
+		}
+		n.log.Info("recorded the cluster version: every member speaks it", "version", lowest)
 	}
 }

@@ -194,9 +194,9 @@ func (n *Node) probe(ms []Member, wait time.Duration) map[string]health {
 		asked++
 		go func(m Member) {
 			var h health
-			if _, ident, err := n.peers.discoverID(m.ServerID, m.Name, m.PeerAddr, wait); err == nil {
+			if ident, _, err := n.peers.discoverID(m.ServerID, m.Name, m.PeerAddr, wait); err == nil {
 				h = health{answers: true, applied: ident.Applied}
-			} else if sid, _, err := n.peers.discover(m.Name, m.PeerAddr, wait); err == nil && sid != m.ServerID {
+			} else if sid, _, _, err := n.peers.discover(m.Name, m.PeerAddr, wait); err == nil && sid != m.ServerID {
 				h.found = sid
 			}
 			answers <- answer{m.ServerID, h}
@@ -252,7 +252,7 @@ func (n *Node) Lag(id string) (lag uint64, err error) {
 		return 0, err
 	}
 	commit := n.raft.CommitIndex()
-	_, ident, err := n.peers.discoverID(m.ServerID, m.Name, m.PeerAddr, probeWait)
+	ident, _, err := n.peers.discoverID(m.ServerID, m.Name, m.PeerAddr, probeWait)
 	if err != nil {
 		return 0, fmt.Errorf("cluster: asking %s for its applied index: %w", id, err)
 	}
@@ -287,6 +287,17 @@ func (n *Node) AddLearner(serverID, peerAddr string, timeout time.Duration) erro
 	defer unlock()
 	if _, _, err := n.member(serverID); err == nil {
 		return fmt.Errorf("%w: %s is already a member", ErrUnsafeChange, serverID)
+	}
+	// A node older than the cluster version could not apply the log (it
+	// would skip entries it cannot decode, block acquires among them, and
+	// diverge). A node that does not answer yet is added unchecked: start
+	// a node before adding it.
+	if cv := n.fsm.getClusterVersion(); cv > 0 {
+		name, _ := SplitServerID(serverID)
+		if _, version, err := n.peers.discoverID(serverID, name, peerAddr, probeWait); err == nil && version < cv {
+			return fmt.Errorf("%w: %s speaks protocol version %d, older than the cluster's %d: it could not apply the log; upgrade it first",
+				ErrUnsafeChange, serverID, version, cv)
+		}
 	}
 	return n.raft.AddNonvoter(raft.ServerID(serverID), raftAddr(serverID, peerAddr), 0, timeout).Error()
 }

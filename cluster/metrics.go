@@ -3,6 +3,7 @@ package cluster
 import (
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
+	"strconv"
 
 	"ticketing/cluster/leader"
 	"ticketing/cluster/obs"
@@ -46,6 +47,9 @@ type nodeMetrics struct {
 	reg *prometheus.Registry
 
 	acquires, releases [numReplyResults]prometheus.Counter // nil: not a result of that op
+	// blockGrants counts the grants of blocks by their number of keys
+	// (index 2..locksm.MaxBlockKeys).
+	blockGrants [locksm.MaxBlockKeys + 1]prometheus.Counter
 	// acquireLatency[0]: granted by its own command; [1]: granted from the
 	// queue (the wait included).
 	acquireLatency  [2]prometheus.Observer
@@ -74,6 +78,13 @@ func newNodeMetrics(n *Node) *nodeMetrics {
 	}, []string{"result"})
 	for _, r := range []replyResult{resOK, resNotHeld, resIndeterminate, resMoved, resError} {
 		m.releases[r] = rel.WithLabelValues(r.String())
+	}
+	blk := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ticketing_node_block_grants_total",
+		Help: "Block acquires granted by this node (also counted in ticketing_node_acquires_total), by the block's number of keys.",
+	}, []string{"keys"})
+	for n := locksm.MinBlockKeys; n <= locksm.MaxBlockKeys; n++ {
+		m.blockGrants[n] = blk.WithLabelValues(strconv.Itoa(n))
 	}
 	lat := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "ticketing_node_acquire_duration_seconds",
@@ -116,7 +127,7 @@ func newNodeMetrics(n *Node) *nodeMetrics {
 		Name: "ticketing_node_snapshot_restores_total",
 		Help: "Snapshots restored into the state machine (at start, or installed from the leader).",
 	})
-	m.reg.MustRegister(acq, rel, lat, hol, m.expiries, m.handoffs, m.abandonedGrants,
+	m.reg.MustRegister(acq, rel, blk, lat, hol, m.expiries, m.handoffs, m.abandonedGrants,
 		m.leaderChanges, m.snapshotsTaken, m.snapshotBytes, m.restores, newNodeCollector(n))
 	return m
 }
@@ -128,7 +139,7 @@ func (m *nodeMetrics) reply(op locksm.Op, r replyResult) {
 	}
 	var c prometheus.Counter
 	switch op {
-	case locksm.OpAcquire:
+	case locksm.OpAcquire, locksm.OpAcquireBlock:
 		c = m.acquires[r]
 	case locksm.OpRelease:
 		c = m.releases[r]
@@ -150,6 +161,9 @@ func (n *Node) record(e leader.Event) {
 				q = 1
 			}
 			m.acquireLatency[q].Observe(e.Latency.Seconds())
+			if e.Keys >= locksm.MinBlockKeys && e.Keys <= locksm.MaxBlockKeys {
+				m.blockGrants[e.Keys].Inc()
+			}
 		}
 	case leader.EventHandoffLatency:
 		m.handoffLatency.Observe(e.Latency.Seconds())

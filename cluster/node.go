@@ -318,6 +318,10 @@ func (n *Node) ID() string { return n.cfg.NodeID }
 // committed it): tokens are comparable only within one domain.
 func (n *Node) Domain() string { return n.fsm.getDomain() }
 
+// ClusterVersion is the protocol version every member is known to speak,
+// as this node's applied log records it (0 before the first 'V' entry).
+func (n *Node) ClusterVersion() uint16 { return n.fsm.getClusterVersion() }
+
 // newDomainID is a new fencing domain id: 16 random bytes, hex.
 func newDomainID() string {
 	var b [16]byte

@@ -318,28 +318,30 @@ func newPeerDialer(cfg Config, serverID string, log *slog.Logger) *peerLayer {
 }
 
 // discoverID is discover for a known server id: the node must prove
-// exactly id.
-func (l *peerLayer) discoverID(id, name, hostport string, timeout time.Duration) (string, wire.Identity, error) {
+// exactly id. version is the protocol version negotiated with it (the
+// lower of the two nodes').
+func (l *peerLayer) discoverID(id, name, hostport string, timeout time.Duration) (ident wire.Identity, version uint16, err error) {
 	raw, c, peer, err := l.dialPeer(wire.KindDiscover, id, name, hostport, timeout)
 	if err != nil {
-		return "", wire.Identity{}, err
+		return wire.Identity{}, 0, err
 	}
 	defer raw.Close()
-	ident, err := wire.ReadIdentity(c, peer.Version)
-	return id, ident, err
+	ident, err = wire.ReadIdentity(c, peer.Version)
+	return ident, peer.Version, err
 }
 
 // discover asks the node named name at hostport (a peer port) for its
-// server id and whether it has Raft state, with a KindDiscover handshake.
-func (l *peerLayer) discover(name, hostport string, timeout time.Duration) (serverID string, id wire.Identity, err error) {
+// server id and whether it has Raft state, with a KindDiscover handshake;
+// version as for discoverID.
+func (l *peerLayer) discover(name, hostport string, timeout time.Duration) (serverID string, id wire.Identity, version uint16, err error) {
 	raw, c, peer, err := l.dialPeer(wire.KindDiscover, name, name, hostport, timeout)
 	if err != nil {
-		return "", wire.Identity{}, err
+		return "", wire.Identity{}, 0, err
 	}
 	defer raw.Close()
 	if n, inc := SplitServerID(peer.NodeID); n != name || inc == "" {
-		return "", wire.Identity{}, fmt.Errorf("cluster: %s answered discovery as %q: %w", hostport, peer.NodeID, wire.ErrWrongNode)
+		return "", wire.Identity{}, 0, fmt.Errorf("cluster: %s answered discovery as %q: %w", hostport, peer.NodeID, wire.ErrWrongNode)
 	}
 	id, err = wire.ReadIdentity(c, peer.Version)
-	return peer.NodeID, id, err
+	return peer.NodeID, id, peer.Version, err
 }

@@ -265,6 +265,8 @@ func opOf(typ byte) locksm.Op {
 	switch typ {
 	case wire.TypeAcquire:
 		return locksm.OpAcquire
+	case wire.TypeAcquireBlock:
+		return locksm.OpAcquireBlock
 	case wire.TypeRelease:
 		return locksm.OpRelease
 	}

@@ -76,15 +76,16 @@ func (n *Node) role() string {
 func (n *Node) StatusReport() wire.StatusReport {
 	_, leader := n.raft.LeaderWithID()
 	r := wire.StatusReport{
-		ServerID:     n.serverID,
-		Role:         n.role(),
-		Serving:      n.Serving(),
-		Term:         n.raft.CurrentTerm(),
-		Leader:       string(leader),
-		Domain:       n.fsm.getDomain(),
-		ClusterID:    n.cfg.ClusterID,
-		CommitIndex:  n.raft.CommitIndex(),
-		AppliedIndex: n.raft.AppliedIndex(),
+		ServerID:       n.serverID,
+		Role:           n.role(),
+		Serving:        n.Serving(),
+		Term:           n.raft.CurrentTerm(),
+		Leader:         string(leader),
+		Domain:         n.fsm.getDomain(),
+		ClusterVersion: n.fsm.getClusterVersion(),
+		ClusterID:      n.cfg.ClusterID,
+		CommitIndex:    n.raft.CommitIndex(),
+		AppliedIndex:   n.raft.AppliedIndex(),
 	}
 	if leader != "" {
 		r.LeaderClientAddr = n.fsm.clientAddr(string(leader))
@@ -124,6 +125,15 @@ func (n *Node) StatusReport() wire.StatusReport {
 	return r
 }
 
+// primaryKey is the key a block's timers and pending request are filed
+// under (its first), or key itself for a single key (blockKeys nil).
+func primaryKey(key string, blockKeys []string) string {
+	if len(blockKeys) > 0 {
+		return blockKeys[0]
+	}
+	return key
+}
+
 // Inspect describes key from this node's applied state: its holder and its
 // queue, head first (at most MaxInspectQueue waiters listed). On the
 // leader, remaining lease and wait times come from its own timers; on other
@@ -146,6 +156,7 @@ func (n *Node) Inspect(key string) (wire.KeyReport, error) {
 	n.mu.Lock()
 	n.fsm.read(func(st *locksm.State) {
 		h, r.Held = st.Holder(key)
+		r.Reserved = st.Reserved(key)
 		r.QueueLen = st.QueueLen(key)
 		if r.QueueLen > 0 {
 			ws = st.Waiters(key)
@@ -160,7 +171,7 @@ func (n *Node) Inspect(key string) (wire.KeyReport, error) {
 		// drops the queues), from a request in its pending table.
 		waitDL = make([]time.Time, len(ws))
 		for i, w := range ws {
-			if dl, ok := n.core.WaitDeadline(w.Ref, key); ok {
+			if dl, ok := n.core.WaitDeadline(w.Ref, primaryKey(key, w.Keys)); ok {
 				waitDL[i] = dl
 			}
 		}
@@ -178,17 +189,18 @@ func (n *Node) Inspect(key string) (wire.KeyReport, error) {
 			// Not found: the timer fired and the expiry is on its way, or
 			// the grant is applied but its timer not armed yet; the
 			// estimate covers both.
-			if at, ok := n.timers.expiryOf(key, h.Token, epoch); ok {
+			if at, ok := n.timers.expiryOf(primaryKey(key, h.Keys), h.Token, epoch); ok {
 				hr.LeaseRemainingMs = max(0, at.Sub(mono).Milliseconds())
 				hr.LeaseFrom = wire.FromLeaderTimer
 			}
 		}
+		hr.BlockKeys = h.Keys
 		r.Holder = hr
 	}
 	for i, w := range ws {
 		wr := wire.WaiterReport{Owner: w.Owner, Ref: w.Ref, LeaseSec: w.LeaseSec, WaitMs: w.WaitMs,
 			EnqueuedAtUnixMs: w.EnqueuedAt, WaitedMs: max(0, nowMs-w.EnqueuedAt),
-			WaitRemainingMs: max(0, w.EnqueuedAt+int64(w.WaitMs)-nowMs), WaitFrom: wire.FromClockEstimate}
+			WaitRemainingMs: max(0, w.EnqueuedAt+int64(w.WaitMs)-nowMs), WaitFrom: wire.FromClockEstimate, BlockKeys: w.Keys}
 		if waitDL != nil && !waitDL[i].IsZero() {
 			wr.WaitRemainingMs = max(0, waitDL[i].Sub(mono).Milliseconds())
 			wr.WaitFrom = wire.FromLeaderTimer

@@ -379,7 +379,9 @@ type Hooks struct {
 
 // Start sends m without waiting (m.ID must be 0; Conn assigns it). The
 // request is queued for the writer goroutine; Start never blocks on the
-// socket. Errors wrap ErrInvalidRequest (nothing queued), ErrHandingOver
+// socket. Errors wrap ErrInvalidRequest (nothing queued),
+// wire.ErrNotSupported (a block acquire on a connection that negotiated a
+// version older than wire.VersionBlocks; nothing queued), ErrHandingOver
 // (an acquire or release after the node announced a hand-over; nothing
 // queued) or ErrConnClosed.
 func (c *Conn) Start(m wire.Msg) (*Call, error) { return c.StartFunc(m, Hooks{}) }
@@ -394,12 +396,16 @@ func (c *Conn) StartFunc(m wire.Msg, h Hooks) (*Call, error) {
 	if !wire.IsRequest(m.Type) || m.Type == wire.TypeNoticeAck {
 		return nil, fmt.Errorf("%w: %s is not a request type", ErrInvalidRequest, wire.TypeName(m.Type))
 	}
+	if !wire.RequestAllowed(m.Type, c.peer.Version) {
+		return nil, fmt.Errorf("%w: %s needs protocol version %d; %s speaks %d", wire.ErrNotSupported, wire.TypeName(m.Type),
+			wire.VersionBlocks, c.peer.NodeID, c.peer.Version)
+	}
 	c.wmu.Lock()
 	if c.closed {
 		c.wmu.Unlock()
 		return nil, c.closedErr()
 	}
-	if c.handingOver.Load() && (m.Type == wire.TypeAcquire || m.Type == wire.TypeRelease) {
+	if c.handingOver.Load() && (m.Type == wire.TypeAcquire || m.Type == wire.TypeAcquireBlock || m.Type == wire.TypeRelease) {
 		c.wmu.Unlock()
 		return nil, fmt.Errorf("%w (%s): %s not sent", ErrHandingOver, c.peer.NodeID, wire.TypeName(m.Type))
 	}
@@ -611,7 +617,7 @@ func (c *Conn) queued(id uint64) error {
 	}
 	c.pmu.Lock()
 	call := c.pending[id]
-	ok := call != nil && call.reqType == wire.TypeAcquire && !call.Queued
+	ok := call != nil && wire.ProgressAllowed(call.reqType, wire.TypeQueued, c.peer.Version) && !call.Queued
 	if ok {
 		call.Queued = true // under pmu: shutdown, which completes it, reads pending under pmu
 	}
@@ -619,7 +625,7 @@ func (c *Conn) queued(id uint64) error {
 	switch {
 	case call == nil:
 		return fmt.Errorf("%w: Q for unknown id %d", ErrProtocol, id)
-	case call.reqType != wire.TypeAcquire:
+	case !wire.ProgressAllowed(call.reqType, wire.TypeQueued, c.peer.Version):
 		return fmt.Errorf("%w: Q for request %s (id %d), not an acquire", ErrProtocol, wire.TypeName(call.reqType), id)
 	case !ok:
 		return fmt.Errorf("%w: a second Q for acquire %d", ErrProtocol, id)

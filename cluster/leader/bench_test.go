@@ -14,7 +14,7 @@ import (
 // a cycle; the whole path is cluster's BenchmarkAcquireRelease64.
 func BenchmarkAcquireReleaseCycle(b *testing.B) {
 	st := locksm.New()
-	k := New[int](defaultConfig(Config{}), stateTable{st}, &directory{})
+	k := New[int](defaultConfig(Config{}), stateTable{s: st}, &directory{})
 	k.GainLeadership()
 	_, epoch := k.Leading()
 	k.Serve(time.Now(), epoch)

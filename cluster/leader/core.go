@@ -113,6 +113,10 @@ func (c Config) Validate() error {
 // implements it under its own locking; the core calls it only from its
 // inputs.
 type Table interface {
+	// ClusterVersion is the protocol version every member is known to
+	// speak (the log's cluster version; 0 if none is recorded): block
+	// acquires are taken from wire.VersionBlocks on.
+	ClusterVersion() uint16
 	// Occupancy reports, in one look, whether key has an entry (held, or
 	// reserved for a block), how many keys have one in all, and the
 	// length of key's queue.
@@ -204,6 +208,7 @@ type Event struct {
 	Op      locksm.Op     // EventReply, EventUnexpectedResult
 	Outcome Outcome       // EventReply
 	Queued  bool          // EventReply of a grant
+	Keys    int           // EventReply of a grant of a block: its number of keys (0 for one key)
 	Latency time.Duration // EventReply of a grant, EventHandoffLatency
 	Status  locksm.Status // EventUnexpectedResult
 }
@@ -251,7 +256,8 @@ type pending[C comparable] struct {
 	conn     *conn[C]
 	id       uint64 // request id on conn
 	op       locksm.Op
-	key      string
+	key      string   // a block's primary key (keys[0]), which its commands and effects name
+	keys     []string // a block's keys; nil for one key
 	owner    string
 	leaseSec uint32
 	ref      uint64
@@ -271,7 +277,27 @@ func (p *pending[C]) inFlight() bool { return !p.queued }
 
 // waiter reports whether p counts in its connection's waiters: an acquire
 // that may wait (queued, or not applied yet).
-func (p *pending[C]) waiter() bool { return p.op == locksm.OpAcquire && p.mayWait }
+func (p *pending[C]) waiter() bool { return p.acquire() && p.mayWait }
+
+// acquire reports whether p is an acquire, of one key or of a block.
+func (p *pending[C]) acquire() bool { return p.op == locksm.OpAcquire || p.op == locksm.OpAcquireBlock }
+
+// keySet is the keys p's acquire takes: its block's, or its one key.
+func (p *pending[C]) keySet() []string {
+	if p.keys != nil {
+		return p.keys
+	}
+	return []string{p.key}
+}
+
+// cmdKey is the key a command's pending request and effects are filed
+// under: a block acquire's primary key, else its Key.
+func cmdKey(c *locksm.Command) string {
+	if c.Op == locksm.OpAcquireBlock && len(c.Keys) > 0 {
+		return c.Keys[0]
+	}
+	return c.Key
+}
 
 // conn is what the core knows of one connection.
 type conn[C comparable] struct {
@@ -362,7 +388,7 @@ func (k *Core[C]) Owed() int { return len(k.pend) }
 // if that acquire is owed a reply.
 func (k *Core[C]) WaitDeadline(ref uint64, key string) (time.Time, bool) {
 	p := k.pend[ref]
-	if p == nil || p.op != locksm.OpAcquire || p.key != key || p.deadline.IsZero() {
+	if p == nil || !p.acquire() || p.key != key || p.deadline.IsZero() {
 		return time.Time{}, false
 	}
 	return p.deadline, true
@@ -408,7 +434,7 @@ func (k *Core[C]) Closed(h C) {
 	cn.dead = true
 	delete(k.conns, h)
 	for _, p := range sortedByRef(cn.inflight) {
-		if p.op == locksm.OpAcquire && p.queued && !p.cancel {
+		if p.acquire() && p.queued && !p.cancel {
 			p.cancel = true
 			k.propose(locksm.Command{Op: locksm.OpCancelWait, Key: p.key, Ref: p.ref})
 		}
@@ -434,6 +460,12 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 		k.noticeAcked(cn)
 		k.send(cn, wire.Msg{Type: wire.TypeOK, ID: m.ID})
 		return true
+	case wire.TypeAcquireBlock:
+		if !wire.RequestAllowed(m.Type, cn.version) {
+			k.send(cn, wire.Msg{Type: wire.TypeError, Code: wire.CodeUnexpectedFrame,
+				Text: fmt.Sprintf("block acquire on a version %d connection (from version %d)", cn.version, wire.VersionBlocks)})
+			return false
+		}
 	case wire.TypeAcquire, wire.TypeRelease, wire.TypeCancel:
 	default:
 		k.send(cn, wire.Msg{Type: wire.TypeError, Code: wire.CodeUnexpectedFrame, Text: "not a request frame"})
@@ -445,6 +477,10 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 	switch m.Type {
 	case wire.TypeAcquire:
 		cmd = locksm.Command{Op: locksm.OpAcquire, Key: m.Key, Owner: m.Owner, LeaseSec: uint32(m.Lease), WaitMs: m.WaitMs}
+	case wire.TypeAcquireBlock:
+		// The state keeps the keys: a copy, so nothing the caller reuses
+		// can change them.
+		cmd = locksm.Command{Op: locksm.OpAcquireBlock, Keys: slices.Clone(m.Keys), Owner: m.Owner, LeaseSec: uint32(m.Lease), WaitMs: m.WaitMs}
 	case wire.TypeRelease:
 		cmd = locksm.Command{Op: locksm.OpRelease, Key: m.Key, Owner: m.Owner, Token: m.Token}
 	}
@@ -464,7 +500,7 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 	}
 	if m.Type == wire.TypeCancel {
 		p := cn.inflight[m.Target]
-		if p == nil || p.op != locksm.OpAcquire {
+		if p == nil || !p.acquire() {
 			k.send(cn, wire.Msg{Type: wire.TypeError, ID: m.ID, Code: wire.CodeUnknownTarget, Text: "no pending acquire with that id"})
 			return true
 		}
@@ -485,6 +521,14 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 		k.send(cn, wire.Msg{Type: wire.TypeMoved, ID: m.ID, LeaderAddr: addr, LeaderID: id})
 		return true
 	}
+	if cmd.Op == locksm.OpAcquireBlock && k.table.ClusterVersion() < wire.VersionBlocks {
+		// Older members could not apply it: they would skip the entry
+		// and their tables would diverge.
+		k.reply(cmd.Op, OutcomeError)
+		k.send(cn, errReply(m.ID, fmt.Errorf("%w: block acquires need every member at protocol version %d; the cluster version is %d (upgrade every node; the leader records the new version within %s)",
+			wire.ErrNotSupported, wire.VersionBlocks, k.table.ClusterVersion(), "30s")))
+		return true
+	}
 	if n := cn.flying(cmd.Op); n >= k.cfg.MaxInFlightPerConn {
 		k.event(Event{Kind: EventRefusedInFlight})
 		k.reply(cmd.Op, OutcomeError)
@@ -496,7 +540,14 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 			wire.ErrTooManyInFlight, n, what, k.cfg.MaxInFlightPerConn)))
 		return true
 	}
-	if cmd.Op == locksm.OpAcquire {
+	var keys []string // the keys the acquire takes
+	switch cmd.Op {
+	case locksm.OpAcquire:
+		keys = []string{m.Key}
+	case locksm.OpAcquireBlock:
+		keys = cmd.Keys
+	}
+	if keys != nil {
 		if m.WaitMs > 0 && cn.waiters >= k.cfg.MaxWaitersPerConn {
 			k.event(Event{Kind: EventRefusedConnWaiters})
 			k.reply(cmd.Op, OutcomeError)
@@ -504,7 +555,7 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 				wire.ErrTooManyWaiters, cn.waiters, k.cfg.MaxWaitersPerConn)))
 			return true
 		}
-		if err := k.admitAcquire(m.Key, m.WaitMs > 0); err != nil {
+		if err := k.admitAcquire(keys, m.WaitMs > 0); err != nil {
 			k.reply(cmd.Op, OutcomeError)
 			k.send(cn, errReply(m.ID, err))
 			return true
@@ -512,16 +563,19 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 	}
 	k.nextRef++
 	cmd.Ref = k.nextRef
-	p := &pending[C]{conn: cn, id: m.ID, op: cmd.Op, key: m.Key, owner: m.Owner, leaseSec: cmd.LeaseSec, ref: cmd.Ref, start: now}
-	if cmd.Op == locksm.OpAcquire {
-		p.deadline = now.Add(time.Duration(m.WaitMs) * time.Millisecond)
+	p := &pending[C]{conn: cn, id: m.ID, op: cmd.Op, key: cmdKey(&cmd), owner: m.Owner, leaseSec: cmd.LeaseSec, ref: cmd.Ref, start: now}
+	if cmd.Op == locksm.OpAcquireBlock {
+		p.keys = cmd.Keys
 	}
-	if cmd.Op == locksm.OpAcquire {
+	if keys != nil {
+		p.deadline = now.Add(time.Duration(m.WaitMs) * time.Millisecond)
 		p.uncommitted, p.mayWait = true, m.WaitMs > 0
-		if p.mayWait {
-			k.uncommitted[m.Key]++
+		for _, key := range keys {
+			if p.mayWait {
+				k.uncommitted[key]++
+			}
+			k.uncommittedTotal++
 		}
-		k.uncommittedTotal++
 	}
 	k.pend[p.ref] = p
 	cn.owe(p)
@@ -564,19 +618,27 @@ func (cn *conn[C]) count(p *pending[C], d int) {
 	}
 }
 
-// admitAcquire applies MaxKeys and MaxWaitersPerKey to an acquire of key
-// (mayWait: its wait is not zero, so it can join the queue). Acquires
-// proposed but not yet applied count as if each created a key and, if
-// they may wait, joined the queue, so a burst cannot overshoot.
-func (k *Core[C]) admitAcquire(key string, mayWait bool) error {
-	held, keys, queue := k.table.Occupancy(key)
-	if !held && keys+k.uncommittedTotal >= k.cfg.MaxKeys {
-		k.event(Event{Kind: EventRefusedKeys})
-		return fmt.Errorf("%w: %d keys held or being acquired; this node allows %d", wire.ErrTooManyKeys, keys+k.uncommittedTotal, k.cfg.MaxKeys)
+// admitAcquire applies MaxKeys and MaxWaitersPerKey to an acquire of keys
+// (one key, or a block's; mayWait: its wait is not zero, so it can join
+// the queues). Acquires proposed but not yet applied count as if each of
+// their keys were created and, if they may wait, joined by them, so a
+// burst cannot overshoot.
+func (k *Core[C]) admitAcquire(keys []string, mayWait bool) error {
+	fresh, total := 0, 0
+	for _, key := range keys {
+		held, n, queue := k.table.Occupancy(key)
+		total = n
+		if !held {
+			fresh++
+		}
+		if mayWait && queue+k.uncommitted[key] >= k.cfg.MaxWaitersPerKey {
+			k.event(Event{Kind: EventRefusedWaiters})
+			return fmt.Errorf("%w on key %q: %d waiting or joining; this node allows %d per key", wire.ErrTooManyWaiters, key, queue+k.uncommitted[key], k.cfg.MaxWaitersPerKey)
+		}
 	}
-	if mayWait && queue+k.uncommitted[key] >= k.cfg.MaxWaitersPerKey {
-		k.event(Event{Kind: EventRefusedWaiters})
-		return fmt.Errorf("%w on this key: %d waiting or joining; this node allows %d per key", wire.ErrTooManyWaiters, queue+k.uncommitted[key], k.cfg.MaxWaitersPerKey)
+	if fresh > 0 && total+k.uncommittedTotal+fresh > k.cfg.MaxKeys {
+		k.event(Event{Kind: EventRefusedKeys})
+		return fmt.Errorf("%w: %d keys held or being acquired; this node allows %d", wire.ErrTooManyKeys, total+k.uncommittedTotal, k.cfg.MaxKeys)
 	}
 	return nil
 }
@@ -588,12 +650,14 @@ func (k *Core[C]) committed(p *pending[C]) {
 		return
 	}
 	p.uncommitted = false
-	if p.mayWait {
-		if k.uncommitted[p.key]--; k.uncommitted[p.key] <= 0 {
-			delete(k.uncommitted, p.key)
+	for _, key := range p.keySet() {
+		if p.mayWait {
+			if k.uncommitted[key]--; k.uncommitted[key] <= 0 {
+				delete(k.uncommitted, key)
+			}
 		}
+		k.uncommittedTotal--
 	}
-	k.uncommittedTotal--
 }
 
 // finish forgets p (its reply is being sent).
@@ -623,7 +687,7 @@ func (k *Core[C]) ProposalFailed(cmds []locksm.Command, notAppended bool, err er
 			delete(k.expiring, c.Token)
 		}
 		p := k.pend[c.Ref]
-		if c.Ref == 0 || p == nil || p.op != c.Op || p.key != c.Key || p.queued {
+		if c.Ref == 0 || p == nil || p.op != c.Op || p.key != cmdKey(&c) || p.queued {
 			continue
 		}
 		k.finish(p)
@@ -646,13 +710,14 @@ func (k *Core[C]) Applied(now time.Time, batch []Applied) {
 	for i := range batch {
 		a := &batch[i]
 		c := &a.Cmd
+		key := cmdKey(c)
 		if k.leading && a.Res.Status == locksm.StatusGranted {
-			k.armExpiry(now, c.Key, a.Res.Token, c.LeaseSec)
+			k.armExpiry(now, key, a.Res.Token, c.LeaseSec)
 		}
 		// freedAt: when the key this command frees was freed, as the
 		// leader saw it (for the hand-off latency).
 		var freedAt time.Time
-		if p := k.pend[c.Ref]; c.Ref != 0 && p != nil && p.op == c.Op && p.key == c.Key && !p.queued {
+		if p := k.pend[c.Ref]; c.Ref != 0 && p != nil && p.op == c.Op && p.key == key && !p.queued {
 			if c.Op == locksm.OpRelease {
 				freedAt = p.start
 			}
@@ -683,10 +748,10 @@ func (k *Core[C]) Applied(now time.Time, batch []Applied) {
 				if p := k.pend[e.Ref]; p != nil && p.queued && p.key == e.Key {
 					k.finish(p)
 					if e.Kind == locksm.EffectTimedOut {
-						k.reply(locksm.OpAcquire, OutcomeTimeout)
+						k.reply(p.op, OutcomeTimeout)
 						k.send(p.conn, wire.Msg{Type: wire.TypeTimeout, ID: p.id})
 					} else {
-						k.reply(locksm.OpAcquire, OutcomeIndeterminate)
+						k.reply(p.op, OutcomeIndeterminate)
 						k.send(p.conn, wire.Msg{Type: wire.TypeUnknown, ID: p.id, Text: "waiter dropped by a new leader"})
 					}
 				}
@@ -748,7 +813,7 @@ func (k *Core[C]) granted(p *pending[C], token uint64, now time.Time) bool {
 		k.propose(locksm.Command{Op: locksm.OpRelease, Key: p.key, Owner: p.owner, Token: token})
 		return false
 	}
-	k.event(Event{Kind: EventReply, Op: locksm.OpAcquire, Outcome: OutcomeGranted, Queued: p.queued, Latency: now.Sub(p.start)})
+	k.event(Event{Kind: EventReply, Op: p.op, Outcome: OutcomeGranted, Queued: p.queued, Latency: now.Sub(p.start), Keys: len(p.keys)})
 	k.send(p.conn, wire.Msg{Type: wire.TypeGranted, ID: p.id, Token: token})
 	return true
 }
@@ -774,8 +839,11 @@ func (k *Core[C]) armExpiry(now time.Time, key string, token uint64, leaseSec ui
 func (k *Core[C]) armHolders(now time.Time) int {
 	n := 0
 	k.table.RangeHolders(func(key string, h locksm.Holder) bool {
-		k.armExpiry(now, key, h.Token, h.LeaseSec)
-		n++
+		// A block is one holding: one timer, on its primary key.
+		if h.Keys == nil || key == h.Keys[0] {
+			k.armExpiry(now, key, h.Token, h.LeaseSec)
+			n++
+		}
 		return true
 	})
 	return n

@@ -119,7 +119,7 @@ func (k *Core[C]) stopServing(h *HandOver) {
 	h.stopped = true
 	k.serving = false
 	for _, p := range sortedByRef(k.pend) {
-		if p.op == locksm.OpAcquire && p.queued && !p.cancel {
+		if p.acquire() && p.queued && !p.cancel {
 			p.cancel = true
 			k.propose(locksm.Command{Op: locksm.OpCancelWait, Key: p.key, Ref: p.ref})
 		}

@@ -210,7 +210,7 @@ func (rr *randomRun) step() {
 	case x < 6 || len(rr.open) == 0:
 		rr.conns++
 		name := fmt.Sprintf("c%d", rr.conns)
-		version := []uint16{2, wire.VersionNotices, wire.VersionQueued, wire.VersionQueued}[rr.pick(4)]
+		version := []uint16{2, wire.VersionNotices, wire.VersionQueued, wire.VersionQueued, wire.VersionBlocks, wire.VersionBlocks}[rr.pick(6)]
 		rr.version[name] = version
 		rr.open = append(rr.open, name)
 		rr.do(fmt.Sprintf("open conn=%s version=%d", name, version))
@@ -223,6 +223,14 @@ func (rr *randomRun) step() {
 	case x < 35:
 		c := rr.open[rr.pick(len(rr.open))]
 		waits := []int{0, 0, 100, 2000, 60000}
+		if rr.version[c] >= wire.VersionBlocks && rr.pick(2) == 0 {
+			// A block of 2 or 3 distinct keys, in random order.
+			ks := slices.Clone(keys)
+			rr.r.Shuffle(len(ks), func(i, j int) { ks[i], ks[j] = ks[j], ks[i] })
+			rr.request(c, wire.TypeAcquireBlock, fmt.Sprintf("acquire-block conn=%s id=%%d keys=%s owner=o%d lease=%d wait=%d",
+				c, strings.Join(ks[:2+rr.pick(2)], ","), rr.pick(3), 1+rr.pick(3), waits[rr.pick(len(waits))]))
+			break
+		}
 		rr.request(c, wire.TypeAcquire, fmt.Sprintf("acquire conn=%s id=%%d key=%s owner=o%d lease=%d wait=%d",
 			c, keys[rr.pick(len(keys))], rr.pick(3), 1+rr.pick(3), waits[rr.pick(len(waits))]))
 	case x < 47:
@@ -299,7 +307,7 @@ func (rr *randomRun) step() {
 func (rr *randomRun) request(c string, typ byte, line string) {
 	rr.nextID[c]++
 	id := rr.nextID[c]
-	info := &reqInfo{op: typ, wait: typ == wire.TypeAcquire && !strings.HasSuffix(line, " wait=0")}
+	info := &reqInfo{op: typ, wait: isAcquire(typ) && !strings.HasSuffix(line, " wait=0")}
 	rr.reqs[reqKey{c, id}] = info
 	// The room the request finds, for judging a refusal.
 	var acquiring, releasing, waiters int
@@ -311,7 +319,7 @@ func (rr *randomRun) request(c string, typ byte, line string) {
 		m, cfg := info.replies[0], rr.h.cfg
 		switch {
 		case m.Code == wire.CodeTooManyInFlight && typ == wire.TypeRelease && releasing < cfg.MaxInFlightPerConn,
-			m.Code == wire.CodeTooManyInFlight && typ == wire.TypeAcquire && acquiring < cfg.MaxInFlightPerConn:
+			m.Code == wire.CodeTooManyInFlight && isAcquire(typ) && acquiring < cfg.MaxInFlightPerConn:
 			rr.fail("%s/%d refused too_many_in_flight with %d acquires and %d releases in flight", c, id, acquiring, releasing)
 		case m.Code == wire.CodeTooManyWaiters && !info.wait:
 			rr.fail("%s/%d with wait 0 refused too_many_waiters", c, id)
@@ -329,7 +337,7 @@ func (rr *randomRun) request(c string, typ byte, line string) {
 
 func (rr *randomRun) logApplied(a Applied) {
 	c := a.Cmd
-	if p := rr.h.k.pend[c.Ref]; c.Ref != 0 && a.Res.Status == locksm.StatusQueued && p != nil && p.op == locksm.OpAcquire &&
+	if p := rr.h.k.pend[c.Ref]; c.Ref != 0 && a.Res.Status == locksm.StatusQueued && p != nil && p.acquire() &&
 		!p.queued && !p.conn.dead && p.conn.version >= wire.VersionQueued {
 		if info := rr.byRef[c.Ref]; info != nil {
 			info.wantQ = true
@@ -337,7 +345,7 @@ func (rr *randomRun) logApplied(a Applied) {
 	}
 	if c.Ref != 0 {
 		rr.applied[c.Ref] = true
-		if info := rr.byRef[c.Ref]; info != nil && info.moved && (c.Op == locksm.OpAcquire || c.Op == locksm.OpRelease) {
+		if info := rr.byRef[c.Ref]; info != nil && info.moved && (c.Op == locksm.OpAcquire || c.Op == locksm.OpAcquireBlock || c.Op == locksm.OpRelease) {
 			rr.fail("ref %d applied after its request was answered M", c.Ref)
 		}
 	}
@@ -399,7 +407,7 @@ func (rr *randomRun) sent(s Send[string]) {
 		if rr.dead[s.To] {
 			rr.fail("G told to dead %s/%d: its grant is never released", s.To, m.ID)
 		}
-		if info.op != wire.TypeAcquire || info.ref == 0 || rr.granted[info.ref] != m.Token || phase != "commit" {
+		if !isAcquire(info.op) || info.ref == 0 || rr.granted[info.ref] != m.Token || phase != "commit" {
 			rr.fail("G %s to %s/%d: no applied grant for ref %d (log granted %d)", fmtMsg(m), s.To, m.ID, info.ref, rr.granted[info.ref])
 		}
 	case wire.TypeBusy:
@@ -435,7 +443,7 @@ func (rr *randomRun) sent(s Send[string]) {
 		}
 	case wire.TypeError:
 		switch phase {
-		case "acquire", "release", "cancel":
+		case "acquire", "acquire-block", "release", "cancel":
 		case "commit":
 			if !rr.applied[info.ref] {
 				rr.fail("E to %s/%d before its command was applied", s.To, m.ID)
@@ -460,7 +468,7 @@ func (rr *randomRun) final() error {
 		if len(info.replies) == 1 {
 			continue
 		}
-		if info.op == wire.TypeAcquire && rr.dead[rk.conn] && info.ref != 0 {
+		if isAcquire(info.op) && rr.dead[rk.conn] && info.ref != 0 {
 			if tok, ok := rr.granted[info.ref]; ok {
 				if !rr.compensated[tok] {
 					return fmt.Errorf("grant %d to dead %s/%d never released", tok, rk.conn, rk.id)
@@ -472,3 +480,6 @@ func (rr *randomRun) final() error {
 	}
 	return nil
 }
+
+// isAcquire reports whether typ is an acquire frame, of one key or a block.
+func isAcquire(typ byte) bool { return typ == wire.TypeAcquire || typ == wire.TypeAcquireBlock }

@@ -28,6 +28,8 @@ package leader
 //	lose [why=]                  leadership lost
 //	close-node                   Core.Close
 //	acquire conn= id= key= owner= lease= [wait=]
+//	acquire-block conn= id= keys=k1,k2,... owner= lease= [wait=]
+//	cluster-version v=           the log's cluster version (default: newest)
 //	release conn= id= key= owner= token=
 //	cancel conn= id= target=
 //	ack conn= id=                a notice acknowledgement
@@ -96,11 +98,21 @@ func TestScripts(t *testing.T) {
 // ---- the world around the core ----
 
 // stateTable is a Table over a locksm.State (no locking: one goroutine).
-type stateTable struct{ s *locksm.State }
+type stateTable struct {
+	s       *locksm.State
+	version *uint16 // the cluster version; nil: the newest
+}
 
 func (t stateTable) Occupancy(key string) (bool, int, int) {
 	_, held := t.s.Holder(key)
-	return held, t.s.NumHeld(), t.s.QueueLen(key)
+	return held || t.s.Reserved(key), t.s.NumHeld() + t.s.NumReserved(), t.s.QueueLen(key)
+}
+
+func (t stateTable) ClusterVersion() uint16 {
+	if t.version == nil {
+		return wire.ProtocolVersion
+	}
+	return *t.version
 }
 
 func (t stateTable) HeldUnder(key string, token uint64) bool {
@@ -132,6 +144,7 @@ type harness struct {
 	cfg      Config
 	k        *Core[string]
 	st       *locksm.State
+	version  *uint16 // the cluster version the table reports
 	dir      *directory
 	log      []locksm.Command // proposed, not yet applied or failed
 	timers   []armed
@@ -168,8 +181,9 @@ func defaultConfig(c Config) Config {
 
 func newHarness(cfg Config) *harness {
 	cfg = defaultConfig(cfg)
-	h := &harness{cfg: cfg, st: locksm.New(), dir: &directory{addrs: map[string]string{}}}
-	h.k = New[string](cfg, stateTable{h.st}, h.dir)
+	v := uint16(wire.ProtocolVersion)
+	h := &harness{cfg: cfg, st: locksm.New(), dir: &directory{addrs: map[string]string{}}, version: &v}
+	h.k = New[string](cfg, stateTable{h.st, h.version}, h.dir)
 	return h
 }
 
@@ -248,12 +262,17 @@ func (h *harness) run(line string) (string, error) {
 		fmt.Fprintf(&b, "was-leading=%v owed=%d\n", was, owed)
 	case "close-node":
 		h.k.Close()
-	case "acquire", "release", "cancel", "ack", "frame":
+	case "cluster-version":
+		*h.version = uint16(a.int("v", 0))
+	case "acquire", "acquire-block", "release", "cancel", "ack", "frame":
 		cn := a.need("conn")
 		m := wire.Msg{ID: uint64(a.int("id", 0))}
 		switch name {
 		case "acquire":
 			m.Type, m.Key, m.Owner = wire.TypeAcquire, a.str("key", ""), a.str("owner", "")
+			m.Lease, m.WaitMs = uint16(a.int("lease", 0)), uint32(a.int("wait", 0))
+		case "acquire-block":
+			m.Type, m.Keys, m.Owner = wire.TypeAcquireBlock, strings.Split(a.need("keys"), ","), a.str("owner", "")
 			m.Lease, m.WaitMs = uint16(a.int("lease", 0)), uint32(a.int("wait", 0))
 		case "release":
 			m.Type, m.Key, m.Owner, m.Token = wire.TypeRelease, a.str("key", ""), a.str("owner", ""), uint64(a.int("token", 0))
@@ -420,7 +439,7 @@ func fmtMsg(m wire.Msg) string {
 
 var opNames = map[locksm.Op]string{
 	locksm.OpAcquire: "acquire", locksm.OpRelease: "release", locksm.OpExpire: "expire",
-	locksm.OpCancelWait: "cancel", locksm.OpDropWaiters: "drop-waiters",
+	locksm.OpCancelWait: "cancel", locksm.OpDropWaiters: "drop-waiters", locksm.OpAcquireBlock: "acquire-block",
 }
 
 func fmtCmd(c locksm.Command) string {
@@ -435,13 +454,16 @@ func fmtCmd(c locksm.Command) string {
 		return fmt.Sprintf("cancel key=%s ref=%d", c.Key, c.Ref)
 	case locksm.OpDropWaiters:
 		return "drop-waiters"
+	case locksm.OpAcquireBlock:
+		return fmt.Sprintf("acquire-block keys=%s owner=%s lease=%d wait=%d ref=%d", strings.Join(c.Keys, ","), c.Owner, c.LeaseSec, c.WaitMs, c.Ref)
 	}
 	return fmt.Sprintf("op=%d", c.Op)
 }
 
 func parseCmd(a *argReader) (locksm.Command, error) {
 	c := locksm.Command{Key: a.str("key", ""), Owner: a.str("owner", ""), Token: uint64(a.int("token", 0)),
-		Ref: uint64(a.int("ref", 0)), LeaseSec: uint32(a.int("lease", 0)), WaitMs: uint32(a.int("wait", 0))}
+		Keys: strings.Split(a.str("keys", ""), ","),
+		Ref:  uint64(a.int("ref", 0)), LeaseSec: uint32(a.int("lease", 0)), WaitMs: uint32(a.int("wait", 0))}
 	op := a.need("op")
 	for o, name := range opNames {
 		if name == op {
@@ -450,6 +472,9 @@ func parseCmd(a *argReader) (locksm.Command, error) {
 	}
 	if c.Op == 0 {
 		return c, fmt.Errorf("unknown op %q", op)
+	}
+	if c.Op != locksm.OpAcquireBlock {
+		c.Keys = nil
 	}
 	return c, a.err
 }
@@ -501,6 +526,9 @@ func fmtEvent(e Event) string {
 		}
 		if e.Outcome == OutcomeGranted {
 			s += fmt.Sprintf(" queued=%v latency=%v", e.Queued, e.Latency)
+			if e.Keys > 0 {
+				s += fmt.Sprintf(" keys=%d", e.Keys)
+			}
 		}
 		return s
 	case EventHandoffLatency:
@@ -529,7 +557,11 @@ func formatState(s *locksm.State) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "last-token=%d held=%d waiting=%d\n", s.LastToken(), s.NumHeld(), s.NumWaiting())
 	s.RangeHolders(func(k string, h locksm.Holder) bool {
-		fmt.Fprintf(&b, "%s: holder owner=%s token=%d lease=%d\n", k, h.Owner, h.Token, h.LeaseSec)
+		fmt.Fprintf(&b, "%s: holder owner=%s token=%d lease=%d", k, h.Owner, h.Token, h.LeaseSec)
+		if h.Keys != nil {
+			fmt.Fprintf(&b, " block=%s", strings.Join(h.Keys, ","))
+		}
+		b.WriteString("\n")
 		for _, w := range s.Waiters(k) {
 			fmt.Fprintf(&b, "  waiter owner=%s ref=%d wait=%d\n", w.Owner, w.Ref, w.WaitMs)
 		}
@@ -590,9 +622,11 @@ func (k *Core[C]) check() error {
 			if p.queued {
 				return fmt.Errorf("ref %d queued and uncommitted", ref)
 			}
-			total++
-			if p.mayWait {
-				perKey[p.key]++
+			for _, key := range p.keySet() {
+				total++
+				if p.mayWait {
+					perKey[key]++
+				}
 			}
 		}
 	}
@@ -632,13 +666,13 @@ func (k *Core[C]) check() error {
 	for cn := range conns {
 		var acq, rel, wait int
 		for _, p := range cn.inflight {
-			if !p.queued && p.op == locksm.OpAcquire {
+			if !p.queued && p.acquire() {
 				acq++
 			}
 			if !p.queued && p.op == locksm.OpRelease {
 				rel++
 			}
-			if p.op == locksm.OpAcquire && p.mayWait {
+			if p.acquire() && p.mayWait {
 				wait++
 			}
 		}

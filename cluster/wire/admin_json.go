@@ -108,10 +108,14 @@ type StatusReport struct {
 	Leader           string `json:"leader"`
 	LeaderClientAddr string `json:"leader_client_addr"`
 	// Domain is the fencing domain ("" until the first leader committed it).
-	Domain       string `json:"domain"`
-	ClusterID    string `json:"cluster_id"`
-	CommitIndex  uint64 `json:"commit_index"`
-	AppliedIndex uint64 `json:"applied_index"`
+	Domain string `json:"domain"`
+	// ClusterVersion is the protocol version every member is known to
+	// speak, as the log records it (0: not recorded yet). Block acquires
+	// need VersionBlocks.
+	ClusterVersion uint16 `json:"cluster_version"`
+	ClusterID      string `json:"cluster_id"`
+	CommitIndex    uint64 `json:"commit_index"`
+	AppliedIndex   uint64 `json:"applied_index"`
 	// KeysHeld, Waiters and LastToken (the highest token ever issued: the
 	// token high-water mark) are from this node's applied state.
 	KeysHeld  int    `json:"keys_held"`
@@ -160,6 +164,10 @@ type KeyReport struct {
 	// AtUnixMs is the answering node's wall clock when it read the key.
 	AtUnixMs int64 `json:"at_unix_ms"`
 	Held     bool  `json:"held"`
+	// Reserved: not held, but its queue head is a block that waits for
+	// its other keys, so nobody else may take the key (locksm/MATRIX.md,
+	// "Blocks").
+	Reserved bool `json:"reserved,omitempty"`
 	// Holder is set when Held.
 	Holder *HolderReport `json:"holder,omitempty"`
 	// QueueLen is the number of waiters; Queue lists them head first, the
@@ -184,6 +192,9 @@ type HolderReport struct {
 	// FromClockEstimate.
 	LeaseRemainingMs int64  `json:"lease_remaining_ms"`
 	LeaseFrom        string `json:"lease_from"`
+	// BlockKeys: the holding is a block; every one of its keys (this one
+	// included), in the requester's order.
+	BlockKeys []string `json:"block_keys,omitempty"`
 }
 
 // WaiterReport is one queued acquire.
@@ -203,4 +214,7 @@ type WaiterReport struct {
 	// 0), from WaitFrom: FromLeaderTimer or FromClockEstimate.
 	WaitRemainingMs int64  `json:"wait_remaining_ms"`
 	WaitFrom        string `json:"wait_from"`
+	// BlockKeys: the waiter is a block, queued on every one of these keys
+	// at once (this one included), in the requester's order.
+	BlockKeys []string `json:"block_keys,omitempty"`
 }

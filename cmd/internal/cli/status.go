@@ -257,10 +257,16 @@ func printKey(w io.Writer, k *wire.KeyReport) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "Key:\t%s\n", k.Key)
 	fmt.Fprintf(tw, "Answered by:\t%s (%s)\n", k.ServerID, k.Role)
-	if h := k.Holder; k.Held && h != nil {
+	switch h := k.Holder; {
+	case k.Held && h != nil:
 		fmt.Fprintf(tw, "Holder:\t%s, token %d\n", h.Owner, h.Token)
+		if len(h.BlockKeys) > 0 {
+			fmt.Fprintf(tw, "Block:\t%d keys under this token: %s\n", len(h.BlockKeys), strings.Join(h.BlockKeys, " "))
+		}
 		fmt.Fprintf(tw, "Lease:\t%ds, held %s, %s left%s\n", h.LeaseSec, fmtMs(h.HeldMs), fmtMs(h.LeaseRemainingMs), fromNote(h.LeaseFrom))
-	} else {
+	case k.Reserved:
+		fmt.Fprintf(tw, "Holder:\tnone (reserved: the first waiter is a block waiting for its other keys)\n")
+	default:
 		fmt.Fprintf(tw, "Holder:\tnone (not held)\n")
 	}
 	queue := fmt.Sprintf("%d waiting", k.QueueLen)
@@ -274,14 +280,18 @@ func printKey(w io.Writer, k *wire.KeyReport) {
 	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "#\tOWNER\tWAITED\tWAIT LEFT\tLEASE")
+	fmt.Fprintln(tw, "#\tOWNER\tWAITED\tWAIT LEFT\tLEASE\tBLOCK")
 	estimated := false
 	for i, q := range k.Queue {
 		left := fmtMs(q.WaitRemainingMs)
 		if q.WaitFrom != wire.FromLeaderTimer {
 			left, estimated = "~"+left, true
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%ds\n", i+1, q.Owner, fmtMs(q.WaitedMs), left, q.LeaseSec)
+		block := "-"
+		if len(q.BlockKeys) > 0 {
+			block = strings.Join(q.BlockKeys, " ")
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%ds\t%s\n", i+1, q.Owner, fmtMs(q.WaitedMs), left, q.LeaseSec, block)
 	}
 	tw.Flush()
 	if estimated {
