@@ -3,6 +3,7 @@ package sidecar
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"ticketing/cluster/client"
@@ -35,6 +36,7 @@ type acqOp struct {
 	b                   *Broker
 	sess                *sess
 	key, owner          string
+	keys                []string // a block's keys (key is keys[0]); nil for one key
 	lease, wait         time.Duration
 	waiter              bool      // wait > 0: needs waiter room
 	begun               time.Time // wall clock at the call (latency metric)
@@ -83,6 +85,43 @@ func checkAcquire(key, owner string, lease, wait time.Duration) error {
 	return locksm.ValidateOwner(owner)
 }
 
+// checkBlock validates a block acquire's fields: 2..16 distinct keys
+// (locksm.ErrInvalidBlock), each a valid key, and the fields as for one key.
+func checkBlock(keys []string, owner string, lease, wait time.Duration) error {
+	if err := locksm.ValidateCommand(locksm.Command{Op: locksm.OpAcquireBlock, Keys: keys, Owner: owner,
+		LeaseSec: locksm.MinLeaseSec}); err != nil {
+		return fmt.Errorf("%w: %d keys %q", err, len(keys), keys)
+	}
+	return checkAcquire(keys[0], owner, lease, wait)
+}
+
+// AcquireBlock asks for every key of keys at once (2..16 distinct keys), on
+// behalf of owner: all are granted together under one token, or none. The
+// block joins every key's queue in one command; it is granted when it
+// stands first on each and none is held (locksm/MATRIX.md, "Blocks").
+// Fields, errors and the retry rules are Acquire's; a node older than
+// protocol version 5, or a cluster that is not upgraded everywhere, gives
+// wire.ErrNotSupported (definite: nothing was executed). The Lock's Key is
+// keys[0] and its Keys all of them; Release frees the whole block. One
+// key is Acquire.
+func (b *Broker) AcquireBlock(ctx context.Context, keys []string, owner string, lease, wait time.Duration) (Lock, error) {
+	return b.acquireWait(ctx, keys, owner, lease, wait)
+}
+
+// AcquireBlockAsync is AcquireAsync for a block (see AcquireBlock).
+func (b *Broker) AcquireBlockAsync(keys []string, owner string, lease, wait time.Duration, done func(Lock, error)) (cancel func(cause error), err error) {
+	if len(keys) == 1 {
+		return b.AcquireAsync(keys[0], owner, lease, wait, done)
+	}
+	begun := time.Now()
+	if err := checkBlock(keys, owner, lease, wait); err != nil {
+		b.metrics.acquired(err, begun)
+		return nil, err
+	}
+	keys = slices.Clone(keys) // the Lock and the node keep them
+	return b.startAcquire(keys[0], keys, owner, lease, wait, begun, done)
+}
+
 // Acquire asks for key on behalf of owner. lease must be whole seconds in
 // 1..250 s; wait is the bound on waiting for the turn (0 = one try) and must
 // be a whole number of milliseconds up to 300 s. It returns the Lock, or
@@ -96,6 +135,11 @@ func checkAcquire(key, owner string, lease, wait time.Duration) error {
 // one byte of it was written; a written request with no definite reply is
 // Indeterminate. Acquire is AcquireAsync and a wait.
 func (b *Broker) Acquire(ctx context.Context, key, owner string, lease, wait time.Duration) (Lock, error) {
+	return b.acquireWait(ctx, []string{key}, owner, lease, wait)
+}
+
+// acquireWait is Acquire (one key) or AcquireBlock, waiting for the outcome.
+func (b *Broker) acquireWait(ctx context.Context, keys []string, owner string, lease, wait time.Duration) (Lock, error) {
 	if err := ctx.Err(); err != nil {
 		err = fmt.Errorf("sidecar: acquire not sent: %w", err)
 		b.metrics.acquired(err, time.Now())
@@ -106,7 +150,7 @@ func (b *Broker) Acquire(ctx context.Context, key, owner string, lease, wait tim
 		err error
 	}
 	ch := make(chan result, 1)
-	cancel, err := b.AcquireAsync(key, owner, lease, wait, func(lk Lock, err error) { ch <- result{lk, err} })
+	cancel, err := b.AcquireBlockAsync(keys, owner, lease, wait, func(lk Lock, err error) { ch <- result{lk, err} })
 	if err != nil {
 		return Lock{}, err
 	}
@@ -148,8 +192,14 @@ func (b *Broker) AcquireAsync(key, owner string, lease, wait time.Duration, done
 		b.metrics.acquired(err, begun)
 		return nil, err
 	}
+	return b.startAcquire(key, nil, owner, lease, wait, begun, done)
+}
+
+// startAcquire starts a checked acquire of key, or of the block keys.
+func (b *Broker) startAcquire(key string, keys []string, owner string, lease, wait time.Duration, begun time.Time,
+	done func(Lock, error)) (cancel func(cause error), err error) {
 	now := b.cfg.Now()
-	o := &acqOp{b: b, key: key, owner: owner, lease: lease, wait: wait, waiter: wait > 0, begun: begun,
+	o := &acqOp{b: b, key: key, keys: keys, owner: owner, lease: lease, wait: wait, waiter: wait > 0, begun: begun,
 		waitEnd: now.Add(wait), connectEnd: now.Add(max(wait, b.cfg.LeaderWait)), done: done}
 	var fx effects
 	b.qmu.Lock()
@@ -486,6 +536,8 @@ const (
 // sendSome sends pending acquires on conn, round-robin across sessions,
 // until nothing is pending or conn's budget is used up.
 func (b *Broker) sendSome(conn *client.Conn) sendResult {
+	var fx effects
+	defer func() { fx.run() }() // after qmu is released (defers run last first)
 	b.qmu.Lock()
 	defer b.qmu.Unlock()
 	if b.cfg.MaxWaiters == 0 {
@@ -504,16 +556,27 @@ func (b *Broker) sendSome(conn *client.Conn) sendResult {
 		}
 		now := b.cfg.Now()
 		remaining := max(o.waitEnd.Sub(now), 0)
-		call, err := conn.StartFunc(wire.Msg{Type: wire.TypeAcquire, Key: o.key, Owner: o.owner,
-			Lease: uint16(o.lease / time.Second), WaitMs: uint32(remaining / time.Millisecond)},
-			client.Hooks{Queued: o.onQueued, Done: o.onDone})
+		m := wire.Msg{Type: wire.TypeAcquire, Key: o.key, Owner: o.owner,
+			Lease: uint16(o.lease / time.Second), WaitMs: uint32(remaining / time.Millisecond)}
+		if o.keys != nil {
+			if v := conn.Peer().Version; v < wire.VersionBlocks {
+				// A definite no: the node cannot take it, and no leader of
+				// this cluster speaks a newer version than its members.
+				o.answerLocked(Lock{}, fmt.Errorf("%w: the leader speaks protocol version %d; block acquires need %d",
+					wire.ErrNotSupported, v, wire.VersionBlocks), &fx)
+				b.endLocked(o, &fx)
+				continue
+			}
+			m.Type, m.Key, m.Keys = wire.TypeAcquireBlock, "", o.keys
+		}
+		call, err := conn.StartFunc(m, client.Hooks{Queued: o.onQueued, Done: o.onDone})
 		if err != nil {
 			b.sc.requeue(o) // nothing written
 			return sendFailed
 		}
 		o.st, o.conn, o.call, o.slot = stSent, conn, call, true
 		b.inflight[conn]++
-		o.lk = Lock{Key: o.key, Owner: o.owner, Lease: o.lease, ValidUntil: now.Add(o.lease)}
+		o.lk = Lock{Key: o.key, Keys: o.keys, Owner: o.owner, Lease: o.lease, ValidUntil: now.Add(o.lease)}
 		o.armLocked(now.Add(remaining + b.cfg.ReplyGrace))
 	}
 }

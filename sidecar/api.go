@@ -20,9 +20,14 @@ import (
 	"ticketing/cluster/wire"
 )
 
-// Lock is a granted lock.
+// Lock is a granted lock: one key, or a block of keys held together under
+// one token (AcquireBlock).
 type Lock struct {
-	Key   string
+	// Key is the lock's key; for a block, its first (primary) key, which
+	// names the whole block to a release.
+	Key string
+	// Keys is every key of a block, in the order asked; nil for one key.
+	Keys  []string
 	Owner string
 	Token uint64
 	Lease time.Duration

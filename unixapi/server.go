@@ -39,6 +39,7 @@ import (
 // goroutine, in the broker (see sidecar.Broker.AcquireAsync).
 type Broker interface {
 	AcquireAsync(key, owner string, lease, wait time.Duration, done func(sidecar.Lock, error)) (cancel func(error), err error)
+	AcquireBlockAsync(keys []string, owner string, lease, wait time.Duration, done func(sidecar.Lock, error)) (cancel func(error), err error)
 	ReleaseAsync(l sidecar.Lock, done func(error)) error
 	Compensate(l sidecar.Lock)
 	Info() sidecar.Info

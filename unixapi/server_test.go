@@ -18,6 +18,7 @@ import (
 
 	"ticketing/cluster/local"
 	"ticketing/cluster/testkit"
+	"ticketing/locksm"
 	"ticketing/sidecar"
 	"ticketing/unixapi"
 )
@@ -419,13 +420,16 @@ var errNoCluster = errors.New("noClusterBroker: no cluster")
 func (noClusterBroker) AcquireAsync(string, string, time.Duration, time.Duration, func(sidecar.Lock, error)) (func(error), error) {
 	return nil, errNoCluster
 }
+func (noClusterBroker) AcquireBlockAsync([]string, string, time.Duration, time.Duration, func(sidecar.Lock, error)) (func(error), error) {
+	return nil, errNoCluster
+}
 func (noClusterBroker) ReleaseAsync(sidecar.Lock, func(error)) error { return errNoCluster }
 func (noClusterBroker) Compensate(sidecar.Lock)                      {}
 func (noClusterBroker) Info() sidecar.Info                           { return sidecar.Info{} }
 
 // HELLO answers the version both speak, INFO ends with protocol=2, and
-// neither needs the cluster. A block ACQUIRE is parsed (its key-set errors
-// are answered) but not served yet.
+// neither needs the cluster. A block ACQUIRE's key-set errors are answered
+// by the parser, before the broker is asked.
 func TestHelloAndProtocolVersion(t *testing.T) {
 	cfg := unixapi.DefaultConfig()
 	cfg.Path, cfg.Logger = sockPath(t), testLogger()
@@ -447,13 +451,52 @@ func TestHelloAndProtocolVersion(t *testing.T) {
 	expect(t, c.do("INFO"), "INFO cluster=- leader=- connected=0/0 domain=- members=- protocol=2")
 	expectPrefix(t, c.do("ACQUIRE a b a 30 0"), "ERR invalid_keys ")
 	expectPrefix(t, c.do("ACQUIRE a b c d e f g h i j k l m n o p q 30 0"), "ERR invalid_keys ")
-	expect(t, c.do("ACQUIRE a b 30 0"), "ERR bad_request unixapi: bad request: multi-key acquire not served yet")
+	expectPrefix(t, c.do("ACQUIRE a b 30 0"), "ERR internal ") // the broker's errNoCluster
 	// Pipelined, in order, and the connection stays usable.
-	c.send("HELLO 2", "ACQUIRE a b 30 5", "HELD", "PING")
+	c.send("HELLO 2", "ACQUIRE a a 30 5", "HELD", "PING")
 	expect(t, c.read(), "HELLO 2")
-	expectPrefix(t, c.read(), "ERR bad_request ")
+	expectPrefix(t, c.read(), "ERR invalid_keys ")
 	expect(t, c.read(), "HELD 0")
 	expect(t, c.read(), "PONG")
+}
+
+// A block over the socket, end to end: all keys under one token, HELD
+// listing each, a key reserved for a waiting block refusing a try, a
+// RELEASE of any key handing the whole block on, and a closed connection
+// releasing its block.
+func TestBlockOverTheSocket(t *testing.T) {
+	s := serve(t, nil)
+	a, b, d := dial(t, s), dial(t, s), dial(t, s)
+	t1 := token(t, a.do("ACQUIRE blk/s1 blk/s2 blk/s3 30 0"))
+	expect(t, a.do("HELD"), fmt.Sprintf("HELD 3 blk/s1:%d blk/s2:%d blk/s3:%d", t1, t1, t1))
+	// b's block waits for s3 (and reserves s4); a try of s4 is busy.
+	b.send("ACQUIRE blk/s4 blk/s3 30 10")
+	testkit.WaitFor(t, "b's block to queue", 10*time.Second, func() bool {
+		n := 0
+		li, _ := testCluster.Leader(context.Background())
+		testCluster.Node(li).ReadState(func(st *locksm.State) { n = st.QueueLen("blk/s4") })
+		return n == 1
+	})
+	expect(t, d.do("ACQUIRE blk/s4 30 0"), "BUSY")
+	// Releasing by the middle key frees the block; b gets both keys.
+	expect(t, a.do(fmt.Sprintf("RELEASE blk/s2 %d", t1)), "OK")
+	t2 := token(t, b.read())
+	if t2 <= t1 {
+		t.Fatalf("block token %d after %d", t2, t1)
+	}
+	expect(t, a.do("HELD"), "HELD 0")
+	expect(t, b.do("HELD"), fmt.Sprintf("HELD 2 blk/s3:%d blk/s4:%d", t2, t2))
+	// A RELEASE with the old token is not this connection's any more.
+	expectPrefix(t, a.do(fmt.Sprintf("RELEASE blk/s1 %d", t1)), "ERR not_held ")
+	// d waits for s3; b's connection closes: its block is released, d gets s3.
+	d.send("ACQUIRE blk/s3 30 10")
+	b.close()
+	t3 := token(t, d.read())
+	if t3 <= t2 {
+		t.Fatalf("token %d after the block's %d", t3, t2)
+	}
+	expect(t, d.do(fmt.Sprintf("RELEASE blk/s3 %d", t3)), "OK")
+	expectPrefix(t, d.do("ACQUIRE blk/x blk/x 30 0"), "ERR invalid_keys ")
 }
 
 func TestInfoAndConfig(t *testing.T) {

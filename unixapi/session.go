@@ -49,7 +49,10 @@ type session struct {
 	// Server.mu, nor while calling the Broker or doing socket I/O. The
 	// reader waits on space (a sync.Cond on mu) for room in the reply
 	// queue.
-	mu   sync.Mutex
+	mu sync.Mutex
+	// held files every lock under each of its keys: a block's one
+	// holding under every key of it (HELD lists them all; a RELEASE of
+	// any of them releases the block).
 	held map[heldKey]*holding
 	// acquiring counts wait-0 ACQUIREs running (bounded by MaxInFlight),
 	// waiting those with a wait (bounded by MaxWaiting), releasing the
@@ -310,12 +313,6 @@ func (ss *session) dispatch(line []byte) bool {
 		v := min(int(req.Version), ProtocolVersion)
 		return ss.push(&reply{line: "HELLO " + strconv.Itoa(v), done: true})
 	case VerbAcquire:
-		if req.Block() {
-			// TODO(issue 18): acquire the block through the broker (all
-			// keys or none, one token; RELEASE of any key, HELD and the
-			// end of the session cover every key of it).
-			return ss.refuse(fmt.Errorf("%w: multi-key acquire not served yet", ErrBadRequest))
-		}
 		return ss.startAcquire(req)
 	case VerbRelease:
 		return ss.startRelease(req)
@@ -357,7 +354,15 @@ func (ss *session) startAcquire(req Request) bool {
 		ss.work.Done()
 		return false
 	}
-	cancel, err := ss.srv.broker.AcquireAsync(req.Key, ss.owner, req.Lease, req.Wait, a.done)
+	var (
+		cancel func(error)
+		err    error
+	)
+	if req.Block() {
+		cancel, err = ss.srv.broker.AcquireBlockAsync(req.Keys, ss.owner, req.Lease, req.Wait, a.done)
+	} else {
+		cancel, err = ss.srv.broker.AcquireAsync(req.Key, ss.owner, req.Lease, req.Wait, a.done)
+	}
 	if err != nil {
 		a.done(sidecar.Lock{}, err)
 		return true
@@ -395,7 +400,10 @@ func (a *acq) done(l sidecar.Lock, err error) {
 	}
 	ended := ss.ended
 	if err == nil && !ended {
-		ss.held[heldKey{l.Key, l.Token}] = &holding{lock: l}
+		h := &holding{lock: l}
+		for _, k := range lockKeys(l) {
+			ss.held[heldKey{k, l.Token}] = h
+		}
 	}
 	ss.mu.Unlock()
 	var line string
@@ -457,6 +465,14 @@ func (ss *session) startRelease(req Request) bool {
 	return ok
 }
 
+// lockKeys is every key of l: a block's, or its one key.
+func lockKeys(l sidecar.Lock) []string {
+	if l.Keys != nil {
+		return l.Keys
+	}
+	return []string{l.Key}
+}
+
 func (ss *session) holdsKeyLocked(key string) bool {
 	for k := range ss.held {
 		if k.key == key {
@@ -478,7 +494,9 @@ func (ss *session) released(k heldKey, h *holding, r *reply, err error) {
 	ss.mu.Lock()
 	ss.releasing--
 	if definite {
-		delete(ss.held, k)
+		for _, key := range lockKeys(h.lock) {
+			delete(ss.held, heldKey{key, k.token})
+		}
 	} else {
 		// Still ours as far as we know: the client may RELEASE again, and
 		// the end of the session compensates it.
@@ -531,8 +549,10 @@ func (ss *session) endCause(why string, cause error) {
 	ss.ended = true
 	ss.space.Broadcast() // a reader waiting for room stops waiting
 	var locks []sidecar.Lock
+	seen := map[*holding]bool{} // a block is filed under each of its keys
 	for _, h := range ss.held {
-		if !h.releasing {
+		if !h.releasing && !seen[h] {
+			seen[h] = true
 			locks = append(locks, h.lock)
 		}
 	}
