@@ -1,11 +1,17 @@
 package cluster_test
 
 import (
+	"context"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/raft"
+
+	"ticketing/cluster"
 	"ticketing/cluster/client"
+	"ticketing/cluster/local"
 	"ticketing/cluster/testkit"
 	"ticketing/cluster/wire"
 	"ticketing/locksm"
@@ -138,4 +144,76 @@ func TestBlocksOverRealNodes(t *testing.T) {
 // hooks is a client.Hooks that closes queued on the Q frame.
 func hooks(queued chan struct{}) client.Hooks {
 	return client.Hooks{Queued: func(*client.Call) { close(queued) }}
+}
+
+// A rolling upgrade enables blocks by itself: a cluster whose log records
+// an older cluster version (here rewritten to 4 in every node's log, as a
+// cluster bootstrapped before version 5 would have none or a lower one;
+// such a cluster refuses block acquires, as cluster/leader's blocks.txt
+// pins) gets version 5 recorded once the serving leader's discovery round
+// finds every member at it, and then blocks work.
+func TestClusterVersionRisesWhenEveryMemberSpeaksIt(t *testing.T) {
+	dir := t.TempDir()
+	opts := local.Options{Dir: dir, Tune: local.FastRaft, Logger: testLogger(t)}
+	c, err := local.Start(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := c.Leader(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Rewrite the bootstrap's 'V' entry (version 5) to say 4, on every node.
+	for _, id := range c.IDs() {
+		store, err := cluster.OpenLogStore(filepath.Join(dir, id), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		first, _ := store.FirstIndex()
+		last, _ := store.LastIndex()
+		found := false
+		for i := first; i <= last; i++ {
+			var l raft.Log
+			if err := store.GetLog(i, &l); err != nil {
+				t.Fatal(err)
+			}
+			if l.Type == raft.LogCommand && len(l.Data) == 3 && l.Data[0] == 'V' {
+				l.Data = []byte{'V', 0, 4}
+				if err := store.StoreLog(&l); err != nil {
+					t.Fatal(err)
+				}
+				found = true
+			}
+		}
+		store.Close()
+		if !found {
+			t.Fatalf("%s: no cluster version entry in the log", id)
+		}
+	}
+	c, err = local.Start(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	li, err := c.Leader(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every member answers at 5: the leader records it, every node applies it.
+	for i := range c.Size() {
+		testkit.WaitFor(t, "the cluster version to rise to 5", 20*time.Second, func() bool { return c.Node(i).ClusterVersion() == wire.VersionBlocks })
+	}
+	conn, err := client.Dial(ctx, c.ClientAddr(li), client.Config{Secret: c.ClientSecret, ClusterID: c.ClusterID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	r, _, err := conn.Do(ctx, blockMsg([]string{"u1", "u2"}, "alice", 10, 0))
+	if err != nil || r.Type != wire.TypeGranted {
+		t.Fatalf("block after the upgrade: %v %+v", err, r)
+	}
 }
