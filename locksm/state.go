@@ -347,6 +347,23 @@ func (s *State) endHolding(key string, e *entry, now int64, effects []Effect) []
 		s.recycle(e)
 		return effects
 	}
+	if w := e.queue[0]; w.Keys == nil && s.last != math.MaxUint64 {
+		// A single key handed to a single-key head: what promote would
+		// do, without its lookups (BenchmarkApplyHandoff: 220 → 150 ns).
+		e = s.own(key, e)
+		e.queue[0] = Waiter{} // let the GC have the owner string
+		e.queue = e.queue[1:]
+		s.waiting--
+		if len(e.queue) == 0 {
+			e.queue = nil
+			delete(s.queued, key)
+		}
+		s.last++
+		e.setHolder(Holder{Owner: w.Owner, Token: s.last, LeaseSec: w.LeaseSec, GrantedAt: now})
+		return append(effects, Effect{
+			Kind: EffectGranted, Key: key, Owner: w.Owner, Ref: w.Ref, Token: s.last, LeaseSec: w.LeaseSec,
+		})
+	}
 	s.clearHolder(key)
 	return s.promote(key, now, effects)
 }
