@@ -91,6 +91,35 @@ func TestStatusAndInspect(t *testing.T) {
 		t.Fatalf("inspect of a free key: exit %d\n%s%s", code, out, errs)
 	}
 
+	// A seat block: its holder lists every key of it; a block waiting for
+	// a held key reserves its other key and shows its keys in the queue.
+	rb, _, err := conn.Do(ctx, wire.Msg{Type: wire.TypeAcquireBlock, Keys: []string{"seats/1A", "seats/1B"}, Owner: "dave", Lease: 60})
+	if err != nil || rb.Type != wire.TypeGranted {
+		t.Fatalf("block acquire: %v %+v", err, rb)
+	}
+	if _, err := conn.Start(wire.Msg{Type: wire.TypeAcquireBlock, Keys: []string{"seats/1C", "seats/1B"}, Owner: "erin", Lease: 30, WaitMs: 60_000}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if kr, err := c.Node(li).Inspect("seats/1C"); err == nil && kr.Reserved {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("erin's block never reserved seats/1C")
+		}
+	}
+	code, out, errs = run(append([]string{"inspect", "seats/1B"}, flags...)...)
+	if code != ExitOK || !strings.Contains(out, "Holder:       dave, token "+itoa(rb.Token)) ||
+		!strings.Contains(out, "Block:        2 keys under this token: seats/1A seats/1B") ||
+		!strings.Contains(out, "erin") || !strings.Contains(out, "seats/1C seats/1B") {
+		t.Fatalf("inspect of a block's key: exit %d\n%s%s", code, out, errs)
+	}
+	code, out, errs = run(append([]string{"inspect", "seats/1C"}, flags...)...)
+	if code != ExitOK || !strings.Contains(out, "none (reserved") || !strings.Contains(out, "1 waiting") {
+		t.Fatalf("inspect of a reserved key: exit %d\n%s%s", code, out, errs)
+	}
+	t.Logf("ticketing inspect seats/1C:\n%s", out)
+
 	// One follower's address only: it answers with its own view and says so.
 	fi := (li + 1) % c.Size()
 	one := append([]string{"--admin", c.AdminAddr(fi)}, flags[2:]...)
