@@ -40,7 +40,7 @@ from .errors import (
     TicketingError,
 )
 from . import fence
-from .fence import StaleTokenError, fenced
+from .fence import StaleTokenError, fenced, fenced_block
 
 __version__ = "0.1.0"
 
@@ -62,6 +62,7 @@ __all__ = [
     "StaleTokenError",
     "fence",
     "fenced",
+    "fenced_block",
     "MIN_LEASE",
     "MAX_LEASE",
     "MAX_WAIT",
