@@ -9,6 +9,9 @@
 //
 // A Client is safe for concurrent use; requests are pipelined and replies
 // are matched by order, as the protocol defines.
+//
+// Acquire takes one key; AcquireBlock takes a seat block, 2..16 keys all at
+// once or none, under one fencing token (protocol version 2).
 package ticketing
 
 import (
@@ -49,11 +52,14 @@ var (
 	ErrNotHeld       = &Error{Code: "not_held"}
 	ErrTokenMismatch = &Error{Code: "token_mismatch"}
 	ErrInvalidKey    = &Error{Code: "invalid_key"}
-	ErrInvalidLease  = &Error{Code: "invalid_lease"}
-	ErrInvalidWait   = &Error{Code: "invalid_wait"}
-	ErrUnavailable   = &Error{Code: "unavailable"}
-	ErrForbidden     = &Error{Code: "forbidden"}
-	ErrLineTooLong   = &Error{Code: "line_too_long"}
+	// ErrInvalidKeys: a block naming a key twice, or more than 16 keys
+	// (the sidecar's own check; AcquireBlock checks before sending).
+	ErrInvalidKeys  = &Error{Code: "invalid_keys"}
+	ErrInvalidLease = &Error{Code: "invalid_lease"}
+	ErrInvalidWait  = &Error{Code: "invalid_wait"}
+	ErrUnavailable  = &Error{Code: "unavailable"}
+	ErrForbidden    = &Error{Code: "forbidden"}
+	ErrLineTooLong  = &Error{Code: "line_too_long"}
 	// ErrTooManyWaiters: no room for one more waiting ACQUIRE (the key's
 	// queue, this connection's or the sidecar's waiter room; the sidecar
 	// refuses the connection holding the most, or evicts its newest).
@@ -71,7 +77,13 @@ var (
 const (
 	MaxLease = 250 * time.Second
 	MaxWait  = 300 * time.Second
+	// MaxBlockKeys is the most keys one AcquireBlock may name.
+	MaxBlockKeys = 16
 )
+
+// ProtocolVersion is the version of unixapi/PROTOCOL.md this client
+// speaks: 2, which added seat blocks (AcquireBlock) and HELLO.
+const ProtocolVersion = 2
 
 // Client is one connection to the sidecar.
 type Client struct {
@@ -84,6 +96,9 @@ type Client struct {
 	// written counts the request lines written (guarded by mu), so a test
 	// can tell that a request left before it takes its next step.
 	written uint64
+
+	helloMu sync.Mutex // one HELLO at a time
+	version int        // guarded by helloMu: the version HELLO agreed, 0 = not asked yet
 }
 
 // call is one request awaiting its reply line.
@@ -169,22 +184,150 @@ func (c *Client) Info(ctx context.Context) (string, error) {
 // once; should the lock be granted anyway, the Client releases it in the
 // background. Give ctx a deadline above wait, or leave it to wait alone.
 func (c *Client) Acquire(ctx context.Context, key string, lease, wait time.Duration) (uint64, error) {
-	if lease%time.Second != 0 || lease < time.Second || lease > MaxLease {
-		return 0, fmt.Errorf("%w: lease %v: whole seconds 1..250", ErrInvalidArgument, lease)
-	}
-	if wait%time.Millisecond != 0 || wait < 0 || wait > MaxWait {
-		return 0, fmt.Errorf("%w: wait %v: whole milliseconds 0..300s", ErrInvalidArgument, wait)
+	if err := checkDurations(lease, wait); err != nil {
+		return 0, err
 	}
 	if err := checkKey(key); err != nil {
 		return 0, err
 	}
+	return c.acquire(ctx, []string{key}, lease, wait)
+}
+
+// Block is a seat block held through a Client: every one of its keys,
+// granted together under one fencing token (see AcquireBlock).
+type Block struct {
+	c     *Client
+	keys  []string
+	token uint64
+}
+
+// Token is the block's fencing token, the one token of every key: fence
+// each key's writes with it (clients/go/fence: Fence.AdvanceBlock).
+func (b *Block) Token() uint64 { return b.token }
+
+// Keys returns the block's keys, in the order AcquireBlock was given them.
+func (b *Block) Keys() []string { return append([]string(nil), b.keys...) }
+
+// Key is the block's first key, the one Release names.
+func (b *Block) Key() string { return b.keys[0] }
+
+// Release releases the whole block (every key) in one request: RELEASE of
+// its first key and its token. Its results are those of Client.Release.
+func (b *Block) Release(ctx context.Context) error { return b.c.Release(ctx, b.keys[0], b.token) }
+
+// AcquireBlock takes a seat block: every key of keys (1..16 distinct keys)
+// all at once or none, under one fencing token, for lease, waiting at most
+// wait for its turn on every key (unixapi/PROTOCOL.md, "Blocks"). The
+// block joins each key's FIFO queue at once and is granted when it is at
+// the head of every queue and every key is free; with wait 0 it is granted
+// only if every key is free with nobody queued on it, else ErrBusy. When
+// the wait runs out it is ErrTimeout with no key acquired. Its results,
+// and what ctx does, are Acquire's; the Block's Release (or Release of any
+// of its keys with its token) frees every key, and closing the Client
+// releases it like any lock.
+//
+// keys with one key is Acquire. Keys named twice, or more than 16, are an
+// ErrInvalidArgument (nothing sent). A block needs protocol version 2: the
+// first AcquireBlock of a Client sends HELLO (see Hello), and against an
+// older sidecar it fails with an error wrapping ErrNotSupported, nothing
+// acquired.
+func (c *Client) AcquireBlock(ctx context.Context, keys []string, lease, wait time.Duration) (*Block, error) {
+	if err := checkDurations(lease, wait); err != nil {
+		return nil, err
+	}
+	if err := checkKeys(keys); err != nil {
+		return nil, err
+	}
+	if len(keys) > 1 {
+		v, err := c.Hello(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if v < 2 {
+			return nil, fmt.Errorf("%w: a seat block (AcquireBlock of %d keys) needs protocol version 2, "+
+				"and the sidecar speaks version %d: upgrade the sidecar", ErrNotSupported, len(keys), v)
+		}
+	}
+	keys = append([]string(nil), keys...)
+	tok, err := c.acquire(ctx, keys, lease, wait)
+	if err != nil {
+		return nil, err
+	}
+	return &Block{c: c, keys: keys, token: tok}, nil
+}
+
+// Hello returns the protocol version this client and the sidecar both
+// speak (unixapi/PROTOCOL.md, "Versions"): it sends HELLO once per Client
+// and remembers the answer. A version-1 sidecar, which does not know
+// HELLO, is version 1.
+func (c *Client) Hello(ctx context.Context) (int, error) {
+	c.helloMu.Lock()
+	defer c.helloMu.Unlock()
+	if c.version != 0 {
+		return c.version, nil
+	}
+	r, err := c.do(ctx, "HELLO "+strconv.Itoa(ProtocolVersion), nil)
+	if err != nil {
+		return 0, err
+	}
+	v := 0
+	if s, ok := strings.CutPrefix(r, "HELLO "); ok {
+		n, perr := strconv.Atoi(s)
+		if perr != nil || n < 1 || n > ProtocolVersion {
+			return 0, unexpected("HELLO", r)
+		}
+		v = n
+	} else {
+		var e *Error
+		if err := outcome("HELLO", r); !errors.As(err, &e) || e.Code != "unknown_verb" {
+			return 0, err
+		}
+		v = 1 // a version-1 sidecar: ERR unknown_verb
+	}
+	c.version = v
+	return v, nil
+}
+
+func checkDurations(lease, wait time.Duration) error {
+	if lease%time.Second != 0 || lease < time.Second || lease > MaxLease {
+		return fmt.Errorf("%w: lease %v: whole seconds 1..250", ErrInvalidArgument, lease)
+	}
+	if wait%time.Millisecond != 0 || wait < 0 || wait > MaxWait {
+		return fmt.Errorf("%w: wait %v: whole milliseconds 0..300s", ErrInvalidArgument, wait)
+	}
+	return nil
+}
+
+// checkKeys applies the rules of a block's keys: 1..16 distinct keys, each
+// a valid key.
+func checkKeys(keys []string) error {
+	if len(keys) == 0 || len(keys) > MaxBlockKeys {
+		return fmt.Errorf("%w: %d keys (a block has 1..%d)", ErrInvalidArgument, len(keys), MaxBlockKeys)
+	}
+	seen := make(map[string]bool, len(keys))
+	for _, k := range keys {
+		if err := checkKey(k); err != nil {
+			return err
+		}
+		if seen[k] {
+			return fmt.Errorf("%w: key %q named twice (a block's keys are distinct)", ErrInvalidArgument, k)
+		}
+		seen[k] = true
+	}
+	return nil
+}
+
+// acquire sends the ACQUIRE of keys (checked, as lease and wait) and
+// returns the token.
+func (c *Client) acquire(ctx context.Context, keys []string, lease, wait time.Duration) (uint64, error) {
 	ms := wait.Milliseconds()
-	line := fmt.Sprintf("ACQUIRE %s %d %d.%03d", key, lease/time.Second, ms/1000, ms%1000)
+	line := fmt.Sprintf("ACQUIRE %s %d %d.%03d", strings.Join(keys, " "), lease/time.Second, ms/1000, ms%1000)
 	r, err := c.do(ctx, line, func(reply string) {
-		// Nobody waits for this grant any more: release it so the key is
-		// not held until the lease ends.
+		// Nobody waits for this grant any more: release it so the keys
+		// are not held until the lease ends (RELEASE of any key of a
+		// block frees all of them).
 		if tok, ok := strings.CutPrefix(reply, "OK "); ok {
-			c.send("RELEASE "+key+" "+tok, nil)
+			c.send("RELEASE "+keys[0]+" "+tok, nil)
 		}
 	})
 	if err != nil {

@@ -260,6 +260,16 @@ func (r *runner) step(i int, st map[string]json.RawMessage) {
 		return res
 	}
 	if id := str(st, "background"); id != "" {
+		if op == "acquire_block" {
+			// A block's ACQUIRE follows the Client's HELLO: agree the
+			// version first, so the next line written is the ACQUIRE.
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_, err := c.Hello(ctx)
+			cancel()
+			if err != nil {
+				t.Fatalf("%s: Hello: %v", where, err)
+			}
+		}
 		ch := make(chan result, 1)
 		r.bg[id] = ch
 		written := ticketing.Written(c)
@@ -308,6 +318,25 @@ func (r *runner) call(c *ticketing.Client, op string, st map[string]json.RawMess
 		var tok uint64
 		if tok, err = c.Acquire(ctx, key, lease, wait); err == nil {
 			return result{kind: "ok", token: tok}
+		}
+	case "acquire_block":
+		lease, ok1 := seconds(st, "lease")
+		wait, ok2 := seconds(st, "wait")
+		if !ok1 || !ok2 {
+			return result{kind: "arg_error"}
+		}
+		var names []string
+		json.Unmarshal(st["block"], &names)
+		keys := make([]string, len(names))
+		for i, n := range names {
+			keys[i] = r.key(n)
+		}
+		var b *ticketing.Block
+		if b, err = c.AcquireBlock(ctx, keys, lease, wait); err == nil {
+			if got := b.Keys(); strings.Join(got, " ") != strings.Join(keys, " ") {
+				r.t.Errorf("Block.Keys() = %q, want %q", got, keys)
+			}
+			return result{kind: "ok", token: b.Token()}
 		}
 	case "release":
 		tok := r.tok(str(st, "token"))
@@ -379,7 +408,7 @@ func parseRaw(reply string) result {
 	case strings.HasPrefix(reply, "INFO "):
 		res.kind = "info"
 	default:
-		res.kind = "unknown"
+		res.kind = "reply" // a raw reply of no known form (README)
 	}
 	return res
 }

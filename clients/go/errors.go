@@ -25,4 +25,8 @@ var (
 	// or a stale one that nothing serves (a sidecar that stopped). The
 	// message names the path and what to start.
 	ErrNoSidecar = errors.New("ticketing: no sidecar")
+	// ErrNotSupported: the sidecar speaks an older protocol version than
+	// the call needs (AcquireBlock against a version-1 sidecar). Nothing
+	// was acquired.
+	ErrNotSupported = errors.New("ticketing: not supported by the sidecar")
 )

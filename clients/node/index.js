@@ -29,4 +29,6 @@ module.exports = {
   MAX_WAIT: protocol.MAX_WAIT,
   MAX_KEY_LEN: protocol.MAX_KEY_LEN,
   MAX_TOKEN: protocol.MAX_TOKEN,
+  MAX_BLOCK_KEYS: protocol.MAX_BLOCK_KEYS,
+  PROTOCOL_VERSION: protocol.PROTOCOL_VERSION,
 };

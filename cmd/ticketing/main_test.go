@@ -433,6 +433,52 @@ func TestLockCommandExitCodes(t *testing.T) {
 	}
 }
 
+// `ticketing lock K1 K2 ... -- COMMAND` holds the keys as one seat block
+// while COMMAND runs (TICKETING_KEY, TICKETING_KEYS, TICKETING_TOKEN), with
+// lock's exit codes; `acquire` takes a block too; one key without the --
+// works as it always did.
+func TestLockCommandBlock(t *testing.T) {
+	sock := startDevSidecar(t)
+	script := `echo "key=$TICKETING_KEY keys=$TICKETING_KEYS token=$TICKETING_TOKEN"; ` +
+		`"$TK" acquire --wait 0 b/2; echo "inner=$?"; exit 7`
+	cmd := exec.Command(binary, "lock", "--lease", "10", "b/1", "b/2", "b/3", "--", "sh", "-c", script)
+	cmd.Env = append(os.Environ(), "TICKETING_SOCKET="+sock, "TK="+binary)
+	outb, err := cmd.CombinedOutput()
+	out := string(outb)
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 7 ||
+		!strings.Contains(out, "key=b/1 keys=b/1 b/2 b/3 token=") || strings.Contains(out, "token=\n") ||
+		!strings.Contains(out, "inner=75") {
+		t.Fatalf("lock of a block: %v, output %q; want exit 7, the env vars, and b/2 busy inside", err, out)
+	}
+	hold, _ := holdLock(t, sock, "b/2")
+	for _, tc := range []struct {
+		args []string
+		code int
+	}{
+		{[]string{"lock", "--wait", "0", "b/1", "b/2", "b/3", "--", "true"}, 75},
+		{[]string{"lock", "--wait", "0.3", "b/3", "b/2", "--", "true"}, 76},
+		{[]string{"acquire", "--wait", "0", "b/2", "b/4"}, 75},
+		{[]string{"lock", "--wait", "0", "b/1", "b/3", "--", "true"}, 0}, // the timed-out block left nothing held
+		{[]string{"acquire", "--wait", "0", "b/1", "b/3"}, 0},
+		{[]string{"lock", "b/1", "b/1", "--", "true"}, 78},
+		{[]string{"lock", "b/1", "b/3", "--"}, 78},
+		{[]string{"lock", "a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", "n", "o", "p", "q", "--", "true"}, 78},
+		{[]string{"lock", "b/1", "b/3", "--", "sh", "-c", "kill -TERM $$"}, 128 + int(syscall.SIGTERM)},
+		{[]string{"lock", "--wait", "0", "b/5", "sh", "-c", `test "$TICKETING_KEYS" = b/5`}, 0}, // one key, no --
+	} {
+		if code, out := run(t, sock, tc.args...); code != tc.code {
+			t.Errorf("%v: exit %d, want %d\n%s", tc.args, code, tc.code, out)
+		}
+	}
+	hold.Process.Signal(syscall.SIGINT)
+	if err := hold.Wait(); err != nil {
+		t.Fatalf("acquire --hold after SIGINT: %v", err)
+	}
+	if code, out := run(t, sock, "lock", "--wait", "0", "b/1", "b/2", "b/3", "--", "true"); code != 0 {
+		t.Fatalf("the block after the holder's SIGINT: %d %s", code, out)
+	}
+}
+
 // A client process SIGKILLed while holding: the sidecar notices the closed
 // connection and releases at once, so the next waiter gets the key long
 // before the 60 s lease could have expired (typically within a few hundred

@@ -14,6 +14,10 @@
 //     depends on after it, and commit: the business write commits only
 //     together with the fence, and a stale writer's transaction rolls back
 //     whole. [Fence.Do] is the begin/advance/commit wrapper.
+//   - [Fence.AdvanceBlock] and [Fence.DoBlock] do the same for a seat block
+//     (a set of keys granted together under one token): every key's mark
+//     is checked and raised in the one transaction, so a stale token on any
+//     key rejects the whole write and no mark moves.
 //   - [Fence.Update] is the single-statement form for a row that carries its
 //     own token column: an UPDATE whose WHERE clause also requires the row's
 //     token to be older than (or equal to) this one.
@@ -47,6 +51,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 )
 
@@ -166,6 +171,42 @@ func (f Fence) Advance(ctx context.Context, tx *sql.Tx, domain, key string, toke
 	return nil
 }
 
+// AdvanceBlock is Advance for a seat block, whose keys share one token: it
+// raises the high-water mark of every key of keys to token inside tx, or
+// returns an error wrapping ErrStale, naming the key, when any key already
+// has a higher mark. The caller must then roll tx back, which undoes the
+// keys already raised: all or nothing, as for the block itself. keys is a
+// set (order and repeats do not matter, at least one key); the marks are
+// raised in sorted key order, so that transactions over overlapping key
+// sets lock the fence rows in one order and cannot deadlock (PostgreSQL).
+// Call it first in the transaction, as Advance.
+func (f Fence) AdvanceBlock(ctx context.Context, tx *sql.Tx, domain string, keys []string, token uint64) error {
+	sorted, err := keySet(keys, token)
+	if err != nil {
+		return err
+	}
+	for _, k := range sorted {
+		if err := f.Advance(ctx, tx, domain, k, token); err != nil {
+			if errors.Is(err, ErrStale) {
+				return fmt.Errorf("%w (a block of %d keys: nothing of it may be written)", err, len(sorted))
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// keySet returns keys sorted, without repeats, or why they cannot be fenced.
+func keySet(keys []string, token uint64) ([]string, error) {
+	if err := checkToken(token); err != nil {
+		return nil, err
+	}
+	if len(keys) == 0 {
+		return nil, errors.New("fence: a block with no keys")
+	}
+	return slices.Compact(slices.Sorted(slices.Values(keys))), nil
+}
+
 // HighWater returns the highest token recorded for (domain, key), 0 if none.
 // q is a *sql.DB, *sql.Conn or *sql.Tx.
 func (f Fence) HighWater(ctx context.Context, q interface {
@@ -202,6 +243,36 @@ func (f Fence) Do(ctx context.Context, db *sql.DB, opts *sql.TxOptions, domain, 
 		}
 	}()
 	if err = f.Advance(ctx, tx, domain, key, token); err != nil {
+		return err
+	}
+	if err = fn(tx); err != nil {
+		return err
+	}
+	if err = tx.Commit(); err != nil {
+		return fmt.Errorf("fence: commit: %w", err)
+	}
+	return nil
+}
+
+// DoBlock is Do for a seat block: fn runs in a new transaction of db that
+// starts with AdvanceBlock of every key of keys to the block's token, and
+// commits if fn returns nil. A stale token on any key rolls the whole
+// transaction back before fn runs (an error wrapping ErrStale): no mark is
+// raised and nothing is written.
+func (f Fence) DoBlock(ctx context.Context, db *sql.DB, opts *sql.TxOptions, domain string, keys []string, token uint64, fn func(tx *sql.Tx) error) (err error) {
+	if _, err := keySet(keys, token); err != nil {
+		return err
+	}
+	tx, err := db.BeginTx(ctx, opts)
+	if err != nil {
+		return fmt.Errorf("fence: begin: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			tx.Rollback()
+		}
+	}()
+	if err = f.AdvanceBlock(ctx, tx, domain, keys, token); err != nil {
 		return err
 	}
 	if err = fn(tx); err != nil {

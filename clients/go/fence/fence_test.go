@@ -7,6 +7,8 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -317,6 +319,143 @@ func TestUpdate(t *testing.T) {
 		u := fence.Update{Dialect: d.d, Table: "accounts", Set: d.q("balance = $1"), Where: d.q("id = $2"), Args: []any{1, "bob"}}
 		if _, err := u.Exec(ctx, d.DB, 5); !errors.Is(err, fence.ErrStale) {
 			t.Fatalf("missing row: %v", err)
+		}
+	})
+}
+
+// blockWrite runs DoBlock over keys with a ledger write, and reports
+// whether the ledger row exists afterwards.
+func blockWrite(t *testing.T, d db, keys []string, token uint64, note string) (error, bool) {
+	t.Helper()
+	ctx := context.Background()
+	err := d.f.DoBlock(ctx, d.DB, nil, "test", keys, token, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, d.q(`INSERT INTO ledger (id, note) VALUES ($1, $2)`), note, "block")
+		return err
+	})
+	var n int
+	if qerr := d.QueryRow(d.q(`SELECT count(*) FROM ledger WHERE id = $1`), note).Scan(&n); qerr != nil {
+		t.Fatal(qerr)
+	}
+	return err, n == 1
+}
+
+// marks returns the high-water mark of each key.
+func marks(t *testing.T, d db, keys ...string) []uint64 {
+	t.Helper()
+	out := make([]uint64, len(keys))
+	for i, k := range keys {
+		hw, err := d.f.HighWater(context.Background(), d.DB, "test", k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[i] = hw
+	}
+	return out
+}
+
+// TestAdvanceBlock: a block's one token is checked against every key's
+// mark and raises all of them, or — stale on any key — none, and the
+// business write does not commit. Single-key fencing keeps working beside it.
+func TestAdvanceBlock(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d db) {
+		ctx := context.Background()
+		if err, _ := advance(t, d, "seat/b", 10, "single"); err != nil {
+			t.Fatal(err)
+		}
+		all := []string{"seat/c", "seat/a", "seat/b"}
+		// Stale on the middle key (in sorted order): nothing advanced.
+		if err, wrote := blockWrite(t, d, all, 9, "stale1"); !errors.Is(err, fence.ErrStale) || wrote {
+			t.Fatalf("token 9 below seat/b's 10: err %v, wrote %v", err, wrote)
+		}
+		if got := marks(t, d, "seat/a", "seat/b", "seat/c"); !slices.Equal(got, []uint64{0, 10, 0}) {
+			t.Fatalf("marks after a stale block: %v, want [0 10 0]", got)
+		}
+		// Equal on one key, new on the others: all raised to the one token.
+		if err, wrote := blockWrite(t, d, all, 10, "ok1"); err != nil || !wrote {
+			t.Fatalf("token 10: %v, wrote %v", err, wrote)
+		}
+		if got := marks(t, d, "seat/a", "seat/b", "seat/c"); !slices.Equal(got, []uint64{10, 10, 10}) {
+			t.Fatalf("marks: %v", got)
+		}
+		// Repeats and order do not matter; across the sign boundary.
+		if err, _ := blockWrite(t, d, []string{"seat/c", "seat/a", "seat/c"}, 1<<63, "ok2"); err != nil {
+			t.Fatal(err)
+		}
+		// Stale on the first key only (seat/a at 2^63): seat/b stays at 10.
+		if err, wrote := blockWrite(t, d, []string{"seat/b", "seat/a"}, 1<<63-1, "stale2"); !errors.Is(err, fence.ErrStale) || wrote {
+			t.Fatalf("stale on seat/a: %v, wrote %v", err, wrote)
+		}
+		if got := marks(t, d, "seat/a", "seat/b", "seat/c"); !slices.Equal(got, []uint64{1 << 63, 10, 1 << 63}) {
+			t.Fatalf("marks after the second stale block: %v", got)
+		}
+		// Single-key fencing beside blocks.
+		if err, _ := advance(t, d, "seat/b", 11, "single2"); err != nil {
+			t.Fatal(err)
+		}
+		if err, _ := advance(t, d, "seat/a", 11, "single3"); !errors.Is(err, fence.ErrStale) {
+			t.Fatalf("single key below a block's mark: %v", err)
+		}
+		// AdvanceBlock in the caller's transaction, rolled back by the caller.
+		tx, err := d.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.f.AdvanceBlock(ctx, tx, "test", []string{"seat/z", "seat/a"}, 5); !errors.Is(err, fence.ErrStale) || !strings.Contains(err.Error(), "seat/a") {
+			t.Fatalf("AdvanceBlock: %v, want ErrStale naming seat/a", err)
+		}
+		tx.Rollback()
+		if got := marks(t, d, "seat/z"); got[0] != 0 {
+			t.Fatalf("seat/z advanced to %d by a rolled-back stale block", got[0])
+		}
+		for _, bad := range []struct {
+			keys  []string
+			token uint64
+		}{{nil, 5}, {[]string{"k"}, 0}} {
+			if err := d.f.DoBlock(ctx, d.DB, nil, "test", bad.keys, bad.token, func(*sql.Tx) error { return nil }); err == nil || errors.Is(err, fence.ErrStale) {
+				t.Fatalf("DoBlock(%q, %d): %v", bad.keys, bad.token, err)
+			}
+		}
+	})
+}
+
+// TestConcurrentStaleBlockWaitsAndLoses: a newer block holder has advanced
+// its keys in an open transaction; a stale block over the same keys, named
+// in another order, waits for it (no deadlock: both lock in key order) and
+// is rejected once it commits.
+func TestConcurrentStaleBlockWaitsAndLoses(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d db) {
+		ctx := context.Background()
+		if err, _ := blockWrite(t, d, []string{"x", "y"}, 10, "first"); err != nil {
+			t.Fatal(err)
+		}
+		newer, err := d.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.f.AdvanceBlock(ctx, newer, "test", []string{"x", "y"}, 12); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			err, wrote := blockWrite(t, d, []string{"y", "x"}, 11, "stale")
+			if wrote {
+				err = errors.New("stale write committed")
+			}
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			t.Fatalf("stale transaction finished while the newer one was open: %v", err)
+		case <-time.After(300 * time.Millisecond):
+		}
+		if err := newer.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; !errors.Is(err, fence.ErrStale) {
+			t.Fatalf("stale block: %v, want ErrStale", err)
+		}
+		if got := marks(t, d, "x", "y"); !slices.Equal(got, []uint64{12, 12}) {
+			t.Fatalf("marks %v", got)
 		}
 	})
 }

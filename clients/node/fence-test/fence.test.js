@@ -114,6 +114,52 @@ test('a stale holder waits for the open newer transaction, then loses', { skip }
   assert.equal(await ledgerHas(newer, 'stale'), false);
 });
 
+const blockOpts = (keys, token) => ({ dialect: 'postgres', domain: 'test', keys, token });
+
+async function writeBlock(db, keys, token, note) {
+  try {
+    await fence.withFenceBlock(db, blockOpts(keys, token), (tx) =>
+      tx.query('INSERT INTO ledger (id, note) VALUES ($1, $2)', [note, 'block']));
+    return true;
+  } catch (e) {
+    if (e instanceof StaleTokenError) return false;
+    throw e;
+  }
+}
+
+const marks = (db, ...keys) => Promise.all(keys.map((k) => fence.highWater(db, opts(k))));
+
+test('withFenceBlock: every key raised to the one token, or none', { skip }, async () => {
+  const db = await connect();
+  assert.equal(await write(db, 'seat/b', 10n, 'single'), true);
+  const seats = ['seat/c', 'seat/a', 'seat/b'];
+  assert.equal(await writeBlock(db, seats, 9n, 'bstale1'), false); // stale on seat/b
+  assert.equal(await ledgerHas(db, 'bstale1'), false);
+  assert.deepEqual(await marks(db, 'seat/a', 'seat/b', 'seat/c'), [0n, 10n, 0n]);
+  assert.equal(await writeBlock(db, seats, 10n, 'bok1'), true); // equal on seat/b
+  assert.deepEqual(await marks(db, 'seat/a', 'seat/b', 'seat/c'), [10n, 10n, 10n]);
+  assert.equal(await writeBlock(db, ['seat/c', 'seat/a', 'seat/c'], 1n << 63n, 'bok2'), true);
+  assert.equal(await writeBlock(db, ['seat/b', 'seat/a'], (1n << 63n) - 1n, 'bstale2'), false); // stale on seat/a
+  assert.deepEqual(await marks(db, 'seat/a', 'seat/b', 'seat/c'), [1n << 63n, 10n, 1n << 63n]);
+  assert.equal(await write(db, 'seat/b', 11n, 'single2'), true);
+  assert.equal(await write(db, 'seat/a', 11n, 'single3'), false);
+});
+
+test('a stale block waits for the open newer block transaction, then loses', { skip }, async () => {
+  const newer = await connect();
+  const stale = await connect();
+  assert.equal(await writeBlock(newer, ['x', 'y'], 10n, 'bfirst'), true);
+  await newer.query('BEGIN');
+  await fence.advanceBlock(newer, blockOpts(['x', 'y'], 12n));
+  let finished = false;
+  const staleWrite = writeBlock(stale, ['y', 'x'], 11n, 'bstale').then((ok) => { finished = true; return ok; });
+  await new Promise((r) => setTimeout(r, 300));
+  assert.equal(finished, false, 'the stale transaction must wait for the open newer one');
+  await newer.query('COMMIT');
+  assert.equal(await staleWrite, false);
+  assert.deepEqual(await marks(newer, 'x', 'y'), [12n, 12n]);
+});
+
 test('conditionalUpdate: the single-statement form', { skip }, async () => {
   const db = await connect();
   await db.query("INSERT INTO accounts (id, balance) VALUES ('alice', 100)");

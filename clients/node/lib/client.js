@@ -2,7 +2,9 @@
 
 const net = require('node:net');
 const p = require('./protocol');
-const { IndeterminateError, SidecarConnectionError, TicketingError } = require('./errors');
+const {
+  IndeterminateError, NotSupportedError, SidecarConnectionError, TicketingError,
+} = require('./errors');
 
 const NO_SIDECAR_HINT = 'start one with `ticketing dev` (a local cluster and its sidecar) or '
   + '`ticketing sidecar` (beside a cluster), or give the path of a running sidecar\'s socket';
@@ -47,6 +49,8 @@ class Connection {
     this.tailDeadline = null;
     /** @type {SidecarConnectionError|null} */
     this.error = null;
+    /** @type {number|null} the protocol version HELLO agreed (null: not asked) */
+    this.version = null;
     this.partial = '';
     this.closed = new Promise((resolve) => { this.onClosed = resolve; });
     const socket = net.createConnection({ path });
@@ -241,12 +245,14 @@ class Client {
    * @param {number} bound
    * @param {((reply: string) => void)|null} [onLate] called with the reply
    *   if the caller gave up waiting for it
+   * @param {Connection|null} [conn] the connection to send on (default:
+   *   the current one, opened if need be)
    * @returns {Promise<string>}
    */
-  #call(line, bound, onLate = null) {
+  #call(line, bound, onLate = null, conn = null) {
     let submitted;
     try {
-      submitted = this.#connection().submit(line, this.#budget(bound));
+      submitted = (conn ?? this.#connection()).submit(line, this.#budget(bound));
     } catch (e) {
       return Promise.reject(e);
     }
@@ -286,6 +292,56 @@ class Client {
   async acquire(key, { lease = 30, wait = 5 } = {}) {
     const { line, waitSeconds } = p.acquireLine(key, lease, wait);
     return p.parseAcquire(await this.#call(line, waitSeconds, (reply) => this.#releaseLateGrant(key, reply)));
+  }
+
+  /**
+   * Acquire a seat block: every key of `keys` (1..16 distinct keys) at once
+   * or none, under one fencing token, which it resolves with (a BigInt).
+   *
+   * The block joins every key's FIFO queue and is granted when it is at the
+   * head of each and every key is free; with `wait: 0` only if every key is
+   * free with nobody queued on it (else BusyError). When the wait runs out
+   * no key is acquired (LockTimeoutError). `release(key, token)` naming any
+   * of its keys releases the whole block; closing the client releases it
+   * too. One key is `acquire`.
+   *
+   * A block needs protocol version 2: the first one on a connection sends
+   * `HELLO` (see `hello`), and against a version-1 sidecar it rejects with
+   * NotSupportedError, nothing acquired. Invalid arguments (a key named
+   * twice, more than 16 keys, ...) reject with TypeError/RangeError before
+   * anything is sent; the other rejections are `acquire`'s.
+   *
+   * @param {string[]} keys
+   * @param {{lease?: number, wait?: number}} [options]
+   * @returns {Promise<bigint>}
+   */
+  async acquireBlock(keys, { lease = 30, wait = 5 } = {}) {
+    const { line, waitSeconds, keys: ks } = p.acquireBlockLine(keys, lease, wait);
+    const conn = this.#connection();
+    if (ks.length > 1) {
+      const v = await this.#hello(conn);
+      if (v < 2) {
+        throw new NotSupportedError(`a seat block needs protocol version 2; the sidecar at ${this.path} `
+          + `speaks version ${v}: upgrade the sidecar`);
+      }
+    }
+    return p.parseAcquire(await this.#call(line, waitSeconds, (reply) => this.#releaseLateGrant(ks[0], reply), conn));
+  }
+
+  /**
+   * The protocol version this client and the sidecar both speak (`HELLO`,
+   * asked once per connection); 1 for a version-1 sidecar, which does not
+   * know `HELLO`.
+   * @returns {Promise<number>}
+   */
+  async hello() {
+    return this.#hello(this.#connection());
+  }
+
+  /** @param {Connection} conn */
+  async #hello(conn) {
+    if (conn.version === null) conn.version = p.parseHello(await this.#call(p.helloLine(), 0, null, conn));
+    return conn.version;
   }
 
   /**
@@ -351,6 +407,33 @@ class Client {
       throw e;
     }
     await this.release(key, token);
+    return result;
+  }
+
+  /**
+   * Acquire the seat block `keys` (see `acquireBlock`), run `fn(token)`,
+   * release every key, and return what `fn` returned; released even if
+   * `fn` throws, as `withLock`.
+   *
+   * @template T
+   * @param {string[]} keys
+   * @param {{lease?: number, wait?: number}} options
+   * @param {(token: bigint) => T | Promise<T>} fn
+   * @returns {Promise<T>}
+   */
+  async withBlock(keys, options, fn) {
+    if (typeof options === 'function') [options, fn] = [{}, options];
+    if (typeof fn !== 'function') throw new TypeError('withBlock needs a function');
+    const ks = p.checkKeys(keys);
+    const token = await this.acquireBlock(ks, options);
+    let result;
+    try {
+      result = await fn(token);
+    } catch (e) {
+      await this.release(ks[0], token).catch(() => {});
+      throw e;
+    }
+    await this.release(ks[0], token);
     return result;
   }
 

@@ -16,6 +16,7 @@
  * | ServerError              | definite `ERR <code> <message>`                  | no      |
  * | SidecarConnectionError   | sidecar unreachable or connection lost (the      | no      |
  * |                          | sidecar releases the session's locks)            |         |
+ * | NotSupportedError        | a block, and the sidecar speaks version 1        | no      |
  * @module
  */
 
@@ -96,6 +97,17 @@ class SidecarConnectionError extends TicketingError {
   }
 }
 
+/**
+ * The sidecar speaks an older protocol version than the call needs: a seat
+ * block (`acquireBlock`) against a version-1 sidecar. Definite: nothing was
+ * acquired (only `HELLO` was sent). Upgrade the sidecar.
+ */
+class NotSupportedError extends TicketingError {
+  constructor(message) {
+    super(message, 'not_supported');
+  }
+}
+
 module.exports = {
   TicketingError,
   BusyError,
@@ -105,4 +117,5 @@ module.exports = {
   ServerError,
   ProtocolError,
   SidecarConnectionError,
+  NotSupportedError,
 };

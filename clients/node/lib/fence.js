@@ -26,6 +26,11 @@
  *   }); // rejects with StaleTokenError (nothing written) if a newer token wrote first
  * });
  *
+ * A seat block (`client.acquireBlock(keys, ...)`) holds several keys under
+ * one token: `withFenceBlock(db, {dialect, domain, keys, token}, fn)` checks
+ * and raises the mark of every key in the one transaction, so a stale token
+ * on any key rejects the whole write and no mark moves.
+ *
  * Tokens are u64 (BigInt); the table stores `token - 2^63` (= token XOR 2^63)
  * in a signed 64-bit column (PostgreSQL BIGINT, SQLite INTEGER), which keeps
  * their order. Parameters are passed as decimal strings. A token equal to the
@@ -118,6 +123,46 @@ async function advance(db, { dialect, domain, key, token, table = DEFAULT_TABLE 
 }
 
 /**
+ * The keys of a block, sorted and without repeats.
+ * @param {unknown} keys
+ * @returns {string[]}
+ */
+function keySet(keys) {
+  if (!Array.isArray(keys)) throw new TypeError(`keys must be an array of strings, not ${typeof keys}`);
+  if (keys.length === 0) throw new RangeError('a block with no keys');
+  for (const k of keys) if (typeof k !== 'string') throw new TypeError(`a key must be a string, not ${typeof k}`);
+  // Sorted by UTF-16 code units; keys are ASCII, so this is the byte order.
+  return [...new Set(keys)].sort();
+}
+
+/**
+ * `advance` for a seat block, whose keys share one token: raise the mark of
+ * every key of `keys` to `token` inside the adapter's open transaction, or
+ * reject with StaleTokenError (naming the key) when any key already has a
+ * higher one; then roll back, which undoes the keys already raised: all or
+ * nothing. `keys` is a set (order and repeats do not matter, at least one
+ * key); the marks are raised in sorted key order, so that transactions over
+ * overlapping key sets lock the fence rows in one order and cannot
+ * deadlock (PostgreSQL).
+ * @param {{query: Function}} db
+ * @param {{dialect: 'postgres'|'sqlite', domain: string, keys: string[], token: bigint|string|number, table?: string}} opts
+ */
+async function advanceBlock(db, { dialect, domain, keys, token, table = DEFAULT_TABLE }) {
+  const t = nonZero(token);
+  const ks = keySet(keys);
+  for (const key of ks) {
+    try {
+      await advance(db, { dialect, domain, key, token: t, table });
+    } catch (e) {
+      if (e instanceof StaleTokenError) {
+        throw new StaleTokenError(`${e.message} (a block of ${ks.length} keys: nothing of it may be written)`);
+      }
+      throw e;
+    }
+  }
+}
+
+/**
  * The highest token recorded for (domain, key), 0n if none. The adapter's
  * query must return `rows` (arrays or objects with a `token` field).
  */
@@ -142,10 +187,31 @@ async function highWater(db, { dialect, domain, key, table = DEFAULT_TABLE }) {
  */
 async function withFence(db, opts, fn) {
   nonZero(opts.token);
-  await db.query(opts.begin || 'BEGIN', []);
+  return inTransaction(db, opts.begin, () => advance(db, opts), fn);
+}
+
+/**
+ * `withFence` for a seat block: fn(db) runs in a transaction that starts
+ * with `advanceBlock` of every key of `opts.keys` to the block's one token.
+ * A stale token on any key rejects with StaleTokenError before fn runs and
+ * rolls back: no mark raised, nothing written.
+ * @template T
+ * @param {{query: Function}} db one connection
+ * @param {{dialect: 'postgres'|'sqlite', domain: string, keys: string[], token: bigint|string|number, table?: string, begin?: string}} opts
+ * @param {(db: {query: Function}) => Promise<T>} fn
+ * @returns {Promise<T>}
+ */
+async function withFenceBlock(db, opts, fn) {
+  nonZero(opts.token);
+  keySet(opts.keys);
+  return inTransaction(db, opts.begin, () => advanceBlock(db, opts), fn);
+}
+
+async function inTransaction(db, begin, fenceFirst, fn) {
+  await db.query(begin || 'BEGIN', []);
   let result;
   try {
-    await advance(db, opts);
+    await fenceFirst();
     result = await fn(db);
   } catch (e) {
     try { await db.query('ROLLBACK', []); } catch { /* the original error matters */ }
@@ -186,9 +252,11 @@ async function conditionalUpdate(db, { dialect, table, set, where, params = [], 
 module.exports = {
   StaleTokenError,
   advance,
+  advanceBlock,
   advanceSql,
   highWater,
   withFence,
+  withFenceBlock,
   conditionalUpdate,
   encodeToken,
   decodeToken,

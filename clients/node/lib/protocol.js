@@ -16,6 +16,10 @@ const MAX_WAIT = 300;
 const MAX_KEY_LEN = 255;
 const MAX_TOKEN = (1n << 64n) - 1n;
 const RELEASE_DEADLINE = 5;
+/** The version of unixapi/PROTOCOL.md this client speaks (2: seat blocks, HELLO). */
+const PROTOCOL_VERSION = 2;
+/** The most keys of one block acquire (distinct keys). */
+const MAX_BLOCK_KEYS = 16;
 const SOCKET_ENV = 'TICKETING_SOCKET';
 const DEFAULT_SOCKET = './ticketing.sock';
 
@@ -116,6 +120,57 @@ function acquireLine(key, lease, wait) {
   return { line: `ACQUIRE ${key} ${lease} ${formatWait(ms)}`, waitSeconds: ms / 1000 };
 }
 
+/**
+ * Check the keys of a block: an array of 1..16 distinct valid keys.
+ * @param {unknown} keys
+ * @returns {string[]} a copy
+ */
+function checkKeys(keys) {
+  if (!Array.isArray(keys)) throw new TypeError(`keys must be an array of strings, not ${typeof keys}`);
+  if (keys.length < 1 || keys.length > MAX_BLOCK_KEYS) {
+    throw new RangeError(`a block has 1..${MAX_BLOCK_KEYS} keys, got ${keys.length}`);
+  }
+  const seen = new Set();
+  for (const k of keys) {
+    checkKey(k);
+    if (seen.has(k)) throw new RangeError(`key ${JSON.stringify(k)} named twice (the keys of a block are distinct)`);
+    seen.add(k);
+  }
+  return [...keys];
+}
+
+/**
+ * The ACQUIRE line of a block (one key: the plain ACQUIRE).
+ * @returns {{line: string, waitSeconds: number, keys: string[]}}
+ */
+function acquireBlockLine(keys, lease, wait) {
+  const ks = checkKeys(keys);
+  checkLease(lease);
+  const ms = waitMillis(wait);
+  return { line: `ACQUIRE ${ks.join(' ')} ${lease} ${formatWait(ms)}`, waitSeconds: ms / 1000, keys: ks };
+}
+
+/** The HELLO request of this client's version. */
+function helloLine() {
+  return `HELLO ${PROTOCOL_VERSION}`;
+}
+
+/**
+ * `HELLO <v>` → v; `ERR unknown_verb` (a version-1 sidecar) → 1; otherwise
+ * throws the matching error.
+ * @returns {number}
+ */
+function parseHello(reply) {
+  if (reply.startsWith('HELLO ')) {
+    const text = reply.slice(6);
+    if (/^[0-9]{1,5}$/.test(text) && Number(text) >= 1 && Number(text) <= PROTOCOL_VERSION) return Number(text);
+    throw new ProtocolError(`bad HELLO reply ${JSON.stringify(reply)}`);
+  }
+  const err = errorFrom(reply);
+  if (err instanceof ServerError && err.code === 'unknown_verb') return 1;
+  throw err;
+}
+
 function releaseLine(key, token) {
   checkKey(key);
   return `RELEASE ${key} ${toToken(token)}`;
@@ -213,6 +268,7 @@ function parseHeld(reply) {
 
 module.exports = {
   MIN_LEASE, MAX_LEASE, MAX_WAIT, MAX_KEY_LEN, MAX_TOKEN, RELEASE_DEADLINE, SOCKET_ENV, DEFAULT_SOCKET,
-  defaultPath, checkKey, checkLease, waitMillis, formatWait, toToken, checkRaw,
-  acquireLine, releaseLine, errorFrom, parseAcquire, parseRelease, parsePing, parseInfo, parseHeld,
+  PROTOCOL_VERSION, MAX_BLOCK_KEYS,
+  defaultPath, checkKey, checkKeys, checkLease, waitMillis, formatWait, toToken, checkRaw,
+  acquireLine, acquireBlockLine, helloLine, parseHello, releaseLine, errorFrom, parseAcquire, parseRelease, parsePing, parseInfo, parseHeld,
 };

@@ -117,6 +117,10 @@ class Runner {
         promise = client.acquire(this.stepKey(step), { lease: step.lease, wait: step.wait })
           .then((token) => ({ kind: 'ok', token }));
         break;
+      case 'acquire_block':
+        promise = client.acquireBlock(step.block.map((n) => this.key(n)), { lease: step.lease, wait: step.wait })
+          .then((token) => ({ kind: 'ok', token }));
+        break;
       case 'release':
         promise = client.release(this.stepKey(step), this.stepToken(step)).then(() => ({ kind: 'ok' }));
         break;
@@ -234,7 +238,9 @@ class Runner {
         break;
     }
     if (step.background !== undefined) {
-      // The request is written synchronously by perform().
+      // The request is written synchronously by perform(); a block's
+      // ACQUIRE is, once its connection has agreed the version with HELLO.
+      if (step.op === 'acquire_block') await this.conn(step.conn).hello();
       const bg = { done: false };
       bg.promise = this.perform(step).then((r) => { bg.done = true; bg.result = r; return r; });
       this.background.set(step.background, bg);

@@ -34,3 +34,45 @@ test('advance maps rowCount 0 to StaleTokenError, with an adapter', async () => 
   await assert.rejects(fence.advance(db, { dialect: 'mysql', domain: 'd', key: 'k', token: 5n }), RangeError);
   await assert.rejects(fence.advance(db, { dialect: 'sqlite', domain: 'd', key: 'k', token: 0n }), RangeError);
 });
+
+test('advanceBlock advances every key in sorted order; stale on any key rejects', async () => {
+  const calls = [];
+  const marks = new Map([['b', 10n]]);
+  const db = {
+    query: async (sql, params) => {
+      calls.push(params[1]);
+      const t = fence.decodeToken(params[2]);
+      if ((marks.get(params[1]) ?? 0n) > t) return { rowCount: 0 };
+      return { rowCount: 1 };
+    },
+  };
+  await fence.advanceBlock(db, { dialect: 'sqlite', domain: 'd', keys: ['c', 'a', 'b', 'a'], token: 10n });
+  assert.deepEqual(calls, ['a', 'b', 'c']);
+  calls.length = 0;
+  await assert.rejects(fence.advanceBlock(db, { dialect: 'postgres', domain: 'd', keys: ['c', 'b', 'a'], token: 9n }),
+    (e) => e instanceof StaleTokenError && /d\/b/.test(e.message));
+  assert.deepEqual(calls, ['a', 'b']); // stops at the stale key; the caller rolls back
+  for (const keys of [[], 'a', undefined, ['a', 5]]) {
+    await assert.rejects(fence.advanceBlock(db, { dialect: 'sqlite', domain: 'd', keys, token: 9n }), (e) => e instanceof TypeError || e instanceof RangeError);
+  }
+  await assert.rejects(fence.advanceBlock(db, { dialect: 'sqlite', domain: 'd', keys: ['a'], token: 0n }), RangeError);
+});
+
+test('withFenceBlock rolls back on a stale key before the callback', async () => {
+  const stmts = [];
+  const db = {
+    query: async (sql, params) => {
+      stmts.push(sql.split(' ')[0]);
+      return { rowCount: params.length && params[1] === 'b' ? 0 : 1 };
+    },
+  };
+  let ran = false;
+  await assert.rejects(fence.withFenceBlock(db, { dialect: 'sqlite', domain: 'd', keys: ['b', 'a'], token: 3n, begin: 'BEGIN IMMEDIATE' },
+    async () => { ran = true; }), StaleTokenError);
+  assert.equal(ran, false);
+  assert.deepEqual(stmts, ['BEGIN', 'INSERT', 'INSERT', 'ROLLBACK']);
+  stmts.length = 0;
+  assert.equal(await fence.withFenceBlock(db, { dialect: 'sqlite', domain: 'd', keys: ['a', 'c'], token: 3n }, async () => 'done'), 'done');
+  assert.deepEqual(stmts, ['BEGIN', 'INSERT', 'INSERT', 'COMMIT']);
+  await assert.rejects(fence.withFenceBlock(db, { dialect: 'sqlite', domain: 'd', keys: [], token: 3n }, async () => {}), RangeError);
+});

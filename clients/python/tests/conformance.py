@@ -188,6 +188,10 @@ class Runner:
             if op == "acquire":
                 token = await call(client, "acquire", self.step_key(step), step["lease"], step["wait"])
                 return Outcome("ok", token=token)
+            if op == "acquire_block":
+                keys = [self.key(n) for n in step["block"]]
+                token = await call(client, "acquire_block", keys, step["lease"], step["wait"])
+                return Outcome("ok", token=token)
             if op == "release":
                 await call(client, "release", self.step_key(step), self.step_token(step))
                 return Outcome("ok")
@@ -290,8 +294,12 @@ class Runner:
                     raise ScenarioFailure(f"connection still open after {step.get('within', 2)} s")
                 await asyncio.sleep(0.01)
         elif "background" in step:
-            # The request must be written before the next step starts.
+            # The request must be written before the next step starts. A
+            # block's ACQUIRE follows the connection's HELLO: agree the
+            # version first, so the next request written is the ACQUIRE.
             client = self.conn(step["conn"])
+            if op == "acquire_block":
+                await self.adapter.call(client, "hello")
             sent = client.requests_sent
             task = asyncio.ensure_future(self.timed(step))
             self.background[step["background"]] = task

@@ -122,6 +122,72 @@ class Base:
         self.assertTrue(self.ledger_has(newer_conn, "newer"))
         self.assertFalse(self.ledger_has(newer_conn, "stale"))
 
+    def write_block(self, conn, keys, token: int, note: str) -> bool:
+        """Fenced block transaction that inserts a ledger row; True if it committed."""
+        try:
+            with fence.fenced_block(conn, "test", keys, token) as cur:
+                cur.execute(self.q("INSERT INTO ledger (id, note) VALUES (?, ?)"), (note, "block"))
+            return True
+        except fence.StaleTokenError:
+            return False
+
+    def marks(self, conn, *keys: str) -> list:
+        cur = conn.cursor()
+        f = fence.Fence.for_connection(conn)
+        out = [f.high_water(cur, "test", k) for k in keys]
+        self.end_read(conn)
+        return out
+
+    def test_block_all_or_nothing(self):
+        conn = self.connect()
+        self.assertTrue(self.write(conn, "seat/b", 10, "single"))
+        seats = ["seat/c", "seat/a", "seat/b"]
+        # Stale on the middle key (sorted): nothing advanced, nothing written.
+        self.assertFalse(self.write_block(conn, seats, 9, "stale1"))
+        self.assertFalse(self.ledger_has(conn, "stale1"))
+        self.assertEqual(self.marks(conn, "seat/a", "seat/b", "seat/c"), [0, 10, 0])
+        # Equal on one key, new on the others: all raised to the one token.
+        self.assertTrue(self.write_block(conn, seats, 10, "ok1"))
+        self.assertTrue(self.ledger_has(conn, "ok1"))
+        self.assertEqual(self.marks(conn, "seat/a", "seat/b", "seat/c"), [10, 10, 10])
+        # Repeats and order do not matter; across the sign boundary.
+        self.assertTrue(self.write_block(conn, ("seat/c", "seat/a", "seat/c"), 2**63, "ok2"))
+        # Stale on the first key only: seat/b stays at 10.
+        self.assertFalse(self.write_block(conn, ["seat/b", "seat/a"], 2**63 - 1, "stale2"))
+        self.assertEqual(self.marks(conn, "seat/a", "seat/b", "seat/c"), [2**63, 10, 2**63])
+        # Single-key fencing beside blocks.
+        self.assertTrue(self.write(conn, "seat/b", 11, "single2"))
+        self.assertFalse(self.write(conn, "seat/a", 11, "single3"))
+        with self.assertRaises(ticketing.StaleTokenError) as cm:
+            with fence.fenced_block(conn, "test", ["seat/z", "seat/a"], 5):
+                self.fail("the block must not run for a stale token")
+        self.assertIn("seat/a", str(cm.exception))
+        self.assertEqual(self.marks(conn, "seat/z"), [0])
+        for keys, token, exc in (([], 5, ValueError), (["k"], 0, ValueError), ("seat/a", 5, TypeError)):
+            with self.subTest(keys=keys, token=token), self.assertRaises(exc):
+                with fence.fenced_block(conn, "test", keys, token):
+                    self.fail("ran")
+
+    def test_concurrent_stale_block_waits_and_loses(self):
+        newer_conn, stale_conn = self.connect(), self.connect()
+        self.assertTrue(self.write_block(newer_conn, ["x", "y"], 10, "first"))
+        result = {}
+        with fence.fenced_block(newer_conn, "test", ["x", "y"], 12) as cur:
+
+            def stale():
+                result["ok"] = self.write_block(stale_conn, ["y", "x"], 11, "stale")
+
+            t = threading.Thread(target=stale)
+            t.start()
+            time.sleep(0.3)
+            self.assertTrue(t.is_alive(), "the stale transaction must wait for the open newer one")
+            cur.execute(self.q("INSERT INTO ledger (id, note) VALUES (?, ?)"), ("newer", "xy"))
+        t.join(15)
+        self.assertFalse(result["ok"])
+        self.assertTrue(self.ledger_has(newer_conn, "newer"))
+        self.assertFalse(self.ledger_has(newer_conn, "stale"))
+        self.assertEqual(self.marks(newer_conn, "x", "y"), [12, 12])
+
     def test_update_single_statement(self):
         conn = self.connect()
         cur = conn.cursor()

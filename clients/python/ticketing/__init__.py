@@ -9,11 +9,23 @@ unix socket; this package speaks its line protocol::
     with client.lock("seats/42", lease=30, wait=5) as token:
         ...  # critical section; pass `token` to your fenced database write
 
+``client.lock_block(["seat/1", "seat/2"], ...)`` takes a seat block: up to
+16 keys at once or none, under one token.
+
 A connection is a session that owns its locks: closing the client (or the
 process dying) releases them. :class:`AsyncClient` is the asyncio variant.
 """
 
-from ._protocol import MAX_KEY_LEN, MAX_LEASE, MAX_TOKEN, MAX_WAIT, MIN_LEASE, Info
+from ._protocol import (
+    MAX_BLOCK_KEYS,
+    MAX_KEY_LEN,
+    MAX_LEASE,
+    MAX_TOKEN,
+    MAX_WAIT,
+    MIN_LEASE,
+    PROTOCOL_VERSION,
+    Info,
+)
 from .aio import AsyncClient, AsyncLock
 from .client import Client, Lock
 from .errors import (
@@ -21,13 +33,14 @@ from .errors import (
     IndeterminateError,
     LockTimeout,
     LockTimeoutError,
+    NotSupportedError,
     ProtocolError,
     ServerError,
     SidecarConnectionError,
     TicketingError,
 )
 from . import fence
-from .fence import StaleTokenError, fenced
+from .fence import StaleTokenError, fenced, fenced_block
 
 __version__ = "0.1.0"
 
@@ -45,12 +58,16 @@ __all__ = [
     "ServerError",
     "ProtocolError",
     "SidecarConnectionError",
+    "NotSupportedError",
     "StaleTokenError",
     "fence",
     "fenced",
+    "fenced_block",
     "MIN_LEASE",
     "MAX_LEASE",
     "MAX_WAIT",
     "MAX_KEY_LEN",
     "MAX_TOKEN",
+    "MAX_BLOCK_KEYS",
+    "PROTOCOL_VERSION",
 ]

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 from decimal import Decimal
 from numbers import Real
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 from .errors import (
     BusyError,
@@ -21,6 +21,11 @@ from .errors import (
     ServerError,
 )
 
+#: The version of unixapi/PROTOCOL.md this client speaks (2: seat blocks, HELLO).
+PROTOCOL_VERSION = 2
+#: The most keys of one block acquire (distinct keys).
+MAX_BLOCK_KEYS = 16
+
 #: Lease bounds, whole seconds.
 MIN_LEASE, MAX_LEASE = 1, 250
 #: Longest wait, seconds (millisecond precision).
@@ -29,8 +34,9 @@ MAX_WAIT = 300
 MAX_KEY_LEN = 255
 #: Largest fencing token (u64).
 MAX_TOKEN = 2**64 - 1
-#: The sidecar rejects (and closes on) request lines longer than this.
-MAX_LINE = 1024
+#: The sidecar rejects (and closes on) request lines longer than this
+#: (protocol version 2; version 1: 1024).
+MAX_LINE = 4608
 #: The sidecar gives up on a release 5 s after it was asked.
 RELEASE_DEADLINE = 5.0
 #: Environment variable naming the socket, and the fallback path.
@@ -127,6 +133,54 @@ def acquire_line(key: str, lease: int, wait: Number) -> "tuple[str, float]":
     check_lease(lease)
     ms = wait_millis(wait)
     return f"ACQUIRE {key} {lease} {format_wait(ms)}", ms / 1000.0
+
+
+def check_keys(keys: Iterable[str]) -> List[str]:
+    """Validate the keys of a block: 1..16 distinct keys, each a valid key;
+    return them as a list."""
+    if isinstance(keys, (str, bytes)):
+        raise TypeError(f"keys must be a list of str, not a single {type(keys).__name__} {keys!r}")
+    try:
+        out = list(keys)
+    except TypeError:
+        raise TypeError(f"keys must be a list of str, not {type(keys).__name__}") from None
+    if not 1 <= len(out) <= MAX_BLOCK_KEYS:
+        raise ValueError(f"a block has 1..{MAX_BLOCK_KEYS} keys, got {len(out)}")
+    seen = set()
+    for k in out:
+        check_key(k)
+        if k in seen:
+            raise ValueError(f"key {k!r} named twice (the keys of a block are distinct)")
+        seen.add(k)
+    return out
+
+
+def acquire_block_line(keys: List[str], lease: int, wait: Number) -> "tuple[str, float]":
+    """Check the arguments; return the ACQUIRE line of a block and the wait
+    in seconds. One key is the plain ACQUIRE."""
+    keys = check_keys(keys)
+    check_lease(lease)
+    ms = wait_millis(wait)
+    return f"ACQUIRE {' '.join(keys)} {lease} {format_wait(ms)}", ms / 1000.0
+
+
+def hello_line() -> str:
+    """The HELLO request of this client's version."""
+    return f"HELLO {PROTOCOL_VERSION}"
+
+
+def parse_hello(reply: str) -> int:
+    """``HELLO <v>`` → v; ``ERR unknown_verb`` (a version-1 sidecar) → 1;
+    anything else → the matching exception."""
+    if reply.startswith("HELLO "):
+        text = reply[6:]
+        if text.isdigit() and text.isascii() and 1 <= int(text) <= PROTOCOL_VERSION:
+            return int(text)
+        raise ProtocolError(f"bad HELLO reply {reply!r}")
+    err = _error_from(reply)
+    if isinstance(err, ServerError) and err.code == "unknown_verb":
+        return 1
+    raise err
 
 
 def release_line(key: str, token: int) -> str:

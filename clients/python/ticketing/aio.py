@@ -11,11 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import Callable, Deque, List, Optional, Tuple
+from typing import Callable, Deque, Iterable, List, Optional, Sequence, Tuple
 
 from . import _protocol as p
 from .client import DEFAULT_REPLY_GRACE
-from .errors import IndeterminateError, SidecarConnectionError, TicketingError, connect_error
+from .errors import (
+    IndeterminateError,
+    NotSupportedError,
+    SidecarConnectionError,
+    TicketingError,
+    connect_error,
+)
 
 __all__ = ["AsyncClient", "AsyncLock"]
 
@@ -34,6 +40,8 @@ class _AsyncConnection:
         self._pending: Deque[Tuple[asyncio.Future, Optional[float]]] = collections.deque()
         self._tail_deadline: Optional[float] = None
         self._error: Optional[SidecarConnectionError] = None
+        #: The protocol version HELLO agreed on this connection (None: not asked).
+        self.version: Optional[int] = None
         self._task = asyncio.get_running_loop().create_task(self._read_loop())
 
     @classmethod
@@ -194,9 +202,14 @@ class AsyncClient:
         return None if self.reply_grace is None else sidecar_bound + self.reply_grace
 
     async def _call(
-        self, line: str, sidecar_bound: float, on_late: Optional[Callable[[asyncio.Future], None]] = None
+        self,
+        line: str,
+        sidecar_bound: float,
+        on_late: Optional[Callable[[asyncio.Future], None]] = None,
+        conn: Optional[_AsyncConnection] = None,
     ) -> str:
-        conn = await self._connection()
+        if conn is None:
+            conn = await self._connection()
         fut, deadline = conn.submit(line, self._budget(sidecar_bound))
         self._sent += 1
         await conn.drain()
@@ -220,6 +233,36 @@ class AsyncClient:
         grant that arrives later is released automatically."""
         line, wait_s = p.acquire_line(key, lease, wait)
         return p.parse_acquire(await self._call(line, wait_s, self._compensator(key)))
+
+    async def acquire_block(self, keys: Iterable[str], lease: int = 30, wait: p.Number = 5) -> int:
+        """Acquire a seat block (1..16 distinct keys, all or none, under one
+        token) and return the token; see :meth:`ticketing.Client.acquire_block`.
+        If the calling task is cancelled, a block granted later is released
+        automatically."""
+        keys = p.check_keys(keys)
+        line, wait_s = p.acquire_block_line(keys, lease, wait)
+        conn = await self._connection()
+        if len(keys) > 1:
+            await self._require_blocks(conn)
+        return p.parse_acquire(await self._call(line, wait_s, self._compensator(keys[0]), conn))
+
+    async def hello(self) -> int:
+        """The protocol version both speak (``HELLO``, once per connection);
+        see :meth:`ticketing.Client.hello`."""
+        return await self._hello(await self._connection())
+
+    async def _hello(self, conn: _AsyncConnection) -> int:
+        if conn.version is None:
+            conn.version = p.parse_hello(await self._call(p.hello_line(), 0.0, None, conn))
+        return conn.version
+
+    async def _require_blocks(self, conn: _AsyncConnection) -> None:
+        v = await self._hello(conn)
+        if v < 2:
+            raise NotSupportedError(
+                f"a seat block needs protocol version 2; the sidecar at {self.path} speaks version {v}: "
+                "upgrade the sidecar"
+            )
 
     async def release(self, key: str, token: int) -> None:
         """Release *key* held under *token*; see :meth:`ticketing.Client.release`."""
@@ -254,6 +297,19 @@ class AsyncClient:
         p.acquire_line(key, lease, wait)
         return AsyncLock(self, key, lease, wait)
 
+    def lock_block(self, keys: Iterable[str], lease: int = 30, wait: p.Number = 5) -> "AsyncLock":
+        """An :class:`AsyncLock` on a seat block::
+
+            async with client.lock_block(["seat/1", "seat/2"], lease=30, wait=5) as token:
+                ...
+
+        The arguments are checked now; acquired on entry, released (every
+        key) on exit.
+        """
+        keys = p.check_keys(keys)
+        p.acquire_block_line(keys, lease, wait)
+        return AsyncLock(self, keys[0], lease, wait, keys=keys)
+
     def _compensator(self, key: str) -> Callable[[asyncio.Future], None]:
         def release_late_grant(fut: asyncio.Future) -> None:
             if fut.cancelled() or fut.exception() is not None:
@@ -270,11 +326,17 @@ class AsyncClient:
 
 
 class AsyncLock:
-    """asyncio version of :class:`ticketing.Lock`; see :meth:`AsyncClient.lock`."""
+    """asyncio version of :class:`ticketing.Lock`; see :meth:`AsyncClient.lock`
+    and :meth:`AsyncClient.lock_block`."""
 
-    def __init__(self, client: AsyncClient, key: str, lease: int, wait: p.Number) -> None:
+    def __init__(
+        self, client: AsyncClient, key: str, lease: int, wait: p.Number, *, keys: Optional[Sequence[str]] = None
+    ) -> None:
         self.client = client
         self.key = key
+        #: Every key of the lock (a block's keys, in the order given).
+        self.keys: Tuple[str, ...] = tuple(keys) if keys is not None else (key,)
+        self._block = keys is not None
         self.lease = lease
         self.wait = wait
         #: The fencing token while held, else None.
@@ -286,7 +348,10 @@ class AsyncLock:
         if self._used:
             raise RuntimeError("a lock is used once; call client.lock() again")
         self._used = True
-        self.token = await self.client.acquire(self.key, self.lease, self.wait)
+        if self._block:
+            self.token = await self.client.acquire_block(self.keys, self.lease, self.wait)
+        else:
+            self.token = await self.client.acquire(self.key, self.lease, self.wait)
         return self.token
 
     async def release(self) -> None:
@@ -310,4 +375,5 @@ class AsyncLock:
 
     def __repr__(self) -> str:
         state = f"token={self.token}" if self.token is not None else "not held"
-        return f"<ticketing.AsyncLock {self.key!r} {state}>"
+        keys = " ".join(repr(k) for k in self.keys)
+        return f"<ticketing.AsyncLock {keys} {state}>"

@@ -8,10 +8,16 @@ import threading
 import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as _FutureTimeout
-from typing import Callable, Deque, List, Optional, Tuple
+from typing import Callable, Deque, Iterable, List, Optional, Sequence, Tuple
 
 from . import _protocol as p
-from .errors import IndeterminateError, SidecarConnectionError, TicketingError, connect_error
+from .errors import (
+    IndeterminateError,
+    NotSupportedError,
+    SidecarConnectionError,
+    TicketingError,
+    connect_error,
+)
 
 __all__ = ["Client", "Lock"]
 
@@ -44,6 +50,8 @@ class _Connection:
         self._pending: Deque[Tuple[Future, Optional[float]]] = collections.deque()
         self._tail_deadline: Optional[float] = None
         self._error: Optional[SidecarConnectionError] = None
+        #: The protocol version HELLO agreed on this connection (None: not asked).
+        self.version: Optional[int] = None
         self._reader = threading.Thread(target=self._read_loop, name=f"ticketing-reader {path}", daemon=True)
         self._reader.start()
 
@@ -215,9 +223,14 @@ class Client:
         return None if self.reply_grace is None else sidecar_bound + self.reply_grace
 
     def _call(
-        self, line: str, sidecar_bound: float, on_late: Optional[Callable[[Future], None]] = None
+        self,
+        line: str,
+        sidecar_bound: float,
+        on_late: Optional[Callable[[Future], None]] = None,
+        conn: Optional[_Connection] = None,
     ) -> str:
-        conn = self._connection()
+        if conn is None:
+            conn = self._connection()
         fut, deadline = conn.submit(line, self._budget(sidecar_bound))
         with self._lock:
             self._sent += 1
@@ -247,6 +260,53 @@ class Client:
         """
         line, wait_s = p.acquire_line(key, lease, wait)
         return p.parse_acquire(self._call(line, wait_s, self._compensator(key)))
+
+    def acquire_block(self, keys: Iterable[str], lease: int = 30, wait: p.Number = 5) -> int:
+        """Acquire a seat block: every key of *keys* (1..16 distinct keys)
+        at once or none, under one fencing token, which is returned.
+
+        The block joins every key's FIFO queue and is granted when it is at
+        the head of each and every key is free; with ``wait=0`` it is granted
+        only if every key is free with nobody queued on it. When the wait
+        runs out no key is acquired. ``release(key, token)`` naming *any* of
+        its keys releases the whole block; closing the client releases it
+        too. One key is :meth:`acquire`.
+
+        A block needs protocol version 2: the first one on a connection
+        sends ``HELLO`` (see :meth:`hello`).
+
+        :raises ValueError, TypeError: invalid argument, e.g. a key named
+            twice or more than 16 keys (nothing sent).
+        :raises NotSupportedError: the sidecar speaks protocol version 1
+            (nothing acquired).
+        :raises BusyError, LockTimeoutError, IndeterminateError, ServerError,
+            SidecarConnectionError: as for :meth:`acquire`.
+        """
+        keys = p.check_keys(keys)
+        line, wait_s = p.acquire_block_line(keys, lease, wait)
+        conn = self._connection()
+        if len(keys) > 1:
+            self._require_blocks(conn)
+        return p.parse_acquire(self._call(line, wait_s, self._compensator(keys[0]), conn))
+
+    def hello(self) -> int:
+        """The protocol version this client and the sidecar both speak
+        (``HELLO``, asked once per connection); 1 for a version-1 sidecar,
+        which does not know ``HELLO``."""
+        return self._hello(self._connection())
+
+    def _hello(self, conn: _Connection) -> int:
+        if conn.version is None:
+            conn.version = p.parse_hello(self._call(p.hello_line(), 0.0, None, conn))
+        return conn.version
+
+    def _require_blocks(self, conn: _Connection) -> None:
+        v = self._hello(conn)
+        if v < 2:
+            raise NotSupportedError(
+                f"a seat block needs protocol version 2; the sidecar at {self.path} speaks version {v}: "
+                "upgrade the sidecar"
+            )
 
     def release(self, key: str, token: int) -> None:
         """Release *key* held under *token* by this client's connection.
@@ -294,6 +354,20 @@ class Client:
         p.acquire_line(key, lease, wait)
         return Lock(self, key, lease, wait)
 
+    def lock_block(self, keys: Iterable[str], lease: int = 30, wait: p.Number = 5) -> "Lock":
+        """A :class:`Lock` on a seat block (see :meth:`acquire_block`), to
+        use as a context manager::
+
+            with client.lock_block(["seat/1", "seat/2"], lease=30, wait=5) as token:
+                ...  # every key is held under token; fence each key's writes with it
+
+        The arguments are checked now; the block is acquired on entry and
+        released (every key) on exit, also when the body raises.
+        """
+        keys = p.check_keys(keys)
+        p.acquire_block_line(keys, lease, wait)
+        return Lock(self, keys[0], lease, wait, keys=keys)
+
     def _compensator(self, key: str) -> Callable[[Future], None]:
         """Callback for an acquire the caller gave up on: release a late grant."""
 
@@ -315,15 +389,22 @@ class Client:
 
 
 class Lock:
-    """A lock on one key through a :class:`Client`; see :meth:`Client.lock`.
+    """A lock on one key, or on a seat block, through a :class:`Client`;
+    see :meth:`Client.lock` and :meth:`Client.lock_block`.
 
     Use once: ``with lock as token:``, or :meth:`acquire` then
-    :meth:`release`.
+    :meth:`release`. ``keys`` lists every key (one for :meth:`Client.lock`);
+    ``key`` is the first.
     """
 
-    def __init__(self, client: Client, key: str, lease: int, wait: p.Number) -> None:
+    def __init__(
+        self, client: Client, key: str, lease: int, wait: p.Number, *, keys: Optional[Sequence[str]] = None
+    ) -> None:
         self.client = client
         self.key = key
+        #: Every key of the lock (a block's keys, in the order given).
+        self.keys: Tuple[str, ...] = tuple(keys) if keys is not None else (key,)
+        self._block = keys is not None
         self.lease = lease
         self.wait = wait
         #: The fencing token while held, else None.
@@ -335,11 +416,14 @@ class Lock:
         if self._used:
             raise RuntimeError("a Lock is used once; call client.lock() again")
         self._used = True
-        self.token = self.client.acquire(self.key, self.lease, self.wait)
+        if self._block:
+            self.token = self.client.acquire_block(self.keys, self.lease, self.wait)
+        else:
+            self.token = self.client.acquire(self.key, self.lease, self.wait)
         return self.token
 
     def release(self) -> None:
-        """Release the lock (see :meth:`Client.release`)."""
+        """Release the lock, every key of a block (see :meth:`Client.release`)."""
         if self.token is None:
             raise RuntimeError("the lock is not held")
         token, self.token = self.token, None
@@ -363,4 +447,5 @@ class Lock:
 
     def __repr__(self) -> str:
         state = f"token={self.token}" if self.token is not None else "not held"
-        return f"<ticketing.Lock {self.key!r} {state}>"
+        keys = " ".join(repr(k) for k in self.keys)
+        return f"<ticketing.Lock {keys} {state}>"

@@ -16,6 +16,7 @@ exception                  meaning                                    held?
                            critical section (the lease ends it)
 :class:`ServerError`       definite ``ERR <code> <message>``          no
 :class:`SidecarConnectionError`  cannot reach the sidecar / lost it   no [1]_
+:class:`NotSupportedError`  a block, and the sidecar is too old       no
 =========================  =========================================  ==========
 
 .. [1] The connection is the session that owns the locks: when it is lost
@@ -36,6 +37,7 @@ __all__ = [
     "ServerError",
     "ProtocolError",
     "SidecarConnectionError",
+    "NotSupportedError",
 ]
 
 
@@ -122,6 +124,15 @@ class SidecarConnectionError(TicketingError, builtins.ConnectionError):
     """
 
     code = "connection"
+
+
+class NotSupportedError(TicketingError):
+    """The sidecar speaks an older protocol version than the call needs: a
+    seat block (``acquire_block``) against a version-1 sidecar. Definite:
+    nothing was acquired (only ``HELLO`` was sent). Upgrade the sidecar.
+    """
+
+    code = "not_supported"
 
 
 _NO_SIDECAR_HINT = (

@@ -26,6 +26,15 @@ raises :class:`StaleTokenError` before the block runs, and any exception
 rolls everything back. Updating the fence row in a transaction of its own
 and writing afterwards is NOT safe (``clients/FENCING.md``).
 
+A seat block (``client.lock_block(keys, ...)``) holds several keys under one
+token; :func:`fenced_block` checks and raises the mark of *every* key in the
+one transaction, so a stale token on any key rejects the whole write and no
+mark moves::
+
+    with client.lock_block(["seat/7", "seat/8"], lease=30, wait=5) as token:
+        with fence.fenced_block(conn, "prod-cluster", ["seat/7", "seat/8"], token) as cur:
+            cur.execute("UPDATE seats SET buyer = ? WHERE seat IN (7, 8)", ("bob",))
+
 Tokens are u64; the table stores ``token - 2**63`` (= token XOR 2**63) in a
 signed 64-bit column (SQLite INTEGER, PostgreSQL BIGINT), which keeps their
 order over the whole range. A token *equal* to the stored one is accepted:
@@ -40,7 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence
 
 from ._protocol import MAX_TOKEN
 from .errors import TicketingError
@@ -49,6 +58,7 @@ __all__ = [
     "StaleTokenError",
     "Fence",
     "fenced",
+    "fenced_block",
     "encode_token",
     "decode_token",
     "DEFAULT_TABLE",
@@ -151,6 +161,25 @@ class Fence:
                 f"{domain}/{key}: token {token} is older than the stored high-water mark"
             )
 
+    def advance_block(self, cursor: Any, domain: str, keys: Iterable[str], token: int) -> None:
+        """:meth:`advance` for a seat block, whose keys share one token:
+        raise the mark of every key of *keys* to ``token`` in the cursor's
+        open transaction, or raise :class:`StaleTokenError` (naming the key)
+        when any key already has a higher one. The caller must then roll
+        back, which undoes the keys already raised: all or nothing.
+
+        *keys* is a set (order and repeats do not matter, at least one key).
+        The marks are raised in sorted key order, so that transactions over
+        overlapping key sets lock the fence rows in one order and cannot
+        deadlock (PostgreSQL).
+        """
+        ks = _key_set(keys, token)
+        for k in ks:
+            try:
+                self.advance(cursor, domain, k, token)
+            except StaleTokenError as e:
+                raise StaleTokenError(f"{e} (a block of {len(ks)} keys: nothing of it may be written)") from None
+
     def high_water(self, cursor: Any, domain: str, key: str) -> int:
         """The highest token recorded for (domain, key), 0 if none."""
         a, b = _placeholders(self.paramstyle, 2)
@@ -173,6 +202,23 @@ class Fence:
         busy timeout instead of failing on a lock upgrade), ``BEGIN`` for
         other autocommit connections.
         """
+        with self._transaction(conn, begin, lambda cur: self.advance(cur, domain, key, token)) as cur:
+            yield cur
+
+    @contextlib.contextmanager
+    def block_transaction(
+        self, conn: Any, domain: str, keys: Iterable[str], token: int, begin: Optional[str] = None
+    ) -> Iterator[Any]:
+        """:meth:`transaction` for a seat block: the transaction starts with
+        :meth:`advance_block` of every key to the block's one token. A stale
+        token on any key raises :class:`StaleTokenError` before the block
+        runs and rolls back: no mark raised, nothing written."""
+        ks = _key_set(keys, token)
+        with self._transaction(conn, begin, lambda cur: self.advance_block(cur, domain, ks, token)) as cur:
+            yield cur
+
+    @contextlib.contextmanager
+    def _transaction(self, conn: Any, begin: Optional[str], fence_first: Callable[[Any], None]) -> Iterator[Any]:
         cur = conn.cursor()
         try:
             if begin is None and _autocommit(conn):
@@ -180,7 +226,7 @@ class Fence:
             if begin:
                 cur.execute(begin)
             try:
-                self.advance(cur, domain, key, token)
+                fence_first(cur)
                 yield cur
             except BaseException:
                 if begin:
@@ -251,3 +297,34 @@ def fenced(
     """
     f = Fence(paramstyle or _paramstyle_of(conn), table)
     return f.transaction(conn, domain, key, token, begin=begin)
+
+
+def fenced_block(
+    conn: Any,
+    domain: str,
+    keys: Iterable[str],
+    token: int,
+    *,
+    table: str = DEFAULT_TABLE,
+    paramstyle: Optional[str] = None,
+    begin: Optional[str] = None,
+):
+    """``with fenced_block(conn, domain, keys, token) as cur:`` — a
+    transaction that starts with the fencing check of every key of a seat
+    block against its one token, all or nothing; see
+    :meth:`Fence.block_transaction`."""
+    f = Fence(paramstyle or _paramstyle_of(conn), table)
+    return f.block_transaction(conn, domain, keys, token, begin=begin)
+
+
+def _key_set(keys: Iterable[str], token: int) -> List[str]:
+    """The keys of a block sorted and without repeats, or why they cannot be
+    fenced."""
+    if isinstance(keys, (str, bytes)):
+        raise TypeError(f"keys must be a list of str, not a single {type(keys).__name__} {keys!r}")
+    if token == 0:
+        raise ValueError("token 0 (tokens start at 1)")
+    ks = sorted(set(keys))
+    if not ks:
+        raise ValueError("a block with no keys")
+    return ks

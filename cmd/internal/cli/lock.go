@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -109,44 +110,67 @@ func dial(ctx context.Context, name, socket string, stderr io.Writer) *ticketing
 }
 
 // runLock is flock(1) for Ticketing: acquire, run the command, release.
+// With several keys it takes them as one seat block (all or none, one
+// token) and the keys end at the "--".
 func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var cf clientFlags
-	fs := newClientFlags("lock", "[--socket PATH] [--lease S] [--wait S] KEY -- COMMAND [ARG...]",
-		"Takes the lock KEY through the sidecar, runs COMMAND with TICKETING_KEY and\n"+
-			"TICKETING_TOKEN in its environment, and releases the lock when COMMAND exits\n"+
-			"(like flock(1)). Signals are passed on to COMMAND.", stdout, stderr)
+	fs := newClientFlags("lock", "[--socket PATH] [--lease S] [--wait S] KEY [KEY...] -- COMMAND [ARG...]",
+		"Takes the lock KEY through the sidecar, runs COMMAND with TICKETING_KEY,\n"+
+			"TICKETING_KEYS and TICKETING_TOKEN in its environment, and releases the lock\n"+
+			"when COMMAND exits (like flock(1)). Signals are passed on to COMMAND.\n\n"+
+			"With several KEYs (at most 16, distinct; the -- after them is required) it\n"+
+			"takes them as one seat block: all at once or none, under one token, released\n"+
+			"together. TICKETING_KEY is the first KEY, TICKETING_KEYS all of them separated\n"+
+			"by spaces.", stdout, stderr)
 	cf.register(fs.FlagSet, true)
 	if code, ok := fs.parse(args); !ok {
 		return code
 	}
-	rest := fs.Args()
-	if len(rest) >= 2 && rest[1] == "--" {
-		rest = append(rest[:1], rest[2:]...)
-	}
+	keys, argv := lockArgs(fs.Args())
 	switch {
-	case len(rest) == 0:
+	case len(keys) == 0:
 		return fs.bad("want KEY and a COMMAND to run")
-	case len(rest) == 1:
-		return fs.bad("want a COMMAND to run after KEY %q", rest[0])
+	case len(argv) == 0 && len(keys) == 1:
+		return fs.bad("want a COMMAND to run after KEY %q", keys[0])
+	case len(argv) == 0:
+		return fs.bad("want a COMMAND to run after the KEYs %q", keys)
+	case len(keys) > ticketing.MaxBlockKeys:
+		return fs.bad("%d KEYs: a block has at most %d", len(keys), ticketing.MaxBlockKeys)
+	}
+	if k := repeated(keys); k != "" {
+		return fs.bad("KEY %q named twice: the keys of a block are distinct", k)
 	}
 	if why := cf.check(); why != "" {
 		return fs.bad("%s", why)
 	}
-	key, argv := rest[0], rest[1:]
+	key, what := keys[0], keys[0]
+	if len(keys) > 1 {
+		what = "block " + strings.Join(keys, " ")
+	}
 	c := dial(ctx, "lock", cf.socket, stderr)
 	if c == nil {
 		return ExitLockError
 	}
 	defer c.Close()
 	lease, wait := cf.durations()
-	tok, err := c.Acquire(ctx, key, lease, wait)
+	var tok uint64
+	var err error
+	if len(keys) == 1 {
+		tok, err = c.Acquire(ctx, key, lease, wait)
+	} else {
+		var b *ticketing.Block
+		if b, err = c.AcquireBlock(ctx, keys, lease, wait); err == nil {
+			tok = b.Token()
+		}
+	}
 	if err != nil {
-		fmt.Fprintf(stderr, "ticketing lock: %s: %v\n", key, err)
+		fmt.Fprintf(stderr, "ticketing lock: %s: %v\n", strings.Join(keys, " "), err)
 		return acquireExit(err)
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
-	cmd.Env = append(os.Environ(), "TICKETING_KEY="+key, "TICKETING_TOKEN="+strconv.FormatUint(tok, 10))
+	cmd.Env = append(os.Environ(), "TICKETING_KEY="+key, "TICKETING_KEYS="+strings.Join(keys, " "),
+		"TICKETING_TOKEN="+strconv.FormatUint(tok, 10))
 	// Signals to us are passed on to the command, which decides when to
 	// stop; we release only after it has exited.
 	sigs := make(chan os.Signal, 8)
@@ -154,7 +178,7 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	defer signal.Stop(sigs)
 	if err := cmd.Start(); err != nil {
 		fmt.Fprintln(stderr, "ticketing lock:", err)
-		releaseOrReport(c, key, tok, stderr)
+		releaseOrReport(c, key, what, tok, stderr)
 		return ExitLockError
 	}
 	exited := make(chan struct{})
@@ -172,7 +196,7 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		case <-c.Done():
 			if !lost {
 				lost = true
-				fmt.Fprintf(stderr, "ticketing lock: connection to the sidecar lost: lock %s (token %d) released while the command runs\n", key, tok)
+				fmt.Fprintf(stderr, "ticketing lock: connection to the sidecar lost: lock %s (token %d) released while the command runs\n", what, tok)
 			}
 		}
 	}
@@ -180,56 +204,104 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 		code = 128 + int(ws.Signal()) // as shells report it
 	}
-	if lost || !releaseOrReport(c, key, tok, stderr) {
+	if lost || !releaseOrReport(c, key, what, tok, stderr) {
 		fmt.Fprintf(stderr, "ticketing lock: the command exited with %d\n", code)
 		return ExitUnconfirmed
 	}
 	return code
 }
 
-// releaseOrReport releases with its own deadline (the caller's context may
-// be cancelled by the signal that stopped the command) and reports failure.
-func releaseOrReport(c *ticketing.Client, key string, tok uint64, stderr io.Writer) bool {
+// lockArgs splits lock's arguments into its keys and the command. "K --
+// CMD..." and, without a "--", "K CMD..." are one key, as they always
+// were; otherwise the keys are everything before the first "--".
+func lockArgs(rest []string) (keys, argv []string) {
+	switch {
+	case len(rest) == 0:
+		return nil, nil
+	case len(rest) >= 2 && rest[1] == "--":
+		return rest[:1], rest[2:]
+	}
+	if i := slices.Index(rest, "--"); i > 0 {
+		return rest[:i], rest[i+1:]
+	}
+	return rest[:1], rest[1:]
+}
+
+// repeated returns a key named twice in keys, or "".
+func repeated(keys []string) string {
+	seen := make(map[string]bool, len(keys))
+	for _, k := range keys {
+		if seen[k] {
+			return k
+		}
+		seen[k] = true
+	}
+	return ""
+}
+
+// releaseOrReport releases key (for a block: its first key, which releases
+// all of them) with its own deadline (the caller's context may be
+// cancelled by the signal that stopped the command) and reports failure,
+// naming the lock as what.
+func releaseOrReport(c *ticketing.Client, key, what string, tok uint64, stderr io.Writer) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := c.Release(ctx, key, tok); err != nil {
-		fmt.Fprintf(stderr, "ticketing lock: release of %s (token %d) not confirmed: %v; the lease ends it at the latest\n", key, tok, err)
+		fmt.Fprintf(stderr, "ticketing lock: release of %s (token %d) not confirmed: %v; the lease ends it at the latest\n", what, tok, err)
 		return false
 	}
 	return true
 }
 
-// runAcquire takes a lock and prints its token. The lock belongs to this
-// command's connection, so it ends with the command: without --hold it is
-// released before exiting; with --hold it is kept until SIGINT/SIGTERM.
+// runAcquire takes a lock (or, given several keys, a seat block) and prints
+// its token. The lock belongs to this command's connection, so it ends with
+// the command: without --hold it is released before exiting; with --hold it
+// is kept until SIGINT/SIGTERM.
 func runAcquire(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var cf clientFlags
 	var hold bool
-	fs := newClientFlags("acquire", "[--socket PATH] [--lease S] [--wait S] [--hold] KEY",
+	fs := newClientFlags("acquire", "[--socket PATH] [--lease S] [--wait S] [--hold] KEY [KEY...]",
 		"Prints the token. A lock belongs to the connection that took it: without\n"+
 			"--hold it is released again before the command exits (a probe); with --hold\n"+
-			"the command keeps it until SIGINT or SIGTERM, then releases it.", stdout, stderr)
+			"the command keeps it until SIGINT or SIGTERM, then releases it. Several KEYs\n"+
+			"(at most 16, distinct) are one seat block: all or none, under one token.", stdout, stderr)
 	cf.register(fs.FlagSet, true)
 	fs.BoolVar(&hold, "hold", false, "keep the lock until SIGINT/SIGTERM (or the lease ends), then release it")
 	if code, ok := fs.parse(args); !ok {
 		return code
 	}
-	if fs.NArg() != 1 {
-		return fs.bad("want one KEY, got %d arguments %q", fs.NArg(), fs.Args())
+	keys := fs.Args()
+	switch {
+	case len(keys) == 0:
+		return fs.bad("want one KEY (or up to %d, a block), got no arguments", ticketing.MaxBlockKeys)
+	case len(keys) > ticketing.MaxBlockKeys:
+		return fs.bad("want one KEY (or up to %d, a block), got %d arguments", ticketing.MaxBlockKeys, len(keys))
+	}
+	if k := repeated(keys); k != "" {
+		return fs.bad("KEY %q named twice: the keys of a block are distinct", k)
 	}
 	if why := cf.check(); why != "" {
 		return fs.bad("%s", why)
 	}
-	key := fs.Arg(0)
+	key, what := keys[0], strings.Join(keys, " ")
 	c := dial(ctx, "acquire", cf.socket, stderr)
 	if c == nil {
 		return ExitLockError
 	}
 	defer c.Close()
 	lease, wait := cf.durations()
-	tok, err := c.Acquire(ctx, key, lease, wait)
+	var tok uint64
+	var err error
+	if len(keys) == 1 {
+		tok, err = c.Acquire(ctx, key, lease, wait)
+	} else {
+		var b *ticketing.Block
+		if b, err = c.AcquireBlock(ctx, keys, lease, wait); err == nil {
+			tok = b.Token()
+		}
+	}
 	if err != nil {
-		fmt.Fprintf(stderr, "ticketing acquire: %s: %v\n", key, err)
+		fmt.Fprintf(stderr, "ticketing acquire: %s: %v\n", what, err)
 		return acquireExit(err)
 	}
 	fmt.Fprintln(stdout, tok)
@@ -240,11 +312,11 @@ func runAcquire(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		select {
 		case <-ctx.Done():
 		case <-c.Done():
-			fmt.Fprintf(stderr, "ticketing acquire: connection to the sidecar lost; %s released\n", key)
+			fmt.Fprintf(stderr, "ticketing acquire: connection to the sidecar lost; %s released\n", what)
 			return ExitUnconfirmed
 		}
 	}
-	if !releaseOrReport(c, key, tok, stderr) {
+	if !releaseOrReport(c, key, what, tok, stderr) {
 		return ExitUnconfirmed
 	}
 	return ExitOK
