@@ -102,6 +102,7 @@ var errorTable = []struct {
 	{locksm.ErrTokensExhausted, "", "tokens_exhausted"},
 	// The cluster's table limits: definite, nothing was executed.
 	{wire.ErrTooManyKeys, "", "too_many_keys"},
+	{wire.ErrNotSupported, "", "not_supported"},
 	{wire.ErrTooManyWaiters, "", "too_many_waiters"},
 	{sidecar.ErrTooManyWaiters, "", "too_many_waiters"},
 	{context.Canceled, "", "cancelled"},
