@@ -120,6 +120,61 @@ func TestChaosPostgres(t *testing.T) {
 	chaosRun(t, dsn, 0, "python3")
 }
 
+// TestAuditCatchesSplitBlocks runs the audit on a database with a whole
+// block, a split one (seats not adjacent), one whose seats carry two
+// tokens, and one that lost a seat against what its seller reported: each
+// bad one must count as a split block and fail the report.
+func TestAuditCatchesSplitBlocks(t *testing.T) {
+	ctx := context.Background()
+	st, err := openStore(filepath.Join(t.TempDir(), "split.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	const ev, dom = "split-1", "test"
+	if err := st.setup(ctx, ev, 12); err != nil {
+		t.Fatal(err)
+	}
+	sales := []sale{
+		{ID: "a#1", Token: 10, Seats: []int{1, 2, 3}}, // whole
+		{ID: "b#1", Token: 11, Seats: []int{5, 7}},    // not adjacent
+		{ID: "c#1", Token: 12, Seats: []int{9, 10}},   // two tokens, below
+		{ID: "d#1", Token: 13, Seats: []int{11, 12}},  // seat 12 lost, below
+	}
+	for _, s := range sales {
+		if err := st.sell(ctx, dom, ev, s.ID, "test", s.Seats, s.Token); err != nil {
+			t.Fatalf("sell %v: %v", s, err)
+		}
+	}
+	for _, q := range []string{
+		`UPDATE ticketsale_ledger SET token = ? WHERE event = 'split-1' AND seat = 10`,
+		`DELETE FROM ticketsale_ledger WHERE event = 'split-1' AND seat = 12 AND token <> ?`,
+	} {
+		if _, err := st.ExecContext(ctx, q, int64(-1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rep := &report{Sellers: []*sellerProc{{name: "test", sold: sales}}}
+	if rep.Audit, err = st.audit(ctx, dom, ev); err != nil {
+		t.Fatal(err)
+	}
+	rep.check()
+	var out strings.Builder
+	rep.print(&out)
+	t.Logf("report:\n%s", out.String())
+	if rep.OK() || len(rep.Split) != 3 || !strings.Contains(out.String(), "blocks split: 3;") {
+		t.Fatalf("split blocks %q, problems %q", rep.Split, rep.Problems)
+	}
+	for i, id := range []string{"b#1", "c#1", "d#1"} {
+		if !strings.HasPrefix(rep.Split[i], id+":") {
+			t.Errorf("split[%d] = %q, want %s", i, rep.Split[i], id)
+		}
+	}
+	if rep.Sizes[2] != 3 || rep.Sizes[3] != 1 {
+		t.Errorf("block sizes %v", rep.Sizes)
+	}
+}
+
 // logWriter sends the runner's progress to t.Log, line by line (t.Log is
 // safe for concurrent use).
 type logWriter struct{ t *testing.T }
