@@ -1,15 +1,17 @@
-// Command ticketsale sells the seats of one event from several event-server
-// processes, in Go and Python, that coordinate through a Ticketing sidecar
-// and fence their database writes with the lock's token. A chaos mode stops
-// a seller (SIGSTOP) while it holds the lock until its lease has run out,
-// lets the next seller sell, then wakes it: its write must be rejected by
-// the fence, and no seat may be oversold or sold twice.
+// Command ticketsale sells the seats of one event, in blocks of 1-4
+// adjacent seats, from several event-server processes, in Go and Python,
+// that coordinate through a Ticketing sidecar: each sale locks its seats as
+// one seat block (one key per seat, one fencing token) and fences its
+// database write on every seat key. A chaos mode stops a seller (SIGSTOP)
+// while it holds its block until its lease has run out, sells those seats
+// from the runner meanwhile, then wakes it: its write must be rejected by
+// the fence, and no seat may be sold twice nor any block split.
 //
 //	go run ./clients/examples/ticketsale                      # SQLite, chaos on
 //	go run ./clients/examples/ticketsale --db postgres://...  # PostgreSQL
 //
 // It starts `ticketing dev` ($TICKETING_BIN, else built with go build),
-// prints a report and exits 1 if the inventory does not add up. See
+// prints a report and exits 1 if the audit of the database fails. See
 // README.md beside this file.
 package main
 
@@ -37,8 +39,8 @@ func runnerMain(args []string) int {
 	fs.IntVar(&cfg.Seats, "seats", cfg.Seats, "seats of the event")
 	fs.IntVar(&cfg.GoSellers, "go", cfg.GoSellers, "Go seller processes")
 	fs.IntVar(&cfg.PySellers, "python", cfg.PySellers, "Python seller processes (need python3; with PostgreSQL also psycopg or psycopg2)")
-	fs.IntVar(&cfg.LeaseSec, "lease", cfg.LeaseSec, "lease of every sale's lock, seconds")
-	fs.BoolVar(&cfg.Chaos, "chaos", cfg.Chaos, "stop one Go and one Python seller (SIGSTOP) while holding the lock, past the lease")
+	fs.IntVar(&cfg.LeaseSec, "lease", cfg.LeaseSec, "lease of every sale's seat block, seconds")
+	fs.BoolVar(&cfg.Chaos, "chaos", cfg.Chaos, "stop one Go and one Python seller (SIGSTOP) while holding its seat block, past the lease; the runner sells those seats meanwhile")
 	fs.BoolVar(&cfg.Verbose, "v", false, "log every sale")
 	fs.StringVar(&cfg.Socket, "socket", "", "use this running sidecar instead of starting `ticketing dev`")
 	fs.StringVar(&cfg.TicketingBin, "ticketing-bin", os.Getenv("TICKETING_BIN"), "ticketing binary (default $TICKETING_BIN, else built with go build)")

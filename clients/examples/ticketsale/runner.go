@@ -40,6 +40,21 @@ func defaultConfig() config {
 	return config{Seats: 60, GoSellers: 2, PySellers: 2, LeaseSec: 3, Chaos: true, Python: "python3"}
 }
 
+// maxBlock is the largest block a seller asks for: 1..4 adjacent seats.
+const maxBlock = 4
+
+// sale is one sale attempt as a seller (or the runner) reported it.
+type sale struct {
+	Seller string
+	ID     string // <seller>#<attempt>: the buyer of its seats, the sale of its ledger rows
+	Token  uint64
+	Seats  []int
+}
+
+func (s sale) String() string {
+	return fmt.Sprintf("%s token %d seats %s", s.ID, s.Token, joinInts(s.Seats))
+}
+
 // sellerProc is one running seller.
 type sellerProc struct {
 	name   string
@@ -47,33 +62,54 @@ type sellerProc struct {
 	victim bool
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
-	sold   []int // seats it reported SOLD
-	sales  int
-	stale  []uint64
-	paused []uint64
+	sold   []sale // SOLD
+	stale  []sale // STALE: rejected by the fence
+	taken  []sale // TAKEN: a seat was sold meanwhile; rolled back
+	paused []sale // PAUSE: chaos
 	exit   error
+}
+
+// takeover is the chaos step for one paused seller: once its lease has
+// run out, the runner acquires the paused seller's exact seats as a block
+// and sells them with its newer token, then wakes the seller.
+type takeover struct {
+	Victim string
+	Paused sale
+	Sold   *sale  // the runner's sale of the seats; nil if it did not sell
+	Note   string // why not
+	After  time.Duration
 }
 
 // event is one line from a seller.
 type event struct {
-	p     *sellerProc
-	verb  string
-	token uint64
-	seats []int
+	p    *sellerProc
+	verb string
+	sale sale
 }
 
-// report is the outcome of a run.
+// report is the outcome of a run: what the sellers reported, the audit of
+// the database, and the checks (check) over both.
 type report struct {
 	Event, DBDesc, Domain string
 	Sellers               []*sellerProc
+	Takeovers             []*takeover
 	Audit                 audit
-	ReportedSold          int
-	MaxToken              uint64 // the largest token any seller held
-	MaxSold               uint64 // the largest token that committed a sale
-	Stale                 int
 	Chaos                 bool
-	Problems              []string
 	Elapsed               time.Duration
+
+	Sales          []sale            // every committed sale reported (sellers' SOLD lines and the runner's)
+	Sizes          [maxBlock + 1]int // Sizes[k]: sales of k seats
+	Stale, Taken   int
+	SeatsSold      int
+	FreeSeats      int
+	DoubleSold     []int    // seats with more than one ledger row
+	Split          []string // sales whose block is not whole: not adjacent, several tokens, size or seats differ
+	SoldMismatch   []string // SOLD lines the database disagrees with, ledger sales never reported
+	LedgerMismatch []int    // seats whose row disagrees with the ledger
+	Applied        []string // rejected or rolled-back writes of which something is in the database
+	HighWaterOK    int      // seat keys whose fence high-water mark is the token that sold the seat
+	HighWaterBad   []string
+	Problems       []string
 }
 
 func (r *report) OK() bool { return len(r.Problems) == 0 }
@@ -90,35 +126,47 @@ func (r *report) print(w io.Writer) {
 	sort.Strings(ls)
 	a := r.Audit
 	fmt.Fprintf(w, "ticket sale %s: %d seats, sellers %s, %s, %.1fs\n", r.Event, a.Capacity, strings.Join(ls, ", "), r.DBDesc, r.Elapsed.Seconds())
-	sales := 0
-	for _, p := range r.Sellers {
-		sales += p.sales
-	}
 	fmt.Fprintf(w, "  seats sold:            %d of %d in %d sales (remaining counter %d, free seats %d)\n",
-		a.SeatsSold, a.Capacity, sales, a.Remaining, a.FreeSeats)
+		r.SeatsSold, a.Capacity, len(r.Sales), a.Remaining, r.FreeSeats)
+	var hist []string
+	for k := 1; k <= maxBlock; k++ {
+		hist = append(hist, fmt.Sprintf("%d-seat x%d", k, r.Sizes[k]))
+	}
+	fmt.Fprintf(w, "  block sizes:           %s\n", strings.Join(hist, ", "))
+	fmt.Fprintf(w, "  picked again:          %d (a seat of the block sold meanwhile, before the lock)\n", r.Taken)
+	for _, t := range r.Takeovers {
+		fmt.Fprintf(w, "  chaos:                 %s stopped holding %s; ", t.Victim, t.Paused)
+		if t.Sold != nil {
+			fmt.Fprintf(w, "after %.1fs the runner sold them as %s token %d\n", t.After.Seconds(), t.Sold.ID, t.Sold.Token)
+		} else {
+			fmt.Fprintf(w, "after %.1fs the runner did not sell them: %s\n", t.After.Seconds(), t.Note)
+		}
+	}
 	var st []string
 	for _, p := range r.Sellers {
-		for _, t := range p.stale {
-			st = append(st, fmt.Sprintf("%s token %d", p.name, t))
+		for _, s := range p.stale {
+			st = append(st, s.String())
 		}
 	}
 	fmt.Fprintf(w, "  rejected stale writes: %d", r.Stale)
 	if len(st) > 0 {
-		fmt.Fprintf(w, " (%s)", strings.Join(st, ", "))
+		fmt.Fprintf(w, " (%s)", strings.Join(st, "; "))
 	}
-	fmt.Fprintln(w)
-	fmt.Fprintf(w, "  largest token:         %d (fence high-water %d)\n", r.MaxToken, a.HighWater)
-	oversold := "no"
-	if a.SalesRows > a.Capacity {
-		oversold = "YES"
+	fmt.Fprintf(w, "; applied of them or of rolled-back writes: %d\n", len(r.Applied))
+	fmt.Fprintf(w, "  fence high-water:      the selling token on %d of %d seat keys\n", r.HighWaterOK, len(a.Seats))
+	fmt.Fprintf(w, "  double-sold seats: %d; blocks split: %d; SOLD lines not matching the DB: %d; ledger mismatches: %d\n",
+		len(r.DoubleSold), len(r.Split), len(r.SoldMismatch), len(r.LedgerMismatch))
+	adds := "yes"
+	if a.Remaining != r.FreeSeats || r.SeatsSold+r.FreeSeats != a.Capacity {
+		adds = "NO"
 	}
-	fmt.Fprintf(w, "  oversold: %s; double-sold seats: %d; ledger mismatches: %d\n",
-		oversold, len(a.DoubleSold), len(a.Mismatched))
+	fmt.Fprintf(w, "  inventory adds up:     %s (remaining %d = free %d; sold %d + free %d = %d seats)\n",
+		adds, a.Remaining, r.FreeSeats, r.SeatsSold, r.FreeSeats, a.Capacity)
 	if r.OK() {
-		fmt.Fprintln(w, "  inventory adds up:     yes")
+		fmt.Fprintln(w, "  audit:                 passed")
 		return
 	}
-	fmt.Fprintln(w, "  inventory adds up:     NO")
+	fmt.Fprintf(w, "  audit:                 FAILED (%d problems)\n", len(r.Problems))
 	for _, p := range r.Problems {
 		fmt.Fprintln(w, "    -", p)
 	}
@@ -177,7 +225,6 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*report, error) {
 	if err := st.setup(ctx, eventID, cfg.Seats); err != nil {
 		return nil, err
 	}
-	key := "event/" + eventID
 	rep := &report{Event: eventID, DBDesc: desc, Domain: domain, Chaos: cfg.Chaos}
 
 	pyCount := cfg.PySellers
@@ -205,7 +252,7 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*report, error) {
 	var wg sync.WaitGroup
 	common := func(name string, pauseAt int) []string {
 		return []string{"--socket", socket, "--db", db, "--event", eventID, "--domain", domain,
-			"--name", name, "--lease", strconv.Itoa(cfg.LeaseSec), "--max", "3", "--pause-at", strconv.Itoa(pauseAt)}
+			"--name", name, "--lease", strconv.Itoa(cfg.LeaseSec), "--max", strconv.Itoa(maxBlock), "--pause-at", strconv.Itoa(pauseAt)}
 	}
 	startProc := func(p *sellerProc, argv []string, env []string) error {
 		p.cmd = exec.CommandContext(ctx, argv[0], argv[1:]...)
@@ -263,40 +310,33 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*report, error) {
 	}
 	logf("%d sellers selling %d seats of %s (lease %ds, chaos %v)", len(procs), cfg.Seats, eventID, cfg.LeaseSec, cfg.Chaos)
 
-	// Chaos: each PAUSE gets a goroutine that waits until the lease has run
-	// out and a newer token has sold, then sends SIGCONT.
+	// Chaos: each PAUSE gets a goroutine that takes the paused seller's
+	// seats over once its lease has run out, then wakes it.
 	var (
-		mu       sync.Mutex
-		maxSold  uint64
-		maxToken uint64
-		sold     = make(chan struct{}, 1) // pulses on every SOLD
+		mu        sync.Mutex
+		takeovers sync.WaitGroup
 	)
 	lease := time.Duration(cfg.LeaseSec) * time.Second
-	wake := func(p *sellerProc, token uint64) {
-		paused := time.Now()
-		deadline := paused.Add(lease + 60*time.Second)
-		for {
-			mu.Lock()
-			newer := maxSold > token
-			mu.Unlock()
-			if newer && time.Since(paused) > lease+500*time.Millisecond {
-				break
-			}
-			if time.Now().After(deadline) {
-				logf("chaos: no newer sale after %s paused with token %d; waking it anyway", p.name, token)
-				break
-			}
-			select {
-			case <-sold:
-			case <-time.After(100 * time.Millisecond):
-			}
+	takeOver := func(p *sellerProc, paused sale, n int) {
+		defer takeovers.Done()
+		t := &takeover{Victim: p.name, Paused: paused}
+		start := time.Now()
+		t.Sold, t.Note = runnerSale(ctx, socket, st, domain, eventID, fmt.Sprintf("runner#%d", n), paused.Seats, paused.Token, lease)
+		t.After = time.Since(start)
+		mu.Lock()
+		rep.Takeovers = append(rep.Takeovers, t)
+		mu.Unlock()
+		if t.Sold != nil {
+			logf("chaos: %.1fs after %s stopped, its lease ran out and the runner sold its seats %s as %s token %d; waking it",
+				t.After.Seconds(), p.name, joinInts(paused.Seats), t.Sold.ID, t.Sold.Token)
+		} else {
+			logf("chaos: the runner did not sell %s's seats %s (%s); waking it", p.name, joinInts(paused.Seats), t.Note)
 		}
-		logf("chaos: waking %s (token %d) after %.1fs; a newer token has sold", p.name, token, time.Since(paused).Seconds())
 		p.cmd.Process.Signal(syscall.SIGCONT)
 		io.WriteString(p.stdin, "CONT\n")
 	}
 
-	running, ready := len(procs), 0
+	running, ready, pauses := len(procs), 0, 0
 	startAll := func() {
 		for _, p := range procs {
 			io.WriteString(p.stdin, "GO\n") // stdin stays open for CONT
@@ -311,33 +351,29 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*report, error) {
 				p.cmd.Process.Kill()
 			}
 			wg.Wait()
+			takeovers.Wait()
 			return nil, ctx.Err()
 		}
-		maxToken = max(maxToken, ev.token)
-		if cfg.Verbose && ev.verb != "EXIT" && ev.verb != "READY" {
-			logf("%s: %s %d %s", ev.p.name, ev.verb, ev.token, joinInts(ev.seats))
+		if cfg.Verbose && ev.verb != "EXIT" && ev.verb != "READY" && ev.verb != "SOLDOUT" {
+			logf("%s: %s %d %s %s", ev.p.name, ev.verb, ev.sale.Token, ev.sale.ID, joinInts(ev.sale.Seats))
 		}
 		switch ev.verb {
 		case "SOLD":
-			ev.p.sales++
-			ev.p.sold = append(ev.p.sold, ev.seats...)
-			mu.Lock()
-			maxSold = max(maxSold, ev.token)
-			mu.Unlock()
-			select {
-			case sold <- struct{}{}:
-			default:
-			}
+			ev.p.sold = append(ev.p.sold, ev.sale)
+		case "TAKEN":
+			ev.p.taken = append(ev.p.taken, ev.sale)
 		case "STALE":
-			ev.p.stale = append(ev.p.stale, ev.token)
-			logf("fence: %s's write with token %d (seats %s) was rejected", ev.p.name, ev.token, joinInts(ev.seats))
+			ev.p.stale = append(ev.p.stale, ev.sale)
+			logf("fence: %s's write of %s was rejected", ev.p.name, ev.sale)
 		case "PAUSE":
-			ev.p.paused = append(ev.p.paused, ev.token)
+			ev.p.paused = append(ev.p.paused, ev.sale)
 			if err := waitStopped(ev.p.cmd.Process.Pid, 5*time.Second); err != nil {
 				logf("chaos: %v", err)
 			}
-			logf("chaos: %s stopped holding token %d; its lease (%ds) will run out", ev.p.name, ev.token, cfg.LeaseSec)
-			go wake(ev.p, ev.token)
+			logf("chaos: %s stopped holding %s; its lease (%ds) will run out", ev.p.name, ev.sale, cfg.LeaseSec)
+			pauses++
+			takeovers.Add(1)
+			go takeOver(ev.p, ev.sale, pauses)
 		case "READY":
 			// Everyone connected: start the sale at once.
 			if ready++; ready == len(procs) {
@@ -354,12 +390,11 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*report, error) {
 		}
 	}
 	wg.Wait()
+	takeovers.Wait()
 
 	rep.Sellers = procs
-	rep.MaxSold = maxSold
-	rep.MaxToken = maxToken
 	rep.Elapsed = time.Since(start)
-	rep.Audit, err = st.audit(ctx, domain, eventID, key)
+	rep.Audit, err = st.audit(ctx, domain, eventID)
 	if err != nil {
 		return rep, fmt.Errorf("audit: %w", err)
 	}
@@ -367,57 +402,260 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*report, error) {
 	return rep, nil
 }
 
-// check fills Problems from the sellers' reports and the audit.
+// runnerSale is the chaos takeover: it acquires seats as a block through
+// the sidecar — granted only once the paused holder's lease has run out —
+// and sells them under the newer token (store.sell), as the seller "runner".
+// Every seat key's fence then stands above the paused holder's token. It
+// returns the sale, or nil and why not: a seat sold meanwhile by another
+// newer holder (queued on it before the runner), whose fence is ahead as
+// well. The paused holder checked under its lock that its seats were free,
+// so nobody older can have sold one.
+func runnerSale(ctx context.Context, socket string, st *store, domain, event, id string, seats []int, paused uint64, lease time.Duration) (*sale, string) {
+	c, err := ticketing.Dial(ctx, socket)
+	if err != nil {
+		return nil, err.Error()
+	}
+	defer c.Close()
+	deadline := time.Now().Add(lease + 2*time.Minute)
+	var blk *ticketing.Block
+	for {
+		blk, err = c.AcquireBlock(ctx, seatKeys(event, seats), lease, min(lease+60*time.Second, ticketing.MaxWait))
+		if err == nil {
+			break
+		}
+		if !retryable(err) || time.Now().After(deadline) {
+			return nil, "acquire: " + err.Error()
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	defer func() {
+		if err := blk.Release(ctx); err != nil && !errors.Is(err, ticketing.ErrNotHeld) {
+			fmt.Fprintf(os.Stderr, "ticketsale: runner: release %d: %v\n", blk.Token(), err)
+		}
+	}()
+	switch err := st.sell(ctx, domain, event, id, "runner", seats, blk.Token()); {
+	case err == nil:
+		return &sale{Seller: "runner", ID: id, Token: blk.Token(), Seats: seats}, ""
+	case errors.Is(err, errSeatTaken):
+		var te *seatTakenError
+		errors.As(err, &te)
+		hw, _ := st.fence.HighWater(ctx, st.DB, domain, seatKey(event, te.seat))
+		return nil, fmt.Sprintf("seat %d was sold meanwhile by a newer holder (its fence at token %d, above the paused %d)", te.seat, hw, paused)
+	default:
+		return nil, fmt.Sprintf("token %d: %v", blk.Token(), err)
+	}
+}
+
+// check fills the report's findings and Problems from the sellers' lines
+// and the audit of the database.
 func (r *report) check() {
 	a := r.Audit
 	bad := func(format string, args ...any) { r.Problems = append(r.Problems, fmt.Sprintf(format, args...)) }
+
+	// What the sellers (and the runner) reported.
+	var rolledBack []sale // writes that must have left nothing behind
 	for _, p := range r.Sellers {
 		if p.exit != nil {
 			bad("%s exited: %v", p.name, p.exit)
 		}
+		r.Sales = append(r.Sales, p.sold...)
 		r.Stale += len(p.stale)
-		r.ReportedSold += len(p.sold)
-		if p.victim && r.Chaos {
-			if len(p.paused) == 0 {
-				bad("%s never paused (chaos did not happen)", p.name)
+		r.Taken += len(p.taken)
+		rolledBack = append(append(rolledBack, p.stale...), p.taken...)
+	}
+	for _, t := range r.Takeovers {
+		if t.Sold != nil {
+			r.Sales = append(r.Sales, *t.Sold)
+		}
+	}
+	sort.Slice(r.Sales, func(i, j int) bool { return r.Sales[i].Token < r.Sales[j].Token })
+	reported := map[string]sale{}
+	reportedSeats := 0
+	for _, s := range r.Sales {
+		if _, dup := reported[s.ID]; dup {
+			bad("sale %s reported twice", s.ID)
+		}
+		reported[s.ID] = s
+		reportedSeats += len(s.Seats)
+		if k := len(s.Seats); k >= 1 && k <= maxBlock {
+			r.Sizes[k]++
+		} else {
+			bad("sale %s has %d seats (1..%d)", s, k, maxBlock)
+		}
+	}
+
+	// The database: seats, and the ledger by seat and by sale.
+	seats := map[int]seatRow{}
+	for _, s := range a.Seats {
+		seats[s.Seat] = s
+		if s.Buyer != "" {
+			r.SeatsSold++
+		} else {
+			r.FreeSeats++
+		}
+	}
+	perSeat := map[int][]ledgerRow{}
+	bySale := map[string][]ledgerRow{}
+	for _, l := range a.Ledger {
+		perSeat[l.Seat] = append(perSeat[l.Seat], l)
+		bySale[l.Sale] = append(bySale[l.Sale], l)
+	}
+
+	// No seat sold twice; every seat agrees with its ledger row.
+	for seat, ls := range perSeat {
+		if len(ls) > 1 {
+			r.DoubleSold = append(r.DoubleSold, seat)
+		}
+		if _, ok := seats[seat]; !ok {
+			r.LedgerMismatch = append(r.LedgerMismatch, seat)
+		}
+	}
+	sort.Ints(r.DoubleSold)
+	for _, s := range a.Seats {
+		ls := perSeat[s.Seat]
+		if (s.Buyer == "") != (len(ls) == 0) || len(ls) > 0 && (ls[0].Sale != s.Buyer || ls[0].Token != s.Token) {
+			r.LedgerMismatch = append(r.LedgerMismatch, s.Seat)
+		}
+	}
+	sort.Ints(r.LedgerMismatch)
+
+	// No block split: every sale of the ledger is whole adjacent seats under
+	// one token, as many as the block size written and as the seller
+	// reported, the very seats it reported.
+	for id, ls := range bySale {
+		sort.Slice(ls, func(i, j int) bool { return ls[i].Seat < ls[j].Seat })
+		got := make([]int, len(ls))
+		var why []string
+		for i, l := range ls {
+			got[i] = l.Seat
+			if l.Seat != ls[0].Seat+i {
+				why = appendOnce(why, "seats not adjacent")
 			}
-			for _, t := range p.paused {
-				if !containsU(p.stale, t) {
-					bad("%s paused with token %d past its lease, but its write was not rejected", p.name, t)
-				}
+			if l.Token != ls[0].Token {
+				why = appendOnce(why, "several tokens")
+			}
+			if l.Size != len(ls) {
+				why = appendOnce(why, fmt.Sprintf("%d ledger rows of a %d-seat block", len(ls), l.Size))
+			}
+		}
+		if rs, ok := reported[id]; !ok {
+			r.SoldMismatch = append(r.SoldMismatch, fmt.Sprintf("%s (seats %s) is in the ledger, never reported SOLD", id, joinInts(got)))
+		} else if joinInts(sortedInts(rs.Seats)) != joinInts(got) {
+			why = append(why, fmt.Sprintf("reported seats %s, ledger seats %s", joinInts(rs.Seats), joinInts(got)))
+		}
+		if len(why) > 0 {
+			r.Split = append(r.Split, fmt.Sprintf("%s: %s", id, strings.Join(why, ", ")))
+		}
+	}
+	// Every SOLD line's seats are sold in the database to that sale, with
+	// its token, and all of them are in the ledger.
+	for _, s := range r.Sales {
+		ls, ok := bySale[s.ID]
+		if !ok {
+			r.Split = append(r.Split, fmt.Sprintf("%s: reported SOLD, no ledger rows", s))
+			continue
+		}
+		if ls[0].Token != s.Token {
+			r.SoldMismatch = append(r.SoldMismatch, fmt.Sprintf("%s: the ledger has token %d", s, ls[0].Token))
+		}
+		for _, seat := range s.Seats {
+			if row := seats[seat]; row.Buyer != s.ID || row.Token != s.Token {
+				r.SoldMismatch = append(r.SoldMismatch, fmt.Sprintf("%s: seat %d has buyer %q token %d", s, seat, row.Buyer, row.Token))
 			}
 		}
 	}
-	if a.HighWater != r.MaxSold {
-		bad("fence high-water %d, largest token that sold %d", a.HighWater, r.MaxSold)
+	sort.Strings(r.Split)
+	sort.Strings(r.SoldMismatch)
+
+	// Nothing of a rejected (STALE) or rolled-back (TAKEN) write applied.
+	for _, s := range rolledBack {
+		n := len(bySale[s.ID])
+		for _, row := range a.Seats {
+			if row.Buyer == s.ID || row.Token == s.Token {
+				n++
+			}
+		}
+		if n > 0 {
+			r.Applied = append(r.Applied, fmt.Sprintf("%s: %d rows of it in the database", s, n))
+		}
 	}
-	if a.SalesRows > a.Capacity {
-		bad("oversold: %d sales rows for %d seats", a.SalesRows, a.Capacity)
+	// The fence: every seat key's high-water mark is the token that sold
+	// the seat (a stale or rolled-back write raised nothing).
+	for _, row := range a.Seats {
+		if row.HighWater == row.Token {
+			r.HighWaterOK++
+		} else {
+			r.HighWaterBad = append(r.HighWaterBad, fmt.Sprintf("seat %d: high-water %d, sold with token %d", row.Seat, row.HighWater, row.Token))
+		}
 	}
-	if len(a.DoubleSold) > 0 {
-		bad("double-sold seats: %v", a.DoubleSold)
+
+	// Chaos: every paused seller's write was rejected by the fence.
+	for _, p := range r.Sellers {
+		if !p.victim || !r.Chaos {
+			continue
+		}
+		if len(p.paused) == 0 {
+			bad("%s never paused (chaos did not happen)", p.name)
+		}
+		for _, ps := range p.paused {
+			rejected := false
+			for _, s := range p.stale {
+				rejected = rejected || s.ID == ps.ID && s.Token == ps.Token
+			}
+			if !rejected {
+				bad("%s paused holding %s past its lease, but its write was not rejected as stale", p.name, ps)
+			}
+		}
 	}
-	if len(a.Mismatched) > 0 {
-		bad("seats disagreeing with the ledger: %v", a.Mismatched)
+
+	if len(r.DoubleSold) > 0 {
+		bad("seats sold twice: %v", r.DoubleSold)
 	}
-	if a.SeatsSold != a.SalesRows || a.SeatsSold != r.ReportedSold {
-		bad("seats sold %d, ledger rows %d, sellers reported %d", a.SeatsSold, a.SalesRows, r.ReportedSold)
+	if len(a.Ledger) > a.Capacity {
+		bad("oversold: %d ledger rows for %d seats", len(a.Ledger), a.Capacity)
 	}
-	if a.Remaining != a.FreeSeats || a.Remaining < 0 {
-		bad("remaining counter %d, free seats %d", a.Remaining, a.FreeSeats)
+	for _, x := range r.Split {
+		bad("block split: %s", x)
 	}
-	if a.FreeSeats != 0 {
-		bad("%d seats left unsold", a.FreeSeats)
+	for _, x := range r.SoldMismatch {
+		bad("SOLD line and database disagree: %s", x)
+	}
+	if len(r.LedgerMismatch) > 0 {
+		bad("seats disagreeing with the ledger: %v", r.LedgerMismatch)
+	}
+	for _, x := range r.Applied {
+		bad("a rejected or rolled-back write was applied: %s", x)
+	}
+	for _, x := range r.HighWaterBad {
+		bad("fence: %s", x)
+	}
+	if len(a.Seats) != a.Capacity || r.SeatsSold+r.FreeSeats != a.Capacity {
+		bad("%d seats rows, sold %d + free %d, capacity %d", len(a.Seats), r.SeatsSold, r.FreeSeats, a.Capacity)
+	}
+	if r.SeatsSold != len(a.Ledger) || r.SeatsSold != reportedSeats {
+		bad("seats sold %d, ledger rows %d, sellers reported %d", r.SeatsSold, len(a.Ledger), reportedSeats)
+	}
+	if a.Remaining != r.FreeSeats || a.Remaining < 0 {
+		bad("remaining counter %d, free seats %d", a.Remaining, r.FreeSeats)
+	}
+	if r.FreeSeats != 0 {
+		bad("%d seats left unsold", r.FreeSeats)
 	}
 }
 
-func containsU(v []uint64, x uint64) bool {
-	for _, y := range v {
-		if y == x {
-			return true
+func appendOnce(v []string, s string) []string {
+	for _, x := range v {
+		if x == s {
+			return v
 		}
 	}
-	return false
+	return append(v, s)
+}
+
+func sortedInts(v []int) []int {
+	v = append([]int(nil), v...)
+	sort.Ints(v)
+	return v
 }
 
 func parseEvent(p *sellerProc, line string) (event, bool) {
@@ -429,26 +667,22 @@ func parseEvent(p *sellerProc, line string) (event, bool) {
 	switch f[0] {
 	case "SOLDOUT", "READY":
 		return ev, len(f) == 1
-	case "SOLD", "STALE", "PAUSE":
-		if len(f) < 2 {
+	case "SOLD", "STALE", "TAKEN", "PAUSE":
+		// <verb> <token> <sale> <seat,seat,...>
+		if len(f) != 4 {
 			return ev, false
 		}
 		t, err := strconv.ParseUint(f[1], 10, 64)
 		if err != nil {
 			return ev, false
 		}
-		ev.token = t
-		if f[0] != "PAUSE" {
-			if len(f) != 3 {
+		ev.sale = sale{Seller: p.name, ID: f[2], Token: t}
+		for _, s := range strings.Split(f[3], ",") {
+			n, err := strconv.Atoi(s)
+			if err != nil {
 				return ev, false
 			}
-			for _, s := range strings.Split(f[2], ",") {
-				n, err := strconv.Atoi(s)
-				if err != nil {
-					return ev, false
-				}
-				ev.seats = append(ev.seats, n)
-			}
+			ev.sale.Seats = append(ev.sale.Seats, n)
 		}
 		return ev, true
 	}

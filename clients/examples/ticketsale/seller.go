@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"database/sql"
 	"errors"
 	"flag"
 	"fmt"
@@ -18,22 +17,25 @@ import (
 	"ticketing/clients/go/fence"
 )
 
-// errSeatTaken: a seat the seller allocated was sold meanwhile. With the
-// fence in place only an interleaving of two stale holders can cause it;
-// the sale is rolled back and tried again.
+// errSeatTaken: a seat of the block was sold meanwhile, between the
+// unlocked inventory read and the lock, by an earlier (legitimate) holder.
+// The sale is rolled back, the block released, and another one picked.
 var errSeatTaken = errors.New("seat taken meanwhile")
 
-// sellerMain is one event server: it sells seats of one event through the
-// local sidecar until the event is sold out. It reports on stdout, one line
-// per sale (the runner reads them):
+// sellerMain is one event server: it sells blocks of adjacent seats of one
+// event through the local sidecar until the event is sold out. It reports
+// on stdout, one line per sale attempt (the runner reads them):
 //
-//	SOLD <token> <seat,seat,...>   committed
-//	STALE <token> <seat,...>       rejected by the fence (lease ran out)
-//	PAUSE <token>                  chaos: about to stop itself with SIGSTOP
-//	SOLDOUT                        nothing left; exiting
+//	SOLD <token> <sale> <seat,seat,...>    committed
+//	STALE <token> <sale> <seat,...>        rejected by the fence (lease ran out)
+//	TAKEN <token> <sale> <seat,...>        a seat was sold meanwhile: picking again
+//	PAUSE <token> <sale> <seat,...>        chaos: about to stop itself with SIGSTOP
+//	SOLDOUT                                nothing left; exiting
 //
-// It starts selling when a line ("GO") arrives on stdin, after printing
-// READY; after a PAUSE it goes on when the next line ("CONT") arrives.
+// <sale> is the sale id, <name>#<attempt>, that the ledger rows and the
+// seats of a committed sale carry. It starts selling when a line ("GO")
+// arrives on stdin, after printing READY; after a PAUSE it goes on when
+// the next line ("CONT") arrives.
 func sellerMain(args []string) int {
 	fs := flag.NewFlagSet("ticketsale seller", flag.ContinueOnError)
 	var (
@@ -43,13 +45,13 @@ func sellerMain(args []string) int {
 		domain  = fs.String("domain", "", "fencing domain (the cluster id)")
 		name    = fs.String("name", "go", "seller name")
 		lease   = fs.Int("lease", 3, "lease seconds")
-		maxPer  = fs.Int("max", 3, "at most this many seats per sale")
-		pauseAt = fs.Int("pause-at", 0, "chaos: stop itself (SIGSTOP) before the write of this sale (1-based); 0 never")
+		maxPer  = fs.Int("max", 4, "at most this many adjacent seats per sale (a block)")
+		pauseAt = fs.Int("pause-at", 0, "chaos: stop itself (SIGSTOP) before the write of this sale attempt (1-based) or the first later one whose seats are still free; 0 never")
 	)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	s := &seller{name: *name, event: *event, domain: *domain, key: "event/" + *event,
+	s := &seller{name: *name, event: *event, domain: *domain,
 		lease: time.Duration(*lease) * time.Second, maxPer: *maxPer, pauseAt: *pauseAt}
 	if err := s.run(*socket, *db); err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", *name, err)
@@ -59,12 +61,13 @@ func sellerMain(args []string) int {
 }
 
 type seller struct {
-	name, event, domain, key string
-	lease                    time.Duration
-	maxPer, pauseAt          int
-	db                       *store
-	stdin                    *bufio.Reader
-	sales                    int
+	name, event, domain string
+	lease               time.Duration
+	maxPer, pauseAt     int
+	db                  *store
+	stdin               *bufio.Reader
+	attempts            int
+	paused              bool
 }
 
 func (s *seller) run(socket, db string) error {
@@ -90,31 +93,60 @@ func (s *seller) run(socket, db string) error {
 		return fmt.Errorf("waiting for GO on stdin: %w", err)
 	}
 	for {
-		token, err := c.Acquire(ctx, s.key, s.lease, 30*time.Second)
+		// The unlocked read of the inventory: a block of adjacent seats
+		// that looks free. Another seller may sell one of them before we
+		// hold the lock; the write finds that out (TAKEN).
+		free, err := s.db.freeSeats(ctx, s.event)
+		if err != nil {
+			return err
+		}
+		if len(free) == 0 {
+			fmt.Println("SOLDOUT")
+			return nil
+		}
+		seats := pickBlock(free, 1+rand.IntN(s.maxPer), rand.IntN)
+		blk, err := c.AcquireBlock(ctx, seatKeys(s.event, seats), s.lease, 30*time.Second)
 		switch {
 		case retryable(err):
 			// Not (known to be) acquired: never enter the critical section.
-			fmt.Fprintf(os.Stderr, "%s: acquire: %v; trying again\n", s.name, err)
+			if !errors.Is(err, ticketing.ErrTimeout) {
+				fmt.Fprintf(os.Stderr, "%s: acquire: %v; trying again\n", s.name, err)
+			}
 			time.Sleep(100 * time.Millisecond)
 			continue
 		case err != nil:
 			return fmt.Errorf("acquire: %w", err)
 		}
-		done, err := s.sellOnce(ctx, token)
+		err = s.sellOnce(ctx, blk.Token(), seats)
 		// Release even after a stale write: the sidecar answers not_held or
 		// token_mismatch then, which is expected.
-		if rerr := c.Release(ctx, s.key, token); rerr != nil && !errors.Is(rerr, ticketing.ErrNotHeld) &&
+		if rerr := blk.Release(ctx); rerr != nil && !errors.Is(rerr, ticketing.ErrNotHeld) &&
 			!errors.Is(rerr, ticketing.ErrTokenMismatch) {
-			fmt.Fprintf(os.Stderr, "%s: release %d: %v\n", s.name, token, rerr)
+			fmt.Fprintf(os.Stderr, "%s: release %d: %v\n", s.name, blk.Token(), rerr)
 		}
 		if err != nil {
 			return err
 		}
-		if done {
-			fmt.Println("SOLDOUT")
-			return nil
+	}
+}
+
+// pickBlock picks a run of want adjacent seats among free (ascending), or
+// of fewer when there is no run that long; the run is chosen at random
+// (intn) among all that fit, so that sellers contend for seats.
+func pickBlock(free []int, want int, intn func(int) int) []int {
+	for k := min(want, len(free)); k > 1; k-- {
+		var starts []int
+		for i := 0; i+k <= len(free); i++ {
+			if free[i+k-1]-free[i] == k-1 {
+				starts = append(starts, i)
+			}
+		}
+		if len(starts) > 0 {
+			i := starts[intn(len(starts))]
+			return append([]int(nil), free[i:i+k]...)
 		}
 	}
+	return []int{free[intn(len(free))]}
 }
 
 // retryable tells the outcomes of an acquire that did not take the lock
@@ -131,71 +163,45 @@ func retryable(err error) bool {
 	return false
 }
 
-// sellOnce is one sale under the lock with token: read the inventory,
-// allocate seats, then the fenced write. It reports true when sold out.
-func (s *seller) sellOnce(ctx context.Context, token uint64) (soldOut bool, err error) {
-	st := s.db
-	// Read the inventory and allocate: the seats the buyer gets.
-	want := 1 + rand.IntN(s.maxPer)
-	rows, err := st.QueryContext(ctx, st.q(`SELECT seat FROM ticketsale_seats
-		WHERE event = ? AND buyer IS NULL ORDER BY seat LIMIT ?`), s.event, want)
-	if err != nil {
-		return false, err
-	}
-	seats, err := scanInts(rows)
-	if err != nil {
-		return false, err
-	}
-	if len(seats) == 0 {
-		return true, nil
-	}
-	s.sales++
-	if s.sales == s.pauseAt {
-		// Chaos: stall while holding the lock, past the lease (the runner
-		// sends SIGCONT once a newer holder has sold).
-		fmt.Printf("PAUSE %d\n", token)
-		syscall.Kill(os.Getpid(), syscall.SIGSTOP)
-		// kill returns before the whole process has stopped (another
-		// thread may take the stop); wait for the runner's CONT so that
-		// nothing, above all no transaction, starts before the stop.
-		if _, err := s.stdin.ReadString('\n'); err != nil {
-			return false, fmt.Errorf("waiting for CONT on stdin: %w", err)
-		}
-	}
-	buyer := fmt.Sprintf("%s#%d", s.name, s.sales)
-	// The fenced write: the fence and the seats in one transaction.
-	err = st.fence.Do(ctx, st.DB, nil, s.domain, s.key, token, func(tx *sql.Tx) error {
-		for _, seat := range seats {
-			res, err := tx.ExecContext(ctx, st.q(`UPDATE ticketsale_seats SET buyer = ?, token = ?
-				WHERE event = ? AND seat = ? AND buyer IS NULL`), buyer, fence.Encode(token), s.event, seat)
-			if err != nil {
-				return err
-			}
-			if n, err := res.RowsAffected(); err != nil || n != 1 {
-				return fmt.Errorf("%w: seat %d (%v)", errSeatTaken, seat, err)
-			}
-			if _, err := tx.ExecContext(ctx, st.q(`INSERT INTO ticketsale_sales (event, seat, buyer, seller, token)
-				VALUES (?, ?, ?, ?, ?)`), s.event, seat, buyer, s.name, fence.Encode(token)); err != nil {
-				return err
-			}
-		}
-		_, err := tx.ExecContext(ctx, st.q(`UPDATE ticketsale_events SET remaining = remaining - ? WHERE event = ?`),
-			len(seats), s.event)
-		return err
-	})
+// sellOnce is one sale attempt under the block lock with token: the fenced
+// write of seats (store.sell), and its line on stdout.
+func (s *seller) sellOnce(ctx context.Context, token uint64, seats []int) error {
+	s.attempts++
+	sale := fmt.Sprintf("%s#%d", s.name, s.attempts)
 	list := joinInts(seats)
+	if s.pauseAt > 0 && !s.paused && s.attempts >= s.pauseAt {
+		// Chaos: stall holding the block, past the lease. Only with seats
+		// still free (checked under the lock), so that every seat of the
+		// block can go to a newer holder only: the runner takes them over
+		// as soon as the lease has run out, then sends SIGCONT.
+		free, err := s.db.allFree(ctx, s.event, seats)
+		if err != nil {
+			return err
+		}
+		if free {
+			s.paused = true
+			fmt.Printf("PAUSE %d %s %s\n", token, sale, list)
+			syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+			// kill returns before the whole process has stopped (another
+			// thread may take the stop); wait for the runner's CONT so that
+			// nothing, above all no transaction, starts before the stop.
+			if _, err := s.stdin.ReadString('\n'); err != nil {
+				return fmt.Errorf("waiting for CONT on stdin: %w", err)
+			}
+		}
+	}
+	err := s.db.sell(ctx, s.domain, s.event, sale, s.name, seats, token)
 	switch {
 	case errors.Is(err, fence.ErrStale):
-		fmt.Printf("STALE %d %s\n", token, list)
-		return false, nil
+		fmt.Printf("STALE %d %s %s\n", token, sale, list)
 	case errors.Is(err, errSeatTaken):
-		fmt.Fprintf(os.Stderr, "%s: token %d: %v; selling again\n", s.name, token, err)
-		return false, nil
+		fmt.Printf("TAKEN %d %s %s\n", token, sale, list)
 	case err != nil:
-		return false, err
+		return err
+	default:
+		fmt.Printf("SOLD %d %s %s\n", token, sale, list)
 	}
-	fmt.Printf("SOLD %d %s\n", token, list)
-	return false, nil
+	return nil
 }
 
 func joinInts(v []int) string {

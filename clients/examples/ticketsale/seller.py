@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """One event server of the ticket-sale example, in Python.
 
-Sells seats of one event through the local Ticketing sidecar until it is sold
-out: acquire the event's key -> read the inventory -> allocate seats ->
-fenced write (the fence and the seats in one transaction) -> release. Prints
-one line per sale on stdout, like the Go seller (see seller.go):
-``SOLD <token> <seats>``, ``STALE <token> <seats>``, ``PAUSE <token>``,
-``SOLDOUT``; it starts selling when a line (``GO``) arrives on stdin, after
-printing ``READY``; after a ``PAUSE`` it goes on at the next line (``CONT``).
+Sells blocks of 1-4 adjacent seats of one event through the local Ticketing
+sidecar until it is sold out: an unlocked read of the inventory -> pick a run
+of adjacent free seats -> acquire them as one block (one key per seat, one
+token) -> fenced write of the whole block (every seat key's fence and the
+seats in one transaction) -> release. Prints one line per sale attempt on
+stdout, like the Go seller (see seller.go): ``SOLD <token> <sale> <seats>``,
+``STALE ...``, ``TAKEN ...`` (a seat was sold meanwhile: picking again),
+``PAUSE ...``, ``SOLDOUT``; it starts selling when a line (``GO``) arrives on
+stdin, after printing ``READY``; after a ``PAUSE`` it goes on at the next line
+(``CONT``).
 
 Needs ``clients/python`` on PYTHONPATH. The database is an SQLite file
 (sqlite3, WAL, busy timeout) or a postgres:// URL (psycopg or psycopg2).
@@ -32,8 +35,25 @@ RETRYABLE_CODES = ("moved", "unavailable", "no_quorum")
 
 
 class SeatTaken(Exception):
-    """A seat allocated under the lock was sold meanwhile (only possible when
-    two stale holders interleave); the sale is rolled back and tried again."""
+    """A seat of the block was sold meanwhile, between the unlocked inventory
+    read and the lock, by an earlier holder; the sale is rolled back and
+    another block picked."""
+
+
+def seat_key(event: str, seat: int) -> str:
+    """The lock key (and fence key) of one seat."""
+    return f"seat/{event}/{seat}"
+
+
+def pick_block(free: list, want: int) -> list:
+    """A run of *want* adjacent seats among *free* (ascending), or of fewer
+    when no run is that long, chosen at random among all that fit."""
+    for k in range(min(want, len(free)), 1, -1):
+        starts = [i for i in range(len(free) - k + 1) if free[i + k - 1] - free[i] == k - 1]
+        if starts:
+            i = random.choice(starts)
+            return free[i : i + k]
+    return [random.choice(free)]
 
 
 def connect(db: str):
@@ -57,14 +77,14 @@ def main() -> int:
     ap.add_argument("--domain", required=True, help="fencing domain: the cluster id")
     ap.add_argument("--name", default="python")
     ap.add_argument("--lease", type=int, default=3)
-    ap.add_argument("--max", type=int, default=3)
+    ap.add_argument("--max", type=int, default=4)
     ap.add_argument("--pause-at", type=int, default=0)
     a = ap.parse_args()
 
     conn, p = connect(a.db)
-    key = f"event/{a.event}"
     client = ticketing.Client(a.socket)
-    sales = 0
+    attempts = 0
+    paused = False
     client.ping()
     # Start together: READY, then wait for the runner's GO on stdin.
     print("READY", flush=True)
@@ -74,22 +94,35 @@ def main() -> int:
     def emit(line: str) -> None:
         print(line, flush=True)
 
-    def read_free(want: int) -> list:
+    def query(sql: str, args: tuple) -> list:
         cur = conn.cursor()
-        cur.execute(
-            f"SELECT seat FROM ticketsale_seats WHERE event = {p} AND buyer IS NULL ORDER BY seat LIMIT {p}",
-            (a.event, want),
-        )
-        seats = [r[0] for r in cur.fetchall()]
+        cur.execute(sql, args)
+        rows = cur.fetchall()
         cur.close()
         if p == "%s":
             conn.rollback()  # end psycopg's implicit read transaction
-        return seats
+        return rows
+
+    def free_seats() -> list:
+        # The unlocked read of the inventory.
+        return [r[0] for r in query(f"SELECT seat FROM ticketsale_seats WHERE event = {p} AND buyer IS NULL ORDER BY seat", (a.event,))]
+
+    def all_free(seats: list) -> bool:
+        return all(
+            query(f"SELECT count(*) FROM ticketsale_seats WHERE event = {p} AND seat = {p} AND buyer IS NULL", (a.event, s))[0][0] == 1
+            for s in seats
+        )
 
     try:
         while True:
+            free = free_seats()
+            if not free:
+                emit("SOLDOUT")
+                return 0
+            seats = pick_block(free, random.randint(1, a.max))
+            keys = [seat_key(a.event, s) for s in seats]
             try:
-                token = client.acquire(key, lease=a.lease, wait=30)
+                token = client.acquire_block(keys, lease=a.lease, wait=30)  # one seat: a plain acquire
             except ticketing.TicketingError as e:
                 # Not (known to be) acquired: never enter the critical section.
                 # Busy, timeout, indeterminate (the lease ends any holding),
@@ -97,56 +130,57 @@ def main() -> int:
                 # (not executed) may be tried again.
                 if not isinstance(e, RETRYABLE) and getattr(e, "code", "") not in RETRYABLE_CODES:
                     raise
-                print(f"{a.name}: acquire: {e!r}; trying again", file=sys.stderr)
+                if not isinstance(e, ticketing.LockTimeoutError):
+                    print(f"{a.name}: acquire: {e!r}; trying again", file=sys.stderr)
                 time.sleep(0.1)
                 continue
             try:
-                seats = read_free(random.randint(1, a.max))  # read the inventory, allocate
-                if not seats:
-                    emit("SOLDOUT")
-                    return 0
-                sales += 1
-                if sales == a.pause_at:
-                    # Chaos: stall while holding the lock, past the lease.
-                    emit(f"PAUSE {token}")
+                attempts += 1
+                sale = f"{a.name}#{attempts}"
+                line = f"{token} {sale} {','.join(map(str, seats))}"
+                if a.pause_at and not paused and attempts >= a.pause_at and all_free(seats):
+                    # Chaos: stall holding the block, past the lease, with its
+                    # seats still free (checked under the lock): the runner
+                    # takes them over once the lease has run out.
+                    paused = True
+                    emit(f"PAUSE {line}")
                     os.kill(os.getpid(), signal.SIGSTOP)
                     # Go on only at the runner's CONT: nothing may start
                     # before the stop has really happened.
                     if not sys.stdin.readline():
                         raise SystemExit("stdin closed before CONT")
-                buyer = f"{a.name}#{sales}"
                 enc = fence.encode_token(token)
-                listing = ",".join(map(str, seats))
                 try:
-                    # The fenced write: fence first, then the seats, one transaction.
-                    with fence.fenced(conn, a.domain, key, token) as cur:
+                    # The fenced write: every seat key's fence first (sorted,
+                    # one token), then the seats, one transaction.
+                    with fence.fenced_block(conn, a.domain, keys, token) as cur:
                         for seat in seats:
                             cur.execute(
                                 f"UPDATE ticketsale_seats SET buyer = {p}, token = {p} "
                                 f"WHERE event = {p} AND seat = {p} AND buyer IS NULL",
-                                (buyer, enc, a.event, seat),
+                                (sale, enc, a.event, seat),
                             )
                             if cur.rowcount != 1:
                                 raise SeatTaken(seat)
                             cur.execute(
-                                "INSERT INTO ticketsale_sales (event, seat, buyer, seller, token) "
-                                f"VALUES ({p}, {p}, {p}, {p}, {p})",
-                                (a.event, seat, buyer, a.name, enc),
+                                "INSERT INTO ticketsale_ledger (event, sale, seat, size, seller, token) "
+                                f"VALUES ({p}, {p}, {p}, {p}, {p}, {p})",
+                                (a.event, sale, seat, len(seats), a.name, enc),
                             )
                         cur.execute(
                             f"UPDATE ticketsale_events SET remaining = remaining - {p} WHERE event = {p}",
                             (len(seats), a.event),
                         )
                 except fence.StaleTokenError:
-                    emit(f"STALE {token} {listing}")
+                    emit(f"STALE {line}")
                     continue
-                except SeatTaken as e:
-                    print(f"{a.name}: token {token}: seat {e} taken meanwhile; selling again", file=sys.stderr)
+                except SeatTaken:
+                    emit(f"TAKEN {line}")
                     continue
-                emit(f"SOLD {token} {listing}")
+                emit(f"SOLD {line}")
             finally:
                 try:
-                    client.release(key, token)
+                    client.release(keys[0], token)  # any key releases the whole block
                 except ticketing.TicketingError as e:
                     # not_held / token_mismatch after a stale write: expected.
                     # Otherwise the lease is the safety net; keep selling.
