@@ -36,6 +36,9 @@ type StoreRec struct {
 	At       int64 // Unix ns when decided
 	Accepted bool
 	HW       uint64 // the key's high-water mark before this write
+	// Keys are every key of a block's write (nil for one key): the write
+	// has one record per key, all accepted or none.
+	Keys []string
 }
 
 // NewStore returns an empty store.
