@@ -171,7 +171,7 @@ func TestStore(t *testing.T) {
 		tok  uint64
 		want bool
 	}{{3, true}, {2, false}, {3, false}, {4, true}} {
-		ok, err := c.write("k", tc.tok, 1, 1)
+		ok, err := c.write([]string{"k"}, tc.tok, 1, 1)
 		if err != nil || ok != tc.want {
 			t.Fatalf("write %d: %v %v, want %v", tc.tok, ok, err, tc.want)
 		}
@@ -381,6 +381,44 @@ func TestCheckFindsKeyTokenInversion(t *testing.T) {
 	h.releaseVia(b, "B", 140, 150, ResOK, "")
 	if got := checks(Check(h.ops, nil, FinalState{}, CheckOptions{})); !strings.Contains(got, "tokens") {
 		t.Fatalf("violations %q, want tokens", got)
+	}
+}
+
+func TestStoreBlockWrites(t *testing.T) {
+	s := NewStore()
+	path := filepath.Join(t.TempDir(), "s.sock")
+	if err := s.Serve(path); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	c := &storeClient{path: path}
+	for _, tc := range []struct {
+		keys []string
+		tok  uint64
+		want bool
+	}{
+		{[]string{"a", "b"}, 3, true},
+		{[]string{"b"}, 5, true},
+		{[]string{"a", "b", "c"}, 4, false}, // b is at 5: none of a, b, c
+		{[]string{"c"}, 1, true},
+		{[]string{"c", "a"}, 6, true},
+	} {
+		ok, err := c.write(tc.keys, tc.tok, 1, int64(tc.tok))
+		if err != nil || ok != tc.want {
+			t.Fatalf("write %v %d: %v %v, want %v", tc.keys, tc.tok, ok, err, tc.want)
+		}
+	}
+	log := s.Log()
+	if len(log) != 9 {
+		t.Fatalf("log has %d records", len(log))
+	}
+	for _, r := range log[3:6] {
+		if r.Accepted || len(r.Keys) != 3 {
+			t.Fatalf("the refused block write: %+v", r)
+		}
+	}
+	if r := Check(nil, log, FinalState{}, CheckOptions{}); len(r.Violations) != 0 || r.BlockWrites != 3 || r.BlockStale != 1 {
+		t.Fatalf("violations %v, block writes %d, stale %d", r.Violations, r.BlockWrites, r.BlockStale)
 	}
 }
 

@@ -23,7 +23,10 @@ func RunWorkerProcess(ctx context.Context, p WorkerParams, storeSocket string, o
 	sc := &storeClient{path: storeSocket}
 	enc := json.NewEncoder(out)
 	var encErr error
-	runWorker(ctx, p, sc.write, func(op Op) {
+	write := func(key string, token uint64, worker int, op int64) (bool, error) {
+		return sc.write([]string{key}, token, worker, op)
+	}
+	runWorker(ctx, p, write, func(op Op) {
 		if err := enc.Encode(op); err != nil && encErr == nil {
 			encErr = err
 		}
