@@ -23,10 +23,7 @@ func RunWorkerProcess(ctx context.Context, p WorkerParams, storeSocket string, o
 	sc := &storeClient{path: storeSocket}
 	enc := json.NewEncoder(out)
 	var encErr error
-	write := func(key string, token uint64, worker int, op int64) (bool, error) {
-		return sc.write([]string{key}, token, worker, op)
-	}
-	runWorker(ctx, p, write, func(op Op) {
+	runWorker(ctx, p, sc.write, func(op Op) {
 		if err := enc.Encode(op); err != nil && encErr == nil {
 			encErr = err
 		}
@@ -45,6 +42,7 @@ func workerArgs(p WorkerParams, storeSocket string) []string {
 		"--hold-min", p.HoldMin.String(),
 		"--hold-max", p.HoldMax.String(),
 		"--late", strconv.FormatFloat(p.LateProb, 'f', -1, 64),
+		"--block-share", strconv.FormatFloat(p.BlockShare, 'f', -1, 64),
 	}
 }
 
@@ -97,12 +95,15 @@ func startWorkerProc(binary string, p WorkerParams, storeSocket string, h *Histo
 	return w, nil
 }
 
-// holds returns a lock the worker holds now, if any.
-func (w *workerProc) holds() (Op, bool) {
+// holds returns a lock the worker holds now, if any; with block set, only
+// a block.
+func (w *workerProc) holds(block bool) (Op, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, op := range w.holding {
-		return op, true
+		if !block || isBlock(op) {
+			return op, true
+		}
 	}
 	return Op{}, false
 }
