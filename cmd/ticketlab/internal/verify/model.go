@@ -45,12 +45,13 @@ import (
 // the only thing it can explain, which makes the model deterministic:
 //
 //   - An INDETERMINATE acquire may have been granted, under a token nobody
-//     learns, for any part of [invocation, completion + window] (the
-//     sidecar or the node compensates such a grant, or its lease ends it).
+//     learns, at any time from its invocation to its completion + window,
+//     and held until the sidecar or the node compensates it, its lease
+//     ends it, or, at the latest, a known grant takes one of its keys.
 //     Nothing a worker does needs that holding (nobody releases its token,
 //     and it may end whenever a key is wanted), but it can explain a BUSY
 //     or TIMEOUT on one of its keys: such a BUSY or TIMEOUT whose interval
-//     overlaps that span is accepted in any state (explained).
+//     overlaps that span is accepted in any state (explain).
 //   - An INDETERMINATE release, or a session's close (the sidecar then
 //     releases the session's locks), may end the holding at any time after
 //     its invocation: the holding's exp becomes that invocation (for a
@@ -414,8 +415,9 @@ type refusal struct {
 
 // explain finds, for every BUSY and TIMEOUT acquire, the operations the
 // model does not see that may explain it: INDETERMINATE acquires of its
-// keys (until their completion + window) and other block acquires with a
-// wait (until their completion) whose interval overlaps its own.
+// keys (granted, if at all, by their completion + window; held until a
+// known grant takes one of their keys) and other block acquires with a wait
+// (until their completion) whose interval overlaps its own.
 func explain(ops []Op, window time.Duration) map[int64]refusal {
 	type span struct {
 		inv, ret, id int64
@@ -433,13 +435,42 @@ func explain(ops []Op, window time.Duration) map[int64]refusal {
 			}
 		}
 	}
+	// Known grants per key by invocation, with the earliest completion
+	// among those invoked at or after each (suffix minimum).
+	type grant struct{ inv, cmp int64 }
+	grants := map[string][]grant{}
+	for _, op := range ops {
+		if op.Kind == KindAcquire && op.Result == ResOK {
+			for _, k := range opKeys(op) {
+				grants[k] = append(grants[k], grant{op.Inv, op.Cmp})
+			}
+		}
+	}
+	for _, g := range grants {
+		sort.Slice(g, func(i, j int) bool { return g[i].inv < g[j].inv })
+		for i := len(g) - 2; i >= 0; i-- {
+			g[i].cmp = min(g[i].cmp, g[i+1].cmp)
+		}
+	}
 	for _, op := range ops {
 		switch {
 		case op.Kind != KindAcquire:
 		case op.Result == ResIndeterminate:
+			// Granted (if at all) by the window's end w, the holding lasts
+			// until a known grant takes one of its keys: at the latest the
+			// completion of the first grant of one of them invoked after w
+			// (or its queue entry, a block's reservation, until w + wait).
 			ret := int64(never)
 			if window > 0 {
-				ret = op.Cmp + int64(window)
+				w := op.Cmp + int64(window)
+				end := int64(never)
+				for _, k := range opKeys(op) {
+					g := grants[k]
+					if i := sort.Search(len(g), func(i int) bool { return g[i].inv >= w }); i < len(g) {
+						end = min(end, g[i].cmp)
+					}
+				}
+				ret = max(w+op.WaitMs*int64(time.Millisecond), end)
 			}
 			add(unknown, op, ret)
 		case isBlock(op) && op.WaitMs > 0 && op.Result != ResError:

@@ -392,15 +392,15 @@ func (n *nemesis) apply(ctx context.Context, st Step) {
 			return
 		}
 		// Wait (a little) for a worker process that holds a lock, a block
-		// for the first half of the wait: paused past its lease, it wakes
-		// to a fenced write of every key of the block under a token that
-		// may have been overtaken on some of them.
+		// for the first 3 s: paused past its lease, it wakes to a fenced
+		// write of every key of the block under a token that may have been
+		// overtaken on some of them.
 		var w *workerProc
 		var held Op
 		start := time.Now()
-		deadline := start.Add(3 * time.Second)
+		deadline := start.Add(5 * time.Second)
 		for w == nil && time.Now().Before(deadline) && ctx.Err() == nil {
-			block := time.Since(start) < 1500*time.Millisecond
+			block := time.Since(start) < 3*time.Second
 			for _, k := range rng.Perm(len(n.workers)) {
 				if op, ok := n.workers[k].holds(block); ok {
 					w, held = n.workers[k], op
