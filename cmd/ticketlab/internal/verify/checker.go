@@ -55,11 +55,13 @@ type CheckReport struct {
 	// Components describes the partitions porcupine checked: the keys of
 	// each component and its number of operations. Refusals is the number
 	// of BUSY and TIMEOUT acquires: RefusalsUnknown of them accepted in any
-	// state (an indeterminate acquire of one of their keys was in the
-	// system), RefusalsReach checked against the keys the blocks waiting
-	// meanwhile connect them to, the rest against their own keys (model.go).
-	Components                               []string
-	Refusals, RefusalsUnknown, RefusalsReach int
+	// state (an indeterminate acquire that may have been granted may have
+	// held a key they reach), RefusalsReach checked against the keys the
+	// blocks waiting meanwhile connect them to, the rest against their own
+	// keys; MaybeGranted is the number of indeterminate acquires that may
+	// have been granted, by the tokens nobody learned (model.go).
+	Components                                             []string
+	Refusals, RefusalsUnknown, RefusalsReach, MaybeGranted int
 }
 
 // CheckOptions tunes Check.
@@ -136,8 +138,8 @@ func Check(ops []Op, store []StoreRec, final FinalState, opts CheckOptions) Chec
 	}
 
 	// Linearizability against the lock model.
-	parts, comps, refusals, unknownN, reachN := porcupineHistory(ops, opts.IndeterminateWindow)
-	r.Refusals, r.RefusalsUnknown, r.RefusalsReach = refusals, unknownN, reachN
+	parts, comps, st := porcupineHistory(ops, opts.IndeterminateWindow, unlearnedTokens(grants, final))
+	r.Refusals, r.RefusalsUnknown, r.RefusalsReach, r.MaybeGranted = st.Refusals, st.RefusalsUnknown, st.RefusalsReach, st.MaybeGranted
 	r.PorcupineParts = len(parts)
 	for _, c := range comps {
 		r.Components = append(r.Components, fmt.Sprintf("{%s} %d ops", strings.Join(c.keys, ","), c.ops))

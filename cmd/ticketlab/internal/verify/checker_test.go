@@ -442,3 +442,54 @@ func TestCheckFindsBusyThatNoWaitingBlockExplains(t *testing.T) {
 		t.Fatalf("violations %v, %d refusals checked on the keys blocks reach", r.Violations, r.RefusalsReach)
 	}
 }
+
+// Tokens grow by one per grant: an INDETERMINATE acquire explains a BUSY
+// only if a token nobody learned was issued when it could have been
+// granted.
+func TestCheckUsesUnlearnedTokens(t *testing.T) {
+	history := func(tok uint64) []Op {
+		var h hist
+		a := h.acquire(0, "A", 0, 10, ResOK, 1)
+		h.release(a, 20, 30, ResOK, "")
+		h.acquire(1, "A", 40, 50, ResIndeterminate, 0)
+		h.acquire(2, "A", 60, 70, ResBusy, 0) // A free, unless w1 got it
+		b := h.acquire(3, "A", 80, 90, ResOK, tok)
+		h.release(b, 100, 110, ResOK, "")
+		return h.ops
+	}
+	// Token 2 was issued between tokens 1 and 3: w1 may have held A.
+	if r := Check(history(3), nil, FinalState{LastToken: 3}, CheckOptions{}); len(r.Violations) != 0 || r.MaybeGranted != 1 || r.RefusalsUnknown != 1 {
+		t.Fatalf("violations %v, maybe granted %d, explained %d", r.Violations, r.MaybeGranted, r.RefusalsUnknown)
+	}
+	// Without a token between them, nobody held A at 60-70 ms.
+	if r := Check(history(2), nil, FinalState{LastToken: 2}, CheckOptions{}); checks(r) != "linearizability" || r.MaybeGranted != 0 {
+		t.Fatalf("violations %q, maybe granted %d, want linearizability", checks(r), r.MaybeGranted)
+	}
+	// A token issued after token 2 (so granted after 80 ms) explains
+	// nothing at 60-70 ms either.
+	if r := Check(history(2), nil, FinalState{LastToken: 3}, CheckOptions{}); checks(r) != "linearizability" || r.MaybeGranted != 1 {
+		t.Fatalf("violations %q, maybe granted %d, want linearizability", checks(r), r.MaybeGranted)
+	}
+	// Without a final token count, w1 may have been granted any time.
+	if r := Check(history(2), nil, FinalState{}, CheckOptions{}); len(r.Violations) != 0 {
+		t.Fatalf("violations %v", r.Violations)
+	}
+}
+
+// A TIMEOUT takes effect when its wait has run out: a key released long
+// before that and not taken again would have gone to the waiter.
+func TestCheckTimeoutAtTheEndOfItsWait(t *testing.T) {
+	var h hist
+	a := h.acquire(0, "A", 0, 10, ResOK, 1)
+	h.add(Op{Worker: 1, Kind: KindAcquire, Key: "A", LeaseMs: 1000, WaitMs: 500, Inv: 20, Cmp: 530, Result: ResTimeout})
+	h.release(a, 100, 110, ResOK, "")
+	if got := checks(Check(h.ops, nil, FinalState{}, CheckOptions{})); got != "linearizability" {
+		t.Fatalf("violations %q, want linearizability", got)
+	}
+	// A leader handing over its leadership withdraws waiters early; the
+	// nemesis does that only around a replaced node.
+	h.add(Op{Worker: -1, Kind: KindFault, Fault: FaultReplace, Inv: 600, Cmp: 700})
+	if r := Check(h.ops, nil, FinalState{}, CheckOptions{}); len(r.Violations) != 0 {
+		t.Fatalf("violations %v", r.Violations)
+	}
+}

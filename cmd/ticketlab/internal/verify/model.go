@@ -45,13 +45,16 @@ import (
 // the only thing it can explain, which makes the model deterministic:
 //
 //   - An INDETERMINATE acquire may have been granted, under a token nobody
-//     learns, at any time from its invocation to its completion + window,
-//     and held until the sidecar or the node compensates it, its lease
-//     ends it, or, at the latest, a known grant takes one of its keys.
-//     Nothing a worker does needs that holding (nobody releases its token,
-//     and it may end whenever a key is wanted), but it can explain a BUSY
-//     or TIMEOUT on one of its keys: such a BUSY or TIMEOUT whose interval
-//     overlaps that span is accepted in any state (explain).
+//     learns, at any time from its invocation to its completion + window
+//     (and, when the cluster's last token is known, only when a token
+//     nobody learned was issued: between the grants of the learned tokens
+//     around it, tokenGaps), and held until the sidecar or the node
+//     compensates it, its lease ends it, or, at the latest, a known grant
+//     takes one of its keys. Nothing a worker does needs that holding
+//     (nobody releases its token, and it may end whenever a key is
+//     wanted), but it can explain a BUSY or TIMEOUT on one of its keys:
+//     such a BUSY or TIMEOUT whose interval overlaps that span is accepted
+//     in any state (explain).
 //   - An INDETERMINATE release, or a session's close (the sidecar then
 //     releases the session's locks), may end the holding at any time after
 //     its invocation: the holding's exp becomes that invocation (for a
@@ -64,10 +67,19 @@ import (
 //
 // A block waiting for its turn reserves the keys it heads the queue of
 // (locksm/MATRIX.md, "Blocks"): a single-key acquire of such a key gets
-// BUSY or TIMEOUT although nobody holds it. The model has no queues, so a
-// BUSY or TIMEOUT whose interval overlaps a block acquire with a wait on
-// one of its keys is explained too. Otherwise BUSY and TIMEOUT need one of
-// their keys held.
+// BUSY or TIMEOUT although nobody holds it. The model has no queues; a
+// reservation lasts only while the block waits for another of its keys,
+// held or reserved in turn, and such a chain ends at a held key, so a BUSY
+// or TIMEOUT whose interval overlaps block acquires with a wait needs a key
+// held among its keys and those the waiting blocks connect them to
+// (refusal.reach). Otherwise BUSY and TIMEOUT need one of their own keys
+// held. A TIMEOUT takes effect no earlier than invocation + wait (the
+// leader times the wait from the request's arrival), unless a leader
+// hands its leadership over, which the nemesis makes happen only around a
+// replaced node; its operation starts there. (BUSY and TIMEOUT change no
+// state, but every one of them that overlaps many others multiplies the
+// orders porcupine tries; with full-length TIMEOUTs a 3-minute history took
+// 12 s, with TIMEOUTs from the end of their wait 0.2 s.)
 
 // slot is the model's state of one key of a component.
 type slot struct {
@@ -400,8 +412,8 @@ func components(ops []Op) []*component {
 // refusal is what may explain a BUSY or TIMEOUT besides a holder of one of
 // its keys (explain).
 type refusal struct {
-	// unknown: an INDETERMINATE acquire of one of its keys was in the
-	// system meanwhile and may have been granted: legal in any state.
+	// unknown: an INDETERMINATE acquire of one of the keys it reaches may
+	// have held it meanwhile: legal in any state.
 	unknown bool
 	// reach: its keys and those of the other block acquires with a wait
 	// that were in the system meanwhile and are connected to them through
@@ -413,25 +425,64 @@ type refusal struct {
 	reach []string
 }
 
+// tokenGaps says when the tokens nobody learned can have been granted.
+// Tokens grow by one with every grant (a block's too), in log order, so a
+// token u between the learned tokens l < u < h was committed after l and
+// before h: within [l's invocation, h's completion]. Without a final
+// token count (or after a wipe) every INDETERMINATE acquire may have been
+// granted (known false).
+type tokenGaps struct {
+	known   bool
+	windows [][2]int64
+}
+
+// unlearnedTokens finds the windows of the tokens the cluster issued (up to
+// final.LastToken) that no worker learned.
+func unlearnedTokens(grants []Op, final FinalState) tokenGaps {
+	if final.LastToken == 0 || final.Wiped {
+		return tokenGaps{}
+	}
+	byTok := append([]Op(nil), grants...)
+	sort.Slice(byTok, func(i, j int) bool { return byTok[i].Token < byTok[j].Token })
+	g := tokenGaps{known: true}
+	prev, prevInv := final.TokenFloor, int64(math.MinInt64)
+	for _, o := range byTok {
+		if o.Token <= prev || o.Token > final.LastToken {
+			return tokenGaps{} // twice, or outside the range: the token checks say so
+		}
+		if o.Token > prev+1 {
+			g.windows = append(g.windows, [2]int64{prevInv, o.Cmp})
+		}
+		prev, prevInv = o.Token, o.Inv
+	}
+	if final.LastToken > prev {
+		g.windows = append(g.windows, [2]int64{prevInv, never})
+	}
+	return g
+}
+
 // explain finds, for every BUSY and TIMEOUT acquire, the operations the
-// model does not see that may explain it: INDETERMINATE acquires of its
-// keys (granted, if at all, by their completion + window; held until a
-// known grant takes one of their keys) and other block acquires with a wait
-// (until their completion) whose interval overlaps its own.
-func explain(ops []Op, window time.Duration) map[int64]refusal {
+// model does not see that may explain it, among those whose interval
+// overlaps its own: other block acquires with a wait, which may have stood
+// in a key's queue (until their completion; if INDETERMINATE, until their
+// completion + window + wait), and INDETERMINATE acquires that may have
+// been granted (by their completion + window, and when a token nobody
+// learned was issued: gaps), whose holding then lasts until a known grant
+// takes one of their keys.
+func explain(ops []Op, window time.Duration, gaps tokenGaps, from func(Op) int64) (out map[int64]refusal, maybeGranted int) {
 	type span struct {
 		inv, ret, id int64
 		keys         []string
 	}
 	unknown, waiting := map[string][]span{}, map[string][]span{}
 	longest := map[string]int64{}
-	add := func(m map[string][]span, op Op, ret int64) {
+	add := func(m map[string][]span, op Op, inv, ret int64) {
 		for _, k := range opKeys(op) {
-			m[k] = append(m[k], span{op.Inv, ret, op.ID, opKeys(op)})
+			m[k] = append(m[k], span{inv, ret, op.ID, opKeys(op)})
 			if ret == never {
 				longest[k] = never
 			} else if longest[k] != never {
-				longest[k] = max(longest[k], ret-op.Inv)
+				longest[k] = max(longest[k], ret-inv)
 			}
 		}
 	}
@@ -456,25 +507,46 @@ func explain(ops []Op, window time.Duration) map[int64]refusal {
 		switch {
 		case op.Kind != KindAcquire:
 		case op.Result == ResIndeterminate:
-			// Granted (if at all) by the window's end w, the holding lasts
-			// until a known grant takes one of its keys: at the latest the
-			// completion of the first grant of one of them invoked after w
-			// (or its queue entry, a block's reservation, until w + wait).
-			ret := int64(never)
+			w := int64(never)
 			if window > 0 {
-				w := op.Cmp + int64(window)
-				end := int64(never)
-				for _, k := range opKeys(op) {
-					g := grants[k]
-					if i := sort.Search(len(g), func(i int) bool { return g[i].inv >= w }); i < len(g) {
-						end = min(end, g[i].cmp)
+				w = op.Cmp + int64(window)
+			}
+			// Granted, if at all, at some g in [lo, hi].
+			lo, hi := op.Inv, w
+			if gaps.known {
+				lo, hi = never, math.MinInt64
+				for _, gw := range gaps.windows {
+					if a, b := max(op.Inv, gw[0]), min(w, gw[1]); a <= b {
+						lo, hi = min(lo, a), max(hi, b)
 					}
 				}
-				ret = max(w+op.WaitMs*int64(time.Millisecond), end)
 			}
-			add(unknown, op, ret)
+			if lo <= hi {
+				maybeGranted++
+				// Held until a known grant takes one of its keys: at the
+				// latest the completion of the first grant of one of them
+				// invoked after hi.
+				end := int64(never)
+				if hi != never {
+					for _, k := range opKeys(op) {
+						g := grants[k]
+						if i := sort.Search(len(g), func(i int) bool { return g[i].inv >= hi }); i < len(g) {
+							end = min(end, g[i].cmp)
+						}
+					}
+				}
+				add(unknown, op, lo, max(hi, end))
+			}
+			if isBlock(op) && op.WaitMs > 0 {
+				// Queued, if at all, by w, for at most its wait.
+				ret := int64(never)
+				if w != never {
+					ret = w + op.WaitMs*int64(time.Millisecond)
+				}
+				add(waiting, op, op.Inv, ret)
+			}
 		case isBlock(op) && op.WaitMs > 0 && op.Result != ResError:
-			add(waiting, op, op.Cmp)
+			add(waiting, op, op.Inv, op.Cmp)
 		}
 	}
 	for _, m := range []map[string][]span{unknown, waiting} {
@@ -482,56 +554,57 @@ func explain(ops []Op, window time.Duration) map[int64]refusal {
 			sort.Slice(b, func(i, j int) bool { return b[i].inv < b[j].inv })
 		}
 	}
-	// overlapping calls f with every span of m on key k that overlaps op,
-	// other than op's own.
+	// overlapping calls f with every span of m on key k that overlaps
+	// [from(op), op's completion], other than op's own, until f returns
+	// false.
 	overlapping := func(m map[string][]span, k string, op Op, f func(span) bool) {
 		b := m[k]
+		start := from(op)
 		// The spans begun by op's completion, latest first, back to those
-		// that cannot reach op's invocation.
+		// that cannot reach its start.
 		for j := sort.Search(len(b), func(j int) bool { return b[j].inv > op.Cmp }) - 1; j >= 0; j-- {
-			if longest[k] != never && b[j].inv < op.Inv-longest[k] {
+			if longest[k] != never && b[j].inv < start-longest[k] {
 				return
 			}
-			if b[j].ret >= op.Inv && b[j].id != op.ID && !f(b[j]) {
+			if b[j].ret >= start && b[j].id != op.ID && !f(b[j]) {
 				return
 			}
 		}
 	}
-	out := map[int64]refusal{}
+	out = map[int64]refusal{}
 	for _, op := range ops {
 		if op.Kind != KindAcquire || (op.Result != ResBusy && op.Result != ResTimeout) {
 			continue
 		}
 		var r refusal
-		for _, k := range opKeys(op) {
-			overlapping(unknown, k, op, func(span) bool { r.unknown = true; return false })
+		in := map[string]bool{}
+		reach := append([]string(nil), opKeys(op)...)
+		for _, k := range reach {
+			in[k] = true
 		}
-		if !r.unknown {
-			in := map[string]bool{}
-			reach := append([]string(nil), opKeys(op)...)
-			for _, k := range reach {
-				in[k] = true
-			}
-			for i := 0; i < len(reach); i++ {
-				overlapping(waiting, reach[i], op, func(s span) bool {
-					for _, k := range s.keys {
-						if !in[k] {
-							in[k] = true
-							reach = append(reach, k)
-						}
+		for i := 0; i < len(reach); i++ {
+			overlapping(waiting, reach[i], op, func(s span) bool {
+				for _, k := range s.keys {
+					if !in[k] {
+						in[k] = true
+						reach = append(reach, k)
 					}
-					return true
-				})
-			}
-			if len(reach) > len(opKeys(op)) {
-				r.reach = reach
-			}
+				}
+				return true
+			})
+		}
+		if len(reach) > len(opKeys(op)) {
+			r.reach = reach
+		}
+		// A chain of waiting blocks may also end at an unknown holding.
+		for _, k := range reach {
+			overlapping(unknown, k, op, func(span) bool { r.unknown = true; return false })
 		}
 		if r.unknown || r.reach != nil {
 			out[op.ID] = r
 		}
 	}
-	return out
+	return out, maybeGranted
 }
 
 // earliestEnds is, for every grant, the earliest time its holding may have
@@ -592,10 +665,8 @@ func earliestEnds(ops []Op) map[int64]int64 {
 // somewhere in the system — in a paused node's socket buffer, or in a log
 // entry a new leader commits in its barrier — lands well within that.
 //
-// refusals counts the BUSY and TIMEOUT acquires, unknownN those of them
-// left out as explained by an indeterminate acquire, reachN those checked
-// against the keys waiting blocks connect them to (explain).
-func porcupineHistory(ops []Op, window time.Duration) (parts [][]porcupine.Operation, comps []*component, refusals, unknownN, reachN int) {
+// gaps says when the tokens nobody learned were issued (unlearnedTokens).
+func porcupineHistory(ops []Op, window time.Duration, gaps tokenGaps) (parts [][]porcupine.Operation, comps []*component, st linStats) {
 	comps = components(ops)
 	slotOf := map[string]int{}
 	compOf := map[string]int{}
@@ -604,7 +675,26 @@ func porcupineHistory(ops []Op, window time.Duration) (parts [][]porcupine.Opera
 			slotOf[k], compOf[k] = si, ci
 		}
 	}
-	expl := explain(ops, window)
+	// A TIMEOUT comes from the cancel the leader proposes when the wait,
+	// timed from the request's arrival, has run out (cluster/leader): it
+	// takes effect no earlier than invocation + wait (less a margin for
+	// the clocks). Only a leader handing its leadership over withdraws
+	// waiters earlier (SIGTERM, members remove or replace of the leader),
+	// which the nemesis does only when it replaces a wiped node.
+	handover := false
+	for _, op := range ops {
+		if op.Kind == KindFault && (op.Fault == FaultWipeFollower || op.Fault == FaultWipeQuorum || op.Fault == FaultReplace) {
+			handover = true
+		}
+	}
+	from := func(op Op) int64 {
+		if at := op.Inv + op.WaitMs*int64(time.Millisecond) - int64(timeoutMargin); op.Result == ResTimeout && !handover && at > op.Inv && at <= op.Cmp {
+			return at
+		}
+		return op.Inv
+	}
+	expl, maybe := explain(ops, window, gaps, from)
+	st.MaybeGranted = maybe
 	exp := earliestEnds(ops)
 	parts = make([][]porcupine.Operation, len(comps))
 	for _, op := range ops {
@@ -612,12 +702,12 @@ func porcupineHistory(ops []Op, window time.Duration) (parts [][]porcupine.Opera
 		case KindAcquire:
 			ex := expl[op.ID]
 			if op.Result == ResBusy || op.Result == ResTimeout {
-				refusals++
+				st.Refusals++
 				switch {
 				case ex.unknown:
-					unknownN++
+					st.RefusalsUnknown++
 				case ex.reach != nil:
-					reachN++
+					st.RefusalsReach++
 				}
 			}
 			if op.Result == ResError || op.Result == ResIndeterminate || ex.unknown {
@@ -635,7 +725,7 @@ func porcupineHistory(ops []Op, window time.Duration) (parts [][]porcupine.Opera
 			parts[ci] = append(parts[ci], porcupine.Operation{ClientId: op.Worker,
 				Input: lockInput{kind: KindAcquire, worker: op.Worker, leaseNs: op.LeaseMs * 1e6, exp: exp[op.ID],
 					keys: slots, reach: reach, comp: comps[ci]},
-				Output: lockOutput{result: op.Result, token: op.Token, ret: op.Cmp}, Call: op.Inv, Return: op.Cmp})
+				Output: lockOutput{result: op.Result, token: op.Token, ret: op.Cmp}, Call: from(op), Return: op.Cmp})
 		case KindRelease:
 			if op.Result == ResIndeterminate || op.Result == ResError && !definiteReleaseError(op.Err) {
 				continue
@@ -656,7 +746,21 @@ func porcupineHistory(ops []Op, window time.Duration) (parts [][]porcupine.Opera
 			outParts, outComps = append(outParts, part), append(outComps, comps[ci])
 		}
 	}
-	return outParts, outComps, refusals, unknownN, reachN
+	return outParts, outComps, st
+}
+
+// timeoutMargin is how much earlier than invocation + wait a TIMEOUT may
+// take effect (the harness's clock against the leader's).
+const timeoutMargin = 5 * time.Millisecond
+
+// linStats counts how porcupineHistory treated the BUSY and TIMEOUT
+// acquires (Refusals): RefusalsUnknown accepted in any state (an unknown
+// grant may have held one of the keys they reach), RefusalsReach checked
+// against the keys waiting blocks connect them to, the rest against their
+// own keys; MaybeGranted is the number of INDETERMINATE acquires that may
+// have been granted.
+type linStats struct {
+	Refusals, RefusalsUnknown, RefusalsReach, MaybeGranted int
 }
 
 // definiteReleaseError: the release was evaluated and found the key not
