@@ -37,6 +37,7 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs.IntVar(&cfg.ProcWorkers, "worker-procs", 3, "worker processes (the pause-a-lock-holder fault needs them)")
 	fs.IntVar(&cfg.Sidecars, "sidecars", 2, "sidecar processes")
 	fs.IntVar(&cfg.Keys, "keys", 4, "contended keys")
+	fs.Float64Var(&cfg.BlockShare, "block-share", verify.DefaultBlockShare, "share of acquires that are blocks of 2-4 keys under one token (0: none)")
 	fs.StringVar(&out, "out", "", "output directory: history, summary, logs, data dirs (default: a new temporary directory)")
 	fs.BoolVar(&cfg.Wipe, "wipe", false, "also wipe nodes' data dirs and restart them at their old addresses (they come back as new servers that cannot vote under the old ids; a wiped majority stops the cluster)")
 	fs.BoolVar(&cfg.ReplaceAll, "replace-all", false, "instead of random faults, replace every node in turn (disk lost, new server swapped in through the admin port)")
@@ -69,6 +70,9 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	if cfg.Seed == 0 {
 		cfg.Seed = time.Now().UnixNano() % 1_000_000
+	}
+	if cfg.BlockShare <= 0 {
+		cfg.BlockShare = -1 // no blocks (Config's zero means the default)
 	}
 	if out == "" {
 		if out, err = os.MkdirTemp("", "ticketlab-verify-"); err != nil {
@@ -113,6 +117,7 @@ func runVerifyWorker(ctx context.Context, args []string, stdout, stderr io.Write
 	fs.DurationVar(&holdRange[0], "hold-min", 0, "shortest hold before the fenced write")
 	fs.DurationVar(&holdRange[1], "hold-max", time.Second, "longest hold before the fenced write")
 	fs.Float64Var(&p.LateProb, "late", 0.1, "chance of sleeping past the lease before writing")
+	fs.Float64Var(&p.BlockShare, "block-share", 0, "share of acquires that are blocks of 2-4 keys")
 	if code, ok := labcli.Parse(fs, args, stdout, stderr); !ok {
 		return code
 	}

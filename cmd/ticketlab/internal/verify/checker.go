@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/anishathalye/porcupine"
@@ -36,6 +37,12 @@ type CheckReport struct {
 	// purpose (LateAccepted of them accepted because no newer holder had
 	// written yet).
 	Grants, StaleWrites, LateWrites, LateAccepted int
+	// BlockGrants counts the OK block acquires by size (keys); BlockWrites
+	// and BlockStale the block writes the store decided and refused;
+	// HeldChecks the HELD observations around blocks that were checked.
+	BlockGrants             map[int]int
+	BlockWrites, BlockStale int
+	HeldChecks              int
 	// UnknownTokens is how many tokens the cluster issued that no worker
 	// was told (each must be explained by an indeterminate acquire).
 	UnknownTokens, Indeterminate int
@@ -45,6 +52,16 @@ type CheckReport struct {
 	LinearizeTime  time.Duration
 	Visualization  string
 	PorcupineParts int
+	// Components describes the partitions porcupine checked: the keys of
+	// each component and its number of operations. Refusals is the number
+	// of BUSY and TIMEOUT acquires: RefusalsUnknown of them accepted in any
+	// state (an indeterminate acquire that may have been granted may have
+	// held a key they reach), RefusalsReach checked against the keys the
+	// blocks waiting meanwhile connect them to, the rest against their own
+	// keys; MaybeGranted is the number of indeterminate acquires that may
+	// have been granted, by the tokens nobody learned (model.go).
+	Components                                             []string
+	Refusals, RefusalsUnknown, RefusalsReach, MaybeGranted int
 }
 
 // CheckOptions tunes Check.
@@ -81,10 +98,19 @@ func Check(ops []Op, store []StoreRec, final FinalState, opts CheckOptions) Chec
 		}
 	}
 	r.Grants = len(grants)
+	r.BlockGrants = map[int]int{}
+	for _, g := range grants {
+		if isBlock(g) {
+			r.BlockGrants[len(g.Keys)]++
+		}
+	}
 
-	checkMutualExclusion(ops, grants, bad)
+	end := holdEnds(ops, grants)
+	checkMutualExclusion(grants, end, bad)
 	checkTokens(grants, bad)
+	checkKeyTokens(grants, end, bad)
 	checkFencing(ops, store, acquires, &r, bad)
+	checkHeld(ops, acquires, &r, bad)
 
 	// No leak, by counting: every token issued is either known (an OK) or
 	// explained by an indeterminate acquire (granted, then compensated or
@@ -112,8 +138,12 @@ func Check(ops []Op, store []StoreRec, final FinalState, opts CheckOptions) Chec
 	}
 
 	// Linearizability against the lock model.
-	parts := porcupineHistory(ops, opts.IndeterminateWindow)
+	parts, comps, st := porcupineHistory(ops, opts.IndeterminateWindow, unlearnedTokens(grants, final))
+	r.Refusals, r.RefusalsUnknown, r.RefusalsReach, r.MaybeGranted = st.Refusals, st.RefusalsUnknown, st.RefusalsReach, st.MaybeGranted
 	r.PorcupineParts = len(parts)
+	for _, c := range comps {
+		r.Components = append(r.Components, fmt.Sprintf("{%s} %d ops", strings.Join(c.keys, ","), c.ops))
+	}
 	var flat []porcupine.Operation
 	model := lockModel()
 	model.Partition = func(h []porcupine.Operation) [][]porcupine.Operation { return parts }
@@ -140,8 +170,9 @@ func Check(ops []Op, store []StoreRec, final FinalState, opts CheckOptions) Chec
 	return r
 }
 
-// holdEnd is the conservative end of a grant's holding: the first of its
-// release's invocation, its session's end, and invocation + lease.
+// holdEnds is the conservative end of each grant's holding: the first of
+// its release's invocation, its session's end, and invocation + lease. (A
+// block's holding is one: a release naming any of its keys ends it.)
 func holdEnds(ops []Op, grants []Op) map[int64]int64 {
 	end := map[int64]int64{}
 	for _, g := range grants {
@@ -168,22 +199,58 @@ func holdEnds(ops []Op, grants []Op) map[int64]int64 {
 	return end
 }
 
-// checkMutualExclusion: no two OK grants on one key whose holding
-// intervals [grant completed, holdEnd) overlap.
-func checkMutualExclusion(ops, grants []Op, bad func(string, string, ...any)) {
-	end := holdEnds(ops, grants)
+// grantsByKey files every grant under each of its keys (a block under all
+// of them), each key's grants sorted by completion.
+func grantsByKey(grants []Op) map[string][]Op {
 	byKey := map[string][]Op{}
 	for _, g := range grants {
-		byKey[g.Key] = append(byKey[g.Key], g)
+		for _, k := range opKeys(g) {
+			byKey[k] = append(byKey[k], g)
+		}
 	}
-	for key, gs := range byKey {
-		sort.Slice(gs, func(i, j int) bool { return gs[i].Cmp < gs[j].Cmp })
+	for _, gs := range byKey {
+		sort.SliceStable(gs, func(i, j int) bool { return gs[i].Cmp < gs[j].Cmp })
+	}
+	return byKey
+}
+
+// describe names a grant: "w3 token 17" or "w3 block seat/1+seat/2 token 17".
+func describe(g Op) string {
+	if isBlock(g) {
+		return fmt.Sprintf("w%d block %s token %d", g.Worker, strings.Join(g.Keys, "+"), g.Token)
+	}
+	return fmt.Sprintf("w%d token %d", g.Worker, g.Token)
+}
+
+// checkMutualExclusion: no two OK grants on one key whose holding
+// intervals [grant completed, holdEnd) overlap, a block's holding counting
+// on every key of it. An overlap involving a block is also an atomicity
+// violation: that block did not hold all its keys at once.
+func checkMutualExclusion(grants []Op, end map[int64]int64, bad func(string, string, ...any)) {
+	byKey := grantsByKey(grants)
+	keys := make([]string, 0, len(byKey))
+	for k := range byKey {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, key := range keys {
+		gs := byKey[key]
 		var prev *Op
 		for i := range gs {
 			g := &gs[i]
 			if prev != nil && g.Cmp < end[prev.ID] && end[g.ID] > g.Cmp {
-				bad("mutual-exclusion", "key %s: w%d token %d held [%s, %s) and w%d token %d from %s, both within their leases",
-					key, prev.Worker, prev.Token, ts(prev.Cmp), ts(end[prev.ID]), g.Worker, g.Token, ts(g.Cmp))
+				bad("mutual-exclusion", "key %s: %s held [%s, %s) and %s from %s, both within their leases",
+					key, describe(*prev), ts(prev.Cmp), ts(end[prev.ID]), describe(*g), ts(g.Cmp))
+				for _, b := range []*Op{prev, g} {
+					if isBlock(*b) {
+						other := prev
+						if b == prev {
+							other = g
+						}
+						bad("atomicity", "%s: its key %s overlaps %s's holding: the block did not hold all its keys alone",
+							describe(*b), key, describe(*other))
+					}
+				}
 			}
 			if prev == nil || end[g.ID] > end[prev.ID] {
 				prev = g
@@ -194,12 +261,12 @@ func checkMutualExclusion(ops, grants []Op, bad func(string, string, ...any)) {
 
 // checkTokens: tokens are unique and respect real time: a grant that
 // completed before another was invoked has the smaller token (across all
-// keys, so per key in grant order too).
+// keys, so per key too).
 func checkTokens(grants []Op, bad func(string, string, ...any)) {
 	seen := map[uint64]Op{}
 	for _, g := range grants {
 		if o, dup := seen[g.Token]; dup {
-			bad("tokens", "token %d granted twice: w%d key %s and w%d key %s", g.Token, o.Worker, o.Key, g.Worker, g.Key)
+			bad("tokens", "token %d granted twice: w%d key %s and w%d key %s", g.Token, o.Worker, strings.Join(opKeys(o), "+"), g.Worker, strings.Join(opKeys(g), "+"))
 		}
 		seen[g.Token] = g
 	}
@@ -218,28 +285,111 @@ func checkTokens(grants []Op, bad func(string, string, ...any)) {
 		}
 		if maxDone.Token >= g.Token {
 			bad("tokens", "w%d got token %d on %s at %s after w%d's token %d on %s had completed at %s",
-				g.Worker, g.Token, g.Key, ts(g.Cmp), maxDone.Worker, maxDone.Token, maxDone.Key, ts(maxDone.Cmp))
+				g.Worker, g.Token, strings.Join(opKeys(g), "+"), ts(g.Cmp), maxDone.Worker, maxDone.Token, strings.Join(opKeys(maxDone), "+"), ts(maxDone.Cmp))
+		}
+	}
+}
+
+// checkKeyTokens: on each key, tokens strictly increase in holding order.
+// The grants whose conservative holding [completion, holdEnd) is not empty
+// were holding the key at their completion, in that order (mutual
+// exclusion); a smaller token granted later would have been granted
+// earlier in the log and so been holding at the other's completion too.
+// This catches what the real-time order of checkTokens cannot: two grants
+// of one key that ran concurrently, answered in the reverse of token order.
+func checkKeyTokens(grants []Op, end map[int64]int64, bad func(string, string, ...any)) {
+	byKey := grantsByKey(grants)
+	keys := make([]string, 0, len(byKey))
+	for k := range byKey {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, key := range keys {
+		var prev *Op
+		for i, g := range byKey[key] {
+			if end[g.ID] <= g.Cmp {
+				continue // its lease may have run out before its reply
+			}
+			if prev != nil && g.Token <= prev.Token {
+				bad("tokens", "key %s: %s held it from %s, after %s from %s: tokens do not increase on the key",
+					key, describe(g), ts(g.Cmp), describe(*prev), ts(prev.Cmp))
+			}
+			prev = &byKey[key][i]
 		}
 	}
 }
 
 // checkFencing replays the protected resource's log: it accepted exactly
-// the writes above the key's high-water mark, accepted tokens only grow,
-// and every write carries a token its worker was granted for that key.
+// the writes whose token is above the high-water mark of every key they
+// write (a block's write is one decision for all its keys: accepted on
+// each or on none, or it is an atomicity violation), accepted tokens only
+// grow on each key, and every write carries a token its worker was
+// granted, for exactly the keys of that grant.
 func checkFencing(ops []Op, store []StoreRec, acquires map[int64]Op, r *CheckReport, bad func(string, string, ...any)) {
 	hw := map[string]uint64{}
+	// A block's write is its records with one op id (consecutive, one per
+	// key); a record of one key is a write by itself.
+	type group struct{ recs []StoreRec }
+	var groups []*group
+	blockOf := map[int64]*group{}
 	for _, w := range store {
-		want := w.Token > hw[w.Key]
-		if w.Accepted != want {
-			bad("fencing", "store %s token %d (w%d): accepted=%v against high-water %d", w.Key, w.Token, w.Worker, w.Accepted, hw[w.Key])
+		if len(w.Keys) < 2 {
+			groups = append(groups, &group{recs: []StoreRec{w}})
+			continue
 		}
-		if w.Accepted {
-			if w.Token <= hw[w.Key] {
-				bad("fencing", "store %s accepted token %d after token %d", w.Key, w.Token, hw[w.Key])
+		g := blockOf[w.Op]
+		if g == nil {
+			g = &group{}
+			blockOf[w.Op] = g
+			groups = append(groups, g)
+		} else if last := g.recs[len(g.recs)-1]; last.Seq+1 != w.Seq {
+			bad("atomicity", "store: the block write of w%d token %d (op %d) was not decided in one step: records %d and %d", w.Worker, w.Token, w.Op, last.Seq, w.Seq)
+		}
+		g.recs = append(g.recs, w)
+	}
+	storeOf := map[int64][]StoreRec{}
+	for _, g := range groups {
+		first := g.recs[0]
+		want := true
+		for _, w := range g.recs {
+			want = want && w.Token > hw[w.Key]
+			storeOf[w.Op] = append(storeOf[w.Op], w)
+		}
+		if len(first.Keys) >= 2 {
+			r.BlockWrites++
+			var got []string
+			accepted := 0
+			for _, w := range g.recs {
+				got = append(got, w.Key)
+				if w.Accepted {
+					accepted++
+				}
 			}
-			hw[w.Key] = w.Token
-		} else {
+			if strings.Join(got, " ") != strings.Join(first.Keys, " ") {
+				bad("atomicity", "store: the block write of w%d token %d covers %s, not all of %s", first.Worker, first.Token, strings.Join(got, "+"), strings.Join(first.Keys, "+"))
+			}
+			if accepted != 0 && accepted != len(g.recs) {
+				bad("atomicity", "store: the block write of w%d token %d on %s was accepted on %d of its %d keys", first.Worker, first.Token, strings.Join(first.Keys, "+"), accepted, len(g.recs))
+			}
+			if accepted == 0 {
+				r.BlockStale++
+			}
+		}
+		for _, w := range g.recs {
+			if w.Accepted != want {
+				bad("fencing", "store %s token %d (w%d): accepted=%v against high-water %d (the write's keys: %s)", w.Key, w.Token, w.Worker, w.Accepted, hw[w.Key], strings.Join(opKeys(Op{Key: w.Key, Keys: w.Keys}), "+"))
+			}
+		}
+		if !first.Accepted {
 			r.StaleWrites++
+		}
+		for _, w := range g.recs {
+			if w.Accepted {
+				if w.Token <= hw[w.Key] {
+					bad("fencing", "store %s accepted a stale write: token %d after token %d", w.Key, w.Token, hw[w.Key])
+				}
+				hw[w.Key] = w.Token
+			}
 		}
 	}
 	for _, op := range ops {
@@ -252,10 +402,40 @@ func checkFencing(ops []Op, store []StoreRec, acquires map[int64]Op, r *CheckRep
 			bad("no-leak", "w%d wrote %s with token %d for an acquire not in the history", op.Worker, op.Key, op.Token)
 		case a.Result != ResOK:
 			bad("no-leak", "w%d wrote %s with token %d after its acquire answered %s", op.Worker, op.Key, op.Token, a.Result)
-		case a.Token != op.Token || a.Key != op.Key || a.Worker != op.Worker:
+		case a.Token != op.Token || a.Worker != op.Worker:
 			bad("fencing", "w%d wrote %s token %d but was granted %s token %d", op.Worker, op.Key, op.Token, a.Key, a.Token)
+		case strings.Join(opKeys(a), " ") != strings.Join(opKeys(op), " "):
+			bad("atomicity", "w%d wrote %s under token %d, but the token covers %s", op.Worker, strings.Join(opKeys(op), "+"), op.Token, strings.Join(opKeys(a), "+"))
 		case op.Inv < a.Cmp:
 			bad("fencing", "w%d wrote %s before its grant completed", op.Worker, op.Key)
+		}
+		// The store's records of the write: every key of the write, all
+		// with the outcome the worker was told.
+		if recs := storeOf[op.ID]; len(recs) > 0 && (op.Result == ResOK || op.Result == ResRejected) {
+			covered := map[string]bool{}
+			for _, w := range recs {
+				covered[w.Key] = true
+				if w.Accepted != (op.Result == ResOK) || w.Token != op.Token {
+					bad("fencing", "w%d's write of %s token %d was answered %s, but the store recorded %s token %d accepted=%v",
+						op.Worker, strings.Join(opKeys(op), "+"), op.Token, op.Result, w.Key, w.Token, w.Accepted)
+				}
+			}
+			for _, k := range opKeys(op) {
+				if !covered[k] {
+					bad("atomicity", "w%d's write of %s token %d has no record for key %s in the store", op.Worker, strings.Join(opKeys(op), "+"), op.Token, k)
+				}
+			}
+			if a, ok := acquires[op.Acq]; ok && a.Result == ResOK {
+				granted := map[string]bool{}
+				for _, k := range opKeys(a) {
+					granted[k] = true
+				}
+				for _, w := range recs {
+					if w.Accepted && !granted[w.Key] {
+						bad("atomicity", "the store accepted w%d's write of %s under token %d, which never covered that key", op.Worker, w.Key, op.Token)
+					}
+				}
+			}
 		}
 		if op.Late {
 			r.LateWrites++
@@ -264,6 +444,46 @@ func checkFencing(ops []Op, store []StoreRec, acquires map[int64]Op, r *CheckRep
 			}
 		}
 	}
+}
+
+// checkHeld: what a session lists under a block's token (HELD) is every
+// key of the block right after its grant, and none right after its
+// release answered (OK, or a definite "not held any more"): a session never
+// holds only some keys of a block.
+func checkHeld(ops []Op, acquires map[int64]Op, r *CheckReport, bad func(string, string, ...any)) {
+	for _, op := range ops {
+		if op.Kind != KindHeld || op.Result != ResOK {
+			continue
+		}
+		a, ok := acquires[op.Acq]
+		if !ok || a.Result != ResOK {
+			continue
+		}
+		r.HeldChecks++
+		listed := append([]string(nil), op.Keys...)
+		want := append([]string(nil), opKeys(a)...)
+		sort.Strings(listed)
+		sort.Strings(want)
+		switch op.After {
+		case "grant":
+			if strings.Join(listed, " ") != strings.Join(want, " ") {
+				bad("atomicity", "right after %s was granted, its session listed %s under the token (HELD at %s)",
+					describe(a), orNone(listed), ts(op.Cmp))
+			}
+		case "release":
+			if len(listed) > 0 {
+				bad("atomicity", "right after %s was released, its session still listed %s under the token (HELD at %s)",
+					describe(a), strings.Join(listed, "+"), ts(op.Cmp))
+			}
+		}
+	}
+}
+
+func orNone(keys []string) string {
+	if len(keys) == 0 {
+		return "no key"
+	}
+	return strings.Join(keys, "+")
 }
 
 func ts(ns int64) string { return time.Unix(0, ns).Format("15:04:05.000") }

@@ -171,7 +171,7 @@ func TestStore(t *testing.T) {
 		tok  uint64
 		want bool
 	}{{3, true}, {2, false}, {3, false}, {4, true}} {
-		ok, err := c.write("k", tc.tok, 1, 1)
+		ok, err := c.write([]string{"k"}, tc.tok, 1, 1)
 		if err != nil || ok != tc.want {
 			t.Fatalf("write %d: %v %v, want %v", tc.tok, ok, err, tc.want)
 		}
@@ -181,5 +181,315 @@ func TestStore(t *testing.T) {
 	}
 	if n := len(s.Log()); n != 5 {
 		t.Fatalf("log has %d writes", n)
+	}
+}
+
+// block is an acquire of several keys (Keys[0] is its primary key).
+func (h *hist) block(w int, keys []string, inv, cmp int64, res string, tok uint64) Op {
+	return h.add(Op{Worker: w, Kind: KindAcquire, Key: keys[0], Keys: keys, LeaseMs: 1000, WaitMs: 1000, Inv: inv, Cmp: cmp, Result: res, Token: tok})
+}
+
+// releaseVia releases a's holding naming key (any key of a block).
+func (h *hist) releaseVia(a Op, key string, inv, cmp int64, res, code string) {
+	h.add(Op{Worker: a.Worker, Kind: KindRelease, Key: key, Keys: a.Keys, Token: a.Token, Acq: a.ID, Inv: inv, Cmp: cmp, Result: res, Err: code})
+}
+
+func (h *hist) write(a Op, inv, cmp int64, res string) Op {
+	return h.add(Op{Worker: a.Worker, Kind: KindWrite, Key: a.Key, Keys: a.Keys, Token: a.Token, Acq: a.ID, Inv: inv, Cmp: cmp, Result: res})
+}
+
+func (h *hist) held(a Op, after string, inv, cmp int64, keys ...string) {
+	h.add(Op{Worker: a.Worker, Kind: KindHeld, Key: a.Key, Keys: keys, Token: a.Token, Acq: a.ID, After: after, Inv: inv, Cmp: cmp, Result: ResOK})
+}
+
+// rec is the store's record of one key of write w.
+func rec(w Op, key string, accepted bool, hw uint64) StoreRec {
+	return StoreRec{Key: key, Token: w.Token, Worker: w.Worker, Op: w.ID, Accepted: accepted, HW: hw, Keys: w.Keys}
+}
+
+// storeLog numbers the records in order.
+func storeLog(recs ...StoreRec) []StoreRec {
+	for i := range recs {
+		recs[i].Seq = i
+	}
+	return recs
+}
+
+// A clean history with blocks: a hand-off from a single holder to a
+// waiting block, a BUSY on a key the waiting block reserved (it is free,
+// but the block heads its queue), a release naming the block's second key,
+// hand-offs from the block to single waiters, writes to every key of the
+// block under its token, and an indeterminate block whose unknown grant
+// explains a BUSY and a token nobody learned.
+func TestCheckAcceptsAGoodBlockHistory(t *testing.T) {
+	var h hist
+	a := h.acquire(0, "A", 0, 10, ResOK, 1)
+	wa := h.write(a, 15, 16, ResOK)
+	b := h.block(1, []string{"A", "B"}, 20, 70, ResOK, 2) // waited for A
+	h.acquire(2, "B", 30, 40, ResBusy, 0)                 // B free but reserved by the waiting block
+	h.release(a, 50, 60, ResOK, "")
+	h.held(b, "grant", 71, 72, "A", "B")
+	c := h.acquire(3, "A", 75, 120, ResOK, 3) // waited for the block
+	wb := h.write(b, 80, 81, ResOK)
+	h.releaseVia(b, "B", 100, 110, ResOK, "") // naming B frees A too
+	h.held(b, "release", 111, 112)
+	wc := h.write(c, 125, 126, ResOK)
+	h.release(c, 130, 135, ResOK, "")
+	d := h.acquire(4, "B", 130, 140, ResOK, 4)
+	h.release(d, 150, 160, ResOK, "")
+	h.block(5, []string{"C", "D"}, 200, 300, ResIndeterminate, 0)
+	h.acquire(6, "D", 310, 320, ResBusy, 0) // explained by the indeterminate block's grant
+	e := h.block(7, []string{"D", "C"}, 330, 340, ResOK, 6)
+	h.releaseVia(e, "C", 350, 360, ResOK, "")
+	store := storeLog(rec(wa, "A", true, 0), rec(wb, "A", true, 1), rec(wb, "B", true, 0), rec(wc, "A", true, 2))
+	r := Check(h.ops, store, FinalState{LastToken: 6}, CheckOptions{})
+	if len(r.Violations) != 0 || r.Linearizable != porcupine.Ok {
+		t.Fatalf("violations %v, linearizable %s", r.Violations, r.Linearizable)
+	}
+	if r.BlockGrants[2] != 2 || r.BlockWrites != 1 || r.HeldChecks != 2 || r.UnknownTokens != 1 {
+		t.Fatalf("block grants %v, block writes %d, held checks %d, unknown tokens %d", r.BlockGrants, r.BlockWrites, r.HeldChecks, r.UnknownTokens)
+	}
+	// Components: {A,B} (the block joins them) and {C,D}.
+	if len(r.Components) != 2 || !strings.HasPrefix(r.Components[0], "{A,B} ") || !strings.HasPrefix(r.Components[1], "{C,D} ") {
+		t.Fatalf("components %v", r.Components)
+	}
+}
+
+// A block granted while one of its keys — not its primary key — was still
+// held by another worker: the block held only some of its keys.
+func TestCheckFindsPartialBlock(t *testing.T) {
+	var h hist
+	h.acquire(0, "B", 0, 10, ResOK, 1)               // lease 1 s, never released
+	h.block(1, []string{"A", "B"}, 20, 30, ResOK, 2) // B still held
+	got := checks(Check(h.ops, nil, FinalState{}, CheckOptions{}))
+	for _, want := range []string{"mutual-exclusion", "atomicity", "linearizability"} {
+		if !strings.Contains(got, want) {
+			t.Fatalf("violations %q, want %s", got, want)
+		}
+	}
+
+	// The session listing only some of the block's keys under its token.
+	var o hist
+	b := o.block(1, []string{"A", "B", "C"}, 0, 10, ResOK, 1)
+	o.held(b, "grant", 11, 12, "A", "C")
+	o.releaseVia(b, "C", 20, 30, ResOK, "")
+	o.held(b, "release", 31, 32, "B")
+	if got := checks(Check(o.ops, nil, FinalState{}, CheckOptions{})); got != "atomicity,atomicity" {
+		t.Fatalf("violations %q, want atomicity twice", got)
+	}
+}
+
+// A block's fenced write accepted on one key and refused on another (the
+// other key's high-water mark was already past the block's token): the
+// store must decide a block's write for all its keys or none. Per key,
+// each decision alone is right.
+func TestCheckFindsBlockWriteAcceptedOnOneKey(t *testing.T) {
+	var h hist
+	b := h.block(1, []string{"A", "B"}, 0, 10, ResOK, 5)
+	c := h.acquire(2, "B", 1100, 1110, ResOK, 6) // the block's lease ran out
+	wc := h.write(c, 1120, 1121, ResOK)
+	h.release(c, 1130, 1140, ResOK, "")
+	wb := h.write(b, 2000, 2001, ResRejected) // late
+	h.releaseVia(b, "A", 2010, 2020, ResError, "not_held")
+	store := storeLog(rec(wc, "B", true, 0), rec(wb, "A", true, 0), rec(wb, "B", false, 6))
+	r := Check(h.ops, store, FinalState{}, CheckOptions{})
+	if got := checks(r); !strings.Contains(got, "atomicity") || strings.Contains(got, "mutual-exclusion") || strings.Contains(got, "linearizability") {
+		t.Fatalf("violations %q, want atomicity (and no mutual-exclusion or linearizability)", got)
+	}
+	// All or none, refused on both, is right.
+	store[1].Accepted = false
+	if r := Check(h.ops, store, FinalState{}, CheckOptions{}); len(r.Violations) != 0 || r.BlockStale != 1 || r.StaleWrites != 1 {
+		t.Fatalf("violations %v, block stale %d, stale %d", r.Violations, r.BlockStale, r.StaleWrites)
+	}
+
+	// A write under a single key's token that the store accepted for
+	// another key too: the token never covered it.
+	var o hist
+	a := o.acquire(1, "A", 0, 10, ResOK, 1)
+	w := o.add(Op{Worker: 1, Kind: KindWrite, Key: "A", Keys: []string{"A", "B"}, Token: 1, Acq: a.ID, Inv: 20, Cmp: 21, Result: ResOK})
+	o.release(a, 30, 40, ResOK, "")
+	got := checks(Check(o.ops, storeLog(rec(w, "A", true, 0), rec(w, "B", true, 0)), FinalState{}, CheckOptions{}))
+	if !strings.Contains(got, "atomicity") {
+		t.Fatalf("violations %q, want atomicity", got)
+	}
+}
+
+// project splits every block operation into one operation per key: the
+// history as a per-key checker sees it.
+func project(ops []Op) []Op {
+	var out []Op
+	for _, op := range ops {
+		if !isBlock(op) {
+			out = append(out, op)
+			continue
+		}
+		for _, k := range op.Keys {
+			p := op
+			p.Key, p.Keys = k, nil
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// A block that took its keys at two different times: it needed B, held
+// until 1.2 s, and its token 3 is below token 4, granted on A by 1.15 s,
+// so on A it came before 1.15 s. Each key's projection is linearizable
+// (on A the block's lease ran out before token 4; on B it came after the
+// release), and no interval overlaps (the block's reply came after its
+// lease); only the component of {A,B}, where the block is one operation
+// at one instant, shows that no such instant exists.
+func TestCheckFindsCrossKeyLinearizabilityViolation(t *testing.T) {
+	var h hist
+	b0 := h.add(Op{Worker: 3, Kind: KindAcquire, Key: "B", LeaseMs: 3000, Inv: 0, Cmp: 10, Result: ResOK, Token: 2})
+	h.block(1, []string{"A", "B"}, 0, 1500, ResOK, 3)
+	a := h.acquire(2, "A", 1100, 1150, ResOK, 4)
+	h.release(a, 1160, 1170, ResOK, "")
+	h.release(b0, 1200, 1210, ResOK, "")
+
+	// (The projection repeats the block's token on each key, which the
+	// token check rightly calls a token granted twice.)
+	per := Check(project(h.ops), nil, FinalState{}, CheckOptions{})
+	if got := checks(per); got != "tokens" || per.Linearizable != porcupine.Ok || per.PorcupineParts != 2 {
+		t.Fatalf("per key: violations %q, linearizable %s, %d partitions", got, per.Linearizable, per.PorcupineParts)
+	}
+	r := Check(h.ops, nil, FinalState{}, CheckOptions{})
+	if got := checks(r); got != "linearizability" || r.PorcupineParts != 1 {
+		t.Fatalf("violations %q (%d partitions), want linearizability in one component", got, r.PorcupineParts)
+	}
+}
+
+// Releasing a block by any of its keys frees every key: a BUSY on its
+// other key afterwards (nobody waiting) is not linearizable.
+func TestCheckBlockReleaseFreesEveryKey(t *testing.T) {
+	var h hist
+	b := h.block(1, []string{"A", "B"}, 0, 10, ResOK, 1)
+	h.releaseVia(b, "A", 20, 30, ResOK, "")
+	h.acquire(2, "B", 40, 50, ResBusy, 0)
+	if got := checks(Check(h.ops, nil, FinalState{}, CheckOptions{})); got != "linearizability" {
+		t.Fatalf("violations %q, want linearizability", got)
+	}
+}
+
+// Tokens must grow on each key in holding order, even between grants that
+// ran concurrently (so real-time order says nothing).
+func TestCheckFindsKeyTokenInversion(t *testing.T) {
+	var h hist
+	a := h.acquire(0, "A", 0, 100, ResOK, 2)
+	h.release(a, 110, 120, ResOK, "")
+	b := h.block(1, []string{"B", "A"}, 50, 130, ResOK, 1)
+	h.releaseVia(b, "B", 140, 150, ResOK, "")
+	if got := checks(Check(h.ops, nil, FinalState{}, CheckOptions{})); !strings.Contains(got, "tokens") {
+		t.Fatalf("violations %q, want tokens", got)
+	}
+}
+
+func TestStoreBlockWrites(t *testing.T) {
+	s := NewStore()
+	path := filepath.Join(t.TempDir(), "s.sock")
+	if err := s.Serve(path); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	c := &storeClient{path: path}
+	for _, tc := range []struct {
+		keys []string
+		tok  uint64
+		want bool
+	}{
+		{[]string{"a", "b"}, 3, true},
+		{[]string{"b"}, 5, true},
+		{[]string{"a", "b", "c"}, 4, false}, // b is at 5: none of a, b, c
+		{[]string{"c"}, 1, true},
+		{[]string{"c", "a"}, 6, true},
+	} {
+		ok, err := c.write(tc.keys, tc.tok, 1, int64(tc.tok))
+		if err != nil || ok != tc.want {
+			t.Fatalf("write %v %d: %v %v, want %v", tc.keys, tc.tok, ok, err, tc.want)
+		}
+	}
+	log := s.Log()
+	if len(log) != 9 {
+		t.Fatalf("log has %d records", len(log))
+	}
+	for _, r := range log[3:6] {
+		if r.Accepted || len(r.Keys) != 3 {
+			t.Fatalf("the refused block write: %+v", r)
+		}
+	}
+	if r := Check(nil, log, FinalState{}, CheckOptions{}); len(r.Violations) != 0 || r.BlockWrites != 3 || r.BlockStale != 1 {
+		t.Fatalf("violations %v, block writes %d, stale %d", r.Violations, r.BlockWrites, r.BlockStale)
+	}
+}
+
+// A waiting block reserves a free key only while it waits for another key
+// of it that is held: a BUSY on a free key while the only block waiting on
+// it has every key free is not linearizable.
+func TestCheckFindsBusyThatNoWaitingBlockExplains(t *testing.T) {
+	var h hist
+	h.block(1, []string{"A", "B"}, 0, 100, ResTimeout, 0)
+	h.acquire(2, "B", 40, 50, ResBusy, 0)
+	if got := checks(Check(h.ops, nil, FinalState{}, CheckOptions{})); got != "linearizability" {
+		t.Fatalf("violations %q, want linearizability", got)
+	}
+	// With A held meanwhile, the block may have reserved B.
+	var o hist
+	a := o.acquire(0, "A", 0, 10, ResOK, 1)
+	o.block(1, []string{"A", "B"}, 20, 120, ResTimeout, 0)
+	o.acquire(2, "B", 40, 50, ResBusy, 0)
+	o.release(a, 200, 210, ResOK, "")
+	if r := Check(o.ops, nil, FinalState{}, CheckOptions{}); len(r.Violations) != 0 || r.RefusalsReach != 1 {
+		t.Fatalf("violations %v, %d refusals checked on the keys blocks reach", r.Violations, r.RefusalsReach)
+	}
+}
+
+// Tokens grow by one per grant: an INDETERMINATE acquire explains a BUSY
+// only if a token nobody learned was issued when it could have been
+// granted.
+func TestCheckUsesUnlearnedTokens(t *testing.T) {
+	history := func(tok uint64) []Op {
+		var h hist
+		a := h.acquire(0, "A", 0, 10, ResOK, 1)
+		h.release(a, 20, 30, ResOK, "")
+		h.acquire(1, "A", 40, 50, ResIndeterminate, 0)
+		h.acquire(2, "A", 60, 70, ResBusy, 0) // A free, unless w1 got it
+		b := h.acquire(3, "A", 80, 90, ResOK, tok)
+		h.release(b, 100, 110, ResOK, "")
+		return h.ops
+	}
+	// Token 2 was issued between tokens 1 and 3: w1 may have held A.
+	if r := Check(history(3), nil, FinalState{LastToken: 3}, CheckOptions{}); len(r.Violations) != 0 || r.MaybeGranted != 1 || r.RefusalsUnknown != 1 {
+		t.Fatalf("violations %v, maybe granted %d, explained %d", r.Violations, r.MaybeGranted, r.RefusalsUnknown)
+	}
+	// Without a token between them, nobody held A at 60-70 ms.
+	if r := Check(history(2), nil, FinalState{LastToken: 2}, CheckOptions{}); checks(r) != "linearizability" || r.MaybeGranted != 0 {
+		t.Fatalf("violations %q, maybe granted %d, want linearizability", checks(r), r.MaybeGranted)
+	}
+	// A token issued after token 2 (so granted after 80 ms) explains
+	// nothing at 60-70 ms either.
+	if r := Check(history(2), nil, FinalState{LastToken: 3}, CheckOptions{}); checks(r) != "linearizability" || r.MaybeGranted != 1 {
+		t.Fatalf("violations %q, maybe granted %d, want linearizability", checks(r), r.MaybeGranted)
+	}
+	// Without a final token count, w1 may have been granted any time.
+	if r := Check(history(2), nil, FinalState{}, CheckOptions{}); len(r.Violations) != 0 {
+		t.Fatalf("violations %v", r.Violations)
+	}
+}
+
+// A TIMEOUT takes effect when its wait has run out: a key released long
+// before that and not taken again would have gone to the waiter.
+func TestCheckTimeoutAtTheEndOfItsWait(t *testing.T) {
+	var h hist
+	a := h.acquire(0, "A", 0, 10, ResOK, 1)
+	h.add(Op{Worker: 1, Kind: KindAcquire, Key: "A", LeaseMs: 1000, WaitMs: 500, Inv: 20, Cmp: 530, Result: ResTimeout})
+	h.release(a, 100, 110, ResOK, "")
+	if got := checks(Check(h.ops, nil, FinalState{}, CheckOptions{})); got != "linearizability" {
+		t.Fatalf("violations %q, want linearizability", got)
+	}
+	// A leader handing over its leadership withdraws waiters early; the
+	// nemesis does that only around a replaced node.
+	h.add(Op{Worker: -1, Kind: KindFault, Fault: FaultReplace, Inv: 600, Cmp: 700})
+	if r := Check(h.ops, nil, FinalState{}, CheckOptions{}); len(r.Violations) != 0 {
+		t.Fatalf("violations %v", r.Violations)
 	}
 }

@@ -15,6 +15,7 @@ const (
 	KindRelease = "release"
 	KindWrite   = "write" // a fenced write to the protected resource
 	KindClose   = "close" // the worker's sidecar session ended (its locks were released)
+	KindHeld    = "held"  // a HELD observation of the session's locks around a block
 	KindFault   = "fault" // a nemesis action
 )
 
@@ -38,6 +39,11 @@ type Op struct {
 	Proc   bool   `json:"proc,omitempty"` // reported by a worker process
 	Kind   string `json:"kind"`
 	Key    string `json:"key,omitempty"`
+	// Keys are every key of a block (2..4 distinct keys, Keys[0] == Key)
+	// for its acquire, write and release (Key then names the key the
+	// RELEASE named, any of the block's); nil for one key. A held
+	// observation's Keys are the keys HELD listed under Token.
+	Keys []string `json:"keys,omitempty"`
 	// LeaseMs and WaitMs are an acquire's arguments.
 	LeaseMs int64 `json:"lease_ms,omitempty"`
 	WaitMs  int64 `json:"wait_ms,omitempty"`
@@ -51,12 +57,26 @@ type Op struct {
 	Acq int64 `json:"acq,omitempty"`
 	// Late marks a write made on purpose after the lease ran out.
 	Late bool `json:"late,omitempty"`
+	// After says when a held observation was made: "grant" (right after
+	// the block's grant) or "release" (right after its release answered).
+	After string `json:"after,omitempty"`
 	// Fault, Target, Detail describe a nemesis action (Kind "fault");
 	// Inv..Cmp is when it was in force.
 	Fault  string `json:"fault,omitempty"`
 	Target string `json:"target,omitempty"`
 	Detail string `json:"detail,omitempty"`
 }
+
+// opKeys returns every key op is about: a block's keys, or its one key.
+func opKeys(op Op) []string {
+	if len(op.Keys) > 0 {
+		return op.Keys
+	}
+	return []string{op.Key}
+}
+
+// isBlock reports whether op is about a block (2 or more keys).
+func isBlock(op Op) bool { return len(op.Keys) > 1 }
 
 // History collects operations and appends each to a JSON-lines file as it
 // completes. Safe for concurrent use.

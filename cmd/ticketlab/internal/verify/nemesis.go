@@ -391,13 +391,18 @@ func (n *nemesis) apply(ctx context.Context, st Step) {
 		if len(n.workers) == 0 {
 			return
 		}
-		// Wait (a little) for a worker process that holds a lock.
+		// Wait (a little) for a worker process that holds a lock, a block
+		// for the first 3 s: paused past its lease, it wakes to a fenced
+		// write of every key of the block under a token that may have been
+		// overtaken on some of them.
 		var w *workerProc
 		var held Op
-		deadline := time.Now().Add(3 * time.Second)
+		start := time.Now()
+		deadline := start.Add(5 * time.Second)
 		for w == nil && time.Now().Before(deadline) && ctx.Err() == nil {
+			block := time.Since(start) < 3*time.Second
 			for _, k := range rng.Perm(len(n.workers)) {
-				if op, ok := n.workers[k].holds(); ok {
+				if op, ok := n.workers[k].holds(block); ok {
 					w, held = n.workers[k], op
 					break
 				}
@@ -406,12 +411,16 @@ func (n *nemesis) apply(ctx context.Context, st Step) {
 				sleepCtx(ctx, 5*time.Millisecond)
 			}
 		}
-		if w == nil {
+		switch {
+		case w == nil:
 			w = n.workers[rng.Intn(len(n.workers))]
 			begin(fmt.Sprintf("w%d", w.id), fmt.Sprintf("paused %v (holding nothing)", st.Hold))
-		} else {
+		case isBlock(held):
+			begin(fmt.Sprintf("w%d", w.id), fmt.Sprintf("paused %v holding block %s token %d (lease %dms)", st.Hold, strings.Join(held.Keys, ","), held.Token, held.LeaseMs))
+		default:
 			begin(fmt.Sprintf("w%d", w.id), fmt.Sprintf("paused %v holding %s token %d (lease %dms)", st.Hold, held.Key, held.Token, held.LeaseMs))
 		}
+		rec.Token, rec.Keys, rec.Acq = held.Token, held.Keys, held.ID
 		w.signal(syscall.SIGSTOP)
 		hold()
 		w.signal(syscall.SIGCONT)

@@ -2,13 +2,15 @@
 // 4). It runs a real cluster of node processes with sidecar processes on
 // loopback, drives a contended lock workload through them (worker
 // goroutines with their own unix-socket sessions, and worker processes
-// that the nemesis can pause while they hold a lock), injects
+// that the nemesis can pause while they hold a lock; single keys mixed
+// with blocks of 2..4 keys under one token, issue 18), injects
 // faults from a seeded schedule (process kills and pauses, partitions,
 // clock jumps, sidecar connection drops, a frozen replication link, and
 // optionally a wiped node), heals, and then checks the recorded history:
-// mutual exclusion, token order, fencing, no leaked grants,
-// linearizability against a lock model (porcupine), liveness after the
-// heal, and that nothing stays held past its lease.
+// mutual exclusion, token order, fencing, block atomicity, no leaked
+// grants, linearizability against a lock model (porcupine, one partition
+// per connected component of keys), liveness after the heal, and that
+// nothing stays held past its lease.
 //
 // The nodes and sidecars are the lab's own `ticketlab node` and `ticketlab
 // sidecar` (the product's commands with the lab's fault file plugged into
@@ -63,6 +65,10 @@ type Config struct {
 	Sidecars int
 	// Keys is the number of contended keys. Default 4.
 	Keys int
+	// BlockShare is the share of acquires that are blocks of 2..4 of the
+	// keys (one token for all of them). Zero: DefaultBlockShare; negative:
+	// no blocks (every acquire takes one key, the workload before issue 18).
+	BlockShare float64
 	// ReplaceAll replaces the schedule by a rolling replacement of every
 	// node (FaultReplace, one after the other, the leader included).
 	ReplaceAll bool
@@ -105,6 +111,9 @@ func (c Config) withDefaults() Config {
 	if c.Keys == 0 {
 		c.Keys = 4
 	}
+	if c.BlockShare == 0 {
+		c.BlockShare = DefaultBlockShare
+	}
 	if c.RecoveryBound == 0 {
 		c.RecoveryBound = 5 * time.Second
 	}
@@ -120,6 +129,10 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// DefaultBlockShare is the share of block acquires in a run: a quarter, so
+// that most acquires still take one key and every key sees both.
+const DefaultBlockShare = 0.25
+
 // ErrBadConfig wraps configuration errors.
 var ErrBadConfig = errors.New("verify: bad config")
 
@@ -129,8 +142,15 @@ type Result struct {
 	Elapsed time.Duration
 	// Ops counts operations by kind and result ("acquire ok", ...).
 	Ops map[string]int
+	// BlockOps counts the block acquires by result ("ok", ...).
+	BlockOps map[string]int
 	// Faults lists the nemesis actions in order.
 	Faults []Op
+	// PausedBlocks counts the pause-worker faults that caught a worker
+	// holding a block, and what became of the fenced write (of every key
+	// of the block) it made on waking: accepted, refused, or none (it
+	// was not writing any more, or the run ended).
+	PausedBlocks, PausedBlockAccepted, PausedBlockRefused int
 	// Recovery is the time from the final heal to the first grant after
 	// it (NoGrant: none); FaultRecoveries the same after each fault's heal.
 	Recovery        time.Duration
@@ -160,6 +180,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	if cfg.Nodes != 3 && cfg.Nodes != 5 {
 		return nil, fmt.Errorf("%w: nodes must be 3 or 5", ErrBadConfig)
+	}
+	if cfg.BlockShare > 1 {
+		return nil, fmt.Errorf("%w: the block share is at most 1", ErrBadConfig)
 	}
 	if cfg.Workers+cfg.ProcWorkers < 16 {
 		return nil, fmt.Errorf("%w: at least 16 workers in all", ErrBadConfig)
@@ -224,10 +247,12 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	params := func(id int, proc bool) WorkerParams {
 		wp := WorkerParams{ID: id, Proc: proc, Seed: cfg.Seed*1000 + int64(id), Socket: p.SidecarSocket(id % p.Sidecars()),
-			Keys: keys, HoldMin: 0, HoldMax: 200 * time.Millisecond, LateProb: 0.05}
+			Keys: keys, HoldMin: 0, HoldMax: 200 * time.Millisecond, LateProb: 0.05, BlockShare: max(cfg.BlockShare, 0)}
 		if proc {
-			// Long enough holds that the nemesis can catch them holding.
+			// Long enough holds that the nemesis can catch them holding,
+			// and twice the blocks, so that it catches blocks too.
 			wp.HoldMin, wp.HoldMax, wp.LateProb = 300*time.Millisecond, 1500*time.Millisecond, 0.1
+			wp.BlockShare = min(2*wp.BlockShare, 1)
 		}
 		return wp
 	}
@@ -241,8 +266,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			runWorker(wctx, wp, func(key string, token uint64, worker int, op int64) (bool, error) {
-				ok, _ := store.Write(key, token, worker, op)
+			runWorker(wctx, wp, func(keys []string, token uint64, worker int, op int64) (bool, error) {
+				ok, _ := store.WriteBlock(keys, token, worker, op)
 				return ok, nil
 			}, h.Add)
 		}()
@@ -326,8 +351,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 
 	ops := h.Ops()
-	res.Ops = map[string]int{}
+	res.Ops, res.BlockOps = map[string]int{}, map[string]int{}
 	var grantsAfter []int64
+	writeOf := map[int64]Op{}
 	for _, op := range ops {
 		switch op.Kind {
 		case KindFault:
@@ -337,6 +363,23 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			res.Ops[op.Kind+" "+op.Result]++
 			if op.Kind == KindAcquire && op.Result == ResOK {
 				grantsAfter = append(grantsAfter, op.Cmp)
+			}
+			if op.Kind == KindAcquire && isBlock(op) {
+				res.BlockOps[op.Result]++
+			}
+			if op.Kind == KindWrite {
+				writeOf[op.Acq] = op
+			}
+		}
+	}
+	for _, f := range res.Faults {
+		if f.Fault == FaultPauseWorker && len(f.Keys) > 1 {
+			res.PausedBlocks++
+			switch writeOf[f.Acq].Result {
+			case ResOK:
+				res.PausedBlockAccepted++
+			case ResRejected:
+				res.PausedBlockRefused++
 			}
 		}
 	}
@@ -435,8 +478,8 @@ func settle(ctx context.Context, p *localproc.Procs, strangers bool) (wire.Msg, 
 func (r *Result) Summary() string {
 	var b strings.Builder
 	c := r.Config
-	fmt.Fprintf(&b, "ticketlab verify: seed %d, %d nodes, %d sidecars, %d workers + %d worker processes, %d keys, nemesis %v (run %v)\n",
-		c.Seed, c.Nodes, c.Sidecars, c.Workers, c.ProcWorkers, c.Keys, c.Duration, r.Elapsed.Round(time.Second))
+	fmt.Fprintf(&b, "ticketlab verify: seed %d, %d nodes, %d sidecars, %d workers + %d worker processes, %d keys, block share %v, nemesis %v (run %v)\n",
+		c.Seed, c.Nodes, c.Sidecars, c.Workers, c.ProcWorkers, c.Keys, max(c.BlockShare, 0), c.Duration, r.Elapsed.Round(time.Second))
 	if len(c.NodeArgs) > 0 {
 		fmt.Fprintf(&b, "node flags: %s\n", strings.Join(c.NodeArgs, " "))
 	}
@@ -448,15 +491,35 @@ func (r *Result) Summary() string {
 	}
 	sort.Strings(kinds)
 	fmt.Fprintf(&b, "operations: %d\n", total)
-	for _, kind := range []string{KindAcquire, KindWrite, KindRelease} {
+	for _, kind := range []string{KindAcquire, KindWrite, KindRelease, KindHeld} {
 		var parts []string
 		for _, k := range kinds {
 			if strings.HasPrefix(k, kind+" ") {
 				parts = append(parts, fmt.Sprintf("%s %d", strings.TrimPrefix(k, kind+" "), r.Ops[k]))
 			}
 		}
-		fmt.Fprintf(&b, "  %-8s %s\n", kind, strings.Join(parts, ", "))
+		if len(parts) > 0 || kind != KindHeld {
+			fmt.Fprintf(&b, "  %-8s %s\n", kind, strings.Join(parts, ", "))
+		}
 	}
+	var bparts []string
+	for _, res := range []string{ResOK, ResBusy, ResTimeout, ResIndeterminate, ResError} {
+		if n := r.BlockOps[res]; n > 0 {
+			part := fmt.Sprintf("%s %d", res, n)
+			if res == ResOK {
+				var sizes []string
+				for k := 2; k <= MaxBlockKeys; k++ {
+					sizes = append(sizes, fmt.Sprintf("%d keys %d", k, r.Check.BlockGrants[k]))
+				}
+				part += " (" + strings.Join(sizes, ", ") + ")"
+			}
+			bparts = append(bparts, part)
+		}
+	}
+	if len(bparts) == 0 {
+		bparts = []string{"none"}
+	}
+	fmt.Fprintf(&b, "  %-8s %s (of the acquires above)\n", "blocks", strings.Join(bparts, ", "))
 	fc := map[string]int{}
 	var fk []string
 	for _, f := range r.Faults {
@@ -471,6 +534,10 @@ func (r *Result) Summary() string {
 		fparts = append(fparts, fmt.Sprintf("%s %d", k, fc[k]))
 	}
 	fmt.Fprintf(&b, "faults: %d (%s)\n", len(r.Faults), strings.Join(fparts, ", "))
+	if fc[FaultPauseWorker] > 0 {
+		fmt.Fprintf(&b, "  pause-worker: %d of %d caught a block holder (its fenced write of every key on waking: %d accepted, %d refused, %d none)\n",
+			r.PausedBlocks, fc[FaultPauseWorker], r.PausedBlockAccepted, r.PausedBlockRefused, r.PausedBlocks-r.PausedBlockAccepted-r.PausedBlockRefused)
+	}
 	var recs []time.Duration
 	none := 0
 	for _, d := range r.FaultRecoveries {
@@ -499,11 +566,18 @@ func (r *Result) Summary() string {
 		fmt.Fprintf(&b, "lost servers never replaced: %s\n", strings.Join(r.Lost, ", "))
 	}
 	ck := r.Check
-	fmt.Fprintf(&b, "fencing: %d stale writes rejected; %d writes past the lease (%d accepted: no newer holder had written)\n",
-		ck.StaleWrites, ck.LateWrites, ck.LateAccepted)
+	fmt.Fprintf(&b, "fencing: %d stale writes rejected; %d writes past the lease (%d accepted: no newer holder had written); %d block writes (%d refused on all their keys)\n",
+		ck.StaleWrites, ck.LateWrites, ck.LateAccepted, ck.BlockWrites, ck.BlockStale)
 	fmt.Fprintf(&b, "tokens: %d grants, %d indeterminate acquires, %d tokens issued that no worker learned\n",
 		ck.Grants, ck.Indeterminate, ck.UnknownTokens)
-	fmt.Fprintf(&b, "linearizability: %s (%d keys, %v)\n", ck.Linearizable, ck.PorcupineParts, ck.LinearizeTime.Round(time.Millisecond))
+	fmt.Fprintf(&b, "atomicity: %d HELD observations of blocks checked\n", ck.HeldChecks)
+	comps := "components"
+	if ck.PorcupineParts == 1 {
+		comps = "component"
+	}
+	fmt.Fprintf(&b, "linearizability: %s (%d %s: %s; %v)\n", ck.Linearizable, ck.PorcupineParts, comps, strings.Join(ck.Components, "; "), ck.LinearizeTime.Round(time.Millisecond))
+	fmt.Fprintf(&b, "  busy/timeout: %d: %d need one of their keys held, %d a key held among those waiting blocks connect them to, %d accepted (one of %d indeterminate acquires that may have been granted may have held the key)\n",
+		ck.Refusals, ck.Refusals-ck.RefusalsReach-ck.RefusalsUnknown, ck.RefusalsReach, ck.RefusalsUnknown, ck.MaybeGranted)
 	if ck.Visualization != "" {
 		fmt.Fprintf(&b, "  visualization: %s\n", ck.Visualization)
 	}
@@ -541,6 +615,9 @@ func (r *Result) Summary() string {
 	}
 	if len(c.NodeArgs) > 0 {
 		wipe += fmt.Sprintf(" --node-args %q", strings.Join(c.NodeArgs, " "))
+	}
+	if c.BlockShare != DefaultBlockShare {
+		wipe += fmt.Sprintf(" --block-share %v", max(c.BlockShare, 0))
 	}
 	fmt.Fprintf(&b, "replay: ticketlab verify --seed %d --nodes %d --duration %v --workers %d%s\n", c.Seed, c.Nodes, c.Duration, c.Workers, wipe)
 	return b.String()

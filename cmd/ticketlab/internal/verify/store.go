@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strconv"
 	"strings"
@@ -14,8 +15,12 @@ import (
 // Store is the protected resource: a per-key register that accepts a write
 // only if its fencing token is above the key's high-water mark, checked and
 // updated atomically with the write (like a database's conditional write).
-// Workers in the harness call Write; worker processes reach it over a unix
-// socket (Serve). Every attempt is logged with its outcome and time.
+// A block's write (WriteBlock) covers every key of the block under its one
+// token, in one step: accepted on every key if the token is above every
+// key's high-water mark, else on none (like a transaction that checks the
+// fence of each seat it books). Workers in the harness call Write and
+// WriteBlock; worker processes reach it over a unix socket (Serve). Every
+// attempt is logged with its outcome and time, one record per key.
 type Store struct {
 	mu  sync.Mutex
 	hw  map[string]uint64
@@ -26,7 +31,8 @@ type Store struct {
 	done chan struct{}
 }
 
-// StoreRec is one write attempt, in the order the store decided them.
+// StoreRec is one key of one write attempt, in the order the store decided
+// them (a block's records are consecutive, in the order of its keys).
 type StoreRec struct {
 	Seq      int
 	Key      string
@@ -36,6 +42,9 @@ type StoreRec struct {
 	At       int64 // Unix ns when decided
 	Accepted bool
 	HW       uint64 // the key's high-water mark before this write
+	// Keys are every key of a block's write (nil for one key): the write
+	// has one record per key, all accepted or none.
+	Keys []string
 }
 
 // NewStore returns an empty store.
@@ -45,16 +54,38 @@ func NewStore() *Store { return &Store{hw: map[string]uint64{}, done: make(chan 
 // whether the write was accepted and the high-water mark it was checked
 // against.
 func (s *Store) Write(key string, token uint64, worker int, op int64) (bool, uint64) {
+	return s.WriteBlock([]string{key}, token, worker, op)
+}
+
+// WriteBlock writes every key of keys under token in one step, fenced on
+// each: accepted on all of them if token is above each one's high-water
+// mark, else on none. It reports whether the write was accepted and,
+// when not, the high-water mark of the first key that refused it.
+func (s *Store) WriteBlock(keys []string, token uint64, worker int, op int64) (bool, uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	hw := s.hw[key]
-	ok := token > hw
-	if ok {
-		s.hw[key] = token
+	ok, refused := true, uint64(0)
+	for _, k := range keys {
+		if hw := s.hw[k]; token <= hw {
+			if ok {
+				refused = hw
+			}
+			ok = false
+		}
 	}
-	s.log = append(s.log, StoreRec{Seq: len(s.log), Key: key, Token: token, Worker: worker, Op: op,
-		At: time.Now().UnixNano(), Accepted: ok, HW: hw})
-	return ok, hw
+	var block []string
+	if len(keys) > 1 {
+		block = append([]string(nil), keys...)
+	}
+	at := time.Now().UnixNano()
+	for _, k := range keys {
+		s.log = append(s.log, StoreRec{Seq: len(s.log), Key: k, Token: token, Worker: worker, Op: op,
+			At: at, Accepted: ok, HW: s.hw[k], Keys: block})
+		if ok {
+			s.hw[k] = token
+		}
+	}
+	return ok, refused
 }
 
 // Log returns every write attempt in decision order.
@@ -65,7 +96,9 @@ func (s *Store) Log() []StoreRec {
 }
 
 // Serve listens on a unix socket at path. The protocol is one line per
-// write, "W <key> <token> <worker> <op>", answered "OK" or "REJECT <hw>".
+// write, "W <key> <token> <worker> <op>" (one key) or "B <token> <worker>
+// <op> <key1> <key2> ..." (a block, 2 or more keys), answered "OK" or
+// "REJECT <hw>".
 func (s *Store) Serve(path string) error {
 	ln, err := net.Listen("unix", path)
 	if err != nil {
@@ -98,18 +131,25 @@ func (s *Store) serveConn(c net.Conn) {
 			return
 		}
 		f := strings.Fields(line)
-		if len(f) != 5 || f[0] != "W" {
+		var keys []string
+		var nums []string
+		switch {
+		case len(f) == 5 && f[0] == "W":
+			keys, nums = f[1:2], f[2:5]
+		case len(f) >= 6 && f[0] == "B":
+			keys, nums = f[4:], f[1:4]
+		default:
 			fmt.Fprintf(c, "ERR bad request\n")
 			continue
 		}
-		tok, err1 := strconv.ParseUint(f[2], 10, 64)
-		w, err2 := strconv.Atoi(f[3])
-		op, err3 := strconv.ParseInt(f[4], 10, 64)
+		tok, err1 := strconv.ParseUint(nums[0], 10, 64)
+		w, err2 := strconv.Atoi(nums[1])
+		op, err3 := strconv.ParseInt(nums[2], 10, 64)
 		if err1 != nil || err2 != nil || err3 != nil {
 			fmt.Fprintf(c, "ERR bad numbers\n")
 			continue
 		}
-		if ok, hw := s.Write(f[1], tok, w, op); ok {
+		if ok, hw := s.WriteBlock(keys, tok, w, op); ok {
 			fmt.Fprintf(c, "OK\n")
 		} else {
 			fmt.Fprintf(c, "REJECT %d\n", hw)
@@ -141,7 +181,7 @@ type storeClient struct {
 	r    *bufio.Reader
 }
 
-func (sc *storeClient) write(key string, token uint64, worker int, op int64) (bool, error) {
+func (sc *storeClient) write(keys []string, token uint64, worker int, op int64) (bool, error) {
 	if sc.c == nil {
 		c, err := net.Dial("unix", sc.path)
 		if err != nil {
@@ -149,7 +189,11 @@ func (sc *storeClient) write(key string, token uint64, worker int, op int64) (bo
 		}
 		sc.c, sc.r = c, bufio.NewReader(c)
 	}
-	if _, err := fmt.Fprintf(sc.c, "W %s %d %d %d\n", key, token, worker, op); err != nil {
+	req := fmt.Sprintf("W %s %d %d %d\n", keys[0], token, worker, op)
+	if len(keys) > 1 {
+		req = fmt.Sprintf("B %d %d %d %s\n", token, worker, op, strings.Join(keys, " "))
+	}
+	if _, err := io.WriteString(sc.c, req); err != nil {
 		sc.c.Close()
 		sc.c = nil
 		return false, fmt.Errorf("%w: %w", ErrStore, err)

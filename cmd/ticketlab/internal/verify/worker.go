@@ -3,7 +3,10 @@ package verify
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand"
+	"strconv"
+	"strings"
 	"time"
 
 	ticketing "ticketing/clients/go"
@@ -27,7 +30,14 @@ type WorkerParams struct {
 	// LateProb is the chance that a holder sleeps past its lease before
 	// writing (the write must then be fenced off if a newer holder wrote).
 	LateProb float64
+	// BlockShare is the share of acquires that are blocks (2..MaxBlockKeys
+	// distinct keys of Keys at once, one token); the rest take one key.
+	BlockShare float64
 }
+
+// MaxBlockKeys is the largest block the workload asks for (the product
+// allows 16; the key pool is small).
+const MaxBlockKeys = 4
 
 // Workload ranges (issue 4: random lease and wait, hot contention).
 const (
@@ -36,12 +46,18 @@ const (
 	maxWait  = 2 * time.Second
 )
 
-// writeFunc performs a fenced write: accepted, or rejected by the fencing
+// writeFunc performs a fenced write of every key of keys under token (one
+// key, or a block's keys, atomically): accepted, or rejected by the fencing
 // check, or an error (the store was unreachable).
-type writeFunc func(key string, token uint64, worker int, op int64) (bool, error)
+type writeFunc func(keys []string, token uint64, worker int, op int64) (bool, error)
 
 // runWorker loops acquire → fenced write → (sometimes sleep past the lease)
-// → release until ctx ends, reporting every operation to emit.
+// → release until ctx ends, reporting every operation to emit. An acquire
+// is a block of 2..MaxBlockKeys keys with probability p.BlockShare; its
+// write covers every key of the block and its release names one of them
+// (any: that frees the whole block), and a HELD right after the grant and
+// right after the release records what the session lists under the
+// block's token.
 func runWorker(ctx context.Context, p WorkerParams, write writeFunc, emit func(Op)) {
 	rng := rand.New(rand.NewSource(p.Seed))
 	seq := int64(0)
@@ -60,6 +76,17 @@ func runWorker(ctx context.Context, p WorkerParams, write writeFunc, emit func(O
 			dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			var err error
 			c, err = ticketing.Dial(dctx, p.Socket)
+			if err == nil && p.BlockShare > 0 {
+				// Blocks need version 2 of the local API (PROTOCOL.md,
+				// "Versions"): a sidecar that does not speak it is not used.
+				var r string
+				if r, err = c.Do(dctx, "HELLO 2"); err == nil && r != "HELLO 2" {
+					err = fmt.Errorf("verify: HELLO 2 answered %q", r)
+				}
+				if err != nil {
+					c.Close()
+				}
+			}
 			cancel()
 			if err != nil {
 				c = nil
@@ -67,7 +94,20 @@ func runWorker(ctx context.Context, p WorkerParams, write writeFunc, emit func(O
 				continue
 			}
 		}
-		key := p.Keys[rng.Intn(len(p.Keys))]
+		keys := []string{p.Keys[rng.Intn(len(p.Keys))]}
+		if n := min(MaxBlockKeys, len(p.Keys)); n >= 2 && rng.Float64() < p.BlockShare {
+			n = 2 + rng.Intn(n-1)
+			keys = keys[:0]
+			for _, i := range rng.Perm(len(p.Keys))[:n] {
+				keys = append(keys, p.Keys[i])
+			}
+		}
+		key := keys[0]
+		relKey := keys[rng.Intn(len(keys))] // the key the release names
+		var block []string
+		if len(keys) > 1 {
+			block = keys
+		}
 		lease := minLease + time.Duration(rng.Int63n(int64((maxLease-minLease)/time.Second)+1))*time.Second
 		wait := time.Duration(0)
 		if rng.Intn(4) != 0 {
@@ -76,9 +116,15 @@ func runWorker(ctx context.Context, p WorkerParams, write writeFunc, emit func(O
 		hold := p.HoldMin + time.Duration(rng.Int63n(int64(p.HoldMax-p.HoldMin)+1))
 		late := rng.Float64() < p.LateProb
 
-		acq := Op{ID: nextID(), Worker: p.ID, Proc: p.Proc, Kind: KindAcquire, Key: key,
+		acq := Op{ID: nextID(), Worker: p.ID, Proc: p.Proc, Kind: KindAcquire, Key: key, Keys: block,
 			LeaseMs: lease.Milliseconds(), WaitMs: wait.Milliseconds(), Inv: now()}
-		tok, err := c.Acquire(ctx, key, lease, wait)
+		var tok uint64
+		var err error
+		if block != nil {
+			tok, err = acquireBlock(ctx, c, block, lease, wait)
+		} else {
+			tok, err = c.Acquire(ctx, key, lease, wait)
+		}
 		acq.Cmp = now()
 		classifyAcquire(&acq, tok, err)
 		emit(acq)
@@ -96,15 +142,19 @@ func runWorker(ctx context.Context, p WorkerParams, write writeFunc, emit func(O
 			continue
 		}
 
+		if block != nil {
+			emit(observeHeld(c, p, nextID(), acq, "grant"))
+		}
+
 		// Holding: work, sometimes past the lease on purpose.
 		if late {
 			hold = lease + 300*time.Millisecond + time.Duration(rng.Int63n(int64(500*time.Millisecond)))
 		}
 		sleepCtx(ctx, hold)
 		if ctx.Err() == nil {
-			w := Op{ID: nextID(), Worker: p.ID, Proc: p.Proc, Kind: KindWrite, Key: key, Token: tok, Acq: acq.ID,
+			w := Op{ID: nextID(), Worker: p.ID, Proc: p.Proc, Kind: KindWrite, Key: key, Keys: block, Token: tok, Acq: acq.ID,
 				Late: late, Inv: now()}
-			ok, werr := write(key, tok, p.ID, w.ID)
+			ok, werr := write(keys, tok, p.ID, w.ID)
 			w.Cmp = now()
 			switch {
 			case werr != nil:
@@ -119,12 +169,16 @@ func runWorker(ctx context.Context, p WorkerParams, write writeFunc, emit func(O
 
 		// Release, even after ctx ended (with its own bounded context).
 		rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		rel := Op{ID: nextID(), Worker: p.ID, Proc: p.Proc, Kind: KindRelease, Key: key, Token: tok, Acq: acq.ID, Inv: now()}
-		rerr := c.Release(rctx, key, tok)
+		rel := Op{ID: nextID(), Worker: p.ID, Proc: p.Proc, Kind: KindRelease, Key: relKey, Keys: block, Token: tok, Acq: acq.ID, Inv: now()}
+		rerr := c.Release(rctx, relKey, tok)
 		cancel()
 		rel.Cmp = now()
 		classifyRelease(&rel, rerr)
 		emit(rel)
+		if block != nil && (rel.Result == ResOK || rel.Result == ResError && definiteReleaseError(rel.Err)) {
+			// The session forgot the whole block (PROTOCOL.md, "Errors").
+			emit(observeHeld(c, p, nextID(), acq, "release"))
+		}
 		if errors.Is(rerr, ticketing.ErrClosed) {
 			emit(Op{ID: nextID(), Worker: p.ID, Proc: p.Proc, Kind: KindClose, Inv: lastCmp, Cmp: now()})
 			c = nil
@@ -132,6 +186,68 @@ func runWorker(ctx context.Context, p WorkerParams, write writeFunc, emit func(O
 		}
 		lastCmp = rel.Cmp
 	}
+}
+
+// acquireBlock acquires every key of keys as one block (a version-2
+// ACQUIRE of several keys) with the outcomes of Client.Acquire: the token,
+// or ErrBusy, ErrTimeout, ErrIndeterminate, an *Error, or the error of the
+// connection or of ctx. (If ctx ends while the request is with the
+// sidecar, a late grant stays with the session until it closes, which
+// releases it.)
+func acquireBlock(ctx context.Context, c *ticketing.Client, keys []string, lease, wait time.Duration) (uint64, error) {
+	ms := wait.Milliseconds()
+	r, err := c.Do(ctx, fmt.Sprintf("ACQUIRE %s %d %d.%03d", strings.Join(keys, " "), lease/time.Second, ms/1000, ms%1000))
+	if err != nil {
+		return 0, err
+	}
+	switch r {
+	case "BUSY":
+		return 0, ticketing.ErrBusy
+	case "TIMEOUT":
+		return 0, ticketing.ErrTimeout
+	case "INDETERMINATE":
+		return 0, ticketing.ErrIndeterminate
+	}
+	if tok, ok := strings.CutPrefix(r, "OK "); ok {
+		if t, err := strconv.ParseUint(tok, 10, 64); err == nil && t > 0 {
+			return t, nil
+		}
+	}
+	if rest, ok := strings.CutPrefix(r, "ERR "); ok {
+		code, msg, _ := strings.Cut(rest, " ")
+		return 0, &ticketing.Error{Code: code, Message: msg}
+	}
+	return 0, fmt.Errorf("%w: unexpected reply to a block ACQUIRE: %q", ticketing.ErrProtocol, r)
+}
+
+// observeHeld asks the session what it holds (HELD, answered by the
+// sidecar itself) and records the keys it lists under the block acq's
+// token: every key of the block right after the grant, none right after
+// the release.
+func observeHeld(c *ticketing.Client, p WorkerParams, id int64, acq Op, after string) Op {
+	op := Op{ID: id, Worker: p.ID, Proc: p.Proc, Kind: KindHeld, Key: acq.Key, Token: acq.Token, Acq: acq.ID, After: after,
+		Inv: time.Now().UnixNano()}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	r, err := c.Do(ctx, "HELD")
+	op.Cmp = time.Now().UnixNano()
+	f := strings.Fields(r)
+	switch {
+	case err != nil:
+		op.Result, op.Err = ResError, err.Error()
+	case len(f) < 2 || f[0] != "HELD":
+		op.Result, op.Err = ResError, fmt.Sprintf("unexpected reply %q", r)
+	default:
+		op.Result = ResOK
+		for _, kt := range f[2:] {
+			// Keys may contain ':'; the token follows the last one.
+			i := strings.LastIndexByte(kt, ':')
+			if i > 0 && kt[i+1:] == strconv.FormatUint(acq.Token, 10) {
+				op.Keys = append(op.Keys, kt[:i])
+			}
+		}
+	}
+	return op
 }
 
 func classifyAcquire(op *Op, tok uint64, err error) {

@@ -42,6 +42,7 @@ func workerArgs(p WorkerParams, storeSocket string) []string {
 		"--hold-min", p.HoldMin.String(),
 		"--hold-max", p.HoldMax.String(),
 		"--late", strconv.FormatFloat(p.LateProb, 'f', -1, 64),
+		"--block-share", strconv.FormatFloat(p.BlockShare, 'f', -1, 64),
 	}
 }
 
@@ -94,12 +95,15 @@ func startWorkerProc(binary string, p WorkerParams, storeSocket string, h *Histo
 	return w, nil
 }
 
-// holds returns a lock the worker holds now, if any.
-func (w *workerProc) holds() (Op, bool) {
+// holds returns a lock the worker holds now, if any; with block set, only
+// a block.
+func (w *workerProc) holds(block bool) (Op, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, op := range w.holding {
-		return op, true
+		if !block || isBlock(op) {
+			return op, true
+		}
 	}
 	return Op{}, false
 }
