@@ -115,7 +115,7 @@ bench-throughput: build lab
 # acquires in order and against one seat, Zipf over 10,000 seats, 64
 # sellers; writes cmd/ticketlab/results/blocks/{results.md,results.json}.
 bench-blocks: build lab
-	cd cmd/ticketlab && $(CURDIR)/bin/ticketlab bench blocks --binary $(CURDIR)/bin/ticketing --sellers 64 --seats 10000 --duration 20s --out results/blocks
+	cd cmd/ticketlab && $(CURDIR)/bin/ticketlab bench blocks --binary $(CURDIR)/bin/ticketing --sellers 64 --seats 10000 --duration 20s --rounds 4 --out results/blocks
 
 # Ticketing against etcd, ZooKeeper and Redis in one run (`ticketlab
 # compare`; installs the Debian packages if missing, starts the peers on

@@ -70,7 +70,9 @@ type BlocksOptions struct {
 	// single-key workload, the seats) are drawn from.
 	Seats, Block int
 	ZipfS        float64
-	// Each round runs every workload for Warmup, then Duration measured.
+	// Duration is each workload's measured time, split evenly over
+	// Rounds; each round runs every workload for Warmup, then its share
+	// of Duration measured.
 	Warmup, Duration time.Duration
 	Rounds           int
 	// Wait is the wait of every acquire.
@@ -96,7 +98,8 @@ type BlocksConfig struct {
 	Block     int      `json:"block"`
 	ZipfS     float64  `json:"zipf_s"`
 	WarmupS   float64  `json:"warmup_s"`
-	DurationS float64  `json:"duration_s"`
+	DurationS float64  `json:"duration_s"` // per workload, all rounds
+	WindowS   float64  `json:"window_s"`   // per workload and round
 	Rounds    int      `json:"rounds"`
 	LeaseS    float64  `json:"lease_s"`
 	WaitS     float64  `json:"wait_s"`
@@ -120,6 +123,9 @@ type BlocksResult struct {
 	// The acquire part of a cycle alone, ms.
 	AcquireP50ms float64 `json:"acquire_p50_ms"`
 	AcquireP99ms float64 `json:"acquire_p99_ms"`
+	// The release part (every release) alone, ms.
+	ReleaseP50ms float64 `json:"release_p50_ms"`
+	ReleaseP99ms float64 `json:"release_p99_ms"`
 	// Commits is the leader's Raft commit index (its STATUS reply) at the
 	// end of each window minus at its start, summed; -1 if the leader
 	// changed during a window. CommitsPerCycle is Commits ÷ Cycles: Raft
@@ -128,11 +134,13 @@ type BlocksResult struct {
 	CommitsPerCycle float64 `json:"commits_per_cycle"`
 	// CPU (user+sys, /proc) per cycle: the leader, all nodes, this process
 	// (the in-process Broker and the sellers), µs; Busy is the machine's
-	// share used by all of them, %.
+	// share used by all of them, Others the share used by every other
+	// process on the machine (from /proc/stat), %.
 	LeaderCPUus float64 `json:"leader_cpu_us_per_cycle"`
 	NodesCPUus  float64 `json:"nodes_cpu_us_per_cycle"`
 	LabCPUus    float64 `json:"lab_cpu_us_per_cycle"`
 	BusyPct     float64 `json:"busy_pct"`
+	OthersPct   float64 `json:"others_pct"`
 	// Errors of the windows and warm-ups (a failed cycle is not counted);
 	// FirstError is the first one's text.
 	Errors     int    `json:"errors"`
@@ -165,9 +173,9 @@ func setupBlocks(fs *flag.FlagSet, e *env) func(context.Context) error {
 	fs.IntVar(&o.Seats, "seats", 10000, "seats: the key space")
 	fs.IntVar(&o.Block, "block", 4, fmt.Sprintf("seats per block: adjacent seats k..k+block-1, what a family buys (%d..%d)", locksm.MinBlockKeys, locksm.MaxBlockKeys))
 	fs.Float64Var(&o.ZipfS, "zipf", 1.1, "Zipf exponent s (> 1): a block starts at seat k with probability ∝ (1+k)^-s, k in 0..seats-block; the single-key workload draws its seat the same way over 0..seats-1")
-	fs.DurationVar(&o.Duration, "duration", 20*time.Second, "measured window of each workload in each round")
-	fs.DurationVar(&o.Warmup, "warmup", 2*time.Second, "warm-up of each workload before its window")
-	fs.IntVar(&o.Rounds, "rounds", 1, "rounds, each running atomic, sequential and single back to back (the figures sum the rounds)")
+	fs.DurationVar(&o.Duration, "duration", 20*time.Second, "measured time of each workload, split evenly over the rounds")
+	fs.DurationVar(&o.Warmup, "warmup", 2*time.Second, "warm-up of each workload before each of its windows")
+	fs.IntVar(&o.Rounds, "rounds", 4, "rounds, each running atomic, sequential and single back to back for duration/rounds each (alternating, so drift and other load on the machine fall on all three alike)")
 	fs.DurationVar(&o.Wait, "wait", 60*time.Second, "the wait of every acquire")
 	fs.StringVar(&o.ProfileDir, "profile", "", "directory for CPU profiles of the leader and of the lab process, one per workload, from the first round's windows (the nodes then run with --pprof-addr)")
 	out := fs.String("out", "results/blocks", "directory for results.md and results.json (\"\": none)")
@@ -220,7 +228,9 @@ type blocksRun struct {
 type blocksWindow struct {
 	seconds             float64
 	cycles, acquires    []time.Duration
-	commits             int64 // -1: the leader changed
+	releases            []time.Duration
+	machine             time.Duration // CPU time of every process on the machine
+	commits             int64         // -1: the leader changed
 	leader, nodes, self time.Duration
 	errors              int
 	firstErr            string
@@ -234,13 +244,14 @@ type blocksWindow struct {
 // canonical (sorted) order with Acquire and then releasing them one by
 // one (sequential); and, as the baseline, acquiring and releasing one
 // Zipf-chosen seat (single). Every acquire waits (Wait). Each round runs
-// the three back to back, each for Warmup and then Duration measured.
+// the three back to back, each for Warmup and then Duration/Rounds
+// measured.
 func RunBlocks(ctx context.Context, o BlocksOptions) (*BlocksReport, error) {
 	began := time.Now()
 	rep := &BlocksReport{Started: began.UTC().Format(time.RFC3339), Command: o.Command, Version: compare.BinaryVersion(o.Binary),
 		Machine: compare.MachineFacts(),
 		Config: BlocksConfig{Nodes: max(o.Nodes, 3), TLS: o.TLS, NodeArgs: o.NodeArgs, Sellers: o.Sellers, Seats: o.Seats, Block: o.Block,
-			ZipfS: o.ZipfS, WarmupS: o.Warmup.Seconds(), DurationS: o.Duration.Seconds(), Rounds: o.Rounds,
+			ZipfS: o.ZipfS, WarmupS: o.Warmup.Seconds(), DurationS: o.Duration.Seconds(), WindowS: (o.Duration / time.Duration(o.Rounds)).Seconds(), Rounds: o.Rounds,
 			LeaseS: blocksLease.Seconds(), WaitS: o.Wait.Seconds()}}
 	br := &blocksRun{o: o, seats: map[string][]string{}, say: func(format string, a ...any) {
 		if o.Out != nil {
@@ -365,6 +376,7 @@ func (br *blocksRun) window(ctx context.Context, round int, w string) (blocksWin
 	}
 	lat := make([][]time.Duration, o.Sellers)
 	acq := make([][]time.Duration, o.Sellers)
+	rel := make([][]time.Duration, o.Sellers)
 	var wg sync.WaitGroup
 	for i := 0; i < o.Sellers; i++ {
 		wg.Add(1)
@@ -452,6 +464,7 @@ func (br *blocksRun) window(ctx context.Context, round int, w string) (blocksWin
 				if measuring.Load() {
 					lat[i] = append(lat[i], t1.Sub(t0))
 					acq[i] = append(acq[i], ta.Sub(t0))
+					rel[i] = append(rel[i], t1.Sub(ta))
 				}
 			}
 		}(i)
@@ -484,13 +497,13 @@ func (br *blocksRun) window(ctx context.Context, round int, w string) (blocksWin
 	if o.ProfileDir != "" && round == 0 {
 		profDone = br.profile(ctx, w, li)
 	}
-	cpu0, self0 := nodesCPU(br.p), selfCPU()
+	cpu0, self0, m0 := nodesCPU(br.p), selfCPU(), machineCPU()
 	measuring.Store(true)
 	start := time.Now()
-	sleep(o.Duration)
+	sleep(o.Duration / time.Duration(o.Rounds))
 	measuring.Store(false)
 	elapsed := time.Since(start)
-	cpu1, self1 := nodesCPU(br.p), selfCPU()
+	cpu1, self1, m1 := nodesCPU(br.p), selfCPU(), machineCPU()
 	st1, serr := br.p.Status(ctx, li)
 	finish()
 	if profDone != nil {
@@ -516,9 +529,11 @@ func (br *blocksRun) window(ctx context.Context, round int, w string) (blocksWin
 		}
 	}
 	win.self = self1 - self0
+	win.machine = m1 - m0
 	for i := range lat {
 		win.cycles = append(win.cycles, lat[i]...)
 		win.acquires = append(win.acquires, acq[i]...)
+		win.releases = append(win.releases, rel[i]...)
 	}
 	// The next workload starts on an empty table: every cycle released.
 	deadline := time.Now().Add(15 * time.Second)
@@ -539,7 +554,7 @@ func (br *blocksRun) window(ctx context.Context, round int, w string) (blocksWin
 // (from its profiler) and of this process, into ProfileDir.
 func (br *blocksRun) profile(ctx context.Context, w string, li int) chan error {
 	done := make(chan error, 1)
-	secs := max(1, int(br.o.Duration.Seconds())-1)
+	secs := max(1, int((br.o.Duration/time.Duration(br.o.Rounds)).Seconds())-1)
 	lab, err := os.Create(filepath.Join(br.o.ProfileDir, w+"-lab.pprof"))
 	if err == nil {
 		err = pprof.StartCPUProfile(lab)
@@ -593,12 +608,14 @@ func summarize(w string, wins []blocksWindow, o BlocksOptions) BlocksResult {
 		r.What = "Acquire of one seat, then Release"
 		r.Requests = 2
 	}
-	var cyc, acq []time.Duration
-	var leader, nodes, self time.Duration
+	var cyc, acq, rel []time.Duration
+	var leader, nodes, self, machine time.Duration
 	for _, x := range wins {
 		r.Seconds += x.seconds
 		cyc = append(cyc, x.cycles...)
 		acq = append(acq, x.acquires...)
+		rel = append(rel, x.releases...)
+		machine += x.machine
 		if x.commits < 0 || r.Commits < 0 {
 			r.Commits = -1
 		} else {
@@ -619,14 +636,20 @@ func summarize(w string, wins []blocksWindow, o BlocksOptions) BlocksResult {
 	q := func(s []time.Duration, f float64) time.Duration { return s[int(f*float64(len(s)-1))] }
 	sort.Slice(cyc, func(i, j int) bool { return cyc[i] < cyc[j] })
 	sort.Slice(acq, func(i, j int) bool { return acq[i] < acq[j] })
+	sort.Slice(rel, func(i, j int) bool { return rel[i] < rel[j] })
 	r.PerS = float64(r.Cycles) / r.Seconds
 	r.P50ms, r.P99ms, r.P999ms, r.MaxMs = ms(q(cyc, 0.5)), ms(q(cyc, 0.99)), ms(q(cyc, 0.999)), ms(cyc[len(cyc)-1])
 	r.AcquireP50ms, r.AcquireP99ms = ms(q(acq, 0.5)), ms(q(acq, 0.99))
+	r.ReleaseP50ms, r.ReleaseP99ms = ms(q(rel, 0.5)), ms(q(rel, 0.99))
 	if r.Commits >= 0 {
 		r.CommitsPerCycle = float64(r.Commits) / float64(r.Cycles)
 	}
 	r.LeaderCPUus, r.NodesCPUus, r.LabCPUus = us(leader), us(nodes), us(self)
-	r.BusyPct = 100 * (nodes + self).Seconds() / r.Seconds / float64(runtime.NumCPU())
+	share := func(d time.Duration) float64 { return 100 * d.Seconds() / r.Seconds / float64(runtime.NumCPU()) }
+	r.BusyPct = share(nodes + self)
+	if machine > 0 {
+		r.OthersPct = max(0, share(machine-nodes-self))
+	}
 	return r
 }
 
@@ -651,12 +674,12 @@ func (r *BlocksReport) table() string {
 		}
 		return "**missed**"
 	}
-	b.WriteString("| workload | cycle | cycles | cycles/s | p50 ms | p99 ms | acquire p50 / p99 ms | Raft commits per cycle | requests per cycle | CPU µs per cycle: leader / nodes / lab | errors |\n")
-	b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	b.WriteString("| workload | cycle | cycles | cycles/s | p50 ms | p99 ms | acquire p50 / p99 ms | release p50 / p99 ms | Raft commits per cycle | requests per cycle | CPU µs per cycle: leader / nodes / lab | machine busy %: this run / others | errors |\n")
+	b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, x := range r.Results {
-		fmt.Fprintf(&b, "| %s | %s | %d | %.0f | %.2f | %.2f | %.2f / %.2f | %s | %d | %.0f / %.0f / %.0f | %d |\n",
-			x.Workload, x.What, x.Cycles, x.PerS, x.P50ms, x.P99ms, x.AcquireP50ms, x.AcquireP99ms, x.commitsCell(), x.Requests,
-			x.LeaderCPUus, x.NodesCPUus, x.LabCPUus, x.Errors)
+		fmt.Fprintf(&b, "| %s | %s | %d | %.0f | %.2f | %.2f | %.2f / %.2f | %.2f / %.2f | %s | %d | %.0f / %.0f / %.0f | %.0f / %.0f | %d |\n",
+			x.Workload, x.What, x.Cycles, x.PerS, x.P50ms, x.P99ms, x.AcquireP50ms, x.AcquireP99ms, x.ReleaseP50ms, x.ReleaseP99ms,
+			x.commitsCell(), x.Requests, x.LeaderCPUus, x.NodesCPUus, x.LabCPUus, x.BusyPct, x.OthersPct, x.Errors)
 	}
 	b.WriteString("\n| ratio | figure | target (issue 18) | |\n| --- | ---: | --- | --- |\n")
 	fmt.Fprintf(&b, "| atomic ÷ sequential cycles/s | %.2f× | ≥ %.1f× | %s |\n", r.RateRatio, blocksRateTarget, met(r.RateMet))
@@ -687,8 +710,8 @@ func (r *BlocksReport) setup() string {
 // String is the report printed at the end of a run.
 func (r *BlocksReport) String() string {
 	c := r.Config
-	return fmt.Sprintf("\nblocks: %s; %d round(s), each workload %s s warm-up + %s s measured per round\n%s",
-		r.setup(), c.Rounds, secs(c.WarmupS), secs(c.DurationS), r.table())
+	return fmt.Sprintf("\nblocks: %s; %d round(s), each workload %s s warm-up + %s s measured per round (%s s in all)\n%s",
+		r.setup(), c.Rounds, secs(c.WarmupS), secs(c.WindowS), secs(c.DurationS), r.table())
 }
 
 // Markdown renders the report as results.md.
@@ -696,8 +719,8 @@ func (r *BlocksReport) Markdown() string {
 	var b strings.Builder
 	c, m := r.Config, r.Machine
 	b.WriteString("# Seat blocks (issue 18): one atomic block acquire against single-key acquires\n\n")
-	fmt.Fprintf(&b, "Run %s, %.0f s in all, by `%s`, on ticketing %s. %d round(s); in each, the three workloads ran back to back on the same cluster and broker, each %s s warm-up then %s s measured.\n\n",
-		r.Started, r.ElapsedS, r.Command, r.Version, c.Rounds, secs(c.WarmupS), secs(c.DurationS))
+	fmt.Fprintf(&b, "Run %s, %.0f s in all, by `%s`, on ticketing %s. %d round(s); in each, the three workloads ran back to back on the same cluster and broker, each %s s warm-up then %s s measured (%s s measured per workload in all).\n\n",
+		r.Started, r.ElapsedS, r.Command, r.Version, c.Rounds, secs(c.WarmupS), secs(c.WindowS), secs(c.DurationS))
 	fmt.Fprintf(&b, "Machine: %d CPUs (%s), %d MiB, %s, kernel %s, %s; load average at start %s, at end %s.\n\n",
 		m.CPUs, m.CPUModel, m.MemoryMiB, m.OS, m.Kernel, m.GoVersion, m.LoadAvg, m.LoadAvgEnd)
 	fmt.Fprintf(&b, "Setup: %s.\n\n", r.setup())
@@ -705,7 +728,8 @@ func (r *BlocksReport) Markdown() string {
 	b.WriteString("\nA cycle is timed from its first acquire sent to its last release answered; only cycles completed inside the windows count. " +
 		"Raft commits per cycle: the leader's commit index (its STATUS reply) at the end of each window minus at its start, ÷ the cycles; " +
 		"group commit puts many sellers' requests in one entry, so it is below the requests per cycle. " +
-		"CPU: user+sys from /proc of the three nodes and of the lab process (the broker and the sellers).\n")
+		"CPU: user+sys from /proc of the three nodes and of the lab process (the broker and the sellers); " +
+		"machine busy % of all CPUs during the windows, by this run and by every other process (from /proc/stat: load this run did not make).\n")
 	return b.String()
 }
 
@@ -730,4 +754,24 @@ func (r *BlocksReport) Write(dir string) error {
 		}
 	}
 	return nil
+}
+
+// machineCPU is the CPU time every process on the machine has used so far
+// (/proc/stat: user, nice, system, irq, softirq and steal; 100 Hz ticks).
+func machineCPU() time.Duration {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0
+	}
+	var ticks int64
+	for _, i := range []int{1, 2, 3, 6, 7, 8} {
+		v, _ := strconv.ParseInt(f[i], 10, 64)
+		ticks += v
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond
 }
