@@ -139,8 +139,12 @@ type BlocksResult struct {
 	LeaderCPUus float64 `json:"leader_cpu_us_per_cycle"`
 	NodesCPUus  float64 `json:"nodes_cpu_us_per_cycle"`
 	LabCPUus    float64 `json:"lab_cpu_us_per_cycle"`
-	BusyPct     float64 `json:"busy_pct"`
-	OthersPct   float64 `json:"others_pct"`
+	// Waiters and KeysHeld are the leader's queued acquires and held keys
+	// (its STATUS), the mean of samples every 200 ms in the windows.
+	Waiters   float64 `json:"leader_waiters_mean"`
+	KeysHeld  float64 `json:"leader_keys_held_mean"`
+	BusyPct   float64 `json:"busy_pct"`
+	OthersPct float64 `json:"others_pct"`
 	// Errors of the windows and warm-ups (a failed cycle is not counted);
 	// FirstError is the first one's text.
 	Errors     int    `json:"errors"`
@@ -226,14 +230,17 @@ type blocksRun struct {
 
 // blocksWindow is one workload's measured window in one round.
 type blocksWindow struct {
-	seconds             float64
-	cycles, acquires    []time.Duration
-	releases            []time.Duration
-	machine             time.Duration // CPU time of every process on the machine
-	commits             int64         // -1: the leader changed
-	leader, nodes, self time.Duration
-	errors              int
-	firstErr            string
+	seconds          float64
+	cycles, acquires []time.Duration
+	releases         []time.Duration
+	machine          time.Duration // CPU time of every process on the machine
+	// Sums of the leader's waiters and held keys over samples taken
+	// every 200 ms in the window.
+	waiting, held, samples uint64
+	commits                int64 // -1: the leader changed
+	leader, nodes, self    time.Duration
+	errors                 int
+	firstErr               string
 }
 
 // RunBlocks measures issue 18's seat blocks on node processes through one
@@ -500,10 +507,31 @@ func (br *blocksRun) window(ctx context.Context, round int, w string) (blocksWin
 	cpu0, self0, m0 := nodesCPU(br.p), selfCPU(), machineCPU()
 	measuring.Store(true)
 	start := time.Now()
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for end := start.Add(o.Duration / time.Duration(o.Rounds)); ; {
+			select {
+			case <-time.After(200 * time.Millisecond):
+			case <-ctx.Done():
+				return
+			}
+			if time.Now().After(end) {
+				return
+			}
+			sctx, cancel := context.WithTimeout(ctx, time.Second)
+			st, err := br.p.Status(sctx, li)
+			cancel()
+			if err == nil {
+				win.waiting, win.held, win.samples = win.waiting+st.Waiting, win.held+st.Held, win.samples+1
+			}
+		}
+	}()
 	sleep(o.Duration / time.Duration(o.Rounds))
 	measuring.Store(false)
 	elapsed := time.Since(start)
 	cpu1, self1, m1 := nodesCPU(br.p), selfCPU(), machineCPU()
+	<-sampled
 	st1, serr := br.p.Status(ctx, li)
 	finish()
 	if profDone != nil {
@@ -610,12 +638,14 @@ func summarize(w string, wins []blocksWindow, o BlocksOptions) BlocksResult {
 	}
 	var cyc, acq, rel []time.Duration
 	var leader, nodes, self, machine time.Duration
+	var waiting, held, samples uint64
 	for _, x := range wins {
 		r.Seconds += x.seconds
 		cyc = append(cyc, x.cycles...)
 		acq = append(acq, x.acquires...)
 		rel = append(rel, x.releases...)
 		machine += x.machine
+		waiting, held, samples = waiting+x.waiting, held+x.held, samples+x.samples
 		if x.commits < 0 || r.Commits < 0 {
 			r.Commits = -1
 		} else {
@@ -626,6 +656,9 @@ func summarize(w string, wins []blocksWindow, o BlocksOptions) BlocksResult {
 		if r.FirstError == "" {
 			r.FirstError = x.firstErr
 		}
+	}
+	if samples > 0 {
+		r.Waiters, r.KeysHeld = float64(waiting)/float64(samples), float64(held)/float64(samples)
 	}
 	r.Cycles = len(cyc)
 	if r.Cycles == 0 || r.Seconds == 0 {
@@ -674,12 +707,12 @@ func (r *BlocksReport) table() string {
 		}
 		return "**missed**"
 	}
-	b.WriteString("| workload | cycle | cycles | cycles/s | p50 ms | p99 ms | acquire p50 / p99 ms | release p50 / p99 ms | Raft commits per cycle | requests per cycle | CPU µs per cycle: leader / nodes / lab | machine busy %: this run / others | errors |\n")
-	b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	b.WriteString("| workload | cycle | cycles | cycles/s | p50 ms | p99 ms | acquire p50 / p99 ms | release p50 / p99 ms | Raft commits per cycle | requests per cycle | at the leader: waiters / keys held (mean) | CPU µs per cycle: leader / nodes / lab | machine busy %: this run / others | errors |\n")
+	b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, x := range r.Results {
-		fmt.Fprintf(&b, "| %s | %s | %d | %.0f | %.2f | %.2f | %.2f / %.2f | %.2f / %.2f | %s | %d | %.0f / %.0f / %.0f | %.0f / %.0f | %d |\n",
+		fmt.Fprintf(&b, "| %s | %s | %d | %.0f | %.2f | %.2f | %.2f / %.2f | %.2f / %.2f | %s | %d | %.1f / %.1f | %.0f / %.0f / %.0f | %.0f / %.0f | %d |\n",
 			x.Workload, x.What, x.Cycles, x.PerS, x.P50ms, x.P99ms, x.AcquireP50ms, x.AcquireP99ms, x.ReleaseP50ms, x.ReleaseP99ms,
-			x.commitsCell(), x.Requests, x.LeaderCPUus, x.NodesCPUus, x.LabCPUus, x.BusyPct, x.OthersPct, x.Errors)
+			x.commitsCell(), x.Requests, x.Waiters, x.KeysHeld, x.LeaderCPUus, x.NodesCPUus, x.LabCPUus, x.BusyPct, x.OthersPct, x.Errors)
 	}
 	b.WriteString("\n| ratio | figure | target (issue 18) | |\n| --- | ---: | --- | --- |\n")
 	fmt.Fprintf(&b, "| atomic ÷ sequential cycles/s | %.2f× | ≥ %.1f× | %s |\n", r.RateRatio, blocksRateTarget, met(r.RateMet))
