@@ -22,7 +22,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"ticketing/cluster/client"
 	"ticketing/cluster/localproc"
+	"ticketing/cluster/wire"
 	"ticketing/cmd/ticketlab/internal/compare"
 	"ticketing/locksm"
 	"ticketing/sidecar"
@@ -46,6 +48,10 @@ var blocksWorkloads = []string{BlocksAtomic, BlocksSequential, BlocksSingle}
 
 // blocksLease is every lock's lease; the wait is BlocksOptions.Wait.
 const blocksLease = 30 * time.Second
+
+// blocksHotSeats are the seats whose state the leader is asked for
+// (admin inspect) every 500 ms of a window: the hottest under the Zipf law.
+const blocksHotSeats = 8
 
 // blocksMaxErrors ends a run early: a workload that fails this often is
 // broken, not slow.
@@ -141,10 +147,16 @@ type BlocksResult struct {
 	LabCPUus    float64 `json:"lab_cpu_us_per_cycle"`
 	// Waiters and KeysHeld are the leader's queued acquires and held keys
 	// (its STATUS), the mean of samples every 200 ms in the windows.
-	Waiters   float64 `json:"leader_waiters_mean"`
-	KeysHeld  float64 `json:"leader_keys_held_mean"`
-	BusyPct   float64 `json:"busy_pct"`
-	OthersPct float64 `json:"others_pct"`
+	Waiters  float64 `json:"leader_waiters_mean"`
+	KeysHeld float64 `json:"leader_keys_held_mean"`
+	// HotHeldPct and HotReservedPct: of the leader's inspections of seats
+	// 0..7 every 500 ms, the share that found the seat held, and reserved
+	// (free, but kept for a queued block still waiting for its other
+	// keys: idle, locksm/MATRIX.md "Blocks").
+	HotHeldPct     float64 `json:"hot_seats_held_pct"`
+	HotReservedPct float64 `json:"hot_seats_reserved_pct"`
+	BusyPct        float64 `json:"busy_pct"`
+	OthersPct      float64 `json:"others_pct"`
 	// Errors of the windows and warm-ups (a failed cycle is not counted);
 	// FirstError is the first one's text.
 	Errors     int    `json:"errors"`
@@ -237,10 +249,13 @@ type blocksWindow struct {
 	// Sums of the leader's waiters and held keys over samples taken
 	// every 200 ms in the window.
 	waiting, held, samples uint64
-	commits                int64 // -1: the leader changed
-	leader, nodes, self    time.Duration
-	errors                 int
-	firstErr               string
+	// Of inspections of the hot seats: held, reserved (free but kept for
+	// a queued block that waits for its other keys), all.
+	hotHeld, hotReserved, hotSamples int
+	commits                          int64 // -1: the leader changed
+	leader, nodes, self              time.Duration
+	errors                           int
+	firstErr                         string
 }
 
 // RunBlocks measures issue 18's seat blocks on node processes through one
@@ -273,7 +288,7 @@ func RunBlocks(ctx context.Context, o BlocksOptions) (*BlocksReport, error) {
 		args = []string{"--log-level", "info", "--pprof-addr", "127.0.0.1:0"} // the address is read from the log
 	}
 	p, err := localproc.Start(localproc.Options{Binary: o.Binary, Dir: filepath.Join(o.Dir, "cluster"), Nodes: o.Nodes, TLS: o.TLS,
-		ExtraArgs: append(args, o.NodeArgs...)})
+		Admin: true, ExtraArgs: append(args, o.NodeArgs...)})
 	if err != nil {
 		return nil, err
 	}
@@ -527,11 +542,42 @@ func (br *blocksRun) window(ctx context.Context, round int, w string) (blocksWin
 			}
 		}
 	}()
+	inspected := make(chan struct{})
+	go func() {
+		defer close(inspected)
+		cfg := br.p.Admin().Config
+		for end := start.Add(o.Duration / time.Duration(o.Rounds)); ; {
+			select {
+			case <-time.After(500 * time.Millisecond):
+			case <-ctx.Done():
+				return
+			}
+			if time.Now().After(end) {
+				return
+			}
+			for _, k := range keys[:min(blocksHotSeats, len(keys))] {
+				sctx, cancel := context.WithTimeout(ctx, time.Second)
+				rep, err := client.AdminDo(sctx, br.p.AdminAddr(li), cfg, wire.AdminRequest{Op: wire.AdminOpInspect, Key: k, LeaderOnly: true})
+				cancel()
+				if err != nil || rep.Key == nil {
+					continue
+				}
+				win.hotSamples++
+				if rep.Key.Held {
+					win.hotHeld++
+				}
+				if rep.Key.Reserved {
+					win.hotReserved++
+				}
+			}
+		}
+	}()
 	sleep(o.Duration / time.Duration(o.Rounds))
 	measuring.Store(false)
 	elapsed := time.Since(start)
 	cpu1, self1, m1 := nodesCPU(br.p), selfCPU(), machineCPU()
 	<-sampled
+	<-inspected
 	st1, serr := br.p.Status(ctx, li)
 	finish()
 	if profDone != nil {
@@ -639,6 +685,7 @@ func summarize(w string, wins []blocksWindow, o BlocksOptions) BlocksResult {
 	var cyc, acq, rel []time.Duration
 	var leader, nodes, self, machine time.Duration
 	var waiting, held, samples uint64
+	var hotHeld, hotReserved, hotSamples int
 	for _, x := range wins {
 		r.Seconds += x.seconds
 		cyc = append(cyc, x.cycles...)
@@ -646,6 +693,7 @@ func summarize(w string, wins []blocksWindow, o BlocksOptions) BlocksResult {
 		rel = append(rel, x.releases...)
 		machine += x.machine
 		waiting, held, samples = waiting+x.waiting, held+x.held, samples+x.samples
+		hotHeld, hotReserved, hotSamples = hotHeld+x.hotHeld, hotReserved+x.hotReserved, hotSamples+x.hotSamples
 		if x.commits < 0 || r.Commits < 0 {
 			r.Commits = -1
 		} else {
@@ -659,6 +707,9 @@ func summarize(w string, wins []blocksWindow, o BlocksOptions) BlocksResult {
 	}
 	if samples > 0 {
 		r.Waiters, r.KeysHeld = float64(waiting)/float64(samples), float64(held)/float64(samples)
+	}
+	if hotSamples > 0 {
+		r.HotHeldPct, r.HotReservedPct = 100*float64(hotHeld)/float64(hotSamples), 100*float64(hotReserved)/float64(hotSamples)
 	}
 	r.Cycles = len(cyc)
 	if r.Cycles == 0 || r.Seconds == 0 {
@@ -707,12 +758,12 @@ func (r *BlocksReport) table() string {
 		}
 		return "**missed**"
 	}
-	b.WriteString("| workload | cycle | cycles | cycles/s | p50 ms | p99 ms | acquire p50 / p99 ms | release p50 / p99 ms | Raft commits per cycle | requests per cycle | at the leader: waiters / keys held (mean) | CPU µs per cycle: leader / nodes / lab | machine busy %: this run / others | errors |\n")
-	b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	b.WriteString("| workload | cycle | cycles | cycles/s | p50 ms | p99 ms | acquire p50 / p99 ms | release p50 / p99 ms | Raft commits per cycle | requests per cycle | at the leader: waiters / keys held (mean) | seats 0–7 held / reserved % | CPU µs per cycle: leader / nodes / lab | machine busy %: this run / others | errors |\n")
+	b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, x := range r.Results {
-		fmt.Fprintf(&b, "| %s | %s | %d | %.0f | %.2f | %.2f | %.2f / %.2f | %.2f / %.2f | %s | %d | %.1f / %.1f | %.0f / %.0f / %.0f | %.0f / %.0f | %d |\n",
+		fmt.Fprintf(&b, "| %s | %s | %d | %.0f | %.2f | %.2f | %.2f / %.2f | %.2f / %.2f | %s | %d | %.1f / %.1f | %.0f / %.0f | %.0f / %.0f / %.0f | %.0f / %.0f | %d |\n",
 			x.Workload, x.What, x.Cycles, x.PerS, x.P50ms, x.P99ms, x.AcquireP50ms, x.AcquireP99ms, x.ReleaseP50ms, x.ReleaseP99ms,
-			x.commitsCell(), x.Requests, x.Waiters, x.KeysHeld, x.LeaderCPUus, x.NodesCPUus, x.LabCPUus, x.BusyPct, x.OthersPct, x.Errors)
+			x.commitsCell(), x.Requests, x.Waiters, x.KeysHeld, x.HotHeldPct, x.HotReservedPct, x.LeaderCPUus, x.NodesCPUus, x.LabCPUus, x.BusyPct, x.OthersPct, x.Errors)
 	}
 	b.WriteString("\n| ratio | figure | target (issue 18) | |\n| --- | ---: | --- | --- |\n")
 	fmt.Fprintf(&b, "| atomic ÷ sequential cycles/s | %.2f× | ≥ %.1f× | %s |\n", r.RateRatio, blocksRateTarget, met(r.RateMet))
@@ -761,6 +812,8 @@ func (r *BlocksReport) Markdown() string {
 	b.WriteString("\nA cycle is timed from its first acquire sent to its last release answered; only cycles completed inside the windows count. " +
 		"Raft commits per cycle: the leader's commit index (its STATUS reply) at the end of each window minus at its start, ÷ the cycles; " +
 		"group commit puts many sellers' requests in one entry, so it is below the requests per cycle. " +
+		"At the leader: its STATUS every 200 ms (waiters queued, a queued block counting once; keys held) and an admin inspect of seats 0–7 every 500 ms " +
+		"(held; reserved: free, but kept for a queued block that still waits for its other keys, so idle). " +
 		"CPU: user+sys from /proc of the three nodes and of the lab process (the broker and the sellers); " +
 		"machine busy % of all CPUs during the windows, by this run and by every other process (from /proc/stat: load this run did not make).\n")
 	return b.String()
