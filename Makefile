@@ -3,7 +3,7 @@ GO ?= go
 PYTHON ?= python3
 NODE ?= node
 
-.PHONY: test prepare test-docs vet build lab dev bench-failover bench-throughput bench-compare test-lab fuzz test-clients test-python test-node test-verify verify-long \
+.PHONY: test prepare test-docs vet build lab dev bench-failover bench-throughput bench-blocks bench-compare test-lab fuzz test-clients test-python test-node test-verify verify-long \
 	test-go test-postgres test-fence-node test-fence-python-pg deb
 
 # Every test of the project, with the race detector (a few minutes on 2 cores),
@@ -110,6 +110,12 @@ bench-failover: build lab
 
 bench-throughput: build lab
 	./bin/ticketlab bench throughput --binary bin/ticketing --clients 64 --duration 10s
+
+# Seat blocks (issue 18): a 4-key AcquireBlock against 4 single-key
+# acquires in order and against one seat, Zipf over 10,000 seats, 64
+# sellers; writes cmd/ticketlab/results/blocks/{results.md,results.json}.
+bench-blocks: build lab
+	cd cmd/ticketlab && $(CURDIR)/bin/ticketlab bench blocks --binary $(CURDIR)/bin/ticketing --sellers 64 --seats 10000 --duration 20s --rounds 4 --out results/blocks
 
 # Ticketing against etcd, ZooKeeper and Redis in one run (`ticketlab
 # compare`; installs the Debian packages if missing, starts the peers on

@@ -507,3 +507,10 @@ func humanNum(v float64) string {
 		return fmt.Sprintf("%g", v)
 	}
 }
+
+// MachineFacts is the machine a run is on (results.json's "machine"), for
+// the other benchmarks that write results files.
+func MachineFacts() Machine { return machineFacts() }
+
+// LoadAvg is the 1-, 5- and 15-minute load averages ("" if unknown).
+func LoadAvg() string { return loadAvg() }

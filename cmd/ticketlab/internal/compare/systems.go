@@ -381,3 +381,7 @@ func binaryVersion(bin string) string {
 	}
 	return rev + mod + " (" + bi.GoVersion + ")"
 }
+
+// BinaryVersion names the ticketing binary's VCS revision (as the systems
+// table of results.md does), for the other benchmarks' results files.
+func BinaryVersion(bin string) string { return binaryVersion(bin) }
