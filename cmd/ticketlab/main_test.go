@@ -67,6 +67,7 @@ func TestUsageConventions(t *testing.T) {
 		{"bench", "failover", "-h"}, {"bench", "handover", "--help"}, {"bench", "throughput", "-h"},
 		{"bench", "unix", "-h"}, {"bench", "unixconns", "-h"}, {"bench", "catchup", "-h"},
 		{"bench", "scale", "-h"}, {"bench", "disk", "-h"}, {"bench", "isolation", "-h"}, {"bench", "waitroom", "-h"},
+		{"bench", "blocks", "-h"},
 		{"verify", "-h"}, {"verify", "worker", "-h"}, {"compare", "-h"},
 	} {
 		code, out, errs := run(args...)
@@ -88,6 +89,8 @@ func TestUsageConventions(t *testing.T) {
 		{[]string{"bench", "failover", "--nodes", "4", "--binary", os.Args[0]}, "ticketlab bench failover: --nodes 4: want 3 or 5"},
 		{[]string{"bench", "isolation", "--cases", "bogus", "--binary", os.Args[0]}, `ticketlab bench isolation: --cases "bogus": want some of flood, slowread, releases, idle`},
 		{[]string{"bench", "waitroom", "--waiters", "0", "--binary", os.Args[0]}, "ticketlab bench waitroom: --waiters, --per-conn, --baseline-waiters: want at least 1"},
+		{[]string{"bench", "blocks", "--block", "1", "--binary", os.Args[0]}, "ticketlab bench blocks: --block 1: want 2..16"},
+		{[]string{"bench", "blocks", "--zipf", "1", "--binary", os.Args[0]}, "ticketlab bench blocks: --zipf 1: want more than 1"},
 		{[]string{"bench", "throughput", "extra"}, `ticketlab bench throughput: unexpected arguments ["extra"]`},
 		{[]string{"verify", "--nodes"}, "ticketlab verify: flag needs an argument: -nodes"},
 		{[]string{"compare", "--clients", "0"}, `ticketlab compare: --clients "0": want counts in 1..4096`},
