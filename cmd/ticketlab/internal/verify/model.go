@@ -61,9 +61,9 @@ import (
 //     close, of every grant of the worker's session), since a holding may
 //     end at any time ≥ exp.
 //
-// Both only allow more than the operations themselves would (an unknown
-// grant also needs its keys free; a release lands within the window), so
-// every history the exact model accepts is accepted.
+// Both allow at least every behaviour the cluster could have had (an
+// unknown grant also needs its keys free; a release lands within the
+// window), so no history that is linearizable is refused.
 //
 // A block waiting for its turn reserves the keys it heads the queue of
 // (locksm/MATRIX.md, "Blocks"): a single-key acquire of such a key gets
