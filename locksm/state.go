@@ -115,16 +115,7 @@ func ValidateCommand(cmd Command) error {
 		if err := ValidateKey(cmd.Key); err != nil {
 			return err
 		}
-		if err := ValidateOwner(cmd.Owner); err != nil {
-			return err
-		}
-		if cmd.LeaseSec < MinLeaseSec || cmd.LeaseSec > MaxLeaseSec {
-			return ErrInvalidLease
-		}
-		if cmd.WaitMs > MaxWaitMs {
-			return ErrInvalidWait
-		}
-		return nil
+		return validateAcquireFields(cmd)
 	case OpRelease:
 		if err := ValidateKey(cmd.Key); err != nil {
 			return err
@@ -138,19 +129,25 @@ func ValidateCommand(cmd Command) error {
 		if err := validateBlockKeys(cmd.Keys); err != nil {
 			return err
 		}
-		if err := ValidateOwner(cmd.Owner); err != nil {
-			return err
-		}
-		if cmd.LeaseSec < MinLeaseSec || cmd.LeaseSec > MaxLeaseSec {
-			return ErrInvalidLease
-		}
-		if cmd.WaitMs > MaxWaitMs {
-			return ErrInvalidWait
-		}
-		return nil
+		return validateAcquireFields(cmd)
 	default:
 		return ErrInvalidCommand
 	}
+}
+
+// validateAcquireFields checks what an acquire of one key and of a block
+// share, after their keys: owner, lease, wait.
+func validateAcquireFields(cmd Command) error {
+	if err := ValidateOwner(cmd.Owner); err != nil {
+		return err
+	}
+	if cmd.LeaseSec < MinLeaseSec || cmd.LeaseSec > MaxLeaseSec {
+		return ErrInvalidLease
+	}
+	if cmd.WaitMs > MaxWaitMs {
+		return ErrInvalidWait
+	}
+	return nil
 }
 
 // validateBlockKeys checks a block's keys: the count, each key, then that

@@ -232,7 +232,13 @@ func (f Fence) HighWater(ctx context.Context, q interface {
 // at BEGIN (modernc.org/sqlite: "_txlock=immediate"), and set a busy
 // timeout; otherwise two writers can deadlock on the lock upgrade and one
 // gets SQLITE_BUSY.
-func (f Fence) Do(ctx context.Context, db *sql.DB, opts *sql.TxOptions, domain, key string, token uint64, fn func(tx *sql.Tx) error) (err error) {
+func (f Fence) Do(ctx context.Context, db *sql.DB, opts *sql.TxOptions, domain, key string, token uint64, fn func(tx *sql.Tx) error) error {
+	return inTx(ctx, db, opts, func(tx *sql.Tx) error { return f.Advance(ctx, tx, domain, key, token) }, fn)
+}
+
+// inTx runs advance and then fn in a new transaction of db, committing if
+// both return nil and rolling back otherwise.
+func inTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, advance, fn func(tx *sql.Tx) error) (err error) {
 	tx, err := db.BeginTx(ctx, opts)
 	if err != nil {
 		return fmt.Errorf("fence: begin: %w", err)
@@ -242,7 +248,7 @@ func (f Fence) Do(ctx context.Context, db *sql.DB, opts *sql.TxOptions, domain, 
 			tx.Rollback()
 		}
 	}()
-	if err = f.Advance(ctx, tx, domain, key, token); err != nil {
+	if err = advance(tx); err != nil {
 		return err
 	}
 	if err = fn(tx); err != nil {
@@ -259,29 +265,11 @@ func (f Fence) Do(ctx context.Context, db *sql.DB, opts *sql.TxOptions, domain, 
 // commits if fn returns nil. A stale token on any key rolls the whole
 // transaction back before fn runs (an error wrapping ErrStale): no mark is
 // raised and nothing is written.
-func (f Fence) DoBlock(ctx context.Context, db *sql.DB, opts *sql.TxOptions, domain string, keys []string, token uint64, fn func(tx *sql.Tx) error) (err error) {
+func (f Fence) DoBlock(ctx context.Context, db *sql.DB, opts *sql.TxOptions, domain string, keys []string, token uint64, fn func(tx *sql.Tx) error) error {
 	if _, err := keySet(keys, token); err != nil {
 		return err
 	}
-	tx, err := db.BeginTx(ctx, opts)
-	if err != nil {
-		return fmt.Errorf("fence: begin: %w", err)
-	}
-	defer func() {
-		if err != nil {
-			tx.Rollback()
-		}
-	}()
-	if err = f.AdvanceBlock(ctx, tx, domain, keys, token); err != nil {
-		return err
-	}
-	if err = fn(tx); err != nil {
-		return err
-	}
-	if err = tx.Commit(); err != nil {
-		return fmt.Errorf("fence: commit: %w", err)
-	}
-	return nil
+	return inTx(ctx, db, opts, func(tx *sql.Tx) error { return f.AdvanceBlock(ctx, tx, domain, keys, token) }, fn)
 }
 
 // Execer is what Update runs on: *sql.DB, *sql.Conn, *sql.Tx.

@@ -153,16 +153,7 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	defer c.Close()
 	lease, wait := cf.durations()
-	var tok uint64
-	var err error
-	if len(keys) == 1 {
-		tok, err = c.Acquire(ctx, key, lease, wait)
-	} else {
-		var b *ticketing.Block
-		if b, err = c.AcquireBlock(ctx, keys, lease, wait); err == nil {
-			tok = b.Token()
-		}
-	}
+	tok, err := acquireKeys(ctx, c, keys, lease, wait)
 	if err != nil {
 		fmt.Fprintf(stderr, "ticketing lock: %s: %v\n", strings.Join(keys, " "), err)
 		return acquireExit(err)
@@ -290,16 +281,7 @@ func runAcquire(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	}
 	defer c.Close()
 	lease, wait := cf.durations()
-	var tok uint64
-	var err error
-	if len(keys) == 1 {
-		tok, err = c.Acquire(ctx, key, lease, wait)
-	} else {
-		var b *ticketing.Block
-		if b, err = c.AcquireBlock(ctx, keys, lease, wait); err == nil {
-			tok = b.Token()
-		}
-	}
+	tok, err := acquireKeys(ctx, c, keys, lease, wait)
 	if err != nil {
 		fmt.Fprintf(stderr, "ticketing acquire: %s: %v\n", what, err)
 		return acquireExit(err)
@@ -400,4 +382,17 @@ func oneShot(ctx context.Context, name, about string, args []string, stdout, std
 	}
 	fmt.Fprintln(stdout, out)
 	return ExitOK
+}
+
+// acquireKeys takes one key, or several as one seat block, and returns the
+// token.
+func acquireKeys(ctx context.Context, c *ticketing.Client, keys []string, lease, wait time.Duration) (uint64, error) {
+	if len(keys) == 1 {
+		return c.Acquire(ctx, keys[0], lease, wait)
+	}
+	b, err := c.AcquireBlock(ctx, keys, lease, wait)
+	if err != nil {
+		return 0, err
+	}
+	return b.Token(), nil
 }
