@@ -106,6 +106,14 @@ const (
 	// The holding it creates is released or expired as a whole by naming
 	// any of its keys with its token.
 	OpAcquireBlock Op = 6
+	// OpExtend renews the lease of the holding of Key under Token, if it
+	// is held by exactly (Owner, Token): its lease becomes LeaseSec
+	// (MinLeaseSec..MaxLeaseSec) counted from Now (Holder.RenewedAt). The
+	// token, the grant time and every queue stay as they are; for a block
+	// (any of its keys named) the whole holding is extended. Like every
+	// lease, the extended one is enforced by the leader's timers, not by
+	// Now (see the package documentation).
+	OpExtend Op = 7
 )
 
 // Command is one replicated state change. The leader fills Now with its wall
@@ -119,15 +127,15 @@ type Command struct {
 	// first is the block's primary key, named by its effects). The state
 	// keeps this slice (shared, never written): do not change it afterwards.
 	Keys  []string
-	Owner string // OpAcquire, OpAcquireBlock, OpRelease
-	Token uint64 // OpRelease, OpExpire
+	Owner string // OpAcquire, OpAcquireBlock, OpRelease, OpExtend
+	Token uint64 // OpRelease, OpExpire, OpExtend
 	// Ref is the proposer's identifier for an acquire or a release (so the
 	// proposer can match the applied command to the request that owes a
 	// reply): echoed in Effects that concern an acquire's waiter and used by
 	// OpCancelWait. The state machine ignores it for releases. Unique per proposer; the
 	// state machine rejects an acquire whose Ref is already queued on Key.
 	Ref      uint64
-	LeaseSec uint32 // OpAcquire, OpAcquireBlock: MinLeaseSec..MaxLeaseSec
+	LeaseSec uint32 // OpAcquire, OpAcquireBlock, OpExtend: MinLeaseSec..MaxLeaseSec
 	WaitMs   uint32 // OpAcquire, OpAcquireBlock: 0..MaxWaitMs
 }
 
@@ -144,6 +152,7 @@ const (
 	StatusCanceled               // waiter removed (its EffectTimedOut is in Effects)
 	StatusNoop                   // expire/cancel that found nothing to do (stale)
 	StatusDropped                // OpDropWaiters done (one EffectDropped per waiter)
+	StatusExtended               // OpExtend done: the holding's lease renewed (no effects)
 )
 
 // Result is the outcome of a command for its proposer.
@@ -187,6 +196,9 @@ type Holder struct {
 	Token     uint64
 	LeaseSec  uint32
 	GrantedAt int64 // Now of the command that granted it (Unix ms)
+	// RenewedAt is the Now of the latest OpExtend of this holding (Unix
+	// ms; 0 if never extended). The lease, LeaseSec, counts from it.
+	RenewedAt int64
 	// Keys: for a block holding, every key of the block (the requester's
 	// order; shared, do not change); nil for a single key.
 	Keys []string
@@ -203,4 +215,13 @@ type Waiter struct {
 	// stands at once (the requester's order; shared, do not change); nil
 	// for a single-key waiter.
 	Keys []string
+}
+
+// LeaseEnd is when h's lease ends by the proposers' wall clocks (Unix ms):
+// LeaseSec after RenewedAt if it was extended, else after GrantedAt. It is
+// for inspection only: the leader ends leases with its monotonic timers,
+// which never end one earlier than this promises a holder.
+func (h Holder) LeaseEnd() int64 {
+	start := max(h.GrantedAt, h.RenewedAt)
+	return start + int64(h.LeaseSec)*1000
 }
