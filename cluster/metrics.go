@@ -46,7 +46,7 @@ const (
 type nodeMetrics struct {
 	reg *prometheus.Registry
 
-	acquires, releases [numReplyResults]prometheus.Counter // nil: not a result of that op
+	acquires, releases, extends [numReplyResults]prometheus.Counter // nil: not a result of that op
 	// blockGrants counts the grants of blocks by their number of keys
 	// (index 2..locksm.MaxBlockKeys).
 	blockGrants [locksm.MaxBlockKeys + 1]prometheus.Counter
@@ -55,6 +55,7 @@ type nodeMetrics struct {
 	acquireLatency  [2]prometheus.Observer
 	handoffLatency  prometheus.Observer
 	expiries        prometheus.Counter
+	lostEvents      prometheus.Counter
 	handoffs        prometheus.Counter
 	abandonedGrants prometheus.Counter
 	leaderChanges   prometheus.Counter
@@ -78,6 +79,13 @@ func newNodeMetrics(n *Node) *nodeMetrics {
 	}, []string{"result"})
 	for _, r := range []replyResult{resOK, resNotHeld, resIndeterminate, resMoved, resError} {
 		m.releases[r] = rel.WithLabelValues(r.String())
+	}
+	ext := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ticketing_node_extends_total",
+		Help: "Extend requests answered by this node, by reply: ok (K, the lease was renewed), not_held (E not_held, token_mismatch or owner_mismatch: the holding had ended), indeterminate (U), moved (M), error (any other E).",
+	}, []string{"result"})
+	for _, r := range []replyResult{resOK, resNotHeld, resIndeterminate, resMoved, resError} {
+		m.extends[r] = ext.WithLabelValues(r.String())
 	}
 	blk := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ticketing_node_block_grants_total",
@@ -103,6 +111,10 @@ func newNodeMetrics(n *Node) *nodeMetrics {
 		Name: "ticketing_node_expiries_total",
 		Help: "Leases that ran out, counted by the leader when it applied the expiry.",
 	})
+	m.lostEvents = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ticketing_node_lost_events_total",
+		Help: "Lost events (X frames) the leader sent to tell holders their lease expired: one per connection told (the grant's own connection, or every version 6 connection when that one had closed).",
+	})
 	m.handoffs = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ticketing_node_handoffs_total",
 		Help: "Keys handed to a queued waiter (by a release or an expiry), counted by the leader when it applied them.",
@@ -127,7 +139,7 @@ func newNodeMetrics(n *Node) *nodeMetrics {
 		Name: "ticketing_node_snapshot_restores_total",
 		Help: "Snapshots restored into the state machine (at start, or installed from the leader).",
 	})
-	m.reg.MustRegister(acq, rel, blk, lat, hol, m.expiries, m.handoffs, m.abandonedGrants,
+	m.reg.MustRegister(acq, rel, ext, blk, lat, hol, m.expiries, m.lostEvents, m.handoffs, m.abandonedGrants,
 		m.leaderChanges, m.snapshotsTaken, m.snapshotBytes, m.restores, newNodeCollector(n))
 	return m
 }
@@ -143,6 +155,8 @@ func (m *nodeMetrics) reply(op locksm.Op, r replyResult) {
 		c = m.acquires[r]
 	case locksm.OpRelease:
 		c = m.releases[r]
+	case locksm.OpExtend:
+		c = m.extends[r]
 	}
 	if c != nil {
 		c.Inc()
@@ -171,6 +185,8 @@ func (n *Node) record(e leader.Event) {
 		m.expiries.Inc()
 	case leader.EventHandoff:
 		m.handoffs.Inc()
+	case leader.EventLostSent:
+		m.lostEvents.Add(float64(e.Keys))
 	case leader.EventAbandonedGrant:
 		m.abandonedGrants.Inc()
 	case leader.EventRefusedInFlight:

@@ -618,7 +618,7 @@ func (n *Node) propose(cs ...locksm.Command) {
 // or the release of a grant nobody can use (Ref 0).
 func housekeeping(c locksm.Command) bool {
 	switch c.Op {
-	case locksm.OpAcquire:
+	case locksm.OpAcquire, locksm.OpExtend:
 		return false
 	case locksm.OpRelease:
 		return c.Ref == 0

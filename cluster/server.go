@@ -269,6 +269,8 @@ func opOf(typ byte) locksm.Op {
 		return locksm.OpAcquireBlock
 	case wire.TypeRelease:
 		return locksm.OpRelease
+	case wire.TypeExtend:
+		return locksm.OpExtend
 	}
 	return 0
 }

@@ -57,6 +57,11 @@ type Broker struct {
 	// the workers stay until it is 0 once the queue is closed.
 	rasync int
 
+	// lmu guards lost (a leaf): the holdings whose lost events someone
+	// watches, by token (WatchLost).
+	lmu  sync.Mutex
+	lost map[uint64][]*lostWatch
+
 	mu sync.Mutex
 	// slots are the addresses kept: one per seed (two for a single seed),
 	// then one per member's client address learned from the leader.
@@ -88,9 +93,13 @@ type slot struct {
 	stop chan struct{} // closed (under Broker.mu) when the address is no longer kept
 }
 
+// A releaseJob is a release or, with extendSec set, an extend: both are
+// exact (key, owner, token), so both may be resent within the deadline
+// (see release), and both have the release's budget at the node.
 type releaseJob struct {
-	lock     Lock
-	start    time.Time // when it was asked for (latency metric)
+	lock      Lock
+	extendSec uint32    // an extend to this lease (seconds); 0: a release
+	start     time.Time // when it was asked for (latency metric)
 	deadline time.Time
 	done     func(error) // nil for a compensation nobody waits for
 
@@ -124,6 +133,7 @@ func New(cfg Config) (*Broker, error) {
 		inflight: map[*client.Conn]int{},
 		kick:     make(chan struct{}, 1),
 		qstop:    make(chan struct{}),
+		lost:     map[uint64][]*lostWatch{},
 	}
 	if cfg.MaxWaiters == 0 {
 		b.sc.maxWaiters = DefaultMaxWaiters // until a node tells its own
@@ -251,6 +261,7 @@ func (b *Broker) keep(s *slot) {
 			Secret: b.cfg.Secret, NextSecret: b.cfg.NextSecret, TLS: b.cfg.TLS,
 			ClusterID: b.cfg.ClusterID, Domain: domain, HandshakeTimeout: b.cfg.DialTimeout, Dialer: b.cfg.Dialer, MaxVersion: b.cfg.maxVersion,
 			OnNotice: func(c *client.Conn, n wire.Msg) { b.onNotice(s, c, n) },
+			OnLost:   func(_ *client.Conn, ev wire.Msg) { b.onLost(ev) },
 		})
 		cancel()
 		if err == nil {
@@ -642,6 +653,24 @@ func (b *Broker) Compensate(l Lock) {
 	}
 }
 
+// msg is the request one attempt of job sends.
+func (job *releaseJob) msg() wire.Msg {
+	l := job.lock
+	if job.extendSec > 0 {
+		return wire.Msg{Type: wire.TypeExtend, Key: l.Key, Owner: l.Owner, Token: l.Token, Lease: uint16(job.extendSec)}
+	}
+	return wire.Msg{Type: wire.TypeRelease, Key: l.Key, Owner: l.Owner, Token: l.Token}
+}
+
+// what names job for errors and logs ("release of k token 7").
+func (job *releaseJob) what() string {
+	op := "release"
+	if job.extendSec > 0 {
+		op = "extend"
+	}
+	return fmt.Sprintf("%s of %s token %d", op, job.lock.Key, job.lock.Token)
+}
+
 func (b *Broker) newReleaseJob(l Lock, done func(error)) *releaseJob {
 	return &releaseJob{lock: l, start: time.Now(), deadline: b.cfg.Now().Add(b.cfg.ReleaseDeadline), done: done,
 		pause: 20 * time.Millisecond}
@@ -673,9 +702,7 @@ func (b *Broker) startRelease(job *releaseJob) bool {
 		b.asyncEnded()
 		return false
 	}
-	l := job.lock
-	_, err := conn.StartFunc(wire.Msg{Type: wire.TypeRelease, Key: l.Key, Owner: l.Owner, Token: l.Token},
-		client.Hooks{Done: func(call *client.Call) { b.releaseReplied(job, call) }})
+	_, err := conn.StartFunc(job.msg(), client.Hooks{Done: func(call *client.Call) { b.releaseReplied(job, call) }})
 	if err != nil {
 		job.last = err
 		b.asyncEnded()
@@ -730,9 +757,7 @@ func (b *Broker) releaseTimedOut(job *releaseJob) {
 	if !job.endAttempt() {
 		return
 	}
-	l := job.lock
-	b.settleAsync(job, fmt.Errorf("%w: release of %s token %d got no reply within %v",
-		ErrIndeterminate, l.Key, l.Token, b.cfg.ReleaseDeadline))
+	b.settleAsync(job, fmt.Errorf("%w: %s got no reply within %v", ErrIndeterminate, job.what(), b.cfg.ReleaseDeadline))
 }
 
 // settleAsync reports the outcome of a release settled by its first
@@ -745,6 +770,11 @@ func (b *Broker) settleAsync(job *releaseJob, err error) {
 // finishRelease reports a release's outcome: metrics, then the caller
 // (or, for a compensation, the log).
 func (b *Broker) finishRelease(job *releaseJob, err error) {
+	if job.extendSec > 0 {
+		b.metrics.extended(job, err)
+		job.done(err)
+		return
+	}
 	b.metrics.released(job, err)
 	if job.done != nil {
 		job.done(err)
@@ -831,7 +861,6 @@ func (b *Broker) releaseWorker() {
 // verification suite caught this: a release whose connection dropped after
 // the leader applied it came back not_held).
 func (b *Broker) release(job *releaseJob) error {
-	l := job.lock
 	pauseFirst := false
 	if call := job.pending; call != nil {
 		// The first attempt's reply (or its connection's death), which
@@ -853,8 +882,8 @@ func (b *Broker) release(job *releaseJob) error {
 		pauseFirst = true
 		left := job.deadline.Sub(b.cfg.Now())
 		if left <= 0 {
-			return fmt.Errorf("%w: release of %s token %d not confirmed within %v (last: %v)",
-				ErrIndeterminate, l.Key, l.Token, b.cfg.ReleaseDeadline, job.last)
+			return fmt.Errorf("%w: %s not confirmed within %v (last: %v)",
+				ErrIndeterminate, job.what(), b.cfg.ReleaseDeadline, job.last)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), left)
 		b.findLeader(ctx, job.deadline)
@@ -871,7 +900,12 @@ func (b *Broker) release(job *releaseJob) error {
 			pauseFirst = false
 			continue
 		}
-		call, err := conn.Start(wire.Msg{Type: wire.TypeRelease, Key: l.Key, Owner: l.Owner, Token: l.Token})
+		call, err := conn.Start(job.msg())
+		if errors.Is(err, wire.ErrNotSupported) {
+			// An extend to a node older than version 6: nothing written,
+			// and no node of the cluster takes it before all do.
+			return err
+		}
 		if err != nil {
 			job.last = err
 			pauseFirst = false
@@ -882,8 +916,7 @@ func (b *Broker) release(job *releaseJob) error {
 		case <-call.Done:
 			timer.Stop()
 		case <-timer.C:
-			return fmt.Errorf("%w: release of %s token %d got no reply within %v",
-				ErrIndeterminate, l.Key, l.Token, b.cfg.ReleaseDeadline)
+			return fmt.Errorf("%w: %s got no reply within %v", ErrIndeterminate, job.what(), b.cfg.ReleaseDeadline)
 		}
 		if err, settled := b.releaseOutcome(job, call); settled {
 			return err
@@ -899,8 +932,12 @@ func (job *releaseJob) pauseNext() bool { return !errors.Is(job.last, ErrMoved) 
 // releaseOutcome judges one attempt's completed call: settled with the
 // release's outcome, or not (job.last and job.mayHaveRun updated, and
 // the leader hint taken) and to be tried again.
+//
+// An extend is judged the same way but for one case: a definite not held
+// after an attempt whose reply was lost is reported as it is, since for an
+// extend both readings (the lost attempt extended the lease and it has run
+// out since, or it never ran) leave the holding ended.
 func (b *Broker) releaseOutcome(job *releaseJob, call *client.Call) (err error, settled bool) {
-	l := job.lock
 	if call.Err != nil {
 		job.last = call.Err
 		if call.Written {
@@ -913,9 +950,9 @@ func (b *Broker) releaseOutcome(job *releaseJob, call *client.Call) (err error, 
 		return nil, true
 	case wire.TypeError:
 		err := fmt.Errorf("%w: %s", wire.ErrOf(r.Code), r.Text)
-		if job.mayHaveRun && releaseGone(err) {
-			return fmt.Errorf("%w: release of %s token %d: an earlier attempt may have released it (its reply was lost), and now the cluster answers: %v",
-				ErrIndeterminate, l.Key, l.Token, err), true
+		if job.mayHaveRun && releaseGone(err) && job.extendSec == 0 {
+			return fmt.Errorf("%w: %s: an earlier attempt may have released it (its reply was lost), and now the cluster answers: %v",
+				ErrIndeterminate, job.what(), err), true
 		}
 		return err, true
 	case wire.TypeMoved:

@@ -91,6 +91,12 @@ type brokerMetrics struct {
 	reg            *prometheus.Registry
 	acquires       [numAcquireResults]prometheus.Counter
 	releases       [numReleaseResults]prometheus.Counter
+	extends        [numReleaseResults]prometheus.Counter
+	// lost counts the holdings watchers were told they lost, by reason
+	// (index LostExpired, LostMoved); lostEvents the nodes' lost events
+	// received (also those for tokens nobody here watches).
+	lost       [LostCompensated + 1]prometheus.Counter
+	lostEvents prometheus.Counter
 	compensations  [numReleaseResults]prometheus.Counter
 	acquireLatency prometheus.Observer
 	releaseLatency prometheus.Observer
@@ -131,6 +137,24 @@ func newBrokerMetrics(b *Broker) *brokerMetrics {
 	for r := range numReleaseResults {
 		m.releases[r] = rel.WithLabelValues(releaseResultNames[r])
 	}
+	ext := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ticketing_sidecar_extends_total",
+		Help: "Extend calls (lease renewals), by final outcome (after retries): ok, not_held (the holding had ended), indeterminate (no definite reply within the deadline: the previous lease stands), error.",
+	}, []string{"result"})
+	for r := range numReleaseResults {
+		m.extends[r] = ext.WithLabelValues(releaseResultNames[r])
+	}
+	lost := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ticketing_sidecar_locks_lost_total",
+		Help: "Held locks whose watchers were told they ended without their holder's release, by reason: expired (the leader's lost event), moved (an extend was refused as not held). The unix API's own compensations are counted in ticketing_unixapi_lost_events_total.",
+	}, []string{"reason"})
+	for _, r := range []LostReason{LostExpired, LostMoved} {
+		m.lost[r] = lost.WithLabelValues(r.String())
+	}
+	m.lostEvents = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ticketing_sidecar_lost_events_total",
+		Help: "Lost events (a holding's expiry) received from the nodes, including those for tokens no watcher here holds.",
+	})
 	comp := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ticketing_sidecar_compensations_total",
 		Help: "Compensating releases (locks whose user went away, grants that arrived after the caller gave up), by outcome as for releases.",
@@ -172,7 +196,7 @@ func newBrokerMetrics(b *Broker) *brokerMetrics {
 		Name: "ticketing_sidecar_waiter_evictions_total",
 		Help: "Waiters of the session holding the most waiter room evicted (cancelled, answered too_many_waiters unless granted first) to make room for a session holding less.",
 	})
-	m.reg.MustRegister(acq, rel, comp, al, rl, m.lateGrants, m.leaderChanges, m.dialFailures, wr, m.evictions, &brokerCollector{b: b,
+	m.reg.MustRegister(acq, rel, ext, lost, m.lostEvents, comp, al, rl, m.lateGrants, m.leaderChanges, m.dialFailures, wr, m.evictions, &brokerCollector{b: b,
 		connected: prometheus.NewDesc("ticketing_sidecar_connected_nodes",
 			"Cluster nodes this broker has a live connection to.", nil, nil),
 		configured: prometheus.NewDesc("ticketing_sidecar_configured_nodes",
@@ -202,6 +226,9 @@ func (m *brokerMetrics) acquired(err error, start time.Time) {
 		m.acquireLatency.Observe(time.Since(start).Seconds())
 	}
 }
+
+// extended counts an extend's final outcome.
+func (m *brokerMetrics) extended(_ *releaseJob, err error) { m.extends[classifyRelease(err)].Inc() }
 
 func (m *brokerMetrics) released(job *releaseJob, err error) {
 	r := classifyRelease(err)

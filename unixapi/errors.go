@@ -36,6 +36,9 @@ var (
 	ErrNotHeld = errors.New("unixapi: not held by this connection")
 	// ErrReleaseInProgress: a RELEASE of that key+token is already running.
 	ErrReleaseInProgress = errors.New("unixapi: release already in progress")
+	// ErrExtendInProgress: an EXTEND of that key+token is already running
+	// (one at a time per lock).
+	ErrExtendInProgress = errors.New("unixapi: extend already in progress")
 	// ErrTooManyInFlight: the connection has MaxInFlight ACQUIREs with
 	// wait 0 running already.
 	ErrTooManyInFlight = errors.New("unixapi: too many requests in flight")
@@ -82,6 +85,7 @@ var errorTable = []struct {
 	// Session and server limits.
 	{ErrNotHeld, "", "not_held"},
 	{ErrReleaseInProgress, "", "release_in_progress"},
+	{ErrExtendInProgress, "", "extend_in_progress"},
 	{ErrTooManyInFlight, "", "too_many_in_flight"},
 	{ErrTooManyWaiters, "", "too_many_waiters"},
 	{ErrTooManyConns, "", "too_many_connections"},

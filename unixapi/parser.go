@@ -18,9 +18,12 @@ import (
 const (
 	// ProtocolVersion is the version of the protocol this package speaks
 	// (PROTOCOL.md): version 2 added the multi-key ACQUIRE (a seat block),
-	// HELLO and the longer line limit. HELLO answers the lower of it and
-	// the client's version; INFO reports it as protocol=.
-	ProtocolVersion = 2
+	// HELLO and the longer line limit; version 3 EXTEND, HELLO's events
+	// option and the LOST event lines it turns on. HELLO answers the lower
+	// of it and the client's version; INFO reports it as protocol=.
+	ProtocolVersion = 3
+	// VersionEvents is the first version with EXTEND and events.
+	VersionEvents = 3
 	// DefaultMaxLineLen is the longest request line in bytes, the "\n"
 	// excluded (a "\r" before it counts). The longest valid request of
 	// version 2, an ACQUIRE of a block of locksm.MaxBlockKeys keys of 255
@@ -53,11 +56,13 @@ const (
 	VerbRelease
 	VerbInfo
 	VerbHeld
-	VerbHello // version 2
+	VerbHello  // version 2
+	VerbExtend // version 3
 )
 
 var verbNames = map[string]Verb{
 	"PING": VerbPing, "ACQUIRE": VerbAcquire, "RELEASE": VerbRelease, "INFO": VerbInfo, "HELD": VerbHeld, "HELLO": VerbHello,
+	"EXTEND": VerbExtend,
 }
 
 // String returns the verb as it appears on the wire.
@@ -82,10 +87,12 @@ type Request struct {
 	// distinct keys, in request order. nil for every other request, an
 	// ACQUIRE of one key included (its Request is what version 1 parsed).
 	Keys    []string
-	Lease   time.Duration // ACQUIRE: whole seconds, 1..250 s
+	Lease   time.Duration // ACQUIRE, EXTEND: whole seconds, 1..250 s
 	Wait    time.Duration // ACQUIRE: milliseconds, 0..MaxWait
-	Token   uint64        // RELEASE
+	Token   uint64        // RELEASE, EXTEND
 	Version uint16        // HELLO: the client's version, 1..65535
+	// Events: HELLO named the events option (version 3: LOST lines on).
+	Events bool
 }
 
 // Block reports whether r is an ACQUIRE of a block (more than one key).
@@ -123,7 +130,7 @@ func ParseLine(line []byte) (Request, error) {
 	}
 	verb, ok := verbNames[string(f[0])]
 	if !ok {
-		return Request{}, fmt.Errorf("%w: %s (verbs are PING, ACQUIRE, RELEASE, INFO, HELD, HELLO; upper case)", ErrUnknownVerb, snippet(f[0]))
+		return Request{}, fmt.Errorf("%w: %s (verbs are PING, ACQUIRE, RELEASE, EXTEND, INFO, HELD, HELLO; upper case)", ErrUnknownVerb, snippet(f[0]))
 	}
 	r := Request{Verb: verb}
 	var err error
@@ -140,15 +147,34 @@ func ParseLine(line []byte) (Request, error) {
 		if r.Token, err = parseToken(f[2]); err != nil {
 			return Request{}, err
 		}
+	case VerbExtend:
+		if n != 4 {
+			return Request{}, arity(verb, 3, n)
+		}
+		if r.Key, err = parseKey(f[1]); err != nil {
+			return Request{}, err
+		}
+		if r.Token, err = parseToken(f[2]); err != nil {
+			return Request{}, err
+		}
+		if r.Lease, err = parseLease(f[3]); err != nil {
+			return Request{}, err
+		}
 	case VerbHello:
-		if n != 2 {
-			return Request{}, arity(verb, 1, n)
+		if n != 2 && n != 3 {
+			return Request{}, fmt.Errorf("%w: HELLO takes a version and optionally \"events\", got %d arguments", ErrBadRequest, n-1)
 		}
 		v, ok := digits(f[1], 5)
 		if !ok || v < 1 || v > 65535 {
 			return Request{}, fmt.Errorf("%w: HELLO version %s (a decimal number 1..65535)", ErrBadRequest, snippet(f[1]))
 		}
 		r.Version = uint16(v)
+		if n == 3 {
+			if string(f[2]) != HelloEvents {
+				return Request{}, fmt.Errorf("%w: HELLO option %s (the one option is %q)", ErrBadRequest, snippet(f[2]), HelloEvents)
+			}
+			r.Events = true
+		}
 	default: // PING, INFO, HELD
 		if n != 1 {
 			return Request{}, arity(verb, 0, n)

@@ -41,6 +41,8 @@ type Broker interface {
 	AcquireAsync(key, owner string, lease, wait time.Duration, done func(sidecar.Lock, error)) (cancel func(error), err error)
 	AcquireBlockAsync(keys []string, owner string, lease, wait time.Duration, done func(sidecar.Lock, error)) (cancel func(error), err error)
 	ReleaseAsync(l sidecar.Lock, done func(error)) error
+	ExtendAsync(l sidecar.Lock, lease time.Duration, done func(sidecar.Lock, error)) error
+	WatchLost(l sidecar.Lock, fn func(sidecar.LostReason)) (stop func())
 	Compensate(l sidecar.Lock)
 	Info() sidecar.Info
 }
@@ -74,6 +76,16 @@ type Server struct {
 
 	// Refusal counters (Stats).
 	forbidden, tooMany atomic.Uint64
+	// lostTold counts the LOST event lines queued for connections, by
+	// sidecar.LostReason (Stats.LostEvents).
+	lostTold [sidecar.LostCompensated + 1]atomic.Uint64
+}
+
+// lostEvent counts a lock a connection lost (why), and whether it was told.
+func (s *Server) lostEvent(why sidecar.LostReason, told bool) {
+	if told && int(why) < len(s.lostTold) {
+		s.lostTold[why].Add(1)
+	}
 }
 
 // Listen creates the socket at cfg.Path with cfg.Mode and cfg.Group (or
@@ -144,11 +156,19 @@ type Stats struct {
 	// PacedRefusals counts refusals after which a connection's reading
 	// was held back (RefusalRate).
 	PacedRefusals uint64
+	// LostEvents counts the LOST event lines queued for connections that
+	// turned events on, by reason (index sidecar.LostExpired, LostMoved,
+	// LostCompensated).
+	LostEvents [sidecar.LostCompensated + 1]uint64
 }
 
 // Stats returns the server's refusal counters (they only grow).
 func (s *Server) Stats() Stats {
-	return Stats{Forbidden: s.forbidden.Load(), TooManyConns: s.tooMany.Load(), PacedRefusals: s.paced.Load()}
+	st := Stats{Forbidden: s.forbidden.Load(), TooManyConns: s.tooMany.Load(), PacedRefusals: s.paced.Load()}
+	for i := range s.lostTold {
+		st.LostEvents[i] = s.lostTold[i].Load()
+	}
+	return st
 }
 
 // Close stops accepting, ends every session (releasing each held lock with

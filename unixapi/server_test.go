@@ -424,6 +424,10 @@ func (noClusterBroker) AcquireBlockAsync([]string, string, time.Duration, time.D
 	return nil, errNoCluster
 }
 func (noClusterBroker) ReleaseAsync(sidecar.Lock, func(error)) error { return errNoCluster }
+func (noClusterBroker) ExtendAsync(sidecar.Lock, time.Duration, func(sidecar.Lock, error)) error {
+	return errNoCluster
+}
+func (noClusterBroker) WatchLost(sidecar.Lock, func(sidecar.LostReason)) func() { return func() {} }
 func (noClusterBroker) Compensate(sidecar.Lock)                      {}
 func (noClusterBroker) Info() sidecar.Info                           { return sidecar.Info{} }
 
@@ -441,14 +445,26 @@ func TestHelloAndProtocolVersion(t *testing.T) {
 	c := dial(t, s)
 	expect(t, c.do("PING"), "PONG") // HELLO is optional
 	for _, tc := range []struct{ hello, reply string }{
-		{"HELLO 1", "HELLO 1"}, {"HELLO 2", "HELLO 2"}, {"HELLO 3", "HELLO 2"}, {"HELLO 65535", "HELLO 2"}, {"HELLO 1\r", "HELLO 1"},
+		{"HELLO 1", "HELLO 1"}, {"HELLO 2", "HELLO 2"}, {"HELLO 3", "HELLO 3"}, {"HELLO 65535", "HELLO 3"}, {"HELLO 1\r", "HELLO 1"},
+		// The events option (version 3): echoed when the version both
+		// speak has events, silently off below it.
+		{"HELLO 3 events", "HELLO 3 events"}, {"HELLO 9 events", "HELLO 3 events"}, {"HELLO 2 events", "HELLO 2"},
+		{"HELLO 3", "HELLO 3"},
 	} {
 		expect(t, c.do(tc.hello), tc.reply)
 	}
-	for _, l := range []string{"HELLO", "HELLO 0", "HELLO 65536", "HELLO two", "HELLO 2 3"} {
+	for _, l := range []string{"HELLO", "HELLO 0", "HELLO 65536", "HELLO two", "HELLO 2 3", "HELLO 3 EVENTS", "HELLO 3 events x", "HELLO 3  events"} {
 		expectPrefix(t, c.do(l), "ERR bad_request ")
 	}
-	expect(t, c.do("INFO"), "INFO cluster=- leader=- connected=0/0 domain=- members=- protocol=2")
+	expect(t, c.do("INFO"), "INFO cluster=- leader=- connected=0/0 domain=- members=- protocol=3")
+	// EXTEND, like RELEASE, of a lock this connection does not hold is
+	// answered at once; its fields are checked first.
+	expectPrefix(t, c.do("EXTEND k 7 30"), "ERR not_held ")
+	expectPrefix(t, c.do("EXTEND k 7 0"), "ERR invalid_lease ")
+	expectPrefix(t, c.do("EXTEND k 7 251"), "ERR invalid_lease ")
+	expectPrefix(t, c.do("EXTEND k 0 30"), "ERR invalid_token ")
+	expectPrefix(t, c.do("EXTEND k 7"), "ERR bad_request ")
+	expectPrefix(t, c.do("EXTEND k 7 30 5"), "ERR bad_request ")
 	expectPrefix(t, c.do("ACQUIRE a b a 30 0"), "ERR invalid_keys ")
 	expectPrefix(t, c.do("ACQUIRE a b c d e f g h i j k l m n o p q 30 0"), "ERR invalid_keys ")
 	expectPrefix(t, c.do("ACQUIRE a b 30 0"), "ERR internal ") // the broker's errNoCluster

@@ -58,7 +58,12 @@ type session struct {
 	// waiting those with a wait (bounded by MaxWaiting), releasing the
 	// RELEASEs running (bounded by the locks held).
 	acquiring, waiting, releasing int
-	pend                          map[*acq]struct{} // ACQUIREs running, to cancel at the end
+	// events: the latest HELLO turned event lines on (version 3); evq
+	// holds the event lines not yet written (the writer writes them
+	// before the next reply line, never inside one).
+	events bool
+	evq    []string
+	pend   map[*acq]struct{} // ACQUIREs running, to cancel at the end
 	ended                         bool              // end ran: held locks were handed to Compensate
 	work                          sync.WaitGroup
 
@@ -83,6 +88,10 @@ type heldKey struct {
 type holding struct {
 	lock      sidecar.Lock
 	releasing bool // a RELEASE for it is running
+	extending bool // an EXTEND of it is running
+	// stopWatch ends the broker's lost watch of the lock (WatchLost);
+	// called once the connection no longer holds it.
+	stopWatch func()
 }
 
 // reply is the answer to one request; done once line is set (under
@@ -309,9 +318,20 @@ func (ss *session) dispatch(line []byte) bool {
 	case VerbHeld:
 		return ss.push(&reply{lazy: ss.heldLine, done: true})
 	case VerbHello:
-		// The version both speak; nothing else changes on the connection.
+		// The version both speak; from version 3 it also decides whether
+		// event lines are written (the latest HELLO counts).
 		v := min(int(req.Version), ProtocolVersion)
-		return ss.push(&reply{line: "HELLO " + strconv.Itoa(v), done: true})
+		line := "HELLO " + strconv.Itoa(v)
+		on := req.Events && v >= VersionEvents
+		if on {
+			line += " " + HelloEvents
+		}
+		ss.mu.Lock()
+		ss.events = on
+		ss.mu.Unlock()
+		return ss.push(&reply{line: line, done: true})
+	case VerbExtend:
+		return ss.startExtend(req)
 	case VerbAcquire:
 		return ss.startAcquire(req)
 	case VerbRelease:
@@ -399,13 +419,24 @@ func (a *acq) done(l sidecar.Lock, err error) {
 		ss.acquiring--
 	}
 	ended := ss.ended
+	var h *holding
 	if err == nil && !ended {
-		h := &holding{lock: l}
+		h = &holding{lock: l}
 		for _, k := range lockKeys(l) {
 			ss.held[heldKey{k, l.Token}] = h
 		}
 	}
 	ss.mu.Unlock()
+	if h != nil {
+		stop := ss.srv.broker.WatchLost(l, func(why sidecar.LostReason) { ss.lost(h, why) })
+		ss.mu.Lock()
+		h.stopWatch = stop
+		gone := ss.held[heldKey{l.Key, l.Token}] != h // released or lost meanwhile
+		ss.mu.Unlock()
+		if gone {
+			stop()
+		}
+	}
 	var line string
 	switch {
 	case err == nil && ended:
@@ -494,9 +525,7 @@ func (ss *session) released(k heldKey, h *holding, r *reply, err error) {
 	ss.mu.Lock()
 	ss.releasing--
 	if definite {
-		for _, key := range lockKeys(h.lock) {
-			delete(ss.held, heldKey{key, k.token})
-		}
+		ss.forgetLocked(h)
 	} else {
 		// Still ours as far as we know: the client may RELEASE again, and
 		// the end of the session compensates it.
@@ -504,6 +533,9 @@ func (ss *session) released(k heldKey, h *holding, r *reply, err error) {
 	}
 	ended := ss.ended
 	ss.mu.Unlock()
+	if definite {
+		h.unwatch()
+	}
 	if ended && !definite {
 		ss.srv.broker.Compensate(h.lock)
 	}
@@ -549,11 +581,29 @@ func (ss *session) endCause(why string, cause error) {
 	ss.ended = true
 	ss.space.Broadcast() // a reader waiting for room stops waiting
 	var locks []sidecar.Lock
+	var watched []*holding
 	seen := map[*holding]bool{} // a block is filed under each of its keys
 	for _, h := range ss.held {
-		if !h.releasing && !seen[h] {
-			seen[h] = true
+		if seen[h] {
+			continue
+		}
+		seen[h] = true
+		if !h.releasing {
 			locks = append(locks, h.lock)
+			watched = append(watched, h)
+		}
+	}
+	if ss.events && len(watched) > 0 {
+		// The connection may still read (a half-close, or the sidecar
+		// shutting down): tell it why it no longer holds them.
+		evs := make([]string, 0, len(watched))
+		for _, h := range watched {
+			evs = append(evs, FormatLost(h.lock.Token, sidecar.LostCompensated.String(), lockKeys(h.lock)))
+		}
+		sortEvents(evs)
+		ss.evq = append(ss.evq, evs...)
+		for range evs {
+			ss.srv.lostEvent(sidecar.LostCompensated, true)
 		}
 	}
 	var cancels []func(error)
@@ -571,9 +621,13 @@ func (ss *session) endCause(why string, cause error) {
 	if len(locks) > 0 {
 		ss.log.Info("connection ended holding locks; releasing them", "why", why, "locks", len(locks))
 	}
+	for _, h := range watched {
+		h.unwatch() // its end is ours now
+	}
 	for _, l := range locks {
 		ss.srv.broker.Compensate(l)
 	}
+	ss.kickWriter()
 	// Unblock the reader if the server ends us (Close).
 	ss.conn.CloseRead()
 }
@@ -598,7 +652,18 @@ func (ss *session) writeLoop() {
 	}
 	for {
 		ss.mu.Lock()
-		for ss.rhead == len(ss.replies) || !ss.replies[ss.rhead].done {
+		for {
+			// Events first: they answer nothing, so they never wait for a
+			// reply, and they go between whole reply lines.
+			for _, ev := range ss.evq {
+				buf = append(buf, ev...)
+				buf = append(buf, '\n')
+			}
+			clear(ss.evq)
+			ss.evq = ss.evq[:0]
+			if ss.rhead < len(ss.replies) && ss.replies[ss.rhead].done {
+				break
+			}
 			if ss.rclosed && ss.rhead == len(ss.replies) {
 				ss.mu.Unlock()
 				flush()
@@ -707,3 +772,103 @@ func clean(s string) string {
 	}
 	return string(b)
 }
+
+// forgetLocked drops h from the locks the connection holds (every key of
+// a block). Requires ss.mu.
+func (ss *session) forgetLocked(h *holding) {
+	for _, key := range lockKeys(h.lock) {
+		if ss.held[heldKey{key, h.lock.Token}] == h {
+			delete(ss.held, heldKey{key, h.lock.Token})
+		}
+	}
+}
+
+// unwatch ends the broker's lost watch of h, if it was set up.
+func (h *holding) unwatch() {
+	if h.stopWatch != nil {
+		h.stopWatch()
+	}
+}
+
+// lost is the broker's word that h ended without this connection's
+// RELEASE (it runs on a broker goroutine and must not block): the
+// connection forgets the lock and, with events on, is told. A lock whose
+// RELEASE is running is left to that RELEASE's reply.
+func (ss *session) lost(h *holding, why sidecar.LostReason) {
+	ss.mu.Lock()
+	if ss.ended || h.releasing || ss.held[heldKey{h.lock.Key, h.lock.Token}] != h {
+		ss.mu.Unlock()
+		return
+	}
+	ss.forgetLocked(h)
+	tell := ss.events
+	if tell {
+		ss.evq = append(ss.evq, FormatLost(h.lock.Token, why.String(), lockKeys(h.lock)))
+	}
+	ss.mu.Unlock()
+	ss.srv.lostEvent(why, tell)
+	ss.log.Info("lock lost", "key", h.lock.Key, "token", h.lock.Token, "why", why)
+	if tell {
+		ss.kickWriter()
+	}
+}
+
+// startExtend starts an EXTEND: like a RELEASE, only of a lock this
+// connection holds (else answered at once), and one at a time per lock.
+func (ss *session) startExtend(req Request) bool {
+	k := heldKey{req.Key, req.Token}
+	ss.mu.Lock()
+	if ss.ended {
+		ss.mu.Unlock()
+		return false
+	}
+	h := ss.held[k]
+	var err error
+	switch {
+	case h == nil && ss.holdsKeyLocked(req.Key):
+		err = fmt.Errorf("%w: this connection holds %s under another token, not %d", locksm.ErrTokenMismatch, snippet([]byte(req.Key)), req.Token)
+	case h == nil:
+		err = fmt.Errorf("%w: this connection holds no lock on %s with token %d", ErrNotHeld, snippet([]byte(req.Key)), req.Token)
+	case h.releasing:
+		err = fmt.Errorf("%w: %s token %d", ErrReleaseInProgress, snippet([]byte(req.Key)), req.Token)
+	case h.extending:
+		err = fmt.Errorf("%w: %s token %d", ErrExtendInProgress, snippet([]byte(req.Key)), req.Token)
+	}
+	if err != nil {
+		ss.mu.Unlock()
+		return ss.refuse(err)
+	}
+	// At most one per lock: the locks held bound them, as RELEASEs.
+	h.extending = true
+	ss.work.Add(1)
+	l := h.lock
+	ss.mu.Unlock()
+	r := &reply{}
+	ok := ss.push(r)
+	if err := ss.srv.broker.ExtendAsync(l, req.Lease, func(nl sidecar.Lock, err error) { ss.extended(h, nl, r, err) }); err != nil {
+		ss.extended(h, l, r, err)
+	}
+	return ok
+}
+
+// extended is the broker's callback for an EXTEND. A refusal as not held
+// reached lost first (the broker tells its watches before this).
+func (ss *session) extended(h *holding, nl sidecar.Lock, r *reply, err error) {
+	ss.mu.Lock()
+	h.extending = false
+	if err == nil {
+		h.lock.Lease, h.lock.ValidUntil = nl.Lease, nl.ValidUntil
+	}
+	ss.mu.Unlock()
+	line := "OK"
+	if err != nil {
+		ss.log.Info("extend failed", "key", h.lock.Key, "token", h.lock.Token, "err", err)
+		line = replyFor(err)
+	}
+	ss.finish(r, line)
+	ss.work.Done()
+}
+
+// sortEvents orders event lines so that what a connection is told does
+// not depend on map order.
+func sortEvents(evs []string) { sort.Strings(evs) }

@@ -78,6 +78,11 @@ type Config struct {
 	// and acknowledging), possibly before Dial has returned; it must not
 	// block. nil: notices are only acted on.
 	OnNotice func(c *Conn, n wire.Msg)
+	// OnLost, when set, hears every lost event (wire.TypeLost, version 6:
+	// the leader committed the expiry of a holding, named by its token).
+	// It runs on the connection's reader goroutine and must not block.
+	// nil: lost events are dropped.
+	OnLost func(c *Conn, ev wire.Msg)
 	// MaxVersion is the newest protocol version to offer (to play an older
 	// client, in tests and the lab). Zero: wire.ProtocolVersion.
 	MaxVersion uint16
@@ -108,6 +113,7 @@ type Conn struct {
 	kick chan struct{} // wakes the writer; capacity 1
 
 	onNotice func(*Conn, wire.Msg)
+	onLost   func(*Conn, wire.Msg)
 	// handingOver: the node announced a hand-over (NoticeHandOver) and has
 	// not said it serves again; Start refuses acquires and releases. Set
 	// and cleared under wmu (so that no request is buffered behind the
@@ -199,6 +205,7 @@ func Dial(ctx context.Context, addr string, cfg Config) (*Conn, error) {
 		return nil, fmt.Errorf("client: handshake with %s: %w", addr, err)
 	}
 	c := newConn(nc, raw, peer, cfg.OnNotice)
+	c.onLost = cfg.OnLost
 	switch ka := cfg.KeepAlive; {
 	case ka == 0:
 		go c.keepAlive(DefaultKeepAlive)
@@ -397,15 +404,19 @@ func (c *Conn) StartFunc(m wire.Msg, h Hooks) (*Call, error) {
 		return nil, fmt.Errorf("%w: %s is not a request type", ErrInvalidRequest, wire.TypeName(m.Type))
 	}
 	if !wire.RequestAllowed(m.Type, c.peer.Version) {
+		need := uint16(wire.VersionBlocks)
+		if m.Type == wire.TypeExtend {
+			need = wire.VersionExtend
+		}
 		return nil, fmt.Errorf("%w: %s needs protocol version %d; %s speaks %d", wire.ErrNotSupported, wire.TypeName(m.Type),
-			wire.VersionBlocks, c.peer.NodeID, c.peer.Version)
+			need, c.peer.NodeID, c.peer.Version)
 	}
 	c.wmu.Lock()
 	if c.closed {
 		c.wmu.Unlock()
 		return nil, c.closedErr()
 	}
-	if c.handingOver.Load() && (m.Type == wire.TypeAcquire || m.Type == wire.TypeAcquireBlock || m.Type == wire.TypeRelease) {
+	if c.handingOver.Load() && (m.Type == wire.TypeAcquire || m.Type == wire.TypeAcquireBlock || m.Type == wire.TypeRelease || m.Type == wire.TypeExtend) {
 		c.wmu.Unlock()
 		return nil, fmt.Errorf("%w (%s): %s not sent", ErrHandingOver, c.peer.NodeID, wire.TypeName(m.Type))
 	}
@@ -570,6 +581,16 @@ func (c *Conn) readLoop() {
 				return
 			}
 			c.notice(m)
+			continue
+		}
+		if wire.IsEvent(m.Type) {
+			if c.peer.Version < wire.VersionExtend {
+				c.shutdown(fmt.Errorf("%w: lost event on a version %d connection", ErrProtocol, c.peer.Version))
+				return
+			}
+			if c.onLost != nil {
+				c.onLost(c, m)
+			}
 			continue
 		}
 		if m.Type == wire.TypeError && m.ID == 0 {

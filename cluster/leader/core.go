@@ -50,6 +50,22 @@
 // not its reply) on a connection of version wire.VersionQueued or later;
 // its reply (G, T or U) follows.
 //
+// An extend is answered like a release (K after its command applied, E
+// for a rejected one, M, U). It counts against the connection's releases
+// in flight. While an extend of a token is in flight the core never
+// proposes that token's expiry: a due lease timer of it waits for the
+// extend's outcome (an expiry proposed meanwhile would be applied after the
+// extend and end a lease the holder was just told it has). An applied
+// extend arms a fresh lease timer; older timers of the token are then
+// superseded and do nothing when due.
+//
+// When the leader applies an expiry it tells the holder with a lost event
+// (wire.TypeLost) on a connection of version wire.VersionExtend or later:
+// the connection the grant was told on if it is still open, else every
+// such open connection (the holder may have reconnected, or an earlier
+// leader told the grant). It goes out before any grant the expiry hands
+// the key on with.
+//
 // Timers run on the caller's monotonic clock: a lease timer for every grant
 // applied while leading (a full lease from the moment the leader applied
 // it), a wait timer for every acquire queued, and a full lease for every
@@ -200,6 +216,10 @@ const (
 	// answered E internal.
 	EventUnexpectedResult
 	EventRefusedConnWaiters
+	// EventLostSent: the leader told a holder (Keys connections: 1 for
+	// the grant's own, more when it had to tell every connection) that
+	// its holding expired.
+	EventLostSent
 )
 
 // Event is something for the metrics (or the log) to record.
@@ -208,7 +228,7 @@ type Event struct {
 	Op      locksm.Op     // EventReply, EventUnexpectedResult
 	Outcome Outcome       // EventReply
 	Queued  bool          // EventReply of a grant
-	Keys    int           // EventReply of a grant of a block: its number of keys (0 for one key)
+	Keys    int           // EventReply of a grant of a block: its number of keys (0 for one key); EventLostSent: connections told
 	Latency time.Duration // EventReply of a grant, EventHandoffLatency
 	Status  locksm.Status // EventUnexpectedResult
 }
@@ -261,6 +281,7 @@ type pending[C comparable] struct {
 	owner    string
 	leaseSec uint32
 	ref      uint64
+	token    uint64    // an extend's token (its count in Core.extending)
 	start    time.Time // when the request arrived (latency metrics)
 	deadline time.Time // acquire: when its wait runs out
 	queued   bool      // acquire applied as StatusQueued, not yet granted/timed out
@@ -341,6 +362,19 @@ type Core[C comparable] struct {
 	// expiring: when the lease of each expiry this leader proposed ran
 	// out (by token), for the hand-off latency; emptied on apply.
 	expiring map[uint64]time.Time
+	// extending counts, by token, the extends proposed and not yet
+	// applied (nor failed); deferred holds a token's lease timer that came
+	// due meanwhile, decided again when the count drops to 0.
+	extending map[uint64]int
+	deferred  map[uint64]Timer
+	// extendedUntil: for a token extended while leading, the deadline of
+	// the newest lease timer its extends armed. A timer of the token due
+	// before it is superseded. Dropped when that timer comes due.
+	extendedUntil map[uint64]time.Time
+	// told: the connection each grant of this leadership was told on, by
+	// token, for connections that take lost events (wire.VersionExtend);
+	// dropped when the holding's release or expiry is applied.
+	told map[uint64]*conn[C]
 
 	rd Ready[C]
 }
@@ -356,8 +390,12 @@ func New[C comparable](cfg Config, table Table, dir Directory) *Core[C] {
 		pend:        map[uint64]*pending[C]{},
 		conns:       map[C]*conn[C]{},
 		nextRef:     cfg.FirstRef,
-		uncommitted: map[string]int{},
-		expiring:    map[uint64]time.Time{},
+		uncommitted:   map[string]int{},
+		expiring:      map[uint64]time.Time{},
+		extending:     map[uint64]int{},
+		deferred:      map[uint64]Timer{},
+		extendedUntil: map[uint64]time.Time{},
+		told:          map[uint64]*conn[C]{},
 	}
 }
 
@@ -460,10 +498,14 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 		k.noticeAcked(cn)
 		k.send(cn, wire.Msg{Type: wire.TypeOK, ID: m.ID})
 		return true
-	case wire.TypeAcquireBlock:
+	case wire.TypeAcquireBlock, wire.TypeExtend:
 		if !wire.RequestAllowed(m.Type, cn.version) {
+			what, from := "block acquire", wire.VersionBlocks
+			if m.Type == wire.TypeExtend {
+				what, from = "extend", wire.VersionExtend
+			}
 			k.send(cn, wire.Msg{Type: wire.TypeError, Code: wire.CodeUnexpectedFrame,
-				Text: fmt.Sprintf("block acquire on a version %d connection (from version %d)", cn.version, wire.VersionBlocks)})
+				Text: fmt.Sprintf("%s on a version %d connection (from version %d)", what, cn.version, from)})
 			return false
 		}
 	case wire.TypeAcquire, wire.TypeRelease, wire.TypeCancel:
@@ -483,6 +525,8 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 		cmd = locksm.Command{Op: locksm.OpAcquireBlock, Keys: slices.Clone(m.Keys), Owner: m.Owner, LeaseSec: uint32(m.Lease), WaitMs: m.WaitMs}
 	case wire.TypeRelease:
 		cmd = locksm.Command{Op: locksm.OpRelease, Key: m.Key, Owner: m.Owner, Token: m.Token}
+	case wire.TypeExtend:
+		cmd = locksm.Command{Op: locksm.OpExtend, Key: m.Key, Owner: m.Owner, Token: m.Token, LeaseSec: uint32(m.Lease)}
 	}
 	if m.Type != wire.TypeCancel {
 		if err := locksm.ValidateCommand(cmd); err != nil {
@@ -529,12 +573,18 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 			wire.ErrNotSupported, wire.VersionBlocks, k.table.ClusterVersion(), "30s")))
 		return true
 	}
+	if cmd.Op == locksm.OpExtend && k.table.ClusterVersion() < wire.VersionExtend {
+		k.reply(cmd.Op, OutcomeError)
+		k.send(cn, errReply(m.ID, fmt.Errorf("%w: extends need every member at protocol version %d; the cluster version is %d (upgrade every node; the leader records the new version within %s)",
+			wire.ErrNotSupported, wire.VersionExtend, k.table.ClusterVersion(), "30s")))
+		return true
+	}
 	if n := cn.flying(cmd.Op); n >= k.cfg.MaxInFlightPerConn {
 		k.event(Event{Kind: EventRefusedInFlight})
 		k.reply(cmd.Op, OutcomeError)
 		what := "acquires"
-		if cmd.Op == locksm.OpRelease {
-			what = "releases"
+		if releasing(cmd.Op) {
+			what = "releases and extends"
 		}
 		k.send(cn, errReply(m.ID, fmt.Errorf("%w: %d %s on this connection not committed yet; this node allows %d per connection",
 			wire.ErrTooManyInFlight, n, what, k.cfg.MaxInFlightPerConn)))
@@ -579,14 +629,23 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 	}
 	k.pend[p.ref] = p
 	cn.owe(p)
+	if cmd.Op == locksm.OpExtend {
+		k.extending[cmd.Token]++
+		p.token = cmd.Token
+	}
 	k.propose(cmd)
 	return true
 }
 
+// releasing reports whether op counts in a connection's releases in flight
+// (a release, or an extend: both concern a lock held already, and neither
+// may wait behind a flood of acquires).
+func releasing(op locksm.Op) bool { return op == locksm.OpRelease || op == locksm.OpExtend }
+
 // flying is how many requests of op cn has in flight (their own command
 // not applied yet): the count MaxInFlightPerConn bounds for op.
 func (cn *conn[C]) flying(op locksm.Op) int {
-	if op == locksm.OpRelease {
+	if releasing(op) {
 		return cn.releasing
 	}
 	return cn.acquiring
@@ -607,7 +666,7 @@ func (cn *conn[C]) unowe(p *pending[C]) {
 // count adds d to the counts p is in.
 func (cn *conn[C]) count(p *pending[C], d int) {
 	if p.inFlight() {
-		if p.op == locksm.OpRelease {
+		if releasing(p.op) {
 			cn.releasing += d
 		} else {
 			cn.acquiring += d
@@ -665,6 +724,23 @@ func (k *Core[C]) finish(p *pending[C]) {
 	k.committed(p)
 	delete(k.pend, p.ref)
 	p.conn.unowe(p)
+	if p.op == locksm.OpExtend {
+		k.extendSettled(p.token)
+	}
+}
+
+// extendSettled counts an extend of token out of Core.extending (applied,
+// failed, or lost with leadership) and, when none is left in flight,
+// decides a lease timer of token that came due meanwhile.
+func (k *Core[C]) extendSettled(token uint64) {
+	if k.extending[token]--; k.extending[token] > 0 {
+		return
+	}
+	delete(k.extending, token)
+	if t, ok := k.deferred[token]; ok {
+		delete(k.deferred, token)
+		k.TimerDue(t)
+	}
 }
 
 func errReply(id uint64, err error) wire.Msg {
@@ -714,6 +790,12 @@ func (k *Core[C]) Applied(now time.Time, batch []Applied) {
 		if k.leading && a.Res.Status == locksm.StatusGranted {
 			k.armExpiry(now, key, a.Res.Token, c.LeaseSec)
 		}
+		if k.leading && a.Res.Status == locksm.StatusExtended {
+			// Before the extend's own pending is resolved below, which may
+			// decide a deferred timer of the token: it must find this one.
+			at := k.armExpiry(now, c.Key, c.Token, c.LeaseSec)
+			k.extendedUntil[c.Token] = at
+		}
 		// freedAt: when the key this command frees was freed, as the
 		// leader saw it (for the hand-off latency).
 		var freedAt time.Time
@@ -723,13 +805,20 @@ func (k *Core[C]) Applied(now time.Time, batch []Applied) {
 			}
 			k.resolve(p, a.Res, now)
 		}
-		if c.Op == locksm.OpExpire {
+		switch c.Op {
+		case locksm.OpExpire:
 			if at, ok := k.expiring[c.Token]; ok {
 				freedAt = at
 				delete(k.expiring, c.Token)
 			}
 			if k.leading && a.Res.Status == locksm.StatusExpired {
 				k.event(Event{Kind: EventExpiry})
+				k.tellLost(c.Key, c.Token)
+			}
+			delete(k.told, c.Token)
+		case locksm.OpRelease:
+			if a.Res.Status == locksm.StatusReleased {
+				delete(k.told, c.Token)
 			}
 		}
 		for _, e := range a.Effects {
@@ -786,7 +875,7 @@ func (k *Core[C]) resolve(p *pending[C], res locksm.Result, now time.Time) {
 		k.finish(p)
 		k.reply(p.op, OutcomeBusy)
 		k.send(p.conn, wire.Msg{Type: wire.TypeBusy, ID: p.id})
-	case locksm.StatusReleased:
+	case locksm.StatusReleased, locksm.StatusExtended:
 		k.finish(p)
 		k.reply(p.op, OutcomeOK)
 		k.send(p.conn, wire.Msg{Type: wire.TypeOK, ID: p.id})
@@ -815,23 +904,48 @@ func (k *Core[C]) granted(p *pending[C], token uint64, now time.Time) bool {
 	}
 	k.event(Event{Kind: EventReply, Op: p.op, Outcome: OutcomeGranted, Queued: p.queued, Latency: now.Sub(p.start), Keys: len(p.keys)})
 	k.send(p.conn, wire.Msg{Type: wire.TypeGranted, ID: p.id, Token: token})
+	if k.leading && p.conn.version >= wire.VersionExtend {
+		k.told[token] = p.conn
+	}
 	return true
+}
+
+// tellLost sends the lost event of the expired holding (key, token): to
+// the connection its grant was told on while that is open, else to every
+// open connection that takes lost events.
+func (k *Core[C]) tellLost(key string, token uint64) {
+	m := wire.Msg{Type: wire.TypeLost, Token: token, Reason: wire.LostExpired, Key: key}
+	if cn := k.told[token]; cn != nil && !cn.dead {
+		k.send(cn, m)
+		k.event(Event{Kind: EventLostSent, Keys: 1})
+		return
+	}
+	n := 0
+	for _, cn := range k.sortedConns() {
+		if cn.version >= wire.VersionExtend && !cn.dead {
+			k.send(cn, m)
+			n++
+		}
+	}
+	if n > 0 {
+		k.event(Event{Kind: EventLostSent, Keys: n})
+	}
 }
 
 // rejected is the outcome of a rejected command of op.
 func rejected(op locksm.Op, err error) Outcome {
-	if op == locksm.OpRelease && (errors.Is(err, locksm.ErrNotHeld) || errors.Is(err, locksm.ErrTokenMismatch) || errors.Is(err, locksm.ErrOwnerMismatch)) {
+	if releasing(op) && (errors.Is(err, locksm.ErrNotHeld) || errors.Is(err, locksm.ErrTokenMismatch) || errors.Is(err, locksm.ErrOwnerMismatch)) {
 		return OutcomeNotHeld
 	}
 	return OutcomeError
 }
 
-// armExpiry starts the lease clock of a grant the leader just applied.
-func (k *Core[C]) armExpiry(now time.Time, key string, token uint64, leaseSec uint32) {
-	k.rd.Timers = append(k.rd.Timers, Timer{
-		At: now.Add(time.Duration(leaseSec) * time.Second), Kind: TimerExpire,
-		Key: key, Token: token, Epoch: k.epoch,
-	})
+// armExpiry starts the lease clock of a grant (or an extension) the leader
+// just applied, and returns when it runs out.
+func (k *Core[C]) armExpiry(now time.Time, key string, token uint64, leaseSec uint32) time.Time {
+	at := now.Add(time.Duration(leaseSec) * time.Second)
+	k.rd.Timers = append(k.rd.Timers, Timer{At: at, Kind: TimerExpire, Key: key, Token: token, Epoch: k.epoch})
+	return at
 }
 
 // armHolders arms a full lease timer for every holder, from now, and
@@ -858,6 +972,16 @@ func (k *Core[C]) TimerDue(t Timer) {
 	}
 	switch t.Kind {
 	case TimerExpire:
+		if until, ok := k.extendedUntil[t.Token]; ok {
+			if t.At.Before(until) {
+				return // superseded by an extension's timer
+			}
+			delete(k.extendedUntil, t.Token)
+		}
+		if k.extending[t.Token] > 0 {
+			k.deferred[t.Token] = t // decided when the extend settles
+			return
+		}
 		if k.table.HeldUnder(t.Key, t.Token) {
 			k.expiring[t.Token] = t.At
 			k.propose(locksm.Command{Op: locksm.OpExpire, Key: t.Key, Token: t.Token})
@@ -917,6 +1041,10 @@ func (k *Core[C]) LoseLeadership(why string) (wasLeading bool, owed int) {
 	k.pend = map[uint64]*pending[C]{}
 	k.uncommitted, k.uncommittedTotal = map[string]int{}, 0
 	clear(k.expiring)
+	clear(k.extending)
+	clear(k.deferred)
+	clear(k.extendedUntil)
+	clear(k.told)
 	for _, p := range ps {
 		p.uncommitted = false
 		p.conn.unowe(p)

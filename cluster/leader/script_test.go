@@ -31,6 +31,7 @@ package leader
 //	acquire-block conn= id= keys=k1,k2,... owner= lease= [wait=]
 //	cluster-version v=           the log's cluster version (default: newest)
 //	release conn= id= key= owner= token=
+//	extend conn= id= key= owner= token= lease=
 //	cancel conn= id= target=
 //	ack conn= id=                a notice acknowledgement
 //	frame conn= type= [id=]      any other frame type (one character)
@@ -264,7 +265,7 @@ func (h *harness) run(line string) (string, error) {
 		h.k.Close()
 	case "cluster-version":
 		*h.version = uint16(a.int("v", 0))
-	case "acquire", "acquire-block", "release", "cancel", "ack", "frame":
+	case "acquire", "acquire-block", "release", "extend", "cancel", "ack", "frame":
 		cn := a.need("conn")
 		m := wire.Msg{ID: uint64(a.int("id", 0))}
 		switch name {
@@ -276,6 +277,9 @@ func (h *harness) run(line string) (string, error) {
 			m.Lease, m.WaitMs = uint16(a.int("lease", 0)), uint32(a.int("wait", 0))
 		case "release":
 			m.Type, m.Key, m.Owner, m.Token = wire.TypeRelease, a.str("key", ""), a.str("owner", ""), uint64(a.int("token", 0))
+		case "extend":
+			m.Type, m.Key, m.Owner, m.Token = wire.TypeExtend, a.str("key", ""), a.str("owner", ""), uint64(a.int("token", 0))
+			m.Lease = uint16(a.int("lease", 0))
 		case "cancel":
 			m.Type, m.Target = wire.TypeCancel, uint64(a.int("target", 0))
 		case "ack":
@@ -433,6 +437,8 @@ func fmtMsg(m wire.Msg) string {
 		return fmt.Sprintf("E id=%d code=%s %q", m.ID, m.Code, m.Text)
 	case wire.TypeNotice:
 		return fmt.Sprintf("N %s leader=%q addr=%q", m.Event, m.LeaderID, m.LeaderAddr)
+	case wire.TypeLost:
+		return fmt.Sprintf("X %s key=%s token=%d", m.Reason, m.Key, m.Token)
 	}
 	return fmt.Sprintf("%c id=%d", m.Type, m.ID)
 }
@@ -440,6 +446,7 @@ func fmtMsg(m wire.Msg) string {
 var opNames = map[locksm.Op]string{
 	locksm.OpAcquire: "acquire", locksm.OpRelease: "release", locksm.OpExpire: "expire",
 	locksm.OpCancelWait: "cancel", locksm.OpDropWaiters: "drop-waiters", locksm.OpAcquireBlock: "acquire-block",
+	locksm.OpExtend: "extend",
 }
 
 func fmtCmd(c locksm.Command) string {
@@ -452,6 +459,8 @@ func fmtCmd(c locksm.Command) string {
 		return fmt.Sprintf("expire key=%s token=%d", c.Key, c.Token)
 	case locksm.OpCancelWait:
 		return fmt.Sprintf("cancel key=%s ref=%d", c.Key, c.Ref)
+	case locksm.OpExtend:
+		return fmt.Sprintf("extend key=%s owner=%s token=%d lease=%d ref=%d", c.Key, c.Owner, c.Token, c.LeaseSec, c.Ref)
 	case locksm.OpDropWaiters:
 		return "drop-waiters"
 	case locksm.OpAcquireBlock:
@@ -483,6 +492,7 @@ var statusNames = map[locksm.Status]string{
 	locksm.StatusRejected: "rejected", locksm.StatusGranted: "granted", locksm.StatusQueued: "queued",
 	locksm.StatusBusy: "busy", locksm.StatusReleased: "released", locksm.StatusExpired: "expired",
 	locksm.StatusCanceled: "canceled", locksm.StatusNoop: "noop", locksm.StatusDropped: "dropped",
+	locksm.StatusExtended: "extended",
 }
 
 var effectNames = map[locksm.EffectKind]string{
@@ -547,6 +557,8 @@ func fmtEvent(e Event) string {
 		return "refused waiters-per-key"
 	case EventRefusedConnWaiters:
 		return "refused waiters-per-conn"
+	case EventLostSent:
+		return fmt.Sprintf("lost-sent conns=%d", e.Keys)
 	case EventUnexpectedResult:
 		return fmt.Sprintf("unexpected-result op=%s status=%s", opNames[e.Op], statusNames[e.Status])
 	}

@@ -213,7 +213,7 @@ func DecodeMsg(typ byte, payload []byte, m *Msg) error {
 	*m = Msg{Type: typ}
 	d := decoder{b: payload}
 	isReq := IsRequest(typ)
-	if !isReq && !IsReply(typ) && !IsNotice(typ) && !IsProgress(typ) {
+	if !isReq && !IsReply(typ) && !IsNotice(typ) && !IsEvent(typ) && !IsProgress(typ) {
 		if isHandshake(typ) {
 			return fmt.Errorf("%w: handshake frame %s after the handshake", ErrUnexpectedFrame, TypeName(typ))
 		}
@@ -250,6 +250,15 @@ func DecodeMsg(typ byte, payload []byte, m *Msg) error {
 		m.Token = d.u64()
 		m.Key = d.str8()
 		m.Owner = d.str8()
+	case TypeExtend:
+		m.Token = d.u64()
+		m.Lease = d.u16()
+		m.Key = d.str8()
+		m.Owner = d.str8()
+	case TypeLost:
+		m.Token = d.u64()
+		m.Reason = LostReason(d.u8())
+		m.Key = d.str8()
 	case TypeCancel:
 		m.Target = d.u64()
 	case TypeGranted:
@@ -309,10 +318,24 @@ func malformed(typ byte, what string, payload []byte) error {
 // checkFields holds the value rules shared by DecodeMsg and AppendMsg, so
 // that whatever AppendMsg writes DecodeMsg accepts and vice versa.
 func checkFields(m *Msg) error {
-	if m.ID == 0 && m.Type != TypeError && m.Type != TypeNotice {
+	if m.ID == 0 && m.Type != TypeError && m.Type != TypeNotice && m.Type != TypeLost {
 		return fmt.Errorf("%w: id 0", ErrMalformed)
 	}
 	switch m.Type {
+	case TypeLost:
+		if m.ID != 0 {
+			return fmt.Errorf("%w: lost event with id %d (events answer no request)", ErrMalformed, m.ID)
+		}
+		if m.Reason != LostExpired {
+			return fmt.Errorf("%w: lost reason %d", ErrMalformed, m.Reason)
+		}
+		if m.Token == 0 {
+			return fmt.Errorf("%w: lost event for token 0", ErrMalformed)
+		}
+		if len(m.Key) == 0 || len(m.Key) > locksm.MaxKeyLen {
+			// Plain malformed: an event has no id to answer a field error under.
+			return fmt.Errorf("%w: lost event key length %d not in 1..%d", ErrMalformed, len(m.Key), locksm.MaxKeyLen)
+		}
 	case TypeNotice:
 		if m.ID != 0 {
 			return fmt.Errorf("%w: notice with id %d (notices answer no request)", ErrMalformed, m.ID)
@@ -320,7 +343,7 @@ func checkFields(m *Msg) error {
 		if m.Event != NoticeHandOver && m.Event != NoticeServing {
 			return fmt.Errorf("%w: notice event %d", ErrMalformed, m.Event)
 		}
-	case TypeAcquire, TypeRelease:
+	case TypeAcquire, TypeRelease, TypeExtend:
 		if len(m.Key) == 0 || len(m.Key) > locksm.MaxKeyLen {
 			return fmt.Errorf("%w: %w: key length %d not in 1..%d", ErrMalformed, locksm.ErrInvalidKey, len(m.Key), locksm.MaxKeyLen)
 		}
@@ -400,6 +423,10 @@ func payloadLen(m *Msg) (int, error) {
 		}
 	case TypeRelease:
 		n += 8 + s8(m.Key) + s8(m.Owner)
+	case TypeExtend:
+		n += 8 + 2 + s8(m.Key) + s8(m.Owner)
+	case TypeLost:
+		n += 8 + 1 + s8(m.Key)
 	case TypeCancel, TypeGranted:
 		n += 8
 	case TypePing, TypeStatus, TypeMembers, TypeNoticeAck, TypeBusy, TypeTimeout, TypeOK, TypePong, TypeQueued:
@@ -465,6 +492,15 @@ func AppendMsg(dst []byte, m *Msg) ([]byte, error) {
 		b = binary.BigEndian.AppendUint64(b, m.Token)
 		b = appendStr8(b, m.Key)
 		b = appendStr8(b, m.Owner)
+	case TypeExtend:
+		b = binary.BigEndian.AppendUint64(b, m.Token)
+		b = binary.BigEndian.AppendUint16(b, m.Lease)
+		b = appendStr8(b, m.Key)
+		b = appendStr8(b, m.Owner)
+	case TypeLost:
+		b = binary.BigEndian.AppendUint64(b, m.Token)
+		b = append(b, byte(m.Reason))
+		b = appendStr8(b, m.Key)
 	case TypeCancel:
 		b = binary.BigEndian.AppendUint64(b, m.Target)
 	case TypeGranted:

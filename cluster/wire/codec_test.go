@@ -54,6 +54,10 @@ func sampleMsgs() []Msg {
 		// The largest frame of all: 16 keys of 255 bytes and a 128-byte
 		// owner, 4241 bytes (over MaxFrameLenV4, within MaxFrameLen).
 		{Type: TypeAcquireBlock, ID: ^uint64(0), Lease: 0xFFFF, WaitMs: 0xFFFFFFFF, Owner: strings.Repeat("o", locksm.MaxOwnerLen), Keys: maxBlockKeys()},
+		{Type: TypeExtend, ID: 11, Token: 42, Lease: 30, Key: "event:42", Owner: "srv-a"},
+		{Type: TypeExtend, ID: ^uint64(0), Token: ^uint64(0), Lease: 0xFFFF, Key: strings.Repeat("k", locksm.MaxKeyLen), Owner: strings.Repeat("o", locksm.MaxOwnerLen)},
+		{Type: TypeLost, Token: 42, Reason: LostExpired, Key: "event:42"},
+		{Type: TypeLost, Token: ^uint64(0), Reason: LostExpired, Key: strings.Repeat("k", locksm.MaxKeyLen)},
 	}
 }
 
@@ -532,7 +536,7 @@ func TestProgressAllowed(t *testing.T) {
 	}
 }
 
-// TestRequestAllowed: 'n' from version 3, 'b' from version 5, the other
+// TestRequestAllowed: 'n' from version 3, 'b' from version 5, 'e' from 6, the other
 // requests in every version, and never a reply type.
 func TestRequestAllowed(t *testing.T) {
 	for v := uint16(MinProtocolVersion); v <= ProtocolVersion; v++ {
@@ -541,15 +545,16 @@ func TestRequestAllowed(t *testing.T) {
 				t.Errorf("RequestAllowed(%s, %d)", TypeName(req), v)
 			}
 		}
-		if RequestAllowed(TypeNoticeAck, v) != (v >= VersionNotices) || RequestAllowed(TypeAcquireBlock, v) != (v >= VersionBlocks) {
-			t.Errorf("version %d: n %v, b %v", v, RequestAllowed(TypeNoticeAck, v), RequestAllowed(TypeAcquireBlock, v))
+		if RequestAllowed(TypeNoticeAck, v) != (v >= VersionNotices) || RequestAllowed(TypeAcquireBlock, v) != (v >= VersionBlocks) ||
+			RequestAllowed(TypeExtend, v) != (v >= VersionExtend) {
+			t.Errorf("version %d: n %v, b %v, e %v", v, RequestAllowed(TypeNoticeAck, v), RequestAllowed(TypeAcquireBlock, v), RequestAllowed(TypeExtend, v))
 		}
-		if RequestAllowed(TypeGranted, v) || RequestAllowed(TypeQueued, v) || RequestAllowed(TypeHello, v) {
+		if RequestAllowed(TypeGranted, v) || RequestAllowed(TypeQueued, v) || RequestAllowed(TypeHello, v) || RequestAllowed(TypeLost, v) {
 			t.Errorf("version %d: a non-request allowed", v)
 		}
 	}
-	if VersionBlocks != ProtocolVersion || VersionBlocks <= VersionQueued {
-		t.Errorf("VersionBlocks %d, ProtocolVersion %d", VersionBlocks, ProtocolVersion)
+	if VersionExtend != ProtocolVersion || VersionExtend <= VersionBlocks || VersionBlocks <= VersionQueued {
+		t.Errorf("VersionExtend %d, VersionBlocks %d, ProtocolVersion %d", VersionExtend, VersionBlocks, ProtocolVersion)
 	}
 }
 

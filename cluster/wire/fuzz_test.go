@@ -426,7 +426,7 @@ func FuzzReader(f *testing.F) {
 				if m.Type != fr.typ {
 					t.Fatalf("decode error left type %q, frame has %q", m.Type, fr.typ)
 				}
-				if IsFieldError(err) && (m.ID == 0 || (m.Type != TypeAcquire && m.Type != TypeAcquireBlock && m.Type != TypeRelease)) {
+				if IsFieldError(err) && (m.ID == 0 || (m.Type != TypeAcquire && m.Type != TypeAcquireBlock && m.Type != TypeRelease && m.Type != TypeExtend)) {
 					t.Fatalf("field error %v for %+v: a server could not answer it under an id", err, m)
 				}
 				continue
@@ -453,18 +453,22 @@ func checkReaderState(t *testing.T, r *Reader) {
 // strings per message), and re-encodes to exactly its frame.
 func checkMsgBounds(t *testing.T, m *Msg, raw []byte) {
 	t.Helper()
-	if !IsRequest(m.Type) && !IsReply(m.Type) && !IsNotice(m.Type) && !IsProgress(m.Type) {
+	if !IsRequest(m.Type) && !IsReply(m.Type) && !IsNotice(m.Type) && !IsEvent(m.Type) && !IsProgress(m.Type) {
 		t.Fatalf("decoded a frame of type %q", m.Type)
 	}
 	// Only the block acquire may exceed the bound of versions 1–4.
 	if len(raw)-4 > MaxFrameLenV4 && m.Type != TypeAcquireBlock {
 		t.Fatalf("decoded a %d-byte %q frame", len(raw)-4, m.Type)
 	}
-	if (m.ID == 0) != (m.Type == TypeNotice) && m.Type != TypeError {
+	if (m.ID == 0) != (m.Type == TypeNotice || m.Type == TypeLost) && m.Type != TypeError {
 		t.Fatalf("decoded id %d for %q: %+v", m.ID, m.Type, m)
 	}
 	switch m.Type {
-	case TypeAcquire, TypeRelease:
+	case TypeLost:
+		if m.Token == 0 || m.Reason != LostExpired || len(m.Key) < 1 || len(m.Key) > locksm.MaxKeyLen || m.Owner != "" {
+			t.Fatalf("lost event %+v", m)
+		}
+	case TypeAcquire, TypeRelease, TypeExtend:
 		if len(m.Key) < 1 || len(m.Key) > locksm.MaxKeyLen || len(m.Owner) < 1 || len(m.Owner) > locksm.MaxOwnerLen || m.Keys != nil {
 			t.Fatalf("key %d / owner %d bytes, %d block keys", len(m.Key), len(m.Owner), len(m.Keys))
 		}

@@ -43,7 +43,16 @@ import "ticketing/locksm"
 //	    decode: the leader proposes one only once the cluster version is
 //	    5 (PROTOCOL.md, "Log entries"), and answers E not_supported
 //	    before.
-const ProtocolVersion = 5
+//	6 — the holder knows: the extend request 'e' (renew a held lease by
+//	    token; its replies are a release's) and the lost event 'X'
+//	    (server → client, unsolicited: "the holding under this token
+//	    ended without your release", from the leader that committed its
+//	    expiry). A version 2–5 peer or client negotiates its own version
+//	    and sees neither. The log gains a lock command (locksm's extend)
+//	    that an older node cannot decode: the leader proposes one only
+//	    once the cluster version is 6, and answers E not_supported
+//	    before.
+const ProtocolVersion = 6
 
 // VersionNotices is the first version with the notice 'N' and its
 // acknowledgement 'n' and with client_addr in the Identity frame: a node
@@ -58,6 +67,11 @@ const VersionQueued = 4
 // VersionBlocks is the first version with the block acquire 'b': a client
 // sends 'b' only on a connection that negotiated at least this.
 const VersionBlocks = 5
+
+// VersionExtend is the first version with the extend request 'e' and the
+// lost event 'X': a client sends 'e', and a node sends 'X', only on a
+// connection that negotiated at least this.
+const VersionExtend = 6
 
 // Frame layout, all integers big-endian:
 //
@@ -115,6 +129,17 @@ const (
 	// the one frame above MaxFrameLenV4.
 	TypeAcquireBlock = 'b'
 
+	// TypeExtend renews the lease of the holding of key under token, held
+	// by owner: its lease becomes lease_sec (locksm.MinLeaseSec..
+	// MaxLeaseSec) from when the leader applies it; the token and the
+	// key's queue stay as they are, and for a block (any of its keys) the
+	// whole holding is extended. Its replies are a release's: K extended,
+	// E not_held / token_mismatch / owner_mismatch (not held so: the lease
+	// ran out, or the key moved on), M, U. From version 6 (VersionExtend):
+	//
+	//	id u64 | token u64 | lease_sec u16 | key str8 | owner str8
+	TypeExtend = 'e'
+
 	// Replies: every payload starts with the id of the request it answers;
 	// exactly one reply per request.
 	TypeGranted = 'G' // id u64 | token u64                 acquire (or block acquire) granted (after commit)
@@ -157,7 +182,40 @@ const (
 	// for an id not in flight, or on a version 2 or 3 connection is a
 	// protocol violation (the client closes the connection).
 	TypeQueued = 'Q'
+
+	// TypeLost is an event (server → client, unsolicited, answering no
+	// request; from version 6, only on connections that negotiated it):
+	//
+	//	id u64 (always 0) | token u64 | reason u8 | key str8
+	//
+	// The leader sends it when it applies the end of a holding that its
+	// holder did not release: LostExpired, the lease ran out and the
+	// expiry was committed. key is the key the expiry named (for a block,
+	// one of its keys; the token names the holding). It goes to the
+	// connection the grant was told on when that connection is still
+	// open, else to every open version 6 connection (the holder may have
+	// reconnected, or the grant was told by an earlier leader): a client
+	// ignores tokens it does not hold. It is sent before any grant the
+	// same commit hands the key on with. It is a hint, never a promise:
+	// a lost connection or leader change can swallow it, so a holder
+	// still counts its lease from its own clock.
+	TypeLost = 'X'
 )
+
+// LostReason says why a TypeLost holding ended.
+type LostReason uint8
+
+const (
+	LostExpired LostReason = 1 // the lease ran out; the expiry was committed
+)
+
+// String names the reason for logs and the unix API.
+func (r LostReason) String() string {
+	if r == LostExpired {
+		return "expired"
+	}
+	return "unknown"
+}
 
 // NoticeEvent says what a TypeNotice announces.
 type NoticeEvent uint8
@@ -186,8 +244,8 @@ type Msg struct {
 	Key    string   // TypeAcquire, TypeRelease (empty for TypeAcquireBlock)
 	Keys   []string // TypeAcquireBlock: 2..16 keys, in the client's order
 	Owner  string
-	Token  uint64
-	Lease  uint16 // seconds
+	Token  uint64 // TypeRelease, TypeExtend, TypeGranted, TypeLost
+	Lease  uint16 // seconds: TypeAcquire, TypeAcquireBlock, TypeExtend
 	WaitMs uint32
 	Target uint64 // TypeCancel
 	Code   Code   // TypeError
@@ -208,6 +266,8 @@ type Msg struct {
 	Members []Member
 	// TypeNotice (with LeaderID and LeaderAddr).
 	Event NoticeEvent
+	// TypeLost (with Token and Key).
+	Reason LostReason
 }
 
 // Member is one server of the Raft configuration, as a members reply lists it.
@@ -263,7 +323,7 @@ func (r Role) String() string {
 // IsRequest reports whether typ is a post-handshake request type.
 func IsRequest(typ byte) bool {
 	switch typ {
-	case TypeAcquire, TypeAcquireBlock, TypeRelease, TypeCancel, TypePing, TypeStatus, TypeMembers, TypeNoticeAck:
+	case TypeAcquire, TypeAcquireBlock, TypeRelease, TypeExtend, TypeCancel, TypePing, TypeStatus, TypeMembers, TypeNoticeAck:
 		return true
 	}
 	return false
@@ -271,7 +331,8 @@ func IsRequest(typ byte) bool {
 
 // RequestAllowed reports whether a client may send a request of type req on
 // a connection that negotiated version: 'n' from VersionNotices, 'b' from
-// VersionBlocks, every other request in every version. An older node does
+// VersionBlocks, 'e' from VersionExtend, every other request in every
+// version. An older node does
 // not know the newer types (it answers unexpected_frame and closes).
 func RequestAllowed(req byte, version uint16) bool {
 	switch req {
@@ -279,6 +340,8 @@ func RequestAllowed(req byte, version uint16) bool {
 		return version >= VersionNotices
 	case TypeAcquireBlock:
 		return version >= VersionBlocks
+	case TypeExtend:
+		return version >= VersionExtend
 	}
 	return IsRequest(req)
 }
@@ -286,6 +349,10 @@ func RequestAllowed(req byte, version uint16) bool {
 // IsNotice reports whether typ is the unsolicited server → client notice,
 // which answers no request (its id is always 0).
 func IsNotice(typ byte) bool { return typ == TypeNotice }
+
+// IsEvent reports whether typ is an unsolicited server → client event about
+// a holding (TypeLost), which answers no request (its id is always 0).
+func IsEvent(typ byte) bool { return typ == TypeLost }
 
 // IsProgress reports whether typ is a progress frame: server → client,
 // carrying the id of a request in flight, but not that request's reply
@@ -344,7 +411,7 @@ func ReplyAllowed(req, reply byte) bool {
 	case TypeAcquire, TypeAcquireBlock:
 		return reply == TypeGranted || reply == TypeBusy || reply == TypeTimeout ||
 			reply == TypeMoved || reply == TypeUnknown
-	case TypeRelease, TypeCancel:
+	case TypeRelease, TypeExtend, TypeCancel:
 		return reply == TypeOK || reply == TypeMoved || reply == TypeUnknown
 	case TypePing:
 		return reply == TypePong

@@ -250,6 +250,13 @@ func registerUnixMetrics(reg prometheus.Registerer, srv *unixapi.Server) {
 			ConstLabels: prometheus.Labels{"reason": "too_many_conns"},
 		}, func() float64 { return float64(srv.Stats().TooManyConns) }),
 	)
+	for _, why := range []sidecar.LostReason{sidecar.LostExpired, sidecar.LostMoved, sidecar.LostCompensated} {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "ticketing_sidecar_local_lost_events_total",
+			Help:        "LOST event lines written to unix-socket connections that turned events on (HELLO 3 events), by reason: expired, moved, compensated.",
+			ConstLabels: prometheus.Labels{"reason": why.String()},
+		}, func() float64 { return float64(srv.Stats().LostEvents[why]) }))
+	}
 }
 
 // stopSidecar closes the server first (its sessions hand their locks to

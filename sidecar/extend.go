@@ -1,0 +1,177 @@
+package sidecar
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"ticketing/cluster/wire"
+	"ticketing/locksm"
+)
+
+// LostReason says how a holding ended without its holder's release.
+type LostReason uint8
+
+const (
+	// LostExpired: its lease ran out and the cluster committed the expiry
+	// (the leader's lost event).
+	LostExpired LostReason = iota + 1
+	// LostMoved: the cluster answered an extend of it not_held,
+	// token_mismatch or owner_mismatch: the key is not held under its
+	// token any more (the lease ran out, or the key moved on to another
+	// holder), whether or not a lost event was seen.
+	LostMoved
+	// LostCompensated: the sidecar released it on its holder's behalf
+	// (the unix API's session ended it, e.g. on shutdown). Not reported by
+	// the Broker itself.
+	LostCompensated
+)
+
+// String is the reason's name in the unix API's LOST event.
+func (r LostReason) String() string {
+	switch r {
+	case LostExpired:
+		return "expired"
+	case LostMoved:
+		return "moved"
+	case LostCompensated:
+		return "compensated"
+	}
+	return "unknown"
+}
+
+// lostWatch is one WatchLost registration.
+type lostWatch struct {
+	lock Lock
+	fn   func(LostReason)
+}
+
+// Extend renews l's lease to lease (whole seconds, locksm.MinLeaseSec..
+// MaxLeaseSec) from now, through the leader, in one committed command: the
+// token and the key's queue stay as they are; for a block, the whole
+// holding is extended. It has a release's semantics: sent to the known
+// leader, retried (never on a written attempt's M alone; see release)
+// until Config.ReleaseDeadline (5 s) after this call, nil only on a
+// success reply. On success it returns l with Lease = lease and ValidUntil
+// = the moment of this call + lease (the cluster's new lease started
+// later). Otherwise a definite cluster error (locksm.ErrNotHeld,
+// ErrTokenMismatch, ErrOwnerMismatch: the holding has ended, and every
+// WatchLost of it is told LostMoved; locksm.ErrInvalidLease;
+// wire.ErrNotSupported before every node runs protocol version 6),
+// ErrIndeterminate (the deadline passed without a definite reply: count on
+// the previous ValidUntil), ErrClosed, or ctx's error (the extend goes on
+// in the background, like a release).
+//
+// The broker never extends a lease on its own: a holder that stops
+// calling Extend (stalled, stopped, crashed) loses its lock when the lease
+// runs out.
+func (b *Broker) Extend(ctx context.Context, l Lock, lease time.Duration) (Lock, error) {
+	type result struct {
+		l   Lock
+		err error
+	}
+	ch := make(chan result, 1)
+	if err := b.ExtendAsync(l, lease, func(nl Lock, err error) { ch <- result{nl, err} }); err != nil {
+		return l, err
+	}
+	select {
+	case r := <-ch:
+		return r.l, r.err
+	case <-ctx.Done():
+		return l, fmt.Errorf("sidecar: stopped waiting for the extend (it goes on until its deadline): %w", ctx.Err())
+	}
+}
+
+// ExtendAsync starts the extend of l (as Extend) and returns at once; done
+// is called once with the outcome (the extended lock on success), on a
+// release worker or a connection's reader goroutine, and must not block.
+// The errors returned here (done then never runs) are an invalid lease
+// and ErrClosed.
+func (b *Broker) ExtendAsync(l Lock, lease time.Duration, done func(Lock, error)) error {
+	sec := lease / time.Second
+	if lease%time.Second != 0 || sec < locksm.MinLeaseSec || sec > locksm.MaxLeaseSec {
+		return fmt.Errorf("%w: %v (whole seconds, %d..%d)", locksm.ErrInvalidLease, lease, locksm.MinLeaseSec, locksm.MaxLeaseSec)
+	}
+	start := b.cfg.Now()
+	job := b.newReleaseJob(l, nil)
+	job.extendSec = uint32(sec)
+	job.done = func(err error) {
+		nl := l
+		if err == nil {
+			nl.Lease, nl.ValidUntil = lease, start.Add(lease)
+		} else if releaseGone(err) {
+			b.fireLost(l.Token, "", LostMoved)
+		}
+		done(nl, err)
+	}
+	if b.startRelease(job) {
+		return nil
+	}
+	if err := b.enqueue(job); err != nil {
+		b.metrics.extended(job, err)
+		return err
+	}
+	return nil
+}
+
+// WatchLost asks to be told, once, when the holding l ends without its
+// holder's release: fn(LostExpired) when the leader's lost event for its
+// token arrives, fn(LostMoved) when an Extend of it is refused as not
+// held. fn runs on a connection's reader goroutine or a release worker and
+// must not block. stop ends the watch (call it once the lock is released);
+// after stop returns, fn is not called. The event is a prompt, never a
+// promise: a connection that drops or a leader change can swallow it, so
+// a holder still ends its critical section by l.ValidUntil.
+func (b *Broker) WatchLost(l Lock, fn func(LostReason)) (stop func()) {
+	w := &lostWatch{lock: l, fn: fn}
+	b.lmu.Lock()
+	b.lost[l.Token] = append(b.lost[l.Token], w)
+	b.lmu.Unlock()
+	return func() {
+		b.lmu.Lock()
+		defer b.lmu.Unlock()
+		ws := b.lost[l.Token]
+		if i := slices.Index(ws, w); i >= 0 {
+			ws = slices.Delete(ws, i, i+1)
+			if len(ws) == 0 {
+				delete(b.lost, l.Token)
+			} else {
+				b.lost[l.Token] = ws
+			}
+		}
+	}
+}
+
+// onLost takes a node's lost event (a connection's reader goroutine).
+func (b *Broker) onLost(ev wire.Msg) {
+	b.metrics.lostEvents.Inc()
+	b.fireLost(ev.Token, ev.Key, LostExpired)
+}
+
+// fireLost tells, and forgets, every watch of the holding under token
+// (whose keys include key, unless key is ""): a node names one key of a
+// block, and a token the broker does not watch is someone else's.
+func (b *Broker) fireLost(token uint64, key string, why LostReason) {
+	b.lmu.Lock()
+	ws := b.lost[token]
+	var fire []*lostWatch
+	keep := ws[:0]
+	for _, w := range ws {
+		if key == "" || w.lock.Key == key || slices.Contains(w.lock.Keys, key) {
+			fire = append(fire, w)
+		} else {
+			keep = append(keep, w)
+		}
+	}
+	if len(keep) == 0 {
+		delete(b.lost, token)
+	} else {
+		b.lost[token] = keep
+	}
+	b.lmu.Unlock()
+	for _, w := range fire {
+		b.metrics.lost[why].Inc()
+		w.fn(why)
+	}
+}

@@ -1,0 +1,105 @@
+package unixapi
+
+import (
+	"bytes"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"ticketing/locksm"
+)
+
+// Events are the lines the sidecar writes on its own, answering no
+// request (PROTOCOL.md, "Events"). Every event line starts with EventPrefix,
+// "! ", which no reply ever starts with, so a client that matches replies
+// by position sets event lines aside before counting: it must never count
+// one as a reply. They are written only on a connection whose HELLO named
+// the events option, always as whole lines between reply lines.
+//
+//	! LOST <token> <reason> <key> [<key> ...]
+//
+// A held lock ended without this connection's RELEASE: reason is
+// "expired" (its lease ran out and the cluster committed the expiry),
+// "moved" (an EXTEND of it was answered not_held, token_mismatch or
+// owner_mismatch by the cluster: the key is not held under the token any
+// more), or "compensated" (the sidecar released it itself: it is shutting
+// down, or the connection is ending). The keys are every key of the lock
+// (a block's, in the order asked). After it the connection no longer holds
+// the lock: HELD omits it, RELEASE and EXTEND of it answer not_held.
+const (
+	// EventPrefix begins every event line and no reply line.
+	EventPrefix = "! "
+	// HelloEvents is HELLO's option that turns event lines on.
+	HelloEvents = "events"
+	// EventLost is the one event of version 3.
+	EventLost = "LOST"
+)
+
+// LostReasons are the reasons a LOST event may name (version 3). A client
+// treats an unknown reason as a loss all the same.
+var LostReasons = []string{"expired", "moved", "compensated"}
+
+// Event is one parsed event line.
+type Event struct {
+	Name   string // EventLost
+	Token  uint64
+	Reason string
+	Keys   []string
+}
+
+// FormatLost is the LOST event line for a lock (without "\n").
+func FormatLost(token uint64, reason string, keys []string) string {
+	var b strings.Builder
+	b.WriteString(EventPrefix + EventLost + " ")
+	b.WriteString(strconv.FormatUint(token, 10))
+	b.WriteByte(' ')
+	b.WriteString(reason)
+	for _, k := range keys {
+		b.WriteByte(' ')
+		b.WriteString(k)
+	}
+	return b.String()
+}
+
+// IsEvent reports whether line (without its "\n") is an event line.
+func IsEvent(line []byte) bool { return bytes.HasPrefix(line, []byte(EventPrefix)) }
+
+// ParseEvent parses one event line (without its "\n"). Errors wrap
+// ErrBadRequest and quote a snippet; an event of a later version (another
+// name) parses with only Name set, so a client can skip it.
+func ParseEvent(line []byte) (Event, error) {
+	if !IsEvent(line) {
+		return Event{}, fmt.Errorf("%w: not an event line: %s", ErrBadRequest, snippet(line))
+	}
+	f := bytes.Split(line[len(EventPrefix):], []byte(" "))
+	for _, x := range f {
+		if len(x) == 0 {
+			return Event{}, fmt.Errorf("%w: event fields must be separated by exactly one space: %s", ErrBadRequest, snippet(line))
+		}
+	}
+	ev := Event{Name: string(f[0])}
+	if ev.Name != EventLost {
+		return ev, nil
+	}
+	if len(f) < 4 || len(f) > 3+locksm.MaxBlockKeys {
+		return Event{}, fmt.Errorf("%w: LOST takes a token, a reason and 1..%d keys: %s", ErrBadRequest, locksm.MaxBlockKeys, snippet(line))
+	}
+	var err error
+	if ev.Token, err = parseToken(f[1]); err != nil {
+		return Event{}, err
+	}
+	ev.Reason = string(f[2])
+	for _, r := range f[2] {
+		if r < 'a' || r > 'z' {
+			return Event{}, fmt.Errorf("%w: LOST reason %s", ErrBadRequest, snippet(f[2]))
+		}
+	}
+	for _, k := range f[3:] {
+		key, err := parseKey(k)
+		if err != nil {
+			return Event{}, err
+		}
+		ev.Keys = append(ev.Keys, key)
+	}
+	return ev, nil
+}
