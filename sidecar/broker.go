@@ -100,8 +100,8 @@ type releaseJob struct {
 	lock      Lock
 	extendSec uint32    // an extend to this lease (seconds); 0: a release
 	start     time.Time // when it was asked for (latency metric)
-	deadline time.Time
-	done     func(error) // nil for a compensation nobody waits for
+	deadline  time.Time
+	done      func(error) // nil for a compensation nobody waits for
 
 	// The retry state, carried from the first attempt (sent by
 	// startRelease, without a worker) to the worker that retries.

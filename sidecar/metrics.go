@@ -88,15 +88,15 @@ func classifyRelease(err error) releaseResult {
 }
 
 type brokerMetrics struct {
-	reg            *prometheus.Registry
-	acquires       [numAcquireResults]prometheus.Counter
-	releases       [numReleaseResults]prometheus.Counter
-	extends        [numReleaseResults]prometheus.Counter
+	reg      *prometheus.Registry
+	acquires [numAcquireResults]prometheus.Counter
+	releases [numReleaseResults]prometheus.Counter
+	extends  [numReleaseResults]prometheus.Counter
 	// lost counts the holdings watchers were told they lost, by reason
 	// (index LostExpired, LostMoved); lostEvents the nodes' lost events
 	// received (also those for tokens nobody here watches).
-	lost       [LostCompensated + 1]prometheus.Counter
-	lostEvents prometheus.Counter
+	lost           [LostCompensated + 1]prometheus.Counter
+	lostEvents     prometheus.Counter
 	compensations  [numReleaseResults]prometheus.Counter
 	acquireLatency prometheus.Observer
 	releaseLatency prometheus.Observer

@@ -428,8 +428,8 @@ func (noClusterBroker) ExtendAsync(sidecar.Lock, time.Duration, func(sidecar.Loc
 	return errNoCluster
 }
 func (noClusterBroker) WatchLost(sidecar.Lock, func(sidecar.LostReason)) func() { return func() {} }
-func (noClusterBroker) Compensate(sidecar.Lock)                      {}
-func (noClusterBroker) Info() sidecar.Info                           { return sidecar.Info{} }
+func (noClusterBroker) Compensate(sidecar.Lock)                                 {}
+func (noClusterBroker) Info() sidecar.Info                                      { return sidecar.Info{} }
 
 // HELLO answers the version both speak, INFO ends with protocol=2, and
 // neither needs the cluster. A block ACQUIRE's key-set errors are answered

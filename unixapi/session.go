@@ -64,8 +64,8 @@ type session struct {
 	events bool
 	evq    []string
 	pend   map[*acq]struct{} // ACQUIREs running, to cancel at the end
-	ended                         bool              // end ran: held locks were handed to Compensate
-	work                          sync.WaitGroup
+	ended  bool              // end ran: held locks were handed to Compensate
+	work   sync.WaitGroup
 
 	// replies holds one entry per request, in request order, from
 	// replies[rhead] on (a queue that grows as needed and is never

@@ -387,9 +387,9 @@ func New[C comparable](cfg Config, table Table, dir Directory) *Core[C] {
 	}
 	return &Core[C]{
 		cfg: cfg, table: table, dir: dir,
-		pend:        map[uint64]*pending[C]{},
-		conns:       map[C]*conn[C]{},
-		nextRef:     cfg.FirstRef,
+		pend:          map[uint64]*pending[C]{},
+		conns:         map[C]*conn[C]{},
+		nextRef:       cfg.FirstRef,
 		uncommitted:   map[string]int{},
 		expiring:      map[uint64]time.Time{},
 		extending:     map[uint64]int{},
