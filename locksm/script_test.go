@@ -225,6 +225,8 @@ func normalize(c Command) Command {
 		n.Now, n.Token = c.Now, c.Token
 	case OpCancelWait:
 		n.Ref = c.Ref
+	case OpExtend:
+		n.Now, n.Owner, n.Token, n.LeaseSec = c.Now, c.Owner, c.Token, c.LeaseSec
 	case OpDropWaiters:
 		n.Key = ""
 	case OpAcquireBlock:
