@@ -191,10 +191,16 @@ func formatState(s *State) string {
 	if s.NumReserved() > 0 || s.NumBlocks() > 0 {
 		fmt.Fprintf(&b, " reserved=%d blocks=%d", s.NumReserved(), s.NumBlocks())
 	}
+	if s.NumRenewed() > 0 {
+		fmt.Fprintf(&b, " renewed=%d", s.NumRenewed())
+	}
 	for _, k := range s.sortedKeys() {
 		if h, ok := s.Holder(k); ok {
 			fmt.Fprintf(&b, "\n%s: holder owner=%s token=%d lease=%d granted-at=%d",
 				k, h.Owner, h.Token, h.LeaseSec, h.GrantedAt)
+			if h.RenewedAt != 0 {
+				fmt.Fprintf(&b, " renewed=%d", h.RenewedAt)
+			}
 			if h.Keys != nil {
 				fmt.Fprintf(&b, " block=%s", strings.Join(h.Keys, ","))
 			}
@@ -353,6 +359,13 @@ func checkInvariants(s *State) error {
 	for t, b := range s.blocks {
 		if len(tokens[t]) != len(b) {
 			return fmt.Errorf("block %d (%q) held by %q", t, b, tokens[t])
+		}
+	}
+	for t := range s.renewed {
+		// A renewal outliving its holding would make every later
+		// snapshot unreadable.
+		if len(tokens[t]) == 0 {
+			return fmt.Errorf("renewal of token %d, which holds no key", t)
 		}
 	}
 	for k := range s.queued {

@@ -32,6 +32,13 @@ type State struct {
 	// queued block's ref is unique in the table, so it names the one
 	// waiter that stands in all those queues.
 	blockWaiters map[uint64][]string
+	// renewed maps the token of every holding that was extended to the
+	// Now of its latest OpExtend (Holder.RenewedAt); a holding never
+	// extended has no entry, and the entry goes when the holding ends.
+	// Like blocks, it lives beside the entries so that entry stays at 64
+	// bytes, and the paths that end a holding look at it only when it is
+	// non-empty.
+	renewed map[uint64]int64
 	// reserved counts entries without a holder (their queue head is a
 	// block waiting for its other keys).
 	reserved int
@@ -101,6 +108,7 @@ func New() *State {
 		queued:       make(map[string]*entry),
 		blocks:       make(map[uint64][]string),
 		blockWaiters: make(map[uint64][]string),
+		renewed:      make(map[uint64]int64),
 	}
 }
 
@@ -326,6 +334,9 @@ func (s *State) expire(cmd Command, effects []Effect) (Result, []Effect) {
 // block's order, goes to its queue head (promote), so the key is never
 // observably free while someone waits and nobody can cut the line.
 func (s *State) endHolding(key string, e *entry, now int64, effects []Effect) []Effect {
+	if len(s.renewed) > 0 {
+		delete(s.renewed, e.token)
+	}
 	if len(s.blocks) > 0 {
 		if keys, ok := s.blocks[e.token]; ok {
 			delete(s.blocks, e.token)
@@ -617,9 +628,11 @@ type Frozen struct {
 	// blocks is a copy of State.blocks (its key slices are never written);
 	// nil when no block is held.
 	blocks map[uint64][]string
-	// blockContent: blocks are held or queued, so the snapshot needs
-	// version 2.
-	blockContent bool
+	// renewed is a copy of State.renewed; nil when no holding was
+	// extended.
+	renewed map[uint64]int64
+	// version is the snapshot version the content needs (snapVersion).
+	version byte
 }
 
 type frozenKey struct {
@@ -637,9 +650,12 @@ func (s *State) Freeze() *Frozen {
 	for k, e := range s.keys {
 		keys = append(keys, frozenKey{k, e})
 	}
-	f := &Frozen{keys: keys, last: s.last, clock: s.clock, blockContent: s.hasBlockContent()}
+	f := &Frozen{keys: keys, last: s.last, clock: s.clock, version: s.snapVersion()}
 	if len(s.blocks) > 0 {
 		f.blocks = maps.Clone(s.blocks)
+	}
+	if len(s.renewed) > 0 {
+		f.renewed = maps.Clone(s.renewed)
 	}
 	return f
 }
@@ -648,18 +664,34 @@ func (s *State) Freeze() *Frozen {
 // key implies a queued block).
 func (s *State) hasBlockContent() bool { return len(s.blocks) > 0 || len(s.blockWaiters) > 0 }
 
+// snapVersion is the lowest snapshot version that holds the table: 3 if a
+// holding was extended, else 2 if a block is held or queued, else 1.
+func (s *State) snapVersion() byte {
+	switch {
+	case len(s.renewed) > 0:
+		return snapV3
+	case s.hasBlockContent():
+		return snapV2
+	}
+	return snapV1
+}
+
 // NumHeld is the number of held keys in the view.
 func (f *Frozen) NumHeld() int { return len(f.keys) }
 
 // LastToken is the highest token ever issued (0 before the first grant).
 func (s *State) LastToken() uint64 { return s.last }
 
-// Holder returns the holder of key, if any.
+// Holder returns the holder of key, if any, with the time of its latest
+// extension (RenewedAt) and, for a block, the block's keys.
 func (s *State) Holder(key string) (Holder, bool) {
 	if e := s.keys[key]; e != nil && e.token != 0 {
 		h := e.holder()
 		if len(s.blocks) > 0 {
 			h.Keys = s.blocks[h.Token]
+		}
+		if len(s.renewed) > 0 {
+			h.RenewedAt = s.renewed[h.Token]
 		}
 		return h, true
 	}
@@ -716,6 +748,10 @@ func (s *State) NumWaiting() int { return s.waiting }
 
 // NumBlocks is the number of held blocks.
 func (s *State) NumBlocks() int { return len(s.blocks) }
+
+// NumRenewed is the number of holdings that were extended (a block counts
+// once).
+func (s *State) NumRenewed() int { return len(s.renewed) }
 
 // RangeHolders calls fn for every held key in ascending key order until fn
 // returns false. The keys are sorted on each call (O(n log n)); it is meant
