@@ -494,7 +494,7 @@ func (g *gen) command() Command {
 		c.LeaseSec, c.WaitMs = uint32(1+g.r.IntN(250)), uint32(g.r.IntN(100))
 		switch g.r.IntN(8) {
 		case 0:
-			c.Op = Op(7 + g.r.IntN(249))
+			c.Op = Op(8 + g.r.IntN(248))
 		case 1:
 			c.Key = [...]string{"", "a b", "\x00", string(make([]byte, 256))}[g.r.IntN(4)]
 		case 2:

@@ -8,6 +8,7 @@ import (
 	"hash/crc32"
 	"io"
 	"math"
+	"reflect"
 	"runtime"
 	"slices"
 	"strconv"
@@ -316,7 +317,7 @@ func TestReadSnapshotV2Invariants(t *testing.T) {
 
 // A state without blocks is written in version 1, which nodes older than
 // blocks can read; one with blocks held or queued in version 2; and once
-// they are gone, in version 1 again.
+// they are gone, in version 1 again. (Renewals: TestSnapshotVersionFollowsRenewals.)
 func TestSnapshotVersionFollowsBlocks(t *testing.T) {
 	s := New()
 	version := func() byte { return snapshotBytes(t, s)[len(snapMagic)] }
@@ -555,6 +556,9 @@ func FuzzReadSnapshot(f *testing.F) {
 		var eff []Effect
 		s.RangeHolders(func(k string, h Holder) bool {
 			_, eff = s.Apply(Command{Op: OpAcquire, Key: k, Owner: "f", Ref: 1, LeaseSec: 1, WaitMs: 1}, eff)
+			if res, _ := s.Apply(Command{Op: OpExtend, Key: k, Owner: h.Owner, Token: h.Token, LeaseSec: 2, Now: 1}, nil); res.Status != StatusExtended {
+				t.Fatalf("extend of restored holder %q %+v: %+v", k, h, res)
+			}
 			_, eff = s.Apply(Command{Op: OpExpire, Key: k, Token: h.Token}, eff)
 			return true
 		})
@@ -578,6 +582,12 @@ func TestFrozenWhileApplying(t *testing.T) {
 		for r := range uint64(i % 3) {
 			s.Apply(Command{Op: OpAcquire, Key: k, Owner: "waiter", Ref: uint64(i)*10 + r, LeaseSec: 30, WaitMs: 5000, Now: int64(i)}, nil)
 		}
+		if i%4 == 0 {
+			s.Apply(Command{Op: OpExtend, Key: k, Owner: "holder", Token: uint64(i + 1), LeaseSec: 60, Now: int64(i) + 1}, nil)
+		}
+	}
+	if s.NumRenewed() != len(keys)/4 {
+		t.Fatalf("%d renewals before the freeze", s.NumRenewed())
 	}
 	var want bytes.Buffer
 	if err := s.WriteSnapshot(&want); err != nil {
@@ -607,6 +617,11 @@ func TestFrozenWhileApplying(t *testing.T) {
 			s.Apply(Command{Op: OpCancelWait, Key: k, Ref: uint64(i) * 10, Now: 1e6}, nil)
 		case 3: // one more waiter
 			s.Apply(Command{Op: OpAcquire, Key: k, Owner: "late", Ref: 1 << 40, LeaseSec: 30, WaitMs: 100, Now: 1e6}, nil)
+		case 4: // an extend (a renewal replaced or added)
+			h, _ := s.Holder(k)
+			if res, _ := s.Apply(Command{Op: OpExtend, Key: k, Owner: h.Owner, Token: h.Token, LeaseSec: 5, Now: 1e6}, nil); res.Status != StatusExtended {
+				t.Fatal(res)
+			}
 		}
 		if i == len(keys)/2 {
 			s.Apply(Command{Op: OpDropWaiters, Now: 1e6}, nil)
@@ -774,5 +789,116 @@ func TestTokensExhaustedWithRenewal(t *testing.T) {
 	}
 	if err := checkInvariants(s); err != nil || s.NumRenewed() != 0 || s.NumHeld() != 0 {
 		t.Fatalf("%v %s", err, formatState(s))
+	}
+}
+
+// The lowest version that holds the state is written: 1 with neither
+// blocks nor renewals, 2 with blocks and no renewal, 3 while any holding
+// is extended (blocks or not). A Frozen view keeps the version of its
+// moment.
+func TestSnapshotVersionFollowsRenewals(t *testing.T) {
+	s := New()
+	version := func() byte { return snapshotBytes(t, s)[len(snapMagic)] }
+	apply := func(c Command, want byte) {
+		t.Helper()
+		if res, _ := s.Apply(c, nil); res.Status == StatusRejected || res.Status == StatusNoop {
+			t.Fatalf("%+v: %+v", c, res)
+		}
+		if v := version(); v != want {
+			t.Fatalf("after %+v: version %d, want %d", c, v, want)
+		}
+		checkSnapshotRoundTrip(t, s)
+	}
+	apply(Command{Op: OpAcquire, Key: "a", Owner: "o", LeaseSec: 10, Now: 1}, snapV1)
+	apply(Command{Op: OpExtend, Key: "a", Owner: "o", Token: 1, LeaseSec: 20, Now: 2}, snapV3)
+	f := s.Freeze()
+	apply(Command{Op: OpAcquireBlock, Keys: []string{"b", "c"}, Owner: "p", LeaseSec: 10, Now: 3}, snapV3)
+	apply(Command{Op: OpRelease, Key: "a", Owner: "o", Token: 1, Now: 4}, snapV2)
+	apply(Command{Op: OpExtend, Key: "c", Owner: "p", Token: 2, LeaseSec: 30, Now: 5}, snapV3)
+	if h, _ := s.Holder("b"); h.RenewedAt != 5 || h.LeaseSec != 30 || h.LeaseEnd() != 5+30_000 {
+		t.Fatalf("block holder after the extend: %+v", h)
+	}
+	apply(Command{Op: OpAcquire, Key: "d", Owner: "q", LeaseSec: 10, Now: 6}, snapV3)
+	apply(Command{Op: OpExpire, Key: "b", Token: 2, Now: 7}, snapV1)
+	var buf bytes.Buffer
+	if err := f.WriteSnapshot(&buf); err != nil || buf.Bytes()[len(snapMagic)] != snapV3 {
+		t.Fatalf("frozen view of an extended holding: %v", err)
+	}
+}
+
+// A snapshot of extended holdings restores them exactly: lease, renewal
+// time, block membership; the copy goes on like the original.
+func TestSnapshotRoundTripRenewals(t *testing.T) {
+	s := sampleState(t)
+	block, _ := s.Apply(Command{Op: OpAcquireBlock, Keys: []string{"s3", "s1", "s2"}, Owner: "b", LeaseSec: 10, Now: 100}, nil)
+	extend := func(key string, lease uint32, now int64) {
+		t.Helper()
+		h, _ := s.Holder(key)
+		if res, _ := s.Apply(Command{Op: OpExtend, Key: key, Owner: h.Owner, Token: h.Token, LeaseSec: lease, Now: now}, nil); res.Status != StatusExtended {
+			t.Fatalf("extend %s: %+v", key, res)
+		}
+	}
+	extend("s2", 250, math.MaxInt64)
+	extend("z", 1, math.MinInt64)
+	extend("r", 7, 0)
+	b := snapshotBytes(t, s)
+	if b[len(snapMagic)] != snapV3 || s.NumRenewed() != 3 {
+		t.Fatalf("version %d, %d renewals", b[len(snapMagic)], s.NumRenewed())
+	}
+	r := checkSnapshotRoundTrip(t, s)
+	for _, k := range []string{"s1", "s2", "s3", "z", "r", "q"} {
+		want, _ := s.Holder(k)
+		got, ok := r.Holder(k)
+		if !ok || !reflect.DeepEqual(got, want) {
+			t.Errorf("restored holder of %s: %+v, want %+v", k, got, want)
+		}
+	}
+	if h, _ := r.Holder("s1"); h.RenewedAt != math.MaxInt64 || h.LeaseSec != 250 {
+		t.Fatalf("restored block holder %+v", h)
+	}
+	// A renewal at Now 0 is still a renewal: it survives the round trip.
+	if r.NumRenewed() != 3 {
+		t.Fatalf("restored %d renewals", r.NumRenewed())
+	}
+	checkTruncatedAndFlipped(t, b)
+	// Both go on alike: the release by a block key ends its renewal.
+	for _, st := range []*State{s, r} {
+		st.Apply(Command{Op: OpRelease, Key: "s3", Owner: "b", Token: block.Token}, nil)
+	}
+	if !bytes.Equal(snapshotBytes(t, s), snapshotBytes(t, r)) || r.NumRenewed() != 2 {
+		t.Fatal("original and restored copy diverged")
+	}
+}
+
+// An extend after a Freeze changes the State, never the view: each entry
+// it writes is copied first (single keys and every key of a block), and
+// the view keeps the renewals of its moment.
+func TestFrozenIsolatedFromExtend(t *testing.T) {
+	s := New()
+	apply := func(c Command) {
+		t.Helper()
+		if res, _ := s.Apply(c, nil); res.Status == StatusRejected {
+			t.Fatalf("%+v: %v", c, res.Err)
+		}
+	}
+	apply(Command{Op: OpAcquire, Key: "a", Owner: "o", LeaseSec: 10, Now: 1})
+	apply(Command{Op: OpAcquireBlock, Keys: []string{"b", "c"}, Owner: "p", LeaseSec: 10, Now: 2})
+	apply(Command{Op: OpAcquire, Key: "b", Owner: "w", Ref: 1, LeaseSec: 10, WaitMs: 10, Now: 3})
+	apply(Command{Op: OpExtend, Key: "a", Owner: "o", Token: 1, LeaseSec: 20, Now: 4})
+	for round := range 2 {
+		want := snapshotBytes(t, s)
+		v := s.Freeze()
+		for i := range 3 {
+			now := int64(10*round + i + 5)
+			apply(Command{Op: OpExtend, Key: "a", Owner: "o", Token: 1, LeaseSec: uint32(30 + i), Now: now})
+			apply(Command{Op: OpExtend, Key: "c", Owner: "p", Token: 2, LeaseSec: uint32(40 + i), Now: now})
+		}
+		var buf bytes.Buffer
+		if err := v.WriteSnapshot(&buf); err != nil || !bytes.Equal(buf.Bytes(), want) {
+			t.Fatalf("round %d: the view changed after extends (%v)", round, err)
+		}
+		if bytes.Equal(snapshotBytes(t, s), want) {
+			t.Fatalf("round %d: the extends changed nothing", round)
+		}
 	}
 }

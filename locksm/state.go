@@ -43,7 +43,7 @@ type State struct {
 	// block waiting for its other keys).
 	reserved int
 	// clock is the Now of the latest command that changed the table and
-	// carries one (acquires, releases, expiries). A cancel carries no Now,
+	// carries one (acquires, releases, expiries, extends). A cancel carries no Now,
 	// yet the cancel of a queued block can grant keys reserved for it to
 	// the waiters behind it; those grants record this as GrantedAt. It is
 	// replicated state (snapshots carry it when blocks exist), so every
@@ -131,6 +131,14 @@ func ValidateCommand(cmd Command) error {
 		return ValidateOwner(cmd.Owner)
 	case OpExpire, OpCancelWait:
 		return ValidateKey(cmd.Key)
+	case OpExtend:
+		if err := ValidateKey(cmd.Key); err != nil {
+			return err
+		}
+		if err := ValidateOwner(cmd.Owner); err != nil {
+			return err
+		}
+		return validateLease(cmd.LeaseSec)
 	case OpDropWaiters:
 		return nil
 	case OpAcquireBlock:
@@ -149,11 +157,19 @@ func validateAcquireFields(cmd Command) error {
 	if err := ValidateOwner(cmd.Owner); err != nil {
 		return err
 	}
-	if cmd.LeaseSec < MinLeaseSec || cmd.LeaseSec > MaxLeaseSec {
-		return ErrInvalidLease
+	if err := validateLease(cmd.LeaseSec); err != nil {
+		return err
 	}
 	if cmd.WaitMs > MaxWaitMs {
 		return ErrInvalidWait
+	}
+	return nil
+}
+
+// validateLease checks a lease: MinLeaseSec..MaxLeaseSec, never clamped.
+func validateLease(leaseSec uint32) error {
+	if leaseSec < MinLeaseSec || leaseSec > MaxLeaseSec {
+		return ErrInvalidLease
 	}
 	return nil
 }
@@ -183,7 +199,8 @@ func validateBlockKeys(keys []string) error {
 // returns StatusRejected with a sentinel error and leaves the state as it was.
 //
 // Apply never looks at a clock and never decides that a lease ran out: cmd.Now
-// is only recorded (GrantedAt, EnqueuedAt). See the package documentation.
+// is only recorded (GrantedAt, EnqueuedAt, RenewedAt). See the package
+// documentation.
 func (s *State) Apply(cmd Command, effects []Effect) (Result, []Effect) {
 	if err := ValidateCommand(cmd); err != nil {
 		return Result{Status: StatusRejected, Err: err}, effects
@@ -200,11 +217,13 @@ func (s *State) Apply(cmd Command, effects []Effect) (Result, []Effect) {
 		return s.cancelWait(cmd, effects)
 	case OpAcquireBlock:
 		res = s.acquireBlock(cmd)
+	case OpExtend:
+		res = s.extend(cmd)
 	default: // OpDropWaiters; ValidateCommand rejected everything else
 		return s.dropWaiters(effects)
 	}
 	switch res.Status {
-	case StatusGranted, StatusQueued, StatusReleased, StatusExpired:
+	case StatusGranted, StatusQueued, StatusReleased, StatusExpired, StatusExtended:
 		s.clock = cmd.Now
 	}
 	return res, effects
@@ -318,6 +337,32 @@ func (s *State) release(cmd Command, effects []Effect) (Result, []Effect) {
 	return Result{Status: StatusReleased}, s.endHolding(cmd.Key, e, cmd.Now, effects)
 }
 
+// extend renews the lease of the holding of cmd.Key, matched exactly as a
+// release matches: the holding's lease becomes cmd.LeaseSec from cmd.Now.
+// For a block every key's entry gets the lease (their leaseSec fields
+// stay equal) and the holding gets one renewal time. Token, grant time and
+// queues stay as they are; no effects.
+func (s *State) extend(cmd Command) Result {
+	e := s.keys[cmd.Key]
+	switch {
+	case e == nil || e.token == 0:
+		return Result{Status: StatusRejected, Err: ErrNotHeld}
+	case e.token != cmd.Token:
+		return Result{Status: StatusRejected, Err: ErrTokenMismatch}
+	case e.owner != cmd.Owner:
+		return Result{Status: StatusRejected, Err: ErrOwnerMismatch}
+	}
+	if keys, ok := s.blocks[e.token]; ok {
+		for _, k := range keys {
+			s.own(k, s.keys[k]).leaseSec = cmd.LeaseSec
+		}
+	} else {
+		s.own(cmd.Key, e).leaseSec = cmd.LeaseSec
+	}
+	s.renewed[e.token] = cmd.Now
+	return Result{Status: StatusExtended}
+}
+
 // expire deliberately ignores the owner: the leader's lease timer knows only
 // (key, token), and the token alone identifies one holding.
 func (s *State) expire(cmd Command, effects []Effect) (Result, []Effect) {
@@ -330,7 +375,7 @@ func (s *State) expire(cmd Command, effects []Effect) (Result, []Effect) {
 }
 
 // endHolding ends the holding of key (entry e): the key alone, or every key
-// of its block. Every key loses its holder first; then each, in the
+// of its block, and forgets its renewal, if any. Every key loses its holder first; then each, in the
 // block's order, goes to its queue head (promote), so the key is never
 // observably free while someone waits and nobody can cut the line.
 func (s *State) endHolding(key string, e *entry, now int64, effects []Effect) []Effect {
