@@ -42,10 +42,9 @@ package locksm
 // keys with its keys listed (nbk 2..16; nbk 0 is a single-key waiter); a
 // held block is listed once in the blocks section, tokens ascending, with
 // its keys in the requester's order. clock is State.clock. A renewal is
-// the token of a held holding that was extended (a block's once) and the
-// Now of its latest extension (Holder.RenewedAt), tokens strictly
-// ascending; the holders' lease fields already carry the extended lease.
-// crc is CRC-32C
+// the token of a holding that was extended (a block's once) and the Now of
+// its latest extension (Holder.RenewedAt), tokens strictly ascending; the
+// holders' lease fields already carry the extended lease. crc is CRC-32C
 // (Castagnoli) of every byte before it. Nothing may follow it: the
 // snapshot is the whole stream.
 //
@@ -90,8 +89,8 @@ const (
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // WriteSnapshot writes the whole state (token counter, holders, queues in
-// order, blocks, renewals) to w in a versioned, deterministic binary form: the same
-// state always gives the same bytes, whatever its map layout.
+// order, blocks, renewals) to w in a versioned, deterministic binary form:
+// the same state always gives the same bytes, whatever its map layout.
 func (s *State) WriteSnapshot(w io.Writer) error {
 	keys := s.sortedKeys()
 	return writeSnapshot(w, snapHeader{last: s.last, clock: s.clock, blocks: s.blocks, renewed: s.renewed, version: s.snapVersion()},

@@ -43,11 +43,12 @@ type State struct {
 	// block waiting for its other keys).
 	reserved int
 	// clock is the Now of the latest command that changed the table and
-	// carries one (acquires, releases, expiries, extends). A cancel carries no Now,
-	// yet the cancel of a queued block can grant keys reserved for it to
-	// the waiters behind it; those grants record this as GrantedAt. It is
-	// replicated state (snapshots carry it when blocks exist), so every
-	// replica records the same value.
+	// carries one (acquires, releases, expiries, extends). A cancel
+	// carries no Now, yet the cancel of a queued block can grant keys
+	// reserved for it to the waiters behind it; those grants record this
+	// as GrantedAt. It is replicated state (snapshots carry it when blocks
+	// exist or a holding is extended), so every replica records the same
+	// value.
 	clock int64
 	// spare recycles entries of released keys: an uncontended
 	// acquire/release cycle then allocates nothing in steady state.
@@ -375,9 +376,10 @@ func (s *State) expire(cmd Command, effects []Effect) (Result, []Effect) {
 }
 
 // endHolding ends the holding of key (entry e): the key alone, or every key
-// of its block, and forgets its renewal, if any. Every key loses its holder first; then each, in the
-// block's order, goes to its queue head (promote), so the key is never
-// observably free while someone waits and nobody can cut the line.
+// of its block, and forgets its renewal, if any. Every key loses its
+// holder first; then each, in the block's order, goes to its queue head
+// (promote), so the key is never observably free while someone waits and
+// nobody can cut the line.
 func (s *State) endHolding(key string, e *entry, now int64, effects []Effect) []Effect {
 	if len(s.renewed) > 0 {
 		delete(s.renewed, e.token)
