@@ -35,6 +35,22 @@
 // keys is reserved: unheld, but not free (MATRIX.md, "Blocks", says why).
 // Releasing or expiring any key of a block ends the whole holding.
 //
+// # Extending
+//
+// OpExtend renews the lease of a holding, matched like a release (token,
+// then owner): its lease becomes LeaseSec counted from Now
+// (Holder.RenewedAt); for a block, naming any key extends every key. The
+// token stays, so fencing is unaffected, and every queue stays as it is.
+// Like every lease, the extended one is enforced by the leader's timers,
+// not by Now: the leader re-arms its timer for the holding when the
+// extend commits. An extension never narrows what an expiry can do: an
+// OpExpire naming the same token still ends the extended holding if it is
+// applied after the extend, because the state machine cannot tell a stale
+// expiry of that token (proposed by a timer the extension superseded) from
+// a current one. Preventing that order is the leader's job: it never
+// proposes an expiry of a token while an extend of it is in flight, and it
+// ignores lease timers superseded by an extension.
+//
 // # Snapshots beside applies
 //
 // Freeze returns a view of the table as it is, in time proportional to the

@@ -35,6 +35,41 @@ func TestHotPathAllocations(t *testing.T) {
 	}
 }
 
+// An extend allocates nothing either once its renewal exists, and an
+// acquire, extend and release cycle nothing in steady state (the renewal
+// map reuses its slots).
+func TestExtendAllocations(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	s := New()
+	keys := benchKeys(64)
+	var eff []Effect
+	i := 0
+	cycle := func() {
+		k := keys[i%len(keys)]
+		i++
+		var res Result
+		res, eff = s.Apply(Command{Op: OpAcquire, Key: k, Owner: "owner", LeaseSec: 30, Now: int64(i)}, eff[:0])
+		_, eff = s.Apply(Command{Op: OpExtend, Key: k, Owner: "owner", Token: res.Token, LeaseSec: 60, Now: int64(i)}, eff[:0])
+		_, eff = s.Apply(Command{Op: OpRelease, Key: k, Owner: "owner", Token: res.Token}, eff[:0])
+	}
+	for range 1000 {
+		cycle()
+	}
+	if a := testing.AllocsPerRun(1000, cycle); a != 0 {
+		t.Fatalf("%v allocations per acquire+extend+release", a)
+	}
+	res, _ := s.Apply(Command{Op: OpAcquire, Key: "held", Owner: "owner", LeaseSec: 30}, nil)
+	extend := func() {
+		s.Apply(Command{Op: OpExtend, Key: "held", Owner: "owner", Token: res.Token, LeaseSec: 60, Now: int64(i)}, nil)
+	}
+	extend()
+	if a := testing.AllocsPerRun(1000, extend); a != 0 {
+		t.Fatalf("%v allocations per extend", a)
+	}
+}
+
 func benchKeys(n int) []string {
 	keys := make([]string, n)
 	for i := range keys {
@@ -61,6 +96,35 @@ func BenchmarkApplyAcquireRelease(b *testing.B) {
 		res, eff = s.Apply(Command{Op: OpAcquire, Key: k, Owner: "owner", LeaseSec: 30, Now: int64(i)}, eff[:0])
 		_, eff = s.Apply(Command{Op: OpRelease, Key: k, Owner: "owner", Token: res.Token, Now: int64(i)}, eff[:0])
 		if res.Status != StatusGranted {
+			b.Fatal(res)
+		}
+	}
+}
+
+// BenchmarkApplyExtend: one op is an extend of a held key (1024 of them
+// in turn, each under its own token), next to 100k other held keys; no
+// other command in between. After the first round every holding has a
+// renewal, so an op replaces one.
+func BenchmarkApplyExtend(b *testing.B) {
+	s := New()
+	for i, k := range benchKeys(100_000) {
+		s.Apply(Command{Op: OpAcquire, Key: "held-" + k, Owner: "o", LeaseSec: 30, Now: int64(i)}, nil)
+	}
+	keys := benchKeys(1024)
+	tokens := make([]uint64, len(keys))
+	for i, k := range keys {
+		res, _ := s.Apply(Command{Op: OpAcquire, Key: k, Owner: "owner", LeaseSec: 30}, nil)
+		tokens[i] = res.Token
+	}
+	var eff []Effect
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		j := i & 1023
+		i++
+		var res Result
+		res, eff = s.Apply(Command{Op: OpExtend, Key: keys[j], Owner: "owner", Token: tokens[j], LeaseSec: uint32(30 + i&1), Now: int64(i)}, eff[:0])
+		if res.Status != StatusExtended {
 			b.Fatal(res)
 		}
 	}

@@ -18,12 +18,18 @@ package locksm
 //	4   OpCancelWait   key:string ref:uvarint
 //	5   OpDropWaiters  (none)
 //	6   OpAcquireBlock now:varint n:uvarint(0..MaxBlockKeys) key:string*n owner:string ref:uvarint lease:uvarint wait:uvarint
+//	7   OpExtend       now:varint key:string owner:string token:uvarint lease:uvarint
 //
 // Op 6 came with blocks (protocol version 5): a node older than that
 // cannot decode an entry that carries it, so a leader proposes it only
 // once the cluster version says every member can (cluster/wire's
 // PROTOCOL.md, "Log entries"). The batch version did not change: every
 // entry without op 6 is exactly what older nodes wrote and read.
+//
+// Op 7 came with lease extension (protocol version 6) in the same way: a
+// node older than that cannot decode an entry that carries it, so a
+// leader proposes it only once the cluster version is 6. Entries without
+// it are unchanged, and the batch version is still 1.
 //
 // Only the fields an op uses are carried; the others decode as zero (Apply
 // ignores them anyway). Now is carried only by ops that record it (grant or
@@ -34,9 +40,9 @@ package locksm
 //
 // DecodeBatch rejects, wrapping ErrCorruptCommand: an unknown version, a
 // count above MaxBatch or above the bytes left (every command takes at
-// least one byte), truncation, trailing bytes, an unknown op, an over-long
-// string, a non-minimal varint, a lease or wait above uint32, a block of
-// more than MaxBlockKeys keys.
+// least one byte), truncation, trailing bytes, an unknown op (0, or above
+// 7), an over-long string, a non-minimal varint, a lease or wait above
+// uint32, a block of more than MaxBlockKeys keys.
 
 import (
 	"encoding/binary"
@@ -107,6 +113,12 @@ func AppendBatch(dst []byte, cmds []Command) []byte {
 			dst = binary.AppendUvarint(dst, c.Ref)
 			dst = binary.AppendUvarint(dst, uint64(c.LeaseSec))
 			dst = binary.AppendUvarint(dst, uint64(c.WaitMs))
+		case OpExtend:
+			dst = binary.AppendVarint(dst, c.Now)
+			dst = appendString(dst, c.Key, MaxKeyLen)
+			dst = appendString(dst, c.Owner, MaxOwnerLen)
+			dst = binary.AppendUvarint(dst, c.Token)
+			dst = binary.AppendUvarint(dst, uint64(c.LeaseSec))
 		}
 	}
 	return dst
@@ -182,6 +194,12 @@ func DecodeBatch(b []byte, into []Command) ([]Command, error) {
 			c.Ref = d.uvarint()
 			c.LeaseSec = d.uint32()
 			c.WaitMs = d.uint32()
+		case OpExtend:
+			c.Now = d.varint()
+			c.Key = d.string(MaxKeyLen)
+			c.Owner = d.string(MaxOwnerLen)
+			c.Token = d.uvarint()
+			c.LeaseSec = d.uint32()
 		default:
 			if d.err == nil {
 				d.err = fmt.Errorf("unknown op %d", c.Op)

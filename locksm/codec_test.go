@@ -33,6 +33,9 @@ func sampleCommands() []Command {
 		{Op: OpAcquireBlock, Now: math.MinInt64, Keys: slices.Repeat([]string{long}, MaxBlockKeys), Owner: longOwner,
 			Ref: math.MaxUint64, LeaseSec: math.MaxUint32, WaitMs: math.MaxUint32},
 		{Op: OpAcquireBlock, Now: -1, Keys: []string{""}, Owner: "", LeaseSec: 0},
+		{Op: OpExtend, Now: 1_700_000_000_000, Key: "k", Owner: "a", Token: 7, LeaseSec: 30},
+		{Op: OpExtend, Now: math.MinInt64, Key: long, Owner: longOwner, Token: math.MaxUint64, LeaseSec: math.MaxUint32},
+		{Op: OpExtend, Now: -1, Key: "", Owner: "", Token: 0, LeaseSec: 0},
 	}
 }
 
@@ -72,6 +75,13 @@ func TestCodecCompact(t *testing.T) {
 	if len(b) > 2+1+6+9+9+3+1+2 {
 		t.Fatalf("acquire takes %d bytes", len(b))
 	}
+	// An extend: op, 6-byte now, 1+8 key, 1+8 owner, 3-byte token, lease;
+	// ref and wait are not carried.
+	b = AppendBatch(nil, []Command{{Op: OpExtend, Now: 1_700_000_000_000, Key: "event-42", Owner: "web-0001",
+		Token: 100_000, LeaseSec: 30, Ref: 1 << 60, WaitMs: 2000}})
+	if len(b) != 2+1+6+9+9+3+1 {
+		t.Fatalf("extend takes %d bytes", len(b))
+	}
 	if b := AppendBatch(nil, []Command{{Op: OpDropWaiters, Now: 5, Key: "ignored"}}); len(b) != 3 {
 		t.Fatalf("drop-waiters takes %d bytes, want 3", len(b))
 	}
@@ -79,7 +89,7 @@ func TestCodecCompact(t *testing.T) {
 
 func TestCodecQuick(t *testing.T) {
 	f := func(op uint8, now int64, key, owner string, token, ref uint64, lease, wait uint32) bool {
-		c := Command{Op: Op(op%6 + 1), Now: now, Key: key, Owner: owner, Token: token, Ref: ref, LeaseSec: lease, WaitMs: wait}
+		c := Command{Op: Op(op%7 + 1), Now: now, Key: key, Owner: owner, Token: token, Ref: ref, LeaseSec: lease, WaitMs: wait}
 		if c.Op == OpAcquireBlock {
 			c.Keys = []string{key, owner, key + "x"}
 		}
@@ -112,6 +122,9 @@ func TestAppendBatchOverlongStrings(t *testing.T) {
 		{Op: OpAcquireBlock, Keys: []string{long, long}, Owner: "a", LeaseSec: 1},
 		{Op: OpAcquireBlock, Keys: []string{"j", "i"}, Owner: long, LeaseSec: 1},
 		{Op: OpAcquireBlock, Keys: slices.Repeat([]string{"k"}, MaxBlockKeys+1), Owner: "a", LeaseSec: 1},
+		{Op: OpExtend, Key: long, Owner: "a", Token: 1, LeaseSec: 1},
+		{Op: OpExtend, Key: "k", Owner: long, Token: 1, LeaseSec: 1},
+		{Op: OpExtend, Key: long, Owner: long, Token: 1, LeaseSec: 0},
 	} {
 		dec, err := DecodeBatch(AppendBatch(nil, []Command{c}), nil)
 		if err != nil {
@@ -137,20 +150,26 @@ func TestDecodeBatchRejects(t *testing.T) {
 	}
 	drops := func(n int) []byte { return bytes.Repeat([]byte{byte(OpDropWaiters)}, n) }
 	cases := map[string][]byte{
-		"empty":              {},
-		"version 0":          {0, 0},
-		"version 2":          {2, 0},
-		"no count":           {1},
-		"count over max":     cat([]byte{1}, uv(MaxBatch+1), drops(MaxBatch+1)),
-		"count over bytes":   cat([]byte{1}, uv(3), drops(2)),
-		"huge count":         cat([]byte{1}, uv(math.MaxUint64), drops(4)),
-		"count 2^32":         cat([]byte{1}, uv(1<<32), drops(4)),
-		"count 2^32-1":       cat([]byte{1}, uv(1<<32-1), drops(4)),
-		"string len 2^32":    cat([]byte{1, 1, byte(OpCancelWait)}, uv(1<<32), []byte("k")),
-		"trailing byte":      cat(valid, []byte{0}),
-		"op 0":               {1, 1, 0},
-		"op 6 truncated":     {1, 1, 6},
-		"op 7":               {1, 1, 7},
+		"empty":             {},
+		"version 0":         {0, 0},
+		"version 2":         {2, 0},
+		"no count":          {1},
+		"count over max":    cat([]byte{1}, uv(MaxBatch+1), drops(MaxBatch+1)),
+		"count over bytes":  cat([]byte{1}, uv(3), drops(2)),
+		"huge count":        cat([]byte{1}, uv(math.MaxUint64), drops(4)),
+		"count 2^32":        cat([]byte{1}, uv(1<<32), drops(4)),
+		"count 2^32-1":      cat([]byte{1}, uv(1<<32-1), drops(4)),
+		"string len 2^32":   cat([]byte{1, 1, byte(OpCancelWait)}, uv(1<<32), []byte("k")),
+		"trailing byte":     cat(valid, []byte{0}),
+		"op 0":              {1, 1, 0},
+		"op 6 truncated":    {1, 1, 6},
+		"op 7 truncated":    {1, 1, 7},
+		"op 7 no lease":     cat([]byte{1, 1, byte(OpExtend)}, uv(0), []byte{1, 'k', 1, 'a'}, uv(1)),
+		"op 7 lease > 2^32": cat([]byte{1, 1, byte(OpExtend)}, uv(0), []byte{1, 'k', 1, 'a'}, uv(1), uv(math.MaxUint32+1)),
+		"op 7 wait carried": cat([]byte{1, 1, byte(OpExtend)}, uv(0), []byte{1, 'k', 1, 'a'}, uv(1), uv(10), uv(0)),
+		"op 7 owner too long": cat([]byte{1, 1, byte(OpExtend)}, uv(0), []byte{1, 'k'}, uv(MaxOwnerLen+1),
+			bytes.Repeat([]byte("o"), MaxOwnerLen+1), uv(1), uv(10)),
+		"op 8":               {1, 1, 8},
 		"block of 17 keys":   cat([]byte{1, 1, byte(OpAcquireBlock)}, uv(0), uv(MaxBlockKeys+1), bytes.Repeat([]byte{1, 'k'}, 17), []byte{1, 'a', 1, 1, 0}),
 		"block key too long": cat([]byte{1, 1, byte(OpAcquireBlock)}, uv(0), uv(2), uv(MaxKeyLen+1), bytes.Repeat([]byte("k"), MaxKeyLen+1), []byte{1, 'k', 1, 'a', 1, 1, 0}),
 		"op 255":             {1, 1, 255},

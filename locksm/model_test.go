@@ -7,8 +7,9 @@ package locksm
 // safety properties directly, from the stream of results and effects alone,
 // so a bug shared by State and model still has to get past them: one holder
 // per key, a block granted all at once under one token (never a part of
-// it), tokens strictly increasing, FIFO on every key, and every queue in
-// arrival order, which is what rules out a cycle of waiters.
+// it), tokens strictly increasing, FIFO on every key, every queue in
+// arrival order, which is what rules out a cycle of waiters, and an extend
+// that succeeds only on the current holding and owes nothing.
 
 import (
 	"bytes"
@@ -29,7 +30,9 @@ type model struct {
 
 type modelHold struct {
 	key string
-	h   Holder // h.Keys: the block's keys
+	h   Holder // h.Keys: the block's keys; h.RenewedAt: its latest extend
+	// renewed: the holding was extended (RenewedAt may be 0 all the same).
+	renewed bool
 }
 
 // modelWait is a waiter: keys is the one key of a single-key waiter, or a
@@ -65,7 +68,7 @@ func (m *model) held(key string) bool { return m.holdIndex(key) >= 0 }
 func (m *model) apply(c Command) (Result, []Effect) {
 	res, eff := m.apply1(c)
 	switch res.Status {
-	case StatusGranted, StatusQueued, StatusReleased, StatusExpired:
+	case StatusGranted, StatusQueued, StatusReleased, StatusExpired, StatusExtended:
 		m.clock = c.Now
 	}
 	return res, eff
@@ -74,7 +77,7 @@ func (m *model) apply(c Command) (Result, []Effect) {
 func (m *model) apply1(c Command) (Result, []Effect) {
 	reject := func(err error) (Result, []Effect) { return Result{Status: StatusRejected, Err: err}, nil }
 	switch c.Op {
-	case OpAcquire, OpRelease, OpExpire, OpCancelWait:
+	case OpAcquire, OpRelease, OpExpire, OpCancelWait, OpExtend:
 		if !modelValid(c.Key, 255) {
 			return reject(ErrInvalidKey)
 		}
@@ -98,13 +101,13 @@ func (m *model) apply1(c Command) (Result, []Effect) {
 	default:
 		return reject(ErrInvalidCommand)
 	}
-	if (c.Op == OpAcquire || c.Op == OpAcquireBlock || c.Op == OpRelease) && !modelValid(c.Owner, 128) {
+	if (c.Op == OpAcquire || c.Op == OpAcquireBlock || c.Op == OpRelease || c.Op == OpExtend) && !modelValid(c.Owner, 128) {
 		return reject(ErrInvalidOwner)
 	}
+	if (c.Op == OpAcquire || c.Op == OpAcquireBlock || c.Op == OpExtend) && (c.LeaseSec < 1 || c.LeaseSec > 250) {
+		return reject(ErrInvalidLease)
+	}
 	if c.Op == OpAcquire || c.Op == OpAcquireBlock {
-		if c.LeaseSec < 1 || c.LeaseSec > 250 {
-			return reject(ErrInvalidLease)
-		}
 		if c.WaitMs > 300000 {
 			return reject(ErrInvalidWait)
 		}
@@ -159,6 +162,23 @@ func (m *model) apply1(c Command) (Result, []Effect) {
 			return reject(ErrOwnerMismatch)
 		}
 		return Result{Status: StatusReleased}, m.free(i, c.Now)
+	case OpExtend:
+		i := m.holdIndex(c.Key)
+		switch {
+		case i < 0:
+			return reject(ErrNotHeld)
+		case m.holds[i].h.Token != c.Token:
+			return reject(ErrTokenMismatch)
+		case m.holds[i].h.Owner != c.Owner:
+			return reject(ErrOwnerMismatch)
+		}
+		// Every key held under the token: the key, or its whole block.
+		for j := range m.holds {
+			if h := &m.holds[j]; h.h.Token == c.Token {
+				h.h.LeaseSec, h.h.RenewedAt, h.renewed = c.LeaseSec, c.Now, true
+			}
+		}
+		return Result{Status: StatusExtended}, nil
 	case OpExpire:
 		i := m.holdIndex(c.Key)
 		if i < 0 || m.holds[i].h.Token != c.Token {
@@ -266,15 +286,20 @@ func (m *model) queue(key string) []Waiter {
 
 // compare checks that s answers every query as m does.
 func (m *model) compare(s *State, keys []string) error {
-	blocks := map[uint64]bool{}
+	blocks, renewed := map[uint64]bool{}, map[uint64]bool{}
 	for _, h := range m.holds {
 		if h.h.Keys != nil {
 			blocks[h.h.Token] = true
 		}
+		if h.renewed {
+			renewed[h.h.Token] = true
+		}
 	}
-	if s.LastToken() != m.last || s.NumHeld() != len(m.holds) || s.NumWaiting() != len(m.waits) || s.NumBlocks() != len(blocks) {
-		return fmt.Errorf("counts: state last=%d held=%d waiting=%d blocks=%d, model %d %d %d %d",
-			s.LastToken(), s.NumHeld(), s.NumWaiting(), s.NumBlocks(), m.last, len(m.holds), len(m.waits), len(blocks))
+	if s.LastToken() != m.last || s.NumHeld() != len(m.holds) || s.NumWaiting() != len(m.waits) || s.NumBlocks() != len(blocks) ||
+		s.NumRenewed() != len(renewed) {
+		return fmt.Errorf("counts: state last=%d held=%d waiting=%d blocks=%d renewed=%d, model %d %d %d %d %d",
+			s.LastToken(), s.NumHeld(), s.NumWaiting(), s.NumBlocks(), s.NumRenewed(),
+			m.last, len(m.holds), len(m.waits), len(blocks), len(renewed))
 	}
 	for _, k := range keys {
 		var want *Holder
@@ -350,6 +375,11 @@ func (p *propertyChecker) observe(c Command, res Result, effects []Effect) error
 			p.pending[k] = append(p.pending[k], pendingRef{c.Ref, p.seq, keys})
 		}
 		delete(p.gone, fmt.Sprint(keys, "/", c.Ref))
+	case StatusExtended:
+		// Only the current holding is extended, and nothing is owed.
+		if tok := p.held[c.Key]; tok != c.Token || len(effects) > 0 {
+			return fmt.Errorf("extend of %q under %d, held under %d, effects %+v", c.Key, c.Token, tok, effects)
+		}
 	case StatusReleased, StatusExpired:
 		tok := p.held[c.Key]
 		if tok != c.Token {
@@ -447,7 +477,7 @@ func (g *gen) command() Command {
 	}
 	q := g.m.queue(c.Key)
 	switch x := g.r.IntN(100); {
-	case x < 40:
+	case x < 36:
 		c.Op = OpAcquire
 		if g.r.IntN(2) == 0 {
 			c.Op, c.Key, c.Keys = OpAcquireBlock, "", g.blockKeys()
@@ -465,7 +495,7 @@ func (g *gen) command() Command {
 				c.Keys = slices.Compact(c.Keys) // may now be too short or name a key twice
 			}
 		}
-	case x < 62:
+	case x < 56:
 		c.Op = OpRelease
 		c.Token = h.Token
 		switch y := g.r.IntN(10); {
@@ -474,7 +504,23 @@ func (g *gen) command() Command {
 		case y < 8:
 			c.Token = g.r.Uint64N(g.m.last + 2)
 		}
-	case x < 78:
+	case x < 68:
+		// Extends: mostly right (token and owner of the holder), else a
+		// wrong owner, a wrong or stale token, or a free or reserved key;
+		// a block named by any of its keys.
+		c.Op = OpExtend
+		c.LeaseSec = uint32(1 + g.r.IntN(250))
+		c.Token = h.Token
+		if h.Keys != nil {
+			c.Key = h.Keys[g.r.IntN(len(h.Keys))]
+		}
+		switch y := g.r.IntN(10); {
+		case y < 7 && i >= 0:
+			c.Owner = h.Owner
+		case y < 9:
+			c.Token = g.r.Uint64N(g.m.last + 2)
+		}
+	case x < 80:
 		c.Op = OpExpire
 		c.Token = h.Token
 		if i < 0 || g.r.IntN(3) == 0 {
@@ -490,17 +536,24 @@ func (g *gen) command() Command {
 		c.Op = OpDropWaiters
 	default:
 		// Invalid commands of every kind.
-		c.Op = Op(1 + g.r.IntN(4))
+		c.Op = [...]Op{OpAcquire, OpRelease, OpExpire, OpCancelWait, OpExtend}[g.r.IntN(5)]
 		c.LeaseSec, c.WaitMs = uint32(1+g.r.IntN(250)), uint32(g.r.IntN(100))
-		switch g.r.IntN(8) {
+		switch g.r.IntN(9) {
 		case 0:
-			c.Op = Op(7 + g.r.IntN(249))
+			c.Op = Op(8 + g.r.IntN(248))
 		case 1:
 			c.Key = [...]string{"", "a b", "\x00", string(make([]byte, 256))}[g.r.IntN(4)]
 		case 2:
 			c.Owner = [...]string{"", "o 1", "\xff"}[g.r.IntN(3)]
 		case 3:
 			c.Op, c.LeaseSec = OpAcquire, [...]uint32{0, 251, 1 << 31}[g.r.IntN(3)]
+			if g.r.IntN(2) == 0 {
+				// An extend's lease is checked whoever holds the key.
+				c.Op, c.Token = OpExtend, h.Token
+				if i >= 0 {
+					c.Owner = h.Owner
+				}
+			}
 		case 4:
 			c.Op, c.WaitMs = OpAcquire, MaxWaitMs+1+uint32(g.r.IntN(10))
 		case 5:
@@ -519,6 +572,18 @@ func (g *gen) command() Command {
 		case 7:
 			c.Op, c.Key, c.Keys = OpAcquireBlock, "", g.blockKeys()
 			c.LeaseSec = 0
+		case 8:
+			// An extend of the holder with a bad key or owner; wait,
+			// which it does not use, out of range.
+			c.Op, c.Token, c.WaitMs = OpExtend, h.Token, MaxWaitMs+1
+			if i >= 0 {
+				c.Owner = h.Owner
+			}
+			if g.r.IntN(2) == 0 {
+				c.Key = [...]string{"", "a b", string(make([]byte, 256))}[g.r.IntN(3)]
+			} else {
+				c.Owner = [...]string{"", "o 1", "\xff"}[g.r.IntN(3)]
+			}
 		}
 	}
 	return c
@@ -541,6 +606,14 @@ func TestModel(t *testing.T) {
 	if cov.blockGrants == 0 || cov.blockHandoffs == 0 || cov.cancelGrants == 0 || cov.reserved == 0 || cov.multiGrantRelease == 0 {
 		t.Fatalf("block cells not reached: %+v", cov)
 	}
+	// Likewise the extend cells: extends of one key (with and without
+	// waiters) and of blocks (by a key other than the first), each
+	// refusal, and holdings that end after an extend.
+	if cov.extendSingle == 0 || cov.extendSingleQueued == 0 || cov.extendBlock == 0 || cov.extendBlockOther == 0 ||
+		cov.extendNotHeld == 0 || cov.extendTokenMismatch == 0 || cov.extendOwnerMismatch == 0 || cov.extendInvalid == 0 ||
+		cov.endedRenewed == 0 || cov.renewedSnapshots == 0 {
+		t.Fatalf("extend cells not reached: %+v", cov)
+	}
 }
 
 // modelCoverage counts how often TestModel reached the cells that only
@@ -551,9 +624,51 @@ type modelCoverage struct {
 	cancelGrants      int // a cancel that granted keys to others
 	reserved          int // steps that left some key reserved
 	multiGrantRelease int // one release or expiry that made two grants or more
+
+	extendSingle        int // a single-key holding extended
+	extendSingleQueued  int // ... while it had waiters
+	extendBlock         int // a block holding extended
+	extendBlockOther    int // ... naming a key other than its first
+	extendNotHeld       int // refused: free or reserved key
+	extendTokenMismatch int // refused: wrong token
+	extendOwnerMismatch int // refused: wrong owner
+	extendInvalid       int // refused: a field out of its constraints
+	endedRenewed        int // a release or expiry ended an extended holding
+	renewedSnapshots    int // snapshot round trips with renewals in them
 }
 
-func (c *modelCoverage) observe(cmd Command, res Result, effects []Effect, s *State) {
+// observe counts what cmd did to s; wasRenewed: the holding cmd.Key had
+// before it was extended.
+func (c *modelCoverage) observe(cmd Command, res Result, effects []Effect, s *State, wasRenewed bool) {
+	if (res.Status == StatusReleased || res.Status == StatusExpired) && wasRenewed {
+		c.endedRenewed++
+	}
+	if cmd.Op == OpExtend {
+		switch res.Err {
+		case nil:
+			h, _ := s.Holder(cmd.Key)
+			switch {
+			case h.Keys == nil:
+				c.extendSingle++
+				if s.QueueLen(cmd.Key) > 0 {
+					c.extendSingleQueued++
+				}
+			default:
+				c.extendBlock++
+				if cmd.Key != h.Keys[0] {
+					c.extendBlockOther++
+				}
+			}
+		case ErrNotHeld:
+			c.extendNotHeld++
+		case ErrTokenMismatch:
+			c.extendTokenMismatch++
+		case ErrOwnerMismatch:
+			c.extendOwnerMismatch++
+		default:
+			c.extendInvalid++
+		}
+	}
 	grants := 0
 	for _, e := range effects {
 		if e.Kind == EffectGranted {
@@ -623,12 +738,12 @@ func runModel(t *testing.T, seed uint64, steps int, cov *modelCoverage) (err err
 		var batch []Command
 		for n := 1 + r.IntN(8); n > 0; n-- {
 			batch = append(batch, g.command())
-			if c := batch[len(batch)-1]; c.Op < OpAcquire || c.Op > OpAcquireBlock {
+			if c := batch[len(batch)-1]; c.Op < OpAcquire || c.Op > OpExtend {
 				break // unknown ops cannot be encoded; apply them directly
 			}
 		}
 		decoded := batch
-		if last := batch[len(batch)-1]; last.Op >= OpAcquire && last.Op <= OpAcquireBlock {
+		if last := batch[len(batch)-1]; last.Op >= OpAcquire && last.Op <= OpExtend {
 			var err error
 			decoded, err = DecodeBatch(AppendBatch(nil, batch), nil)
 			if err != nil {
@@ -645,12 +760,16 @@ func runModel(t *testing.T, seed uint64, steps int, cov *modelCoverage) (err err
 			// commands of a batch were generated before any was applied,
 			// just as a leader batches before the entry commits.
 			wantRes, wantEff := m.apply(batch[i])
+			wasRenewed := false
+			if h, ok := s.Holder(decoded[i].Key); ok {
+				_, wasRenewed = s.renewed[h.Token]
+			}
 			var res Result
 			res, effects = s.Apply(decoded[i], effects[:0])
 			if res != wantRes || !slices.EqualFunc(effects, wantEff, func(a, b Effect) bool { return reflect.DeepEqual(a, b) }) {
 				return fmt.Errorf("step %d %+v:\nstate %+v %+v\nmodel %+v %+v", step, batch[i], res, effects, wantRes, wantEff)
 			}
-			cov.observe(batch[i], res, effects, s)
+			cov.observe(batch[i], res, effects, s, wasRenewed)
 			if err := p.observe(batch[i], res, effects); err != nil {
 				return fmt.Errorf("step %d %+v: %v", step, batch[i], err)
 			}
@@ -667,6 +786,9 @@ func runModel(t *testing.T, seed uint64, steps int, cov *modelCoverage) (err err
 			step++
 		}
 		if r.IntN(20) == 0 {
+			if s.NumRenewed() > 0 {
+				cov.renewedSnapshots++
+			}
 			// Continue on the restored copy: a follower that restored a
 			// snapshot must behave exactly like one that replayed the log.
 			s = checkSnapshotRoundTrip(t, s)

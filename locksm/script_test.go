@@ -19,10 +19,14 @@ package locksm
 //	acquire-block keys=k1,k2,... owner= lease= wait= ref= now=
 //	release key= owner= token= now=
 //	expire  key= token= now=
+//	extend  key= owner= token= lease= now=
 //	cancel  key= ref=
 //	drop-waiters
 //	apply   op= [any field]      a raw Command, for unknown ops
 //	state                        holders and queues, keys ascending
+//
+// A holder shows renewed= (its RenewedAt) when it is not 0, and the
+// state's first line renewed= (NumRenewed) while any holding is.
 //
 // After every command the runner checks the invariants and that a snapshot
 // round trip and a codec round trip reproduce the state and the command.
@@ -77,6 +81,8 @@ func runScriptCommand(t *testing.T, c scripttest.Case, s *State) string {
 		cmd.Op = OpRelease
 	case "expire":
 		cmd.Op = OpExpire
+	case "extend":
+		cmd.Op = OpExtend
 	case "cancel":
 		cmd.Op = OpCancelWait
 	case "drop-waiters":
@@ -122,7 +128,7 @@ func runScriptCommand(t *testing.T, c scripttest.Case, s *State) string {
 
 	// Every command also travels through the codec and must mean the same
 	// thing afterwards; only unknown ops cannot be encoded.
-	if cmd.Op >= OpAcquire && cmd.Op <= OpAcquireBlock {
+	if cmd.Op >= OpAcquire && cmd.Op <= OpExtend {
 		dec, err := DecodeBatch(AppendBatch(nil, []Command{cmd}), nil)
 		if err != nil || len(dec) != 1 || !reflect.DeepEqual(dec[0], normalize(cmd)) {
 			t.Fatalf("%s: codec round trip: %v %+v", where, err, dec)
@@ -144,6 +150,7 @@ var statusNames = map[Status]string{
 	StatusRejected: "rejected", StatusGranted: "granted", StatusQueued: "queued",
 	StatusBusy: "busy", StatusReleased: "released", StatusExpired: "expired",
 	StatusCanceled: "canceled", StatusNoop: "noop", StatusDropped: "dropped",
+	StatusExtended: "extended",
 }
 
 var errNames = map[error]string{
@@ -191,10 +198,16 @@ func formatState(s *State) string {
 	if s.NumReserved() > 0 || s.NumBlocks() > 0 {
 		fmt.Fprintf(&b, " reserved=%d blocks=%d", s.NumReserved(), s.NumBlocks())
 	}
+	if s.NumRenewed() > 0 {
+		fmt.Fprintf(&b, " renewed=%d", s.NumRenewed())
+	}
 	for _, k := range s.sortedKeys() {
 		if h, ok := s.Holder(k); ok {
 			fmt.Fprintf(&b, "\n%s: holder owner=%s token=%d lease=%d granted-at=%d",
 				k, h.Owner, h.Token, h.LeaseSec, h.GrantedAt)
+			if h.RenewedAt != 0 {
+				fmt.Fprintf(&b, " renewed=%d", h.RenewedAt)
+			}
 			if h.Keys != nil {
 				fmt.Fprintf(&b, " block=%s", strings.Join(h.Keys, ","))
 			}
@@ -225,6 +238,8 @@ func normalize(c Command) Command {
 		n.Now, n.Token = c.Now, c.Token
 	case OpCancelWait:
 		n.Ref = c.Ref
+	case OpExtend:
+		n.Now, n.Owner, n.Token, n.LeaseSec = c.Now, c.Owner, c.Token, c.LeaseSec
 	case OpDropWaiters:
 		n.Key = ""
 	case OpAcquireBlock:
@@ -351,6 +366,13 @@ func checkInvariants(s *State) error {
 	for t, b := range s.blocks {
 		if len(tokens[t]) != len(b) {
 			return fmt.Errorf("block %d (%q) held by %q", t, b, tokens[t])
+		}
+	}
+	for t := range s.renewed {
+		// A renewal outliving its holding would make every later
+		// snapshot unreadable.
+		if len(tokens[t]) == 0 {
+			return fmt.Errorf("renewal of token %d, which holds no key", t)
 		}
 	}
 	for k := range s.queued {

@@ -2,12 +2,24 @@ package locksm
 
 // Snapshot byte layout (uvarint/varint as in codec.go, minimal encodings
 // only, so a snapshot has exactly one encoding per state and
-// write∘read is the identity on bytes). Version 2 is written when blocks
-// are held or queued; otherwise version 1, which nodes older than blocks
-// read too (so a cluster that has not used blocks can still install its
-// snapshots on them during a rolling upgrade). Both are read.
+// write∘read is the identity on bytes).
 //
-//	snapshot = magic:"TKSM" version:byte(0x01 or 0x02) body crc:uint32-le EOF
+// Versions. The lowest version that can hold the state is written, so a
+// cluster that never used a feature can still install its snapshots on
+// nodes older than it during a rolling upgrade; every version is read,
+// and a snapshot in a higher version than its content needs is corrupt
+// (it has another, canonical, encoding).
+//
+//   - 1: holders and single-key queues (the first layout).
+//   - 2: blocks (protocol version 5): written when a block is held or
+//     queued; version 1's body with holders made optional (reserved
+//     keys), waiters carrying their block's keys, the clock, and the
+//     held blocks.
+//   - 3: lease extension (protocol version 6): written whenever a
+//     holding was extended (OpExtend), blocks or not; version 2's body
+//     followed by the renewals.
+//
+//	snapshot = magic:"TKSM" version:byte(0x01, 0x02 or 0x03) body crc:uint32-le EOF
 //	body v1  = lastToken:uvarint nkeys:uvarint key1*nkeys
 //	key1     = name:string owner:string token:uvarint lease:uvarint
 //	           grantedAt:varint nwait:uvarint waiter1*nwait
@@ -20,6 +32,8 @@ package locksm
 //	           nwait:uvarint waiter2*nwait
 //	waiter2  = waiter1 nbk:uvarint name:string*nbk
 //	block    = token:uvarint nbk:uvarint name:string*nbk
+//	body v3  = body v2 nrenew:uvarint(1..) renewal*nrenew
+//	renewal  = token:uvarint renewedAt:varint
 //
 // Every key listed is held or reserved (token 0: not held, its queue head a
 // block that cannot be granted yet); the state keeps no entry for a free
@@ -27,7 +41,10 @@ package locksm
 // order, head first. A queued block appears in the queue of each of its
 // keys with its keys listed (nbk 2..16; nbk 0 is a single-key waiter); a
 // held block is listed once in the blocks section, tokens ascending, with
-// its keys in the requester's order. clock is State.clock. crc is CRC-32C
+// its keys in the requester's order. clock is State.clock. A renewal is
+// the token of a holding that was extended (a block's once) and the Now of
+// its latest extension (Holder.RenewedAt), tokens strictly ascending; the
+// holders' lease fields already carry the extended lease. crc is CRC-32C
 // (Castagnoli) of every byte before it. Nothing may follow it: the
 // snapshot is the whole stream.
 //
@@ -38,7 +55,9 @@ package locksm
 // pairwise distinct except that exactly the keys of one block share its
 // token, refs unique within a queue, a queued block in exactly the queues
 // of its keys with the same fields in each and its ref unique among queued
-// blocks, and a reserved key's head a block that cannot be granted.
+// blocks, a reserved key's head a block that cannot be granted, and each
+// renewal naming the token of a held key, once. Version 2 must have block
+// content and version 3 a renewal.
 
 import (
 	"encoding/binary"
@@ -53,9 +72,11 @@ import (
 
 const (
 	snapMagic = "TKSM"
-	// snapV1 is the layout without blocks, snapV2 the one with them.
+	// snapV1 is the layout without blocks, snapV2 the one with them,
+	// snapV3 version 2 plus the renewals of extended holdings.
 	snapV1 = 1
 	snapV2 = 2
+	snapV3 = 3
 	// snapBufSize is the I/O chunk of both directions: large enough that a
 	// 1M-key snapshot is a few thousand writes, small enough not to matter.
 	snapBufSize = 64 << 10
@@ -68,11 +89,11 @@ const (
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // WriteSnapshot writes the whole state (token counter, holders, queues in
-// order, blocks) to w in a versioned, deterministic binary form: the same
-// state always gives the same bytes, whatever its map layout.
+// order, blocks, renewals) to w in a versioned, deterministic binary form:
+// the same state always gives the same bytes, whatever its map layout.
 func (s *State) WriteSnapshot(w io.Writer) error {
 	keys := s.sortedKeys()
-	return writeSnapshot(w, snapHeader{last: s.last, clock: s.clock, blocks: s.blocks, v2: s.hasBlockContent()},
+	return writeSnapshot(w, snapHeader{last: s.last, clock: s.clock, blocks: s.blocks, renewed: s.renewed, version: s.snapVersion()},
 		len(keys), func(i int) (string, *entry) { return keys[i], s.keys[keys[i]] })
 }
 
@@ -86,28 +107,27 @@ func (f *Frozen) WriteSnapshot(w io.Writer) error {
 		slices.SortFunc(f.keys, func(a, b frozenKey) int { return strings.Compare(a.key, b.key) })
 	})
 	keys := f.keys
-	return writeSnapshot(w, snapHeader{last: f.last, clock: f.clock, blocks: f.blocks, v2: f.blockContent},
+	return writeSnapshot(w, snapHeader{last: f.last, clock: f.clock, blocks: f.blocks, renewed: f.renewed, version: f.version},
 		len(keys), func(i int) (string, *entry) { return keys[i].key, keys[i].e })
 }
 
 // snapHeader is what a snapshot carries besides the keys.
 type snapHeader struct {
-	last   uint64
-	clock  int64
-	blocks map[uint64][]string
-	v2     bool // blocks held or queued: write version 2
+	last    uint64
+	clock   int64
+	blocks  map[uint64][]string
+	renewed map[uint64]int64
+	version byte // snapV1, snapV2 or snapV3 (State.snapVersion)
 }
 
 // writeSnapshot writes n keys, in ascending order, key(i) giving the i-th.
 func writeSnapshot(w io.Writer, hd snapHeader, n int, key func(i int) (string, *entry)) error {
 	sw := snapWriter{w: w, buf: make([]byte, 0, snapBufSize)}
+	v2 := hd.version >= snapV2 // the layout of version 2, which 3 extends
 	sw.buf = append(sw.buf, snapMagic...)
-	if !hd.v2 {
-		sw.buf = append(sw.buf, snapV1)
-		sw.buf = binary.AppendUvarint(sw.buf, hd.last)
-	} else {
-		sw.buf = append(sw.buf, snapV2)
-		sw.buf = binary.AppendUvarint(sw.buf, hd.last)
+	sw.buf = append(sw.buf, hd.version)
+	sw.buf = binary.AppendUvarint(sw.buf, hd.last)
+	if v2 {
 		sw.buf = binary.AppendVarint(sw.buf, hd.clock)
 	}
 	sw.buf = binary.AppendUvarint(sw.buf, uint64(n))
@@ -115,7 +135,7 @@ func writeSnapshot(w io.Writer, hd snapHeader, n int, key func(i int) (string, *
 		k, e := key(i)
 		h := e.holder()
 		sw.string(k)
-		if !hd.v2 {
+		if !v2 {
 			sw.string(h.Owner)
 			sw.buf = binary.AppendUvarint(sw.buf, h.Token)
 			sw.buf = binary.AppendUvarint(sw.buf, uint64(h.LeaseSec))
@@ -136,19 +156,28 @@ func writeSnapshot(w io.Writer, hd snapHeader, n int, key func(i int) (string, *
 			sw.buf = binary.AppendUvarint(sw.buf, uint64(q.LeaseSec))
 			sw.buf = binary.AppendUvarint(sw.buf, uint64(q.WaitMs))
 			sw.buf = binary.AppendVarint(sw.buf, q.EnqueuedAt)
-			if hd.v2 {
+			if v2 {
 				sw.keys(q.Keys)
 			}
 			sw.maybeFlush()
 		}
 		sw.maybeFlush()
 	}
-	if hd.v2 {
+	if v2 {
 		tokens := slices.Sorted(maps.Keys(hd.blocks))
 		sw.buf = binary.AppendUvarint(sw.buf, uint64(len(tokens)))
 		for _, t := range tokens {
 			sw.buf = binary.AppendUvarint(sw.buf, t)
 			sw.keys(hd.blocks[t])
+			sw.maybeFlush()
+		}
+	}
+	if hd.version >= snapV3 {
+		tokens := slices.Sorted(maps.Keys(hd.renewed))
+		sw.buf = binary.AppendUvarint(sw.buf, uint64(len(tokens)))
+		for _, t := range tokens {
+			sw.buf = binary.AppendUvarint(sw.buf, t)
+			sw.buf = binary.AppendVarint(sw.buf, hd.renewed[t])
 			sw.maybeFlush()
 		}
 	}
@@ -226,10 +255,10 @@ func (d *snapReader) read() (*State, error) {
 		return nil, d.fail(errors.New("bad magic"))
 	}
 	version := d.byte()
-	if d.err == nil && version != snapV1 && version != snapV2 {
+	if d.err == nil && version != snapV1 && version != snapV2 && version != snapV3 {
 		return nil, fmt.Errorf("unknown version %d", version)
 	}
-	v2 := version == snapV2
+	v2 := version >= snapV2 // the layout of version 2, which 3 extends
 	last := d.uvarint()
 	var clock int64
 	if v2 {
@@ -248,6 +277,7 @@ func (d *snapReader) read() (*State, error) {
 		queued:       make(map[string]*entry),
 		blocks:       make(map[uint64][]string),
 		blockWaiters: make(map[uint64][]string),
+		renewed:      make(map[uint64]int64),
 		last:         last,
 		clock:        clock,
 	}
@@ -366,6 +396,12 @@ func (d *snapReader) read() (*State, error) {
 	if err := checkSnapshotTokens(s, tokens); err != nil {
 		return nil, err
 	}
+	if version == snapV3 {
+		// tokens is sorted now.
+		if err := d.readRenewals(s, tokens); err != nil {
+			return nil, err
+		}
+	}
 	for ref, sb := range queuedBlocks {
 		if sb.n != len(sb.w.Keys) {
 			return nil, fmt.Errorf("block ref %d queued on %d of its %d keys", ref, sb.n, len(sb.w.Keys))
@@ -380,6 +416,11 @@ func (d *snapReader) read() (*State, error) {
 	}
 	if !v2 && len(s.blocks)+len(s.blockWaiters) > 0 {
 		return nil, errors.New("version 1 with blocks") // unreachable: v1 reads no block keys
+	}
+	// Only the lowest version that holds the content is ever written:
+	// anything else would re-encode differently.
+	if got := s.snapVersion(); got != version {
+		return nil, fmt.Errorf("version %d for content of version %d", version, got)
 	}
 	sum := d.sum()
 	crc := d.bytes(4)
@@ -425,6 +466,36 @@ func (d *snapReader) readBlocks(s *State) error {
 	}
 	if d.err != nil {
 		return fmt.Errorf("blocks: %w", d.err)
+	}
+	return nil
+}
+
+// readRenewals reads the renewals section: at least one, tokens strictly
+// ascending, each the token of a held key (heldTokens, sorted: one per
+// held key).
+func (d *snapReader) readRenewals(s *State, heldTokens []uint64) error {
+	n := d.uvarint()
+	if d.err == nil && n == 0 {
+		return errors.New("version 3 without renewals")
+	}
+	var prev uint64
+	for i := uint64(0); i < n && d.err == nil; i++ {
+		token := d.uvarint()
+		at := d.varint()
+		if d.err != nil {
+			break
+		}
+		if i > 0 && token <= prev {
+			return fmt.Errorf("renewal #%d: token %d not after %d", i, token, prev)
+		}
+		prev = token
+		if _, held := slices.BinarySearch(heldTokens, token); !held {
+			return fmt.Errorf("renewal #%d: token %d holds no key", i, token)
+		}
+		s.renewed[token] = at
+	}
+	if d.err != nil {
+		return fmt.Errorf("renewals: %w", d.err)
 	}
 	return nil
 }

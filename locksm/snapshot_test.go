@@ -8,6 +8,7 @@ import (
 	"hash/crc32"
 	"io"
 	"math"
+	"reflect"
 	"runtime"
 	"slices"
 	"strconv"
@@ -92,7 +93,12 @@ func TestReadSnapshotReaders(t *testing.T) {
 }
 
 func TestReadSnapshotTruncatedAndFlipped(t *testing.T) {
-	b := snapshotBytes(t, sampleState(t))
+	for _, b := range [][]byte{snapshotBytes(t, sampleState(t)), sampleSnapV3().done()} {
+		checkTruncatedAndFlipped(t, b)
+	}
+}
+
+func checkTruncatedAndFlipped(t *testing.T, b []byte) {
 	for n := range len(b) {
 		if _, err := ReadSnapshot(bytes.NewReader(b[:n])); !errors.Is(err, ErrCorruptSnapshot) {
 			t.Fatalf("prefix of %d bytes: %v", n, err)
@@ -176,6 +182,22 @@ func (sb *snapBuilder) blocks(bs ...any) *snapBuilder {
 	return sb
 }
 
+// newSnap3 starts a version 3 snapshot: version 2's body, then renewals.
+func newSnap3(last uint64, clock int64, nkeys uint64) *snapBuilder {
+	sb := &snapBuilder{b: []byte(snapMagic + "\x03")}
+	return sb.u(last).i(clock).u(nkeys)
+}
+
+// renewals appends the renewals section: pairs of a token and its
+// renewedAt.
+func (sb *snapBuilder) renewals(rs ...int64) *snapBuilder {
+	sb.u(uint64(len(rs) / 2))
+	for i := 0; i < len(rs); i += 2 {
+		sb.u(uint64(rs[i])).i(rs[i+1])
+	}
+	return sb
+}
+
 func (sb *snapBuilder) done() []byte {
 	return binary.LittleEndian.AppendUint32(bytes.Clone(sb.b), crc32.Checksum(sb.b, castagnoli))
 }
@@ -190,35 +212,36 @@ func TestReadSnapshotInvariants(t *testing.T) {
 		t.Fatal("builder's snapshot does not round trip")
 	}
 	bad := map[string][]byte{
-		"empty":                 {},
-		"bad magic":             append([]byte("TKSX"), good[4:]...),
-		"version 3":             append([]byte("TKSM\x03"), good[5:]...),
-		"bad checksum":          append(bytes.Clone(good[:len(good)-1]), good[len(good)-1]^1),
-		"more keys than tokens": newSnap(1, 2).key("a", "o", 1, 10, 0).key("b", "o", 1, 10, 0).done(),
-		"fewer keys than said":  newSnap(5, 3).key("a", "o", 1, 10, 0).key("b", "o", 2, 10, 0).done(),
-		"empty key":             newSnap(5, 1).key("", "o", 1, 10, 0).done(),
-		"key with space":        newSnap(5, 1).key("a b", "o", 1, 10, 0).done(),
-		"key too long":          newSnap(5, 1).key(strings.Repeat("k", MaxKeyLen+1), "o", 1, 10, 0).done(),
-		"keys descending":       newSnap(5, 2).key("b", "o", 1, 10, 0).key("a", "o", 2, 10, 0).done(),
-		"duplicate key":         newSnap(5, 2).key("a", "o", 1, 10, 0).key("a", "o", 2, 10, 0).done(),
-		"empty owner":           newSnap(5, 1).key("a", "", 1, 10, 0).done(),
-		"owner too long":        newSnap(5, 1).key("a", strings.Repeat("o", MaxOwnerLen+1), 1, 10, 0).done(),
-		"token 0":               newSnap(5, 1).key("a", "o", 0, 10, 0).done(),
-		"token above counter":   newSnap(5, 1).key("a", "o", 6, 10, 0).done(),
-		"token held twice":      newSnap(5, 2).key("a", "o", 3, 10, 0).key("b", "o", 3, 10, 0).done(),
-		"lease 0":               newSnap(5, 1).key("a", "o", 1, 0, 0).done(),
-		"lease 251":             newSnap(5, 1).key("a", "o", 1, 251, 0).done(),
-		"lease over uint32":     newSnap(5, 1).key("a", "o", 1, 1<<32, 0).done(),
-		"waiter wait 0":         newSnap(5, 1).key("a", "o", 1, 10, 1).waiter("w", 1, 10, 0).done(),
-		"waiter wait too long":  newSnap(5, 1).key("a", "o", 1, 10, 1).waiter("w", 1, 10, MaxWaitMs+1).done(),
-		"waiter lease 0":        newSnap(5, 1).key("a", "o", 1, 10, 1).waiter("w", 1, 0, 10).done(),
-		"waiter bad owner":      newSnap(5, 1).key("a", "o", 1, 10, 1).waiter("w\n", 1, 10, 10).done(),
-		"waiter ref twice":      newSnap(5, 1).key("a", "o", 1, 10, 2).waiter("w", 1, 10, 10).waiter("x", 1, 10, 10).done(),
-		"missing waiter":        newSnap(5, 1).key("a", "o", 1, 10, 2).waiter("w", 1, 10, 10).done(),
-		"non-minimal varint":    newSnap(5, 1).s("a").s("o").raw("\x81\x00").u(10).i(0).u(0).done(),
-		"varint overflow":       newSnap(5, 1).s("a").s("o").raw(strings.Repeat("\xff", 10) + "\x01").u(10).i(0).u(0).done(),
-		"trailing bytes":        append(bytes.Clone(good), 0),
-		"two snapshots":         append(bytes.Clone(good), good...),
+		"empty":                  {},
+		"bad magic":              append([]byte("TKSX"), good[4:]...),
+		"version 3 of a v1 body": append([]byte("TKSM\x03"), good[5:]...),
+		"version 4":              append([]byte("TKSM\x04"), good[5:]...),
+		"bad checksum":           append(bytes.Clone(good[:len(good)-1]), good[len(good)-1]^1),
+		"more keys than tokens":  newSnap(1, 2).key("a", "o", 1, 10, 0).key("b", "o", 1, 10, 0).done(),
+		"fewer keys than said":   newSnap(5, 3).key("a", "o", 1, 10, 0).key("b", "o", 2, 10, 0).done(),
+		"empty key":              newSnap(5, 1).key("", "o", 1, 10, 0).done(),
+		"key with space":         newSnap(5, 1).key("a b", "o", 1, 10, 0).done(),
+		"key too long":           newSnap(5, 1).key(strings.Repeat("k", MaxKeyLen+1), "o", 1, 10, 0).done(),
+		"keys descending":        newSnap(5, 2).key("b", "o", 1, 10, 0).key("a", "o", 2, 10, 0).done(),
+		"duplicate key":          newSnap(5, 2).key("a", "o", 1, 10, 0).key("a", "o", 2, 10, 0).done(),
+		"empty owner":            newSnap(5, 1).key("a", "", 1, 10, 0).done(),
+		"owner too long":         newSnap(5, 1).key("a", strings.Repeat("o", MaxOwnerLen+1), 1, 10, 0).done(),
+		"token 0":                newSnap(5, 1).key("a", "o", 0, 10, 0).done(),
+		"token above counter":    newSnap(5, 1).key("a", "o", 6, 10, 0).done(),
+		"token held twice":       newSnap(5, 2).key("a", "o", 3, 10, 0).key("b", "o", 3, 10, 0).done(),
+		"lease 0":                newSnap(5, 1).key("a", "o", 1, 0, 0).done(),
+		"lease 251":              newSnap(5, 1).key("a", "o", 1, 251, 0).done(),
+		"lease over uint32":      newSnap(5, 1).key("a", "o", 1, 1<<32, 0).done(),
+		"waiter wait 0":          newSnap(5, 1).key("a", "o", 1, 10, 1).waiter("w", 1, 10, 0).done(),
+		"waiter wait too long":   newSnap(5, 1).key("a", "o", 1, 10, 1).waiter("w", 1, 10, MaxWaitMs+1).done(),
+		"waiter lease 0":         newSnap(5, 1).key("a", "o", 1, 10, 1).waiter("w", 1, 0, 10).done(),
+		"waiter bad owner":       newSnap(5, 1).key("a", "o", 1, 10, 1).waiter("w\n", 1, 10, 10).done(),
+		"waiter ref twice":       newSnap(5, 1).key("a", "o", 1, 10, 2).waiter("w", 1, 10, 10).waiter("x", 1, 10, 10).done(),
+		"missing waiter":         newSnap(5, 1).key("a", "o", 1, 10, 2).waiter("w", 1, 10, 10).done(),
+		"non-minimal varint":     newSnap(5, 1).s("a").s("o").raw("\x81\x00").u(10).i(0).u(0).done(),
+		"varint overflow":        newSnap(5, 1).s("a").s("o").raw(strings.Repeat("\xff", 10) + "\x01").u(10).i(0).u(0).done(),
+		"trailing bytes":         append(bytes.Clone(good), 0),
+		"two snapshots":          append(bytes.Clone(good), good...),
 	}
 	for name, b := range bad {
 		if _, err := ReadSnapshot(bytes.NewReader(b)); !errors.Is(err, ErrCorruptSnapshot) {
@@ -294,7 +317,7 @@ func TestReadSnapshotV2Invariants(t *testing.T) {
 
 // A state without blocks is written in version 1, which nodes older than
 // blocks can read; one with blocks held or queued in version 2; and once
-// they are gone, in version 1 again.
+// they are gone, in version 1 again. (Renewals: TestSnapshotVersionFollowsRenewals.)
 func TestSnapshotVersionFollowsBlocks(t *testing.T) {
 	s := New()
 	version := func() byte { return snapshotBytes(t, s)[len(snapMagic)] }
@@ -485,8 +508,8 @@ func TestReadMethods(t *testing.T) {
 
 // FuzzReadSnapshot: seeds in testdata/fuzz/FuzzReadSnapshot (valid
 // snapshots with keys and waiters, as whole files and as bodies, lying
-// counts, every invariant ReadSnapshot checks broken once) besides the ones
-// added here.
+// counts, every invariant ReadSnapshot checks broken once, version 3's
+// renewals valid and broken) besides the ones added here.
 func FuzzReadSnapshot(f *testing.F) {
 	f.Add(snapshotBytes(f, New()), false)
 	f.Add(snapshotBytes(f, sampleState(f)), false)
@@ -500,6 +523,8 @@ func FuzzReadSnapshot(f *testing.F) {
 		key2("c", "", 0, 0, 1).waiter2("w", 9, 10, 5, "c", "a").
 		blocks(uint64(3), []string{"a", "b"})
 	f.Add(bytes.Clone(good2.b), true)
+	f.Add(bytes.Clone(sampleSnapV3().b), true)
+	f.Add(sampleSnapV3().done(), false)
 	f.Add([]byte{}, false)
 	f.Fuzz(func(t *testing.T, b []byte, fixChecksum bool) {
 		// With fixChecksum the input is a snapshot body and the fuzzer
@@ -531,6 +556,9 @@ func FuzzReadSnapshot(f *testing.F) {
 		var eff []Effect
 		s.RangeHolders(func(k string, h Holder) bool {
 			_, eff = s.Apply(Command{Op: OpAcquire, Key: k, Owner: "f", Ref: 1, LeaseSec: 1, WaitMs: 1}, eff)
+			if res, _ := s.Apply(Command{Op: OpExtend, Key: k, Owner: h.Owner, Token: h.Token, LeaseSec: 2, Now: 1}, nil); res.Status != StatusExtended {
+				t.Fatalf("extend of restored holder %q %+v: %+v", k, h, res)
+			}
 			_, eff = s.Apply(Command{Op: OpExpire, Key: k, Token: h.Token}, eff)
 			return true
 		})
@@ -554,6 +582,12 @@ func TestFrozenWhileApplying(t *testing.T) {
 		for r := range uint64(i % 3) {
 			s.Apply(Command{Op: OpAcquire, Key: k, Owner: "waiter", Ref: uint64(i)*10 + r, LeaseSec: 30, WaitMs: 5000, Now: int64(i)}, nil)
 		}
+		if i%4 == 0 {
+			s.Apply(Command{Op: OpExtend, Key: k, Owner: "holder", Token: uint64(i + 1), LeaseSec: 60, Now: int64(i) + 1}, nil)
+		}
+	}
+	if s.NumRenewed() != len(keys)/4 {
+		t.Fatalf("%d renewals before the freeze", s.NumRenewed())
 	}
 	var want bytes.Buffer
 	if err := s.WriteSnapshot(&want); err != nil {
@@ -583,6 +617,11 @@ func TestFrozenWhileApplying(t *testing.T) {
 			s.Apply(Command{Op: OpCancelWait, Key: k, Ref: uint64(i) * 10, Now: 1e6}, nil)
 		case 3: // one more waiter
 			s.Apply(Command{Op: OpAcquire, Key: k, Owner: "late", Ref: 1 << 40, LeaseSec: 30, WaitMs: 100, Now: 1e6}, nil)
+		case 4: // an extend (a renewal replaced or added)
+			h, _ := s.Holder(k)
+			if res, _ := s.Apply(Command{Op: OpExtend, Key: k, Owner: h.Owner, Token: h.Token, LeaseSec: 5, Now: 1e6}, nil); res.Status != StatusExtended {
+				t.Fatal(res)
+			}
 		}
 		if i == len(keys)/2 {
 			s.Apply(Command{Op: OpDropWaiters, Now: 1e6}, nil)
@@ -594,5 +633,272 @@ func TestFrozenWhileApplying(t *testing.T) {
 	}
 	if f.NumHeld() != len(keys) {
 		t.Fatalf("view holds %d keys, want %d", f.NumHeld(), len(keys))
+	}
+}
+
+// sampleSnapV3 is a version 3 snapshot (without its checksum): a and b
+// held by block 3, renewed at 500; c held alone under 4 and renewed at -7
+// (a leader's clock may be anywhere); d held under 5, never renewed, with
+// a waiter.
+func sampleSnapV3() *snapBuilder {
+	return newSnap3(5, 77, 4).
+		key2("a", "o", 3, 20, 0).
+		key2("b", "o", 3, 20, 0).
+		key2("c", "p", 4, 1, 0).
+		key2("d", "p", 5, 10, 1).waiter2("x", 1, 10, 5).
+		blocks(uint64(3), []string{"a", "b"}).renewals(3, 500, 4, -7)
+}
+
+// Version 3 is version 2 plus the renewals of extended holdings; the
+// reader checks that each names a held token, once, in ascending order.
+func TestReadSnapshotV3Invariants(t *testing.T) {
+	ab := []string{"a", "b"}
+	good := sampleSnapV3().done()
+	s, err := ReadSnapshot(bytes.NewReader(good))
+	if err != nil {
+		t.Fatalf("builder's valid snapshot rejected: %v", err)
+	}
+	if !bytes.Equal(snapshotBytes(t, s), good) {
+		t.Fatal("builder's snapshot does not round trip")
+	}
+	if err := checkInvariants(s); err != nil {
+		t.Fatal(err)
+	}
+	if s.NumRenewed() != 2 || s.NumBlocks() != 1 || s.clock != 77 {
+		t.Fatal(formatState(s))
+	}
+	for k, want := range map[string]int64{"a": 500, "b": 500, "c": -7, "d": 0} {
+		if h, _ := s.Holder(k); h.RenewedAt != want {
+			t.Errorf("holder of %s: %+v, want RenewedAt %d", k, h, want)
+		}
+	}
+	var seen []int64
+	s.RangeHolders(func(k string, h Holder) bool { seen = append(seen, h.RenewedAt); return true })
+	if !slices.Equal(seen, []int64{500, 500, -7, 0}) {
+		t.Fatalf("RangeHolders RenewedAt %v", seen)
+	}
+	// Without blocks, version 3 still has version 2's layout.
+	noBlocks := newSnap3(2, 0, 1).key2("c", "p", 2, 1, 0).blocks().renewals(2, 9).done()
+	if s, err := ReadSnapshot(bytes.NewReader(noBlocks)); err != nil || !bytes.Equal(snapshotBytes(t, s), noBlocks) {
+		t.Fatalf("version 3 without blocks: %v", err)
+	}
+	bad := map[string][]byte{
+		"renewal of a token never issued": newSnap3(5, 0, 1).key2("c", "p", 4, 1, 0).blocks().renewals(6, 1).done(),
+		"renewal of a token not held":     newSnap3(5, 0, 1).key2("c", "p", 4, 1, 0).blocks().renewals(2, 1).done(),
+		"renewal of token 0 (reserved)": newSnap3(5, 0, 2).
+			key2("a", "o", 1, 10, 1).waiter2("w", 9, 10, 5, "a", "b").
+			key2("b", "", 0, 0, 1).waiter2("w", 9, 10, 5, "a", "b").blocks().renewals(0, 1).done(),
+		"renewals unsorted": newSnap3(5, 0, 2).key2("c", "p", 4, 1, 0).key2("d", "p", 5, 1, 0).
+			blocks().renewals(5, 1, 4, 1).done(),
+		"renewal twice": newSnap3(5, 0, 1).key2("c", "p", 4, 1, 0).blocks().renewals(4, 1, 4, 1).done(),
+		"block renewed twice": newSnap3(5, 0, 2).key2("a", "o", 3, 20, 0).key2("b", "o", 3, 20, 0).
+			blocks(uint64(3), ab).renewals(3, 1, 3, 2).done(),
+		"version 3 without renewals": newSnap3(5, 0, 1).key2("c", "p", 4, 1, 0).blocks().renewals().done(),
+		"version 3 with blocks but no renewals": newSnap3(5, 0, 2).key2("a", "o", 3, 20, 0).key2("b", "o", 3, 20, 0).
+			blocks(uint64(3), ab).renewals().done(),
+		"renewals missing":            newSnap3(5, 0, 1).key2("c", "p", 4, 1, 0).blocks().done(),
+		"renewal truncated":           newSnap3(5, 0, 1).key2("c", "p", 4, 1, 0).blocks().u(1).u(4).done(),
+		"renewals fewer than said":    newSnap3(5, 0, 1).key2("c", "p", 4, 1, 0).blocks().u(2).u(4).i(1).done(),
+		"renewals count 2^62":         newSnap3(5, 0, 1).key2("c", "p", 4, 1, 0).blocks().u(1 << 62).u(4).i(1).done(),
+		"renewed-at non-minimal":      newSnap3(5, 0, 1).key2("c", "p", 4, 1, 0).blocks().u(1).u(4).raw("\x82\x00").done(),
+		"version 2 without blocks":    newSnap2(5, 0, 1).key2("c", "p", 4, 1, 0).blocks().done(),
+		"version 2, empty":            newSnap2(5, 7, 0).blocks().done(),
+		"version 1 body as version 3": append([]byte("TKSM\x03"), newSnap(5, 0).done()[5:]...),
+	}
+	for name, b := range bad {
+		if _, err := ReadSnapshot(bytes.NewReader(b)); !errors.Is(err, ErrCorruptSnapshot) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+// Every way a holding ends drops its renewal, so the snapshot falls back
+// to the lowest version that holds what is left.
+func TestRenewalEndsWithHolding(t *testing.T) {
+	restore := func(b []byte) *State {
+		t.Helper()
+		s, err := ReadSnapshot(bytes.NewReader(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	version := func(s *State) byte { return snapshotBytes(t, s)[len(snapMagic)] }
+	// a, b: block 3; c: 4 with a waiter; d: 5. All three renewed.
+	b := newSnap3(6, 0, 4).
+		key2("a", "o", 3, 20, 0).
+		key2("b", "o", 3, 20, 0).
+		key2("c", "p", 4, 1, 1).waiter2("w", 1, 10, 5).
+		key2("d", "p", 5, 10, 0).
+		blocks(uint64(3), []string{"a", "b"}).renewals(3, 500, 4, 600, 5, 700).done()
+	s := restore(b)
+	f := s.Freeze()
+	step := func(c Command, renewed int, v byte) {
+		t.Helper()
+		if res, _ := s.Apply(c, nil); res.Status == StatusRejected {
+			t.Fatalf("%+v: %v", c, res.Err)
+		}
+		if err := checkInvariants(s); err != nil {
+			t.Fatal(err)
+		}
+		if s.NumRenewed() != renewed || version(s) != v {
+			t.Fatalf("after %+v: %d renewals, version %d; want %d, %d", c, s.NumRenewed(), version(s), renewed, v)
+		}
+		checkSnapshotRoundTrip(t, s)
+	}
+	// A hand-off: the new holder (token 7) was never extended.
+	step(Command{Op: OpRelease, Key: "c", Owner: "p", Token: 4, Now: 1}, 2, snapV3)
+	if h, _ := s.Holder("c"); h.Token != 7 || h.RenewedAt != 0 {
+		t.Fatalf("handed-off holder %+v", h)
+	}
+	// A block released by its second key.
+	step(Command{Op: OpRelease, Key: "b", Owner: "o", Token: 3, Now: 2}, 1, snapV3)
+	// An expiry; nothing renewed is left, and no block: version 1.
+	step(Command{Op: OpExpire, Key: "d", Token: 5, Now: 3}, 0, snapV1)
+	// The view frozen before all that still writes what was read.
+	var buf bytes.Buffer
+	if err := f.WriteSnapshot(&buf); err != nil || !bytes.Equal(buf.Bytes(), b) {
+		t.Fatalf("frozen view changed: %v", err)
+	}
+	// A renewed block expired by its first key, leaving a renewed single
+	// holding and a queued block behind: version 3, then 2.
+	s = restore(newSnap3(6, 0, 3).
+		key2("a", "o", 3, 20, 1).waiter2("w", 9, 10, 5, "a", "c").
+		key2("b", "o", 3, 20, 0).
+		key2("c", "p", 4, 1, 1).waiter2("w", 9, 10, 5, "a", "c").
+		blocks(uint64(3), []string{"a", "b"}).renewals(3, 500, 4, 600).done())
+	step(Command{Op: OpExpire, Key: "a", Token: 3, Now: 4}, 1, snapV3)
+	step(Command{Op: OpExpire, Key: "c", Token: 4, Now: 5}, 0, snapV2) // grants the block (token 7)
+	if h, _ := s.Holder("c"); h.Token != 7 || h.RenewedAt != 0 || len(h.Keys) != 2 {
+		t.Fatalf("block granted after the expiry: %+v", h)
+	}
+}
+
+// With no token left (a crafted snapshot), releasing a renewed holding
+// drops its waiters and still drops the renewal.
+func TestTokensExhaustedWithRenewal(t *testing.T) {
+	max := uint64(math.MaxUint64)
+	s, err := ReadSnapshot(bytes.NewReader(newSnap3(max, 0, 1).
+		key2("k", "o", max, 10, 1).waiter2("w", 1, 10, 10).blocks().u(1).u(max).i(5).done()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, eff := s.Apply(Command{Op: OpRelease, Key: "k", Owner: "o", Token: max}, nil)
+	if got := formatResult(res, eff); got != "released\neffect dropped key=k owner=w ref=1" {
+		t.Fatal(got)
+	}
+	if err := checkInvariants(s); err != nil || s.NumRenewed() != 0 || s.NumHeld() != 0 {
+		t.Fatalf("%v %s", err, formatState(s))
+	}
+}
+
+// The lowest version that holds the state is written: 1 with neither
+// blocks nor renewals, 2 with blocks and no renewal, 3 while any holding
+// is extended (blocks or not). A Frozen view keeps the version of its
+// moment.
+func TestSnapshotVersionFollowsRenewals(t *testing.T) {
+	s := New()
+	version := func() byte { return snapshotBytes(t, s)[len(snapMagic)] }
+	apply := func(c Command, want byte) {
+		t.Helper()
+		if res, _ := s.Apply(c, nil); res.Status == StatusRejected || res.Status == StatusNoop {
+			t.Fatalf("%+v: %+v", c, res)
+		}
+		if v := version(); v != want {
+			t.Fatalf("after %+v: version %d, want %d", c, v, want)
+		}
+		checkSnapshotRoundTrip(t, s)
+	}
+	apply(Command{Op: OpAcquire, Key: "a", Owner: "o", LeaseSec: 10, Now: 1}, snapV1)
+	apply(Command{Op: OpExtend, Key: "a", Owner: "o", Token: 1, LeaseSec: 20, Now: 2}, snapV3)
+	f := s.Freeze()
+	apply(Command{Op: OpAcquireBlock, Keys: []string{"b", "c"}, Owner: "p", LeaseSec: 10, Now: 3}, snapV3)
+	apply(Command{Op: OpRelease, Key: "a", Owner: "o", Token: 1, Now: 4}, snapV2)
+	apply(Command{Op: OpExtend, Key: "c", Owner: "p", Token: 2, LeaseSec: 30, Now: 5}, snapV3)
+	if h, _ := s.Holder("b"); h.RenewedAt != 5 || h.LeaseSec != 30 || h.LeaseEnd() != 5+30_000 {
+		t.Fatalf("block holder after the extend: %+v", h)
+	}
+	apply(Command{Op: OpAcquire, Key: "d", Owner: "q", LeaseSec: 10, Now: 6}, snapV3)
+	apply(Command{Op: OpExpire, Key: "b", Token: 2, Now: 7}, snapV1)
+	var buf bytes.Buffer
+	if err := f.WriteSnapshot(&buf); err != nil || buf.Bytes()[len(snapMagic)] != snapV3 {
+		t.Fatalf("frozen view of an extended holding: %v", err)
+	}
+}
+
+// A snapshot of extended holdings restores them exactly: lease, renewal
+// time, block membership; the copy goes on like the original.
+func TestSnapshotRoundTripRenewals(t *testing.T) {
+	s := sampleState(t)
+	block, _ := s.Apply(Command{Op: OpAcquireBlock, Keys: []string{"s3", "s1", "s2"}, Owner: "b", LeaseSec: 10, Now: 100}, nil)
+	extend := func(key string, lease uint32, now int64) {
+		t.Helper()
+		h, _ := s.Holder(key)
+		if res, _ := s.Apply(Command{Op: OpExtend, Key: key, Owner: h.Owner, Token: h.Token, LeaseSec: lease, Now: now}, nil); res.Status != StatusExtended {
+			t.Fatalf("extend %s: %+v", key, res)
+		}
+	}
+	extend("s2", 250, math.MaxInt64)
+	extend("z", 1, math.MinInt64)
+	extend("r", 7, 0)
+	b := snapshotBytes(t, s)
+	if b[len(snapMagic)] != snapV3 || s.NumRenewed() != 3 {
+		t.Fatalf("version %d, %d renewals", b[len(snapMagic)], s.NumRenewed())
+	}
+	r := checkSnapshotRoundTrip(t, s)
+	for _, k := range []string{"s1", "s2", "s3", "z", "r", "q"} {
+		want, _ := s.Holder(k)
+		got, ok := r.Holder(k)
+		if !ok || !reflect.DeepEqual(got, want) {
+			t.Errorf("restored holder of %s: %+v, want %+v", k, got, want)
+		}
+	}
+	if h, _ := r.Holder("s1"); h.RenewedAt != math.MaxInt64 || h.LeaseSec != 250 {
+		t.Fatalf("restored block holder %+v", h)
+	}
+	// A renewal at Now 0 is still a renewal: it survives the round trip.
+	if r.NumRenewed() != 3 {
+		t.Fatalf("restored %d renewals", r.NumRenewed())
+	}
+	checkTruncatedAndFlipped(t, b)
+	// Both go on alike: the release by a block key ends its renewal.
+	for _, st := range []*State{s, r} {
+		st.Apply(Command{Op: OpRelease, Key: "s3", Owner: "b", Token: block.Token}, nil)
+	}
+	if !bytes.Equal(snapshotBytes(t, s), snapshotBytes(t, r)) || r.NumRenewed() != 2 {
+		t.Fatal("original and restored copy diverged")
+	}
+}
+
+// An extend after a Freeze changes the State, never the view: each entry
+// it writes is copied first (single keys and every key of a block), and
+// the view keeps the renewals of its moment.
+func TestFrozenIsolatedFromExtend(t *testing.T) {
+	s := New()
+	apply := func(c Command) {
+		t.Helper()
+		if res, _ := s.Apply(c, nil); res.Status == StatusRejected {
+			t.Fatalf("%+v: %v", c, res.Err)
+		}
+	}
+	apply(Command{Op: OpAcquire, Key: "a", Owner: "o", LeaseSec: 10, Now: 1})
+	apply(Command{Op: OpAcquireBlock, Keys: []string{"b", "c"}, Owner: "p", LeaseSec: 10, Now: 2})
+	apply(Command{Op: OpAcquire, Key: "b", Owner: "w", Ref: 1, LeaseSec: 10, WaitMs: 10, Now: 3})
+	apply(Command{Op: OpExtend, Key: "a", Owner: "o", Token: 1, LeaseSec: 20, Now: 4})
+	for round := range 2 {
+		want := snapshotBytes(t, s)
+		v := s.Freeze()
+		for i := range 3 {
+			now := int64(10*round + i + 5)
+			apply(Command{Op: OpExtend, Key: "a", Owner: "o", Token: 1, LeaseSec: uint32(30 + i), Now: now})
+			apply(Command{Op: OpExtend, Key: "c", Owner: "p", Token: 2, LeaseSec: uint32(40 + i), Now: now})
+		}
+		var buf bytes.Buffer
+		if err := v.WriteSnapshot(&buf); err != nil || !bytes.Equal(buf.Bytes(), want) {
+			t.Fatalf("round %d: the view changed after extends (%v)", round, err)
+		}
+		if bytes.Equal(snapshotBytes(t, s), want) {
+			t.Fatalf("round %d: the extends changed nothing", round)
+		}
 	}
 }

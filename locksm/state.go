@@ -32,15 +32,23 @@ type State struct {
 	// queued block's ref is unique in the table, so it names the one
 	// waiter that stands in all those queues.
 	blockWaiters map[uint64][]string
+	// renewed maps the token of every holding that was extended to the
+	// Now of its latest OpExtend (Holder.RenewedAt); a holding never
+	// extended has no entry, and the entry goes when the holding ends.
+	// Like blocks, it lives beside the entries so that entry stays at 64
+	// bytes, and the paths that end a holding look at it only when it is
+	// non-empty.
+	renewed map[uint64]int64
 	// reserved counts entries without a holder (their queue head is a
 	// block waiting for its other keys).
 	reserved int
 	// clock is the Now of the latest command that changed the table and
-	// carries one (acquires, releases, expiries). A cancel carries no Now,
-	// yet the cancel of a queued block can grant keys reserved for it to
-	// the waiters behind it; those grants record this as GrantedAt. It is
-	// replicated state (snapshots carry it when blocks exist), so every
-	// replica records the same value.
+	// carries one (acquires, releases, expiries, extends). A cancel
+	// carries no Now, yet the cancel of a queued block can grant keys
+	// reserved for it to the waiters behind it; those grants record this
+	// as GrantedAt. It is replicated state (snapshots carry it when blocks
+	// exist or a holding is extended), so every replica records the same
+	// value.
 	clock int64
 	// spare recycles entries of released keys: an uncontended
 	// acquire/release cycle then allocates nothing in steady state.
@@ -101,6 +109,7 @@ func New() *State {
 		queued:       make(map[string]*entry),
 		blocks:       make(map[uint64][]string),
 		blockWaiters: make(map[uint64][]string),
+		renewed:      make(map[uint64]int64),
 	}
 }
 
@@ -123,6 +132,14 @@ func ValidateCommand(cmd Command) error {
 		return ValidateOwner(cmd.Owner)
 	case OpExpire, OpCancelWait:
 		return ValidateKey(cmd.Key)
+	case OpExtend:
+		if err := ValidateKey(cmd.Key); err != nil {
+			return err
+		}
+		if err := ValidateOwner(cmd.Owner); err != nil {
+			return err
+		}
+		return validateLease(cmd.LeaseSec)
 	case OpDropWaiters:
 		return nil
 	case OpAcquireBlock:
@@ -141,11 +158,19 @@ func validateAcquireFields(cmd Command) error {
 	if err := ValidateOwner(cmd.Owner); err != nil {
 		return err
 	}
-	if cmd.LeaseSec < MinLeaseSec || cmd.LeaseSec > MaxLeaseSec {
-		return ErrInvalidLease
+	if err := validateLease(cmd.LeaseSec); err != nil {
+		return err
 	}
 	if cmd.WaitMs > MaxWaitMs {
 		return ErrInvalidWait
+	}
+	return nil
+}
+
+// validateLease checks a lease: MinLeaseSec..MaxLeaseSec, never clamped.
+func validateLease(leaseSec uint32) error {
+	if leaseSec < MinLeaseSec || leaseSec > MaxLeaseSec {
+		return ErrInvalidLease
 	}
 	return nil
 }
@@ -175,7 +200,8 @@ func validateBlockKeys(keys []string) error {
 // returns StatusRejected with a sentinel error and leaves the state as it was.
 //
 // Apply never looks at a clock and never decides that a lease ran out: cmd.Now
-// is only recorded (GrantedAt, EnqueuedAt). See the package documentation.
+// is only recorded (GrantedAt, EnqueuedAt, RenewedAt). See the package
+// documentation.
 func (s *State) Apply(cmd Command, effects []Effect) (Result, []Effect) {
 	if err := ValidateCommand(cmd); err != nil {
 		return Result{Status: StatusRejected, Err: err}, effects
@@ -192,11 +218,13 @@ func (s *State) Apply(cmd Command, effects []Effect) (Result, []Effect) {
 		return s.cancelWait(cmd, effects)
 	case OpAcquireBlock:
 		res = s.acquireBlock(cmd)
+	case OpExtend:
+		res = s.extend(cmd)
 	default: // OpDropWaiters; ValidateCommand rejected everything else
 		return s.dropWaiters(effects)
 	}
 	switch res.Status {
-	case StatusGranted, StatusQueued, StatusReleased, StatusExpired:
+	case StatusGranted, StatusQueued, StatusReleased, StatusExpired, StatusExtended:
 		s.clock = cmd.Now
 	}
 	return res, effects
@@ -310,6 +338,32 @@ func (s *State) release(cmd Command, effects []Effect) (Result, []Effect) {
 	return Result{Status: StatusReleased}, s.endHolding(cmd.Key, e, cmd.Now, effects)
 }
 
+// extend renews the lease of the holding of cmd.Key, matched exactly as a
+// release matches: the holding's lease becomes cmd.LeaseSec from cmd.Now.
+// For a block every key's entry gets the lease (their leaseSec fields
+// stay equal) and the holding gets one renewal time. Token, grant time and
+// queues stay as they are; no effects.
+func (s *State) extend(cmd Command) Result {
+	e := s.keys[cmd.Key]
+	switch {
+	case e == nil || e.token == 0:
+		return Result{Status: StatusRejected, Err: ErrNotHeld}
+	case e.token != cmd.Token:
+		return Result{Status: StatusRejected, Err: ErrTokenMismatch}
+	case e.owner != cmd.Owner:
+		return Result{Status: StatusRejected, Err: ErrOwnerMismatch}
+	}
+	if keys, ok := s.blocks[e.token]; ok {
+		for _, k := range keys {
+			s.own(k, s.keys[k]).leaseSec = cmd.LeaseSec
+		}
+	} else {
+		s.own(cmd.Key, e).leaseSec = cmd.LeaseSec
+	}
+	s.renewed[e.token] = cmd.Now
+	return Result{Status: StatusExtended}
+}
+
 // expire deliberately ignores the owner: the leader's lease timer knows only
 // (key, token), and the token alone identifies one holding.
 func (s *State) expire(cmd Command, effects []Effect) (Result, []Effect) {
@@ -322,10 +376,14 @@ func (s *State) expire(cmd Command, effects []Effect) (Result, []Effect) {
 }
 
 // endHolding ends the holding of key (entry e): the key alone, or every key
-// of its block. Every key loses its holder first; then each, in the
-// block's order, goes to its queue head (promote), so the key is never
-// observably free while someone waits and nobody can cut the line.
+// of its block, and forgets its renewal, if any. Every key loses its
+// holder first; then each, in the block's order, goes to its queue head
+// (promote), so the key is never observably free while someone waits and
+// nobody can cut the line.
 func (s *State) endHolding(key string, e *entry, now int64, effects []Effect) []Effect {
+	if len(s.renewed) > 0 {
+		delete(s.renewed, e.token)
+	}
 	if len(s.blocks) > 0 {
 		if keys, ok := s.blocks[e.token]; ok {
 			delete(s.blocks, e.token)
@@ -617,9 +675,11 @@ type Frozen struct {
 	// blocks is a copy of State.blocks (its key slices are never written);
 	// nil when no block is held.
 	blocks map[uint64][]string
-	// blockContent: blocks are held or queued, so the snapshot needs
-	// version 2.
-	blockContent bool
+	// renewed is a copy of State.renewed; nil when no holding was
+	// extended.
+	renewed map[uint64]int64
+	// version is the snapshot version the content needs (snapVersion).
+	version byte
 }
 
 type frozenKey struct {
@@ -637,9 +697,12 @@ func (s *State) Freeze() *Frozen {
 	for k, e := range s.keys {
 		keys = append(keys, frozenKey{k, e})
 	}
-	f := &Frozen{keys: keys, last: s.last, clock: s.clock, blockContent: s.hasBlockContent()}
+	f := &Frozen{keys: keys, last: s.last, clock: s.clock, version: s.snapVersion()}
 	if len(s.blocks) > 0 {
 		f.blocks = maps.Clone(s.blocks)
+	}
+	if len(s.renewed) > 0 {
+		f.renewed = maps.Clone(s.renewed)
 	}
 	return f
 }
@@ -648,18 +711,34 @@ func (s *State) Freeze() *Frozen {
 // key implies a queued block).
 func (s *State) hasBlockContent() bool { return len(s.blocks) > 0 || len(s.blockWaiters) > 0 }
 
+// snapVersion is the lowest snapshot version that holds the table: 3 if a
+// holding was extended, else 2 if a block is held or queued, else 1.
+func (s *State) snapVersion() byte {
+	switch {
+	case len(s.renewed) > 0:
+		return snapV3
+	case s.hasBlockContent():
+		return snapV2
+	}
+	return snapV1
+}
+
 // NumHeld is the number of held keys in the view.
 func (f *Frozen) NumHeld() int { return len(f.keys) }
 
 // LastToken is the highest token ever issued (0 before the first grant).
 func (s *State) LastToken() uint64 { return s.last }
 
-// Holder returns the holder of key, if any.
+// Holder returns the holder of key, if any, with the time of its latest
+// extension (RenewedAt) and, for a block, the block's keys.
 func (s *State) Holder(key string) (Holder, bool) {
 	if e := s.keys[key]; e != nil && e.token != 0 {
 		h := e.holder()
 		if len(s.blocks) > 0 {
 			h.Keys = s.blocks[h.Token]
+		}
+		if len(s.renewed) > 0 {
+			h.RenewedAt = s.renewed[h.Token]
 		}
 		return h, true
 	}
@@ -716,6 +795,10 @@ func (s *State) NumWaiting() int { return s.waiting }
 
 // NumBlocks is the number of held blocks.
 func (s *State) NumBlocks() int { return len(s.blocks) }
+
+// NumRenewed is the number of holdings that were extended (a block counts
+// once).
+func (s *State) NumRenewed() int { return len(s.renewed) }
 
 // RangeHolders calls fn for every held key in ascending key order until fn
 // returns false. The keys are sorted on each call (O(n log n)); it is meant
