@@ -40,7 +40,7 @@ func TestBlocksOverRealNodes(t *testing.T) {
 	c := startCluster(t, 3)
 	li := c.leader()
 	for i := range 3 {
-		testkit.WaitFor(t, "the cluster version after bootstrap", 10*time.Second, func() bool { return c.Node(i).ClusterVersion() == wire.VersionBlocks })
+		testkit.WaitFor(t, "the cluster version after bootstrap", 10*time.Second, func() bool { return c.Node(i).ClusterVersion() == wire.ProtocolVersion })
 	}
 	a, b, d, e := c.dial(li), c.dial(li), c.dial(li), c.dial(li)
 
@@ -127,7 +127,7 @@ func TestBlocksOverRealNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	agree("after a follower restarted from its snapshot")
-	if v := c.Node(fi).ClusterVersion(); v != wire.VersionBlocks {
+	if v := c.Node(fi).ClusterVersion(); v != wire.ProtocolVersion {
 		t.Fatalf("restarted follower: cluster version %d", v)
 	}
 	// carol's release by her block's primary key frees both of her keys.
@@ -167,7 +167,7 @@ func TestClusterVersionRisesWhenEveryMemberSpeaksIt(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	// Rewrite the bootstrap's 'V' entry (version 5) to say 4, on every node.
+	// Rewrite the bootstrap's 'V' entry (the newest version) to say 4, on every node.
 	for _, id := range c.IDs() {
 		store, err := cluster.OpenLogStore(filepath.Join(dir, id), "")
 		if err != nil {
@@ -203,9 +203,9 @@ func TestClusterVersionRisesWhenEveryMemberSpeaksIt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Every member answers at 5: the leader records it, every node applies it.
+	// Every member answers at the newest version: the leader records it, every node applies it.
 	for i := range c.Size() {
-		testkit.WaitFor(t, "the cluster version to rise to 5", 20*time.Second, func() bool { return c.Node(i).ClusterVersion() == wire.VersionBlocks })
+		testkit.WaitFor(t, "the cluster version to rise to the newest", 20*time.Second, func() bool { return c.Node(i).ClusterVersion() == wire.ProtocolVersion })
 	}
 	conn, err := client.Dial(ctx, c.ClientAddr(li), client.Config{Secret: c.ClientSecret, ClusterID: c.ClusterID})
 	if err != nil {
