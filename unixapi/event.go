@@ -86,7 +86,7 @@ func ParseEvent(line []byte) (Event, error) {
 	}
 	var err error
 	if ev.Token, err = parseToken(f[1]); err != nil {
-		return Event{}, err
+		return Event{}, fmt.Errorf("%w: LOST token: %w", ErrBadRequest, err)
 	}
 	ev.Reason = string(f[2])
 	for _, r := range f[2] {
@@ -97,7 +97,7 @@ func ParseEvent(line []byte) (Event, error) {
 	for _, k := range f[3:] {
 		key, err := parseKey(k)
 		if err != nil {
-			return Event{}, err
+			return Event{}, fmt.Errorf("%w: LOST key: %w", ErrBadRequest, err)
 		}
 		ev.Keys = append(ev.Keys, key)
 	}
