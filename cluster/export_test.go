@@ -70,3 +70,13 @@ func LockBatchEntries(n *Node, from uint64) (int, error) {
 	}
 	return count, nil
 }
+
+// PipelinedReplication reports whether node n's transport would replicate
+// through an AppendEntries pipeline (tests only).
+func PipelinedReplication(n *Node) bool {
+	p, err := n.transport.AppendEntriesPipeline(raft.ServerID("x"), raft.ServerAddress("127.0.0.1:1"))
+	if p != nil {
+		p.Close()
+	}
+	return err != raft.ErrPipelineReplicationNotSupported
+}

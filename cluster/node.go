@@ -205,8 +205,17 @@ func (n *Node) start() error {
 	n.transport = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream:  n.peers,
 		MaxPool: 3,
-		Timeout: cfg.PeerTimeout,
-		Logger:  hlog,
+		// One AppendEntries in flight per follower: no pipelined
+		// replication. hashicorp/raft's pipeline can wedge (a follower's
+		// failed append ends its decoder while a send waits to hand over
+		// the next: that follower is never replicated to again, and
+		// Shutdown waits forever; a CI run of the sidecar tests hung in
+		// netPipeline.AppendEntries). Each append still carries every
+		// entry the follower lacks (up to MaxAppendEntries), so group
+		// commit keeps its batches; see maxRPCsInFlight for the cost.
+		MaxRPCsInFlight: maxRPCsInFlight,
+		Timeout:         cfg.PeerTimeout,
+		Logger:          hlog,
 	})
 
 	n.adminLn = cfg.AdminListener
@@ -874,6 +883,10 @@ func newHCLogger(log *slog.Logger) hclog.Logger {
 // the log store. An entry carries at most locksm.MaxBatch commands, so the worst
 // case is 128 full batches (tens of MiB); the usual entry is a few KiB.
 const logCacheEntries = 128
+
+// maxRPCsInFlight is raft.NetworkTransportConfig.MaxRPCsInFlight: 1 turns
+// pipelined replication off (see its use in New).
+const maxRPCsInFlight = 1
 
 // batchesInFlight is how many batches may be proposed and not yet applied.
 // Two keep the pipeline busy (one being replicated while the next fills);
