@@ -140,14 +140,23 @@ func (l *Lock) LostReason() string {
 }
 
 // Remaining is the time left until the local validity deadline; 0 once
-// the lock is lost or released.
+// the lock is lost or released. When it finds the deadline passed before
+// the lock's timer did (a process resumed after a stall runs before its
+// timers), it fires the lost signal itself (LostDeadline), so a 0 from
+// Remaining means the Context is cancelled.
 func (l *Lock) Remaining() time.Duration {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	if l.reason != "" || l.released {
+		l.mu.Unlock()
 		return 0
 	}
-	return max(0, l.deadline.Sub(l.c.clock()))
+	left := l.deadline.Sub(l.c.clock())
+	l.mu.Unlock()
+	if left <= 0 {
+		l.fire(LostDeadline, false)
+		return 0
+	}
+	return left
 }
 
 // Extend renews the lease (whole seconds 1..250) counted from now, under
