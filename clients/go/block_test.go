@@ -176,7 +176,7 @@ func fakeSidecar(t *testing.T, answer func(line string) string) (string, func() 
 
 // Against a version-1 sidecar (HELLO is an unknown verb there) a block is
 // refused with ErrNotSupported and its ACQUIRE never sent; a one-key
-// AcquireBlock is the version-1 ACQUIRE and needs no HELLO.
+// AcquireBlock is the version-1 ACQUIRE and works there.
 func TestAcquireBlockVersion1Sidecar(t *testing.T) {
 	path, sent := fakeSidecar(t, func(line string) string {
 		switch {
@@ -205,7 +205,9 @@ func TestAcquireBlockVersion1Sidecar(t *testing.T) {
 	if v, err := c.Hello(ctx); v != 1 || err != nil {
 		t.Fatalf("Hello: %d, %v", v, err)
 	}
-	want := []string{"ACQUIRE only 30 0.000", "HELLO 2"}
+	// Dial's HELLO (with the events option) is the only one; the block's
+	// ACQUIRE is never sent.
+	want := []string{"HELLO 3 events", "ACQUIRE only 30 0.000"}
 	if got := sent(); strings.Join(got, "|") != strings.Join(want, "|") {
 		t.Fatalf("sent %q, want %q", got, want)
 	}

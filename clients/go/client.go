@@ -12,6 +12,13 @@
 //
 // Acquire takes one key; AcquireBlock takes a seat block, 2..16 keys all at
 // once or none, under one fencing token (protocol version 2).
+//
+// Lock and LockBlock return a Lock object that knows when it is lost
+// (protocol version 3): its Context is cancelled on the sidecar's lost
+// event, at the local validity deadline, or when the connection ends, and
+// Extend renews its lease. Every Client asks for event lines when it
+// connects (HELLO 3 events); against an older sidecar it works without
+// them, and a Lock then relies on its local deadline.
 package ticketing
 
 import (
@@ -82,8 +89,9 @@ const (
 )
 
 // ProtocolVersion is the version of unixapi/PROTOCOL.md this client
-// speaks: 2, which added seat blocks (AcquireBlock) and HELLO.
-const ProtocolVersion = 2
+// speaks: 3, which added EXTEND and the lost events (version 2 added seat
+// blocks and HELLO).
+const ProtocolVersion = 3
 
 // Client is one connection to the sidecar.
 type Client struct {
@@ -98,7 +106,17 @@ type Client struct {
 	written uint64
 
 	helloMu sync.Mutex // one HELLO at a time
-	version int        // guarded by helloMu: the version HELLO agreed, 0 = not asked yet
+	version int        // guarded by helloMu: the version HELLO agreed, 0 = not known yet
+	events  bool       // guarded by helloMu: the sidecar sends event lines
+	// helloDone is closed once the HELLO that Dial pipelines is answered
+	// (or the connection ended first); version and events are set then.
+	helloDone chan struct{}
+	helloOnce sync.Once
+
+	lmu   sync.Mutex       // guards locks
+	locks map[uint64]*Lock // the Locks that events may name, by token
+
+	now func() time.Time // the clock of lock deadlines; nil = time.Now (tests set it)
 }
 
 // call is one request awaiting its reply line.
@@ -108,8 +126,13 @@ type call struct {
 	// onOrphan runs with the reply when the caller stopped waiting (its
 	// context ended): an ACQUIRE uses it to release a late grant.
 	onOrphan func(reply string)
+	// onReply, if set, runs in the reader with the reply before it is
+	// delivered or orphaned, so that what it sets up (a Lock) exists
+	// before the reader handles the next line (an event for that Lock).
+	onReply  func(reply string)
 	mu       sync.Mutex
 	orphaned bool
+	hello    bool // the HELLO sent by Dial: an ERR to it may be a refusal
 }
 
 // Dial connects to the sidecar's socket at path.
@@ -125,9 +148,53 @@ func Dial(ctx context.Context, path string) (*Client, error) {
 	case err != nil:
 		return nil, fmt.Errorf("ticketing: dial %s: %w", path, err)
 	}
-	c := &Client{conn: conn, done: make(chan struct{})}
+	return newClient(conn)
+}
+
+// newClient runs the Client of conn: its reader, and the HELLO that asks
+// for the version and event lines, pipelined before the first request.
+func newClient(conn net.Conn) (*Client, error) {
+	c := &Client{conn: conn, done: make(chan struct{}), helloDone: make(chan struct{})}
 	go c.readLoop()
+	cl := &call{line: helloLine, ch: make(chan string, 1), hello: true, onReply: c.helloReply}
+	if err := c.enqueue(cl); err != nil {
+		conn.Close()
+		<-c.done
+		return nil, err
+	}
 	return c, nil
+}
+
+// helloLine is the first line of every connection.
+var helloLine = "HELLO " + strconv.Itoa(ProtocolVersion) + " events"
+
+// helloReply takes in the reply to Dial's HELLO. "HELLO <v> events":
+// version v, events on; "HELLO <v>": no events; unknown_verb: a version-1
+// sidecar. A version-2 sidecar refuses the events option (bad_request):
+// Hello then asks again without it.
+func (c *Client) helloReply(r string) {
+	c.helloMu.Lock()
+	defer c.helloMu.Unlock()
+	defer c.helloOnce.Do(func() { close(c.helloDone) })
+	if s, ok := strings.CutPrefix(r, "HELLO "); ok {
+		v, opt, _ := strings.Cut(s, " ")
+		if n, err := strconv.Atoi(v); err == nil && n >= 1 && n <= ProtocolVersion {
+			c.version, c.events = n, opt == "events" && n >= 3
+		}
+		return
+	}
+	var e *Error
+	if errors.As(outcome("HELLO", r), &e) && e.Code == "unknown_verb" {
+		c.version = 1
+	}
+}
+
+// clock is the time of lock deadlines.
+func (c *Client) clock() time.Time {
+	if c.now != nil {
+		return c.now()
+	}
+	return time.Now()
 }
 
 // Done is closed when the connection is gone; every lock acquired through
@@ -193,28 +260,6 @@ func (c *Client) Acquire(ctx context.Context, key string, lease, wait time.Durat
 	return c.acquire(ctx, []string{key}, lease, wait)
 }
 
-// Block is a seat block held through a Client: every one of its keys,
-// granted together under one fencing token (see AcquireBlock).
-type Block struct {
-	c     *Client
-	keys  []string
-	token uint64
-}
-
-// Token is the block's fencing token, the one token of every key: fence
-// each key's writes with it (clients/go/fence: Fence.AdvanceBlock).
-func (b *Block) Token() uint64 { return b.token }
-
-// Keys returns the block's keys, in the order AcquireBlock was given them.
-func (b *Block) Keys() []string { return append([]string(nil), b.keys...) }
-
-// Key is the block's first key, the one Release names.
-func (b *Block) Key() string { return b.keys[0] }
-
-// Release releases the whole block (every key) in one request: RELEASE of
-// its first key and its token. Its results are those of Client.Release.
-func (b *Block) Release(ctx context.Context) error { return b.c.Release(ctx, b.keys[0], b.token) }
-
 // AcquireBlock takes a seat block: every key of keys (1..16 distinct keys)
 // all at once or none, under one fencing token, for lease, waiting at most
 // wait for its turn on every key (unixapi/PROTOCOL.md, "Blocks"). The
@@ -227,10 +272,13 @@ func (b *Block) Release(ctx context.Context) error { return b.c.Release(ctx, b.k
 // releases it like any lock.
 //
 // keys with one key is Acquire. Keys named twice, or more than 16, are an
-// ErrInvalidArgument (nothing sent). A block needs protocol version 2: the
-// first AcquireBlock of a Client sends HELLO (see Hello), and against an
-// older sidecar it fails with an error wrapping ErrNotSupported, nothing
+// ErrInvalidArgument (nothing sent). A block needs protocol version 2
+// (Hello tells; it waits for the answer to the HELLO that Dial sent), and
+// against an older sidecar it fails with an error wrapping ErrNotSupported, nothing
 // acquired.
+//
+// The Block is a Lock (Block is its older name): it also carries the lost
+// signal and can Extend (LockBlock is the same call).
 func (c *Client) AcquireBlock(ctx context.Context, keys []string, lease, wait time.Duration) (*Block, error) {
 	if err := checkDurations(lease, wait); err != nil {
 		return nil, err
@@ -248,19 +296,20 @@ func (c *Client) AcquireBlock(ctx context.Context, keys []string, lease, wait ti
 				"and the sidecar speaks version %d: upgrade the sidecar", ErrNotSupported, len(keys), v)
 		}
 	}
-	keys = append([]string(nil), keys...)
-	tok, err := c.acquire(ctx, keys, lease, wait)
-	if err != nil {
-		return nil, err
-	}
-	return &Block{c: c, keys: keys, token: tok}, nil
+	return c.lockKeys(ctx, append([]string(nil), keys...), lease, wait)
 }
 
 // Hello returns the protocol version this client and the sidecar both
-// speak (unixapi/PROTOCOL.md, "Versions"): it sends HELLO once per Client
-// and remembers the answer. A version-1 sidecar, which does not know
-// HELLO, is version 1.
+// speak (unixapi/PROTOCOL.md, "Versions"): the answer to the HELLO that
+// Dial sends (once per Client; a version-2 sidecar, which refuses its
+// events option, is asked once more without it). A version-1 sidecar,
+// which does not know HELLO, is version 1.
 func (c *Client) Hello(ctx context.Context) (int, error) {
+	select {
+	case <-c.helloDone:
+	case <-ctx.Done():
+		return 0, fmt.Errorf("ticketing: HELLO: %w", ctx.Err())
+	}
 	c.helloMu.Lock()
 	defer c.helloMu.Unlock()
 	if c.version != 0 {
@@ -288,9 +337,28 @@ func (c *Client) Hello(ctx context.Context) (int, error) {
 	return v, nil
 }
 
-func checkDurations(lease, wait time.Duration) error {
+// Events reports whether the sidecar sends this Client event lines (it
+// agreed to HELLO's events option): without them a Lock learns of its loss
+// only from its local deadline, an Extend refused, or the connection's end.
+func (c *Client) Events(ctx context.Context) (bool, error) {
+	if _, err := c.Hello(ctx); err != nil {
+		return false, err
+	}
+	c.helloMu.Lock()
+	defer c.helloMu.Unlock()
+	return c.events, nil
+}
+
+func checkLease(lease time.Duration) error {
 	if lease%time.Second != 0 || lease < time.Second || lease > MaxLease {
 		return fmt.Errorf("%w: lease %v: whole seconds 1..250", ErrInvalidArgument, lease)
+	}
+	return nil
+}
+
+func checkDurations(lease, wait time.Duration) error {
+	if err := checkLease(lease); err != nil {
+		return err
 	}
 	if wait%time.Millisecond != 0 || wait < 0 || wait > MaxWait {
 		return fmt.Errorf("%w: wait %v: whole milliseconds 0..300s", ErrInvalidArgument, wait)
@@ -320,9 +388,7 @@ func checkKeys(keys []string) error {
 // acquire sends the ACQUIRE of keys (checked, as lease and wait) and
 // returns the token.
 func (c *Client) acquire(ctx context.Context, keys []string, lease, wait time.Duration) (uint64, error) {
-	ms := wait.Milliseconds()
-	line := fmt.Sprintf("ACQUIRE %s %d %d.%03d", strings.Join(keys, " "), lease/time.Second, ms/1000, ms%1000)
-	r, err := c.do(ctx, line, func(reply string) {
+	r, err := c.do(ctx, acquireLine(keys, lease, wait), func(reply string) {
 		// Nobody waits for this grant any more: release it so the keys
 		// are not held until the lease ends (RELEASE of any key of a
 		// block frees all of them).
@@ -341,6 +407,12 @@ func (c *Client) acquire(ctx context.Context, keys []string, lease, wait time.Du
 		return t, nil
 	}
 	return 0, outcome("ACQUIRE", r)
+}
+
+// acquireLine is the ACQUIRE request of keys.
+func acquireLine(keys []string, lease, wait time.Duration) string {
+	ms := wait.Milliseconds()
+	return fmt.Sprintf("ACQUIRE %s %d %d.%03d", strings.Join(keys, " "), lease/time.Second, ms/1000, ms%1000)
 }
 
 // Release releases key held under token by this Client. nil only when the
@@ -440,11 +512,16 @@ func unexpected(verb, r string) error {
 
 // do sends line and waits for its reply or ctx.
 func (c *Client) do(ctx context.Context, line string, onOrphan func(string)) (string, error) {
+	return c.doHook(ctx, line, nil, onOrphan)
+}
+
+// doHook is do with the call's onReply hook.
+func (c *Client) doHook(ctx context.Context, line string, onReply, onOrphan func(string)) (string, error) {
 	if err := ctx.Err(); err != nil {
 		return "", err
 	}
-	cl, err := c.send(line, onOrphan)
-	if err != nil {
+	cl := &call{line: line, ch: make(chan string, 1), onOrphan: onOrphan, onReply: onReply}
+	if err := c.enqueue(cl); err != nil {
 		return "", err
 	}
 	select {
@@ -474,21 +551,26 @@ func (c *Client) do(ctx context.Context, line string, onOrphan func(string)) (st
 // the writes, which is the order of the replies.
 func (c *Client) send(line string, onOrphan func(string)) (*call, error) {
 	cl := &call{line: line, ch: make(chan string, 1), onOrphan: onOrphan}
+	return cl, c.enqueue(cl)
+}
+
+// enqueue writes cl's line and queues cl.
+func (c *Client) enqueue(cl *call) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrClosed, c.err)
+		return fmt.Errorf("%w: %w", ErrClosed, c.err)
 	}
 	// Queue before writing: the reply may arrive before Write returns.
 	c.pending = append(c.pending, cl)
-	if _, err := c.conn.Write([]byte(line + "\n")); err != nil {
+	if _, err := c.conn.Write([]byte(cl.line + "\n")); err != nil {
 		c.pending = c.pending[:len(c.pending)-1]
 		c.err = err
 		c.conn.Close()
-		return nil, fmt.Errorf("%w: %w", ErrClosed, err)
+		return fmt.Errorf("%w: %w", ErrClosed, err)
 	}
 	c.written++
-	return cl, nil
+	return nil
 }
 
 func (c *Client) closedErr() error {
@@ -511,6 +593,12 @@ func (c *Client) readLoop() {
 			break
 		}
 		line = strings.TrimSuffix(strings.TrimSuffix(line, "\n"), "\r")
+		if strings.HasPrefix(line, "!") {
+			// An event line (no reply starts with "!"): never a reply,
+			// whatever it says.
+			c.event(line)
+			continue
+		}
 		c.mu.Lock()
 		if len(c.pending) == 0 {
 			c.mu.Unlock()
@@ -526,6 +614,17 @@ func (c *Client) readLoop() {
 		c.pending[0] = nil
 		c.pending = c.pending[1:]
 		c.mu.Unlock()
+		if cl.hello && refusal == nil {
+			// A refused connection (ERR forbidden, too_many_connections)
+			// has its refusal taken for the reply to the HELLO.
+			var e *Error
+			if errors.As(outcome("HELLO", line), &e) && e.Code != "unknown_verb" && e.Code != "bad_request" {
+				refusal = e
+			}
+		}
+		if cl.onReply != nil {
+			cl.onReply(line)
+		}
 		cl.mu.Lock()
 		if !cl.orphaned {
 			cl.ch <- line // buffered: never blocks
@@ -545,6 +644,8 @@ func (c *Client) readLoop() {
 	c.pending = nil
 	c.mu.Unlock()
 	c.conn.Close()
+	c.helloOnce.Do(func() { close(c.helloDone) })
+	c.lostAll()
 	for _, cl := range pending {
 		close(cl.ch)
 	}

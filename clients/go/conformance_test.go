@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -80,8 +81,25 @@ func sidecarSocket(t *testing.T) string {
 	}
 }
 
-// The shared behavioural suite of every client library.
-func TestConformance(t *testing.T) {
+// scenario is one scenario of the suite.
+type scenario struct {
+	Name  string                       `json:"name"`
+	Keys  map[string]map[string]any    `json:"keys"`
+	Steps []map[string]json.RawMessage `json:"steps"`
+}
+
+// stalls reports whether the scenario stops this process (op stall).
+func (sc scenario) stalls() bool {
+	for _, st := range sc.Steps {
+		if str(st, "op") == "stall" {
+			return true
+		}
+	}
+	return false
+}
+
+// loadSuite reads the shared scenarios.
+func loadSuite(t *testing.T) []scenario {
 	data, err := os.ReadFile("../conformance/scenarios.json")
 	if errors.Is(err, os.ErrNotExist) {
 		t.Skip("no clients/conformance/scenarios.json")
@@ -90,12 +108,8 @@ func TestConformance(t *testing.T) {
 		t.Fatal(err)
 	}
 	var suite struct {
-		Format    int `json:"format"`
-		Scenarios []struct {
-			Name  string                       `json:"name"`
-			Keys  map[string]map[string]any    `json:"keys"`
-			Steps []map[string]json.RawMessage `json:"steps"`
-		} `json:"scenarios"`
+		Format    int        `json:"format"`
+		Scenarios []scenario `json:"scenarios"`
 	}
 	if err := json.Unmarshal(data, &suite); err != nil {
 		t.Fatal(err)
@@ -103,12 +117,52 @@ func TestConformance(t *testing.T) {
 	if suite.Format != 1 {
 		t.Fatalf("scenarios format %d; this runner knows 1", suite.Format)
 	}
-	sock := sidecarSocket(t)
+	return suite.Scenarios
+}
+
+// The shared behavioural suite of every client library, except the
+// scenarios that stop this process (TestConformanceStalled runs those).
+func TestConformance(t *testing.T) {
+	var scs []scenario
+	for _, sc := range loadSuite(t) {
+		if !sc.stalls() {
+			scs = append(scs, sc)
+		}
+	}
+	runSuite(t, sidecarSocket(t), scs)
+}
+
+// The scenarios of the suite that stop this process with SIGSTOP (op
+// stall), as a stalled holder would be. The sidecar and the cluster must
+// keep running meanwhile, so they are a `ticketing dev` process
+// ($TICKETING_SOCKET if set, else devSocket), never the in-process one of
+// sidecarSocket; and this test runs alone (no test of this package is
+// parallel), so nothing else with timing assumptions is stopped with it.
+func TestConformanceStalled(t *testing.T) {
+	var scs []scenario
+	for _, sc := range loadSuite(t) {
+		if sc.stalls() {
+			scs = append(scs, sc)
+		}
+	}
+	if len(scs) == 0 {
+		t.Skip("no scenario stalls")
+	}
+	sock := os.Getenv("TICKETING_SOCKET")
+	if sock == "" {
+		sock = devSocket(t)
+	}
+	runSuite(t, sock, scs)
+}
+
+// runSuite runs scenarios against the sidecar at sock, each as a subtest.
+func runSuite(t *testing.T, sock string, scs []scenario) {
 	run := time.Now().UnixNano()
-	for _, sc := range suite.Scenarios {
+	for _, sc := range scs {
 		t.Run(sc.Name, func(t *testing.T) {
 			r := &runner{t: t, sock: sock, conns: map[string]*ticketing.Client{}, tokens: map[string]uint64{},
-				bg: map[string]chan result{}, prefix: fmt.Sprintf("go/%d/%s/", run, sc.Name), pads: map[string]int{}}
+				locks: map[string]*ticketing.Lock{}, bg: map[string]chan result{},
+				prefix: fmt.Sprintf("go/%d/%s/", run, sc.Name), pads: map[string]int{}}
 			for name, opts := range sc.Keys {
 				if p, ok := opts["pad_to"].(float64); ok {
 					r.pads[name] = int(p)
@@ -129,6 +183,7 @@ type runner struct {
 	pads   map[string]int
 	conns  map[string]*ticketing.Client
 	tokens map[string]uint64 // guarded by mu: background calls read it
+	locks  map[string]*ticketing.Lock
 	bg     map[string]chan result
 	mu     sync.Mutex
 }
@@ -141,8 +196,9 @@ func (r *runner) tok(name string) uint64 {
 
 // result is what one operation came to, in the suite's vocabulary.
 type result struct {
-	kind  string // ok, busy, timeout, indeterminate, error, arg_error, pong, info, held, closed
+	kind  string // ok, busy, timeout, indeterminate, error, arg_error, lost, pong, info, held, closed
 	token uint64
+	lock  *ticketing.Lock // of lock and lock_block
 	code  string
 	raw   string
 	held  map[string]uint64
@@ -154,6 +210,15 @@ func (r *runner) closeAll() {
 	for _, c := range r.conns {
 		c.Close()
 	}
+}
+
+// lock is the lock saved under name.
+func (r *runner) lock(where, name string) *ticketing.Lock {
+	l := r.locks[name]
+	if l == nil {
+		r.t.Fatalf("%s: no lock saved as %q", where, name)
+	}
+	return l
 }
 
 func (r *runner) key(name string) string {
@@ -235,6 +300,56 @@ func (r *runner) step(i int, st map[string]json.RawMessage) {
 		case <-time.After(20 * time.Second):
 			t.Fatalf("%s: no answer within 20s", where)
 		}
+		return
+	case "stall":
+		d, _ := seconds(st, "seconds")
+		stall(t, d)
+		return
+	case "expect_alive":
+		l := r.lock(where, str(st, "lock"))
+		select {
+		case <-l.Lost():
+			t.Fatalf("%s: lost (%s)", where, l.LostReason())
+		default:
+		}
+		left := l.Remaining()
+		if min, ok := seconds(st, "remaining_min"); ok && left < min {
+			t.Fatalf("%s: remaining %v, below %v", where, left, min)
+		}
+		if max, ok := seconds(st, "remaining_max"); ok && left > max {
+			t.Fatalf("%s: remaining %v, above %v", where, left, max)
+		}
+		return
+	case "await_lost":
+		l := r.lock(where, str(st, "lock"))
+		within, ok := seconds(st, "within")
+		if !ok {
+			within = 5 * time.Second
+		}
+		reasons := strs(st, "reason")
+		start := time.Now()
+		// The signal first, then the reason: a sidecar event may replace
+		// the deadline's reason a moment later.
+		for {
+			if reason := l.LostReason(); slices.Contains(reasons, reason) {
+				select {
+				case <-l.Lost():
+				default:
+					t.Fatalf("%s: LostReason %q but Lost() is not closed", where, reason)
+				}
+				cause := context.Cause(l.Context())
+				var le *ticketing.LostError
+				if !errors.Is(cause, ticketing.ErrLockLost) || !errors.As(cause, &le) || le.Token != l.Token() {
+					t.Fatalf("%s: Context's cause %v, want a *LostError of token %d", where, cause, l.Token())
+				}
+				break
+			}
+			if time.Since(start) > within {
+				t.Fatalf("%s: not lost for %v within %v (LostReason %q)", where, reasons, within, l.LostReason())
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		r.check(where, st, result{dur: time.Since(start)})
 		return
 	case "close":
 		c := r.conn(str(st, "conn"))
@@ -337,6 +452,41 @@ func (r *runner) call(c *ticketing.Client, op string, st map[string]json.RawMess
 				r.t.Errorf("Block.Keys() = %q, want %q", got, keys)
 			}
 			return result{kind: "ok", token: b.Token()}
+		}
+	case "lock", "lock_block":
+		lease, ok1 := seconds(st, "lease")
+		wait, ok2 := seconds(st, "wait")
+		if !ok1 || !ok2 {
+			return result{kind: "arg_error"}
+		}
+		var l *ticketing.Lock
+		if op == "lock" {
+			l, err = c.Lock(ctx, key, lease, wait)
+		} else {
+			var names []string
+			json.Unmarshal(st["block"], &names)
+			keys := make([]string, len(names))
+			for i, n := range names {
+				keys[i] = r.key(n)
+			}
+			l, err = c.LockBlock(ctx, keys, lease, wait)
+		}
+		if err == nil {
+			if l.Remaining() <= 0 || l.LostReason() != "" {
+				r.t.Errorf("a new lock: Remaining %v, LostReason %q", l.Remaining(), l.LostReason())
+			}
+			return result{kind: "ok", token: l.Token(), lock: l}
+		}
+	case "extend":
+		lease, ok := seconds(st, "lease")
+		if !ok {
+			return result{kind: "arg_error"}
+		}
+		if err = r.lock("extend", str(st, "lock")).Extend(ctx, lease); err == nil {
+			return result{kind: "ok"}
+		}
+		if errors.Is(err, ticketing.ErrLockLost) {
+			return result{kind: "lost", err: err}
 		}
 	case "release":
 		tok := r.tok(str(st, "token"))
@@ -447,6 +597,9 @@ func (r *runner) check(where string, st map[string]json.RawMessage, res result) 
 		r.mu.Lock()
 		r.tokens[name] = res.token
 		r.mu.Unlock()
+		if res.lock != nil {
+			r.locks[name] = res.lock
+		}
 	}
 	if want == "info" && res.kind == "info" && !strings.Contains(res.raw, "cluster=") {
 		t.Fatalf("%s: INFO %q", where, res.raw)

@@ -64,9 +64,12 @@ type sellerProc struct {
 	stdin  io.WriteCloser
 	sold   []sale // SOLD
 	stale  []sale // STALE: rejected by the fence
-	taken  []sale // TAKEN: a seat was sold meanwhile; rolled back
-	paused []sale // PAUSE: chaos
-	exit   error
+	// aborted: ABORTED, not written because the lock's lost signal had
+	// fired (Go sellers; the Python seller leaves it to the fence).
+	aborted []sale
+	taken   []sale // TAKEN: a seat was sold meanwhile; rolled back
+	paused  []sale // PAUSE: chaos
+	exit    error
 }
 
 // takeover is the chaos step for one paused seller: once its lease has
@@ -100,6 +103,7 @@ type report struct {
 	Sales          []sale            // every committed sale reported (sellers' SOLD lines and the runner's)
 	Sizes          [maxBlock + 1]int // Sizes[k]: sales of k seats
 	Stale, Taken   int
+	Aborted        int // sales aborted by the lost signal before the write
 	SeatsSold      int
 	FreeSeats      int
 	DoubleSold     []int    // seats with more than one ledger row
@@ -153,6 +157,17 @@ func (r *report) print(w io.Writer) {
 		fmt.Fprintf(w, " (%s)", strings.Join(st, "; "))
 	}
 	fmt.Fprintf(w, "; applied of them or of rolled-back writes: %d\n", len(r.Applied))
+	var ab []string
+	for _, p := range r.Sellers {
+		for _, s := range p.aborted {
+			ab = append(ab, s.String())
+		}
+	}
+	fmt.Fprintf(w, "  aborted by the lost signal before the write: %d", r.Aborted)
+	if len(ab) > 0 {
+		fmt.Fprintf(w, " (%s)", strings.Join(ab, "; "))
+	}
+	fmt.Fprintln(w)
 	fmt.Fprintf(w, "  fence high-water:      the selling token on %d of %d seat keys\n", r.HighWaterOK, len(a.Seats))
 	fmt.Fprintf(w, "  double-sold seats: %d; blocks split: %d; SOLD lines not matching the DB: %d; ledger mismatches: %d\n",
 		len(r.DoubleSold), len(r.Split), len(r.SoldMismatch), len(r.LedgerMismatch))
@@ -365,6 +380,9 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*report, error) {
 		case "STALE":
 			ev.p.stale = append(ev.p.stale, ev.sale)
 			logf("fence: %s's write of %s was rejected", ev.p.name, ev.sale)
+		case "ABORTED":
+			ev.p.aborted = append(ev.p.aborted, ev.sale)
+			logf("lost signal: %s aborted %s before writing", ev.p.name, ev.sale)
 		case "PAUSE":
 			ev.p.paused = append(ev.p.paused, ev.sale)
 			if err := waitStopped(ev.p.cmd.Process.Pid, 5*time.Second); err != nil {
@@ -460,8 +478,9 @@ func (r *report) check() {
 		}
 		r.Sales = append(r.Sales, p.sold...)
 		r.Stale += len(p.stale)
+		r.Aborted += len(p.aborted)
 		r.Taken += len(p.taken)
-		rolledBack = append(append(rolledBack, p.stale...), p.taken...)
+		rolledBack = append(append(append(rolledBack, p.stale...), p.taken...), p.aborted...)
 	}
 	for _, t := range r.Takeovers {
 		if t.Sold != nil {
@@ -598,11 +617,19 @@ func (r *report) check() {
 			bad("%s never paused (chaos did not happen)", p.name)
 		}
 		for _, ps := range p.paused {
-			rejected := false
+			rejected, aborted := false, false
 			for _, s := range p.stale {
 				rejected = rejected || s.ID == ps.ID && s.Token == ps.Token
 			}
-			if !rejected {
+			for _, s := range p.aborted {
+				aborted = aborted || s.ID == ps.ID && s.Token == ps.Token
+			}
+			switch {
+			case p.lang == "go" && !aborted:
+				// The Go seller checks its lock's lost signal before the
+				// write: after a stall past the lease it must abort.
+				bad("%s paused holding %s past its lease, but did not abort the sale on the lost signal", p.name, ps)
+			case !rejected && !aborted:
 				bad("%s paused holding %s past its lease, but its write was not rejected as stale", p.name, ps)
 			}
 		}
@@ -667,7 +694,7 @@ func parseEvent(p *sellerProc, line string) (event, bool) {
 	switch f[0] {
 	case "SOLDOUT", "READY":
 		return ev, len(f) == 1
-	case "SOLD", "STALE", "TAKEN", "PAUSE":
+	case "SOLD", "STALE", "TAKEN", "PAUSE", "ABORTED":
 		// <verb> <token> <sale> <seat,seat,...>
 		if len(f) != 4 {
 			return ev, false

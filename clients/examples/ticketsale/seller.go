@@ -28,6 +28,7 @@ var errSeatTaken = errors.New("seat taken meanwhile")
 //
 //	SOLD <token> <sale> <seat,seat,...>    committed
 //	STALE <token> <sale> <seat,...>        rejected by the fence (lease ran out)
+//	ABORTED <token> <sale> <seat,...>      not written: the lock's lost signal came first
 //	TAKEN <token> <sale> <seat,...>        a seat was sold meanwhile: picking again
 //	PAUSE <token> <sale> <seat,...>        chaos: about to stop itself with SIGSTOP
 //	SOLDOUT                                nothing left; exiting
@@ -117,7 +118,7 @@ func (s *seller) run(socket, db string) error {
 		case err != nil:
 			return fmt.Errorf("acquire: %w", err)
 		}
-		err = s.sellOnce(ctx, blk.Token(), seats)
+		err = s.sellOnce(ctx, blk, seats)
 		// Release even after a stale write: the sidecar answers not_held or
 		// token_mismatch then, which is expected.
 		if rerr := blk.Release(ctx); rerr != nil && !errors.Is(rerr, ticketing.ErrNotHeld) &&
@@ -163,9 +164,13 @@ func retryable(err error) bool {
 	return false
 }
 
-// sellOnce is one sale attempt under the block lock with token: the fenced
-// write of seats (store.sell), and its line on stdout.
-func (s *seller) sellOnce(ctx context.Context, token uint64, seats []int) error {
+// sellOnce is one sale attempt under the block lock blk: the fenced write
+// of seats (store.sell), and its line on stdout. A lock already lost (its
+// Context cancelled: the sidecar's lost event, or its local deadline) is
+// not used for the write at all: the fence would reject it, but the
+// signal saves the attempt and says why at once.
+func (s *seller) sellOnce(ctx context.Context, blk *ticketing.Lock, seats []int) error {
+	token := blk.Token()
 	s.attempts++
 	sale := fmt.Sprintf("%s#%d", s.name, s.attempts)
 	list := joinInts(seats)
@@ -190,6 +195,15 @@ func (s *seller) sellOnce(ctx context.Context, token uint64, seats []int) error 
 			}
 		}
 	}
+	// Remaining fires the lost signal itself when the deadline passed but
+	// the lock's timer has not run yet (just after a SIGCONT).
+	if blk.Remaining() == 0 || blk.Context().Err() != nil {
+		fmt.Printf("ABORTED %d %s %s\n", token, sale, list)
+		return nil
+	}
+	// The fence stays the guarantee: the lock may be lost between this
+	// check and the write (a stall right here), and then the write is
+	// rejected as stale.
 	err := s.db.sell(ctx, s.domain, s.event, sale, s.name, seats, token)
 	switch {
 	case errors.Is(err, fence.ErrStale):

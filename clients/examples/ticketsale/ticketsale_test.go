@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -59,7 +60,7 @@ func chaosRun(t *testing.T, db string, python int, pythonBin string) {
 		t.Fatalf("the audit failed:\n%s", out.String())
 	}
 	for _, line := range []string{"blocks split: 0;", "double-sold seats: 0;", "SOLD lines not matching the DB: 0;",
-		"inventory adds up:     yes", "audit:                 passed",
+		"inventory adds up:     yes", "audit:                 passed", "aborted by the lost signal before the write: ",
 		fmt.Sprintf("the selling token on %d of %d seat keys", cfg.Seats, cfg.Seats)} {
 		if !strings.Contains(out.String(), line) {
 			t.Errorf("the report lacks %q", line)
@@ -72,13 +73,21 @@ func chaosRun(t *testing.T, db string, python int, pythonBin string) {
 	for _, p := range rep.Sellers {
 		if p.victim {
 			victims++
-			if len(p.paused) != 1 || len(p.stale) == 0 {
-				t.Errorf("%s: paused %v, stale %v", p.name, p.paused, p.stale)
+			if len(p.paused) != 1 || len(p.stale)+len(p.aborted) == 0 {
+				t.Errorf("%s: paused %v, stale %v, aborted %v", p.name, p.paused, p.stale, p.aborted)
+			}
+			// The Go seller aborts on its lock's lost signal, before the
+			// fence would have to reject the write.
+			if p.lang == "go" && (len(p.paused) != 1 || !slices.ContainsFunc(p.aborted, func(s sale) bool { return s.ID == p.paused[0].ID }) ||
+				slices.ContainsFunc(p.stale, func(s sale) bool { return s.ID == p.paused[0].ID })) {
+				t.Errorf("%s: paused %v, aborted %v, stale %v; want the paused sale aborted by the lost signal, not left to the fence",
+					p.name, p.paused, p.aborted, p.stale)
 			}
 		}
 	}
-	if want := 1 + min(python, 1); victims != want || rep.Stale < victims || len(rep.Takeovers) != victims {
-		t.Fatalf("%d chaos victims (want %d), %d stale writes rejected, %d takeovers", victims, want, rep.Stale, len(rep.Takeovers))
+	if want := 1 + min(python, 1); victims != want || rep.Stale+rep.Aborted < victims || rep.Aborted < 1 || len(rep.Takeovers) != victims {
+		t.Fatalf("%d chaos victims (want %d), %d stale writes rejected, %d sales aborted by the lost signal, %d takeovers",
+			victims, want, rep.Stale, rep.Aborted, len(rep.Takeovers))
 	}
 	if rep.SeatsSold != cfg.Seats || len(rep.Sales) == 0 {
 		t.Fatalf("sold %d of %d seats in %d sales", rep.SeatsSold, cfg.Seats, len(rep.Sales))

@@ -29,15 +29,26 @@ const (
 	ExitTimeout       = 76 // the wait ran out: not acquired
 	ExitIndeterminate = 77 // outcome unknown: not acquired as far as the caller may assume
 	ExitLockError     = 78 // any other failure: bad arguments, sidecar unreachable, ERR reply, command not startable
-	ExitUnconfirmed   = 79 // the command ran, but the release was not confirmed (or the lock was lost meanwhile)
+	ExitUnconfirmed   = 79 // the command ran, but the release was not confirmed (acquire --hold: the connection was lost)
+	// ExitLost: lock only. The lock was lost while the command ran (the
+	// sidecar's lost event, the local deadline — lease − margin, counted
+	// from the ACQUIRE or the last EXTEND —, an extend refused, or the
+	// connection to the sidecar lost): the command was sent SIGTERM, and
+	// SIGKILL after --kill-grace.
+	ExitLost = 80
 )
+
+// defaultKillGrace is how long lock waits after SIGTERM before SIGKILL
+// when the lock is lost (--kill-grace).
+const defaultKillGrace = 5 * time.Second
 
 const exitCodesHelp = `
 exit codes: the command's own code when the lock was taken and released;
   75 busy (--wait 0 and the key is held), 76 timeout, 77 indeterminate
   (do not assume the lock was taken), 78 error (arguments, sidecar
   unreachable, ERR reply, command could not start), 79 the command ran but
-  its release was not confirmed or the lock was lost while it ran.
+  its release was not confirmed, 80 (lock) the lock was lost while the
+  command ran, which was sent SIGTERM, then SIGKILL after --kill-grace.
 `
 
 // clientFlags are the flags shared by the client commands.
@@ -111,18 +122,28 @@ func dial(ctx context.Context, name, socket string, stderr io.Writer) *ticketing
 
 // runLock is flock(1) for Ticketing: acquire, run the command, release.
 // With several keys it takes them as one seat block (all or none, one
-// token) and the keys end at the "--".
+// token) and the keys end at the "--". When the lock is lost while the
+// command runs, the command is stopped (SIGTERM, then SIGKILL) and lock
+// exits ExitLost; --extend-every keeps renewing the lease meanwhile.
 func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var cf clientFlags
-	fs := newClientFlags("lock", "[--socket PATH] [--lease S] [--wait S] KEY [KEY...] -- COMMAND [ARG...]",
+	var every, grace time.Duration
+	fs := newClientFlags("lock", "[--socket PATH] [--lease S] [--wait S] [--extend-every D] [--kill-grace D] KEY [KEY...] -- COMMAND [ARG...]",
 		"Takes the lock KEY through the sidecar, runs COMMAND with TICKETING_KEY,\n"+
 			"TICKETING_KEYS and TICKETING_TOKEN in its environment, and releases the lock\n"+
 			"when COMMAND exits (like flock(1)). Signals are passed on to COMMAND.\n\n"+
 			"With several KEYs (at most 16, distinct; the -- after them is required) it\n"+
 			"takes them as one seat block: all at once or none, under one token, released\n"+
 			"together. TICKETING_KEY is the first KEY, TICKETING_KEYS all of them separated\n"+
-			"by spaces.", stdout, stderr)
+			"by spaces.\n\n"+
+			"If the lock is lost while COMMAND runs (its lease ran out: the sidecar's lost\n"+
+			"event or the local deadline, lease minus 250 ms + 1 %; an extend refused; the\n"+
+			"sidecar connection lost), COMMAND gets SIGTERM, then SIGKILL after --kill-grace,\n"+
+			"and lock exits 80. --extend-every renews the lease while COMMAND runs, so it may\n"+
+			"run longer than one lease; without it COMMAND has one lease.", stdout, stderr)
 	cf.register(fs.FlagSet, true)
+	fs.DurationVar(&every, "extend-every", 0, "renew the lease (by --lease) this often while COMMAND runs, e.g. 10s; less than the lease minus its margin (0 = never)")
+	fs.DurationVar(&grace, "kill-grace", defaultKillGrace, "when the lock is lost: how long COMMAND has between SIGTERM and SIGKILL")
 	if code, ok := fs.parse(args); !ok {
 		return code
 	}
@@ -143,7 +164,15 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if why := cf.check(); why != "" {
 		return fs.bad("%s", why)
 	}
-	key, what := keys[0], keys[0]
+	lease, wait := cf.durations()
+	if valid := lease - ticketing.Margin(lease); every < 0 || every >= valid {
+		return fs.bad("--extend-every %v: want 0 (off) or a duration below the lease less its margin (%v for --lease %d)",
+			every, valid, cf.lease)
+	}
+	if grace < 0 {
+		return fs.bad("--kill-grace %v: want a duration of 0 or more", grace)
+	}
+	what := keys[0]
 	if len(keys) > 1 {
 		what = "block " + strings.Join(keys, " ")
 	}
@@ -152,15 +181,32 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return ExitLockError
 	}
 	defer c.Close()
-	lease, wait := cf.durations()
-	tok, err := acquireKeys(ctx, c, keys, lease, wait)
+	lk, err := lockKeys(ctx, c, keys, lease, wait)
 	if err != nil {
 		fmt.Fprintf(stderr, "ticketing lock: %s: %v\n", strings.Join(keys, " "), err)
 		return acquireExit(err)
 	}
+	tok := lk.Token()
+	// The lock's deadline counts from the ACQUIRE's send, so a grant that
+	// waited has less than a lease left: renew it once, so COMMAND has a
+	// whole lease from its start (or, with --extend-every, until the first
+	// renewal). A failure here is no loss: the deadline stays.
+	if lk.Remaining() < lease-ticketing.Margin(lease)-time.Second {
+		if err := extendOnce(lk, lease); err != nil && !errors.Is(err, ticketing.ErrLockLost) {
+			fmt.Fprintf(stderr, "ticketing lock: extend of %s (token %d) after the wait: %v; the lock is valid for %v\n",
+				what, tok, err, lk.Remaining().Round(time.Millisecond))
+		}
+	}
+	select {
+	case <-lk.Lost():
+		fmt.Fprintf(stderr, "ticketing lock: lock %s (token %d) lost before COMMAND started (%s)\n", what, tok, lk.LostReason())
+		releaseOrReport(lk, what, stderr)
+		return ExitLost
+	default:
+	}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
-	cmd.Env = append(os.Environ(), "TICKETING_KEY="+key, "TICKETING_KEYS="+strings.Join(keys, " "),
+	cmd.Env = append(os.Environ(), "TICKETING_KEY="+keys[0], "TICKETING_KEYS="+strings.Join(keys, " "),
 		"TICKETING_TOKEN="+strconv.FormatUint(tok, 10))
 	// Signals to us are passed on to the command, which decides when to
 	// stop; we release only after it has exited.
@@ -169,7 +215,7 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	defer signal.Stop(sigs)
 	if err := cmd.Start(); err != nil {
 		fmt.Fprintln(stderr, "ticketing lock:", err)
-		releaseOrReport(c, key, what, tok, stderr)
+		releaseOrReport(lk, what, stderr)
 		return ExitLockError
 	}
 	exited := make(chan struct{})
@@ -177,29 +223,76 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		cmd.Wait()
 		close(exited)
 	}()
-	lost := false
+	var tick <-chan time.Time
+	if every > 0 {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		tick = t.C
+	}
+	// One EXTEND at a time (the sidecar refuses a second one with
+	// extend_in_progress); a tick while one runs is skipped.
+	extended := make(chan error, 1)
+	extending := false
+	lost := lk.Lost()
+	var kill <-chan time.Time
+	wasLost := false
 	for running := true; running; {
 		select {
 		case <-exited:
 			running = false
 		case s := <-sigs:
 			cmd.Process.Signal(s)
-		case <-c.Done():
-			if !lost {
-				lost = true
-				fmt.Fprintf(stderr, "ticketing lock: connection to the sidecar lost: lock %s (token %d) released while the command runs\n", what, tok)
+		case <-tick:
+			if !extending {
+				extending = true
+				go func() { extended <- extendOnce(lk, lease) }()
 			}
+		case err := <-extended:
+			extending = false
+			if err != nil && !errors.Is(err, ticketing.ErrLockLost) {
+				// Not a loss by itself (indeterminate, unavailable, ...):
+				// the next tick tries again before the deadline.
+				fmt.Fprintf(stderr, "ticketing lock: extend of %s (token %d): %v; valid for %v more unless a later extend succeeds\n",
+					what, tok, err, lk.Remaining().Round(time.Millisecond))
+			}
+		case <-lost:
+			lost, tick, wasLost = nil, nil, true
+			fmt.Fprintf(stderr, "ticketing lock: lock %s (token %d) lost (%s) while the command runs: sending it SIGTERM, SIGKILL in %v\n",
+				what, tok, lk.LostReason(), grace)
+			cmd.Process.Signal(syscall.SIGTERM)
+			kill = time.After(grace)
+		case <-kill:
+			kill = nil
+			fmt.Fprintf(stderr, "ticketing lock: the command is still running %v after SIGTERM: SIGKILL\n", grace)
+			cmd.Process.Kill()
 		}
 	}
 	code := cmd.ProcessState.ExitCode()
 	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 		code = 128 + int(ws.Signal()) // as shells report it
 	}
-	if lost || !releaseOrReport(c, key, what, tok, stderr) {
+	if wasLost {
+		// A lock lost only to the local deadline may still be held:
+		// releasing frees it sooner. Its failure is expected, not news.
+		rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		lk.Release(rctx)
+		cancel()
+		fmt.Fprintf(stderr, "ticketing lock: the command exited with %d after the lock was lost\n", code)
+		return ExitLost
+	}
+	if !releaseOrReport(lk, what, stderr) {
 		fmt.Fprintf(stderr, "ticketing lock: the command exited with %d\n", code)
 		return ExitUnconfirmed
 	}
 	return code
+}
+
+// extendOnce renews lk's lease, with its own deadline (the sidecar answers
+// an EXTEND within 5 s).
+func extendOnce(lk *ticketing.Lock, lease time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return lk.Extend(ctx, lease)
 }
 
 // lockArgs splits lock's arguments into its keys and the command. "K --
@@ -230,15 +323,14 @@ func repeated(keys []string) string {
 	return ""
 }
 
-// releaseOrReport releases key (for a block: its first key, which releases
-// all of them) with its own deadline (the caller's context may be
-// cancelled by the signal that stopped the command) and reports failure,
-// naming the lock as what.
-func releaseOrReport(c *ticketing.Client, key, what string, tok uint64, stderr io.Writer) bool {
+// releaseOrReport releases lk (a block: all of its keys) with its own
+// deadline (the caller's context may be cancelled by the signal that
+// stopped the command) and reports failure, naming the lock as what.
+func releaseOrReport(lk *ticketing.Lock, what string, stderr io.Writer) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := c.Release(ctx, key, tok); err != nil {
-		fmt.Fprintf(stderr, "ticketing lock: release of %s (token %d) not confirmed: %v; the lease ends it at the latest\n", what, tok, err)
+	if err := lk.Release(ctx); err != nil {
+		fmt.Fprintf(stderr, "ticketing lock: release of %s (token %d) not confirmed: %v; the lease ends it at the latest\n", what, lk.Token(), err)
 		return false
 	}
 	return true
@@ -274,19 +366,19 @@ func runAcquire(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if why := cf.check(); why != "" {
 		return fs.bad("%s", why)
 	}
-	key, what := keys[0], strings.Join(keys, " ")
+	what := strings.Join(keys, " ")
 	c := dial(ctx, "acquire", cf.socket, stderr)
 	if c == nil {
 		return ExitLockError
 	}
 	defer c.Close()
 	lease, wait := cf.durations()
-	tok, err := acquireKeys(ctx, c, keys, lease, wait)
+	lk, err := lockKeys(ctx, c, keys, lease, wait)
 	if err != nil {
 		fmt.Fprintf(stderr, "ticketing acquire: %s: %v\n", what, err)
 		return acquireExit(err)
 	}
-	fmt.Fprintln(stdout, tok)
+	fmt.Fprintln(stdout, lk.Token())
 	if f, ok := stdout.(*os.File); ok {
 		f.Sync() // a script reading our stdout sees the token now
 	}
@@ -298,7 +390,7 @@ func runAcquire(ctx context.Context, args []string, stdout, stderr io.Writer) in
 			return ExitUnconfirmed
 		}
 	}
-	if !releaseOrReport(c, key, what, tok, stderr) {
+	if !releaseOrReport(lk, what, stderr) {
 		return ExitUnconfirmed
 	}
 	return ExitOK
@@ -384,15 +476,10 @@ func oneShot(ctx context.Context, name, about string, args []string, stdout, std
 	return ExitOK
 }
 
-// acquireKeys takes one key, or several as one seat block, and returns the
-// token.
-func acquireKeys(ctx context.Context, c *ticketing.Client, keys []string, lease, wait time.Duration) (uint64, error) {
+// lockKeys takes one key, or several as one seat block, as a Lock.
+func lockKeys(ctx context.Context, c *ticketing.Client, keys []string, lease, wait time.Duration) (*ticketing.Lock, error) {
 	if len(keys) == 1 {
-		return c.Acquire(ctx, keys[0], lease, wait)
+		return c.Lock(ctx, keys[0], lease, wait)
 	}
-	b, err := c.AcquireBlock(ctx, keys, lease, wait)
-	if err != nil {
-		return 0, err
-	}
-	return b.Token(), nil
+	return c.LockBlock(ctx, keys, lease, wait)
 }

@@ -1,9 +1,22 @@
 package cli
 
 import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
+	"time"
+
+	ticketing "ticketing/clients/go"
 )
 
 // lock's arguments: one key with or without the --, as always; several
@@ -42,6 +55,157 @@ func TestLockBlockArguments(t *testing.T) {
 		{append(append([]string{"lock"}, many...), "--", "true"), "ticketing lock: 17 KEYs: a block has at most 16"},
 		{[]string{"acquire", "k1", "k2", "k1"}, `ticketing acquire: KEY "k1" named twice`},
 		{append([]string{"acquire"}, many...), "ticketing acquire: want one KEY (or up to 16, a block), got 17 arguments"},
+	} {
+		code, out, errs := runMain(tc.args...)
+		if code != ExitLockError || out != "" || !strings.HasPrefix(errs, tc.why) || !strings.Contains(errs, "\nusage: ") {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want 78 and %q, then the usage", tc.args, code, out, errs, tc.why)
+		}
+	}
+}
+
+// devSidecar runs `ticketing dev` (3 real nodes and a real sidecar, in
+// this process) on free ports for the test and returns its socket.
+func devSidecar(t *testing.T) string {
+	t.Helper()
+	sdir, err := os.MkdirTemp("", "tkl") // short: a socket path has at most 107 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(sdir) })
+	sock := filepath.Join(sdir, "s")
+	ctx, cancel := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	var errb lockedBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- runDev(ctx, []string{"--base-port", "0", "--dir", filepath.Join(t.TempDir(), "d"), "--socket", sock}, pw, &errb)
+		pw.Close()
+	}()
+	ready := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(pr)
+		for said := false; sc.Scan(); {
+			if strings.Contains(sc.Text(), "ready") && !said {
+				said = true
+				close(ready)
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	select {
+	case <-ready:
+	case code := <-done:
+		t.Fatalf("ticketing dev exited %d before ready:\n%s", code, errb.String())
+	case <-time.After(60 * time.Second):
+		t.Fatalf("ticketing dev not ready within 60s:\n%s", errb.String())
+	}
+	return sock
+}
+
+// lockedBuffer is a bytes.Buffer that one goroutine may write while
+// another reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// runLockT runs `ticketing lock` in process (its COMMAND a real child
+// process) and returns its exit code, stdout and stderr.
+func runLockT(args ...string) (int, string, string) {
+	var out, errb lockedBuffer
+	code := runLock(context.Background(), args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+// --extend-every keeps the lock past its lease while the command runs: the
+// key stays busy for others after the first lease, and the release at the
+// end is confirmed (the command's own code passed on).
+func TestLockExtendEvery(t *testing.T) {
+	sock := devSidecar(t)
+	key := fmt.Sprintf("lockext/%d", time.Now().UnixNano())
+	res := make(chan [3]any, 1)
+	go func() {
+		code, out, errs := runLockT("--socket", sock, "--lease", "2", "--wait", "0", "--extend-every", "500ms",
+			key, "--", "sh", "-c", "sleep 3.5; echo done; exit 7")
+		res <- [3]any{code, out, errs}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := ticketing.Dial(ctx, sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Past the first lease (2 s from the grant): still held.
+	time.Sleep(2800 * time.Millisecond)
+	if _, err := c.Acquire(ctx, key, 10*time.Second, 0); !errors.Is(err, ticketing.ErrBusy) {
+		t.Fatalf("%s after its first lease: %v, want ErrBusy (extended)", key, err)
+	}
+	var r [3]any
+	select {
+	case r = <-res:
+	case <-time.After(30 * time.Second):
+		t.Fatal("lock did not return")
+	}
+	if code, out, errs := r[0].(int), r[1].(string), r[2].(string); code != 7 || out != "done\n" {
+		t.Fatalf("exit %d (want 7, the command's), stdout %q, stderr %q", code, out, errs)
+	}
+}
+
+// Without --extend-every a command outliving its lease loses the lock: it
+// gets SIGTERM, and lock exits ExitLost.
+func TestLockLostSignalsCommand(t *testing.T) {
+	sock := devSidecar(t)
+	key := fmt.Sprintf("locklost/%d", time.Now().UnixNano())
+	code, out, errs := runLockT("--socket", sock, "--lease", "1", "--wait", "0", key, "--", "sh", "-c",
+		`sleep 60 & p=$!; trap 'kill $p; echo got TERM; exit 3' TERM; echo started; wait`)
+	if code != ExitLost || out != "started\ngot TERM\n" || !strings.Contains(errs, "lost (") || !strings.Contains(errs, "SIGTERM") {
+		t.Fatalf("exit %d (want %d), stdout %q, stderr %q", code, ExitLost, out, errs)
+	}
+	if strings.Contains(errs, "SIGKILL\n") {
+		t.Fatalf("SIGKILL for a command that stopped on SIGTERM: %q", errs)
+	}
+}
+
+// A command that ignores SIGTERM is killed after --kill-grace.
+func TestLockLostKillsStubbornCommand(t *testing.T) {
+	sock := devSidecar(t)
+	key := fmt.Sprintf("lockkill/%d", time.Now().UnixNano())
+	code, out, errs := runLockT("--socket", sock, "--lease", "1", "--wait", "0", "--kill-grace", "300ms", key, "--", "sh", "-c",
+		`trap '' TERM; echo started; while :; do sleep 0.1; done`)
+	if code != ExitLost || out != "started\n" || !strings.Contains(errs, "after SIGTERM: SIGKILL") ||
+		!strings.Contains(errs, fmt.Sprintf("exited with %d", 128+int(syscall.SIGKILL))) {
+		t.Fatalf("exit %d (want %d), stdout %q, stderr %q", code, ExitLost, out, errs)
+	}
+}
+
+// --extend-every must leave room before the lease's local deadline;
+// --kill-grace is not negative.
+func TestLockExtendArguments(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		why  string
+	}{
+		{[]string{"lock", "--lease", "2", "--extend-every", "2s", "k", "--", "true"}, "ticketing lock: --extend-every 2s: want 0 (off) or a duration below the lease less its margin (1.73s for --lease 2)"},
+		{[]string{"lock", "--lease", "2", "--extend-every", "1.8s", "k", "--", "true"}, "ticketing lock: --extend-every 1.8s:"},
+		{[]string{"lock", "--extend-every", "-1s", "k", "--", "true"}, "ticketing lock: --extend-every -1s:"},
+		{[]string{"lock", "--kill-grace", "-1s", "k", "--", "true"}, "ticketing lock: --kill-grace -1s:"},
+		{[]string{"lock", "--extend-every", "10", "k", "--", "true"}, "ticketing lock: invalid value"},
 	} {
 		code, out, errs := runMain(tc.args...)
 		if code != ExitLockError || out != "" || !strings.HasPrefix(errs, tc.why) || !strings.Contains(errs, "\nusage: ") {

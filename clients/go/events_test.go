@@ -1,0 +1,447 @@
+package ticketing
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeEnd is the sidecar's end of a net.Pipe: the test reads the Client's
+// request lines from reqs and writes whatever lines it likes.
+type fakeEnd struct {
+	t    *testing.T
+	conn net.Conn
+	reqs chan string
+}
+
+// pipeClient is a Client over a net.Pipe whose other end the test plays.
+// hello is the answer to Dial's HELLO ("" = leave it to the test).
+func pipeClient(t *testing.T, hello string) (*Client, *fakeEnd) {
+	t.Helper()
+	cc, sc := net.Pipe()
+	f := &fakeEnd{t: t, conn: sc, reqs: make(chan string, 64)}
+	go func() {
+		defer close(f.reqs)
+		br := bufio.NewReader(sc)
+		for {
+			line, err := br.ReadString('\n')
+			if err != nil {
+				return
+			}
+			f.reqs <- strings.TrimSuffix(line, "\n")
+		}
+	}()
+	c, err := newClient(cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(); sc.Close() })
+	if got := f.req(); got != "HELLO 3 events" {
+		t.Fatalf("first line %q, want HELLO 3 events", got)
+	}
+	if hello != "" {
+		f.write(hello)
+	}
+	return c, f
+}
+
+// req is the next request line.
+func (f *fakeEnd) req() string {
+	f.t.Helper()
+	select {
+	case r, ok := <-f.reqs:
+		if !ok {
+			f.t.Fatal("the client closed the connection")
+		}
+		return r
+	case <-time.After(10 * time.Second):
+		f.t.Fatal("no request within 10s")
+		return ""
+	}
+}
+
+// noReq fails if a request line was written.
+func (f *fakeEnd) noReq() {
+	f.t.Helper()
+	select {
+	case r := <-f.reqs:
+		f.t.Fatalf("unexpected request %q", r)
+	case <-time.After(20 * time.Millisecond):
+	}
+}
+
+func (f *fakeEnd) write(lines ...string) {
+	f.t.Helper()
+	if _, err := f.conn.Write([]byte(strings.Join(lines, "\n") + "\n")); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// async runs fn in a goroutine; its result is on the channel.
+func async[T any](fn func() T) <-chan T {
+	ch := make(chan T, 1)
+	go func() { ch <- fn() }()
+	return ch
+}
+
+func recv[T any](t *testing.T, ch <-chan T) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(10 * time.Second):
+		t.Fatal("no result within 10s")
+		var zero T
+		return zero
+	}
+}
+
+type lockRes struct {
+	l   *Lock
+	err error
+}
+
+// takeLock has the Client Lock key, answered with grant (e.g. "OK 5")
+// preceded by the lines before.
+func takeLock(t *testing.T, c *Client, f *fakeEnd, key string, lease time.Duration, before []string, grant string) *Lock {
+	t.Helper()
+	ch := async(func() lockRes {
+		l, err := c.Lock(context.Background(), key, lease, 0)
+		return lockRes{l, err}
+	})
+	if r := f.req(); r != "ACQUIRE "+key+fmt.Sprintf(" %d 0.000", lease/time.Second) {
+		t.Fatalf("request %q", r)
+	}
+	f.write(append(before, grant)...)
+	res := recv(t, ch)
+	if res.err != nil {
+		t.Fatalf("Lock: %v", res.err)
+	}
+	return res.l
+}
+
+func isLost(l *Lock) bool {
+	select {
+	case <-l.Lost():
+		return true
+	default:
+		return false
+	}
+}
+
+func waitLost(t *testing.T, l *Lock, reason string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for l.LostReason() != reason {
+		if time.Now().After(deadline) {
+			t.Fatalf("LostReason %q, want %q", l.LostReason(), reason)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if !isLost(l) {
+		t.Fatalf("LostReason %q but Lost() is open", reason)
+	}
+}
+
+// Event lines before, between and after replies are never replies: each
+// call gets its own reply, the LOST of the lock's token fires it with the
+// sidecar's reason, and unknown events and tokens are ignored.
+func TestEventsBetweenReplies(t *testing.T) {
+	c, f := pipeClient(t, "! LOST 99 expired nobody\nHELLO 3 events")
+	if ev, err := c.Events(context.Background()); err != nil || !ev {
+		t.Fatalf("Events: %v, %v", ev, err)
+	}
+	l := takeLock(t, c, f, "k", 30*time.Second, []string{"! LOST 5 expired k", "! HELLO 3 events"}, "OK 5")
+	if l.Token() != 5 || l.Key() != "k" || isLost(l) {
+		t.Fatalf("lock %d %q lost=%v: an event before the grant fired it", l.Token(), l.Key(), isLost(l))
+	}
+	ping := async(func() error { return c.Ping(context.Background()) })
+	held := async(func() error { _, err := c.Held(context.Background()); return err })
+	f.req()
+	f.req()
+	f.write("! FUTURE 5 something", "! LOST 6 expired other", "! LOST 5 expired k", "PONG", "! LOST 5 moved k", "HELD 0")
+	if err := recv(t, ping); err != nil {
+		t.Fatalf("Ping: %v", err)
+	}
+	if err := recv(t, held); err != nil {
+		t.Fatalf("Held: %v", err)
+	}
+	waitLost(t, l, LostExpired)
+	cause := context.Cause(l.Context())
+	var le *LostError
+	if !errors.Is(cause, ErrLockLost) || !errors.As(cause, &le) || le.Reason != LostExpired || le.Token != 5 || le.Keys[0] != "k" {
+		t.Fatalf("cause %v", cause)
+	}
+	if l.Remaining() != 0 {
+		t.Fatalf("Remaining %v after the loss", l.Remaining())
+	}
+	// An unknown reason is a loss all the same.
+	l2 := takeLock(t, c, f, "k2", 30*time.Second, nil, "OK 8")
+	f.write("! LOST 8 eaten-by-grue k2")
+	waitLost(t, l2, "eaten-by-grue")
+}
+
+// Malformed event lines are ignored and do not shift the replies.
+func TestMalformedEventLines(t *testing.T) {
+	c, f := pipeClient(t, "HELLO 3 events")
+	l := takeLock(t, c, f, "k", 30*time.Second, nil, "OK 5")
+	bad := []string{"!", "! ", "!LOST 5 expired k", "! LOST", "! LOST 5", "! LOST 5 expired", "! LOST abc expired k",
+		"! LOST 0 expired k", "! LOST -5 expired k", "! LOST 5  k", "! LOST 5 expired  k", "! LOST 5 expired k ",
+		"!  LOST 5 expired k", "! lost 5 expired k", "! LOST 18446744073709551621 expired k", "! LOST 5 expired k\x7f"}
+	for _, ev := range bad {
+		ping := async(func() error { return c.Ping(context.Background()) })
+		f.req()
+		f.write(ev, "PONG")
+		if err := recv(t, ping); err != nil {
+			t.Fatalf("Ping after %q: %v", ev, err)
+		}
+		if isLost(l) {
+			t.Fatalf("%q fired the lock", ev)
+		}
+	}
+	f.write("! LOST 5 compensated k\r") // a CR before the LF is tolerated
+	waitLost(t, l, LostCompensated)
+}
+
+// An event for a released lock is ignored: the signal of a released lock
+// never fires, not even at its deadline or when the connection ends.
+func TestEventForReleasedLock(t *testing.T) {
+	c, f := pipeClient(t, "HELLO 3 events")
+	l := takeLock(t, c, f, "k", 1*time.Second, nil, "OK 5")
+	rel := async(func() error { return l.Release(context.Background()) })
+	if r := f.req(); r != "RELEASE k 5" {
+		t.Fatalf("request %q", r)
+	}
+	f.write("OK")
+	if err := recv(t, rel); err != nil {
+		t.Fatal(err)
+	}
+	f.write("! LOST 5 expired k")
+	time.Sleep(time.Second) // past the 740 ms deadline of a 1 s lease
+	c.Close()
+	if isLost(l) || l.LostReason() != "" || l.Remaining() != 0 {
+		t.Fatalf("released lock: lost=%v reason %q remaining %v", isLost(l), l.LostReason(), l.Remaining())
+	}
+	if err := l.Extend(context.Background(), 10*time.Second); !errors.Is(err, ErrNotHeld) {
+		t.Fatalf("Extend of a released lock: %v, want ErrNotHeld", err)
+	}
+}
+
+// The local deadline fires first (send + lease − margin); the sidecar's
+// event then replaces the reason, the cause keeps the first. Extend then
+// refuses without sending; Release still sends.
+func TestDeadlineThenEvent(t *testing.T) {
+	c, f := pipeClient(t, "HELLO 3 events")
+	l := takeLock(t, c, f, "k", time.Second, nil, "OK 5")
+	waitLost(t, l, LostDeadline)
+	f.write("! LOST 5 expired k")
+	waitLost(t, l, LostExpired)
+	var le *LostError
+	if !errors.As(context.Cause(l.Context()), &le) || le.Reason != LostDeadline {
+		t.Fatalf("cause %v, want the first reason", context.Cause(l.Context()))
+	}
+	before := Written(c)
+	if err := l.Extend(context.Background(), 10*time.Second); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("Extend of a lost lock: %v", err)
+	}
+	if Written(c) != before {
+		t.Fatal("Extend of a lost lock sent something")
+	}
+	rel := async(func() error { return l.Release(context.Background()) })
+	if r := f.req(); r != "RELEASE k 5" {
+		t.Fatalf("request %q", r)
+	}
+	f.write("ERR not_held gone")
+	if err := recv(t, rel); !errors.Is(err, ErrNotHeld) {
+		t.Fatalf("Release: %v", err)
+	}
+}
+
+// fakeClock is a settable clock for Remaining and the deadline.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (k *fakeClock) now() time.Time { k.mu.Lock(); defer k.mu.Unlock(); return k.t }
+func (k *fakeClock) add(d time.Duration) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.t = k.t.Add(d)
+}
+
+// Extend's outcomes: the deadline moves to the EXTEND's send time + lease −
+// margin on OK, stays on INDETERMINATE and other errors, and a definite
+// not_held fires the signal (moved). Argument errors send nothing.
+func TestLockExtend(t *testing.T) {
+	c, f := pipeClient(t, "HELLO 3 events")
+	clk := &fakeClock{t: time.Unix(1000, 0)}
+	c.now = clk.now
+	l := takeLock(t, c, f, "k", 30*time.Second, nil, "OK 5")
+	if got, want := l.Remaining(), 30*time.Second-550*time.Millisecond; got != want {
+		t.Fatalf("Remaining %v, want %v", got, want)
+	}
+	clk.add(10 * time.Second)
+	extend := func(lease time.Duration, reply string) error {
+		t.Helper()
+		ch := async(func() error { return l.Extend(context.Background(), lease) })
+		if r, want := f.req(), fmt.Sprintf("EXTEND k 5 %d", lease/time.Second); r != want {
+			t.Fatalf("request %q, want %q", r, want)
+		}
+		clk.add(time.Second) // the reply comes later: the send time counts
+		f.write(reply)
+		return recv(t, ch)
+	}
+	if err := extend(20*time.Second, "OK"); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := l.Remaining(), 20*time.Second-450*time.Millisecond-time.Second; got != want {
+		t.Fatalf("Remaining after Extend %v, want %v", got, want)
+	}
+	if err := extend(250*time.Second, "INDETERMINATE"); !errors.Is(err, ErrIndeterminate) {
+		t.Fatalf("Extend: %v", err)
+	}
+	if err := extend(250*time.Second, "ERR unavailable no leader"); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Extend: %v", err)
+	}
+	if got, want := l.Remaining(), 20*time.Second-450*time.Millisecond-3*time.Second; got != want || isLost(l) {
+		t.Fatalf("Remaining %v (want %v), lost %v: a failed Extend moved the deadline", got, want, isLost(l))
+	}
+	for _, lease := range []time.Duration{0, -time.Second, 251 * time.Second, 1500 * time.Millisecond} {
+		if err := l.Extend(context.Background(), lease); !errors.Is(err, ErrInvalidArgument) {
+			t.Fatalf("Extend(%v): %v", lease, err)
+		}
+	}
+	f.noReq()
+	if err := extend(10*time.Second, "ERR not_held gone"); !errors.Is(err, ErrNotHeld) {
+		t.Fatalf("Extend: %v", err)
+	}
+	waitLost(t, l, LostMoved)
+}
+
+// The connection's end fires every lock with "disconnected".
+func TestLockDisconnected(t *testing.T) {
+	c, f := pipeClient(t, "HELLO 3 events")
+	l := takeLock(t, c, f, "k", 30*time.Second, nil, "OK 5")
+	blk := async(func() lockRes {
+		l, err := c.LockBlock(context.Background(), []string{"a", "b"}, 30*time.Second, 0)
+		return lockRes{l, err}
+	})
+	if r := f.req(); r != "ACQUIRE a b 30 0.000" {
+		t.Fatalf("request %q", r)
+	}
+	f.write("OK 6")
+	b := recv(t, blk)
+	if b.err != nil || b.l.Token() != 6 || strings.Join(b.l.Keys(), " ") != "a b" {
+		t.Fatalf("LockBlock: %v %v", b.l, b.err)
+	}
+	f.conn.Close()
+	waitLost(t, l, LostDisconnected)
+	waitLost(t, b.l, LostDisconnected)
+}
+
+// A version-2 sidecar refuses HELLO's events option: Hello asks again
+// without it, and the Client works without events.
+func TestHelloVersion2Sidecar(t *testing.T) {
+	c, f := pipeClient(t, "ERR bad_request unknown HELLO option")
+	ch := async(func() error { _, err := c.Events(context.Background()); return err })
+	if r := f.req(); r != "HELLO 3" {
+		t.Fatalf("request %q", r)
+	}
+	f.write("HELLO 2")
+	if err := recv(t, ch); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := c.Hello(context.Background()); v != 2 {
+		t.Fatalf("version %d", v)
+	}
+	if ev, _ := c.Events(context.Background()); ev {
+		t.Fatal("events on with a version-2 sidecar")
+	}
+}
+
+// A refused connection's ERR, taken for the reply to Dial's HELLO, is why
+// the connection ended.
+func TestRefusalAnswersHello(t *testing.T) {
+	c, f := pipeClient(t, "ERR too_many_connections the sidecar is full")
+	f.conn.Close()
+	<-c.Done()
+	err := c.Ping(context.Background())
+	if !errors.Is(err, ErrClosed) || !errors.Is(err, &Error{Code: "too_many_connections"}) {
+		t.Fatalf("Ping on a refused connection: %v", err)
+	}
+}
+
+// FuzzReadLoop feeds arbitrary lines, event lines ("!...") among them,
+// into the Client's reader after n pipelined requests: the i-th non-event
+// line must be the reply of the i-th request, whatever the events are,
+// and a lock fires only on a LOST line naming it.
+func FuzzReadLoop(f *testing.F) {
+	f.Add("OK 1\n! LOST 7 expired k\nPONG")
+	f.Add("! LOST 7 expired k\n!\nERR x y\r\n! LOST 7 moved k\nHELD 0")
+	f.Add("!!\n! LOST 7\n\n! LOST 7 expired k k2\nOK")
+	f.Add("BUSY\n!LOST 7 expired k\nTIMEOUT\n! FUTURE\n")
+	f.Fuzz(func(t *testing.T, data string) {
+		lines := strings.Split(data, "\n")
+		if len(lines) > 200 {
+			lines = lines[:200]
+		}
+		var replies []string
+		lostLine := false
+		for _, ln := range lines {
+			if strings.HasPrefix(ln, "!") {
+				lostLine = lostLine || strings.HasPrefix(ln, "! LOST ")
+				continue
+			}
+			replies = append(replies, strings.TrimSuffix(ln, "\r"))
+		}
+		c, fe := pipeClient(t, "")
+		l := newLock(c, []string{"k"}, 7, 250*time.Second, time.Now())
+		c.register(l)
+		calls := make([]*call, len(replies))
+		for i := range calls {
+			cl, err := c.send(fmt.Sprintf("PING %d", i), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fe.req()
+			calls[i] = cl
+		}
+		// The reply to the HELLO first, then the fuzzed lines.
+		fe.write(append([]string{"HELLO 3 events"}, lines...)...)
+		for i, cl := range calls {
+			select {
+			case r := <-cl.ch:
+				if r != replies[i] {
+					t.Fatalf("request %d got %q, want %q", i, r, replies[i])
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("request %d: no reply", i)
+			}
+		}
+		// A PING after them all flushes the reader past every line.
+		ping := async(func() error { return c.Ping(context.Background()) })
+		fe.req()
+		fe.write("PONG")
+		if err := recv(t, ping); err != nil {
+			t.Fatalf("final Ping: %v", err)
+		}
+		if isLost(l) && !lostLine {
+			t.Fatalf("the lock fired with no LOST line (reason %q)", l.LostReason())
+		}
+		if slices.Contains(lines, "! LOST 7 expired k") && !isLost(l) {
+			t.Fatal("a LOST line for the lock did not fire it")
+		}
+		// Stop its timer; with an ended context nothing is sent.
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		l.Release(ctx)
+	})
+}

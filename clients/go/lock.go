@@ -1,0 +1,428 @@
+package ticketing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// ErrLockLost: the lock is gone, or may be (its local deadline passed).
+// It is what errors.Is finds in context.Cause(lock.Context()) once a Lock
+// is lost, and in the error of Extend on a lost lock (nothing sent). The
+// error itself is a *LostError naming the reason.
+var ErrLockLost = errors.New("ticketing: lock lost")
+
+// Reasons a Lock is lost (LostError.Reason, Lock.LostReason). The first
+// three are the sidecar's (unixapi/PROTOCOL.md, "Events: the lost
+// signal"); a later sidecar may name others, which are losses all the same.
+const (
+	// LostExpired: the lease ran out and the cluster committed the expiry.
+	LostExpired = "expired"
+	// LostMoved: an EXTEND found the key no longer held under the token.
+	LostMoved = "moved"
+	// LostCompensated: the sidecar released the lock on the connection's
+	// behalf (it is shutting down, or the connection is ending).
+	LostCompensated = "compensated"
+	// LostDeadline: the local validity deadline passed (send time of the
+	// ACQUIRE or the last successful EXTEND + lease − Margin). The cluster
+	// may still count the lock as held for a moment, but the holder must
+	// stop relying on it.
+	LostDeadline = "deadline"
+	// LostDisconnected: the connection to the sidecar ended (Close, or it
+	// broke): the sidecar releases the session's locks, or, if it died,
+	// the lease runs out.
+	LostDisconnected = "disconnected"
+)
+
+// LostError is the cause of a lost Lock's Context and the error of Extend
+// on a lost Lock. errors.Is(err, ErrLockLost) reports it.
+type LostError struct {
+	Reason string   // LostExpired, LostDeadline, ... (the first reason: see Lock.LostReason)
+	Token  uint64   // the lock's fencing token
+	Keys   []string // the lock's keys
+}
+
+func (e *LostError) Error() string {
+	return fmt.Sprintf("ticketing: lock lost (%s): %s, token %d", e.Reason, strings.Join(e.Keys, " "), e.Token)
+}
+
+// Is makes errors.Is(err, ErrLockLost) true for a *LostError.
+func (e *LostError) Is(target error) bool { return target == ErrLockLost }
+
+// Margin is how much before send time + lease a Lock counts itself lost
+// (LostDeadline): 250 ms + 1 % of the lease. The lease runs on the
+// leader's clock from when it applies the grant (or the EXTEND), which is
+// after this client sent the request; counting from the send time already
+// errs on the safe side of that. The margin covers the rest: the two
+// clocks' rates drifting apart (1 % is far above real drift), and the
+// delay between the deadline and this process acting on it (timer and
+// scheduler latency, a GC pause). See clients/README.md, "Lease extension
+// and the lost signal".
+func Margin(lease time.Duration) time.Duration {
+	return 250*time.Millisecond + lease/100
+}
+
+// Lock is a lock (one key) or a seat block (several keys, one token) held
+// through a Client, that knows when it is lost. Take one with Client.Lock
+// or Client.LockBlock (AcquireBlock returns one too).
+//
+// Its Context is cancelled at the first of: the sidecar's "! LOST" event
+// for it (the lease expired through the log, the key moved on, or the
+// sidecar released it for the session), the local validity deadline (send
+// time of the ACQUIRE or of the last successful Extend + lease − Margin),
+// or the end of the connection. Do the lock's work under that context (or
+// check Lost before each protected write), and still fence every write
+// with Token: a signal can come late (a stalled process learns of its loss
+// only when it runs again).
+//
+// A Lock is safe for concurrent use.
+type Lock struct {
+	c      *Client
+	keys   []string
+	token  uint64
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+
+	mu       sync.Mutex
+	deadline time.Time   // the local validity deadline
+	timer    *time.Timer // fires at deadline (re-armed by Extend)
+	reason   string      // why it was lost; "" while it is not
+	released bool        // Release was called: no signal any more
+}
+
+// Block is the name AcquireBlock's callers know a block's Lock by.
+type Block = Lock
+
+// newLock is the Lock of a grant of keys under token, whose ACQUIRE was
+// sent at sent for lease. The caller registers it with the Client.
+func newLock(c *Client, keys []string, token uint64, lease time.Duration, sent time.Time) *Lock {
+	l := &Lock{c: c, keys: keys, token: token, deadline: sent.Add(lease - Margin(lease))}
+	l.ctx, l.cancel = context.WithCancelCause(context.Background())
+	l.mu.Lock()
+	defer l.mu.Unlock() // the timer's callback waits for l.timer to be set
+	l.timer = time.AfterFunc(l.deadline.Sub(c.clock()), l.onDeadline)
+	return l
+}
+
+// Token is the lock's fencing token (for a block, the one token of every
+// key): fence each write with it (clients/go/fence).
+func (l *Lock) Token() uint64 { return l.token }
+
+// Keys returns the lock's keys, in the order they were asked for.
+func (l *Lock) Keys() []string { return append([]string(nil), l.keys...) }
+
+// Key is the lock's first key, the one Release and Extend name.
+func (l *Lock) Key() string { return l.keys[0] }
+
+// Context is cancelled when the lock is lost (see Lock); its cause,
+// context.Cause, is then a *LostError (errors.Is(cause, ErrLockLost)).
+// It has no Deadline, because Extend moves the lock's deadline; see
+// Remaining. It is not cancelled by Release, which is not a loss, and it
+// does not derive from the context given to Lock, which only bounds the
+// acquire.
+func (l *Lock) Context() context.Context { return l.ctx }
+
+// Lost is closed when the lock is lost: Context().Done().
+func (l *Lock) Lost() <-chan struct{} { return l.ctx.Done() }
+
+// LostReason is why the lock was lost ("" while it is not): the first
+// reason, except that the sidecar's event (expired, moved, compensated)
+// replaces LostDeadline or LostDisconnected when it arrives after them,
+// being the more definite news. context.Cause keeps the first reason.
+func (l *Lock) LostReason() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.reason
+}
+
+// Remaining is the time left until the local validity deadline; 0 once
+// the lock is lost or released. When it finds the deadline passed before
+// the lock's timer did (a process resumed after a stall runs before its
+// timers), it fires the lost signal itself (LostDeadline), so a 0 from
+// Remaining means the Context is cancelled.
+func (l *Lock) Remaining() time.Duration {
+	l.mu.Lock()
+	if l.reason != "" || l.released {
+		l.mu.Unlock()
+		return 0
+	}
+	left := l.deadline.Sub(l.c.clock())
+	l.mu.Unlock()
+	if left <= 0 {
+		l.fire(LostDeadline, false)
+		return 0
+	}
+	return left
+}
+
+// Extend renews the lease (whole seconds 1..250) counted from now, under
+// the same token (unixapi/PROTOCOL.md, "Extending a lease"): on success the
+// local deadline moves to this call's send time + lease − Margin. A lease
+// shorter than what is left is allowed (the lease is "from now").
+//
+// A lost Lock is not extended: Extend returns its *LostError (errors.Is
+// ErrLockLost) and sends nothing. If the lock is lost while the EXTEND is
+// in flight (its deadline passed meanwhile), Extend returns that error too,
+// even if the sidecar did extend: a fired signal is never taken back;
+// Release the lock. ErrIndeterminate: the lease may or may not have been
+// renewed, and the previous deadline stays. ErrNotHeld, ErrTokenMismatch
+// and owner_mismatch (*Error): the lock is gone, and Lost fires (moved).
+// Other *Errors (unavailable, no_quorum, not_supported, ...) and errors of
+// ctx leave the lock as it was. A released Lock gives ErrNotHeld without
+// sending anything.
+func (l *Lock) Extend(ctx context.Context, lease time.Duration) error {
+	if err := checkLease(lease); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	lost, released := l.lostErrLocked(), l.released
+	l.mu.Unlock()
+	switch {
+	case lost != nil:
+		return lost
+	case released:
+		return &Error{Code: "not_held", Message: "the lock was released (nothing sent)"}
+	}
+	sent := l.c.clock()
+	err := l.c.Extend(ctx, l.keys[0], l.token, lease)
+	var e *Error
+	switch {
+	case err == nil:
+	case errors.As(err, &e) && (e.Code == "not_held" || e.Code == "token_mismatch" || e.Code == "owner_mismatch"):
+		// The sidecar wrote "! LOST <token> moved" before this reply
+		// (events on); without events this is the only news of it.
+		l.fire(LostMoved, true)
+		return err
+	default:
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if lost := l.lostErrLocked(); lost != nil {
+		return lost
+	}
+	if !l.released {
+		l.deadline = sent.Add(lease - Margin(lease))
+		l.timer.Reset(l.deadline.Sub(l.c.clock()))
+	}
+	return nil
+}
+
+// Release releases the lock (every key of a block) in one request:
+// RELEASE of its first key and its token, sent even when the lock is lost
+// (one lost to the local deadline may still be held, and releasing it
+// frees the key sooner). Its results are those of Client.Release. From
+// this call on the lock's lost signal does not fire any more: its timer is
+// stopped and events for it are ignored.
+func (l *Lock) Release(ctx context.Context) error {
+	l.mu.Lock()
+	l.released = true
+	l.timer.Stop()
+	l.mu.Unlock()
+	l.c.forget(l)
+	return l.c.Release(ctx, l.keys[0], l.token)
+}
+
+// lostErrLocked is the lock's *LostError, nil while it is not lost.
+func (l *Lock) lostErrLocked() error {
+	if l.reason == "" {
+		return nil
+	}
+	return context.Cause(l.ctx)
+}
+
+// onDeadline is the timer's callback. A timer that fires late (the
+// process was stopped) or after an Extend re-armed it checks the deadline
+// itself.
+func (l *Lock) onDeadline() {
+	l.mu.Lock()
+	if l.reason != "" || l.released {
+		l.mu.Unlock()
+		return
+	}
+	if left := l.deadline.Sub(l.c.clock()); left > 0 {
+		l.timer.Reset(left)
+		l.mu.Unlock()
+		return
+	}
+	l.mu.Unlock()
+	l.fire(LostDeadline, false)
+}
+
+// fire marks the lock lost for reason, once: a first loss cancels the
+// Context; a sidecar reason (fromSidecar) arriving after LostDeadline or
+// LostDisconnected replaces the reported reason. A released lock is not
+// lost.
+func (l *Lock) fire(reason string, fromSidecar bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case l.released:
+	case l.reason == "":
+		l.reason = reason
+		l.timer.Stop()
+		l.cancel(&LostError{Reason: reason, Token: l.token, Keys: l.Keys()})
+	case fromSidecar && (l.reason == LostDeadline || l.reason == LostDisconnected):
+		l.reason = reason
+	}
+}
+
+// Lock takes key like Acquire (same arguments, results and context rules)
+// and returns it as a Lock, which carries the lost signal and can Extend.
+func (c *Client) Lock(ctx context.Context, key string, lease, wait time.Duration) (*Lock, error) {
+	if err := checkDurations(lease, wait); err != nil {
+		return nil, err
+	}
+	if err := checkKey(key); err != nil {
+		return nil, err
+	}
+	return c.lockKeys(ctx, []string{key}, lease, wait)
+}
+
+// LockBlock takes a seat block like AcquireBlock (same arguments, results
+// and context rules) and returns it as a Lock. AcquireBlock is LockBlock.
+func (c *Client) LockBlock(ctx context.Context, keys []string, lease, wait time.Duration) (*Lock, error) {
+	return c.AcquireBlock(ctx, keys, lease, wait)
+}
+
+// lockKeys sends the ACQUIRE of keys (checked, as lease and wait) and
+// returns the Lock. The reader makes and registers the Lock as it reads
+// the grant, before any event line that follows the grant can be
+// dispatched.
+func (c *Client) lockKeys(ctx context.Context, keys []string, lease, wait time.Duration) (*Lock, error) {
+	var l *Lock // set by the reader before the reply is delivered
+	sent := c.clock()
+	onReply := func(reply string) {
+		if tok, ok := grantToken(reply); ok {
+			l = newLock(c, keys, tok, lease, sent)
+			c.register(l)
+		}
+	}
+	r, err := c.doHook(ctx, acquireLine(keys, lease, wait), onReply, func(reply string) {
+		// Nobody waits for this grant any more: release it so the keys
+		// are not held until the lease ends (RELEASE of any key of a
+		// block frees all of them).
+		if l != nil {
+			l.Release(context.Background())
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	if l != nil {
+		return l, nil
+	}
+	if _, ok := strings.CutPrefix(r, "OK "); ok {
+		return nil, unexpected("ACQUIRE", r)
+	}
+	return nil, outcome("ACQUIRE", r)
+}
+
+// grantToken is the token of an "OK <token>" reply.
+func grantToken(reply string) (uint64, bool) {
+	s, ok := strings.CutPrefix(reply, "OK ")
+	if !ok {
+		return 0, false
+	}
+	t, err := strconv.ParseUint(s, 10, 64)
+	return t, err == nil && t != 0
+}
+
+// Extend sends EXTEND: key (for a block, any of its keys) held by this
+// Client under token gets a new lease (whole seconds 1..250) from now.
+// nil when extended; ErrIndeterminate (count on the previous lease); an
+// *Error: ErrNotHeld / ErrTokenMismatch / owner_mismatch (the lock is
+// gone), release_in_progress, extend_in_progress, unavailable,
+// not_supported (the cluster does not extend yet), .... Lock.Extend is
+// the form that also moves a Lock's deadline.
+func (c *Client) Extend(ctx context.Context, key string, token uint64, lease time.Duration) error {
+	if err := checkLease(lease); err != nil {
+		return err
+	}
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	if token == 0 {
+		return fmt.Errorf("%w: token 0 (tokens start at 1)", ErrInvalidArgument)
+	}
+	line := fmt.Sprintf("EXTEND %s %d %d", key, token, lease/time.Second)
+	r, err := c.do(ctx, line, nil)
+	if err != nil {
+		return err
+	}
+	if r == "OK" {
+		return nil
+	}
+	return outcome("EXTEND", r)
+}
+
+// register makes l findable by the events of its token.
+func (c *Client) register(l *Lock) {
+	c.lmu.Lock()
+	defer c.lmu.Unlock()
+	if c.locks == nil {
+		c.locks = make(map[uint64]*Lock)
+	}
+	c.locks[l.token] = l
+}
+
+// forget stops routing events to l.
+func (c *Client) forget(l *Lock) {
+	c.lmu.Lock()
+	defer c.lmu.Unlock()
+	if c.locks[l.token] == l {
+		delete(c.locks, l.token)
+	}
+}
+
+// event handles one event line (it starts with "!"). Only
+// "! LOST <token> <reason> <key>..." means something (version 3): the
+// lock of that token is lost. Lines of other names, tokens of no Lock of
+// this Client, and malformed lines are ignored: an event never answers a
+// request, so ignoring one cannot shift the replies.
+func (c *Client) event(line string) {
+	tok, reason, ok := parseLost(line)
+	if !ok {
+		return
+	}
+	c.lmu.Lock()
+	l := c.locks[tok]
+	delete(c.locks, tok) // at most one LOST per lock
+	c.lmu.Unlock()
+	if l != nil {
+		l.fire(reason, true)
+	}
+}
+
+// parseLost reads "! LOST <token> <reason> <key> [<key>...]".
+func parseLost(line string) (token uint64, reason string, ok bool) {
+	f := strings.Split(line, " ")
+	if len(f) < 5 || f[0] != "!" || f[1] != "LOST" || f[3] == "" {
+		return 0, "", false
+	}
+	for _, k := range f[4:] {
+		if checkKey(k) != nil {
+			return 0, "", false
+		}
+	}
+	t, err := strconv.ParseUint(f[2], 10, 64)
+	if err != nil || t == 0 {
+		return 0, "", false
+	}
+	return t, f[3], true
+}
+
+// lostAll fires LostDisconnected on every Lock: the connection ended.
+func (c *Client) lostAll() {
+	c.lmu.Lock()
+	locks := c.locks
+	c.locks = nil
+	c.lmu.Unlock()
+	for _, l := range locks {
+		l.fire(LostDisconnected, false)
+	}
+}
