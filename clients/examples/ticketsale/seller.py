@@ -12,6 +12,13 @@ stdout, like the Go seller (see seller.go): ``SOLD <token> <sale> <seats>``,
 stdin, after printing ``READY``; after a ``PAUSE`` it goes on at the next line
 (``CONT``).
 
+The block's lock object tells when the lock is lost (the sidecar's ``! LOST``
+event, or the local validity deadline: send time + lease − margin): a sale
+whose lock is lost before the fenced write is aborted without writing, and
+reported ``STALE`` like a write the fence rejected (nothing of it applied;
+the runner counts both as rejected stale writes), with the reason on
+stderr. The fence still guards the window between that check and the write.
+
 Needs ``clients/python`` on PYTHONPATH. The database is an SQLite file
 (sqlite3, WAL, busy timeout) or a postgres:// URL (psycopg or psycopg2).
 """
@@ -121,8 +128,9 @@ def main() -> int:
                 return 0
             seats = pick_block(free, random.randint(1, a.max))
             keys = [seat_key(a.event, s) for s in seats]
+            lock = client.lock_block(keys, lease=a.lease, wait=30)  # one seat: a plain acquire
             try:
-                token = client.acquire_block(keys, lease=a.lease, wait=30)  # one seat: a plain acquire
+                token = lock.acquire()
             except ticketing.TicketingError as e:
                 # Not (known to be) acquired: never enter the critical section.
                 # Busy, timeout, indeterminate (the lease ends any holding),
@@ -149,6 +157,14 @@ def main() -> int:
                     # before the stop has really happened.
                     if not sys.stdin.readline():
                         raise SystemExit("stdin closed before CONT")
+                if lock.lost.is_set() or lock.remaining() == 0:
+                    # The lost signal: abort before the fence has to. (After
+                    # a stall the timer may not have run yet; remaining()
+                    # sees the passed deadline and fires the signal.)
+                    print(f"{a.name}: {sale}: lock lost ({lock.lost_reason}) before the fenced write; sale aborted",
+                          file=sys.stderr)
+                    emit(f"STALE {line}")
+                    continue
                 enc = fence.encode_token(token)
                 try:
                     # The fenced write: every seat key's fence first (sorted,
@@ -180,7 +196,7 @@ def main() -> int:
                 emit(f"SOLD {line}")
             finally:
                 try:
-                    client.release(keys[0], token)  # any key releases the whole block
+                    lock.release()  # any key releases the whole block; sent even after a loss
                 except ticketing.TicketingError as e:
                     # not_held / token_mismatch after a stale write: expected.
                     # Otherwise the lease is the safety net; keep selling.

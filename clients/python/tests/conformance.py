@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import secrets
+import signal
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -37,8 +40,9 @@ def load_scenarios() -> List[Dict[str, Any]]:
 class Outcome:
     """What a step produced, in the suite's vocabulary."""
 
-    kind: str  # ok busy timeout indeterminate error arg_error pong info held reply connection_error
+    kind: str  # ok busy timeout indeterminate error arg_error lost pong info held reply connection_error
     token: Optional[int] = None
+    lock: Any = None  # a lock object (ops lock, lock_block)
     code: Optional[str] = None
     reply: Optional[str] = None
     info: Optional[ticketing.Info] = None
@@ -74,6 +78,8 @@ def classify_reply(line: str) -> Outcome:
 def classify_exception(e: BaseException) -> Outcome:
     """Map a client exception to an Outcome (argument errors first)."""
     if isinstance(e, ticketing.TicketingError):
+        if isinstance(e, ticketing.LockLostError):
+            return Outcome("lost", detail=str(e))
         if isinstance(e, ticketing.BusyError):
             return Outcome("busy")
         if isinstance(e, ticketing.LockTimeoutError):
@@ -109,6 +115,10 @@ class SyncAdapter:
     async def close(self, client: ticketing.Client) -> None:
         await asyncio.get_running_loop().run_in_executor(self.pool, client.close)
 
+    async def lock_call(self, lock: ticketing.Lock, method: str, *args: Any) -> Any:
+        fn: Callable[..., Any] = getattr(lock, method)
+        return await asyncio.get_running_loop().run_in_executor(self.pool, lambda: fn(*args))
+
     def shutdown(self) -> None:
         self.pool.shutdown(wait=False)
 
@@ -130,6 +140,9 @@ class AsyncAdapter:
     async def close(self, client: ticketing.AsyncClient) -> None:
         await client.close()
 
+    async def lock_call(self, lock: ticketing.AsyncLock, method: str, *args: Any) -> Any:
+        return await getattr(lock, method)(*args)
+
     def shutdown(self) -> None:
         pass
 
@@ -148,6 +161,7 @@ class Runner:
         self.key_opts: Dict[str, Dict[str, Any]] = scenario.get("keys", {})
         self.conns: Dict[str, Any] = {}
         self.tokens: Dict[str, int] = {}
+        self.locks: Dict[str, Any] = {}
         self.background: Dict[str, "asyncio.Task[tuple]"] = {}
 
     # -- resolution ----------------------------------------------------------
@@ -192,6 +206,16 @@ class Runner:
                 keys = [self.key(n) for n in step["block"]]
                 token = await call(client, "acquire_block", keys, step["lease"], step["wait"])
                 return Outcome("ok", token=token)
+            if op in ("lock", "lock_block"):
+                if op == "lock":
+                    lock = client.lock(self.step_key(step), step["lease"], step["wait"])
+                else:
+                    lock = client.lock_block([self.key(n) for n in step["block"]], step["lease"], step["wait"])
+                token = await self.adapter.lock_call(lock, "acquire")
+                return Outcome("ok", token=token, lock=lock)
+            if op == "extend":
+                await self.adapter.lock_call(self.locks[step["lock"]], "extend", step["lease"])
+                return Outcome("ok")
             if op == "release":
                 await call(client, "release", self.step_key(step), self.step_token(step))
                 return Outcome("ok")
@@ -230,6 +254,8 @@ class Runner:
             if out.token is None:
                 raise ScenarioFailure(f"no token to save in {out}")
             self.tokens[step["save"]] = out.token
+            if out.lock is not None:
+                self.locks[step["save"]] = out.lock
         gt = step.get("expect_token_gt", [])
         for name in [gt] if isinstance(gt, str) else gt:
             if out.token is None or not out.token > self.tokens[name]:
@@ -282,6 +308,19 @@ class Runner:
             except asyncio.TimeoutError:
                 raise ScenarioFailure(f"still pending after {AWAIT_LIMIT} s") from None
             self.check(step, out, time.monotonic() - t0)
+        elif op == "expect_alive":
+            lock = self.locks[step["lock"]]
+            left = lock.remaining()
+            if lock.lost.is_set():
+                raise ScenarioFailure(f"lost ({lock.lost_reason}), expected alive")
+            if "remaining_min" in step and left < step["remaining_min"]:
+                raise ScenarioFailure(f"remaining {left:.3f} s, expected at least {step['remaining_min']} s")
+            if "remaining_max" in step and left > step["remaining_max"]:
+                raise ScenarioFailure(f"remaining {left:.3f} s, expected at most {step['remaining_max']} s")
+        elif op == "await_lost":
+            await self.await_lost(step)
+        elif op == "stall":
+            await self.stall(step["seconds"])
         elif op == "close":
             client = self.conns.pop(step["conn"], None)
             if client is not None:
@@ -308,6 +347,35 @@ class Runner:
         else:
             out, elapsed = await self.timed(step)
             self.check(step, out, elapsed)
+
+
+    async def await_lost(self, step: Dict[str, Any]) -> None:
+        """Poll the lost signal (the Event is a threading.Event for the
+        blocking client): passes once it is set with one of the reasons."""
+        lock = self.locks[step["lock"]]
+        want = step["reason"] if isinstance(step["reason"], list) else [step["reason"]]
+        within = step.get("within", 5)
+        t0 = time.monotonic()
+        while not (lock.lost.is_set() and lock.lost_reason in want):
+            if time.monotonic() - t0 > within:
+                state = f"lost ({lock.lost_reason})" if lock.lost.is_set() else "not lost"
+                raise ScenarioFailure(f"{state} after {within} s, expected lost with reason {' or '.join(want)}")
+            await asyncio.sleep(0.005)
+        elapsed = time.monotonic() - t0
+        if "min_seconds" in step and elapsed < step["min_seconds"]:
+            raise ScenarioFailure(f"lost after {elapsed:.3f} s, expected at least {step['min_seconds']} s")
+        if "max_seconds" in step and elapsed > step["max_seconds"]:
+            raise ScenarioFailure(f"lost after {elapsed:.3f} s, expected at most {step['max_seconds']} s")
+
+    async def stall(self, seconds: float) -> None:
+        """Stop this whole process (every thread, the event loop) with
+        SIGSTOP, as a stalled holder would be; a child resumes it."""
+        pid = os.getpid()
+        child = subprocess.Popen(["sh", "-c", f"sleep {seconds}; kill -CONT {pid}"])
+        try:
+            os.kill(pid, signal.SIGSTOP)  # returns once SIGCONT came
+        finally:
+            child.wait()
 
 
 def run_scenario(adapter_cls: Any, path: str, scenario: Dict[str, Any], index: int) -> None:

@@ -55,10 +55,13 @@ class BlockArguments(unittest.TestCase):
             ticketing.AsyncClient("/nonexistent/ticketing.sock").lock_block([])
 
     def test_parse_hello(self) -> None:
+        self.assertEqual(p.parse_hello("HELLO 3"), 3)
         self.assertEqual(p.parse_hello("HELLO 2"), 2)
         self.assertEqual(p.parse_hello("HELLO 1"), 1)
         self.assertEqual(p.parse_hello('ERR unknown_verb unixapi: unknown verb: "HELLO" (verbs are ...)'), 1)
-        for bad in ("HELLO 3", "HELLO x", "HELLO", "OK"):
+        self.assertEqual(p.parse_hello_reply("HELLO 3 events"), (3, True))
+        self.assertEqual(p.parse_hello_reply("HELLO 2"), (2, False))
+        for bad in ("HELLO 4", "HELLO 4 events", "HELLO 2 events", "HELLO 3 bogus", "HELLO 3 ", "HELLO x", "HELLO", "OK"):
             with self.subTest(reply=bad), self.assertRaises(ticketing.ProtocolError):
                 p.parse_hello(bad)
         with self.assertRaises(ticketing.ServerError) as cm:
@@ -88,7 +91,7 @@ class SyncBlockTest(unittest.TestCase):
     def test_lock_block_context_manager(self) -> None:
         a, b = self.client(), self.client()
         seats = self.keys("seat/2", "seat/1", "seat/3")
-        self.assertEqual(a.hello(), 2)
+        self.assertEqual(a.hello(), p.PROTOCOL_VERSION)
         lock = a.lock_block(seats, lease=30, wait=5)
         self.assertEqual(lock.keys, tuple(seats))
         self.assertEqual(lock.key, seats[0])
@@ -155,7 +158,7 @@ class AsyncBlockTest(unittest.IsolatedAsyncioTestCase):
     async def test_async_lock_block(self) -> None:
         seats = self.keys("s1", "s2", "s3")
         async with ticketing.AsyncClient(self.path) as a, ticketing.AsyncClient(self.path) as b:
-            self.assertEqual(await a.hello(), 2)
+            self.assertEqual(await a.hello(), p.PROTOCOL_VERSION)
             async with a.lock_block(seats, lease=30, wait=5) as token:
                 self.assertEqual(sorted(await a.held()), sorted((k, token) for k in seats))
                 with self.assertRaises(ticketing.BusyError):
@@ -230,7 +233,8 @@ def version1(line: str) -> str:
 
 class Version1SidecarTest(unittest.TestCase):
     """Against a version-1 sidecar a block is refused (NotSupportedError,
-    nothing but HELLO sent); a one-key block needs no HELLO."""
+    nothing but the connection's first HELLO sent, which tells the version);
+    a one-key block works."""
 
     def setUp(self) -> None:
         self.fake = FakeSidecar(version1)
@@ -249,7 +253,7 @@ class Version1SidecarTest(unittest.TestCase):
                 with c.lock_block(["a", "b"]):
                     self.fail("entered")
             self.assertEqual(c.hello(), 1)
-        self.assertEqual(self.fake.lines, ["ACQUIRE only 30 0", "HELLO 2"])
+        self.assertEqual(self.fake.lines, ["HELLO 3 events", "ACQUIRE only 30 0"])
 
     def test_async(self) -> None:
         async def body() -> None:
@@ -263,7 +267,7 @@ class Version1SidecarTest(unittest.TestCase):
                 self.assertEqual(await c.acquire_block(["only"], lease=30, wait=0), 7)
 
         asyncio.run(body())
-        self.assertEqual(self.fake.lines, ["HELLO 2", "ACQUIRE only 30 0"])
+        self.assertEqual(self.fake.lines, ["HELLO 3 events", "ACQUIRE only 30 0"])
 
 
 if __name__ == "__main__":

@@ -12,6 +12,11 @@ unix socket; this package speaks its line protocol::
 ``client.lock_block(["seat/1", "seat/2"], ...)`` takes a seat block: up to
 16 keys at once or none, under one token.
 
+A lock object knows when it is lost: ``lock.lost`` (an Event) is set when
+the sidecar reports the loss, at the local validity deadline, or when the
+connection is lost; ``lock.remaining()`` and ``lock.extend(lease)``; leaving
+the ``with`` block of a lost lock raises :class:`LockLostError`.
+
 A connection is a session that owns its locks: closing the client (or the
 process dying) releases them. :class:`AsyncClient` is the asyncio variant.
 """
@@ -31,6 +36,7 @@ from .client import Client, Lock
 from .errors import (
     BusyError,
     IndeterminateError,
+    LockLostError,
     LockTimeout,
     LockTimeoutError,
     NotSupportedError,
@@ -59,6 +65,7 @@ __all__ = [
     "ProtocolError",
     "SidecarConnectionError",
     "NotSupportedError",
+    "LockLostError",
     "StaleTokenError",
     "fence",
     "fenced",

@@ -21,8 +21,9 @@ from .errors import (
     ServerError,
 )
 
-#: The version of unixapi/PROTOCOL.md this client speaks (2: seat blocks, HELLO).
-PROTOCOL_VERSION = 2
+#: The version of unixapi/PROTOCOL.md this client speaks (2: seat blocks,
+#: HELLO; 3: EXTEND and the ``! LOST`` event lines).
+PROTOCOL_VERSION = 3
 #: The most keys of one block acquire (distinct keys).
 MAX_BLOCK_KEYS = 16
 
@@ -165,22 +166,43 @@ def acquire_block_line(keys: List[str], lease: int, wait: Number) -> "tuple[str,
 
 
 def hello_line() -> str:
-    """The HELLO request of this client's version."""
+    """The plain HELLO of this client's version. The clients send it only to
+    learn the version of a sidecar that refused :data:`HELLO_EVENTS_LINE`
+    (a version-2 sidecar): on a version-3 sidecar a plain HELLO would turn
+    the connection's events off (the latest HELLO decides)."""
     return f"HELLO {PROTOCOL_VERSION}"
 
 
-def parse_hello(reply: str) -> int:
-    """``HELLO <v>`` → v; ``ERR unknown_verb`` (a version-1 sidecar) → 1;
-    anything else → the matching exception."""
+#: The first request of every connection: agree the version and turn the
+#: ``! LOST`` event lines on.
+HELLO_EVENTS_LINE = f"HELLO {PROTOCOL_VERSION} events"
+
+
+def parse_hello_reply(reply: str) -> Tuple[int, bool]:
+    """``HELLO <v>`` → (v, False); ``HELLO <v> events`` → (v, True);
+    ``ERR unknown_verb`` (a version-1 sidecar) → (1, False); anything else →
+    the matching exception."""
     if reply.startswith("HELLO "):
-        text = reply[6:]
+        text, sep, opt = reply[6:].partition(" ")
+        events = sep != ""
+        if events and opt != "events":
+            raise ProtocolError(f"bad HELLO reply {reply!r}")
         if text.isdigit() and text.isascii() and 1 <= int(text) <= PROTOCOL_VERSION:
-            return int(text)
+            v = int(text)
+            if events and v < 3:
+                raise ProtocolError(f"bad HELLO reply {reply!r} (no events before version 3)")
+            return v, events
         raise ProtocolError(f"bad HELLO reply {reply!r}")
     err = _error_from(reply)
     if isinstance(err, ServerError) and err.code == "unknown_verb":
-        return 1
+        return 1, False
     raise err
+
+
+def parse_hello(reply: str) -> int:
+    """``HELLO <v>`` (or ``HELLO <v> events``) → v; ``ERR unknown_verb`` (a
+    version-1 sidecar) → 1; anything else → the matching exception."""
+    return parse_hello_reply(reply)[0]
 
 
 def release_line(key: str, token: int) -> str:
@@ -188,6 +210,103 @@ def release_line(key: str, token: int) -> str:
     check_key(key)
     check_token(token)
     return f"RELEASE {key} {token}"
+
+
+def extend_line(key: str, token: int, lease: int) -> str:
+    """Check the arguments; return the EXTEND line."""
+    check_key(key)
+    check_token(token)
+    check_lease(lease)
+    return f"EXTEND {key} {token} {lease}"
+
+
+#: EXTEND's definite refusals that mean the lock is gone (the sidecar writes
+#: ``! LOST <token> moved`` before such a reply when events are on).
+EXTEND_LOST_CODES = frozenset({"not_held", "token_mismatch", "owner_mismatch"})
+
+
+def lease_margin(lease: float) -> float:
+    """The safety margin of the local validity deadline, seconds: 250 ms +
+    1 % of the lease (clock drift between this host and the cluster, and the
+    time from the leader's commit to the reply)."""
+    return 0.25 + 0.01 * lease
+
+
+def validity(lease: float) -> float:
+    """How long after sending the ACQUIRE (or EXTEND) a lock counts as
+    valid locally: the lease minus :func:`lease_margin`."""
+    return lease - lease_margin(lease)
+
+
+# Reasons a lock's lost signal reports. The first three come from the
+# sidecar's event; the last two are the client's own.
+REASON_EXPIRED = "expired"
+REASON_MOVED = "moved"
+REASON_COMPENSATED = "compensated"
+REASON_DEADLINE = "deadline"
+REASON_DISCONNECTED = "disconnected"
+#: Reasons the client decides on its own; a sidecar event after one of
+#: these replaces it (it is the more definite news).
+LOCAL_REASONS = frozenset({REASON_DEADLINE, REASON_DISCONNECTED})
+
+
+class LostState:
+    """The decision behind a lock object's lost signal, shared by both
+    clients (which add the locking and the Event): the signal fires once, at
+    the first loss; a sidecar event after a local reason (``deadline``,
+    ``disconnected``) replaces the reported reason, being the more definite
+    news; a released lock never fires."""
+
+    __slots__ = ("reason", "released")
+
+    def __init__(self) -> None:
+        self.reason: Optional[str] = None
+        self.released = False
+
+    def lose(self, reason: str, from_sidecar: bool) -> bool:
+        """Record a loss; True when the signal must fire now (the first)."""
+        if self.released:
+            return False
+        if self.reason is None:
+            self.reason = reason
+            return True
+        if from_sidecar and self.reason in LOCAL_REASONS:
+            self.reason = reason
+        return False
+
+
+def is_event(line: str) -> bool:
+    """True for an event line: it starts with ``!``. No reply ever does, so
+    such a line is never matched with a request, well-formed or not."""
+    return line.startswith("!")
+
+
+@dataclass(frozen=True)
+class LostEvent:
+    """A parsed ``! LOST <token> <reason> <key> [<key> ...]`` line."""
+
+    token: int
+    reason: str
+    keys: Tuple[str, ...]
+
+
+def parse_event(line: str) -> Optional[LostEvent]:
+    """Parse an event line; None for an event this client does not know
+    (another name, a later version's) or a malformed one: both are ignored,
+    and neither may disturb the matching of replies.
+
+    An unknown *reason* is kept as it is: it is a loss all the same.
+    """
+    words = line.split(" ")
+    if len(words) < 5 or words[0] != "!" or words[1] != "LOST":
+        return None
+    token_text, reason, keys = words[2], words[3], words[4:]
+    if not (token_text.isdigit() and token_text.isascii()) or not reason or not all(keys):
+        return None
+    token = int(token_text)
+    if not 1 <= token <= MAX_TOKEN:
+        return None
+    return LostEvent(token, reason, tuple(keys))
 
 
 def _error_from(reply: str) -> Exception:
@@ -218,6 +337,12 @@ def parse_acquire(reply: str) -> int:
 
 
 def parse_release(reply: str) -> None:
+    """``OK`` → None; anything else → the matching exception."""
+    if reply != "OK":
+        raise _error_from(reply)
+
+
+def parse_extend(reply: str) -> None:
     """``OK`` → None; anything else → the matching exception."""
     if reply != "OK":
         raise _error_from(reply)

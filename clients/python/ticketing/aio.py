@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import Callable, Deque, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from . import _protocol as p
-from .client import DEFAULT_REPLY_GRACE
+from .client import _UNCLAIMED_EVENTS, DEFAULT_REPLY_GRACE
 from .errors import (
     IndeterminateError,
+    LockLostError,
     NotSupportedError,
+    ProtocolError,
+    ServerError,
     SidecarConnectionError,
     TicketingError,
     connect_error,
@@ -31,7 +34,9 @@ _READ_LIMIT = 1 << 20
 
 class _AsyncConnection:
     """One connection (= one sidecar session); one reader task pairs reply
-    lines with pending futures in request order."""
+    lines with pending futures in request order. As in the blocking client,
+    the first request is ``HELLO 3 events`` and lines starting with ``!``
+    are events, never replies; lock deadlines are the loop's timers."""
 
     def __init__(self, path: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.path = path
@@ -40,9 +45,65 @@ class _AsyncConnection:
         self._pending: Deque[Tuple[asyncio.Future, Optional[float]]] = collections.deque()
         self._tail_deadline: Optional[float] = None
         self._error: Optional[SidecarConnectionError] = None
-        #: The protocol version HELLO agreed on this connection (None: not asked).
+        #: The protocol version HELLO agreed on this connection (None: not
+        #: known yet).
         self.version: Optional[int] = None
+        #: True once the sidecar agreed to send event lines.
+        self.events = False
+        #: The error line a sidecar answered the first HELLO with when it
+        #: refuses the connection.
+        self.refused: Optional[str] = None
+        self._locks: Dict[int, "AsyncLock"] = {}
+        self._unclaimed: "collections.OrderedDict[int, str]" = collections.OrderedDict()
+        self.hello_fut, _, _ = self.submit(p.HELLO_EVENTS_LINE, None)
+        self.hello_fut.add_done_callback(self.settle_hello)
         self._task = asyncio.get_running_loop().create_task(self._read_loop())
+
+    def settle_hello(self, fut: "asyncio.Future[str]") -> None:
+        """Take the version and the events option from the first HELLO's
+        reply (idempotent); see ``_Connection.settle_hello``."""
+        if fut.cancelled() or fut.exception() is not None:
+            return
+        reply = fut.result()
+        try:
+            version, events = p.parse_hello_reply(reply)
+        except ServerError as e:
+            if e.code != "bad_request":
+                self.refused = reply
+            return
+        except ProtocolError:
+            return
+        self.version, self.events = version, events
+
+    def register(self, lock: "AsyncLock") -> None:
+        """Route ``! LOST`` events of *lock*'s token to it; see
+        ``_Connection.register``."""
+        token = lock.held_token
+        assert token is not None
+        if self._error is not None:
+            lock._lose(p.REASON_DISCONNECTED, False)
+            return
+        reason = self._unclaimed.pop(token, None)
+        if reason is not None:
+            lock._lose(reason, True)
+        else:
+            self._locks[token] = lock
+
+    def unregister(self, lock: "AsyncLock") -> None:
+        if self._locks.get(lock.held_token) is lock:  # type: ignore[arg-type]
+            del self._locks[lock.held_token]  # type: ignore[arg-type]
+
+    def _on_event(self, line: str) -> None:
+        ev = p.parse_event(line)
+        if ev is None:
+            return  # an event of a later version, or malformed: ignored
+        lock = self._locks.pop(ev.token, None)
+        if lock is None:
+            self._unclaimed[ev.token] = ev.reason
+            while len(self._unclaimed) > _UNCLAIMED_EVENTS:
+                self._unclaimed.popitem(last=False)
+            return
+        lock._lose(ev.reason, True)
 
     @classmethod
     async def open(cls, path: str, connect_timeout: float) -> "_AsyncConnection":
@@ -58,16 +119,19 @@ class _AsyncConnection:
     def alive(self) -> bool:
         return self._error is None
 
-    def submit(self, line: str, budget: Optional[float]) -> Tuple[asyncio.Future, Optional[float]]:
+    def submit(self, line: str, budget: Optional[float]) -> Tuple[asyncio.Future, Optional[float], float]:
         """Queue a future and write *line* (synchronously, so the order of
-        writes is the order of the queue); see ``_Connection.submit``."""
+        writes is the order of the queue); return the future, the local
+        deadline and the send time (the loop's clock); see
+        ``_Connection.submit``."""
         if self._error is not None:
             raise self._error
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
+        sent = loop.time()
         deadline = None
         if budget is not None:
-            deadline = loop.time() + budget
+            deadline = sent + budget
             if self._tail_deadline is not None:
                 deadline = max(deadline, self._tail_deadline)
         self._tail_deadline = deadline
@@ -78,7 +142,7 @@ class _AsyncConnection:
             err = SidecarConnectionError(f"connection to the sidecar at {self.path} lost while sending: {e}")
             self._fail(err)
             raise err from e
-        return fut, deadline
+        return fut, deadline, sent
 
     async def drain(self) -> None:
         try:
@@ -92,11 +156,17 @@ class _AsyncConnection:
             while True:
                 raw = await self._reader.readline()
                 if not raw.endswith(b"\n"):
-                    err = SidecarConnectionError(
-                        f"the sidecar at {self.path} closed the connection; locks held through it are released"
-                    )
+                    if self.refused is not None:
+                        err = SidecarConnectionError(f"the sidecar at {self.path} refused the connection: {self.refused}")
+                    else:
+                        err = SidecarConnectionError(
+                            f"the sidecar at {self.path} closed the connection; locks held through it are released"
+                        )
                     break
                 line = raw[:-1].rstrip(b"\r").decode("utf-8", "replace")
+                if p.is_event(line):
+                    self._on_event(line)
+                    continue
                 if not self._pending:
                     err = SidecarConnectionError(
                         f"the sidecar sent {line!r} with no request pending "
@@ -123,6 +193,11 @@ class _AsyncConnection:
             fut, _ = self._pending.popleft()
             if not fut.done():
                 fut.set_exception(err)
+        # The session is gone, and with it its locks.
+        locks = list(self._locks.values())
+        self._locks.clear()
+        for lock in locks:
+            lock._lose(p.REASON_DISCONNECTED, False)
 
     async def close(self) -> None:
         self._fail(SidecarConnectionError("client closed"))
@@ -172,7 +247,8 @@ class AsyncClient:
 
     @property
     def requests_sent(self) -> int:
-        """How many requests this client has written so far (all connections)."""
+        """How many requests this client has written so far (all connections),
+        not counting the ``HELLO 3 events`` each connection starts with."""
         return self._sent
 
     async def close(self) -> None:
@@ -208,16 +284,26 @@ class AsyncClient:
         on_late: Optional[Callable[[asyncio.Future], None]] = None,
         conn: Optional[_AsyncConnection] = None,
     ) -> str:
+        return (await self._call_at(line, sidecar_bound, on_late, conn))[0]
+
+    async def _call_at(
+        self,
+        line: str,
+        sidecar_bound: float,
+        on_late: Optional[Callable[[asyncio.Future], None]] = None,
+        conn: Optional[_AsyncConnection] = None,
+    ) -> Tuple[str, float, _AsyncConnection]:
+        """:meth:`_call` that also returns the send time and the connection."""
         if conn is None:
             conn = await self._connection()
-        fut, deadline = conn.submit(line, self._budget(sidecar_bound))
+        fut, deadline, sent = conn.submit(line, self._budget(sidecar_bound))
         self._sent += 1
         await conn.drain()
         timeout = None if deadline is None else max(0.0, deadline - asyncio.get_running_loop().time())
         try:
             # shield: a timeout or a cancelled caller must not cancel the
             # future, whose place in the queue pairs the reply.
-            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+            return await asyncio.wait_for(asyncio.shield(fut), timeout), sent, conn
         except asyncio.TimeoutError:
             if on_late is not None:
                 fut.add_done_callback(on_late)
@@ -231,28 +317,46 @@ class AsyncClient:
         """Acquire *key* and return its fencing token; see
         :meth:`ticketing.Client.acquire`. If the calling task is cancelled, a
         grant that arrives later is released automatically."""
-        line, wait_s = p.acquire_line(key, lease, wait)
-        return p.parse_acquire(await self._call(line, wait_s, self._compensator(key)))
+        return (await self._grant((key,), lease, wait, False))[0]
 
     async def acquire_block(self, keys: Iterable[str], lease: int = 30, wait: p.Number = 5) -> int:
         """Acquire a seat block (1..16 distinct keys, all or none, under one
         token) and return the token; see :meth:`ticketing.Client.acquire_block`.
         If the calling task is cancelled, a block granted later is released
         automatically."""
-        keys = p.check_keys(keys)
-        line, wait_s = p.acquire_block_line(keys, lease, wait)
+        return (await self._grant(p.check_keys(keys), lease, wait, True))[0]
+
+    async def _grant(
+        self, keys: Sequence[str], lease: int, wait: p.Number, block: bool
+    ) -> Tuple[int, float, _AsyncConnection]:
+        """ACQUIRE one key or a block; the token, the send time and the
+        connection that holds it."""
+        if block:
+            keys = p.check_keys(keys)
+            line, wait_s = p.acquire_block_line(keys, lease, wait)
+        else:
+            line, wait_s = p.acquire_line(keys[0], lease, wait)
         conn = await self._connection()
-        if len(keys) > 1:
+        if block and len(keys) > 1:
             await self._require_blocks(conn)
-        return p.parse_acquire(await self._call(line, wait_s, self._compensator(keys[0]), conn))
+        reply, sent, conn = await self._call_at(line, wait_s, self._compensator(keys[0]), conn)
+        return p.parse_acquire(reply), sent, conn
 
     async def hello(self) -> int:
-        """The protocol version both speak (``HELLO``, once per connection);
-        see :meth:`ticketing.Client.hello`."""
+        """The protocol version both speak (the reply to the connection's
+        first request, ``HELLO 3 events``); see :meth:`ticketing.Client.hello`."""
         return await self._hello(await self._connection())
 
     async def _hello(self, conn: _AsyncConnection) -> int:
         if conn.version is None:
+            try:
+                await asyncio.wait_for(asyncio.shield(conn.hello_fut), self._budget(0.0))
+            except asyncio.TimeoutError:
+                raise IndeterminateError("no reply from the sidecar to HELLO") from None
+            conn.settle_hello(conn.hello_fut)
+        if conn.version is None:
+            if conn.refused is not None:
+                p.parse_hello(conn.refused)  # raises the refusal's ServerError
             conn.version = p.parse_hello(await self._call(p.hello_line(), 0.0, None, conn))
         return conn.version
 
@@ -327,7 +431,12 @@ class AsyncClient:
 
 class AsyncLock:
     """asyncio version of :class:`ticketing.Lock`; see :meth:`AsyncClient.lock`
-    and :meth:`AsyncClient.lock_block`."""
+    and :meth:`AsyncClient.lock_block`.
+
+    The lost signal is :attr:`lost`, an :class:`asyncio.Event` (``await
+    lock.lost.wait()``), with the same rules as :class:`ticketing.Lock`; the
+    local deadline is a timer of the event loop.
+    """
 
     def __init__(
         self, client: AsyncClient, key: str, lease: int, wait: p.Number, *, keys: Optional[Sequence[str]] = None
@@ -337,43 +446,141 @@ class AsyncLock:
         #: Every key of the lock (a block's keys, in the order given).
         self.keys: Tuple[str, ...] = tuple(keys) if keys is not None else (key,)
         self._block = keys is not None
+        #: The lease of the acquire, then of the last successful extend.
         self.lease = lease
         self.wait = wait
         #: The fencing token while held, else None.
         self.token: Optional[int] = None
+        #: Set, once, when the lock is lost.
+        self.lost = asyncio.Event()
+        #: The token granted, kept after release (for LockLostError).
+        self.held_token: Optional[int] = None
         self._used = False
+        self._state = p.LostState()
+        self._conn: Optional[_AsyncConnection] = None
+        self._deadline: Optional[float] = None  # the loop's clock
+        self._timer: Optional[asyncio.TimerHandle] = None
+
+    @property
+    def lost_reason(self) -> Optional[str]:
+        """None while not lost; else why (see :class:`ticketing.Lock`)."""
+        return self._state.reason
+
+    def remaining(self) -> float:
+        """Seconds of local validity left; 0 once lost (see
+        :meth:`ticketing.Lock.remaining`)."""
+        self._check_deadline()
+        if self._state.reason is not None or self._deadline is None or self._state.released:
+            return 0.0
+        return max(0.0, self._deadline - asyncio.get_running_loop().time())
 
     async def acquire(self) -> int:
         """Acquire the lock; return the token."""
         if self._used:
             raise RuntimeError("a lock is used once; call client.lock() again")
         self._used = True
-        if self._block:
-            self.token = await self.client.acquire_block(self.keys, self.lease, self.wait)
-        else:
-            self.token = await self.client.acquire(self.key, self.lease, self.wait)
-        return self.token
+        token, sent, conn = await self.client._grant(self.keys, self.lease, self.wait, self._block)
+        self.token = self.held_token = token
+        self._conn = conn
+        self._arm(sent + p.validity(self.lease))
+        conn.register(self)
+        return token
+
+    async def extend(self, lease: int) -> None:
+        """Renew the lease (``EXTEND``); see :meth:`ticketing.Lock.extend`."""
+        p.check_lease(lease)
+        token = self.token
+        if token is None:
+            raise RuntimeError("the lock is not held")
+        line = p.extend_line(self.key, token, lease)
+        self._check_deadline()
+        conn = self._conn
+        if self._state.reason is not None or conn is None:
+            raise self._lost_error()
+        reply, sent, _ = await self.client._call_at(line, p.RELEASE_DEADLINE, None, conn)
+        try:
+            p.parse_extend(reply)
+        except ServerError as e:
+            if e.code in p.EXTEND_LOST_CODES:
+                self._lose(p.REASON_MOVED, True)
+            raise
+        if self._state.reason is not None or self._state.released:
+            raise self._lost_error()  # lost while the EXTEND was under way
+        self.lease = lease
+        self._arm(sent + p.validity(lease))
 
     async def release(self) -> None:
-        """Release the lock."""
+        """Release the lock; sends RELEASE also after a loss (see
+        :meth:`ticketing.Lock.release`)."""
         if self.token is None:
             raise RuntimeError("the lock is not held")
         token, self.token = self.token, None
+        self._check_deadline()
+        self._state.released = True
+        self._cancel_timer()
+        if self._conn is not None:
+            self._conn.unregister(self)
         await self.client.release(self.key, token)
 
     async def __aenter__(self) -> int:
         return await self.acquire()
 
-    async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if self.token is None:  # released inside the block
+    async def __aexit__(self, exc_type: object, exc: Optional[BaseException], tb: object) -> None:
+        """Release; raise :class:`LockLostError` if the lock was lost while
+        held, unless the body raised (its exception goes on unchanged); see
+        :meth:`ticketing.Lock.__exit__`."""
+        release_err: Optional[TicketingError] = None
+        if self.token is not None:  # else released inside the block
+            try:
+                await self.release()
+            except TicketingError as e:
+                if exc_type is None and self._state.reason is None:
+                    raise
+                release_err = e
+        else:
+            self._check_deadline()
+        reason = self._state.reason
+        if reason is None:
             return
-        try:
-            await self.release()
-        except TicketingError:
-            if exc_type is None:
-                raise
+        if exc is not None:
+            add_note = getattr(exc, "add_note", None)
+            if add_note is not None:
+                add_note(f"ticketing: the lock {' '.join(self.keys)} (token {self.held_token}) was lost: {reason}")
+            return
+        raise self._lost_error() from release_err
+
+    # -- the lost signal --------------------------------------------------------
+
+    def _lost_error(self) -> LockLostError:
+        return LockLostError(self._state.reason or p.REASON_DISCONNECTED, self.held_token, self.keys)
+
+    def _arm(self, deadline: float) -> None:
+        if self._state.reason is not None or self._state.released:
+            return
+        self._deadline = deadline
+        self._cancel_timer()
+        self._timer = asyncio.get_running_loop().call_at(deadline, self._check_deadline)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _check_deadline(self) -> None:
+        if self._deadline is not None and asyncio.get_running_loop().time() >= self._deadline:
+            self._lose(p.REASON_DEADLINE, False)
+
+    def _lose(self, reason: str, from_sidecar: bool) -> None:
+        if self._state.lose(reason, from_sidecar):
+            self._cancel_timer()
+            self.lost.set()
 
     def __repr__(self) -> str:
-        state = f"token={self.token}" if self.token is not None else "not held"
+        if self.token is None:
+            state = "not held"
+        else:
+            state = f"token={self.token}"
+            if self._state.reason is not None:
+                state += f" lost={self._state.reason}"
         keys = " ".join(repr(k) for k in self.keys)
         return f"<ticketing.AsyncLock {keys} {state}>"

@@ -19,6 +19,9 @@ exception                  meaning                                    held?
 :class:`NotSupportedError`  a block, and the sidecar is too old       no
 =========================  =========================================  ==========
 
+A lock object whose lost signal fired raises :class:`LockLostError` from
+``extend`` and on leaving its ``with`` block.
+
 .. [1] The connection is the session that owns the locks: when it is lost
    the sidecar releases every lock it held and cancels its pending acquires.
 """
@@ -26,7 +29,7 @@ exception                  meaning                                    held?
 from __future__ import annotations
 
 import builtins
-from typing import Optional
+from typing import Optional, Tuple
 
 __all__ = [
     "TicketingError",
@@ -38,6 +41,7 @@ __all__ = [
     "ProtocolError",
     "SidecarConnectionError",
     "NotSupportedError",
+    "LockLostError",
 ]
 
 
@@ -133,6 +137,32 @@ class NotSupportedError(TicketingError):
     """
 
     code = "not_supported"
+
+
+class LockLostError(TicketingError):
+    """A lock object's lost signal has fired: the lock can no longer be
+    trusted to be held (``Lock.lost`` is set).
+
+    Raised by ``Lock.extend`` without sending anything once the lock is lost,
+    and by leaving a ``with lock:`` block whose lock was lost during it (when
+    the block itself raised nothing; otherwise the block's exception goes on
+    unchanged, see ``Lock.__exit__``).
+
+    :ivar reason: why: ``"expired"``, ``"moved"``, ``"compensated"`` (the
+        sidecar's ``! LOST`` event), ``"deadline"`` (the local validity
+        deadline passed: send time + lease − margin), ``"disconnected"`` (the
+        connection to the sidecar was lost), or a newer sidecar's reason.
+    :ivar token: the lock's fencing token.
+    :ivar keys: every key of the lock (a tuple).
+    """
+
+    code = "lost"
+
+    def __init__(self, reason: str, token: Optional[int], keys: Tuple[str, ...], message: str = "") -> None:
+        self.reason = reason
+        self.token = token
+        self.keys = tuple(keys)
+        super().__init__(message or f"lock {' '.join(self.keys)} (token {token}) lost: {reason}")
 
 
 _NO_SIDECAR_HINT = (
