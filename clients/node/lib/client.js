@@ -4,7 +4,7 @@ const net = require('node:net');
 const { performance } = require('node:perf_hooks');
 const p = require('./protocol');
 const {
-  IndeterminateError, NotSupportedError, SidecarConnectionError, TicketingError,
+  IndeterminateError, NotSupportedError, ServerError, SidecarConnectionError, TicketingError,
 } = require('./errors');
 const { Lock, kLose, kReleasing } = require('./lock');
 
@@ -340,7 +340,15 @@ class Client {
     conn.hello.then((h) => {
       conn.version = h.version;
       conn.events = h.events;
-    }, () => {}); // reported to whoever awaits conn.hello; requests behind it fail on their own
+    }, (e) => {
+      // Every sidecar answers this HELLO with HELLO, bad_request or
+      // unknown_verb; any other ERR is its refusal of the connection
+      // (forbidden, too_many_connections), which it closes: say so to the
+      // requests pipelined behind, rather than only "closed".
+      if (e instanceof ServerError) {
+        conn.fail(new SidecarConnectionError(`the sidecar at ${this.path} refused the connection: ${e.message}`, { cause: e }));
+      }
+    });
   }
 
   #budget(bound) {

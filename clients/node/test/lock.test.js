@@ -48,6 +48,15 @@ test('every connection starts with HELLO 3 events; the reply says whether events
   assert.throws(() => p.parseHelloEvents('HELLO 2 events'), ticketing.ProtocolError);
 });
 
+test('a sidecar that refuses the connection in reply to HELLO: the requests behind it say why', async () => {
+  const { client } = await setup((line, peer) => {
+    if (line.startsWith('HELLO')) peer.end('ERR forbidden uid 1234 is not allowed\n');
+    return null;
+  });
+  await assert.rejects(client.ping(), (e) => e instanceof ticketing.SidecarConnectionError && /forbidden/.test(e.message));
+  await assert.rejects(client.hello(), ticketing.TicketingError);
+});
+
 test('lock: token, keys, the margin, remaining() decreasing', async () => {
   const { client } = await setup();
   const lock = await client.lock('k', { lease: 30, wait: 0 });
