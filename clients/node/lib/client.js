@@ -1,10 +1,12 @@
 'use strict';
 
 const net = require('node:net');
+const { performance } = require('node:perf_hooks');
 const p = require('./protocol');
 const {
-  IndeterminateError, NotSupportedError, SidecarConnectionError, TicketingError,
+  IndeterminateError, NotSupportedError, ServerError, SidecarConnectionError, TicketingError,
 } = require('./errors');
+const { Lock, kLose, kReleasing } = require('./lock');
 
 const NO_SIDECAR_HINT = 'start one with `ticketing dev` (a local cluster and its sidecar) or '
   + '`ticketing sidecar` (beside a cluster), or give the path of a running sidecar\'s socket';
@@ -31,9 +33,18 @@ function connectErrorMessage(path, err) {
 const DEFAULT_REPLY_GRACE = 10;
 
 /**
+ * How many `! LOST` events for tokens without a Lock a connection keeps: an
+ * event may be read in the same chunk as the grant it follows, before the
+ * awaiting `lock()` has made the Lock for that token.
+ */
+const ORPHAN_LOSSES = 64;
+
+/**
  * One unix-socket connection (= one sidecar session). Requests are written
  * in call order and their pending entries queued in the same order; replies
- * (one line each, in request order) settle the oldest entry.
+ * (one line each, in request order) settle the oldest entry. Event lines
+ * (`! ...`) are set aside and never counted as replies: `! LOST` fires the
+ * lost signal of this connection's Lock objects with that token.
  * @private
  */
 class Connection {
@@ -51,7 +62,15 @@ class Connection {
     this.error = null;
     /** @type {number|null} the protocol version HELLO agreed (null: not asked) */
     this.version = null;
-    this.partial = '';
+    /** @type {boolean} whether the sidecar agreed to send events */
+    this.events = false;
+    /** @type {Promise<{version: number, events: boolean}>|null} the first HELLO's outcome */
+    this.hello = null;
+    /** @type {Map<bigint, Set<Lock>>} live Lock objects by token */
+    this.locks = new Map();
+    /** @type {Map<bigint, string>} reasons of LOST events for tokens with no Lock (yet) */
+    this.orphanLosses = new Map();
+    this.reader = new p.LineReader((line) => this.onReply(line), (line) => this.onEvent(line));
     this.closed = new Promise((resolve) => { this.onClosed = resolve; });
     const socket = net.createConnection({ path });
     this.socket = socket;
@@ -119,31 +138,93 @@ class Connection {
 
   /** @param {string} chunk */
   onData(chunk) {
-    let data = this.partial + chunk;
-    let nl;
-    while ((nl = data.indexOf('\n')) >= 0) {
-      let line = data.slice(0, nl);
-      data = data.slice(nl + 1);
-      if (line.endsWith('\r')) line = line.slice(0, -1);
-      if (this.size === 0) {
-        this.socket.destroy();
-        this.fail(new SidecarConnectionError(`the sidecar sent ${JSON.stringify(line)} with no request pending `
-          + '(e.g. ERR forbidden or too_many_connections on connect); connection closed'));
-        return;
-      }
-      const entry = this.pending[this.head];
-      this.pending[this.head++] = undefined;
-      if (this.head > 64 && this.head * 2 > this.pending.length) {
-        this.pending = this.pending.slice(this.head);
-        this.head = 0;
-      }
-      if (this.size === 0) {
-        this.tailDeadline = null;
-        this.socket.unref();
-      }
-      entry.resolve(line);
+    if (this.error) return; // torn down: what follows answers nothing of ours
+    this.reader.push(chunk);
+  }
+
+  /**
+   * A reply line: settles the oldest pending request.
+   * @param {string} line
+   * @returns {boolean} false when the connection was torn down
+   */
+  onReply(line) {
+    if (this.error) return false;
+    if (this.size === 0) {
+      this.socket.destroy();
+      this.fail(new SidecarConnectionError(`the sidecar sent ${JSON.stringify(line)} with no request pending `
+        + '(e.g. ERR forbidden or too_many_connections on connect); connection closed'));
+      return false;
     }
-    this.partial = data;
+    const entry = this.pending[this.head];
+    this.pending[this.head++] = undefined;
+    if (this.head > 64 && this.head * 2 > this.pending.length) {
+      this.pending = this.pending.slice(this.head);
+      this.head = 0;
+    }
+    if (this.size === 0) {
+      this.tailDeadline = null;
+      this.socket.unref();
+    }
+    entry.resolve(line);
+    return true;
+  }
+
+  /**
+   * An event line. Unknown events, malformed lines and unknown tokens are
+   * ignored (an unknown token is remembered for a moment, see ORPHAN_LOSSES).
+   * @param {string} line
+   */
+  onEvent(line) {
+    const ev = p.parseEvent(line);
+    if (ev === null) return;
+    const locks = this.locks.get(ev.token);
+    if (!locks) {
+      this.orphanLosses.delete(ev.token);
+      this.orphanLosses.set(ev.token, ev.reason);
+      if (this.orphanLosses.size > ORPHAN_LOSSES) this.orphanLosses.delete(this.orphanLosses.keys().next().value);
+      return;
+    }
+    for (const lock of [...locks]) lock[kLose](ev.reason, true);
+  }
+
+  /**
+   * Track a new Lock: it is lost at once if the connection already ended or
+   * its LOST event came first.
+   * @param {Lock} lock
+   */
+  register(lock) {
+    if (this.error) {
+      lock[kLose]('disconnected', false);
+      return;
+    }
+    let set = this.locks.get(lock.token);
+    if (!set) this.locks.set(lock.token, (set = new Set()));
+    set.add(lock);
+    const reason = this.orphanLosses.get(lock.token);
+    if (reason !== undefined) {
+      this.orphanLosses.delete(lock.token);
+      lock[kLose](reason, true);
+    }
+  }
+
+  /** @param {Lock} lock */
+  unregister(lock) {
+    const set = this.locks.get(lock.token);
+    if (!set) return;
+    set.delete(lock);
+    if (set.size === 0) this.locks.delete(lock.token);
+  }
+
+  /**
+   * A RELEASE of key+token is being sent on this connection: the Lock
+   * objects it releases are released (their signals will not fire).
+   * @param {string} key
+   * @param {bigint} token
+   */
+  releasing(key, token) {
+    for (const lock of [...(this.locks.get(token) ?? [])]) {
+      if (lock.keys.includes(key)) lock[kReleasing]();
+    }
   }
 
   /** @param {SidecarConnectionError} err */
@@ -156,6 +237,11 @@ class Connection {
     this.pending = [];
     this.head = 0;
     for (const e of entries) e.reject(err);
+    // The session is over: the sidecar releases its locks (or, if it died,
+    // their leases run out).
+    const locks = [...this.locks.values()].flatMap((set) => [...set]);
+    this.locks.clear();
+    for (const lock of locks) lock[kLose]('disconnected', false);
   }
 
   async close() {
@@ -181,6 +267,11 @@ class Connection {
  * Tokens are BigInt: fencing tokens are u64 and would lose precision as
  * numbers. `release` also accepts decimal strings. Compare tokens with `<`,
  * `>`; store them as strings (`String(token)`) or u64 columns.
+ *
+ * Every connection starts with `HELLO 3 events` (pipelined before the first
+ * request), so the sidecar tells it when a lock it holds is lost; `lock` and
+ * `lockBlock` return {@link Lock} objects whose `signal` reports it. Against
+ * an older sidecar (no events) locks still fire at their local deadline.
  *
  * An idle client does not keep the Node.js process alive.
  */
@@ -231,8 +322,33 @@ class Client {
 
   #connection() {
     if (this.#closed) throw new SidecarConnectionError('client is closed');
-    if (!this.#conn || !this.#conn.alive) this.#conn = new Connection(this.path, this.connectTimeout * 1000);
+    if (!this.#conn || !this.#conn.alive) {
+      const conn = new Connection(this.path, this.connectTimeout * 1000);
+      this.#conn = conn;
+      this.#sendHello(conn);
+    }
     return this.#conn;
+  }
+
+  /**
+   * Send `HELLO 3 events` on `conn` (its first request, or again after a
+   * HELLO that got no usable reply) and record what the sidecar agreed.
+   * @param {Connection} conn
+   */
+  #sendHello(conn) {
+    conn.hello = this.#call(p.helloEventsLine(), 0, null, conn).then(p.parseHelloEvents);
+    conn.hello.then((h) => {
+      conn.version = h.version;
+      conn.events = h.events;
+    }, (e) => {
+      // Every sidecar answers this HELLO with HELLO, bad_request or
+      // unknown_verb; any other ERR is its refusal of the connection
+      // (forbidden, too_many_connections), which it closes: say so to the
+      // requests pipelined behind, rather than only "closed".
+      if (e instanceof ServerError) {
+        conn.fail(new SidecarConnectionError(`the sidecar at ${this.path} refused the connection: ${e.message}`, { cause: e }));
+      }
+    });
   }
 
   #budget(bound) {
@@ -295,6 +411,68 @@ class Client {
   }
 
   /**
+   * Acquire `key` and resolve with a {@link Lock}: its `token`, `keys`, a
+   * `signal` (AbortSignal) aborted when the lock is lost, `lostReason`,
+   * `remaining()` (seconds), `extend(lease)` and `release()`.
+   *
+   * The lock is valid until the ACQUIRE's send time + lease − margin
+   * (250 ms + 1 % of the lease), moved by each successful `extend`; its
+   * signal fires at that deadline, at the sidecar's `! LOST` event, or when
+   * the connection ends, whichever is first. Rejects as `acquire` does.
+   *
+   * @param {string} key 1..255 characters in 0x21..0x7E
+   * @param {{lease?: number, wait?: number}} [options] as for `acquire`
+   * @returns {Promise<Lock>}
+   */
+  async lock(key, { lease = 30, wait = 5 } = {}) {
+    const { line, waitSeconds } = p.acquireLine(key, lease, wait);
+    return this.#lock(this.#connection(), line, waitSeconds, [key], lease);
+  }
+
+  /**
+   * Acquire the seat block `keys` (see `acquireBlock`) and resolve with one
+   * {@link Lock} for all of them: it extends, is lost and is released as
+   * one. Rejects as `acquireBlock` does.
+   *
+   * @param {string[]} keys 1..16 distinct keys
+   * @param {{lease?: number, wait?: number}} [options] as for `acquire`
+   * @returns {Promise<Lock>}
+   */
+  async lockBlock(keys, { lease = 30, wait = 5 } = {}) {
+    const { line, waitSeconds, keys: ks } = p.acquireBlockLine(keys, lease, wait);
+    const conn = this.#connection();
+    if (ks.length > 1) await this.#needBlocks(conn);
+    return this.#lock(conn, line, waitSeconds, ks, lease);
+  }
+
+  /**
+   * Send an ACQUIRE on `conn` and make the Lock of its grant.
+   * @param {Connection} conn
+   * @param {string} line
+   * @param {number} waitSeconds
+   * @param {string[]} keys
+   * @param {number} lease
+   */
+  async #lock(conn, line, waitSeconds, keys, lease) {
+    // The lease counts from the grant, which comes after this: the send time
+    // is the conservative start.
+    const sentAt = performance.now();
+    const token = p.parseAcquire(await this.#call(line, waitSeconds, (reply) => this.#releaseLateGrant(keys[0], reply), conn));
+    return new Lock({
+      call: (l, bound) => this.#call(l, bound, null, conn), conn, keys, token, lease, sentAt,
+    });
+  }
+
+  /** @param {Connection} conn */
+  async #needBlocks(conn) {
+    const v = await this.#hello(conn);
+    if (v < 2) {
+      throw new NotSupportedError(`a seat block needs protocol version 2; the sidecar at ${this.path} `
+        + `speaks version ${v}: upgrade the sidecar`);
+    }
+  }
+
+  /**
    * Acquire a seat block: every key of `keys` (1..16 distinct keys) at once
    * or none, under one fencing token, which it resolves with (a BigInt).
    *
@@ -305,9 +483,9 @@ class Client {
    * of its keys releases the whole block; closing the client releases it
    * too. One key is `acquire`.
    *
-   * A block needs protocol version 2: the first one on a connection sends
-   * `HELLO` (see `hello`), and against a version-1 sidecar it rejects with
-   * NotSupportedError, nothing acquired. Invalid arguments (a key named
+   * A block needs protocol version 2: the first one on a connection waits
+   * for the reply to the connection's `HELLO` (see `hello`), and against a
+   * version-1 sidecar it rejects with NotSupportedError, nothing acquired. Invalid arguments (a key named
    * twice, more than 16 keys, ...) reject with TypeError/RangeError before
    * anything is sent; the other rejections are `acquire`'s.
    *
@@ -318,30 +496,43 @@ class Client {
   async acquireBlock(keys, { lease = 30, wait = 5 } = {}) {
     const { line, waitSeconds, keys: ks } = p.acquireBlockLine(keys, lease, wait);
     const conn = this.#connection();
-    if (ks.length > 1) {
-      const v = await this.#hello(conn);
-      if (v < 2) {
-        throw new NotSupportedError(`a seat block needs protocol version 2; the sidecar at ${this.path} `
-          + `speaks version ${v}: upgrade the sidecar`);
-      }
-    }
+    if (ks.length > 1) await this.#needBlocks(conn);
     return p.parseAcquire(await this.#call(line, waitSeconds, (reply) => this.#releaseLateGrant(ks[0], reply), conn));
   }
 
   /**
-   * The protocol version this client and the sidecar both speak (`HELLO`,
-   * asked once per connection); 1 for a version-1 sidecar, which does not
-   * know `HELLO`.
+   * The protocol version this client and the sidecar both speak: the reply
+   * to the `HELLO 3 events` every connection sends first (1 for a version-1
+   * sidecar, which does not know `HELLO`; 2 for a version-2 sidecar, which
+   * refuses the `events` option).
    * @returns {Promise<number>}
    */
   async hello() {
     return this.#hello(this.#connection());
   }
 
+  /**
+   * Whether the sidecar sends this connection event lines (`! LOST`):
+   * false for a sidecar older than version 3 (locks then learn of a loss
+   * only from their local deadline).
+   * @returns {Promise<boolean>}
+   */
+  async eventsEnabled() {
+    const conn = this.#connection();
+    await this.#hello(conn);
+    return conn.events;
+  }
+
   /** @param {Connection} conn */
   async #hello(conn) {
-    if (conn.version === null) conn.version = p.parseHello(await this.#call(p.helloLine(), 0, null, conn));
-    return conn.version;
+    try {
+      return (await conn.hello).version;
+    } catch (e) {
+      // No usable reply (e.g. none in time): ask again while the connection lives.
+      if (!conn.alive || !(e instanceof TicketingError)) throw e;
+      this.#sendHello(conn);
+      return (await conn.hello).version;
+    }
   }
 
   /**
@@ -355,7 +546,10 @@ class Client {
    */
   async release(key, token) {
     const line = p.releaseLine(key, token);
-    p.parseRelease(await this.#call(line, p.RELEASE_DEADLINE));
+    const conn = this.#connection();
+    // A Lock of this connection for key+token is released from now on.
+    conn.releasing(key, p.toToken(token));
+    p.parseRelease(await this.#call(line, p.RELEASE_DEADLINE, null, conn));
   }
 
   /** Round-trip `PING`/`PONG`. @returns {Promise<void>} */
@@ -384,57 +578,59 @@ class Client {
   }
 
   /**
-   * Acquire `key`, run `fn(token)`, release, and return what `fn` returned.
-   * The lock is released even if `fn` throws (then `fn`'s error wins over a
-   * failed release). A failed release after a successful `fn` rejects: the
-   * lock may have been lost (e.g. lease expired) during the section.
+   * Acquire `key`, run `fn(token, lock)`, release, and return what `fn`
+   * returned. The lock is released even if `fn` throws (then `fn`'s error
+   * wins over a failed release). A failed release after a successful `fn`
+   * rejects: the lock may have been lost (e.g. lease expired) during the
+   * section. `lock` is the {@link Lock}: watch `lock.signal` (pass it to
+   * fetch, streams, timers) to stop when the lock is lost, and call
+   * `lock.extend(lease)` for a long section.
    *
    * @template T
    * @param {string} key
    * @param {{lease?: number, wait?: number}} options
-   * @param {(token: bigint) => T | Promise<T>} fn
+   * @param {(token: bigint, lock: Lock) => T | Promise<T>} fn
    * @returns {Promise<T>}
    */
   async withLock(key, options, fn) {
     if (typeof options === 'function') [options, fn] = [{}, options];
     if (typeof fn !== 'function') throw new TypeError('withLock needs a function');
-    const token = await this.acquire(key, options);
+    return this.#withLock(await this.lock(key, options), fn);
+  }
+
+  /**
+   * @template T
+   * @param {Lock} lock
+   * @param {(token: bigint, lock: Lock) => T | Promise<T>} fn
+   * @returns {Promise<T>}
+   */
+  async #withLock(lock, fn) {
     let result;
     try {
-      result = await fn(token);
+      result = await fn(lock.token, lock);
     } catch (e) {
-      await this.release(key, token).catch(() => {});
+      await lock.release().catch(() => {});
       throw e;
     }
-    await this.release(key, token);
+    await lock.release();
     return result;
   }
 
   /**
-   * Acquire the seat block `keys` (see `acquireBlock`), run `fn(token)`,
-   * release every key, and return what `fn` returned; released even if
-   * `fn` throws, as `withLock`.
+   * Acquire the seat block `keys` (see `acquireBlock`), run
+   * `fn(token, lock)`, release every key, and return what `fn` returned;
+   * released even if `fn` throws, as `withLock`.
    *
    * @template T
    * @param {string[]} keys
    * @param {{lease?: number, wait?: number}} options
-   * @param {(token: bigint) => T | Promise<T>} fn
+   * @param {(token: bigint, lock: Lock) => T | Promise<T>} fn
    * @returns {Promise<T>}
    */
   async withBlock(keys, options, fn) {
     if (typeof options === 'function') [options, fn] = [{}, options];
     if (typeof fn !== 'function') throw new TypeError('withBlock needs a function');
-    const ks = p.checkKeys(keys);
-    const token = await this.acquireBlock(ks, options);
-    let result;
-    try {
-      result = await fn(token);
-    } catch (e) {
-      await this.release(ks[0], token).catch(() => {});
-      throw e;
-    }
-    await this.release(ks[0], token);
-    return result;
+    return this.#withLock(await this.lockBlock(p.checkKeys(keys), options), fn);
   }
 
   #releaseLateGrant(key, reply) {
@@ -454,4 +650,4 @@ class Client {
   }
 }
 
-module.exports = { Client, DEFAULT_REPLY_GRACE };
+module.exports = { Client, Connection, Lock, DEFAULT_REPLY_GRACE };

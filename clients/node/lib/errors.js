@@ -17,6 +17,11 @@
  * | SidecarConnectionError   | sidecar unreachable or connection lost (the      | no      |
  * |                          | sidecar releases the session's locks)            |         |
  * | NotSupportedError        | a block, and the sidecar speaks version 1        | no      |
+ * | LockLostError            | a Lock's lost signal fired (`.reason`), or an    | no*     |
+ * |                          | `extend` refused locally because of it           |         |
+ *
+ * (*) a lock lost to the local deadline (`deadline`) may in fact still be
+ * held by the sidecar for a moment; stop using it all the same.
  * @module
  */
 
@@ -108,6 +113,46 @@ class NotSupportedError extends TicketingError {
   }
 }
 
+/**
+ * Why a {@link LockLostError} was raised. `expired`, `moved` and
+ * `compensated` come from the sidecar's `! LOST` event; `deadline` is the
+ * lock's local validity deadline (send time + lease − margin);
+ * `disconnected` the connection to the sidecar ended; `released`: the
+ * lock was released (only an `extend` after `release` reports it; the lost
+ * signal never fires for a released lock). A newer sidecar may send other
+ * reasons: they are losses all the same.
+ * @typedef {'expired'|'moved'|'compensated'|'deadline'|'disconnected'|'released'|string} LostReason
+ */
+
+/**
+ * The lock is lost: its `signal.reason`, and what `Lock.extend` rejects with
+ * after the loss (nothing is sent then). `reason` says why.
+ */
+class LockLostError extends TicketingError {
+  /**
+   * @param {LostReason} reason
+   * @param {string} [message]
+   */
+  constructor(reason, message) {
+    super(message || LockLostError.describe(reason), 'lost');
+    /** @type {LostReason} */
+    this.reason = reason;
+  }
+
+  /** @param {LostReason} reason */
+  static describe(reason) {
+    switch (reason) {
+      case 'expired': return 'lock lost: its lease ran out (the cluster committed the expiry)';
+      case 'moved': return 'lock lost: the key is no longer held under this token (an EXTEND found it moved on)';
+      case 'compensated': return 'lock lost: the sidecar released it on the connection\'s behalf';
+      case 'deadline': return 'lock lost: its local validity deadline (send time + lease - margin) passed';
+      case 'disconnected': return 'lock lost: the connection to the sidecar ended';
+      case 'released': return 'the lock was released';
+      default: return `lock lost (${reason})`;
+    }
+  }
+}
+
 module.exports = {
   TicketingError,
   BusyError,
@@ -118,4 +163,5 @@ module.exports = {
   ProtocolError,
   SidecarConnectionError,
   NotSupportedError,
+  LockLostError,
 };

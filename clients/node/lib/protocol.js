@@ -16,8 +16,19 @@ const MAX_WAIT = 300;
 const MAX_KEY_LEN = 255;
 const MAX_TOKEN = (1n << 64n) - 1n;
 const RELEASE_DEADLINE = 5;
-/** The version of unixapi/PROTOCOL.md this client speaks (2: seat blocks, HELLO). */
-const PROTOCOL_VERSION = 2;
+/**
+ * The version of unixapi/PROTOCOL.md this client speaks (2: seat blocks,
+ * HELLO; 3: EXTEND and the `! LOST` event lines).
+ */
+const PROTOCOL_VERSION = 3;
+/**
+ * The margin by which a lock's local validity deadline precedes the end of
+ * its lease (clients/README.md): 250 ms + 1 % of the lease, for the drift
+ * between this host's clock and the leader's over the lease, and for the
+ * time between the leader's commit of the expiry and the sidecar's notice.
+ */
+const MARGIN_BASE_MS = 250;
+const MARGIN_LEASE_FRACTION = 0.01;
 /** The most keys of one block acquire (distinct keys). */
 const MAX_BLOCK_KEYS = 16;
 const SOCKET_ENV = 'TICKETING_SOCKET';
@@ -150,9 +161,34 @@ function acquireBlockLine(keys, lease, wait) {
   return { line: `ACQUIRE ${ks.join(' ')} ${lease} ${formatWait(ms)}`, waitSeconds: ms / 1000, keys: ks };
 }
 
-/** The HELLO request of this client's version. */
+/** The HELLO request of this client's version, without options. */
 function helloLine() {
   return `HELLO ${PROTOCOL_VERSION}`;
+}
+
+/** The HELLO every connection sends first: this version, events on. */
+function helloEventsLine() {
+  return `HELLO ${PROTOCOL_VERSION} events`;
+}
+
+/**
+ * The reply to `HELLO 3 events`: `HELLO <v> events` → events on;
+ * `HELLO <v>` → the version both speak has no events; `ERR bad_request` →
+ * a version-2 sidecar (it knows HELLO but not the option); `ERR
+ * unknown_verb` → version 1. Anything else throws its error.
+ * @returns {{version: number, events: boolean}}
+ */
+function parseHelloEvents(reply) {
+  const m = /^HELLO ([0-9]{1,5})( events)?$/.exec(reply);
+  if (m) {
+    const v = Number(m[1]);
+    if (v >= 1 && v <= PROTOCOL_VERSION && (!m[2] || v >= 3)) return { version: v, events: Boolean(m[2]) };
+    throw new ProtocolError(`bad HELLO reply ${JSON.stringify(reply)}`);
+  }
+  const err = errorFrom(reply);
+  if (err instanceof ServerError && err.code === 'unknown_verb') return { version: 1, events: false };
+  if (err instanceof ServerError && err.code === 'bad_request') return { version: 2, events: false };
+  throw err;
 }
 
 /**
@@ -174,6 +210,102 @@ function parseHello(reply) {
 function releaseLine(key, token) {
   checkKey(key);
   return `RELEASE ${key} ${toToken(token)}`;
+}
+
+/** `EXTEND <key> <token> <lease>` (version 3), arguments checked. */
+function extendLine(key, token, lease) {
+  checkKey(key);
+  const t = toToken(token);
+  checkLease(lease);
+  return `EXTEND ${key} ${t} ${lease}`;
+}
+
+/**
+ * The margin of a lease in milliseconds: 250 ms + 1 % of the lease.
+ * @param {number} lease seconds
+ */
+function marginMillis(lease) {
+  return MARGIN_BASE_MS + lease * 1000 * MARGIN_LEASE_FRACTION;
+}
+
+/**
+ * Whether a line the sidecar sent is an event line rather than a reply.
+ * Event lines start with `! `; no reply ever starts with `!`, so a line
+ * starting with `!` that is not a well-formed event is a malformed event,
+ * ignored, and never counted as a reply.
+ * @param {string} line
+ */
+function isEventLine(line) {
+  return line.charCodeAt(0) === 0x21; // '!'
+}
+
+/**
+ * @typedef {object} LostEvent
+ * @property {'LOST'} name
+ * @property {bigint} token
+ * @property {string} reason `expired`, `moved`, `compensated` or one a newer
+ *   sidecar added (still a loss)
+ * @property {string[]} keys
+ */
+
+/**
+ * Parse an event line. Returns null for an event this client does not know
+ * (later versions may add some) and for a malformed line: both are ignored.
+ * @param {string} line
+ * @returns {LostEvent|null}
+ */
+function parseEvent(line) {
+  if (!line.startsWith('! ')) return null;
+  const words = line.slice(2).split(' ');
+  if (words[0] !== 'LOST' || words.length < 4) return null;
+  const [, tokenText, reason, ...keys] = words;
+  if (!/^[0-9]{1,20}$/.test(tokenText)) return null;
+  const token = BigInt(tokenText);
+  if (token < 1n || token > MAX_TOKEN) return null;
+  if (!/^[\x21-\x7e]+$/.test(reason)) return null;
+  for (const k of keys) {
+    if (k.length < 1 || k.length > MAX_KEY_LEN || !/^[\x21-\x7e]+$/.test(k)) return null;
+  }
+  return { name: 'LOST', token, reason, keys };
+}
+
+/**
+ * Splits what the sidecar sends into lines and routes them: event lines to
+ * `onEvent`, every other line to `onReply` (replies, matched to requests by
+ * position). A `\r` before the `\n` is dropped; bytes after the last `\n`
+ * wait for the rest of their line.
+ */
+class LineReader {
+  /**
+   * @param {(line: string) => boolean|void} onReply return false to stop
+   *   reading (the connection is being torn down)
+   * @param {(line: string) => void} onEvent
+   */
+  constructor(onReply, onEvent) {
+    this.onReply = onReply;
+    this.onEvent = onEvent;
+    this.partial = '';
+  }
+
+  /** @param {string} chunk */
+  push(chunk) {
+    let data = this.partial + chunk;
+    let nl;
+    let start = 0;
+    while ((nl = data.indexOf('\n', start)) >= 0) {
+      let line = data.slice(start, nl);
+      start = nl + 1;
+      if (line.endsWith('\r')) line = line.slice(0, -1);
+      if (isEventLine(line)) {
+        this.onEvent(line);
+      } else if (this.onReply(line) === false) {
+        this.partial = '';
+        return;
+      }
+    }
+    data = data.slice(start);
+    this.partial = data;
+  }
 }
 
 /** The error a non-success reply line stands for. */
@@ -268,7 +400,9 @@ function parseHeld(reply) {
 
 module.exports = {
   MIN_LEASE, MAX_LEASE, MAX_WAIT, MAX_KEY_LEN, MAX_TOKEN, RELEASE_DEADLINE, SOCKET_ENV, DEFAULT_SOCKET,
-  PROTOCOL_VERSION, MAX_BLOCK_KEYS,
+  PROTOCOL_VERSION, MAX_BLOCK_KEYS, MARGIN_BASE_MS, MARGIN_LEASE_FRACTION,
   defaultPath, checkKey, checkKeys, checkLease, waitMillis, formatWait, toToken, checkRaw,
-  acquireLine, acquireBlockLine, helloLine, parseHello, releaseLine, errorFrom, parseAcquire, parseRelease, parsePing, parseInfo, parseHeld,
+  acquireLine, acquireBlockLine, helloLine, helloEventsLine, parseHello, parseHelloEvents, releaseLine,
+  extendLine, marginMillis, isEventLine, parseEvent, LineReader,
+  errorFrom, parseAcquire, parseRelease, parsePing, parseInfo, parseHeld,
 };

@@ -5,6 +5,7 @@
  * (format: clients/conformance/README.md), for the Node.js Client.
  */
 
+const { spawn } = require('node:child_process');
 const crypto = require('node:crypto');
 const fs = require('node:fs');
 const path = require('node:path');
@@ -15,6 +16,8 @@ const { parseInfo, parseHeld } = require('../lib/protocol');
 
 const SCENARIOS_FILE = path.resolve(__dirname, '..', '..', 'conformance', 'scenarios.json');
 const AWAIT_LIMIT_MS = 30_000;
+/** How often await_lost looks at a lock (its reason may change after the signal). */
+const POLL_MS = 10;
 
 /** @returns {object[]} the scenarios */
 function loadScenarios() {
@@ -43,6 +46,7 @@ function classifyReply(line) {
 
 /** A client error as an outcome (argument errors are TypeError/RangeError). */
 function classifyError(e) {
+  if (e instanceof ticketing.LockLostError) return { kind: 'lost', reason: e.reason };
   if (e instanceof ticketing.BusyError) return { kind: 'busy' };
   if (e instanceof ticketing.LockTimeoutError) return { kind: 'timeout' };
   if (e instanceof ticketing.IndeterminateError) return { kind: 'indeterminate', detail: e.message };
@@ -70,6 +74,8 @@ class Runner {
     this.conns = new Map();
     /** @type {Map<string, bigint>} */
     this.tokens = new Map();
+    /** @type {Map<string, ticketing.Lock>} */
+    this.locks = new Map();
     /** @type {Map<string, {promise: Promise<any>, done: boolean, result?: any}>} */
     this.background = new Map();
   }
@@ -87,6 +93,11 @@ class Runner {
   token(name) {
     if (!this.tokens.has(name)) throw new ScenarioFailure(`no saved token ${name}`);
     return this.tokens.get(name);
+  }
+
+  lock(name) {
+    if (!this.locks.has(name)) throw new ScenarioFailure(`no saved lock ${name}`);
+    return this.locks.get(name);
   }
 
   stepToken(step) {
@@ -120,6 +131,18 @@ class Runner {
       case 'acquire_block':
         promise = client.acquireBlock(step.block.map((n) => this.key(n)), { lease: step.lease, wait: step.wait })
           .then((token) => ({ kind: 'ok', token }));
+        break;
+      case 'lock':
+        promise = client.lock(this.stepKey(step), { lease: step.lease, wait: step.wait })
+          .then((lock) => ({ kind: 'ok', token: lock.token, lock }));
+        break;
+      case 'lock_block':
+        promise = client.lockBlock(step.block.map((n) => this.key(n)), { lease: step.lease, wait: step.wait })
+          .then((lock) => ({ kind: 'ok', token: lock.token, lock }));
+        break;
+      case 'extend':
+        // The lock's own connection: a lock belongs to the session that took it.
+        promise = this.lock(step.lock).extend(step.lease).then(() => ({ kind: 'ok' }));
         break;
       case 'release':
         promise = client.release(this.stepKey(step), this.stepToken(step)).then(() => ({ kind: 'ok' }));
@@ -159,6 +182,7 @@ class Runner {
     if (step.save !== undefined) {
       if (typeof out.token !== 'bigint') throw new ScenarioFailure(`no token to save in ${show(out)}`);
       this.tokens.set(step.save, out.token);
+      if (out.lock) this.locks.set(step.save, out.lock);
     }
     const gt = step.expect_token_gt === undefined ? [] : [].concat(step.expect_token_gt);
     for (const name of gt) {
@@ -192,10 +216,64 @@ class Runner {
     }
   }
 
+  /** expect_alive: the lock's signal has not fired; remaining() within bounds. */
+  expectAlive(step) {
+    const lock = this.lock(step.lock);
+    if (lock.lost || lock.signal.aborted) throw new ScenarioFailure(`lock lost (${lock.lostReason})`);
+    const left = lock.remaining();
+    if (step.remaining_min !== undefined && left < step.remaining_min) {
+      throw new ScenarioFailure(`remaining ${left.toFixed(3)} s, expected at least ${step.remaining_min} s`);
+    }
+    if (step.remaining_max !== undefined && left > step.remaining_max) {
+      throw new ScenarioFailure(`remaining ${left.toFixed(3)} s, expected at most ${step.remaining_max} s`);
+    }
+  }
+
+  /** await_lost: until the signal has fired with one of the reasons. */
+  async awaitLost(step) {
+    const lock = this.lock(step.lock);
+    const reasons = [].concat(step.reason);
+    const within = step.within ?? 5;
+    const t0 = performance.now();
+    while (!(lock.signal.aborted && reasons.includes(lock.lostReason))) {
+      if (performance.now() - t0 > within * 1000) {
+        throw new ScenarioFailure(`not lost with reason ${reasons.join(' or ')} within ${within} s `
+          + `(aborted ${lock.signal.aborted}, reason ${lock.lostReason})`);
+      }
+      await sleep(POLL_MS);
+    }
+    if (!(lock.signal.reason instanceof ticketing.LockLostError)) {
+      throw new ScenarioFailure(`signal.reason is not a LockLostError: ${lock.signal.reason}`);
+    }
+    this.check({ min_seconds: step.min_seconds, max_seconds: step.max_seconds }, {}, (performance.now() - t0) / 1000);
+  }
+
+  /**
+   * stall: stop this process with SIGSTOP, as a stalled holder is stopped;
+   * a detached child sends SIGCONT after the given seconds.
+   */
+  stall(step) {
+    const child = spawn('sh', ['-c', `sleep ${Number(step.seconds)}; kill -CONT ${process.pid}`], {
+      detached: true, stdio: 'ignore',
+    });
+    if (child.pid === undefined) throw new ScenarioFailure('could not start the process that would SIGCONT us');
+    child.unref();
+    process.kill(process.pid, 'SIGSTOP'); // returns once continued
+  }
+
   async runStep(step) {
     switch (step.op) {
       case 'sleep':
         await sleep(step.seconds * 1000);
+        return;
+      case 'expect_alive':
+        this.expectAlive(step);
+        return;
+      case 'await_lost':
+        await this.awaitLost(step);
+        return;
+      case 'stall':
+        this.stall(step);
         return;
       case 'pending': {
         const bg = this.background.get(step.id);

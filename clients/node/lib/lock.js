@@ -1,0 +1,259 @@
+'use strict';
+
+/**
+ * Lock objects: a granted ACQUIRE (one key or a block) with its lost signal,
+ * its local validity deadline, extend and release. Created by
+ * `Client.lock` / `Client.lockBlock`; see clients/conformance/README.md,
+ * "Lock objects and the lost signal", for the contract every library keeps.
+ * @module
+ */
+
+const { performance } = require('node:perf_hooks');
+const p = require('./protocol');
+const { LockLostError, ServerError } = require('./errors');
+
+/**
+ * Codes of a definite EXTEND refusal that mean the lock is gone (the
+ * sidecar writes `! LOST <token> moved` before such a reply anyway; this
+ * covers a connection whose events were turned off).
+ */
+const GONE_CODES = new Set(['not_held', 'token_mismatch', 'owner_mismatch']);
+
+/** Reasons a sidecar event replaces: the local ones are only guesses. */
+const LOCAL_REASONS = new Set(['deadline', 'disconnected']);
+
+/** Internal entry points for the connection, kept off the public surface. */
+const kLose = Symbol('lose');
+const kReleasing = Symbol('releasing');
+
+/**
+ * A held lock: one key, or every key of a block, under one fencing token.
+ *
+ * `signal` is an AbortSignal aborted once, when the lock is lost: at the
+ * sidecar's `! LOST` event (reason `expired`, `moved`, `compensated`), at
+ * the local validity deadline (`deadline`: the ACQUIRE's send time, or the
+ * last successful EXTEND's, + lease − margin, margin = 250 ms + 1 % of the
+ * lease), or when the connection to the sidecar ends (`disconnected`),
+ * whichever comes first. `signal.reason` is a {@link LockLostError} with
+ * that first reason; `lostReason` is the same, except that a sidecar event
+ * arriving after `deadline` or `disconnected` replaces it (the more
+ * definite news). Pass `signal` to anything that takes one (fetch, timers,
+ * streams) to stop work the moment the lock is gone.
+ *
+ * Its timers never keep the process alive.
+ */
+class Lock {
+  /** @type {(line: string, bound: number) => Promise<string>} */
+  #call;
+  #conn;
+  /** @type {readonly string[]} */
+  #keys;
+  /** @type {bigint} */
+  #token;
+  #controller = new AbortController();
+  /** performance.now() time after which the lock must not be used */
+  #deadline;
+  /** @type {NodeJS.Timeout|null} */
+  #timer = null;
+  /** @type {string|null} */
+  #lostReason = null;
+  #released = false;
+
+  /**
+   * @param {object} o
+   * @param {(line: string, bound: number) => Promise<string>} o.call sends
+   *   a line on the lock's connection and resolves with its reply
+   * @param {import('./client').Connection} o.conn
+   * @param {string[]} o.keys
+   * @param {bigint} o.token
+   * @param {number} o.lease seconds
+   * @param {number} o.sentAt performance.now() when the ACQUIRE was written
+   * @private
+   */
+  constructor({ call, conn, keys, token, lease, sentAt }) {
+    this.#call = call;
+    this.#conn = conn;
+    this.#keys = Object.freeze([...keys]);
+    this.#token = token;
+    this.#deadline = validUntil(sentAt, lease);
+    this.#arm();
+    conn.register(this);
+  }
+
+  /** The fencing token (a BigInt), as `acquire` resolves with. */
+  get token() {
+    return this.#token;
+  }
+
+  /** The keys of the lock (one key, or a block's keys in the order asked for). */
+  get keys() {
+    return this.#keys;
+  }
+
+  /**
+   * Aborted when the lock is lost; `signal.reason` is a LockLostError. Never
+   * aborted for a lock released through `release()`.
+   * @returns {AbortSignal}
+   */
+  get signal() {
+    return this.#controller.signal;
+  }
+
+  /**
+   * Why the lock was lost (`expired`, `moved`, `compensated`, `deadline`,
+   * `disconnected`, or a reason a newer sidecar sends), or null while it is
+   * not. A sidecar event after `deadline`/`disconnected` replaces those.
+   * @returns {string|null}
+   */
+  get lostReason() {
+    this.#checkDeadline();
+    return this.#lostReason;
+  }
+
+  /** True once the lost signal has fired (checks the deadline first). */
+  get lost() {
+    this.#checkDeadline();
+    return this.#lostReason !== null;
+  }
+
+  /** True once `release()` (or the client's release of it) was called. */
+  get released() {
+    return this.#released;
+  }
+
+  /**
+   * The lock's remaining validity in **seconds** (a fraction, like `lease`
+   * and `wait`): the local deadline minus now; 0 once lost or released.
+   * @returns {number}
+   */
+  remaining() {
+    this.#checkDeadline();
+    if (this.#lostReason !== null || this.#released) return 0;
+    return Math.max(0, (this.#deadline - performance.now()) / 1000);
+  }
+
+  /**
+   * Renew the lease: `EXTEND <first key> <token> <lease>`; the lease counts
+   * from the moment this call writes it. On `OK` the local deadline moves to
+   * that send time + lease − margin (a shorter lease moves it earlier).
+   *
+   * Rejects with TypeError/RangeError for a lease that is not an integer
+   * 1..250, and with LockLostError when the lock is already lost (or was
+   * released: reason `released`), both before anything is sent; with
+   * ServerError (`.code`) for an `ERR` — `not_held`, `token_mismatch`,
+   * `owner_mismatch` mean the lock is gone and its signal fires (`moved`) —
+   * with IndeterminateError when the outcome is unknown (count on the old
+   * deadline, which stays), and with LockLostError if the lock was lost
+   * while the EXTEND was in flight (the sidecar may then hold it for the new
+   * lease: release it).
+   * @param {number} lease whole seconds 1..250
+   * @returns {Promise<void>}
+   */
+  async extend(lease) {
+    const line = p.extendLine(this.#keys[0], this.#token, lease);
+    if (this.#released) throw new LockLostError('released');
+    this.#checkDeadline();
+    if (this.#lostReason !== null) throw new LockLostError(this.#lostReason);
+    const sentAt = performance.now();
+    const reply = await this.#call(line, p.RELEASE_DEADLINE);
+    if (reply === 'OK') {
+      if (this.#released) return;
+      if (this.#lostReason !== null) {
+        throw new LockLostError(this.#lostReason,
+          `${LockLostError.describe(this.#lostReason)}, while its EXTEND was in flight (the EXTEND succeeded: release the lock)`);
+      }
+      this.#deadline = validUntil(sentAt, lease);
+      this.#arm();
+      return;
+    }
+    const err = p.errorFrom(reply);
+    if (err instanceof ServerError && GONE_CODES.has(err.code)) this.#lose('moved', true);
+    throw err;
+  }
+
+  /**
+   * Release the lock (`RELEASE <first key> <token>`, a block as a whole)
+   * through the connection that acquired it. Always sends, even after a
+   * loss (a lock lost only to the local deadline may still be held), and
+   * reports the reply as `Client.release` does: resolves on `OK`, rejects
+   * with ServerError (`not_held` after a real loss, ...), IndeterminateError
+   * or SidecarConnectionError. From the call on, the lock's timers are
+   * stopped and its signal no longer fires.
+   * @returns {Promise<void>}
+   */
+  async release() {
+    const line = p.releaseLine(this.#keys[0], this.#token);
+    this[kReleasing]();
+    p.parseRelease(await this.#call(line, p.RELEASE_DEADLINE));
+  }
+
+  /**
+   * Fire the lost signal with `reason` (first reason wins; a sidecar event
+   * replaces a local reason). Called by the connection.
+   * @param {string} reason
+   * @param {boolean} fromSidecar
+   */
+  [kLose](reason, fromSidecar) {
+    this.#lose(reason, fromSidecar);
+  }
+
+  /** Marks the lock released: no more timers, no lost signal. */
+  [kReleasing]() {
+    if (this.#released) return;
+    this.#released = true;
+    this.#disarm();
+    this.#conn.unregister(this);
+  }
+
+  #lose(reason, fromSidecar) {
+    if (this.#released) return;
+    if (fromSidecar) this.#conn.unregister(this); // at most one event per lock
+    if (this.#lostReason === null) {
+      this.#lostReason = reason;
+      this.#disarm();
+      this.#controller.abort(new LockLostError(reason));
+    } else if (fromSidecar && LOCAL_REASONS.has(this.#lostReason)) {
+      this.#lostReason = reason;
+    }
+  }
+
+  /**
+   * A timer fires late after the process was stopped or starved, and
+   * `extend`/`remaining` may run before it: they check the clock themselves.
+   */
+  #checkDeadline() {
+    if (this.#lostReason === null && !this.#released && performance.now() >= this.#deadline) {
+      this.#lose('deadline', false);
+    }
+  }
+
+  #arm() {
+    this.#disarm();
+    if (this.#lostReason !== null || this.#released) return;
+    const ms = Math.max(0, this.#deadline - performance.now());
+    this.#timer = setTimeout(() => {
+      this.#timer = null;
+      this.#checkDeadline();
+      // Timers may fire a fraction of a millisecond early.
+      if (this.#lostReason === null && !this.#released) this.#arm();
+    }, Math.ceil(ms));
+    this.#timer.unref();
+  }
+
+  #disarm() {
+    if (this.#timer !== null) {
+      clearTimeout(this.#timer);
+      this.#timer = null;
+    }
+  }
+}
+
+/**
+ * The performance.now() time until which a lock written at `sentAt` with
+ * `lease` seconds is valid: sentAt + lease − margin.
+ */
+function validUntil(sentAt, lease) {
+  return sentAt + lease * 1000 - p.marginMillis(lease);
+}
+
+module.exports = { Lock, kLose, kReleasing, validUntil };

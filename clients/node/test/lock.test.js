@@ -1,0 +1,239 @@
+'use strict';
+
+// Lock objects against a scripted sidecar (support/fakesidecar.js): the lost
+// signal and its reasons, the local deadline, extend and release. The real
+// sidecar's side is the conformance suite's (conformance.test.js).
+
+const assert = require('node:assert/strict');
+const { spawn } = require('node:child_process');
+const path = require('node:path');
+const { afterEach, test } = require('node:test');
+const ticketing = require('..');
+const p = require('../lib/protocol');
+const { FakeSidecar } = require('../support/fakesidecar');
+
+const { Client, LockLostError } = ticketing;
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+const aborted = (signal) => new Promise((resolve) => {
+  if (signal.aborted) resolve();
+  else signal.addEventListener('abort', () => resolve(), { once: true });
+});
+
+let cleanup = [];
+afterEach(async () => {
+  for (const f of cleanup.reverse()) await f();
+  cleanup = [];
+});
+
+/** A started fake sidecar and a client of it, both stopped after the test. */
+async function setup(respond) {
+  const fake = await new FakeSidecar(respond).start();
+  const client = new Client({ path: fake.path });
+  cleanup.push(() => fake.stop(), () => client.close());
+  return { fake, client };
+}
+
+test('every connection starts with HELLO 3 events; the reply says whether events come', async () => {
+  const { fake, client } = await setup();
+  await client.ping();
+  assert.deepEqual(fake.lines, ['HELLO 3 events', 'PING']);
+  assert.equal(await client.hello(), 3);
+  assert.equal(await client.eventsEnabled(), true);
+
+  // A version-2 sidecar refuses the option (bad_request): version 2, no events.
+  const { client: old } = await setup((line) => (line.startsWith('HELLO') ? 'ERR bad_request unknown option' : undefined));
+  assert.equal(await old.hello(), 2);
+  assert.equal(await old.eventsEnabled(), false);
+  assert.deepEqual(p.parseHelloEvents('HELLO 2'), { version: 2, events: false });
+  assert.throws(() => p.parseHelloEvents('HELLO 2 events'), ticketing.ProtocolError);
+});
+
+test('a sidecar that refuses the connection in reply to HELLO: the requests behind it say why', async () => {
+  const { client } = await setup((line, peer) => {
+    if (line.startsWith('HELLO')) peer.end('ERR forbidden uid 1234 is not allowed\n');
+    return null;
+  });
+  await assert.rejects(client.ping(), (e) => e instanceof ticketing.SidecarConnectionError && /forbidden/.test(e.message));
+  await assert.rejects(client.hello(), ticketing.TicketingError);
+});
+
+test('lock: token, keys, the margin, remaining() decreasing', async () => {
+  const { client } = await setup();
+  const lock = await client.lock('k', { lease: 30, wait: 0 });
+  assert.ok(lock instanceof ticketing.Lock);
+  assert.equal(typeof lock.token, 'bigint');
+  assert.deepEqual(lock.keys, ['k']);
+  assert.equal(lock.signal.aborted, false);
+  assert.equal(lock.lostReason, null);
+  const r1 = lock.remaining();
+  // margin = 250 ms + 1 % of 30 s = 550 ms
+  assert.ok(r1 > 0 && r1 <= 30 - 0.55, `remaining ${r1}`);
+  await sleep(20);
+  const r2 = lock.remaining();
+  assert.ok(r2 < r1, `remaining ${r2} after ${r1}`);
+  assert.equal(p.marginMillis(1), 260);
+  assert.equal(p.marginMillis(250), 2750);
+  await lock.release();
+  assert.equal(lock.remaining(), 0);
+  assert.equal(lock.released, true);
+});
+
+test('a LOST event aborts the signal with a LockLostError; extend is then refused without sending', async () => {
+  const { fake, client } = await setup();
+  const lock = await client.lock('k', { lease: 30, wait: 0 });
+  const other = await client.lockBlock(['a', 'b'], { lease: 30, wait: 0 });
+  fake.send(`! LOST ${lock.token} expired k\n`);
+  await aborted(lock.signal);
+  assert.ok(lock.signal.reason instanceof LockLostError);
+  assert.ok(lock.signal.reason instanceof ticketing.TicketingError);
+  assert.equal(lock.signal.reason.reason, 'expired');
+  assert.equal(lock.signal.reason.code, 'lost');
+  assert.equal(lock.lostReason, 'expired');
+  assert.equal(lock.lost, true);
+  assert.equal(lock.remaining(), 0);
+  assert.equal(other.signal.aborted, false);
+
+  const sent = client.requestsSent;
+  const lines = fake.lines.length;
+  await assert.rejects(lock.extend(30), (e) => e instanceof LockLostError && e.reason === 'expired');
+  assert.equal(client.requestsSent, sent);
+  assert.equal(fake.lines.length, lines);
+  // Argument errors come first, and send nothing either.
+  await assert.rejects(lock.extend(0), RangeError);
+  assert.equal(client.requestsSent, sent);
+
+  // release still sends, and reports the reply as it is.
+  fake.respond = (line) => (line.startsWith('RELEASE') ? 'ERR not_held not held by this connection' : undefined);
+  await assert.rejects(lock.release(), (e) => e instanceof ticketing.ServerError && e.code === 'not_held');
+  assert.equal(fake.lines.at(-1), `RELEASE k ${lock.token}`);
+});
+
+test('an unknown reason is a loss; unknown events and tokens change nothing', async () => {
+  const { fake, client } = await setup();
+  const lock = await client.lock('k', { lease: 30, wait: 0 });
+  fake.send(`! NEWS ${lock.token} k\n! LOST ${lock.token + 1n} expired k\n! LOST ${lock.token}\n`);
+  await client.ping();
+  assert.equal(lock.signal.aborted, false);
+  fake.send(`! LOST ${lock.token} eaten_by_grue k\n`);
+  await client.ping();
+  assert.equal(lock.lostReason, 'eaten_by_grue');
+});
+
+test('an event read in the same chunk as the grant is not missed', async () => {
+  const { fake, client } = await setup((line) => {
+    if (!line.startsWith('ACQUIRE')) return undefined;
+    return `OK 77\n! LOST 77 expired ${line.split(' ')[1]}`;
+  });
+  const lock = await client.lock('k', { lease: 30, wait: 0 });
+  assert.equal(lock.lostReason, 'expired');
+  assert.equal(lock.signal.aborted, true);
+  assert.ok(fake.lines.length >= 2);
+});
+
+test('the local deadline: signal at send + lease - margin, then the sidecar event replaces the reason', async () => {
+  const { fake, client } = await setup();
+  const lock = await client.lock('k', { lease: 1, wait: 0 });
+  await aborted(lock.signal);
+  assert.equal(lock.signal.reason.reason, 'deadline');
+  assert.equal(lock.lostReason, 'deadline');
+  await assert.rejects(lock.extend(10), (e) => e instanceof LockLostError && e.reason === 'deadline');
+  fake.send(`! LOST ${lock.token} expired k\n`);
+  await client.ping();
+  assert.equal(lock.lostReason, 'expired'); // the more definite news
+  assert.equal(lock.signal.reason.reason, 'deadline'); // the signal fired once
+});
+
+test('extend: OK re-arms the deadline from its send time; INDETERMINATE keeps the old one; not_held loses the lock', async () => {
+  let extendReply = 'OK';
+  const { fake, client } = await setup((line) => (line.startsWith('EXTEND') ? extendReply : undefined));
+  // Lease 2: the deadline (1.73 s) leaves a loaded machine time for the
+  // round trips before the EXTEND is sent.
+  const lock = await client.lock('k', { lease: 2, wait: 0 });
+  for (const bad of [0, 251, 1.5, -1, NaN]) await assert.rejects(lock.extend(bad), RangeError, String(bad));
+  for (const bad of ['30', 30n, null, undefined]) await assert.rejects(lock.extend(bad), TypeError, String(bad));
+  assert.ok(!fake.lines.some((l) => l.startsWith('EXTEND')), 'nothing sent for bad leases');
+
+  await lock.extend(60);
+  assert.equal(fake.lines.at(-1), `EXTEND k ${lock.token} 60`);
+  const left = lock.remaining();
+  assert.ok(left > 1 && left <= 60 - 0.85, `remaining ${left}`);
+  await sleep(2000); // past the first deadline (1.73 s)
+  assert.equal(lock.signal.aborted, false);
+
+  extendReply = 'INDETERMINATE';
+  const before = lock.remaining();
+  await assert.rejects(lock.extend(5), ticketing.IndeterminateError);
+  assert.ok(lock.remaining() <= before && lock.remaining() > 5, 'the old deadline stays');
+
+  extendReply = 'ERR not_held not held';
+  await assert.rejects(lock.extend(5), (e) => e instanceof ticketing.ServerError && e.code === 'not_held');
+  assert.equal(lock.lostReason, 'moved');
+  assert.equal(lock.signal.aborted, true);
+});
+
+test('a block lock extends by its first key and is lost as one', async () => {
+  const { fake, client } = await setup();
+  const lock = await client.lockBlock(['s/2', 's/1'], { lease: 10, wait: 0 });
+  assert.deepEqual(lock.keys, ['s/2', 's/1']);
+  await lock.extend(20);
+  assert.equal(fake.lines.at(-1), `EXTEND s/2 ${lock.token} 20`);
+  fake.send(`! LOST ${lock.token} expired s/2 s/1\n`);
+  await aborted(lock.signal);
+  assert.equal(lock.lostReason, 'expired');
+});
+
+test('a released lock never fires; client.release of its key and token releases it too', async () => {
+  const { client } = await setup();
+  const a = await client.lock('a', { lease: 2, wait: 0 });
+  const b = await client.lock('b', { lease: 2, wait: 0 });
+  await a.release();
+  await client.release('b', String(b.token));
+  assert.equal(b.released, true);
+  await sleep(2000); // past both deadlines (1.73 s)
+  assert.equal(a.signal.aborted, false);
+  assert.equal(b.signal.aborted, false);
+  await assert.rejects(a.extend(10), (e) => e instanceof LockLostError && e.reason === 'released');
+});
+
+test('a lost connection fires disconnected', async () => {
+  const { fake, client } = await setup();
+  const lock = await client.lock('k', { lease: 30, wait: 0 });
+  fake.peer.destroy();
+  await aborted(lock.signal);
+  assert.equal(lock.lostReason, 'disconnected');
+  await assert.rejects(lock.extend(10), (e) => e instanceof LockLostError && e.reason === 'disconnected');
+  await assert.rejects(lock.release(), ticketing.SidecarConnectionError);
+});
+
+test('withLock passes the Lock after the token', async () => {
+  const { fake, client } = await setup();
+  const got = await client.withLock('k', { lease: 30, wait: 0 }, (token, lock) => {
+    assert.equal(lock.token, token);
+    assert.equal(lock.signal.aborted, false);
+    return 'done';
+  });
+  assert.equal(got, 'done');
+  assert.match(fake.lines.at(-1), /^RELEASE k [0-9]+$/);
+  await client.withBlock(['x', 'y'], { lease: 30, wait: 0 }, (token, lock) => {
+    assert.deepEqual(lock.keys, ['x', 'y']);
+  });
+});
+
+test("a held lock's timers do not keep the process alive", async () => {
+  const fake = await new FakeSidecar().start();
+  cleanup.push(() => fake.stop());
+  const script = `const { Client } = require(${JSON.stringify(path.resolve(__dirname, '..'))});
+    new Client({ path: ${JSON.stringify(fake.path)} }).lock('k', { lease: 250, wait: 0 })
+      .then((l) => console.log('locked', String(l.token)));`;
+  const child = spawn(process.execPath, ['-e', script], { stdio: ['ignore', 'pipe', 'inherit'] });
+  let out = '';
+  child.stdout.on('data', (d) => { out += d; });
+  // The bound is far from anything timing-sensitive: the lock's deadline is
+  // 247 s away, so exiting at all shows its timer is unref'd.
+  const timer = setTimeout(() => child.kill('SIGKILL'), 60_000);
+  const [code, signal] = await new Promise((resolve) => child.once('exit', (c, s) => resolve([c, s])));
+  clearTimeout(timer);
+  assert.equal(signal, null, 'the child had to be killed: something kept it alive');
+  assert.equal(code, 0);
+  assert.match(out, /^locked [0-9]+/);
+});
