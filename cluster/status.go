@@ -147,11 +147,13 @@ func (n *Node) Inspect(key string) (wire.KeyReport, error) {
 	_, leader := n.raft.LeaderWithID()
 	r := wire.KeyReport{Key: key, ServerID: n.serverID, Role: n.role(), Leader: string(leader), Queue: []wire.WaiterReport{}}
 	var (
-		h       locksm.Holder
-		ws      []locksm.Waiter
-		waitDL  []time.Time // the leader's wait deadlines, per listed waiter (zero: unknown)
-		leading bool
-		epoch   uint64
+		h        locksm.Holder
+		ws       []locksm.Waiter
+		waitDL   []time.Time // the leader's wait deadlines, per listed waiter (zero: unknown)
+		leading  bool
+		epoch    uint64
+		extUntil time.Time // the leader's deadline of an extended holding
+		extended bool
 	)
 	n.mu.Lock()
 	n.fsm.read(func(st *locksm.State) {
@@ -163,6 +165,9 @@ func (n *Node) Inspect(key string) (wire.KeyReport, error) {
 		}
 	})
 	leading, epoch = n.core.Leading()
+	if r.Held && leading {
+		extUntil, extended = n.core.ExtendedUntil(h.Token)
+	}
 	if len(ws) > MaxInspectQueue {
 		ws, r.QueueTruncated = ws[:MaxInspectQueue], true
 	}
@@ -182,10 +187,15 @@ func (n *Node) Inspect(key string) (wire.KeyReport, error) {
 	r.AtUnixMs = nowMs
 	if r.Held {
 		hr := &wire.HolderReport{Owner: h.Owner, Token: h.Token, LeaseSec: h.LeaseSec, GrantedAtUnixMs: h.GrantedAt,
-			HeldMs: max(0, nowMs-h.GrantedAt)}
-		hr.LeaseRemainingMs = max(0, h.GrantedAt+int64(h.LeaseSec)*1000-nowMs)
+			RenewedAtUnixMs: h.RenewedAt, HeldMs: max(0, nowMs-h.GrantedAt)}
+		hr.LeaseRemainingMs = max(0, h.LeaseEnd()-nowMs)
 		hr.LeaseFrom = wire.FromClockEstimate
-		if leading && n.timers != nil {
+		switch {
+		case extended:
+			// The newest extend's timer decides; older ones are superseded.
+			hr.LeaseRemainingMs = max(0, extUntil.Sub(mono).Milliseconds())
+			hr.LeaseFrom = wire.FromLeaderTimer
+		case leading && n.timers != nil:
 			// Not found: the timer fired and the expiry is on its way, or
 			// the grant is applied but its timer not armed yet; the
 			// estimate covers both.
@@ -194,6 +204,7 @@ func (n *Node) Inspect(key string) (wire.KeyReport, error) {
 				hr.LeaseFrom = wire.FromLeaderTimer
 			}
 		}
+		hr.LeaseEndsAtUnixMs = nowMs + hr.LeaseRemainingMs
 		hr.BlockKeys = h.Keys
 		r.Holder = hr
 	}

@@ -433,6 +433,14 @@ func (k *Core[C]) WaitDeadline(ref uint64, key string) (time.Time, bool) {
 	return p.deadline, true
 }
 
+// ExtendedUntil reports when the lease timer armed by the newest extend
+// of token applied while leading runs out (the holding's leader-side
+// deadline; earlier timers of the token are superseded), for inspection.
+func (k *Core[C]) ExtendedUntil(token uint64) (time.Time, bool) {
+	at, ok := k.extendedUntil[token]
+	return at, ok
+}
+
 // ---- outputs ----
 
 func (k *Core[C]) send(to *conn[C], m wire.Msg) {

@@ -187,11 +187,17 @@ type HolderReport struct {
 	GrantedAtUnixMs int64 `json:"granted_at_unix_ms"`
 	// HeldMs is AtUnixMs − GrantedAtUnixMs (at least 0).
 	HeldMs int64 `json:"held_ms"`
+	// RenewedAtUnixMs is the leader's stamp in the holding's latest
+	// extend (0: never extended); the lease counts from it.
+	RenewedAtUnixMs int64 `json:"renewed_at_unix_ms,omitempty"`
 	// LeaseRemainingMs is when the leader will end the holding unless it
-	// is released first (at least 0), from LeaseFrom: FromLeaderTimer or
-	// FromClockEstimate.
+	// is released (or extended) first (at least 0), from LeaseFrom:
+	// FromLeaderTimer or FromClockEstimate.
 	LeaseRemainingMs int64  `json:"lease_remaining_ms"`
 	LeaseFrom        string `json:"lease_from"`
+	// LeaseEndsAtUnixMs is that end on the answering node's wall clock:
+	// AtUnixMs + LeaseRemainingMs.
+	LeaseEndsAtUnixMs int64 `json:"lease_ends_at_unix_ms"`
 	// BlockKeys: the holding is a block; every one of its keys (this one
 	// included), in the requester's order.
 	BlockKeys []string `json:"block_keys,omitempty"`

@@ -39,8 +39,8 @@ node that answers does (health and lag are then unknown).`, stdout, stderr)
 // runInspect is `ticketing inspect KEY`: one key's holder and queue.
 func runInspect(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs, af := newAdminFlagSet("ticketing inspect", "ticketing inspect [flags] KEY    (or: ticketing inspect KEY [flags])",
-		`The holder of KEY (owner, token, lease, how long it has held it and how much
-lease is left) and its queue, head first (owners, how long each has waited and
+		`The holder of KEY (owner, token, lease, when it was last extended, how long
+it has held it, how much lease is left and when it ends) and its queue, head first (owners, how long each has waited and
 how much of its wait is left). Asked of the leader, whose timers give the
 remaining times; from another node they are estimates from the leader's
 time stamps and that node's clock.`, stdout, stderr)
@@ -263,7 +263,12 @@ func printKey(w io.Writer, k *wire.KeyReport) {
 		if len(h.BlockKeys) > 0 {
 			fmt.Fprintf(tw, "Block:\t%d keys under this token: %s\n", len(h.BlockKeys), strings.Join(h.BlockKeys, " "))
 		}
-		fmt.Fprintf(tw, "Lease:\t%ds, held %s, %s left%s\n", h.LeaseSec, fmtMs(h.HeldMs), fmtMs(h.LeaseRemainingMs), fromNote(h.LeaseFrom))
+		renewed := ""
+		if h.RenewedAtUnixMs != 0 {
+			renewed = fmt.Sprintf(", renewed %s ago", fmtMs(max(0, k.AtUnixMs-h.RenewedAtUnixMs)))
+		}
+		fmt.Fprintf(tw, "Lease:\t%ds%s, held %s, %s left%s\n", h.LeaseSec, renewed, fmtMs(h.HeldMs), fmtMs(h.LeaseRemainingMs), fromNote(h.LeaseFrom))
+		fmt.Fprintf(tw, "Lease ends:\t%s\n", time.UnixMilli(h.LeaseEndsAtUnixMs).UTC().Format("2006-01-02 15:04:05.000 MST"))
 	case k.Reserved:
 		fmt.Fprintf(tw, "Holder:\tnone (reserved: the first waiter is a block waiting for its other keys)\n")
 	default:

@@ -79,6 +79,24 @@ func TestStatusAndInspect(t *testing.T) {
 	}
 	t.Logf("ticketing inspect seats/12A:\n%s", out)
 
+	// Extended: the lease counts from the extend, and inspect says when
+	// it was renewed and when it ends (the leader's newest timer).
+	if r, _, err := conn.Do(ctx, wire.Msg{Type: wire.TypeExtend, Key: "seats/12A", Owner: "alice", Token: r.Token, Lease: 200}); err != nil || r.Type != wire.TypeOK {
+		t.Fatalf("extend: %v %+v", err, r)
+	}
+	code, out, errs = run(append(append([]string{"inspect"}, flags...), "--json", "seats/12A")...)
+	var ext wire.KeyReport
+	if code != ExitOK || json.Unmarshal([]byte(out), &ext) != nil || !ext.Held || ext.Holder.RenewedAtUnixMs == 0 ||
+		ext.Holder.LeaseSec != 200 || ext.Holder.LeaseRemainingMs < 150_000 || ext.Holder.LeaseFrom != wire.FromLeaderTimer ||
+		ext.Holder.LeaseEndsAtUnixMs != ext.AtUnixMs+ext.Holder.LeaseRemainingMs {
+		t.Fatalf("inspect --json after an extend: exit %d\n%s%s", code, out, errs)
+	}
+	code, out, errs = run(append([]string{"inspect", "seats/12A"}, flags...)...)
+	if code != ExitOK || !strings.Contains(out, "Lease:        200s, renewed ") || !strings.Contains(out, "Lease ends:   ") {
+		t.Fatalf("inspect after an extend: exit %d\n%s%s", code, out, errs)
+	}
+	t.Logf("ticketing inspect seats/12A, extended:\n%s", out)
+
 	code, out, errs = run(append(append([]string{"inspect"}, flags...), "--json", "seats/12A")...)
 	var kr wire.KeyReport
 	if code != ExitOK || json.Unmarshal([]byte(out), &kr) != nil || !kr.Held || kr.Holder.Owner != "alice" ||
