@@ -7,17 +7,16 @@ of adjacent free seats -> acquire them as one block (one key per seat, one
 token) -> fenced write of the whole block (every seat key's fence and the
 seats in one transaction) -> release. Prints one line per sale attempt on
 stdout, like the Go seller (see seller.go): ``SOLD <token> <sale> <seats>``,
-``STALE ...``, ``TAKEN ...`` (a seat was sold meanwhile: picking again),
-``PAUSE ...``, ``SOLDOUT``; it starts selling when a line (``GO``) arrives on
+``STALE ...``, ``ABORTED ...``, ``TAKEN ...`` (a seat was sold meanwhile:
+picking again), ``PAUSE ...``, ``SOLDOUT``; it starts selling when a line (``GO``) arrives on
 stdin, after printing ``READY``; after a ``PAUSE`` it goes on at the next line
 (``CONT``).
 
 The block's lock object tells when the lock is lost (the sidecar's ``! LOST``
 event, or the local validity deadline: send time + lease − margin): a sale
-whose lock is lost before the fenced write is aborted without writing, and
-reported ``STALE`` like a write the fence rejected (nothing of it applied;
-the runner counts both as rejected stale writes), with the reason on
-stderr. The fence still guards the window between that check and the write.
+whose lock is lost before the fenced write is aborted without writing and
+reported ``ABORTED``, with the reason on stderr. The fence still guards the
+window between that check and the write (``STALE``).
 
 Needs ``clients/python`` on PYTHONPATH. The database is an SQLite file
 (sqlite3, WAL, busy timeout) or a postgres:// URL (psycopg or psycopg2).
@@ -163,7 +162,7 @@ def main() -> int:
                     # sees the passed deadline and fires the signal.)
                     print(f"{a.name}: {sale}: lock lost ({lock.lost_reason}) before the fenced write; sale aborted",
                           file=sys.stderr)
-                    emit(f"STALE {line}")
+                    emit(f"ABORTED {line}")
                     continue
                 enc = fence.encode_token(token)
                 try:
