@@ -61,9 +61,9 @@
 //
 // When the leader applies an expiry it tells the holder with a lost event
 // (wire.TypeLost) on a connection of version wire.VersionExtend or later:
-// the connection the grant was told on if it is still open, else every
-// such open connection (the holder may have reconnected, or an earlier
-// leader told the grant). It goes out before any grant the expiry hands
+// the connection the grant was told on if it is still open (none if that
+// one is older), else every such open connection (the holder may have
+// reconnected, or an earlier leader told the grant). It goes out before any grant the expiry hands
 // the key on with.
 //
 // Timers run on the caller's monotonic clock: a lease timer for every grant
@@ -372,8 +372,9 @@ type Core[C comparable] struct {
 	// before it is superseded. Dropped when that timer comes due.
 	extendedUntil map[uint64]time.Time
 	// told: the connection each grant of this leadership was told on, by
-	// token, for connections that take lost events (wire.VersionExtend);
-	// dropped when the holding's release or expiry is applied.
+	// token (an older connection than wire.VersionExtend too: its holder
+	// gets no lost event, and nobody else need be told); dropped when the
+	// holding's release or expiry is applied.
 	told map[uint64]*conn[C]
 
 	rd Ready[C]
@@ -904,7 +905,7 @@ func (k *Core[C]) granted(p *pending[C], token uint64, now time.Time) bool {
 	}
 	k.event(Event{Kind: EventReply, Op: p.op, Outcome: OutcomeGranted, Queued: p.queued, Latency: now.Sub(p.start), Keys: len(p.keys)})
 	k.send(p.conn, wire.Msg{Type: wire.TypeGranted, ID: p.id, Token: token})
-	if k.leading && p.conn.version >= wire.VersionExtend {
+	if k.leading {
 		k.told[token] = p.conn
 	}
 	return true
@@ -916,8 +917,12 @@ func (k *Core[C]) granted(p *pending[C], token uint64, now time.Time) bool {
 func (k *Core[C]) tellLost(key string, token uint64) {
 	m := wire.Msg{Type: wire.TypeLost, Token: token, Reason: wire.LostExpired, Key: key}
 	if cn := k.told[token]; cn != nil && !cn.dead {
-		k.send(cn, m)
-		k.event(Event{Kind: EventLostSent, Keys: 1})
+		// An older connection cannot take the event; its holder learns
+		// of the loss as before (a fence, a not-held release).
+		if cn.version >= wire.VersionExtend {
+			k.send(cn, m)
+			k.event(Event{Kind: EventLostSent, Keys: 1})
+		}
 		return
 	}
 	n := 0

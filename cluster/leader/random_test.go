@@ -39,6 +39,13 @@ import (
 //   - a queued waiter owed a reply whose connection died, or that was
 //     cancelled, has its cancel proposed; any other has its wait timer
 //     armed at its deadline (or fired, and the cancel proposed);
+//   - K to an extend only after the log extended that holding for that
+//     request; an expiry is never proposed while an extend of its token
+//     is owed (the lease timer waits for the extend to settle);
+//   - X (lost) only while the log applies that token's expiry, on live
+//     connections of version 6 only, at most once per connection and
+//     token, and only on the connection the grant was told on while that
+//     one is open;
 //   - drained under a fresh leader, every lease runs out through the log
 //     and the table ends empty.
 func TestRandomized(t *testing.T) {
@@ -46,11 +53,25 @@ func TestRandomized(t *testing.T) {
 	if testing.Short() {
 		seeds = 50
 	}
+	var cov coverage
 	for seed := 0; seed < seeds; seed++ {
-		if err := runRandom(uint64(seed), 300); err != nil {
+		if err := runRandom(uint64(seed), 300, &cov); err != nil {
 			t.Fatalf("seed %d: %v", seed, err)
 		}
 	}
+	// The runs must have reached the cases the checks are about.
+	for name, n := range map[string]int{"extends applied": cov.extended, "extend refusals": cov.extendRefused,
+		"lost events": cov.lost, "lost events broadcast": cov.lostBroadcast, "expiries deferred": cov.deferred} {
+		if n == 0 {
+			t.Errorf("no %s in %d runs", name, seeds)
+		}
+	}
+	t.Logf("coverage: %+v", cov)
+}
+
+// coverage counts what the randomized runs reached.
+type coverage struct {
+	extended, extendRefused, lost, lostBroadcast, deferred int
 }
 
 type reqKey struct {
@@ -86,6 +107,7 @@ type randomRun struct {
 	granted  map[uint64]uint64 // ref → token
 	busy     map[uint64]bool
 	released map[uint64]bool
+	extended map[uint64]bool // refs applied as extended
 	timedOut map[uint64]bool
 	dropped  map[uint64]bool
 	applied  map[uint64]bool
@@ -93,13 +115,22 @@ type randomRun struct {
 	compensated map[uint64]bool
 	cancelled   map[uint64]bool // refs whose cancel was proposed
 	tokens      []uint64        // granted tokens, for releases
+	// toldOn: the connection each token's grant was told on (G sent).
+	toldOn map[uint64]string
+	// expiring: the tokens whose expiry the log is applying right now
+	// (in the commit being run); lostTo: the connections told each
+	// token's loss.
+	expiring map[uint64]bool
+	lostTo   map[uint64]map[string]bool
 
 	leaderChanged bool
 	err           error
+	cov           *coverage
 }
 
-func runRandom(seed uint64, steps int) error {
+func runRandom(seed uint64, steps int, cov *coverage) error {
 	rr := &randomRun{
+		cov:    cov,
 		r:      rand.New(rand.NewPCG(seed, 7)),
 		reqs:   map[reqKey]*reqInfo{},
 		byRef:  map[uint64]*reqInfo{},
@@ -107,6 +138,8 @@ func runRandom(seed uint64, steps int) error {
 		granted: map[uint64]uint64{}, busy: map[uint64]bool{}, released: map[uint64]bool{},
 		timedOut: map[uint64]bool{}, dropped: map[uint64]bool{}, applied: map[uint64]bool{},
 		compensated: map[uint64]bool{}, cancelled: map[uint64]bool{},
+		extended: map[uint64]bool{}, toldOn: map[uint64]string{}, expiring: map[uint64]bool{},
+		lostTo: map[uint64]map[string]bool{},
 	}
 	rr.h = newHarness(Config{MaxKeys: 3, MaxWaitersPerKey: 2, MaxInFlightPerConn: 4, MaxWaitersPerConn: 3})
 	rr.h.onSend = rr.sent
@@ -117,6 +150,13 @@ func runRandom(seed uint64, steps int) error {
 		}
 		if c.Op == locksm.OpCancelWait {
 			rr.cancelled[c.Ref] = true
+		}
+		if c.Op == locksm.OpExpire {
+			for _, p := range rr.h.k.pend {
+				if p.op == locksm.OpExtend && p.token == c.Token {
+					rr.fail("expiry of token %d proposed while extend ref %d is owed", c.Token, p.ref)
+				}
+			}
 		}
 	}
 	rr.do("leader id=n1")
@@ -165,6 +205,16 @@ func (rr *randomRun) do(line string) {
 		return
 	}
 	rr.phase = line
+	clear(rr.expiring)
+	if strings.HasPrefix(line, "lose") {
+		clear(rr.toldOn) // a new leadership knows no grant's connection
+	}
+	deferred := len(rr.h.k.deferred)
+	defer func() {
+		if len(rr.h.k.deferred) > deferred {
+			rr.cov.deferred++
+		}
+	}()
 	if _, err := rr.h.run(line); err != nil {
 		rr.fail("harness: %v", err)
 		return
@@ -210,7 +260,7 @@ func (rr *randomRun) step() {
 	case x < 6 || len(rr.open) == 0:
 		rr.conns++
 		name := fmt.Sprintf("c%d", rr.conns)
-		version := []uint16{2, wire.VersionNotices, wire.VersionQueued, wire.VersionQueued, wire.VersionBlocks, wire.VersionBlocks}[rr.pick(6)]
+		version := []uint16{2, wire.VersionNotices, wire.VersionQueued, wire.VersionBlocks, wire.VersionBlocks, wire.VersionExtend, wire.VersionExtend}[rr.pick(7)]
 		rr.version[name] = version
 		rr.open = append(rr.open, name)
 		rr.do(fmt.Sprintf("open conn=%s version=%d", name, version))
@@ -238,6 +288,19 @@ func (rr *randomRun) step() {
 		tok := uint64(rr.pick(3))
 		if len(rr.tokens) > 0 && rr.pick(4) > 0 {
 			tok = rr.tokens[rr.pick(len(rr.tokens))]
+		}
+		if rr.version[c] >= wire.VersionExtend && rr.pick(3) == 0 {
+			key, owner := keys[rr.pick(len(keys))], fmt.Sprintf("o%d", rr.pick(3))
+			if rr.pick(2) == 0 {
+				// Mostly a holding the table has, so that extends succeed.
+				h.st.RangeHolders(func(k string, hd locksm.Holder) bool {
+					key, owner, tok = k, hd.Owner, hd.Token
+					return rr.pick(2) == 0
+				})
+			}
+			rr.request(c, wire.TypeExtend, fmt.Sprintf("extend conn=%s id=%%d key=%s owner=%s token=%d lease=%d",
+				c, key, owner, tok, 1+rr.pick(3)))
+			break
 		}
 		rr.request(c, wire.TypeRelease, fmt.Sprintf("release conn=%s id=%%d key=%s owner=o%d token=%d",
 			c, keys[rr.pick(len(keys))], rr.pick(3), tok))
@@ -318,7 +381,7 @@ func (rr *randomRun) request(c string, typ byte, line string) {
 	if len(info.replies) == 1 && info.replies[0].Type == wire.TypeError {
 		m, cfg := info.replies[0], rr.h.cfg
 		switch {
-		case m.Code == wire.CodeTooManyInFlight && typ == wire.TypeRelease && releasing < cfg.MaxInFlightPerConn,
+		case m.Code == wire.CodeTooManyInFlight && (typ == wire.TypeRelease || typ == wire.TypeExtend) && releasing < cfg.MaxInFlightPerConn,
 			m.Code == wire.CodeTooManyInFlight && isAcquire(typ) && acquiring < cfg.MaxInFlightPerConn:
 			rr.fail("%s/%d refused too_many_in_flight with %d acquires and %d releases in flight", c, id, acquiring, releasing)
 		case m.Code == wire.CodeTooManyWaiters && !info.wait:
@@ -345,7 +408,7 @@ func (rr *randomRun) logApplied(a Applied) {
 	}
 	if c.Ref != 0 {
 		rr.applied[c.Ref] = true
-		if info := rr.byRef[c.Ref]; info != nil && info.moved && (c.Op == locksm.OpAcquire || c.Op == locksm.OpAcquireBlock || c.Op == locksm.OpRelease) {
+		if info := rr.byRef[c.Ref]; info != nil && info.moved && (c.Op == locksm.OpAcquire || c.Op == locksm.OpAcquireBlock || c.Op == locksm.OpRelease || c.Op == locksm.OpExtend) {
 			rr.fail("ref %d applied after its request was answered M", c.Ref)
 		}
 	}
@@ -357,6 +420,15 @@ func (rr *randomRun) logApplied(a Applied) {
 		rr.busy[c.Ref] = true
 	case locksm.StatusReleased:
 		rr.released[c.Ref] = true
+	case locksm.StatusExtended:
+		rr.extended[c.Ref] = true
+		rr.cov.extended++
+	case locksm.StatusRejected:
+		if c.Op == locksm.OpExtend {
+			rr.cov.extendRefused++
+		}
+	case locksm.StatusExpired:
+		rr.expiring[c.Token] = true
 	}
 	for _, e := range a.Effects {
 		switch e.Kind {
@@ -374,6 +446,10 @@ func (rr *randomRun) logApplied(a Applied) {
 func (rr *randomRun) sent(s Send[string]) {
 	m := s.Msg
 	if m.Type == wire.TypeNotice {
+		return
+	}
+	if m.Type == wire.TypeLost {
+		rr.lostSent(s.To, m)
 		return
 	}
 	info := rr.reqs[reqKey{s.To, m.ID}]
@@ -410,6 +486,7 @@ func (rr *randomRun) sent(s Send[string]) {
 		if !isAcquire(info.op) || info.ref == 0 || rr.granted[info.ref] != m.Token || phase != "commit" {
 			rr.fail("G %s to %s/%d: no applied grant for ref %d (log granted %d)", fmtMsg(m), s.To, m.ID, info.ref, rr.granted[info.ref])
 		}
+		rr.toldOn[m.Token] = s.To
 	case wire.TypeBusy:
 		if !rr.busy[info.ref] {
 			rr.fail("B to %s/%d without the log saying busy", s.To, m.ID)
@@ -421,6 +498,9 @@ func (rr *randomRun) sent(s Send[string]) {
 	case wire.TypeOK:
 		if info.op == wire.TypeRelease && !rr.released[info.ref] {
 			rr.fail("K to release %s/%d without the log releasing", s.To, m.ID)
+		}
+		if info.op == wire.TypeExtend && !rr.extended[info.ref] {
+			rr.fail("K to extend %s/%d without the log extending", s.To, m.ID)
 		}
 	case wire.TypeUnknown:
 		switch {
@@ -443,7 +523,7 @@ func (rr *randomRun) sent(s Send[string]) {
 		}
 	case wire.TypeError:
 		switch phase {
-		case "acquire", "acquire-block", "release", "cancel":
+		case "acquire", "acquire-block", "release", "extend", "cancel":
 		case "commit":
 			if !rr.applied[info.ref] {
 				rr.fail("E to %s/%d before its command was applied", s.To, m.ID)
@@ -451,6 +531,31 @@ func (rr *randomRun) sent(s Send[string]) {
 		default:
 			rr.fail("E to %s/%d during %q", s.To, m.ID, rr.phase)
 		}
+	}
+}
+
+// lostSent checks a lost event: sent while the log applies the expiry of
+// its token, to a live version 6 connection, once, and to the connection
+// the grant was told on when that one is open.
+func (rr *randomRun) lostSent(to string, m wire.Msg) {
+	switch phase, _, _ := strings.Cut(rr.phase, " "); {
+	case phase != "commit" || !rr.expiring[m.Token]:
+		rr.fail("X for token %d to %s during %q, not while its expiry is applied", m.Token, to, rr.phase)
+	case rr.dead[to] || rr.version[to] < wire.VersionExtend:
+		rr.fail("X for token %d to %s (dead %v, version %d)", m.Token, to, rr.dead[to], rr.version[to])
+	case rr.lostTo[m.Token][to]:
+		rr.fail("X for token %d to %s twice", m.Token, to)
+	}
+	if on, ok := rr.toldOn[m.Token]; ok && !rr.dead[on] && on != to {
+		rr.fail("X for token %d to %s, but its grant was told on %s, still open", m.Token, to, on)
+	}
+	if rr.lostTo[m.Token] == nil {
+		rr.lostTo[m.Token] = map[string]bool{}
+	}
+	rr.lostTo[m.Token][to] = true
+	rr.cov.lost++
+	if _, ok := rr.toldOn[m.Token]; !ok || rr.dead[rr.toldOn[m.Token]] {
+		rr.cov.lostBroadcast++
 	}
 }
 

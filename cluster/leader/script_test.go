@@ -61,6 +61,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strconv"
@@ -666,6 +667,22 @@ func (k *Core[C]) check() error {
 	if !k.leading && len(k.pend) > 0 {
 		return fmt.Errorf("%d replies owed while not leading", len(k.pend))
 	}
+	// Extends in flight, by token, are the owed extends; a deferred lease
+	// timer waits only on a token with one in flight.
+	extends := map[uint64]int{}
+	for _, p := range k.pend {
+		if p.op == locksm.OpExtend {
+			extends[p.token]++
+		}
+	}
+	if !maps.Equal(extends, k.extending) {
+		return fmt.Errorf("extends in flight %v, counted %v", k.extending, extends)
+	}
+	for token := range k.deferred {
+		if extends[token] == 0 {
+			return fmt.Errorf("lease timer of token %d deferred with no extend in flight", token)
+		}
+	}
 	// Per connection: the counts agree with the owed requests, and stay
 	// within their limits (open and dead connections alike).
 	conns := map[*conn[C]]bool{}
@@ -681,7 +698,7 @@ func (k *Core[C]) check() error {
 			if !p.queued && p.acquire() {
 				acq++
 			}
-			if !p.queued && p.op == locksm.OpRelease {
+			if !p.queued && releasing(p.op) {
 				rel++
 			}
 			if p.acquire() && p.mayWait {
