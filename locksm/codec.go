@@ -18,7 +18,7 @@ package locksm
 //	4   OpCancelWait   key:string ref:uvarint
 //	5   OpDropWaiters  (none)
 //	6   OpAcquireBlock now:varint n:uvarint(0..MaxBlockKeys) key:string*n owner:string ref:uvarint lease:uvarint wait:uvarint
-//	7   OpExtend       now:varint key:string owner:string token:uvarint lease:uvarint
+//	7   OpExtend       now:varint key:string owner:string token:uvarint ref:uvarint lease:uvarint
 //
 // Op 6 came with blocks (protocol version 5): a node older than that
 // cannot decode an entry that carries it, so a leader proposes it only
@@ -118,6 +118,7 @@ func AppendBatch(dst []byte, cmds []Command) []byte {
 			dst = appendString(dst, c.Key, MaxKeyLen)
 			dst = appendString(dst, c.Owner, MaxOwnerLen)
 			dst = binary.AppendUvarint(dst, c.Token)
+			dst = binary.AppendUvarint(dst, c.Ref)
 			dst = binary.AppendUvarint(dst, uint64(c.LeaseSec))
 		}
 	}
@@ -199,6 +200,7 @@ func DecodeBatch(b []byte, into []Command) ([]Command, error) {
 			c.Key = d.string(MaxKeyLen)
 			c.Owner = d.string(MaxOwnerLen)
 			c.Token = d.uvarint()
+			c.Ref = d.uvarint()
 			c.LeaseSec = d.uint32()
 		default:
 			if d.err == nil {

@@ -33,8 +33,8 @@ func sampleCommands() []Command {
 		{Op: OpAcquireBlock, Now: math.MinInt64, Keys: slices.Repeat([]string{long}, MaxBlockKeys), Owner: longOwner,
 			Ref: math.MaxUint64, LeaseSec: math.MaxUint32, WaitMs: math.MaxUint32},
 		{Op: OpAcquireBlock, Now: -1, Keys: []string{""}, Owner: "", LeaseSec: 0},
-		{Op: OpExtend, Now: 1_700_000_000_000, Key: "k", Owner: "a", Token: 7, LeaseSec: 30},
-		{Op: OpExtend, Now: math.MinInt64, Key: long, Owner: longOwner, Token: math.MaxUint64, LeaseSec: math.MaxUint32},
+		{Op: OpExtend, Now: 1_700_000_000_000, Key: "k", Owner: "a", Token: 7, Ref: 3, LeaseSec: 30},
+		{Op: OpExtend, Now: math.MinInt64, Key: long, Owner: longOwner, Token: math.MaxUint64, Ref: math.MaxUint64, LeaseSec: math.MaxUint32},
 		{Op: OpExtend, Now: -1, Key: "", Owner: "", Token: 0, LeaseSec: 0},
 	}
 }
@@ -75,11 +75,11 @@ func TestCodecCompact(t *testing.T) {
 	if len(b) > 2+1+6+9+9+3+1+2 {
 		t.Fatalf("acquire takes %d bytes", len(b))
 	}
-	// An extend: op, 6-byte now, 1+8 key, 1+8 owner, 3-byte token, lease;
-	// ref and wait are not carried.
+	// An extend: op, 6-byte now, 1+8 key, 1+8 owner, 3-byte token, 3-byte
+	// ref (the leader's match for the reply it owes), lease; no wait.
 	b = AppendBatch(nil, []Command{{Op: OpExtend, Now: 1_700_000_000_000, Key: "event-42", Owner: "web-0001",
-		Token: 100_000, LeaseSec: 30, Ref: 1 << 60, WaitMs: 2000}})
-	if len(b) != 2+1+6+9+9+3+1 {
+		Token: 100_000, LeaseSec: 30, Ref: 100_000, WaitMs: 2000}})
+	if len(b) != 2+1+6+9+9+3+3+1 {
 		t.Fatalf("extend takes %d bytes", len(b))
 	}
 	if b := AppendBatch(nil, []Command{{Op: OpDropWaiters, Now: 5, Key: "ignored"}}); len(b) != 3 {
@@ -164,11 +164,11 @@ func TestDecodeBatchRejects(t *testing.T) {
 		"op 0":              {1, 1, 0},
 		"op 6 truncated":    {1, 1, 6},
 		"op 7 truncated":    {1, 1, 7},
-		"op 7 no lease":     cat([]byte{1, 1, byte(OpExtend)}, uv(0), []byte{1, 'k', 1, 'a'}, uv(1)),
-		"op 7 lease > 2^32": cat([]byte{1, 1, byte(OpExtend)}, uv(0), []byte{1, 'k', 1, 'a'}, uv(1), uv(math.MaxUint32+1)),
-		"op 7 wait carried": cat([]byte{1, 1, byte(OpExtend)}, uv(0), []byte{1, 'k', 1, 'a'}, uv(1), uv(10), uv(0)),
+		"op 7 no lease":     cat([]byte{1, 1, byte(OpExtend)}, uv(0), []byte{1, 'k', 1, 'a'}, uv(1), uv(2)),
+		"op 7 lease > 2^32": cat([]byte{1, 1, byte(OpExtend)}, uv(0), []byte{1, 'k', 1, 'a'}, uv(1), uv(2), uv(math.MaxUint32+1)),
+		"op 7 wait carried": cat([]byte{1, 1, byte(OpExtend)}, uv(0), []byte{1, 'k', 1, 'a'}, uv(1), uv(2), uv(10), uv(0)),
 		"op 7 owner too long": cat([]byte{1, 1, byte(OpExtend)}, uv(0), []byte{1, 'k'}, uv(MaxOwnerLen+1),
-			bytes.Repeat([]byte("o"), MaxOwnerLen+1), uv(1), uv(10)),
+			bytes.Repeat([]byte("o"), MaxOwnerLen+1), uv(1), uv(2), uv(10)),
 		"op 8":               {1, 1, 8},
 		"block of 17 keys":   cat([]byte{1, 1, byte(OpAcquireBlock)}, uv(0), uv(MaxBlockKeys+1), bytes.Repeat([]byte{1, 'k'}, 17), []byte{1, 'a', 1, 1, 0}),
 		"block key too long": cat([]byte{1, 1, byte(OpAcquireBlock)}, uv(0), uv(2), uv(MaxKeyLen+1), bytes.Repeat([]byte("k"), MaxKeyLen+1), []byte{1, 'k', 1, 'a', 1, 1, 0}),

@@ -239,7 +239,7 @@ func normalize(c Command) Command {
 	case OpCancelWait:
 		n.Ref = c.Ref
 	case OpExtend:
-		n.Now, n.Owner, n.Token, n.LeaseSec = c.Now, c.Owner, c.Token, c.LeaseSec
+		n.Now, n.Owner, n.Token, n.Ref, n.LeaseSec = c.Now, c.Owner, c.Token, c.Ref, c.LeaseSec
 	case OpDropWaiters:
 		n.Key = ""
 	case OpAcquireBlock:

@@ -146,7 +146,7 @@ func newBrokerMetrics(b *Broker) *brokerMetrics {
 	}
 	lost := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ticketing_sidecar_locks_lost_total",
-		Help: "Held locks whose watchers were told they ended without their holder's release, by reason: expired (the leader's lost event), moved (an extend was refused as not held). The unix API's own compensations are counted in ticketing_unixapi_lost_events_total.",
+		Help: "Held locks whose watchers were told they ended without their holder's release, by reason: expired (the leader's lost event), moved (an extend was refused as not held). The lost lines the unix API writes (compensated included) are counted in ticketing_sidecar_local_lost_events_total.",
 	}, []string{"reason"})
 	for _, r := range []LostReason{LostExpired, LostMoved} {
 		m.lost[r] = lost.WithLabelValues(r.String())
