@@ -458,6 +458,7 @@ func (r *ExtendResult) Markdown() string {
 	fmt.Fprintf(&b, "# EXTEND and the lost signal (issue 19)\n\n")
 	fmt.Fprintf(&b, "`%s` on %s, %d CPUs, %s/%s, %s; %d node processes (`ticketlab node --frame-trace`, the product's node command) and one `ticketing sidecar` process on loopback, plaintext (the leader-side timestamps read the client stream), every client a raw unix-socket session (`HELLO 3 events`).\n\n",
 		o.Command, r.When.UTC().Format("2006-01-02"), runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, runtime.Version(), o.Nodes)
+	fmt.Fprintf(&b, "Reproduce: `make bench-extend` from the repository root (`cd cmd/ticketlab && ticketlab bench extend --binary ../../bin/ticketing ...` with the flags above).\n\n")
 	fmt.Fprintf(&b, "## The cost of an EXTEND\n\n")
 	fmt.Fprintf(&b, "Each client holds its own key (lease 30 s) on its own connection and loops one request at a time; %d rounds of an EXTEND phase then a RELEASE+ACQUIRE phase of the same key (%v warm-up, %v measured each). EXTEND is one commit; RELEASE then ACQUIRE, the floor a holder without EXTEND pays to renew, is two.\n\n", o.Rounds, o.Warmup, o.Window)
 	fmt.Fprintf(&b, "| clients | request | count | per s | p50 | p99 |\n|---:|---|---:|---:|---:|---:|\n")
