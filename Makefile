@@ -3,7 +3,7 @@ GO ?= go
 PYTHON ?= python3
 NODE ?= node
 
-.PHONY: test prepare test-docs vet build lab dev bench-failover bench-throughput bench-blocks bench-compare test-lab fuzz test-clients test-python test-node test-verify verify-long \
+.PHONY: test prepare test-docs vet build lab dev bench-failover bench-throughput bench-blocks bench-extend bench-compare test-lab fuzz test-clients test-python test-node test-verify verify-long \
 	test-go test-postgres test-fence-node test-fence-python-pg deb
 
 # Every test of the project, with the race detector (a few minutes on 2 cores),
@@ -116,6 +116,14 @@ bench-throughput: build lab
 # sellers; writes cmd/ticketlab/results/blocks/{results.md,results.json}.
 bench-blocks: build lab
 	cd cmd/ticketlab && $(CURDIR)/bin/ticketlab bench blocks --binary $(CURDIR)/bin/ticketing --sellers 64 --seats 10000 --duration 20s --rounds 4 --out results/blocks
+
+# EXTEND and the lost signal (issue 19): the cost of an EXTEND beside
+# RELEASE+ACQUIRE of the same key (1 and 64 clients through a ticketing
+# sidecar process), and the latency from an expiry's commit (timestamped on
+# the leader by the lab node's --frame-trace) to `! LOST` at the client;
+# writes cmd/ticketlab/results/extend/results.md.
+bench-extend: build lab
+	cd cmd/ticketlab && $(CURDIR)/bin/ticketlab bench extend --binary $(CURDIR)/bin/ticketing --clients 1,64 --rounds 3 --window 5s --pairs 20 --lost-for 30s --out results/extend
 
 # Ticketing against etcd, ZooKeeper and Redis in one run (`ticketlab
 # compare`; installs the Debian packages if missing, starts the peers on

@@ -9,6 +9,7 @@ import (
 	"ticketing/cluster"
 	"ticketing/cmd/internal/cli"
 	"ticketing/cmd/ticketlab/internal/faults"
+	"ticketing/cmd/ticketlab/internal/frametrace"
 	"ticketing/sidecar"
 )
 
@@ -19,13 +20,19 @@ func runNode(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 func nodeOptions() cli.NodeOptions {
-	var file string
+	var file, trace string
 	return cli.NodeOptions{
 		Name: "ticketlab node",
 		Flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&file, "fault-file", "", "obey the cut and frozen peer links and the clock offset in this JSON `FILE`, reread every 20 ms (see cmd/ticketlab/README.md); without it: ticketing node")
+			fs.StringVar(&trace, "frame-trace", "", "timestamp every grant (G) and lost event (X) written to a client into this `FILE` (internal/frametrace; needs a plaintext client port): how `bench extend` sees the leader's apply")
 		},
 		Setup: func(ctx context.Context, cfg *cluster.Config, log *slog.Logger) error {
+			if trace != "" {
+				if err := frametrace.Setup(ctx, cfg, trace, log); err != nil {
+					return err
+				}
+			}
 			if file == "" {
 				return nil
 			}

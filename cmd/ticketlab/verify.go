@@ -35,6 +35,8 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs.Int64Var(&cfg.Seed, "seed", 0, "seed of the fault schedule and the workload (0: from the clock; printed for replay)")
 	fs.IntVar(&cfg.Workers, "workers", 16, "in-harness workers, each with its own sidecar session")
 	fs.IntVar(&cfg.ProcWorkers, "worker-procs", 3, "worker processes (the pause-a-lock-holder fault needs them)")
+	fs.IntVar(&cfg.Extenders, "extenders", verify.DefaultExtenders, "how many of the in-harness workers extend their leases (and sometimes stall past them); 0: none")
+	fs.IntVar(&cfg.ProcExtenders, "extender-procs", 1, "how many of the worker processes extend their leases (the nemesis stops them too); 0: none")
 	fs.IntVar(&cfg.Sidecars, "sidecars", 2, "sidecar processes")
 	fs.IntVar(&cfg.Keys, "keys", 4, "contended keys")
 	fs.Float64Var(&cfg.BlockShare, "block-share", verify.DefaultBlockShare, "share of acquires that are blocks of 2-4 keys under one token (0: none)")
@@ -73,6 +75,12 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	if cfg.BlockShare <= 0 {
 		cfg.BlockShare = -1 // no blocks (Config's zero means the default)
+	}
+	if cfg.Extenders <= 0 {
+		cfg.Extenders = -1 // none (likewise)
+	}
+	if cfg.ProcExtenders <= 0 {
+		cfg.ProcExtenders = -1
 	}
 	if out == "" {
 		if out, err = os.MkdirTemp("", "ticketlab-verify-"); err != nil {
@@ -118,6 +126,8 @@ func runVerifyWorker(ctx context.Context, args []string, stdout, stderr io.Write
 	fs.DurationVar(&holdRange[1], "hold-max", time.Second, "longest hold before the fenced write")
 	fs.Float64Var(&p.LateProb, "late", 0.1, "chance of sleeping past the lease before writing")
 	fs.Float64Var(&p.BlockShare, "block-share", 0, "share of acquires that are blocks of 2-4 keys")
+	fs.BoolVar(&p.Extend, "extend", false, "an extender: hold across several leases with EXTEND (issue 19)")
+	fs.Float64Var(&p.StallProb, "stall", 0, "an extender's chance of stalling past its lease instead of extending")
 	if code, ok := labcli.Parse(fs, args, stdout, stderr); !ok {
 		return code
 	}

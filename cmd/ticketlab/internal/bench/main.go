@@ -2,7 +2,8 @@
 // failover and planned hand-over times, throughput, the unix-socket path,
 // sidecar memory per connection, a learner's catch-up, the cost of a large
 // lock table, the disk's floor under every commit, and seat blocks
-// (atomic multi-key acquires) against single-key acquires. The process
+// (atomic multi-key acquires) against single-key acquires, and EXTEND and
+// the lost signal (issue 19). The process
 // benchmarks drive the ticketing binary they are given (--binary).
 package bench
 
@@ -66,6 +67,7 @@ func modes() []mode {
 		{"disk", "one durable Raft log append on this disk: the floor under every commit", setupDisk},
 		{"isolation", "a well-behaved unix client before, during and after four hostile local clients (issue 20)", setupIsolation},
 		{"waitroom", "a waiting room of 50,000 on one hot key through one sidecar: hand-offs, memory, FIFO (issue 20)", setupWaitRoom},
+		{"extend", "the cost of an EXTEND beside RELEASE+ACQUIRE, and the latency from an expiry's commit to `! LOST` at the client (issue 19)", setupExtend},
 		{"blocks", "seat blocks under Zipf contention: one atomic 4-key acquire against 4 single-key acquires in order, and one seat (issue 18)", setupBlocks},
 	}
 }

@@ -2,6 +2,7 @@ package verify
 
 import (
 	"fmt"
+	"math"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -62,6 +63,24 @@ type CheckReport struct {
 	// have been granted, by the tokens nobody learned (model.go).
 	Components                                             []string
 	Refusals, RefusalsUnknown, RefusalsReach, MaybeGranted int
+	// Issue 19 (checker_extend.go). Extends: EXTENDs answered OK;
+	// ExtendsIndeterminate, ExtendsRefused (not_held, token_mismatch,
+	// owner_mismatch: the lock was gone) and ExtendsFailed (a definite
+	// error that renewed nothing). LostEvents counts the `! LOST` events
+	// read, by reason. LostChecked is how many (event, next holder's grant)
+	// pairs were checked against LostDeliveryTolerance, LostExempt how many
+	// were not (a process on the event's path was stopped), LostMaxLag the
+	// largest recv(X) − recv(G') among those checked (negative: every
+	// event came before the next grant). Stalls counts the holder stalls
+	// past the lease; StallsTold of them learned of the loss from the event
+	// before resuming, StallsRefused from the refusal of their next EXTEND,
+	// StallsStillHeld found the lock still held (a new leader re-arms a
+	// full lease for every holder).
+	Extends, ExtendsIndeterminate, ExtendsRefused, ExtendsFailed int
+	LostEvents                                                   map[string]int
+	LostChecked, LostExempt                                      int
+	LostMaxLag                                                   time.Duration
+	Stalls, StallsTold, StallsRefused, StallsStillHeld           int
 }
 
 // CheckOptions tunes Check.
@@ -111,6 +130,8 @@ func Check(ops []Op, store []StoreRec, final FinalState, opts CheckOptions) Chec
 	checkKeyTokens(grants, end, bad)
 	checkFencing(ops, store, acquires, &r, bad)
 	checkHeld(ops, acquires, &r, bad)
+	r.LostMaxLag = math.MinInt64
+	checkLostSignal(ops, grants, &r, bad)
 
 	// No leak, by counting: every token issued is either known (an OK) or
 	// explained by an indeterminate acquire (granted, then compensated or
@@ -171,13 +192,12 @@ func Check(ops []Op, store []StoreRec, final FinalState, opts CheckOptions) Chec
 }
 
 // holdEnds is the conservative end of each grant's holding: the first of
-// its release's invocation, its session's end, and invocation + lease. (A
-// block's holding is one: a release naming any of its keys ends it.)
+// its release's invocation, its session's end, and the earliest its lease
+// can run out (leaseEnds: invocation + lease, or the last EXTEND answered
+// OK's invocation + its lease). (A block's holding is one: a release
+// naming any of its keys ends it.)
 func holdEnds(ops []Op, grants []Op) map[int64]int64 {
-	end := map[int64]int64{}
-	for _, g := range grants {
-		end[g.ID] = g.Inv + g.LeaseMs*int64(time.Millisecond)
-	}
+	end := leaseEnds(ops, grants)
 	byWorker := map[int][]Op{}
 	for _, g := range grants {
 		byWorker[g.Worker] = append(byWorker[g.Worker], g)

@@ -493,3 +493,171 @@ func TestCheckTimeoutAtTheEndOfItsWait(t *testing.T) {
 		t.Fatalf("violations %v", r.Violations)
 	}
 }
+
+// ---- issue 19: extended leases and the lost signal ----
+
+func (h *hist) extend(a Op, inv, cmp int64, res, code string) Op {
+	return h.add(Op{Worker: a.Worker, Conn: a.Conn, Kind: KindExtend, Key: a.Key, Token: a.Token, Acq: a.ID, LeaseMs: 1000,
+		Inv: inv, Cmp: cmp, Result: res, Err: code})
+}
+
+func (h *hist) lost(a Op, reason string, at int64) Op {
+	return h.add(Op{Worker: a.Worker, Conn: a.Conn, Kind: KindLost, Key: a.Key, Token: a.Token, Reason: reason, Inv: at, Cmp: at})
+}
+
+// extendedHistory: w0 holds k from 10 ms and extends twice (at 600 and
+// 1400 ms, 1 s each), so its lease cannot end before 2400 ms; w1 waits
+// and is handed k at 2450 ms; w0 reads `! LOST expired` at 2460 ms, then
+// its RELEASE is answered not_held.
+func extendedHistory() (*hist, Op, Op) {
+	var h hist
+	a := h.acquire(0, "k", 0, 10, ResOK, 1)
+	h.extend(a, 600, 610, ResOK, "")
+	h.extend(a, 1400, 1410, ResOK, "")
+	b := h.add(Op{Worker: 1, Kind: KindAcquire, Key: "k", LeaseMs: 1000, WaitMs: 3000, Inv: 100, Cmp: 2450, Result: ResOK, Token: 2})
+	h.lost(a, "expired", 2460)
+	h.release(a, 2600, 2601, ResError, "not_held")
+	h.release(b, 2700, 2710, ResOK, "")
+	return &h, a, b
+}
+
+func TestCheckAcceptsAGoodExtendHistory(t *testing.T) {
+	h, _, _ := extendedHistory()
+	r := Check(h.ops, nil, FinalState{}, CheckOptions{})
+	if len(r.Violations) != 0 || r.Linearizable != porcupine.Ok {
+		t.Fatalf("violations %v, linearizable %s", r.Violations, r.Linearizable)
+	}
+	if r.Extends != 2 || r.LostEvents["expired"] != 1 || r.LostChecked != 1 || r.LostMaxLag != 10*time.Millisecond {
+		t.Fatalf("extends %d, lost %v, checked %d, max lag %v", r.Extends, r.LostEvents, r.LostChecked, r.LostMaxLag)
+	}
+}
+
+// The next holder's grant inside the extended lease (after the grant's
+// own lease) is an overlap: the extension counts. Without the EXTEND the
+// same grant is legal.
+func TestCheckFindsOverlapInsideAnExtendedLease(t *testing.T) {
+	var h hist
+	a := h.acquire(0, "k", 0, 10, ResOK, 1)
+	h.extend(a, 600, 610, ResOK, "") // the lease runs to 1600 at least
+	h.add(Op{Worker: 1, Kind: KindAcquire, Key: "k", LeaseMs: 3000, WaitMs: 3000, Inv: 100, Cmp: 1200, Result: ResOK, Token: 2})
+	r := Check(h.ops, nil, FinalState{}, CheckOptions{})
+	if got := checks(r); !strings.Contains(got, "mutual-exclusion") || !strings.Contains(got, "linearizability") {
+		t.Fatalf("violations %q", got)
+	}
+	var without []Op
+	for _, op := range h.ops {
+		if op.Kind != KindExtend {
+			without = append(without, op)
+		}
+	}
+	if r := Check(without, nil, FinalState{}, CheckOptions{}); len(r.Violations) != 0 {
+		t.Fatalf("without the EXTEND: %v", r.Violations)
+	}
+	// An EXTEND that was refused renews nothing: legal again.
+	h.ops[1].Result, h.ops[1].Err = ResError, "not_held"
+	h.add(Op{Worker: 0, Kind: KindLost, Key: "k", Token: 1, Reason: "moved", Inv: 605, Cmp: 605})
+	if r := Check(h.ops, nil, FinalState{}, CheckOptions{}); len(r.Violations) != 0 {
+		t.Fatalf("with a refused EXTEND: %v", r.Violations)
+	}
+}
+
+// An INDETERMINATE EXTEND may have set a shorter lease from its send:
+// the earliest end is the earlier of the two bounds.
+func TestLeaseEndsWithAnIndeterminateExtend(t *testing.T) {
+	var h hist
+	a := h.acquire(0, "k", 0, 10, ResOK, 1)
+	h.extend(a, 600, 610, ResOK, "")
+	e := h.extend(a, 700, 5700, ResIndeterminate, "")
+	h.ops[len(h.ops)-1].LeaseMs = 200
+	got := leaseEnds(h.ops, []Op{a})[a.ID]
+	if want := e.Inv + 200*ms; got != want {
+		t.Fatalf("lease end %d, want %d", got, want)
+	}
+}
+
+func TestCheckFindsALateLostEvent(t *testing.T) {
+	h, a, _ := extendedHistory()
+	for i := range h.ops {
+		if h.ops[i].Kind == KindLost {
+			h.ops[i].Inv, h.ops[i].Cmp = 5000*ms, 5000*ms // 2.55 s after the next grant
+		}
+	}
+	h.ops[len(h.ops)-2].Inv, h.ops[len(h.ops)-2].Cmp = 5100*ms, 5101*ms // the RELEASE after it
+	r := Check(h.ops, nil, FinalState{}, CheckOptions{})
+	if got := checks(r); got != "lost-signal" {
+		t.Fatalf("violations %q: %v", got, r.Violations)
+	}
+	// The same lag while the holder's process was stopped is not checked.
+	h.add(Op{Kind: KindFault, Fault: FaultPauseWorker, Worker: -1, Target: workerName(a.Worker), Inv: 2000, Cmp: 4900})
+	r = Check(h.ops, nil, FinalState{}, CheckOptions{})
+	if len(r.Violations) != 0 || r.LostExempt != 1 || r.LostChecked != 0 {
+		t.Fatalf("violations %v, exempt %d, checked %d", r.Violations, r.LostExempt, r.LostChecked)
+	}
+}
+
+func TestCheckFindsAnEarlyLostEvent(t *testing.T) {
+	var h hist
+	a := h.acquire(0, "k", 0, 10, ResOK, 1)
+	h.extend(a, 600, 610, ResOK, "")
+	h.lost(a, "expired", 1200) // the extended lease runs to 1600
+	r := Check(h.ops, nil, FinalState{}, CheckOptions{})
+	if got := checks(r); got != "lost-signal" {
+		t.Fatalf("violations %q: %v", got, r.Violations)
+	}
+}
+
+// The session rules: no OK to an EXTEND or RELEASE of a lock after its
+// `! LOST`, one event per lock, a refused EXTEND told first, `moved`
+// only inside a refused EXTEND, events only for the session's own grants.
+func TestCheckFindsLostSignalSessionViolations(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		build func(h *hist, a Op)
+	}{
+		{"extend ok after the event", func(h *hist, a Op) {
+			h.lost(a, "expired", 1000)
+			h.extend(a, 1005, 1010, ResOK, "")
+		}},
+		{"release ok after the event", func(h *hist, a Op) {
+			h.lost(a, "expired", 1000)
+			h.release(a, 1005, 1010, ResOK, "")
+		}},
+		{"two events", func(h *hist, a Op) {
+			h.lost(a, "expired", 1000)
+			h.lost(a, "expired", 1001)
+		}},
+		{"refused extend without an event", func(h *hist, a Op) {
+			h.extend(a, 1100, 1110, ResError, "not_held")
+		}},
+		{"moved outside a refused extend", func(h *hist, a Op) {
+			h.extend(a, 1100, 1110, ResError, "token_mismatch")
+			h.lost(a, "moved", 1120)
+		}},
+		{"an event for another session", func(h *hist, a Op) {
+			ev := h.lost(a, "expired", 1000)
+			h.ops[len(h.ops)-1].Conn = ev.Conn + 1
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var h hist
+			a := h.acquire(0, "k", 0, 10, ResOK, 1)
+			tc.build(&h, a)
+			r := Check(h.ops, nil, FinalState{}, CheckOptions{})
+			if got := checks(r); !strings.Contains(got, "lost-signal") {
+				t.Fatalf("violations %q", got)
+			}
+		})
+	}
+	// And the legal forms: a refused EXTEND after the event (answered at
+	// once) or with `moved` inside it.
+	var h hist
+	a := h.acquire(0, "k", 0, 10, ResOK, 1)
+	h.lost(a, "expired", 1000)
+	h.extend(a, 1100, 1101, ResError, "not_held")
+	b := h.acquire(0, "j", 2000, 2010, ResOK, 2)
+	h.extend(b, 3100, 3110, ResError, "not_held")
+	h.lost(b, "moved", 3109)
+	if r := Check(h.ops, nil, FinalState{}, CheckOptions{}); len(r.Violations) != 0 {
+		t.Fatalf("violations %v", r.Violations)
+	}
+}

@@ -17,6 +17,13 @@ const (
 	KindClose   = "close" // the worker's sidecar session ended (its locks were released)
 	KindHeld    = "held"  // a HELD observation of the session's locks around a block
 	KindFault   = "fault" // a nemesis action
+	// Issue 19: an EXTEND of a held lock (Acq, Token, LeaseMs: the new
+	// lease; Inv its send, Cmp its reply), a `! LOST` event received (Token,
+	// Keys, Reason; Inv = Cmp = when it was read) and a holder's stall past
+	// its lease (Inv..Cmp, Acq).
+	KindExtend = "extend"
+	KindLost   = "lost"
+	KindStall  = "stall"
 )
 
 // Results of an operation.
@@ -65,6 +72,11 @@ type Op struct {
 	Fault  string `json:"fault,omitempty"`
 	Target string `json:"target,omitempty"`
 	Detail string `json:"detail,omitempty"`
+	// Reason is a lost event's reason (expired, moved, compensated).
+	Reason string `json:"reason,omitempty"`
+	// Conn numbers the worker's sidecar sessions (1, 2, ... as it
+	// reconnects) for the extenders, whose checks are per session.
+	Conn int `json:"conn,omitempty"`
 }
 
 // opKeys returns every key op is about: a block's keys, or its one key.

@@ -608,20 +608,22 @@ func explain(ops []Op, window time.Duration, gaps tokenGaps, from func(Op) int64
 }
 
 // earliestEnds is, for every grant, the earliest time its holding may have
-// ended unseen: invocation + lease, or earlier the invocation of an
+// ended unseen: invocation + lease (or the last EXTEND answered OK's
+// invocation + its lease: leaseEnds), or earlier the invocation of an
 // INDETERMINATE release of it, or the invocation of its session's close
 // (the sidecar releases the session's locks then; a grant of that session
 // is one invoked before the close completed); never if its release was
 // answered OK.
 func earliestEnds(ops []Op) map[int64]int64 {
-	exp := map[int64]int64{}
 	byWorker := map[int][]Op{}
+	var grants []Op
 	for _, op := range ops {
 		if op.Kind == KindAcquire && op.Result == ResOK {
-			exp[op.ID] = op.Inv + op.LeaseMs*int64(time.Millisecond)
+			grants = append(grants, op)
 			byWorker[op.Worker] = append(byWorker[op.Worker], op)
 		}
 	}
+	exp := leaseEnds(ops, grants)
 	released := map[int64]bool{}
 	for _, op := range ops {
 		switch op.Kind {

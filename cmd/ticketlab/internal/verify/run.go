@@ -10,7 +10,12 @@
 // mutual exclusion, token order, fencing, block atomicity, no leaked
 // grants, linearizability against a lock model (porcupine, one partition
 // per connected component of keys), liveness after the heal, and that
-// nothing stays held past its lease.
+// nothing stays held past its lease. Some workers are extenders (issue 19,
+// extender.go): they hold across several leases with EXTEND, or stall past
+// their lease (a worker process is also stopped by the nemesis) and must
+// notice the loss; the checker proves that an extended lease never lets two
+// holders overlap and that every `! LOST` event comes no later than the
+// next holder's grant allows (checker_extend.go).
 //
 // The nodes and sidecars are the lab's own `ticketlab node` and `ticketlab
 // sidecar` (the product's commands with the lab's fault file plugged into
@@ -61,6 +66,15 @@ type Config struct {
 	// ProcWorkers is the number of worker processes (the "pause a
 	// lock-holding worker" nemesis needs them). Default 3.
 	ProcWorkers int
+	// Extenders is how many of the in-harness workers are extenders
+	// (issue 19, extender.go: they hold across several leases with EXTEND,
+	// and a quarter of their holdings stall past the lease instead).
+	// Zero: DefaultExtenders; negative: none.
+	Extenders int
+	// ProcExtenders is how many of the worker processes are extenders
+	// (the pause-worker fault then stops a process that extends, past its
+	// lease). Zero: 1; negative: none.
+	ProcExtenders int
 	// Sidecars is the number of sidecar processes. Default 2.
 	Sidecars int
 	// Keys is the number of contended keys. Default 4.
@@ -108,6 +122,12 @@ func (c Config) withDefaults() Config {
 	if c.Sidecars == 0 {
 		c.Sidecars = 2
 	}
+	if c.Extenders == 0 {
+		c.Extenders = DefaultExtenders
+	}
+	if c.ProcExtenders == 0 {
+		c.ProcExtenders = 1
+	}
 	if c.Keys == 0 {
 		c.Keys = 4
 	}
@@ -128,6 +148,17 @@ func (c Config) withDefaults() Config {
 	}
 	return c
 }
+
+// DefaultExtenders is how many in-harness workers extend by default.
+const DefaultExtenders = 4
+
+// Stall chances of the extenders' holdings: an in-harness extender's
+// holder goroutine stalls itself; a worker process also has the nemesis
+// stop it (pause-worker).
+const (
+	extenderStallProb     = 0.25
+	procExtenderStallProb = 0.1
+)
 
 // DefaultBlockShare is the share of block acquires in a run: a quarter, so
 // that most acquires still take one key and every key sees both.
@@ -253,6 +284,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			// and twice the blocks, so that it catches blocks too.
 			wp.HoldMin, wp.HoldMax, wp.LateProb = 300*time.Millisecond, 1500*time.Millisecond, 0.1
 			wp.BlockShare = min(2*wp.BlockShare, 1)
+			if id >= cfg.Workers+cfg.ProcWorkers-max(cfg.ProcExtenders, 0) {
+				wp.Extend, wp.StallProb = true, procExtenderStallProb
+			}
+		} else if id < max(cfg.Extenders, 0) {
+			wp.Extend, wp.StallProb = true, extenderStallProb
 		}
 		return wp
 	}
@@ -571,6 +607,16 @@ func (r *Result) Summary() string {
 	fmt.Fprintf(&b, "tokens: %d grants, %d indeterminate acquires, %d tokens issued that no worker learned\n",
 		ck.Grants, ck.Indeterminate, ck.UnknownTokens)
 	fmt.Fprintf(&b, "atomicity: %d HELD observations of blocks checked\n", ck.HeldChecks)
+	if ck.Extends+ck.ExtendsIndeterminate+ck.ExtendsRefused+ck.ExtendsFailed+ck.Stalls > 0 || len(ck.LostEvents) > 0 {
+		lag := "none checked"
+		if ck.LostChecked > 0 {
+			lag = fmt.Sprintf("largest lag %v", ck.LostMaxLag.Round(10*time.Microsecond))
+		}
+		fmt.Fprintf(&b, "extend: %d ok, %d indeterminate, %d refused (the lock was gone), %d failed; stalls past the lease %d (told by `! LOST` %d, by a refused EXTEND %d, still held %d)\n",
+			ck.Extends, ck.ExtendsIndeterminate, ck.ExtendsRefused, ck.ExtendsFailed, ck.Stalls, ck.StallsTold, ck.StallsRefused, ck.StallsStillHeld)
+		fmt.Fprintf(&b, "lost signal: events expired %d, moved %d, compensated %d; before the next holder's grant: %d checked, %s (tolerance %v), %d exempt (a process on the path was stopped)\n",
+			ck.LostEvents["expired"], ck.LostEvents["moved"], ck.LostEvents["compensated"], ck.LostChecked, lag, LostDeliveryTolerance, ck.LostExempt)
+	}
 	comps := "components"
 	if ck.PorcupineParts == 1 {
 		comps = "component"
@@ -615,6 +661,9 @@ func (r *Result) Summary() string {
 	}
 	if len(c.NodeArgs) > 0 {
 		wipe += fmt.Sprintf(" --node-args %q", strings.Join(c.NodeArgs, " "))
+	}
+	if c.Extenders != DefaultExtenders || c.ProcExtenders != 1 {
+		wipe += fmt.Sprintf(" --extenders %d --extender-procs %d", max(c.Extenders, 0), max(c.ProcExtenders, 0))
 	}
 	if c.BlockShare != DefaultBlockShare {
 		wipe += fmt.Sprintf(" --block-share %v", max(c.BlockShare, 0))

@@ -33,6 +33,11 @@ type WorkerParams struct {
 	// BlockShare is the share of acquires that are blocks (2..MaxBlockKeys
 	// distinct keys of Keys at once, one token); the rest take one key.
 	BlockShare float64
+	// Extend makes the worker an extender (extender.go): it holds across
+	// several leases with EXTEND, and with probability StallProb a holding
+	// stalls past its lease instead and must notice the loss on waking.
+	Extend    bool
+	StallProb float64
 }
 
 // MaxBlockKeys is the largest block the workload asks for (the product
@@ -59,6 +64,10 @@ type writeFunc func(keys []string, token uint64, worker int, op int64) (bool, er
 // right after the release records what the session lists under the
 // block's token.
 func runWorker(ctx context.Context, p WorkerParams, write writeFunc, emit func(Op)) {
+	if p.Extend {
+		runExtender(ctx, p, write, emit)
+		return
+	}
 	rng := rand.New(rand.NewSource(p.Seed))
 	seq := int64(0)
 	nextID := func() int64 { seq++; return int64(p.ID+1)<<32 | seq }

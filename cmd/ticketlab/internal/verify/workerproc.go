@@ -43,6 +43,8 @@ func workerArgs(p WorkerParams, storeSocket string) []string {
 		"--hold-max", p.HoldMax.String(),
 		"--late", strconv.FormatFloat(p.LateProb, 'f', -1, 64),
 		"--block-share", strconv.FormatFloat(p.BlockShare, 'f', -1, 64),
+		"--extend=" + strconv.FormatBool(p.Extend),
+		"--stall", strconv.FormatFloat(p.StallProb, 'f', -1, 64),
 	}
 }
 
