@@ -162,11 +162,13 @@ func TestEventsBetweenReplies(t *testing.T) {
 	if l.Token() != 5 || l.Key() != "k" || isLost(l) {
 		t.Fatalf("lock %d %q lost=%v: an event before the grant fired it", l.Token(), l.Key(), isLost(l))
 	}
+	// Two requests in flight; the goroutines may send them in either
+	// order, and each reply goes where its request's position says.
 	ping := async(func() error { return c.Ping(context.Background()) })
 	held := async(func() error { _, err := c.Held(context.Background()); return err })
-	f.req()
-	f.req()
-	f.write("! FUTURE 5 something", "! LOST 6 expired other", "! LOST 5 expired k", "PONG", "! LOST 5 moved k", "HELD 0")
+	replies := map[string]string{"PING": "PONG", "HELD": "HELD 0"}
+	first, second := replies[f.req()], replies[f.req()]
+	f.write("! FUTURE 5 something", "! LOST 6 expired other", "! LOST 5 expired k", first, "! LOST 5 moved k", second)
 	if err := recv(t, ping); err != nil {
 		t.Fatalf("Ping: %v", err)
 	}
