@@ -142,3 +142,5 @@ fuzz:
 	$(GO) test ./cluster/wire -run '^$$' -fuzz '^FuzzClientHandshake$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./cluster/wire -run '^$$' -fuzz '^FuzzReader$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s
 	$(GO) test ./unixapi -run '^$$' -fuzz FuzzParseLine -fuzztime $(FUZZTIME)
+	$(GO) test ./unixapi -run '^$$' -fuzz FuzzParseEvent -fuzztime $(FUZZTIME)
+	$(GO) test ./clients/go -run '^$$' -fuzz FuzzReadLoop -fuzztime $(FUZZTIME)
