@@ -212,7 +212,7 @@ func (n *Node) start() error {
 		// Shutdown waits forever; a CI run of the sidecar tests hung in
 		// netPipeline.AppendEntries). Each append still carries every
 		// entry the follower lacks (up to MaxAppendEntries), so group
-		// commit keeps its batches; see maxRPCsInFlight for the cost.
+		// commit keeps its batches (see maxRPCsInFlight for the cost).
 		MaxRPCsInFlight: maxRPCsInFlight,
 		Timeout:         cfg.PeerTimeout,
 		Logger:          hlog,
@@ -885,7 +885,11 @@ func newHCLogger(log *slog.Logger) hclog.Logger {
 const logCacheEntries = 128
 
 // maxRPCsInFlight is raft.NetworkTransportConfig.MaxRPCsInFlight: 1 turns
-// pipelined replication off (see its use in New).
+// pipelined replication off (see its use in New). It costs nothing
+// measurable (ticketlab bench throughput, 64 clients, 3 TLS nodes,
+// alternating runs: 2,507 / 2,804 / 2,343 cycles/s without the pipeline,
+// 2,722 / 2,459 / 2,377 with it), since a batch already carries many
+// commands and each append every entry a follower lacks.
 const maxRPCsInFlight = 1
 
 // batchesInFlight is how many batches may be proposed and not yet applied.
