@@ -458,6 +458,24 @@ func (a *acq) done(l sidecar.Lock, err error) {
 	ss.work.Done()
 }
 
+// heldLocked finds the lock a RELEASE or EXTEND of k names among this
+// connection's, or the refusal it gets without the cluster: the same
+// answer the cluster would give for a key held under another token, not
+// held for one this connection does not hold, release_in_progress for a
+// lock being released. Requires ss.mu.
+func (ss *session) heldLocked(k heldKey) (*holding, error) {
+	h := ss.held[k]
+	switch {
+	case h == nil && ss.holdsKeyLocked(k.key):
+		return nil, fmt.Errorf("%w: this connection holds %s under another token, not %d", locksm.ErrTokenMismatch, snippet([]byte(k.key)), k.token)
+	case h == nil:
+		return nil, fmt.Errorf("%w: this connection holds no lock on %s with token %d", ErrNotHeld, snippet([]byte(k.key)), k.token)
+	case h.releasing:
+		return nil, fmt.Errorf("%w: %s token %d", ErrReleaseInProgress, snippet([]byte(k.key)), k.token)
+	}
+	return h, nil
+}
+
 func (ss *session) startRelease(req Request) bool {
 	k := heldKey{req.Key, req.Token}
 	ss.mu.Lock()
@@ -465,17 +483,7 @@ func (ss *session) startRelease(req Request) bool {
 		ss.mu.Unlock()
 		return false
 	}
-	h := ss.held[k]
-	var err error
-	switch {
-	case h == nil && ss.holdsKeyLocked(req.Key):
-		// The same answer the cluster would give, without the round trip.
-		err = fmt.Errorf("%w: this connection holds %s under another token, not %d", locksm.ErrTokenMismatch, snippet([]byte(req.Key)), req.Token)
-	case h == nil:
-		err = fmt.Errorf("%w: this connection holds no lock on %s with token %d", ErrNotHeld, snippet([]byte(req.Key)), req.Token)
-	case h.releasing:
-		err = fmt.Errorf("%w: %s token %d", ErrReleaseInProgress, snippet([]byte(req.Key)), req.Token)
-	}
+	h, err := ss.heldLocked(k)
 	if err != nil {
 		ss.mu.Unlock()
 		return ss.refuse(err)
@@ -822,16 +830,8 @@ func (ss *session) startExtend(req Request) bool {
 		ss.mu.Unlock()
 		return false
 	}
-	h := ss.held[k]
-	var err error
-	switch {
-	case h == nil && ss.holdsKeyLocked(req.Key):
-		err = fmt.Errorf("%w: this connection holds %s under another token, not %d", locksm.ErrTokenMismatch, snippet([]byte(req.Key)), req.Token)
-	case h == nil:
-		err = fmt.Errorf("%w: this connection holds no lock on %s with token %d", ErrNotHeld, snippet([]byte(req.Key)), req.Token)
-	case h.releasing:
-		err = fmt.Errorf("%w: %s token %d", ErrReleaseInProgress, snippet([]byte(req.Key)), req.Token)
-	case h.extending:
+	h, err := ss.heldLocked(k)
+	if err == nil && h.extending {
 		err = fmt.Errorf("%w: %s token %d", ErrExtendInProgress, snippet([]byte(req.Key)), req.Token)
 	}
 	if err != nil {
