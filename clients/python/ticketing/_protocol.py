@@ -16,6 +16,7 @@ from typing import Dict, Iterable, List, Optional, Tuple, Union
 from .errors import (
     BusyError,
     IndeterminateError,
+    LockLostError,
     LockTimeoutError,
     ProtocolError,
     ServerError,
@@ -273,6 +274,30 @@ class LostState:
         if from_sidecar and self.reason in LOCAL_REASONS:
             self.reason = reason
         return False
+
+    def lost_error(self, token: Optional[int], keys: Tuple[str, ...]) -> LockLostError:
+        """The error of a lost lock (``disconnected`` if no reason yet)."""
+        return LockLostError(self.reason or REASON_DISCONNECTED, token, keys)
+
+    def after_exit(
+        self,
+        exc: Optional[BaseException],
+        token: Optional[int],
+        keys: Tuple[str, ...],
+        release_err: Optional[BaseException],
+    ) -> None:
+        """The end of leaving a lock's ``with`` block, once released:
+        nothing if the lock was not lost; if the body raised, its exception
+        goes on unchanged (with a note of the loss on Python 3.11+); else
+        raise :class:`LockLostError`, from the release's error if any."""
+        if self.reason is None:
+            return
+        if exc is not None:
+            add_note = getattr(exc, "add_note", None)
+            if add_note is not None:
+                add_note(f"ticketing: the lock {' '.join(keys)} (token {token}) was lost: {self.reason}")
+            return
+        raise self.lost_error(token, keys) from release_err
 
 
 def is_event(line: str) -> bool:

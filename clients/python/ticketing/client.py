@@ -751,20 +751,12 @@ class Lock:
                 release_err = e
         else:
             self._check_deadline()
-        reason = self._state.reason
-        if reason is None:
-            return
-        if exc is not None:
-            add_note = getattr(exc, "add_note", None)
-            if add_note is not None:
-                add_note(f"ticketing: the lock {' '.join(self.keys)} (token {self.held_token}) was lost: {reason}")
-            return
-        raise self._lost_error() from release_err
+        self._state.after_exit(exc, self.held_token, self.keys, release_err)
 
     # -- the lost signal --------------------------------------------------------
 
     def _lost_error(self) -> LockLostError:
-        return LockLostError(self._state.reason or p.REASON_DISCONNECTED, self.held_token, self.keys)
+        return self._state.lost_error(self.held_token, self.keys)
 
     def _arm(self, deadline: float) -> None:
         """Move the local deadline to *deadline* and (re)start its timer."""
