@@ -282,20 +282,7 @@ func classifyAcquireLine(op *Op, r string, err error) {
 
 // classifyReleaseLine sets a release's outcome from its reply line.
 func classifyReleaseLine(op *Op, r string, err error) {
-	switch {
-	case err != nil:
-		op.Result, op.Err = ResIndeterminate, err.Error()
-	case r == "OK":
-		op.Result = ResOK
-	case r == "INDETERMINATE":
-		op.Result = ResIndeterminate
-	default:
-		if code, ok := errCode(r); ok && (noEffect[code] || definiteReleaseError(code)) {
-			op.Result, op.Err = ResError, code
-			return
-		}
-		op.Result, op.Err = ResIndeterminate, "unexpected reply "+strconv.Quote(r)
-	}
+	classifyOKLine(op, r, err, func(code string) bool { return noEffect[code] || definiteReleaseError(code) })
 }
 
 // classifyExtendLine sets an extend's outcome from its reply line: OK,
@@ -303,6 +290,15 @@ func classifyReleaseLine(op *Op, r string, err error) {
 // refusal (the lock is gone: not_held, token_mismatch, owner_mismatch) or
 // a definite error that renewed nothing.
 func classifyExtendLine(op *Op, r string, err error) {
+	classifyOKLine(op, r, err, func(code string) bool {
+		return noEffect[code] || definiteReleaseError(code) || code == "extend_in_progress" || code == "not_supported"
+	})
+}
+
+// classifyOKLine sets the outcome of a request answered OK on success:
+// OK, INDETERMINATE, an ERR whose code definite says is definite, or
+// (anything else, or the session's end) indeterminate.
+func classifyOKLine(op *Op, r string, err error, definite func(code string) bool) {
 	switch {
 	case err != nil:
 		op.Result, op.Err = ResIndeterminate, err.Error()
@@ -311,7 +307,7 @@ func classifyExtendLine(op *Op, r string, err error) {
 	case r == "INDETERMINATE":
 		op.Result = ResIndeterminate
 	default:
-		if code, ok := errCode(r); ok && (noEffect[code] || definiteReleaseError(code) || code == "extend_in_progress" || code == "not_supported") {
+		if code, ok := errCode(r); ok && definite(code) {
 			op.Result, op.Err = ResError, code
 			return
 		}
