@@ -209,19 +209,8 @@ func runExtender(ctx context.Context, p WorkerParams, write writeFunc, emitOp fu
 		}
 		late = late || now() > deadline || gone || isLost(tok)
 		if ctx.Err() == nil && isOpen(lc) {
-			w := Op{ID: nextID(), Worker: p.ID, Proc: p.Proc, Conn: conn, Kind: KindWrite, Key: keys[0], Keys: block, Token: tok, Acq: acq.ID,
-				Late: late, Inv: now()}
-			ok, werr := write(keys, tok, p.ID, w.ID)
-			w.Cmp = now()
-			switch {
-			case werr != nil:
-				w.Result, w.Err = ResError, werr.Error()
-			case ok:
-				w.Result = ResOK
-			default:
-				w.Result = ResRejected
-			}
-			emit(w)
+			emit(fencedWrite(write, Op{ID: nextID(), Worker: p.ID, Proc: p.Proc, Conn: conn, Kind: KindWrite, Key: keys[0], Keys: block,
+				Token: tok, Acq: acq.ID, Late: late}, keys))
 		}
 		// Release, even after ctx ended (bounded by its own context). A
 		// lock the session was told it lost answers not_held at once.

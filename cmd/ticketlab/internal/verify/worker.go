@@ -56,6 +56,23 @@ const (
 // check, or an error (the store was unreachable).
 type writeFunc func(keys []string, token uint64, worker int, op int64) (bool, error)
 
+// fencedWrite performs w (a KindWrite op: its Token, over keys) and
+// returns it with its times and outcome.
+func fencedWrite(write writeFunc, w Op, keys []string) Op {
+	w.Inv = time.Now().UnixNano()
+	ok, err := write(keys, w.Token, w.Worker, w.ID)
+	w.Cmp = time.Now().UnixNano()
+	switch {
+	case err != nil:
+		w.Result, w.Err = ResError, err.Error()
+	case ok:
+		w.Result = ResOK
+	default:
+		w.Result = ResRejected
+	}
+	return w
+}
+
 // runWorker loops acquire → fenced write → (sometimes sleep past the lease)
 // → release until ctx ends, reporting every operation to emit. An acquire
 // is a block of 2..MaxBlockKeys keys with probability p.BlockShare; its
@@ -161,19 +178,8 @@ func runWorker(ctx context.Context, p WorkerParams, write writeFunc, emit func(O
 		}
 		sleepCtx(ctx, hold)
 		if ctx.Err() == nil {
-			w := Op{ID: nextID(), Worker: p.ID, Proc: p.Proc, Kind: KindWrite, Key: key, Keys: block, Token: tok, Acq: acq.ID,
-				Late: late, Inv: now()}
-			ok, werr := write(keys, tok, p.ID, w.ID)
-			w.Cmp = now()
-			switch {
-			case werr != nil:
-				w.Result, w.Err = ResError, werr.Error()
-			case ok:
-				w.Result = ResOK
-			default:
-				w.Result = ResRejected
-			}
-			emit(w)
+			emit(fencedWrite(write, Op{ID: nextID(), Worker: p.ID, Proc: p.Proc, Kind: KindWrite, Key: key, Keys: block,
+				Token: tok, Acq: acq.ID, Late: late}, keys))
 		}
 
 		// Release, even after ctx ended (with its own bounded context).
