@@ -2,7 +2,6 @@ package cli
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,7 +10,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -75,7 +73,7 @@ func devSidecar(t *testing.T) string {
 	sock := filepath.Join(sdir, "s")
 	ctx, cancel := context.WithCancel(context.Background())
 	pr, pw := io.Pipe()
-	var errb lockedBuffer
+	var errb syncBuffer
 	done := make(chan int, 1)
 	go func() {
 		done <- runDev(ctx, []string{"--base-port", "0", "--dir", filepath.Join(t.TempDir(), "d"), "--socket", sock}, pw, &errb)
@@ -105,29 +103,10 @@ func devSidecar(t *testing.T) string {
 	return sock
 }
 
-// lockedBuffer is a bytes.Buffer that one goroutine may write while
-// another reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // runLockT runs `ticketing lock` in process (its COMMAND a real child
 // process) and returns its exit code, stdout and stderr.
 func runLockT(args ...string) (int, string, string) {
-	var out, errb lockedBuffer
+	var out, errb syncBuffer
 	code := runLock(context.Background(), args, &out, &errb)
 	return code, out.String(), errb.String()
 }

@@ -217,6 +217,8 @@ log-level = debug
 	})
 }
 
+// syncBuffer is a bytes.Buffer that one goroutine may write while another
+// reads it.
 type syncBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
