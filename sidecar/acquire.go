@@ -42,6 +42,12 @@ type acqOp struct {
 	begun               time.Time // wall clock at the call (latency metric)
 	waitEnd, connectEnd time.Time // Config.Now based
 	done                func(Lock, error)
+	// queued is AcquireOptions.Queued, nil once called or answered.
+	// While it runs (queuing), the outcome waits in held, so that done
+	// never runs before queued has returned.
+	queued  func()
+	queuing bool
+	held    func()
 
 	st          opState
 	answered    bool  // done was called; the call may still be live at the node
@@ -110,16 +116,45 @@ func (b *Broker) AcquireBlock(ctx context.Context, keys []string, owner string, 
 
 // AcquireBlockAsync is AcquireAsync for a block (see AcquireBlock).
 func (b *Broker) AcquireBlockAsync(keys []string, owner string, lease, wait time.Duration, done func(Lock, error)) (cancel func(cause error), err error) {
-	if len(keys) == 1 {
-		return b.AcquireAsync(keys[0], owner, lease, wait, done)
-	}
+	return b.AcquireAsyncOpts(keys, owner, lease, wait, AcquireOptions{}, done)
+}
+
+// AcquireOptions are the optional parts of an asynchronous acquire
+// (AcquireAsyncOpts).
+type AcquireOptions struct {
+	// Queued, if not nil, is called when the cluster reports that it
+	// committed the acquire into the key's FIFO queue (a block: into every
+	// key's queue): the cluster protocol's Q frame (version 4). An acquire
+	// of the same key that anyone sends after Queued was called stands
+	// behind this one. It is called at most once, before done and never
+	// after done was called, on a broker goroutine with none of the
+	// broker's locks held; like done, it must not block, and done waits
+	// for it to return. It is a prompt, not a promise: an acquire granted
+	// or refused without queueing (wait 0 among them) never gets it, a
+	// node older than protocol version 4 never sends it, and a leader
+	// change can swallow it.
+	Queued func()
+}
+
+// AcquireAsyncOpts is AcquireAsync (one key) or AcquireBlockAsync (2..16
+// keys) with options: keys, owner, lease, wait, done, cancel and the
+// errors are theirs.
+func (b *Broker) AcquireAsyncOpts(keys []string, owner string, lease, wait time.Duration, opts AcquireOptions,
+	done func(Lock, error)) (cancel func(cause error), err error) {
 	begun := time.Now()
+	if len(keys) == 1 {
+		if err := checkAcquire(keys[0], owner, lease, wait); err != nil {
+			b.metrics.acquired(err, begun)
+			return nil, err
+		}
+		return b.startAcquire(keys[0], nil, owner, lease, wait, begun, opts, done)
+	}
 	if err := checkBlock(keys, owner, lease, wait); err != nil {
 		b.metrics.acquired(err, begun)
 		return nil, err
 	}
 	keys = slices.Clone(keys) // the Lock and the node keep them
-	return b.startAcquire(keys[0], keys, owner, lease, wait, begun, done)
+	return b.startAcquire(keys[0], keys, owner, lease, wait, begun, opts, done)
 }
 
 // Acquire asks for key on behalf of owner. lease must be whole seconds in
@@ -186,21 +221,19 @@ func (b *Broker) acquireWait(ctx context.Context, keys []string, owner string, l
 // that holds the most is refused (ErrTooManyWaiters); an asker holding
 // less gets room by evicting that session's newest waiter, which is
 // answered ErrTooManyWaiters ("evicted"), unless a grant reaches it first.
+//
+// AcquireAsyncOpts also tells when the cluster queued the acquire
+// (AcquireOptions.Queued).
 func (b *Broker) AcquireAsync(key, owner string, lease, wait time.Duration, done func(Lock, error)) (cancel func(cause error), err error) {
-	begun := time.Now()
-	if err := checkAcquire(key, owner, lease, wait); err != nil {
-		b.metrics.acquired(err, begun)
-		return nil, err
-	}
-	return b.startAcquire(key, nil, owner, lease, wait, begun, done)
+	return b.AcquireAsyncOpts([]string{key}, owner, lease, wait, AcquireOptions{}, done)
 }
 
 // startAcquire starts a checked acquire of key, or of the block keys.
 func (b *Broker) startAcquire(key string, keys []string, owner string, lease, wait time.Duration, begun time.Time,
-	done func(Lock, error)) (cancel func(cause error), err error) {
+	opts AcquireOptions, done func(Lock, error)) (cancel func(cause error), err error) {
 	now := b.cfg.Now()
 	o := &acqOp{b: b, key: key, keys: keys, owner: owner, lease: lease, wait: wait, waiter: wait > 0, begun: begun,
-		waitEnd: now.Add(wait), connectEnd: now.Add(max(wait, b.cfg.LeaderWait)), done: done}
+		waitEnd: now.Add(wait), connectEnd: now.Add(max(wait, b.cfg.LeaderWait)), done: done, queued: opts.Queued}
 	var fx effects
 	b.qmu.Lock()
 	if b.qclosed {
@@ -261,18 +294,24 @@ func (o *acqOp) armLocked(at time.Time) {
 	o.timer = time.AfterFunc(max(at.Sub(o.b.cfg.Now()), 0), func() { o.onTimer(gen) })
 }
 
-// answerLocked records the outcome; done runs once qmu is released.
+// answerLocked records the outcome; done runs once qmu is released, or,
+// while the Queued callback runs, once it returned.
 func (o *acqOp) answerLocked(lk Lock, err error, fx *effects) {
 	if o.answered {
 		return
 	}
 	o.answered = true
 	done, b, begun := o.done, o.b, o.begun
-	o.done = nil
-	fx.add(func() {
+	o.done, o.queued = nil, nil
+	f := func() {
 		b.metrics.acquired(err, begun)
 		done(lk, err)
-	})
+	}
+	if o.queuing {
+		o.held = f
+		return
+	}
+	fx.add(f)
 }
 
 // endLocked retires o: answered, and nothing of it left at the node. Its
@@ -404,15 +443,39 @@ func (o *acqOp) onTimer(gen uint32) {
 }
 
 // onQueued is the Q hook: the node queued the acquire, which frees its
-// in-flight slot.
+// in-flight slot, and the caller's Queued callback is due.
 func (o *acqOp) onQueued(call *client.Call) {
 	b := o.b
+	var fx effects
 	b.qmu.Lock()
 	if o.call == call && o.st == stSent {
 		o.st = stQueued
 		b.dropSlotLocked(o)
 	}
+	if q := o.queued; q != nil && o.call == call && !o.answered {
+		// The client's Q hook may race with the connection's end (Done);
+		// answered decides which came first.
+		o.queued, o.queuing = nil, true
+		fx.add(func() { o.runQueued(q) })
+	}
 	b.qmu.Unlock()
+	fx.run()
+}
+
+// runQueued calls the caller's Queued callback, then the outcome if it was
+// decided meanwhile (answerLocked held it back), so that done never runs
+// before Queued returned.
+func (o *acqOp) runQueued(q func()) {
+	q()
+	b := o.b
+	b.qmu.Lock()
+	o.queuing = false
+	held := o.held
+	o.held = nil
+	b.qmu.Unlock()
+	if held != nil {
+		held()
+	}
 }
 
 // dropSlotLocked gives back o's in-flight slot.
