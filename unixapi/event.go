@@ -26,6 +26,13 @@ import (
 // down, or the connection is ending). The keys are every key of the lock
 // (a block's, in the order asked). After it the connection no longer holds
 // the lock: HELD omits it, RELEASE and EXTEND of it answer not_held.
+//
+//	! QUEUED <n> <key> [<key> ...]
+//
+// (version 4) The cluster committed the connection's n-th request line, an
+// ACQUIRE of those keys, into the keys' FIFO queues; its reply still
+// follows, after this line. Written only when the latest HELLO agreed
+// version 4 or later with events.
 const (
 	// EventPrefix begins every event line and no reply line.
 	EventPrefix = "! "
@@ -33,6 +40,8 @@ const (
 	HelloEvents = "events"
 	// EventLost is the one event of version 3.
 	EventLost = "LOST"
+	// EventQueued is the event version 4 added.
+	EventQueued = "QUEUED"
 )
 
 // LostReasons are the reasons a LOST event may name (version 3). A client
@@ -41,10 +50,13 @@ var LostReasons = []string{"expired", "moved", "compensated"}
 
 // Event is one parsed event line.
 type Event struct {
-	Name   string // EventLost
-	Token  uint64
-	Reason string
-	Keys   []string
+	Name   string // EventLost, EventQueued
+	Token  uint64 // LOST
+	Reason string // LOST
+	// N is QUEUED's request position: the ACQUIRE was the N-th request
+	// line read on the connection (1-based, every line counts).
+	N    uint64
+	Keys []string // LOST, QUEUED
 }
 
 // FormatLost is the LOST event line for a lock (without "\n").
@@ -54,6 +66,19 @@ func FormatLost(token uint64, reason string, keys []string) string {
 	b.WriteString(strconv.FormatUint(token, 10))
 	b.WriteByte(' ')
 	b.WriteString(reason)
+	for _, k := range keys {
+		b.WriteByte(' ')
+		b.WriteString(k)
+	}
+	return b.String()
+}
+
+// FormatQueued is the QUEUED event line for the n-th request of a
+// connection, an ACQUIRE of keys (without "\n").
+func FormatQueued(n uint64, keys []string) string {
+	var b strings.Builder
+	b.WriteString(EventPrefix + EventQueued + " ")
+	b.WriteString(strconv.FormatUint(n, 10))
 	for _, k := range keys {
 		b.WriteByte(' ')
 		b.WriteString(k)
@@ -78,7 +103,11 @@ func ParseEvent(line []byte) (Event, error) {
 		}
 	}
 	ev := Event{Name: string(f[0])}
-	if ev.Name != EventLost {
+	switch ev.Name {
+	case EventLost:
+	case EventQueued:
+		return parseQueued(line, f)
+	default:
 		return ev, nil
 	}
 	if len(f) < 4 || len(f) > 3+locksm.MaxBlockKeys {
@@ -98,6 +127,26 @@ func ParseEvent(line []byte) (Event, error) {
 		key, err := parseKey(k)
 		if err != nil {
 			return Event{}, fmt.Errorf("%w: LOST key: %w", ErrBadRequest, err)
+		}
+		ev.Keys = append(ev.Keys, key)
+	}
+	return ev, nil
+}
+
+// parseQueued parses the fields f of the QUEUED event line.
+func parseQueued(line []byte, f [][]byte) (Event, error) {
+	if len(f) < 3 || len(f) > 2+locksm.MaxBlockKeys {
+		return Event{}, fmt.Errorf("%w: QUEUED takes a request position and 1..%d keys: %s", ErrBadRequest, locksm.MaxBlockKeys, snippet(line))
+	}
+	n, err := parseToken(f[1])
+	if err != nil {
+		return Event{}, fmt.Errorf("%w: QUEUED request position: %w", ErrBadRequest, err)
+	}
+	ev := Event{Name: EventQueued, N: n}
+	for _, k := range f[2:] {
+		key, err := parseKey(k)
+		if err != nil {
+			return Event{}, fmt.Errorf("%w: QUEUED key: %w", ErrBadRequest, err)
 		}
 		ev.Keys = append(ev.Keys, key)
 	}

@@ -18,9 +18,11 @@ func TestParseEvent(t *testing.T) {
 		{"! LOST 18446744073709551615 moved b a c", unixapi.Event{Name: "LOST", Token: 1<<64 - 1, Reason: "moved", Keys: []string{"b", "a", "c"}}},
 		{"! LOST 3 somedaynew k", unixapi.Event{Name: "LOST", Token: 3, Reason: "somedaynew", Keys: []string{"k"}}},
 		{"! LATER whatever it says", unixapi.Event{Name: "LATER"}},
+		{"! QUEUED 2 k", unixapi.Event{Name: "QUEUED", N: 2, Keys: []string{"k"}}},
+		{"! QUEUED 18446744073709551615 s/2 s/1", unixapi.Event{Name: "QUEUED", N: 1<<64 - 1, Keys: []string{"s/2", "s/1"}}},
 	} {
 		ev, err := unixapi.ParseEvent([]byte(tc.line))
-		if err != nil || ev.Name != tc.want.Name || ev.Token != tc.want.Token || ev.Reason != tc.want.Reason ||
+		if err != nil || ev.Name != tc.want.Name || ev.Token != tc.want.Token || ev.Reason != tc.want.Reason || ev.N != tc.want.N ||
 			strings.Join(ev.Keys, " ") != strings.Join(tc.want.Keys, " ") {
 			t.Errorf("%q: %+v %v, want %+v", tc.line, ev, err, tc.want)
 		}
@@ -30,6 +32,9 @@ func TestParseEvent(t *testing.T) {
 		"! LOST x expired k", "! LOST 1 Expired k", "! LOST 1 expired  k", "! LOST 1 expired k ", "! LOST 1 expired k\x01",
 		"! LOST 18446744073709551616 expired k", "! LOST 1 expired " + strings.Repeat("k", 256),
 		"! LOST 1 expired" + strings.Repeat(" k", 17), "OK 5", "ERR not_held nope",
+		"! QUEUED", "! QUEUED 2", "! QUEUED 0 k", "! QUEUED x k", "! QUEUED -1 k", "! QUEUED 2  k", "! QUEUED 2 k ",
+		"! QUEUED 2 k\x01", "! QUEUED 18446744073709551616 k", "! QUEUED 2 " + strings.Repeat("k", 256),
+		"! QUEUED 2" + strings.Repeat(" k", 17),
 	} {
 		if ev, err := unixapi.ParseEvent([]byte(line)); !errors.Is(err, unixapi.ErrBadRequest) {
 			t.Errorf("%q: %+v %v, want ErrBadRequest", line, ev, err)
@@ -38,13 +43,18 @@ func TestParseEvent(t *testing.T) {
 	if got := unixapi.FormatLost(9, "compensated", []string{"s/2", "s/1"}); got != "! LOST 9 compensated s/2 s/1" {
 		t.Errorf("FormatLost: %q", got)
 	}
+	if got := unixapi.FormatQueued(3, []string{"s/2", "s/1"}); got != "! QUEUED 3 s/2 s/1" {
+		t.Errorf("FormatQueued: %q", got)
+	}
 }
 
 // FuzzParseEvent: any line parses or fails with ErrBadRequest, never
 // panics; what FormatLost writes for a LOST that parses parses back to
-// the same event; and a line that is not an event is never parsed as one.
+// the same event, and so does what FormatQueued writes for a QUEUED; and a
+// line that is not an event is never parsed as one.
 func FuzzParseEvent(f *testing.F) {
-	for _, s := range []string{"! LOST 7 expired k", "! LOST 1 moved a b", "! X", "OK 7", "! LOST 1 expired k k", ""} {
+	for _, s := range []string{"! LOST 7 expired k", "! LOST 1 moved a b", "! X", "OK 7", "! LOST 1 expired k k", "",
+		"! QUEUED 3 k", "! QUEUED 12 a b c", "! QUEUED 0 k", "! QUEUED 007 k"} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, line []byte) {
@@ -63,6 +73,13 @@ func FuzzParseEvent(f *testing.F) {
 			out := unixapi.FormatLost(ev.Token, ev.Reason, ev.Keys)
 			again, err := unixapi.ParseEvent([]byte(out))
 			if err != nil || again.Token != ev.Token || again.Reason != ev.Reason || !slices.Equal(again.Keys, ev.Keys) {
+				t.Fatalf("%q parsed as %+v, formats as %q, which parses as %+v %v", line, ev, out, again, err)
+			}
+		}
+		if ev.Name == unixapi.EventQueued {
+			out := unixapi.FormatQueued(ev.N, ev.Keys)
+			again, err := unixapi.ParseEvent([]byte(out))
+			if err != nil || again.Name != unixapi.EventQueued || again.N != ev.N || ev.N == 0 || !slices.Equal(again.Keys, ev.Keys) {
 				t.Fatalf("%q parsed as %+v, formats as %q, which parses as %+v %v", line, ev, out, again, err)
 			}
 		}

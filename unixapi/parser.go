@@ -19,11 +19,14 @@ const (
 	// ProtocolVersion is the version of the protocol this package speaks
 	// (PROTOCOL.md): version 2 added the multi-key ACQUIRE (a seat block),
 	// HELLO and the longer line limit; version 3 EXTEND, HELLO's events
-	// option and the LOST event lines it turns on. HELLO answers the lower
-	// of it and the client's version; INFO reports it as protocol=.
-	ProtocolVersion = 3
+	// option and the LOST event lines it turns on; version 4 the QUEUED
+	// event. HELLO answers the lower of it and the client's version; INFO
+	// reports it as protocol=.
+	ProtocolVersion = 4
 	// VersionEvents is the first version with EXTEND and events.
 	VersionEvents = 3
+	// VersionQueued is the first version with the QUEUED event.
+	VersionQueued = 4
 	// DefaultMaxLineLen is the longest request line in bytes, the "\n"
 	// excluded (a "\r" before it counts). The longest valid request of
 	// version 2, an ACQUIRE of a block of locksm.MaxBlockKeys keys of 255

@@ -49,6 +49,18 @@ type Broker interface {
 
 var _ Broker = (*sidecar.Broker)(nil)
 
+// QueuedBroker is a Broker that also tells when the cluster queued an
+// acquire (sidecar.AcquireOptions.Queued), which the server passes on as
+// the QUEUED event (version 4). A Broker that is not one never gets a
+// connection a QUEUED line; *sidecar.Broker is one.
+type QueuedBroker interface {
+	Broker
+	AcquireAsyncOpts(keys []string, owner string, lease, wait time.Duration, opts sidecar.AcquireOptions,
+		done func(sidecar.Lock, error)) (cancel func(error), err error)
+}
+
+var _ QueuedBroker = (*sidecar.Broker)(nil)
+
 // Server serves the unix API on one socket. Create it with Listen.
 type Server struct {
 	cfg    Config
@@ -79,7 +91,13 @@ type Server struct {
 	// lostTold counts the LOST event lines queued for connections, by
 	// sidecar.LostReason (Stats.LostEvents).
 	lostTold [sidecar.LostCompensated + 1]atomic.Uint64
+	// queuedTold counts the QUEUED event lines queued for connections
+	// (Stats.QueuedEvents).
+	queuedTold atomic.Uint64
 }
+
+// queuedEvent counts a QUEUED line queued for a connection.
+func (s *Server) queuedEvent() { s.queuedTold.Add(1) }
 
 // lostEvent counts a lock a connection lost (why), and whether it was told.
 func (s *Server) lostEvent(why sidecar.LostReason, told bool) {
@@ -160,11 +178,15 @@ type Stats struct {
 	// turned events on, by reason (index sidecar.LostExpired, LostMoved,
 	// LostCompensated).
 	LostEvents [sidecar.LostCompensated + 1]uint64
+	// QueuedEvents counts the QUEUED event lines queued for connections
+	// (version 4 with events on).
+	QueuedEvents uint64
 }
 
 // Stats returns the server's refusal counters (they only grow).
 func (s *Server) Stats() Stats {
-	st := Stats{Forbidden: s.forbidden.Load(), TooManyConns: s.tooMany.Load(), PacedRefusals: s.paced.Load()}
+	st := Stats{Forbidden: s.forbidden.Load(), TooManyConns: s.tooMany.Load(), PacedRefusals: s.paced.Load(),
+		QueuedEvents: s.queuedTold.Load()}
 	for i := range s.lostTold {
 		st.LostEvents[i] = s.lostTold[i].Load()
 	}

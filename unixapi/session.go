@@ -40,6 +40,11 @@ type session struct {
 	writerDone chan struct{}
 	wake       chan struct{} // wakes the writer; capacity 1
 
+	// nreq counts the request lines read (every line gets one reply):
+	// an ACQUIRE's position, which its QUEUED event names. The reader's
+	// alone: no lock.
+	nreq uint64
+
 	// refusals is the RefusalRate bucket (refusals left, negative when in
 	// debt) as of refusalAt. The reader's alone: no lock.
 	refusals  float64
@@ -58,10 +63,12 @@ type session struct {
 	// waiting those with a wait (bounded by MaxWaiting), releasing the
 	// RELEASEs running (bounded by the locks held).
 	acquiring, waiting, releasing int
-	// events: the latest HELLO turned event lines on (version 3); evq
+	// events: the latest HELLO turned event lines on (version 3); queued:
+	// it agreed version 4 or later too, so QUEUED lines are written. evq
 	// holds the event lines not yet written (the writer writes them
 	// before the next reply line, never inside one).
 	events bool
+	queued bool
 	evq    []string
 	pend   map[*acq]struct{} // ACQUIREs running, to cancel at the end
 	ended  bool              // end ran: held locks were handed to Compensate
@@ -108,6 +115,8 @@ type reply struct {
 type acq struct {
 	ss       *session
 	r        *reply
+	n        uint64   // its position among the connection's request lines
+	keys     []string // its keys, for its QUEUED event
 	waiter   bool
 	cancel   func(error) // the broker's; nil until AcquireAsync returned
 	finished bool
@@ -306,6 +315,7 @@ func (ss *session) refuse(err error) bool {
 
 // dispatch handles one request line; false stops reading.
 func (ss *session) dispatch(line []byte) bool {
+	ss.nreq++
 	req, err := ParseLine(line)
 	if err != nil {
 		return ss.refuse(err)
@@ -327,7 +337,7 @@ func (ss *session) dispatch(line []byte) bool {
 			line += " " + HelloEvents
 		}
 		ss.mu.Lock()
-		ss.events = on
+		ss.events, ss.queued = on, on && v >= VersionQueued
 		ss.mu.Unlock()
 		return ss.push(&reply{line: line, done: true})
 	case VerbExtend:
@@ -343,7 +353,7 @@ func (ss *session) dispatch(line []byte) bool {
 // startAcquire starts an ACQUIRE: one with a wait counts against
 // MaxWaiting (it may queue at the node), one without against MaxInFlight.
 func (ss *session) startAcquire(req Request) bool {
-	a := &acq{ss: ss, r: &reply{}, waiter: req.Wait > 0}
+	a := &acq{ss: ss, r: &reply{}, n: ss.nreq, waiter: req.Wait > 0}
 	ss.mu.Lock()
 	if ss.ended {
 		ss.mu.Unlock()
@@ -378,9 +388,17 @@ func (ss *session) startAcquire(req Request) bool {
 		cancel func(error)
 		err    error
 	)
-	if req.Block() {
+	switch qb, ok := ss.srv.broker.(QueuedBroker); {
+	case ok && a.waiter:
+		// Only a waiter can be queued (wait 0 is granted or BUSY).
+		a.keys = req.Keys
+		if !req.Block() {
+			a.keys = []string{req.Key}
+		}
+		cancel, err = qb.AcquireAsyncOpts(a.keys, ss.owner, req.Lease, req.Wait, sidecar.AcquireOptions{Queued: a.queued}, a.done)
+	case req.Block():
 		cancel, err = ss.srv.broker.AcquireBlockAsync(req.Keys, ss.owner, req.Lease, req.Wait, a.done)
-	} else {
+	default:
 		cancel, err = ss.srv.broker.AcquireAsync(req.Key, ss.owner, req.Lease, req.Wait, a.done)
 	}
 	if err != nil {
@@ -400,6 +418,24 @@ func (ss *session) startAcquire(req Request) bool {
 		cancel(ss.endCauseErr())
 	}
 	return true
+}
+
+// queued is the broker's word that the cluster queued the ACQUIRE: with
+// version 4 events on, the connection is told (QUEUED), before the reply,
+// which done queues after it. It runs on a broker goroutine, never after
+// done, and must not block.
+func (a *acq) queued() {
+	ss := a.ss
+	ss.mu.Lock()
+	tell := ss.queued && !a.finished && !ss.ended
+	if tell {
+		ss.evq = append(ss.evq, FormatQueued(a.n, a.keys))
+	}
+	ss.mu.Unlock()
+	if tell {
+		ss.srv.queuedEvent()
+		ss.kickWriter()
+	}
 }
 
 // done is the broker's callback for the ACQUIRE (or its immediate
