@@ -17,8 +17,11 @@
 // (protocol version 3): its Context is cancelled on the sidecar's lost
 // event, at the local validity deadline, or when the connection ends, and
 // Extend renews its lease. Every Client asks for event lines when it
-// connects (HELLO 3 events); against an older sidecar it works without
+// connects (HELLO 4 events); against an older sidecar it works without
 // them, and a Lock then relies on its local deadline.
+//
+// WithQueued, an option of every acquire, tells the caller when the
+// cluster queued its acquire (protocol version 4's "! QUEUED" event).
 package ticketing
 
 import (
@@ -89,9 +92,9 @@ const (
 )
 
 // ProtocolVersion is the version of unixapi/PROTOCOL.md this client
-// speaks: 3, which added EXTEND and the lost events (version 2 added seat
-// blocks and HELLO).
-const ProtocolVersion = 3
+// speaks: 4, which added the QUEUED event (version 3 added EXTEND and the
+// lost events, version 2 seat blocks and HELLO).
+const ProtocolVersion = 4
 
 // Client is one connection to the sidecar.
 type Client struct {
@@ -102,8 +105,13 @@ type Client struct {
 	err     error      // set once the connection broke or was closed
 	done    chan struct{}
 	// written counts the request lines written (guarded by mu), so a test
-	// can tell that a request left before it takes its next step.
+	// can tell that a request left before it takes its next step, and so
+	// that a QUEUED event, which names its ACQUIRE by this count, finds
+	// it.
 	written uint64
+	// queuedCalls are the pending ACQUIREs with a WithQueued hook, by
+	// their position among the lines written (guarded by mu).
+	queuedCalls map[uint64]*call
 
 	helloMu sync.Mutex // one HELLO at a time
 	version int        // guarded by helloMu: the version HELLO agreed, 0 = not known yet
@@ -129,7 +137,12 @@ type call struct {
 	// onReply, if set, runs in the reader with the reply before it is
 	// delivered or orphaned, so that what it sets up (a Lock) exists
 	// before the reader handles the next line (an event for that Lock).
-	onReply  func(reply string)
+	onReply func(reply string)
+	// onQueued, if set, runs when a QUEUED event names this call (an
+	// ACQUIRE of keys), at most once, unless the caller stopped waiting.
+	onQueued func()
+	keys     []string
+	n        uint64 // the call's position among the lines written
 	mu       sync.Mutex
 	orphaned bool
 	hello    bool // the HELLO sent by Dial: an ERR to it may be a refusal
@@ -250,14 +263,16 @@ func (c *Client) Info(ctx context.Context) (string, error) {
 // If ctx ends while the request is with the sidecar, Acquire returns at
 // once; should the lock be granted anyway, the Client releases it in the
 // background. Give ctx a deadline above wait, or leave it to wait alone.
-func (c *Client) Acquire(ctx context.Context, key string, lease, wait time.Duration) (uint64, error) {
+//
+// Options: WithQueued.
+func (c *Client) Acquire(ctx context.Context, key string, lease, wait time.Duration, opts ...AcquireOption) (uint64, error) {
 	if err := checkDurations(lease, wait); err != nil {
 		return 0, err
 	}
 	if err := checkKey(key); err != nil {
 		return 0, err
 	}
-	return c.acquire(ctx, []string{key}, lease, wait)
+	return c.acquire(ctx, []string{key}, lease, wait, acquireOptions(opts))
 }
 
 // AcquireBlock takes a seat block: every key of keys (1..16 distinct keys)
@@ -278,8 +293,8 @@ func (c *Client) Acquire(ctx context.Context, key string, lease, wait time.Durat
 // acquired.
 //
 // The Block is a Lock (Block is its older name): it also carries the lost
-// signal and can Extend (LockBlock is the same call).
-func (c *Client) AcquireBlock(ctx context.Context, keys []string, lease, wait time.Duration) (*Block, error) {
+// signal and can Extend (LockBlock is the same call). Options: WithQueued.
+func (c *Client) AcquireBlock(ctx context.Context, keys []string, lease, wait time.Duration, opts ...AcquireOption) (*Block, error) {
 	if err := checkDurations(lease, wait); err != nil {
 		return nil, err
 	}
@@ -296,7 +311,7 @@ func (c *Client) AcquireBlock(ctx context.Context, keys []string, lease, wait ti
 				"and the sidecar speaks version %d: upgrade the sidecar", ErrNotSupported, len(keys), v)
 		}
 	}
-	return c.lockKeys(ctx, append([]string(nil), keys...), lease, wait)
+	return c.lockKeys(ctx, append([]string(nil), keys...), lease, wait, acquireOptions(opts))
 }
 
 // Hello returns the protocol version this client and the sidecar both
@@ -387,15 +402,16 @@ func checkKeys(keys []string) error {
 
 // acquire sends the ACQUIRE of keys (checked, as lease and wait) and
 // returns the token.
-func (c *Client) acquire(ctx context.Context, keys []string, lease, wait time.Duration) (uint64, error) {
-	r, err := c.do(ctx, acquireLine(keys, lease, wait), func(reply string) {
+func (c *Client) acquire(ctx context.Context, keys []string, lease, wait time.Duration, o acquireOpts) (uint64, error) {
+	cl := &call{line: acquireLine(keys, lease, wait), onQueued: o.queued, keys: keys, onOrphan: func(reply string) {
 		// Nobody waits for this grant any more: release it so the keys
 		// are not held until the lease ends (RELEASE of any key of a
 		// block frees all of them).
 		if tok, ok := strings.CutPrefix(reply, "OK "); ok {
 			c.send("RELEASE "+keys[0]+" "+tok, nil)
 		}
-	})
+	}}
+	r, err := c.roundTrip(ctx, cl)
 	if err != nil {
 		return 0, err
 	}
@@ -517,10 +533,16 @@ func (c *Client) do(ctx context.Context, line string, onOrphan func(string)) (st
 
 // doHook is do with the call's onReply hook.
 func (c *Client) doHook(ctx context.Context, line string, onReply, onOrphan func(string)) (string, error) {
+	return c.roundTrip(ctx, &call{line: line, onOrphan: onOrphan, onReply: onReply})
+}
+
+// roundTrip sends cl's line and waits for its reply or ctx.
+func (c *Client) roundTrip(ctx context.Context, cl *call) (string, error) {
 	if err := ctx.Err(); err != nil {
 		return "", err
 	}
-	cl := &call{line: line, ch: make(chan string, 1), onOrphan: onOrphan, onReply: onReply}
+	line := cl.line
+	cl.ch = make(chan string, 1)
 	if err := c.enqueue(cl); err != nil {
 		return "", err
 	}
@@ -563,8 +585,16 @@ func (c *Client) enqueue(cl *call) error {
 	}
 	// Queue before writing: the reply may arrive before Write returns.
 	c.pending = append(c.pending, cl)
+	cl.n = c.written + 1
+	if cl.onQueued != nil {
+		if c.queuedCalls == nil {
+			c.queuedCalls = make(map[uint64]*call)
+		}
+		c.queuedCalls[cl.n] = cl
+	}
 	if _, err := c.conn.Write([]byte(cl.line + "\n")); err != nil {
 		c.pending = c.pending[:len(c.pending)-1]
+		delete(c.queuedCalls, cl.n)
 		c.err = err
 		c.conn.Close()
 		return fmt.Errorf("%w: %w", ErrClosed, err)
@@ -613,6 +643,9 @@ func (c *Client) readLoop() {
 		cl := c.pending[0]
 		c.pending[0] = nil
 		c.pending = c.pending[1:]
+		if cl.onQueued != nil {
+			delete(c.queuedCalls, cl.n) // a QUEUED comes before the reply or not at all
+		}
 		c.mu.Unlock()
 		if cl.hello && refusal == nil {
 			// A refused connection (ERR forbidden, too_many_connections)
@@ -641,7 +674,7 @@ func (c *Client) readLoop() {
 		c.err = err
 	}
 	pending := c.pending
-	c.pending = nil
+	c.pending, c.queuedCalls = nil, nil
 	c.mu.Unlock()
 	c.conn.Close()
 	c.helloOnce.Do(func() { close(c.helloDone) })

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -271,29 +272,31 @@ func (l *Lock) fire(reason string, fromSidecar bool) {
 	}
 }
 
-// Lock takes key like Acquire (same arguments, results and context rules)
-// and returns it as a Lock, which carries the lost signal and can Extend.
-func (c *Client) Lock(ctx context.Context, key string, lease, wait time.Duration) (*Lock, error) {
+// Lock takes key like Acquire (same arguments, options, results and
+// context rules) and returns it as a Lock, which carries the lost signal
+// and can Extend.
+func (c *Client) Lock(ctx context.Context, key string, lease, wait time.Duration, opts ...AcquireOption) (*Lock, error) {
 	if err := checkDurations(lease, wait); err != nil {
 		return nil, err
 	}
 	if err := checkKey(key); err != nil {
 		return nil, err
 	}
-	return c.lockKeys(ctx, []string{key}, lease, wait)
+	return c.lockKeys(ctx, []string{key}, lease, wait, acquireOptions(opts))
 }
 
-// LockBlock takes a seat block like AcquireBlock (same arguments, results
-// and context rules) and returns it as a Lock. AcquireBlock is LockBlock.
-func (c *Client) LockBlock(ctx context.Context, keys []string, lease, wait time.Duration) (*Lock, error) {
-	return c.AcquireBlock(ctx, keys, lease, wait)
+// LockBlock takes a seat block like AcquireBlock (same arguments, options,
+// results and context rules) and returns it as a Lock. AcquireBlock is
+// LockBlock.
+func (c *Client) LockBlock(ctx context.Context, keys []string, lease, wait time.Duration, opts ...AcquireOption) (*Lock, error) {
+	return c.AcquireBlock(ctx, keys, lease, wait, opts...)
 }
 
 // lockKeys sends the ACQUIRE of keys (checked, as lease and wait) and
 // returns the Lock. The reader makes and registers the Lock as it reads
 // the grant, before any event line that follows the grant can be
 // dispatched.
-func (c *Client) lockKeys(ctx context.Context, keys []string, lease, wait time.Duration) (*Lock, error) {
+func (c *Client) lockKeys(ctx context.Context, keys []string, lease, wait time.Duration, o acquireOpts) (*Lock, error) {
 	var l *Lock // set by the reader before the reply is delivered
 	sent := c.clock()
 	onReply := func(reply string) {
@@ -302,14 +305,15 @@ func (c *Client) lockKeys(ctx context.Context, keys []string, lease, wait time.D
 			c.register(l)
 		}
 	}
-	r, err := c.doHook(ctx, acquireLine(keys, lease, wait), onReply, func(reply string) {
-		// Nobody waits for this grant any more: release it so the keys
-		// are not held until the lease ends (RELEASE of any key of a
-		// block frees all of them).
-		if l != nil {
-			l.Release(context.Background())
-		}
-	})
+	r, err := c.roundTrip(ctx, &call{line: acquireLine(keys, lease, wait), onReply: onReply, onQueued: o.queued, keys: keys,
+		onOrphan: func(reply string) {
+			// Nobody waits for this grant any more: release it so the
+			// keys are not held until the lease ends (RELEASE of any key
+			// of a block frees all of them).
+			if l != nil {
+				l.Release(context.Background())
+			}
+		}})
 	if err != nil {
 		return nil, err
 	}
@@ -379,12 +383,18 @@ func (c *Client) forget(l *Lock) {
 	}
 }
 
-// event handles one event line (it starts with "!"). Only
-// "! LOST <token> <reason> <key>..." means something (version 3): the
-// lock of that token is lost. Lines of other names, tokens of no Lock of
-// this Client, and malformed lines are ignored: an event never answers a
+// event handles one event line (it starts with "!"). Two mean something:
+// "! LOST <token> <reason> <key>..." (version 3): the lock of that token
+// is lost; "! QUEUED <n> <key>..." (version 4): the n-th request line
+// written, an ACQUIRE of those keys, was queued. Lines of other names,
+// tokens of no Lock of this Client, positions of no ACQUIRE waiting for
+// a QUEUED, and malformed lines are ignored: an event never answers a
 // request, so ignoring one cannot shift the replies.
 func (c *Client) event(line string) {
+	if n, keys, ok := parseQueued(line); ok {
+		c.queuedEvent(n, keys)
+		return
+	}
 	tok, reason, ok := parseLost(line)
 	if !ok {
 		return
@@ -425,4 +435,78 @@ func (c *Client) lostAll() {
 	for _, l := range locks {
 		l.fire(LostDisconnected, false)
 	}
+}
+
+// AcquireOption is an option of one acquire: Acquire, AcquireBlock, Lock
+// and LockBlock take any number of them after their fixed arguments.
+type AcquireOption func(*acquireOpts)
+
+type acquireOpts struct {
+	queued func()
+}
+
+func acquireOptions(opts []AcquireOption) acquireOpts {
+	var o acquireOpts
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&o)
+		}
+	}
+	return o
+}
+
+// WithQueued has fn called when the sidecar reports that the cluster
+// queued this acquire: it committed the ACQUIRE into the key's FIFO queue
+// (a block: into every key's queue), and an ACQUIRE of the same key that
+// anyone sends after fn was called stands behind it
+// (unixapi/PROTOCOL.md, "Queued: your ACQUIRE is in line"). The acquire
+// goes on waiting for its turn; its result comes as it would without the
+// option.
+//
+// fn is called at most once, before the acquire returns and never after
+// (if ctx ends first, not at all), on the Client's reader goroutine: it
+// must not block, nor call the Client (signal a channel, record a time).
+// It is not called for wait 0, for an acquire granted without queueing,
+// against a sidecar older than protocol version 4, or when a leader
+// change swallowed the cluster's notice: a prompt, never a promise.
+func WithQueued(fn func()) AcquireOption {
+	return func(o *acquireOpts) { o.queued = fn }
+}
+
+// queuedEvent runs the WithQueued hook of the ACQUIRE written n-th, if it
+// is pending with one and names keys.
+func (c *Client) queuedEvent(n uint64, keys []string) {
+	c.mu.Lock()
+	cl := c.queuedCalls[n]
+	if cl == nil || !slices.Equal(cl.keys, keys) {
+		c.mu.Unlock()
+		return
+	}
+	delete(c.queuedCalls, n) // at most once
+	c.mu.Unlock()
+	// Under cl.mu: a caller whose ctx ends waits for the hook to return
+	// before it returns, and after it returned the hook is not called.
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	if !cl.orphaned {
+		cl.onQueued()
+	}
+}
+
+// parseQueued reads "! QUEUED <n> <key> [<key>...]".
+func parseQueued(line string) (n uint64, keys []string, ok bool) {
+	f := strings.Split(line, " ")
+	if len(f) < 4 || len(f) > 3+MaxBlockKeys || f[0] != "!" || f[1] != "QUEUED" {
+		return 0, nil, false
+	}
+	for _, k := range f[3:] {
+		if checkKey(k) != nil {
+			return 0, nil, false
+		}
+	}
+	n, err := strconv.ParseUint(f[2], 10, 64)
+	if err != nil || n == 0 {
+		return 0, nil, false
+	}
+	return n, f[3:], true
 }
