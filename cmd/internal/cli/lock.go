@@ -128,7 +128,8 @@ func dial(ctx context.Context, name, socket string, stderr io.Writer) *ticketing
 func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var cf clientFlags
 	var every, grace time.Duration
-	fs := newClientFlags("lock", "[--socket PATH] [--lease S] [--wait S] [--extend-every D] [--kill-grace D] KEY [KEY...] -- COMMAND [ARG...]",
+	var verbose bool
+	fs := newClientFlags("lock", "[--socket PATH] [--lease S] [--wait S] [--extend-every D] [--kill-grace D] [--verbose] KEY [KEY...] -- COMMAND [ARG...]",
 		"Takes the lock KEY through the sidecar, runs COMMAND with TICKETING_KEY,\n"+
 			"TICKETING_KEYS and TICKETING_TOKEN in its environment, and releases the lock\n"+
 			"when COMMAND exits (like flock(1)). Signals are passed on to COMMAND.\n\n"+
@@ -140,10 +141,14 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			"event or the local deadline, lease minus 250 ms + 1 %; an extend refused; the\n"+
 			"sidecar connection lost), COMMAND gets SIGTERM, then SIGKILL after --kill-grace,\n"+
 			"and lock exits 80. --extend-every renews the lease while COMMAND runs, so it may\n"+
-			"run longer than one lease; without it COMMAND has one lease.", stdout, stderr)
+			"run longer than one lease; without it COMMAND has one lease.\n\n"+
+			"With --verbose, lock says on stderr when it waits in line: once the cluster has\n"+
+			"queued its request behind a holder, it prints\n"+
+			"  ticketing lock: queued on KEY (waiting up to Ns)", stdout, stderr)
 	cf.register(fs.FlagSet, true)
 	fs.DurationVar(&every, "extend-every", 0, "renew the lease (by --lease) this often while COMMAND runs, e.g. 10s; less than the lease minus its margin (0 = never)")
 	fs.DurationVar(&grace, "kill-grace", defaultKillGrace, "when the lock is lost: how long COMMAND has between SIGTERM and SIGKILL")
+	fs.BoolVar(&verbose, "verbose", false, "say on stderr when the request is queued behind a holder (it waits for its turn)")
 	if code, ok := fs.parse(args); !ok {
 		return code
 	}
@@ -181,7 +186,15 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return ExitLockError
 	}
 	defer c.Close()
-	lk, err := lockKeys(ctx, c, keys, lease, wait)
+	var opts []ticketing.AcquireOption
+	if verbose {
+		// The hook runs on the client's reader, before the grant comes:
+		// one short write.
+		opts = append(opts, ticketing.WithQueued(func() {
+			fmt.Fprintf(stderr, "ticketing lock: queued on %s (waiting up to %ss)\n", what, strconv.FormatFloat(cf.wait, 'f', -1, 64))
+		}))
+	}
+	lk, err := lockKeys(ctx, c, keys, lease, wait, opts...)
 	if err != nil {
 		fmt.Fprintf(stderr, "ticketing lock: %s: %v\n", strings.Join(keys, " "), err)
 		return acquireExit(err)
@@ -477,9 +490,10 @@ func oneShot(ctx context.Context, name, about string, args []string, stdout, std
 }
 
 // lockKeys takes one key, or several as one seat block, as a Lock.
-func lockKeys(ctx context.Context, c *ticketing.Client, keys []string, lease, wait time.Duration) (*ticketing.Lock, error) {
+func lockKeys(ctx context.Context, c *ticketing.Client, keys []string, lease, wait time.Duration,
+	opts ...ticketing.AcquireOption) (*ticketing.Lock, error) {
 	if len(keys) == 1 {
-		return c.Lock(ctx, keys[0], lease, wait)
+		return c.Lock(ctx, keys[0], lease, wait, opts...)
 	}
-	return c.LockBlock(ctx, keys, lease, wait)
+	return c.LockBlock(ctx, keys, lease, wait, opts...)
 }
