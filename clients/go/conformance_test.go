@@ -161,7 +161,7 @@ func runSuite(t *testing.T, sock string, scs []scenario) {
 	for _, sc := range scs {
 		t.Run(sc.Name, func(t *testing.T) {
 			r := &runner{t: t, sock: sock, conns: map[string]*ticketing.Client{}, tokens: map[string]uint64{},
-				locks: map[string]*ticketing.Lock{}, bg: map[string]chan result{},
+				locks: map[string]*ticketing.Lock{}, bg: map[string]chan result{}, queued: map[string]chan struct{}{},
 				prefix: fmt.Sprintf("go/%d/%s/", run, sc.Name), pads: map[string]int{}}
 			for name, opts := range sc.Keys {
 				if p, ok := opts["pad_to"].(float64); ok {
@@ -185,6 +185,8 @@ type runner struct {
 	tokens map[string]uint64 // guarded by mu: background calls read it
 	locks  map[string]*ticketing.Lock
 	bg     map[string]chan result
+	// queued has a value once a background acquire's WithQueued hook ran.
+	queued map[string]chan struct{}
 	mu     sync.Mutex
 }
 
@@ -291,6 +293,27 @@ func (r *runner) step(i int, st map[string]json.RawMessage) {
 		default:
 		}
 		return
+	case "await_queued":
+		id := str(st, "id")
+		q, ch := r.queued[id], r.bg[id]
+		if q == nil {
+			t.Fatalf("%s: no background acquire %q", where, id)
+		}
+		select {
+		case <-q:
+		case res := <-ch:
+			// The hook runs before the call returns: a result without it
+			// means no QUEUED came.
+			select {
+			case <-q:
+				ch <- res // for its await
+			default:
+				t.Fatalf("%s: %s finished without a QUEUED event: %+v", where, id, res)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s: %s not queued within 30s", where, id)
+		}
+		return
 	case "await":
 		start := time.Now()
 		select {
@@ -368,13 +391,18 @@ func (r *runner) step(i int, st map[string]json.RawMessage) {
 		return
 	}
 	c := r.conn(str(st, "conn"))
+	var opts []ticketing.AcquireOption
 	do := func() result {
 		start := time.Now()
-		res := r.call(c, op, st)
+		res := r.call(c, op, st, opts...)
 		res.dur = time.Since(start)
 		return res
 	}
 	if id := str(st, "background"); id != "" {
+		// Every background acquire carries the queued hook (await_queued).
+		q := make(chan struct{}, 1)
+		r.queued[id] = q
+		opts = append(opts, ticketing.WithQueued(func() { q <- struct{}{} }))
 		if op == "acquire_block" {
 			// A block's ACQUIRE follows the Client's HELLO: agree the
 			// version first, so the next line written is the ACQUIRE.
@@ -400,8 +428,8 @@ func (r *runner) step(i int, st map[string]json.RawMessage) {
 	r.check(where, st, do())
 }
 
-// call performs one client operation.
-func (r *runner) call(c *ticketing.Client, op string, st map[string]json.RawMessage) result {
+// call performs one client operation; opts go to an acquire.
+func (r *runner) call(c *ticketing.Client, op string, st map[string]json.RawMessage, opts ...ticketing.AcquireOption) result {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	key := r.key(str(st, "key"))
@@ -431,7 +459,7 @@ func (r *runner) call(c *ticketing.Client, op string, st map[string]json.RawMess
 			return result{kind: "arg_error"}
 		}
 		var tok uint64
-		if tok, err = c.Acquire(ctx, key, lease, wait); err == nil {
+		if tok, err = c.Acquire(ctx, key, lease, wait, opts...); err == nil {
 			return result{kind: "ok", token: tok}
 		}
 	case "acquire_block":
@@ -447,7 +475,7 @@ func (r *runner) call(c *ticketing.Client, op string, st map[string]json.RawMess
 			keys[i] = r.key(n)
 		}
 		var b *ticketing.Block
-		if b, err = c.AcquireBlock(ctx, keys, lease, wait); err == nil {
+		if b, err = c.AcquireBlock(ctx, keys, lease, wait, opts...); err == nil {
 			if got := b.Keys(); strings.Join(got, " ") != strings.Join(keys, " ") {
 				r.t.Errorf("Block.Keys() = %q, want %q", got, keys)
 			}
@@ -461,7 +489,7 @@ func (r *runner) call(c *ticketing.Client, op string, st map[string]json.RawMess
 		}
 		var l *ticketing.Lock
 		if op == "lock" {
-			l, err = c.Lock(ctx, key, lease, wait)
+			l, err = c.Lock(ctx, key, lease, wait, opts...)
 		} else {
 			var names []string
 			json.Unmarshal(st["block"], &names)
@@ -469,7 +497,7 @@ func (r *runner) call(c *ticketing.Client, op string, st map[string]json.RawMess
 			for i, n := range names {
 				keys[i] = r.key(n)
 			}
-			l, err = c.LockBlock(ctx, keys, lease, wait)
+			l, err = c.LockBlock(ctx, keys, lease, wait, opts...)
 		}
 		if err == nil {
 			if l.Remaining() <= 0 || l.LostReason() != "" {
