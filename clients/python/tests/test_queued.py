@@ -25,6 +25,7 @@ class QueuingSidecar(ScriptedSidecar):
         self.shift = shift
         self.version = version
         self.before_reply = self._queued
+        self._per_conn = threading.local()  # each connection has its thread
 
     def answer(self, line: str) -> str:
         if line == "HELLO 4 events":
@@ -32,10 +33,11 @@ class QueuingSidecar(ScriptedSidecar):
         return super().answer(line)
 
     def _queued(self, line: str) -> List[str]:
+        n = self._per_conn.n = getattr(self._per_conn, "n", 0) + 1  # every line counts
         words = line.split(" ")
         if self.version < 4 or words[0] != "ACQUIRE" or words[-1] == "0":
             return []
-        return [f"! QUEUED {len(self.lines) + self.shift} {' '.join(words[1:-2])}"]
+        return [f"! QUEUED {n + self.shift} {' '.join(words[1:-2])}"]
 
 
 class SyncOnQueued(unittest.TestCase):
@@ -154,6 +156,35 @@ class AsyncOnQueued(unittest.TestCase):
 
         asyncio.run(asyncio.wait_for(body(), WAIT * 4))
         self.assertEqual(events, ["acquire", "returned", "block", "lock", "lock_block"])
+
+
+class ConformanceAwaitQueued(unittest.TestCase):
+    """The conformance runner's await_queued op, with both adapters: passes
+    on the QUEUED event, fails when the reply came without one."""
+
+    def setUp(self) -> None:
+        self.fake = QueuingSidecar()
+
+    def tearDown(self) -> None:
+        self.fake.close()
+
+    def scenario(self, wait: float) -> dict:
+        return {"name": "await_queued", "steps": [
+            {"conn": "a", "op": "acquire", "key": "k", "lease": 10, "wait": wait, "background": "w"},
+            {"op": "await_queued", "id": "w"},
+            {"op": "await", "id": "w", "expect": "ok"},
+            {"conn": "a", "op": "acquire_block", "block": ["x", "y"], "lease": 10, "wait": wait, "background": "b"},
+            {"op": "await_queued", "id": "b"},
+        ]}
+
+    def test_both_adapters(self) -> None:
+        from . import conformance
+
+        for adapter in (conformance.SyncAdapter, conformance.AsyncAdapter):
+            with self.subTest(adapter=adapter.name):
+                conformance.run_scenario(adapter, self.fake.path, self.scenario(5), 0)
+                with self.assertRaisesRegex(conformance.ScenarioFailure, "finished without a QUEUED event"):
+                    conformance.run_scenario(adapter, self.fake.path, self.scenario(0), 1)
 
 
 if __name__ == "__main__":
