@@ -108,9 +108,16 @@ class SyncAdapter:
     def new(self) -> ticketing.Client:
         return ticketing.Client(self.path)
 
-    async def call(self, client: ticketing.Client, method: str, *args: Any) -> Any:
+    async def call(self, client: ticketing.Client, method: str, *args: Any, **kwargs: Any) -> Any:
         fn: Callable[..., Any] = getattr(client, method)
-        return await asyncio.get_running_loop().run_in_executor(self.pool, lambda: fn(*args))
+        return await asyncio.get_running_loop().run_in_executor(self.pool, lambda: fn(*args, **kwargs))
+
+    def queued_hook(self, event: asyncio.Event) -> Callable[[], None]:
+        """An on_queued callback setting *event*: it runs on the client's
+        reader thread, so it hands the set to the loop (scheduled before the
+        acquire's own completion, which comes later through the executor)."""
+        loop = asyncio.get_running_loop()
+        return lambda: loop.call_soon_threadsafe(event.set)
 
     async def close(self, client: ticketing.Client) -> None:
         await asyncio.get_running_loop().run_in_executor(self.pool, client.close)
@@ -134,8 +141,12 @@ class AsyncAdapter:
     def new(self) -> ticketing.AsyncClient:
         return ticketing.AsyncClient(self.path)
 
-    async def call(self, client: ticketing.AsyncClient, method: str, *args: Any) -> Any:
-        return await getattr(client, method)(*args)
+    async def call(self, client: ticketing.AsyncClient, method: str, *args: Any, **kwargs: Any) -> Any:
+        return await getattr(client, method)(*args, **kwargs)
+
+    def queued_hook(self, event: asyncio.Event) -> Callable[[], None]:
+        """An on_queued callback setting *event* (it runs in the loop)."""
+        return event.set
 
     async def close(self, client: ticketing.AsyncClient) -> None:
         await client.close()
@@ -163,6 +174,8 @@ class Runner:
         self.tokens: Dict[str, int] = {}
         self.locks: Dict[str, Any] = {}
         self.background: Dict[str, "asyncio.Task[tuple]"] = {}
+        # Set by the on_queued hook of the background acquire of that id.
+        self.queued: Dict[str, asyncio.Event] = {}
 
     # -- resolution ----------------------------------------------------------
 
@@ -194,23 +207,27 @@ class Runner:
 
     # -- execution -------------------------------------------------------------
 
-    async def perform(self, step: Dict[str, Any]) -> Outcome:
+    async def perform(self, step: Dict[str, Any], on_queued: Optional[Callable[[], None]] = None) -> Outcome:
+        """Run one request step; *on_queued* is attached to an acquire."""
         client = self.conn(step["conn"])
         op = step["op"]
         call = self.adapter.call
         try:
             if op == "acquire":
-                token = await call(client, "acquire", self.step_key(step), step["lease"], step["wait"])
+                token = await call(
+                    client, "acquire", self.step_key(step), step["lease"], step["wait"], on_queued=on_queued
+                )
                 return Outcome("ok", token=token)
             if op == "acquire_block":
                 keys = [self.key(n) for n in step["block"]]
-                token = await call(client, "acquire_block", keys, step["lease"], step["wait"])
+                token = await call(client, "acquire_block", keys, step["lease"], step["wait"], on_queued=on_queued)
                 return Outcome("ok", token=token)
             if op in ("lock", "lock_block"):
                 if op == "lock":
-                    lock = client.lock(self.step_key(step), step["lease"], step["wait"])
+                    lock = client.lock(self.step_key(step), step["lease"], step["wait"], on_queued=on_queued)
                 else:
-                    lock = client.lock_block([self.key(n) for n in step["block"]], step["lease"], step["wait"])
+                    keys = [self.key(n) for n in step["block"]]
+                    lock = client.lock_block(keys, step["lease"], step["wait"], on_queued=on_queued)
                 token = await self.adapter.lock_call(lock, "acquire")
                 return Outcome("ok", token=token, lock=lock)
             if op == "extend":
@@ -235,9 +252,9 @@ class Runner:
             return classify_exception(e)
         raise ScenarioFailure(f"unknown op {op!r}")
 
-    async def timed(self, step: Dict[str, Any]) -> tuple:
+    async def timed(self, step: Dict[str, Any], on_queued: Optional[Callable[[], None]] = None) -> tuple:
         t0 = time.monotonic()
-        out = await self.perform(step)
+        out = await self.perform(step, on_queued)
         return out, time.monotonic() - t0
 
     def check(self, step: Dict[str, Any], out: Outcome, elapsed: float) -> None:
@@ -319,6 +336,8 @@ class Runner:
                 raise ScenarioFailure(f"remaining {left:.3f} s, expected at most {step['remaining_max']} s")
         elif op == "await_lost":
             await self.await_lost(step)
+        elif op == "await_queued":
+            await self.await_queued(step["id"])
         elif op == "stall":
             await self.stall(step["seconds"])
         elif op == "close":
@@ -339,8 +358,11 @@ class Runner:
             client = self.conn(step["conn"])
             if op == "acquire_block":
                 await self.adapter.call(client, "hello")
+            # Every background request carries the queued hook (it is
+            # called only for an acquire), for a later await_queued.
+            queued = self.queued[step["background"]] = asyncio.Event()
             sent = client.requests_sent
-            task = asyncio.ensure_future(self.timed(step))
+            task = asyncio.ensure_future(self.timed(step, self.adapter.queued_hook(queued)))
             self.background[step["background"]] = task
             while client.requests_sent == sent and not task.done():
                 await asyncio.sleep(0.001)
@@ -348,6 +370,24 @@ class Runner:
             out, elapsed = await self.timed(step)
             self.check(step, out, elapsed)
 
+
+    async def await_queued(self, bg: str) -> None:
+        """Wait for the ``! QUEUED`` of background request *bg*: fails if
+        its reply came without one, or after AWAIT_LIMIT (a hang guard)."""
+        queued, task = self.queued[bg], self.background[bg]
+        if queued.is_set():
+            return
+        waiter = asyncio.ensure_future(queued.wait())
+        try:
+            await asyncio.wait({waiter, task}, timeout=AWAIT_LIMIT, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if queued.is_set():
+            return
+        if task.done():
+            out, _ = task.result()
+            raise ScenarioFailure(f"{bg} finished without a QUEUED event: {out}")
+        raise ScenarioFailure(f"no QUEUED event for {bg} after {AWAIT_LIMIT} s")
 
     async def await_lost(self, step: Dict[str, Any]) -> None:
         """Poll the lost signal (the Event is a threading.Event for the

@@ -59,9 +59,10 @@ class BlockArguments(unittest.TestCase):
         self.assertEqual(p.parse_hello("HELLO 2"), 2)
         self.assertEqual(p.parse_hello("HELLO 1"), 1)
         self.assertEqual(p.parse_hello('ERR unknown_verb unixapi: unknown verb: "HELLO" (verbs are ...)'), 1)
+        self.assertEqual(p.parse_hello_reply("HELLO 4 events"), (4, True))
         self.assertEqual(p.parse_hello_reply("HELLO 3 events"), (3, True))
         self.assertEqual(p.parse_hello_reply("HELLO 2"), (2, False))
-        for bad in ("HELLO 4", "HELLO 4 events", "HELLO 2 events", "HELLO 3 bogus", "HELLO 3 ", "HELLO x", "HELLO", "OK"):
+        for bad in ("HELLO 5", "HELLO 5 events", "HELLO 4 events ", "HELLO 2 events", "HELLO 3 bogus", "HELLO 3 ", "HELLO x", "HELLO", "OK"):
             with self.subTest(reply=bad), self.assertRaises(ticketing.ProtocolError):
                 p.parse_hello(bad)
         with self.assertRaises(ticketing.ServerError) as cm:
@@ -128,13 +129,16 @@ class SyncBlockTest(unittest.TestCase):
         self.assertGreaterEqual(time.monotonic() - t0, 0.25)
         self.assertEqual(a.held(), [])
         got: "list[int]" = []
-        waiter = threading.Thread(target=lambda: got.append(a.acquire_block([k1, k2, k3], lease=30, wait=10)))
+        queued = threading.Event()
+        waiter = threading.Thread(
+            target=lambda: got.append(a.acquire_block([k1, k2, k3], lease=30, wait=60, on_queued=queued.set))
+        )
         waiter.start()
-        time.sleep(0.2)
+        self.assertTrue(queued.wait(30), "the block was never queued")
         with self.assertRaises(ticketing.BusyError):  # reserved for the waiting block
             c.acquire(k1, lease=10, wait=0)
         b.release(k2, t1)
-        waiter.join(5)
+        waiter.join(90)
         self.assertEqual(len(got), 1)
         self.assertGreater(got[0], t1)
 
@@ -174,16 +178,17 @@ class AsyncBlockTest(unittest.IsolatedAsyncioTestCase):
     async def test_cancelled_block_waiter_holds_nothing(self) -> None:
         seats = self.keys("k1", "k2")
         async with ticketing.AsyncClient(self.path) as a, ticketing.AsyncClient(self.path) as b:
-            t1 = await a.acquire(seats[1], lease=30, wait=0)
-            task = asyncio.ensure_future(b.acquire_block(seats, lease=30, wait=5))
-            await asyncio.sleep(0.1)
+            t1 = await a.acquire(seats[1], lease=60, wait=0)
+            queued = asyncio.Event()
+            task = asyncio.ensure_future(b.acquire_block(seats, lease=30, wait=30, on_queued=queued.set))
+            await asyncio.wait_for(queued.wait(), 30)  # cancel a block that is in the queues
             task.cancel()
             with self.assertRaises(asyncio.CancelledError):
                 await task
             await a.release(seats[1], t1)
             # The block is still queued, so it is granted; the client then
             # releases it itself, and the keys come free.
-            t2 = await a.acquire_block(seats, lease=10, wait=5)
+            t2 = await a.acquire_block(seats, lease=10, wait=25)
             self.assertGreater(t2, t1)
             self.assertEqual(await b.held(), [])
 
@@ -253,7 +258,7 @@ class Version1SidecarTest(unittest.TestCase):
                 with c.lock_block(["a", "b"]):
                     self.fail("entered")
             self.assertEqual(c.hello(), 1)
-        self.assertEqual(self.fake.lines, ["HELLO 3 events", "ACQUIRE only 30 0"])
+        self.assertEqual(self.fake.lines, ["HELLO 4 events", "ACQUIRE only 30 0"])
 
     def test_async(self) -> None:
         async def body() -> None:
@@ -267,7 +272,7 @@ class Version1SidecarTest(unittest.TestCase):
                 self.assertEqual(await c.acquire_block(["only"], lease=30, wait=0), 7)
 
         asyncio.run(body())
-        self.assertEqual(self.fake.lines, ["HELLO 3 events", "ACQUIRE only 30 0"])
+        self.assertEqual(self.fake.lines, ["HELLO 4 events", "ACQUIRE only 30 0"])
 
 
 if __name__ == "__main__":

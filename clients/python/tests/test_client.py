@@ -103,15 +103,18 @@ class ClientTest(unittest.TestCase):
     def test_close_releases_locks(self) -> None:
         a, b = self.client(), self.client()
         a.acquire(self.key("k"), lease=60, wait=0)
-        done = threading.Event()
+        queued, done = threading.Event(), threading.Event()
 
-        def close_soon() -> None:
-            time.sleep(0.2)
-            a.close()
-            done.set()
+        def close_once_queued() -> None:
+            # Close only once b is in the key's queue, so that its grant
+            # can only come from the close (the lease is 60 s, b waits 30).
+            if queued.wait(30):
+                a.close()
+                done.set()
 
-        threading.Thread(target=close_soon).start()
-        b.acquire(self.key("k"), lease=10, wait=5)
+        threading.Thread(target=close_once_queued).start()
+        b.acquire(self.key("k"), lease=10, wait=30, on_queued=queued.set)
+        self.assertTrue(queued.is_set())
         self.assertTrue(done.is_set())
         with self.assertRaises(ticketing.SidecarConnectionError):
             a.ping()  # a closed client stays closed
@@ -173,22 +176,24 @@ class ClientTest(unittest.TestCase):
 
     def test_many_clients_fifo(self) -> None:
         holder = self.client()
-        t0 = holder.acquire(self.key("k"), lease=30, wait=0)
+        t0 = holder.acquire(self.key("k"), lease=120, wait=0)
         order: "list[tuple[int, int]]" = []
 
-        def waiter(i: int, c: ticketing.Client) -> None:
-            with c.lock(self.key("k"), lease=30, wait=10) as token:
+        def waiter(i: int, c: ticketing.Client, queued: threading.Event) -> None:
+            with c.lock(self.key("k"), lease=30, wait=60, on_queued=queued.set) as token:
                 order.append((i, token))
 
         threads = []
         for i in range(4):
-            t = threading.Thread(target=waiter, args=(i, self.client()))
+            # The next waiter starts only once this one is in the queue.
+            queued = threading.Event()
+            t = threading.Thread(target=waiter, args=(i, self.client(), queued))
             t.start()
             threads.append(t)
-            time.sleep(0.15)
+            self.assertTrue(queued.wait(30), f"waiter {i} was never queued")
         holder.release(self.key("k"), t0)
         for t in threads:
-            t.join(30)
+            t.join(90)
         self.assertEqual([i for i, _ in order], [0, 1, 2, 3])
         self.assertEqual([t for _, t in order], sorted(t for _, t in order))
         self.assertGreater(order[0][1], t0)

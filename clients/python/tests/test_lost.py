@@ -59,8 +59,8 @@ class ScriptedSidecar:
         verb = line.split(" ", 1)[0]
         if verb in self.replies:
             return self.replies[verb]
-        if line == "HELLO 3 events":
-            return "HELLO 3 events"
+        if line == "HELLO 4 events":
+            return "HELLO 4 events"
         if verb == "ACQUIRE":
             self.next_token += 1
             return f"OK {self.next_token}"
@@ -167,7 +167,7 @@ class EventParsing(unittest.TestCase):
 
     def test_no_reply_is_an_event(self) -> None:
         for reply in ("OK", "OK 5", "PONG", "BUSY", "TIMEOUT", "INDETERMINATE", "ERR not_held x", "HELD 0",
-                      "INFO cluster=dev", "HELLO 3 events"):
+                      "INFO cluster=dev", "HELLO 3 events", "HELLO 4 events"):
             self.assertFalse(p.is_event(reply))
 
     def test_margin(self) -> None:
@@ -279,8 +279,8 @@ class SyncLockLost(unittest.TestCase):
 
     def test_hello_first_and_events_on(self) -> None:
         self.client.ping()
-        self.assertEqual(self.fake.lines[0], "HELLO 3 events")
-        self.assertEqual(self.client.hello(), 3)
+        self.assertEqual(self.fake.lines[0], "HELLO 4 events")
+        self.assertEqual(self.client.hello(), 4)
         self.assertTrue(self.client._conn.events)  # type: ignore[union-attr]
         self.assertEqual(self.client.requests_sent, 1)  # the HELLO is not counted
 

@@ -1,6 +1,25 @@
-"""The sidecar's line protocol: argument checks, request lines, reply parsing.
+"""The sans-IO core of both clients: every decision of the sidecar's line
+protocol, and no I/O.
 
-Shared by :mod:`ticketing.client` and :mod:`ticketing.aio`; no I/O here.
+In the style of h11 and wsproto: no sockets, no threads, no asyncio. The
+shells, :mod:`ticketing.client` (a socket and a reader thread) and
+:mod:`ticketing.aio` (an asyncio stream and a reader task), write the bytes
+this module formats, feed it the bytes they read, and carry out what it
+decides: which future a reply line answers, which ``on_queued`` callback a
+``! QUEUED`` event calls, which lock object a ``! LOST`` event reaches, what
+a lost connection fails. So a fix of the protocol lands here, once.
+
+- Argument checks and request lines: :func:`acquire_line`,
+  :func:`release_line`, ... (raise ``ValueError`` / ``TypeError`` before
+  anything is sent).
+- Reply classification: :func:`parse_acquire`, :func:`parse_release`, ...
+  (map a reply line to a value or to the exception it stands for).
+- One connection: :class:`Session` (request positions, pending requests
+  and their deadlines, reply matching, event routing, the HELLO decision,
+  teardown).
+- One lock object: :class:`LockState` (token, local deadline, lost
+  decision, extend outcome).
+
 See unixapi/PROTOCOL.md in the Ticketing repository for the contract.
 """
 
@@ -8,23 +27,28 @@ from __future__ import annotations
 
 import math
 import os
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from decimal import Decimal
 from numbers import Real
-from typing import Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from .errors import (
     BusyError,
     IndeterminateError,
     LockLostError,
     LockTimeoutError,
+    NotSupportedError,
     ProtocolError,
     ServerError,
+    SidecarConnectionError,
+    TicketingError,
 )
 
 #: The version of unixapi/PROTOCOL.md this client speaks (2: seat blocks,
-#: HELLO; 3: EXTEND and the ``! LOST`` event lines).
-PROTOCOL_VERSION = 3
+#: HELLO; 3: EXTEND and the ``! LOST`` event lines; 4: the ``! QUEUED``
+#: event line).
+PROTOCOL_VERSION = 4
 #: The most keys of one block acquire (distinct keys).
 MAX_BLOCK_KEYS = 16
 
@@ -46,6 +70,15 @@ SOCKET_ENV = "TICKETING_SOCKET"
 DEFAULT_SOCKET = "./ticketing.sock"
 
 Number = Union[int, float, Decimal]
+
+
+def _decimal(text: str, max_digits: int = 20) -> Optional[int]:
+    """*text* as a non-negative int if it is 1..max_digits ASCII digits, else
+    None (``int()`` alone takes signs, spaces, underscores and non-ASCII
+    digits, and raises ValueError on thousands of digits)."""
+    if 1 <= len(text) <= max_digits and text.isascii() and text.isdigit():
+        return int(text)
+    return None
 
 
 def default_path(path: Optional[str]) -> str:
@@ -175,7 +208,7 @@ def hello_line() -> str:
 
 
 #: The first request of every connection: agree the version and turn the
-#: ``! LOST`` event lines on.
+#: event lines on (``! LOST`` from version 3, ``! QUEUED`` from version 4).
 HELLO_EVENTS_LINE = f"HELLO {PROTOCOL_VERSION} events"
 
 
@@ -188,8 +221,8 @@ def parse_hello_reply(reply: str) -> Tuple[int, bool]:
         events = sep != ""
         if events and opt != "events":
             raise ProtocolError(f"bad HELLO reply {reply!r}")
-        if text.isdigit() and text.isascii() and 1 <= int(text) <= PROTOCOL_VERSION:
-            v = int(text)
+        v = _decimal(text, 5)
+        if v is not None and 1 <= v <= PROTOCOL_VERSION:
             if events and v < 3:
                 raise ProtocolError(f"bad HELLO reply {reply!r} (no events before version 3)")
             return v, events
@@ -251,18 +284,93 @@ REASON_DISCONNECTED = "disconnected"
 LOCAL_REASONS = frozenset({REASON_DEADLINE, REASON_DISCONNECTED})
 
 
-class LostState:
-    """The decision behind a lock object's lost signal, shared by both
-    clients (which add the locking and the Event): the signal fires once, at
-    the first loss; a sidecar event after a local reason (``deadline``,
-    ``disconnected``) replaces the reported reason, being the more definite
-    news; a released lock never fires."""
+class LockState:
+    """The sans-IO state of one lock object (``Lock``, ``AsyncLock``); the
+    shells add the locking, the Event, the timer and the requests.
 
-    __slots__ = ("reason", "released")
+    The lost signal fires once, at the first loss; a sidecar event after a
+    local reason (``deadline``, ``disconnected``) replaces the reported
+    reason, being the more definite news; a released lock never fires. The
+    local deadline is the send time of the ACQUIRE (or of the last
+    successful EXTEND) + lease − :func:`lease_margin`. Times are the
+    shell's clock (``time.monotonic()``, the loop's ``time()``).
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("keys", "block", "lease", "wait", "on_queued", "token", "held_token",
+                 "used", "reason", "released", "deadline")
+
+    def __init__(
+        self,
+        keys: Sequence[str],
+        lease: int,
+        wait: Number,
+        block: bool,
+        on_queued: Optional[Callable[[], Any]] = None,
+    ) -> None:
+        #: Every key of the lock (a block's keys, in the order given).
+        self.keys: Tuple[str, ...] = tuple(keys)
+        self.block = block
+        #: The lease of the acquire, then of the last successful extend.
+        self.lease = lease
+        self.wait = wait
+        self.on_queued = on_queued
+        #: The fencing token while held, else None.
+        self.token: Optional[int] = None
+        #: The token granted, kept after release (for LockLostError).
+        self.held_token: Optional[int] = None
+        self.used = False
         self.reason: Optional[str] = None
         self.released = False
+        self.deadline: Optional[float] = None
+
+    @classmethod
+    def of_key(
+        cls, key: str, lease: int, wait: Number, on_queued: Optional[Callable[[], Any]] = None
+    ) -> "LockState":
+        """The state of ``client.lock(key, ...)``; arguments checked now."""
+        acquire_line(key, lease, wait)
+        return cls((key,), lease, wait, False, check_on_queued(on_queued))
+
+    @classmethod
+    def of_block(
+        cls, keys: Iterable[str], lease: int, wait: Number, on_queued: Optional[Callable[[], Any]] = None
+    ) -> "LockState":
+        """The state of ``client.lock_block(keys, ...)``; arguments checked now."""
+        keys = check_keys(keys)
+        acquire_block_line(keys, lease, wait)
+        return cls(keys, lease, wait, True, check_on_queued(on_queued))
+
+    def begin_acquire(self) -> None:
+        """A lock object is used once."""
+        if self.used:
+            raise RuntimeError("a lock object is used once; call client.lock() again")
+        self.used = True
+
+    def granted(self, token: int, sent: float) -> float:
+        """Record the grant of an ACQUIRE sent at *sent*; its local deadline."""
+        self.token = self.held_token = token
+        return sent + validity(self.lease)
+
+    def arm(self, deadline: float) -> bool:
+        """Move the local deadline to *deadline*; False (nothing moved) once
+        lost or released: the shell then starts no timer."""
+        if self.reason is not None or self.released:
+            return False
+        self.deadline = deadline
+        return True
+
+    def due(self, now: float) -> bool:
+        """True once the local deadline has passed (the shell then loses the
+        lock with ``deadline``; a timer only prompts this check, so a late or
+        stale timer never fires a renewed lock)."""
+        return self.deadline is not None and now >= self.deadline
+
+    def remaining(self, now: float) -> float:
+        """Seconds of local validity left: 0 once lost, released, or before
+        the grant."""
+        if self.reason is not None or self.deadline is None or self.released:
+            return 0.0
+        return max(0.0, self.deadline - now)
 
     def lose(self, reason: str, from_sidecar: bool) -> bool:
         """Record a loss; True when the signal must fire now (the first)."""
@@ -275,17 +383,51 @@ class LostState:
             self.reason = reason
         return False
 
-    def lost_error(self, token: Optional[int], keys: Tuple[str, ...]) -> LockLostError:
+    def lost_error(self) -> LockLostError:
         """The error of a lost lock (``disconnected`` if no reason yet)."""
-        return LockLostError(self.reason or REASON_DISCONNECTED, token, keys)
+        return LockLostError(self.reason or REASON_DISCONNECTED, self.held_token, self.keys)
 
-    def after_exit(
-        self,
-        exc: Optional[BaseException],
-        token: Optional[int],
-        keys: Tuple[str, ...],
-        release_err: Optional[BaseException],
-    ) -> None:
+    def extend_line(self, lease: int) -> str:
+        """Check an extend (arguments first; then the lock must be held, and
+        not lost: the shell checks the deadline just before); its line."""
+        check_lease(lease)
+        if self.token is None:
+            raise RuntimeError("the lock is not held")
+        line = extend_line(self.keys[0], self.token, lease)
+        if self.reason is not None:
+            raise self.lost_error()
+        return line
+
+    def extend_replied(self, reply: str) -> Tuple[Optional[Exception], bool]:
+        """The outcome of an EXTEND's reply: (the error to raise or None,
+        whether the lost signal must fire now). ``not_held``,
+        ``token_mismatch`` and ``owner_mismatch`` mean the lock is gone
+        (``moved``; the sidecar's event came first when events are on)."""
+        try:
+            parse_extend(reply)
+        except TicketingError as e:
+            fire = isinstance(e, ServerError) and e.code in EXTEND_LOST_CODES and self.lose(REASON_MOVED, True)
+            return e, fire
+        return None, False
+
+    def extended(self, lease: int) -> bool:
+        """Record a successful EXTEND of *lease*; False if the lock was lost
+        (its deadline, the connection) or released while it was under way:
+        the signal has fired and stays fired."""
+        if self.reason is not None or self.released:
+            return False
+        self.lease = lease
+        return True
+
+    def begin_release(self) -> int:
+        """Start a release: the token to release; from here on the lost
+        signal does not fire."""
+        if self.token is None:
+            raise RuntimeError("the lock is not held")
+        token, self.token = self.token, None
+        return token
+
+    def after_exit(self, exc: Optional[BaseException], release_err: Optional[BaseException]) -> None:
         """The end of leaving a lock's ``with`` block, once released:
         nothing if the lock was not lost; if the body raised, its exception
         goes on unchanged (with a note of the loss on Python 3.11+); else
@@ -295,9 +437,63 @@ class LostState:
         if exc is not None:
             add_note = getattr(exc, "add_note", None)
             if add_note is not None:
-                add_note(f"ticketing: the lock {' '.join(keys)} (token {token}) was lost: {self.reason}")
+                add_note(f"ticketing: the lock {' '.join(self.keys)} (token {self.held_token}) was lost: {self.reason}")
             return
-        raise self.lost_error(token, keys) from release_err
+        raise self.lost_error() from release_err
+
+    def describe(self) -> str:
+        """The keys and state, for a lock object's repr."""
+        if self.token is None:
+            state = "not held"
+        else:
+            state = f"token={self.token}"
+            if self.reason is not None:
+                state += f" lost={self.reason}"
+        return " ".join(repr(k) for k in self.keys) + " " + state
+
+
+def check_on_queued(on_queued: Optional[Callable[[], Any]]) -> Optional[Callable[[], Any]]:
+    """Validate an ``on_queued`` argument: None or a callable."""
+    if on_queued is not None and not callable(on_queued):
+        raise TypeError(f"on_queued must be a callable or None, not {type(on_queued).__name__}")
+    return on_queued
+
+
+def grant_line(keys: Sequence[str], lease: int, wait: Number, block: bool) -> Tuple[str, float, List[str]]:
+    """Check an acquire of one key (*block* False: ``keys[0]``) or of a
+    block; return its line, its wait in seconds and its keys."""
+    if block:
+        ks = check_keys(keys)
+        line, wait_s = acquire_block_line(ks, lease, wait)
+        return line, wait_s, ks
+    line, wait_s = acquire_line(keys[0], lease, wait)
+    return line, wait_s, [keys[0]]
+
+
+def reply_budget(sidecar_bound: float, grace: Optional[float]) -> Optional[float]:
+    """How long a reply may take: the sidecar's own bound plus the client's
+    grace; None (unbounded) without a grace."""
+    return None if grace is None else sidecar_bound + grace
+
+
+def late_grant_release(key: str, reply: str) -> Optional[str]:
+    """For an acquire the caller gave up on (timed out, cancelled): the
+    RELEASE line that frees a grant which came anyway, or None if the reply
+    granted nothing."""
+    try:
+        token = parse_acquire(reply)
+    except TicketingError:
+        return None
+    return release_line(key, token)
+
+
+def check_blocks(version: int, path: str) -> None:
+    """A block of 2+ keys needs protocol version 2."""
+    if version < 2:
+        raise NotSupportedError(
+            f"a seat block needs protocol version 2; the sidecar at {path} speaks version {version}: "
+            "upgrade the sidecar"
+        )
 
 
 def is_event(line: str) -> bool:
@@ -315,21 +511,38 @@ class LostEvent:
     keys: Tuple[str, ...]
 
 
-def parse_event(line: str) -> Optional[LostEvent]:
+@dataclass(frozen=True)
+class QueuedEvent:
+    """A parsed ``! QUEUED <n> <key> [<key> ...]`` line (version 4): the
+    cluster committed the ACQUIRE that was request line *position* of the
+    connection (1-based, every line counts) into the FIFO queue of each of
+    its *keys*. It always comes before that ACQUIRE's reply; it may never
+    come (a leader change can swallow it), so nothing may depend on it for
+    correctness."""
+
+    position: int
+    keys: Tuple[str, ...]
+
+
+def parse_event(line: str) -> Optional[Union[LostEvent, QueuedEvent]]:
     """Parse an event line; None for an event this client does not know
     (another name, a later version's) or a malformed one: both are ignored,
     and neither may disturb the matching of replies.
 
-    An unknown *reason* is kept as it is: it is a loss all the same.
+    An unknown LOST *reason* is kept as it is: it is a loss all the same.
     """
     words = line.split(" ")
-    if len(words) < 5 or words[0] != "!" or words[1] != "LOST":
+    if len(words) < 4 or words[0] != "!":
         return None
-    token_text, reason, keys = words[2], words[3], words[4:]
-    if not (token_text.isdigit() and token_text.isascii()) or not reason or not all(keys):
+    if words[1] == "QUEUED":
+        position, keys = _decimal(words[2]), words[3:]
+        if position is None or position < 1 or not all(keys):
+            return None
+        return QueuedEvent(position, tuple(keys))
+    if len(words) < 5 or words[1] != "LOST":
         return None
-    token = int(token_text)
-    if not 1 <= token <= MAX_TOKEN:
+    token, reason, keys = _decimal(words[2]), words[3], words[4:]
+    if token is None or not 1 <= token <= MAX_TOKEN or not reason or not all(keys):
         return None
     return LostEvent(token, reason, tuple(keys))
 
@@ -352,11 +565,9 @@ def _error_from(reply: str) -> Exception:
 def parse_acquire(reply: str) -> int:
     """``OK <token>`` → token; anything else → the matching exception."""
     if reply.startswith("OK "):
-        text = reply[3:]
-        if text.isdigit() and text.isascii():
-            token = int(text)
-            if 1 <= token <= MAX_TOKEN:
-                return token
+        token = _decimal(reply[3:])
+        if token is not None and 1 <= token <= MAX_TOKEN:
+            return token
         raise ProtocolError(f"bad token in reply {reply!r}")
     raise _error_from(reply)
 
@@ -450,3 +661,306 @@ def parse_held(reply: str) -> List[Tuple[str, int]]:
     if n != len(held):
         raise ProtocolError(f"HELD reply counts {n} locks but lists {len(held)}: {reply!r}")
     return held
+
+
+# -- one connection -------------------------------------------------------------
+
+#: How many ``! LOST`` events naming a token no lock object is registered
+#: for are remembered: a grant's lock object registers after its reply has
+#: been read, so the reader may see the lock's event first (a very short
+#: lease).
+UNCLAIMED_EVENTS = 1024
+
+
+@dataclass(eq=False)
+class Request:
+    """A request line written on a connection, waiting for its reply."""
+
+    #: Its position among the request lines written on the connection
+    #: (1-based, every line counts, the first HELLO too): what the
+    #: sidecar's ``! QUEUED <n>`` names.
+    position: int
+    #: When it was sent (the shell's clock).
+    sent: float
+    #: The local deadline of its reply (the shell's clock), or None.
+    deadline: Optional[float]
+    #: An ACQUIRE's keys (what its ``! QUEUED`` names); () for other requests.
+    keys: Tuple[str, ...] = ()
+    #: Called (by the shell) when the ACQUIRE's ``! QUEUED`` arrives.
+    on_queued: Optional[Callable[[], Any]] = None
+    #: The shell's handle (a future) that the reply settles.
+    handle: Any = None
+    #: True once its ``! QUEUED`` arrived.
+    queued: bool = False
+
+
+@dataclass(frozen=True)
+class Reply:
+    """Decision: *line* is the reply to *request* (settle its handle)."""
+
+    request: Request
+    line: str
+
+
+@dataclass(frozen=True)
+class Queued:
+    """Decision: call ``request.on_queued()`` (its ACQUIRE joined the queue)."""
+
+    request: Request
+
+
+@dataclass(frozen=True)
+class Lost:
+    """Decision: lose the lock object *target* (``target._lose(reason, from_sidecar)``)."""
+
+    target: Any
+    reason: str
+    from_sidecar: bool
+
+
+@dataclass(frozen=True)
+class Teardown:
+    """Decision: the connection is over. Fail each of *requests* with
+    *error*, lose each of *locks* (``disconnected``), and, when *first*,
+    close the socket."""
+
+    error: SidecarConnectionError
+    requests: List[Request]
+    locks: List[Any]
+    first: bool
+
+
+class Session:
+    """The sans-IO state of one connection (= one sidecar session).
+
+    The shell writes the bytes :meth:`send` returns, in the order it got
+    them, and feeds every byte it reads to :meth:`receive_data` (end of
+    stream: :meth:`eof`); it carries out the decisions these return:
+    :class:`Reply`, :class:`Queued`, :class:`Lost`, :class:`Teardown`. The
+    first request is :data:`HELLO_EVENTS_LINE` (:meth:`start`). Not
+    thread-safe: the blocking shell calls it under its lock.
+
+    - Replies come in request order: each non-event line answers the
+      oldest pending request.
+    - Lines starting with ``!`` are events, never replies. ``! LOST``
+      reaches the lock object registered under its token (or waits for it,
+      :data:`UNCLAIMED_EVENTS`); ``! QUEUED <n>`` reaches the pending
+      ACQUIRE written as line *n* (every line written counts); the rest is
+      ignored.
+    - A reply with no request pending ends the connection.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        #: How many request lines have been written (the position of the last).
+        self.written = 0
+        #: The protocol version HELLO agreed (None: not known yet).
+        self.version: Optional[int] = None
+        #: True once the sidecar agreed to send event lines.
+        self.events = False
+        #: The error line a sidecar answered the first HELLO with when it
+        #: refuses the connection (``ERR forbidden``, ``too_many_connections``).
+        self.refused: Optional[str] = None
+        #: Why the connection is over (None while it is open).
+        self.error: Optional[SidecarConnectionError] = None
+        #: The first request (HELLO_EVENTS_LINE; set by :meth:`start`).
+        self.hello: Optional[Request] = None
+        self._buf = bytearray()
+        self._pending: Deque[Request] = deque()
+        self._acquires: Dict[int, Request] = {}
+        self._tail_deadline: Optional[float] = None
+        self._locks: Dict[int, Any] = {}
+        self._unclaimed: "OrderedDict[int, str]" = OrderedDict()
+
+    # -- writing ---------------------------------------------------------------
+
+    def start(self, now: float, handle: Any = None) -> Tuple[Request, bytes]:
+        """The connection's first request, pipelined before anything else:
+        agree the version and turn the event lines on."""
+        req, data = self.send(HELLO_EVENTS_LINE, None, now, handle=handle)
+        self.hello = req
+        return req, data
+
+    def send(
+        self,
+        line: str,
+        budget: Optional[float],
+        now: float,
+        *,
+        handle: Any = None,
+        keys: Sequence[str] = (),
+        on_queued: Optional[Callable[[], Any]] = None,
+    ) -> Tuple[Request, bytes]:
+        """Record a request sent at *now*; return it and the bytes to write
+        (the shell writes them before anything it sends later).
+
+        *budget* is how long the sidecar may take for this request alone
+        (None: unbounded). Replies come in order, so its deadline is never
+        earlier than that of the request ahead of it. *keys*: an ACQUIRE's
+        keys, to match its ``! QUEUED``; *on_queued* is then called for it.
+
+        :raises SidecarConnectionError: the connection is over.
+        """
+        if self.error is not None:
+            raise self.error
+        deadline = None
+        if budget is not None:
+            deadline = now + budget
+            if self._tail_deadline is not None:
+                deadline = max(deadline, self._tail_deadline)
+        self._tail_deadline = deadline
+        self.written += 1
+        req = Request(self.written, now, deadline, tuple(keys), on_queued, handle)
+        self._pending.append(req)
+        if keys:
+            self._acquires[req.position] = req
+        return req, (line + "\n").encode("utf-8")
+
+    # -- reading ---------------------------------------------------------------
+
+    def receive_data(self, data: bytes) -> List[Any]:
+        """Feed bytes read from the socket; the decisions for every line
+        they complete (a partial line waits for the rest)."""
+        if self.error is not None:
+            return []
+        self._buf += data
+        out: List[Any] = []
+        start = 0
+        while self.error is None:
+            end = self._buf.find(b"\n", start)
+            if end < 0:
+                break
+            raw = bytes(self._buf[start:end]).rstrip(b"\r")
+            start = end + 1
+            out.extend(self.receive_line(raw.decode("utf-8", "replace")))
+        del self._buf[:start]
+        return out
+
+    def receive_line(self, line: str) -> List[Any]:
+        """The decisions for one whole line (without its newline)."""
+        if self.error is not None:
+            return []
+        if is_event(line):
+            ev = parse_event(line)
+            if isinstance(ev, LostEvent):
+                return self._route_lost(ev)
+            if isinstance(ev, QueuedEvent):
+                return self._route_queued(ev)
+            return []  # an event of a later version, or malformed: ignored
+        if not self._pending:
+            return [self.fail(SidecarConnectionError(
+                f"the sidecar sent {line!r} with no request pending "
+                "(e.g. ERR forbidden or too_many_connections on connect); connection closed"
+            ))]
+        req = self._pending.popleft()
+        if not self._pending:
+            self._tail_deadline = None
+        if req.keys:
+            del self._acquires[req.position]
+        if req is self.hello:
+            self._settle_hello(line)
+        return [Reply(req, line)]
+
+    def eof(self) -> Teardown:
+        """The sidecar closed the connection (a partial last line is dropped)."""
+        if self.refused is not None:
+            err = SidecarConnectionError(f"the sidecar at {self.path} refused the connection: {self.refused}")
+        else:
+            err = SidecarConnectionError(
+                f"the sidecar at {self.path} closed the connection; locks held through it are released"
+            )
+        return self.fail(err)
+
+    def broken(self, e: BaseException) -> Teardown:
+        """Reading (or flushing the writes) failed with *e*."""
+        return self.fail(SidecarConnectionError(f"connection to the sidecar at {self.path} lost: {e}"))
+
+    def send_failed(self, e: BaseException) -> Teardown:
+        """Writing failed with *e* (the shell raises ``teardown.error``)."""
+        return self.fail(SidecarConnectionError(f"connection to the sidecar at {self.path} lost while sending: {e}"))
+
+    def fail(self, err: SidecarConnectionError) -> Teardown:
+        """End the connection (the first error sticks): every pending
+        request fails, and every registered lock is lost, ``disconnected``
+        (the session is gone: the sidecar releases its locks, or, if the
+        sidecar died, their leases run out)."""
+        first = self.error is None
+        if first:
+            self.error = err
+        requests = list(self._pending)
+        self._pending.clear()
+        self._acquires.clear()
+        self._tail_deadline = None
+        locks = list(self._locks.values())
+        self._locks.clear()
+        return Teardown(self.error or err, requests, locks, first)
+
+    @property
+    def alive(self) -> bool:
+        return self.error is None
+
+    # -- events ------------------------------------------------------------------
+
+    def _route_lost(self, ev: LostEvent) -> List[Any]:
+        lock = self._locks.pop(ev.token, None)
+        if lock is None:
+            self._unclaimed[ev.token] = ev.reason
+            while len(self._unclaimed) > UNCLAIMED_EVENTS:
+                self._unclaimed.popitem(last=False)
+            return []
+        return [Lost(lock, ev.reason, True)]
+
+    def _route_queued(self, ev: QueuedEvent) -> List[Any]:
+        # Only a pending ACQUIRE of exactly these keys, once: anything else
+        # (its reply came, another request, a repeat) is a prompt to drop.
+        req = self._acquires.get(ev.position)
+        if req is None or req.queued or req.keys != ev.keys:
+            return []
+        req.queued = True
+        return [Queued(req)] if req.on_queued is not None else []
+
+    def register(self, token: int, lock: Any) -> Optional[Lost]:
+        """Route ``! LOST`` events of *token* to *lock* from now on. An event
+        for it already read, or a connection already over, is returned as
+        the decision to carry out at once."""
+        if self.error is not None:
+            return Lost(lock, REASON_DISCONNECTED, False)
+        reason = self._unclaimed.pop(token, None)
+        if reason is not None:
+            return Lost(lock, reason, True)
+        self._locks[token] = lock
+        return None
+
+    def unregister(self, token: Optional[int], lock: Any) -> None:
+        """Stop routing events of *token* to *lock* (it is released)."""
+        if token is not None and self._locks.get(token) is lock:
+            del self._locks[token]
+
+    # -- HELLO -------------------------------------------------------------------
+
+    def _settle_hello(self, reply: str) -> None:
+        try:
+            version, events = parse_hello_reply(reply)
+        except ServerError as e:
+            # bad_request: a version-2 sidecar, which knows no events (the
+            # version is asked with a plain HELLO when a block needs it).
+            if e.code != "bad_request":
+                self.refused = reply
+            return
+        except ProtocolError:
+            return
+        self.version, self.events = version, events
+
+    def hello_outcome(self) -> Optional[int]:
+        """Once the first HELLO was answered: the version, or None when it
+        must be asked with a plain :func:`hello_line` (a version-2 sidecar,
+        which refused the events option); raises the refusal of a sidecar
+        that refused the connection."""
+        if self.version is None and self.refused is not None:
+            parse_hello(self.refused)  # raises the refusal's ServerError
+        return self.version
+
+    def settle_plain_hello(self, reply: str) -> int:
+        """Record the reply to a plain :func:`hello_line`; the version."""
+        self.version = parse_hello(reply)
+        return self.version

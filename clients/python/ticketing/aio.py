@@ -5,22 +5,21 @@ Same semantics as :class:`ticketing.Client`, with coroutines::
     async with AsyncClient() as client:
         async with client.lock("seats/42", lease=30, wait=5) as token:
             ...
+
+Like the blocking client, an I/O shell over :mod:`ticketing._protocol`,
+which makes every decision.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-from typing import Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Iterable, List, Optional, Sequence, Tuple
 
 from . import _protocol as p
-from .client import _UNCLAIMED_EVENTS, DEFAULT_REPLY_GRACE
+from .client import DEFAULT_REPLY_GRACE
 from .errors import (
     IndeterminateError,
     LockLostError,
-    NotSupportedError,
-    ProtocolError,
-    ServerError,
     SidecarConnectionError,
     TicketingError,
     connect_error,
@@ -28,179 +27,129 @@ from .errors import (
 
 __all__ = ["AsyncClient", "AsyncLock"]
 
-# Reply lines are short; HELD lists every lock of the session.
-_READ_LIMIT = 1 << 20
+# How much the reader asks the stream for at once.
+_READ_SIZE = 1 << 16
 
 
 class _AsyncConnection:
-    """One connection (= one sidecar session); one reader task pairs reply
-    lines with pending futures in request order. As in the blocking client,
-    the first request is ``HELLO 3 events`` and lines starting with ``!``
-    are events, never replies; lock deadlines are the loop's timers."""
+    """One connection (= one sidecar session): the asyncio shell of a
+    :class:`ticketing._protocol.Session`. Requests are recorded by the
+    session and written synchronously, so the order of writes is the order
+    of its queue; one reader task feeds the bytes it reads to the session
+    and carries out its decisions (reply futures, ``on_queued`` callbacks,
+    lost lock objects). The first request is ``HELLO 4 events``; lock
+    deadlines are the loop's timers."""
 
     def __init__(self, path: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.path = path
         self._reader = reader
         self._writer = writer
-        self._pending: Deque[Tuple[asyncio.Future, Optional[float]]] = collections.deque()
-        self._tail_deadline: Optional[float] = None
-        self._error: Optional[SidecarConnectionError] = None
-        #: The protocol version HELLO agreed on this connection (None: not
-        #: known yet).
-        self.version: Optional[int] = None
-        #: True once the sidecar agreed to send event lines.
-        self.events = False
-        #: The error line a sidecar answered the first HELLO with when it
-        #: refuses the connection.
-        self.refused: Optional[str] = None
-        self._locks: Dict[int, "AsyncLock"] = {}
-        self._unclaimed: "collections.OrderedDict[int, str]" = collections.OrderedDict()
-        self.hello_fut, _, _ = self.submit(p.HELLO_EVENTS_LINE, None)
-        self.hello_fut.add_done_callback(self.settle_hello)
-        self._task = asyncio.get_running_loop().create_task(self._read_loop())
-
-    def settle_hello(self, fut: "asyncio.Future[str]") -> None:
-        """Take the version and the events option from the first HELLO's
-        reply (idempotent); see ``_Connection.settle_hello``."""
-        if fut.cancelled() or fut.exception() is not None:
-            return
-        reply = fut.result()
-        try:
-            version, events = p.parse_hello_reply(reply)
-        except ServerError as e:
-            if e.code != "bad_request":
-                self.refused = reply
-            return
-        except ProtocolError:
-            return
-        self.version, self.events = version, events
-
-    def register(self, lock: "AsyncLock") -> None:
-        """Route ``! LOST`` events of *lock*'s token to it; see
-        ``_Connection.register``."""
-        token = lock.held_token
-        assert token is not None
-        if self._error is not None:
-            lock._lose(p.REASON_DISCONNECTED, False)
-            return
-        reason = self._unclaimed.pop(token, None)
-        if reason is not None:
-            lock._lose(reason, True)
-        else:
-            self._locks[token] = lock
-
-    def unregister(self, lock: "AsyncLock") -> None:
-        if self._locks.get(lock.held_token) is lock:  # type: ignore[arg-type]
-            del self._locks[lock.held_token]  # type: ignore[arg-type]
-
-    def _on_event(self, line: str) -> None:
-        ev = p.parse_event(line)
-        if ev is None:
-            return  # an event of a later version, or malformed: ignored
-        lock = self._locks.pop(ev.token, None)
-        if lock is None:
-            self._unclaimed[ev.token] = ev.reason
-            while len(self._unclaimed) > _UNCLAIMED_EVENTS:
-                self._unclaimed.popitem(last=False)
-            return
-        lock._lose(ev.reason, True)
+        self._session = p.Session(path)
+        self._loop = asyncio.get_running_loop()
+        self.hello_fut: asyncio.Future = self._loop.create_future()
+        self._write(lambda now: self._session.start(now, self.hello_fut))
+        self._task = self._loop.create_task(self._read_loop())
 
     @classmethod
     async def open(cls, path: str, connect_timeout: float) -> "_AsyncConnection":
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_unix_connection(path, limit=_READ_LIMIT), connect_timeout
-            )
+            reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), connect_timeout)
         except (OSError, asyncio.TimeoutError) as e:
             raise connect_error(path, e) from e
         return cls(path, reader, writer)
 
     @property
     def alive(self) -> bool:
-        return self._error is None
+        return self._session.alive
 
-    def submit(self, line: str, budget: Optional[float]) -> Tuple[asyncio.Future, Optional[float], float]:
-        """Queue a future and write *line* (synchronously, so the order of
-        writes is the order of the queue); return the future, the local
-        deadline and the send time (the loop's clock); see
-        ``_Connection.submit``."""
-        if self._error is not None:
-            raise self._error
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
-        sent = loop.time()
-        deadline = None
-        if budget is not None:
-            deadline = sent + budget
-            if self._tail_deadline is not None:
-                deadline = max(deadline, self._tail_deadline)
-        self._tail_deadline = deadline
-        self._pending.append((fut, deadline))
+    @property
+    def version(self) -> Optional[int]:
+        """The protocol version HELLO agreed (None: not known yet)."""
+        return self._session.version
+
+    @property
+    def events(self) -> bool:
+        """True once the sidecar agreed to send event lines."""
+        return self._session.events
+
+    def submit(
+        self,
+        line: str,
+        budget: Optional[float],
+        *,
+        keys: Sequence[str] = (),
+        on_queued: Optional[Callable[[], object]] = None,
+    ) -> Tuple[asyncio.Future, Optional[float], float]:
+        """Write *line* (synchronously, so the order of writes is the order
+        of the queue); return its reply future, the local deadline and the
+        send time (the loop's clock)."""
+        fut = self._loop.create_future()
+        req = self._write(
+            lambda now: self._session.send(line, budget, now, handle=fut, keys=keys, on_queued=on_queued)
+        )
+        return fut, req.deadline, req.sent
+
+    def _write(self, record: Callable[[float], Tuple[p.Request, bytes]]) -> p.Request:
+        req, data = record(self._loop.time())
         try:
-            self._writer.write((line + "\n").encode("utf-8"))
+            self._writer.write(data)
         except (OSError, RuntimeError) as e:
-            err = SidecarConnectionError(f"connection to the sidecar at {self.path} lost while sending: {e}")
-            self._fail(err)
-            raise err from e
-        return fut, deadline, sent
+            td = self._session.send_failed(e)
+            self._carry_out([td])
+            raise td.error from e
+        return req
 
     async def drain(self) -> None:
         try:
             await self._writer.drain()
         except (OSError, RuntimeError) as e:
-            self._fail(SidecarConnectionError(f"connection to the sidecar at {self.path} lost: {e}"))
+            self._carry_out([self._session.broken(e)])
+
+    def register(self, lock: "AsyncLock") -> None:
+        """Route ``! LOST`` events of *lock*'s token to it; an event already
+        read, or a connection already lost, fires its signal at once."""
+        d = self._session.register(lock.held_token, lock)  # type: ignore[arg-type]
+        if d is not None:
+            self._carry_out([d])
+
+    def unregister(self, lock: "AsyncLock") -> None:
+        self._session.unregister(lock.held_token, lock)
 
     async def _read_loop(self) -> None:
-        err: Optional[SidecarConnectionError] = None
         try:
-            while True:
-                raw = await self._reader.readline()
-                if not raw.endswith(b"\n"):
-                    if self.refused is not None:
-                        err = SidecarConnectionError(f"the sidecar at {self.path} refused the connection: {self.refused}")
-                    else:
-                        err = SidecarConnectionError(
-                            f"the sidecar at {self.path} closed the connection; locks held through it are released"
-                        )
-                    break
-                line = raw[:-1].rstrip(b"\r").decode("utf-8", "replace")
-                if p.is_event(line):
-                    self._on_event(line)
-                    continue
-                if not self._pending:
-                    err = SidecarConnectionError(
-                        f"the sidecar sent {line!r} with no request pending "
-                        "(e.g. ERR forbidden or too_many_connections on connect); connection closed"
-                    )
-                    break
-                fut, _ = self._pending.popleft()
-                if not self._pending:
-                    self._tail_deadline = None
-                if not fut.done():
-                    fut.set_result(line)
+            while self._session.alive:
+                data = await self._reader.read(_READ_SIZE)
+                self._carry_out(self._session.receive_data(data) if data else [self._session.eof()])
         except (OSError, ValueError) as e:
-            err = SidecarConnectionError(f"connection to the sidecar at {self.path} lost: {e}")
+            self._carry_out([self._session.broken(e)])
         except asyncio.CancelledError:
-            err = SidecarConnectionError("client closed")
-        finally:
-            self._fail(err or SidecarConnectionError("connection closed"))
+            self._carry_out([self._session.fail(SidecarConnectionError("client closed"))])
 
-    def _fail(self, err: SidecarConnectionError) -> None:
-        if self._error is None:
-            self._error = err
-            self._writer.close()
-        while self._pending:
-            fut, _ = self._pending.popleft()
-            if not fut.done():
-                fut.set_exception(err)
-        # The session is gone, and with it its locks.
-        locks = list(self._locks.values())
-        self._locks.clear()
-        for lock in locks:
-            lock._lose(p.REASON_DISCONNECTED, False)
+    def _carry_out(self, decisions: Iterable[object]) -> None:
+        for d in decisions:
+            if isinstance(d, p.Reply):
+                if not d.request.handle.done():
+                    d.request.handle.set_result(d.line)
+            elif isinstance(d, p.Queued):
+                try:
+                    d.request.on_queued()  # type: ignore[misc]
+                except Exception as e:  # noqa: BLE001 - a caller's bug must not stop the reader
+                    self._loop.call_exception_handler(
+                        {"message": "ticketing: on_queued callback raised", "exception": e}
+                    )
+            elif isinstance(d, p.Lost):
+                d.target._lose(d.reason, d.from_sidecar)
+            elif isinstance(d, p.Teardown):
+                if d.first:
+                    self._writer.close()
+                for req in d.requests:
+                    if not req.handle.done():
+                        req.handle.set_exception(d.error)
+                for lock in d.locks:
+                    lock._lose(p.REASON_DISCONNECTED, False)
 
     async def close(self) -> None:
-        self._fail(SidecarConnectionError("client closed"))
+        self._carry_out([self._session.fail(SidecarConnectionError("client closed"))])
         self._task.cancel()
         try:
             await self._task
@@ -248,7 +197,7 @@ class AsyncClient:
     @property
     def requests_sent(self) -> int:
         """How many requests this client has written so far (all connections),
-        not counting the ``HELLO 3 events`` each connection starts with."""
+        not counting the ``HELLO 4 events`` each connection starts with."""
         return self._sent
 
     async def close(self) -> None:
@@ -275,7 +224,7 @@ class AsyncClient:
             return self._conn
 
     def _budget(self, sidecar_bound: float) -> Optional[float]:
-        return None if self.reply_grace is None else sidecar_bound + self.reply_grace
+        return p.reply_budget(sidecar_bound, self.reply_grace)
 
     async def _call(
         self,
@@ -292,11 +241,13 @@ class AsyncClient:
         sidecar_bound: float,
         on_late: Optional[Callable[[asyncio.Future], None]] = None,
         conn: Optional[_AsyncConnection] = None,
+        keys: Sequence[str] = (),
+        on_queued: Optional[Callable[[], object]] = None,
     ) -> Tuple[str, float, _AsyncConnection]:
         """:meth:`_call` that also returns the send time and the connection."""
         if conn is None:
             conn = await self._connection()
-        fut, deadline, sent = conn.submit(line, self._budget(sidecar_bound))
+        fut, deadline, sent = conn.submit(line, self._budget(sidecar_bound), keys=keys, on_queued=on_queued)
         self._sent += 1
         await conn.drain()
         timeout = None if deadline is None else max(0.0, deadline - asyncio.get_running_loop().time())
@@ -313,60 +264,68 @@ class AsyncClient:
                 fut.add_done_callback(on_late)
             raise
 
-    async def acquire(self, key: str, lease: int = 30, wait: p.Number = 5) -> int:
+    async def acquire(
+        self, key: str, lease: int = 30, wait: p.Number = 5, *, on_queued: Optional[Callable[[], object]] = None
+    ) -> int:
         """Acquire *key* and return its fencing token; see
         :meth:`ticketing.Client.acquire`. If the calling task is cancelled, a
-        grant that arrives later is released automatically."""
-        return (await self._grant((key,), lease, wait, False))[0]
+        grant that arrives later is released automatically.
 
-    async def acquire_block(self, keys: Iterable[str], lease: int = 30, wait: p.Number = 5) -> int:
+        *on_queued* is called (no arguments, in the event loop, before this
+        coroutine returns) when the cluster committed this acquire into the
+        key's FIFO queue (``! QUEUED``); see :meth:`ticketing.Client.acquire`.
+        Keep it quick; an exception it raises goes to the loop's exception
+        handler."""
+        return (await self._grant((key,), lease, wait, False, on_queued))[0]
+
+    async def acquire_block(
+        self,
+        keys: Iterable[str],
+        lease: int = 30,
+        wait: p.Number = 5,
+        *,
+        on_queued: Optional[Callable[[], object]] = None,
+    ) -> int:
         """Acquire a seat block (1..16 distinct keys, all or none, under one
         token) and return the token; see :meth:`ticketing.Client.acquire_block`.
         If the calling task is cancelled, a block granted later is released
-        automatically."""
-        return (await self._grant(p.check_keys(keys), lease, wait, True))[0]
+        automatically. *on_queued*: see :meth:`acquire`."""
+        return (await self._grant(p.check_keys(keys), lease, wait, True, on_queued))[0]
 
     async def _grant(
-        self, keys: Sequence[str], lease: int, wait: p.Number, block: bool
+        self,
+        keys: Sequence[str],
+        lease: int,
+        wait: p.Number,
+        block: bool,
+        on_queued: Optional[Callable[[], object]],
     ) -> Tuple[int, float, _AsyncConnection]:
         """ACQUIRE one key or a block; the token, the send time and the
         connection that holds it."""
-        if block:
-            keys = p.check_keys(keys)
-            line, wait_s = p.acquire_block_line(keys, lease, wait)
-        else:
-            line, wait_s = p.acquire_line(keys[0], lease, wait)
+        line, wait_s, keys = p.grant_line(keys, lease, wait, block)
+        p.check_on_queued(on_queued)
         conn = await self._connection()
-        if block and len(keys) > 1:
-            await self._require_blocks(conn)
-        reply, sent, conn = await self._call_at(line, wait_s, self._compensator(keys[0]), conn)
+        if len(keys) > 1:
+            p.check_blocks(await self._hello(conn), self.path)
+        reply, sent, conn = await self._call_at(line, wait_s, self._compensator(keys[0]), conn, keys, on_queued)
         return p.parse_acquire(reply), sent, conn
 
     async def hello(self) -> int:
         """The protocol version both speak (the reply to the connection's
-        first request, ``HELLO 3 events``); see :meth:`ticketing.Client.hello`."""
+        first request, ``HELLO 4 events``); see :meth:`ticketing.Client.hello`."""
         return await self._hello(await self._connection())
 
     async def _hello(self, conn: _AsyncConnection) -> int:
-        if conn.version is None:
-            try:
-                await asyncio.wait_for(asyncio.shield(conn.hello_fut), self._budget(0.0))
-            except asyncio.TimeoutError:
-                raise IndeterminateError("no reply from the sidecar to HELLO") from None
-            conn.settle_hello(conn.hello_fut)
-        if conn.version is None:
-            if conn.refused is not None:
-                p.parse_hello(conn.refused)  # raises the refusal's ServerError
-            conn.version = p.parse_hello(await self._call(p.hello_line(), 0.0, None, conn))
-        return conn.version
-
-    async def _require_blocks(self, conn: _AsyncConnection) -> None:
-        v = await self._hello(conn)
-        if v < 2:
-            raise NotSupportedError(
-                f"a seat block needs protocol version 2; the sidecar at {self.path} speaks version {v}: "
-                "upgrade the sidecar"
-            )
+        if conn.version is not None:
+            return conn.version
+        try:
+            await asyncio.wait_for(asyncio.shield(conn.hello_fut), self._budget(0.0))
+        except asyncio.TimeoutError:
+            raise IndeterminateError("no reply from the sidecar to HELLO") from None
+        version = conn._session.hello_outcome()
+        if version is None:
+            version = conn._session.settle_plain_hello(await self._call(p.hello_line(), 0.0, None, conn))
+        return version
 
     async def release(self, key: str, token: int) -> None:
         """Release *key* held under *token*; see :meth:`ticketing.Client.release`."""
@@ -390,41 +349,49 @@ class AsyncClient:
         (see :meth:`ticketing.Client.raw`)."""
         return await self._call(p.check_raw(line), p.MAX_WAIT + p.RELEASE_DEADLINE)
 
-    def lock(self, key: str, lease: int = 30, wait: p.Number = 5) -> "AsyncLock":
+    def lock(
+        self, key: str, lease: int = 30, wait: p.Number = 5, *, on_queued: Optional[Callable[[], object]] = None
+    ) -> "AsyncLock":
         """An :class:`AsyncLock` on *key*::
 
             async with client.lock("seats/42", lease=30, wait=5) as token:
                 ...
 
         The arguments are checked now; acquired on entry, released on exit.
+        *on_queued*: see :meth:`acquire`.
         """
-        p.acquire_line(key, lease, wait)
-        return AsyncLock(self, key, lease, wait)
+        return AsyncLock._of(self, p.LockState.of_key(key, lease, wait, on_queued))
 
-    def lock_block(self, keys: Iterable[str], lease: int = 30, wait: p.Number = 5) -> "AsyncLock":
+    def lock_block(
+        self,
+        keys: Iterable[str],
+        lease: int = 30,
+        wait: p.Number = 5,
+        *,
+        on_queued: Optional[Callable[[], object]] = None,
+    ) -> "AsyncLock":
         """An :class:`AsyncLock` on a seat block::
 
             async with client.lock_block(["seat/1", "seat/2"], lease=30, wait=5) as token:
                 ...
 
         The arguments are checked now; acquired on entry, released (every
-        key) on exit.
+        key) on exit. *on_queued*: see :meth:`acquire`.
         """
-        keys = p.check_keys(keys)
-        p.acquire_block_line(keys, lease, wait)
-        return AsyncLock(self, keys[0], lease, wait, keys=keys)
+        return AsyncLock._of(self, p.LockState.of_block(keys, lease, wait, on_queued))
 
     def _compensator(self, key: str) -> Callable[[asyncio.Future], None]:
         def release_late_grant(fut: asyncio.Future) -> None:
             if fut.cancelled() or fut.exception() is not None:
                 return
+            line = p.late_grant_release(key, fut.result())
+            conn = self._conn
+            if line is None or conn is None or not conn.alive:
+                return
             try:
-                token = p.parse_acquire(fut.result())
-                conn = self._conn
-                if conn is not None and conn.alive:
-                    conn.submit(p.release_line(key, token), self._budget(p.RELEASE_DEADLINE))
+                conn.submit(line, self._budget(p.RELEASE_DEADLINE))  # reply ignored
             except TicketingError:
-                pass  # not granted, or the session is gone (and released it)
+                pass  # the session is gone (and released it)
 
         return release_late_grant
 
@@ -435,31 +402,68 @@ class AsyncLock:
 
     The lost signal is :attr:`lost`, an :class:`asyncio.Event` (``await
     lock.lost.wait()``), with the same rules as :class:`ticketing.Lock`; the
-    local deadline is a timer of the event loop.
+    local deadline is a timer of the event loop. The decisions are
+    :class:`ticketing._protocol.LockState`'s.
     """
 
     def __init__(
-        self, client: AsyncClient, key: str, lease: int, wait: p.Number, *, keys: Optional[Sequence[str]] = None
+        self,
+        client: AsyncClient,
+        key: str,
+        lease: int,
+        wait: p.Number,
+        *,
+        keys: Optional[Sequence[str]] = None,
+        on_queued: Optional[Callable[[], object]] = None,
     ) -> None:
+        if keys is None:
+            state = p.LockState.of_key(key, lease, wait, on_queued)
+        else:
+            state = p.LockState.of_block(keys, lease, wait, on_queued)
+        self._init(client, state)
+
+    @classmethod
+    def _of(cls, client: AsyncClient, state: p.LockState) -> "AsyncLock":
+        lock = cls.__new__(cls)
+        lock._init(client, state)
+        return lock
+
+    def _init(self, client: AsyncClient, state: p.LockState) -> None:
         self.client = client
-        self.key = key
-        #: Every key of the lock (a block's keys, in the order given).
-        self.keys: Tuple[str, ...] = tuple(keys) if keys is not None else (key,)
-        self._block = keys is not None
-        #: The lease of the acquire, then of the last successful extend.
-        self.lease = lease
-        self.wait = wait
-        #: The fencing token while held, else None.
-        self.token: Optional[int] = None
         #: Set, once, when the lock is lost.
         self.lost = asyncio.Event()
-        #: The token granted, kept after release (for LockLostError).
-        self.held_token: Optional[int] = None
-        self._used = False
-        self._state = p.LostState()
+        self._state = state
         self._conn: Optional[_AsyncConnection] = None
-        self._deadline: Optional[float] = None  # the loop's clock
         self._timer: Optional[asyncio.TimerHandle] = None
+
+    @property
+    def key(self) -> str:
+        """The first key."""
+        return self._state.keys[0]
+
+    @property
+    def keys(self) -> Tuple[str, ...]:
+        """Every key of the lock (a block's keys, in the order given)."""
+        return self._state.keys
+
+    @property
+    def lease(self) -> int:
+        """The lease of the acquire, then of the last successful extend."""
+        return self._state.lease
+
+    @property
+    def wait(self) -> p.Number:
+        return self._state.wait
+
+    @property
+    def token(self) -> Optional[int]:
+        """The fencing token while held, else None."""
+        return self._state.token
+
+    @property
+    def held_token(self) -> Optional[int]:
+        """The token granted, kept after release (for LockLostError)."""
+        return self._state.held_token
 
     @property
     def lost_reason(self) -> Optional[str]:
@@ -470,51 +474,42 @@ class AsyncLock:
         """Seconds of local validity left; 0 once lost (see
         :meth:`ticketing.Lock.remaining`)."""
         self._check_deadline()
-        if self._state.reason is not None or self._deadline is None or self._state.released:
-            return 0.0
-        return max(0.0, self._deadline - asyncio.get_running_loop().time())
+        if self._state.deadline is None:
+            return 0.0  # not acquired (and maybe no loop running)
+        return self._state.remaining(asyncio.get_running_loop().time())
 
     async def acquire(self) -> int:
         """Acquire the lock; return the token."""
-        if self._used:
-            raise RuntimeError("a lock is used once; call client.lock() again")
-        self._used = True
-        token, sent, conn = await self.client._grant(self.keys, self.lease, self.wait, self._block)
-        self.token = self.held_token = token
+        st = self._state
+        st.begin_acquire()
+        token, sent, conn = await self.client._grant(st.keys, st.lease, st.wait, st.block, st.on_queued)
+        deadline = st.granted(token, sent)
         self._conn = conn
-        self._arm(sent + p.validity(self.lease))
+        self._arm(deadline)
         conn.register(self)
         return token
 
     async def extend(self, lease: int) -> None:
         """Renew the lease (``EXTEND``); see :meth:`ticketing.Lock.extend`."""
-        p.check_lease(lease)
-        token = self.token
-        if token is None:
-            raise RuntimeError("the lock is not held")
-        line = p.extend_line(self.key, token, lease)
         self._check_deadline()
+        line = self._state.extend_line(lease)
         conn = self._conn
-        if self._state.reason is not None or conn is None:
-            raise self._lost_error()
+        if conn is None:
+            raise self._state.lost_error()
         reply, sent, _ = await self.client._call_at(line, p.RELEASE_DEADLINE, None, conn)
-        try:
-            p.parse_extend(reply)
-        except ServerError as e:
-            if e.code in p.EXTEND_LOST_CODES:
-                self._lose(p.REASON_MOVED, True)
-            raise
-        if self._state.reason is not None or self._state.released:
-            raise self._lost_error()  # lost while the EXTEND was under way
-        self.lease = lease
+        err, fire = self._state.extend_replied(reply)
+        if fire:
+            self._fire()
+        if err is not None:
+            raise err
+        if not self._state.extended(lease):
+            raise self._state.lost_error()  # lost while the EXTEND was under way
         self._arm(sent + p.validity(lease))
 
     async def release(self) -> None:
         """Release the lock; sends RELEASE also after a loss (see
         :meth:`ticketing.Lock.release`)."""
-        if self.token is None:
-            raise RuntimeError("the lock is not held")
-        token, self.token = self.token, None
+        token = self._state.begin_release()
         self._check_deadline()
         self._state.released = True
         self._cancel_timer()
@@ -530,7 +525,7 @@ class AsyncLock:
         held, unless the body raised (its exception goes on unchanged); see
         :meth:`ticketing.Lock.__exit__`."""
         release_err: Optional[TicketingError] = None
-        if self.token is not None:  # else released inside the block
+        if self._state.token is not None:  # else released inside the block
             try:
                 await self.release()
             except TicketingError as e:
@@ -539,17 +534,16 @@ class AsyncLock:
                 release_err = e
         else:
             self._check_deadline()
-        self._state.after_exit(exc, self.held_token, self.keys, release_err)
+        self._state.after_exit(exc, release_err)
 
     # -- the lost signal --------------------------------------------------------
 
     def _lost_error(self) -> LockLostError:
-        return self._state.lost_error(self.held_token, self.keys)
+        return self._state.lost_error()
 
     def _arm(self, deadline: float) -> None:
-        if self._state.reason is not None or self._state.released:
+        if not self._state.arm(deadline):
             return
-        self._deadline = deadline
         self._cancel_timer()
         self._timer = asyncio.get_running_loop().call_at(deadline, self._check_deadline)
 
@@ -559,20 +553,16 @@ class AsyncLock:
             self._timer = None
 
     def _check_deadline(self) -> None:
-        if self._deadline is not None and asyncio.get_running_loop().time() >= self._deadline:
+        if self._state.deadline is not None and self._state.due(asyncio.get_running_loop().time()):
             self._lose(p.REASON_DEADLINE, False)
 
     def _lose(self, reason: str, from_sidecar: bool) -> None:
         if self._state.lose(reason, from_sidecar):
-            self._cancel_timer()
-            self.lost.set()
+            self._fire()
+
+    def _fire(self) -> None:
+        self._cancel_timer()
+        self.lost.set()
 
     def __repr__(self) -> str:
-        if self.token is None:
-            state = "not held"
-        else:
-            state = f"token={self.token}"
-            if self._state.reason is not None:
-                state += f" lost={self._state.reason}"
-        keys = " ".join(repr(k) for k in self.keys)
-        return f"<ticketing.AsyncLock {keys} {state}>"
+        return f"<ticketing.AsyncLock {self._state.describe()}>"

@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
-import collections
 import heapq
 import itertools
+import logging
 import socket
 import threading
 import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as _FutureTimeout
-from typing import Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Iterable, List, Optional, Sequence, Tuple
 
 from . import _protocol as p
 from .errors import (
     IndeterminateError,
     LockLostError,
-    NotSupportedError,
-    ProtocolError,
-    ServerError,
     SidecarConnectionError,
     TicketingError,
     connect_error,
@@ -30,10 +27,10 @@ __all__ = ["Client", "Lock"]
 # client stops waiting and reports IndeterminateError.
 DEFAULT_REPLY_GRACE = 10.0
 
-# How many `! LOST` events naming a token no lock object is registered for
-# are remembered: a grant's lock object registers after its reply has been
-# read, so the reader may see the lock's event first (a very short lease).
-_UNCLAIMED_EVENTS = 1024
+# How much the reader asks the socket for at once.
+_READ_SIZE = 1 << 16
+
+_log = logging.getLogger("ticketing")
 
 
 class _Timers:
@@ -112,14 +109,14 @@ class _Timers:
 
 
 class _Connection:
-    """One unix-socket connection (= one sidecar session).
+    """One unix-socket connection (= one sidecar session): the I/O shell of
+    a :class:`ticketing._protocol.Session`, which makes every decision.
 
-    Requests are written under ``_lock`` and their futures queued in the
-    same order; one reader thread pairs each reply line with the oldest
-    pending future (the sidecar answers in request order). The first
-    request is ``HELLO 3 events``; lines starting with ``!`` are events, never
-    replies: the reader hands ``! LOST`` to the lock object registered under
-    its token and ignores every other event line.
+    Requests are recorded by the session and written under ``_lock``, so the
+    order of writes is the order of its queue. One reader thread feeds the
+    bytes it reads to the session and carries out its decisions outside the
+    lock: it settles reply futures, calls ``on_queued`` callbacks, loses
+    lock objects. The first request is ``HELLO 4 events``.
 
     Lock order: ``_lock`` before a Lock's ``_mu`` before the timers'.
     """
@@ -136,177 +133,131 @@ class _Connection:
             raise connect_error(path, e) from e
         self._sock = sock
         self._lock = threading.Lock()
-        # (future, local deadline or None)
-        self._pending: Deque[Tuple[Future, Optional[float]]] = collections.deque()
-        self._tail_deadline: Optional[float] = None
-        self._error: Optional[SidecarConnectionError] = None
-        #: The protocol version HELLO agreed on this connection (None: not
-        #: known yet).
-        self.version: Optional[int] = None
-        #: True once the sidecar agreed to send event lines.
-        self.events = False
-        #: The error line a sidecar answered the first HELLO with when it
-        #: refuses the connection (``ERR forbidden``, ``too_many_connections``).
-        self.refused: Optional[str] = None
-        self._locks: Dict[int, "Lock"] = {}
-        self._unclaimed: "collections.OrderedDict[int, str]" = collections.OrderedDict()
+        self._session = p.Session(path)
         self.timers = _Timers(f"ticketing-timers {path}")
+        self._reader: Optional[threading.Thread] = None
         # Pipelined before anything else, written before the reader starts
         # so that a refusal sent on connect is read as HELLO's reply.
-        self.hello_fut, _, _ = self.submit(p.HELLO_EVENTS_LINE, None)
-        self.hello_fut.add_done_callback(self.settle_hello)
+        self.hello_fut: Future = Future()
+        self._write(lambda now: self._session.start(now, self.hello_fut))
         self._reader = threading.Thread(target=self._read_loop, name=f"ticketing-reader {path}", daemon=True)
         self._reader.start()
 
-    def settle_hello(self, fut: Future) -> None:
-        """Take the version and the events option from the first HELLO's
-        reply (idempotent; the reader thread runs it as the reply arrives)."""
-        if fut.cancelled() or fut.exception() is not None:
-            return
-        reply = fut.result()
-        try:
-            version, events = p.parse_hello_reply(reply)
-        except ServerError as e:
-            # bad_request: a version-2 sidecar, which knows no events (the
-            # version is asked with a plain HELLO when a block needs it).
-            if e.code != "bad_request":
-                self.refused = reply
-            return
-        except ProtocolError:
-            return
-        self.version, self.events = version, events
-
     @property
     def alive(self) -> bool:
-        return self._error is None
+        return self._session.alive
 
-    def submit(self, line: str, budget: Optional[float]) -> Tuple[Future, Optional[float], float]:
+    @property
+    def version(self) -> Optional[int]:
+        """The protocol version HELLO agreed (None: not known yet)."""
+        return self._session.version
+
+    @property
+    def events(self) -> bool:
+        """True once the sidecar agreed to send event lines."""
+        return self._session.events
+
+    def on_reader_thread(self) -> bool:
+        return threading.current_thread() is self._reader
+
+    def submit(
+        self,
+        line: str,
+        budget: Optional[float],
+        *,
+        keys: Sequence[str] = (),
+        on_queued: Optional[Callable[[], object]] = None,
+    ) -> Tuple[Future, Optional[float], float]:
         """Write *line*; return its reply future, the local deadline and the
-        send time (monotonic).
-
-        *budget* is how long the sidecar may take for this request alone
-        (None: unbounded). Replies come in order, so the deadline is never
-        earlier than that of the request ahead of it.
-        """
-        data = (line + "\n").encode("utf-8")
+        send time (monotonic); see :meth:`ticketing._protocol.Session.send`."""
         fut: Future = Future()
+        req = self._write(
+            lambda now: self._session.send(line, budget, now, handle=fut, keys=keys, on_queued=on_queued)
+        )
+        return fut, req.deadline, req.sent
+
+    def _write(self, record: Callable[[float], Tuple[p.Request, bytes]]) -> p.Request:
         with self._lock:
-            if self._error is not None:
-                raise self._error
-            sent = time.monotonic()
-            deadline = None
-            if budget is not None:
-                deadline = sent + budget
-                if self._tail_deadline is not None:
-                    deadline = max(deadline, self._tail_deadline)
-            self._tail_deadline = deadline
-            self._pending.append((fut, deadline))
+            req, data = record(time.monotonic())
             try:
                 self._sock.sendall(data)
             except OSError as e:
-                err = SidecarConnectionError(f"connection to the sidecar at {self.path} lost while sending: {e}")
-                self._fail_locked(err)
-                raise err from e
-        return fut, deadline, sent
+                td = self._session.send_failed(e)
+                self._end_locked(td)
+                cause: Optional[OSError] = e
+            else:
+                return req
+        self._carry_out([td])
+        raise td.error from cause
 
     def register(self, lock: "Lock") -> None:
         """Route ``! LOST`` events of *lock*'s token to it from now on; an
         event for it already read, or a connection already lost, fires its
         signal at once."""
-        token = lock.held_token
-        assert token is not None
         with self._lock:
-            if self._error is None:
-                reason = self._unclaimed.pop(token, None)
-                if reason is None:
-                    self._locks[token] = lock
-                    return
-                sidecar = True
-            else:
-                reason, sidecar = p.REASON_DISCONNECTED, False
-        lock._lose(reason, sidecar)
+            d = self._session.register(lock.held_token, lock)  # type: ignore[arg-type]
+        if d is not None:
+            self._carry_out([d])
 
     def unregister(self, lock: "Lock") -> None:
         with self._lock:
-            if self._locks.get(lock.held_token) is lock:  # type: ignore[arg-type]
-                del self._locks[lock.held_token]  # type: ignore[arg-type]
-
-    def _on_event(self, line: str) -> None:
-        ev = p.parse_event(line)
-        if ev is None:
-            return  # an event of a later version, or malformed: ignored
-        with self._lock:
-            lock = self._locks.pop(ev.token, None)
-            if lock is None:
-                self._unclaimed[ev.token] = ev.reason
-                while len(self._unclaimed) > _UNCLAIMED_EVENTS:
-                    self._unclaimed.popitem(last=False)
-                return
-        lock._lose(ev.reason, True)
+            self._session.unregister(lock.held_token, lock)
 
     def _read_loop(self) -> None:
-        f = self._sock.makefile("rb")
-        err: Optional[SidecarConnectionError] = None
-        try:
-            while True:
-                raw = f.readline()
-                if not raw.endswith(b"\n"):
-                    if self.refused is not None:
-                        err = SidecarConnectionError(f"the sidecar at {self.path} refused the connection: {self.refused}")
-                    else:
-                        err = SidecarConnectionError(
-                            f"the sidecar at {self.path} closed the connection; locks held through it are released"
-                        )
-                    break
-                line = raw[:-1].rstrip(b"\r").decode("utf-8", "replace")
-                if p.is_event(line):
-                    self._on_event(line)
-                    continue
-                with self._lock:
-                    entry = self._pending.popleft() if self._pending else None
-                    if not self._pending:
-                        self._tail_deadline = None
-                if entry is None:
-                    err = SidecarConnectionError(
-                        f"the sidecar sent {line!r} with no request pending "
-                        "(e.g. ERR forbidden or too_many_connections on connect); connection closed"
-                    )
-                    break
-                entry[0].set_result(line)
-        except (OSError, ValueError) as e:
-            err = SidecarConnectionError(f"connection to the sidecar at {self.path} lost: {e}")
-        finally:
-            with self._lock:
-                self._fail_locked(err or SidecarConnectionError("connection closed"))
+        while True:
             try:
-                f.close()
-            except OSError:
-                pass
+                data = self._sock.recv(_READ_SIZE)
+            except OSError as e:
+                with self._lock:
+                    td = self._session.broken(e)
+                    self._end_locked(td)
+                self._carry_out([td])
+                return
+            with self._lock:
+                decisions = self._session.receive_data(data) if data else [self._session.eof()]
+                for d in decisions:
+                    if isinstance(d, p.Teardown):
+                        self._end_locked(d)
+            self._carry_out(decisions)
+            if not self._session.alive:
+                return
 
-    def _fail_locked(self, err: SidecarConnectionError) -> None:
-        if self._error is None:
-            self._error = err
+    def _end_locked(self, td: p.Teardown) -> None:
+        if td.first:
             try:
                 self._sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
             self._sock.close()
             self.timers.close()
-        while self._pending:
-            fut, _ = self._pending.popleft()
-            if not fut.done():
-                fut.set_exception(err)
-        # The session is gone: the sidecar releases its locks (or, if the
-        # sidecar died, their leases run out). Either way they are lost.
-        locks = list(self._locks.values())
-        self._locks.clear()
-        for lock in locks:
-            lock._lose(p.REASON_DISCONNECTED, False)
+
+    def _carry_out(self, decisions: Iterable[object]) -> None:
+        """Carry out the session's decisions, outside ``_lock`` (a future's
+        callbacks may write, a lock object takes its own mutex)."""
+        for d in decisions:
+            if isinstance(d, p.Reply):
+                if not d.request.handle.done():
+                    d.request.handle.set_result(d.line)
+            elif isinstance(d, p.Queued):
+                try:
+                    d.request.on_queued()  # type: ignore[misc]
+                except Exception:  # noqa: BLE001 - a caller's bug must not stop the reader
+                    _log.exception("ticketing: on_queued callback raised")
+            elif isinstance(d, p.Lost):
+                d.target._lose(d.reason, d.from_sidecar)
+            elif isinstance(d, p.Teardown):
+                for req in d.requests:
+                    if not req.handle.done():
+                        req.handle.set_exception(d.error)
+                for lock in d.locks:
+                    lock._lose(p.REASON_DISCONNECTED, False)
 
     def close(self) -> None:
         with self._lock:
-            self._fail_locked(SidecarConnectionError("client closed"))
-        if threading.current_thread() is not self._reader:
+            td = self._session.fail(SidecarConnectionError("client closed"))
+            self._end_locked(td)
+        self._carry_out([td])
+        if self._reader is not None and not self.on_reader_thread():
             self._reader.join(timeout=5)
 
 
@@ -364,7 +315,7 @@ class Client:
     @property
     def requests_sent(self) -> int:
         """How many requests this client has written so far (all connections),
-        not counting the ``HELLO 3 events`` each connection starts with."""
+        not counting the ``HELLO 4 events`` each connection starts with."""
         return self._sent
 
     def close(self) -> None:
@@ -392,7 +343,7 @@ class Client:
     # -- requests ----------------------------------------------------------
 
     def _budget(self, sidecar_bound: float) -> Optional[float]:
-        return None if self.reply_grace is None else sidecar_bound + self.reply_grace
+        return p.reply_budget(sidecar_bound, self.reply_grace)
 
     def _call(
         self,
@@ -409,12 +360,18 @@ class Client:
         sidecar_bound: float,
         on_late: Optional[Callable[[Future], None]] = None,
         conn: Optional[_Connection] = None,
+        keys: Sequence[str] = (),
+        on_queued: Optional[Callable[[], object]] = None,
     ) -> Tuple[str, float, _Connection]:
         """:meth:`_call` that also returns the send time and the connection
         (a lock's validity counts from the send time)."""
         if conn is None:
             conn = self._connection()
-        fut, deadline, sent = conn.submit(line, self._budget(sidecar_bound))
+        if conn.on_reader_thread():
+            # An on_queued callback runs on the reader thread, which would
+            # have to read the very reply it waits for.
+            raise RuntimeError("an on_queued callback must not wait for a reply of the same client")
+        fut, deadline, sent = conn.submit(line, self._budget(sidecar_bound), keys=keys, on_queued=on_queued)
         with self._lock:
             self._sent += 1
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -425,21 +382,27 @@ class Client:
                 fut.add_done_callback(on_late)
             raise IndeterminateError(f"no reply from the sidecar within {timeout:.1f} s") from None
 
-    def _grant(self, keys: Sequence[str], lease: int, wait: p.Number, block: bool) -> Tuple[int, float, _Connection]:
+    def _grant(
+        self,
+        keys: Sequence[str],
+        lease: int,
+        wait: p.Number,
+        block: bool,
+        on_queued: Optional[Callable[[], object]],
+    ) -> Tuple[int, float, _Connection]:
         """ACQUIRE one key or a block; the token, the send time and the
         connection that holds it."""
-        if block:
-            keys = p.check_keys(keys)
-            line, wait_s = p.acquire_block_line(keys, lease, wait)
-        else:
-            line, wait_s = p.acquire_line(keys[0], lease, wait)
+        line, wait_s, keys = p.grant_line(keys, lease, wait, block)
+        p.check_on_queued(on_queued)
         conn = self._connection()
-        if block and len(keys) > 1:
-            self._require_blocks(conn)
-        reply, sent, conn = self._call_at(line, wait_s, self._compensator(keys[0]), conn)
+        if len(keys) > 1:
+            p.check_blocks(self._hello(conn), self.path)
+        reply, sent, conn = self._call_at(line, wait_s, self._compensator(keys[0]), conn, keys, on_queued)
         return p.parse_acquire(reply), sent, conn
 
-    def acquire(self, key: str, lease: int = 30, wait: p.Number = 5) -> int:
+    def acquire(
+        self, key: str, lease: int = 30, wait: p.Number = 5, *, on_queued: Optional[Callable[[], object]] = None
+    ) -> int:
         """Acquire *key*; return its fencing token (an int that strictly
         increases with every grant, cluster-wide).
 
@@ -447,6 +410,17 @@ class Client:
             after which the lock is taken back if not released.
         :param wait: seconds to wait for the turn, 0..300 with millisecond
             precision; 0 means one immediate try.
+        :param on_queued: called with no arguments when the sidecar reports
+            (``! QUEUED``) that the cluster committed this acquire into the
+            key's FIFO queue: an acquire of the key sent by anyone after
+            that stands behind this one. At most once, before this call
+            returns or raises; never for ``wait=0``, an acquire granted
+            without queueing, or one refused before it was queued; maybe
+            never (a sidecar before version 4, a leader change), so use it
+            for progress and tests, not for correctness. It runs on the
+            connection's reader thread: keep it quick, and do not wait for
+            a reply of this client in it (``RuntimeError``); an exception
+            it raises is logged (logger ``ticketing``) and dropped.
         :raises ValueError, TypeError: invalid argument (nothing sent).
         :raises BusyError: held and *wait* was 0.
         :raises LockTimeoutError: the turn did not come within *wait*.
@@ -455,9 +429,16 @@ class Client:
         :raises ServerError: ``ERR`` from the sidecar (``.code``).
         :raises SidecarConnectionError: sidecar unreachable / connection lost.
         """
-        return self._grant((key,), lease, wait, False)[0]
+        return self._grant((key,), lease, wait, False, on_queued)[0]
 
-    def acquire_block(self, keys: Iterable[str], lease: int = 30, wait: p.Number = 5) -> int:
+    def acquire_block(
+        self,
+        keys: Iterable[str],
+        lease: int = 30,
+        wait: p.Number = 5,
+        *,
+        on_queued: Optional[Callable[[], object]] = None,
+    ) -> int:
         """Acquire a seat block: every key of *keys* (1..16 distinct keys)
         at once or none, under one fencing token, which is returned.
 
@@ -466,7 +447,8 @@ class Client:
         only if every key is free with nobody queued on it. When the wait
         runs out no key is acquired. ``release(key, token)`` naming *any* of
         its keys releases the whole block; closing the client releases it
-        too. One key is :meth:`acquire`.
+        too. One key is :meth:`acquire`. *on_queued* is called once the
+        block is in every key's queue (see :meth:`acquire`).
 
         A block needs protocol version 2: the first one on a connection
         sends ``HELLO`` (see :meth:`hello`).
@@ -478,36 +460,27 @@ class Client:
         :raises BusyError, LockTimeoutError, IndeterminateError, ServerError,
             SidecarConnectionError: as for :meth:`acquire`.
         """
-        return self._grant(p.check_keys(keys), lease, wait, True)[0]
+        return self._grant(p.check_keys(keys), lease, wait, True, on_queued)[0]
 
     def hello(self) -> int:
         """The protocol version this client and the sidecar both speak: the
-        reply to the ``HELLO 3 events`` every connection starts with (a
+        reply to the ``HELLO 4 events`` every connection starts with (a
         version-2 sidecar, which refuses the events option, is asked again
         with a plain ``HELLO``); 1 for a version-1 sidecar, which does not
         know ``HELLO``."""
         return self._hello(self._connection())
 
     def _hello(self, conn: _Connection) -> int:
-        if conn.version is None:
-            try:
-                conn.hello_fut.result(self._budget(0.0))
-            except _FutureTimeout:
-                raise IndeterminateError("no reply from the sidecar to HELLO") from None
-            conn.settle_hello(conn.hello_fut)
-        if conn.version is None:
-            if conn.refused is not None:
-                p.parse_hello(conn.refused)  # raises the refusal's ServerError
-            conn.version = p.parse_hello(self._call(p.hello_line(), 0.0, None, conn))
-        return conn.version
-
-    def _require_blocks(self, conn: _Connection) -> None:
-        v = self._hello(conn)
-        if v < 2:
-            raise NotSupportedError(
-                f"a seat block needs protocol version 2; the sidecar at {self.path} speaks version {v}: "
-                "upgrade the sidecar"
-            )
+        if conn.version is not None:
+            return conn.version
+        try:
+            conn.hello_fut.result(self._budget(0.0))
+        except _FutureTimeout:
+            raise IndeterminateError("no reply from the sidecar to HELLO") from None
+        version = conn._session.hello_outcome()
+        if version is None:
+            version = conn._session.settle_plain_hello(self._call(p.hello_line(), 0.0, None, conn))
+        return version
 
     def release(self, key: str, token: int) -> None:
         """Release *key* held under *token* by this client's connection.
@@ -543,19 +516,28 @@ class Client:
         """
         return self._call(p.check_raw(line), p.MAX_WAIT + p.RELEASE_DEADLINE)
 
-    def lock(self, key: str, lease: int = 30, wait: p.Number = 5) -> "Lock":
+    def lock(
+        self, key: str, lease: int = 30, wait: p.Number = 5, *, on_queued: Optional[Callable[[], object]] = None
+    ) -> "Lock":
         """A :class:`Lock` on *key*, to use as a context manager::
 
             with client.lock("seats/42", lease=30, wait=5) as token:
                 ...  # critical section; use token for fencing writes
 
         The arguments are checked now; the lock is acquired on entry and
-        released on exit, also when the block raises.
+        released on exit, also when the block raises. *on_queued*: see
+        :meth:`acquire`.
         """
-        p.acquire_line(key, lease, wait)
-        return Lock(self, key, lease, wait)
+        return Lock._of(self, p.LockState.of_key(key, lease, wait, on_queued))
 
-    def lock_block(self, keys: Iterable[str], lease: int = 30, wait: p.Number = 5) -> "Lock":
+    def lock_block(
+        self,
+        keys: Iterable[str],
+        lease: int = 30,
+        wait: p.Number = 5,
+        *,
+        on_queued: Optional[Callable[[], object]] = None,
+    ) -> "Lock":
         """A :class:`Lock` on a seat block (see :meth:`acquire_block`), to
         use as a context manager::
 
@@ -564,10 +546,9 @@ class Client:
 
         The arguments are checked now; the block is acquired on entry and
         released (every key) on exit, also when the body raises.
+        *on_queued*: see :meth:`acquire`.
         """
-        keys = p.check_keys(keys)
-        p.acquire_block_line(keys, lease, wait)
-        return Lock(self, keys[0], lease, wait, keys=keys)
+        return Lock._of(self, p.LockState.of_block(keys, lease, wait, on_queued))
 
     def _compensator(self, key: str) -> Callable[[Future], None]:
         """Callback for an acquire the caller gave up on: release a late grant."""
@@ -575,14 +556,12 @@ class Client:
         def release_late_grant(fut: Future) -> None:
             if fut.cancelled() or fut.exception() is not None:
                 return
-            try:
-                token = p.parse_acquire(fut.result())
-            except TicketingError:
+            line = p.late_grant_release(key, fut.result())
+            conn = self._conn
+            if line is None or conn is None or not conn.alive:
                 return
             try:
-                conn = self._conn
-                if conn is not None and conn.alive:
-                    conn.submit(p.release_line(key, token), self._budget(p.RELEASE_DEADLINE))  # reply ignored
+                conn.submit(line, self._budget(p.RELEASE_DEADLINE))  # reply ignored
             except TicketingError:
                 pass  # connection gone: the sidecar released it with the session
 
@@ -610,31 +589,70 @@ class Lock:
 
     A sidecar event after ``deadline`` or ``disconnected`` replaces the
     reason (it is the more definite news). A released lock never fires.
+
+    The decisions are :class:`ticketing._protocol.LockState`'s; this class
+    adds the mutex, the Event and the timer.
     """
 
     def __init__(
-        self, client: Client, key: str, lease: int, wait: p.Number, *, keys: Optional[Sequence[str]] = None
+        self,
+        client: Client,
+        key: str,
+        lease: int,
+        wait: p.Number,
+        *,
+        keys: Optional[Sequence[str]] = None,
+        on_queued: Optional[Callable[[], object]] = None,
     ) -> None:
+        if keys is None:
+            state = p.LockState.of_key(key, lease, wait, on_queued)
+        else:
+            state = p.LockState.of_block(keys, lease, wait, on_queued)
+        self._init(client, state)
+
+    @classmethod
+    def _of(cls, client: Client, state: p.LockState) -> "Lock":
+        lock = cls.__new__(cls)
+        lock._init(client, state)
+        return lock
+
+    def _init(self, client: Client, state: p.LockState) -> None:
         self.client = client
-        self.key = key
-        #: Every key of the lock (a block's keys, in the order given).
-        self.keys: Tuple[str, ...] = tuple(keys) if keys is not None else (key,)
-        self._block = keys is not None
-        #: The lease of the acquire, then of the last successful extend.
-        self.lease = lease
-        self.wait = wait
-        #: The fencing token while held, else None.
-        self.token: Optional[int] = None
         #: Set, once, when the lock is lost (see the class docs).
         self.lost = threading.Event()
-        #: The token granted, kept after release (for LockLostError).
-        self.held_token: Optional[int] = None
-        self._used = False
+        self._state = state
         self._mu = threading.Lock()
-        self._state = p.LostState()
         self._conn: Optional[_Connection] = None
-        self._deadline: Optional[float] = None  # monotonic
         self._timer: Optional[list] = None
+
+    @property
+    def key(self) -> str:
+        """The first key."""
+        return self._state.keys[0]
+
+    @property
+    def keys(self) -> Tuple[str, ...]:
+        """Every key of the lock (a block's keys, in the order given)."""
+        return self._state.keys
+
+    @property
+    def lease(self) -> int:
+        """The lease of the acquire, then of the last successful extend."""
+        return self._state.lease
+
+    @property
+    def wait(self) -> p.Number:
+        return self._state.wait
+
+    @property
+    def token(self) -> Optional[int]:
+        """The fencing token while held, else None."""
+        return self._state.token
+
+    @property
+    def held_token(self) -> Optional[int]:
+        """The token granted, kept after release (for LockLostError)."""
+        return self._state.held_token
 
     @property
     def lost_reason(self) -> Optional[str]:
@@ -649,20 +667,17 @@ class Lock:
         a deadline found passed here fires :attr:`lost` at once."""
         self._check_deadline()
         with self._mu:
-            if self._state.reason is not None or self._deadline is None or self._state.released:
-                return 0.0
-            return max(0.0, self._deadline - time.monotonic())
+            return self._state.remaining(time.monotonic())
 
     def acquire(self) -> int:
         """Acquire the lock (see :meth:`Client.acquire`); return the token."""
-        if self._used:
-            raise RuntimeError("a Lock is used once; call client.lock() again")
-        self._used = True
-        token, sent, conn = self.client._grant(self.keys, self.lease, self.wait, self._block)
-        self.token = self.held_token = token
+        st = self._state
+        st.begin_acquire()
+        token, sent, conn = self.client._grant(st.keys, st.lease, st.wait, st.block, st.on_queued)
         with self._mu:
+            deadline = st.granted(token, sent)
             self._conn = conn
-        self._arm(sent + p.validity(self.lease))
+        self._arm(deadline)
         conn.register(self)
         return token
 
@@ -681,30 +696,22 @@ class Lock:
             deadline, which stays.
         :raises RuntimeError: the lock is not held (not acquired, or released).
         """
-        p.check_lease(lease)
-        token = self.token
-        if token is None:
-            raise RuntimeError("the lock is not held")
-        line = p.extend_line(self.key, token, lease)
         self._check_deadline()
-        conn = self._conn
-        if self._state.reason is not None or conn is None:
-            raise self._lost_error()
-        reply, sent, _ = self.client._call_at(line, p.RELEASE_DEADLINE, None, conn)
-        try:
-            p.parse_extend(reply)
-        except ServerError as e:
-            if e.code in p.EXTEND_LOST_CODES:
-                self._lose(p.REASON_MOVED, True)  # the sidecar's event came first, if events are on
-            raise
         with self._mu:
-            ok = self._state.reason is None and not self._state.released
-            if ok:
-                self.lease = lease
+            line = self._state.extend_line(lease)
+            conn = self._conn
+        if conn is None:
+            raise self._state.lost_error()
+        reply, sent, _ = self.client._call_at(line, p.RELEASE_DEADLINE, None, conn)
+        with self._mu:
+            err, fire = self._state.extend_replied(reply)
+            ok = err is None and self._state.extended(lease)
+        if fire:
+            self._fire()
+        if err is not None:
+            raise err
         if not ok:
-            # Lost (its deadline, or the connection) while the EXTEND was
-            # under way: the signal has fired and stays fired.
-            raise self._lost_error()
+            raise self._state.lost_error()
         self._arm(sent + p.validity(lease))
 
     def release(self) -> None:
@@ -714,9 +721,8 @@ class Lock:
         local deadline may still be held, and releasing it frees the keys
         sooner) and reports the reply as it is (``not_held`` after a loss).
         From here on the lost signal does not fire."""
-        if self.token is None:
-            raise RuntimeError("the lock is not held")
-        token, self.token = self.token, None
+        with self._mu:
+            token = self._state.begin_release()
         self._check_deadline()
         with self._mu:
             self._state.released = True
@@ -740,7 +746,7 @@ class Lock:
         are dropped in that case, as before.
         """
         release_err: Optional[TicketingError] = None
-        if self.token is not None:  # else released inside the block
+        if self._state.token is not None:  # else released inside the block
             try:
                 self.release()
             except TicketingError as e:
@@ -751,48 +757,40 @@ class Lock:
                 release_err = e
         else:
             self._check_deadline()
-        self._state.after_exit(exc, self.held_token, self.keys, release_err)
+        self._state.after_exit(exc, release_err)
 
     # -- the lost signal --------------------------------------------------------
 
     def _lost_error(self) -> LockLostError:
-        return self._state.lost_error(self.held_token, self.keys)
+        return self._state.lost_error()
 
     def _arm(self, deadline: float) -> None:
         """Move the local deadline to *deadline* and (re)start its timer."""
         with self._mu:
-            if self._state.reason is not None or self._state.released or self._conn is None:
-                return
             conn, old = self._conn, self._timer
-            self._deadline = deadline
+            if conn is None or not self._state.arm(deadline):
+                return
             conn.timers.cancel(old)
-            # The timer only prompts a check against the current deadline,
-            # so a late or stale one can never fire a renewed lock.
             self._timer = conn.timers.call_at(deadline, self._check_deadline)
 
     def _check_deadline(self) -> None:
         with self._mu:
-            due = self._deadline is not None and time.monotonic() >= self._deadline
+            due = self._state.due(time.monotonic())
         if due:
             self._lose(p.REASON_DEADLINE, False)
 
     def _lose(self, reason: str, from_sidecar: bool) -> None:
         with self._mu:
             fire = self._state.lose(reason, from_sidecar)
-            conn, timer = self._conn, self._timer
-            if fire:
-                self._timer = None
         if fire:
-            if conn is not None:
-                conn.timers.cancel(timer)
-            self.lost.set()
+            self._fire()
+
+    def _fire(self) -> None:
+        with self._mu:
+            conn, timer, self._timer = self._conn, self._timer, None
+        if conn is not None:
+            conn.timers.cancel(timer)
+        self.lost.set()
 
     def __repr__(self) -> str:
-        if self.token is None:
-            state = "not held"
-        else:
-            state = f"token={self.token}"
-            if self._state.reason is not None:
-                state += f" lost={self._state.reason}"
-        keys = " ".join(repr(k) for k in self.keys)
-        return f"<ticketing.Lock {keys} {state}>"
+        return f"<ticketing.Lock {self._state.describe()}>"
