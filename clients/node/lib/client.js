@@ -64,7 +64,7 @@ class Connection {
    */
   constructor(path, connectTimeoutMs) {
     this.path = path;
-    /** @type {{resolve: (line: string) => void, reject: (e: Error) => void, deadline: number|null}[]} */
+    /** @type {{resolve: (line: string) => void, reject: (e: Error) => void, deadline: number|null, n: number}[]} entries, n = the line number */
     this.pending = [];
     /**
      * How many request lines were written on this connection: the sidecar
