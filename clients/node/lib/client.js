@@ -29,6 +29,14 @@ function connectErrorMessage(path, err) {
   }
 }
 
+/**
+ * What an ACQUIRE's `onQueued` option is called with when the sidecar says
+ * the cluster committed the ACQUIRE into its keys' FIFO queues.
+ * @callback QueuedHook
+ * @param {{keys: string[]}} queued the ACQUIRE's keys, in the order asked
+ * @returns {void}
+ */
+
 /** Seconds a reply may take beyond the sidecar's own bound. */
 const DEFAULT_REPLY_GRACE = 10;
 
@@ -44,7 +52,9 @@ const ORPHAN_LOSSES = 64;
  * in call order and their pending entries queued in the same order; replies
  * (one line each, in request order) settle the oldest entry. Event lines
  * (`! ...`) are set aside and never counted as replies: `! LOST` fires the
- * lost signal of this connection's Lock objects with that token.
+ * lost signal of this connection's Lock objects with that token; `! QUEUED
+ * <n> ...` calls the onQueued hook of the pending ACQUIRE that was the
+ * connection's n-th request line.
  * @private
  */
 class Connection {
@@ -54,8 +64,16 @@ class Connection {
    */
   constructor(path, connectTimeoutMs) {
     this.path = path;
-    /** @type {{resolve: (line: string) => void, reject: (e: Error) => void, deadline: number|null}[]} */
+    /** @type {{resolve: (line: string) => void, reject: (e: Error) => void, deadline: number|null, n: number}[]} entries, n = the line number */
     this.pending = [];
+    /**
+     * How many request lines were written on this connection: the sidecar
+     * numbers them the same way (every line gets one reply), and names an
+     * ACQUIRE in its `! QUEUED` event by that number.
+     */
+    this.written = 0;
+    /** @type {Map<number, {keys: string[], hook: QueuedHook}>} pending ACQUIREs with a hook, by number */
+    this.queuedHooks = new Map();
     this.head = 0;
     this.tailDeadline = null;
     /** @type {SidecarConnectionError|null} */
@@ -117,10 +135,13 @@ class Connection {
    * @param {string} line
    * @param {number|null} budget seconds the sidecar may take for this
    *   request alone (null: unbounded)
-   * @returns {{reply: Promise<string>, deadline: number|null}}
+   * @param {{keys: string[], hook: QueuedHook}|null} [queued] for an
+   *   ACQUIRE: its keys, and what to call on its `! QUEUED` event
+   * @returns {{reply: Promise<string>, deadline: number|null, forgetQueued: () => void}}
    */
-  submit(line, budget) {
+  submit(line, budget, queued = null) {
     if (this.error) throw this.error;
+    const n = ++this.written;
     let deadline = null;
     if (budget !== null) {
       deadline = performance.now() + budget * 1000;
@@ -129,11 +150,12 @@ class Connection {
     }
     this.tailDeadline = deadline;
     let entry;
-    const reply = new Promise((resolve, reject) => { entry = { resolve, reject, deadline }; });
+    const reply = new Promise((resolve, reject) => { entry = { resolve, reject, deadline, n }; });
     this.pending.push(entry);
+    if (queued) this.queuedHooks.set(n, queued);
     if (this.size === 1) this.socket.ref();
     this.socket.write(`${line}\n`, 'utf8');
-    return { reply, deadline };
+    return { reply, deadline, forgetQueued: () => this.queuedHooks.delete(n) };
   }
 
   /** @param {string} chunk */
@@ -157,6 +179,7 @@ class Connection {
     }
     const entry = this.pending[this.head];
     this.pending[this.head++] = undefined;
+    this.queuedHooks.delete(entry.n);
     if (this.head > 64 && this.head * 2 > this.pending.length) {
       this.pending = this.pending.slice(this.head);
       this.head = 0;
@@ -177,6 +200,10 @@ class Connection {
   onEvent(line) {
     const ev = p.parseEvent(line);
     if (ev === null) return;
+    if (ev.name === 'QUEUED') {
+      this.onQueued(ev);
+      return;
+    }
     const locks = this.locks.get(ev.token);
     if (!locks) {
       this.orphanLosses.delete(ev.token);
@@ -185,6 +212,27 @@ class Connection {
       return;
     }
     for (const lock of [...locks]) lock[kLose](ev.reason, true);
+  }
+
+  /**
+   * `! QUEUED <n> <keys>`: the hook of the pending ACQUIRE written as the
+   * n-th line, called at most once and before its reply settles it. An
+   * event naming no pending ACQUIRE with a hook, or other keys than it
+   * asked for, is not about a request of ours: ignored.
+   * @param {import('./protocol').QueuedEvent} ev
+   */
+  onQueued(ev) {
+    const q = this.queuedHooks.get(ev.n);
+    if (!q || q.keys.length !== ev.keys.length || !q.keys.every((k, i) => k === ev.keys[i])) return;
+    this.queuedHooks.delete(ev.n);
+    try {
+      q.hook({ keys: [...q.keys] });
+    } catch (e) {
+      // The caller's bug must not stop the reading of replies (the next
+      // line may be this very ACQUIRE's grant): report it as an
+      // EventTarget reports a throwing listener, as an uncaught exception.
+      process.nextTick(() => { throw e; });
+    }
   }
 
   /**
@@ -236,6 +284,7 @@ class Connection {
     const entries = this.pending.slice(this.head);
     this.pending = [];
     this.head = 0;
+    this.queuedHooks.clear();
     for (const e of entries) e.reject(err);
     // The session is over: the sidecar releases its locks (or, if it died,
     // their leases run out).
@@ -268,10 +317,12 @@ class Connection {
  * numbers. `release` also accepts decimal strings. Compare tokens with `<`,
  * `>`; store them as strings (`String(token)`) or u64 columns.
  *
- * Every connection starts with `HELLO 3 events` (pipelined before the first
+ * Every connection starts with `HELLO 4 events` (pipelined before the first
  * request), so the sidecar tells it when a lock it holds is lost; `lock` and
  * `lockBlock` return {@link Lock} objects whose `signal` reports it. Against
  * an older sidecar (no events) locks still fire at their local deadline.
+ * A version-4 sidecar also says when a waiting ACQUIRE joined its keys'
+ * queues: the `onQueued` option of the acquire methods.
  *
  * An idle client does not keep the Node.js process alive.
  */
@@ -331,7 +382,7 @@ class Client {
   }
 
   /**
-   * Send `HELLO 3 events` on `conn` (its first request, or again after a
+   * Send `HELLO 4 events` on `conn` (its first request, or again after a
    * HELLO that got no usable reply) and record what the sidecar agreed.
    * @param {Connection} conn
    */
@@ -363,21 +414,25 @@ class Client {
    *   if the caller gave up waiting for it
    * @param {Connection|null} [conn] the connection to send on (default:
    *   the current one, opened if need be)
+   * @param {{keys: string[], hook: QueuedHook}|null} [queued] an ACQUIRE's
+   *   keys and onQueued hook (called until the caller gives up waiting)
    * @returns {Promise<string>}
    */
-  #call(line, bound, onLate = null, conn = null) {
+  #call(line, bound, onLate = null, conn = null, queued = null) {
     let submitted;
     try {
-      submitted = (conn ?? this.#connection()).submit(line, this.#budget(bound));
+      submitted = (conn ?? this.#connection()).submit(line, this.#budget(bound), queued);
     } catch (e) {
       return Promise.reject(e);
     }
     this.#sent++;
-    const { reply, deadline } = submitted;
+    const { reply, deadline, forgetQueued } = submitted;
     if (deadline === null) return reply;
     const ms = Math.max(0, deadline - performance.now());
     return new Promise((resolve, reject) => {
       const timer = setTimeout(() => {
+        // The call has rejected: news of its request is no longer the caller's.
+        forgetQueued();
         if (onLate) reply.then(onLate, () => {});
         reject(new IndeterminateError(`no reply from the sidecar within ${(ms / 1000).toFixed(1)} s`));
       }, ms);
@@ -403,11 +458,29 @@ class Client {
    * @param {number} [options.lease=30] whole seconds 1..250
    * @param {number} [options.wait=5] seconds 0..300, millisecond precision;
    *   0 = one immediate try
+   * @param {QueuedHook|null} [options.onQueued] called (at most once, before
+   *   the promise settles) when the sidecar reports that the cluster
+   *   committed this ACQUIRE into the key's FIFO queue: an ACQUIRE of the key
+   *   sent by anyone after the call stands behind it. Never called for a
+   *   grant without waiting, for `wait: 0`, or by a sidecar older than
+   *   protocol version 4; a leader change may swallow it. A prompt for tests
+   *   and progress display, not a condition for correctness.
    * @returns {Promise<bigint>}
    */
-  async acquire(key, { lease = 30, wait = 5 } = {}) {
+  async acquire(key, { lease = 30, wait = 5, onQueued = null } = {}) {
     const { line, waitSeconds } = p.acquireLine(key, lease, wait);
-    return p.parseAcquire(await this.#call(line, waitSeconds, (reply) => this.#releaseLateGrant(key, reply)));
+    const queued = this.#queued([key], onQueued);
+    return p.parseAcquire(await this.#call(line, waitSeconds, (reply) => this.#releaseLateGrant(key, reply), null, queued));
+  }
+
+  /**
+   * @param {string[]} keys
+   * @param {unknown} onQueued
+   * @returns {{keys: string[], hook: QueuedHook}|null}
+   */
+  #queued(keys, onQueued) {
+    const hook = p.checkOnQueued(onQueued);
+    return hook === null ? null : { keys, hook };
   }
 
   /**
@@ -421,12 +494,13 @@ class Client {
    * the connection ends, whichever is first. Rejects as `acquire` does.
    *
    * @param {string} key 1..255 characters in 0x21..0x7E
-   * @param {{lease?: number, wait?: number}} [options] as for `acquire`
+   * @param {{lease?: number, wait?: number, onQueued?: QueuedHook|null}} [options] as for `acquire`
    * @returns {Promise<Lock>}
    */
-  async lock(key, { lease = 30, wait = 5 } = {}) {
+  async lock(key, { lease = 30, wait = 5, onQueued = null } = {}) {
     const { line, waitSeconds } = p.acquireLine(key, lease, wait);
-    return this.#lock(this.#connection(), line, waitSeconds, [key], lease);
+    const queued = this.#queued([key], onQueued);
+    return this.#lock(this.#connection(), line, waitSeconds, [key], lease, queued);
   }
 
   /**
@@ -435,14 +509,15 @@ class Client {
    * one. Rejects as `acquireBlock` does.
    *
    * @param {string[]} keys 1..16 distinct keys
-   * @param {{lease?: number, wait?: number}} [options] as for `acquire`
+   * @param {{lease?: number, wait?: number, onQueued?: QueuedHook|null}} [options] as for `acquire`
    * @returns {Promise<Lock>}
    */
-  async lockBlock(keys, { lease = 30, wait = 5 } = {}) {
+  async lockBlock(keys, { lease = 30, wait = 5, onQueued = null } = {}) {
     const { line, waitSeconds, keys: ks } = p.acquireBlockLine(keys, lease, wait);
+    const queued = this.#queued(ks, onQueued);
     const conn = this.#connection();
     if (ks.length > 1) await this.#needBlocks(conn);
-    return this.#lock(conn, line, waitSeconds, ks, lease);
+    return this.#lock(conn, line, waitSeconds, ks, lease, queued);
   }
 
   /**
@@ -452,12 +527,13 @@ class Client {
    * @param {number} waitSeconds
    * @param {string[]} keys
    * @param {number} lease
+   * @param {{keys: string[], hook: QueuedHook}|null} queued
    */
-  async #lock(conn, line, waitSeconds, keys, lease) {
+  async #lock(conn, line, waitSeconds, keys, lease, queued) {
     // The lease counts from the grant, which comes after this: the send time
     // is the conservative start.
     const sentAt = performance.now();
-    const token = p.parseAcquire(await this.#call(line, waitSeconds, (reply) => this.#releaseLateGrant(keys[0], reply), conn));
+    const token = p.parseAcquire(await this.#call(line, waitSeconds, (reply) => this.#releaseLateGrant(keys[0], reply), conn, queued));
     return new Lock({
       call: (l, bound) => this.#call(l, bound, null, conn), conn, keys, token, lease, sentAt,
     });
@@ -490,21 +566,24 @@ class Client {
    * anything is sent; the other rejections are `acquire`'s.
    *
    * @param {string[]} keys
-   * @param {{lease?: number, wait?: number}} [options]
+   * @param {{lease?: number, wait?: number, onQueued?: QueuedHook|null}} [options]
+   *   as for `acquire`; `onQueued` once the block is in every key's queue
    * @returns {Promise<bigint>}
    */
-  async acquireBlock(keys, { lease = 30, wait = 5 } = {}) {
+  async acquireBlock(keys, { lease = 30, wait = 5, onQueued = null } = {}) {
     const { line, waitSeconds, keys: ks } = p.acquireBlockLine(keys, lease, wait);
+    const queued = this.#queued(ks, onQueued);
     const conn = this.#connection();
     if (ks.length > 1) await this.#needBlocks(conn);
-    return p.parseAcquire(await this.#call(line, waitSeconds, (reply) => this.#releaseLateGrant(ks[0], reply), conn));
+    return p.parseAcquire(await this.#call(line, waitSeconds, (reply) => this.#releaseLateGrant(ks[0], reply), conn, queued));
   }
 
   /**
    * The protocol version this client and the sidecar both speak: the reply
-   * to the `HELLO 3 events` every connection sends first (1 for a version-1
+   * to the `HELLO 4 events` every connection sends first (1 for a version-1
    * sidecar, which does not know `HELLO`; 2 for a version-2 sidecar, which
-   * refuses the `events` option).
+   * refuses the `events` option; 3 for a sidecar that sends `! LOST` but not
+   * `! QUEUED`).
    * @returns {Promise<number>}
    */
   async hello() {
@@ -512,9 +591,9 @@ class Client {
   }
 
   /**
-   * Whether the sidecar sends this connection event lines (`! LOST`):
-   * false for a sidecar older than version 3 (locks then learn of a loss
-   * only from their local deadline).
+   * Whether the sidecar sends this connection event lines (`! LOST`, and
+   * from version 4 `! QUEUED`): false for a sidecar older than version 3
+   * (locks then learn of a loss only from their local deadline).
    * @returns {Promise<boolean>}
    */
   async eventsEnabled() {
@@ -588,7 +667,7 @@ class Client {
    *
    * @template T
    * @param {string} key
-   * @param {{lease?: number, wait?: number}} options
+   * @param {{lease?: number, wait?: number, onQueued?: QueuedHook|null}} options as for `acquire`
    * @param {(token: bigint, lock: Lock) => T | Promise<T>} fn
    * @returns {Promise<T>}
    */
@@ -623,7 +702,7 @@ class Client {
    *
    * @template T
    * @param {string[]} keys
-   * @param {{lease?: number, wait?: number}} options
+   * @param {{lease?: number, wait?: number, onQueued?: QueuedHook|null}} options as for `acquire`
    * @param {(token: bigint, lock: Lock) => T | Promise<T>} fn
    * @returns {Promise<T>}
    */

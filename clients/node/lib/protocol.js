@@ -18,9 +18,10 @@ const MAX_TOKEN = (1n << 64n) - 1n;
 const RELEASE_DEADLINE = 5;
 /**
  * The version of unixapi/PROTOCOL.md this client speaks (2: seat blocks,
- * HELLO; 3: EXTEND and the `! LOST` event lines).
+ * HELLO; 3: EXTEND and the `! LOST` event lines; 4: the `! QUEUED` event
+ * lines).
  */
-const PROTOCOL_VERSION = 3;
+const PROTOCOL_VERSION = 4;
 /**
  * The margin by which a lock's local validity deadline precedes the end of
  * its lease (clients/README.md): 250 ms + 1 % of the lease, for the drift
@@ -114,6 +115,16 @@ function toToken(token) {
   return t;
 }
 
+/**
+ * @param {unknown} hook an acquire's `onQueued` option
+ * @returns {Function|null} the function, or null for none
+ */
+function checkOnQueued(hook) {
+  if (hook === undefined || hook === null) return null;
+  if (typeof hook !== 'function') throw new TypeError(`onQueued must be a function, not ${typeof hook}`);
+  return hook;
+}
+
 /** @param {unknown} line @returns {string} */
 function checkRaw(line) {
   if (typeof line !== 'string') throw new TypeError(`line must be a string, not ${typeof line}`);
@@ -172,7 +183,7 @@ function helloEventsLine() {
 }
 
 /**
- * The reply to `HELLO 3 events`: `HELLO <v> events` → events on;
+ * The reply to `HELLO 4 events`: `HELLO <v> events` → events on;
  * `HELLO <v>` → the version both speak has no events; `ERR bad_request` →
  * a version-2 sidecar (it knows HELLO but not the option); `ERR
  * unknown_verb` → version 1. Anything else throws its error.
@@ -249,24 +260,52 @@ function isEventLine(line) {
  */
 
 /**
+ * @typedef {object} QueuedEvent
+ * @property {'QUEUED'} name
+ * @property {number} n the position of the ACQUIRE among all request lines
+ *   written on the connection (1-based, HELLO included): the position its
+ *   reply is matched by
+ * @property {string[]} keys the ACQUIRE's keys in the order asked
+ */
+
+/** @param {string[]} keys @returns {boolean} every one a well-formed key */
+function wellFormedKeys(keys) {
+  return keys.every((k) => k.length >= 1 && k.length <= MAX_KEY_LEN && /^[\x21-\x7e]+$/.test(k));
+}
+
+/**
  * Parse an event line. Returns null for an event this client does not know
  * (later versions may add some) and for a malformed line: both are ignored.
  * @param {string} line
- * @returns {LostEvent|null}
+ * @returns {LostEvent|QueuedEvent|null}
  */
 function parseEvent(line) {
   if (!line.startsWith('! ')) return null;
   const words = line.slice(2).split(' ');
-  if (words[0] !== 'LOST' || words.length < 4) return null;
-  const [, tokenText, reason, ...keys] = words;
-  if (!/^[0-9]{1,20}$/.test(tokenText)) return null;
-  const token = BigInt(tokenText);
-  if (token < 1n || token > MAX_TOKEN) return null;
-  if (!/^[\x21-\x7e]+$/.test(reason)) return null;
-  for (const k of keys) {
-    if (k.length < 1 || k.length > MAX_KEY_LEN || !/^[\x21-\x7e]+$/.test(k)) return null;
+  switch (words[0]) {
+    case 'LOST': {
+      if (words.length < 4) return null;
+      const [, tokenText, reason, ...keys] = words;
+      if (!/^[0-9]{1,20}$/.test(tokenText)) return null;
+      const token = BigInt(tokenText);
+      if (token < 1n || token > MAX_TOKEN) return null;
+      if (!/^[\x21-\x7e]+$/.test(reason)) return null;
+      if (!wellFormedKeys(keys)) return null;
+      return { name: 'LOST', token, reason, keys };
+    }
+    case 'QUEUED': {
+      if (words.length < 3) return null;
+      const [, nText, ...keys] = words;
+      // Decimal digits only; a position beyond 2^53 is no request of ours.
+      if (!/^[0-9]{1,16}$/.test(nText)) return null;
+      const n = Number(nText);
+      if (n < 1 || !Number.isSafeInteger(n)) return null;
+      if (!wellFormedKeys(keys)) return null;
+      return { name: 'QUEUED', n, keys };
+    }
+    default:
+      return null;
   }
-  return { name: 'LOST', token, reason, keys };
 }
 
 /**
@@ -401,7 +440,7 @@ function parseHeld(reply) {
 module.exports = {
   MIN_LEASE, MAX_LEASE, MAX_WAIT, MAX_KEY_LEN, MAX_TOKEN, RELEASE_DEADLINE, SOCKET_ENV, DEFAULT_SOCKET,
   PROTOCOL_VERSION, MAX_BLOCK_KEYS, MARGIN_BASE_MS, MARGIN_LEASE_FRACTION,
-  defaultPath, checkKey, checkKeys, checkLease, waitMillis, formatWait, toToken, checkRaw,
+  defaultPath, checkKey, checkKeys, checkLease, waitMillis, formatWait, toToken, checkRaw, checkOnQueued,
   acquireLine, acquireBlockLine, helloLine, helloEventsLine, parseHello, parseHelloEvents, releaseLine,
   extendLine, marginMillis, isEventLine, parseEvent, LineReader,
   errorFrom, parseAcquire, parseRelease, parsePing, parseInfo, parseHeld,

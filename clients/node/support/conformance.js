@@ -76,7 +76,11 @@ class Runner {
     this.tokens = new Map();
     /** @type {Map<string, ticketing.Lock>} */
     this.locks = new Map();
-    /** @type {Map<string, {promise: Promise<any>, done: boolean, result?: any}>} */
+    /**
+     * Background requests by id; `queued` is set by an acquire's onQueued
+     * hook (always before `done`: the event precedes the reply).
+     * @type {Map<string, {promise: Promise<any>, done: boolean, result?: any, queued: boolean, onQueued: () => void, wasQueued: Promise<void>}>}
+     */
     this.background = new Map();
   }
 
@@ -118,26 +122,26 @@ class Runner {
   /**
    * Start the step's request (written synchronously) and return a promise
    * of its outcome and duration.
+   * @param {object} step
+   * @param {(() => void)|null} [onQueued] the acquire ops' onQueued hook
    */
-  perform(step) {
+  perform(step, onQueued = null) {
     const client = this.conn(step.conn);
     const t0 = performance.now();
+    const acq = { lease: step.lease, wait: step.wait, onQueued };
     let promise;
     switch (step.op) {
       case 'acquire':
-        promise = client.acquire(this.stepKey(step), { lease: step.lease, wait: step.wait })
-          .then((token) => ({ kind: 'ok', token }));
+        promise = client.acquire(this.stepKey(step), acq).then((token) => ({ kind: 'ok', token }));
         break;
       case 'acquire_block':
-        promise = client.acquireBlock(step.block.map((n) => this.key(n)), { lease: step.lease, wait: step.wait })
-          .then((token) => ({ kind: 'ok', token }));
+        promise = client.acquireBlock(step.block.map((n) => this.key(n)), acq).then((token) => ({ kind: 'ok', token }));
         break;
       case 'lock':
-        promise = client.lock(this.stepKey(step), { lease: step.lease, wait: step.wait })
-          .then((lock) => ({ kind: 'ok', token: lock.token, lock }));
+        promise = client.lock(this.stepKey(step), acq).then((lock) => ({ kind: 'ok', token: lock.token, lock }));
         break;
       case 'lock_block':
-        promise = client.lockBlock(step.block.map((n) => this.key(n)), { lease: step.lease, wait: step.wait })
+        promise = client.lockBlock(step.block.map((n) => this.key(n)), acq)
           .then((lock) => ({ kind: 'ok', token: lock.token, lock }));
         break;
       case 'extend':
@@ -249,6 +253,28 @@ class Runner {
   }
 
   /**
+   * await_queued: until background request `id` has had its `! QUEUED`
+   * event (the library's onQueued hook). Fails if its reply came without
+   * one, or after 30 s (a hang guard, no bound on the cluster's speed).
+   */
+  async awaitQueued(step) {
+    const bg = this.background.get(step.id);
+    if (!bg) throw new ScenarioFailure(`no background request ${step.id}`);
+    let timer;
+    const limit = new Promise((resolve) => { timer = setTimeout(resolve, AWAIT_LIMIT_MS); });
+    try {
+      await Promise.race([bg.wasQueued, bg.promise, limit]);
+    } finally {
+      clearTimeout(timer);
+    }
+    // The event comes before the reply, so a finished request that was
+    // queued has `queued` set by now.
+    if (bg.queued) return;
+    if (bg.done) throw new ScenarioFailure(`finished without a QUEUED event: ${show(bg.result.out)}`);
+    throw new ScenarioFailure(`no QUEUED event within ${AWAIT_LIMIT_MS / 1000} s`);
+  }
+
+  /**
    * stall: stop this process with SIGSTOP, as a stalled holder is stopped;
    * a detached child sends SIGCONT after the given seconds.
    */
@@ -281,6 +307,9 @@ class Runner {
         if (bg.done) throw new ScenarioFailure(`expected still pending, but finished: ${show(bg.result.out)}`);
         return;
       }
+      case 'await_queued':
+        await this.awaitQueued(step);
+        return;
       case 'await': {
         const bg = this.background.get(step.id);
         const t0 = performance.now();
@@ -319,8 +348,11 @@ class Runner {
       // The request is written synchronously by perform(); a block's
       // ACQUIRE is, once its connection has agreed the version with HELLO.
       if (step.op === 'acquire_block') await this.conn(step.conn).hello();
-      const bg = { done: false };
-      bg.promise = this.perform(step).then((r) => { bg.done = true; bg.result = r; return r; });
+      const bg = { done: false, queued: false };
+      bg.wasQueued = new Promise((resolve) => {
+        bg.onQueued = () => { bg.queued = true; resolve(); };
+      });
+      bg.promise = this.perform(step, bg.onQueued).then((r) => { bg.done = true; bg.result = r; return r; });
       this.background.set(step.background, bg);
       return;
     }

@@ -7,7 +7,7 @@
  * HELLO option). It answers every request line in order; the answer comes
  * from `respond(line, peer)` when that returns a string (or null: no
  * answer, the test writes it later), else from a default table: HELLO →
- * `HELLO 3 events`, ACQUIRE → `OK <next token>`, RELEASE/EXTEND → `OK`,
+ * `HELLO 4 events`, ACQUIRE → `OK <next token>`, RELEASE/EXTEND → `OK`,
  * PING → `PONG`, HELD → `HELD 0`.
  */
 
@@ -75,7 +75,7 @@ class FakeSidecar {
   #default(line) {
     const verb = line.split(' ')[0];
     switch (verb) {
-      case 'HELLO': return 'HELLO 3 events';
+      case 'HELLO': return 'HELLO 4 events';
       case 'ACQUIRE': return `OK ${this.nextToken++}`;
       case 'RELEASE': case 'EXTEND': return 'OK';
       case 'PING': return 'PONG';

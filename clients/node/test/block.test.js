@@ -11,11 +11,11 @@ const os = require('node:os');
 const path = require('node:path');
 const { before, after, beforeEach, afterEach, test } = require('node:test');
 const { startDev } = require('../support/dev');
+const { startQueued } = require('../support/queued');
 const ticketing = require('..');
 const p = require('../lib/protocol');
 
 const { Client } = ticketing;
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 let dev;
 before(async () => { dev = await startDev(); });
@@ -44,8 +44,9 @@ test('block lines and argument checks', async () => {
   for (const bad of ['seat/1', null, 5, ['ok', 5]]) assert.throws(() => p.checkKeys(bad), TypeError);
   assert.equal(p.parseHello('HELLO 2'), 2);
   assert.equal(p.parseHello('HELLO 3'), 3);
+  assert.equal(p.parseHello('HELLO 4'), 4);
   assert.equal(p.parseHello('ERR unknown_verb unixapi: unknown verb: "HELLO"'), 1);
-  assert.throws(() => p.parseHello('HELLO 4'), ticketing.ProtocolError);
+  assert.throws(() => p.parseHello('HELLO 5'), ticketing.ProtocolError);
   assert.throws(() => p.parseHello('ERR bad_request x'), ticketing.ServerError);
   const c = new Client({ path: '/nonexistent/ticketing.sock' });
   await assert.rejects(c.acquireBlock(['a', 'a']), RangeError);
@@ -58,7 +59,7 @@ test('acquireBlock: one token, HELD lists every key, any key releases', async ()
   const a = client();
   const b = client();
   const seats = keys('seat/2', 'seat/1', 'seat/3');
-  assert.equal(await a.hello(), 3);
+  assert.equal(await a.hello(), p.PROTOCOL_VERSION); // the sidecar of this tree
   const t1 = await a.acquireBlock(seats, { lease: 30, wait: 0 });
   assert.equal(typeof t1, 'bigint');
   const held = (await a.held()).sort((x, y) => (x.key < y.key ? -1 : 1));
@@ -95,24 +96,24 @@ test('a waiting block: timeout leaves nothing, reserved keys, granted on the las
   await assert.rejects(a.acquireBlock([k1, k2, k3], { lease: 30, wait: 0.3 }), ticketing.LockTimeoutError);
   assert.ok(performance.now() - t0 >= 250);
   assert.deepEqual(await a.held(), []);
-  const waiting = a.acquireBlock([k1, k2, k3], { lease: 30, wait: 10 });
-  await sleep(200);
+  const { call: waiting, queued } = startQueued((onQueued) => a.acquireBlock([k1, k2, k3], { lease: 30, wait: 30, onQueued }));
+  await queued;
   await assert.rejects(c.acquire(k1, { lease: 10, wait: 0 }), ticketing.BusyError); // reserved
   await b.release(k2, t1);
   assert.ok(await waiting > t1);
 });
 
-test('closing a client releases its block at once', async () => {
+test('closing a client releases its block', async () => {
   const a = client();
   const b = client();
   const seats = keys('x', 'y');
   const t1 = await a.acquireBlock(seats, { lease: 60, wait: 0 });
-  const waiter = b.acquireBlock(seats, { lease: 10, wait: 5 });
-  await sleep(100);
-  const t0 = performance.now();
+  // Queued before the close, and the wait ends long before a's lease
+  // would: only the close can grant it.
+  const { call: waiter, queued } = startQueued((onQueued) => b.acquireBlock(seats, { lease: 10, wait: 30, onQueued }));
+  await queued;
   await a.close();
   assert.ok(await waiter > t1);
-  assert.ok(performance.now() - t0 < 1000);
 });
 
 test('a version-1 sidecar: a block is NotSupportedError, nothing but HELLO sent', async () => {
@@ -144,7 +145,7 @@ test('a version-1 sidecar: a block is NotSupportedError, nothing but HELLO sent'
     }
     await assert.rejects(c.withBlock(['a', 'b'], () => assert.fail('entered')), ticketing.NotSupportedError);
     assert.equal(await c.hello(), 1);
-    assert.deepEqual(lines, ['HELLO 3 events', 'ACQUIRE only 30 0']);
+    assert.deepEqual(lines, ['HELLO 4 events', 'ACQUIRE only 30 0']);
     await c.close();
   } finally {
     await new Promise((r) => server.close(r));

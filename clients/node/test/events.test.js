@@ -2,15 +2,21 @@
 
 // Event lines between replies: a seeded property test of the line reader
 // (replies matched by position, events delivered, malformed and unknown
-// events ignored, whatever the chunking), and the same through a Client
-// against a scripted sidecar. No real sidecar needed.
+// events ignored, whatever the chunking), the same through a Client
+// against a scripted sidecar, and `! QUEUED` matched to its ACQUIRE by the
+// request's number. No real sidecar needed (the real sidecar's QUEUED is
+// client.test.js's, block.test.js's and the conformance suite's).
 // TICKETING_SEED=<n> reruns one seed.
 
 const assert = require('node:assert/strict');
-const { test } = require('node:test');
+const { spawn } = require('node:child_process');
+const path = require('node:path');
+const { afterEach, test } = require('node:test');
 const p = require('../lib/protocol');
 const ticketing = require('..');
 const { FakeSidecar } = require('../support/fakesidecar');
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 /** A small seeded PRNG (mulberry32): the same seed, the same case. */
 function rng(seed) {
@@ -37,7 +43,10 @@ const REPLIES = ['PONG', 'OK', 'OK 17', 'OK 18446744073709551615', 'BUSY', 'TIME
 const IGNORED_EVENTS = ['!', '! ', '!LOST 5 expired k', '! LOST', '! LOST 5', '! LOST 5 expired',
   '! LOST 0 expired k', '! LOST 18446744073709551616 expired k', '! LOST -1 expired k', '! LOST x expired k',
   '! LOST 5  k', '! LOST 5 expired k  j', '! lost 5 expired k', '! GAINED 5 k', '! NEWS something happened',
-  '!! LOST 5 expired k', '! LOST 5 expired k\tj', `! LOST 5 expired ${'x'.repeat(256)}`];
+  '!! LOST 5 expired k', '! LOST 5 expired k\tj', `! LOST 5 expired ${'x'.repeat(256)}`,
+  '! QUEUED', '! QUEUED 3', '! QUEUED 0 k', '! QUEUED -1 k', '! QUEUED x k', '! QUEUED 3.0 k', '! QUEUED +3 k',
+  '! QUEUED 12345678901234567 k', '! QUEUED 9007199254740993 k', '! QUEUED 3  k', '! QUEUED 3 k ', '! queued 3 k',
+  '!QUEUED 3 k', '! QUEUED 3 k\tj', `! QUEUED 3 ${'x'.repeat(256)}`, '! QUEUED 3 mé'];
 
 /** @returns {{line: string, event: object}} a well-formed LOST event */
 function lostEvent(r) {
@@ -45,6 +54,13 @@ function lostEvent(r) {
   const reason = r.pick(['expired', 'moved', 'compensated', 'someday_new']);
   const keys = Array.from({ length: 1 + r.int(3) }, (_, i) => `seats/${r.int(100)}:${i}`);
   return { line: `! LOST ${token} ${reason} ${keys.join(' ')}`, event: { name: 'LOST', token, reason, keys } };
+}
+
+/** @returns {{line: string, event: object}} a well-formed QUEUED event */
+function queuedEvent(r) {
+  const n = r.pick([1, 2, 3, 9007199254740991, 1 + r.int(1e6)]);
+  const keys = Array.from({ length: 1 + r.int(16) }, (_, i) => `seats/${r.int(100)}:${i}`);
+  return { line: `! QUEUED ${n} ${keys.join(' ')}`, event: { name: 'QUEUED', n, keys } };
 }
 
 /** A random stream of replies and events, and what a reader must make of it. */
@@ -61,7 +77,7 @@ function randomStream(r) {
       replies.push(reply);
       text += reply + eol;
     } else if (roll < 0.75) {
-      const ev = lostEvent(r);
+      const ev = r.next() < 0.5 ? lostEvent(r) : queuedEvent(r);
       events.push(ev.event);
       text += ev.line + eol;
     } else {
@@ -101,6 +117,13 @@ test('the line reader: replies by position, events apart, malformed and unknown 
     assert.deepEqual(gotEvents, events, `seed ${seed}: events`);
     assert.equal(reader.partial, tail, `seed ${seed}: the unterminated tail waits`);
   }
+});
+
+test('parseEvent: QUEUED fields', () => {
+  assert.deepEqual(p.parseEvent('! QUEUED 2 k'), { name: 'QUEUED', n: 2, keys: ['k'] });
+  assert.deepEqual(p.parseEvent('! QUEUED 9007199254740991 s/2 s/1 a:b'),
+    { name: 'QUEUED', n: 9007199254740991, keys: ['s/2', 's/1', 'a:b'] });
+  assert.deepEqual(p.parseEvent(`! QUEUED 17 ${'~'.repeat(255)}`), { name: 'QUEUED', n: 17, keys: ['~'.repeat(255)] });
 });
 
 test('parseEvent: LOST fields, unknown reasons kept, everything else null', () => {
@@ -162,4 +185,142 @@ test('a Client against a sidecar that interleaves events: every request its own 
       await fake.stop();
     }
   }
+});
+
+let cleanup = [];
+afterEach(async () => {
+  for (const f of cleanup.reverse()) await f();
+  cleanup = [];
+});
+
+/**
+ * A fake sidecar that answers HELLO and PING itself and leaves every
+ * ACQUIRE unanswered (the test writes its events and replies), and a
+ * client of it.
+ */
+async function manualAcquires(clientOptions = {}) {
+  const fake = await new FakeSidecar((line) => (line.startsWith('ACQUIRE ') ? null : undefined)).start();
+  const client = new ticketing.Client({ path: fake.path, ...clientOptions });
+  cleanup.push(() => fake.stop(), () => client.close());
+  return { fake, client };
+}
+
+test('onQueued: matched by request number (HELLO counted), once, before the reply, only its own request', async () => {
+  const { fake, client } = await manualAcquires();
+  const log = [];
+  const hook = (name) => (q) => log.push(`queued ${name} ${q.keys.join(',')}`);
+  const settled = (name, promise) => promise.then(
+    (v) => { log.push(`settled ${name}`); return v; },
+    (e) => { log.push(`settled ${name}`); throw e; },
+  );
+  assert.equal(await client.hello(), 4); // line 1
+  await client.ping(); // line 2
+  // Two waiting ACQUIREs of the same key on one connection: only the
+  // number tells their events apart.
+  const a = settled('a', client.acquire('k', { wait: 5, onQueued: hook('a') })); // line 3
+  const b = settled('b', client.acquire('k', { wait: 5, onQueued: hook('b') })); // line 4
+  const c = settled('c', client.acquireBlock(['x', 'y'], { wait: 5, onQueued: hook('c') })); // line 5
+  await fake.waitLines(5); // a block is written once HELLO's reply is in: a tick later
+  const d = settled('d', client.acquire('z', { wait: 5 })); // line 6: no hook
+  await fake.waitLines(6);
+  assert.deepEqual(fake.lines.slice(2), ['ACQUIRE k 30 5', 'ACQUIRE k 30 5', 'ACQUIRE x y 30 5', 'ACQUIRE z 30 5']);
+
+  fake.send('! QUEUED 4 k\n'
+    + '! QUEUED 3 j\n' // other keys: not about a request of ours
+    + '! QUEUED 6 z\n! QUEUED 2 k\n! QUEUED 99 k\n! QUEUED 1 k\n' // no ACQUIRE with a hook there
+    + '! QUEUED 5 y x\n' // a block's keys in another order: not ours
+    + '! SOMEDAY 3 k\n! QUEUED 3 k\n! QUEUED 3 k\nOK 7\n');
+  assert.equal(await a, 7n);
+  assert.deepEqual(log, ['queued b k', 'queued a k', 'settled a']);
+
+  fake.send('! QUEUED 3 k\n! QUEUED 5 x y\nTIMEOUT\n'); // a's reply came: its number is no longer pending
+  await assert.rejects(b, ticketing.LockTimeoutError);
+  fake.send('! QUEUED 4 k\nOK 8\nOK 9\n');
+  assert.equal(await c, 8n);
+  assert.equal(await d, 9n);
+  assert.deepEqual(log, ['queued b k', 'queued a k', 'settled a', 'queued c x,y', 'settled b', 'settled c', 'settled d']);
+
+  // lock and lockBlock take the hook too (lines 7 and 8).
+  log.length = 0;
+  const l1 = settled('l1', client.lock('k', { wait: 1, onQueued: hook('l1') }));
+  const l2 = settled('l2', client.lockBlock(['s/2', 's/1'], { wait: 1, onQueued: hook('l2') }));
+  await fake.waitLines(8);
+  fake.send('! QUEUED 8 s/2 s/1\nOK 10\n! QUEUED 7 k\nOK 11\n');
+  assert.equal((await l1).token, 10n);
+  assert.equal((await l2).token, 11n);
+  assert.deepEqual(log, ['queued l2 s/2,s/1', 'settled l1', 'settled l2']);
+});
+
+test('onQueued: withLock and withBlock pass it on; a new connection counts from 1 again', async () => {
+  const { fake, client } = await manualAcquires();
+  const seen = [];
+  const section = client.withLock('k', { wait: 5, onQueued: (q) => seen.push(q.keys) }, (token) => token);
+  await fake.waitLines(2); // HELLO, ACQUIRE
+  fake.send('! QUEUED 2 k\nOK 5\n');
+  assert.equal(await section, 5n);
+  assert.deepEqual(seen, [['k']]);
+  assert.deepEqual(fake.lines, ['HELLO 4 events', 'ACQUIRE k 30 5', 'RELEASE k 5']);
+
+  fake.peer.destroy(); // the sidecar ends the session
+  for (let i = 0; i < 2000 && client.connected; i++) await sleep(5);
+  assert.equal(client.connected, false);
+  const block = client.withBlock(['a', 'b'], { wait: 5, onQueued: (q) => seen.push(q.keys) }, (token) => token);
+  await fake.waitLines(5); // HELLO, ACQUIRE on the new connection
+  assert.deepEqual(fake.lines.slice(3), ['HELLO 4 events', 'ACQUIRE a b 30 5']);
+  fake.send('! QUEUED 2 a b\nOK 6\n');
+  assert.equal(await block, 6n);
+  assert.deepEqual(seen, [['k'], ['a', 'b']]);
+});
+
+test('onQueued: not called once the call gave up waiting for the reply', async () => {
+  const { fake, client } = await manualAcquires({ replyGrace: 0.05 });
+  let called = 0;
+  await assert.rejects(client.acquire('k', { wait: 0.001, onQueued: () => { called++; } }), ticketing.IndeterminateError);
+  fake.send('! QUEUED 2 k\nTIMEOUT\n');
+  await client.ping(); // its reply follows the event
+  assert.equal(called, 0);
+});
+
+test('onQueued: a function or nothing, checked before anything is sent', async () => {
+  const c = new ticketing.Client({ path: '/nonexistent/ticketing.sock' });
+  for (const bad of [1, 'f', {}, true]) {
+    await assert.rejects(c.acquire('k', { onQueued: bad }), TypeError);
+    await assert.rejects(c.acquireBlock(['a', 'b'], { onQueued: bad }), TypeError);
+    await assert.rejects(c.lock('k', { onQueued: bad }), TypeError);
+    await assert.rejects(c.lockBlock(['a', 'b'], { onQueued: bad }), TypeError);
+    await assert.rejects(c.withLock('k', { onQueued: bad }, () => {}), TypeError);
+  }
+  assert.equal(c.requestsSent, 0);
+  assert.equal(p.checkOnQueued(undefined), null);
+  assert.equal(p.checkOnQueued(null), null);
+});
+
+test('onQueued: a hook that throws is an uncaught exception, and the reply is still matched', async () => {
+  // In a child process: node:test fails the test that has an uncaught exception.
+  const script = `
+    const { FakeSidecar } = require(${JSON.stringify(path.join(__dirname, '..', 'support', 'fakesidecar'))});
+    const { Client } = require(${JSON.stringify(path.join(__dirname, '..'))});
+    const uncaught = [];
+    process.on('uncaughtException', (e) => uncaught.push(e.message));
+    (async () => {
+      const fake = await new FakeSidecar((line) => (line.startsWith('ACQUIRE ') ? null : undefined)).start();
+      const client = new Client({ path: fake.path });
+      const got = client.acquire('k', { wait: 5, onQueued: () => { throw new Error('hook bug'); } });
+      await fake.waitLines(2);
+      fake.send('! QUEUED 2 k\\nOK 42\\n');
+      const token = await got;
+      await client.ping();
+      await new Promise((r) => setImmediate(r));
+      console.log(JSON.stringify({ token: String(token), uncaught }));
+      await client.close();
+      await fake.stop();
+    })();`;
+  const child = spawn(process.execPath, ['-e', script], { stdio: ['ignore', 'pipe', 'inherit'] });
+  let out = '';
+  child.stdout.on('data', (d) => { out += d; });
+  const timer = setTimeout(() => child.kill('SIGKILL'), 60_000); // hang guard
+  const code = await new Promise((resolve) => child.once('exit', resolve));
+  clearTimeout(timer);
+  assert.equal(code, 0);
+  assert.deepEqual(JSON.parse(out), { token: '42', uncaught: ['hook bug'] });
 });

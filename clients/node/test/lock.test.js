@@ -33,12 +33,17 @@ async function setup(respond) {
   return { fake, client };
 }
 
-test('every connection starts with HELLO 3 events; the reply says whether events come', async () => {
+test('every connection starts with HELLO 4 events; the reply says whether events come', async () => {
   const { fake, client } = await setup();
   await client.ping();
-  assert.deepEqual(fake.lines, ['HELLO 3 events', 'PING']);
-  assert.equal(await client.hello(), 3);
+  assert.deepEqual(fake.lines, ['HELLO 4 events', 'PING']);
+  assert.equal(await client.hello(), 4);
   assert.equal(await client.eventsEnabled(), true);
+
+  // A version-3 sidecar agrees version 3 with events (LOST, never QUEUED).
+  const { client: v3 } = await setup((line) => (line.startsWith('HELLO') ? 'HELLO 3 events' : undefined));
+  assert.equal(await v3.hello(), 3);
+  assert.equal(await v3.eventsEnabled(), true);
 
   // A version-2 sidecar refuses the option (bad_request): version 2, no events.
   const { client: old } = await setup((line) => (line.startsWith('HELLO') ? 'ERR bad_request unknown option' : undefined));
