@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"ticketing/cluster"
 	"ticketing/cluster/local"
 	"ticketing/cluster/testkit"
 	"ticketing/locksm"
@@ -41,7 +42,7 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	code := func() int {
-		testCluster, err = local.Start(local.Options{Dir: dir, Tune: local.FastRaft, Logger: testLogger()})
+		testCluster, err = local.Start(local.Options{Dir: dir, Tune: patientRaft, Logger: testLogger()})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
@@ -64,6 +65,55 @@ func TestMain(m *testing.M) {
 	}()
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+// patientRaft tunes the package's in-process clusters so that the tests'
+// own load cannot cost the leader its leadership. Everything here (three
+// Raft nodes, the broker, the server, and a test's thousands of client
+// connections) shares one Go scheduler, under -race, on a 2-core machine
+// that CI loads further. A goroutine woken by a timer then waits up to
+// ~300 ms for a CPU (measured while TestHostileClients opens its 2,000 idle
+// connections, with two `yes` processes beside it), and a heartbeat's round
+// trip is several such wake-ups (the leader's heartbeat loop, the
+// follower's transport, the reply): its age passed local.FastRaft's 500 ms
+// leader lease ("failed to contact quorum of nodes, stepping down"), the
+// leader stepped down, and the replies in flight said unavailable or
+// INDETERMINATE, which is the very symptom the flood tests look for. No
+// test of this package moves leadership on purpose, so the heartbeat,
+// election and lease timeouts can be six times that: a cluster's first
+// election takes 3 to 6 s instead of about 1 s, once per cluster.
+func patientRaft(cfg *cluster.Config) {
+	local.FastRaft(cfg)
+	cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = patientTimeout, patientTimeout, patientTimeout
+}
+
+// patientTimeout is patientRaft's heartbeat, election and lease timeout.
+const patientTimeout = 3 * time.Second
+
+// reportElections makes a failing test say whether the Raft term of c
+// moved while it ran: with patientRaft an election is not expected, and
+// one means the process stalled for seconds, not a defect of the code
+// under test (which a failure without an election does point to).
+func reportElections(t *testing.T, c *local.Cluster) {
+	term0 := termOf(c)
+	t.Cleanup(func() {
+		if term := termOf(c); t.Failed() && term != term0 {
+			t.Logf("the Raft term moved from %d to %d during the test: an election happened (a stall longer than the %v leader lease?)",
+				term0, term, patientTimeout)
+		}
+	})
+}
+
+// termOf is the highest Raft term of c's nodes: it moves when an election
+// happens.
+func termOf(c *local.Cluster) uint64 {
+	var term uint64
+	for i := range c.Size() {
+		if n := c.Node(i); n != nil {
+			term = max(term, n.Raft().CurrentTerm())
+		}
+	}
+	return term
 }
 
 func testLogger() *slog.Logger {
