@@ -14,7 +14,7 @@ import (
 // slot is reused, results carry sentinel errors).
 func TestHotPathAllocations(t *testing.T) {
 	if raceEnabled {
-		t.Skip("the race detector allocates")
+		t.Skip("the race detector allocates (make test-norace runs this without it)")
 	}
 	s := New()
 	keys := benchKeys(64)
@@ -40,7 +40,7 @@ func TestHotPathAllocations(t *testing.T) {
 // map reuses its slots).
 func TestExtendAllocations(t *testing.T) {
 	if raceEnabled {
-		t.Skip("the race detector allocates")
+		t.Skip("the race detector allocates (make test-norace runs this without it)")
 	}
 	s := New()
 	keys := benchKeys(64)

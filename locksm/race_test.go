@@ -3,5 +3,6 @@
 package locksm
 
 // raceEnabled: the race detector adds allocations of its own, so
-// allocation-count tests are skipped under it.
+// allocation-count tests are skipped under it (make test-norace runs them
+// without it, and .ci/allowed-skips allows only that skip).
 const raceEnabled = true

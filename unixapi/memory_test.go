@@ -112,29 +112,57 @@ func BenchmarkWaiterMemory(b *testing.B) {
 	if n, err := strconv.Atoi(os.Getenv("UNIXAPI_BENCH_WAITERS")); err == nil && n >= conns {
 		perConn = n / conns
 	}
-	ci := startChildCluster(b)
+	m := measureWaiterMemory(b, conns, perConn)
+	b.ReportMetric(m.bytesPer(), "B/waiter")
+	b.ReportMetric(float64(m.goroutines)/float64(m.waiters), "goroutines/waiter")
+	b.Logf("%s", m)
+	for range b.N {
+	}
+}
+
+// waiterMemory is what measureWaiterMemory measured.
+type waiterMemory struct {
+	waiters        int
+	bytes          int64 // heap+stack in use, after less before
+	g0, goroutines int   // goroutines before, and how many more after
+}
+
+func (m waiterMemory) bytesPer() float64 { return float64(m.bytes) / float64(m.waiters) }
+
+func (m waiterMemory) String() string {
+	return fmt.Sprintf("%d waiting ACQUIREs: heap+stack %+d KiB (%.0f B per waiter), goroutines %d -> %d",
+		m.waiters, m.bytes>>10, m.bytesPer(), m.g0, m.g0+m.goroutines)
+}
+
+// measureWaiterMemory queues conns*perConn waiting ACQUIREs of one held key
+// through a broker and a server of this process, with the cluster in a
+// child process (so that only the sidecar's memory counts), and measures
+// what they cost once the leader has queued every one.
+func measureWaiterMemory(tb testing.TB, conns, perConn int) waiterMemory {
+	tb.Helper()
+	ci := startChildCluster(tb)
 	bcfg := sidecar.DefaultConfig()
 	bcfg.Addrs, bcfg.Secret, bcfg.ClusterID, bcfg.Logger = ci.Addrs, ci.Secret, ci.ClusterID, testLogger()
 	br, err := sidecar.New(bcfg)
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	defer br.Close()
 	ucfg := unixapi.DefaultConfig()
-	ucfg.Path, ucfg.Logger = sockPath(b), testLogger()
+	ucfg.Path, ucfg.Logger = sockPath(tb), testLogger()
 	s, err := unixapi.Listen(ucfg, br)
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	defer s.Close()
-	holder := dialB(b, s)
-	testkit.WaitFor(b, "the broker to learn a leader", 20*time.Second, func() bool { return br.Info().Leader != "" })
+	holder := dialB(tb, s)
+	testkit.WaitFor(tb, "the broker to learn a leader", 20*time.Second, func() bool { return br.Info().Leader != "" })
 	// The leader's status counts the waiters.
 	var leader *client.Conn
 	for _, a := range ci.Addrs {
 		c, err := client.Dial(context.Background(), a, client.Config{Secret: ci.Secret, ClusterID: ci.ClusterID})
 		if err != nil {
-			b.Fatal(err)
+			tb.Fatal(err)
 		}
 		defer c.Close()
 		if st, _, err := c.Do(context.Background(), wire.Msg{Type: wire.TypeStatus}); err == nil && st.Role == wire.RoleLeader {
@@ -142,26 +170,26 @@ func BenchmarkWaiterMemory(b *testing.B) {
 		}
 	}
 	if leader == nil {
-		b.Fatal("no leader among the nodes")
+		tb.Fatal("no leader among the nodes")
 	}
 	waiting := func() uint64 {
 		st, _, err := leader.Do(context.Background(), wire.Msg{Type: wire.TypeStatus})
 		if err != nil {
-			b.Fatal(err)
+			tb.Fatal(err)
 		}
 		return st.Waiting
 	}
 	const hot = "memory/hot"
 	holder.send("ACQUIRE " + hot + " 250 0")
 	if r := holder.read(); !strings.HasPrefix(r, "OK ") {
-		b.Fatalf("holder: %q", r)
+		tb.Fatalf("holder: %q", r)
 	}
 	cs := make([]*bconn, conns)
 	for i := range cs {
-		cs[i] = dialB(b, s)
+		cs[i] = dialB(tb, s)
 		cs[i].send("PING")
 		if r := cs[i].read(); r != "PONG" {
-			b.Fatalf("conn %d: %q", i, r)
+			tb.Fatalf("conn %d: %q", i, r)
 		}
 	}
 	base := waiting()
@@ -171,14 +199,9 @@ func BenchmarkWaiterMemory(b *testing.B) {
 		c.write(lines)
 	}
 	n := conns * perConn
-	testkit.WaitFor(b, fmt.Sprintf("%d waiters queued at the leader", n), 60*time.Second, func() bool { return waiting() >= base+uint64(n) })
+	testkit.WaitFor(tb, fmt.Sprintf("%d waiters queued at the leader", n), 60*time.Second, func() bool { return waiting() >= base+uint64(n) })
 	m1, g1 := inUse()
-	per := float64(m1-m0) / float64(n)
-	b.ReportMetric(per, "B/waiter")
-	b.ReportMetric(float64(g1-g0)/float64(n), "goroutines/waiter")
-	b.Logf("%d waiting ACQUIREs: heap+stack %+d KiB (%.0f B per waiter), goroutines %d -> %d", n, (m1-m0)>>10, per, g0, g1)
-	for range b.N {
-	}
+	return waiterMemory{waiters: n, bytes: m1 - m0, g0: g0, goroutines: g1 - g0}
 }
 
 // bconn is conn for a benchmark.

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"ticketing/cluster"
 	"ticketing/cluster/local"
 	"ticketing/cluster/testkit"
 	"ticketing/locksm"
@@ -41,7 +42,7 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	code := func() int {
-		testCluster, err = local.Start(local.Options{Dir: dir, Tune: local.FastRaft, Logger: testLogger()})
+		testCluster, err = local.Start(local.Options{Dir: dir, Tune: patientRaft, Logger: testLogger()})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
@@ -64,6 +65,55 @@ func TestMain(m *testing.M) {
 	}()
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+// patientRaft tunes the package's in-process clusters so that the tests'
+// own load cannot cost the leader its leadership. Everything here (three
+// Raft nodes, the broker, the server, and a test's thousands of client
+// connections) shares one Go scheduler, under -race, on a 2-core machine
+// that CI loads further. A goroutine woken by a timer then waits up to
+// ~300 ms for a CPU (measured while TestHostileClients opens its 2,000 idle
+// connections, with two `yes` processes beside it), and a heartbeat's round
+// trip is several such wake-ups (the leader's heartbeat loop, the
+// follower's transport, the reply): its age passed local.FastRaft's 500 ms
+// leader lease ("failed to contact quorum of nodes, stepping down"), the
+// leader stepped down, and the replies in flight said unavailable or
+// INDETERMINATE, which is the very symptom the flood tests look for. No
+// test of this package moves leadership on purpose, so the heartbeat,
+// election and lease timeouts can be six times that: a cluster's first
+// election takes 3 to 6 s instead of about 1 s, once per cluster.
+func patientRaft(cfg *cluster.Config) {
+	local.FastRaft(cfg)
+	cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = patientTimeout, patientTimeout, patientTimeout
+}
+
+// patientTimeout is patientRaft's heartbeat, election and lease timeout.
+const patientTimeout = 3 * time.Second
+
+// reportElections makes a failing test say whether the Raft term of c
+// moved while it ran: with patientRaft an election is not expected, and
+// one means the process stalled for seconds, not a defect of the code
+// under test (which a failure without an election does point to).
+func reportElections(t *testing.T, c *local.Cluster) {
+	term0 := termOf(c)
+	t.Cleanup(func() {
+		if term := termOf(c); t.Failed() && term != term0 {
+			t.Logf("the Raft term moved from %d to %d during the test: an election happened (a stall longer than the %v leader lease?)",
+				term0, term, patientTimeout)
+		}
+	})
+}
+
+// termOf is the highest Raft term of c's nodes: it moves when an election
+// happens.
+func termOf(c *local.Cluster) uint64 {
+	var term uint64
+	for i := range c.Size() {
+		if n := c.Node(i); n != nil {
+			term = max(term, n.Raft().CurrentTerm())
+		}
+	}
+	return term
 }
 
 func testLogger() *slog.Logger {
@@ -177,7 +227,10 @@ func expectPrefix(t *testing.T, got, prefix string) {
 }
 
 // Three connections queue on one key; each release hands the key to the
-// next in arrival order with a larger token.
+// next in arrival order with a larger token. A waiter's OK (not TIMEOUT)
+// says its release handed the key over within its 10 s wait, long before
+// the 30 s lease would have freed it; the queue losing its head says the
+// key went to that waiter and not to a newcomer.
 func TestFIFOHandoff(t *testing.T) {
 	s := serve(t, nil)
 	k := key(t)
@@ -192,13 +245,15 @@ func TestFIFOHandoff(t *testing.T) {
 	holder, held := a, tok
 	for i, w := range waiters {
 		expect(t, holder.do(fmt.Sprintf("RELEASE %s %d", k, held)), "OK")
-		start := time.Now()
 		next := token(t, w.read())
 		if next <= held {
 			t.Fatalf("waiter %d: token %d not above %d", i, next, held)
 		}
-		if d := time.Since(start); d > time.Second {
-			t.Fatalf("waiter %d: hand-off took %v", i, d)
+		if h, ok := holderOf(t, k); !ok || h.Token != next {
+			t.Fatalf("waiter %d granted token %d; the cluster's holder: %+v %v", i, next, h, ok)
+		}
+		if n := queueLen(t, k); n != len(waiters)-i-1 {
+			t.Fatalf("after waiter %d's grant %d waiters are left, want %d", i, n, len(waiters)-i-1)
 		}
 		holder, held = w, next
 	}
@@ -239,21 +294,26 @@ func TestMalformedLinesKeepConnection(t *testing.T) {
 }
 
 // Replies come in request order, but a waiting ACQUIRE does not hold up
-// the RELEASE pipelined behind it.
+// the RELEASE pipelined behind it. a's ACQUIRE of k2 waits for b, which
+// holds k2 until it has k1: b gets k1, so a's RELEASE of k1 ran while that
+// ACQUIRE was still waiting (it cannot end before b lets k2 go, and the
+// leader still queues it when b has k1). Were the RELEASE held up, neither
+// would get anywhere until a's 30 s wait ran out.
 func TestPipelinedReleaseNotBlockedByWaitingAcquire(t *testing.T) {
 	s := serve(t, nil)
 	k1, k2 := key(t), key(t)
 	a, b := dial(t, s), dial(t, s)
 	t1 := token(t, a.do("ACQUIRE "+k1+" 30 0"))
-	token(t, b.do("ACQUIRE "+k2+" 30 0"))
-	a.send("ACQUIRE "+k2+" 30 3", fmt.Sprintf("RELEASE %s %d", k1, t1), "PING")
-	// The RELEASE runs while the ACQUIRE waits: b can take k1 now.
-	start := time.Now()
-	token(t, b.do("ACQUIRE "+k1+" 30 2"))
-	if d := time.Since(start); d > time.Second {
-		t.Fatalf("RELEASE behind a waiting ACQUIRE took effect after %v", d)
+	t2 := token(t, b.do("ACQUIRE "+k2+" 30 0"))
+	a.send("ACQUIRE "+k2+" 30 30", fmt.Sprintf("RELEASE %s %d", k1, t1), "PING")
+	token(t, b.do("ACQUIRE "+k1+" 30 30"))
+	if n := queueLen(t, k2); n != 1 {
+		t.Fatalf("b got k1 with %d waiters on k2, want a's one still waiting", n)
 	}
-	expect(t, a.read(), "TIMEOUT")
+	expect(t, b.do(fmt.Sprintf("RELEASE %s %d", k2, t2)), "OK")
+	if got := token(t, a.read()); got <= t2 {
+		t.Fatalf("a's grant of k2: token %d after %d", got, t2)
+	}
 	expect(t, a.read(), "OK")
 	expect(t, a.read(), "PONG")
 }
@@ -263,7 +323,7 @@ func TestOverlongLineClosesAndReleases(t *testing.T) {
 	k := key(t)
 	a, b := dial(t, s), dial(t, s)
 	tok := token(t, a.do("ACQUIRE "+k+" 30 0"))
-	b.send("ACQUIRE " + k + " 30 5")
+	b.send("ACQUIRE " + k + " 30 10")
 	waitQueued(t, k, 1)
 	a.send("PING " + strings.Repeat("x", unixapi.DefaultMaxLineLen))
 	expectPrefix(t, a.read(), "ERR line_too_long ")
@@ -271,18 +331,17 @@ func TestOverlongLineClosesAndReleases(t *testing.T) {
 	if l, err := a.br.ReadString('\n'); err == nil {
 		t.Fatalf("connection still open after line_too_long: %q", l)
 	}
-	start := time.Now()
+	// b's grant within its 10 s wait, with a's lease at 30 s: the close
+	// released a's lock.
 	if next := token(t, b.read()); next <= tok {
 		t.Fatalf("token %d not above %d", next, tok)
-	}
-	if d := time.Since(start); d > time.Second {
-		t.Fatalf("hand-off after close took %v", d)
 	}
 }
 
 // A pending ACQUIRE is cancelled when its connection closes: the key is
 // not granted to the dead connection (or, if the grant won the race, it is
-// released at once).
+// released at once). c's grant within its 5 s wait says so: a key granted
+// to b's dead session and kept would stay taken for its 30 s lease.
 func TestPendingAcquireCancelledOnClose(t *testing.T) {
 	s := serve(t, nil)
 	k := key(t)
@@ -293,11 +352,7 @@ func TestPendingAcquireCancelledOnClose(t *testing.T) {
 	b.close()
 	waitQueued(t, k, 0) // the close cancelled it through the log
 	expect(t, a.do(fmt.Sprintf("RELEASE %s %d", k, tok)), "OK")
-	start := time.Now()
 	token(t, c.do("ACQUIRE "+k+" 30 5"))
-	if d := time.Since(start); d > time.Second {
-		t.Fatalf("key reached the next live waiter after %v", d)
-	}
 }
 
 // Another connection's bad input and releases never touch your locks.
@@ -390,7 +445,9 @@ func TestSocketFile(t *testing.T) {
 	}
 }
 
-// Close releases every held lock and cancels pending acquires.
+// Close releases every held lock and cancels pending acquires: b, on
+// another server, gets the key within its 5 s wait, where a's 30 s lease
+// would have kept it.
 func TestServerCloseReleases(t *testing.T) {
 	s := serve(t, nil)
 	k := key(t)
@@ -400,14 +457,10 @@ func TestServerCloseReleases(t *testing.T) {
 	b := dial(t, other)
 	b.send("ACQUIRE " + k + " 30 5")
 	waitQueued(t, k, 1)
-	start := time.Now()
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
 	token(t, b.read())
-	if d := time.Since(start); d > 2*time.Second {
-		t.Fatalf("hand-off after Close took %v", d)
-	}
 }
 
 // noClusterBroker answers INFO as a broker that knows nothing yet, and
@@ -614,13 +667,10 @@ func TestHalfCloseAnswersThenReleases(t *testing.T) {
 	if line, err := a.br.ReadString('\n'); err == nil {
 		t.Fatalf("session did not end after the replies: %q", line)
 	}
-	// The session ended and released the key.
+	// The session ended and released the key: b gets it within its 5 s
+	// wait, where the 30 s lease would have kept it.
 	b := dial(t, s)
-	start := time.Now()
 	token(t, b.do("ACQUIRE "+k+" 30 5"))
-	if d := time.Since(start); d > time.Second {
-		t.Fatalf("key released %v after the half-closed session ended", d)
-	}
 }
 
 // An inherited listener (socket activation) is served as it is: no file is
