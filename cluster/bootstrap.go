@@ -157,8 +157,7 @@ func Bootstrap(cfg Config, opts BootstrapOptions) (BootstrapResult, error) {
 	for _, s := range conf.Servers {
 		res.Servers = append(res.Servers, string(s.ID))
 	}
-	rc := raft.DefaultConfig()
-	rc.LocalID = raft.ServerID(serverID)
+	rc := RaftConfig(cfg, serverID)
 	_, trans := raft.NewInmemTransport("")
 	if err := raft.BootstrapCluster(rc, store, store, snaps, trans, conf); err != nil {
 		return BootstrapResult{}, fmt.Errorf("cluster: bootstrap: %w", err)
