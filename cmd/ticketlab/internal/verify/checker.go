@@ -114,13 +114,12 @@ type CheckOptions struct {
 }
 
 // DefaultMaxIndeterminateShare is the default bound on the share of
-// indeterminate acquires. Before the extenders the short form's four
-// cases had 2.8–6.3 % and the 10-minute runs 6–8 %
-// (cmd/ticketlab/results/blocks); with them a 10-minute run had 955
-// indeterminate acquires against 1,937 grants (issue 30), about one in
-// ten. 20 % leaves about twice that as margin for a loaded machine, and
-// still fails a run in which one acquire in five proves nothing. The
-// sessions issue is to tighten it (docs/verification.md).
+// indeterminate acquires. The short form's four cases had 2.9–6.5 %
+// (2026-12-03, with the extenders; 2.8–6.3 % before them), the 10-minute
+// runs of issue 18 6–8 % (cmd/ticketlab/results/blocks). 20 % is three
+// times the short form's largest, margin for a loaded machine, and still
+// fails a run in which one acquire in five proves nothing. The sessions
+// issue is to tighten it (docs/verification.md).
 const DefaultMaxIndeterminateShare = 0.2
 
 // Check runs every safety check of issue 4 on a history, the protected
