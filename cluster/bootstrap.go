@@ -157,8 +157,7 @@ func Bootstrap(cfg Config, opts BootstrapOptions) (BootstrapResult, error) {
 	for _, s := range conf.Servers {
 		res.Servers = append(res.Servers, string(s.ID))
 	}
-	rc := raft.DefaultConfig()
-	rc.LocalID = raft.ServerID(serverID)
+	rc := RaftConfig(cfg, serverID)
 	_, trans := raft.NewInmemTransport("")
 	if err := raft.BootstrapCluster(rc, store, store, snaps, trans, conf); err != nil {
 		return BootstrapResult{}, fmt.Errorf("cluster: bootstrap: %w", err)
@@ -184,12 +183,19 @@ func Bootstrap(cfg Config, opts BootstrapOptions) (BootstrapResult, error) {
 	return res, nil
 }
 
-// identity is what this node tells a discovering peer.
-func (n *Node) identity() wire.Identity {
+// identity is what this node tells a discovering peer. An error reading
+// the Raft state is returned, never taken for "no state": Bootstrap
+// creates a cluster only when every initial voter says it has none, so a
+// disk error read as "empty" could let a second cluster be bootstrapped
+// over this node's data.
+func (n *Node) identity() (wire.Identity, error) {
 	has := n.hasState.Load()
 	if !has {
 		// Started empty, it may have received a log or a snapshot since.
-		has, _ = raft.HasExistingState(n.store, n.store, n.snaps)
+		var err error
+		if has, err = raft.HasExistingState(n.store, n.store, n.snaps); err != nil {
+			return wire.Identity{}, fmt.Errorf("cluster: reading the Raft state: %w", err)
+		}
 		if has {
 			n.hasState.Store(true)
 		}
@@ -201,5 +207,5 @@ func (n *Node) identity() wire.Identity {
 	if r := n.raftIfStarted(); r != nil {
 		id.Applied = r.AppliedIndex()
 	}
-	return id
+	return id, nil
 }

@@ -72,16 +72,32 @@ func loadIdentity(dataDir, name string, hasState bool) (serverID string, created
 		return "", false, fmt.Errorf("%w: %w", ErrIdentity, err)
 	}
 	if err := syncFile(tmp); err != nil {
-		return "", false, err
+		return "", false, fmt.Errorf("%w: %w", ErrIdentity, err)
 	}
 	if err := os.Rename(tmp, path); err != nil {
 		return "", false, fmt.Errorf("%w: %w", ErrIdentity, err)
 	}
-	if d, err := os.Open(dataDir); err == nil {
-		d.Sync()
-		d.Close()
+	// The rename is durable only once the directory is synced. Until then
+	// a crash may lose the file, and the node would come back under a new
+	// incarnation after having spoken under this one: refuse to start
+	// instead, and remove the file so that a retry starts over.
+	if err := syncDir(dataDir); err != nil {
+		os.Remove(path)
+		return "", false, fmt.Errorf("%w: syncing %s after writing %s: %w", ErrIdentity, dataDir, identityFile, err)
 	}
 	return id, true, nil
+}
+
+// syncDir fsyncs directory dir, making the renames in it durable. A
+// variable only so that a test can make it fail: no file system at hand
+// fails a directory's fsync on demand.
+var syncDir = func(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }
 
 func syncFile(path string) error {

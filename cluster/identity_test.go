@@ -225,3 +225,52 @@ func TestNewDomainOnlyByExplicitBootstrap(t *testing.T) {
 		return true
 	})
 }
+
+// Bootstrap fails closed when an initial voter cannot read its Raft
+// state: that voter answers nothing rather than "no state", so Bootstrap
+// refuses (no answer from it) instead of creating a cluster over it.
+func TestBootstrapRefusedWhenAVoterCannotReadItsState(t *testing.T) {
+	c := startCluster(t, 3)
+	for i := 0; i < 3; i++ {
+		if err := c.Wipe(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 1; i < 3; i++ {
+		if err := c.Restart(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Node 1's snapshot store becomes unreadable: its directory
+	// (raft.FileSnapshotStore's, DATA-DIR/snapshots/snapshots) replaced by
+	// a file, so raft.HasExistingState fails listing snapshots.
+	snaps := filepath.Join(c.Dir, c.ID(1), "snapshots", "snapshots")
+	if err := os.RemoveAll(snaps); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(snaps, []byte("not a directory"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Bootstrap(0, cluster.BootstrapOptions{Timeout: 3 * time.Second}); err == nil {
+		t.Fatal("bootstrap succeeded although a voter could not tell whether it has state")
+	}
+	store, err := cluster.OpenLogStore(filepath.Join(c.Dir, c.ID(0)), cluster.DefaultConfig().LogStore)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	if last, err := store.LastIndex(); err != nil || last != 0 {
+		t.Fatalf("the refused bootstrap wrote a log: last index %d, %v", last, err)
+	}
+	// Readable again, the same bootstrap goes through.
+	if err := os.Remove(snaps); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(snaps, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	store.Close()
+	if _, err := c.Bootstrap(0, cluster.BootstrapOptions{Timeout: 10 * time.Second}); err != nil {
+		t.Fatalf("bootstrap with every voter readable: %v", err)
+	}
+}

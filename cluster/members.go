@@ -104,7 +104,10 @@ func (n *Node) beginChangeOn(id string) (m Member, ms []Member, unlock func(), e
 	return m, ms, unlock, nil
 }
 
-// Members lists the current configuration, sorted by server id.
+// Members lists the current configuration, sorted by server id. A
+// server whose address does not parse fails it (ErrBadPeerAddr): its
+// peer address would be empty, and a promotion re-adds a server at the
+// address Members gives.
 func (n *Node) Members() ([]Member, error) {
 	fut := n.raft.GetConfiguration()
 	if err := fut.Error(); err != nil {
@@ -114,7 +117,10 @@ func (n *Node) Members() ([]Member, error) {
 	var out []Member
 	for _, s := range fut.Configuration().Servers {
 		name, _ := SplitServerID(string(s.ID))
-		_, hostport, _ := splitRaftAddr(s.Address)
+		_, hostport, err := splitRaftAddr(s.Address)
+		if err != nil {
+			return nil, fmt.Errorf("cluster: the configuration's server %s: %w", s.ID, err)
+		}
 		out = append(out, Member{ServerID: string(s.ID), Name: name, PeerAddr: hostport,
 			ClientAddr: n.fsm.clientAddr(string(s.ID)), Voter: s.Suffrage == raft.Voter, Leader: s.ID == leader})
 	}

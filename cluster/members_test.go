@@ -309,3 +309,24 @@ func suffrageOf(t *testing.T, r wire.Msg, id string) wire.Suffrage {
 	t.Fatalf("%s missing from members reply %+v", id, r.Members)
 	return 0
 }
+
+// A configuration server whose address does not parse fails Members
+// (ErrBadPeerAddr) instead of being listed with an empty peer address,
+// which a promotion would re-add the server at.
+func TestMembersRefusesADamagedAddress(t *testing.T) {
+	c := startCluster(t, 3)
+	li := c.leader()
+	r := c.Node(li).Raft()
+	if err := r.AddNonvoter("n9/abcdefghij", "no-at-sign", 0, 5*time.Second).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if ms, err := c.Node(li).Members(); !errors.Is(err, cluster.ErrBadPeerAddr) {
+		t.Fatalf("members with a damaged address: %+v, %v; want ErrBadPeerAddr", ms, err)
+	}
+	if err := r.RemoveServer("n9/abcdefghij", 0, 5*time.Second).Error(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Node(li).Members(); err != nil {
+		t.Fatalf("members once the damaged server is gone: %v", err)
+	}
+}

@@ -225,19 +225,8 @@ func (n *Node) start() error {
 		}
 	}
 
-	rc := raft.DefaultConfig()
-	rc.LocalID = raft.ServerID(n.serverID)
-	rc.HeartbeatTimeout = cfg.HeartbeatTimeout
-	rc.ElectionTimeout = cfg.ElectionTimeout
-	rc.LeaderLeaseTimeout = cfg.LeaderLeaseTimeout
-	rc.CommitTimeout = cfg.CommitTimeout
-	rc.MaxAppendEntries = cfg.MaxAppendEntries
-	rc.BatchApplyCh = true
-	rc.SnapshotThreshold = cfg.SnapshotThreshold
-	rc.SnapshotInterval = cfg.SnapshotInterval
-	rc.TrailingLogs = cfg.TrailingLogs
+	rc := RaftConfig(cfg, n.serverID)
 	rc.Logger = hlog
-	rc.NoLegacyTelemetry = true
 
 	if !has {
 		n.log.Warn("empty data dir: this server waits until a configuration names it (ticketing bootstrap " +
@@ -866,6 +855,31 @@ func (w hcWriter) Write(b []byte) (int, error) {
 	}
 	w.log.Log(nil, level, line, "component", "raft")
 	return len(b), nil
+}
+
+// RaftConfig is the hashicorp/raft configuration of a node configured by
+// cfg (its zero tunables take their defaults) under Raft server id
+// serverID, logging to cfg.Logger. It is built here and nowhere else: the
+// node, Bootstrap and the lab's library floor (cmd/ticketlab/internal/floor,
+// hashicorp/raft measured alone) all use it, so the floor the lab compares
+// a node with cannot drift from what a node runs.
+func RaftConfig(cfg Config, serverID string) *raft.Config {
+	cfg = cfg.withDefaults()
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(serverID)
+	rc.HeartbeatTimeout = cfg.HeartbeatTimeout
+	rc.ElectionTimeout = cfg.ElectionTimeout
+	rc.LeaderLeaseTimeout = cfg.LeaderLeaseTimeout
+	rc.CommitTimeout = cfg.CommitTimeout
+	rc.MaxAppendEntries = cfg.MaxAppendEntries
+	// Group commit: the leader's loop takes every Apply waiting at once.
+	rc.BatchApplyCh = true
+	rc.SnapshotThreshold = cfg.SnapshotThreshold
+	rc.SnapshotInterval = cfg.SnapshotInterval
+	rc.TrailingLogs = cfg.TrailingLogs
+	rc.Logger = newHCLogger(cfg.Logger)
+	rc.NoLegacyTelemetry = true
+	return rc
 }
 
 func newHCLogger(log *slog.Logger) hclog.Logger {

@@ -29,11 +29,16 @@ func raftAddr(id, hostport string) raft.ServerAddress {
 	return raft.ServerAddress(id + "@" + hostport)
 }
 
+// ErrBadPeerAddr: a Raft server address is not ID@HOST:PORT (raftAddr
+// writes every address of a configuration, so one that does not parse was
+// damaged).
+var ErrBadPeerAddr = errors.New("cluster: peer address is not ID@HOST:PORT")
+
 // splitRaftAddr splits "ID@HOST:PORT".
 func splitRaftAddr(a raft.ServerAddress) (id, hostport string, err error) {
 	id, hostport, ok := strings.Cut(string(a), "@")
 	if !ok || id == "" || hostport == "" {
-		return "", "", fmt.Errorf("cluster: peer address %q is not ID@HOST:PORT", a)
+		return "", "", fmt.Errorf("%w: %q", ErrBadPeerAddr, a)
 	}
 	return id, hostport, nil
 }
@@ -83,10 +88,11 @@ func (a peerNetAddr) String() string  { return a.s }
 // signs its exporter, and each side checks that the other's certificate
 // names the node id it proved.
 type peerLayer struct {
-	ln       net.Listener
-	self     string // this node's server id, NAME/INCARNATION
-	name     string // this node's name
-	identity func() wire.Identity
+	ln   net.Listener
+	self string // this node's server id, NAME/INCARNATION
+	name string // this node's name
+	// identity is what this node answers a discovering peer (Node.identity).
+	identity func() (wire.Identity, error)
 	// domain returns this node's fencing domain for each handshake ("" in
 	// Bootstrap's dialer and before the domain is known).
 	domain    func() string
@@ -106,7 +112,7 @@ type peerLayer struct {
 }
 
 func newPeerLayer(ln net.Listener, cfg Config, serverID string, log *slog.Logger, failures *atomic.Uint64,
-	identity func() wire.Identity, domain func() string) *peerLayer {
+	identity func() (wire.Identity, error), domain func() string) *peerLayer {
 	hostport := ln.Addr().String()
 	if cfg.PeerAddr != "" && cfg.PeerListener == nil {
 		hostport = cfg.PeerAddr
@@ -202,7 +208,9 @@ func (l *peerLayer) serverHandshake(raw net.Conn) {
 	if peer.Kind == wire.KindDiscover {
 		// A node at its first start asks who we are: the Challenge proved
 		// our server id; tell it whether we have state, then hang up.
-		_ = wire.WriteIdentity(c, l.identity(), peer.Version)
+		if err := l.answerDiscovery(c, peer.Version); err != nil {
+			l.log.Error("discovering peer not answered", "remote", raw.RemoteAddr().String(), "peer", peer.NodeID, "err", err)
+		}
 		c.Close()
 		return
 	}
@@ -217,6 +225,22 @@ func (l *peerLayer) serverHandshake(raw net.Conn) {
 	case <-l.closing:
 		fc.Close()
 	}
+}
+
+// answerDiscovery writes this node's identity to a discovering peer on c,
+// in the layout of version. When the node cannot tell whether it has Raft
+// state it answers nothing (the error says why): the discoverer then sees
+// the connection close, and Bootstrap, which needs every initial voter's
+// answer, refuses rather than take the node for empty.
+func (l *peerLayer) answerDiscovery(c net.Conn, version uint16) error {
+	id, err := l.identity()
+	if err != nil {
+		return err
+	}
+	if err := wire.WriteIdentity(c, id, version); err != nil {
+		return fmt.Errorf("cluster: sending the identity: %w", err)
+	}
+	return nil
 }
 
 // Accept implements net.Listener: it returns authenticated connections.

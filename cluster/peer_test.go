@@ -3,6 +3,7 @@ package cluster
 import (
 	"crypto/tls"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"sync/atomic"
@@ -26,7 +27,7 @@ func testPeerLayerTLS(t *testing.T, id, cluster string, secret []byte, faults Pe
 	}
 	cfg := Config{NodeID: id, ClusterID: cluster, PeerSecret: secret, HandshakeTimeout: 2 * time.Second, PeerNet: faults,
 		AuthFailureDelay: time.Millisecond, PeerTLS: peerTLS}
-	l := newPeerLayer(ln, cfg.withDefaults(), id, slog.New(slog.DiscardHandler), new(atomic.Uint64), func() wire.Identity { return wire.Identity{} }, nil)
+	l := newPeerLayer(ln, cfg.withDefaults(), id, slog.New(slog.DiscardHandler), new(atomic.Uint64), func() (wire.Identity, error) { return wire.Identity{}, nil }, nil)
 	t.Cleanup(func() { l.Close(); l.wait() })
 	return l
 }
@@ -183,5 +184,52 @@ func TestPeerTLSIdentity(t *testing.T) {
 	plain := testPeerLayer(t, "n2", "c", secret, nil)
 	if _, err := plain.Dial(raftAddr("n1", hostport(n1)), time.Second); !errors.Is(err, wire.ErrTLSRequired) {
 		t.Fatalf("plaintext dial of a TLS peer port: %v, want tls_required", err)
+	}
+}
+
+// A node that cannot read its Raft state answers a discovering peer
+// nothing rather than "no state" (Bootstrap would take it for empty): the
+// discoverer sees the connection close. With the state readable, the
+// same discovery gets the answer.
+func TestDiscoveryNotAnsweredWithoutState(t *testing.T) {
+	secret := []byte("peer-secret-0123456789")
+	errDisk := errors.New("injected: the snapshot store cannot be listed")
+	var failing atomic.Bool
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{NodeID: "n1", ClusterID: "c", PeerSecret: secret, HandshakeTimeout: 2 * time.Second, AuthFailureDelay: time.Millisecond}
+	n1 := newPeerLayer(ln, cfg.withDefaults(), "n1/abcdefghij", slog.New(slog.DiscardHandler), new(atomic.Uint64),
+		func() (wire.Identity, error) {
+			if failing.Load() {
+				return wire.Identity{}, errDisk
+			}
+			return wire.Identity{HasState: true}, nil
+		}, nil)
+	t.Cleanup(func() { n1.Close(); n1.wait() })
+	d := newPeerDialer(Config{NodeID: "n2", ClusterID: "c", PeerSecret: secret, HandshakeTimeout: 2 * time.Second}.withDefaults(), "n2/abcdefghij", slog.New(slog.DiscardHandler))
+	_, hp, err := splitRaftAddr(n1.advertise)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, id, _, err := d.discover("n1", hp, time.Second); err != nil || !id.HasState {
+		t.Fatalf("discovery of a node with state: %+v, %v", id, err)
+	}
+	failing.Store(true)
+	if _, id, _, err := d.discover("n1", hp, time.Second); err == nil {
+		t.Fatalf("discovery of a node that cannot read its state answered %+v, want no answer", id)
+	}
+}
+
+// answerDiscovery reports a failed write of the identity (the peer hung
+// up) instead of dropping it.
+func TestAnswerDiscoveryReportsAFailedWrite(t *testing.T) {
+	l := &peerLayer{identity: func() (wire.Identity, error) { return wire.Identity{}, nil }}
+	a, b := net.Pipe()
+	b.Close()
+	defer a.Close()
+	if err := l.answerDiscovery(a, wire.ProtocolVersion); !errors.Is(err, io.ErrClosedPipe) {
+		t.Fatalf("answer to a peer that hung up: %v, want io.ErrClosedPipe", err)
 	}
 }

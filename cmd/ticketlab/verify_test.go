@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/anishathalye/porcupine"
+
 	"ticketing/cmd/ticketlab/internal/verify"
 )
 
@@ -78,6 +80,13 @@ func TestVerifyShort(t *testing.T) {
 			if len(res.Violations) > 0 {
 				t.Fatalf("%d violations (history, logs and data dirs kept in %s)", len(res.Violations), dir)
 			}
+			// Nothing short of a proof passes: porcupine's verdict must be
+			// Ok (Unknown is inconclusive), and the share of indeterminate
+			// acquires within its bound.
+			if res.Check.Linearizable != porcupine.Ok || len(res.Inconclusive) > 0 {
+				t.Fatalf("linearizability %s, inconclusive: %q (history, logs and data dirs kept in %s)", res.Check.Linearizable, res.Inconclusive, dir)
+			}
+			t.Logf("indeterminate share %.2f %% (%d of %d acquires)", 100*res.Check.IndeterminateShare, res.Check.Indeterminate, res.Check.Acquires)
 			if len(res.Faults) < 5 || res.Check.Grants < 100 {
 				t.Fatalf("too little happened: %d faults, %d grants", len(res.Faults), res.Check.Grants)
 			}

@@ -391,9 +391,21 @@ func runAcquire(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		fmt.Fprintf(stderr, "ticketing acquire: %s: %v\n", what, err)
 		return acquireExit(err)
 	}
-	fmt.Fprintln(stdout, lk.Token())
-	if f, ok := stdout.(*os.File); ok {
-		f.Sync() // a script reading our stdout sees the token now
+	// The caller learns of the lock only from this line: without the token
+	// it can neither fence a write nor know that it holds anything. A token
+	// that could not be written (stdout a full disk, a closed descriptor)
+	// is a lock nobody can use: release it at once, --hold or not, and
+	// fail (78; 79 if that release is not confirmed either). (A closed
+	// stdout pipe does not get here: Go's default SIGPIPE ends the
+	// process, whose connection closes, and the sidecar releases the lock.)
+	// os.File is unbuffered: once Fprintln returns, a script reading the
+	// pipe can read the token.
+	if _, err := fmt.Fprintln(stdout, lk.Token()); err != nil {
+		fmt.Fprintf(stderr, "ticketing acquire: %s: the token could not be written to stdout (%v); releasing the lock\n", what, err)
+		if !releaseOrReport(lk, what, stderr) {
+			return ExitUnconfirmed
+		}
+		return ExitLockError
 	}
 	if hold {
 		select {

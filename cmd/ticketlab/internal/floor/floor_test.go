@@ -2,8 +2,13 @@ package floor
 
 import (
 	"context"
+	"reflect"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/raft"
+
+	"ticketing/cluster"
 )
 
 // TestFloors measures both floors briefly on each log store and checks
@@ -32,5 +37,24 @@ func TestFloors(t *testing.T) {
 	}
 	if _, err := Open("lsm", t.TempDir()); err == nil {
 		t.Error("Open accepted an unknown log store")
+	}
+}
+
+// The library floor runs hashicorp/raft with a Ticketing node's own Raft
+// configuration (cluster.RaftConfig), not a copy that could drift: every
+// field but the logger is the node's at its defaults.
+func TestLibraryConfigIsTheNodes(t *testing.T) {
+	got := *libraryConfig("f1")
+	want := *cluster.RaftConfig(cluster.DefaultConfig(), "f1")
+	got.Logger, want.Logger = nil, nil
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("library floor's Raft config\n%+v\ndiffers from a node's\n%+v", got, want)
+	}
+	// And the node's differs from the library's defaults (else the check
+	// above would prove nothing).
+	lib := *raft.DefaultConfig()
+	lib.LocalID, lib.Logger = "f1", nil
+	if reflect.DeepEqual(lib, want) {
+		t.Fatal("a node's Raft config is hashicorp/raft's default")
 	}
 }

@@ -140,22 +140,12 @@ func Library(ctx context.Context, kind, dir string, duration time.Duration) (res
 	return res, nil
 }
 
-// libraryConfig is a node's Raft configuration: the library's defaults
-// with the timings and batching a Ticketing node uses by default, and no
+// libraryConfig is a node's Raft configuration: exactly a Ticketing
+// node's at its defaults (cluster.RaftConfig, the one place it is built,
+// so the floor cannot drift from the node it is compared with), with no
 // log output.
 func libraryConfig(id raft.ServerID) *raft.Config {
-	rc := raft.DefaultConfig()
-	rc.LocalID = id
-	rc.HeartbeatTimeout = cluster.DefaultHeartbeatTimeout
-	rc.ElectionTimeout = cluster.DefaultElectionTimeout
-	rc.LeaderLeaseTimeout = cluster.DefaultLeaderLeaseTimeout
-	rc.CommitTimeout = cluster.DefaultCommitTimeout
-	rc.MaxAppendEntries = cluster.DefaultMaxAppendEntries
-	rc.BatchApplyCh = true
-	rc.SnapshotThreshold = cluster.DefaultSnapshotThreshold
-	rc.SnapshotInterval = cluster.DefaultSnapshotInterval
-	rc.TrailingLogs = cluster.DefaultTrailingLogs
-	rc.NoLegacyTelemetry = true
+	rc := cluster.RaftConfig(cluster.DefaultConfig(), string(id))
 	rc.Logger = hclog.NewNullLogger()
 	return rc
 }

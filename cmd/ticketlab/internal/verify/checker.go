@@ -47,6 +47,19 @@ type CheckReport struct {
 	// UnknownTokens is how many tokens the cluster issued that no worker
 	// was told (each must be explained by an indeterminate acquire).
 	UnknownTokens, Indeterminate int
+	// Acquires is the number of acquires with an outcome, definite (OK,
+	// BUSY, TIMEOUT, an error) or not (INDETERMINATE); IndeterminateShare
+	// is Indeterminate / Acquires (0 without acquires). Every
+	// indeterminate acquire is an operation whose effect the checker must
+	// allow both ways, so the share measures how much of the history's
+	// power to refute is lost.
+	Acquires           int
+	IndeterminateShare float64
+	// Inconclusive lists why the history proves less than a pass claims,
+	// without any guarantee being broken: porcupine's Unknown (its search
+	// ran out of LinearizeTimeout), an indeterminate share above
+	// MaxIndeterminateShare. A run with any is a failure too.
+	Inconclusive []string
 	// Linearizable is porcupine's verdict; Visualization the HTML file it
 	// wrote when the verdict was not Ok.
 	Linearizable   porcupine.CheckResult
@@ -94,7 +107,20 @@ type CheckOptions struct {
 	// INDETERMINATE operation may still take effect (see porcupineHistory).
 	// Zero: unbounded, which is exact but slow on long histories.
 	IndeterminateWindow time.Duration
+	// MaxIndeterminateShare bounds IndeterminateShare: above it the
+	// history is inconclusive. Zero: DefaultMaxIndeterminateShare;
+	// negative: no bound.
+	MaxIndeterminateShare float64
 }
+
+// DefaultMaxIndeterminateShare is the default bound on the share of
+// indeterminate acquires. The short form's four cases had 2.9–6.5 %
+// (2026-12-03, with the extenders; 2.8–6.3 % before them), the 10-minute
+// runs of issue 18 6–8 % (cmd/ticketlab/results/blocks). 20 % is three
+// times the short form's largest, margin for a loaded machine, and still
+// fails a run in which one acquire in five proves nothing. The sessions
+// issue is to tighten it (docs/verification.md).
+const DefaultMaxIndeterminateShare = 0.2
 
 // Check runs every safety check of issue 4 on a history, the protected
 // resource's log and the final state.
@@ -108,6 +134,9 @@ func Check(ops []Op, store []StoreRec, final FinalState, opts CheckOptions) Chec
 	for _, op := range ops {
 		if op.Kind == KindAcquire {
 			acquires[op.ID] = op
+			if op.Result != "" {
+				r.Acquires++
+			}
 			if op.Result == ResOK {
 				grants = append(grants, op)
 			}
@@ -117,6 +146,18 @@ func Check(ops []Op, store []StoreRec, final FinalState, opts CheckOptions) Chec
 		}
 	}
 	r.Grants = len(grants)
+	maxShare := opts.MaxIndeterminateShare
+	if maxShare == 0 {
+		maxShare = DefaultMaxIndeterminateShare
+	}
+	if r.Acquires > 0 {
+		r.IndeterminateShare = float64(r.Indeterminate) / float64(r.Acquires)
+	}
+	if maxShare > 0 && r.IndeterminateShare > maxShare {
+		r.Inconclusive = append(r.Inconclusive, fmt.Sprintf(
+			"%d of %d acquires (%.1f %%) were indeterminate, above the bound of %.1f %% (--max-indeterminate-share %v): "+
+				"too much of the history could have gone either way", r.Indeterminate, r.Acquires, 100*r.IndeterminateShare, 100*maxShare, maxShare))
+	}
 	r.BlockGrants = map[int]int{}
 	for _, g := range grants {
 		if isBlock(g) {
@@ -179,8 +220,16 @@ func Check(ops []Op, store []StoreRec, final FinalState, opts CheckOptions) Chec
 	res, info := porcupine.CheckOperationsVerbose(model, flat, timeout)
 	r.LinearizeTime = time.Since(start)
 	r.Linearizable = res
-	if res == porcupine.Illegal {
+	switch res {
+	case porcupine.Illegal:
 		bad("linearizability", "the lock history is not linearizable (see the visualization)")
+	case porcupine.Ok:
+	default:
+		// Unknown: the search ran out of its budget. Nothing is proven,
+		// so the run cannot pass.
+		r.Inconclusive = append(r.Inconclusive, fmt.Sprintf(
+			"linearizability %s: porcupine's search did not finish within %v; the history is neither proven linearizable nor refuted "+
+				"(prefer several shorter runs with different seeds)", res, timeout))
 	}
 	if res != porcupine.Ok && opts.Dir != "" {
 		path := filepath.Join(opts.Dir, "linearizability.html")

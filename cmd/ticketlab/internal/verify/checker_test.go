@@ -661,3 +661,70 @@ func TestCheckFindsLostSignalSessionViolations(t *testing.T) {
 		t.Fatalf("violations %v", r.Violations)
 	}
 }
+
+// longHistory is a clean history of n acquire/release cycles of one key,
+// one after the other: linearizable, and long enough that porcupine needs
+// far more than a microsecond for it.
+func longHistory(n int) []Op {
+	var h hist
+	for i := 0; i < n; i++ {
+		t0 := int64(i) * 10
+		a := h.acquire(i%7, "k", t0, t0+2, ResOK, uint64(i+1))
+		h.release(a, t0+4, t0+6, ResOK, "")
+	}
+	return h.ops
+}
+
+// porcupine's Unknown (its search ran out of time) proves nothing: the
+// run is inconclusive, not a pass, though nothing was violated.
+func TestCheckUnknownIsInconclusive(t *testing.T) {
+	ops := longHistory(5000)
+	r := Check(ops, nil, FinalState{}, CheckOptions{LinearizeTimeout: time.Nanosecond})
+	if r.Linearizable != porcupine.Unknown {
+		t.Fatalf("linearizability %s with a 1 ns budget, want Unknown", r.Linearizable)
+	}
+	if len(r.Violations) != 0 {
+		t.Fatalf("violations %v: the history is clean", r.Violations)
+	}
+	if len(r.Inconclusive) != 1 || !strings.Contains(r.Inconclusive[0], "linearizability Unknown") {
+		t.Fatalf("inconclusive %q, want porcupine's Unknown", r.Inconclusive)
+	}
+	// The same history with the budget to finish is proven.
+	r = Check(ops, nil, FinalState{}, CheckOptions{})
+	if r.Linearizable != porcupine.Ok || len(r.Violations) != 0 || len(r.Inconclusive) != 0 {
+		t.Fatalf("with time: linearizability %s, violations %v, inconclusive %q", r.Linearizable, r.Violations, r.Inconclusive)
+	}
+}
+
+// The share of indeterminate acquires is reported, and above its bound
+// the history is inconclusive.
+func TestCheckBoundsIndeterminateShare(t *testing.T) {
+	var h hist
+	a := h.acquire(0, "k", 0, 10, ResOK, 1)
+	h.release(a, 20, 30, ResOK, "")
+	h.acquire(1, "k", 40, 50, ResIndeterminate, 0)
+	h.acquire(2, "k", 3000, 3010, ResTimeout, 0) // the indeterminate grant may hold k
+	h.acquire(3, "k", 3020, 3030, ResIndeterminate, 0)
+	h.acquire(4, "k", 3040, 3050, ResIndeterminate, 0)
+	// 3 of 5 acquires indeterminate: 60 %.
+	for _, tc := range []struct {
+		max          float64
+		inconclusive bool
+	}{
+		{0, true}, // the default, 20 %
+		{0.5, true},
+		{0.6, false},
+		{-1, false}, // no bound
+	} {
+		r := Check(h.ops, nil, FinalState{}, CheckOptions{MaxIndeterminateShare: tc.max})
+		if r.Acquires != 5 || r.Indeterminate != 3 || r.IndeterminateShare != 0.6 {
+			t.Fatalf("acquires %d, indeterminate %d, share %v; want 5, 3, 0.6", r.Acquires, r.Indeterminate, r.IndeterminateShare)
+		}
+		if len(r.Violations) != 0 {
+			t.Fatalf("violations %v", r.Violations)
+		}
+		if got := len(r.Inconclusive) > 0; got != tc.inconclusive {
+			t.Errorf("bound %v: inconclusive %q, want inconclusive %v", tc.max, r.Inconclusive, tc.inconclusive)
+		}
+	}
+}

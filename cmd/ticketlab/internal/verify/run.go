@@ -99,6 +99,10 @@ type Config struct {
 	Quiet time.Duration
 	// LinearizeTimeout bounds porcupine. Default 2 min.
 	LinearizeTimeout time.Duration
+	// MaxIndeterminateShare bounds the share of indeterminate acquires
+	// (CheckReport.IndeterminateShare); above it the run is inconclusive.
+	// Zero: DefaultMaxIndeterminateShare; negative: no bound.
+	MaxIndeterminateShare float64
 	// NodeArgs are extra flags for every node (and for the `ticketing
 	// bootstrap` that creates the cluster), e.g. --log-store wal.
 	NodeArgs []string
@@ -142,6 +146,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.LinearizeTimeout == 0 {
 		c.LinearizeTimeout = 2 * time.Minute
+	}
+	if c.MaxIndeterminateShare == 0 {
+		c.MaxIndeterminateShare = DefaultMaxIndeterminateShare
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -197,13 +204,21 @@ type Result struct {
 	// Violations are every broken guarantee (Check's and the run's own:
 	// liveness, final state, crashed nodes).
 	Violations []Violation
+	// Inconclusive lists why the run proved less than a pass claims
+	// (CheckReport.Inconclusive): not a broken guarantee, but a failed run.
+	Inconclusive []string
 	// History is the history file.
 	History string
 }
 
+// Passed reports whether the run proved what it checks: no violation and
+// nothing inconclusive.
+func (r *Result) Passed() bool { return len(r.Violations) == 0 && len(r.Inconclusive) == 0 }
+
 // Run performs one verification run. A returned error means the harness
 // could not run (the cluster never came up, ...); broken guarantees are
-// reported in Result.Violations.
+// reported in Result.Violations, a history that proves too little in
+// Result.Inconclusive.
 func Run(ctx context.Context, cfg Config) (*Result, error) {
 	cfg = cfg.withDefaults()
 	if cfg.Binary == "" || cfg.Lab == "" || cfg.Dir == "" {
@@ -439,8 +454,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		res.FaultRecoveries = append(res.FaultRecoveries, firstGrantAfter(hAt))
 	}
 
-	res.Check = Check(ops, store.Log(), final, CheckOptions{Dir: cfg.Dir, LinearizeTimeout: cfg.LinearizeTimeout, IndeterminateWindow: IndeterminateWindow})
+	res.Check = Check(ops, store.Log(), final, CheckOptions{Dir: cfg.Dir, LinearizeTimeout: cfg.LinearizeTimeout,
+		IndeterminateWindow: IndeterminateWindow, MaxIndeterminateShare: cfg.MaxIndeterminateShare})
 	res.Violations = append(res.Check.Violations, viol...)
+	res.Inconclusive = res.Check.Inconclusive
 	res.Elapsed = time.Since(start)
 	var all strings.Builder
 	for _, v := range res.Violations {
@@ -606,6 +623,8 @@ func (r *Result) Summary() string {
 		ck.StaleWrites, ck.LateWrites, ck.LateAccepted, ck.BlockWrites, ck.BlockStale)
 	fmt.Fprintf(&b, "tokens: %d grants, %d indeterminate acquires, %d tokens issued that no worker learned\n",
 		ck.Grants, ck.Indeterminate, ck.UnknownTokens)
+	fmt.Fprintf(&b, "indeterminate share: %.1f %% (%d of %d acquires; bound %s)\n",
+		100*ck.IndeterminateShare, ck.Indeterminate, ck.Acquires, shareBound(c.MaxIndeterminateShare))
 	fmt.Fprintf(&b, "atomicity: %d HELD observations of blocks checked\n", ck.HeldChecks)
 	if ck.Extends+ck.ExtendsIndeterminate+ck.ExtendsRefused+ck.ExtendsFailed+ck.Stalls > 0 || len(ck.LostEvents) > 0 {
 		lag := "none checked"
@@ -651,6 +670,20 @@ func (r *Result) Summary() string {
 		}
 		fmt.Fprintf(&b, "  %s: %s\n", v.Check, v.Detail)
 	}
+	if len(r.Inconclusive) > 0 {
+		fmt.Fprintf(&b, "inconclusive: %d\n", len(r.Inconclusive))
+		for _, why := range r.Inconclusive {
+			fmt.Fprintf(&b, "  %s\n", why)
+		}
+	}
+	verdict := "pass"
+	switch {
+	case len(r.Violations) > 0:
+		verdict = "FAIL (violations)"
+	case len(r.Inconclusive) > 0:
+		verdict = "FAIL (inconclusive: nothing violated, but the history proves too little)"
+	}
+	fmt.Fprintf(&b, "verdict: %s\n", verdict)
 	fmt.Fprintf(&b, "history: %s\n", r.History)
 	wipe := ""
 	if c.Wipe {
@@ -668,8 +701,23 @@ func (r *Result) Summary() string {
 	if c.BlockShare != DefaultBlockShare {
 		wipe += fmt.Sprintf(" --block-share %v", max(c.BlockShare, 0))
 	}
+	if c.MaxIndeterminateShare != DefaultMaxIndeterminateShare {
+		wipe += fmt.Sprintf(" --max-indeterminate-share %v", max(c.MaxIndeterminateShare, 0))
+	}
 	fmt.Fprintf(&b, "replay: ticketlab verify --seed %d --nodes %d --duration %v --workers %d%s\n", c.Seed, c.Nodes, c.Duration, c.Workers, wipe)
 	return b.String()
+}
+
+// shareBound describes the bound on the indeterminate share that max
+// (Config.MaxIndeterminateShare) sets.
+func shareBound(max float64) string {
+	switch {
+	case max < 0:
+		return "none"
+	case max == 0:
+		max = DefaultMaxIndeterminateShare
+	}
+	return fmt.Sprintf("%.1f %%", 100*max)
 }
 
 // IndeterminateWindow is how long after its completion the checker lets an

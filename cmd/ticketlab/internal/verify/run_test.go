@@ -54,3 +54,32 @@ func TestSummaryWithoutGrantsAfterAHeal(t *testing.T) {
 		t.Errorf("summary lacks the expected stop:\n%s", s)
 	}
 }
+
+// An inconclusive run fails (Passed) and says why, though nothing was
+// violated; the summary gives the indeterminate share and its bound.
+func TestSummaryOfAnInconclusiveRun(t *testing.T) {
+	r := Result{
+		Config: Config{Seed: 1, Nodes: 3, MaxIndeterminateShare: DefaultMaxIndeterminateShare},
+		Check:  CheckReport{Acquires: 200, Indeterminate: 50, IndeterminateShare: 0.25},
+	}
+	if !r.Passed() {
+		t.Fatal("a run with no violation and nothing inconclusive did not pass")
+	}
+	if s := r.Summary(); !strings.Contains(s, "indeterminate share: 25.0 % (50 of 200 acquires; bound 20.0 %)") || !strings.Contains(s, "verdict: pass") {
+		t.Errorf("summary lacks the share or the verdict:\n%s", s)
+	}
+	r.Inconclusive = []string{"linearizability Unknown: porcupine's search did not finish"}
+	if r.Passed() {
+		t.Fatal("an inconclusive run passed")
+	}
+	s := r.Summary()
+	for _, want := range []string{"inconclusive: 1\n  linearizability Unknown", "verdict: FAIL (inconclusive"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("summary lacks %q:\n%s", want, s)
+		}
+	}
+	r.Config.MaxIndeterminateShare = -1
+	if s := r.Summary(); !strings.Contains(s, "bound none") || !strings.Contains(s, "--max-indeterminate-share 0") {
+		t.Errorf("an unbounded run's summary lacks the bound or its replay flag:\n%s", s)
+	}
+}
