@@ -864,7 +864,7 @@ func (w hcWriter) Write(b []byte) (int, error) {
 			break
 		}
 	}
-	w.log.Log(nil, level, line, "component", "raft")
+	w.log.Log(context.Background(), level, line, "component", "raft")
 	return len(b), nil
 }
 

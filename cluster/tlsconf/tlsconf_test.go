@@ -39,7 +39,7 @@ func TestCAFileRequired(t *testing.T) {
 
 // handshake runs a TLS 1.3 handshake between a server and a client config
 // over a real loopback connection and returns both sides' errors.
-func handshake(t *testing.T, srv, cli *tls.Config) (serr, cerr error, binds [2][]byte) {
+func handshake(t *testing.T, srv, cli *tls.Config) (binds [2][]byte, serr, cerr error) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -73,7 +73,7 @@ func handshake(t *testing.T, srv, cli *tls.Config) (serr, cerr error, binds [2][
 	}
 	c.Close()
 	<-done
-	return serr, cerr, binds
+	return binds, serr, cerr
 }
 
 func TestPeerCertificatesNameTheNode(t *testing.T) {
@@ -85,7 +85,7 @@ func TestPeerCertificatesNameTheNode(t *testing.T) {
 	p2, _ := PeerConfig(files["n2"])
 	dial := p2.Clone()
 	dial.ServerName = "n1"
-	serr, cerr, binds := handshake(t, p1, dial)
+	binds, serr, cerr := handshake(t, p1, dial)
 	if serr != nil || cerr != nil {
 		t.Fatalf("mutual TLS n2 -> n1: server %v, client %v", serr, cerr)
 	}
@@ -94,13 +94,13 @@ func TestPeerCertificatesNameTheNode(t *testing.T) {
 	}
 	// Dialling n1's port expecting n2: n1's certificate does not name n2.
 	dial.ServerName = "n2"
-	if _, cerr, _ := handshake(t, p1, dial); cerr == nil {
+	if _, _, cerr := handshake(t, p1, dial); cerr == nil {
 		t.Fatal("a certificate for n1 was accepted as n2")
 	}
 	// A peer dialler without a certificate is refused.
 	noCert, _ := ClientConfig(Files{CAFile: files["n1"].CAFile})
 	noCert.ServerName = "n1"
-	if serr, _, _ := handshake(t, p1, noCert); serr == nil {
+	if _, serr, _ := handshake(t, p1, noCert); serr == nil {
 		t.Fatal("the peer port accepted a dialler without a certificate")
 	}
 	// A certificate from another CA is refused.
@@ -108,7 +108,7 @@ func TestPeerCertificatesNameTheNode(t *testing.T) {
 	stranger, _ := PeerConfig(other["n2"])
 	stranger = stranger.Clone()
 	stranger.ServerName = "n1"
-	if serr, cerr, _ := handshake(t, p1, stranger); serr == nil && cerr == nil {
+	if _, serr, cerr := handshake(t, p1, stranger); serr == nil && cerr == nil {
 		t.Fatal("a certificate from another CA was accepted")
 	}
 }

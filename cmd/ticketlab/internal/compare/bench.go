@@ -233,12 +233,6 @@ func (r *recorder) fail(err error) {
 	r.mu.Unlock()
 }
 
-func (r *recorder) setMeasuring(on bool) {
-	r.mu.Lock()
-	r.measuring = on
-	r.mu.Unlock()
-}
-
 // maxErrors ends a run early: a system that fails this often is reported
 // with its errors rather than measured.
 const maxErrors = 1000
