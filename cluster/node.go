@@ -461,7 +461,9 @@ func (n *Node) cleanup() {
 		n.adminLn.Close()
 	}
 	if n.store != nil {
-		n.store.Close()
+		if err := n.store.Close(); err != nil {
+			n.log.Warn("closing the log store", "err", err)
+		}
 	}
 }
 

@@ -445,6 +445,8 @@ func load1() float64 {
 		return 0
 	}
 	var v float64
-	fmt.Sscan(string(b), &v)
+	if _, err := fmt.Sscan(string(b), &v); err != nil {
+		return 0
+	}
 	return v
 }
