@@ -20,7 +20,9 @@ func TestKeyFileModeRefused(t *testing.T) {
 	if _, err := ServerConfig(f, false); err != nil {
 		t.Fatal(err)
 	}
-	os.Chmod(f.KeyFile, 0o640)
+	if err := os.Chmod(f.KeyFile, 0o640); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := ServerConfig(f, false); !errors.Is(err, ErrConfig) {
 		t.Fatalf("group-readable key accepted: %v", err)
 	}
@@ -31,7 +33,9 @@ func TestCAFileRequired(t *testing.T) {
 		t.Fatalf("client without CA: %v", err)
 	}
 	bad := filepath.Join(t.TempDir(), "ca.crt")
-	os.WriteFile(bad, []byte("not pem"), 0o644)
+	if err := os.WriteFile(bad, []byte("not pem"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := ClientConfig(Files{CAFile: bad}); !errors.Is(err, ErrConfig) {
 		t.Fatalf("CA without certificates: %v", err)
 	}
@@ -59,7 +63,7 @@ func handshake(t *testing.T, srv, cli *tls.Config) (binds [2][]byte, serr, cerr 
 		c.SetDeadline(time.Now().Add(5 * time.Second))
 		if serr = tc.Handshake(); serr == nil {
 			binds[0], serr = Binding(tc)
-			tc.Read(make([]byte, 1)) // until the client closes
+			_, _ = tc.Read(make([]byte, 1)) // until the client closes
 		}
 	}()
 	c, err := net.Dial("tcp", ln.Addr().String())
@@ -134,20 +138,32 @@ func TestCertificateReload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	os.WriteFile(f.CertFile, is.CertPEM, 0o644)
-	os.WriteFile(f.KeyFile, is.KeyPEM, 0o600)
+	if err := os.WriteFile(f.CertFile, is.CertPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(f.KeyFile, is.KeyPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	later := time.Now().Add(time.Minute)
-	os.Chtimes(f.CertFile, later, later)
-	os.Chtimes(f.KeyFile, later, later)
+	if err := os.Chtimes(f.CertFile, later, later); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(f.KeyFile, later, later); err != nil {
+		t.Fatal(err)
+	}
 	kp.checked = time.Time{} // as if reloadCheck had passed
 	second, _ := kp.get()
 	if string(first.Certificate[0]) == string(second.Certificate[0]) {
 		t.Fatal("renewed certificate not picked up")
 	}
 	// A broken renewal keeps the working pair.
-	os.WriteFile(f.CertFile, []byte("garbage"), 0o644)
+	if err := os.WriteFile(f.CertFile, []byte("garbage"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	evenLater := later.Add(time.Minute)
-	os.Chtimes(f.CertFile, evenLater, evenLater)
+	if err := os.Chtimes(f.CertFile, evenLater, evenLater); err != nil {
+		t.Fatal(err)
+	}
 	kp.checked = time.Time{}
 	third, _ := kp.get()
 	if third != second {
