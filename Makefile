@@ -89,9 +89,9 @@ test-fence-python-pg:
 # the lab's). The two checkers run at pinned versions through `go run
 # pkg@version`, fetched from the Go module proxy on first use and cached
 # after: they stay out of go.mod, so none of their dependencies enters the
-# binary's module graph. staticcheck reads staticcheck.conf (the checks it
-# skips, each with its reason); errcheck's exclusions are in
-# errcheck-excludes.txt, one reason per entry.
+# binary's module graph. staticcheck runs its default checks, none
+# excluded; errcheck's exclusions are in errcheck-excludes.txt, each with
+# its reason.
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 ERRCHECK ?= github.com/kisielk/errcheck@v1.30.0
 vet:
