@@ -49,7 +49,7 @@ func TestGateDelaysEscalateAndDecay(t *testing.T) {
 
 func TestGateBoundsConnectionsInAdmission(t *testing.T) {
 	g := newGate(2, time.Millisecond, time.Millisecond)
-	if !g.enter("a") || !g.enter("a") {
+	if first, second := g.enter("a"), g.enter("a"); !first || !second { // each enter admits one
 		t.Fatal("refused below the cap")
 	}
 	if g.enter("a") {

@@ -189,7 +189,9 @@ func TestClusterVersionRisesWhenEveryMemberSpeaksIt(t *testing.T) {
 				found = true
 			}
 		}
-		store.Close()
+		if err := store.Close(); err != nil {
+			t.Fatal(err)
+		}
 		if !found {
 			t.Fatalf("%s: no cluster version entry in the log", id)
 		}

@@ -76,7 +76,7 @@ func LockBatchEntries(n *Node, from uint64) (int, error) {
 func PipelinedReplication(n *Node) bool {
 	p, err := n.transport.AppendEntriesPipeline(raft.ServerID("x"), raft.ServerAddress("127.0.0.1:1"))
 	if p != nil {
-		p.Close()
+		_ = p.Close()
 	}
 	return err != raft.ErrPipelineReplicationNotSupported
 }

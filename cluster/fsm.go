@@ -250,7 +250,7 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 
 // Restore implements raft.FSM.
 func (f *fsm) Restore(rc io.ReadCloser) error {
-	defer rc.Close()
+	defer func() { _ = rc.Close() }() // read only
 	r := bufio.NewReader(rc)
 	head := make([]byte, 5)
 	if _, err := io.ReadFull(r, head); err != nil {

@@ -2,7 +2,6 @@ package cluster_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -235,8 +234,6 @@ func (lc *leaderClient) current() *client.Conn {
 	defer lc.mu.Unlock()
 	return lc.cn
 }
-
-var errNoNode = errors.New("node stopped")
 
 // handOffToBob queues bob (on b) behind alice, who holds seats/1 under t1
 // (on a, at leader li); alice's release hands the key to bob in the same

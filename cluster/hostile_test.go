@@ -46,8 +46,12 @@ func TestHostileInputOnlyHurtsTheSender(t *testing.T) {
 	p = binary.BigEndian.AppendUint32(p, 0)
 	p = append(p, 0)      // key: empty
 	p = append(p, 1, 'o') // owner
-	conn.Write(frame(wire.TypeAcquire, p))
-	conn.Write(frame(wire.TypePing, binary.BigEndian.AppendUint64(nil, 8)))
+	if _, err := conn.Write(frame(wire.TypeAcquire, p)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Write(frame(wire.TypePing, binary.BigEndian.AppendUint64(nil, 8))); err != nil {
+		t.Fatal(err)
+	}
 	var m wire.Msg
 	if err := r.ReadMsg(&m); err != nil || m.Type != wire.TypeError || m.ID != 7 || m.Code != wire.CodeInvalidKey {
 		t.Fatalf("empty key: got %+v %v, want E(invalid_key) for id 7", m, err)
@@ -65,7 +69,9 @@ func TestHostileInputOnlyHurtsTheSender(t *testing.T) {
 		"reply type":   frame(wire.TypeGranted, make([]byte, 16)),
 	} {
 		conn, r := c.rawConn(li)
-		conn.Write(bad)
+		if _, err := conn.Write(bad); err != nil {
+			t.Fatal(err)
+		}
 		m = wire.Msg{}
 		err := r.ReadMsg(&m)
 		if err != nil || m.Type != wire.TypeError || m.ID != 0 {

@@ -217,7 +217,7 @@ func openWAL(dir string, log hclog.Logger) (*walStore, error) {
 	meta := &metadb.BoltMetaDB{}
 	w, err := wal.Open(dir, wal.WithMetaStore(meta), wal.WithLogger(log.Named("wal")))
 	if err != nil {
-		meta.Close()
+		_ = meta.Close() // the open's error is the one to report
 		lock.Close()
 		return nil, fmt.Errorf("cluster: open wal %s: %w", dir, err)
 	}

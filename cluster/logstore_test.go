@@ -97,7 +97,7 @@ func TestLogStoreKindIsFixedPerDataDir(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer s.Close()
+			defer func() { _ = s.Close() }()
 			term, err := s.GetUint64([]byte("CurrentTerm"))
 			last, lerr := s.LastIndex()
 			if err != nil || lerr != nil || term != 7 || last != 1 {
@@ -402,7 +402,9 @@ func TestWALTornTailRecovery(t *testing.T) {
 	appendBatch(s, 1, 3)
 	appendBatch(s, 4, 5)
 	appendBatch(s, 6, 8)
-	s.Close()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
 	w := testkit.ReadWALTail(t, dir)
 	if len(w.Commits) != 3 || w.LastBatch() != 3 {
 		t.Fatalf("tail %+v: want 3 commit frames, 3 entries in the last batch", w)
@@ -413,7 +415,9 @@ func TestWALTornTailRecovery(t *testing.T) {
 	check(s, 8)
 	appendBatch(s, 9, 11)
 	check(s, 11)
-	s.Close()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
 
 	w = testkit.ReadWALTail(t, dir)
 	if len(w.Commits) != 4 || w.LastBatch() != 3 {
@@ -423,15 +427,19 @@ func TestWALTornTailRecovery(t *testing.T) {
 	s = open()
 	check(s, 8) // 9..11 were acknowledged, and are gone without a word
 	appendBatch(s, 9, 9)
-	s.Close()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
 	s = open()
 	check(s, 9)
 	appendBatch(s, 10, 12)
-	s.Close()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
 
 	testkit.ReadWALTail(t, dir).GarbleLastBatch(t)
 	s = open()
-	defer s.Close()
+	defer func() { _ = s.Close() }()
 	check(s, 9) // the same with a byte of 10..12 flipped
 }
 
@@ -486,7 +494,9 @@ func TestWALRestartAfterTailTruncation(t *testing.T) {
 			store(3, 6, 6)
 		}
 	}
-	s.Close()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // suffixCleared is a log handler that notes which nodes' Raft cleared a
@@ -532,7 +542,7 @@ func TestWALRestartAfterLogSuffixCleared(t *testing.T) {
 			defer wg.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			old.Do(ctx, acquireMsg(fmt.Sprintf("x%d", i), "a", 60, 0)) // appended by the isolated leader only
+			_, _, _ = old.Do(ctx, acquireMsg(fmt.Sprintf("x%d", i), "a", 60, 0)) // appended by the isolated leader only
 		}()
 	}
 	wg.Wait()

@@ -194,7 +194,7 @@ func httpGet(t *testing.T, url string) (int, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
 		t.Fatal(err)
@@ -216,7 +216,7 @@ func TestMetricsListenerAndReadiness(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { s.Close() })
-		s.Handle("/v1/extra", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "extra") }))
+		s.Handle("/v1/extra", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "extra") }))
 		return "http://" + s.Addr()
 	}
 	lu, fu, su := serve(li), serve(fi), serve(spare)

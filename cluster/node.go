@@ -450,7 +450,9 @@ func (n *Node) cleanup() {
 		n.adminLn.Close()
 	}
 	if n.store != nil {
-		n.store.Close()
+		if err := n.store.Close(); err != nil {
+			n.log.Warn("closing the log store", "err", err)
+		}
 	}
 }
 
@@ -853,7 +855,7 @@ func (w hcWriter) Write(b []byte) (int, error) {
 			break
 		}
 	}
-	w.log.Log(nil, level, line, "component", "raft")
+	w.log.Log(context.Background(), level, line, "component", "raft")
 	return len(b), nil
 }
 

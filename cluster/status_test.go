@@ -48,12 +48,12 @@ func queueWaiter(t *testing.T, c *testCluster, li int, conn *client.Conn, key, o
 // high-water mark.
 func TestStatusReport(t *testing.T) {
 	c := startClusterOpts(t, local.Options{AdminSecret: adminSecret})
-	li := c.leader()
+	c.leader()
 	lc := c.client()
 	defer lc.close()
 	mustGrant(t, lc.do(acquireMsg("a", "alice", 60, 0)))
 	t2 := mustGrant(t, lc.do(acquireMsg("b", "bob", 60, 0)))
-	li = c.leader()
+	li := c.leader()
 	conn := c.dial(li)
 	queueWaiter(t, c, li, conn, "a", "carol", 30, time.Minute)
 

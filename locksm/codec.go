@@ -208,13 +208,13 @@ func DecodeBatch(b []byte, into []Command) ([]Command, error) {
 			}
 		}
 		if d.err != nil {
-			clear(into[orig:len(into)]) // drop string references we appended
+			clear(into[orig:]) // drop string references we appended
 			return into[:orig], fmt.Errorf("%w: command %d: %v", ErrCorruptCommand, i, d.err)
 		}
 		into = append(into, c)
 	}
 	if len(d.b) != 0 {
-		clear(into[orig:len(into)])
+		clear(into[orig:])
 		return into[:orig], fmt.Errorf("%w: %d trailing bytes", ErrCorruptCommand, len(d.b))
 	}
 	return into, nil

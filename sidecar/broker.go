@@ -595,12 +595,6 @@ func (b *Broker) forgetLeader() {
 	}
 }
 
-func (b *Broker) isClosed() bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.closed
-}
-
 // Release releases l through the release queue, retrying until
 // ReleaseDeadline after this call; nil only on a success reply. Otherwise a
 // definite server error (locksm.ErrNotHeld, ErrTokenMismatch, ...: the lease

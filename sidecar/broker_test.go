@@ -410,7 +410,7 @@ func TestBrokerUnwrittenAcquireIsRetried(t *testing.T) {
 		b.mu.Unlock()
 		return n == 3
 	})
-	victim.Close()
+	_ = victim.Close()
 	for _, sc := range conns {
 		if sc != victim {
 			sc.set(false, false)
@@ -557,7 +557,7 @@ func TestBrokerSingleAddressSurvivesOneDrop(t *testing.T) {
 	b := newBroker(t, c, func(cfg *Config) { seedOnly(cfg, c.ClientAddr(li)); cfg.Dialer = d.dial })
 	ctx := ctxT(t, 30*time.Second)
 	testkit.WaitFor(t, "two connections", 5*time.Second, func() bool { return len(d.all()) == 2 && b.Info().Leader != "" })
-	d.all()[0].Close()
+	_ = d.all()[0].Close()
 	testkit.WaitFor(t, "the broker to notice the drop", 5*time.Second, func() bool {
 		b.mu.Lock()
 		defer b.mu.Unlock()

@@ -81,7 +81,7 @@ func TestBrokerReleaseRetriedAfterLostReplyIsIndeterminate(t *testing.T) {
 		return !held
 	})
 	for _, sc := range d.all() { // the K is lost with the connection
-		sc.Close()
+		_ = sc.Close()
 	}
 	err = <-errc
 	if !errors.Is(err, ErrIndeterminate) || errors.Is(err, locksm.ErrNotHeld) {

@@ -64,8 +64,8 @@ func runChildCluster(dir string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	json.NewEncoder(os.Stdout).Encode(childInfo{Addrs: c.ClientAddrs(), Secret: c.ClientSecret, ClusterID: c.ClusterID})
-	io.Copy(io.Discard, os.Stdin)
+	_ = json.NewEncoder(os.Stdout).Encode(childInfo{Addrs: c.ClientAddrs(), Secret: c.ClientSecret, ClusterID: c.ClusterID})
+	_, _ = io.Copy(io.Discard, os.Stdin)
 	return 0
 }
 
@@ -86,7 +86,7 @@ func startChildCluster(tb testing.TB) childInfo {
 	if err := cmd.Start(); err != nil {
 		tb.Fatal(err)
 	}
-	tb.Cleanup(func() { in.Close(); cmd.Wait() })
+	tb.Cleanup(func() { _ = in.Close(); _ = cmd.Wait() })
 	var ci childInfo
 	if err := json.NewDecoder(bufio.NewReader(out)).Decode(&ci); err != nil {
 		tb.Fatalf("child cluster: %v", err)

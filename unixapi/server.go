@@ -311,7 +311,9 @@ func (s *Server) refuse(c *net.UnixConn, err error) {
 	go func() {
 		defer s.wg.Done()
 		c.SetWriteDeadline(time.Now().Add(time.Second))
-		c.Write([]byte(replyFor(err) + "\n"))
+		if _, werr := c.Write([]byte(replyFor(err) + "\n")); werr != nil {
+			s.log.Debug("refusal not delivered", "reason", err, "err", werr) // the close below ends it anyway
+		}
 		c.Close()
 	}()
 }

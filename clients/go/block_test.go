@@ -162,7 +162,7 @@ func fakeSidecar(t *testing.T, answer func(line string) string) (string, func() 
 					mu.Lock()
 					lines = append(lines, sc.Text())
 					mu.Unlock()
-					fmt.Fprintf(conn, "%s\n", answer(sc.Text()))
+					_, _ = fmt.Fprintf(conn, "%s\n", answer(sc.Text()))
 				}
 			}()
 		}

@@ -408,7 +408,7 @@ func (c *Client) acquire(ctx context.Context, keys []string, lease, wait time.Du
 		// are not held until the lease ends (RELEASE of any key of a
 		// block frees all of them).
 		if tok, ok := strings.CutPrefix(reply, "OK "); ok {
-			c.send("RELEASE "+keys[0]+" "+tok, nil)
+			_, _ = c.send("RELEASE "+keys[0]+" "+tok, nil) // failing, the connection is gone, and its locks with it
 		}
 	}}
 	r, err := c.roundTrip(ctx, cl)

@@ -444,6 +444,6 @@ func FuzzReadLoop(f *testing.F) {
 		// Stop its timer; with an ended context nothing is sent.
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
-		l.Release(ctx)
+		_ = l.Release(ctx)
 	})
 }

@@ -311,7 +311,7 @@ func (c *Client) lockKeys(ctx context.Context, keys []string, lease, wait time.D
 			// keys are not held until the lease ends (RELEASE of any key
 			// of a block frees all of them).
 			if l != nil {
-				l.Release(context.Background())
+				_ = l.Release(context.Background()) // best effort: failing, the lease or the connection's end frees it
 			}
 		}})
 	if err != nil {

@@ -88,11 +88,11 @@ func devSocket(t *testing.T) string {
 				close(ready)
 			}
 		}
-		io.Copy(io.Discard, out)
+		_, _ = io.Copy(io.Discard, out)
 		cmd.Wait()
 	}()
 	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGINT)
+		_ = cmd.Process.Signal(syscall.SIGINT)
 		select {
 		case <-done:
 		case <-time.After(20 * time.Second):

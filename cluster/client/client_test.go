@@ -41,7 +41,7 @@ func (sc *srvConn) reply(t testing.TB, m wire.Msg) {
 		return
 	}
 	sc.buf = b
-	sc.nc.Write(b)
+	_, _ = sc.nc.Write(b)
 }
 
 func newFakeServer(t testing.TB, handle func(sc *srvConn, m wire.Msg)) *fakeServer {

@@ -349,7 +349,7 @@ func (p *Procs) signal(pr *proc, sig syscall.Signal) error {
 	}
 	if sig == syscall.SIGTERM {
 		// A paused process would never handle SIGTERM.
-		cmd.Process.Signal(syscall.SIGCONT)
+		_ = cmd.Process.Signal(syscall.SIGCONT) // fails only if it has exited; the signal below then fails too
 	}
 	if sig == syscall.SIGKILL || sig == syscall.SIGTERM {
 		select {
@@ -505,9 +505,9 @@ func (p *Procs) Leader(ctx context.Context) (int, error) {
 // Close kills every sidecar and node.
 func (p *Procs) Close() {
 	for j := range p.sidecars {
-		p.SignalSidecar(j, syscall.SIGKILL)
+		_ = p.SignalSidecar(j, syscall.SIGKILL) // fails only for one that has exited
 	}
 	for i := range p.ids {
-		p.Signal(i, syscall.SIGKILL)
+		_ = p.Signal(i, syscall.SIGKILL) // fails only for one that has exited
 	}
 }

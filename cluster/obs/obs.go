@@ -148,7 +148,7 @@ func writeText(w http.ResponseWriter, r *http.Request, code int, body string) {
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(code)
 	if r.Method == http.MethodGet {
-		fmt.Fprintln(w, body)
+		_, _ = fmt.Fprintln(w, body) // a failed write means the scraper went away: nobody left to tell
 	}
 }
 

@@ -28,7 +28,7 @@ func TestListenServesMetricsAndHealth(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	s.Handle("/v1/status", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, `{"ok":true}`) }))
+	s.Handle("/v1/status", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, `{"ok":true}`) }))
 	base := "http://" + s.Addr()
 	get := func(method, path string) (int, string) {
 		t.Helper()
@@ -37,7 +37,7 @@ func TestListenServesMetricsAndHealth(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer resp.Body.Close()
+		defer func() { _ = resp.Body.Close() }()
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}

@@ -20,7 +20,9 @@ func TestKeyFileModeRefused(t *testing.T) {
 	if _, err := ServerConfig(f, false); err != nil {
 		t.Fatal(err)
 	}
-	os.Chmod(f.KeyFile, 0o640)
+	if err := os.Chmod(f.KeyFile, 0o640); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := ServerConfig(f, false); !errors.Is(err, ErrConfig) {
 		t.Fatalf("group-readable key accepted: %v", err)
 	}
@@ -31,7 +33,9 @@ func TestCAFileRequired(t *testing.T) {
 		t.Fatalf("client without CA: %v", err)
 	}
 	bad := filepath.Join(t.TempDir(), "ca.crt")
-	os.WriteFile(bad, []byte("not pem"), 0o644)
+	if err := os.WriteFile(bad, []byte("not pem"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := ClientConfig(Files{CAFile: bad}); !errors.Is(err, ErrConfig) {
 		t.Fatalf("CA without certificates: %v", err)
 	}
@@ -39,7 +43,7 @@ func TestCAFileRequired(t *testing.T) {
 
 // handshake runs a TLS 1.3 handshake between a server and a client config
 // over a real loopback connection and returns both sides' errors.
-func handshake(t *testing.T, srv, cli *tls.Config) (serr, cerr error, binds [2][]byte) {
+func handshake(t *testing.T, srv, cli *tls.Config) (binds [2][]byte, serr, cerr error) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -59,7 +63,7 @@ func handshake(t *testing.T, srv, cli *tls.Config) (serr, cerr error, binds [2][
 		c.SetDeadline(time.Now().Add(5 * time.Second))
 		if serr = tc.Handshake(); serr == nil {
 			binds[0], serr = Binding(tc)
-			tc.Read(make([]byte, 1)) // until the client closes
+			_, _ = tc.Read(make([]byte, 1)) // until the client closes
 		}
 	}()
 	c, err := net.Dial("tcp", ln.Addr().String())
@@ -73,7 +77,7 @@ func handshake(t *testing.T, srv, cli *tls.Config) (serr, cerr error, binds [2][
 	}
 	c.Close()
 	<-done
-	return serr, cerr, binds
+	return binds, serr, cerr
 }
 
 func TestPeerCertificatesNameTheNode(t *testing.T) {
@@ -85,7 +89,7 @@ func TestPeerCertificatesNameTheNode(t *testing.T) {
 	p2, _ := PeerConfig(files["n2"])
 	dial := p2.Clone()
 	dial.ServerName = "n1"
-	serr, cerr, binds := handshake(t, p1, dial)
+	binds, serr, cerr := handshake(t, p1, dial)
 	if serr != nil || cerr != nil {
 		t.Fatalf("mutual TLS n2 -> n1: server %v, client %v", serr, cerr)
 	}
@@ -94,13 +98,13 @@ func TestPeerCertificatesNameTheNode(t *testing.T) {
 	}
 	// Dialling n1's port expecting n2: n1's certificate does not name n2.
 	dial.ServerName = "n2"
-	if _, cerr, _ := handshake(t, p1, dial); cerr == nil {
+	if _, _, cerr := handshake(t, p1, dial); cerr == nil {
 		t.Fatal("a certificate for n1 was accepted as n2")
 	}
 	// A peer dialler without a certificate is refused.
 	noCert, _ := ClientConfig(Files{CAFile: files["n1"].CAFile})
 	noCert.ServerName = "n1"
-	if serr, _, _ := handshake(t, p1, noCert); serr == nil {
+	if _, serr, _ := handshake(t, p1, noCert); serr == nil {
 		t.Fatal("the peer port accepted a dialler without a certificate")
 	}
 	// A certificate from another CA is refused.
@@ -108,7 +112,7 @@ func TestPeerCertificatesNameTheNode(t *testing.T) {
 	stranger, _ := PeerConfig(other["n2"])
 	stranger = stranger.Clone()
 	stranger.ServerName = "n1"
-	if serr, cerr, _ := handshake(t, p1, stranger); serr == nil && cerr == nil {
+	if _, serr, cerr := handshake(t, p1, stranger); serr == nil && cerr == nil {
 		t.Fatal("a certificate from another CA was accepted")
 	}
 }
@@ -134,20 +138,32 @@ func TestCertificateReload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	os.WriteFile(f.CertFile, is.CertPEM, 0o644)
-	os.WriteFile(f.KeyFile, is.KeyPEM, 0o600)
+	if err := os.WriteFile(f.CertFile, is.CertPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(f.KeyFile, is.KeyPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	later := time.Now().Add(time.Minute)
-	os.Chtimes(f.CertFile, later, later)
-	os.Chtimes(f.KeyFile, later, later)
+	if err := os.Chtimes(f.CertFile, later, later); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(f.KeyFile, later, later); err != nil {
+		t.Fatal(err)
+	}
 	kp.checked = time.Time{} // as if reloadCheck had passed
 	second, _ := kp.get()
 	if string(first.Certificate[0]) == string(second.Certificate[0]) {
 		t.Fatal("renewed certificate not picked up")
 	}
 	// A broken renewal keeps the working pair.
-	os.WriteFile(f.CertFile, []byte("garbage"), 0o644)
+	if err := os.WriteFile(f.CertFile, []byte("garbage"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	evenLater := later.Add(time.Minute)
-	os.Chtimes(f.CertFile, evenLater, evenLater)
+	if err := os.Chtimes(f.CertFile, evenLater, evenLater); err != nil {
+		t.Fatal(err)
+	}
 	kp.checked = time.Time{}
 	third, _ := kp.get()
 	if third != second {

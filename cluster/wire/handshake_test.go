@@ -179,7 +179,7 @@ func TestFakeServerNodeID(t *testing.T) {
 		ch = appendStr8(ch, "") // domain
 		ch = append(ch, 1)
 		ch = append(ch, proof(peerSecret, serverLabel, tr)...)
-		sc.Write(finishFrame(ch))
+		_, _ = sc.Write(finishFrame(ch))
 		got <- nextFrame(sc, buf)
 	}()
 	if _, err := ClientHandshake(cc, ccfg); !errors.Is(err, ErrWrongNode) {
@@ -307,7 +307,7 @@ func TestHandshakeReplay(t *testing.T) {
 		_, err := ServerHandshake(sc, scfg)
 		errc <- err
 	}()
-	go cc.Write(recorded) // Hello and the old Auth; net.Pipe blocks, so async
+	go func() { _, _ = cc.Write(recorded) }() // Hello and the old Auth; net.Pipe blocks, so async
 	r := NewReader(cc)
 	typ, _, err := r.ReadFrame()
 	if err != nil || typ != TypeChallenge {
@@ -362,7 +362,7 @@ func TestServerRefusesGarbage(t *testing.T) {
 				_, err := ServerHandshake(sc, scfg)
 				errc <- err
 			}()
-			go cc.Write(tc.in)
+			go func() { _, _ = cc.Write(tc.in) }()
 			var m Msg
 			if err := NewReader(cc).ReadMsg(&m); err != nil || m.Type != TypeError || m.Code != tc.code {
 				t.Fatalf("reply %+v %v, want code %v", m, err, tc.code)
@@ -626,7 +626,7 @@ func TestFakeServerDomain(t *testing.T) {
 		}
 		sn := make([]byte, NonceLen)
 		tr := specTranscript(ProtocolVersion, KindClient, h.cn, sn, "prod", "n1", "", "", "b", "a", nil)
-		sc.Write(specChallengeFrame(ProtocolVersion, sn, "n1", "prod", "a", specProof(clientSecret, specServerLabel, tr)))
+		_, _ = sc.Write(specChallengeFrame(ProtocolVersion, sn, "n1", "prod", "a", specProof(clientSecret, specServerLabel, tr)))
 		got <- nextFrame(sc, buf)
 	}()
 	if _, err := ClientHandshake(cc, ccfg); !errors.Is(err, ErrWrongDomain) {

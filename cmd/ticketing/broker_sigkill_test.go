@@ -17,7 +17,7 @@ import (
 // through the new leader, and the holder's release succeeds there.
 func TestBrokerLeaderSIGKILLDuringPendingAcquire(t *testing.T) {
 	p, b, ctx := procsAndBroker(t, "warn")
-	li, err := p.Leader(ctx)
+	_, err := p.Leader(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +33,8 @@ func TestBrokerLeaderSIGKILLDuringPendingAcquire(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if li, err = p.Leader(ctx); err != nil {
+	li, err := p.Leader(ctx)
+	if err != nil {
 		t.Fatal(err)
 	}
 	errc := make(chan error, 1)

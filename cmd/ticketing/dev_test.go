@@ -43,7 +43,7 @@ func runDevUntilReady(t *testing.T, args ...string) (stdout, stderr string) {
 		cmd.Wait()
 		t.Fatalf("dev %q never printed its ready line\nstdout:\n%s\nstderr:\n%s", args, out.String(), errb.String())
 	}
-	cmd.Process.Signal(syscall.SIGINT)
+	_ = cmd.Process.Signal(syscall.SIGINT)
 	for sc.Scan() {
 		out.WriteString(sc.Text() + "\n")
 	}

@@ -397,7 +397,7 @@ func startDocNodes(t *testing.T, ph placeholders) string {
 
 // stopProcess stops a process with SIGTERM, then SIGKILL after 15 s.
 func stopProcess(cmd *exec.Cmd) {
-	cmd.Process.Signal(syscall.SIGTERM)
+	_ = cmd.Process.Signal(syscall.SIGTERM)
 	done := make(chan struct{})
 	go func() { cmd.Wait(); close(done) }()
 	select {

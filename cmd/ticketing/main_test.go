@@ -154,7 +154,7 @@ func TestDevReadyAndGrants(t *testing.T) {
 	if !granted {
 		t.Fatal("no node of the dev cluster granted")
 	}
-	cmd.Process.Signal(syscall.SIGINT)
+	_ = cmd.Process.Signal(syscall.SIGINT)
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	select {
@@ -313,7 +313,7 @@ func startDev(t *testing.T) devCluster {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGINT)
+		_ = cmd.Process.Signal(syscall.SIGINT)
 		done := make(chan struct{})
 		go func() { cmd.Wait(); close(done) }()
 		select {
@@ -344,7 +344,7 @@ func startDev(t *testing.T) devCluster {
 			if dc.sock != sock {
 				t.Fatalf("dev printed sidecar socket %q, want %q", dc.sock, sock)
 			}
-			go io.Copy(io.Discard, stdout)
+			go func() { _, _ = io.Copy(io.Discard, stdout) }()
 			return dc
 		}
 	}
@@ -424,7 +424,7 @@ func TestLockCommandExitCodes(t *testing.T) {
 		}
 	}
 	// SIGINT ends --hold, which releases: k2 is free at once.
-	hold.Process.Signal(syscall.SIGINT)
+	_ = hold.Process.Signal(syscall.SIGINT)
 	if err := hold.Wait(); err != nil {
 		t.Fatalf("acquire --hold after SIGINT: %v", err)
 	}
@@ -470,7 +470,7 @@ func TestLockCommandBlock(t *testing.T) {
 			t.Errorf("%v: exit %d, want %d\n%s", tc.args, code, tc.code, out)
 		}
 	}
-	hold.Process.Signal(syscall.SIGINT)
+	_ = hold.Process.Signal(syscall.SIGINT)
 	if err := hold.Wait(); err != nil {
 		t.Fatalf("acquire --hold after SIGINT: %v", err)
 	}
@@ -499,7 +499,7 @@ func TestKilledHolderFreesKeyFast(t *testing.T) {
 			if err := holder.Start(); err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { syscall.Kill(-holder.Process.Pid, syscall.SIGKILL); holder.Wait() })
+			t.Cleanup(func() { _ = syscall.Kill(-holder.Process.Pid, syscall.SIGKILL); _ = holder.Wait() })
 			// Wait until it holds: a probe gets BUSY.
 			for until := time.Now().Add(10 * time.Second); ; {
 				if code, _ := run(t, sock, "acquire", "--wait", "0", key); code == 75 {
@@ -526,7 +526,7 @@ func TestKilledHolderFreesKeyFast(t *testing.T) {
 			return ok && st.Waiting >= 1
 		})
 		killed := time.Now()
-		holder.Process.Signal(syscall.SIGKILL)
+		_ = holder.Process.Signal(syscall.SIGKILL)
 		r := <-got
 		if r.code != 0 {
 			t.Fatalf("%s: waiter exit %d: %s", how, r.code, r.out)

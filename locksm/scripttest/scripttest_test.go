@@ -54,7 +54,9 @@ func TestRunAndRewrite(t *testing.T) {
 		t.Fatal("a missing script parsed")
 	}
 	bad := filepath.Join(t.TempDir(), "bad.txt")
-	os.WriteFile(bad, []byte("echo a=1\nno separator\n"), 0o644)
+	if err := os.WriteFile(bad, []byte("echo a=1\nno separator\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if _, _, err := Parse(bad); !errors.Is(err, ErrSyntax) {
 		t.Fatalf("a command without ---- parsed: %v", err)
 	}

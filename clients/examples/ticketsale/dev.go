@@ -60,7 +60,7 @@ func startDev(ctx context.Context, bin, dir string, logf func(string, ...any)) (
 				close(ready)
 			}
 		}
-		io.Copy(io.Discard, out)
+		_, _ = io.Copy(io.Discard, out) // drains the pipe until the process exits; its end is the only news
 		d.cmd.Wait()
 	}()
 	select {
@@ -80,7 +80,7 @@ func startDev(ctx context.Context, bin, dir string, logf func(string, ...any)) (
 
 // stop sends SIGINT (as Ctrl-C) and waits; SIGKILL after 20 s.
 func (d *devCluster) stop() {
-	d.cmd.Process.Signal(syscall.SIGINT)
+	_ = d.cmd.Process.Signal(syscall.SIGINT) // fails only if it has exited; done is then closed
 	select {
 	case <-d.done:
 	case <-time.After(20 * time.Second):
@@ -98,7 +98,7 @@ type limited struct {
 func (l *limited) Write(p []byte) (int, error) {
 	if l.n > 0 {
 		k := min(len(p), l.n)
-		l.w.Write(p[:k])
+		_, _ = l.w.Write(p[:k]) // a log excerpt: the rest of the output is discarded anyway
 		l.n -= k
 	}
 	return len(p), nil

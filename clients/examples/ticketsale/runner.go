@@ -347,14 +347,20 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*report, error) {
 		} else {
 			logf("chaos: the runner did not sell %s's seats %s (%s); waking it", p.name, joinInts(paused.Seats), t.Note)
 		}
-		p.cmd.Process.Signal(syscall.SIGCONT)
-		io.WriteString(p.stdin, "CONT\n")
+		if err := p.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+			logf("chaos: waking %s: %v", p.name, err)
+		}
+		if _, err := io.WriteString(p.stdin, "CONT\n"); err != nil {
+			logf("chaos: waking %s: %v", p.name, err)
+		}
 	}
 
 	running, ready, pauses := len(procs), 0, 0
 	startAll := func() {
 		for _, p := range procs {
-			io.WriteString(p.stdin, "GO\n") // stdin stays open for CONT
+			if _, err := io.WriteString(p.stdin, "GO\n"); err != nil { // stdin stays open for CONT
+				logf("starting %s: %v", p.name, err)
+			}
 		}
 	}
 	for running > 0 {

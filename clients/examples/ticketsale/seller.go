@@ -186,7 +186,9 @@ func (s *seller) sellOnce(ctx context.Context, blk *ticketing.Lock, seats []int)
 		if free {
 			s.paused = true
 			fmt.Printf("PAUSE %d %s %s\n", token, sale, list)
-			syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+			if err := syscall.Kill(os.Getpid(), syscall.SIGSTOP); err != nil {
+				return fmt.Errorf("pausing: %w", err)
+			}
 			// kill returns before the whole process has stopped (another
 			// thread may take the stop); wait for the runner's CONT so that
 			// nothing, above all no transaction, starts before the stop.

@@ -87,7 +87,7 @@ func openPostgres(t *testing.T) db {
 	t.Cleanup(func() {
 		pdb.Close()
 		if a, err := sql.Open("pgx", dsn); err == nil {
-			a.Exec("DROP SCHEMA " + schema + " CASCADE")
+			_, _ = a.Exec("DROP SCHEMA " + schema + " CASCADE")
 			a.Close()
 		}
 	})

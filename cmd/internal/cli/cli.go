@@ -84,6 +84,22 @@ func usage(w io.Writer) {
 	fmt.Fprintln(w, "\nRun 'ticketing COMMAND -h' for a command's flags, 'ticketing --version' for the build.")
 }
 
+// errWriter keeps the first write error, so that a report printed in many
+// writes (tables through text/tabwriter) is checked once, at its end.
+type errWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (e *errWriter) Write(p []byte) (int, error) {
+	if e.err != nil {
+		return 0, e.err
+	}
+	n, err := e.w.Write(p)
+	e.err = err
+	return n, err
+}
+
 // cmdFlags is a command's flag set with the conventions every command
 // keeps: -h and --help print the whole usage on stdout and exit 0; a bad
 // invocation (an unknown flag, a bad value, wrong arguments) prints one line
@@ -197,7 +213,9 @@ func (l *logLevel) Set(s string) error {
 	var v slog.Level
 	switch strings.ToLower(s) {
 	case "debug", "info", "warn", "error":
-		v.UnmarshalText([]byte(s))
+		if err := v.UnmarshalText([]byte(s)); err != nil {
+			return err
+		}
 	default:
 		return fmt.Errorf("want debug, info, warn or error, got %q", s)
 	}

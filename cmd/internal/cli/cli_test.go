@@ -80,7 +80,9 @@ func TestCertsCommand(t *testing.T) {
 func TestBootstrapNeedsNewDomain(t *testing.T) {
 	dir := t.TempDir()
 	sec, peer := secretFile(t, dir, "c.secret"), secretFile(t, dir, "p2.secret")
-	os.WriteFile(peer, []byte("fedcba9876543210fedcba9876543210\n"), 0o600)
+	if err := os.WriteFile(peer, []byte("fedcba9876543210fedcba9876543210\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	var out, errb bytes.Buffer
 	code := Main([]string{"bootstrap", "--id", "n1", "--data-dir", filepath.Join(dir, "d"),
 		"--client-addr", "127.0.0.1:0", "--peer-addr", "127.0.0.1:7501",
@@ -101,7 +103,9 @@ func TestBootstrapNeedsNewDomain(t *testing.T) {
 func TestNodeRefusesTheOtherLogStore(t *testing.T) {
 	dir := t.TempDir()
 	sec, peer := secretFile(t, dir, "c.secret"), secretFile(t, dir, "p.secret")
-	os.WriteFile(peer, []byte("fedcba9876543210fedcba9876543210\n"), 0o600)
+	if err := os.WriteFile(peer, []byte("fedcba9876543210fedcba9876543210\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		cmd, wrote string
 		flags      []string
@@ -111,12 +115,16 @@ func TestNodeRefusesTheOtherLogStore(t *testing.T) {
 		{"node", "wal", []string{"--log-store", "bolt"}},
 	} {
 		data := filepath.Join(t.TempDir(), "d")
-		os.Mkdir(data, 0o700)
+		if err := os.Mkdir(data, 0o700); err != nil {
+			t.Fatal(err)
+		}
 		s, err := cluster.OpenLogStore(data, cluster.LogStoreKind(tc.wrote))
 		if err != nil {
 			t.Fatal(err)
 		}
-		s.Close()
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
 		var out, errb bytes.Buffer
 		code := Main(append([]string{tc.cmd, "--id", "n1", "--data-dir", data,
 			"--client-addr", "127.0.0.1:0", "--peer-addr", "127.0.0.1:7501",

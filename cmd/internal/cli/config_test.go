@@ -152,7 +152,9 @@ func TestConfigFileMissingAndCommandLineOnly(t *testing.T) {
 func TestCommandsTakeConfig(t *testing.T) {
 	dir := t.TempDir()
 	conf := filepath.Join(dir, "node.conf")
-	os.WriteFile(conf, []byte("# any command\nlog-level = debug\nno-such-flag = 1\n"), 0o600)
+	if err := os.WriteFile(conf, []byte("# any command\nlog-level = debug\nno-such-flag = 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, cmd := range []string{"node", "bootstrap", "sidecar"} {
 		var out, errb bytes.Buffer
 		code := Main([]string{cmd, "--config", conf}, &out, &errb)

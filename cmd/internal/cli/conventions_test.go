@@ -198,7 +198,9 @@ func TestConfigErrorsNameFileAndLine(t *testing.T) {
 	dir := t.TempDir()
 	sec := secretFile(t, dir, "c.secret")
 	peer := filepath.Join(dir, "p.secret")
-	os.WriteFile(peer, []byte("fedcba9876543210fedcba9876543210\n"), 0o600)
+	if err := os.WriteFile(peer, []byte("fedcba9876543210fedcba9876543210\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	write := func(body string) string {
 		p := filepath.Join(dir, "x.conf")
 		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {

@@ -250,7 +250,7 @@ func (d *devLogs) failed() {
 	d.st.mu.Unlock()
 	for _, h := range held {
 		if h.h.Enabled(context.Background(), h.r.Level) {
-			h.h.Handle(context.Background(), h.r)
+			_ = h.h.Handle(context.Background(), h.r) // a log line that cannot be written has nowhere else to go
 		}
 	}
 }

@@ -254,7 +254,7 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		case <-exited:
 			running = false
 		case s := <-sigs:
-			cmd.Process.Signal(s)
+			_ = cmd.Process.Signal(s) // fails only once the command has exited, which exited reports
 		case <-tick:
 			if !extending {
 				extending = true
@@ -272,7 +272,7 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			lost, tick, wasLost = nil, nil, true
 			fmt.Fprintf(stderr, "ticketing lock: lock %s (token %d) lost (%s) while the command runs: sending it SIGTERM, SIGKILL in %v\n",
 				what, tok, lk.LostReason(), grace)
-			cmd.Process.Signal(syscall.SIGTERM)
+			_ = cmd.Process.Signal(syscall.SIGTERM) // fails only once the command has exited
 			kill = time.After(grace)
 		case <-kill:
 			kill = nil
@@ -288,7 +288,7 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		// A lock lost only to the local deadline may still be held:
 		// releasing frees it sooner. Its failure is expected, not news.
 		rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		lk.Release(rctx)
+		_ = lk.Release(rctx)
 		cancel()
 		fmt.Fprintf(stderr, "ticketing lock: the command exited with %d after the lock was lost\n", code)
 		return ExitLost

@@ -77,7 +77,7 @@ func devSidecar(t *testing.T) string {
 	done := make(chan int, 1)
 	go func() {
 		done <- runDev(ctx, []string{"--base-port", "0", "--dir", filepath.Join(t.TempDir(), "d"), "--socket", sock}, pw, &errb)
-		pw.Close()
+		_ = pw.Close()
 	}()
 	ready := make(chan struct{})
 	go func() {

@@ -76,10 +76,12 @@ func runMembers(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		if rep, err = a.Members(ctx); err == nil {
 			if af.json {
 				b, _ := json.MarshalIndent(rep, "", "  ")
-				fmt.Fprintln(stdout, string(b))
+				_, err = fmt.Fprintln(stdout, string(b))
 				break
 			}
-			printMembers(stdout, rep)
+			out := &errWriter{w: stdout}
+			printMembers(out, rep)
+			err = out.err
 		}
 	case "add-learner":
 		_, err = a.Do(ctx, wire.AdminRequest{Op: "add-learner", ID: arg[0], Addr: arg[1]})
@@ -153,7 +155,7 @@ func (m memberRow) answersCol() string {
 	return "no"
 }
 
-func printMembers(w io.Writer, rep wire.AdminReply) {
+func printMembers(w *errWriter, rep wire.AdminReply) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SERVER ID\tPEER ADDRESS\tROLE\tANSWERS\tLAG")
 	var rows []memberRow
@@ -167,7 +169,7 @@ func printMembers(w io.Writer, rep wire.AdminReply) {
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", m.ServerID, m.PeerAddr, r.role(), r.answersCol(), lag)
 	}
-	tw.Flush()
+	_ = tw.Flush() // its write error is kept by w
 	fmt.Fprintf(w, "commit index %d\n", rep.Commit)
 	printHealthNotes(w, rows)
 }

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -45,7 +46,11 @@ func (p *pprofFlag) start(log *slog.Logger) (stop func(), err error) {
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	srv := &http.Server{Handler: mux}
-	go srv.Serve(ln)
+	go func() {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			log.Warn("profiler stopped", "err", err)
+		}
+	}()
 	log.Info("profiler listening", "addr", ln.Addr().String())
 	return func() { srv.Close() }, nil
 }

@@ -155,16 +155,24 @@ func (af *adminFlags) run(ctx context.Context, name string, req wire.AdminReques
 			v = rep.Key
 		}
 		b, _ := json.MarshalIndent(v, "", "  ")
-		fmt.Fprintln(stdout, string(b))
+		if _, err := fmt.Fprintln(stdout, string(b)); err != nil {
+			fmt.Fprintf(stderr, "%s: writing the report: %v\n", name, err)
+			return ExitError
+		}
 		return ExitOK
 	}
+	out := &errWriter{w: stdout}
 	switch {
 	case rep.Status != nil:
-		printStatus(stdout, rep.Status)
+		printStatus(out, rep.Status)
 	case rep.Key != nil:
-		printKey(stdout, rep.Key)
+		printKey(out, rep.Key)
 	default:
 		fmt.Fprintln(stderr, name+": the node sent an empty report (is it an older version?)")
+		return ExitError
+	}
+	if out.err != nil {
+		fmt.Fprintf(stderr, "%s: writing the report: %v\n", name, out.err)
 		return ExitError
 	}
 	return ExitOK
@@ -205,7 +213,7 @@ func askLeaderFirst(ctx context.Context, a *client.AdminCluster, req wire.AdminR
 	return wire.AdminReply{}, false, errors.Join(errs...)
 }
 
-func printStatus(w io.Writer, s *wire.StatusReport) {
+func printStatus(w *errWriter, s *wire.StatusReport) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	answered := s.Role
 	if s.Serving {
@@ -227,7 +235,7 @@ func printStatus(w io.Writer, s *wire.StatusReport) {
 		keys = "key"
 	}
 	fmt.Fprintf(tw, "Locks:\t%d %s held, %d waiting, last token %d\n", s.KeysHeld, keys, s.Waiters, s.LastToken)
-	tw.Flush()
+	_ = tw.Flush() // its write error is kept by w
 	fmt.Fprintln(w)
 	if s.MembersError != "" {
 		fmt.Fprintln(w, "members unknown:", s.MembersError)
@@ -245,7 +253,7 @@ func printStatus(w io.Writer, s *wire.StatusReport) {
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", m.ServerID, r.role(), m.PeerAddr, orDash(m.ClientAddr), r.answersCol(), lag)
 	}
-	tw.Flush()
+	_ = tw.Flush() // its write error is kept by w
 	if s.Role != "leader" {
 		fmt.Fprintln(w, "(whether members answer, and their lag, are known only to the leader)")
 		return
@@ -253,7 +261,7 @@ func printStatus(w io.Writer, s *wire.StatusReport) {
 	printHealthNotes(w, rows)
 }
 
-func printKey(w io.Writer, k *wire.KeyReport) {
+func printKey(w *errWriter, k *wire.KeyReport) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "Key:\t%s\n", k.Key)
 	fmt.Fprintf(tw, "Answered by:\t%s (%s)\n", k.ServerID, k.Role)
@@ -279,7 +287,7 @@ func printKey(w io.Writer, k *wire.KeyReport) {
 		queue += fmt.Sprintf(" (first %d shown)", len(k.Queue))
 	}
 	fmt.Fprintf(tw, "Queue:\t%s\n", queue)
-	tw.Flush()
+	_ = tw.Flush() // its write error is kept by w
 	if len(k.Queue) == 0 {
 		return
 	}
@@ -298,7 +306,7 @@ func printKey(w io.Writer, k *wire.KeyReport) {
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%ds\t%s\n", i+1, q.Owner, fmtMs(q.WaitedMs), left, q.LeaseSec, block)
 	}
-	tw.Flush()
+	_ = tw.Flush() // its write error is kept by w
 	if estimated {
 		fmt.Fprintln(w, "(~: estimated from the leader's time stamps and this node's clock)")
 	}

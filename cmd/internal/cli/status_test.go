@@ -74,7 +74,7 @@ func TestStatusAndInspect(t *testing.T) {
 	code, out, errs = run(append([]string{"inspect", "seats/12A"}, flags...)...)
 	if code != ExitOK || !strings.Contains(out, "Holder:       alice, token "+itoa(r.Token)) ||
 		!strings.Contains(out, "(leader's timer)") || !strings.Contains(out, "2 waiting") ||
-		strings.Index(out, "bob") < 0 || strings.Index(out, "bob") > strings.Index(out, "carol") {
+		!strings.Contains(out, "bob") || strings.Index(out, "bob") > strings.Index(out, "carol") {
 		t.Fatalf("inspect: exit %d\n%s%s", code, out, errs)
 	}
 	t.Logf("ticketing inspect seats/12A:\n%s", out)

@@ -648,7 +648,7 @@ func (br *blocksRun) profile(ctx context.Context, w string, li int) chan error {
 			if err != nil {
 				return err
 			}
-			defer resp.Body.Close()
+			defer func() { _ = resp.Body.Close() }() // read only
 			if resp.StatusCode != http.StatusOK {
 				return fmt.Errorf("%s: %s", url, resp.Status)
 			}

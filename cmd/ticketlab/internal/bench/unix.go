@@ -191,7 +191,7 @@ func benchUnixConns(ctx context.Context, p *localproc.Procs, dir, bin string, co
 		return err
 	}
 	defer func() {
-		cmd.Process.Signal(os.Interrupt)
+		_ = cmd.Process.Signal(os.Interrupt) // fails only if it has exited; Wait reaps it either way
 		cmd.Wait()
 	}()
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)

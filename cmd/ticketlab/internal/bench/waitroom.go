@@ -421,7 +421,7 @@ func startSidecarProc(ctx context.Context, p *localproc.Procs, dir, bin, sock st
 		return 0, nil, err
 	}
 	stop := func() {
-		cmd.Process.Signal(os.Interrupt)
+		_ = cmd.Process.Signal(os.Interrupt) // fails only if it has exited; Wait reaps it either way
 		done := make(chan struct{})
 		go func() { cmd.Wait(); close(done) }()
 		select {

@@ -233,12 +233,6 @@ func (r *recorder) fail(err error) {
 	r.mu.Unlock()
 }
 
-func (r *recorder) setMeasuring(on bool) {
-	r.mu.Lock()
-	r.measuring = on
-	r.mu.Unlock()
-}
-
 // maxErrors ends a run early: a system that fails this often is reported
 // with its errors rather than measured.
 const maxErrors = 1000
@@ -451,6 +445,8 @@ func load1() float64 {
 		return 0
 	}
 	var v float64
-	fmt.Sscan(string(b), &v)
+	if _, err := fmt.Sscan(string(b), &v); err != nil {
+		return 0
+	}
 	return v
 }

@@ -239,13 +239,15 @@ func Run(ctx context.Context, o Options, stdout io.Writer) error {
 		cmd := exec.CommandContext(ctx, o.PeersScript, "start", o.PeersDir)
 		cmd.Stdout, cmd.Stderr = stdout, stdout
 		if err := cmd.Run(); err != nil {
-			exec.Command(o.PeersScript, "stop", o.PeersDir).Run()
+			_ = exec.Command(o.PeersScript, "stop", o.PeersDir).Run() // cleanup: the start's error is the news
 			return fmt.Errorf("peers.sh start: %w", err)
 		}
 		defer func() {
 			cmd := exec.Command(o.PeersScript, "stop", o.PeersDir)
 			cmd.Stdout, cmd.Stderr = stdout, stdout
-			cmd.Run()
+			if err := cmd.Run(); err != nil {
+				fmt.Fprintf(stdout, "peers.sh stop: %v\n", err)
+			}
 		}()
 	}
 

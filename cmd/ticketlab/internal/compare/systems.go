@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"debug/buildinfo"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -339,9 +338,6 @@ func closeAll(cs []Client) {
 		c.Close()
 	}
 }
-
-// errStopped marks an operation cut short because the run ended.
-var errStopped = errors.New("run ended")
 
 // binaryVersion names the ticketing binary's VCS revision, from its build
 // information, or else from the repository the binary was built from

@@ -55,13 +55,13 @@ func Library(ctx context.Context, kind, dir string, duration time.Duration) (res
 	)
 	defer func() {
 		for _, r := range rafts {
-			r.Shutdown().Error()
+			_ = r.Shutdown().Error() // always nil in hashicorp/raft v1.7.3 (shutdownFuture.Error)
 		}
 		for _, t := range trans {
 			t.Close()
 		}
 		for _, s := range stores {
-			s.Close()
+			_ = s.Close() // a throwaway store in a temporary dir
 		}
 	}()
 	var servers []raft.Server

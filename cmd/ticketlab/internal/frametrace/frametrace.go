@@ -64,7 +64,7 @@ func Setup(ctx context.Context, cfg *cluster.Config, path string, log *slog.Logg
 			return err
 		}
 	}
-	t := &tracer{w: bufio.NewWriter(f)}
+	t := &tracer{w: bufio.NewWriter(f), log: log}
 	cfg.ClientListener = &listener{Listener: ln, t: t}
 	go func() {
 		tick := time.NewTicker(50 * time.Millisecond)
@@ -88,6 +88,7 @@ type tracer struct {
 	mu  sync.Mutex
 	buf []Rec
 	w   *bufio.Writer
+	log *slog.Logger
 }
 
 func (t *tracer) add(recs []Rec) {
@@ -102,9 +103,11 @@ func (t *tracer) flush() {
 	t.buf = nil
 	t.mu.Unlock()
 	for _, r := range recs {
-		fmt.Fprintf(t.w, "%c %d %d\n", r.Type, r.Token, r.At)
+		_, _ = fmt.Fprintf(t.w, "%c %d %d\n", r.Type, r.Token, r.At) // bufio.Writer keeps its first error for Flush
 	}
-	t.w.Flush()
+	if err := t.w.Flush(); err != nil {
+		t.log.Warn("frame trace: write failed; the trace is incomplete", "err", err)
+	}
 }
 
 type listener struct {

@@ -251,7 +251,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer h.Close()
+	defer func() { _ = h.Close() }() // for the error paths; the success path closes it checked, below
 
 	clusterDir := filepath.Join(cfg.Dir, "cluster")
 	os.RemoveAll(clusterDir)
@@ -402,6 +402,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 
 	ops := h.Ops()
+	if err := h.Close(); err != nil { // the history file is what `ticketlab check` reads again
+		return nil, fmt.Errorf("verify: history %s: %w", res.History, err)
+	}
 	res.Ops, res.BlockOps = map[string]int{}, map[string]int{}
 	var grantsAfter []int64
 	writeOf := map[int64]Op{}

@@ -139,20 +139,28 @@ func (s *Store) serveConn(c net.Conn) {
 		case len(f) >= 6 && f[0] == "B":
 			keys, nums = f[4:], f[1:4]
 		default:
-			fmt.Fprintf(c, "ERR bad request\n")
+			if _, err := fmt.Fprintf(c, "ERR bad request\n"); err != nil {
+				return // the worker's connection is gone; it retries on a new one
+			}
 			continue
 		}
 		tok, err1 := strconv.ParseUint(nums[0], 10, 64)
 		w, err2 := strconv.Atoi(nums[1])
 		op, err3 := strconv.ParseInt(nums[2], 10, 64)
 		if err1 != nil || err2 != nil || err3 != nil {
-			fmt.Fprintf(c, "ERR bad numbers\n")
+			if _, err := fmt.Fprintf(c, "ERR bad numbers\n"); err != nil {
+				return // the worker's connection is gone; it retries on a new one
+			}
 			continue
 		}
 		if ok, hw := s.WriteBlock(keys, tok, w, op); ok {
-			fmt.Fprintf(c, "OK\n")
+			if _, err := fmt.Fprintf(c, "OK\n"); err != nil {
+				return // the worker's connection is gone; it retries on a new one
+			}
 		} else {
-			fmt.Fprintf(c, "REJECT %d\n", hw)
+			if _, err := fmt.Fprintf(c, "REJECT %d\n", hw); err != nil {
+				return // the worker's connection is gone; it retries on a new one
+			}
 		}
 	}
 }
