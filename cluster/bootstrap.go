@@ -97,7 +97,7 @@ func Bootstrap(cfg Config, opts BootstrapOptions) (BootstrapResult, error) {
 		return BootstrapResult{}, fmt.Errorf("cluster: open the %s log store in %s (is the node running? stop it first): %w",
 			cfg.LogStore, cfg.DataDir, err)
 	}
-	defer store.Close()
+	defer func() { _ = store.Close() }() // only read: a failed close loses nothing
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(filepath.Join(cfg.DataDir, "snapshots"), 2, newHCLogger(cfg.Logger))
 	if err != nil {
 		return BootstrapResult{}, fmt.Errorf("cluster: snapshot store: %w", err)

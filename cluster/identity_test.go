@@ -258,7 +258,7 @@ func TestBootstrapRefusedWhenAVoterCannotReadItsState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer store.Close()
+	defer func() { _ = store.Close() }() // closed again below: the second close fails harmlessly
 	if last, err := store.LastIndex(); err != nil || last != 0 {
 		t.Fatalf("the refused bootstrap wrote a log: last index %d, %v", last, err)
 	}
@@ -269,7 +269,9 @@ func TestBootstrapRefusedWhenAVoterCannotReadItsState(t *testing.T) {
 	if err := os.Mkdir(snaps, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	store.Close()
+	if err := store.Close(); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := c.Bootstrap(0, cluster.BootstrapOptions{Timeout: 10 * time.Second}); err != nil {
 		t.Fatalf("bootstrap with every voter readable: %v", err)
 	}

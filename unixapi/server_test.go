@@ -787,7 +787,9 @@ func TestRepliesInRequestOrderUnderSlowReads(t *testing.T) {
 	token(t, dial(t, s).do("ACQUIRE "+busy+" 60 0"))
 	c := dial(t, s)
 	if uc, ok := c.c.(*net.UnixConn); ok {
-		uc.SetReadBuffer(1024)
+		if err := uc.SetReadBuffer(1024); err != nil {
+			t.Fatal(err)
+		}
 	}
 	const groups = 200
 	var lines []string
@@ -804,7 +806,7 @@ func TestRepliesInRequestOrderUnderSlowReads(t *testing.T) {
 		// The requests outrun the reads: all of them are sent before the
 		// first reply is read.
 		c.c.SetWriteDeadline(time.Now().Add(30 * time.Second))
-		c.c.Write([]byte(strings.Join(lines, "\n") + "\n"))
+		_, _ = c.c.Write([]byte(strings.Join(lines, "\n") + "\n")) // a failed write shows as missing replies below
 	}()
 	time.Sleep(200 * time.Millisecond) // let replies pile up against the small buffer
 	for i := range groups {

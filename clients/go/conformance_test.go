@@ -247,8 +247,20 @@ func (r *runner) conn(name string) *ticketing.Client {
 
 func str(st map[string]json.RawMessage, f string) string {
 	var s string
-	json.Unmarshal(st[f], &s)
+	field(st, f, &s)
 	return s
+}
+
+// field decodes the step's field f into v; an absent field leaves v as it
+// is, and a field of the wrong type is a broken scenarios.json (panics,
+// which fails the test).
+func field(st map[string]json.RawMessage, f string, v any) {
+	if st[f] == nil {
+		return
+	}
+	if err := json.Unmarshal(st[f], v); err != nil {
+		panic(fmt.Sprintf("conformance: step field %q: %v", f, err))
+	}
 }
 
 func num(st map[string]json.RawMessage, f string) (float64, bool) {
@@ -263,7 +275,7 @@ func strs(st map[string]json.RawMessage, f string) []string {
 		return []string{one}
 	}
 	var many []string
-	json.Unmarshal(st[f], &many)
+	field(st, f, &many)
 	return many
 }
 
@@ -469,7 +481,7 @@ func (r *runner) call(c *ticketing.Client, op string, st map[string]json.RawMess
 			return result{kind: "arg_error"}
 		}
 		var names []string
-		json.Unmarshal(st["block"], &names)
+		field(st, "block", &names)
 		keys := make([]string, len(names))
 		for i, n := range names {
 			keys[i] = r.key(n)
@@ -492,7 +504,7 @@ func (r *runner) call(c *ticketing.Client, op string, st map[string]json.RawMess
 			l, err = c.Lock(ctx, key, lease, wait, opts...)
 		} else {
 			var names []string
-			json.Unmarshal(st["block"], &names)
+			field(st, "block", &names)
 			keys := make([]string, len(names))
 			for i, n := range names {
 				keys[i] = r.key(n)
@@ -634,9 +646,9 @@ func (r *runner) check(where string, st map[string]json.RawMessage, res result) 
 	}
 	if want == "held" {
 		var keys []string
-		json.Unmarshal(st["keys"], &keys)
+		field(st, "keys", &keys)
 		var toks map[string]string
-		json.Unmarshal(st["tokens"], &toks)
+		field(st, "tokens", &toks)
 		if len(res.held) != len(keys) {
 			t.Fatalf("%s: held %v, want keys %v", where, res.held, keys)
 		}

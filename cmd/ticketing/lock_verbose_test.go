@@ -57,7 +57,9 @@ func TestLockVerboseSaysQueued(t *testing.T) {
 		case <-time.After(30 * time.Second):
 			t.Fatalf("%v: no queued line within 30s", tc.keys)
 		}
-		hold.Process.Signal(syscall.SIGINT) // releases
+		if err := hold.Process.Signal(syscall.SIGINT); err != nil { // releases
+			t.Fatal(err)
+		}
 		if err := hold.Wait(); err != nil {
 			t.Fatalf("acquire --hold after SIGINT: %v", err)
 		}
@@ -71,7 +73,7 @@ func TestLockVerboseSaysQueued(t *testing.T) {
 	}
 	// Not queued: nothing said.
 	hold, _ := holdLock(t, sock, "v/3")
-	defer func() { hold.Process.Signal(syscall.SIGINT); hold.Wait() }()
+	defer func() { _ = hold.Process.Signal(syscall.SIGINT); _ = hold.Wait() }() // cleanup
 	for _, tc := range []struct {
 		args []string
 		code int

@@ -232,7 +232,7 @@ func TestWALTornTail(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s's wal offline: %v", p.ID(i), err)
 		}
-		defer s.Close()
+		defer func() { _ = s.Close() }() // only read
 		last, err := s.LastIndex()
 		if err != nil {
 			t.Fatal(err)
