@@ -161,7 +161,7 @@ func runSuite(t *testing.T, sock string, scs []scenario) {
 	for _, sc := range scs {
 		t.Run(sc.Name, func(t *testing.T) {
 			r := &runner{t: t, sock: sock, conns: map[string]*ticketing.Client{}, tokens: map[string]uint64{},
-				locks: map[string]*ticketing.Lock{}, bg: map[string]chan result{}, queued: map[string]chan struct{}{},
+				locks: map[string]*ticketing.Lock{}, since: map[*ticketing.Lock]time.Time{}, bg: map[string]chan result{}, queued: map[string]chan struct{}{},
 				prefix: fmt.Sprintf("go/%d/%s/", run, sc.Name), pads: map[string]int{}}
 			for name, opts := range sc.Keys {
 				if p, ok := opts["pad_to"].(float64); ok {
@@ -184,7 +184,10 @@ type runner struct {
 	conns  map[string]*ticketing.Client
 	tokens map[string]uint64 // guarded by mu: background calls read it
 	locks  map[string]*ticketing.Lock
-	bg     map[string]chan result
+	// since is when the call that took or last extended each lock began:
+	// its local deadline counts from a send no earlier than that.
+	since map[*ticketing.Lock]time.Time
+	bg    map[string]chan result
 	// queued has a value once a background acquire's WithQueued hook ran.
 	queued map[string]chan struct{}
 	mu     sync.Mutex
@@ -207,6 +210,10 @@ type result struct {
 	dur   time.Duration
 	err   error
 }
+
+// hangGuard bounds a wait only so that a broken library fails instead of
+// hanging: no scenario relies on it for speed.
+const hangGuard = 30 * time.Second
 
 func (r *runner) closeAll() {
 	for _, c := range r.conns {
@@ -348,8 +355,10 @@ func (r *runner) step(i int, st map[string]json.RawMessage) {
 		default:
 		}
 		left := l.Remaining()
-		if min, ok := seconds(st, "remaining_min"); ok && left < min {
-			t.Fatalf("%s: remaining %v, below %v", where, left, min)
+		// remaining_min counts from the call that took or last extended
+		// the lock, so a slow step in between cannot fail it.
+		if min, ok := seconds(st, "remaining_min"); ok && left+time.Since(r.since[l]) < min {
+			t.Fatalf("%s: remaining %v %v after the lock's call began, below %v", where, left, time.Since(r.since[l]), min)
 		}
 		if max, ok := seconds(st, "remaining_max"); ok && left > max {
 			t.Fatalf("%s: remaining %v, above %v", where, left, max)
@@ -359,7 +368,7 @@ func (r *runner) step(i int, st map[string]json.RawMessage) {
 		l := r.lock(where, str(st, "lock"))
 		within, ok := seconds(st, "within")
 		if !ok {
-			within = 5 * time.Second
+			within = hangGuard
 		}
 		reasons := strs(st, "reason")
 		start := time.Now()
@@ -384,7 +393,8 @@ func (r *runner) step(i int, st map[string]json.RawMessage) {
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
-		r.check(where, st, result{dur: time.Since(start)})
+		// The bounds count from the call that took or last extended the lock.
+		r.check(where, st, result{dur: time.Since(r.since[l])})
 		return
 	case "close":
 		c := r.conn(str(st, "conn"))
@@ -392,7 +402,10 @@ func (r *runner) step(i int, st map[string]json.RawMessage) {
 		delete(r.conns, str(st, "conn"))
 		return
 	case "expect_closed":
-		within, _ := seconds(st, "within")
+		within, ok := seconds(st, "within")
+		if !ok {
+			within = hangGuard
+		}
 		c := r.conn(str(st, "conn"))
 		select {
 		case <-c.Done():
@@ -522,7 +535,10 @@ func (r *runner) call(c *ticketing.Client, op string, st map[string]json.RawMess
 		if !ok {
 			return result{kind: "arg_error"}
 		}
-		if err = r.lock("extend", str(st, "lock")).Extend(ctx, lease); err == nil {
+		l := r.lock("extend", str(st, "lock"))
+		begun := time.Now()
+		if err = l.Extend(ctx, lease); err == nil {
+			r.since[l] = begun
 			return result{kind: "ok"}
 		}
 		if errors.Is(err, ticketing.ErrLockLost) {
@@ -639,6 +655,7 @@ func (r *runner) check(where string, st map[string]json.RawMessage, res result) 
 		r.mu.Unlock()
 		if res.lock != nil {
 			r.locks[name] = res.lock
+			r.since[res.lock] = time.Now().Add(-res.dur)
 		}
 	}
 	if want == "info" && res.kind == "info" && !strings.Contains(res.raw, "cluster=") {

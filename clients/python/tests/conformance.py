@@ -26,6 +26,9 @@ import ticketing
 
 SCENARIOS_FILE = Path(__file__).resolve().parents[2] / "conformance" / "scenarios.json"
 AWAIT_LIMIT = 30.0  # seconds; no scenario should ever wait this long
+# HANG_GUARD bounds a wait (await_lost, expect_closed) only so that a broken
+# library fails instead of hanging: no scenario relies on it for speed.
+HANG_GUARD = 30
 
 
 def load_scenarios() -> List[Dict[str, Any]]:
@@ -173,6 +176,10 @@ class Runner:
         self.conns: Dict[str, Any] = {}
         self.tokens: Dict[str, int] = {}
         self.locks: Dict[str, Any] = {}
+        # When the call that took or last extended each saved lock began
+        # (time.monotonic()): its local deadline counts from a send no
+        # earlier than that.
+        self.since: Dict[str, float] = {}
         self.background: Dict[str, "asyncio.Task[tuple]"] = {}
         # Set by the on_queued hook of the background acquire of that id.
         self.queued: Dict[str, asyncio.Event] = {}
@@ -231,7 +238,9 @@ class Runner:
                 token = await self.adapter.lock_call(lock, "acquire")
                 return Outcome("ok", token=token, lock=lock)
             if op == "extend":
+                begun = time.monotonic()
                 await self.adapter.lock_call(self.locks[step["lock"]], "extend", step["lease"])
+                self.since[step["lock"]] = begun
                 return Outcome("ok")
             if op == "release":
                 await call(client, "release", self.step_key(step), self.step_token(step))
@@ -273,6 +282,7 @@ class Runner:
             self.tokens[step["save"]] = out.token
             if out.lock is not None:
                 self.locks[step["save"]] = out.lock
+                self.since[step["save"]] = time.monotonic() - elapsed
         gt = step.get("expect_token_gt", [])
         for name in [gt] if isinstance(gt, str) else gt:
             if out.token is None or not out.token > self.tokens[name]:
@@ -330,8 +340,14 @@ class Runner:
             left = lock.remaining()
             if lock.lost.is_set():
                 raise ScenarioFailure(f"lost ({lock.lost_reason}), expected alive")
-            if "remaining_min" in step and left < step["remaining_min"]:
-                raise ScenarioFailure(f"remaining {left:.3f} s, expected at least {step['remaining_min']} s")
+            # remaining_min counts from the call that took or last extended
+            # the lock, so a slow step in between cannot fail it.
+            since = time.monotonic() - self.since[step["lock"]]
+            if "remaining_min" in step and left + since < step["remaining_min"]:
+                raise ScenarioFailure(
+                    f"remaining {left:.3f} s {since:.3f} s after the lock's call began, "
+                    f"expected at least {step['remaining_min']} s"
+                )
             if "remaining_max" in step and left > step["remaining_max"]:
                 raise ScenarioFailure(f"remaining {left:.3f} s, expected at most {step['remaining_max']} s")
         elif op == "await_lost":
@@ -346,10 +362,10 @@ class Runner:
                 await self.adapter.close(client)
         elif op == "expect_closed":
             client = self.conn(step["conn"])
-            deadline = time.monotonic() + step.get("within", 2)
+            deadline = time.monotonic() + step.get("within", HANG_GUARD)
             while client.connected:
                 if time.monotonic() > deadline:
-                    raise ScenarioFailure(f"connection still open after {step.get('within', 2)} s")
+                    raise ScenarioFailure(f"connection still open after {step.get('within', HANG_GUARD)} s")
                 await asyncio.sleep(0.01)
         elif "background" in step:
             # The request must be written before the next step starts. A
@@ -394,16 +410,17 @@ class Runner:
         blocking client): passes once it is set with one of the reasons."""
         lock = self.locks[step["lock"]]
         want = step["reason"] if isinstance(step["reason"], list) else [step["reason"]]
-        within = step.get("within", 5)
+        within = step.get("within", HANG_GUARD)
         t0 = time.monotonic()
         while not (lock.lost.is_set() and lock.lost_reason in want):
             if time.monotonic() - t0 > within:
                 state = f"lost ({lock.lost_reason})" if lock.lost.is_set() else "not lost"
                 raise ScenarioFailure(f"{state} after {within} s, expected lost with reason {' or '.join(want)}")
             await asyncio.sleep(0.005)
-        elapsed = time.monotonic() - t0
+        # The bounds count from the call that took or last extended the lock.
+        elapsed = time.monotonic() - self.since[step["lock"]]
         if "min_seconds" in step and elapsed < step["min_seconds"]:
-            raise ScenarioFailure(f"lost after {elapsed:.3f} s, expected at least {step['min_seconds']} s")
+            raise ScenarioFailure(f"lost {elapsed:.3f} s after the lock's call began, expected at least {step['min_seconds']} s")
         if "max_seconds" in step and elapsed > step["max_seconds"]:
             raise ScenarioFailure(f"lost after {elapsed:.3f} s, expected at most {step['max_seconds']} s")
 
