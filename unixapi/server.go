@@ -38,8 +38,11 @@ import (
 // Its calls must not block: an ACQUIRE or RELEASE waits without a
 // goroutine, in the broker (see sidecar.Broker.AcquireAsync).
 type Broker interface {
-	AcquireAsync(key, owner string, lease, wait time.Duration, done func(sidecar.Lock, error)) (cancel func(error), err error)
-	AcquireBlockAsync(keys []string, owner string, lease, wait time.Duration, done func(sidecar.Lock, error)) (cancel func(error), err error)
+	// AcquireAsyncOpts acquires one key or a block (sidecar.Broker's); its
+	// opts.Queued tells when the cluster queued it, which the server passes
+	// on as the QUEUED event (version 4).
+	AcquireAsyncOpts(keys []string, owner string, lease, wait time.Duration, opts sidecar.AcquireOptions,
+		done func(sidecar.Lock, error)) (cancel func(error), err error)
 	ReleaseAsync(l sidecar.Lock, done func(error)) error
 	ExtendAsync(l sidecar.Lock, lease time.Duration, done func(sidecar.Lock, error)) error
 	WatchLost(l sidecar.Lock, fn func(sidecar.LostReason)) (stop func())
@@ -49,17 +52,6 @@ type Broker interface {
 
 var _ Broker = (*sidecar.Broker)(nil)
 
-// QueuedBroker is a Broker that also tells when the cluster queued an
-// acquire (sidecar.AcquireOptions.Queued), which the server passes on as
-// the QUEUED event (version 4). A Broker that is not one never gets a
-// connection a QUEUED line; *sidecar.Broker is one.
-type QueuedBroker interface {
-	Broker
-	AcquireAsyncOpts(keys []string, owner string, lease, wait time.Duration, opts sidecar.AcquireOptions,
-		done func(sidecar.Lock, error)) (cancel func(error), err error)
-}
-
-var _ QueuedBroker = (*sidecar.Broker)(nil)
 
 // Server serves the unix API on one socket. Create it with Listen.
 type Server struct {

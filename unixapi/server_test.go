@@ -470,10 +470,8 @@ type noClusterBroker struct{}
 
 var errNoCluster = errors.New("noClusterBroker: no cluster")
 
-func (noClusterBroker) AcquireAsync(string, string, time.Duration, time.Duration, func(sidecar.Lock, error)) (func(error), error) {
-	return nil, errNoCluster
-}
-func (noClusterBroker) AcquireBlockAsync([]string, string, time.Duration, time.Duration, func(sidecar.Lock, error)) (func(error), error) {
+func (noClusterBroker) AcquireAsyncOpts([]string, string, time.Duration, time.Duration, sidecar.AcquireOptions,
+	func(sidecar.Lock, error)) (func(error), error) {
 	return nil, errNoCluster
 }
 func (noClusterBroker) ReleaseAsync(sidecar.Lock, func(error)) error { return errNoCluster }

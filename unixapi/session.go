@@ -388,19 +388,16 @@ func (ss *session) startAcquire(req Request) bool {
 		cancel func(error)
 		err    error
 	)
-	switch qb, ok := ss.srv.broker.(QueuedBroker); {
-	case ok && a.waiter:
-		// Only a waiter can be queued (wait 0 is granted or BUSY).
-		a.keys = req.Keys
-		if !req.Block() {
-			a.keys = []string{req.Key}
-		}
-		cancel, err = qb.AcquireAsyncOpts(a.keys, ss.owner, req.Lease, req.Wait, sidecar.AcquireOptions{Queued: a.queued}, a.done)
-	case req.Block():
-		cancel, err = ss.srv.broker.AcquireBlockAsync(req.Keys, ss.owner, req.Lease, req.Wait, a.done)
-	default:
-		cancel, err = ss.srv.broker.AcquireAsync(req.Key, ss.owner, req.Lease, req.Wait, a.done)
+	a.keys = req.Keys
+	if !req.Block() {
+		a.keys = []string{req.Key}
 	}
+	var opts sidecar.AcquireOptions
+	if a.waiter {
+		// Only a waiter can be queued (wait 0 is granted or BUSY).
+		opts.Queued = a.queued
+	}
+	cancel, err = ss.srv.broker.AcquireAsyncOpts(a.keys, ss.owner, req.Lease, req.Wait, opts, a.done)
 	if err != nil {
 		a.done(sidecar.Lock{}, err)
 		return true
