@@ -964,3 +964,47 @@ class Session:
         """Record the reply to a plain :func:`hello_line`; the version."""
         self.version = parse_hello(reply)
         return self.version
+
+
+class LockView:
+    """The read-only attributes of a lock object, the same for
+    :class:`ticketing.Lock` and :class:`ticketing.aio.AsyncLock`: both keep
+    their decisions in a :class:`LockState` as ``self._state``."""
+
+    _state: "LockState"
+
+    @property
+    def key(self) -> str:
+        """The first key."""
+        return self._state.keys[0]
+
+    @property
+    def keys(self) -> Tuple[str, ...]:
+        """Every key of the lock (a block's keys, in the order given)."""
+        return self._state.keys
+
+    @property
+    def lease(self) -> int:
+        """The lease of the acquire, then of the last successful extend."""
+        return self._state.lease
+
+    @property
+    def wait(self) -> Number:
+        return self._state.wait
+
+    @property
+    def token(self) -> Optional[int]:
+        """The fencing token while held, else None."""
+        return self._state.token
+
+    @property
+    def held_token(self) -> Optional[int]:
+        """The token granted, kept after release (for LockLostError)."""
+        return self._state.held_token
+
+    @property
+    def lost_reason(self) -> Optional[str]:
+        """None while not lost; else why: ``"expired"``, ``"moved"``,
+        ``"compensated"`` (the sidecar's event), ``"deadline"`` (the local
+        deadline passed) or ``"disconnected"`` (see :class:`ticketing.Lock`)."""
+        return self._state.reason

@@ -396,7 +396,7 @@ class AsyncClient:
         return release_late_grant
 
 
-class AsyncLock:
+class AsyncLock(p.LockView):
     """asyncio version of :class:`ticketing.Lock`; see :meth:`AsyncClient.lock`
     and :meth:`AsyncClient.lock_block`.
 
@@ -435,40 +435,6 @@ class AsyncLock:
         self._state = state
         self._conn: Optional[_AsyncConnection] = None
         self._timer: Optional[asyncio.TimerHandle] = None
-
-    @property
-    def key(self) -> str:
-        """The first key."""
-        return self._state.keys[0]
-
-    @property
-    def keys(self) -> Tuple[str, ...]:
-        """Every key of the lock (a block's keys, in the order given)."""
-        return self._state.keys
-
-    @property
-    def lease(self) -> int:
-        """The lease of the acquire, then of the last successful extend."""
-        return self._state.lease
-
-    @property
-    def wait(self) -> p.Number:
-        return self._state.wait
-
-    @property
-    def token(self) -> Optional[int]:
-        """The fencing token while held, else None."""
-        return self._state.token
-
-    @property
-    def held_token(self) -> Optional[int]:
-        """The token granted, kept after release (for LockLostError)."""
-        return self._state.held_token
-
-    @property
-    def lost_reason(self) -> Optional[str]:
-        """None while not lost; else why (see :class:`ticketing.Lock`)."""
-        return self._state.reason
 
     def remaining(self) -> float:
         """Seconds of local validity left; 0 once lost (see

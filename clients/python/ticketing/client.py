@@ -568,7 +568,7 @@ class Client:
         return release_late_grant
 
 
-class Lock:
+class Lock(p.LockView):
     """A lock on one key, or on a seat block, through a :class:`Client`;
     see :meth:`Client.lock` and :meth:`Client.lock_block`.
 
@@ -624,40 +624,6 @@ class Lock:
         self._mu = threading.Lock()
         self._conn: Optional[_Connection] = None
         self._timer: Optional[list] = None
-
-    @property
-    def key(self) -> str:
-        """The first key."""
-        return self._state.keys[0]
-
-    @property
-    def keys(self) -> Tuple[str, ...]:
-        """Every key of the lock (a block's keys, in the order given)."""
-        return self._state.keys
-
-    @property
-    def lease(self) -> int:
-        """The lease of the acquire, then of the last successful extend."""
-        return self._state.lease
-
-    @property
-    def wait(self) -> p.Number:
-        return self._state.wait
-
-    @property
-    def token(self) -> Optional[int]:
-        """The fencing token while held, else None."""
-        return self._state.token
-
-    @property
-    def held_token(self) -> Optional[int]:
-        """The token granted, kept after release (for LockLostError)."""
-        return self._state.held_token
-
-    @property
-    def lost_reason(self) -> Optional[str]:
-        """None while not lost; else why (see the class docs)."""
-        return self._state.reason
 
     def remaining(self) -> float:
         """Seconds of local validity left: the deadline (send time + lease −
