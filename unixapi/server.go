@@ -52,7 +52,6 @@ type Broker interface {
 
 var _ Broker = (*sidecar.Broker)(nil)
 
-
 // Server serves the unix API on one socket. Create it with Listen.
 type Server struct {
 	cfg    Config
