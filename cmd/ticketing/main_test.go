@@ -248,6 +248,13 @@ func TestLeaderSIGKILL(t *testing.T) {
 			break
 		}
 		if time.Now().After(waitDeadline) {
+			for i := 0; i < p.Size(); i++ {
+				st, err := p.Status(ctx, i)
+				t.Logf("%s: status %+v, err %v, exited by itself %v", p.ID(i), st, err, p.Exited(i))
+				if b, err := os.ReadFile(p.LogFile(i)); err == nil {
+					t.Logf("%s's log:\n%s", p.ID(i), b)
+				}
+			}
 			t.Fatalf("%d nodes never caught up to token %d", behind, r.Token)
 		}
 		time.Sleep(50 * time.Millisecond)
