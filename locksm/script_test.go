@@ -308,11 +308,11 @@ func checkInvariants(s *State) error {
 		}
 		if e.token == 0 {
 			reserved++
-			if e.owner != "" || len(e.queue) == 0 || e.queue[0].Keys == nil {
+			if e.owner != "" || e.queue.len() == 0 || e.queue.head().Keys == nil {
 				// A free key with waiters would let a newcomer cut the line.
 				return fmt.Errorf("key %q: unheld, and not reserved for a block %+v", k, e.queue)
 			}
-			if s.grantable(e.queue[0]) {
+			if s.grantable(*e.queue.head()) {
 				return fmt.Errorf("key %q: reserved for a block that could be granted", k)
 			}
 		} else {
@@ -321,8 +321,11 @@ func checkInvariants(s *State) error {
 			}
 			tokens[e.token] = append(tokens[e.token], k)
 		}
+		if err := e.queue.check(); err != nil {
+			return fmt.Errorf("key %q: %w", k, err)
+		}
 		refs := map[uint64]bool{}
-		for _, w := range e.queue {
+		for _, w := range e.queue.waiters() {
 			if refs[w.Ref] {
 				return fmt.Errorf("key %q: ref %d queued twice", k, w.Ref)
 			}
@@ -342,7 +345,7 @@ func checkInvariants(s *State) error {
 			}
 			blockSeen[w.Ref] = append(blockSeen[w.Ref], k)
 		}
-		if (len(e.queue) > 0) != (s.queued[k] == e) {
+		if (e.queue.len() > 0) != (s.queued[k] == e) {
 			return fmt.Errorf("key %q: queued index out of step", k)
 		}
 	}

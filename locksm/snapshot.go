@@ -148,9 +148,8 @@ func writeSnapshot(w io.Writer, hd snapHeader, n int, key func(i int) (string, *
 				sw.buf = binary.AppendVarint(sw.buf, h.GrantedAt)
 			}
 		}
-		sw.buf = binary.AppendUvarint(sw.buf, uint64(len(e.queue)))
-		for i := range e.queue {
-			q := &e.queue[i]
+		sw.buf = binary.AppendUvarint(sw.buf, uint64(e.queue.len()))
+		e.queue.each(func(q *Waiter) {
 			sw.string(q.Owner)
 			sw.buf = binary.AppendUvarint(sw.buf, q.Ref)
 			sw.buf = binary.AppendUvarint(sw.buf, uint64(q.LeaseSec))
@@ -160,7 +159,7 @@ func writeSnapshot(w io.Writer, hd snapHeader, n int, key func(i int) (string, *
 				sw.keys(q.Keys)
 			}
 			sw.maybeFlush()
-		}
+		})
 		sw.maybeFlush()
 	}
 	if v2 {
@@ -334,7 +333,7 @@ func (d *snapReader) read() (*State, error) {
 			s.reserved++
 		}
 		if nq > 0 {
-			e.queue = make([]Waiter, 0, min(nq, 64))
+			e.queue = &waitQueue{ws: make([]Waiter, 0, min(nq, 64))}
 			refs = refs[:0]
 		}
 		for j := range nq {
@@ -374,10 +373,10 @@ func (d *snapReader) read() (*State, error) {
 			} else {
 				s.waiting++
 			}
-			e.queue = append(e.queue, w)
+			e.queue.push(w)
 			refs = append(refs, w.Ref)
 		}
-		if len(e.queue) > 0 {
+		if e.queue.len() > 0 {
 			slices.Sort(refs)
 			for j := 1; j < len(refs); j++ {
 				if refs[j] == refs[j-1] {
@@ -409,7 +408,7 @@ func (d *snapReader) read() (*State, error) {
 		s.blockWaiters[ref] = sb.w.Keys
 	}
 	for _, k := range reservedKeys {
-		head := s.keys[k].queue[0]
+		head := *s.keys[k].queue.head()
 		if head.Keys == nil || s.grantable(head) {
 			return nil, fmt.Errorf("key %q: reserved, but its head is not a block that must wait", k)
 		}

@@ -26,7 +26,7 @@ type State struct {
 	waiting int
 	// blocks maps the token of every held block to its keys (the
 	// requester's order); a single-key holding has no entry. Keeping it
-	// beside the entries leaves entry at 64 bytes.
+	// beside the entries keeps entry small (TestEntrySize).
 	blocks map[uint64][]string
 	// blockWaiters maps the ref of every queued block to its keys: a
 	// queued block's ref is unique in the table, so it names the one
@@ -35,8 +35,8 @@ type State struct {
 	// renewed maps the token of every holding that was extended to the
 	// Now of its latest OpExtend (Holder.RenewedAt); a holding never
 	// extended has no entry, and the entry goes when the holding ends.
-	// Like blocks, it lives beside the entries so that entry stays at 64
-	// bytes, and the paths that end a holding look at it only when it is
+	// Like blocks, it lives beside the entries so that entry stays small
+	// (TestEntrySize), and the paths that end a holding look at it only when it is
 	// non-empty.
 	renewed map[uint64]int64
 	// reserved counts entries without a holder (their queue head is a
@@ -53,6 +53,8 @@ type State struct {
 	// spare recycles entries of released keys: an uncontended
 	// acquire/release cycle then allocates nothing in steady state.
 	spare []*entry
+	// spareQ recycles emptied queues (recycleQueue).
+	spareQ []*waitQueue
 	// gen is the current generation: Freeze increments it. An entry whose
 	// gen is older may be shared with a Frozen view and is never written
 	// again; own replaces it with a private copy first (copy-on-write).
@@ -67,8 +69,10 @@ type State struct {
 // someone who arrived after a waiter.
 //
 // The holder's fields are inline rather than a Holder, so that gen fits in
-// what would be Holder's padding: 64 bytes, the allocator's 64-byte class,
-// instead of 72 in the 80-byte class (16 MB more at a million keys).
+// what would be Holder's padding, and the queue is a pointer (nil for the
+// million keys nobody waits for): 48 bytes, the allocator's 48-byte class
+// (a Holder and a queue slice inline took 72, in the 80-byte class: 32 MB
+// more at a million keys).
 type entry struct {
 	owner     string
 	token     uint64
@@ -76,11 +80,8 @@ type entry struct {
 	leaseSec  uint32
 	// gen is the State generation this entry was created or copied in.
 	gen uint32
-	// queue is FIFO, head first. The head is popped by re-slicing (q[1:]);
-	// append reallocates once capacity runs out and then copies only live
-	// waiters, so the popped prefix is reclaimed without an O(n) shift per
-	// hand-off.
-	queue []Waiter
+	// queue is the key's waiters, FIFO; nil while nobody waits.
+	queue *waitQueue
 }
 
 func (e *entry) holder() Holder {
@@ -246,19 +247,11 @@ func (s *State) acquire(cmd Command) Result {
 	if cmd.WaitMs == 0 {
 		return Result{Status: StatusBusy}
 	}
-	// Linear scan: queues are per key and short in practice, and a slice
-	// keeps FIFO order and snapshots trivial. Revisit if one key ever has
-	// thousands of waiters.
-	for i := range e.queue {
-		if e.queue[i].Ref == cmd.Ref {
-			return Result{Status: StatusRejected, Err: ErrDuplicateRef}
-		}
+	if e.queue.find(cmd.Ref) >= 0 {
+		return Result{Status: StatusRejected, Err: ErrDuplicateRef}
 	}
 	e = s.own(cmd.Key, e)
-	if len(e.queue) == 0 {
-		s.queued[cmd.Key] = e
-	}
-	e.queue = append(e.queue, Waiter{
+	s.enqueue(cmd.Key, e, Waiter{
 		Owner: intern(cmd.Owner), Ref: cmd.Ref, LeaseSec: cmd.LeaseSec, WaitMs: cmd.WaitMs, EnqueuedAt: cmd.Now,
 	})
 	s.waiting++
@@ -297,7 +290,7 @@ func (s *State) acquireBlock(cmd Command) Result {
 		return Result{Status: StatusRejected, Err: ErrDuplicateRef}
 	}
 	for _, k := range cmd.Keys {
-		if e := s.keys[k]; e != nil && slices.ContainsFunc(e.queue, func(w Waiter) bool { return w.Ref == cmd.Ref }) {
+		if e := s.keys[k]; e != nil && e.queue.find(cmd.Ref) >= 0 {
 			return Result{Status: StatusRejected, Err: ErrDuplicateRef}
 		}
 	}
@@ -315,10 +308,7 @@ func (s *State) acquireBlock(cmd Command) Result {
 		} else {
 			e = s.own(k, e)
 		}
-		if len(e.queue) == 0 {
-			s.queued[k] = e
-		}
-		e.queue = append(e.queue, w)
+		s.enqueue(k, e, w)
 	}
 	s.blockWaiters[cmd.Ref] = cmd.Keys
 	s.waiting++
@@ -396,23 +386,19 @@ func (s *State) endHolding(key string, e *entry, now int64, effects []Effect) []
 			return effects
 		}
 	}
-	if len(e.queue) == 0 {
+	if e.queue.len() == 0 {
 		// The common case, kept free of the map writes below.
 		delete(s.keys, key)
 		s.recycle(e)
 		return effects
 	}
-	if w := e.queue[0]; w.Keys == nil && s.last != math.MaxUint64 {
+	if w := *e.queue.head(); w.Keys == nil && s.last != math.MaxUint64 {
 		// A single key handed to a single-key head: what promote would
 		// do, without its lookups (BenchmarkApplyHandoff: 220 → 150 ns).
 		e = s.own(key, e)
-		e.queue[0] = Waiter{} // let the GC have the owner string
-		e.queue = e.queue[1:]
+		e.queue.popHead()
 		s.waiting--
-		if len(e.queue) == 0 {
-			e.queue = nil
-			delete(s.queued, key)
-		}
+		s.dequeued(key, e)
 		s.last++
 		e.setHolder(Holder{Owner: w.Owner, Token: s.last, LeaseSec: w.LeaseSec, GrantedAt: now})
 		return append(effects, Effect{
@@ -440,7 +426,7 @@ func (s *State) promote(key string, now int64, effects []Effect) []Effect {
 	if e == nil || e.token != 0 {
 		return effects
 	}
-	if len(e.queue) == 0 {
+	if e.queue.len() == 0 {
 		delete(s.keys, key)
 		s.reserved--
 		s.recycle(e)
@@ -449,7 +435,7 @@ func (s *State) promote(key string, now int64, effects []Effect) []Effect {
 	if s.last == math.MaxUint64 {
 		return s.exhausted(key, effects)
 	}
-	w := e.queue[0]
+	w := *e.queue.head()
 	if w.Keys == nil {
 		s.popHead(key)
 		s.last++
@@ -482,7 +468,7 @@ func (s *State) promote(key string, now int64, effects []Effect) []Effect {
 func (s *State) grantable(w Waiter) bool {
 	for _, k := range w.Keys {
 		o := s.keys[k]
-		if o == nil || o.token != 0 || len(o.queue) == 0 || o.queue[0].Ref != w.Ref {
+		if o == nil || o.token != 0 || o.queue.len() == 0 || o.queue.head().Ref != w.Ref {
 			return false
 		}
 	}
@@ -492,13 +478,9 @@ func (s *State) grantable(w Waiter) bool {
 // popHead removes key's queue head, counting it out of waiting.
 func (s *State) popHead(key string) {
 	e := s.own(key, s.keys[key])
-	e.queue[0] = Waiter{} // let the GC have the owner string
-	e.queue = e.queue[1:]
+	e.queue.popHead()
 	s.waiting--
-	if len(e.queue) == 0 {
-		e.queue = nil
-		delete(s.queued, key)
-	}
+	s.dequeued(key, e)
 }
 
 // exhausted frees unheld key when no token is left to hand it over with
@@ -508,7 +490,7 @@ func (s *State) popHead(key string) {
 func (s *State) exhausted(key string, effects []Effect) []Effect {
 	e := s.keys[key]
 	var others []string
-	for _, w := range e.queue {
+	for _, w := range e.queue.waiters() {
 		effects = append(effects, Effect{Kind: EffectDropped, Key: w.primary(key), Keys: w.Keys, Owner: w.Owner, Ref: w.Ref})
 		if w.Keys != nil {
 			delete(s.blockWaiters, w.Ref)
@@ -520,7 +502,7 @@ func (s *State) exhausted(key string, effects []Effect) []Effect {
 			}
 		}
 	}
-	s.waiting -= len(e.queue)
+	s.waiting -= e.queue.len()
 	delete(s.queued, key)
 	delete(s.keys, key)
 	s.reserved--
@@ -548,16 +530,12 @@ func (s *State) removeWaiter(key string, ref uint64) {
 	if e == nil {
 		return
 	}
-	i := slices.IndexFunc(e.queue, func(w Waiter) bool { return w.Ref == ref })
-	if i < 0 {
+	if e.queue.find(ref) < 0 {
 		return
 	}
-	e = s.own(key, e)
-	e.queue = slices.Delete(e.queue, i, i+1) // keeps FIFO order, zeroes the tail
-	if len(e.queue) == 0 {
-		e.queue = nil
-		delete(s.queued, key)
-	}
+	e = s.own(key, e) // its queue is a copy now: find again
+	e.queue.removeAt(e.queue.find(ref))
+	s.dequeued(key, e)
 }
 
 func (s *State) cancelWait(cmd Command, effects []Effect) (Result, []Effect) {
@@ -565,12 +543,12 @@ func (s *State) cancelWait(cmd Command, effects []Effect) (Result, []Effect) {
 	if e == nil {
 		return Result{Status: StatusNoop}, effects
 	}
-	i := slices.IndexFunc(e.queue, func(w Waiter) bool { return w.Ref == cmd.Ref })
+	i := e.queue.find(cmd.Ref)
 	if i < 0 {
 		// Already granted (hand-off won the race) or already gone.
 		return Result{Status: StatusNoop}, effects
 	}
-	w := e.queue[i]
+	w := e.queue.ws[i]
 	effects = append(effects, Effect{Kind: EffectTimedOut, Key: w.primary(cmd.Key), Keys: w.Keys, Owner: w.Owner, Ref: w.Ref})
 	s.waiting--
 	if w.Keys == nil {
@@ -599,16 +577,17 @@ func (s *State) dropWaiters(effects []Effect) (Result, []Effect) {
 	told := make(map[uint64]bool, len(s.blockWaiters))
 	for _, k := range keys {
 		e := s.queued[k]
-		for _, w := range e.queue {
+		e.queue.each(func(w *Waiter) {
 			if w.Keys != nil {
 				if told[w.Ref] {
-					continue
+					return
 				}
 				told[w.Ref] = true
 			}
 			effects = append(effects, Effect{Kind: EffectDropped, Key: w.primary(k), Keys: w.Keys, Owner: w.Owner, Ref: w.Ref})
-		}
+		})
 		e = s.own(k, e)
+		s.recycleQueue(e.queue)
 		e.queue = nil
 		if e.token == 0 {
 			delete(s.keys, k)
@@ -654,9 +633,9 @@ func (s *State) own(key string, e *entry) *entry {
 	}
 	c := new(entry)
 	*c = *e
-	c.queue, c.gen = slices.Clone(e.queue), s.gen
+	c.queue, c.gen = e.queue.clone(), s.gen
 	s.keys[key] = c
-	if len(e.queue) > 0 {
+	if e.queue.len() > 0 {
 		s.queued[key] = c
 	}
 	return c
@@ -759,8 +738,8 @@ func (s *State) Reserved(key string) bool {
 // Waiters returns a copy of key's queue, head first (nil if none). A
 // queued block appears in the queue of each of its keys.
 func (s *State) Waiters(key string) []Waiter {
-	if e := s.keys[key]; e != nil && len(e.queue) > 0 {
-		return slices.Clone(e.queue)
+	if e := s.keys[key]; e != nil {
+		return e.queue.waiters()
 	}
 	return nil
 }
@@ -778,7 +757,7 @@ func (s *State) RaiseTokenFloor(floor uint64) {
 // QueueLen is the length of key's queue (0 if the key is free).
 func (s *State) QueueLen(key string) int {
 	if e := s.keys[key]; e != nil {
-		return len(e.queue)
+		return e.queue.len()
 	}
 	return 0
 }
