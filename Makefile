@@ -95,8 +95,13 @@ test-fence-node:
 # runs the SQLite half with $(PYTHON).)
 SYSTEM_PYTHON ?= /usr/bin/python3
 test-fence-python-pg:
-	@if $(SYSTEM_PYTHON) -c 'import psycopg' 2>/dev/null; then \
+	@if [ -n "$$CI" ] && [ -z "$$TICKETING_TEST_PG_DSN" ]; then \
+	  echo "test-fence-python-pg: TICKETING_TEST_PG_DSN is not set, and CI must run these tests on PostgreSQL" \
+	  "(make test runs them under .ci/postgres.sh)"; exit 1; \
+	elif $(SYSTEM_PYTHON) -c 'import psycopg' 2>/dev/null; then \
 	  cd clients/python && $(SYSTEM_PYTHON) -m unittest -v tests.test_fence; \
+	elif [ -n "$$CI" ]; then echo "test-fence-python-pg: $(SYSTEM_PYTHON) cannot import psycopg, and CI must run" \
+	  "these tests (.ci/packages installs python3-psycopg)"; exit 1; \
 	else echo "test-fence-python-pg: $(SYSTEM_PYTHON) cannot import psycopg (apt-get install python3-psycopg);" \
 	  "the fence SQL is tested on PostgreSQL by the Go and Node.js suites"; fi
 
