@@ -261,6 +261,20 @@ func DecodeMsg(typ byte, payload []byte, m *Msg) error {
 		m.Key = d.str8()
 	case TypeCancel:
 		m.Target = d.u64()
+	case TypeOpenSession:
+		m.Session = d.u64()
+		m.TimeoutMs = d.u32()
+		copy(m.Secret[:], d.take(SecretLen))
+	case TypeResume:
+		m.Session = d.u64()
+		copy(m.Secret[:], d.take(SecretLen))
+		m.High = d.u64()
+		m.Serial = d.u64()
+	case TypeSessionAck:
+		m.Serial = d.u64()
+	case TypeOutcomes:
+		m.Session = d.u64()
+		m.Serial = d.u64()
 	case TypeGranted:
 		m.Token = d.u64()
 	case TypeMoved:
@@ -318,10 +332,23 @@ func malformed(typ byte, what string, payload []byte) error {
 // checkFields holds the value rules shared by DecodeMsg and AppendMsg, so
 // that whatever AppendMsg writes DecodeMsg accepts and vice versa.
 func checkFields(m *Msg) error {
-	if m.ID == 0 && m.Type != TypeError && m.Type != TypeNotice && m.Type != TypeLost {
+	if m.ID == 0 && m.Type != TypeError && m.Type != TypeNotice && m.Type != TypeLost && m.Type != TypeOutcomes {
 		return fmt.Errorf("%w: id 0", ErrMalformed)
 	}
 	switch m.Type {
+	case TypeOpenSession, TypeResume:
+		// The timeout's bounds are locksm's check (invalid_session, under
+		// the request's id); the shape is the frame's.
+		if m.Session == 0 {
+			return fmt.Errorf("%w: session 0", ErrMalformed)
+		}
+	case TypeOutcomes:
+		if m.ID != 0 {
+			return fmt.Errorf("%w: outcomes event with id %d (events answer no request)", ErrMalformed, m.ID)
+		}
+		if m.Session == 0 {
+			return fmt.Errorf("%w: outcomes event for session 0", ErrMalformed)
+		}
 	case TypeLost:
 		if m.ID != 0 {
 			return fmt.Errorf("%w: lost event with id %d (events answer no request)", ErrMalformed, m.ID)
@@ -427,8 +454,14 @@ func payloadLen(m *Msg) (int, error) {
 		n += 8 + 2 + s8(m.Key) + s8(m.Owner)
 	case TypeLost:
 		n += 8 + 1 + s8(m.Key)
-	case TypeCancel, TypeGranted:
+	case TypeCancel, TypeGranted, TypeSessionAck:
 		n += 8
+	case TypeOpenSession:
+		n += 8 + 4 + SecretLen
+	case TypeResume:
+		n += 8 + SecretLen + 8 + 8
+	case TypeOutcomes:
+		n += 8 + 8
 	case TypePing, TypeStatus, TypeMembers, TypeNoticeAck, TypeBusy, TypeTimeout, TypeOK, TypePong, TypeQueued:
 	case TypeMoved:
 		n += s8(m.LeaderAddr) + s8(m.LeaderID)
@@ -503,6 +536,20 @@ func AppendMsg(dst []byte, m *Msg) ([]byte, error) {
 		b = appendStr8(b, m.Key)
 	case TypeCancel:
 		b = binary.BigEndian.AppendUint64(b, m.Target)
+	case TypeOpenSession:
+		b = binary.BigEndian.AppendUint64(b, m.Session)
+		b = binary.BigEndian.AppendUint32(b, m.TimeoutMs)
+		b = append(b, m.Secret[:]...)
+	case TypeResume:
+		b = binary.BigEndian.AppendUint64(b, m.Session)
+		b = append(b, m.Secret[:]...)
+		b = binary.BigEndian.AppendUint64(b, m.High)
+		b = binary.BigEndian.AppendUint64(b, m.Serial)
+	case TypeSessionAck:
+		b = binary.BigEndian.AppendUint64(b, m.Serial)
+	case TypeOutcomes:
+		b = binary.BigEndian.AppendUint64(b, m.Session)
+		b = binary.BigEndian.AppendUint64(b, m.Serial)
 	case TypeGranted:
 		b = binary.BigEndian.AppendUint64(b, m.Token)
 	case TypeMoved:

@@ -58,6 +58,14 @@ func sampleMsgs() []Msg {
 		{Type: TypeExtend, ID: ^uint64(0), Token: ^uint64(0), Lease: 0xFFFF, Key: strings.Repeat("k", locksm.MaxKeyLen), Owner: strings.Repeat("o", locksm.MaxOwnerLen)},
 		{Type: TypeLost, Token: 42, Reason: LostExpired, Key: "event:42"},
 		{Type: TypeLost, Token: ^uint64(0), Reason: LostExpired, Key: strings.Repeat("k", locksm.MaxKeyLen)},
+		{Type: TypeOpenSession, ID: 12, Session: 0x1234567890abcdef, TimeoutMs: 10_000, Secret: [SecretLen]byte{1, 2, 3, 15: 0xff}},
+		{Type: TypeOpenSession, ID: ^uint64(0), Session: ^uint64(0), TimeoutMs: ^uint32(0)},
+		{Type: TypeResume, ID: 13, Session: 7, Secret: [SecretLen]byte{9, 15: 1}, High: 1000, Serial: 998},
+		{Type: TypeResume, ID: 1, Session: 1},
+		{Type: TypeSessionAck, ID: 14, Serial: 77},
+		{Type: TypeSessionAck, ID: 1},
+		{Type: TypeOutcomes, Session: 7, Serial: 1001},
+		{Type: TypeOutcomes, Session: ^uint64(0), Serial: ^uint64(0)},
 	}
 }
 
@@ -374,6 +382,17 @@ func TestDecodeMalformed(t *testing.T) {
 		{"block trailing", 'b', bytes.Join([][]byte{u64(1), u16(1), u32(0), s8("o"), {2}, s8("k"), s8("j"), {0}}, nil), []error{ErrMalformed}},
 		{"block id 0", 'b', bytes.Join([][]byte{u64(0), u16(1), u32(0), s8("o"), {2}, s8("k"), s8("j")}, nil), []error{ErrMalformed}},
 		{"block without lease and wait", 'b', bytes.Join([][]byte{u64(1), s8("o"), {2}, s8("k"), s8("j")}, nil), []error{ErrMalformed}},
+		{"open session 0", 'o', bytes.Join([][]byte{u64(1), u64(0), u32(10000), make([]byte, SecretLen)}, nil), []error{ErrMalformed}},
+		{"open short secret", 'o', bytes.Join([][]byte{u64(1), u64(5), u32(10000), make([]byte, SecretLen-1)}, nil), []error{ErrMalformed}},
+		{"open trailing", 'o', bytes.Join([][]byte{u64(1), u64(5), u32(10000), make([]byte, SecretLen+1)}, nil), []error{ErrMalformed}},
+		{"open id 0", 'o', bytes.Join([][]byte{u64(0), u64(5), u32(10000), make([]byte, SecretLen)}, nil), []error{ErrMalformed}},
+		{"resume session 0", 'y', bytes.Join([][]byte{u64(1), u64(0), make([]byte, SecretLen), u64(1), u64(0)}, nil), []error{ErrMalformed}},
+		{"resume without ack", 'y', bytes.Join([][]byte{u64(1), u64(5), make([]byte, SecretLen), u64(1)}, nil), []error{ErrMalformed}},
+		{"ack short", 'k', bytes.Join([][]byte{u64(1), u32(1)}, nil), []error{ErrMalformed}},
+		{"ack id 0", 'k', bytes.Join([][]byte{u64(0), u64(1)}, nil), []error{ErrMalformed}},
+		{"outcomes with an id", 'O', bytes.Join([][]byte{u64(1), u64(5), u64(1)}, nil), []error{ErrMalformed}},
+		{"outcomes session 0", 'O', bytes.Join([][]byte{u64(0), u64(0), u64(1)}, nil), []error{ErrMalformed}},
+		{"outcomes short", 'O', bytes.Join([][]byte{u64(0), u64(5)}, nil), []error{ErrMalformed}},
 		{"unknown type", 'z', u64(1), []error{ErrUnknownType}},
 		{"zero type", 0, nil, []error{ErrUnknownType}},
 		{"hello after handshake", TypeHello, nil, []error{ErrUnexpectedFrame}},
@@ -505,6 +524,28 @@ func TestReplyAllowed(t *testing.T) {
 	if IsReply(TypeQueued) || IsRequest(TypeQueued) || IsNotice(TypeQueued) || !IsProgress(TypeQueued) || IsProgress(TypeGranted) {
 		t.Error("Q's class wrong")
 	}
+	// Sessions: open and resume are answered like a release (K, or M/U
+	// when not proposed/unknown); an ack only K; O is an event, never a
+	// reply.
+	for _, req := range []byte{TypeOpenSession, TypeResume} {
+		for reply := byte(0); reply < 0x80; reply++ {
+			if ReplyAllowed(req, reply) != ReplyAllowed(TypeRelease, reply) {
+				t.Errorf("ReplyAllowed(%s, %s) = %v, r: %v", TypeName(req), TypeName(reply), ReplyAllowed(req, reply), ReplyAllowed(TypeRelease, reply))
+			}
+		}
+	}
+	if !ReplyAllowed(TypeSessionAck, TypeOK) || !ReplyAllowed(TypeSessionAck, TypeError) || ReplyAllowed(TypeSessionAck, TypeMoved) ||
+		ReplyAllowed(TypeSessionAck, TypeUnknown) || ReplyAllowed(TypeAcquire, TypeOutcomes) {
+		t.Error("session replies wrong")
+	}
+	if !IsEvent(TypeOutcomes) || IsReply(TypeOutcomes) || IsRequest(TypeOutcomes) || IsProgress(TypeOutcomes) || IsNotice(TypeOutcomes) {
+		t.Error("O's class wrong")
+	}
+	for _, req := range []byte{TypeOpenSession, TypeResume, TypeSessionAck} {
+		if !IsRequest(req) || IsReply(req) || IsEvent(req) {
+			t.Errorf("%s's class wrong", TypeName(req))
+		}
+	}
 }
 
 // TestProgressAllowed: Q only for an acquire, only on a version 4
@@ -549,9 +590,21 @@ func TestRequestAllowed(t *testing.T) {
 			RequestAllowed(TypeExtend, v) != (v >= VersionExtend) {
 			t.Errorf("version %d: n %v, b %v, e %v", v, RequestAllowed(TypeNoticeAck, v), RequestAllowed(TypeAcquireBlock, v), RequestAllowed(TypeExtend, v))
 		}
-		if RequestAllowed(TypeGranted, v) || RequestAllowed(TypeQueued, v) || RequestAllowed(TypeHello, v) || RequestAllowed(TypeLost, v) {
+		if RequestAllowed(TypeGranted, v) || RequestAllowed(TypeQueued, v) || RequestAllowed(TypeHello, v) || RequestAllowed(TypeLost, v) ||
+			RequestAllowed(TypeOutcomes, v) {
 			t.Errorf("version %d: a non-request allowed", v)
 		}
+	}
+	// Sessions come with version 7, which is not negotiated yet.
+	for v := uint16(MinProtocolVersion); v <= VersionSessions; v++ {
+		for _, req := range []byte{TypeOpenSession, TypeResume, TypeSessionAck} {
+			if RequestAllowed(req, v) != (v >= VersionSessions) {
+				t.Errorf("RequestAllowed(%s, %d) = %v", TypeName(req), v, RequestAllowed(req, v))
+			}
+		}
+	}
+	if VersionSessions != VersionExtend+1 {
+		t.Errorf("VersionSessions %d", VersionSessions)
 	}
 	if VersionExtend != ProtocolVersion || VersionExtend <= VersionBlocks || VersionBlocks <= VersionQueued {
 		t.Errorf("VersionExtend %d, VersionBlocks %d, ProtocolVersion %d", VersionExtend, VersionBlocks, ProtocolVersion)

@@ -460,7 +460,7 @@ func checkMsgBounds(t *testing.T, m *Msg, raw []byte) {
 	if len(raw)-4 > MaxFrameLenV4 && m.Type != TypeAcquireBlock {
 		t.Fatalf("decoded a %d-byte %q frame", len(raw)-4, m.Type)
 	}
-	if (m.ID == 0) != (m.Type == TypeNotice || m.Type == TypeLost) && m.Type != TypeError {
+	if (m.ID == 0) != (m.Type == TypeNotice || m.Type == TypeLost || m.Type == TypeOutcomes) && m.Type != TypeError {
 		t.Fatalf("decoded id %d for %q: %+v", m.ID, m.Type, m)
 	}
 	switch m.Type {
@@ -484,6 +484,10 @@ func checkMsgBounds(t *testing.T, m *Msg, raw []byte) {
 	case TypeCancel:
 		if m.Target == 0 {
 			t.Fatal("cancel target 0")
+		}
+	case TypeOpenSession, TypeResume, TypeOutcomes:
+		if m.Session == 0 {
+			t.Fatalf("%q for session 0", m.Type)
 		}
 	case TypeError:
 		if m.Code == 0 || len(m.Text) > MaxTextLen {

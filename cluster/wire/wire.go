@@ -52,6 +52,11 @@ import "ticketing/locksm"
 //	    that an older node cannot decode: the leader proposes one only
 //	    once the cluster version is 6, and answers E not_supported
 //	    before.
+//	7 — sidecar sessions (being built: docs/sessions.md; ProtocolVersion
+//	    becomes 7 once the leader and the broker speak it): the open 'o',
+//	    resume 'y' and ack 'k' requests and the outcomes watermark 'O'
+//	    (server → client). On a session connection a request's id is its
+//	    sequence number in the session.
 const ProtocolVersion = 6
 
 // VersionNotices is the first version with the notice 'N' and its
@@ -72,6 +77,14 @@ const VersionBlocks = 5
 // lost event 'X': a client sends 'e', and a node sends 'X', only on a
 // connection that negotiated at least this.
 const VersionExtend = 6
+
+// VersionSessions is the first version with sessions: the requests 'o',
+// 'y' and 'k' and the outcomes watermark 'O'. A client sends them, and a
+// node sends 'O', only on a connection that negotiated at least this.
+const VersionSessions = 7
+
+// SecretLen is the length of a session's secret in bytes.
+const SecretLen = 16
 
 // Frame layout, all integers big-endian:
 //
@@ -140,6 +153,37 @@ const (
 	//	id u64 | token u64 | lease_sec u16 | key str8 | owner str8
 	TypeExtend = 'e'
 
+	// Sessions (version 7, VersionSessions; docs/sessions.md). A broker
+	// opens one session and attaches it to its connection to the serving
+	// leader with 'o' (a new session) or 'y' (an existing one), before any
+	// lock request of the session on that connection; every lock request
+	// on it then belongs to the session, and its id is its sequence number
+	// (ids of a session only grow, on every connection).
+	//
+	// TypeOpenSession opens session (chosen at random by the broker,
+	// nonzero) with timeout_ms (locksm.MinSessionTimeoutMs..
+	// MaxSessionTimeoutMs) and secret (SecretLen random bytes; the leader
+	// logs only its SHA-256). Replies: K (opened, attached), E, M, U.
+	//
+	//	id u64 | session u64 | timeout_ms u32 | secret [16]byte
+	TypeOpenSession = 'o'
+	// TypeResume attaches an existing session: the leader checks secret
+	// against the session's, commits the resume (every seq <= high not
+	// applied by then is void forever) and answers: each recorded outcome
+	// whose serial is above ack, as the reply of its request (id = seq);
+	// a Q (id = seq) for each queued request of the session; the outcomes
+	// watermark O; then K to the resume. Replies: K, E, M, U.
+	//
+	//	id u64 | session u64 | secret [16]byte | high u64 | ack u64
+	TypeResume = 'y'
+	// TypeSessionAck reports the broker's ack (serial): it has received
+	// every outcome of its session up to it. The leader stamps the latest
+	// into the next command of the session it proposes, which trims them
+	// from the replicated state. Reply: K.
+	//
+	//	id u64 | serial u64
+	TypeSessionAck = 'k'
+
 	// Replies: every payload starts with the id of the request it answers;
 	// exactly one reply per request.
 	TypeGranted = 'G' // id u64 | token u64                 acquire (or block acquire) granted (after commit)
@@ -200,6 +244,17 @@ const (
 	// a lost connection or leader change can swallow it, so a holder
 	// still counts its lease from its own clock.
 	TypeLost = 'X'
+
+	// TypeOutcomes is an event (server → client, unsolicited; from version
+	// 7, only on a connection its session is attached to):
+	//
+	//	id u64 (always 0) | session u64 | serial u64
+	//
+	// Every outcome of session up to serial has been written on this
+	// connection before it: the broker's ack. The leader sends it after
+	// the replies of each applied entry that recorded outcomes of the
+	// session, and in a resume's answer.
+	TypeOutcomes = 'O'
 )
 
 // LostReason says why a TypeLost holding ended.
@@ -248,8 +303,16 @@ type Msg struct {
 	Lease  uint16 // seconds: TypeAcquire, TypeAcquireBlock, TypeExtend
 	WaitMs uint32
 	Target uint64 // TypeCancel
-	Code   Code   // TypeError
-	Text   string // TypeError, TypeUnknown
+	// Sessions: TypeOpenSession (Session, TimeoutMs, Secret), TypeResume
+	// (Session, Secret, High, Serial = the ack), TypeSessionAck (Serial),
+	// TypeOutcomes (Session, Serial).
+	Session   uint64
+	TimeoutMs uint32
+	Secret    [SecretLen]byte
+	High      uint64
+	Serial    uint64
+	Code      Code   // TypeError
+	Text      string // TypeError, TypeUnknown
 	// TypeMoved and TypeStatusR.
 	LeaderAddr string
 	LeaderID   string
@@ -323,7 +386,8 @@ func (r Role) String() string {
 // IsRequest reports whether typ is a post-handshake request type.
 func IsRequest(typ byte) bool {
 	switch typ {
-	case TypeAcquire, TypeAcquireBlock, TypeRelease, TypeExtend, TypeCancel, TypePing, TypeStatus, TypeMembers, TypeNoticeAck:
+	case TypeAcquire, TypeAcquireBlock, TypeRelease, TypeExtend, TypeCancel, TypePing, TypeStatus, TypeMembers, TypeNoticeAck,
+		TypeOpenSession, TypeResume, TypeSessionAck:
 		return true
 	}
 	return false
@@ -331,8 +395,8 @@ func IsRequest(typ byte) bool {
 
 // RequestAllowed reports whether a client may send a request of type req on
 // a connection that negotiated version: 'n' from VersionNotices, 'b' from
-// VersionBlocks, 'e' from VersionExtend, every other request in every
-// version. An older node does
+// VersionBlocks, 'e' from VersionExtend, 'o', 'y' and 'k' from
+// VersionSessions, every other request in every version. An older node does
 // not know the newer types (it answers unexpected_frame and closes).
 func RequestAllowed(req byte, version uint16) bool {
 	switch req {
@@ -342,6 +406,8 @@ func RequestAllowed(req byte, version uint16) bool {
 		return version >= VersionBlocks
 	case TypeExtend:
 		return version >= VersionExtend
+	case TypeOpenSession, TypeResume, TypeSessionAck:
+		return version >= VersionSessions
 	}
 	return IsRequest(req)
 }
@@ -350,9 +416,10 @@ func RequestAllowed(req byte, version uint16) bool {
 // which answers no request (its id is always 0).
 func IsNotice(typ byte) bool { return typ == TypeNotice }
 
-// IsEvent reports whether typ is an unsolicited server → client event about
-// a holding (TypeLost), which answers no request (its id is always 0).
-func IsEvent(typ byte) bool { return typ == TypeLost }
+// IsEvent reports whether typ is an unsolicited server → client event
+// (TypeLost about a holding, TypeOutcomes about a session), which answers
+// no request (its id is always 0).
+func IsEvent(typ byte) bool { return typ == TypeLost || typ == TypeOutcomes }
 
 // IsProgress reports whether typ is a progress frame: server → client,
 // carrying the id of a request in flight, but not that request's reply
@@ -411,7 +478,7 @@ func ReplyAllowed(req, reply byte) bool {
 	case TypeAcquire, TypeAcquireBlock:
 		return reply == TypeGranted || reply == TypeBusy || reply == TypeTimeout ||
 			reply == TypeMoved || reply == TypeUnknown
-	case TypeRelease, TypeExtend, TypeCancel:
+	case TypeRelease, TypeExtend, TypeCancel, TypeOpenSession, TypeResume:
 		return reply == TypeOK || reply == TypeMoved || reply == TypeUnknown
 	case TypePing:
 		return reply == TypePong
@@ -419,7 +486,7 @@ func ReplyAllowed(req, reply byte) bool {
 		return reply == TypeStatusR
 	case TypeMembers:
 		return reply == TypeMembersR
-	case TypeNoticeAck:
+	case TypeNoticeAck, TypeSessionAck:
 		return reply == TypeOK
 	}
 	return false
