@@ -342,6 +342,19 @@ func TestHostileClientsOverTLS(t *testing.T) {
 			mustWrite(t, tc, frame('z', []byte{1, 2, 3}))
 			expectConnError(t, "unknown type", r, wire.CodeUnexpectedFrame)
 		}},
+		{"session open on a version 6 connection", func(t *testing.T) {
+			// Version 7 frames decode, but no connection negotiates them yet.
+			tc, r := c.tlsAuthed(t, li)
+			b, _ := wire.AppendMsg(nil, &wire.Msg{Type: wire.TypeOpenSession, ID: 1, Session: 9, TimeoutMs: 10_000})
+			mustWrite(t, tc, b)
+			expectConnError(t, "open session", r, wire.CodeUnexpectedFrame)
+		}},
+		{"an outcomes event sent to the node", func(t *testing.T) {
+			tc, r := c.tlsAuthed(t, li)
+			b, _ := wire.AppendMsg(nil, &wire.Msg{Type: wire.TypeOutcomes, Session: 9, Serial: 1})
+			mustWrite(t, tc, b)
+			expectConnError(t, "outcomes event", r, wire.CodeUnexpectedFrame)
+		}},
 		{"slowloris: half a frame, then silence", func(t *testing.T) {
 			tc, r := c.tlsAuthed(t, li)
 			mustWrite(t, tc, []byte{0, 0, 0, 20, wire.TypeAcquire, 0, 0, 0})

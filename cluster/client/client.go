@@ -583,6 +583,12 @@ func (c *Conn) readLoop() {
 			c.notice(m)
 			continue
 		}
+		if m.Type == wire.TypeOutcomes {
+			// Sessions are not spoken yet (docs/sessions.md): no
+			// connection negotiates wire.VersionSessions.
+			c.shutdown(fmt.Errorf("%w: outcomes event on a version %d connection", ErrProtocol, c.peer.Version))
+			return
+		}
 		if wire.IsEvent(m.Type) {
 			if c.peer.Version < wire.VersionExtend {
 				c.shutdown(fmt.Errorf("%w: lost event on a version %d connection", ErrProtocol, c.peer.Version))

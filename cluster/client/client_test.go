@@ -363,6 +363,8 @@ func TestProtocolViolations(t *testing.T) {
 		}, wire.ErrShuttingDown},
 		{"wrong reply type", func(m wire.Msg) wire.Msg { return wire.Msg{Type: wire.TypeOK, ID: m.ID} }, ErrProtocol},
 		{"request as reply", func(m wire.Msg) wire.Msg { return wire.Msg{Type: wire.TypePing, ID: m.ID} }, ErrProtocol},
+		// Not a lost event: no connection speaks sessions yet.
+		{"outcomes event", func(m wire.Msg) wire.Msg { return wire.Msg{Type: wire.TypeOutcomes, Session: 1, Serial: 1} }, ErrProtocol},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
