@@ -53,10 +53,17 @@ const (
 type applied = leader.Applied
 
 // applySink receives what each committed entry did. It is called from the
-// FSM goroutine only, in log order, without the FSM lock held. The batch
-// slice is reused afterwards: a sink must not keep it.
+// FSM goroutine only, in log order, without the FSM lock held.
+//
+// applyBatch runs apply, which changes the table under the FSM lock and
+// returns what the lock commands did, and hands the result to whoever
+// answers it, all under the sink's own lock (Node.mu): nothing that reads
+// the table under that lock may see a change before the leader core has
+// learned of it (admission would count an applied acquire twice, queued
+// and still in flight, and refuse others with a count that was never
+// true). The batch slice is reused afterwards: a sink must not keep it.
 type applySink interface {
-	onApplied(batch []applied)
+	applyBatch(apply func() []applied)
 	onAnnounce(nodeID, clientAddr string)
 }
 
@@ -94,10 +101,26 @@ func (f *fsm) Apply(l *raft.Log) interface{} {
 
 // ApplyBatch implements raft.BatchingFSM.
 func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
-	out := f.out[:0]
 	type announce struct{ id, addr string }
 	var announces []announce
+	f.sink.applyBatch(func() []applied {
+		f.out = f.applyLocked(logs, func(id, addr string) { announces = append(announces, announce{id, addr}) })
+		return f.out
+	})
+	clear(f.out) // keep no keys, owners or effects alive until the next batch
+	f.out = f.out[:0]
+	for _, a := range announces {
+		f.sink.onAnnounce(a.id, a.addr)
+	}
+	return make([]interface{}, len(logs))
+}
+
+// applyLocked applies logs to the table under f.mu and returns what their
+// lock commands did; announced is told each client address recorded.
+func (f *fsm) applyLocked(logs []*raft.Log, announced func(id, addr string)) []applied {
+	out := f.out[:0]
 	f.mu.Lock()
+	defer f.mu.Unlock()
 	for _, l := range logs {
 		if l.Type != raft.LogCommand || len(l.Data) == 0 {
 			continue
@@ -121,7 +144,7 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 				continue
 			}
 			f.clientAddrs[id] = addr
-			announces = append(announces, announce{id, addr})
+			announced(id, addr)
 		case entryDomain:
 			domain, floor, err := decodeDomain(l.Data[1:])
 			if err != nil {
@@ -144,16 +167,7 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 			f.log.Error("skipping log entry of unknown kind", "index", l.Index, "kind", l.Data[0])
 		}
 	}
-	f.mu.Unlock()
-	for _, a := range announces {
-		f.sink.onAnnounce(a.id, a.addr)
-	}
-	if len(out) > 0 {
-		f.sink.onApplied(out)
-	}
-	clear(out) // keep no keys, owners or effects alive until the next batch
-	f.out = out[:0]
-	return make([]interface{}, len(logs))
+	return out
 }
 
 func encodeAnnounce(id, addr string) []byte {

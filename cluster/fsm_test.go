@@ -14,8 +14,8 @@ import (
 
 type discardSink struct{}
 
-func (discardSink) onApplied([]applied)    {}
-func (discardSink) onAnnounce(_, _ string) {}
+func (discardSink) applyBatch(apply func() []applied) { apply() }
+func (discardSink) onAnnounce(_, _ string)            {}
 
 // memSink is a raft.SnapshotSink in memory.
 type memSink struct {

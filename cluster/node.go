@@ -810,15 +810,20 @@ func (n *Node) proposalFailed(cmds []locksm.Command, err error) {
 
 // ---- applying ----
 
-// onApplied implements applySink: the core answers what the committed
-// commands owe and times new grants. Runs on the FSM goroutine in log
-// order, so a grant is never told before the command that queued it.
-func (n *Node) onApplied(batch []applied) {
-	now := time.Now()
+// applyBatch implements applySink: the batch is applied to the table and
+// the core answers what its commands owe and times new grants, in one
+// critical section of n.mu, so admission never reads a table ahead of the
+// core. Runs on the FSM goroutine in log order, so a grant is never told
+// before the command that queued it.
+func (n *Node) applyBatch(apply func() []applied) {
 	n.mu.Lock()
-	n.core.Applied(now, batch)
+	defer n.mu.Unlock()
+	batch := apply()
+	if len(batch) == 0 {
+		return
+	}
+	n.core.Applied(time.Now(), batch)
 	n.performLocked()
-	n.mu.Unlock()
 }
 
 func (n *Node) onAnnounce(id, addr string) {
