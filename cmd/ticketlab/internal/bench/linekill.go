@@ -121,6 +121,7 @@ type KillRound struct {
 	GrantedBefore, GrantedAfter int
 	Disorder                    []string
 	Indeterminate, Timeout      int
+	EarlyIndetWaiters           int            // INDETERMINATE waiters written > inFlightMargin before the kill
 	Other                       map[string]int // other final replies, by kind
 	NoReply                     int            // no final reply when the round stalled
 	// HolderRelease is the holder's RELEASE reply after the kill
@@ -133,6 +134,9 @@ type KillRound struct {
 	// INDETERMINATE.
 	Indet      [2][3]int
 	CycleOther map[string]int
+	// OldestIndet is how long before the kill the oldest request
+	// answered INDETERMINATE was written (0: none before the kill).
+	OldestIndet time.Duration
 	// Unavailable is the longest time from the new leader serving until
 	// a client was granted its key again (UnavailableKey); Unrecovered
 	// counts clients never granted within the round's guard.
@@ -152,8 +156,8 @@ func (r KillRound) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "kill %d: leader %s SIGKILLed with %d of %d waiters granted; a new leader (%s) served after %v\n",
 		r.N, r.Leader, r.GrantedBefore, r.Waiters, r.NewLeader, r.Serving.Round(time.Millisecond))
-	fmt.Fprintf(&b, "  line: %d of %d granted (%d of the %d waiting at the kill), in queue order: %s; INDETERMINATE %d, TIMEOUT %d, other %s, no reply %d\n",
-		r.Granted(), r.Waiters, r.GrantedAfter, r.Waiters-r.GrantedBefore, inOrder(r.Disorder, r.Granted()), r.Indeterminate, r.Timeout, kinds(r.Other), r.NoReply)
+	fmt.Fprintf(&b, "  line: %d of %d granted (%d of the %d waiting at the kill), in queue order: %s; INDETERMINATE %d (%d written > %v before the kill), TIMEOUT %d, other %s, no reply %d\n",
+		r.Granted(), r.Waiters, r.GrantedAfter, r.Waiters-r.GrantedBefore, inOrder(r.Disorder, r.Granted()), r.Indeterminate, r.EarlyIndetWaiters, inFlightMargin, r.Timeout, kinds(r.Other), r.NoReply)
 	if r.HolderRelease != "" {
 		fmt.Fprintf(&b, "  the holder's RELEASE after the kill: %s\n", r.HolderRelease)
 	}
@@ -161,8 +165,8 @@ func (r KillRound) String() string {
 	if r.Unrecovered > 0 {
 		unavail = fmt.Sprintf("more than %v: %d clients never granted again within the round", r.Unavailable.Round(10*time.Millisecond), r.Unrecovered)
 	}
-	fmt.Fprintf(&b, "  in flight: INDETERMINATE to requests written > %v before the kill: %s; %s; other answers %s; longest a key was unavailable after the new leader served: %s\n",
-		inFlightMargin, indetAt(r.Indet, 0), indetLater(r.Indet), kinds(r.CycleOther), unavail)
+	fmt.Fprintf(&b, "  in flight: INDETERMINATE to requests written > %v before the kill: %s; %s; the oldest written %v before the kill; other answers %s; longest a key was unavailable after the new leader served: %s\n",
+		inFlightMargin, indetAt(r.Indet, 0), indetLater(r.Indet), r.OldestIndet.Round(time.Millisecond), kinds(r.CycleOther), unavail)
 	return b.String()
 }
 
@@ -221,6 +225,8 @@ func (r *LineKillReport) Summary() string {
 			t.GrantedAfter += k.GrantedAfter
 			t.Disorder = append(t.Disorder, k.Disorder...)
 			t.Indeterminate += k.Indeterminate
+			t.EarlyIndetWaiters += k.EarlyIndetWaiters
+			t.OldestIndet = max(t.OldestIndet, k.OldestIndet)
 			t.Timeout += k.Timeout
 			t.NoReply += k.NoReply
 			for v := range k.Indet {
@@ -258,8 +264,10 @@ func (r *LineKillReport) Summary() string {
 		fmt.Fprintf(&b, "| the line's other answers | INDETERMINATE %d, TIMEOUT %d, other %s, no reply %d |\n", t.Indeterminate, t.Timeout, kinds(t.Other), t.NoReply)
 		fmt.Fprintf(&b, "| kill → a new leader serving | median %v, min %v, max %v |\n",
 			serving[n/2].Round(time.Millisecond), serving[0].Round(time.Millisecond), serving[n-1].Round(time.Millisecond))
-		fmt.Fprintf(&b, "| INDETERMINATE to requests written > %v before the kill | %s (%s; other answers %s) |\n",
-			inFlightMargin, indetAt(t.Indet, 0), indetLater(t.Indet), kinds(t.CycleOther))
+		fmt.Fprintf(&b, "| INDETERMINATE to requests written > %v before the kill | %d waiters; of the cycling clients %s |\n",
+			inFlightMargin, t.EarlyIndetWaiters, indetAt(t.Indet, 0))
+		fmt.Fprintf(&b, "| the cycling clients' other INDETERMINATEs | %s; the oldest written %v before the kill; other answers %s |\n",
+			indetLater(t.Indet), t.OldestIndet.Round(time.Millisecond), kinds(t.CycleOther))
 		never := ""
 		if t.Unrecovered > 0 {
 			never = fmt.Sprintf("; %d clients never granted again within their round", t.Unrecovered)
@@ -671,7 +679,8 @@ func holdKey(ctx context.Context, sock, key string) (*rawConn, uint64, error) {
 type lineWaiter struct {
 	idx, sidecar int
 	rc           *rawConn
-	final        string // "" while waiting
+	written      time.Time // when its ACQUIRE was written
+	final        string    // "" while waiting
 	at           time.Time
 	token        uint64
 }
@@ -702,9 +711,13 @@ func (ln *line) queue(ctx context.Context, sock string, sidecar int, key string,
 		ln.lastFinal = time.Now()
 	}
 	ln.mu.Unlock()
-	if _, err := rc.send(fmt.Sprintf("ACQUIRE %s %d %d", key, int(lease/time.Second), lineWaitSec)); err != nil {
+	written, err := rc.send(fmt.Sprintf("ACQUIRE %s %d %d", key, int(lease/time.Second), lineWaitSec))
+	if err != nil {
 		return err
 	}
+	ln.mu.Lock()
+	w.written = written
+	ln.mu.Unlock()
 	ln.wg.Add(1)
 	go ln.follow(w, key)
 	t := time.NewTimer(30 * time.Second)
@@ -830,6 +843,9 @@ func (ln *line) report(r *KillRound, kill time.Time) {
 			r.GrantedAfter++
 		case w.final == "INDETERMINATE":
 			r.Indeterminate++
+			if w.written.Before(kill.Add(-inFlightMargin)) {
+				r.EarlyIndetWaiters++
+			}
 		case w.final == "TIMEOUT":
 			r.Timeout++
 		default:
@@ -1020,6 +1036,7 @@ func (cy *cyclers) report(r *KillRound, from, kill, serving time.Time) {
 					w = 2
 				}
 				r.Indet[v][w]++
+				r.OldestIndet = max(r.OldestIndet, kill.Sub(op.written))
 			case "OK", "TIMEOUT", "BUSY":
 			default:
 				if !strings.HasPrefix(op.reply, "OK ") {
