@@ -748,7 +748,9 @@ func (ln *line) follow(w *lineWaiter, key string) {
 	tok, isOK := strings.CutPrefix(final, "OK ")
 	t, perr := strconv.ParseUint(tok, 10, 64)
 	if isOK && perr == nil {
-		w.rc.send("RELEASE " + key + " " + tok) // a failed write shows as a lost connection on the next line's read, which nobody needs
+		// A failed write means the connection is gone: the sidecar then
+		// releases the grant itself, and the RELEASE's reply is not read.
+		_, _ = w.rc.send("RELEASE " + key + " " + tok)
 	}
 	ln.mu.Lock()
 	w.final, w.at = final, s.at
