@@ -67,7 +67,7 @@ func TestUsageConventions(t *testing.T) {
 		{"bench", "failover", "-h"}, {"bench", "handover", "--help"}, {"bench", "throughput", "-h"},
 		{"bench", "unix", "-h"}, {"bench", "unixconns", "-h"}, {"bench", "catchup", "-h"},
 		{"bench", "scale", "-h"}, {"bench", "disk", "-h"}, {"bench", "isolation", "-h"}, {"bench", "waitroom", "-h"},
-		{"bench", "blocks", "-h"},
+		{"bench", "blocks", "-h"}, {"bench", "linekill", "-h"},
 		{"verify", "-h"}, {"verify", "worker", "-h"}, {"compare", "-h"},
 	} {
 		code, out, errs := run(args...)
@@ -91,6 +91,7 @@ func TestUsageConventions(t *testing.T) {
 		{[]string{"bench", "waitroom", "--waiters", "0", "--binary", os.Args[0]}, "ticketlab bench waitroom: --waiters, --per-conn, --baseline-waiters: want at least 1"},
 		{[]string{"bench", "blocks", "--block", "1", "--binary", os.Args[0]}, "ticketlab bench blocks: --block 1: want 2..16"},
 		{[]string{"bench", "blocks", "--zipf", "1", "--binary", os.Args[0]}, "ticketlab bench blocks: --zipf 1: want more than 1"},
+		{[]string{"bench", "linekill", "--waiters", "5", "--kill-after", "5", "--binary", os.Args[0]}, "ticketlab bench linekill: want --waiters ≥ 1, 0 ≤ --kill-after < --waiters"},
 		{[]string{"bench", "throughput", "extra"}, `ticketlab bench throughput: unexpected arguments ["extra"]`},
 		{[]string{"verify", "--nodes"}, "ticketlab verify: flag needs an argument: -nodes"},
 		{[]string{"compare", "--clients", "0"}, `ticketlab compare: --clients "0": want counts in 1..4096`},

@@ -2,8 +2,9 @@
 // failover and planned hand-over times, throughput, the unix-socket path,
 // sidecar memory per connection, a learner's catch-up, the cost of a large
 // lock table, the disk's floor under every commit, and seat blocks
-// (atomic multi-key acquires) against single-key acquires, and EXTEND and
-// the lost signal (issue 19). The process
+// (atomic multi-key acquires) against single-key acquires, EXTEND and
+// the lost signal (issue 19), and what a leader or sidecar crash does to a
+// hot key's waiting room (issue 31). The process
 // benchmarks drive the ticketing binary they are given (--binary).
 package bench
 
@@ -68,6 +69,7 @@ func modes() []mode {
 		{"isolation", "a well-behaved unix client before, during and after four hostile local clients (issue 20)", setupIsolation},
 		{"waitroom", "a waiting room of 50,000 on one hot key through one sidecar: hand-offs, memory, FIFO (issue 20)", setupWaitRoom},
 		{"extend", "the cost of an EXTEND beside RELEASE+ACQUIRE, and the latency from an expiry's commit to `! LOST` at the client (issue 19)", setupExtend},
+		{"linekill", "a leader SIGKILL under a hot key's draining line of waiters through 2 sidecars, the requests in flight at it, and a SIGKILL of the sidecar whose waiter heads the line (issue 31)", setupLineKill},
 		{"blocks", "seat blocks under Zipf contention: one atomic 4-key acquire against 4 single-key acquires in order, and one seat (issue 18)", setupBlocks},
 	}
 }
