@@ -540,7 +540,7 @@ func (g *gen) command() Command {
 		c.LeaseSec, c.WaitMs = uint32(1+g.r.IntN(250)), uint32(g.r.IntN(100))
 		switch g.r.IntN(9) {
 		case 0:
-			c.Op = Op(8 + g.r.IntN(248))
+			c.Op = Op(13 + g.r.IntN(243))
 		case 1:
 			c.Key = [...]string{"", "a b", "\x00", string(make([]byte, 256))}[g.r.IntN(4)]
 		case 2:

@@ -60,6 +60,8 @@ type State struct {
 	// again; own replaces it with a private copy first (copy-on-write).
 	// It wraps after 2^32 freezes, by when no view of that age exists.
 	gen uint32
+	// sessions are the live sessions by id (sessions.go).
+	sessions map[uint64]*session
 }
 
 // entry is one held or reserved key. Invariant: an entry exists iff the key
@@ -70,9 +72,9 @@ type State struct {
 //
 // The holder's fields are inline rather than a Holder, so that gen fits in
 // what would be Holder's padding, and the queue is a pointer (nil for the
-// million keys nobody waits for): 48 bytes, the allocator's 48-byte class
-// (a Holder and a queue slice inline took 72, in the 80-byte class: 32 MB
-// more at a million keys).
+// million keys nobody waits for). With the holding's session and seq it
+// is 64 bytes, the allocator's 64-byte class (48 before sessions; a Holder
+// and a queue slice inline took 72, in the 80-byte class).
 type entry struct {
 	owner     string
 	token     uint64
@@ -82,14 +84,18 @@ type entry struct {
 	gen uint32
 	// queue is the key's waiters, FIFO; nil while nobody waits.
 	queue *waitQueue
+	// session and seq: the session command the holding was granted for
+	// (0: none).
+	session, seq uint64
 }
 
 func (e *entry) holder() Holder {
-	return Holder{Owner: e.owner, Token: e.token, LeaseSec: e.leaseSec, GrantedAt: e.grantedAt}
+	return Holder{Owner: e.owner, Token: e.token, LeaseSec: e.leaseSec, GrantedAt: e.grantedAt, Session: e.session, Seq: e.seq}
 }
 
 func (e *entry) setHolder(h Holder) {
 	e.owner, e.token, e.leaseSec, e.grantedAt = h.Owner, h.Token, h.LeaseSec, h.GrantedAt
+	e.session, e.seq = h.Session, h.Seq
 }
 
 // intern returns the one shared copy of owner. An owner (a sidecar
@@ -111,6 +117,7 @@ func New() *State {
 		blocks:       make(map[uint64][]string),
 		blockWaiters: make(map[uint64][]string),
 		renewed:      make(map[uint64]int64),
+		sessions:     make(map[uint64]*session),
 	}
 }
 
@@ -148,6 +155,8 @@ func ValidateCommand(cmd Command) error {
 			return err
 		}
 		return validateAcquireFields(cmd)
+	case OpOpenSession, OpResumeSession, OpExpireSession, OpCloseSession, OpDropSessionless:
+		return validateSessionCommand(cmd)
 	default:
 		return ErrInvalidCommand
 	}
@@ -203,9 +212,21 @@ func validateBlockKeys(keys []string) error {
 // Apply never looks at a clock and never decides that a lease ran out: cmd.Now
 // is only recorded (GrantedAt, EnqueuedAt, RenewedAt). See the package
 // documentation.
+//
+// A lock command of a session (Session != 0) applies only if the session
+// exists and its seq is above the floor and new; then its final result is
+// recorded as the session's next outcome (Result.Serial), or, if it queued,
+// when a later command grants or times it out (Effect.Serial).
 func (s *State) Apply(cmd Command, effects []Effect) (Result, []Effect) {
 	if err := ValidateCommand(cmd); err != nil {
 		return Result{Status: StatusRejected, Err: err}, effects
+	}
+	var ss *session
+	if cmd.Session != 0 && sessionBearing(cmd.Op) {
+		var rej Result
+		if ss, rej = s.sessionCheck(cmd); ss == nil {
+			return rej, effects
+		}
 	}
 	var res Result
 	switch cmd.Op {
@@ -221,12 +242,24 @@ func (s *State) Apply(cmd Command, effects []Effect) (Result, []Effect) {
 		res = s.acquireBlock(cmd)
 	case OpExtend:
 		res = s.extend(cmd)
-	default: // OpDropWaiters; ValidateCommand rejected everything else
+	case OpDropWaiters:
 		return s.dropWaiters(effects)
+	case OpOpenSession:
+		return s.openSession(cmd), effects
+	case OpResumeSession:
+		return s.resumeSession(cmd), effects
+	case OpExpireSession, OpCloseSession:
+		res, effects = s.endSession(cmd, effects)
+	default: // OpDropSessionless; ValidateCommand rejected everything else
+		return s.dropSessionless(effects)
 	}
 	switch res.Status {
-	case StatusGranted, StatusQueued, StatusReleased, StatusExpired, StatusExtended:
+	case StatusGranted, StatusQueued, StatusReleased, StatusExpired, StatusExtended,
+		StatusSessionExpired, StatusSessionClosed:
 		s.clock = cmd.Now
+	}
+	if ss != nil {
+		res.Serial = s.recordCommand(ss, cmd, res)
 	}
 	return res, effects
 }
@@ -239,7 +272,8 @@ func (s *State) acquire(cmd Command) Result {
 		}
 		s.last++
 		e = s.newEntry()
-		e.setHolder(Holder{Owner: intern(cmd.Owner), Token: s.last, LeaseSec: cmd.LeaseSec, GrantedAt: cmd.Now})
+		e.setHolder(Holder{Owner: intern(cmd.Owner), Token: s.last, LeaseSec: cmd.LeaseSec, GrantedAt: cmd.Now,
+			Session: cmd.Session, Seq: cmd.Seq})
 		s.keys[cmd.Key] = e
 		return Result{Status: StatusGranted, Token: s.last}
 	}
@@ -253,6 +287,7 @@ func (s *State) acquire(cmd Command) Result {
 	e = s.own(cmd.Key, e)
 	s.enqueue(cmd.Key, e, Waiter{
 		Owner: intern(cmd.Owner), Ref: cmd.Ref, LeaseSec: cmd.LeaseSec, WaitMs: cmd.WaitMs, EnqueuedAt: cmd.Now,
+		Session: cmd.Session, Seq: cmd.Seq,
 	})
 	s.waiting++
 	return Result{Status: StatusQueued}
@@ -277,7 +312,8 @@ func (s *State) acquireBlock(cmd Command) Result {
 		owner := intern(cmd.Owner)
 		for _, k := range cmd.Keys {
 			e := s.newEntry()
-			e.setHolder(Holder{Owner: owner, Token: s.last, LeaseSec: cmd.LeaseSec, GrantedAt: cmd.Now})
+			e.setHolder(Holder{Owner: owner, Token: s.last, LeaseSec: cmd.LeaseSec, GrantedAt: cmd.Now,
+				Session: cmd.Session, Seq: cmd.Seq})
 			s.keys[k] = e
 		}
 		s.blocks[s.last] = cmd.Keys
@@ -296,7 +332,7 @@ func (s *State) acquireBlock(cmd Command) Result {
 	}
 	w := Waiter{
 		Owner: intern(cmd.Owner), Ref: cmd.Ref, LeaseSec: cmd.LeaseSec, WaitMs: cmd.WaitMs, EnqueuedAt: cmd.Now,
-		Keys: cmd.Keys,
+		Keys: cmd.Keys, Session: cmd.Session, Seq: cmd.Seq,
 	}
 	for _, k := range cmd.Keys {
 		e := s.keys[k]
@@ -371,6 +407,9 @@ func (s *State) expire(cmd Command, effects []Effect) (Result, []Effect) {
 // (promote), so the key is never observably free while someone waits and
 // nobody can cut the line.
 func (s *State) endHolding(key string, e *entry, now int64, effects []Effect) []Effect {
+	if e.session != 0 {
+		s.holdingEnded(e.session, e.token)
+	}
 	if len(s.renewed) > 0 {
 		delete(s.renewed, e.token)
 	}
@@ -400,10 +439,15 @@ func (s *State) endHolding(key string, e *entry, now int64, effects []Effect) []
 		s.waiting--
 		s.dequeued(key, e)
 		s.last++
-		e.setHolder(Holder{Owner: w.Owner, Token: s.last, LeaseSec: w.LeaseSec, GrantedAt: now})
-		return append(effects, Effect{
+		e.setHolder(Holder{Owner: w.Owner, Token: s.last, LeaseSec: w.LeaseSec, GrantedAt: now, Session: w.Session, Seq: w.Seq})
+		eff := Effect{
 			Kind: EffectGranted, Key: key, Owner: w.Owner, Ref: w.Ref, Token: s.last, LeaseSec: w.LeaseSec,
-		})
+			Session: w.Session, Seq: w.Seq,
+		}
+		if w.Session != 0 {
+			eff.Serial = s.waiterGranted(&w, key, s.last)
+		}
+		return append(effects, eff)
 	}
 	s.clearHolder(key)
 	return s.promote(key, now, effects)
@@ -440,11 +484,16 @@ func (s *State) promote(key string, now int64, effects []Effect) []Effect {
 		s.popHead(key)
 		s.last++
 		e = s.keys[key]
-		e.setHolder(Holder{Owner: w.Owner, Token: s.last, LeaseSec: w.LeaseSec, GrantedAt: now})
+		e.setHolder(Holder{Owner: w.Owner, Token: s.last, LeaseSec: w.LeaseSec, GrantedAt: now, Session: w.Session, Seq: w.Seq})
 		s.reserved--
-		return append(effects, Effect{
+		eff := Effect{
 			Kind: EffectGranted, Key: key, Owner: w.Owner, Ref: w.Ref, Token: s.last, LeaseSec: w.LeaseSec,
-		})
+			Session: w.Session, Seq: w.Seq,
+		}
+		if w.Session != 0 {
+			eff.Serial = s.waiterGranted(&w, key, s.last)
+		}
+		return append(effects, eff)
 	}
 	if !s.grantable(w) {
 		return effects // still waits for a holder or a waiter ahead
@@ -452,15 +501,20 @@ func (s *State) promote(key string, now int64, effects []Effect) []Effect {
 	s.last++
 	for _, k := range w.Keys {
 		s.popHead(k)
-		s.keys[k].setHolder(Holder{Owner: w.Owner, Token: s.last, LeaseSec: w.LeaseSec, GrantedAt: now})
+		s.keys[k].setHolder(Holder{Owner: w.Owner, Token: s.last, LeaseSec: w.LeaseSec, GrantedAt: now, Session: w.Session, Seq: w.Seq})
 		s.reserved--
 	}
 	s.waiting += len(w.Keys) - 1 // popHead counted the one waiter once per key
 	delete(s.blockWaiters, w.Ref)
 	s.blocks[s.last] = w.Keys
-	return append(effects, Effect{
+	eff := Effect{
 		Kind: EffectGranted, Key: w.Keys[0], Keys: w.Keys, Owner: w.Owner, Ref: w.Ref, Token: s.last, LeaseSec: w.LeaseSec,
-	})
+		Session: w.Session, Seq: w.Seq,
+	}
+	if w.Session != 0 {
+		eff.Serial = s.waiterGranted(&w, w.Keys[0], s.last)
+	}
+	return append(effects, eff)
 }
 
 // grantable reports whether queued block w stands first on each of its
@@ -491,7 +545,11 @@ func (s *State) exhausted(key string, effects []Effect) []Effect {
 	e := s.keys[key]
 	var others []string
 	for _, w := range e.queue.waiters() {
-		effects = append(effects, Effect{Kind: EffectDropped, Key: w.primary(key), Keys: w.Keys, Owner: w.Owner, Ref: w.Ref})
+		eff := Effect{Kind: EffectDropped, Key: w.primary(key), Keys: w.Keys, Owner: w.Owner, Ref: w.Ref, Session: w.Session, Seq: w.Seq}
+		if w.Session != 0 {
+			eff.Serial = s.waiterTimedOut(&w)
+		}
+		effects = append(effects, eff)
 		if w.Keys != nil {
 			delete(s.blockWaiters, w.Ref)
 			for _, k := range w.Keys {
@@ -549,7 +607,11 @@ func (s *State) cancelWait(cmd Command, effects []Effect) (Result, []Effect) {
 		return Result{Status: StatusNoop}, effects
 	}
 	w := e.queue.ws[i]
-	effects = append(effects, Effect{Kind: EffectTimedOut, Key: w.primary(cmd.Key), Keys: w.Keys, Owner: w.Owner, Ref: w.Ref})
+	eff := Effect{Kind: EffectTimedOut, Key: w.primary(cmd.Key), Keys: w.Keys, Owner: w.Owner, Ref: w.Ref, Session: w.Session, Seq: w.Seq}
+	if w.Session != 0 {
+		eff.Serial = s.waiterTimedOut(&w)
+	}
+	effects = append(effects, eff)
 	s.waiting--
 	if w.Keys == nil {
 		s.removeWaiter(cmd.Key, w.Ref)
@@ -584,7 +646,11 @@ func (s *State) dropWaiters(effects []Effect) (Result, []Effect) {
 				}
 				told[w.Ref] = true
 			}
-			effects = append(effects, Effect{Kind: EffectDropped, Key: w.primary(k), Keys: w.Keys, Owner: w.Owner, Ref: w.Ref})
+			eff := Effect{Kind: EffectDropped, Key: w.primary(k), Keys: w.Keys, Owner: w.Owner, Ref: w.Ref, Session: w.Session, Seq: w.Seq}
+			if w.Session != 0 {
+				eff.Serial = s.waiterTimedOut(w)
+			}
+			effects = append(effects, eff)
 		})
 		e = s.own(k, e)
 		s.recycleQueue(e.queue)
@@ -657,6 +723,8 @@ type Frozen struct {
 	// renewed is a copy of State.renewed; nil when no holding was
 	// extended.
 	renewed map[uint64]int64
+	// sessions are the live sessions, ids ascending (nil when none).
+	sessions []snapSession
 	// version is the snapshot version the content needs (snapVersion).
 	version byte
 }
@@ -683,6 +751,7 @@ func (s *State) Freeze() *Frozen {
 	if len(s.renewed) > 0 {
 		f.renewed = maps.Clone(s.renewed)
 	}
+	f.sessions = s.snapSessions()
 	return f
 }
 
@@ -690,10 +759,13 @@ func (s *State) Freeze() *Frozen {
 // key implies a queued block).
 func (s *State) hasBlockContent() bool { return len(s.blocks) > 0 || len(s.blockWaiters) > 0 }
 
-// snapVersion is the lowest snapshot version that holds the table: 3 if a
-// holding was extended, else 2 if a block is held or queued, else 1.
+// snapVersion is the lowest snapshot version that holds the table: 4 if a
+// session exists, else 3 if a holding was extended, else 2 if a block is
+// held or queued, else 1.
 func (s *State) snapVersion() byte {
 	switch {
+	case len(s.sessions) > 0:
+		return snapV4
 	case len(s.renewed) > 0:
 		return snapV3
 	case s.hasBlockContent():
