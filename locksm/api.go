@@ -290,13 +290,16 @@ const (
 // Keys (nil for a single-key waiter); the slice is shared with the state
 // and must not be changed.
 type Effect struct {
-	Kind     EffectKind
+	Kind EffectKind
+	// LeaseSec (EffectGranted: the waiter's requested lease) sits beside
+	// Kind in what would be padding: an effect is copied into every
+	// hand-off's effects.
+	LeaseSec uint32
 	Key      string
 	Keys     []string
 	Owner    string
 	Ref      uint64
 	Token    uint64 // EffectGranted
-	LeaseSec uint32 // EffectGranted: the waiter's requested lease
 	// Session and Seq are the waiter's (0 if it has none). Serial is the
 	// outcome recorded for it (a grant, or a timeout by cancel or
 	// drop-waiters); 0 when nothing was recorded: no session, or the

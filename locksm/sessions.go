@@ -20,10 +20,15 @@ type session struct {
 	// epoch counts resumes.
 	epoch uint64
 	// outcomes are the kept outcomes, serials ack+1..serial in order:
-	// outcomes[i].Serial == ack+1+i. Elements are written once, when
-	// appended, and trimming only re-slices the front, so a Frozen view
-	// may share the backing array (see freezeSessions).
+	// outcomes[i].Serial == ack+1+i: a window into base, trimmed by
+	// re-slicing its front. A Frozen view shares the array (snapSessions),
+	// so an element it may read is never written again: appends write past
+	// every view's end, and the window moves back to the front of base
+	// (compact) only if base was allocated in the current generation,
+	// after the last Freeze; otherwise it moves to a new array.
 	outcomes []Outcome
+	base     []Outcome // the whole array outcomes lies in (len == cap)
+	baseGen  uint32    // State.gen when base was allocated
 	// bySeq maps the seq of every kept outcome to its serial.
 	bySeq map[uint64]uint64
 	// waiters maps the seq of every queued request of the session to where
@@ -52,8 +57,21 @@ func newSession(hash string, timeoutMs uint32, openedAt int64) *session {
 	}
 }
 
-// record keeps o as the session's next outcome and returns its serial.
-func (ss *session) record(o Outcome) uint64 {
+// record keeps o as the session's next outcome and returns its serial;
+// gen is the State's generation. A broker that acks promptly keeps a
+// window of a few outcomes that slides along base: moving it back to the
+// front now and then costs no allocation (TestSessionHandoffAllocations).
+func (ss *session) record(o Outcome, gen uint32) uint64 {
+	if n := len(ss.outcomes); n == cap(ss.outcomes) {
+		if ss.baseGen == gen && len(ss.base) > 0 && n <= len(ss.base)/2 && len(ss.base) <= max(64, 8*n) {
+			copy(ss.base, ss.outcomes) // memmove; no view shares base
+			ss.outcomes = ss.base[:n]
+		} else {
+			ss.base = make([]Outcome, max(8, 2*n))
+			ss.outcomes = ss.base[:copy(ss.base, ss.outcomes)]
+			ss.baseGen = gen
+		}
+	}
 	ss.serial++
 	o.Serial = ss.serial
 	ss.outcomes = append(ss.outcomes, o)
@@ -96,7 +114,7 @@ func (ss *session) info(id uint64) SessionInfo {
 }
 
 // validateSessionCommand checks the stateless fields of ops 8..12.
-func validateSessionCommand(cmd Command) error {
+func validateSessionCommand(cmd *Command) error {
 	switch cmd.Op {
 	case OpOpenSession:
 		if cmd.Session == 0 || len(cmd.SecretHash) != SecretHashLen ||
@@ -115,24 +133,24 @@ func validateSessionCommand(cmd Command) error {
 // session must exist, its seq must be above the floor and new. It returns
 // the session, or nil and the rejection. A command that passes drops the
 // outcomes its Ack acknowledges.
-func (s *State) sessionCheck(cmd Command) (*session, Result) {
+func (s *State) sessionCheck(cmd *Command) (*session, result) {
 	ss := s.sessions[cmd.Session]
 	switch {
 	case ss == nil:
-		return nil, Result{Status: StatusRejected, Err: ErrNoSession}
+		return nil, result{Status: StatusRejected, Err: ErrNoSession}
 	case cmd.Seq <= ss.floor:
-		return nil, Result{Status: StatusRejected, Err: ErrVoided}
+		return nil, result{Status: StatusRejected, Err: ErrVoided}
 	case ss.has(cmd.Seq):
-		return nil, Result{Status: StatusRejected, Err: ErrDuplicateSeq}
+		return nil, result{Status: StatusRejected, Err: ErrDuplicateSeq}
 	}
 	ss.trim(cmd.Ack)
-	return ss, Result{}
+	return ss, result{}
 }
 
 // recordCommand records what a lock command of session ss did: a queued
 // request is indexed as the session's waiter (its outcome comes later); any
 // other result is final and kept as an outcome, whose serial is returned.
-func (s *State) recordCommand(ss *session, cmd Command, res Result) uint64 {
+func (s *State) recordCommand(ss *session, cmd *Command, res *result) uint64 {
 	key := cmd.Key
 	if cmd.Op == OpAcquireBlock {
 		key = cmd.Keys[0]
@@ -144,7 +162,7 @@ func (s *State) recordCommand(ss *session, cmd Command, res Result) uint64 {
 	case StatusGranted:
 		ss.holdings[res.Token] = key
 	}
-	return ss.record(Outcome{Seq: cmd.Seq, Status: res.Status, Token: res.Token, Err: res.Err})
+	return ss.record(Outcome{Seq: cmd.Seq, Status: res.Status, Token: res.Token, Err: res.Err}, s.gen)
 }
 
 // waiterGranted records the hand-off of session waiter w (standing on key,
@@ -153,7 +171,7 @@ func (s *State) waiterGranted(w *Waiter, key string, token uint64) uint64 {
 	ss := s.sessions[w.Session]
 	delete(ss.waiters, w.Seq)
 	ss.holdings[token] = key
-	return ss.record(Outcome{Seq: w.Seq, Status: StatusGranted, Token: token})
+	return ss.record(Outcome{Seq: w.Seq, Status: StatusGranted, Token: token}, s.gen)
 }
 
 // waiterTimedOut records that session waiter w left its queues without a
@@ -161,7 +179,7 @@ func (s *State) waiterGranted(w *Waiter, key string, token uint64) uint64 {
 func (s *State) waiterTimedOut(w *Waiter) uint64 {
 	ss := s.sessions[w.Session]
 	delete(ss.waiters, w.Seq)
-	return ss.record(Outcome{Seq: w.Seq, Status: StatusTimedOut})
+	return ss.record(Outcome{Seq: w.Seq, Status: StatusTimedOut}, s.gen)
 }
 
 // holdingEnded forgets token among the holdings of session id.
@@ -171,26 +189,26 @@ func (s *State) holdingEnded(id, token uint64) {
 	}
 }
 
-func (s *State) openSession(cmd Command) Result {
+func (s *State) openSession(cmd *Command) result {
 	if s.sessions[cmd.Session] != nil {
-		return Result{Status: StatusRejected, Err: ErrSessionExists}
+		return result{Status: StatusRejected, Err: ErrSessionExists}
 	}
 	s.sessions[cmd.Session] = newSession(cmd.SecretHash, cmd.TimeoutMs, cmd.Now)
-	return Result{Status: StatusOpened}
+	return result{Status: StatusOpened}
 }
 
-func (s *State) resumeSession(cmd Command) Result {
+func (s *State) resumeSession(cmd *Command) result {
 	ss := s.sessions[cmd.Session]
 	switch {
 	case ss == nil:
-		return Result{Status: StatusRejected, Err: ErrNoSession}
+		return result{Status: StatusRejected, Err: ErrNoSession}
 	case cmd.Epoch != ss.epoch:
-		return Result{Status: StatusRejected, Err: ErrStaleEpoch}
+		return result{Status: StatusRejected, Err: ErrStaleEpoch}
 	}
 	ss.epoch++
 	ss.floor = max(ss.floor, cmd.Seq)
 	ss.trim(cmd.Ack)
-	return Result{Status: StatusResumed}
+	return result{Status: StatusResumed}
 }
 
 // endSession expires (expire: epoch checked, Tokens released) or closes
@@ -203,10 +221,10 @@ func (s *State) resumeSession(cmd Command) Result {
 // keeps its lease and forgets the session: an id may be opened again, and
 // a holding must never count as a later session's (a restored replica
 // could not tell them apart).
-func (s *State) endSession(cmd Command, effects []Effect) (Result, []Effect) {
+func (s *State) endSession(cmd *Command, effects []Effect) (result, []Effect) {
 	ss := s.sessions[cmd.Session]
 	if ss == nil || (cmd.Op == OpExpireSession && cmd.Epoch != ss.epoch) {
-		return Result{Status: StatusNoop}, effects
+		return result{Status: StatusNoop}, effects
 	}
 	var decide []string
 	for _, seq := range slices.Sorted(maps.Keys(ss.waiters)) {
@@ -253,14 +271,14 @@ func (s *State) endSession(cmd Command, effects []Effect) (Result, []Effect) {
 	if cmd.Op == OpExpireSession {
 		status = StatusSessionExpired
 	}
-	return Result{Status: status}, effects
+	return result{Status: status}, effects
 }
 
 // dropSessionless removes every waiter without a session, as dropWaiters
 // removes them all (same effects, same order), and then decides every key
 // that had waiters again in ascending order: a reserved key whose head
 // block left may now go to a session's waiter, or be deleted.
-func (s *State) dropSessionless(effects []Effect) (Result, []Effect) {
+func (s *State) dropSessionless(effects []Effect) (result, []Effect) {
 	n := 0
 	for _, ss := range s.sessions {
 		n += len(ss.waiters)
@@ -304,7 +322,7 @@ func (s *State) dropSessionless(effects []Effect) (Result, []Effect) {
 	for _, k := range keys {
 		effects = s.promote(k, s.clock, effects)
 	}
-	return Result{Status: StatusDropped}, effects
+	return result{Status: StatusDropped}, effects
 }
 
 // Session returns the live session id.
@@ -363,9 +381,8 @@ func (s *State) Sessions() []uint64 { return slices.Sorted(maps.Keys(s.sessions)
 func (s *State) NumSessions() int { return len(s.sessions) }
 
 // snapSession is what a snapshot carries of a session. Its outcomes share
-// the session's backing array: elements are never written after they are
-// appended, and trimming only moves the session's slice forward, so a
-// Frozen view keeps seeing exactly the outcomes of the moment it froze.
+// the session's array (see session.outcomes for why a Frozen view keeps
+// seeing exactly the outcomes of the moment it froze).
 type snapSession struct {
 	id                        uint64
 	hash                      string

@@ -640,7 +640,7 @@ func (d *snapReader) readSessions(s *State) error {
 		prev = id
 		ss := newSession(hash, timeout, openedAt)
 		ss.floor, ss.serial, ss.ack, ss.epoch = floor, serial, ack, epoch
-		ss.outcomes = make([]Outcome, 0, min(nout, snapPrealloc))
+		ss.outcomes = make([]Outcome, 0, max(8, min(nout, snapPrealloc)))
 		for j := uint64(0); j < nout && d.err == nil; j++ {
 			o := Outcome{Seq: d.uvarint(), Serial: ack + 1 + j, Status: Status(d.byte())}
 			switch o.Status {
