@@ -61,6 +61,20 @@
 // never writes memory a view reads. That is the one exception to "a State
 // is used from one goroutine": a Frozen may be read concurrently.
 //
+// # Sessions
+//
+// A broker (sidecar) opens a session (OpOpenSession) and names it, with a
+// sequence number, on every lock command it writes (Command.Session, Seq,
+// Ack). The state remembers the final outcome of each such command until
+// the broker acknowledges it, so a reply lost with a connection or a
+// leader is answered from the replicated state instead of being guessed;
+// a resume (OpResumeSession) raises the session's floor, which voids every
+// sequence of it that was not applied by then. Waiters and holdings keep
+// the (session, seq) they came from, so a new leader keeps a session's
+// waiters (OpDropSessionless) and an expiry (OpExpireSession) removes
+// them. Session 0 is no session: today's semantics exactly. The rules are
+// in MATRIX.md, "Sessions"; the design in docs/sessions.md.
+//
 // The field constraints and the request × key-state matrix are in MATRIX.md
 // next to this file; the testdata scripts pin every cell of it.
 package locksm
@@ -87,6 +101,14 @@ const (
 	// keys must be distinct; anything else is ErrInvalidBlock.
 	MinBlockKeys = 2
 	MaxBlockKeys = 16
+	// MinSessionTimeoutMs and MaxSessionTimeoutMs bound a session's
+	// timeout (OpOpenSession): how long the leader lets it go without a
+	// connection before it proposes the expiry. Outside: ErrInvalidSession.
+	MinSessionTimeoutMs = 2_000
+	MaxSessionTimeoutMs = 300_000
+	// SecretHashLen is the length of a session's SecretHash: a SHA-256 of
+	// the broker's secret (the secret itself never enters the log).
+	SecretHashLen = 32
 )
 
 // Op names a command.
@@ -130,15 +152,50 @@ const (
 	// lease, the extended one is enforced by the leader's timers, not by
 	// Now (see the package documentation).
 	OpExtend Op = 7
+	// OpOpenSession creates the session Session (nonzero, not in use) with
+	// SecretHash (SecretHashLen bytes) and TimeoutMs
+	// (MinSessionTimeoutMs..MaxSessionTimeoutMs), opened at Now, with
+	// floor, serial, ack and attach epoch 0.
+	OpOpenSession Op = 8
+	// OpResumeSession re-attaches Session on a leader: its attach epoch
+	// must be Epoch (the one the leader observed; else ErrStaleEpoch) and
+	// becomes Epoch+1; its floor becomes max(floor, Seq), which voids
+	// every seq up to Seq not applied by now; outcomes up to Ack are
+	// dropped. ErrNoSession if the session is unknown (expired).
+	OpResumeSession Op = 9
+	// OpExpireSession ends Session because it stayed without a connection
+	// for its timeout: every waiter of it is removed (EffectTimedOut: never
+	// granted), each holding named in Tokens that the session holds is
+	// released (hand-off as a release), every other holding keeps its
+	// lease (and no longer names the session), and the session with its
+	// outcomes is gone. Noop if the session is unknown or its attach epoch
+	// is not Epoch (it was resumed since the leader decided).
+	OpExpireSession Op = 10
+	// OpCloseSession is the broker's clean stop: OpExpireSession without
+	// Tokens and without an epoch check. Noop if the session is unknown.
+	OpCloseSession Op = 11
+	// OpDropSessionless removes every queued waiter that has no session,
+	// exactly as OpDropWaiters removes every waiter; waiters of sessions
+	// keep their places. A new leader proposes it instead of OpDropWaiters
+	// once every member knows sessions: only the waiters of session-less
+	// connections died with the old leader.
+	OpDropSessionless Op = 12
 )
+
+// maxOp is the highest op this version knows.
+const maxOp = OpDropSessionless
 
 // Command is one replicated state change. The leader fills Now with its wall
 // clock (Unix milliseconds) when it proposes; the state machine records it
 // (grant and enqueue times, for inspection) and never reads a clock itself.
 type Command struct {
-	Op  Op
-	Now int64  // Unix milliseconds stamped by the proposer
-	Key string // all ops but OpDropWaiters and OpAcquireBlock
+	Op Op
+	// TimeoutMs is a session's timeout (OpOpenSession). It sits beside Op
+	// in what would be padding: the cluster decodes up to MaxBatch
+	// commands per entry.
+	TimeoutMs uint32
+	Now       int64  // Unix milliseconds stamped by the proposer
+	Key       string // all ops but OpDropWaiters and OpAcquireBlock
 	// Keys are the keys of an OpAcquireBlock, in the requester's order (the
 	// first is the block's primary key, named by its effects). The state
 	// keeps this slice (shared, never written): do not change it afterwards.
@@ -153,6 +210,29 @@ type Command struct {
 	Ref      uint64
 	LeaseSec uint32 // OpAcquire, OpAcquireBlock, OpExtend: MinLeaseSec..MaxLeaseSec
 	WaitMs   uint32 // OpAcquire, OpAcquireBlock: 0..MaxWaitMs
+
+	// Session names the session of a lock command (OpAcquire,
+	// OpAcquireBlock, OpRelease, OpExtend; 0: none, today's semantics) or
+	// the session a session op (8..11) acts on (nonzero).
+	Session uint64
+	// Seq is the broker's sequence number of a lock command of a session
+	// (1, 2, ...; a seq at or below the floor is void), or, on
+	// OpResumeSession, the highest seq the broker has written.
+	Seq uint64
+	// Ack is the broker's acknowledgement watermark: it has the final
+	// reply of every outcome of the session with serial <= Ack. Lock
+	// commands of a session and OpResumeSession.
+	Ack uint64
+	// Epoch is the session's attach epoch the leader observed
+	// (OpResumeSession, OpExpireSession).
+	Epoch uint64
+	// SecretHash is the SHA-256 of the session's secret, SecretHashLen
+	// bytes (OpOpenSession).
+	SecretHash string
+	// Tokens are the grants of the session that nobody was told
+	// (OpExpireSession): released by the expiry if the session holds
+	// them. The state does not keep this slice.
+	Tokens []uint64
 }
 
 // Status says what a command did.
@@ -169,6 +249,14 @@ const (
 	StatusNoop                   // expire/cancel that found nothing to do (stale)
 	StatusDropped                // OpDropWaiters done (one EffectDropped per waiter)
 	StatusExtended               // OpExtend done: the holding's lease renewed (no effects)
+	// StatusTimedOut appears only in a session's Outcome, never as a
+	// Result's: the session's queued acquire was removed without a grant
+	// (cancel or drop-waiters). It was never granted.
+	StatusTimedOut
+	StatusOpened         // OpOpenSession done
+	StatusResumed        // OpResumeSession done
+	StatusSessionExpired // OpExpireSession done (waiters timed out, hand-offs in Effects)
+	StatusSessionClosed  // OpCloseSession done (as an expiry)
 )
 
 // Result is the outcome of a command for its proposer.
@@ -176,6 +264,11 @@ type Result struct {
 	Status Status
 	Token  uint64 // StatusGranted
 	Err    error  // StatusRejected: one of the sentinels above
+	// Serial is the serial of the outcome recorded for the command itself
+	// (a lock command of a session that was applied and is final); 0 if
+	// none was recorded (no session, queued, or rejected before it applied:
+	// ErrNoSession, ErrVoided, ErrDuplicateSeq, a field constraint).
+	Serial uint64
 }
 
 // EffectKind says what an Effect owes.
@@ -197,13 +290,21 @@ const (
 // Keys (nil for a single-key waiter); the slice is shared with the state
 // and must not be changed.
 type Effect struct {
-	Kind     EffectKind
+	Kind EffectKind
+	// LeaseSec (EffectGranted: the waiter's requested lease) sits beside
+	// Kind in what would be padding: an effect is copied into every
+	// hand-off's effects.
+	LeaseSec uint32
 	Key      string
 	Keys     []string
 	Owner    string
 	Ref      uint64
 	Token    uint64 // EffectGranted
-	LeaseSec uint32 // EffectGranted: the waiter's requested lease
+	// Session and Seq are the waiter's (0 if it has none). Serial is the
+	// outcome recorded for it (a grant, or a timeout by cancel or
+	// drop-waiters); 0 when nothing was recorded: no session, or the
+	// session's own expiry timed it out.
+	Session, Seq, Serial uint64
 }
 
 // Holder is the current holder of a key.
@@ -218,6 +319,9 @@ type Holder struct {
 	// Keys: for a block holding, every key of the block (the requester's
 	// order; shared, do not change); nil for a single key.
 	Keys []string
+	// Session and Seq: the session command it was granted for (0: none,
+	// or its session ended and the holding outlived it).
+	Session, Seq uint64
 }
 
 // Waiter is one queued acquire.
@@ -231,6 +335,45 @@ type Waiter struct {
 	// stands at once (the requester's order; shared, do not change); nil
 	// for a single-key waiter.
 	Keys []string
+	// Session and Seq: the session command it was queued by (0: none).
+	Session, Seq uint64
+}
+
+// Outcome is the final result of a lock command of a session, kept until
+// the broker acknowledges its serial. Status is StatusGranted (Token),
+// StatusBusy, StatusReleased, StatusExtended, StatusTimedOut (a queued
+// acquire removed without a grant) or StatusRejected (Err).
+type Outcome struct {
+	Seq    uint64
+	Serial uint64
+	Status Status
+	Token  uint64
+	Err    error
+}
+
+// SessionInfo describes a live session.
+type SessionInfo struct {
+	ID         uint64
+	SecretHash string // SHA-256 of the broker's secret
+	TimeoutMs  uint32
+	// Floor: seqs at or below it that were not applied are void.
+	Floor uint64
+	// Serial is the last serial given to an outcome, Ack the broker's
+	// watermark: the outcomes kept are serials Ack+1..Serial.
+	Serial, Ack uint64
+	// Epoch counts the resumes (attach epoch).
+	Epoch    uint64
+	OpenedAt int64 // Now of the open (Unix ms)
+	// Outcomes kept, waiters queued, holdings held (a block counts once).
+	Outcomes, Waiters, Holdings int
+}
+
+// SessionWaiter locates a still queued request of a session: its key (a
+// block's primary key), its keys if a block, and its ref.
+type SessionWaiter struct {
+	Key  string
+	Keys []string
+	Ref  uint64
 }
 
 // LeaseEnd is when h's lease ends by the proposers' wall clocks (Unix ms):

@@ -19,6 +19,14 @@ package locksm
 //	5   OpDropWaiters  (none)
 //	6   OpAcquireBlock now:varint n:uvarint(0..MaxBlockKeys) key:string*n owner:string ref:uvarint lease:uvarint wait:uvarint
 //	7   OpExtend       now:varint key:string owner:string token:uvarint ref:uvarint lease:uvarint
+//	8   OpOpenSession     now:varint session:uvarint hash:string(0..32) timeout:uvarint
+//	9   OpResumeSession   session:uvarint seq:uvarint ack:uvarint epoch:uvarint
+//	10  OpExpireSession   now:varint session:uvarint epoch:uvarint n:uvarint token:uvarint*n
+//	11  OpCloseSession    now:varint session:uvarint
+//	12  OpDropSessionless (none)
+//
+//	op|0x80 (op 1, 2, 6, 7 only): a lock command of a session
+//	    = session:uvarint(1..) seq:uvarint ack:uvarint fields(op)
 //
 // Op 6 came with blocks (protocol version 5): a node older than that
 // cannot decode an entry that carries it, so a leader proposes it only
@@ -31,6 +39,16 @@ package locksm
 // leader proposes it only once the cluster version is 6. Entries without
 // it are unchanged, and the batch version is still 1.
 //
+// Ops 8..12 and the session flag 0x80 came with sessions (protocol
+// version 7) in the same way again: a node older than that cannot decode
+// them, so a leader proposes them only once the cluster version is 7. The
+// flag is set exactly when a lock command names a session (Session != 0);
+// a command without one carries no session fields, so every entry without
+// session content is byte for byte what older nodes wrote and read, and the
+// batch version is still 1. The flag on any other op, or with session 0,
+// is corrupt (it would have another encoding). A session op's tokens are
+// bounded only by the entry (each takes at least one byte).
+//
 // Only the fields an op uses are carried; the others decode as zero (Apply
 // ignores them anyway). Now is carried only by ops that record it (grant or
 // enqueue time). A key is at most MaxKeyLen bytes and an owner at most
@@ -40,8 +58,9 @@ package locksm
 //
 // DecodeBatch rejects, wrapping ErrCorruptCommand: an unknown version, a
 // count above MaxBatch or above the bytes left (every command takes at
-// least one byte), truncation, trailing bytes, an unknown op (0, or above
-// 7), an over-long string, a non-minimal varint, a lease or wait above
+// least one byte), truncation, trailing bytes, an unknown op (0, 13..127,
+// the session flag on an op other than 1, 2, 6, 7 or with session 0), an
+// over-long string (a secret hash above SecretHashLen bytes), a non-minimal varint, a lease or wait above
 // uint32, a block of more than MaxBlockKeys keys.
 
 import (
@@ -49,11 +68,13 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"slices"
 )
 
 // MaxBatch is the most commands one entry may carry.
 const MaxBatch = 4096
+
+// sessionFlag marks a lock command of a session in its op byte.
+const sessionFlag = 0x80
 
 // batchVersion is the first byte of every entry. A new layout gets a new
 // version; entries written in an older one stay in the Raft log, so the
@@ -77,7 +98,14 @@ func AppendBatch(dst []byte, cmds []Command) []byte {
 	dst = binary.AppendUvarint(dst, uint64(len(cmds)))
 	for i := range cmds {
 		c := &cmds[i]
-		dst = append(dst, byte(c.Op))
+		if c.Session != 0 && sessionBearing(c.Op) {
+			dst = append(dst, byte(c.Op)|sessionFlag)
+			dst = binary.AppendUvarint(dst, c.Session)
+			dst = binary.AppendUvarint(dst, c.Seq)
+			dst = binary.AppendUvarint(dst, c.Ack)
+		} else {
+			dst = append(dst, byte(c.Op))
+		}
 		switch c.Op {
 		case OpAcquire:
 			dst = binary.AppendVarint(dst, c.Now)
@@ -120,9 +148,36 @@ func AppendBatch(dst []byte, cmds []Command) []byte {
 			dst = binary.AppendUvarint(dst, c.Token)
 			dst = binary.AppendUvarint(dst, c.Ref)
 			dst = binary.AppendUvarint(dst, uint64(c.LeaseSec))
+		case OpOpenSession:
+			dst = binary.AppendVarint(dst, c.Now)
+			dst = binary.AppendUvarint(dst, c.Session)
+			dst = appendString(dst, c.SecretHash, SecretHashLen)
+			dst = binary.AppendUvarint(dst, uint64(c.TimeoutMs))
+		case OpResumeSession:
+			dst = binary.AppendUvarint(dst, c.Session)
+			dst = binary.AppendUvarint(dst, c.Seq)
+			dst = binary.AppendUvarint(dst, c.Ack)
+			dst = binary.AppendUvarint(dst, c.Epoch)
+		case OpExpireSession:
+			dst = binary.AppendVarint(dst, c.Now)
+			dst = binary.AppendUvarint(dst, c.Session)
+			dst = binary.AppendUvarint(dst, c.Epoch)
+			dst = binary.AppendUvarint(dst, uint64(len(c.Tokens)))
+			for _, t := range c.Tokens {
+				dst = binary.AppendUvarint(dst, t)
+			}
+		case OpCloseSession:
+			dst = binary.AppendVarint(dst, c.Now)
+			dst = binary.AppendUvarint(dst, c.Session)
 		}
 	}
 	return dst
+}
+
+// sessionBearing reports whether op is a lock command that may name a
+// session (its Session, Seq and Ack fields).
+func sessionBearing(op Op) bool {
+	return op == OpAcquire || op == OpRelease || op == OpAcquireBlock || op == OpExtend
 }
 
 func appendString(dst []byte, s string, limit int) []byte {
@@ -153,10 +208,28 @@ func DecodeBatch(b []byte, into []Command) ([]Command, error) {
 		return into, fmt.Errorf("%w: %d commands cannot fit in %d bytes", ErrCorruptCommand, n, len(d.b))
 	}
 	orig := len(into)
-	into = slices.Grow(into, int(n))
+	if cap(into)-orig < int(n) {
+		// Not slices.Grow: under the race detector its append of a
+		// make()d slice allocates that slice too, twice the memory.
+		grown := make([]Command, orig, orig+int(n))
+		copy(grown, into)
+		into = grown
+	}
 	for i := range int(n) {
 		var c Command
 		c.Op = Op(d.byte())
+		if c.Op&sessionFlag != 0 && d.err == nil {
+			c.Op &^= sessionFlag
+			if !sessionBearing(c.Op) {
+				d.err = fmt.Errorf("unknown op %d", c.Op|sessionFlag)
+			}
+			c.Session = d.uvarint()
+			c.Seq = d.uvarint()
+			c.Ack = d.uvarint()
+			if c.Session == 0 && d.err == nil {
+				d.err = errors.New("session flag with session 0")
+			}
+		}
 		switch c.Op {
 		case OpAcquire:
 			c.Now = d.varint()
@@ -202,6 +275,34 @@ func DecodeBatch(b []byte, into []Command) ([]Command, error) {
 			c.Token = d.uvarint()
 			c.Ref = d.uvarint()
 			c.LeaseSec = d.uint32()
+		case OpOpenSession:
+			c.Now = d.varint()
+			c.Session = d.uvarint()
+			c.SecretHash = d.string(SecretHashLen)
+			c.TimeoutMs = d.uint32()
+		case OpResumeSession:
+			c.Session = d.uvarint()
+			c.Seq = d.uvarint()
+			c.Ack = d.uvarint()
+			c.Epoch = d.uvarint()
+		case OpExpireSession:
+			c.Now = d.varint()
+			c.Session = d.uvarint()
+			c.Epoch = d.uvarint()
+			if n := d.uvarint(); n > uint64(len(d.b)) {
+				if d.err == nil {
+					d.err = fmt.Errorf("%d tokens cannot fit in %d bytes", n, len(d.b))
+				}
+			} else if n > 0 {
+				c.Tokens = make([]uint64, n)
+				for j := range c.Tokens {
+					c.Tokens[j] = d.uvarint()
+				}
+			}
+		case OpCloseSession:
+			c.Now = d.varint()
+			c.Session = d.uvarint()
+		case OpDropSessionless:
 		default:
 			if d.err == nil {
 				d.err = fmt.Errorf("unknown op %d", c.Op)

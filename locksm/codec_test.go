@@ -36,6 +36,19 @@ func sampleCommands() []Command {
 		{Op: OpExtend, Now: 1_700_000_000_000, Key: "k", Owner: "a", Token: 7, Ref: 3, LeaseSec: 30},
 		{Op: OpExtend, Now: math.MinInt64, Key: long, Owner: longOwner, Token: math.MaxUint64, Ref: math.MaxUint64, LeaseSec: math.MaxUint32},
 		{Op: OpExtend, Now: -1, Key: "", Owner: "", Token: 0, LeaseSec: 0},
+		// Lock commands of a session (the session flag) and ops 8..12.
+		{Op: OpAcquire, Now: 1_700_000_000_000, Key: "k", Owner: "a", Ref: 1, LeaseSec: 10, WaitMs: 2000, Session: 7, Seq: 1},
+		{Op: OpRelease, Now: 3, Key: "k", Owner: "a", Token: 1, Ref: 2, Session: math.MaxUint64, Seq: math.MaxUint64, Ack: math.MaxUint64},
+		{Op: OpAcquireBlock, Now: 5, Keys: []string{"s2", "s1"}, Owner: "a", Ref: 3, LeaseSec: 10, WaitMs: 100, Session: 1, Seq: 0, Ack: 9},
+		{Op: OpExtend, Now: 6, Key: "k", Owner: "a", Token: 7, Ref: 3, LeaseSec: 30, Session: 1 << 63, Seq: 300, Ack: 299},
+		{Op: OpOpenSession, Now: 1_700_000_000_000, Session: 0x9e3779b97f4a7c15, SecretHash: strings.Repeat("\xff", SecretHashLen), TimeoutMs: 10_000},
+		{Op: OpOpenSession, Now: math.MinInt64, Session: 0, SecretHash: "", TimeoutMs: math.MaxUint32},
+		{Op: OpResumeSession, Session: 7, Seq: 12, Ack: 3, Epoch: 1},
+		{Op: OpResumeSession, Session: math.MaxUint64, Seq: math.MaxUint64, Ack: math.MaxUint64, Epoch: math.MaxUint64},
+		{Op: OpExpireSession, Now: 9, Session: 7, Epoch: 2, Tokens: []uint64{1, math.MaxUint64, 1}},
+		{Op: OpExpireSession, Now: -9, Session: 0, Epoch: 0},
+		{Op: OpCloseSession, Now: 10, Session: 7},
+		{Op: OpDropSessionless},
 	}
 }
 
@@ -85,13 +98,63 @@ func TestCodecCompact(t *testing.T) {
 	if b := AppendBatch(nil, []Command{{Op: OpDropWaiters, Now: 5, Key: "ignored"}}); len(b) != 3 {
 		t.Fatalf("drop-waiters takes %d bytes, want 3", len(b))
 	}
+	// A session costs its three fields: the flag rides in the op byte.
+	acq := Command{Op: OpAcquire, Now: 1_700_000_000_000, Key: "event-42", Owner: "web-0001", Ref: 100_000, LeaseSec: 30, WaitMs: 2000}
+	plain := AppendBatch(nil, []Command{acq})
+	acq.Session, acq.Seq, acq.Ack = 1<<63, 100_000, 99_990
+	if b := AppendBatch(nil, []Command{acq}); len(b) != len(plain)+10+3+3 {
+		t.Fatalf("acquire of a session takes %d bytes, %d without", len(b), len(plain))
+	}
+}
+
+// Entries without session content are byte for byte what nodes before
+// sessions wrote (they must decode them, and those nodes these): the
+// session fields of a command without a session are not carried, the
+// batch version stays 1, and the bytes below are pinned.
+func TestCodecSessionlessUnchanged(t *testing.T) {
+	cmds := []Command{
+		{Op: OpAcquire, Now: 1000, Key: "k", Owner: "a", Ref: 1, LeaseSec: 10, WaitMs: 5},
+		{Op: OpRelease, Now: 1001, Key: "k", Owner: "a", Token: 2, Ref: 3},
+		{Op: OpExtend, Now: 1002, Key: "k", Owner: "a", Token: 2, Ref: 4, LeaseSec: 20},
+		{Op: OpAcquireBlock, Now: 1003, Keys: []string{"x", "y"}, Owner: "a", Ref: 5, LeaseSec: 10, WaitMs: 5},
+		{Op: OpExpire, Now: 1004, Key: "k", Token: 2},
+		{Op: OpCancelWait, Key: "k", Ref: 1},
+		{Op: OpDropWaiters},
+	}
+	want := cat([]byte{1, 7},
+		[]byte{1}, uv(2000), []byte{1, 'k', 1, 'a'}, uv(1), uv(10), uv(5),
+		[]byte{2}, uv(2002), []byte{1, 'k', 1, 'a'}, uv(2), uv(3),
+		[]byte{7}, uv(2004), []byte{1, 'k', 1, 'a'}, uv(2), uv(4), uv(20),
+		[]byte{6}, uv(2006), uv(2), []byte{1, 'x', 1, 'y', 1, 'a'}, uv(5), uv(10), uv(5),
+		[]byte{3}, uv(2008), []byte{1, 'k'}, uv(2),
+		[]byte{4}, []byte{1, 'k'}, uv(1),
+		[]byte{5})
+	if got := AppendBatch(nil, cmds); !bytes.Equal(got, want) {
+		t.Fatalf("encoding changed:\n%x\n%x", got, want)
+	}
+	// Session-only fields on a command without a session (or on an op that
+	// takes none) are not carried.
+	for i := range cmds {
+		cmds[i].Seq, cmds[i].Ack, cmds[i].Epoch, cmds[i].TimeoutMs = 5, 6, 7, 8
+		cmds[i].SecretHash, cmds[i].Tokens = "h", []uint64{1}
+		if cmds[i].Op == OpExpire || cmds[i].Op == OpCancelWait || cmds[i].Op == OpDropWaiters {
+			cmds[i].Session = 9
+		}
+	}
+	if got := AppendBatch(nil, cmds); !bytes.Equal(got, want) {
+		t.Fatalf("session fields carried without a session:\n%x\n%x", got, want)
+	}
 }
 
 func TestCodecQuick(t *testing.T) {
 	f := func(op uint8, now int64, key, owner string, token, ref uint64, lease, wait uint32) bool {
-		c := Command{Op: Op(op%7 + 1), Now: now, Key: key, Owner: owner, Token: token, Ref: ref, LeaseSec: lease, WaitMs: wait}
+		c := Command{Op: Op(op%uint8(maxOp) + 1), Now: now, Key: key, Owner: owner, Token: token, Ref: ref, LeaseSec: lease, WaitMs: wait}
 		if c.Op == OpAcquireBlock {
 			c.Keys = []string{key, owner, key + "x"}
+		}
+		if op&0x80 != 0 { // a session, on any op
+			c.Session, c.Seq, c.Ack, c.Epoch, c.TimeoutMs = ref|1, token, ref>>1, token>>3, wait
+			c.SecretHash, c.Tokens = owner, []uint64{token, ref}
 		}
 		b := AppendBatch(nil, []Command{c, c})
 		got, err := DecodeBatch(b, nil)
@@ -125,6 +188,8 @@ func TestAppendBatchOverlongStrings(t *testing.T) {
 		{Op: OpExtend, Key: long, Owner: "a", Token: 1, LeaseSec: 1},
 		{Op: OpExtend, Key: "k", Owner: long, Token: 1, LeaseSec: 1},
 		{Op: OpExtend, Key: long, Owner: long, Token: 1, LeaseSec: 0},
+		{Op: OpOpenSession, Session: 7, SecretHash: strings.Repeat("h", SecretHashLen+1), TimeoutMs: MinSessionTimeoutMs},
+		{Op: OpAcquire, Key: long, Owner: "a", LeaseSec: 1, Session: 99, Seq: 1},
 	} {
 		dec, err := DecodeBatch(AppendBatch(nil, []Command{c}), nil)
 		if err != nil {
@@ -169,18 +234,37 @@ func TestDecodeBatchRejects(t *testing.T) {
 		"op 7 wait carried": cat([]byte{1, 1, byte(OpExtend)}, uv(0), []byte{1, 'k', 1, 'a'}, uv(1), uv(2), uv(10), uv(0)),
 		"op 7 owner too long": cat([]byte{1, 1, byte(OpExtend)}, uv(0), []byte{1, 'k'}, uv(MaxOwnerLen+1),
 			bytes.Repeat([]byte("o"), MaxOwnerLen+1), uv(1), uv(2), uv(10)),
-		"op 8":               {1, 1, 8},
-		"block of 17 keys":   cat([]byte{1, 1, byte(OpAcquireBlock)}, uv(0), uv(MaxBlockKeys+1), bytes.Repeat([]byte{1, 'k'}, 17), []byte{1, 'a', 1, 1, 0}),
-		"block key too long": cat([]byte{1, 1, byte(OpAcquireBlock)}, uv(0), uv(2), uv(MaxKeyLen+1), bytes.Repeat([]byte("k"), MaxKeyLen+1), []byte{1, 'k', 1, 'a', 1, 1, 0}),
-		"op 255":             {1, 1, 255},
-		"key too long":       acquireWith(bytes.Repeat([]byte("k"), MaxKeyLen+1), []byte("a"), uv(1)),
-		"owner too long":     acquireWith([]byte("k"), bytes.Repeat([]byte("o"), MaxOwnerLen+1), uv(1)),
-		"lease over uint32":  acquireWith([]byte("k"), []byte("a"), uv(math.MaxUint32+1)),
-		"non-minimal count":  {1, 0x81, 0x00, 5},
-		"non-minimal lease":  acquireWith([]byte("k"), []byte("a"), []byte{0x81, 0x00}),
-		"varint overflow":    cat([]byte{1, 1, byte(OpExpire)}, uv(0), uv(1), []byte("k"), bytes.Repeat([]byte{0xff}, 10), []byte{1}),
-		"string past end":    cat([]byte{1, 1, byte(OpCancelWait)}, uv(10), []byte("k")),
-		"second cmd corrupt": cat([]byte{1, 2, byte(OpDropWaiters), 9}),
+		"op 8 truncated":      {1, 1, 8},
+		"op 12 + trailing":    {1, 1, 12, 0},
+		"op 13":               {1, 1, 13},
+		"op 127":              {1, 1, 127},
+		"flag on op 0":        cat([]byte{1, 1, 0x80}, uv(1), uv(1), uv(0)),
+		"flag on expire":      cat([]byte{1, 1, 0x80 | byte(OpExpire)}, uv(1), uv(1), uv(0), uv(0), []byte{1, 'k'}, uv(1)),
+		"flag on cancel":      cat([]byte{1, 1, 0x80 | byte(OpCancelWait)}, uv(1), uv(1), uv(0), []byte{1, 'k'}, uv(1)),
+		"flag on drop":        cat([]byte{1, 1, 0x80 | byte(OpDropWaiters)}, uv(1), uv(1), uv(0)),
+		"flag on open":        cat([]byte{1, 1, 0x80 | byte(OpOpenSession)}, uv(1), uv(1), uv(0), uv(0), uv(1), uv(0), uv(2000)),
+		"flag on op 13":       cat([]byte{1, 1, 0x80 | 13}, uv(1), uv(1), uv(0)),
+		"flag, session 0":     cat([]byte{1, 1, 0x80 | byte(OpCancelWait)}, uv(0), uv(1), uv(0), []byte{1, 'k'}, uv(1)),
+		"flag acquire sess 0": cat([]byte{1, 1, 0x80 | byte(OpAcquire)}, uv(0), uv(1), uv(0), uv(0), []byte{1, 'k', 1, 'a'}, uv(1), uv(10), uv(0)),
+		"flag truncated":      {1, 1, 0x80 | byte(OpAcquire), 7},
+		"hash of 33 bytes":    cat([]byte{1, 1, byte(OpOpenSession)}, uv(0), uv(7), uv(33), bytes.Repeat([]byte("h"), 33), uv(2000)),
+		"timeout > 2^32":      cat([]byte{1, 1, byte(OpOpenSession)}, uv(0), uv(7), uv(0), uv(math.MaxUint32+1)),
+		"resume truncated":    cat([]byte{1, 1, byte(OpResumeSession)}, uv(7), uv(1), uv(0)),
+		"tokens over bytes":   cat([]byte{1, 1, byte(OpExpireSession)}, uv(0), uv(7), uv(0), uv(3), uv(1), uv(2)),
+		"tokens 2^62":         cat([]byte{1, 1, byte(OpExpireSession)}, uv(0), uv(7), uv(0), uv(1<<62), uv(1)),
+		"token truncated":     cat([]byte{1, 1, byte(OpExpireSession)}, uv(0), uv(7), uv(0), uv(2), uv(1), []byte{0x80}),
+		"close trailing":      cat([]byte{1, 1, byte(OpCloseSession)}, uv(0), uv(7), uv(0)),
+		"block of 17 keys":    cat([]byte{1, 1, byte(OpAcquireBlock)}, uv(0), uv(MaxBlockKeys+1), bytes.Repeat([]byte{1, 'k'}, 17), []byte{1, 'a', 1, 1, 0}),
+		"block key too long":  cat([]byte{1, 1, byte(OpAcquireBlock)}, uv(0), uv(2), uv(MaxKeyLen+1), bytes.Repeat([]byte("k"), MaxKeyLen+1), []byte{1, 'k', 1, 'a', 1, 1, 0}),
+		"op 255":              {1, 1, 255},
+		"key too long":        acquireWith(bytes.Repeat([]byte("k"), MaxKeyLen+1), []byte("a"), uv(1)),
+		"owner too long":      acquireWith([]byte("k"), bytes.Repeat([]byte("o"), MaxOwnerLen+1), uv(1)),
+		"lease over uint32":   acquireWith([]byte("k"), []byte("a"), uv(math.MaxUint32+1)),
+		"non-minimal count":   {1, 0x81, 0x00, 5},
+		"non-minimal lease":   acquireWith([]byte("k"), []byte("a"), []byte{0x81, 0x00}),
+		"varint overflow":     cat([]byte{1, 1, byte(OpExpire)}, uv(0), uv(1), []byte("k"), bytes.Repeat([]byte{0xff}, 10), []byte{1}),
+		"string past end":     cat([]byte{1, 1, byte(OpCancelWait)}, uv(10), []byte("k")),
+		"second cmd corrupt":  cat([]byte{1, 2, byte(OpDropWaiters), 9}),
 	}
 	for name, b := range cases {
 		into := []Command{{Op: OpExpire, Key: "keep"}}

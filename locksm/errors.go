@@ -29,4 +29,23 @@ var (
 	// left to grant with (unreachable in practice: 584,000 years at a
 	// million grants a second; possible only from a crafted snapshot).
 	ErrTokensExhausted = errors.New("locksm: tokens exhausted")
+	// ErrInvalidSession: a session op naming session 0, or an open with a
+	// SecretHash not SecretHashLen bytes long or a timeout outside
+	// MinSessionTimeoutMs..MaxSessionTimeoutMs.
+	ErrInvalidSession = errors.New("locksm: invalid session")
+	// ErrNoSession: the command names a session that does not exist (never
+	// opened, or expired or closed): its broker must not act on it.
+	ErrNoSession = errors.New("locksm: no such session")
+	// ErrSessionExists: an open naming a session id already in use.
+	ErrSessionExists = errors.New("locksm: session exists")
+	// ErrVoided: a lock command of a session whose seq is at or below the
+	// session's floor: a resume already answered it "never applied", so it
+	// changes nothing, now or ever.
+	ErrVoided = errors.New("locksm: sequence voided by a resume")
+	// ErrDuplicateSeq: a lock command whose seq the session already has an
+	// outcome or a queued waiter for (a broker never writes a seq twice).
+	ErrDuplicateSeq = errors.New("locksm: duplicate sequence")
+	// ErrStaleEpoch: a resume whose attach epoch is not the session's (it
+	// was resumed since the leader looked).
+	ErrStaleEpoch = errors.New("locksm: stale session epoch")
 )

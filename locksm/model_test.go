@@ -9,10 +9,15 @@ package locksm
 // per key, a block granted all at once under one token (never a part of
 // it), tokens strictly increasing, FIFO on every key, every queue in
 // arrival order, which is what rules out a cycle of waiters, and an extend
-// that succeeds only on the current holding and owes nothing.
+// that succeeds only on the current holding and owes nothing. For
+// sessions: serials 1, 2, 3, … per session with nothing skipped, no void
+// seq ever applied, no waiter of an ended session ever granted, and a new
+// leader's drop-sessionless keeping every session waiter in its place (FIFO
+// across leader changes).
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
 	"math/rand/v2"
 	"reflect"
@@ -26,6 +31,67 @@ type model struct {
 	clock int64
 	holds []modelHold // at most one per key; a block's keys each have one
 	waits []modelWait // every waiter of every key, in enqueue order; a block is one
+	// sessions are the live sessions, in open order; waiters and holdings
+	// carry their (session, seq) in w and h.
+	sessions []*modelSession
+}
+
+// modelSession keeps every outcome above its ack, in the order recorded.
+type modelSession struct {
+	id, floor, serial, ack, epoch uint64
+	hash                          string
+	timeout                       uint32
+	openedAt                      int64
+	outcomes                      []Outcome
+}
+
+func (m *model) session(id uint64) *modelSession {
+	for _, ms := range m.sessions {
+		if ms.id == id {
+			return ms
+		}
+	}
+	return nil
+}
+
+func (ms *modelSession) record(o Outcome) uint64 {
+	ms.serial++
+	o.Serial = ms.serial
+	ms.outcomes = append(ms.outcomes, o)
+	return ms.serial
+}
+
+func (ms *modelSession) trim(ack uint64) {
+	if ack > ms.serial {
+		ack = ms.serial
+	}
+	if ack > ms.ack {
+		ms.ack = ack
+	}
+	ms.outcomes = slices.DeleteFunc(ms.outcomes, func(o Outcome) bool { return o.Serial <= ms.ack })
+}
+
+// used reports whether seq has a kept outcome or a queued waiter.
+func (m *model) used(ms *modelSession, seq uint64) bool {
+	for _, o := range ms.outcomes {
+		if o.Seq == seq {
+			return true
+		}
+	}
+	for _, w := range m.waits {
+		if w.w.Session == ms.id && w.w.Seq == seq {
+			return true
+		}
+	}
+	return false
+}
+
+// recordWaiter records an outcome for session waiter w (0 if none).
+func (m *model) recordWaiter(w Waiter, status Status, token uint64) uint64 {
+	if w.Session == 0 {
+		return 0
+	}
+	return m.session(w.Session).record(Outcome{Seq: w.Seq, Status: status, Token: token})
 }
 
 type modelHold struct {
@@ -68,10 +134,14 @@ func (m *model) held(key string) bool { return m.holdIndex(key) >= 0 }
 func (m *model) apply(c Command) (Result, []Effect) {
 	res, eff := m.apply1(c)
 	switch res.Status {
-	case StatusGranted, StatusQueued, StatusReleased, StatusExpired, StatusExtended:
+	case StatusGranted, StatusQueued, StatusReleased, StatusExpired, StatusExtended, StatusSessionExpired, StatusSessionClosed:
 		m.clock = c.Now
 	}
 	return res, eff
+}
+
+func isLockOp(op Op) bool {
+	return op == OpAcquire || op == OpAcquireBlock || op == OpRelease || op == OpExtend
 }
 
 func (m *model) apply1(c Command) (Result, []Effect) {
@@ -97,7 +167,15 @@ func (m *model) apply1(c Command) (Result, []Effect) {
 				}
 			}
 		}
-	case OpDropWaiters:
+	case OpDropWaiters, OpDropSessionless:
+	case OpOpenSession:
+		if c.Session == 0 || len(c.SecretHash) != 32 || c.TimeoutMs < 2000 || c.TimeoutMs > 300000 {
+			return reject(ErrInvalidSession)
+		}
+	case OpResumeSession, OpExpireSession, OpCloseSession:
+		if c.Session == 0 {
+			return reject(ErrInvalidSession)
+		}
 	default:
 		return reject(ErrInvalidCommand)
 	}
@@ -112,11 +190,36 @@ func (m *model) apply1(c Command) (Result, []Effect) {
 			return reject(ErrInvalidWait)
 		}
 	}
+	if c.Session != 0 && isLockOp(c.Op) {
+		ms := m.session(c.Session)
+		switch {
+		case ms == nil:
+			return reject(ErrNoSession)
+		case c.Seq <= ms.floor:
+			return reject(ErrVoided)
+		case m.used(ms, c.Seq):
+			return reject(ErrDuplicateSeq)
+		}
+		ms.trim(c.Ack)
+		res, eff := m.lock(c)
+		if res.Status != StatusQueued {
+			res.Serial = ms.record(Outcome{Seq: c.Seq, Status: res.Status, Token: res.Token, Err: res.Err})
+		}
+		return res, eff
+	}
+	return m.lock(c)
+}
+
+// lock applies a valid command, of a session or not (its own outcome is
+// recorded by the caller).
+func (m *model) lock(c Command) (Result, []Effect) {
+	reject := func(err error) (Result, []Effect) { return Result{Status: StatusRejected, Err: err}, nil }
 	switch c.Op {
 	case OpAcquire:
 		if !m.held(c.Key) && len(m.queue(c.Key)) == 0 {
 			m.last++
-			m.holds = append(m.holds, modelHold{key: c.Key, h: Holder{Owner: c.Owner, Token: m.last, LeaseSec: c.LeaseSec, GrantedAt: c.Now}})
+			m.holds = append(m.holds, modelHold{key: c.Key, h: Holder{Owner: c.Owner, Token: m.last, LeaseSec: c.LeaseSec, GrantedAt: c.Now,
+				Session: c.Session, Seq: c.Seq}})
 			return Result{Status: StatusGranted, Token: m.last}, nil
 		}
 		if c.WaitMs == 0 {
@@ -127,7 +230,8 @@ func (m *model) apply1(c Command) (Result, []Effect) {
 				return reject(ErrDuplicateRef)
 			}
 		}
-		m.waits = append(m.waits, modelWait{[]string{c.Key}, Waiter{Owner: c.Owner, Ref: c.Ref, LeaseSec: c.LeaseSec, WaitMs: c.WaitMs, EnqueuedAt: c.Now}})
+		m.waits = append(m.waits, modelWait{[]string{c.Key}, Waiter{Owner: c.Owner, Ref: c.Ref, LeaseSec: c.LeaseSec, WaitMs: c.WaitMs, EnqueuedAt: c.Now,
+			Session: c.Session, Seq: c.Seq}})
 		return Result{Status: StatusQueued}, nil
 	case OpAcquireBlock:
 		free := true
@@ -137,7 +241,8 @@ func (m *model) apply1(c Command) (Result, []Effect) {
 		if free {
 			m.last++
 			for _, k := range c.Keys {
-				m.holds = append(m.holds, modelHold{key: k, h: Holder{Owner: c.Owner, Token: m.last, LeaseSec: c.LeaseSec, GrantedAt: c.Now, Keys: c.Keys}})
+				m.holds = append(m.holds, modelHold{key: k, h: Holder{Owner: c.Owner, Token: m.last, LeaseSec: c.LeaseSec, GrantedAt: c.Now, Keys: c.Keys,
+					Session: c.Session, Seq: c.Seq}})
 			}
 			return Result{Status: StatusGranted, Token: m.last}, nil
 		}
@@ -149,7 +254,8 @@ func (m *model) apply1(c Command) (Result, []Effect) {
 				return reject(ErrDuplicateRef)
 			}
 		}
-		m.waits = append(m.waits, modelWait{c.Keys, Waiter{Owner: c.Owner, Ref: c.Ref, LeaseSec: c.LeaseSec, WaitMs: c.WaitMs, EnqueuedAt: c.Now, Keys: c.Keys}})
+		m.waits = append(m.waits, modelWait{c.Keys, Waiter{Owner: c.Owner, Ref: c.Ref, LeaseSec: c.LeaseSec, WaitMs: c.WaitMs, EnqueuedAt: c.Now, Keys: c.Keys,
+			Session: c.Session, Seq: c.Seq}})
 		return Result{Status: StatusQueued}, nil
 	case OpRelease:
 		i := m.holdIndex(c.Key)
@@ -189,14 +295,76 @@ func (m *model) apply1(c Command) (Result, []Effect) {
 		for i, w := range m.waits {
 			if slices.Contains(w.keys, c.Key) && w.w.Ref == c.Ref {
 				m.waits = slices.Delete(m.waits, i, i+1)
-				eff := []Effect{{Kind: EffectTimedOut, Key: w.keys[0], Keys: w.w.Keys, Owner: w.w.Owner, Ref: w.w.Ref}}
+				eff := []Effect{{Kind: EffectTimedOut, Key: w.keys[0], Keys: w.w.Keys, Owner: w.w.Owner, Ref: w.w.Ref,
+					Session: w.w.Session, Seq: w.w.Seq, Serial: m.recordWaiter(w.w, StatusTimedOut, 0)}}
 				// Every key the waiter left is decided again (a single-key
 				// waiter's never changes: it cannot head an unheld key).
 				return Result{Status: StatusCanceled}, append(eff, m.promote(w.keys, m.clock)...)
 			}
 		}
 		return Result{Status: StatusNoop}, nil
-	default: // OpDropWaiters
+	case OpOpenSession:
+		if m.session(c.Session) != nil {
+			return reject(ErrSessionExists)
+		}
+		m.sessions = append(m.sessions, &modelSession{id: c.Session, hash: c.SecretHash, timeout: c.TimeoutMs, openedAt: c.Now})
+		return Result{Status: StatusOpened}, nil
+	case OpResumeSession:
+		ms := m.session(c.Session)
+		switch {
+		case ms == nil:
+			return reject(ErrNoSession)
+		case c.Epoch != ms.epoch:
+			return reject(ErrStaleEpoch)
+		}
+		ms.epoch++
+		ms.floor = max(ms.floor, c.Seq)
+		ms.trim(c.Ack)
+		return Result{Status: StatusResumed}, nil
+	case OpExpireSession, OpCloseSession:
+		ms := m.session(c.Session)
+		if ms == nil || (c.Op == OpExpireSession && c.Epoch != ms.epoch) {
+			return Result{Status: StatusNoop}, nil
+		}
+		var mine []modelWait
+		for _, w := range m.waits {
+			if w.w.Session == ms.id {
+				mine = append(mine, w)
+			}
+		}
+		slices.SortFunc(mine, func(a, b modelWait) int { return cmp.Compare(a.w.Seq, b.w.Seq) })
+		var eff []Effect
+		var decide []string
+		for _, w := range mine {
+			eff = append(eff, Effect{Kind: EffectTimedOut, Key: w.keys[0], Keys: w.w.Keys, Owner: w.w.Owner, Ref: w.w.Ref, Session: ms.id, Seq: w.w.Seq})
+			if w.w.Keys != nil {
+				decide = append(decide, w.keys...)
+			}
+		}
+		m.waits = slices.DeleteFunc(m.waits, func(w modelWait) bool { return w.w.Session == ms.id })
+		eff = append(eff, m.promote(decide, c.Now)...)
+		if c.Op == OpExpireSession {
+			for _, t := range c.Tokens {
+				for i, h := range m.holds {
+					if h.h.Token == t && h.h.Session == ms.id {
+						eff = append(eff, m.free(i, c.Now)...)
+						break
+					}
+				}
+			}
+		}
+		for i := range m.holds {
+			if h := &m.holds[i].h; h.Session == ms.id {
+				h.Session, h.Seq = 0, 0
+			}
+		}
+		m.sessions = slices.DeleteFunc(m.sessions, func(o *modelSession) bool { return o == ms })
+		if c.Op == OpCloseSession {
+			return Result{Status: StatusSessionClosed}, eff
+		}
+		return Result{Status: StatusSessionExpired}, eff
+	default: // OpDropWaiters, OpDropSessionless
+		keep := c.Op == OpDropSessionless // session waiters stay
 		var keys []string
 		for _, w := range m.waits {
 			for _, k := range w.keys {
@@ -210,17 +378,22 @@ func (m *model) apply1(c Command) (Result, []Effect) {
 		told := map[uint64]bool{}
 		for _, k := range keys {
 			for _, w := range m.waits {
-				if !slices.Contains(w.keys, k) || (w.w.Keys != nil && told[w.w.Ref]) {
+				if !slices.Contains(w.keys, k) || (w.w.Keys != nil && told[w.w.Ref]) || (keep && w.w.Session != 0) {
 					continue
 				}
 				if w.w.Keys != nil {
 					told[w.w.Ref] = true
 				}
-				effects = append(effects, Effect{Kind: EffectDropped, Key: w.keys[0], Keys: w.w.Keys, Owner: w.w.Owner, Ref: w.w.Ref})
+				effects = append(effects, Effect{Kind: EffectDropped, Key: w.keys[0], Keys: w.w.Keys, Owner: w.w.Owner, Ref: w.w.Ref,
+					Session: w.w.Session, Seq: w.w.Seq, Serial: m.recordWaiter(w.w, StatusTimedOut, 0)})
 			}
 		}
-		m.waits = nil
-		return Result{Status: StatusDropped}, effects
+		if !keep {
+			m.waits = nil
+			return Result{Status: StatusDropped}, effects
+		}
+		m.waits = slices.DeleteFunc(m.waits, func(w modelWait) bool { return w.w.Session == 0 })
+		return Result{Status: StatusDropped}, append(effects, m.promote(keys, m.clock)...)
 	}
 }
 
@@ -267,9 +440,11 @@ func (m *model) promote(keys []string, now int64) []Effect {
 		m.waits = slices.Delete(m.waits, head, head+1)
 		m.last++
 		for _, bk := range w.keys {
-			m.holds = append(m.holds, modelHold{key: bk, h: Holder{Owner: w.w.Owner, Token: m.last, LeaseSec: w.w.LeaseSec, GrantedAt: now, Keys: w.w.Keys}})
+			m.holds = append(m.holds, modelHold{key: bk, h: Holder{Owner: w.w.Owner, Token: m.last, LeaseSec: w.w.LeaseSec, GrantedAt: now, Keys: w.w.Keys,
+				Session: w.w.Session, Seq: w.w.Seq}})
 		}
-		effects = append(effects, Effect{Kind: EffectGranted, Key: w.keys[0], Keys: w.w.Keys, Owner: w.w.Owner, Ref: w.w.Ref, Token: m.last, LeaseSec: w.w.LeaseSec})
+		effects = append(effects, Effect{Kind: EffectGranted, Key: w.keys[0], Keys: w.w.Keys, Owner: w.w.Owner, Ref: w.w.Ref, Token: m.last, LeaseSec: w.w.LeaseSec,
+			Session: w.w.Session, Seq: w.w.Seq, Serial: m.recordWaiter(w.w, StatusGranted, m.last)})
 	}
 	return effects
 }
@@ -317,6 +492,62 @@ func (m *model) compare(s *State, keys []string) error {
 			return fmt.Errorf("key %q: reserved %v, model holder %+v queue %d", k, r, want, len(m.queue(k)))
 		}
 	}
+	return m.compareSessions(s)
+}
+
+// compareSessions checks that s answers every session query as m does.
+func (m *model) compareSessions(s *State) error {
+	var ids []uint64
+	for _, ms := range m.sessions {
+		ids = append(ids, ms.id)
+	}
+	slices.Sort(ids)
+	if got := s.Sessions(); !slices.Equal(got, ids) || s.NumSessions() != len(ids) {
+		return fmt.Errorf("sessions %v, model %v", got, ids)
+	}
+	for _, ms := range m.sessions {
+		want := SessionInfo{ID: ms.id, SecretHash: ms.hash, TimeoutMs: ms.timeout, Floor: ms.floor, Serial: ms.serial, Ack: ms.ack,
+			Epoch: ms.epoch, OpenedAt: ms.openedAt, Outcomes: len(ms.outcomes)}
+		tokens := map[uint64]bool{}
+		for _, h := range m.holds {
+			if h.h.Session == ms.id {
+				tokens[h.h.Token] = true
+			}
+		}
+		want.Holdings = len(tokens)
+		for _, w := range m.waits {
+			if w.w.Session == ms.id {
+				want.Waiters++
+				sw, ok := s.SessionWaiter(ms.id, w.w.Seq)
+				if !ok || !reflect.DeepEqual(sw, SessionWaiter{Key: w.keys[0], Keys: w.w.Keys, Ref: w.w.Ref}) {
+					return fmt.Errorf("session %d waiter seq %d: %+v %v, model %+v", ms.id, w.w.Seq, sw, ok, w)
+				}
+			}
+		}
+		if got, ok := s.Session(ms.id); !ok || got != want {
+			return fmt.Errorf("session %d: %+v, model %+v", ms.id, got, want)
+		}
+		if got := s.SessionOutcomes(ms.id); !slices.Equal(got, ms.outcomes) {
+			return fmt.Errorf("session %d outcomes %+v, model %+v", ms.id, got, ms.outcomes)
+		}
+		for _, o := range ms.outcomes {
+			if got, ok := s.SessionOutcome(ms.id, o.Seq); !ok || got != o {
+				return fmt.Errorf("session %d outcome of seq %d: %+v %v, model %+v", ms.id, o.Seq, got, ok, o)
+			}
+		}
+		// A seq neither kept nor queued has no outcome and no waiter.
+		for _, seq := range []uint64{0, ms.floor, ms.floor + 1, ms.serial + 1000} {
+			if m.used(ms, seq) {
+				continue
+			}
+			if _, ok := s.SessionOutcome(ms.id, seq); ok {
+				return fmt.Errorf("session %d: outcome for unused seq %d", ms.id, seq)
+			}
+			if _, ok := s.SessionWaiter(ms.id, seq); ok {
+				return fmt.Errorf("session %d: waiter for unused seq %d", ms.id, seq)
+			}
+		}
+	}
 	return nil
 }
 
@@ -332,16 +563,111 @@ type propertyChecker struct {
 	gone      map[string]bool         // "keys/ref" removed by timeout or drop
 	held      map[string]uint64       // key -> token holding it
 	holding   map[uint64][]string     // token -> keys it holds
+	// Sessions, from the commands and results alone: which are live, the
+	// last serial each has given, and its floor.
+	live    map[uint64]bool
+	serials map[uint64]uint64
+	floors  map[uint64]uint64
+	// tokenSession maps the token of every holding granted for a session
+	// to that session, while both last.
+	tokenSession map[uint64]uint64
 }
 
 type pendingRef struct {
 	ref, seq uint64
 	keys     []string // the keys it queued on
+	session  uint64
 }
 
 func newPropertyChecker() *propertyChecker {
 	return &propertyChecker{pending: map[string][]pendingRef{}, gone: map[string]bool{},
-		held: map[string]uint64{}, holding: map[uint64][]string{}}
+		held: map[string]uint64{}, holding: map[uint64][]string{},
+		live: map[uint64]bool{}, serials: map[uint64]uint64{}, floors: map[uint64]uint64{}, tokenSession: map[uint64]uint64{}}
+}
+
+// serial checks that session id gives serial next, after the last one.
+func (p *propertyChecker) serial(id, serial uint64, what string) error {
+	if !p.live[id] || serial != p.serials[id]+1 {
+		return fmt.Errorf("session %d (live %v): %s has serial %d after %d", id, p.live[id], what, serial, p.serials[id])
+	}
+	p.serials[id] = serial
+	return nil
+}
+
+// observeSession checks what a command did to sessions: a void only at
+// or below the floor, nothing applied for an unknown session or at or
+// below the floor, serials in order (effects first, then the command's
+// own), timeouts without a serial only from the session's own end, and
+// drop-sessionless never dropping a session's waiter.
+func (p *propertyChecker) observeSession(c Command, res Result, effects []Effect) error {
+	switch {
+	case c.Op == OpOpenSession && res.Status == StatusOpened:
+		if p.live[c.Session] {
+			return fmt.Errorf("session %d opened twice", c.Session)
+		}
+		p.live[c.Session], p.serials[c.Session], p.floors[c.Session] = true, 0, 0
+	case c.Op == OpResumeSession && res.Status == StatusResumed:
+		p.floors[c.Session] = max(p.floors[c.Session], c.Seq)
+	}
+	session := c.Session != 0 && isLockOp(c.Op)
+	applied := res.Status != StatusRejected || res.Serial != 0
+	if session {
+		switch {
+		case res.Err == ErrVoided && (!p.live[c.Session] || c.Seq > p.floors[c.Session]):
+			return fmt.Errorf("seq %d of session %d voided, floor %d", c.Seq, c.Session, p.floors[c.Session])
+		case res.Err == ErrNoSession && p.live[c.Session]:
+			return fmt.Errorf("session %d live, yet ErrNoSession", c.Session)
+		case applied && (!p.live[c.Session] || c.Seq <= p.floors[c.Session]):
+			return fmt.Errorf("seq %d of session %d (live %v, floor %d) applied", c.Seq, c.Session, p.live[c.Session], p.floors[c.Session])
+		case applied && (res.Status == StatusQueued) != (res.Serial == 0):
+			return fmt.Errorf("%v with serial %d", res.Status, res.Serial)
+		}
+	} else if res.Serial != 0 {
+		return fmt.Errorf("serial %d without a session", res.Serial)
+	}
+	ending := (c.Op == OpExpireSession || c.Op == OpCloseSession) && res.Status != StatusNoop && res.Status != StatusRejected
+	for _, e := range effects {
+		switch {
+		case e.Session == 0:
+			if e.Serial != 0 || e.Seq != 0 {
+				return fmt.Errorf("effect %+v: a seq or serial without a session", e)
+			}
+		case e.Serial != 0:
+			if c.Op == OpDropSessionless && e.Kind != EffectGranted {
+				return fmt.Errorf("drop-sessionless removed session waiter %+v", e)
+			}
+			if err := p.serial(e.Session, e.Serial, fmt.Sprintf("effect %+v", e)); err != nil {
+				return err
+			}
+		case !ending || e.Session != c.Session || e.Kind != EffectTimedOut:
+			return fmt.Errorf("effect %+v of a session without a serial", e)
+		}
+	}
+	if session && res.Serial != 0 {
+		if err := p.serial(c.Session, res.Serial, fmt.Sprintf("%+v", c)); err != nil {
+			return err
+		}
+	}
+	if ending {
+		for k, q := range p.pending {
+			for _, r := range q {
+				if r.session == c.Session {
+					return fmt.Errorf("key %q: waiter %d of ended session %d still pending", k, r.ref, c.Session)
+				}
+			}
+		}
+		p.live[c.Session] = false
+	}
+	if c.Op == OpDropSessionless {
+		for k, q := range p.pending {
+			for _, r := range q {
+				if r.session == 0 {
+					return fmt.Errorf("key %q: waiter %d without a session left after drop-sessionless", k, r.ref)
+				}
+			}
+		}
+	}
+	return nil
 }
 
 func (p *propertyChecker) take(tok uint64, keys []string) error {
@@ -369,10 +695,33 @@ func (p *propertyChecker) observe(c Command, res Result, effects []Effect) error
 		if err := p.take(res.Token, keys); err != nil {
 			return err
 		}
+		if c.Session != 0 {
+			p.tokenSession[res.Token] = c.Session
+		}
+	case StatusSessionExpired:
+		// The named holdings of the session end (before the hand-offs
+		// among the effects); every other one keeps its lease and forgets
+		// the session.
+		for _, t := range c.Tokens {
+			if p.tokenSession[t] == c.Session && p.holding[t] != nil {
+				for _, k := range p.holding[t] {
+					delete(p.held, k)
+				}
+				delete(p.holding, t)
+				delete(p.tokenSession, t)
+			}
+		}
+		fallthrough
+	case StatusSessionClosed:
+		for t, id := range p.tokenSession {
+			if id == c.Session {
+				delete(p.tokenSession, t)
+			}
+		}
 	case StatusQueued:
 		p.seq++
 		for _, k := range keys {
-			p.pending[k] = append(p.pending[k], pendingRef{c.Ref, p.seq, keys})
+			p.pending[k] = append(p.pending[k], pendingRef{c.Ref, p.seq, keys, c.Session})
 		}
 		delete(p.gone, fmt.Sprint(keys, "/", c.Ref))
 	case StatusExtended:
@@ -389,6 +738,7 @@ func (p *propertyChecker) observe(c Command, res Result, effects []Effect) error
 			delete(p.held, k)
 		}
 		delete(p.holding, tok)
+		delete(p.tokenSession, tok)
 	}
 	for _, e := range effects {
 		ekeys := []string{e.Key}
@@ -405,13 +755,16 @@ func (p *propertyChecker) observe(c Command, res Result, effects []Effect) error
 			}
 			for _, k := range ekeys {
 				q := p.pending[k]
-				if len(q) == 0 || q[0].ref != e.Ref || !slices.Equal(q[0].keys, ekeys) {
+				if len(q) == 0 || q[0].ref != e.Ref || !slices.Equal(q[0].keys, ekeys) || q[0].session != e.Session {
 					return fmt.Errorf("key %q: granted ref %d (keys %q), FIFO head is %v", k, e.Ref, ekeys, q)
 				}
 				p.pending[k] = q[1:]
 			}
 			if err := p.take(e.Token, ekeys); err != nil {
 				return err
+			}
+			if e.Session != 0 {
+				p.tokenSession[e.Token] = e.Session
 			}
 		case EffectTimedOut, EffectDropped:
 			for _, k := range ekeys {
@@ -426,6 +779,9 @@ func (p *propertyChecker) observe(c Command, res Result, effects []Effect) error
 		default:
 			return fmt.Errorf("unknown effect %+v", e)
 		}
+	}
+	if err := p.observeSession(c, res, effects); err != nil {
+		return err
 	}
 	if c.Op == OpDropWaiters {
 		for k, q := range p.pending {
@@ -451,6 +807,8 @@ type gen struct {
 	m       *model
 	now     int64
 	nextRef uint64
+	// seqs is the highest seq written per session id, like a broker's.
+	seqs map[uint64]uint64
 }
 
 var (
@@ -469,6 +827,109 @@ func (g *gen) blockKeys() []string {
 
 func (g *gen) command() Command {
 	g.now += g.r.Int64N(2000) - 200 // leaders' clocks may step back
+	if g.r.IntN(100) < 14 {
+		return g.sessionCommand()
+	}
+	c := g.lockCommand()
+	if isLockOp(c.Op) && g.r.IntN(5) < 2 {
+		g.attachSession(&c)
+	}
+	return c
+}
+
+// genSession picks a session id: mostly a live one, sometimes 1..4
+// whether live or not.
+func (g *gen) genSession() uint64 {
+	if n := len(g.m.sessions); n > 0 && g.r.IntN(10) < 8 {
+		return g.m.sessions[g.r.IntN(n)].id
+	}
+	return 1 + g.r.Uint64N(4)
+}
+
+// attachSession makes c a lock command of a session: mostly the next seq,
+// sometimes a void one (at or below the floor), one with a kept outcome or
+// queued, or any earlier one; the ack anywhere up to just past the last
+// serial.
+func (g *gen) attachSession(c *Command) {
+	id := g.genSession()
+	g.seqs[id]++
+	c.Session, c.Seq = id, g.seqs[id]
+	ms := g.m.session(id)
+	if ms == nil {
+		return
+	}
+	c.Ack = g.r.Uint64N(ms.serial + 2)
+	switch g.r.IntN(20) {
+	case 0:
+		c.Seq = g.r.Uint64N(ms.floor + 1)
+	case 1:
+		if len(ms.outcomes) > 0 {
+			c.Seq = ms.outcomes[g.r.IntN(len(ms.outcomes))].Seq
+		}
+	case 2:
+		for _, w := range g.m.waits {
+			if w.w.Session == id {
+				c.Seq = w.w.Seq
+				break
+			}
+		}
+	case 3:
+		c.Seq = 1 + g.r.Uint64N(g.seqs[id])
+	}
+}
+
+// sessionCommand opens, resumes, expires or closes a session (mostly with
+// the epoch the model has, sometimes a stale one; mostly valid fields), or
+// is a new leader's drop-sessionless.
+func (g *gen) sessionCommand() Command {
+	id := g.genSession()
+	if g.r.IntN(40) == 0 {
+		id = 0
+	}
+	c := Command{Now: g.now, Session: id}
+	ms := g.m.session(id)
+	var epoch, serial uint64
+	if ms != nil {
+		epoch, serial = ms.epoch, ms.serial
+	}
+	if g.r.IntN(6) == 0 {
+		epoch += 1 - 2*g.r.Uint64N(2) // stale: one above or below
+	}
+	switch x := g.r.IntN(100); {
+	case x < 22:
+		c.Op, c.SecretHash = OpOpenSession, string(rune('a'+g.r.IntN(26)))+"0123456789abcdef0123456789abcde"
+		c.TimeoutMs = MinSessionTimeoutMs + uint32(g.r.IntN(MaxSessionTimeoutMs-MinSessionTimeoutMs+1))
+		switch g.r.IntN(15) {
+		case 0:
+			c.SecretHash = c.SecretHash[1:]
+		case 1:
+			c.TimeoutMs = [...]uint32{0, MinSessionTimeoutMs - 1, MaxSessionTimeoutMs + 1}[g.r.IntN(3)]
+		}
+	case x < 50:
+		// The broker names its highest written seq; up to two more were
+		// in flight and are void from now on.
+		c.Op, c.Epoch, c.Ack = OpResumeSession, epoch, g.r.Uint64N(serial+2)
+		g.seqs[id] += g.r.Uint64N(3)
+		c.Seq = g.seqs[id]
+	case x < 66:
+		c.Op, c.Epoch = OpExpireSession, epoch
+		for _, h := range g.m.holds {
+			if h.h.Session == id && g.r.IntN(2) == 0 {
+				c.Tokens = append(c.Tokens, h.h.Token)
+			}
+		}
+		if g.r.IntN(3) == 0 {
+			c.Tokens = append(c.Tokens, g.r.Uint64N(g.m.last+2))
+		}
+	case x < 78:
+		c.Op = OpCloseSession
+	default:
+		c.Op = OpDropSessionless
+	}
+	return c
+}
+
+func (g *gen) lockCommand() Command {
 	c := Command{Now: g.now, Key: g.pick(genKeys), Owner: g.pick(genOwners)}
 	i := g.m.holdIndex(c.Key)
 	var h Holder
@@ -540,7 +1001,7 @@ func (g *gen) command() Command {
 		c.LeaseSec, c.WaitMs = uint32(1+g.r.IntN(250)), uint32(g.r.IntN(100))
 		switch g.r.IntN(9) {
 		case 0:
-			c.Op = Op(8 + g.r.IntN(248))
+			c.Op = Op(int(maxOp) + 1 + g.r.IntN(255-int(maxOp)))
 		case 1:
 			c.Key = [...]string{"", "a b", "\x00", string(make([]byte, 256))}[g.r.IntN(4)]
 		case 2:
@@ -614,6 +1075,10 @@ func TestModel(t *testing.T) {
 		cov.endedRenewed == 0 || cov.renewedSnapshots == 0 {
 		t.Fatalf("extend cells not reached: %+v", cov)
 	}
+	// And every cell of "Sessions".
+	if missing := cov.sessions.missing(); missing != nil {
+		t.Fatalf("session cells not reached: %v\n%+v", missing, cov.sessions)
+	}
 }
 
 // modelCoverage counts how often TestModel reached the cells that only
@@ -635,6 +1100,170 @@ type modelCoverage struct {
 	extendInvalid       int // refused: a field out of its constraints
 	endedRenewed        int // a release or expiry ended an extended holding
 	renewedSnapshots    int // snapshot round trips with renewals in them
+
+	sessions sessionCoverage
+}
+
+// sessionCoverage counts the cells of MATRIX.md "Sessions" TestModel
+// reached.
+type sessionCoverage struct {
+	opened, openExists, openInvalid         int
+	resumed, resumeStale, resumeUnknown     int
+	expiredWaiters                          int // an expiry that timed out waiters of the session
+	expiredReleased                         int // ... that released a named holding
+	expiredKept                             int // ... or close that left a holding of the session to its lease
+	expireStale, expireUnknown, closed      int
+	noSession, voided, dupSeq, oldSeq       int // lock commands of a session refused; an earlier seq applied (forgotten since its ack, or never written)
+	recGranted, recBusy, recReleased        int // outcomes recorded for the command itself
+	recExtended, recRejected, queued        int
+	handoffRecorded                         int // a hand-off to a session waiter, recorded
+	cancelRecorded                          int // a cancel of a session waiter, recorded
+	dropKept, dropGranted, dropWaitersTimed int // drop-sessionless kept / granted session waiters; drop-waiters recorded
+	ackTrimmed, ackClamped                  int
+	sessionSnapshots                        int
+}
+
+// sessionPre is what the coverage needs to know of the state before a
+// command.
+type sessionPre struct {
+	live                bool
+	ack, serial         uint64
+	namedHeld, holdings int // tokens of the command held by its session; the session's holdings
+	sessionWaiters      int // waiters of any session
+	used                bool
+}
+
+func preSession(s *State, c Command) sessionPre {
+	var p sessionPre
+	ss := s.sessions[c.Session]
+	if ss != nil {
+		p.live, p.ack, p.serial, p.holdings = true, ss.ack, ss.serial, len(ss.holdings)
+		for _, t := range c.Tokens {
+			if _, ok := ss.holdings[t]; ok {
+				p.namedHeld++
+			}
+		}
+		p.used = ss.has(c.Seq)
+	}
+	for _, o := range s.sessions {
+		p.sessionWaiters += len(o.waiters)
+	}
+	return p
+}
+
+func (c *sessionCoverage) observe(cmd Command, res Result, effects []Effect, s *State, pre sessionPre, maxSeq uint64) {
+	count := func(kind EffectKind, recorded bool) int {
+		n := 0
+		for _, e := range effects {
+			if e.Kind == kind && e.Session != 0 && (e.Serial != 0) == recorded {
+				n++
+			}
+		}
+		return n
+	}
+	c.handoffRecorded += count(EffectGranted, true)
+	switch cmd.Op {
+	case OpOpenSession:
+		switch res.Err {
+		case nil:
+			c.opened++
+		case ErrSessionExists:
+			c.openExists++
+		default:
+			c.openInvalid++
+		}
+	case OpResumeSession:
+		switch res.Err {
+		case nil:
+			c.resumed++
+		case ErrStaleEpoch:
+			c.resumeStale++
+		case ErrNoSession:
+			c.resumeUnknown++
+		}
+	case OpExpireSession, OpCloseSession:
+		switch {
+		case res.Status == StatusNoop && pre.live:
+			c.expireStale++
+		case res.Status == StatusNoop:
+			c.expireUnknown++
+		case res.Status == StatusRejected:
+		default:
+			if count(EffectTimedOut, false) > 0 {
+				c.expiredWaiters++
+			}
+			if cmd.Op == OpExpireSession && pre.namedHeld > 0 {
+				c.expiredReleased++
+			}
+			if cmd.Op == OpCloseSession {
+				c.closed++
+				pre.namedHeld = 0
+			}
+			if pre.holdings > pre.namedHeld {
+				c.expiredKept++
+			}
+		}
+	case OpCancelWait:
+		c.cancelRecorded += count(EffectTimedOut, true)
+	case OpDropSessionless:
+		if pre.sessionWaiters > 0 {
+			c.dropKept++
+		}
+		c.dropGranted += count(EffectGranted, true)
+	case OpDropWaiters:
+		c.dropWaitersTimed += count(EffectDropped, true)
+	}
+	if cmd.Session == 0 || !isLockOp(cmd.Op) {
+		return
+	}
+	switch res.Err {
+	case ErrNoSession:
+		c.noSession++
+	case ErrVoided:
+		c.voided++
+	case ErrDuplicateSeq:
+		c.dupSeq++
+	}
+	if res.Status == StatusQueued {
+		c.queued++
+	}
+	if res.Serial == 0 && res.Status != StatusQueued {
+		return
+	}
+	if cmd.Seq < maxSeq && !pre.used && cmd.Seq <= pre.serial {
+		c.oldSeq++
+	}
+	si, _ := s.Session(cmd.Session)
+	if si.Ack > pre.ack {
+		c.ackTrimmed++
+	}
+	if cmd.Ack > pre.serial {
+		c.ackClamped++
+	}
+	switch res.Status {
+	case StatusGranted:
+		c.recGranted++
+	case StatusBusy:
+		c.recBusy++
+	case StatusReleased:
+		c.recReleased++
+	case StatusExtended:
+		c.recExtended++
+	case StatusRejected:
+		c.recRejected++
+	}
+}
+
+// missing names the counters still at 0 (nil if none).
+func (c sessionCoverage) missing() []string {
+	var out []string
+	v := reflect.ValueOf(c)
+	for i := range v.NumField() {
+		if v.Field(i).Int() == 0 {
+			out = append(out, v.Type().Field(i).Name)
+		}
+	}
+	return out
 }
 
 // observe counts what cmd did to s; wasRenewed: the holding cmd.Key had
@@ -694,7 +1323,7 @@ func (c *modelCoverage) observe(cmd Command, res Result, effects []Effect, s *St
 func runModel(t *testing.T, seed uint64, steps int, cov *modelCoverage) (err error) {
 	r := rand.New(rand.NewPCG(seed, 0x7469636b6574))
 	m := &model{}
-	g := &gen{r: r, m: m}
+	g := &gen{r: r, m: m, seqs: map[uint64]uint64{}}
 	s := New()
 	p := newPropertyChecker()
 	var effects []Effect
@@ -738,12 +1367,12 @@ func runModel(t *testing.T, seed uint64, steps int, cov *modelCoverage) (err err
 		var batch []Command
 		for n := 1 + r.IntN(8); n > 0; n-- {
 			batch = append(batch, g.command())
-			if c := batch[len(batch)-1]; c.Op < OpAcquire || c.Op > OpExtend {
+			if c := batch[len(batch)-1]; c.Op < OpAcquire || c.Op > maxOp {
 				break // unknown ops cannot be encoded; apply them directly
 			}
 		}
 		decoded := batch
-		if last := batch[len(batch)-1]; last.Op >= OpAcquire && last.Op <= OpExtend {
+		if last := batch[len(batch)-1]; last.Op >= OpAcquire && last.Op <= maxOp {
 			var err error
 			decoded, err = DecodeBatch(AppendBatch(nil, batch), nil)
 			if err != nil {
@@ -764,12 +1393,14 @@ func runModel(t *testing.T, seed uint64, steps int, cov *modelCoverage) (err err
 			if h, ok := s.Holder(decoded[i].Key); ok {
 				_, wasRenewed = s.renewed[h.Token]
 			}
+			pre := preSession(s, decoded[i])
 			var res Result
 			res, effects = s.Apply(decoded[i], effects[:0])
 			if res != wantRes || !slices.EqualFunc(effects, wantEff, func(a, b Effect) bool { return reflect.DeepEqual(a, b) }) {
 				return fmt.Errorf("step %d %+v:\nstate %+v %+v\nmodel %+v %+v", step, batch[i], res, effects, wantRes, wantEff)
 			}
 			cov.observe(batch[i], res, effects, s, wasRenewed)
+			cov.sessions.observe(batch[i], res, effects, s, pre, g.seqs[batch[i].Session])
 			if err := p.observe(batch[i], res, effects); err != nil {
 				return fmt.Errorf("step %d %+v: %v", step, batch[i], err)
 			}
@@ -788,6 +1419,9 @@ func runModel(t *testing.T, seed uint64, steps int, cov *modelCoverage) (err err
 		if r.IntN(20) == 0 {
 			if s.NumRenewed() > 0 {
 				cov.renewedSnapshots++
+			}
+			if s.NumSessions() > 0 {
+				cov.sessions.sessionSnapshots++
 			}
 			// Continue on the restored copy: a follower that restored a
 			// snapshot must behave exactly like one that replayed the log.

@@ -22,11 +22,23 @@ package locksm
 //	extend  key= owner= token= lease= now=
 //	cancel  key= ref=
 //	drop-waiters
+//	open-session    session= hash= timeout= now=
+//	resume-session  session= seq= ack= epoch=
+//	expire-session  session= epoch= tokens=t1,t2,... now=
+//	close-session   session= now=
+//	drop-sessionless
 //	apply   op= [any field]      a raw Command, for unknown ops
-//	state                        holders and queues, keys ascending
+//	state                        holders and queues, keys ascending, then sessions
+//
+// acquire, acquire-block, release and extend also take session= seq= ack=
+// (a lock command of a session). A result shows serial= when it recorded
+// an outcome, an effect session= seq= serial= when its waiter has a
+// session, a holder or waiter session= seq= when it has one.
 //
 // A holder shows renewed= (its RenewedAt) when it is not 0, and the
-// state's first line renewed= (NumRenewed) while any holding is.
+// state's first line renewed= (NumRenewed) while any holding is, and
+// sessions= (NumSessions) while any session lives; each session is then
+// listed with its counters, its kept outcomes and its queued requests.
 //
 // After every command the runner checks the invariants and that a snapshot
 // round trip and a codec round trip reproduce the state and the command.
@@ -38,6 +50,7 @@ import (
 	"bytes"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"reflect"
 	"slices"
@@ -87,6 +100,16 @@ func runScriptCommand(t *testing.T, c scripttest.Case, s *State) string {
 		cmd.Op = OpCancelWait
 	case "drop-waiters":
 		cmd.Op = OpDropWaiters
+	case "open-session":
+		cmd.Op = OpOpenSession
+	case "resume-session":
+		cmd.Op = OpResumeSession
+	case "expire-session":
+		cmd.Op = OpExpireSession
+	case "close-session":
+		cmd.Op = OpCloseSession
+	case "drop-sessionless":
+		cmd.Op = OpDropSessionless
 	case "apply":
 	default:
 		t.Fatalf("%s: unknown command %q", where, name)
@@ -118,6 +141,28 @@ func runScriptCommand(t *testing.T, c scripttest.Case, s *State) string {
 			var n uint64
 			n, err = strconv.ParseUint(v, 10, 32)
 			cmd.WaitMs = uint32(n)
+		case "session":
+			cmd.Session, err = strconv.ParseUint(v, 10, 64)
+		case "seq":
+			cmd.Seq, err = strconv.ParseUint(v, 10, 64)
+		case "ack":
+			cmd.Ack, err = strconv.ParseUint(v, 10, 64)
+		case "epoch":
+			cmd.Epoch, err = strconv.ParseUint(v, 10, 64)
+		case "timeout":
+			var n uint64
+			n, err = strconv.ParseUint(v, 10, 32)
+			cmd.TimeoutMs = uint32(n)
+		case "hash":
+			cmd.SecretHash = v
+		case "tokens":
+			for _, t := range strings.Split(v, ",") {
+				n, perr := strconv.ParseUint(t, 10, 64)
+				if perr != nil {
+					err = perr
+				}
+				cmd.Tokens = append(cmd.Tokens, n)
+			}
 		default:
 			t.Fatalf("%s: unknown argument %q", where, k)
 		}
@@ -128,16 +173,21 @@ func runScriptCommand(t *testing.T, c scripttest.Case, s *State) string {
 
 	// Every command also travels through the codec and must mean the same
 	// thing afterwards; only unknown ops cannot be encoded.
-	if cmd.Op >= OpAcquire && cmd.Op <= OpExtend {
+	if cmd.Op >= OpAcquire && cmd.Op <= maxOp {
 		dec, err := DecodeBatch(AppendBatch(nil, []Command{cmd}), nil)
 		if err != nil || len(dec) != 1 || !reflect.DeepEqual(dec[0], normalize(cmd)) {
 			t.Fatalf("%s: codec round trip: %v %+v", where, err, dec)
 		}
 	}
-	before := snapshotBytes(t, s)
+	before, beforeTable := snapshotBytes(t, s), formatTable(s)
 	res, effects := s.Apply(cmd, nil)
-	if res.Status == StatusRejected && !bytes.Equal(before, snapshotBytes(t, s)) {
+	switch {
+	case res.Status != StatusRejected:
+	case res.Serial == 0 && !bytes.Equal(before, snapshotBytes(t, s)):
 		t.Errorf("%s: rejected command changed the state", where)
+	case res.Serial != 0 && (beforeTable != formatTable(s) || len(effects) > 0):
+		// Recorded as its session's outcome, and nothing else.
+		t.Errorf("%s: rejected command changed the table", where)
 	}
 	if err := checkInvariants(s); err != nil {
 		t.Fatalf("%s: %v", where, err)
@@ -150,7 +200,8 @@ var statusNames = map[Status]string{
 	StatusRejected: "rejected", StatusGranted: "granted", StatusQueued: "queued",
 	StatusBusy: "busy", StatusReleased: "released", StatusExpired: "expired",
 	StatusCanceled: "canceled", StatusNoop: "noop", StatusDropped: "dropped",
-	StatusExtended: "extended",
+	StatusExtended: "extended", StatusTimedOut: "timed-out", StatusOpened: "opened",
+	StatusResumed: "resumed", StatusSessionExpired: "session-expired", StatusSessionClosed: "session-closed",
 }
 
 var errNames = map[error]string{
@@ -159,7 +210,9 @@ var errNames = map[error]string{
 	ErrInvalidCommand: "ErrInvalidCommand", ErrNotHeld: "ErrNotHeld",
 	ErrTokenMismatch: "ErrTokenMismatch", ErrOwnerMismatch: "ErrOwnerMismatch",
 	ErrDuplicateRef: "ErrDuplicateRef", ErrTokensExhausted: "ErrTokensExhausted",
-	ErrInvalidBlock: "ErrInvalidBlock",
+	ErrInvalidBlock: "ErrInvalidBlock", ErrInvalidSession: "ErrInvalidSession",
+	ErrNoSession: "ErrNoSession", ErrSessionExists: "ErrSessionExists", ErrVoided: "ErrVoided",
+	ErrDuplicateSeq: "ErrDuplicateSeq", ErrStaleEpoch: "ErrStaleEpoch",
 }
 
 var effectNames = map[EffectKind]string{
@@ -179,6 +232,9 @@ func formatResult(res Result, effects []Effect) string {
 		}
 		fmt.Fprintf(&b, " err=%s", name)
 	}
+	if res.Serial != 0 {
+		fmt.Fprintf(&b, " serial=%d", res.Serial)
+	}
 	for _, e := range effects {
 		fmt.Fprintf(&b, "\neffect %s key=%s", effectNames[e.Kind], e.Key)
 		if e.Keys != nil {
@@ -188,11 +244,48 @@ func formatResult(res Result, effects []Effect) string {
 		if e.Kind == EffectGranted {
 			fmt.Fprintf(&b, " token=%d lease=%d", e.Token, e.LeaseSec)
 		}
+		if e.Session != 0 || e.Seq != 0 || e.Serial != 0 {
+			fmt.Fprintf(&b, " session=%d seq=%d serial=%d", e.Session, e.Seq, e.Serial)
+		}
 	}
 	return b.String()
 }
 
+// formatOutcome is an outcome as the scripts show it.
+func formatOutcome(o Outcome) string {
+	s := fmt.Sprintf("outcome seq=%d serial=%d %s", o.Seq, o.Serial, statusNames[o.Status])
+	switch {
+	case o.Status == StatusGranted:
+		s += fmt.Sprintf(" token=%d", o.Token)
+	case o.Err != nil:
+		s += " err=" + errNames[o.Err]
+	}
+	return s
+}
+
 func formatState(s *State) string {
+	var b strings.Builder
+	b.WriteString(formatTable(s))
+	for _, id := range s.Sessions() {
+		si, _ := s.Session(id)
+		fmt.Fprintf(&b, "\nsession %d timeout=%d opened-at=%d floor=%d serial=%d ack=%d epoch=%d holdings=%d",
+			id, si.TimeoutMs, si.OpenedAt, si.Floor, si.Serial, si.Ack, si.Epoch, si.Holdings)
+		for _, o := range s.SessionOutcomes(id) {
+			b.WriteString("\n  " + formatOutcome(o))
+		}
+		for _, seq := range slices.Sorted(maps.Keys(s.sessions[id].waiters)) {
+			sw, _ := s.SessionWaiter(id, seq)
+			fmt.Fprintf(&b, "\n  queued seq=%d key=%s ref=%d", seq, sw.Key, sw.Ref)
+			if sw.Keys != nil {
+				fmt.Fprintf(&b, " block=%s", strings.Join(sw.Keys, ","))
+			}
+		}
+	}
+	return b.String()
+}
+
+// formatTable is formatState without the sessions' own lines.
+func formatTable(s *State) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "last-token=%d held=%d waiting=%d", s.LastToken(), s.NumHeld(), s.NumWaiting())
 	if s.NumReserved() > 0 || s.NumBlocks() > 0 {
@@ -200,6 +293,9 @@ func formatState(s *State) string {
 	}
 	if s.NumRenewed() > 0 {
 		fmt.Fprintf(&b, " renewed=%d", s.NumRenewed())
+	}
+	if s.NumSessions() > 0 {
+		fmt.Fprintf(&b, " sessions=%d", s.NumSessions())
 	}
 	for _, k := range s.sortedKeys() {
 		if h, ok := s.Holder(k); ok {
@@ -211,6 +307,9 @@ func formatState(s *State) string {
 			if h.Keys != nil {
 				fmt.Fprintf(&b, " block=%s", strings.Join(h.Keys, ","))
 			}
+			if h.Session != 0 {
+				fmt.Fprintf(&b, " session=%d seq=%d", h.Session, h.Seq)
+			}
 		} else {
 			fmt.Fprintf(&b, "\n%s: reserved", k)
 		}
@@ -219,6 +318,9 @@ func formatState(s *State) string {
 				w.Owner, w.Ref, w.LeaseSec, w.WaitMs, w.EnqueuedAt)
 			if w.Keys != nil {
 				fmt.Fprintf(&b, " block=%s", strings.Join(w.Keys, ","))
+			}
+			if w.Session != 0 {
+				fmt.Fprintf(&b, " session=%d seq=%d", w.Session, w.Seq)
 			}
 		}
 	}
@@ -229,6 +331,9 @@ func formatState(s *State) string {
 // codec carries.
 func normalize(c Command) Command {
 	n := Command{Op: c.Op, Key: c.Key}
+	if c.Session != 0 && sessionBearing(c.Op) {
+		n.Session, n.Seq, n.Ack = c.Session, c.Seq, c.Ack
+	}
 	switch c.Op {
 	case OpAcquire:
 		n.Now, n.Owner, n.Ref, n.LeaseSec, n.WaitMs = c.Now, c.Owner, c.Ref, c.LeaseSec, c.WaitMs
@@ -240,8 +345,22 @@ func normalize(c Command) Command {
 		n.Ref = c.Ref
 	case OpExtend:
 		n.Now, n.Owner, n.Token, n.Ref, n.LeaseSec = c.Now, c.Owner, c.Token, c.Ref, c.LeaseSec
-	case OpDropWaiters:
+	case OpDropWaiters, OpDropSessionless:
 		n.Key = ""
+	case OpOpenSession:
+		n.Key, n.Now, n.Session, n.SecretHash, n.TimeoutMs = "", c.Now, c.Session, c.SecretHash, c.TimeoutMs
+		if len(n.SecretHash) > SecretHashLen {
+			n.SecretHash = ""
+		}
+	case OpResumeSession:
+		n.Key, n.Session, n.Seq, n.Ack, n.Epoch = "", c.Session, c.Seq, c.Ack, c.Epoch
+	case OpExpireSession:
+		n.Key, n.Now, n.Session, n.Epoch = "", c.Now, c.Session, c.Epoch
+		if len(c.Tokens) > 0 {
+			n.Tokens = slices.Clone(c.Tokens)
+		}
+	case OpCloseSession:
+		n.Key, n.Now, n.Session = "", c.Now, c.Session
 	case OpAcquireBlock:
 		n.Key = ""
 		n.Now, n.Owner, n.Ref, n.LeaseSec, n.WaitMs = c.Now, c.Owner, c.Ref, c.LeaseSec, c.WaitMs
@@ -385,6 +504,81 @@ func checkInvariants(s *State) error {
 	}
 	if waiting != s.waiting || reserved != s.reserved {
 		return fmt.Errorf("waiting/reserved counts %d/%d, actual %d/%d", s.waiting, s.reserved, waiting, reserved)
+	}
+	return checkSessionInvariants(s)
+}
+
+// checkSessionInvariants checks the sessions against the table: each
+// session's indexes name exactly its queued waiters and its holdings, and
+// its outcomes are serials ack+1..serial with their seqs indexed.
+func checkSessionInvariants(s *State) error {
+	waiters := map[uint64]map[uint64]sessionWaiter{} // session -> seq -> where
+	holdings := map[uint64]map[uint64]string{}       // session -> token -> key
+	for k, e := range s.keys {
+		if e.token != 0 && e.session != 0 {
+			key := k
+			if b := s.blocks[e.token]; b != nil {
+				key = b[0]
+			}
+			if holdings[e.session] == nil {
+				holdings[e.session] = map[uint64]string{}
+			}
+			holdings[e.session][e.token] = key
+			if e.seq == 0 {
+				return fmt.Errorf("key %q: session %d holding with seq 0", k, e.session)
+			}
+		}
+		if e.token == 0 && e.session != 0 {
+			return fmt.Errorf("key %q: reserved with session %d", k, e.session)
+		}
+		for _, w := range e.queue.waiters() {
+			if w.Session == 0 {
+				if w.Seq != 0 {
+					return fmt.Errorf("key %q: waiter %d without session has seq %d", k, w.Ref, w.Seq)
+				}
+				continue
+			}
+			if waiters[w.Session] == nil {
+				waiters[w.Session] = map[uint64]sessionWaiter{}
+			}
+			sw := sessionWaiter{key: w.primary(k), ref: w.Ref}
+			if old, dup := waiters[w.Session][w.Seq]; dup && (old != sw || w.Keys == nil) {
+				return fmt.Errorf("session %d seq %d queued twice: %+v %+v", w.Session, w.Seq, old, sw)
+			}
+			waiters[w.Session][w.Seq] = sw
+		}
+	}
+	for id := range waiters {
+		if s.sessions[id] == nil {
+			return fmt.Errorf("waiters of session %d, which does not exist", id)
+		}
+	}
+	for id := range holdings {
+		if s.sessions[id] == nil {
+			return fmt.Errorf("holdings of session %d, which does not exist", id)
+		}
+	}
+	for id, ss := range s.sessions {
+		if id == 0 || len(ss.hash) != SecretHashLen {
+			return fmt.Errorf("session %d: bad id or hash", id)
+		}
+		if !maps.Equal(ss.waiters, waiters[id]) && len(ss.waiters)+len(waiters[id]) > 0 {
+			return fmt.Errorf("session %d: waiters index %v, queued %v", id, ss.waiters, waiters[id])
+		}
+		if !maps.Equal(ss.holdings, holdings[id]) && len(ss.holdings)+len(holdings[id]) > 0 {
+			return fmt.Errorf("session %d: holdings index %v, held %v", id, ss.holdings, holdings[id])
+		}
+		if ss.ack > ss.serial || uint64(len(ss.outcomes)) != ss.serial-ss.ack || len(ss.bySeq) != len(ss.outcomes) {
+			return fmt.Errorf("session %d: ack %d serial %d, %d outcomes, %d indexed", id, ss.ack, ss.serial, len(ss.outcomes), len(ss.bySeq))
+		}
+		for i, o := range ss.outcomes {
+			if o.Serial != ss.ack+1+uint64(i) || ss.bySeq[o.Seq] != o.Serial || o.Seq == 0 {
+				return fmt.Errorf("session %d: outcome #%d %+v out of place", id, i, o)
+			}
+			if _, queued := ss.waiters[o.Seq]; queued {
+				return fmt.Errorf("session %d: seq %d queued and with an outcome", id, o.Seq)
+			}
+		}
 	}
 	return nil
 }

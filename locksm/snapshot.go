@@ -18,8 +18,11 @@ package locksm
 //   - 3: lease extension (protocol version 6): written whenever a
 //     holding was extended (OpExtend), blocks or not; version 2's body
 //     followed by the renewals.
+//   - 4: sessions (protocol version 7): written whenever a session
+//     exists; version 3's body (renewals may be none) with the (session,
+//     seq) of every holder and waiter, followed by the sessions.
 //
-//	snapshot = magic:"TKSM" version:byte(0x01, 0x02 or 0x03) body crc:uint32-le EOF
+//	snapshot = magic:"TKSM" version:byte(0x01..0x04) body crc:uint32-le EOF
 //	body v1  = lastToken:uvarint nkeys:uvarint key1*nkeys
 //	key1     = name:string owner:string token:uvarint lease:uvarint
 //	           grantedAt:varint nwait:uvarint waiter1*nwait
@@ -34,6 +37,19 @@ package locksm
 //	block    = token:uvarint nbk:uvarint name:string*nbk
 //	body v3  = body v2 nrenew:uvarint(1..) renewal*nrenew
 //	renewal  = token:uvarint renewedAt:varint
+//	body v4  = lastToken:uvarint clock:varint nkeys:uvarint key4*nkeys
+//	           nblocks:uvarint block*nblocks nrenew:uvarint renewal*nrenew
+//	           nsess:uvarint(1..) session*nsess
+//	key4     = name:string token:uvarint
+//	           [token != 0: owner:string lease:uvarint grantedAt:varint sref]
+//	           nwait:uvarint waiter4*nwait
+//	waiter4  = waiter2 sref
+//	sref     = session:uvarint [session != 0: seq:uvarint(1..)]
+//	session  = id:uvarint(1..) hash:byte*32 timeout:uvarint floor:uvarint
+//	           serial:uvarint ack:uvarint epoch:uvarint openedAt:varint
+//	           nout:uvarint(= serial-ack) outcome*nout
+//	outcome  = seq:uvarint(1..) status:byte [status 1 (granted): token:uvarint]
+//	           [status 0 (rejected): err:byte]
 //
 // Every key listed is held or reserved (token 0: not held, its queue head a
 // block that cannot be granted yet); the state keeps no entry for a free
@@ -44,7 +60,12 @@ package locksm
 // its keys in the requester's order. clock is State.clock. A renewal is
 // the token of a holding that was extended (a block's once) and the Now of
 // its latest extension (Holder.RenewedAt), tokens strictly ascending; the
-// holders' lease fields already carry the extended lease. crc is CRC-32C
+// holders' lease fields already carry the extended lease. Sessions are in
+// ascending id order with their kept outcomes in serial order (serials
+// ack+1..serial, implicit); an outcome's status is a Status value (0
+// rejected, 1 granted, 3 busy, 4 released, 9 extended, 10 timed out) and a
+// rejection's err is 1 ErrNotHeld, 2 ErrTokenMismatch, 3 ErrOwnerMismatch,
+// 4 ErrDuplicateRef, 5 ErrTokensExhausted. crc is CRC-32C
 // (Castagnoli) of every byte before it. Nothing may follow it: the
 // snapshot is the whole stream.
 //
@@ -56,8 +77,14 @@ package locksm
 // token, refs unique within a queue, a queued block in exactly the queues
 // of its keys with the same fields in each and its ref unique among queued
 // blocks, a reserved key's head a block that cannot be granted, and each
-// renewal naming the token of a held key, once. Version 2 must have block
-// content and version 3 a renewal.
+// renewal naming the token of a held key, once; and of sessions: ids
+// ascending and nonzero, timeouts in bounds, ack <= serial <= 2^62,
+// outcome seqs nonzero and unique in their session with a known status (a
+// granted token in 1..lastToken, a known err), every holder's and
+// waiter's session live with a nonzero seq, a block's keys (held or
+// queued) all naming the same (session, seq), and a session's waiter seqs
+// unique and distinct from its outcomes' seqs. Version 2 must have block
+// content, version 3 a renewal and version 4 a session.
 
 import (
 	"encoding/binary"
@@ -77,6 +104,7 @@ const (
 	snapV1 = 1
 	snapV2 = 2
 	snapV3 = 3
+	snapV4 = 4
 	// snapBufSize is the I/O chunk of both directions: large enough that a
 	// 1M-key snapshot is a few thousand writes, small enough not to matter.
 	snapBufSize = 64 << 10
@@ -93,7 +121,8 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // the same state always gives the same bytes, whatever its map layout.
 func (s *State) WriteSnapshot(w io.Writer) error {
 	keys := s.sortedKeys()
-	return writeSnapshot(w, snapHeader{last: s.last, clock: s.clock, blocks: s.blocks, renewed: s.renewed, version: s.snapVersion()},
+	return writeSnapshot(w, snapHeader{last: s.last, clock: s.clock, blocks: s.blocks, renewed: s.renewed,
+		sessions: s.snapSessions(), version: s.snapVersion()},
 		len(keys), func(i int) (string, *entry) { return keys[i], s.keys[keys[i]] })
 }
 
@@ -107,23 +136,26 @@ func (f *Frozen) WriteSnapshot(w io.Writer) error {
 		slices.SortFunc(f.keys, func(a, b frozenKey) int { return strings.Compare(a.key, b.key) })
 	})
 	keys := f.keys
-	return writeSnapshot(w, snapHeader{last: f.last, clock: f.clock, blocks: f.blocks, renewed: f.renewed, version: f.version},
+	return writeSnapshot(w, snapHeader{last: f.last, clock: f.clock, blocks: f.blocks, renewed: f.renewed,
+		sessions: f.sessions, version: f.version},
 		len(keys), func(i int) (string, *entry) { return keys[i].key, keys[i].e })
 }
 
 // snapHeader is what a snapshot carries besides the keys.
 type snapHeader struct {
-	last    uint64
-	clock   int64
-	blocks  map[uint64][]string
-	renewed map[uint64]int64
-	version byte // snapV1, snapV2 or snapV3 (State.snapVersion)
+	last     uint64
+	clock    int64
+	blocks   map[uint64][]string
+	renewed  map[uint64]int64
+	sessions []snapSession
+	version  byte // snapV1..snapV4 (State.snapVersion)
 }
 
 // writeSnapshot writes n keys, in ascending order, key(i) giving the i-th.
 func writeSnapshot(w io.Writer, hd snapHeader, n int, key func(i int) (string, *entry)) error {
 	sw := snapWriter{w: w, buf: make([]byte, 0, snapBufSize)}
-	v2 := hd.version >= snapV2 // the layout of version 2, which 3 extends
+	v2 := hd.version >= snapV2 // the layout of version 2, which 3 and 4 extend
+	v4 := hd.version >= snapV4
 	sw.buf = append(sw.buf, snapMagic...)
 	sw.buf = append(sw.buf, hd.version)
 	sw.buf = binary.AppendUvarint(sw.buf, hd.last)
@@ -146,6 +178,9 @@ func writeSnapshot(w io.Writer, hd snapHeader, n int, key func(i int) (string, *
 				sw.string(h.Owner)
 				sw.buf = binary.AppendUvarint(sw.buf, uint64(h.LeaseSec))
 				sw.buf = binary.AppendVarint(sw.buf, h.GrantedAt)
+				if v4 {
+					sw.sref(h.Session, h.Seq)
+				}
 			}
 		}
 		sw.buf = binary.AppendUvarint(sw.buf, uint64(e.queue.len()))
@@ -157,6 +192,9 @@ func writeSnapshot(w io.Writer, hd snapHeader, n int, key func(i int) (string, *
 			sw.buf = binary.AppendVarint(sw.buf, q.EnqueuedAt)
 			if v2 {
 				sw.keys(q.Keys)
+			}
+			if v4 {
+				sw.sref(q.Session, q.Seq)
 			}
 			sw.maybeFlush()
 		})
@@ -180,6 +218,33 @@ func writeSnapshot(w io.Writer, hd snapHeader, n int, key func(i int) (string, *
 			sw.maybeFlush()
 		}
 	}
+	if v4 {
+		sw.buf = binary.AppendUvarint(sw.buf, uint64(len(hd.sessions)))
+		for i := range hd.sessions {
+			ss := &hd.sessions[i]
+			sw.buf = binary.AppendUvarint(sw.buf, ss.id)
+			sw.buf = append(sw.buf, ss.hash...)
+			sw.buf = binary.AppendUvarint(sw.buf, uint64(ss.timeoutMs))
+			sw.buf = binary.AppendUvarint(sw.buf, ss.floor)
+			sw.buf = binary.AppendUvarint(sw.buf, ss.serial)
+			sw.buf = binary.AppendUvarint(sw.buf, ss.ack)
+			sw.buf = binary.AppendUvarint(sw.buf, ss.epoch)
+			sw.buf = binary.AppendVarint(sw.buf, ss.openedAt)
+			sw.buf = binary.AppendUvarint(sw.buf, uint64(len(ss.outcomes)))
+			sw.maybeFlush()
+			for _, o := range ss.outcomes {
+				sw.buf = binary.AppendUvarint(sw.buf, o.Seq)
+				sw.buf = append(sw.buf, byte(o.Status))
+				switch o.Status {
+				case StatusGranted:
+					sw.buf = binary.AppendUvarint(sw.buf, o.Token)
+				case StatusRejected:
+					sw.buf = append(sw.buf, outcomeErrCode(o.Err))
+				}
+				sw.maybeFlush()
+			}
+		}
+	}
 	sw.flush()
 	sw.buf = binary.LittleEndian.AppendUint32(sw.buf, sw.crc)
 	sw.write()
@@ -197,6 +262,14 @@ type snapWriter struct {
 func (sw *snapWriter) string(s string) {
 	sw.buf = binary.AppendUvarint(sw.buf, uint64(len(s)))
 	sw.buf = append(sw.buf, s...)
+}
+
+// sref writes a holder's or waiter's (session, seq).
+func (sw *snapWriter) sref(session, seq uint64) {
+	sw.buf = binary.AppendUvarint(sw.buf, session)
+	if session != 0 {
+		sw.buf = binary.AppendUvarint(sw.buf, seq)
+	}
 }
 
 func (sw *snapWriter) keys(keys []string) {
@@ -254,10 +327,11 @@ func (d *snapReader) read() (*State, error) {
 		return nil, d.fail(errors.New("bad magic"))
 	}
 	version := d.byte()
-	if d.err == nil && version != snapV1 && version != snapV2 && version != snapV3 {
+	if d.err == nil && (version < snapV1 || version > snapV4) {
 		return nil, fmt.Errorf("unknown version %d", version)
 	}
-	v2 := version >= snapV2 // the layout of version 2, which 3 extends
+	v2 := version >= snapV2 // the layout of version 2, which 3 and 4 extend
+	v4 := version >= snapV4
 	last := d.uvarint()
 	var clock int64
 	if v2 {
@@ -277,6 +351,7 @@ func (d *snapReader) read() (*State, error) {
 		blocks:       make(map[uint64][]string),
 		blockWaiters: make(map[uint64][]string),
 		renewed:      make(map[uint64]int64),
+		sessions:     make(map[uint64]*session),
 		last:         last,
 		clock:        clock,
 	}
@@ -288,6 +363,9 @@ func (d *snapReader) read() (*State, error) {
 		n int
 	}
 	queuedBlocks := map[uint64]*seenBlock{}
+	// What names a session, checked once the sessions are read: holders
+	// (a block's keys each) and waiters (a block once).
+	var srefs []snapRef
 	var reservedKeys []string
 	prev := ""
 	for i := range nkeys {
@@ -303,6 +381,9 @@ func (d *snapReader) read() (*State, error) {
 		if h.Token != 0 {
 			h.LeaseSec = d.uint32()
 			h.GrantedAt = d.varint()
+			if v4 {
+				h.Session, h.Seq = d.sref()
+			}
 		}
 		nq := d.uvarint()
 		if d.err != nil {
@@ -328,6 +409,9 @@ func (d *snapReader) read() (*State, error) {
 		e.setHolder(h)
 		if h.Token != 0 {
 			tokens = append(tokens, h.Token)
+			if h.Session != 0 {
+				srefs = append(srefs, snapRef{key: key, session: h.Session, seq: h.Seq, token: h.Token})
+			}
 		} else {
 			reservedKeys = append(reservedKeys, key)
 			s.reserved++
@@ -345,6 +429,9 @@ func (d *snapReader) read() (*State, error) {
 			w.EnqueuedAt = d.varint()
 			if v2 {
 				w.Keys = d.keys()
+			}
+			if v4 {
+				w.Session, w.Seq = d.sref()
 			}
 			switch {
 			case d.err != nil:
@@ -364,6 +451,9 @@ func (d *snapReader) read() (*State, error) {
 				if sb := queuedBlocks[w.Ref]; sb == nil {
 					queuedBlocks[w.Ref] = &seenBlock{w: w, n: 1}
 					s.waiting++
+					if w.Session != 0 {
+						srefs = append(srefs, snapRef{key: w.Keys[0], session: w.Session, seq: w.Seq, ref: w.Ref, waiter: true})
+					}
 				} else if !sameWaiter(sb.w, w) {
 					return nil, fmt.Errorf("key %q waiter #%d: block ref %d differs from its other queues", key, j, w.Ref)
 				} else {
@@ -372,6 +462,9 @@ func (d *snapReader) read() (*State, error) {
 				}
 			} else {
 				s.waiting++
+				if w.Session != 0 {
+					srefs = append(srefs, snapRef{key: key, session: w.Session, seq: w.Seq, ref: w.Ref, waiter: true})
+				}
 			}
 			e.queue.push(w)
 			refs = append(refs, w.Ref)
@@ -395,9 +488,17 @@ func (d *snapReader) read() (*State, error) {
 	if err := checkSnapshotTokens(s, tokens); err != nil {
 		return nil, err
 	}
-	if version == snapV3 {
+	if version >= snapV3 {
 		// tokens is sorted now.
-		if err := d.readRenewals(s, tokens); err != nil {
+		if err := d.readRenewals(s, tokens, version == snapV3); err != nil {
+			return nil, err
+		}
+	}
+	if v4 {
+		if err := d.readSessions(s); err != nil {
+			return nil, err
+		}
+		if err := indexSessionRefs(s, srefs); err != nil {
 			return nil, err
 		}
 	}
@@ -472,9 +573,9 @@ func (d *snapReader) readBlocks(s *State) error {
 // readRenewals reads the renewals section: at least one, tokens strictly
 // ascending, each the token of a held key (heldTokens, sorted: one per
 // held key).
-func (d *snapReader) readRenewals(s *State, heldTokens []uint64) error {
+func (d *snapReader) readRenewals(s *State, heldTokens []uint64, atLeastOne bool) error {
 	n := d.uvarint()
-	if d.err == nil && n == 0 {
+	if d.err == nil && n == 0 && atLeastOne {
 		return errors.New("version 3 without renewals")
 	}
 	var prev uint64
@@ -495,6 +596,115 @@ func (d *snapReader) readRenewals(s *State, heldTokens []uint64) error {
 	}
 	if d.err != nil {
 		return fmt.Errorf("renewals: %w", d.err)
+	}
+	return nil
+}
+
+// snapRef is a holder or waiter of a snapshot that names a session.
+type snapRef struct {
+	key          string // the holder's key, or a waiter's (primary) key
+	session, seq uint64
+	token        uint64 // holder
+	ref          uint64 // waiter
+	waiter       bool
+}
+
+// readSessions reads the sessions section: at least one session, ids
+// ascending, each with its kept outcomes.
+func (d *snapReader) readSessions(s *State) error {
+	n := d.uvarint()
+	if d.err == nil && n == 0 {
+		return errors.New("version 4 without sessions")
+	}
+	var prev uint64
+	for i := uint64(0); i < n && d.err == nil; i++ {
+		id := d.uvarint()
+		hash := string(d.bytes(SecretHashLen))
+		timeout := d.uint32()
+		floor, serial, ack, epoch := d.uvarint(), d.uvarint(), d.uvarint(), d.uvarint()
+		openedAt := d.varint()
+		nout := d.uvarint()
+		if d.err != nil {
+			break
+		}
+		switch {
+		case id == 0 || (i > 0 && id <= prev):
+			return fmt.Errorf("session #%d: id %d not after %d", i, id, prev)
+		case timeout < MinSessionTimeoutMs || timeout > MaxSessionTimeoutMs:
+			return fmt.Errorf("session %d: timeout %d", id, timeout)
+		case serial > maxSerial || ack > serial:
+			return fmt.Errorf("session %d: ack %d, serial %d", id, ack, serial)
+		case nout != serial-ack:
+			return fmt.Errorf("session %d: %d outcomes for serials %d..%d", id, nout, ack+1, serial)
+		}
+		prev = id
+		ss := newSession(hash, timeout, openedAt)
+		ss.floor, ss.serial, ss.ack, ss.epoch = floor, serial, ack, epoch
+		ss.outcomes = make([]Outcome, 0, max(8, min(nout, snapPrealloc)))
+		for j := uint64(0); j < nout && d.err == nil; j++ {
+			o := Outcome{Seq: d.uvarint(), Serial: ack + 1 + j, Status: Status(d.byte())}
+			switch o.Status {
+			case StatusGranted:
+				o.Token = d.uvarint()
+			case StatusRejected:
+				if c := d.byte(); c >= 1 && int(c) <= len(outcomeErrs) {
+					o.Err = outcomeErrs[c-1]
+				} else if d.err == nil {
+					return fmt.Errorf("session %d outcome #%d: err %d", id, j, c)
+				}
+			case StatusBusy, StatusReleased, StatusExtended, StatusTimedOut:
+			default:
+				if d.err == nil {
+					return fmt.Errorf("session %d outcome #%d: status %d", id, j, o.Status)
+				}
+			}
+			if d.err != nil {
+				break
+			}
+			switch _, dup := ss.bySeq[o.Seq]; {
+			case o.Seq == 0 || dup:
+				return fmt.Errorf("session %d outcome #%d: seq %d", id, j, o.Seq)
+			case o.Status == StatusGranted && (o.Token == 0 || o.Token > s.last):
+				return fmt.Errorf("session %d outcome #%d: token %d outside 1..%d", id, j, o.Token, s.last)
+			}
+			ss.outcomes = append(ss.outcomes, o)
+			ss.bySeq[o.Seq] = o.Serial
+		}
+		s.sessions[id] = ss
+	}
+	if d.err != nil {
+		return fmt.Errorf("sessions: %w", d.err)
+	}
+	return nil
+}
+
+// indexSessionRefs checks that every holder and waiter naming a session
+// names a live one, and builds the sessions' indexes of them: a block's
+// keys must agree on (session, seq), and a session's waiter seqs be
+// unique and distinct from its outcomes'.
+func indexSessionRefs(s *State, refs []snapRef) error {
+	for _, r := range refs {
+		ss := s.sessions[r.session]
+		if ss == nil {
+			return fmt.Errorf("key %q: session %d does not exist", r.key, r.session)
+		}
+		if r.waiter {
+			if ss.has(r.seq) {
+				return fmt.Errorf("key %q: session %d seq %d queued twice or with an outcome", r.key, r.session, r.seq)
+			}
+			ss.waiters[r.seq] = sessionWaiter{key: r.key, ref: r.ref}
+			continue
+		}
+		key := r.key
+		if b, ok := s.blocks[r.token]; ok {
+			key = b[0]
+			for _, k := range b {
+				if e := s.keys[k]; e.session != r.session || e.seq != r.seq {
+					return fmt.Errorf("block %d: key %q has session %d seq %d, key %q %d %d", r.token, k, e.session, e.seq, r.key, r.session, r.seq)
+				}
+			}
+		}
+		ss.holdings[r.token] = key
 	}
 	return nil
 }
@@ -523,7 +733,7 @@ func checkSnapshotTokens(s *State, tokens []uint64) error {
 // sameWaiter reports whether two occurrences of a queued block agree.
 func sameWaiter(a, b Waiter) bool {
 	return a.Owner == b.Owner && a.Ref == b.Ref && a.LeaseSec == b.LeaseSec && a.WaitMs == b.WaitMs &&
-		a.EnqueuedAt == b.EnqueuedAt && slices.Equal(a.Keys, b.Keys)
+		a.EnqueuedAt == b.EnqueuedAt && slices.Equal(a.Keys, b.Keys) && a.Session == b.Session && a.Seq == b.Seq
 }
 
 // snapReader is a small buffered reader with a sticky error that checksums
@@ -642,6 +852,17 @@ func (d *snapReader) uint32() uint32 {
 
 // keys reads a key list: nil for a count of 0, else the count's keys (up
 // to MaxBlockKeys; a larger count is corruption).
+// sref reads a holder's or waiter's (session, seq): a seq follows only a
+// session, and is then nonzero.
+func (d *snapReader) sref() (session, seq uint64) {
+	if session = d.uvarint(); session != 0 {
+		if seq = d.uvarint(); seq == 0 && d.err == nil {
+			d.err = errors.New("session without seq")
+		}
+	}
+	return session, seq
+}
+
 func (d *snapReader) keys() []string {
 	n := d.uvarint()
 	if d.err != nil || n == 0 {

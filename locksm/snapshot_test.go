@@ -509,7 +509,8 @@ func TestReadMethods(t *testing.T) {
 // FuzzReadSnapshot: seeds in testdata/fuzz/FuzzReadSnapshot (valid
 // snapshots with keys and waiters, as whole files and as bodies, lying
 // counts, every invariant ReadSnapshot checks broken once, version 3's
-// renewals valid and broken) besides the ones added here.
+// renewals valid and broken, version 4's sessions valid and broken)
+// besides the ones added here.
 func FuzzReadSnapshot(f *testing.F) {
 	f.Add(snapshotBytes(f, New()), false)
 	f.Add(snapshotBytes(f, sampleState(f)), false)
@@ -525,6 +526,8 @@ func FuzzReadSnapshot(f *testing.F) {
 	f.Add(bytes.Clone(good2.b), true)
 	f.Add(bytes.Clone(sampleSnapV3().b), true)
 	f.Add(sampleSnapV3().done(), false)
+	f.Add(bytes.Clone(sampleSnapV4().b), true)
+	f.Add(sampleSnapV4().done(), false)
 	f.Add([]byte{}, false)
 	f.Fuzz(func(t *testing.T, b []byte, fixChecksum bool) {
 		// With fixChecksum the input is a snapshot body and the fuzzer
@@ -562,6 +565,20 @@ func FuzzReadSnapshot(f *testing.F) {
 			_, eff = s.Apply(Command{Op: OpExpire, Key: k, Token: h.Token}, eff)
 			return true
 		})
+		// And its sessions: each resumed, used and expired.
+		for _, id := range s.Sessions() {
+			si, _ := s.Session(id)
+			s.Apply(Command{Op: OpResumeSession, Session: id, Seq: si.Floor + 1, Ack: si.Serial, Epoch: si.Epoch}, nil)
+			s.Apply(Command{Op: OpAcquire, Key: "fuzz", Owner: "f", Ref: 2, LeaseSec: 1, WaitMs: 1, Session: id, Seq: si.Floor + 2}, nil)
+			tokens := []uint64{s.LastToken()}
+			for _, k := range s.sortedKeys() {
+				if h, ok := s.Holder(k); ok && h.Session == id {
+					tokens = append(tokens, h.Token)
+				}
+			}
+			s.Apply(Command{Op: OpExpireSession, Session: id, Epoch: si.Epoch + 1, Tokens: tokens}, nil)
+		}
+		s.Apply(Command{Op: OpDropSessionless}, nil)
 		s.Apply(Command{Op: OpDropWaiters}, eff)
 		if err := checkInvariants(s); err != nil {
 			t.Fatal(err)
@@ -901,4 +918,228 @@ func TestFrozenIsolatedFromExtend(t *testing.T) {
 			t.Fatalf("round %d: the extends changed nothing", round)
 		}
 	}
+}
+
+// newSnap4 starts a version 4 snapshot: version 3's layout with the
+// (session, seq) of holders and waiters, then the sessions.
+func newSnap4(last uint64, clock int64, nkeys uint64) *snapBuilder {
+	sb := &snapBuilder{b: []byte(snapMagic + "\x04")}
+	return sb.u(last).i(clock).u(nkeys)
+}
+
+// sref appends a (session, seq): seq only after a session.
+func (sb *snapBuilder) sref(session, seq uint64) *snapBuilder {
+	if sb.u(session); session != 0 {
+		sb.u(seq)
+	}
+	return sb
+}
+
+// key4 appends a version 4 key record held under token (0: reserved) for
+// (session, seq).
+func (sb *snapBuilder) key4(name, owner string, token, lease, session, seq, nwait uint64) *snapBuilder {
+	sb.s(name).u(token)
+	if token != 0 {
+		sb.s(owner).u(lease).i(0).sref(session, seq)
+	}
+	return sb.u(nwait)
+}
+
+// waiter4 appends a version 4 waiter of (session, seq); keys as waiter2.
+func (sb *snapBuilder) waiter4(owner string, ref, lease, wait, session, seq uint64, keys ...string) *snapBuilder {
+	return sb.waiter2(owner, ref, lease, wait, keys...).sref(session, seq)
+}
+
+// session appends a session record (hash "h"*32, timeout 10 s, opened at
+// 1000) followed by the count of outcomes; outcomes are appended with
+// outcome.
+func (sb *snapBuilder) session(id, floor, serial, ack, epoch, nout uint64) *snapBuilder {
+	return sb.u(id).raw(strings.Repeat("h", SecretHashLen)).u(10_000).u(floor).u(serial).u(ack).u(epoch).i(1000).u(nout)
+}
+
+// outcome appends an outcome: status 1 takes a token, 0 an error code.
+func (sb *snapBuilder) outcome(seq uint64, status Status, arg uint64) *snapBuilder {
+	sb.u(seq).raw(string([]byte{byte(status)}))
+	switch status {
+	case StatusGranted:
+		sb.u(arg)
+	case StatusRejected:
+		sb.raw(string([]byte{byte(arg)}))
+	}
+	return sb
+}
+
+// sampleSnapV4 has sessions 7 and 9: 7 holds the block a,b (seq 2) and
+// waits on d (seq 4) with outcomes for seqs 2 (granted 3) and 3 (rejected
+// ErrTokenMismatch) kept (ack 1, serial 3); 9 holds c (seq 1), has acked
+// everything and no outcome; d is held without a session, its second
+// waiter has none. A renewal of c.
+func sampleSnapV4() *snapBuilder {
+	return newSnap4(5, 77, 4).
+		key4("a", "o", 3, 20, 7, 2, 0).
+		key4("b", "o", 3, 20, 7, 2, 0).
+		key4("c", "p", 4, 1, 9, 1, 0).
+		key4("d", "p", 5, 10, 0, 0, 2).waiter4("x", 1, 10, 5, 7, 4).waiter4("y", 2, 10, 5, 0, 0).
+		blocks(uint64(3), []string{"a", "b"}).renewals(4, -7).
+		u(2).
+		session(7, 3, 3, 1, 2, 2).outcome(2, StatusGranted, 3).outcome(3, StatusRejected, 2).
+		session(9, 0, 1, 1, 0, 0)
+}
+
+// Version 4 carries the sessions; the reader checks every field and that
+// holders and waiters name live sessions consistently.
+func TestReadSnapshotV4Invariants(t *testing.T) {
+	good := sampleSnapV4().done()
+	s, err := ReadSnapshot(bytes.NewReader(good))
+	if err != nil {
+		t.Fatalf("builder's valid snapshot rejected: %v", err)
+	}
+	if !bytes.Equal(snapshotBytes(t, s), good) {
+		t.Fatal("builder's snapshot does not round trip")
+	}
+	if err := checkInvariants(s); err != nil {
+		t.Fatal(err)
+	}
+	si, ok := s.Session(7)
+	want := SessionInfo{ID: 7, SecretHash: strings.Repeat("h", SecretHashLen), TimeoutMs: 10_000, Floor: 3, Serial: 3, Ack: 1,
+		Epoch: 2, OpenedAt: 1000, Outcomes: 2, Waiters: 1, Holdings: 1}
+	if !ok || si != want {
+		t.Fatalf("session 7: %+v", si)
+	}
+	if o, ok := s.SessionOutcome(7, 3); !ok || o != (Outcome{Seq: 3, Serial: 3, Status: StatusRejected, Err: ErrTokenMismatch}) {
+		t.Fatalf("outcome of 7/3: %+v %v", o, ok)
+	}
+	if w, ok := s.SessionWaiter(7, 4); !ok || w.Key != "d" || w.Ref != 1 || w.Keys != nil {
+		t.Fatalf("waiter 7/4: %+v %v", w, ok)
+	}
+	if h, _ := s.Holder("b"); h.Session != 7 || h.Seq != 2 {
+		t.Fatalf("holder of b: %+v", h)
+	}
+	if !slices.Equal(s.Sessions(), []uint64{7, 9}) || s.NumSessions() != 2 {
+		t.Fatalf("sessions %v", s.Sessions())
+	}
+	// Expiring 7 releases its block (named) and times out its waiter.
+	res, eff := s.Apply(Command{Op: OpExpireSession, Session: 7, Epoch: 2, Tokens: []uint64{3}, Now: 5}, nil)
+	if res.Status != StatusSessionExpired || len(eff) != 1 || eff[0].Kind != EffectTimedOut || s.NumHeld() != 2 {
+		t.Fatalf("expiry after restore: %+v %+v\n%s", res, eff, formatState(s))
+	}
+	ab := []string{"a", "b"}
+	h32 := strings.Repeat("h", SecretHashLen)
+	body := func(sb *snapBuilder) *snapBuilder { return sb.blocks().renewals() }
+	one := func(id uint64) *snapBuilder { return newSnap4(5, 0, 1).key4("c", "p", 4, 1, id, 1, 0) }
+	bad := map[string][]byte{
+		"version 4 without sessions":        body(newSnap4(5, 0, 1).key4("c", "p", 4, 1, 0, 0, 0)).u(0).done(),
+		"sessions missing":                  body(newSnap4(5, 0, 1).key4("c", "p", 4, 1, 0, 0, 0)).done(),
+		"version 3 body as version 4":       append([]byte("TKSM\x04"), sampleSnapV3().done()[5:]...),
+		"session id 0":                      body(one(0)).u(1).session(0, 0, 0, 0, 0, 0).done(),
+		"sessions unsorted":                 body(one(7)).u(2).session(9, 0, 0, 0, 0, 0).session(7, 0, 0, 0, 0, 0).done(),
+		"session twice":                     body(one(7)).u(2).session(7, 0, 0, 0, 0, 0).session(7, 0, 0, 0, 0, 0).done(),
+		"timeout below bounds":              body(one(7)).u(1).u(7).raw(h32).u(1999).u(0).u(0).u(0).u(0).i(0).u(0).done(),
+		"timeout above bounds":              body(one(7)).u(1).u(7).raw(h32).u(300_001).u(0).u(0).u(0).u(0).i(0).u(0).done(),
+		"hash truncated":                    body(one(7)).u(1).u(7).raw("h").done(),
+		"ack above serial":                  body(one(7)).u(1).session(7, 0, 1, 2, 0, 0).done(),
+		"serial above 2^62":                 body(one(7)).u(1).session(7, 0, 1<<62+1, 1<<62+1, 0, 0).done(),
+		"fewer outcomes than serials":       body(one(7)).u(1).session(7, 0, 2, 0, 0, 1).outcome(1, StatusBusy, 0).done(),
+		"more outcomes than serials":        body(one(7)).u(1).session(7, 0, 0, 0, 0, 1).outcome(1, StatusBusy, 0).done(),
+		"outcomes count 2^62":               body(one(7)).u(1).session(7, 0, 1<<62, 0, 0, 1<<62).outcome(1, StatusBusy, 0).done(),
+		"outcome seq 0":                     body(one(7)).u(1).session(7, 0, 1, 0, 0, 1).outcome(0, StatusBusy, 0).done(),
+		"outcome seq twice":                 body(one(7)).u(1).session(7, 0, 2, 0, 0, 2).outcome(2, StatusBusy, 0).outcome(2, StatusBusy, 0).done(),
+		"outcome queued":                    body(one(7)).u(1).session(7, 0, 1, 0, 0, 1).outcome(2, StatusQueued, 0).done(),
+		"outcome status 255":                body(one(7)).u(1).session(7, 0, 1, 0, 0, 1).outcome(2, Status(255), 0).done(),
+		"outcome granted token 0":           body(one(7)).u(1).session(7, 0, 1, 0, 0, 1).outcome(2, StatusGranted, 0).done(),
+		"outcome granted token never given": body(one(7)).u(1).session(7, 0, 1, 0, 0, 1).outcome(2, StatusGranted, 6).done(),
+		"outcome err 0":                     body(one(7)).u(1).session(7, 0, 1, 0, 0, 1).outcome(2, StatusRejected, 0).done(),
+		"outcome err unknown":               body(one(7)).u(1).session(7, 0, 1, 0, 0, 1).outcome(2, StatusRejected, 6).done(),
+		"holder of an unknown session":      body(one(8)).u(1).session(7, 0, 0, 0, 0, 0).done(),
+		"holder session without seq": body(newSnap4(5, 0, 1).s("c").u(4).s("p").u(1).i(0).u(7).u(0).u(0)).
+			u(1).session(7, 0, 0, 0, 0, 0).done(),
+		"waiter of an unknown session": body(newSnap4(5, 0, 1).key4("c", "p", 4, 1, 0, 0, 1).waiter4("w", 1, 1, 1, 8, 1)).
+			u(1).session(7, 0, 0, 0, 0, 0).done(),
+		"waiter seq twice": body(newSnap4(5, 0, 2).key4("c", "p", 4, 1, 0, 0, 1).waiter4("w", 1, 1, 1, 7, 1).
+			key4("d", "p", 5, 1, 0, 0, 1).waiter4("w", 1, 1, 1, 7, 1)).u(1).session(7, 0, 0, 0, 0, 0).done(),
+		"waiter seq with an outcome": body(newSnap4(5, 0, 1).key4("c", "p", 4, 1, 0, 0, 1).waiter4("w", 1, 1, 1, 7, 1)).
+			u(1).session(7, 0, 1, 0, 0, 1).outcome(1, StatusBusy, 0).done(),
+		"block keys of two sessions": newSnap4(5, 0, 2).key4("a", "o", 3, 20, 7, 2, 0).key4("b", "o", 3, 20, 9, 2, 0).
+			blocks(uint64(3), ab).renewals().u(2).session(7, 0, 0, 0, 0, 0).session(9, 0, 0, 0, 0, 0).done(),
+		"block keys of two seqs": newSnap4(5, 0, 2).key4("a", "o", 3, 20, 7, 2, 0).key4("b", "o", 3, 20, 7, 3, 0).
+			blocks(uint64(3), ab).renewals().u(1).session(7, 0, 0, 0, 0, 0).done(),
+		"block key without session": newSnap4(5, 0, 2).key4("a", "o", 3, 20, 7, 2, 0).key4("b", "o", 3, 20, 0, 0, 0).
+			blocks(uint64(3), ab).renewals().u(1).session(7, 0, 0, 0, 0, 0).done(),
+		"queued block of two sessions": newSnap4(5, 0, 2).
+			key4("a", "o", 1, 10, 0, 0, 1).waiter4("w", 9, 10, 5, 7, 1, "a", "b").
+			key4("b", "", 0, 0, 0, 0, 1).waiter4("w", 9, 10, 5, 9, 1, "a", "b").
+			blocks().renewals().u(2).session(7, 0, 0, 0, 0, 0).session(9, 0, 0, 0, 0, 0).done(),
+		"sessions count 2^62": body(one(7)).u(1<<62).session(7, 0, 0, 0, 0, 0).done(),
+	}
+	for name, b := range bad {
+		if _, err := ReadSnapshot(bytes.NewReader(b)); !errors.Is(err, ErrCorruptSnapshot) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	checkTruncatedAndFlipped(t, good)
+}
+
+// A snapshot is version 4 exactly while a session lives, whatever else the
+// table holds; the last session's end falls back to what is left.
+func TestSnapshotVersionFollowsSessions(t *testing.T) {
+	s := New()
+	version := func() byte { return snapshotBytes(t, s)[len(snapMagic)] }
+	apply := func(c Command) {
+		t.Helper()
+		if res, _ := s.Apply(c, nil); res.Status == StatusRejected {
+			t.Fatalf("%+v: %v", c, res.Err)
+		}
+	}
+	h := strings.Repeat("h", SecretHashLen)
+	apply(Command{Op: OpOpenSession, Session: 7, SecretHash: h, TimeoutMs: MinSessionTimeoutMs})
+	if v := version(); v != snapV4 {
+		t.Fatalf("empty session: version %d", v)
+	}
+	apply(Command{Op: OpAcquire, Key: "k", Owner: "a", LeaseSec: 1, Session: 7, Seq: 1})
+	apply(Command{Op: OpExtend, Key: "k", Owner: "a", Token: 1, LeaseSec: 2, Session: 7, Seq: 2})
+	checkSnapshotRoundTrip(t, s)
+	apply(Command{Op: OpCloseSession, Session: 7})
+	if v := version(); v != snapV3 {
+		t.Fatalf("after close with an extended holding: version %d", v)
+	}
+	apply(Command{Op: OpRelease, Key: "k", Owner: "a", Token: 1})
+	if v := version(); v != snapV1 {
+		t.Fatalf("empty again: version %d", v)
+	}
+}
+
+// A Frozen view with sessions stays as it was while the session records,
+// trims, expires and is opened again (the outcomes' backing array is
+// shared with the view).
+func TestFrozenIsolatedFromSessions(t *testing.T) {
+	s := New()
+	h := strings.Repeat("h", SecretHashLen)
+	s.Apply(Command{Op: OpOpenSession, Session: 7, SecretHash: h, TimeoutMs: MinSessionTimeoutMs}, nil)
+	for i := range uint64(20) {
+		s.Apply(Command{Op: OpAcquire, Key: fmt.Sprint("k", i%5), Owner: "a", Ref: i, LeaseSec: 1, WaitMs: 5, Session: 7, Seq: i + 1}, nil)
+	}
+	want := snapshotBytes(t, s)
+	f := s.Freeze()
+	done := make(chan []byte)
+	go func() {
+		var buf bytes.Buffer
+		for range 20 {
+			buf.Reset()
+			if err := f.WriteSnapshot(&buf); err != nil {
+				panic(err)
+			}
+		}
+		done <- buf.Bytes()
+	}()
+	for i := uint64(20); i < 60; i++ {
+		s.Apply(Command{Op: OpAcquire, Key: fmt.Sprint("j", i), Owner: "a", LeaseSec: 1, Session: 7, Seq: i + 1, Ack: i / 2}, nil)
+	}
+	s.Apply(Command{Op: OpResumeSession, Session: 7, Seq: 80, Ack: 50}, nil)
+	s.Apply(Command{Op: OpExpireSession, Session: 7, Epoch: 1, Tokens: []uint64{1, 2}}, nil)
+	s.Apply(Command{Op: OpOpenSession, Session: 7, SecretHash: strings.Repeat("g", SecretHashLen), TimeoutMs: MaxSessionTimeoutMs}, nil)
+	s.Apply(Command{Op: OpAcquire, Key: "x", Owner: "a", LeaseSec: 1, Session: 7, Seq: 1}, nil)
+	if got := <-done; !bytes.Equal(got, want) {
+		t.Fatal("frozen view changed")
+	}
+	checkSnapshotRoundTrip(t, s)
 }

@@ -60,6 +60,8 @@ type State struct {
 	// again; own replaces it with a private copy first (copy-on-write).
 	// It wraps after 2^32 freezes, by when no view of that age exists.
 	gen uint32
+	// sessions are the live sessions by id (sessions.go).
+	sessions map[uint64]*session
 }
 
 // entry is one held or reserved key. Invariant: an entry exists iff the key
@@ -70,9 +72,9 @@ type State struct {
 //
 // The holder's fields are inline rather than a Holder, so that gen fits in
 // what would be Holder's padding, and the queue is a pointer (nil for the
-// million keys nobody waits for): 48 bytes, the allocator's 48-byte class
-// (a Holder and a queue slice inline took 72, in the 80-byte class: 32 MB
-// more at a million keys).
+// million keys nobody waits for). With the holding's session and seq it
+// is 64 bytes, the allocator's 64-byte class (48 before sessions; a Holder
+// and a queue slice inline took 72, in the 80-byte class).
 type entry struct {
 	owner     string
 	token     uint64
@@ -82,14 +84,18 @@ type entry struct {
 	gen uint32
 	// queue is the key's waiters, FIFO; nil while nobody waits.
 	queue *waitQueue
+	// session and seq: the session command the holding was granted for
+	// (0: none).
+	session, seq uint64
 }
 
 func (e *entry) holder() Holder {
-	return Holder{Owner: e.owner, Token: e.token, LeaseSec: e.leaseSec, GrantedAt: e.grantedAt}
+	return Holder{Owner: e.owner, Token: e.token, LeaseSec: e.leaseSec, GrantedAt: e.grantedAt, Session: e.session, Seq: e.seq}
 }
 
 func (e *entry) setHolder(h Holder) {
 	e.owner, e.token, e.leaseSec, e.grantedAt = h.Owner, h.Token, h.LeaseSec, h.GrantedAt
+	e.session, e.seq = h.Session, h.Seq
 }
 
 // intern returns the one shared copy of owner. An owner (a sidecar
@@ -111,6 +117,7 @@ func New() *State {
 		blocks:       make(map[uint64][]string),
 		blockWaiters: make(map[uint64][]string),
 		renewed:      make(map[uint64]int64),
+		sessions:     make(map[uint64]*session),
 	}
 }
 
@@ -119,7 +126,11 @@ func New() *State {
 // it. Only the fields cmd.Op uses are checked; the others are ignored by
 // Apply and not carried by the batch encoding. Tokens are not checked: 0 is
 // never issued, so a release or expiry naming it simply matches nothing.
-func ValidateCommand(cmd Command) error {
+func ValidateCommand(cmd Command) error { return validateCommand(&cmd) }
+
+// validateCommand is ValidateCommand without copying the command (Apply's
+// hot path).
+func validateCommand(cmd *Command) error {
 	switch cmd.Op {
 	case OpAcquire:
 		if err := ValidateKey(cmd.Key); err != nil {
@@ -148,6 +159,8 @@ func ValidateCommand(cmd Command) error {
 			return err
 		}
 		return validateAcquireFields(cmd)
+	case OpOpenSession, OpResumeSession, OpExpireSession, OpCloseSession, OpDropSessionless:
+		return validateSessionCommand(cmd)
 	default:
 		return ErrInvalidCommand
 	}
@@ -155,7 +168,7 @@ func ValidateCommand(cmd Command) error {
 
 // validateAcquireFields checks what an acquire of one key and of a block
 // share, after their keys: owner, lease, wait.
-func validateAcquireFields(cmd Command) error {
+func validateAcquireFields(cmd *Command) error {
 	if err := ValidateOwner(cmd.Owner); err != nil {
 		return err
 	}
@@ -203,11 +216,37 @@ func validateBlockKeys(keys []string) error {
 // Apply never looks at a clock and never decides that a lease ran out: cmd.Now
 // is only recorded (GrantedAt, EnqueuedAt, RenewedAt). See the package
 // documentation.
+//
+// A lock command of a session (Session != 0) applies only if the session
+// exists and its seq is above the floor and new; then its final result is
+// recorded as the session's next outcome (Result.Serial), or, if it queued,
+// when a later command grants or times it out (Effect.Serial).
 func (s *State) Apply(cmd Command, effects []Effect) (Result, []Effect) {
-	if err := ValidateCommand(cmd); err != nil {
-		return Result{Status: StatusRejected, Err: err}, effects
+	r, serial, effects := s.apply(&cmd, effects)
+	return Result{Status: r.Status, Token: r.Token, Err: r.Err, Serial: serial}, effects
+}
+
+// result is Result without Serial. Four words, so the compiler keeps it
+// in registers through the internal calls; Result's five words go through
+// memory at every return and copy (BenchmarkApplyHandoff +15%).
+type result struct {
+	Status Status
+	Token  uint64
+	Err    error
+}
+
+func (s *State) apply(cmd *Command, effects []Effect) (result, uint64, []Effect) {
+	if err := validateCommand(cmd); err != nil {
+		return result{Status: StatusRejected, Err: err}, 0, effects
 	}
-	var res Result
+	var ss *session
+	if cmd.Session != 0 && sessionBearing(cmd.Op) {
+		var rej result
+		if ss, rej = s.sessionCheck(cmd); ss == nil {
+			return rej, 0, effects
+		}
+	}
+	var res result
 	switch cmd.Op {
 	case OpAcquire:
 		res = s.acquire(cmd)
@@ -216,52 +255,69 @@ func (s *State) Apply(cmd Command, effects []Effect) (Result, []Effect) {
 	case OpExpire:
 		res, effects = s.expire(cmd, effects)
 	case OpCancelWait:
-		return s.cancelWait(cmd, effects)
+		res, effects = s.cancelWait(cmd, effects)
+		return res, 0, effects
 	case OpAcquireBlock:
 		res = s.acquireBlock(cmd)
 	case OpExtend:
 		res = s.extend(cmd)
-	default: // OpDropWaiters; ValidateCommand rejected everything else
-		return s.dropWaiters(effects)
+	case OpDropWaiters:
+		res, effects = s.dropWaiters(effects)
+		return res, 0, effects
+	case OpOpenSession:
+		return s.openSession(cmd), 0, effects
+	case OpResumeSession:
+		return s.resumeSession(cmd), 0, effects
+	case OpExpireSession, OpCloseSession:
+		res, effects = s.endSession(cmd, effects)
+	default: // OpDropSessionless; validateCommand rejected everything else
+		res, effects = s.dropSessionless(effects)
+		return res, 0, effects
 	}
 	switch res.Status {
-	case StatusGranted, StatusQueued, StatusReleased, StatusExpired, StatusExtended:
+	case StatusGranted, StatusQueued, StatusReleased, StatusExpired, StatusExtended,
+		StatusSessionExpired, StatusSessionClosed:
 		s.clock = cmd.Now
 	}
-	return res, effects
+	if ss != nil {
+		return res, s.recordCommand(ss, cmd, &res), effects
+	}
+	return res, 0, effects
 }
 
-func (s *State) acquire(cmd Command) Result {
+func (s *State) acquire(cmd *Command) result {
 	e := s.keys[cmd.Key]
 	if e == nil {
 		if s.last == math.MaxUint64 {
-			return Result{Status: StatusRejected, Err: ErrTokensExhausted}
+			return result{Status: StatusRejected, Err: ErrTokensExhausted}
 		}
 		s.last++
 		e = s.newEntry()
-		e.setHolder(Holder{Owner: intern(cmd.Owner), Token: s.last, LeaseSec: cmd.LeaseSec, GrantedAt: cmd.Now})
+		e.setHolder(Holder{Owner: intern(cmd.Owner), Token: s.last, LeaseSec: cmd.LeaseSec, GrantedAt: cmd.Now,
+			Session: cmd.Session, Seq: cmd.Seq})
 		s.keys[cmd.Key] = e
-		return Result{Status: StatusGranted, Token: s.last}
+		return result{Status: StatusGranted, Token: s.last}
 	}
 	// Held, possibly by cmd.Owner itself: not reentrant, so no owner check.
 	if cmd.WaitMs == 0 {
-		return Result{Status: StatusBusy}
+		return result{Status: StatusBusy}
 	}
 	if e.queue.find(cmd.Ref) >= 0 {
-		return Result{Status: StatusRejected, Err: ErrDuplicateRef}
+		return result{Status: StatusRejected, Err: ErrDuplicateRef}
 	}
 	e = s.own(cmd.Key, e)
 	s.enqueue(cmd.Key, e, Waiter{
 		Owner: intern(cmd.Owner), Ref: cmd.Ref, LeaseSec: cmd.LeaseSec, WaitMs: cmd.WaitMs, EnqueuedAt: cmd.Now,
+		Session: cmd.Session, Seq: cmd.Seq,
 	})
 	s.waiting++
-	return Result{Status: StatusQueued}
+	return result{Status: StatusQueued}
 }
 
 // acquireBlock grants every key of cmd.Keys at once if none has an entry
 // (no holder, no queue), or queues one waiter on all of them in this
 // command.
-func (s *State) acquireBlock(cmd Command) Result {
+func (s *State) acquireBlock(cmd *Command) result {
 	free := true
 	for _, k := range cmd.Keys {
 		if s.keys[k] != nil {
@@ -271,32 +327,33 @@ func (s *State) acquireBlock(cmd Command) Result {
 	}
 	if free {
 		if s.last == math.MaxUint64 {
-			return Result{Status: StatusRejected, Err: ErrTokensExhausted}
+			return result{Status: StatusRejected, Err: ErrTokensExhausted}
 		}
 		s.last++
 		owner := intern(cmd.Owner)
 		for _, k := range cmd.Keys {
 			e := s.newEntry()
-			e.setHolder(Holder{Owner: owner, Token: s.last, LeaseSec: cmd.LeaseSec, GrantedAt: cmd.Now})
+			e.setHolder(Holder{Owner: owner, Token: s.last, LeaseSec: cmd.LeaseSec, GrantedAt: cmd.Now,
+				Session: cmd.Session, Seq: cmd.Seq})
 			s.keys[k] = e
 		}
 		s.blocks[s.last] = cmd.Keys
-		return Result{Status: StatusGranted, Token: s.last}
+		return result{Status: StatusGranted, Token: s.last}
 	}
 	if cmd.WaitMs == 0 {
-		return Result{Status: StatusBusy}
+		return result{Status: StatusBusy}
 	}
 	if _, dup := s.blockWaiters[cmd.Ref]; dup {
-		return Result{Status: StatusRejected, Err: ErrDuplicateRef}
+		return result{Status: StatusRejected, Err: ErrDuplicateRef}
 	}
 	for _, k := range cmd.Keys {
 		if e := s.keys[k]; e != nil && e.queue.find(cmd.Ref) >= 0 {
-			return Result{Status: StatusRejected, Err: ErrDuplicateRef}
+			return result{Status: StatusRejected, Err: ErrDuplicateRef}
 		}
 	}
 	w := Waiter{
 		Owner: intern(cmd.Owner), Ref: cmd.Ref, LeaseSec: cmd.LeaseSec, WaitMs: cmd.WaitMs, EnqueuedAt: cmd.Now,
-		Keys: cmd.Keys,
+		Keys: cmd.Keys, Session: cmd.Session, Seq: cmd.Seq,
 	}
 	for _, k := range cmd.Keys {
 		e := s.keys[k]
@@ -312,20 +369,20 @@ func (s *State) acquireBlock(cmd Command) Result {
 	}
 	s.blockWaiters[cmd.Ref] = cmd.Keys
 	s.waiting++
-	return Result{Status: StatusQueued}
+	return result{Status: StatusQueued}
 }
 
-func (s *State) release(cmd Command, effects []Effect) (Result, []Effect) {
+func (s *State) release(cmd *Command, effects []Effect) (result, []Effect) {
 	e := s.keys[cmd.Key]
 	switch {
 	case e == nil || e.token == 0:
-		return Result{Status: StatusRejected, Err: ErrNotHeld}, effects
+		return result{Status: StatusRejected, Err: ErrNotHeld}, effects
 	case e.token != cmd.Token:
-		return Result{Status: StatusRejected, Err: ErrTokenMismatch}, effects
+		return result{Status: StatusRejected, Err: ErrTokenMismatch}, effects
 	case e.owner != cmd.Owner:
-		return Result{Status: StatusRejected, Err: ErrOwnerMismatch}, effects
+		return result{Status: StatusRejected, Err: ErrOwnerMismatch}, effects
 	}
-	return Result{Status: StatusReleased}, s.endHolding(cmd.Key, e, cmd.Now, effects)
+	return result{Status: StatusReleased}, s.endHolding(cmd.Key, e, cmd.Now, effects)
 }
 
 // extend renews the lease of the holding of cmd.Key, matched exactly as a
@@ -333,15 +390,15 @@ func (s *State) release(cmd Command, effects []Effect) (Result, []Effect) {
 // For a block every key's entry gets the lease (their leaseSec fields
 // stay equal) and the holding gets one renewal time. Token, grant time and
 // queues stay as they are; no effects.
-func (s *State) extend(cmd Command) Result {
+func (s *State) extend(cmd *Command) result {
 	e := s.keys[cmd.Key]
 	switch {
 	case e == nil || e.token == 0:
-		return Result{Status: StatusRejected, Err: ErrNotHeld}
+		return result{Status: StatusRejected, Err: ErrNotHeld}
 	case e.token != cmd.Token:
-		return Result{Status: StatusRejected, Err: ErrTokenMismatch}
+		return result{Status: StatusRejected, Err: ErrTokenMismatch}
 	case e.owner != cmd.Owner:
-		return Result{Status: StatusRejected, Err: ErrOwnerMismatch}
+		return result{Status: StatusRejected, Err: ErrOwnerMismatch}
 	}
 	if keys, ok := s.blocks[e.token]; ok {
 		for _, k := range keys {
@@ -351,18 +408,18 @@ func (s *State) extend(cmd Command) Result {
 		s.own(cmd.Key, e).leaseSec = cmd.LeaseSec
 	}
 	s.renewed[e.token] = cmd.Now
-	return Result{Status: StatusExtended}
+	return result{Status: StatusExtended}
 }
 
 // expire deliberately ignores the owner: the leader's lease timer knows only
 // (key, token), and the token alone identifies one holding.
-func (s *State) expire(cmd Command, effects []Effect) (Result, []Effect) {
+func (s *State) expire(cmd *Command, effects []Effect) (result, []Effect) {
 	e := s.keys[cmd.Key]
 	if e == nil || e.token == 0 || e.token != cmd.Token {
 		// Stale: released, expired or handed off before this committed.
-		return Result{Status: StatusNoop}, effects
+		return result{Status: StatusNoop}, effects
 	}
-	return Result{Status: StatusExpired}, s.endHolding(cmd.Key, e, cmd.Now, effects)
+	return result{Status: StatusExpired}, s.endHolding(cmd.Key, e, cmd.Now, effects)
 }
 
 // endHolding ends the holding of key (entry e): the key alone, or every key
@@ -371,6 +428,9 @@ func (s *State) expire(cmd Command, effects []Effect) (Result, []Effect) {
 // (promote), so the key is never observably free while someone waits and
 // nobody can cut the line.
 func (s *State) endHolding(key string, e *entry, now int64, effects []Effect) []Effect {
+	if e.session != 0 {
+		s.holdingEnded(e.session, e.token)
+	}
 	if len(s.renewed) > 0 {
 		delete(s.renewed, e.token)
 	}
@@ -400,10 +460,15 @@ func (s *State) endHolding(key string, e *entry, now int64, effects []Effect) []
 		s.waiting--
 		s.dequeued(key, e)
 		s.last++
-		e.setHolder(Holder{Owner: w.Owner, Token: s.last, LeaseSec: w.LeaseSec, GrantedAt: now})
-		return append(effects, Effect{
+		e.setHolder(Holder{Owner: w.Owner, Token: s.last, LeaseSec: w.LeaseSec, GrantedAt: now, Session: w.Session, Seq: w.Seq})
+		eff := Effect{
 			Kind: EffectGranted, Key: key, Owner: w.Owner, Ref: w.Ref, Token: s.last, LeaseSec: w.LeaseSec,
-		})
+			Session: w.Session, Seq: w.Seq,
+		}
+		if w.Session != 0 {
+			eff.Serial = s.waiterGranted(&w, key, s.last)
+		}
+		return append(effects, eff)
 	}
 	s.clearHolder(key)
 	return s.promote(key, now, effects)
@@ -440,11 +505,16 @@ func (s *State) promote(key string, now int64, effects []Effect) []Effect {
 		s.popHead(key)
 		s.last++
 		e = s.keys[key]
-		e.setHolder(Holder{Owner: w.Owner, Token: s.last, LeaseSec: w.LeaseSec, GrantedAt: now})
+		e.setHolder(Holder{Owner: w.Owner, Token: s.last, LeaseSec: w.LeaseSec, GrantedAt: now, Session: w.Session, Seq: w.Seq})
 		s.reserved--
-		return append(effects, Effect{
+		eff := Effect{
 			Kind: EffectGranted, Key: key, Owner: w.Owner, Ref: w.Ref, Token: s.last, LeaseSec: w.LeaseSec,
-		})
+			Session: w.Session, Seq: w.Seq,
+		}
+		if w.Session != 0 {
+			eff.Serial = s.waiterGranted(&w, key, s.last)
+		}
+		return append(effects, eff)
 	}
 	if !s.grantable(w) {
 		return effects // still waits for a holder or a waiter ahead
@@ -452,15 +522,20 @@ func (s *State) promote(key string, now int64, effects []Effect) []Effect {
 	s.last++
 	for _, k := range w.Keys {
 		s.popHead(k)
-		s.keys[k].setHolder(Holder{Owner: w.Owner, Token: s.last, LeaseSec: w.LeaseSec, GrantedAt: now})
+		s.keys[k].setHolder(Holder{Owner: w.Owner, Token: s.last, LeaseSec: w.LeaseSec, GrantedAt: now, Session: w.Session, Seq: w.Seq})
 		s.reserved--
 	}
 	s.waiting += len(w.Keys) - 1 // popHead counted the one waiter once per key
 	delete(s.blockWaiters, w.Ref)
 	s.blocks[s.last] = w.Keys
-	return append(effects, Effect{
+	eff := Effect{
 		Kind: EffectGranted, Key: w.Keys[0], Keys: w.Keys, Owner: w.Owner, Ref: w.Ref, Token: s.last, LeaseSec: w.LeaseSec,
-	})
+		Session: w.Session, Seq: w.Seq,
+	}
+	if w.Session != 0 {
+		eff.Serial = s.waiterGranted(&w, w.Keys[0], s.last)
+	}
+	return append(effects, eff)
 }
 
 // grantable reports whether queued block w stands first on each of its
@@ -491,7 +566,11 @@ func (s *State) exhausted(key string, effects []Effect) []Effect {
 	e := s.keys[key]
 	var others []string
 	for _, w := range e.queue.waiters() {
-		effects = append(effects, Effect{Kind: EffectDropped, Key: w.primary(key), Keys: w.Keys, Owner: w.Owner, Ref: w.Ref})
+		eff := Effect{Kind: EffectDropped, Key: w.primary(key), Keys: w.Keys, Owner: w.Owner, Ref: w.Ref, Session: w.Session, Seq: w.Seq}
+		if w.Session != 0 {
+			eff.Serial = s.waiterTimedOut(&w)
+		}
+		effects = append(effects, eff)
 		if w.Keys != nil {
 			delete(s.blockWaiters, w.Ref)
 			for _, k := range w.Keys {
@@ -538,24 +617,28 @@ func (s *State) removeWaiter(key string, ref uint64) {
 	s.dequeued(key, e)
 }
 
-func (s *State) cancelWait(cmd Command, effects []Effect) (Result, []Effect) {
+func (s *State) cancelWait(cmd *Command, effects []Effect) (result, []Effect) {
 	e := s.keys[cmd.Key]
 	if e == nil {
-		return Result{Status: StatusNoop}, effects
+		return result{Status: StatusNoop}, effects
 	}
 	i := e.queue.find(cmd.Ref)
 	if i < 0 {
 		// Already granted (hand-off won the race) or already gone.
-		return Result{Status: StatusNoop}, effects
+		return result{Status: StatusNoop}, effects
 	}
 	w := e.queue.ws[i]
-	effects = append(effects, Effect{Kind: EffectTimedOut, Key: w.primary(cmd.Key), Keys: w.Keys, Owner: w.Owner, Ref: w.Ref})
+	eff := Effect{Kind: EffectTimedOut, Key: w.primary(cmd.Key), Keys: w.Keys, Owner: w.Owner, Ref: w.Ref, Session: w.Session, Seq: w.Seq}
+	if w.Session != 0 {
+		eff.Serial = s.waiterTimedOut(&w)
+	}
+	effects = append(effects, eff)
 	s.waiting--
 	if w.Keys == nil {
 		s.removeWaiter(cmd.Key, w.Ref)
 		// A single-key waiter behind a block on a reserved key leaves the
 		// head as it was: nothing to decide.
-		return Result{Status: StatusCanceled}, effects
+		return result{Status: StatusCanceled}, effects
 	}
 	delete(s.blockWaiters, w.Ref)
 	for _, k := range w.Keys {
@@ -564,10 +647,10 @@ func (s *State) cancelWait(cmd Command, effects []Effect) (Result, []Effect) {
 	for _, k := range w.Keys {
 		effects = s.promote(k, s.clock, effects)
 	}
-	return Result{Status: StatusCanceled}, effects
+	return result{Status: StatusCanceled}, effects
 }
 
-func (s *State) dropWaiters(effects []Effect) (Result, []Effect) {
+func (s *State) dropWaiters(effects []Effect) (result, []Effect) {
 	keys := make([]string, 0, len(s.queued))
 	for k := range s.queued {
 		keys = append(keys, k)
@@ -584,7 +667,11 @@ func (s *State) dropWaiters(effects []Effect) (Result, []Effect) {
 				}
 				told[w.Ref] = true
 			}
-			effects = append(effects, Effect{Kind: EffectDropped, Key: w.primary(k), Keys: w.Keys, Owner: w.Owner, Ref: w.Ref})
+			eff := Effect{Kind: EffectDropped, Key: w.primary(k), Keys: w.Keys, Owner: w.Owner, Ref: w.Ref, Session: w.Session, Seq: w.Seq}
+			if w.Session != 0 {
+				eff.Serial = s.waiterTimedOut(w)
+			}
+			effects = append(effects, eff)
 		})
 		e = s.own(k, e)
 		s.recycleQueue(e.queue)
@@ -598,7 +685,7 @@ func (s *State) dropWaiters(effects []Effect) (Result, []Effect) {
 	clear(s.queued)
 	clear(s.blockWaiters)
 	s.waiting = 0
-	return Result{Status: StatusDropped}, effects
+	return result{Status: StatusDropped}, effects
 }
 
 func (s *State) newEntry() *entry {
@@ -657,6 +744,8 @@ type Frozen struct {
 	// renewed is a copy of State.renewed; nil when no holding was
 	// extended.
 	renewed map[uint64]int64
+	// sessions are the live sessions, ids ascending (nil when none).
+	sessions []snapSession
 	// version is the snapshot version the content needs (snapVersion).
 	version byte
 }
@@ -683,6 +772,7 @@ func (s *State) Freeze() *Frozen {
 	if len(s.renewed) > 0 {
 		f.renewed = maps.Clone(s.renewed)
 	}
+	f.sessions = s.snapSessions()
 	return f
 }
 
@@ -690,10 +780,13 @@ func (s *State) Freeze() *Frozen {
 // key implies a queued block).
 func (s *State) hasBlockContent() bool { return len(s.blocks) > 0 || len(s.blockWaiters) > 0 }
 
-// snapVersion is the lowest snapshot version that holds the table: 3 if a
-// holding was extended, else 2 if a block is held or queued, else 1.
+// snapVersion is the lowest snapshot version that holds the table: 4 if a
+// session exists, else 3 if a holding was extended, else 2 if a block is
+// held or queued, else 1.
 func (s *State) snapVersion() byte {
 	switch {
+	case len(s.sessions) > 0:
+		return snapV4
 	case len(s.renewed) > 0:
 		return snapV3
 	case s.hasBlockContent():
