@@ -225,7 +225,7 @@ func isClosedConn(err error) bool {
 func (n *Node) connGone(cc *clientConn) {
 	n.mu.Lock()
 	delete(n.conns, cc)
-	n.core.Closed(cc)
+	n.core.Closed(time.Now(), cc)
 	n.performLocked()
 	n.mu.Unlock()
 	// Whatever is queued (a final error reply, typically) still goes out.

@@ -86,7 +86,7 @@ var (
 	// the session's hash, or a session request on a connection that
 	// cannot carry it; a hostile or broken broker. Nothing was executed,
 	// and nobody else's session or lock was touched.
-	ErrBadSession = errors.New("wire: session secret does not match")
+	ErrBadSession = errors.New("wire: bad session")
 	// ErrRemote wraps a TypeError reply whose code has no local sentinel.
 	ErrRemote = errors.New("wire: remote error")
 	// ErrBadConfig reports a HandshakeConfig that cannot work (short
