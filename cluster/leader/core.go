@@ -450,6 +450,8 @@ type Core[C comparable] struct {
 	// attachingTo: the open or resume in flight of each session (at most
 	// one; later ones wait in session.waiting).
 	attachingTo map[uint64]*pending[C]
+	// closingSess: the broker's close in flight of each session.
+	closingSess map[uint64]*pending[C]
 	// untold: grants committed while this core led to a session that was
 	// not attached here, not delivered at a resume since (token → session):
 	// the Tokens of the session's expiry.
@@ -483,6 +485,7 @@ func New[C comparable](cfg Config, table Table, dir Directory) *Core[C] {
 		told:          map[uint64]*conn[C]{},
 		sessions:      map[uint64]*session[C]{},
 		attachingTo:   map[uint64]*pending[C]{},
+		closingSess:   map[uint64]*pending[C]{},
 		untold:        map[uint64]uint64{},
 	}
 }
@@ -619,7 +622,7 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 				Text: fmt.Sprintf("%s on a version %d connection (from version %d)", what, cn.version, from)})
 			return false
 		}
-	case wire.TypeOpenSession, wire.TypeResume, wire.TypeSessionAck:
+	case wire.TypeOpenSession, wire.TypeResume, wire.TypeSessionAck, wire.TypeCloseSession:
 		if !wire.RequestAllowed(m.Type, cn.version) {
 			k.send(cn, wire.Msg{Type: wire.TypeError, Code: wire.CodeUnexpectedFrame,
 				Text: fmt.Sprintf("session frame on a version %d connection (from version %d)", cn.version, wire.VersionSessions)})

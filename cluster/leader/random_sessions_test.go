@@ -122,8 +122,16 @@ func (rr *randomRun) brokerStep() {
 			rr.do(fmt.Sprintf("cancel conn=%s id=%d target=%d", b.conn, b.frameID(), target))
 		case x < 17:
 			rr.do(fmt.Sprintf("session-ack conn=%s id=%d serial=%d", b.conn, b.frameID(), b.ack))
-		default:
+		case x < 19:
 			rr.brokerClose(b)
+		default:
+			if rr.pick(4) == 0 {
+				// A clean stop: the session ends (its waiters are told
+				// T); the broker acts on it no more.
+				b.expired = true
+				rr.cov.closes++
+				rr.do(fmt.Sprintf("close-session conn=%s id=%d", b.conn, b.frameID()))
+			}
 		}
 	}
 }

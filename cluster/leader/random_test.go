@@ -63,7 +63,7 @@ func TestRandomized(t *testing.T) {
 	for name, n := range map[string]int{"extends applied": cov.extended, "extend refusals": cov.extendRefused,
 		"lost events": cov.lost, "lost events broadcast": cov.lostBroadcast, "expiries deferred": cov.deferred,
 		"resumes answered": cov.resumed, "seqs voided": cov.voids, "session expiries": cov.sessionExpiries,
-		"untold grants released": cov.untoldReleased} {
+		"untold grants released": cov.untoldReleased, "sessions closed": cov.closes} {
 		if n == 0 {
 			t.Errorf("no %s in %d runs", name, seeds)
 		}
@@ -73,8 +73,8 @@ func TestRandomized(t *testing.T) {
 
 // coverage counts what the randomized runs reached.
 type coverage struct {
-	extended, extendRefused, lost, lostBroadcast, deferred   int
-	resumes, resumed, voids, sessionExpiries, untoldReleased int
+	extended, extendRefused, lost, lostBroadcast, deferred           int
+	resumes, resumed, voids, sessionExpiries, untoldReleased, closes int
 }
 
 type reqKey struct {

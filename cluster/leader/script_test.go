@@ -39,7 +39,8 @@ package leader
 //	open-session conn= id= session= [timeout=] [secret=]
 //	resume conn= id= session= [secret=] [high=] [ack=]
 //	session-ack conn= id= serial=
-//	                             the session frames o, y, k (version 7;
+//	close-session conn= id=
+//	                             the session frames o, y, k, d (version 7;
 //	                             timeout 10000 ms and secret "s<session>"
 //	                             by default)
 //	frame conn= type= [id=]      any other frame type (one character)
@@ -292,7 +293,8 @@ func (h *harness) run(line string) (string, error) {
 		h.k.Close()
 	case "cluster-version":
 		*h.version = uint16(a.int("v", 0))
-	case "acquire", "acquire-block", "release", "extend", "cancel", "ack", "frame", "open-session", "resume", "session-ack":
+	case "acquire", "acquire-block", "release", "extend", "cancel", "ack", "frame", "open-session", "resume", "session-ack",
+		"close-session":
 		cn := a.need("conn")
 		m := wire.Msg{ID: uint64(a.int("id", 0))}
 		switch name {
@@ -321,6 +323,8 @@ func (h *harness) run(line string) (string, error) {
 			}
 		case "session-ack":
 			m.Type, m.Serial = wire.TypeSessionAck, uint64(a.int("serial", 0))
+		case "close-session":
+			m.Type = wire.TypeCloseSession
 		case "frame":
 			m.Type = a.need("type")[0]
 		}

@@ -189,6 +189,9 @@ func (k *Core[C]) sessionRequest(now time.Time, cn *conn[C], m *wire.Msg) bool {
 		k.send(cn, wire.Msg{Type: wire.TypeError, ID: m.ID, Code: wire.CodeDuplicateID, Text: "request id already in flight"})
 		return false
 	}
+	if m.Type == wire.TypeCloseSession {
+		return k.closeRequest(now, cn, m)
+	}
 	if cn.used || cn.attaching || (cn.sid != 0 && (m.Type == wire.TypeOpenSession || m.Session != cn.sid || cn.sess != nil)) {
 		return k.refuse(cn, m.ID, m.Session, fmt.Errorf("%w: a connection carries one session, attached before any lock request", wire.ErrBadSession), false)
 	}
@@ -236,6 +239,32 @@ func (k *Core[C]) sessionRequest(now time.Time, cn *conn[C], m *wire.Msg) bool {
 	k.oweAttach(p)
 	s.waiting = append(s.waiting, p)
 	k.nextAttach(s)
+	return true
+}
+
+// closeRequest takes the broker's clean stop of the session attached to
+// cn: proposed at once, K once applied (the session and its waits are
+// gone; its holdings keep their leases).
+func (k *Core[C]) closeRequest(now time.Time, cn *conn[C], m *wire.Msg) bool {
+	s := cn.sess
+	if s == nil {
+		return k.refuse(cn, m.ID, cn.sid, fmt.Errorf("%w: no session attached to this connection", wire.ErrBadSession), false)
+	}
+	if !k.serving {
+		addr, id := k.hint()
+		k.send(cn, wire.Msg{Type: wire.TypeMoved, ID: m.ID, LeaderAddr: addr, LeaderID: id})
+		return true
+	}
+	if k.closingSess[s.id] != nil {
+		k.send(cn, errReply(m.ID, fmt.Errorf("%w: a close of session %d is in flight", wire.ErrBadSession, s.id)))
+		return true
+	}
+	k.nextRef++
+	p := &pending[C]{conn: cn, id: m.ID, op: locksm.OpCloseSession, ref: k.nextRef, start: now, attach: &attachReq{sid: s.id}}
+	k.pend[p.ref] = p
+	cn.owe(p)
+	k.closingSess[s.id] = p
+	k.propose(locksm.Command{Op: locksm.OpCloseSession, Session: s.id})
 	return true
 }
 
@@ -461,6 +490,12 @@ func (k *Core[C]) sessionApplied(now time.Time, a *Applied) {
 	case locksm.OpExpireSession, locksm.OpCloseSession:
 		s := k.sessions[c.Session]
 		k.effects(now, a.Effects, time.Time{})
+		if p := k.closingSess[c.Session]; p != nil && c.Op == locksm.OpCloseSession {
+			// Closed now, or gone before (expired): closed either way.
+			delete(k.closingSess, c.Session)
+			k.finish(p)
+			k.send(p.conn, wire.Msg{Type: wire.TypeOK, ID: p.id})
+		}
 		if s == nil {
 			return
 		}
@@ -639,6 +674,7 @@ func (k *Core[C]) dropSessions() {
 	}
 	clear(k.sessions)
 	clear(k.attachingTo)
+	clear(k.closingSess)
 	clear(k.untold)
 	k.marks = k.marks[:0]
 }
@@ -678,7 +714,18 @@ func (k *Core[C]) sessionProposalFailed(c *locksm.Command, notAppended bool, add
 			k.nextAttach(s)
 		}
 		return true
-	case locksm.OpCloseSession, locksm.OpDropSessionless:
+	case locksm.OpCloseSession:
+		if p := k.closingSess[c.Session]; p != nil {
+			delete(k.closingSess, c.Session)
+			k.finish(p)
+			if notAppended {
+				k.send(p.conn, wire.Msg{Type: wire.TypeMoved, ID: p.id, LeaderAddr: addr, LeaderID: id})
+			} else {
+				k.send(p.conn, wire.Msg{Type: wire.TypeUnknown, ID: p.id, Text: "not committed before " + err.Error() + ": outcome unknown"})
+			}
+		}
+		return true
+	case locksm.OpDropSessionless:
 		return true
 	}
 	return false
