@@ -160,6 +160,7 @@ func (n *Node) admitClient(cc *clientConn) (uint16, bool) {
 			ChannelBinding: binding,
 			MaxInFlight:    toldLimit(n.cfg.MaxInFlightPerConn),
 			MaxWaiters:     toldLimit(n.cfg.MaxWaitersPerConn),
+			MaxVersion:     n.cfg.ProtocolVersion,
 		})
 		if err != nil && isTimeout(err) {
 			writeConnError(rw, fmt.Errorf("%w after %v", wire.ErrHandshakeTimeout, n.cfg.HandshakeTimeout))
