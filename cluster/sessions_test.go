@@ -313,3 +313,73 @@ func TestSessionExpiryReleasesUntoldGrant(t *testing.T) {
 		t.Fatal("the key never moved on from the dead broker's untold grant")
 	}
 }
+
+// A planned hand-over keeps a session's waiters in line (issue 31, part
+// 7): they are not withdrawn with T, the hand-over does not wait for them,
+// the old leader closes the session's connection when it steps down, and
+// the broker resumes on the target, where they are still queued.
+func TestSessionWaitersSurviveHandOver(t *testing.T) {
+	c, li := startSessionCluster(t)
+	holder := c.dial(li)
+	mustGrant(t, do(t, holder, acquireMsg("hot", "holder", 120, 0)))
+
+	var secret [wire.SecretLen]byte
+	_, _ = rand.Read(secret[:])
+	const attach = 1 << 40
+	sc := c.sessionConn(li)
+	sc.send(wire.Msg{Type: wire.TypeOpenSession, ID: attach, Session: 88, TimeoutMs: 20_000, Secret: secret})
+	if m := sc.next(); m.Type != wire.TypeOK {
+		t.Fatalf("open: %s", describe(m))
+	}
+	const waiters = 5
+	for seq := uint64(1); seq <= waiters; seq++ {
+		m := acquireMsg("hot", "room", 30, 60*time.Second)
+		m.ID = seq
+		sc.send(m)
+	}
+	for range waiters {
+		if m := sc.next(); m.Type != wire.TypeQueued {
+			t.Fatalf("waiter: %s, want Q", describe(m))
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	to, err := c.Node(li).HandOver(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The session's connection is closed by the old leader; nothing but
+	// notices (and the hand-over's) came before: no T.
+	for {
+		var m wire.Msg
+		if err := sc.r.ReadMsg(&m); err != nil {
+			break
+		}
+		if m.Type != wire.TypeNotice && m.Type != wire.TypeOutcomes {
+			t.Fatalf("during the hand-over: %s", describe(m))
+		}
+		if m.Type == wire.TypeNotice && m.Event == wire.NoticeHandOver {
+			sc.send(wire.Msg{Type: wire.TypeNoticeAck, ID: attach + 1})
+		}
+	}
+	li2 := -1
+	for i := range c.Size() {
+		if c.Node(i) != nil && c.Node(i).ServerID() == to {
+			li2 = i
+		}
+	}
+	if li2 < 0 {
+		t.Fatalf("hand-over target %q not found", to)
+	}
+	testkit.WaitFor(t, "the target serves", 15*time.Second, func() bool { return c.Node(li2).Serving() })
+	rc := c.sessionConn(li2)
+	rc.send(wire.Msg{Type: wire.TypeResume, ID: attach, Session: 88, Secret: secret, High: waiters})
+	for seq := uint64(1); seq <= waiters; seq++ {
+		if m := rc.next(); m.Type != wire.TypeQueued || m.ID != seq {
+			t.Fatalf("resume answer %d: %s, want Q id %d", seq, describe(m), seq)
+		}
+	}
+	if m := rc.next(); m.Type != wire.TypeOK || m.ID != attach {
+		t.Fatalf("resume: %s, want K", describe(m))
+	}
+}
