@@ -66,6 +66,12 @@
 // reconnected, or an earlier leader told the grant). It goes out before any grant the expiry hands
 // the key on with.
 //
+// Sessions (protocol version 7) are in sessions.go: a broker's session is
+// attached to one connection at a time; its requests' replies follow the
+// attachment, its waits survive connection deaths, hand-overs and leader
+// changes, and a session left without a connection for its timeout is
+// expired through the log.
+//
 // Timers run on the caller's monotonic clock: a lease timer for every grant
 // applied while leading (a full lease from the moment the leader applied
 // it), a wait timer for every acquire queued, and a full lease for every

@@ -53,8 +53,9 @@ import "ticketing/locksm"
 //	    once the cluster version is 6, and answers E not_supported
 //	    before.
 //	7 — sidecar sessions (being built: docs/sessions.md; ProtocolVersion
-//	    becomes 7 once the leader and the broker speak it): the open 'o',
-//	    resume 'y' and ack 'k' requests and the outcomes watermark 'O'
+//	    becomes 7 once the leader and the broker speak it; until then only
+//	    where configured, see NewestProtocolVersion): the open 'o', resume
+//	    'y', ack 'k' and close 'd' requests and the outcomes watermark 'O'
 //	    (server → client). On a session connection a request's id is its
 //	    sequence number in the session.
 const ProtocolVersion = 6
