@@ -326,10 +326,10 @@ type pending[C comparable] struct {
 	conn     *conn[C]
 	id       uint64 // request id on conn
 	op       locksm.Op
+	leaseSec uint32
 	key      string   // a block's primary key (keys[0]), which its commands and effects name
 	keys     []string // a block's keys; nil for one key
 	owner    string
-	leaseSec uint32
 	ref      uint64
 	token    uint64    // an extend's token (its count in Core.extending)
 	start    time.Time // when the request arrived (latency metrics)
@@ -340,20 +340,41 @@ type pending[C comparable] struct {
 	// its own command not applied yet), and if mayWait (wait > 0) in
 	// Core.uncommitted too.
 	uncommitted, mayWait bool
-	// sess: the session of a lock request on a session connection (its id
-	// is its seq); its replies go to the session's attached connection,
-	// whichever that is by then (none: nothing is sent, the outcome waits
-	// in the state for a resume). conn is then the connection whose
-	// in-flight map holds it (see session.home).
-	sess *session[C]
-	// attach: an open or resume (op OpOpenSession/OpResumeSession) of
-	// session sid; its reply goes to conn.
+	// ext: what a session's request adds (nil: none); see pendingExt.
+	ext *pendingExt[C]
+}
+
+// pendingExt is what a request of a session adds to its pending: the
+// session of a lock request on a session connection (its id is its seq;
+// its replies go to the session's attached connection, whichever that is
+// by then, and with none nothing is sent: the outcome waits in the state
+// for a resume; conn is then the connection whose in-flight map holds it,
+// see session.home), shared by every lock request of the session; or the
+// open, resume or close it is (op OpOpenSession, OpResumeSession,
+// OpCloseSession; its reply goes to conn). One pointer keeps pending as
+// small as without sessions.
+type pendingExt[C comparable] struct {
+	sess   *session[C]
 	attach *attachReq
 }
 
-// inFlight reports whether p counts in its connection's acquiring or
-// releasing: owed, and its own command not applied yet.
-func (p *pending[C]) inFlight() bool { return !p.queued && p.attach == nil }
+// session is p's session (a lock request of one), or nil.
+func (p *pending[C]) session() *session[C] {
+	if p.ext == nil {
+		return nil
+	}
+	return p.ext.sess
+}
+
+// attachment is the open, resume or close p is, or nil.
+func (p *pending[C]) attachment() *attachReq {
+	if p.ext == nil {
+		return nil
+	}
+	return p.ext.attach
+}
+
+func (p *pending[C]) inFlight() bool { return !p.queued && p.attachment() == nil }
 
 // waiter reports whether p counts in its connection's waiters: an acquire
 // that may wait (queued, or not applied yet).
@@ -589,7 +610,7 @@ func (k *Core[C]) Closed(now time.Time, h C) {
 		k.detach(now, s)
 	}
 	for _, p := range sortedByRef(cn.inflight) {
-		if p.sess != nil {
+		if p.session() != nil {
 			continue
 		}
 		if p.acquire() && p.queued && !p.cancel {
@@ -744,7 +765,7 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 	}
 	k.nextRef++
 	cmd.Ref = k.nextRef
-	p := &pending[C]{conn: cn, id: m.ID, op: cmd.Op, key: cmdKey(&cmd), owner: m.Owner, leaseSec: cmd.LeaseSec, ref: cmd.Ref, start: now, sess: sess}
+	p := &pending[C]{conn: cn, id: m.ID, op: cmd.Op, key: cmdKey(&cmd), owner: m.Owner, leaseSec: cmd.LeaseSec, ref: cmd.Ref, start: now, ext: sessExt(sess)}
 	if cmd.Op == locksm.OpAcquireBlock {
 		p.keys = cmd.Keys
 	}
@@ -796,7 +817,7 @@ func (cn *conn[C]) unowe(p *pending[C]) {
 
 // count adds d to the counts p is in.
 func (cn *conn[C]) count(p *pending[C], d int) {
-	if p.attach != nil {
+	if p.attachment() != nil {
 		return // an open or resume is no lock work
 	}
 	if p.inFlight() {
@@ -855,7 +876,7 @@ func (k *Core[C]) committed(p *pending[C]) {
 
 // finish forgets p (its reply is being sent).
 func (k *Core[C]) finish(p *pending[C]) {
-	if p.sess != nil && p.queued {
+	if p.session() != nil && p.queued {
 		k.sessQueued--
 	}
 	k.committed(p)
@@ -911,11 +932,11 @@ func (k *Core[C]) ProposalFailed(cmds []locksm.Command, notAppended bool, err er
 		case notAppended:
 			k.reply(p.op, OutcomeMoved)
 			k.answer(p, wire.Msg{Type: wire.TypeMoved, ID: p.id, LeaderAddr: addr, LeaderID: id})
-		case p.sess != nil:
+		case p.session() != nil:
 			// It may still commit; only the state can tell. Nothing is
 			// sent for it: its broker learns its outcome from a resume,
 			// after this connection closes.
-			if cn := p.sess.conn; cn != nil && !cn.closing {
+			if cn := p.session().conn; cn != nil && !cn.closing {
 				cn.closing = true
 				k.rd.Closes = append(k.rd.Closes, cn.handle)
 			}
@@ -941,10 +962,13 @@ func (k *Core[C]) Applied(now time.Time, batch []Applied) {
 			k.sessionApplied(now, a)
 			continue
 		}
-		if k.leading {
-			k.noteUntold(a)
+		if c.Session != 0 || len(a.Effects) > 0 {
+			// Only sessions' commands and hand-offs concern sessions.
+			if k.leading {
+				k.noteUntold(a)
+			}
+			k.mark(c.Session, a.Res.Serial)
 		}
-		k.mark(c.Session, a.Res.Serial)
 		if k.leading && a.Res.Status == locksm.StatusGranted {
 			k.armExpiry(now, key, a.Res.Token, c.LeaseSec)
 		}
@@ -1036,14 +1060,14 @@ func (k *Core[C]) resolve(p *pending[C], res locksm.Result, now time.Time) {
 		p.conn.count(p, -1)
 		p.queued = true
 		p.conn.count(p, 1)
-		if p.sess != nil {
+		if p.session() != nil {
 			k.sessQueued++
 		}
 		if cn := k.dest(p); cn != nil && !cn.dead && cn.version >= wire.VersionQueued {
 			k.send(cn, wire.Msg{Type: wire.TypeQueued, ID: p.id})
 		}
 		switch {
-		case p.cancel || (p.sess == nil && (p.conn.dead || k.withdrawing())):
+		case p.cancel || (p.session() == nil && (p.conn.dead || k.withdrawing())):
 			// Gone, cancelled, or a hand-over withdraws its waiters (a
 			// session's waiter stays: its broker resumes it on the next
 			// leader).
@@ -1062,7 +1086,7 @@ func (k *Core[C]) resolve(p *pending[C], res locksm.Result, now time.Time) {
 		k.answer(p, wire.Msg{Type: wire.TypeOK, ID: p.id})
 	case locksm.StatusRejected:
 		k.finish(p)
-		if p.sess != nil && errors.Is(res.Err, locksm.ErrVoided) {
+		if p.session() != nil && errors.Is(res.Err, locksm.ErrVoided) {
 			// A resume already answered it "never applied"; a reply now
 			// would be a second one.
 			return
@@ -1083,16 +1107,17 @@ func (k *Core[C]) resolve(p *pending[C], res locksm.Result, now time.Time) {
 // It reports whether the grant was told.
 func (k *Core[C]) granted(p *pending[C], token uint64, now time.Time) bool {
 	k.finish(p)
-	if s := p.sess; s != nil {
+	if s := p.session(); s != nil {
 		// A session's grant waits in the state for the resume when no
 		// connection is attached (Applied counted it among the untold).
-		if s.conn == nil {
+		cn := attachedConn(s)
+		if cn == nil {
 			return false
 		}
 		k.event(Event{Kind: EventReply, Op: p.op, Outcome: OutcomeGranted, Queued: p.queued, Latency: now.Sub(p.start), Keys: len(p.keys)})
-		k.send(s.conn, wire.Msg{Type: wire.TypeGranted, ID: p.id, Token: token})
+		k.send(cn, wire.Msg{Type: wire.TypeGranted, ID: p.id, Token: token})
 		if k.leading {
-			k.told[token] = s.conn
+			k.told[token] = cn
 		}
 		return true
 	}
@@ -1257,10 +1282,10 @@ func (k *Core[C]) LoseLeadership(why string) (wasLeading bool, owed int) {
 	for _, p := range ps {
 		p.uncommitted = false
 		p.conn.unowe(p)
-		if p.attach != nil {
+		if p.attachment() != nil {
 			p.conn.attaching = false
 		}
-		if p.sess != nil {
+		if p.session() != nil {
 			// Not lost: the state has it, and its broker resumes it on
 			// the next leader (its connection closes).
 			continue

@@ -122,7 +122,7 @@ func (k *Core[C]) stopServing(h *HandOver) {
 	for _, p := range sortedByRef(k.pend) {
 		// A session's waiter keeps its place: its broker resumes it on
 		// the target.
-		if p.acquire() && p.queued && !p.cancel && p.sess == nil {
+		if p.acquire() && p.queued && !p.cancel && p.session() == nil {
 			p.cancel = true
 			k.propose(locksm.Command{Op: locksm.OpCancelWait, Key: p.key, Ref: p.ref})
 		}

@@ -306,8 +306,8 @@ func (rr *randomRun) brokerProposed(c locksm.Command) {
 	phase, _, _ := strings.Cut(rr.phase, " ")
 	switch c.Op {
 	case locksm.OpCancelWait:
-		if p := rr.h.k.pend[c.Ref]; p != nil && p.sess != nil && !rr.brokerCancels[c.Ref] && phase != "advance" {
-			rr.fail("cancel of session %d's wait (seq %d) proposed during %q", p.sess.id, p.id, rr.phase)
+		if p := rr.h.k.pend[c.Ref]; p != nil && p.session() != nil && !rr.brokerCancels[c.Ref] && phase != "advance" {
+			rr.fail("cancel of session %d's wait (seq %d) proposed during %q", p.session().id, p.id, rr.phase)
 		}
 	case locksm.OpExpireSession:
 		rr.cov.sessionExpiries++

@@ -277,7 +277,7 @@ func (rr *randomRun) do(line string) {
 	// has its cancel proposed (it must not hold up the queue, nor be
 	// granted to nobody).
 	for _, p := range rr.h.k.pend {
-		if p.queued && ((p.conn.dead && p.sess == nil) || p.cancel) && !rr.cancelled[p.ref] {
+		if p.queued && ((p.conn.dead && p.session() == nil) || p.cancel) && !rr.cancelled[p.ref] {
 			rr.fail("ref %d queued for a dead or cancelling connection, no cancel proposed", p.ref)
 		}
 		// Every other waiter's wait is timed: armed, or fired and its

@@ -718,8 +718,8 @@ func (h *harness) formatCore() string {
 			handle = "-"
 		}
 		fmt.Fprintf(&b, "owed ref=%d %s id=%d %s key=%s", p.ref, handle, p.id, opNames[p.op], p.key)
-		if p.sess != nil {
-			fmt.Fprintf(&b, " session=%d", p.sess.id)
+		if p.session() != nil {
+			fmt.Fprintf(&b, " session=%d", p.session().id)
 		}
 		if p.queued {
 			b.WriteString(" queued")
@@ -750,7 +750,7 @@ func (k *Core[C]) check() error {
 		if p.conn.inflight[p.id] != p {
 			return fmt.Errorf("pending ref %d missing from its connection's in-flight map", ref)
 		}
-		if p.queued && p.conn.dead && !p.cancel && p.sess == nil {
+		if p.queued && p.conn.dead && !p.cancel && p.session() == nil {
 			return fmt.Errorf("ref %d queued for a dead connection, not cancelled", ref)
 		}
 		if p.uncommitted {
@@ -849,17 +849,17 @@ func (k *Core[C]) check() error {
 func (k *Core[C]) checkSessions() error {
 	queued := 0
 	for _, p := range k.pend {
-		if p.sess == nil {
+		if p.session() == nil {
 			continue
 		}
 		if p.queued {
 			queued++
 		}
-		if k.sessions[p.sess.id] == p.sess && p.conn != p.sess.home {
-			return fmt.Errorf("ref %d of session %d owed on a connection that is not its home", p.ref, p.sess.id)
+		if k.sessions[p.session().id] == p.session() && p.conn != p.session().home {
+			return fmt.Errorf("ref %d of session %d owed on a connection that is not its home", p.ref, p.session().id)
 		}
-		if a := p.sess.conn; a != nil && p.conn != a {
-			return fmt.Errorf("ref %d of session %d not on its attached connection", p.ref, p.sess.id)
+		if a := p.session().conn; a != nil && p.conn != a {
+			return fmt.Errorf("ref %d of session %d not on its attached connection", p.ref, p.session().id)
 		}
 	}
 	if queued != k.sessQueued {
@@ -882,7 +882,7 @@ func (k *Core[C]) checkSessions() error {
 		}
 	}
 	for id, p := range k.attachingTo {
-		if p.attach == nil || p.attach.sid != id || k.pend[p.ref] != p || !p.conn.attaching {
+		if p.attachment() == nil || p.attachment().sid != id || k.pend[p.ref] != p || !p.conn.attaching {
 			return fmt.Errorf("attach of session %d in flight without its owed request", id)
 		}
 	}

@@ -77,6 +77,8 @@ type session[C comparable] struct {
 	expiring, overdue bool
 	// waiting: resumes that wait for the attach or the expiry in flight.
 	waiting []*pending[C]
+	// ext is the pendingExt every lock request of the session shares.
+	ext *pendingExt[C]
 }
 
 // attachReq is what an open or resume asked for.
@@ -93,15 +95,24 @@ type sessMark struct{ sid, serial uint64 }
 
 func (k *Core[C]) newSession(id uint64, timeoutMs uint32) *session[C] {
 	s := &session[C]{id: id, timeout: time.Duration(timeoutMs) * time.Millisecond}
+	s.ext = &pendingExt[C]{sess: s}
 	s.home = &conn[C]{dead: true, inflight: map[uint64]*pending[C]{}, version: wire.VersionSessions}
 	k.sessions[id] = s
 	return s
 }
 
+// sessExt is the pendingExt of a lock request of s (nil: no session).
+func sessExt[C comparable](s *session[C]) *pendingExt[C] {
+	if s == nil {
+		return nil
+	}
+	return s.ext
+}
+
 // dest is where p's replies go: its session's attached connection (nil:
 // none, nothing is sent), or its own connection.
 func (k *Core[C]) dest(p *pending[C]) *conn[C] {
-	if s := p.sess; s != nil {
+	if s := p.session(); s != nil {
 		return attachedConn(s)
 	}
 	return p.conn
@@ -117,6 +128,10 @@ func attachedConn[C comparable](s *session[C]) *conn[C] {
 
 // answer sends m, a reply or progress frame of p, where p's replies go.
 func (k *Core[C]) answer(p *pending[C], m wire.Msg) {
+	if p.ext == nil {
+		k.send(p.conn, m)
+		return
+	}
 	if cn := k.dest(p); cn != nil {
 		k.send(cn, m)
 	}
@@ -206,7 +221,7 @@ func (k *Core[C]) sessionRequest(now time.Time, cn *conn[C], m *wire.Msg) bool {
 		return true
 	}
 	hash := sha256.Sum256(m.Secret[:])
-	p := &pending[C]{conn: cn, id: m.ID, start: now, attach: &attachReq{sid: m.Session}}
+	p := &pending[C]{conn: cn, id: m.ID, start: now, ext: &pendingExt[C]{attach: &attachReq{sid: m.Session}}}
 	if m.Type == wire.TypeOpenSession {
 		cmd := locksm.Command{Op: locksm.OpOpenSession, Session: m.Session, SecretHash: string(hash[:]), TimeoutMs: m.TimeoutMs}
 		if err := locksm.ValidateCommand(cmd); err != nil {
@@ -217,7 +232,7 @@ func (k *Core[C]) sessionRequest(now time.Time, cn *conn[C], m *wire.Msg) bool {
 			k.send(cn, errReply(m.ID, locksm.ErrSessionExists))
 			return true
 		}
-		p.op, p.attach.hash, p.attach.timeoutMs = locksm.OpOpenSession, cmd.SecretHash, cmd.TimeoutMs
+		p.op, p.attachment().hash, p.attachment().timeoutMs = locksm.OpOpenSession, cmd.SecretHash, cmd.TimeoutMs
 		k.oweAttach(p)
 		k.attachingTo[m.Session] = p
 		k.propose(cmd)
@@ -235,7 +250,7 @@ func (k *Core[C]) sessionRequest(now time.Time, cn *conn[C], m *wire.Msg) bool {
 		s = k.newSession(m.Session, info.TimeoutMs)
 		s.floor = info.Floor
 	}
-	p.op, p.attach.high, p.attach.ack = locksm.OpResumeSession, m.High, m.Serial
+	p.op, p.attachment().high, p.attachment().ack = locksm.OpResumeSession, m.High, m.Serial
 	k.oweAttach(p)
 	s.waiting = append(s.waiting, p)
 	k.nextAttach(s)
@@ -260,7 +275,7 @@ func (k *Core[C]) closeRequest(now time.Time, cn *conn[C], m *wire.Msg) bool {
 		return true
 	}
 	k.nextRef++
-	p := &pending[C]{conn: cn, id: m.ID, op: locksm.OpCloseSession, ref: k.nextRef, start: now, attach: &attachReq{sid: s.id}}
+	p := &pending[C]{conn: cn, id: m.ID, op: locksm.OpCloseSession, ref: k.nextRef, start: now, ext: &pendingExt[C]{attach: &attachReq{sid: s.id}}}
 	k.pend[p.ref] = p
 	cn.owe(p)
 	k.closingSess[s.id] = p
@@ -300,10 +315,10 @@ func (k *Core[C]) nextAttach(s *session[C]) {
 			k.send(p.conn, errReply(p.id, locksm.ErrNoSession))
 			continue
 		}
-		p.attach.epoch = info.Epoch
+		p.attachment().epoch = info.Epoch
 		k.attachingTo[s.id] = p
-		k.propose(locksm.Command{Op: locksm.OpResumeSession, Session: s.id, Seq: p.attach.high,
-			Ack: max(p.attach.ack, s.ack), Epoch: info.Epoch})
+		k.propose(locksm.Command{Op: locksm.OpResumeSession, Session: s.id, Seq: p.attachment().high,
+			Ack: max(p.attachment().ack, s.ack), Epoch: info.Epoch})
 	}
 	if len(s.waiting) == 0 {
 		s.waiting = nil
@@ -325,7 +340,7 @@ func (k *Core[C]) attach(cn *conn[C], s *session[C]) {
 	cn.lastSeq = max(cn.lastSeq, s.floor)
 	if h := s.home; h != cn {
 		for _, p := range sortedByRef(h.inflight) {
-			if p.sess == s {
+			if p.session() == s {
 				h.unowe(p)
 				p.conn = cn
 				cn.owe(p)
@@ -408,6 +423,9 @@ func (k *Core[C]) mark(sid, serial uint64) {
 // watermarks sends O after a batch's replies to every attached session it
 // recorded outcomes of.
 func (k *Core[C]) watermarks() {
+	if len(k.marks) == 0 {
+		return
+	}
 	for _, mk := range k.marks {
 		if s := k.sessions[mk.sid]; s != nil {
 			if cn := attachedConn(s); cn != nil {
@@ -427,7 +445,7 @@ func (k *Core[C]) sessionApplied(now time.Time, a *Applied) {
 	switch c.Op {
 	case locksm.OpOpenSession:
 		p := k.attachingTo[c.Session]
-		if p == nil || p.op != c.Op || p.attach.hash != c.SecretHash {
+		if p == nil || p.op != c.Op || p.attachment().hash != c.SecretHash {
 			p = nil
 		} else {
 			delete(k.attachingTo, c.Session)
@@ -452,7 +470,7 @@ func (k *Core[C]) sessionApplied(now time.Time, a *Applied) {
 		k.send(p.conn, wire.Msg{Type: wire.TypeOK, ID: p.id})
 	case locksm.OpResumeSession:
 		p := k.attachingTo[c.Session]
-		if p == nil || p.op != c.Op || p.attach.high != c.Seq || p.attach.epoch != c.Epoch {
+		if p == nil || p.op != c.Op || p.attachment().high != c.Seq || p.attachment().epoch != c.Epoch {
 			return // not this leadership's resume
 		}
 		s := k.sessions[c.Session]
@@ -465,9 +483,9 @@ func (k *Core[C]) sessionApplied(now time.Time, a *Applied) {
 			// Another attach got in first: propose again with the epoch
 			// it left.
 			if info, ok := k.table.Session(c.Session); ok {
-				p.attach.epoch = info.Epoch
-				k.propose(locksm.Command{Op: locksm.OpResumeSession, Session: s.id, Seq: p.attach.high,
-					Ack: max(p.attach.ack, s.ack), Epoch: info.Epoch})
+				p.attachment().epoch = info.Epoch
+				k.propose(locksm.Command{Op: locksm.OpResumeSession, Session: s.id, Seq: p.attachment().high,
+					Ack: max(p.attachment().ack, s.ack), Epoch: info.Epoch})
 				return
 			}
 			fallthrough
@@ -543,16 +561,14 @@ func (k *Core[C]) sessionEnded(s *session[C]) {
 // resumed answers p, a resume of s that applied: the kept outcomes, a Q
 // for every queued request (now owed on p's connection), O and K.
 func (k *Core[C]) resumed(now time.Time, p *pending[C], s *session[C]) {
-	s.floor = max(s.floor, p.attach.high)
-	s.ack = max(s.ack, p.attach.ack)
+	s.floor = max(s.floor, p.attachment().high)
+	s.ack = max(s.ack, p.attachment().ack)
 	cn := p.conn
 	k.finishAttach(p)
 	if cn.dead {
-		// Nobody to answer: the broker resumes again. The old
-		// connection's attachment is over.
-		if s.conn != nil {
-			k.detach(now, s)
-		}
+		// Nobody to answer: the broker resumes again. The session stays
+		// as it was (attached to a live connection, or detached with its
+		// timer running).
 		return
 	}
 	k.attach(cn, s)
@@ -567,7 +583,7 @@ func (k *Core[C]) resumed(now time.Time, p *pending[C], s *session[C]) {
 	queued := k.table.SessionWaiters(s.id)
 	for _, q := range queued {
 		w := &q.Waiter
-		if op := k.pend[w.Ref]; op == nil || op.sess != s {
+		if op := k.pend[w.Ref]; op == nil || op.session() != s {
 			// Defensive: every queued request of a session has been
 			// owed since Serve. Its wait runs in full from now.
 			k.adopt(now, now.UnixMilli(), s, q)
@@ -619,7 +635,7 @@ func (k *Core[C]) adopt(now time.Time, wall int64, s *session[C], q locksm.Sessi
 		op = locksm.OpAcquireBlock
 	}
 	p := &pending[C]{conn: s.home, id: w.Seq, op: op, key: q.Key, keys: w.Keys, owner: w.Owner, leaseSec: w.LeaseSec,
-		ref: w.Ref, start: now, deadline: now.Add(time.Duration(left) * time.Millisecond), queued: true, mayWait: true, sess: s}
+		ref: w.Ref, start: now, deadline: now.Add(time.Duration(left) * time.Millisecond), queued: true, mayWait: true, ext: s.ext}
 	k.pend[p.ref] = p
 	s.home.owe(p)
 	k.sessQueued++
@@ -694,7 +710,7 @@ func (k *Core[C]) sessionProposalFailed(c *locksm.Command, notAppended bool, add
 	switch c.Op {
 	case locksm.OpOpenSession, locksm.OpResumeSession:
 		p := k.attachingTo[c.Session]
-		if p == nil || p.op != c.Op || (c.Op == locksm.OpResumeSession && (p.attach.high != c.Seq || p.attach.epoch != c.Epoch)) {
+		if p == nil || p.op != c.Op || (c.Op == locksm.OpResumeSession && (p.attachment().high != c.Seq || p.attachment().epoch != c.Epoch)) {
 			return true
 		}
 		delete(k.attachingTo, c.Session)
