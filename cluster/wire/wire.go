@@ -195,7 +195,7 @@ const (
 	// attached to this connection at once (through the log: its waiters
 	// leave their queues, never granted; its holdings keep their leases),
 	// instead of leaving it to expire. After its K the connection carries
-	// no session. Replies: K, E, M, U.
+	// no session and attaches no other. Replies: K, E, M, U.
 	//
 	//	id u64
 	TypeCloseSession = 'd'
