@@ -116,7 +116,7 @@ func Bootstrap(cfg Config, opts BootstrapOptions) (BootstrapResult, error) {
 	dialer := newPeerDialer(cfg, serverID, cfg.Logger)
 	ids := map[string]string{cfg.NodeID: serverID}
 	// clusterVersion: the lowest protocol version an initial voter speaks.
-	clusterVersion := uint16(wire.ProtocolVersion)
+	clusterVersion := cfg.protocolVersion()
 	deadline := time.Now().Add(opts.Timeout)
 	for {
 		var missing []string

@@ -10,6 +10,8 @@ import (
 	"reflect"
 	"strings"
 	"time"
+
+	"ticketing/cluster/wire"
 )
 
 // Peer is one initial voter: its Raft server id and its peer address.
@@ -190,6 +192,12 @@ type Config struct {
 	// plug their network faults in here (cluster/netfault). nil: plain
 	// TCP.
 	PeerNet PeerNet
+	// ProtocolVersion is the newest protocol version the node speaks, on
+	// its client and peer ports alike (and so the cluster version it
+	// helps record): 0 = wire.ProtocolVersion. wire.NewestProtocolVersion
+	// (7, sessions) is being built: only tests and the parts under
+	// construction set it, on every node of a cluster.
+	ProtocolVersion uint16
 }
 
 // Defaults. The Raft timeouts are tuned so that a new leader grants within
@@ -277,6 +285,14 @@ func DefaultConfig() Config {
 // DefaultConfig) and a new tunable cannot be forgotten here; fields
 // DefaultConfig leaves zero (the identity, the secrets, the seams) stay as
 // they are.
+// protocolVersion is the newest protocol version the node speaks.
+func (c Config) protocolVersion() uint16 {
+	if c.ProtocolVersion == 0 {
+		return wire.ProtocolVersion
+	}
+	return c.ProtocolVersion
+}
+
 func (c Config) withDefaults() Config {
 	maxUnset := c.AuthFailureDelayMax == 0
 	d := reflect.ValueOf(DefaultConfig())
@@ -311,6 +327,9 @@ func (c Config) Validate() error {
 	}
 	if c.DataDir == "" {
 		return bad("a data dir is required")
+	}
+	if v := c.ProtocolVersion; v != 0 && (v < wire.MinProtocolVersion || v > wire.NewestProtocolVersion) {
+		return bad("protocol version %d not in %d..%d", v, wire.MinProtocolVersion, wire.NewestProtocolVersion)
 	}
 	if err := c.LogStore.check(); err != nil {
 		return bad("%v", err)

@@ -80,3 +80,11 @@ func PipelinedReplication(n *Node) bool {
 	}
 	return err != raft.ErrPipelineReplicationNotSupported
 }
+
+// ClientConns is the number of client connections node n serves (a
+// closed one leaves once the node has seen it close).
+func ClientConns(n *Node) int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return len(n.conns)
+}

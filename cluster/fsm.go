@@ -426,6 +426,37 @@ func (f *fsm) RangeHolders(fn func(key string, h locksm.Holder) bool) {
 	f.state.RangeHolders(fn)
 }
 
+// Sessions, Session, SessionOutcomes and SessionWaiters implement
+// leader.Table's session reads, each under mu.
+
+// Sessions implements leader.Table.
+func (f *fsm) Sessions() []uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.state.Sessions()
+}
+
+// Session implements leader.Table.
+func (f *fsm) Session(id uint64) (locksm.SessionInfo, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.state.Session(id)
+}
+
+// SessionOutcomes implements leader.Table.
+func (f *fsm) SessionOutcomes(id uint64) []locksm.Outcome {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.state.SessionOutcomes(id)
+}
+
+// SessionWaiters implements leader.Table.
+func (f *fsm) SessionWaiters(id uint64) []locksm.SessionQueued {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.state.SessionWaiters(id)
+}
+
 func (f *fsm) clientAddr(id string) string {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -5,8 +5,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
-
-	"ticketing/cluster/wire"
 )
 
 // Every member's client address is known to the cluster: the serving
@@ -68,7 +66,7 @@ func (n *Node) recordMemberAddrs() {
 		wg  sync.WaitGroup
 		// lowest is the lowest version a member answered at; answered
 		// counts the members that did (this node included).
-		lowest   = uint16(wire.ProtocolVersion)
+		lowest   = n.cfg.protocolVersion()
 		answered = 1
 	)
 	for _, m := range ms {

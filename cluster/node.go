@@ -29,6 +29,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"ticketing/cluster/leader"
+	"ticketing/cluster/wire"
 	"ticketing/locksm"
 )
 
@@ -503,7 +504,14 @@ func (n *Node) gainLeadership() {
 			return
 		}
 		f1 := n.raft.Apply(encodeAnnounce(n.serverID, n.advertise), timeout)
-		drop := locksm.AppendBatch([]byte{entryLockBatch}, []locksm.Command{{Op: locksm.OpDropWaiters, Now: n.cfg.Now().UnixMilli()}})
+		// Once every member knows sessions, only the waiters of
+		// session-less connections died with the old leader: a session's
+		// stay in line, and its broker resumes them here.
+		dropOp := locksm.OpDropWaiters
+		if n.fsm.getClusterVersion() >= wire.VersionSessions {
+			dropOp = locksm.OpDropSessionless
+		}
+		drop := locksm.AppendBatch([]byte{entryLockBatch}, []locksm.Command{{Op: dropOp, Now: n.cfg.Now().UnixMilli()}})
 		f2 := n.raft.Apply(drop, timeout)
 		if err := f1.Error(); err != nil {
 			n.log.Warn("leader announcement failed", "err", err)
@@ -514,7 +522,9 @@ func (n *Node) gainLeadership() {
 			return
 		}
 		n.mu.Lock()
-		holders, ok := n.core.Serve(time.Now(), epoch)
+		// The wall clock the proposer stamps commands with re-arms the
+		// waits of the sessions' queued requests (EnqueuedAt + WaitMs).
+		holders, ok := n.core.Serve(time.Now(), n.cfg.Now().UnixMilli(), epoch)
 		n.performLocked()
 		n.mu.Unlock()
 		if !ok {
@@ -569,6 +579,13 @@ func (n *Node) performLocked() {
 	for i := range rd.Sends {
 		rd.Sends[i].To.send(&rd.Sends[i].Msg)
 	}
+	for _, r := range rd.Refusals {
+		n.log.Warn("session request refused", "remote", r.Conn.remote, "session", r.Session, "err", r.Err)
+	}
+	for _, c := range rd.Closes {
+		// Its broker resumes its session where a leader serves.
+		c.flushAndClose()
+	}
 	if len(rd.Proposals) > 0 {
 		n.propose(rd.Proposals...)
 	}
@@ -614,11 +631,18 @@ func (n *Node) propose(cs ...locksm.Command) {
 }
 
 // housekeeping reports whether c is the leader's own work rather than a
-// request a client waits for: a cancelled or timed-out wait, an expiry,
-// or the release of a grant nobody can use (Ref 0).
+// request a client waits for: a cancelled or timed-out wait, an expiry
+// (of a lease or a session), or the release of a grant nobody can use
+// (Ref 0).
 func housekeeping(c locksm.Command) bool {
 	switch c.Op {
 	case locksm.OpAcquire, locksm.OpExtend:
+		return false
+	case locksm.OpOpenSession, locksm.OpResumeSession:
+		// A broker waits on it, and a resume keeps its place behind the
+		// session's requests proposed before it: they apply before it and
+		// are answered from their outcomes, instead of being voided (a
+		// seq at or below the resume's high that applies after it).
 		return false
 	case locksm.OpRelease:
 		return c.Ref == 0

@@ -136,6 +136,7 @@ func newPeerLayer(ln net.Listener, cfg Config, serverID string, log *slog.Logger
 			ClusterID:  cfg.ClusterID,
 			NodeID:     serverID,
 			NodeName:   cfg.NodeID,
+			MaxVersion: cfg.ProtocolVersion,
 		},
 		tls:      cfg.PeerTLS,
 		gate:     newGate(cfg.MaxHandshakesPerIP, cfg.AuthFailureDelay, cfg.AuthFailureDelayMax),
@@ -337,7 +338,7 @@ func newPeerDialer(cfg Config, serverID string, log *slog.Logger) *peerLayer {
 	return &peerLayer{
 		self: serverID, name: cfg.NodeID, tls: cfg.PeerTLS, timeout: cfg.HandshakeTimeout, net: peerNetOf(cfg), log: log,
 		hs: wire.HandshakeConfig{Kind: wire.KindPeer, Secret: cfg.PeerSecret, NextSecret: cfg.NextPeerSecret,
-			ClusterID: cfg.ClusterID, NodeID: serverID, NodeName: cfg.NodeID},
+			ClusterID: cfg.ClusterID, NodeID: serverID, NodeName: cfg.NodeID, MaxVersion: cfg.ProtocolVersion},
 	}
 }
 

@@ -160,6 +160,7 @@ func (n *Node) admitClient(cc *clientConn) (uint16, bool) {
 			ChannelBinding: binding,
 			MaxInFlight:    toldLimit(n.cfg.MaxInFlightPerConn),
 			MaxWaiters:     toldLimit(n.cfg.MaxWaitersPerConn),
+			MaxVersion:     n.cfg.ProtocolVersion,
 		})
 		if err != nil && isTimeout(err) {
 			writeConnError(rw, fmt.Errorf("%w after %v", wire.ErrHandshakeTimeout, n.cfg.HandshakeTimeout))
@@ -225,7 +226,7 @@ func isClosedConn(err error) bool {
 func (n *Node) connGone(cc *clientConn) {
 	n.mu.Lock()
 	delete(n.conns, cc)
-	n.core.Closed(cc)
+	n.core.Closed(time.Now(), cc)
 	n.performLocked()
 	n.mu.Unlock()
 	// Whatever is queued (a final error reply, typically) still goes out.

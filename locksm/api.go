@@ -376,6 +376,14 @@ type SessionWaiter struct {
 	Ref  uint64
 }
 
+// SessionQueued is one still queued request of a session (SessionWaiters):
+// its key (a block's primary key) and its waiter as it stands in the
+// queue (Session, Seq, Ref, Owner, LeaseSec, WaitMs, EnqueuedAt, Keys).
+type SessionQueued struct {
+	Key    string
+	Waiter Waiter
+}
+
 // LeaseEnd is when h's lease ends by the proposers' wall clocks (Unix ms):
 // LeaseSec after RenewedAt if it was extended, else after GrantedAt. It is
 // for inspection only: the leader ends leases with its monotonic timers,

@@ -524,6 +524,16 @@ func (m *model) compareSessions(s *State) error {
 				}
 			}
 		}
+		var queued []SessionQueued
+		for _, w := range m.waits {
+			if w.w.Session == ms.id {
+				queued = append(queued, SessionQueued{Key: w.keys[0], Waiter: w.w})
+			}
+		}
+		slices.SortFunc(queued, func(a, b SessionQueued) int { return cmp.Compare(a.Waiter.Seq, b.Waiter.Seq) })
+		if got := s.SessionWaiters(ms.id); !reflect.DeepEqual(got, queued) {
+			return fmt.Errorf("session %d waiters %+v, model %+v", ms.id, got, queued)
+		}
 		if got, ok := s.Session(ms.id); !ok || got != want {
 			return fmt.Errorf("session %d: %+v, model %+v", ms.id, got, want)
 		}

@@ -374,6 +374,25 @@ func (s *State) SessionWaiter(id, seq uint64) (SessionWaiter, bool) {
 	return SessionWaiter{Key: sw.key, Keys: e.queue.ws[e.queue.find(sw.ref)].Keys, Ref: sw.ref}, true
 }
 
+// SessionWaiters lists the still queued requests of session id in seq
+// order (nil if none or unknown): each with its key (a block's primary
+// key) and a copy of its waiter, for a new leader that takes over their
+// waits (it re-arms each from EnqueuedAt and WaitMs) and for a resume's
+// answer. O(waiters of the session · log of that).
+func (s *State) SessionWaiters(id uint64) []SessionQueued {
+	ss := s.sessions[id]
+	if ss == nil || len(ss.waiters) == 0 {
+		return nil
+	}
+	out := make([]SessionQueued, 0, len(ss.waiters))
+	for _, seq := range slices.Sorted(maps.Keys(ss.waiters)) {
+		sw := ss.waiters[seq]
+		e := s.keys[sw.key]
+		out = append(out, SessionQueued{Key: sw.key, Waiter: e.queue.ws[e.queue.find(sw.ref)]})
+	}
+	return out
+}
+
 // Sessions returns the ids of the live sessions, ascending.
 func (s *State) Sessions() []uint64 { return slices.Sorted(maps.Keys(s.sessions)) }
 

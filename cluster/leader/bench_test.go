@@ -17,7 +17,7 @@ func BenchmarkAcquireReleaseCycle(b *testing.B) {
 	k := New[int](defaultConfig(Config{}), stateTable{s: st}, &directory{})
 	k.GainLeadership()
 	_, epoch := k.Leading()
-	k.Serve(time.Now(), epoch)
+	k.Serve(time.Now(), time.Now().UnixMilli(), epoch)
 	k.Open(1, wire.VersionNotices)
 	k.Advance()
 	now := time.Now()

@@ -66,6 +66,12 @@
 // reconnected, or an earlier leader told the grant). It goes out before any grant the expiry hands
 // the key on with.
 //
+// Sessions (protocol version 7) are in sessions.go: a broker's session is
+// attached to one connection at a time; its requests' replies follow the
+// attachment, its waits survive connection deaths, hand-overs and leader
+// changes, and a session left without a connection for its timeout is
+// expired through the log.
+//
 // Timers run on the caller's monotonic clock: a lease timer for every grant
 // applied while leading (a full lease from the moment the leader applied
 // it), a wait timer for every acquire queued, and a full lease for every
@@ -141,6 +147,17 @@ type Table interface {
 	HeldUnder(key string, token uint64) bool
 	// RangeHolders calls fn for every holder until fn returns false.
 	RangeHolders(fn func(key string, h locksm.Holder) bool)
+	// Sessions lists the live sessions' ids, ascending.
+	Sessions() []uint64
+	// Session describes live session id (its secret's hash, timeout,
+	// floor, serial, ack and attach epoch): false if it is unknown.
+	Session(id uint64) (locksm.SessionInfo, bool)
+	// SessionOutcomes lists the kept outcomes of session id in serial
+	// order (those above its ack).
+	SessionOutcomes(id uint64) []locksm.Outcome
+	// SessionWaiters lists the still queued requests of session id in seq
+	// order.
+	SessionWaiters(id uint64) []locksm.SessionQueued
 }
 
 // Directory tells the core who leads, for the hint of an M reply.
@@ -220,6 +237,16 @@ const (
 	// the grant's own, more when it had to tell every connection) that
 	// its holding expired.
 	EventLostSent
+	// EventSessionOpened, EventSessionResumed (Keys: the outcomes and
+	// queued requests its answer named), EventSessionExpired (Keys: the
+	// grants nobody was told that it released): the leader applied a
+	// session's open, resume or expiry it proposed.
+	EventSessionOpened
+	EventSessionResumed
+	EventSessionExpired
+	// EventSessionRefused: an open or resume was refused before anything
+	// was proposed (Ready.Refusals says which connection and why).
+	EventSessionRefused
 )
 
 // Event is something for the metrics (or the log) to record.
@@ -239,6 +266,9 @@ type TimerKind uint8
 const (
 	TimerExpire TimerKind = iota + 1 // propose OpExpire(Key, Token) if still held so
 	TimerWait                        // propose OpCancelWait(Key, Ref) if still queued
+	// TimerSession: propose OpExpireSession(Session) if it is still
+	// without a connection since the detach that armed it (Gen).
+	TimerSession
 )
 
 // Timer is a timer to arm: at At (a reading of the caller's monotonic
@@ -251,6 +281,9 @@ type Timer struct {
 	Token uint64 // TimerExpire
 	Ref   uint64 // TimerWait
 	Epoch uint64 // the leadership epoch that armed it
+	// Session and Gen (TimerSession): the session, and its detach count
+	// when the timer was armed (a later attach or detach makes it stale).
+	Session, Gen uint64
 }
 
 // Send is a message to write on connection To: a reply or a notice.
@@ -269,6 +302,23 @@ type Ready[C comparable] struct {
 	ClearTimers bool
 	Timers      []Timer
 	Events      []Event
+	// Closes: connections to close once what Sends queued for them is
+	// written (the session connections of a leadership that ended, so
+	// their brokers resume where a leader serves; a connection whose
+	// session request may have been appended without its outcome known).
+	Closes []C
+	// Refusals: session requests refused as hostile or stale, for the
+	// log (with the connection's remote address).
+	Refusals []Refusal[C]
+}
+
+// Refusal is an open or resume refused before anything was proposed: Err
+// is wire.ErrBadSession (the secret does not match, or the connection
+// cannot carry that session) or locksm.ErrNoSession (unknown session).
+type Refusal[C comparable] struct {
+	Conn    C
+	Session uint64
+	Err     error
 }
 
 // pending is a client request whose reply is owed.
@@ -276,10 +326,10 @@ type pending[C comparable] struct {
 	conn     *conn[C]
 	id       uint64 // request id on conn
 	op       locksm.Op
+	leaseSec uint32
 	key      string   // a block's primary key (keys[0]), which its commands and effects name
 	keys     []string // a block's keys; nil for one key
 	owner    string
-	leaseSec uint32
 	ref      uint64
 	token    uint64    // an extend's token (its count in Core.extending)
 	start    time.Time // when the request arrived (latency metrics)
@@ -290,11 +340,41 @@ type pending[C comparable] struct {
 	// its own command not applied yet), and if mayWait (wait > 0) in
 	// Core.uncommitted too.
 	uncommitted, mayWait bool
+	// ext: what a session's request adds (nil: none); see pendingExt.
+	ext *pendingExt[C]
 }
 
-// inFlight reports whether p counts in its connection's acquiring or
-// releasing: owed, and its own command not applied yet.
-func (p *pending[C]) inFlight() bool { return !p.queued }
+// pendingExt is what a request of a session adds to its pending: the
+// session of a lock request on a session connection (its id is its seq;
+// its replies go to the session's attached connection, whichever that is
+// by then, and with none nothing is sent: the outcome waits in the state
+// for a resume; conn is then the connection whose in-flight map holds it,
+// see session.home), shared by every lock request of the session; or the
+// open, resume or close it is (op OpOpenSession, OpResumeSession,
+// OpCloseSession; its reply goes to conn). One pointer keeps pending as
+// small as without sessions.
+type pendingExt[C comparable] struct {
+	sess   *session[C]
+	attach *attachReq
+}
+
+// session is p's session (a lock request of one), or nil.
+func (p *pending[C]) session() *session[C] {
+	if p.ext == nil {
+		return nil
+	}
+	return p.ext.sess
+}
+
+// attachment is the open, resume or close p is, or nil.
+func (p *pending[C]) attachment() *attachReq {
+	if p.ext == nil {
+		return nil
+	}
+	return p.ext.attach
+}
+
+func (p *pending[C]) inFlight() bool { return !p.queued && p.attachment() == nil }
 
 // waiter reports whether p counts in its connection's waiters: an acquire
 // that may wait (queued, or not applied yet).
@@ -334,6 +414,20 @@ type conn[C comparable] struct {
 	version                       uint16 // negotiated protocol version
 	// ackPending: told of a hand-over, not acknowledged yet.
 	ackPending bool
+	// Sessions (version 7). sess is the session attached to this
+	// connection (nil: none, or detached since); sid the session it ever
+	// carried (0: none): a connection carries at most one. attaching: an
+	// open or resume of it is owed a reply. lastSeq: the highest seq
+	// taken on it (ids of a session only grow). used: it sent a lock
+	// request without a session, so it can carry none.
+	sess      *session[C]
+	sid       uint64
+	attaching bool
+	lastSeq   uint64
+	used      bool
+	// closing: told to close (Ready.Closes); nothing more of its
+	// session is sent on it.
+	closing bool
 }
 
 // Core is the leader's request handling; see the package comment. C is the
@@ -377,6 +471,25 @@ type Core[C comparable] struct {
 	// holding's release or expiry is applied.
 	told map[uint64]*conn[C]
 
+	// sessions: what this leadership knows of each live session (every
+	// session of the table from Serve on, and those opened since).
+	sessions map[uint64]*session[C]
+	// attachingTo: the open or resume in flight of each session (at most
+	// one; later ones wait in session.waiting).
+	attachingTo map[uint64]*pending[C]
+	// closingSess: the broker's close in flight of each session.
+	closingSess map[uint64]*pending[C]
+	// untold: grants committed while this core led to a session that was
+	// not attached here, not delivered at a resume since (token → session):
+	// the Tokens of the session's expiry.
+	untold map[uint64]uint64
+	// sessQueued counts the queued waiters of sessions among pend: they
+	// are not owed by this leader alone (a hand-over does not wait for
+	// them; the brokers resume them on the target).
+	sessQueued int
+	// marks: the sessions the batch being applied recorded outcomes of.
+	marks []sessMark
+
 	rd Ready[C]
 }
 
@@ -397,6 +510,10 @@ func New[C comparable](cfg Config, table Table, dir Directory) *Core[C] {
 		deferred:      map[uint64]Timer{},
 		extendedUntil: map[uint64]time.Time{},
 		told:          map[uint64]*conn[C]{},
+		sessions:      map[uint64]*session[C]{},
+		attachingTo:   map[uint64]*pending[C]{},
+		closingSess:   map[uint64]*pending[C]{},
+		untold:        map[uint64]uint64{},
 	}
 }
 
@@ -409,6 +526,9 @@ func (k *Core[C]) Advance() {
 	clear(k.rd.Proposals)
 	clear(k.rd.Timers)
 	k.rd.Sends, k.rd.Proposals, k.rd.Timers, k.rd.Events = k.rd.Sends[:0], k.rd.Proposals[:0], k.rd.Timers[:0], k.rd.Events[:0]
+	clear(k.rd.Closes)
+	clear(k.rd.Refusals)
+	k.rd.Closes, k.rd.Refusals = k.rd.Closes[:0], k.rd.Refusals[:0]
 	k.rd.ClearTimers = false
 }
 
@@ -420,8 +540,11 @@ func (k *Core[C]) Leading() (bool, uint64) { return k.leading, k.epoch }
 // Serving reports whether lock requests are taken.
 func (k *Core[C]) Serving() bool { return k.serving }
 
-// Owed is the number of requests whose reply is owed.
-func (k *Core[C]) Owed() int { return len(k.pend) }
+// Owed is the number of requests whose reply is owed by this leadership:
+// the queued waiters of sessions do not count (they stay in the line
+// through a leader change, and their brokers resume them on the next
+// leader).
+func (k *Core[C]) Owed() int { return len(k.pend) - k.sessQueued }
 
 // WaitDeadline is when the wait of the acquire with ref on key runs out,
 // if that acquire is owed a reply.
@@ -469,10 +592,13 @@ func (k *Core[C]) Open(h C, version uint16) {
 	}
 }
 
-// Closed records that connection h stopped reading: its queued acquires
-// are cancelled, and grants that arrive for it later are released. A
-// connection never opened is ignored.
-func (k *Core[C]) Closed(h C) {
+// Closed records that connection h stopped reading (at now): its queued
+// acquires are cancelled, and grants that arrive for it later are
+// released. A connection's session is only detached: its requests stay
+// (queued, or in flight), their outcomes wait in the state for the
+// broker's resume, and the session's liveness timer starts. A connection
+// never opened is ignored.
+func (k *Core[C]) Closed(now time.Time, h C) {
 	cn := k.conns[h]
 	if cn == nil {
 		return
@@ -480,7 +606,13 @@ func (k *Core[C]) Closed(h C) {
 	k.noticeAcked(cn) // a hand-over need not wait for it any more
 	cn.dead = true
 	delete(k.conns, h)
+	if s := cn.sess; s != nil {
+		k.detach(now, s)
+	}
 	for _, p := range sortedByRef(cn.inflight) {
+		if p.session() != nil {
+			continue
+		}
 		if p.acquire() && p.queued && !p.cancel {
 			p.cancel = true
 			k.propose(locksm.Command{Op: locksm.OpCancelWait, Key: p.key, Ref: p.ref})
@@ -517,6 +649,13 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 				Text: fmt.Sprintf("%s on a version %d connection (from version %d)", what, cn.version, from)})
 			return false
 		}
+	case wire.TypeOpenSession, wire.TypeResume, wire.TypeSessionAck, wire.TypeCloseSession:
+		if !wire.RequestAllowed(m.Type, cn.version) {
+			k.send(cn, wire.Msg{Type: wire.TypeError, Code: wire.CodeUnexpectedFrame,
+				Text: fmt.Sprintf("session frame on a version %d connection (from version %d)", cn.version, wire.VersionSessions)})
+			return false
+		}
+		return k.sessionRequest(now, cn, m)
 	case wire.TypeAcquire, wire.TypeRelease, wire.TypeCancel:
 	default:
 		k.send(cn, wire.Msg{Type: wire.TypeError, Code: wire.CodeUnexpectedFrame, Text: "not a request frame"})
@@ -549,6 +688,10 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 		// Two replies with one id could not be told apart: close.
 		k.reply(cmd.Op, OutcomeError)
 		k.send(cn, wire.Msg{Type: wire.TypeError, ID: m.ID, Code: wire.CodeDuplicateID, Text: "request id already in flight"})
+		return false
+	}
+	sess, ok := k.sessionOfRequest(cn, m, &cmd)
+	if !ok {
 		return false
 	}
 	if m.Type == wire.TypeCancel {
@@ -622,7 +765,7 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 	}
 	k.nextRef++
 	cmd.Ref = k.nextRef
-	p := &pending[C]{conn: cn, id: m.ID, op: cmd.Op, key: cmdKey(&cmd), owner: m.Owner, leaseSec: cmd.LeaseSec, ref: cmd.Ref, start: now}
+	p := &pending[C]{conn: cn, id: m.ID, op: cmd.Op, key: cmdKey(&cmd), owner: m.Owner, leaseSec: cmd.LeaseSec, ref: cmd.Ref, start: now, ext: sessExt(sess)}
 	if cmd.Op == locksm.OpAcquireBlock {
 		p.keys = cmd.Keys
 	}
@@ -674,6 +817,9 @@ func (cn *conn[C]) unowe(p *pending[C]) {
 
 // count adds d to the counts p is in.
 func (cn *conn[C]) count(p *pending[C], d int) {
+	if p.attachment() != nil {
+		return // an open or resume is no lock work
+	}
 	if p.inFlight() {
 		if releasing(p.op) {
 			cn.releasing += d
@@ -730,6 +876,9 @@ func (k *Core[C]) committed(p *pending[C]) {
 
 // finish forgets p (its reply is being sent).
 func (k *Core[C]) finish(p *pending[C]) {
+	if p.session() != nil && p.queued {
+		k.sessQueued--
+	}
 	k.committed(p)
 	delete(k.pend, p.ref)
 	p.conn.unowe(p)
@@ -771,15 +920,27 @@ func (k *Core[C]) ProposalFailed(cmds []locksm.Command, notAppended bool, err er
 		if c.Op == locksm.OpExpire {
 			delete(k.expiring, c.Token)
 		}
+		if k.sessionProposalFailed(&c, notAppended, addr, id, err) {
+			continue
+		}
 		p := k.pend[c.Ref]
 		if c.Ref == 0 || p == nil || p.op != c.Op || p.key != cmdKey(&c) || p.queued {
 			continue
 		}
 		k.finish(p)
-		if notAppended {
+		switch {
+		case notAppended:
 			k.reply(p.op, OutcomeMoved)
-			k.send(p.conn, wire.Msg{Type: wire.TypeMoved, ID: p.id, LeaderAddr: addr, LeaderID: id})
-		} else {
+			k.answer(p, wire.Msg{Type: wire.TypeMoved, ID: p.id, LeaderAddr: addr, LeaderID: id})
+		case p.session() != nil:
+			// It may still commit; only the state can tell. Nothing is
+			// sent for it: its broker learns its outcome from a resume,
+			// after this connection closes.
+			if cn := p.session().conn; cn != nil && !cn.closing {
+				cn.closing = true
+				k.rd.Closes = append(k.rd.Closes, cn.handle)
+			}
+		default:
 			k.reply(p.op, OutcomeIndeterminate)
 			k.send(p.conn, wire.Msg{Type: wire.TypeUnknown, ID: p.id, Text: "not committed before " + err.Error() + ": outcome unknown"})
 		}
@@ -792,10 +953,22 @@ func (k *Core[C]) ProposalFailed(cmds []locksm.Command, notAppended bool, err er
 // when it sent the acquire, before this. A grant is never told before the
 // command that queued it, since commands come in log order.
 func (k *Core[C]) Applied(now time.Time, batch []Applied) {
+	k.marks = k.marks[:0]
 	for i := range batch {
 		a := &batch[i]
 		c := &a.Cmd
 		key := cmdKey(c)
+		if c.Op >= locksm.OpOpenSession {
+			k.sessionApplied(now, a)
+			continue
+		}
+		if c.Session != 0 || len(a.Effects) > 0 {
+			// Only sessions' commands and hand-offs concern sessions.
+			if k.leading {
+				k.noteUntold(a)
+			}
+			k.mark(c.Session, a.Res.Serial)
+		}
 		if k.leading && a.Res.Status == locksm.StatusGranted {
 			k.armExpiry(now, key, a.Res.Token, c.LeaseSec)
 		}
@@ -808,11 +981,16 @@ func (k *Core[C]) Applied(now time.Time, batch []Applied) {
 		// freedAt: when the key this command frees was freed, as the
 		// leader saw it (for the hand-off latency).
 		var freedAt time.Time
+		var own *pending[C] // a session's, resolved after the effects: serial order
 		if p := k.pend[c.Ref]; c.Ref != 0 && p != nil && p.op == c.Op && p.key == key && !p.queued {
 			if c.Op == locksm.OpRelease {
 				freedAt = p.start
 			}
-			k.resolve(p, a.Res, now)
+			if c.Session != 0 {
+				own = p
+			} else {
+				k.resolve(p, a.Res, now)
+			}
 		}
 		switch c.Op {
 		case locksm.OpExpire:
@@ -825,33 +1003,46 @@ func (k *Core[C]) Applied(now time.Time, batch []Applied) {
 				k.tellLost(c.Key, c.Token)
 			}
 			delete(k.told, c.Token)
+			delete(k.untold, c.Token)
 		case locksm.OpRelease:
 			if a.Res.Status == locksm.StatusReleased {
 				delete(k.told, c.Token)
+				delete(k.untold, c.Token)
 			}
 		}
-		for _, e := range a.Effects {
-			switch e.Kind {
-			case locksm.EffectGranted:
-				if k.leading {
-					k.armExpiry(now, e.Key, e.Token, e.LeaseSec)
-					k.event(Event{Kind: EventHandoff})
+		k.effects(now, a.Effects, freedAt)
+		if own != nil {
+			k.resolve(own, a.Res, now)
+		}
+	}
+	k.watermarks()
+}
+
+// effects answers what a command's effects owe: hand-off grants, waits
+// timed out or dropped. freedAt: when the key it frees was freed.
+func (k *Core[C]) effects(now time.Time, effects []locksm.Effect, freedAt time.Time) {
+	for _, e := range effects {
+		k.mark(e.Session, e.Serial)
+		switch e.Kind {
+		case locksm.EffectGranted:
+			if k.leading {
+				k.armExpiry(now, e.Key, e.Token, e.LeaseSec)
+				k.event(Event{Kind: EventHandoff})
+			}
+			if p := k.pend[e.Ref]; p != nil && p.queued && p.key == e.Key {
+				if k.granted(p, e.Token, now) && !freedAt.IsZero() {
+					k.event(Event{Kind: EventHandoffLatency, Latency: now.Sub(freedAt)})
 				}
-				if p := k.pend[e.Ref]; p != nil && p.queued && p.key == e.Key {
-					if k.granted(p, e.Token, now) && !freedAt.IsZero() {
-						k.event(Event{Kind: EventHandoffLatency, Latency: now.Sub(freedAt)})
-					}
-				}
-			case locksm.EffectTimedOut, locksm.EffectDropped:
-				if p := k.pend[e.Ref]; p != nil && p.queued && p.key == e.Key {
-					k.finish(p)
-					if e.Kind == locksm.EffectTimedOut {
-						k.reply(p.op, OutcomeTimeout)
-						k.send(p.conn, wire.Msg{Type: wire.TypeTimeout, ID: p.id})
-					} else {
-						k.reply(p.op, OutcomeIndeterminate)
-						k.send(p.conn, wire.Msg{Type: wire.TypeUnknown, ID: p.id, Text: "waiter dropped by a new leader"})
-					}
+			}
+		case locksm.EffectTimedOut, locksm.EffectDropped:
+			if p := k.pend[e.Ref]; p != nil && p.queued && p.key == e.Key {
+				k.finish(p)
+				if e.Kind == locksm.EffectTimedOut {
+					k.reply(p.op, OutcomeTimeout)
+					k.answer(p, wire.Msg{Type: wire.TypeTimeout, ID: p.id})
+				} else {
+					k.reply(p.op, OutcomeIndeterminate)
+					k.answer(p, wire.Msg{Type: wire.TypeUnknown, ID: p.id, Text: "waiter dropped by a new leader"})
 				}
 			}
 		}
@@ -869,12 +1060,17 @@ func (k *Core[C]) resolve(p *pending[C], res locksm.Result, now time.Time) {
 		p.conn.count(p, -1)
 		p.queued = true
 		p.conn.count(p, 1)
-		if !p.conn.dead && p.conn.version >= wire.VersionQueued {
-			k.send(p.conn, wire.Msg{Type: wire.TypeQueued, ID: p.id})
+		if p.session() != nil {
+			k.sessQueued++
+		}
+		if cn := k.dest(p); cn != nil && !cn.dead && cn.version >= wire.VersionQueued {
+			k.send(cn, wire.Msg{Type: wire.TypeQueued, ID: p.id})
 		}
 		switch {
-		case p.conn.dead || p.cancel || k.withdrawing():
-			// Gone, cancelled, or a hand-over withdraws its waiters.
+		case p.cancel || (p.session() == nil && (p.conn.dead || k.withdrawing())):
+			// Gone, cancelled, or a hand-over withdraws its waiters (a
+			// session's waiter stays: its broker resumes it on the next
+			// leader).
 			p.cancel = true
 			k.propose(locksm.Command{Op: locksm.OpCancelWait, Key: p.key, Ref: p.ref})
 		default:
@@ -883,20 +1079,25 @@ func (k *Core[C]) resolve(p *pending[C], res locksm.Result, now time.Time) {
 	case locksm.StatusBusy:
 		k.finish(p)
 		k.reply(p.op, OutcomeBusy)
-		k.send(p.conn, wire.Msg{Type: wire.TypeBusy, ID: p.id})
+		k.answer(p, wire.Msg{Type: wire.TypeBusy, ID: p.id})
 	case locksm.StatusReleased, locksm.StatusExtended:
 		k.finish(p)
 		k.reply(p.op, OutcomeOK)
-		k.send(p.conn, wire.Msg{Type: wire.TypeOK, ID: p.id})
+		k.answer(p, wire.Msg{Type: wire.TypeOK, ID: p.id})
 	case locksm.StatusRejected:
 		k.finish(p)
+		if p.session() != nil && errors.Is(res.Err, locksm.ErrVoided) {
+			// A resume already answered it "never applied"; a reply now
+			// would be a second one.
+			return
+		}
 		k.reply(p.op, rejected(p.op, res.Err))
-		k.send(p.conn, wire.Msg{Type: wire.TypeError, ID: p.id, Code: wire.CodeOf(res.Err), Text: res.Err.Error()})
+		k.answer(p, wire.Msg{Type: wire.TypeError, ID: p.id, Code: wire.CodeOf(res.Err), Text: res.Err.Error()})
 	default:
 		k.finish(p)
 		k.reply(p.op, OutcomeError)
 		k.event(Event{Kind: EventUnexpectedResult, Op: p.op, Status: res.Status})
-		k.send(p.conn, wire.Msg{Type: wire.TypeError, ID: p.id, Code: wire.CodeInternal, Text: "unexpected result"})
+		k.answer(p, wire.Msg{Type: wire.TypeError, ID: p.id, Code: wire.CodeInternal, Text: "unexpected result"})
 	}
 }
 
@@ -906,6 +1107,20 @@ func (k *Core[C]) resolve(p *pending[C], res locksm.Result, now time.Time) {
 // It reports whether the grant was told.
 func (k *Core[C]) granted(p *pending[C], token uint64, now time.Time) bool {
 	k.finish(p)
+	if s := p.session(); s != nil {
+		// A session's grant waits in the state for the resume when no
+		// connection is attached (Applied counted it among the untold).
+		cn := attachedConn(s)
+		if cn == nil {
+			return false
+		}
+		k.event(Event{Kind: EventReply, Op: p.op, Outcome: OutcomeGranted, Queued: p.queued, Latency: now.Sub(p.start), Keys: len(p.keys)})
+		k.send(cn, wire.Msg{Type: wire.TypeGranted, ID: p.id, Token: token})
+		if k.leading {
+			k.told[token] = cn
+		}
+		return true
+	}
 	if p.conn.dead {
 		k.event(Event{Kind: EventAbandonedGrant})
 		k.propose(locksm.Command{Op: locksm.OpRelease, Key: p.key, Owner: p.owner, Token: token})
@@ -1000,9 +1215,11 @@ func (k *Core[C]) TimerDue(t Timer) {
 			k.propose(locksm.Command{Op: locksm.OpExpire, Key: t.Key, Token: t.Token})
 		}
 	case TimerWait:
-		if p := k.pend[t.Ref]; p != nil && p.queued {
+		if p := k.pend[t.Ref]; p != nil && p.queued && !p.cancel {
 			k.propose(locksm.Command{Op: locksm.OpCancelWait, Key: t.Key, Ref: t.Ref})
 		}
+	case TimerSession:
+		k.sessionTimerDue(t)
 	}
 }
 
@@ -1026,11 +1243,12 @@ func (k *Core[C]) GainLeadership() (epoch uint64) {
 // are taken and every connection that speaks notices is told. It returns
 // false if epoch is not the current leadership's (lost meanwhile), else
 // the number of holders.
-func (k *Core[C]) Serve(now time.Time, epoch uint64) (holders int, ok bool) {
+func (k *Core[C]) Serve(now time.Time, wall int64, epoch uint64) (holders int, ok bool) {
 	if k.epoch != epoch || !k.leading {
 		return 0, false
 	}
 	holders = k.armHolders(now)
+	k.adoptSessions(now, wall)
 	k.ready = true
 	// Only a hand-over of this leadership decides: one begun in an
 	// earlier epoch ended with that leadership (lost and regained while
@@ -1051,6 +1269,8 @@ func (k *Core[C]) LoseLeadership(why string) (wasLeading bool, owed int) {
 	k.epoch++
 	k.leading, k.ready, k.serving = false, false, false
 	ps := sortedByRef(k.pend)
+	owed = len(ps) - k.sessQueued
+	k.sessQueued = 0
 	k.pend = map[uint64]*pending[C]{}
 	k.uncommitted, k.uncommittedTotal = map[string]int{}, 0
 	clear(k.expiring)
@@ -1058,16 +1278,25 @@ func (k *Core[C]) LoseLeadership(why string) (wasLeading bool, owed int) {
 	clear(k.deferred)
 	clear(k.extendedUntil)
 	clear(k.told)
+	k.dropSessions()
 	for _, p := range ps {
 		p.uncommitted = false
 		p.conn.unowe(p)
+		if p.attachment() != nil {
+			p.conn.attaching = false
+		}
+		if p.session() != nil {
+			// Not lost: the state has it, and its broker resumes it on
+			// the next leader (its connection closes).
+			continue
+		}
 		k.reply(p.op, OutcomeIndeterminate)
 		k.send(p.conn, wire.Msg{Type: wire.TypeUnknown, ID: p.id, Text: why + ": outcome unknown"})
 	}
 	clear(k.rd.Timers)
 	k.rd.Timers = k.rd.Timers[:0]
 	k.rd.ClearTimers = true
-	return wasLeading, len(ps)
+	return wasLeading, owed
 }
 
 // Close records that the node is closing: a hand-over that fails after

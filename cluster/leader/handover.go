@@ -110,6 +110,7 @@ func (k *Core[C]) EndHandOver(now time.Time, h *HandOver, transferFailed bool) {
 		return
 	}
 	k.armHolders(now)
+	k.rearmSessions(now)
 	k.serving = true
 	k.broadcastServing()
 }
@@ -119,7 +120,9 @@ func (k *Core[C]) stopServing(h *HandOver) {
 	h.stopped = true
 	k.serving = false
 	for _, p := range sortedByRef(k.pend) {
-		if p.acquire() && p.queued && !p.cancel {
+		// A session's waiter keeps its place: its broker resumes it on
+		// the target.
+		if p.acquire() && p.queued && !p.cancel && p.session() == nil {
 			p.cancel = true
 			k.propose(locksm.Command{Op: locksm.OpCancelWait, Key: p.key, Ref: p.ref})
 		}

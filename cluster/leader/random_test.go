@@ -61,7 +61,9 @@ func TestRandomized(t *testing.T) {
 	}
 	// The runs must have reached the cases the checks are about.
 	for name, n := range map[string]int{"extends applied": cov.extended, "extend refusals": cov.extendRefused,
-		"lost events": cov.lost, "lost events broadcast": cov.lostBroadcast, "expiries deferred": cov.deferred} {
+		"lost events": cov.lost, "lost events broadcast": cov.lostBroadcast, "expiries deferred": cov.deferred,
+		"resumes answered": cov.resumed, "seqs voided": cov.voids, "session expiries": cov.sessionExpiries,
+		"untold grants released": cov.untoldReleased, "sessions closed": cov.closes} {
 		if n == 0 {
 			t.Errorf("no %s in %d runs", name, seeds)
 		}
@@ -71,7 +73,8 @@ func TestRandomized(t *testing.T) {
 
 // coverage counts what the randomized runs reached.
 type coverage struct {
-	extended, extendRefused, lost, lostBroadcast, deferred int
+	extended, extendRefused, lost, lostBroadcast, deferred           int
+	resumes, resumed, voids, sessionExpiries, untoldReleased, closes int
 }
 
 type reqKey struct {
@@ -126,6 +129,17 @@ type randomRun struct {
 	leaderChanged bool
 	err           error
 	cov           *coverage
+
+	// Sessions (odd seeds: cluster version 7; see random_sessions_test.go).
+	sessions        bool
+	brokers         []*broker
+	sids            int
+	brokerOf        map[string]*broker
+	sessGrant       map[seqKey]uint64 // the token the log granted (session, seq)
+	expiredSessions map[uint64]bool
+	queues          map[string][]uint64 // per key, queued refs in enqueue order
+	toClose         []string            // connections the core closed (Ready.Closes)
+	brokerCancels   map[uint64]bool     // refs of session waits their broker cancelled
 }
 
 func runRandom(seed uint64, steps int, cov *coverage) error {
@@ -139,12 +153,22 @@ func runRandom(seed uint64, steps int, cov *coverage) error {
 		timedOut: map[uint64]bool{}, dropped: map[uint64]bool{}, applied: map[uint64]bool{},
 		compensated: map[uint64]bool{}, cancelled: map[uint64]bool{},
 		extended: map[uint64]bool{}, toldOn: map[uint64]string{}, expiring: map[uint64]bool{},
-		lostTo: map[uint64]map[string]bool{},
+		lostTo:   map[uint64]map[string]bool{},
+		sessions: seed%2 == 1, brokerOf: map[string]*broker{}, sessGrant: map[seqKey]uint64{},
+		expiredSessions: map[uint64]bool{}, queues: map[string][]uint64{}, brokerCancels: map[uint64]bool{},
 	}
 	rr.h = newHarness(Config{MaxKeys: 3, MaxWaitersPerKey: 2, MaxInFlightPerConn: 4, MaxWaitersPerConn: 3})
+	if rr.sessions {
+		*rr.h.version = wire.VersionSessions
+	}
 	rr.h.onSend = rr.sent
-	rr.h.onApplied = rr.logApplied
+	rr.h.onApplied = func(a Applied) {
+		rr.logApplied(a)
+		rr.sessionsApplied(a)
+	}
+	rr.h.onClose = func(c string) { rr.toClose = append(rr.toClose, c) }
 	rr.h.onPropose = func(c locksm.Command) {
+		rr.brokerProposed(c)
 		if c.Op == locksm.OpRelease && c.Ref == 0 {
 			rr.compensated[c.Token] = true
 		}
@@ -162,7 +186,7 @@ func runRandom(seed uint64, steps int, cov *coverage) error {
 	rr.do("leader id=n1")
 	rr.do("address id=n2 addr=n2:7000")
 	rr.do("gain")
-	rr.do("append op=drop-waiters")
+	rr.do(rr.drop())
 	rr.do("serve")
 	for i := 0; i < steps && rr.err == nil; i++ {
 		rr.step()
@@ -177,9 +201,10 @@ func runRandom(seed uint64, steps int, cov *coverage) error {
 	rr.do("lose")
 	rr.do("leader id=n1")
 	rr.do("gain")
-	rr.do("append op=drop-waiters")
+	rr.do(rr.drop())
 	rr.do("commit")
 	rr.do("serve")
+	rr.brokersDrain()
 	for i := 0; i < 50 && rr.err == nil && (len(rr.h.log) > 0 || len(rr.h.timers) > 0); i++ {
 		rr.do("commit")
 		rr.do("advance ms=400000")
@@ -191,7 +216,19 @@ func runRandom(seed uint64, steps int, cov *coverage) error {
 	if rr.err != nil {
 		return rr.err
 	}
+	if err := rr.brokersFinal(); err != nil {
+		return err
+	}
 	return rr.final()
+}
+
+// drop is the new leader's drop command: drop-sessionless once the
+// cluster version is 7 (the node decides so).
+func (rr *randomRun) drop() string {
+	if rr.sessions {
+		return "append op=drop-sessionless"
+	}
+	return "append op=drop-waiters"
 }
 
 func (rr *randomRun) fail(format string, args ...any) {
@@ -219,6 +256,19 @@ func (rr *randomRun) do(line string) {
 		rr.fail("harness: %v", err)
 		return
 	}
+	// The node closes what the core asked it to: its reader stops.
+	for len(rr.toClose) > 0 && rr.err == nil {
+		c := rr.toClose[0]
+		rr.toClose = rr.toClose[1:]
+		if b := rr.brokerOf[c]; b != nil && b.conn == c {
+			b.conn, b.attached, b.attachID = "", false, 0
+		}
+		rr.dead[c] = true
+		if _, err := rr.h.run("close conn=" + c); err != nil {
+			rr.fail("harness: %v", err)
+			return
+		}
+	}
 	if err := rr.h.k.check(); err != nil {
 		rr.fail("bookkeeping: %v", err)
 		return
@@ -227,7 +277,7 @@ func (rr *randomRun) do(line string) {
 	// has its cancel proposed (it must not hold up the queue, nor be
 	// granted to nobody).
 	for _, p := range rr.h.k.pend {
-		if p.queued && (p.conn.dead || p.cancel) && !rr.cancelled[p.ref] {
+		if p.queued && ((p.conn.dead && p.session() == nil) || p.cancel) && !rr.cancelled[p.ref] {
 			rr.fail("ref %d queued for a dead or cancelling connection, no cancel proposed", p.ref)
 		}
 		// Every other waiter's wait is timed: armed, or fired and its
@@ -256,6 +306,10 @@ func (rr *randomRun) pick(n int) int { return rr.r.IntN(n) }
 
 func (rr *randomRun) step() {
 	h := rr.h
+	if rr.sessions && rr.pick(10) < 3 {
+		rr.brokerStep()
+		return
+	}
 	switch x := rr.pick(100); {
 	case x < 6 || len(rr.open) == 0:
 		rr.conns++
@@ -335,7 +389,7 @@ func (rr *randomRun) step() {
 			rr.leaderChanged = true
 			rr.do("leader id=n1")
 			rr.do("gain")
-			rr.do("append op=drop-waiters")
+			rr.do(rr.drop())
 			if rr.pick(3) > 0 {
 				rr.do("commit")
 				rr.do("serve")
@@ -445,6 +499,10 @@ func (rr *randomRun) logApplied(a Applied) {
 
 func (rr *randomRun) sent(s Send[string]) {
 	m := s.Msg
+	if b := rr.brokerOf[s.To]; b != nil {
+		rr.brokerSent(b, s.To, m)
+		return
+	}
 	if m.Type == wire.TypeNotice {
 		return
 	}

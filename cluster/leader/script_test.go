@@ -24,7 +24,9 @@ package leader
 //	open conn= [version=]        a connection's handshake done (version 3)
 //	close conn=                  its reader stopped
 //	gain                         Raft made us leader (prints the epoch)
-//	serve [epoch=]               prepared: Serve (default the current epoch)
+//	serve [epoch=] [skew=]       prepared: Serve (default the current
+//	                             epoch; skew: ms the leader's wall clock
+//	                             is ahead of the stamps' clock)
 //	lose [why=]                  leadership lost
 //	close-node                   Core.Close
 //	acquire conn= id= key= owner= lease= [wait=]
@@ -34,8 +36,15 @@ package leader
 //	extend conn= id= key= owner= token= lease=
 //	cancel conn= id= target=
 //	ack conn= id=                a notice acknowledgement
+//	open-session conn= id= session= [timeout=] [secret=]
+//	resume conn= id= session= [secret=] [high=] [ack=]
+//	session-ack conn= id= serial=
+//	close-session conn= id=
+//	                             the session frames o, y, k, d (version 7;
+//	                             timeout 10000 ms and secret "s<session>"
+//	                             by default)
 //	frame conn= type= [id=]      any other frame type (one character)
-//	append op= [key= owner= token= ref= lease= wait=]
+//	append op= [key= owner= token= ref= lease= wait= session= seq= ack= epoch=]
 //	                             a command the core did not propose (the
 //	                             new leader's drop-waiters, say) joins the log
 //	commit [n=]                  apply the first n logged commands (all)
@@ -124,6 +133,13 @@ func (t stateTable) HeldUnder(key string, token uint64) bool {
 
 func (t stateTable) RangeHolders(fn func(string, locksm.Holder) bool) { t.s.RangeHolders(fn) }
 
+func (t stateTable) Sessions() []uint64                           { return t.s.Sessions() }
+func (t stateTable) Session(id uint64) (locksm.SessionInfo, bool) { return t.s.Session(id) }
+func (t stateTable) SessionOutcomes(id uint64) []locksm.Outcome   { return t.s.SessionOutcomes(id) }
+func (t stateTable) SessionWaiters(id uint64) []locksm.SessionQueued {
+	return t.s.SessionWaiters(id)
+}
+
 // directory is what Raft and the log know of the leader.
 type directory struct {
 	leader string
@@ -157,6 +173,7 @@ type harness struct {
 	onSend    func(Send[string])
 	onApplied func(Applied)
 	onPropose func(locksm.Command)
+	onClose   func(string)
 }
 
 func defaultConfig(c Config) Config {
@@ -222,6 +239,15 @@ func (h *harness) drain(b *strings.Builder) {
 	for _, e := range rd.Events {
 		fmt.Fprintf(b, "metric %s\n", fmtEvent(e))
 	}
+	for _, r := range rd.Refusals {
+		fmt.Fprintf(b, "refused %s session=%d code=%s\n", r.Conn, r.Session, wire.CodeOf(r.Err))
+	}
+	for _, c := range rd.Closes {
+		fmt.Fprintf(b, "close-conn %s\n", c)
+		if h.onClose != nil {
+			h.onClose(c)
+		}
+	}
 	h.k.Advance()
 }
 
@@ -248,12 +274,13 @@ func (h *harness) run(line string) (string, error) {
 	case "open":
 		h.k.Open(a.need("conn"), uint16(a.int("version", wire.VersionNotices)))
 	case "close":
-		h.k.Closed(a.need("conn"))
+		h.k.Closed(h.now(), a.need("conn"))
 	case "gain":
 		fmt.Fprintf(&b, "epoch=%d\n", h.k.GainLeadership())
 	case "serve":
 		_, epoch := h.k.Leading()
-		n, ok := h.k.Serve(h.now(), uint64(a.int("epoch", int(epoch))))
+		skew := int64(a.int("skew", 0))
+		n, ok := h.k.Serve(h.now(), h.now().UnixMilli()+skew, uint64(a.int("epoch", int(epoch))))
 		if ok {
 			fmt.Fprintf(&b, "serving=%v holders=%d\n", h.k.Serving(), n)
 		} else {
@@ -266,7 +293,8 @@ func (h *harness) run(line string) (string, error) {
 		h.k.Close()
 	case "cluster-version":
 		*h.version = uint16(a.int("v", 0))
-	case "acquire", "acquire-block", "release", "extend", "cancel", "ack", "frame":
+	case "acquire", "acquire-block", "release", "extend", "cancel", "ack", "frame", "open-session", "resume", "session-ack",
+		"close-session":
 		cn := a.need("conn")
 		m := wire.Msg{ID: uint64(a.int("id", 0))}
 		switch name {
@@ -285,6 +313,18 @@ func (h *harness) run(line string) (string, error) {
 			m.Type, m.Target = wire.TypeCancel, uint64(a.int("target", 0))
 		case "ack":
 			m.Type = wire.TypeNoticeAck
+		case "open-session", "resume":
+			m.Session = uint64(a.int("session", 0))
+			copy(m.Secret[:], a.str("secret", fmt.Sprintf("s%d", m.Session)))
+			if name == "open-session" {
+				m.Type, m.TimeoutMs = wire.TypeOpenSession, uint32(a.int("timeout", 10000))
+			} else {
+				m.Type, m.High, m.Serial = wire.TypeResume, uint64(a.int("high", 0)), uint64(a.int("ack", 0))
+			}
+		case "session-ack":
+			m.Type, m.Serial = wire.TypeSessionAck, uint64(a.int("serial", 0))
+		case "close-session":
+			m.Type = wire.TypeCloseSession
 		case "frame":
 			m.Type = a.need("type")[0]
 		}
@@ -440,6 +480,8 @@ func fmtMsg(m wire.Msg) string {
 		return fmt.Sprintf("N %s leader=%q addr=%q", m.Event, m.LeaderID, m.LeaderAddr)
 	case wire.TypeLost:
 		return fmt.Sprintf("X %s key=%s token=%d", m.Reason, m.Key, m.Token)
+	case wire.TypeOutcomes:
+		return fmt.Sprintf("O session=%d serial=%d", m.Session, m.Serial)
 	}
 	return fmt.Sprintf("%c id=%d", m.Type, m.ID)
 }
@@ -447,11 +489,30 @@ func fmtMsg(m wire.Msg) string {
 var opNames = map[locksm.Op]string{
 	locksm.OpAcquire: "acquire", locksm.OpRelease: "release", locksm.OpExpire: "expire",
 	locksm.OpCancelWait: "cancel", locksm.OpDropWaiters: "drop-waiters", locksm.OpAcquireBlock: "acquire-block",
-	locksm.OpExtend: "extend",
+	locksm.OpExtend: "extend", locksm.OpOpenSession: "open-session", locksm.OpResumeSession: "resume-session",
+	locksm.OpExpireSession: "expire-session", locksm.OpCloseSession: "close-session", locksm.OpDropSessionless: "drop-sessionless",
 }
 
 func fmtCmd(c locksm.Command) string {
+	s := fmtCmd1(c)
+	if c.Session != 0 && c.Op < locksm.OpOpenSession {
+		s += fmt.Sprintf(" session=%d seq=%d ack=%d", c.Session, c.Seq, c.Ack)
+	}
+	return s
+}
+
+func fmtCmd1(c locksm.Command) string {
 	switch c.Op {
+	case locksm.OpOpenSession:
+		return fmt.Sprintf("open-session session=%d timeout=%d hash=%x", c.Session, c.TimeoutMs, c.SecretHash[:min(4, len(c.SecretHash))])
+	case locksm.OpResumeSession:
+		return fmt.Sprintf("resume-session session=%d seq=%d ack=%d epoch=%d", c.Session, c.Seq, c.Ack, c.Epoch)
+	case locksm.OpExpireSession:
+		return fmt.Sprintf("expire-session session=%d epoch=%d tokens=%v", c.Session, c.Epoch, c.Tokens)
+	case locksm.OpCloseSession:
+		return fmt.Sprintf("close-session session=%d", c.Session)
+	case locksm.OpDropSessionless:
+		return "drop-sessionless"
 	case locksm.OpAcquire:
 		return fmt.Sprintf("acquire key=%s owner=%s lease=%d wait=%d ref=%d", c.Key, c.Owner, c.LeaseSec, c.WaitMs, c.Ref)
 	case locksm.OpRelease:
@@ -473,7 +534,8 @@ func fmtCmd(c locksm.Command) string {
 func parseCmd(a *argReader) (locksm.Command, error) {
 	c := locksm.Command{Key: a.str("key", ""), Owner: a.str("owner", ""), Token: uint64(a.int("token", 0)),
 		Keys: strings.Split(a.str("keys", ""), ","),
-		Ref:  uint64(a.int("ref", 0)), LeaseSec: uint32(a.int("lease", 0)), WaitMs: uint32(a.int("wait", 0))}
+		Ref:  uint64(a.int("ref", 0)), LeaseSec: uint32(a.int("lease", 0)), WaitMs: uint32(a.int("wait", 0)),
+		Session: uint64(a.int("session", 0)), Seq: uint64(a.int("seq", 0)), Ack: uint64(a.int("ack", 0)), Epoch: uint64(a.int("epoch", 0))}
 	op := a.need("op")
 	for o, name := range opNames {
 		if name == op {
@@ -493,7 +555,8 @@ var statusNames = map[locksm.Status]string{
 	locksm.StatusRejected: "rejected", locksm.StatusGranted: "granted", locksm.StatusQueued: "queued",
 	locksm.StatusBusy: "busy", locksm.StatusReleased: "released", locksm.StatusExpired: "expired",
 	locksm.StatusCanceled: "canceled", locksm.StatusNoop: "noop", locksm.StatusDropped: "dropped",
-	locksm.StatusExtended: "extended",
+	locksm.StatusExtended: "extended", locksm.StatusTimedOut: "timed-out", locksm.StatusOpened: "opened",
+	locksm.StatusResumed: "resumed", locksm.StatusSessionExpired: "session-expired", locksm.StatusSessionClosed: "session-closed",
 }
 
 var effectNames = map[locksm.EffectKind]string{
@@ -509,10 +572,16 @@ func fmtResult(res locksm.Result, effects []locksm.Effect) string {
 	if res.Err != nil {
 		fmt.Fprintf(&b, " err=%q", res.Err)
 	}
+	if res.Serial != 0 {
+		fmt.Fprintf(&b, " serial=%d", res.Serial)
+	}
 	for _, e := range effects {
 		fmt.Fprintf(&b, ", %s key=%s ref=%d", effectNames[e.Kind], e.Key, e.Ref)
 		if e.Kind == locksm.EffectGranted {
 			fmt.Fprintf(&b, " token=%d", e.Token)
+		}
+		if e.Serial != 0 {
+			fmt.Fprintf(&b, " serial=%d", e.Serial)
 		}
 	}
 	return b.String()
@@ -524,6 +593,8 @@ func fmtTimer(t Timer) string {
 		return fmt.Sprintf("expire key=%s token=%d at=%d epoch=%d", t.Key, t.Token, ms(t.At), t.Epoch)
 	case TimerWait:
 		return fmt.Sprintf("wait key=%s ref=%d at=%d epoch=%d", t.Key, t.Ref, ms(t.At), t.Epoch)
+	case TimerSession:
+		return fmt.Sprintf("session %d gen=%d at=%d epoch=%d", t.Session, t.Gen, ms(t.At), t.Epoch)
 	}
 	return fmt.Sprintf("kind=%d", t.Kind)
 }
@@ -560,6 +631,14 @@ func fmtEvent(e Event) string {
 		return "refused waiters-per-conn"
 	case EventLostSent:
 		return fmt.Sprintf("lost-sent conns=%d", e.Keys)
+	case EventSessionOpened:
+		return "session-opened"
+	case EventSessionResumed:
+		return fmt.Sprintf("session-resumed answers=%d", e.Keys)
+	case EventSessionExpired:
+		return fmt.Sprintf("session-expired released=%d", e.Keys)
+	case EventSessionRefused:
+		return "session-refused"
 	case EventUnexpectedResult:
 		return fmt.Sprintf("unexpected-result op=%s status=%s", opNames[e.Op], statusNames[e.Status])
 	}
@@ -576,10 +655,22 @@ func formatState(s *locksm.State) string {
 		}
 		b.WriteString("\n")
 		for _, w := range s.Waiters(k) {
-			fmt.Fprintf(&b, "  waiter owner=%s ref=%d wait=%d\n", w.Owner, w.Ref, w.WaitMs)
+			fmt.Fprintf(&b, "  waiter owner=%s ref=%d wait=%d", w.Owner, w.Ref, w.WaitMs)
+			if w.Session != 0 {
+				fmt.Fprintf(&b, " session=%d seq=%d", w.Session, w.Seq)
+			}
+			b.WriteString("\n")
 		}
 		return true
 	})
+	for _, id := range s.Sessions() {
+		si, _ := s.Session(id)
+		fmt.Fprintf(&b, "session %d floor=%d serial=%d ack=%d epoch=%d waiters=%d holdings=%d\n",
+			id, si.Floor, si.Serial, si.Ack, si.Epoch, si.Waiters, si.Holdings)
+		for _, o := range s.SessionOutcomes(id) {
+			fmt.Fprintf(&b, "  outcome seq=%d serial=%d %s\n", o.Seq, o.Serial, fmtMsg(outcomeMsg(o)))
+		}
+	}
 	return b.String()
 }
 
@@ -587,7 +678,10 @@ func (h *harness) formatCore() string {
 	k := h.k
 	var b strings.Builder
 	fmt.Fprintf(&b, "leading=%v ready=%v serving=%v epoch=%d owed=%d uncommitted=%d expiring=%d",
-		k.leading, k.ready, k.serving, k.epoch, len(k.pend), k.uncommittedTotal, len(k.expiring))
+		k.leading, k.ready, k.serving, k.epoch, k.Owed(), k.uncommittedTotal, len(k.expiring))
+	if k.sessQueued > 0 {
+		fmt.Fprintf(&b, " session-waiters=%d", k.sessQueued)
+	}
 	if ho := k.handover; ho != nil {
 		fmt.Fprintf(&b, " handover=%s active=%v stopped=%v unacked=%d", ho.id, ho.active, ho.stopped, ho.unacked)
 	}
@@ -597,8 +691,36 @@ func (h *harness) formatCore() string {
 			fmt.Fprintf(&b, "conn %s acquiring=%d releasing=%d waiters=%d\n", cn.handle, cn.acquiring, cn.releasing, cn.waiters)
 		}
 	}
+	for _, id := range sortedSessionIDs(k.sessions) {
+		s := k.sessions[id]
+		fmt.Fprintf(&b, "session %d", id)
+		if s.conn != nil {
+			fmt.Fprintf(&b, " conn=%s", s.conn.handle)
+		}
+		fmt.Fprintf(&b, " ack=%d floor=%d gen=%d", s.ack, s.floor, s.gen)
+		if s.expiring {
+			b.WriteString(" expiring")
+		}
+		if p := k.attachingTo[id]; p != nil {
+			fmt.Fprintf(&b, " attaching=%s", p.conn.handle)
+		}
+		if len(s.waiting) > 0 {
+			fmt.Fprintf(&b, " waiting=%d", len(s.waiting))
+		}
+		b.WriteString("\n")
+	}
+	if len(k.untold) > 0 {
+		fmt.Fprintf(&b, "untold %v\n", slices.Sorted(maps.Keys(k.untold)))
+	}
 	for _, p := range sortedByRef(k.pend) {
-		fmt.Fprintf(&b, "owed ref=%d %s id=%d %s key=%s", p.ref, p.conn.handle, p.id, opNames[p.op], p.key)
+		handle := fmt.Sprint(p.conn.handle)
+		if handle == "" {
+			handle = "-"
+		}
+		fmt.Fprintf(&b, "owed ref=%d %s id=%d %s key=%s", p.ref, handle, p.id, opNames[p.op], p.key)
+		if p.session() != nil {
+			fmt.Fprintf(&b, " session=%d", p.session().id)
+		}
 		if p.queued {
 			b.WriteString(" queued")
 		}
@@ -628,7 +750,7 @@ func (k *Core[C]) check() error {
 		if p.conn.inflight[p.id] != p {
 			return fmt.Errorf("pending ref %d missing from its connection's in-flight map", ref)
 		}
-		if p.queued && p.conn.dead && !p.cancel {
+		if p.queued && p.conn.dead && !p.cancel && p.session() == nil {
 			return fmt.Errorf("ref %d queued for a dead connection, not cancelled", ref)
 		}
 		if p.uncommitted {
@@ -716,6 +838,53 @@ func (k *Core[C]) check() error {
 	}
 	if k.serving && (!k.leading || !k.ready) {
 		return errors.New("serving but not leading and ready")
+	}
+	return k.checkSessions()
+}
+
+// checkSessions verifies the session bookkeeping: attachments agree both
+// ways, a session's owed requests all sit on its home connection, the
+// queued ones are counted, and an attach in flight is owed on a
+// connection marked attaching.
+func (k *Core[C]) checkSessions() error {
+	queued := 0
+	for _, p := range k.pend {
+		if p.session() == nil {
+			continue
+		}
+		if p.queued {
+			queued++
+		}
+		if k.sessions[p.session().id] == p.session() && p.conn != p.session().home {
+			return fmt.Errorf("ref %d of session %d owed on a connection that is not its home", p.ref, p.session().id)
+		}
+		if a := p.session().conn; a != nil && p.conn != a {
+			return fmt.Errorf("ref %d of session %d not on its attached connection", p.ref, p.session().id)
+		}
+	}
+	if queued != k.sessQueued {
+		return fmt.Errorf("session waiters counted %d, owed %d", k.sessQueued, queued)
+	}
+	if !k.leading && (len(k.sessions) > 0 || len(k.attachingTo) > 0 || len(k.untold) > 0) {
+		return errors.New("session state kept while not leading")
+	}
+	for id, s := range k.sessions {
+		if s.id != id {
+			return fmt.Errorf("session %d filed under %d", s.id, id)
+		}
+		if s.conn != nil && (s.conn.sess != s || s.conn.dead) {
+			return fmt.Errorf("session %d attached to a connection that does not name it, or dead", id)
+		}
+	}
+	for h, cn := range k.conns {
+		if s := cn.sess; s != nil && (k.sessions[s.id] != s || s.conn != cn) {
+			return fmt.Errorf("connection %v names session %d, which is not attached to it", h, s.id)
+		}
+	}
+	for id, p := range k.attachingTo {
+		if p.attachment() == nil || p.attachment().sid != id || k.pend[p.ref] != p || !p.conn.attaching {
+			return fmt.Errorf("attach of session %d in flight without its owed request", id)
+		}
 	}
 	return nil
 }

@@ -64,6 +64,7 @@ func sampleMsgs() []Msg {
 		{Type: TypeResume, ID: 1, Session: 1},
 		{Type: TypeSessionAck, ID: 14, Serial: 77},
 		{Type: TypeSessionAck, ID: 1},
+		{Type: TypeCloseSession, ID: 15},
 		{Type: TypeOutcomes, Session: 7, Serial: 1001},
 		{Type: TypeOutcomes, Session: ^uint64(0), Serial: ^uint64(0)},
 	}
@@ -527,7 +528,7 @@ func TestReplyAllowed(t *testing.T) {
 	// Sessions: open and resume are answered like a release (K, or M/U
 	// when not proposed/unknown); an ack only K; O is an event, never a
 	// reply.
-	for _, req := range []byte{TypeOpenSession, TypeResume} {
+	for _, req := range []byte{TypeOpenSession, TypeResume, TypeCloseSession} {
 		for reply := byte(0); reply < 0x80; reply++ {
 			if ReplyAllowed(req, reply) != ReplyAllowed(TypeRelease, reply) {
 				t.Errorf("ReplyAllowed(%s, %s) = %v, r: %v", TypeName(req), TypeName(reply), ReplyAllowed(req, reply), ReplyAllowed(TypeRelease, reply))
@@ -541,7 +542,7 @@ func TestReplyAllowed(t *testing.T) {
 	if !IsEvent(TypeOutcomes) || IsReply(TypeOutcomes) || IsRequest(TypeOutcomes) || IsProgress(TypeOutcomes) || IsNotice(TypeOutcomes) {
 		t.Error("O's class wrong")
 	}
-	for _, req := range []byte{TypeOpenSession, TypeResume, TypeSessionAck} {
+	for _, req := range []byte{TypeOpenSession, TypeResume, TypeSessionAck, TypeCloseSession} {
 		if !IsRequest(req) || IsReply(req) || IsEvent(req) {
 			t.Errorf("%s's class wrong", TypeName(req))
 		}
@@ -597,7 +598,7 @@ func TestRequestAllowed(t *testing.T) {
 	}
 	// Sessions come with version 7, which is not negotiated yet.
 	for v := uint16(MinProtocolVersion); v <= VersionSessions; v++ {
-		for _, req := range []byte{TypeOpenSession, TypeResume, TypeSessionAck} {
+		for _, req := range []byte{TypeOpenSession, TypeResume, TypeSessionAck, TypeCloseSession} {
 			if RequestAllowed(req, v) != (v >= VersionSessions) {
 				t.Errorf("RequestAllowed(%s, %d) = %v", TypeName(req), v, RequestAllowed(req, v))
 			}
@@ -621,7 +622,7 @@ func TestCodeTable(t *testing.T) {
 		}
 	}
 	// The codes after it, appended since.
-	for c := CodeDuplicateRef; c <= CodeNotSupported; c++ {
+	for c := CodeDuplicateRef; c <= CodeBadSession; c++ {
 		if CodeOf(ErrOf(c)) != c || c.String() == "unknown" {
 			t.Errorf("code %d (%s) does not round trip", c, c)
 		}
@@ -629,6 +630,14 @@ func TestCodeTable(t *testing.T) {
 	if CodeOf(locksm.ErrInvalidBlock) != CodeInvalidKeys || CodeInvalidKeys.String() != "invalid_keys" ||
 		CodeOf(fmt.Errorf("block: %w", ErrNotSupported)) != CodeNotSupported || CodeNotSupported.String() != "not_supported" {
 		t.Error("invalid_keys / not_supported mapping wrong")
+	}
+	for err, c := range map[error]Code{locksm.ErrNoSession: CodeNoSession, locksm.ErrVoided: CodeVoided,
+		locksm.ErrDuplicateSeq: CodeDuplicateSeq, locksm.ErrSessionExists: CodeSessionExists,
+		locksm.ErrInvalidSession: CodeInvalidSession, locksm.ErrStaleEpoch: CodeStaleEpoch,
+		fmt.Errorf("resume: %w", ErrBadSession): CodeBadSession} {
+		if CodeOf(err) != c {
+			t.Errorf("CodeOf(%v) = %s, want %s", err, CodeOf(err), c)
+		}
 	}
 	if ErrOf(999) != ErrRemote || CodeOf(io.EOF) != CodeInternal {
 		t.Error("fallbacks wrong")
