@@ -300,13 +300,17 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*report, error) {
 		}()
 		return nil
 	}
-	// Chaos victims: the first Go seller stops at its 2nd sale, the first
-	// Python seller at its 1st.
+	// Chaos victims: the first Go seller and the first Python seller stop
+	// at their 1st attempt whose seats are all free under the lock. Early,
+	// while most seats are free: a victim that starts later can find every
+	// block it picks sold meanwhile until the sale ends (CI once saw go-1,
+	// set to pause from its 2nd attempt, lose attempts 3 to 5 that way and
+	// never pause), and then the chaos did not happen.
 	for i := 0; i < cfg.GoSellers; i++ {
 		p := &sellerProc{name: fmt.Sprintf("go-%d", i+1), lang: "go", victim: cfg.Chaos && i == 0}
 		pause := 0
 		if p.victim {
-			pause = 2
+			pause = 1
 		}
 		if err := startProc(p, append(append([]string(nil), goCmd...), common(p.name, pause)...), nil); err != nil {
 			return nil, err
