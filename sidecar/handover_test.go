@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -151,6 +152,13 @@ func TestBrokerHandOverUnderLoad(t *testing.T) {
 
 	var mu sync.Mutex
 	var bad []error
+	start := time.Now()
+	var timeline []string // when each call failed and each hand-over ran (diagnostics)
+	mark := func(format string, args ...any) {
+		mu.Lock()
+		timeline = append(timeline, fmt.Sprintf("%6.3fs ", time.Since(start).Seconds())+fmt.Sprintf(format, args...))
+		mu.Unlock()
+	}
 	counts := map[string]int{}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -181,6 +189,7 @@ func TestBrokerHandOverUnderLoad(t *testing.T) {
 				counts["timeout"]++
 			default:
 				bad = append(bad, fmt.Errorf("%s: %w", key, err))
+				timeline = append(timeline, fmt.Sprintf("%6.3fs %s failed: %v", time.Since(start).Seconds(), key, err))
 			}
 			mu.Unlock()
 		}
@@ -207,13 +216,16 @@ func TestBrokerHandOverUnderLoad(t *testing.T) {
 	term0 := c.Node(leaderOf(t, c)).Raft().CurrentTerm()
 	for round := 0; round < 3; round++ {
 		li := leaderOf(t, c)
+		mark("hand-over %d from node %d starts", round, li)
 		hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		_, err := c.Node(li).HandOver(hctx, "")
+		to, err := c.Node(li).HandOver(hctx, "")
 		cancel()
+		mark("hand-over %d to %v returned (err %v); broker: %+v", round, to, err, b.Info())
 		if err != nil {
 			t.Fatalf("round %d: %v", round, err)
 		}
 		progress()
+		mark("hand-over %d: 50 more cycles done", round)
 	}
 	close(stop)
 	wg.Wait()
@@ -224,7 +236,9 @@ func TestBrokerHandOverUnderLoad(t *testing.T) {
 		t.Logf("term %d after 3 hand-overs from term %d: an unplanned election happened too", term, term0)
 	}
 	if len(bad) > 0 {
-		t.Fatalf("%d calls failed around planned hand-overs, first: %v", len(bad), bad[0])
+		// CI saw 9 releases fail with "cluster unavailable" for 5 s once
+		// (not reproduced in 21 loaded runs); the timeline says when.
+		t.Fatalf("%d calls failed around planned hand-overs, first: %v\ntimeline:\n  %s", len(bad), bad[0], strings.Join(timeline, "\n  "))
 	}
 	if m := movedReplies(t, c); m != 0 {
 		t.Fatalf("nodes answered %v requests with M", m)
