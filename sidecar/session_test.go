@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -443,5 +444,31 @@ func TestSessionConfigValidate(t *testing.T) {
 	}
 	if c := cfg.withDefaults(); c.SessionTimeout != DefaultSessionTimeout {
 		t.Errorf("default timeout %v", c.SessionTimeout)
+	}
+}
+
+// A U to a written acquire of the session (the node lost leadership) is
+// not Indeterminate: the resume answers it.
+func TestBrokerSessionUnknownIsResumed(t *testing.T) {
+	f := newFakeLeader(t)
+	b := newSessionBroker(t, f, nil)
+	waitAttached(t, b, 0)
+	var seq atomic.Uint64
+	f.setHandlers(func(fc *fakeConn, m wire.Msg) {
+		if m.Type == wire.TypeAcquire {
+			seq.Store(m.ID)
+			fc.send(t, wire.Msg{Type: wire.TypeUnknown, ID: m.ID, Text: "leadership lost"})
+		}
+	}, func(fc *fakeConn, y wire.Msg) {
+		fc.send(t, wire.Msg{Type: wire.TypeBusy, ID: seq.Load()})
+		fc.send(t, wire.Msg{Type: wire.TypeOK, ID: y.ID})
+	})
+	ch := asyncAcquire(t, b, context.Background(), "k", 0)
+	if r := result(t, ch); !errors.Is(r.err, ErrBusy) {
+		t.Fatalf("acquire: %+v %v", r.lk, r.err)
+	}
+	waitAttached(t, b, 1)
+	if si := b.Info().Session; si.LastResume.Outcomes != 1 {
+		t.Fatalf("session info %+v", si)
 	}
 }

@@ -675,7 +675,13 @@ func (c *Conn) readLoop() {
 		}
 		c.pmu.Lock()
 		call := c.pending[m.ID]
-		if call != nil && wire.ReplyAllowed(call.reqType, m.Type) {
+		// U to a lock request of a session: the node lost leadership
+		// and cannot know the outcome, but the replicated state does.
+		// The call stays pending, so that the connection's end below
+		// hands it to the session, whose resume where a leader serves
+		// answers it: no Indeterminate.
+		unknown := call != nil && m.Type == wire.TypeUnknown && isSessionLock(call.reqType) && c.sess.Load() != nil
+		if call != nil && wire.ReplyAllowed(call.reqType, m.Type) && !unknown {
 			delete(c.pending, m.ID)
 		}
 		repeated := false
@@ -693,6 +699,11 @@ func (c *Conn) readLoop() {
 		c.pmu.Unlock()
 		if repeated {
 			continue
+		}
+		if unknown {
+			c.shutdown(fmt.Errorf("%w: request %d of session %x answered U (%s): resume where a leader serves", ErrSessionUnknown,
+				m.ID, c.sess.Load().id, m.Text))
+			return
 		}
 		if call == nil {
 			c.shutdown(fmt.Errorf("%w: reply %s to unknown id %d", ErrProtocol, wire.TypeName(m.Type), m.ID))

@@ -49,4 +49,9 @@ var (
 	// ErrSessionNotAttached: a lock request on a session connection before
 	// its open or resume was answered. Nothing sent.
 	ErrSessionNotAttached = errors.New("client: session not attached yet")
+	// ErrSessionUnknown: the node answered U (leadership lost, outcome
+	// unknown to it) to a lock request of the session attached to the
+	// connection. The connection is closed (its error wraps this), and
+	// the session holds its written requests for a resume.
+	ErrSessionUnknown = errors.New("client: a session request was answered unknown")
 )

@@ -629,3 +629,40 @@ func TestSessionAckReports(t *testing.T) {
 		t.Fatalf("stats %+v", sess.Stats())
 	}
 }
+
+// A U to a lock request of the session (the node lost leadership) closes
+// the connection instead of ending the call: the session holds it, and a
+// resume answers it.
+func TestSessionUnknownIsHeld(t *testing.T) {
+	srv := newSessionServer(t)
+	c := srv.dial7(t)
+	sess := testSession(t, SessionConfig{})
+	openOn(t, srv, sess, c)
+	call, err := c.Start(acquire("k"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := srv.next(t)
+	a.sc.reply(t, wire.Msg{Type: wire.TypeUnknown, ID: a.m.ID, Text: "leadership lost"})
+	select {
+	case <-c.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("U did not close the session connection")
+	}
+	if !errors.Is(c.Err(), ErrSessionUnknown) {
+		t.Fatalf("connection: %v", c.Err())
+	}
+	notDone(t, call)
+	if st := sess.Stats(); st.Held != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+	// Without a session, U is a reply as always.
+	c2 := srv.dial7(t)
+	call2, _ := c2.Start(acquire("k"))
+	a = srv.next(t)
+	a.sc.reply(t, wire.Msg{Type: wire.TypeUnknown, ID: a.m.ID})
+	waitDone(t, call2)
+	if call2.Err != nil || call2.Reply.Type != wire.TypeUnknown {
+		t.Fatalf("%+v %v", call2.Reply, call2.Err)
+	}
+}
