@@ -621,7 +621,7 @@ func TestCodeTable(t *testing.T) {
 		}
 	}
 	// The codes after it, appended since.
-	for c := CodeDuplicateRef; c <= CodeNotSupported; c++ {
+	for c := CodeDuplicateRef; c <= CodeBadSession; c++ {
 		if CodeOf(ErrOf(c)) != c || c.String() == "unknown" {
 			t.Errorf("code %d (%s) does not round trip", c, c)
 		}
@@ -629,6 +629,14 @@ func TestCodeTable(t *testing.T) {
 	if CodeOf(locksm.ErrInvalidBlock) != CodeInvalidKeys || CodeInvalidKeys.String() != "invalid_keys" ||
 		CodeOf(fmt.Errorf("block: %w", ErrNotSupported)) != CodeNotSupported || CodeNotSupported.String() != "not_supported" {
 		t.Error("invalid_keys / not_supported mapping wrong")
+	}
+	for err, c := range map[error]Code{locksm.ErrNoSession: CodeNoSession, locksm.ErrVoided: CodeVoided,
+		locksm.ErrDuplicateSeq: CodeDuplicateSeq, locksm.ErrSessionExists: CodeSessionExists,
+		locksm.ErrInvalidSession: CodeInvalidSession, locksm.ErrStaleEpoch: CodeStaleEpoch,
+		fmt.Errorf("resume: %w", ErrBadSession): CodeBadSession} {
+		if CodeOf(err) != c {
+			t.Errorf("CodeOf(%v) = %s, want %s", err, CodeOf(err), c)
+		}
 	}
 	if ErrOf(999) != ErrRemote || CodeOf(io.EOF) != CodeInternal {
 		t.Error("fallbacks wrong")

@@ -43,6 +43,14 @@ const (
 	CodeWrongDomain      Code = 30 // handshake: the two sides belong to different fencing domains
 	CodeInvalidKeys      Code = 31 // locksm.ErrInvalidBlock: a block acquire's keys are not 2..16 distinct keys
 	CodeNotSupported     Code = 32 // the request needs a newer protocol than some cluster member speaks
+	// Sessions (version 7, docs/sessions.md).
+	CodeNoSession      Code = 33 // locksm.ErrNoSession: the session is unknown (never opened, expired or closed)
+	CodeVoided         Code = 34 // locksm.ErrVoided: the seq is at or below the session's floor (void since a resume)
+	CodeDuplicateSeq   Code = 35 // locksm.ErrDuplicateSeq: the seq has an outcome or waiter already, or did not grow on this connection
+	CodeSessionExists  Code = 36 // locksm.ErrSessionExists: an open naming a session id in use
+	CodeInvalidSession Code = 37 // locksm.ErrInvalidSession: session 0, or a timeout out of bounds
+	CodeStaleEpoch     Code = 38 // locksm.ErrStaleEpoch: a resume raced another (the leader retries it; never sent for client input)
+	CodeBadSession     Code = 39 // a resume whose secret does not match the session's (logged with the remote address)
 )
 
 // Sentinel errors of this package (each but ErrRemote, ErrBadConfig and
@@ -74,6 +82,11 @@ var (
 	// than some cluster member speaks (a block acquire before every member
 	// runs version 5); definite, nothing was executed.
 	ErrNotSupported = errors.New("wire: not supported by the cluster yet")
+	// ErrBadSession (bad_session): a resume whose secret does not match
+	// the session's hash, or a session request on a connection that
+	// cannot carry it; a hostile or broken broker. Nothing was executed,
+	// and nobody else's session or lock was touched.
+	ErrBadSession = errors.New("wire: session secret does not match")
 	// ErrRemote wraps a TypeError reply whose code has no local sentinel.
 	ErrRemote = errors.New("wire: remote error")
 	// ErrBadConfig reports a HandshakeConfig that cannot work (short
@@ -155,6 +168,13 @@ var codeTable = []struct {
 	{CodeWrongDomain, ErrWrongDomain},
 	{CodeInvalidKeys, locksm.ErrInvalidBlock},
 	{CodeNotSupported, ErrNotSupported},
+	{CodeNoSession, locksm.ErrNoSession},
+	{CodeVoided, locksm.ErrVoided},
+	{CodeDuplicateSeq, locksm.ErrDuplicateSeq},
+	{CodeSessionExists, locksm.ErrSessionExists},
+	{CodeInvalidSession, locksm.ErrInvalidSession},
+	{CodeStaleEpoch, locksm.ErrStaleEpoch},
+	{CodeBadSession, ErrBadSession},
 }
 
 // CodeOf maps an error (possibly wrapped) to its wire code; CodeInternal if
@@ -198,4 +218,7 @@ var codeNames = map[Code]string{
 	CodeTooManyKeys: "too_many_keys", CodeTooManyWaiters: "too_many_waiters", CodeTLSRequired: "tls_required",
 	CodeIdleTimeout: "idle_timeout", CodeTooManyConns: "too_many_connections", CodeHandshakeTimeout: "handshake_timeout",
 	CodeWrongDomain: "wrong_domain", CodeInvalidKeys: "invalid_keys", CodeNotSupported: "not_supported",
+	CodeNoSession: "no_session", CodeVoided: "voided", CodeDuplicateSeq: "duplicate_seq",
+	CodeSessionExists: "session_exists", CodeInvalidSession: "invalid_session", CodeStaleEpoch: "stale_epoch",
+	CodeBadSession: "bad_session",
 }
