@@ -462,7 +462,7 @@ func payloadLen(m *Msg) (int, error) {
 		n += 8 + SecretLen + 8 + 8
 	case TypeOutcomes:
 		n += 8 + 8
-	case TypePing, TypeStatus, TypeMembers, TypeNoticeAck, TypeBusy, TypeTimeout, TypeOK, TypePong, TypeQueued:
+	case TypePing, TypeStatus, TypeMembers, TypeNoticeAck, TypeBusy, TypeTimeout, TypeOK, TypePong, TypeQueued, TypeCloseSession:
 	case TypeMoved:
 		n += s8(m.LeaderAddr) + s8(m.LeaderID)
 	case TypeNotice:

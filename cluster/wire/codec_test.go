@@ -64,6 +64,7 @@ func sampleMsgs() []Msg {
 		{Type: TypeResume, ID: 1, Session: 1},
 		{Type: TypeSessionAck, ID: 14, Serial: 77},
 		{Type: TypeSessionAck, ID: 1},
+		{Type: TypeCloseSession, ID: 15},
 		{Type: TypeOutcomes, Session: 7, Serial: 1001},
 		{Type: TypeOutcomes, Session: ^uint64(0), Serial: ^uint64(0)},
 	}
@@ -527,7 +528,7 @@ func TestReplyAllowed(t *testing.T) {
 	// Sessions: open and resume are answered like a release (K, or M/U
 	// when not proposed/unknown); an ack only K; O is an event, never a
 	// reply.
-	for _, req := range []byte{TypeOpenSession, TypeResume} {
+	for _, req := range []byte{TypeOpenSession, TypeResume, TypeCloseSession} {
 		for reply := byte(0); reply < 0x80; reply++ {
 			if ReplyAllowed(req, reply) != ReplyAllowed(TypeRelease, reply) {
 				t.Errorf("ReplyAllowed(%s, %s) = %v, r: %v", TypeName(req), TypeName(reply), ReplyAllowed(req, reply), ReplyAllowed(TypeRelease, reply))
@@ -541,7 +542,7 @@ func TestReplyAllowed(t *testing.T) {
 	if !IsEvent(TypeOutcomes) || IsReply(TypeOutcomes) || IsRequest(TypeOutcomes) || IsProgress(TypeOutcomes) || IsNotice(TypeOutcomes) {
 		t.Error("O's class wrong")
 	}
-	for _, req := range []byte{TypeOpenSession, TypeResume, TypeSessionAck} {
+	for _, req := range []byte{TypeOpenSession, TypeResume, TypeSessionAck, TypeCloseSession} {
 		if !IsRequest(req) || IsReply(req) || IsEvent(req) {
 			t.Errorf("%s's class wrong", TypeName(req))
 		}
@@ -597,7 +598,7 @@ func TestRequestAllowed(t *testing.T) {
 	}
 	// Sessions come with version 7, which is not negotiated yet.
 	for v := uint16(MinProtocolVersion); v <= VersionSessions; v++ {
-		for _, req := range []byte{TypeOpenSession, TypeResume, TypeSessionAck} {
+		for _, req := range []byte{TypeOpenSession, TypeResume, TypeSessionAck, TypeCloseSession} {
 			if RequestAllowed(req, v) != (v >= VersionSessions) {
 				t.Errorf("RequestAllowed(%s, %d) = %v", TypeName(req), v, RequestAllowed(req, v))
 			}

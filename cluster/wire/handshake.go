@@ -98,9 +98,11 @@ type HandshakeConfig struct {
 	// 0 = not told (peer and admin ports, which have no such limits).
 	// At most math.MaxUint32; ignored by a dialler.
 	MaxInFlight, MaxWaiters int
-	// MaxVersion (dialler only) is the newest version to offer:
-	// MinProtocolVersion..ProtocolVersion, 0 = ProtocolVersion. Tests and
-	// tools play an older client with it.
+	// MaxVersion is the newest version to offer (dialler) or accept
+	// (server): MinProtocolVersion..NewestProtocolVersion, 0 =
+	// ProtocolVersion. Tests and tools play an older client or node with
+	// it; a version above ProtocolVersion (being built) is spoken only
+	// where it is set so.
 	MaxVersion uint16
 }
 
@@ -300,7 +302,11 @@ func welcomeLen(version uint16) int {
 // then the error is returned; the caller closes the connection. Errors wrap
 // the same sentinels as ClientHandshake's.
 func ServerHandshake(rw io.ReadWriter, cfg HandshakeConfig) (Peer, error) {
-	return serverHandshake(rw, cfg, ProtocolVersion)
+	newest := uint16(ProtocolVersion)
+	if cfg.MaxVersion != 0 {
+		newest = cfg.MaxVersion
+	}
+	return serverHandshake(rw, cfg, newest)
 }
 
 // serverHandshake takes the newest version as a parameter so that tests
@@ -417,8 +423,8 @@ func (cfg *HandshakeConfig) check(dialler bool) error {
 		return fmt.Errorf("%w: secret is %d bytes, need at least %d", ErrBadConfig, len(cfg.Secret), MinSecretLen)
 	case cfg.NextSecret != nil && len(cfg.NextSecret) < MinSecretLen:
 		return fmt.Errorf("%w: next secret is %d bytes, need at least %d", ErrBadConfig, len(cfg.NextSecret), MinSecretLen)
-	case cfg.MaxVersion != 0 && (cfg.MaxVersion < MinProtocolVersion || cfg.MaxVersion > ProtocolVersion):
-		return fmt.Errorf("%w: max version %d not in %d..%d", ErrBadConfig, cfg.MaxVersion, MinProtocolVersion, ProtocolVersion)
+	case cfg.MaxVersion != 0 && (cfg.MaxVersion < MinProtocolVersion || cfg.MaxVersion > NewestProtocolVersion):
+		return fmt.Errorf("%w: max version %d not in %d..%d", ErrBadConfig, cfg.MaxVersion, MinProtocolVersion, NewestProtocolVersion)
 	case cfg.MaxInFlight < 0 || cfg.MaxWaiters < 0 || uint64(cfg.MaxInFlight) > math.MaxUint32 || uint64(cfg.MaxWaiters) > math.MaxUint32:
 		return fmt.Errorf("%w: limits %d, %d not in 0..%d", ErrBadConfig, cfg.MaxInFlight, cfg.MaxWaiters, uint32(math.MaxUint32))
 	case len(cfg.ClusterID) > 255 || len(cfg.Domain) > 255 || len(cfg.NodeID) > 255 || len(cfg.ExpectNodeID) > 255 || len(cfg.ChannelBinding) > 255:

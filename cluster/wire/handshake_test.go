@@ -26,7 +26,11 @@ type hsResult struct {
 // to a peer that already gave up is released.
 func runPair(t *testing.T, ccfg, scfg HandshakeConfig, client func(io.ReadWriter, HandshakeConfig) (Peer, error)) (c, s hsResult) {
 	t.Helper()
-	return runPairVersions(t, ccfg, scfg, client, ProtocolVersion)
+	newest := uint16(ProtocolVersion) // as ServerHandshake picks it
+	if scfg.MaxVersion != 0 {
+		newest = scfg.MaxVersion
+	}
+	return runPairVersions(t, ccfg, scfg, client, newest)
 }
 
 // runPairVersions is runPair with a server whose newest version is newest.
@@ -257,8 +261,23 @@ func TestHandshakeLimits(t *testing.T) {
 			t.Fatalf("MaxVersion %d: %v %+v, server %v", v, c.err, c.peer, s.err)
 		}
 	}
+	// A version being built (above ProtocolVersion) is spoken only when
+	// both sides are set to it; either side's default keeps
+	// ProtocolVersion.
+	for _, tc := range []struct{ client, server, want uint16 }{
+		{NewestProtocolVersion, NewestProtocolVersion, NewestProtocolVersion},
+		{0, NewestProtocolVersion, ProtocolVersion},
+		{NewestProtocolVersion, 0, ProtocolVersion},
+	} {
+		cc, sc := ccfg, scfg
+		cc.MaxVersion, sc.MaxVersion = tc.client, tc.server
+		c, s = runPair(t, cc, sc, ClientHandshake)
+		if c.err != nil || s.err != nil || c.peer.Version != tc.want || s.peer.Version != tc.want {
+			t.Fatalf("client %d, server %d: %v %+v, server %v %+v", tc.client, tc.server, c.err, c.peer, s.err, s.peer)
+		}
+	}
 	var rw bytes.Buffer
-	for _, v := range []uint16{1, ProtocolVersion + 1} {
+	for _, v := range []uint16{1, NewestProtocolVersion + 1} {
 		cc := ccfg
 		cc.MaxVersion = v
 		if _, err := ClientHandshake(&rw, cc); !errors.Is(err, ErrBadConfig) || rw.Len() != 0 {
