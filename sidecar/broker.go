@@ -274,10 +274,9 @@ func (b *Broker) keep(s *slot) {
 		b.mu.Unlock()
 		conn, err := client.Dial(ctx, s.addr, client.Config{
 			Secret: b.cfg.Secret, NextSecret: b.cfg.NextSecret, TLS: b.cfg.TLS,
-			ClusterID: b.cfg.ClusterID, Domain: domain, HandshakeTimeout: b.cfg.DialTimeout, Dialer: b.cfg.Dialer, MaxVersion: b.cfg.maxVersion,
-			SpeakVersion: b.cfg.speakVersion,
-			OnNotice:     func(c *client.Conn, n wire.Msg) { b.onNotice(s, c, n) },
-			OnLost:       func(_ *client.Conn, ev wire.Msg) { b.onLost(ev) },
+			ClusterID: b.cfg.ClusterID, Domain: domain, HandshakeTimeout: b.cfg.DialTimeout, Dialer: b.cfg.Dialer, MaxVersion: b.offerVersion(),
+			OnNotice: func(c *client.Conn, n wire.Msg) { b.onNotice(s, c, n) },
+			OnLost:   func(_ *client.Conn, ev wire.Msg) { b.onLost(ev) },
 		})
 		cancel()
 		if err == nil {
@@ -1032,19 +1031,8 @@ func (b *Broker) Close() error {
 	b.rcond.Broadcast()
 	b.rmu.Unlock()
 	b.workerWG.Wait()
+	b.closeSession()
 	close(b.closing)
 	b.slotWG.Wait()
-	// The connections are closed: what the session still holds (acquires
-	// whose callers are answered by now or get Indeterminate here) can no
-	// longer be learned. The cluster expires the session after its
-	// timeout (no close request exists yet: docs/sessions.md proposes
-	// 'z').
-	b.mu.Lock()
-	sess := b.sess
-	b.sess, b.sconn = nil, nil
-	b.mu.Unlock()
-	if sess != nil {
-		sess.Fail(ErrClosed)
-	}
 	return nil
 }

@@ -138,10 +138,6 @@ type Config struct {
 	// maxVersion, when set (package tests), is the newest cluster protocol
 	// version offered: a broker that talks as to an older node.
 	maxVersion uint16
-	// speakVersion, when set (package tests), is the version the broker's
-	// connections speak after the handshake (client.Config.SpeakVersion):
-	// fake servers play version 7 before wire.ProtocolVersion is 7.
-	speakVersion uint16
 }
 
 // Defaults.

@@ -68,6 +68,20 @@ type SessionInfo struct {
 	LastResume client.ResumeCounts
 }
 
+// offerVersion is the newest protocol version the broker offers: with
+// sessions, the version being built (wire.NewestProtocolVersion, 7), which
+// a node speaks only where it is configured to, so that the broker holds
+// a session exactly where the nodes speak 7; without, wire.ProtocolVersion.
+func (b *Broker) offerVersion() uint16 {
+	switch {
+	case b.cfg.maxVersion != 0:
+		return b.cfg.maxVersion
+	case b.cfg.Sessions == SessionsAuto:
+		return wire.NewestProtocolVersion
+	}
+	return 0
+}
+
 // sessionsFor reports whether conn's requests must go through the
 // session: Config.Sessions allows it and conn speaks version 7.
 func (b *Broker) sessionsFor(conn *client.Conn) bool {
@@ -271,6 +285,37 @@ func (b *Broker) resumedOps(conn *client.Conn) {
 			b.giveUpLocked(o)
 		}
 	}
+}
+
+// closeSession ends the cluster session on Close, after the releases: if
+// attached, it is closed at the leader (d), so that its waiters leave
+// their lines at once instead of after its timeout; else (no serving
+// leader now) it is left to expire. Either way what it still holds
+// completes (Indeterminate: the connections close).
+func (b *Broker) closeSession() {
+	b.mu.Lock()
+	sess, attached := b.sess, b.sconn != nil
+	b.sess, b.sconn = nil, nil
+	b.mu.Unlock()
+	if sess == nil {
+		return
+	}
+	defer func() {
+		b.mu.Lock()
+		b.lostSession = sess.Stats() // Info shows it closed (or failed)
+		b.mu.Unlock()
+	}()
+	if attached {
+		ctx, cancel := context.WithTimeout(context.Background(), b.cfg.DialTimeout)
+		err := sess.Close(ctx)
+		cancel()
+		if err == nil {
+			b.log.Info("cluster session closed", "session", fmt.Sprintf("%x", sess.ID()))
+			return
+		}
+		b.log.Warn("closing the cluster session failed; the cluster expires it", "session", fmt.Sprintf("%x", sess.ID()), "err", err)
+	}
+	sess.Fail(ErrClosed)
 }
 
 // sessionInfo describes the cluster session; requires b.mu.

@@ -17,13 +17,13 @@ import (
 // (protocol version 7) as PROTOCOL.md "Sessions" says: a real handshake,
 // status and members answered as the serving leader, o and y checked
 // against the one session it knows; lock requests go to the test's lock
-// handler. The broker plays version 7 against it through
-// Config.speakVersion (the handshake negotiates 6 until wire.ProtocolVersion
-// is 7).
+// handler. It accepts version 7 (wire.NewestProtocolVersion, offered by a
+// broker with sessions) unless made with an older version.
 type fakeLeader struct {
-	t      *testing.T
-	ln     net.Listener
-	secret []byte
+	t       *testing.T
+	ln      net.Listener
+	secret  []byte
+	version uint16
 
 	mu      sync.Mutex
 	session uint64
@@ -58,12 +58,14 @@ func (fc *fakeConn) send(t *testing.T, m wire.Msg) {
 
 var fakeSecret = []byte("fake-leader-secret-0123456789")
 
-func newFakeLeader(t *testing.T) *fakeLeader {
+func newFakeLeader(t *testing.T) *fakeLeader { return newFakeLeaderV(t, wire.VersionSessions) }
+
+func newFakeLeaderV(t *testing.T, version uint16) *fakeLeader {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fakeLeader{t: t, ln: ln, secret: fakeSecret, got: make(chan wire.Msg, 1024)}
+	f := &fakeLeader{t: t, ln: ln, secret: fakeSecret, version: version, got: make(chan wire.Msg, 1024)}
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -92,7 +94,8 @@ func newFakeLeader(t *testing.T) *fakeLeader {
 func (f *fakeLeader) addr() string { return f.ln.Addr().String() }
 
 func (f *fakeLeader) serve(nc net.Conn) {
-	if _, err := wire.ServerHandshake(nc, wire.HandshakeConfig{Kind: wire.KindClient, Secret: f.secret, NodeID: "fake/1"}); err != nil {
+	if _, err := wire.ServerHandshake(nc, wire.HandshakeConfig{Kind: wire.KindClient, Secret: f.secret, NodeID: "fake/1",
+		MaxVersion: f.version}); err != nil {
 		return
 	}
 	fc := &fakeConn{nc: nc}
@@ -122,15 +125,23 @@ func (f *fakeLeader) handle(fc *fakeConn, m wire.Msg) {
 		f.opens++
 		f.mu.Unlock()
 		fc.send(t, wire.Msg{Type: wire.TypeOK, ID: m.ID})
+	case wire.TypeCloseSession:
+		f.got <- m
+		fc.send(t, wire.Msg{Type: wire.TypeOK, ID: m.ID})
 	case wire.TypeResume:
 		f.mu.Lock()
-		ok := m.Session == f.session && m.Secret == f.sSecret
+		known := m.Session == f.session
+		ok := known && m.Secret == f.sSecret
 		h := f.onResume
 		f.mu.Unlock()
 		f.got <- m
 		switch {
 		case !ok:
-			fc.send(t, wire.Msg{Type: wire.TypeError, ID: m.ID, Code: wire.CodeInvalidCommand, Text: "bad_session"})
+			code := wire.CodeBadSession
+			if !known {
+				code = wire.CodeNoSession
+			}
+			fc.send(t, wire.Msg{Type: wire.TypeError, ID: m.ID, Code: code, Text: "refused"})
 		case h != nil:
 			h(fc, m)
 		default:
@@ -188,7 +199,7 @@ func newSessionBroker(t *testing.T, f *fakeLeader, tune func(*Config)) *Broker {
 	t.Helper()
 	cfg := DefaultConfig()
 	cfg.Addrs, cfg.Secret, cfg.Logger = []string{f.addr()}, f.secret, testLogger()
-	cfg.BackoffMin, cfg.speakVersion = 10*time.Millisecond, wire.VersionSessions
+	cfg.BackoffMin = 10 * time.Millisecond
 	if tune != nil {
 		tune(&cfg)
 	}
@@ -400,14 +411,15 @@ func TestBrokerSessionExpiredIsIndeterminate(t *testing.T) {
 // opens no session and sends as today.
 func TestBrokerSessionsOffOrVersion6(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		tune func(*Config)
+		name    string
+		version uint16
+		tune    func(*Config)
 	}{
-		{"version 6", func(c *Config) { c.speakVersion = 0 }},
-		{"sessions off", func(c *Config) { c.Sessions = SessionsOff }},
+		{"version 6", wire.ProtocolVersion, nil},
+		{"sessions off", wire.VersionSessions, func(c *Config) { c.Sessions = SessionsOff }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f := newFakeLeader(t)
+			f := newFakeLeaderV(t, tc.version)
 			f.setHandlers(func(fc *fakeConn, m wire.Msg) {
 				if m.Type == wire.TypeAcquire {
 					fc.send(t, wire.Msg{Type: wire.TypeGranted, ID: m.ID, Token: 5})
@@ -425,6 +437,13 @@ func TestBrokerSessionsOffOrVersion6(t *testing.T) {
 			if opens != 0 || b.Info().Session != nil {
 				t.Fatalf("a session was opened (%d): %+v", opens, b.Info().Session)
 			}
+			b.mu.Lock()
+			for _, sl := range b.slots {
+				if sl.conn != nil && sl.conn.Peer().Version != wire.ProtocolVersion {
+					t.Errorf("a connection speaks version %d", sl.conn.Peer().Version)
+				}
+			}
+			b.mu.Unlock()
 		})
 	}
 }
@@ -469,6 +488,20 @@ func TestBrokerSessionUnknownIsResumed(t *testing.T) {
 	}
 	waitAttached(t, b, 1)
 	if si := b.Info().Session; si.LastResume.Outcomes != 1 {
+		t.Fatalf("session info %+v", si)
+	}
+}
+
+// A clean Close closes the session at the leader (d).
+func TestBrokerSessionCloseSendsClose(t *testing.T) {
+	f := newFakeLeader(t)
+	b := newSessionBroker(t, f, nil)
+	waitAttached(t, b, 0)
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	f.next(t, wire.TypeCloseSession)
+	if si := b.Info().Session; si == nil || si.State != "closed" {
 		t.Fatalf("session info %+v", si)
 	}
 }

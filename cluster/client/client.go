@@ -90,17 +90,11 @@ type Config struct {
 	// It runs on the connection's reader goroutine and must not block.
 	// nil: lost events are dropped.
 	OnLost func(c *Conn, ev wire.Msg)
-	// MaxVersion is the newest protocol version to offer (to play an older
-	// client, in tests and the lab). Zero: wire.ProtocolVersion.
+	// MaxVersion is the newest protocol version to offer: lower to play
+	// an older client (tests and the lab), or wire.NewestProtocolVersion
+	// to offer the version being built (7, sessions), which a node speaks
+	// only where configured to. Zero: wire.ProtocolVersion.
 	MaxVersion uint16
-	// SpeakVersion, when above the negotiated version, is taken as the
-	// connection's version after the handshake. It exists for tests that
-	// play a node of a version this build does not negotiate yet
-	// (sessions, wire.VersionSessions, while wire.ProtocolVersion is
-	// still 6) with a fake server; never set it against a real node, which
-	// closes the connection at the first frame of the newer version. Zero:
-	// the negotiated version.
-	SpeakVersion uint16
 }
 
 // Conn is one client connection. Safe for concurrent use: many goroutines may
@@ -226,9 +220,6 @@ func Dial(ctx context.Context, addr string, cfg Config) (*Conn, error) {
 	if err != nil {
 		raw.Close()
 		return nil, fmt.Errorf("client: handshake with %s: %w", addr, err)
-	}
-	if cfg.SpeakVersion > peer.Version {
-		peer.Version = cfg.SpeakVersion
 	}
 	c := newConn(nc, raw, peer, cfg.OnNotice)
 	c.onLost = cfg.OnLost

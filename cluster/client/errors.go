@@ -54,4 +54,6 @@ var (
 	// connection. The connection is closed (its error wraps this), and
 	// the session holds its written requests for a resume.
 	ErrSessionUnknown = errors.New("client: a session request was answered unknown")
+	// ErrSessionClosed: the session was closed (Session.Close).
+	ErrSessionClosed = errors.New("client: session closed")
 )

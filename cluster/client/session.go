@@ -80,6 +80,7 @@ const (
 	SessionAttached                      // attached to a live connection
 	SessionExpired                       // the leader no longer knows it (no_session): unusable
 	SessionFailed                        // refused or given up (Fail): unusable
+	SessionClosed                        // closed at the leader (Close): unusable
 )
 
 func (st SessionState) String() string {
@@ -94,6 +95,8 @@ func (st SessionState) String() string {
 		return "expired"
 	case SessionFailed:
 		return "failed"
+	case SessionClosed:
+		return "closed"
 	}
 	return "unknown"
 }
@@ -201,7 +204,54 @@ func (s *Session) Conn() *Conn {
 func (s *Session) Usable() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.state != SessionExpired && s.state != SessionFailed
+	return !s.endedLocked()
+}
+
+// endedLocked reports whether the session is unusable. Requires mu.
+func (s *Session) endedLocked() bool {
+	return s.state == SessionExpired || s.state == SessionFailed || s.state == SessionClosed
+}
+
+// Close closes the session at the leader (d), the broker's clean stop
+// after its last releases: its queued requests leave their queues
+// (answered T), its holdings keep their leases, and the session is gone
+// at once instead of expiring after its timeout. Only an attached session
+// can be closed (else ErrSessionState: it expires on its own). After the
+// K the connection goes on without a session and the Session is
+// unusable; what it still held completes with ErrConnClosed. ctx bounds
+// the wait; errors: ErrSessionRefused (M, U, E), the connection's error,
+// or ctx's.
+func (s *Session) Close(ctx context.Context) error {
+	s.mu.Lock()
+	c, attached := s.conn, s.state == SessionAttached
+	st := s.state
+	s.mu.Unlock()
+	if !attached {
+		return fmt.Errorf("%w: session %x is %s, not attached", ErrSessionState, s.id, st)
+	}
+	call, err := c.Start(wire.Msg{Type: wire.TypeCloseSession})
+	if err != nil {
+		return err
+	}
+	select {
+	case <-call.Done:
+	case <-ctx.Done():
+		return fmt.Errorf("client: session %x: no answer to its close: %w", s.id, ctx.Err())
+	}
+	if call.Err != nil {
+		return call.Err
+	}
+	if r := call.Reply; r.Type != wire.TypeOK {
+		return fmt.Errorf("%w: session %x: close answered %s %s: %s", ErrSessionRefused, s.id, wire.TypeName(r.Type), r.Code, r.Text)
+	}
+	s.mu.Lock()
+	if s.conn == c {
+		s.conn = nil
+	}
+	s.mu.Unlock()
+	c.sess.CompareAndSwap(s, nil)
+	s.end(SessionClosed, ErrSessionClosed)
+	return nil
 }
 
 // nextID gives a connection of the session its next request id: above
@@ -277,7 +327,7 @@ func (s *Session) Resume(ctx context.Context, c *Conn) (ResumeCounts, error) {
 		s.mu.Lock()
 	}
 	switch {
-	case !s.opened || s.state == SessionExpired || s.state == SessionFailed:
+	case !s.opened || s.endedLocked():
 		st := s.state
 		s.mu.Unlock()
 		return ResumeCounts{}, fmt.Errorf("%w: session %x is %s (opened %v)", ErrSessionState, s.id, st, s.opened)
@@ -340,7 +390,7 @@ func (s *Session) attachFailed(c *Conn, err error, state SessionState) {
 	defer s.mu.Unlock()
 	if s.conn == c {
 		s.conn = nil
-		if s.state != SessionExpired && s.state != SessionFailed {
+		if !s.endedLocked() {
 			s.state = state
 		}
 	}
@@ -391,7 +441,7 @@ func (s *Session) end(state SessionState, cause error) {
 	s.mu.Lock()
 	held := s.held
 	s.held = map[uint64]*Call{}
-	if s.state != SessionExpired {
+	if !s.endedLocked() {
 		s.state = state
 	}
 	s.failure = cause
@@ -574,7 +624,7 @@ func (c *Conn) sessionReply(call *Call, r wire.Msg) {
 	if s.state != SessionAttached && s.conn == c {
 		s.conn = nil
 	}
-	ended := s.state == SessionExpired || s.state == SessionFailed
+	ended := s.endedLocked()
 	s.mu.Unlock()
 	if r.Type != wire.TypeOK {
 		c.sess.Store(nil) // c goes on without a session

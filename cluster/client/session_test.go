@@ -26,7 +26,7 @@ type srvMsg struct {
 
 func newSessionServer(t *testing.T) *sessionServer {
 	got := make(chan srvMsg, 256)
-	s := newFakeServer(t, func(sc *srvConn, m wire.Msg) {
+	s := newFakeServerV(t, wire.VersionSessions, func(sc *srvConn, m wire.Msg) {
 		if m.Type == wire.TypePing { // keep-alives are not the test's business
 			return
 		}
@@ -49,7 +49,7 @@ func (s *sessionServer) next(t *testing.T) srvMsg {
 
 func (s *sessionServer) dial7(t *testing.T) *Conn {
 	t.Helper()
-	c, err := Dial(context.Background(), s.ln.Addr().String(), Config{Secret: secret, SpeakVersion: wire.VersionSessions, KeepAlive: -1})
+	c, err := Dial(context.Background(), s.ln.Addr().String(), Config{Secret: secret, MaxVersion: wire.VersionSessions, KeepAlive: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -386,15 +386,24 @@ func TestSessionResumeRepeatedAndLateQ(t *testing.T) {
 // what the session held completes as today, outcome unknown, and the
 // session is unusable.
 func TestSessionResumeRefused(t *testing.T) {
+	for _, tc := range []struct {
+		code  wire.Code
+		state SessionState
+	}{{wire.CodeNoSession, SessionExpired}, {wire.CodeBadSession, SessionFailed}} {
+		t.Run(tc.code.String(), func(t *testing.T) { testSessionResumeRefused(t, tc.code, tc.state) })
+	}
+}
+
+func testSessionResumeRefused(t *testing.T, code wire.Code, state SessionState) {
 	srv := newSessionServer(t)
 	sess, calls := heldSession(t, srv, nil)
 	c2 := srv.dial7(t)
 	done := make(chan error, 1)
 	go func() { _, err := sess.Resume(context.Background(), c2); done <- err }()
 	y := srv.next(t)
-	y.sc.reply(t, wire.Msg{Type: wire.TypeError, ID: y.m.ID, Code: wire.CodeInvalidCommand, Text: "no such session"})
+	y.sc.reply(t, wire.Msg{Type: wire.TypeError, ID: y.m.ID, Code: code, Text: "refused"})
 	err := <-done
-	if !errors.Is(err, ErrSessionRefused) {
+	if !errors.Is(err, ErrSessionRefused) || !errors.Is(err, wire.ErrOf(code)) {
 		t.Fatalf("resume: %v", err)
 	}
 	for _, call := range calls[1:] {
@@ -403,7 +412,7 @@ func TestSessionResumeRefused(t *testing.T) {
 			t.Fatalf("call %d: %v written %v", call.ID, call.Err, call.Written)
 		}
 	}
-	if sess.Usable() || sess.Stats().State != SessionFailed {
+	if sess.Usable() || sess.Stats().State != state {
 		t.Fatalf("stats %+v", sess.Stats())
 	}
 	if _, err := sess.Resume(context.Background(), srv.dial7(t)); !errors.Is(err, ErrSessionState) {
@@ -664,5 +673,43 @@ func TestSessionUnknownIsHeld(t *testing.T) {
 	waitDone(t, call2)
 	if call2.Err != nil || call2.Reply.Type != wire.TypeUnknown {
 		t.Fatalf("%+v %v", call2.Reply, call2.Err)
+	}
+}
+
+// Close sends d on the attached connection; after its K the session is
+// closed and the connection goes on without it.
+func TestSessionClose(t *testing.T) {
+	srv := newSessionServer(t)
+	c := srv.dial7(t)
+	sess := testSession(t, SessionConfig{})
+	if err := sess.Close(context.Background()); !errors.Is(err, ErrSessionState) {
+		t.Fatalf("close before open: %v", err)
+	}
+	openOn(t, srv, sess, c)
+	done := make(chan error, 1)
+	go func() { done <- sess.Close(context.Background()) }()
+	d := srv.next(t)
+	if d.m.Type != wire.TypeCloseSession {
+		t.Fatalf("close frame %+v", d.m)
+	}
+	d.sc.reply(t, wire.Msg{Type: wire.TypeOK, ID: d.m.ID})
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if sess.Usable() || sess.Stats().State != SessionClosed || sess.Conn() != nil {
+		t.Fatalf("stats %+v", sess.Stats())
+	}
+	if _, err := sess.Resume(context.Background(), c); !errors.Is(err, ErrSessionState) {
+		t.Fatalf("resume after close: %v", err)
+	}
+	// The connection goes on without a session: an O is a violation now.
+	d.sc.reply(t, wire.Msg{Type: wire.TypeOutcomes, Session: sess.ID(), Serial: 9})
+	select {
+	case <-c.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("O after the close did not close the connection")
+	}
+	if !errors.Is(c.Err(), ErrProtocol) {
+		t.Fatalf("connection: %v", c.Err())
 	}
 }
