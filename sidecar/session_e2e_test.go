@@ -15,13 +15,14 @@ import (
 
 	"ticketing/cluster"
 	"ticketing/cluster/local"
+	"ticketing/cluster/netfault"
 	"ticketing/cluster/testkit"
 	"ticketing/locksm"
 )
 
 // startSessionCluster starts three real nodes speaking version 7 and a
 // broker that holds its session on the leader.
-func startSessionCluster(t *testing.T) (*local.Cluster, *Broker) {
+func startSessionCluster(t *testing.T, tune ...func(*Config)) (*local.Cluster, *Broker) {
 	t.Helper()
 	c, err := local.Start(local.Options{Dir: t.TempDir(), Logger: testLogger(), Tune: func(cfg *cluster.Config) {
 		local.FastRaft(cfg)
@@ -31,7 +32,11 @@ func startSessionCluster(t *testing.T) (*local.Cluster, *Broker) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	b := newBroker(t, c, nil)
+	b := newBroker(t, c, func(cfg *Config) {
+		for _, f := range tune {
+			f(cfg)
+		}
+	})
 	testkit.WaitFor(t, "the cluster session attached", 20*time.Second, func() bool {
 		si := b.Info().Session
 		return si != nil && si.State == "attached"
@@ -120,5 +125,78 @@ func TestE2ESessionPendingAcquireAtKilledLeaderIsDefinite(t *testing.T) {
 	c.Stop(li)
 	if err := <-errc; !errors.Is(err, ErrTimeout) {
 		t.Fatalf("pending acquire at a killed leader: %v, want ErrTimeout (definite)", err)
+	}
+}
+
+// The session counterpart of TestBrokerDropConnections: a queued acquire
+// whose connections all drop keeps its place, and is granted when the
+// holder releases.
+func TestE2ESessionDropConnectionsKeepsWaiter(t *testing.T) {
+	d := &netfault.Dropper{}
+	c, b := startSessionCluster(t, func(cfg *Config) { cfg.Dialer = d.Dial })
+	ctx := ctxT(t, 30*time.Second)
+	held, err := b.Acquire(ctx, "k", "holder", 30*time.Second, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan acqResult, 1)
+	go func() {
+		lk, err := b.Acquire(ctx, "k", "waiter", 30*time.Second, 20*time.Second)
+		got <- acqResult{lk, err}
+	}()
+	li := leaderOf(t, c)
+	testkit.WaitFor(t, "the waiter queued", 5*time.Second, func() bool { return waiting(c, li) == 1 })
+	d.Drop()
+	waitResumed(t, b)
+	if err := b.Release(ctx, held); err != nil {
+		t.Fatalf("release after the drop: %v", err)
+	}
+	r := <-got
+	if r.err != nil || r.lk.Token <= held.Token {
+		t.Fatalf("waiter after the drop: %+v %v", r.lk, r.err)
+	}
+}
+
+// The session counterpart of
+// TestBrokerReleaseRetriedAfterLostReplyIsIndeterminate: a release applied
+// whose reply was lost with its connection is answered by the resume:
+// definite success.
+func TestE2ESessionReleaseWithLostReplyIsDefinite(t *testing.T) {
+	d := &stallDialer{}
+	var leaderAddr string
+	c, err := local.Start(local.Options{Dir: t.TempDir(), Logger: testLogger(), Tune: func(cfg *cluster.Config) {
+		local.FastRaft(cfg)
+		cfg.ProtocolVersion = 7
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	li := leaderOf(t, c)
+	leaderAddr = c.ClientAddr(li)
+	b := newBroker(t, c, func(cfg *Config) { seedOnly(cfg, leaderAddr); cfg.Dialer = d.dial })
+	testkit.WaitFor(t, "the cluster session attached", 20*time.Second, func() bool {
+		si := b.Info().Session
+		return si != nil && si.State == "attached"
+	})
+	ctx := ctxT(t, 30*time.Second)
+	lk, err := b.Acquire(ctx, "k", "a", 60*time.Second, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sc := range d.all() {
+		sc.set(false, true) // replies are held back
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- b.Release(ctx, lk) }()
+	testkit.WaitFor(t, "the release applied on the leader", 5*time.Second, func() bool {
+		_, held := holder(c, li, "k")
+		return !held
+	})
+	for _, sc := range d.all() { // the K is lost with the connection
+		_ = sc.Close()
+	}
+	if err := <-errc; err != nil {
+		t.Fatalf("release applied, its reply lost: %v, want nil (the resume tells)", err)
 	}
 }
