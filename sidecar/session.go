@@ -47,9 +47,10 @@ const DefaultSessionTimeout = 10 * time.Second
 // U): short, since the held requests wait for it.
 const sessionRetryPause = 20 * time.Millisecond
 
-// ErrSessionLost: the broker's cluster session could not be resumed
-// within its timeout (no serving leader took it) or the leader refused it
-// (expired); its written requests without a final reply are Indeterminate.
+// ErrSessionLost: the broker's cluster session cannot be resumed: the
+// leader refused it (expired: no_session, or bad_session), or the serving
+// leader speaks no sessions and it was detached for its timeout; its
+// written requests without a final reply are Indeterminate.
 var ErrSessionLost = errors.New("sidecar: cluster session lost")
 
 // SessionInfo describes the broker's cluster session (Info.Session).
@@ -145,9 +146,16 @@ func (b *Broker) keepSession() {
 				"err", sconn.Err())
 			continue
 		}
-		if sess != nil && sconn == nil && !detachedAt.IsZero() && b.cfg.Now().Sub(detachedAt) >= b.cfg.SessionTimeout {
-			// The leader expires it by now: what it held is unknown.
-			b.loseSession(sess, fmt.Errorf("%w: not resumed within its timeout %v", ErrSessionLost, b.cfg.SessionTimeout))
+		if sess != nil && sconn == nil && conn != nil && !b.sessionsFor(conn) && !detachedAt.IsZero() &&
+			b.cfg.Now().Sub(detachedAt) >= b.cfg.SessionTimeout {
+			// The serving leader speaks no sessions (a downgrade): the
+			// session cannot be resumed, and what it held is unknown.
+			// While no leader serves, or one of version 7 does, the
+			// session is kept: a new leader gives every session a full
+			// timeout from the moment it serves, so a resume after a long
+			// election may still find it (else no_session ends it).
+			b.loseSession(sess, fmt.Errorf("%w: the serving leader speaks protocol version %d, and the session was not resumed within its timeout %v",
+				ErrSessionLost, conn.Peer().Version, b.cfg.SessionTimeout))
 			detachedAt = time.Time{}
 			continue
 		}
@@ -250,13 +258,18 @@ func (b *Broker) loseSession(sess *client.Session, cause error) {
 		"err", cause)
 	b.metrics.sessionsLost.Inc()
 	b.mu.Lock()
-	if b.sess == sess {
+	mine := b.sess == sess
+	if mine {
 		b.sess, b.sconn = nil, nil
-		b.lostSession = sess.Stats()
-		b.notifyLocked()
 	}
 	b.mu.Unlock()
 	sess.Fail(cause)
+	if mine {
+		b.mu.Lock()
+		b.lostSession = sess.Stats() // Info shows it failed or expired
+		b.notifyLocked()
+		b.mu.Unlock()
+	}
 }
 
 // resumedOps re-points the acquires that were written on the session's

@@ -94,8 +94,11 @@ func newFakeLeaderV(t *testing.T, version uint16) *fakeLeader {
 func (f *fakeLeader) addr() string { return f.ln.Addr().String() }
 
 func (f *fakeLeader) serve(nc net.Conn) {
+	f.mu.Lock()
+	version := f.version
+	f.mu.Unlock()
 	if _, err := wire.ServerHandshake(nc, wire.HandshakeConfig{Kind: wire.KindClient, Secret: f.secret, NodeID: "fake/1",
-		MaxVersion: f.version}); err != nil {
+		MaxVersion: version}); err != nil {
 		return
 	}
 	fc := &fakeConn{nc: nc}
@@ -503,5 +506,35 @@ func TestBrokerSessionCloseSendsClose(t *testing.T) {
 	f.next(t, wire.TypeCloseSession)
 	if si := b.Info().Session; si == nil || si.State != "closed" {
 		t.Fatalf("session info %+v", si)
+	}
+}
+
+// A leader that no longer speaks sessions (a downgrade to version 6) cannot
+// resume the session: after SessionTimeout the broker gives it up (its
+// held acquire is Indeterminate) and sends as today.
+func TestBrokerSessionLostToAVersion6Leader(t *testing.T) {
+	f := newFakeLeader(t)
+	b := newSessionBroker(t, f, func(c *Config) { c.SessionTimeout = 2 * time.Second })
+	waitAttached(t, b, 0)
+	ch := asyncAcquire(t, b, context.Background(), "k", 20*time.Second)
+	f.next(t, wire.TypeAcquire)
+	f.mu.Lock()
+	f.version = wire.ProtocolVersion
+	f.mu.Unlock()
+	f.dropAll()
+	if r := result(t, ch); !errors.Is(r.err, ErrIndeterminate) || !errors.Is(r.err, ErrSessionLost) {
+		t.Fatalf("acquire: %+v %v", r.lk, r.err)
+	}
+	if si := b.Info().Session; si == nil || si.State != "failed" {
+		t.Fatalf("session info %+v", si)
+	}
+	wantValue(t, b.MetricsRegistry(), 1, "ticketing_sidecar_sessions_lost_total")
+	f.setHandlers(func(fc *fakeConn, m wire.Msg) {
+		if m.Type == wire.TypeAcquire {
+			fc.send(t, wire.Msg{Type: wire.TypeGranted, ID: m.ID, Token: 8})
+		}
+	}, nil)
+	if lk, err := b.Acquire(ctxT(t, 30*time.Second), "k", "me", 30*time.Second, 0); err != nil || lk.Token != 8 {
+		t.Fatalf("acquire without a session: %+v %v", lk, err)
 	}
 }
