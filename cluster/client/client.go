@@ -388,6 +388,10 @@ type Call struct {
 	// that died without its final reply); it counts as written wherever
 	// it is registered next (session.go).
 	adopted atomic.Bool
+	// claimed: an adopted call is completed by whoever claims it first:
+	// the reader of the connection it is registered on, or the session
+	// giving up (Session.end) while that reader may be delivering it.
+	claimed atomic.Bool
 }
 
 // Hooks are the callbacks of a call started with StartFunc, so that a
@@ -704,12 +708,16 @@ func (c *Conn) readLoop() {
 			c.shutdown(fmt.Errorf("%w: reply %s cannot answer request %s (id %d)", ErrProtocol, wire.TypeName(m.Type), wire.TypeName(call.reqType), m.ID))
 			return
 		}
+		if call.adopted.Load() {
+			if !call.claimed.CompareAndSwap(false, true) {
+				continue // the session gave up on it meanwhile (Session.end)
+			}
+			c.sess.Load().settled(call.ID)
+		}
 		call.Reply = m
 		call.Written = true
 		if call.reqType == wire.TypeOpenSession || call.reqType == wire.TypeResume {
 			c.sessionReply(call, m)
-		} else if call.adopted.Load() {
-			c.sess.Load().settled(call.ID)
 		}
 		call.complete()
 	}

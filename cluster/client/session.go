@@ -451,6 +451,9 @@ func (s *Session) end(state SessionState, cause error) {
 	}
 	s.mu.Unlock()
 	for seq, call := range held {
+		if !call.claimed.CompareAndSwap(false, true) {
+			continue // its reply is being delivered
+		}
 		call.Err = fmt.Errorf("request %d: %w: session %x: %w", seq, ErrConnClosed, s.id, cause)
 		call.Written = true
 		call.complete()
@@ -630,6 +633,9 @@ func (c *Conn) sessionReply(call *Call, r wire.Msg) {
 		c.sess.Store(nil) // c goes on without a session
 	}
 	for _, v := range void {
+		if !v.claimed.CompareAndSwap(false, true) {
+			continue
+		}
 		v.Err = fmt.Errorf("request %d: %w", v.ID, ErrVoid)
 		v.Written = true
 		v.complete()
