@@ -2,6 +2,7 @@ package sidecar
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -322,6 +323,7 @@ func (b *Broker) endLocked(o *acqOp, fx *effects) {
 		o.timer.Stop()
 	}
 	o.conn, o.call = nil, nil
+	delete(b.sessOps, o)
 	b.freeLocked(o)
 	b.sc.drop(o.sess)
 }
@@ -503,6 +505,7 @@ func (o *acqOp) onDone(call *client.Call) {
 	}
 	b.dropSlotLocked(o)
 	if call.Err != nil {
+		void := errors.Is(call.Err, client.ErrVoid)
 		switch {
 		case !call.Written && !o.answered && o.cancelCause == nil && !b.qclosed && b.cfg.Now().Before(o.connectEnd):
 			// Not one byte was written: send it again, first of its
@@ -512,7 +515,25 @@ func (o *acqOp) onDone(call *client.Call) {
 			b.kickLocked()
 			b.qmu.Unlock()
 			return
+		case void && !o.answered && o.cancelCause == nil && !b.qclosed && b.cfg.Now().Before(o.waitEnd.Add(b.cfg.ReplyGrace)):
+			// Void: the cluster session's resume said it was never
+			// applied and never will be. Its caller still waits, so it
+			// is sent again as a new request (a new seq), first of its
+			// owner: not a resend of a written request
+			// (docs/sessions.md, "The broker").
+			b.metrics.voidResent.Inc()
+			o.st, o.conn, o.call = stPending, nil, nil
+			delete(b.sessOps, o)
+			b.sc.requeue(o)
+			o.armLocked(o.waitEnd.Add(b.cfg.ReplyGrace))
+			b.kickLocked()
+			b.qmu.Unlock()
+			return
 		case o.answered:
+		case void && o.waiter && !b.qclosed:
+			o.answerLocked(Lock{}, fmt.Errorf("%w: the acquire was void (never applied) and its wait ran out", ErrTimeout), &fx)
+		case void && !b.qclosed:
+			o.answerLocked(Lock{}, fmt.Errorf("%w: the acquire was void (never applied) and its time ran out", ErrUnavailable), &fx)
 		case !call.Written && o.cancelCause != nil:
 			o.answerLocked(Lock{}, fmt.Errorf("sidecar: acquire not sent: %w", o.cancelCause), &fx)
 		case !call.Written && b.qclosed:
@@ -639,6 +660,9 @@ func (b *Broker) sendSome(conn *client.Conn) sendResult {
 		}
 		o.st, o.conn, o.call, o.slot = stSent, conn, call, true
 		b.inflight[conn]++
+		if b.sessionsFor(conn) {
+			b.sessOps[o] = struct{}{}
+		}
 		o.lk = Lock{Key: o.key, Keys: o.keys, Owner: o.owner, Lease: o.lease, ValidUntil: now.Add(o.lease)}
 		o.armLocked(now.Add(remaining + b.cfg.ReplyGrace))
 	}
@@ -708,7 +732,7 @@ func (b *Broker) leaderConns(skip map[*client.Conn]bool) ([]*client.Conn, <-chan
 	n := len(b.slots)
 	for i := 0; i < n; i++ {
 		s := b.slots[(b.rr+i)%n]
-		if s.addr == b.leader && s.conn != nil && !skip[s.conn] && !s.conn.HandingOver() {
+		if s.addr == b.leader && s.conn != nil && !skip[s.conn] && !s.conn.HandingOver() && b.usableLocked(s.conn) {
 			if len(conns) == 0 {
 				b.rr = (b.rr + i + 1) % n
 			}

@@ -51,4 +51,7 @@ type Info struct {
 	// (refreshed on leader changes and every Config.MembersRefresh; nil
 	// until known).
 	Members []wire.Member
+	// Session is the broker's cluster session (protocol version 7); nil
+	// while it has none (a leader of version 6, or Config.Sessions off).
+	Session *SessionInfo
 }

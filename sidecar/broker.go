@@ -80,6 +80,19 @@ type Broker struct {
 	changed   chan struct{} // closed (and replaced) when a slot or the leader changes
 	closed    bool
 
+	// The cluster session (session.go), under mu: sess is nil until one is
+	// opened; sconn is the connection it is attached to (nil while it is
+	// not); sessOpens counts the sessions opened; lostSession describes
+	// the last one lost, for Info, until another is opened.
+	sess        *client.Session
+	sconn       *client.Conn
+	sessOpens   uint64
+	lostSession client.SessionStats
+	// sessOps are the acquires sent on a session connection and not over
+	// (under qmu): after a resume, the queued ones are re-pointed to the
+	// new connection (resumedOps).
+	sessOps map[*acqOp]struct{}
+
 	closing  chan struct{}
 	slotWG   sync.WaitGroup
 	workerWG sync.WaitGroup
@@ -134,6 +147,7 @@ func New(cfg Config) (*Broker, error) {
 		kick:     make(chan struct{}, 1),
 		qstop:    make(chan struct{}),
 		lost:     map[uint64][]*lostWatch{},
+		sessOps:  map[*acqOp]struct{}{},
 	}
 	if cfg.MaxWaiters == 0 {
 		b.sc.maxWaiters = DefaultMaxWaiters // until a node tells its own
@@ -155,8 +169,9 @@ func New(cfg Config) (*Broker, error) {
 		b.workerWG.Add(1)
 		go b.releaseWorker()
 	}
-	b.workerWG.Add(1)
+	b.workerWG.Add(2)
 	go b.dispatch()
+	go b.keepSession()
 	return b, nil
 }
 
@@ -259,7 +274,7 @@ func (b *Broker) keep(s *slot) {
 		b.mu.Unlock()
 		conn, err := client.Dial(ctx, s.addr, client.Config{
 			Secret: b.cfg.Secret, NextSecret: b.cfg.NextSecret, TLS: b.cfg.TLS,
-			ClusterID: b.cfg.ClusterID, Domain: domain, HandshakeTimeout: b.cfg.DialTimeout, Dialer: b.cfg.Dialer, MaxVersion: b.cfg.maxVersion,
+			ClusterID: b.cfg.ClusterID, Domain: domain, HandshakeTimeout: b.cfg.DialTimeout, Dialer: b.cfg.Dialer, MaxVersion: b.offerVersion(),
 			OnNotice: func(c *client.Conn, n wire.Msg) { b.onNotice(s, c, n) },
 			OnLost:   func(_ *client.Conn, ev wire.Msg) { b.onLost(ev) },
 		})
@@ -503,7 +518,7 @@ func (b *Broker) target(skip map[*client.Conn]bool) (*client.Conn, bool, <-chan 
 	if b.leader != "" {
 		for i := 0; i < n; i++ {
 			s := b.slots[(b.rr+i)%n]
-			if s.addr == b.leader && s.conn != nil && !skip[s.conn] && !s.conn.HandingOver() {
+			if s.addr == b.leader && s.conn != nil && !skip[s.conn] && !s.conn.HandingOver() && b.usableLocked(s.conn) {
 				b.rr = (b.rr + i + 1) % n
 				return s.conn, true, b.changed
 			}
@@ -511,7 +526,7 @@ func (b *Broker) target(skip map[*client.Conn]bool) (*client.Conn, bool, <-chan 
 	}
 	for i := 0; i < n; i++ {
 		s := b.slots[(b.rr+i)%n]
-		if s.conn != nil && !skip[s.conn] && !s.conn.HandingOver() {
+		if s.conn != nil && !skip[s.conn] && !s.conn.HandingOver() && b.usableLocked(s.conn) {
 			b.rr = (b.rr + i + 1) % n
 			return s.conn, false, b.changed
 		}
@@ -934,7 +949,9 @@ func (job *releaseJob) pauseNext() bool { return !errors.Is(job.last, ErrMoved) 
 func (b *Broker) releaseOutcome(job *releaseJob, call *client.Call) (err error, settled bool) {
 	if call.Err != nil {
 		job.last = call.Err
-		if call.Written {
+		if call.Written && !errors.Is(call.Err, client.ErrVoid) {
+			// A void attempt never ran (its session's resume said so):
+			// sending it again is a new request, not a resend.
 			job.mayHaveRun = true
 		}
 		return nil, false
@@ -972,7 +989,7 @@ func (b *Broker) Info() Info {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	in := Info{ClusterID: b.cfg.ClusterID, Domain: b.domain, Leader: b.leader, Seeds: append([]string(nil), b.cfg.Addrs...),
-		Members: append([]wire.Member(nil), b.members...)}
+		Members: append([]wire.Member(nil), b.members...), Session: b.sessionInfoLocked()}
 	kept, seen := map[string]bool{}, map[string]bool{}
 	for _, s := range b.slots {
 		if !kept[s.addr] {
@@ -1014,6 +1031,7 @@ func (b *Broker) Close() error {
 	b.rcond.Broadcast()
 	b.rmu.Unlock()
 	b.workerWG.Wait()
+	b.closeSession()
 	close(b.closing)
 	b.slotWG.Wait()
 	return nil

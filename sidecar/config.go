@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"ticketing/cluster/wire"
+	"ticketing/locksm"
 )
 
 // Config configures a Broker. Zero tunables take the defaults below.
@@ -119,6 +120,21 @@ type Config struct {
 	// (cluster/netfault.Dropper drops every connection it dialled).
 	Dialer func(ctx context.Context, network, addr string) (net.Conn, error)
 
+	// Sessions says when the broker holds a session in the cluster's
+	// replicated state (docs/sessions.md): SessionsAuto (the default)
+	// whenever the serving leader's connection speaks protocol version 7,
+	// so that queued acquires keep their place and every written request
+	// gets a definite answer across a leader change; SessionsOff never
+	// (today's behaviour exactly, as with a leader of version 6).
+	Sessions SessionsMode
+	// SessionTimeout is how long the cluster may keep the session without
+	// a connection from this broker before it expires it (its waiters
+	// leave the lines; its holdings keep their leases). Zero:
+	// DefaultSessionTimeout (10 s: a failover and a reconnect fit in it,
+	// and a crashed sidecar's place in a line costs seconds; see
+	// docs/sessions.md). Bounds: locksm's 2 s..300 s.
+	SessionTimeout time.Duration
+
 	// maxVersion, when set (package tests), is the newest cluster protocol
 	// version offered: a broker that talks as to an older node.
 	maxVersion uint16
@@ -182,6 +198,14 @@ func (c Config) Validate() error {
 	if c.ReleaseWorkers < 0 || c.ReleasesInFlight < 0 {
 		return fmt.Errorf("%w: release workers and releases in flight must not be negative", ErrBadConfig)
 	}
+	if t := c.SessionTimeout; t != 0 && (t%time.Millisecond != 0 || t.Milliseconds() < locksm.MinSessionTimeoutMs ||
+		t.Milliseconds() > locksm.MaxSessionTimeoutMs) {
+		return fmt.Errorf("%w: session timeout %v not whole milliseconds in %dms..%dms", ErrBadConfig, t,
+			locksm.MinSessionTimeoutMs, locksm.MaxSessionTimeoutMs)
+	}
+	if c.Sessions > SessionsOff {
+		return fmt.Errorf("%w: unknown sessions mode %d", ErrBadConfig, c.Sessions)
+	}
 	if c.MaxInFlight < 0 || c.MaxWaiters < 0 || c.MaxWaitersPerSession < 0 {
 		return fmt.Errorf("%w: MaxInFlight, MaxWaiters and MaxWaitersPerSession must not be negative", ErrBadConfig)
 	}
@@ -202,6 +226,7 @@ func (c Config) withDefaults() Config {
 	set(&c.ReplyGrace, d.ReplyGrace)
 	set(&c.ReleaseDeadline, d.ReleaseDeadline)
 	set(&c.MembersRefresh, d.MembersRefresh)
+	set(&c.SessionTimeout, DefaultSessionTimeout)
 	if c.MaxWaitersPerSession == 0 {
 		c.MaxWaitersPerSession = d.MaxWaitersPerSession
 	}

@@ -18,7 +18,9 @@ import (
 func TestBrokerDropConnections(t *testing.T) {
 	c := startCluster(t)
 	d := &netfault.Dropper{}
-	b := newBroker(t, c, func(cfg *Config) { cfg.Dialer = d.Dial })
+	// Session-less semantics (a cluster of version 6, or Sessions off):
+	// with a session the outcome is definite (session_e2e_test.go).
+	b := newBroker(t, c, func(cfg *Config) { cfg.Dialer = d.Dial; sessionsOff(cfg) })
 	ctx := ctxT(t, 30*time.Second)
 	held, err := b.Acquire(ctx, "k", "holder", 30*time.Second, 0)
 	if err != nil {
@@ -64,7 +66,9 @@ func TestBrokerReleaseRetriedAfterLostReplyIsIndeterminate(t *testing.T) {
 	c := startCluster(t)
 	li := leaderOf(t, c)
 	d := &stallDialer{}
-	b := newBroker(t, c, func(cfg *Config) { seedOnly(cfg, c.ClientAddr(li)); cfg.Dialer = d.dial })
+	// Session-less semantics: with a session the resume tells that the
+	// release applied (session_e2e_test.go).
+	b := newBroker(t, c, func(cfg *Config) { seedOnly(cfg, c.ClientAddr(li)); cfg.Dialer = d.dial; sessionsOff(cfg) })
 	ctx := ctxT(t, 30*time.Second)
 	testkit.WaitFor(t, "two connections", 5*time.Second, func() bool { return len(b.Info().Connected) == 1 && len(d.all()) == 2 })
 	lk, err := b.Acquire(ctx, "k", "a", 60*time.Second, 0)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"ticketing/cluster/client"
 	"ticketing/cluster/obs"
 )
 
@@ -105,6 +106,11 @@ type brokerMetrics struct {
 	dialFailures   prometheus.Counter
 	waiterRefusals [numWaiterRefusals]prometheus.Counter
 	evictions      prometheus.Counter
+	// The cluster session (session.go).
+	sessionResumes prometheus.Counter
+	sessionAnswers *prometheus.CounterVec
+	sessionsLost   prometheus.Counter
+	voidResent     prometheus.Counter
 }
 
 // waiterRefusal is the reason label of ticketing_sidecar_waiter_refusals_total.
@@ -196,26 +202,47 @@ func newBrokerMetrics(b *Broker) *brokerMetrics {
 		Name: "ticketing_sidecar_waiter_evictions_total",
 		Help: "Waiters of the session holding the most waiter room evicted (cancelled, answered too_many_waiters unless granted first) to make room for a session holding less.",
 	})
-	m.reg.MustRegister(acq, rel, ext, lost, m.lostEvents, comp, al, rl, m.lateGrants, m.leaderChanges, m.dialFailures, wr, m.evictions, &brokerCollector{b: b,
-		connected: prometheus.NewDesc("ticketing_sidecar_connected_nodes",
-			"Cluster nodes this broker has a live connection to.", nil, nil),
-		configured: prometheus.NewDesc("ticketing_sidecar_configured_nodes",
-			"Cluster node addresses this broker was given.", nil, nil),
-		leaderKnown: prometheus.NewDesc("ticketing_sidecar_leader_known",
-			"1 while the broker knows a serving leader and is connected to it.", nil, nil),
-		releaseQueue: prometheus.NewDesc("ticketing_sidecar_release_queue",
-			"Releases and compensations waiting for a release worker.", nil, nil),
-		inFlight: prometheus.NewDesc("ticketing_sidecar_acquires_in_flight",
-			"Acquires sent and in flight to commit (neither queued at the node nor answered): each holds a slot of the connection's in-flight budget.", nil, nil),
-		unsent: prometheus.NewDesc("ticketing_sidecar_acquires_unsent",
-			"Acquires waiting in the broker to be sent (no serving leader yet, or the in-flight budget is used up); nothing of them is written.", nil, nil),
-		waiters: prometheus.NewDesc("ticketing_sidecar_waiters",
-			"Acquires with a wait holding waiter room (queued at the node or on their way).", nil, nil),
-		waitersLimit: prometheus.NewDesc("ticketing_sidecar_waiters_limit",
-			"The sidecar-wide waiter room (MaxWaiters, or the node's bound).", nil, nil),
-		sessions: prometheus.NewDesc("ticketing_sidecar_sessions",
-			"Sessions (owners) with acquires in the broker.", nil, nil),
+	m.sessionResumes = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ticketing_sidecar_session_resumes_total",
+		Help: "Resumes of the broker's cluster session answered by a serving leader (after a lost connection or a leader change).",
 	})
+	m.sessionAnswers = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ticketing_sidecar_session_resumed_requests_total",
+		Help: "Written requests without a reply that a resume answered, by answer: outcome (the recorded reply), queued (still in the line), void (never applied: sent again as a new request if its caller still waits).",
+	}, []string{"answer"})
+	m.sessionsLost = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ticketing_sidecar_sessions_lost_total",
+		Help: "Cluster sessions given up (not resumed within their timeout, or refused: expired); their requests without a reply were indeterminate.",
+	})
+	m.voidResent = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ticketing_sidecar_void_acquires_resent_total",
+		Help: "Acquires a resume reported void (never applied) and sent again as new requests because their callers still waited.",
+	})
+	m.reg.MustRegister(acq, rel, ext, lost, m.lostEvents, comp, al, rl, m.lateGrants, m.leaderChanges, m.dialFailures, wr, m.evictions,
+		m.sessionResumes, m.sessionAnswers, m.sessionsLost, m.voidResent, &brokerCollector{b: b,
+			connected: prometheus.NewDesc("ticketing_sidecar_connected_nodes",
+				"Cluster nodes this broker has a live connection to.", nil, nil),
+			configured: prometheus.NewDesc("ticketing_sidecar_configured_nodes",
+				"Cluster node addresses this broker was given.", nil, nil),
+			leaderKnown: prometheus.NewDesc("ticketing_sidecar_leader_known",
+				"1 while the broker knows a serving leader and is connected to it.", nil, nil),
+			releaseQueue: prometheus.NewDesc("ticketing_sidecar_release_queue",
+				"Releases and compensations waiting for a release worker.", nil, nil),
+			inFlight: prometheus.NewDesc("ticketing_sidecar_acquires_in_flight",
+				"Acquires sent and in flight to commit (neither queued at the node nor answered): each holds a slot of the connection's in-flight budget.", nil, nil),
+			unsent: prometheus.NewDesc("ticketing_sidecar_acquires_unsent",
+				"Acquires waiting in the broker to be sent (no serving leader yet, or the in-flight budget is used up); nothing of them is written.", nil, nil),
+			waiters: prometheus.NewDesc("ticketing_sidecar_waiters",
+				"Acquires with a wait holding waiter room (queued at the node or on their way).", nil, nil),
+			waitersLimit: prometheus.NewDesc("ticketing_sidecar_waiters_limit",
+				"The sidecar-wide waiter room (MaxWaiters, or the node's bound).", nil, nil),
+			sessions: prometheus.NewDesc("ticketing_sidecar_sessions",
+				"Sessions (owners) with acquires in the broker.", nil, nil),
+			clusterSession: prometheus.NewDesc("ticketing_sidecar_session_attached",
+				"1 while the broker's cluster session is attached to the serving leader; 0 without one or while resuming.", nil, nil),
+			sessionHeld: prometheus.NewDesc("ticketing_sidecar_session_held_requests",
+				"Written requests of the cluster session waiting for a resume to answer them.", nil, nil),
+		})
 	return m
 }
 
@@ -246,11 +273,20 @@ type brokerCollector struct {
 	b                                                 *Broker
 	connected, configured, leaderKnown, releaseQueue  *prometheus.Desc
 	inFlight, unsent, waiters, waitersLimit, sessions *prometheus.Desc
+	clusterSession, sessionHeld                       *prometheus.Desc
+}
+
+// sessionResumed counts one resume's answer.
+func (m *brokerMetrics) sessionResumed(n client.ResumeCounts) {
+	m.sessionResumes.Inc()
+	m.sessionAnswers.WithLabelValues("outcome").Add(float64(n.Outcomes))
+	m.sessionAnswers.WithLabelValues("queued").Add(float64(n.Queued))
+	m.sessionAnswers.WithLabelValues("void").Add(float64(n.Void))
 }
 
 func (c *brokerCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.connected, c.configured, c.leaderKnown, c.releaseQueue,
-		c.inFlight, c.unsent, c.waiters, c.waitersLimit, c.sessions} {
+		c.inFlight, c.unsent, c.waiters, c.waitersLimit, c.sessions, c.clusterSession, c.sessionHeld} {
 		ch <- d
 	}
 }
@@ -265,7 +301,16 @@ func (c *brokerCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	known := b.leader != "" && connected[b.leader]
+	attached, held := 0.0, 0
+	if si := b.sessionInfoLocked(); si != nil {
+		held = si.Held
+		if b.sconn != nil {
+			attached = 1
+		}
+	}
 	b.mu.Unlock()
+	ch <- prometheus.MustNewConstMetric(c.clusterSession, prometheus.GaugeValue, attached)
+	ch <- prometheus.MustNewConstMetric(c.sessionHeld, prometheus.GaugeValue, float64(held))
 	leader := 0.0
 	if known {
 		leader = 1

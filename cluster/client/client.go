@@ -20,6 +20,13 @@
 // of those bytes may never have left, but never the other way round, so a
 // request reported unwritten truly never reached the socket and may be sent
 // again elsewhere.
+//
+// Sessions (protocol version 7, session.go): a Conn may carry one Session
+// (Session.Open, Session.Resume). Its request ids then come from the
+// session's counter, and its written lock requests without a final reply
+// outlive it: when it dies they stay with the Session, and a resume on
+// another connection answers each (its outcome, still queued, or void:
+// ErrVoid). Without a session a Conn behaves exactly as before.
 package client
 
 import (
@@ -83,8 +90,10 @@ type Config struct {
 	// It runs on the connection's reader goroutine and must not block.
 	// nil: lost events are dropped.
 	OnLost func(c *Conn, ev wire.Msg)
-	// MaxVersion is the newest protocol version to offer (to play an older
-	// client, in tests and the lab). Zero: wire.ProtocolVersion.
+	// MaxVersion is the newest protocol version to offer: lower to play
+	// an older client (tests and the lab), or wire.NewestProtocolVersion
+	// to offer the version being built (7, sessions), which a node speaks
+	// only where configured to. Zero: wire.ProtocolVersion.
 	MaxVersion uint16
 }
 
@@ -125,6 +134,14 @@ type Conn struct {
 	// (cluster/LOCKS.md, "cluster/client").
 	pmu     sync.Mutex
 	pending map[uint64]*Call
+	// resume is the resume in progress on this connection (session.go),
+	// from its y until its answer's K, E, M or U; guarded by pmu.
+	resume *resumeState
+
+	// sess is the session attached (or being attached) to this
+	// connection, nil if none: set under wmu, read anywhere. While set,
+	// request ids come from the session's counter.
+	sess atomic.Pointer[Session]
 
 	dead     chan struct{} // closed by shutdown
 	deadOnce sync.Once
@@ -296,6 +313,9 @@ func (c *Conn) Do(ctx context.Context, m wire.Msg) (reply wire.Msg, written bool
 // it arrives (true: its outcome is unknown to the caller). Abandoning a
 // completed call just returns its Written.
 func (c *Conn) Abandon(call *Call) (written bool) {
+	if call.adopted.Load() {
+		return true // written on a connection of its session that died
+	}
 	c.wmu.Lock()
 	if c.closed || call.ID <= c.writtenUpTo.Load() {
 		c.wmu.Unlock()
@@ -341,7 +361,7 @@ func (call *Call) complete() {
 // Written reports whether any byte of call's request may have reached the
 // socket yet. Unlike Abandon it changes nothing, so a caller can keep
 // watching for the reply (to compensate a late grant, say).
-func (c *Conn) Written(call *Call) bool { return c.isWritten(call.ID) }
+func (c *Conn) Written(call *Call) bool { return call.adopted.Load() || c.isWritten(call.ID) }
 
 // Call is one request in flight.
 type Call struct {
@@ -364,6 +384,14 @@ type Call struct {
 	done    chan struct{}
 	reqType byte
 	hooks   Hooks
+	// adopted: a session holds the call (written on a session connection
+	// that died without its final reply); it counts as written wherever
+	// it is registered next (session.go).
+	adopted atomic.Bool
+	// claimed: an adopted call is completed by whoever claims it first:
+	// the reader of the connection it is registered on, or the session
+	// giving up (Session.end) while that reader may be delivering it.
+	claimed atomic.Bool
 }
 
 // Hooks are the callbacks of a call started with StartFunc, so that a
@@ -420,6 +448,17 @@ func (c *Conn) StartFunc(m wire.Msg, h Hooks) (*Call, error) {
 		c.wmu.Unlock()
 		return nil, fmt.Errorf("%w (%s): %s not sent", ErrHandingOver, c.peer.NodeID, wire.TypeName(m.Type))
 	}
+	if m.Type == wire.TypeOpenSession || m.Type == wire.TypeResume {
+		c.wmu.Unlock()
+		return nil, fmt.Errorf("%w: %s is sent by Session.Open and Resume", ErrInvalidRequest, wire.TypeName(m.Type))
+	}
+	if s := c.sess.Load(); s != nil && isSessionLock(m.Type) && !s.attachedTo(c) {
+		// Nothing new of the session is written before the open or
+		// resume is answered (docs/sessions.md, "The broker").
+		c.wmu.Unlock()
+		return nil, fmt.Errorf("%w: session %x is not attached to %s yet: %s not sent", ErrSessionNotAttached, s.id, c.peer.NodeID,
+			wire.TypeName(m.Type))
+	}
 	call, err := c.startLocked(m, h)
 	c.wmu.Unlock()
 	if err != nil {
@@ -433,7 +472,11 @@ func (c *Conn) StartFunc(m wire.Msg, h Hooks) (*Call, error) {
 func (c *Conn) startLocked(m wire.Msg, h Hooks) (*Call, error) {
 	done := make(chan struct{})
 	call := &Call{Done: done, done: done, reqType: m.Type, hooks: h}
-	m.ID = c.lastID + 1
+	if s := c.sess.Load(); s != nil {
+		m.ID = s.nextID(c.lastID)
+	} else {
+		m.ID = c.lastID + 1
+	}
 	buf, err := wire.AppendMsg(c.wbuf, &m)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
@@ -584,10 +627,20 @@ func (c *Conn) readLoop() {
 			continue
 		}
 		if m.Type == wire.TypeOutcomes {
-			// Sessions are not spoken yet (docs/sessions.md): no
-			// connection negotiates wire.VersionSessions.
-			c.shutdown(fmt.Errorf("%w: outcomes event on a version %d connection", ErrProtocol, c.peer.Version))
-			return
+			s := c.sess.Load()
+			switch {
+			case c.peer.Version < wire.VersionSessions:
+				c.shutdown(fmt.Errorf("%w: outcomes event on a version %d connection", ErrProtocol, c.peer.Version))
+				return
+			case s == nil:
+				c.shutdown(fmt.Errorf("%w: outcomes event for session %x on a connection without a session", ErrProtocol, m.Session))
+				return
+			case m.Session != s.id:
+				c.shutdown(fmt.Errorf("%w: outcomes event for session %x on the connection of session %x", ErrProtocol, m.Session, s.id))
+				return
+			}
+			s.outcomes(c, m.Serial)
+			continue
 		}
 		if wire.IsEvent(m.Type) {
 			if c.peer.Version < wire.VersionExtend {
@@ -617,10 +670,36 @@ func (c *Conn) readLoop() {
 		}
 		c.pmu.Lock()
 		call := c.pending[m.ID]
-		if call != nil && wire.ReplyAllowed(call.reqType, m.Type) {
+		// U to a lock request of a session: the node lost leadership
+		// and cannot know the outcome, but the replicated state does.
+		// The call stays pending, so that the connection's end below
+		// hands it to the session, whose resume where a leader serves
+		// answers it: no Indeterminate.
+		unknown := call != nil && m.Type == wire.TypeUnknown && isSessionLock(call.reqType) && c.sess.Load() != nil
+		if call != nil && wire.ReplyAllowed(call.reqType, m.Type) && !unknown {
 			delete(c.pending, m.ID)
 		}
+		repeated := false
+		if rs := c.resume; rs != nil {
+			if call != nil && rs.regs[m.ID] == call {
+				delete(rs.regs, m.ID)
+				rs.counts.Outcomes++
+			} else if call == nil && m.ID <= rs.high {
+				// An outcome the session had already received (its ack
+				// lagged behind its replies when its connection died).
+				rs.counts.Repeated++
+				repeated = true
+			}
+		}
 		c.pmu.Unlock()
+		if repeated {
+			continue
+		}
+		if unknown {
+			c.shutdown(fmt.Errorf("%w: request %d of session %x answered U (%s): resume where a leader serves", ErrSessionUnknown,
+				m.ID, c.sess.Load().id, m.Text))
+			return
+		}
 		if call == nil {
 			c.shutdown(fmt.Errorf("%w: reply %s to unknown id %d", ErrProtocol, wire.TypeName(m.Type), m.ID))
 			return
@@ -629,8 +708,17 @@ func (c *Conn) readLoop() {
 			c.shutdown(fmt.Errorf("%w: reply %s cannot answer request %s (id %d)", ErrProtocol, wire.TypeName(m.Type), wire.TypeName(call.reqType), m.ID))
 			return
 		}
+		if call.adopted.Load() {
+			if !call.claimed.CompareAndSwap(false, true) {
+				continue // the session gave up on it meanwhile (Session.end)
+			}
+			c.sess.Load().settled(call.ID)
+		}
 		call.Reply = m
 		call.Written = true
+		if call.reqType == wire.TypeOpenSession || call.reqType == wire.TypeResume {
+			c.sessionReply(call, m)
+		}
 		call.complete()
 	}
 }
@@ -644,11 +732,20 @@ func (c *Conn) queued(id uint64) error {
 	}
 	c.pmu.Lock()
 	call := c.pending[id]
-	ok := call != nil && wire.ProgressAllowed(call.reqType, wire.TypeQueued, c.peer.Version) && !call.Queued
+	again := false // a Q in a resume's answer for a held acquire
+	if rs := c.resume; rs != nil && call != nil && rs.regs[id] == call {
+		delete(rs.regs, id)
+		rs.counts.Queued++
+		again = call.Queued
+	}
+	ok := call != nil && wire.ProgressAllowed(call.reqType, wire.TypeQueued, c.peer.Version) && (!call.Queued || again)
 	if ok {
 		call.Queued = true // under pmu: shutdown, which completes it, reads pending under pmu
 	}
 	c.pmu.Unlock()
+	if again && ok {
+		return nil // its Queued hook ran when it was first queued
+	}
 	switch {
 	case call == nil:
 		return fmt.Errorf("%w: Q for unknown id %d", ErrProtocol, id)
@@ -683,8 +780,21 @@ func (c *Conn) shutdown(cause error) {
 		c.pmu.Lock()
 		pending := c.pending
 		c.pending = nil
+		c.resume = nil
 		c.pmu.Unlock()
 
+		if s := c.sess.Load(); s != nil {
+			// The session keeps its written lock requests for a resume:
+			// their outcome is in the replicated state, not lost.
+			var held []*Call
+			for id, call := range pending {
+				if isSessionLock(call.reqType) && (call.adopted.Load() || c.isWritten(id)) {
+					held = append(held, call)
+					delete(pending, id)
+				}
+			}
+			s.detached(c, held, c.writtenUpTo.Load(), err)
+		}
 		c.deadErr = err
 		close(c.dead)
 		for id, call := range pending {

@@ -45,6 +45,12 @@ func (sc *srvConn) reply(t testing.TB, m wire.Msg) {
 }
 
 func newFakeServer(t testing.TB, handle func(sc *srvConn, m wire.Msg)) *fakeServer {
+	return newFakeServerV(t, 0, handle)
+}
+
+// newFakeServerV is newFakeServer accepting protocol versions up to
+// maxVersion (0: wire.ProtocolVersion).
+func newFakeServerV(t testing.TB, maxVersion uint16, handle func(sc *srvConn, m wire.Msg)) *fakeServer {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -62,7 +68,7 @@ func newFakeServer(t testing.TB, handle func(sc *srvConn, m wire.Msg)) *fakeServ
 			go func() {
 				defer s.wg.Done()
 				defer nc.Close()
-				if _, err := wire.ServerHandshake(nc, wire.HandshakeConfig{Kind: wire.KindClient, Secret: secret, NodeID: "n1"}); err != nil {
+				if _, err := wire.ServerHandshake(nc, wire.HandshakeConfig{Kind: wire.KindClient, Secret: secret, NodeID: "n1", MaxVersion: maxVersion}); err != nil {
 					return
 				}
 				sc := &srvConn{nc: nc}
