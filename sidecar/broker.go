@@ -83,11 +83,15 @@ type Broker struct {
 	// The cluster session (session.go), under mu: sess is nil until one is
 	// opened; sconn is the connection it is attached to (nil while it is
 	// not); sessOpens counts the sessions opened; lostSession describes
-	// the last one lost, for Info, until another is opened.
+	// the last one lost, for Info, until another is opened; losing is the
+	// one being lost (its Fail completing its requests), which Info
+	// describes meanwhile, so that a caller told "session lost" never
+	// finds no session in Info.
 	sess        *client.Session
 	sconn       *client.Conn
 	sessOpens   uint64
 	lostSession client.SessionStats
+	losing      *client.Session
 	// sessOps are the acquires sent on a session connection and not over
 	// (under qmu): after a resume, the queued ones are re-pointed to the
 	// new connection (resumedOps).

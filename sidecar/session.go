@@ -260,13 +260,16 @@ func (b *Broker) loseSession(sess *client.Session, cause error) {
 	b.mu.Lock()
 	mine := b.sess == sess
 	if mine {
-		b.sess, b.sconn = nil, nil
+		b.sess, b.sconn, b.losing = nil, nil, sess
 	}
 	b.mu.Unlock()
-	sess.Fail(cause)
+	sess.Fail(cause) // sets its state before it completes its requests
 	if mine {
 		b.mu.Lock()
 		b.lostSession = sess.Stats() // Info shows it failed or expired
+		if b.losing == sess {
+			b.losing = nil
+		}
 		b.notifyLocked()
 		b.mu.Unlock()
 	}
@@ -334,8 +337,11 @@ func (b *Broker) closeSession() {
 // sessionInfo describes the cluster session; requires b.mu.
 func (b *Broker) sessionInfoLocked() *SessionInfo {
 	st := b.lostSession
-	if b.sess != nil {
+	switch {
+	case b.sess != nil:
 		st = b.sess.Stats()
+	case b.losing != nil:
+		st = b.losing.Stats()
 	}
 	if st.ID == 0 {
 		return nil
