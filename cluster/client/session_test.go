@@ -102,6 +102,20 @@ func waitDone(t *testing.T, call *Call) {
 	}
 }
 
+// connClosedWith waits until c closes (what: the event that should close
+// it) and checks that its error is want.
+func connClosedWith(t *testing.T, c *Conn, want error, what string) {
+	t.Helper()
+	select {
+	case <-c.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s did not close the connection", what)
+	}
+	if !errors.Is(c.Err(), want) {
+		t.Fatalf("%s: connection closed with %v, want %v", what, c.Err(), want)
+	}
+}
+
 func notDone(t *testing.T, call *Call) {
 	t.Helper()
 	select {
@@ -321,14 +335,7 @@ func TestSessionResumeAnswers(t *testing.T) {
 	}
 	y.sc.reply(t, wire.Msg{Type: wire.TypeQueued, ID: call.ID})
 	y.sc.reply(t, wire.Msg{Type: wire.TypeQueued, ID: call.ID})
-	select {
-	case <-c2.Done():
-	case <-time.After(30 * time.Second):
-		t.Fatal("a second Q did not close the connection")
-	}
-	if !errors.Is(c2.Err(), ErrProtocol) {
-		t.Fatalf("second Q: %v", c2.Err())
-	}
+	connClosedWith(t, c2, ErrProtocol, "a second Q")
 	// Written in the session: held for the next resume, not failed.
 	notDone(t, call)
 	if st := sess.Stats(); st.Held != 1 || st.State != SessionNone {
@@ -653,14 +660,7 @@ func TestSessionUnknownIsHeld(t *testing.T) {
 	}
 	a := srv.next(t)
 	a.sc.reply(t, wire.Msg{Type: wire.TypeUnknown, ID: a.m.ID, Text: "leadership lost"})
-	select {
-	case <-c.Done():
-	case <-time.After(30 * time.Second):
-		t.Fatal("U did not close the session connection")
-	}
-	if !errors.Is(c.Err(), ErrSessionUnknown) {
-		t.Fatalf("connection: %v", c.Err())
-	}
+	connClosedWith(t, c, ErrSessionUnknown, "U to a session request")
 	notDone(t, call)
 	if st := sess.Stats(); st.Held != 1 {
 		t.Fatalf("stats %+v", st)
@@ -704,12 +704,5 @@ func TestSessionClose(t *testing.T) {
 	}
 	// The connection goes on without a session: an O is a violation now.
 	d.sc.reply(t, wire.Msg{Type: wire.TypeOutcomes, Session: sess.ID(), Serial: 9})
-	select {
-	case <-c.Done():
-	case <-time.After(30 * time.Second):
-		t.Fatal("O after the close did not close the connection")
-	}
-	if !errors.Is(c.Err(), ErrProtocol) {
-		t.Fatalf("connection: %v", c.Err())
-	}
+	connClosedWith(t, c, ErrProtocol, "O after the close")
 }
