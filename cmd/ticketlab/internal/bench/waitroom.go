@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	ticketing "ticketing/clients/go"
@@ -48,6 +49,11 @@ type WaitRoomOptions struct {
 	Stall time.Duration
 	// MaxWaitersPerKey is passed to the nodes (--max-waiters-per-key).
 	MaxWaitersPerKey int
+	// Kills is how many times the serving leader is SIGKILLed while the
+	// room drains (and started again at once from its data directory):
+	// the k-th kill once k/(Kills+1) of the room has a final reply. Zero:
+	// none (issue 20's room); issue 31's target is 3.
+	Kills int
 	// Out hears the progress and the report.
 	Out io.Writer
 }
@@ -70,10 +76,11 @@ func setupWaitRoom(fs *flag.FlagSet, e *env) func(context.Context) error {
 	fs.DurationVar(&o.Duration, "duration", 10*time.Second, "measured window of the baseline, and of the full room before it drains")
 	fs.DurationVar(&o.Warmup, "warmup", 2*time.Second, "warm-up of the baseline before its window")
 	fs.DurationVar(&o.Stall, "stall", 60*time.Second, "give up the drain when no waiter was granted for this long")
+	fs.IntVar(&o.Kills, "kills", 0, "SIGKILLs of the serving leader while the room drains, evenly spread over it (each restarted at once); 0: none")
 	fs.IntVar(&o.MaxWaitersPerKey, "max-waiters-per-key", 0, "the nodes' --max-waiters-per-key (default: the room plus 2 batches of 4,096 and 1,024: near its bound a node may refuse up to one batch early)")
 	return func(ctx context.Context) error {
-		if o.Waiters < 1 || o.PerConn < 1 || o.BaselineWaiters < 1 || o.Duration <= 0 {
-			return usageError("--waiters, --per-conn, --baseline-waiters: want at least 1; --duration: want more than 0")
+		if o.Waiters < 1 || o.PerConn < 1 || o.BaselineWaiters < 1 || o.Duration <= 0 || o.Kills < 0 {
+			return usageError("--waiters, --per-conn, --baseline-waiters: want at least 1; --duration: want more than 0; --kills: want 0 or more")
 		}
 		if o.MaxWaitersPerKey == 0 {
 			o.MaxWaitersPerKey = o.Waiters + 2*4096 + 1024
@@ -121,6 +128,19 @@ type WaitRoomReport struct {
 	StallNote string            // what the leader held and queued then
 	// FIFO: violations of strict FIFO order (empty: none).
 	FIFO []string
+	// Kills are the leader SIGKILLs during the drain, in order.
+	Kills []RoomKill
+}
+
+// RoomKill is one leader SIGKILL during the drain.
+type RoomKill struct {
+	Leader string // the killed node
+	// Finals and Granted are the room's final replies and grants read
+	// before the kill.
+	Finals, Granted int
+	// NextGrant is from the SIGKILL to the next grant read by the room
+	// (0: none came).
+	NextGrant time.Duration
 }
 
 // FIFOOK reports strict FIFO: no violation seen and the room drained.
@@ -185,6 +205,18 @@ func (r *WaitRoomReport) String() string {
 		fifo = fmt.Sprintf("**no**: %d violations, the first: %s", len(r.FIFO), r.FIFO[0])
 	}
 	fmt.Fprintf(&b, "| strict FIFO | | %s | yes | %s |\n", fifo, met(r.FIFOOK()))
+	if len(r.Kills) > 0 {
+		granted := r.Granted == r.Waiters
+		fmt.Fprintf(&b, "| leader SIGKILLs while draining | | %d; every waiter granted: %d of %d | all granted, in FIFO | %s |\n",
+			len(r.Kills), r.Granted, r.Waiters, met(granted && r.FIFOOK()))
+		for i, k := range r.Kills {
+			next := "no grant after it"
+			if k.NextGrant > 0 {
+				next = fmt.Sprintf("the next grant %v after it", k.NextGrant.Round(time.Millisecond))
+			}
+			fmt.Fprintf(&b, "kill %d: leader %s SIGKILLed with %d of the room answered (%d granted); %s\n", i+1, k.Leader, k.Finals, k.Granted, next)
+		}
+	}
 	if r.GateRefused > 0 {
 		fmt.Fprintf(&b, "the gate's RELEASE of room/hot was refused %d times, the last: %s\n", r.GateRefused, r.GateErr)
 	}
@@ -362,16 +394,52 @@ func RunWaitRoom(ctx context.Context, o WaitRoomOptions) (*WaitRoomReport, error
 		time.Sleep(100 * time.Millisecond)
 	}
 	lastGrant := d0
+	var killedAt time.Time
 	for {
 		done, at := room.progress()
 		if at.After(lastGrant) {
 			lastGrant = at
 		}
+		if !killedAt.IsZero() && at.After(killedAt) {
+			r.Kills[len(r.Kills)-1].NextGrant = at.Sub(killedAt)
+			killedAt = time.Time{}
+		}
 		if done == o.Waiters {
 			break
 		}
+		if k := len(r.Kills); k < o.Kills && done >= (k+1)*o.Waiters/(o.Kills+1) {
+			lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			li, err = p.Leader(lctx)
+			cancel()
+			if err != nil {
+				return nil, fmt.Errorf("kill %d: %w", k+1, err)
+			}
+			granted := len(room.grants())
+			say("kill %d: SIGKILL of leader %s with %d of %d answered (%d granted)", k+1, p.ID(li), done, o.Waiters, granted)
+			killedAt = time.Now()
+			if err := p.Signal(li, syscall.SIGKILL); err != nil {
+				return nil, fmt.Errorf("kill %d: %w", k+1, err)
+			}
+			r.Kills = append(r.Kills, RoomKill{Leader: p.ID(li), Finals: done, Granted: granted})
+			// Started again at once: a cluster of 3 with a node down has no
+			// margin left for the next kill.
+			if err := p.Start(li); err != nil {
+				return nil, fmt.Errorf("kill %d: restarting %s: %w", k+1, p.ID(li), err)
+			}
+			// The room's progress is judged from the kill on: the election
+			// is not a stall.
+			lastGrant = killedAt
+			continue
+		}
 		if time.Since(lastGrant) > o.Stall {
 			r.Stalled = o.Waiters - done
+			if o.Kills > 0 {
+				lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				if l, err := p.Leader(lctx); err == nil {
+					li = l
+				}
+				cancel()
+			}
 			if st, err := p.Status(ctx, li); err == nil {
 				r.StallNote = fmt.Sprintf("the leader then had %d keys held and %d waiters queued: "+
 					"if room/hot is among the held, it was granted to a line whose reply waits behind an earlier, ungranted line of its connection (grants out of line order), "+
@@ -737,6 +805,13 @@ func (rm *room) progress() (finals int, last time.Time) {
 	rm.mu.Lock()
 	defer rm.mu.Unlock()
 	return rm.finals, rm.lastGrant
+}
+
+// grants is the tokens granted so far, in the order they were read.
+func (rm *room) grants() []uint64 {
+	rm.mu.Lock()
+	defer rm.mu.Unlock()
+	return append([]uint64(nil), rm.tokens...)
 }
 
 func (rm *room) report(r *WaitRoomReport) {
