@@ -1,11 +1,13 @@
 // Package netfault injects network faults at the connection level, for
 // tests and the lab (cmd/ticketlab): cut and frozen links between named
-// nodes (Network, which plugs into cluster.Config.PeerNet) and dropped
-// client connections (Dropper, which plugs into sidecar.Config.Dialer).
+// nodes (Network, which plugs into cluster.Config.PeerNet), dropped
+// client connections (Dropper, which plugs into sidecar.Config.Dialer), and
+// message-level faults on client connections (Frames, a dialer too: a
+// chosen frame dropped, held back, or lost with its connection).
 //
-// It does not import cluster, so the cluster package's own tests can use
-// it; the product binary never links it (a test in cmd/ticketing pins
-// that).
+// It does not import cluster (only cluster/wire, to read frames), so the
+// cluster package's own tests can use it; the product binary never links
+// it (a test in cmd/ticketing pins that).
 package netfault
 
 import (
