@@ -136,36 +136,53 @@ func (n *Node) admin(req wire.AdminRequest) wire.AdminReply {
 }
 
 // fitAdminReply marshals rep so that it fits one frame: an inspected key's
-// queue is cut short (QueueTruncated; QueueLen still counts every waiter),
+// queue, or a status's list of sessions, is cut short (QueueTruncated,
+// SessionsTruncated; QueueLen and SessionsTotal still count them all),
 // and a reply that still does not fit becomes an "internal" failure.
 func fitAdminReply(rep *wire.AdminReply) []byte {
-	const limit = wire.MaxPayloadLen
 	b, _ := json.Marshal(rep)
-	if len(b) <= limit {
+	if len(b) <= wire.MaxPayloadLen {
 		return b
 	}
 	if k := rep.Key; k != nil && len(k.Queue) > 0 {
-		full := k.Queue
-		// Binary search for the longest prefix (1..len-1 waiters) that fits.
-		var best []byte
-		for lo, hi := 1, len(full)-1; lo <= hi; {
-			mid := (lo + hi) / 2
-			k.Queue, k.QueueTruncated = full[:mid], true
-			if mb, _ := json.Marshal(rep); len(mb) <= limit {
-				best, lo = mb, mid+1
-			} else {
-				hi = mid - 1
-			}
-		}
-		if best != nil {
-			return best
-		}
-		k.Queue, k.QueueTruncated = []wire.WaiterReport{}, true
-		if b, _ = json.Marshal(rep); len(b) <= limit {
-			return b
+		if fb, ok := fitPrefix(rep, &k.Queue, &k.QueueTruncated); ok {
+			return fb
 		}
 	}
+	if st := rep.Status; st != nil && len(st.Sessions) > 0 {
+		if fb, ok := fitPrefix(rep, &st.Sessions, &st.SessionsTruncated); ok {
+			return fb
+		}
+	}
+	b, _ = json.Marshal(rep)
 	b, _ = json.Marshal(wire.AdminReply{Code: wire.AdminInternal, Leader: rep.Leader,
 		Error: fmt.Sprintf("reply of %d bytes does not fit one admin frame", len(b))})
 	return b
+}
+
+// fitPrefix cuts *list, a list in rep, to its longest prefix with which
+// rep fits one frame (empty if need be), setting *truncated, and returns
+// rep marshalled; false if it does not fit even with the list empty.
+func fitPrefix[T any](rep *wire.AdminReply, list *[]T, truncated *bool) ([]byte, bool) {
+	const limit = wire.MaxPayloadLen
+	full := *list
+	// Binary search for the longest prefix (1..len-1 entries) that fits.
+	var best []byte
+	bestLen := 0
+	for lo, hi := 1, len(full)-1; lo <= hi; {
+		mid := (lo + hi) / 2
+		*list, *truncated = full[:mid], true
+		if mb, _ := json.Marshal(rep); len(mb) <= limit {
+			best, bestLen, lo = mb, mid, mid+1
+		} else {
+			hi = mid - 1
+		}
+	}
+	if best != nil {
+		*list = full[:bestLen]
+		return best, true
+	}
+	*list, *truncated = full[:0], true
+	b, _ := json.Marshal(rep)
+	return b, len(b) <= limit
 }

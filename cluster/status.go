@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -41,9 +42,10 @@ import (
 //     from the leader's clock, and after a leader change the new leader
 //     gives every holder a full lease from the moment it serves, so the
 //     real deadline is later than this estimate for holdings granted under
-//     an earlier leader. Waiters do not survive a leader change (the new
-//     leader drops them), so a waiter's stamp always comes from the
-//     current leader.
+//     an earlier leader. Waiters without a session do not survive a leader
+//     change (the new leader drops them); a session's waiter does, and a
+//     new leader re-arms its wait from its replicated stamp, so the
+//     estimate holds for it too (up to the leaders' clock skew).
 //
 // Held and waited times (HeldMs, WaitedMs) are this node's wall clock minus
 // the leader's stamp, on every node.
@@ -51,6 +53,19 @@ import (
 // MaxInspectQueue bounds the waiters one wire.KeyReport lists (QueueLen counts
 // them all).
 const MaxInspectQueue = 1000
+
+// MaxReportSessions bounds the sessions one wire.StatusReport lists
+// (SessionsTotal counts them all).
+const MaxReportSessions = 1000
+
+// sessionHex writes a session id as the sidecar does (INFO's session=,
+// its logs): lower-case hex; "" for no session.
+func sessionHex(id uint64) string {
+	if id == 0 {
+		return ""
+	}
+	return strconv.FormatUint(id, 16)
+}
 
 // reportLagWait bounds the wait for the members' lag and health in a
 // StatusReport (each member is asked concurrently, over the peer port).
@@ -90,9 +105,40 @@ func (n *Node) StatusReport() wire.StatusReport {
 	if leader != "" {
 		r.LeaderClientAddr = n.fsm.clientAddr(string(leader))
 	}
+	var ids []uint64 // of r.Sessions
+	n.mu.Lock()
 	n.fsm.read(func(st *locksm.State) {
 		r.KeysHeld, r.Waiters, r.LastToken = st.NumHeld(), st.NumWaiting(), st.LastToken()
+		r.SessionsTotal = st.NumSessions()
+		all := st.Sessions()
+		if len(all) > MaxReportSessions {
+			all, r.SessionsTruncated = all[:MaxReportSessions], true
+		}
+		for _, id := range all {
+			if si, ok := st.Session(id); ok {
+				ids = append(ids, id)
+				r.Sessions = append(r.Sessions, wire.SessionReport{ID: sessionHex(id), TimeoutMs: si.TimeoutMs,
+					OpenedAtUnixMs: si.OpenedAt, Resumes: si.Epoch, Waiters: si.Waiters, Holdings: si.Holdings, Outcomes: si.Outcomes})
+			}
+		}
 	})
+	if leading, _ := n.core.Leading(); leading && n.core.Serving() {
+		mono := time.Now()
+		for i := range r.Sessions {
+			sr := &r.Sessions[i]
+			lv, ok := n.core.SessionLiveness(ids[i])
+			if !ok {
+				continue // opened after the read above, or being adopted
+			}
+			attached := lv.Attached
+			sr.Attached, sr.Expiring = &attached, lv.Expiring
+			if !lv.Attached && !lv.ExpiresAt.IsZero() {
+				left := max(0, lv.ExpiresAt.Sub(mono).Milliseconds())
+				sr.ExpiresInMs = &left
+			}
+		}
+	}
+	n.mu.Unlock()
 	ms, err := n.Members()
 	if err != nil {
 		r.MembersError = err.Error()
@@ -172,8 +218,9 @@ func (n *Node) Inspect(key string) (wire.KeyReport, error) {
 		ws, r.QueueTruncated = ws[:MaxInspectQueue], true
 	}
 	if leading {
-		// Every queued waiter was queued by this leader (a new leader
-		// drops the queues), from a request in its pending table.
+		// Every queued waiter is a request in this leader's pending
+		// table: queued by it, or a session's waiter adopted when it
+		// started serving (a new leader drops the others).
 		waitDL = make([]time.Time, len(ws))
 		for i, w := range ws {
 			if dl, ok := n.core.WaitDeadline(w.Ref, primaryKey(key, w.Keys)); ok {
@@ -205,13 +252,14 @@ func (n *Node) Inspect(key string) (wire.KeyReport, error) {
 			}
 		}
 		hr.LeaseEndsAtUnixMs = nowMs + hr.LeaseRemainingMs
-		hr.BlockKeys = h.Keys
+		hr.BlockKeys, hr.Session = h.Keys, sessionHex(h.Session)
 		r.Holder = hr
 	}
 	for i, w := range ws {
 		wr := wire.WaiterReport{Owner: w.Owner, Ref: w.Ref, LeaseSec: w.LeaseSec, WaitMs: w.WaitMs,
 			EnqueuedAtUnixMs: w.EnqueuedAt, WaitedMs: max(0, nowMs-w.EnqueuedAt),
-			WaitRemainingMs: max(0, w.EnqueuedAt+int64(w.WaitMs)-nowMs), WaitFrom: wire.FromClockEstimate, BlockKeys: w.Keys}
+			WaitRemainingMs: max(0, w.EnqueuedAt+int64(w.WaitMs)-nowMs), WaitFrom: wire.FromClockEstimate, BlockKeys: w.Keys,
+			Session: sessionHex(w.Session)}
 		if waitDL != nil && !waitDL[i].IsZero() {
 			wr.WaitRemainingMs = max(0, waitDL[i].Sub(mono).Milliseconds())
 			wr.WaitFrom = wire.FromLeaderTimer

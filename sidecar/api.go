@@ -54,4 +54,9 @@ type Info struct {
 	// Session is the broker's cluster session (protocol version 7); nil
 	// while it has none (a leader of version 6, or Config.Sessions off).
 	Session *SessionInfo
+	// Sessions and SessionTimeout are the broker's configuration
+	// (Config.Sessions, Config.SessionTimeout with its default applied),
+	// so that a reader of Info can tell "off" from "none yet".
+	Sessions       SessionsMode
+	SessionTimeout time.Duration
 }

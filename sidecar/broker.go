@@ -993,7 +993,8 @@ func (b *Broker) Info() Info {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	in := Info{ClusterID: b.cfg.ClusterID, Domain: b.domain, Leader: b.leader, Seeds: append([]string(nil), b.cfg.Addrs...),
-		Members: append([]wire.Member(nil), b.members...), Session: b.sessionInfoLocked()}
+		Members: append([]wire.Member(nil), b.members...), Session: b.sessionInfoLocked(),
+		Sessions: b.cfg.Sessions, SessionTimeout: b.cfg.SessionTimeout}
 	kept, seen := map[string]bool{}, map[string]bool{}
 	for _, s := range b.slots {
 		if !kept[s.addr] {

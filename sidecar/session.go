@@ -35,6 +35,30 @@ const (
 	SessionsOff
 )
 
+// String is the mode as the binary's --sessions flag and the unix API's
+// INFO name it: "auto" or "off".
+func (m SessionsMode) String() string {
+	switch m {
+	case SessionsAuto:
+		return "auto"
+	case SessionsOff:
+		return "off"
+	}
+	return fmt.Sprintf("SessionsMode(%d)", uint8(m))
+}
+
+// ParseSessionsMode reads "auto" or "off" (the --sessions flag); anything
+// else is an error wrapping ErrBadConfig.
+func ParseSessionsMode(s string) (SessionsMode, error) {
+	switch s {
+	case "auto":
+		return SessionsAuto, nil
+	case "off":
+		return SessionsOff, nil
+	}
+	return 0, fmt.Errorf("%w: sessions mode %q: want auto or off", ErrBadConfig, s)
+}
+
 // DefaultSessionTimeout is Config.SessionTimeout's default. A failover
 // takes 1-2.8 s to a serving leader, then the broker needs one reconnect
 // (backoff at most 3.2 s): 10 s survives a failover with room, while a
@@ -57,7 +81,8 @@ var ErrSessionLost = errors.New("sidecar: cluster session lost")
 type SessionInfo struct {
 	ID uint64
 	// State: "none" (not attached: no leader yet, or its connection was
-	// lost), "resuming", "attached", "expired", "failed".
+	// lost), "resuming", "attached", "expired", "failed", "closed" (the
+	// broker closed it as it stopped).
 	State string
 	// Resumes counts the resumes answered; Opens the sessions opened (a
 	// new one after a session was lost).

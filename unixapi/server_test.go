@@ -482,9 +482,10 @@ func (noClusterBroker) WatchLost(sidecar.Lock, func(sidecar.LostReason)) func() 
 func (noClusterBroker) Compensate(sidecar.Lock)                                 {}
 func (noClusterBroker) Info() sidecar.Info                                      { return sidecar.Info{} }
 
-// HELLO answers the version both speak, INFO ends with protocol=2, and
-// neither needs the cluster. A block ACQUIRE's key-set errors are answered
-// by the parser, before the broker is asked.
+// HELLO answers the version both speak, INFO says protocol=4 and the
+// session fields (no session), and neither needs the cluster. A block
+// ACQUIRE's key-set errors are answered by the parser, before the broker
+// is asked.
 func TestHelloAndProtocolVersion(t *testing.T) {
 	cfg := unixapi.DefaultConfig()
 	cfg.Path, cfg.Logger = sockPath(t), testLogger()
@@ -507,7 +508,8 @@ func TestHelloAndProtocolVersion(t *testing.T) {
 	for _, l := range []string{"HELLO", "HELLO 0", "HELLO 65536", "HELLO two", "HELLO 2 3", "HELLO 3 EVENTS", "HELLO 3 events x", "HELLO 3  events"} {
 		expectPrefix(t, c.do(l), "ERR bad_request ")
 	}
-	expect(t, c.do("INFO"), "INFO cluster=- leader=- connected=0/0 domain=- members=- protocol=4")
+	expect(t, c.do("INFO"), "INFO cluster=- leader=- connected=0/0 domain=- members=- protocol=4 sessions=auto session=- session_state=- "+
+		"session_timeout_ms=0 session_resumes=0 session_opens=0 session_held=0 session_last_resume=outcomes:0,queued:0,void:0,repeated:0")
 	// EXTEND, like RELEASE, of a lock this connection does not hold is
 	// answered at once; its fields are checked first.
 	expectPrefix(t, c.do("EXTEND k 7 30"), "ERR not_held ")

@@ -774,8 +774,24 @@ func (ss *session) infoLine() string {
 		}
 		members = strings.Join(parts, ",")
 	}
-	return fmt.Sprintf("INFO cluster=%s leader=%s connected=%d/%d domain=%s members=%s protocol=%d", clean(id), clean(leader),
-		len(in.Connected), len(in.Addrs), clean(domain), members, ProtocolVersion)
+	return fmt.Sprintf("INFO cluster=%s leader=%s connected=%d/%d domain=%s members=%s protocol=%d %s", clean(id), clean(leader),
+		len(in.Connected), len(in.Addrs), clean(domain), members, ProtocolVersion, sessionFields(in))
+}
+
+// sessionFields are INFO's fields about the broker's cluster session
+// (PROTOCOL.md, INFO): always all of them, in this order, so that a
+// reader never has to guess whether a field is missing or zero. The id is
+// hex, as the sidecar's log writes it.
+func sessionFields(in sidecar.Info) string {
+	id, state := "-", "-"
+	var st sidecar.SessionInfo
+	if in.Session != nil {
+		st = *in.Session
+		id, state = strconv.FormatUint(st.ID, 16), clean(st.State)
+	}
+	r := st.LastResume
+	return fmt.Sprintf("sessions=%s session=%s session_state=%s session_timeout_ms=%d session_resumes=%d session_opens=%d session_held=%d session_last_resume=outcomes:%d,queued:%d,void:%d,repeated:%d",
+		in.Sessions, id, state, in.SessionTimeout.Milliseconds(), st.Resumes, st.Opens, st.Held, r.Outcomes, r.Queued, r.Void, r.Repeated)
 }
 
 func (ss *session) heldLine() string {

@@ -79,6 +79,9 @@ type session[C comparable] struct {
 	waiting []*pending[C]
 	// ext is the pendingExt every lock request of the session shares.
 	ext *pendingExt[C]
+	// expiresAt is when the liveness timer armed by the latest detach
+	// comes due (zero while attached), for inspection only.
+	expiresAt time.Time
 }
 
 // attachReq is what an open or resume asked for.
@@ -334,7 +337,7 @@ func (k *Core[C]) attach(cn *conn[C], s *session[C]) {
 	if old := s.conn; old != nil && old != cn {
 		old.sess = nil
 	}
-	s.conn, s.overdue = cn, false
+	s.conn, s.overdue, s.expiresAt = cn, false, time.Time{}
 	s.gen++
 	cn.sess, cn.sid = s, s.id
 	cn.lastSeq = max(cn.lastSeq, s.floor)
@@ -357,7 +360,33 @@ func (k *Core[C]) detach(now time.Time, s *session[C]) {
 	}
 	s.conn = nil
 	s.gen++
-	k.rd.Timers = append(k.rd.Timers, Timer{At: now.Add(s.timeout), Kind: TimerSession, Session: s.id, Gen: s.gen, Epoch: k.epoch})
+	s.expiresAt = now.Add(s.timeout)
+	k.rd.Timers = append(k.rd.Timers, Timer{At: s.expiresAt, Kind: TimerSession, Session: s.id, Gen: s.gen, Epoch: k.epoch})
+}
+
+// SessionLiveness is what this leadership knows of a session's
+// connection, for inspection (`ticketing status`).
+type SessionLiveness struct {
+	// Attached: a connection of the session is attached here.
+	Attached bool
+	// ExpiresAt: without one, when the liveness timer expires the session
+	// (on the clock of Core's now; zero while attached).
+	ExpiresAt time.Time
+	// Expiring: its expiry is proposed and not applied yet.
+	Expiring bool
+}
+
+// SessionLiveness reports session id's liveness; false if this
+// leadership does not track it (not leading, or not serving yet).
+func (k *Core[C]) SessionLiveness(id uint64) (SessionLiveness, bool) {
+	s := k.sessions[id]
+	if s == nil {
+		return SessionLiveness{}, false
+	}
+	if attachedConn(s) != nil {
+		return SessionLiveness{Attached: true, Expiring: s.expiring}, true
+	}
+	return SessionLiveness{ExpiresAt: s.expiresAt, Expiring: s.expiring}, true
 }
 
 // sessionTimerDue expires a session still without a connection since the

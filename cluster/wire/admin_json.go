@@ -121,12 +121,46 @@ type StatusReport struct {
 	KeysHeld  int    `json:"keys_held"`
 	Waiters   int    `json:"waiters"`
 	LastToken uint64 `json:"last_token"`
+	// SessionsTotal counts the brokers' (sidecars') sessions in this
+	// node's applied state (protocol version 7, docs/sessions.md);
+	// Sessions lists them sorted by id, the first MaxReportSessions only
+	// (fewer over the admin port when they do not fit one frame),
+	// SessionsTruncated saying so.
+	SessionsTotal     int             `json:"sessions_total"`
+	Sessions          []SessionReport `json:"sessions,omitempty"`
+	SessionsTruncated bool            `json:"sessions_truncated,omitempty"`
 	// Members is the configuration, sorted by server id.
 	Members []MemberReport `json:"members"`
 	// MembersError says why Members is empty (Raft shut down).
 	MembersError string `json:"members_error,omitempty"`
 	// AtUnixMs is this node's wall clock when it answered.
 	AtUnixMs int64 `json:"at_unix_ms"`
+}
+
+// SessionReport is one broker's session in a StatusReport.
+type SessionReport struct {
+	// ID is the session id in lower-case hex, as the sidecar's INFO
+	// (session=) and logs write it.
+	ID        string `json:"id"`
+	TimeoutMs uint32 `json:"timeout_ms"`
+	// OpenedAtUnixMs is the leader's stamp in the open.
+	OpenedAtUnixMs int64 `json:"opened_at_unix_ms"`
+	// Resumes counts the resumes applied (the attach epoch).
+	Resumes uint64 `json:"resumes"`
+	// Waiters and Holdings are the session's queued requests and the
+	// holdings granted to it (a block counts once); Outcomes the outcomes
+	// kept until the broker acknowledges them.
+	Waiters  int `json:"waiters"`
+	Holdings int `json:"holdings"`
+	Outcomes int `json:"outcomes"`
+	// Attached is whether a connection of the session is attached to the
+	// leader, in the leader's view: null when the answering node does not
+	// lead (or does not serve yet). ExpiresInMs, when not attached, is how
+	// long until the leader expires it unless it is resumed first (at
+	// least 0); Expiring says its expiry is proposed.
+	Attached    *bool  `json:"attached"`
+	ExpiresInMs *int64 `json:"expires_in_ms,omitempty"`
+	Expiring    bool   `json:"expiring,omitempty"`
 }
 
 // MemberReport is one server of the configuration in a StatusReport.
@@ -201,6 +235,10 @@ type HolderReport struct {
 	// BlockKeys: the holding is a block; every one of its keys (this one
 	// included), in the requester's order.
 	BlockKeys []string `json:"block_keys,omitempty"`
+	// Session is the id (hex) of the broker's session it was granted to;
+	// "" without one, or once that session ended (its holding keeps its
+	// lease).
+	Session string `json:"session,omitempty"`
 }
 
 // WaiterReport is one queued acquire.
@@ -223,4 +261,8 @@ type WaiterReport struct {
 	// BlockKeys: the waiter is a block, queued on every one of these keys
 	// at once (this one included), in the requester's order.
 	BlockKeys []string `json:"block_keys,omitempty"`
+	// Session is the id (hex) of the broker's session that queued it: it
+	// keeps its place across a leader change; "" without one (a new leader
+	// drops it).
+	Session string `json:"session,omitempty"`
 }

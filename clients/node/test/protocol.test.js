@@ -56,6 +56,16 @@ test('reply parsing', () => {
   assert.deepEqual(p.parseInfo('INFO cluster=dev leader=- connected=2/3 x=y'), {
     cluster: 'dev', leader: null, connected: 2, total: 3, fields: { cluster: 'dev', leader: '-', connected: '2/3', x: 'y' },
   });
+  // The sidecar's cluster session (unixapi/PROTOCOL.md, INFO): fields this
+  // client does not type, kept in fields.
+  const info = p.parseInfo('INFO cluster=dev leader=127.0.0.1:7401 connected=3/3 domain=d members=- protocol=4 ' +
+    'sessions=auto session=5c1e0f7a92b3d4e8 session_state=attached session_timeout_ms=10000 session_resumes=1 ' +
+    'session_opens=1 session_held=0 session_last_resume=outcomes:2,queued:12,void:0,repeated:0');
+  assert.equal(info.leader, '127.0.0.1:7401');
+  assert.equal(info.fields.session, '5c1e0f7a92b3d4e8');
+  assert.equal(info.fields.session_state, 'attached');
+  assert.equal(Number(info.fields.session_timeout_ms), 10000);
+  assert.equal(info.fields.session_last_resume, 'outcomes:2,queued:12,void:0,repeated:0');
   assert.deepEqual(p.parseHeld('HELD 0'), []);
   assert.deepEqual(p.parseHeld('HELD 3 a:b:7 c:9 c:12'), [
     { key: 'a:b', token: 7n }, { key: 'c', token: 9n }, { key: 'c', token: 12n }]);

@@ -91,6 +91,20 @@ class ReplyParsing(unittest.TestCase):
         self.assertIsNone(p.parse_info("INFO cluster=dev leader=- connected=0/3").leader)
         self.assertRaises(ticketing.ProtocolError, p.parse_info, "INFO connected=x/3")
 
+    def test_info_session_fields(self) -> None:
+        # The sidecar's cluster session (unixapi/PROTOCOL.md, INFO): fields
+        # this client does not type, kept in Info.fields.
+        info = p.parse_info(
+            "INFO cluster=dev leader=127.0.0.1:7401 connected=3/3 domain=d members=- protocol=4 sessions=auto "
+            "session=5c1e0f7a92b3d4e8 session_state=attached session_timeout_ms=10000 session_resumes=1 "
+            "session_opens=1 session_held=0 session_last_resume=outcomes:2,queued:12,void:0,repeated:0"
+        )
+        self.assertEqual((info.cluster, info.connected, info.total), ("dev", 3, 3))
+        self.assertEqual(info.fields["session"], "5c1e0f7a92b3d4e8")
+        self.assertEqual(info.fields["session_state"], "attached")
+        self.assertEqual(int(info.fields["session_timeout_ms"]), 10000)
+        self.assertEqual(info.fields["session_last_resume"], "outcomes:2,queued:12,void:0,repeated:0")
+
     def test_held(self) -> None:
         self.assertEqual(p.parse_held("HELD 0"), [])
         self.assertEqual(p.parse_held("HELD 3 a:b:7 c:9 c:12"), [("a:b", 7), ("c", 9), ("c", 12)])

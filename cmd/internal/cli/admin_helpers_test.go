@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"ticketing/cluster"
 	"ticketing/cluster/local"
 )
 
@@ -16,9 +17,16 @@ import (
 // (--admin, --admin-secret-file, --tls-ca, --cluster-id).
 func adminTestCluster(t *testing.T) (*local.Cluster, []string) {
 	t.Helper()
+	return adminTestClusterTuned(t, local.FastRaft)
+}
+
+// adminTestClusterTuned is adminTestCluster with each node's config
+// adjusted by tune.
+func adminTestClusterTuned(t *testing.T, tune func(*cluster.Config)) (*local.Cluster, []string) {
+	t.Helper()
 	dir := t.TempDir()
 	secret := []byte("the-admin-secret-for-this-test-0123")
-	c, err := local.Start(local.Options{Dir: filepath.Join(dir, "c"), TLS: true, AdminSecret: secret, Tune: local.FastRaft})
+	c, err := local.Start(local.Options{Dir: filepath.Join(dir, "c"), TLS: true, AdminSecret: secret, Tune: tune})
 	if err != nil {
 		t.Fatal(err)
 	}

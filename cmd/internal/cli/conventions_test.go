@@ -215,6 +215,8 @@ func TestConfigErrorsNameFileAndLine(t *testing.T) {
 		{"sidecar", "\n\nlog-level = loud\n", `:3: invalid value "loud" for log-level: want debug, info, warn or error`},
 		{"sidecar", "socket-mode = 999\n", `:1: invalid value "999" for socket-mode: want octal permission bits`},
 		{"sidecar", "allow-uid = 1000,bob\n", `:1: invalid value "1000,bob" for allow-uid`},
+		{"sidecar", "sessions = on\n", `:1: invalid value "on" for sessions: want auto or off`},
+		{"sidecar", "# short\nsession-timeout = 1s\n", `:2: invalid value "1s" for session-timeout: want a duration 2s..300s in whole milliseconds`},
 		{"node", "id = n1\npeers = n1=127.0.0.1:1\n", `:2: invalid value "n1=127.0.0.1:1" for peers`},
 		{"node", `data-dir = "/x" trailing` + "\n", `:1: data-dir: text "trailing" after the closing quote`},
 	} {

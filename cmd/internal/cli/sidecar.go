@@ -17,6 +17,7 @@ import (
 	"ticketing/cluster"
 	"ticketing/cluster/tlsconf"
 	"ticketing/cmd/internal/gctune"
+	"ticketing/locksm"
 	"ticketing/sidecar"
 	"ticketing/unixapi"
 )
@@ -95,6 +96,13 @@ func RunSidecar(ctx context.Context, args []string, stdout, stderr io.Writer, o 
 	var membersRefresh time.Duration
 	fset.DurationVar(&membersRefresh, "members-refresh", sidecar.DefaultMembersRefresh,
 		"how often to ask the leader for the members and follow them (dial new members' client addresses, drop those of removed ones; the --cluster addresses are always kept); 0: only on leader changes")
+	sessions := sessionsFlag(sidecar.SessionsAuto)
+	fset.Var(&sessions, "sessions",
+		"`mode`: auto (the default), hold a session in the cluster's replicated state whenever the leader speaks it (cluster protocol version 7), so waiting ACQUIREs keep their place and requests get a definite answer across a leader change; off, never (a leader change then withdraws the waiters, as with older nodes)")
+	sessionTimeout := sessionTimeoutFlag(sidecar.DefaultSessionTimeout)
+	fset.Var(&sessionTimeout, "session-timeout",
+		"the `duration` the cluster keeps this sidecar's session while no connection of it reaches the leader (a crash, a partition) before it expires it: its waiters leave the lines and grants it was never told of are released; the locks it delivered keep their leases; "+
+			sessionTimeoutBounds)
 	logs.register(fset, "info")
 	var (
 		prof    pprofFlag
@@ -159,6 +167,7 @@ func RunSidecar(ctx context.Context, args []string, stdout, stderr io.Writer, o 
 	// are one setting.
 	bcfg.MaxWaiters, bcfg.MaxWaitersPerSession = maxWaiters, ucfg.MaxWaiting
 	bcfg.MembersRefresh = membersRefresh
+	bcfg.Sessions, bcfg.SessionTimeout = sidecar.SessionsMode(sessions), time.Duration(sessionTimeout)
 	if membersRefresh <= 0 {
 		bcfg.MembersRefresh = -1
 	}
@@ -268,6 +277,41 @@ func stopSidecar(b *sidecar.Broker, srv *unixapi.Server, log *slog.Logger) {
 	if err := b.Close(); err != nil {
 		log.Warn("closing the broker", "err", err)
 	}
+}
+
+// sessionsFlag is --sessions: auto or off, checked when set.
+type sessionsFlag sidecar.SessionsMode
+
+func (m *sessionsFlag) String() string { return sidecar.SessionsMode(*m).String() }
+
+func (m *sessionsFlag) Set(s string) error {
+	v, err := sidecar.ParseSessionsMode(s)
+	if err != nil {
+		return fmt.Errorf("want auto or off, got %q", s)
+	}
+	*m = sessionsFlag(v)
+	return nil
+}
+
+// sessionTimeoutFlag is --session-timeout: a duration within the bounds
+// the cluster accepts (locksm's), checked when set, so that a bad value
+// stops the sidecar at its start (naming the file and line when it comes
+// from --config) rather than at its first session open.
+type sessionTimeoutFlag time.Duration
+
+// sessionTimeoutBounds says the bounds in the units they are typed in.
+var sessionTimeoutBounds = fmt.Sprintf("a duration %ds..%ds in whole milliseconds",
+	locksm.MinSessionTimeoutMs/1000, locksm.MaxSessionTimeoutMs/1000)
+
+func (d *sessionTimeoutFlag) String() string { return time.Duration(*d).String() }
+
+func (d *sessionTimeoutFlag) Set(s string) error {
+	v, err := time.ParseDuration(s)
+	if err != nil || v%time.Millisecond != 0 || v.Milliseconds() < locksm.MinSessionTimeoutMs || v.Milliseconds() > locksm.MaxSessionTimeoutMs {
+		return fmt.Errorf("want %s, such as 10s", sessionTimeoutBounds)
+	}
+	*d = sessionTimeoutFlag(v)
+	return nil
 }
 
 // socketMode is --socket-mode: octal permission bits, checked when set.

@@ -165,6 +165,7 @@ func (af *adminFlags) run(ctx context.Context, name string, req wire.AdminReques
 	switch {
 	case rep.Status != nil:
 		printStatus(out, rep.Status)
+		printSessions(out, rep.Status)
 	case rep.Key != nil:
 		printKey(out, rep.Key)
 	default:
@@ -235,6 +236,7 @@ func printStatus(w *errWriter, s *wire.StatusReport) {
 		keys = "key"
 	}
 	fmt.Fprintf(tw, "Locks:\t%d %s held, %d waiting, last token %d\n", s.KeysHeld, keys, s.Waiters, s.LastToken)
+	fmt.Fprintf(tw, "Sessions:\t%s\n", sessionsLine(s))
 	_ = tw.Flush() // its write error is kept by w
 	fmt.Fprintln(w)
 	if s.MembersError != "" {
@@ -261,13 +263,73 @@ func printStatus(w *errWriter, s *wire.StatusReport) {
 	printHealthNotes(w, rows)
 }
 
+// sessionsLine sums up the sidecars' sessions: how many, and in the
+// leader's view how many have a connection attached.
+func sessionsLine(s *wire.StatusReport) string {
+	line := fmt.Sprint(s.SessionsTotal)
+	attached, known := 0, false
+	for _, ss := range s.Sessions {
+		if ss.Attached != nil {
+			known = true
+			if *ss.Attached {
+				attached++
+			}
+		}
+	}
+	if known {
+		line += fmt.Sprintf(" (%d attached", attached)
+		if s.SessionsTruncated {
+			line += fmt.Sprintf(" of the first %d", len(s.Sessions))
+		}
+		line += ")"
+	}
+	return line
+}
+
+// printSessions lists the sidecars' sessions (the id is the one the
+// sidecar's INFO shows as session=).
+func printSessions(w *errWriter, s *wire.StatusReport) {
+	if len(s.Sessions) == 0 {
+		return
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SESSION\tATTACHED\tTIMEOUT\tRESUMES\tWAITING\tHOLDING\tUNACKED")
+	for _, ss := range s.Sessions {
+		attached := "-"
+		switch {
+		case ss.Attached == nil:
+		case *ss.Attached:
+			attached = "yes"
+		case ss.Expiring:
+			attached = "no, expiring"
+		case ss.ExpiresInMs != nil:
+			attached = "no, expires in " + fmtMs(*ss.ExpiresInMs)
+		default:
+			attached = "no"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\n", ss.ID, attached, fmtMs(int64(ss.TimeoutMs)), ss.Resumes, ss.Waiters, ss.Holdings, ss.Outcomes)
+	}
+	_ = tw.Flush() // its write error is kept by w
+	if s.SessionsTruncated {
+		fmt.Fprintf(w, "(first %d of %d sessions shown)\n", len(s.Sessions), s.SessionsTotal)
+	}
+	if s.Role != "leader" {
+		fmt.Fprintln(w, "(whether a session is attached is known only to the leader)")
+	}
+}
+
 func printKey(w *errWriter, k *wire.KeyReport) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "Key:\t%s\n", k.Key)
 	fmt.Fprintf(tw, "Answered by:\t%s (%s)\n", k.ServerID, k.Role)
 	switch h := k.Holder; {
 	case k.Held && h != nil:
-		fmt.Fprintf(tw, "Holder:\t%s, token %d\n", h.Owner, h.Token)
+		session := ""
+		if h.Session != "" {
+			session = ", session " + h.Session
+		}
+		fmt.Fprintf(tw, "Holder:\t%s, token %d%s\n", h.Owner, h.Token, session)
 		if len(h.BlockKeys) > 0 {
 			fmt.Fprintf(tw, "Block:\t%d keys under this token: %s\n", len(h.BlockKeys), strings.Join(h.BlockKeys, " "))
 		}
@@ -293,7 +355,7 @@ func printKey(w *errWriter, k *wire.KeyReport) {
 	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "#\tOWNER\tWAITED\tWAIT LEFT\tLEASE\tBLOCK")
+	fmt.Fprintln(tw, "#\tOWNER\tWAITED\tWAIT LEFT\tLEASE\tSESSION\tBLOCK")
 	estimated := false
 	for i, q := range k.Queue {
 		left := fmtMs(q.WaitRemainingMs)
@@ -304,7 +366,7 @@ func printKey(w *errWriter, k *wire.KeyReport) {
 		if len(q.BlockKeys) > 0 {
 			block = strings.Join(q.BlockKeys, " ")
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%ds\t%s\n", i+1, q.Owner, fmtMs(q.WaitedMs), left, q.LeaseSec, block)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%ds\t%s\t%s\n", i+1, q.Owner, fmtMs(q.WaitedMs), left, q.LeaseSec, orDash(q.Session), block)
 	}
 	_ = tw.Flush() // its write error is kept by w
 	if estimated {

@@ -4,13 +4,18 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"ticketing/cluster"
 	"ticketing/cluster/client"
+	"ticketing/cluster/local"
+	"ticketing/cluster/testkit"
 	"ticketing/cluster/wire"
+	"ticketing/sidecar"
 )
 
 // `ticketing status` and `ticketing inspect` against a real TLS cluster
@@ -156,3 +161,61 @@ func TestStatusAndInspect(t *testing.T) {
 }
 
 func itoa(v uint64) string { return strconv.FormatUint(v, 10) }
+
+// `ticketing status` lists the sidecars' sessions and `ticketing inspect`
+// names the session of a holder and of a waiter, with the id the
+// sidecar's INFO shows (session=), on real nodes of version 7 with a
+// real broker.
+func TestStatusAndInspectShowSessions(t *testing.T) {
+	c, flags := adminTestClusterTuned(t, func(cfg *cluster.Config) {
+		local.FastRaft(cfg)
+		cfg.ProtocolVersion = 7
+	})
+	bcfg := sidecar.DefaultConfig()
+	bcfg.Addrs, bcfg.Secret, bcfg.ClusterID, bcfg.TLS = c.ClientAddrs(), c.ClientSecret, c.ClusterID, c.ClientTLS
+	bcfg.SessionTimeout = 12 * time.Second
+	b, err := sidecar.New(bcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	testkit.WaitFor(t, "the broker's session attached", 30*time.Second, func() bool {
+		si := b.Info().Session
+		return si != nil && si.State == "attached"
+	})
+	id := strconv.FormatUint(b.Info().Session.ID, 16)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	lk, err := b.Acquire(ctx, "seats/7", "alice", 60*time.Second, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	queued := make(chan struct{})
+	_, err = b.AcquireAsyncOpts([]string{"seats/7"}, "bob", 60*time.Second, 45*time.Second,
+		sidecar.AcquireOptions{Queued: func() { close(queued) }}, func(sidecar.Lock, error) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-queued:
+	case <-ctx.Done():
+		t.Fatal("bob never queued")
+	}
+	run := func(args ...string) (int, string, string) {
+		var out, errb bytes.Buffer
+		code := Main(args, &out, &errb)
+		return code, out.String(), errb.String()
+	}
+	code, out, errs := run(append([]string{"status"}, flags...)...)
+	if code != ExitOK || !strings.Contains(out, "Sessions:     1 (1 attached)") ||
+		!regexp.MustCompile(`(?m)^`+id+` +yes +12s +0 +1 +1 +\d+$`).MatchString(out) {
+		t.Fatalf("status: exit %d\n%s%s", code, out, errs)
+	}
+	t.Logf("ticketing status:\n%s", out)
+	code, out, errs = run(append([]string{"inspect", "seats/7"}, flags...)...)
+	if code != ExitOK || !strings.Contains(out, "Holder:       alice, token "+itoa(lk.Token)+", session "+id+"\n") ||
+		!regexp.MustCompile(`(?m)^1 +bob +\S+ +\S+ +60s +`+id+` +-$`).MatchString(out) {
+		t.Fatalf("inspect: exit %d\n%s%s", code, out, errs)
+	}
+	t.Logf("ticketing inspect seats/7:\n%s", out)
+}
