@@ -97,6 +97,15 @@ type Config struct {
 	RecoveryBound time.Duration
 	// Quiet is how long the workload runs after the final heal. Default 8 s.
 	Quiet time.Duration
+	// MinGrants: after Quiet the workload goes on until the history holds
+	// at least this many granted acquires, for at most MinGrantsWait more
+	// (a cluster that stalls is then judged as it is). Zero: no minimum.
+	// A fixed duration on a loaded machine completes fewer cycles; what a
+	// short run must show is that enough happened, not how fast (a CI run
+	// beside another once had 99 grants in a 30 s run that wanted 100).
+	MinGrants int
+	// MinGrantsWait bounds the wait for MinGrants. Default 2 min.
+	MinGrantsWait time.Duration
 	// LinearizeTimeout bounds porcupine. Default 2 min.
 	LinearizeTimeout time.Duration
 	// MaxIndeterminateShare bounds the share of indeterminate acquires
@@ -140,6 +149,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.RecoveryBound == 0 {
 		c.RecoveryBound = 5 * time.Second
+	}
+	if c.MinGrantsWait == 0 {
+		c.MinGrantsWait = 2 * time.Minute
 	}
 	if c.Quiet == 0 {
 		c.Quiet = 8 * time.Second
@@ -368,6 +380,12 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 
 	// Quiet period: the workload goes on on a healed cluster.
 	sleepCtx(ctx, cfg.Quiet)
+	if n := grantsIn(h.Ops()); n < cfg.MinGrants {
+		logf("%d grants so far: the workload goes on until %d (at most %v)", n, cfg.MinGrants, cfg.MinGrantsWait)
+		for until := time.Now().Add(cfg.MinGrantsWait); time.Now().Before(until) && ctx.Err() == nil && grantsIn(h.Ops()) < cfg.MinGrants; {
+			sleepCtx(ctx, 500*time.Millisecond)
+		}
+	}
 	stopAll()
 	logf("workload stopped")
 
@@ -732,3 +750,14 @@ func shareBound(max float64) string {
 // such operation stays open to the end of the history and porcupine's
 // search grows too large for a 15-minute run.
 const IndeterminateWindow = 30 * time.Second
+
+// grantsIn counts the granted acquires of ops (as CheckReport.Grants does).
+func grantsIn(ops []Op) int {
+	n := 0
+	for _, op := range ops {
+		if op.Kind == KindAcquire && op.Result == ResOK {
+			n++
+		}
+	}
+	return n
+}
