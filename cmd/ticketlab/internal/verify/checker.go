@@ -94,6 +94,13 @@ type CheckReport struct {
 	LostChecked, LostExempt                                      int
 	LostMaxLag                                                   time.Duration
 	Stalls, StallsTold, StallsRefused, StallsStillHeld           int
+	// Issue 31 (checker_fifo.go). Queued: acquires whose `! QUEUED` event
+	// was read; QueuedGranted of them granted, QueuedThroughLeaderChange
+	// of those after a leader fault that began after their event (they
+	// kept their place in line across it); FIFOChecked: grants checked
+	// against the waiters queued on their keys before they were sent (an
+	// overtake is a "fifo" violation).
+	Queued, QueuedGranted, QueuedThroughLeaderChange, FIFOChecked int
 }
 
 // CheckOptions tunes Check.
@@ -173,6 +180,7 @@ func Check(ops []Op, store []StoreRec, final FinalState, opts CheckOptions) Chec
 	checkHeld(ops, acquires, &r, bad)
 	r.LostMaxLag = math.MinInt64
 	checkLostSignal(ops, grants, &r, bad)
+	checkFIFO(ops, &r, bad)
 
 	// No leak, by counting: every token issued is either known (an OK) or
 	// explained by an indeterminate acquire (granted, then compensated or

@@ -728,3 +728,118 @@ func TestCheckBoundsIndeterminateShare(t *testing.T) {
 		}
 	}
 }
+
+// ---- issue 31: per-key FIFO across leader changes ----
+
+// waiter adds an acquire of key by w that waited: sent at inv, its
+// `! QUEUED` read at queued (0: none), answered at cmp.
+func (h *hist) waiter(w int, key string, inv, queued, cmp int64, waitMs int64, res string, tok uint64) Op {
+	return h.add(Op{Worker: w, Kind: KindAcquire, Key: key, LeaseMs: 1000, WaitMs: waitMs, Inv: inv, Cmp: cmp, Queued: queued * ms,
+		Result: res, Token: tok})
+}
+
+// line is a holder of k and three waiters queued behind it one by one
+// (each event read before the next is sent), the holder releasing at
+// relAt; the waiters are granted the tokens toks, in token order at
+// grantAt, +20 ms, +40 ms, each releasing at once.
+func fifoHistory(relAt, grantAt int64, toks [3]uint64) *hist {
+	var h hist
+	a := h.acquire(0, "k", 0, 10, ResOK, 1)
+	at := func(tok uint64) int64 { // the grant of the tok-th smallest token
+		rank := int64(0)
+		for _, t := range toks {
+			if t < tok {
+				rank++
+			}
+		}
+		return grantAt + 20*rank
+	}
+	var ws []Op
+	for i, tok := range toks {
+		ws = append(ws, h.waiter(i+1, "k", 20+10*int64(i), 25+10*int64(i), at(tok), 5000, ResOK, tok))
+	}
+	h.release(a, relAt, relAt+5, ResOK, "")
+	for _, w := range ws {
+		h.release(w, at(w.Token)+5, at(w.Token)+10, ResOK, "")
+	}
+	return &h
+}
+
+func TestCheckFIFOAcceptsTheQueueOrder(t *testing.T) {
+	h := fifoHistory(100, 110, [3]uint64{2, 3, 4})
+	r := Check(h.ops, nil, FinalState{LastToken: 4}, CheckOptions{})
+	if len(r.Violations) != 0 || r.Linearizable != porcupine.Ok {
+		t.Fatalf("violations %v, linearizable %s", r.Violations, r.Linearizable)
+	}
+	// w2's grant is checked against w1, w3's against w1 and w2.
+	if r.Queued != 3 || r.QueuedGranted != 3 || r.FIFOChecked != 2 || r.QueuedThroughLeaderChange != 0 {
+		t.Fatalf("queued %d granted %d checked %d through a leader change %d", r.Queued, r.QueuedGranted, r.FIFOChecked, r.QueuedThroughLeaderChange)
+	}
+}
+
+// w3, queued last, is granted before w2: it overtook a waiter still in
+// line. Nothing else is wrong with the history: each grant followed a
+// release, tokens grow, and the lock model alone accepts it.
+func TestCheckFIFOFindsAnOvertake(t *testing.T) {
+	h := fifoHistory(100, 110, [3]uint64{2, 4, 3})
+	if got := checks(Check(h.ops, nil, FinalState{LastToken: 4}, CheckOptions{})); got != "fifo" {
+		t.Fatalf("violations %q, want fifo", got)
+	}
+}
+
+// The leader dies while the line waits (a fault between the QUEUED events
+// and the grants): a new leader that kept the queue grants in the queue
+// order, which passes; one whose grants overtake fails. A waiter the new
+// leader dropped (INDETERMINATE: a leader without sessions) has left the
+// line, and the ones behind it may go first.
+func TestCheckFIFOAcrossALeaderChange(t *testing.T) {
+	kill := Op{Worker: -1, Kind: KindFault, Fault: FaultKillLeader, Target: "n1", Inv: 60, Cmp: 1500}
+	h := fifoHistory(2000, 2010, [3]uint64{2, 3, 4})
+	h.add(kill)
+	r := Check(h.ops, nil, FinalState{LastToken: 4}, CheckOptions{})
+	if len(r.Violations) != 0 || r.QueuedThroughLeaderChange != 3 {
+		t.Fatalf("violations %v, %d waiters kept their place through the leader change", r.Violations, r.QueuedThroughLeaderChange)
+	}
+
+	h = fifoHistory(2000, 2010, [3]uint64{3, 2, 4})
+	h.add(kill)
+	if got := checks(Check(h.ops, nil, FinalState{LastToken: 4}, CheckOptions{})); got != "fifo" {
+		t.Fatalf("violations %q, want fifo", got)
+	}
+
+	var d hist
+	a := d.acquire(0, "k", 0, 10, ResOK, 1)
+	d.waiter(1, "k", 20, 25, 1600, 5000, ResIndeterminate, 0) // dropped by the new leader
+	w2 := d.waiter(2, "k", 30, 35, 2010, 5000, ResOK, 2)
+	d.add(kill)
+	d.release(a, 2000, 2005, ResOK, "")
+	d.release(w2, 2015, 2020, ResOK, "")
+	if r := Check(d.ops, nil, FinalState{LastToken: 2}, CheckOptions{}); len(r.Violations) != 0 || r.Queued != 2 || r.FIFOChecked != 1 {
+		t.Fatalf("violations %v, queued %d, checked %d", r.Violations, r.Queued, r.FIFOChecked)
+	}
+}
+
+// A waiter that timed out left the line only when its wait ran out: a
+// later-queued waiter granted before that overtook it. Not judged when a
+// clock fault overlapped its wait (a new leader re-arms the wait from a
+// stamp of the shifted clock).
+func TestCheckFIFOTimeoutStillInLine(t *testing.T) {
+	build := func(fault string) []Op {
+		var h hist
+		a := h.acquire(0, "k", 0, 10, ResOK, 1)
+		h.waiter(1, "k", 20, 25, 520, 500, ResTimeout, 0)
+		w2 := h.waiter(2, "k", 30, 35, 310, 2000, ResOK, 2) // granted while w1 waited
+		h.release(a, 300, 305, ResOK, "")
+		h.release(w2, 600, 610, ResOK, "") // (held through w1's TIMEOUT, which the lock model alone accepts)
+		if fault != "" {
+			h.add(Op{Worker: -1, Kind: KindFault, Fault: fault, Target: "n1", Inv: 0, Cmp: 100})
+		}
+		return h.ops
+	}
+	if got := checks(Check(build(""), nil, FinalState{LastToken: 2}, CheckOptions{})); got != "fifo" {
+		t.Fatalf("violations %q, want fifo", got)
+	}
+	if r := Check(build(FaultClockBackward), nil, FinalState{LastToken: 2}, CheckOptions{}); strings.Contains(checks(r), "fifo") {
+		t.Fatalf("violations %v with a clock fault during the wait", r.Violations)
+	}
+}

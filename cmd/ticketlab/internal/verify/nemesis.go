@@ -41,7 +41,26 @@ const (
 	// is removed first, then the new server joins as a learner, catches
 	// up and is promoted).
 	FaultReplace = "replace"
+	// FaultKillLeaderQueues builds long queues first (holders on a few
+	// fresh keys, and waiters that queue behind them one by one through
+	// every sidecar, each confirmed by its `! QUEUED` before the next is
+	// sent, so their queue order is known), then SIGKILLs the leader and
+	// restarts it; the holders release once a leader serves, and each
+	// granted waiter releases at once (linequeue.go).
+	FaultKillLeaderQueues = "kill-leader-queues"
+	// FaultKillSidecar SIGKILLs a sidecar process (its workers lose their
+	// sessions; with cluster sessions its own expires) and starts it
+	// again at the same socket.
+	FaultKillSidecar = "kill-sidecar"
 )
+
+// leaderFaults are the faults that can leave the cluster without a
+// serving leader for a while: a leader killed, paused or cut off, or a
+// partition or a loss of state that may take its majority.
+var leaderFaults = map[string]bool{
+	FaultKillLeader: true, FaultKillLeaderQueues: true, FaultPauseLeader: true, FaultIsolateLeader: true,
+	FaultSplit: true, FaultBridge: true, FaultWipeQuorum: true, FaultReplace: true,
+}
 
 // Step is one fault of a schedule: what, for how long, the pause after it,
 // and a random number that picks targets and magnitudes.

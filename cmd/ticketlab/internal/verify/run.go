@@ -292,7 +292,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		keys[i] = fmt.Sprintf("seat/%d", i)
 	}
 	params := func(id int, proc bool) WorkerParams {
-		wp := WorkerParams{ID: id, Proc: proc, Seed: cfg.Seed*1000 + int64(id), Socket: p.SidecarSocket(id % p.Sidecars()),
+		wp := WorkerParams{ID: id, Proc: proc, Seed: cfg.Seed*1000 + int64(id), Socket: p.SidecarSocket(id % p.Sidecars()), Sidecar: id%p.Sidecars() + 1,
 			Keys: keys, HoldMin: 0, HoldMax: 200 * time.Millisecond, LateProb: 0.05, BlockShare: max(cfg.BlockShare, 0)}
 		if proc {
 			// Long enough holds that the nemesis can catch them holding,
@@ -320,7 +320,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			runWorker(wctx, wp, func(keys []string, token uint64, worker int, op int64) (bool, error) {
 				ok, _ := store.WriteBlock(keys, token, worker, op)
 				return ok, nil
-			}, h.Add)
+			}, func(op Op) { op.Sidecar = wp.Sidecar; h.Add(op) })
 		}()
 	}
 	werr, err := os.Create(filepath.Join(cfg.Dir, "workers.log"))
@@ -629,6 +629,8 @@ func (r *Result) Summary() string {
 	fmt.Fprintf(&b, "indeterminate share: %.1f %% (%d of %d acquires; bound %s)\n",
 		100*ck.IndeterminateShare, ck.Indeterminate, ck.Acquires, shareBound(c.MaxIndeterminateShare))
 	fmt.Fprintf(&b, "atomicity: %d HELD observations of blocks checked\n", ck.HeldChecks)
+	fmt.Fprintf(&b, "fifo: %d acquires confirmed queued (`! QUEUED`), %d of them granted (%d kept their place through a leader fault); %d grants checked against the waiters queued before them\n",
+		ck.Queued, ck.QueuedGranted, ck.QueuedThroughLeaderChange, ck.FIFOChecked)
 	if ck.Extends+ck.ExtendsIndeterminate+ck.ExtendsRefused+ck.ExtendsFailed+ck.Stalls > 0 || len(ck.LostEvents) > 0 {
 		lag := "none checked"
 		if ck.LostChecked > 0 {
