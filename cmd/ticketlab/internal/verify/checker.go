@@ -101,6 +101,12 @@ type CheckReport struct {
 	// against the waiters queued on their keys before they were sent (an
 	// overtake is a "fifo" violation).
 	Queued, QueuedGranted, QueuedThroughLeaderChange, FIFOChecked int
+	// SidecarKills is the number of kill-sidecar faults; KilledInFlight
+	// the operations of their workers in flight at a kill (each must be
+	// INDETERMINATE: nobody answered them); KilledHoldings the holdings
+	// delivered before a kill and not released by then, each checked to
+	// keep its lease (checkKilledSidecars).
+	SidecarKills, KilledInFlight, KilledHoldings int
 }
 
 // CheckOptions tunes Check.
@@ -181,6 +187,7 @@ func Check(ops []Op, store []StoreRec, final FinalState, opts CheckOptions) Chec
 	r.LostMaxLag = math.MinInt64
 	checkLostSignal(ops, grants, &r, bad)
 	checkFIFO(ops, &r, bad)
+	checkKilledSidecars(ops, grants, &r, bad)
 
 	// No leak, by counting: every token issued is either known (an OK) or
 	// explained by an indeterminate acquire (granted, then compensated or
@@ -253,8 +260,14 @@ func Check(ops []Op, store []StoreRec, final FinalState, opts CheckOptions) Chec
 // can run out (leaseEnds: invocation + lease, or the last EXTEND answered
 // OK's invocation + its lease). (A block's holding is one: a release
 // naming any of its keys ends it.)
+//
+// A session's close ends its holdings only if its sidecar was alive to
+// release them: a holding delivered before its sidecar was killed
+// (outlivedSidecar) keeps its lease, and the close its worker then saw
+// does not end it.
 func holdEnds(ops []Op, grants []Op) map[int64]int64 {
 	end := leaseEnds(ops, grants)
+	kills := sidecarKills(ops)
 	byWorker := map[int][]Op{}
 	for _, g := range grants {
 		byWorker[g.Worker] = append(byWorker[g.Worker], g)
@@ -267,7 +280,7 @@ func holdEnds(ops []Op, grants []Op) map[int64]int64 {
 			}
 		case KindClose:
 			for _, g := range byWorker[op.Worker] {
-				if op.Cmp >= g.Cmp && op.Inv < end[g.ID] {
+				if op.Cmp >= g.Cmp && op.Inv < end[g.ID] && !outlivedSidecar(kills, g, op.Cmp) {
 					end[g.ID] = max(op.Inv, g.Cmp)
 				}
 			}

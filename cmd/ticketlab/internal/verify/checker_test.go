@@ -843,3 +843,88 @@ func TestCheckFIFOTimeoutStillInLine(t *testing.T) {
 		t.Fatalf("violations %v with a clock fault during the wait", r.Violations)
 	}
 }
+
+// ---- issue 31: a killed sidecar ----
+
+// killedSidecar: w1 holds k through sidecar 1 (lease 1 s from 0 ms), the
+// sidecar is killed at 100 ms and restarted at 1500 ms, and w1 sees its
+// session end at 150 ms; w2 takes k through sidecar 2 at nextAt.
+func killedSidecar(nextAt int64, withFault bool) []Op {
+	var h hist
+	a := h.add(Op{Worker: 1, Sidecar: 1, Kind: KindAcquire, Key: "k", LeaseMs: 1000, Inv: 0, Cmp: 10, Result: ResOK, Token: 1})
+	if withFault {
+		h.add(Op{Worker: -1, Kind: KindFault, Fault: FaultKillSidecar, Target: "sidecar1", Sidecar: 1, Inv: 100, Cmp: 1500})
+	}
+	h.add(Op{Worker: 1, Sidecar: 1, Kind: KindRelease, Key: "k", Token: 1, Acq: a.ID, Inv: 140, Cmp: 150, Result: ResIndeterminate, Err: "closed"})
+	h.add(Op{Worker: 1, Sidecar: 1, Kind: KindClose, Inv: 10, Cmp: 150})
+	b := h.add(Op{Worker: 2, Sidecar: 2, Kind: KindAcquire, Key: "k", LeaseMs: 1000, WaitMs: 2000, Inv: 120, Cmp: nextAt, Result: ResOK, Token: 2})
+	h.add(Op{Worker: 2, Sidecar: 2, Kind: KindRelease, Key: "k", Token: 2, Acq: b.ID, Inv: nextAt + 10, Cmp: nextAt + 20, Result: ResOK})
+	return h.ops
+}
+
+// The holding of a killed sidecar's worker keeps its lease: the close the
+// worker saw did not release it (the sidecar was dead), so a grant of its
+// key to another sidecar's worker before the lease's end is a violation.
+// The worker's release was sent at 140 ms, after the kill, into a dead
+// connection (INDETERMINATE): it ends nothing earlier than its send. Its
+// in-flight release is counted. Without the kill (a close the sidecar
+// handled), the same history passes.
+func TestCheckKilledSidecarHoldingKeepsItsLease(t *testing.T) {
+	if r := Check(killedSidecar(300, false), nil, FinalState{}, CheckOptions{}); len(r.Violations) != 0 {
+		t.Fatalf("a closed session's holding: violations %v", r.Violations)
+	}
+	// The release at 140 ms may have ended it: from then on k may go on.
+	if r := Check(killedSidecar(300, true), nil, FinalState{}, CheckOptions{}); len(r.Violations) != 0 || r.SidecarKills != 1 || r.KilledHoldings != 1 {
+		t.Fatalf("violations %v, kills %d, holdings %d", r.Violations, r.SidecarKills, r.KilledHoldings)
+	}
+	// Without that release, only the lease ends it.
+	drop := func(ops []Op) []Op {
+		var out []Op
+		for _, op := range ops {
+			if !(op.Kind == KindRelease && op.Worker == 1) {
+				out = append(out, op)
+			}
+		}
+		return out
+	}
+	got := checks(Check(drop(killedSidecar(300, true)), nil, FinalState{}, CheckOptions{}))
+	if !strings.Contains(got, "mutual-exclusion") || !strings.Contains(got, "linearizability") {
+		t.Fatalf("violations %q, want mutual-exclusion and linearizability", got)
+	}
+	if r := Check(drop(killedSidecar(1100, true)), nil, FinalState{}, CheckOptions{}); len(r.Violations) != 0 {
+		t.Fatalf("a grant after the lease's end: violations %v", r.Violations)
+	}
+}
+
+// A request in flight at a sidecar's kill is never answered, nor is one
+// sent while it is down: its worker sees INDETERMINATE. A grant the
+// cluster made to it is never used: a write under a token the worker was
+// not granted is refused by the fencing and no-leak checks.
+func TestCheckKilledSidecarAnswersNothing(t *testing.T) {
+	build := func(res string, tok uint64, sentAt int64) []Op {
+		var h hist
+		h.add(Op{Worker: -1, Kind: KindFault, Fault: FaultKillSidecar, Target: "sidecar1", Sidecar: 1, Inv: 100, Cmp: 1500})
+		a := h.add(Op{Worker: 1, Sidecar: 1, Kind: KindAcquire, Key: "k", LeaseMs: 1000, WaitMs: 5000, Inv: sentAt, Cmp: 4000, Result: res, Token: tok})
+		if res == ResOK {
+			h.add(Op{Worker: 1, Sidecar: 1, Kind: KindRelease, Key: "k", Token: tok, Acq: a.ID, Inv: 4010, Cmp: 4020, Result: ResOK})
+		}
+		return h.ops
+	}
+	r := Check(build(ResIndeterminate, 0, 50), nil, FinalState{}, CheckOptions{})
+	if len(r.Violations) != 0 || r.KilledInFlight != 1 {
+		t.Fatalf("violations %v, in flight %d", r.Violations, r.KilledInFlight)
+	}
+	for _, sent := range []int64{50, 200} {
+		if got := checks(Check(build(ResOK, 1, sent), nil, FinalState{}, CheckOptions{})); got != "dead-sidecar" {
+			t.Fatalf("answered OK, sent at %d ms: violations %q, want dead-sidecar", sent, got)
+		}
+	}
+	var h hist
+	h.add(Op{Worker: -1, Kind: KindFault, Fault: FaultKillSidecar, Target: "sidecar1", Sidecar: 1, Inv: 100, Cmp: 1500})
+	a := h.add(Op{Worker: 1, Sidecar: 1, Kind: KindAcquire, Key: "k", LeaseMs: 1000, WaitMs: 5000, Inv: 50, Cmp: 150, Result: ResIndeterminate})
+	h.add(Op{Worker: 1, Sidecar: 1, Kind: KindWrite, Key: "k", Token: 1, Acq: a.ID, Inv: 200, Cmp: 210, Result: ResOK})
+	store := []StoreRec{{Key: "k", Token: 1, Accepted: true}}
+	if got := checks(Check(h.ops, store, FinalState{LastToken: 1}, CheckOptions{})); !strings.Contains(got, "no-leak") {
+		t.Fatalf("violations %q, want no-leak", got)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	ticketing "ticketing/clients/go"
 	"ticketing/cluster/localproc"
 	"ticketing/cmd/ticketlab/internal/faults"
 )
@@ -91,7 +92,7 @@ func Schedule(seed int64, d time.Duration, wipe bool) []Step {
 	kinds := []string{
 		FaultKillLeader, FaultKillFollower, FaultPauseLeader, FaultPauseFollower, FaultPauseWorker,
 		FaultIsolateLeader, FaultSplit, FaultBridge, FaultClockForward, FaultClockBackward,
-		FaultSidecarDrop, FaultFreezeFollower,
+		FaultSidecarDrop, FaultFreezeFollower, FaultKillSidecar,
 	}
 	if wipe {
 		kinds = append(kinds, FaultWipeFollower, FaultWipeQuorum)
@@ -508,6 +509,30 @@ func (n *nemesis) apply(ctx context.Context, st Step) {
 			_ = n.dropSidecarConnections(j)
 			sleepCtx(ctx, st.Hold/time.Duration(times))
 		}
+	case FaultKillSidecar:
+		if n.p.Sidecars() == 0 {
+			return
+		}
+		j := rng.Intn(n.p.Sidecars())
+		begin(fmt.Sprintf("sidecar%d", j+1), fmt.Sprintf("down %v", st.Hold))
+		rec.Sidecar = j + 1
+		_ = n.p.SignalSidecar(j, syscall.SIGKILL) // returns once it exited
+		// Inv..Cmp is exactly when it was dead (checkKilledSidecars: a
+		// request sent then cannot have been answered).
+		rec.Inv = time.Now().UnixNano()
+		hold()
+		rec.Cmp = time.Now().UnixNano()
+		if err := n.p.StartSidecar(j); err != nil {
+			rec.Detail += " (restart failed: " + err.Error() + ")"
+			break
+		}
+		// Its workers dial again as soon as the socket answers.
+		rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := ticketing.WaitReady(rctx, n.p.SidecarSocket(j))
+		cancel()
+		if err != nil {
+			rec.Detail += " (not ready after its restart: " + err.Error() + ")"
+		}
 	case FaultFreezeFollower:
 		l, f := n.pick(ctx, rng)
 		begin(ids[f], fmt.Sprintf("links to leader %s frozen %v", ids[l], st.Hold))
@@ -523,7 +548,9 @@ func (n *nemesis) apply(ctx context.Context, st Step) {
 	default:
 		return
 	}
-	rec.Cmp = time.Now().UnixNano()
+	if rec.Cmp == 0 {
+		rec.Cmp = time.Now().UnixNano()
+	}
 	n.mu.Lock()
 	n.heals = append(n.heals, rec.Cmp)
 	n.mu.Unlock()

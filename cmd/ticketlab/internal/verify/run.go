@@ -641,6 +641,10 @@ func (r *Result) Summary() string {
 		fmt.Fprintf(&b, "lost signal: events expired %d, moved %d, compensated %d; before the next holder's grant: %d checked, %s (tolerance %v), %d exempt (a process on the path was stopped)\n",
 			ck.LostEvents["expired"], ck.LostEvents["moved"], ck.LostEvents["compensated"], ck.LostChecked, lag, LostDeliveryTolerance, ck.LostExempt)
 	}
+	if ck.SidecarKills > 0 {
+		fmt.Fprintf(&b, "killed sidecars: %d kills; %d operations in flight at a kill (answered by nobody: INDETERMINATE); %d holdings delivered before a kill checked to keep their leases\n",
+			ck.SidecarKills, ck.KilledInFlight, ck.KilledHoldings)
+	}
 	comps := "components"
 	if ck.PorcupineParts == 1 {
 		comps = "component"
