@@ -1,6 +1,9 @@
 package verify
 
-import "sort"
+import (
+	"sort"
+	"time"
+)
 
 // A killed sidecar (issue 31). The nemesis SIGKILLs a sidecar process
 // (FaultKillSidecar; Op.Sidecar names it, Inv..Cmp from the kill to its
@@ -9,18 +12,19 @@ import "sort"
 //
 //   - Nothing that sidecar was sent and did not answer before it died is
 //     answered: its workers see their sessions end, so an operation in
-//     flight at the kill is INDETERMINATE (the workers classify it so; a
-//     definite answer read more than LostDeliveryTolerance after the kill
-//     is a violation, one read sooner may have been written before it),
-//     and nothing sent while it is down (the fault's Inv, taken once the
-//     process exited, to its restart) is answered. A grant
-//     the cluster made to the dead sidecar (its in-flight acquire, or its
-//     queued waiter reaching the head) is therefore never used: no worker
-//     learns its token, and the fencing and no-leak checks refuse any
-//     write under a token its worker was not granted or after an acquire
-//     that was not OK. With sessions the leader releases such grants when
-//     the session expires; they explain BUSY and TIMEOUT like any
-//     INDETERMINATE acquire's possible grant (model.go).
+//     flight at the kill, or sent on its dead session before the restart,
+//     is INDETERMINATE (the workers classify it so). The fault's Inv is
+//     taken just before the SIGKILL and its Cmp just before the restart, so
+//     a definite answer to a request sent before Cmp that was read more than
+//     LostDeliveryTolerance after Inv is a violation (one read sooner may
+//     have been written before the process died). A grant the cluster made
+//     to the dead sidecar (its in-flight acquire, or its queued waiter
+//     reaching the head) is therefore never used: no worker learns its
+//     token, and the fencing and no-leak checks refuse any write under a
+//     token its worker was not granted or after an acquire that was not
+//     OK. With sessions the leader releases such grants when the session
+//     expires; they explain BUSY and TIMEOUT like any INDETERMINATE
+//     acquire's possible grant (model.go).
 //   - Its delivered holdings keep their leases: the sidecar died without
 //     releasing them, and the leader releases only what it knows nobody
 //     was told (a holder behind a dead or partitioned sidecar may be
@@ -58,12 +62,10 @@ func outlivedSidecar(kills map[int][]Op, g Op, at int64) bool {
 	return false
 }
 
-// checkKilledSidecars checks that nothing was answered through a killed
-// sidecar while it was down, nor after its death to a request sent before
-// it (such a request is in flight at the kill and must end
-// INDETERMINATE), and counts the in-flight operations and the delivered
-// holdings that outlived their sidecar (whose leases mutual exclusion and
-// the model then check whole).
+// checkKilledSidecars checks that nothing sent to a killed sidecar before
+// its restart was answered (see above), and counts the operations in
+// flight at a kill and the delivered holdings that outlived their sidecar
+// (whose leases mutual exclusion and the model then check whole).
 func checkKilledSidecars(ops []Op, grants []Op, r *CheckReport, bad func(string, string, ...any)) {
 	kills := sidecarKills(ops)
 	for _, fs := range kills {
@@ -83,7 +85,7 @@ func checkKilledSidecars(ops []Op, grants []Op, r *CheckReport, bad func(string,
 	for _, g := range grants {
 		for _, f := range kills[g.Sidecar] {
 			at, released := ended[g.ID]
-			if g.Cmp < f.Inv && (!released || at >= f.Inv) && g.Inv+g.LeaseMs*1e6 > f.Inv {
+			if g.Cmp < f.Inv && (!released || at >= f.Inv) && g.Inv+g.LeaseMs*int64(time.Millisecond) > f.Inv {
 				r.KilledHoldings++
 				break
 			}
@@ -96,24 +98,15 @@ func checkKilledSidecars(ops []Op, grants []Op, r *CheckReport, bad func(string,
 			continue
 		}
 		for _, f := range kills[op.Sidecar] {
-			switch {
-			case op.Cmp < f.Inv || op.Inv > f.Cmp:
-				continue
-			case op.Inv < f.Inv:
-				// In flight at the kill. (A reply the sidecar wrote just
-				// before it died may be read a little after: only a definite
-				// answer read later than LostDeliveryTolerance after the
-				// kill is impossible.)
+			if op.Cmp < f.Inv || op.Inv >= f.Cmp {
+				continue // answered before the kill, or sent to the restarted sidecar
+			}
+			if op.Inv < f.Inv {
 				r.KilledInFlight++
-				if op.Result != ResIndeterminate && op.Cmp > f.Inv+int64(LostDeliveryTolerance) {
-					bad("dead-sidecar", "w%d's %s of %s sent at %s, before sidecar%d was killed (%s), was answered %s at %s: nobody could answer it",
-						op.Worker, op.Kind, orNone(opKeys(op)), ts(op.Inv), f.Sidecar, ts(f.Inv), op.Result, ts(op.Cmp))
-				}
-			case op.Result != ResIndeterminate && op.Result != ResError:
-				// Sent while it was down (on a session of the dead
-				// process, or a new one before its restart): only errors.
-				bad("dead-sidecar", "w%d's %s of %s was answered %s at %s while sidecar%d was down (%s..%s)",
-					op.Worker, op.Kind, orNone(opKeys(op)), op.Result, ts(op.Cmp), f.Sidecar, ts(f.Inv), ts(f.Cmp))
+			}
+			if op.Result != ResIndeterminate && op.Cmp > f.Inv+int64(LostDeliveryTolerance) {
+				bad("dead-sidecar", "w%d's %s of %s sent at %s was answered %s at %s, but sidecar%d was killed at %s and restarted only at %s: nobody could answer it",
+					op.Worker, op.Kind, orNone(opKeys(op)), ts(op.Inv), op.Result, ts(op.Cmp), f.Sidecar, ts(f.Inv), ts(f.Cmp))
 			}
 			break
 		}

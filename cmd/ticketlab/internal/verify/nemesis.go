@@ -92,7 +92,7 @@ func Schedule(seed int64, d time.Duration, wipe bool) []Step {
 	kinds := []string{
 		FaultKillLeader, FaultKillFollower, FaultPauseLeader, FaultPauseFollower, FaultPauseWorker,
 		FaultIsolateLeader, FaultSplit, FaultBridge, FaultClockForward, FaultClockBackward,
-		FaultSidecarDrop, FaultFreezeFollower, FaultKillSidecar,
+		FaultSidecarDrop, FaultFreezeFollower, FaultKillSidecar, FaultKillLeaderQueues,
 	}
 	if wipe {
 		kinds = append(kinds, FaultWipeFollower, FaultWipeQuorum)
@@ -130,6 +130,11 @@ type nemesis struct {
 	// yet; maxLost: the largest set of them at one time.
 	lost    map[string]replacement
 	maxLost []string
+
+	// The kill-leader-queues fault's lines (linequeue.go): keys and
+	// waiters per key of each, rounds built, sessions opened.
+	lineKeys, lineWaiters   int
+	lineRounds, lineClients int
 }
 
 // replacement is a wiped server's pending replacement: node index and the
@@ -141,7 +146,7 @@ type replacement struct {
 
 func newNemesis(p *localproc.Procs, dir string, workers []*workerProc, h *History, logf func(string, ...any)) *nemesis {
 	return &nemesis{p: p, dir: dir, drops: make([]uint64, p.Sidecars()), workers: workers, h: h, log: logf,
-		offsets: make([]int64, p.Size()), lost: map[string]replacement{}}
+		offsets: make([]int64, p.Size()), lost: map[string]replacement{}, lineKeys: DefaultLineKeys, lineWaiters: DefaultLineWaiters}
 }
 
 // faultFile is the fault file of the process named name (a node id or
@@ -361,6 +366,25 @@ func (n *nemesis) apply(ctx context.Context, st Step) {
 			// Heal: the new server takes the old one's place.
 			rec.Detail += n.replace(ctx, i, oldID)
 		}
+	case FaultKillLeaderQueues:
+		if n.p.Sidecars() == 0 {
+			return
+		}
+		ln, err := n.buildLines(ctx, n.lineKeys, n.lineWaiters)
+		l, _ := n.pick(ctx, rng) // whoever serves the line now
+		begin(ids[l], fmt.Sprintf("down %v under queues: %s", st.Hold, ln.describe()))
+		if err != nil {
+			rec.Detail += " (line incomplete: " + err.Error() + ")"
+		}
+		_ = n.p.Signal(l, syscall.SIGKILL)
+		hold()
+		if err := n.p.Start(l); err != nil {
+			rec.Detail += " (restart failed: " + err.Error() + ")"
+		}
+		rec.Cmp = time.Now().UnixNano() // the heal; the line drains after it
+		ln.drain()
+		rec.Detail += "; after the kill: " + ln.describe()
+		n.log("nemesis: %s %s: line drained: %s", st.Kind, ids[l], ln.describe())
 	case FaultWipeQuorum:
 		l, f := n.pick(ctx, rng)
 		oldF, _ := n.p.ServerID(f, 0)
@@ -516,10 +540,10 @@ func (n *nemesis) apply(ctx context.Context, st Step) {
 		j := rng.Intn(n.p.Sidecars())
 		begin(fmt.Sprintf("sidecar%d", j+1), fmt.Sprintf("down %v", st.Hold))
 		rec.Sidecar = j + 1
+		// Inv (begin) is just before the kill, Cmp just before the restart:
+		// nothing sent before Cmp can be answered later than a moment after
+		// Inv (checkKilledSidecars).
 		_ = n.p.SignalSidecar(j, syscall.SIGKILL) // returns once it exited
-		// Inv..Cmp is exactly when it was dead (checkKilledSidecars: a
-		// request sent then cannot have been answered).
-		rec.Inv = time.Now().UnixNano()
 		hold()
 		rec.Cmp = time.Now().UnixNano()
 		if err := n.p.StartSidecar(j); err != nil {

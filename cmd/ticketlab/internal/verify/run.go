@@ -86,6 +86,13 @@ type Config struct {
 	// ReplaceAll replaces the schedule by a rolling replacement of every
 	// node (FaultReplace, one after the other, the leader included).
 	ReplaceAll bool
+	// Steps, if set, is the schedule (instead of the one Seed derives):
+	// a test runs chosen faults this way.
+	Steps []Step
+	// LineKeys and LineWaiters shape the queues the kill-leader-queues
+	// fault builds before it kills the leader: fresh keys, and waiters
+	// per key. Zero: DefaultLineKeys, DefaultLineWaiters.
+	LineKeys, LineWaiters int
 	// Wipe adds the wiped-node faults (a data dir removed, the node
 	// restarted at its old address). The node comes back as a new server
 	// (a new incarnation) that cannot vote under its old id and that no
@@ -152,6 +159,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.LineKeys == 0 {
+		c.LineKeys = DefaultLineKeys
+	}
+	if c.LineWaiters == 0 {
+		c.LineWaiters = DefaultLineWaiters
 	}
 	return c
 }
@@ -352,7 +365,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if cfg.ReplaceAll {
 		steps = ReplaceAllSchedule(cfg.Nodes)
 	}
+	if cfg.Steps != nil {
+		steps = cfg.Steps
+	}
 	nem := newNemesis(p, clusterDir, procs, h, logf)
+	nem.lineKeys, nem.lineWaiters = cfg.LineKeys, cfg.LineWaiters
 	nctx, stopNemesis := context.WithTimeout(ctx, cfg.Duration+10*time.Second)
 	nem.run(nctx, steps)
 	stopNemesis()
@@ -709,6 +726,9 @@ func (r *Result) Summary() string {
 	}
 	if c.BlockShare != DefaultBlockShare {
 		wipe += fmt.Sprintf(" --block-share %v", max(c.BlockShare, 0))
+	}
+	if c.LineKeys != DefaultLineKeys || c.LineWaiters != DefaultLineWaiters {
+		wipe += fmt.Sprintf(" --line-keys %d --line-waiters %d", c.LineKeys, c.LineWaiters)
 	}
 	if c.MaxIndeterminateShare != DefaultMaxIndeterminateShare {
 		wipe += fmt.Sprintf(" --max-indeterminate-share %v", max(c.MaxIndeterminateShare, 0))
