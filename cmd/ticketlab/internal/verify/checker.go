@@ -107,6 +107,13 @@ type CheckReport struct {
 	// delivered before a kill and not released by then, each checked to
 	// keep its lease (checkKilledSidecars).
 	SidecarKills, KilledInFlight, KilledHoldings int
+	// Issue 31 (checker_indeterminate.go): the INDETERMINATE acquires, and
+	// releases and extends, by where they fell; NoLeaderWindows is the
+	// number of windows without a serving leader (one per fault that can
+	// cause one), NoLeaderTime their union's length.
+	IndeterminateAcquires, IndeterminateOthers IndeterminateSplit
+	NoLeaderWindows                            int
+	NoLeaderTime                               time.Duration
 }
 
 // CheckOptions tunes Check.
@@ -188,6 +195,7 @@ func Check(ops []Op, store []StoreRec, final FinalState, opts CheckOptions) Chec
 	checkLostSignal(ops, grants, &r, bad)
 	checkFIFO(ops, &r, bad)
 	checkKilledSidecars(ops, grants, &r, bad)
+	indeterminateSplit(ops, &r)
 
 	// No leak, by counting: every token issued is either known (an OK) or
 	// explained by an indeterminate acquire (granted, then compensated or

@@ -928,3 +928,55 @@ func TestCheckKilledSidecarAnswersNothing(t *testing.T) {
 		t.Fatalf("violations %q, want no-leak", got)
 	}
 }
+
+// ---- issue 31: where the INDETERMINATE outcomes fall ----
+
+// A leader kill opens a window per sidecar that its workers' first grant
+// of an acquire sent after the kill closes; a killed sidecar's requests in
+// flight are its own kind; the rest is outside.
+func TestCheckSplitsIndeterminateOutcomes(t *testing.T) {
+	var h hist
+	h.add(Op{Worker: -1, Kind: KindFault, Fault: FaultKillLeader, Target: "n1", Inv: 100, Cmp: 1500})
+	h.add(Op{Worker: -1, Kind: KindFault, Fault: FaultKillSidecar, Target: "sidecar2", Sidecar: 2, Inv: 5000, Cmp: 6000})
+	acq := func(w, sc int, key string, inv, cmp int64, res string, tok uint64) Op {
+		return h.add(Op{Worker: w, Sidecar: sc, Kind: KindAcquire, Key: key, LeaseMs: 1000, Inv: inv, Cmp: cmp, Result: res, Token: tok})
+	}
+	// Sidecar 1 serves again at 1800, sidecar 2 at 2200.
+	g1 := acq(1, 1, "a", 200, 1800, ResOK, 1)
+	g2 := acq(2, 2, "b", 300, 2200, ResOK, 2)
+	h.release(g1, 1900, 1910, ResOK, "")
+	h.release(g2, 2300, 2310, ResOK, "")
+	acq(3, 1, "c", 50, 1200, ResIndeterminate, 0)   // sidecar 1, inside its window
+	acq(4, 1, "c", 1000, 2000, ResIndeterminate, 0) // sidecar 1, after its window
+	acq(5, 2, "d", 1000, 2000, ResIndeterminate, 0) // sidecar 2, inside its window
+	acq(6, 2, "d", 4000, 5100, ResIndeterminate, 0) // in flight at sidecar 2's kill
+	h.add(Op{Worker: 7, Sidecar: 1, Kind: KindRelease, Key: "e", Token: 9, Inv: 3000, Cmp: 3100, Result: ResIndeterminate})
+	r := Check(h.ops, nil, FinalState{}, CheckOptions{})
+	if len(r.Violations) != 0 {
+		t.Fatalf("violations %v", r.Violations)
+	}
+	want := IndeterminateSplit{NoLeader: 2, DeadSidecar: 1, Outside: 1}
+	if r.IndeterminateAcquires != want || r.IndeterminateOthers != (IndeterminateSplit{Outside: 1}) {
+		t.Fatalf("acquires %+v (want %+v), others %+v", r.IndeterminateAcquires, want, r.IndeterminateOthers)
+	}
+	// The windows [100, 1800] and [100, 2200]: 2.1 s in all.
+	if r.NoLeaderWindows != 1 || r.NoLeaderTime != 2100*time.Millisecond {
+		t.Fatalf("%d windows, %v", r.NoLeaderWindows, r.NoLeaderTime)
+	}
+}
+
+// BUSY and TIMEOUT are judged strictly wherever no INDETERMINATE acquire
+// may have held their keys: an INDETERMINATE acquire of the same key long
+// before (past its window) weakens nothing, and a BUSY of a free key is a
+// violation.
+func TestCheckJudgesBusyStrictlyAwayFromIndeterminates(t *testing.T) {
+	var h hist
+	h.acquire(1, "k", 0, 10, ResIndeterminate, 0)
+	a := h.acquire(2, "k", 5000, 5010, ResOK, 2)
+	h.release(a, 5020, 5030, ResOK, "")
+	h.acquire(3, "k", 6000, 6010, ResBusy, 0)
+	r := Check(h.ops, nil, FinalState{}, CheckOptions{IndeterminateWindow: time.Second})
+	if checks(r) != "linearizability" || r.RefusalsUnknown != 0 {
+		t.Fatalf("violations %q, %d refusals accepted in any state", checks(r), r.RefusalsUnknown)
+	}
+}

@@ -645,6 +645,17 @@ func (r *Result) Summary() string {
 		ck.Grants, ck.Indeterminate, ck.UnknownTokens)
 	fmt.Fprintf(&b, "indeterminate share: %.1f %% (%d of %d acquires; bound %s)\n",
 		100*ck.IndeterminateShare, ck.Indeterminate, ck.Acquires, shareBound(c.MaxIndeterminateShare))
+	per10 := func(n int) string {
+		if c.Duration <= 0 {
+			return "?"
+		}
+		return fmt.Sprintf("%.0f", float64(n)*float64(10*time.Minute)/float64(c.Duration))
+	}
+	ia, io := ck.IndeterminateAcquires, ck.IndeterminateOthers
+	fmt.Fprintf(&b, "indeterminate outcomes: %d acquires (%s per 10 min of faults), %d releases and extends (%s per 10 min)\n",
+		ia.Total(), per10(ia.Total()), io.Total(), per10(io.Total()))
+	fmt.Fprintf(&b, "  where: acquires %d outside a window without a serving leader (%s per 10 min), %d inside one, %d sent to a killed sidecar; releases and extends %d outside, %d inside, %d to a killed sidecar (%d windows, %v in all: from each leader fault's start to the first grant its sidecar's workers read of an acquire sent after it)\n",
+		ia.Outside, per10(ia.Outside), ia.NoLeader, ia.DeadSidecar, io.Outside, io.NoLeader, io.DeadSidecar, ck.NoLeaderWindows, ck.NoLeaderTime.Round(time.Millisecond))
 	fmt.Fprintf(&b, "atomicity: %d HELD observations of blocks checked\n", ck.HeldChecks)
 	fmt.Fprintf(&b, "fifo: %d acquires confirmed queued (`! QUEUED`), %d of them granted (%d kept their place through a leader fault); %d grants checked against the waiters queued before them\n",
 		ck.Queued, ck.QueuedGranted, ck.QueuedThroughLeaderChange, ck.FIFOChecked)
