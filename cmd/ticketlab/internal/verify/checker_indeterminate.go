@@ -29,6 +29,8 @@ import (
 //     later. An answer that comes a moment after that first grant (a
 //     waiter the new leader dropped, answered in the same instant) counts
 //     as outside: the split errs towards "outside";
+//   - cut short: answered after the harness told the workload to stop
+//     (KindEnd): its worker gave up waiting, the cluster did not answer;
 //   - outside: everything else: a request the cluster could have answered
 //     definitely (today: a sidecar's dropped connection without sessions,
 //     a waiter a new leader dropped, a lost reply). The sessions' target is
@@ -42,8 +44,11 @@ func indeterminateSplit(ops []Op, r *CheckReport) {
 	type grant struct{ inv, cmp int64 }
 	grants := map[int][]grant{}
 	var faults []Op
+	stop := int64(never)
 	for _, op := range ops {
 		switch {
+		case op.Kind == KindEnd:
+			stop = min(stop, op.Inv)
 		case op.Kind == KindAcquire && op.Result == ResOK:
 			grants[op.Sidecar] = append(grants[op.Sidecar], grant{op.Inv, op.Cmp})
 		case op.Kind == KindFault && leaderFaults[op.Fault]:
@@ -144,6 +149,8 @@ func indeterminateSplit(ops []Op, r *CheckReport) {
 			continue
 		}
 		switch {
+		case op.Cmp >= stop:
+			split.Stopped++
 		case deadSidecar(op):
 			split.DeadSidecar++
 		case inWindow(op):
@@ -159,9 +166,10 @@ func indeterminateSplit(ops []Op, r *CheckReport) {
 type IndeterminateSplit struct {
 	// NoLeader: answered inside a window without a serving leader;
 	// DeadSidecar: sent to a sidecar that was killed before it answered;
+	// Stopped: cut short by its worker when the workload stopped;
 	// Outside: the rest.
-	NoLeader, DeadSidecar, Outside int
+	NoLeader, DeadSidecar, Stopped, Outside int
 }
 
 // Total is the number of INDETERMINATE outcomes counted.
-func (s IndeterminateSplit) Total() int { return s.NoLeader + s.DeadSidecar + s.Outside }
+func (s IndeterminateSplit) Total() int { return s.NoLeader + s.DeadSidecar + s.Stopped + s.Outside }

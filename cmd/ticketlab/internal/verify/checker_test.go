@@ -951,11 +951,13 @@ func TestCheckSplitsIndeterminateOutcomes(t *testing.T) {
 	acq(5, 2, "d", 1000, 2000, ResIndeterminate, 0) // sidecar 2, inside its window
 	acq(6, 2, "d", 4000, 5100, ResIndeterminate, 0) // in flight at sidecar 2's kill
 	h.add(Op{Worker: 7, Sidecar: 1, Kind: KindRelease, Key: "e", Token: 9, Inv: 3000, Cmp: 3100, Result: ResIndeterminate})
+	h.add(Op{Worker: -1, Kind: KindEnd, Inv: 8000, Cmp: 8000})
+	acq(8, 1, "f", 7500, 8010, ResIndeterminate, 0) // its worker stopped waiting
 	r := Check(h.ops, nil, FinalState{}, CheckOptions{})
 	if len(r.Violations) != 0 {
 		t.Fatalf("violations %v", r.Violations)
 	}
-	want := IndeterminateSplit{NoLeader: 2, DeadSidecar: 1, Outside: 1}
+	want := IndeterminateSplit{NoLeader: 2, DeadSidecar: 1, Stopped: 1, Outside: 1}
 	if r.IndeterminateAcquires != want || r.IndeterminateOthers != (IndeterminateSplit{Outside: 1}) {
 		t.Fatalf("acquires %+v (want %+v), others %+v", r.IndeterminateAcquires, want, r.IndeterminateOthers)
 	}

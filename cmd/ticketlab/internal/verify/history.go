@@ -24,6 +24,10 @@ const (
 	KindExtend = "extend"
 	KindLost   = "lost"
 	KindStall  = "stall"
+	// KindEnd marks when the harness told the workload to stop (Inv): a
+	// request still pending then may be cut short by its worker
+	// (INDETERMINATE, not the cluster's answer).
+	KindEnd = "end"
 )
 
 // Results of an operation.

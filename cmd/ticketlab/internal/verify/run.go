@@ -385,6 +385,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 
 	// Quiet period: the workload goes on on a healed cluster.
 	sleepCtx(ctx, cfg.Quiet)
+	stopAt := time.Now().UnixNano()
+	h.Add(Op{Kind: KindEnd, Worker: -1, Inv: stopAt, Cmp: stopAt})
 	stopAll()
 	logf("workload stopped")
 
@@ -429,7 +431,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		switch op.Kind {
 		case KindFault:
 			res.Faults = append(res.Faults, op)
-		case KindClose:
+		case KindClose, KindEnd:
 		default:
 			res.Ops[op.Kind+" "+op.Result]++
 			if op.Kind == KindAcquire && op.Result == ResOK {
@@ -654,8 +656,8 @@ func (r *Result) Summary() string {
 	ia, io := ck.IndeterminateAcquires, ck.IndeterminateOthers
 	fmt.Fprintf(&b, "indeterminate outcomes: %d acquires (%s per 10 min of faults), %d releases and extends (%s per 10 min)\n",
 		ia.Total(), per10(ia.Total()), io.Total(), per10(io.Total()))
-	fmt.Fprintf(&b, "  where: acquires %d outside a window without a serving leader (%s per 10 min), %d inside one, %d sent to a killed sidecar; releases and extends %d outside, %d inside, %d to a killed sidecar (%d windows, %v in all: from each leader fault's start to the first grant its sidecar's workers read of an acquire sent after it)\n",
-		ia.Outside, per10(ia.Outside), ia.NoLeader, ia.DeadSidecar, io.Outside, io.NoLeader, io.DeadSidecar, ck.NoLeaderWindows, ck.NoLeaderTime.Round(time.Millisecond))
+	fmt.Fprintf(&b, "  where: acquires %d outside a window without a serving leader (%s per 10 min), %d inside one, %d sent to a killed sidecar, %d cut short by the workload's end; releases and extends %d outside, %d inside, %d to a killed sidecar, %d cut short (%d windows, %v in all: from each leader fault's start to the first grant its sidecar's workers read of an acquire sent after it)\n",
+		ia.Outside, per10(ia.Outside), ia.NoLeader, ia.DeadSidecar, ia.Stopped, io.Outside, io.NoLeader, io.DeadSidecar, io.Stopped, ck.NoLeaderWindows, ck.NoLeaderTime.Round(time.Millisecond))
 	fmt.Fprintf(&b, "atomicity: %d HELD observations of blocks checked\n", ck.HeldChecks)
 	fmt.Fprintf(&b, "fifo: %d acquires confirmed queued (`! QUEUED`), %d of them granted (%d kept their place through a leader fault); %d grants checked against the waiters queued before them\n",
 		ck.Queued, ck.QueuedGranted, ck.QueuedThroughLeaderChange, ck.FIFOChecked)
