@@ -5,12 +5,16 @@
 // that the nemesis can pause while they hold a lock; single keys mixed
 // with blocks of 2..4 keys under one token, issue 18), injects
 // faults from a seeded schedule (process kills and pauses, partitions,
-// clock jumps, sidecar connection drops, a frozen replication link, and
+// clock jumps, sidecar connection drops, a frozen replication link, a
+// killed sidecar, the leader killed under long queues (linequeue.go), and
 // optionally a wiped node), heals, and then checks the recorded history:
 // mutual exclusion, token order, fencing, block atomicity, no leaked
 // grants, linearizability against a lock model (porcupine, one partition
-// per connected component of keys), liveness after the heal, and that
-// nothing stays held past its lease. Some workers are extenders (issue 19,
+// per connected component of keys), per-key FIFO across leader changes
+// (checker_fifo.go), nothing answered by a dead sidecar and its delivered
+// holdings kept to their leases (checker_sidecar.go), liveness after the
+// heal, and that nothing stays held past its lease; it counts where the
+// INDETERMINATE outcomes fell (checker_indeterminate.go). Some workers are extenders (issue 19,
 // extender.go): they hold across several leases with EXTEND, or stall past
 // their lease (a worker process is also stopped by the nemesis) and must
 // notice the loss; the checker proves that an extended lease never lets two
