@@ -40,6 +40,8 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs.IntVar(&cfg.Sidecars, "sidecars", 2, "sidecar processes")
 	fs.IntVar(&cfg.Keys, "keys", 4, "contended keys")
 	fs.Float64Var(&cfg.BlockShare, "block-share", verify.DefaultBlockShare, "share of acquires that are blocks of 2-4 keys under one token (0: none)")
+	fs.IntVar(&cfg.LineKeys, "line-keys", verify.DefaultLineKeys, "kill-leader-queues: fresh keys that get a long queue before the leader is killed")
+	fs.IntVar(&cfg.LineWaiters, "line-waiters", verify.DefaultLineWaiters, "kill-leader-queues: waiters queued on each of those keys, one at a time")
 	fs.StringVar(&out, "out", "", "output directory: history, summary, logs, data dirs (default: a new temporary directory)")
 	fs.BoolVar(&cfg.Wipe, "wipe", false, "also wipe nodes' data dirs and restart them at their old addresses (they come back as new servers that cannot vote under the old ids; a wiped majority stops the cluster)")
 	fs.BoolVar(&cfg.ReplaceAll, "replace-all", false, "instead of random faults, replace every node in turn (disk lost, new server swapped in through the admin port)")

@@ -94,6 +94,26 @@ type CheckReport struct {
 	LostChecked, LostExempt                                      int
 	LostMaxLag                                                   time.Duration
 	Stalls, StallsTold, StallsRefused, StallsStillHeld           int
+	// Issue 31 (checker_fifo.go). Queued: acquires whose `! QUEUED` event
+	// was read; QueuedGranted of them granted, QueuedThroughLeaderChange
+	// of those after a leader fault that began after their event (they
+	// kept their place in line across it); FIFOChecked: grants checked
+	// against the waiters queued on their keys before they were sent (an
+	// overtake is a "fifo" violation).
+	Queued, QueuedGranted, QueuedThroughLeaderChange, FIFOChecked int
+	// SidecarKills is the number of kill-sidecar faults; KilledInFlight
+	// the operations of their workers in flight at a kill (each must be
+	// INDETERMINATE: nobody answered them); KilledHoldings the holdings
+	// delivered before a kill and not released by then, each checked to
+	// keep its lease (checkKilledSidecars).
+	SidecarKills, KilledInFlight, KilledHoldings int
+	// Issue 31 (checker_indeterminate.go): the INDETERMINATE acquires, and
+	// releases and extends, by where they fell; NoLeaderWindows is the
+	// number of windows without a serving leader (one per fault that can
+	// cause one), NoLeaderTime their union's length.
+	IndeterminateAcquires, IndeterminateOthers IndeterminateSplit
+	NoLeaderWindows                            int
+	NoLeaderTime                               time.Duration
 }
 
 // CheckOptions tunes Check.
@@ -173,6 +193,9 @@ func Check(ops []Op, store []StoreRec, final FinalState, opts CheckOptions) Chec
 	checkHeld(ops, acquires, &r, bad)
 	r.LostMaxLag = math.MinInt64
 	checkLostSignal(ops, grants, &r, bad)
+	checkFIFO(ops, &r, bad)
+	checkKilledSidecars(ops, grants, &r, bad)
+	indeterminateSplit(ops, &r)
 
 	// No leak, by counting: every token issued is either known (an OK) or
 	// explained by an indeterminate acquire (granted, then compensated or
@@ -245,8 +268,14 @@ func Check(ops []Op, store []StoreRec, final FinalState, opts CheckOptions) Chec
 // can run out (leaseEnds: invocation + lease, or the last EXTEND answered
 // OK's invocation + its lease). (A block's holding is one: a release
 // naming any of its keys ends it.)
+//
+// A session's close ends its holdings only if its sidecar was alive to
+// release them: a holding delivered before its sidecar was killed
+// (outlivedSidecar) keeps its lease, and the close its worker then saw
+// does not end it.
 func holdEnds(ops []Op, grants []Op) map[int64]int64 {
 	end := leaseEnds(ops, grants)
+	kills := sidecarKills(ops)
 	byWorker := map[int][]Op{}
 	for _, g := range grants {
 		byWorker[g.Worker] = append(byWorker[g.Worker], g)
@@ -259,7 +288,7 @@ func holdEnds(ops []Op, grants []Op) map[int64]int64 {
 			}
 		case KindClose:
 			for _, g := range byWorker[op.Worker] {
-				if op.Cmp >= g.Cmp && op.Inv < end[g.ID] {
+				if op.Cmp >= g.Cmp && op.Inv < end[g.ID] && !outlivedSidecar(kills, g, op.Cmp) {
 					end[g.ID] = max(op.Inv, g.Cmp)
 				}
 			}

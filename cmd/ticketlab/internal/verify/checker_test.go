@@ -728,3 +728,257 @@ func TestCheckBoundsIndeterminateShare(t *testing.T) {
 		}
 	}
 }
+
+// ---- issue 31: per-key FIFO across leader changes ----
+
+// waiter adds an acquire of key by w that waited: sent at inv, its
+// `! QUEUED` read at queued (0: none), answered at cmp.
+func (h *hist) waiter(w int, key string, inv, queued, cmp int64, waitMs int64, res string, tok uint64) Op {
+	return h.add(Op{Worker: w, Kind: KindAcquire, Key: key, LeaseMs: 1000, WaitMs: waitMs, Inv: inv, Cmp: cmp, Queued: queued * ms,
+		Result: res, Token: tok})
+}
+
+// line is a holder of k and three waiters queued behind it one by one
+// (each event read before the next is sent), the holder releasing at
+// relAt; the waiters are granted the tokens toks, in token order at
+// grantAt, +20 ms, +40 ms, each releasing at once.
+func fifoHistory(relAt, grantAt int64, toks [3]uint64) *hist {
+	var h hist
+	a := h.acquire(0, "k", 0, 10, ResOK, 1)
+	at := func(tok uint64) int64 { // the grant of the tok-th smallest token
+		rank := int64(0)
+		for _, t := range toks {
+			if t < tok {
+				rank++
+			}
+		}
+		return grantAt + 20*rank
+	}
+	var ws []Op
+	for i, tok := range toks {
+		ws = append(ws, h.waiter(i+1, "k", 20+10*int64(i), 25+10*int64(i), at(tok), 5000, ResOK, tok))
+	}
+	h.release(a, relAt, relAt+5, ResOK, "")
+	for _, w := range ws {
+		h.release(w, at(w.Token)+5, at(w.Token)+10, ResOK, "")
+	}
+	return &h
+}
+
+func TestCheckFIFOAcceptsTheQueueOrder(t *testing.T) {
+	h := fifoHistory(100, 110, [3]uint64{2, 3, 4})
+	r := Check(h.ops, nil, FinalState{LastToken: 4}, CheckOptions{})
+	if len(r.Violations) != 0 || r.Linearizable != porcupine.Ok {
+		t.Fatalf("violations %v, linearizable %s", r.Violations, r.Linearizable)
+	}
+	// w2's grant is checked against w1, w3's against w1 and w2.
+	if r.Queued != 3 || r.QueuedGranted != 3 || r.FIFOChecked != 2 || r.QueuedThroughLeaderChange != 0 {
+		t.Fatalf("queued %d granted %d checked %d through a leader change %d", r.Queued, r.QueuedGranted, r.FIFOChecked, r.QueuedThroughLeaderChange)
+	}
+}
+
+// w3, queued last, is granted before w2: it overtook a waiter still in
+// line. Nothing else is wrong with the history: each grant followed a
+// release, tokens grow, and the lock model alone accepts it.
+func TestCheckFIFOFindsAnOvertake(t *testing.T) {
+	h := fifoHistory(100, 110, [3]uint64{2, 4, 3})
+	if got := checks(Check(h.ops, nil, FinalState{LastToken: 4}, CheckOptions{})); got != "fifo" {
+		t.Fatalf("violations %q, want fifo", got)
+	}
+}
+
+// The leader dies while the line waits (a fault between the QUEUED events
+// and the grants): a new leader that kept the queue grants in the queue
+// order, which passes; one whose grants overtake fails. A waiter the new
+// leader dropped (INDETERMINATE: a leader without sessions) has left the
+// line, and the ones behind it may go first.
+func TestCheckFIFOAcrossALeaderChange(t *testing.T) {
+	kill := Op{Worker: -1, Kind: KindFault, Fault: FaultKillLeader, Target: "n1", Inv: 60, Cmp: 1500}
+	h := fifoHistory(2000, 2010, [3]uint64{2, 3, 4})
+	h.add(kill)
+	r := Check(h.ops, nil, FinalState{LastToken: 4}, CheckOptions{})
+	if len(r.Violations) != 0 || r.QueuedThroughLeaderChange != 3 {
+		t.Fatalf("violations %v, %d waiters kept their place through the leader change", r.Violations, r.QueuedThroughLeaderChange)
+	}
+
+	h = fifoHistory(2000, 2010, [3]uint64{3, 2, 4})
+	h.add(kill)
+	if got := checks(Check(h.ops, nil, FinalState{LastToken: 4}, CheckOptions{})); got != "fifo" {
+		t.Fatalf("violations %q, want fifo", got)
+	}
+
+	var d hist
+	a := d.acquire(0, "k", 0, 10, ResOK, 1)
+	d.waiter(1, "k", 20, 25, 1600, 5000, ResIndeterminate, 0) // dropped by the new leader
+	w2 := d.waiter(2, "k", 30, 35, 2010, 5000, ResOK, 2)
+	d.add(kill)
+	d.release(a, 2000, 2005, ResOK, "")
+	d.release(w2, 2015, 2020, ResOK, "")
+	if r := Check(d.ops, nil, FinalState{LastToken: 2}, CheckOptions{}); len(r.Violations) != 0 || r.Queued != 2 || r.FIFOChecked != 1 {
+		t.Fatalf("violations %v, queued %d, checked %d", r.Violations, r.Queued, r.FIFOChecked)
+	}
+}
+
+// A waiter that timed out left the line only when its wait ran out: a
+// later-queued waiter granted before that overtook it. Not judged when a
+// clock fault overlapped its wait (a new leader re-arms the wait from a
+// stamp of the shifted clock).
+func TestCheckFIFOTimeoutStillInLine(t *testing.T) {
+	build := func(fault string) []Op {
+		var h hist
+		a := h.acquire(0, "k", 0, 10, ResOK, 1)
+		h.waiter(1, "k", 20, 25, 520, 500, ResTimeout, 0)
+		w2 := h.waiter(2, "k", 30, 35, 310, 2000, ResOK, 2) // granted while w1 waited
+		h.release(a, 300, 305, ResOK, "")
+		h.release(w2, 600, 610, ResOK, "") // (held through w1's TIMEOUT, which the lock model alone accepts)
+		if fault != "" {
+			h.add(Op{Worker: -1, Kind: KindFault, Fault: fault, Target: "n1", Inv: 0, Cmp: 100})
+		}
+		return h.ops
+	}
+	if got := checks(Check(build(""), nil, FinalState{LastToken: 2}, CheckOptions{})); got != "fifo" {
+		t.Fatalf("violations %q, want fifo", got)
+	}
+	if r := Check(build(FaultClockBackward), nil, FinalState{LastToken: 2}, CheckOptions{}); strings.Contains(checks(r), "fifo") {
+		t.Fatalf("violations %v with a clock fault during the wait", r.Violations)
+	}
+}
+
+// ---- issue 31: a killed sidecar ----
+
+// killedSidecar: w1 holds k through sidecar 1 (lease 1 s from 0 ms), the
+// sidecar is killed at 100 ms and restarted at 1500 ms, and w1 sees its
+// session end at 150 ms; w2 takes k through sidecar 2 at nextAt.
+func killedSidecar(nextAt int64, withFault bool) []Op {
+	var h hist
+	a := h.add(Op{Worker: 1, Sidecar: 1, Kind: KindAcquire, Key: "k", LeaseMs: 1000, Inv: 0, Cmp: 10, Result: ResOK, Token: 1})
+	if withFault {
+		h.add(Op{Worker: -1, Kind: KindFault, Fault: FaultKillSidecar, Target: "sidecar1", Sidecar: 1, Inv: 100, Cmp: 1500})
+	}
+	h.add(Op{Worker: 1, Sidecar: 1, Kind: KindRelease, Key: "k", Token: 1, Acq: a.ID, Inv: 140, Cmp: 150, Result: ResIndeterminate, Err: "closed"})
+	h.add(Op{Worker: 1, Sidecar: 1, Kind: KindClose, Inv: 10, Cmp: 150})
+	b := h.add(Op{Worker: 2, Sidecar: 2, Kind: KindAcquire, Key: "k", LeaseMs: 1000, WaitMs: 2000, Inv: 120, Cmp: nextAt, Result: ResOK, Token: 2})
+	h.add(Op{Worker: 2, Sidecar: 2, Kind: KindRelease, Key: "k", Token: 2, Acq: b.ID, Inv: nextAt + 10, Cmp: nextAt + 20, Result: ResOK})
+	return h.ops
+}
+
+// The holding of a killed sidecar's worker keeps its lease: the close the
+// worker saw did not release it (the sidecar was dead), so a grant of its
+// key to another sidecar's worker before the lease's end is a violation.
+// The worker's release was sent at 140 ms, after the kill, into a dead
+// connection (INDETERMINATE): it ends nothing earlier than its send. Its
+// in-flight release is counted. Without the kill (a close the sidecar
+// handled), the same history passes.
+func TestCheckKilledSidecarHoldingKeepsItsLease(t *testing.T) {
+	if r := Check(killedSidecar(300, false), nil, FinalState{}, CheckOptions{}); len(r.Violations) != 0 {
+		t.Fatalf("a closed session's holding: violations %v", r.Violations)
+	}
+	// The release at 140 ms may have ended it: from then on k may go on.
+	if r := Check(killedSidecar(300, true), nil, FinalState{}, CheckOptions{}); len(r.Violations) != 0 || r.SidecarKills != 1 || r.KilledHoldings != 1 {
+		t.Fatalf("violations %v, kills %d, holdings %d", r.Violations, r.SidecarKills, r.KilledHoldings)
+	}
+	// Without that release, only the lease ends it.
+	drop := func(ops []Op) []Op {
+		var out []Op
+		for _, op := range ops {
+			if !(op.Kind == KindRelease && op.Worker == 1) {
+				out = append(out, op)
+			}
+		}
+		return out
+	}
+	got := checks(Check(drop(killedSidecar(300, true)), nil, FinalState{}, CheckOptions{}))
+	if !strings.Contains(got, "mutual-exclusion") || !strings.Contains(got, "linearizability") {
+		t.Fatalf("violations %q, want mutual-exclusion and linearizability", got)
+	}
+	if r := Check(drop(killedSidecar(1100, true)), nil, FinalState{}, CheckOptions{}); len(r.Violations) != 0 {
+		t.Fatalf("a grant after the lease's end: violations %v", r.Violations)
+	}
+}
+
+// A request in flight at a sidecar's kill is never answered, nor is one
+// sent while it is down: its worker sees INDETERMINATE. A grant the
+// cluster made to it is never used: a write under a token the worker was
+// not granted is refused by the fencing and no-leak checks.
+func TestCheckKilledSidecarAnswersNothing(t *testing.T) {
+	build := func(res string, tok uint64, sentAt int64) []Op {
+		var h hist
+		h.add(Op{Worker: -1, Kind: KindFault, Fault: FaultKillSidecar, Target: "sidecar1", Sidecar: 1, Inv: 100, Cmp: 1500})
+		a := h.add(Op{Worker: 1, Sidecar: 1, Kind: KindAcquire, Key: "k", LeaseMs: 1000, WaitMs: 5000, Inv: sentAt, Cmp: 4000, Result: res, Token: tok})
+		if res == ResOK {
+			h.add(Op{Worker: 1, Sidecar: 1, Kind: KindRelease, Key: "k", Token: tok, Acq: a.ID, Inv: 4010, Cmp: 4020, Result: ResOK})
+		}
+		return h.ops
+	}
+	r := Check(build(ResIndeterminate, 0, 50), nil, FinalState{}, CheckOptions{})
+	if len(r.Violations) != 0 || r.KilledInFlight != 1 {
+		t.Fatalf("violations %v, in flight %d", r.Violations, r.KilledInFlight)
+	}
+	for _, sent := range []int64{50, 200} {
+		if got := checks(Check(build(ResOK, 1, sent), nil, FinalState{}, CheckOptions{})); got != "dead-sidecar" {
+			t.Fatalf("answered OK, sent at %d ms: violations %q, want dead-sidecar", sent, got)
+		}
+	}
+	var h hist
+	h.add(Op{Worker: -1, Kind: KindFault, Fault: FaultKillSidecar, Target: "sidecar1", Sidecar: 1, Inv: 100, Cmp: 1500})
+	a := h.add(Op{Worker: 1, Sidecar: 1, Kind: KindAcquire, Key: "k", LeaseMs: 1000, WaitMs: 5000, Inv: 50, Cmp: 150, Result: ResIndeterminate})
+	h.add(Op{Worker: 1, Sidecar: 1, Kind: KindWrite, Key: "k", Token: 1, Acq: a.ID, Inv: 200, Cmp: 210, Result: ResOK})
+	store := []StoreRec{{Key: "k", Token: 1, Accepted: true}}
+	if got := checks(Check(h.ops, store, FinalState{LastToken: 1}, CheckOptions{})); !strings.Contains(got, "no-leak") {
+		t.Fatalf("violations %q, want no-leak", got)
+	}
+}
+
+// ---- issue 31: where the INDETERMINATE outcomes fall ----
+
+// A leader kill opens a window per sidecar that its workers' first grant
+// of an acquire sent after the kill closes; a killed sidecar's requests in
+// flight are its own kind; the rest is outside.
+func TestCheckSplitsIndeterminateOutcomes(t *testing.T) {
+	var h hist
+	h.add(Op{Worker: -1, Kind: KindFault, Fault: FaultKillLeader, Target: "n1", Inv: 100, Cmp: 1500})
+	h.add(Op{Worker: -1, Kind: KindFault, Fault: FaultKillSidecar, Target: "sidecar2", Sidecar: 2, Inv: 5000, Cmp: 6000})
+	acq := func(w, sc int, key string, inv, cmp int64, res string, tok uint64) Op {
+		return h.add(Op{Worker: w, Sidecar: sc, Kind: KindAcquire, Key: key, LeaseMs: 1000, Inv: inv, Cmp: cmp, Result: res, Token: tok})
+	}
+	// Sidecar 1 serves again at 1800, sidecar 2 at 2200.
+	g1 := acq(1, 1, "a", 200, 1800, ResOK, 1)
+	g2 := acq(2, 2, "b", 300, 2200, ResOK, 2)
+	h.release(g1, 1900, 1910, ResOK, "")
+	h.release(g2, 2300, 2310, ResOK, "")
+	acq(3, 1, "c", 50, 1200, ResIndeterminate, 0)   // sidecar 1, inside its window
+	acq(4, 1, "c", 1000, 2000, ResIndeterminate, 0) // sidecar 1, after its window
+	acq(5, 2, "d", 1000, 2000, ResIndeterminate, 0) // sidecar 2, inside its window
+	acq(6, 2, "d", 4000, 5100, ResIndeterminate, 0) // in flight at sidecar 2's kill
+	h.add(Op{Worker: 7, Sidecar: 1, Kind: KindRelease, Key: "e", Token: 9, Inv: 3000, Cmp: 3100, Result: ResIndeterminate})
+	h.add(Op{Worker: -1, Kind: KindEnd, Inv: 8000, Cmp: 8000})
+	acq(8, 1, "f", 7500, 8010, ResIndeterminate, 0) // its worker stopped waiting
+	r := Check(h.ops, nil, FinalState{}, CheckOptions{})
+	if len(r.Violations) != 0 {
+		t.Fatalf("violations %v", r.Violations)
+	}
+	want := IndeterminateSplit{NoLeader: 2, DeadSidecar: 1, Stopped: 1, Outside: 1}
+	if r.IndeterminateAcquires != want || r.IndeterminateOthers != (IndeterminateSplit{Outside: 1}) {
+		t.Fatalf("acquires %+v (want %+v), others %+v", r.IndeterminateAcquires, want, r.IndeterminateOthers)
+	}
+	// The windows [100, 1800] and [100, 2200]: 2.1 s in all.
+	if r.NoLeaderWindows != 1 || r.NoLeaderTime != 2100*time.Millisecond {
+		t.Fatalf("%d windows, %v", r.NoLeaderWindows, r.NoLeaderTime)
+	}
+}
+
+// BUSY and TIMEOUT are judged strictly wherever no INDETERMINATE acquire
+// may have held their keys: an INDETERMINATE acquire of the same key long
+// before (past its window) weakens nothing, and a BUSY of a free key is a
+// violation.
+func TestCheckJudgesBusyStrictlyAwayFromIndeterminates(t *testing.T) {
+	var h hist
+	h.acquire(1, "k", 0, 10, ResIndeterminate, 0)
+	a := h.acquire(2, "k", 5000, 5010, ResOK, 2)
+	h.release(a, 5020, 5030, ResOK, "")
+	h.acquire(3, "k", 6000, 6010, ResBusy, 0)
+	r := Check(h.ops, nil, FinalState{}, CheckOptions{IndeterminateWindow: time.Second})
+	if checks(r) != "linearizability" || r.RefusalsUnknown != 0 {
+		t.Fatalf("violations %q, %d refusals accepted in any state", checks(r), r.RefusalsUnknown)
+	}
+}

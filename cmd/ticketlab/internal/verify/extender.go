@@ -26,7 +26,7 @@ import (
 // (`! LOST <token> moved` before the refusal) — and then writes (late, on
 // purpose: the fence must refuse it if a newer holder wrote) and releases.
 //
-// The extender speaks the local API itself (lineConn: `HELLO 3 events`,
+// The extender speaks the local API itself (lineConn: `HELLO 4 events`,
 // `ACQUIRE`, `EXTEND`, `RELEASE`) and records, besides what every worker
 // records, each EXTEND (send, reply, lease, outcome), each loss event
 // received (reason, receive time) and each stall.
@@ -121,8 +121,8 @@ func runExtender(ctx context.Context, p WorkerParams, write writeFunc, emitOp fu
 		ms := wait.Milliseconds()
 		acq := Op{ID: nextID(), Worker: p.ID, Proc: p.Proc, Conn: conn, Kind: KindAcquire, Key: keys[0], Keys: block,
 			LeaseMs: lease.Milliseconds(), WaitMs: ms}
-		r, sent, got, err := lc.do(ctx, fmt.Sprintf("ACQUIRE %s %d %d.%03d", strings.Join(keys, " "), lease/time.Second, ms/1000, ms%1000))
-		acq.Inv, acq.Cmp = sent, got
+		r, sent, got, queued, err := lc.doAcquire(ctx, fmt.Sprintf("ACQUIRE %s %d %d.%03d", strings.Join(keys, " "), lease/time.Second, ms/1000, ms%1000), nil)
+		acq.Inv, acq.Cmp, acq.Queued = sent, got, queued
 		classifyAcquireLine(&acq, r, err)
 		emit(acq)
 		if errors.Is(err, errLineClosed) {

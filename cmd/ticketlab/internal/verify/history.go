@@ -24,6 +24,10 @@ const (
 	KindExtend = "extend"
 	KindLost   = "lost"
 	KindStall  = "stall"
+	// KindEnd marks when the harness told the workload to stop (Inv): a
+	// request still pending then may be cut short by its worker
+	// (INDETERMINATE, not the cluster's answer).
+	KindEnd = "end"
 )
 
 // Results of an operation.
@@ -77,6 +81,17 @@ type Op struct {
 	// Conn numbers the worker's sidecar sessions (1, 2, ... as it
 	// reconnects) for the extenders, whose checks are per session.
 	Conn int `json:"conn,omitempty"`
+	// Queued is when the worker read the `! QUEUED` event of this acquire
+	// (Unix ns; 0: none came): by then the cluster had committed it into
+	// the queue of every key of it, so an acquire of one of those keys
+	// sent later by anyone stands behind it (unixapi/PROTOCOL.md, "Queued:
+	// your ACQUIRE is in line"). The per-key FIFO check (checker_fifo.go)
+	// orders waiters by it.
+	Queued int64 `json:"queued,omitempty"`
+	// Sidecar is the sidecar (1-based) whose socket the worker's session
+	// used, stamped by the harness; on a kill-sidecar fault, the sidecar
+	// killed. 0: unknown (a history of an older lab).
+	Sidecar int `json:"sidecar,omitempty"`
 }
 
 // opKeys returns every key op is about: a block's keys, or its one key.

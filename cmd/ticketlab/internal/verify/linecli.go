@@ -14,11 +14,13 @@ import (
 )
 
 // lineConn is a raw unix-socket session with the sidecar that speaks
-// version 3 of the local API with events on (`HELLO 3 events`): one
+// version 4 of the local API with events on (`HELLO 4 events`; a version-3
+// sidecar answers `HELLO 3 events`, and then no `! QUEUED` comes): one
 // request at a time, every reply matched by position after the `! ` event
 // lines are set aside (unixapi/PROTOCOL.md, "Events"). It is the lab's
-// own, so that the verification of EXTEND and of the lost signal depends on
-// the protocol document alone, not on a client library.
+// own, so that the verification of EXTEND, of the lost signal and of the
+// queue order depends on the protocol document alone, not on a client
+// library.
 //
 // Every line is stamped with the machine's wall clock by the one goroutine
 // that reads the connection, the moment it is read: a reply's and an
@@ -33,6 +35,17 @@ type lineConn struct {
 	replies chan lineReply
 	done    chan struct{} // closed when the reader stops
 	err     error         // why the reader stopped (valid after done)
+	// version is what HELLO agreed: 4 (QUEUED events) or 3.
+	version int
+
+	// The request being answered, for its `! QUEUED <n>` event: lines
+	// counts the request lines written (HELLO is 1; every line gets one
+	// reply, so a QUEUED event names its ACQUIRE by that count).
+	qmu      sync.Mutex
+	lines    uint64
+	pendingN uint64
+	queuedAt int64
+	onQueued func(at int64)
 }
 
 // lineReply is one reply line and when it was read (Unix ns).
@@ -56,9 +69,15 @@ func dialLine(ctx context.Context, path string, onEvent func(ev unixapi.Event, a
 	}
 	lc := &lineConn{c: c, onEvent: onEvent, replies: make(chan lineReply, 4), done: make(chan struct{})}
 	go lc.read()
-	r, _, _, err := lc.do(ctx, "HELLO 3 "+unixapi.HelloEvents)
-	if err == nil && r != "HELLO 3 "+unixapi.HelloEvents {
-		err = fmt.Errorf("verify: HELLO 3 events answered %q", r)
+	r, _, _, err := lc.do(ctx, "HELLO 4 "+unixapi.HelloEvents)
+	switch {
+	case err != nil:
+	case r == "HELLO 4 "+unixapi.HelloEvents:
+		lc.version = 4
+	case r == "HELLO 3 "+unixapi.HelloEvents:
+		lc.version = 3 // a version-3 sidecar: LOST events, no QUEUED
+	default:
+		err = fmt.Errorf("verify: HELLO 4 events answered %q", r)
 	}
 	if err != nil {
 		lc.close()
@@ -85,8 +104,11 @@ func (lc *lineConn) read() {
 				lc.c.Close()
 				return
 			}
-			if ev.Name == unixapi.EventLost && lc.onEvent != nil {
+			switch {
+			case ev.Name == unixapi.EventLost && lc.onEvent != nil:
 				lc.onEvent(ev, at)
+			case ev.Name == unixapi.EventQueued:
+				lc.queued(ev.N, at)
 			}
 			continue
 		}
@@ -101,13 +123,53 @@ func (lc *lineConn) read() {
 	}
 }
 
+// queued records the `! QUEUED n` event read at at, if it names the
+// request being answered (at most once: the sidecar writes one).
+func (lc *lineConn) queued(n uint64, at int64) {
+	lc.qmu.Lock()
+	defer lc.qmu.Unlock()
+	if n != lc.pendingN || lc.queuedAt != 0 {
+		return
+	}
+	lc.queuedAt = at
+	if lc.onQueued != nil {
+		lc.onQueued(at)
+	}
+}
+
 // do sends one request line and returns its reply, when the request was
 // sent (just before the write) and when the reply was read (Unix ns). If
 // ctx ends first the session is closed (the reply could no longer be
 // matched): errLineClosed wraps the outcome, which is unknown.
 func (lc *lineConn) do(ctx context.Context, req string) (reply string, sent, got int64, err error) {
+	reply, sent, got, _, err = lc.doAcquire(ctx, req, nil)
+	return reply, sent, got, err
+}
+
+// doAcquire is do for an ACQUIRE: it also returns when the request's
+// `! QUEUED` event was read (0: none came before the reply), and calls
+// onQueued (if not nil) from the reader as it is read, before the reply.
+func (lc *lineConn) doAcquire(ctx context.Context, req string, onQueued func(at int64)) (reply string, sent, got, queued int64, err error) {
 	lc.mu.Lock()
 	defer lc.mu.Unlock()
+	lc.qmu.Lock()
+	lc.lines++
+	lc.pendingN, lc.queuedAt, lc.onQueued = lc.lines, 0, onQueued
+	lc.qmu.Unlock()
+	defer func() {
+		// The event comes before the reply on the wire, and the one reader
+		// handles lines in order: once the reply is here, so is the event.
+		lc.qmu.Lock()
+		queued = lc.queuedAt
+		lc.pendingN, lc.onQueued = 0, nil
+		lc.qmu.Unlock()
+	}()
+	reply, sent, got, err = lc.roundTrip(ctx, req)
+	return reply, sent, got, 0, err
+}
+
+// roundTrip writes req and waits for its reply (lc.mu held).
+func (lc *lineConn) roundTrip(ctx context.Context, req string) (reply string, sent, got int64, err error) {
 	sent = time.Now().UnixNano()
 	if _, err := lc.c.Write([]byte(req + "\n")); err != nil {
 		lc.c.Close()

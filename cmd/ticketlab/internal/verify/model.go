@@ -614,7 +614,11 @@ func explain(ops []Op, window time.Duration, gaps tokenGaps, from func(Op) int64
 // (the sidecar releases the session's locks then; a grant of that session
 // is one invoked before the close completed); never if its release was
 // answered OK.
+//
+// A holding delivered before its sidecar was killed keeps its lease: the
+// close its worker then saw does not end it (outlivedSidecar).
 func earliestEnds(ops []Op) map[int64]int64 {
+	kills := sidecarKills(ops)
 	byWorker := map[int][]Op{}
 	var grants []Op
 	for _, op := range ops {
@@ -636,7 +640,7 @@ func earliestEnds(ops []Op) map[int64]int64 {
 			}
 		case KindClose:
 			for _, g := range byWorker[op.Worker] {
-				if g.Inv < op.Cmp {
+				if g.Inv < op.Cmp && !outlivedSidecar(kills, g, op.Cmp) {
 					exp[g.ID] = min(exp[g.ID], max(op.Inv, g.Inv))
 				}
 			}

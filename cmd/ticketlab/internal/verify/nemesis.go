@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	ticketing "ticketing/clients/go"
 	"ticketing/cluster/localproc"
 	"ticketing/cmd/ticketlab/internal/faults"
 )
@@ -41,7 +42,26 @@ const (
 	// is removed first, then the new server joins as a learner, catches
 	// up and is promoted).
 	FaultReplace = "replace"
+	// FaultKillLeaderQueues builds long queues first (holders on a few
+	// fresh keys, and waiters that queue behind them one by one through
+	// every sidecar, each confirmed by its `! QUEUED` before the next is
+	// sent, so their queue order is known), then SIGKILLs the leader and
+	// restarts it; the holders release once a leader serves, and each
+	// granted waiter releases at once (linequeue.go).
+	FaultKillLeaderQueues = "kill-leader-queues"
+	// FaultKillSidecar SIGKILLs a sidecar process (its workers lose their
+	// sessions; with cluster sessions its own expires) and starts it
+	// again at the same socket.
+	FaultKillSidecar = "kill-sidecar"
 )
+
+// leaderFaults are the faults that can leave the cluster without a
+// serving leader for a while: a leader killed, paused or cut off, or a
+// partition or a loss of state that may take its majority.
+var leaderFaults = map[string]bool{
+	FaultKillLeader: true, FaultKillLeaderQueues: true, FaultPauseLeader: true, FaultIsolateLeader: true,
+	FaultSplit: true, FaultBridge: true, FaultWipeQuorum: true, FaultReplace: true,
+}
 
 // Step is one fault of a schedule: what, for how long, the pause after it,
 // and a random number that picks targets and magnitudes.
@@ -72,7 +92,7 @@ func Schedule(seed int64, d time.Duration, wipe bool) []Step {
 	kinds := []string{
 		FaultKillLeader, FaultKillFollower, FaultPauseLeader, FaultPauseFollower, FaultPauseWorker,
 		FaultIsolateLeader, FaultSplit, FaultBridge, FaultClockForward, FaultClockBackward,
-		FaultSidecarDrop, FaultFreezeFollower,
+		FaultSidecarDrop, FaultFreezeFollower, FaultKillSidecar, FaultKillLeaderQueues,
 	}
 	if wipe {
 		kinds = append(kinds, FaultWipeFollower, FaultWipeQuorum)
@@ -110,6 +130,11 @@ type nemesis struct {
 	// yet; maxLost: the largest set of them at one time.
 	lost    map[string]replacement
 	maxLost []string
+
+	// The kill-leader-queues fault's lines (linequeue.go): keys and
+	// waiters per key of each, rounds built, sessions opened.
+	lineKeys, lineWaiters   int
+	lineRounds, lineClients int
 }
 
 // replacement is a wiped server's pending replacement: node index and the
@@ -121,7 +146,7 @@ type replacement struct {
 
 func newNemesis(p *localproc.Procs, dir string, workers []*workerProc, h *History, logf func(string, ...any)) *nemesis {
 	return &nemesis{p: p, dir: dir, drops: make([]uint64, p.Sidecars()), workers: workers, h: h, log: logf,
-		offsets: make([]int64, p.Size()), lost: map[string]replacement{}}
+		offsets: make([]int64, p.Size()), lost: map[string]replacement{}, lineKeys: DefaultLineKeys, lineWaiters: DefaultLineWaiters}
 }
 
 // faultFile is the fault file of the process named name (a node id or
@@ -341,6 +366,25 @@ func (n *nemesis) apply(ctx context.Context, st Step) {
 			// Heal: the new server takes the old one's place.
 			rec.Detail += n.replace(ctx, i, oldID)
 		}
+	case FaultKillLeaderQueues:
+		if n.p.Sidecars() == 0 {
+			return
+		}
+		ln, err := n.buildLines(ctx, n.lineKeys, n.lineWaiters)
+		l, _ := n.pick(ctx, rng) // whoever serves the line now
+		begin(ids[l], fmt.Sprintf("down %v under queues: %s", st.Hold, ln.describe()))
+		if err != nil {
+			rec.Detail += " (line incomplete: " + err.Error() + ")"
+		}
+		_ = n.p.Signal(l, syscall.SIGKILL)
+		hold()
+		if err := n.p.Start(l); err != nil {
+			rec.Detail += " (restart failed: " + err.Error() + ")"
+		}
+		rec.Cmp = time.Now().UnixNano() // the heal; the line drains after it
+		ln.drain()
+		rec.Detail += "; after the kill: " + ln.describe()
+		n.log("nemesis: %s %s: line drained: %s", st.Kind, ids[l], ln.describe())
 	case FaultWipeQuorum:
 		l, f := n.pick(ctx, rng)
 		oldF, _ := n.p.ServerID(f, 0)
@@ -489,6 +533,30 @@ func (n *nemesis) apply(ctx context.Context, st Step) {
 			_ = n.dropSidecarConnections(j)
 			sleepCtx(ctx, st.Hold/time.Duration(times))
 		}
+	case FaultKillSidecar:
+		if n.p.Sidecars() == 0 {
+			return
+		}
+		j := rng.Intn(n.p.Sidecars())
+		begin(fmt.Sprintf("sidecar%d", j+1), fmt.Sprintf("down %v", st.Hold))
+		rec.Sidecar = j + 1
+		// Inv (begin) is just before the kill, Cmp just before the restart:
+		// nothing sent before Cmp can be answered later than a moment after
+		// Inv (checkKilledSidecars).
+		_ = n.p.SignalSidecar(j, syscall.SIGKILL) // returns once it exited
+		hold()
+		rec.Cmp = time.Now().UnixNano()
+		if err := n.p.StartSidecar(j); err != nil {
+			rec.Detail += " (restart failed: " + err.Error() + ")"
+			break
+		}
+		// Its workers dial again as soon as the socket answers.
+		rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := ticketing.WaitReady(rctx, n.p.SidecarSocket(j))
+		cancel()
+		if err != nil {
+			rec.Detail += " (not ready after its restart: " + err.Error() + ")"
+		}
 	case FaultFreezeFollower:
 		l, f := n.pick(ctx, rng)
 		begin(ids[f], fmt.Sprintf("links to leader %s frozen %v", ids[l], st.Hold))
@@ -504,7 +572,9 @@ func (n *nemesis) apply(ctx context.Context, st Step) {
 	default:
 		return
 	}
-	rec.Cmp = time.Now().UnixNano()
+	if rec.Cmp == 0 {
+		rec.Cmp = time.Now().UnixNano()
+	}
 	n.mu.Lock()
 	n.heals = append(n.heals, rec.Cmp)
 	n.mu.Unlock()

@@ -5,12 +5,16 @@
 // that the nemesis can pause while they hold a lock; single keys mixed
 // with blocks of 2..4 keys under one token, issue 18), injects
 // faults from a seeded schedule (process kills and pauses, partitions,
-// clock jumps, sidecar connection drops, a frozen replication link, and
+// clock jumps, sidecar connection drops, a frozen replication link, a
+// killed sidecar, the leader killed under long queues (linequeue.go), and
 // optionally a wiped node), heals, and then checks the recorded history:
 // mutual exclusion, token order, fencing, block atomicity, no leaked
 // grants, linearizability against a lock model (porcupine, one partition
-// per connected component of keys), liveness after the heal, and that
-// nothing stays held past its lease. Some workers are extenders (issue 19,
+// per connected component of keys), per-key FIFO across leader changes
+// (checker_fifo.go), nothing answered by a dead sidecar and its delivered
+// holdings kept to their leases (checker_sidecar.go), liveness after the
+// heal, and that nothing stays held past its lease; it counts where the
+// INDETERMINATE outcomes fell (checker_indeterminate.go). Some workers are extenders (issue 19,
 // extender.go): they hold across several leases with EXTEND, or stall past
 // their lease (a worker process is also stopped by the nemesis) and must
 // notice the loss; the checker proves that an extended lease never lets two
@@ -86,6 +90,13 @@ type Config struct {
 	// ReplaceAll replaces the schedule by a rolling replacement of every
 	// node (FaultReplace, one after the other, the leader included).
 	ReplaceAll bool
+	// Steps, if set, is the schedule (instead of the one Seed derives):
+	// a test runs chosen faults this way.
+	Steps []Step
+	// LineKeys and LineWaiters shape the queues the kill-leader-queues
+	// fault builds before it kills the leader: fresh keys, and waiters
+	// per key. Zero: DefaultLineKeys, DefaultLineWaiters.
+	LineKeys, LineWaiters int
 	// Wipe adds the wiped-node faults (a data dir removed, the node
 	// restarted at its old address). The node comes back as a new server
 	// (a new incarnation) that cannot vote under its old id and that no
@@ -164,6 +175,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.LineKeys == 0 {
+		c.LineKeys = DefaultLineKeys
+	}
+	if c.LineWaiters == 0 {
+		c.LineWaiters = DefaultLineWaiters
 	}
 	return c
 }
@@ -304,7 +321,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		keys[i] = fmt.Sprintf("seat/%d", i)
 	}
 	params := func(id int, proc bool) WorkerParams {
-		wp := WorkerParams{ID: id, Proc: proc, Seed: cfg.Seed*1000 + int64(id), Socket: p.SidecarSocket(id % p.Sidecars()),
+		wp := WorkerParams{ID: id, Proc: proc, Seed: cfg.Seed*1000 + int64(id), Socket: p.SidecarSocket(id % p.Sidecars()), Sidecar: id%p.Sidecars() + 1,
 			Keys: keys, HoldMin: 0, HoldMax: 200 * time.Millisecond, LateProb: 0.05, BlockShare: max(cfg.BlockShare, 0)}
 		if proc {
 			// Long enough holds that the nemesis can catch them holding,
@@ -332,7 +349,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			runWorker(wctx, wp, func(keys []string, token uint64, worker int, op int64) (bool, error) {
 				ok, _ := store.WriteBlock(keys, token, worker, op)
 				return ok, nil
-			}, h.Add)
+			}, func(op Op) { op.Sidecar = wp.Sidecar; h.Add(op) })
 		}()
 	}
 	werr, err := os.Create(filepath.Join(cfg.Dir, "workers.log"))
@@ -364,7 +381,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if cfg.ReplaceAll {
 		steps = ReplaceAllSchedule(cfg.Nodes)
 	}
+	if cfg.Steps != nil {
+		steps = cfg.Steps
+	}
 	nem := newNemesis(p, clusterDir, procs, h, logf)
+	nem.lineKeys, nem.lineWaiters = cfg.LineKeys, cfg.LineWaiters
 	nctx, stopNemesis := context.WithTimeout(ctx, cfg.Duration+10*time.Second)
 	nem.run(nctx, steps)
 	stopNemesis()
@@ -386,6 +407,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			sleepCtx(ctx, 500*time.Millisecond)
 		}
 	}
+	stopAt := time.Now().UnixNano()
+	h.Add(Op{Kind: KindEnd, Worker: -1, Inv: stopAt, Cmp: stopAt})
 	stopAll()
 	logf("workload stopped")
 
@@ -430,7 +453,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		switch op.Kind {
 		case KindFault:
 			res.Faults = append(res.Faults, op)
-		case KindClose:
+		case KindClose, KindEnd:
 		default:
 			res.Ops[op.Kind+" "+op.Result]++
 			if op.Kind == KindAcquire && op.Result == ResOK {
@@ -646,7 +669,20 @@ func (r *Result) Summary() string {
 		ck.Grants, ck.Indeterminate, ck.UnknownTokens)
 	fmt.Fprintf(&b, "indeterminate share: %.1f %% (%d of %d acquires; bound %s)\n",
 		100*ck.IndeterminateShare, ck.Indeterminate, ck.Acquires, shareBound(c.MaxIndeterminateShare))
+	per10 := func(n int) string {
+		if c.Duration <= 0 {
+			return "?"
+		}
+		return fmt.Sprintf("%.0f", float64(n)*float64(10*time.Minute)/float64(c.Duration))
+	}
+	ia, io := ck.IndeterminateAcquires, ck.IndeterminateOthers
+	fmt.Fprintf(&b, "indeterminate outcomes: %d acquires (%s per 10 min of faults), %d releases and extends (%s per 10 min)\n",
+		ia.Total(), per10(ia.Total()), io.Total(), per10(io.Total()))
+	fmt.Fprintf(&b, "  where: acquires %d outside a window without a serving leader (%s per 10 min), %d inside one, %d sent to a killed sidecar, %d cut short by the workload's end; releases and extends %d outside, %d inside, %d to a killed sidecar, %d cut short (%d windows, %v in all: from each leader fault's start to the first grant its sidecar's workers read of an acquire sent after it)\n",
+		ia.Outside, per10(ia.Outside), ia.NoLeader, ia.DeadSidecar, ia.Stopped, io.Outside, io.NoLeader, io.DeadSidecar, io.Stopped, ck.NoLeaderWindows, ck.NoLeaderTime.Round(time.Millisecond))
 	fmt.Fprintf(&b, "atomicity: %d HELD observations of blocks checked\n", ck.HeldChecks)
+	fmt.Fprintf(&b, "fifo: %d acquires confirmed queued (`! QUEUED`), %d of them granted (%d kept their place through a leader fault); %d grants checked against the waiters queued before them\n",
+		ck.Queued, ck.QueuedGranted, ck.QueuedThroughLeaderChange, ck.FIFOChecked)
 	if ck.Extends+ck.ExtendsIndeterminate+ck.ExtendsRefused+ck.ExtendsFailed+ck.Stalls > 0 || len(ck.LostEvents) > 0 {
 		lag := "none checked"
 		if ck.LostChecked > 0 {
@@ -656,6 +692,10 @@ func (r *Result) Summary() string {
 			ck.Extends, ck.ExtendsIndeterminate, ck.ExtendsRefused, ck.ExtendsFailed, ck.Stalls, ck.StallsTold, ck.StallsRefused, ck.StallsStillHeld)
 		fmt.Fprintf(&b, "lost signal: events expired %d, moved %d, compensated %d; before the next holder's grant: %d checked, %s (tolerance %v), %d exempt (a process on the path was stopped)\n",
 			ck.LostEvents["expired"], ck.LostEvents["moved"], ck.LostEvents["compensated"], ck.LostChecked, lag, LostDeliveryTolerance, ck.LostExempt)
+	}
+	if ck.SidecarKills > 0 {
+		fmt.Fprintf(&b, "killed sidecars: %d kills; %d operations in flight at a kill (answered by nobody: INDETERMINATE); %d holdings delivered before a kill checked to keep their leases\n",
+			ck.SidecarKills, ck.KilledInFlight, ck.KilledHoldings)
 	}
 	comps := "components"
 	if ck.PorcupineParts == 1 {
@@ -721,6 +761,9 @@ func (r *Result) Summary() string {
 	}
 	if c.BlockShare != DefaultBlockShare {
 		wipe += fmt.Sprintf(" --block-share %v", max(c.BlockShare, 0))
+	}
+	if c.LineKeys != DefaultLineKeys || c.LineWaiters != DefaultLineWaiters {
+		wipe += fmt.Sprintf(" --line-keys %d --line-waiters %d", c.LineKeys, c.LineWaiters)
 	}
 	if c.MaxIndeterminateShare != DefaultMaxIndeterminateShare {
 		wipe += fmt.Sprintf(" --max-indeterminate-share %v", max(c.MaxIndeterminateShare, 0))

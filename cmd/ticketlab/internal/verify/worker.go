@@ -7,6 +7,7 @@ import (
 	"math/rand"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	ticketing "ticketing/clients/go"
@@ -21,8 +22,11 @@ type WorkerParams struct {
 	// Seed makes the worker's choices (keys, leases, waits, holds)
 	// reproducible.
 	Seed int64
-	// Socket is the sidecar's unix socket.
-	Socket string
+	// Socket is the sidecar's unix socket; Sidecar its number (1-based),
+	// which the harness stamps on the worker's operations (Op.Sidecar; a
+	// worker process is not told).
+	Socket  string
+	Sidecar int
 	// Keys is the small set of contended keys.
 	Keys []string
 	// HoldMin..HoldMax is how long a holder works before its fenced write.
@@ -105,9 +109,11 @@ func runWorker(ctx context.Context, p WorkerParams, write writeFunc, emit func(O
 			if err == nil && p.BlockShare > 0 {
 				// Blocks need version 2 of the local API (PROTOCOL.md,
 				// "Versions"): a sidecar that does not speak it is not used.
-				var r string
-				if r, err = c.Do(dctx, "HELLO 2"); err == nil && r != "HELLO 2" {
-					err = fmt.Errorf("verify: HELLO 2 answered %q", r)
+				// (The client's own HELLO asks for 4 with events, so that
+				// `! QUEUED` tells when an acquire joined its queue.)
+				var v int
+				if v, err = c.Hello(dctx); err == nil && v < 2 {
+					err = fmt.Errorf("verify: the sidecar speaks version %d of the local API, blocks need 2", v)
 				}
 				if err != nil {
 					c.Close()
@@ -146,12 +152,15 @@ func runWorker(ctx context.Context, p WorkerParams, write writeFunc, emit func(O
 			LeaseMs: lease.Milliseconds(), WaitMs: wait.Milliseconds(), Inv: now()}
 		var tok uint64
 		var err error
+		var queuedAt atomic.Int64 // set by the client's reader, before Acquire returns
+		onQueued := ticketing.WithQueued(func() { queuedAt.Store(now()) })
 		if block != nil {
-			tok, err = acquireBlock(ctx, c, block, lease, wait)
+			tok, err = acquireBlock(ctx, c, block, lease, wait, onQueued)
 		} else {
-			tok, err = c.Acquire(ctx, key, lease, wait)
+			tok, err = c.Acquire(ctx, key, lease, wait, onQueued)
 		}
 		acq.Cmp = now()
+		acq.Queued = queuedAt.Load()
 		classifyAcquire(&acq, tok, err)
 		emit(acq)
 		if errors.Is(err, ticketing.ErrClosed) {
@@ -207,32 +216,14 @@ func runWorker(ctx context.Context, p WorkerParams, write writeFunc, emit func(O
 // ACQUIRE of several keys) with the outcomes of Client.Acquire: the token,
 // or ErrBusy, ErrTimeout, ErrIndeterminate, an *Error, or the error of the
 // connection or of ctx. (If ctx ends while the request is with the
-// sidecar, a late grant stays with the session until it closes, which
-// releases it.)
-func acquireBlock(ctx context.Context, c *ticketing.Client, keys []string, lease, wait time.Duration) (uint64, error) {
-	ms := wait.Milliseconds()
-	r, err := c.Do(ctx, fmt.Sprintf("ACQUIRE %s %d %d.%03d", strings.Join(keys, " "), lease/time.Second, ms/1000, ms%1000))
+// sidecar, the client releases a late grant.) The worker releases it by
+// any of its keys and token (Client.Release), not through the Lock.
+func acquireBlock(ctx context.Context, c *ticketing.Client, keys []string, lease, wait time.Duration, opts ...ticketing.AcquireOption) (uint64, error) {
+	l, err := c.AcquireBlock(ctx, keys, lease, wait, opts...)
 	if err != nil {
 		return 0, err
 	}
-	switch r {
-	case "BUSY":
-		return 0, ticketing.ErrBusy
-	case "TIMEOUT":
-		return 0, ticketing.ErrTimeout
-	case "INDETERMINATE":
-		return 0, ticketing.ErrIndeterminate
-	}
-	if tok, ok := strings.CutPrefix(r, "OK "); ok {
-		if t, err := strconv.ParseUint(tok, 10, 64); err == nil && t > 0 {
-			return t, nil
-		}
-	}
-	if rest, ok := strings.CutPrefix(r, "ERR "); ok {
-		code, msg, _ := strings.Cut(rest, " ")
-		return 0, &ticketing.Error{Code: code, Message: msg}
-	}
-	return 0, fmt.Errorf("%w: unexpected reply to a block ACQUIRE: %q", ticketing.ErrProtocol, r)
+	return l.Token(), nil
 }
 
 // observeHeld asks the session what it holds (HELD, answered by the

@@ -80,6 +80,7 @@ func startWorkerProc(binary string, p WorkerParams, storeSocket string, h *Histo
 				fmt.Fprintf(stderr, "worker %d: bad report %q: %v\n", p.ID, sc.Text(), err)
 				continue
 			}
+			op.Sidecar = p.Sidecar
 			w.mu.Lock()
 			switch {
 			case op.Kind == KindAcquire && op.Result == ResOK:

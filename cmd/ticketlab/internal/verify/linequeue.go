@@ -1,0 +1,274 @@
+package verify
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// The long queues of the kill-leader-queues fault (issue 31). Before the
+// leader is killed, the nemesis builds a line on each of a few fresh keys
+// (line/<round>/<k>): a holder takes the key, then waiters queue behind it
+// one at a time, alternating keys and sidecars, each on its own unix
+// session (lineConn, `HELLO 4 events`) and each confirmed by its
+// `! QUEUED` event before the next is sent, so the queue order of every key
+// is known and the per-key FIFO check (checker_fifo.go) judges every grant
+// of the line exactly. After the kill and the restart the holders release
+// (again while no leader serves yet), and each granted waiter releases at
+// once, so the line drains in its order. Every request is recorded in the
+// history like a worker's, under worker numbers of its own (LineWorkerBase
+// up), so every other check covers the line too.
+//
+// With sidecar sessions the line survives the leader: every waiter is
+// granted, in order. Without them a new leader drops every waiter, which
+// its caller learns as INDETERMINATE, and the summary shows that cost.
+
+// Line defaults (Config.LineKeys, Config.LineWaiters).
+const (
+	DefaultLineKeys    = 2
+	DefaultLineWaiters = 6
+)
+
+// Line timings: a holder's lease outlasts the fault (at most about 4 s
+// down, then an election) so that the line waits through it; a waiter's
+// wait outlasts the line's drain; a granted waiter releases at once.
+const (
+	lineHolderLease = 10 * time.Second
+	lineWaiterLease = 2 * time.Second
+	lineWait        = 20 * time.Second
+	// lineQueuedWait bounds the wait for a waiter's `! QUEUED` before the
+	// next one is sent (a leader change may swallow the event: then the
+	// order of these two waiters is not known, which the check allows).
+	lineQueuedWait = 5 * time.Second
+	// lineReleaseFor bounds how long a holder keeps trying to release (its
+	// lease ends the holding anyway).
+	lineReleaseFor = 30 * time.Second
+)
+
+// LineWorkerBase is the first worker number of the line's sessions, well
+// above the workload's.
+const LineWorkerBase = 100_000
+
+// lineClient is one unix session of the line, recording into the history.
+type lineClient struct {
+	n       *nemesis
+	id      int // worker number
+	sidecar int // 1-based
+	lc      *lineConn
+	seq     int64
+	lastCmp int64
+}
+
+func (c *lineClient) emit(op Op) Op {
+	c.seq++
+	op.ID, op.Worker, op.Sidecar = int64(c.id+1)<<32|c.seq, c.id, c.sidecar
+	c.n.h.Add(op)
+	return op
+}
+
+// dialLineClient opens a session of the line on sidecar j (0-based).
+func (n *nemesis) dialLineClient(ctx context.Context, j int) (*lineClient, error) {
+	n.mu.Lock()
+	id := LineWorkerBase + n.lineClients
+	n.lineClients++
+	n.mu.Unlock()
+	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	lc, err := dialLine(dctx, n.p.SidecarSocket(j), nil)
+	if err != nil {
+		return nil, fmt.Errorf("line session on sidecar%d: %w", j+1, err)
+	}
+	return &lineClient{n: n, id: id, sidecar: j + 1, lc: lc, lastCmp: time.Now().UnixNano()}, nil
+}
+
+// acquire sends one ACQUIRE and records it; onQueued runs when its
+// `! QUEUED` is read.
+func (c *lineClient) acquire(ctx context.Context, key string, lease, wait time.Duration, onQueued func(int64)) Op {
+	ms := wait.Milliseconds()
+	op := Op{Kind: KindAcquire, Key: key, LeaseMs: lease.Milliseconds(), WaitMs: ms}
+	r, sent, got, queued, err := c.lc.doAcquire(ctx, fmt.Sprintf("ACQUIRE %s %d %d.%03d", key, lease/time.Second, ms/1000, ms%1000), onQueued)
+	op.Inv, op.Cmp, op.Queued = sent, got, queued
+	classifyAcquireLine(&op, r, err)
+	if err == nil {
+		c.lastCmp = got
+	}
+	return c.emit(op)
+}
+
+// release sends one RELEASE of the grant a and records it.
+func (c *lineClient) release(a Op) Op {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	op := Op{Kind: KindRelease, Key: a.Key, Token: a.Token, Acq: a.ID}
+	r, sent, got, err := c.lc.do(ctx, "RELEASE "+a.Key+" "+strconv.FormatUint(a.Token, 10))
+	op.Inv, op.Cmp = sent, got
+	classifyReleaseLine(&op, r, err)
+	if err == nil {
+		c.lastCmp = got
+	}
+	return c.emit(op)
+}
+
+// close ends the session (the sidecar releases what it still holds) and
+// records that.
+func (c *lineClient) close() {
+	c.lc.close()
+	c.emit(Op{Kind: KindClose, Inv: c.lastCmp, Cmp: time.Now().UnixNano()})
+}
+
+// lines is one round's queues.
+type lines struct {
+	keys    []string
+	holders []*lineClient
+	grants  []Op // the holders' grants, by key
+	queued  int  // waiters confirmed by their `! QUEUED`
+	sent    int  // waiters sent
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	waiters []*lineClient
+	answers map[string]int // the waiters' answers by result
+}
+
+// buildLines takes a holder on each of keys fresh keys and queues waiters
+// waiters behind each, one at a time (see above). It returns what it
+// built, also when it could not build all of it (err says why).
+func (n *nemesis) buildLines(ctx context.Context, keys, waiters int) (*lines, error) {
+	n.mu.Lock()
+	round := n.lineRounds
+	n.lineRounds++
+	n.mu.Unlock()
+	ln := &lines{answers: map[string]int{}}
+	for k := 0; k < keys; k++ {
+		ln.keys = append(ln.keys, fmt.Sprintf("line/%d/%d", round, k))
+	}
+	sidecars := max(n.p.Sidecars(), 1)
+	for k, key := range ln.keys {
+		c, err := n.dialLineClient(ctx, k%sidecars)
+		if err != nil {
+			return ln, err
+		}
+		ln.holders = append(ln.holders, c)
+		var g Op
+		for try := 0; try < 50 && ctx.Err() == nil; try++ {
+			// A fresh key is free; unavailable (no leader yet) is tried again.
+			if g = c.acquire(ctx, key, lineHolderLease, 0, nil); g.Result == ResOK || g.Result == ResIndeterminate {
+				break
+			}
+			sleepCtx(ctx, 100*time.Millisecond)
+		}
+		ln.grants = append(ln.grants, g)
+		if g.Result != ResOK {
+			return ln, fmt.Errorf("the holder of %s was answered %s %s", key, g.Result, g.Err)
+		}
+	}
+	for i := 0; i < waiters; i++ {
+		for k, key := range ln.keys {
+			if ctx.Err() != nil {
+				return ln, ctx.Err()
+			}
+			c, err := n.dialLineClient(ctx, (i+k)%sidecars)
+			if err != nil {
+				return ln, err
+			}
+			ln.mu.Lock()
+			ln.waiters = append(ln.waiters, c)
+			ln.mu.Unlock()
+			ln.sent++
+			queued, answered := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			ln.wg.Add(1)
+			go func() {
+				defer ln.wg.Done()
+				defer close(answered)
+				// The line outlives the nemesis's context: it drains after
+				// the kill whatever happens (bounded by the wait).
+				actx, cancel := context.WithTimeout(context.Background(), lineWait+30*time.Second)
+				a := c.acquire(actx, key, lineWaiterLease, lineWait, func(int64) { once.Do(func() { close(queued) }) })
+				cancel()
+				ln.mu.Lock()
+				ln.answers[a.Result]++
+				ln.mu.Unlock()
+				if a.Result == ResOK {
+					c.release(a)
+				}
+			}()
+			if c.lc.version < 4 {
+				// No `! QUEUED` from a version-3 sidecar: the order is a
+				// guess, which the FIFO check does not rely on.
+				sleepCtx(ctx, 50*time.Millisecond)
+				continue
+			}
+			t := time.NewTimer(lineQueuedWait)
+			select {
+			case <-queued:
+				ln.queued++
+			case <-answered:
+			case <-t.C:
+			case <-ctx.Done():
+			}
+			t.Stop()
+		}
+	}
+	return ln, nil
+}
+
+// drain releases the holders' keys (trying again while no leader serves,
+// within lineReleaseFor), waits until every waiter was answered (and
+// released its grant), and closes every session of the line.
+func (ln *lines) drain() {
+	for k, c := range ln.holders {
+		if k >= len(ln.grants) || ln.grants[k].Result != ResOK {
+			continue
+		}
+		deadline := time.Now().Add(lineReleaseFor)
+		for {
+			rel := c.release(ln.grants[k])
+			if rel.Result == ResOK || rel.Result == ResError && definiteReleaseError(rel.Err) || time.Now().After(deadline) || isClosed(c.lc) {
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	done := make(chan struct{})
+	go func() { ln.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(lineWait + 40*time.Second):
+		// A hang guard: the waits have long run out. Closing the sessions
+		// ends every request still pending (INDETERMINATE).
+		ln.mu.Lock()
+		for _, c := range ln.waiters {
+			c.lc.c.Close()
+		}
+		ln.mu.Unlock()
+		<-done
+	}
+	for _, c := range ln.holders {
+		c.close()
+	}
+	ln.mu.Lock()
+	defer ln.mu.Unlock()
+	for _, c := range ln.waiters {
+		c.close()
+	}
+}
+
+// describe says what was built and how the waiters were answered.
+func (ln *lines) describe() string {
+	ln.mu.Lock()
+	defer ln.mu.Unlock()
+	var parts []string
+	for _, res := range []string{ResOK, ResTimeout, ResIndeterminate, ResBusy, ResError} {
+		if c := ln.answers[res]; c > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", res, c))
+		}
+	}
+	if len(parts) == 0 {
+		parts = []string{"none yet"}
+	}
+	return fmt.Sprintf("%d waiters on %s (%d confirmed queued); answered: %s",
+		ln.sent, strings.Join(ln.keys, ","), ln.queued, strings.Join(parts, ", "))
+}
