@@ -70,17 +70,17 @@ type SessionInfo struct {
 }
 
 // offerVersion is the newest protocol version the broker offers: with
-// sessions, the version being built (wire.NewestProtocolVersion, 7), which
-// a node speaks only where it is configured to, so that the broker holds
-// a session exactly where the nodes speak 7; without, wire.ProtocolVersion.
+// sessions, wire.ProtocolVersion (7); without, version 6 (the last before
+// sessions), so that a broker with sessions off talks to every node as a
+// broker of the previous build does.
 func (b *Broker) offerVersion() uint16 {
 	switch {
 	case b.cfg.maxVersion != 0:
 		return b.cfg.maxVersion
-	case b.cfg.Sessions == SessionsAuto:
-		return wire.NewestProtocolVersion
+	case b.cfg.Sessions == SessionsOff:
+		return wire.VersionSessions - 1
 	}
-	return 0
+	return wire.ProtocolVersion
 }
 
 // sessionsFor reports whether conn's requests must go through the

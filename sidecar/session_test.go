@@ -17,7 +17,7 @@ import (
 // (protocol version 7) as PROTOCOL.md "Sessions" says: a real handshake,
 // status and members answered as the serving leader, o and y checked
 // against the one session it knows; lock requests go to the test's lock
-// handler. It accepts version 7 (wire.NewestProtocolVersion, offered by a
+// handler. It accepts version 7 (wire.ProtocolVersion, offered by a
 // broker with sessions) unless made with an older version.
 type fakeLeader struct {
 	t       *testing.T
@@ -418,7 +418,7 @@ func TestBrokerSessionsOffOrVersion6(t *testing.T) {
 		version uint16
 		tune    func(*Config)
 	}{
-		{"version 6", wire.ProtocolVersion, nil},
+		{"version 6", wire.VersionSessions - 1, nil},
 		{"sessions off", wire.VersionSessions, func(c *Config) { c.Sessions = SessionsOff }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -442,7 +442,7 @@ func TestBrokerSessionsOffOrVersion6(t *testing.T) {
 			}
 			b.mu.Lock()
 			for _, sl := range b.slots {
-				if sl.conn != nil && sl.conn.Peer().Version != wire.ProtocolVersion {
+				if sl.conn != nil && sl.conn.Peer().Version != wire.VersionSessions-1 {
 					t.Errorf("a connection speaks version %d", sl.conn.Peer().Version)
 				}
 			}
@@ -519,7 +519,7 @@ func TestBrokerSessionLostToAVersion6Leader(t *testing.T) {
 	ch := asyncAcquire(t, b, context.Background(), "k", 20*time.Second)
 	f.next(t, wire.TypeAcquire)
 	f.mu.Lock()
-	f.version = wire.ProtocolVersion
+	f.version = wire.VersionSessions - 1
 	f.mu.Unlock()
 	f.dropAll()
 	if r := result(t, ch); !errors.Is(r.err, ErrIndeterminate) || !errors.Is(r.err, ErrSessionLost) {
