@@ -194,9 +194,9 @@ type Config struct {
 	PeerNet PeerNet
 	// ProtocolVersion is the newest protocol version the node speaks, on
 	// its client and peer ports alike (and so the cluster version it
-	// helps record): 0 = wire.ProtocolVersion. wire.NewestProtocolVersion
-	// (7, sessions) is being built: only tests and the parts under
-	// construction set it, on every node of a cluster.
+	// helps record): 0 = wire.ProtocolVersion (7, sessions). Lower plays
+	// an older build: tests of a rolling upgrade run some nodes at 6, so
+	// that the cluster version stays 6 until every member speaks 7.
 	ProtocolVersion uint16
 }
 

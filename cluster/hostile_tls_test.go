@@ -76,9 +76,16 @@ func binding(t *testing.T, tc *tls.Conn) []byte {
 // tlsAuthed is tlsRaw plus a successful authentication handshake.
 func (c *testCluster) tlsAuthed(t *testing.T, i int) (*tls.Conn, *wire.Reader) {
 	t.Helper()
+	return c.tlsAuthedVersion(t, i, 0)
+}
+
+// tlsAuthedVersion is tlsAuthed offering protocol version v at most (0:
+// wire.ProtocolVersion).
+func (c *testCluster) tlsAuthedVersion(t *testing.T, i int, v uint16) (*tls.Conn, *wire.Reader) {
+	t.Helper()
 	tc := c.tlsRaw(t, i)
 	if _, err := wire.ClientHandshake(tc, wire.HandshakeConfig{Kind: wire.KindClient, Secret: c.ClientSecret,
-		ClusterID: c.ClusterID, ChannelBinding: binding(t, tc)}); err != nil {
+		ClusterID: c.ClusterID, ChannelBinding: binding(t, tc), MaxVersion: v}); err != nil {
 		t.Fatal(err)
 	}
 	return tc, wire.NewReader(tc)
@@ -349,8 +356,9 @@ func TestHostileClientsOverTLS(t *testing.T) {
 			expectConnError(t, "unknown type", r, wire.CodeUnexpectedFrame)
 		}},
 		{"session open on a version 6 connection", func(t *testing.T) {
-			// Version 7 frames decode, but no connection negotiates them yet.
-			tc, r := c.tlsAuthed(t, li)
+			// Version 7 frames decode, but a connection that negotiated
+			// 6 (an older client) may not send them.
+			tc, r := c.tlsAuthedVersion(t, li, wire.VersionExtend)
 			b, _ := wire.AppendMsg(nil, &wire.Msg{Type: wire.TypeOpenSession, ID: 1, Session: 9, TimeoutMs: 10_000})
 			mustWrite(t, tc, b)
 			expectConnError(t, "open session", r, wire.CodeUnexpectedFrame)

@@ -18,13 +18,11 @@ import (
 )
 
 // startSessionCluster starts 3 real nodes over TCP that speak protocol
-// version 7 (sessions: wire.NewestProtocolVersion, not the default yet),
-// and waits for a serving leader that records cluster version 7.
+// version 7 (sessions, the default), and waits for a serving leader that
+// records cluster version 7.
 func startSessionCluster(t *testing.T) (*testCluster, int) {
 	t.Helper()
-	c := startClusterOpts(t, local.Options{Tune: func(cfg *cluster.Config) {
-		cfg.ProtocolVersion = wire.VersionSessions
-	}})
+	c := startClusterOpts(t, local.Options{})
 	li := c.leader()
 	testkit.WaitFor(t, "cluster version 7", 15*time.Second, func() bool {
 		return c.Node(li).ClusterVersion() >= wire.VersionSessions

@@ -92,6 +92,13 @@ type Broker struct {
 	sessOpens   uint64
 	lostSession client.SessionStats
 	losing      *client.Session
+	// plain holds the version 7 connections whose session open the
+	// leader refused not_supported (the cluster version is below 7: some
+	// member still runs an older build): they carry requests without a
+	// session, as version 6 ones. probeAt (under mu) is when to try a
+	// fresh connection again (attachFresh).
+	plain   sync.Map // *client.Conn → retiring (bool)
+	probeAt time.Time
 	// sessOps are the acquires sent on a session connection and not over
 	// (under qmu): after a resume, the queued ones are re-pointed to the
 	// new connection (resumedOps).
@@ -108,6 +115,11 @@ type slot struct {
 	seed bool          // a configured address: kept for the broker's lifetime
 	conn *client.Conn  // guarded by Broker.mu; nil while down
 	stop chan struct{} // closed (under Broker.mu) when the address is no longer kept
+	// swapped is closed (and replaced, under Broker.mu) when conn is
+	// replaced by a fresh connection that carries the cluster session
+	// (attachFresh): the slot's keeper then watches the new one and
+	// retires the old one.
+	swapped chan struct{}
 }
 
 // A releaseJob is a release or, with extendSec set, an extend: both are
@@ -187,7 +199,7 @@ func (b *Broker) notifyLocked() {
 
 // addSlotLocked starts keeping addr. Requires b.mu.
 func (b *Broker) addSlotLocked(addr string, seed bool) {
-	s := &slot{addr: addr, seed: seed, stop: make(chan struct{})}
+	s := &slot{addr: addr, seed: seed, stop: make(chan struct{}), swapped: make(chan struct{})}
 	b.slots = append(b.slots, s)
 	b.slotWG.Add(1)
 	go b.keep(s)
@@ -273,26 +285,21 @@ func (b *Broker) keep(s *slot) {
 	backoff := b.cfg.BackoffMin
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), b.cfg.DialTimeout)
-		b.mu.Lock()
-		domain := b.domain
-		b.mu.Unlock()
-		conn, err := client.Dial(ctx, s.addr, client.Config{
-			Secret: b.cfg.Secret, NextSecret: b.cfg.NextSecret, TLS: b.cfg.TLS,
-			ClusterID: b.cfg.ClusterID, Domain: domain, HandshakeTimeout: b.cfg.DialTimeout, Dialer: b.cfg.Dialer, MaxVersion: b.offerVersion(),
-			OnNotice: func(c *client.Conn, n wire.Msg) { b.onNotice(s, c, n) },
-			OnLost:   func(_ *client.Conn, ev wire.Msg) { b.onLost(ev) },
-		})
+		conn, err := b.dial(ctx, s)
 		cancel()
-		if err == nil {
-			if err = b.pinDomain(s.addr, conn.Peer().Domain); err != nil {
-				conn.Close()
-				b.log.Error("refusing a node of another fencing domain", "addr", s.addr, "err", err)
-			}
-		}
 		if err == nil {
 			backoff = b.cfg.BackoffMin
 			if b.up(s, conn) {
-				b.watch(s, conn)
+				for {
+					b.watch(s, conn)
+					next := b.replacement(s, conn)
+					if next == nil {
+						break
+					}
+					b.slotWG.Add(1)
+					go b.retire(conn)
+					conn = next
+				}
 			}
 			conn.Close()
 			b.down(s, conn)
@@ -311,6 +318,61 @@ func (b *Broker) keep(s *slot) {
 			backoff = min(2*backoff, b.cfg.BackoffMax)
 		}
 	}
+}
+
+// dial connects to s's address (its notices and lost events come to the
+// broker) and checks the node's fencing domain.
+func (b *Broker) dial(ctx context.Context, s *slot) (*client.Conn, error) {
+	b.mu.Lock()
+	domain := b.domain
+	b.mu.Unlock()
+	conn, err := client.Dial(ctx, s.addr, client.Config{
+		Secret: b.cfg.Secret, NextSecret: b.cfg.NextSecret, TLS: b.cfg.TLS,
+		ClusterID: b.cfg.ClusterID, Domain: domain, HandshakeTimeout: b.cfg.DialTimeout, Dialer: b.cfg.Dialer, MaxVersion: b.offerVersion(),
+		OnNotice: func(c *client.Conn, n wire.Msg) { b.onNotice(s, c, n) },
+		OnLost:   func(_ *client.Conn, ev wire.Msg) { b.onLost(ev) },
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := b.pinDomain(s.addr, conn.Peer().Domain); err != nil {
+		conn.Close()
+		b.log.Error("refusing a node of another fencing domain", "addr", s.addr, "err", err)
+		return nil, err
+	}
+	return conn, nil
+}
+
+// replacement returns the connection that replaced conn in s (attachFresh),
+// or nil.
+func (b *Broker) replacement(s *slot, conn *client.Conn) *client.Conn {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if s.conn != nil && s.conn != conn {
+		return s.conn
+	}
+	return nil
+}
+
+// retire closes a connection replaced in its slot, or one without the
+// session once the session is attached (retirePlain), once nothing is in
+// flight on it (no new request goes there; its queued acquires keep their
+// replies and cancels), or at the broker's close.
+func (b *Broker) retire(conn *client.Conn) {
+	defer b.slotWG.Done()
+	defer b.plain.Delete(conn)
+	for conn.InFlight() > 0 {
+		select {
+		case <-conn.Done():
+			return
+		case <-b.closing:
+			conn.Close()
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	conn.Close()
+	b.log.Debug("retired a connection replaced by the session's", "addr", conn.RemoteAddr())
 }
 
 // pinDomain checks a node's domain against the pinned one, pinning it if
@@ -339,8 +401,16 @@ func (b *Broker) pinDomain(addr, domain string) error {
 // the leader's connection it asks for the members every MembersRefresh.
 func (b *Broker) watch(s *slot, conn *client.Conn) {
 	addr := s.addr
+	b.mu.Lock()
+	swapped, current := s.swapped, s.conn == conn
+	b.mu.Unlock()
+	if !current {
+		return // replaced already
+	}
 	for {
 		select {
+		case <-swapped:
+			return
 		case <-conn.Done():
 			return
 		case <-b.closing:
@@ -401,6 +471,7 @@ func (b *Broker) down(s *slot, conn *client.Conn) {
 	if s.conn == conn {
 		s.conn = nil
 	}
+	b.plain.Delete(conn)
 	if b.leader == s.addr && !b.connectedLocked(s.addr) {
 		b.leader = ""
 	}

@@ -22,7 +22,12 @@ import (
 // allows), acquires and releases go only on the attached connection
 // (usableLocked), so nothing of the session is written before a resume is
 // answered. Against a leader of version 6 nothing changes: no session,
-// today's behaviour exactly.
+// today's behaviour exactly. Nor against a leader of version 7 in a
+// cluster whose version is still 6 (a rolling upgrade under way: the
+// leader refuses the open not_supported): the connection it refused
+// carries requests without a session (plain), and every
+// sessionProbeInterval the broker tries to open the session on a fresh
+// connection, which replaces the plain one once it carries the session.
 
 // SessionsMode is Config.Sessions.
 type SessionsMode uint8
@@ -66,6 +71,12 @@ func ParseSessionsMode(s string) (SessionsMode, error) {
 // (docs/sessions.md, "Terms").
 const DefaultSessionTimeout = 10 * time.Second
 
+// sessionProbeInterval is how often the broker tries again to open its
+// session while the serving leader refuses it not_supported: the cluster
+// version rises at most one discovery round (30 s) after the last member
+// runs version 7, and a try costs one handshake and one refused open.
+const sessionProbeInterval = 2 * time.Second
+
 // sessionRetryPause is the pause before attaching again after a failed
 // attempt (the connection had requests in flight, the node answered M or
 // U): short, since the held requests wait for it.
@@ -95,30 +106,52 @@ type SessionInfo struct {
 }
 
 // offerVersion is the newest protocol version the broker offers: with
-// sessions, the version being built (wire.NewestProtocolVersion, 7), which
-// a node speaks only where it is configured to, so that the broker holds
-// a session exactly where the nodes speak 7; without, wire.ProtocolVersion.
+// sessions, wire.ProtocolVersion (7); without, version 6 (the last before
+// sessions), so that a broker with sessions off talks to every node as a
+// broker of the previous build does.
 func (b *Broker) offerVersion() uint16 {
 	switch {
 	case b.cfg.maxVersion != 0:
 		return b.cfg.maxVersion
-	case b.cfg.Sessions == SessionsAuto:
-		return wire.NewestProtocolVersion
+	case b.cfg.Sessions == SessionsOff:
+		return wire.VersionSessions - 1
 	}
-	return 0
+	return wire.ProtocolVersion
 }
 
-// sessionsFor reports whether conn's requests must go through the
-// session: Config.Sessions allows it and conn speaks version 7.
-func (b *Broker) sessionsFor(conn *client.Conn) bool {
+// speaksSessions reports whether conn may carry the session:
+// Config.Sessions allows it and conn speaks version 7.
+func (b *Broker) speaksSessions(conn *client.Conn) bool {
 	return b.cfg.Sessions == SessionsAuto && conn.Peer().Version >= wire.VersionSessions
 }
 
-// usableLocked reports whether lock requests may be sent on conn: always
-// without sessions, else only on the connection the session is attached
-// to. Requires b.mu.
+// isPlain reports whether conn's node refused the session not_supported
+// (the cluster version is below 7): it carries requests without one.
+func (b *Broker) isPlain(conn *client.Conn) bool {
+	_, ok := b.plain.Load(conn)
+	return ok
+}
+
+// sessionsFor reports whether conn's requests must go through the
+// session: it may carry one, and its node did not refuse it.
+func (b *Broker) sessionsFor(conn *client.Conn) bool {
+	return b.speaksSessions(conn) && !b.isPlain(conn)
+}
+
+// usableLocked reports whether lock requests may be sent on conn: without
+// sessions, on a node of version 6, or (plain) while the cluster refuses
+// sessions, always; else only on the connection the session is attached
+// to. Once a session is open, a plain connection is not used any more:
+// requests wait for the session's (attachFresh replaces it). Requires
+// b.mu.
 func (b *Broker) usableLocked(conn *client.Conn) bool {
-	return !b.sessionsFor(conn) || conn == b.sconn
+	if conn == b.sconn {
+		return true
+	}
+	if b.sessionsFor(conn) {
+		return false
+	}
+	return b.sess == nil || !b.speaksSessions(conn)
 }
 
 // leaderConnLocked returns a live connection to the serving leader that
@@ -133,7 +166,7 @@ func (b *Broker) leaderConnLocked() *client.Conn {
 			if s.conn == b.sconn {
 				return s.conn
 			}
-			if found == nil {
+			if found == nil || b.isPlain(found) && !b.isPlain(s.conn) {
 				found = s.conn
 			}
 		}
@@ -171,7 +204,7 @@ func (b *Broker) keepSession() {
 				"err", sconn.Err())
 			continue
 		}
-		if sess != nil && sconn == nil && conn != nil && !b.sessionsFor(conn) && !detachedAt.IsZero() &&
+		if sess != nil && sconn == nil && conn != nil && !b.speaksSessions(conn) && !detachedAt.IsZero() &&
 			b.cfg.Now().Sub(detachedAt) >= b.cfg.SessionTimeout {
 			// The serving leader speaks no sessions (a downgrade): the
 			// session cannot be resumed, and what it held is unknown.
@@ -188,7 +221,21 @@ func (b *Broker) keepSession() {
 		if !detachedAt.IsZero() && sconn == nil && sess != nil {
 			wake = b.cfg.After(max(detachedAt.Add(b.cfg.SessionTimeout).Sub(b.cfg.Now()), 0))
 		}
-		if conn == nil || conn == sconn || !b.sessionsFor(conn) {
+		plain := conn != nil && conn != sconn && b.speaksSessions(conn) && b.isPlain(conn)
+		if plain {
+			b.mu.Lock()
+			probeIn := b.probeAt.Sub(b.cfg.Now())
+			b.mu.Unlock()
+			if probeIn > 0 {
+				// The cluster refused sessions a moment ago: the
+				// plain connection serves without one meanwhile.
+				if wake == nil || probeIn < detachedAt.Add(b.cfg.SessionTimeout).Sub(b.cfg.Now()) {
+					wake = b.cfg.After(probeIn)
+				}
+				conn = nil
+			}
+		}
+		if conn == nil || conn == sconn || !b.speaksSessions(conn) {
 			var dead <-chan struct{}
 			if sconn != nil {
 				dead = sconn.Done()
@@ -202,7 +249,13 @@ func (b *Broker) keepSession() {
 			}
 			continue
 		}
-		if b.attachSession(conn) {
+		attached := false
+		if plain {
+			attached = b.attachFresh(conn)
+		} else {
+			attached = b.attachSession(conn, nil)
+		}
+		if attached {
 			detachedAt = time.Time{}
 			continue
 		}
@@ -217,9 +270,60 @@ func (b *Broker) keepSession() {
 	}
 }
 
+// attachFresh attaches the session (opens it, or resumes it) on a fresh
+// connection to the node of plain, a connection that node refused the
+// session on and that carries requests without one; once attached, the
+// fresh connection takes plain's place in its slot, and plain is retired
+// when what is in flight on it has ended. true once attached.
+func (b *Broker) attachFresh(plain *client.Conn) bool {
+	b.mu.Lock()
+	b.probeAt = b.cfg.Now().Add(sessionProbeInterval)
+	var s *slot
+	for _, sl := range b.slots {
+		if sl.conn == plain {
+			s = sl
+		}
+	}
+	b.mu.Unlock()
+	if s == nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(b.qctx, b.cfg.DialTimeout)
+	fresh, err := b.dial(ctx, s)
+	cancel()
+	if err != nil {
+		b.log.Debug("a fresh connection for the cluster session failed", "addr", s.addr, "err", err)
+		return false
+	}
+	install := func() bool {
+		select {
+		case <-s.stop:
+			return false
+		default:
+		}
+		if s.conn != plain || b.closed {
+			return false
+		}
+		s.conn = fresh
+		close(s.swapped)
+		s.swapped = make(chan struct{})
+		return true
+	}
+	if !b.speaksSessions(fresh) || !b.attachSession(fresh, install) {
+		fresh.Close()
+		b.plain.Delete(fresh) // refused again: it never served
+		return false
+	}
+	b.log.Info("the cluster session replaces a connection without one", "addr", s.addr)
+	return true
+}
+
 // attachSession opens the session on conn (or a new one, if the last was
-// lost) or resumes it there; true once attached.
-func (b *Broker) attachSession(conn *client.Conn) bool {
+// lost) or resumes it there; true once attached. install, when set, runs
+// under b.mu before the session is recorded as attached to conn (a fresh
+// connection: it puts conn in its slot); false from it leaves the session
+// unattached (an opened one orphaned: it expires empty).
+func (b *Broker) attachSession(conn *client.Conn, install func() bool) bool {
 	b.mu.Lock()
 	sess := b.sess
 	b.mu.Unlock()
@@ -232,6 +336,20 @@ func (b *Broker) attachSession(conn *client.Conn) bool {
 			return false
 		}
 		if err := s.Open(ctx, conn); err != nil {
+			if errors.Is(err, wire.ErrNotSupported) {
+				// The cluster version is below 7 (a member runs an
+				// older build): conn serves without a session, as a
+				// version 6 connection, and a fresh connection tries
+				// again later.
+				b.mu.Lock()
+				b.plain.Store(conn, false) // true once retiring
+				b.probeAt = b.cfg.Now().Add(sessionProbeInterval)
+				b.notifyLocked()
+				b.mu.Unlock()
+				b.log.Info("the cluster does not take sessions yet (a member runs an older version); serving without one",
+					"addr", conn.RemoteAddr(), "err", err)
+				return false
+			}
 			// A lost open reply leaves an orphan session at most: it
 			// expires empty. The next attempt opens another.
 			b.log.Debug("opening the cluster session failed", "addr", conn.RemoteAddr(), "err", err)
@@ -239,11 +357,16 @@ func (b *Broker) attachSession(conn *client.Conn) bool {
 			return false
 		}
 		b.mu.Lock()
+		if install != nil && !install() {
+			b.mu.Unlock()
+			return false
+		}
 		b.sess, b.sconn = s, conn
 		b.sessOpens++
 		b.notifyLocked()
 		b.mu.Unlock()
 		b.log.Info("cluster session opened", "session", fmt.Sprintf("%x", s.ID()), "timeout", b.cfg.SessionTimeout)
+		b.retirePlain()
 		return true
 	}
 	n, err := sess.Resume(ctx, conn)
@@ -257,6 +380,11 @@ func (b *Broker) attachSession(conn *client.Conn) bool {
 		return false
 	}
 	b.mu.Lock()
+	if install != nil && !install() {
+		b.mu.Unlock()
+		conn.Close() // its shutdown hands the session's requests back
+		return false
+	}
 	b.sconn = conn
 	b.notifyLocked()
 	b.mu.Unlock()
@@ -264,7 +392,27 @@ func (b *Broker) attachSession(conn *client.Conn) bool {
 	b.log.Info("cluster session resumed", "session", fmt.Sprintf("%x", sess.ID()), "outcomes", n.Outcomes, "queued", n.Queued,
 		"void", n.Void)
 	b.resumedOps(conn)
+	b.retirePlain()
 	return true
+}
+
+// retirePlain closes the connections that carry requests without the
+// session (plain) once nothing is in flight on them: with the session
+// attached they take no new request, and their slots then dial fresh ones,
+// which may carry it later.
+func (b *Broker) retirePlain() {
+	b.mu.Lock()
+	var conns []*client.Conn
+	for _, s := range b.slots {
+		if s.conn != nil && s.conn != b.sconn && b.plain.CompareAndSwap(s.conn, false, true) {
+			conns = append(conns, s.conn)
+		}
+	}
+	b.slotWG.Add(len(conns))
+	b.mu.Unlock()
+	for _, conn := range conns {
+		go b.retire(conn)
+	}
 }
 
 // sessionRefused takes what a failed attach says about the leader.

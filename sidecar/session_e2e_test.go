@@ -1,6 +1,6 @@
 // End-to-end tests of the broker's cluster session against real nodes that
-// speak version 7 (cluster.Config.ProtocolVersion; the default is still 6
-// until the rolling upgrade is tested).
+// speak version 7 (the default; upgrade_test.go has a cluster that gets
+// there from 6).
 package sidecar
 
 import (
@@ -9,21 +9,17 @@ import (
 	"testing"
 	"time"
 
-	"ticketing/cluster"
 	"ticketing/cluster/local"
 	"ticketing/cluster/netfault"
 	"ticketing/cluster/testkit"
 	"ticketing/locksm"
 )
 
-// startSessionCluster starts three real nodes speaking version 7 and a
+// startSessionCluster starts three real nodes (version 7) and a
 // broker that holds its session on the leader.
 func startSessionCluster(t *testing.T, tune ...func(*Config)) (*local.Cluster, *Broker) {
 	t.Helper()
-	c, err := local.Start(local.Options{Dir: t.TempDir(), Logger: testLogger(), Tune: func(cfg *cluster.Config) {
-		local.FastRaft(cfg)
-		cfg.ProtocolVersion = 7
-	}})
+	c, err := local.Start(local.Options{Dir: t.TempDir(), Logger: testLogger(), Tune: local.FastRaft})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,10 +156,7 @@ func TestE2ESessionDropConnectionsKeepsWaiter(t *testing.T) {
 func TestE2ESessionReleaseWithLostReplyIsDefinite(t *testing.T) {
 	d := &stallDialer{}
 	var leaderAddr string
-	c, err := local.Start(local.Options{Dir: t.TempDir(), Logger: testLogger(), Tune: func(cfg *cluster.Config) {
-		local.FastRaft(cfg)
-		cfg.ProtocolVersion = 7
-	}})
+	c, err := local.Start(local.Options{Dir: t.TempDir(), Logger: testLogger(), Tune: local.FastRaft})
 	if err != nil {
 		t.Fatal(err)
 	}

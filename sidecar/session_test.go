@@ -17,19 +17,23 @@ import (
 // (protocol version 7) as PROTOCOL.md "Sessions" says: a real handshake,
 // status and members answered as the serving leader, o and y checked
 // against the one session it knows; lock requests go to the test's lock
-// handler. It accepts version 7 (wire.NewestProtocolVersion, offered by a
-// broker with sessions) unless made with an older version.
+// handler. It accepts version 7 (wire.ProtocolVersion, offered by a
+// broker with sessions) unless made with an older version; with
+// refuseOpens it answers an open E not_supported, as a leader of version 7
+// does while the cluster version is 6.
 type fakeLeader struct {
 	t       *testing.T
 	ln      net.Listener
 	secret  []byte
 	version uint16
 
-	mu      sync.Mutex
-	session uint64
-	sSecret [wire.SecretLen]byte
-	opens   int
-	conns   []*fakeConn
+	mu          sync.Mutex
+	session     uint64
+	sSecret     [wire.SecretLen]byte
+	opens       int
+	refuseOpens bool
+	refused     int // opens answered not_supported
+	conns       []*fakeConn
 	// onLock handles a/b/r/e/c (and k) frames; onResume answers a y
 	// whose secret matched (it must send the K itself).
 	onLock   func(fc *fakeConn, m wire.Msg)
@@ -39,9 +43,10 @@ type fakeLeader struct {
 }
 
 type fakeConn struct {
-	nc  net.Conn
-	mu  sync.Mutex
-	buf []byte
+	nc   net.Conn
+	mu   sync.Mutex
+	buf  []byte
+	gone chan struct{} // closed when the fake stops reading it (closed by either side)
 }
 
 func (fc *fakeConn) send(t *testing.T, m wire.Msg) {
@@ -101,7 +106,8 @@ func (f *fakeLeader) serve(nc net.Conn) {
 		MaxVersion: version}); err != nil {
 		return
 	}
-	fc := &fakeConn{nc: nc}
+	fc := &fakeConn{nc: nc, gone: make(chan struct{})}
+	defer close(fc.gone)
 	f.mu.Lock()
 	f.conns = append(f.conns, fc)
 	f.mu.Unlock()
@@ -124,6 +130,12 @@ func (f *fakeLeader) handle(fc *fakeConn, m wire.Msg) {
 		fc.send(t, wire.Msg{Type: wire.TypeMembersR, ID: m.ID, Members: []wire.Member{{ServerID: "fake/1", ClientAddr: f.addr()}}})
 	case wire.TypeOpenSession:
 		f.mu.Lock()
+		if f.refuseOpens {
+			f.refused++
+			f.mu.Unlock()
+			fc.send(t, wire.Msg{Type: wire.TypeError, ID: m.ID, Code: wire.CodeNotSupported, Text: "cluster version 6"})
+			return
+		}
 		f.session, f.sSecret = m.Session, m.Secret
 		f.opens++
 		f.mu.Unlock()
@@ -418,7 +430,7 @@ func TestBrokerSessionsOffOrVersion6(t *testing.T) {
 		version uint16
 		tune    func(*Config)
 	}{
-		{"version 6", wire.ProtocolVersion, nil},
+		{"version 6", wire.VersionSessions - 1, nil},
 		{"sessions off", wire.VersionSessions, func(c *Config) { c.Sessions = SessionsOff }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -442,12 +454,66 @@ func TestBrokerSessionsOffOrVersion6(t *testing.T) {
 			}
 			b.mu.Lock()
 			for _, sl := range b.slots {
-				if sl.conn != nil && sl.conn.Peer().Version != wire.ProtocolVersion {
+				if sl.conn != nil && sl.conn.Peer().Version != wire.VersionSessions-1 {
 					t.Errorf("a connection speaks version %d", sl.conn.Peer().Version)
 				}
 			}
 			b.mu.Unlock()
 		})
+	}
+}
+
+// A leader of version 7 in a cluster of version 6 (a rolling upgrade under
+// way) refuses the open not_supported: the broker serves on that
+// connection without a session, as today, and once the cluster takes
+// sessions it opens one on a fresh connection, which replaces the one
+// without (closed once nothing is in flight on it); from then on lock
+// requests go on the session's connection.
+func TestBrokerSessionRefusedNotSupportedServesWithoutOne(t *testing.T) {
+	f := newFakeLeader(t)
+	f.mu.Lock()
+	f.refuseOpens = true
+	f.mu.Unlock()
+	var token atomic.Uint64
+	f.setHandlers(func(fc *fakeConn, m wire.Msg) {
+		if m.Type == wire.TypeAcquire {
+			fc.send(t, wire.Msg{Type: wire.TypeGranted, ID: m.ID, Token: token.Add(1)})
+		}
+	}, nil)
+	b := newSessionBroker(t, f, nil)
+	testkit.WaitFor(t, "the open refused", 30*time.Second, func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return f.refused > 0
+	})
+	if lk, err := b.Acquire(ctxT(t, 30*time.Second), "k1", "me", 30*time.Second, 0); err != nil || lk.Token == 0 {
+		t.Fatalf("acquire while the cluster refuses sessions: %+v %v", lk, err)
+	}
+	f.mu.Lock()
+	plainConn := f.lockConn
+	f.mu.Unlock()
+	if si := b.Info().Session; si != nil {
+		t.Fatalf("session info while refused: %+v", si)
+	}
+	f.mu.Lock()
+	f.refuseOpens = false
+	f.mu.Unlock()
+	waitAttached(t, b, 0)
+	if _, err := b.Acquire(ctxT(t, 30*time.Second), "k2", "me", 30*time.Second, 0); err != nil {
+		t.Fatalf("acquire with the session: %v", err)
+	}
+	f.mu.Lock()
+	sessConn, opens := f.lockConn, f.opens
+	f.mu.Unlock()
+	if sessConn == plainConn || opens != 1 {
+		t.Fatalf("after the session opened: the acquire went on the connection without one (%v), opens %d", sessConn == plainConn, opens)
+	}
+	// The connection without a session is closed by the broker (it had
+	// nothing in flight).
+	select {
+	case <-plainConn.gone:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the connection without a session was not closed")
 	}
 }
 
@@ -519,7 +585,7 @@ func TestBrokerSessionLostToAVersion6Leader(t *testing.T) {
 	ch := asyncAcquire(t, b, context.Background(), "k", 20*time.Second)
 	f.next(t, wire.TypeAcquire)
 	f.mu.Lock()
-	f.version = wire.ProtocolVersion
+	f.version = wire.VersionSessions - 1
 	f.mu.Unlock()
 	f.dropAll()
 	if r := result(t, ch); !errors.Is(r.err, ErrIndeterminate) || !errors.Is(r.err, ErrSessionLost) {

@@ -91,9 +91,8 @@ type Config struct {
 	// nil: lost events are dropped.
 	OnLost func(c *Conn, ev wire.Msg)
 	// MaxVersion is the newest protocol version to offer: lower to play
-	// an older client (tests and the lab), or wire.NewestProtocolVersion
-	// to offer the version being built (7, sessions), which a node speaks
-	// only where configured to. Zero: wire.ProtocolVersion.
+	// an older client (tests, the lab, a broker with sessions off), up to
+	// wire.NewestProtocolVersion. Zero: wire.ProtocolVersion.
 	MaxVersion uint16
 }
 

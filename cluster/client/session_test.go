@@ -211,9 +211,15 @@ func TestSessionOpenAndIDs(t *testing.T) {
 
 func TestSessionNeedsVersion7(t *testing.T) {
 	srv := newSessionServer(t)
-	c := srv.dial(t) // version 6
+	c, err := Dial(context.Background(), srv.ln.Addr().String(), Config{Secret: secret, MaxVersion: wire.VersionExtend, KeepAlive: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
 	sess := testSession(t, SessionConfig{})
-	if err := sess.Open(context.Background(), c); !errors.Is(err, wire.ErrNotSupported) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // hang guard
+	defer cancel()
+	if err := sess.Open(ctx, c); !errors.Is(err, wire.ErrNotSupported) {
 		t.Fatalf("open on version %d: %v", c.Peer().Version, err)
 	}
 	if sess.Stats().State != SessionNone {

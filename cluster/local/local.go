@@ -524,6 +524,20 @@ func (c *Cluster) Restart(i int) error {
 	return nil
 }
 
+// RestartWith is Restart with node i's config first adjusted by tune (kept
+// for its later restarts): a rolling upgrade's tests restart a node as
+// another build (cluster.Config.ProtocolVersion) on the same data dir.
+func (c *Cluster) RestartWith(i int, tune func(*cluster.Config)) error {
+	c.mu.Lock()
+	if c.nodes[i] != nil {
+		c.mu.Unlock()
+		return fmt.Errorf("local: node %s is running", c.cfgs[i].NodeID)
+	}
+	tune(&c.cfgs[i])
+	c.mu.Unlock()
+	return c.Restart(i)
+}
+
 // Leader waits for a node that is leader and serving, and returns its index.
 func (c *Cluster) Leader(ctx context.Context) (int, error) {
 	t := time.NewTicker(10 * time.Millisecond)

@@ -607,8 +607,8 @@ func TestRequestAllowed(t *testing.T) {
 	if VersionSessions != VersionExtend+1 {
 		t.Errorf("VersionSessions %d", VersionSessions)
 	}
-	if VersionExtend != ProtocolVersion || VersionExtend <= VersionBlocks || VersionBlocks <= VersionQueued {
-		t.Errorf("VersionExtend %d, VersionBlocks %d, ProtocolVersion %d", VersionExtend, VersionBlocks, ProtocolVersion)
+	if VersionSessions != ProtocolVersion || VersionExtend <= VersionBlocks || VersionBlocks <= VersionQueued {
+		t.Errorf("VersionSessions %d, VersionExtend %d, VersionBlocks %d, ProtocolVersion %d", VersionSessions, VersionExtend, VersionBlocks, ProtocolVersion)
 	}
 }
 

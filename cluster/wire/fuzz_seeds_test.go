@@ -820,7 +820,7 @@ func clientHandshakeSeeds() []namedSeed {
 		{"version-2", cat(specChallengeFrame(2, sn, "n1", "prod", "", pC(2, "n1", "prod")), specWelcome)},
 		{"version-3-welcome-with-limits", cat(specChallengeFrame(3, sn, "n1", "prod", "", pC(3, "n1", "prod")), wel)},
 		{"version-4", cat(specChallengeFrame(4, sn, "n1", "prod", "", pC(4, "n1", "prod")), wel)},
-		{"version-7", cat(specChallengeFrame(7, sn, "n1", "prod", "", pC(7, "n1", "prod")), wel)},
+		{"version-above-newest", cat(specChallengeFrame(ProtocolVersion+1, sn, "n1", "prod", "", pC(ProtocolVersion+1, "n1", "prod")), wel)},
 		{"wrong-cluster", cat(specChallengeFrame(v, sn, "n1", "staging", "", pC(v, "n1", "staging")), wel)},
 		// Fencing domain: cfgs[3] expects "d1"; cfgs[0] accepts any and
 		// learns the server's.
@@ -1006,7 +1006,7 @@ func TestFuzzSeedsRefused(t *testing.T) {
 		{"challenge-without-domain", 0, ErrMalformed},
 		{"domain-n0", 3, ErrMalformed},
 		{"version-3-welcome-with-limits", 0, ErrMalformed},
-		{"version-7", 0, ErrVersion},
+		{"version-above-newest", 0, ErrVersion},
 		{"welcome-v4-empty", 0, ErrMalformed},
 		{"welcome-v4-7-bytes", 0, ErrMalformed},
 		{"welcome-v4-9-bytes", 0, ErrMalformed},

@@ -101,8 +101,8 @@ type HandshakeConfig struct {
 	// MaxVersion is the newest version to offer (dialler) or accept
 	// (server): MinProtocolVersion..NewestProtocolVersion, 0 =
 	// ProtocolVersion. Tests and tools play an older client or node with
-	// it; a version above ProtocolVersion (being built) is spoken only
-	// where it is set so.
+	// it; a version above ProtocolVersion (one being built, when there is
+	// one: NewestProtocolVersion) is spoken only where it is set so.
 	MaxVersion uint16
 }
 

@@ -253,7 +253,7 @@ func TestHandshakeLimits(t *testing.T) {
 		}
 	}
 	// MaxVersion plays an older client through the exported API.
-	for _, v := range []uint16{2, 3, 4, 5} {
+	for _, v := range []uint16{2, 3, 4, 5, 6} {
 		cc := ccfg
 		cc.MaxVersion = v
 		c, s = runPair(t, cc, scfg, ClientHandshake)
@@ -261,9 +261,9 @@ func TestHandshakeLimits(t *testing.T) {
 			t.Fatalf("MaxVersion %d: %v %+v, server %v", v, c.err, c.peer, s.err)
 		}
 	}
-	// A version being built (above ProtocolVersion) is spoken only when
-	// both sides are set to it; either side's default keeps
-	// ProtocolVersion.
+	// A version being built (NewestProtocolVersion above ProtocolVersion,
+	// when there is one) is spoken only when both sides are set to it;
+	// either side's default keeps ProtocolVersion.
 	for _, tc := range []struct{ client, server, want uint16 }{
 		{NewestProtocolVersion, NewestProtocolVersion, NewestProtocolVersion},
 		{0, NewestProtocolVersion, ProtocolVersion},

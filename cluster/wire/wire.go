@@ -52,20 +52,25 @@ import "ticketing/locksm"
 //	    that an older node cannot decode: the leader proposes one only
 //	    once the cluster version is 6, and answers E not_supported
 //	    before.
-//	7 — sidecar sessions (being built: docs/sessions.md; ProtocolVersion
-//	    becomes 7 once the leader and the broker speak it; until then only
-//	    where configured, see NewestProtocolVersion): the open 'o', resume
-//	    'y', ack 'k' and close 'd' requests and the outcomes watermark 'O'
+//	7 — sidecar sessions (docs/sessions.md): the open 'o', resume 'y',
+//	    ack 'k' and close 'd' requests and the outcomes watermark 'O'
 //	    (server → client). On a session connection a request's id is its
-//	    sequence number in the session.
-const ProtocolVersion = 6
+//	    sequence number in the session. A version 2–6 peer or client
+//	    negotiates its own version and sees none of this; a version 7
+//	    connection that attaches no session is exactly a version 6 one.
+//	    The log gains ops 8–12 (sessions, drop-sessionless) that an older
+//	    node cannot decode: the leader proposes them only once the
+//	    cluster version is 7, and answers 'o' and 'y' E not_supported
+//	    before.
+const ProtocolVersion = 7
 
-// NewestProtocolVersion is the newest version this build implements. A
-// version above ProtocolVersion is being built (7: sessions,
-// docs/sessions.md): it is offered and accepted only where configured
-// (HandshakeConfig.MaxVersion; a node's Config.ProtocolVersion), for tests
-// and the parts under construction, never by default.
-const NewestProtocolVersion = VersionSessions
+// NewestProtocolVersion is the newest version this build implements:
+// ProtocolVersion, unless a newer version is being built, which is then
+// offered and accepted only where configured (HandshakeConfig.MaxVersion;
+// a node's Config.ProtocolVersion), for tests and the parts under
+// construction, never by default. Version 7 (sessions) was built that way
+// and is the default now.
+const NewestProtocolVersion = ProtocolVersion
 
 // VersionNotices is the first version with the notice 'N' and its
 // acknowledgement 'n' and with client_addr in the Identity frame: a node
