@@ -517,7 +517,7 @@ func sidecarKillRound(ctx context.Context, p *localproc.Procs, o LineKillOptions
 	ln := &line{}
 	defer ln.close()
 	for i := 0; i < o.SidecarWaiters; i++ {
-		sc := 1 - i%2 // the head (0) through sidecar1
+		sc := i % 2 // the head (waiter 0) through sidecar1 (index 0), the one killed
 		if err := ln.queue(ctx, p.SidecarSocket(sc), sc, key, o.Lease); err != nil {
 			return r, fmt.Errorf("waiter %d of %d: %w", i+1, o.SidecarWaiters, err)
 		}
