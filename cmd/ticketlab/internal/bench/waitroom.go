@@ -138,9 +138,14 @@ type RoomKill struct {
 	// Finals and Granted are the room's final replies and grants read
 	// before the kill.
 	Finals, Granted int
-	// NextGrant is from the SIGKILL to the next grant read by the room
-	// (0: none came).
-	NextGrant time.Duration
+	// Pause is the longest time between two grants read by the room
+	// from the SIGKILL on (a gap ending after it and starting before 5 s
+	// after it or the next kill): the failover as the line sees it. Replies
+	// already on their way when the leader died may still be read just
+	// after the SIGKILL, so the gap from the kill itself would mislead.
+	// 0: no grant after the kill.
+	Pause time.Duration
+	at    time.Time
 }
 
 // FIFOOK reports strict FIFO: no violation seen and the room drained.
@@ -211,8 +216,8 @@ func (r *WaitRoomReport) String() string {
 			len(r.Kills), r.Granted, r.Waiters, met(granted && r.FIFOOK()))
 		for i, k := range r.Kills {
 			next := "no grant after it"
-			if k.NextGrant > 0 {
-				next = fmt.Sprintf("the next grant %v after it", k.NextGrant.Round(time.Millisecond))
+			if k.Pause > 0 {
+				next = fmt.Sprintf("the line's longest pause between grants from it on %v", k.Pause.Round(time.Millisecond))
 			}
 			fmt.Fprintf(&b, "kill %d: leader %s SIGKILLed with %d of the room answered (%d granted); %s\n", i+1, k.Leader, k.Finals, k.Granted, next)
 		}
@@ -394,15 +399,10 @@ func RunWaitRoom(ctx context.Context, o WaitRoomOptions) (*WaitRoomReport, error
 		time.Sleep(100 * time.Millisecond)
 	}
 	lastGrant := d0
-	var killedAt time.Time
 	for {
 		done, at := room.progress()
 		if at.After(lastGrant) {
 			lastGrant = at
-		}
-		if !killedAt.IsZero() && at.After(killedAt) {
-			r.Kills[len(r.Kills)-1].NextGrant = at.Sub(killedAt)
-			killedAt = time.Time{}
 		}
 		if done == o.Waiters {
 			break
@@ -416,11 +416,11 @@ func RunWaitRoom(ctx context.Context, o WaitRoomOptions) (*WaitRoomReport, error
 			}
 			granted := len(room.grants())
 			say("kill %d: SIGKILL of leader %s with %d of %d answered (%d granted)", k+1, p.ID(li), done, o.Waiters, granted)
-			killedAt = time.Now()
+			killedAt := time.Now()
 			if err := p.Signal(li, syscall.SIGKILL); err != nil {
 				return nil, fmt.Errorf("kill %d: %w", k+1, err)
 			}
-			r.Kills = append(r.Kills, RoomKill{Leader: p.ID(li), Finals: done, Granted: granted})
+			r.Kills = append(r.Kills, RoomKill{Leader: p.ID(li), Finals: done, Granted: granted, at: killedAt})
 			// Started again at once: a cluster of 3 with a node down has no
 			// margin left for the next kill.
 			if err := p.Start(li); err != nil {
@@ -699,10 +699,11 @@ type room struct {
 	wg    sync.WaitGroup
 
 	mu        sync.Mutex
-	finals    int       // acquires with a final reply
-	lastGrant time.Time // when the last grant was read
-	tokens    []uint64  // grants in the order they were read
-	holding   bool      // a grant read whose RELEASE is not sent yet
+	finals    int         // acquires with a final reply
+	lastGrant time.Time   // when the last grant was read
+	tokens    []uint64    // grants in the order they were read
+	grantAt   []time.Time // when each of tokens was read
+	holding   bool        // a grant read whose RELEASE is not sent yet
 	other     map[string]int
 	sample    map[string]string // the first whole reply of each kind in other
 	fifo      []string
@@ -773,6 +774,7 @@ func (rm *room) read(i int, c net.Conn, n int) {
 		prev = t
 		rm.tokens = append(rm.tokens, t)
 		rm.lastGrant = time.Now()
+		rm.grantAt = append(rm.grantAt, rm.lastGrant)
 		rm.holding = true
 		rm.mu.Unlock()
 		// The next grant can only come after this RELEASE is sent: one read
@@ -817,6 +819,19 @@ func (rm *room) grants() []uint64 {
 func (rm *room) report(r *WaitRoomReport) {
 	rm.mu.Lock()
 	defer rm.mu.Unlock()
+	for i := range r.Kills {
+		k := &r.Kills[i]
+		until := k.at.Add(5 * time.Second)
+		if i+1 < len(r.Kills) && r.Kills[i+1].at.Before(until) {
+			until = r.Kills[i+1].at
+		}
+		for j := 1; j < len(rm.grantAt); j++ {
+			from, to := rm.grantAt[j-1], rm.grantAt[j]
+			if to.After(k.at) && from.Before(until) && to.Sub(from) > k.Pause {
+				k.Pause = to.Sub(from)
+			}
+		}
+	}
 	r.Granted = len(rm.tokens)
 	for k, n := range rm.other {
 		r.Other[k] += n
