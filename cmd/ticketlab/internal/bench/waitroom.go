@@ -139,8 +139,8 @@ type RoomKill struct {
 	// before the kill.
 	Finals, Granted int
 	// Pause is the longest time between two grants read by the room
-	// from the SIGKILL on (a gap ending after it and starting before 5 s
-	// after it or the next kill): the failover as the line sees it. Replies
+	// from the SIGKILL on (a gap ending after it, and before the next
+	// kill, that starts within 5 s of it): the failover as the line sees it. Replies
 	// already on their way when the leader died may still be read just
 	// after the SIGKILL, so the gap from the kill itself would mislead.
 	// 0: no grant after the kill.
@@ -821,13 +821,14 @@ func (rm *room) report(r *WaitRoomReport) {
 	defer rm.mu.Unlock()
 	for i := range r.Kills {
 		k := &r.Kills[i]
-		until := k.at.Add(5 * time.Second)
-		if i+1 < len(r.Kills) && r.Kills[i+1].at.Before(until) {
-			until = r.Kills[i+1].at
+		// A gap that ends after the next kill is that kill's.
+		var next time.Time
+		if i+1 < len(r.Kills) {
+			next = r.Kills[i+1].at
 		}
 		for j := 1; j < len(rm.grantAt); j++ {
 			from, to := rm.grantAt[j-1], rm.grantAt[j]
-			if to.After(k.at) && from.Before(until) && to.Sub(from) > k.Pause {
+			if to.After(k.at) && (next.IsZero() || !to.After(next)) && from.Before(k.at.Add(5*time.Second)) && to.Sub(from) > k.Pause {
 				k.Pause = to.Sub(from)
 			}
 		}
