@@ -44,17 +44,7 @@ func TestBrokerLeaderSIGKILLDuringPendingAcquire(t *testing.T) {
 		_, err := b.Acquire(ctx, "seats", "waiter", 60*time.Second, 30*time.Second)
 		errc <- err
 	}()
-	// Wait until the leader has the waiter queued.
-	for {
-		st, err := p.Status(ctx, li)
-		if err == nil && st.Waiting == 1 {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatal("waiter never queued")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitOneQueued(ctx, t, p, li)
 	if err := p.Signal(li, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -112,16 +102,7 @@ func TestBrokerLeaderSIGKILLKeepsSessionWaiter(t *testing.T) {
 		lk, err := b.Acquire(ctx, "seats", "waiter", 60*time.Second, 40*time.Second)
 		out <- res{lk, err}
 	}()
-	for {
-		st, err := p.Status(ctx, li)
-		if err == nil && st.Waiting == 1 {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatal("waiter never queued")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitOneQueued(ctx, t, p, li)
 	resumes := b.Info().Session.Resumes
 	if err := p.Signal(li, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -150,6 +131,21 @@ func TestBrokerLeaderSIGKILLKeepsSessionWaiter(t *testing.T) {
 // procsAndBroker starts 3 node processes (logging at level) and a Broker
 // on them (its config adjusted by tune); both are closed when the test
 // ends, as is the returned context (60 s).
+// waitOneQueued waits until node li (the leader) has one waiter queued.
+func waitOneQueued(ctx context.Context, t *testing.T, p *localproc.Procs, li int) {
+	t.Helper()
+	for {
+		st, err := p.Status(ctx, li)
+		if err == nil && st.Waiting == 1 {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatal("waiter never queued")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 func procsAndBroker(t *testing.T, level string, tune ...func(*sidecar.Config)) (*localproc.Procs, *sidecar.Broker, context.Context) {
 	t.Helper()
 	p, err := localproc.Start(localproc.Options{Binary: binary, Dir: t.TempDir(),
