@@ -967,6 +967,31 @@ func TestCheckSplitsIndeterminateOutcomes(t *testing.T) {
 	}
 }
 
+// A wiped quorum takes service away only after its partition phase, so a
+// grant within the fault does not close its window: an INDETERMINATE
+// acquire answered late in the fault counts as without a leader; one
+// answered after the first grant sent after the fault ended is outside.
+func TestCheckSplitsIndeterminateOfAPhasedFault(t *testing.T) {
+	var h hist
+	h.add(Op{Worker: -1, Kind: KindFault, Fault: FaultWipeQuorum, Target: "n2", Inv: 100, Cmp: 10000})
+	acq := func(w int, key string, inv, cmp int64, res string, tok uint64) Op {
+		return h.add(Op{Worker: w, Sidecar: 1, Kind: KindAcquire, Key: key, LeaseMs: 1000, Inv: inv, Cmp: cmp, Result: res, Token: tok})
+	}
+	g1 := acq(1, "a", 200, 300, ResOK, 1) // the partition phase: the majority serves
+	h.release(g1, 400, 410, ResOK, "")
+	acq(2, "b", 5000, 7000, ResIndeterminate, 0) // the majority died meanwhile
+	g2 := acq(3, "a", 10100, 10500, ResOK, 2)    // served again after the fault
+	h.release(g2, 10600, 10610, ResOK, "")
+	acq(4, "c", 10700, 11000, ResIndeterminate, 0)
+	r := Check(h.ops, nil, FinalState{}, CheckOptions{})
+	if len(r.Violations) != 0 {
+		t.Fatalf("violations %v", r.Violations)
+	}
+	if want := (IndeterminateSplit{NoLeader: 1, Outside: 1}); r.IndeterminateAcquires != want {
+		t.Fatalf("acquires %+v, want %+v", r.IndeterminateAcquires, want)
+	}
+}
+
 // BUSY and TIMEOUT are judged strictly wherever no INDETERMINATE acquire
 // may have held their keys: an INDETERMINATE acquire of the same key long
 // before (past its window) weakens nothing, and a BUSY of a free key is a
