@@ -764,7 +764,11 @@ func newBrokerAddrs(t *testing.T, c *local.Cluster, addrs []string, tune ...func
 // (group commit), because each first attempt is sent straight to the
 // leader. Sent one at a time by the worker, each would be its own entry.
 // With ReleasesInFlight 1 the rest wait for the worker, and every release
-// still succeeds.
+// still succeeds. Their deadline (ReleaseDeadline, counted from each
+// ReleaseAsync) is raised to 2 minutes: the worker sends 255 releases one
+// after the other, one commit each, and under -race on two loaded cores
+// that once took longer than the default 5 s (the last ones were
+// Indeterminate), which is a speed the test does not claim.
 func TestBrokerReleasesAreSentWithoutAWorker(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
@@ -776,8 +780,11 @@ func TestBrokerReleasesAreSentWithoutAWorker(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := startCluster(t)
-			b := newBroker(t, c, func(cfg *Config) { cfg.ReleaseWorkers, cfg.ReleasesInFlight = 1, tc.inFlight })
-			ctx := ctxT(t, 60*time.Second)
+			b := newBroker(t, c, func(cfg *Config) {
+				cfg.ReleaseWorkers, cfg.ReleasesInFlight = 1, tc.inFlight
+				cfg.ReleaseDeadline = 2 * time.Minute
+			})
+			ctx := ctxT(t, 3*time.Minute)
 			const n = 256
 			locks := make([]Lock, n)
 			var wg sync.WaitGroup
