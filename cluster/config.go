@@ -141,8 +141,10 @@ type Config struct {
 	MaxClientConns int
 	// IdleTimeout closes a client connection from which nothing arrived
 	// for this long (after E idle_timeout). Clients keep connections alive
-	// with pings (the official client pings after a third of it). Zero:
-	// DefaultIdleTimeout.
+	// with pings (the official client pings after 30 s of quiet). A
+	// connection that carries a session is closed after the session's
+	// timeout instead, if shorter (its broker pings at a third of it):
+	// docs/sessions.md, "Liveness". Zero: DefaultIdleTimeout.
 	IdleTimeout time.Duration
 	// MaxReplyBacklog bounds the reply bytes queued for one client
 	// connection that does not read them; past it the connection is

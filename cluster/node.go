@@ -582,6 +582,13 @@ func (n *Node) performLocked() {
 	for _, r := range rd.Refusals {
 		n.log.Warn("session request refused", "remote", r.Conn.remote, "session", r.Session, "err", r.Err)
 	}
+	for _, sl := range rd.Silences {
+		// A session connection silent for the session's timeout is
+		// taken for dead (its broker pings at a third of it).
+		if sl.Conn != nil {
+			sl.Conn.bound(sl.Max)
+		}
+	}
 	for _, c := range rd.Closes {
 		// Its broker resumes its session where a leader serves.
 		c.flushAndClose()

@@ -35,6 +35,17 @@ type clientConn struct {
 	draining bool // close once out is written
 	writing  bool // writeLoop runs
 	wake     chan struct{}
+
+	// idleMu guards idle and readFrom, and orders the read deadlines set
+	// from them (by the reader before each read, by bound when a session
+	// attaches). A leaf lock.
+	idleMu sync.Mutex
+	// idle: the connection is closed once nothing arrived on it for this
+	// long: the node's IdleTimeout, or, once a session is attached to it,
+	// the session's timeout if shorter (Ready.Silences).
+	idle time.Duration
+	// readFrom: when the read in progress (or the last one) started.
+	readFrom time.Time
 }
 
 func (n *Node) acceptClients() {
@@ -58,7 +69,7 @@ func (n *Node) acceptClients() {
 			time.Sleep(50 * time.Millisecond)
 			continue
 		}
-		cc := &clientConn{n: n, c: c, rw: c, remote: c.RemoteAddr().String(), wake: make(chan struct{}, 1)}
+		cc := &clientConn{n: n, c: c, rw: c, remote: c.RemoteAddr().String(), wake: make(chan struct{}, 1), idle: n.cfg.IdleTimeout}
 		n.mu.Lock()
 		full := len(n.conns) >= n.cfg.MaxClientConns
 		closed := n.closed
@@ -99,7 +110,7 @@ func (n *Node) serveConn(cc *clientConn) {
 	cc.writing = true
 	cc.mu.Unlock()
 	go cc.writeLoop()
-	r := wire.NewReader(idleReader{cc.rw, n.cfg.IdleTimeout})
+	r := wire.NewReader(idleReader{cc})
 	var m wire.Msg
 	for {
 		if err := r.ReadMsg(&m); err != nil {
@@ -111,10 +122,18 @@ func (n *Node) serveConn(cc *clientConn) {
 				continue
 			}
 			if isTimeout(err) {
+				idle := cc.idleBound()
 				n.stats.idleCloses.Add(1)
-				n.log.Info("closing idle client connection", "remote", cc.remote, "idle", n.cfg.IdleTimeout)
+				if idle < n.cfg.IdleTimeout {
+					// Its session's bound: the broker pings at a third of
+					// it, so its host or the network is likely gone; the
+					// close detaches the session, whose timeout now runs.
+					n.log.Warn("closing silent session connection", "remote", cc.remote, "idle", idle)
+				} else {
+					n.log.Info("closing idle client connection", "remote", cc.remote, "idle", idle)
+				}
 				cc.send(&wire.Msg{Type: wire.TypeError, Code: wire.CodeIdleTimeout,
-					Text: fmt.Sprintf("nothing received for %v; send pings to keep a connection open", n.cfg.IdleTimeout)})
+					Text: fmt.Sprintf("nothing received for %v; send pings to keep a connection open", idle)})
 				cc.flushAndClose()
 				return
 			}
@@ -203,16 +222,39 @@ func holdFor(d time.Duration, closing <-chan struct{}) {
 }
 
 // idleReader sets the read deadline before every read from the socket, so
-// a connection that sends nothing for d (including one that stops in the
-// middle of a frame) gets a timeout.
-type idleReader struct {
-	c net.Conn
-	d time.Duration
-}
+// a connection that sends nothing for its idle bound (including one that
+// stops in the middle of a frame) gets a timeout.
+type idleReader struct{ cc *clientConn }
 
 func (r idleReader) Read(p []byte) (int, error) {
-	_ = r.c.SetReadDeadline(time.Now().Add(r.d))
-	return r.c.Read(p)
+	cc := r.cc
+	cc.idleMu.Lock()
+	cc.readFrom = time.Now()
+	_ = cc.rw.SetReadDeadline(cc.readFrom.Add(cc.idle))
+	cc.idleMu.Unlock()
+	return cc.rw.Read(p)
+}
+
+// idleBound is the connection's idle bound now.
+func (cc *clientConn) idleBound() time.Duration {
+	cc.idleMu.Lock()
+	defer cc.idleMu.Unlock()
+	return cc.idle
+}
+
+// bound lowers the connection's idle bound to d (a session attached to it
+// with timeout d; a bound above the node's IdleTimeout changes nothing),
+// moving the deadline of the read in progress too.
+func (cc *clientConn) bound(d time.Duration) {
+	cc.idleMu.Lock()
+	defer cc.idleMu.Unlock()
+	if d <= 0 || d >= cc.idle {
+		return
+	}
+	cc.idle = d
+	if !cc.readFrom.IsZero() {
+		_ = cc.rw.SetReadDeadline(cc.readFrom.Add(d))
+	}
 }
 
 func isClosedConn(err error) bool {

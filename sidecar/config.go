@@ -132,7 +132,10 @@ type Config struct {
 	// leave the lines; its holdings keep their leases). Zero:
 	// DefaultSessionTimeout (10 s: a failover and a reconnect fit in it,
 	// and a crashed sidecar's place in a line costs seconds; see
-	// docs/sessions.md). Bounds: locksm's 2 s..300 s.
+	// docs/sessions.md). Bounds: locksm's 2 s..300 s. It also sets the
+	// heartbeat: the session's connection pings after a third of it
+	// without a write, and the leader takes a session connection silent
+	// for it for dead (a lost host costs about twice this).
 	SessionTimeout time.Duration
 
 	// maxVersion, when set (package tests), is the newest cluster protocol

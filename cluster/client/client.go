@@ -66,7 +66,10 @@ type Config struct {
 	TLS *tls.Config
 	// KeepAlive is the idle time after which the connection sends a ping,
 	// so that the node's IdleTimeout (default 2 min) never closes a
-	// connection that is merely quiet. Zero: 30 s; negative: never.
+	// connection that is merely quiet. Zero: 30 s; negative: never. A
+	// connection that carries a session pings sooner whatever this says
+	// (SessionKeepAliveDivisor): the leader takes a session connection
+	// silent for the session's timeout for dead.
 	KeepAlive time.Duration
 	// ClusterID must match the node's; "" for the default.
 	ClusterID string
@@ -115,10 +118,15 @@ type Conn struct {
 
 	// writtenUpTo is the highest id whose bytes were handed to a Write.
 	writtenUpTo atomic.Uint64
-	// writes counts the writer's Writes (keepAlive watches it).
-	writes atomic.Uint64
+	// lastWrite is when the writer last started a Write (Unix ns; the
+	// connection's start before any): keepAlive pings once it is older
+	// than the interval.
+	lastWrite atomic.Int64
 
 	kick chan struct{} // wakes the writer; capacity 1
+	// kaKick wakes keepAlive when a session attaches, so that the
+	// session's shorter interval applies at once; capacity 1.
+	kaKick chan struct{}
 
 	onNotice func(*Conn, wire.Msg)
 	onLost   func(*Conn, wire.Msg)
@@ -222,37 +230,78 @@ func Dial(ctx context.Context, addr string, cfg Config) (*Conn, error) {
 	}
 	c := newConn(nc, raw, peer, cfg.OnNotice)
 	c.onLost = cfg.OnLost
-	switch ka := cfg.KeepAlive; {
-	case ka == 0:
-		go c.keepAlive(DefaultKeepAlive)
-	case ka > 0:
-		go c.keepAlive(ka)
+	ka := cfg.KeepAlive
+	if ka == 0 {
+		ka = DefaultKeepAlive
 	}
+	go c.keepAlive(ka)
 	return c, nil
 }
 
 // DefaultKeepAlive is Config.KeepAlive's default.
 const DefaultKeepAlive = 30 * time.Second
 
-// keepAlive pings when nothing was written for a whole interval. The pong
-// is matched like any reply and dropped.
-func (c *Conn) keepAlive(every time.Duration) {
-	t := time.NewTicker(every)
+// SessionKeepAliveDivisor: a connection that carries a session (attached
+// or being attached) pings once nothing was written on it for the
+// session's timeout / SessionKeepAliveDivisor (or Config.KeepAlive, if
+// shorter). The leader closes a session connection from which nothing
+// arrived for the session's timeout (docs/sessions.md, "Liveness"), so a
+// quiet broker is heard from at least three times per timeout: two pings
+// may be late or lost in a slow network before the third's absence costs
+// the connection (ZooKeeper's choice too).
+const SessionKeepAliveDivisor = 3
+
+// keepAliveEvery is the silence after which c pings: base (<= 0: never)
+// or, while c carries a session, at most the session's interval.
+func (c *Conn) keepAliveEvery(base time.Duration) time.Duration {
+	if s := c.sess.Load(); s != nil {
+		every := s.timeout / SessionKeepAliveDivisor
+		if base > 0 {
+			every = min(every, base)
+		}
+		return every
+	}
+	return base
+}
+
+// keepAlive pings when nothing was written for a whole interval (base, or
+// the session's: keepAliveEvery). The pong is matched like any reply and
+// dropped.
+func (c *Conn) keepAlive(base time.Duration) {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	var due <-chan time.Time // nil: no interval (base < 0, no session)
+	arm := func(d time.Duration) {
+		t.Reset(d)
+		due = t.C
+	}
+	if every := c.keepAliveEvery(base); every > 0 {
+		arm(every)
+	}
 	defer t.Stop()
-	last := c.writes.Load()
 	for {
 		select {
 		case <-c.dead:
 			return
-		case <-t.C:
+		case <-c.kaKick:
+			t.Stop() // Go >= 1.23: no stale value left in t.C
+			due = nil
+		case <-due:
+			due = nil
 		}
-		if w := c.writes.Load(); w != last {
-			last = w
+		every := c.keepAliveEvery(base)
+		if every <= 0 {
+			continue
+		}
+		idle := time.Since(time.Unix(0, c.lastWrite.Load()))
+		if idle < every {
+			arm(every - idle)
 			continue
 		}
 		if _, err := c.Start(wire.Msg{Type: wire.TypePing}); err != nil {
 			return
 		}
+		arm(every)
 	}
 }
 
@@ -264,9 +313,11 @@ func newConn(nc, raw net.Conn, peer wire.Peer, onNotice func(*Conn, wire.Msg)) *
 		peer:     peer,
 		onNotice: onNotice,
 		kick:     make(chan struct{}, 1),
+		kaKick:   make(chan struct{}, 1),
 		pending:  make(map[uint64]*Call),
 		dead:     make(chan struct{}),
 	}
+	c.lastWrite.Store(time.Now().UnixNano())
 	go c.readLoop()
 	go c.writeLoop()
 	return c
@@ -590,7 +641,7 @@ func (c *Conn) writeLoop() {
 			spare = out
 			continue
 		}
-		c.writes.Add(1)
+		c.lastWrite.Store(time.Now().UnixNano())
 		if _, err := c.nc.Write(out); err != nil {
 			c.shutdown(fmt.Errorf("writing: %w", err))
 			return

@@ -540,6 +540,10 @@ func (c *Conn) attach(s *Session, m wire.Msg, rs *resumeState) (*Call, error) {
 		return nil, fmt.Errorf("%w: %d requests in flight", ErrConnBusy, busy)
 	}
 	c.sess.Store(s)
+	select { // the session's keep-alive interval applies from now
+	case c.kaKick <- struct{}{}:
+	default:
+	}
 	if rs != nil {
 		c.pmu.Lock()
 		for seq, call := range rs.regs {

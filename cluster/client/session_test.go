@@ -16,7 +16,8 @@ import (
 // is handed over on got, with the connection it came on.
 type sessionServer struct {
 	*fakeServer
-	got chan srvMsg
+	got   chan srvMsg
+	pings *atomic.Int64 // answered P (a connection's keep-alives)
 }
 
 type srvMsg struct {
@@ -26,13 +27,16 @@ type srvMsg struct {
 
 func newSessionServer(t *testing.T) *sessionServer {
 	got := make(chan srvMsg, 256)
+	pings := new(atomic.Int64)
 	s := newFakeServerV(t, wire.VersionSessions, func(sc *srvConn, m wire.Msg) {
 		if m.Type == wire.TypePing { // keep-alives are not the test's business
+			pings.Add(1)
+			sc.reply(t, wire.Msg{Type: wire.TypePong, ID: m.ID})
 			return
 		}
 		got <- srvMsg{sc, m}
 	})
-	return &sessionServer{fakeServer: s, got: got}
+	return &sessionServer{fakeServer: s, got: got, pings: pings}
 }
 
 // next returns the next request the server read (hang guard 30 s).
@@ -711,4 +715,39 @@ func TestSessionClose(t *testing.T) {
 	// The connection goes on without a session: an O is a violation now.
 	d.sc.reply(t, wire.Msg{Type: wire.TypeOutcomes, Session: sess.ID(), Serial: 9})
 	connClosedWith(t, c, ErrProtocol, "O after the close")
+}
+
+// A connection that carries a session pings at a third of the session's
+// timeout whatever its KeepAlive says (dial7's: never), since the leader
+// takes a session connection silent for the timeout for dead; before the
+// session, it does not.
+func TestSessionConnectionPingsWithinTimeout(t *testing.T) {
+	srv := newSessionServer(t)
+	c := srv.dial7(t)
+	sess := testSession(t, SessionConfig{Timeout: 3 * time.Second}) // pings every 1 s
+	time.Sleep(1500 * time.Millisecond)
+	if n := srv.pings.Load(); n != 0 {
+		t.Fatalf("%d pings before the session, with KeepAlive never", n)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- sess.Open(context.Background(), c) }()
+	r := srv.next(t)
+	if r.m.Type != wire.TypeOpenSession {
+		t.Fatalf("open frame %+v", r.m)
+	}
+	r.sc.reply(t, wire.Msg{Type: wire.TypeOK, ID: r.m.ID})
+	if err := <-errc; err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); srv.pings.Load() < 3; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d pings in 30 s of a quiet session connection, want 3", srv.pings.Load())
+		}
+	}
+	if c.InFlight() > 1 {
+		t.Fatalf("%d calls in flight on a quiet connection whose pings are answered", c.InFlight())
+	}
+	if st := sess.Stats(); st.State != SessionAttached {
+		t.Fatalf("session %v after its pings, want attached", st.State)
+	}
 }

@@ -310,6 +310,19 @@ type Ready[C comparable] struct {
 	// Refusals: session requests refused as hostile or stale, for the
 	// log (with the connection's remote address).
 	Refusals []Refusal[C]
+	// Silences: connections that a session was just attached to, each
+	// with the session's timeout. The driver closes such a connection
+	// once nothing arrived on it for that long (or its idle timeout, if
+	// shorter): its broker pings at a third of it (docs/sessions.md,
+	// "Liveness"), so the silence means a lost host or network, and the
+	// close detaches the session, whose own timeout then runs.
+	Silences []Silence[C]
+}
+
+// Silence bounds how long a session connection may stay silent.
+type Silence[C comparable] struct {
+	Conn C
+	Max  time.Duration
 }
 
 // Refusal is an open or resume refused before anything was proposed: Err
@@ -528,7 +541,8 @@ func (k *Core[C]) Advance() {
 	k.rd.Sends, k.rd.Proposals, k.rd.Timers, k.rd.Events = k.rd.Sends[:0], k.rd.Proposals[:0], k.rd.Timers[:0], k.rd.Events[:0]
 	clear(k.rd.Closes)
 	clear(k.rd.Refusals)
-	k.rd.Closes, k.rd.Refusals = k.rd.Closes[:0], k.rd.Refusals[:0]
+	clear(k.rd.Silences)
+	k.rd.Closes, k.rd.Refusals, k.rd.Silences = k.rd.Closes[:0], k.rd.Refusals[:0], k.rd.Silences[:0]
 	k.rd.ClearTimers = false
 }
 

@@ -242,6 +242,9 @@ func (h *harness) drain(b *strings.Builder) {
 	for _, r := range rd.Refusals {
 		fmt.Fprintf(b, "refused %s session=%d code=%s\n", r.Conn, r.Session, wire.CodeOf(r.Err))
 	}
+	for _, sl := range rd.Silences {
+		fmt.Fprintf(b, "silence %s max=%v\n", sl.Conn, sl.Max)
+	}
 	for _, c := range rd.Closes {
 		fmt.Fprintf(b, "close-conn %s\n", c)
 		if h.onClose != nil {

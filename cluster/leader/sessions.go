@@ -34,7 +34,12 @@ package leader
 //     (from its detach, or from Serve for every session of the table) is
 //     expired through the log, naming the grants nobody was told: those
 //     this core saw committed to the session while it was not attached here
-//     and did not deliver at a resume since (untold).
+//     and did not deliver at a resume since (untold). A connection that
+//     silently died (lost host, cut network) is detected by the driver:
+//     every attach names the connection and the session's timeout in
+//     Ready.Silences, and the driver closes the connection once nothing
+//     arrived on it for that long (the broker pings at a third of it), which
+//     detaches the session here (Closed) as any close does.
 //   - Leadership. A new leader adopts every session of the table at Serve:
 //     their queued requests become owed replies again, with their wait
 //     timers re-armed from the replicated EnqueuedAt + WaitMs against the
@@ -351,6 +356,7 @@ func (k *Core[C]) attach(cn *conn[C], s *session[C]) {
 		}
 	}
 	s.home = cn
+	k.rd.Silences = append(k.rd.Silences, Silence[C]{Conn: cn.handle, Max: s.timeout})
 }
 
 // detach leaves s without a connection here and starts its timeout.
