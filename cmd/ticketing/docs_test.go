@@ -42,11 +42,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 	"unicode"
+
+	"ticketing/unixapi"
 )
 
 // docFiles are the documents whose examples and links are checked,
@@ -405,6 +408,59 @@ func stopProcess(cmd *exec.Cmd) {
 	case <-time.After(15 * time.Second):
 		cmd.Process.Kill()
 		<-done
+	}
+}
+
+// TestDocProtocolVersion holds the documents to the local API's version
+// that INFO prints (unixapi.ProtocolVersion, INFO's protocol= field):
+// every "protocol=N" they show, PROTOCOL.md's title, the last row of its
+// version table and its INFO description. (They once said 2 while INFO
+// printed 3.)
+func TestDocProtocolVersion(t *testing.T) {
+	root := repoRoot(t)
+	want := strconv.Itoa(unixapi.ProtocolVersion)
+	files := docFiles(t)
+	more, _ := filepath.Glob(filepath.Join(root, "clients", "*", "README.md"))
+	for _, f := range more {
+		rel, _ := filepath.Rel(root, f)
+		files = append(files, rel)
+	}
+	infoField := regexp.MustCompile(`\bprotocol=(\d+)`)
+	seen := 0
+	for _, f := range files {
+		b, err := os.ReadFile(filepath.Join(root, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for n, l := range strings.Split(string(b), "\n") {
+			for _, m := range infoField.FindAllStringSubmatch(l, -1) {
+				seen++
+				if m[1] != want {
+					t.Errorf("%s:%d: shows INFO's protocol=%s; INFO prints protocol=%s", f, n+1, m[1], want)
+				}
+			}
+		}
+	}
+	if seen == 0 {
+		t.Errorf("no document shows an INFO line with protocol=%s (docs/operations.md has one)", want)
+	}
+	b, err := os.ReadFile(filepath.Join(root, "unixapi", "PROTOCOL.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	for _, c := range []struct{ what, re string }{
+		{"the title", `\A# .*, version (\d+)\n`},
+		{"the version table's last row", `(?m)^\| (\d+) \|[^\n]*\n\n`},
+		{"INFO's protocol field", "the version of this document the sidecar speaks\\s+\\(`(\\d+)`"},
+	} {
+		m := regexp.MustCompile(c.re).FindStringSubmatch(doc)
+		switch {
+		case m == nil:
+			t.Errorf("unixapi/PROTOCOL.md: %s not found (%s)", c.what, c.re)
+		case m[1] != want:
+			t.Errorf("unixapi/PROTOCOL.md: %s says version %s; INFO prints protocol=%s", c.what, m[1], want)
+		}
 	}
 }
 
