@@ -6,7 +6,8 @@ package main
 //
 //	<!-- check: ENV -->        (or <!-- check: ENV output -->)
 //
-// in README.md, docs/*.md or packaging/README.md is run by
+// in README.md, docs/*.md, packaging/README.md, unixapi/PROTOCOL.md or
+// clients/README.md is run by
 // TestDocExamples with bash (set -e -o pipefail), the binary under test
 // first on PATH as `ticketing`. ENV is where it runs:
 //
@@ -17,6 +18,12 @@ package main
 //	         `ticketing node` processes with TLS, an admin port and
 //	         cluster-id prod: the docs' example cluster, bootstrapped once
 //	scratch  in a new empty directory, nothing running
+//
+// A marker may end in "hold KEY for Ns" (dev only): before the block
+// starts, the test takes KEY on a connection of its own and releases it N
+// seconds after the block started, so that a waited ACQUIRE in the block
+// is really waited for (its grant comes N seconds late; a client that
+// stops reading sooner prints nothing).
 //
 // A block whose lines start with "$ " is a console session: the "$ " lines
 // are the commands, the others their output, which is compared line by
@@ -55,7 +62,7 @@ import (
 // docFiles are the documents whose examples and links are checked,
 // relative to the repository root.
 func docFiles(t *testing.T) []string {
-	files := []string{"README.md", "packaging/README.md"}
+	files := []string{"README.md", "packaging/README.md", "unixapi/PROTOCOL.md", "clients/README.md"}
 	docs, err := filepath.Glob(filepath.Join(repoRoot(t), "docs", "*.md"))
 	if err != nil || len(docs) < 4 {
 		t.Fatalf("docs/*.md: %v %v", docs, err)
@@ -80,12 +87,16 @@ type docExample struct {
 	line   int // of the marker
 	env    string
 	output bool
-	text   string // the block's lines
+	// hold is the key the test holds while the block starts, released
+	// holdFor after the block started ("" none).
+	hold    string
+	holdFor time.Duration
+	text    string // the block's lines
 }
 
 func (e docExample) String() string { return fmt.Sprintf("%s:%d", e.file, e.line) }
 
-var checkMarker = regexp.MustCompile(`^<!-- check: (\w+)( output)? -->$`)
+var checkMarker = regexp.MustCompile(`^<!-- check: (\w+)( output)?(?: hold (\S+) for ([1-9][0-9]?)s)? -->$`)
 
 // docExamples finds the checked blocks of the documents.
 func docExamples(t *testing.T) []docExample {
@@ -108,9 +119,16 @@ func docExamples(t *testing.T) []docExample {
 				}
 				continue
 			}
-			ex := docExample{file: f, line: i + 1, env: m[1], output: m[2] != ""}
+			ex := docExample{file: f, line: i + 1, env: m[1], output: m[2] != "", hold: m[3]}
 			if ex.env != "dev" && ex.env != "nodes" && ex.env != "scratch" {
 				t.Errorf("%s: unknown environment %q", ex, ex.env)
+			}
+			if ex.hold != "" {
+				n, _ := strconv.Atoi(m[4])
+				ex.holdFor = time.Duration(n) * time.Second
+				if ex.env != "dev" {
+					t.Errorf("%s: hold needs the dev environment (its ./ticketing.sock)", ex)
+				}
 			}
 			if i+1 >= len(lines) || (lines[i+1] != "```sh" && lines[i+1] != "```console") {
 				t.Errorf("%s: a check marker must stand right before a ```sh or ```console block", ex)
@@ -249,15 +267,87 @@ func TestDocExamples(t *testing.T) {
 			cmd := exec.CommandContext(ctx, "bash", "-e", "-o", "pipefail", "-c", sh)
 			cmd.Dir = dir
 			cmd.Env = append(withoutEnv(os.Environ(), "TICKETING_SOCKET", "PATH"), "PATH="+path)
-			out, err := cmd.CombinedOutput()
+			var out strings.Builder
+			cmd.Stdout, cmd.Stderr = &out, &out
+			var h *docHolder
+			if e.hold != "" {
+				h = holdKey(t, filepath.Join(dir, "ticketing.sock"), e.hold)
+			}
+			err := cmd.Start()
+			if h != nil {
+				h.releaseAfter(e.holdFor)
+			}
+			if err == nil {
+				err = cmd.Wait()
+			}
+			if h != nil {
+				if herr := h.wait(); herr != nil {
+					t.Errorf("%s: the test's hold of %s: %v", e, e.hold, herr)
+				}
+			}
 			if err != nil {
-				t.Fatalf("%s (%s) failed: %v\n--- script\n%s\n--- output\n%s", e, e.env, err, sh, out)
+				t.Fatalf("%s (%s) failed: %v\n--- script\n%s\n--- output\n%s", e, e.env, err, sh, out.String())
 			}
 			if want != nil {
-				checkOutput(t, e, want, string(out))
+				checkOutput(t, e, want, out.String())
 			}
 		})
 	}
+}
+
+// docHolder holds a key on a connection of its own to a sidecar (a
+// marker's "hold KEY for Ns").
+type docHolder struct {
+	conn  net.Conn
+	rd    *bufio.Reader
+	key   string
+	token string
+	done  chan error
+}
+
+// holdKey takes key through the sidecar at sock: granted at once, since
+// nothing else holds it between the examples.
+func holdKey(t *testing.T, sock, key string) *docHolder {
+	t.Helper()
+	conn, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	conn.SetDeadline(time.Now().Add(60 * time.Second)) // a hang guard only
+	h := &docHolder{conn: conn, rd: bufio.NewReader(conn), key: key, done: make(chan error, 1)}
+	if _, err := fmt.Fprintf(conn, "ACQUIRE %s 60 10\n", key); err != nil {
+		t.Fatal(err)
+	}
+	reply, err := h.rd.ReadString('\n')
+	tok, ok := strings.CutPrefix(strings.TrimSpace(reply), "OK ")
+	if err != nil || !ok {
+		t.Fatalf("holding %s for the example: %q, %v", key, reply, err)
+	}
+	h.token = tok
+	return h
+}
+
+// releaseAfter releases the key d from now, in the background.
+func (h *docHolder) releaseAfter(d time.Duration) {
+	time.AfterFunc(d, func() {
+		if _, err := fmt.Fprintf(h.conn, "RELEASE %s %s\n", h.key, h.token); err != nil {
+			h.done <- err
+			return
+		}
+		reply, err := h.rd.ReadString('\n')
+		if err == nil && strings.TrimSpace(reply) != "OK" {
+			err = fmt.Errorf("RELEASE answered %q", reply)
+		}
+		h.done <- err
+	})
+}
+
+// wait waits for the release and closes the connection.
+func (h *docHolder) wait() error {
+	err := <-h.done
+	h.conn.Close()
+	return err
 }
 
 // checkOutput compares a console example's documented output with the
@@ -489,7 +579,7 @@ func TestDocLinks(t *testing.T) {
 	}
 	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
 	checked := 0
-	for _, f := range append(docFiles(t), "unixapi/PROTOCOL.md", "clients/README.md") {
+	for _, f := range docFiles(t) {
 		b, err := os.ReadFile(filepath.Join(root, f))
 		if err != nil {
 			t.Fatal(err)
