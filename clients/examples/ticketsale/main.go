@@ -2,10 +2,12 @@
 // adjacent seats, from several event-server processes, in Go and Python,
 // that coordinate through a Ticketing sidecar: each sale locks its seats as
 // one seat block (one key per seat, one fencing token) and fences its
-// database write on every seat key. A chaos mode stops a seller (SIGSTOP)
-// while it holds its block until its lease has run out, sells those seats
-// from the runner meanwhile, then wakes it: its write must be rejected by
-// the fence, and no seat may be sold twice nor any block split.
+// database write on every seat key. A chaos mode stops two sellers
+// (SIGSTOP) while they hold their blocks until their leases have run out,
+// sells those seats from the runner meanwhile, then wakes them: the one
+// that heeds its lock's lost signal must abort its sale, the one that
+// ignores the signal on purpose must have its write rejected by the fence,
+// and no seat may be sold twice nor any block split.
 //
 //	go run ./clients/examples/ticketsale                      # SQLite, chaos on
 //	go run ./clients/examples/ticketsale --db postgres://...  # PostgreSQL
@@ -40,7 +42,7 @@ func runnerMain(args []string) int {
 	fs.IntVar(&cfg.GoSellers, "go", cfg.GoSellers, "Go seller processes")
 	fs.IntVar(&cfg.PySellers, "python", cfg.PySellers, "Python seller processes (need python3; with PostgreSQL also psycopg or psycopg2)")
 	fs.IntVar(&cfg.LeaseSec, "lease", cfg.LeaseSec, "lease of every sale's seat block, seconds")
-	fs.BoolVar(&cfg.Chaos, "chaos", cfg.Chaos, "stop one Go and one Python seller (SIGSTOP) while holding its seat block, past the lease; the runner sells those seats meanwhile")
+	fs.BoolVar(&cfg.Chaos, "chaos", cfg.Chaos, "stop two sellers (SIGSTOP; the first Go and the first Python one, else the first two) while holding their seat blocks, past the lease; the runner sells those seats meanwhile; on waking, one heeds the lost signal and aborts, the other ignores it on purpose and the fence rejects its write")
 	fs.BoolVar(&cfg.Verbose, "v", false, "log every sale")
 	fs.StringVar(&cfg.Socket, "socket", "", "use this running sidecar instead of starting `ticketing dev`")
 	fs.StringVar(&cfg.TicketingBin, "ticketing-bin", os.Getenv("TICKETING_BIN"), "ticketing binary (default $TICKETING_BIN, else built with go build)")

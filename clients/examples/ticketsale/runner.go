@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -51,6 +52,9 @@ type sale struct {
 	Seats  []int
 }
 
+// same tells whether o is the same sale attempt as s.
+func (s sale) same(o sale) bool { return s.ID == o.ID && s.Token == o.Token }
+
 func (s sale) String() string {
 	return fmt.Sprintf("%s token %d seats %s", s.ID, s.Token, joinInts(s.Seats))
 }
@@ -59,13 +63,17 @@ func (s sale) String() string {
 type sellerProc struct {
 	name   string
 	lang   string
-	victim bool
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser
-	sold   []sale // SOLD
-	stale  []sale // STALE: rejected by the fence
+	victim bool // chaos: stops itself holding its block past the lease
+	// ignoresLost: a chaos victim that writes after its pause without
+	// checking the lost signal, on purpose, so that the fence must reject
+	// the write; the other victim aborts on the signal.
+	ignoresLost bool
+	cmd         *exec.Cmd
+	stdin       io.WriteCloser
+	sold        []sale // SOLD
+	stale       []sale // STALE: rejected by the fence
 	// aborted: ABORTED, not written because the lock's lost signal had
-	// fired (Go sellers; the Python seller leaves it to the fence).
+	// fired.
 	aborted []sale
 	taken   []sale // TAKEN: a seat was sold meanwhile; rolled back
 	paused  []sale // PAUSE: chaos
@@ -77,6 +85,7 @@ type sellerProc struct {
 // and sells them with its newer token, then wakes the seller.
 type takeover struct {
 	Victim string
+	Role   string // what the victim does when woken: heeds or ignores the lost signal
 	Paused sale
 	Sold   *sale  // the runner's sale of the seats; nil if it did not sell
 	Note   string // why not
@@ -93,12 +102,15 @@ type event struct {
 // report is the outcome of a run: what the sellers reported, the audit of
 // the database, and the checks (check) over both.
 type report struct {
-	Event, DBDesc, Domain string
-	Sellers               []*sellerProc
-	Takeovers             []*takeover
-	Audit                 audit
-	Chaos                 bool
-	Elapsed               time.Duration
+	Event, DBDesc string
+	// Domain is the fencing domain (INFO's domain=), Cluster the cluster
+	// id (INFO's cluster=, "dev" for every dev cluster: not a domain).
+	Domain, Cluster string
+	Sellers         []*sellerProc
+	Takeovers       []*takeover
+	Audit           audit
+	Chaos           bool
+	Elapsed         time.Duration
 
 	Sales          []sale            // every committed sale reported (sellers' SOLD lines and the runner's)
 	Sizes          [maxBlock + 1]int // Sizes[k]: sales of k seats
@@ -130,6 +142,7 @@ func (r *report) print(w io.Writer) {
 	sort.Strings(ls)
 	a := r.Audit
 	fmt.Fprintf(w, "ticket sale %s: %d seats, sellers %s, %s, %.1fs\n", r.Event, a.Capacity, strings.Join(ls, ", "), r.DBDesc, r.Elapsed.Seconds())
+	fmt.Fprintf(w, "  fencing domain:        %s (the sidecar's INFO domain=; cluster id %s)\n", r.Domain, r.Cluster)
 	fmt.Fprintf(w, "  seats sold:            %d of %d in %d sales (remaining counter %d, free seats %d)\n",
 		r.SeatsSold, a.Capacity, len(r.Sales), a.Remaining, r.FreeSeats)
 	var hist []string
@@ -139,7 +152,7 @@ func (r *report) print(w io.Writer) {
 	fmt.Fprintf(w, "  block sizes:           %s\n", strings.Join(hist, ", "))
 	fmt.Fprintf(w, "  picked again:          %d (a seat of the block sold meanwhile, before the lock)\n", r.Taken)
 	for _, t := range r.Takeovers {
-		fmt.Fprintf(w, "  chaos:                 %s stopped holding %s; ", t.Victim, t.Paused)
+		fmt.Fprintf(w, "  chaos:                 %s (%s) stopped holding %s; ", t.Victim, t.Role, t.Paused)
 		if t.Sold != nil {
 			fmt.Fprintf(w, "after %.1fs the runner sold them as %s token %d\n", t.After.Seconds(), t.Sold.ID, t.Sold.Token)
 		} else {
@@ -211,16 +224,10 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*report, error) {
 	if err != nil {
 		return nil, err
 	}
-	info, err := c.Info(ctx)
+	domain, cluster, err := sidecarDomain(ctx, c)
 	c.Close()
 	if err != nil {
-		return nil, fmt.Errorf("sidecar INFO: %w", err)
-	}
-	domain := "dev"
-	for _, f := range strings.Fields(info) {
-		if v, ok := strings.CutPrefix(f, "cluster="); ok && v != "-" {
-			domain = v
-		}
+		return nil, err
 	}
 
 	db := cfg.DB
@@ -240,7 +247,7 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*report, error) {
 	if err := st.setup(ctx, eventID, cfg.Seats); err != nil {
 		return nil, err
 	}
-	rep := &report{Event: eventID, DBDesc: desc, Domain: domain, Chaos: cfg.Chaos}
+	rep := &report{Event: eventID, DBDesc: desc, Domain: domain, Cluster: cluster, Chaos: cfg.Chaos}
 
 	pyCount := cfg.PySellers
 	if pyCount > 0 && isPostgres(db) {
@@ -265,9 +272,21 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*report, error) {
 	events := make(chan event, 256)
 	var procs []*sellerProc
 	var wg sync.WaitGroup
-	common := func(name string, pauseAt int) []string {
-		return []string{"--socket", socket, "--db", db, "--event", eventID, "--domain", domain,
-			"--name", name, "--lease", strconv.Itoa(cfg.LeaseSec), "--max", strconv.Itoa(maxBlock), "--pause-at", strconv.Itoa(pauseAt)}
+	common := func(p *sellerProc) []string {
+		pause := 0
+		if p.victim {
+			pause = 1
+		}
+		args := []string{"--socket", socket, "--db", db, "--event", eventID, "--domain", domain,
+			"--name", p.name, "--lease", strconv.Itoa(cfg.LeaseSec), "--max", strconv.Itoa(maxBlock), "--pause-at", strconv.Itoa(pause)}
+		if p.ignoresLost {
+			args = append(args, "--ignore-lost")
+		}
+		return args
+	}
+	role, err := chaosRoles(cfg.Chaos, cfg.GoSellers, pyCount)
+	if err != nil {
+		return nil, err
 	}
 	startProc := func(p *sellerProc, argv []string, env []string) error {
 		p.cmd = exec.CommandContext(ctx, argv[0], argv[1:]...)
@@ -300,29 +319,23 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*report, error) {
 		}()
 		return nil
 	}
-	// Chaos victims: the first Go seller and the first Python seller stop
-	// at their 1st attempt whose seats are all free under the lock. Early,
-	// while most seats are free: a victim that starts later can find every
-	// block it picks sold meanwhile until the sale ends (CI once saw go-1,
-	// set to pause from its 2nd attempt, lose attempts 3 to 5 that way and
-	// never pause), and then the chaos did not happen.
+	// Chaos victims (chaosRoles) stop at their 1st attempt whose seats are
+	// all free under the lock. Early, while most seats are free: a victim
+	// that starts later can find every block it picks sold meanwhile until
+	// the sale ends (CI once saw go-1, set to pause from its 2nd attempt,
+	// lose attempts 3 to 5 that way and never pause), and then the chaos
+	// did not happen.
 	for i := 0; i < cfg.GoSellers; i++ {
-		p := &sellerProc{name: fmt.Sprintf("go-%d", i+1), lang: "go", victim: cfg.Chaos && i == 0}
-		pause := 0
-		if p.victim {
-			pause = 1
-		}
-		if err := startProc(p, append(append([]string(nil), goCmd...), common(p.name, pause)...), nil); err != nil {
+		p := &sellerProc{name: fmt.Sprintf("go-%d", i+1), lang: "go"}
+		p.victim, p.ignoresLost = role("go", i)
+		if err := startProc(p, append(append([]string(nil), goCmd...), common(p)...), nil); err != nil {
 			return nil, err
 		}
 	}
 	for i := 0; i < pyCount; i++ {
-		p := &sellerProc{name: fmt.Sprintf("python-%d", i+1), lang: "python", victim: cfg.Chaos && i == 0}
-		pause := 0
-		if p.victim {
-			pause = 1
-		}
-		argv := append([]string{cfg.Python, pyScript}, common(p.name, pause)...)
+		p := &sellerProc{name: fmt.Sprintf("python-%d", i+1), lang: "python"}
+		p.victim, p.ignoresLost = role("python", i)
+		argv := append([]string{cfg.Python, pyScript}, common(p)...)
 		if err := startProc(p, argv, []string{"PYTHONPATH=" + pyPath}); err != nil {
 			return nil, err
 		}
@@ -338,7 +351,10 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*report, error) {
 	lease := time.Duration(cfg.LeaseSec) * time.Second
 	takeOver := func(p *sellerProc, paused sale, n int) {
 		defer takeovers.Done()
-		t := &takeover{Victim: p.name, Paused: paused}
+		t := &takeover{Victim: p.name, Role: "heeds the lost signal", Paused: paused}
+		if p.ignoresLost {
+			t.Role = "ignores the lost signal"
+		}
 		start := time.Now()
 		t.Sold, t.Note = runnerSale(ctx, socket, st, domain, eventID, fmt.Sprintf("runner#%d", n), paused.Seats, paused.Token, lease)
 		t.After = time.Since(start)
@@ -428,6 +444,76 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*report, error) {
 	}
 	rep.check()
 	return rep, nil
+}
+
+// chaosRoles picks the two chaos victims: the first Go seller heeds the
+// lost signal, the first Python seller ignores it (with sellers of one
+// language only, its first heeds and its second ignores), so that every
+// run shows both defences: the signal aborting a stale sale, and the
+// fence rejecting a stale write. It returns whether seller i of a
+// language is a victim and whether it ignores the signal.
+func chaosRoles(chaos bool, goSellers, pySellers int) (func(lang string, i int) (victim, ignores bool), error) {
+	type pick struct {
+		lang string
+		i    int
+	}
+	var heed, ignore pick
+	switch {
+	case !chaos:
+		return func(string, int) (bool, bool) { return false, false }, nil
+	case goSellers > 0 && pySellers > 0:
+		heed, ignore = pick{"go", 0}, pick{"python", 0}
+	case goSellers > 1:
+		heed, ignore = pick{"go", 0}, pick{"go", 1}
+	case pySellers > 1:
+		heed, ignore = pick{"python", 0}, pick{"python", 1}
+	default:
+		return nil, fmt.Errorf("chaos needs two sellers (one heeds the lost signal, one ignores it so that the fence must stop its write); have %d Go and %d Python", goSellers, pySellers)
+	}
+	return func(lang string, i int) (bool, bool) {
+		p := pick{lang, i}
+		return p == heed || p == ignore, p == ignore
+	}, nil
+}
+
+// sidecarDomain reads the fencing domain from the sidecar's INFO: its
+// domain= field (PROTOCOL.md, INFO), not cluster=, the cluster id, which
+// is "dev" for every dev cluster and so would mix the tokens of unrelated
+// clusters under one high-water mark. A sidecar that has not reached a
+// node yet says domain=-; it is asked again for up to 30 s.
+func sidecarDomain(ctx context.Context, c *ticketing.Client) (domain, cluster string, err error) {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		info, err := c.Info(ctx)
+		if err != nil {
+			return "", "", fmt.Errorf("sidecar INFO: %w", err)
+		}
+		domain, cluster = infoField(info, "domain"), infoField(info, "cluster")
+		if domain != "" && domain != "-" {
+			return domain, cluster, nil
+		}
+		if time.Now().After(deadline) {
+			return "", "", fmt.Errorf("%w: %q", errNoDomain, info)
+		}
+		select {
+		case <-ctx.Done():
+			return "", "", ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// errNoDomain: the sidecar's INFO names no fencing domain.
+var errNoDomain = errors.New("ticketsale: the sidecar's INFO names no fencing domain (domain=-)")
+
+// infoField is the value of INFO's field name ("" if absent).
+func infoField(info, name string) string {
+	for _, f := range strings.Fields(info) {
+		if v, ok := strings.CutPrefix(f, name+"="); ok {
+			return v
+		}
+	}
+	return ""
 }
 
 // runnerSale is the chaos takeover: it acquires seats as a block through
@@ -618,31 +704,44 @@ func (r *report) check() {
 		}
 	}
 
-	// Chaos: every paused seller noticed its lock was lost and did not
-	// write (both sellers check the lock's lost signal before the write).
-	// A rejection by the fence would be safe too, but means the signal
-	// did not do its job.
-	for _, p := range r.Sellers {
-		if !p.victim || !r.Chaos {
-			continue
+	// Chaos: both defences happened. The victim that heeds the lost signal
+	// noticed its lock was lost and did not write (a rejection by the
+	// fence would be safe too, but means the signal did not do its job);
+	// the one that ignores it on purpose wrote, and the fence rejected
+	// the write.
+	if r.Chaos {
+		victims := 0
+		for _, p := range r.Sellers {
+			if !p.victim {
+				continue
+			}
+			victims++
+			if len(p.paused) == 0 {
+				bad("%s never paused (chaos did not happen)", p.name)
+			}
+			for _, ps := range p.paused {
+				rejected := slices.ContainsFunc(p.stale, ps.same)
+				aborted := slices.ContainsFunc(p.aborted, ps.same)
+				switch {
+				case p.ignoresLost && aborted:
+					bad("%s ignores the lost signal on purpose, but aborted %s: the fence was not tried", p.name, ps)
+				case p.ignoresLost && !rejected:
+					bad("%s paused holding %s past its lease and wrote without checking the lost signal, but the fence did not reject the write", p.name, ps)
+				case !p.ignoresLost && rejected:
+					bad("%s paused holding %s past its lease and wrote: the fence rejected it, the lost signal did not stop it", p.name, ps)
+				case !p.ignoresLost && !aborted:
+					bad("%s paused holding %s past its lease, but did not abort the sale on the lost signal", p.name, ps)
+				}
+			}
 		}
-		if len(p.paused) == 0 {
-			bad("%s never paused (chaos did not happen)", p.name)
+		if victims != 2 {
+			bad("%d chaos victims, want 2 (one heeds the lost signal, one ignores it)", victims)
 		}
-		for _, ps := range p.paused {
-			rejected, aborted := false, false
-			for _, s := range p.stale {
-				rejected = rejected || s.ID == ps.ID && s.Token == ps.Token
-			}
-			for _, s := range p.aborted {
-				aborted = aborted || s.ID == ps.ID && s.Token == ps.Token
-			}
-			switch {
-			case rejected:
-				bad("%s paused holding %s past its lease and wrote: the fence rejected it, the lost signal did not stop it", p.name, ps)
-			case !aborted:
-				bad("%s paused holding %s past its lease, but did not abort the sale on the lost signal", p.name, ps)
-			}
+		if r.Stale == 0 {
+			bad("no stale write rejected by the fence: the chaos did not exercise the fence")
+		}
+		if r.Aborted == 0 {
+			bad("no sale aborted on the lost signal: the chaos did not exercise the signal")
 		}
 	}
 

@@ -27,7 +27,7 @@ var errSeatTaken = errors.New("seat taken meanwhile")
 // on stdout, one line per sale attempt (the runner reads them):
 //
 //	SOLD <token> <sale> <seat,seat,...>    committed
-//	STALE <token> <sale> <seat,...>        rejected by the fence (lease ran out)
+//	STALE <token> <sale> <seat,...>        rejected by the fence (lease ran out; chaos with --ignore-lost)
 //	ABORTED <token> <sale> <seat,...>      not written: the lock's lost signal came first
 //	TAKEN <token> <sale> <seat,...>        a seat was sold meanwhile: picking again
 //	PAUSE <token> <sale> <seat,...>        chaos: about to stop itself with SIGSTOP
@@ -43,17 +43,18 @@ func sellerMain(args []string) int {
 		socket  = fs.String("socket", os.Getenv("TICKETING_SOCKET"), "sidecar socket")
 		db      = fs.String("db", "", "SQLite file or postgres:// URL")
 		event   = fs.String("event", "", "event id")
-		domain  = fs.String("domain", "", "fencing domain (the cluster id)")
+		domain  = fs.String("domain", "", "fencing domain: the sidecar's INFO domain= (not its cluster id, which is \"dev\" for every dev cluster)")
 		name    = fs.String("name", "go", "seller name")
 		lease   = fs.Int("lease", 3, "lease seconds")
 		maxPer  = fs.Int("max", 4, "at most this many adjacent seats per sale (a block)")
 		pauseAt = fs.Int("pause-at", 0, "chaos: stop itself (SIGSTOP) before the write of this sale attempt (1-based) or the first later one whose seats are still free; 0 never")
+		ignore  = fs.Bool("ignore-lost", false, "chaos: after the pause, write without checking the lock's lost signal (as a seller stalled just after that check would), so that the fence has to reject the write")
 	)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	s := &seller{name: *name, event: *event, domain: *domain,
-		lease: time.Duration(*lease) * time.Second, maxPer: *maxPer, pauseAt: *pauseAt}
+		lease: time.Duration(*lease) * time.Second, maxPer: *maxPer, pauseAt: *pauseAt, ignoreLost: *ignore}
 	if err := s.run(*socket, *db); err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", *name, err)
 		return 1
@@ -65,6 +66,7 @@ type seller struct {
 	name, event, domain string
 	lease               time.Duration
 	maxPer, pauseAt     int
+	ignoreLost          bool // chaos: the paused attempt skips the lost-signal check
 	db                  *store
 	stdin               *bufio.Reader
 	attempts            int
@@ -174,6 +176,7 @@ func (s *seller) sellOnce(ctx context.Context, blk *ticketing.Lock, seats []int)
 	s.attempts++
 	sale := fmt.Sprintf("%s#%d", s.name, s.attempts)
 	list := joinInts(seats)
+	pausedNow := false
 	if s.pauseAt > 0 && !s.paused && s.attempts >= s.pauseAt {
 		// Chaos: stall holding the block, past the lease. Only with seats
 		// still free (checked under the lock), so that every seat of the
@@ -184,7 +187,7 @@ func (s *seller) sellOnce(ctx context.Context, blk *ticketing.Lock, seats []int)
 			return err
 		}
 		if free {
-			s.paused = true
+			s.paused, pausedNow = true, true
 			fmt.Printf("PAUSE %d %s %s\n", token, sale, list)
 			if err := syscall.Kill(os.Getpid(), syscall.SIGSTOP); err != nil {
 				return fmt.Errorf("pausing: %w", err)
@@ -198,8 +201,12 @@ func (s *seller) sellOnce(ctx context.Context, blk *ticketing.Lock, seats []int)
 		}
 	}
 	// Remaining fires the lost signal itself when the deadline passed but
-	// the lock's timer has not run yet (just after a SIGCONT).
-	if blk.Remaining() == 0 || blk.Context().Err() != nil {
+	// the lock's timer has not run yet (just after a SIGCONT). A chaos
+	// seller told to ignore the signal skips the check after its pause, on
+	// purpose: it stands for a seller that stalls right after the check,
+	// which only the fence can stop.
+	ignore := pausedNow && s.ignoreLost
+	if !ignore && (blk.Remaining() == 0 || blk.Context().Err() != nil) {
 		fmt.Printf("ABORTED %d %s %s\n", token, sale, list)
 		return nil
 	}

@@ -16,7 +16,8 @@ The block's lock object tells when the lock is lost (the sidecar's ``! LOST``
 event, or the local validity deadline: send time + lease − margin): a sale
 whose lock is lost before the fenced write is aborted without writing and
 reported ``ABORTED``, with the reason on stderr. The fence still guards the
-window between that check and the write (``STALE``).
+window between that check and the write (``STALE``); ``--ignore-lost`` makes
+the chaos pause skip the check on purpose, so that the fence has to.
 
 Needs ``clients/python`` on PYTHONPATH. The database is an SQLite file
 (sqlite3, WAL, busy timeout) or a postgres:// URL (psycopg or psycopg2).
@@ -80,11 +81,13 @@ def main() -> int:
     ap.add_argument("--socket", default=os.environ.get("TICKETING_SOCKET"))
     ap.add_argument("--db", required=True)
     ap.add_argument("--event", required=True)
-    ap.add_argument("--domain", required=True, help="fencing domain: the cluster id")
+    ap.add_argument("--domain", required=True, help="fencing domain: the sidecar's INFO domain= (not its cluster id)")
     ap.add_argument("--name", default="python")
     ap.add_argument("--lease", type=int, default=3)
     ap.add_argument("--max", type=int, default=4)
     ap.add_argument("--pause-at", type=int, default=0)
+    ap.add_argument("--ignore-lost", action="store_true",
+                    help="chaos: after the pause, write without checking the lost signal, so that the fence has to reject it")
     a = ap.parse_args()
 
     conn, p = connect(a.db)
@@ -145,18 +148,23 @@ def main() -> int:
                 attempts += 1
                 sale = f"{a.name}#{attempts}"
                 line = f"{token} {sale} {','.join(map(str, seats))}"
+                paused_now = False
                 if a.pause_at and not paused and attempts >= a.pause_at and all_free(seats):
                     # Chaos: stall holding the block, past the lease, with its
                     # seats still free (checked under the lock): the runner
                     # takes them over once the lease has run out.
-                    paused = True
+                    paused = paused_now = True
                     emit(f"PAUSE {line}")
                     os.kill(os.getpid(), signal.SIGSTOP)
                     # Go on only at the runner's CONT: nothing may start
                     # before the stop has really happened.
                     if not sys.stdin.readline():
                         raise SystemExit("stdin closed before CONT")
-                if lock.lost.is_set() or lock.remaining() == 0:
+                # A chaos seller told to ignore the signal skips this check
+                # after its pause, on purpose: it stands for one that stalls
+                # right after the check, which only the fence can stop.
+                ignore = paused_now and a.ignore_lost
+                if not ignore and (lock.lost.is_set() or lock.remaining() == 0):
                     # The lost signal: abort before the fence has to. (After
                     # a stall the timer may not have run yet; remaining()
                     # sees the passed deadline and fires the signal.)
