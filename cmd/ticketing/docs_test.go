@@ -43,8 +43,10 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -552,6 +554,94 @@ func TestDocProtocolVersion(t *testing.T) {
 			t.Errorf("unixapi/PROTOCOL.md: %s says version %s; INFO prints protocol=%s", c.what, m[1], want)
 		}
 	}
+}
+
+// TestDocMetrics: every ticketing_* metric a real node and a real sidecar
+// serve on /metrics has its row in docs/operations.md's metric tables
+// (ticketing_node_block_grants_total once had none).
+func TestDocMetrics(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(repoRoot(t), "docs", "operations.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	dir := shortDir(t)
+	for _, name := range []string{"client.secret", "peer.secret"} {
+		sec := make([]byte, 32)
+		rand.Read(sec)
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(hex.EncodeToString(sec)+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	client, peer, nodeMetrics, sidecarMetrics := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
+	// A node that is not bootstrapped registers every metric all the
+	// same; the sidecar's are there before it reaches a node.
+	procs := [][]string{
+		{"node", "--id", "n1", "--data-dir", filepath.Join(dir, "data"), "--client-addr", client, "--peer-addr", peer,
+			"--peers", "n1=" + peer + ",n2=127.0.0.1:1,n3=127.0.0.1:2", "--secret-file", "client.secret",
+			"--peer-secret-file", "peer.secret", "--metrics-addr", nodeMetrics},
+		{"sidecar", "--cluster", client, "--secret-file", "client.secret", "--insecure-plaintext",
+			"--socket", filepath.Join(dir, "ticketing.sock"), "--metrics-addr", sidecarMetrics},
+	}
+	for _, args := range procs {
+		cmd := exec.Command(binary, args...)
+		cmd.Dir = dir
+		var logs strings.Builder
+		cmd.Stdout, cmd.Stderr = &logs, &logs
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			stopProcess(cmd)
+			if t.Failed() {
+				t.Logf("ticketing %s log:\n%s", args[0], logs.String())
+			}
+		})
+	}
+	for _, m := range []struct{ addr, prefix string }{{nodeMetrics, "ticketing_node_"}, {sidecarMetrics, "ticketing_sidecar_"}} {
+		var body string
+		for until := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			resp, err := http.Get("http://" + m.addr + "/metrics")
+			if err == nil {
+				b, rerr := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if rerr == nil && resp.StatusCode == http.StatusOK {
+					body = string(b)
+					break
+				}
+			}
+			if time.Now().After(until) {
+				t.Fatalf("GET http://%s/metrics: %v", m.addr, err)
+			}
+		}
+		families := 0
+		for _, l := range strings.Split(body, "\n") {
+			f := strings.Fields(l)
+			if len(f) < 3 || f[0] != "#" || f[1] != "TYPE" || !strings.HasPrefix(f[2], "ticketing_") {
+				continue
+			}
+			if !strings.HasPrefix(f[2], m.prefix) {
+				t.Errorf("%s serves %s, want the prefix %s", m.addr, f[2], m.prefix)
+			}
+			families++
+			if !strings.Contains(doc, "| `"+f[2]+"` |") {
+				t.Errorf("docs/operations.md has no row for the metric %s (%s)", f[2], m.prefix+"*")
+			}
+		}
+		if families < 10 {
+			t.Errorf("%s serves only %d ticketing_* metrics:\n%s", m.addr, families, body)
+		}
+	}
+}
+
+// freeAddr is a loopback address whose port was free a moment ago.
+func freeAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
 }
 
 // TestDocLinks checks the relative links of the documents: the file (or
