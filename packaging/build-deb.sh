@@ -100,6 +100,11 @@ install -m 0644 "$top/README.md" "$doc/README.md"
 # The README's documents (its links point into docs/).
 install -d -m 0755 "$doc/docs"
 install -m 0644 "$top"/docs/*.md "$doc/docs/"
+# The local API and the client contract, which the README and docs link to
+# (same relative paths as in the repository, so the links hold).
+install -d -m 0755 "$doc/unixapi" "$doc/clients"
+install -m 0644 "$top/unixapi/PROTOCOL.md" "$doc/unixapi/PROTOCOL.md"
+install -m 0644 "$top/clients/README.md" "$top/clients/FENCING.md" "$doc/clients/"
 install -m 0644 "$here/README.md" "$doc/README.Debian"
 install -m 0644 "$here/debian/copyright" "$doc/copyright"
 

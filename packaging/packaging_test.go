@@ -283,6 +283,9 @@ func TestPackage(t *testing.T) {
 		"/usr/share/doc/ticketing/docs/performance.md":  "-rw-r--r--",
 		"/usr/share/doc/ticketing/docs/verification.md": "-rw-r--r--",
 		"/usr/share/doc/ticketing/README.Debian":        "-rw-r--r--",
+		"/usr/share/doc/ticketing/unixapi/PROTOCOL.md":  "-rw-r--r--",
+		"/usr/share/doc/ticketing/clients/README.md":    "-rw-r--r--",
+		"/usr/share/doc/ticketing/clients/FENCING.md":   "-rw-r--r--",
 		"/usr/share/doc/ticketing/copyright":            "-rw-r--r--",
 	}
 	for p, mode := range wantFiles {
@@ -324,6 +327,47 @@ func TestPackage(t *testing.T) {
 		b, err2 := os.ReadFile(dst)
 		if err1 != nil || err2 != nil || !bytes.Equal(a, b) {
 			t.Errorf("%s differs from packaging/%s (%v, %v)", dst, src, err1, err2)
+		}
+	}
+
+	// The documents are the repository's, at the same relative paths, and
+	// their links to each other hold in the package: every relative link
+	// of a shipped document resolves there, except to the sources and to
+	// documents only the repository has (sourceOnly).
+	doc := filepath.Join(root, "usr/share/doc/ticketing")
+	shipped := []string{"README.md", "unixapi/PROTOCOL.md", "clients/README.md", "clients/FENCING.md"}
+	mds, _ := filepath.Glob(filepath.Join("..", "docs", "*.md"))
+	for _, m := range mds {
+		shipped = append(shipped, "docs/"+filepath.Base(m))
+	}
+	sourceOnly := []string{".ci/", "cluster/", "locksm/", "cmd/", "packaging/", "clients/go", "clients/python",
+		"clients/node", "clients/examples", "clients/conformance", "clients/schema", "sidecar/"}
+	link := regexp.MustCompile(`\]\(([^)\s#]+)(#[^)\s]*)?\)`)
+	linked := map[string]bool{}
+	for _, f := range shipped {
+		a, err1 := os.ReadFile(filepath.Join("..", f))
+		b, err2 := os.ReadFile(filepath.Join(doc, f))
+		if err1 != nil || err2 != nil || !bytes.Equal(a, b) {
+			t.Errorf("%s in the package differs from the repository's (%v, %v)", f, err1, err2)
+			continue
+		}
+		for _, m := range link.FindAllStringSubmatch(string(b), -1) {
+			if strings.Contains(m[1], "://") || strings.HasPrefix(m[1], "mailto:") {
+				continue
+			}
+			target := filepath.ToSlash(filepath.Join(filepath.Dir(f), m[1]))
+			if slices.ContainsFunc(sourceOnly, func(p string) bool { return strings.HasPrefix(target, p) }) {
+				continue
+			}
+			linked[target] = true
+			if _, err := os.Stat(filepath.Join(doc, target)); err != nil {
+				t.Errorf("%s links to %s, which the package lacks", f, m[1])
+			}
+		}
+	}
+	for _, want := range []string{"unixapi/PROTOCOL.md", "clients/README.md"} {
+		if !linked[want] {
+			t.Errorf("no shipped document links to %s any more: keep shipping it?", want)
 		}
 	}
 
