@@ -8,7 +8,10 @@ var (
 	// ErrBusy: the key was held and the wait was 0. Definite: not acquired.
 	ErrBusy = errors.New("sidecar: busy")
 	// ErrTimeout: the wait ran out before the turn came. Definite: not
-	// acquired, and never will be.
+	// acquired, and never will be. The broker answers it itself for an
+	// acquire with a wait whose wait ran out before a byte of it was
+	// written (held while no leader served, or queued behind the
+	// in-flight budget): such an acquire is never sent with wait 0.
 	ErrTimeout = errors.New("sidecar: timeout")
 	// ErrIndeterminate: a written request got no definite reply. For an
 	// acquire the caller must not enter the critical section (the lease ends
