@@ -582,6 +582,9 @@ func (b *Broker) acquireReply(lk Lock, r wire.Msg, fx *effects) (Lock, error) {
 		return Lock{}, ErrTimeout
 	case wire.TypeMoved:
 		fx.add(func() { b.moved(r.LeaderAddr) })
+		if r.LeaderAddr == "" {
+			return Lock{}, errNoLeaderHint(r)
+		}
 		return Lock{}, fmt.Errorf("%w: leader is %q at %q; not executed", ErrMoved, r.LeaderID, r.LeaderAddr)
 	case wire.TypeUnknown:
 		fx.add(b.forgetLeader)
@@ -590,6 +593,19 @@ func (b *Broker) acquireReply(lk Lock, r wire.Msg, fx *effects) (Lock, error) {
 		return Lock{}, fmt.Errorf("%w: %s", wire.ErrOf(r.Code), r.Text)
 	}
 	return Lock{}, fmt.Errorf("%w: unexpected reply %s", ErrIndeterminate, wire.TypeName(r.Type))
+}
+
+// errNoLeaderHint is the outcome of a request answered M without a
+// leader's address: the node asked no longer leads and names nobody to
+// go to (it lost its quorum, or an election is under way). Not executed,
+// so definite; and with nowhere to go it is ErrUnavailable, not ErrMoved
+// (which names a leader to retry at). The M is still only a hint: the
+// written request is not resent.
+func errNoLeaderHint(r wire.Msg) error {
+	if r.LeaderID != "" {
+		return fmt.Errorf("%w: the node asked does not lead; it names leader %q without a client address; not executed", ErrUnavailable, r.LeaderID)
+	}
+	return fmt.Errorf("%w: the node asked does not lead and knows no leader (no quorum, or an election under way); not executed", ErrUnavailable)
 }
 
 // DefaultNodeMaxInFlight is the in-flight budget per connection assumed

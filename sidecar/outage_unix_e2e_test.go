@@ -4,6 +4,8 @@
 package sidecar_test
 
 import (
+	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -13,6 +15,7 @@ import (
 
 	"ticketing/cluster/local"
 	"ticketing/cluster/testkit"
+	"ticketing/locksm"
 	"ticketing/sidecar"
 	"ticketing/unixapi"
 )
@@ -119,5 +122,69 @@ func TestE2EWaitRunOutWithoutLeaderIsTimeoutNotBusy(t *testing.T) {
 	holder.send("RELEASE k " + strings.TrimPrefix(ok, "OK "))
 	if r := holder.read(60 * time.Second); r != "OK" {
 		t.Fatalf("releasing k after the outage: %q", r)
+	}
+}
+
+// Issue 32, defect 2. The first request after the quorum is lost: the
+// caller gets `ERR unavailable` (definite: nothing executed), never
+// `ERR moved … leader is "" at ""`; the Go broker ErrUnavailable, not
+// ErrMoved. Without a cluster session the broker still holds its
+// connections to the node that led, which no longer does and knows no
+// leader: it answers the request M without an address (the same M a
+// leader whose step-down raced a proposal gives). With a session, the
+// node closes the session's connection as it steps down, and the broker
+// holds the request until no leader served within its budget. Nothing is
+// resent either way.
+func TestE2EFirstRequestAfterQuorumLostIsUnavailable(t *testing.T) {
+	for _, mode := range []sidecar.SessionsMode{sidecar.SessionsOff, sidecar.SessionsAuto} {
+		t.Run("sessions="+mode.String(), func(t *testing.T) {
+			tune := func(cfg *sidecar.Config) { cfg.Sessions = mode }
+			s := startOutageSetup(t, tune)
+			// A second broker, used through its Go API: its first
+			// request too.
+			b2 := newSettledBroker(t, s.c, s.li, tune)
+			line := dialUnix(t, s.path)
+			line.send("ACQUIRE warm 60 0")
+			if r := line.read(30 * time.Second); !strings.HasPrefix(r, "OK ") {
+				t.Fatalf("before the outage: %q", r)
+			}
+			for i := 0; i < 3; i++ {
+				if i != s.li {
+					if err := s.c.Stop(i); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			leader := s.c.Node(s.li)
+			testkit.WaitFor(t, "the leader to step down without its quorum", 30*time.Second, func() bool { return !leader.Serving() })
+			if mode == sidecar.SessionsOff {
+				for _, b := range []*sidecar.Broker{s.b, b2} {
+					if in := b.Info(); in.Leader != s.c.ClientAddr(s.li) {
+						// The request would not be written to the old
+						// leader: the test would not test the M.
+						t.Fatalf("the broker forgot the old leader before the first request (%+v)", in)
+					}
+				}
+			}
+
+			line.send("ACQUIRE k 60 0")
+			r := line.read(30 * time.Second)
+			if !strings.HasPrefix(r, "ERR unavailable ") {
+				t.Fatalf("the first ACQUIRE after the quorum was lost: %q, want ERR unavailable", r)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			_, err := b2.Acquire(ctx, "k2", "go-caller", 60*time.Second, 2*time.Second)
+			if errors.Is(err, sidecar.ErrMoved) || !errors.Is(err, sidecar.ErrUnavailable) {
+				t.Fatalf("the Go broker's first acquire after the quorum was lost: %v, want ErrUnavailable", err)
+			}
+			for _, k := range []string{"k", "k2"} {
+				var held bool
+				leader.ReadState(func(st *locksm.State) { _, held = st.Holder(k) })
+				if held {
+					t.Fatalf("%s is held: a request answered unavailable was executed", k)
+				}
+			}
+		})
 	}
 }
