@@ -50,9 +50,11 @@ const handOverDrainWait = 2 * time.Second
 
 // HandOver hands this node's leadership to another voter quietly (see the
 // steps above): to names the target's server id, or "" for the voter that
-// answers and has applied the most. It returns the target's server id once
-// the target has taken over (Raft has stepped this node down), or an error
-// (ErrNotLeader, ErrHandOverInProgress, ErrNoTarget, a failed transfer:
+// answers and has applied the most. It returns the new leader's server id
+// (the target's, normally) once Raft has stepped this node down and the
+// new leader has been heard from, or an error (ErrNotLeader, also when
+// this node stepped down and no leader was heard from: no follower left
+// to take over; ErrHandOverInProgress, ErrNoTarget, a failed transfer:
 // this node then serves again). ctx bounds the whole hand-over.
 func (n *Node) HandOver(ctx context.Context, to string) (string, error) {
 	if err := n.requireLeader(); err != nil {
@@ -129,22 +131,47 @@ func (n *Node) HandOver(ctx context.Context, to string) (string, error) {
 		// more election timeout for a late win before serving again.
 		n.waitHandOver(ctx, n.cfg.ElectionTimeout, func() bool { return n.raft.State() != raft.Leader })
 	}
+	// Raft also reports the transfer done when this node stepped down
+	// for want of a quorum (its followers went away meanwhile: stopped
+	// together with it), with nobody taking over. Only a leader heard
+	// from makes it a hand-over: wait for one, as long as an election
+	// can take (up to twice the election timeout).
+	var newLeader string
+	if err == nil || n.raft.State() != raft.Leader {
+		n.waitHandOver(ctx, 2*n.cfg.ElectionTimeout, func() bool {
+			_, lid := n.raft.LeaderWithID()
+			if lid != "" && string(lid) != n.serverID {
+				newLeader = string(lid)
+			}
+			return newLeader != ""
+		})
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if err != nil && n.raft.State() != raft.Leader {
-		err = nil // the target won late
-	}
-	// A failed transfer: the core serves again (with a fresh lease timer
-	// for every holder: expiries proposed during the transfer were
-	// refused) and tells its clients.
-	n.core.EndHandOver(time.Now(), h, err != nil)
+	// No leader heard from: the core serves again if this node still
+	// leads (a failed transfer; with a fresh lease timer for every holder:
+	// expiries proposed during the transfer were refused) and tells its
+	// clients; one that no longer leads does not, and forgets the target.
+	n.core.EndHandOver(time.Now(), h, newLeader == "")
 	n.performLocked()
-	if err != nil {
-		n.log.Warn("leadership transfer failed; serving again", "to", id, "err", err)
-		return "", fmt.Errorf("cluster: handing leadership to %s: %w", id, err)
+	switch {
+	case newLeader != "":
+		// The target, normally (a failed transfer's late win too); or
+		// another voter that won the election the transfer started.
+		n.log.Info("leadership transferred", "to", newLeader, "target", id, "took", time.Since(start).Round(time.Millisecond))
+		return newLeader, nil
+	case n.raft.State() != raft.Leader:
+		n.log.Warn("leadership lost during the hand-over, not handed over: no new leader heard from", "target", id, "transfer_err", err)
+		return "", fmt.Errorf("%w: leadership lost during the hand-over to %s, and no new leader was heard from within %v (the followers are gone, or cannot elect one)",
+			ErrNotLeader, id, 2*n.cfg.ElectionTimeout)
 	}
-	n.log.Info("leadership transferred", "to", id, "took", time.Since(start).Round(time.Millisecond))
-	return id, nil
+	if err == nil {
+		// Raft stepped this node down, and it leads again (it won the
+		// next election itself): nothing was handed over.
+		err = errors.New("this node was elected again")
+	}
+	n.log.Warn("leadership transfer failed; serving again", "to", id, "err", err)
+	return "", fmt.Errorf("cluster: handing leadership to %s: %w", id, err)
 }
 
 // handOverWithin is HandOver to the best target, bounded by timeout.

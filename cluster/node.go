@@ -360,25 +360,25 @@ func (n *Node) ReadState(fn func(st *locksm.State)) { n.fsm.read(fn) }
 // most up-to-date voter), so clients wait for one round of messages rather
 // than an election timeout, then the node closes. The hand-over is bounded
 // by ctx; if it fails or ctx ends, the node closes anyway (the others then
-// elect a leader as after a crash). handedTo is the server id leadership
-// went to ("" if none).
+// elect a leader as after a crash). handedTo is the server id of the
+// leader heard from after the hand-over ("" if none: nothing was handed
+// over, which the log says with the reason).
 func (n *Node) Shutdown(ctx context.Context) (handedTo string, err error) {
 	if n.raft != nil && n.raft.State() == raft.Leader && n.otherVoters() > 0 {
 		start := time.Now()
-		if _, err := n.HandOver(ctx, ""); err != nil {
-			n.log.Warn("leadership transfer before shutdown failed", "err", err)
-		} else {
-			// Wait (bounded by ctx) to hear from the new leader, so that
-			// closing does not race its first heartbeat.
-			for handedTo == "" && ctx.Err() == nil {
-				if _, to := n.raft.LeaderWithID(); to != "" && to != raft.ServerID(n.serverID) {
-					handedTo = string(to)
-					break
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
-			n.log.Info("leadership handed over before shutdown", "to", handedTo, "took", time.Since(start).Round(time.Millisecond))
+		// HandOver returns once the new leader was heard from, so that
+		// closing does not race its first heartbeat.
+		to, err := n.HandOver(ctx, "")
+		if err != nil {
+			// No follower answered (ErrNoTarget), the transfer failed, or
+			// the followers went away meanwhile (stopped together with
+			// this node, so that nobody took over): nothing was handed
+			// over, and the log must not say it was.
+			n.log.Warn("leadership not handed over before shutdown", "err", err)
+			return "", n.Close()
 		}
+		handedTo = to
+		n.log.Info("leadership handed over before shutdown", "to", handedTo, "took", time.Since(start).Round(time.Millisecond))
 	}
 	return handedTo, n.Close()
 }

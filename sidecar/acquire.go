@@ -169,7 +169,11 @@ func (b *Broker) AcquireAsyncOpts(keys []string, owner string, lease, wait time.
 // owner is also the session the request is scheduled for (see
 // AcquireAsync). The request is retried on another connection only if not
 // one byte of it was written; a written request with no definite reply is
-// Indeterminate. Acquire is AcquireAsync and a wait.
+// Indeterminate. A wait is counted from the call: while no leader serves
+// (or the in-flight budget is full) the request waits unsent, and is sent
+// with what is left of its wait; a wait above 0 that ran out first is
+// ErrTimeout, answered without sending (Config.LeaderWait). Acquire is
+// AcquireAsync and a wait.
 func (b *Broker) Acquire(ctx context.Context, key, owner string, lease, wait time.Duration) (Lock, error) {
 	return b.acquireWait(ctx, []string{key}, owner, lease, wait)
 }
@@ -578,6 +582,9 @@ func (b *Broker) acquireReply(lk Lock, r wire.Msg, fx *effects) (Lock, error) {
 		return Lock{}, ErrTimeout
 	case wire.TypeMoved:
 		fx.add(func() { b.moved(r.LeaderAddr) })
+		if r.LeaderAddr == "" {
+			return Lock{}, errNoLeaderHint(r)
+		}
 		return Lock{}, fmt.Errorf("%w: leader is %q at %q; not executed", ErrMoved, r.LeaderID, r.LeaderAddr)
 	case wire.TypeUnknown:
 		fx.add(b.forgetLeader)
@@ -586,6 +593,19 @@ func (b *Broker) acquireReply(lk Lock, r wire.Msg, fx *effects) (Lock, error) {
 		return Lock{}, fmt.Errorf("%w: %s", wire.ErrOf(r.Code), r.Text)
 	}
 	return Lock{}, fmt.Errorf("%w: unexpected reply %s", ErrIndeterminate, wire.TypeName(r.Type))
+}
+
+// errNoLeaderHint is the outcome of a request answered M without a
+// leader's address: the node asked no longer leads and names nobody to
+// go to (it lost its quorum, or an election is under way). Not executed,
+// so definite; and with nowhere to go it is ErrUnavailable, not ErrMoved
+// (which names a leader to retry at). The M is still only a hint: the
+// written request is not resent.
+func errNoLeaderHint(r wire.Msg) error {
+	if r.LeaderID != "" {
+		return fmt.Errorf("%w: the node asked does not lead; it names leader %q without a client address; not executed", ErrUnavailable, r.LeaderID)
+	}
+	return fmt.Errorf("%w: the node asked does not lead and knows no leader (no quorum, or an election under way); not executed", ErrUnavailable)
 }
 
 // DefaultNodeMaxInFlight is the in-flight budget per connection assumed
@@ -640,8 +660,20 @@ func (b *Broker) sendSome(conn *client.Conn) sendResult {
 		}
 		now := b.cfg.Now()
 		remaining := max(o.waitEnd.Sub(now), 0)
+		if o.waiter && remaining == 0 {
+			// Its wait ran out before a byte of it was written: it was
+			// held while no leader served, or queued behind the in-flight
+			// budget. Sent now it would carry wait 0, a one-try acquire
+			// the cluster answers BUSY for a held key, which the caller
+			// reads as "wait 0". Never sent, it is definitely not
+			// granted: TIMEOUT, answered here.
+			o.answerLocked(Lock{}, fmt.Errorf("%w: the wait of %v ran out before the acquire could be sent (no serving leader, or the in-flight budget to it full); not sent",
+				ErrTimeout, o.wait), &fx)
+			b.endLocked(o, &fx)
+			continue
+		}
 		m := wire.Msg{Type: wire.TypeAcquire, Key: o.key, Owner: o.owner,
-			Lease: uint16(o.lease / time.Second), WaitMs: uint32(remaining / time.Millisecond)}
+			Lease: uint16(o.lease / time.Second), WaitMs: wireWaitMs(remaining, o.wait)}
 		if o.keys != nil {
 			if v := conn.Peer().Version; v < wire.VersionBlocks {
 				// A definite no: the node cannot take it, and no leader of
@@ -666,6 +698,16 @@ func (b *Broker) sendSome(conn *client.Conn) sendResult {
 		o.lk = Lock{Key: o.key, Keys: o.keys, Owner: o.owner, Lease: o.lease, ValidUntil: now.Add(o.lease)}
 		o.armLocked(now.Add(remaining + b.cfg.ReplyGrace))
 	}
+}
+
+// wireWaitMs is the wait an acquire sent with remaining of its wait left
+// carries on the wire, in whole milliseconds, rounded up: a waiter's
+// last microseconds must not become wait 0 (one try, answered BUSY for a
+// held key). It never exceeds the wait asked for (wait, whole
+// milliseconds), whatever the clock did.
+func wireWaitMs(remaining, wait time.Duration) uint32 {
+	ms := (remaining + time.Millisecond - 1) / time.Millisecond
+	return uint32(min(ms, wait/time.Millisecond))
 }
 
 // dispatch is the one goroutine that sends acquires: whenever some are

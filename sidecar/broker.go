@@ -1043,6 +1043,12 @@ func (b *Broker) releaseOutcome(job *releaseJob, call *client.Call) (err error, 
 		return err, true
 	case wire.TypeMoved:
 		b.moved(r.LeaderAddr)
+		if r.LeaderAddr == "" {
+			// Not executed, and no leader to go to: look for one after a
+			// pause, as when none is known.
+			job.last = errNoLeaderHint(r)
+			return nil, false
+		}
 		job.last = ErrMoved
 		return nil, false // not executed: go to the leader at once
 	default:

@@ -45,8 +45,12 @@ type Config struct {
 	BackoffMin, BackoffMax time.Duration
 	// LeaderWait is how long an acquire or release may wait for a serving
 	// leader to be known and connected before it is sent (or, for an
-	// acquire, the remaining wait if that is longer). Nothing is written
-	// while waiting. Zero: 3 s, about one failover.
+	// acquire, the remaining wait if that is longer); past it, the
+	// request is ErrUnavailable. Nothing is written while waiting. An
+	// acquire with a wait is sent with what is left of its wait; if none
+	// is left when it could be sent, it is answered ErrTimeout instead
+	// (never sent with wait 0, a one-try acquire). Zero: 3 s, about one
+	// failover.
 	LeaderWait time.Duration
 	// ReplyGrace is how long past its wait an acquire waits for the
 	// server's reply before it reports Indeterminate. Zero: 5 s.

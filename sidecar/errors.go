@@ -8,7 +8,10 @@ var (
 	// ErrBusy: the key was held and the wait was 0. Definite: not acquired.
 	ErrBusy = errors.New("sidecar: busy")
 	// ErrTimeout: the wait ran out before the turn came. Definite: not
-	// acquired, and never will be.
+	// acquired, and never will be. The broker answers it itself for an
+	// acquire with a wait whose wait ran out before a byte of it was
+	// written (held while no leader served, or queued behind the
+	// in-flight budget): such an acquire is never sent with wait 0.
 	ErrTimeout = errors.New("sidecar: timeout")
 	// ErrIndeterminate: a written request got no definite reply. For an
 	// acquire the caller must not enter the critical section (the lease ends
@@ -18,12 +21,16 @@ var (
 	// retry answered not_held).
 	ErrIndeterminate = errors.New("sidecar: indeterminate")
 	// ErrUnavailable: no connection to a serving leader could take the
-	// request within its budget; not one byte was written. Definite.
+	// request within its budget (not one byte was written), or the node
+	// it was written to does not lead and named no leader (an M without
+	// an address: it lost its quorum, or an election is under way; not
+	// executed, and not resent). Definite either way.
 	ErrUnavailable = errors.New("sidecar: cluster unavailable")
 	// ErrMoved: the node that got the request was not the leader (or was
 	// handing its leadership over) and did not execute it. Definite. The
 	// broker remembers the leader it named and sends later requests there;
-	// it never resends a written request.
+	// it never resends a written request. A node that names no leader
+	// gives ErrUnavailable instead.
 	ErrMoved = errors.New("sidecar: moved")
 	// ErrTooManyWaiters: an acquire with a wait found no waiter room
 	// (Config.MaxWaiters sidecar-wide, where its session holds the most,

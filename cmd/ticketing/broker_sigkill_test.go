@@ -24,11 +24,12 @@ func TestBrokerLeaderSIGKILLDuringPendingAcquire(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Setup: an M is a definite "not executed" (the leader may have changed
-	// since p.Leader looked), so the caller may ask again.
+	// since p.Leader looked; one naming no leader is ErrUnavailable), so
+	// the caller may ask again.
 	var held sidecar.Lock
 	for {
 		held, err = b.Acquire(ctx, "seats", "holder", 60*time.Second, 0)
-		if !errors.Is(err, sidecar.ErrMoved) {
+		if !errors.Is(err, sidecar.ErrMoved) && !errors.Is(err, sidecar.ErrUnavailable) {
 			break
 		}
 	}
