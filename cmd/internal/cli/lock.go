@@ -120,16 +120,69 @@ func dial(ctx context.Context, name, socket string, stderr io.Writer) *ticketing
 	return c
 }
 
+// extendEvery is lock's --extend-every: how often the lease is renewed
+// while COMMAND runs. The zero value is the default, "auto": a third of
+// the lease (autoExtendFraction); 0 turns renewal off.
+type extendEvery struct {
+	d   time.Duration
+	set bool // a duration was given (0 included); false: auto
+}
+
+func (e *extendEvery) String() string {
+	if e == nil || !e.set {
+		return "auto"
+	}
+	return e.d.String()
+}
+
+func (e *extendEvery) Set(s string) error {
+	if s == "auto" {
+		*e = extendEvery{}
+		return nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("want a duration such as 10s, 0 (off) or auto (a third of --lease)")
+	}
+	*e = extendEvery{d: d, set: true}
+	return nil
+}
+
+// autoExtendFraction: by default lock renews the lease every lease/3, as
+// etcd's keep-alive does with a lease's TTL. The lock's local deadline is
+// lease − margin (250 ms + 1 %) after the last renewal's send, so two
+// renewals fall inside every lease: one may fail (unavailable during an
+// election, INDETERMINATE, a slow reply) and the next, a third of a lease
+// later, still lands before the deadline. Each renewal is one Raft commit,
+// so a 60 s lease costs one commit every 20 s.
+const autoExtendFraction = 3
+
+// interval is the renewal period for a lease: 0 means never.
+func (e extendEvery) interval(lease time.Duration, off bool) time.Duration {
+	switch {
+	case off:
+		return 0
+	case e.set:
+		return e.d
+	}
+	return lease / autoExtendFraction
+}
+
 // runLock is flock(1) for Ticketing: acquire, run the command, release.
 // With several keys it takes them as one seat block (all or none, one
-// token) and the keys end at the "--". When the lock is lost while the
-// command runs, the command is stopped (SIGTERM, then SIGKILL) and lock
-// exits ExitLost; --extend-every keeps renewing the lease meanwhile.
+// token) and the keys end at the "--". While the command runs the lease is
+// renewed (every lease/3 unless --extend-every says otherwise), like
+// etcdctl lock and consul lock keep their sessions alive; when the lock is
+// lost all the same (the key moved on, the renewals failed until the
+// deadline, the sidecar went away), the command is stopped (SIGTERM, then
+// SIGKILL) and lock exits ExitLost.
 func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var cf clientFlags
-	var every, grace time.Duration
+	var every extendEvery
+	var noExtend bool
+	var grace time.Duration
 	var verbose bool
-	fs := newClientFlags("lock", "[--socket PATH] [--lease S] [--wait S] [--extend-every D] [--kill-grace D] [--verbose] KEY [KEY...] -- COMMAND [ARG...]",
+	fs := newClientFlags("lock", "[--socket PATH] [--lease S] [--wait S] [--extend-every D|--no-extend] [--kill-grace D] [--verbose] KEY [KEY...] -- COMMAND [ARG...]",
 		"Takes the lock KEY through the sidecar, runs COMMAND with TICKETING_KEY,\n"+
 			"TICKETING_KEYS and TICKETING_TOKEN in its environment, and releases the lock\n"+
 			"when COMMAND exits (like flock(1)). Signals are passed on to COMMAND.\n\n"+
@@ -137,16 +190,22 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			"takes them as one seat block: all at once or none, under one token, released\n"+
 			"together. TICKETING_KEY is the first KEY, TICKETING_KEYS all of them separated\n"+
 			"by spaces.\n\n"+
+			"While COMMAND runs, lock renews the lease (by --lease) every third of it\n"+
+			"(--extend-every auto, the default), so COMMAND may run as long as it needs:\n"+
+			"one renewal may fail and the next still comes before the lease ends.\n"+
+			"--extend-every D renews every D instead; --no-extend (or --extend-every 0)\n"+
+			"never renews, so COMMAND has one lease.\n\n"+
 			"If the lock is lost while COMMAND runs (its lease ran out: the sidecar's lost\n"+
-			"event or the local deadline, lease minus 250 ms + 1 %; an extend refused; the\n"+
-			"sidecar connection lost), COMMAND gets SIGTERM, then SIGKILL after --kill-grace,\n"+
-			"and lock exits 80. --extend-every renews the lease while COMMAND runs, so it may\n"+
-			"run longer than one lease; without it COMMAND has one lease.\n\n"+
+			"event or the local deadline, lease minus 250 ms + 1 % after the last renewal;\n"+
+			"an extend refused; the sidecar connection lost), COMMAND gets SIGTERM, then\n"+
+			"SIGKILL after --kill-grace, and lock exits 80.\n\n"+
 			"With --verbose, lock says on stderr when it waits in line: once the cluster has\n"+
 			"queued its request behind a holder, it prints\n"+
 			"  ticketing lock: queued on KEY (waiting up to Ns)", stdout, stderr)
 	cf.register(fs.FlagSet, true)
-	fs.DurationVar(&every, "extend-every", 0, "renew the lease (by --lease) this often while COMMAND runs, e.g. 10s; less than the lease minus its margin (0 = never)")
+	fs.Var(&every, "extend-every", "renew the lease (by --lease) this often while COMMAND runs: auto (a third of the lease), "+
+		"a duration below the lease less its margin such as 10s, or 0 (never, as --no-extend)")
+	fs.BoolVar(&noExtend, "no-extend", false, "never renew the lease: COMMAND has one lease (as --extend-every 0)")
 	fs.DurationVar(&grace, "kill-grace", defaultKillGrace, "when the lock is lost: how long COMMAND has between SIGTERM and SIGKILL")
 	fs.BoolVar(&verbose, "verbose", false, "say on stderr when the request is queued behind a holder (it waits for its turn)")
 	if code, ok := fs.parse(args); !ok {
@@ -170,10 +229,14 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return fs.bad("%s", why)
 	}
 	lease, wait := cf.durations()
-	if valid := lease - ticketing.Margin(lease); every < 0 || every >= valid {
-		return fs.bad("--extend-every %v: want 0 (off) or a duration below the lease less its margin (%v for --lease %d)",
-			every, valid, cf.lease)
+	if noExtend && every.set && every.d != 0 {
+		return fs.bad("--no-extend and --extend-every %v: give one of them", every.d)
 	}
+	if valid := lease - ticketing.Margin(lease); every.set && (every.d < 0 || every.d >= valid) {
+		return fs.bad("--extend-every %v: want auto, 0 (off) or a duration below the lease less its margin (%v for --lease %d)",
+			every.d, valid, cf.lease)
+	}
+	period := every.interval(lease, noExtend)
 	if grace < 0 {
 		return fs.bad("--kill-grace %v: want a duration of 0 or more", grace)
 	}
@@ -202,7 +265,7 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	tok := lk.Token()
 	// The lock's deadline counts from the ACQUIRE's send, so a grant that
 	// waited has less than a lease left: renew it once, so COMMAND has a
-	// whole lease from its start (or, with --extend-every, until the first
+	// whole lease from its start (or, while renewing, until the first
 	// renewal). A failure here is no loss: the deadline stays.
 	if lk.Remaining() < lease-ticketing.Margin(lease)-time.Second {
 		if err := extendOnce(lk, lease); err != nil && !errors.Is(err, ticketing.ErrLockLost) {
@@ -237,8 +300,8 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		close(exited)
 	}()
 	var tick <-chan time.Time
-	if every > 0 {
-		t := time.NewTicker(every)
+	if period > 0 {
+		t := time.NewTicker(period)
 		defer t.Stop()
 		tick = t.C
 	}
