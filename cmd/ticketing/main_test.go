@@ -419,11 +419,13 @@ func TestLockCommandExitCodes(t *testing.T) {
 		{[]string{"lock", "--wait", "0", "k2", "--", "true"}, 75},
 		{[]string{"lock", "--wait", "0.3", "k2", "--", "true"}, 76},
 		{[]string{"acquire", "--wait", "0", "k2"}, 75},
-		{[]string{"release", "k2", strconv.FormatUint(tok, 10)}, 78}, // another connection's lock
-		{[]string{"lock", "--lease", "0", "k3", "--", "true"}, 78},
-		{[]string{"lock", "k3"}, 78},
-		{[]string{"lock", "k3", "--", "/nonexistent/command"}, 78},
-		{[]string{"lock", "--socket", "/nonexistent/sock", "k3", "--", "true"}, 78},
+		{[]string{"release", "k2", strconv.FormatUint(tok, 10)}, 78},                // another connection's lock
+		{[]string{"lock", "--lease", "0", "k3", "--", "true"}, 64},                  // EX_USAGE
+		{[]string{"lock", "k3"}, 64},                                                // EX_USAGE
+		{[]string{"lock", "k3 with spaces", "--", "true"}, 64},                      // a key the protocol refuses: EX_USAGE
+		{[]string{"lock", "k3", "--", "/nonexistent/command"}, 78},                  // the command could not start
+		{[]string{"lock", "--socket", "/nonexistent/sock", "k3", "--", "true"}, 69}, // EX_UNAVAILABLE: no sidecar
+		{[]string{"ping", "--socket", "/nonexistent/sock"}, 69},
 		{[]string{"lock", "k3", "--", "sh", "-c", "kill -TERM $$"}, 128 + int(syscall.SIGTERM)},
 		{[]string{"acquire", "k3"}, 0}, // a probe: taken and released
 		{[]string{"lock", "--wait", "0", "k3", "--", "true"}, 0},
@@ -469,9 +471,9 @@ func TestLockCommandBlock(t *testing.T) {
 		{[]string{"acquire", "--wait", "0", "b/2", "b/4"}, 75},
 		{[]string{"lock", "--wait", "0", "b/1", "b/3", "--", "true"}, 0}, // the timed-out block left nothing held
 		{[]string{"acquire", "--wait", "0", "b/1", "b/3"}, 0},
-		{[]string{"lock", "b/1", "b/1", "--", "true"}, 78},
-		{[]string{"lock", "b/1", "b/3", "--"}, 78},
-		{[]string{"lock", "a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", "n", "o", "p", "q", "--", "true"}, 78},
+		{[]string{"lock", "b/1", "b/1", "--", "true"}, 64},
+		{[]string{"lock", "b/1", "b/3", "--"}, 64},
+		{[]string{"lock", "a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", "n", "o", "p", "q", "--", "true"}, 64},
 		{[]string{"lock", "b/1", "b/3", "--", "sh", "-c", "kill -TERM $$"}, 128 + int(syscall.SIGTERM)},
 		{[]string{"lock", "--wait", "0", "b/5", "sh", "-c", `test "$TICKETING_KEYS" = b/5`}, 0}, // one key, no --
 	} {

@@ -55,8 +55,8 @@ func TestLockBlockArguments(t *testing.T) {
 		{append([]string{"acquire"}, many...), "ticketing acquire: want one KEY (or up to 16, a block), got 17 arguments"},
 	} {
 		code, out, errs := runMain(tc.args...)
-		if code != ExitLockError || out != "" || !strings.HasPrefix(errs, tc.why) || !strings.Contains(errs, "\nusage: ") {
-			t.Errorf("%q: exit %d, stdout %q, stderr %q; want 78 and %q, then the usage", tc.args, code, out, errs, tc.why)
+		if code != ExitLockUsage || out != "" || !strings.HasPrefix(errs, tc.why) || !strings.Contains(errs, "\nusage: ") {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want 64 and %q, then the usage", tc.args, code, out, errs, tc.why)
 		}
 	}
 }
@@ -255,8 +255,42 @@ func TestLockExtendArguments(t *testing.T) {
 		{[]string{"lock", "--extend-every", "10", "k", "--", "true"}, "ticketing lock: invalid value"},
 	} {
 		code, out, errs := runMain(tc.args...)
-		if code != ExitLockError || out != "" || !strings.HasPrefix(errs, tc.why) || !strings.Contains(errs, "\nusage: ") {
-			t.Errorf("%q: exit %d, stdout %q, stderr %q; want 78 and %q, then the usage", tc.args, code, out, errs, tc.why)
+		if code != ExitLockUsage || out != "" || !strings.HasPrefix(errs, tc.why) || !strings.Contains(errs, "\nusage: ") {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want 64 and %q, then the usage", tc.args, code, out, errs, tc.why)
+		}
+	}
+}
+
+// The client commands' exit codes tell "fix your command" (64) from
+// "retry later" (69) from the other errors (78).
+func TestClientExitCodes(t *testing.T) {
+	wrap := func(err error) error { return fmt.Errorf("ticketing lock: k: %w", err) }
+	for _, tc := range []struct {
+		err  error
+		want int
+	}{
+		{ticketing.ErrBusy, ExitBusy},
+		{ticketing.ErrTimeout, ExitTimeout},
+		{ticketing.ErrIndeterminate, ExitIndeterminate},
+		{fmt.Errorf("%w: key of 300 bytes (1..255)", ticketing.ErrInvalidArgument), ExitLockUsage},
+		{&ticketing.Error{Code: "invalid_key", Message: "bad byte"}, ExitLockUsage},
+		{&ticketing.Error{Code: "invalid_lease", Message: "x"}, ExitLockUsage},
+		{fmt.Errorf("%w at /x: no socket file there", ticketing.ErrNoSidecar), ExitUnavailable},
+		{&ticketing.Error{Code: "unavailable", Message: "no serving leader"}, ExitUnavailable},
+		{&ticketing.Error{Code: "moved", Message: `leader is "" at ""`}, ExitUnavailable},
+		{&ticketing.Error{Code: "no_quorum", Message: "x"}, ExitUnavailable},
+		{&ticketing.Error{Code: "shutting_down", Message: "x"}, ExitUnavailable},
+		{&ticketing.Error{Code: "too_many_connections", Message: "x"}, ExitUnavailable},
+		{fmt.Errorf("%w: EOF", ticketing.ErrClosed), ExitUnavailable},
+		{&ticketing.Error{Code: "not_held", Message: "x"}, ExitLockError},
+		{&ticketing.Error{Code: "forbidden", Message: "x"}, ExitLockError},
+		{&ticketing.Error{Code: "too_many_waiters", Message: "x"}, ExitLockError},
+		{errors.New("something else"), ExitLockError},
+	} {
+		for _, err := range []error{tc.err, wrap(tc.err)} {
+			if got := clientExit(err); got != tc.want {
+				t.Errorf("clientExit(%v) = %d, want %d", err, got, tc.want)
+			}
 		}
 	}
 }
