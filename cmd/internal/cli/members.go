@@ -15,7 +15,8 @@ import (
 )
 
 const membersSynopsis = `ticketing members COMMAND [ARGS] --admin ADDR,ADDR,... --admin-secret-file F [--tls-ca CA] [--cluster-id ID]
-       (the flags may come before or after COMMAND and its arguments)`
+       ticketing members COMMAND [ARGS] --config NODE.CONF
+       (the flags may come before or after COMMAND and its arguments; $TICKETING_ADMIN, ... stand in for them)`
 
 const membersAbout = `  list                           members: role, whether each answers, lag behind the leader's
                                  commit index, and how many more voter failures the cluster
