@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -77,8 +78,20 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	// The nodes log through devLogs, which keeps the expected warnings of
 	// starting and stopping them quiet.
 	nodeLogs := newDevLogs(log.Handler())
+	// An admin port on every node, so that status, members and inspect
+	// work against dev as against a real cluster (its own third secret).
+	adminSecretFile := filepath.Join(dir, "admin.secret")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		fmt.Fprintln(stderr, "ticketing dev:", err)
+		return ExitError
+	}
+	adminSecret, err := local.EnsureSecret(adminSecretFile)
+	if err != nil {
+		fmt.Fprintln(stderr, "ticketing dev:", err)
+		return ExitError
+	}
 	c, err := local.Start(local.Options{Dir: dir, Nodes: nodes, BasePort: basePort, Logger: slog.New(nodeLogs), TLS: !plain,
-		LogStore: store})
+		LogStore: store, AdminSecret: adminSecret})
 	if err != nil {
 		nodeLogs.failed()
 		fmt.Fprintln(stderr, "ticketing dev:", err)
@@ -99,6 +112,17 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if c.CAFile != "" {
 		fmt.Fprintf(stdout, "  tls ca file: %s\n", c.CAFile)
 	}
+	var admins []string
+	for i := 0; i < c.Size(); i++ {
+		admins = append(admins, c.AdminAddr(i))
+	}
+	// Absolute paths, so that the line works from any directory.
+	secretAbs, caAbs := absOr(adminSecretFile), c.CAFile
+	if caAbs != "" {
+		caAbs = absOr(caAbs)
+	}
+	fmt.Fprintf(stdout, "  admin ports: %s; for ticketing status, members list and inspect KEY run:\n", strings.Join(admins, ","))
+	fmt.Fprintf(stdout, "  %s\n", adminExportLine(admins, secretAbs, caAbs, c.ClusterID))
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	li, err := c.Leader(wctx)
 	cancel()
@@ -143,6 +167,14 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	nodeLogs.stopping()
 	fmt.Fprintln(stdout, "ticketing dev: stopping")
 	return ExitOK
+}
+
+// absOr returns path made absolute, or as it is if that fails.
+func absOr(path string) string {
+	if a, err := filepath.Abs(path); err == nil {
+		return a
+	}
+	return path
 }
 
 // caughtUp waits, at most max, until every node has applied the leader's
