@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"net"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -550,5 +551,58 @@ func TestKilledHolderFreesKeyFast(t *testing.T) {
 		if d > 20*time.Second {
 			t.Fatalf("%s: next waiter got the key %v after the holder's SIGKILL: freed by the lease, not the disconnect", how, d)
 		}
+	}
+}
+
+// Defect 3 of issue 32: a replacement node started with the old voters'
+// --peers listened on --peer-addr 17504 and told its peers 17502, its
+// entry in --peers. It now refuses to start, saying which flag to fix.
+func TestNodeRefusesPeersEntryOtherThanPeerAddr(t *testing.T) {
+	dir := t.TempDir()
+	secret := filepath.Join(dir, "c")
+	peerSecret := filepath.Join(dir, "p")
+	for i, f := range []string{secret, peerSecret} {
+		if err := os.WriteFile(f, []byte(fmt.Sprintf("%d123456789abcdef0123456789abcdef\n", i)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Two free ports: the one the node is told to listen on (free again,
+	// so that without the check the node would start there), and the one
+	// its --peers entry names.
+	var ports []string
+	for i := range 2 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ports = append(ports, ln.Addr().String())
+		if i == 0 {
+			ln.Close()
+		} else {
+			defer ln.Close()
+		}
+	}
+	listen, entry := ports[0], ports[1]
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // a hang guard: a node that starts runs on
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, "node", "--id", "n2", "--data-dir", filepath.Join(dir, "d"),
+		"--client-addr", "127.0.0.1:0", "--peer-addr", listen,
+		"--peers", "n1=127.0.0.1:1,n2="+entry+",n3=127.0.0.1:3",
+		"--secret-file", secret, "--peer-secret-file", peerSecret)
+	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		t.Fatalf("the node started, listening on %s while its --peers entry says %s:\n%s", listen, entry, out)
+	}
+	ee, ok := err.(*exec.ExitError)
+	if !ok || ee.ExitCode() != 2 {
+		t.Fatalf("want exit 2, got %v\n%s", err, out)
+	}
+	for _, want := range []string{"--peer-addr is " + listen, "n2=" + entry, "Fix --peers", "leave it out"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("the refusal does not say %q:\n%s", want, out)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "d")); err == nil {
+		t.Errorf("the refused node created its data dir")
 	}
 }
