@@ -23,8 +23,10 @@ import (
 func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newCmdFlags("ticketing dev", "ticketing dev [--dir DIR] [--socket PATH] [--base-port N] [--nodes 3|5] [--plaintext] [--log-store bolt|wal]",
 		"Runs a real cluster of 3 (or 5) nodes on loopback in this process, with a sidecar\n"+
-			"serving the unix socket, prints their addresses, the client secret file, the CA\n"+
-			"and a ready line, and runs until Ctrl-C (SIGINT) or SIGTERM.", stdout, stderr)
+			"serving the unix socket, prints their addresses, the client secret file, the CA,\n"+
+			"the nodes' admin ports with the export line after which ticketing status,\n"+
+			"members list and inspect KEY need no flags, and a ready line, and runs until\n"+
+			"Ctrl-C (SIGINT) or SIGTERM.", stdout, stderr)
 	var (
 		dir      string
 		socket   string
@@ -36,7 +38,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	)
 	fs.StringVar(&dir, "dir", "", "directory for the nodes' data and secrets (default: a new temporary directory, removed on exit)")
 	fs.StringVar(&socket, "socket", "./ticketing.sock", "unix socket of the sidecar that dev runs in process, connected to its nodes")
-	fs.IntVar(&basePort, "base-port", 7400, "node i listens for clients on 127.0.0.1:BASE+i and for peers on BASE+100+i; 0 picks free ports. "+
+	fs.IntVar(&basePort, "base-port", 7400, "node i listens for clients on 127.0.0.1:BASE+i, for peers on BASE+100+i and for admin requests on BASE+200+i; 0 picks free ports. "+
 		"A --dir that holds a cluster keeps the ports it was created with (saved in DIR/addrs); another --base-port is refused")
 	fs.IntVar(&nodes, "nodes", 3, "number of nodes: 3 or 5")
 	fs.BoolVar(&plain, "plaintext", false, "run the ports without TLS (default: TLS with a throwaway CA in DIR/tls)")
