@@ -12,11 +12,14 @@ package main
 // first on PATH as `ticketing`. ENV is where it runs:
 //
 //	dev      in a directory where a real `ticketing dev` (free ports) serves
-//	         ./ticketing.sock; one dev for every such block
+//	         ./ticketing.sock; one dev for every such block, whose
+//	         `export TICKETING_ADMIN=...` line, as dev printed it, runs
+//	         first (the Quick start has the reader paste it)
 //	nodes    in a directory holding client.secret, peer.secret,
-//	         admin.secret and pki/ (ca.crt, n1..n3), beside three real
-//	         `ticketing node` processes with TLS, an admin port and
-//	         cluster-id prod: the docs' example cluster, bootstrapped once
+//	         admin.secret, pki/ (ca.crt, n1..n3) and n1's node.conf, beside
+//	         three real `ticketing node` processes with TLS, an admin port
+//	         and cluster-id prod (n1 runs from its node.conf): the docs'
+//	         example cluster, bootstrapped once
 //	scratch  in a new empty directory, nothing running
 //
 // A marker may end in "hold KEY for Ns" (dev only): before the block
@@ -246,8 +249,9 @@ func TestDocExamples(t *testing.T) {
 	}
 	ph := pickPlaceholders(t)
 	dirs := map[string]string{}
+	devExport := ""
 	if envs["dev"] > 0 {
-		dirs["dev"] = startDocDev(t)
+		dirs["dev"], devExport = startDocDev(t)
 	}
 	if envs["nodes"] > 0 {
 		dirs["nodes"] = startDocNodes(t, ph)
@@ -261,6 +265,9 @@ func TestDocExamples(t *testing.T) {
 			}
 			sh, want := e.script()
 			sh = ph.apply(sh, dir)
+			if e.env == "dev" {
+				sh = devExport + "\n" + sh
+			}
 			if a := privateAddr.FindString(sh); a != "" {
 				t.Fatalf("%s: %s is left after the placeholders; only loopback is ever dialled", e, a)
 			}
@@ -268,7 +275,8 @@ func TestDocExamples(t *testing.T) {
 			defer cancel()
 			cmd := exec.CommandContext(ctx, "bash", "-e", "-o", "pipefail", "-c", sh)
 			cmd.Dir = dir
-			cmd.Env = append(withoutEnv(os.Environ(), "TICKETING_SOCKET", "PATH"), "PATH="+path)
+			cmd.Env = append(withoutEnv(os.Environ(), "TICKETING_SOCKET", "PATH", "TICKETING_ADMIN", "TICKETING_ADMIN_SECRET_FILE",
+				"TICKETING_TLS_CA", "TICKETING_CLUSTER_ID"), "PATH="+path)
 			var out strings.Builder
 			cmd.Stdout, cmd.Stderr = &out, &out
 			var h *docHolder
@@ -387,8 +395,9 @@ func withoutEnv(env []string, names ...string) []string {
 }
 
 // startDocDev runs `ticketing dev` serving ./ticketing.sock in a new
-// directory and returns the directory once dev is ready.
-func startDocDev(t *testing.T) string {
+// directory and returns the directory and the export line dev printed,
+// once dev is ready.
+func startDocDev(t *testing.T) (string, string) {
 	dir := shortDir(t)
 	cmd := exec.Command(binary, "dev", "--base-port", "0", "--dir", filepath.Join(dir, "data"))
 	cmd.Dir = dir
@@ -404,17 +413,24 @@ func startDocDev(t *testing.T) string {
 	deadline := time.AfterFunc(60*time.Second, func() { cmd.Process.Kill() })
 	defer deadline.Stop()
 	sc := bufio.NewScanner(stdout)
+	export := ""
 	for sc.Scan() {
+		if l := strings.TrimSpace(sc.Text()); strings.HasPrefix(l, "export TICKETING_ADMIN=") {
+			export = l
+		}
 		if strings.Contains(sc.Text(), ": ready in ") {
 			go func() {
 				for sc.Scan() {
 				}
 			}()
-			return dir
+			if export == "" {
+				t.Fatal("ticketing dev printed no export line for the operator commands")
+			}
+			return dir, export
 		}
 	}
 	t.Fatal("ticketing dev never printed its ready line")
-	return ""
+	return "", ""
 }
 
 // startDocNodes sets up the docs' example cluster: the files, three node
@@ -450,8 +466,23 @@ func startDocNodes(t *testing.T, ph placeholders) string {
 			"--admin-secret-file", "admin.secret", "--tls-cert", "pki/" + id + ".crt", "--tls-key", "pki/" + id + ".key",
 			"--tls-ca", "pki/ca.crt"}
 	}
+	// n1's settings as its configuration file (packaging/etc/node.conf's
+	// format), from which n1 runs and which the operator commands'
+	// --config reads.
+	var conf strings.Builder
+	f1 := flags(1)
+	for i := 0; i+1 < len(f1); i += 2 {
+		fmt.Fprintf(&conf, "%s = %s\n", strings.TrimPrefix(f1[i], "--"), f1[i+1])
+	}
+	if err := os.WriteFile(filepath.Join(dir, "node.conf"), []byte(conf.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	start := func(n int) {
-		cmd := exec.Command(binary, append([]string{"node"}, flags(n)...)...)
+		args := append([]string{"node"}, flags(n)...)
+		if n == 1 {
+			args = []string{"node", "--config", "node.conf"}
+		}
+		cmd := exec.Command(binary, args...)
 		cmd.Dir = dir
 		// Each node's log in the directory: shown when the cluster does
 		// not come up, and by a failing example's own output otherwise.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -419,11 +420,13 @@ func TestLockCommandExitCodes(t *testing.T) {
 		{[]string{"lock", "--wait", "0", "k2", "--", "true"}, 75},
 		{[]string{"lock", "--wait", "0.3", "k2", "--", "true"}, 76},
 		{[]string{"acquire", "--wait", "0", "k2"}, 75},
-		{[]string{"release", "k2", strconv.FormatUint(tok, 10)}, 78}, // another connection's lock
-		{[]string{"lock", "--lease", "0", "k3", "--", "true"}, 78},
-		{[]string{"lock", "k3"}, 78},
-		{[]string{"lock", "k3", "--", "/nonexistent/command"}, 78},
-		{[]string{"lock", "--socket", "/nonexistent/sock", "k3", "--", "true"}, 78},
+		{[]string{"release", "k2", strconv.FormatUint(tok, 10)}, 78},                // another connection's lock
+		{[]string{"lock", "--lease", "0", "k3", "--", "true"}, 64},                  // EX_USAGE
+		{[]string{"lock", "k3"}, 64},                                                // EX_USAGE
+		{[]string{"lock", "k3 with spaces", "--", "true"}, 64},                      // a key the protocol refuses: EX_USAGE
+		{[]string{"lock", "k3", "--", "/nonexistent/command"}, 78},                  // the command could not start
+		{[]string{"lock", "--socket", "/nonexistent/sock", "k3", "--", "true"}, 69}, // EX_UNAVAILABLE: no sidecar
+		{[]string{"ping", "--socket", "/nonexistent/sock"}, 69},
 		{[]string{"lock", "k3", "--", "sh", "-c", "kill -TERM $$"}, 128 + int(syscall.SIGTERM)},
 		{[]string{"acquire", "k3"}, 0}, // a probe: taken and released
 		{[]string{"lock", "--wait", "0", "k3", "--", "true"}, 0},
@@ -469,9 +472,9 @@ func TestLockCommandBlock(t *testing.T) {
 		{[]string{"acquire", "--wait", "0", "b/2", "b/4"}, 75},
 		{[]string{"lock", "--wait", "0", "b/1", "b/3", "--", "true"}, 0}, // the timed-out block left nothing held
 		{[]string{"acquire", "--wait", "0", "b/1", "b/3"}, 0},
-		{[]string{"lock", "b/1", "b/1", "--", "true"}, 78},
-		{[]string{"lock", "b/1", "b/3", "--"}, 78},
-		{[]string{"lock", "a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", "n", "o", "p", "q", "--", "true"}, 78},
+		{[]string{"lock", "b/1", "b/1", "--", "true"}, 64},
+		{[]string{"lock", "b/1", "b/3", "--"}, 64},
+		{[]string{"lock", "a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", "n", "o", "p", "q", "--", "true"}, 64},
 		{[]string{"lock", "b/1", "b/3", "--", "sh", "-c", "kill -TERM $$"}, 128 + int(syscall.SIGTERM)},
 		{[]string{"lock", "--wait", "0", "b/5", "sh", "-c", `test "$TICKETING_KEYS" = b/5`}, 0}, // one key, no --
 	} {
@@ -548,5 +551,58 @@ func TestKilledHolderFreesKeyFast(t *testing.T) {
 		if d > 20*time.Second {
 			t.Fatalf("%s: next waiter got the key %v after the holder's SIGKILL: freed by the lease, not the disconnect", how, d)
 		}
+	}
+}
+
+// Defect 3 of issue 32: a replacement node started with the old voters'
+// --peers listened on --peer-addr 17504 and told its peers 17502, its
+// entry in --peers. It now refuses to start, saying which flag to fix.
+func TestNodeRefusesPeersEntryOtherThanPeerAddr(t *testing.T) {
+	dir := t.TempDir()
+	secret := filepath.Join(dir, "c")
+	peerSecret := filepath.Join(dir, "p")
+	for i, f := range []string{secret, peerSecret} {
+		if err := os.WriteFile(f, []byte(fmt.Sprintf("%d123456789abcdef0123456789abcdef\n", i)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Two free ports: the one the node is told to listen on (free again,
+	// so that without the check the node would start there), and the one
+	// its --peers entry names.
+	var ports []string
+	for i := range 2 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ports = append(ports, ln.Addr().String())
+		if i == 0 {
+			ln.Close()
+		} else {
+			defer ln.Close()
+		}
+	}
+	listen, entry := ports[0], ports[1]
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // a hang guard: a node that starts runs on
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, "node", "--id", "n2", "--data-dir", filepath.Join(dir, "d"),
+		"--client-addr", "127.0.0.1:0", "--peer-addr", listen,
+		"--peers", "n1=127.0.0.1:1,n2="+entry+",n3=127.0.0.1:3",
+		"--secret-file", secret, "--peer-secret-file", peerSecret)
+	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		t.Fatalf("the node started, listening on %s while its --peers entry says %s:\n%s", listen, entry, out)
+	}
+	ee, ok := err.(*exec.ExitError)
+	if !ok || ee.ExitCode() != 2 {
+		t.Fatalf("want exit 2, got %v\n%s", err, out)
+	}
+	for _, want := range []string{"--peer-addr is " + listen, "n2=" + entry, "Fix --peers", "leave it out"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("the refusal does not say %q:\n%s", want, out)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "d")); err == nil {
+		t.Errorf("the refused node created its data dir")
 	}
 }

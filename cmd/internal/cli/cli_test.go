@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -141,5 +142,39 @@ func TestNodeRefusesTheOtherLogStore(t *testing.T) {
 	code := Main([]string{"node", "--log-store", "lsm"}, &out, &errb)
 	if code != ExitUsage || !strings.Contains(errb.String(), "want bolt or wal") {
 		t.Errorf("--log-store lsm: exit %d, stderr %q", code, errb.String())
+	}
+}
+
+// A node's own entry in --peers must name its --peer-addr: the node
+// listens on one and tells its peers the other.
+func TestCheckPeerAddr(t *testing.T) {
+	peers := func(s string) []cluster.Peer {
+		p, err := cluster.ParsePeers(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	three := peers("n1=127.0.0.1:17500,n2=127.0.0.1:17502,n3=127.0.0.1:17503")
+	for _, tc := range []struct {
+		id, peerAddr string
+		peers        []cluster.Peer
+		ok           bool
+	}{
+		{"n2", "127.0.0.1:17502", three, true},
+		{"n2", "127.0.0.1:17504", three, false}, // the replacement
+		{"n2", "127.0.0.2:17502", three, false},
+		{"n2", "0.0.0.0:17502", three, true}, // listens everywhere, advertises the entry
+		{"n2", ":17502", three, true},
+		{"n2", "[::]:17502", three, true},
+		{"n2", "0.0.0.0:17504", three, false},
+		{"n2", "localhost:17502", three, true}, // resolves to the entry's address
+		{"n4", "127.0.0.1:17504", three, true}, // not in --peers: a node that joins later
+		{"n2", "127.0.0.1:17504", nil, true},   // no --peers: a replacement
+	} {
+		err := checkPeerAddr(tc.id, tc.peerAddr, tc.peers)
+		if (err == nil) != tc.ok || (err != nil && !errors.Is(err, errPeerAddrMismatch)) {
+			t.Errorf("%s at %s: %v, want ok %v", tc.id, tc.peerAddr, err, tc.ok)
+		}
 	}
 }

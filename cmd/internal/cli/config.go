@@ -93,6 +93,20 @@ type setting struct {
 // string syntax, so \" and \\ inside), and then keeps every "#" and space
 // inside the quotes. Errors name the file and line.
 func readConfigFile(path string, fs *flag.FlagSet) (map[string]setting, error) {
+	return readSettings(path, func(name string) error {
+		switch {
+		case cmdlineOnly[name]:
+			return fmt.Errorf("%s can only be given on the command line", name)
+		case fs.Lookup(name) == nil:
+			return fmt.Errorf("unknown setting %q (see '%s -h')", name, fs.Name())
+		}
+		return nil
+	})
+}
+
+// readSettings parses a configuration file as readConfigFile describes,
+// asking check about every name (a non-nil error refuses the line).
+func readSettings(path string, check func(name string) error) (map[string]setting, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("--config: %w", err)
@@ -118,10 +132,9 @@ func readConfigFile(path string, fs *flag.FlagSet) (map[string]setting, error) {
 			return nil, bad("missing name before '='")
 		case strings.HasPrefix(name, "-"):
 			return nil, bad("write %q without dashes", name)
-		case cmdlineOnly[name]:
-			return nil, bad("%s can only be given on the command line", name)
-		case fs.Lookup(name) == nil:
-			return nil, bad("unknown setting %q (see '%s -h')", name, fs.Name())
+		}
+		if err := check(name); err != nil {
+			return nil, bad("%v", err)
 		}
 		if prev, dup := out[name]; dup {
 			return nil, bad("%s set again (first on line %d)", name, prev.line)

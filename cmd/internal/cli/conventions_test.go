@@ -33,7 +33,7 @@ func productInvocations(t *testing.T) []invocation {
 		code := ExitUsage
 		switch c.name {
 		case "lock", "acquire", "release", "ping", "info":
-			code = ExitLockError // their documented error code (unixapi/PROTOCOL.md)
+			code = ExitLockUsage // EX_USAGE, their documented code (unixapi/PROTOCOL.md)
 		}
 		out = append(out, invocation{[]string{c.name}, code})
 	}
@@ -69,8 +69,35 @@ func TestHelpOnStdoutExitsZero(t *testing.T) {
 	}
 }
 
+// Each client command's -h lists the exit codes it can return: lock's
+// COMMAND and its 80 belong to lock alone; all list 64 and 69.
+func TestClientHelpListsItsOwnExitCodes(t *testing.T) {
+	for _, name := range []string{"lock", "acquire", "release", "ping", "info"} {
+		code, out, _ := runMain(name, "-h")
+		_, codes, ok := strings.Cut(out, "\nexit codes: ")
+		if code != ExitOK || !ok {
+			t.Fatalf("%s -h: exit %d, no exit codes in\n%s", name, code, out)
+		}
+		for _, want := range []string{"64 usage", "69 unavailable", "78 any other error"} {
+			if !strings.Contains(codes, want) {
+				t.Errorf("%s -h: exit codes without %q:\n%s", name, want, codes)
+			}
+		}
+		lockOnly := strings.Contains(codes, "COMMAND") || strings.Contains(codes, "80 the lock was")
+		if lockOnly != (name == "lock") {
+			t.Errorf("%s -h: mentions COMMAND or 80: %v, want %v:\n%s", name, lockOnly, name == "lock", codes)
+		}
+		for _, l := range strings.Split("exit codes: "+codes, "\n") {
+			if len(l) > 80 {
+				t.Errorf("%s -h: line of %d characters: %q", name, len(l), l)
+			}
+		}
+	}
+}
+
 // A bad invocation prints one line saying why, then the usage line, on
-// stderr (nothing on stdout), and exits 2 (78 for the client commands):
+// stderr (nothing on stdout), and exits 2 (64, EX_USAGE, for the client
+// commands):
 // an unknown flag, a flag without its value, and a stray argument.
 func TestBadInvocationOneLineThenUsage(t *testing.T) {
 	for _, inv := range productInvocations(t) {
@@ -110,11 +137,11 @@ func TestBadInvocationOneLineThenUsage(t *testing.T) {
 		{[]string{"status", "extra"}, ExitUsage, "ticketing status: want no arguments"},
 		{[]string{"inspect"}, ExitUsage, "ticketing inspect: want the KEY"},
 		{[]string{"inspect", "a", "b"}, ExitUsage, "ticketing inspect: want one KEY"},
-		{[]string{"lock"}, ExitLockError, "ticketing lock: want KEY and a COMMAND"},
-		{[]string{"lock", "k"}, ExitLockError, "ticketing lock: want a COMMAND to run"},
-		{[]string{"acquire"}, ExitLockError, "ticketing acquire: want one KEY"},
-		{[]string{"release", "k"}, ExitLockError, "ticketing release: want KEY and TOKEN"},
-		{[]string{"ping", "x"}, ExitLockError, "ticketing ping: want no arguments"},
+		{[]string{"lock"}, ExitLockUsage, "ticketing lock: want KEY and a COMMAND"},
+		{[]string{"lock", "k"}, ExitLockUsage, "ticketing lock: want a COMMAND to run"},
+		{[]string{"acquire"}, ExitLockUsage, "ticketing acquire: want one KEY"},
+		{[]string{"release", "k"}, ExitLockUsage, "ticketing release: want KEY and TOKEN"},
+		{[]string{"ping", "x"}, ExitLockUsage, "ticketing ping: want no arguments"},
 		{[]string{"completion"}, ExitUsage, "ticketing completion: want the shell"},
 		{[]string{"completion", "fish"}, ExitUsage, "ticketing completion: want the shell"},
 	} {
@@ -146,8 +173,8 @@ func TestValuesInTheUnitsTyped(t *testing.T) {
 		args := append([]string{tc.args[0], "--socket", sock}, tc.args[1:]...)
 		code, _, errs := runMain(args...)
 		first, _, _ := strings.Cut(errs, "\n")
-		if code != ExitLockError || !strings.Contains(first, tc.want) {
-			t.Errorf("%q: exit %d, first line %q; want 78 and %q", args, code, first, tc.want)
+		if code != ExitLockUsage || !strings.Contains(first, tc.want) {
+			t.Errorf("%q: exit %d, first line %q; want 64 and %q", args, code, first, tc.want)
 		}
 		for _, never := range []string{"strconv", "m0s", "m11s", "dial"} {
 			if strings.Contains(errs, never) {
@@ -157,7 +184,8 @@ func TestValuesInTheUnitsTyped(t *testing.T) {
 	}
 }
 
-// A missing or stale socket: the error names the path and what to start.
+// A missing or stale socket: the error names the path and what to start,
+// and the exit code is 69 (EX_UNAVAILABLE: retry once a sidecar serves).
 func TestNoSidecarSaysWhatToRun(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "missing.sock")
 	for _, args := range [][]string{
@@ -168,7 +196,7 @@ func TestNoSidecarSaysWhatToRun(t *testing.T) {
 		{"info", "--socket", sock},
 	} {
 		code, _, errs := runMain(args...)
-		if code != ExitLockError || !strings.Contains(errs, sock) || !strings.Contains(errs, "ticketing dev") ||
+		if code != ExitUnavailable || !strings.Contains(errs, sock) || !strings.Contains(errs, "ticketing dev") ||
 			!strings.Contains(errs, "ticketing sidecar") || strings.Count(strings.TrimSpace(errs), "\n") != 0 {
 			t.Errorf("%q: exit %d, stderr %q", args, code, errs)
 		}

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -22,8 +23,10 @@ import (
 func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newCmdFlags("ticketing dev", "ticketing dev [--dir DIR] [--socket PATH] [--base-port N] [--nodes 3|5] [--plaintext] [--log-store bolt|wal]",
 		"Runs a real cluster of 3 (or 5) nodes on loopback in this process, with a sidecar\n"+
-			"serving the unix socket, prints their addresses, the client secret file, the CA\n"+
-			"and a ready line, and runs until Ctrl-C (SIGINT) or SIGTERM.", stdout, stderr)
+			"serving the unix socket, prints their addresses, the client secret file, the CA,\n"+
+			"the nodes' admin ports with the export line after which ticketing status,\n"+
+			"members list and inspect KEY need no flags, and a ready line, and runs until\n"+
+			"Ctrl-C (SIGINT) or SIGTERM.", stdout, stderr)
 	var (
 		dir      string
 		socket   string
@@ -35,7 +38,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	)
 	fs.StringVar(&dir, "dir", "", "directory for the nodes' data and secrets (default: a new temporary directory, removed on exit)")
 	fs.StringVar(&socket, "socket", "./ticketing.sock", "unix socket of the sidecar that dev runs in process, connected to its nodes")
-	fs.IntVar(&basePort, "base-port", 7400, "node i listens for clients on 127.0.0.1:BASE+i and for peers on BASE+100+i; 0 picks free ports. "+
+	fs.IntVar(&basePort, "base-port", 7400, "node i listens for clients on 127.0.0.1:BASE+i, for peers on BASE+100+i and for admin requests on BASE+200+i; 0 picks free ports. "+
 		"A --dir that holds a cluster keeps the ports it was created with (saved in DIR/addrs); another --base-port is refused")
 	fs.IntVar(&nodes, "nodes", 3, "number of nodes: 3 or 5")
 	fs.BoolVar(&plain, "plaintext", false, "run the ports without TLS (default: TLS with a throwaway CA in DIR/tls)")
@@ -77,8 +80,20 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	// The nodes log through devLogs, which keeps the expected warnings of
 	// starting and stopping them quiet.
 	nodeLogs := newDevLogs(log.Handler())
+	// An admin port on every node, so that status, members and inspect
+	// work against dev as against a real cluster (its own third secret).
+	adminSecretFile := filepath.Join(dir, "admin.secret")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		fmt.Fprintln(stderr, "ticketing dev:", err)
+		return ExitError
+	}
+	adminSecret, err := local.EnsureSecret(adminSecretFile)
+	if err != nil {
+		fmt.Fprintln(stderr, "ticketing dev:", err)
+		return ExitError
+	}
 	c, err := local.Start(local.Options{Dir: dir, Nodes: nodes, BasePort: basePort, Logger: slog.New(nodeLogs), TLS: !plain,
-		LogStore: store})
+		LogStore: store, AdminSecret: adminSecret})
 	if err != nil {
 		nodeLogs.failed()
 		fmt.Fprintln(stderr, "ticketing dev:", err)
@@ -99,6 +114,17 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if c.CAFile != "" {
 		fmt.Fprintf(stdout, "  tls ca file: %s\n", c.CAFile)
 	}
+	var admins []string
+	for i := 0; i < c.Size(); i++ {
+		admins = append(admins, c.AdminAddr(i))
+	}
+	// Absolute paths, so that the line works from any directory.
+	secretAbs, caAbs := absOr(adminSecretFile), c.CAFile
+	if caAbs != "" {
+		caAbs = absOr(caAbs)
+	}
+	fmt.Fprintf(stdout, "  admin ports: %s; for ticketing status, members list and inspect KEY run:\n", strings.Join(admins, ","))
+	fmt.Fprintf(stdout, "  %s\n", adminExportLine(admins, secretAbs, caAbs, c.ClusterID))
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	li, err := c.Leader(wctx)
 	cancel()
@@ -143,6 +169,14 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	nodeLogs.stopping()
 	fmt.Fprintln(stdout, "ticketing dev: stopping")
 	return ExitOK
+}
+
+// absOr returns path made absolute, or as it is if that fails.
+func absOr(path string) string {
+	if a, err := filepath.Abs(path); err == nil {
+		return a
+	}
+	return path
 }
 
 // caughtUp waits, at most max, until every node has applied the leader's

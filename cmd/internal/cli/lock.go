@@ -20,15 +20,20 @@ import (
 )
 
 // Exit codes of the client commands (lock, acquire, release, ping, info).
-// They sit in the 75..79 range, away from the small codes commands usually
-// return and from 126..165 (shell: not executable, not found, signals), so
-// a script can tell them from the locked command's own code. They are
-// documented in unixapi/PROTOCOL.md.
+// A script must tell "fix your command" from "retry later" from "the lock
+// was not taken", and `lock` passes on its COMMAND's own code, so lock's
+// own codes sit away from the small codes commands usually return and
+// from 126..165 (shell: not executable, not found, signals): 64 and 69 as
+// sysexits(3) defines them (EX_USAGE, EX_UNAVAILABLE), and 75..80. They
+// are documented in unixapi/PROTOCOL.md. Until issue 32 (December 2026),
+// 78 covered the usage errors and the unavailable cluster too.
 const (
+	ExitLockUsage     = 64 // EX_USAGE: bad flags or arguments (also a key or value the sidecar refuses as invalid): fix the command
+	ExitUnavailable   = 69 // EX_UNAVAILABLE: no sidecar at the socket, or the cluster cannot serve now (unavailable, moved, no_quorum, shutting_down, too_many_connections, the connection to the sidecar lost): retry later
 	ExitBusy          = 75 // key held and --wait 0: not acquired
 	ExitTimeout       = 76 // the wait ran out: not acquired
 	ExitIndeterminate = 77 // outcome unknown: not acquired as far as the caller may assume
-	ExitLockError     = 78 // any other failure: bad arguments, sidecar unreachable, ERR reply, command not startable
+	ExitLockError     = 78 // any other failure: another ERR reply (not_held, forbidden, too_many_waiters, ...), COMMAND not startable, the token not writable
 	ExitUnconfirmed   = 79 // the command ran, but the release was not confirmed (acquire --hold: the connection was lost)
 	// ExitLost: lock only. The lock was lost while the command ran (the
 	// sidecar's lost event, the local deadline — lease − margin, counted
@@ -42,14 +47,37 @@ const (
 // when the lock is lost (--kill-grace).
 const defaultKillGrace = 5 * time.Second
 
-const exitCodesHelp = `
-exit codes: the command's own code when the lock was taken and released;
-  75 busy (--wait 0 and the key is held), 76 timeout, 77 indeterminate
-  (do not assume the lock was taken), 78 error (arguments, sidecar
-  unreachable, ERR reply, command could not start), 79 the command ran but
-  its release was not confirmed, 80 (lock) the lock was lost while the
-  command ran, which was sent SIGTERM, then SIGKILL after --kill-grace.
-`
+// exitHelp is the "exit codes" part of a client command's -h: each
+// command lists only the codes it can return.
+func exitHelp(name string) string {
+	const usage = "64 usage (bad flags or arguments: fix the command)"
+	const unavailable = "69 unavailable (no sidecar at the socket, or the cluster cannot serve now:\n" +
+		"  unavailable, moved, no_quorum, shutting_down, too_many_connections, the\n" +
+		"  sidecar connection lost; retry later)"
+	const notTaken = "75 busy (--wait 0 and the key is held), 76 timeout,\n" +
+		"  77 indeterminate (do not assume the lock was taken)"
+	switch name {
+	case "lock":
+		return "exit codes: COMMAND's own code when the lock was taken, COMMAND ran and the\n" +
+			"  release was confirmed; " + usage + ",\n  " + unavailable + ",\n  " + notTaken + ",\n" +
+			"  78 any other error (another ERR reply such as forbidden; COMMAND could not\n" +
+			"  start), 79 COMMAND ran but its release was not confirmed,\n" +
+			"  80 the lock was lost while COMMAND ran, which was sent SIGTERM, then SIGKILL\n" +
+			"  after --kill-grace."
+	case "acquire":
+		return "exit codes: 0 the token was printed (and, without --hold, the lock released);\n  " +
+			usage + ",\n  " + unavailable + ",\n  " + notTaken + ",\n" +
+			"  78 any other error (another ERR reply such as forbidden; the token could not\n" +
+			"  be written, and the lock was released), 79 the release was not confirmed, or\n" +
+			"  (--hold) the connection to the sidecar was lost while holding."
+	case "release":
+		return "exit codes: 0 released; " + usage + ",\n  " + unavailable + ",\n" +
+			"  78 any other error (not_held: not this connection's lock; token_mismatch),\n" +
+			"  79 the outcome is unknown (INDETERMINATE)."
+	}
+	return "exit codes: 0 the sidecar answered;\n  " + usage + ",\n  " + unavailable + ",\n" +
+		"  78 any other error."
+}
 
 // clientFlags are the flags shared by the client commands.
 type clientFlags struct {
@@ -84,8 +112,27 @@ func (c *clientFlags) durations() (lease, wait time.Duration) {
 	return time.Duration(c.lease) * time.Second, time.Duration(math.Round(c.wait*1000)) * time.Millisecond
 }
 
-// acquireExit maps an Acquire error to an exit code.
-func acquireExit(err error) int {
+// Error codes of the sidecar that say the request was not executed and
+// the same command may succeed later (ExitUnavailable), and those that say
+// the request itself was wrong (ExitLockUsage).
+var (
+	transientErrs = []error{ticketing.ErrNoSidecar, ticketing.ErrClosed, ticketing.ErrUnavailable,
+		&ticketing.Error{Code: "moved"}, &ticketing.Error{Code: "no_quorum"},
+		&ticketing.Error{Code: "shutting_down"}, &ticketing.Error{Code: "too_many_connections"}}
+	usageErrs = []error{ticketing.ErrInvalidArgument, ticketing.ErrInvalidKey, ticketing.ErrInvalidKeys,
+		ticketing.ErrInvalidLease, ticketing.ErrInvalidWait}
+)
+
+// clientExit maps a client error to an exit code.
+func clientExit(err error) int {
+	is := func(targets []error) bool {
+		for _, t := range targets {
+			if errors.Is(err, t) {
+				return true
+			}
+		}
+		return false
+	}
 	switch {
 	case errors.Is(err, ticketing.ErrBusy):
 		return ExitBusy
@@ -93,43 +140,100 @@ func acquireExit(err error) int {
 		return ExitTimeout
 	case errors.Is(err, ticketing.ErrIndeterminate):
 		return ExitIndeterminate
+	case is(usageErrs):
+		return ExitLockUsage
+	case is(transientErrs):
+		return ExitUnavailable
 	}
 	return ExitLockError
 }
 
 // newClientFlags is the flag set of a client command. A bad invocation
-// exits with ExitLockError, the documented "error" code of these commands
-// (unixapi/PROTOCOL.md): `lock` passes on its COMMAND's own exit code, so
-// its own failures keep to 75..79, away from the small codes (2 among them)
-// that the COMMAND may return.
+// exits with ExitLockUsage (EX_USAGE), not 2: `lock` passes on its
+// COMMAND's own exit code, so its own failures keep to 64, 69 and 75..80,
+// away from the small codes (2 among them) that the COMMAND may return.
 func newClientFlags(name, synopsis, about string, stdout, stderr io.Writer) *cmdFlags {
 	c := newCmdFlags("ticketing "+name, "ticketing "+name+" "+synopsis, about, stdout, stderr)
-	c.after = strings.TrimSpace(exitCodesHelp)
-	c.badCode = ExitLockError
+	c.after = exitHelp(name)
+	c.badCode = ExitLockUsage
 	return c
 }
 
 // dial connects to the sidecar; on failure it says so, naming the socket
-// and what to start (the client's ErrNoSidecar message), and returns nil.
-func dial(ctx context.Context, name, socket string, stderr io.Writer) *ticketing.Client {
+// and what to start (the client's ErrNoSidecar message), and returns nil
+// and the exit code.
+func dial(ctx context.Context, name, socket string, stderr io.Writer) (*ticketing.Client, int) {
 	c, err := ticketing.Dial(ctx, socket)
 	if err != nil {
 		fmt.Fprintf(stderr, "ticketing %s: %v\n", name, err)
+		return nil, clientExit(err)
+	}
+	return c, ExitOK
+}
+
+// extendEvery is lock's --extend-every: how often the lease is renewed
+// while COMMAND runs. The zero value is the default, "auto": a third of
+// the lease (autoExtendFraction); 0 turns renewal off.
+type extendEvery struct {
+	d   time.Duration
+	set bool // a duration was given (0 included); false: auto
+}
+
+func (e *extendEvery) String() string {
+	if e == nil || !e.set {
+		return "auto"
+	}
+	return e.d.String()
+}
+
+func (e *extendEvery) Set(s string) error {
+	if s == "auto" {
+		*e = extendEvery{}
 		return nil
 	}
-	return c
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("want a duration such as 10s, 0 (off) or auto (a third of --lease)")
+	}
+	*e = extendEvery{d: d, set: true}
+	return nil
+}
+
+// autoExtendFraction: by default lock renews the lease every lease/3, as
+// etcd's keep-alive does with a lease's TTL. The lock's local deadline is
+// lease − margin (250 ms + 1 %) after the last renewal's send, so two
+// renewals fall inside every lease: one may fail (unavailable during an
+// election, INDETERMINATE, a slow reply) and the next, a third of a lease
+// later, still lands before the deadline. Each renewal is one Raft commit,
+// so a 60 s lease costs one commit every 20 s.
+const autoExtendFraction = 3
+
+// interval is the renewal period for a lease: 0 means never.
+func (e extendEvery) interval(lease time.Duration, off bool) time.Duration {
+	switch {
+	case off:
+		return 0
+	case e.set:
+		return e.d
+	}
+	return lease / autoExtendFraction
 }
 
 // runLock is flock(1) for Ticketing: acquire, run the command, release.
 // With several keys it takes them as one seat block (all or none, one
-// token) and the keys end at the "--". When the lock is lost while the
-// command runs, the command is stopped (SIGTERM, then SIGKILL) and lock
-// exits ExitLost; --extend-every keeps renewing the lease meanwhile.
+// token) and the keys end at the "--". While the command runs the lease is
+// renewed (every lease/3 unless --extend-every says otherwise), like
+// etcdctl lock and consul lock keep their sessions alive; when the lock is
+// lost all the same (the key moved on, the renewals failed until the
+// deadline, the sidecar went away), the command is stopped (SIGTERM, then
+// SIGKILL) and lock exits ExitLost.
 func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var cf clientFlags
-	var every, grace time.Duration
+	var every extendEvery
+	var noExtend bool
+	var grace time.Duration
 	var verbose bool
-	fs := newClientFlags("lock", "[--socket PATH] [--lease S] [--wait S] [--extend-every D] [--kill-grace D] [--verbose] KEY [KEY...] -- COMMAND [ARG...]",
+	fs := newClientFlags("lock", "[--socket PATH] [--lease S] [--wait S] [--extend-every D|--no-extend] [--kill-grace D] [--verbose] KEY [KEY...] -- COMMAND [ARG...]",
 		"Takes the lock KEY through the sidecar, runs COMMAND with TICKETING_KEY,\n"+
 			"TICKETING_KEYS and TICKETING_TOKEN in its environment, and releases the lock\n"+
 			"when COMMAND exits (like flock(1)). Signals are passed on to COMMAND.\n\n"+
@@ -137,16 +241,22 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			"takes them as one seat block: all at once or none, under one token, released\n"+
 			"together. TICKETING_KEY is the first KEY, TICKETING_KEYS all of them separated\n"+
 			"by spaces.\n\n"+
+			"While COMMAND runs, lock renews the lease (by --lease) every third of it\n"+
+			"(--extend-every auto, the default), so COMMAND may run as long as it needs:\n"+
+			"one renewal may fail and the next still comes before the lease ends.\n"+
+			"--extend-every D renews every D instead; --no-extend (or --extend-every 0)\n"+
+			"never renews, so COMMAND has one lease.\n\n"+
 			"If the lock is lost while COMMAND runs (its lease ran out: the sidecar's lost\n"+
-			"event or the local deadline, lease minus 250 ms + 1 %; an extend refused; the\n"+
-			"sidecar connection lost), COMMAND gets SIGTERM, then SIGKILL after --kill-grace,\n"+
-			"and lock exits 80. --extend-every renews the lease while COMMAND runs, so it may\n"+
-			"run longer than one lease; without it COMMAND has one lease.\n\n"+
+			"event or the local deadline, lease minus 250 ms + 1 % after the last renewal;\n"+
+			"an extend refused; the sidecar connection lost), COMMAND gets SIGTERM, then\n"+
+			"SIGKILL after --kill-grace, and lock exits 80.\n\n"+
 			"With --verbose, lock says on stderr when it waits in line: once the cluster has\n"+
 			"queued its request behind a holder, it prints\n"+
 			"  ticketing lock: queued on KEY (waiting up to Ns)", stdout, stderr)
 	cf.register(fs.FlagSet, true)
-	fs.DurationVar(&every, "extend-every", 0, "renew the lease (by --lease) this often while COMMAND runs, e.g. 10s; less than the lease minus its margin (0 = never)")
+	fs.Var(&every, "extend-every", "renew the lease (by --lease) this often while COMMAND runs: auto (a third of the lease), "+
+		"a duration below the lease less its margin such as 10s, or 0 (never, as --no-extend)")
+	fs.BoolVar(&noExtend, "no-extend", false, "never renew the lease: COMMAND has one lease (as --extend-every 0)")
 	fs.DurationVar(&grace, "kill-grace", defaultKillGrace, "when the lock is lost: how long COMMAND has between SIGTERM and SIGKILL")
 	fs.BoolVar(&verbose, "verbose", false, "say on stderr when the request is queued behind a holder (it waits for its turn)")
 	if code, ok := fs.parse(args); !ok {
@@ -170,10 +280,14 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return fs.bad("%s", why)
 	}
 	lease, wait := cf.durations()
-	if valid := lease - ticketing.Margin(lease); every < 0 || every >= valid {
-		return fs.bad("--extend-every %v: want 0 (off) or a duration below the lease less its margin (%v for --lease %d)",
-			every, valid, cf.lease)
+	if noExtend && every.set && every.d != 0 {
+		return fs.bad("--no-extend and --extend-every %v: give one of them", every.d)
 	}
+	if valid := lease - ticketing.Margin(lease); every.set && (every.d < 0 || every.d >= valid) {
+		return fs.bad("--extend-every %v: want auto, 0 (off) or a duration below the lease less its margin (%v for --lease %d)",
+			every.d, valid, cf.lease)
+	}
+	period := every.interval(lease, noExtend)
 	if grace < 0 {
 		return fs.bad("--kill-grace %v: want a duration of 0 or more", grace)
 	}
@@ -181,9 +295,9 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(keys) > 1 {
 		what = "block " + strings.Join(keys, " ")
 	}
-	c := dial(ctx, "lock", cf.socket, stderr)
+	c, code := dial(ctx, "lock", cf.socket, stderr)
 	if c == nil {
-		return ExitLockError
+		return code
 	}
 	defer c.Close()
 	var opts []ticketing.AcquireOption
@@ -197,12 +311,12 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	lk, err := lockKeys(ctx, c, keys, lease, wait, opts...)
 	if err != nil {
 		fmt.Fprintf(stderr, "ticketing lock: %s: %v\n", strings.Join(keys, " "), err)
-		return acquireExit(err)
+		return clientExit(err)
 	}
 	tok := lk.Token()
 	// The lock's deadline counts from the ACQUIRE's send, so a grant that
 	// waited has less than a lease left: renew it once, so COMMAND has a
-	// whole lease from its start (or, with --extend-every, until the first
+	// whole lease from its start (or, while renewing, until the first
 	// renewal). A failure here is no loss: the deadline stays.
 	if lk.Remaining() < lease-ticketing.Margin(lease)-time.Second {
 		if err := extendOnce(lk, lease); err != nil && !errors.Is(err, ticketing.ErrLockLost) {
@@ -237,8 +351,8 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		close(exited)
 	}()
 	var tick <-chan time.Time
-	if every > 0 {
-		t := time.NewTicker(every)
+	if period > 0 {
+		t := time.NewTicker(period)
 		defer t.Stop()
 		tick = t.C
 	}
@@ -280,7 +394,7 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			cmd.Process.Kill()
 		}
 	}
-	code := cmd.ProcessState.ExitCode()
+	code = cmd.ProcessState.ExitCode()
 	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 		code = 128 + int(ws.Signal()) // as shells report it
 	}
@@ -380,16 +494,16 @@ func runAcquire(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return fs.bad("%s", why)
 	}
 	what := strings.Join(keys, " ")
-	c := dial(ctx, "acquire", cf.socket, stderr)
+	c, code := dial(ctx, "acquire", cf.socket, stderr)
 	if c == nil {
-		return ExitLockError
+		return code
 	}
 	defer c.Close()
 	lease, wait := cf.durations()
 	lk, err := lockKeys(ctx, c, keys, lease, wait)
 	if err != nil {
 		fmt.Fprintf(stderr, "ticketing acquire: %s: %v\n", what, err)
-		return acquireExit(err)
+		return clientExit(err)
 	}
 	// The caller learns of the lock only from this line: without the token
 	// it can neither fence a write nor know that it holds anything. A token
@@ -441,9 +555,9 @@ func runRelease(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if err != nil || tok == 0 {
 		return fs.bad("token %q: want the decimal token that acquire printed (1..18446744073709551615)", fs.Arg(1))
 	}
-	c := dial(ctx, "release", cf.socket, stderr)
+	c, code := dial(ctx, "release", cf.socket, stderr)
 	if c == nil {
-		return ExitLockError
+		return code
 	}
 	defer c.Close()
 	if err := c.Release(ctx, fs.Arg(0), tok); err != nil {
@@ -451,7 +565,7 @@ func runRelease(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		if errors.Is(err, ticketing.ErrIndeterminate) {
 			return ExitUnconfirmed
 		}
-		return ExitLockError
+		return clientExit(err)
 	}
 	fmt.Fprintln(stdout, "OK")
 	return ExitOK
@@ -487,15 +601,15 @@ func oneShot(ctx context.Context, name, about string, args []string, stdout, std
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	c := dial(ctx, name, cf.socket, stderr)
+	c, code := dial(ctx, name, cf.socket, stderr)
 	if c == nil {
-		return ExitLockError
+		return code
 	}
 	defer c.Close()
 	out, err := fn(ctx, c)
 	if err != nil {
 		fmt.Fprintf(stderr, "ticketing %s: %v\n", name, err)
-		return ExitLockError
+		return clientExit(err)
 	}
 	fmt.Fprintln(stdout, out)
 	return ExitOK

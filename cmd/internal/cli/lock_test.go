@@ -55,8 +55,8 @@ func TestLockBlockArguments(t *testing.T) {
 		{append([]string{"acquire"}, many...), "ticketing acquire: want one KEY (or up to 16, a block), got 17 arguments"},
 	} {
 		code, out, errs := runMain(tc.args...)
-		if code != ExitLockError || out != "" || !strings.HasPrefix(errs, tc.why) || !strings.Contains(errs, "\nusage: ") {
-			t.Errorf("%q: exit %d, stdout %q, stderr %q; want 78 and %q, then the usage", tc.args, code, out, errs, tc.why)
+		if code != ExitLockUsage || out != "" || !strings.HasPrefix(errs, tc.why) || !strings.Contains(errs, "\nusage: ") {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want 64 and %q, then the usage", tc.args, code, out, errs, tc.why)
 		}
 	}
 }
@@ -146,12 +146,12 @@ func TestLockExtendEvery(t *testing.T) {
 	}
 }
 
-// Without --extend-every a command outliving its lease loses the lock: it
-// gets SIGTERM, and lock exits ExitLost.
+// With renewal off a command outliving its lease loses the lock: it gets
+// SIGTERM, and lock exits ExitLost.
 func TestLockLostSignalsCommand(t *testing.T) {
 	sock := devSidecar(t)
 	key := fmt.Sprintf("locklost/%d", time.Now().UnixNano())
-	code, out, errs := runLockT("--socket", sock, "--lease", "1", "--wait", "0", key, "--", "sh", "-c",
+	code, out, errs := runLockT("--socket", sock, "--lease", "1", "--wait", "0", "--no-extend", key, "--", "sh", "-c",
 		`sleep 60 & p=$!; trap 'kill $p; echo got TERM; exit 3' TERM; echo started; wait`)
 	if code != ExitLost || out != "started\ngot TERM\n" || !strings.Contains(errs, "lost (") || !strings.Contains(errs, "SIGTERM") {
 		t.Fatalf("exit %d (want %d), stdout %q, stderr %q", code, ExitLost, out, errs)
@@ -165,11 +165,77 @@ func TestLockLostSignalsCommand(t *testing.T) {
 func TestLockLostKillsStubbornCommand(t *testing.T) {
 	sock := devSidecar(t)
 	key := fmt.Sprintf("lockkill/%d", time.Now().UnixNano())
-	code, out, errs := runLockT("--socket", sock, "--lease", "1", "--wait", "0", "--kill-grace", "300ms", key, "--", "sh", "-c",
+	code, out, errs := runLockT("--socket", sock, "--lease", "1", "--wait", "0", "--extend-every", "0", "--kill-grace", "300ms", key, "--", "sh", "-c",
 		`trap '' TERM; echo started; while :; do sleep 0.1; done`)
 	if code != ExitLost || out != "started\n" || !strings.Contains(errs, "after SIGTERM: SIGKILL") ||
 		!strings.Contains(errs, fmt.Sprintf("exited with %d", 128+int(syscall.SIGKILL))) {
 		t.Fatalf("exit %d (want %d), stdout %q, stderr %q", code, ExitLost, out, errs)
+	}
+}
+
+// By default lock renews the lease at a third of it: a command that runs
+// for several leases keeps the lock, others find the key busy past the
+// first lease, and lock exits with the command's code.
+func TestLockKeepsItsLeaseByDefault(t *testing.T) {
+	sock := devSidecar(t)
+	key := fmt.Sprintf("lockkeep/%d", time.Now().UnixNano())
+	res := make(chan [3]any, 1)
+	go func() {
+		code, out, errs := runLockT("--socket", sock, "--lease", "2", "--wait", "0",
+			key, "--", "sh", "-c", "sleep 5; echo done; exit 9")
+		res <- [3]any{code, out, errs}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := ticketing.Dial(ctx, sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Past the first lease (2 s from the grant): still held.
+	time.Sleep(3 * time.Second)
+	if _, err := c.Acquire(ctx, key, 10*time.Second, 0); !errors.Is(err, ticketing.ErrBusy) {
+		t.Fatalf("%s after its first lease: %v, want ErrBusy (renewed)", key, err)
+	}
+	var r [3]any
+	select {
+	case r = <-res:
+	case <-time.After(30 * time.Second):
+		t.Fatal("lock did not return")
+	}
+	if code, out, errs := r[0].(int), r[1].(string), r[2].(string); code != 9 || out != "done\n" || errs != "" {
+		t.Fatalf("exit %d (want 9, the command's), stdout %q, stderr %q (want nothing)", code, out, errs)
+	}
+}
+
+// The renewal period: a third of the lease unless set; 0 or --no-extend
+// is never.
+func TestLockExtendInterval(t *testing.T) {
+	var auto, off, ten extendEvery
+	if err := off.Set("0"); err != nil {
+		t.Fatal(err)
+	}
+	if err := ten.Set("10s"); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		e     extendEvery
+		lease time.Duration
+		noExt bool
+		want  time.Duration
+	}{
+		{auto, 60 * time.Second, false, 20 * time.Second},
+		{auto, 2 * time.Second, false, 2 * time.Second / 3},
+		{auto, 60 * time.Second, true, 0},
+		{off, 60 * time.Second, false, 0},
+		{ten, 60 * time.Second, false, 10 * time.Second},
+	} {
+		if got := tc.e.interval(tc.lease, tc.noExt); got != tc.want {
+			t.Errorf("%v.interval(%v, %v) = %v, want %v", tc.e.String(), tc.lease, tc.noExt, got, tc.want)
+		}
+	}
+	if got := auto.String(); got != "auto" {
+		t.Errorf("default --extend-every prints %q, want auto", got)
 	}
 }
 
@@ -180,15 +246,51 @@ func TestLockExtendArguments(t *testing.T) {
 		args []string
 		why  string
 	}{
-		{[]string{"lock", "--lease", "2", "--extend-every", "2s", "k", "--", "true"}, "ticketing lock: --extend-every 2s: want 0 (off) or a duration below the lease less its margin (1.73s for --lease 2)"},
+		{[]string{"lock", "--lease", "2", "--extend-every", "2s", "k", "--", "true"}, "ticketing lock: --extend-every 2s: want auto, 0 (off) or a duration below the lease less its margin (1.73s for --lease 2)"},
+		{[]string{"lock", "--no-extend", "--extend-every", "5s", "k", "--", "true"}, "ticketing lock: --no-extend and --extend-every 5s: give one of them"},
+		{[]string{"lock", "--extend-every", "often", "k", "--", "true"}, "ticketing lock: invalid value \"often\" for flag -extend-every: want a duration such as 10s, 0 (off) or auto"},
 		{[]string{"lock", "--lease", "2", "--extend-every", "1.8s", "k", "--", "true"}, "ticketing lock: --extend-every 1.8s:"},
 		{[]string{"lock", "--extend-every", "-1s", "k", "--", "true"}, "ticketing lock: --extend-every -1s:"},
 		{[]string{"lock", "--kill-grace", "-1s", "k", "--", "true"}, "ticketing lock: --kill-grace -1s:"},
 		{[]string{"lock", "--extend-every", "10", "k", "--", "true"}, "ticketing lock: invalid value"},
 	} {
 		code, out, errs := runMain(tc.args...)
-		if code != ExitLockError || out != "" || !strings.HasPrefix(errs, tc.why) || !strings.Contains(errs, "\nusage: ") {
-			t.Errorf("%q: exit %d, stdout %q, stderr %q; want 78 and %q, then the usage", tc.args, code, out, errs, tc.why)
+		if code != ExitLockUsage || out != "" || !strings.HasPrefix(errs, tc.why) || !strings.Contains(errs, "\nusage: ") {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want 64 and %q, then the usage", tc.args, code, out, errs, tc.why)
+		}
+	}
+}
+
+// The client commands' exit codes tell "fix your command" (64) from
+// "retry later" (69) from the other errors (78).
+func TestClientExitCodes(t *testing.T) {
+	wrap := func(err error) error { return fmt.Errorf("ticketing lock: k: %w", err) }
+	for _, tc := range []struct {
+		err  error
+		want int
+	}{
+		{ticketing.ErrBusy, ExitBusy},
+		{ticketing.ErrTimeout, ExitTimeout},
+		{ticketing.ErrIndeterminate, ExitIndeterminate},
+		{fmt.Errorf("%w: key of 300 bytes (1..255)", ticketing.ErrInvalidArgument), ExitLockUsage},
+		{&ticketing.Error{Code: "invalid_key", Message: "bad byte"}, ExitLockUsage},
+		{&ticketing.Error{Code: "invalid_lease", Message: "x"}, ExitLockUsage},
+		{fmt.Errorf("%w at /x: no socket file there", ticketing.ErrNoSidecar), ExitUnavailable},
+		{&ticketing.Error{Code: "unavailable", Message: "no serving leader"}, ExitUnavailable},
+		{&ticketing.Error{Code: "moved", Message: `leader is "" at ""`}, ExitUnavailable},
+		{&ticketing.Error{Code: "no_quorum", Message: "x"}, ExitUnavailable},
+		{&ticketing.Error{Code: "shutting_down", Message: "x"}, ExitUnavailable},
+		{&ticketing.Error{Code: "too_many_connections", Message: "x"}, ExitUnavailable},
+		{fmt.Errorf("%w: EOF", ticketing.ErrClosed), ExitUnavailable},
+		{&ticketing.Error{Code: "not_held", Message: "x"}, ExitLockError},
+		{&ticketing.Error{Code: "forbidden", Message: "x"}, ExitLockError},
+		{&ticketing.Error{Code: "too_many_waiters", Message: "x"}, ExitLockError},
+		{errors.New("something else"), ExitLockError},
+	} {
+		for _, err := range []error{tc.err, wrap(tc.err)} {
+			if got := clientExit(err); got != tc.want {
+				t.Errorf("clientExit(%v) = %d, want %d", err, got, tc.want)
+			}
 		}
 	}
 }

@@ -15,7 +15,8 @@ import (
 )
 
 const membersSynopsis = `ticketing members COMMAND [ARGS] --admin ADDR,ADDR,... --admin-secret-file F [--tls-ca CA] [--cluster-id ID]
-       (the flags may come before or after COMMAND and its arguments)`
+       ticketing members COMMAND [ARGS] --config NODE.CONF
+       (the flags may come before or after COMMAND and its arguments; $TICKETING_ADMIN, ... stand in for them)`
 
 const membersAbout = `  list                           members: role, whether each answers, lag behind the leader's
                                  commit index, and how many more voter failures the cluster
@@ -75,7 +76,7 @@ func runMembers(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		var rep wire.AdminReply
 		if rep, err = a.Members(ctx); err == nil {
 			if af.json {
-				b, _ := json.MarshalIndent(rep, "", "  ")
+				b, _ := json.MarshalIndent(membersJSON(rep), "", "  ")
 				_, err = fmt.Fprintln(stdout, string(b))
 				break
 			}
@@ -103,6 +104,40 @@ func runMembers(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		fmt.Fprintln(stdout, "ok")
 	}
 	return ExitOK
+}
+
+// membersDoc is what `members list --json` prints: the leader's members
+// reply with every key in snake_case, as `status --json` writes its keys.
+// The admin port's own reply keeps its capitalized member keys (ServerID,
+// PeerAddr, ...) for the tools that read it (cluster/wire/PROTOCOL.md);
+// until issue 32 (December 2026) --json printed that reply as it was.
+type membersDoc struct {
+	OK      bool         `json:"ok"`
+	Leader  string       `json:"leader,omitempty"`
+	Members []memberJSON `json:"members"`
+	Commit  uint64       `json:"commit"`
+}
+
+type memberJSON struct {
+	ServerID    string `json:"server_id"`
+	Name        string `json:"name"`
+	PeerAddr    string `json:"peer_addr"`
+	ClientAddr  string `json:"client_addr"`
+	Voter       bool   `json:"voter"`
+	Leader      bool   `json:"leader"`
+	Lag         int64  `json:"lag"` // -1: it did not answer
+	Answers     bool   `json:"answers"`
+	FoundAtAddr string `json:"found_at_addr,omitempty"`
+}
+
+func membersJSON(rep wire.AdminReply) membersDoc {
+	d := membersDoc{OK: rep.OK, Leader: rep.Leader, Commit: rep.Commit, Members: []memberJSON{}}
+	for _, m := range rep.Members {
+		d.Members = append(d.Members, memberJSON{ServerID: m.ServerID, Name: m.Name, PeerAddr: m.PeerAddr,
+			ClientAddr: m.ClientAddr, Voter: m.Voter, Leader: m.Leader, Lag: m.Lag, Answers: m.Answers,
+			FoundAtAddr: m.FoundAtAddr})
+	}
+	return d
 }
 
 // parseInterspersed parses args with fs, taking flags before, between and

@@ -2,6 +2,8 @@ package cli
 
 import (
 	"bytes"
+	"encoding/json"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -18,6 +20,38 @@ func TestMembersListAndReplace(t *testing.T) {
 	code, out := run("list")
 	if code != ExitOK || strings.Count(out, "voter")+strings.Count(out, "leader") != 3 {
 		t.Fatalf("members list: exit %d\n%s", code, out)
+	}
+	// --json: every key snake_case, as status --json writes them.
+	var stdout, stderr bytes.Buffer
+	if code := Main(append([]string{"members", "list", "--json"}, flags...), &stdout, &stderr); code != ExitOK {
+		t.Fatalf("members list --json: exit %d\n%s", code, stderr.String())
+	}
+	var doc struct {
+		Members []map[string]any `json:"members"`
+		Commit  uint64           `json:"commit"`
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &doc); err != nil || len(doc.Members) != 3 || doc.Commit == 0 {
+		t.Fatalf("members list --json: %v\n%s", err, stdout.String())
+	}
+	snake := regexp.MustCompile(`^[a-z]+(_[a-z]+)*$`)
+	for _, m := range doc.Members {
+		for k := range m {
+			if !snake.MatchString(k) {
+				t.Errorf("members list --json: key %q is not snake_case\n%s", k, stdout.String())
+			}
+		}
+		for _, k := range []string{"server_id", "name", "peer_addr", "client_addr", "voter", "leader", "lag", "answers"} {
+			if _, ok := m[k]; !ok {
+				t.Errorf("members list --json: member without %q: %v", k, m)
+			}
+		}
+	}
+	var top map[string]any
+	_ = json.Unmarshal(stdout.Bytes(), &top)
+	for k := range top {
+		if !snake.MatchString(k) {
+			t.Errorf("members list --json: key %q is not snake_case", k)
+		}
 	}
 	old := c.Node(2).ServerID()
 	if err := c.Wipe(2); err != nil {

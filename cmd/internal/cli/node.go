@@ -2,10 +2,13 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"slices"
 	"strings"
 	"time"
 
@@ -183,7 +186,7 @@ func nodeConfig(name string, args []string, stdout, stderr io.Writer, extra func
 		"(raft-wal, segment files, one fsync per append); fixed per data dir, a node refuses a data dir the other wrote")
 	fs.StringVar(&cfg.ClientAddr, "client-addr", "", "HOST:PORT to serve clients on")
 	fs.StringVar(&cfg.AdvertiseClientAddr, "advertise-client-addr", "", "client address handed to clients in M replies (default: --client-addr)")
-	fs.StringVar(&cfg.PeerAddr, "peer-addr", "", "HOST:PORT to serve Raft peers on (must match this node's entry in --peers)")
+	fs.StringVar(&cfg.PeerAddr, "peer-addr", "", "HOST:PORT to serve Raft peers on (must match this node's entry in --peers; the node refuses to start otherwise)")
 	fs.Var(&peers, "peers", "initial voters, this node included: ID=HOST:PORT,ID=HOST:PORT,ID=HOST:PORT (3 or 5)")
 	fs.StringVar(&cfg.ClusterID, "cluster-id", "", "cluster id that clients and peers must present")
 	fs.StringVar(&secretFile, "secret-file", "", "file holding the client secret")
@@ -240,6 +243,10 @@ func nodeConfig(name string, args []string, stdout, stderr io.Writer, extra func
 			return nil, nil, ExitUsage
 		}
 	}
+	if err := checkPeerAddr(cfg.NodeID, cfg.PeerAddr, cfg.Peers); err != nil {
+		fmt.Fprintln(stderr, name+": refusing to start:", err)
+		return nil, nil, ExitUsage
+	}
 	addrs := []string{cfg.ClientAddr, cfg.PeerAddr}
 	if cfg.AdminAddr != "" {
 		addrs = append(addrs, cfg.AdminAddr)
@@ -265,6 +272,63 @@ func nodeConfig(name string, args []string, stdout, stderr io.Writer, extra func
 		return nil, nil, ExitUsage
 	}
 	return &cfg, log, ExitOK
+}
+
+// errPeerAddrMismatch: this node's entry in --peers names another address
+// than --peer-addr.
+var errPeerAddrMismatch = errors.New("cli: --peers names this node at another address than --peer-addr")
+
+// checkPeerAddr refuses a node whose own entry in --peers differs from
+// --peer-addr. The node listens on --peer-addr but tells its peers (and
+// bootstrap writes into the configuration) the address of its --peers
+// entry, so a mismatch leaves a node that listens on one port while the
+// cluster dials another: a replacement started with the old voters' list
+// once listened on 17504 and advertised 17502. The two match when their
+// ports are equal and their hosts are the same, or --peer-addr listens on
+// every interface (0.0.0.0, [::], no host), or a host name resolves to
+// the other's address (a name that does not resolve now is not held
+// against it).
+func checkPeerAddr(id, peerAddr string, peers []cluster.Peer) error {
+	var entry string
+	for _, p := range peers {
+		if p.ID == id {
+			entry = p.Addr
+		}
+	}
+	if entry == "" || peerAddr == "" || entry == peerAddr {
+		return nil
+	}
+	mismatch := func() error {
+		return fmt.Errorf("%w: --peer-addr is %s, but --peers lists %s=%s, the address this node would give its peers. "+
+			"Fix --peers: a replacement node, or one that joins as a learner, needs no --peers at all (leave it out: "+
+			"--peers only names the initial voters, for bootstrap); otherwise make the %s= entry %s. "+
+			"If the entry is right, fix --peer-addr to %s instead",
+			errPeerAddrMismatch, peerAddr, id, entry, id, peerAddr, entry)
+	}
+	lh, lp, err1 := net.SplitHostPort(peerAddr)
+	eh, ep, err2 := net.SplitHostPort(entry)
+	if err1 != nil || err2 != nil {
+		return nil // each is checked on its own (Validate, ValidateVoters)
+	}
+	if lp != ep {
+		return mismatch()
+	}
+	if wildcard(lh) || strings.EqualFold(lh, eh) {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	la, lerr := net.DefaultResolver.LookupHost(ctx, lh)
+	ea, eerr := net.DefaultResolver.LookupHost(ctx, eh)
+	if lerr != nil || eerr != nil {
+		return nil
+	}
+	for _, a := range la {
+		if slices.Contains(ea, a) {
+			return nil
+		}
+	}
+	return mismatch()
 }
 
 // peersValue is --peers, checked when set (so a bad value in the --config

@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -19,7 +21,7 @@ import (
 // runStatus is `ticketing status`: the cluster as one node sees it (the
 // leader when one answers), through the admin port ("status" op).
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs, af := newAdminFlagSet("ticketing status", "ticketing status --admin ADDR,ADDR,... --admin-secret-file F [--tls-ca CA] [--cluster-id ID] [--json]",
+	fs, af := newAdminFlagSet("ticketing status", "ticketing status [--admin ADDR,ADDR,... --admin-secret-file F [--tls-ca CA] [--cluster-id ID] | --config NODE.CONF] [--json]",
 		`Leader, term, commit index, fencing domain, keys held, waiters, the token
 high-water mark, and every member with its role, whether it answers the
 leader over the peer port, and its lag behind the leader's commit index; how
@@ -71,9 +73,11 @@ time stamps and that node's clock.`, stdout, stderr)
 // `ticketing members`, plus --json).
 type adminFlags struct {
 	addrs, secretFile, clusterID string
+	config                       string // a node's configuration file (adminconn.go)
 	timeout                      time.Duration
 	tf                           tlsFlags
 	json                         bool
+	fs                           *flag.FlagSet
 }
 
 func newAdminFlagSet(name, synopsis, about string, stdout, stderr io.Writer) (*cmdFlags, *adminFlags) {
@@ -85,22 +89,40 @@ func newAdminFlagSet(name, synopsis, about string, stdout, stderr io.Writer) (*c
 func newAdminFlags(name, synopsis, about string, stdout, stderr io.Writer, timeout time.Duration, jsonUsage string) (*cmdFlags, *adminFlags) {
 	fl := newCmdFlags(name, synopsis, about, stdout, stderr)
 	fs := fl.FlagSet
-	af := &adminFlags{}
-	fs.StringVar(&af.addrs, "admin", "", "the nodes' admin addresses, comma separated (the leader is found among them)")
-	fs.StringVar(&af.secretFile, "admin-secret-file", "", "file holding the admin secret")
-	fs.StringVar(&af.clusterID, "cluster-id", "", "the nodes' --cluster-id (cluster-id in their configuration file)")
+	af := &adminFlags{fs: fs}
+	fs.StringVar(&af.addrs, "admin", "", "the nodes' admin addresses, comma separated (the leader is found among them; default $TICKETING_ADMIN)")
+	fs.StringVar(&af.secretFile, "admin-secret-file", "", "file holding the admin secret (default $TICKETING_ADMIN_SECRET_FILE)")
+	fs.StringVar(&af.clusterID, "cluster-id", "", "the nodes' --cluster-id, cluster-id in their configuration file (default $TICKETING_CLUSTER_ID)")
+	fs.StringVar(&af.config, "config", "", "a node's own configuration `FILE` (ticketing node --config): --admin, --admin-secret-file, "+
+		"--tls-ca and --cluster-id not given as flags or in the environment come from it (its admin-addr, and its peers' hosts at that port)")
 	fs.DurationVar(&af.timeout, "timeout", timeout, "give up after this long")
 	fs.BoolVar(&af.json, "json", false, jsonUsage)
 	af.tf.register(fs, false)
+	if f := fs.Lookup("tls-ca"); f != nil {
+		f.Usage += " (default $TICKETING_TLS_CA)"
+	}
+	fl.after = adminConnHelp
 	return fl, af
 }
+
+// adminConnHelp is the end of the operator commands' -h.
+const adminConnHelp = `The connection: --admin, --admin-secret-file, --tls-ca and --cluster-id,
+else $TICKETING_ADMIN, $TICKETING_ADMIN_SECRET_FILE, $TICKETING_TLS_CA and
+$TICKETING_CLUSTER_ID, else what --config derives from a node's own file
+(flags win over the environment, the environment over the file). ticketing
+dev prints the export line for its cluster.`
 
 // cluster builds the admin client from the flags; on a bad flag it says
 // why on stderr and returns nil.
 func (af *adminFlags) cluster(name string, stderr io.Writer) *client.AdminCluster {
+	if err := af.resolve(af.fs, os.LookupEnv); err != nil {
+		fmt.Fprintln(stderr, name+":", err)
+		return nil
+	}
 	a := &client.AdminCluster{Addrs: splitList(af.addrs)}
 	if len(a.Addrs) == 0 || af.secretFile == "" {
-		fmt.Fprintln(stderr, name+": --admin and --admin-secret-file are required")
+		fmt.Fprintln(stderr, name+": --admin and --admin-secret-file are required (or $TICKETING_ADMIN and "+
+			"$TICKETING_ADMIN_SECRET_FILE, or --config with a node's configuration file)")
 		return nil
 	}
 	var err error
