@@ -71,7 +71,7 @@ func sidecarSocket(t *testing.T) string {
 		}
 		info, err := cl.Info(ctx)
 		cl.Close()
-		if err == nil && !strings.Contains(info, "leader=-") {
+		if err == nil && info.Leader != "" {
 			return ucfg.Path
 		}
 		if ctx.Err() != nil {
@@ -204,6 +204,7 @@ type result struct {
 	kind  string // ok, busy, timeout, indeterminate, error, arg_error, lost, pong, info, held, closed
 	token uint64
 	lock  *ticketing.Lock // of lock and lock_block
+	info  *ticketing.Info // of info
 	code  string
 	raw   string
 	held  map[string]uint64
@@ -468,9 +469,9 @@ func (r *runner) call(c *ticketing.Client, op string, st map[string]json.RawMess
 			return result{kind: "pong", raw: "PONG"}
 		}
 	case "info":
-		var s string
-		if s, err = c.Info(ctx); err == nil {
-			return result{kind: "info", raw: s}
+		var in ticketing.Info
+		if in, err = c.Info(ctx); err == nil {
+			return result{kind: "info", raw: in.Raw, info: &in}
 		}
 	case "held":
 		var h map[string]uint64

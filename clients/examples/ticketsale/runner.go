@@ -217,7 +217,7 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*report, error) {
 		return nil, fmt.Errorf("sidecar INFO: %w", err)
 	}
 	domain := "dev"
-	for _, f := range strings.Fields(info) {
+	for _, f := range strings.Fields(info.Raw) {
 		if v, ok := strings.CutPrefix(f, "cluster="); ok && v != "-" {
 			domain = v
 		}
