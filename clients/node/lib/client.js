@@ -4,7 +4,7 @@ const net = require('node:net');
 const { performance } = require('node:perf_hooks');
 const p = require('./protocol');
 const {
-  IndeterminateError, NotSupportedError, ServerError, SidecarConnectionError, TicketingError,
+  IndeterminateError, NoDomainError, NotSupportedError, ServerError, SidecarConnectionError, TicketingError,
 } = require('./errors');
 const { Lock, kLose, kReleasing } = require('./lock');
 
@@ -639,6 +639,22 @@ class Client {
   /** The sidecar's view of the cluster. @returns {Promise<import('./protocol').Info>} */
   async info() {
     return p.parseInfo(await this.#call('INFO', 0));
+  }
+
+  /**
+   * The fencing domain of the cluster behind the sidecar: INFO's `domain`
+   * field, the name of the sequence this client's tokens belong to. Fence
+   * high-water marks are keyed by it (the fence helpers take it from here
+   * when given `client`). Rejects with NoDomainError while no node has
+   * named it.
+   * @returns {Promise<string>}
+   */
+  async domain() {
+    const { domain } = await this.info();
+    if (domain === null) {
+      throw new NoDomainError(`the sidecar at ${this.path} reports domain=- (it has not reached a node of its cluster yet)`);
+    }
+    return domain;
   }
 
   /** Locks held by this connection. @returns {Promise<{key: string, token: bigint}[]>} */
