@@ -152,6 +152,11 @@ type conn struct {
 
 	lmu   sync.Mutex       // guards locks
 	locks map[uint64]*Lock // the Locks that events may name, by token
+
+	// domain is the fencing domain INFO named on this connection (guarded
+	// by mu), "" until one did: a sidecar holds to the first domain it
+	// sees, so it does not change while the connection lives.
+	domain string
 }
 
 // call is one request awaiting its reply line.
@@ -357,25 +362,60 @@ func (c *Client) Ping(ctx context.Context) error {
 
 // Info returns the sidecar's INFO reply, parsed (see Info).
 func (c *Client) Info(ctx context.Context) (Info, error) {
-	r, err := c.do(ctx, "INFO")
+	cn, err := c.conn(ctx)
 	if err != nil {
 		return Info{}, err
 	}
-	return ParseInfo(r)
+	return cn.info(ctx)
+}
+
+// info sends INFO on this connection, and remembers the domain it names.
+func (cn *conn) info(ctx context.Context) (Info, error) {
+	r, err := cn.do(ctx, "INFO")
+	if err != nil {
+		return Info{}, err
+	}
+	in, err := ParseInfo(r)
+	if err == nil && in.Domain != "" {
+		cn.mu.Lock()
+		if cn.domain == "" {
+			cn.domain = in.Domain
+		}
+		cn.mu.Unlock()
+	}
+	return in, err
 }
 
 // Domain returns the fencing domain of the cluster behind the sidecar:
 // INFO's domain field, the name of the sequence the tokens of this Client
 // belong to (unixapi/PROTOCOL.md, INFO; clients/FENCING.md, "Fencing
-// domains"). Key fence high-water marks by it (clients/go/fence does).
-// ErrNoDomain while no node has named it yet (INFO says "domain=-").
+// domains"). Key fence high-water marks by it: clients/go/fence's
+// DoLock and AdvanceLock take it from the Lock, fence.Domain from a
+// Client. ErrNoDomain while no node has named it yet (INFO says
+// "domain=-"). Asked once per connection: a sidecar holds to the first
+// domain it sees.
 func (c *Client) Domain(ctx context.Context) (string, error) {
-	in, err := c.Info(ctx)
+	cn, err := c.conn(ctx)
+	if err != nil {
+		return "", err
+	}
+	return cn.fencingDomain(ctx)
+}
+
+// fencingDomain is the domain of this connection's sidecar.
+func (cn *conn) fencingDomain(ctx context.Context) (string, error) {
+	cn.mu.Lock()
+	d := cn.domain
+	cn.mu.Unlock()
+	if d != "" {
+		return d, nil
+	}
+	in, err := cn.info(ctx)
 	if err != nil {
 		return "", err
 	}
 	if in.Domain == "" {
-		return "", fmt.Errorf("%w: the sidecar at %s reports domain=- (it has not reached a node of its cluster yet)", ErrNoDomain, c.path)
+		return "", fmt.Errorf("%w: the sidecar at %s reports domain=- (it has not reached a node of its cluster yet)", ErrNoDomain, cn.c.path)
 	}
 	return in.Domain, nil
 }

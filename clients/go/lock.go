@@ -121,6 +121,11 @@ func (l *Lock) Keys() []string { return append([]string(nil), l.keys...) }
 // Key is the lock's first key, the one Release and Extend name.
 func (l *Lock) Key() string { return l.keys[0] }
 
+// Domain is the fencing domain of the lock's token: INFO's domain field
+// on the connection that took the lock (see Client.Domain). Fence the
+// lock's writes under it (clients/go/fence's DoLock does).
+func (l *Lock) Domain(ctx context.Context) (string, error) { return l.cn.fencingDomain(ctx) }
+
 // Context is cancelled when the lock is lost (see Lock); its cause,
 // context.Cause, is then a *LostError (errors.Is(cause, ErrLockLost)).
 // It has no Deadline, because Extend moves the lock's deadline; see

@@ -288,3 +288,26 @@ func equalInfo(a, b Info) bool {
 		a.SessionState == b.SessionState && a.SessionTimeout == b.SessionTimeout && a.SessionResumes == b.SessionResumes &&
 		a.SessionOpens == b.SessionOpens && a.SessionHeld == b.SessionHeld && a.SessionLastResume == b.SessionLastResume
 }
+
+// Domain is INFO's domain field, ErrNoDomain while it is "-", and asked
+// once per connection (a sidecar holds to the first domain it sees).
+func TestDomain(t *testing.T) {
+	ctx := context.Background()
+	c, f := pipeClient(t, "HELLO 4 events")
+	got := async(func() error { _, err := c.Domain(ctx); return err })
+	f.req()
+	f.write("INFO cluster=dev leader=- connected=0/3 domain=-")
+	if err := recv(t, got); !errors.Is(err, ErrNoDomain) {
+		t.Fatalf("Domain with domain=-: %v, want ErrNoDomain", err)
+	}
+	dom := async(func() string { d, _ := c.Domain(ctx); return d })
+	f.req()
+	f.write("INFO cluster=dev leader=127.0.0.1:1 connected=3/3 domain=fc59")
+	if d := recv(t, dom); d != "fc59" {
+		t.Fatalf("Domain: %q, want the domain, not the cluster id", d)
+	}
+	if d, err := c.Domain(ctx); err != nil || d != "fc59" {
+		t.Fatalf("Domain again: %q, %v", d, err)
+	}
+	f.noReq()
+}
