@@ -30,6 +30,21 @@
 //
 // WithQueued, an option of every acquire, tells the caller when the
 // cluster queued its acquire (protocol version 4's "! QUEUED" event).
+//
+// Info returns the sidecar's INFO parsed; Domain the cluster's fencing
+// domain, by which fence high-water marks are keyed (clients/go/fence).
+//
+// # Importing it from another module
+//
+// This package is ticketing/clients/go in the repository's module
+// "ticketing", a module path that cannot be fetched (it has no dot).
+// Require it and replace it with a checkout of the repository:
+//
+//	go mod edit -require=ticketing@v0.0.0 -replace=ticketing=../ticketing
+//	go mod tidy
+//
+// and import "ticketing/clients/go" (package ticketing) and, for the
+// fencing helpers, "ticketing/clients/go/fence".
 package ticketing
 
 import (
