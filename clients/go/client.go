@@ -10,6 +10,14 @@
 // A Client is safe for concurrent use; requests are pipelined and replies
 // are matched by order, as the protocol defines.
 //
+// When the connection is lost (the sidecar restarted, or closed it), the
+// requests pending on it fail with ErrClosed and every Lock taken through
+// it is lost (LostDisconnected); the next call dials again and goes on as
+// a new session that holds nothing, as the Python and Node.js libraries do
+// (clients/README.md). Only Close ends a Client for good.
+//
+// Dial's path defaults to $TICKETING_SOCKET, else ./ticketing.sock.
+//
 // Acquire takes one key; AcquireBlock takes a seat block, 2..16 keys all at
 // once or none, under one fencing token (protocol version 2).
 //
@@ -22,6 +30,21 @@
 //
 // WithQueued, an option of every acquire, tells the caller when the
 // cluster queued its acquire (protocol version 4's "! QUEUED" event).
+//
+// Info returns the sidecar's INFO parsed; Domain the cluster's fencing
+// domain, by which fence high-water marks are keyed (clients/go/fence).
+//
+// # Importing it from another module
+//
+// This package is ticketing/clients/go in the repository's module
+// "ticketing", a module path that cannot be fetched (it has no dot).
+// Require it and replace it with a checkout of the repository:
+//
+//	go mod edit -require=ticketing@v0.0.0 -replace=ticketing=../ticketing
+//	go mod tidy
+//
+// and import "ticketing/clients/go" (package ticketing) and, for the
+// fencing helpers, "ticketing/clients/go/fence".
 package ticketing
 
 import (
@@ -30,9 +53,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -96,18 +121,37 @@ const (
 // lost events, version 2 seat blocks and HELLO).
 const ProtocolVersion = 4
 
-// Client is one connection to the sidecar.
+// Client is a connection to the sidecar that dials again, on the next
+// call, once the connection it had is lost.
 type Client struct {
-	conn net.Conn
+	// path is the socket the Client dials, "" for a Client made on a given
+	// connection (tests), which never dials again.
+	path string
+
+	mu     sync.Mutex // guards cur and closed; held while dialing again
+	cur    *conn      // the connection of the next call; never nil
+	closed bool       // Close was called: no dialing again
+
+	// sent counts the request lines written over every connection, so a
+	// test can tell that a request left before it takes its next step.
+	sent atomic.Uint64
+
+	now func() time.Time // the clock of lock deadlines; nil = time.Now (tests set it)
+}
+
+// conn is one connection to the sidecar, which is one session: the locks
+// acquired on it belong to it.
+type conn struct {
+	c  *Client
+	nc net.Conn
 
 	mu      sync.Mutex // serialises writes and the order of pending
 	pending []*call    // requests written, oldest first
 	err     error      // set once the connection broke or was closed
 	done    chan struct{}
-	// written counts the request lines written (guarded by mu), so a test
-	// can tell that a request left before it takes its next step, and so
-	// that a QUEUED event, which names its ACQUIRE by this count, finds
-	// it.
+	// written counts the request lines written on this connection (guarded
+	// by mu), so that a QUEUED event, which names its ACQUIRE by this
+	// count, finds it.
 	written uint64
 	// queuedCalls are the pending ACQUIREs with a WithQueued hook, by
 	// their position among the lines written (guarded by mu).
@@ -116,15 +160,18 @@ type Client struct {
 	helloMu sync.Mutex // one HELLO at a time
 	version int        // guarded by helloMu: the version HELLO agreed, 0 = not known yet
 	events  bool       // guarded by helloMu: the sidecar sends event lines
-	// helloDone is closed once the HELLO that Dial pipelines is answered
-	// (or the connection ended first); version and events are set then.
+	// helloDone is closed once the HELLO pipelined first is answered (or
+	// the connection ended first); version and events are set then.
 	helloDone chan struct{}
 	helloOnce sync.Once
 
 	lmu   sync.Mutex       // guards locks
 	locks map[uint64]*Lock // the Locks that events may name, by token
 
-	now func() time.Time // the clock of lock deadlines; nil = time.Now (tests set it)
+	// domain is the fencing domain INFO named on this connection (guarded
+	// by mu), "" until one did: a sidecar holds to the first domain it
+	// sees, so it does not change while the connection lives.
+	domain string
 }
 
 // call is one request awaiting its reply line.
@@ -148,57 +195,127 @@ type call struct {
 	hello    bool // the HELLO sent by Dial: an ERR to it may be a refusal
 }
 
-// Dial connects to the sidecar's socket at path.
-func Dial(ctx context.Context, path string) (*Client, error) {
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", path)
-	switch {
-	case errors.Is(err, syscall.ENOENT):
-		return nil, fmt.Errorf("%w at %s: no socket file there; %s: %w", ErrNoSidecar, path, noSidecarHint, err)
-	case errors.Is(err, syscall.ECONNREFUSED):
-		return nil, fmt.Errorf("%w at %s: nothing serves that socket file (left by a sidecar that stopped?); %s: %w",
-			ErrNoSidecar, path, noSidecarHint, err)
-	case err != nil:
-		return nil, fmt.Errorf("ticketing: dial %s: %w", path, err)
+// SocketEnv is the environment variable that names the sidecar's socket
+// when Dial is given no path; DefaultSocket is the path when it is unset
+// too.
+const (
+	SocketEnv     = "TICKETING_SOCKET"
+	DefaultSocket = "./ticketing.sock"
+)
+
+// SocketPath is the socket Dial(ctx, path) connects to: path, else
+// $TICKETING_SOCKET, else ./ticketing.sock.
+func SocketPath(path string) string {
+	if path != "" {
+		return path
 	}
-	return newClient(conn)
+	if env := os.Getenv(SocketEnv); env != "" {
+		return env
+	}
+	return DefaultSocket
 }
 
-// newClient runs the Client of conn: its reader, and the HELLO that asks
-// for the version and event lines, pipelined before the first request.
-func newClient(conn net.Conn) (*Client, error) {
-	c := &Client{conn: conn, done: make(chan struct{}), helloDone: make(chan struct{})}
-	go c.readLoop()
-	cl := &call{line: helloLine, ch: make(chan string, 1), hello: true, onReply: c.helloReply}
-	if err := c.enqueue(cl); err != nil {
-		conn.Close()
-		<-c.done
+// Dial connects to the sidecar's socket at path ("" = $TICKETING_SOCKET,
+// else ./ticketing.sock; see SocketPath). The Client keeps that path and
+// dials it again on the first call after its connection was lost.
+func Dial(ctx context.Context, path string) (*Client, error) {
+	c := &Client{path: SocketPath(path)}
+	cn, err := c.dial(ctx)
+	if err != nil {
 		return nil, err
 	}
+	c.cur = cn
 	return c, nil
+}
+
+// dial opens a new connection to c.path.
+func (c *Client) dial(ctx context.Context) (*conn, error) {
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "unix", c.path)
+	switch {
+	case errors.Is(err, syscall.ENOENT):
+		return nil, fmt.Errorf("%w at %s: no socket file there; %s: %w", ErrNoSidecar, c.path, noSidecarHint, err)
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return nil, fmt.Errorf("%w at %s: nothing serves that socket file (left by a sidecar that stopped?); %s: %w",
+			ErrNoSidecar, c.path, noSidecarHint, err)
+	case err != nil:
+		return nil, fmt.Errorf("ticketing: dial %s: %w", c.path, err)
+	}
+	return newConn(c, nc)
+}
+
+// newClient is a Client of the connection nc, which it never replaces
+// (tests give it one end of a pipe).
+func newClient(nc net.Conn) (*Client, error) {
+	c := &Client{}
+	cn, err := newConn(c, nc)
+	if err != nil {
+		return nil, err
+	}
+	c.cur = cn
+	return c, nil
+}
+
+// newConn runs the connection nc of c: its reader, and the HELLO that asks
+// for the version and event lines, pipelined before the first request.
+func newConn(c *Client, nc net.Conn) (*conn, error) {
+	cn := &conn{c: c, nc: nc, done: make(chan struct{}), helloDone: make(chan struct{})}
+	go cn.readLoop()
+	cl := &call{line: helloLine, ch: make(chan string, 1), hello: true, onReply: cn.helloReply}
+	if err := cn.enqueue(cl); err != nil {
+		nc.Close()
+		<-cn.done
+		return nil, err
+	}
+	return cn, nil
+}
+
+// conn returns the connection of the next call: the current one while it
+// lives, else a new one (a new session, holding nothing). A Client that
+// was closed, or that cannot dial (made on a given connection), returns
+// the current one, whose calls then fail with ErrClosed.
+func (c *Client) conn(ctx context.Context) (*conn, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || c.path == "" || c.cur.alive() {
+		return c.cur, nil
+	}
+	cn, err := c.dial(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrClosed, err)
+	}
+	c.cur = cn
+	return cn, nil
+}
+
+// alive reports whether the connection has not ended.
+func (cn *conn) alive() bool {
+	cn.mu.Lock()
+	defer cn.mu.Unlock()
+	return cn.err == nil
 }
 
 // helloLine is the first line of every connection.
 var helloLine = "HELLO " + strconv.Itoa(ProtocolVersion) + " events"
 
-// helloReply takes in the reply to Dial's HELLO. "HELLO <v> events":
-// version v, events on; "HELLO <v>": no events; unknown_verb: a version-1
-// sidecar. A version-2 sidecar refuses the events option (bad_request):
-// Hello then asks again without it.
-func (c *Client) helloReply(r string) {
-	c.helloMu.Lock()
-	defer c.helloMu.Unlock()
-	defer c.helloOnce.Do(func() { close(c.helloDone) })
+// helloReply takes in the reply to the connection's first HELLO. "HELLO
+// <v> events": version v, events on; "HELLO <v>": no events; unknown_verb:
+// a version-1 sidecar. A version-2 sidecar refuses the events option
+// (bad_request): hello then asks again without it.
+func (cn *conn) helloReply(r string) {
+	cn.helloMu.Lock()
+	defer cn.helloMu.Unlock()
+	defer cn.helloOnce.Do(func() { close(cn.helloDone) })
 	if s, ok := strings.CutPrefix(r, "HELLO "); ok {
 		v, opt, _ := strings.Cut(s, " ")
 		if n, err := strconv.Atoi(v); err == nil && n >= 1 && n <= ProtocolVersion {
-			c.version, c.events = n, opt == "events" && n >= 3
+			cn.version, cn.events = n, opt == "events" && n >= 3
 		}
 		return
 	}
 	var e *Error
 	if errors.As(outcome("HELLO", r), &e) && e.Code == "unknown_verb" {
-		c.version = 1
+		cn.version = 1
 	}
 }
 
@@ -210,20 +327,36 @@ func (c *Client) clock() time.Time {
 	return time.Now()
 }
 
-// Done is closed when the connection is gone; every lock acquired through
-// this Client has then been handed back to the sidecar for release.
-func (c *Client) Done() <-chan struct{} { return c.done }
+// Done is closed when the Client's current connection is gone; every lock
+// acquired through it has then been handed back to the sidecar for
+// release. The next call dials a new connection (unless the Client was
+// closed), and Done then reports on that one.
+func (c *Client) Done() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cur.done
+}
 
-// Close closes the connection. The sidecar releases every lock this
-// Client still holds and cancels its pending acquires.
+// Close closes the connection, for good: later calls fail with ErrClosed.
+// The sidecar releases every lock this Client still holds and cancels its
+// pending acquires.
 func (c *Client) Close() error {
 	c.mu.Lock()
-	if c.err == nil {
-		c.err = ErrClosed
-	}
+	c.closed = true
+	cn := c.cur
 	c.mu.Unlock()
-	err := c.conn.Close()
-	<-c.done
+	return cn.close()
+}
+
+// close closes the connection and waits for its reader to end.
+func (cn *conn) close() error {
+	cn.mu.Lock()
+	if cn.err == nil {
+		cn.err = ErrClosed
+	}
+	cn.mu.Unlock()
+	err := cn.nc.Close()
+	<-cn.done
 	if errors.Is(err, net.ErrClosed) {
 		return nil
 	}
@@ -232,7 +365,7 @@ func (c *Client) Close() error {
 
 // Ping checks that the sidecar answers.
 func (c *Client) Ping(ctx context.Context) error {
-	r, err := c.do(ctx, "PING", nil)
+	r, err := c.do(ctx, "PING")
 	if err != nil {
 		return err
 	}
@@ -242,17 +375,64 @@ func (c *Client) Ping(ctx context.Context) error {
 	return nil
 }
 
-// Info returns the sidecar's INFO line without the "INFO " prefix, e.g.
-// "cluster=dev leader=127.0.0.1:7400 connected=3/3".
-func (c *Client) Info(ctx context.Context) (string, error) {
-	r, err := c.do(ctx, "INFO", nil)
+// Info returns the sidecar's INFO reply, parsed (see Info).
+func (c *Client) Info(ctx context.Context) (Info, error) {
+	cn, err := c.conn(ctx)
+	if err != nil {
+		return Info{}, err
+	}
+	return cn.info(ctx)
+}
+
+// info sends INFO on this connection, and remembers the domain it names.
+func (cn *conn) info(ctx context.Context) (Info, error) {
+	r, err := cn.do(ctx, "INFO")
+	if err != nil {
+		return Info{}, err
+	}
+	in, err := ParseInfo(r)
+	if err == nil && in.Domain != "" {
+		cn.mu.Lock()
+		if cn.domain == "" {
+			cn.domain = in.Domain
+		}
+		cn.mu.Unlock()
+	}
+	return in, err
+}
+
+// Domain returns the fencing domain of the cluster behind the sidecar:
+// INFO's domain field, the name of the sequence the tokens of this Client
+// belong to (unixapi/PROTOCOL.md, INFO; clients/FENCING.md, "Fencing
+// domains"). Key fence high-water marks by it: clients/go/fence's
+// DoLock and AdvanceLock take it from the Lock, fence.Domain from a
+// Client. ErrNoDomain while no node has named it yet (INFO says
+// "domain=-"). Asked once per connection: a sidecar holds to the first
+// domain it sees.
+func (c *Client) Domain(ctx context.Context) (string, error) {
+	cn, err := c.conn(ctx)
 	if err != nil {
 		return "", err
 	}
-	if s, ok := strings.CutPrefix(r, "INFO "); ok {
-		return s, nil
+	return cn.fencingDomain(ctx)
+}
+
+// fencingDomain is the domain of this connection's sidecar.
+func (cn *conn) fencingDomain(ctx context.Context) (string, error) {
+	cn.mu.Lock()
+	d := cn.domain
+	cn.mu.Unlock()
+	if d != "" {
+		return d, nil
 	}
-	return "", outcome("INFO", r)
+	in, err := cn.info(ctx)
+	if err != nil {
+		return "", err
+	}
+	if in.Domain == "" {
+		return "", fmt.Errorf("%w: the sidecar at %s reports domain=- (it has not reached a node of its cluster yet)", ErrNoDomain, cn.c.path)
+	}
+	return in.Domain, nil
 }
 
 // Acquire takes key for lease (whole seconds, 1..250 s), waiting at most
@@ -272,7 +452,11 @@ func (c *Client) Acquire(ctx context.Context, key string, lease, wait time.Durat
 	if err := checkKey(key); err != nil {
 		return 0, err
 	}
-	return c.acquire(ctx, []string{key}, lease, wait, acquireOptions(opts))
+	cn, err := c.conn(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return cn.acquire(ctx, []string{key}, lease, wait, acquireOptions(opts))
 }
 
 // AcquireBlock takes a seat block: every key of keys (1..16 distinct keys)
@@ -301,8 +485,12 @@ func (c *Client) AcquireBlock(ctx context.Context, keys []string, lease, wait ti
 	if err := checkKeys(keys); err != nil {
 		return nil, err
 	}
+	cn, err := c.conn(ctx)
+	if err != nil {
+		return nil, err
+	}
 	if len(keys) > 1 {
-		v, err := c.Hello(ctx)
+		v, err := cn.hello(ctx)
 		if err != nil {
 			return nil, err
 		}
@@ -311,26 +499,35 @@ func (c *Client) AcquireBlock(ctx context.Context, keys []string, lease, wait ti
 				"and the sidecar speaks version %d: upgrade the sidecar", ErrNotSupported, len(keys), v)
 		}
 	}
-	return c.lockKeys(ctx, append([]string(nil), keys...), lease, wait, acquireOptions(opts))
+	return cn.lockKeys(ctx, append([]string(nil), keys...), lease, wait, acquireOptions(opts))
 }
 
 // Hello returns the protocol version this client and the sidecar both
 // speak (unixapi/PROTOCOL.md, "Versions"): the answer to the HELLO that
-// Dial sends (once per Client; a version-2 sidecar, which refuses its
-// events option, is asked once more without it). A version-1 sidecar,
-// which does not know HELLO, is version 1.
+// every connection sends first (once per connection; a version-2 sidecar,
+// which refuses its events option, is asked once more without it). A
+// version-1 sidecar, which does not know HELLO, is version 1.
 func (c *Client) Hello(ctx context.Context) (int, error) {
+	cn, err := c.conn(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return cn.hello(ctx)
+}
+
+// hello is Hello on this connection.
+func (cn *conn) hello(ctx context.Context) (int, error) {
 	select {
-	case <-c.helloDone:
+	case <-cn.helloDone:
 	case <-ctx.Done():
 		return 0, fmt.Errorf("ticketing: HELLO: %w", ctx.Err())
 	}
-	c.helloMu.Lock()
-	defer c.helloMu.Unlock()
-	if c.version != 0 {
-		return c.version, nil
+	cn.helloMu.Lock()
+	defer cn.helloMu.Unlock()
+	if cn.version != 0 {
+		return cn.version, nil
 	}
-	r, err := c.do(ctx, "HELLO "+strconv.Itoa(ProtocolVersion), nil)
+	r, err := cn.do(ctx, "HELLO "+strconv.Itoa(ProtocolVersion))
 	if err != nil {
 		return 0, err
 	}
@@ -348,7 +545,7 @@ func (c *Client) Hello(ctx context.Context) (int, error) {
 		}
 		v = 1 // a version-1 sidecar: ERR unknown_verb
 	}
-	c.version = v
+	cn.version = v
 	return v, nil
 }
 
@@ -356,12 +553,16 @@ func (c *Client) Hello(ctx context.Context) (int, error) {
 // agreed to HELLO's events option): without them a Lock learns of its loss
 // only from its local deadline, an Extend refused, or the connection's end.
 func (c *Client) Events(ctx context.Context) (bool, error) {
-	if _, err := c.Hello(ctx); err != nil {
+	cn, err := c.conn(ctx)
+	if err != nil {
 		return false, err
 	}
-	c.helloMu.Lock()
-	defer c.helloMu.Unlock()
-	return c.events, nil
+	if _, err := cn.hello(ctx); err != nil {
+		return false, err
+	}
+	cn.helloMu.Lock()
+	defer cn.helloMu.Unlock()
+	return cn.events, nil
 }
 
 func checkLease(lease time.Duration) error {
@@ -402,16 +603,16 @@ func checkKeys(keys []string) error {
 
 // acquire sends the ACQUIRE of keys (checked, as lease and wait) and
 // returns the token.
-func (c *Client) acquire(ctx context.Context, keys []string, lease, wait time.Duration, o acquireOpts) (uint64, error) {
+func (cn *conn) acquire(ctx context.Context, keys []string, lease, wait time.Duration, o acquireOpts) (uint64, error) {
 	cl := &call{line: acquireLine(keys, lease, wait), onQueued: o.queued, keys: keys, onOrphan: func(reply string) {
 		// Nobody waits for this grant any more: release it so the keys
 		// are not held until the lease ends (RELEASE of any key of a
 		// block frees all of them).
 		if tok, ok := strings.CutPrefix(reply, "OK "); ok {
-			_, _ = c.send("RELEASE "+keys[0]+" "+tok, nil) // failing, the connection is gone, and its locks with it
+			_, _ = cn.send("RELEASE " + keys[0] + " " + tok) // failing, the connection is gone, and its locks with it
 		}
 	}}
-	r, err := c.roundTrip(ctx, cl)
+	r, err := cn.roundTrip(ctx, cl)
 	if err != nil {
 		return 0, err
 	}
@@ -442,10 +643,18 @@ func (c *Client) Release(ctx context.Context, key string, token uint64) error {
 	if token == 0 {
 		return fmt.Errorf("%w: token 0 (tokens start at 1)", ErrInvalidArgument)
 	}
-	r, err := c.do(ctx, "RELEASE "+key+" "+strconv.FormatUint(token, 10), nil)
+	r, err := c.do(ctx, releaseLine(key, token))
 	if err != nil {
 		return err
 	}
+	return releaseOutcome(r)
+}
+
+func releaseLine(key string, token uint64) string {
+	return "RELEASE " + key + " " + strconv.FormatUint(token, 10)
+}
+
+func releaseOutcome(r string) error {
 	if r == "OK" {
 		return nil
 	}
@@ -454,7 +663,7 @@ func (c *Client) Release(ctx context.Context, key string, token uint64) error {
 
 // Held returns the locks this connection holds, key to token.
 func (c *Client) Held(ctx context.Context) (map[string]uint64, error) {
-	r, err := c.do(ctx, "HELD", nil)
+	r, err := c.do(ctx, "HELD")
 	if err != nil {
 		return nil, err
 	}
@@ -486,7 +695,7 @@ func (c *Client) Do(ctx context.Context, line string) (string, error) {
 	if strings.ContainsAny(line, "\r\n") {
 		return "", fmt.Errorf("%w: a request line cannot contain CR or LF", ErrInvalidArgument)
 	}
-	return c.do(ctx, line, nil)
+	return c.do(ctx, line)
 }
 
 // checkKey applies the protocol's key rule: 1..255 bytes of 0x21..0x7E.
@@ -526,30 +735,35 @@ func unexpected(verb, r string) error {
 	return fmt.Errorf("%w: unexpected reply to %s: %q", ErrProtocol, verb, r)
 }
 
-// do sends line and waits for its reply or ctx.
-func (c *Client) do(ctx context.Context, line string, onOrphan func(string)) (string, error) {
-	return c.doHook(ctx, line, nil, onOrphan)
+// do sends line on the connection of the next call (dialing again if the
+// last one was lost) and waits for its reply or ctx.
+func (c *Client) do(ctx context.Context, line string) (string, error) {
+	cn, err := c.conn(ctx)
+	if err != nil {
+		return "", err
+	}
+	return cn.do(ctx, line)
 }
 
-// doHook is do with the call's onReply hook.
-func (c *Client) doHook(ctx context.Context, line string, onReply, onOrphan func(string)) (string, error) {
-	return c.roundTrip(ctx, &call{line: line, onOrphan: onOrphan, onReply: onReply})
+// do sends line on this connection and waits for its reply or ctx.
+func (cn *conn) do(ctx context.Context, line string) (string, error) {
+	return cn.roundTrip(ctx, &call{line: line})
 }
 
 // roundTrip sends cl's line and waits for its reply or ctx.
-func (c *Client) roundTrip(ctx context.Context, cl *call) (string, error) {
+func (cn *conn) roundTrip(ctx context.Context, cl *call) (string, error) {
 	if err := ctx.Err(); err != nil {
 		return "", err
 	}
 	line := cl.line
 	cl.ch = make(chan string, 1)
-	if err := c.enqueue(cl); err != nil {
+	if err := cn.enqueue(cl); err != nil {
 		return "", err
 	}
 	select {
 	case r, ok := <-cl.ch:
 		if !ok {
-			return "", c.closedErr()
+			return "", cn.closedErr()
 		}
 		return r, nil
 	case <-ctx.Done():
@@ -571,50 +785,51 @@ func (c *Client) roundTrip(ctx context.Context, cl *call) (string, error) {
 
 // send writes line and queues its call; order of the queue is the order of
 // the writes, which is the order of the replies.
-func (c *Client) send(line string, onOrphan func(string)) (*call, error) {
-	cl := &call{line: line, ch: make(chan string, 1), onOrphan: onOrphan}
-	return cl, c.enqueue(cl)
+func (cn *conn) send(line string) (*call, error) {
+	cl := &call{line: line, ch: make(chan string, 1)}
+	return cl, cn.enqueue(cl)
 }
 
 // enqueue writes cl's line and queues cl.
-func (c *Client) enqueue(cl *call) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.err != nil {
-		return fmt.Errorf("%w: %w", ErrClosed, c.err)
+func (cn *conn) enqueue(cl *call) error {
+	cn.mu.Lock()
+	defer cn.mu.Unlock()
+	if cn.err != nil {
+		return fmt.Errorf("%w: %w", ErrClosed, cn.err)
 	}
 	// Queue before writing: the reply may arrive before Write returns.
-	c.pending = append(c.pending, cl)
-	cl.n = c.written + 1
+	cn.pending = append(cn.pending, cl)
+	cl.n = cn.written + 1
 	if cl.onQueued != nil {
-		if c.queuedCalls == nil {
-			c.queuedCalls = make(map[uint64]*call)
+		if cn.queuedCalls == nil {
+			cn.queuedCalls = make(map[uint64]*call)
 		}
-		c.queuedCalls[cl.n] = cl
+		cn.queuedCalls[cl.n] = cl
 	}
-	if _, err := c.conn.Write([]byte(cl.line + "\n")); err != nil {
-		c.pending = c.pending[:len(c.pending)-1]
-		delete(c.queuedCalls, cl.n)
-		c.err = err
-		c.conn.Close()
+	if _, err := cn.nc.Write([]byte(cl.line + "\n")); err != nil {
+		cn.pending = cn.pending[:len(cn.pending)-1]
+		delete(cn.queuedCalls, cl.n)
+		cn.err = err
+		cn.nc.Close()
 		return fmt.Errorf("%w: %w", ErrClosed, err)
 	}
-	c.written++
+	cn.written++
+	cn.c.sent.Add(1)
 	return nil
 }
 
-func (c *Client) closedErr() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if errors.Is(c.err, ErrClosed) {
-		return c.err
+func (cn *conn) closedErr() error {
+	cn.mu.Lock()
+	defer cn.mu.Unlock()
+	if errors.Is(cn.err, ErrClosed) {
+		return cn.err
 	}
-	return fmt.Errorf("%w: %w", ErrClosed, c.err)
+	return fmt.Errorf("%w: %w", ErrClosed, cn.err)
 }
 
-func (c *Client) readLoop() {
-	defer close(c.done)
-	br := bufio.NewReaderSize(c.conn, 4096)
+func (cn *conn) readLoop() {
+	defer close(cn.done)
+	br := bufio.NewReaderSize(cn.nc, 4096)
 	var err, refusal error
 	for {
 		var line string
@@ -626,12 +841,12 @@ func (c *Client) readLoop() {
 		if strings.HasPrefix(line, "!") {
 			// An event line (no reply starts with "!"): never a reply,
 			// whatever it says.
-			c.event(line)
+			cn.event(line)
 			continue
 		}
-		c.mu.Lock()
-		if len(c.pending) == 0 {
-			c.mu.Unlock()
+		cn.mu.Lock()
+		if len(cn.pending) == 0 {
+			cn.mu.Unlock()
 			// A reply nobody asked for: the sidecar refused the connection
 			// (ERR forbidden, too_many_connections) or a bug. Record it as
 			// the reason the connection ends.
@@ -640,13 +855,13 @@ func (c *Client) readLoop() {
 			}
 			continue
 		}
-		cl := c.pending[0]
-		c.pending[0] = nil
-		c.pending = c.pending[1:]
+		cl := cn.pending[0]
+		cn.pending[0] = nil
+		cn.pending = cn.pending[1:]
 		if cl.onQueued != nil {
-			delete(c.queuedCalls, cl.n) // a QUEUED comes before the reply or not at all
+			delete(cn.queuedCalls, cl.n) // a QUEUED comes before the reply or not at all
 		}
-		c.mu.Unlock()
+		cn.mu.Unlock()
 		if cl.hello && refusal == nil {
 			// A refused connection (ERR forbidden, too_many_connections)
 			// has its refusal taken for the reply to the HELLO.
@@ -669,16 +884,16 @@ func (c *Client) readLoop() {
 	if refusal != nil {
 		err = refusal
 	}
-	c.mu.Lock()
-	if c.err == nil {
-		c.err = err
+	cn.mu.Lock()
+	if cn.err == nil {
+		cn.err = err
 	}
-	pending := c.pending
-	c.pending, c.queuedCalls = nil, nil
-	c.mu.Unlock()
-	c.conn.Close()
-	c.helloOnce.Do(func() { close(c.helloDone) })
-	c.lostAll()
+	pending := cn.pending
+	cn.pending, cn.queuedCalls = nil, nil
+	cn.mu.Unlock()
+	cn.nc.Close()
+	cn.helloOnce.Do(func() { close(cn.helloDone) })
+	cn.lostAll()
 	for _, cl := range pending {
 		close(cl.ch)
 	}
@@ -691,9 +906,11 @@ func WaitReady(ctx context.Context, path string) error {
 	for {
 		c, err := Dial(ctx, path)
 		if err == nil {
-			last, err = c.Info(ctx)
+			var in Info
+			in, err = c.Info(ctx)
 			c.Close()
-			if err == nil && !strings.Contains(last, "leader=-") {
+			last = in.Raw
+			if err == nil && in.Leader != "" {
 				return nil
 			}
 		}

@@ -71,7 +71,7 @@ func sidecarSocket(t *testing.T) string {
 		}
 		info, err := cl.Info(ctx)
 		cl.Close()
-		if err == nil && !strings.Contains(info, "leader=-") {
+		if err == nil && info.Leader != "" {
 			return ucfg.Path
 		}
 		if ctx.Err() != nil {
@@ -89,9 +89,15 @@ type scenario struct {
 }
 
 // stalls reports whether the scenario stops this process (op stall).
-func (sc scenario) stalls() bool {
+func (sc scenario) stalls() bool { return sc.has("stall") }
+
+// restarts reports whether the scenario restarts the sidecar (op
+// restart_sidecar).
+func (sc scenario) restarts() bool { return sc.has("restart_sidecar") }
+
+func (sc scenario) has(op string) bool {
 	for _, st := range sc.Steps {
-		if str(st, "op") == "stall" {
+		if str(st, "op") == op {
 			return true
 		}
 	}
@@ -125,11 +131,30 @@ func loadSuite(t *testing.T) []scenario {
 func TestConformance(t *testing.T) {
 	var scs []scenario
 	for _, sc := range loadSuite(t) {
-		if !sc.stalls() {
+		if !sc.stalls() && !sc.restarts() {
 			scs = append(scs, sc)
 		}
 	}
-	runSuite(t, sidecarSocket(t), scs)
+	runSuite(t, sidecarSocket(t), nil, scs)
+}
+
+// The scenarios of the suite that restart the sidecar (op
+// restart_sidecar): against a `ticketing dev` process of this test's own,
+// which the runner stops and starts again on the same socket, whatever
+// $TICKETING_SOCKET says (a sidecar the test did not start, it cannot
+// restart).
+func TestConformanceRestarts(t *testing.T) {
+	var scs []scenario
+	for _, sc := range loadSuite(t) {
+		if sc.restarts() {
+			scs = append(scs, sc)
+		}
+	}
+	if len(scs) == 0 {
+		t.Fatal("no scenario restarts the sidecar")
+	}
+	d := startDev(t)
+	runSuite(t, d.sock, d.restart, scs)
 }
 
 // The scenarios of the suite that stop this process with SIGSTOP (op
@@ -141,7 +166,7 @@ func TestConformance(t *testing.T) {
 func TestConformanceStalled(t *testing.T) {
 	var scs []scenario
 	for _, sc := range loadSuite(t) {
-		if sc.stalls() {
+		if sc.stalls() && !sc.restarts() {
 			scs = append(scs, sc)
 		}
 	}
@@ -152,15 +177,16 @@ func TestConformanceStalled(t *testing.T) {
 	if sock == "" {
 		sock = devSocket(t)
 	}
-	runSuite(t, sock, scs)
+	runSuite(t, sock, nil, scs)
 }
 
-// runSuite runs scenarios against the sidecar at sock, each as a subtest.
-func runSuite(t *testing.T, sock string, scs []scenario) {
+// runSuite runs scenarios against the sidecar at sock, each as a subtest;
+// restart restarts that sidecar (nil: the scenarios do not).
+func runSuite(t *testing.T, sock string, restart func(), scs []scenario) {
 	run := time.Now().UnixNano()
 	for _, sc := range scs {
 		t.Run(sc.Name, func(t *testing.T) {
-			r := &runner{t: t, sock: sock, conns: map[string]*ticketing.Client{}, tokens: map[string]uint64{},
+			r := &runner{t: t, sock: sock, restart: restart, conns: map[string]*ticketing.Client{}, tokens: map[string]uint64{},
 				locks: map[string]*ticketing.Lock{}, since: map[*ticketing.Lock]time.Time{}, bg: map[string]chan result{}, queued: map[string]chan struct{}{},
 				prefix: fmt.Sprintf("go/%d/%s/", run, sc.Name), pads: map[string]int{}}
 			for name, opts := range sc.Keys {
@@ -177,13 +203,14 @@ func runSuite(t *testing.T, sock string, scs []scenario) {
 }
 
 type runner struct {
-	t      *testing.T
-	sock   string
-	prefix string
-	pads   map[string]int
-	conns  map[string]*ticketing.Client
-	tokens map[string]uint64 // guarded by mu: background calls read it
-	locks  map[string]*ticketing.Lock
+	t       *testing.T
+	sock    string
+	restart func() // restarts the sidecar at sock
+	prefix  string
+	pads    map[string]int
+	conns   map[string]*ticketing.Client
+	tokens  map[string]uint64 // guarded by mu: background calls read it
+	locks   map[string]*ticketing.Lock
 	// since is when the call that took or last extended each lock began:
 	// its local deadline counts from a send no earlier than that.
 	since map[*ticketing.Lock]time.Time
@@ -204,6 +231,7 @@ type result struct {
 	kind  string // ok, busy, timeout, indeterminate, error, arg_error, lost, pong, info, held, closed
 	token uint64
 	lock  *ticketing.Lock // of lock and lock_block
+	info  *ticketing.Info // of info
 	code  string
 	raw   string
 	held  map[string]uint64
@@ -396,6 +424,18 @@ func (r *runner) step(i int, st map[string]json.RawMessage) {
 		// The bounds count from the call that took or last extended the lock.
 		r.check(where, st, result{dur: time.Since(r.since[l])})
 		return
+	case "restart_sidecar":
+		if r.restart == nil {
+			t.Fatalf("%s: this runner cannot restart the sidecar", where)
+		}
+		r.restart()
+		return
+	case "connect_default":
+		start := time.Now()
+		res := r.connectDefault(where, st)
+		res.dur = time.Since(start)
+		r.check(where, st, res)
+		return
 	case "close":
 		c := r.conn(str(st, "conn"))
 		c.Close()
@@ -468,9 +508,14 @@ func (r *runner) call(c *ticketing.Client, op string, st map[string]json.RawMess
 			return result{kind: "pong", raw: "PONG"}
 		}
 	case "info":
-		var s string
-		if s, err = c.Info(ctx); err == nil {
-			return result{kind: "info", raw: s}
+		var in ticketing.Info
+		if in, err = c.Info(ctx); err == nil {
+			// The raw line, on the same connection, for info_same_as_raw.
+			raw, err := c.Do(ctx, "INFO")
+			if err != nil {
+				return result{kind: "failed", err: fmt.Errorf("raw INFO after Info: %w", err)}
+			}
+			return result{kind: "info", raw: raw, info: &in}
 		}
 	case "held":
 		var h map[string]uint64
@@ -592,8 +637,76 @@ func (r *runner) call(c *ticketing.Client, op string, st map[string]json.RawMess
 		return result{kind: "indeterminate", err: err}
 	case errors.As(err, &e):
 		return result{kind: "error", code: e.Code, err: err}
+	case errors.Is(err, ticketing.ErrClosed), errors.Is(err, ticketing.ErrNoSidecar):
+		return result{kind: "connection_error", err: err}
 	}
 	return result{kind: "failed", err: err}
+}
+
+// connectDefault opens connection conn with the library's default socket
+// path (Dial(ctx, "")), with $TICKETING_SOCKET set to the sidecar's socket
+// ("sidecar"), unset ("unset") or set to a path with no socket ("missing"),
+// from a working directory whose ./ticketing.sock leads to the sidecar
+// (cwd_socket) or that has none; then PINGs on it. Environment and working
+// directory are restored before it returns.
+func (r *runner) connectDefault(where string, st map[string]json.RawMessage) result {
+	t := r.t
+	dir, err := os.MkdirTemp("", "tkc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	var cwdSocket bool
+	field(st, "cwd_socket", &cwdSocket)
+	if cwdSocket {
+		if err := os.Symlink(r.sock, filepath.Join(dir, "ticketing.sock")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old, had := os.LookupEnv(ticketing.SocketEnv)
+	defer func() {
+		if had {
+			os.Setenv(ticketing.SocketEnv, old)
+		} else {
+			os.Unsetenv(ticketing.SocketEnv)
+		}
+	}()
+	switch env := str(st, "env"); env {
+	case "sidecar":
+		os.Setenv(ticketing.SocketEnv, r.sock)
+	case "unset":
+		os.Unsetenv(ticketing.SocketEnv)
+	case "missing":
+		os.Setenv(ticketing.SocketEnv, filepath.Join(dir, "missing.sock"))
+	default:
+		t.Fatalf("%s: env %q", where, env)
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chdir(dir); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := os.Chdir(wd); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := ticketing.Dial(ctx, "")
+	if err != nil {
+		if errors.Is(err, ticketing.ErrNoSidecar) {
+			return result{kind: "connection_error", err: err}
+		}
+		return result{kind: "failed", err: err}
+	}
+	if old := r.conns[str(st, "conn")]; old != nil {
+		old.Close()
+	}
+	r.conns[str(st, "conn")] = c
+	return r.call(c, "ping", st)
 }
 
 func parseRaw(reply string) result {
@@ -622,11 +735,17 @@ func parseRaw(reply string) result {
 func (r *runner) check(where string, st map[string]json.RawMessage, res result) {
 	t := r.t
 	t.Helper()
-	want := str(st, "expect")
-	if want != "" && res.kind != want {
-		t.Fatalf("%s: got %s (code %q, err %v, raw %q), want %s", where, res.kind, res.code, res.err, res.raw, want)
+	// expect is a kind or a list of kinds.
+	wants := strs(st, "expect")
+	want := ""
+	if len(wants) == 1 {
+		want = wants[0]
 	}
-	if codes := strs(st, "code"); len(codes) > 0 {
+	if len(wants) > 0 && !slices.Contains(wants, res.kind) {
+		t.Fatalf("%s: got %s (code %q, err %v, raw %q), want %v", where, res.kind, res.code, res.err, res.raw, wants)
+	}
+	// code applies to an error outcome.
+	if codes := strs(st, "code"); len(codes) > 0 && res.kind == "error" {
 		ok := false
 		for _, c := range codes {
 			ok = ok || c == res.code
@@ -658,8 +777,8 @@ func (r *runner) check(where string, st map[string]json.RawMessage, res result) 
 			r.since[res.lock] = time.Now().Add(-res.dur)
 		}
 	}
-	if want == "info" && res.kind == "info" && !strings.Contains(res.raw, "cluster=") {
-		t.Fatalf("%s: INFO %q", where, res.raw)
+	if want == "info" && res.kind == "info" {
+		r.checkInfo(where, st, res)
 	}
 	if want == "held" {
 		var keys []string
@@ -677,6 +796,55 @@ func (r *runner) check(where string, st map[string]json.RawMessage, res result) 
 			if v, ok := toks[k]; ok && tok != r.tok(v) {
 				t.Fatalf("%s: %s held under %d, want %s=%d", where, k, tok, v, r.tok(v))
 			}
+		}
+	}
+}
+
+// checkInfo checks an info step: the parsed Info is plausible; each field
+// of info_same_as_raw equals the same field of the raw INFO line read right
+// after it on the connection ("-" being none: ""); each field of
+// info_known is known (not none).
+func (r *runner) checkInfo(where string, st map[string]json.RawMessage, res result) {
+	t := r.t
+	in := res.info
+	if in == nil {
+		t.Fatalf("%s: INFO %q not parsed", where, res.raw)
+	}
+	if in.Cluster == "" || in.Total < 1 || in.Connected < 0 || in.Connected > in.Total {
+		t.Fatalf("%s: implausible INFO %+v", where, *in)
+	}
+	raw := map[string]string{}
+	for _, w := range strings.Fields(strings.TrimPrefix(res.raw, "INFO ")) {
+		k, v, _ := strings.Cut(w, "=")
+		if v == "-" {
+			v = ""
+		}
+		raw[k] = v
+	}
+	raw["connected"], raw["total"], _ = strings.Cut(raw["connected"], "/")
+	itoa := func(n int) string {
+		if n == 0 {
+			return ""
+		}
+		return strconv.Itoa(n)
+	}
+	parsed := map[string]string{
+		"cluster": in.Cluster, "leader": in.Leader, "connected": strconv.Itoa(in.Connected), "total": strconv.Itoa(in.Total),
+		"domain": in.Domain, "protocol": itoa(in.Protocol), "sessions": in.Sessions, "session": in.Session,
+		"session_state": in.SessionState,
+	}
+	for _, f := range strs(st, "info_same_as_raw") {
+		got, ok := parsed[f]
+		if !ok {
+			t.Fatalf("%s: this runner knows no Info field %q", where, f)
+		}
+		if got != raw[f] {
+			t.Fatalf("%s: Info's %s is %q, the raw INFO line's %q (%q)", where, f, got, raw[f], res.raw)
+		}
+	}
+	for _, f := range strs(st, "info_known") {
+		if got, ok := parsed[f]; !ok || got == "" {
+			t.Fatalf("%s: Info's %s is not known: %+v", where, f, *in)
 		}
 	}
 }

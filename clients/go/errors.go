@@ -29,4 +29,8 @@ var (
 	// the call needs (AcquireBlock against a version-1 sidecar). Nothing
 	// was acquired.
 	ErrNotSupported = errors.New("ticketing: not supported by the sidecar")
+	// ErrNoDomain: INFO names no fencing domain yet ("domain=-": the
+	// sidecar has not reached a node of its cluster), so tokens cannot be
+	// fenced under it yet. Client.Domain returns it.
+	ErrNoDomain = errors.New("ticketing: no fencing domain known yet")
 )

@@ -405,11 +405,11 @@ func FuzzReadLoop(f *testing.F) {
 			replies = append(replies, strings.TrimSuffix(ln, "\r"))
 		}
 		c, fe := pipeClient(t, "")
-		l := newLock(c, []string{"k"}, 7, 250*time.Second, time.Now())
-		c.register(l)
+		l := newLock(c.cur, []string{"k"}, 7, 250*time.Second, time.Now())
+		c.cur.register(l)
 		calls := make([]*call, len(replies))
 		for i := range calls {
-			cl, err := c.send(fmt.Sprintf("PING %d", i), nil)
+			cl, err := c.cur.send(fmt.Sprintf("PING %d", i))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -83,6 +83,7 @@ func Margin(lease time.Duration) time.Duration {
 // A Lock is safe for concurrent use.
 type Lock struct {
 	c      *Client
+	cn     *conn // the connection (session) that holds it
 	keys   []string
 	token  uint64
 	ctx    context.Context
@@ -100,8 +101,9 @@ type Block = Lock
 
 // newLock is the Lock of a grant of keys under token, whose ACQUIRE was
 // sent at sent for lease. The caller registers it with the Client.
-func newLock(c *Client, keys []string, token uint64, lease time.Duration, sent time.Time) *Lock {
-	l := &Lock{c: c, keys: keys, token: token, deadline: sent.Add(lease - Margin(lease))}
+func newLock(cn *conn, keys []string, token uint64, lease time.Duration, sent time.Time) *Lock {
+	c := cn.c
+	l := &Lock{c: c, cn: cn, keys: keys, token: token, deadline: sent.Add(lease - Margin(lease))}
 	l.ctx, l.cancel = context.WithCancelCause(context.Background())
 	l.mu.Lock()
 	defer l.mu.Unlock() // the timer's callback waits for l.timer to be set
@@ -118,6 +120,11 @@ func (l *Lock) Keys() []string { return append([]string(nil), l.keys...) }
 
 // Key is the lock's first key, the one Release and Extend name.
 func (l *Lock) Key() string { return l.keys[0] }
+
+// Domain is the fencing domain of the lock's token: INFO's domain field
+// on the connection that took the lock (see Client.Domain). Fence the
+// lock's writes under it (clients/go/fence's DoLock does).
+func (l *Lock) Domain(ctx context.Context) (string, error) { return l.cn.fencingDomain(ctx) }
 
 // Context is cancelled when the lock is lost (see Lock); its cause,
 // context.Cause, is then a *LostError (errors.Is(cause, ErrLockLost)).
@@ -189,7 +196,7 @@ func (l *Lock) Extend(ctx context.Context, lease time.Duration) error {
 		return &Error{Code: "not_held", Message: "the lock was released (nothing sent)"}
 	}
 	sent := l.c.clock()
-	err := l.c.Extend(ctx, l.keys[0], l.token, lease)
+	err := l.cn.extend(ctx, l.keys[0], l.token, lease)
 	var e *Error
 	switch {
 	case err == nil:
@@ -216,7 +223,10 @@ func (l *Lock) Extend(ctx context.Context, lease time.Duration) error {
 // Release releases the lock (every key of a block) in one request:
 // RELEASE of its first key and its token, sent even when the lock is lost
 // (one lost to the local deadline may still be held, and releasing it
-// frees the key sooner). Its results are those of Client.Release. From
+// frees the key sooner). It is sent on the connection that took the lock:
+// if that connection was lost meanwhile (and the lock with it), the result
+// is ErrClosed, and the Client does not dial again for it (a new session
+// holds nothing). Its other results are those of Client.Release. From
 // this call on the lock's lost signal does not fire any more: its timer is
 // stopped and events for it are ignored.
 func (l *Lock) Release(ctx context.Context) error {
@@ -224,8 +234,12 @@ func (l *Lock) Release(ctx context.Context) error {
 	l.released = true
 	l.timer.Stop()
 	l.mu.Unlock()
-	l.c.forget(l)
-	return l.c.Release(ctx, l.keys[0], l.token)
+	l.cn.forget(l)
+	r, err := l.cn.do(ctx, releaseLine(l.keys[0], l.token))
+	if err != nil {
+		return err
+	}
+	return releaseOutcome(r)
 }
 
 // lostErrLocked is the lock's *LostError, nil while it is not lost.
@@ -282,7 +296,11 @@ func (c *Client) Lock(ctx context.Context, key string, lease, wait time.Duration
 	if err := checkKey(key); err != nil {
 		return nil, err
 	}
-	return c.lockKeys(ctx, []string{key}, lease, wait, acquireOptions(opts))
+	cn, err := c.conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return cn.lockKeys(ctx, []string{key}, lease, wait, acquireOptions(opts))
 }
 
 // LockBlock takes a seat block like AcquireBlock (same arguments, options,
@@ -296,16 +314,16 @@ func (c *Client) LockBlock(ctx context.Context, keys []string, lease, wait time.
 // returns the Lock. The reader makes and registers the Lock as it reads
 // the grant, before any event line that follows the grant can be
 // dispatched.
-func (c *Client) lockKeys(ctx context.Context, keys []string, lease, wait time.Duration, o acquireOpts) (*Lock, error) {
+func (cn *conn) lockKeys(ctx context.Context, keys []string, lease, wait time.Duration, o acquireOpts) (*Lock, error) {
 	var l *Lock // set by the reader before the reply is delivered
-	sent := c.clock()
+	sent := cn.c.clock()
 	onReply := func(reply string) {
 		if tok, ok := grantToken(reply); ok {
-			l = newLock(c, keys, tok, lease, sent)
-			c.register(l)
+			l = newLock(cn, keys, tok, lease, sent)
+			cn.register(l)
 		}
 	}
-	r, err := c.roundTrip(ctx, &call{line: acquireLine(keys, lease, wait), onReply: onReply, onQueued: o.queued, keys: keys,
+	r, err := cn.roundTrip(ctx, &call{line: acquireLine(keys, lease, wait), onReply: onReply, onQueued: o.queued, keys: keys,
 		onOrphan: func(reply string) {
 			// Nobody waits for this grant any more: release it so the
 			// keys are not held until the lease ends (RELEASE of any key
@@ -353,8 +371,16 @@ func (c *Client) Extend(ctx context.Context, key string, token uint64, lease tim
 	if token == 0 {
 		return fmt.Errorf("%w: token 0 (tokens start at 1)", ErrInvalidArgument)
 	}
-	line := fmt.Sprintf("EXTEND %s %d %d", key, token, lease/time.Second)
-	r, err := c.do(ctx, line, nil)
+	cn, err := c.conn(ctx)
+	if err != nil {
+		return err
+	}
+	return cn.extend(ctx, key, token, lease)
+}
+
+// extend sends EXTEND on this connection (arguments checked).
+func (cn *conn) extend(ctx context.Context, key string, token uint64, lease time.Duration) error {
+	r, err := cn.do(ctx, fmt.Sprintf("EXTEND %s %d %d", key, token, lease/time.Second))
 	if err != nil {
 		return err
 	}
@@ -365,21 +391,21 @@ func (c *Client) Extend(ctx context.Context, key string, token uint64, lease tim
 }
 
 // register makes l findable by the events of its token.
-func (c *Client) register(l *Lock) {
-	c.lmu.Lock()
-	defer c.lmu.Unlock()
-	if c.locks == nil {
-		c.locks = make(map[uint64]*Lock)
+func (cn *conn) register(l *Lock) {
+	cn.lmu.Lock()
+	defer cn.lmu.Unlock()
+	if cn.locks == nil {
+		cn.locks = make(map[uint64]*Lock)
 	}
-	c.locks[l.token] = l
+	cn.locks[l.token] = l
 }
 
 // forget stops routing events to l.
-func (c *Client) forget(l *Lock) {
-	c.lmu.Lock()
-	defer c.lmu.Unlock()
-	if c.locks[l.token] == l {
-		delete(c.locks, l.token)
+func (cn *conn) forget(l *Lock) {
+	cn.lmu.Lock()
+	defer cn.lmu.Unlock()
+	if cn.locks[l.token] == l {
+		delete(cn.locks, l.token)
 	}
 }
 
@@ -390,19 +416,19 @@ func (c *Client) forget(l *Lock) {
 // tokens of no Lock of this Client, positions of no ACQUIRE waiting for
 // a QUEUED, and malformed lines are ignored: an event never answers a
 // request, so ignoring one cannot shift the replies.
-func (c *Client) event(line string) {
+func (cn *conn) event(line string) {
 	if n, keys, ok := parseQueued(line); ok {
-		c.queuedEvent(n, keys)
+		cn.queuedEvent(n, keys)
 		return
 	}
 	tok, reason, ok := parseLost(line)
 	if !ok {
 		return
 	}
-	c.lmu.Lock()
-	l := c.locks[tok]
-	delete(c.locks, tok) // at most one LOST per lock
-	c.lmu.Unlock()
+	cn.lmu.Lock()
+	l := cn.locks[tok]
+	delete(cn.locks, tok) // at most one LOST per lock
+	cn.lmu.Unlock()
 	if l != nil {
 		l.fire(reason, true)
 	}
@@ -427,11 +453,11 @@ func parseLost(line string) (token uint64, reason string, ok bool) {
 }
 
 // lostAll fires LostDisconnected on every Lock: the connection ended.
-func (c *Client) lostAll() {
-	c.lmu.Lock()
-	locks := c.locks
-	c.locks = nil
-	c.lmu.Unlock()
+func (cn *conn) lostAll() {
+	cn.lmu.Lock()
+	locks := cn.locks
+	cn.locks = nil
+	cn.lmu.Unlock()
 	for _, l := range locks {
 		l.fire(LostDisconnected, false)
 	}
@@ -475,15 +501,15 @@ func WithQueued(fn func()) AcquireOption {
 
 // queuedEvent runs the WithQueued hook of the ACQUIRE written n-th, if it
 // is pending with one and names keys.
-func (c *Client) queuedEvent(n uint64, keys []string) {
-	c.mu.Lock()
-	cl := c.queuedCalls[n]
+func (cn *conn) queuedEvent(n uint64, keys []string) {
+	cn.mu.Lock()
+	cl := cn.queuedCalls[n]
 	if cl == nil || !slices.Equal(cl.keys, keys) {
-		c.mu.Unlock()
+		cn.mu.Unlock()
 		return
 	}
-	delete(c.queuedCalls, n) // at most once
-	c.mu.Unlock()
+	delete(cn.queuedCalls, n) // at most once
+	cn.mu.Unlock()
 	// Under cl.mu: a caller whose ctx ends waits for the hook to return
 	// before it returns, and after it returned the hook is not called.
 	cl.mu.Lock()

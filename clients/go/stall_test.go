@@ -61,22 +61,47 @@ func ticketingBin(t *testing.T) string {
 // once the sidecar knows a leader. It is stopped (SIGINT) at cleanup.
 func devSocket(t *testing.T) string {
 	t.Helper()
-	bin := ticketingBin(t)
+	return startDev(t).sock
+}
+
+// devProc is a running `ticketing dev` whose process the test may restart.
+type devProc struct {
+	t    *testing.T
+	bin  string
+	sock string
+	data string // --dir: the cluster's state, kept across restarts
+	cmd  *exec.Cmd
+	done chan struct{} // closed when the process exited
+	err  *lockedBuf
+}
+
+// startDev starts `ticketing dev` as devSocket does, and returns it.
+func startDev(t *testing.T) *devProc {
+	t.Helper()
 	sdir, err := os.MkdirTemp("", "tkd") // short: a socket path has at most 107 bytes
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(sdir) })
-	sock := filepath.Join(sdir, "s")
-	cmd := exec.Command(bin, "dev", "--base-port", "0", "--dir", filepath.Join(t.TempDir(), "data"), "--socket", sock)
-	var stderr lockedBuf
-	cmd.Stderr = &stderr
+	d := &devProc{t: t, bin: ticketingBin(t), sock: filepath.Join(sdir, "s"), data: filepath.Join(t.TempDir(), "data")}
+	d.start()
+	t.Cleanup(d.stop)
+	return d
+}
+
+// start runs the process and waits until its sidecar knows a leader.
+func (d *devProc) start() {
+	t := d.t
+	t.Helper()
+	cmd := exec.Command(d.bin, "dev", "--base-port", "0", "--dir", d.data, "--socket", d.sock)
+	stderr := &lockedBuf{}
+	cmd.Stderr = stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s dev: %v", bin, err)
+		t.Fatalf("start %s dev: %v", d.bin, err)
 	}
 	ready, done := make(chan struct{}), make(chan struct{})
 	go func() {
@@ -91,15 +116,7 @@ func devSocket(t *testing.T) string {
 		_, _ = io.Copy(io.Discard, out)
 		cmd.Wait()
 	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGINT)
-		select {
-		case <-done:
-		case <-time.After(20 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-	})
+	d.cmd, d.done, d.err = cmd, done, stderr
 	select {
 	case <-ready:
 	case <-done:
@@ -109,10 +126,30 @@ func devSocket(t *testing.T) string {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := ticketing.WaitReady(ctx, sock); err != nil {
+	if err := ticketing.WaitReady(ctx, d.sock); err != nil {
 		t.Fatal(err)
 	}
-	return sock
+}
+
+// stop stops the process as Ctrl-C does (SIGINT: the sidecar shuts down
+// in order), SIGKILL if it has not exited after 20 s (a hang guard).
+func (d *devProc) stop() {
+	_ = d.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-d.done:
+	case <-time.After(20 * time.Second):
+		d.cmd.Process.Kill()
+		<-d.done
+	}
+}
+
+// restart stops the sidecar's process and starts it again on the same
+// socket, with the same cluster state (--dir), as an operator restarting
+// it does; it returns once the new sidecar knows a leader.
+func (d *devProc) restart() {
+	d.t.Helper()
+	d.stop()
+	d.start()
 }
 
 // lockedBuf is a strings.Builder that a process's output goroutine may

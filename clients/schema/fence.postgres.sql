@@ -1,7 +1,8 @@
 -- Ticketing fencing table, PostgreSQL (9.5+ for ON CONFLICT).
 -- One row per (domain, key): the highest fencing token that has written.
--- domain: the token sequence, i.e. the Ticketing cluster id (tokens of two
---         clusters are not comparable); key: the lock key.
+-- domain: the token sequence: the cluster's fencing domain, INFO's domain
+--         field (not the cluster id; tokens of two domains are not
+--         comparable; clients/FENCING.md); key: the lock key.
 -- token:  the u64 token stored as token XOR 2^63 (= token - 2^63) in a
 --         BIGINT, which keeps the order of all u64 values (PostgreSQL has
 --         no unsigned 64-bit type). The view shows the real token.

@@ -488,12 +488,11 @@ func sidecarDomain(ctx context.Context, c *ticketing.Client) (domain, cluster st
 		if err != nil {
 			return "", "", fmt.Errorf("sidecar INFO: %w", err)
 		}
-		domain, cluster = infoField(info, "domain"), infoField(info, "cluster")
-		if domain != "" && domain != "-" {
-			return domain, cluster, nil
+		if info.Domain != "" {
+			return info.Domain, info.Cluster, nil
 		}
 		if time.Now().After(deadline) {
-			return "", "", fmt.Errorf("%w: %q", errNoDomain, info)
+			return "", "", fmt.Errorf("%w: %q", errNoDomain, info.Raw)
 		}
 		select {
 		case <-ctx.Done():
@@ -505,16 +504,6 @@ func sidecarDomain(ctx context.Context, c *ticketing.Client) (domain, cluster st
 
 // errNoDomain: the sidecar's INFO names no fencing domain.
 var errNoDomain = errors.New("ticketsale: the sidecar's INFO names no fencing domain (domain=-)")
-
-// infoField is the value of INFO's field name ("" if absent).
-func infoField(info, name string) string {
-	for _, f := range strings.Fields(info) {
-		if v, ok := strings.CutPrefix(f, name+"="); ok {
-			return v
-		}
-	}
-	return ""
-}
 
 // runnerSale is the chaos takeover: it acquires seats as a block through
 // the sidecar — granted only once the paused holder's lease has run out —

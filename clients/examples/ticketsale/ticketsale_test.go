@@ -250,21 +250,6 @@ func TestChaosRoles(t *testing.T) {
 	}
 }
 
-// TestInfoField: the fencing domain is read from INFO's domain=, not its
-// cluster= (which is "dev" for every dev cluster).
-func TestInfoField(t *testing.T) {
-	info := "INFO cluster=dev leader=127.0.0.1:7401 connected=3/3 domain=f40354bffe218b536beaf58a23c685c4 members=- protocol=4 sessions=auto"
-	if got := infoField(info, "domain"); got != "f40354bffe218b536beaf58a23c685c4" {
-		t.Errorf("domain %q", got)
-	}
-	if got := infoField(info, "cluster"); got != "dev" {
-		t.Errorf("cluster %q", got)
-	}
-	if got := infoField(info, "session"); got != "" {
-		t.Errorf("session %q, want absent (sessions= is another field)", got)
-	}
-}
-
 // TestAuditWantsBothDefences: a chaos run passes the audit only when the
 // victim that heeds the lost signal aborted its paused sale and the one
 // that ignores it had its write rejected by the fence; a run in which

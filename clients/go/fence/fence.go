@@ -18,6 +18,11 @@
 //     (a set of keys granted together under one token): every key's mark
 //     is checked and raised in the one transaction, so a stale token on any
 //     key rejects the whole write and no mark moves.
+//   - [Fence.DoLock] and [Fence.AdvanceLock] take everything from a
+//     [ticketing.Lock]: its keys, its token, and its fencing domain (INFO's
+//     domain field on the lock's connection), so that a caller cannot
+//     fence under the wrong domain. [Domain] is the domain of a Client,
+//     for the forms that take it as an argument.
 //   - [Fence.Update] is the single-statement form for a row that carries its
 //     own token column: an UPDATE whose WHERE clause also requires the row's
 //     token to be older than (or equal to) this one.
@@ -53,6 +58,8 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+
+	ticketing "ticketing/clients/go"
 )
 
 // ErrStale means the token is older than the high-water mark the store
@@ -145,14 +152,27 @@ func checkToken(token uint64) error {
 	return nil
 }
 
+// Domain is the fencing domain of c's sidecar: INFO's domain field
+// (ticketing.Client.Domain), the domain argument of every helper here.
+// Not the cluster id (INFO's cluster, "dev" for every dev cluster): a
+// rebuilt cluster keeps its id but starts a new domain.
+func Domain(ctx context.Context, c *ticketing.Client) (string, error) {
+	d, err := c.Domain(ctx)
+	if err != nil {
+		return "", fmt.Errorf("fence: the fencing domain: %w", err)
+	}
+	return d, nil
+}
+
 // Advance raises the high-water mark of (domain, key) to token inside tx, or
 // returns an error wrapping ErrStale if a higher token was already recorded.
 // The caller must then roll tx back. Call it before the reads and writes
 // that the token protects, in the same transaction, and commit after them.
 //
-// domain names the token sequence: the Ticketing cluster (its id, as INFO
-// reports it), since tokens of different clusters are not comparable. key is
-// the lock key.
+// domain names the token sequence: the cluster's fencing domain, INFO's
+// domain field (Domain, ticketing.Client.Domain; unixapi/PROTOCOL.md),
+// since tokens of different domains are not comparable. key is the lock
+// key. AdvanceLock takes all three from a Lock.
 func (f Fence) Advance(ctx context.Context, tx *sql.Tx, domain, key string, token uint64) error {
 	if err := checkToken(token); err != nil {
 		return err
@@ -270,6 +290,38 @@ func (f Fence) DoBlock(ctx context.Context, db *sql.DB, opts *sql.TxOptions, dom
 		return err
 	}
 	return inTx(ctx, db, opts, func(tx *sql.Tx) error { return f.AdvanceBlock(ctx, tx, domain, keys, token) }, fn)
+}
+
+// AdvanceLock is AdvanceBlock for the keys and the token of lk, under its
+// fencing domain (lk.Domain: INFO's domain field on the connection that
+// took it), inside tx: for one key as for a seat block.
+func (f Fence) AdvanceLock(ctx context.Context, tx *sql.Tx, lk *ticketing.Lock) error {
+	domain, err := lockDomain(ctx, lk)
+	if err != nil {
+		return err
+	}
+	return f.AdvanceBlock(ctx, tx, domain, lk.Keys(), lk.Token())
+}
+
+// DoLock is DoBlock for the keys and the token of lk, under its fencing
+// domain (lk.Domain): fn runs in a new transaction of db that starts with
+// AdvanceLock, and commits if fn returns nil. A stale token (a newer
+// holder wrote) is an error wrapping ErrStale, with nothing written. The
+// domain is asked before the transaction begins (once per connection).
+func (f Fence) DoLock(ctx context.Context, db *sql.DB, opts *sql.TxOptions, lk *ticketing.Lock, fn func(tx *sql.Tx) error) error {
+	domain, err := lockDomain(ctx, lk)
+	if err != nil {
+		return err
+	}
+	return f.DoBlock(ctx, db, opts, domain, lk.Keys(), lk.Token(), fn)
+}
+
+func lockDomain(ctx context.Context, lk *ticketing.Lock) (string, error) {
+	d, err := lk.Domain(ctx)
+	if err != nil {
+		return "", fmt.Errorf("fence: the fencing domain of %s (token %d): %w", lk.Key(), lk.Token(), err)
+	}
+	return d, nil
 }
 
 // Execer is what Update runs on: *sql.DB, *sql.Conn, *sql.Tx.

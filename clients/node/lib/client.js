@@ -4,7 +4,7 @@ const net = require('node:net');
 const { performance } = require('node:perf_hooks');
 const p = require('./protocol');
 const {
-  IndeterminateError, NotSupportedError, ServerError, SidecarConnectionError, TicketingError,
+  IndeterminateError, NoDomainError, NotSupportedError, ServerError, SidecarConnectionError, TicketingError,
 } = require('./errors');
 const { Lock, kLose, kReleasing } = require('./lock');
 
@@ -86,6 +86,11 @@ class Connection {
     this.hello = null;
     /** @type {Map<bigint, Set<Lock>>} live Lock objects by token */
     this.locks = new Map();
+    /**
+     * How many Lock objects of this connection are held (neither lost nor
+     * released): while one is, the socket keeps the process alive.
+     */
+    this.holding = 0;
     /** @type {Map<bigint, string>} reasons of LOST events for tokens with no Lock (yet) */
     this.orphanLosses = new Map();
     this.reader = new p.LineReader((line) => this.onReply(line), (line) => this.onEvent(line));
@@ -93,7 +98,7 @@ class Connection {
     const socket = net.createConnection({ path });
     this.socket = socket;
     socket.setEncoding('utf8');
-    socket.unref(); // ref'd only while requests are pending
+    socket.unref(); // ref'd only while requests are pending or a Lock is held (updateRef)
     const timer = setTimeout(() => {
       socket.destroy(new Error(`connect timed out after ${connectTimeoutMs} ms`));
     }, connectTimeoutMs);
@@ -131,6 +136,30 @@ class Connection {
   }
 
   /**
+   * The socket keeps the process alive while a request is pending or a Lock
+   * is held, so that a script awaiting only `lock.signal` does not end
+   * (exit 0, the lock silently released) while it holds the lock; an idle
+   * client without held locks does not.
+   */
+  updateRef() {
+    if (this.error) return;
+    if (this.size > 0 || this.holding > 0) this.socket.ref();
+    else this.socket.unref();
+  }
+
+  /** A Lock of this connection is held from now on (see updateRef). */
+  holdStarted() {
+    this.holding++;
+    this.updateRef();
+  }
+
+  /** A held Lock of this connection was lost or released. */
+  holdEnded() {
+    this.holding--;
+    this.updateRef();
+  }
+
+  /**
    * Write `line` now and return a promise of its reply line.
    * @param {string} line
    * @param {number|null} budget seconds the sidecar may take for this
@@ -153,7 +182,7 @@ class Connection {
     const reply = new Promise((resolve, reject) => { entry = { resolve, reject, deadline, n }; });
     this.pending.push(entry);
     if (queued) this.queuedHooks.set(n, queued);
-    if (this.size === 1) this.socket.ref();
+    if (this.size === 1) this.updateRef();
     this.socket.write(`${line}\n`, 'utf8');
     return { reply, deadline, forgetQueued: () => this.queuedHooks.delete(n) };
   }
@@ -186,7 +215,7 @@ class Connection {
     }
     if (this.size === 0) {
       this.tailDeadline = null;
-      this.socket.unref();
+      this.updateRef();
     }
     entry.resolve(line);
     return true;
@@ -324,7 +353,11 @@ class Connection {
  * A version-4 sidecar also says when a waiting ACQUIRE joined its keys'
  * queues: the `onQueued` option of the acquire methods.
  *
- * An idle client does not keep the Node.js process alive.
+ * An idle client does not keep the Node.js process alive; one with a
+ * pending request or a held {@link Lock} (taken with `lock`/`lockBlock`,
+ * neither lost nor released) does, so that a script awaiting only
+ * `lock.signal` runs until the lock is lost (or released) instead of
+ * exiting at once, which would end the session and release the lock.
  */
 class Client {
   /** @type {Connection|null} */
@@ -639,6 +672,22 @@ class Client {
   /** The sidecar's view of the cluster. @returns {Promise<import('./protocol').Info>} */
   async info() {
     return p.parseInfo(await this.#call('INFO', 0));
+  }
+
+  /**
+   * The fencing domain of the cluster behind the sidecar: INFO's `domain`
+   * field, the name of the sequence this client's tokens belong to. Fence
+   * high-water marks are keyed by it (the fence helpers take it from here
+   * when given `client`). Rejects with NoDomainError while no node has
+   * named it.
+   * @returns {Promise<string>}
+   */
+  async domain() {
+    const { domain } = await this.info();
+    if (domain === null) {
+      throw new NoDomainError(`the sidecar at ${this.path} reports domain=- (it has not reached a node of its cluster yet)`);
+    }
+    return domain;
   }
 
   /** Locks held by this connection. @returns {Promise<{key: string, token: bigint}[]>} */

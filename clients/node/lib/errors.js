@@ -114,6 +114,17 @@ class NotSupportedError extends TicketingError {
 }
 
 /**
+ * INFO names no fencing domain yet (`domain=-`: the sidecar has not reached
+ * a node of its cluster), so no token can be fenced under it yet. Rejected
+ * by `Client.domain()` and the fence helpers given a client.
+ */
+class NoDomainError extends TicketingError {
+  constructor(message) {
+    super(message, 'no_domain');
+  }
+}
+
+/**
  * Why a {@link LockLostError} was raised. `expired`, `moved` and
  * `compensated` come from the sidecar's `! LOST` event; `deadline` is the
  * lock's local validity deadline (send time + lease − margin);
@@ -155,6 +166,7 @@ class LockLostError extends TicketingError {
 
 module.exports = {
   TicketingError,
+  NoDomainError,
   BusyError,
   LockTimeoutError,
   TimeoutError: LockTimeoutError,

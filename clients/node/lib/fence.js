@@ -21,13 +21,19 @@
  * @example
  * const { Client, fence } = require('ticketing-client');
  * await client.withLock('event/42', { lease: 30, wait: 5 }, async (token) => {
- *   await fence.withFence(pgClient, { dialect: 'postgres', domain: 'prod', key: 'event/42', token }, async (db) => {
+ *   await fence.withFence(pgClient, { dialect: 'postgres', client, key: 'event/42', token }, async (db) => {
  *     await db.query('UPDATE seats SET buyer = $1 WHERE seat = $2', ['bob', 7]);
  *   }); // rejects with StaleTokenError (nothing written) if a newer token wrote first
  * });
  *
+ * `client` is the Client that took the lock: the helpers ask it for the
+ * cluster's **fencing domain** (`client.domain()`, INFO's `domain` field),
+ * the name of the token sequence, never the cluster id (which a rebuilt
+ * cluster keeps while its tokens start a new sequence; clients/FENCING.md,
+ * "Fencing domains"). `domain: '<id>'` instead gives it explicitly.
+ *
  * A seat block (`client.acquireBlock(keys, ...)`) holds several keys under
- * one token: `withFenceBlock(db, {dialect, domain, keys, token}, fn)` checks
+ * one token: `withFenceBlock(db, {dialect, client, keys, token}, fn)` checks
  * and raises the mark of every key in the one transaction, so a stale token
  * on any key rejects the whole write and no mark moves.
  *
@@ -107,15 +113,36 @@ function advanceSql(dialect, table = DEFAULT_TABLE) {
 }
 
 /**
+ * The fencing domain of a helper's options: `domain` if given, else the
+ * domain of `client` (`await client.domain()`: INFO's `domain` field;
+ * NoDomainError while it names none).
+ * @param {{domain?: string, client?: {domain: () => Promise<string>}}} opts
+ * @returns {Promise<string>}
+ */
+async function domainOf({ domain, client }) {
+  if (domain !== undefined && domain !== null) {
+    if (typeof domain !== 'string' || domain === '') throw new TypeError('domain must be a non-empty string');
+    return domain;
+  }
+  if (!client || typeof client.domain !== 'function') {
+    throw new TypeError('pass `client` (the Client that took the lock: its fencing domain is asked) or `domain`');
+  }
+  return client.domain();
+}
+
+/**
  * Raise (domain, key)'s high-water mark to token inside the adapter's open
  * transaction, or reject with StaleTokenError (then roll back). Run it as
  * the first statement of the transaction, before the reads and writes it
  * protects.
+ * `domain` is the fencing domain; given `client` instead, it is asked
+ * (`domainOf`).
  * @param {{query: Function}} db
- * @param {{dialect: 'postgres'|'sqlite', domain: string, key: string, token: bigint|string|number, table?: string}} opts
+ * @param {{dialect: 'postgres'|'sqlite', domain?: string, client?: object, key: string, token: bigint|string|number, table?: string}} opts
  */
-async function advance(db, { dialect, domain, key, token, table = DEFAULT_TABLE }) {
+async function advance(db, { dialect, domain, client, key, token, table = DEFAULT_TABLE }) {
   const t = nonZero(token);
+  domain = await domainOf({ domain, client });
   const res = await db.query(advanceSql(dialect, table), [domain, key, encodeToken(t)]);
   if (!res || Number(res.rowCount) === 0) {
     throw new StaleTokenError(`${domain}/${key}: token ${t} is older than the stored high-water mark`);
@@ -145,11 +172,12 @@ function keySet(keys) {
  * overlapping key sets lock the fence rows in one order and cannot
  * deadlock (PostgreSQL).
  * @param {{query: Function}} db
- * @param {{dialect: 'postgres'|'sqlite', domain: string, keys: string[], token: bigint|string|number, table?: string}} opts
+ * @param {{dialect: 'postgres'|'sqlite', domain?: string, client?: object, keys: string[], token: bigint|string|number, table?: string}} opts
  */
-async function advanceBlock(db, { dialect, domain, keys, token, table = DEFAULT_TABLE }) {
+async function advanceBlock(db, { dialect, domain, client, keys, token, table = DEFAULT_TABLE }) {
   const t = nonZero(token);
   const ks = keySet(keys);
+  domain = await domainOf({ domain, client });
   for (const key of ks) {
     try {
       await advance(db, { dialect, domain, key, token: t, table });
@@ -179,32 +207,37 @@ async function highWater(db, { dialect, domain, key, table = DEFAULT_TABLE }) {
  * (`opts.begin`, default 'BEGIN'; use 'BEGIN IMMEDIATE' for SQLite),
  * advance, fn, COMMIT. Any rejection (StaleTokenError included, raised
  * before fn runs) rolls back and is rethrown. Resolves to fn's result.
+ * `opts.client` (the Client that took the lock) gives the fencing domain,
+ * asked before BEGIN; `opts.domain` gives it explicitly.
  * @template T
  * @param {{query: Function}} db one connection
- * @param {{dialect: 'postgres'|'sqlite', domain: string, key: string, token: bigint|string|number, table?: string, begin?: string}} opts
+ * @param {{dialect: 'postgres'|'sqlite', client?: object, domain?: string, key: string, token: bigint|string|number, table?: string, begin?: string}} opts
  * @param {(db: {query: Function}) => Promise<T>} fn
  * @returns {Promise<T>}
  */
 async function withFence(db, opts, fn) {
   nonZero(opts.token);
-  return inTransaction(db, opts.begin, () => advance(db, opts), fn);
+  const domain = await domainOf(opts);
+  return inTransaction(db, opts.begin, () => advance(db, { ...opts, domain }), fn);
 }
 
 /**
  * `withFence` for a seat block: fn(db) runs in a transaction that starts
  * with `advanceBlock` of every key of `opts.keys` to the block's one token.
  * A stale token on any key rejects with StaleTokenError before fn runs and
- * rolls back: no mark raised, nothing written.
+ * rolls back: no mark raised, nothing written. `client` / `domain` as for
+ * `withFence`.
  * @template T
  * @param {{query: Function}} db one connection
- * @param {{dialect: 'postgres'|'sqlite', domain: string, keys: string[], token: bigint|string|number, table?: string, begin?: string}} opts
+ * @param {{dialect: 'postgres'|'sqlite', client?: object, domain?: string, keys: string[], token: bigint|string|number, table?: string, begin?: string}} opts
  * @param {(db: {query: Function}) => Promise<T>} fn
  * @returns {Promise<T>}
  */
 async function withFenceBlock(db, opts, fn) {
   nonZero(opts.token);
   keySet(opts.keys);
-  return inTransaction(db, opts.begin, () => advanceBlock(db, opts), fn);
+  const domain = await domainOf(opts);
+  return inTransaction(db, opts.begin, () => advanceBlock(db, { ...opts, domain }), fn);
 }
 
 async function inTransaction(db, begin, fenceFirst, fn) {
@@ -251,6 +284,7 @@ async function conditionalUpdate(db, { dialect, table, set, where, params = [], 
 
 module.exports = {
   StaleTokenError,
+  domainOf,
   advance,
   advanceBlock,
   advanceSql,

@@ -40,7 +40,9 @@ const kReleasing = Symbol('releasing');
  * definite news). Pass `signal` to anything that takes one (fetch, timers,
  * streams) to stop work the moment the lock is gone.
  *
- * Its timers never keep the process alive.
+ * Its timers never keep the process alive, but the lock does while it is
+ * held: its connection's socket stays ref'd until the lock is lost or
+ * released, so a script that only awaits `signal` runs until then.
  */
 class Lock {
   /** @type {(line: string, bound: number) => Promise<string>} */
@@ -58,6 +60,8 @@ class Lock {
   /** @type {string|null} */
   #lostReason = null;
   #released = false;
+  /** Counted in the connection's `holding` (keeps the process alive). */
+  #holding = false;
 
   /**
    * @param {object} o
@@ -76,8 +80,10 @@ class Lock {
     this.#keys = Object.freeze([...keys]);
     this.#token = token;
     this.#deadline = validUntil(sentAt, lease);
+    this.#holding = true;
+    conn.holdStarted();
     this.#arm();
-    conn.register(this);
+    conn.register(this); // may lose it at once (a connection already gone)
   }
 
   /** The fencing token (a BigInt), as `acquire` resolves with. */
@@ -202,7 +208,15 @@ class Lock {
     if (this.#released) return;
     this.#released = true;
     this.#disarm();
+    this.#endHold();
     this.#conn.unregister(this);
+  }
+
+  /** The lock is no longer held: it no longer keeps the process alive. */
+  #endHold() {
+    if (!this.#holding) return;
+    this.#holding = false;
+    this.#conn.holdEnded();
   }
 
   #lose(reason, fromSidecar) {
@@ -211,6 +225,7 @@ class Lock {
     if (this.#lostReason === null) {
       this.#lostReason = reason;
       this.#disarm();
+      this.#endHold();
       this.#controller.abort(new LockLostError(reason));
     } else if (fromSidecar && LOCAL_REASONS.has(this.#lostReason)) {
       this.#lostReason = reason;

@@ -382,13 +382,38 @@ function parsePing(reply) {
 }
 
 /**
+ * One entry of INFO's `members` field.
+ * @typedef {object} Member
+ * @property {string} id server id, NAME/INCARNATION
+ * @property {string} role voter or learner
+ * @property {string|null} addr its client address, null while the leader has not recorded it
+ */
+
+/**
+ * The sidecar's view of the cluster (unixapi/PROTOCOL.md, INFO). A field an
+ * older sidecar does not send is null; `-` (none known) is null too.
  * @typedef {object} Info
  * @property {string} cluster cluster id
  * @property {string|null} leader address of the known leader, or null
  * @property {number} connected cluster addresses with a live connection
  * @property {number} total configured cluster addresses
+ * @property {string|null} domain the cluster's fencing domain, the name of
+ *   the token sequence (fence high-water marks are keyed by it); null until
+ *   a node has named it
+ * @property {Member[]|null} members the Raft configuration as the leader last reported it
+ * @property {number|null} protocol the protocol version the sidecar speaks
+ * @property {string|null} sessions the sidecar's --sessions setting
+ * @property {string|null} session the cluster session's id (hex)
+ * @property {string|null} sessionState the cluster session's state
+ * @property {number|null} sessionTimeoutMs
+ * @property {number|null} sessionResumes
+ * @property {number|null} sessionOpens
+ * @property {number|null} sessionHeld
+ * @property {string|null} sessionLastResume as sent (`outcomes:<n>,queued:<n>,...`)
  * @property {Record<string,string>} fields every `name=value` field of the reply
  */
+
+const dash = (v) => (v === undefined || v === '' || v === '-' ? null : v);
 
 /** @returns {Info} */
 function parseInfo(reply) {
@@ -402,14 +427,43 @@ function parseInfo(reply) {
     if (eq < 0) throw new ProtocolError(`bad field ${JSON.stringify(w)} in reply ${JSON.stringify(reply)}`);
     fields[w.slice(0, eq)] = w.slice(eq + 1);
   }
+  const bad = () => new ProtocolError(`bad INFO reply ${JSON.stringify(reply)}`);
   const m = /^([0-9]+)\/([0-9]+)$/.exec(fields.connected ?? '0/0');
-  if (!m) throw new ProtocolError(`bad INFO reply ${JSON.stringify(reply)}`);
-  const leader = fields.leader ?? '-';
+  if (!m) throw bad();
+  const count = (name) => {
+    const v = fields[name];
+    if (v === undefined) return null;
+    if (!/^[0-9]+$/.test(v)) throw bad();
+    return Number(v);
+  };
+  /** @type {Member[]|null} */
+  let members = null;
+  if (dash(fields.members) !== null) {
+    members = fields.members.split(',').map((entry) => {
+      // <id>:<role>@<addr>: split at the first '@', then at the last ':' before it.
+      const at = entry.indexOf('@');
+      const left = at < 0 ? '' : entry.slice(0, at);
+      const colon = left.lastIndexOf(':');
+      if (at < 0 || colon < 1) throw bad();
+      return { id: left.slice(0, colon), role: left.slice(colon + 1), addr: dash(entry.slice(at + 1)) };
+    });
+  }
   return {
     cluster: fields.cluster ?? '',
-    leader: leader === '' || leader === '-' ? null : leader,
+    leader: dash(fields.leader),
     connected: Number(m[1]),
     total: Number(m[2]),
+    domain: dash(fields.domain),
+    members,
+    protocol: count('protocol'),
+    sessions: fields.sessions ?? null,
+    session: dash(fields.session),
+    sessionState: dash(fields.session_state),
+    sessionTimeoutMs: count('session_timeout_ms'),
+    sessionResumes: count('session_resumes'),
+    sessionOpens: count('session_opens'),
+    sessionHeld: count('session_held'),
+    sessionLastResume: fields.session_last_resume ?? null,
     fields,
   };
 }

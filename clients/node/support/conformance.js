@@ -8,6 +8,7 @@
 const { spawn } = require('node:child_process');
 const crypto = require('node:crypto');
 const fs = require('node:fs');
+const os = require('node:os');
 const path = require('node:path');
 const { performance } = require('node:perf_hooks');
 
@@ -68,8 +69,10 @@ class Runner {
    * @param {object} scenario
    * @param {number} index
    */
-  constructor(socketPath, scenario, index) {
+  constructor(socketPath, scenario, index, restart = null) {
     this.socketPath = socketPath;
+    /** @type {(() => Promise<void>)|null} restarts the sidecar (op restart_sidecar) */
+    this.restart = restart;
     this.scenario = scenario;
     this.namespace = `conf-node-${crypto.randomBytes(4).toString('hex')}/${index}/`;
     this.keyOpts = scenario.keys ?? {};
@@ -164,7 +167,8 @@ class Runner {
         promise = client.ping().then(() => ({ kind: 'pong' }));
         break;
       case 'info':
-        promise = client.info().then((info) => ({ kind: 'info', info }));
+        // The raw line, on the same connection, for info_same_as_raw.
+        promise = client.info().then(async (info) => ({ kind: 'info', info, reply: await client.raw('INFO') }));
         break;
       case 'held':
         promise = client.held().then((held) => ({ kind: 'held', held }));
@@ -182,10 +186,12 @@ class Runner {
   }
 
   check(step, out, elapsed) {
-    if (step.expect !== undefined && out.kind !== step.expect) {
-      throw new ScenarioFailure(`expected ${step.expect}, got ${show(out)}`);
+    // expect is a kind or a list of kinds; code applies to an error.
+    const wants = step.expect === undefined ? [] : [].concat(step.expect);
+    if (wants.length > 0 && !wants.includes(out.kind)) {
+      throw new ScenarioFailure(`expected ${wants.join(' or ')}, got ${show(out)}`);
     }
-    if (step.code !== undefined) {
+    if (step.code !== undefined && out.kind === 'error') {
       const codes = Array.isArray(step.code) ? step.code : [step.code];
       if (!codes.includes(out.code)) throw new ScenarioFailure(`expected error code ${codes.join(' or ')}, got ${show(out)}`);
     }
@@ -224,11 +230,75 @@ class Runner {
         }
       }
     }
-    if (step.expect === 'info') {
-      const { info } = out;
-      if (!info.cluster || info.total < 1 || info.connected < 0 || info.connected > info.total) {
-        throw new ScenarioFailure(`implausible INFO ${show(info)}`);
+    if (step.expect === 'info') this.checkInfo(step, out);
+  }
+
+  /**
+   * The parsed Info is plausible; each field of info_same_as_raw equals the
+   * raw INFO line's (read right after it; `-` is null); each field of
+   * info_known is known (not null).
+   */
+  checkInfo(step, out) {
+    const { info } = out;
+    if (!info.cluster || info.total < 1 || info.connected < 0 || info.connected > info.total) {
+      throw new ScenarioFailure(`implausible INFO ${show(info)}`);
+    }
+    const raw = {};
+    for (const w of out.reply.split(' ').slice(1)) {
+      const eq = w.indexOf('=');
+      const v = w.slice(eq + 1);
+      raw[w.slice(0, eq)] = v === '-' ? null : v;
+    }
+    if (raw.connected) [raw.connected, raw.total] = raw.connected.split('/').map(Number);
+    if (raw.protocol != null) raw.protocol = Number(raw.protocol);
+    // The library's names of the protocol's fields.
+    const camel = (name) => name.replace(/_([a-z])/g, (_, c) => c.toUpperCase());
+    for (const name of step.info_same_as_raw ?? []) {
+      if (!(camel(name) in info)) throw new ScenarioFailure(`Info has no field ${camel(name)}: ${show(info)}`);
+      if (info[camel(name)] !== (raw[name] ?? null)) {
+        throw new ScenarioFailure(`Info.${camel(name)} is ${show(info[camel(name)])}, the raw INFO line's ${show(raw[name])}`);
       }
+    }
+    for (const name of step.info_known ?? []) {
+      if (info[camel(name)] === null || info[camel(name)] === undefined || info[camel(name)] === '') {
+        throw new ScenarioFailure(`Info.${camel(name)} is not known: ${show(info)}`);
+      }
+    }
+  }
+
+  /**
+   * connect_default: open connection `conn` with the library's default
+   * socket path (`new Client()`), with $TICKETING_SOCKET set to the
+   * sidecar's socket (env `sidecar`), unset, or set to a path with no
+   * socket (`missing`), from a working directory whose ./ticketing.sock
+   * leads to the sidecar (`cwd_socket`) or that has none; then PING on it.
+   * The environment and the working directory are restored after.
+   */
+  async connectDefault(step) {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'tkc'));
+    const oldEnv = process.env.TICKETING_SOCKET;
+    const oldCwd = process.cwd();
+    const t0 = performance.now();
+    try {
+      if (step.cwd_socket) fs.symlinkSync(this.socketPath, path.join(dir, 'ticketing.sock'));
+      switch (step.env) {
+        case 'sidecar': process.env.TICKETING_SOCKET = this.socketPath; break;
+        case 'unset': delete process.env.TICKETING_SOCKET; break;
+        case 'missing': process.env.TICKETING_SOCKET = path.join(dir, 'missing.sock'); break;
+        default: throw new ScenarioFailure(`unknown env ${step.env}`);
+      }
+      process.chdir(dir);
+      const old = this.conns.get(step.conn);
+      if (old) await old.close();
+      const client = new ticketing.Client();
+      this.conns.set(step.conn, client);
+      const out = await client.ping().then(() => ({ kind: 'pong' }), classifyError);
+      this.check(step, out, (performance.now() - t0) / 1000);
+    } finally {
+      process.chdir(oldCwd);
+      if (oldEnv === undefined) delete process.env.TICKETING_SOCKET;
+      else process.env.TICKETING_SOCKET = oldEnv;
+      fs.rmSync(dir, { recursive: true, force: true });
     }
   }
 
@@ -343,6 +413,13 @@ class Runner {
         }
         return;
       }
+      case 'restart_sidecar':
+        if (!this.restart) throw new ScenarioFailure('this runner cannot restart the sidecar');
+        await this.restart();
+        return;
+      case 'connect_default':
+        await this.connectDefault(step);
+        return;
       case 'close': {
         const client = this.conns.get(step.conn);
         this.conns.delete(step.conn);
@@ -400,9 +477,10 @@ class Runner {
  * @param {string} socketPath
  * @param {object} scenario
  * @param {number} index
+ * @param {(() => Promise<void>)|null} [restart] restarts that sidecar (op restart_sidecar)
  */
-function runScenario(socketPath, scenario, index) {
-  return new Runner(socketPath, scenario, index).run();
+function runScenario(socketPath, scenario, index, restart = null) {
+  return new Runner(socketPath, scenario, index, restart).run();
 }
 
 module.exports = { loadScenarios, runScenario, classifyReply, ScenarioFailure };

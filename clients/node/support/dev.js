@@ -31,15 +31,18 @@ function ticketingBinary() {
   return built;
 }
 
-/** One PING over a fresh connection; resolves true on PONG. */
-function pingOnce(socketPath) {
+/** One INFO over a fresh connection; resolves true once it names a leader. */
+function readyOnce(socketPath) {
   return new Promise((resolve) => {
     const s = net.createConnection({ path: socketPath });
     let buf = '';
     const done = (ok) => { s.destroy(); resolve(ok); };
     s.setTimeout(2000, () => done(false));
-    s.on('connect', () => s.write('PING\n'));
-    s.on('data', (d) => { buf += d; if (buf.includes('\n')) done(buf === 'PONG\n'); });
+    s.on('connect', () => s.write('INFO\n'));
+    s.on('data', (d) => {
+      buf += d;
+      if (buf.includes('\n')) done(buf.startsWith('INFO ') && !buf.includes(' leader=- '));
+    });
     s.on('error', () => done(false));
   });
 }
@@ -52,6 +55,10 @@ class DevCluster {
     this.dir = fs.mkdtempSync(path.join(os.tmpdir(), 'tk-node-'));
     this.socket = path.join(this.dir, 's.sock');
     this.output = [];
+    this.spawn();
+  }
+
+  spawn() {
     this.proc = spawn(ticketingBinary(), [
       'dev', '--base-port', '0', '--dir', path.join(this.dir, 'data'), '--socket', this.socket,
     ], { stdio: ['ignore', 'pipe', 'pipe'] });
@@ -68,7 +75,7 @@ class DevCluster {
     return this.output.join('\n');
   }
 
-  /** Wait for `ready` and for the sidecar to answer PING. */
+  /** Wait for `ready` and for the sidecar to answer INFO with a leader. */
   async start() {
     const lines = readline.createInterface({ input: this.proc.stdout });
     const ready = new Promise((resolve, reject) => {
@@ -87,9 +94,9 @@ class DevCluster {
     try {
       await ready;
       const deadline = Date.now() + SIDECAR_TIMEOUT_MS;
-      while (!(await pingOnce(this.socket))) {
+      while (!(await readyOnce(this.socket))) {
         if (Date.now() > deadline) {
-          throw new Error(`no sidecar answered PING on ${this.socket}; does this ticketing build run the sidecar in \`dev --socket\`?\n${this.log()}`);
+          throw new Error(`no sidecar answered INFO with a leader on ${this.socket}; does this ticketing build run the sidecar in \`dev --socket\`?\n${this.log()}`);
         }
         await new Promise((r) => setTimeout(r, 50));
       }
@@ -100,14 +107,29 @@ class DevCluster {
     return this;
   }
 
+  /**
+   * Stop the process as Ctrl-C does and start it again on the same socket
+   * with the same cluster state (--dir), as an operator restarting the
+   * sidecar would; resolves once it is ready again.
+   */
+  async restart() {
+    await this.halt();
+    this.spawn();
+    await this.start();
+  }
+
   /** SIGINT, as Ctrl-C would; SIGKILL if it does not stop in time. */
-  async stop() {
+  async halt() {
     if (this.proc.exitCode === null && this.proc.signalCode === null) {
       this.proc.kill('SIGINT');
       const timer = setTimeout(() => this.proc.kill('SIGKILL'), 20_000);
       await this.exited;
       clearTimeout(timer);
     }
+  }
+
+  async stop() {
+    await this.halt();
     fs.rmSync(this.dir, { recursive: true, force: true });
   }
 }

@@ -184,3 +184,31 @@ test('a missing or stale socket names the path and what to start, and is not "lo
     fs.rmSync(dir, { recursive: true, force: true });
   }
 });
+
+test('a child process that only awaits lock.signal keeps its lock until it is lost', async () => {
+  const { spawn } = require('node:child_process');
+  const path = require('node:path');
+  const k = key('keepalive');
+  const script = `const { Client } = require(${JSON.stringify(path.resolve(__dirname, '..'))});
+    (async () => {
+      const lock = await new Client({ path: ${JSON.stringify(dev.socket)} }).lock(${JSON.stringify(k)}, { lease: 4, wait: 0 });
+      console.log('locked');
+      await new Promise((resolve) => lock.signal.addEventListener('abort', resolve));
+      console.log('lost', lock.lostReason);
+    })();`;
+  const child = spawn(process.execPath, ['-e', script], { stdio: ['ignore', 'pipe', 'inherit'] });
+  let out = '';
+  const locked = new Promise((resolve) => child.stdout.on('data', (d) => { out += d; if (out.includes('locked')) resolve(); }));
+  const exited = new Promise((resolve) => child.once('exit', (c, s) => resolve([c, s])));
+  const guard = setTimeout(() => child.kill('SIGKILL'), 60_000); // hang guard only
+  await Promise.race([locked, exited]);
+  // While the child waits on the signal, its session holds the key (unless
+  // the lock was lost already, on a machine slow enough to take its lease).
+  const other = await client().acquire(k, { lease: 10, wait: 0 }).then(() => 'ok', (e) => e);
+  if (!out.includes('lost')) assert.ok(other instanceof ticketing.BusyError, `acquire by another session: ${other}`);
+  const [code, signal] = await exited;
+  clearTimeout(guard);
+  assert.equal(signal, null, 'the child had to be killed: it did not exit once its lock was lost');
+  assert.equal(code, 0);
+  assert.match(out, /^locked\nlost (deadline|expired)\n$/);
+});

@@ -224,21 +224,57 @@ test('withLock passes the Lock after the token', async () => {
   });
 });
 
-test("a held lock's timers do not keep the process alive", async () => {
-  const fake = await new FakeSidecar().start();
-  cleanup.push(() => fake.stop());
-  const script = `const { Client } = require(${JSON.stringify(path.resolve(__dirname, '..'))});
-    new Client({ path: ${JSON.stringify(fake.path)} }).lock('k', { lease: 250, wait: 0 })
-      .then((l) => console.log('locked', String(l.token)));`;
+/**
+ * Run `script` in a child node process; resolve with its exit code, signal
+ * and stdout. A child still running after 60 s is killed (a hang guard: the
+ * scripts end within their lock's few seconds of lease, or at once).
+ */
+async function runChild(script) {
   const child = spawn(process.execPath, ['-e', script], { stdio: ['ignore', 'pipe', 'inherit'] });
   let out = '';
   child.stdout.on('data', (d) => { out += d; });
-  // The bound is far from anything timing-sensitive: the lock's deadline is
-  // 247 s away, so exiting at all shows its timer is unref'd.
   const timer = setTimeout(() => child.kill('SIGKILL'), 60_000);
   const [code, signal] = await new Promise((resolve) => child.once('exit', (c, s) => resolve([c, s])));
   clearTimeout(timer);
+  return { code, signal, out };
+}
+
+const CLIENT_PATH = JSON.stringify(path.resolve(__dirname, '..'));
+
+test('a script that only awaits lock.signal runs until the lock is lost, then exits', async () => {
+  const fake = await new FakeSidecar().start();
+  cleanup.push(() => fake.stop());
+  // Nothing but the held lock is pending: without it keeping the process
+  // alive, the child would exit 0 right after "locked", the lock silently
+  // released with the session.
+  const script = `const { Client } = require(${CLIENT_PATH});
+    (async () => {
+      const lock = await new Client({ path: ${JSON.stringify(fake.path)} }).lock('k', { lease: 2, wait: 0 });
+      console.log('locked', String(lock.token));
+      await new Promise((resolve) => lock.signal.addEventListener('abort', resolve));
+      console.log('lost', lock.lostReason);
+    })();`;
+  const { code, signal, out } = await runChild(script);
+  assert.equal(signal, null, 'the child had to be killed: it did not exit once its lock was lost');
+  assert.equal(code, 0);
+  assert.match(out, /^locked [0-9]+\nlost deadline\n$/);
+});
+
+test('once its lock is released (or never taken) an idle client lets the process exit', async () => {
+  const fake = await new FakeSidecar().start();
+  cleanup.push(() => fake.stop());
+  // The lease is 250 s: exiting at all shows neither the released lock nor
+  // its timers keep the process alive.
+  const script = `const { Client } = require(${CLIENT_PATH});
+    (async () => {
+      const c = new Client({ path: ${JSON.stringify(fake.path)} });
+      const lock = await c.lock('k', { lease: 250, wait: 0 });
+      await lock.release();
+      await c.ping();
+      console.log('released', String(lock.token));
+    })();`;
+  const { code, signal, out } = await runChild(script);
   assert.equal(signal, null, 'the child had to be killed: something kept it alive');
   assert.equal(code, 0);
-  assert.match(out, /^locked [0-9]+/);
+  assert.match(out, /^released [0-9]+/);
 });

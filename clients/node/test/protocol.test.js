@@ -53,8 +53,11 @@ test('reply parsing', () => {
     return true;
   });
   assert.throws(() => p.parseRelease('ERR not_held'), (e) => e.code === 'not_held' && e.detail === '');
+  // A field an older sidecar does not send is null.
   assert.deepEqual(p.parseInfo('INFO cluster=dev leader=- connected=2/3 x=y'), {
-    cluster: 'dev', leader: null, connected: 2, total: 3, fields: { cluster: 'dev', leader: '-', connected: '2/3', x: 'y' },
+    cluster: 'dev', leader: null, connected: 2, total: 3, domain: null, members: null, protocol: null, sessions: null,
+    session: null, sessionState: null, sessionTimeoutMs: null, sessionResumes: null, sessionOpens: null,
+    sessionHeld: null, sessionLastResume: null, fields: { cluster: 'dev', leader: '-', connected: '2/3', x: 'y' },
   });
   // The sidecar's cluster session (unixapi/PROTOCOL.md, INFO): fields this
   // client does not type, kept in fields.
@@ -66,6 +69,16 @@ test('reply parsing', () => {
   assert.equal(info.fields.session_state, 'attached');
   assert.equal(Number(info.fields.session_timeout_ms), 10000);
   assert.equal(info.fields.session_last_resume, 'outcomes:2,queued:12,void:0,repeated:0');
+  // ... and typed: every field of the protocol is a property.
+  assert.equal(info.domain, 'd');
+  assert.equal(info.members, null);
+  assert.equal(info.protocol, 4);
+  assert.deepEqual([info.sessions, info.session, info.sessionState], ['auto', '5c1e0f7a92b3d4e8', 'attached']);
+  assert.deepEqual([info.sessionTimeoutMs, info.sessionResumes, info.sessionOpens, info.sessionHeld], [10000, 1, 1, 0]);
+  assert.deepEqual(p.parseInfo('INFO cluster=dev connected=3/3 members=n1/mr6:voter@127.0.0.1:7401,n2/k3c:learner@-').members, [
+    { id: 'n1/mr6', role: 'voter', addr: '127.0.0.1:7401' }, { id: 'n2/k3c', role: 'learner', addr: null }]);
+  assert.throws(() => p.parseInfo('INFO connected=1/3 protocol=four'), ticketing.ProtocolError);
+  assert.throws(() => p.parseInfo('INFO connected=1/3 members=nocolon'), ticketing.ProtocolError);
   assert.deepEqual(p.parseHeld('HELD 0'), []);
   assert.deepEqual(p.parseHeld('HELD 3 a:b:7 c:9 c:12'), [
     { key: 'a:b', token: 7n }, { key: 'c', token: 9n }, { key: 'c', token: 12n }]);

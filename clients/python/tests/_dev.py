@@ -50,6 +50,9 @@ class DevCluster:
         self._output: Deque[str] = collections.deque(maxlen=200)
         self._pump: Optional[threading.Thread] = None
         self._stderr = open(os.path.join(self.dir, "dev.stderr"), "w+b")
+        self._start()
+
+    def _start(self) -> None:
         self.proc = subprocess.Popen(
             [ticketing_binary(), "dev", "--base-port", "0", "--dir", os.path.join(self.dir, "data"),
              "--socket", self.socket],
@@ -91,14 +94,16 @@ class DevCluster:
                 with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
                     s.settimeout(2)
                     s.connect(self.socket)
-                    s.sendall(b"PING\n")
-                    if s.makefile("rb").readline() == b"PONG\n":
+                    # Ready once it knows a leader (INFO names one).
+                    s.sendall(b"INFO\n")
+                    reply = s.makefile("rb").readline()
+                    if reply.startswith(b"INFO ") and b" leader=- " not in reply:
                         return
             except OSError as e:
                 last = e
             time.sleep(0.05)
         raise RuntimeError(
-            f"no sidecar answered PING on {self.socket} ({last}); does this ticketing build run "
+            f"no sidecar answered INFO with a leader on {self.socket} ({last}); does this ticketing build run "
             f"the sidecar in `dev --socket`?\n" + self.log()
         )
 
@@ -109,8 +114,14 @@ class DevCluster:
         err = self._stderr.read().decode("utf-8", "replace")[-4000:]
         return "--- stdout\n" + "\n".join(self._output) + "\n--- stderr\n" + err
 
-    def stop(self) -> None:
-        """SIGINT, as Ctrl-C would; kill if it does not stop in time."""
+    def restart(self) -> None:
+        """Stop the process as Ctrl-C does and start it again on the same
+        socket with the same cluster state (``--dir``), as an operator
+        restarting the sidecar would; return once it is ready again."""
+        self._halt()
+        self._start()
+
+    def _halt(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
             try:
@@ -122,5 +133,9 @@ class DevCluster:
             self._pump.join(5)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+
+    def stop(self) -> None:
+        """SIGINT, as Ctrl-C would; kill if it does not stop in time."""
+        self._halt()
         self._stderr.close()
         shutil.rmtree(self.dir, ignore_errors=True)

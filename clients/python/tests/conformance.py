@@ -16,6 +16,7 @@ import re
 import secrets
 import signal
 import subprocess
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -108,8 +109,8 @@ class SyncAdapter:
         self.path = path
         self.pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="conformance")
 
-    def new(self) -> ticketing.Client:
-        return ticketing.Client(self.path)
+    def new(self, path: Optional[str] = None) -> ticketing.Client:
+        return ticketing.Client(self.path if path is None else path)
 
     async def call(self, client: ticketing.Client, method: str, *args: Any, **kwargs: Any) -> Any:
         fn: Callable[..., Any] = getattr(client, method)
@@ -141,8 +142,8 @@ class AsyncAdapter:
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def new(self) -> ticketing.AsyncClient:
-        return ticketing.AsyncClient(self.path)
+    def new(self, path: Optional[str] = None) -> ticketing.AsyncClient:
+        return ticketing.AsyncClient(self.path if path is None else path)
 
     async def call(self, client: ticketing.AsyncClient, method: str, *args: Any, **kwargs: Any) -> Any:
         return await getattr(client, method)(*args, **kwargs)
@@ -168,8 +169,17 @@ class ScenarioFailure(AssertionError):
 class Runner:
     """Runs one scenario with one adapter."""
 
-    def __init__(self, adapter: Any, scenario: Dict[str, Any], index: int, prefix: str) -> None:
+    def __init__(
+        self,
+        adapter: Any,
+        scenario: Dict[str, Any],
+        index: int,
+        prefix: str,
+        restart: Optional[Callable[[], None]] = None,
+    ) -> None:
         self.adapter = adapter
+        # Restarts the sidecar (op restart_sidecar), blocking until it is ready.
+        self.restart = restart
         self.scenario = scenario
         self.namespace = f"{prefix}/{index}/"
         self.key_opts: Dict[str, Dict[str, Any]] = scenario.get("keys", {})
@@ -249,7 +259,9 @@ class Runner:
                 await call(client, "ping")
                 return Outcome("pong")
             if op == "info":
-                return Outcome("info", info=await call(client, "info"))
+                info = await call(client, "info")
+                # The raw line, on the same connection, for info_same_as_raw.
+                return Outcome("info", info=info, reply=await call(client, "raw", "INFO"))
             if op == "held":
                 return Outcome("held", held=await call(client, "held"))
             if op == "raw":
@@ -267,10 +279,12 @@ class Runner:
         return out, time.monotonic() - t0
 
     def check(self, step: Dict[str, Any], out: Outcome, elapsed: float) -> None:
+        # expect is a kind or a list of kinds; code applies to an error.
         want = step.get("expect")
-        if want is not None and out.kind != want:
-            raise ScenarioFailure(f"expected {want}, got {out}")
-        if "code" in step:
+        wants = want if isinstance(want, list) else [want]
+        if want is not None and out.kind not in wants:
+            raise ScenarioFailure(f"expected {' or '.join(wants)}, got {out}")
+        if "code" in step and out.kind == "error":
             codes = step["code"] if isinstance(step["code"], list) else [step["code"]]
             if out.code not in codes:
                 raise ScenarioFailure(f"expected error code {' or '.join(codes)}, got {out}")
@@ -299,10 +313,32 @@ class Runner:
                 if (self.key(k), self.tokens[t]) not in out.held:
                     raise ScenarioFailure(f"expected {k} held under {t}={self.tokens[t]}, got {out.held}")
         if want == "info":
-            info = out.info
-            assert info is not None
-            if not info.cluster or info.total < 1 or not 0 <= info.connected <= info.total:
-                raise ScenarioFailure(f"implausible INFO {info}")
+            self.check_info(step, out)
+
+    def check_info(self, step: Dict[str, Any], out: Outcome) -> None:
+        """The parsed Info is plausible; each field of info_same_as_raw equals
+        the raw INFO line's (read right after it; ``-`` is None); each field
+        of info_known is known (not None)."""
+        info = out.info
+        assert info is not None and out.reply is not None
+        if not info.cluster or info.total < 1 or not 0 <= info.connected <= info.total:
+            raise ScenarioFailure(f"implausible INFO {info}")
+        raw: Dict[str, Any] = {}
+        for w in out.reply.split(" ")[1:]:
+            k, _, v = w.partition("=")
+            raw[k] = None if v == "-" else v
+        if raw.get("connected"):
+            raw["connected"], raw["total"] = (int(x) for x in raw["connected"].split("/"))
+        if raw.get("protocol") is not None:
+            raw["protocol"] = int(raw["protocol"])
+        for name in step.get("info_same_as_raw", []):
+            if not hasattr(info, name):
+                raise ScenarioFailure(f"Info has no field {name!r}: {info}")
+            if getattr(info, name) != raw.get(name):
+                raise ScenarioFailure(f"Info.{name} is {getattr(info, name)!r}, the raw INFO line's {raw.get(name)!r}")
+        for name in step.get("info_known", []):
+            if getattr(info, name, None) in (None, ""):
+                raise ScenarioFailure(f"Info.{name} is not known: {info}")
 
     async def run(self) -> None:
         try:
@@ -356,6 +392,14 @@ class Runner:
             await self.await_queued(step["id"])
         elif op == "stall":
             await self.stall(step["seconds"])
+        elif op == "restart_sidecar":
+            if self.restart is None:
+                raise ScenarioFailure("this runner cannot restart the sidecar")
+            await asyncio.get_running_loop().run_in_executor(None, self.restart)
+        elif op == "connect_default":
+            t0 = time.monotonic()
+            out = await self.connect_default(step)
+            self.check(step, out, time.monotonic() - t0)
         elif op == "close":
             client = self.conns.pop(step["conn"], None)
             if client is not None:
@@ -386,6 +430,45 @@ class Runner:
             out, elapsed = await self.timed(step)
             self.check(step, out, elapsed)
 
+
+    async def connect_default(self, step: Dict[str, Any]) -> Outcome:
+        """Open connection ``conn`` with the library's default socket path
+        (``Client()``), with $TICKETING_SOCKET set to the sidecar's socket
+        (env ``sidecar``), unset, or set to a path with no socket
+        (``missing``), from a working directory whose ./ticketing.sock leads
+        to the sidecar (``cwd_socket``) or that has none; then PING on it.
+        The environment and the working directory are restored after."""
+        env_name = ticketing._protocol.SOCKET_ENV
+        old_env, old_cwd = os.environ.get(env_name), os.getcwd()
+        with tempfile.TemporaryDirectory(prefix="tkc") as d:
+            if step.get("cwd_socket"):
+                os.symlink(self.adapter.path, os.path.join(d, "ticketing.sock"))
+            env = step["env"]
+            if env == "sidecar":
+                os.environ[env_name] = self.adapter.path
+            elif env == "unset":
+                os.environ.pop(env_name, None)
+            elif env == "missing":
+                os.environ[env_name] = os.path.join(d, "missing.sock")
+            else:
+                raise ScenarioFailure(f"unknown env {env!r}")
+            os.chdir(d)
+            try:
+                old = self.conns.pop(step["conn"], None)
+                if old is not None:
+                    await self.adapter.close(old)
+                client = self.conns[step["conn"]] = self.adapter.new("")
+                try:
+                    await self.adapter.call(client, "ping")
+                    return Outcome("pong")
+                except Exception as e:  # noqa: BLE001 - classified
+                    return classify_exception(e)
+            finally:
+                os.chdir(old_cwd)
+                if old_env is None:
+                    os.environ.pop(env_name, None)
+                else:
+                    os.environ[env_name] = old_env
 
     async def await_queued(self, bg: str) -> None:
         """Wait for the ``! QUEUED`` of background request *bg*: fails if
@@ -435,11 +518,23 @@ class Runner:
             child.wait()
 
 
-def run_scenario(adapter_cls: Any, path: str, scenario: Dict[str, Any], index: int) -> None:
-    """Run one scenario to completion in a fresh event loop; raise on failure."""
+def restarts(scenario: Dict[str, Any]) -> bool:
+    """Whether the scenario restarts the sidecar (op restart_sidecar)."""
+    return any(step["op"] == "restart_sidecar" for step in scenario["steps"])
+
+
+def run_scenario(
+    adapter_cls: Any,
+    path: str,
+    scenario: Dict[str, Any],
+    index: int,
+    restart: Optional[Callable[[], None]] = None,
+) -> None:
+    """Run one scenario to completion in a fresh event loop; raise on
+    failure. *restart* restarts the sidecar at *path* (op restart_sidecar)."""
     prefix = f"conf-py-{adapter_cls.name}-{secrets.token_hex(4)}"
     adapter = adapter_cls(path)
     try:
-        asyncio.run(Runner(adapter, scenario, index, prefix).run())
+        asyncio.run(Runner(adapter, scenario, index, prefix, restart).run())
     finally:
         adapter.shutdown()

@@ -1,5 +1,7 @@
 """Every scenario of clients/conformance/scenarios.json, with the blocking
-Client and with the AsyncClient, against one real ``ticketing dev``."""
+Client and with the AsyncClient, against one real ``ticketing dev`` (which
+the scenarios with restart_sidecar restart: stop and start it again with the
+same socket and cluster state)."""
 
 import unittest
 
@@ -22,7 +24,7 @@ def tearDownModule() -> None:
 def _make_test(adapter_cls, scenario, index):
     def test(self: unittest.TestCase) -> None:
         assert cluster is not None
-        conformance.run_scenario(adapter_cls, cluster.socket, scenario, index)
+        conformance.run_scenario(adapter_cls, cluster.socket, scenario, index, cluster.restart)
 
     test.__doc__ = f"[{adapter_cls.name}] {scenario['name']}: {scenario.get('description', '')}"
     return test

@@ -105,6 +105,28 @@ class ReplyParsing(unittest.TestCase):
         self.assertEqual(int(info.fields["session_timeout_ms"]), 10000)
         self.assertEqual(info.fields["session_last_resume"], "outcomes:2,queued:12,void:0,repeated:0")
 
+    def test_info_typed_fields(self) -> None:
+        # Every field of the protocol is an attribute; "-" is None; a field
+        # an older sidecar does not send is None.
+        info = p.parse_info(
+            "INFO cluster=dev leader=127.0.0.1:7401 connected=3/3 domain=fc59 "
+            "members=n1/mr6:voter@127.0.0.1:7401,n2/k3c:learner@- protocol=4 sessions=auto "
+            "session=5c1e0f7a92b3d4e8 session_state=attached session_timeout_ms=10000 session_resumes=1 "
+            "session_opens=2 session_held=3 session_last_resume=outcomes:2,queued:12,void:0,repeated:0"
+        )
+        self.assertEqual(info.domain, "fc59")
+        self.assertEqual(
+            info.members,
+            [ticketing.Member("n1/mr6", "voter", "127.0.0.1:7401"), ticketing.Member("n2/k3c", "learner", None)],
+        )
+        self.assertEqual((info.protocol, info.sessions, info.session, info.session_state), (4, "auto", "5c1e0f7a92b3d4e8", "attached"))
+        self.assertEqual((info.session_timeout_ms, info.session_resumes, info.session_opens, info.session_held), (10000, 1, 2, 3))
+        self.assertEqual(info.session_last_resume, "outcomes:2,queued:12,void:0,repeated:0")
+        old = p.parse_info("INFO cluster=dev leader=- connected=0/3 domain=- members=-")
+        self.assertEqual((old.domain, old.members, old.protocol, old.session), (None, None, None, None))
+        self.assertRaises(ticketing.ProtocolError, p.parse_info, "INFO connected=1/3 protocol=four")
+        self.assertRaises(ticketing.ProtocolError, p.parse_info, "INFO connected=1/3 members=nocolon")
+
     def test_held(self) -> None:
         self.assertEqual(p.parse_held("HELD 0"), [])
         self.assertEqual(p.parse_held("HELD 3 a:b:7 c:9 c:12"), [("a:b", 7), ("c", 9), ("c", 12)])

@@ -30,6 +30,7 @@ from ._protocol import (
     MIN_LEASE,
     PROTOCOL_VERSION,
     Info,
+    Member,
 )
 from .aio import AsyncClient, AsyncLock
 from .client import Client, Lock
@@ -39,6 +40,7 @@ from .errors import (
     LockLostError,
     LockTimeout,
     LockTimeoutError,
+    NoDomainError,
     NotSupportedError,
     ProtocolError,
     ServerError,
@@ -56,6 +58,7 @@ __all__ = [
     "AsyncClient",
     "AsyncLock",
     "Info",
+    "Member",
     "TicketingError",
     "BusyError",
     "LockTimeoutError",
@@ -65,6 +68,7 @@ __all__ = [
     "ProtocolError",
     "SidecarConnectionError",
     "NotSupportedError",
+    "NoDomainError",
     "LockLostError",
     "StaleTokenError",
     "fence",

@@ -38,6 +38,7 @@ from .errors import (
     IndeterminateError,
     LockLostError,
     LockTimeoutError,
+    NoDomainError,
     NotSupportedError,
     ProtocolError,
     ServerError,
@@ -591,8 +592,26 @@ def parse_ping(reply: str) -> None:
 
 
 @dataclass(frozen=True)
+class Member:
+    """One entry of INFO's ``members`` field.
+
+    :ivar id: the server id, ``NAME/INCARNATION``.
+    :ivar role: ``voter`` or ``learner``.
+    :ivar addr: its client address, or None while the leader has not
+        recorded it.
+    """
+
+    id: str
+    role: str
+    addr: Optional[str]
+
+
+@dataclass(frozen=True)
 class Info:
-    """The sidecar's view of the cluster (reply to ``INFO``).
+    """The sidecar's view of the cluster (reply to ``INFO``; unixapi/PROTOCOL.md).
+
+    A field an older sidecar does not send is None; ``-`` (none known) is
+    None too.
 
     :ivar cluster: the cluster id.
     :ivar leader: address of the known leader, or None.
@@ -600,17 +619,60 @@ class Info:
     :ivar total: number of configured cluster addresses.
     :ivar fields: every ``name=value`` field of the reply, including ones
         this client does not know.
+    :ivar domain: the cluster's fencing domain, the name of the token
+        sequence: key fence high-water marks by it (``ticketing.fence``
+        does, from :meth:`Client.domain`); None until a node has named it.
+    :ivar members: the Raft configuration as the leader last reported it
+        (a list of :class:`Member`), None until known.
+    :ivar protocol: the protocol version the sidecar speaks.
+    :ivar sessions: the sidecar's ``--sessions`` setting (auto, off).
+    :ivar session: the id (hex) of its cluster session, or None.
+    :ivar session_state: the cluster session's state, or None.
+    :ivar session_timeout_ms, session_resumes, session_opens, session_held:
+        the cluster session's timeout, resumes and opens so far, and the
+        locks it holds.
+    :ivar session_last_resume: what the last resume found, as sent.
     """
 
     cluster: str
     leader: Optional[str]
     connected: int
     total: int
-    fields: Dict[str, str] = field(default_factory=dict)
+    fields: Dict[str, str] = field(default_factory=dict, repr=False)
+    domain: Optional[str] = None
+    members: Optional[List[Member]] = None
+    protocol: Optional[int] = None
+    sessions: Optional[str] = None
+    session: Optional[str] = None
+    session_state: Optional[str] = None
+    session_timeout_ms: Optional[int] = None
+    session_resumes: Optional[int] = None
+    session_opens: Optional[int] = None
+    session_held: Optional[int] = None
+    session_last_resume: Optional[str] = None
+
+
+def _dash(value: Optional[str]) -> Optional[str]:
+    return None if value in (None, "", "-") else value
+
+
+def _members(value: Optional[str]) -> Optional[List[Member]]:
+    """``<id>:<role>@<addr>,...``: split each entry at the first ``@``, then
+    at the last ``:`` before it."""
+    if _dash(value) is None:
+        return None
+    out = []
+    for entry in value.split(","):  # type: ignore[union-attr]
+        left, at, addr = entry.partition("@")
+        sid, colon, role = left.rpartition(":")
+        if not at or not colon or not sid:
+            raise ValueError(entry)
+        out.append(Member(sid, role, _dash(addr)))
+    return out
 
 
 def parse_info(reply: str) -> Info:
-    """``INFO cluster=<id> leader=<addr|-> connected=<n>/<total> ...`` → Info."""
+    """``INFO cluster=<id> leader=<addr|-> connected=<n>/<total> domain=... ...`` → Info."""
     words = reply.split(" ")
     if words[0] != "INFO":
         raise _error_from(reply)
@@ -622,18 +684,47 @@ def parse_info(reply: str) -> Info:
         if not sep:
             raise ProtocolError(f"bad field {w!r} in reply {reply!r}")
         fields[name] = value
+
+    def count(name: str) -> Optional[int]:
+        v = fields.get(name)
+        if v is None:
+            return None
+        n = int(v)
+        if n < 0:
+            raise ValueError(v)
+        return n
+
     try:
         n, total = fields.get("connected", "0/0").split("/", 1)
-        leader = fields.get("leader", "-")
         return Info(
             cluster=fields.get("cluster", ""),
-            leader=None if leader in ("", "-") else leader,
+            leader=_dash(fields.get("leader", "-")),
             connected=int(n),
             total=int(total),
             fields=fields,
+            domain=_dash(fields.get("domain")),
+            members=_members(fields.get("members")),
+            protocol=count("protocol"),
+            sessions=fields.get("sessions"),
+            session=_dash(fields.get("session")),
+            session_state=_dash(fields.get("session_state")),
+            session_timeout_ms=count("session_timeout_ms"),
+            session_resumes=count("session_resumes"),
+            session_opens=count("session_opens"),
+            session_held=count("session_held"),
+            session_last_resume=fields.get("session_last_resume"),
         )
     except ValueError:
         raise ProtocolError(f"bad INFO reply {reply!r}") from None
+
+
+def require_domain(info: Info, path: str) -> str:
+    """*info*'s fencing domain, or :class:`NoDomainError` if it names none."""
+    if info.domain is None:
+        raise NoDomainError(
+            f"the sidecar at {path} reports domain=- (it has not reached a node of its cluster yet)"
+        )
+    return info.domain
 
 
 def parse_held(reply: str) -> List[Tuple[str, int]]:

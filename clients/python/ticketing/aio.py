@@ -340,6 +340,10 @@ class AsyncClient:
         """The sidecar's view of the cluster (``INFO``)."""
         return p.parse_info(await self._call("INFO", 0.0))
 
+    async def domain(self) -> str:
+        """The cluster's fencing domain; see :meth:`ticketing.Client.domain`."""
+        return p.require_domain(await self.info(), self.path)
+
     async def held(self) -> List[Tuple[str, int]]:
         """Locks held by this client's connection: [(key, token), ...] (``HELD``)."""
         return p.parse_held(await self._call("HELD", 0.0))

@@ -503,6 +503,14 @@ class Client:
         """The sidecar's view of the cluster (``INFO``)."""
         return p.parse_info(self._call("INFO", 0.0))
 
+    def domain(self) -> str:
+        """The fencing domain of the cluster behind the sidecar: INFO's
+        ``domain`` field, the name of the sequence this client's tokens
+        belong to. Fence high-water marks are keyed by it (the fence
+        helpers take it from here when given the client). Raises
+        :class:`NoDomainError` while no node has named it."""
+        return p.require_domain(self.info(), self.path)
+
     def held(self) -> List[Tuple[str, int]]:
         """Locks held by this client's connection: [(key, token), ...] (``HELD``)."""
         return p.parse_held(self._call("HELD", 0.0))

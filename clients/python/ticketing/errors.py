@@ -41,6 +41,7 @@ __all__ = [
     "ProtocolError",
     "SidecarConnectionError",
     "NotSupportedError",
+    "NoDomainError",
     "LockLostError",
 ]
 
@@ -137,6 +138,15 @@ class NotSupportedError(TicketingError):
     """
 
     code = "not_supported"
+
+
+class NoDomainError(TicketingError):
+    """INFO names no fencing domain yet (``domain=-``: the sidecar has not
+    reached a node of its cluster), so no token can be fenced under it yet.
+    Raised by ``Client.domain()`` and the fence helpers that take a client.
+    """
+
+    code = "no_domain"
 
 
 class LockLostError(TicketingError):

@@ -13,7 +13,7 @@ transaction* as the write::
     client = ticketing.Client()
     with client.lock("event/42", lease=30, wait=5) as token:
         try:
-            with fence.fenced(conn, "prod-cluster", "event/42", token) as cur:
+            with fence.fenced(conn, client, "event/42", token) as cur:
                 # the fence row is now ours: read and write what the token protects
                 cur.execute("UPDATE seats SET buyer = ? WHERE seat = ?", ("bob", 7))
         except fence.StaleTokenError:
@@ -32,8 +32,15 @@ one transaction, so a stale token on any key rejects the whole write and no
 mark moves::
 
     with client.lock_block(["seat/7", "seat/8"], lease=30, wait=5) as token:
-        with fence.fenced_block(conn, "prod-cluster", ["seat/7", "seat/8"], token) as cur:
+        with fence.fenced_block(conn, client, ["seat/7", "seat/8"], token) as cur:
             cur.execute("UPDATE seats SET buyer = ? WHERE seat IN (7, 8)", ("bob",))
+
+The ``domain`` argument names the token sequence: the cluster's **fencing
+domain**, INFO's ``domain`` field (``client.domain()``), never the cluster
+id, which a rebuilt cluster keeps while its tokens start a new sequence
+(clients/FENCING.md, "Fencing domains"). Pass the :class:`ticketing.Client`
+that took the lock and the helpers ask it; a string is used as given (an
+explicit domain, e.g. read once at start-up).
 
 Tokens are u64; the table stores ``token - 2**63`` (= token XOR 2**63) in a
 signed 64-bit column (SQLite INTEGER, PostgreSQL BIGINT), which keeps their
@@ -49,7 +56,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, Union
 
 from ._protocol import MAX_TOKEN
 from .errors import TicketingError
@@ -58,6 +65,7 @@ __all__ = [
     "StaleTokenError",
     "Fence",
     "fenced",
+    "domain_of",
     "fenced_block",
     "encode_token",
     "decode_token",
@@ -189,9 +197,12 @@ class Fence:
 
     @contextlib.contextmanager
     def transaction(
-        self, conn: Any, domain: str, key: str, token: int, begin: Optional[str] = None
+        self, conn: Any, domain: Union[str, Any], key: str, token: int, begin: Optional[str] = None
     ) -> Iterator[Any]:
         """Context manager: a transaction that starts with :meth:`advance`.
+
+        ``domain``: the :class:`ticketing.Client` that took the lock (its
+        fencing domain is asked) or the domain as a string (:func:`domain_of`).
 
         Yields a cursor; commits when the block ends, rolls back on any
         exception (:class:`StaleTokenError` included, raised before the block
@@ -202,19 +213,21 @@ class Fence:
         busy timeout instead of failing on a lock upgrade), ``BEGIN`` for
         other autocommit connections.
         """
-        with self._transaction(conn, begin, lambda cur: self.advance(cur, domain, key, token)) as cur:
+        d = domain_of(domain)
+        with self._transaction(conn, begin, lambda cur: self.advance(cur, d, key, token)) as cur:
             yield cur
 
     @contextlib.contextmanager
     def block_transaction(
-        self, conn: Any, domain: str, keys: Iterable[str], token: int, begin: Optional[str] = None
+        self, conn: Any, domain: Union[str, Any], keys: Iterable[str], token: int, begin: Optional[str] = None
     ) -> Iterator[Any]:
         """:meth:`transaction` for a seat block: the transaction starts with
         :meth:`advance_block` of every key to the block's one token. A stale
         token on any key raises :class:`StaleTokenError` before the block
         runs and rolls back: no mark raised, nothing written."""
         ks = _key_set(keys, token)
-        with self._transaction(conn, begin, lambda cur: self.advance_block(cur, domain, ks, token)) as cur:
+        d = domain_of(domain)
+        with self._transaction(conn, begin, lambda cur: self.advance_block(cur, d, ks, token)) as cur:
             yield cur
 
     @contextlib.contextmanager
@@ -279,9 +292,29 @@ class Fence:
         return cursor.rowcount
 
 
+def domain_of(domain: Any) -> str:
+    """The fencing domain a helper was given: a string as it is, or the
+    domain of a :class:`ticketing.Client` (``client.domain()``: INFO's
+    ``domain`` field; :class:`ticketing.NoDomainError` while it names none).
+    An :class:`ticketing.AsyncClient` cannot be asked from this synchronous
+    code: ``await client.domain()`` and pass the string."""
+    if isinstance(domain, str):
+        if not domain:
+            raise ValueError("an empty fencing domain")
+        return domain
+    ask = getattr(domain, "domain", None)
+    if ask is None or not callable(ask):
+        raise TypeError(f"domain must be a str or a ticketing.Client, not {type(domain).__name__}")
+    import inspect
+
+    if inspect.iscoroutinefunction(ask):
+        raise TypeError("an AsyncClient's domain must be awaited: pass `await client.domain()`")
+    return ask()
+
+
 def fenced(
     conn: Any,
-    domain: str,
+    domain: Union[str, Any],
     key: str,
     token: int,
     *,
@@ -289,19 +322,20 @@ def fenced(
     paramstyle: Optional[str] = None,
     begin: Optional[str] = None,
 ):
-    """``with fenced(conn, domain, key, token) as cur:`` — a transaction on
+    """``with fenced(conn, client, key, token) as cur:`` — a transaction on
     ``conn`` that starts with the fencing check; see :meth:`Fence.transaction`.
 
-    ``domain`` names the token sequence: the Ticketing cluster (its id, as
-    ``client.info().cluster`` reports it); ``key`` is the lock key.
+    ``domain`` names the token sequence: the :class:`ticketing.Client` that
+    took the lock (its fencing domain, INFO's ``domain`` field, is asked),
+    or that domain as a string; ``key`` is the lock key.
     """
     f = Fence(paramstyle or _paramstyle_of(conn), table)
-    return f.transaction(conn, domain, key, token, begin=begin)
+    return f.transaction(conn, domain_of(domain), key, token, begin=begin)
 
 
 def fenced_block(
     conn: Any,
-    domain: str,
+    domain: Union[str, Any],
     keys: Iterable[str],
     token: int,
     *,
@@ -309,12 +343,12 @@ def fenced_block(
     paramstyle: Optional[str] = None,
     begin: Optional[str] = None,
 ):
-    """``with fenced_block(conn, domain, keys, token) as cur:`` — a
+    """``with fenced_block(conn, client, keys, token) as cur:`` — a
     transaction that starts with the fencing check of every key of a seat
     block against its one token, all or nothing; see
-    :meth:`Fence.block_transaction`."""
+    :meth:`Fence.block_transaction`. ``domain`` as for :func:`fenced`."""
     f = Fence(paramstyle or _paramstyle_of(conn), table)
-    return f.block_transaction(conn, domain, keys, token, begin=begin)
+    return f.block_transaction(conn, domain_of(domain), keys, token, begin=begin)
 
 
 def _key_set(keys: Iterable[str], token: int) -> List[str]:

@@ -584,7 +584,7 @@ func runPing(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 func runInfo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return oneShot(ctx, "info", "Prints the sidecar's INFO line: cluster id, leader, connections, fencing\ndomain and members.", args, stdout, stderr, func(ctx context.Context, c *ticketing.Client) (string, error) {
 		s, err := c.Info(ctx)
-		return "INFO " + s, err
+		return "INFO " + s.Raw, err
 	})
 }
 

@@ -1,0 +1,132 @@
+package fence_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	ticketing "ticketing/clients/go"
+	"ticketing/clients/go/fence"
+	"ticketing/cluster/local"
+	"ticketing/sidecar"
+	"ticketing/unixapi"
+)
+
+// sidecarClient is a Client of a real sidecar: a 3-node cluster, a Broker
+// and a unixapi server in this process.
+func sidecarClient(t *testing.T) *ticketing.Client {
+	t.Helper()
+	c, err := local.Start(local.Options{Dir: t.TempDir(), Tune: local.FastRaft})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := c.Leader(ctx); err != nil {
+		t.Fatal(err)
+	}
+	bcfg := sidecar.DefaultConfig()
+	bcfg.Addrs, bcfg.Secret, bcfg.ClusterID, bcfg.Logger = c.ClientAddrs(), c.ClientSecret, c.ClusterID, slog.New(slog.DiscardHandler)
+	b, err := sidecar.New(bcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	dir, err := os.MkdirTemp("", "tkf") // short: a socket path has at most 107 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	ucfg := unixapi.DefaultConfig()
+	ucfg.Path, ucfg.Logger = filepath.Join(dir, "s"), slog.New(slog.DiscardHandler)
+	srv, err := unixapi.Listen(ucfg, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	if err := ticketing.WaitReady(ctx, ucfg.Path); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := ticketing.Dial(ctx, ucfg.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	return cl
+}
+
+// DoLock fences a Lock's writes under INFO's domain (never the cluster
+// id), with the lock's keys and token: the high-water marks land under the
+// domain, and a newer token recorded under the domain rejects the lock's
+// write (ErrStale) with nothing written.
+func TestDoLockUsesTheSidecarsDomain(t *testing.T) {
+	ctx := context.Background()
+	c := sidecarClient(t)
+	d := openSQLite(t)
+	in, err := c.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.Domain == "" || in.Domain == in.Cluster {
+		t.Fatalf("INFO domain %q, cluster %q: the test needs a named domain apart from the cluster id", in.Domain, in.Cluster)
+	}
+	if got, err := fence.Domain(ctx, c); err != nil || got != in.Domain {
+		t.Fatalf("fence.Domain: %q, %v; INFO's domain is %q", got, err, in.Domain)
+	}
+
+	key := "fence-lock/" + t.Name()
+	lk, err := c.Lock(ctx, key, 30*time.Second, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lk.Release(context.Background())
+	if err := d.f.DoLock(ctx, d.DB, nil, lk, func(tx *sql.Tx) error { return nil }); err != nil {
+		t.Fatalf("DoLock: %v", err)
+	}
+	if hw, err := d.f.HighWater(ctx, d.DB, in.Domain, key); err != nil || hw != lk.Token() {
+		t.Fatalf("high-water under the domain: %d, %v; want the lock's token %d", hw, err, lk.Token())
+	}
+	if hw, err := d.f.HighWater(ctx, d.DB, in.Cluster, key); err != nil || hw != 0 {
+		t.Fatalf("high-water under the cluster id %q: %d, %v; want none", in.Cluster, hw, err)
+	}
+
+	// A newer holder wrote under the domain: the lock's write is stale.
+	if err := d.f.Do(ctx, d.DB, nil, in.Domain, key, lk.Token()+1, func(*sql.Tx) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	ran := false
+	err = d.f.DoLock(ctx, d.DB, nil, lk, func(*sql.Tx) error { ran = true; return nil })
+	if !errors.Is(err, fence.ErrStale) || ran {
+		t.Fatalf("DoLock after a newer token: %v (fn ran: %v), want ErrStale before fn", err, ran)
+	}
+
+	// A block: every key's mark, under the domain, in one transaction.
+	keys := []string{key + "/a", key + "/b"}
+	blk, err := c.LockBlock(ctx, keys, 30*time.Second, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blk.Release(context.Background())
+	tx, err := d.DB.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.f.AdvanceLock(ctx, tx, blk); err != nil {
+		tx.Rollback()
+		t.Fatalf("AdvanceLock: %v", err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if hw, err := d.f.HighWater(ctx, d.DB, in.Domain, k); err != nil || hw != blk.Token() {
+			t.Fatalf("%s under the domain: %d, %v; want %d", k, hw, err, blk.Token())
+		}
+	}
+}

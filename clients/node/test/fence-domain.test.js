@@ -1,0 +1,83 @@
+'use strict';
+
+// The fence helpers take the fencing domain from the client that took the
+// lock (INFO's `domain` field), against a real `ticketing dev`: marks land
+// under the domain, never under the cluster id. The database is a small
+// in-memory store with the fencing table's semantics (the SQL itself is
+// tested on PostgreSQL in ../fence-test).
+
+const assert = require('node:assert/strict');
+const crypto = require('node:crypto');
+const { before, after, test } = require('node:test');
+const { startDev } = require('../support/dev');
+const ticketing = require('..');
+
+const { Client, fence, StaleTokenError } = ticketing;
+
+let dev;
+before(async () => { dev = await startDev(); });
+after(async () => { if (dev) await dev.stop(); });
+
+/** A store of high-water marks by (domain, key), as the fencing table keeps them. */
+function memoryDb() {
+  const marks = new Map();
+  return {
+    marks,
+    mark: (domain, key) => (marks.has(`${domain}\n${key}`) ? fence.decodeToken(marks.get(`${domain}\n${key}`)) : 0n),
+    async query(sql, params) {
+      if (!sql.startsWith('INSERT')) return { rowCount: 0 }; // BEGIN, COMMIT, ROLLBACK
+      const [domain, key, enc] = params;
+      const id = `${domain}\n${key}`;
+      if (marks.has(id) && BigInt(marks.get(id)) > BigInt(enc)) return { rowCount: 0 };
+      marks.set(id, enc);
+      return { rowCount: 1 };
+    },
+  };
+}
+
+test('Client.domain() is INFO\'s domain, not the cluster id', async () => {
+  const c = new Client({ path: dev.socket });
+  try {
+    const info = await c.info();
+    assert.ok(info.domain);
+    assert.notEqual(info.domain, info.cluster);
+    assert.equal(await c.domain(), info.domain);
+    assert.equal(await fence.domainOf({ client: c }), info.domain);
+    assert.equal(await fence.domainOf({ client: c, domain: 'explicit' }), 'explicit');
+    await assert.rejects(fence.domainOf({}), TypeError);
+  } finally {
+    await c.close();
+  }
+});
+
+test('withFence and withFenceBlock given the client fence under its domain', async () => {
+  const c = new Client({ path: dev.socket });
+  const key = `fence-domain-${crypto.randomBytes(4).toString('hex')}`;
+  try {
+    const { domain, cluster } = await c.info();
+    const db = memoryDb();
+    await c.withLock(key, { lease: 30, wait: 0 }, async (token) => {
+      await fence.withFence(db, { dialect: 'postgres', client: c, key, token }, async () => {});
+      assert.equal(db.mark(domain, key), token);
+      assert.equal(db.mark(cluster, key), 0n);
+      // A newer token under the domain: the lock's write is stale.
+      await fence.withFence(db, { dialect: 'postgres', domain, key, token: token + 1n }, async () => {});
+      let ran = false;
+      await assert.rejects(
+        fence.withFence(db, { dialect: 'postgres', client: c, key, token }, async () => { ran = true; }),
+        StaleTokenError,
+      );
+      assert.equal(ran, false);
+    });
+    const keys = [`${key}/a`, `${key}/b`];
+    await c.withBlock(keys, { lease: 30, wait: 0 }, async (token) => {
+      await fence.withFenceBlock(db, { dialect: 'postgres', client: c, keys, token }, async () => {});
+      for (const k of keys) {
+        assert.equal(db.mark(domain, k), token);
+        assert.equal(db.mark(cluster, k), 0n);
+      }
+    });
+  } finally {
+    await c.close();
+  }
+});
