@@ -39,6 +39,11 @@ type State struct {
 	// (TestEntrySize), and the paths that end a holding look at it only when it is
 	// non-empty.
 	renewed map[uint64]int64
+	// labels maps the token of every holding that has a label to it
+	// (Holder.Label); a holding without one has no entry, and the entry
+	// goes when the holding ends. Beside the entries for the same reason
+	// as renewed: a label costs nothing to those that have none.
+	labels map[uint64]string
 	// reserved counts entries without a holder (their queue head is a
 	// block waiting for its other keys).
 	reserved int
@@ -117,6 +122,7 @@ func New() *State {
 		blocks:       make(map[uint64][]string),
 		blockWaiters: make(map[uint64][]string),
 		renewed:      make(map[uint64]int64),
+		labels:       make(map[uint64]string),
 		sessions:     make(map[uint64]*session),
 	}
 }
@@ -167,9 +173,12 @@ func validateCommand(cmd *Command) error {
 }
 
 // validateAcquireFields checks what an acquire of one key and of a block
-// share, after their keys: owner, lease, wait.
+// share, after their keys: owner, label, lease, wait.
 func validateAcquireFields(cmd *Command) error {
 	if err := ValidateOwner(cmd.Owner); err != nil {
+		return err
+	}
+	if err := ValidateLabel(cmd.Label); err != nil {
 		return err
 	}
 	if err := validateLease(cmd.LeaseSec); err != nil {
@@ -296,6 +305,9 @@ func (s *State) acquire(cmd *Command) result {
 		e.setHolder(Holder{Owner: intern(cmd.Owner), Token: s.last, LeaseSec: cmd.LeaseSec, GrantedAt: cmd.Now,
 			Session: cmd.Session, Seq: cmd.Seq})
 		s.keys[cmd.Key] = e
+		if cmd.Label != "" {
+			s.labels[s.last] = cmd.Label
+		}
 		return result{Status: StatusGranted, Token: s.last}
 	}
 	// Held, possibly by cmd.Owner itself: not reentrant, so no owner check.
@@ -308,7 +320,7 @@ func (s *State) acquire(cmd *Command) result {
 	e = s.own(cmd.Key, e)
 	s.enqueue(cmd.Key, e, Waiter{
 		Owner: intern(cmd.Owner), Ref: cmd.Ref, LeaseSec: cmd.LeaseSec, WaitMs: cmd.WaitMs, EnqueuedAt: cmd.Now,
-		Session: cmd.Session, Seq: cmd.Seq,
+		Session: cmd.Session, Seq: cmd.Seq, Label: cmd.Label,
 	})
 	s.waiting++
 	return result{Status: StatusQueued}
@@ -338,6 +350,9 @@ func (s *State) acquireBlock(cmd *Command) result {
 			s.keys[k] = e
 		}
 		s.blocks[s.last] = cmd.Keys
+		if cmd.Label != "" {
+			s.labels[s.last] = cmd.Label
+		}
 		return result{Status: StatusGranted, Token: s.last}
 	}
 	if cmd.WaitMs == 0 {
@@ -353,7 +368,7 @@ func (s *State) acquireBlock(cmd *Command) result {
 	}
 	w := Waiter{
 		Owner: intern(cmd.Owner), Ref: cmd.Ref, LeaseSec: cmd.LeaseSec, WaitMs: cmd.WaitMs, EnqueuedAt: cmd.Now,
-		Keys: cmd.Keys, Session: cmd.Session, Seq: cmd.Seq,
+		Keys: cmd.Keys, Session: cmd.Session, Seq: cmd.Seq, Label: cmd.Label,
 	}
 	for _, k := range cmd.Keys {
 		e := s.keys[k]
@@ -434,6 +449,9 @@ func (s *State) endHolding(key string, e *entry, now int64, effects []Effect) []
 	if len(s.renewed) > 0 {
 		delete(s.renewed, e.token)
 	}
+	if len(s.labels) > 0 {
+		delete(s.labels, e.token)
+	}
 	if len(s.blocks) > 0 {
 		if keys, ok := s.blocks[e.token]; ok {
 			delete(s.blocks, e.token)
@@ -461,6 +479,9 @@ func (s *State) endHolding(key string, e *entry, now int64, effects []Effect) []
 		s.dequeued(key, e)
 		s.last++
 		e.setHolder(Holder{Owner: w.Owner, Token: s.last, LeaseSec: w.LeaseSec, GrantedAt: now, Session: w.Session, Seq: w.Seq})
+		if w.Label != "" {
+			s.labels[s.last] = w.Label
+		}
 		eff := Effect{
 			Kind: EffectGranted, Key: key, Owner: w.Owner, Ref: w.Ref, Token: s.last, LeaseSec: w.LeaseSec,
 			Session: w.Session, Seq: w.Seq,
@@ -507,6 +528,9 @@ func (s *State) promote(key string, now int64, effects []Effect) []Effect {
 		e = s.keys[key]
 		e.setHolder(Holder{Owner: w.Owner, Token: s.last, LeaseSec: w.LeaseSec, GrantedAt: now, Session: w.Session, Seq: w.Seq})
 		s.reserved--
+		if w.Label != "" {
+			s.labels[s.last] = w.Label
+		}
 		eff := Effect{
 			Kind: EffectGranted, Key: key, Owner: w.Owner, Ref: w.Ref, Token: s.last, LeaseSec: w.LeaseSec,
 			Session: w.Session, Seq: w.Seq,
@@ -528,6 +552,9 @@ func (s *State) promote(key string, now int64, effects []Effect) []Effect {
 	s.waiting += len(w.Keys) - 1 // popHead counted the one waiter once per key
 	delete(s.blockWaiters, w.Ref)
 	s.blocks[s.last] = w.Keys
+	if w.Label != "" {
+		s.labels[s.last] = w.Label
+	}
 	eff := Effect{
 		Kind: EffectGranted, Key: w.Keys[0], Keys: w.Keys, Owner: w.Owner, Ref: w.Ref, Token: s.last, LeaseSec: w.LeaseSec,
 		Session: w.Session, Seq: w.Seq,
@@ -744,6 +771,8 @@ type Frozen struct {
 	// renewed is a copy of State.renewed; nil when no holding was
 	// extended.
 	renewed map[uint64]int64
+	// labels is a copy of State.labels; nil when no holding has a label.
+	labels map[uint64]string
 	// sessions are the live sessions, ids ascending (nil when none).
 	sessions []snapSession
 	// version is the snapshot version the content needs (snapVersion).
@@ -772,6 +801,9 @@ func (s *State) Freeze() *Frozen {
 	if len(s.renewed) > 0 {
 		f.renewed = maps.Clone(s.renewed)
 	}
+	if len(s.labels) > 0 {
+		f.labels = maps.Clone(s.labels)
+	}
 	f.sessions = s.snapSessions()
 	return f
 }
@@ -780,11 +812,13 @@ func (s *State) Freeze() *Frozen {
 // key implies a queued block).
 func (s *State) hasBlockContent() bool { return len(s.blocks) > 0 || len(s.blockWaiters) > 0 }
 
-// snapVersion is the lowest snapshot version that holds the table: 4 if a
-// session exists, else 3 if a holding was extended, else 2 if a block is
-// held or queued, else 1.
+// snapVersion is the lowest snapshot version that holds the table: 5 if a
+// holder or waiter has a label, else 4 if a session exists, else 3 if a
+// holding was extended, else 2 if a block is held or queued, else 1.
 func (s *State) snapVersion() byte {
 	switch {
+	case s.hasLabels():
+		return snapV5
 	case len(s.sessions) > 0:
 		return snapV4
 	case len(s.renewed) > 0:
@@ -802,7 +836,7 @@ func (f *Frozen) NumHeld() int { return len(f.keys) }
 func (s *State) LastToken() uint64 { return s.last }
 
 // Holder returns the holder of key, if any, with the time of its latest
-// extension (RenewedAt) and, for a block, the block's keys.
+// extension (RenewedAt), its label and, for a block, the block's keys.
 func (s *State) Holder(key string) (Holder, bool) {
 	if e := s.keys[key]; e != nil && e.token != 0 {
 		h := e.holder()
@@ -811,6 +845,9 @@ func (s *State) Holder(key string) (Holder, bool) {
 		}
 		if len(s.renewed) > 0 {
 			h.RenewedAt = s.renewed[h.Token]
+		}
+		if len(s.labels) > 0 {
+			h.Label = s.labels[h.Token]
 		}
 		return h, true
 	}
@@ -867,6 +904,28 @@ func (s *State) NumWaiting() int { return s.waiting }
 
 // NumBlocks is the number of held blocks.
 func (s *State) NumBlocks() int { return len(s.blocks) }
+
+// hasLabels reports whether a holding or a queued waiter has a label. A
+// waiter's label is inline, so this looks at the queues: O(waiters) when
+// no label exists, for a Freeze (which is O(held keys) anyway) and a
+// snapshot read, never for an Apply.
+func (s *State) hasLabels() bool {
+	if len(s.labels) > 0 {
+		return true
+	}
+	for _, e := range s.queued {
+		found := false
+		e.queue.each(func(w *Waiter) { found = found || w.Label != "" })
+		if found {
+			return true
+		}
+	}
+	return false
+}
+
+// NumLabelled is the number of holdings that have a label (a block counts
+// once).
+func (s *State) NumLabelled() int { return len(s.labels) }
 
 // NumRenewed is the number of holdings that were extended (a block counts
 // once).
