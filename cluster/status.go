@@ -252,14 +252,14 @@ func (n *Node) Inspect(key string) (wire.KeyReport, error) {
 			}
 		}
 		hr.LeaseEndsAtUnixMs = nowMs + hr.LeaseRemainingMs
-		hr.BlockKeys, hr.Session = h.Keys, sessionHex(h.Session)
+		hr.BlockKeys, hr.Session, hr.Label = h.Keys, sessionHex(h.Session), h.Label
 		r.Holder = hr
 	}
 	for i, w := range ws {
 		wr := wire.WaiterReport{Owner: w.Owner, Ref: w.Ref, LeaseSec: w.LeaseSec, WaitMs: w.WaitMs,
 			EnqueuedAtUnixMs: w.EnqueuedAt, WaitedMs: max(0, nowMs-w.EnqueuedAt),
 			WaitRemainingMs: max(0, w.EnqueuedAt+int64(w.WaitMs)-nowMs), WaitFrom: wire.FromClockEstimate, BlockKeys: w.Keys,
-			Session: sessionHex(w.Session)}
+			Session: sessionHex(w.Session), Label: w.Label}
 		if waitDL != nil && !waitDL[i].IsZero() {
 			wr.WaitRemainingMs = max(0, waitDL[i].Sub(mono).Milliseconds())
 			wr.WaitFrom = wire.FromLeaderTimer
