@@ -1,9 +1,12 @@
 package unixapi_test
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,9 +18,13 @@ import (
 // and a real cluster: ACQUIRE ... label=<label> is granted, HELD lists the
 // label after each key:token ("-" for none), the cluster's inspect shows
 // it on the holder, and the lock's expiry comes as
-// `! LOST <token> expired <label> <key>`.
+// `! LOST <token> expired <label> <key>`. The log names the label where it
+// records the grant and the loss.
 func TestLabelsOverTheSocket(t *testing.T) {
-	s := serve(t, nil)
+	var logs syncBuf
+	s := serve(t, func(cfg *unixapi.Config) {
+		cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	})
 	k, k2 := key(t), key(t)
 	a := dial(t, s)
 	expect(t, a.do("HELLO 5 events"), "HELLO 5 events")
@@ -43,6 +50,39 @@ func TestLabelsOverTheSocket(t *testing.T) {
 		t.Fatalf("lost event %q: %+v %v", line, ev, err)
 	}
 	expect(t, a.do("HELD"), fmt.Sprintf("HELD 1 %s:%d -", k2, tok2))
+	for msg, want := range map[string]string{
+		`msg="lock granted"`: fmt.Sprintf(`key=%s token=%d label=job-1`, k, tok),
+		`msg="lock lost"`:    fmt.Sprintf(`key=%s token=%d label=job-1 why=expired`, k, tok),
+	} {
+		found := false
+		for _, line := range strings.Split(logs.String(), "\n") {
+			found = found || strings.Contains(line, msg) && strings.Contains(line, want)
+		}
+		if !found {
+			t.Errorf("the log has no %s with %q:\n%s", msg, want, logs.String())
+		}
+	}
+	if strings.Contains(logs.String(), `label=""`) {
+		t.Errorf("an unlabelled lock logged an empty label:\n%s", logs.String())
+	}
+}
+
+// syncBuf is a bytes.Buffer safe for the logger's concurrent writes.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 // A block carries one label; a key may start with "label=" and stays a

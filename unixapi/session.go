@@ -483,7 +483,7 @@ func (a *acq) done(l sidecar.Lock, err error) {
 		ss.srv.broker.Compensate(l)
 		line = replyFor(ss.endedErr())
 	case err == nil:
-		ss.log.Debug("lock granted", "key", l.Key, "token", l.Token, "label", l.Label)
+		ss.log.Debug("lock granted", lockAttrs(l)...)
 		line = "OK " + strconv.FormatUint(l.Token, 10)
 	case ended && (errors.Is(err, context.Canceled) || errors.Is(err, ErrServerClosed)):
 		line = replyFor(ss.endedErr())
@@ -864,6 +864,15 @@ func (ss *session) forgetLocked(h *holding) {
 	}
 }
 
+// lockAttrs are the log attributes naming l: key, token and, when it has
+// one, its owner label.
+func lockAttrs(l sidecar.Lock) []any {
+	if l.Label == "" {
+		return []any{"key", l.Key, "token", l.Token}
+	}
+	return []any{"key", l.Key, "token", l.Token, "label", l.Label}
+}
+
 // unwatch ends the broker's lost watch of h, if it was set up.
 func (h *holding) unwatch() {
 	if h.stopWatch != nil {
@@ -890,7 +899,7 @@ func (ss *session) lost(h *holding, why sidecar.LostReason) {
 	}
 	ss.mu.Unlock()
 	ss.srv.lostEvent(why, tell)
-	ss.log.Info("lock lost", "key", h.lock.Key, "token", h.lock.Token, "label", h.lock.Label, "why", why)
+	ss.log.Info("lock lost", append(lockAttrs(h.lock), "why", why)...)
 	if tell {
 		ss.kickWriter()
 	}
