@@ -80,9 +80,9 @@
 // An acquire may carry a Label (MaxLabelLen bytes at most, the key
 // alphabet) that names the request for people: a job name, a request id.
 // A waiter keeps it and a holding granted from it keeps it until it ends;
-// inspection shows it. It changes no decision. A holding's label lives
-// beside the entries (like renewals), so a holding without one costs
-// nothing; a waiter carries it inline (a string header). Labels came with
+// inspection shows it. It changes no decision. Labels live beside the
+// entries and queues (by token for a holding, by key and ref for a
+// waiter), so a holding or waiter without one costs nothing. Labels came with
 // protocol version 8: the codec marks a labelled acquire with a flag, so
 // entries and snapshots without labels are byte for byte what older nodes
 // wrote.
@@ -363,9 +363,9 @@ type Waiter struct {
 	Keys []string
 	// Session and Seq: the session command it was queued by (0: none).
 	Session, Seq uint64
-	// Label is the acquire's label ("" if none); it becomes the holding's
-	// when the waiter is granted.
-	Label string
+	// A waiter's label is not a field: the queues hold Waiters, and a
+	// field would cost every waiter its string header, labelled or not.
+	// State.WaiterLabel and SessionQueued.Label tell it.
 }
 
 // Outcome is the final result of a lock command of a session, kept until
@@ -411,6 +411,8 @@ type SessionWaiter struct {
 type SessionQueued struct {
 	Key    string
 	Waiter Waiter
+	// Label is the waiter's label ("" if none).
+	Label string
 }
 
 // LeaseEnd is when h's lease ends by the proposers' wall clocks (Unix ms):

@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"strings"
 	"testing"
+	"unsafe"
 )
 
 // The label alphabet is the key alphabet; empty is no label; 64 bytes at
@@ -105,7 +106,7 @@ func TestSnapshotVersionFollowsLabels(t *testing.T) {
 		t.Fatalf("a labelled waiter: version %d", v)
 	}
 	r := checkSnapshotRoundTrip(t, s)
-	if w := r.Waiters("k"); len(w) != 1 || w[0].Label != "waiter" {
+	if w := r.Waiters("k"); len(w) != 1 || r.WaiterLabel("k", w[0]) != "waiter" {
 		t.Fatalf("waiters after the round trip: %+v", w)
 	}
 	f := s.Freeze()
@@ -121,7 +122,7 @@ func TestSnapshotVersionFollowsLabels(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h, _ := fs.Holder("k"); h.Label != "" || fs.Waiters("k")[0].Label != "waiter" {
+	if h, _ := fs.Holder("k"); h.Label != "" || fs.WaiterLabel("k", fs.Waiters("k")[0]) != "waiter" {
 		t.Fatalf("frozen view changed: %+v %+v", h, fs.Waiters("k"))
 	}
 	apply(Command{Op: OpAcquireBlock, Keys: []string{"b1", "b2"}, Owner: "a", LeaseSec: 1, Label: "seats"})
@@ -136,6 +137,15 @@ func TestSnapshotVersionFollowsLabels(t *testing.T) {
 	}
 	if s.NumLabelled() != 0 {
 		t.Fatalf("labels left: %d", s.NumLabelled())
+	}
+}
+
+// A label costs nothing to a waiter or holding without one: Waiter, which
+// the queues hold, has no label field (it would be a string header for
+// every waiter), and entry keeps its 64 bytes (TestEntrySize).
+func TestWaiterSize(t *testing.T) {
+	if n := unsafe.Sizeof(Waiter{}); n > 80 {
+		t.Fatalf("Waiter is %d bytes, want at most 80 (the size before labels)", n)
 	}
 }
 

@@ -105,8 +105,9 @@ type modelHold struct {
 // modelWait is a waiter: keys is the one key of a single-key waiter, or a
 // block's keys (then w.Keys is the same list).
 type modelWait struct {
-	keys []string
-	w    Waiter
+	keys  []string
+	w     Waiter
+	label string
 }
 
 func modelValid(s string, limit int) bool {
@@ -235,7 +236,7 @@ func (m *model) lock(c Command) (Result, []Effect) {
 			}
 		}
 		m.waits = append(m.waits, modelWait{[]string{c.Key}, Waiter{Owner: c.Owner, Ref: c.Ref, LeaseSec: c.LeaseSec, WaitMs: c.WaitMs, EnqueuedAt: c.Now,
-			Session: c.Session, Seq: c.Seq, Label: c.Label}})
+			Session: c.Session, Seq: c.Seq}, c.Label})
 		return Result{Status: StatusQueued}, nil
 	case OpAcquireBlock:
 		free := true
@@ -259,7 +260,7 @@ func (m *model) lock(c Command) (Result, []Effect) {
 			}
 		}
 		m.waits = append(m.waits, modelWait{c.Keys, Waiter{Owner: c.Owner, Ref: c.Ref, LeaseSec: c.LeaseSec, WaitMs: c.WaitMs, EnqueuedAt: c.Now, Keys: c.Keys,
-			Session: c.Session, Seq: c.Seq, Label: c.Label}})
+			Session: c.Session, Seq: c.Seq}, c.Label})
 		return Result{Status: StatusQueued}, nil
 	case OpRelease:
 		i := m.holdIndex(c.Key)
@@ -445,7 +446,7 @@ func (m *model) promote(keys []string, now int64) []Effect {
 		m.last++
 		for _, bk := range w.keys {
 			m.holds = append(m.holds, modelHold{key: bk, h: Holder{Owner: w.w.Owner, Token: m.last, LeaseSec: w.w.LeaseSec, GrantedAt: now, Keys: w.w.Keys,
-				Session: w.w.Session, Seq: w.w.Seq, Label: w.w.Label}})
+				Session: w.w.Session, Seq: w.w.Seq, Label: w.label}})
 		}
 		effects = append(effects, Effect{Kind: EffectGranted, Key: w.keys[0], Keys: w.w.Keys, Owner: w.w.Owner, Ref: w.w.Ref, Token: m.last, LeaseSec: w.w.LeaseSec,
 			Session: w.w.Session, Seq: w.w.Seq, Serial: m.recordWaiter(w.w, StatusGranted, m.last)})
@@ -492,6 +493,13 @@ func (m *model) compare(s *State, keys []string) error {
 		if g, w := s.Waiters(k), m.queue(k); !reflect.DeepEqual(g, w) {
 			return fmt.Errorf("key %q: waiters %+v, model %+v", k, g, w)
 		}
+		for _, w := range m.waits {
+			if slices.Contains(w.keys, k) {
+				if l := s.WaiterLabel(k, w.w); l != w.label {
+					return fmt.Errorf("key %q: waiter %d label %q, model %q", k, w.w.Ref, l, w.label)
+				}
+			}
+		}
 		if r := s.Reserved(k); r != (want == nil && len(m.queue(k)) > 0) {
 			return fmt.Errorf("key %q: reserved %v, model holder %+v queue %d", k, r, want, len(m.queue(k)))
 		}
@@ -531,7 +539,7 @@ func (m *model) compareSessions(s *State) error {
 		var queued []SessionQueued
 		for _, w := range m.waits {
 			if w.w.Session == ms.id {
-				queued = append(queued, SessionQueued{Key: w.keys[0], Waiter: w.w})
+				queued = append(queued, SessionQueued{Key: w.keys[0], Waiter: w.w, Label: w.label})
 			}
 		}
 		slices.SortFunc(queued, func(a, b SessionQueued) int { return cmp.Compare(a.Waiter.Seq, b.Waiter.Seq) })

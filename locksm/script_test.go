@@ -327,8 +327,8 @@ func formatTable(s *State) string {
 			if w.Session != 0 {
 				fmt.Fprintf(&b, " session=%d seq=%d", w.Session, w.Seq)
 			}
-			if w.Label != "" {
-				fmt.Fprintf(&b, " label=%s", w.Label)
+			if l := s.WaiterLabel(k, w); l != "" {
+				fmt.Fprintf(&b, " label=%s", l)
 			}
 		}
 	}
@@ -520,6 +520,17 @@ func checkInvariants(s *State) error {
 		// Likewise a label outliving its holding.
 		if len(tokens[t]) == 0 || ValidateLabel(l) != nil || l == "" {
 			return fmt.Errorf("label %q of token %d, which holds no key", l, t)
+		}
+	}
+	for r, l := range s.waiterLabels {
+		// A waiter's label outliving its place in the queue would be
+		// given to nobody, and be written into snapshots forever.
+		e := s.keys[r.key]
+		if e == nil || e.queue.find(r.ref) < 0 || ValidateLabel(l) != nil || l == "" {
+			return fmt.Errorf("label %q of waiter %d on %q, which is not queued", l, r.ref, r.key)
+		}
+		if w := e.queue.ws[e.queue.find(r.ref)]; w.primary(r.key) != r.key {
+			return fmt.Errorf("label %q of block waiter %d filed under %q, not its first key", l, r.ref, r.key)
 		}
 	}
 	for k := range s.queued {

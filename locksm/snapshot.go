@@ -135,7 +135,7 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 func (s *State) WriteSnapshot(w io.Writer) error {
 	keys := s.sortedKeys()
 	return writeSnapshot(w, snapHeader{last: s.last, clock: s.clock, blocks: s.blocks, renewed: s.renewed,
-		labels: s.labels, sessions: s.snapSessions(), version: s.snapVersion()},
+		labels: s.labels, waiterLabels: s.waiterLabels, sessions: s.snapSessions(), version: s.snapVersion()},
 		len(keys), func(i int) (string, *entry) { return keys[i], s.keys[keys[i]] })
 }
 
@@ -150,19 +150,21 @@ func (f *Frozen) WriteSnapshot(w io.Writer) error {
 	})
 	keys := f.keys
 	return writeSnapshot(w, snapHeader{last: f.last, clock: f.clock, blocks: f.blocks, renewed: f.renewed,
-		labels: f.labels, sessions: f.sessions, version: f.version},
+		labels: f.labels, waiterLabels: f.waiterLabels, sessions: f.sessions, version: f.version},
 		len(keys), func(i int) (string, *entry) { return keys[i].key, keys[i].e })
 }
 
 // snapHeader is what a snapshot carries besides the keys.
 type snapHeader struct {
-	last     uint64
-	clock    int64
-	blocks   map[uint64][]string
-	renewed  map[uint64]int64
-	labels   map[uint64]string
-	sessions []snapSession
-	version  byte // snapV1..snapV5 (State.snapVersion)
+	last    uint64
+	clock   int64
+	blocks  map[uint64][]string
+	renewed map[uint64]int64
+	labels  map[uint64]string
+	// waiterLabels: the labels of queued waiters (State.waiterLabels).
+	waiterLabels map[waiterRef]string
+	sessions     []snapSession
+	version      byte // snapV1..snapV5 (State.snapVersion)
 }
 
 // writeSnapshot writes n keys, in ascending order, key(i) giving the i-th.
@@ -215,7 +217,7 @@ func writeSnapshot(w io.Writer, hd snapHeader, n int, key func(i int) (string, *
 				sw.sref(q.Session, q.Seq)
 			}
 			if v5 {
-				sw.string(q.Label)
+				sw.string(hd.waiterLabels[waiterRef{q.primary(k), q.Ref}])
 			}
 			sw.maybeFlush()
 		})
@@ -374,6 +376,7 @@ func (d *snapReader) read() (*State, error) {
 		blockWaiters: make(map[uint64][]string),
 		renewed:      make(map[uint64]int64),
 		labels:       make(map[uint64]string),
+		waiterLabels: make(map[waiterRef]string),
 		sessions:     make(map[uint64]*session),
 		last:         last,
 		clock:        clock,
@@ -382,8 +385,9 @@ func (d *snapReader) read() (*State, error) {
 	var refs []uint64
 	// Every queued block as first read, and how many queues it was met in.
 	type seenBlock struct {
-		w Waiter
-		n int
+		w     Waiter
+		n     int
+		label string
 	}
 	queuedBlocks := map[uint64]*seenBlock{}
 	// What names a session, checked once the sessions are read: holders
@@ -470,8 +474,9 @@ func (d *snapReader) read() (*State, error) {
 			if v4 {
 				w.Session, w.Seq = d.sref()
 			}
+			var label string
 			if v5 {
-				w.Label = d.string(MaxLabelLen)
+				label = d.string(MaxLabelLen)
 			}
 			switch {
 			case d.err != nil:
@@ -483,20 +488,20 @@ func (d *snapReader) read() (*State, error) {
 			case w.WaitMs == 0 || w.WaitMs > MaxWaitMs:
 				// wait 0 never queues, so a queued waiter has wait >= 1.
 				return nil, fmt.Errorf("key %q waiter #%d: wait %d", key, j, w.WaitMs)
-			case ValidateLabel(w.Label) != nil:
-				return nil, fmt.Errorf("key %q waiter #%d: invalid label %q", key, j, w.Label)
+			case ValidateLabel(label) != nil:
+				return nil, fmt.Errorf("key %q waiter #%d: invalid label %q", key, j, label)
 			}
 			if w.Keys != nil {
 				if err := validateBlockKeys(w.Keys); err != nil || !slices.Contains(w.Keys, key) {
 					return nil, fmt.Errorf("key %q waiter #%d: block keys %q", key, j, w.Keys)
 				}
 				if sb := queuedBlocks[w.Ref]; sb == nil {
-					queuedBlocks[w.Ref] = &seenBlock{w: w, n: 1}
+					queuedBlocks[w.Ref] = &seenBlock{w: w, n: 1, label: label}
 					s.waiting++
 					if w.Session != 0 {
 						srefs = append(srefs, snapRef{key: w.Keys[0], session: w.Session, seq: w.Seq, ref: w.Ref, waiter: true})
 					}
-				} else if !sameWaiter(sb.w, w) {
+				} else if !sameWaiter(sb.w, w) || sb.label != label {
 					return nil, fmt.Errorf("key %q waiter #%d: block ref %d differs from its other queues", key, j, w.Ref)
 				} else {
 					sb.n++
@@ -507,6 +512,11 @@ func (d *snapReader) read() (*State, error) {
 				if w.Session != 0 {
 					srefs = append(srefs, snapRef{key: key, session: w.Session, seq: w.Seq, ref: w.Ref, waiter: true})
 				}
+			}
+			if label != "" {
+				// Beside the queue, as Apply keeps it (a block's once:
+				// its queues agree, checked above).
+				s.waiterLabels[waiterRef{w.primary(key), w.Ref}] = label
 			}
 			e.queue.push(w)
 			refs = append(refs, w.Ref)
@@ -782,8 +792,7 @@ func checkSnapshotTokens(s *State, tokens []uint64) error {
 // sameWaiter reports whether two occurrences of a queued block agree.
 func sameWaiter(a, b Waiter) bool {
 	return a.Owner == b.Owner && a.Ref == b.Ref && a.LeaseSec == b.LeaseSec && a.WaitMs == b.WaitMs &&
-		a.EnqueuedAt == b.EnqueuedAt && slices.Equal(a.Keys, b.Keys) && a.Session == b.Session && a.Seq == b.Seq &&
-		a.Label == b.Label
+		a.EnqueuedAt == b.EnqueuedAt && slices.Equal(a.Keys, b.Keys) && a.Session == b.Session && a.Seq == b.Seq
 }
 
 // snapReader is a small buffered reader with a sticky error that checksums

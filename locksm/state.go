@@ -44,6 +44,13 @@ type State struct {
 	// goes when the holding ends. Beside the entries for the same reason
 	// as renewed: a label costs nothing to those that have none.
 	labels map[uint64]string
+	// waiterLabels maps every queued waiter that has a label, by its
+	// primary key and ref (a block's first key: one entry for all its
+	// queues), to the label, which it passes to labels when granted. A
+	// waiter without a label has no entry, and Waiter has no label field,
+	// so a label costs nothing to those that have none
+	// (TestWaiterSize; cluster/memory_test.go's bytes per waiter).
+	waiterLabels map[waiterRef]string
 	// reserved counts entries without a holder (their queue head is a
 	// block waiting for its other keys).
 	reserved int
@@ -67,6 +74,36 @@ type State struct {
 	gen uint32
 	// sessions are the live sessions by id (sessions.go).
 	sessions map[uint64]*session
+}
+
+// waiterRef names one queued waiter: its primary key (a block's first
+// key) and its ref, unique among the queued waiters (a queue refuses a
+// ref twice, and a block's ref is refused in each of its queues).
+type waiterRef struct {
+	key string
+	ref uint64
+}
+
+// takeWaiterLabel removes and returns the label of the waiter w queued on
+// key ("" if it has none): it leaves its queue.
+func (s *State) takeWaiterLabel(key string, w *Waiter) string {
+	if len(s.waiterLabels) == 0 {
+		return ""
+	}
+	r := waiterRef{w.primary(key), w.Ref}
+	l, ok := s.waiterLabels[r]
+	if ok {
+		delete(s.waiterLabels, r)
+	}
+	return l
+}
+
+// grantLabel gives the label of waiter w (queued on key), granted under
+// token, to its holding.
+func (s *State) grantLabel(key string, w *Waiter, token uint64) {
+	if l := s.takeWaiterLabel(key, w); l != "" {
+		s.labels[token] = l
+	}
 }
 
 // entry is one held or reserved key. Invariant: an entry exists iff the key
@@ -123,6 +160,7 @@ func New() *State {
 		blockWaiters: make(map[uint64][]string),
 		renewed:      make(map[uint64]int64),
 		labels:       make(map[uint64]string),
+		waiterLabels: make(map[waiterRef]string),
 		sessions:     make(map[uint64]*session),
 	}
 }
@@ -320,8 +358,11 @@ func (s *State) acquire(cmd *Command) result {
 	e = s.own(cmd.Key, e)
 	s.enqueue(cmd.Key, e, Waiter{
 		Owner: intern(cmd.Owner), Ref: cmd.Ref, LeaseSec: cmd.LeaseSec, WaitMs: cmd.WaitMs, EnqueuedAt: cmd.Now,
-		Session: cmd.Session, Seq: cmd.Seq, Label: cmd.Label,
+		Session: cmd.Session, Seq: cmd.Seq,
 	})
+	if cmd.Label != "" {
+		s.waiterLabels[waiterRef{cmd.Key, cmd.Ref}] = cmd.Label
+	}
 	s.waiting++
 	return result{Status: StatusQueued}
 }
@@ -368,7 +409,7 @@ func (s *State) acquireBlock(cmd *Command) result {
 	}
 	w := Waiter{
 		Owner: intern(cmd.Owner), Ref: cmd.Ref, LeaseSec: cmd.LeaseSec, WaitMs: cmd.WaitMs, EnqueuedAt: cmd.Now,
-		Keys: cmd.Keys, Session: cmd.Session, Seq: cmd.Seq, Label: cmd.Label,
+		Keys: cmd.Keys, Session: cmd.Session, Seq: cmd.Seq,
 	}
 	for _, k := range cmd.Keys {
 		e := s.keys[k]
@@ -383,6 +424,9 @@ func (s *State) acquireBlock(cmd *Command) result {
 		s.enqueue(k, e, w)
 	}
 	s.blockWaiters[cmd.Ref] = cmd.Keys
+	if cmd.Label != "" {
+		s.waiterLabels[waiterRef{cmd.Keys[0], cmd.Ref}] = cmd.Label
+	}
 	s.waiting++
 	return result{Status: StatusQueued}
 }
@@ -479,9 +523,7 @@ func (s *State) endHolding(key string, e *entry, now int64, effects []Effect) []
 		s.dequeued(key, e)
 		s.last++
 		e.setHolder(Holder{Owner: w.Owner, Token: s.last, LeaseSec: w.LeaseSec, GrantedAt: now, Session: w.Session, Seq: w.Seq})
-		if w.Label != "" {
-			s.labels[s.last] = w.Label
-		}
+		s.grantLabel(key, &w, s.last)
 		eff := Effect{
 			Kind: EffectGranted, Key: key, Owner: w.Owner, Ref: w.Ref, Token: s.last, LeaseSec: w.LeaseSec,
 			Session: w.Session, Seq: w.Seq,
@@ -528,9 +570,7 @@ func (s *State) promote(key string, now int64, effects []Effect) []Effect {
 		e = s.keys[key]
 		e.setHolder(Holder{Owner: w.Owner, Token: s.last, LeaseSec: w.LeaseSec, GrantedAt: now, Session: w.Session, Seq: w.Seq})
 		s.reserved--
-		if w.Label != "" {
-			s.labels[s.last] = w.Label
-		}
+		s.grantLabel(key, &w, s.last)
 		eff := Effect{
 			Kind: EffectGranted, Key: key, Owner: w.Owner, Ref: w.Ref, Token: s.last, LeaseSec: w.LeaseSec,
 			Session: w.Session, Seq: w.Seq,
@@ -552,9 +592,7 @@ func (s *State) promote(key string, now int64, effects []Effect) []Effect {
 	s.waiting += len(w.Keys) - 1 // popHead counted the one waiter once per key
 	delete(s.blockWaiters, w.Ref)
 	s.blocks[s.last] = w.Keys
-	if w.Label != "" {
-		s.labels[s.last] = w.Label
-	}
+	s.grantLabel(key, &w, s.last)
 	eff := Effect{
 		Kind: EffectGranted, Key: w.Keys[0], Keys: w.Keys, Owner: w.Owner, Ref: w.Ref, Token: s.last, LeaseSec: w.LeaseSec,
 		Session: w.Session, Seq: w.Seq,
@@ -593,6 +631,7 @@ func (s *State) exhausted(key string, effects []Effect) []Effect {
 	e := s.keys[key]
 	var others []string
 	for _, w := range e.queue.waiters() {
+		s.takeWaiterLabel(key, &w)
 		eff := Effect{Kind: EffectDropped, Key: w.primary(key), Keys: w.Keys, Owner: w.Owner, Ref: w.Ref, Session: w.Session, Seq: w.Seq}
 		if w.Session != 0 {
 			eff.Serial = s.waiterTimedOut(&w)
@@ -655,6 +694,7 @@ func (s *State) cancelWait(cmd *Command, effects []Effect) (result, []Effect) {
 		return result{Status: StatusNoop}, effects
 	}
 	w := e.queue.ws[i]
+	s.takeWaiterLabel(cmd.Key, &w)
 	eff := Effect{Kind: EffectTimedOut, Key: w.primary(cmd.Key), Keys: w.Keys, Owner: w.Owner, Ref: w.Ref, Session: w.Session, Seq: w.Seq}
 	if w.Session != 0 {
 		eff.Serial = s.waiterTimedOut(&w)
@@ -711,6 +751,7 @@ func (s *State) dropWaiters(effects []Effect) (result, []Effect) {
 	}
 	clear(s.queued)
 	clear(s.blockWaiters)
+	clear(s.waiterLabels)
 	s.waiting = 0
 	return result{Status: StatusDropped}, effects
 }
@@ -773,6 +814,9 @@ type Frozen struct {
 	renewed map[uint64]int64
 	// labels is a copy of State.labels; nil when no holding has a label.
 	labels map[uint64]string
+	// waiterLabels is a copy of State.waiterLabels; nil when no waiter
+	// has a label.
+	waiterLabels map[waiterRef]string
 	// sessions are the live sessions, ids ascending (nil when none).
 	sessions []snapSession
 	// version is the snapshot version the content needs (snapVersion).
@@ -803,6 +847,9 @@ func (s *State) Freeze() *Frozen {
 	}
 	if len(s.labels) > 0 {
 		f.labels = maps.Clone(s.labels)
+	}
+	if len(s.waiterLabels) > 0 {
+		f.waiterLabels = maps.Clone(s.waiterLabels)
 	}
 	f.sessions = s.snapSessions()
 	return f
@@ -905,22 +952,16 @@ func (s *State) NumWaiting() int { return s.waiting }
 // NumBlocks is the number of held blocks.
 func (s *State) NumBlocks() int { return len(s.blocks) }
 
-// hasLabels reports whether a holding or a queued waiter has a label. A
-// waiter's label is inline, so this looks at the queues: O(waiters) when
-// no label exists, for a Freeze (which is O(held keys) anyway) and a
-// snapshot read, never for an Apply.
-func (s *State) hasLabels() bool {
-	if len(s.labels) > 0 {
-		return true
+// hasLabels reports whether a holding or a queued waiter has a label.
+func (s *State) hasLabels() bool { return len(s.labels) > 0 || len(s.waiterLabels) > 0 }
+
+// WaiterLabel is the label of w, a waiter of key's queue (as Waiters
+// lists it), "" if it has none.
+func (s *State) WaiterLabel(key string, w Waiter) string {
+	if len(s.waiterLabels) == 0 {
+		return ""
 	}
-	for _, e := range s.queued {
-		found := false
-		e.queue.each(func(w *Waiter) { found = found || w.Label != "" })
-		if found {
-			return true
-		}
-	}
-	return false
+	return s.waiterLabels[waiterRef{w.primary(key), w.Ref}]
 }
 
 // NumLabelled is the number of holdings that have a label (a block counts

@@ -672,7 +672,7 @@ func formatState(s *locksm.State) string {
 			if w.Session != 0 {
 				fmt.Fprintf(&b, " session=%d seq=%d", w.Session, w.Seq)
 			}
-			b.WriteString(labelSuffix(w.Label) + "\n")
+			b.WriteString(labelSuffix(s.WaiterLabel(k, w)) + "\n")
 		}
 		return true
 	})
