@@ -171,4 +171,24 @@ func TestReadSnapshotV5Invariants(t *testing.T) {
 			t.Errorf("%s: %v, want ErrCorruptSnapshot", name, err)
 		}
 	}
+
+	// A queued block carries its label in each of its queues: they must
+	// agree, and a label on a waiter must be a label.
+	q := New()
+	q.Apply(Command{Op: OpAcquire, Key: "a", Owner: "o", LeaseSec: 1}, nil)
+	q.Apply(Command{Op: OpAcquireBlock, Keys: []string{"a", "b"}, Owner: "p", LeaseSec: 1, WaitMs: 9, Ref: 3, Label: "WWWW"}, nil)
+	good = snapshotBytes(t, q)
+	r, err := ReadSnapshot(bytes.NewReader(good))
+	if err != nil || r.WaiterLabel("b", r.Waiters("b")[0]) != "WWWW" {
+		t.Fatalf("good block waiter snapshot: %v", err)
+	}
+	for name, b := range map[string][]byte{
+		"queues differ":   mutate("WWWW", "WWWX", 1),
+		"unlabelled once": mutate("\x04WWWW", "\x00", 1),
+		"space in label":  mutate("WWWW", "W WW", -1),
+	} {
+		if _, err := ReadSnapshot(bytes.NewReader(b)); !errors.Is(err, ErrCorruptSnapshot) {
+			t.Errorf("block waiter, %s: %v, want ErrCorruptSnapshot", name, err)
+		}
+	}
 }
