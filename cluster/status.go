@@ -195,6 +195,7 @@ func (n *Node) Inspect(key string) (wire.KeyReport, error) {
 	var (
 		h        locksm.Holder
 		ws       []locksm.Waiter
+		wlabels  []string    // the labels of ws ("" for none)
 		waitDL   []time.Time // the leader's wait deadlines, per listed waiter (zero: unknown)
 		leading  bool
 		epoch    uint64
@@ -208,14 +209,18 @@ func (n *Node) Inspect(key string) (wire.KeyReport, error) {
 		r.QueueLen = st.QueueLen(key)
 		if r.QueueLen > 0 {
 			ws = st.Waiters(key)
+			if len(ws) > MaxInspectQueue {
+				ws, r.QueueTruncated = ws[:MaxInspectQueue], true
+			}
+			wlabels = make([]string, len(ws))
+			for i, w := range ws {
+				wlabels[i] = st.WaiterLabel(key, w)
+			}
 		}
 	})
 	leading, epoch = n.core.Leading()
 	if r.Held && leading {
 		extUntil, extended = n.core.ExtendedUntil(h.Token)
-	}
-	if len(ws) > MaxInspectQueue {
-		ws, r.QueueTruncated = ws[:MaxInspectQueue], true
 	}
 	if leading {
 		// Every queued waiter is a request in this leader's pending
@@ -252,14 +257,14 @@ func (n *Node) Inspect(key string) (wire.KeyReport, error) {
 			}
 		}
 		hr.LeaseEndsAtUnixMs = nowMs + hr.LeaseRemainingMs
-		hr.BlockKeys, hr.Session = h.Keys, sessionHex(h.Session)
+		hr.BlockKeys, hr.Session, hr.Label = h.Keys, sessionHex(h.Session), h.Label
 		r.Holder = hr
 	}
 	for i, w := range ws {
 		wr := wire.WaiterReport{Owner: w.Owner, Ref: w.Ref, LeaseSec: w.LeaseSec, WaitMs: w.WaitMs,
 			EnqueuedAtUnixMs: w.EnqueuedAt, WaitedMs: max(0, nowMs-w.EnqueuedAt),
 			WaitRemainingMs: max(0, w.EnqueuedAt+int64(w.WaitMs)-nowMs), WaitFrom: wire.FromClockEstimate, BlockKeys: w.Keys,
-			Session: sessionHex(w.Session)}
+			Session: sessionHex(w.Session), Label: wlabels[i]}
 		if waitDL != nil && !waitDL[i].IsZero() {
 			wr.WaitRemainingMs = max(0, waitDL[i].Sub(mono).Milliseconds())
 			wr.WaitFrom = wire.FromLeaderTimer

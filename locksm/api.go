@@ -75,6 +75,18 @@
 // them. Session 0 is no session: today's semantics exactly. The rules are
 // in MATRIX.md, "Sessions"; the design in docs/sessions.md.
 //
+// # Labels
+//
+// An acquire may carry a Label (MaxLabelLen bytes at most, the key
+// alphabet) that names the request for people: a job name, a request id.
+// A waiter keeps it and a holding granted from it keeps it until it ends;
+// inspection shows it. It changes no decision. Labels live beside the
+// entries and queues (by token for a holding, by key and ref for a
+// waiter), so a holding or waiter without one costs nothing. Labels came with
+// protocol version 8: the codec marks a labelled acquire with a flag, so
+// entries and snapshots without labels are byte for byte what older nodes
+// wrote.
+//
 // The field constraints and the request × key-state matrix are in MATRIX.md
 // next to this file; the testdata scripts pin every cell of it.
 package locksm
@@ -89,6 +101,13 @@ const (
 	MaxKeyLen = 255
 	// MaxOwnerLen is the longest owner id in bytes, same alphabet as keys.
 	MaxOwnerLen = 128
+	// MaxLabelLen is the longest owner label in bytes (Command.Label), same
+	// alphabet as keys; empty means no label. 64 holds what a label is
+	// for: a job name, a request id (a UUID is 36 bytes), a Kubernetes pod
+	// name (up to 63), a host name with a short suffix. It keeps a HELD
+	// line and an inspect row short, and bounds what a holder or waiter
+	// can add to every replica's memory to 64 bytes.
+	MaxLabelLen = 64
 	// MinLeaseSec and MaxLeaseSec bound the lease in whole seconds. Anything
 	// outside is rejected with ErrInvalidLease, never clamped.
 	MinLeaseSec = 1
@@ -201,6 +220,11 @@ type Command struct {
 	// keeps this slice (shared, never written): do not change it afterwards.
 	Keys  []string
 	Owner string // OpAcquire, OpAcquireBlock, OpRelease, OpExtend
+	// Label is the caller's label for an acquire (OpAcquire,
+	// OpAcquireBlock): 0..MaxLabelLen bytes in 0x21..0x7E, "" for none.
+	// It names the holding for people (inspect, logs) and plays no part
+	// in matching: releases and extends match by token and owner.
+	Label string
 	Token uint64 // OpRelease, OpExpire, OpExtend
 	// Ref is the proposer's identifier for an acquire or a release (so the
 	// proposer can match the applied command to the request that owes a
@@ -322,6 +346,8 @@ type Holder struct {
 	// Session and Seq: the session command it was granted for (0: none,
 	// or its session ended and the holding outlived it).
 	Session, Seq uint64
+	// Label is the acquire's label ("" if none).
+	Label string
 }
 
 // Waiter is one queued acquire.
@@ -337,6 +363,9 @@ type Waiter struct {
 	Keys []string
 	// Session and Seq: the session command it was queued by (0: none).
 	Session, Seq uint64
+	// A waiter's label is not a field: the queues hold Waiters, and a
+	// field would cost every waiter its string header, labelled or not.
+	// State.WaiterLabel and SessionQueued.Label tell it.
 }
 
 // Outcome is the final result of a lock command of a session, kept until
@@ -382,6 +411,8 @@ type SessionWaiter struct {
 type SessionQueued struct {
 	Key    string
 	Waiter Waiter
+	// Label is the waiter's label ("" if none).
+	Label string
 }
 
 // LeaseEnd is when h's lease ends by the proposers' wall clocks (Unix ms):

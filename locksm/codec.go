@@ -27,6 +27,8 @@ package locksm
 //
 //	op|0x80 (op 1, 2, 6, 7 only): a lock command of a session
 //	    = session:uvarint(1..) seq:uvarint ack:uvarint fields(op)
+//	op|0x40 (op 1, 6 only; with or without 0x80): a labelled acquire
+//	    = [session fields] label:string(1..MaxLabelLen) fields(op)
 //
 // Op 6 came with blocks (protocol version 5): a node older than that
 // cannot decode an entry that carries it, so a leader proposes it only
@@ -49,6 +51,13 @@ package locksm
 // is corrupt (it would have another encoding). A session op's tokens are
 // bounded only by the entry (each takes at least one byte).
 //
+// The label flag 0x40 came with owner labels (protocol version 8) in the
+// same way: an older node cannot decode it, so a leader proposes a
+// labelled acquire only once the cluster version is 8. The flag is set
+// exactly when an acquire has a label (Label != ""): an acquire without
+// one is byte for byte what older nodes wrote, and the batch version is
+// still 1. The flag with an empty label, or on any other op, is corrupt.
+//
 // Only the fields an op uses are carried; the others decode as zero (Apply
 // ignores them anyway). Now is carried only by ops that record it (grant or
 // enqueue time). A key is at most MaxKeyLen bytes and an owner at most
@@ -59,7 +68,8 @@ package locksm
 // DecodeBatch rejects, wrapping ErrCorruptCommand: an unknown version, a
 // count above MaxBatch or above the bytes left (every command takes at
 // least one byte), truncation, trailing bytes, an unknown op (0, 13..127,
-// the session flag on an op other than 1, 2, 6, 7 or with session 0), an
+// the session flag on an op other than 1, 2, 6, 7 or with session 0, the
+// label flag on an op other than 1, 6 or with an empty label), an
 // over-long string (a secret hash above SecretHashLen bytes), a non-minimal varint, a lease or wait above
 // uint32, a block of more than MaxBlockKeys keys.
 
@@ -75,6 +85,14 @@ const MaxBatch = 4096
 
 // sessionFlag marks a lock command of a session in its op byte.
 const sessionFlag = 0x80
+
+// labelFlag marks an acquire that carries a label in its op byte.
+const labelFlag = 0x40
+
+// badLabel is what AppendBatch writes for a label longer than
+// MaxLabelLen: one byte outside the label alphabet, so Apply rejects the
+// command with ErrInvalidLabel, as ValidateCommand would have.
+const badLabel = " "
 
 // batchVersion is the first byte of every entry. A new layout gets a new
 // version; entries written in an older one stay in the Raft log, so the
@@ -98,13 +116,25 @@ func AppendBatch(dst []byte, cmds []Command) []byte {
 	dst = binary.AppendUvarint(dst, uint64(len(cmds)))
 	for i := range cmds {
 		c := &cmds[i]
+		op := byte(c.Op)
+		labelled := c.Label != "" && labelBearing(c.Op)
+		if labelled {
+			op |= labelFlag
+		}
 		if c.Session != 0 && sessionBearing(c.Op) {
-			dst = append(dst, byte(c.Op)|sessionFlag)
+			dst = append(dst, op|sessionFlag)
 			dst = binary.AppendUvarint(dst, c.Session)
 			dst = binary.AppendUvarint(dst, c.Seq)
 			dst = binary.AppendUvarint(dst, c.Ack)
 		} else {
-			dst = append(dst, byte(c.Op))
+			dst = append(dst, op)
+		}
+		if labelled {
+			label := c.Label
+			if len(label) > MaxLabelLen {
+				label = badLabel
+			}
+			dst = appendString(dst, label, MaxLabelLen)
 		}
 		switch c.Op {
 		case OpAcquire:
@@ -180,6 +210,9 @@ func sessionBearing(op Op) bool {
 	return op == OpAcquire || op == OpRelease || op == OpAcquireBlock || op == OpExtend
 }
 
+// labelBearing reports whether op may carry a label: the acquires.
+func labelBearing(op Op) bool { return op == OpAcquire || op == OpAcquireBlock }
+
 func appendString(dst []byte, s string, limit int) []byte {
 	if len(s) > limit {
 		s = ""
@@ -217,17 +250,25 @@ func DecodeBatch(b []byte, into []Command) ([]Command, error) {
 	}
 	for i := range int(n) {
 		var c Command
-		c.Op = Op(d.byte())
-		if c.Op&sessionFlag != 0 && d.err == nil {
-			c.Op &^= sessionFlag
+		b := d.byte()
+		c.Op = Op(b &^ (sessionFlag | labelFlag))
+		if b&sessionFlag != 0 && d.err == nil {
 			if !sessionBearing(c.Op) {
-				d.err = fmt.Errorf("unknown op %d", c.Op|sessionFlag)
+				d.err = fmt.Errorf("unknown op %d", b)
 			}
 			c.Session = d.uvarint()
 			c.Seq = d.uvarint()
 			c.Ack = d.uvarint()
 			if c.Session == 0 && d.err == nil {
 				d.err = errors.New("session flag with session 0")
+			}
+		}
+		if b&labelFlag != 0 && d.err == nil {
+			if !labelBearing(c.Op) {
+				d.err = fmt.Errorf("unknown op %d", b)
+			}
+			if c.Label = d.string(MaxLabelLen); c.Label == "" && d.err == nil {
+				d.err = errors.New("label flag with an empty label")
 			}
 		}
 		switch c.Op {
@@ -410,6 +451,15 @@ func uvarint(b []byte) (uint64, int, error) {
 		return 0, 0, errNonMinimal
 	}
 	return v, n, nil
+}
+
+// ValidateLabel checks an acquire's label: 0..MaxLabelLen bytes in
+// 0x21..0x7E ("" is no label). It returns the bare ErrInvalidLabel.
+func ValidateLabel(label string) error {
+	if label != "" && !validIdent(label, MaxLabelLen) {
+		return ErrInvalidLabel
+	}
+	return nil
 }
 
 // ValidateKey and ValidateOwner check the field constraints (see MaxKeyLen).

@@ -5,8 +5,11 @@ import "errors"
 // Sentinel errors reported in Result.Err. Wire codes for them are assigned in
 // one table in cluster/wire.
 var (
-	ErrInvalidKey     = errors.New("locksm: invalid key")
-	ErrInvalidOwner   = errors.New("locksm: invalid owner")
+	ErrInvalidKey   = errors.New("locksm: invalid key")
+	ErrInvalidOwner = errors.New("locksm: invalid owner")
+	// ErrInvalidLabel: an acquire's label longer than MaxLabelLen or with
+	// a byte outside 0x21..0x7E.
+	ErrInvalidLabel   = errors.New("locksm: invalid label")
 	ErrInvalidLease   = errors.New("locksm: invalid lease")
 	ErrInvalidWait    = errors.New("locksm: invalid wait")
 	ErrInvalidCommand = errors.New("locksm: invalid command")

@@ -22,6 +22,7 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -104,8 +105,9 @@ type modelHold struct {
 // modelWait is a waiter: keys is the one key of a single-key waiter, or a
 // block's keys (then w.Keys is the same list).
 type modelWait struct {
-	keys []string
-	w    Waiter
+	keys  []string
+	w     Waiter
+	label string
 }
 
 func modelValid(s string, limit int) bool {
@@ -182,6 +184,9 @@ func (m *model) apply1(c Command) (Result, []Effect) {
 	if (c.Op == OpAcquire || c.Op == OpAcquireBlock || c.Op == OpRelease || c.Op == OpExtend) && !modelValid(c.Owner, 128) {
 		return reject(ErrInvalidOwner)
 	}
+	if (c.Op == OpAcquire || c.Op == OpAcquireBlock) && c.Label != "" && !modelValid(c.Label, 64) {
+		return reject(ErrInvalidLabel)
+	}
 	if (c.Op == OpAcquire || c.Op == OpAcquireBlock || c.Op == OpExtend) && (c.LeaseSec < 1 || c.LeaseSec > 250) {
 		return reject(ErrInvalidLease)
 	}
@@ -219,7 +224,7 @@ func (m *model) lock(c Command) (Result, []Effect) {
 		if !m.held(c.Key) && len(m.queue(c.Key)) == 0 {
 			m.last++
 			m.holds = append(m.holds, modelHold{key: c.Key, h: Holder{Owner: c.Owner, Token: m.last, LeaseSec: c.LeaseSec, GrantedAt: c.Now,
-				Session: c.Session, Seq: c.Seq}})
+				Session: c.Session, Seq: c.Seq, Label: c.Label}})
 			return Result{Status: StatusGranted, Token: m.last}, nil
 		}
 		if c.WaitMs == 0 {
@@ -231,7 +236,7 @@ func (m *model) lock(c Command) (Result, []Effect) {
 			}
 		}
 		m.waits = append(m.waits, modelWait{[]string{c.Key}, Waiter{Owner: c.Owner, Ref: c.Ref, LeaseSec: c.LeaseSec, WaitMs: c.WaitMs, EnqueuedAt: c.Now,
-			Session: c.Session, Seq: c.Seq}})
+			Session: c.Session, Seq: c.Seq}, c.Label})
 		return Result{Status: StatusQueued}, nil
 	case OpAcquireBlock:
 		free := true
@@ -242,7 +247,7 @@ func (m *model) lock(c Command) (Result, []Effect) {
 			m.last++
 			for _, k := range c.Keys {
 				m.holds = append(m.holds, modelHold{key: k, h: Holder{Owner: c.Owner, Token: m.last, LeaseSec: c.LeaseSec, GrantedAt: c.Now, Keys: c.Keys,
-					Session: c.Session, Seq: c.Seq}})
+					Session: c.Session, Seq: c.Seq, Label: c.Label}})
 			}
 			return Result{Status: StatusGranted, Token: m.last}, nil
 		}
@@ -255,7 +260,7 @@ func (m *model) lock(c Command) (Result, []Effect) {
 			}
 		}
 		m.waits = append(m.waits, modelWait{c.Keys, Waiter{Owner: c.Owner, Ref: c.Ref, LeaseSec: c.LeaseSec, WaitMs: c.WaitMs, EnqueuedAt: c.Now, Keys: c.Keys,
-			Session: c.Session, Seq: c.Seq}})
+			Session: c.Session, Seq: c.Seq}, c.Label})
 		return Result{Status: StatusQueued}, nil
 	case OpRelease:
 		i := m.holdIndex(c.Key)
@@ -441,7 +446,7 @@ func (m *model) promote(keys []string, now int64) []Effect {
 		m.last++
 		for _, bk := range w.keys {
 			m.holds = append(m.holds, modelHold{key: bk, h: Holder{Owner: w.w.Owner, Token: m.last, LeaseSec: w.w.LeaseSec, GrantedAt: now, Keys: w.w.Keys,
-				Session: w.w.Session, Seq: w.w.Seq}})
+				Session: w.w.Session, Seq: w.w.Seq, Label: w.label}})
 		}
 		effects = append(effects, Effect{Kind: EffectGranted, Key: w.keys[0], Keys: w.w.Keys, Owner: w.w.Owner, Ref: w.w.Ref, Token: m.last, LeaseSec: w.w.LeaseSec,
 			Session: w.w.Session, Seq: w.w.Seq, Serial: m.recordWaiter(w.w, StatusGranted, m.last)})
@@ -488,6 +493,13 @@ func (m *model) compare(s *State, keys []string) error {
 		if g, w := s.Waiters(k), m.queue(k); !reflect.DeepEqual(g, w) {
 			return fmt.Errorf("key %q: waiters %+v, model %+v", k, g, w)
 		}
+		for _, w := range m.waits {
+			if slices.Contains(w.keys, k) {
+				if l := s.WaiterLabel(k, w.w); l != w.label {
+					return fmt.Errorf("key %q: waiter %d label %q, model %q", k, w.w.Ref, l, w.label)
+				}
+			}
+		}
 		if r := s.Reserved(k); r != (want == nil && len(m.queue(k)) > 0) {
 			return fmt.Errorf("key %q: reserved %v, model holder %+v queue %d", k, r, want, len(m.queue(k)))
 		}
@@ -527,7 +539,7 @@ func (m *model) compareSessions(s *State) error {
 		var queued []SessionQueued
 		for _, w := range m.waits {
 			if w.w.Session == ms.id {
-				queued = append(queued, SessionQueued{Key: w.keys[0], Waiter: w.w})
+				queued = append(queued, SessionQueued{Key: w.keys[0], Waiter: w.w, Label: w.label})
 			}
 		}
 		slices.SortFunc(queued, func(a, b SessionQueued) int { return cmp.Compare(a.Waiter.Seq, b.Waiter.Seq) })
@@ -824,6 +836,8 @@ type gen struct {
 var (
 	genKeys   = []string{"a", "b", "c", "d", "e"}
 	genOwners = []string{"o1", "o2", "o3"}
+	// genLabels: mostly none, as most acquires carry none.
+	genLabels = []string{"", "", "", "job-a", "req/42", "0123456789012345678901234567890123456789012345678901234567890123"}
 )
 
 func (g *gen) pick(xs []string) string { return xs[g.r.IntN(len(xs))] }
@@ -957,6 +971,7 @@ func (g *gen) lockCommand() Command {
 		if g.r.IntN(3) > 0 {
 			c.WaitMs = uint32(1 + g.r.IntN(MaxWaitMs))
 		}
+		c.Label = g.pick(genLabels)
 		g.nextRef++
 		c.Ref = g.nextRef
 		if len(q) > 0 && g.r.IntN(10) == 0 {
@@ -1009,7 +1024,14 @@ func (g *gen) lockCommand() Command {
 		// Invalid commands of every kind.
 		c.Op = [...]Op{OpAcquire, OpRelease, OpExpire, OpCancelWait, OpExtend}[g.r.IntN(5)]
 		c.LeaseSec, c.WaitMs = uint32(1+g.r.IntN(250)), uint32(g.r.IntN(100))
-		switch g.r.IntN(9) {
+		switch g.r.IntN(10) {
+		case 9:
+			// A bad label: too long, or outside the alphabet.
+			c.Op = [...]Op{OpAcquire, OpAcquireBlock}[g.r.IntN(2)]
+			if c.Op == OpAcquireBlock {
+				c.Key, c.Keys = "", g.blockKeys()
+			}
+			c.Label = [...]string{"a b", "\x7f", "é", strings.Repeat("l", 65)}[g.r.IntN(4)]
 		case 0:
 			c.Op = Op(int(maxOp) + 1 + g.r.IntN(255-int(maxOp)))
 		case 1:

@@ -123,6 +123,8 @@ func runScriptCommand(t *testing.T, c scripttest.Case, s *State) string {
 			cmd.Keys = strings.Split(v, ",")
 		case "owner":
 			cmd.Owner = v
+		case "label":
+			cmd.Label = v
 		case "op":
 			var n uint64
 			n, err = strconv.ParseUint(v, 10, 8)
@@ -205,7 +207,7 @@ var statusNames = map[Status]string{
 }
 
 var errNames = map[error]string{
-	ErrInvalidKey: "ErrInvalidKey", ErrInvalidOwner: "ErrInvalidOwner",
+	ErrInvalidKey: "ErrInvalidKey", ErrInvalidOwner: "ErrInvalidOwner", ErrInvalidLabel: "ErrInvalidLabel",
 	ErrInvalidLease: "ErrInvalidLease", ErrInvalidWait: "ErrInvalidWait",
 	ErrInvalidCommand: "ErrInvalidCommand", ErrNotHeld: "ErrNotHeld",
 	ErrTokenMismatch: "ErrTokenMismatch", ErrOwnerMismatch: "ErrOwnerMismatch",
@@ -310,6 +312,9 @@ func formatTable(s *State) string {
 			if h.Session != 0 {
 				fmt.Fprintf(&b, " session=%d seq=%d", h.Session, h.Seq)
 			}
+			if h.Label != "" {
+				fmt.Fprintf(&b, " label=%s", h.Label)
+			}
 		} else {
 			fmt.Fprintf(&b, "\n%s: reserved", k)
 		}
@@ -322,9 +327,21 @@ func formatTable(s *State) string {
 			if w.Session != 0 {
 				fmt.Fprintf(&b, " session=%d seq=%d", w.Session, w.Seq)
 			}
+			if l := s.WaiterLabel(k, w); l != "" {
+				fmt.Fprintf(&b, " label=%s", l)
+			}
 		}
 	}
 	return b.String()
+}
+
+// normalLabel is a label as the codec carries it: one the codec cannot
+// carry becomes badLabel, which Apply rejects as it rejects the original.
+func normalLabel(l string) string {
+	if len(l) > MaxLabelLen {
+		return badLabel
+	}
+	return l
 }
 
 // normalize clears the fields cmd.Op does not use: that is exactly what the
@@ -337,6 +354,7 @@ func normalize(c Command) Command {
 	switch c.Op {
 	case OpAcquire:
 		n.Now, n.Owner, n.Ref, n.LeaseSec, n.WaitMs = c.Now, c.Owner, c.Ref, c.LeaseSec, c.WaitMs
+		n.Label = normalLabel(c.Label)
 	case OpRelease:
 		n.Now, n.Owner, n.Token, n.Ref = c.Now, c.Owner, c.Token, c.Ref
 	case OpExpire:
@@ -364,6 +382,7 @@ func normalize(c Command) Command {
 	case OpAcquireBlock:
 		n.Key = ""
 		n.Now, n.Owner, n.Ref, n.LeaseSec, n.WaitMs = c.Now, c.Owner, c.Ref, c.LeaseSec, c.WaitMs
+		n.Label = normalLabel(c.Label)
 		if len(c.Keys) > 0 && len(c.Keys) <= MaxBlockKeys {
 			n.Keys = make([]string, len(c.Keys))
 			for i, k := range c.Keys {
@@ -495,6 +514,23 @@ func checkInvariants(s *State) error {
 		// snapshot unreadable.
 		if len(tokens[t]) == 0 {
 			return fmt.Errorf("renewal of token %d, which holds no key", t)
+		}
+	}
+	for t, l := range s.labels {
+		// Likewise a label outliving its holding.
+		if len(tokens[t]) == 0 || ValidateLabel(l) != nil || l == "" {
+			return fmt.Errorf("label %q of token %d, which holds no key", l, t)
+		}
+	}
+	for r, l := range s.waiterLabels {
+		// A waiter's label outliving its place in the queue would be
+		// given to nobody, and be written into snapshots forever.
+		e := s.keys[r.key]
+		if e == nil || e.queue.find(r.ref) < 0 || ValidateLabel(l) != nil || l == "" {
+			return fmt.Errorf("label %q of waiter %d on %q, which is not queued", l, r.ref, r.key)
+		}
+		if w := e.queue.ws[e.queue.find(r.ref)]; w.primary(r.key) != r.key {
+			return fmt.Errorf("label %q of block waiter %d filed under %q, not its first key", l, r.ref, r.key)
 		}
 	}
 	for k := range s.queued {

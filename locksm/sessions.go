@@ -231,6 +231,7 @@ func (s *State) endSession(cmd *Command, effects []Effect) (result, []Effect) {
 		sw := ss.waiters[seq]
 		e := s.keys[sw.key]
 		w := e.queue.ws[e.queue.find(sw.ref)]
+		s.takeWaiterLabel(sw.key, &w)
 		effects = append(effects, Effect{
 			Kind: EffectTimedOut, Key: sw.key, Keys: w.Keys, Owner: w.Owner, Ref: w.Ref, Session: w.Session, Seq: w.Seq,
 		})
@@ -306,6 +307,7 @@ func (s *State) dropSessionless(effects []Effect) (result, []Effect) {
 			}
 			effects = append(effects, Effect{Kind: EffectDropped, Key: w.primary(k), Keys: w.Keys, Owner: w.Owner, Ref: w.Ref})
 			drop = append(drop, gone{k, *w})
+			s.takeWaiterLabel(k, w)
 		})
 	}
 	for _, g := range drop {
@@ -388,7 +390,8 @@ func (s *State) SessionWaiters(id uint64) []SessionQueued {
 	for _, seq := range slices.Sorted(maps.Keys(ss.waiters)) {
 		sw := ss.waiters[seq]
 		e := s.keys[sw.key]
-		out = append(out, SessionQueued{Key: sw.key, Waiter: e.queue.ws[e.queue.find(sw.ref)]})
+		w := e.queue.ws[e.queue.find(sw.ref)]
+		out = append(out, SessionQueued{Key: sw.key, Waiter: w, Label: s.WaiterLabel(sw.key, w)})
 	}
 	return out
 }

@@ -21,8 +21,11 @@ package locksm
 //   - 4: sessions (protocol version 7): written whenever a session
 //     exists; version 3's body (renewals may be none) with the (session,
 //     seq) of every holder and waiter, followed by the sessions.
+//   - 5: owner labels (protocol version 8): written whenever a holder or
+//     a queued waiter has a label; version 4's body (sessions may be
+//     none) with the label of every holder and waiter after its sref.
 //
-//	snapshot = magic:"TKSM" version:byte(0x01..0x04) body crc:uint32-le EOF
+//	snapshot = magic:"TKSM" version:byte(0x01..0x05) body crc:uint32-le EOF
 //	body v1  = lastToken:uvarint nkeys:uvarint key1*nkeys
 //	key1     = name:string owner:string token:uvarint lease:uvarint
 //	           grantedAt:varint nwait:uvarint waiter1*nwait
@@ -50,6 +53,13 @@ package locksm
 //	           nout:uvarint(= serial-ack) outcome*nout
 //	outcome  = seq:uvarint(1..) status:byte [status 1 (granted): token:uvarint]
 //	           [status 0 (rejected): err:byte]
+//	body v5  = body v4 with key5 for key4, waiter5 for waiter4, and
+//	           nsess:uvarint(0..)
+//	key5     = name:string token:uvarint
+//	           [token != 0: owner:string lease:uvarint grantedAt:varint sref
+//	           label:string(0..64)]
+//	           nwait:uvarint waiter5*nwait
+//	waiter5  = waiter4 label:string(0..64)
 //
 // Every key listed is held or reserved (token 0: not held, its queue head a
 // block that cannot be granted yet); the state keeps no entry for a free
@@ -83,8 +93,10 @@ package locksm
 // granted token in 1..lastToken, a known err), every holder's and
 // waiter's session live with a nonzero seq, a block's keys (held or
 // queued) all naming the same (session, seq), and a session's waiter seqs
-// unique and distinct from its outcomes' seqs. Version 2 must have block
-// content, version 3 a renewal and version 4 a session.
+// unique and distinct from its outcomes' seqs; and of labels: each within
+// the label constraints, a held block's keys all carrying the same label.
+// Version 2 must have block content, version 3 a renewal, version 4 a
+// session and version 5 a label.
 
 import (
 	"encoding/binary"
@@ -105,6 +117,7 @@ const (
 	snapV2 = 2
 	snapV3 = 3
 	snapV4 = 4
+	snapV5 = 5
 	// snapBufSize is the I/O chunk of both directions: large enough that a
 	// 1M-key snapshot is a few thousand writes, small enough not to matter.
 	snapBufSize = 64 << 10
@@ -122,7 +135,7 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 func (s *State) WriteSnapshot(w io.Writer) error {
 	keys := s.sortedKeys()
 	return writeSnapshot(w, snapHeader{last: s.last, clock: s.clock, blocks: s.blocks, renewed: s.renewed,
-		sessions: s.snapSessions(), version: s.snapVersion()},
+		labels: s.labels, waiterLabels: s.waiterLabels, sessions: s.snapSessions(), version: s.snapVersion()},
 		len(keys), func(i int) (string, *entry) { return keys[i], s.keys[keys[i]] })
 }
 
@@ -137,18 +150,21 @@ func (f *Frozen) WriteSnapshot(w io.Writer) error {
 	})
 	keys := f.keys
 	return writeSnapshot(w, snapHeader{last: f.last, clock: f.clock, blocks: f.blocks, renewed: f.renewed,
-		sessions: f.sessions, version: f.version},
+		labels: f.labels, waiterLabels: f.waiterLabels, sessions: f.sessions, version: f.version},
 		len(keys), func(i int) (string, *entry) { return keys[i].key, keys[i].e })
 }
 
 // snapHeader is what a snapshot carries besides the keys.
 type snapHeader struct {
-	last     uint64
-	clock    int64
-	blocks   map[uint64][]string
-	renewed  map[uint64]int64
-	sessions []snapSession
-	version  byte // snapV1..snapV4 (State.snapVersion)
+	last    uint64
+	clock   int64
+	blocks  map[uint64][]string
+	renewed map[uint64]int64
+	labels  map[uint64]string
+	// waiterLabels: the labels of queued waiters (State.waiterLabels).
+	waiterLabels map[waiterRef]string
+	sessions     []snapSession
+	version      byte // snapV1..snapV5 (State.snapVersion)
 }
 
 // writeSnapshot writes n keys, in ascending order, key(i) giving the i-th.
@@ -156,6 +172,7 @@ func writeSnapshot(w io.Writer, hd snapHeader, n int, key func(i int) (string, *
 	sw := snapWriter{w: w, buf: make([]byte, 0, snapBufSize)}
 	v2 := hd.version >= snapV2 // the layout of version 2, which 3 and 4 extend
 	v4 := hd.version >= snapV4
+	v5 := hd.version >= snapV5
 	sw.buf = append(sw.buf, snapMagic...)
 	sw.buf = append(sw.buf, hd.version)
 	sw.buf = binary.AppendUvarint(sw.buf, hd.last)
@@ -181,6 +198,9 @@ func writeSnapshot(w io.Writer, hd snapHeader, n int, key func(i int) (string, *
 				if v4 {
 					sw.sref(h.Session, h.Seq)
 				}
+				if v5 {
+					sw.string(hd.labels[h.Token])
+				}
 			}
 		}
 		sw.buf = binary.AppendUvarint(sw.buf, uint64(e.queue.len()))
@@ -195,6 +215,9 @@ func writeSnapshot(w io.Writer, hd snapHeader, n int, key func(i int) (string, *
 			}
 			if v4 {
 				sw.sref(q.Session, q.Seq)
+			}
+			if v5 {
+				sw.string(hd.waiterLabels[waiterRef{q.primary(k), q.Ref}])
 			}
 			sw.maybeFlush()
 		})
@@ -327,11 +350,12 @@ func (d *snapReader) read() (*State, error) {
 		return nil, d.fail(errors.New("bad magic"))
 	}
 	version := d.byte()
-	if d.err == nil && (version < snapV1 || version > snapV4) {
+	if d.err == nil && (version < snapV1 || version > snapV5) {
 		return nil, fmt.Errorf("unknown version %d", version)
 	}
 	v2 := version >= snapV2 // the layout of version 2, which 3 and 4 extend
 	v4 := version >= snapV4
+	v5 := version >= snapV5
 	last := d.uvarint()
 	var clock int64
 	if v2 {
@@ -351,6 +375,8 @@ func (d *snapReader) read() (*State, error) {
 		blocks:       make(map[uint64][]string),
 		blockWaiters: make(map[uint64][]string),
 		renewed:      make(map[uint64]int64),
+		labels:       make(map[uint64]string),
+		waiterLabels: make(map[waiterRef]string),
 		sessions:     make(map[uint64]*session),
 		last:         last,
 		clock:        clock,
@@ -359,14 +385,17 @@ func (d *snapReader) read() (*State, error) {
 	var refs []uint64
 	// Every queued block as first read, and how many queues it was met in.
 	type seenBlock struct {
-		w Waiter
-		n int
+		w     Waiter
+		n     int
+		label string
 	}
 	queuedBlocks := map[uint64]*seenBlock{}
 	// What names a session, checked once the sessions are read: holders
 	// (a block's keys each) and waiters (a block once).
 	var srefs []snapRef
 	var reservedKeys []string
+	// How many keys carry each holding label (a block's keys each).
+	labelled := map[uint64]int{}
 	prev := ""
 	for i := range nkeys {
 		key := d.string(MaxKeyLen)
@@ -383,6 +412,9 @@ func (d *snapReader) read() (*State, error) {
 			h.GrantedAt = d.varint()
 			if v4 {
 				h.Session, h.Seq = d.sref()
+			}
+			if v5 {
+				h.Label = d.string(MaxLabelLen)
 			}
 		}
 		nq := d.uvarint()
@@ -404,6 +436,15 @@ func (d *snapReader) read() (*State, error) {
 			return nil, fmt.Errorf("key %q: holder token %d outside 1..%d", key, h.Token, last)
 		case h.LeaseSec < MinLeaseSec || h.LeaseSec > MaxLeaseSec:
 			return nil, fmt.Errorf("key %q: holder lease %d", key, h.LeaseSec)
+		case ValidateLabel(h.Label) != nil:
+			return nil, fmt.Errorf("key %q: invalid holder label %q", key, h.Label)
+		}
+		if h.Label != "" {
+			if l, ok := s.labels[h.Token]; ok && l != h.Label {
+				return nil, fmt.Errorf("key %q: label %q, another key of token %d has %q", key, h.Label, h.Token, l)
+			}
+			s.labels[h.Token] = h.Label
+			labelled[h.Token]++
 		}
 		prev = key
 		e.setHolder(h)
@@ -433,6 +474,10 @@ func (d *snapReader) read() (*State, error) {
 			if v4 {
 				w.Session, w.Seq = d.sref()
 			}
+			var label string
+			if v5 {
+				label = d.string(MaxLabelLen)
+			}
 			switch {
 			case d.err != nil:
 				return nil, fmt.Errorf("key %q waiter #%d: %w", key, j, d.err)
@@ -443,18 +488,20 @@ func (d *snapReader) read() (*State, error) {
 			case w.WaitMs == 0 || w.WaitMs > MaxWaitMs:
 				// wait 0 never queues, so a queued waiter has wait >= 1.
 				return nil, fmt.Errorf("key %q waiter #%d: wait %d", key, j, w.WaitMs)
+			case ValidateLabel(label) != nil:
+				return nil, fmt.Errorf("key %q waiter #%d: invalid label %q", key, j, label)
 			}
 			if w.Keys != nil {
 				if err := validateBlockKeys(w.Keys); err != nil || !slices.Contains(w.Keys, key) {
 					return nil, fmt.Errorf("key %q waiter #%d: block keys %q", key, j, w.Keys)
 				}
 				if sb := queuedBlocks[w.Ref]; sb == nil {
-					queuedBlocks[w.Ref] = &seenBlock{w: w, n: 1}
+					queuedBlocks[w.Ref] = &seenBlock{w: w, n: 1, label: label}
 					s.waiting++
 					if w.Session != 0 {
 						srefs = append(srefs, snapRef{key: w.Keys[0], session: w.Session, seq: w.Seq, ref: w.Ref, waiter: true})
 					}
-				} else if !sameWaiter(sb.w, w) {
+				} else if !sameWaiter(sb.w, w) || sb.label != label {
 					return nil, fmt.Errorf("key %q waiter #%d: block ref %d differs from its other queues", key, j, w.Ref)
 				} else {
 					sb.n++
@@ -465,6 +512,11 @@ func (d *snapReader) read() (*State, error) {
 				if w.Session != 0 {
 					srefs = append(srefs, snapRef{key: key, session: w.Session, seq: w.Seq, ref: w.Ref, waiter: true})
 				}
+			}
+			if label != "" {
+				// Beside the queue, as Apply keeps it (a block's once:
+				// its queues agree, checked above).
+				s.waiterLabels[waiterRef{w.primary(key), w.Ref}] = label
 			}
 			e.queue.push(w)
 			refs = append(refs, w.Ref)
@@ -488,6 +540,13 @@ func (d *snapReader) read() (*State, error) {
 	if err := checkSnapshotTokens(s, tokens); err != nil {
 		return nil, err
 	}
+	for t, n := range labelled {
+		// A block's label on some of its keys only: Holder would
+		// show a label the others do not carry.
+		if want := max(len(s.blocks[t]), 1); n != want {
+			return nil, fmt.Errorf("token %d: label on %d of its %d keys", t, n, want)
+		}
+	}
 	if version >= snapV3 {
 		// tokens is sorted now.
 		if err := d.readRenewals(s, tokens, version == snapV3); err != nil {
@@ -495,7 +554,7 @@ func (d *snapReader) read() (*State, error) {
 		}
 	}
 	if v4 {
-		if err := d.readSessions(s); err != nil {
+		if err := d.readSessions(s, version == snapV4); err != nil {
 			return nil, err
 		}
 		if err := indexSessionRefs(s, srefs); err != nil {
@@ -609,11 +668,11 @@ type snapRef struct {
 	waiter       bool
 }
 
-// readSessions reads the sessions section: at least one session, ids
-// ascending, each with its kept outcomes.
-func (d *snapReader) readSessions(s *State) error {
+// readSessions reads the sessions section: at least one session if
+// atLeastOne (version 4), ids ascending, each with its kept outcomes.
+func (d *snapReader) readSessions(s *State, atLeastOne bool) error {
 	n := d.uvarint()
-	if d.err == nil && n == 0 {
+	if d.err == nil && n == 0 && atLeastOne {
 		return errors.New("version 4 without sessions")
 	}
 	var prev uint64

@@ -39,6 +39,18 @@ type State struct {
 	// (TestEntrySize), and the paths that end a holding look at it only when it is
 	// non-empty.
 	renewed map[uint64]int64
+	// labels maps the token of every holding that has a label to it
+	// (Holder.Label); a holding without one has no entry, and the entry
+	// goes when the holding ends. Beside the entries for the same reason
+	// as renewed: a label costs nothing to those that have none.
+	labels map[uint64]string
+	// waiterLabels maps every queued waiter that has a label, by its
+	// primary key and ref (a block's first key: one entry for all its
+	// queues), to the label, which it passes to labels when granted. A
+	// waiter without a label has no entry, and Waiter has no label field,
+	// so a label costs nothing to those that have none
+	// (TestWaiterSize; cluster/memory_test.go's bytes per waiter).
+	waiterLabels map[waiterRef]string
 	// reserved counts entries without a holder (their queue head is a
 	// block waiting for its other keys).
 	reserved int
@@ -62,6 +74,36 @@ type State struct {
 	gen uint32
 	// sessions are the live sessions by id (sessions.go).
 	sessions map[uint64]*session
+}
+
+// waiterRef names one queued waiter: its primary key (a block's first
+// key) and its ref, unique among the queued waiters (a queue refuses a
+// ref twice, and a block's ref is refused in each of its queues).
+type waiterRef struct {
+	key string
+	ref uint64
+}
+
+// takeWaiterLabel removes and returns the label of the waiter w queued on
+// key ("" if it has none): it leaves its queue.
+func (s *State) takeWaiterLabel(key string, w *Waiter) string {
+	if len(s.waiterLabels) == 0 {
+		return ""
+	}
+	r := waiterRef{w.primary(key), w.Ref}
+	l, ok := s.waiterLabels[r]
+	if ok {
+		delete(s.waiterLabels, r)
+	}
+	return l
+}
+
+// grantLabel gives the label of waiter w (queued on key), granted under
+// token, to its holding.
+func (s *State) grantLabel(key string, w *Waiter, token uint64) {
+	if l := s.takeWaiterLabel(key, w); l != "" {
+		s.labels[token] = l
+	}
 }
 
 // entry is one held or reserved key. Invariant: an entry exists iff the key
@@ -117,6 +159,8 @@ func New() *State {
 		blocks:       make(map[uint64][]string),
 		blockWaiters: make(map[uint64][]string),
 		renewed:      make(map[uint64]int64),
+		labels:       make(map[uint64]string),
+		waiterLabels: make(map[waiterRef]string),
 		sessions:     make(map[uint64]*session),
 	}
 }
@@ -167,9 +211,12 @@ func validateCommand(cmd *Command) error {
 }
 
 // validateAcquireFields checks what an acquire of one key and of a block
-// share, after their keys: owner, lease, wait.
+// share, after their keys: owner, label, lease, wait.
 func validateAcquireFields(cmd *Command) error {
 	if err := ValidateOwner(cmd.Owner); err != nil {
+		return err
+	}
+	if err := ValidateLabel(cmd.Label); err != nil {
 		return err
 	}
 	if err := validateLease(cmd.LeaseSec); err != nil {
@@ -296,6 +343,9 @@ func (s *State) acquire(cmd *Command) result {
 		e.setHolder(Holder{Owner: intern(cmd.Owner), Token: s.last, LeaseSec: cmd.LeaseSec, GrantedAt: cmd.Now,
 			Session: cmd.Session, Seq: cmd.Seq})
 		s.keys[cmd.Key] = e
+		if cmd.Label != "" {
+			s.labels[s.last] = cmd.Label
+		}
 		return result{Status: StatusGranted, Token: s.last}
 	}
 	// Held, possibly by cmd.Owner itself: not reentrant, so no owner check.
@@ -310,6 +360,9 @@ func (s *State) acquire(cmd *Command) result {
 		Owner: intern(cmd.Owner), Ref: cmd.Ref, LeaseSec: cmd.LeaseSec, WaitMs: cmd.WaitMs, EnqueuedAt: cmd.Now,
 		Session: cmd.Session, Seq: cmd.Seq,
 	})
+	if cmd.Label != "" {
+		s.waiterLabels[waiterRef{cmd.Key, cmd.Ref}] = cmd.Label
+	}
 	s.waiting++
 	return result{Status: StatusQueued}
 }
@@ -338,6 +391,9 @@ func (s *State) acquireBlock(cmd *Command) result {
 			s.keys[k] = e
 		}
 		s.blocks[s.last] = cmd.Keys
+		if cmd.Label != "" {
+			s.labels[s.last] = cmd.Label
+		}
 		return result{Status: StatusGranted, Token: s.last}
 	}
 	if cmd.WaitMs == 0 {
@@ -368,6 +424,9 @@ func (s *State) acquireBlock(cmd *Command) result {
 		s.enqueue(k, e, w)
 	}
 	s.blockWaiters[cmd.Ref] = cmd.Keys
+	if cmd.Label != "" {
+		s.waiterLabels[waiterRef{cmd.Keys[0], cmd.Ref}] = cmd.Label
+	}
 	s.waiting++
 	return result{Status: StatusQueued}
 }
@@ -434,6 +493,9 @@ func (s *State) endHolding(key string, e *entry, now int64, effects []Effect) []
 	if len(s.renewed) > 0 {
 		delete(s.renewed, e.token)
 	}
+	if len(s.labels) > 0 {
+		delete(s.labels, e.token)
+	}
 	if len(s.blocks) > 0 {
 		if keys, ok := s.blocks[e.token]; ok {
 			delete(s.blocks, e.token)
@@ -461,6 +523,7 @@ func (s *State) endHolding(key string, e *entry, now int64, effects []Effect) []
 		s.dequeued(key, e)
 		s.last++
 		e.setHolder(Holder{Owner: w.Owner, Token: s.last, LeaseSec: w.LeaseSec, GrantedAt: now, Session: w.Session, Seq: w.Seq})
+		s.grantLabel(key, &w, s.last)
 		eff := Effect{
 			Kind: EffectGranted, Key: key, Owner: w.Owner, Ref: w.Ref, Token: s.last, LeaseSec: w.LeaseSec,
 			Session: w.Session, Seq: w.Seq,
@@ -507,6 +570,7 @@ func (s *State) promote(key string, now int64, effects []Effect) []Effect {
 		e = s.keys[key]
 		e.setHolder(Holder{Owner: w.Owner, Token: s.last, LeaseSec: w.LeaseSec, GrantedAt: now, Session: w.Session, Seq: w.Seq})
 		s.reserved--
+		s.grantLabel(key, &w, s.last)
 		eff := Effect{
 			Kind: EffectGranted, Key: key, Owner: w.Owner, Ref: w.Ref, Token: s.last, LeaseSec: w.LeaseSec,
 			Session: w.Session, Seq: w.Seq,
@@ -528,6 +592,7 @@ func (s *State) promote(key string, now int64, effects []Effect) []Effect {
 	s.waiting += len(w.Keys) - 1 // popHead counted the one waiter once per key
 	delete(s.blockWaiters, w.Ref)
 	s.blocks[s.last] = w.Keys
+	s.grantLabel(key, &w, s.last)
 	eff := Effect{
 		Kind: EffectGranted, Key: w.Keys[0], Keys: w.Keys, Owner: w.Owner, Ref: w.Ref, Token: s.last, LeaseSec: w.LeaseSec,
 		Session: w.Session, Seq: w.Seq,
@@ -566,6 +631,7 @@ func (s *State) exhausted(key string, effects []Effect) []Effect {
 	e := s.keys[key]
 	var others []string
 	for _, w := range e.queue.waiters() {
+		s.takeWaiterLabel(key, &w)
 		eff := Effect{Kind: EffectDropped, Key: w.primary(key), Keys: w.Keys, Owner: w.Owner, Ref: w.Ref, Session: w.Session, Seq: w.Seq}
 		if w.Session != 0 {
 			eff.Serial = s.waiterTimedOut(&w)
@@ -628,6 +694,7 @@ func (s *State) cancelWait(cmd *Command, effects []Effect) (result, []Effect) {
 		return result{Status: StatusNoop}, effects
 	}
 	w := e.queue.ws[i]
+	s.takeWaiterLabel(cmd.Key, &w)
 	eff := Effect{Kind: EffectTimedOut, Key: w.primary(cmd.Key), Keys: w.Keys, Owner: w.Owner, Ref: w.Ref, Session: w.Session, Seq: w.Seq}
 	if w.Session != 0 {
 		eff.Serial = s.waiterTimedOut(&w)
@@ -684,6 +751,7 @@ func (s *State) dropWaiters(effects []Effect) (result, []Effect) {
 	}
 	clear(s.queued)
 	clear(s.blockWaiters)
+	clear(s.waiterLabels)
 	s.waiting = 0
 	return result{Status: StatusDropped}, effects
 }
@@ -744,6 +812,11 @@ type Frozen struct {
 	// renewed is a copy of State.renewed; nil when no holding was
 	// extended.
 	renewed map[uint64]int64
+	// labels is a copy of State.labels; nil when no holding has a label.
+	labels map[uint64]string
+	// waiterLabels is a copy of State.waiterLabels; nil when no waiter
+	// has a label.
+	waiterLabels map[waiterRef]string
 	// sessions are the live sessions, ids ascending (nil when none).
 	sessions []snapSession
 	// version is the snapshot version the content needs (snapVersion).
@@ -772,6 +845,12 @@ func (s *State) Freeze() *Frozen {
 	if len(s.renewed) > 0 {
 		f.renewed = maps.Clone(s.renewed)
 	}
+	if len(s.labels) > 0 {
+		f.labels = maps.Clone(s.labels)
+	}
+	if len(s.waiterLabels) > 0 {
+		f.waiterLabels = maps.Clone(s.waiterLabels)
+	}
 	f.sessions = s.snapSessions()
 	return f
 }
@@ -780,11 +859,13 @@ func (s *State) Freeze() *Frozen {
 // key implies a queued block).
 func (s *State) hasBlockContent() bool { return len(s.blocks) > 0 || len(s.blockWaiters) > 0 }
 
-// snapVersion is the lowest snapshot version that holds the table: 4 if a
-// session exists, else 3 if a holding was extended, else 2 if a block is
-// held or queued, else 1.
+// snapVersion is the lowest snapshot version that holds the table: 5 if a
+// holder or waiter has a label, else 4 if a session exists, else 3 if a
+// holding was extended, else 2 if a block is held or queued, else 1.
 func (s *State) snapVersion() byte {
 	switch {
+	case s.hasLabels():
+		return snapV5
 	case len(s.sessions) > 0:
 		return snapV4
 	case len(s.renewed) > 0:
@@ -802,7 +883,7 @@ func (f *Frozen) NumHeld() int { return len(f.keys) }
 func (s *State) LastToken() uint64 { return s.last }
 
 // Holder returns the holder of key, if any, with the time of its latest
-// extension (RenewedAt) and, for a block, the block's keys.
+// extension (RenewedAt), its label and, for a block, the block's keys.
 func (s *State) Holder(key string) (Holder, bool) {
 	if e := s.keys[key]; e != nil && e.token != 0 {
 		h := e.holder()
@@ -811,6 +892,9 @@ func (s *State) Holder(key string) (Holder, bool) {
 		}
 		if len(s.renewed) > 0 {
 			h.RenewedAt = s.renewed[h.Token]
+		}
+		if len(s.labels) > 0 {
+			h.Label = s.labels[h.Token]
 		}
 		return h, true
 	}
@@ -867,6 +951,22 @@ func (s *State) NumWaiting() int { return s.waiting }
 
 // NumBlocks is the number of held blocks.
 func (s *State) NumBlocks() int { return len(s.blocks) }
+
+// hasLabels reports whether a holding or a queued waiter has a label.
+func (s *State) hasLabels() bool { return len(s.labels) > 0 || len(s.waiterLabels) > 0 }
+
+// WaiterLabel is the label of w, a waiter of key's queue (as Waiters
+// lists it), "" if it has none.
+func (s *State) WaiterLabel(key string, w Waiter) string {
+	if len(s.waiterLabels) == 0 {
+		return ""
+	}
+	return s.waiterLabels[waiterRef{w.primary(key), w.Ref}]
+}
+
+// NumLabelled is the number of holdings that have a label (a block counts
+// once).
+func (s *State) NumLabelled() int { return len(s.labels) }
 
 // NumRenewed is the number of holdings that were extended (a block counts
 // once).

@@ -38,6 +38,7 @@ type acqOp struct {
 	sess                *sess
 	key, owner          string
 	keys                []string // a block's keys (key is keys[0]); nil for one key
+	label               string   // AcquireOptions.Label
 	lease, wait         time.Duration
 	waiter              bool      // wait > 0: needs waiter room
 	begun               time.Time // wall clock at the call (latency metric)
@@ -135,6 +136,15 @@ type AcquireOptions struct {
 	// node older than protocol version 4 never sends it, and a leader
 	// change can swallow it.
 	Queued func()
+	// Label is the caller's owner label ("" = none): 1..locksm.MaxLabelLen
+	// bytes of the key alphabet (else locksm.ErrInvalidLabel, not sent).
+	// It is sent with the acquire and kept by the cluster with the
+	// holding (inspect shows it), and the Lock carries it. A labelled
+	// acquire needs the serving leader's connection at cluster protocol
+	// version 8 (else wire.ErrNotSupported, definite, nothing sent) and
+	// the cluster version 8 (else the leader answers not_supported): it is
+	// never sent without its label.
+	Label string
 }
 
 // AcquireAsyncOpts is AcquireAsync (one key) or AcquireBlockAsync (2..16
@@ -143,6 +153,11 @@ type AcquireOptions struct {
 func (b *Broker) AcquireAsyncOpts(keys []string, owner string, lease, wait time.Duration, opts AcquireOptions,
 	done func(Lock, error)) (cancel func(cause error), err error) {
 	begun := time.Now()
+	if err := locksm.ValidateLabel(opts.Label); err != nil {
+		err = fmt.Errorf("%w: %q (1..%d bytes of 0x21..0x7E)", err, opts.Label, locksm.MaxLabelLen)
+		b.metrics.acquired(err, begun)
+		return nil, err
+	}
 	if len(keys) == 1 {
 		if err := checkAcquire(keys[0], owner, lease, wait); err != nil {
 			b.metrics.acquired(err, begun)
@@ -238,7 +253,8 @@ func (b *Broker) startAcquire(key string, keys []string, owner string, lease, wa
 	opts AcquireOptions, done func(Lock, error)) (cancel func(cause error), err error) {
 	now := b.cfg.Now()
 	o := &acqOp{b: b, key: key, keys: keys, owner: owner, lease: lease, wait: wait, waiter: wait > 0, begun: begun,
-		waitEnd: now.Add(wait), connectEnd: now.Add(max(wait, b.cfg.LeaderWait)), done: done, queued: opts.Queued}
+		waitEnd: now.Add(wait), connectEnd: now.Add(max(wait, b.cfg.LeaderWait)), done: done, queued: opts.Queued,
+		label: opts.Label}
 	var fx effects
 	b.qmu.Lock()
 	if b.qclosed {
@@ -672,8 +688,16 @@ func (b *Broker) sendSome(conn *client.Conn) sendResult {
 			b.endLocked(o, &fx)
 			continue
 		}
-		m := wire.Msg{Type: wire.TypeAcquire, Key: o.key, Owner: o.owner,
+		m := wire.Msg{Type: wire.TypeAcquire, Key: o.key, Owner: o.owner, Label: o.label,
 			Lease: uint16(o.lease / time.Second), WaitMs: wireWaitMs(remaining, o.wait)}
+		if v := conn.Peer().Version; o.label != "" && v < wire.VersionLabels {
+			// Definite, as for a block below: never sent without its
+			// label, which the caller asked inspect and the logs to show.
+			o.answerLocked(Lock{}, fmt.Errorf("%w: the leader speaks protocol version %d; labels need %d",
+				wire.ErrNotSupported, v, wire.VersionLabels), &fx)
+			b.endLocked(o, &fx)
+			continue
+		}
 		if o.keys != nil {
 			if v := conn.Peer().Version; v < wire.VersionBlocks {
 				// A definite no: the node cannot take it, and no leader of
@@ -695,7 +719,7 @@ func (b *Broker) sendSome(conn *client.Conn) sendResult {
 		if b.sessionsFor(conn) {
 			b.sessOps[o] = struct{}{}
 		}
-		o.lk = Lock{Key: o.key, Keys: o.keys, Owner: o.owner, Lease: o.lease, ValidUntil: now.Add(o.lease)}
+		o.lk = Lock{Key: o.key, Keys: o.keys, Owner: o.owner, Label: o.label, Lease: o.lease, ValidUntil: now.Add(o.lease)}
 		o.armLocked(now.Add(remaining + b.cfg.ReplyGrace))
 	}
 }

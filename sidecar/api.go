@@ -29,6 +29,8 @@ type Lock struct {
 	// Keys is every key of a block, in the order asked; nil for one key.
 	Keys  []string
 	Owner string
+	// Label is the acquire's owner label (AcquireOptions.Label; "" = none).
+	Label string
 	Token uint64
 	Lease time.Duration
 	// ValidUntil is a conservative end of the holding: the moment the

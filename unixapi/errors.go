@@ -82,6 +82,7 @@ var errorTable = []struct {
 	{locksm.ErrInvalidOwner, "", "invalid_owner"},
 	{locksm.ErrInvalidLease, "", "invalid_lease"},
 	{locksm.ErrInvalidWait, "", "invalid_wait"},
+	{locksm.ErrInvalidLabel, "", "invalid_label"},
 	// Session and server limits.
 	{ErrNotHeld, "", "not_held"},
 	{ErrReleaseInProgress, "", "release_in_progress"},

@@ -3,6 +3,7 @@ package unixapi
 import (
 	"bytes"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -26,6 +27,11 @@ import (
 // down, or the connection is ending). The keys are every key of the lock
 // (a block's, in the order asked). After it the connection no longer holds
 // the lock: HELD omits it, RELEASE and EXTEND of it answer not_held.
+//
+// From version 5 (owner labels) the lock's label comes before its keys,
+// NoLabel ("-") for none, so the keys stay the last fields:
+//
+//	! LOST <token> <reason> <label> <key> [<key> ...]
 //
 //	! QUEUED <n> <key> [<key> ...]
 //
@@ -57,6 +63,9 @@ type Event struct {
 	// line read on the connection (1-based, every line counts).
 	N    uint64
 	Keys []string // LOST, QUEUED
+	// Label is a LOST lock's label (version 5; "" for none, and always
+	// "" before version 5).
+	Label string
 }
 
 // FormatLost is the LOST event line for a lock (without "\n").
@@ -66,6 +75,26 @@ func FormatLost(token uint64, reason string, keys []string) string {
 	b.WriteString(strconv.FormatUint(token, 10))
 	b.WriteByte(' ')
 	b.WriteString(reason)
+	for _, k := range keys {
+		b.WriteByte(' ')
+		b.WriteString(k)
+	}
+	return b.String()
+}
+
+// FormatLostLabel is the LOST event line of version 5: with the lock's
+// label ("" = none, written NoLabel) before its keys.
+func FormatLostLabel(token uint64, reason, label string, keys []string) string {
+	if label == "" {
+		label = NoLabel
+	}
+	var b strings.Builder
+	b.WriteString(EventPrefix + EventLost + " ")
+	b.WriteString(strconv.FormatUint(token, 10))
+	b.WriteByte(' ')
+	b.WriteString(reason)
+	b.WriteByte(' ')
+	b.WriteString(label)
 	for _, k := range keys {
 		b.WriteByte(' ')
 		b.WriteString(k)
@@ -89,10 +118,15 @@ func FormatQueued(n uint64, keys []string) string {
 // IsEvent reports whether line (without its "\n") is an event line.
 func IsEvent(line []byte) bool { return bytes.HasPrefix(line, []byte(EventPrefix)) }
 
-// ParseEvent parses one event line (without its "\n"). Errors wrap
-// ErrBadRequest and quote a snippet; an event of a later version (another
-// name) parses with only Name set, so a client can skip it.
-func ParseEvent(line []byte) (Event, error) {
+// ParseEvent parses one event line (without its "\n") as versions 3 and 4
+// write it. Errors wrap ErrBadRequest and quote a snippet; an event of a
+// later version (another name) parses with only Name set, so a client can
+// skip it.
+func ParseEvent(line []byte) (Event, error) { return ParseEventVersion(line, VersionQueued) }
+
+// ParseEventVersion is ParseEvent on a connection that agreed version:
+// from VersionLabels on, LOST carries the lock's label before its keys.
+func ParseEventVersion(line []byte, version uint16) (Event, error) {
 	if !IsEvent(line) {
 		return Event{}, fmt.Errorf("%w: not an event line: %s", ErrBadRequest, snippet(line))
 	}
@@ -109,6 +143,20 @@ func ParseEvent(line []byte) (Event, error) {
 		return parseQueued(line, f)
 	default:
 		return ev, nil
+	}
+	labelled := version >= VersionLabels
+	if labelled {
+		if len(f) < 5 || len(f) > 4+locksm.MaxBlockKeys {
+			return Event{}, fmt.Errorf("%w: LOST takes a token, a reason, a label and 1..%d keys: %s", ErrBadRequest, locksm.MaxBlockKeys, snippet(line))
+		}
+		if string(f[3]) != NoLabel {
+			l, err := parseLabel(f[3])
+			if err != nil {
+				return Event{}, fmt.Errorf("%w: LOST label: %w", ErrBadRequest, err)
+			}
+			ev.Label = l
+		}
+		f = slices.Delete(f, 3, 4)
 	}
 	if len(f) < 4 || len(f) > 3+locksm.MaxBlockKeys {
 		return Event{}, fmt.Errorf("%w: LOST takes a token, a reason and 1..%d keys: %s", ErrBadRequest, locksm.MaxBlockKeys, snippet(line))

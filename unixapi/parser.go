@@ -20,19 +20,29 @@ const (
 	// (PROTOCOL.md): version 2 added the multi-key ACQUIRE (a seat block),
 	// HELLO and the longer line limit; version 3 EXTEND, HELLO's events
 	// option and the LOST event lines it turns on; version 4 the QUEUED
-	// event. HELLO answers the lower of it and the client's version; INFO
-	// reports it as protocol=.
-	ProtocolVersion = 4
+	// event; version 5 owner labels (ACQUIRE's label= field, HELD and LOST
+	// with labels). HELLO answers the lower of it and the client's
+	// version; INFO reports it as protocol=.
+	ProtocolVersion = 5
 	// VersionEvents is the first version with EXTEND and events.
 	VersionEvents = 3
 	// VersionQueued is the first version with the QUEUED event.
 	VersionQueued = 4
+	// VersionLabels is the first version with owner labels: ACQUIRE may
+	// end with a label= field, and HELD and LOST show each lock's label.
+	// Only a connection whose latest HELLO agreed it speaks it.
+	VersionLabels = 5
+	// LabelField begins ACQUIRE's label field (version 5).
+	LabelField = "label="
+	// NoLabel stands for "no label" where a label has a place (HELD and
+	// LOST of version 5); it is not a label an ACQUIRE may carry.
+	NoLabel = "-"
 	// DefaultMaxLineLen is the longest request line in bytes, the "\n"
 	// excluded (a "\r" before it counts). The longest valid request of
 	// version 2, an ACQUIRE of a block of locksm.MaxBlockKeys keys of 255
 	// bytes with the lease "250" and the wait "300.000", is
 	// 8+16*255+15+12 = 4115 bytes, so 4608 leaves room for future optional
-	// fields. (Version 1's limit was 1024: its longest request, a RELEASE
+	// fields (version 5's label field adds at most 1+6+64 = 71). (Version 1's limit was 1024: its longest request, a RELEASE
 	// with a 255-byte key and a 20-digit token, is 284 bytes.) A
 	// LineSplitter does not allocate the limit up front.
 	DefaultMaxLineLen = 4608
@@ -41,8 +51,8 @@ const (
 	// snippetLen bounds how much of the offending input an error quotes.
 	snippetLen = 32
 	// maxFields is the most fields a valid request has: ACQUIRE, its
-	// keys, the lease and the wait.
-	maxFields = 1 + locksm.MaxBlockKeys + 2
+	// keys, the lease, the wait and (version 5) the label.
+	maxFields = 1 + locksm.MaxBlockKeys + 2 + 1
 	// maxValidLineLen is the length of the longest valid request line
 	// without leading zeros and "\r": "ACQUIRE " + 16 keys of 255 bytes
 	// and the 15 spaces between them + " 250 300.000".
@@ -96,15 +106,26 @@ type Request struct {
 	Version uint16        // HELLO: the client's version, 1..65535
 	// Events: HELLO named the events option (version 3: LOST lines on).
 	Events bool
+	// Label is an ACQUIRE's owner label (version 5; "" = none).
+	Label string
 }
 
 // Block reports whether r is an ACQUIRE of a block (more than one key).
 func (r Request) Block() bool { return len(r.Keys) > 0 }
 
 // ParseLine parses one request line, without its "\n" (a trailing "\r" is
-// tolerated). Errors wrap one of the sentinels above or a locksm field
-// sentinel, and quote at most a short snippet of the input.
-func ParseLine(line []byte) (Request, error) {
+// tolerated), as versions 1–4 read it (no labels). Errors wrap one of the
+// sentinels above or a locksm field sentinel, and quote at most a short
+// snippet of the input.
+func ParseLine(line []byte) (Request, error) { return ParseLineVersion(line, VersionQueued) }
+
+// ParseLineVersion is ParseLine for a connection that agreed version: from
+// VersionLabels on, an ACQUIRE whose last field starts with LabelField
+// carries that label. The label comes after the wait, the one place no key
+// can be (the wait is digits), so no key is ever taken for a label, and a
+// line that older versions read (they answer it invalid_wait) keeps its
+// meaning for them.
+func ParseLineVersion(line []byte, version uint16) (Request, error) {
 	line = bytes.TrimSuffix(line, []byte("\r"))
 	if len(line) == 0 {
 		return Request{}, fmt.Errorf("%w: empty line", ErrBadRequest)
@@ -139,7 +160,16 @@ func ParseLine(line []byte) (Request, error) {
 	var err error
 	switch verb {
 	case VerbAcquire:
-		return parseAcquire(line, f[:min(n, len(f))], n)
+		var label string
+		if version >= VersionLabels && n <= len(f) && bytes.HasPrefix(f[n-1], []byte(LabelField)) && n > 1 {
+			if label, err = parseLabel(f[n-1][len(LabelField):]); err != nil {
+				return Request{}, err
+			}
+			n--
+		}
+		r, err := parseAcquire(line, f[:min(n, len(f))], n)
+		r.Label = label
+		return r, err
 	case VerbRelease:
 		if n != 3 {
 			return Request{}, arity(verb, 2, n)
@@ -230,6 +260,26 @@ func parseAcquire(line []byte, f [][]byte, n int) (Request, error) {
 		r.Keys[i] = string(k)
 	}
 	return r, nil
+}
+
+// parseLabel checks an ACQUIRE's label: locksm's constraints
+// (1..MaxLabelLen bytes of 0x21..0x7E; the field is omitted for none), and
+// not NoLabel, which stands for none where HELD and LOST show labels.
+func parseLabel(b []byte) (string, error) {
+	switch {
+	case len(b) == 0:
+		return "", fmt.Errorf("%w: empty label (omit the field for none)", locksm.ErrInvalidLabel)
+	case string(b) == NoLabel:
+		return "", fmt.Errorf("%w: %q stands for no label (omit the field for none)", locksm.ErrInvalidLabel, NoLabel)
+	case len(b) > locksm.MaxLabelLen:
+		return "", fmt.Errorf("%w: %d bytes, at most %d", locksm.ErrInvalidLabel, len(b), locksm.MaxLabelLen)
+	}
+	for _, c := range b {
+		if c < 0x21 || c > 0x7E {
+			return "", fmt.Errorf("%w: byte 0x%02x in %s (labels are visible ASCII 0x21..0x7E)", locksm.ErrInvalidLabel, c, snippet(b))
+		}
+	}
+	return string(b), nil
 }
 
 // parseKey checks the key constraints of locksm (1..255 bytes of 0x21..0x7E)

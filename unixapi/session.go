@@ -69,10 +69,14 @@ type session struct {
 	// before the next reply line, never inside one).
 	events bool
 	queued bool
-	evq    []string
-	pend   map[*acq]struct{} // ACQUIREs running, to cancel at the end
-	ended  bool              // end ran: held locks were handed to Compensate
-	work   sync.WaitGroup
+	// version is the version the latest HELLO agreed (0 before any): from
+	// VersionLabels on, ACQUIRE takes a label and HELD and LOST show
+	// labels. Written by the reader under mu; the reader reads it alone.
+	version uint16
+	evq     []string
+	pend    map[*acq]struct{} // ACQUIREs running, to cancel at the end
+	ended   bool              // end ran: held locks were handed to Compensate
+	work    sync.WaitGroup
 
 	// replies holds one entry per request, in request order, from
 	// replies[rhead] on (a queue that grows as needed and is never
@@ -316,7 +320,7 @@ func (ss *session) refuse(err error) bool {
 // dispatch handles one request line; false stops reading.
 func (ss *session) dispatch(line []byte) bool {
 	ss.nreq++
-	req, err := ParseLine(line)
+	req, err := ParseLineVersion(line, ss.version)
 	if err != nil {
 		return ss.refuse(err)
 	}
@@ -338,6 +342,7 @@ func (ss *session) dispatch(line []byte) bool {
 		}
 		ss.mu.Lock()
 		ss.events, ss.queued = on, on && v >= VersionQueued
+		ss.version = uint16(v)
 		ss.mu.Unlock()
 		return ss.push(&reply{line: line, done: true})
 	case VerbExtend:
@@ -392,7 +397,7 @@ func (ss *session) startAcquire(req Request) bool {
 	if !req.Block() {
 		a.keys = []string{req.Key}
 	}
-	var opts sidecar.AcquireOptions
+	opts := sidecar.AcquireOptions{Label: req.Label}
 	if a.waiter {
 		// Only a waiter can be queued (wait 0 is granted or BUSY).
 		opts.Queued = a.queued
@@ -478,6 +483,7 @@ func (a *acq) done(l sidecar.Lock, err error) {
 		ss.srv.broker.Compensate(l)
 		line = replyFor(ss.endedErr())
 	case err == nil:
+		ss.log.Debug("lock granted", lockAttrs(l)...)
 		line = "OK " + strconv.FormatUint(l.Token, 10)
 	case ended && (errors.Is(err, context.Canceled) || errors.Is(err, ErrServerClosed)):
 		line = replyFor(ss.endedErr())
@@ -797,9 +803,17 @@ func sessionFields(in sidecar.Info) string {
 func (ss *session) heldLine() string {
 	ss.mu.Lock()
 	keys := make([]heldKey, 0, len(ss.held))
-	for k := range ss.held {
+	var labels map[heldKey]string
+	for k, h := range ss.held {
 		keys = append(keys, k)
+		if h.lock.Label != "" {
+			if labels == nil {
+				labels = map[heldKey]string{}
+			}
+			labels[k] = h.lock.Label
+		}
 	}
+	labelled := ss.version >= VersionLabels
 	ss.mu.Unlock()
 	sort.Slice(keys, func(i, j int) bool {
 		if keys[i].key != keys[j].key {
@@ -815,6 +829,16 @@ func (ss *session) heldLine() string {
 		b.WriteString(k.key)
 		b.WriteByte(':')
 		b.WriteString(strconv.FormatUint(k.token, 10))
+		if labelled {
+			// Version 5: every lock is two fields, the label (or
+			// NoLabel) after its key:token.
+			b.WriteByte(' ')
+			if l := labels[k]; l != "" {
+				b.WriteString(l)
+			} else {
+				b.WriteString(NoLabel)
+			}
+		}
 	}
 	return b.String()
 }
@@ -840,6 +864,15 @@ func (ss *session) forgetLocked(h *holding) {
 	}
 }
 
+// lockAttrs are the log attributes naming l: key, token and, when it has
+// one, its owner label.
+func lockAttrs(l sidecar.Lock) []any {
+	if l.Label == "" {
+		return []any{"key", l.Key, "token", l.Token}
+	}
+	return []any{"key", l.Key, "token", l.Token, "label", l.Label}
+}
+
 // unwatch ends the broker's lost watch of h, if it was set up.
 func (h *holding) unwatch() {
 	if h.stopWatch != nil {
@@ -859,12 +892,14 @@ func (ss *session) lost(h *holding, why sidecar.LostReason) {
 	}
 	ss.forgetLocked(h)
 	tell := ss.events
-	if tell {
+	if tell && ss.version >= VersionLabels {
+		ss.evq = append(ss.evq, FormatLostLabel(h.lock.Token, why.String(), h.lock.Label, lockKeys(h.lock)))
+	} else if tell {
 		ss.evq = append(ss.evq, FormatLost(h.lock.Token, why.String(), lockKeys(h.lock)))
 	}
 	ss.mu.Unlock()
 	ss.srv.lostEvent(why, tell)
-	ss.log.Info("lock lost", "key", h.lock.Key, "token", h.lock.Token, "why", why)
+	ss.log.Info("lock lost", append(lockAttrs(h.lock), "why", why)...)
 	if tell {
 		ss.kickWriter()
 	}

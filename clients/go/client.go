@@ -117,9 +117,12 @@ const (
 )
 
 // ProtocolVersion is the version of unixapi/PROTOCOL.md this client
-// speaks: 4, which added the QUEUED event (version 3 added EXTEND and the
-// lost events, version 2 seat blocks and HELLO).
-const ProtocolVersion = 4
+// speaks: 5, which added owner labels (version 4 the QUEUED event,
+// version 3 EXTEND and the lost events, version 2 seat blocks and HELLO).
+const ProtocolVersion = 5
+
+// MaxLabelLen is the longest owner label (WithLabel) in bytes.
+const MaxLabelLen = 64
 
 // Client is a connection to the sidecar that dials again, on the next
 // call, once the connection it had is lost.
@@ -164,6 +167,10 @@ type conn struct {
 	// the connection ended first); version and events are set then.
 	helloDone chan struct{}
 	helloOnce sync.Once
+	// labelled: the agreed version has labels (5): HELD and LOST lines
+	// carry them. Atomic: the reader reads it without helloMu, which
+	// Hello holds across a round trip.
+	labelled atomic.Bool
 
 	lmu   sync.Mutex       // guards locks
 	locks map[uint64]*Lock // the Locks that events may name, by token
@@ -310,6 +317,7 @@ func (cn *conn) helloReply(r string) {
 		v, opt, _ := strings.Cut(s, " ")
 		if n, err := strconv.Atoi(v); err == nil && n >= 1 && n <= ProtocolVersion {
 			cn.version, cn.events = n, opt == "events" && n >= 3
+			cn.labelled.Store(n >= 5)
 		}
 		return
 	}
@@ -459,6 +467,26 @@ func (c *Client) Acquire(ctx context.Context, key string, lease, wait time.Durat
 	return cn.acquire(ctx, []string{key}, lease, wait, acquireOptions(opts))
 }
 
+// checkLabel checks a WithLabel label (1..MaxLabelLen bytes of 0x21..0x7E,
+// not "-") and that the sidecar speaks labels (version 5): nothing is sent
+// without the label the caller asked for.
+func (cn *conn) checkLabel(ctx context.Context, label string) error {
+	if label == "" {
+		return nil
+	}
+	if len(label) > MaxLabelLen || label == "-" || strings.IndexFunc(label, func(r rune) bool { return r < 0x21 || r > 0x7e }) >= 0 {
+		return fmt.Errorf("%w: label %q: 1..%d bytes of visible ASCII (0x21..0x7E), not \"-\"", ErrInvalidArgument, label, MaxLabelLen)
+	}
+	v, err := cn.hello(ctx)
+	if err != nil {
+		return err
+	}
+	if v < 5 {
+		return fmt.Errorf("%w: a label needs protocol version 5, and the sidecar speaks version %d: upgrade the sidecar", ErrNotSupported, v)
+	}
+	return nil
+}
+
 // AcquireBlock takes a seat block: every key of keys (1..16 distinct keys)
 // all at once or none, under one fencing token, for lease, waiting at most
 // wait for its turn on every key (unixapi/PROTOCOL.md, "Blocks"). The
@@ -546,6 +574,7 @@ func (cn *conn) hello(ctx context.Context) (int, error) {
 		v = 1 // a version-1 sidecar: ERR unknown_verb
 	}
 	cn.version = v
+	cn.labelled.Store(v >= 5)
 	return v, nil
 }
 
@@ -604,7 +633,10 @@ func checkKeys(keys []string) error {
 // acquire sends the ACQUIRE of keys (checked, as lease and wait) and
 // returns the token.
 func (cn *conn) acquire(ctx context.Context, keys []string, lease, wait time.Duration, o acquireOpts) (uint64, error) {
-	cl := &call{line: acquireLine(keys, lease, wait), onQueued: o.queued, keys: keys, onOrphan: func(reply string) {
+	if err := cn.checkLabel(ctx, o.label); err != nil {
+		return 0, err
+	}
+	cl := &call{line: acquireLine(keys, lease, wait, o.label), onQueued: o.queued, keys: keys, onOrphan: func(reply string) {
 		// Nobody waits for this grant any more: release it so the keys
 		// are not held until the lease ends (RELEASE of any key of a
 		// block frees all of them).
@@ -626,10 +658,15 @@ func (cn *conn) acquire(ctx context.Context, keys []string, lease, wait time.Dur
 	return 0, outcome("ACQUIRE", r)
 }
 
-// acquireLine is the ACQUIRE request of keys.
-func acquireLine(keys []string, lease, wait time.Duration) string {
+// acquireLine is the ACQUIRE request of keys, with its label field when
+// it has one (version 5).
+func acquireLine(keys []string, lease, wait time.Duration, label string) string {
 	ms := wait.Milliseconds()
-	return fmt.Sprintf("ACQUIRE %s %d %d.%03d", strings.Join(keys, " "), lease/time.Second, ms/1000, ms%1000)
+	line := fmt.Sprintf("ACQUIRE %s %d %d.%03d", strings.Join(keys, " "), lease/time.Second, ms/1000, ms%1000)
+	if label != "" {
+		line += " label=" + label
+	}
+	return line
 }
 
 // Release releases key held under token by this Client. nil only when the
@@ -663,7 +700,11 @@ func releaseOutcome(r string) error {
 
 // Held returns the locks this connection holds, key to token.
 func (c *Client) Held(ctx context.Context) (map[string]uint64, error) {
-	r, err := c.do(ctx, "HELD")
+	cn, err := c.conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r, err := cn.do(ctx, "HELD")
 	if err != nil {
 		return nil, err
 	}
@@ -671,12 +712,17 @@ func (c *Client) Held(ctx context.Context) (map[string]uint64, error) {
 	if len(f) < 2 || f[0] != "HELD" {
 		return nil, outcome("HELD", r)
 	}
+	per := 1
+	if cn.labelled.Load() {
+		per = 2 // version 5: each lock is key:token and its label ("-": none)
+	}
 	n, err := strconv.Atoi(f[1])
-	if err != nil || n != len(f)-2 {
+	if err != nil || n*per != len(f)-2 {
 		return nil, unexpected("HELD", r)
 	}
 	out := make(map[string]uint64, n)
-	for _, kt := range f[2:] {
+	for j := 2; j < len(f); j += per {
+		kt := f[j]
 		// Keys may contain ':'; the token follows the last one.
 		i := strings.LastIndexByte(kt, ':')
 		t, err := strconv.ParseUint(kt[i+1:], 10, 64)

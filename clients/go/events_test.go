@@ -43,8 +43,8 @@ func pipeClient(t *testing.T, hello string) (*Client, *fakeEnd) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close(); sc.Close() })
-	if got := f.req(); got != "HELLO 4 events" {
-		t.Fatalf("first line %q, want HELLO 4 events", got)
+	if got := f.req(); got != "HELLO 5 events" {
+		t.Fatalf("first line %q, want HELLO 5 events", got)
 	}
 	if hello != "" {
 		f.write(hello)
@@ -354,7 +354,7 @@ func TestLockDisconnected(t *testing.T) {
 func TestHelloVersion2Sidecar(t *testing.T) {
 	c, f := pipeClient(t, "ERR bad_request unknown HELLO option")
 	ch := async(func() error { _, err := c.Events(context.Background()); return err })
-	if r := f.req(); r != "HELLO 4" {
+	if r := f.req(); r != "HELLO 5" {
 		t.Fatalf("request %q", r)
 	}
 	f.write("HELLO 2")

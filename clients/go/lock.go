@@ -315,6 +315,9 @@ func (c *Client) LockBlock(ctx context.Context, keys []string, lease, wait time.
 // the grant, before any event line that follows the grant can be
 // dispatched.
 func (cn *conn) lockKeys(ctx context.Context, keys []string, lease, wait time.Duration, o acquireOpts) (*Lock, error) {
+	if err := cn.checkLabel(ctx, o.label); err != nil {
+		return nil, err
+	}
 	var l *Lock // set by the reader before the reply is delivered
 	sent := cn.c.clock()
 	onReply := func(reply string) {
@@ -323,7 +326,7 @@ func (cn *conn) lockKeys(ctx context.Context, keys []string, lease, wait time.Du
 			cn.register(l)
 		}
 	}
-	r, err := cn.roundTrip(ctx, &call{line: acquireLine(keys, lease, wait), onReply: onReply, onQueued: o.queued, keys: keys,
+	r, err := cn.roundTrip(ctx, &call{line: acquireLine(keys, lease, wait, o.label), onReply: onReply, onQueued: o.queued, keys: keys,
 		onOrphan: func(reply string) {
 			// Nobody waits for this grant any more: release it so the
 			// keys are not held until the lease ends (RELEASE of any key
@@ -421,7 +424,7 @@ func (cn *conn) event(line string) {
 		cn.queuedEvent(n, keys)
 		return
 	}
-	tok, reason, ok := parseLost(line)
+	tok, reason, ok := parseLost(line, cn.labelled.Load())
 	if !ok {
 		return
 	}
@@ -434,9 +437,16 @@ func (cn *conn) event(line string) {
 	}
 }
 
-// parseLost reads "! LOST <token> <reason> <key> [<key>...]".
-func parseLost(line string) (token uint64, reason string, ok bool) {
+// parseLost reads "! LOST <token> <reason> <key> [<key>...]", or, when
+// labelled (version 5), "! LOST <token> <reason> <label> <key> [<key>...]".
+func parseLost(line string, labelled bool) (token uint64, reason string, ok bool) {
 	f := strings.Split(line, " ")
+	if labelled {
+		if len(f) < 6 || f[4] == "" {
+			return 0, "", false
+		}
+		f = append(f[:4], f[5:]...) // the label: the Lock knows its own
+	}
 	if len(f) < 5 || f[0] != "!" || f[1] != "LOST" || f[3] == "" {
 		return 0, "", false
 	}
@@ -469,6 +479,7 @@ type AcquireOption func(*acquireOpts)
 
 type acquireOpts struct {
 	queued func()
+	label  string
 }
 
 func acquireOptions(opts []AcquireOption) acquireOpts {
@@ -497,6 +508,18 @@ func acquireOptions(opts []AcquireOption) acquireOpts {
 // change swallowed the cluster's notice: a prompt, never a promise.
 func WithQueued(fn func()) AcquireOption {
 	return func(o *acquireOpts) { o.queued = fn }
+}
+
+// WithLabel attaches an owner label to this acquire: a short name for
+// people (a job's name, a request id; 1..MaxLabelLen bytes of visible
+// ASCII, not "-"). The cluster keeps it with the holding: `ticketing
+// inspect` shows it, and the sidecar's HELD, lost events and log name it.
+// It changes nothing else. It needs a sidecar of protocol version 5 (else
+// an error wrapping ErrNotSupported, nothing sent) and a cluster of
+// protocol version 8 (else an *Error with code not_supported); a bad label
+// is ErrInvalidArgument. "" is no label.
+func WithLabel(label string) AcquireOption {
+	return func(o *acquireOpts) { o.label = label }
 }
 
 // queuedEvent runs the WithQueued hook of the ACQUIRE written n-th, if it

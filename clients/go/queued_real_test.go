@@ -11,8 +11,8 @@ import (
 	ticketing "ticketing/clients/go"
 )
 
-// WithQueued against a real sidecar and cluster: the Client agrees version
-// 4; each waiter is sent once the one before it was queued (no sleep),
+// WithQueued against a real sidecar and cluster: the Client agrees the
+// newest version; each waiter is sent once the one before it was queued (no sleep),
 // and the key goes to them in that order; the hooks of Acquire, Lock,
 // AcquireBlock and LockBlock each run once, before their call returns;
 // none for wait 0 or a free key.
@@ -31,8 +31,8 @@ func TestWithQueuedRealSidecar(t *testing.T) {
 	prefix := fmt.Sprintf("go/queued/%d/", time.Now().UnixNano())
 	k, k2 := prefix+"k", prefix+"k2"
 	a := dial()
-	if v, err := a.Hello(ctx); err != nil || v != 4 {
-		t.Fatalf("Hello: %d %v, want 4", v, err)
+	if v, err := a.Hello(ctx); err != nil || v != ticketing.ProtocolVersion {
+		t.Fatalf("Hello: %d %v, want %d", v, err, ticketing.ProtocolVersion)
 	}
 	tok, err := a.Acquire(ctx, k, 30*time.Second, 0)
 	if err != nil {

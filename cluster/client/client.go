@@ -489,6 +489,12 @@ func (c *Conn) StartFunc(m wire.Msg, h Hooks) (*Call, error) {
 		return nil, fmt.Errorf("%w: %s needs protocol version %d; %s speaks %d", wire.ErrNotSupported, wire.TypeName(m.Type),
 			need, c.peer.NodeID, c.peer.Version)
 	}
+	if m.Label != "" && c.peer.Version < wire.VersionLabels {
+		// Not sent without it: the caller asked for a name that inspect
+		// would not show (the leader would refuse it the same way).
+		return nil, fmt.Errorf("%w: a label needs protocol version %d; %s speaks %d", wire.ErrNotSupported,
+			wire.VersionLabels, c.peer.NodeID, c.peer.Version)
+	}
 	c.wmu.Lock()
 	if c.closed {
 		c.wmu.Unlock()

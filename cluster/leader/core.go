@@ -675,16 +675,23 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 		k.send(cn, wire.Msg{Type: wire.TypeError, Code: wire.CodeUnexpectedFrame, Text: "not a request frame"})
 		return false
 	}
+	if m.Label != "" && cn.version < wire.VersionLabels {
+		// The frame was longer than its version allows: a broken client.
+		k.send(cn, wire.Msg{Type: wire.TypeError, Code: wire.CodeUnexpectedFrame,
+			Text: fmt.Sprintf("acquire with a label on a version %d connection (from version %d)", cn.version, wire.VersionLabels)})
+		return false
+	}
 
 	// Checks that need no state give a definite error; nothing is proposed.
 	var cmd locksm.Command
 	switch m.Type {
 	case wire.TypeAcquire:
-		cmd = locksm.Command{Op: locksm.OpAcquire, Key: m.Key, Owner: m.Owner, LeaseSec: uint32(m.Lease), WaitMs: m.WaitMs}
+		cmd = locksm.Command{Op: locksm.OpAcquire, Key: m.Key, Owner: m.Owner, Label: m.Label, LeaseSec: uint32(m.Lease), WaitMs: m.WaitMs}
 	case wire.TypeAcquireBlock:
 		// The state keeps the keys: a copy, so nothing the caller reuses
 		// can change them.
-		cmd = locksm.Command{Op: locksm.OpAcquireBlock, Keys: slices.Clone(m.Keys), Owner: m.Owner, LeaseSec: uint32(m.Lease), WaitMs: m.WaitMs}
+		cmd = locksm.Command{Op: locksm.OpAcquireBlock, Keys: slices.Clone(m.Keys), Owner: m.Owner, Label: m.Label,
+			LeaseSec: uint32(m.Lease), WaitMs: m.WaitMs}
 	case wire.TypeRelease:
 		cmd = locksm.Command{Op: locksm.OpRelease, Key: m.Key, Owner: m.Owner, Token: m.Token}
 	case wire.TypeExtend:
@@ -743,6 +750,14 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 		k.reply(cmd.Op, OutcomeError)
 		k.send(cn, errReply(m.ID, fmt.Errorf("%w: extends need every member at protocol version %d; the cluster version is %d (upgrade every node; the leader records the new version within %s)",
 			wire.ErrNotSupported, wire.VersionExtend, k.table.ClusterVersion(), "30s")))
+		return true
+	}
+	if cmd.Label != "" && k.table.ClusterVersion() < wire.VersionLabels {
+		// Refused rather than sent without its label: the caller asked
+		// for a name that inspect and the logs would not show.
+		k.reply(cmd.Op, OutcomeError)
+		k.send(cn, errReply(m.ID, fmt.Errorf("%w: labels need every member at protocol version %d; the cluster version is %d (upgrade every node, or acquire without a label; the leader records the new version within %s)",
+			wire.ErrNotSupported, wire.VersionLabels, k.table.ClusterVersion(), "30s")))
 		return true
 	}
 	if n := cn.flying(cmd.Op); n >= k.cfg.MaxInFlightPerConn {

@@ -29,8 +29,8 @@ package leader
 //	                             is ahead of the stamps' clock)
 //	lose [why=]                  leadership lost
 //	close-node                   Core.Close
-//	acquire conn= id= key= owner= lease= [wait=]
-//	acquire-block conn= id= keys=k1,k2,... owner= lease= [wait=]
+//	acquire conn= id= key= owner= lease= [wait=] [label=]
+//	acquire-block conn= id= keys=k1,k2,... owner= lease= [wait=] [label=]
 //	cluster-version v=           the log's cluster version (default: newest)
 //	release conn= id= key= owner= token=
 //	extend conn= id= key= owner= token= lease=
@@ -303,10 +303,10 @@ func (h *harness) run(line string) (string, error) {
 		switch name {
 		case "acquire":
 			m.Type, m.Key, m.Owner = wire.TypeAcquire, a.str("key", ""), a.str("owner", "")
-			m.Lease, m.WaitMs = uint16(a.int("lease", 0)), uint32(a.int("wait", 0))
+			m.Lease, m.WaitMs, m.Label = uint16(a.int("lease", 0)), uint32(a.int("wait", 0)), a.str("label", "")
 		case "acquire-block":
 			m.Type, m.Keys, m.Owner = wire.TypeAcquireBlock, strings.Split(a.need("keys"), ","), a.str("owner", "")
-			m.Lease, m.WaitMs = uint16(a.int("lease", 0)), uint32(a.int("wait", 0))
+			m.Lease, m.WaitMs, m.Label = uint16(a.int("lease", 0)), uint32(a.int("wait", 0)), a.str("label", "")
 		case "release":
 			m.Type, m.Key, m.Owner, m.Token = wire.TypeRelease, a.str("key", ""), a.str("owner", ""), uint64(a.int("token", 0))
 		case "extend":
@@ -517,7 +517,7 @@ func fmtCmd1(c locksm.Command) string {
 	case locksm.OpDropSessionless:
 		return "drop-sessionless"
 	case locksm.OpAcquire:
-		return fmt.Sprintf("acquire key=%s owner=%s lease=%d wait=%d ref=%d", c.Key, c.Owner, c.LeaseSec, c.WaitMs, c.Ref)
+		return fmt.Sprintf("acquire key=%s owner=%s lease=%d wait=%d ref=%d", c.Key, c.Owner, c.LeaseSec, c.WaitMs, c.Ref) + labelSuffix(c.Label)
 	case locksm.OpRelease:
 		return fmt.Sprintf("release key=%s owner=%s token=%d ref=%d", c.Key, c.Owner, c.Token, c.Ref)
 	case locksm.OpExpire:
@@ -529,9 +529,19 @@ func fmtCmd1(c locksm.Command) string {
 	case locksm.OpDropWaiters:
 		return "drop-waiters"
 	case locksm.OpAcquireBlock:
-		return fmt.Sprintf("acquire-block keys=%s owner=%s lease=%d wait=%d ref=%d", strings.Join(c.Keys, ","), c.Owner, c.LeaseSec, c.WaitMs, c.Ref)
+		return fmt.Sprintf("acquire-block keys=%s owner=%s lease=%d wait=%d ref=%d", strings.Join(c.Keys, ","), c.Owner, c.LeaseSec, c.WaitMs, c.Ref) +
+			labelSuffix(c.Label)
 	}
 	return fmt.Sprintf("op=%d", c.Op)
+}
+
+// labelSuffix shows an acquire's label, if any (scripts without labels
+// read as before).
+func labelSuffix(l string) string {
+	if l == "" {
+		return ""
+	}
+	return " label=" + l
 }
 
 func parseCmd(a *argReader) (locksm.Command, error) {
@@ -656,13 +666,13 @@ func formatState(s *locksm.State) string {
 		if h.Keys != nil {
 			fmt.Fprintf(&b, " block=%s", strings.Join(h.Keys, ","))
 		}
-		b.WriteString("\n")
+		b.WriteString(labelSuffix(h.Label) + "\n")
 		for _, w := range s.Waiters(k) {
 			fmt.Fprintf(&b, "  waiter owner=%s ref=%d wait=%d", w.Owner, w.Ref, w.WaitMs)
 			if w.Session != 0 {
 				fmt.Fprintf(&b, " session=%d seq=%d", w.Session, w.Seq)
 			}
-			b.WriteString("\n")
+			b.WriteString(labelSuffix(s.WaiterLabel(k, w)) + "\n")
 		}
 		return true
 	})

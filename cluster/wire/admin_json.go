@@ -239,6 +239,8 @@ type HolderReport struct {
 	// "" without one, or once that session ended (its holding keeps its
 	// lease).
 	Session string `json:"session,omitempty"`
+	// Label is the label its acquire carried ("" without one; version 8).
+	Label string `json:"label,omitempty"`
 }
 
 // WaiterReport is one queued acquire.
@@ -265,4 +267,6 @@ type WaiterReport struct {
 	// keeps its place across a leader change; "" without one (a new leader
 	// drops it).
 	Session string `json:"session,omitempty"`
+	// Label is the label its acquire carried ("" without one; version 8).
+	Label string `json:"label,omitempty"`
 }

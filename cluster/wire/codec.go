@@ -232,6 +232,11 @@ func DecodeMsg(typ byte, payload []byte, m *Msg) error {
 		m.WaitMs = d.u32()
 		m.Key = d.str8()
 		m.Owner = d.str8()
+		if !d.fail && len(d.b) > 0 {
+			if m.Label = d.str8(); !d.fail && m.Label == "" {
+				return malformed(typ, "empty label (no label is no field)", payload)
+			}
+		}
 	case TypeAcquireBlock:
 		m.Lease = d.u16()
 		m.WaitMs = d.u32()
@@ -244,6 +249,11 @@ func DecodeMsg(typ byte, payload []byte, m *Msg) error {
 			m.Keys = make([]string, n)
 			for i := range m.Keys {
 				m.Keys[i] = d.str8()
+			}
+		}
+		if !d.fail && len(d.b) > 0 {
+			if m.Label = d.str8(); !d.fail && m.Label == "" {
+				return malformed(typ, "empty label (no label is no field)", payload)
 			}
 		}
 	case TypeRelease:
@@ -377,6 +387,9 @@ func checkFields(m *Msg) error {
 		if len(m.Owner) == 0 || len(m.Owner) > locksm.MaxOwnerLen {
 			return fmt.Errorf("%w: %w: owner length %d not in 1..%d", ErrMalformed, locksm.ErrInvalidOwner, len(m.Owner), locksm.MaxOwnerLen)
 		}
+		if err := checkLabelLen(m); err != nil {
+			return err
+		}
 	case TypeAcquireBlock:
 		// The count is the frame's shape (malformed); the keys' lengths
 		// are field errors, as an acquire's key. Distinct keys and their
@@ -392,6 +405,9 @@ func checkFields(m *Msg) error {
 		}
 		if len(m.Owner) == 0 || len(m.Owner) > locksm.MaxOwnerLen {
 			return fmt.Errorf("%w: %w: owner length %d not in 1..%d", ErrMalformed, locksm.ErrInvalidOwner, len(m.Owner), locksm.MaxOwnerLen)
+		}
+		if err := checkLabelLen(m); err != nil {
+			return err
 		}
 	case TypeCancel:
 		if m.Target == 0 {
@@ -418,6 +434,18 @@ func checkFields(m *Msg) error {
 	return nil
 }
 
+// checkLabelLen checks the length of an acquire's label. An empty label
+// that was sent (a str8 of length 0 after the last field) decodes as "",
+// and re-encodes without it: DecodeMsg rejects it before this, as a
+// frame with another canonical form. The alphabet is
+// locksm's check (invalid_label).
+func checkLabelLen(m *Msg) error {
+	if len(m.Label) > locksm.MaxLabelLen {
+		return fmt.Errorf("%w: %w: label length %d not in 0..%d", ErrMalformed, locksm.ErrInvalidLabel, len(m.Label), locksm.MaxLabelLen)
+	}
+	return nil
+}
+
 // errTooLong reports a string that does not fit its length prefix.
 var errTooLong = errors.New("string too long for its length prefix")
 
@@ -439,9 +467,9 @@ func payloadLen(m *Msg) (int, error) {
 	n := 8 // id
 	switch m.Type {
 	case TypeAcquire:
-		n += 2 + 4 + s8(m.Key) + s8(m.Owner)
+		n += 2 + 4 + s8(m.Key) + s8(m.Owner) + labelLen(m.Label)
 	case TypeAcquireBlock:
-		n += 2 + 4 + s8(m.Owner) + 1
+		n += 2 + 4 + s8(m.Owner) + 1 + labelLen(m.Label)
 		if len(m.Keys) > 255 {
 			n = -1 << 30 // the count does not fit its u8
 		}
@@ -487,6 +515,18 @@ func payloadLen(m *Msg) (int, error) {
 	return n, nil
 }
 
+// labelLen is what an acquire's optional label adds: nothing when it has
+// none.
+func labelLen(l string) int {
+	if l == "" {
+		return 0
+	}
+	if len(l) > 255 {
+		return -1 << 30
+	}
+	return 1 + len(l)
+}
+
 // AppendMsg appends m as one complete frame to dst. It encodes only the
 // fields m.Type uses (others are ignored) and fails, without appending, if a
 // field does not fit its encoding, breaks a rule DecodeMsg enforces, or the
@@ -513,6 +553,9 @@ func AppendMsg(dst []byte, m *Msg) ([]byte, error) {
 		b = binary.BigEndian.AppendUint32(b, m.WaitMs)
 		b = appendStr8(b, m.Key)
 		b = appendStr8(b, m.Owner)
+		if m.Label != "" {
+			b = appendStr8(b, m.Label)
+		}
 	case TypeAcquireBlock:
 		b = binary.BigEndian.AppendUint16(b, m.Lease)
 		b = binary.BigEndian.AppendUint32(b, m.WaitMs)
@@ -520,6 +563,9 @@ func AppendMsg(dst []byte, m *Msg) ([]byte, error) {
 		b = append(b, byte(len(m.Keys)))
 		for _, k := range m.Keys {
 			b = appendStr8(b, k)
+		}
+		if m.Label != "" {
+			b = appendStr8(b, m.Label)
 		}
 	case TypeRelease:
 		b = binary.BigEndian.AppendUint64(b, m.Token)
@@ -668,12 +714,12 @@ func (r *Reader) ReadMsg(m *Msg) error {
 }
 
 // IsFieldError reports whether err, from DecodeMsg, concerns only the value
-// of a request's key (a block acquire's: any of its keys) or owner (wrong
-// length): the frame was well formed and
+// of a request's key (a block acquire's: any of its keys), owner or label
+// (wrong length): the frame was well formed and
 // m.ID is valid, so a server should answer E(invalid_key / invalid_owner)
 // under that id and keep the connection, instead of treating it as a
 // connection error that would leave every other request in flight on the
 // connection indeterminate.
 func IsFieldError(err error) bool {
-	return errors.Is(err, locksm.ErrInvalidKey) || errors.Is(err, locksm.ErrInvalidOwner)
+	return errors.Is(err, locksm.ErrInvalidKey) || errors.Is(err, locksm.ErrInvalidOwner) || errors.Is(err, locksm.ErrInvalidLabel)
 }

@@ -607,8 +607,9 @@ func TestRequestAllowed(t *testing.T) {
 	if VersionSessions != VersionExtend+1 {
 		t.Errorf("VersionSessions %d", VersionSessions)
 	}
-	if VersionSessions != ProtocolVersion || VersionExtend <= VersionBlocks || VersionBlocks <= VersionQueued {
-		t.Errorf("VersionSessions %d, VersionExtend %d, VersionBlocks %d, ProtocolVersion %d", VersionSessions, VersionExtend, VersionBlocks, ProtocolVersion)
+	if VersionLabels != ProtocolVersion || VersionSessions != VersionLabels-1 || VersionExtend <= VersionBlocks || VersionBlocks <= VersionQueued {
+		t.Errorf("VersionLabels %d, VersionSessions %d, VersionExtend %d, VersionBlocks %d, ProtocolVersion %d",
+			VersionLabels, VersionSessions, VersionExtend, VersionBlocks, ProtocolVersion)
 	}
 }
 

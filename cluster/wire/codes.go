@@ -51,6 +51,8 @@ const (
 	CodeInvalidSession Code = 37 // locksm.ErrInvalidSession: session 0, or a timeout out of bounds
 	CodeStaleEpoch     Code = 38 // locksm.ErrStaleEpoch: a resume raced another (the leader retries it; never sent for client input)
 	CodeBadSession     Code = 39 // a resume whose secret does not match the session's (logged with the remote address)
+	// Labels (version 8).
+	CodeInvalidLabel Code = 40 // locksm.ErrInvalidLabel: an acquire's label too long or outside 0x21..0x7E
 )
 
 // Sentinel errors of this package (each but ErrRemote, ErrBadConfig and
@@ -135,6 +137,7 @@ var codeTable = []struct {
 }{
 	{CodeInvalidKey, locksm.ErrInvalidKey},
 	{CodeInvalidOwner, locksm.ErrInvalidOwner},
+	{CodeInvalidLabel, locksm.ErrInvalidLabel},
 	{CodeInvalidLease, locksm.ErrInvalidLease},
 	{CodeInvalidWait, locksm.ErrInvalidWait},
 	{CodeBadRequest, ErrMalformed},
@@ -220,5 +223,5 @@ var codeNames = map[Code]string{
 	CodeWrongDomain: "wrong_domain", CodeInvalidKeys: "invalid_keys", CodeNotSupported: "not_supported",
 	CodeNoSession: "no_session", CodeVoided: "voided", CodeDuplicateSeq: "duplicate_seq",
 	CodeSessionExists: "session_exists", CodeInvalidSession: "invalid_session", CodeStaleEpoch: "stale_epoch",
-	CodeBadSession: "bad_session",
+	CodeBadSession: "bad_session", CodeInvalidLabel: "invalid_label",
 }

@@ -62,14 +62,24 @@ import "ticketing/locksm"
 //	    node cannot decode: the leader proposes them only once the
 //	    cluster version is 7, and answers 'o' and 'y' E not_supported
 //	    before.
-const ProtocolVersion = 7
+//	8 — owner labels: an acquire 'a' or block acquire 'b' may end with
+//	    the caller's label (label str8, 1..locksm.MaxLabelLen bytes, the
+//	    key alphabet), which the leader writes into the log with the
+//	    acquire and inspection shows with the holder. A version 2–7 peer
+//	    or client negotiates its own version and never sends or receives
+//	    a label. The log gains a flag (locksm's labelled acquire) that an
+//	    older node cannot decode: the leader proposes a labelled acquire
+//	    only once the cluster version is 8, and answers it E
+//	    not_supported before (never sends it without its label: inspect
+//	    would then show a holder without the name its caller gave).
+const ProtocolVersion = 8
 
 // NewestProtocolVersion is the newest version this build implements:
 // ProtocolVersion, unless a newer version is being built, which is then
 // offered and accepted only where configured (HandshakeConfig.MaxVersion;
 // a node's Config.ProtocolVersion), for tests and the parts under
 // construction, never by default. Version 7 (sessions) was built that way
-// and is the default now.
+// and is the default now; version 8 (labels) is small and came at once.
 const NewestProtocolVersion = ProtocolVersion
 
 // VersionNotices is the first version with the notice 'N' and its
@@ -95,6 +105,12 @@ const VersionExtend = 6
 // 'y' and 'k' and the outcomes watermark 'O'. A client sends them, and a
 // node sends 'O', only on a connection that negotiated at least this.
 const VersionSessions = 7
+
+// VersionLabels is the first version whose acquires may carry a label: a
+// client sends one only on a connection that negotiated at least this,
+// and a leader proposes one only once the cluster version is at least
+// this.
+const VersionLabels = 8
 
 // SecretLen is the length of a session's secret in bytes.
 const SecretLen = 16
@@ -133,7 +149,7 @@ const (
 
 	// Requests: every payload starts with id uint64 (client-chosen, nonzero,
 	// unique among this connection's requests in flight).
-	TypeAcquire = 'a' // id u64 | lease_sec u16 | wait_ms u32 | key str8 | owner str8
+	TypeAcquire = 'a' // id u64 | lease_sec u16 | wait_ms u32 | key str8 | owner str8 [| label str8 (version 8)]
 	TypeRelease = 'r' // id u64 | token u64 | key str8 | owner str8
 	TypeCancel  = 'c' // id u64 | target u64 (id of a pending acquire or block acquire on this connection)
 	TypePing    = 'p' // id u64
@@ -149,10 +165,14 @@ const (
 	// locksm.MaxBlockKeys) all or none, in one command, under one token;
 	// its replies are those of TypeAcquire. From version 5 (VersionBlocks):
 	//
-	//	id u64 | lease_sec u16 | wait_ms u32 | owner str8 | n u8 | n × key str8
+	//	id u64 | lease_sec u16 | wait_ms u32 | owner str8 | n u8 | n × key str8 [| label str8]
 	//
-	// The largest is 1+8+2+4+1+128+1+16×256 = 4241 bytes (type included),
-	// the one frame above MaxFrameLenV4.
+	// The largest is 1+8+2+4+1+128+1+16×256+1+64 = 4306 bytes (type
+	// included), the one frame above MaxFrameLenV4. The label, on 'a' and
+	// 'b' alike, is optional and only from version 8 (VersionLabels): it
+	// is present exactly when bytes follow the last field, and then 1..
+	// locksm.MaxLabelLen bytes long (an empty label is no label and has
+	// one encoding: absent).
 	TypeAcquireBlock = 'b'
 
 	// TypeExtend renews the lease of the holding of key under token, held
@@ -352,6 +372,9 @@ type Msg struct {
 	Event NoticeEvent
 	// TypeLost (with Token and Key).
 	Reason LostReason
+	// Label is an acquire's or block acquire's label ("" = none; version
+	// 8, VersionLabels).
+	Label string
 }
 
 // Member is one server of the Raft configuration, as a members reply lists it.
@@ -522,6 +545,10 @@ func ValidKey(s string) error {
 	}
 	return nil
 }
+
+// ValidLabel checks an acquire's label: empty (none) or 1..
+// locksm.MaxLabelLen bytes of the key alphabet (locksm.ValidateLabel).
+func ValidLabel(s string) error { return locksm.ValidateLabel(s) }
 
 // ValidOwner is ValidKey for owners (1..locksm.MaxOwnerLen bytes).
 func ValidOwner(s string) error {

@@ -227,7 +227,7 @@ class Connection {
    * @param {string} line
    */
   onEvent(line) {
-    const ev = p.parseEvent(line);
+    const ev = p.parseEvent(line, this.version !== null && this.version >= 5);
     if (ev === null) return;
     if (ev.name === 'QUEUED') {
       this.onQueued(ev);
@@ -346,7 +346,7 @@ class Connection {
  * numbers. `release` also accepts decimal strings. Compare tokens with `<`,
  * `>`; store them as strings (`String(token)`) or u64 columns.
  *
- * Every connection starts with `HELLO 4 events` (pipelined before the first
+ * Every connection starts with `HELLO 5 events` (pipelined before the first
  * request), so the sidecar tells it when a lock it holds is lost; `lock` and
  * `lockBlock` return {@link Lock} objects whose `signal` reports it. Against
  * an older sidecar (no events) locks still fire at their local deadline.
@@ -415,7 +415,7 @@ class Client {
   }
 
   /**
-   * Send `HELLO 4 events` on `conn` (its first request, or again after a
+   * Send `HELLO 5 events` on `conn` (its first request, or again after a
    * HELLO that got no usable reply) and record what the sidecar agreed.
    * @param {Connection} conn
    */
@@ -498,12 +498,21 @@ class Client {
    *   grant without waiting, for `wait: 0`, or by a sidecar older than
    *   protocol version 4; a leader change may swallow it. A prompt for tests
    *   and progress display, not a condition for correctness.
+   * @param {string|null} [options.label] an owner label (version 5): a short
+   *   name for people (a job, a request id; 1..64 characters of visible
+   *   ASCII, not `-`) that the cluster keeps with the holding: `ticketing
+   *   inspect` and the sidecar's HELD, lost events and log show it. Needs a
+   *   sidecar of version 5 (else NotSupportedError, nothing sent) and a
+   *   cluster of protocol version 8 (else ServerError `not_supported`).
    * @returns {Promise<bigint>}
    */
-  async acquire(key, { lease = 30, wait = 5, onQueued = null } = {}) {
+  async acquire(key, { lease = 30, wait = 5, onQueued = null, label = null } = {}) {
     const { line, waitSeconds } = p.acquireLine(key, lease, wait);
+    const field = p.labelField(label);
     const queued = this.#queued([key], onQueued);
-    return p.parseAcquire(await this.#call(line, waitSeconds, (reply) => this.#releaseLateGrant(key, reply), null, queued));
+    const conn = this.#connection();
+    if (field) await this.#needLabels(conn);
+    return p.parseAcquire(await this.#call(line + field, waitSeconds, (reply) => this.#releaseLateGrant(key, reply), conn, queued));
   }
 
   /**
@@ -530,10 +539,13 @@ class Client {
    * @param {{lease?: number, wait?: number, onQueued?: QueuedHook|null}} [options] as for `acquire`
    * @returns {Promise<Lock>}
    */
-  async lock(key, { lease = 30, wait = 5, onQueued = null } = {}) {
+  async lock(key, { lease = 30, wait = 5, onQueued = null, label = null } = {}) {
     const { line, waitSeconds } = p.acquireLine(key, lease, wait);
+    const field = p.labelField(label);
     const queued = this.#queued([key], onQueued);
-    return this.#lock(this.#connection(), line, waitSeconds, [key], lease, queued);
+    const conn = this.#connection();
+    if (field) await this.#needLabels(conn);
+    return this.#lock(conn, line + field, waitSeconds, [key], lease, queued);
   }
 
   /**
@@ -545,12 +557,14 @@ class Client {
    * @param {{lease?: number, wait?: number, onQueued?: QueuedHook|null}} [options] as for `acquire`
    * @returns {Promise<Lock>}
    */
-  async lockBlock(keys, { lease = 30, wait = 5, onQueued = null } = {}) {
+  async lockBlock(keys, { lease = 30, wait = 5, onQueued = null, label = null } = {}) {
     const { line, waitSeconds, keys: ks } = p.acquireBlockLine(keys, lease, wait);
+    const field = p.labelField(label);
     const queued = this.#queued(ks, onQueued);
     const conn = this.#connection();
     if (ks.length > 1) await this.#needBlocks(conn);
-    return this.#lock(conn, line, waitSeconds, ks, lease, queued);
+    if (field) await this.#needLabels(conn);
+    return this.#lock(conn, line + field, waitSeconds, ks, lease, queued);
   }
 
   /**
@@ -570,6 +584,18 @@ class Client {
     return new Lock({
       call: (l, bound) => this.#call(l, bound, null, conn), conn, keys, token, lease, sentAt,
     });
+  }
+
+  /**
+   * An owner label needs protocol version 5: never sent without it.
+   * @param {Connection} conn
+   */
+  async #needLabels(conn) {
+    const v = await this.#hello(conn);
+    if (v < 5) {
+      throw new NotSupportedError(`an owner label needs protocol version 5; the sidecar at ${this.path} `
+        + `speaks version ${v}: upgrade the sidecar`);
+    }
   }
 
   /** @param {Connection} conn */
@@ -603,17 +629,19 @@ class Client {
    *   as for `acquire`; `onQueued` once the block is in every key's queue
    * @returns {Promise<bigint>}
    */
-  async acquireBlock(keys, { lease = 30, wait = 5, onQueued = null } = {}) {
+  async acquireBlock(keys, { lease = 30, wait = 5, onQueued = null, label = null } = {}) {
     const { line, waitSeconds, keys: ks } = p.acquireBlockLine(keys, lease, wait);
+    const field = p.labelField(label);
     const queued = this.#queued(ks, onQueued);
     const conn = this.#connection();
     if (ks.length > 1) await this.#needBlocks(conn);
-    return p.parseAcquire(await this.#call(line, waitSeconds, (reply) => this.#releaseLateGrant(ks[0], reply), conn, queued));
+    if (field) await this.#needLabels(conn);
+    return p.parseAcquire(await this.#call(line + field, waitSeconds, (reply) => this.#releaseLateGrant(ks[0], reply), conn, queued));
   }
 
   /**
    * The protocol version this client and the sidecar both speak: the reply
-   * to the `HELLO 4 events` every connection sends first (1 for a version-1
+   * to the `HELLO 5 events` every connection sends first (1 for a version-1
    * sidecar, which does not know `HELLO`; 2 for a version-2 sidecar, which
    * refuses the `events` option; 3 for a sidecar that sends `! LOST` but not
    * `! QUEUED`).

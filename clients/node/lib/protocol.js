@@ -21,7 +21,9 @@ const RELEASE_DEADLINE = 5;
  * HELLO; 3: EXTEND and the `! LOST` event lines; 4: the `! QUEUED` event
  * lines).
  */
-const PROTOCOL_VERSION = 4;
+const PROTOCOL_VERSION = 5;
+/** The longest owner label (`label=`, version 5) in bytes. */
+const MAX_LABEL_LEN = 64;
 /**
  * The margin by which a lock's local validity deadline precedes the end of
  * its lease (clients/README.md): 250 ms + 1 % of the lease, for the drift
@@ -133,6 +135,27 @@ function checkRaw(line) {
 }
 
 /**
+ * Check an owner label: null/undefined/'' (none), else 1..64 characters of
+ * visible ASCII (0x21..0x7E), not `-`.
+ * @param {unknown} label
+ * @returns {string} '' for none
+ */
+function checkLabel(label) {
+  if (label === null || label === undefined || label === '') return '';
+  if (typeof label !== 'string') throw new TypeError(`label must be a string, not ${typeof label}`);
+  if (label.length > MAX_LABEL_LEN || label === '-' || !/^[\x21-\x7e]+$/.test(label)) {
+    throw new RangeError(`label ${JSON.stringify(label)}: 1..${MAX_LABEL_LEN} characters of visible ASCII (0x21..0x7E), not "-"`);
+  }
+  return label;
+}
+
+/** The ` label=<label>` field of an ACQUIRE ('' for none). */
+function labelField(label) {
+  const l = checkLabel(label);
+  return l === '' ? '' : ` label=${l}`;
+}
+
+/**
  * @returns {{line: string, waitSeconds: number}}
  */
 function acquireLine(key, lease, wait) {
@@ -183,7 +206,7 @@ function helloEventsLine() {
 }
 
 /**
- * The reply to `HELLO 4 events`: `HELLO <v> events` → events on;
+ * The reply to `HELLO 5 events`: `HELLO <v> events` → events on;
  * `HELLO <v>` → the version both speak has no events; `ERR bad_request` →
  * a version-2 sidecar (it knows HELLO but not the option); `ERR
  * unknown_verb` → version 1. Anything else throws its error.
@@ -279,9 +302,14 @@ function wellFormedKeys(keys) {
  * @param {string} line
  * @returns {LostEvent|QueuedEvent|null}
  */
-function parseEvent(line) {
+function parseEvent(line, labelled = false) {
   if (!line.startsWith('! ')) return null;
   const words = line.slice(2).split(' ');
+  if (labelled && words[0] === 'LOST') {
+    // Version 5: the lock's label ('-': none) before its keys.
+    if (words.length < 5 || words[3] === '') return null;
+    words.splice(3, 1);
+  }
   switch (words[0]) {
     case 'LOST': {
       if (words.length < 4) return null;
@@ -480,7 +508,11 @@ function parseHeld(reply) {
   const bad = () => new ProtocolError(`bad HELD reply ${JSON.stringify(reply)}`);
   if (!/^[0-9]+$/.test(words[1] ?? '')) throw bad();
   const held = [];
-  for (const w of words.slice(2)) {
+  let entries = words.slice(2);
+  const n = Number(words[1]);
+  // Version 5: each lock is key:token and then its label ('-': none).
+  if (n > 0 && entries.length === 2 * n) entries = entries.filter((_, i) => i % 2 === 0);
+  for (const w of entries) {
     if (!w) continue;
     const colon = w.lastIndexOf(':');
     const token = w.slice(colon + 1);
@@ -495,6 +527,7 @@ module.exports = {
   MIN_LEASE, MAX_LEASE, MAX_WAIT, MAX_KEY_LEN, MAX_TOKEN, RELEASE_DEADLINE, SOCKET_ENV, DEFAULT_SOCKET,
   PROTOCOL_VERSION, MAX_BLOCK_KEYS, MARGIN_BASE_MS, MARGIN_LEASE_FRACTION,
   defaultPath, checkKey, checkKeys, checkLease, waitMillis, formatWait, toToken, checkRaw, checkOnQueued,
+  MAX_LABEL_LEN, checkLabel, labelField,
   acquireLine, acquireBlockLine, helloLine, helloEventsLine, parseHello, parseHelloEvents, releaseLine,
   extendLine, marginMillis, isEventLine, parseEvent, LineReader,
   errorFrom, parseAcquire, parseRelease, parsePing, parseInfo, parseHeld,

@@ -59,8 +59,8 @@ class ScriptedSidecar:
         verb = line.split(" ", 1)[0]
         if verb in self.replies:
             return self.replies[verb]
-        if line == "HELLO 4 events":
-            return "HELLO 4 events"
+        if line == p.HELLO_EVENTS_LINE:
+            return "HELLO 4 events"  # a version-4 sidecar: LOST lines without labels
         if verb == "ACQUIRE":
             self.next_token += 1
             return f"OK {self.next_token}"
@@ -279,7 +279,7 @@ class SyncLockLost(unittest.TestCase):
 
     def test_hello_first_and_events_on(self) -> None:
         self.client.ping()
-        self.assertEqual(self.fake.lines[0], "HELLO 4 events")
+        self.assertEqual(self.fake.lines[0], "HELLO 5 events")
         self.assertEqual(self.client.hello(), 4)
         self.assertTrue(self.client._conn.events)  # type: ignore[union-attr]
         self.assertEqual(self.client.requests_sent, 1)  # the HELLO is not counted

@@ -48,8 +48,10 @@ from .errors import (
 
 #: The version of unixapi/PROTOCOL.md this client speaks (2: seat blocks,
 #: HELLO; 3: EXTEND and the ``! LOST`` event lines; 4: the ``! QUEUED``
-#: event line).
-PROTOCOL_VERSION = 4
+#: event line; 5: owner labels).
+PROTOCOL_VERSION = 5
+#: The longest owner label (``label=``) in bytes (version 5).
+MAX_LABEL_LEN = 64
 #: The most keys of one block acquire (distinct keys).
 MAX_BLOCK_KEYS = 16
 
@@ -460,15 +462,41 @@ def check_on_queued(on_queued: Optional[Callable[[], Any]]) -> Optional[Callable
     return on_queued
 
 
-def grant_line(keys: Sequence[str], lease: int, wait: Number, block: bool) -> Tuple[str, float, List[str]]:
+def check_label(label: Optional[str]) -> Optional[str]:
+    """Validate an owner label: None or "" (none), else 1..64 bytes of
+    visible ASCII (0x21..0x7E), not ``-``."""
+    if label is None or label == "":
+        return None
+    if not isinstance(label, str):
+        raise TypeError(f"label must be a str or None, not {type(label).__name__}")
+    if len(label) > MAX_LABEL_LEN or label == "-" or any(not 0x21 <= ord(ch) <= 0x7E for ch in label):
+        raise ValueError(f"label {label!r}: 1..{MAX_LABEL_LEN} bytes of visible ASCII (0x21..0x7E), not '-'")
+    return label
+
+
+def check_labels(version: int, path: str) -> None:
+    """An owner label needs protocol version 5 (never sent without it)."""
+    if version < 5:
+        raise NotSupportedError(
+            f"an owner label needs protocol version 5; the sidecar at {path} speaks version {version}: "
+            "upgrade the sidecar"
+        )
+
+
+def grant_line(
+    keys: Sequence[str], lease: int, wait: Number, block: bool, label: Optional[str] = None
+) -> Tuple[str, float, List[str]]:
     """Check an acquire of one key (*block* False: ``keys[0]``) or of a
-    block; return its line, its wait in seconds and its keys."""
+    block, with its owner *label* (version 5) if any; return its line, its
+    wait in seconds and its keys."""
+    label = check_label(label)
+    suffix = f" label={label}" if label else ""
     if block:
         ks = check_keys(keys)
         line, wait_s = acquire_block_line(ks, lease, wait)
-        return line, wait_s, ks
+        return line + suffix, wait_s, ks
     line, wait_s = acquire_line(keys[0], lease, wait)
-    return line, wait_s, [keys[0]]
+    return line + suffix, wait_s, [keys[0]]
 
 
 def reply_budget(sidecar_bound: float, grace: Optional[float]) -> Optional[float]:
@@ -525,14 +553,20 @@ class QueuedEvent:
     keys: Tuple[str, ...]
 
 
-def parse_event(line: str) -> Optional[Union[LostEvent, QueuedEvent]]:
+def parse_event(line: str, labelled: bool = False) -> Optional[Union[LostEvent, QueuedEvent]]:
     """Parse an event line; None for an event this client does not know
     (another name, a later version's) or a malformed one: both are ignored,
     and neither may disturb the matching of replies.
 
     An unknown LOST *reason* is kept as it is: it is a loss all the same.
+    *labelled* (the connection agreed version 5): LOST carries the lock's
+    label (``-``: none) before its keys.
     """
     words = line.split(" ")
+    if labelled and len(words) >= 2 and words[1] == "LOST":
+        if len(words) < 6 or not words[4]:
+            return None
+        del words[4]  # the label: the lock knows its own
     if len(words) < 4 or words[0] != "!":
         return None
     if words[1] == "QUEUED":
@@ -740,7 +774,11 @@ def parse_held(reply: str) -> List[Tuple[str, int]]:
     try:
         n = int(words[1])
         held: List[Tuple[str, int]] = []
-        for w in words[2:]:
+        entries = words[2:]
+        if n > 0 and len(entries) == 2 * n:
+            # Version 5: each lock is key:token and its label ("-": none).
+            entries = entries[0::2]
+        for w in entries:
             if not w:
                 continue
             key, sep, token = w.rpartition(":")
@@ -932,7 +970,7 @@ class Session:
         if self.error is not None:
             return []
         if is_event(line):
-            ev = parse_event(line)
+            ev = parse_event(line, self.version is not None and self.version >= 5)
             if isinstance(ev, LostEvent):
                 return self._route_lost(ev)
             if isinstance(ev, QueuedEvent):

@@ -265,7 +265,13 @@ class AsyncClient:
             raise
 
     async def acquire(
-        self, key: str, lease: int = 30, wait: p.Number = 5, *, on_queued: Optional[Callable[[], object]] = None
+        self,
+        key: str,
+        lease: int = 30,
+        wait: p.Number = 5,
+        *,
+        on_queued: Optional[Callable[[], object]] = None,
+        label: Optional[str] = None,
     ) -> int:
         """Acquire *key* and return its fencing token; see
         :meth:`ticketing.Client.acquire`. If the calling task is cancelled, a
@@ -275,8 +281,8 @@ class AsyncClient:
         coroutine returns) when the cluster committed this acquire into the
         key's FIFO queue (``! QUEUED``); see :meth:`ticketing.Client.acquire`.
         Keep it quick; an exception it raises goes to the loop's exception
-        handler."""
-        return (await self._grant((key,), lease, wait, False, on_queued))[0]
+        handler. *label*: an owner label; see :meth:`ticketing.Client.acquire`."""
+        return (await self._grant((key,), lease, wait, False, on_queued, label))[0]
 
     async def acquire_block(
         self,
@@ -285,12 +291,13 @@ class AsyncClient:
         wait: p.Number = 5,
         *,
         on_queued: Optional[Callable[[], object]] = None,
+        label: Optional[str] = None,
     ) -> int:
         """Acquire a seat block (1..16 distinct keys, all or none, under one
         token) and return the token; see :meth:`ticketing.Client.acquire_block`.
         If the calling task is cancelled, a block granted later is released
         automatically. *on_queued*: see :meth:`acquire`."""
-        return (await self._grant(p.check_keys(keys), lease, wait, True, on_queued))[0]
+        return (await self._grant(p.check_keys(keys), lease, wait, True, on_queued, label))[0]
 
     async def _grant(
         self,
@@ -299,14 +306,17 @@ class AsyncClient:
         wait: p.Number,
         block: bool,
         on_queued: Optional[Callable[[], object]],
+        label: Optional[str] = None,
     ) -> Tuple[int, float, _AsyncConnection]:
         """ACQUIRE one key or a block; the token, the send time and the
         connection that holds it."""
-        line, wait_s, keys = p.grant_line(keys, lease, wait, block)
+        line, wait_s, keys = p.grant_line(keys, lease, wait, block, label)
         p.check_on_queued(on_queued)
         conn = await self._connection()
         if len(keys) > 1:
             p.check_blocks(await self._hello(conn), self.path)
+        if p.check_label(label):
+            p.check_labels(await self._hello(conn), self.path)
         reply, sent, conn = await self._call_at(line, wait_s, self._compensator(keys[0]), conn, keys, on_queued)
         return p.parse_acquire(reply), sent, conn
 

@@ -389,19 +389,28 @@ class Client:
         wait: p.Number,
         block: bool,
         on_queued: Optional[Callable[[], object]],
+        label: Optional[str] = None,
     ) -> Tuple[int, float, _Connection]:
         """ACQUIRE one key or a block; the token, the send time and the
         connection that holds it."""
-        line, wait_s, keys = p.grant_line(keys, lease, wait, block)
+        line, wait_s, keys = p.grant_line(keys, lease, wait, block, label)
         p.check_on_queued(on_queued)
         conn = self._connection()
         if len(keys) > 1:
             p.check_blocks(self._hello(conn), self.path)
+        if p.check_label(label):
+            p.check_labels(self._hello(conn), self.path)
         reply, sent, conn = self._call_at(line, wait_s, self._compensator(keys[0]), conn, keys, on_queued)
         return p.parse_acquire(reply), sent, conn
 
     def acquire(
-        self, key: str, lease: int = 30, wait: p.Number = 5, *, on_queued: Optional[Callable[[], object]] = None
+        self,
+        key: str,
+        lease: int = 30,
+        wait: p.Number = 5,
+        *,
+        on_queued: Optional[Callable[[], object]] = None,
+        label: Optional[str] = None,
     ) -> int:
         """Acquire *key*; return its fencing token (an int that strictly
         increases with every grant, cluster-wide).
@@ -421,6 +430,13 @@ class Client:
             connection's reader thread: keep it quick, and do not wait for
             a reply of this client in it (``RuntimeError``); an exception
             it raises is logged (logger ``ticketing``) and dropped.
+        :param label: an owner label (version 5): a short name for people
+            (a job, a request id; 1..64 bytes of visible ASCII, not ``-``)
+            that the cluster keeps with the holding; ``ticketing inspect``
+            and the sidecar's ``HELD``, lost events and log show it. It
+            needs a sidecar of version 5 (else ``NotSupportedError``,
+            nothing sent) and a cluster of protocol version 8 (else
+            ``ServerError`` ``not_supported``).
         :raises ValueError, TypeError: invalid argument (nothing sent).
         :raises BusyError: held and *wait* was 0.
         :raises LockTimeoutError: the turn did not come within *wait*.
@@ -429,7 +445,7 @@ class Client:
         :raises ServerError: ``ERR`` from the sidecar (``.code``).
         :raises SidecarConnectionError: sidecar unreachable / connection lost.
         """
-        return self._grant((key,), lease, wait, False, on_queued)[0]
+        return self._grant((key,), lease, wait, False, on_queued, label)[0]
 
     def acquire_block(
         self,
@@ -438,6 +454,7 @@ class Client:
         wait: p.Number = 5,
         *,
         on_queued: Optional[Callable[[], object]] = None,
+        label: Optional[str] = None,
     ) -> int:
         """Acquire a seat block: every key of *keys* (1..16 distinct keys)
         at once or none, under one fencing token, which is returned.
@@ -448,7 +465,8 @@ class Client:
         runs out no key is acquired. ``release(key, token)`` naming *any* of
         its keys releases the whole block; closing the client releases it
         too. One key is :meth:`acquire`. *on_queued* is called once the
-        block is in every key's queue (see :meth:`acquire`).
+        block is in every key's queue (see :meth:`acquire`); *label* is the
+        block's owner label (see :meth:`acquire`).
 
         A block needs protocol version 2: the first one on a connection
         sends ``HELLO`` (see :meth:`hello`).
@@ -460,7 +478,7 @@ class Client:
         :raises BusyError, LockTimeoutError, IndeterminateError, ServerError,
             SidecarConnectionError: as for :meth:`acquire`.
         """
-        return self._grant(p.check_keys(keys), lease, wait, True, on_queued)[0]
+        return self._grant(p.check_keys(keys), lease, wait, True, on_queued, label)[0]
 
     def hello(self) -> int:
         """The protocol version this client and the sidecar both speak: the

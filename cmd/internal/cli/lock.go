@@ -84,6 +84,7 @@ type clientFlags struct {
 	socket string
 	lease  int
 	wait   float64
+	label  string // --label: the acquire's owner label ("" = none)
 }
 
 func (c *clientFlags) register(fs *flag.FlagSet, withLock bool) {
@@ -91,7 +92,16 @@ func (c *clientFlags) register(fs *flag.FlagSet, withLock bool) {
 	if withLock {
 		fs.IntVar(&c.lease, "lease", 60, "lease in whole seconds (1..250): the server takes the lock back after it")
 		fs.Float64Var(&c.wait, "wait", 30, "seconds to wait for the turn, millisecond precision (0 = one immediate try, at most 300)")
+		fs.StringVar(&c.label, "label", "", "an owner `label` for the lock (a job name, a request id: 1..64 bytes of visible ASCII, no spaces), shown by `ticketing inspect`, the sidecar's HELD and log; needs protocol version 8 on every node")
 	}
+}
+
+// acquireOpts are the acquire options the flags ask for (the label).
+func (c *clientFlags) acquireOpts() []ticketing.AcquireOption {
+	if c.label == "" {
+		return nil
+	}
+	return []ticketing.AcquireOption{ticketing.WithLabel(c.label)}
 }
 
 // check says what is wrong with --lease and --wait, in the units the user
@@ -104,6 +114,10 @@ func (c *clientFlags) check() string {
 	if c.wait < 0 || c.wait > 300 || math.IsNaN(c.wait) || math.Abs(ms-math.Round(ms)) > 1e-6 {
 		return fmt.Sprintf("--wait %s: want seconds 0..300 with at most 3 decimals",
 			strconv.FormatFloat(c.wait, 'f', -1, 64))
+	}
+	if l := c.label; l != "" && (len(l) > ticketing.MaxLabelLen || l == "-" ||
+		strings.IndexFunc(l, func(r rune) bool { return r < 0x21 || r > 0x7e }) >= 0) {
+		return fmt.Sprintf("--label %q: want 1..%d bytes of visible ASCII (no spaces), not \"-\"", l, ticketing.MaxLabelLen)
 	}
 	return ""
 }
@@ -233,7 +247,7 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var noExtend bool
 	var grace time.Duration
 	var verbose bool
-	fs := newClientFlags("lock", "[--socket PATH] [--lease S] [--wait S] [--extend-every D|--no-extend] [--kill-grace D] [--verbose] KEY [KEY...] -- COMMAND [ARG...]",
+	fs := newClientFlags("lock", "[--socket PATH] [--lease S] [--wait S] [--label L] [--extend-every D|--no-extend] [--kill-grace D] [--verbose] KEY [KEY...] -- COMMAND [ARG...]",
 		"Takes the lock KEY through the sidecar, runs COMMAND with TICKETING_KEY,\n"+
 			"TICKETING_KEYS and TICKETING_TOKEN in its environment, and releases the lock\n"+
 			"when COMMAND exits (like flock(1)). Signals are passed on to COMMAND.\n\n"+
@@ -300,7 +314,7 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	defer c.Close()
-	var opts []ticketing.AcquireOption
+	opts := cf.acquireOpts()
 	if verbose {
 		// The hook runs on the client's reader, before the grant comes:
 		// one short write.
@@ -470,7 +484,7 @@ func releaseOrReport(lk *ticketing.Lock, what string, stderr io.Writer) bool {
 func runAcquire(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var cf clientFlags
 	var hold bool
-	fs := newClientFlags("acquire", "[--socket PATH] [--lease S] [--wait S] [--hold] KEY [KEY...]",
+	fs := newClientFlags("acquire", "[--socket PATH] [--lease S] [--wait S] [--label L] [--hold] KEY [KEY...]",
 		"Prints the token. A lock belongs to the connection that took it: without\n"+
 			"--hold it is released again before the command exits (a probe); with --hold\n"+
 			"the command keeps it until SIGINT or SIGTERM, then releases it. Several KEYs\n"+
@@ -500,7 +514,7 @@ func runAcquire(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	}
 	defer c.Close()
 	lease, wait := cf.durations()
-	lk, err := lockKeys(ctx, c, keys, lease, wait)
+	lk, err := lockKeys(ctx, c, keys, lease, wait, cf.acquireOpts()...)
 	if err != nil {
 		fmt.Fprintf(stderr, "ticketing acquire: %s: %v\n", what, err)
 		return clientExit(err)

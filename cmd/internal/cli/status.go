@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -352,6 +353,9 @@ func printKey(w *errWriter, k *wire.KeyReport) {
 			session = ", session " + h.Session
 		}
 		fmt.Fprintf(tw, "Holder:\t%s, token %d%s\n", h.Owner, h.Token, session)
+		if h.Label != "" {
+			fmt.Fprintf(tw, "Label:\t%s\n", h.Label)
+		}
 		if len(h.BlockKeys) > 0 {
 			fmt.Fprintf(tw, "Block:\t%d keys under this token: %s\n", len(h.BlockKeys), strings.Join(h.BlockKeys, " "))
 		}
@@ -377,7 +381,14 @@ func printKey(w *errWriter, k *wire.KeyReport) {
 	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "#\tOWNER\tWAITED\tWAIT LEFT\tLEASE\tSESSION\tBLOCK")
+	// The LABEL column only when a waiter has one: output without labels
+	// stays as it was.
+	labels := slices.ContainsFunc(k.Queue, func(q wire.WaiterReport) bool { return q.Label != "" })
+	if labels {
+		fmt.Fprintln(tw, "#\tOWNER\tLABEL\tWAITED\tWAIT LEFT\tLEASE\tSESSION\tBLOCK")
+	} else {
+		fmt.Fprintln(tw, "#\tOWNER\tWAITED\tWAIT LEFT\tLEASE\tSESSION\tBLOCK")
+	}
 	estimated := false
 	for i, q := range k.Queue {
 		left := fmtMs(q.WaitRemainingMs)
@@ -388,7 +399,11 @@ func printKey(w *errWriter, k *wire.KeyReport) {
 		if len(q.BlockKeys) > 0 {
 			block = strings.Join(q.BlockKeys, " ")
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%ds\t%s\t%s\n", i+1, q.Owner, fmtMs(q.WaitedMs), left, q.LeaseSec, orDash(q.Session), block)
+		owner := q.Owner
+		if labels {
+			owner += "\t" + orDash(q.Label)
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%ds\t%s\t%s\n", i+1, owner, fmtMs(q.WaitedMs), left, q.LeaseSec, orDash(q.Session), block)
 	}
 	_ = tw.Flush() // its write error is kept by w
 	if estimated {

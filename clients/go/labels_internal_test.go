@@ -1,0 +1,46 @@
+package ticketing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+)
+
+// Against a sidecar of version 4 a labelled acquire is not sent:
+// ErrNotSupported; HELD and LOST are read as version 4 writes them.
+func TestWithLabelVersion4Sidecar(t *testing.T) {
+	c, f := pipeClient(t, "HELLO 4 events")
+	if _, err := c.Acquire(context.Background(), "k", 30*time.Second, 0, WithLabel("job")); !errors.Is(err, ErrNotSupported) {
+		t.Fatalf("labelled acquire on version 4: %v", err)
+	}
+	ch := async(func() error {
+		m, err := c.Held(context.Background())
+		if err == nil && m["a:b"] != 7 {
+			err = fmt.Errorf("held %v", m)
+		}
+		return err
+	})
+	if r := f.req(); r != "HELD" {
+		t.Fatalf("request %q", r)
+	}
+	f.write("HELD 1 a:b:7")
+	if err := <-ch; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A LOST line of version 5 carries the label before the keys; parseLost
+// reads the token and reason of both forms.
+func TestParseLostLabelled(t *testing.T) {
+	if tok, why, ok := parseLost("! LOST 7 expired job-1 a b", true); !ok || tok != 7 || why != "expired" {
+		t.Fatalf("version 5: %d %q %v", tok, why, ok)
+	}
+	if tok, why, ok := parseLost("! LOST 7 expired a", false); !ok || tok != 7 || why != "expired" {
+		t.Fatalf("version 4: %d %q %v", tok, why, ok)
+	}
+	if _, _, ok := parseLost("! LOST 7 expired job-1", true); ok {
+		t.Fatal("version 5 without keys accepted")
+	}
+}
