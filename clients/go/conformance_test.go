@@ -665,21 +665,27 @@ func (r *runner) connectDefault(where string, st map[string]json.RawMessage) res
 	}
 	old, had := os.LookupEnv(ticketing.SocketEnv)
 	defer func() {
+		restore := os.Unsetenv(ticketing.SocketEnv)
 		if had {
-			os.Setenv(ticketing.SocketEnv, old)
-		} else {
-			os.Unsetenv(ticketing.SocketEnv)
+			restore = os.Setenv(ticketing.SocketEnv, old)
+		}
+		if restore != nil {
+			t.Errorf("%s: restoring $%s: %v", where, ticketing.SocketEnv, restore)
 		}
 	}()
+	var envErr error
 	switch env := str(st, "env"); env {
 	case "sidecar":
-		os.Setenv(ticketing.SocketEnv, r.sock)
+		envErr = os.Setenv(ticketing.SocketEnv, r.sock)
 	case "unset":
-		os.Unsetenv(ticketing.SocketEnv)
+		envErr = os.Unsetenv(ticketing.SocketEnv)
 	case "missing":
-		os.Setenv(ticketing.SocketEnv, filepath.Join(dir, "missing.sock"))
+		envErr = os.Setenv(ticketing.SocketEnv, filepath.Join(dir, "missing.sock"))
 	default:
 		t.Fatalf("%s: env %q", where, env)
+	}
+	if envErr != nil {
+		t.Fatalf("%s: setting $%s: %v", where, ticketing.SocketEnv, envErr)
 	}
 	wd, err := os.Getwd()
 	if err != nil {
