@@ -44,8 +44,9 @@ package main
 // Debian paths. Before a block runs, 10.0.0.N becomes 127.X.0.N (X picked
 // per run: loopback, with the documented ports 7400/7500/7600 kept), and
 // /etc/ticketing/ becomes the directory the block runs in, /var/lib/ticketing
-// its data/ and /run/ticketing/ticketing.sock ./ticketing.sock. A block that
-// still names a 10.x address after that is refused, not run.
+// its data/, /run/ticketing/ticketing.sock ./ticketing.sock and
+// /path/to/ticketing (the reader's checkout) this repository's root. A
+// block that still names a 10.x address after that is refused, not run.
 
 import (
 	"bufio"
@@ -196,13 +197,17 @@ func (e docExample) script() (string, []string) {
 
 // placeholders is the substitution of the documents' placeholders for one
 // run (see the comment at the top).
-type placeholders struct{ octet int }
+type placeholders struct {
+	octet int
+	repo  string // the repository's root, for /path/to/ticketing
+}
 
 func (p placeholders) apply(s, dir string) string {
 	s = regexp.MustCompile(`\b10\.0\.0\.(\d+)\b`).ReplaceAllString(s, fmt.Sprintf("127.%d.0.$1", p.octet))
 	s = strings.ReplaceAll(s, "/run/ticketing/ticketing.sock", "./ticketing.sock")
 	s = strings.ReplaceAll(s, "/etc/ticketing/", dir+"/")
 	s = strings.ReplaceAll(s, "/var/lib/ticketing", dir+"/data")
+	s = strings.ReplaceAll(s, "/path/to/ticketing", p.repo)
 	return s
 }
 
@@ -260,6 +265,7 @@ func TestDocExamples(t *testing.T) {
 		}
 	}
 	ph := pickPlaceholders(t)
+	ph.repo = repoRoot(t)
 	dirs := map[string]string{}
 	devExport := ""
 	if envs["dev"] > 0 {
