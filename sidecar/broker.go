@@ -2,6 +2,7 @@ package sidecar
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -283,12 +284,13 @@ func (b *Broker) syncMembers(ms []wire.Member) {
 func (b *Broker) keep(s *slot) {
 	defer b.slotWG.Done()
 	backoff := b.cfg.BackoffMin
+	warned := false // a refusal was logged at warn level since the last connection
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), b.cfg.DialTimeout)
 		conn, err := b.dial(ctx, s)
 		cancel()
 		if err == nil {
-			backoff = b.cfg.BackoffMin
+			backoff, warned = b.cfg.BackoffMin, false
 			if b.up(s, conn) {
 				for {
 					b.watch(s, conn)
@@ -305,7 +307,16 @@ func (b *Broker) keep(s *slot) {
 			b.down(s, conn)
 		} else {
 			b.metrics.dialFailures.Inc()
-			b.log.Debug("connect failed", "addr", s.addr, "err", err, "retry_in", backoff)
+			if refused(err) && !warned {
+				// Retrying will not help until someone fixes a setting,
+				// and the sidecar serves its socket all the same (INFO
+				// leader=-): say so once, not at every retry.
+				warned = true
+				b.log.Warn("a node refused the connection: check --cluster-id, the secret and --tls-ca against the nodes' (retrying; further failures at debug level)",
+					"addr", s.addr, "err", err)
+			} else {
+				b.log.Debug("connect failed", "addr", s.addr, "err", err, "retry_in", backoff)
+			}
 		}
 		select {
 		case <-b.closing:
@@ -318,6 +329,18 @@ func (b *Broker) keep(s *slot) {
 			backoff = min(2*backoff, b.cfg.BackoffMax)
 		}
 	}
+}
+
+// refused reports whether a failed dial was the node (or its TLS
+// certificate) refusing this sidecar's settings: another cluster id, a
+// wrong secret, no common version, an unexpected node, TLS required or a
+// certificate the CA does not verify. Unlike a node that is down, these
+// do not pass by themselves.
+func refused(err error) bool {
+	var cert *tls.CertificateVerificationError
+	return errors.Is(err, wire.ErrWrongCluster) || errors.Is(err, wire.ErrAuthFailed) ||
+		errors.Is(err, wire.ErrVersion) || errors.Is(err, wire.ErrWrongNode) ||
+		errors.Is(err, wire.ErrTLSRequired) || errors.As(err, &cert)
 }
 
 // dial connects to s's address (its notices and lost events come to the

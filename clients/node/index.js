@@ -15,24 +15,33 @@
  */
 
 const { Client, Lock, DEFAULT_REPLY_GRACE } = require('./lib/client');
-const errors = require('./lib/errors');
 const protocol = require('./lib/protocol');
 const fence = require('./lib/fence');
 
+const { StaleTokenError } = fence;
+const {
+  MIN_LEASE, MAX_LEASE, MAX_WAIT, MAX_KEY_LEN, MAX_TOKEN, MAX_BLOCK_KEYS, PROTOCOL_VERSION,
+  MARGIN_BASE_MS, MARGIN_LEASE_FRACTION,
+} = protocol;
+
+// Only names and a spread of require() itself: the forms Node.js's static
+// analysis of a CommonJS module recognises, so that an ES module's
+// `import { BusyError } from 'ticketing-client'` finds every export (it
+// stops at the first `name: a.b` and cannot see into a spread variable).
 module.exports = {
   Client,
   Lock,
   DEFAULT_REPLY_GRACE,
-  ...errors,
-  StaleTokenError: fence.StaleTokenError,
+  ...require('./lib/errors'),
+  StaleTokenError,
   fence,
-  MIN_LEASE: protocol.MIN_LEASE,
-  MAX_LEASE: protocol.MAX_LEASE,
-  MAX_WAIT: protocol.MAX_WAIT,
-  MAX_KEY_LEN: protocol.MAX_KEY_LEN,
-  MAX_TOKEN: protocol.MAX_TOKEN,
-  MAX_BLOCK_KEYS: protocol.MAX_BLOCK_KEYS,
-  PROTOCOL_VERSION: protocol.PROTOCOL_VERSION,
-  MARGIN_BASE_MS: protocol.MARGIN_BASE_MS,
-  MARGIN_LEASE_FRACTION: protocol.MARGIN_LEASE_FRACTION,
+  MIN_LEASE,
+  MAX_LEASE,
+  MAX_WAIT,
+  MAX_KEY_LEN,
+  MAX_TOKEN,
+  MAX_BLOCK_KEYS,
+  PROTOCOL_VERSION,
+  MARGIN_BASE_MS,
+  MARGIN_LEASE_FRACTION,
 };

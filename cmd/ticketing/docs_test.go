@@ -28,6 +28,13 @@ package main
 // is really waited for (its grant comes N seconds late; a client that
 // stops reading sooner prints nothing).
 //
+// A marker "<!-- check: nodes sidecar -->" stands before a block that
+// starts a sidecar serving ./ticketing.sock (after the placeholders) and
+// runs until stopped: the test runs it in the background, passes it once
+// the sidecar's INFO names a leader (it reached the cluster: the
+// documented flags fit the example cluster's TLS, secret and cluster id),
+// fails with its log if it exits or never does, then stops it.
+//
 // A block whose lines start with "$ " is a console session: the "$ " lines
 // are the commands, the others their output, which is compared line by
 // line when the marker says `output` ("…" in an expected line matches any
@@ -37,8 +44,9 @@ package main
 // Debian paths. Before a block runs, 10.0.0.N becomes 127.X.0.N (X picked
 // per run: loopback, with the documented ports 7400/7500/7600 kept), and
 // /etc/ticketing/ becomes the directory the block runs in, /var/lib/ticketing
-// its data/ and /run/ticketing/ticketing.sock ./ticketing.sock. A block that
-// still names a 10.x address after that is refused, not run.
+// its data/, /run/ticketing/ticketing.sock ./ticketing.sock and
+// /path/to/ticketing (the reader's checkout) this repository's root. A
+// block that still names a 10.x address after that is refused, not run.
 
 import (
 	"bufio"
@@ -92,6 +100,8 @@ type docExample struct {
 	line   int // of the marker
 	env    string
 	output bool
+	// sidecar: the block runs a sidecar, checked by its INFO (see above).
+	sidecar bool
 	// hold is the key the test holds while the block starts, released
 	// holdFor after the block started ("" none).
 	hold    string
@@ -101,7 +111,7 @@ type docExample struct {
 
 func (e docExample) String() string { return fmt.Sprintf("%s:%d", e.file, e.line) }
 
-var checkMarker = regexp.MustCompile(`^<!-- check: (\w+)( output)?(?: hold (\S+) for ([1-9][0-9]?)s)? -->$`)
+var checkMarker = regexp.MustCompile(`^<!-- check: (\w+)( output| sidecar)?(?: hold (\S+) for ([1-9][0-9]?)s)? -->$`)
 
 // docExamples finds the checked blocks of the documents.
 func docExamples(t *testing.T) []docExample {
@@ -124,9 +134,12 @@ func docExamples(t *testing.T) []docExample {
 				}
 				continue
 			}
-			ex := docExample{file: f, line: i + 1, env: m[1], output: m[2] != "", hold: m[3]}
+			ex := docExample{file: f, line: i + 1, env: m[1], output: m[2] == " output", sidecar: m[2] == " sidecar", hold: m[3]}
 			if ex.env != "dev" && ex.env != "nodes" && ex.env != "scratch" {
 				t.Errorf("%s: unknown environment %q", ex, ex.env)
+			}
+			if ex.sidecar && (ex.env != "nodes" || ex.hold != "") {
+				t.Errorf("%s: sidecar is for the nodes environment, without hold", ex)
 			}
 			if ex.hold != "" {
 				n, _ := strconv.Atoi(m[4])
@@ -184,13 +197,17 @@ func (e docExample) script() (string, []string) {
 
 // placeholders is the substitution of the documents' placeholders for one
 // run (see the comment at the top).
-type placeholders struct{ octet int }
+type placeholders struct {
+	octet int
+	repo  string // the repository's root, for /path/to/ticketing
+}
 
 func (p placeholders) apply(s, dir string) string {
 	s = regexp.MustCompile(`\b10\.0\.0\.(\d+)\b`).ReplaceAllString(s, fmt.Sprintf("127.%d.0.$1", p.octet))
 	s = strings.ReplaceAll(s, "/run/ticketing/ticketing.sock", "./ticketing.sock")
 	s = strings.ReplaceAll(s, "/etc/ticketing/", dir+"/")
 	s = strings.ReplaceAll(s, "/var/lib/ticketing", dir+"/data")
+	s = strings.ReplaceAll(s, "/path/to/ticketing", p.repo)
 	return s
 }
 
@@ -248,6 +265,7 @@ func TestDocExamples(t *testing.T) {
 		}
 	}
 	ph := pickPlaceholders(t)
+	ph.repo = repoRoot(t)
 	dirs := map[string]string{}
 	devExport := ""
 	if envs["dev"] > 0 {
@@ -277,6 +295,10 @@ func TestDocExamples(t *testing.T) {
 			cmd.Dir = dir
 			cmd.Env = append(withoutEnv(os.Environ(), "TICKETING_SOCKET", "PATH", "TICKETING_ADMIN", "TICKETING_ADMIN_SECRET_FILE",
 				"TICKETING_TLS_CA", "TICKETING_CLUSTER_ID"), "PATH="+path)
+			if e.sidecar {
+				checkDocSidecar(t, e, cmd, sh)
+				return
+			}
 			var out strings.Builder
 			cmd.Stdout, cmd.Stderr = &out, &out
 			var h *docHolder
@@ -303,6 +325,68 @@ func TestDocExamples(t *testing.T) {
 			}
 		})
 	}
+}
+
+// checkDocSidecar runs cmd, a block that starts a sidecar serving
+// ./ticketing.sock in cmd.Dir, and passes once the sidecar's INFO names a
+// leader: it reached the example cluster with the flags the document
+// gives. A sidecar that cannot (a missing --cluster-id, secret or CA)
+// serves its socket all the same, with leader=- in INFO.
+func checkDocSidecar(t *testing.T, e docExample, cmd *exec.Cmd, sh string) {
+	t.Helper()
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	// Its own process group, so that stopping it stops the sidecar bash
+	// started, not only bash.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	sock := filepath.Join(cmd.Dir, "ticketing.sock")
+	info := ""
+	defer func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(15 * time.Second):
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-exited
+		}
+		// Gone with its sidecar, so that later blocks find no stale socket.
+		os.Remove(sock)
+	}()
+	for until := time.Now().Add(30 * time.Second); time.Now().Before(until); time.Sleep(200 * time.Millisecond) {
+		select {
+		case err := <-exited:
+			exited <- err
+			t.Fatalf("%s: the sidecar exited: %v\n--- script\n%s\n--- output\n%s", e, err, sh, out.String())
+		default:
+		}
+		info = sidecarInfo(sock)
+		if strings.HasPrefix(info, "INFO ") && !strings.Contains(info, " leader=- ") && strings.Contains(info, " leader=") {
+			return
+		}
+	}
+	t.Fatalf("%s: the sidecar never reached the cluster's leader within 30 s (last INFO %q)\n--- script\n%s\n--- output\n%s",
+		e, info, sh, out.String())
+}
+
+// sidecarInfo asks the sidecar at sock for its INFO line ("" when it does
+// not answer).
+func sidecarInfo(sock string) string {
+	conn, err := net.DialTimeout("unix", sock, 2*time.Second)
+	if err != nil {
+		return ""
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(conn, "INFO\n"); err != nil {
+		return ""
+	}
+	line, _ := bufio.NewReader(conn).ReadString('\n')
+	return strings.TrimSpace(line)
 }
 
 // docHolder holds a key on a connection of its own to a sidecar (a

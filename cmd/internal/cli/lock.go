@@ -88,11 +88,11 @@ type clientFlags struct {
 }
 
 func (c *clientFlags) register(fs *flag.FlagSet, withLock bool) {
-	fs.StringVar(&c.socket, "socket", defaultSocket(), "the sidecar's unix socket (default $TICKETING_SOCKET, else ./ticketing.sock)")
+	fs.StringVar(&c.socket, "socket", defaultSocket(), "the sidecar's unix socket: $TICKETING_SOCKET when set, else ./ticketing.sock")
 	if withLock {
 		fs.IntVar(&c.lease, "lease", 60, "lease in whole seconds (1..250): the server takes the lock back after it")
 		fs.Float64Var(&c.wait, "wait", 30, "seconds to wait for the turn, millisecond precision (0 = one immediate try, at most 300)")
-		fs.StringVar(&c.label, "label", "", "an owner `label` for the lock (a job name, a request id: 1..64 bytes of visible ASCII, no spaces), shown by `ticketing inspect`, the sidecar's HELD and log; needs protocol version 8 on every node")
+		fs.StringVar(&c.label, "label", "", "an owner `label` for the lock (a job name, a request id: 1..64 bytes of visible ASCII, no spaces), shown by `ticketing inspect`, the sidecar's HELD and log; needs every node at cluster protocol version 8 (ticketing status --json: cluster_version)")
 	}
 }
 
@@ -115,9 +115,22 @@ func (c *clientFlags) check() string {
 		return fmt.Sprintf("--wait %s: want seconds 0..300 with at most 3 decimals",
 			strconv.FormatFloat(c.wait, 'f', -1, 64))
 	}
-	if l := c.label; l != "" && (len(l) > ticketing.MaxLabelLen || l == "-" ||
-		strings.IndexFunc(l, func(r rune) bool { return r < 0x21 || r > 0x7e }) >= 0) {
-		return fmt.Sprintf("--label %q: want 1..%d bytes of visible ASCII (no spaces), not \"-\"", l, ticketing.MaxLabelLen)
+	return labelProblem(c.label)
+}
+
+// labelProblem says what is wrong with --label l ("" when it is fine or
+// not given), naming the rule it breaks: a message listing every rule
+// ("..., not \"-\"") read as if the label given had been "-".
+func labelProblem(l string) string {
+	switch {
+	case l == "":
+		return ""
+	case l == "-":
+		return `--label "-": "-" alone stands for "no label" in HELD and the logs; choose another label`
+	case len(l) > ticketing.MaxLabelLen:
+		return fmt.Sprintf("--label %q: %d bytes; want at most %d", l, len(l), ticketing.MaxLabelLen)
+	case strings.IndexFunc(l, func(r rune) bool { return r < 0x21 || r > 0x7e }) >= 0:
+		return fmt.Sprintf("--label %q: want visible ASCII only (0x21..0x7E: no spaces, no other characters)", l)
 	}
 	return ""
 }
@@ -275,6 +288,11 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&verbose, "verbose", false, "say on stderr when the request is queued behind a holder (it waits for its turn)")
 	if code, ok := fs.parse(args); !ok {
 		return code
+	}
+	if flagsEndedAtDashes(fs.FlagSet, args) && !slices.Contains(fs.Args(), "--") {
+		// "lock [flags] -- sleep 20": the "--" was meant to end the keys,
+		// and without this the command's name would be taken for the KEY.
+		return fs.bad("no KEY before %q: want KEY [KEY...] -- COMMAND (for a KEY that starts with \"-\": -- KEY -- COMMAND)", "--")
 	}
 	keys, argv := lockArgs(fs.Args())
 	switch {
@@ -434,6 +452,25 @@ func extendOnce(lk *ticketing.Lock, lease time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	return lk.Extend(ctx, lease)
+}
+
+// flagsEndedAtDashes reports whether parsing args with fs stopped at a
+// "--" that ended the flags (not one that was a flag's value).
+func flagsEndedAtDashes(fs *flag.FlagSet, args []string) bool {
+	i := len(args) - len(fs.Args()) - 1 // the last argument the flags took
+	if i < 0 || args[i] != "--" {
+		return false
+	}
+	if i == 0 {
+		return true
+	}
+	name, hasValue := strings.TrimLeft(args[i-1], "-"), strings.Contains(args[i-1], "=")
+	f := fs.Lookup(name)
+	if !strings.HasPrefix(args[i-1], "-") || hasValue || f == nil {
+		return true
+	}
+	b, ok := f.Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag() // else "--" was the value of the flag before it
 }
 
 // lockArgs splits lock's arguments into its keys and the command. "K --

@@ -294,3 +294,41 @@ func TestClientExitCodes(t *testing.T) {
 		}
 	}
 }
+
+// "lock [flags] -- sleep 20" names no KEY: the "--" ends the flags, and
+// the command's name was taken for the KEY ("sleep" locked, "20" run:
+// exit 78, exec: "20" not found). It is a usage error that says so; a
+// "--" that is a flag's value, or a second "--" after the KEYs, keeps
+// its meaning.
+func TestLockNoKeyBeforeDashes(t *testing.T) {
+	none := filepath.Join(t.TempDir(), "none.sock")
+	code, out, errs := runMain("lock", "--socket", none, "--lease", "5", "--", "sleep", "20")
+	if code != ExitLockUsage || out != "" || !strings.HasPrefix(errs, `ticketing lock: no KEY before "--"`) || !strings.Contains(errs, "\nusage: ") {
+		t.Errorf("lock -- sleep 20: exit %d, stdout %q, stderr %q; want 64, no KEY before \"--\", then the usage", code, out, errs)
+	}
+	for _, args := range [][]string{
+		{"lock", "--socket", none, "--", "-k", "--", "true"},     // a KEY that starts with "-"
+		{"lock", "--socket", none, "--label", "--", "k", "true"}, // "--" is the label
+		{"lock", "--socket", none, "--verbose", "k", "--", "true"},
+	} {
+		if code, _, errs := runMain(args...); code != ExitUnavailable {
+			t.Errorf("%q: exit %d, stderr %q; want 69 (the arguments are fine, no sidecar)", args, code, errs)
+		}
+	}
+}
+
+// A bad --label is refused naming the rule it breaks (the message once
+// listed every rule, ending in `not "-"`, whatever the label was).
+func TestLockLabelMessages(t *testing.T) {
+	for _, tc := range []struct{ label, why string }{
+		{"-", `--label "-": "-" alone stands for "no label"`},
+		{"a b", `--label "a b": want visible ASCII only`},
+		{"é", `--label "é": want visible ASCII only`},
+		{strings.Repeat("l", 65), "65 bytes; want at most 64"},
+	} {
+		code, _, errs := runMain("lock", "--label", tc.label, "k", "--", "true")
+		if code != ExitLockUsage || !strings.Contains(errs, tc.why) || strings.Contains(errs, `not "-"`) {
+			t.Errorf("--label %q: exit %d, stderr %q; want 64 and %q", tc.label, code, errs, tc.why)
+		}
+	}
+}

@@ -73,7 +73,7 @@ func RunSidecar(ctx context.Context, args []string, stdout, stderr io.Writer, o 
 		logs                         logFlags
 	)
 	fset.StringVar(&addrs, "cluster", "", "the cluster nodes' client addresses: HOST:PORT,HOST:PORT,HOST:PORT")
-	fset.StringVar(&ucfg.Path, "socket", defaultSocket(), "unix socket to serve (default $TICKETING_SOCKET, else ./ticketing.sock)")
+	fset.StringVar(&ucfg.Path, "socket", defaultSocket(), "unix socket to serve: $TICKETING_SOCKET when set, else ./ticketing.sock")
 	fset.StringVar(&secretFile, "secret-file", "", "file holding the cluster's client secret (mode 600)")
 	fset.StringVar(&clusterID, "cluster-id", "", "cluster id the nodes present (as their --cluster-id)")
 	fset.StringVar(&bcfgDomain, "domain", "", "the fencing domain the nodes must belong to (INFO's domain=); default: hold to the first one a node names")

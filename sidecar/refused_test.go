@@ -1,0 +1,97 @@
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"ticketing/cluster/testkit"
+	"ticketing/cluster/wire"
+)
+
+// logRecords is a slog handler that keeps every record (the tests read
+// what the broker logged).
+type logRecords struct {
+	mu   sync.Mutex
+	recs []slog.Record
+}
+
+func (h *logRecords) Enabled(context.Context, slog.Level) bool { return true }
+func (h *logRecords) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.recs = append(h.recs, r.Clone())
+	return nil
+}
+func (h *logRecords) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *logRecords) WithGroup(string) slog.Handler      { return h }
+
+// count returns how many records of level have message msg, per "addr"
+// attribute, and calls each on every such record's "err".
+func (h *logRecords) count(level slog.Level, msg string, each func(error)) map[string]int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := map[string]int{}
+	for _, r := range h.recs {
+		if r.Level != level || r.Message != msg {
+			continue
+		}
+		r.Attrs(func(a slog.Attr) bool {
+			switch a.Key {
+			case "addr":
+				n[a.Value.String()]++
+			case "err":
+				if err, ok := a.Value.Any().(error); ok && each != nil {
+					each(err)
+				}
+			}
+			return true
+		})
+	}
+	return n
+}
+
+const refusedMsg = "a node refused the connection: check --cluster-id, the secret and --tls-ca against the nodes' (retrying; further failures at debug level)"
+
+// A sidecar whose settings the nodes refuse (here another cluster id, as
+// `ticketing sidecar` without --cluster-id against nodes of cluster
+// "prod") says so at warn level, once per node until it connects, while
+// its retries stay at debug level. It used to log them at debug level
+// only: the sidecar served its socket with INFO leader=- and said nothing.
+func TestBrokerWarnsOnceWhenNodesRefuseIt(t *testing.T) {
+	c := startCluster(t)
+	h := &logRecords{}
+	newBrokerAddrs(t, c, c.ClientAddrs(), func(cfg *Config) {
+		cfg.ClusterID = "not-" + c.ClusterID
+		cfg.Logger = slog.New(h)
+	})
+	testkit.WaitFor(t, "a few retries to every node", 30*time.Second, func() bool {
+		retries := h.count(slog.LevelDebug, "connect failed", nil)
+		for _, a := range c.ClientAddrs() {
+			if retries[a] < 2 {
+				return false
+			}
+		}
+		return true
+	})
+	warns := h.count(slog.LevelWarn, refusedMsg, func(err error) {
+		if !errors.Is(err, wire.ErrWrongCluster) {
+			t.Errorf("warning's err = %v; want one wrapping wire.ErrWrongCluster", err)
+		}
+	})
+	for _, a := range c.ClientAddrs() {
+		if warns[a] != 1 {
+			t.Errorf("%s: %d refusal warnings; want 1 (then debug until it connects): %v", a, warns[a], warns)
+		}
+	}
+
+	// With the nodes' settings, no such warning.
+	ok := &logRecords{}
+	newBroker(t, c, func(cfg *Config) { cfg.Logger = slog.New(ok) })
+	if n := ok.count(slog.LevelWarn, refusedMsg, nil); len(n) != 0 {
+		t.Errorf("a broker with the right settings warned of refusals: %v", n)
+	}
+}
