@@ -451,8 +451,8 @@ func (o *acqOp) onTimer(gen uint32) {
 		b.endLocked(o, &fx)
 	case stPending:
 		b.sc.unqueue(o)
-		o.answerLocked(Lock{}, fmt.Errorf("%w: not sent within %v (no serving leader known and connected, or the in-flight budget to it stayed full); nothing written",
-			ErrUnavailable, max(o.wait, b.cfg.LeaderWait)), &fx)
+		o.answerLocked(Lock{}, b.unavailableWhy(fmt.Errorf("%w: not sent within %v (no serving leader known and connected, or the in-flight budget to it stayed full); nothing written",
+			ErrUnavailable, max(o.wait, b.cfg.LeaderWait))), &fx)
 		b.endLocked(o, &fx)
 	case stSent, stQueued:
 		if !o.answered {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"ticketing/cluster/client"
@@ -104,6 +105,13 @@ type Broker struct {
 	// (under qmu): after a resume, the queued ones are re-pointed to the
 	// new connection (resumedOps).
 	sessOps map[*acqOp]struct{}
+
+	// refusal is the last dial a node refused for this sidecar's settings
+	// (refused), nil since a dial succeeded: an acquire given up as
+	// unavailable names it, so that the caller learns why no leader
+	// serves without reading the sidecar's log. Atomic: written by the
+	// slots' keepers, read under qmu, which must not take mu.
+	refusal atomic.Pointer[refusalNote]
 
 	closing  chan struct{}
 	slotWG   sync.WaitGroup
@@ -291,6 +299,7 @@ func (b *Broker) keep(s *slot) {
 		cancel()
 		if err == nil {
 			backoff, warned = b.cfg.BackoffMin, false
+			b.refusal.Store(nil)
 			if b.up(s, conn) {
 				for {
 					b.watch(s, conn)
@@ -307,6 +316,9 @@ func (b *Broker) keep(s *slot) {
 			b.down(s, conn)
 		} else {
 			b.metrics.dialFailures.Inc()
+			if refused(err) {
+				b.refusal.Store(&refusalNote{addr: s.addr, err: err})
+			}
 			if refused(err) && !warned {
 				// Retrying will not help until someone fixes a setting,
 				// and the sidecar serves its socket all the same (INFO
@@ -329,6 +341,21 @@ func (b *Broker) keep(s *slot) {
 			backoff = min(2*backoff, b.cfg.BackoffMax)
 		}
 	}
+}
+
+// refusalNote is a node's refusal of this sidecar's settings.
+type refusalNote struct {
+	addr string
+	err  error
+}
+
+// unavailableWhy adds to err (an acquire given up as unavailable) the
+// last refusal since a dial succeeded, wrapped as ErrRefused.
+func (b *Broker) unavailableWhy(err error) error {
+	if r := b.refusal.Load(); r != nil {
+		return fmt.Errorf("%w; %w (%s: %v): check --cluster-id, the secret and --tls-ca against the nodes'", err, ErrRefused, r.addr, r.err)
+	}
+	return err
 }
 
 // refused reports whether a failed dial was the node (or its TLS

@@ -26,6 +26,12 @@ var (
 	// an address: it lost its quorum, or an election is under way; not
 	// executed, and not resent). Definite either way.
 	ErrUnavailable = errors.New("sidecar: cluster unavailable")
+	// ErrRefused is wrapped beside ErrUnavailable when the nodes refused
+	// this sidecar's settings (another cluster id, a wrong secret, no
+	// common version, an unexpected node, a certificate the CA does not
+	// verify) since it last connected: retrying will not help until a
+	// setting is fixed. The message names the node and its refusal.
+	ErrRefused = errors.New("sidecar: the nodes refuse this sidecar's settings")
 	// ErrMoved: the node that got the request was not the leader (or was
 	// handing its leadership over) and did not execute it. Definite. The
 	// broker remembers the leader it named and sends later requests there;

@@ -64,7 +64,7 @@ const refusedMsg = "a node refused the connection: check --cluster-id, the secre
 func TestBrokerWarnsOnceWhenNodesRefuseIt(t *testing.T) {
 	c := startCluster(t)
 	h := &logRecords{}
-	newBrokerAddrs(t, c, c.ClientAddrs(), func(cfg *Config) {
+	b := newBrokerAddrs(t, c, c.ClientAddrs(), func(cfg *Config) {
 		cfg.ClusterID = "not-" + c.ClusterID
 		cfg.Logger = slog.New(h)
 	})
@@ -88,10 +88,28 @@ func TestBrokerWarnsOnceWhenNodesRefuseIt(t *testing.T) {
 		}
 	}
 
+	// An acquire given up for want of a leader says why: the caller,
+	// who does not read the sidecar's log, learns that a setting is
+	// wrong, not only that the cluster is unavailable.
+	_, err := b.Acquire(context.Background(), "k", "w0", 10*time.Second, 0)
+	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, ErrRefused) {
+		t.Errorf("acquire through a refused sidecar: %v; want ErrUnavailable wrapping ErrRefused", err)
+	}
+
 	// With the nodes' settings, no such warning.
 	ok := &logRecords{}
-	newBroker(t, c, func(cfg *Config) { cfg.Logger = slog.New(ok) })
+	good := newBroker(t, c, func(cfg *Config) { cfg.Logger = slog.New(ok) })
 	if n := ok.count(slog.LevelWarn, refusedMsg, nil); len(n) != 0 {
 		t.Errorf("a broker with the right settings warned of refusals: %v", n)
+	}
+	// Nor does its unavailable name a refusal: with every node stopped,
+	// an acquire is given up for want of a leader, not of settings.
+	for i := range c.ClientAddrs() {
+		if err := c.Stop(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := good.Acquire(context.Background(), "k", "w0", 10*time.Second, 0); !errors.Is(err, ErrUnavailable) || errors.Is(err, ErrRefused) {
+		t.Errorf("acquire with every node down: %v; want ErrUnavailable without ErrRefused", err)
 	}
 }
