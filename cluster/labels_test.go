@@ -2,6 +2,8 @@ package cluster_test
 
 import (
 	"errors"
+	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
@@ -114,5 +116,107 @@ func TestLabelsNeedVersion8(t *testing.T) {
 	}
 	if h, ok := c.holderOn(li, "k2"); ok {
 		t.Fatalf("k2 held: %+v", h)
+	}
+}
+
+// Owner labels live in the snapshot (locksm snapshot version 5), not only
+// in the log: a follower restarted from a snapshot of its own, and a
+// follower that fell behind the others' compacted logs and is brought back
+// by InstallSnapshot, each show the holder's label and the waiter's in
+// inspect, as the leader does.
+func TestLabelsSurviveSnapshotRestore(t *testing.T) {
+	c := startClusterOpts(t, local.Options{Tune: func(cfg *cluster.Config) { cfg.TrailingLogs = 8 }})
+	li := c.leader()
+	testkit.WaitFor(t, "cluster version 8", 15*time.Second, func() bool {
+		return c.Node(li).ClusterVersion() >= wire.VersionLabels
+	})
+	conn := c.dial(li)
+	a := acquireMsg("k", "owner-a", 200, 0)
+	a.Label = "job-1"
+	tok := mustGrant(t, do(t, conn, a))
+	w := acquireMsg("k", "owner-b", 200, 200*time.Second)
+	w.Label = "req/42"
+	waiter, err := c.dial(li).Start(w) // stays queued for the whole test
+	if err != nil {
+		t.Fatal(err)
+	}
+	labelsOn := func(when string, i int) {
+		t.Helper()
+		var kr wire.KeyReport
+		ok := testkit.Eventually(20*time.Second, func() bool {
+			kr, err = c.Node(i).Inspect("k")
+			return err == nil && kr.Holder != nil && kr.Holder.Token == tok && len(kr.Queue) == 1
+		})
+		if !ok || kr.Holder.Label != "job-1" || kr.Queue[0].Owner != "owner-b" || kr.Queue[0].Label != "req/42" {
+			t.Fatalf("%s: node %d: inspect %v holder %+v queue %+v", when, i, err, kr.Holder, kr.Queue)
+		}
+	}
+	for i := range c.Size() {
+		labelsOn("before any snapshot", i)
+	}
+	snapshotIndex := func(i int) uint64 {
+		n, _ := strconv.ParseUint(c.Node(i).Raft().Stats()["last_snapshot_index"], 10, 64)
+		return n
+	}
+
+	// A follower snapshots (the labelled acquire and the waiter are in it)
+	// and restarts: its state comes from the snapshot, the log after it
+	// holds neither.
+	fi := follower(c, li)
+	acquired := c.Node(fi).Raft().AppliedIndex()
+	if err := c.Node(fi).Raft().Snapshot().Error(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Stop(fi); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Restart(fi); err != nil {
+		t.Fatal(err)
+	}
+	if si := snapshotIndex(fi); si < acquired {
+		t.Fatalf("restarted follower's snapshot index %d, before the labelled acquire's applied index %d", si, acquired)
+	}
+	labelsOn("a follower restarted from its snapshot", fi)
+
+	// The other follower stops; the leader grants on and compacts its log
+	// past the follower's last entry, so the follower can only catch up
+	// by InstallSnapshot.
+	fo := (fi + 1) % c.Size()
+	if fo == li {
+		fo = (fo + 1) % c.Size()
+	}
+	if err := c.Stop(fo); err != nil {
+		t.Fatal(err)
+	}
+	behind := c.Node(li).Raft().LastIndex()
+	lc := c.client()
+	defer lc.close()
+	var last uint64
+	for i := 0; i < 30; i++ {
+		last = mustGrant(t, lc.do(acquireMsg(fmt.Sprintf("fill/%d", i), "o", 200, 0)))
+	}
+	for _, i := range []int{li, fi} {
+		testkit.WaitFor(t, "the running nodes applied every grant", 10*time.Second, func() bool {
+			return c.Node(i).LastToken() == last
+		})
+		if err := c.Node(i).Raft().Snapshot().Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if first, err := cluster.LogFirstIndex(c.Node(li)); err != nil || first <= behind {
+		t.Fatalf("the leader's first log index %d (%v), want above the stopped follower's %d", first, err, behind)
+	}
+	if err := c.Restart(fo); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, "the follower restored from an installed snapshot", 20*time.Second, func() bool {
+		return c.Node(fo).LastToken() == last && snapshotIndex(fo) > behind
+	})
+	labelsOn("a follower restored by InstallSnapshot", fo)
+	labelsOn("the leader", li)
+	select {
+	case <-waiter.Done:
+		t.Fatalf("the waiter was answered: %v %s", waiter.Err, describe(waiter.Reply))
+	default:
 	}
 }

@@ -698,8 +698,33 @@ func releaseOutcome(r string) error {
 	return outcome("RELEASE", r)
 }
 
-// Held returns the locks this connection holds, key to token.
+// Held returns the locks this connection holds, key to token (each key of
+// a block maps to the block's token). HeldLocks also gives their labels.
 func (c *Client) Held(ctx context.Context) (map[string]uint64, error) {
+	hl, err := c.HeldLocks(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]uint64, len(hl))
+	for _, h := range hl {
+		out[h.Key] = h.Token
+	}
+	return out, nil
+}
+
+// HeldLock is one entry of HELD: a key this connection holds, its token,
+// and its owner label ("" for none, or when the sidecar speaks a version
+// before 5, which has no labels).
+type HeldLock struct {
+	Key   string
+	Token uint64
+	Label string
+}
+
+// HeldLocks returns the locks this connection holds as HELD lists them:
+// sorted by key, one entry per key (a block's keys share its token and
+// label), each with its label on a version-5 connection.
+func (c *Client) HeldLocks(ctx context.Context) ([]HeldLock, error) {
 	cn, err := c.conn(ctx)
 	if err != nil {
 		return nil, err
@@ -708,28 +733,41 @@ func (c *Client) Held(ctx context.Context) (map[string]uint64, error) {
 	if err != nil {
 		return nil, err
 	}
+	return parseHeld(r, cn.labelled.Load())
+}
+
+// parseHeld reads "HELD <n> [<key>:<token> ...]", or, when labelled
+// (version 5), "HELD <n> [<key>:<token> <label or -> ...]".
+func parseHeld(r string, labelled bool) ([]HeldLock, error) {
 	f := strings.Fields(r)
 	if len(f) < 2 || f[0] != "HELD" {
 		return nil, outcome("HELD", r)
 	}
 	per := 1
-	if cn.labelled.Load() {
+	if labelled {
 		per = 2 // version 5: each lock is key:token and its label ("-": none)
 	}
 	n, err := strconv.Atoi(f[1])
-	if err != nil || n*per != len(f)-2 {
+	if err != nil || n < 0 || n*per != len(f)-2 {
 		return nil, unexpected("HELD", r)
 	}
-	out := make(map[string]uint64, n)
+	out := make([]HeldLock, 0, n)
 	for j := 2; j < len(f); j += per {
 		kt := f[j]
 		// Keys may contain ':'; the token follows the last one.
 		i := strings.LastIndexByte(kt, ':')
-		t, err := strconv.ParseUint(kt[i+1:], 10, 64)
-		if i <= 0 || err != nil {
+		if i <= 0 {
 			return nil, unexpected("HELD", r)
 		}
-		out[kt[:i]] = t
+		t, err := strconv.ParseUint(kt[i+1:], 10, 64)
+		if err != nil {
+			return nil, unexpected("HELD", r)
+		}
+		h := HeldLock{Key: kt[:i], Token: t}
+		if labelled && f[j+1] != "-" {
+			h.Label = f[j+1]
+		}
+		out = append(out, h)
 	}
 	return out, nil
 }

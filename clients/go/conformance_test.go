@@ -235,8 +235,10 @@ type result struct {
 	code  string
 	raw   string
 	held  map[string]uint64
-	dur   time.Duration
-	err   error
+	// labels is, when the held step names labels, HeldLocks' entries.
+	labels []ticketing.HeldLock
+	dur    time.Duration
+	err    error
 }
 
 // hangGuard bounds a wait only so that a broken library fails instead of
@@ -457,6 +459,9 @@ func (r *runner) step(i int, st map[string]json.RawMessage) {
 	}
 	c := r.conn(str(st, "conn"))
 	var opts []ticketing.AcquireOption
+	if _, ok := st["label"]; ok {
+		opts = append(opts, ticketing.WithLabel(str(st, "label")))
+	}
 	do := func() result {
 		start := time.Now()
 		res := r.call(c, op, st, opts...)
@@ -520,7 +525,13 @@ func (r *runner) call(c *ticketing.Client, op string, st map[string]json.RawMess
 	case "held":
 		var h map[string]uint64
 		if h, err = c.Held(ctx); err == nil {
-			return result{kind: "held", held: h}
+			res := result{kind: "held", held: h}
+			if st["labels"] != nil {
+				if res.labels, err = c.HeldLocks(ctx); err != nil {
+					return result{kind: "failed", err: fmt.Errorf("HeldLocks after Held: %w", err)}
+				}
+			}
+			return res
 		}
 	case "acquire":
 		lease, ok1 := seconds(st, "lease")
@@ -774,6 +785,16 @@ func (r *runner) check(where string, st map[string]json.RawMessage, res result) 
 			t.Fatalf("%s: token %d not above %s=%d", where, res.token, v, r.tok(v))
 		}
 	}
+	if st["lock_label"] != nil {
+		var want *string
+		field(st, "lock_label", &want)
+		if res.lock == nil {
+			t.Fatalf("%s: lock_label on a step that made no lock", where)
+		}
+		if got := res.lock.Label(); got != deref(want) {
+			t.Fatalf("%s: Lock.Label() = %q, want %q", where, got, deref(want))
+		}
+	}
 	if name := str(st, "save"); name != "" {
 		r.mu.Lock()
 		r.tokens[name] = res.token
@@ -803,7 +824,41 @@ func (r *runner) check(where string, st map[string]json.RawMessage, res result) 
 				t.Fatalf("%s: %s held under %d, want %s=%d", where, k, tok, v, r.tok(v))
 			}
 		}
+		if st["labels"] != nil {
+			r.checkLabels(where, st, res)
+		}
 	}
+}
+
+// checkLabels checks a held step's labels (key name to label, null for
+// none) against HeldLocks, which must list exactly what Held did.
+func (r *runner) checkLabels(where string, st map[string]json.RawMessage, res result) {
+	t := r.t
+	var want map[string]*string
+	field(st, "labels", &want)
+	got := map[string]string{}
+	for _, h := range res.labels {
+		if tok, ok := res.held[h.Key]; !ok || tok != h.Token {
+			t.Fatalf("%s: HeldLocks %v does not match Held %v", where, res.labels, res.held)
+		}
+		got[h.Key] = h.Label
+	}
+	if len(got) != len(res.held) || len(res.labels) != len(res.held) {
+		t.Fatalf("%s: HeldLocks %v does not match Held %v", where, res.labels, res.held)
+	}
+	for k, w := range want {
+		if l, ok := got[r.key(k)]; !ok || l != deref(w) {
+			t.Fatalf("%s: %s's label %q (held %v), want %q", where, k, l, ok, deref(w))
+		}
+	}
+}
+
+// deref is *s, "" for nil (a JSON null: no label).
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }
 
 // checkInfo checks an info step: the parsed Info is plausible; each field

@@ -405,7 +405,7 @@ func FuzzReadLoop(f *testing.F) {
 			replies = append(replies, strings.TrimSuffix(ln, "\r"))
 		}
 		c, fe := pipeClient(t, "")
-		l := newLock(c.cur, []string{"k"}, 7, 250*time.Second, time.Now())
+		l := newLock(c.cur, []string{"k"}, 7, "", 250*time.Second, time.Now())
 		c.cur.register(l)
 		calls := make([]*call, len(replies))
 		for i := range calls {

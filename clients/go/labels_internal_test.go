@@ -29,6 +29,38 @@ func TestWithLabelVersion4Sidecar(t *testing.T) {
 	if err := <-ch; err != nil {
 		t.Fatal(err)
 	}
+	ch = async(func() error {
+		hl, err := c.HeldLocks(context.Background())
+		if err == nil && (len(hl) != 1 || hl[0] != HeldLock{Key: "a:b", Token: 7}) {
+			err = fmt.Errorf("held locks %v", hl)
+		}
+		return err
+	})
+	if r := f.req(); r != "HELD" {
+		t.Fatalf("request %q", r)
+	}
+	f.write("HELD 1 a:b:7")
+	if err := <-ch; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// parseHeld reads both forms of HELD: labels ("-" is none) on version 5,
+// none before; a count that does not match the fields is unexpected.
+func TestParseHeldLabelled(t *testing.T) {
+	hl, err := parseHeld("HELD 2 a:b:7 job-1 c:9 -", true)
+	if err != nil || fmt.Sprint(hl) != fmt.Sprint([]HeldLock{{"a:b", 7, "job-1"}, {"c", 9, ""}}) {
+		t.Fatalf("version 5: %v %v", hl, err)
+	}
+	hl, err = parseHeld("HELD 1 a:7", false)
+	if err != nil || fmt.Sprint(hl) != fmt.Sprint([]HeldLock{{"a", 7, ""}}) {
+		t.Fatalf("version 4: %v %v", hl, err)
+	}
+	for _, r := range []string{"HELD 1 a:7", "HELD 2 a:7 x", "HELD 1 :7 x", "HELD -1"} {
+		if _, err := parseHeld(r, true); err == nil {
+			t.Fatalf("%q accepted", r)
+		}
+	}
 }
 
 // A LOST line of version 5 carries the label before the keys; parseLost

@@ -86,6 +86,7 @@ type Lock struct {
 	cn     *conn // the connection (session) that holds it
 	keys   []string
 	token  uint64
+	label  string // the owner label it was acquired with ("": none)
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
@@ -99,11 +100,12 @@ type Lock struct {
 // Block is the name AcquireBlock's callers know a block's Lock by.
 type Block = Lock
 
-// newLock is the Lock of a grant of keys under token, whose ACQUIRE was
-// sent at sent for lease. The caller registers it with the Client.
-func newLock(cn *conn, keys []string, token uint64, lease time.Duration, sent time.Time) *Lock {
+// newLock is the Lock of a grant of keys under token and label, whose
+// ACQUIRE was sent at sent for lease. The caller registers it with the
+// Client.
+func newLock(cn *conn, keys []string, token uint64, label string, lease time.Duration, sent time.Time) *Lock {
 	c := cn.c
-	l := &Lock{c: c, cn: cn, keys: keys, token: token, deadline: sent.Add(lease - Margin(lease))}
+	l := &Lock{c: c, cn: cn, keys: keys, token: token, label: label, deadline: sent.Add(lease - Margin(lease))}
 	l.ctx, l.cancel = context.WithCancelCause(context.Background())
 	l.mu.Lock()
 	defer l.mu.Unlock() // the timer's callback waits for l.timer to be set
@@ -120,6 +122,11 @@ func (l *Lock) Keys() []string { return append([]string(nil), l.keys...) }
 
 // Key is the lock's first key, the one Release and Extend name.
 func (l *Lock) Key() string { return l.keys[0] }
+
+// Label is the owner label the lock was acquired with (WithLabel), "" for
+// none. It is fixed at the grant: the cluster keeps the label the ACQUIRE
+// carried, and HELD and "! LOST" repeat that same label.
+func (l *Lock) Label() string { return l.label }
 
 // Domain is the fencing domain of the lock's token: INFO's domain field
 // on the connection that took the lock (see Client.Domain). Fence the
@@ -322,7 +329,7 @@ func (cn *conn) lockKeys(ctx context.Context, keys []string, lease, wait time.Du
 	sent := cn.c.clock()
 	onReply := func(reply string) {
 		if tok, ok := grantToken(reply); ok {
-			l = newLock(cn, keys, tok, lease, sent)
+			l = newLock(cn, keys, tok, o.label, lease, sent)
 			cn.register(l)
 		}
 	}

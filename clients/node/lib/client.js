@@ -526,8 +526,8 @@ class Client {
   }
 
   /**
-   * Acquire `key` and resolve with a {@link Lock}: its `token`, `keys`, a
-   * `signal` (AbortSignal) aborted when the lock is lost, `lostReason`,
+   * Acquire `key` and resolve with a {@link Lock}: its `token`, `keys`,
+   * `label` (the `label` option, or null), a `signal` (AbortSignal) aborted when the lock is lost, `lostReason`,
    * `remaining()` (seconds), `extend(lease)` and `release()`.
    *
    * The lock is valid until the ACQUIRE's send time + lease − margin
@@ -536,7 +536,7 @@ class Client {
    * the connection ends, whichever is first. Rejects as `acquire` does.
    *
    * @param {string} key 1..255 characters in 0x21..0x7E
-   * @param {{lease?: number, wait?: number, onQueued?: QueuedHook|null}} [options] as for `acquire`
+   * @param {{lease?: number, wait?: number, onQueued?: QueuedHook|null, label?: string|null}} [options] as for `acquire`
    * @returns {Promise<Lock>}
    */
   async lock(key, { lease = 30, wait = 5, onQueued = null, label = null } = {}) {
@@ -545,7 +545,7 @@ class Client {
     const queued = this.#queued([key], onQueued);
     const conn = this.#connection();
     if (field) await this.#needLabels(conn);
-    return this.#lock(conn, line + field, waitSeconds, [key], lease, queued);
+    return this.#lock(conn, line + field, waitSeconds, [key], lease, queued, p.checkLabel(label));
   }
 
   /**
@@ -554,7 +554,7 @@ class Client {
    * one. Rejects as `acquireBlock` does.
    *
    * @param {string[]} keys 1..16 distinct keys
-   * @param {{lease?: number, wait?: number, onQueued?: QueuedHook|null}} [options] as for `acquire`
+   * @param {{lease?: number, wait?: number, onQueued?: QueuedHook|null, label?: string|null}} [options] as for `acquire`
    * @returns {Promise<Lock>}
    */
   async lockBlock(keys, { lease = 30, wait = 5, onQueued = null, label = null } = {}) {
@@ -564,7 +564,7 @@ class Client {
     const conn = this.#connection();
     if (ks.length > 1) await this.#needBlocks(conn);
     if (field) await this.#needLabels(conn);
-    return this.#lock(conn, line + field, waitSeconds, ks, lease, queued);
+    return this.#lock(conn, line + field, waitSeconds, ks, lease, queued, p.checkLabel(label));
   }
 
   /**
@@ -575,14 +575,15 @@ class Client {
    * @param {string[]} keys
    * @param {number} lease
    * @param {{keys: string[], hook: QueuedHook}|null} queued
+   * @param {string} label the owner label ('' for none)
    */
-  async #lock(conn, line, waitSeconds, keys, lease, queued) {
+  async #lock(conn, line, waitSeconds, keys, lease, queued, label) {
     // The lease counts from the grant, which comes after this: the send time
     // is the conservative start.
     const sentAt = performance.now();
     const token = p.parseAcquire(await this.#call(line, waitSeconds, (reply) => this.#releaseLateGrant(keys[0], reply), conn, queued));
     return new Lock({
-      call: (l, bound) => this.#call(l, bound, null, conn), conn, keys, token, lease, sentAt,
+      call: (l, bound) => this.#call(l, bound, null, conn), conn, keys, token, lease, sentAt, label,
     });
   }
 
@@ -718,9 +719,22 @@ class Client {
     return domain;
   }
 
-  /** Locks held by this connection. @returns {Promise<{key: string, token: bigint}[]>} */
+  /**
+   * Locks held by this connection, sorted by key (a block has one entry per
+   * key). `heldLocks` also gives their owner labels.
+   * @returns {Promise<{key: string, token: bigint}[]>}
+   */
   async held() {
     return p.parseHeld(await this.#call('HELD', 0));
+  }
+
+  /**
+   * Locks held by this connection with their owner labels, as `held` lists
+   * them: `label` is null for none, and from a sidecar before version 5.
+   * @returns {Promise<{key: string, token: bigint, label: string|null}[]>}
+   */
+  async heldLocks() {
+    return p.parseHeldLocks(await this.#call('HELD', 0));
   }
 
   /**

@@ -60,6 +60,8 @@ class Lock {
   /** @type {string|null} */
   #lostReason = null;
   #released = false;
+  /** @type {string|null} */
+  #label = null;
   /** Counted in the connection's `holding` (keeps the process alive). */
   #holding = false;
 
@@ -72,13 +74,15 @@ class Lock {
    * @param {bigint} o.token
    * @param {number} o.lease seconds
    * @param {number} o.sentAt performance.now() when the ACQUIRE was written
+   * @param {string} [o.label] the owner label of the ACQUIRE ('' or absent: none)
    * @private
    */
-  constructor({ call, conn, keys, token, lease, sentAt }) {
+  constructor({ call, conn, keys, token, lease, sentAt, label = '' }) {
     this.#call = call;
     this.#conn = conn;
     this.#keys = Object.freeze([...keys]);
     this.#token = token;
+    this.#label = label || null;
     this.#deadline = validUntil(sentAt, lease);
     this.#holding = true;
     conn.holdStarted();
@@ -94,6 +98,16 @@ class Lock {
   /** The keys of the lock (one key, or a block's keys in the order asked for). */
   get keys() {
     return this.#keys;
+  }
+
+  /**
+   * The owner label the lock was acquired with (`label` option), or null.
+   * The cluster keeps the label the ACQUIRE carried, so `HELD` and the
+   * `! LOST` event repeat this same label.
+   * @returns {string|null}
+   */
+  get label() {
+    return this.#label;
   }
 
   /**

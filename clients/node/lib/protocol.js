@@ -503,23 +503,39 @@ function parseInfo(reply) {
  * @returns {{key: string, token: bigint}[]}
  */
 function parseHeld(reply) {
+  return parseHeldLocks(reply).map(({ key, token }) => ({ key, token }));
+}
+
+/**
+ * `HELD <n> key:token ...`, or (version 5) `HELD <n> key:token label ...`
+ * with `-` for no label, as `{key, token, label}` in reply order (label
+ * null for none, and always null before version 5). The two forms cannot
+ * be confused: version 4 lists n words after the count, version 5 2n.
+ * @returns {{key: string, token: bigint, label: string|null}[]}
+ */
+function parseHeldLocks(reply) {
   const words = reply.split(' ');
   if (words[0] !== 'HELD') throw errorFrom(reply);
   const bad = () => new ProtocolError(`bad HELD reply ${JSON.stringify(reply)}`);
   if (!/^[0-9]+$/.test(words[1] ?? '')) throw bad();
   const held = [];
   let entries = words.slice(2);
+  let labels = null;
   const n = Number(words[1]);
   // Version 5: each lock is key:token and then its label ('-': none).
-  if (n > 0 && entries.length === 2 * n) entries = entries.filter((_, i) => i % 2 === 0);
+  if (n > 0 && entries.length === 2 * n) {
+    labels = entries.filter((_, i) => i % 2 === 1).map((l) => (l === '-' ? null : l));
+    if (labels.includes('')) throw bad();
+    entries = entries.filter((_, i) => i % 2 === 0);
+  }
   for (const w of entries) {
     if (!w) continue;
     const colon = w.lastIndexOf(':');
     const token = w.slice(colon + 1);
     if (colon < 1 || !/^[0-9]+$/.test(token)) throw bad();
-    held.push({ key: w.slice(0, colon), token: BigInt(token) });
+    held.push({ key: w.slice(0, colon), token: BigInt(token), label: labels ? labels[held.length] : null });
   }
-  if (held.length !== Number(words[1])) throw bad();
+  if (held.length !== n) throw bad();
   return held;
 }
 
@@ -530,5 +546,5 @@ module.exports = {
   MAX_LABEL_LEN, checkLabel, labelField,
   acquireLine, acquireBlockLine, helloLine, helloEventsLine, parseHello, parseHelloEvents, releaseLine,
   extendLine, marginMillis, isEventLine, parseEvent, LineReader,
-  errorFrom, parseAcquire, parseRelease, parsePing, parseInfo, parseHeld,
+  errorFrom, parseAcquire, parseRelease, parsePing, parseInfo, parseHeld, parseHeldLocks,
 };

@@ -137,7 +137,7 @@ class Runner {
   perform(step, onQueued = null) {
     const client = this.conn(step.conn);
     const t0 = performance.now();
-    const acq = { lease: step.lease, wait: step.wait, onQueued };
+    const acq = { lease: step.lease, wait: step.wait, onQueued, label: step.label ?? null };
     let promise;
     switch (step.op) {
       case 'acquire':
@@ -171,7 +171,9 @@ class Runner {
         promise = client.info().then(async (info) => ({ kind: 'info', info, reply: await client.raw('INFO') }));
         break;
       case 'held':
-        promise = client.held().then((held) => ({ kind: 'held', held }));
+        promise = client.held().then(async (held) => ({
+          kind: 'held', held, heldLocks: step.labels === undefined ? null : await client.heldLocks(),
+        }));
         break;
       case 'raw': {
         let line = this.expand(step.line);
@@ -229,8 +231,30 @@ class Runner {
           throw new ScenarioFailure(`expected ${k} held under ${t}=${this.token(t)}, got ${show(out.held)}`);
         }
       }
+      if (step.labels !== undefined) this.checkLabels(step, out);
+    }
+    if (step.lock_label !== undefined) {
+      if (!out.lock) throw new ScenarioFailure(`lock_label on a step that made no lock: ${show(out)}`);
+      if (out.lock.label !== step.lock_label) {
+        throw new ScenarioFailure(`expected the lock's label ${JSON.stringify(step.lock_label)}, got ${JSON.stringify(out.lock.label)}`);
+      }
     }
     if (step.expect === 'info') this.checkInfo(step, out);
+  }
+
+  /**
+   * heldLocks() lists what held() did, and each named key's label (null for
+   * none).
+   */
+  checkLabels(step, out) {
+    const hl = out.heldLocks ?? [];
+    if (show(hl.map(({ key, token }) => ({ key, token }))) !== show(out.held)) {
+      throw new ScenarioFailure(`heldLocks ${show(hl)} does not match held ${show(out.held)}`);
+    }
+    for (const [k, want] of Object.entries(step.labels)) {
+      const h = hl.find((e) => e.key === this.key(k));
+      if (!h || h.label !== want) throw new ScenarioFailure(`expected ${k}'s label ${JSON.stringify(want)}, got ${show(hl)}`);
+    }
   }
 
   /**

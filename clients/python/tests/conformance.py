@@ -51,6 +51,8 @@ class Outcome:
     reply: Optional[str] = None
     info: Optional[ticketing.Info] = None
     held: List[Tuple[str, int]] = field(default_factory=list)
+    #: held_locks()'s entries, when the held step names labels.
+    held_locks: Optional[List[ticketing.HeldLock]] = None
     detail: str = ""
 
     def __str__(self) -> str:
@@ -229,22 +231,25 @@ class Runner:
         client = self.conn(step["conn"])
         op = step["op"]
         call = self.adapter.call
+        label = step.get("label")  # the owner label option, None: none
         try:
             if op == "acquire":
                 token = await call(
-                    client, "acquire", self.step_key(step), step["lease"], step["wait"], on_queued=on_queued
+                    client, "acquire", self.step_key(step), step["lease"], step["wait"], on_queued=on_queued, label=label
                 )
                 return Outcome("ok", token=token)
             if op == "acquire_block":
                 keys = [self.key(n) for n in step["block"]]
-                token = await call(client, "acquire_block", keys, step["lease"], step["wait"], on_queued=on_queued)
+                token = await call(
+                    client, "acquire_block", keys, step["lease"], step["wait"], on_queued=on_queued, label=label
+                )
                 return Outcome("ok", token=token)
             if op in ("lock", "lock_block"):
                 if op == "lock":
-                    lock = client.lock(self.step_key(step), step["lease"], step["wait"], on_queued=on_queued)
+                    lock = client.lock(self.step_key(step), step["lease"], step["wait"], on_queued=on_queued, label=label)
                 else:
                     keys = [self.key(n) for n in step["block"]]
-                    lock = client.lock_block(keys, step["lease"], step["wait"], on_queued=on_queued)
+                    lock = client.lock_block(keys, step["lease"], step["wait"], on_queued=on_queued, label=label)
                 token = await self.adapter.lock_call(lock, "acquire")
                 return Outcome("ok", token=token, lock=lock)
             if op == "extend":
@@ -263,7 +268,10 @@ class Runner:
                 # The raw line, on the same connection, for info_same_as_raw.
                 return Outcome("info", info=info, reply=await call(client, "raw", "INFO"))
             if op == "held":
-                return Outcome("held", held=await call(client, "held"))
+                out = Outcome("held", held=await call(client, "held"))
+                if "labels" in step:
+                    out.held_locks = await call(client, "held_locks")
+                return out
             if op == "raw":
                 line = self.expand(step["line"])
                 if "pad_to" in step:
@@ -312,8 +320,26 @@ class Runner:
             for k, t in step.get("tokens", {}).items():
                 if (self.key(k), self.tokens[t]) not in out.held:
                     raise ScenarioFailure(f"expected {k} held under {t}={self.tokens[t]}, got {out.held}")
+            if "labels" in step:
+                self.check_labels(step, out)
+        if "lock_label" in step:
+            if out.lock is None:
+                raise ScenarioFailure(f"lock_label on a step that made no lock: {out}")
+            if out.lock.label != step["lock_label"]:
+                raise ScenarioFailure(f"expected the lock's label {step['lock_label']!r}, got {out.lock.label!r}")
         if want == "info":
             self.check_info(step, out)
+
+    def check_labels(self, step: Dict[str, Any], out: Outcome) -> None:
+        """held_locks() lists what held() did, and each named key's label
+        (None for none)."""
+        hl = out.held_locks or []
+        if [(h.key, h.token) for h in hl] != out.held:
+            raise ScenarioFailure(f"held_locks {hl} does not match held {out.held}")
+        got = {h.key: h.label for h in hl}
+        for k, want in step["labels"].items():
+            if self.key(k) not in got or got[self.key(k)] != want:
+                raise ScenarioFailure(f"expected {k}'s label {want!r}, got {got}")
 
     def check_info(self, step: Dict[str, Any], out: Outcome) -> None:
         """The parsed Info is plausible; each field of info_same_as_raw equals

@@ -1,5 +1,6 @@
-"""Owner labels (protocol version 5): the ``label`` option of acquire and
-acquire_block, against a real ``ticketing dev`` and a fake version-4
+"""Owner labels (protocol version 5): the ``label`` option of acquire,
+acquire_block, lock and lock_block, the lock object's ``label`` and
+``held_locks``, against a real ``ticketing dev`` and a fake version-4
 sidecar, and the parsing of HELD and LOST lines that carry labels."""
 
 import asyncio
@@ -39,6 +40,15 @@ class LabelParsing(unittest.TestCase):
     def test_held_and_lost(self) -> None:
         self.assertEqual(p.parse_held("HELD 2 a:7 job b:c:9 -"), [("a", 7), ("b:c", 9)])
         self.assertEqual(p.parse_held("HELD 2 a:7 b:9"), [("a", 7), ("b", 9)])
+        self.assertEqual(
+            p.parse_held_locks("HELD 2 a:7 job b:c:9 -"),
+            [ticketing.HeldLock("a", 7, "job"), ticketing.HeldLock("b:c", 9, None)],
+        )
+        self.assertEqual(p.parse_held_locks("HELD 1 a:7"), [ticketing.HeldLock("a", 7, None)])
+        self.assertEqual(p.parse_held_locks("HELD 0"), [])
+        for bad in ("HELD 2 a:7 job", "HELD 1 :7 x", "HELD 1 a:7 -x y"):
+            with self.assertRaises(ticketing.ProtocolError):
+                p.parse_held_locks(bad)
         ev = p.parse_event("! LOST 7 expired job-1 a b", labelled=True)
         self.assertEqual((ev.token, ev.reason, ev.keys), (7, "expired", ("a", "b")))
         self.assertIsNone(p.parse_event("! LOST 7 expired job-1", labelled=True))
@@ -62,6 +72,8 @@ class Version4SidecarTest(unittest.TestCase):
             with ticketing.Client(fake.path) as c:
                 with self.assertRaises(ticketing.NotSupportedError):
                     c.acquire("k", lease=30, wait=0, label="job")
+                with self.assertRaises(ticketing.NotSupportedError):
+                    c.lock("k", lease=30, wait=0, label="job").acquire()
                 self.assertEqual(c.acquire("k", lease=30, wait=0), 7)
             self.assertEqual(fake.lines, ["HELLO 5 events", "ACQUIRE k 30 0"])
         finally:
@@ -84,6 +96,30 @@ class RealSidecarTest(unittest.TestCase):
             self.assertEqual(c.held(), [(prefix + "a", t1), (prefix + "b1", t2), (prefix + "b2", t2)])
             with self.assertRaises(ValueError):
                 c.acquire(prefix + "x", lease=30, wait=0, label="a b")
+            with self.assertRaises(ValueError):
+                c.lock(prefix + "x", lease=30, wait=0, label="-")  # checked when made
+            with self.assertRaises(ValueError):
+                c.lock_block([prefix + "x", prefix + "y"], lease=30, wait=0, label="l" * 65)
+
+            with c.lock(prefix + "d", lease=30, wait=0, label="lock-1") as t3:
+                self.assertEqual(c.lock(prefix + "q").label, None)
+                with c.lock_block([prefix + "e2", prefix + "e1"], lease=30, wait=0, label="blk") as t4:
+                    self.assertEqual(
+                        c.held_locks(),
+                        [
+                            ticketing.HeldLock(prefix + "a", t1, "job-1"),
+                            ticketing.HeldLock(prefix + "b1", t2, "seats"),
+                            ticketing.HeldLock(prefix + "b2", t2, "seats"),
+                            ticketing.HeldLock(prefix + "d", t3, "lock-1"),
+                            ticketing.HeldLock(prefix + "e1", t4, "blk"),
+                            ticketing.HeldLock(prefix + "e2", t4, "blk"),
+                        ],
+                    )
+            lk = c.lock(prefix + "f", lease=30, wait=0, label="obj")
+            self.assertEqual(lk.label, "obj")
+            with lk as t5:
+                self.assertEqual(lk.label, "obj")
+                self.assertIn(ticketing.HeldLock(prefix + "f", t5, "obj"), c.held_locks())
 
         async def run() -> None:
             assert cluster is not None
@@ -91,6 +127,20 @@ class RealSidecarTest(unittest.TestCase):
             try:
                 t = await ac.acquire(prefix + "c", lease=30, wait=0, label="async-job")
                 self.assertEqual(await ac.raw("HELD"), f"HELD 1 {prefix}c:{t} async-job")
+                lk = ac.lock(prefix + "g", lease=30, wait=0, label="alock")
+                async with lk as tg:
+                    self.assertEqual(lk.label, "alock")
+                    async with ac.lock_block([prefix + "h1", prefix + "h2"], lease=30, wait=0, label="ablk") as th:
+                        self.assertEqual(
+                            await ac.held_locks(),
+                            [
+                                ticketing.HeldLock(prefix + "c", t, "async-job"),
+                                ticketing.HeldLock(prefix + "g", tg, "alock"),
+                                ticketing.HeldLock(prefix + "h1", th, "ablk"),
+                                ticketing.HeldLock(prefix + "h2", th, "ablk"),
+                            ],
+                        )
+                    self.assertEqual(await ac.held(), [(prefix + "c", t), (prefix + "g", tg)])
             finally:
                 await ac.close()
 

@@ -30,6 +30,7 @@ from ._protocol import (
     MIN_LEASE,
     PROTOCOL_VERSION,
     Info,
+    HeldLock,
     Member,
 )
 from .aio import AsyncClient, AsyncLock
@@ -59,6 +60,7 @@ __all__ = [
     "AsyncLock",
     "Info",
     "Member",
+    "HeldLock",
     "TicketingError",
     "BusyError",
     "LockTimeoutError",

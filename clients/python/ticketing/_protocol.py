@@ -299,7 +299,7 @@ class LockState:
     shell's clock (``time.monotonic()``, the loop's ``time()``).
     """
 
-    __slots__ = ("keys", "block", "lease", "wait", "on_queued", "token", "held_token",
+    __slots__ = ("keys", "block", "lease", "wait", "on_queued", "label", "token", "held_token",
                  "used", "reason", "released", "deadline")
 
     def __init__(
@@ -309,10 +309,13 @@ class LockState:
         wait: Number,
         block: bool,
         on_queued: Optional[Callable[[], Any]] = None,
+        label: Optional[str] = None,
     ) -> None:
         #: Every key of the lock (a block's keys, in the order given).
         self.keys: Tuple[str, ...] = tuple(keys)
         self.block = block
+        #: The owner label the ACQUIRE carries (version 5), else None.
+        self.label: Optional[str] = label or None
         #: The lease of the acquire, then of the last successful extend.
         self.lease = lease
         self.wait = wait
@@ -328,20 +331,30 @@ class LockState:
 
     @classmethod
     def of_key(
-        cls, key: str, lease: int, wait: Number, on_queued: Optional[Callable[[], Any]] = None
+        cls,
+        key: str,
+        lease: int,
+        wait: Number,
+        on_queued: Optional[Callable[[], Any]] = None,
+        label: Optional[str] = None,
     ) -> "LockState":
         """The state of ``client.lock(key, ...)``; arguments checked now."""
         acquire_line(key, lease, wait)
-        return cls((key,), lease, wait, False, check_on_queued(on_queued))
+        return cls((key,), lease, wait, False, check_on_queued(on_queued), check_label(label))
 
     @classmethod
     def of_block(
-        cls, keys: Iterable[str], lease: int, wait: Number, on_queued: Optional[Callable[[], Any]] = None
+        cls,
+        keys: Iterable[str],
+        lease: int,
+        wait: Number,
+        on_queued: Optional[Callable[[], Any]] = None,
+        label: Optional[str] = None,
     ) -> "LockState":
         """The state of ``client.lock_block(keys, ...)``; arguments checked now."""
         keys = check_keys(keys)
         acquire_block_line(keys, lease, wait)
-        return cls(keys, lease, wait, True, check_on_queued(on_queued))
+        return cls(keys, lease, wait, True, check_on_queued(on_queued), check_label(label))
 
     def begin_acquire(self) -> None:
         """A lock object is used once."""
@@ -761,35 +774,62 @@ def require_domain(info: Info, path: str) -> str:
     return info.domain
 
 
-def parse_held(reply: str) -> List[Tuple[str, int]]:
-    """``HELD <n> key:token ...`` → [(key, token), ...] in reply order.
+@dataclass(frozen=True)
+class HeldLock:
+    """One entry of ``HELD`` (:meth:`ticketing.Client.held_locks`).
+
+    :ivar key: a key this connection holds (each key of a block has its
+        own entry, with the block's token and label).
+    :ivar token: its fencing token.
+    :ivar label: its owner label; None for none, and always None from a
+        sidecar before version 5 (which lists no labels).
+    """
+
+    key: str
+    token: int
+    label: Optional[str] = None
+
+
+def parse_held_locks(reply: str) -> List[HeldLock]:
+    """``HELD <n> key:token ...`` (or, version 5, ``HELD <n> key:token
+    label ...``, ``-`` for no label) → [HeldLock, ...] in reply order.
 
     Keys may contain ``:`` (the token is after the last one). A key can
     appear twice if the connection re-acquired it after a lease ran out and
-    has not released the stale holding.
+    has not released the stale holding. The two forms cannot be confused:
+    a version-4 reply lists exactly *n* words after the count, a
+    version-5 one 2 *n*.
     """
     words = reply.split(" ")
     if words[0] != "HELD":
         raise _error_from(reply)
     try:
         n = int(words[1])
-        held: List[Tuple[str, int]] = []
+        held: List[HeldLock] = []
         entries = words[2:]
+        labels: List[Optional[str]] = []
         if n > 0 and len(entries) == 2 * n:
             # Version 5: each lock is key:token and its label ("-": none).
+            labels = [None if w == "-" else w for w in entries[1::2]]
+            if any(lb == "" for lb in labels):
+                raise ValueError(reply)
             entries = entries[0::2]
-        for w in entries:
-            if not w:
-                continue
+        for i, w in enumerate(w for w in entries if w):
             key, sep, token = w.rpartition(":")
             if not sep or not key:
                 raise ValueError(w)
-            held.append((key, int(token)))
+            held.append(HeldLock(key, int(token), labels[i] if labels else None))
     except (IndexError, ValueError):
         raise ProtocolError(f"bad HELD reply {reply!r}") from None
     if n != len(held):
         raise ProtocolError(f"HELD reply counts {n} locks but lists {len(held)}: {reply!r}")
     return held
+
+
+def parse_held(reply: str) -> List[Tuple[str, int]]:
+    """``HELD`` → [(key, token), ...] in reply order: :func:`parse_held_locks`
+    without the labels (the shape ``held()`` always had)."""
+    return [(h.key, h.token) for h in parse_held_locks(reply)]
 
 
 # -- one connection -------------------------------------------------------------
@@ -1120,6 +1160,13 @@ class LockView:
     @property
     def wait(self) -> Number:
         return self._state.wait
+
+    @property
+    def label(self) -> Optional[str]:
+        """The owner label the lock is acquired with (``label=``), else
+        None. The cluster keeps the label the ACQUIRE carried, so ``HELD``
+        and the ``! LOST`` event repeat this same label."""
+        return self._state.label
 
     @property
     def token(self) -> Optional[int]:

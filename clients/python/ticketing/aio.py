@@ -358,13 +358,24 @@ class AsyncClient:
         """Locks held by this client's connection: [(key, token), ...] (``HELD``)."""
         return p.parse_held(await self._call("HELD", 0.0))
 
+    async def held_locks(self) -> List[p.HeldLock]:
+        """Locks held, with their owner labels (see
+        :meth:`ticketing.Client.held_locks`)."""
+        return p.parse_held_locks(await self._call("HELD", 0.0))
+
     async def raw(self, line: str) -> str:
         """Send one request line as is; return the reply line verbatim
         (see :meth:`ticketing.Client.raw`)."""
         return await self._call(p.check_raw(line), p.MAX_WAIT + p.RELEASE_DEADLINE)
 
     def lock(
-        self, key: str, lease: int = 30, wait: p.Number = 5, *, on_queued: Optional[Callable[[], object]] = None
+        self,
+        key: str,
+        lease: int = 30,
+        wait: p.Number = 5,
+        *,
+        on_queued: Optional[Callable[[], object]] = None,
+        label: Optional[str] = None,
     ) -> "AsyncLock":
         """An :class:`AsyncLock` on *key*::
 
@@ -372,9 +383,9 @@ class AsyncClient:
                 ...
 
         The arguments are checked now; acquired on entry, released on exit.
-        *on_queued*: see :meth:`acquire`.
+        *on_queued* and *label*: see :meth:`acquire`.
         """
-        return AsyncLock._of(self, p.LockState.of_key(key, lease, wait, on_queued))
+        return AsyncLock._of(self, p.LockState.of_key(key, lease, wait, on_queued, label))
 
     def lock_block(
         self,
@@ -383,6 +394,7 @@ class AsyncClient:
         wait: p.Number = 5,
         *,
         on_queued: Optional[Callable[[], object]] = None,
+        label: Optional[str] = None,
     ) -> "AsyncLock":
         """An :class:`AsyncLock` on a seat block::
 
@@ -390,9 +402,9 @@ class AsyncClient:
                 ...
 
         The arguments are checked now; acquired on entry, released (every
-        key) on exit. *on_queued*: see :meth:`acquire`.
+        key) on exit. *on_queued* and *label*: see :meth:`acquire`.
         """
-        return AsyncLock._of(self, p.LockState.of_block(keys, lease, wait, on_queued))
+        return AsyncLock._of(self, p.LockState.of_block(keys, lease, wait, on_queued, label))
 
     def _compensator(self, key: str) -> Callable[[asyncio.Future], None]:
         def release_late_grant(fut: asyncio.Future) -> None:
@@ -429,11 +441,12 @@ class AsyncLock(p.LockView):
         *,
         keys: Optional[Sequence[str]] = None,
         on_queued: Optional[Callable[[], object]] = None,
+        label: Optional[str] = None,
     ) -> None:
         if keys is None:
-            state = p.LockState.of_key(key, lease, wait, on_queued)
+            state = p.LockState.of_key(key, lease, wait, on_queued, label)
         else:
-            state = p.LockState.of_block(keys, lease, wait, on_queued)
+            state = p.LockState.of_block(keys, lease, wait, on_queued, label)
         self._init(client, state)
 
     @classmethod
@@ -462,7 +475,7 @@ class AsyncLock(p.LockView):
         """Acquire the lock; return the token."""
         st = self._state
         st.begin_acquire()
-        token, sent, conn = await self.client._grant(st.keys, st.lease, st.wait, st.block, st.on_queued)
+        token, sent, conn = await self.client._grant(st.keys, st.lease, st.wait, st.block, st.on_queued, st.label)
         deadline = st.granted(token, sent)
         self._conn = conn
         self._arm(deadline)

@@ -530,8 +530,16 @@ class Client:
         return p.require_domain(self.info(), self.path)
 
     def held(self) -> List[Tuple[str, int]]:
-        """Locks held by this client's connection: [(key, token), ...] (``HELD``)."""
+        """Locks held by this client's connection: [(key, token), ...] (``HELD``).
+        :meth:`held_locks` also gives their owner labels."""
         return p.parse_held(self._call("HELD", 0.0))
+
+    def held_locks(self) -> List[p.HeldLock]:
+        """Locks held by this client's connection, with their owner labels:
+        [:class:`HeldLock` (key, token, label), ...] in ``HELD``'s order
+        (sorted by key; a block has one entry per key). ``label`` is None
+        for none, and from a sidecar before version 5."""
+        return p.parse_held_locks(self._call("HELD", 0.0))
 
     def raw(self, line: str) -> str:
         """Send one request *line* as is and return the reply line verbatim.
@@ -543,7 +551,13 @@ class Client:
         return self._call(p.check_raw(line), p.MAX_WAIT + p.RELEASE_DEADLINE)
 
     def lock(
-        self, key: str, lease: int = 30, wait: p.Number = 5, *, on_queued: Optional[Callable[[], object]] = None
+        self,
+        key: str,
+        lease: int = 30,
+        wait: p.Number = 5,
+        *,
+        on_queued: Optional[Callable[[], object]] = None,
+        label: Optional[str] = None,
     ) -> "Lock":
         """A :class:`Lock` on *key*, to use as a context manager::
 
@@ -551,10 +565,10 @@ class Client:
                 ...  # critical section; use token for fencing writes
 
         The arguments are checked now; the lock is acquired on entry and
-        released on exit, also when the block raises. *on_queued*: see
-        :meth:`acquire`.
+        released on exit, also when the block raises. *on_queued* and
+        *label* (the lock's :attr:`Lock.label`): see :meth:`acquire`.
         """
-        return Lock._of(self, p.LockState.of_key(key, lease, wait, on_queued))
+        return Lock._of(self, p.LockState.of_key(key, lease, wait, on_queued, label))
 
     def lock_block(
         self,
@@ -563,6 +577,7 @@ class Client:
         wait: p.Number = 5,
         *,
         on_queued: Optional[Callable[[], object]] = None,
+        label: Optional[str] = None,
     ) -> "Lock":
         """A :class:`Lock` on a seat block (see :meth:`acquire_block`), to
         use as a context manager::
@@ -572,9 +587,9 @@ class Client:
 
         The arguments are checked now; the block is acquired on entry and
         released (every key) on exit, also when the body raises.
-        *on_queued*: see :meth:`acquire`.
+        *on_queued* and *label*: see :meth:`acquire`.
         """
-        return Lock._of(self, p.LockState.of_block(keys, lease, wait, on_queued))
+        return Lock._of(self, p.LockState.of_block(keys, lease, wait, on_queued, label))
 
     def _compensator(self, key: str) -> Callable[[Future], None]:
         """Callback for an acquire the caller gave up on: release a late grant."""
@@ -629,11 +644,12 @@ class Lock(p.LockView):
         *,
         keys: Optional[Sequence[str]] = None,
         on_queued: Optional[Callable[[], object]] = None,
+        label: Optional[str] = None,
     ) -> None:
         if keys is None:
-            state = p.LockState.of_key(key, lease, wait, on_queued)
+            state = p.LockState.of_key(key, lease, wait, on_queued, label)
         else:
-            state = p.LockState.of_block(keys, lease, wait, on_queued)
+            state = p.LockState.of_block(keys, lease, wait, on_queued, label)
         self._init(client, state)
 
     @classmethod
@@ -665,7 +681,7 @@ class Lock(p.LockView):
         """Acquire the lock (see :meth:`Client.acquire`); return the token."""
         st = self._state
         st.begin_acquire()
-        token, sent, conn = self.client._grant(st.keys, st.lease, st.wait, st.block, st.on_queued)
+        token, sent, conn = self.client._grant(st.keys, st.lease, st.wait, st.block, st.on_queued, st.label)
         with self._mu:
             deadline = st.granted(token, sent)
             self._conn = conn
