@@ -334,7 +334,7 @@ func TestDocExamples(t *testing.T) {
 // serves its socket all the same, with leader=- in INFO.
 func checkDocSidecar(t *testing.T, e docExample, cmd *exec.Cmd, sh string) {
 	t.Helper()
-	var out strings.Builder
+	var out syncBuffer // written by the running sidecar, read on a failure
 	cmd.Stdout, cmd.Stderr = &out, &out
 	// Its own process group, so that stopping it stops the sidecar bash
 	// started, not only bash.
@@ -342,8 +342,9 @@ func checkDocSidecar(t *testing.T, e docExample, cmd *exec.Cmd, sh string) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	var waitErr error // set before exited is closed
+	exited := make(chan struct{})
+	go func() { waitErr = cmd.Wait(); close(exited) }()
 	sock := filepath.Join(cmd.Dir, "ticketing.sock")
 	info := ""
 	defer func() {
@@ -359,9 +360,8 @@ func checkDocSidecar(t *testing.T, e docExample, cmd *exec.Cmd, sh string) {
 	}()
 	for until := time.Now().Add(30 * time.Second); time.Now().Before(until); time.Sleep(200 * time.Millisecond) {
 		select {
-		case err := <-exited:
-			exited <- err
-			t.Fatalf("%s: the sidecar exited: %v\n--- script\n%s\n--- output\n%s", e, err, sh, out.String())
+		case <-exited:
+			t.Fatalf("%s: the sidecar exited: %v\n--- script\n%s\n--- output\n%s", e, waitErr, sh, out.String())
 		default:
 		}
 		info = sidecarInfo(sock)
