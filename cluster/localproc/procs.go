@@ -413,6 +413,19 @@ func (p *Procs) Exited(i int) bool {
 	}
 }
 
+// logTail is the last n lines of the log file at path, indented.
+func logTail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "    (" + err.Error() + ")"
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return "    " + strings.Join(lines, "\n    ")
+}
+
 // PeerAddr is node i's peer address.
 func (p *Procs) PeerAddr(i int) string { return p.peerAddrs[i] }
 
@@ -482,9 +495,14 @@ func (p *Procs) Dial(ctx context.Context, i int) (*client.Conn, error) {
 // Leader polls statuses until a running node reports itself the serving
 // leader.
 func (p *Procs) Leader(ctx context.Context) (int, error) {
+	// last is what each node said last, for the error: a cluster that
+	// never elects must say whether a node exited (and why, from its
+	// log), refused the status, or knew no leader.
+	last := make([]string, len(p.ids))
 	for {
 		for i := range p.ids {
 			if !p.Running(i) {
+				last[i] = "not running"
 				continue
 			}
 			sctx, cancel := context.WithTimeout(ctx, time.Second)
@@ -493,10 +511,23 @@ func (p *Procs) Leader(ctx context.Context) (int, error) {
 			if err == nil && st.Role == wire.RoleLeader && st.LeaderAddr != "" {
 				return i, nil
 			}
+			if err != nil {
+				last[i] = "status: " + err.Error()
+			} else {
+				last[i] = fmt.Sprintf("role %d, leader %q", st.Role, st.LeaderAddr)
+			}
 		}
 		select {
 		case <-ctx.Done():
-			return -1, fmt.Errorf("localproc: no leader: %w", ctx.Err())
+			var b strings.Builder
+			for i, id := range p.ids {
+				state := "its log ends"
+				if p.Exited(i) {
+					state = "exited, its log ends"
+				}
+				fmt.Fprintf(&b, "\n  %s: %s; %s:\n%s", id, last[i], state, logTail(p.LogFile(i), 8))
+			}
+			return -1, fmt.Errorf("localproc: no leader: %w%s", ctx.Err(), b.String())
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
