@@ -77,6 +77,13 @@ type proc struct {
 	// bootArgs are the product's node arguments, for `ticketing bootstrap`.
 	bootArgs []string
 	log      string // log file (stdout and stderr, appended)
+	// reserved holds a node's ports from the moment they are picked
+	// until its first start. A port picked and let go at once stays free
+	// for as long as node 1 waits for the other nodes and the bootstrap,
+	// and another test process picking ports meanwhile (local.Cluster
+	// does, from the same range) could take it: node 1 then never binds
+	// and the cluster never elects.
+	reserved []net.Listener
 
 	cmd  *exec.Cmd // nil while not running
 	exit chan struct{}
@@ -144,9 +151,14 @@ func Start(opts Options) (*Procs, error) {
 	} else {
 		adminSecretFile = ""
 	}
-	ports, err := freePorts(3 * opts.Nodes)
+	lns, err := reservePorts(3 * opts.Nodes)
 	if err != nil {
 		return nil, err
+	}
+	defer func() { closeListeners(lns) }() // those not handed to a node (on an error)
+	ports := make([]int, len(lns))
+	for i, l := range lns {
+		ports[i] = l.Addr().(*net.TCPAddr).Port
 	}
 	p := &Procs{opts: opts, ClientSecret: secret, ClusterID: opts.ClusterID,
 		SecretFile: secretFile, PeerSecretFile: peerSecretFile, AdminSecretFile: adminSecretFile, adminSecret: adminSecret}
@@ -189,7 +201,10 @@ func Start(opts Options) (*Procs, error) {
 			p.adminAddrs = append(p.adminAddrs, fmt.Sprintf("127.0.0.1:%d", ports[3*i+2]))
 			args = append(args, "--admin-addr", p.adminAddrs[i], "--admin-secret-file", adminSecretFile)
 		}
-		p.nodes = append(p.nodes, p.newProc(p.ids[i], append(args, opts.ExtraArgs...)))
+		pr := p.newProc(p.ids[i], append(args, opts.ExtraArgs...))
+		pr.reserved = append([]net.Listener(nil), lns[3*i:3*i+3]...)
+		clear(lns[3*i : 3*i+3])
+		p.nodes = append(p.nodes, pr)
 	}
 	for j := 0; j < opts.Sidecars; j++ {
 		name := fmt.Sprintf("sidecar%d", j+1)
@@ -253,23 +268,28 @@ func (p *Procs) newProc(name string, args []string) *proc {
 	return pr
 }
 
-func freePorts(n int) ([]int, error) {
+// reservePorts listens on n loopback ports below the ephemeral range (so
+// that a restarted node gets its ports back), for the caller to close
+// just before the process that will bind them starts.
+func reservePorts(n int) ([]net.Listener, error) {
 	var lns []net.Listener
-	defer func() {
-		for _, l := range lns {
-			l.Close()
-		}
-	}()
-	var out []int
 	for i := 0; i < n; i++ {
-		l, err := local.ListenLoopback() // below the ephemeral range: a restarted node gets its ports back
+		l, err := local.ListenLoopback()
 		if err != nil {
+			closeListeners(lns)
 			return nil, err
 		}
 		lns = append(lns, l)
-		out = append(out, l.Addr().(*net.TCPAddr).Port)
 	}
-	return out, nil
+	return lns, nil
+}
+
+func closeListeners(lns []net.Listener) {
+	for _, l := range lns {
+		if l != nil {
+			l.Close()
+		}
+	}
 }
 
 // Size is the number of nodes.
@@ -318,6 +338,8 @@ func (p *Procs) start(pr *proc) error {
 	}
 	cmd := exec.Command(pr.bin, pr.args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	closeListeners(pr.reserved)
+	pr.reserved = nil
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		return err
@@ -541,4 +563,10 @@ func (p *Procs) Close() {
 	for i := range p.ids {
 		_ = p.Signal(i, syscall.SIGKILL) // fails only for one that has exited
 	}
+	p.mu.Lock()
+	for _, pr := range p.nodes {
+		closeListeners(pr.reserved) // a node never started
+		pr.reserved = nil
+	}
+	p.mu.Unlock()
 }
