@@ -20,7 +20,7 @@ import (
 	"ticketing/unixapi"
 )
 
-func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) (code int) {
 	fs := newCmdFlags("ticketing dev", "ticketing dev [--dir DIR] [--socket PATH] [--base-port N] [--nodes 3|5] [--plaintext] [--log-store bolt|wal]",
 		"Runs a real cluster of 3 (or 5) nodes on loopback in this process, with a sidecar\n"+
 			"serving the unix socket, prints their addresses, the client secret file, the CA,\n"+
@@ -105,7 +105,16 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return ExitError
 	}
-	defer c.Close()
+	defer func() {
+		// Its nodes' logs are quiet while they stop (devLogs); this says
+		// whether they stopped cleanly.
+		if err := c.Close(); err != nil {
+			fmt.Fprintln(stderr, "ticketing dev: stopping the nodes:", err)
+			if code == ExitOK {
+				code = ExitError
+			}
+		}
+	}()
 	fmt.Fprintf(stdout, "ticketing dev: %d-node cluster %q in %s\n", c.Size(), c.ClusterID, dir)
 	for i := 0; i < c.Size(); i++ {
 		fmt.Fprintf(stdout, "  node %s  client %s\n", c.ID(i), c.ClientAddr(i))
@@ -207,8 +216,13 @@ func caughtUp(ctx context.Context, c *local.Cluster, leader int, max time.Durati
 // shuts down. Those warnings are expected, so while dev starts the nodes
 // and while it stops them, devLogs logs warnings at info (shown with
 // --log-level info). If the start fails it prints the warnings it quieted,
-// at their own level, since they then tell why. Between the two, and for
-// errors always, records pass unchanged.
+// at their own level, since they then tell why. While it stops them it
+// quiets errors too: with every node going at once, a follower closing
+// under the leader's replication makes raft log errors on both sides
+// ("failed to decode incoming command: transport shutdown", "failed to
+// appendEntries to ... EOF"). Whether each node closed cleanly is what
+// Cluster.Close returns, which dev prints. Between the two, and for errors
+// while starting, records pass unchanged.
 type devLogs struct {
 	inner slog.Handler
 	st    *devLogState
@@ -217,8 +231,10 @@ type devLogs struct {
 type devLogState struct {
 	mu    sync.Mutex
 	quiet bool
-	keep  bool         // keeping the quieted records (while starting)
-	held  []heldRecord // the start's quieted warnings, the most recent maxHeld
+	// stopping quiets errors too: see devLogs.
+	stopping bool
+	keep     bool         // keeping the quieted records (while starting)
+	held     []heldRecord // the start's quieted warnings, the most recent maxHeld
 }
 
 type heldRecord struct {
@@ -235,9 +251,10 @@ func newDevLogs(inner slog.Handler) *devLogs {
 func (d *devLogs) Enabled(ctx context.Context, l slog.Level) bool { return d.inner.Enabled(ctx, l) }
 
 func (d *devLogs) Handle(ctx context.Context, r slog.Record) error {
-	if r.Level >= slog.LevelWarn && r.Level < slog.LevelError {
+	if r.Level >= slog.LevelWarn {
 		d.st.mu.Lock()
-		if d.st.quiet {
+		quiet := d.st.quiet && (r.Level < slog.LevelError || d.st.stopping)
+		if quiet {
 			if d.st.keep {
 				if len(d.st.held) == maxHeld {
 					d.st.held = d.st.held[1:]
@@ -273,7 +290,7 @@ func (d *devLogs) serving() {
 func (d *devLogs) stopping() {
 	d.st.mu.Lock()
 	defer d.st.mu.Unlock()
-	d.st.quiet, d.st.keep = true, false
+	d.st.quiet, d.st.stopping, d.st.keep = true, true, false
 }
 
 // failed: the start failed; print what was quieted, at its own level.
