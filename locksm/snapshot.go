@@ -134,9 +134,7 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // the same state always gives the same bytes, whatever its map layout.
 func (s *State) WriteSnapshot(w io.Writer) error {
 	keys := s.sortedKeys()
-	return writeSnapshot(w, snapHeader{last: s.last, clock: s.clock, blocks: s.blocks, renewed: s.renewed,
-		labels: s.labels, waiterLabels: s.waiterLabels, sessions: s.snapSessions(), version: s.snapVersion()},
-		len(keys), func(i int) (string, *entry) { return keys[i], s.keys[keys[i]] })
+	return writeSnapshot(w, s.snapHeader(), len(keys), func(i int) (string, *entry) { return keys[i], s.keys[keys[i]] })
 }
 
 // WriteSnapshot writes the view exactly as State.WriteSnapshot would have
@@ -149,9 +147,7 @@ func (f *Frozen) WriteSnapshot(w io.Writer) error {
 		slices.SortFunc(f.keys, func(a, b frozenKey) int { return strings.Compare(a.key, b.key) })
 	})
 	keys := f.keys
-	return writeSnapshot(w, snapHeader{last: f.last, clock: f.clock, blocks: f.blocks, renewed: f.renewed,
-		labels: f.labels, waiterLabels: f.waiterLabels, sessions: f.sessions, version: f.version},
-		len(keys), func(i int) (string, *entry) { return keys[i].key, keys[i].e })
+	return writeSnapshot(w, f.head, len(keys), func(i int) (string, *entry) { return keys[i].key, keys[i].e })
 }
 
 // snapHeader is what a snapshot carries besides the keys.
@@ -165,6 +161,12 @@ type snapHeader struct {
 	waiterLabels map[waiterRef]string
 	sessions     []snapSession
 	version      byte // snapV1..snapV5 (State.snapVersion)
+}
+
+// snapHeader is the State's snapshot besides its keys, sharing its maps.
+func (s *State) snapHeader() snapHeader {
+	return snapHeader{last: s.last, clock: s.clock, blocks: s.blocks, renewed: s.renewed,
+		labels: s.labels, waiterLabels: s.waiterLabels, sessions: s.snapSessions(), version: s.snapVersion()}
 }
 
 // writeSnapshot writes n keys, in ascending order, key(i) giving the i-th.

@@ -804,23 +804,9 @@ func (s *State) own(key string, e *entry) *entry {
 type Frozen struct {
 	sorted sync.Once   // the first WriteSnapshot sorts keys in place
 	keys   []frozenKey // map order until sorted
-	last   uint64
-	clock  int64
-	// blocks is a copy of State.blocks (its key slices are never written);
-	// nil when no block is held.
-	blocks map[uint64][]string
-	// renewed is a copy of State.renewed; nil when no holding was
-	// extended.
-	renewed map[uint64]int64
-	// labels is a copy of State.labels; nil when no holding has a label.
-	labels map[uint64]string
-	// waiterLabels is a copy of State.waiterLabels; nil when no waiter
-	// has a label.
-	waiterLabels map[waiterRef]string
-	// sessions are the live sessions, ids ascending (nil when none).
-	sessions []snapSession
-	// version is the snapshot version the content needs (snapVersion).
-	version byte
+	// head is the rest of the State's snapshot, its maps copied (nil when
+	// empty; a block's key slices are never written, so they are shared).
+	head snapHeader
 }
 
 type frozenKey struct {
@@ -838,21 +824,21 @@ func (s *State) Freeze() *Frozen {
 	for k, e := range s.keys {
 		keys = append(keys, frozenKey{k, e})
 	}
-	f := &Frozen{keys: keys, last: s.last, clock: s.clock, version: s.snapVersion()}
-	if len(s.blocks) > 0 {
-		f.blocks = maps.Clone(s.blocks)
-	}
-	if len(s.renewed) > 0 {
-		f.renewed = maps.Clone(s.renewed)
-	}
-	if len(s.labels) > 0 {
-		f.labels = maps.Clone(s.labels)
-	}
-	if len(s.waiterLabels) > 0 {
-		f.waiterLabels = maps.Clone(s.waiterLabels)
-	}
-	f.sessions = s.snapSessions()
+	head := s.snapHeader()
+	head.blocks = cloneOrNil(head.blocks)
+	head.renewed = cloneOrNil(head.renewed)
+	head.labels = cloneOrNil(head.labels)
+	head.waiterLabels = cloneOrNil(head.waiterLabels)
+	f := &Frozen{keys: keys, head: head}
 	return f
+}
+
+// cloneOrNil is a copy of m, nil when m is empty.
+func cloneOrNil[M ~map[K]V, K comparable, V any](m M) M {
+	if len(m) == 0 {
+		return nil
+	}
+	return maps.Clone(m)
 }
 
 // hasBlockContent reports whether a block is held or queued (a reserved
