@@ -152,3 +152,28 @@ func TestParseLabel(t *testing.T) {
 		t.Fatal(got)
 	}
 }
+
+// The LOST lines written as the sidecar shuts down (compensated) follow the
+// connection's version like every other: from version 5 they carry the
+// label ("-" for none), so that a client does not read the first key as
+// the label.
+func TestShutdownLostCarriesLabel(t *testing.T) {
+	s := serve(t, nil)
+	k1, k2 := key(t), key(t)
+	a := dial(t, s)
+	expect(t, a.do("HELLO 5 events"), "HELLO 5 events")
+	t1 := token(t, a.do("ACQUIRE "+k1+" 30 0 label=job-1"))
+	t2 := token(t, a.do("ACQUIRE "+k2+" 30 0"))
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for range 2 {
+		got[a.read()] = true
+	}
+	for _, want := range []string{fmt.Sprintf("! LOST %d compensated job-1 %s", t1, k1), fmt.Sprintf("! LOST %d compensated - %s", t2, k2)} {
+		if !got[want] {
+			t.Errorf("shutdown events %v, missing %q", got, want)
+		}
+	}
+}

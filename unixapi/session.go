@@ -613,6 +613,15 @@ func (ss *session) endCauseErr() error {
 	return context.Canceled
 }
 
+// lostLineLocked is h's LOST event in the version this connection agreed
+// (with the label from version 5). ss.mu is held.
+func (ss *session) lostLineLocked(h *holding, reason string) string {
+	if ss.version >= VersionLabels {
+		return FormatLostLabel(h.lock.Token, reason, h.lock.Label, lockKeys(h.lock))
+	}
+	return FormatLost(h.lock.Token, reason, lockKeys(h.lock))
+}
+
 // end finishes the session: pending acquires are cancelled and every held
 // lock not being released is compensated. Idempotent.
 func (ss *session) end(why string) { ss.endCause(why, nil) }
@@ -645,7 +654,7 @@ func (ss *session) endCause(why string, cause error) {
 		// shutting down): tell it why it no longer holds them.
 		evs := make([]string, 0, len(watched))
 		for _, h := range watched {
-			evs = append(evs, FormatLost(h.lock.Token, sidecar.LostCompensated.String(), lockKeys(h.lock)))
+			evs = append(evs, ss.lostLineLocked(h, sidecar.LostCompensated.String()))
 		}
 		sortEvents(evs)
 		ss.evq = append(ss.evq, evs...)
@@ -892,10 +901,8 @@ func (ss *session) lost(h *holding, why sidecar.LostReason) {
 	}
 	ss.forgetLocked(h)
 	tell := ss.events
-	if tell && ss.version >= VersionLabels {
-		ss.evq = append(ss.evq, FormatLostLabel(h.lock.Token, why.String(), h.lock.Label, lockKeys(h.lock)))
-	} else if tell {
-		ss.evq = append(ss.evq, FormatLost(h.lock.Token, why.String(), lockKeys(h.lock)))
+	if tell {
+		ss.evq = append(ss.evq, ss.lostLineLocked(h, why.String()))
 	}
 	ss.mu.Unlock()
 	ss.srv.lostEvent(why, tell)
