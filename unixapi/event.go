@@ -70,16 +70,7 @@ type Event struct {
 
 // FormatLost is the LOST event line for a lock (without "\n").
 func FormatLost(token uint64, reason string, keys []string) string {
-	var b strings.Builder
-	b.WriteString(EventPrefix + EventLost + " ")
-	b.WriteString(strconv.FormatUint(token, 10))
-	b.WriteByte(' ')
-	b.WriteString(reason)
-	for _, k := range keys {
-		b.WriteByte(' ')
-		b.WriteString(k)
-	}
-	return b.String()
+	return formatLost(token, reason, "", false, keys)
 }
 
 // FormatLostLabel is the LOST event line of version 5: with the lock's
@@ -88,13 +79,19 @@ func FormatLostLabel(token uint64, reason, label string, keys []string) string {
 	if label == "" {
 		label = NoLabel
 	}
+	return formatLost(token, reason, label, true, keys)
+}
+
+func formatLost(token uint64, reason, label string, withLabel bool, keys []string) string {
 	var b strings.Builder
 	b.WriteString(EventPrefix + EventLost + " ")
 	b.WriteString(strconv.FormatUint(token, 10))
 	b.WriteByte(' ')
 	b.WriteString(reason)
-	b.WriteByte(' ')
-	b.WriteString(label)
+	if withLabel {
+		b.WriteByte(' ')
+		b.WriteString(label)
+	}
 	for _, k := range keys {
 		b.WriteByte(' ')
 		b.WriteString(k)
