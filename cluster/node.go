@@ -503,6 +503,12 @@ func (n *Node) gainLeadership() {
 			n.log.Warn("barrier after election failed", "err", err)
 			return
 		}
+		// Every entry of earlier terms is applied: from here on a grant
+		// this leader does not tell was told by nobody (and one applied
+		// before may have been told by the old leader).
+		n.mu.Lock()
+		n.core.BarrierApplied(epoch)
+		n.mu.Unlock()
 		f1 := n.raft.Apply(encodeAnnounce(n.serverID, n.advertise), timeout)
 		// Once every member knows sessions, only the waiters of
 		// session-less connections died with the old leader: a session's

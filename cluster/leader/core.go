@@ -450,7 +450,12 @@ type Core[C comparable] struct {
 	table Table
 	dir   Directory
 
-	leading bool   // Raft says we are leader (timers may be armed)
+	leading bool // Raft says we are leader (timers may be armed)
+	// ownTerm: leading, and every entry of earlier terms is applied
+	// (BarrierApplied, or Serve): every entry applied from now on was
+	// appended by this leadership, so a grant it makes that this core did
+	// not tell was told by nobody.
+	ownTerm bool
 	ready   bool   // leading and prepared (Serve done)
 	serving bool   // ready and not handing over: lock requests are taken
 	closed  bool   // the node is closing
@@ -492,9 +497,12 @@ type Core[C comparable] struct {
 	attachingTo map[uint64]*pending[C]
 	// closingSess: the broker's close in flight of each session.
 	closingSess map[uint64]*pending[C]
-	// untold: grants committed while this core led to a session that was
-	// not attached here, not delivered at a resume since (token → session):
-	// the Tokens of the session's expiry.
+	// untold: grants applied in this leadership's own term (after
+	// BarrierApplied) to a session that was not attached here, not
+	// delivered at a resume since, nor extended or released by anyone
+	// (token → session): the Tokens of the session's expiry. A grant
+	// applied before the barrier is never in it: an earlier leader may
+	// have told it.
 	untold map[uint64]uint64
 	// sessQueued counts the queued waiters of sessions among pend: they
 	// are not owed by this leader alone (a hand-over does not wait for
@@ -993,7 +1001,7 @@ func (k *Core[C]) Applied(now time.Time, batch []Applied) {
 		}
 		if c.Session != 0 || len(a.Effects) > 0 {
 			// Only sessions' commands and hand-offs concern sessions.
-			if k.leading {
+			if k.ownTerm {
 				k.noteUntold(a)
 			}
 			k.mark(c.Session, a.Res.Serial)
@@ -1036,6 +1044,11 @@ func (k *Core[C]) Applied(now time.Time, batch []Applied) {
 		case locksm.OpRelease:
 			if a.Res.Status == locksm.StatusReleased {
 				delete(k.told, c.Token)
+				delete(k.untold, c.Token)
+			}
+		case locksm.OpExtend:
+			if a.Res.Status == locksm.StatusExtended {
+				// Whoever extended it knows the token: told.
 				delete(k.untold, c.Token)
 			}
 		}
@@ -1239,6 +1252,9 @@ func (k *Core[C]) TimerDue(t Timer) {
 			k.deferred[t.Token] = t // decided when the extend settles
 			return
 		}
+		if _, proposed := k.expiring[t.Token]; proposed {
+			return // a second timer of the token (armed at its grant, then at Serve)
+		}
 		if k.table.HeldUnder(t.Key, t.Token) {
 			k.expiring[t.Token] = t.At
 			k.propose(locksm.Command{Op: locksm.OpExpire, Key: t.Key, Token: t.Token})
@@ -1255,13 +1271,30 @@ func (k *Core[C]) TimerDue(t Timer) {
 // ---- leadership ----
 
 // GainLeadership records that Raft made this node leader. It does not
-// serve yet: the caller first makes every earlier entry applied, records
-// its client address and drops every queued waiter through the log, then
-// calls Serve with the epoch returned here.
+// serve yet: the caller first makes every earlier entry applied (and says
+// so with BarrierApplied), records its client address and drops every
+// queued waiter through the log, then calls Serve with the epoch returned
+// here.
 func (k *Core[C]) GainLeadership() (epoch uint64) {
 	k.epoch++
 	k.leading = true
 	return k.epoch
+}
+
+// BarrierApplied records that every entry appended before this
+// leadership's term has been applied (the caller's raft.Barrier in epoch
+// returned). Grants applied before it may have been committed, applied
+// and told by an earlier leader in its last moments (a follower learns the
+// commit index late), so this core never counts them among the grants
+// nobody was told: only from here on is a grant this core did not tell
+// known to be untold (docs/sessions.md, "Untold grants"). It reports
+// false if epoch is not the current leadership's.
+func (k *Core[C]) BarrierApplied(epoch uint64) bool {
+	if k.epoch != epoch || !k.leading {
+		return false
+	}
+	k.ownTerm = true
+	return true
 }
 
 // Serve makes a leader that is prepared serve: a full lease is armed for
@@ -1278,6 +1311,7 @@ func (k *Core[C]) Serve(now time.Time, wall int64, epoch uint64) (holders int, o
 	}
 	holders = k.armHolders(now)
 	k.adoptSessions(now, wall)
+	k.ownTerm = true // the caller's barrier came before
 	k.ready = true
 	// Only a hand-over of this leadership decides: one begun in an
 	// earlier epoch ended with that leadership (lost and regained while
@@ -1296,7 +1330,7 @@ func (k *Core[C]) Serve(now time.Time, wall int64, epoch uint64) (holders int, o
 func (k *Core[C]) LoseLeadership(why string) (wasLeading bool, owed int) {
 	wasLeading = k.leading
 	k.epoch++
-	k.leading, k.ready, k.serving = false, false, false
+	k.leading, k.ownTerm, k.ready, k.serving = false, false, false, false
 	ps := sortedByRef(k.pend)
 	owed = len(ps) - k.sessQueued
 	k.sessQueued = 0

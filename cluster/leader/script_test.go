@@ -24,6 +24,9 @@ package leader
 //	open conn= [version=]        a connection's handshake done (version 3)
 //	close conn=                  its reader stopped
 //	gain                         Raft made us leader (prints the epoch)
+//	barrier [epoch=]             the node's barrier applied every entry of
+//	                             earlier terms (BarrierApplied; Serve
+//	                             implies it)
 //	serve [epoch=] [skew=]       prepared: Serve (default the current
 //	                             epoch; skew: ms the leader's wall clock
 //	                             is ahead of the stamps' clock)
@@ -44,7 +47,8 @@ package leader
 //	                             timeout 10000 ms and secret "s<session>"
 //	                             by default)
 //	frame conn= type= [id=]      any other frame type (one character)
-//	append op= [key= owner= token= ref= lease= wait= session= seq= ack= epoch=]
+//	append op= [key= owner= token= ref= lease= wait= session= seq= ack= epoch=
+//	       secret= timeout=]
 //	                             a command the core did not propose (the
 //	                             new leader's drop-waiters, say) joins the log
 //	commit [n=]                  apply the first n logged commands (all)
@@ -67,6 +71,7 @@ package leader
 // LEADER_REWRITE=1) to regenerate the expected outputs; review the diff.
 
 import (
+	"crypto/sha256"
 	"errors"
 	"flag"
 	"fmt"
@@ -280,6 +285,9 @@ func (h *harness) run(line string) (string, error) {
 		h.k.Closed(h.now(), a.need("conn"))
 	case "gain":
 		fmt.Fprintf(&b, "epoch=%d\n", h.k.GainLeadership())
+	case "barrier":
+		_, epoch := h.k.Leading()
+		fmt.Fprintf(&b, "own-term=%v\n", h.k.BarrierApplied(uint64(a.int("epoch", int(epoch)))))
 	case "serve":
 		_, epoch := h.k.Leading()
 		skew := int64(a.int("skew", 0))
@@ -560,6 +568,14 @@ func parseCmd(a *argReader) (locksm.Command, error) {
 	}
 	if c.Op != locksm.OpAcquireBlock {
 		c.Keys = nil
+	}
+	if c.Op == locksm.OpOpenSession {
+		// As a broker's open: the secret's hash (secret "s<session>"
+		// by default, as open-session sends it) and its timeout.
+		var secret [16]byte
+		copy(secret[:], a.str("secret", fmt.Sprintf("s%d", c.Session)))
+		hash := sha256.Sum256(secret[:])
+		c.SecretHash, c.TimeoutMs = string(hash[:]), uint32(a.int("timeout", 10000))
 	}
 	return c, a.err
 }

@@ -474,7 +474,7 @@ func (k *Core[C]) watermarks() {
 // sessionApplied handles an applied session command (ops 8..12).
 func (k *Core[C]) sessionApplied(now time.Time, a *Applied) {
 	c := &a.Cmd
-	if k.leading {
+	if k.ownTerm {
 		k.noteUntold(a)
 	}
 	switch c.Op {
