@@ -418,6 +418,14 @@ func (f *fsm) HeldUnder(key string, token uint64) bool {
 	return ok && h.Token == token
 }
 
+// HeldBy implements leader.Table.
+func (f *fsm) HeldBy(key, owner string, token uint64) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	h, ok := f.state.Holder(key)
+	return ok && h.Token == token && h.Owner == owner
+}
+
 // RangeHolders implements leader.Table; fn runs under mu and must take no
 // lock.
 func (f *fsm) RangeHolders(fn func(key string, h locksm.Holder) bool) {

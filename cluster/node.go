@@ -549,6 +549,7 @@ func (n *Node) gainLeadership() {
 func (n *Node) loseLeadership(why string) {
 	n.mu.Lock()
 	wasLeading, owed := n.core.LoseLeadership(why)
+	n.dropQueuedProposals()
 	n.performLocked()
 	n.mu.Unlock()
 	if wasLeading {
@@ -641,6 +642,22 @@ func (n *Node) propose(cs ...locksm.Command) {
 	case n.propWake <- struct{}{}:
 	default:
 	}
+}
+
+// dropQueuedProposals forgets every command still queued when leadership
+// is lost: each was decided by the leadership that ended (whose core
+// answered its requests U, or left a session's to the state). Proposed
+// later, after this node won leadership back, a stale one could land after
+// entries of the terms between: an expiry decided before a holder's extend
+// that another leader applied and told OK would end the lease the holder
+// was just told it has (issue 39, finding 7). Requires n.mu.
+func (n *Node) dropQueuedProposals() {
+	n.propMu.Lock()
+	clear(n.propQ)
+	clear(n.houseQ)
+	n.propQ, n.houseQ = n.propQ[:0], n.houseQ[:0]
+	n.propUrgent = 0
+	n.propMu.Unlock()
 }
 
 // housekeeping reports whether c is the leader's own work rather than a

@@ -1,8 +1,10 @@
 package cluster
 
 import (
+	"log/slog"
 	"testing"
 
+	"ticketing/cluster/leader"
 	"ticketing/locksm"
 )
 
@@ -84,5 +86,31 @@ func TestNextBatchSharesBetweenRequestsAndHousekeeping(t *testing.T) {
 	}
 	if reqs, house := count(n.nextBatchLocked()); house != housekeepingShare || reqs != locksm.MaxBatch-housekeepingShare {
 		t.Fatalf("both queues full: %d requests, %d housekeeping; want %d and %d", reqs, house, locksm.MaxBatch-housekeepingShare, housekeepingShare)
+	}
+}
+
+// Commands still queued when leadership is lost are forgotten (issue 39,
+// finding 7): proposed after this node won leadership back, an expiry
+// decided by the leadership that ended could land after a holder's extend
+// that a leader in between applied and told OK, and end the lease the
+// holder was just told it has.
+func TestLostLeadershipDropsQueuedProposals(t *testing.T) {
+	n := &Node{propWake: make(chan struct{}, 1), log: slog.New(slog.DiscardHandler)}
+	n.fsm = newFSM(nil, n.log)
+	n.core = leader.New[*clientConn](leader.Config{ServerID: "n1", MaxInFlightPerConn: 1, MaxKeys: 1, MaxWaitersPerKey: 1,
+		MaxWaitersPerConn: 1}, n.fsm, nodeDirectory{n})
+	n.core.GainLeadership()
+	n.propose(locksm.Command{Op: locksm.OpExpire, Key: "k", Token: 7},
+		locksm.Command{Op: locksm.OpAcquire, Key: "a", Owner: "o", LeaseSec: 10, Ref: 1})
+	n.loseLeadership("leadership lost")
+	n.core.GainLeadership()
+	n.propMu.Lock()
+	defer n.propMu.Unlock()
+	if len(n.propQ)+len(n.houseQ) != 0 {
+		t.Fatalf("after leadership was lost and won back %d requests and %d housekeeping commands of the old leadership are still queued: %v %v",
+			len(n.propQ), len(n.houseQ), n.propQ, n.houseQ)
+	}
+	if b := n.nextBatchLocked(); len(b) != 0 {
+		t.Fatalf("the next batch proposes %v", b)
 	}
 }

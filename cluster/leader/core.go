@@ -145,6 +145,9 @@ type Table interface {
 	Occupancy(key string) (held bool, keys, queue int)
 	// HeldUnder reports whether key is held under token.
 	HeldUnder(key string, token uint64) bool
+	// HeldBy reports whether key is held under token by owner: whether an
+	// extend naming them can still succeed.
+	HeldBy(key, owner string, token uint64) bool
 	// RangeHolders calls fn for every holder until fn returns false.
 	RangeHolders(fn func(key string, h locksm.Holder) bool)
 	// Sessions lists the live sessions' ids, ascending.
@@ -344,7 +347,7 @@ type pending[C comparable] struct {
 	keys     []string // a block's keys; nil for one key
 	owner    string
 	ref      uint64
-	token    uint64    // an extend's token (its count in Core.extending)
+	token    uint64    // an extend's token if it counts in Core.extending (0: it does not)
 	start    time.Time // when the request arrived (latency metrics)
 	deadline time.Time // acquire: when its wait runs out
 	queued   bool      // acquire applied as StatusQueued, not yet granted/timed out
@@ -818,7 +821,14 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 	}
 	k.pend[p.ref] = p
 	cn.owe(p)
-	if cmd.Op == locksm.OpExtend {
+	if cmd.Op == locksm.OpExtend && k.table.HeldBy(cmd.Key, cmd.Owner, cmd.Token) {
+		// Only an extend that can still succeed holds the token's expiry
+		// back: tokens never repeat and a holding's owner never changes,
+		// so one that names another owner, a key the token does not hold,
+		// or a token already ended, can never be applied as extended.
+		// Counting it would let a stray or hostile client that keeps one
+		// in flight stop any lease from ever expiring (issue 39, finding
+		// 7).
 		k.extending[cmd.Token]++
 		p.token = cmd.Token
 	}
@@ -919,7 +929,7 @@ func (k *Core[C]) finish(p *pending[C]) {
 	k.committed(p)
 	delete(k.pend, p.ref)
 	p.conn.unowe(p)
-	if p.op == locksm.OpExtend {
+	if p.op == locksm.OpExtend && p.token != 0 {
 		k.extendSettled(p.token)
 	}
 }

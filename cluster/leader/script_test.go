@@ -136,6 +136,11 @@ func (t stateTable) HeldUnder(key string, token uint64) bool {
 	return ok && h.Token == token
 }
 
+func (t stateTable) HeldBy(key, owner string, token uint64) bool {
+	h, ok := t.s.Holder(key)
+	return ok && h.Token == token && h.Owner == owner
+}
+
 func (t stateTable) RangeHolders(fn func(string, locksm.Holder) bool) { t.s.RangeHolders(fn) }
 
 func (t stateTable) Sessions() []uint64                           { return t.s.Sessions() }
@@ -818,11 +823,12 @@ func (k *Core[C]) check() error {
 	if !k.leading && len(k.pend) > 0 {
 		return fmt.Errorf("%d replies owed while not leading", len(k.pend))
 	}
-	// Extends in flight, by token, are the owed extends; a deferred lease
-	// timer waits only on a token with one in flight.
+	// Extends in flight, by token, are the owed extends that could
+	// succeed when they arrived (token 0: one that could not); a deferred
+	// lease timer waits only on a token with one in flight.
 	extends := map[uint64]int{}
 	for _, p := range k.pend {
-		if p.op == locksm.OpExtend {
+		if p.op == locksm.OpExtend && p.token != 0 {
 			extends[p.token]++
 		}
 	}
