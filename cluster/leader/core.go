@@ -506,7 +506,7 @@ type Core[C comparable] struct {
 	// (token → session): the Tokens of the session's expiry. A grant
 	// applied before the barrier is never in it: an earlier leader may
 	// have told it.
-	untold map[uint64]uint64
+	untold map[uint64]untoldGrant
 	// sessQueued counts the queued waiters of sessions among pend: they
 	// are not owed by this leader alone (a hand-over does not wait for
 	// them; the brokers resume them on the target).
@@ -537,7 +537,7 @@ func New[C comparable](cfg Config, table Table, dir Directory) *Core[C] {
 		sessions:      map[uint64]*session[C]{},
 		attachingTo:   map[uint64]*pending[C]{},
 		closingSess:   map[uint64]*pending[C]{},
-		untold:        map[uint64]uint64{},
+		untold:        map[uint64]untoldGrant{},
 	}
 }
 

@@ -98,6 +98,13 @@ type attachReq struct {
 	epoch     uint64 // resume: the attach epoch proposed with
 }
 
+// untoldGrant is a grant nobody was told (Core.untold): its session, and
+// the key (a block's primary key) and owner a release of it names.
+type untoldGrant struct {
+	session    uint64
+	key, owner string
+}
+
 // sessMark is the latest serial an applied batch recorded for a session.
 type sessMark struct{ sid, serial uint64 }
 
@@ -416,27 +423,52 @@ func (k *Core[C]) expire(s *session[C]) {
 		delete(k.sessions, s.id)
 		return
 	}
+	tokens := k.untoldOf(s.id)
+	s.expiring, s.overdue = true, false
+	k.propose(locksm.Command{Op: locksm.OpExpireSession, Session: s.id, Epoch: info.Epoch, Tokens: tokens})
+}
+
+// untoldOf lists the untold grants of session id, ascending.
+func (k *Core[C]) untoldOf(id uint64) []uint64 {
 	var tokens []uint64
-	for t, sid := range k.untold {
-		if sid == s.id {
+	for t, g := range k.untold {
+		if g.session == id {
 			tokens = append(tokens, t)
 		}
 	}
 	slices.Sort(tokens)
-	s.expiring, s.overdue = true, false
-	k.propose(locksm.Command{Op: locksm.OpExpireSession, Session: s.id, Epoch: info.Epoch, Tokens: tokens})
+	return tokens
 }
 
 // noteUntold records the grants a's command committed to sessions not
 // attached here: nobody was told them (an expiry releases them).
 func (k *Core[C]) noteUntold(a *Applied) {
 	if c := &a.Cmd; c.Session != 0 && a.Res.Status == locksm.StatusGranted && !k.attached(c.Session) {
-		k.untold[a.Res.Token] = c.Session
+		k.untold[a.Res.Token] = untoldGrant{session: c.Session, key: cmdKey(c), owner: c.Owner}
 	}
 	for _, e := range a.Effects {
 		if e.Kind == locksm.EffectGranted && e.Session != 0 && !k.attached(e.Session) {
-			k.untold[e.Token] = e.Session
+			k.untold[e.Token] = untoldGrant{session: e.Session, key: e.Key, owner: e.Owner}
 		}
+	}
+}
+
+// releaseLateUntold proposes the release of every grant to session id that
+// is still untold when its expiry or close applies without naming it: one
+// applied between the expiry's proposal, which fixed its Tokens, and its
+// apply (issue 39, finding 3). The ended session forgets it, and its
+// holding would otherwise keep its lease with nobody to release it.
+// Nobody was told it, so nobody can use it; the release needs the exact
+// token, so it changes nothing if the holding ended meanwhile.
+func (k *Core[C]) releaseLateUntold(id uint64, named []uint64) {
+	for _, t := range k.untoldOf(id) {
+		if slices.Contains(named, t) {
+			continue
+		}
+		g := k.untold[t]
+		delete(k.untold, t)
+		k.event(Event{Kind: EventAbandonedGrant})
+		k.propose(locksm.Command{Op: locksm.OpRelease, Key: g.key, Owner: g.owner, Token: t})
 	}
 }
 
@@ -558,6 +590,7 @@ func (k *Core[C]) sessionApplied(now time.Time, a *Applied) {
 		switch a.Res.Status {
 		case locksm.StatusSessionExpired, locksm.StatusSessionClosed:
 			k.event(Event{Kind: EventSessionExpired, Keys: len(c.Tokens)})
+			k.releaseLateUntold(s.id, c.Tokens)
 			k.sessionEnded(s)
 		default:
 			// Stale: resumed since the expiry was decided (by an attach
@@ -577,8 +610,8 @@ func (k *Core[C]) sessionApplied(now time.Time, a *Applied) {
 // by the state, and nothing is sent for them (no connection is attached).
 func (k *Core[C]) sessionEnded(s *session[C]) {
 	delete(k.sessions, s.id)
-	for t, sid := range k.untold {
-		if sid == s.id {
+	for t, g := range k.untold {
+		if g.session == s.id {
 			delete(k.untold, t)
 		}
 	}
