@@ -58,6 +58,9 @@ type nodeMetrics struct {
 	lostEvents      prometheus.Counter
 	handoffs        prometheus.Counter
 	abandonedGrants prometheus.Counter
+	// sessionRefusals counts opens and resumes refused before anything
+	// was proposed (their log line is rate-limited).
+	sessionRefusals prometheus.Counter
 	leaderChanges   prometheus.Counter
 	snapshotsTaken  prometheus.Counter
 	snapshotBytes   prometheus.Counter
@@ -123,6 +126,10 @@ func newNodeMetrics(n *Node) *nodeMetrics {
 		Name: "ticketing_node_abandoned_grants_total",
 		Help: "Grants whose requester's connection had gone; the leader released them at once.",
 	})
+	m.sessionRefusals = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ticketing_node_session_refusals_total",
+		Help: "Session opens and resumes the leader refused before proposing anything: a wrong secret, an unknown (expired) session, a connection that cannot carry that session.",
+	})
 	m.leaderChanges = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ticketing_node_leader_changes_total",
 		Help: "Times this node learned of a new Raft leader (after none, or another, was known).",
@@ -139,7 +146,7 @@ func newNodeMetrics(n *Node) *nodeMetrics {
 		Name: "ticketing_node_snapshot_restores_total",
 		Help: "Snapshots restored into the state machine (at start, or installed from the leader).",
 	})
-	m.reg.MustRegister(acq, rel, ext, blk, lat, hol, m.expiries, m.lostEvents, m.handoffs, m.abandonedGrants,
+	m.reg.MustRegister(acq, rel, ext, blk, lat, hol, m.expiries, m.lostEvents, m.handoffs, m.abandonedGrants, m.sessionRefusals,
 		m.leaderChanges, m.snapshotsTaken, m.snapshotBytes, m.restores, newNodeCollector(n))
 	return m
 }
@@ -189,6 +196,8 @@ func (n *Node) record(e leader.Event) {
 		m.lostEvents.Add(float64(e.Keys))
 	case leader.EventAbandonedGrant:
 		m.abandonedGrants.Inc()
+	case leader.EventSessionRefused:
+		m.sessionRefusals.Inc()
 	case leader.EventRefusedInFlight:
 		n.stats.inFlightRefusals.Add(1)
 	case leader.EventRefusedKeys:

@@ -87,9 +87,12 @@ type Node struct {
 	// core is the leader's request handling (cluster/leader): who is owed
 	// which reply, admission, dead-connection compensation, the lease and
 	// wait timers, leadership and the core's part of a hand-over.
-	core   *leader.Core[*clientConn]
-	conns  map[*clientConn]struct{} // every accepted client connection
-	closed bool
+	core *leader.Core[*clientConn]
+	// refusalLog bounds the "session request refused" lines (every
+	// refusal is counted in ticketing_node_session_refusals_total).
+	refusalLog logLimiter
+	conns      map[*clientConn]struct{} // every accepted client connection
+	closed     bool
 
 	stats      nodeStats
 	metrics    *nodeMetrics
@@ -128,7 +131,9 @@ func New(cfg Config) (*Node, error) {
 		slots:    make(chan struct{}, batchesInFlight),
 		futures:  make(chan batchFuture, 1024),
 		conns:    map[*clientConn]struct{}{},
-		closing:  make(chan struct{}),
+		// 5 lines a second: enough to see who, never a flood.
+		refusalLog: logLimiter{burst: 5, every: time.Second},
+		closing:    make(chan struct{}),
 
 		clientGate: newGate(cfg.MaxHandshakesPerIP, cfg.AuthFailureDelay, cfg.AuthFailureDelayMax),
 	}
@@ -587,7 +592,10 @@ func (n *Node) performLocked() {
 		rd.Sends[i].To.send(&rd.Sends[i].Msg)
 	}
 	for _, r := range rd.Refusals {
-		n.log.Warn("session request refused", "remote", r.Conn.remote, "session", r.Session, "err", r.Err)
+		if ok, suppressed := n.refusalLog.allow(time.Now()); ok {
+			n.log.Warn("session request refused", "remote", r.Conn.remote, "session", r.Session, "err", r.Err,
+				"not_logged_before", suppressed)
+		}
 	}
 	for _, sl := range rd.Silences {
 		// A session connection silent for the session's timeout is

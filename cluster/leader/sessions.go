@@ -255,7 +255,10 @@ func (k *Core[C]) sessionRequest(now time.Time, cn *conn[C], m *wire.Msg) bool {
 	}
 	info, ok := k.table.Session(m.Session)
 	if !ok {
-		return k.refuse(cn, m.ID, m.Session, fmt.Errorf("%w: session %d (expired, closed or never opened)", locksm.ErrNoSession, m.Session), true)
+		// Closed after the refusal: a connection looping resumes of
+		// unknown sessions would otherwise cost a refusal (and a log line)
+		// per frame, as fast as it can write them (issue 39, finding 9).
+		return k.refuse(cn, m.ID, m.Session, fmt.Errorf("%w: session %d (expired, closed or never opened)", locksm.ErrNoSession, m.Session), false)
 	}
 	if subtle.ConstantTimeCompare(hash[:], []byte(info.SecretHash)) != 1 {
 		return k.refuse(cn, m.ID, m.Session, fmt.Errorf("%w: resume of session %d", wire.ErrBadSession, m.Session), false)
