@@ -96,8 +96,9 @@ func (k *Core[C]) StopServing(h *HandOver) error {
 // EndHandOver ends h after the Raft transfer. transferFailed: this node
 // still leads; it serves again if it still leads in h's epoch, was ready
 // and is not closing, with a fresh lease timer for every holder from now
-// (expiries proposed during the transfer were refused), and tells its
-// connections. Otherwise h's target stays the leader hint.
+// (expiries proposed during the transfer were refused), the cancels of
+// waits that ended meanwhile proposed again (recancelWaits), and tells
+// its connections. Otherwise h's target stays the leader hint.
 func (k *Core[C]) EndHandOver(now time.Time, h *HandOver, transferFailed bool) {
 	h.active = false
 	if !transferFailed {
@@ -111,8 +112,25 @@ func (k *Core[C]) EndHandOver(now time.Time, h *HandOver, transferFailed bool) {
 	}
 	k.armHolders(now)
 	k.rearmSessions(now)
+	k.recancelWaits(now)
 	k.serving = true
 	k.broadcastServing()
+}
+
+// recancelWaits proposes again, when serving resumes after a hand-over
+// that failed, the cancel of every queued acquire that was to leave its
+// queue: one whose caller (or the hand-over's withdrawal) cancelled it,
+// and one whose wait ran out. While Raft moved leadership it refused new
+// entries, those cancels among them, and their refusal answers nobody (the
+// waiter's reply is owed by its cancel's apply), so without this a waiter
+// kept its place with no wait bound left (issue 39, finding 11). A cancel
+// that was appended after all and applies first makes this one a Noop.
+func (k *Core[C]) recancelWaits(now time.Time) {
+	for _, p := range sortedByRef(k.pend) {
+		if p.acquire() && p.queued && (p.cancel || !p.deadline.After(now)) {
+			k.propose(locksm.Command{Op: locksm.OpCancelWait, Key: p.key, Ref: p.ref})
+		}
+	}
 }
 
 // stopServing is step 3.
