@@ -1006,7 +1006,7 @@ func (k *Core[C]) Applied(now time.Time, batch []Applied) {
 		c := &a.Cmd
 		key := cmdKey(c)
 		if c.Op >= locksm.OpOpenSession {
-			k.sessionApplied(now, a)
+			k.sessionApplied(now, a, batch[i+1:])
 			continue
 		}
 		if c.Session != 0 || len(a.Effects) > 0 {

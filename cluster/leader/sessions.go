@@ -506,8 +506,10 @@ func (k *Core[C]) watermarks() {
 	k.marks = k.marks[:0]
 }
 
-// sessionApplied handles an applied session command (ops 8..12).
-func (k *Core[C]) sessionApplied(now time.Time, a *Applied) {
+// sessionApplied handles an applied session command (ops 8..12); later
+// is the rest of its batch (applied to the table already, not yet
+// answered).
+func (k *Core[C]) sessionApplied(now time.Time, a *Applied, later []Applied) {
 	c := &a.Cmd
 	if k.ownTerm {
 		k.noteUntold(a)
@@ -547,7 +549,7 @@ func (k *Core[C]) sessionApplied(now time.Time, a *Applied) {
 		switch {
 		case a.Res.Status == locksm.StatusResumed && s != nil:
 			delete(k.attachingTo, c.Session)
-			k.resumed(now, p, s)
+			k.resumed(now, p, s, later)
 			k.nextAttach(s)
 		case errors.Is(a.Res.Err, locksm.ErrStaleEpoch) && s != nil:
 			// Another attach got in first: propose again with the epoch
@@ -630,8 +632,14 @@ func (k *Core[C]) sessionEnded(s *session[C]) {
 }
 
 // resumed answers p, a resume of s that applied: the kept outcomes, a Q
-// for every queued request (now owed on p's connection), O and K.
-func (k *Core[C]) resumed(now time.Time, p *pending[C], s *session[C]) {
+// for every queued request (now owed on p's connection), O and K, all as
+// of the resume's own entry. The table already holds the whole batch, so
+// what later entries of it (later) recorded for s is left out: a waiter
+// they granted or timed out is still answered Q here, and its G or T
+// follows after K, when its own entry is answered. Read after the whole
+// batch, the resume would carry that outcome and the entry would send it
+// again: two replies to one request (issue 39, finding 2).
+func (k *Core[C]) resumed(now time.Time, p *pending[C], s *session[C], later []Applied) {
 	s.floor = max(s.floor, p.attachment().high)
 	s.ack = max(s.ack, p.attachment().ack)
 	cn := p.conn
@@ -643,8 +651,34 @@ func (k *Core[C]) resumed(now time.Time, p *pending[C], s *session[C]) {
 		return
 	}
 	k.attach(cn, s)
+	serial := uint64(0)
+	if info, ok := k.table.Session(s.id); ok {
+		serial = info.Serial
+	}
+	// What the rest of the batch recorded for s: outcomes of waiters that
+	// were still queued when the resume applied (a session's own commands
+	// after its resume in one batch carry seqs at or below its high, so
+	// they are void and record nothing).
+	var left []uint64 // their seqs
+	cutoff := serial  // the session's last serial as of the resume
+	for i := range later {
+		for _, e := range later[i].Effects {
+			if e.Session == s.id && e.Serial != 0 {
+				left = append(left, e.Seq)
+				cutoff = min(cutoff, e.Serial-1)
+			}
+		}
+		if c := &later[i].Cmd; c.Session == s.id && later[i].Res.Serial != 0 {
+			cutoff = min(cutoff, later[i].Res.Serial-1)
+		}
+	}
 	outs := k.table.SessionOutcomes(s.id)
+	n := 0
 	for _, o := range outs {
+		if o.Serial > cutoff {
+			break // in serial order
+		}
+		n++
 		k.send(cn, outcomeMsg(o))
 		if o.Status == locksm.StatusGranted {
 			delete(k.untold, o.Token)
@@ -659,15 +693,19 @@ func (k *Core[C]) resumed(now time.Time, p *pending[C], s *session[C]) {
 			// owed since Serve. Its wait runs in full from now.
 			k.adopt(now, now.UnixMilli(), s, q)
 		}
-		k.send(cn, wire.Msg{Type: wire.TypeQueued, ID: w.Seq})
 	}
-	serial := uint64(0)
-	if info, ok := k.table.Session(s.id); ok {
-		serial = info.Serial
+	seqs := make([]uint64, 0, len(queued)+len(left))
+	for _, q := range queued {
+		seqs = append(seqs, q.Waiter.Seq)
 	}
-	k.send(cn, wire.Msg{Type: wire.TypeOutcomes, Session: s.id, Serial: serial})
+	seqs = append(seqs, left...)
+	slices.Sort(seqs)
+	for _, seq := range seqs {
+		k.send(cn, wire.Msg{Type: wire.TypeQueued, ID: seq})
+	}
+	k.send(cn, wire.Msg{Type: wire.TypeOutcomes, Session: s.id, Serial: cutoff})
 	k.send(cn, wire.Msg{Type: wire.TypeOK, ID: p.id})
-	k.event(Event{Kind: EventSessionResumed, Keys: len(outs) + len(queued)})
+	k.event(Event{Kind: EventSessionResumed, Keys: n + len(seqs)})
 }
 
 // outcomeMsg is the reply a kept outcome stands for (id = its seq).
