@@ -3,7 +3,7 @@ GO ?= go
 PYTHON ?= python3
 NODE ?= node
 
-.PHONY: test prepare test-docs vet build lab dev bench-failover bench-throughput bench-blocks bench-extend bench-compare test-lab fuzz test-clients test-python test-node test-verify verify-long \
+.PHONY: test prepare test-docs vet build lab dev soak-leaders bench-failover bench-throughput bench-blocks bench-extend bench-compare test-lab fuzz test-clients test-python test-node test-verify verify-long \
 	test-go test-norace test-postgres test-fence-node test-fence-python-pg deb
 
 # Every test of the project, with the race detector (a few minutes on 2 cores),
@@ -75,6 +75,12 @@ test-node: build
 VERIFY_NODE_ARGS ?=
 test-verify: build lab
 	cd cmd/ticketlab && $(LAB_ENV) TICKETING_VERIFY_NODE_ARGS="$(VERIFY_NODE_ARGS)" $(GO) test -count=1 -timeout 10m -run '^TestVerifyShort$$' -v .
+
+# Several leader cores over one log (cluster/leader
+# TestMultiLeaderSessions; docs/verification.md): 100,000 seeds, about
+# two minutes. `make test` runs 150.
+soak-leaders:
+	LEADER_MULTI_SEEDS=100000 $(GO) test -count=1 -timeout 60m -run '^TestMultiLeaderSessions$$' ./cluster/leader
 
 # The long form (not part of `make test`): 30 minutes of faults on 5 nodes.
 verify-long: build lab
