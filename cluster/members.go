@@ -265,7 +265,7 @@ func (n *Node) Lag(id string) (lag uint64, err error) {
 		return 0, err
 	}
 	commit := n.raft.CommitIndex()
-	ident, _, err := n.peers.discoverID(m.ServerID, m.Name, m.PeerAddr, probeWait)
+	ident, _, err := n.discoverMember(m.ServerID, m.Name, m.PeerAddr, probeWait)
 	if err != nil {
 		return 0, fmt.Errorf("cluster: asking %s for its applied index: %w", id, err)
 	}
@@ -312,9 +312,24 @@ func (n *Node) notOlder(id string, version uint16, then string) error {
 }
 
 // discoverMember asks member id for its identity over the peer port (a
-// discovery handshake); version is the one it answered at.
+// discovery handshake); version is the one it answered at, which
+// knownVersion remembers.
 func (n *Node) discoverMember(id, name, peerAddr string, wait time.Duration) (wire.Identity, uint16, error) {
-	return n.peers.discoverID(id, name, peerAddr, wait)
+	ident, version, err := n.peers.discoverID(id, name, peerAddr, wait)
+	if err == nil {
+		n.versions.Store(id, version)
+	}
+	return ident, version, err
+}
+
+// knownVersion is the protocol version server id last answered this node
+// at, if it ever did.
+func (n *Node) knownVersion(id string) (uint16, bool) {
+	v, ok := n.versions.Load(id)
+	if !ok {
+		return 0, false
+	}
+	return v.(uint16), true
 }
 
 // AddLearner adds serverID (NAME/INCARNATION) at peerAddr as a non-voter;
