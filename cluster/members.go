@@ -333,8 +333,21 @@ func (n *Node) knownVersion(id string) (uint16, bool) {
 }
 
 // AddLearner adds serverID (NAME/INCARNATION) at peerAddr as a non-voter;
-// only the leader can. It returns once the change is committed.
+// only the leader can. It returns once the change is committed. A node
+// that answers at a protocol version older than the cluster version is
+// refused; one that does not answer is added unchecked (promoting it
+// checks it).
 func (n *Node) AddLearner(serverID, peerAddr string, timeout time.Duration) error {
+	return n.addLearner(serverID, peerAddr, false, timeout)
+}
+
+// AddAnsweringLearner is AddLearner for a node that must answer now: one
+// that does not is refused (ErrLearnerLagging) instead of added unchecked.
+func (n *Node) AddAnsweringLearner(serverID, peerAddr string, timeout time.Duration) error {
+	return n.addLearner(serverID, peerAddr, true, timeout)
+}
+
+func (n *Node) addLearner(serverID, peerAddr string, answering bool, timeout time.Duration) error {
 	if name, inc := SplitServerID(serverID); ValidateNodeID(name) != nil || len(inc) != incarnationLen {
 		return fmt.Errorf("%w: %q is not NAME/INCARNATION", ErrBadConfig, serverID)
 	}
@@ -348,15 +361,20 @@ func (n *Node) AddLearner(serverID, peerAddr string, timeout time.Duration) erro
 	}
 	// A node older than the cluster version could not apply the log (it
 	// would skip entries it cannot decode, block acquires among them, and
-	// diverge). A node that does not answer yet is added unchecked (a
-	// learner neither votes nor leads); promoting it checks it again and
-	// refuses one it cannot reach.
-	if cv := n.fsm.getClusterVersion(); cv > 0 {
+	// diverge). A node that does not answer yet is added unchecked unless
+	// it must answer (a learner neither votes nor leads; promoting it
+	// checks it again and refuses one it cannot reach).
+	if cv := n.fsm.getClusterVersion(); cv > 0 || answering {
 		name, _ := SplitServerID(serverID)
-		if _, version, err := n.discoverMember(serverID, name, peerAddr, probeWait); err == nil {
+		_, version, err := n.discoverMember(serverID, name, peerAddr, probeWait)
+		switch {
+		case err == nil:
 			if err := n.notOlder(serverID, version, "add it"); err != nil {
 				return err
 			}
+		case answering:
+			return fmt.Errorf("%w: %s does not answer at %s (is it running there, with an empty data dir and without "+
+				"--peers?): its protocol version cannot be checked, so it is not added yet (%v)", ErrLearnerLagging, serverID, peerAddr, err)
 		}
 	}
 	return n.raft.AddNonvoter(raft.ServerID(serverID), raftAddr(serverID, peerAddr), 0, timeout).Error()
