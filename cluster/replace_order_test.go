@@ -326,7 +326,7 @@ func TestReplaceWaitsForTheNewNodeToAnswer(t *testing.T) {
 		}
 	}
 	replace := func(wait time.Duration, progress func(string)) error {
-		ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		a := c.admin()
 		a.NewNodeWait = wait
