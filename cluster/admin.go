@@ -111,7 +111,11 @@ func (n *Node) admin(req wire.AdminRequest) wire.AdminReply {
 		}
 		return wire.AdminReply{OK: true, Key: &kr}
 	case wire.AdminOpAddLearner:
-		err = n.AddLearner(req.ID, req.Addr, timeout)
+		if req.Answering {
+			err = n.AddAnsweringLearner(req.ID, req.Addr, timeout)
+		} else {
+			err = n.AddLearner(req.ID, req.Addr, timeout)
+		}
 	case wire.AdminOpPromote:
 		if req.Replaces != "" {
 			err = n.PromoteReplacing(req.ID, req.Replaces, timeout)

@@ -196,9 +196,11 @@ type Config struct {
 	PeerNet PeerNet
 	// ProtocolVersion is the newest protocol version the node speaks, on
 	// its client and peer ports alike (and so the cluster version it
-	// helps record): 0 = wire.ProtocolVersion (7, sessions). Lower plays
+	// helps record): 0 = wire.ProtocolVersion (8, labels). Lower plays
 	// an older build: tests of a rolling upgrade run some nodes at 6, so
-	// that the cluster version stays 6 until every member speaks 7.
+	// that the cluster version stays 6 until every member speaks 7; a
+	// node below the cluster version is never made a voter or handed the
+	// leadership (members.go, handover.go).
 	ProtocolVersion uint16
 }
 

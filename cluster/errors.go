@@ -61,8 +61,9 @@ var (
 	// ErrHandOverInProgress: another hand-over of this node's leadership
 	// has not finished.
 	ErrHandOverInProgress = errors.New("cluster: a leadership hand-over is in progress")
-	// ErrNoTarget: no other voter answered, so there is nobody to hand the
-	// leadership to.
+	// ErrNoTarget: no other voter answered at the cluster version or
+	// newer, so there is nobody to hand the leadership to (the error says
+	// why of each voter).
 	ErrNoTarget = errors.New("cluster: no voter to hand the leadership to")
 )
 

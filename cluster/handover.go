@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -18,7 +19,8 @@ import (
 // leader itself). A leader that hands its leadership over:
 //
 //  1. chooses the target: the voter that answers a discovery handshake
-//     and has applied the most (or the one named);
+//     and has applied the most (or the one named), never one older than
+//     the cluster version (chooseTarget);
 //  2. tells every connection of protocol version 3 or later with a
 //     NoticeHandOver naming the target's id and client address, and keeps
 //     serving until each has acknowledged it (TypeNoticeAck: a client
@@ -54,7 +56,8 @@ const handOverDrainWait = 2 * time.Second
 // (the target's, normally) once Raft has stepped this node down and the
 // new leader has been heard from, or an error (ErrNotLeader, also when
 // this node stepped down and no leader was heard from: no follower left
-// to take over; ErrHandOverInProgress, ErrNoTarget, a failed transfer:
+// to take over; ErrHandOverInProgress; ErrNoTarget, also when the only
+// voters are older than the cluster version; a failed transfer:
 // this node then serves again). ctx bounds the whole hand-over.
 func (n *Node) HandOver(ctx context.Context, to string) (string, error) {
 	if err := n.requireLeader(); err != nil {
@@ -184,7 +187,13 @@ func (n *Node) handOverWithin(timeout time.Duration) error {
 
 // chooseTarget picks the voter to hand over to: to if named (it must be a
 // voter; its client address from discovery, else from the log), else the
-// voter that answers a discovery handshake and has applied the most.
+// voter that answers a discovery handshake and has applied the most. A
+// voter older than the cluster version is never chosen (elected, it would
+// serve clients at its older version, where sidecars cannot resume their
+// sessions, and it could not apply the log), nor one whose version is
+// unknown: a voter that does not answer now qualifies only if named and
+// known (from an earlier answer to this node) to speak the cluster
+// version, so that a target behind a brief network fault is still tried.
 func (n *Node) chooseTarget(to string) (id, peerAddr, addr string, err error) {
 	ms, err := n.Members()
 	if err != nil {
@@ -200,9 +209,10 @@ func (n *Node) chooseTarget(to string) (id, peerAddr, addr string, err error) {
 		return "", "", "", fmt.Errorf("%w: %s is not another voter", ErrNoSuchMember, to)
 	}
 	type answer struct {
-		m     Member
-		ident wire.Identity
-		err   error
+		m       Member
+		ident   wire.Identity
+		version uint16
+		err     error
 	}
 	answers := make([]answer, len(cands))
 	var wg sync.WaitGroup
@@ -210,21 +220,44 @@ func (n *Node) chooseTarget(to string) (id, peerAddr, addr string, err error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ident, _, err := n.peers.discoverID(m.ServerID, m.Name, m.PeerAddr, time.Second)
-			answers[i] = answer{m, ident, err}
+			ident, version, err := n.discoverMember(m.ServerID, m.Name, m.PeerAddr, time.Second)
+			answers[i] = answer{m, ident, version, err}
 		}()
 	}
 	wg.Wait()
-	sort.SliceStable(answers, func(i, j int) bool {
-		if (answers[i].err == nil) != (answers[j].err == nil) {
-			return answers[i].err == nil
+	cv := n.fsm.getClusterVersion()
+	var ok []answer
+	var why []string
+	for _, a := range answers {
+		switch v, known := n.knownVersion(a.m.ServerID); {
+		case a.err == nil && a.version < cv:
+			why = append(why, fmt.Sprintf("%s speaks protocol version %d, older than the cluster version %d (upgrade it)", a.m.ServerID, a.version, cv))
+		case a.err == nil:
+			ok = append(ok, a)
+		case to == "":
+			why = append(why, fmt.Sprintf("%s does not answer over the peer port", a.m.ServerID))
+		case !known:
+			why = append(why, fmt.Sprintf("%s does not answer over the peer port, and its protocol version is unknown", a.m.ServerID))
+		case v < cv:
+			why = append(why, fmt.Sprintf("%s does not answer over the peer port, and last answered at protocol version %d, "+
+				"older than the cluster version %d (upgrade it)", a.m.ServerID, v, cv))
+		default:
+			ok = append(ok, a)
 		}
-		return answers[i].ident.Applied > answers[j].ident.Applied
-	})
-	if len(answers) == 0 || (answers[0].err != nil && to == "") {
-		return "", "", "", ErrNoTarget
 	}
-	best := answers[0]
+	if len(ok) == 0 {
+		if len(why) == 0 {
+			return "", "", "", ErrNoTarget
+		}
+		return "", "", "", fmt.Errorf("%w: %s", ErrNoTarget, strings.Join(why, "; "))
+	}
+	sort.SliceStable(ok, func(i, j int) bool {
+		if (ok[i].err == nil) != (ok[j].err == nil) {
+			return ok[i].err == nil
+		}
+		return ok[i].ident.Applied > ok[j].ident.Applied
+	})
+	best := ok[0]
 	addr = best.ident.ClientAddr
 	if addr == "" {
 		addr = best.m.ClientAddr // from the log (an older node, or it did not answer)

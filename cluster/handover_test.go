@@ -2,10 +2,14 @@ package cluster_test
 
 import (
 	"context"
+	"errors"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
+	"ticketing/cluster"
+	"ticketing/cluster/local"
 	"ticketing/cluster/testkit"
 	"ticketing/cluster/wire"
 	"ticketing/locksm"
@@ -228,5 +232,66 @@ func TestHandOverNamesTheTarget(t *testing.T) {
 	m := do(t, c.dial(li), acquireMsg("k", "o", 30, 0))
 	if m.Type != wire.TypeMoved || m.LeaderID != n.LeaderID || m.LeaderAddr != n.LeaderAddr {
 		t.Fatalf("acquire at the old leader after the hand-over: %s", describe(m))
+	}
+}
+
+// A voter that runs protocol version 6 in a cluster at version 8 (a node
+// rolled back to an older build) is never handed the leadership: not as
+// the best target, even when it is the only other voter that answers, and
+// not when named. The leader keeps serving and says which voter is older
+// than the cluster version; once a voter at version 8 answers again, it is
+// the one chosen. Before issue 39 the older voter was chosen, and led the
+// cluster at version 6 (finding 10).
+func TestHandOverNeverChoosesAnOlderVoter(t *testing.T) {
+	c, li := startVersion8(t, local.Options{})
+	old, other := (li+1)%3, (li+2)%3
+	oldID := c.Node(old).ServerID()
+	if err := c.Stop(old); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.RestartWith(old, atVersion6); err != nil {
+		t.Fatal(err)
+	}
+	// The older voter catches up before the other one goes, so that the
+	// leader keeps its majority throughout.
+	testkit.WaitFor(t, oldID+" to catch up", 20*time.Second, func() bool {
+		return c.Node(old).Raft().AppliedIndex() >= c.Node(li).Raft().CommitIndex()
+	})
+	if err := c.Stop(other); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.leader(); got != li {
+		t.Fatalf("node %d leads, not %d", got, li)
+	}
+	handOver := func(to string) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		return c.Node(li).HandOver(ctx, to)
+	}
+	for _, to := range []string{"", oldID} {
+		got, err := handOver(to)
+		if !errors.Is(err, cluster.ErrNoTarget) {
+			t.Fatalf("hand-over (target %q) with only a version 6 voter: to %q, %v; want ErrNoTarget", to, got, err)
+		}
+		for _, want := range []string{oldID, "version 6", "cluster version 8"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("the refusal %q does not say %q", err, want)
+			}
+		}
+		t.Logf("refused: %v", err)
+		if !c.Node(li).Serving() {
+			t.Fatalf("the leader stopped serving after a refused hand-over")
+		}
+	}
+	if err := c.Restart(other); err != nil {
+		t.Fatal(err)
+	}
+	otherID := c.Node(other).ServerID()
+	testkit.WaitFor(t, otherID+" to catch up", 20*time.Second, func() bool {
+		return c.Node(other).Raft().AppliedIndex() >= c.Node(li).Raft().CommitIndex()
+	})
+	got, err := handOver("")
+	if err != nil || got != otherID {
+		t.Fatalf("hand-over with a version 8 voter back: to %q, %v; want %s", got, err, otherID)
 	}
 }

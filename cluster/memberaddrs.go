@@ -79,7 +79,7 @@ func (n *Node) recordMemberAddrs() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ident, version, err := n.peers.discoverID(m.ServerID, m.Name, m.PeerAddr, 2*time.Second)
+			ident, version, err := n.discoverMember(m.ServerID, m.Name, m.PeerAddr, 2*time.Second)
 			if err != nil {
 				return
 			}

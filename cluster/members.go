@@ -47,6 +47,10 @@ import (
 // tolerance says it is safe: Remove leaves at least 3 voters, or at least
 // 2 when the tolerance does not drop (the voter removed does not answer);
 // Promote never makes a 6th voter (PromoteReplacing may, inside its step).
+// No node older than the cluster version becomes a voter or is handed the
+// leadership: a promotion asks the learner for its version and refuses
+// one that is older or does not answer, and a hand-over chooses only
+// voters known to speak the cluster version (issue 39).
 // Growing 3 → 5 is learner + promote twice (passing 4 voters); shrinking is
 // remove twice. Removing the leader first hands leadership over (a quiet
 // hand-over, handover.go) and the new leader removes it.
@@ -172,6 +176,9 @@ type health struct {
 	answers bool
 	// applied is its last applied index (when it answers).
 	applied uint64
+	// version is the protocol version it answered at (when it answers):
+	// the handshake's, the lower of its newest and this node's.
+	version uint16
 	// found is the server id that answered at its peer address instead,
 	// under the same node name (a wiped node's new incarnation); "" if
 	// none did.
@@ -194,14 +201,14 @@ func (n *Node) probe(ms []Member, wait time.Duration) map[string]health {
 	asked := 0
 	for _, m := range ms {
 		if m.ServerID == n.serverID {
-			out[m.ServerID] = health{answers: true, applied: n.raft.AppliedIndex()}
+			out[m.ServerID] = health{answers: true, applied: n.raft.AppliedIndex(), version: n.cfg.protocolVersion()}
 			continue
 		}
 		asked++
 		go func(m Member) {
 			var h health
-			if ident, _, err := n.peers.discoverID(m.ServerID, m.Name, m.PeerAddr, wait); err == nil {
-				h = health{answers: true, applied: ident.Applied}
+			if ident, version, err := n.discoverMember(m.ServerID, m.Name, m.PeerAddr, wait); err == nil {
+				h = health{answers: true, applied: ident.Applied, version: version}
 			} else if sid, _, _, err := n.peers.discover(m.Name, m.PeerAddr, wait); err == nil && sid != m.ServerID {
 				h.found = sid
 			}
@@ -258,19 +265,30 @@ func (n *Node) Lag(id string) (lag uint64, err error) {
 		return 0, err
 	}
 	commit := n.raft.CommitIndex()
-	ident, _, err := n.peers.discoverID(m.ServerID, m.Name, m.PeerAddr, probeWait)
+	ident, _, err := n.discoverMember(m.ServerID, m.Name, m.PeerAddr, probeWait)
 	if err != nil {
 		return 0, fmt.Errorf("cluster: asking %s for its applied index: %w", id, err)
 	}
 	return commit - min(commit, ident.Applied), nil
 }
 
-// caughtUp checks that learner m answered (in hs) within MaxPromoteLag of
-// the commit index.
-func (n *Node) caughtUp(m Member, hs map[string]health) error {
+// promotable checks that learner m answered (in hs) at a protocol version
+// no older than the cluster version, within MaxPromoteLag of the commit
+// index. A voter older than the cluster version could not apply the log
+// (a real older build skips the entries it cannot decode, and its state
+// parts from the others'), and once elected it would serve clients at its
+// own version (sidecars could not resume their sessions on it). Its
+// version is learned from its answer, so one that does not answer is not
+// promoted: add-learner checks only a node that answers, and the node may
+// have been down then.
+func (n *Node) promotable(m Member, hs map[string]health) error {
 	h := hs[m.ServerID]
 	if !h.answers {
-		return fmt.Errorf("%w: %s did not answer over the peer port (is it running at %s?)", ErrLearnerLagging, m.ServerID, m.PeerAddr)
+		return fmt.Errorf("%w: %s did not answer over the peer port (is it running at %s?): its lag and protocol version "+
+			"cannot be checked, so it is not promoted", ErrLearnerLagging, m.ServerID, m.PeerAddr)
+	}
+	if err := n.notOlder(m.ServerID, h.version, "promote it"); err != nil {
+		return err
 	}
 	commit := n.raft.CommitIndex()
 	if lag := commit - min(commit, h.applied); lag > MaxPromoteLag {
@@ -280,9 +298,56 @@ func (n *Node) caughtUp(m Member, hs map[string]health) error {
 	return nil
 }
 
+// notOlder refuses server id, which answered at protocol version, if that
+// is older than the cluster version; then says what to do before
+// retrying (to "promote it", "add it").
+func (n *Node) notOlder(id string, version uint16, then string) error {
+	if cv := n.fsm.getClusterVersion(); version < cv {
+		return fmt.Errorf("%w: %s speaks protocol version %d, older than the cluster version %d (recorded once every member spoke it): "+
+			"it could not apply the log, and elected it would serve clients at version %d; upgrade it to a build that speaks "+
+			"version %d or later, restart it on its data dir, then %s",
+			ErrUnsafeChange, id, version, cv, version, cv, then)
+	}
+	return nil
+}
+
+// discoverMember asks member id for its identity over the peer port (a
+// discovery handshake); version is the one it answered at, which
+// knownVersion remembers.
+func (n *Node) discoverMember(id, name, peerAddr string, wait time.Duration) (wire.Identity, uint16, error) {
+	ident, version, err := n.peers.discoverID(id, name, peerAddr, wait)
+	if err == nil {
+		n.versions.Store(id, version)
+	}
+	return ident, version, err
+}
+
+// knownVersion is the protocol version server id last answered this node
+// at, if it ever did.
+func (n *Node) knownVersion(id string) (uint16, bool) {
+	v, ok := n.versions.Load(id)
+	if !ok {
+		return 0, false
+	}
+	return v.(uint16), true
+}
+
 // AddLearner adds serverID (NAME/INCARNATION) at peerAddr as a non-voter;
-// only the leader can. It returns once the change is committed.
+// only the leader can. It returns once the change is committed. A node
+// that answers at a protocol version older than the cluster version is
+// refused; one that does not answer is added unchecked (promoting it
+// checks it).
 func (n *Node) AddLearner(serverID, peerAddr string, timeout time.Duration) error {
+	return n.addLearner(serverID, peerAddr, false, timeout)
+}
+
+// AddAnsweringLearner is AddLearner for a node that must answer now: one
+// that does not is refused (ErrLearnerLagging) instead of added unchecked.
+func (n *Node) AddAnsweringLearner(serverID, peerAddr string, timeout time.Duration) error {
+	return n.addLearner(serverID, peerAddr, true, timeout)
+}
+
+func (n *Node) addLearner(serverID, peerAddr string, answering bool, timeout time.Duration) error {
 	if name, inc := SplitServerID(serverID); ValidateNodeID(name) != nil || len(inc) != incarnationLen {
 		return fmt.Errorf("%w: %q is not NAME/INCARNATION", ErrBadConfig, serverID)
 	}
@@ -296,19 +361,27 @@ func (n *Node) AddLearner(serverID, peerAddr string, timeout time.Duration) erro
 	}
 	// A node older than the cluster version could not apply the log (it
 	// would skip entries it cannot decode, block acquires among them, and
-	// diverge). A node that does not answer yet is added unchecked: start
-	// a node before adding it.
-	if cv := n.fsm.getClusterVersion(); cv > 0 {
+	// diverge). A node that does not answer yet is added unchecked unless
+	// it must answer (a learner neither votes nor leads; promoting it
+	// checks it again and refuses one it cannot reach).
+	if cv := n.fsm.getClusterVersion(); cv > 0 || answering {
 		name, _ := SplitServerID(serverID)
-		if _, version, err := n.peers.discoverID(serverID, name, peerAddr, probeWait); err == nil && version < cv {
-			return fmt.Errorf("%w: %s speaks protocol version %d, older than the cluster's %d: it could not apply the log; upgrade it first",
-				ErrUnsafeChange, serverID, version, cv)
+		_, version, err := n.discoverMember(serverID, name, peerAddr, probeWait)
+		switch {
+		case err == nil:
+			if err := n.notOlder(serverID, version, "add it"); err != nil {
+				return err
+			}
+		case answering:
+			return fmt.Errorf("%w: %s does not answer at %s (is it running there, with an empty data dir and without "+
+				"--peers?): its protocol version cannot be checked, so it is not added yet (%v)", ErrLearnerLagging, serverID, peerAddr, err)
 		}
 	}
 	return n.raft.AddNonvoter(raft.ServerID(serverID), raftAddr(serverID, peerAddr), 0, timeout).Error()
 }
 
-// Promote makes learner id a voter, if it is caught up (lag at most
+// Promote makes learner id a voter, if it answers at a protocol version
+// no older than the cluster version, is caught up (lag at most
 // MaxPromoteLag) and the cluster would have at most 5 voters. To swap a
 // voter for the learner, PromoteReplacing does both in one step.
 func (n *Node) Promote(id string, timeout time.Duration) error {
@@ -326,7 +399,7 @@ func (n *Node) Promote(id string, timeout time.Duration) error {
 			ErrUnsafeChange, voters(ms), id, id, m.PeerAddr, id)
 	}
 	hs := n.probe(ms, probeWait)
-	if err := n.caughtUp(m, hs); err != nil {
+	if err := n.promotable(m, hs); err != nil {
 		return err
 	}
 	// A caught-up learner answers: one more voter and one more answering
@@ -338,7 +411,7 @@ func (n *Node) Promote(id string, timeout time.Duration) error {
 }
 
 // PromoteReplacing swaps voter old for learner id in one step: it checks
-// that id has caught up and that old answers, then promotes id and removes
+// id as Promote does (version and lag) and that old answers, then promotes id and removes
 // old at once, so the extra voter (a 4th or 6th) exists only inside this
 // call (see the replacement rule at the top of this file). A voter old
 // that does not answer must be removed first instead (Remove), which keeps
@@ -362,7 +435,7 @@ func (n *Node) PromoteReplacing(id, old string, timeout time.Duration) error {
 		return fmt.Errorf("%w: the cluster has %d voters; remove one before replacing another", ErrUnsafeChange, voters(ms))
 	}
 	hs := n.probe(ms, probeWait)
-	if err := n.caughtUp(m, hs); err != nil {
+	if err := n.promotable(m, hs); err != nil {
 		return err
 	}
 	if !hs[old].answers {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -329,4 +330,75 @@ func TestMembersRefusesADamagedAddress(t *testing.T) {
 	if _, err := c.Node(li).Members(); err != nil {
 		t.Fatalf("members once the damaged server is gone: %v", err)
 	}
+}
+
+// startVersion8 starts opts' cluster and waits until its leader has
+// recorded cluster version 8, the newest (issue 39, finding 10).
+func startVersion8(t *testing.T, opts local.Options) (*testCluster, int) {
+	t.Helper()
+	c := startClusterOpts(t, opts)
+	li := c.leader()
+	testkit.WaitFor(t, "cluster version 8", 20*time.Second, func() bool { return c.Node(li).ClusterVersion() == wire.VersionLabels })
+	return c, li
+}
+
+// atVersion6 plays a node of an older build (protocol version 6).
+func atVersion6(cfg *cluster.Config) { cfg.ProtocolVersion = wire.VersionExtend }
+
+// A learner that was down when it was added (so add-learner could not
+// check its version) and then runs protocol version 6 in a cluster at
+// version 8 is never promoted, by promote or by promote-replacing: the
+// promotion learns its version and refuses, naming the node, its version
+// and the cluster's. Before issue 39 it was promoted unchecked, and could
+// then be handed the leadership and serve at version 6 (finding 10).
+func TestPromoteRefusesALearnerOlderThanTheClusterVersion(t *testing.T) {
+	c, li := startVersion8(t, local.Options{Nodes: 4, Voters: 3, AdminSecret: adminSecret})
+	n := c.Node(li)
+	id := c.Node(3).ServerID()
+	if err := c.Stop(3); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.AddLearner(id, c.PeerAddrOf(3), 10*time.Second); err != nil {
+		t.Fatalf("adding a learner that is down (unchecked, as documented): %v", err)
+	}
+	if err := c.RestartWith(3, atVersion6); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Node(3).ServerID(); got != id {
+		t.Fatalf("restarted as %s, want %s", got, id)
+	}
+	c.waitCaughtUp(id)
+	err := n.Promote(id, 10*time.Second)
+	if !errors.Is(err, cluster.ErrUnsafeChange) {
+		t.Fatalf("promoting a version 6 learner at cluster version 8: %v, want ErrUnsafeChange", err)
+	}
+	for _, want := range []string{id, "version 6", "cluster version 8", "upgrade"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the refusal %q does not say %q", err, want)
+		}
+	}
+	t.Logf("refused: %v", err)
+	old := c.Node((li + 1) % 3).ServerID()
+	if err := n.PromoteReplacing(id, old, 10*time.Second); !errors.Is(err, cluster.ErrUnsafeChange) || !strings.Contains(err.Error(), "version 6") {
+		t.Fatalf("promoting a version 6 learner in place of %s: %v, want ErrUnsafeChange naming its version", old, err)
+	}
+	ms, err := n.Members()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, ok := memberOf(ms, id); !ok || m.Voter || voters(ms) != 3 {
+		t.Fatalf("members after the refusals: %+v; want %s still a learner and 3 voters", ms, id)
+	}
+	if c.Node(li).ClusterVersion() != wire.VersionLabels {
+		t.Fatalf("cluster version %d", c.Node(li).ClusterVersion())
+	}
+}
+
+func memberOf(ms []cluster.Member, id string) (cluster.Member, bool) {
+	for _, m := range ms {
+		if m.ServerID == id {
+			return m, true
+		}
+	}
+	return cluster.Member{}, false
 }

@@ -72,6 +72,11 @@ type Node struct {
 	futures    chan batchFuture
 	// addrWake asks the member-address check to run now (memberaddrs.go).
 	addrWake chan struct{}
+	// versions maps a server id to the protocol version it last answered
+	// a discovery handshake from this node at (uint16): a named hand-over
+	// target that does not answer right now is handed the leadership only
+	// if it is known to speak the cluster version (handover.go).
+	versions sync.Map
 	// slots bounds the batches proposed but not yet applied. While they
 	// are in flight, new commands queue up and go out together in the next
 	// batch (group commit): one entry, one fsync, one replication round for
@@ -375,10 +380,11 @@ func (n *Node) Shutdown(ctx context.Context) (handedTo string, err error) {
 		// closing does not race its first heartbeat.
 		to, err := n.HandOver(ctx, "")
 		if err != nil {
-			// No follower answered (ErrNoTarget), the transfer failed, or
-			// the followers went away meanwhile (stopped together with
-			// this node, so that nobody took over): nothing was handed
-			// over, and the log must not say it was.
+			// No follower answered at the cluster version (ErrNoTarget),
+			// the transfer failed, or the followers went away meanwhile
+			// (stopped together with this node, so that nobody took
+			// over): nothing was handed over, and the log must not say
+			// it was.
 			n.log.Warn("leadership not handed over before shutdown", "err", err)
 			return "", n.Close()
 		}

@@ -300,3 +300,85 @@ func TestAdminMemberJSONMatchesProtocol(t *testing.T) {
 		}
 	}
 }
+
+// Replace adds NEW only once it answers the leader, so that its protocol
+// version is checked (issue 39, finding 10): run before the new machine is
+// up, it waits for NEW, and gives up after NewNodeWait naming it, with NEW
+// not added; when NEW comes up running version 6 in a cluster at version
+// 8, it is refused (not added) with an error naming its version and the
+// cluster's; at version 8 the same NEW is swapped in. Before, replace added
+// NEW unchecked while it was down, then promoted it.
+func TestReplaceWaitsForTheNewNodeToAnswer(t *testing.T) {
+	c, li := startVersion8(t, local.Options{Nodes: 4, Voters: 3, AdminSecret: adminSecret})
+	old := (li + 1) % 3
+	oldID, newID, addr := c.Node(old).ServerID(), c.Node(3).ServerID(), c.PeerAddrOf(3)
+	if err := c.Stop(3); err != nil {
+		t.Fatal(err)
+	}
+	notMember := func(when string) {
+		t.Helper()
+		ms, err := c.Node(c.leader()).Members()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m, ok := memberOf(ms, newID); ok {
+			t.Fatalf("%s: %s is a member (%+v)", when, newID, m)
+		}
+	}
+	replace := func(wait time.Duration, progress func(string)) error {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		a := c.admin()
+		a.NewNodeWait = wait
+		err := a.Replace(ctx, oldID, newID, addr, func(s string) { t.Log(s); progress(s) })
+		if ctx.Err() != nil {
+			t.Fatalf("replace ran until its context ended: %v", err)
+		}
+		return err
+	}
+
+	// NEW never comes up.
+	err := replace(2*time.Second, func(string) {})
+	if !errors.Is(err, wire.ErrLearnerLagging) || !strings.Contains(err.Error(), newID) || !strings.Contains(err.Error(), addr) {
+		t.Fatalf("replace with NEW down: %v; want ErrLearnerLagging naming %s at %s", err, newID, addr)
+	}
+	t.Logf("gave up: %v", err)
+	notMember("NEW never answered")
+
+	// NEW comes up at version 6 while replace waits for it.
+	started := false
+	err = replace(30*time.Second, func(s string) {
+		if !started && strings.Contains(s, "does not answer") {
+			started = true
+			if err := c.RestartWith(3, atVersion6); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	if !started {
+		t.Fatal("replace did not wait for NEW")
+	}
+	if !errors.Is(err, wire.ErrUnsafeChange) || !strings.Contains(err.Error(), "version 6") || !strings.Contains(err.Error(), "cluster version 8") {
+		t.Fatalf("replace with NEW at version 6: %v; want ErrUnsafeChange naming its version and the cluster's", err)
+	}
+	t.Logf("refused: %v", err)
+	notMember("NEW at version 6")
+
+	// Upgraded, the same NEW is swapped in.
+	if err := c.Stop(3); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.RestartWith(3, func(cfg *cluster.Config) { cfg.ProtocolVersion = 0 }); err != nil {
+		t.Fatal(err)
+	}
+	if err := replace(30*time.Second, func(string) {}); err != nil {
+		t.Fatalf("replace with NEW at version 8: %v", err)
+	}
+	ms, err := c.Node(c.leader()).Members()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, ok := memberOf(ms, newID); !ok || !m.Voter || voters(ms) != 3 {
+		t.Fatalf("members after the replacement: %+v", ms)
+	}
+}

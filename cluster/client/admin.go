@@ -93,10 +93,20 @@ type AdminCluster struct {
 	// that leads (one election normally takes a second or two) before it
 	// gives up with wire.ErrNoVoterMajority. Zero: DefaultNoLeaderWait.
 	NoLeaderWait time.Duration
+	// NewNodeWait is how long Replace waits for the new server to answer
+	// the leader over its peer port (it may be started after Replace)
+	// before it gives up with wire.ErrLearnerLagging naming it. Until it
+	// answers, its protocol version cannot be checked, so Replace does not
+	// add it. Zero: DefaultNewNodeWait.
+	NewNodeWait time.Duration
 }
 
 // DefaultNoLeaderWait is AdminCluster.NoLeaderWait's default.
 const DefaultNoLeaderWait = 30 * time.Second
+
+// DefaultNewNodeWait is AdminCluster.NewNodeWait's default: time to start
+// the new machine's node.
+const DefaultNewNodeWait = 2 * time.Minute
 
 // Per-address bounds of Do: a change may wait up to a minute to commit
 // (the node's admin handler); the read-only ops answer within a few

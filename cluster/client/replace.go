@@ -84,7 +84,11 @@ func planReplace(ms []wire.AdminMember, oldID, newID, peerAddr string, acted boo
 		}
 		return replaceStep{req: req, what: what}
 	}
-	addLearner := replaceStep{req: wire.AdminRequest{Op: wire.AdminOpAddLearner, ID: newID, Addr: peerAddr},
+	// Answering: the leader adds NEW only once it answers, so that its
+	// protocol version is checked (a node older than the cluster version
+	// is refused); until then Replace waits, as for a learner that does
+	// not answer.
+	addLearner := replaceStep{req: wire.AdminRequest{Op: wire.AdminOpAddLearner, ID: newID, Addr: peerAddr, Answering: true},
 		what: fmt.Sprintf("add %s at %s as a learner", newID, peerAddr)}
 	if old == nil {
 		if !acted && namesake != "" {
@@ -127,21 +131,27 @@ func planReplace(ms []wire.AdminMember, oldID, newID, peerAddr string, acted boo
 		fmt.Sprintf("promote %s and remove %s in one step (%s answers)", newID, oldID, oldID)), nil
 }
 
-// Replace swaps server oldID for newID, a node already running at
-// peerAddr with an empty data dir, in the order of the replacement rule
+// Replace swaps server oldID for newID, a node running at peerAddr with
+// an empty data dir, in the order of the replacement rule
 // (cluster/members.go): if oldID does not answer, remove it, add newID as a
 // learner, wait until it has caught up, promote it; if oldID answers, add
 // newID as a learner, wait, then promote it and remove oldID in one step
 // (the leader hands over first if it is oldID). Before every step it reads
 // the members and their health from the leader, so it picks up where an
 // earlier run or a leader change left off, and running it again after it
-// succeeded changes nothing. It retries through elections, lost
+// succeeded changes nothing. newID is added only once it answers the
+// leader (so that the leader checks its protocol version: one older than
+// the cluster version is refused), and Replace waits for it to answer,
+// before it is added and while it catches up, for at most NewNodeWait in
+// a row. It retries through elections, lost
 // connections, a change already in progress and (up to 10 times in a row)
 // a change Raft failed without a reason code; it refuses, with a reason,
 // only when no safe order exists (wire.ErrNoVoterMajority, which is
 // cluster.ErrNoQuorum: a majority of the voters do not answer; or a
-// request that names the wrong members). progress, if not nil, hears each
-// step.
+// request that names the wrong members), when newID is refused
+// (wire.ErrUnsafeChange: older than the cluster version), or when newID
+// does not answer for NewNodeWait (wire.ErrLearnerLagging). progress, if
+// not nil, hears each step.
 func (a *AdminCluster) Replace(ctx context.Context, oldID, newID, peerAddr string, progress func(string)) error {
 	say := func(format string, args ...any) {
 		if progress != nil {
@@ -158,6 +168,24 @@ func (a *AdminCluster) Replace(ctx context.Context, oldID, newID, peerAddr strin
 		case <-time.After(d):
 			return nil
 		}
+	}
+	newWait := a.NewNodeWait
+	if newWait <= 0 {
+		newWait = DefaultNewNodeWait
+	}
+	// silentSince is when newID was first seen not answering, since it
+	// last answered (zero: it answers, or has not been asked about yet).
+	var silentSince time.Time
+	silent := func() error {
+		if silentSince.IsZero() {
+			silentSince = time.Now()
+		}
+		if time.Since(silentSince) < newWait {
+			return nil
+		}
+		return fmt.Errorf("%w: %s did not answer the leader over its peer port at %s for %v, so its protocol version "+
+			"could not be checked and it was not made a voter: start it there, with an empty data dir and without "+
+			"--peers, then run this again", wire.ErrLearnerLagging, newID, peerAddr, newWait)
 	}
 	var (
 		acted      bool   // a change was asked for (it may have been applied)
@@ -190,7 +218,15 @@ func (a *AdminCluster) Replace(ctx context.Context, oldID, newID, peerAddr strin
 			say("done: %s", step.what)
 			return nil
 		}
+		if nw := findAdminMember(rep.Members, newID); nw != nil && nw.Answers {
+			silentSince = time.Time{}
+		}
 		if step.wait {
+			if nw := findAdminMember(rep.Members, newID); nw != nil && !nw.Answers {
+				if err := silent(); err != nil {
+					return err
+				}
+			}
 			if step.what != lastWaited {
 				say("waiting: %s", step.what)
 				lastWaited = step.what
@@ -200,11 +236,11 @@ func (a *AdminCluster) Replace(ctx context.Context, oldID, newID, peerAddr strin
 			}
 			continue
 		}
-		lastWaited = ""
 		acted = true
 		_, err = a.Do(ctx, step.req)
 		switch {
 		case err == nil:
+			lastWaited, silentSince = "", time.Time{}
 			say("%s: done", step.what)
 			refused, refusals, internal = "", 0, 0
 			continue // the next read confirms it
@@ -212,6 +248,20 @@ func (a *AdminCluster) Replace(ctx context.Context, oldID, newID, peerAddr strin
 			return fmt.Errorf("%s: %w", step.what, err)
 		case errors.Is(err, wire.ErrChangeInProgress), errors.Is(err, wire.ErrNotLeader), !errors.Is(err, ErrAdmin):
 			say("%s: %v; retrying", step.what, err)
+		case errors.Is(err, wire.ErrLearnerLagging) && step.req.Op == wire.AdminOpAddLearner:
+			// NEW does not answer yet (Answering): wait for it, as for
+			// a learner that does not answer, saying so once.
+			if err := silent(); err != nil {
+				return err
+			}
+			if what := fmt.Sprintf("%s does not answer at %s yet (is it running, with an empty data dir?)", newID, peerAddr); what != lastWaited {
+				say("waiting: %s", what)
+				lastWaited = what
+			}
+			if err := pause(300 * time.Millisecond); err != nil {
+				return fmt.Errorf("%s: %w", step.what, err)
+			}
+			continue
 		case errors.Is(err, wire.ErrLearnerLagging):
 			say("%s: %v; waiting", step.what, err)
 		case errors.Is(err, wire.ErrUnsafeChange), errors.Is(err, wire.ErrNoVoterMajority), errors.Is(err, wire.ErrNoSuchMember):
@@ -293,4 +343,14 @@ func (a *AdminCluster) Members(ctx context.Context) (wire.AdminReply, error) {
 		case <-time.After(300 * time.Millisecond):
 		}
 	}
+}
+
+// findAdminMember finds id in a members reply (nil if absent).
+func findAdminMember(ms []wire.AdminMember, id string) *wire.AdminMember {
+	for i := range ms {
+		if ms[i].ServerID == id {
+			return &ms[i]
+		}
+	}
+	return nil
 }

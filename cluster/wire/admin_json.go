@@ -24,6 +24,13 @@ type AdminRequest struct {
 	Replaces string `json:"replaces,omitempty"`
 	// Addr is the peer address of a new learner.
 	Addr string `json:"addr,omitempty"`
+	// Answering (op "add-learner") refuses, with ErrLearnerLagging, a
+	// node that does not answer a discovery handshake at Addr, instead of
+	// adding it unchecked: its protocol version can be checked only when
+	// it answers. `members replace` sets it, so that it waits for NEW to
+	// answer before adding it (issue 39); a leader older than that
+	// ignores it.
+	Answering bool `json:"answering,omitempty"`
 	// Key is the key to inspect (op "inspect").
 	Key string `json:"key,omitempty"`
 	// LeaderOnly makes "status" and "inspect" answer not_leader on a node

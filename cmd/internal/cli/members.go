@@ -23,7 +23,8 @@ const membersAbout = `  list                           members: role, whether ea
                                  survives; a wiped node standing at a member's address is shown
                                  with the replace command that repairs it
   add-learner SERVERID PEERADDR  add a new server (NAME/INCARNATION, from its log) as a non-voter
-  promote SERVERID               make a caught-up learner a voter (never a 6th voter: use replace)
+  promote SERVERID               make a caught-up learner a voter (never a 6th voter: use replace;
+                                 never one older than the cluster version, or not answering)
   remove SERVERID                take a server out (the leader hands over first if it is SERVERID)
   replace OLD NEW PEERADDR       swap voter OLD for NEW, a node already running at PEERADDR with
                                  an empty data dir, in a safe order (below)
@@ -36,8 +37,10 @@ down + 1) more voter failures. replace never lowers that number on the way:
     OLD in one step on the leader: the 4th or 6th voter exists only inside that step. If OLD
     leads, it hands its leadership over first.
 replace reads the members before every step, so running it again finishes an interrupted
-replacement, and changes nothing once it is done. It refuses only when no safe order exists:
-fewer than a majority of the voters answer, so nothing can be committed. Then bring back the
+replacement, and changes nothing once it is done. It adds NEW only once NEW answers (waiting
+for it at most 2 minutes), so that its protocol version is checked: a NEW older than the
+cluster version is refused (upgrade it first). It refuses when no safe order exists: fewer
+than a majority of the voters answer, so nothing can be committed. Then bring back the
 voters that still have their data dirs; if a majority lost their data for good, build a new
 cluster (docs/operations.md, Runbook: "The majority is lost for good").
 
