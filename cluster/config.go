@@ -169,6 +169,16 @@ type Config struct {
 	// counts). Told to clients in the Welcome (protocol version 4). Zero:
 	// DefaultMaxWaitersPerConn.
 	MaxWaitersPerConn int
+	// MaxSessions bounds the brokers' live sessions in the lock table plus
+	// the opens not yet committed; one more open gets E too_many_sessions
+	// (the broker tries again). Zero: DefaultMaxSessions.
+	MaxSessions int
+	// MaxSessionOutcomes bounds one session's outcomes that its broker
+	// has not acknowledged; an acquire of that session past it gets E
+	// too_many_outcomes (its releases and extends never do). A broker
+	// acks every 200 ms, so it never meets it. Zero:
+	// DefaultMaxSessionOutcomes.
+	MaxSessionOutcomes int
 	// MaxHandshakesPerIP bounds the connections from one IP address that
 	// are between accept and a finished handshake, on each port; more are
 	// closed at once. Zero: DefaultMaxHandshakesPerIP.
@@ -234,19 +244,31 @@ const (
 	// compare, 64 clients on one key through a sidecar, alternating runs):
 	// bolt 483–499 → 558–566 hand-offs/s, wal 815–847 → 875–918, FIFO
 	// 100 % throughout; uncontended throughput unchanged.
-	DefaultProposeLinger       = 2 * time.Millisecond
-	DefaultSnapshotThreshold   = 16384
-	DefaultSnapshotInterval    = 30 * time.Second
-	DefaultTrailingLogs        = 10240
-	DefaultPeerTimeout         = 5 * time.Second
-	DefaultHandshakeTimeout    = 5 * time.Second
-	DefaultMaxInFlightPerConn  = 4096
-	DefaultMaxClientConns      = 10000
-	DefaultIdleTimeout         = 2 * time.Minute
-	DefaultMaxReplyBacklog     = 8 << 20
-	DefaultMaxKeys             = 4_000_000
-	DefaultMaxWaitersPerKey    = 100_000
-	DefaultMaxWaitersPerConn   = 200_000
+	DefaultProposeLinger      = 2 * time.Millisecond
+	DefaultSnapshotThreshold  = 16384
+	DefaultSnapshotInterval   = 30 * time.Second
+	DefaultTrailingLogs       = 10240
+	DefaultPeerTimeout        = 5 * time.Second
+	DefaultHandshakeTimeout   = 5 * time.Second
+	DefaultMaxInFlightPerConn = 4096
+	DefaultMaxClientConns     = 10000
+	DefaultIdleTimeout        = 2 * time.Minute
+	DefaultMaxReplyBacklog    = 8 << 20
+	DefaultMaxKeys            = 4_000_000
+	DefaultMaxWaitersPerKey   = 100_000
+	DefaultMaxWaitersPerConn  = 200_000
+	// The session bounds (issue 39, finding 4). Measured (locksm, one
+	// process): a session costs the table about 320 bytes of heap and 42
+	// bytes of snapshot, a kept outcome about 87 bytes of heap and 4 to
+	// 10 bytes of snapshot. 10,000 sessions are 3 MiB: one per sidecar,
+	// and room for a fleet; a loop of connect, open, close meets the
+	// bound in seconds, not the heap. 262,144 outcomes (22 MiB of heap
+	// and about 1 MiB of snapshot at most per session) stay above what a
+	// sidecar that acks every 200 ms can have unacknowledged, even when a
+	// whole connection's waiting room (MaxWaitersPerConn) times out at
+	// once; a client that never acks meets it.
+	DefaultMaxSessions         = 10_000
+	DefaultMaxSessionOutcomes  = 262_144
 	DefaultMaxHandshakesPerIP  = 64
 	DefaultAuthFailureDelay    = 500 * time.Millisecond
 	DefaultAuthFailureDelayMax = 8 * time.Second
@@ -276,6 +298,8 @@ func DefaultConfig() Config {
 		MaxKeys:             DefaultMaxKeys,
 		MaxWaitersPerKey:    DefaultMaxWaitersPerKey,
 		MaxWaitersPerConn:   DefaultMaxWaitersPerConn,
+		MaxSessions:         DefaultMaxSessions,
+		MaxSessionOutcomes:  DefaultMaxSessionOutcomes,
 		MaxHandshakesPerIP:  DefaultMaxHandshakesPerIP,
 		AuthFailureDelay:    DefaultAuthFailureDelay,
 		AuthFailureDelayMax: DefaultAuthFailureDelayMax,
@@ -380,7 +404,8 @@ func (c Config) Validate() error {
 		return bad("max append entries must be 1..1024")
 	}
 	if c.MaxInFlightPerConn < 1 || c.MaxClientConns < 1 || c.MaxReplyBacklog < 1 || c.MaxKeys < 1 ||
-		c.MaxWaitersPerKey < 1 || c.MaxWaitersPerConn < 1 || c.MaxHandshakesPerIP < 1 {
+		c.MaxWaitersPerKey < 1 || c.MaxWaitersPerConn < 1 || c.MaxHandshakesPerIP < 1 || c.MaxSessions < 1 ||
+		c.MaxSessionOutcomes < 1 {
 		return bad("connection and table limits must be positive")
 	}
 	if c.IdleTimeout < time.Second {

@@ -438,6 +438,13 @@ func (f *fsm) RangeHolders(fn func(key string, h locksm.Holder) bool) {
 // leader.Table's session reads, each under mu.
 
 // Sessions implements leader.Table.
+// NumSessions implements leader.Table.
+func (f *fsm) NumSessions() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.state.NumSessions()
+}
+
 func (f *fsm) Sessions() []uint64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()

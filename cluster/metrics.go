@@ -206,6 +206,10 @@ func (n *Node) record(e leader.Event) {
 		n.stats.waiterLimitRefusals.Add(1)
 	case leader.EventRefusedConnWaiters:
 		n.stats.connWaiterLimitRefusals.Add(1)
+	case leader.EventRefusedSessions:
+		n.stats.sessionLimitRefusals.Add(1)
+	case leader.EventRefusedOutcomes:
+		n.stats.outcomeLimitRefusals.Add(1)
 	case leader.EventUnexpectedResult:
 		n.log.Error("unexpected result for a client command", "op", e.Op, "status", e.Status)
 	}
@@ -279,7 +283,7 @@ func newNodeCollector(n *Node) *nodeCollector {
 		snapSize:      d("ticketing_node_snapshot_size_bytes", "Size of the newest snapshot in this node's snapshot store (written or installed); 0 without one."),
 		snapIndex:     d("ticketing_node_snapshot_index", "Raft index of the newest snapshot in this node's snapshot store; 0 without one."),
 		authFailures:  d("ticketing_node_auth_failures_total", "Failed admissions (TLS, authentication handshake, handshake timeout), by port; client includes the admin port.", "port"),
-		limitRefusals: d("ticketing_node_limit_refusals_total", "Connections or requests refused by a limit: handshakes_per_ip (MaxHandshakesPerIP), connections (MaxClientConns), in_flight (MaxInFlightPerConn), keys (MaxKeys), waiters_per_key (MaxWaitersPerKey), waiters_per_conn (MaxWaitersPerConn).", "limit"),
+		limitRefusals: d("ticketing_node_limit_refusals_total", "Connections or requests refused by a limit: handshakes_per_ip (MaxHandshakesPerIP), connections (MaxClientConns), in_flight (MaxInFlightPerConn), keys (MaxKeys), waiters_per_key (MaxWaitersPerKey), waiters_per_conn (MaxWaitersPerConn), sessions (MaxSessions), session_outcomes (MaxSessionOutcomes).", "limit"),
 		closes:        d("ticketing_node_connection_closes_total", "Client connections this node cut off, by reason: idle (IdleTimeout), slow_consumer (MaxReplyBacklog), protocol_error.", "reason"),
 		info:          d("ticketing_node_info", "Constant 1, labelled with this node's identity.", "node_id", "server_id", "cluster_id"),
 	}
@@ -370,6 +374,8 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.limitRefusals, st.KeyLimitRefusals, "keys")
 	counter(c.limitRefusals, st.WaiterLimitRefusals, "waiters_per_key")
 	counter(c.limitRefusals, st.ConnWaiterLimitRefusals, "waiters_per_conn")
+	counter(c.limitRefusals, st.SessionLimitRefusals, "sessions")
+	counter(c.limitRefusals, st.OutcomeLimitRefusals, "session_outcomes")
 	counter(c.closes, st.IdleCloses, "idle")
 	counter(c.closes, st.SlowConsumerCloses, "slow_consumer")
 	counter(c.closes, st.ProtocolErrorCloses, "protocol_error")

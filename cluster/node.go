@@ -200,7 +200,7 @@ func (n *Node) start() error {
 	n.core = leader.New[*clientConn](leader.Config{
 		ServerID: n.serverID, Advertise: n.advertise,
 		MaxInFlightPerConn: cfg.MaxInFlightPerConn, MaxKeys: cfg.MaxKeys, MaxWaitersPerKey: cfg.MaxWaitersPerKey,
-		MaxWaitersPerConn: cfg.MaxWaitersPerConn,
+		MaxWaitersPerConn: cfg.MaxWaitersPerConn, MaxSessions: cfg.MaxSessions, MaxSessionOutcomes: cfg.MaxSessionOutcomes,
 		// Refs only need to be unique among one leader's in-flight
 		// requests; a random start keeps them apart from refs of earlier
 		// leaders too.

@@ -427,9 +427,13 @@ type Stats struct {
 	WaiterLimitRefusals uint64 // acquires refused: MaxWaitersPerKey
 	// ConnWaiterLimitRefusals: acquires refused: MaxWaitersPerConn.
 	ConnWaiterLimitRefusals uint64
-	IdleCloses              uint64 // connections closed after IdleTimeout
-	SlowConsumerCloses      uint64 // connections closed: reply backlog above MaxReplyBacklog
-	ProtocolErrorCloses     uint64 // connections closed after a protocol error
+	// SessionLimitRefusals: session opens refused: MaxSessions.
+	SessionLimitRefusals uint64
+	// OutcomeLimitRefusals: acquires refused: MaxSessionOutcomes.
+	OutcomeLimitRefusals uint64
+	IdleCloses           uint64 // connections closed after IdleTimeout
+	SlowConsumerCloses   uint64 // connections closed: reply backlog above MaxReplyBacklog
+	ProtocolErrorCloses  uint64 // connections closed after a protocol error
 }
 
 // nodeStats are the counters behind Stats, counted where each refusal
@@ -437,7 +441,7 @@ type Stats struct {
 type nodeStats struct {
 	clientAuthFailures, peerAuthFailures, gateRefusals, connLimitRefusals atomic.Uint64
 	inFlightRefusals, keyLimitRefusals, waiterLimitRefusals               atomic.Uint64
-	connWaiterLimitRefusals                                               atomic.Uint64
+	connWaiterLimitRefusals, sessionLimitRefusals, outcomeLimitRefusals   atomic.Uint64
 	idleCloses, slowConsumerCloses, protocolErrorCloses                   atomic.Uint64
 }
 
@@ -449,6 +453,7 @@ func (n *Node) Stats() Stats {
 		GateRefusals: s.gateRefusals.Load(), ConnLimitRefusals: s.connLimitRefusals.Load(),
 		InFlightRefusals: s.inFlightRefusals.Load(), KeyLimitRefusals: s.keyLimitRefusals.Load(),
 		WaiterLimitRefusals: s.waiterLimitRefusals.Load(), ConnWaiterLimitRefusals: s.connWaiterLimitRefusals.Load(),
+		SessionLimitRefusals: s.sessionLimitRefusals.Load(), OutcomeLimitRefusals: s.outcomeLimitRefusals.Load(),
 		IdleCloses:         s.idleCloses.Load(),
 		SlowConsumerCloses: s.slowConsumerCloses.Load(), ProtocolErrorCloses: s.protocolErrorCloses.Load(),
 	}

@@ -336,9 +336,10 @@ func (b *Broker) attachSession(conn *client.Conn, install func() bool) bool {
 			return false
 		}
 		if err := s.Open(ctx, conn); err != nil {
-			if errors.Is(err, wire.ErrNotSupported) {
+			if full := errors.Is(err, wire.ErrTooManySessions); full || errors.Is(err, wire.ErrNotSupported) {
 				// The cluster version is below 7 (a member runs an
-				// older build): conn serves without a session, as a
+				// older build), or the cluster has its MaxSessions
+				// live sessions: conn serves without a session, as a
 				// version 6 connection, and a fresh connection tries
 				// again later.
 				b.mu.Lock()
@@ -346,8 +347,14 @@ func (b *Broker) attachSession(conn *client.Conn, install func() bool) bool {
 				b.probeAt = b.cfg.Now().Add(sessionProbeInterval)
 				b.notifyLocked()
 				b.mu.Unlock()
-				b.log.Info("the cluster does not take sessions yet (a member runs an older version); serving without one",
-					"addr", conn.RemoteAddr(), "err", err)
+				if full {
+					b.log.Warn("the cluster has as many sessions as it allows (--max-sessions); serving without one, "+
+						"so a leader change makes requests in flight indeterminate and drops waiters, until a session opens",
+						"addr", conn.RemoteAddr(), "err", err, "retry_in", sessionProbeInterval)
+				} else {
+					b.log.Info("the cluster does not take sessions yet (a member runs an older version); serving without one",
+						"addr", conn.RemoteAddr(), "err", err)
+				}
 				return false
 			}
 			// A lost open reply leaves an orphan session at most: it

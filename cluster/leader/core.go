@@ -114,6 +114,16 @@ type Config struct {
 	// MaxWaitersPerConn bounds, per connection, the queued acquires plus
 	// the acquires with a wait (> 0) proposed but not yet applied (>= 1).
 	MaxWaitersPerConn int
+	// MaxSessions bounds the live sessions of the table plus the opens
+	// proposed and not yet applied: an open past it is refused
+	// too_many_sessions. Zero: no bound.
+	MaxSessions int
+	// MaxSessionOutcomes bounds a session's outcomes that its broker has
+	// not acknowledged (above the latest ack heard, 'k' or a resume's): an
+	// acquire of the session past it is refused too_many_outcomes. Its
+	// releases and extends are never refused for it: they concern locks
+	// held already. Zero: no bound.
+	MaxSessionOutcomes int
 	// FirstRef: the refs (locksm.Command.Ref) this core hands out are
 	// FirstRef+1, FirstRef+2, ... Zero is a valid start. A node starts at
 	// a random value, so refs of different leaders stay apart.
@@ -127,6 +137,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: server id required", ErrBadConfig)
 	case c.MaxInFlightPerConn < 1, c.MaxKeys < 1, c.MaxWaitersPerKey < 1, c.MaxWaitersPerConn < 1:
 		return fmt.Errorf("%w: limits must be at least 1", ErrBadConfig)
+	case c.MaxSessions < 0, c.MaxSessionOutcomes < 0:
+		return fmt.Errorf("%w: session limits must not be negative", ErrBadConfig)
 	}
 	return nil
 }
@@ -152,6 +164,8 @@ type Table interface {
 	RangeHolders(fn func(key string, h locksm.Holder) bool)
 	// Sessions lists the live sessions' ids, ascending.
 	Sessions() []uint64
+	// NumSessions is the number of live sessions.
+	NumSessions() int
 	// Session describes live session id (its secret's hash, timeout,
 	// floor, serial, ack and attach epoch): false if it is unknown.
 	Session(id uint64) (locksm.SessionInfo, bool)
@@ -250,6 +264,10 @@ const (
 	// EventSessionRefused: an open or resume was refused before anything
 	// was proposed (Ready.Refusals says which connection and why).
 	EventSessionRefused
+	// EventRefusedSessions, EventRefusedOutcomes: an open refused by
+	// MaxSessions, an acquire by MaxSessionOutcomes.
+	EventRefusedSessions
+	EventRefusedOutcomes
 )
 
 // Event is something for the metrics (or the log) to record.
@@ -788,6 +806,17 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 		keys = []string{m.Key}
 	case locksm.OpAcquireBlock:
 		keys = cmd.Keys
+	}
+	if keys != nil && sess != nil && k.cfg.MaxSessionOutcomes > 0 {
+		if info, ok := k.table.Session(sess.id); ok && info.Serial-min(info.Serial, max(info.Ack, sess.ack)) >= uint64(k.cfg.MaxSessionOutcomes) {
+			// A broker that never acks would grow the replicated state
+			// (and every snapshot) by an outcome per request.
+			k.event(Event{Kind: EventRefusedOutcomes})
+			k.reply(cmd.Op, OutcomeError)
+			k.send(cn, errReply(m.ID, fmt.Errorf("%w: session %d has %d outcomes not acknowledged; this node allows %d (ack with 'k')",
+				wire.ErrTooManyOutcomes, sess.id, info.Serial-max(info.Ack, sess.ack), k.cfg.MaxSessionOutcomes)))
+			return true
+		}
 	}
 	if keys != nil {
 		if m.WaitMs > 0 && cn.waiters >= k.cfg.MaxWaitersPerConn {

@@ -18,7 +18,8 @@ package leader
 // knows of the leader. Commands:
 //
 //	config [server=] [addr=] [max-inflight=] [max-keys=] [max-waiters=]
-//	       [max-conn-waiters=]   a fresh core, table, log and clock
+//	       [max-conn-waiters=] [max-sessions=] [max-outcomes=]
+//	                             a fresh core, table, log and clock
 //	leader id=                   the leader Raft knows ("" none)
 //	address id= addr=            a client address the log records
 //	open conn= [version=]        a connection's handshake done (version 3)
@@ -144,6 +145,7 @@ func (t stateTable) HeldBy(key, owner string, token uint64) bool {
 func (t stateTable) RangeHolders(fn func(string, locksm.Holder) bool) { t.s.RangeHolders(fn) }
 
 func (t stateTable) Sessions() []uint64                           { return t.s.Sessions() }
+func (t stateTable) NumSessions() int                             { return t.s.NumSessions() }
 func (t stateTable) Session(id uint64) (locksm.SessionInfo, bool) { return t.s.Session(id) }
 func (t stateTable) SessionOutcomes(id uint64) []locksm.Outcome   { return t.s.SessionOutcomes(id) }
 func (t stateTable) SessionWaiters(id uint64) []locksm.SessionQueued {
@@ -275,7 +277,8 @@ func (h *harness) run(line string) (string, error) {
 	case "config":
 		cfg := Config{ServerID: a.str("server", ""), Advertise: a.str("addr", ""),
 			MaxInFlightPerConn: a.int("max-inflight", 0), MaxKeys: a.int("max-keys", 0),
-			MaxWaitersPerKey: a.int("max-waiters", 0), MaxWaitersPerConn: a.int("max-conn-waiters", 0)}
+			MaxWaitersPerKey: a.int("max-waiters", 0), MaxWaitersPerConn: a.int("max-conn-waiters", 0),
+			MaxSessions: a.int("max-sessions", 0), MaxSessionOutcomes: a.int("max-outcomes", 0)}
 		if a.err != nil {
 			return "", a.err
 		}
@@ -673,6 +676,10 @@ func fmtEvent(e Event) string {
 		return fmt.Sprintf("session-expired released=%d", e.Keys)
 	case EventSessionRefused:
 		return "session-refused"
+	case EventRefusedSessions:
+		return "refused sessions"
+	case EventRefusedOutcomes:
+		return "refused session-outcomes"
 	case EventUnexpectedResult:
 		return fmt.Sprintf("unexpected-result op=%s status=%s", opNames[e.Op], statusNames[e.Status])
 	}

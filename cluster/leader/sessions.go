@@ -247,6 +247,16 @@ func (k *Core[C]) sessionRequest(now time.Time, cn *conn[C], m *wire.Msg) bool {
 			k.send(cn, errReply(m.ID, locksm.ErrSessionExists))
 			return true
 		}
+		if limit := k.cfg.MaxSessions; limit > 0 {
+			if n := k.table.NumSessions() + k.opensInFlight(); n >= limit {
+				// Each lives until closed or expired: a client looping
+				// connect, open, close would keep open-rate × timeout of
+				// them alive, each with state, a timer and snapshot bytes.
+				k.event(Event{Kind: EventRefusedSessions})
+				k.send(cn, errReply(m.ID, fmt.Errorf("%w: %d sessions live or opening; this node allows %d", wire.ErrTooManySessions, n, limit)))
+				return true
+			}
+		}
 		p.op, p.attachment().hash, p.attachment().timeoutMs = locksm.OpOpenSession, cmd.SecretHash, cmd.TimeoutMs
 		k.oweAttach(p)
 		k.attachingTo[m.Session] = p
@@ -273,6 +283,17 @@ func (k *Core[C]) sessionRequest(now time.Time, cn *conn[C], m *wire.Msg) bool {
 	s.waiting = append(s.waiting, p)
 	k.nextAttach(s)
 	return true
+}
+
+// opensInFlight counts the opens proposed and not yet applied.
+func (k *Core[C]) opensInFlight() int {
+	n := 0
+	for _, p := range k.attachingTo {
+		if p.op == locksm.OpOpenSession {
+			n++
+		}
+	}
+	return n
 }
 
 // closeRequest takes the broker's clean stop of the session attached to

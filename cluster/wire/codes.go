@@ -53,6 +53,9 @@ const (
 	CodeBadSession     Code = 39 // a resume whose secret does not match the session's (logged with the remote address)
 	// Labels (version 8).
 	CodeInvalidLabel Code = 40 // locksm.ErrInvalidLabel: an acquire's label too long or outside 0x21..0x7E
+	// Session bounds (issue 39; no frame changes, any version 7 or later).
+	CodeTooManySessions Code = 41 // the leader's MaxSessions: an open that would make one live session too many
+	CodeTooManyOutcomes Code = 42 // the leader's MaxSessionOutcomes: an acquire of a session whose unacknowledged outcomes fill it
 )
 
 // Sentinel errors of this package (each but ErrRemote, ErrBadConfig and
@@ -89,6 +92,16 @@ var (
 	// cannot carry it; a hostile or broken broker. Nothing was executed,
 	// and nobody else's session or lock was touched.
 	ErrBadSession = errors.New("wire: bad session")
+	// ErrTooManySessions (too_many_sessions): the cluster has its
+	// MaxSessions live sessions (each lives until its broker closes it or
+	// it expires, its timeout after its connection went); the open is
+	// refused, nothing was executed. A broker tries again later.
+	ErrTooManySessions = errors.New("wire: too many sessions")
+	// ErrTooManyOutcomes (too_many_outcomes): the session's outcomes that
+	// its broker has not acknowledged fill the leader's
+	// MaxSessionOutcomes; the acquire is refused, nothing was executed.
+	// A broker that acks ('k') never meets it.
+	ErrTooManyOutcomes = errors.New("wire: too many unacknowledged outcomes")
 	// ErrRemote wraps a TypeError reply whose code has no local sentinel.
 	ErrRemote = errors.New("wire: remote error")
 	// ErrBadConfig reports a HandshakeConfig that cannot work (short
@@ -164,6 +177,8 @@ var codeTable = []struct {
 	{CodeTokensExhausted, locksm.ErrTokensExhausted},
 	{CodeTooManyKeys, ErrTooManyKeys},
 	{CodeTooManyWaiters, ErrTooManyWaiters},
+	{CodeTooManySessions, ErrTooManySessions},
+	{CodeTooManyOutcomes, ErrTooManyOutcomes},
 	{CodeTLSRequired, ErrTLSRequired},
 	{CodeIdleTimeout, ErrIdleTimeout},
 	{CodeTooManyConns, ErrTooManyConns},
@@ -224,4 +239,5 @@ var codeNames = map[Code]string{
 	CodeNoSession: "no_session", CodeVoided: "voided", CodeDuplicateSeq: "duplicate_seq",
 	CodeSessionExists: "session_exists", CodeInvalidSession: "invalid_session", CodeStaleEpoch: "stale_epoch",
 	CodeBadSession: "bad_session", CodeInvalidLabel: "invalid_label",
+	CodeTooManySessions: "too_many_sessions", CodeTooManyOutcomes: "too_many_outcomes",
 }

@@ -201,6 +201,8 @@ func nodeConfig(name string, args []string, stdout, stderr io.Writer, extra func
 	fs.IntVar(&cfg.MaxKeys, "max-keys", d.MaxKeys, "max keys held at once")
 	fs.IntVar(&cfg.MaxWaitersPerKey, "max-waiters-per-key", d.MaxWaitersPerKey, "max queued waiters on one key")
 	fs.IntVar(&cfg.MaxWaitersPerConn, "max-waiters-per-conn", d.MaxWaitersPerConn, "max waiting acquires (queued, or with a wait and not committed yet) per client connection")
+	fs.IntVar(&cfg.MaxSessions, "max-sessions", d.MaxSessions, "max live sidecar sessions in the cluster (plus opens not committed yet)")
+	fs.IntVar(&cfg.MaxSessionOutcomes, "max-session-outcomes", d.MaxSessionOutcomes, "max outcomes of one sidecar session not acknowledged by its sidecar; its acquires past it are refused")
 	fs.DurationVar(&cfg.HeartbeatTimeout, "heartbeat-timeout", d.HeartbeatTimeout, "Raft heartbeat timeout (failover detection)")
 	fs.DurationVar(&cfg.ElectionTimeout, "election-timeout", d.ElectionTimeout, "Raft election timeout")
 	fs.DurationVar(&cfg.LeaderLeaseTimeout, "leader-lease-timeout", d.LeaderLeaseTimeout, "how long a leader leads without a majority before it steps down")
