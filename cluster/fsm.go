@@ -133,6 +133,12 @@ func (f *fsm) applyLocked(logs []*raft.Log, announced func(id, addr string)) []a
 				f.log.Error("skipping undecodable log entry", "index", l.Index, "err", err)
 				continue
 			}
+			// How releases and extends are matched is replicated
+			// semantics: every replica switches at the same index, the
+			// 'V' entry that raises the cluster version to 9, so a mixed
+			// cluster never applies one entry two ways (locksm.MATRIX.md,
+			// "Matching before protocol version 9").
+			f.state.SetLegacyMatching(f.clusterVersion < wire.VersionStrictMatch)
 			for _, c := range cmds {
 				res, eff := f.state.Apply(c, nil)
 				out = append(out, applied{Cmd: c, Res: res, Effects: eff})

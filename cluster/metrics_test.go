@@ -91,7 +91,7 @@ func TestMetricsUnderSmallWorkload(t *testing.T) {
 	}
 	t2 := mustGrant(t, call.Reply)
 	r = do(t, a, releaseMsg("k", "alice", t1)) // stale
-	if r.Type != wire.TypeError || r.Code != wire.CodeTokenMismatch {
+	if r.Type != wire.TypeError || r.Code != wire.CodeNotHeld {
 		t.Fatalf("stale release: %s", describe(r))
 	}
 

@@ -38,7 +38,8 @@
 // # Extending
 //
 // OpExtend renews the lease of a holding, matched like a release (token,
-// then owner): its lease becomes LeaseSec counted from Now
+// owner and, for a holding granted under a session, that session: any
+// mismatch is ErrNotHeld): its lease becomes LeaseSec counted from Now
 // (Holder.RenewedAt); for a block, naming any key extends every key. The
 // token stays, so fencing is unaffected, and every queue stays as it is.
 // Like every lease, the extended one is enforced by the leader's timers,
@@ -139,7 +140,9 @@ const (
 	// Busy. Held key and WaitMs > 0: queued at the tail (FIFO) under Ref.
 	// Non-reentrant: the holder asking again is treated like anyone else.
 	OpAcquire Op = 1
-	// OpRelease releases Key if it is held by exactly (Owner, Token); the
+	// OpRelease releases Key if it is held by exactly (Owner, Token) and,
+	// if the holding was granted under a session, the command is that
+	// session's; else ErrNotHeld, whatever did not match (MATRIX.md). The
 	// queue head (if any) becomes holder with a fresh token in this command.
 	OpRelease Op = 2
 	// OpExpire ends the holding of Key under Token because its lease ran out
@@ -164,7 +167,7 @@ const (
 	// any of its keys with its token.
 	OpAcquireBlock Op = 6
 	// OpExtend renews the lease of the holding of Key under Token, if it
-	// is held by exactly (Owner, Token): its lease becomes LeaseSec
+	// is matched exactly as by OpRelease: its lease becomes LeaseSec
 	// (MinLeaseSec..MaxLeaseSec) counted from Now (Holder.RenewedAt). The
 	// token, the grant time and every queue stay as they are; for a block
 	// (any of its keys named) the whole holding is extended. Like every

@@ -16,11 +16,18 @@ var (
 	// ErrInvalidBlock: a block acquire with fewer than MinBlockKeys or more
 	// than MaxBlockKeys keys, or with a key named twice.
 	ErrInvalidBlock = errors.New("locksm: invalid key set")
-	// ErrNotHeld: release of a key that nobody holds (unknown or expired).
+	// ErrNotHeld: a release or extend that does not name a holding
+	// exactly: the key is not held (unknown, expired, reserved), or its
+	// token, owner or session is not the holding's. One error for all of
+	// them, so that an answer never tells which part was right
+	// (matchHolder).
 	ErrNotHeld = errors.New("locksm: key not held")
-	// ErrTokenMismatch: the key is held, but under another token.
+	// ErrTokenMismatch: the key is held, but under another token. Only
+	// under SetLegacyMatching (a cluster not all on protocol version 9);
+	// kept so that older outcomes, snapshots and wire codes still decode.
 	ErrTokenMismatch = errors.New("locksm: token mismatch")
-	// ErrOwnerMismatch: the token matches the holder but the owner does not.
+	// ErrOwnerMismatch: the token matches the holder but the owner does
+	// not. Only under SetLegacyMatching, like ErrTokenMismatch.
 	ErrOwnerMismatch = errors.New("locksm: owner mismatch")
 	// ErrDuplicateRef: an acquire whose Ref is already queued on that key.
 	ErrDuplicateRef = errors.New("locksm: duplicate ref")

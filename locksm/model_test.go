@@ -133,6 +133,17 @@ func (m *model) holdIndex(key string) int {
 
 func (m *model) held(key string) bool { return m.holdIndex(key) >= 0 }
 
+// matches reports whether release or extend c names holding i (-1: none)
+// exactly: its token, its owner and, if it was granted under a session
+// that still lives, that session. Anything else is one answer, not held.
+func (m *model) matches(i int, c Command) bool {
+	if i < 0 {
+		return false
+	}
+	h := m.holds[i].h
+	return h.Token == c.Token && h.Owner == c.Owner && (h.Session == 0 || h.Session == c.Session)
+}
+
 func (m *model) apply(c Command) (Result, []Effect) {
 	res, eff := m.apply1(c)
 	switch res.Status {
@@ -264,24 +275,14 @@ func (m *model) lock(c Command) (Result, []Effect) {
 		return Result{Status: StatusQueued}, nil
 	case OpRelease:
 		i := m.holdIndex(c.Key)
-		switch {
-		case i < 0:
+		if !m.matches(i, c) {
 			return reject(ErrNotHeld)
-		case m.holds[i].h.Token != c.Token:
-			return reject(ErrTokenMismatch)
-		case m.holds[i].h.Owner != c.Owner:
-			return reject(ErrOwnerMismatch)
 		}
 		return Result{Status: StatusReleased}, m.free(i, c.Now)
 	case OpExtend:
 		i := m.holdIndex(c.Key)
-		switch {
-		case i < 0:
+		if !m.matches(i, c) {
 			return reject(ErrNotHeld)
-		case m.holds[i].h.Token != c.Token:
-			return reject(ErrTokenMismatch)
-		case m.holds[i].h.Owner != c.Owner:
-			return reject(ErrOwnerMismatch)
 		}
 		// Every key held under the token: the key, or its whole block.
 		for j := range m.holds {
@@ -1104,6 +1105,7 @@ func TestModel(t *testing.T) {
 	// refusal, and holdings that end after an extend.
 	if cov.extendSingle == 0 || cov.extendSingleQueued == 0 || cov.extendBlock == 0 || cov.extendBlockOther == 0 ||
 		cov.extendNotHeld == 0 || cov.extendTokenMismatch == 0 || cov.extendOwnerMismatch == 0 || cov.extendInvalid == 0 ||
+		cov.extendWrongSession == 0 || cov.releaseWrongSession == 0 ||
 		cov.endedRenewed == 0 || cov.renewedSnapshots == 0 {
 		t.Fatalf("extend cells not reached: %+v", cov)
 	}
@@ -1127,11 +1129,15 @@ type modelCoverage struct {
 	extendBlock         int // a block holding extended
 	extendBlockOther    int // ... naming a key other than its first
 	extendNotHeld       int // refused: free or reserved key
-	extendTokenMismatch int // refused: wrong token
-	extendOwnerMismatch int // refused: wrong owner
-	extendInvalid       int // refused: a field out of its constraints
-	endedRenewed        int // a release or expiry ended an extended holding
-	renewedSnapshots    int // snapshot round trips with renewals in them
+	extendTokenMismatch int // refused (not held): wrong token
+	extendOwnerMismatch int // refused (not held): right token, wrong owner
+	// releaseWrongSession and extendWrongSession: refused (not held)
+	// with the right token and owner, because the holding is another
+	// session's (the command has none or another).
+	releaseWrongSession, extendWrongSession int
+	extendInvalid                           int // refused: a field out of its constraints
+	endedRenewed                            int // a release or expiry ended an extended holding
+	renewedSnapshots                        int // snapshot round trips with renewals in them
 
 	sessions sessionCoverage
 }
@@ -1321,13 +1327,25 @@ func (c *modelCoverage) observe(cmd Command, res Result, effects []Effect, s *St
 				}
 			}
 		case ErrNotHeld:
-			c.extendNotHeld++
-		case ErrTokenMismatch:
-			c.extendTokenMismatch++
-		case ErrOwnerMismatch:
-			c.extendOwnerMismatch++
+			// One error for every mismatch: the holder, untouched by
+			// the refusal, tells which part was wrong.
+			switch h, held := s.Holder(cmd.Key); {
+			case !held:
+				c.extendNotHeld++
+			case h.Token != cmd.Token:
+				c.extendTokenMismatch++
+			case h.Owner != cmd.Owner:
+				c.extendOwnerMismatch++
+			default:
+				c.extendWrongSession++
+			}
 		default:
 			c.extendInvalid++
+		}
+	}
+	if cmd.Op == OpRelease && res.Err == ErrNotHeld {
+		if h, held := s.Holder(cmd.Key); held && h.Token == cmd.Token && h.Owner == cmd.Owner {
+			c.releaseWrongSession++
 		}
 	}
 	grants := 0

@@ -28,6 +28,7 @@ package locksm
 //	close-session   session= now=
 //	drop-sessionless
 //	apply   op= [any field]      a raw Command, for unknown ops
+//	legacy-matching on|off       State.SetLegacyMatching
 //	state                        holders and queues, keys ascending, then sessions
 //
 // acquire, acquire-block, release and extend also take session= seq= ack=
@@ -77,6 +78,16 @@ func TestScripts(t *testing.T) {
 func runScriptCommand(t *testing.T, c scripttest.Case, s *State) string {
 	t.Helper()
 	where := c.Where()
+	if name, arg, ok := strings.Cut(c.Cmd, " "); ok && name == "legacy-matching" {
+		// legacy-matching on|off: State.SetLegacyMatching (the cluster's
+		// switch while some member is older than protocol version 9).
+		on, ok := map[string]bool{"on": true, "off": false}[strings.TrimSpace(arg)]
+		if !ok {
+			t.Fatalf("%s: want legacy-matching on|off", where)
+		}
+		s.SetLegacyMatching(on)
+		return "ok"
+	}
 	name, args, err := scripttest.ParseCommand(c.Cmd)
 	if err != nil {
 		t.Fatalf("%s: %v", where, err)

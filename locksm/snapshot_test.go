@@ -559,7 +559,20 @@ func FuzzReadSnapshot(f *testing.F) {
 		var eff []Effect
 		s.RangeHolders(func(k string, h Holder) bool {
 			_, eff = s.Apply(Command{Op: OpAcquire, Key: k, Owner: "f", Ref: 1, LeaseSec: 1, WaitMs: 1}, eff)
-			if res, _ := s.Apply(Command{Op: OpExtend, Key: k, Owner: h.Owner, Token: h.Token, LeaseSec: 2, Now: 1}, nil); res.Status != StatusExtended {
+			// A session's holding is extended only by its session, with a
+			// seq above its floor that it has not used.
+			ext := Command{Op: OpExtend, Key: k, Owner: h.Owner, Token: h.Token, LeaseSec: 2, Now: 1, Session: h.Session}
+			var res Result
+			if si, ok := s.Session(h.Session); ok {
+				ext.Seq = si.Floor + 1
+			}
+			for {
+				if res, _ = s.Apply(ext, nil); !errors.Is(res.Err, ErrDuplicateSeq) {
+					break
+				}
+				ext.Seq++
+			}
+			if res.Status != StatusExtended {
 				t.Fatalf("extend of restored holder %q %+v: %+v", k, h, res)
 			}
 			_, eff = s.Apply(Command{Op: OpExpire, Key: k, Token: h.Token}, eff)

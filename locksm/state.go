@@ -74,6 +74,10 @@ type State struct {
 	gen uint32
 	// sessions are the live sessions by id (sessions.go).
 	sessions map[uint64]*session
+	// legacyMatch: releases and extends are matched by the rule of
+	// protocol versions up to 8 (SetLegacyMatching). Not in snapshots:
+	// the cluster derives it from its cluster version, which they carry.
+	legacyMatch bool
 }
 
 // waiterRef names one queued waiter: its primary key (a block's first
@@ -432,32 +436,68 @@ func (s *State) acquireBlock(cmd *Command) result {
 }
 
 func (s *State) release(cmd *Command, effects []Effect) (result, []Effect) {
-	e := s.keys[cmd.Key]
-	switch {
-	case e == nil || e.token == 0:
-		return result{Status: StatusRejected, Err: ErrNotHeld}, effects
-	case e.token != cmd.Token:
-		return result{Status: StatusRejected, Err: ErrTokenMismatch}, effects
-	case e.owner != cmd.Owner:
-		return result{Status: StatusRejected, Err: ErrOwnerMismatch}, effects
+	e, err := s.matchHolder(cmd)
+	if err != nil {
+		return result{Status: StatusRejected, Err: err}, effects
 	}
 	return result{Status: StatusReleased}, s.endHolding(cmd.Key, e, cmd.Now, effects)
 }
 
+// matchHolder returns the entry of cmd.Key if cmd (a release or an
+// extend) names its holding exactly: the token, the owner and, for a
+// holding granted under a session, that session. Anything else is
+// ErrNotHeld, whichever part is wrong: neither the token nor the owner is
+// a secret (tokens are sequential, owners readable names), so an answer
+// that told a wrong owner from a wrong token would let a client with the
+// cluster's secret find a holding's token in one probe and then guess its
+// owner one try at a time, and release or extend someone else's lock
+// (issue 39, finding 8). The session is the one part a stranger cannot
+// name: a session's commands reach the log only over a connection that
+// proved the session's secret. A holding whose session ended forgot it
+// (Session 0) and is matched by token and owner, as it was granted.
+//
+// With legacyMatch (a cluster not yet all on protocol version 9) it is
+// the older rule: the token, then the owner, each with its own error,
+// and no session check, so that every replica of a mixed cluster applies
+// the same entry the same way.
+func (s *State) matchHolder(cmd *Command) (*entry, error) {
+	e := s.keys[cmd.Key]
+	if s.legacyMatch {
+		switch {
+		case e == nil || e.token == 0:
+			return nil, ErrNotHeld
+		case e.token != cmd.Token:
+			return nil, ErrTokenMismatch
+		case e.owner != cmd.Owner:
+			return nil, ErrOwnerMismatch
+		}
+		return e, nil
+	}
+	if e == nil || e.token == 0 || e.token != cmd.Token || e.owner != cmd.Owner ||
+		(e.session != 0 && e.session != cmd.Session) {
+		return nil, ErrNotHeld
+	}
+	return e, nil
+}
+
+// SetLegacyMatching chooses how a release or an extend is matched to its
+// holding: on, the rule of protocol versions up to 8 (wrong token
+// ErrTokenMismatch, then wrong owner ErrOwnerMismatch, no session
+// check); off (New's default), the rule of version 9 (matchHolder).
+// It is part of the replicated semantics: the caller must set it from
+// replicated state (the cluster sets it from the cluster version in the
+// log), so that every replica applies every entry alike.
+func (s *State) SetLegacyMatching(on bool) { s.legacyMatch = on }
+
 // extend renews the lease of the holding of cmd.Key, matched exactly as a
-// release matches: the holding's lease becomes cmd.LeaseSec from cmd.Now.
+// release matches (matchHolder): the holding's lease becomes cmd.LeaseSec from cmd.Now.
 // For a block every key's entry gets the lease (their leaseSec fields
 // stay equal) and the holding gets one renewal time. Token, grant time and
 // queues stay as they are; no effects.
 func (s *State) extend(cmd *Command) result {
-	e := s.keys[cmd.Key]
-	switch {
-	case e == nil || e.token == 0:
-		return result{Status: StatusRejected, Err: ErrNotHeld}
-	case e.token != cmd.Token:
-		return result{Status: StatusRejected, Err: ErrTokenMismatch}
-	case e.owner != cmd.Owner:
-		return result{Status: StatusRejected, Err: ErrOwnerMismatch}
+	e, err := s.matchHolder(cmd)
+	if err != nil {
+		return result{Status: StatusRejected, Err: err}
 	}
 	if keys, ok := s.blocks[e.token]; ok {
 		for _, k := range keys {

@@ -87,10 +87,15 @@ type Config struct {
 	// RefusalRate applies (refilled at that rate). Zero means 256.
 	RefusalBurst int
 	// OwnerPrefix starts every owner id this server sends to the cluster:
-	// owner = OwnerPrefix + "." + connection number. The whole owner must
-	// be visible ASCII (0x21..0x7E) and at most 128 bytes, so the prefix is
-	// at most 107 bytes. "" means "<hostname>/<pid>" (sanitised), which
-	// keeps owners of different sidecars apart in the cluster's logs.
+	// owner = OwnerPrefix + "." + the server's random part + "." +
+	// connection number (ownerRandLen hex digits of crypto/rand, drawn
+	// once per server). The whole owner must be visible ASCII
+	// (0x21..0x7E) and at most 128 bytes, so the prefix is at most 90
+	// bytes. "" means "<hostname>/<pid>" (sanitised), which keeps owners
+	// of different sidecars apart in the cluster's logs. The prefix is for
+	// people and is easily guessed; the random part is what a client that
+	// holds the cluster's secret cannot guess when it tries to release
+	// another host's lock (issue 39, finding 8).
 	OwnerPrefix string
 	// CloseTimeout bounds how long Close waits for in-flight requests to
 	// finish after it cancelled them. Zero means 2 s.
@@ -159,8 +164,14 @@ const (
 // DefaultMaxWaiting is Config.MaxWaiting's default.
 const DefaultMaxWaiting = sidecar.DefaultMaxWaitersPerSession
 
-// maxOwnerPrefix leaves room for "." and a 20-digit connection number.
-const maxOwnerPrefix = locksm.MaxOwnerLen - 21
+// ownerRandLen is the length of an owner's random part in hex digits: 64
+// bits. A guess costs a committed log entry, and a wrong one is answered
+// exactly like a wrong token, so 2^64 is far out of reach.
+const ownerRandLen = 16
+
+// maxOwnerPrefix leaves room for ".", the random part, "." and a 20-digit
+// connection number.
+const maxOwnerPrefix = locksm.MaxOwnerLen - 1 - ownerRandLen - 1 - 20
 
 // Validate reports the first problem with c (zero fields take their
 // defaults first). Errors wrap ErrInvalidConfig.

@@ -16,6 +16,8 @@ package unixapi
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -67,8 +69,11 @@ type Server struct {
 	hardCtx    context.Context
 	hardCancel context.CancelFunc
 
-	connSeq atomic.Uint64
-	paced   atomic.Uint64 // Stats.PacedRefusals
+	// ownerBase starts every owner this server sends: OwnerPrefix, ".",
+	// the random part, "." (the connection number follows).
+	ownerBase string
+	connSeq   atomic.Uint64
+	paced     atomic.Uint64 // Stats.PacedRefusals
 	// mu guards sessions and closed. It is never held together with a
 	// session's mu, nor while calling the Broker or doing socket I/O
 	// (cluster/LOCKS.md, "Above the cluster").
@@ -133,19 +138,28 @@ func Listen(cfg Config, b Broker) (*Server, error) {
 	}
 	s := &Server{
 		cfg: cfg, broker: b, log: cfg.Logger.With("socket", cfg.Path), ln: ln, sockFI: fi,
-		sessions: map[*session]struct{}{},
+		sessions: map[*session]struct{}{}, ownerBase: cfg.OwnerPrefix + "." + ownerRand() + ".",
 	}
 	s.hardCtx, s.hardCancel = context.WithCancel(context.Background())
 	s.wg.Add(1)
 	go s.acceptLoop()
 	if cfg.Listener != nil {
 		s.log.Info("unix API serving an inherited socket (socket activation)",
-			"allow_uids", cfg.AllowUIDs, "owner_prefix", cfg.OwnerPrefix)
+			"allow_uids", cfg.AllowUIDs, "owners", s.ownerBase+"N")
 	} else {
 		s.log.Info("unix API listening", "mode", fmt.Sprintf("%#o", cfg.Mode), "group", cfg.Group,
-			"allow_uids", cfg.AllowUIDs, "owner_prefix", cfg.OwnerPrefix)
+			"allow_uids", cfg.AllowUIDs, "owners", s.ownerBase+"N")
 	}
 	return s, nil
+}
+
+// ownerRand is an owner's random part: ownerRandLen lower-case hex
+// digits from crypto/rand (whose Read never fails: it crashes the
+// program rather than return weak bytes).
+func ownerRand() string {
+	var b [ownerRandLen / 2]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 // Path returns the socket path.

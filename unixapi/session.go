@@ -133,7 +133,7 @@ const replySlack = 64
 func newSession(srv *Server, c *net.UnixConn, id uint64, log *slog.Logger) *session {
 	ss := &session{
 		srv: srv, id: id, conn: c, log: log,
-		owner:      srv.cfg.OwnerPrefix + "." + strconv.FormatUint(id, 10),
+		owner:      srv.ownerBase + strconv.FormatUint(id, 10),
 		writerDone: make(chan struct{}),
 		wake:       make(chan struct{}, 1),
 		held:       map[heldKey]*holding{},

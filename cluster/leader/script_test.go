@@ -367,6 +367,7 @@ func (h *harness) run(line string) (string, error) {
 		batch := make([]Applied, 0, n)
 		for _, c := range h.log[:n] {
 			c.Now = h.now().UnixMilli()
+			h.st.SetLegacyMatching(*h.version < wire.VersionStrictMatch) // as the FSM does
 			res, eff := h.st.Apply(c, nil)
 			fmt.Fprintf(&b, "applied %s: %s\n", fmtCmd(c), fmtResult(res, eff))
 			batch = append(batch, Applied{Cmd: c, Res: res, Effects: eff})

@@ -607,8 +607,8 @@ func TestRequestAllowed(t *testing.T) {
 	if VersionSessions != VersionExtend+1 {
 		t.Errorf("VersionSessions %d", VersionSessions)
 	}
-	if VersionLabels != ProtocolVersion || VersionSessions != VersionLabels-1 || VersionExtend <= VersionBlocks || VersionBlocks <= VersionQueued {
-		t.Errorf("VersionLabels %d, VersionSessions %d, VersionExtend %d, VersionBlocks %d, ProtocolVersion %d",
+	if VersionStrictMatch != ProtocolVersion || VersionLabels != VersionStrictMatch-1 || VersionSessions != VersionLabels-1 || VersionExtend <= VersionBlocks || VersionBlocks <= VersionQueued {
+		t.Errorf("VersionStrictMatch %d, VersionLabels %d, VersionSessions %d, VersionExtend %d, VersionBlocks %d, ProtocolVersion %d", VersionStrictMatch,
 			VersionLabels, VersionSessions, VersionExtend, VersionBlocks, ProtocolVersion)
 	}
 }

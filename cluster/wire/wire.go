@@ -72,14 +72,24 @@ import "ticketing/locksm"
 //	    only once the cluster version is 8, and answers it E
 //	    not_supported before (never sends it without its label: inspect
 //	    would then show a holder without the name its caller gave).
-const ProtocolVersion = 8
+//	9 — strict matching (issue 39, finding 8): no frame changes. Once
+//	    the cluster version is 9, a release 'r' or extend 'e' that does
+//	    not name its holding exactly is answered E not_held whichever
+//	    part is wrong (codes token_mismatch and owner_mismatch are no
+//	    longer sent), and a holding granted under a session is released
+//	    or extended only by that session's requests. The rule changes
+//	    what a log entry does, so every replica switches at the 'V'
+//	    entry that raises the cluster version to 9; before it every
+//	    replica applies the older rule.
+const ProtocolVersion = 9
 
 // NewestProtocolVersion is the newest version this build implements:
 // ProtocolVersion, unless a newer version is being built, which is then
 // offered and accepted only where configured (HandshakeConfig.MaxVersion;
 // a node's Config.ProtocolVersion), for tests and the parts under
 // construction, never by default. Version 7 (sessions) was built that way
-// and is the default now; version 8 (labels) is small and came at once.
+// and is the default now; versions 8 (labels) and 9 (strict matching)
+// are small and came at once.
 const NewestProtocolVersion = ProtocolVersion
 
 // VersionNotices is the first version with the notice 'N' and its
@@ -111,6 +121,13 @@ const VersionSessions = 7
 // and a leader proposes one only once the cluster version is at least
 // this.
 const VersionLabels = 8
+
+// VersionStrictMatch is the first cluster version whose releases and
+// extends are matched strictly: any mismatch is not_held, and a session's
+// holding is its session's alone (locksm.State.SetLegacyMatching). It
+// changes no frame: a connection of any version gets the rule of the
+// cluster's version.
+const VersionStrictMatch = 9
 
 // SecretLen is the length of a session's secret in bytes.
 const SecretLen = 16

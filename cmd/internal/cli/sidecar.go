@@ -83,7 +83,7 @@ func RunSidecar(ctx context.Context, args []string, stdout, stderr io.Writer, o 
 	fset.StringVar(&ucfg.Group, "socket-group", "", "group name or gid to give the socket file (default: unchanged)")
 	fset.Var(&allow, "allow-uid", "comma-separated peer uids allowed to connect (default: any uid the file mode admits)")
 	fset.IntVar(&ucfg.MaxConns, "max-conns", ucfg.MaxConns, "max local connections served at once")
-	fset.StringVar(&ucfg.OwnerPrefix, "owner-prefix", ucfg.OwnerPrefix, "prefix of the owner ids sent to the cluster (owner = PREFIX.CONN)")
+	fset.StringVar(&ucfg.OwnerPrefix, "owner-prefix", ucfg.OwnerPrefix, "prefix of the owner ids sent to the cluster (owner = PREFIX.RANDOM.CONN; at most 90 bytes)")
 	var maxWaiters int
 	fset.IntVar(&maxWaiters, "max-waiters", 0,
 		"max waiting ACQUIREs (with a wait) of all local connections together; when full, the connection holding the most is refused or evicted (too_many_waiters); 0: the node's per-connection bound (200000 by default)")
