@@ -146,6 +146,7 @@ type releaseJob struct {
 	last       error         // the last attempt's failure
 	mayHaveRun bool          // an attempt was sent and got no definite reply
 	pause      time.Duration // the next pause between attempts
+	hopped     bool          // the last attempt followed an M at once (pauseNext)
 	pending    *client.Call  // the first attempt's call, for the worker to judge
 
 	// amu guards the first attempt's end: its reply (a Done hook) and its
@@ -983,8 +984,9 @@ func (b *Broker) releaseWorker() {
 	}
 }
 
-// release sends one release, retrying on another connection (or the same
-// one after a pause) until it gets a definite reply or its deadline passes.
+// release sends one release, retrying after a pause (20 ms doubling to
+// 500 ms; an M naming a connected leader goes there at once, once between
+// pauses: pauseNext) until it gets a definite reply or its deadline passes.
 // Unlike an acquire, a release may be resent: its effect is exact (key,
 // owner, token), and resending an executed one only earns not_held or
 // token_mismatch, never a wrong release. But that answer is then
@@ -1003,7 +1005,7 @@ func (b *Broker) release(job *releaseJob) error {
 		if err, settled := b.releaseOutcome(job, call); settled {
 			return err
 		}
-		pauseFirst = job.pauseNext()
+		pauseFirst = b.pauseNext(job)
 	}
 	for {
 		if pauseFirst {
@@ -1055,13 +1057,30 @@ func (b *Broker) release(job *releaseJob) error {
 		if err, settled := b.releaseOutcome(job, call); settled {
 			return err
 		}
-		pauseFirst = job.pauseNext()
+		pauseFirst = b.pauseNext(job)
 	}
 }
 
 // pauseNext reports whether the attempt just judged calls for a pause
-// before the next: not after an M, which names where to go at once.
-func (job *releaseJob) pauseNext() bool { return !errors.Is(job.last, ErrMoved) }
+// before the next. An M names where to go, and the next attempt goes
+// there at once, but only when the named leader is connected, and only
+// once between pauses: else the attempt would go back to a node that
+// said M (target picks any live connection while the leader's is down),
+// or two stale nodes would send it back and forth, with nothing to
+// slow it (issue 39: 193,821 attempts within one deadline).
+func (b *Broker) pauseNext(job *releaseJob) bool {
+	if errors.Is(job.last, ErrMoved) && !job.hopped {
+		b.mu.Lock()
+		connected := b.leaderConnLocked() != nil
+		b.mu.Unlock()
+		if connected {
+			job.hopped = true
+			return false
+		}
+	}
+	job.hopped = false
+	return true
+}
 
 // releaseOutcome judges one attempt's completed call: settled with the
 // release's outcome, or not (job.last and job.mayHaveRun updated, and
@@ -1100,7 +1119,7 @@ func (b *Broker) releaseOutcome(job *releaseJob, call *client.Call) (err error, 
 			return nil, false
 		}
 		job.last = ErrMoved
-		return nil, false // not executed: go to the leader at once
+		return nil, false // not executed: go to the leader (at once if connected: pauseNext)
 	default:
 		b.forgetLeader()
 		job.last = fmt.Errorf("reply %s: %s", wire.TypeName(r.Type), r.Text)

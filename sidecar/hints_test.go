@@ -1,0 +1,139 @@
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"ticketing/cluster/netfault"
+	"ticketing/cluster/testkit"
+	"ticketing/cluster/wire"
+)
+
+// reachDialer is a broker's Dialer for network faults between the
+// sidecar and one node: an address can be made unreachable (blackholed:
+// a dial hangs until its own deadline, as to a host that drops SYNs, or
+// refused at once), and the connections to it dropped. Every connection
+// goes through a netfault.Frames, whose rule the tests use to count or
+// cut frames.
+type reachDialer struct {
+	frames *netfault.Frames
+	stop   chan struct{} // closed at the test's end: hanging dials return
+
+	mu        sync.Mutex
+	blackhole map[string]bool
+	refuse    map[string]bool
+	conns     map[string][]net.Conn
+	dials     map[string]int
+}
+
+func newReachDialer(t *testing.T, rule func(netfault.Frame) netfault.Verdict) *reachDialer {
+	return &reachDialer{frames: netfault.NewFrames(rule), stop: make(chan struct{}),
+		blackhole: map[string]bool{}, refuse: map[string]bool{}, conns: map[string][]net.Conn{}, dials: map[string]int{}}
+}
+
+// endAtCleanup lets hanging dials return when the test ends. Call it
+// after newBroker: cleanups run last first, and the broker's Close waits
+// for its dials.
+func (d *reachDialer) endAtCleanup(t *testing.T) { t.Cleanup(func() { close(d.stop) }) }
+
+func (d *reachDialer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	d.mu.Lock()
+	d.dials[addr]++
+	hole, refuse := d.blackhole[addr], d.refuse[addr]
+	d.mu.Unlock()
+	switch {
+	case hole:
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-d.stop:
+			return nil, errors.New("test: blackholed")
+		}
+	case refuse:
+		return nil, &net.OpError{Op: "dial", Net: network, Err: errors.New("test: connection refused")}
+	}
+	c, err := d.frames.Dial(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	d.conns[addr] = append(d.conns[addr], c)
+	d.mu.Unlock()
+	return c, nil
+}
+
+// cutOff makes addr unreachable (blackholed or refused) and drops the
+// connections to it.
+func (d *reachDialer) cutOff(addr string, blackhole bool) {
+	d.mu.Lock()
+	if blackhole {
+		d.blackhole[addr] = true
+	} else {
+		d.refuse[addr] = true
+	}
+	conns := d.conns[addr]
+	d.conns[addr] = nil
+	d.mu.Unlock()
+	for _, c := range conns {
+		_ = c.Close() // a dropped connection: its error is the point
+	}
+}
+
+func (d *reachDialer) dialsTo(addr string) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.dials[addr]
+}
+
+// Issue 39, finding 13: a release answered M, whose named leader the
+// sidecar cannot reach, went back at once, again and again, to a node
+// that said M (193,821 attempts within one 5 s deadline). It backs off
+// between attempts instead. The leader's address is blackholed for the
+// sidecar (its dial hangs past the release deadline), so nothing but the
+// pause between attempts can bound them.
+func TestBrokerReleaseBacksOffAfterMoved(t *testing.T) {
+	c := startCluster(t)
+	li := leaderOf(t, c)
+	leaderAddr := c.ClientAddr(li)
+	var releases atomic.Int64
+	d := newReachDialer(t, func(fr netfault.Frame) netfault.Verdict {
+		if fr.Dir == netfault.Sent && fr.Msg.Type == wire.TypeRelease {
+			releases.Add(1)
+		}
+		return netfault.Pass
+	})
+	// Session-less: with a session, lock requests go only on the
+	// connection it is attached to, never to a follower.
+	b := newBroker(t, c, func(cfg *Config) { cfg.Dialer = d.dial; cfg.DialTimeout = 30 * time.Second; sessionsOff(cfg) })
+	d.endAtCleanup(t)
+	ctx := ctxT(t, 60*time.Second)
+	lk, err := b.Acquire(ctx, "k", "a", 60*time.Second, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, i := range []int{(li + 1) % 3, (li + 2) % 3} {
+		testkit.WaitFor(t, "the followers to know the leader's client address", 5*time.Second, func() bool {
+			return c.Node(i).StatusReport().LeaderClientAddr == leaderAddr
+		})
+	}
+	d.cutOff(leaderAddr, true)
+	testkit.WaitFor(t, "the broker to lose the leader's connections", 5*time.Second, func() bool { return b.Info().Leader == "" })
+	b.moved(leaderAddr) // what an acquire's M naming it does
+	start := releases.Load()
+	err = b.Release(ctx, lk)
+	n := releases.Load() - start
+	t.Logf("release: %v after %d attempts", err, n)
+	if !errors.Is(err, ErrIndeterminate) {
+		t.Fatalf("release with the leader unreachable: %v, want ErrIndeterminate", err)
+	}
+	// The release's pauses (20 ms doubling to 500 ms) allow about 15
+	// attempts in 5 s, twice that with the one hop an M may make at once.
+	if n > 40 {
+		t.Fatalf("%d release attempts within one release deadline: no pause between Ms", n)
+	}
+}
