@@ -760,12 +760,13 @@ func (b *Broker) dispatch() {
 		conn, changed := b.leastLoaded(b.leaderConns(skip))
 		if conn == nil {
 			b.mu.Lock()
-			known := b.leader != ""
+			known := b.leaderConnectedLocked()
 			b.mu.Unlock()
 			if !known {
 				// Ask the nodes (a status request, safe to repeat); the
 				// pending acquires' own deadlines end those that wait
-				// too long.
+				// too long. A hinted leader not connected is asked
+				// about too: it may never be reached.
 				b.findLeader(b.qctx, b.cfg.Now().Add(leaderProbeInterval))
 				continue
 			}

@@ -124,6 +124,10 @@ type slot struct {
 	seed bool          // a configured address: kept for the broker's lifetime
 	conn *client.Conn  // guarded by Broker.mu; nil while down
 	stop chan struct{} // closed (under Broker.mu) when the address is no longer kept
+	// failing is set (under Broker.mu) while the last dial of the slot
+	// failed and none has succeeded since: an M hint naming its address
+	// is not taken as the leader (setLeader).
+	failing bool
 	// swapped is closed (and replaced, under Broker.mu) when conn is
 	// replaced by a fresh connection that carries the cluster session
 	// (attachFresh): the slot's keeper then watches the new one and
@@ -301,6 +305,9 @@ func (b *Broker) keep(s *slot) {
 		if err == nil {
 			backoff, warned = b.cfg.BackoffMin, false
 			b.refusal.Store(nil)
+			b.mu.Lock()
+			s.failing = false
+			b.mu.Unlock()
 			if b.up(s, conn) {
 				for {
 					b.watch(s, conn)
@@ -317,6 +324,7 @@ func (b *Broker) keep(s *slot) {
 			b.down(s, conn)
 		} else {
 			b.metrics.dialFailures.Inc()
+			b.unreachable(s, err)
 			if refused(err) {
 				b.refusal.Store(&refusalNote{addr: s.addr, err: err})
 			}
@@ -341,6 +349,24 @@ func (b *Broker) keep(s *slot) {
 		if err != nil {
 			backoff = min(2*backoff, b.cfg.BackoffMax)
 		}
+	}
+}
+
+// unreachable records a failed dial of s. If an M named s's address as
+// the leader and no connection to it is up, that hint is dropped: only a
+// dropped connection cleared it before, so a hint the sidecar never
+// connected to stayed the leader, and every acquire waited for it until
+// it was answered unavailable while a connected node served (issue 39).
+// With no leader known, the dispatcher and the releases ask the live
+// nodes (findLeader).
+func (b *Broker) unreachable(s *slot, err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s.failing = true
+	if b.leader == s.addr && !b.connectedLocked(s.addr) {
+		b.leader = ""
+		b.notifyLocked()
+		b.log.Info("the leader an M named cannot be reached; asking the connected nodes", "addr", s.addr, "err", err)
 	}
 }
 
@@ -610,14 +636,46 @@ func (b *Broker) fetchMembers(addr string, conn *client.Conn) {
 
 // setLeader records a leader hint from an M if it names one of our
 // addresses, unless a hand-over is under way (its target names the old
-// leader until it serves itself).
+// leader until it serves itself). A hint naming an address whose last
+// dial failed, with no connection up, is not taken: the leader is
+// forgotten instead (the node that said M does not lead either), so that
+// the live nodes are asked (findLeader).
 func (b *Broker) setLeader(addr string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.awaiting != "" {
 		return
 	}
+	if b.failingLocked(addr) {
+		if b.leader != "" {
+			b.leader = ""
+			b.notifyLocked()
+		}
+		return
+	}
 	b.setLeaderLocked(addr)
+}
+
+// failingLocked reports whether addr is kept, not connected, and its last
+// dial failed. Requires b.mu.
+func (b *Broker) failingLocked(addr string) bool {
+	failing := false
+	for _, s := range b.slots {
+		if s.addr == addr {
+			if s.conn != nil || !s.failing {
+				return false
+			}
+			failing = true
+		}
+	}
+	return failing
+}
+
+// leaderConnectedLocked reports whether a leader is known and some
+// connection to it is up. A leader known but not connected is a hint (an
+// M named it) the sidecar may never reach. Requires b.mu.
+func (b *Broker) leaderConnectedLocked() bool {
+	return b.leader != "" && b.connectedLocked(b.leader)
 }
 
 func (b *Broker) setLeaderLocked(addr string) {
@@ -660,13 +718,16 @@ func (b *Broker) target(skip map[*client.Conn]bool) (*client.Conn, bool, <-chan 
 	return nil, false, b.changed
 }
 
-// findLeader makes sure a serving leader is known, asking the live
-// connections when it is not. Status requests are not lock requests, so
-// asking again is always safe. It returns false once until passes.
+// findLeader makes sure a serving leader is known and connected, asking
+// the live connections when it is not: a node that says it serves itself
+// replaces a hint (an M named a leader) that is not connected, which may
+// be an address the sidecar never reaches. Status requests are not lock
+// requests, so asking again is always safe. It returns false once until
+// passes.
 func (b *Broker) findLeader(ctx context.Context, until time.Time) bool {
 	for {
 		b.mu.Lock()
-		known, changed := b.leader != "", b.changed
+		known, hinted, changed := b.leaderConnectedLocked(), b.leader != "", b.changed
 		type live struct {
 			addr string
 			conn *client.Conn
@@ -693,15 +754,20 @@ func (b *Broker) findLeader(ctx context.Context, until time.Time) bool {
 			}
 			wg.Wait()
 			b.mu.Lock()
-			known = b.leader != ""
+			known = b.leaderConnectedLocked()
 			b.mu.Unlock()
 			if known {
 				return true
 			}
 		}
 		// An election is under way (or nothing is connected): look again
-		// shortly, or as soon as a connection comes up.
+		// shortly, or as soon as a connection comes up. While a hinted
+		// leader is being dialled, its connection coming up ends the wait
+		// (changed); the live nodes are asked again less often.
 		pause := min(left, 50*time.Millisecond)
+		if hinted {
+			pause = min(left, leaderProbeInterval)
+		}
 		if len(conns) == 0 {
 			pause = left
 		}

@@ -137,3 +137,43 @@ func TestBrokerReleaseBacksOffAfterMoved(t *testing.T) {
 		t.Fatalf("%d release attempts within one release deadline: no pause between Ms", n)
 	}
 }
+
+// Issue 39, finding 12: an M hint naming an address the sidecar never
+// connects to stayed "the leader" (only a dropped connection cleared it),
+// and every acquire was answered unavailable while a connected node
+// served. The broker asks the live nodes again when the hinted leader is
+// not connected: at once, and for good once a dial to it fails. Both an
+// address that refuses (the dial fails at once) and one that swallows the
+// dial (it fails only after DialTimeout, 30 s here) are checked.
+func TestBrokerUnreachableLeaderHintIsDropped(t *testing.T) {
+	c := startCluster(t)
+	li := leaderOf(t, c)
+	for _, blackhole := range []bool{false, true} {
+		name := "refused"
+		if blackhole {
+			name = "blackholed"
+		}
+		t.Run(name, func(t *testing.T) {
+			d := newReachDialer(t, nil)
+			wrong := "127.0.0.1:9" // never really dialled: the dialer refuses or swallows it
+			d.cutOff(wrong, blackhole)
+			b := newBroker(t, c, func(cfg *Config) { cfg.Dialer = d.dial; cfg.DialTimeout = 30 * time.Second })
+			d.endAtCleanup(t)
+			ctx := ctxT(t, 60*time.Second)
+			b.moved(wrong) // what an M naming it does
+			lk, err := b.Acquire(ctx, "k-"+name, "a", 30*time.Second, 0)
+			if err != nil {
+				t.Fatalf("acquire after an M naming an unreachable address (a connected node serves): %v", err)
+			}
+			if got := b.Info().Leader; got != c.ClientAddr(li) {
+				t.Fatalf("broker's leader %q, want %q", got, c.ClientAddr(li))
+			}
+			if err := b.Release(ctx, lk); err != nil {
+				t.Fatal(err)
+			}
+			if !blackhole && d.dialsTo(wrong) == 0 {
+				t.Fatal("the hinted address was never dialled")
+			}
+		})
+	}
+}
