@@ -294,6 +294,15 @@ func (b *Broker) syncMembers(ms []wire.Member) {
 
 // keep maintains one slot's connection until the broker closes or stops
 // keeping the address.
+//
+// The backoff doubles after every failed dial and after every connection
+// that ended within BackoffMax of its handshake; it starts again at
+// BackoffMin only after a connection that stayed up that long. A
+// handshake alone proves little: a node that accepts and drops at once
+// (overloaded, or refusing this client after the handshake) was
+// redialled every BackoffMin forever when any handshake reset it (issue
+// 39). A connection that lived BackoffMax costs at most one dial per
+// BackoffMax even when it is dropped every time.
 func (b *Broker) keep(s *slot) {
 	defer b.slotWG.Done()
 	backoff := b.cfg.BackoffMin
@@ -302,8 +311,10 @@ func (b *Broker) keep(s *slot) {
 		ctx, cancel := context.WithTimeout(context.Background(), b.cfg.DialTimeout)
 		conn, err := b.dial(ctx, s)
 		cancel()
+		proven := false
 		if err == nil {
-			backoff, warned = b.cfg.BackoffMin, false
+			warned = false
+			upAt := b.cfg.Now()
 			b.refusal.Store(nil)
 			b.mu.Lock()
 			s.failing = false
@@ -322,6 +333,9 @@ func (b *Broker) keep(s *slot) {
 			}
 			conn.Close()
 			b.down(s, conn)
+			if b.cfg.Now().Sub(upAt) >= b.cfg.BackoffMax {
+				proven, backoff = true, b.cfg.BackoffMin
+			}
 		} else {
 			b.metrics.dialFailures.Inc()
 			b.unreachable(s, err)
@@ -346,7 +360,7 @@ func (b *Broker) keep(s *slot) {
 			return
 		case <-b.cfg.After(backoff):
 		}
-		if err != nil {
+		if !proven {
 			backoff = min(2*backoff, b.cfg.BackoffMax)
 		}
 	}
