@@ -49,7 +49,10 @@ type Broker struct {
 
 	// rmu guards the release queue (a leaf). The queue is a list, not a
 	// bounded channel: a release is never refused for room. What bounds
-	// it is what can be released: the locks held through this broker.
+	// it is what can be released: the locks held through this broker. A
+	// bound would turn a burst of releases (a crashed client's, a
+	// closing sidecar's) into locks held until their leases end, which is
+	// what releasing exists to avoid (unixapi/PROTOCOL.md says so too).
 	rmu     sync.Mutex
 	rcond   *sync.Cond // signalled when a job is queued, the queue closes or rasync drops to 0
 	rjobs   []*releaseJob
