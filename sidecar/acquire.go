@@ -380,7 +380,10 @@ func (b *Broker) evictLocked(v *acqOp, fx *effects) {
 		// Cancel it at the node; its final reply frees the room (T: it
 		// was evicted; G: the grant won the race and stands).
 		if _, err := v.conn.StartFunc(wire.Msg{Type: wire.TypeCancel, Target: v.call.ID}, client.Hooks{}); err != nil {
-			b.log.Debug("cannot send the eviction's cancel; the connection's end frees the room", "key", v.key, "err", err)
+			// Without a session the connection's end frees the room; with
+			// one, the session keeps the waiter and resumedOps sends
+			// the cancel again after the resume.
+			b.log.Debug("cannot send the eviction's cancel now", "key", v.key, "err", err)
 		}
 	}
 }
@@ -760,12 +763,13 @@ func (b *Broker) dispatch() {
 		conn, changed := b.leastLoaded(b.leaderConns(skip))
 		if conn == nil {
 			b.mu.Lock()
-			known := b.leader != ""
+			known := b.leaderConnectedLocked()
 			b.mu.Unlock()
 			if !known {
 				// Ask the nodes (a status request, safe to repeat); the
 				// pending acquires' own deadlines end those that wait
-				// too long.
+				// too long. A hinted leader not connected is asked
+				// about too: it may never be reached.
 				b.findLeader(b.qctx, b.cfg.Now().Add(leaderProbeInterval))
 				continue
 			}

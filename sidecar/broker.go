@@ -49,7 +49,10 @@ type Broker struct {
 
 	// rmu guards the release queue (a leaf). The queue is a list, not a
 	// bounded channel: a release is never refused for room. What bounds
-	// it is what can be released: the locks held through this broker.
+	// it is what can be released: the locks held through this broker. A
+	// bound would turn a burst of releases (a crashed client's, a
+	// closing sidecar's) into locks held until their leases end, which is
+	// what releasing exists to avoid (unixapi/PROTOCOL.md says so too).
 	rmu     sync.Mutex
 	rcond   *sync.Cond // signalled when a job is queued, the queue closes or rasync drops to 0
 	rjobs   []*releaseJob
@@ -124,6 +127,10 @@ type slot struct {
 	seed bool          // a configured address: kept for the broker's lifetime
 	conn *client.Conn  // guarded by Broker.mu; nil while down
 	stop chan struct{} // closed (under Broker.mu) when the address is no longer kept
+	// failing is set (under Broker.mu) while the last dial of the slot
+	// failed and none has succeeded since: an M hint naming its address
+	// is not taken as the leader (setLeader).
+	failing bool
 	// swapped is closed (and replaced, under Broker.mu) when conn is
 	// replaced by a fresh connection that carries the cluster session
 	// (attachFresh): the slot's keeper then watches the new one and
@@ -146,6 +153,7 @@ type releaseJob struct {
 	last       error         // the last attempt's failure
 	mayHaveRun bool          // an attempt was sent and got no definite reply
 	pause      time.Duration // the next pause between attempts
+	hopped     bool          // the last attempt followed an M at once (pauseNext)
 	pending    *client.Call  // the first attempt's call, for the worker to judge
 
 	// amu guards the first attempt's end: its reply (a Done hook) and its
@@ -289,6 +297,15 @@ func (b *Broker) syncMembers(ms []wire.Member) {
 
 // keep maintains one slot's connection until the broker closes or stops
 // keeping the address.
+//
+// The backoff doubles after every failed dial and after every connection
+// that ended within BackoffMax of its handshake; it starts again at
+// BackoffMin only after a connection that stayed up that long. A
+// handshake alone proves little: a node that accepts and drops at once
+// (overloaded, or refusing this client after the handshake) was
+// redialled every BackoffMin forever when any handshake reset it (issue
+// 39). A connection that lived BackoffMax costs at most one dial per
+// BackoffMax even when it is dropped every time.
 func (b *Broker) keep(s *slot) {
 	defer b.slotWG.Done()
 	backoff := b.cfg.BackoffMin
@@ -297,9 +314,14 @@ func (b *Broker) keep(s *slot) {
 		ctx, cancel := context.WithTimeout(context.Background(), b.cfg.DialTimeout)
 		conn, err := b.dial(ctx, s)
 		cancel()
+		proven := false
 		if err == nil {
-			backoff, warned = b.cfg.BackoffMin, false
+			warned = false
+			upAt := b.cfg.Now()
 			b.refusal.Store(nil)
+			b.mu.Lock()
+			s.failing = false
+			b.mu.Unlock()
 			if b.up(s, conn) {
 				for {
 					b.watch(s, conn)
@@ -314,8 +336,12 @@ func (b *Broker) keep(s *slot) {
 			}
 			conn.Close()
 			b.down(s, conn)
+			if b.cfg.Now().Sub(upAt) >= b.cfg.BackoffMax {
+				proven, backoff = true, b.cfg.BackoffMin
+			}
 		} else {
 			b.metrics.dialFailures.Inc()
+			b.unreachable(s, err)
 			if refused(err) {
 				b.refusal.Store(&refusalNote{addr: s.addr, err: err})
 			}
@@ -337,9 +363,27 @@ func (b *Broker) keep(s *slot) {
 			return
 		case <-b.cfg.After(backoff):
 		}
-		if err != nil {
+		if !proven {
 			backoff = min(2*backoff, b.cfg.BackoffMax)
 		}
+	}
+}
+
+// unreachable records a failed dial of s. If an M named s's address as
+// the leader and no connection to it is up, that hint is dropped: only a
+// dropped connection cleared it before, so a hint the sidecar never
+// connected to stayed the leader, and every acquire waited for it until
+// it was answered unavailable while a connected node served (issue 39).
+// With no leader known, the dispatcher and the releases ask the live
+// nodes (findLeader).
+func (b *Broker) unreachable(s *slot, err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s.failing = true
+	if b.leader == s.addr && !b.connectedLocked(s.addr) {
+		b.leader = ""
+		b.notifyLocked()
+		b.log.Info("the leader an M named cannot be reached; asking the connected nodes", "addr", s.addr, "err", err)
 	}
 }
 
@@ -609,14 +653,46 @@ func (b *Broker) fetchMembers(addr string, conn *client.Conn) {
 
 // setLeader records a leader hint from an M if it names one of our
 // addresses, unless a hand-over is under way (its target names the old
-// leader until it serves itself).
+// leader until it serves itself). A hint naming an address whose last
+// dial failed, with no connection up, is not taken: the leader is
+// forgotten instead (the node that said M does not lead either), so that
+// the live nodes are asked (findLeader).
 func (b *Broker) setLeader(addr string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.awaiting != "" {
 		return
 	}
+	if b.failingLocked(addr) {
+		if b.leader != "" {
+			b.leader = ""
+			b.notifyLocked()
+		}
+		return
+	}
 	b.setLeaderLocked(addr)
+}
+
+// failingLocked reports whether addr is kept, not connected, and its last
+// dial failed. Requires b.mu.
+func (b *Broker) failingLocked(addr string) bool {
+	failing := false
+	for _, s := range b.slots {
+		if s.addr == addr {
+			if s.conn != nil || !s.failing {
+				return false
+			}
+			failing = true
+		}
+	}
+	return failing
+}
+
+// leaderConnectedLocked reports whether a leader is known and some
+// connection to it is up. A leader known but not connected is a hint (an
+// M named it) the sidecar may never reach. Requires b.mu.
+func (b *Broker) leaderConnectedLocked() bool {
+	return b.leader != "" && b.connectedLocked(b.leader)
 }
 
 func (b *Broker) setLeaderLocked(addr string) {
@@ -659,13 +735,16 @@ func (b *Broker) target(skip map[*client.Conn]bool) (*client.Conn, bool, <-chan 
 	return nil, false, b.changed
 }
 
-// findLeader makes sure a serving leader is known, asking the live
-// connections when it is not. Status requests are not lock requests, so
-// asking again is always safe. It returns false once until passes.
+// findLeader makes sure a serving leader is known and connected, asking
+// the live connections when it is not: a node that says it serves itself
+// replaces a hint (an M named a leader) that is not connected, which may
+// be an address the sidecar never reaches. Status requests are not lock
+// requests, so asking again is always safe. It returns false once until
+// passes.
 func (b *Broker) findLeader(ctx context.Context, until time.Time) bool {
 	for {
 		b.mu.Lock()
-		known, changed := b.leader != "", b.changed
+		known, hinted, changed := b.leaderConnectedLocked(), b.leader != "", b.changed
 		type live struct {
 			addr string
 			conn *client.Conn
@@ -692,15 +771,20 @@ func (b *Broker) findLeader(ctx context.Context, until time.Time) bool {
 			}
 			wg.Wait()
 			b.mu.Lock()
-			known = b.leader != ""
+			known = b.leaderConnectedLocked()
 			b.mu.Unlock()
 			if known {
 				return true
 			}
 		}
 		// An election is under way (or nothing is connected): look again
-		// shortly, or as soon as a connection comes up.
+		// shortly, or as soon as a connection comes up. While a hinted
+		// leader is being dialled, its connection coming up ends the wait
+		// (changed); the live nodes are asked again less often.
 		pause := min(left, 50*time.Millisecond)
+		if hinted {
+			pause = min(left, leaderProbeInterval)
+		}
 		if len(conns) == 0 {
 			pause = left
 		}
@@ -983,8 +1067,9 @@ func (b *Broker) releaseWorker() {
 	}
 }
 
-// release sends one release, retrying on another connection (or the same
-// one after a pause) until it gets a definite reply or its deadline passes.
+// release sends one release, retrying after a pause (20 ms doubling to
+// 500 ms; an M naming a connected leader goes there at once, once between
+// pauses: pauseNext) until it gets a definite reply or its deadline passes.
 // Unlike an acquire, a release may be resent: its effect is exact (key,
 // owner, token), and resending an executed one only earns not_held or
 // token_mismatch, never a wrong release. But that answer is then
@@ -1003,7 +1088,7 @@ func (b *Broker) release(job *releaseJob) error {
 		if err, settled := b.releaseOutcome(job, call); settled {
 			return err
 		}
-		pauseFirst = job.pauseNext()
+		pauseFirst = b.pauseNext(job)
 	}
 	for {
 		if pauseFirst {
@@ -1055,13 +1140,30 @@ func (b *Broker) release(job *releaseJob) error {
 		if err, settled := b.releaseOutcome(job, call); settled {
 			return err
 		}
-		pauseFirst = job.pauseNext()
+		pauseFirst = b.pauseNext(job)
 	}
 }
 
 // pauseNext reports whether the attempt just judged calls for a pause
-// before the next: not after an M, which names where to go at once.
-func (job *releaseJob) pauseNext() bool { return !errors.Is(job.last, ErrMoved) }
+// before the next. An M names where to go, and the next attempt goes
+// there at once, but only when the named leader is connected, and only
+// once between pauses: else the attempt would go back to a node that
+// said M (target picks any live connection while the leader's is down),
+// or two stale nodes would send it back and forth, with nothing to
+// slow it (issue 39: 193,821 attempts within one deadline).
+func (b *Broker) pauseNext(job *releaseJob) bool {
+	if errors.Is(job.last, ErrMoved) && !job.hopped {
+		b.mu.Lock()
+		connected := b.leaderConnLocked() != nil
+		b.mu.Unlock()
+		if connected {
+			job.hopped = true
+			return false
+		}
+	}
+	job.hopped = false
+	return true
+}
 
 // releaseOutcome judges one attempt's completed call: settled with the
 // release's outcome, or not (job.last and job.mayHaveRun updated, and
@@ -1100,7 +1202,7 @@ func (b *Broker) releaseOutcome(job *releaseJob, call *client.Call) (err error, 
 			return nil, false
 		}
 		job.last = ErrMoved
-		return nil, false // not executed: go to the leader at once
+		return nil, false // not executed: go to the leader (at once if connected: pauseNext)
 	default:
 		b.forgetLeader()
 		job.last = fmt.Errorf("reply %s: %s", wire.TypeName(r.Type), r.Text)

@@ -34,8 +34,10 @@ var (
 	ErrRefused = errors.New("sidecar: the nodes refuse this sidecar's settings")
 	// ErrMoved: the node that got the request was not the leader (or was
 	// handing its leadership over) and did not execute it. Definite. The
-	// broker remembers the leader it named and sends later requests there;
-	// it never resends a written request. A node that names no leader
+	// broker remembers the leader it named and sends later requests there
+	// once connected to it (a named leader it cannot connect to is
+	// forgotten, and the connected nodes are asked who serves); it never
+	// resends a written request. A node that names no leader
 	// gives ErrUnavailable instead.
 	ErrMoved = errors.New("sidecar: moved")
 	// ErrTooManyWaiters: an acquire with a wait found no waiter room

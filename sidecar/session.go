@@ -459,7 +459,12 @@ func (b *Broker) loseSession(sess *client.Session, cause error) {
 // lost connection and are still queued at the node (the resume answered
 // Q): their cancel goes to conn now. An acquire whose caller gave up
 // meanwhile is cancelled there at once (a grant that still comes is
-// compensated by onDone).
+// compensated by onDone), and so is one being evicted: its cancel went
+// to the lost connection, which may have died before the node read it
+// (or refused it, dead already), and the session kept the waiter in its
+// line; unsent again, the evicted waiter kept its place and the asker
+// it made room for waited its whole wait (issue 39). A cancel the node
+// did read, repeated, earns unknown_target (its target is over): harmless.
 func (b *Broker) resumedOps(conn *client.Conn) {
 	b.qmu.Lock()
 	defer b.qmu.Unlock()
@@ -477,7 +482,7 @@ func (b *Broker) resumedOps(conn *client.Conn) {
 		if o.st == stSent {
 			o.st = stQueued
 		}
-		if o.answered {
+		if o.answered || o.evicting {
 			b.giveUpLocked(o)
 		}
 	}
