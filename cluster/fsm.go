@@ -424,12 +424,11 @@ func (f *fsm) HeldUnder(key string, token uint64) bool {
 	return ok && h.Token == token
 }
 
-// HeldBy implements leader.Table.
-func (f *fsm) HeldBy(key, owner string, token uint64) bool {
+// MatchesHolding implements leader.Table.
+func (f *fsm) MatchesHolding(cmd *locksm.Command) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	h, ok := f.state.Holder(key)
-	return ok && h.Token == token && h.Owner == owner
+	return f.state.MatchesHolding(cmd)
 }
 
 // RangeHolders implements leader.Table; fn runs under mu and must take no

@@ -480,6 +480,15 @@ func (s *State) matchHolder(cmd *Command) (*entry, error) {
 	return e, nil
 }
 
+// MatchesHolding reports whether a release or an extend cmd (its Key,
+// Token, Owner and Session) names its holding exactly as matchHolder
+// requires, so that it would apply now: the leader counts only such an
+// extend as in flight (a due lease timer of its token waits for it).
+func (s *State) MatchesHolding(cmd *Command) bool {
+	_, err := s.matchHolder(cmd)
+	return err == nil
+}
+
 // SetLegacyMatching chooses how a release or an extend is matched to its
 // holding: on, the rule of protocol versions up to 8 (wrong token
 // ErrTokenMismatch, then wrong owner ErrOwnerMismatch, no session

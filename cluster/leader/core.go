@@ -157,9 +157,11 @@ type Table interface {
 	Occupancy(key string) (held bool, keys, queue int)
 	// HeldUnder reports whether key is held under token.
 	HeldUnder(key string, token uint64) bool
-	// HeldBy reports whether key is held under token by owner: whether an
-	// extend naming them can still succeed.
-	HeldBy(key, owner string, token uint64) bool
+	// MatchesHolding reports whether a release or extend cmd names its
+	// holding exactly (key, token, owner and, where the holding is a
+	// session's, session: locksm.State.MatchesHolding), so that it can
+	// still succeed.
+	MatchesHolding(cmd *locksm.Command) bool
 	// RangeHolders calls fn for every holder until fn returns false.
 	RangeHolders(fn func(key string, h locksm.Holder) bool)
 	// Sessions lists the live sessions' ids, ascending.
@@ -850,11 +852,12 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 	}
 	k.pend[p.ref] = p
 	cn.owe(p)
-	if cmd.Op == locksm.OpExtend && k.table.HeldBy(cmd.Key, cmd.Owner, cmd.Token) {
+	if cmd.Op == locksm.OpExtend && k.table.MatchesHolding(&cmd) {
 		// Only an extend that can still succeed holds the token's expiry
-		// back: tokens never repeat and a holding's owner never changes,
-		// so one that names another owner, a key the token does not hold,
-		// or a token already ended, can never be applied as extended.
+		// back: tokens never repeat and a holding's owner and session
+		// never change, so one that names another owner or session, a key
+		// the token does not hold, or a token already ended, can never be
+		// applied as extended.
 		// Counting it would let a stray or hostile client that keeps one
 		// in flight stop any lease from ever expiring (issue 39, finding
 		// 7).

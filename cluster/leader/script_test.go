@@ -137,10 +137,7 @@ func (t stateTable) HeldUnder(key string, token uint64) bool {
 	return ok && h.Token == token
 }
 
-func (t stateTable) HeldBy(key, owner string, token uint64) bool {
-	h, ok := t.s.Holder(key)
-	return ok && h.Token == token && h.Owner == owner
-}
+func (t stateTable) MatchesHolding(cmd *locksm.Command) bool { return t.s.MatchesHolding(cmd) }
 
 func (t stateTable) RangeHolders(fn func(string, locksm.Holder) bool) { t.s.RangeHolders(fn) }
 
