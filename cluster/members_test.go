@@ -332,13 +332,14 @@ func TestMembersRefusesADamagedAddress(t *testing.T) {
 	}
 }
 
-// startVersion8 starts opts' cluster and waits until its leader has
-// recorded cluster version 8, the newest (issue 39, finding 10).
-func startVersion8(t *testing.T, opts local.Options) (*testCluster, int) {
+// startNewestVersion starts opts' cluster and waits until its leader has
+// recorded the newest cluster version, wire.ProtocolVersion (issue 39,
+// finding 10).
+func startNewestVersion(t *testing.T, opts local.Options) (*testCluster, int) {
 	t.Helper()
 	c := startClusterOpts(t, opts)
 	li := c.leader()
-	testkit.WaitFor(t, "cluster version 8", 20*time.Second, func() bool { return c.Node(li).ClusterVersion() == wire.VersionLabels })
+	testkit.WaitFor(t, "the newest cluster version", 20*time.Second, func() bool { return c.Node(li).ClusterVersion() == wire.ProtocolVersion })
 	return c, li
 }
 
@@ -352,7 +353,7 @@ func atVersion6(cfg *cluster.Config) { cfg.ProtocolVersion = wire.VersionExtend 
 // and the cluster's. Before issue 39 it was promoted unchecked, and could
 // then be handed the leadership and serve at version 6 (finding 10).
 func TestPromoteRefusesALearnerOlderThanTheClusterVersion(t *testing.T) {
-	c, li := startVersion8(t, local.Options{Nodes: 4, Voters: 3, AdminSecret: adminSecret})
+	c, li := startNewestVersion(t, local.Options{Nodes: 4, Voters: 3, AdminSecret: adminSecret})
 	n := c.Node(li)
 	id := c.Node(3).ServerID()
 	if err := c.Stop(3); err != nil {
@@ -370,9 +371,9 @@ func TestPromoteRefusesALearnerOlderThanTheClusterVersion(t *testing.T) {
 	c.waitCaughtUp(id)
 	err := n.Promote(id, 10*time.Second)
 	if !errors.Is(err, cluster.ErrUnsafeChange) {
-		t.Fatalf("promoting a version 6 learner at cluster version 8: %v, want ErrUnsafeChange", err)
+		t.Fatalf("promoting a version 6 learner at cluster version %d: %v, want ErrUnsafeChange", wire.ProtocolVersion, err)
 	}
-	for _, want := range []string{id, "version 6", "cluster version 8", "upgrade"} {
+	for _, want := range []string{id, "version 6", fmt.Sprintf("cluster version %d", wire.ProtocolVersion), "upgrade"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("the refusal %q does not say %q", err, want)
 		}
@@ -389,7 +390,7 @@ func TestPromoteRefusesALearnerOlderThanTheClusterVersion(t *testing.T) {
 	if m, ok := memberOf(ms, id); !ok || m.Voter || voters(ms) != 3 {
 		t.Fatalf("members after the refusals: %+v; want %s still a learner and 3 voters", ms, id)
 	}
-	if c.Node(li).ClusterVersion() != wire.VersionLabels {
+	if c.Node(li).ClusterVersion() != wire.ProtocolVersion {
 		t.Fatalf("cluster version %d", c.Node(li).ClusterVersion())
 	}
 }

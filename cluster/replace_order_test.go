@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"maps"
 	"os"
 	"slices"
@@ -309,7 +310,7 @@ func TestAdminMemberJSONMatchesProtocol(t *testing.T) {
 // cluster's; at version 8 the same NEW is swapped in. Before, replace added
 // NEW unchecked while it was down, then promoted it.
 func TestReplaceWaitsForTheNewNodeToAnswer(t *testing.T) {
-	c, li := startVersion8(t, local.Options{Nodes: 4, Voters: 3, AdminSecret: adminSecret})
+	c, li := startNewestVersion(t, local.Options{Nodes: 4, Voters: 3, AdminSecret: adminSecret})
 	old := (li + 1) % 3
 	oldID, newID, addr := c.Node(old).ServerID(), c.Node(3).ServerID(), c.PeerAddrOf(3)
 	if err := c.Stop(3); err != nil {
@@ -358,7 +359,7 @@ func TestReplaceWaitsForTheNewNodeToAnswer(t *testing.T) {
 	if !started {
 		t.Fatal("replace did not wait for NEW")
 	}
-	if !errors.Is(err, wire.ErrUnsafeChange) || !strings.Contains(err.Error(), "version 6") || !strings.Contains(err.Error(), "cluster version 8") {
+	if !errors.Is(err, wire.ErrUnsafeChange) || !strings.Contains(err.Error(), "version 6") || !strings.Contains(err.Error(), fmt.Sprintf("cluster version %d", wire.ProtocolVersion)) {
 		t.Fatalf("replace with NEW at version 6: %v; want ErrUnsafeChange naming its version and the cluster's", err)
 	}
 	t.Logf("refused: %v", err)
