@@ -349,13 +349,23 @@ func (m *model) lock(c Command) (Result, []Effect) {
 		}
 		m.waits = slices.DeleteFunc(m.waits, func(w modelWait) bool { return w.w.Session == ms.id })
 		eff = append(eff, m.promote(decide, c.Now)...)
-		if c.Op == OpExpireSession {
-			for _, t := range c.Tokens {
-				for i, h := range m.holds {
-					if h.h.Token == t && h.h.Session == ms.id {
-						eff = append(eff, m.free(i, c.Now)...)
-						break
-					}
+		tokens := c.Tokens
+		if c.Op == OpCloseSession {
+			// A clean stop releases every holding of the session.
+			tokens = nil
+			for _, h := range m.holds {
+				if h.h.Session == ms.id {
+					tokens = append(tokens, h.h.Token)
+				}
+			}
+			slices.Sort(tokens)
+			tokens = slices.Compact(tokens) // a block is held once per key
+		}
+		for _, t := range tokens {
+			for i, h := range m.holds {
+				if h.h.Token == t && h.h.Session == ms.id {
+					eff = append(eff, m.free(i, c.Now)...)
+					break
 				}
 			}
 		}
@@ -734,10 +744,20 @@ func (p *propertyChecker) observe(c Command, res Result, effects []Effect) error
 				delete(p.tokenSession, t)
 			}
 		}
-		fallthrough
-	case StatusSessionClosed:
 		for t, id := range p.tokenSession {
 			if id == c.Session {
+				delete(p.tokenSession, t)
+			}
+		}
+	case StatusSessionClosed:
+		// A close (the rule of version 9) ends every holding of the
+		// session, before the hand-offs among the effects.
+		for t, id := range p.tokenSession {
+			if id == c.Session {
+				for _, k := range p.holding[t] {
+					delete(p.held, k)
+				}
+				delete(p.holding, t)
 				delete(p.tokenSession, t)
 			}
 		}
@@ -1235,7 +1255,7 @@ func (c *sessionCoverage) observe(cmd Command, res Result, effects []Effect, s *
 			}
 			if cmd.Op == OpCloseSession {
 				c.closed++
-				pre.namedHeld = 0
+				pre.namedHeld = pre.holdings // all released
 			}
 			if pre.holdings > pre.namedHeld {
 				c.expiredKept++

@@ -257,6 +257,20 @@ func (s *State) endSession(cmd *Command, effects []Effect) (result, []Effect) {
 			}
 		}
 	}
+	if cmd.Op == OpCloseSession && !s.legacyMatch {
+		// A broker's clean stop releases what its session holds, as
+		// closing an etcd session revokes its lease and a ZooKeeper
+		// session's close deletes its ephemeral nodes: a stopping
+		// sidecar has ended every caller's connection, and a grant that
+		// reached it during the stop (a hand-off to a waiter whose caller
+		// had just been told "not acquired") would otherwise keep its key
+		// for a lease with nobody to release it (issue 39, finding 6).
+		for _, t := range slices.Sorted(maps.Keys(ss.holdings)) {
+			if key, ok := ss.holdings[t]; ok {
+				effects = s.endHolding(key, s.keys[key], cmd.Now, effects)
+			}
+		}
+	}
 	for t, key := range ss.holdings {
 		keys := []string{key}
 		if b, ok := s.blocks[t]; ok {

@@ -74,9 +74,11 @@ type State struct {
 	gen uint32
 	// sessions are the live sessions by id (sessions.go).
 	sessions map[uint64]*session
-	// legacyMatch: releases and extends are matched by the rule of
-	// protocol versions up to 8 (SetLegacyMatching). Not in snapshots:
-	// the cluster derives it from its cluster version, which they carry.
+	// legacyMatch: the rules of protocol versions up to 8
+	// (SetLegacyMatching): releases and extends are matched by the older
+	// rule, and a session's close leaves its holdings to their leases.
+	// Not in snapshots: the cluster derives it from its cluster version,
+	// which they carry.
 	legacyMatch bool
 }
 
@@ -490,9 +492,11 @@ func (s *State) MatchesHolding(cmd *Command) bool {
 }
 
 // SetLegacyMatching chooses how a release or an extend is matched to its
-// holding: on, the rule of protocol versions up to 8 (wrong token
-// ErrTokenMismatch, then wrong owner ErrOwnerMismatch, no session
-// check); off (New's default), the rule of version 9 (matchHolder).
+// holding, and what a session's close does with its holdings: on, the
+// rules of protocol versions up to 8 (wrong token ErrTokenMismatch, then
+// wrong owner ErrOwnerMismatch, no session check; a close leaves the
+// holdings to their leases); off (New's default), the rules of version 9
+// (matchHolder; a close releases every holding of the session).
 // It is part of the replicated semantics: the caller must set it from
 // replicated state (the cluster sets it from the cluster version in the
 // log), so that every replica applies every entry alike.

@@ -80,7 +80,9 @@ import "ticketing/locksm"
 //	    or extended only by that session's requests. The rule changes
 //	    what a log entry does, so every replica switches at the 'V'
 //	    entry that raises the cluster version to 9; before it every
-//	    replica applies the older rule.
+//	    replica applies the older rule. From the same entry a session's
+//	    close 'd' releases every holding of the session instead of
+//	    leaving them to their leases (finding 6).
 const ProtocolVersion = 9
 
 // NewestProtocolVersion is the newest version this build implements:
