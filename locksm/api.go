@@ -202,10 +202,16 @@ const (
 	// once every member knows sessions: only the waiters of session-less
 	// connections died with the old leader.
 	OpDropSessionless Op = 12
+	// OpAckSession drops the outcomes of Session up to Ack, as the Ack of
+	// its lock commands does, for a session that sends none (protocol
+	// version 9): a quiet broker's acknowledged outcomes would otherwise
+	// stay in the table, and in every snapshot, until its next command.
+	// Noop if the session is unknown (it ended).
+	OpAckSession Op = 13
 )
 
 // maxOp is the highest op this version knows.
-const maxOp = OpDropSessionless
+const maxOp = OpAckSession
 
 // Command is one replicated state change. The leader fills Now with its wall
 // clock (Unix milliseconds) when it proposes; the state machine records it
@@ -284,6 +290,7 @@ const (
 	StatusResumed        // OpResumeSession done
 	StatusSessionExpired // OpExpireSession done (waiters timed out, hand-offs in Effects)
 	StatusSessionClosed  // OpCloseSession done (as an expiry)
+	StatusAcked          // OpAckSession done: the outcomes up to Ack dropped
 )
 
 // Result is the outcome of a command for its proposer.

@@ -24,6 +24,7 @@ package locksm
 //	10  OpExpireSession   now:varint session:uvarint epoch:uvarint n:uvarint token:uvarint*n
 //	11  OpCloseSession    now:varint session:uvarint
 //	12  OpDropSessionless (none)
+//	13  OpAckSession      session:uvarint ack:uvarint
 //
 //	op|0x80 (op 1, 2, 6, 7 only): a lock command of a session
 //	    = session:uvarint(1..) seq:uvarint ack:uvarint fields(op)
@@ -199,6 +200,9 @@ func AppendBatch(dst []byte, cmds []Command) []byte {
 		case OpCloseSession:
 			dst = binary.AppendVarint(dst, c.Now)
 			dst = binary.AppendUvarint(dst, c.Session)
+		case OpAckSession:
+			dst = binary.AppendUvarint(dst, c.Session)
+			dst = binary.AppendUvarint(dst, c.Ack)
 		}
 	}
 	return dst
@@ -343,6 +347,9 @@ func DecodeBatch(b []byte, into []Command) ([]Command, error) {
 		case OpCloseSession:
 			c.Now = d.varint()
 			c.Session = d.uvarint()
+		case OpAckSession:
+			c.Session = d.uvarint()
+			c.Ack = d.uvarint()
 		case OpDropSessionless:
 		default:
 			if d.err == nil {

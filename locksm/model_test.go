@@ -185,7 +185,7 @@ func (m *model) apply1(c Command) (Result, []Effect) {
 		if c.Session == 0 || len(c.SecretHash) != 32 || c.TimeoutMs < 2000 || c.TimeoutMs > 300000 {
 			return reject(ErrInvalidSession)
 		}
-	case OpResumeSession, OpExpireSession, OpCloseSession:
+	case OpResumeSession, OpExpireSession, OpCloseSession, OpAckSession:
 		if c.Session == 0 {
 			return reject(ErrInvalidSession)
 		}
@@ -327,6 +327,13 @@ func (m *model) lock(c Command) (Result, []Effect) {
 		ms.floor = max(ms.floor, c.Seq)
 		ms.trim(c.Ack)
 		return Result{Status: StatusResumed}, nil
+	case OpAckSession:
+		ms := m.session(c.Session)
+		if ms == nil {
+			return Result{Status: StatusNoop}, nil
+		}
+		ms.trim(c.Ack)
+		return Result{Status: StatusAcked}, nil
 	case OpExpireSession, OpCloseSession:
 		ms := m.session(c.Session)
 		if ms == nil || (c.Op == OpExpireSession && c.Epoch != ms.epoch) {
@@ -966,8 +973,10 @@ func (g *gen) sessionCommand() Command {
 		if g.r.IntN(3) == 0 {
 			c.Tokens = append(c.Tokens, g.r.Uint64N(g.m.last+2))
 		}
-	case x < 78:
+	case x < 74:
 		c.Op = OpCloseSession
+	case x < 86:
+		c.Op, c.Ack = OpAckSession, g.r.Uint64N(serial+2)
 	default:
 		c.Op = OpDropSessionless
 	}

@@ -121,6 +121,8 @@ func runScriptCommand(t *testing.T, c scripttest.Case, s *State) string {
 		cmd.Op = OpCloseSession
 	case "drop-sessionless":
 		cmd.Op = OpDropSessionless
+	case "ack-session":
+		cmd.Op = OpAckSession
 	case "apply":
 	default:
 		t.Fatalf("%s: unknown command %q", where, name)
@@ -215,6 +217,7 @@ var statusNames = map[Status]string{
 	StatusCanceled: "canceled", StatusNoop: "noop", StatusDropped: "dropped",
 	StatusExtended: "extended", StatusTimedOut: "timed-out", StatusOpened: "opened",
 	StatusResumed: "resumed", StatusSessionExpired: "session-expired", StatusSessionClosed: "session-closed",
+	StatusAcked: "acked",
 }
 
 var errNames = map[error]string{
@@ -390,6 +393,8 @@ func normalize(c Command) Command {
 		}
 	case OpCloseSession:
 		n.Key, n.Now, n.Session = "", c.Now, c.Session
+	case OpAckSession:
+		n.Key, n.Session, n.Ack = "", c.Session, c.Ack
 	case OpAcquireBlock:
 		n.Key = ""
 		n.Now, n.Owner, n.Ref, n.LeaseSec, n.WaitMs = c.Now, c.Owner, c.Ref, c.LeaseSec, c.WaitMs

@@ -121,7 +121,7 @@ func validateSessionCommand(cmd *Command) error {
 			cmd.TimeoutMs < MinSessionTimeoutMs || cmd.TimeoutMs > MaxSessionTimeoutMs {
 			return ErrInvalidSession
 		}
-	case OpResumeSession, OpExpireSession, OpCloseSession:
+	case OpResumeSession, OpExpireSession, OpCloseSession, OpAckSession:
 		if cmd.Session == 0 {
 			return ErrInvalidSession
 		}
@@ -209,6 +209,18 @@ func (s *State) resumeSession(cmd *Command) result {
 	ss.floor = max(ss.floor, cmd.Seq)
 	ss.trim(cmd.Ack)
 	return result{Status: StatusResumed}
+}
+
+// ackSession drops the outcomes of cmd.Session up to cmd.Ack (clamped to
+// its last serial, never lowered: session.trim), as a lock command's Ack
+// does; Noop if the session ended.
+func (s *State) ackSession(cmd *Command) result {
+	ss := s.sessions[cmd.Session]
+	if ss == nil {
+		return result{Status: StatusNoop}
+	}
+	ss.trim(cmd.Ack)
+	return result{Status: StatusAcked}
 }
 
 // endSession expires (expire: epoch checked, Tokens released) or closes

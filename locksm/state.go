@@ -209,7 +209,7 @@ func validateCommand(cmd *Command) error {
 			return err
 		}
 		return validateAcquireFields(cmd)
-	case OpOpenSession, OpResumeSession, OpExpireSession, OpCloseSession, OpDropSessionless:
+	case OpOpenSession, OpResumeSession, OpExpireSession, OpCloseSession, OpDropSessionless, OpAckSession:
 		return validateSessionCommand(cmd)
 	default:
 		return ErrInvalidCommand
@@ -323,6 +323,8 @@ func (s *State) apply(cmd *Command, effects []Effect) (result, uint64, []Effect)
 		return s.resumeSession(cmd), 0, effects
 	case OpExpireSession, OpCloseSession:
 		res, effects = s.endSession(cmd, effects)
+	case OpAckSession:
+		return s.ackSession(cmd), 0, effects
 	default: // OpDropSessionless; validateCommand rejected everything else
 		res, effects = s.dropSessionless(effects)
 		return res, 0, effects

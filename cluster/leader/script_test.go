@@ -508,6 +508,7 @@ var opNames = map[locksm.Op]string{
 	locksm.OpCancelWait: "cancel", locksm.OpDropWaiters: "drop-waiters", locksm.OpAcquireBlock: "acquire-block",
 	locksm.OpExtend: "extend", locksm.OpOpenSession: "open-session", locksm.OpResumeSession: "resume-session",
 	locksm.OpExpireSession: "expire-session", locksm.OpCloseSession: "close-session", locksm.OpDropSessionless: "drop-sessionless",
+	locksm.OpAckSession: "ack-session",
 }
 
 func fmtCmd(c locksm.Command) string {
@@ -530,6 +531,8 @@ func fmtCmd1(c locksm.Command) string {
 		return fmt.Sprintf("close-session session=%d", c.Session)
 	case locksm.OpDropSessionless:
 		return "drop-sessionless"
+	case locksm.OpAckSession:
+		return fmt.Sprintf("ack-session session=%d ack=%d", c.Session, c.Ack)
 	case locksm.OpAcquire:
 		return fmt.Sprintf("acquire key=%s owner=%s lease=%d wait=%d ref=%d", c.Key, c.Owner, c.LeaseSec, c.WaitMs, c.Ref) + labelSuffix(c.Label)
 	case locksm.OpRelease:
@@ -592,6 +595,7 @@ var statusNames = map[locksm.Status]string{
 	locksm.StatusCanceled: "canceled", locksm.StatusNoop: "noop", locksm.StatusDropped: "dropped",
 	locksm.StatusExtended: "extended", locksm.StatusTimedOut: "timed-out", locksm.StatusOpened: "opened",
 	locksm.StatusResumed: "resumed", locksm.StatusSessionExpired: "session-expired", locksm.StatusSessionClosed: "session-closed",
+	locksm.StatusAcked: "acked",
 }
 
 var effectNames = map[locksm.EffectKind]string{

@@ -80,6 +80,9 @@ type session[C comparable] struct {
 	// liveness timer came due while an attach was in flight (if that
 	// fails, the session expires at once).
 	expiring, overdue bool
+	// acking: an ack-only entry (OpAckSession) of it is proposed and
+	// not applied.
+	acking bool
 	// waiting: resumes that wait for the attach or the expiry in flight.
 	waiting []*pending[C]
 	// ext is the pendingExt every lock request of the session shares.
@@ -211,6 +214,7 @@ func (k *Core[C]) sessionRequest(now time.Time, cn *conn[C], m *wire.Msg) bool {
 		}
 		if s := cn.sess; s != nil {
 			s.ack = max(s.ack, m.Serial)
+			k.proposeAck(s, cn)
 		}
 		k.send(cn, wire.Msg{Type: wire.TypeOK, ID: m.ID})
 		return true
@@ -294,6 +298,24 @@ func (k *Core[C]) opensInFlight() int {
 		}
 	}
 	return n
+}
+
+// proposeAck proposes an ack-only entry for s when its latest ack would
+// drop kept outcomes and no request of it is in flight on cn to carry the
+// ack (an active session's next command carries it anyway, for free): so
+// a quiet session's acknowledged outcomes leave the table, and every
+// snapshot, within one commit of its broker's 'k' (issue 39, finding 5).
+// One at a time per session; needs every member at version 9.
+func (k *Core[C]) proposeAck(s *session[C], cn *conn[C]) {
+	if s.acking || !k.serving || cn.acquiring+cn.releasing > 0 || k.table.ClusterVersion() < wire.VersionAckEntry {
+		return
+	}
+	info, ok := k.table.Session(s.id)
+	if !ok || min(s.ack, info.Serial) <= info.Ack {
+		return // nothing the ack would drop
+	}
+	s.acking = true
+	k.propose(locksm.Command{Op: locksm.OpAckSession, Session: s.id, Ack: s.ack})
 }
 
 // closeRequest takes the broker's clean stop of the session attached to
@@ -628,6 +650,10 @@ func (k *Core[C]) sessionApplied(now time.Time, a *Applied, later []Applied) {
 		}
 	case locksm.OpDropSessionless:
 		k.effects(now, a.Effects, time.Time{})
+	case locksm.OpAckSession:
+		if s := k.sessions[c.Session]; s != nil {
+			s.acking = false
+		}
 	}
 }
 
@@ -872,6 +898,11 @@ func (k *Core[C]) sessionProposalFailed(c *locksm.Command, notAppended bool, add
 		}
 		return true
 	case locksm.OpDropSessionless:
+		return true
+	case locksm.OpAckSession:
+		if s := k.sessions[c.Session]; s != nil {
+			s.acking = false
+		}
 		return true
 	}
 	return false

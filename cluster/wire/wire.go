@@ -82,7 +82,9 @@ import "ticketing/locksm"
 //	    entry that raises the cluster version to 9; before it every
 //	    replica applies the older rule. From the same entry a session's
 //	    close 'd' releases every holding of the session instead of
-//	    leaving them to their leases (finding 6).
+//	    leaving them to their leases (finding 6), and the log may carry
+//	    op 13, the ack-only entry the leader proposes after a quiet
+//	    session's 'k' (finding 5).
 const ProtocolVersion = 9
 
 // NewestProtocolVersion is the newest version this build implements:
@@ -130,6 +132,12 @@ const VersionLabels = 8
 // changes no frame: a connection of any version gets the rule of the
 // cluster's version.
 const VersionStrictMatch = 9
+
+// VersionAckEntry is the first cluster version whose log may carry the
+// ack-only entry (locksm.OpAckSession, op 13): the leader proposes one
+// after a quiet session's 'k', so that its acknowledged outcomes leave the
+// table. An older node could not decode it.
+const VersionAckEntry = 9
 
 // SecretLen is the length of a session's secret in bytes.
 const SecretLen = 16
