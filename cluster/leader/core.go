@@ -531,8 +531,12 @@ type Core[C comparable] struct {
 	// are not owed by this leader alone (a hand-over does not wait for
 	// them; the brokers resume them on the target).
 	sessQueued int
-	// marks: the sessions the batch being applied recorded outcomes of.
-	marks []sessMark
+	// marks: the sessions the batch being applied recorded outcomes of,
+	// in the order first marked; markAt indexes them by session (a batch
+	// touching thousands of sessions found each by a scan: quadratic,
+	// 18 ms for 4096 sessions, BenchmarkAppliedManySessions).
+	marks  []sessMark
+	markAt map[uint64]int
 
 	rd Ready[C]
 }
@@ -558,6 +562,7 @@ func New[C comparable](cfg Config, table Table, dir Directory) *Core[C] {
 		attachingTo:   map[uint64]*pending[C]{},
 		closingSess:   map[uint64]*pending[C]{},
 		untold:        map[uint64]untoldGrant{},
+		markAt:        map[uint64]int{},
 	}
 }
 
@@ -1032,7 +1037,7 @@ func (k *Core[C]) ProposalFailed(cmds []locksm.Command, notAppended bool, err er
 // when it sent the acquire, before this. A grant is never told before the
 // command that queued it, since commands come in log order.
 func (k *Core[C]) Applied(now time.Time, batch []Applied) {
-	k.marks = k.marks[:0]
+	k.clearMarks()
 	for i := range batch {
 		a := &batch[i]
 		c := &a.Cmd

@@ -524,13 +524,42 @@ func (k *Core[C]) mark(sid, serial uint64) {
 	if sid == 0 || serial == 0 {
 		return
 	}
-	for i := range k.marks {
-		if k.marks[i].sid == sid {
-			k.marks[i].serial = max(k.marks[i].serial, serial)
-			return
+	// A scan while the batch touched few sessions (a sidecar's batch
+	// touches one), the index beyond.
+	if len(k.marks) <= markScan {
+		for i := range k.marks {
+			if k.marks[i].sid == sid {
+				k.marks[i].serial = max(k.marks[i].serial, serial)
+				return
+			}
 		}
+	} else if i, ok := k.markAt[sid]; ok {
+		k.marks[i].serial = max(k.marks[i].serial, serial)
+		return
 	}
 	k.marks = append(k.marks, sessMark{sid, serial})
+	switch n := len(k.marks); {
+	case n == markScan+1:
+		for i, m := range k.marks {
+			k.markAt[m.sid] = i
+		}
+	case n > markScan+1:
+		k.markAt[sid] = n - 1
+	}
+}
+
+// markScan is how many marks a batch finds by a scan before it indexes
+// them.
+const markScan = 8
+
+// clearMarks forgets the marks of the last batch.
+func (k *Core[C]) clearMarks() {
+	if len(k.marks) > markScan {
+		for _, m := range k.marks {
+			delete(k.markAt, m.sid)
+		}
+	}
+	k.marks = k.marks[:0]
 }
 
 // watermarks sends O after a batch's replies to every attached session it
@@ -546,7 +575,7 @@ func (k *Core[C]) watermarks() {
 			}
 		}
 	}
-	k.marks = k.marks[:0]
+	k.clearMarks()
 }
 
 // sessionApplied handles an applied session command (ops 8..12); later
@@ -848,7 +877,7 @@ func (k *Core[C]) dropSessions() {
 	clear(k.attachingTo)
 	clear(k.closingSess)
 	clear(k.untold)
-	k.marks = k.marks[:0]
+	k.clearMarks()
 }
 
 func sortedSessionIDs[C comparable](m map[uint64]*session[C]) []uint64 {
