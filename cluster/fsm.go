@@ -141,7 +141,7 @@ func (f *fsm) applyLocked(logs []*raft.Log, announced func(id, addr string)) []a
 			f.state.SetLegacyMatching(f.clusterVersion < wire.VersionStrictMatch)
 			for _, c := range cmds {
 				res, eff := f.state.Apply(c, nil)
-				out = append(out, applied{Cmd: c, Res: res, Effects: eff})
+				out = append(out, applied{Cmd: c, Res: res, Effects: eff, Term: l.Term})
 			}
 		case entryAnnounce:
 			id, addr, err := decodeAnnounce(l.Data[1:])

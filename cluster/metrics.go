@@ -198,6 +198,11 @@ func (n *Node) record(e leader.Event) {
 		m.abandonedGrants.Inc()
 	case leader.EventSessionRefused:
 		m.sessionRefusals.Inc()
+	case leader.EventSuperseded:
+		// Raft's own notice comes later; what was queued for proposal
+		// belongs to the leadership that ended.
+		n.dropQueuedProposals()
+		n.log.Warn("stopped serving", "why", "an entry of a newer term was applied: another node leads", "owed_unknown", e.Keys)
 	case leader.EventRefusedInFlight:
 		n.stats.inFlightRefusals.Add(1)
 	case leader.EventRefusedKeys:

@@ -504,7 +504,10 @@ func (n *Node) watchLeadership() {
 // (leader.Core.Serve: a full lease re-armed for every holder).
 func (n *Node) gainLeadership() {
 	n.mu.Lock()
-	epoch := n.core.GainLeadership()
+	// The term Raft won: an entry of a newer one applied while the core
+	// still leads means Raft's news of the loss is on its way (the core
+	// loses leadership first: leader.Core.GainLeadership).
+	epoch := n.core.GainLeadership(n.raft.CurrentTerm())
 	n.mu.Unlock()
 	n.log.Info("became leader; preparing to serve")
 	start := time.Now()

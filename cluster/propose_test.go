@@ -99,11 +99,11 @@ func TestLostLeadershipDropsQueuedProposals(t *testing.T) {
 	n.fsm = newFSM(nil, n.log)
 	n.core = leader.New[*clientConn](leader.Config{ServerID: "n1", MaxInFlightPerConn: 1, MaxKeys: 1, MaxWaitersPerKey: 1,
 		MaxWaitersPerConn: 1}, n.fsm, nodeDirectory{n})
-	n.core.GainLeadership()
+	n.core.GainLeadership(1)
 	n.propose(locksm.Command{Op: locksm.OpExpire, Key: "k", Token: 7},
 		locksm.Command{Op: locksm.OpAcquire, Key: "a", Owner: "o", LeaseSec: 10, Ref: 1})
 	n.loseLeadership("leadership lost")
-	n.core.GainLeadership()
+	n.core.GainLeadership(1)
 	n.propMu.Lock()
 	defer n.propMu.Unlock()
 	if len(n.propQ)+len(n.houseQ) != 0 {

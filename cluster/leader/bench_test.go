@@ -16,7 +16,7 @@ import (
 func BenchmarkAcquireReleaseCycle(b *testing.B) {
 	st := locksm.New()
 	k := New[int](defaultConfig(Config{}), stateTable{s: st}, &directory{})
-	k.GainLeadership()
+	k.GainLeadership(1)
 	_, epoch := k.Leading()
 	k.Serve(time.Now(), time.Now().UnixMilli(), epoch)
 	k.Open(1, wire.VersionNotices)
@@ -55,7 +55,7 @@ func BenchmarkAppliedManySessions(b *testing.B) {
 		b.Run(strconv.Itoa(n), func(b *testing.B) {
 			st := locksm.New()
 			k := New[int](defaultConfig(Config{MaxInFlightPerConn: 8, MaxKeys: 1 << 20}), stateTable{s: st}, &directory{})
-			k.GainLeadership()
+			k.GainLeadership(1)
 			_, epoch := k.Leading()
 			now := time.Now()
 			k.Serve(now, now.UnixMilli(), epoch)

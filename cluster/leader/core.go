@@ -193,6 +193,8 @@ type Applied struct {
 	Cmd     locksm.Command
 	Res     locksm.Result
 	Effects []locksm.Effect
+	// Term is the Raft term of the log entry it came in (0: unknown).
+	Term uint64
 }
 
 // Outcome is how a request was answered, for the reply metrics.
@@ -270,6 +272,11 @@ const (
 	// MaxSessions, an acquire by MaxSessionOutcomes.
 	EventRefusedSessions
 	EventRefusedOutcomes
+	// EventSuperseded: an entry of a newer term than this leadership's
+	// was applied, so another node leads; the core lost leadership at once
+	// (Keys: the replies it owed, answered U). The caller drops what it
+	// queued for proposal, as when Raft says leadership was lost.
+	EventSuperseded
 )
 
 // Event is something for the metrics (or the log) to record.
@@ -474,6 +481,8 @@ type Core[C comparable] struct {
 	dir   Directory
 
 	leading bool // Raft says we are leader (timers may be armed)
+	// term is the Raft term this leadership was won in (0: unknown).
+	term uint64
 	// ownTerm: leading, and every entry of earlier terms is applied
 	// (BarrierApplied, or Serve): every entry applied from now on was
 	// appended by this leadership, so a grant it makes that this core did
@@ -1040,6 +1049,11 @@ func (k *Core[C]) Applied(now time.Time, batch []Applied) {
 	k.clearMarks()
 	for i := range batch {
 		a := &batch[i]
+		if k.leading && k.term != 0 && a.Term > k.term {
+			term := k.term
+			_, owed := k.LoseLeadership(fmt.Sprintf("an entry of term %d applied in the leadership of term %d: a newer leader appended it", a.Term, term))
+			k.event(Event{Kind: EventSuperseded, Keys: owed})
+		}
 		c := &a.Cmd
 		key := cmdKey(c)
 		if c.Op >= locksm.OpOpenSession {
@@ -1322,9 +1336,22 @@ func (k *Core[C]) TimerDue(t Timer) {
 // so with BarrierApplied), records its client address and drops every
 // queued waiter through the log, then calls Serve with the epoch returned
 // here.
-func (k *Core[C]) GainLeadership() (epoch uint64) {
+//
+// term is the Raft term of the leadership (0: unknown, no check). An
+// entry of a newer term applied while this core leads means another node
+// appended it, so Raft's news that this leadership ended has not arrived
+// yet: hashicorp/raft steps down and hands the newer leader's committed
+// entries to the FSM in the same AppendEntries handler, before it tells
+// LeaderCh. Applied loses leadership first (EventSuperseded): answered
+// here, with this leadership's owed replies and attached session
+// connections, such an entry would tell a hand-off that the newer leader,
+// which applied it after its own barrier, counts as told to nobody, and
+// its session's expiry would release a delivered lock (issue 39: found by
+// an attack on real nodes with one-way network faults).
+func (k *Core[C]) GainLeadership(term uint64) (epoch uint64) {
 	k.epoch++
 	k.leading = true
+	k.term = term
 	return k.epoch
 }
 

@@ -46,9 +46,9 @@ import (
 // LEADER_MULTI_SEEDS=N runs N seeds (the long soak, `make
 // soak-leaders`); LEADER_MULTI_SEED=S runs seed S alone.
 func TestMultiLeaderSessions(t *testing.T) {
-	first, seeds := 0, 150
+	first, seeds := 0, 1500
 	if testing.Short() {
-		seeds = 30
+		seeds = 300
 	}
 	if v := os.Getenv("LEADER_MULTI_SEEDS"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -156,6 +156,9 @@ type mlSim struct {
 	commit, firstApplied int
 	term                 int
 	leader               int  // the node Raft names leader (-1 none)
+	// stale: nodes whose leadership Raft ended without telling them yet
+	// (their cores still lead, and apply the newer leader's entries).
+	stale                []int
 	preparing            bool // the leader has not served yet
 	clock                time.Duration
 	conns                map[string]*mlConn
@@ -233,6 +236,8 @@ func (s *mlSim) step() {
 		s.partition()
 	case x < 12 && s.preparing:
 		s.prepare()
+	case x < 7 && len(s.stale) > 0:
+		s.notice(s.stale[0])
 	case x < 30:
 		s.leaderCommit()
 	case x < 40:
@@ -252,9 +257,16 @@ func (s *mlSim) step() {
 func (s *mlSim) elect(n int) {
 	s.cov.elections++
 	if old := s.leader; old >= 0 {
-		s.nodes[old].k.LoseLeadership("leadership lost")
-		s.nodes[old].epoch = 0
-		s.drain(old)
+		if s.pick(2) == 0 {
+			s.notice(old)
+		} else {
+			// Raft's notice comes later: the core still leads, and may
+			// apply the newer leader's entries meanwhile.
+			s.stale = append(s.stale, old)
+		}
+	}
+	if slices.Contains(s.stale, n) {
+		s.notice(n) // lost and won again: the node starts over
 	}
 	// The new leader's log holds a prefix of the uncommitted tail (what
 	// reached it); the rest is cut. Nobody applied any of it.
@@ -266,7 +278,7 @@ func (s *mlSim) elect(n int) {
 		nd.dir.leader = s.nodes[n].id
 	}
 	s.note("elect %s term %d (log %d, commit %d, kept %d)", s.nodes[n].id, s.term, len(s.log), s.commit, keep)
-	s.nodes[n].epoch = s.nodes[n].k.GainLeadership()
+	s.nodes[n].epoch = s.nodes[n].k.GainLeadership(uint64(s.term))
 	s.drain(n)
 }
 
@@ -279,14 +291,27 @@ func (s *mlSim) partition() {
 		return
 	}
 	until := s.clock + time.Duration(s.pick(8000))*time.Millisecond
+	// The brokers' connections to the old leader may stay up (they are on
+	// its side of the cut): they then hear whatever it still says.
+	keep := s.pick(2) == 0
 	for _, name := range slices.Sorted(maps.Keys(s.conns)) {
 		if c := s.conns[name]; !c.dead && c.node == old && c.broker.conn == name {
 			c.broker.cutUntil = until
-			s.toClose = append(s.toClose, name)
+			if !keep {
+				s.toClose = append(s.toClose, name)
+			}
 		}
 	}
 	s.note("partition: %s cut off with its brokers until %dms", s.nodes[old].id, until.Milliseconds())
 	s.elect((old + 1 + s.pick(2)) % 3)
+}
+
+// notice tells node n's core that Raft ended its leadership.
+func (s *mlSim) notice(n int) {
+	s.stale = slices.DeleteFunc(s.stale, func(x int) bool { return x == n })
+	s.nodes[n].k.LoseLeadership("leadership lost")
+	s.nodes[n].epoch = 0
+	s.drain(n)
 }
 
 // prepare is the new leader's barrier, its drop of session-less waiters,
@@ -353,7 +378,7 @@ func (s *mlSim) applyTo(n, upTo int) {
 		c.Now = s.now().UnixMilli()
 		live := s.liveTold(nd.st)
 		res, eff := nd.st.Apply(c, nil)
-		batch = append(batch, Applied{Cmd: c, Res: res, Effects: eff})
+		batch = append(batch, Applied{Cmd: c, Res: res, Effects: eff, Term: uint64(s.log[i].term)})
 		if i >= s.firstApplied {
 			s.note("%s applies #%d %s: %s", nd.id, i, fmtCmd(c), fmtResult(res, eff))
 		}

@@ -24,7 +24,8 @@ package leader
 //	address id= addr=            a client address the log records
 //	open conn= [version=]        a connection's handshake done (version 3)
 //	close conn=                  its reader stopped
-//	gain                         Raft made us leader (prints the epoch)
+//	gain [term=]                 Raft made us leader (prints the epoch);
+//	                             a new term (the last one + 1) unless told
 //	barrier [epoch=]             the node's barrier applied every entry of
 //	                             earlier terms (BarrierApplied; Serve
 //	                             implies it)
@@ -49,7 +50,10 @@ package leader
 //	                             by default)
 //	frame conn= type= [id=]      any other frame type (one character)
 //	append op= [key= owner= token= ref= lease= wait= session= seq= ack= epoch=
-//	       secret= timeout=]
+//	       secret= timeout= term=]
+//	                             (term: the entry's Raft term, the latest
+//	                             gain's unless told; a newer one than the
+//	                             core's leadership means another leader)
 //	                             a command the core did not propose (the
 //	                             new leader's drop-waiters, say) joins the log
 //	commit [n=]                  apply the first n logged commands (all)
@@ -174,10 +178,14 @@ type harness struct {
 	version  *uint16 // the cluster version the table reports
 	dir      *directory
 	log      []locksm.Command // proposed, not yet applied or failed
+	logTerm  []uint64         // the term of each entry of log
 	timers   []armed
 	timerSeq int
 	clock    time.Duration
 	ho       *HandOver
+	// term: the Raft term of the latest gain (each gain is a new term
+	// unless told); appended and proposed commands are of it.
+	term uint64
 	// replies and proposals seen, for the randomized test's checks.
 	onSend    func(Send[string])
 	onApplied func(Applied)
@@ -230,6 +238,7 @@ func (h *harness) drain(b *strings.Builder) {
 	for _, c := range rd.Proposals {
 		fmt.Fprintf(b, "propose %s\n", fmtCmd(c))
 		h.log = append(h.log, c)
+		h.logTerm = append(h.logTerm, h.term)
 		if h.onPropose != nil {
 			h.onPropose(c)
 		}
@@ -289,7 +298,8 @@ func (h *harness) run(line string) (string, error) {
 	case "close":
 		h.k.Closed(h.now(), a.need("conn"))
 	case "gain":
-		fmt.Fprintf(&b, "epoch=%d\n", h.k.GainLeadership())
+		h.term = uint64(a.int("term", int(h.term)+1))
+		fmt.Fprintf(&b, "epoch=%d\n", h.k.GainLeadership(h.term))
 	case "barrier":
 		_, epoch := h.k.Leading()
 		fmt.Fprintf(&b, "own-term=%v\n", h.k.BarrierApplied(uint64(a.int("epoch", int(epoch)))))
@@ -351,28 +361,30 @@ func (h *harness) run(line string) (string, error) {
 			fmt.Fprintf(&b, "close %s\n", cn)
 		}
 	case "append":
+		term := uint64(a.int("term", int(h.term)))
 		c, err := parseCmd(a)
 		if err != nil {
 			return "", err
 		}
 		h.log = append(h.log, c)
+		h.logTerm = append(h.logTerm, term)
 	case "commit":
 		n := a.int("n", len(h.log))
 		if n > len(h.log) {
 			return "", fmt.Errorf("only %d commands in the log", len(h.log))
 		}
 		batch := make([]Applied, 0, n)
-		for _, c := range h.log[:n] {
+		for i, c := range h.log[:n] {
 			c.Now = h.now().UnixMilli()
 			h.st.SetLegacyMatching(*h.version < wire.VersionStrictMatch) // as the FSM does
 			res, eff := h.st.Apply(c, nil)
 			fmt.Fprintf(&b, "applied %s: %s\n", fmtCmd(c), fmtResult(res, eff))
-			batch = append(batch, Applied{Cmd: c, Res: res, Effects: eff})
+			batch = append(batch, Applied{Cmd: c, Res: res, Effects: eff, Term: h.logTerm[i]})
 			if h.onApplied != nil {
 				h.onApplied(batch[len(batch)-1])
 			}
 		}
-		h.log = h.log[n:]
+		h.log, h.logTerm = h.log[n:], h.logTerm[n:]
 		h.k.Applied(h.now(), batch)
 	case "fail":
 		n := a.int("n", len(h.log))
@@ -388,7 +400,7 @@ func (h *harness) run(line string) (string, error) {
 			return "", fmt.Errorf("appended=%s: want no or maybe", ap)
 		}
 		failed := slices.Clone(h.log[:n])
-		h.log = h.log[n:]
+		h.log, h.logTerm = h.log[n:], h.logTerm[n:]
 		h.k.ProposalFailed(failed, notAppended, errors.New(a.str("err", "leadership lost")))
 	case "advance":
 		h.clock += time.Duration(a.int("ms", 0)) * time.Millisecond
@@ -682,6 +694,8 @@ func fmtEvent(e Event) string {
 		return "refused sessions"
 	case EventRefusedOutcomes:
 		return "refused session-outcomes"
+	case EventSuperseded:
+		return fmt.Sprintf("superseded owed=%d", e.Keys)
 	case EventUnexpectedResult:
 		return fmt.Sprintf("unexpected-result op=%s status=%s", opNames[e.Op], statusNames[e.Status])
 	}

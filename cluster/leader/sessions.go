@@ -106,6 +106,9 @@ type attachReq struct {
 type untoldGrant struct {
 	session    uint64
 	key, owner string
+	// serial is the grant's outcome in its session: an ack at or above
+	// it says the broker received it, whoever told it.
+	serial uint64
 }
 
 // sessMark is the latest serial an applied batch recorded for a session.
@@ -214,6 +217,7 @@ func (k *Core[C]) sessionRequest(now time.Time, cn *conn[C], m *wire.Msg) bool {
 		}
 		if s := cn.sess; s != nil {
 			s.ack = max(s.ack, m.Serial)
+			k.ackedTold(s.id, s.ack)
 			k.proposeAck(s, cn)
 		}
 		k.send(cn, wire.Msg{Type: wire.TypeOK, ID: m.ID})
@@ -490,11 +494,22 @@ func (k *Core[C]) untoldOf(id uint64) []uint64 {
 // attached here: nobody was told them (an expiry releases them).
 func (k *Core[C]) noteUntold(a *Applied) {
 	if c := &a.Cmd; c.Session != 0 && a.Res.Status == locksm.StatusGranted && !k.attached(c.Session) {
-		k.untold[a.Res.Token] = untoldGrant{session: c.Session, key: cmdKey(c), owner: c.Owner}
+		k.untold[a.Res.Token] = untoldGrant{session: c.Session, key: cmdKey(c), owner: c.Owner, serial: a.Res.Serial}
 	}
 	for _, e := range a.Effects {
 		if e.Kind == locksm.EffectGranted && e.Session != 0 && !k.attached(e.Session) {
-			k.untold[e.Token] = untoldGrant{session: e.Session, key: e.Key, owner: e.Owner}
+			k.untold[e.Token] = untoldGrant{session: e.Session, key: e.Key, owner: e.Owner, serial: e.Serial}
+		}
+	}
+}
+
+// ackedTold drops from the untold grants of session id those that its
+// broker's ack covers: it received them, so they were told, by this
+// leader or another.
+func (k *Core[C]) ackedTold(id, ack uint64) {
+	for t, g := range k.untold {
+		if g.session == id && g.serial != 0 && g.serial <= ack {
+			delete(k.untold, t)
 		}
 	}
 }
@@ -718,6 +733,7 @@ func (k *Core[C]) sessionEnded(s *session[C]) {
 func (k *Core[C]) resumed(now time.Time, p *pending[C], s *session[C], later []Applied) {
 	s.floor = max(s.floor, p.attachment().high)
 	s.ack = max(s.ack, p.attachment().ack)
+	k.ackedTold(s.id, p.attachment().ack)
 	cn := p.conn
 	k.finishAttach(p)
 	if cn.dead {
