@@ -155,17 +155,17 @@ type mlSim struct {
 	// node (the oracle looks at each entry once, at its first apply).
 	commit, firstApplied int
 	term                 int
-	leader               int  // the node Raft names leader (-1 none)
+	leader               int // the node Raft names leader (-1 none)
 	// stale: nodes whose leadership Raft ended without telling them yet
 	// (their cores still lead, and apply the newer leader's entries).
-	stale                []int
-	preparing            bool // the leader has not served yet
-	clock                time.Duration
-	conns                map[string]*mlConn
-	brokers              []*mlBroker
-	told                 map[uint64]told // token → told holding
-	steps                []string
-	err                  error
+	stale     []int
+	preparing bool // the leader has not served yet
+	clock     time.Duration
+	conns     map[string]*mlConn
+	brokers   []*mlBroker
+	told      map[uint64]told // token → told holding
+	steps     []string
+	err       error
 	// toClose: connections a broker closes in answer to a frame, closed
 	// after the outputs being performed (never from inside them).
 	toClose []string
