@@ -36,13 +36,16 @@ func startCluster(t *testing.T, nodes int) *testCluster {
 	return startClusterOpts(t, local.Options{Nodes: nodes})
 }
 
-// startClusterOpts starts a cluster with opts; Dir, PeerNet and Logger are
-// filled in, and Tune runs after local.FastRaft.
+// startClusterOpts starts a cluster with opts; Dir, Logger and (unless
+// set) PeerNet are filled in, and Tune runs after local.FastRaft.
 func startClusterOpts(t *testing.T, opts local.Options) *testCluster {
 	t.Helper()
 	faults := netfault.New()
+	if opts.PeerNet == nil {
+		opts.PeerNet = faults
+	}
 	tune := opts.Tune
-	opts.Dir, opts.PeerNet, opts.Logger = t.TempDir(), faults, testLogger(t)
+	opts.Dir, opts.Logger = t.TempDir(), testLogger(t)
 	opts.Tune = func(cfg *cluster.Config) {
 		local.FastRaft(cfg)
 		if tune != nil {

@@ -132,19 +132,9 @@ func (d *dirNet) Unblock() {
 func startDirCluster(t *testing.T, tune func(*cluster.Config)) (*testCluster, *dirNet) {
 	t.Helper()
 	dn := newDirNet()
-	opts := local.Options{Dir: t.TempDir(), PeerNet: dn, Logger: testLogger(t)}
-	opts.Tune = func(cfg *cluster.Config) {
-		local.FastRaft(cfg)
-		if tune != nil {
-			tune(cfg)
-		}
-	}
-	c, err := local.Start(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return &testCluster{Cluster: c, t: t, faults: dn.Network}, dn
+	c := startClusterOpts(t, local.Options{PeerNet: dn, Tune: tune})
+	c.faults = dn.Network
+	return c, dn
 }
 
 // A grant told by a deposed leader that has not yet noticed its
