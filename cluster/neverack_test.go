@@ -22,8 +22,13 @@ import (
 // left 200,000 outcomes and a 784 KB snapshot of a table holding one key.
 // The test logs the snapshot's bytes.
 func TestNeverAckingSessionIsBounded(t *testing.T) {
-	const bound, writes = 2000, 3000
-	c := startClusterOpts(t, local.Options{Tune: func(cfg *cluster.Config) { cfg.MaxSessionOutcomes = bound }})
+	const bound, writes = 500, 700
+	c := startClusterOpts(t, local.Options{Tune: func(cfg *cluster.Config) {
+		cfg.MaxSessionOutcomes = bound
+		// One connection for the whole run: no leader change on a busy
+		// machine (a session connection closes with its leadership).
+		cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = 3*time.Second, 3*time.Second, 2*time.Second
+	}})
 	li := c.leader()
 	testkit.WaitFor(t, "cluster version 9", 15*time.Second, func() bool {
 		return c.Node(li).ClusterVersion() >= wire.VersionAckEntry
