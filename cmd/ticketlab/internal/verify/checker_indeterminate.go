@@ -48,6 +48,15 @@ import (
 // window).
 var phasedFaults = map[string]bool{FaultWipeQuorum: true, FaultReplace: true}
 
+// killStampSlack: an INDETERMINATE answered this little before a
+// kill-sidecar fault's recorded start still counts as killed by it. The
+// nemesis stamps the fault before it sends the signal, but the stamp and
+// the worker's are read on different threads (or processes): in a 3-node
+// wal run (seed 611893) a connection of the killed sidecar was seen dead
+// 1 ms before the fault's stamp, and counted outside every window. Only
+// this split uses it, never a violation.
+const killStampSlack = 20 * time.Millisecond
+
 // indeterminateSplit sorts the INDETERMINATE acquires, releases and
 // extends of ops (see above) into r.
 func indeterminateSplit(ops []Op, r *CheckReport) {
@@ -145,7 +154,7 @@ func indeterminateSplit(ops []Op, r *CheckReport) {
 	}
 	deadSidecar := func(op Op) bool {
 		for _, f := range kills[op.Sidecar] {
-			if op.Inv < f.Cmp && op.Cmp >= f.Inv {
+			if op.Inv < f.Cmp && op.Cmp >= f.Inv-int64(killStampSlack) {
 				return true
 			}
 		}

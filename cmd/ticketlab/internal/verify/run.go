@@ -680,7 +680,7 @@ func (r *Result) Summary() string {
 		ia.Total(), per10(ia.Total()), io.Total(), per10(io.Total()))
 	fmt.Fprintf(&b, "  where: acquires %d outside a window without a serving leader (%s per 10 min), %d inside one, %d sent to a killed sidecar, %d cut short by the workload's end; releases and extends %d outside, %d inside, %d to a killed sidecar, %d cut short (%d windows, %v in all: from each leader fault's start to the first grant its sidecar's workers read of an acquire sent after it)\n",
 		ia.Outside, per10(ia.Outside), ia.NoLeader, ia.DeadSidecar, ia.Stopped, io.Outside, io.NoLeader, io.DeadSidecar, io.Stopped, ck.NoLeaderWindows, ck.NoLeaderTime.Round(time.Millisecond))
-	fmt.Fprintf(&b, "atomicity: %d HELD observations of blocks checked\n", ck.HeldChecks)
+	fmt.Fprintf(&b, "atomicity: %d HELD observations of blocks checked (%d right after a grant listed none, its lease possibly run out)\n", ck.HeldChecks, ck.HeldLapsed)
 	fmt.Fprintf(&b, "fifo: %d acquires confirmed queued (`! QUEUED`), %d of them granted (%d kept their place through a leader fault); %d grants checked against the waiters queued before them\n",
 		ck.Queued, ck.QueuedGranted, ck.QueuedThroughLeaderChange, ck.FIFOChecked)
 	if ck.Extends+ck.ExtendsIndeterminate+ck.ExtendsRefused+ck.ExtendsFailed+ck.Stalls > 0 || len(ck.LostEvents) > 0 {
