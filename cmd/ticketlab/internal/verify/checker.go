@@ -277,7 +277,7 @@ func Check(ops []Op, store []StoreRec, final FinalState, opts CheckOptions) Chec
 // does not end it.
 func holdEnds(ops []Op, grants []Op) map[int64]int64 {
 	end := leaseEnds(ops, grants)
-	kills := sidecarKills(ops)
+	kills := sidecarLosses(ops)
 	byWorker := map[int][]Op{}
 	for _, g := range grants {
 		byWorker[g.Worker] = append(byWorker[g.Worker], g)
