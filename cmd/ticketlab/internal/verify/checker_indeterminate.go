@@ -11,9 +11,9 @@ import (
 // sidecar) is gone. The checker therefore sorts every INDETERMINATE
 // acquire, release and extend:
 //
-//   - killed sidecar: sent to a sidecar before a kill-sidecar fault's
-//     restart and answered after its kill (in flight at the kill, or on its
-//     dead session): nobody could answer it;
+//   - killed sidecar: sent to a sidecar before a kill-sidecar (or
+//     stop-sidecar) fault's restart and answered after its kill (in flight
+//     at the kill, or on its dead session): nobody could answer it;
 //   - no leader: answered inside a window without a serving leader, as the
 //     workers of its sidecar saw it. A window opens when a fault that can
 //     leave the cluster without a serving leader begins (leaderFaults: the
@@ -60,7 +60,14 @@ const killStampSlack = 20 * time.Millisecond
 // indeterminateSplit sorts the INDETERMINATE acquires, releases and
 // extends of ops (see above) into r.
 func indeterminateSplit(ops []Op, r *CheckReport) {
+	// A sidecar stopped (stop-sidecar: SIGTERM, then started again) ends
+	// its sessions' requests like a killed one.
 	kills := sidecarKills(ops)
+	for _, op := range ops {
+		if op.Kind == KindFault && op.Fault == FaultStopSidecar && op.Sidecar > 0 {
+			kills[op.Sidecar] = append(kills[op.Sidecar], op)
+		}
+	}
 	// Grants by the sidecar their worker used, by invocation.
 	type grant struct{ inv, cmp int64 }
 	grants := map[int][]grant{}
