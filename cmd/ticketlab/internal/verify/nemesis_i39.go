@@ -86,6 +86,10 @@ func (n *nemesis) Findings() []Violation {
 // applyI39 runs one issue-39 fault; false: it did not run (nothing is
 // recorded).
 func (n *nemesis) applyI39(ctx context.Context, st Step, rng *rand.Rand, rec *Op, begin func(target, detail string)) bool {
+	// A step that began runs to its end (each is bounded by its own
+	// timeouts), also past the nemesis's deadline: cut short, it would
+	// judge its bound on a fault it never finished.
+	ctx = context.WithoutCancel(ctx)
 	switch st.Kind {
 	case FaultPartitionSidecar:
 		return n.partitionSidecar(ctx, st, rng, rec, begin)
@@ -110,20 +114,19 @@ func (n *nemesis) partitionSidecar(ctx context.Context, st Step, rng *rand.Rand,
 	if l < 0 {
 		l = rng.Intn(len(ids))
 	}
-	// Right after a grant through sidecar j (at most 3 s of looking).
-	var g Op
-	seen := time.Now().UnixNano()
-	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline) && ctx.Err() == nil; {
-		for _, op := range n.h.RecentGrants(200) {
-			if op.Sidecar == j+1 && op.Cmp >= seen {
-				g = op
-			}
-		}
-		if g.ID != 0 {
-			break
-		}
-		time.Sleep(2 * time.Millisecond)
+	// Right after a grant through sidecar j: a holder of its own takes a
+	// fresh key with a lease longer than the session timeout, and a
+	// waiter on another sidecar waits for it, on the side that keeps its
+	// majority. The holder's lease must hold whatever the new leader
+	// does with its session (finding 1: a grant told in the old leader's
+	// last moments, released as untold when the session expired).
+	key := n.hotKey("part")
+	holder, g, err := n.takeKey(ctx, j, key, partitionLease)
+	if err != nil {
+		n.log("nemesis: %s: %v", st.Kind, err)
+		return false
 	}
+	took := time.Now()
 	var rest []int
 	var addrs []string
 	for i := range ids {
@@ -136,18 +139,41 @@ func (n *nemesis) partitionSidecar(ctx context.Context, st Step, rng *rand.Rand,
 	if long {
 		hold = sidecarSessionTimeout + 3*time.Second + st.Hold
 	}
-	what := "no grant seen"
-	if g.ID != 0 {
-		what = fmt.Sprintf("%dms after w%d's grant of %s token %d", (time.Now().UnixNano()-g.Cmp)/1e6, g.Worker, orNone(opKeys(g)), g.Token)
-	}
-	begin(fmt.Sprintf("sidecar%d", j+1), fmt.Sprintf("cut off with leader %s for %v (%s)", ids[l], hold.Round(time.Millisecond), what))
-	rec.Sidecar = j + 1
 	n.mu.Lock()
 	n.cut = groupsCut(ids, []int{l}, rest)
 	n.sidecarCut[j] = addrs
 	n.mu.Unlock()
 	_ = n.writeSidecarFaults(j)
 	_ = n.writeFaults()
+	begin(fmt.Sprintf("sidecar%d", j+1), fmt.Sprintf("cut off with leader %s for %v, %v after its holder's grant of %s token %d (lease %v)",
+		ids[l], hold.Round(time.Millisecond), time.Since(took).Round(time.Millisecond), key, g.Token, partitionLease))
+	rec.Sidecar = j + 1
+	rec.Inv = took.UnixNano() // the cut follows the grant at once; stamped before it
+	var wg sync.WaitGroup
+	var answer Op
+	var waiter *lineClient
+	if n.p.Sidecars() > 1 {
+		// Asked again while no leader serves on its side (unavailable).
+		if waiter, err = n.dialLineClient(ctx, (j+1)%n.p.Sidecars()); err == nil {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				until := took.Add(partitionLease + hold)
+				for {
+					actx, cancel := context.WithTimeout(context.Background(), time.Until(until)+20*time.Second)
+					answer = waiter.acquire(actx, key, time.Second, max(time.Until(until), time.Second), nil)
+					cancel()
+					if answer.Result != ResError || time.Now().After(until) {
+						break
+					}
+					time.Sleep(200 * time.Millisecond)
+				}
+				if answer.Result == ResOK {
+					waiter.release(answer)
+				}
+			}()
+		}
+	}
 	sleepCtx(ctx, hold)
 	n.mu.Lock()
 	n.cut = nil
@@ -155,8 +181,23 @@ func (n *nemesis) partitionSidecar(ctx context.Context, st Step, rng *rand.Rand,
 	n.mu.Unlock()
 	_ = n.writeFaults()
 	_ = n.writeSidecarFaults(j)
+	rec.Cmp = time.Now().UnixNano()
+	// The holder releases once its sidecar is back (its lease ends it
+	// anyway); then the waiter is granted.
+	sleepCtx(ctx, time.Second)
+	rel := holder.release(g)
+	wg.Wait()
+	holder.close()
+	if waiter != nil && err == nil {
+		waiter.close()
+		rec.Detail += fmt.Sprintf("; holder's release %s; waiter answered %s %v after the grant", rel.Result, answer.Result, time.Duration(answer.Cmp-took.UnixNano()).Round(time.Millisecond))
+	}
 	return true
 }
+
+// partitionLease is the lease of the partition-sidecar fault's holder:
+// longer than a long hold (the session timeout + 3 s + the step's hold).
+const partitionLease = 25 * time.Second
 
 // hotKey names a fresh key of an issue-39 fault.
 func (n *nemesis) hotKey(kind string) string {

@@ -165,14 +165,19 @@ func runWorker(ctx context.Context, p WorkerParams, write writeFunc, emit func(O
 		emit(acq)
 		if errors.Is(err, ticketing.ErrClosed) {
 			// The session ended: the sidecar released whatever it held.
+			// Dial again after a pause: a stopped sidecar would otherwise
+			// be asked again at once, over and over (the client dials
+			// lazily, so the next acquire is where its absence shows).
 			emit(Op{ID: nextID(), Worker: p.ID, Proc: p.Proc, Kind: KindClose, Inv: lastCmp, Cmp: now()})
 			c = nil
+			sleepCtx(ctx, 50*time.Millisecond)
 			continue
 		}
 		lastCmp = acq.Cmp
 		if acq.Result != ResOK {
-			if acq.Result == ResError {
-				sleepCtx(ctx, 50*time.Millisecond) // unavailable, moved, ...: do not spin
+			if acq.Result == ResError || acq.Result == ResIndeterminate {
+				// unavailable, moved, a sidecar shutting down ...: do not spin
+				sleepCtx(ctx, 50*time.Millisecond)
 			}
 			continue
 		}
@@ -261,6 +266,10 @@ func classifyAcquire(op *Op, tok uint64, err error) {
 	switch {
 	case err == nil:
 		op.Result, op.Token = ResOK, tok
+	case errors.Is(err, ticketing.ErrNoSidecar):
+		// Nothing was sent: no sidecar answered at the socket (a stopped
+		// one, before its restart).
+		op.Result, op.Err = ResError, "no_sidecar"
 	case errors.Is(err, ticketing.ErrBusy):
 		op.Result = ResBusy
 	case errors.Is(err, ticketing.ErrTimeout):
