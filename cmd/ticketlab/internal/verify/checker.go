@@ -323,7 +323,8 @@ func describe(g Op) string {
 }
 
 // checkMutualExclusion: no two OK grants on one key whose holding
-// intervals [grant completed, holdEnd) overlap, a block's holding counting
+// intervals [grant completed, holdEnd) overlap, nor a grant sent after
+// another's was read and read inside that one's holding, a block's holding counting
 // on every key of it. An overlap involving a block is also an atomicity
 // violation: that block did not hold all its keys at once.
 func checkMutualExclusion(grants []Op, end map[int64]int64, bad func(string, string, ...any)) {
@@ -338,7 +339,12 @@ func checkMutualExclusion(grants []Op, end map[int64]int64, bad func(string, str
 		var prev *Op
 		for i := range gs {
 			g := &gs[i]
-			if prev != nil && g.Cmp < end[prev.ID] && end[g.ID] > g.Cmp {
+			// Two holders: g's holding overlaps prev's, or g, sent after
+			// prev's grant was read, was granted inside prev's holding
+			// (whenever in [g.Inv, g.Cmp] the grant happened, prev held
+			// the key: also when g's own conservative interval is empty,
+			// a waiter with a short lease and a long wait).
+			if prev != nil && g.Cmp < end[prev.ID] && (end[g.ID] > g.Cmp || g.Inv >= prev.Cmp) {
 				bad("mutual-exclusion", "key %s: %s held [%s, %s) and %s from %s, both within their leases",
 					key, describe(*prev), ts(prev.Cmp), ts(end[prev.ID]), describe(*g), ts(g.Cmp))
 				for _, b := range []*Op{prev, g} {

@@ -1086,3 +1086,26 @@ func TestCheckPartitionedSidecarHoldingKeepsItsLease(t *testing.T) {
 		t.Fatalf("violations %q without the partition", got)
 	}
 }
+
+// A waiter with a short lease and a long wait, sent after a holder's grant
+// was read and granted inside that holding: two holders, though the
+// waiter's own conservative interval (invocation + lease) is empty.
+func TestCheckFindsAWaiterGrantedInsideAHolding(t *testing.T) {
+	var h hist
+	a := h.add(Op{Worker: 1, Kind: KindAcquire, Key: "k", LeaseMs: 25000, Inv: 0, Cmp: 10, Result: ResOK, Token: 1})
+	b := h.add(Op{Worker: 2, Kind: KindAcquire, Key: "k", LeaseMs: 1000, WaitMs: 40000, Inv: 20, Cmp: 12000, Result: ResOK, Token: 2})
+	h.release(b, 12001, 12002, ResOK, "")
+	h.release(a, 15000, 15010, ResError, "not_held")
+	if got := checks(Check(h.ops, nil, FinalState{}, CheckOptions{})); !strings.Contains(got, "mutual-exclusion") {
+		t.Fatalf("violations %q, want mutual-exclusion", got)
+	}
+	// Granted after the holder's release was sent: one holder at a time.
+	var o hist
+	a = o.add(Op{Worker: 1, Kind: KindAcquire, Key: "k", LeaseMs: 25000, Inv: 0, Cmp: 10, Result: ResOK, Token: 1})
+	b = o.add(Op{Worker: 2, Kind: KindAcquire, Key: "k", LeaseMs: 1000, WaitMs: 40000, Inv: 20, Cmp: 15020, Result: ResOK, Token: 2})
+	o.release(a, 15000, 15010, ResOK, "")
+	o.release(b, 15021, 15022, ResOK, "")
+	if got := checks(Check(o.ops, nil, FinalState{}, CheckOptions{})); got != "" {
+		t.Fatalf("violations %q, want none", got)
+	}
+}
