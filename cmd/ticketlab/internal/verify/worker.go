@@ -182,6 +182,11 @@ func runWorker(ctx context.Context, p WorkerParams, write writeFunc, emit func(O
 			continue
 		}
 
+		// The connection the grant came on: the Client dials again, on
+		// the next call, once it is lost, so a sidecar that stopped and
+		// started again meanwhile (releasing this session's locks) shows
+		// only here.
+		granted := c.Done()
 		if block != nil {
 			emit(observeHeld(c, p, nextID(), acq, "grant"))
 		}
@@ -191,6 +196,13 @@ func runWorker(ctx context.Context, p WorkerParams, write writeFunc, emit func(O
 			hold = lease + 300*time.Millisecond + time.Duration(rng.Int63n(int64(500*time.Millisecond)))
 		}
 		sleepCtx(ctx, hold)
+		select {
+		case <-granted:
+			// The session ended while holding: the sidecar released what it
+			// held (at any time since the grant, as far as we know).
+			emit(Op{ID: nextID(), Worker: p.ID, Proc: p.Proc, Kind: KindClose, Inv: lastCmp, Cmp: now()})
+		default:
+		}
 		if ctx.Err() == nil {
 			emit(fencedWrite(write, Op{ID: nextID(), Worker: p.ID, Proc: p.Proc, Kind: KindWrite, Key: key, Keys: block,
 				Token: tok, Acq: acq.ID, Late: late}, keys))
