@@ -92,5 +92,3 @@ func TestE2ESidecarStopLeavesNoGhostHolder(t *testing.T) {
 		}
 	}
 }
-
-
