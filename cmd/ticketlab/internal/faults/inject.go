@@ -148,7 +148,7 @@ func (a *addrCutter) set(addrs []string) (int, bool) {
 	}
 	a.mu.Unlock()
 	for _, c := range doomed {
-		c.Close()
+		_ = c.Close() // its owner sees the broken connection
 	}
 	return len(doomed), changed
 }
