@@ -67,7 +67,7 @@ test-node: build
 	cd clients/node && TICKETING_BIN=$(CURDIR)/bin/ticketing $(NODE) --test test/
 
 # The short form of the Jepsen-style verification suite (real node, sidecar
-# and worker processes under a seeded nemesis; about 3.5 minutes; README,
+# and worker processes under a seeded nemesis; about 4 to 4.5 minutes; README,
 # "Verification"), from the lab, on the freshly built bin/ticketing. Without
 # -race: the harness is timing-sensitive and the race detector would only
 # slow it; under -race the test skips itself. VERIFY_NODE_ARGS adds flags to

@@ -44,6 +44,13 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs.IntVar(&cfg.LineWaiters, "line-waiters", verify.DefaultLineWaiters, "kill-leader-queues: waiters queued on each of those keys, one at a time")
 	fs.StringVar(&out, "out", "", "output directory: history, summary, logs, data dirs (default: a new temporary directory)")
 	fs.BoolVar(&cfg.Wipe, "wipe", false, "also wipe nodes' data dirs and restart them at their old addresses (they come back as new servers that cannot vote under the old ids; a wiped majority stops the cluster)")
+	var partitionSidecar, stopSidecar, handOverCut, hostile bool
+	fs.BoolVar(&partitionSidecar, "partition-sidecar", false, "also cut a sidecar off together with the leader right after a grant through it, sometimes past its session timeout (issue 39, finding 1)")
+	fs.BoolVar(&stopSidecar, "stop-sidecar", false, "also SIGTERM a sidecar while a hot key has a holder and queued waiters through it, then restart it; the key must come free (issue 39, finding 6)")
+	fs.BoolVar(&handOverCut, "handover-cut", false, "also have the leader hand over (5 nodes: admin remove of itself; 3: SIGTERM) with its target cut off, under waiters with short waits (issue 39, finding 11)")
+	fs.BoolVar(&hostile, "hostile", false, "also pause a lock holder and flood the cluster client port with EXTENDs and RELEASEs of its and others' tokens under guessed owners (issue 39, findings 7 and 8)")
+	fs.BoolVar(&cfg.OnlyFaults, "only-new-faults", false, "the schedule chooses only among the faults enabled by --partition-sidecar, --stop-sidecar, --handover-cut and --hostile")
+	fs.StringVar(&cfg.NodeLab, "node-lab", "", "run the nodes with this ticketlab executable instead of this one (an older build's lab runs its own node code: how the new faults are shown to find old bugs)")
 	fs.BoolVar(&cfg.ReplaceAll, "replace-all", false, "instead of random faults, replace every node in turn (disk lost, new server swapped in through the admin port)")
 	fs.Func("node-args", "extra flags for every node and the bootstrap, space separated (e.g. \"--log-store wal\")", func(v string) error {
 		cfg.NodeArgs = strings.Fields(v)
@@ -73,6 +80,14 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	var err error
 	if cfg.Binary, err = labcli.Binary(*binary); err != nil {
 		return labcli.Usage(fs, stderr, err.Error())
+	}
+	for _, f := range []struct {
+		on   bool
+		kind string
+	}{{partitionSidecar, verify.FaultPartitionSidecar}, {stopSidecar, verify.FaultStopSidecar}, {handOverCut, verify.FaultHandOverCut}, {hostile, verify.FaultHostile}} {
+		if f.on {
+			cfg.Faults = append(cfg.Faults, f.kind)
+		}
 	}
 	if cfg.Seed == 0 {
 		cfg.Seed = time.Now().UnixNano() % 1_000_000

@@ -21,10 +21,10 @@ import (
 
 // Spec is the content of a fault file, JSON:
 //
-//	{"cut": [["n1","n2"]], "freeze": [["n1","n3"]], "clock_offset_ms": -30000, "drop_connections": 3}
+//	{"cut": [["n1","n2"]], "freeze": [["n1","n3"]], "clock_offset_ms": -30000, "drop_connections": 3, "cut_addrs": ["127.0.0.1:7001"]}
 //
 // A node applies Cut, Freeze and ClockOffsetMs; a sidecar applies
-// DropConnections. Cut and Freeze name links by node id (see
+// DropConnections and CutAddrs. Cut and Freeze name links by node id (see
 // netfault.Network for what each does; both directions are affected, but
 // each node applies its own file to its own connections, so a test writes
 // the same links into every node's file). ClockOffsetMs is added to the
@@ -37,6 +37,11 @@ type Spec struct {
 	Freeze          [][2]string `json:"freeze,omitempty"`
 	ClockOffsetMs   int64       `json:"clock_offset_ms,omitempty"`
 	DropConnections uint64      `json:"drop_connections,omitempty"`
+	// CutAddrs (a sidecar) are cluster addresses the sidecar cannot
+	// reach: its connections to them are closed at once and its dials of
+	// them fail until they leave the list (the partition-sidecar fault:
+	// a sidecar cut off together with the old leader).
+	CutAddrs []string `json:"cut_addrs,omitempty"`
 }
 
 // PollInterval is how often a lab process rereads its fault file.

@@ -172,3 +172,49 @@ func TestSidecarFaultFile(t *testing.T) {
 	}
 	testkit.WaitFor(t, "the second drop", 5*time.Second, func() bool { return rec.count("dropped every cluster connection") == 2 })
 }
+
+// A sidecar's cut_addrs closes its connections to those nodes and keeps
+// it from dialling them until they leave the list.
+func TestSidecarCutAddrs(t *testing.T) {
+	c, err := local.Start(local.Options{Dir: t.TempDir(), Tune: local.FastRaft})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	path := filepath.Join(t.TempDir(), "faults.json")
+	cfg := sidecar.DefaultConfig()
+	cfg.Addrs, cfg.Secret, cfg.ClusterID = c.ClientAddrs(), c.ClientSecret, c.ClusterID
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if _, err := Sidecar(ctx, &cfg, path, slog.New(&records{})); err != nil {
+		t.Fatal(err)
+	}
+	b, err := sidecar.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	addrs := c.ClientAddrs()
+	connected := func(addr string) bool {
+		for _, a := range b.Info().Connected {
+			if a == addr {
+				return true
+			}
+		}
+		return false
+	}
+	testkit.WaitFor(t, "the broker connected", 10*time.Second, func() bool { return len(b.Info().Connected) == len(addrs) })
+	if err := Write(path, Spec{CutAddrs: addrs[1:]}); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, "only the first node connected", 10*time.Second, func() bool { return len(b.Info().Connected) == 1 && connected(addrs[0]) })
+	time.Sleep(500 * time.Millisecond) // redials of the cut nodes fail
+	if got := b.Info().Connected; len(got) != 1 {
+		t.Fatalf("connected to %v while %v are cut", got, addrs[1:])
+	}
+	if err := Write(path, Spec{}); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, "the broker reconnected", 20*time.Second, func() bool { return len(b.Info().Connected) == len(addrs) })
+}

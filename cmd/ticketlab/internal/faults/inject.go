@@ -3,6 +3,8 @@ package faults
 import (
 	"context"
 	"log/slog"
+	"net"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -53,9 +55,13 @@ func Node(ctx context.Context, cfg *cluster.Config, path string, log *slog.Logge
 func Sidecar(ctx context.Context, cfg *sidecar.Config, path string, log *slog.Logger) (*netfault.Dropper, error) {
 	log = log.With("part", "faults")
 	d := &netfault.Dropper{}
+	ac := &addrCutter{dial: d.Dial, cut: map[string]bool{}, conns: map[*cutConn]struct{}{}}
 	var seen uint64
 	first := true
 	err := Watch(ctx, path, PollInterval, log, func(s Spec) {
+		if n, changed := ac.set(s.CutAddrs); changed {
+			log.Warn("FAULT INJECTION: cluster addresses cut", "cut_addrs", s.CutAddrs, "closed", n)
+		}
 		if !first && s.DropConnections > seen {
 			n := d.Drop()
 			log.Warn("FAULT INJECTION: dropped every cluster connection", "connections", n, "counter", s.DropConnections)
@@ -69,6 +75,80 @@ func Sidecar(ctx context.Context, cfg *sidecar.Config, path string, log *slog.Lo
 		return nil, err
 	}
 	log.Warn("FAULT INJECTION ENABLED: this sidecar obeys a fault file; never use this in production", "fault_file", path)
-	cfg.Dialer = d.Dial
+	cfg.Dialer = ac.Dial
 	return d, nil
+}
+
+// addrCutter is a sidecar's dialer that refuses the cut addresses and
+// closes its connections to them when they are cut (Spec.CutAddrs).
+type addrCutter struct {
+	dial  func(ctx context.Context, network, addr string) (net.Conn, error)
+	mu    sync.Mutex // a leaf
+	cut   map[string]bool
+	conns map[*cutConn]struct{}
+}
+
+type cutConn struct {
+	net.Conn
+	a    *addrCutter
+	addr string
+}
+
+func (c *cutConn) Close() error {
+	c.a.mu.Lock()
+	delete(c.a.conns, c)
+	c.a.mu.Unlock()
+	return c.Conn.Close()
+}
+
+// Dial dials addr unless it is cut.
+func (a *addrCutter) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	a.mu.Lock()
+	cut := a.cut[addr]
+	a.mu.Unlock()
+	if cut {
+		return nil, netfault.ErrLinkCut
+	}
+	c, err := a.dial(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	cc := &cutConn{Conn: c, a: a, addr: addr}
+	a.mu.Lock()
+	if a.cut[addr] {
+		a.mu.Unlock()
+		c.Close()
+		return nil, netfault.ErrLinkCut
+	}
+	a.conns[cc] = struct{}{}
+	a.mu.Unlock()
+	return cc, nil
+}
+
+// set makes addrs the cut addresses and closes the connections to them;
+// it returns how many it closed and whether the set changed.
+func (a *addrCutter) set(addrs []string) (int, bool) {
+	next := map[string]bool{}
+	for _, ad := range addrs {
+		next[ad] = true
+	}
+	a.mu.Lock()
+	changed := len(next) != len(a.cut)
+	for ad := range next {
+		if !a.cut[ad] {
+			changed = true
+		}
+	}
+	a.cut = next
+	var doomed []*cutConn
+	for c := range a.conns {
+		if next[c.addr] {
+			doomed = append(doomed, c)
+		}
+	}
+	a.mu.Unlock()
+	for _, c := range doomed {
+		_ = c.Close() // its owner sees the broken connection
+	}
+	return len(doomed), changed
 }

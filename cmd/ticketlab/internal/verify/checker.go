@@ -40,10 +40,12 @@ type CheckReport struct {
 	Grants, StaleWrites, LateWrites, LateAccepted int
 	// BlockGrants counts the OK block acquires by size (keys); BlockWrites
 	// and BlockStale the block writes the store decided and refused;
-	// HeldChecks the HELD observations around blocks that were checked.
+	// HeldChecks the HELD observations around blocks that were checked,
+	// HeldLapsed those right after a grant that listed none of the block's
+	// keys when its lease may already have run out (its worker paused).
 	BlockGrants             map[int]int
 	BlockWrites, BlockStale int
-	HeldChecks              int
+	HeldChecks, HeldLapsed  int
 	// UnknownTokens is how many tokens the cluster issued that no worker
 	// was told (each must be explained by an indeterminate acquire).
 	UnknownTokens, Indeterminate int
@@ -275,7 +277,7 @@ func Check(ops []Op, store []StoreRec, final FinalState, opts CheckOptions) Chec
 // does not end it.
 func holdEnds(ops []Op, grants []Op) map[int64]int64 {
 	end := leaseEnds(ops, grants)
-	kills := sidecarKills(ops)
+	kills := sidecarLosses(ops)
 	byWorker := map[int][]Op{}
 	for _, g := range grants {
 		byWorker[g.Worker] = append(byWorker[g.Worker], g)
@@ -321,7 +323,8 @@ func describe(g Op) string {
 }
 
 // checkMutualExclusion: no two OK grants on one key whose holding
-// intervals [grant completed, holdEnd) overlap, a block's holding counting
+// intervals [grant completed, holdEnd) overlap, nor a grant sent after
+// another's was read and read inside that one's holding, a block's holding counting
 // on every key of it. An overlap involving a block is also an atomicity
 // violation: that block did not hold all its keys at once.
 func checkMutualExclusion(grants []Op, end map[int64]int64, bad func(string, string, ...any)) {
@@ -336,7 +339,12 @@ func checkMutualExclusion(grants []Op, end map[int64]int64, bad func(string, str
 		var prev *Op
 		for i := range gs {
 			g := &gs[i]
-			if prev != nil && g.Cmp < end[prev.ID] && end[g.ID] > g.Cmp {
+			// Two holders: g's holding overlaps prev's, or g, sent after
+			// prev's grant was read, was granted inside prev's holding
+			// (whenever in [g.Inv, g.Cmp] the grant happened, prev held
+			// the key: also when g's own conservative interval is empty,
+			// a waiter with a short lease and a long wait).
+			if prev != nil && g.Cmp < end[prev.ID] && (end[g.ID] > g.Cmp || g.Inv >= prev.Cmp) {
 				bad("mutual-exclusion", "key %s: %s held [%s, %s) and %s from %s, both within their leases",
 					key, describe(*prev), ts(prev.Cmp), ts(end[prev.ID]), describe(*g), ts(g.Cmp))
 				for _, b := range []*Op{prev, g} {
@@ -545,7 +553,8 @@ func checkFencing(ops []Op, store []StoreRec, acquires map[int64]Op, r *CheckRep
 }
 
 // checkHeld: what a session lists under a block's token (HELD) is every
-// key of the block right after its grant, and none right after its
+// key of the block right after its grant (or none, once its lease may
+// have run out: counted in HeldLapsed), and none right after its
 // release answered (OK, or a definite "not held any more"): a session never
 // holds only some keys of a block.
 func checkHeld(ops []Op, acquires map[int64]Op, r *CheckReport, bad func(string, string, ...any)) {
@@ -564,6 +573,15 @@ func checkHeld(ops []Op, acquires map[int64]Op, r *CheckReport, bad func(string,
 		sort.Strings(want)
 		switch op.After {
 		case "grant":
+			if len(listed) == 0 && op.Cmp >= a.Inv+a.LeaseMs*int64(time.Millisecond) {
+				// None listed, when the lease may have run out before the
+				// HELD was answered (its worker was paused between the
+				// grant and the HELD, the run of seed 611893): the block
+				// went whole, still all or none. A partial listing never
+				// passes.
+				r.HeldLapsed++
+				continue
+			}
 			if strings.Join(listed, " ") != strings.Join(want, " ") {
 				bad("atomicity", "right after %s was granted, its session listed %s under the token (HELD at %s)",
 					describe(a), orNone(listed), ts(op.Cmp))

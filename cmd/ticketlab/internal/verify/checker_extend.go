@@ -111,8 +111,10 @@ func extendsOf(ops []Op) map[int64][]Op {
 	return out
 }
 
-// stallKinds are the faults that stop a process on a lost event's path.
-var stallKinds = map[string]bool{FaultPauseLeader: true, FaultPauseFollower: true}
+// stallKinds are the faults that stop a process on a lost event's path,
+// or cut it (partition-sidecar: a sidecar cut off from the new leader
+// cannot hear its events until the heal).
+var stallKinds = map[string]bool{FaultPauseLeader: true, FaultPauseFollower: true, FaultPartitionSidecar: true}
 
 // checkLostSignal checks the extenders' EXTENDs and lost events (see the
 // comment at the top of this file) and counts them into r.
@@ -170,7 +172,7 @@ func checkLostSignal(ops []Op, grants []Op, r *CheckReport, bad func(string, str
 			if f.Cmp < from || f.Inv > to {
 				continue
 			}
-			if stallKinds[f.Fault] || f.Fault == FaultPauseWorker && f.Target == workerName(worker) {
+			if stallKinds[f.Fault] || (f.Fault == FaultPauseWorker || f.Fault == FaultHostile) && f.Target == workerName(worker) {
 				return true
 			}
 		}

@@ -11,9 +11,9 @@ import (
 // sidecar) is gone. The checker therefore sorts every INDETERMINATE
 // acquire, release and extend:
 //
-//   - killed sidecar: sent to a sidecar before a kill-sidecar fault's
-//     restart and answered after its kill (in flight at the kill, or on its
-//     dead session): nobody could answer it;
+//   - killed sidecar: sent to a sidecar before a kill-sidecar (or
+//     stop-sidecar) fault's restart and answered after its kill (in flight
+//     at the kill, or on its dead session): nobody could answer it;
 //   - no leader: answered inside a window without a serving leader, as the
 //     workers of its sidecar saw it. A window opens when a fault that can
 //     leave the cluster without a serving leader begins (leaderFaults: the
@@ -48,10 +48,26 @@ import (
 // window).
 var phasedFaults = map[string]bool{FaultWipeQuorum: true, FaultReplace: true}
 
+// killStampSlack: an INDETERMINATE answered this little before a
+// kill-sidecar fault's recorded start still counts as killed by it. The
+// nemesis stamps the fault before it sends the signal, but the stamp and
+// the worker's are read on different threads (or processes): in a 3-node
+// wal run (seed 611893) a connection of the killed sidecar was seen dead
+// 1 ms before the fault's stamp, and counted outside every window. Only
+// this split uses it, never a violation.
+const killStampSlack = 20 * time.Millisecond
+
 // indeterminateSplit sorts the INDETERMINATE acquires, releases and
 // extends of ops (see above) into r.
 func indeterminateSplit(ops []Op, r *CheckReport) {
+	// A sidecar stopped (stop-sidecar: SIGTERM, then started again) ends
+	// its sessions' requests like a killed one.
 	kills := sidecarKills(ops)
+	for _, op := range ops {
+		if op.Kind == KindFault && op.Fault == FaultStopSidecar && op.Sidecar > 0 {
+			kills[op.Sidecar] = append(kills[op.Sidecar], op)
+		}
+	}
 	// Grants by the sidecar their worker used, by invocation.
 	type grant struct{ inv, cmp int64 }
 	grants := map[int][]grant{}
@@ -145,7 +161,7 @@ func indeterminateSplit(ops []Op, r *CheckReport) {
 	}
 	deadSidecar := func(op Op) bool {
 		for _, f := range kills[op.Sidecar] {
-			if op.Inv < f.Cmp && op.Cmp >= f.Inv {
+			if op.Inv < f.Cmp && op.Cmp >= f.Inv-int64(killStampSlack) {
 				return true
 			}
 		}

@@ -50,11 +50,33 @@ func sidecarKills(ops []Op) map[int][]Op {
 	return out
 }
 
+// sidecarLosses returns, by sidecar number, the faults after which a
+// delivered holding of that sidecar keeps its whole lease whatever its
+// worker saw: a kill, and a partition that cut the sidecar off with the
+// old leader (partition-sidecar: its session may expire on the new
+// leader, and its worker see its session end, while the holder is alive
+// and writing).
+func sidecarLosses(ops []Op) map[int][]Op {
+	out := sidecarKills(ops)
+	for _, op := range ops {
+		if op.Kind == KindFault && op.Fault == FaultPartitionSidecar && op.Sidecar > 0 {
+			out[op.Sidecar] = append(out[op.Sidecar], op)
+		}
+	}
+	for _, fs := range out {
+		sort.Slice(fs, func(i, j int) bool { return fs[i].Inv < fs[j].Inv })
+	}
+	return out
+}
+
 // outlivedSidecar reports whether the grant g was delivered before its
 // sidecar was killed at or before at (the completion of a close its
 // worker saw): that close, and any later one, did not release it.
 func outlivedSidecar(kills map[int][]Op, g Op, at int64) bool {
 	for _, f := range kills[g.Sidecar] {
+		if f.Fault == FaultPartitionSidecar && at > f.Cmp+int64(2*sidecarSessionTimeout) {
+			continue // a close long after the heal is its worker's own
+		}
 		if g.Cmp < f.Inv && f.Inv <= at {
 			return true
 		}

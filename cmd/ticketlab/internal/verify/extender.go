@@ -131,7 +131,7 @@ func runExtender(ctx context.Context, p WorkerParams, write writeFunc, emitOp fu
 		}
 		lastCmp = acq.Cmp
 		if acq.Result != ResOK {
-			if acq.Result == ResError {
+			if acq.Result == ResError || acq.Result == ResIndeterminate {
 				sleepCtx(ctx, 50*time.Millisecond)
 			}
 			continue

@@ -180,3 +180,18 @@ func ReadHistory(path string) ([]Op, error) {
 	sort.SliceStable(ops, func(i, j int) bool { return ops[i].Inv < ops[j].Inv })
 	return ops, sc.Err()
 }
+
+// RecentGrants returns the granted acquires among the last n operations
+// added (in the order added), for the nemesis to find fresh grants without
+// copying the whole history.
+func (h *History) RecentGrants(n int) []Op {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []Op
+	for _, op := range h.ops[max(0, len(h.ops)-n):] {
+		if op.Kind == KindAcquire && op.Result == ResOK {
+			out = append(out, op)
+		}
+	}
+	return out
+}

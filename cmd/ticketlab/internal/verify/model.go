@@ -618,7 +618,7 @@ func explain(ops []Op, window time.Duration, gaps tokenGaps, from func(Op) int64
 // A holding delivered before its sidecar was killed keeps its lease: the
 // close its worker then saw does not end it (outlivedSidecar).
 func earliestEnds(ops []Op) map[int64]int64 {
-	kills := sidecarKills(ops)
+	kills := sidecarLosses(ops)
 	byWorker := map[int][]Op{}
 	var grants []Op
 	for _, op := range ops {

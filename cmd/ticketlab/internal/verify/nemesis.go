@@ -61,6 +61,7 @@ const (
 var leaderFaults = map[string]bool{
 	FaultKillLeader: true, FaultKillLeaderQueues: true, FaultPauseLeader: true, FaultIsolateLeader: true,
 	FaultSplit: true, FaultBridge: true, FaultWipeQuorum: true, FaultReplace: true,
+	FaultPartitionSidecar: true, FaultHandOverCut: true,
 }
 
 // Step is one fault of a schedule: what, for how long, the pause after it,
@@ -87,7 +88,10 @@ func ReplaceAllSchedule(nodes int) []Step {
 // Schedule derives a nemesis schedule from seed: faults one at a time,
 // each bounded in time, until d is filled. The same seed gives the same
 // schedule; which node is "the leader" is resolved when a step runs.
-func Schedule(seed int64, d time.Duration, wipe bool) []Step {
+// The extra kinds (issue 39, nemesis_i39.go: FaultPartitionSidecar,
+// FaultStopSidecar, FaultHandOverCut, FaultHostile) join the kinds it
+// chooses from; without them a seed gives the schedule it always gave.
+func Schedule(seed int64, d time.Duration, wipe bool, extra ...string) []Step {
 	rng := rand.New(rand.NewSource(seed))
 	kinds := []string{
 		FaultKillLeader, FaultKillFollower, FaultPauseLeader, FaultPauseFollower, FaultPauseWorker,
@@ -97,6 +101,17 @@ func Schedule(seed int64, d time.Duration, wipe bool) []Step {
 	if wipe {
 		kinds = append(kinds, FaultWipeFollower, FaultWipeQuorum)
 	}
+	kinds = append(kinds, extra...)
+	return scheduleOf(rng, d, kinds)
+}
+
+// ScheduleOnly is Schedule choosing among kinds only (`ticketlab verify
+// --only-new-faults`: the issue-39 faults on their own).
+func ScheduleOnly(seed int64, d time.Duration, kinds []string) []Step {
+	return scheduleOf(rand.New(rand.NewSource(seed)), d, kinds)
+}
+
+func scheduleOf(rng *rand.Rand, d time.Duration, kinds []string) []Step {
 	var out []Step
 	for total := time.Duration(0); total < d; {
 		k := kinds[rng.Intn(len(kinds))]
@@ -120,12 +135,17 @@ type nemesis struct {
 	h       *History
 	log     func(format string, args ...any)
 
-	mu      sync.Mutex
-	cut     [][2]string
-	freeze  [][2]string
-	offsets []int64
-	wiped   bool
-	heals   []int64 // Unix ns at which each fault was healed
+	mu         sync.Mutex
+	sidecarCut [][]string // per sidecar: the client addresses it cannot reach
+	// findings are what the issue-39 faults saw go wrong by themselves
+	// (nemesis_i39.go): a key held by nobody, a wait bound not kept, a
+	// hostile request answered OK, a lease not expiring on time.
+	findings []Violation
+	cut      [][2]string
+	freeze   [][2]string
+	offsets  []int64
+	wiped    bool
+	heals    []int64 // Unix ns at which each fault was healed
 	// lost: server ids whose state was wiped and that are not replaced
 	// yet; maxLost: the largest set of them at one time.
 	lost    map[string]replacement
@@ -145,7 +165,7 @@ type replacement struct {
 }
 
 func newNemesis(p *localproc.Procs, dir string, workers []*workerProc, h *History, logf func(string, ...any)) *nemesis {
-	return &nemesis{p: p, dir: dir, drops: make([]uint64, p.Sidecars()), workers: workers, h: h, log: logf,
+	return &nemesis{p: p, dir: dir, drops: make([]uint64, p.Sidecars()), sidecarCut: make([][]string, p.Sidecars()), workers: workers, h: h, log: logf,
 		offsets: make([]int64, p.Size()), lost: map[string]replacement{}, lineKeys: DefaultLineKeys, lineWaiters: DefaultLineWaiters}
 }
 
@@ -158,7 +178,15 @@ func faultFile(dir, name string) string { return filepath.Join(dir, name+".fault
 func (n *nemesis) dropSidecarConnections(j int) error {
 	n.mu.Lock()
 	n.drops[j]++
-	spec := faults.Spec{DropConnections: n.drops[j]}
+	n.mu.Unlock()
+	return n.writeSidecarFaults(j)
+}
+
+// writeSidecarFaults writes sidecar j's fault file from the current state:
+// its drop counter and the cluster addresses it is cut from.
+func (n *nemesis) writeSidecarFaults(j int) error {
+	n.mu.Lock()
+	spec := faults.Spec{DropConnections: n.drops[j], CutAddrs: n.sidecarCut[j]}
 	n.mu.Unlock()
 	return faults.Write(faultFile(n.dir, fmt.Sprintf("sidecar%d", j+1)), spec)
 }
@@ -557,6 +585,10 @@ func (n *nemesis) apply(ctx context.Context, st Step) {
 		if err != nil {
 			rec.Detail += " (not ready after its restart: " + err.Error() + ")"
 		}
+	case FaultPartitionSidecar, FaultStopSidecar, FaultHandOverCut, FaultHostile:
+		if !n.applyI39(ctx, st, rng, &rec, begin) {
+			return
+		}
 	case FaultFreezeFollower:
 		l, f := n.pick(ctx, rng)
 		begin(ids[f], fmt.Sprintf("links to leader %s frozen %v", ids[l], st.Hold))
@@ -587,8 +619,12 @@ func (n *nemesis) healAll() {
 	n.mu.Lock()
 	n.cut, n.freeze = nil, nil
 	clear(n.offsets)
+	clear(n.sidecarCut)
 	n.mu.Unlock()
 	_ = n.writeFaults()
+	for j := 0; j < n.p.Sidecars(); j++ {
+		_ = n.writeSidecarFaults(j)
+	}
 	for i := 0; i < n.p.Size(); i++ {
 		if n.p.Running(i) {
 			_ = n.p.Signal(i, syscall.SIGCONT)

@@ -54,6 +54,17 @@ type Config struct {
 	// `Lab node|sidecar --fault-file F ...` and every worker process as
 	// `Lab verify worker ...`. Required.
 	Lab string
+	// NodeLab, if set, is the ticketlab executable that runs the nodes
+	// (`NodeLab node --fault-file F ...`) instead of Lab: an older lab
+	// binary runs the node code it was built with, so that the new faults
+	// can be shown to find an old build's bugs (sidecars and workers stay
+	// Lab's).
+	NodeLab string
+	// Faults adds fault kinds to the ones the seeded schedule chooses from
+	// (the issue-39 faults: I39Faults).
+	Faults []string
+	// OnlyFaults: the schedule chooses among Faults only.
+	OnlyFaults bool
 	// Dir receives everything: the cluster's data dirs and logs,
 	// history.jsonl, summary.txt and, on a failed check, porcupine's HTML
 	// visualization. Required.
@@ -288,6 +299,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		Binary: cfg.Binary, Dir: clusterDir, Nodes: cfg.Nodes, ClusterID: "verify",
 		Sidecars: cfg.Sidecars, SocketDir: sockDir, ExtraArgs: cfg.NodeArgs,
 		Command: func(name string, args []string) (string, []string) {
+			if cfg.NodeLab != "" && args[0] == "node" {
+				return cfg.NodeLab, append([]string{args[0], "--fault-file", faultFile(clusterDir, name)}, args[1:]...)
+			}
 			return cfg.Lab, append([]string{args[0], "--fault-file", faultFile(clusterDir, name)}, args[1:]...)
 		},
 		// The production configuration: every node and sidecar link over TLS.
@@ -377,7 +391,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 
 	// Warm up, then the nemesis.
 	sleepCtx(ctx, 2*time.Second)
-	steps := Schedule(cfg.Seed, cfg.Duration, cfg.Wipe)
+	steps := Schedule(cfg.Seed, cfg.Duration, cfg.Wipe, cfg.Faults...)
+	if cfg.OnlyFaults && len(cfg.Faults) > 0 {
+		steps = ScheduleOnly(cfg.Seed, cfg.Duration, cfg.Faults)
+	}
 	if cfg.ReplaceAll {
 		steps = ReplaceAllSchedule(cfg.Nodes)
 	}
@@ -436,6 +453,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	default:
 		bad("final-state", "%v", err)
 	}
+	viol = append(viol, nem.Findings()...)
 	for i := 0; i < p.Size(); i++ {
 		if p.Exited(i) {
 			bad("crash", "node %s exited by itself (see %s)", p.ID(i), filepath.Join(clusterDir, p.ID(i)+".log"))
@@ -680,7 +698,7 @@ func (r *Result) Summary() string {
 		ia.Total(), per10(ia.Total()), io.Total(), per10(io.Total()))
 	fmt.Fprintf(&b, "  where: acquires %d outside a window without a serving leader (%s per 10 min), %d inside one, %d sent to a killed sidecar, %d cut short by the workload's end; releases and extends %d outside, %d inside, %d to a killed sidecar, %d cut short (%d windows, %v in all: from each leader fault's start to the first grant its sidecar's workers read of an acquire sent after it)\n",
 		ia.Outside, per10(ia.Outside), ia.NoLeader, ia.DeadSidecar, ia.Stopped, io.Outside, io.NoLeader, io.DeadSidecar, io.Stopped, ck.NoLeaderWindows, ck.NoLeaderTime.Round(time.Millisecond))
-	fmt.Fprintf(&b, "atomicity: %d HELD observations of blocks checked\n", ck.HeldChecks)
+	fmt.Fprintf(&b, "atomicity: %d HELD observations of blocks checked (%d right after a grant listed none, its lease possibly run out)\n", ck.HeldChecks, ck.HeldLapsed)
 	fmt.Fprintf(&b, "fifo: %d acquires confirmed queued (`! QUEUED`), %d of them granted (%d kept their place through a leader fault); %d grants checked against the waiters queued before them\n",
 		ck.Queued, ck.QueuedGranted, ck.QueuedThroughLeaderChange, ck.FIFOChecked)
 	if ck.Extends+ck.ExtendsIndeterminate+ck.ExtendsRefused+ck.ExtendsFailed+ck.Stalls > 0 || len(ck.LostEvents) > 0 {

@@ -165,18 +165,28 @@ func runWorker(ctx context.Context, p WorkerParams, write writeFunc, emit func(O
 		emit(acq)
 		if errors.Is(err, ticketing.ErrClosed) {
 			// The session ended: the sidecar released whatever it held.
+			// Dial again after a pause: a stopped sidecar would otherwise
+			// be asked again at once, over and over (the client dials
+			// lazily, so the next acquire is where its absence shows).
 			emit(Op{ID: nextID(), Worker: p.ID, Proc: p.Proc, Kind: KindClose, Inv: lastCmp, Cmp: now()})
 			c = nil
+			sleepCtx(ctx, 50*time.Millisecond)
 			continue
 		}
 		lastCmp = acq.Cmp
 		if acq.Result != ResOK {
-			if acq.Result == ResError {
-				sleepCtx(ctx, 50*time.Millisecond) // unavailable, moved, ...: do not spin
+			if acq.Result == ResError || acq.Result == ResIndeterminate {
+				// unavailable, moved, a sidecar shutting down ...: do not spin
+				sleepCtx(ctx, 50*time.Millisecond)
 			}
 			continue
 		}
 
+		// The connection the grant came on: the Client dials again, on
+		// the next call, once it is lost, so a sidecar that stopped and
+		// started again meanwhile (releasing this session's locks) shows
+		// only here.
+		granted := c.Done()
 		if block != nil {
 			emit(observeHeld(c, p, nextID(), acq, "grant"))
 		}
@@ -186,6 +196,13 @@ func runWorker(ctx context.Context, p WorkerParams, write writeFunc, emit func(O
 			hold = lease + 300*time.Millisecond + time.Duration(rng.Int63n(int64(500*time.Millisecond)))
 		}
 		sleepCtx(ctx, hold)
+		select {
+		case <-granted:
+			// The session ended while holding: the sidecar released what it
+			// held (at any time since the grant, as far as we know).
+			emit(Op{ID: nextID(), Worker: p.ID, Proc: p.Proc, Kind: KindClose, Inv: lastCmp, Cmp: now()})
+		default:
+		}
 		if ctx.Err() == nil {
 			emit(fencedWrite(write, Op{ID: nextID(), Worker: p.ID, Proc: p.Proc, Kind: KindWrite, Key: key, Keys: block,
 				Token: tok, Acq: acq.ID, Late: late}, keys))
@@ -261,6 +278,10 @@ func classifyAcquire(op *Op, tok uint64, err error) {
 	switch {
 	case err == nil:
 		op.Result, op.Token = ResOK, tok
+	case errors.Is(err, ticketing.ErrNoSidecar):
+		// Nothing was sent: no sidecar answered at the socket (a stopped
+		// one, before its restart).
+		op.Result, op.Err = ResError, "no_sidecar"
 	case errors.Is(err, ticketing.ErrBusy):
 		op.Result = ResBusy
 	case errors.Is(err, ticketing.ErrTimeout):
