@@ -84,7 +84,8 @@ type CheckReport struct {
 	// error that renewed nothing). LostEvents counts the `! LOST` events
 	// read, by reason. LostChecked is how many (event, next holder's grant)
 	// pairs were checked against LostDeliveryTolerance, LostExempt how many
-	// were not (a process on the event's path was stopped), LostMaxLag the
+	// were not (a process on the event's path was stopped, or the holder
+	// read its grant only after its own lease had run out), LostMaxLag the
 	// largest recv(X) − recv(G') among those checked (negative: every
 	// event came before the next grant). Stalls counts the holder stalls
 	// past the lease; StallsTold of them learned of the loss from the event

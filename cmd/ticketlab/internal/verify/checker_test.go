@@ -595,6 +595,30 @@ func TestCheckFindsALateLostEvent(t *testing.T) {
 	}
 }
 
+// A holder that read its own grant only after its lease had run out by
+// its own clock owes no lost signal ahead of the next holder: a resume
+// answered the recorded grant late, after the holding had expired and
+// been handed on, so X went out before the holder's sidecar could take it
+// (seed 3940, 5 nodes: w1 read OK 0.8 s after the next holder's grant and
+// `! LOST` 7.1 s after it). A holder that read its grant in time still
+// owes it.
+func TestCheckExemptsAGrantReadAfterItsOwnLease(t *testing.T) {
+	var h hist
+	a := h.acquire(0, "k", 0, 1500, ResOK, 1) // lease 1 s from 0: over at 1000
+	b := h.add(Op{Worker: 1, Kind: KindAcquire, Key: "k", LeaseMs: 1000, WaitMs: 3000, Inv: 100, Cmp: 1200, Result: ResOK, Token: 2})
+	h.lost(a, "expired", 5000)
+	h.release(a, 5100, 5101, ResError, "not_held")
+	h.release(b, 5200, 5210, ResError, "not_held")
+	r := Check(h.ops, nil, FinalState{}, CheckOptions{})
+	if len(r.Violations) != 0 || r.LostExempt != 1 || r.LostChecked != 0 {
+		t.Fatalf("violations %v, exempt %d, checked %d", r.Violations, r.LostExempt, r.LostChecked)
+	}
+	h.ops[0].Cmp = 900 * ms // read in time: the lag counts again
+	if got := checks(Check(h.ops, nil, FinalState{}, CheckOptions{})); !strings.Contains(got, "lost-signal") {
+		t.Fatalf("violations %q, want lost-signal", got)
+	}
+}
+
 func TestCheckFindsAnEarlyLostEvent(t *testing.T) {
 	var h hist
 	a := h.acquire(0, "k", 0, 10, ResOK, 1)
