@@ -55,7 +55,11 @@
 // in flight. While an extend of a token is in flight the core never
 // proposes that token's expiry: a due lease timer of it waits for the
 // extend's outcome (an expiry proposed meanwhile would be applied after the
-// extend and end a lease the holder was just told it has). An applied
+// extend and end a lease the holder was just told it has). Conversely an
+// extend of a token whose expiry this core proposed and has not seen
+// applied or failed is held back until it settles (the node's proposer
+// may put a request in the log ahead of housekeeping queued before it),
+// then proposed: it reaches the log after the expiry. An applied
 // extend arms a fresh lease timer; older timers of the token are then
 // superseded and do nothing when due.
 //
@@ -506,6 +510,15 @@ type Core[C comparable] struct {
 	// expiring: when the lease of each expiry this leader proposed ran
 	// out (by token), for the hand-off latency; emptied on apply.
 	expiring map[uint64]time.Time
+	// heldExtends: extends of a token whose expiry this leader proposed
+	// and has not seen applied or failed (expiring), held back until it
+	// settles: proposed at once, one could reach the log before the
+	// expiry (the node's proposer puts housekeeping and requests in
+	// separate queues, and a backlog of expiries spans batches), be told
+	// K with a fresh lease, and then lose the holding to that stale
+	// expiry (issue 39: two holders, shown on real nodes with a commit
+	// stall). Proposed after it, each gets the state's answer.
+	heldExtends map[uint64][]locksm.Command
 	// extending counts, by token, the extends proposed and not yet
 	// applied (nor failed); deferred holds a token's lease timer that came
 	// due meanwhile, decided again when the count drops to 0.
@@ -572,6 +585,7 @@ func New[C comparable](cfg Config, table Table, dir Directory) *Core[C] {
 		closingSess:   map[uint64]*pending[C]{},
 		untold:        map[uint64]untoldGrant{},
 		markAt:        map[uint64]int{},
+		heldExtends:   map[uint64][]locksm.Command{},
 	}
 }
 
@@ -878,8 +892,24 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 		k.extending[cmd.Token]++
 		p.token = cmd.Token
 	}
+	if _, expiring := k.expiring[cmd.Token]; expiring && cmd.Op == locksm.OpExtend {
+		k.heldExtends[cmd.Token] = append(k.heldExtends[cmd.Token], cmd)
+		return true
+	}
 	k.propose(cmd)
 	return true
+}
+
+// expirySettled proposes the extends held back for token's expiry, which
+// applied or failed.
+func (k *Core[C]) expirySettled(token uint64) {
+	delete(k.expiring, token)
+	if held, ok := k.heldExtends[token]; ok {
+		delete(k.heldExtends, token)
+		for _, c := range held {
+			k.propose(c)
+		}
+	}
 }
 
 // releasing reports whether op counts in a connection's releases in flight
@@ -1011,7 +1041,7 @@ func (k *Core[C]) ProposalFailed(cmds []locksm.Command, notAppended bool, err er
 	}
 	for _, c := range cmds {
 		if c.Op == locksm.OpExpire {
-			delete(k.expiring, c.Token)
+			k.expirySettled(c.Token)
 		}
 		if k.sessionProposalFailed(&c, notAppended, addr, id, err) {
 			continue
@@ -1094,7 +1124,7 @@ func (k *Core[C]) Applied(now time.Time, batch []Applied) {
 		case locksm.OpExpire:
 			if at, ok := k.expiring[c.Token]; ok {
 				freedAt = at
-				delete(k.expiring, c.Token)
+				k.expirySettled(c.Token)
 			}
 			if k.leading && a.Res.Status == locksm.StatusExpired {
 				k.event(Event{Kind: EventExpiry})
@@ -1411,6 +1441,7 @@ func (k *Core[C]) LoseLeadership(why string) (wasLeading bool, owed int) {
 	k.pend = map[uint64]*pending[C]{}
 	k.uncommitted, k.uncommittedTotal = map[string]int{}, 0
 	clear(k.expiring)
+	clear(k.heldExtends)
 	clear(k.extending)
 	clear(k.deferred)
 	clear(k.extendedUntil)
