@@ -1464,6 +1464,12 @@ func (k *Core[C]) LoseLeadership(why string) (wasLeading bool, owed int) {
 	clear(k.rd.Timers)
 	k.rd.Timers = k.rd.Timers[:0]
 	k.rd.ClearTimers = true
+	// What this leadership decided to propose and the caller has not
+	// taken yet belongs to it: proposed later, in whatever term this node
+	// leads next, a stale expiry could end a lease another leader had
+	// just extended (its requests were answered U above).
+	clear(k.rd.Proposals)
+	k.rd.Proposals = k.rd.Proposals[:0]
 	return wasLeading, owed
 }
 
