@@ -892,9 +892,11 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 		k.extending[cmd.Token]++
 		p.token = cmd.Token
 	}
-	if _, expiring := k.expiring[cmd.Token]; expiring && cmd.Op == locksm.OpExtend {
-		k.heldExtends[cmd.Token] = append(k.heldExtends[cmd.Token], cmd)
-		return true
+	if cmd.Op == locksm.OpExtend {
+		if _, expiring := k.expiring[cmd.Token]; expiring {
+			k.heldExtends[cmd.Token] = append(k.heldExtends[cmd.Token], cmd)
+			return true
+		}
 	}
 	k.propose(cmd)
 	return true
