@@ -297,15 +297,6 @@ func (b *Broker) syncMembers(ms []wire.Member) {
 
 // keep maintains one slot's connection until the broker closes or stops
 // keeping the address.
-//
-// The backoff doubles after every failed dial and after every connection
-// that ended within BackoffMax of its handshake; it starts again at
-// BackoffMin only after a connection that stayed up that long. A
-// handshake alone proves little: a node that accepts and drops at once
-// (overloaded, or refusing this client after the handshake) was
-// redialled every BackoffMin forever when any handshake reset it (issue
-// 39). A connection that lived BackoffMax costs at most one dial per
-// BackoffMax even when it is dropped every time.
 func (b *Broker) keep(s *slot) {
 	defer b.slotWG.Done()
 	backoff := b.cfg.BackoffMin
@@ -314,10 +305,8 @@ func (b *Broker) keep(s *slot) {
 		ctx, cancel := context.WithTimeout(context.Background(), b.cfg.DialTimeout)
 		conn, err := b.dial(ctx, s)
 		cancel()
-		proven := false
 		if err == nil {
-			warned = false
-			upAt := b.cfg.Now()
+			backoff, warned = b.cfg.BackoffMin, false
 			b.refusal.Store(nil)
 			b.mu.Lock()
 			s.failing = false
@@ -336,9 +325,6 @@ func (b *Broker) keep(s *slot) {
 			}
 			conn.Close()
 			b.down(s, conn)
-			if b.cfg.Now().Sub(upAt) >= b.cfg.BackoffMax {
-				proven, backoff = true, b.cfg.BackoffMin
-			}
 		} else {
 			b.metrics.dialFailures.Inc()
 			b.unreachable(s, err)
@@ -363,7 +349,7 @@ func (b *Broker) keep(s *slot) {
 			return
 		case <-b.cfg.After(backoff):
 		}
-		if !proven {
+		if err != nil {
 			backoff = min(2*backoff, b.cfg.BackoffMax)
 		}
 	}

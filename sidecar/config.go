@@ -40,11 +40,8 @@ type Config struct {
 	// DialTimeout bounds one dial + handshake. Zero: 2 s.
 	DialTimeout time.Duration
 	// BackoffMin and BackoffMax bound the reconnect backoff, which doubles
-	// after every failed dial and after every connection that ended within
-	// BackoffMax of its handshake, and starts again at BackoffMin after a
-	// connection that stayed up at least BackoffMax (one that proved
-	// useful: a node that accepts and drops at once is not redialled
-	// every BackoffMin). Zero: 100 ms and 3.2 s.
+	// after every failed dial and starts again at BackoffMin after a
+	// connection succeeds. Zero: 100 ms and 3.2 s.
 	BackoffMin, BackoffMax time.Duration
 	// LeaderWait is how long an acquire or release may wait for a serving
 	// leader to be known and connected before it is sent (or, for an
