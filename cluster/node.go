@@ -68,8 +68,14 @@ type Node struct {
 	// proposeLoop).
 	propUrgent int
 	propSince  time.Time
-	propWake   chan struct{}
-	futures    chan batchFuture
+	// propEpoch is the core's leadership epoch (leader.Ready.Epoch) whose
+	// commands the queues hold; 0 once leadership is lost. A batch carries
+	// it to its future, so a failure is reported to the core with the
+	// epoch that proposed it, and a batch taken in an epoch that ended
+	// before it reached Raft is dropped, not appended in a later term.
+	propEpoch uint64
+	propWake  chan struct{}
+	futures   chan batchFuture
 	// addrWake asks the member-address check to run now (memberaddrs.go).
 	addrWake chan struct{}
 	// versions maps a server id to the protocol version it last answered
@@ -117,8 +123,9 @@ type Node struct {
 }
 
 type batchFuture struct {
-	f    raft.ApplyFuture
-	cmds []locksm.Command
+	f     raft.ApplyFuture
+	cmds  []locksm.Command
+	epoch uint64 // the core's leadership epoch that proposed cmds
 }
 
 // New starts a node: opens (or bootstraps) its data dir, starts Raft and
@@ -618,7 +625,7 @@ func (n *Node) performLocked() {
 		c.flushAndClose()
 	}
 	if len(rd.Proposals) > 0 {
-		n.propose(rd.Proposals...)
+		n.propose(rd.Epoch, rd.Proposals...)
 	}
 	if n.timers != nil {
 		if rd.ClearTimers {
@@ -633,9 +640,10 @@ func (n *Node) performLocked() {
 
 // ---- proposing ----
 
-// propose queues commands for the next batch. Never blocks. Requires n.mu
-// (it reads the lock table, fsm.mu, after it).
-func (n *Node) propose(cs ...locksm.Command) {
+// propose queues commands the core's leadership epoch proposed for the
+// next batch. Never blocks. Requires n.mu (it reads the lock table,
+// fsm.mu, after it).
+func (n *Node) propose(epoch uint64, cs ...locksm.Command) {
 	urgent := 0
 	for _, c := range cs {
 		if !housekeeping(c) && !n.deferrable(c) {
@@ -643,6 +651,11 @@ func (n *Node) propose(cs ...locksm.Command) {
 		}
 	}
 	n.propMu.Lock()
+	if epoch != n.propEpoch {
+		// Leadership changed since the queues were last filled; the
+		// loss emptied them (dropQueuedProposals).
+		n.propEpoch = epoch
+	}
 	for _, c := range cs {
 		if housekeeping(c) {
 			n.houseQ = append(n.houseQ, c)
@@ -674,6 +687,7 @@ func (n *Node) dropQueuedProposals() {
 	clear(n.houseQ)
 	n.propQ, n.houseQ = n.propQ[:0], n.houseQ[:0]
 	n.propUrgent = 0
+	n.propEpoch = 0
 	n.propMu.Unlock()
 }
 
@@ -750,15 +764,27 @@ func (n *Node) proposeLoop() {
 			return
 		}
 		n.propMu.Lock()
-		batch := n.nextBatchLocked()
+		batch, epoch := n.nextBatchLocked(), n.propEpoch
 		n.propMu.Unlock()
 		now := n.cfg.Now().UnixMilli()
 		for i := range batch {
 			batch[i].Now = now
 		}
-		f := n.raft.Apply(locksm.AppendBatch([]byte{entryLockBatch}, batch), 0)
+		entry := locksm.AppendBatch([]byte{entryLockBatch}, batch)
+		n.propMu.Lock()
+		stale := n.propEpoch != epoch
+		n.propMu.Unlock()
+		if stale {
+			// The leadership that decided it ended while it was being
+			// taken: its core answered what it owed, and appended in a
+			// term this node won back it could land after entries of
+			// the terms between (see dropQueuedProposals).
+			<-n.slots
+			continue
+		}
+		f := n.raft.Apply(entry, 0)
 		select {
-		case n.futures <- batchFuture{f: f, cmds: batch}:
+		case n.futures <- batchFuture{f: f, cmds: batch, epoch: epoch}:
 		case <-n.closing:
 			return
 		}
@@ -815,7 +841,7 @@ func (n *Node) futureLoop() {
 	for {
 		select {
 		case fb := <-failed:
-			n.proposalFailed(fb.cmds, fb.err)
+			n.proposalFailed(fb.epoch, fb.cmds, fb.err)
 		case <-n.closing:
 			return
 		}
@@ -823,8 +849,9 @@ func (n *Node) futureLoop() {
 }
 
 type failedBatch struct {
-	cmds []locksm.Command
-	err  error
+	cmds  []locksm.Command
+	err   error
+	epoch uint64 // the core's leadership epoch that proposed cmds
 }
 
 // futureWaiter waits for each batch's future in log order, frees its slot
@@ -844,7 +871,7 @@ func (n *Node) futureWaiter(failed chan<- failedBatch) {
 			continue
 		}
 		select {
-		case failed <- failedBatch{bf.cmds, err}:
+		case failed <- failedBatch{bf.cmds, err, bf.epoch}:
 		case <-n.closing:
 			return
 		}
@@ -866,7 +893,7 @@ func (n *Node) await(f raft.Future) error {
 	}
 }
 
-func (n *Node) proposalFailed(cmds []locksm.Command, err error) {
+func (n *Node) proposalFailed(epoch uint64, cmds []locksm.Command, err error) {
 	// ErrNotLeader means the entry was never appended: definitely not
 	// executed, so M is honest. Anything else (leadership lost, shutdown)
 	// leaves the entry possibly committed: U.
@@ -874,7 +901,7 @@ func (n *Node) proposalFailed(cmds []locksm.Command, err error) {
 	// either (hashicorp/raft answers it before dispatching).
 	notAppended := errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipTransferInProgress)
 	n.mu.Lock()
-	n.core.ProposalFailed(cmds, notAppended, err)
+	n.core.ProposalFailed(epoch, cmds, notAppended, err)
 	n.performLocked()
 	n.mu.Unlock()
 }

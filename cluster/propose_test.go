@@ -31,9 +31,9 @@ func TestNextBatchSharesBetweenRequestsAndHousekeeping(t *testing.T) {
 
 	n := &Node{propWake: make(chan struct{}, 1)}
 	for i := range 60_000 {
-		n.propose(cancel(uint64(i + 1)))
+		n.propose(1, cancel(uint64(i+1)))
 	}
-	n.propose(acquire(1_000_000))
+	n.propose(1, acquire(1_000_000))
 	b := n.nextBatchLocked()
 	if len(b) != locksm.MaxBatch {
 		t.Fatalf("first batch has %d commands, want a full %d", len(b), locksm.MaxBatch)
@@ -48,13 +48,13 @@ func TestNextBatchSharesBetweenRequestsAndHousekeeping(t *testing.T) {
 	// A flood of requests with housekeeping waiting: housekeeping keeps its share.
 	n = &Node{propWake: make(chan struct{}, 1)}
 	for i := range 10_000 {
-		n.propose(acquire(uint64(i + 1)))
+		n.propose(1, acquire(uint64(i+1)))
 	}
 	for i := range 5 {
-		n.propose(locksm.Command{Op: locksm.OpExpire, Key: "k", Token: uint64(i + 1)})
-		n.propose(locksm.Command{Op: locksm.OpRelease, Key: "k", Owner: "o", Token: uint64(i + 1)}) // Ref 0: compensation
+		n.propose(1, locksm.Command{Op: locksm.OpExpire, Key: "k", Token: uint64(i + 1)})
+		n.propose(1, locksm.Command{Op: locksm.OpRelease, Key: "k", Owner: "o", Token: uint64(i + 1)}) // Ref 0: compensation
 	}
-	n.propose(locksm.Command{Op: locksm.OpRelease, Key: "k", Owner: "o", Token: 9, Ref: 77}) // a client's release: a request
+	n.propose(1, locksm.Command{Op: locksm.OpRelease, Key: "k", Owner: "o", Token: 9, Ref: 77}) // a client's release: a request
 	b = n.nextBatchLocked()
 	reqs, house := count(b)
 	if house != 10 || reqs != locksm.MaxBatch-10 {
@@ -81,8 +81,8 @@ func TestNextBatchSharesBetweenRequestsAndHousekeeping(t *testing.T) {
 	// Both longer than a batch: housekeeping gets its quarter.
 	n = &Node{propWake: make(chan struct{}, 1)}
 	for i := range 2 * locksm.MaxBatch {
-		n.propose(acquire(uint64(i + 1)))
-		n.propose(cancel(uint64(i + 1)))
+		n.propose(1, acquire(uint64(i+1)))
+		n.propose(1, cancel(uint64(i+1)))
 	}
 	if reqs, house := count(n.nextBatchLocked()); house != housekeepingShare || reqs != locksm.MaxBatch-housekeepingShare {
 		t.Fatalf("both queues full: %d requests, %d housekeeping; want %d and %d", reqs, house, locksm.MaxBatch-housekeepingShare, housekeepingShare)
@@ -100,7 +100,7 @@ func TestLostLeadershipDropsQueuedProposals(t *testing.T) {
 	n.core = leader.New[*clientConn](leader.Config{ServerID: "n1", MaxInFlightPerConn: 1, MaxKeys: 1, MaxWaitersPerKey: 1,
 		MaxWaitersPerConn: 1}, n.fsm, nodeDirectory{n})
 	n.core.GainLeadership(1)
-	n.propose(locksm.Command{Op: locksm.OpExpire, Key: "k", Token: 7},
+	n.propose(1, locksm.Command{Op: locksm.OpExpire, Key: "k", Token: 7},
 		locksm.Command{Op: locksm.OpAcquire, Key: "a", Owner: "o", LeaseSec: 10, Ref: 1})
 	n.loseLeadership("leadership lost")
 	n.core.GainLeadership(1)

@@ -344,6 +344,13 @@ type Ready[C comparable] struct {
 	// Refusals: session requests refused as hostile or stale, for the
 	// log (with the connection's remote address).
 	Refusals []Refusal[C]
+	// Epoch is the leadership epoch Proposals belong to. The driver hands
+	// it back with ProposalFailed, which ignores another epoch's failures:
+	// the epoch that proposed them answered what they owed when it ended,
+	// and a late report must not settle what a later leadership of this
+	// node proposed (issue 39: a stale expiry's failure let an extend held
+	// for the new leadership's expiry of its token go ahead of it).
+	Epoch uint64
 	// Silences: connections that a session was just attached to, each
 	// with the session's timeout. The driver closes such a connection
 	// once nothing arrived on it for that long (or its idle timeout, if
@@ -590,7 +597,10 @@ func New[C comparable](cfg Config, table Table, dir Directory) *Core[C] {
 }
 
 // Ready returns the outputs collected since the last Advance.
-func (k *Core[C]) Ready() *Ready[C] { return &k.rd }
+func (k *Core[C]) Ready() *Ready[C] {
+	k.rd.Epoch = k.epoch
+	return &k.rd
+}
 
 // Advance acknowledges that the outputs of Ready were performed.
 func (k *Core[C]) Advance() {
@@ -1033,10 +1043,18 @@ func errReply(id uint64, err error) wire.Msg {
 // ---- proposals and applies ----
 
 // ProposalFailed answers the requests of commands whose proposal failed.
+// epoch is Ready.Epoch of the Ready they came in: a failure of another
+// leadership's proposals is ignored, since LoseLeadership answered and
+// forgot everything that leadership owed, and the same tokens, sessions
+// and refs may be in flight again in this one (an expiry of the same
+// token, say, which an earlier expiry's failure must not settle).
 // notAppended: the entry was never appended (definitely not executed: M
 // with the leader hint); otherwise it may have been appended and may still
 // commit under the next leader (U, saying err).
-func (k *Core[C]) ProposalFailed(cmds []locksm.Command, notAppended bool, err error) {
+func (k *Core[C]) ProposalFailed(epoch uint64, cmds []locksm.Command, notAppended bool, err error) {
+	if epoch != k.epoch || !k.leading {
+		return
+	}
 	addr, id := "", ""
 	if notAppended {
 		addr, id = k.hint()

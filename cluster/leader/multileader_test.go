@@ -30,6 +30,10 @@ import (
 //     entries after the commit survive into the new leader's log or are
 //     cut, and the new leader applies what it had not (its barrier), says
 //     so (BarrierApplied), appends its drop-sessionless, and serves;
+//   - the old leader's uncommitted proposals fail (hashicorp/raft fails
+//     every in-flight future of a leadership that ends, whether the entry
+//     later commits or not), and each failure reaches its core at a random
+//     later point, perhaps after it lost and won leadership again;
 //   - brokers with sessions connect to any node, write lock requests,
 //     lose their connections (a frame in flight is lost with them), are cut
 //     off for a while (together with the old leader, or alone), and resume
@@ -91,6 +95,17 @@ type mlCoverage struct {
 type mlEntry struct {
 	term int
 	cmd  locksm.Command
+	// from: the node whose core proposed it (-1: the node's own, like
+	// the drop-sessionless), in its leadership epoch.
+	from  int
+	epoch uint64
+}
+
+// mlFailure is a failed proposal on its way to the core that proposed it.
+type mlFailure struct {
+	node  int
+	epoch uint64
+	cmd   locksm.Command
 }
 
 type mlNode struct {
@@ -169,6 +184,9 @@ type mlSim struct {
 	// toClose: connections a broker closes in answer to a frame, closed
 	// after the outputs being performed (never from inside them).
 	toClose []string
+	// failures: proposals of ended leaderships whose failure their core
+	// has not heard yet, oldest first.
+	failures []mlFailure
 }
 
 var mlKeys = []string{"a", "b"}
@@ -238,6 +256,8 @@ func (s *mlSim) step() {
 		s.prepare()
 	case x < 7 && len(s.stale) > 0:
 		s.notice(s.stale[0])
+	case x < 9 && len(s.failures) > 0:
+		s.reportFailure()
 	case x < 30:
 		s.leaderCommit()
 	case x < 40:
@@ -267,6 +287,12 @@ func (s *mlSim) elect(n int) {
 	}
 	if slices.Contains(s.stale, n) {
 		s.notice(n) // lost and won again: the node starts over
+	}
+	// Every uncommitted proposal of the old leadership fails, kept or cut.
+	for _, e := range s.log[s.commit:] {
+		if e.from >= 0 && e.from == s.leader && e.term == s.term {
+			s.failures = append(s.failures, mlFailure{node: e.from, epoch: e.epoch, cmd: e.cmd})
+		}
 	}
 	// The new leader's log holds a prefix of the uncommitted tail (what
 	// reached it); the rest is cut. Nobody applied any of it.
@@ -306,6 +332,18 @@ func (s *mlSim) partition() {
 	s.elect((old + 1 + s.pick(2)) % 3)
 }
 
+// reportFailure hands the oldest failed proposal to its core (a node's
+// futures complete in log order), however long after its leadership
+// ended: the core must not let it settle anything a later leadership of
+// its own has in flight.
+func (s *mlSim) reportFailure() {
+	f := s.failures[0]
+	s.failures = s.failures[1:]
+	s.note("%s hears proposal %s of epoch %d failed", s.nodes[f.node].id, fmtCmd(f.cmd), f.epoch)
+	s.nodes[f.node].k.ProposalFailed(f.epoch, []locksm.Command{f.cmd}, false, fmt.Errorf("leadership lost"))
+	s.drain(f.node)
+}
+
 // notice tells node n's core that Raft ended its leadership.
 func (s *mlSim) notice(n int) {
 	s.stale = slices.DeleteFunc(s.stale, func(x int) bool { return x == n })
@@ -332,7 +370,7 @@ func (s *mlSim) prepare() {
 	}
 	nd.k.BarrierApplied(nd.epoch)
 	s.drain(n)
-	s.log = append(s.log, mlEntry{term: s.term, cmd: locksm.Command{Op: locksm.OpDropSessionless}})
+	s.log = append(s.log, mlEntry{term: s.term, cmd: locksm.Command{Op: locksm.OpDropSessionless}, from: -1})
 	s.commit = len(s.log)
 	s.applyTo(n, s.commit)
 	if _, ok := nd.k.Serve(s.now(), s.now().UnixMilli(), nd.epoch); !ok {
@@ -436,7 +474,7 @@ func (s *mlSim) drain(n int) {
 	for {
 		rd := nd.k.Ready()
 		sends := slices.Clone(rd.Sends)
-		props := slices.Clone(rd.Proposals)
+		props, epoch := slices.Clone(rd.Proposals), rd.Epoch
 		closes := slices.Clone(rd.Closes)
 		if rd.ClearTimers {
 			nd.timers = nil
@@ -446,11 +484,11 @@ func (s *mlSim) drain(n int) {
 		if len(props) > 0 {
 			if n == s.leader {
 				for _, c := range props {
-					s.log = append(s.log, mlEntry{term: s.term, cmd: c})
+					s.log = append(s.log, mlEntry{term: s.term, cmd: c, from: n, epoch: epoch})
 				}
 			} else {
 				// Raft refuses them: not the leader.
-				nd.k.ProposalFailed(props, true, fmt.Errorf("not the leader"))
+				nd.k.ProposalFailed(epoch, props, true, fmt.Errorf("not the leader"))
 			}
 		}
 		for _, snd := range sends {

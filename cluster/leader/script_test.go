@@ -58,7 +58,9 @@ package leader
 //	                             new leader's drop-waiters, say) joins the log
 //	commit [n=]                  apply the first n logged commands (all)
 //	fail [n=] appended=no|maybe [err=]
-//	                             the first n logged proposals failed (all)
+//	                             the first n logged proposals failed (all),
+//	                             each reported with the epoch that proposed
+//	                             it (Ready.Epoch), as the node's futures are
 //	advance ms=                  the clock moves; due timers fire in order
 //	due kind=expire|wait key= [token=] [ref=] [at=] epoch=
 //	                             hand the core a due timer it may not have
@@ -172,13 +174,16 @@ type armed struct {
 }
 
 type harness struct {
-	cfg      Config
-	k        *Core[string]
-	st       *locksm.State
-	version  *uint16 // the cluster version the table reports
-	dir      *directory
-	log      []locksm.Command // proposed, not yet applied or failed
-	logTerm  []uint64         // the term of each entry of log
+	cfg     Config
+	k       *Core[string]
+	st      *locksm.State
+	version *uint16 // the cluster version the table reports
+	dir     *directory
+	log     []locksm.Command // proposed, not yet applied or failed
+	logTerm []uint64         // the term of each entry of log
+	// logEpoch: the core's leadership epoch that proposed each entry of
+	// log (Ready.Epoch), handed back when it fails.
+	logEpoch []uint64
 	timers   []armed
 	timerSeq int
 	clock    time.Duration
@@ -239,6 +244,7 @@ func (h *harness) drain(b *strings.Builder) {
 		fmt.Fprintf(b, "propose %s\n", fmtCmd(c))
 		h.log = append(h.log, c)
 		h.logTerm = append(h.logTerm, h.term)
+		h.logEpoch = append(h.logEpoch, rd.Epoch)
 		if h.onPropose != nil {
 			h.onPropose(c)
 		}
@@ -368,6 +374,7 @@ func (h *harness) run(line string) (string, error) {
 		}
 		h.log = append(h.log, c)
 		h.logTerm = append(h.logTerm, term)
+		h.logEpoch = append(h.logEpoch, 0) // another node's: none of this core's epochs
 	case "commit":
 		n := a.int("n", len(h.log))
 		if n > len(h.log) {
@@ -384,7 +391,7 @@ func (h *harness) run(line string) (string, error) {
 				h.onApplied(batch[len(batch)-1])
 			}
 		}
-		h.log, h.logTerm = h.log[n:], h.logTerm[n:]
+		h.log, h.logTerm, h.logEpoch = h.log[n:], h.logTerm[n:], h.logEpoch[n:]
 		h.k.Applied(h.now(), batch)
 	case "fail":
 		n := a.int("n", len(h.log))
@@ -399,9 +406,18 @@ func (h *harness) run(line string) (string, error) {
 		default:
 			return "", fmt.Errorf("appended=%s: want no or maybe", ap)
 		}
-		failed := slices.Clone(h.log[:n])
-		h.log, h.logTerm = h.log[n:], h.logTerm[n:]
-		h.k.ProposalFailed(failed, notAppended, errors.New(a.str("err", "leadership lost")))
+		failed, epochs := slices.Clone(h.log[:n]), slices.Clone(h.logEpoch[:n])
+		h.log, h.logTerm, h.logEpoch = h.log[n:], h.logTerm[n:], h.logEpoch[n:]
+		// Each run of entries one epoch proposed fails as its batch,
+		// reported with that epoch (as the node's futures are).
+		for len(failed) > 0 {
+			run := 1
+			for run < len(failed) && epochs[run] == epochs[0] {
+				run++
+			}
+			h.k.ProposalFailed(epochs[0], failed[:run], notAppended, errors.New(a.str("err", "leadership lost")))
+			failed, epochs = failed[run:], epochs[run:]
+		}
 	case "advance":
 		h.clock += time.Duration(a.int("ms", 0)) * time.Millisecond
 		if a.err != nil {
