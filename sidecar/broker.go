@@ -357,12 +357,19 @@ func (b *Broker) keep(s *slot) {
 			}
 			conn.Close()
 			b.down(s, conn)
+			select {
+			case <-b.closing:
+				return // closed by the broker: not the node's doing
+			case <-s.stop:
+				return
+			default:
+			}
 			lived := b.cfg.Now().Sub(upAt)
 			useful = served || conn.Served() || lived >= usefulConnAfter
 			if useful {
 				backoff = b.cfg.BackoffMin
 			} else {
-				b.metrics.uselessConns.Inc()
+				b.metrics.unservedConns.Inc()
 				b.log.Debug("connection dropped before the node answered anything; backing off as after a failed dial",
 					"addr", s.addr, "lived", lived, "err", conn.Err(), "retry_in", backoff)
 			}

@@ -104,7 +104,7 @@ type brokerMetrics struct {
 	lateGrants     prometheus.Counter
 	leaderChanges  prometheus.Counter
 	dialFailures   prometheus.Counter
-	uselessConns   prometheus.Counter
+	unservedConns  prometheus.Counter
 	waiterRefusals [numWaiterRefusals]prometheus.Counter
 	evictions      prometheus.Counter
 	// The cluster session (session.go).
@@ -192,7 +192,7 @@ func newBrokerMetrics(b *Broker) *brokerMetrics {
 		Name: "ticketing_sidecar_connect_failures_total",
 		Help: "Failed connection attempts to cluster nodes (dial, TLS, authentication, wrong fencing domain).",
 	})
-	m.uselessConns = prometheus.NewCounter(prometheus.CounterOpts{
+	m.unservedConns = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ticketing_sidecar_unserved_connections_total",
 		Help: "Connections to cluster nodes that ended before the node sent anything and within 1 s of the handshake (a node that accepts and drops); the reconnect backoff grows after them as after a failed dial.",
 	})
@@ -223,7 +223,7 @@ func newBrokerMetrics(b *Broker) *brokerMetrics {
 		Name: "ticketing_sidecar_void_acquires_resent_total",
 		Help: "Acquires a resume reported void (never applied) and sent again as new requests because their callers still waited.",
 	})
-	m.reg.MustRegister(acq, rel, ext, lost, m.lostEvents, comp, al, rl, m.lateGrants, m.leaderChanges, m.dialFailures, m.uselessConns, wr, m.evictions,
+	m.reg.MustRegister(acq, rel, ext, lost, m.lostEvents, comp, al, rl, m.lateGrants, m.leaderChanges, m.dialFailures, m.unservedConns, wr, m.evictions,
 		m.sessionResumes, m.sessionAnswers, m.sessionsLost, m.voidResent, &brokerCollector{b: b,
 			connected: prometheus.NewDesc("ticketing_sidecar_connected_nodes",
 				"Cluster nodes this broker has a live connection to.", nil, nil),
