@@ -295,8 +295,36 @@ func (b *Broker) syncMembers(ms []wire.Member) {
 	b.rr = 0
 }
 
+// usefulConnAfter is how long a connection must stay up to count as
+// useful for the reconnect backoff when its node sent nothing on it
+// (keep). The broker asks every new connection's node for its status at
+// once, so a live node answers within milliseconds and this rarely
+// decides; it bounds what a node that accepts and holds a connection
+// silently costs (about one dial per second plus the backoff) without
+// taking a slow but live node for a dropping one. It is well below
+// BackoffMax (3.2 s), the lifetime 7e1581f asked for, which the
+// connections to a node restarted between back-to-back failovers did not
+// reach.
+const usefulConnAfter = time.Second
+
 // keep maintains one slot's connection until the broker closes or stops
 // keeping the address.
+//
+// The backoff doubles (from BackoffMin up to BackoffMax) after every
+// failed dial and after every connection that was not useful; it starts
+// again at BackoffMin after a useful one, so the first redial after a
+// useful connection drops comes BackoffMin later. A connection is useful
+// when its node sent anything on it (a reply, a Q, a notice or an event:
+// client.Conn.Served; the status asked at once of every new connection
+// is answered by any live node) or it stayed up usefulConnAfter (1 s). A
+// handshake alone proves little: a node that accepts and drops at once
+// (a proxy without a backend, a node refusing this client after the
+// handshake, a cut link) was redialled every BackoffMin forever when any
+// handshake reset the backoff (issue 39). Asking for a longer life alone
+// (7e1581f: BackoffMax) kept the redial of a node restarted between
+// back-to-back failovers at a high backoff, and the lab saw a failover
+// round without a cycle: a restarted node answers the status at once, so
+// it is useful however soon it is killed again.
 func (b *Broker) keep(s *slot) {
 	defer b.slotWG.Done()
 	backoff := b.cfg.BackoffMin
@@ -305,12 +333,15 @@ func (b *Broker) keep(s *slot) {
 		ctx, cancel := context.WithTimeout(context.Background(), b.cfg.DialTimeout)
 		conn, err := b.dial(ctx, s)
 		cancel()
+		useful := false
 		if err == nil {
-			backoff, warned = b.cfg.BackoffMin, false
+			warned = false
+			upAt := b.cfg.Now()
 			b.refusal.Store(nil)
 			b.mu.Lock()
 			s.failing = false
 			b.mu.Unlock()
+			served := false
 			if b.up(s, conn) {
 				for {
 					b.watch(s, conn)
@@ -318,6 +349,7 @@ func (b *Broker) keep(s *slot) {
 					if next == nil {
 						break
 					}
+					served = served || conn.Served()
 					b.slotWG.Add(1)
 					go b.retire(conn)
 					conn = next
@@ -325,6 +357,22 @@ func (b *Broker) keep(s *slot) {
 			}
 			conn.Close()
 			b.down(s, conn)
+			select {
+			case <-b.closing:
+				return // closed by the broker: not the node's doing
+			case <-s.stop:
+				return
+			default:
+			}
+			lived := b.cfg.Now().Sub(upAt)
+			useful = served || conn.Served() || lived >= usefulConnAfter
+			if useful {
+				backoff = b.cfg.BackoffMin
+			} else {
+				b.metrics.unservedConns.Inc()
+				b.log.Debug("connection dropped before the node answered anything; backing off as after a failed dial",
+					"addr", s.addr, "lived", lived, "err", conn.Err(), "retry_in", backoff)
+			}
 		} else {
 			b.metrics.dialFailures.Inc()
 			b.unreachable(s, err)
@@ -349,7 +397,7 @@ func (b *Broker) keep(s *slot) {
 			return
 		case <-b.cfg.After(backoff):
 		}
-		if err != nil {
+		if !useful {
 			backoff = min(2*backoff, b.cfg.BackoffMax)
 		}
 	}

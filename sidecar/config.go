@@ -40,8 +40,14 @@ type Config struct {
 	// DialTimeout bounds one dial + handshake. Zero: 2 s.
 	DialTimeout time.Duration
 	// BackoffMin and BackoffMax bound the reconnect backoff, which doubles
-	// after every failed dial and starts again at BackoffMin after a
-	// connection succeeds. Zero: 100 ms and 3.2 s.
+	// after every failed dial and after every connection that ended within
+	// 1 s of its handshake without the node sending anything on it (a node
+	// that accepts and drops at once is not redialled every BackoffMin),
+	// and starts again at BackoffMin after a connection that served (the
+	// node sent a reply, a notice or an event: the broker asks every new
+	// connection for the node's status) or stayed up 1 s. The first redial
+	// after such a connection drops comes BackoffMin later, so a killed or
+	// restarted node is dialled again at once. Zero: 100 ms and 3.2 s.
 	BackoffMin, BackoffMax time.Duration
 	// LeaderWait is how long an acquire or release may wait for a serving
 	// leader to be known and connected before it is sent (or, for an

@@ -104,6 +104,7 @@ type brokerMetrics struct {
 	lateGrants     prometheus.Counter
 	leaderChanges  prometheus.Counter
 	dialFailures   prometheus.Counter
+	unservedConns  prometheus.Counter
 	waiterRefusals [numWaiterRefusals]prometheus.Counter
 	evictions      prometheus.Counter
 	// The cluster session (session.go).
@@ -191,6 +192,10 @@ func newBrokerMetrics(b *Broker) *brokerMetrics {
 		Name: "ticketing_sidecar_connect_failures_total",
 		Help: "Failed connection attempts to cluster nodes (dial, TLS, authentication, wrong fencing domain).",
 	})
+	m.unservedConns = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ticketing_sidecar_unserved_connections_total",
+		Help: "Connections to cluster nodes that ended before the node sent anything and within 1 s of the handshake (a node that accepts and drops); the reconnect backoff grows after them as after a failed dial.",
+	})
 	wr := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ticketing_sidecar_waiter_refusals_total",
 		Help: "Acquires with a wait refused waiter room (answered too_many_waiters, nothing sent), by reason: sidecar_full (the sidecar-wide room is full and the asking session holds the most), per_session (MaxWaitersPerSession), no_room_freed (an eviction did not free room in time).",
@@ -218,7 +223,7 @@ func newBrokerMetrics(b *Broker) *brokerMetrics {
 		Name: "ticketing_sidecar_void_acquires_resent_total",
 		Help: "Acquires a resume reported void (never applied) and sent again as new requests because their callers still waited.",
 	})
-	m.reg.MustRegister(acq, rel, ext, lost, m.lostEvents, comp, al, rl, m.lateGrants, m.leaderChanges, m.dialFailures, wr, m.evictions,
+	m.reg.MustRegister(acq, rel, ext, lost, m.lostEvents, comp, al, rl, m.lateGrants, m.leaderChanges, m.dialFailures, m.unservedConns, wr, m.evictions,
 		m.sessionResumes, m.sessionAnswers, m.sessionsLost, m.voidResent, &brokerCollector{b: b,
 			connected: prometheus.NewDesc("ticketing_sidecar_connected_nodes",
 				"Cluster nodes this broker has a live connection to.", nil, nil),

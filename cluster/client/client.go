@@ -150,6 +150,10 @@ type Conn struct {
 	// request ids come from the session's counter.
 	sess atomic.Pointer[Session]
 
+	// served is set once the node sent c a frame it accepted after the
+	// handshake: a reply, a Q, a notice or an event (Served).
+	served atomic.Bool
+
 	dead     chan struct{} // closed by shutdown
 	deadOnce sync.Once
 	deadErr  error // why the connection died; set before dead is closed
@@ -606,6 +610,13 @@ func (c *Conn) Err() error {
 	}
 }
 
+// Served reports whether the node has sent anything on c since the
+// handshake that c accepted: a reply, a Q, a notice or an event. A
+// connection-level E (the node closing the connection) and a frame that
+// broke the protocol do not count. The broker's reconnect backoff uses it
+// to tell a connection that served from one a node accepted and dropped.
+func (c *Conn) Served() bool { return c.served.Load() }
+
 // InFlight returns how many calls await a reply (cancelled Do calls
 // included, until their reply comes).
 func (c *Conn) InFlight() int {
@@ -679,6 +690,7 @@ func (c *Conn) readLoop() {
 				c.shutdown(fmt.Errorf("%w: notice on a version %d connection", ErrProtocol, c.peer.Version))
 				return
 			}
+			c.served.Store(true)
 			c.notice(m)
 			continue
 		}
@@ -695,6 +707,7 @@ func (c *Conn) readLoop() {
 				c.shutdown(fmt.Errorf("%w: outcomes event for session %x on the connection of session %x", ErrProtocol, m.Session, s.id))
 				return
 			}
+			c.served.Store(true)
 			s.outcomes(c, m.Serial)
 			continue
 		}
@@ -703,6 +716,7 @@ func (c *Conn) readLoop() {
 				c.shutdown(fmt.Errorf("%w: lost event on a version %d connection", ErrProtocol, c.peer.Version))
 				return
 			}
+			c.served.Store(true)
 			if c.onLost != nil {
 				c.onLost(c, m)
 			}
@@ -718,6 +732,7 @@ func (c *Conn) readLoop() {
 				c.shutdown(err)
 				return
 			}
+			c.served.Store(true)
 			continue
 		}
 		if !wire.IsReply(m.Type) {
@@ -749,9 +764,11 @@ func (c *Conn) readLoop() {
 		}
 		c.pmu.Unlock()
 		if repeated {
+			c.served.Store(true)
 			continue
 		}
 		if unknown {
+			c.served.Store(true) // a reply all the same: the node answered
 			c.shutdown(fmt.Errorf("%w: request %d of session %x answered U (%s): resume where a leader serves", ErrSessionUnknown,
 				m.ID, c.sess.Load().id, m.Text))
 			return
@@ -764,6 +781,7 @@ func (c *Conn) readLoop() {
 			c.shutdown(fmt.Errorf("%w: reply %s cannot answer request %s (id %d)", ErrProtocol, wire.TypeName(m.Type), wire.TypeName(call.reqType), m.ID))
 			return
 		}
+		c.served.Store(true)
 		if call.adopted.Load() {
 			if !call.claimed.CompareAndSwap(false, true) {
 				continue // the session gave up on it meanwhile (Session.end)

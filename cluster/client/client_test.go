@@ -381,7 +381,32 @@ func TestProtocolViolations(t *testing.T) {
 				t.Fatalf("written %v err %v", written, err)
 			}
 			<-c.Done()
+			if c.Served() {
+				t.Errorf("Served after nothing but a frame that ended the connection")
+			}
 		})
+	}
+}
+
+// Served tells a connection on which the node answered from one it only
+// accepted (the broker's reconnect backoff, issue 39): false after the
+// handshake, true once a reply was read, and still true after the node
+// closed the connection.
+func TestServed(t *testing.T) {
+	s := newFakeServer(t, func(sc *srvConn, m wire.Msg) {
+		sc.reply(t, wire.Msg{Type: wire.TypePong, ID: m.ID})
+		sc.nc.Close()
+	})
+	c := s.dial(t)
+	if c.Served() {
+		t.Fatal("Served right after the handshake")
+	}
+	if _, _, err := c.Do(context.Background(), wire.Msg{Type: wire.TypePing}); err != nil {
+		t.Fatal(err)
+	}
+	<-c.Done()
+	if !c.Served() {
+		t.Fatal("not Served after a reply")
 	}
 }
 
