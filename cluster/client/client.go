@@ -617,6 +617,14 @@ func (c *Conn) Err() error {
 // to tell a connection that served from one a node accepted and dropped.
 func (c *Conn) Served() bool { return c.served.Load() }
 
+// markServed sets served; the load first keeps the reader's hot path to a
+// plain read once it is set (a store is a locked instruction on amd64).
+func (c *Conn) markServed() {
+	if !c.served.Load() {
+		c.served.Store(true)
+	}
+}
+
 // InFlight returns how many calls await a reply (cancelled Do calls
 // included, until their reply comes).
 func (c *Conn) InFlight() int {
@@ -690,7 +698,7 @@ func (c *Conn) readLoop() {
 				c.shutdown(fmt.Errorf("%w: notice on a version %d connection", ErrProtocol, c.peer.Version))
 				return
 			}
-			c.served.Store(true)
+			c.markServed()
 			c.notice(m)
 			continue
 		}
@@ -707,7 +715,7 @@ func (c *Conn) readLoop() {
 				c.shutdown(fmt.Errorf("%w: outcomes event for session %x on the connection of session %x", ErrProtocol, m.Session, s.id))
 				return
 			}
-			c.served.Store(true)
+			c.markServed()
 			s.outcomes(c, m.Serial)
 			continue
 		}
@@ -716,7 +724,7 @@ func (c *Conn) readLoop() {
 				c.shutdown(fmt.Errorf("%w: lost event on a version %d connection", ErrProtocol, c.peer.Version))
 				return
 			}
-			c.served.Store(true)
+			c.markServed()
 			if c.onLost != nil {
 				c.onLost(c, m)
 			}
@@ -732,7 +740,7 @@ func (c *Conn) readLoop() {
 				c.shutdown(err)
 				return
 			}
-			c.served.Store(true)
+			c.markServed()
 			continue
 		}
 		if !wire.IsReply(m.Type) {
@@ -764,11 +772,11 @@ func (c *Conn) readLoop() {
 		}
 		c.pmu.Unlock()
 		if repeated {
-			c.served.Store(true)
+			c.markServed()
 			continue
 		}
 		if unknown {
-			c.served.Store(true) // a reply all the same: the node answered
+			c.markServed() // a reply all the same: the node answered
 			c.shutdown(fmt.Errorf("%w: request %d of session %x answered U (%s): resume where a leader serves", ErrSessionUnknown,
 				m.ID, c.sess.Load().id, m.Text))
 			return
@@ -781,7 +789,7 @@ func (c *Conn) readLoop() {
 			c.shutdown(fmt.Errorf("%w: reply %s cannot answer request %s (id %d)", ErrProtocol, wire.TypeName(m.Type), wire.TypeName(call.reqType), m.ID))
 			return
 		}
-		c.served.Store(true)
+		c.markServed()
 		if call.adopted.Load() {
 			if !call.claimed.CompareAndSwap(false, true) {
 				continue // the session gave up on it meanwhile (Session.end)
