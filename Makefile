@@ -32,7 +32,7 @@ test-go:
 # and the bytes each waiting ACQUIRE costs the sidecar and the leader (it
 # inflates every allocation; bounds on bytes, not on time).
 test-norace:
-	$(SKIPCHECK) -- $(GO) test -json -count=1 -timeout 10m -run 'Allocations$$|MemoryPerWaiter$$' ./locksm ./unixapi ./cluster
+	$(SKIPCHECK) -- $(GO) test -json -count=1 -timeout 10m -run 'Allocations$$|MemoryPerWaiter$$' ./locksm ./cluster/leader ./unixapi ./cluster
 
 # The machine's prerequisites for `make test` (.ci/prepare.sh, .ci/packages).
 prepare:

@@ -425,10 +425,10 @@ func (f *fsm) HeldUnder(key string, token uint64) bool {
 }
 
 // MatchesHolding implements leader.Table.
-func (f *fsm) MatchesHolding(cmd *locksm.Command) bool {
+func (f *fsm) MatchesHolding(key, owner string, token, session uint64) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.state.MatchesHolding(cmd)
+	return f.state.MatchesHolding(key, owner, token, session)
 }
 
 // RangeHolders implements leader.Table; fn runs under mu and must take no

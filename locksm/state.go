@@ -484,12 +484,15 @@ func (s *State) matchHolder(cmd *Command) (*entry, error) {
 	return e, nil
 }
 
-// MatchesHolding reports whether a release or an extend cmd (its Key,
-// Token, Owner and Session) names its holding exactly as matchHolder
-// requires, so that it would apply now: the leader counts only such an
-// extend as in flight (a due lease timer of its token waits for it).
-func (s *State) MatchesHolding(cmd *Command) bool {
-	_, err := s.matchHolder(cmd)
+// MatchesHolding reports whether a release or an extend of key by owner
+// under token, from session (0: none), names its holding exactly as
+// matchHolder requires, so that it would apply now: the leader counts only
+// such an extend as in flight (a due lease timer of its token waits for
+// it). The fields come as values: the leader calls it through an
+// interface for every extend, and a *Command would make its command
+// escape to the heap on every request.
+func (s *State) MatchesHolding(key, owner string, token, session uint64) bool {
+	_, err := s.matchHolder(&Command{Key: key, Owner: owner, Token: token, Session: session})
 	return err == nil
 }
 

@@ -161,11 +161,11 @@ type Table interface {
 	Occupancy(key string) (held bool, keys, queue int)
 	// HeldUnder reports whether key is held under token.
 	HeldUnder(key string, token uint64) bool
-	// MatchesHolding reports whether a release or extend cmd names its
-	// holding exactly (key, token, owner and, where the holding is a
-	// session's, session: locksm.State.MatchesHolding), so that it can
-	// still succeed.
-	MatchesHolding(cmd *locksm.Command) bool
+	// MatchesHolding reports whether a release or extend of key by owner
+	// under token from session (0: none) names its holding exactly
+	// (where the holding is a session's, the session too:
+	// locksm.State.MatchesHolding), so that it can still succeed.
+	MatchesHolding(key, owner string, token, session uint64) bool
 	// RangeHolders calls fn for every holder until fn returns false.
 	RangeHolders(fn func(key string, h locksm.Holder) bool)
 	// Sessions lists the live sessions' ids, ascending.
@@ -890,7 +890,7 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 	}
 	k.pend[p.ref] = p
 	cn.owe(p)
-	if cmd.Op == locksm.OpExtend && k.table.MatchesHolding(&cmd) {
+	if cmd.Op == locksm.OpExtend && k.table.MatchesHolding(cmd.Key, cmd.Owner, cmd.Token, cmd.Session) {
 		// Only an extend that can still succeed holds the token's expiry
 		// back: tokens never repeat and a holding's owner and session
 		// never change, so one that names another owner or session, a key

@@ -143,7 +143,9 @@ func (t stateTable) HeldUnder(key string, token uint64) bool {
 	return ok && h.Token == token
 }
 
-func (t stateTable) MatchesHolding(cmd *locksm.Command) bool { return t.s.MatchesHolding(cmd) }
+func (t stateTable) MatchesHolding(key, owner string, token, session uint64) bool {
+	return t.s.MatchesHolding(key, owner, token, session)
+}
 
 func (t stateTable) RangeHolders(fn func(string, locksm.Holder) bool) { t.s.RangeHolders(fn) }
 

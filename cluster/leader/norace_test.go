@@ -1,0 +1,5 @@
+//go:build !race
+
+package leader
+
+const raceEnabled = false
