@@ -697,7 +697,11 @@ func (n *Node) dropQueuedProposals() {
 // (Ref 0).
 func housekeeping(c locksm.Command) bool {
 	switch c.Op {
-	case locksm.OpAcquire, locksm.OpExtend:
+	case locksm.OpAcquire, locksm.OpAcquireBlock, locksm.OpExtend:
+		// A block acquire is a request like any other: as housekeeping it
+		// went ahead of requests written before it, and joined a key's
+		// FIFO queue ahead of a single-key acquire sent earlier (found by
+		// the fourth attack round on issue 39).
 		return false
 	case locksm.OpOpenSession, locksm.OpResumeSession:
 		// A broker waits on it, and a resume keeps its place behind the

@@ -114,3 +114,27 @@ func TestLostLeadershipDropsQueuedProposals(t *testing.T) {
 		t.Fatalf("the next batch proposes %v", b)
 	}
 }
+
+// Found by attack round 4 (issue 39): housekeeping (node.go) says whether a command
+// is "the leader's own work rather than a request a client waits for",
+// but it lists only OpAcquire and OpExtend among the lock requests, so a
+// client's block acquire (OpAcquireBlock) is filed as housekeeping: it
+// goes to houseQ and every batch takes it ahead of the requests that
+// arrived before it (and ahead of a lingering queue of deferrable
+// acquires). A block acquire written after a single-key acquire of the
+// same key then joins the key's FIFO queue first.
+func TestBlockAcquireKeepsItsPlaceAmongRequests(t *testing.T) {
+	n := &Node{propWake: make(chan struct{}, 1)}
+	single := locksm.Command{Op: locksm.OpAcquire, Key: "k", Owner: "a", LeaseSec: 10, Ref: 1}
+	block := locksm.Command{Op: locksm.OpAcquireBlock, Keys: []string{"k", "j"}, Owner: "b", LeaseSec: 10, Ref: 2}
+	n.propose(1, single)
+	n.propose(1, block)
+	b := n.nextBatchLocked()
+	if len(b) != 2 || b[0].Ref != 1 || b[1].Ref != 2 {
+		refs := []uint64{}
+		for _, c := range b {
+			refs = append(refs, c.Ref)
+		}
+		t.Fatalf("batch refs %v, want [1 2] (arrival order): housekeeping(OpAcquireBlock) = %v", refs, housekeeping(block))
+	}
+}
