@@ -187,6 +187,23 @@ type mlSim struct {
 	// failures: proposals of ended leaderships whose failure their core
 	// has not heard yet, oldest first.
 	failures []mlFailure
+	// reorder (attack round 4): proposals wait in each node's two queues
+	// (housekeeping, requests) as on a real node (cluster/node.go
+	// nextBatchLocked) and go to the log in batches at random points.
+	reorder bool
+	qs      [3]mlQueue
+	// ho: a planned hand-over of the leader's (attack round 4): stopped
+	// serving, then (transferring) Raft refuses new entries, then it
+	// succeeds (the target is elected) or fails (the leader serves again).
+	ho           *HandOver
+	hoFrom, hoTo int
+	transferring bool
+}
+
+// mlQueue is a node's proposal queues (attack round 4).
+type mlQueue struct {
+	house, prop []locksm.Command
+	epoch       uint64
 }
 
 var mlKeys = []string{"a", "b"}
@@ -247,6 +264,13 @@ func (s *mlSim) step() {
 			s.closeConn(c)
 		}
 	}()
+	if s.reorder && s.pick(3) == 0 {
+		s.flush(s.pick(3))
+		return
+	}
+	if s.reorder && s.handOverStep() {
+		return
+	}
 	switch x := s.pick(100); {
 	case x < 2:
 		s.elect(s.pick(3))
@@ -276,6 +300,13 @@ func (s *mlSim) step() {
 // uncommitted tail of the log survives in part, and n starts preparing.
 func (s *mlSim) elect(n int) {
 	s.cov.elections++
+	if h := s.ho; h != nil {
+		s.ho, s.transferring = nil, false
+		defer func() {
+			s.nodes[s.hoFrom].k.EndHandOver(s.now(), h, false)
+			s.drain(s.hoFrom)
+		}()
+	}
 	if old := s.leader; old >= 0 {
 		if s.pick(2) == 0 {
 			s.notice(old)
@@ -349,6 +380,7 @@ func (s *mlSim) notice(n int) {
 	s.stale = slices.DeleteFunc(s.stale, func(x int) bool { return x == n })
 	s.nodes[n].k.LoseLeadership("leadership lost")
 	s.nodes[n].epoch = 0
+	s.qs[n] = mlQueue{}
 	s.drain(n)
 }
 
@@ -476,12 +508,28 @@ func (s *mlSim) drain(n int) {
 		sends := slices.Clone(rd.Sends)
 		props, epoch := slices.Clone(rd.Proposals), rd.Epoch
 		closes := slices.Clone(rd.Closes)
+		events := slices.Clone(rd.Events)
 		if rd.ClearTimers {
 			nd.timers = nil
 		}
 		nd.timers = append(nd.timers, rd.Timers...)
 		nd.k.Advance()
-		if len(props) > 0 {
+		for _, e := range events {
+			if e.Kind == EventSuperseded && s.reorder {
+				s.qs[n] = mlQueue{}
+			}
+		}
+		if len(props) > 0 && s.reorder {
+			q := &s.qs[n]
+			q.epoch = epoch
+			for _, c := range props {
+				if mlHousekeeping(c) {
+					q.house = append(q.house, c)
+				} else {
+					q.prop = append(q.prop, c)
+				}
+			}
+		} else if len(props) > 0 {
 			if n == s.leader {
 				for _, c := range props {
 					s.log = append(s.log, mlEntry{term: s.term, cmd: c, from: n, epoch: epoch})
@@ -748,4 +796,94 @@ func (s *mlSim) attachAnswered(b *mlBroker, m wire.Msg) {
 		}
 		s.toClose = append(s.toClose, b.conn)
 	}
+}
+
+// mlHousekeeping is cluster/node.go's housekeeping (attack round 4).
+func mlHousekeeping(c locksm.Command) bool {
+	switch c.Op {
+	case locksm.OpAcquire, locksm.OpExtend, locksm.OpOpenSession, locksm.OpResumeSession:
+		return false
+	case locksm.OpRelease:
+		return c.Ref == 0
+	}
+	return true
+}
+
+// flush takes node n's next batch as cluster/node.go nextBatchLocked does
+// (housekeeping first, a share of it at least), with small batches so
+// that a backlog spans several (attack round 4).
+func (s *mlSim) flush(n int) {
+	const maxBatch, share = 3, 1
+	q := &s.qs[n]
+	house := min(len(q.house), max(share, maxBatch-len(q.prop)))
+	reqs := min(len(q.prop), maxBatch-house)
+	if house+reqs == 0 {
+		return
+	}
+	batch := slices.Concat(q.house[:house], q.prop[:reqs])
+	q.house, q.prop = slices.Clone(q.house[house:]), slices.Clone(q.prop[reqs:])
+	if n == s.leader && s.transferring {
+		s.nodes[n].k.ProposalFailed(q.epoch, batch, true, fmt.Errorf("leadership transfer in progress"))
+		s.drain(n)
+		return
+	}
+	if n == s.leader {
+		for _, c := range batch {
+			s.log = append(s.log, mlEntry{term: s.term, cmd: c, from: n, epoch: q.epoch})
+		}
+		s.note("%s proposes a batch of %d", s.nodes[n].id, len(batch))
+		return
+	}
+	s.nodes[n].k.ProposalFailed(q.epoch, batch, true, fmt.Errorf("not the leader"))
+	s.drain(n)
+}
+
+// handOverStep begins, moves on or ends a planned hand-over (attack round
+// 4); false if it did nothing.
+func (s *mlSim) handOverStep() bool {
+	if s.ho == nil {
+		if s.leader < 0 || s.preparing || s.pick(40) != 0 {
+			return false
+		}
+		from := s.leader
+		to := (from + 1 + s.pick(2)) % 3
+		k := s.nodes[from].k
+		h, _, err := k.BeginHandOver(s.nodes[to].id, s.nodes[to].id+":7000")
+		s.drain(from)
+		if err != nil {
+			return true
+		}
+		s.ho, s.hoFrom, s.hoTo = h, from, to
+		s.note("%s hands over to %s", s.nodes[from].id, s.nodes[to].id)
+		if s.pick(2) == 0 {
+			if err := k.StopServing(h); err == nil {
+				s.note("%s stops serving", s.nodes[from].id)
+			}
+			s.drain(from)
+		}
+		return true
+	}
+	if s.pick(6) != 0 {
+		return false
+	}
+	k := s.nodes[s.hoFrom].k
+	switch {
+	case !k.HandOverStopped(s.ho):
+		_ = k.StopServing(s.ho)
+		s.note("%s stops serving", s.nodes[s.hoFrom].id)
+		s.drain(s.hoFrom)
+	case !s.transferring:
+		s.transferring = true
+		s.note("%s transfers to %s", s.nodes[s.hoFrom].id, s.nodes[s.hoTo].id)
+	case s.pick(2) == 0:
+		s.note("transfer to %s succeeds", s.nodes[s.hoTo].id)
+		s.elect(s.hoTo)
+	default:
+		h := s.ho
+		s.ho, s.transferring = nil, false
+		s.note("transfer to %s fails; %s serves again", s.nodes[s.hoTo].id, s.nodes[s.hoFrom].id)
+		k.EndHandOver(s.now(), h, true)
+		s.drain(s.hoFrom)
+	}
+	return true
 }
