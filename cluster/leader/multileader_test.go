@@ -89,6 +89,8 @@ func TestMultiLeaderSessions(t *testing.T) {
 
 type mlCoverage struct {
 	elections, told, lateGrants, sessionExpiries, untoldReleased, expired, resumes, extends int
+	// attack round 4 (reorder): hand-overs begun, failed; cancels sent
+	handovers, handoverFails, cancels int
 }
 
 // mlEntry is one log entry: a command of a leader's term.
@@ -148,6 +150,8 @@ type mlBroker struct {
 	ids       uint64
 	conns     int
 	pending   map[uint64]mlReq
+	// never: seqs answered B or T (never granted, forever; attack round 4).
+	never map[uint64]byte
 	seen      map[uint64]bool // seqs the resume in flight answered
 	held      map[uint64]string
 	cutUntil  time.Duration // cannot reach any node before this
@@ -608,6 +612,7 @@ func (s *mlSim) brokerStep(b *mlBroker) {
 		// A new session for a broker whose session ended.
 		b.expired, b.opened, b.sid = false, false, b.sid+10
 		b.next, b.ack, b.pending, b.held = 1, 0, map[uint64]mlReq{}, map[uint64]string{}
+		b.never = nil
 		return
 	}
 	switch {
@@ -655,6 +660,18 @@ func (s *mlSim) brokerStep(b *mlBroker) {
 			lease := 1 + s.pick(4)
 			s.write(b, mlReq{op: wire.TypeExtend, key: b.held[tok], token: tok, lease: lease},
 				wire.Msg{Type: wire.TypeExtend, Key: b.held[tok], Owner: b.name, Token: tok, Lease: uint16(lease)})
+		case x < 16 && s.reorder && s.pick(2) == 0:
+			// Cancel a waiting acquire (attack round 4): its T must mean
+			// never granted.
+			for _, seq := range slices.Sorted(maps.Keys(b.pending)) {
+				if b.pending[seq].op == wire.TypeAcquire {
+					b.ids++
+					s.note("%s cancels seq %d", b.conn, seq)
+					s.cov.cancels++
+					s.request(b, wire.Msg{Type: wire.TypeCancel, ID: 1<<40 + b.ids, Target: seq})
+					break
+				}
+			}
 		case x < 16:
 			b.ids++
 			s.request(b, wire.Msg{Type: wire.TypeSessionAck, ID: 1<<40 + b.ids, Serial: b.ack})
@@ -721,9 +738,18 @@ func (s *mlSim) deliver(to string, m wire.Msg) {
 	if b.resuming && b.attachID != 0 {
 		b.seen[seq] = true
 	}
+	if b.never == nil {
+		b.never = map[uint64]byte{}
+	}
+	if t, ok := b.never[seq]; ok && m.Type == wire.TypeGranted {
+		s.fail("%s seq %d granted token %d after it was answered %c (never granted)", b.name, seq, m.Token, t)
+	}
 	r, ok := b.pending[seq]
 	if m.Type == wire.TypeQueued || !ok {
 		return
+	}
+	if m.Type == wire.TypeBusy || m.Type == wire.TypeTimeout {
+		b.never[seq] = m.Type
 	}
 	delete(b.pending, seq)
 	if m.Type != wire.TypeGranted {
@@ -781,6 +807,12 @@ func (s *mlSim) attachAnswered(b *mlBroker, m wire.Msg) {
 			for seq := range b.pending {
 				if seq <= b.high && !b.seen[seq] {
 					delete(b.pending, seq) // void: never applied
+					if s.reorder {
+						if b.never == nil {
+							b.never = map[uint64]byte{}
+						}
+						b.never[seq] = 'V'
+					}
 				}
 			}
 		}
@@ -854,6 +886,7 @@ func (s *mlSim) handOverStep() bool {
 			return true
 		}
 		s.ho, s.hoFrom, s.hoTo = h, from, to
+		s.cov.handovers++
 		s.note("%s hands over to %s", s.nodes[from].id, s.nodes[to].id)
 		if s.pick(2) == 0 {
 			if err := k.StopServing(h); err == nil {
@@ -882,6 +915,7 @@ func (s *mlSim) handOverStep() bool {
 		h := s.ho
 		s.ho, s.transferring = nil, false
 		s.note("transfer to %s fails; %s serves again", s.nodes[s.hoTo].id, s.nodes[s.hoFrom].id)
+		s.cov.handoverFails++
 		k.EndHandOver(s.now(), h, true)
 		s.drain(s.hoFrom)
 	}
