@@ -151,10 +151,10 @@ type mlBroker struct {
 	conns     int
 	pending   map[uint64]mlReq
 	// never: seqs answered B or T (never granted, forever; attack round 4).
-	never map[uint64]byte
-	seen      map[uint64]bool // seqs the resume in flight answered
-	held      map[uint64]string
-	cutUntil  time.Duration // cannot reach any node before this
+	never    map[uint64]byte
+	seen     map[uint64]bool // seqs the resume in flight answered
+	held     map[uint64]string
+	cutUntil time.Duration // cannot reach any node before this
 }
 
 // told is a holding a broker was told, with its lease by its clock.
