@@ -90,7 +90,7 @@ func TestMultiLeaderSessions(t *testing.T) {
 type mlCoverage struct {
 	elections, told, lateGrants, sessionExpiries, untoldReleased, expired, resumes, extends int
 	// attack round 4 (reorder): hand-overs begun, failed; cancels sent
-	handovers, handoverFails, cancels int
+	handovers, handoverFails, cancels, blocksTold int
 }
 
 // mlEntry is one log entry: a command of a leader's term.
@@ -130,8 +130,9 @@ type mlConn struct {
 type mlReq struct {
 	op     byte // wire type
 	key    string
-	token  uint64 // release, extend
-	lease  int    // acquire, extend: seconds
+	keys   []string // a block acquire's keys (attack round 4); nil: one key
+	token  uint64   // release, extend
+	lease  int      // acquire, extend: seconds
 	sentAt time.Duration
 }
 
@@ -161,6 +162,7 @@ type mlBroker struct {
 type told struct {
 	broker      string
 	key         string
+	keys        []string // a block's keys (nil: key alone)
 	leaseEnd    time.Duration
 	renewedSent time.Duration // when the extend that set leaseEnd was written
 }
@@ -649,6 +651,16 @@ func (s *mlSim) brokerStep(b *mlBroker) {
 			key := mlKeys[s.pick(len(mlKeys))]
 			lease := []int{1, 2, 4, 30}[s.pick(4)]
 			waits := []uint32{0, 300, 3000, 10000}
+			if s.reorder && s.pick(3) == 0 {
+				// A block of both keys (attack round 4).
+				keys := []string{"a", "b"}
+				if s.pick(2) == 0 {
+					keys = []string{"b", "a"}
+				}
+				s.write(b, mlReq{op: wire.TypeAcquireBlock, key: keys[0], keys: keys, lease: lease},
+					wire.Msg{Type: wire.TypeAcquireBlock, Keys: keys, Owner: b.name, Lease: uint16(lease), WaitMs: waits[s.pick(len(waits))]})
+				break
+			}
 			s.write(b, mlReq{op: wire.TypeAcquire, key: key, lease: lease},
 				wire.Msg{Type: wire.TypeAcquire, Key: key, Owner: b.name, Lease: uint16(lease), WaitMs: waits[s.pick(len(waits))]})
 		case x < 11 && len(b.held) > 0:
@@ -664,7 +676,7 @@ func (s *mlSim) brokerStep(b *mlBroker) {
 			// Cancel a waiting acquire (attack round 4): its T must mean
 			// never granted.
 			for _, seq := range slices.Sorted(maps.Keys(b.pending)) {
-				if b.pending[seq].op == wire.TypeAcquire {
+				if op := b.pending[seq].op; op == wire.TypeAcquire || op == wire.TypeAcquireBlock {
 					b.ids++
 					s.note("%s cancels seq %d", b.conn, seq)
 					s.cov.cancels++
@@ -762,12 +774,15 @@ func (s *mlSim) deliver(to string, m wire.Msg) {
 		for tok, h := range s.told {
 			// (A G that arrives after its own lease ran out, by a
 			// resume, tells its holder nothing it may act on.)
-			if tok != m.Token && h.key == r.key && s.clock < h.leaseEnd && s.clock < end {
+			if tok != m.Token && mlOverlap(h.key, h.keys, r.key, r.keys) && s.clock < h.leaseEnd && s.clock < end {
 				s.fail("%s told %s under token %d while %s holds it under token %d until %dms",
 					b.name, r.key, m.Token, h.broker, tok, h.leaseEnd.Milliseconds())
 			}
 		}
-		s.told[m.Token] = told{broker: b.name, key: r.key, leaseEnd: end}
+		s.told[m.Token] = told{broker: b.name, key: r.key, keys: r.keys, leaseEnd: end}
+		if r.keys != nil {
+			s.cov.blocksTold++
+		}
 		b.held[m.Token] = r.key
 		s.note("%s told G %s token %d lease until %dms", b.name, r.key, m.Token, end.Milliseconds())
 	case wire.TypeOK:
@@ -789,7 +804,7 @@ func (s *mlSim) deliver(to string, m wire.Msg) {
 			}
 		}
 	case wire.TypeError:
-		if r.op != wire.TypeAcquire {
+		if r.op != wire.TypeAcquire && r.op != wire.TypeAcquireBlock {
 			delete(b.held, r.token) // not held (any more)
 		}
 	case wire.TypeUnknown:
@@ -920,4 +935,21 @@ func (s *mlSim) handOverStep() bool {
 		s.drain(s.hoFrom)
 	}
 	return true
+}
+
+// mlOverlap reports whether two holdings (a key, or a block's keys)
+// share a key (attack round 4).
+func mlOverlap(k1 string, ks1 []string, k2 string, ks2 []string) bool {
+	if ks1 == nil {
+		ks1 = []string{k1}
+	}
+	if ks2 == nil {
+		ks2 = []string{k2}
+	}
+	for _, a := range ks1 {
+		if slices.Contains(ks2, a) {
+			return true
+		}
+	}
+	return false
 }
