@@ -646,7 +646,7 @@ func (n *Node) performLocked() {
 func (n *Node) propose(epoch uint64, cs ...locksm.Command) {
 	urgent := 0
 	for _, c := range cs {
-		if !housekeeping(c) && !n.deferrable(c) {
+		if !leader.Housekeeping(c) && !n.deferrable(c) {
 			urgent++
 		}
 	}
@@ -657,7 +657,7 @@ func (n *Node) propose(epoch uint64, cs ...locksm.Command) {
 		n.propEpoch = epoch
 	}
 	for _, c := range cs {
-		if housekeeping(c) {
+		if leader.Housekeeping(c) {
 			n.houseQ = append(n.houseQ, c)
 			continue
 		}
@@ -689,30 +689,6 @@ func (n *Node) dropQueuedProposals() {
 	n.propUrgent = 0
 	n.propEpoch = 0
 	n.propMu.Unlock()
-}
-
-// housekeeping reports whether c is the leader's own work rather than a
-// request a client waits for: a cancelled or timed-out wait, an expiry
-// (of a lease or a session), or the release of a grant nobody can use
-// (Ref 0).
-func housekeeping(c locksm.Command) bool {
-	switch c.Op {
-	case locksm.OpAcquire, locksm.OpAcquireBlock, locksm.OpExtend:
-		// A block acquire is a request like any other: as housekeeping it
-		// went ahead of requests written before it, and joined a key's
-		// FIFO queue ahead of a single-key acquire sent earlier (found by
-		// the fourth attack round on issue 39).
-		return false
-	case locksm.OpOpenSession, locksm.OpResumeSession:
-		// A broker waits on it, and a resume keeps its place behind the
-		// session's requests proposed before it: they apply before it and
-		// are answered from their outcomes, instead of being voided (a
-		// seq at or below the resume's high that applies after it).
-		return false
-	case locksm.OpRelease:
-		return c.Ref == 0
-	}
-	return true
 }
 
 // deferrable reports whether c is an acquire that will join its key's

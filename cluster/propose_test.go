@@ -20,7 +20,7 @@ func TestNextBatchSharesBetweenRequestsAndHousekeeping(t *testing.T) {
 	}
 	count := func(b []locksm.Command) (reqs, house int) {
 		for _, c := range b {
-			if housekeeping(c) {
+			if leader.Housekeeping(c) {
 				house++
 			} else {
 				reqs++
@@ -61,7 +61,7 @@ func TestNextBatchSharesBetweenRequestsAndHousekeeping(t *testing.T) {
 		t.Fatalf("batch with a request flood: %d requests, %d housekeeping; want %d and 10", reqs, house, locksm.MaxBatch-10)
 	}
 	for i := 0; i < len(b)-1; i++ {
-		if !housekeeping(b[i]) && !housekeeping(b[i+1]) && b[i].Ref >= b[i+1].Ref {
+		if !leader.Housekeeping(b[i]) && !leader.Housekeeping(b[i+1]) && b[i].Ref >= b[i+1].Ref {
 			t.Fatalf("requests out of arrival order at %d: ref %d then %d", i, b[i].Ref, b[i+1].Ref)
 		}
 	}
@@ -135,6 +135,6 @@ func TestBlockAcquireKeepsItsPlaceAmongRequests(t *testing.T) {
 		for _, c := range b {
 			refs = append(refs, c.Ref)
 		}
-		t.Fatalf("batch refs %v, want [1 2] (arrival order): housekeeping(OpAcquireBlock) = %v", refs, housekeeping(block))
+		t.Fatalf("batch refs %v, want [1 2] (arrival order): housekeeping(OpAcquireBlock) = %v", refs, leader.Housekeeping(block))
 	}
 }

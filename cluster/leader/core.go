@@ -1568,3 +1568,28 @@ func sortedByRef[C comparable](m map[uint64]*pending[C]) []*pending[C] {
 	slices.SortFunc(ps, func(a, b *pending[C]) int { return cmp.Compare(a.ref, b.ref) })
 	return ps
 }
+
+// Housekeeping reports whether c is the leader's own work rather than a
+// request a client waits for (the node proposes housekeeping from a queue
+// of its own, which goes first in every batch, a share at least): a cancelled or timed-out wait, an expiry
+// (of a lease or a session), or the release of a grant nobody can use
+// (Ref 0).
+func Housekeeping(c locksm.Command) bool {
+	switch c.Op {
+	case locksm.OpAcquire, locksm.OpAcquireBlock, locksm.OpExtend:
+		// A block acquire is a request like any other: as housekeeping it
+		// went ahead of requests written before it, and joined a key's
+		// FIFO queue ahead of a single-key acquire sent earlier (found by
+		// the fourth attack round on issue 39).
+		return false
+	case locksm.OpOpenSession, locksm.OpResumeSession:
+		// A broker waits on it, and a resume keeps its place behind the
+		// session's requests proposed before it: they apply before it and
+		// are answered from their outcomes, instead of being voided (a
+		// seq at or below the resume's high that applies after it).
+		return false
+	case locksm.OpRelease:
+		return c.Ref == 0
+	}
+	return true
+}

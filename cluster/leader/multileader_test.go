@@ -47,8 +47,9 @@ import (
 // has run out; and no two brokers are told the same key with both leases
 // running.
 //
-// LEADER_MULTI_SEEDS=N runs N seeds (the long soak, `make
-// soak-leaders`); LEADER_MULTI_SEED=S runs seed S alone.
+// LEADER_MULTI_SEEDS=N runs N seeds in each mode (the long soak, `make
+// soak-leaders`); LEADER_MULTI_SEED=S runs seed S alone;
+// LEADER_MULTI_STEPS=N makes each run N steps (400).
 func TestMultiLeaderSessions(t *testing.T) {
 	first, seeds := 0, 1500
 	if testing.Short() {
@@ -68,23 +69,44 @@ func TestMultiLeaderSessions(t *testing.T) {
 		}
 		first, seeds = n, 1
 	}
-	var cov mlCoverage
-	for seed := first; seed < first+seeds; seed++ {
-		s := newMLSim(uint64(seed), &cov)
-		if err := s.run(400); err != nil {
-			t.Fatalf("seed %d: %v\n(rerun alone with LEADER_MULTI_SEED=%d)\nlast steps:\n%s", seed, err, seed, s.tail())
+	steps := 400
+	if v := os.Getenv("LEADER_MULTI_STEPS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			t.Fatalf("LEADER_MULTI_STEPS=%q: %v", v, err)
 		}
+		steps = n
 	}
-	// The runs must reach what the oracle is about.
-	for name, n := range map[string]int{"leader changes": cov.elections, "grants told": cov.told,
-		"grants applied late by a new leader": cov.lateGrants, "session expiries": cov.sessionExpiries,
-		"untold grants released": cov.untoldReleased, "leases expired": cov.expired, "resumes": cov.resumes,
-		"extends told": cov.extends} {
-		if n == 0 {
-			t.Errorf("no %s in %d runs", name, seeds)
-		}
+	// Each seed runs twice: proposals appended as they come, and through
+	// the node's two queues with planned hand-overs, cancels and blocks
+	// (the reorder mode of the fourth attack round on issue 39).
+	for _, reorder := range []bool{false, true} {
+		t.Run(map[bool]string{false: "direct", true: "queues"}[reorder], func(t *testing.T) {
+			var cov mlCoverage
+			for seed := first; seed < first+seeds; seed++ {
+				s := newMLSim(uint64(seed), &cov)
+				s.reorder = reorder
+				if err := s.run(steps); err != nil {
+					t.Fatalf("seed %d: %v\n(rerun alone with LEADER_MULTI_SEED=%d)\nlast steps:\n%s", seed, err, seed, s.tail())
+				}
+			}
+			// The runs must reach what the oracle is about.
+			want := map[string]int{"leader changes": cov.elections, "grants told": cov.told,
+				"grants applied late by a new leader": cov.lateGrants, "session expiries": cov.sessionExpiries,
+				"untold grants released": cov.untoldReleased, "leases expired": cov.expired, "resumes": cov.resumes,
+				"extends told": cov.extends}
+			if reorder {
+				want["hand-overs"], want["failed hand-overs"], want["cancels"], want["blocks told"] =
+					cov.handovers, cov.handoverFails, cov.cancels, cov.blocksTold
+			}
+			for name, n := range want {
+				if n == 0 && seeds >= 100 {
+					t.Errorf("no %s in %d runs", name, seeds)
+				}
+			}
+			t.Logf("coverage: %+v", cov)
+		})
 	}
-	t.Logf("coverage: %+v", cov)
 }
 
 type mlCoverage struct {
@@ -529,7 +551,7 @@ func (s *mlSim) drain(n int) {
 			q := &s.qs[n]
 			q.epoch = epoch
 			for _, c := range props {
-				if mlHousekeeping(c) {
+				if Housekeeping(c) {
 					q.house = append(q.house, c)
 				} else {
 					q.prop = append(q.prop, c)
@@ -843,17 +865,6 @@ func (s *mlSim) attachAnswered(b *mlBroker, m wire.Msg) {
 		}
 		s.toClose = append(s.toClose, b.conn)
 	}
-}
-
-// mlHousekeeping is cluster/node.go's housekeeping (attack round 4).
-func mlHousekeeping(c locksm.Command) bool {
-	switch c.Op {
-	case locksm.OpAcquire, locksm.OpExtend, locksm.OpOpenSession, locksm.OpResumeSession:
-		return false
-	case locksm.OpRelease:
-		return c.Ref == 0
-	}
-	return true
 }
 
 // flush takes node n's next batch as cluster/node.go nextBatchLocked does
