@@ -77,8 +77,8 @@ test-verify: build lab
 	cd cmd/ticketlab && $(LAB_ENV) TICKETING_VERIFY_NODE_ARGS="$(VERIFY_NODE_ARGS)" $(GO) test -count=1 -timeout 10m -run '^TestVerifyShort$$' -v .
 
 # Several leader cores over one log (cluster/leader
-# TestMultiLeaderSessions; docs/verification.md): 100,000 seeds, about
-# three minutes. `make test` runs 1,500.
+# TestMultiLeaderSessions; docs/verification.md): 100,000 seeds in each
+# of its two modes, about six minutes. `make test` runs 1,500.
 soak-leaders:
 	LEADER_MULTI_SEEDS=100000 $(GO) test -count=1 -timeout 60m -run '^TestMultiLeaderSessions$$' ./cluster/leader
 
