@@ -528,8 +528,15 @@ func (n *Node) gainLeadership() {
 		// this leader does not tell was told by nobody (and one applied
 		// before may have been told by the old leader).
 		n.mu.Lock()
-		n.core.BarrierApplied(epoch)
+		current := n.core.BarrierApplied(epoch)
 		n.mu.Unlock()
+		if !current {
+			// This leadership ended while the barrier ran (a later one
+			// prepares on its own): its announcement and drop of waiters,
+			// appended in a term this node won back, would drop the
+			// session-less waiters that leadership had admitted.
+			return
+		}
 		f1 := n.raft.Apply(encodeAnnounce(n.serverID, n.advertise), timeout)
 		// Once every member knows sessions, only the waiters of
 		// session-less connections died with the old leader: a session's
