@@ -526,6 +526,12 @@ type Core[C comparable] struct {
 	// expiry (issue 39: two holders, shown on real nodes with a commit
 	// stall). Proposed after it, each gets the state's answer.
 	heldExtends map[uint64][]locksm.Command
+	// refusedReleases: releases of grants nobody can use (Ref 0: a grant
+	// to a dead connection, an untold grant of an ended session) that
+	// Raft refused unappended during a hand-over; proposed again if this
+	// leadership serves again (EndHandOver), else the grant would keep
+	// its whole lease.
+	refusedReleases []locksm.Command
 	// extending counts, by token, the extends proposed and not yet
 	// applied (nor failed); deferred holds a token's lease timer that came
 	// due meanwhile, decided again when the count drops to 0.
@@ -1063,6 +1069,10 @@ func (k *Core[C]) ProposalFailed(epoch uint64, cmds []locksm.Command, notAppende
 		if c.Op == locksm.OpExpire {
 			k.expirySettled(c.Token)
 		}
+		if c.Op == locksm.OpRelease && c.Ref == 0 && notAppended {
+			k.refusedReleases = append(k.refusedReleases, c)
+			continue
+		}
 		if k.sessionProposalFailed(&c, notAppended, addr, id, err) {
 			continue
 		}
@@ -1462,6 +1472,8 @@ func (k *Core[C]) LoseLeadership(why string) (wasLeading bool, owed int) {
 	k.uncommitted, k.uncommittedTotal = map[string]int{}, 0
 	clear(k.expiring)
 	clear(k.heldExtends)
+	clear(k.refusedReleases)
+	k.refusedReleases = k.refusedReleases[:0]
 	clear(k.extending)
 	clear(k.deferred)
 	clear(k.extendedUntil)

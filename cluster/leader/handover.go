@@ -113,6 +113,7 @@ func (k *Core[C]) EndHandOver(now time.Time, h *HandOver, transferFailed bool) {
 	k.armHolders(now)
 	k.rearmSessions(now)
 	k.recancelWaits(now)
+	k.rereleaseRefused()
 	k.serving = true
 	k.broadcastServing()
 }
@@ -131,6 +132,20 @@ func (k *Core[C]) recancelWaits(now time.Time) {
 			k.propose(locksm.Command{Op: locksm.OpCancelWait, Key: p.key, Ref: p.ref})
 		}
 	}
+}
+
+// rereleaseRefused proposes again, when serving resumes after a hand-over
+// that failed, the releases of unusable grants that Raft refused while it
+// transferred (ProposalFailed keeps them), where the key is still held
+// under the grant's token.
+func (k *Core[C]) rereleaseRefused() {
+	for _, c := range k.refusedReleases {
+		if k.table.HeldUnder(cmdKey(&c), c.Token) {
+			k.propose(c)
+		}
+	}
+	clear(k.refusedReleases)
+	k.refusedReleases = k.refusedReleases[:0]
 }
 
 // stopServing is step 3.
