@@ -408,6 +408,12 @@ func EnsureSecret(path string) ([]byte, error) {
 	return []byte(s), nil
 }
 
+// LogStoreOf reports which log store the cluster in dir was created with
+// (its first node's, cluster.DetectLogStore); "" when dir holds none.
+func LogStoreOf(dir string) (cluster.LogStoreKind, error) {
+	return cluster.DetectLogStore(filepath.Join(dir, "n1"))
+}
+
 // Size is the number of nodes.
 func (c *Cluster) Size() int { return len(c.cfgs) }
 

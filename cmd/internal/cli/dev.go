@@ -64,6 +64,12 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) (code 
 		if !given["base-port"] {
 			basePort = 0 // the ports the cluster in dir was created with
 		}
+		// The nodes' own warning is quieted while they start (devLogs):
+		// say it once for the cluster.
+		if k, err := local.LogStoreOf(dir); err == nil && k == cluster.LogStoreBolt && store == cluster.LogStoreAuto {
+			log.Warn("this --dir holds a cluster on the bolt log store (raft.db): its nodes stay on bolt, and a new --dir "+
+				"gets wal; --log-store bolt keeps bolt without this line", "dir", dir)
+		}
 	}
 	var err error
 	if dir == "" {
