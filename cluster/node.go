@@ -1,5 +1,5 @@
 // Package cluster is a Ticketing cluster node: hashicorp/raft with
-// raft-boltdb/v2 (or hashicorp/raft-wal, Config.LogStore) and a file
+// hashicorp/raft-wal (or raft-boltdb/v2, Config.LogStore) and a file
 // snapshot store around the locksm state machine,
 // the authenticated peer transport, and the client port that serves the
 // protocol of cluster/wire/PROTOCOL.md. Only the leader serves lock requests; it
