@@ -71,7 +71,8 @@ test-node: build
 # "Verification"), from the lab, on the freshly built bin/ticketing. Without
 # -race: the harness is timing-sensitive and the race detector would only
 # slow it; under -race the test skips itself. VERIFY_NODE_ARGS adds flags to
-# every node: `make test-verify VERIFY_NODE_ARGS="--log-store wal"`.
+# every node: `make test-verify VERIFY_NODE_ARGS="--log-store bolt"` (the
+# default is wal for the new data dirs the harness creates).
 VERIFY_NODE_ARGS ?=
 test-verify: build lab
 	cd cmd/ticketlab && $(LAB_ENV) TICKETING_VERIFY_NODE_ARGS="$(VERIFY_NODE_ARGS)" $(GO) test -count=1 -timeout 10m -run '^TestVerifyShort$$' -v .

@@ -89,13 +89,13 @@ func Bootstrap(cfg Config, opts BootstrapOptions) (BootstrapResult, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return BootstrapResult{}, fmt.Errorf("cluster: data dir: %w", err)
 	}
-	store, err := openLogStore(cfg.DataDir, cfg.LogStore, newHCLogger(cfg.Logger))
+	store, kind, err := openLogStore(cfg.DataDir, cfg.LogStore, cfg.Logger)
 	if err != nil {
 		if errors.Is(err, ErrLogStoreMismatch) || errors.Is(err, ErrLogStoreMissing) || errors.Is(err, ErrBadConfig) {
 			return BootstrapResult{}, err
 		}
 		return BootstrapResult{}, fmt.Errorf("cluster: open the %s log store in %s (is the node running? stop it first): %w",
-			cfg.LogStore, cfg.DataDir, err)
+			kind, cfg.DataDir, err)
 	}
 	defer func() { _ = store.Close() }() // only read: a failed close loses nothing
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(filepath.Join(cfg.DataDir, "snapshots"), 2, newHCLogger(cfg.Logger))

@@ -26,16 +26,21 @@ type Config struct {
 	// NodeID is this node's id, unique in the cluster: 1..64 characters of
 	// [A-Za-z0-9._-]. It is the Raft server id.
 	NodeID string
-	// DataDir holds the Raft log and stable store (raft.db, or wal/ with
-	// LogStore wal), snapshots/ and the server identity. Created if
+	// DataDir holds the Raft log and stable store (wal/, or raft.db with
+	// the bolt log store), snapshots/ and the server identity. Created if
 	// missing. Required.
 	DataDir string
-	// LogStore is the Raft log store: LogStoreBolt (raft-boltdb/v2, one
-	// file, two fdatasyncs per append; the design's default) or
-	// LogStoreWAL (hashicorp/raft-wal, segment files, one fsync per
-	// append); see LogStoreKind for what each gives and costs. It is fixed
-	// per data dir: a node refuses a data dir the other kind wrote. Zero:
-	// DefaultLogStore.
+	// LogStore is the Raft log store: LogStoreAuto (the default) opens
+	// the store DataDir holds
+	// and creates LogStoreWAL (hashicorp/raft-wal, segment files, one
+	// fsync per append) in a DataDir that holds none; a DataDir written
+	// by bolt stays on bolt, with a warning. LogStoreBolt
+	// (raft-boltdb/v2, one file, two fdatasyncs per append) or LogStoreWAL
+	// asks for that kind: a new DataDir gets it, and a DataDir that holds
+	// the other kind is refused (ErrLogStoreMismatch). See LogStoreKind
+	// for what each gives and costs. The kind is fixed per data dir; to
+	// move a node, replace it with a fresh data dir (docs/operations.md).
+	// Zero: DefaultLogStore (LogStoreAuto).
 	LogStore LogStoreKind
 	// ClientAddr is the host:port the client port listens on. Ignored when
 	// ClientListener is set.

@@ -125,7 +125,11 @@ func TestLabelsNeedVersion8(t *testing.T) {
 // by InstallSnapshot, each show the holder's label and the waiter's in
 // inspect, as the leader does.
 func TestLabelsSurviveSnapshotRestore(t *testing.T) {
-	c := startClusterOpts(t, local.Options{Tune: func(cfg *cluster.Config) { cfg.TrailingLogs = 8 }})
+	// On bolt: raft-wal serves compacted entries from the segment it has
+	// open until it is reopened (TestWALRestartKeepsLogAndTerm), so on wal
+	// the stopped follower would catch up from the leader's log instead of
+	// by InstallSnapshot.
+	c := startClusterOpts(t, local.Options{LogStore: cluster.LogStoreBolt, Tune: func(cfg *cluster.Config) { cfg.TrailingLogs = 8 }})
 	li := c.leader()
 	testkit.WaitFor(t, "cluster version 8", 15*time.Second, func() bool {
 		return c.Node(li).ClusterVersion() >= wire.VersionLabels

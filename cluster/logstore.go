@@ -24,11 +24,22 @@ import (
 // acknowledges, and a leader counts itself, only after that), so they give
 // the same guarantees; they differ in what an append costs and in their
 // files. The kind is fixed per data dir: OpenLogStore refuses a data dir
-// that the other kind wrote. It is a flag.Value (`--log-store`).
+// that the other kind wrote. LogStoreAuto, the default, names no kind: it
+// opens whatever the data dir holds and creates FreshLogStore (wal) in a
+// data dir that holds none. It is a flag.Value (`--log-store`).
 type LogStoreKind string
 
 const (
-	// LogStoreBolt is raft-boltdb/v2 over bbolt, the design's default: one
+	// LogStoreAuto, the default (and what the zero LogStoreKind means in a
+	// Config and to OpenLogStore), keeps the store a data dir holds and
+	// creates FreshLogStore in one that holds none: a fresh node runs on
+	// wal, a data dir written by bolt (raft.db, as every build before wal
+	// became the default wrote) stays on bolt, and the node logs one
+	// warning saying so and how to move it (docs/operations.md, "Moving a
+	// node to the other log store": replace it with a fresh data dir).
+	LogStoreAuto LogStoreKind = "auto"
+	// LogStoreBolt is raft-boltdb/v2 over bbolt, the design's first
+	// store and the default before wal: one
 	// file, DATA-DIR/raft.db, a B+tree holding the log and the stable
 	// store. Every append is one bolt transaction: two fdatasyncs (the
 	// data pages, then the meta page). Pages freed by log truncation after
@@ -43,12 +54,16 @@ const (
 	// torn last batch is cut off at the previous commit frame on open.
 	// Truncation deletes whole segments: no free list (a truncation of the
 	// log's tail starts a new segment). raft-wal calls itself
-	// experimental.
+	// experimental. It is what LogStoreAuto creates in a new data dir.
 	LogStoreWAL LogStoreKind = "wal"
 )
 
-// DefaultLogStore is Config.LogStore's default.
-const DefaultLogStore = LogStoreBolt
+// DefaultLogStore is Config.LogStore's default: LogStoreAuto.
+const DefaultLogStore = LogStoreAuto
+
+// FreshLogStore is the kind LogStoreAuto creates in a data dir that holds
+// no log store.
+const FreshLogStore = LogStoreWAL
 
 // The files each kind keeps in a data dir, by which DetectLogStore knows
 // what a data dir holds.
@@ -69,7 +84,7 @@ const storeLockTimeout = 2 * time.Second
 // String implements flag.Value.
 func (k LogStoreKind) String() string { return string(k) }
 
-// Set implements flag.Value: "bolt" or "wal".
+// Set implements flag.Value: "auto", "bolt" or "wal".
 func (k *LogStoreKind) Set(s string) error {
 	v := LogStoreKind(s)
 	if err := v.check(); err != nil {
@@ -82,10 +97,10 @@ func (k *LogStoreKind) Set(s string) error {
 // check reports whether k is a known kind.
 func (k LogStoreKind) check() error {
 	switch k {
-	case LogStoreBolt, LogStoreWAL:
+	case LogStoreAuto, LogStoreBolt, LogStoreWAL:
 		return nil
 	}
-	return fmt.Errorf("log store %q: want bolt or wal", string(k))
+	return fmt.Errorf("log store %q: want auto, bolt or wal", string(k))
 }
 
 // LogStore is a node's open Raft log and stable store (OpenLogStore).
@@ -122,8 +137,31 @@ func DetectLogStore(dataDir string) (LogStoreKind, error) {
 		"which one is this node's log", ErrLogStoreMismatch, dataDir, boltFile, walDir)
 }
 
+// ResolveLogStore is the kind of log store OpenLogStore(dataDir, kind)
+// opens: kind itself when it names one (bolt or wal), and for LogStoreAuto
+// (or "") the kind dataDir holds, or FreshLogStore when it holds none. It
+// reports the errors of DetectLogStore and of an unknown kind, not a
+// mismatch between an explicit kind and dataDir's (OpenLogStore does).
+func ResolveLogStore(dataDir string, kind LogStoreKind) (LogStoreKind, error) {
+	if kind == "" {
+		kind = DefaultLogStore
+	}
+	if err := kind.check(); err != nil {
+		return "", fmt.Errorf("%w: %w", ErrBadConfig, err)
+	}
+	if kind != LogStoreAuto {
+		return kind, nil
+	}
+	found, err := DetectLogStore(dataDir)
+	if err != nil || found != "" {
+		return found, err
+	}
+	return FreshLogStore, nil
+}
+
 // OpenLogStore opens (creating if need be) the Raft log and stable store
-// of a node's data directory, of the given kind ("" is DefaultLogStore),
+// of a node's data directory, of the given kind ("" is DefaultLogStore,
+// LogStoreAuto: what dataDir holds, wal in a new one; ResolveLogStore),
 // with the options a node uses. Nodes and bootstrap use it; so does the
 // lab's `bench disk`, which measures what one durable append costs on a
 // disk, and so can tools that read a stopped node's log.
@@ -135,42 +173,65 @@ func DetectLogStore(dataDir string) (LogStoreKind, error) {
 // reason it refuses (ErrLogStoreMissing) a data dir that has a server
 // identity but no log store at all: that log was lost.
 func OpenLogStore(dataDir string, kind LogStoreKind) (LogStore, error) {
-	return openLogStore(dataDir, kind, newHCLogger(slog.Default()))
+	s, _, err := openLogStore(dataDir, kind, slog.Default())
+	return s, err
 }
 
-func openLogStore(dataDir string, kind LogStoreKind, log hclog.Logger) (LogStore, error) {
+// openLogStore is OpenLogStore, logging to log, and it returns the kind
+// it opened (auto resolved). Under LogStoreAuto a data dir that holds bolt
+// is opened as bolt, with one warning: bolt is not the default any more,
+// and the way to wal is a fresh data dir.
+func openLogStore(dataDir string, kind LogStoreKind, log *slog.Logger) (LogStore, LogStoreKind, error) {
 	if kind == "" {
 		kind = DefaultLogStore
 	}
 	if err := kind.check(); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
+		return nil, "", fmt.Errorf("%w: %w", ErrBadConfig, err)
 	}
 	found, err := DetectLogStore(dataDir)
 	if err != nil {
-		return nil, err
+		return nil, "", err
+	}
+	if kind == LogStoreAuto {
+		kind = FreshLogStore
+		if found != "" {
+			kind = found
+		}
+		if found == LogStoreBolt {
+			log.Warn("this data dir holds a bolt log store (raft.db), so the node stays on bolt; new data dirs get wal. "+
+				"To move the node to wal, replace it with a fresh data dir (docs/operations.md, \"Moving a node to the other "+
+				"log store\"); --log-store bolt keeps bolt without this line",
+				"data_dir", dataDir, "log_store", string(kind))
+		}
 	}
 	switch {
 	case found != "" && found != kind:
-		return nil, fmt.Errorf("%w: %s holds a %s log store (%s), and this node was started with --log-store %s; "+
+		return nil, "", fmt.Errorf("%w: %s holds a %s log store (%s), and this node was started with --log-store %s; "+
 			"start it with --log-store %s (the log store is fixed per data dir)",
 			ErrLogStoreMismatch, dataDir, found, storePath(found), kind, found)
 	case found == "":
 		if _, err := os.Stat(filepath.Join(dataDir, identityFile)); err == nil {
-			return nil, fmt.Errorf("%w: %s has a server identity (%s) but neither a bolt (%s) nor a wal (%s/) "+
+			return nil, "", fmt.Errorf("%w: %s has a server identity (%s) but neither a bolt (%s) nor a wal (%s/) "+
 				"log store: its log, term and vote were lost, and it must not vote under its old identity; "+
 				"wipe the whole data dir and add the node again as a new server (ticketing members replace)",
 				ErrLogStoreMissing, dataDir, identityFile, boltFile, walDir)
 		}
 	}
-	switch kind {
-	case LogStoreWAL:
-		return openWAL(filepath.Join(dataDir, walDir), log)
-	default:
-		return raftboltdb.New(raftboltdb.Options{
-			Path:        filepath.Join(dataDir, boltFile),
-			BoltOptions: boltOptions(),
-		})
+	if kind == LogStoreWAL {
+		s, err := openWAL(filepath.Join(dataDir, walDir), newHCLogger(log))
+		if err != nil {
+			return nil, kind, err
+		}
+		return s, kind, nil
 	}
+	s, err := raftboltdb.New(raftboltdb.Options{
+		Path:        filepath.Join(dataDir, boltFile),
+		BoltOptions: boltOptions(),
+	})
+	if err != nil {
+		return nil, kind, err
+	}
+	return s, kind, nil
 }
 
 // storePath is the file or directory a kind keeps in a data dir, as

@@ -1,6 +1,7 @@
 package cluster_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -141,23 +142,30 @@ func TestLogStoreAmbiguousOrLostRefused(t *testing.T) {
 	}
 }
 
-// Only bolt and wal are log stores.
+// Only bolt and wal are log stores, and auto, the default, picks one.
 func TestLogStoreKindValues(t *testing.T) {
 	var k cluster.LogStoreKind
-	if err := k.Set("lsm"); err == nil || !strings.Contains(err.Error(), "want bolt or wal") {
+	if err := k.Set("lsm"); err == nil || !strings.Contains(err.Error(), "want auto, bolt or wal") {
 		t.Fatalf("Set(lsm): %v", err)
 	}
-	for _, s := range []string{"bolt", "wal"} {
+	for _, s := range []string{"auto", "bolt", "wal"} {
 		if err := k.Set(s); err != nil || k.String() != s {
 			t.Fatalf("Set(%s): %v, %q", s, err, k)
 		}
 	}
 	cfg := nodeConfig(t, t.TempDir(), "lsm")
-	if err := cfg.Validate(); !errors.Is(err, cluster.ErrBadConfig) || !strings.Contains(err.Error(), "want bolt or wal") {
+	if err := cfg.Validate(); !errors.Is(err, cluster.ErrBadConfig) || !strings.Contains(err.Error(), "want auto, bolt or wal") {
 		t.Fatalf("Validate with log store lsm: %v", err)
 	}
-	if cluster.DefaultConfig().LogStore != cluster.LogStoreBolt {
-		t.Fatal("the default log store is not bolt")
+	if cluster.DefaultConfig().LogStore != cluster.LogStoreAuto || cluster.DefaultLogStore != cluster.LogStoreAuto ||
+		cluster.FreshLogStore != cluster.LogStoreWAL {
+		t.Fatalf("the default log store is %q (DefaultLogStore %q, FreshLogStore %q), want auto creating wal",
+			cluster.DefaultConfig().LogStore, cluster.DefaultLogStore, cluster.FreshLogStore)
+	}
+	for _, kind := range []cluster.LogStoreKind{"", cluster.LogStoreAuto} {
+		if err := nodeConfig(t, t.TempDir(), kind).Validate(); err != nil {
+			t.Fatalf("Validate with log store %q: %v", kind, err)
+		}
 	}
 	if _, err := cluster.OpenLogStore(t.TempDir(), "lsm"); !errors.Is(err, cluster.ErrBadConfig) {
 		t.Fatalf("OpenLogStore(lsm): %v", err)
@@ -319,8 +327,9 @@ func TestWALRestartKeepsLogAndTerm(t *testing.T) {
 // replaced node at a time).
 func TestMixedLogStores(t *testing.T) {
 	c := startClusterOpts(t, local.Options{Tune: func(cfg *cluster.Config) {
-		if cfg.NodeID != "n1" {
-			cfg.LogStore = cluster.LogStoreWAL
+		cfg.LogStore = cluster.LogStoreWAL
+		if cfg.NodeID == "n1" {
+			cfg.LogStore = cluster.LogStoreBolt
 		}
 	}})
 	for i, want := range []cluster.LogStoreKind{cluster.LogStoreBolt, cluster.LogStoreWAL, cluster.LogStoreWAL} {
@@ -581,4 +590,156 @@ func TestWALRestartAfterLogSuffixCleared(t *testing.T) {
 	testkit.WaitFor(t, "the restarted node to apply the next grant", 10*time.Second, func() bool {
 		return c.Node(li).LastToken() == t3
 	})
+}
+
+// stayOnBolt is the warning a node logs when auto finds a bolt data dir.
+const stayOnBolt = "this data dir holds a bolt log store (raft.db), so the node stays on bolt"
+
+// What the default, auto, opens: a new data dir gets wal; a data dir that
+// holds bolt stays on bolt, with one warning naming the way to move it
+// (nothing is written beside raft.db); one that holds wal stays on wal,
+// silently. An explicit kind is what it says on a new data dir, logs
+// nothing, and is refused on the other kind's data dir.
+func TestAutoLogStore(t *testing.T) {
+	for _, tc := range []struct {
+		wrote      cluster.LogStoreKind // "": a new data dir
+		asked      cluster.LogStoreKind
+		want       cluster.LogStoreKind // "": refused
+		wantWarned bool
+	}{
+		{"", "", cluster.LogStoreWAL, false},
+		{"", cluster.LogStoreAuto, cluster.LogStoreWAL, false},
+		{"", cluster.LogStoreBolt, cluster.LogStoreBolt, false},
+		{"", cluster.LogStoreWAL, cluster.LogStoreWAL, false},
+		{cluster.LogStoreBolt, "", cluster.LogStoreBolt, true},
+		{cluster.LogStoreBolt, cluster.LogStoreAuto, cluster.LogStoreBolt, true},
+		{cluster.LogStoreBolt, cluster.LogStoreBolt, cluster.LogStoreBolt, false},
+		{cluster.LogStoreBolt, cluster.LogStoreWAL, "", false},
+		{cluster.LogStoreWAL, cluster.LogStoreAuto, cluster.LogStoreWAL, false},
+		{cluster.LogStoreWAL, cluster.LogStoreBolt, "", false},
+	} {
+		t.Run(fmt.Sprintf("%s-dir-%s", cmp.Or(string(tc.wrote), "new"), cmp.Or(string(tc.asked), "zero")), func(t *testing.T) {
+			dir := t.TempDir()
+			if tc.wrote != "" {
+				writeStore(t, dir, tc.wrote)
+			}
+			before := listDir(t, dir)
+			got, err := cluster.ResolveLogStore(dir, tc.asked)
+			if err != nil || (tc.want != "" && got != tc.want) {
+				t.Fatalf("ResolveLogStore = %q, %v; want %q", got, err, tc.want)
+			}
+			var logs syncBuffer
+			prev := slog.Default()
+			slog.SetDefault(slog.New(slog.NewTextHandler(&logs, nil)))
+			s, err := cluster.OpenLogStore(dir, tc.asked)
+			slog.SetDefault(prev)
+			if tc.want == "" {
+				if !errors.Is(err, cluster.ErrLogStoreMismatch) {
+					t.Fatalf("OpenLogStore: %v; want ErrLogStoreMismatch", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if got, err := cluster.DetectLogStore(dir); err != nil || got != tc.want {
+				t.Fatalf("after OpenLogStore the data dir holds %q (%v), want %q", got, err, tc.want)
+			}
+			if tc.wrote != "" && listDir(t, dir) != before {
+				t.Fatalf("opening an existing %s store changed the data dir: %q, was %q", tc.wrote, listDir(t, dir), before)
+			}
+			warned := strings.Count(logs.String(), stayOnBolt)
+			if tc.wantWarned && (warned != 1 || !strings.Contains(logs.String(), "level=WARN") ||
+				!strings.Contains(logs.String(), "Moving a node to the other log store")) {
+				t.Fatalf("want one warning that the node stays on bolt, naming the runbook; logged:\n%s", logs.String())
+			}
+			if !tc.wantWarned && warned != 0 {
+				t.Fatalf("warned that the node stays on bolt:\n%s", logs.String())
+			}
+		})
+	}
+}
+
+// The upgrade, in process: a cluster written on bolt (as every build
+// before wal became the default wrote it, here by --log-store bolt) holds
+// a lock and has handed out tokens; every node restarts with the new
+// default (no log store asked for). Each stays on bolt (raft.db, no wal/),
+// logs the warning once, keeps the held lock and the token counter, and
+// serves: a new grant's token is above every old one. (cmd/ticketing's
+// TestUpgradeFromBoltKeepsServing does the same with node processes.)
+func TestUpgradeBoltDataDirStaysOnBolt(t *testing.T) {
+	c := startClusterOpts(t, local.Options{LogStore: cluster.LogStoreBolt})
+	lc := c.client()
+	held := mustGrant(t, lc.do(acquireMsg("held", "alice", 120, 0)))
+	var last uint64
+	for i := 0; i < 5; i++ {
+		if last = mustGrant(t, lc.do(acquireMsg(fmt.Sprintf("k%d", i), "o", 120, 0))); last <= held {
+			t.Fatalf("token %d not above %d", last, held)
+		}
+	}
+	lc.close()
+	for i := 0; i < c.Size(); i++ {
+		testkit.WaitFor(t, "every node applied every grant", 10*time.Second, func() bool { return c.Node(i).LastToken() == last })
+	}
+	boltMod := make([]time.Time, c.Size())
+	for i := 0; i < c.Size(); i++ {
+		if err := c.Stop(i); err != nil {
+			t.Fatal(err)
+		}
+		fi, err := os.Stat(filepath.Join(c.Dir, c.ID(i), "raft.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		boltMod[i] = fi.ModTime()
+	}
+	logs := make([]*syncBuffer, c.Size())
+	for i := 0; i < c.Size(); i++ {
+		logs[i] = &syncBuffer{}
+		if err := c.RestartWith(i, func(cfg *cluster.Config) {
+			cfg.LogStore = ""
+			cfg.Logger = slog.New(slog.NewTextHandler(logs[i], nil))
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.leader()
+	for i := 0; i < c.Size(); i++ {
+		dir := filepath.Join(c.Dir, c.ID(i))
+		if _, err := os.Stat(filepath.Join(dir, "wal")); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("node %d: a wal/ beside raft.db after the upgrade (%v)", i, err)
+		}
+		if got, err := cluster.DetectLogStore(dir); err != nil || got != cluster.LogStoreBolt {
+			t.Fatalf("node %d holds %q (%v) after the upgrade, want bolt", i, got, err)
+		}
+		if n := strings.Count(logs[i].String(), stayOnBolt); n != 1 {
+			t.Fatalf("node %d logged %d warnings that it stays on bolt, want 1:\n%s", i, n, logs[i].String())
+		}
+		if !strings.Contains(logs[i].String(), "log_store=bolt") {
+			t.Fatalf("node %d: no log_store=bolt in its logs:\n%s", i, logs[i].String())
+		}
+		testkit.WaitFor(t, "replay on every node", 10*time.Second, func() bool { return c.Node(i).LastToken() == last })
+		if h, ok := c.holderOn(i, "held"); !ok || h.Token != held || h.Owner != "alice" {
+			t.Fatalf("node %d: held = %+v %v after the upgrade, want alice's token %d", i, h, ok, held)
+		}
+	}
+	lc = c.client()
+	defer lc.close()
+	tok := mustGrant(t, lc.do(acquireMsg("new", "o", 10, 0)))
+	if tok <= last {
+		t.Fatalf("token %d after the upgrade not above %d", tok, last)
+	}
+	// Each raft.db is the log in use: the new grant was written to it.
+	for i := 0; i < c.Size(); i++ {
+		testkit.WaitFor(t, "every node applied the new grant", 10*time.Second, func() bool { return c.Node(i).LastToken() == tok })
+		fi, err := os.Stat(filepath.Join(c.Dir, c.ID(i), "raft.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !fi.ModTime().After(boltMod[i]) {
+			t.Fatalf("node %d's raft.db not written since the upgrade (modified %v, before it %v)", i, fi.ModTime(), boltMod[i])
+		}
+	}
 }

@@ -1,5 +1,5 @@
 // Package cluster is a Ticketing cluster node: hashicorp/raft with
-// raft-boltdb/v2 (or hashicorp/raft-wal, Config.LogStore) and a file
+// hashicorp/raft-wal (or raft-boltdb/v2, Config.LogStore) and a file
 // snapshot store around the locksm state machine,
 // the authenticated peer transport, and the client port that serves the
 // protocol of cluster/wire/PROTOCOL.md. Only the leader serves lock requests; it
@@ -46,6 +46,7 @@ type Node struct {
 	transport *raft.NetworkTransport
 	peers     *peerLayer
 	store     LogStore
+	storeKind LogStoreKind // the kind store is (Config.LogStore, auto resolved)
 	snaps     raft.SnapshotStore
 	clientLn  net.Listener
 	adminLn   net.Listener // nil: no admin port
@@ -163,15 +164,15 @@ func (n *Node) start() error {
 		return fmt.Errorf("cluster: data dir: %w", err)
 	}
 	hlog := newHCLogger(n.log)
-	store, err := openLogStore(cfg.DataDir, cfg.LogStore, hlog)
+	store, kind, err := openLogStore(cfg.DataDir, cfg.LogStore, n.log)
 	if err != nil {
 		if errors.Is(err, ErrLogStoreMismatch) || errors.Is(err, ErrLogStoreMissing) || errors.Is(err, ErrBadConfig) {
 			return err
 		}
 		return fmt.Errorf("cluster: open the %s log store in %s (is another node using this data dir?): %w",
-			cfg.LogStore, cfg.DataDir, err)
+			kind, cfg.DataDir, err)
 	}
-	n.store = store
+	n.store, n.storeKind = store, kind
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(filepath.Join(cfg.DataDir, "snapshots"), 2, hlog)
 	if err != nil {
 		return fmt.Errorf("cluster: snapshot store: %w", err)
@@ -289,7 +290,7 @@ func (n *Node) start() error {
 		go n.acceptAdmin()
 	}
 	n.log.Info("node started", "client", n.advertise, "peer", string(n.peers.advertise), "cluster", cfg.ClusterID,
-		"log_store", string(cfg.LogStore))
+		"log_store", string(n.storeKind))
 	return nil
 }
 

@@ -45,8 +45,10 @@ type Options struct {
 	// netfault.Network in here); nil: plain TCP.
 	PeerNet cluster.PeerNet
 	// LogStore is every node's Raft log store (cluster.Config.LogStore);
-	// "": the default. A Dir that holds a cluster must be started with
-	// the kind it was created with (the nodes refuse another).
+	// "": the default, auto (each node keeps the store its data dir
+	// holds, wal in a new one). A bolt or wal for a Dir that holds a
+	// cluster must be the kind it was created with (the nodes refuse
+	// another).
 	LogStore cluster.LogStoreKind
 	// Tune, when set, adjusts each node's config before it starts.
 	Tune func(*cluster.Config)
@@ -313,12 +315,6 @@ func HasCluster(dir string) bool {
 	return err == nil
 }
 
-// LogStoreOf reports which log store the cluster in dir was created with
-// (its first node's, cluster.DetectLogStore); "" when dir holds none.
-func LogStoreOf(dir string) (cluster.LogStoreKind, error) {
-	return cluster.DetectLogStore(filepath.Join(dir, "n1"))
-}
-
 func readAddrs(dir string) ([]nodeAddrs, error) {
 	b, err := os.ReadFile(filepath.Join(dir, addrsFile))
 	if errors.Is(err, os.ErrNotExist) {
@@ -410,6 +406,12 @@ func EnsureSecret(path string) ([]byte, error) {
 		return nil, err
 	}
 	return []byte(s), nil
+}
+
+// LogStoreOf reports which log store the cluster in dir was created with
+// (its first node's, cluster.DetectLogStore); "" when dir holds none.
+func LogStoreOf(dir string) (cluster.LogStoreKind, error) {
+	return cluster.DetectLogStore(filepath.Join(dir, "n1"))
 }
 
 // Size is the number of nodes.

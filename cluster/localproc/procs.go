@@ -387,6 +387,28 @@ func (p *Procs) signal(pr *proc, sig syscall.Signal) error {
 // Start starts node i's process (again), appending to its log file.
 func (p *Procs) Start(i int) error { return p.start(p.nodes[i]) }
 
+// Args is node i's command line after the binary, as Start runs it.
+func (p *Procs) Args(i int) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.nodes[i].args...)
+}
+
+// SetArgs replaces node i's command line after the binary (Options.Command
+// is not applied again) for its next Start; node i must be stopped. A test
+// starts a node again with other flags: a wiped node on another log store,
+// an upgraded node without a flag it was created with.
+func (p *Procs) SetArgs(i int, args []string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pr := p.nodes[i]
+	if pr.cmd != nil {
+		return fmt.Errorf("%w: %s (stop it before changing its flags)", ErrRunning, pr.name)
+	}
+	pr.args = append([]string(nil), args...)
+	return nil
+}
+
 // Signal sends sig to node i: SIGKILL and SIGTERM wait for it to exit (then
 // Start runs it again from its data dir); SIGSTOP and SIGCONT pause and
 // resume it.

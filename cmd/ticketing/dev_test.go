@@ -103,27 +103,53 @@ func shortDir(t *testing.T) string {
 	return d
 }
 
-// `dev --log-store wal` runs its nodes on raft-wal; a restart of its --dir
-// keeps that store without the flag, and --log-store bolt on it is refused
-// with the flag that opens it.
+// A new `dev --dir` runs its nodes on raft-wal without a flag (and with
+// --log-store wal); a restart of its --dir keeps that store, and
+// --log-store bolt on it is refused with the flag that opens it. A --dir
+// created with --log-store bolt (as dev created every --dir before wal
+// became the default) stays on bolt when restarted without the flag, dev
+// warning once that it does, and --log-store wal on it is refused.
 func TestDevOnTheWALStore(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "d")
-	sockDir := shortDir(t)
-	args := []string{"--base-port", "0", "--dir", dir, "--socket", filepath.Join(sockDir, "s")}
-	if _, errs := runDevUntilReady(t, append(args, "--log-store", "wal")...); strings.Contains(errs, "level=ERROR") {
-		t.Errorf("dev --log-store wal logged errors:\n%s", errs)
-	}
-	for _, n := range []string{"n1", "n2", "n3"} {
-		if fi, err := os.Stat(filepath.Join(dir, n, "wal")); err != nil || !fi.IsDir() {
-			t.Fatalf("%s: no wal dir: %v", n, err)
-		}
-		if _, err := os.Stat(filepath.Join(dir, n, "raft.db")); err == nil {
-			t.Fatalf("%s: a raft.db beside the wal", n)
-		}
-	}
-	runDevUntilReady(t, "--dir", dir, "--socket", filepath.Join(sockDir, "s"))
-	out, err := exec.Command(binary, "dev", "--dir", dir, "--socket", filepath.Join(sockDir, "s"), "--log-store", "bolt").CombinedOutput()
-	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), "start it with --log-store wal") {
-		t.Fatalf("dev --log-store bolt on a wal cluster: %v\n%s", err, out)
+	for _, tc := range []struct {
+		created     []string // the first run's extra flags
+		store       string   // what every node's data dir must hold
+		file, other string   // its file, the other store's
+	}{
+		{nil, "wal", "wal", "raft.db"},
+		{[]string{"--log-store", "wal"}, "wal", "wal", "raft.db"},
+		{[]string{"--log-store", "bolt"}, "bolt", "raft.db", "wal"},
+	} {
+		t.Run(strings.Join(append([]string{"created"}, tc.created...), " "), func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "d")
+			sockDir := shortDir(t)
+			args := []string{"--base-port", "0", "--dir", dir, "--socket", filepath.Join(sockDir, "s")}
+			if _, errs := runDevUntilReady(t, append(args, tc.created...)...); strings.Contains(errs, "level=ERROR") ||
+				strings.Contains(errs, "stays on bolt") {
+				t.Errorf("dev %v logged errors or the bolt warning:\n%s", tc.created, errs)
+			}
+			check := func(when string) {
+				t.Helper()
+				for _, n := range []string{"n1", "n2", "n3"} {
+					if _, err := os.Stat(filepath.Join(dir, n, tc.file)); err != nil {
+						t.Fatalf("%s: %s: no %s: %v", when, n, tc.file, err)
+					}
+					if _, err := os.Stat(filepath.Join(dir, n, tc.other)); err == nil {
+						t.Fatalf("%s: %s: a %s beside the %s", when, n, tc.other, tc.file)
+					}
+				}
+			}
+			check("created")
+			_, errs := runDevUntilReady(t, "--dir", dir, "--socket", filepath.Join(sockDir, "s"))
+			check("restarted without --log-store")
+			if n, want := strings.Count(errs, "level=WARN msg=\"this --dir holds a cluster on the bolt log store (raft.db): its nodes stay on bolt"),
+				map[string]int{"bolt": 1, "wal": 0}[tc.store]; n != want {
+				t.Errorf("restarted without --log-store: %d warnings that a node stays on bolt, want %d:\n%s", n, want, errs)
+			}
+			other := map[string]string{"bolt": "wal", "wal": "bolt"}[tc.store]
+			out, err := exec.Command(binary, "dev", "--dir", dir, "--socket", filepath.Join(sockDir, "s"), "--log-store", other).CombinedOutput()
+			if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), "start it with --log-store "+tc.store) {
+				t.Fatalf("dev --log-store %s on a %s cluster: %v\n%s", other, tc.store, err, out)
+			}
+		})
 	}
 }

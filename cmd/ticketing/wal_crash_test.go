@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -16,7 +17,8 @@ import (
 	"ticketing/sidecar"
 )
 
-// Crash tests of the wal log store (--log-store wal) on node processes,
+// Crash tests of the default log store, wal (no --log-store: a new data
+// dir gets wal), and of the bolt store (--log-store bolt) on node processes,
 // under acquire/release load through a broker the whole time (startLoad,
 // replace_test.go): SIGKILLs during appends, a torn and a cut tail of a
 // node's last segment file, and every node killed at once. Each checks
@@ -24,12 +26,23 @@ import (
 // in real time, the locks granted before the crashes still held by their
 // holders, and every node back at the same token high-water mark.
 
-// walProcs starts 3 node processes on the wal store with the fast test
-// timeouts, and a broker on them.
+// walProcs starts 3 node processes on the default log store (wal, which
+// it checks) with the fast test timeouts, and a broker on them.
 func walProcs(t *testing.T) (*localproc.Procs, *sidecar.Broker, context.Context) {
 	t.Helper()
-	p, err := localproc.Start(localproc.Options{Binary: binary, Dir: t.TempDir(),
-		ExtraArgs: append(append([]string{}, fastRaftArgs...), "--log-store", "wal")})
+	return storeProcs(t, "")
+}
+
+// storeProcs starts 3 node processes with --log-store store ("": no flag,
+// the default, which must give wal) and the fast test timeouts, and a
+// broker on them.
+func storeProcs(t *testing.T, store cluster.LogStoreKind) (*localproc.Procs, *sidecar.Broker, context.Context) {
+	t.Helper()
+	args := append([]string{}, fastRaftArgs...)
+	if store != "" {
+		args = append(args, "--log-store", string(store))
+	}
+	p, err := localproc.Start(localproc.Options{Binary: binary, Dir: t.TempDir(), ExtraArgs: args})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,6 +60,12 @@ func walProcs(t *testing.T) (*localproc.Procs, *sidecar.Broker, context.Context)
 	t.Cleanup(cancel)
 	if _, err := p.Leader(ctx); err != nil {
 		t.Fatal(err)
+	}
+	want := cmp.Or(store, cluster.LogStoreWAL)
+	for i := 0; i < p.Size(); i++ {
+		if got, err := cluster.DetectLogStore(p.DataDir(i)); err != nil || got != want {
+			t.Fatalf("%s's data dir holds %q (%v), want %q", p.ID(i), got, err, want)
+		}
 	}
 	b := procsBroker(t, p)
 	return p, b, ctx
@@ -153,20 +172,37 @@ func (l *loadRun) maxToken() uint64 {
 	return m
 }
 
-// SIGKILL of nodes while they append under load, the leader and a
-// follower in turn, each restarted from its wal data dir; then all three
-// at once, restarted together. Every kill provably lands inside an append
-// (killMidAppend: a thread of the node stopped inside the pwrite or the
-// fsync of a wal segment). Nothing granted is lost: the held locks
-// stay with their holders, tokens go on strictly increasing, and every
-// node ends at the same last token, at least every token a client saw.
+// SIGKILL of nodes while they append under load on the default store
+// (wal), the leader and a follower in turn, each restarted from its data
+// dir; then all three at once, restarted together. Every kill provably
+// lands inside an append (killMidAppend: a thread of the node stopped
+// inside the pwrite or the fsync of a wal segment). Nothing granted is
+// lost: the held locks stay with their holders, tokens go on strictly
+// increasing, and every node ends at the same last token, at least every
+// token a client saw.
 func TestWALSIGKILLDuringAppends(t *testing.T) {
 	p, b, ctx := walProcs(t)
+	sigkillDuringAppends(t, p, b, ctx, []string{"leader", "follower", "leader", "follower"})
+}
+
+// The same on the bolt store (--log-store bolt, which data dirs written
+// before wal became the default keep), shorter: each kill lands inside a
+// pwrite or fdatasync of raft.db.
+func TestBoltSIGKILLDuringAppends(t *testing.T) {
+	p, b, ctx := storeProcs(t, cluster.LogStoreBolt)
+	sigkillDuringAppends(t, p, b, ctx, []string{"leader", "follower"})
+}
+
+// sigkillDuringAppends kills the nodes of p under load, one per round
+// (the leader or a follower), then all at once, each kill inside an
+// append, and checks what a client may rely on.
+func sigkillDuringAppends(t *testing.T, p *localproc.Procs, b *sidecar.Broker, ctx context.Context, rounds []string) {
+	t.Helper()
 	held := holdLocks(t, ctx, b, 5)
 	from := time.Now()
 	load := startLoad(b, 8)
 	load.waitGrants(t, 50)
-	for round, role := range []string{"leader", "follower", "leader", "follower"} {
+	for round, role := range rounds {
 		li, err := p.Leader(ctx)
 		if err != nil {
 			t.Fatal(err)

@@ -19,7 +19,7 @@ import (
 
 // walSyscalls are the system calls of a raft-wal append (segment.Writer:
 // one pwrite of the batch's frames and its commit frame, then an fsync of
-// the segment file), by number.
+// the segment file), and of a bolt commit, by number.
 var walSyscalls = map[int]string{
 	syscall.SYS_PWRITE64:  "pwrite64",
 	syscall.SYS_FSYNC:     "fsync",
@@ -27,9 +27,10 @@ var walSyscalls = map[int]string{
 }
 
 // midAppend looks at every thread of process pid for one blocked inside
-// an append to a wal segment file (DATA-DIR/wal/*.wal): a walSyscalls
-// call whose file descriptor is a segment. It returns what it found, or
-// "" for nothing.
+// an append to its log store: a walSyscalls call whose file descriptor is
+// a wal segment file (DATA-DIR/wal/*.wal) or, on the bolt store, raft.db
+// (bolt's commit: a pwrite of the dirty pages, fdatasync, a pwrite of the
+// meta page, fdatasync). It returns what it found, or "" for nothing.
 func midAppend(pid int) (string, error) {
 	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
 	if err != nil {
@@ -55,7 +56,7 @@ func midAppend(pid int) (string, error) {
 			continue
 		}
 		target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%d", pid, fd))
-		if err != nil || filepath.Ext(target) != ".wal" {
+		if err != nil || filepath.Ext(target) != ".wal" && filepath.Base(target) != "raft.db" {
 			continue
 		}
 		return fmt.Sprintf("thread %s inside %s of %s", task.Name(), walSyscalls[nr], filepath.Base(target)), nil
@@ -109,6 +110,6 @@ func killMidAppend(t *testing.T, p *localproc.Procs, victims ...int) string {
 		}
 		time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
 	}
-	t.Fatalf("in %d tries no node of %v was caught inside an append to its wal", maxTries, victims)
+	t.Fatalf("in %d tries no node of %v was caught inside an append to its log store", maxTries, victims)
 	return ""
 }

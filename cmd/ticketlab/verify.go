@@ -52,7 +52,7 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs.BoolVar(&cfg.OnlyFaults, "only-new-faults", false, "the schedule chooses only among the faults enabled by --partition-sidecar, --stop-sidecar, --handover-cut and --hostile")
 	fs.StringVar(&cfg.NodeLab, "node-lab", "", "run the nodes with this ticketlab executable instead of this one (an older build's lab runs its own node code: how the new faults are shown to find old bugs)")
 	fs.BoolVar(&cfg.ReplaceAll, "replace-all", false, "instead of random faults, replace every node in turn (disk lost, new server swapped in through the admin port)")
-	fs.Func("node-args", "extra flags for every node and the bootstrap, space separated (e.g. \"--log-store wal\")", func(v string) error {
+	fs.Func("node-args", "extra flags for every node and the bootstrap, space separated (e.g. \"--log-store bolt\")", func(v string) error {
 		cfg.NodeArgs = strings.Fields(v)
 		return nil
 	})

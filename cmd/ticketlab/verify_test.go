@@ -24,7 +24,7 @@ import (
 // bootstrapped by the ticketing binary under test ($TICKETING_BIN, which
 // make sets to the freshly built bin/ticketing). $TICKETING_VERIFY_NODE_ARGS
 // adds flags to every node (`make test-verify VERIFY_NODE_ARGS="--log-store
-// wal"` runs it on the wal log store).
+// bolt"` runs it on the bolt log store; the default is wal).
 func TestVerifyShort(t *testing.T) {
 	if raceEnabled && os.Getenv("TICKETING_VERIFY_RACE") == "" {
 		t.Skip("the short verification runs in `make test-verify`, without -race (set TICKETING_VERIFY_RACE=1 to run it here)")

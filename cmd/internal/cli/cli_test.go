@@ -100,7 +100,8 @@ func TestBootstrapNeedsNewDomain(t *testing.T) {
 }
 
 // A node or bootstrap never opens a data dir with the other log store: the
-// refusal names the --log-store that opens it. Only bolt and wal exist.
+// refusal names the --log-store that opens it. Only bolt and wal exist
+// (and auto, the default, which opens either).
 func TestNodeRefusesTheOtherLogStore(t *testing.T) {
 	dir := t.TempDir()
 	sec, peer := secretFile(t, dir, "c.secret"), secretFile(t, dir, "p.secret")
@@ -112,7 +113,7 @@ func TestNodeRefusesTheOtherLogStore(t *testing.T) {
 		flags      []string
 	}{
 		{"node", "bolt", []string{"--log-store", "wal"}},
-		{"bootstrap", "wal", []string{"--new-domain"}},
+		{"bootstrap", "wal", []string{"--new-domain", "--log-store", "bolt"}},
 		{"node", "wal", []string{"--log-store", "bolt"}},
 	} {
 		data := filepath.Join(t.TempDir(), "d")
@@ -140,7 +141,7 @@ func TestNodeRefusesTheOtherLogStore(t *testing.T) {
 	}
 	var out, errb bytes.Buffer
 	code := Main([]string{"node", "--log-store", "lsm"}, &out, &errb)
-	if code != ExitUsage || !strings.Contains(errb.String(), "want bolt or wal") {
+	if code != ExitUsage || !strings.Contains(errb.String(), "want auto, bolt or wal") {
 		t.Errorf("--log-store lsm: exit %d, stderr %q", code, errb.String())
 	}
 }

@@ -21,7 +21,7 @@ import (
 )
 
 func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) (code int) {
-	fs := newCmdFlags("ticketing dev", "ticketing dev [--dir DIR] [--socket PATH] [--base-port N] [--nodes 3|5] [--plaintext] [--log-store bolt|wal]",
+	fs := newCmdFlags("ticketing dev", "ticketing dev [--dir DIR] [--socket PATH] [--base-port N] [--nodes 3|5] [--plaintext] [--log-store auto|bolt|wal]",
 		"Runs a real cluster of 3 (or 5) nodes on loopback in this process, with a sidecar\n"+
 			"serving the unix socket, prints their addresses, the client secret file, the CA,\n"+
 			"the nodes' admin ports with the export line after which ticketing status,\n"+
@@ -42,8 +42,8 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) (code 
 		"A --dir that holds a cluster keeps the ports it was created with (saved in DIR/addrs); another --base-port is refused")
 	fs.IntVar(&nodes, "nodes", 3, "number of nodes: 3 or 5")
 	fs.BoolVar(&plain, "plaintext", false, "run the ports without TLS (default: TLS with a throwaway CA in DIR/tls)")
-	fs.Var(&store, "log-store", "the nodes' Raft log store `KIND`: bolt or wal (ticketing node's --log-store). A --dir that holds a cluster "+
-		"keeps the store it was created with; another --log-store is refused")
+	fs.Var(&store, "log-store", "the nodes' Raft log store `KIND` (ticketing node's --log-store): auto (wal for a new --dir, "+
+		"a --dir that holds a cluster keeps the store it was created with), bolt or wal (another store than the --dir's is refused)")
 	logs.register(fs.FlagSet, "warn")
 	if code, ok := fs.parse(args); !ok {
 		return code
@@ -64,8 +64,11 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) (code 
 		if !given["base-port"] {
 			basePort = 0 // the ports the cluster in dir was created with
 		}
-		if k, err := local.LogStoreOf(dir); err == nil && k != "" && !given["log-store"] {
-			store = k // the store the cluster in dir was created with
+		// The nodes' own warning is quieted while they start (devLogs):
+		// say it once for the cluster.
+		if k, err := local.LogStoreOf(dir); err == nil && k == cluster.LogStoreBolt && store == cluster.LogStoreAuto {
+			log.Warn("this --dir holds a cluster on the bolt log store (raft.db): its nodes stay on bolt, and a new --dir "+
+				"gets wal; --log-store bolt keeps bolt without this line", "dir", dir)
 		}
 	}
 	var err error

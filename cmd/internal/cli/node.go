@@ -182,8 +182,9 @@ func nodeConfig(name string, args []string, stdout, stderr io.Writer, extra func
 	)
 	fs.StringVar(&cfg.NodeID, "id", "", "this node's id (1-64 of A-Z a-z 0-9 . _ -)")
 	fs.StringVar(&cfg.DataDir, "data-dir", "", "directory for the Raft log, stable store and snapshots")
-	fs.Var(&cfg.LogStore, "log-store", "Raft log store `KIND`: bolt (raft-boltdb, one file, two fsyncs per append) or wal "+
-		"(raft-wal, segment files, one fsync per append); fixed per data dir, a node refuses a data dir the other wrote")
+	fs.Var(&cfg.LogStore, "log-store", "Raft log store `KIND`: auto (the store the data dir holds; wal in a new one), wal (raft-wal, "+
+		"segment files, one fsync per append) or bolt (raft-boltdb, one file raft.db, two fsyncs per append); fixed per data dir, "+
+		"a node refuses a data dir the other wrote (to move a node, replace it with a fresh data dir: docs/operations.md)")
 	fs.StringVar(&cfg.ClientAddr, "client-addr", "", "HOST:PORT to serve clients on")
 	fs.StringVar(&cfg.AdvertiseClientAddr, "advertise-client-addr", "", "client address handed to clients in M replies (default: --client-addr)")
 	fs.StringVar(&cfg.PeerAddr, "peer-addr", "", "HOST:PORT to serve Raft peers on (must match this node's entry in --peers; the node refuses to start otherwise)")

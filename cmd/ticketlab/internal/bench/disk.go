@@ -11,8 +11,9 @@ import (
 )
 
 // benchDisk measures what bounds every commit on this machine: one durable
-// append to a node's Raft log store (by default raft-boltdb/v2 over bbolt:
-// a transaction with two fdatasyncs; raft-wal: one fsync), first with one
+// append to a node's Raft log store (by default raft-wal, as a node's new
+// data dir: one fsync; raft-boltdb/v2 over bbolt: a transaction with two
+// fdatasyncs), first with one
 // store appending alone, then with `nodes` stores in one directory
 // appending at once, as the nodes of a one-box cluster do. hashicorp/raft
 // writes the leader's log before it replicates, and a follower

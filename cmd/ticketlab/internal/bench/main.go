@@ -281,7 +281,7 @@ func setupScale(fs *flag.FlagSet, e *env) func(context.Context) error {
 func setupDisk(fs *flag.FlagSet, e *env) func(context.Context) error {
 	stores := fs.Int("nodes", 3, "stores appending at once in the second round, as the nodes of a one-box cluster do")
 	duration := fs.Duration("duration", 10*time.Second, "measured duration of each round")
-	logStore := fs.String("log-store", floor.Bolt, "the Raft log store appended to: bolt (raft-boltdb/v2, as a node opens it) or wal (raft-wal)")
+	logStore := fs.String("log-store", floor.WAL, "the Raft log store appended to, as a node opens it: wal (raft-wal, a node's default for a new data dir) or bolt (raft-boltdb/v2)")
 	return func(ctx context.Context) error {
 		if *stores < 1 {
 			return usageError(fmt.Sprintf("--nodes %d: want at least 1", *stores))

@@ -56,8 +56,8 @@ type Options struct {
 	RedisRetry  time.Duration
 	EtcdClients string
 	Prewarm     time.Duration
-	// LogStore is the Ticketing nodes' Raft log store, bolt or wal (passed
-	// as --log-store wal; bolt passes nothing), and the floors' store.
+	// LogStore is the Ticketing nodes' Raft log store, wal or bolt (passed
+	// as --log-store KIND), and the floors' store.
 	LogStore string
 	// NodeArgs and SidecarArgs are appended to the Ticketing nodes' and
 	// sidecar's command lines.
@@ -104,7 +104,7 @@ func register(fs *flag.FlagSet) func() (Options, error) {
 	fs.StringVar(&o.Out, "out", "results", "directory for results.md, results.json and plot.svg")
 	binary := labcli.BinaryFlag(fs)
 	fs.StringVar(&o.Dir, "dir", "", "working directory of the Ticketing nodes and the floors' stores (default: a temporary one, removed afterwards)")
-	fs.StringVar(&o.LogStore, "log-store", floor.Bolt, "Raft log store of the Ticketing nodes (wal: passed as --log-store wal; bolt: nothing) and of the floors: bolt or wal")
+	fs.StringVar(&o.LogStore, "log-store", floor.WAL, "Raft log store of the Ticketing nodes (passed as --log-store KIND) and of the floors: wal (a node's default for a new data dir) or bolt")
 	fs.StringVar(&nodeArgs, "node-args", "", "extra flags for every Ticketing node, space separated (e.g. \"--pprof-addr 127.0.0.1:0\")")
 	fs.StringVar(&sidecarArgs, "sidecar-args", "", "extra flags for the Ticketing sidecar, space separated")
 	fs.DurationVar(&o.FloorDuration, "floor-duration", 3*time.Second, "before the first system, measure the disk floor and the library floor this long each (0: not at all)")

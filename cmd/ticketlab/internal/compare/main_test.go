@@ -177,14 +177,14 @@ func TestCPUAndFloors(t *testing.T) {
 	if f == nil || f.Disk == nil || f.Library == nil {
 		t.Fatalf("floors missing: %+v (notes %v)", f, rep.Notes)
 	}
-	if d := f.Disk; d.LogStore != "bolt" || d.Stores != 3 || d.Appends == 0 || d.AppendP50ms <= 0 || d.CommitMs != 2*d.AppendP50ms || d.HandoffsPerS <= 0 {
+	if d := f.Disk; d.LogStore != "wal" || d.Stores != 3 || d.Appends == 0 || d.AppendP50ms <= 0 || d.CommitMs != 2*d.AppendP50ms || d.HandoffsPerS <= 0 {
 		t.Errorf("disk floor %+v", d)
 	}
-	if l := f.Library; l.LogStore != "bolt" || l.Nodes != 3 || l.Commits == 0 || l.CommitP50ms <= 0 || l.CycleMs != 2*l.CommitP50ms {
+	if l := f.Library; l.LogStore != "wal" || l.Nodes != 3 || l.Commits == 0 || l.CommitP50ms <= 0 || l.CycleMs != 2*l.CommitP50ms {
 		t.Errorf("library floor %+v", l)
 	}
 	c := rep.Config
-	if c.LogStore != "bolt" || strings.Join(c.NodeArgs, " ") != "--pprof-addr 127.0.0.1:0" || strings.Join(c.SidecarArgs, " ") != "--pprof-addr 127.0.0.1:0" {
+	if c.LogStore != "wal" || strings.Join(c.NodeArgs, " ") != "--pprof-addr 127.0.0.1:0" || strings.Join(c.SidecarArgs, " ") != "--pprof-addr 127.0.0.1:0" {
 		t.Errorf("config %+v", c)
 	}
 	if len(rep.Systems) != 1 || !strings.Contains(rep.Systems[0].Setup, "node flags `--pprof-addr 127.0.0.1:0`") {
@@ -206,12 +206,12 @@ func TestCPUAndFloors(t *testing.T) {
 	}
 }
 
-// TestTicketingArgs checks the node and sidecar command lines: bolt adds
-// no flag (a binary without --log-store runs), wal adds --log-store wal,
-// and the extra flags come last.
+// TestTicketingArgs checks the node and sidecar command lines: each store
+// is passed as --log-store KIND, bolt too (no flag means wal to a node now,
+// bolt to one built before), and the extra flags come last.
 func TestTicketingArgs(t *testing.T) {
 	o := ticketingOptions{LogStore: "bolt", NodeArgs: []string{"--pprof-addr", "127.0.0.1:0"}, SidecarArgs: []string{"--x"}}
-	if got := strings.Join(o.nodeArgs(), " "); got != "--log-level warn --pprof-addr 127.0.0.1:0" {
+	if got := strings.Join(o.nodeArgs(), " "); got != "--log-level warn --log-store bolt --pprof-addr 127.0.0.1:0" {
 		t.Errorf("bolt node args %q", got)
 	}
 	if got := strings.Join(o.sidecarArgs(), " "); got != "--log-level warn --x" {

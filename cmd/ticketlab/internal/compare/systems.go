@@ -83,8 +83,10 @@ type ticketingOptions struct {
 	Dir string
 	// TLS runs nodes and sidecar over TLS 1.3.
 	TLS bool
-	// LogStore is the nodes' Raft log store: "bolt" (the default, passed
-	// as nothing) or "wal" (passed as --log-store wal).
+	// LogStore is the nodes' Raft log store, "wal" or "bolt", passed as
+	// --log-store KIND either way: a node's default (auto: wal for a new
+	// data dir) was bolt before, so nothing would mean bolt to an older
+	// binary and wal to a newer one. "" passes nothing.
 	LogStore string
 	// NodeArgs and SidecarArgs are appended to every node's and to the
 	// sidecar's command line.
@@ -94,7 +96,7 @@ type ticketingOptions struct {
 // nodeArgs is the nodes' command line after localproc's own flags.
 func (o ticketingOptions) nodeArgs() []string {
 	args := []string{"--log-level", "warn"}
-	if o.LogStore != "" && o.LogStore != floor.Bolt {
+	if o.LogStore != "" {
 		args = append(args, "--log-store", o.LogStore)
 	}
 	return append(args, o.NodeArgs...)
@@ -161,9 +163,9 @@ func (tc *ticketingCluster) setup(via string) string {
 	if !tc.opts.TLS {
 		t = "plaintext"
 	}
-	store := "bolt"
-	if tc.opts.LogStore == floor.WAL {
-		store = "raft-wal"
+	store := "raft-wal"
+	if tc.opts.LogStore == floor.Bolt {
+		store = "bolt"
 	}
 	s := fmt.Sprintf("3 `ticketing node` processes on loopback (%s), every Raft entry fsynced (%s, group commit); %s; lease 30 s, wait 60 s", t, store, via)
 	if len(tc.opts.NodeArgs) > 0 {

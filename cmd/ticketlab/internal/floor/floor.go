@@ -4,9 +4,10 @@
 // loopback TCP, Library). `ticketlab bench disk` and `ticketlab compare`
 // print them; a server's figures are read against them.
 //
-// The log store is either of the two `ticketing node --log-store` choices,
-// raft-boltdb/v2 (the default) or github.com/hashicorp/raft-wal (one fsync
-// per append), opened as a node opens it (cluster.OpenLogStore).
+// The log store is either of the two `ticketing node --log-store` kinds,
+// github.com/hashicorp/raft-wal (one fsync per append; what a node creates
+// in a new data dir) or raft-boltdb/v2 (two), opened as a node opens it
+// (cluster.OpenLogStore).
 package floor
 
 import (
@@ -31,7 +32,7 @@ const (
 )
 
 // LogStores lists the kinds Open accepts, the default first.
-var LogStores = []string{Bolt, WAL}
+var LogStores = []string{WAL, Bolt}
 
 // Store is a Raft log and stable store that can be closed.
 type Store interface {
@@ -60,7 +61,7 @@ func Open(kind, dir string) (Store, error) {
 // CheckKind reports whether kind is one of LogStores.
 func CheckKind(kind string) error {
 	if !slices.Contains(LogStores, kind) {
-		return fmt.Errorf("unknown log store %q (known: bolt, wal)", kind)
+		return fmt.Errorf("unknown log store %q (known: wal, bolt)", kind)
 	}
 	return nil
 }

@@ -135,7 +135,7 @@ type Config struct {
 	// Zero: DefaultMaxIndeterminateShare; negative: no bound.
 	MaxIndeterminateShare float64
 	// NodeArgs are extra flags for every node (and for the `ticketing
-	// bootstrap` that creates the cluster), e.g. --log-store wal.
+	// bootstrap` that creates the cluster), e.g. --log-store bolt.
 	NodeArgs []string
 	// Logger receives progress lines; nil discards them.
 	Logger *slog.Logger
