@@ -146,7 +146,7 @@ func newBrokerMetrics(b *Broker) *brokerMetrics {
 	}
 	ext := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ticketing_sidecar_extends_total",
-		Help: "Extend calls (lease renewals), by final outcome (after retries): ok, not_held (the holding had ended), indeterminate (no definite reply within the deadline: the previous lease stands), error.",
+		Help: "Extend calls (lease renewals), by final outcome (after retries): ok, not_held (the holding had ended), indeterminate (no definite reply within the deadline: the holder counts on the earlier of the previous end and the extend's start + the new lease), error.",
 	}, []string{"result"})
 	for r := range numReleaseResults {
 		m.extends[r] = ext.WithLabelValues(releaseResultNames[r])
