@@ -378,6 +378,39 @@ class SyncLockLost(unittest.TestCase):
         self.assertLessEqual(lock.remaining(), before)
         self.assertFalse(lock.lost.is_set())
 
+    def test_extend_indeterminate_shorter_counts_on_the_earlier_end(self) -> None:
+        # Issue 39: a shorter EXTEND may have applied: from its send on,
+        # and after INDETERMINATE, the deadline is at most send + validity.
+        self.fake.replies["EXTEND"] = "INDETERMINATE"
+        in_flight: List[float] = []
+        lock = self.client.lock("k", lease=60, wait=0)
+        lock.acquire()
+        self.fake.before_reply = lambda line: (in_flight.append(lock.remaining()) or []) if line.startswith("EXTEND") else []
+        with self.assertRaises(ticketing.IndeterminateError):
+            lock.extend(5)
+        self.assertEqual(len(in_flight), 1)
+        self.assertLessEqual(in_flight[0], p.validity(5))
+        self.assertGreater(in_flight[0], 0)
+        self.assertLessEqual(lock.remaining(), p.validity(5))
+        self.assertGreater(lock.remaining(), 0)
+        self.assertFalse(lock.lost.is_set())
+        # A longer one leaves that deadline; OK then moves it.
+        with self.assertRaises(ticketing.IndeterminateError):
+            lock.extend(100)
+        self.assertLessEqual(lock.remaining(), p.validity(5))
+        del self.fake.replies["EXTEND"]
+        lock.extend(100)
+        self.assertGreater(lock.remaining(), p.validity(60))
+
+    def test_extend_shorter_indeterminate_fires_at_the_earlier_end(self) -> None:
+        self.fake.replies["EXTEND"] = "INDETERMINATE"
+        lock = self.client.lock("k", lease=60, wait=0)
+        lock.acquire()
+        with self.assertRaises(ticketing.IndeterminateError):
+            lock.extend(1)  # validity(1) = 0.74 s
+        self.assertTrue(lock.lost.wait(WAIT))
+        self.assertEqual(lock.lost_reason, "deadline")
+
     def test_deadline_then_event_replaces_reason(self) -> None:
         lock = self.client.lock("k", lease=1, wait=0)
         token = lock.acquire()
@@ -503,6 +536,25 @@ class AsyncLockLost(unittest.TestCase):
             self.fake.push(f"! LOST {t2} expired k2")
             await client.ping()
             self.assertEqual(lock2.lost_reason, "expired")
+
+        self.run_async(body)
+
+    def test_extend_indeterminate_shorter_counts_on_the_earlier_end(self) -> None:
+        async def body(client: ticketing.AsyncClient) -> None:
+            self.fake.replies["EXTEND"] = "INDETERMINATE"
+            lock = client.lock("k", lease=60, wait=0)
+            await lock.acquire()
+            task = asyncio.ensure_future(lock.extend(5))
+            await asyncio.sleep(0)  # sent, not answered
+            self.assertLessEqual(lock.remaining(), p.validity(5))
+            with self.assertRaises(ticketing.IndeterminateError):
+                await task
+            self.assertLessEqual(lock.remaining(), p.validity(5))
+            self.assertGreater(lock.remaining(), 0)
+            self.assertFalse(lock.lost.is_set())
+            del self.fake.replies["EXTEND"]
+            await lock.extend(100)
+            self.assertGreater(lock.remaining(), p.validity(60))
 
         self.run_async(body)
 
