@@ -23,8 +23,9 @@ const (
 	// holder), whether or not a lost event was seen.
 	LostMoved
 	// LostCompensated: the sidecar released it on its holder's behalf
-	// (the unix API's session ended it, e.g. on shutdown). Not reported by
-	// the Broker itself.
+	// (the unix API's session ended it, e.g. on shutdown), or the Broker
+	// is closing and releases it (Close tells every WatchLost of a lock
+	// still held so before it releases anything).
 	LostCompensated
 )
 
@@ -122,6 +123,7 @@ func (b *Broker) ExtendAsync(l Lock, lease time.Duration, done func(Lock, error)
 		return fmt.Errorf("%w: %v (whole seconds, %d..%d)", locksm.ErrInvalidLease, lease, locksm.MinLeaseSec, locksm.MaxLeaseSec)
 	}
 	start := b.cfg.Now()
+	b.extending(l.Token, start, lease)
 	job := b.newReleaseJob(l, nil)
 	job.extendSec = uint32(sec)
 	job.done = func(err error) {
@@ -129,6 +131,7 @@ func (b *Broker) ExtendAsync(l Lock, lease time.Duration, done func(Lock, error)
 		switch {
 		case err == nil:
 			nl.Lease, nl.ValidUntil = lease, start.Add(lease)
+			b.extended(nl)
 		case releaseGone(err):
 			b.fireLost(l.Token, "", LostMoved)
 		default:
@@ -149,8 +152,9 @@ func (b *Broker) ExtendAsync(l Lock, lease time.Duration, done func(Lock, error)
 // WatchLost asks to be told, once, when the holding l ends without its
 // holder's release: fn(LostExpired) when the leader's lost event for its
 // token arrives, fn(LostMoved) when an Extend of it is refused as not
-// held. fn runs on a connection's reader goroutine or a release worker and
-// must not block. stop ends the watch (call it once the lock is released);
+// held, fn(LostCompensated) when Close ends it (before it is released).
+// fn runs on a connection's reader goroutine, a release worker or the
+// goroutine calling Close, and must not block. stop ends the watch (call it once the lock is released);
 // after stop returns, fn is not called. The event is a prompt, never a
 // promise: a connection that drops or a leader change can swallow it, so
 // a holder still ends its critical section by l.ValidUntil.
@@ -184,6 +188,7 @@ func (b *Broker) onLost(ev wire.Msg) {
 // (whose keys include key, unless key is ""): a node names one key of a
 // block, and a token the broker does not watch is someone else's.
 func (b *Broker) fireLost(token uint64, key string, why LostReason) {
+	b.unhold(token) // the holding has ended: nothing for Close to release
 	b.lmu.Lock()
 	ws := b.lost[token]
 	var fire []*lostWatch
