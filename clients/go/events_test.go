@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -397,6 +398,57 @@ func TestLockExtendShorterIndeterminate(t *testing.T) {
 	}
 	if got, want := l.Remaining(), 30*time.Second-Margin(30*time.Second); got != want {
 		t.Fatalf("Remaining after OK: %v, want %v", got, want)
+	}
+}
+
+// Client.Close fires every held Lock's lost signal before the sidecar
+// sees the connection close (and releases the lock, handing its key on):
+// a holder is never told after the key may be someone else's (issue 39).
+func TestCloseFiresLostBeforeTheSidecarReleases(t *testing.T) {
+	cc, sc := net.Pipe()
+	f := &fakeEnd{t: t, conn: sc, reqs: make(chan string, 64)}
+	var held atomic.Pointer[Lock]
+	lostAtEOF := make(chan bool, 1)
+	go func() {
+		defer close(f.reqs)
+		br := bufio.NewReader(sc)
+		for {
+			line, err := br.ReadString('\n')
+			if err != nil {
+				// The sidecar's view: the connection closed, and it would
+				// release every lock of it now.
+				if l := held.Load(); l != nil {
+					lostAtEOF <- isLost(l)
+				}
+				return
+			}
+			f.reqs <- strings.TrimSuffix(line, "\n")
+		}
+	}()
+	c, err := newClient(cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sc.Close() })
+	if got := f.req(); got != "HELLO 5 events" {
+		t.Fatalf("first line %q", got)
+	}
+	f.write("HELLO 5 events")
+	l := takeLock(t, c, f, "k", 30*time.Second, nil, "OK 5")
+	held.Store(l)
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case lost := <-lostAtEOF:
+		if !lost {
+			t.Fatal("the sidecar saw the connection close before the lock's lost signal fired")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the fake sidecar never saw the close")
+	}
+	if got := l.LostReason(); got != LostDisconnected {
+		t.Fatalf("lost reason %q, want %q", got, LostDisconnected)
 	}
 }
 
