@@ -39,6 +39,9 @@ class ScriptedSidecar:
         self.next_token = 100
         self.replies: Dict[str, str] = {}  # verb -> reply override
         self.before_reply: Optional[Callable[[str], List[str]]] = None
+        #: Called when a connection's client side closed (the sidecar would
+        #: release that session's locks now).
+        self.on_eof: Optional[Callable[[], None]] = None
         self.conns: List[socket.socket] = []
         self._wlock = threading.Lock()
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -83,6 +86,8 @@ class ScriptedSidecar:
                     self._write(conn, "".join(x + "\n" for x in out))
         except OSError:
             pass
+        if self.on_eof is not None:
+            self.on_eof()
 
     def _write(self, conn: socket.socket, data: str) -> None:
         b = data.encode()
@@ -401,6 +406,24 @@ class SyncLockLost(unittest.TestCase):
         del self.fake.replies["EXTEND"]
         lock.extend(100)
         self.assertGreater(lock.remaining(), p.validity(60))
+
+    def test_close_fires_lost_before_the_sidecar_sees_the_close(self) -> None:
+        # Issue 39: the sidecar releases a closed session's locks and hands
+        # their keys on; the holder must be told before that.
+        lock = self.client.lock("k", lease=30, wait=0)
+        lock.acquire()
+        at_eof: List[bool] = []
+        seen = threading.Event()
+
+        def eof() -> None:
+            at_eof.append(lock.lost.is_set())
+            seen.set()
+
+        self.fake.on_eof = eof
+        self.client.close()
+        self.assertTrue(seen.wait(WAIT))
+        self.assertEqual(at_eof, [True])
+        self.assertEqual(lock.lost_reason, "disconnected")
 
     def test_extend_shorter_indeterminate_fires_at_the_earlier_end(self) -> None:
         self.fake.replies["EXTEND"] = "INDETERMINATE"

@@ -140,13 +140,15 @@ class _AsyncConnection:
             elif isinstance(d, p.Lost):
                 d.target._lose(d.reason, d.from_sidecar)
             elif isinstance(d, p.Teardown):
+                # The locks are told first: closing the socket makes the
+                # sidecar release them and hand their keys on (issue 39).
+                for lock in d.locks:
+                    lock._lose(p.REASON_DISCONNECTED, False)
                 if d.first:
                     self._writer.close()
                 for req in d.requests:
                     if not req.handle.done():
                         req.handle.set_exception(d.error)
-                for lock in d.locks:
-                    lock._lose(p.REASON_DISCONNECTED, False)
 
     async def close(self) -> None:
         self._carry_out([self._session.fail(SidecarConnectionError("client closed"))])

@@ -255,6 +255,11 @@ class _Connection:
     def close(self) -> None:
         with self._lock:
             td = self._session.fail(SidecarConnectionError("client closed"))
+        # Its locks are told first: closing the socket makes the sidecar
+        # release them and hand their keys on (issue 39).
+        for lock in td.locks:
+            lock._lose(p.REASON_DISCONNECTED, False)
+        with self._lock:
             self._end_locked(td)
         self._carry_out([td])
         if self._reader is not None and not self.on_reader_thread():
