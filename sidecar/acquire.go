@@ -57,6 +57,7 @@ type acqOp struct {
 	admitting   bool  // in sched.admitQ
 	hasRoom     bool  // holds a unit of the waiter room
 	evicting    bool  // chosen to make room: its Cancel was sent
+	closing     bool  // cancelled by Close: its Cancel was sent
 	slot        bool  // holds an in-flight slot on conn
 	conn        *client.Conn
 	call        *client.Call
@@ -324,6 +325,21 @@ func (o *acqOp) answerLocked(lk Lock, err error, fx *effects) {
 	o.answered = true
 	done, b, begun := o.done, o.b, o.begun
 	o.done, o.queued = nil, nil
+	if err == nil {
+		if b.qclosed {
+			// A grant that arrives while the broker closes: Close has
+			// taken the holdings to report and release already, so this
+			// caller is told it does not hold the key, and it is released.
+			late := lk
+			lk, err = Lock{}, fmt.Errorf("%w: granted (token %d) while the broker closed: not acquired, and the grant is released", ErrClosed, late.Token)
+			fx.add(func() {
+				b.log.Info("releasing a grant that arrived while the broker closed", "key", late.Key, "token", late.Token)
+				b.Compensate(late)
+			})
+		} else {
+			b.holdLocked(lk)
+		}
+	}
 	f := func() {
 		b.metrics.acquired(err, begun)
 		done(lk, err)
@@ -344,6 +360,7 @@ func (b *Broker) endLocked(o *acqOp, fx *effects) {
 	}
 	o.conn, o.call = nil, nil
 	delete(b.sessOps, o)
+	b.unsentLocked(o)
 	b.freeLocked(o)
 	b.sc.drop(o.sess)
 }
@@ -534,6 +551,7 @@ func (o *acqOp) onDone(call *client.Call) {
 			// Not one byte was written: send it again, first of its
 			// session, on whichever connection serves next.
 			o.st, o.conn, o.call = stPending, nil, nil
+			b.unsentLocked(o)
 			b.sc.requeue(o)
 			b.kickLocked()
 			b.qmu.Unlock()
@@ -547,6 +565,7 @@ func (o *acqOp) onDone(call *client.Call) {
 			b.metrics.voidResent.Inc()
 			o.st, o.conn, o.call = stPending, nil, nil
 			delete(b.sessOps, o)
+			b.unsentLocked(o)
 			b.sc.requeue(o)
 			o.armLocked(o.waitEnd.Add(b.cfg.ReplyGrace))
 			b.kickLocked()
@@ -580,6 +599,9 @@ func (o *acqOp) onDone(call *client.Call) {
 		lk, err := b.acquireReply(o.lk, call.Reply, &fx)
 		if o.evicting && call.Reply.Type == wire.TypeTimeout {
 			err = errEvicted(o)
+		}
+		if o.closing && call.Reply.Type == wire.TypeTimeout {
+			err = fmt.Errorf("%w: the acquire was cancelled as the broker closed; not acquired", ErrClosed)
 		}
 		o.answerLocked(lk, err, &fx)
 	}
@@ -718,6 +740,7 @@ func (b *Broker) sendSome(conn *client.Conn) sendResult {
 			return sendFailed
 		}
 		o.st, o.conn, o.call, o.slot = stSent, conn, call, true
+		b.sent[o] = struct{}{}
 		b.inflight[conn]++
 		if b.sessionsFor(conn) {
 			b.sessOps[o] = struct{}{}

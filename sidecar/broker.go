@@ -21,7 +21,8 @@ import (
 // Lock order (cluster/LOCKS.md, "Above the cluster"): Broker.qmu (the
 // acquires) is taken first; under it the broker may send with
 // client.Conn.StartFunc, but never waits, never calls Conn.Abandon and
-// never runs a caller's callback. Broker.mu and Broker.rmu are leaves;
+// never runs a caller's callback. Broker.mu, Broker.rmu and Broker.hmu
+// (taken under qmu by answerLocked) are leaves;
 // nothing blocks while they are held, and no client.Conn method that
 // takes a lock is called under Broker.mu (HandingOver is an atomic read).
 // A connection's notice callback (onNotice) and an acquire's hooks run on
@@ -66,6 +67,18 @@ type Broker struct {
 	// watches, by token (WatchLost).
 	lmu  sync.Mutex
 	lost map[uint64][]*lostWatch
+
+	// hmu guards held (a leaf, taken under qmu): the locks granted to
+	// this broker's callers and not released, lost or given up, by token
+	// (held.go). Close reports them lost, then releases them.
+	hmu       sync.Mutex
+	held      map[uint64]*heldLock
+	heldSweep int // len(held) at which registering sweeps out ended holdings
+	// sent are the acquires written and not over (under qmu), so that
+	// Close can cancel them and wait for their grants, if any, to be
+	// released; sentIdle, made by Close, is closed once none is left.
+	sent     map[*acqOp]struct{}
+	sentIdle chan struct{}
 
 	mu sync.Mutex
 	// slots are the addresses kept: one per seed (two for a single seed),
@@ -181,6 +194,8 @@ func New(cfg Config) (*Broker, error) {
 		qstop:    make(chan struct{}),
 		lost:     map[uint64][]*lostWatch{},
 		sessOps:  map[*acqOp]struct{}{},
+		held:     map[uint64]*heldLock{},
+		sent:     map[*acqOp]struct{}{},
 	}
 	if cfg.MaxWaiters == 0 {
 		b.sc.maxWaiters = DefaultMaxWaiters // until a node tells its own
@@ -881,6 +896,7 @@ func (b *Broker) Release(ctx context.Context, l Lock) error {
 // connection's reader goroutine, and must not block. The only error returned here (done then never runs) is
 // ErrClosed.
 func (b *Broker) ReleaseAsync(l Lock, done func(error)) error {
+	b.unhold(l.Token)
 	job := b.newReleaseJob(l, done)
 	if b.startRelease(job) {
 		return nil
@@ -895,6 +911,7 @@ func (b *Broker) ReleaseAsync(l Lock, done func(error)) error {
 // Compensate queues the release of l without waiting for the outcome (for
 // locks whose user went away). The outcome is logged.
 func (b *Broker) Compensate(l Lock) {
+	b.unhold(l.Token)
 	job := b.newReleaseJob(l, nil)
 	if b.startRelease(job) {
 		return
@@ -1272,9 +1289,34 @@ func (b *Broker) Info() Info {
 	return in
 }
 
-// Close stops taking requests (acquires not sent yet are answered
-// ErrClosed), lets queued releases finish (each within its own deadline),
-// then closes the connections.
+// Close ends every lock held through the broker, the way closing an etcd
+// session revokes its lease, with or without a cluster session:
+//
+//   - It stops taking requests: acquires not sent yet are answered
+//     ErrClosed; those sent are cancelled at the node, and a grant that
+//     arrives from now on is answered ErrClosed (not acquired) and
+//     released.
+//   - Every lock granted through the broker and not released (Release,
+//     ReleaseAsync, Compensate), lost (a lost event, an Extend refused as
+//     not held) or past its lease is reported lost first: each WatchLost
+//     of it is told LostCompensated, before anything is released. A
+//     holder that does not watch learns it from Close itself: once Close
+//     is called, no lock of the broker may be counted on (ValidUntil
+//     notwithstanding).
+//   - Then each is released (an exact-match release, as Compensate,
+//     within Config.ReleaseDeadline), queued releases finish (each within
+//     its own deadline), and with a cluster session its close (`d`)
+//     releases whatever the session still holds (a grant that raced the
+//     stop; from cluster version 9). Without a session (Config.Sessions
+//     off, or a cluster below version 7), the releases alone end the
+//     holdings; a release that fails leaves its key to its lease, the
+//     holder having been told it is lost.
+//   - Then it closes the connections.
+//
+// Before issue 39 (attack round 4) Close said nothing of held locks:
+// without a session they kept their leases, and with one the session's
+// close released them silently, so a caller still inside ValidUntil lost
+// its key to another broker unawares.
 func (b *Broker) Close() error {
 	b.mu.Lock()
 	if b.closed {
@@ -1284,16 +1326,31 @@ func (b *Broker) Close() error {
 	b.closed = true
 	b.notifyLocked()
 	b.mu.Unlock()
-	// Acquires not sent yet end now; those sent end with their
-	// connections, below.
+	// Acquires not sent yet end now; those sent are cancelled at the
+	// node, and a grant of one is answered ErrClosed and released
+	// (answerLocked); they end with their replies or their connections.
 	var fx effects
 	b.qmu.Lock()
 	b.qclosed = true
 	b.failQueuedLocked(ErrClosed, &fx)
 	close(b.qstop)
+	b.cancelSentLocked()
 	b.qmu.Unlock()
 	b.qcancel()
 	fx.run()
+	// No grant registers any more (qclosed): report every held lock lost,
+	// then release them.
+	held := b.takeHeld()
+	for _, l := range held {
+		b.fireLost(l.Token, "", LostCompensated)
+	}
+	for _, l := range held {
+		b.log.Info("releasing a lock still held as the broker closes", "key", l.Key, "token", l.Token)
+		b.Compensate(l)
+	}
+	// Cancelled acquires end (a grant among them is released through the
+	// queue, still open) within a release's deadline.
+	b.waitSent(b.cfg.ReleaseDeadline)
 	b.rmu.Lock()
 	b.rclosed = true
 	b.rcond.Broadcast()

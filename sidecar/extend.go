@@ -23,8 +23,9 @@ const (
 	// holder), whether or not a lost event was seen.
 	LostMoved
 	// LostCompensated: the sidecar released it on its holder's behalf
-	// (the unix API's session ended it, e.g. on shutdown). Not reported by
-	// the Broker itself.
+	// (the unix API's session ended it, e.g. on shutdown), or the Broker
+	// is closing and releases it (Close tells every WatchLost of a lock
+	// still held so before it releases anything).
 	LostCompensated
 )
 
@@ -59,9 +60,18 @@ type lostWatch struct {
 // ErrTokenMismatch, ErrOwnerMismatch: the holding has ended, and every
 // WatchLost of it is told LostMoved; locksm.ErrInvalidLease;
 // wire.ErrNotSupported before every node runs protocol version 6),
-// ErrIndeterminate (the deadline passed without a definite reply: count on
-// the previous ValidUntil), ErrClosed, or ctx's error (the extend goes on
-// in the background, like a release).
+// ErrIndeterminate (the deadline passed without a definite reply),
+// ErrClosed, or ctx's error (the extend goes on in the background, like a
+// release).
+//
+// The returned Lock's ValidUntil is what the holder may count on. From the
+// moment Extend is called until it returns, and after any outcome but
+// success or a definite loss, that is the earlier of l.ValidUntil and the
+// moment of this call + lease: the extend may have applied, and a lease
+// shorter than what was left then ends the holding (and hands the key on)
+// before l.ValidUntil. For an extend that lengthens the lease it is
+// l.ValidUntil. Errors returned before anything is sent (an invalid
+// lease, ErrClosed from ExtendAsync) return l unchanged.
 //
 // The broker never extends a lease on its own: a holder that stops
 // calling Extend (stalled, stopped, crashed) loses its lock when the lease
@@ -72,6 +82,7 @@ func (b *Broker) Extend(ctx context.Context, l Lock, lease time.Duration) (Lock,
 		err error
 	}
 	ch := make(chan result, 1)
+	start := b.cfg.Now() // no later than ExtendAsync's
 	if err := b.ExtendAsync(l, lease, func(nl Lock, err error) { ch <- result{nl, err} }); err != nil {
 		return l, err
 	}
@@ -79,29 +90,52 @@ func (b *Broker) Extend(ctx context.Context, l Lock, lease time.Duration) (Lock,
 	case r := <-ch:
 		return r.l, r.err
 	case <-ctx.Done():
+		l.ValidUntil = extendCapped(l, start, lease)
 		return l, fmt.Errorf("sidecar: stopped waiting for the extend (it goes on until its deadline): %w", ctx.Err())
 	}
+}
+
+// extendCapped is how long l may be counted on while an extend of it to
+// lease, started at start, runs or after it ended without a success or a
+// definite loss: the earlier of its previous ValidUntil and start + lease.
+// The extend may have applied, and its lease counts from when it did
+// (after start): a shorter lease than what was left ends the holding
+// before the previous ValidUntil, and the key goes to the next waiter
+// then (issue 39, attack round 4). For an extend that lengthens the
+// lease this is the previous ValidUntil.
+func extendCapped(l Lock, start time.Time, lease time.Duration) time.Time {
+	if end := start.Add(lease); end.Before(l.ValidUntil) {
+		return end
+	}
+	return l.ValidUntil
 }
 
 // ExtendAsync starts the extend of l (as Extend) and returns at once; done
 // is called once with the outcome (the extended lock on success), on a
 // release worker or a connection's reader goroutine, and must not block.
 // The errors returned here (done then never runs) are an invalid lease
-// and ErrClosed.
+// and ErrClosed. done's Lock follows Extend's rule: after any outcome but
+// success or a definite loss, its ValidUntil is the earlier of
+// l.ValidUntil and the moment of this call + lease (extendCapped).
 func (b *Broker) ExtendAsync(l Lock, lease time.Duration, done func(Lock, error)) error {
 	sec := lease / time.Second
 	if lease%time.Second != 0 || sec < locksm.MinLeaseSec || sec > locksm.MaxLeaseSec {
 		return fmt.Errorf("%w: %v (whole seconds, %d..%d)", locksm.ErrInvalidLease, lease, locksm.MinLeaseSec, locksm.MaxLeaseSec)
 	}
 	start := b.cfg.Now()
+	b.extending(l.Token, start, lease)
 	job := b.newReleaseJob(l, nil)
 	job.extendSec = uint32(sec)
 	job.done = func(err error) {
 		nl := l
-		if err == nil {
+		switch {
+		case err == nil:
 			nl.Lease, nl.ValidUntil = lease, start.Add(lease)
-		} else if releaseGone(err) {
+			b.extended(nl)
+		case releaseGone(err):
 			b.fireLost(l.Token, "", LostMoved)
+		default:
+			nl.ValidUntil = extendCapped(l, start, lease)
 		}
 		done(nl, err)
 	}
@@ -118,8 +152,9 @@ func (b *Broker) ExtendAsync(l Lock, lease time.Duration, done func(Lock, error)
 // WatchLost asks to be told, once, when the holding l ends without its
 // holder's release: fn(LostExpired) when the leader's lost event for its
 // token arrives, fn(LostMoved) when an Extend of it is refused as not
-// held. fn runs on a connection's reader goroutine or a release worker and
-// must not block. stop ends the watch (call it once the lock is released);
+// held, fn(LostCompensated) when Close ends it (before it is released).
+// fn runs on a connection's reader goroutine, a release worker or the
+// goroutine calling Close, and must not block. stop ends the watch (call it once the lock is released);
 // after stop returns, fn is not called. The event is a prompt, never a
 // promise: a connection that drops or a leader change can swallow it, so
 // a holder still ends its critical section by l.ValidUntil.
@@ -153,6 +188,7 @@ func (b *Broker) onLost(ev wire.Msg) {
 // (whose keys include key, unless key is ""): a node names one key of a
 // block, and a token the broker does not watch is someone else's.
 func (b *Broker) fireLost(token uint64, key string, why LostReason) {
+	b.unhold(token) // the holding has ended: nothing for Close to release
 	b.lmu.Lock()
 	ws := b.lost[token]
 	var fire []*lostWatch

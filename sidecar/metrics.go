@@ -94,7 +94,7 @@ type brokerMetrics struct {
 	releases [numReleaseResults]prometheus.Counter
 	extends  [numReleaseResults]prometheus.Counter
 	// lost counts the holdings watchers were told they lost, by reason
-	// (index LostExpired, LostMoved); lostEvents the nodes' lost events
+	// (index LostExpired, LostMoved, LostCompensated); lostEvents the nodes' lost events
 	// received (also those for tokens nobody here watches).
 	lost           [LostCompensated + 1]prometheus.Counter
 	lostEvents     prometheus.Counter
@@ -146,16 +146,16 @@ func newBrokerMetrics(b *Broker) *brokerMetrics {
 	}
 	ext := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ticketing_sidecar_extends_total",
-		Help: "Extend calls (lease renewals), by final outcome (after retries): ok, not_held (the holding had ended), indeterminate (no definite reply within the deadline: the previous lease stands), error.",
+		Help: "Extend calls (lease renewals), by final outcome (after retries): ok, not_held (the holding had ended), indeterminate (no definite reply within the deadline: the holder counts on the earlier of the previous end and the extend's start + the new lease), error.",
 	}, []string{"result"})
 	for r := range numReleaseResults {
 		m.extends[r] = ext.WithLabelValues(releaseResultNames[r])
 	}
 	lost := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ticketing_sidecar_locks_lost_total",
-		Help: "Held locks whose watchers were told they ended without their holder's release, by reason: expired (the leader's lost event), moved (an extend was refused as not held). The lost lines the unix API writes (compensated included) are counted in ticketing_sidecar_local_lost_events_total.",
+		Help: "Held locks whose watchers were told they ended without their holder's release, by reason: expired (the leader's lost event), moved (an extend was refused as not held), compensated (the broker closed while they were held, and releases them). The lost lines the unix API writes (compensated included) are counted in ticketing_sidecar_local_lost_events_total.",
 	}, []string{"reason"})
-	for _, r := range []LostReason{LostExpired, LostMoved} {
+	for _, r := range []LostReason{LostExpired, LostMoved, LostCompensated} {
 		m.lost[r] = lost.WithLabelValues(r.String())
 	}
 	m.lostEvents = prometheus.NewCounter(prometheus.CounterOpts{

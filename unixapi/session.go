@@ -947,9 +947,11 @@ func (ss *session) startExtend(req Request) bool {
 func (ss *session) extended(h *holding, nl sidecar.Lock, r *reply, err error) {
 	ss.mu.Lock()
 	h.extending = false
-	if err == nil {
-		h.lock.Lease, h.lock.ValidUntil = nl.Lease, nl.ValidUntil
-	}
+	// On success the new lease; otherwise the broker's capped validity
+	// (the earlier of the previous end and the extend's start + its
+	// lease: a shorter extend may have applied), which a compensation
+	// or a later EXTEND's cap starts from.
+	h.lock.Lease, h.lock.ValidUntil = nl.Lease, nl.ValidUntil
 	ss.mu.Unlock()
 	line := "OK"
 	if err != nil {

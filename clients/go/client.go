@@ -347,7 +347,9 @@ func (c *Client) Done() <-chan struct{} {
 
 // Close closes the connection, for good: later calls fail with ErrClosed.
 // The sidecar releases every lock this Client still holds and cancels its
-// pending acquires.
+// pending acquires. Every Lock still held is lost (LostDisconnected: its
+// Context is cancelled, Lost closed) before the connection closes, so
+// before the sidecar can release it and hand its key on.
 func (c *Client) Close() error {
 	c.mu.Lock()
 	c.closed = true
@@ -356,13 +358,15 @@ func (c *Client) Close() error {
 	return cn.close()
 }
 
-// close closes the connection and waits for its reader to end.
+// close closes the connection and waits for its reader to end. Its locks
+// are told lost first: closing the socket makes the sidecar release them.
 func (cn *conn) close() error {
 	cn.mu.Lock()
 	if cn.err == nil {
 		cn.err = ErrClosed
 	}
 	cn.mu.Unlock()
+	cn.lostAll()
 	err := cn.nc.Close()
 	<-cn.done
 	if errors.Is(err, net.ErrClosed) {

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -280,7 +281,8 @@ func (k *fakeClock) add(d time.Duration) {
 }
 
 // Extend's outcomes: the deadline moves to the EXTEND's send time + lease −
-// margin on OK, stays on INDETERMINATE and other errors, and a definite
+// margin on OK, stays on INDETERMINATE and other errors of a longer
+// extend (TestLockExtendShorterIndeterminate: a shorter one), and a definite
 // not_held fires the signal (moved). Argument errors send nothing.
 func TestLockExtend(t *testing.T) {
 	c, f := pipeClient(t, "HELLO 3 events")
@@ -326,6 +328,128 @@ func TestLockExtend(t *testing.T) {
 		t.Fatalf("Extend: %v", err)
 	}
 	waitLost(t, l, LostMoved)
+}
+
+// An EXTEND to a shorter lease may apply even when its outcome is unknown,
+// and its lease counts from when it did: from its send on, and after
+// INDETERMINATE, the deadline is the earlier of the previous one and the
+// send time + lease − margin (issue 39: the previous deadline alone made
+// two holders). OK then sets the new deadline; a longer extend leaves the
+// previous one.
+func TestLockExtendShorterIndeterminate(t *testing.T) {
+	c, f := pipeClient(t, "HELLO 3 events")
+	clk := &fakeClock{t: time.Unix(1000, 0)}
+	c.now = clk.now
+	l := takeLock(t, c, f, "k", 60*time.Second, nil, "OK 5")
+	clk.add(10 * time.Second) // 60 s − 850 ms − 10 s left
+	ch := async(func() error { return l.Extend(context.Background(), 5*time.Second) })
+	if r := f.req(); r != "EXTEND k 5 5" {
+		t.Fatalf("request %q", r)
+	}
+	short := 5*time.Second - Margin(5*time.Second) // from the send time
+	if got := l.Remaining(); got != short {
+		t.Fatalf("Remaining while a 5 s extend is in flight: %v, want %v", got, short)
+	}
+	clk.add(time.Second)
+	f.write("INDETERMINATE")
+	if err := recv(t, ch); !errors.Is(err, ErrIndeterminate) {
+		t.Fatalf("Extend: %v", err)
+	}
+	if got, want := l.Remaining(), short-time.Second; got != want || isLost(l) {
+		t.Fatalf("Remaining after an indeterminate 5 s extend: %v (want %v), lost %v", got, want, isLost(l))
+	}
+	// A longer extend in flight or indeterminate leaves that deadline.
+	ch = async(func() error { return l.Extend(context.Background(), 30*time.Second) })
+	if r := f.req(); r != "EXTEND k 5 30" {
+		t.Fatalf("request %q", r)
+	}
+	if got, want := l.Remaining(), short-time.Second; got != want {
+		t.Fatalf("Remaining while a 30 s extend is in flight: %v, want %v", got, want)
+	}
+	f.write("INDETERMINATE")
+	if err := recv(t, ch); !errors.Is(err, ErrIndeterminate) {
+		t.Fatalf("Extend: %v", err)
+	}
+	if got, want := l.Remaining(), short-time.Second; got != want {
+		t.Fatalf("Remaining after an indeterminate 30 s extend: %v, want %v", got, want)
+	}
+	// ctx's end with the EXTEND written: it may still run.
+	ctx, cancel := context.WithCancel(context.Background())
+	ch = async(func() error { return l.Extend(ctx, 2*time.Second) })
+	if r := f.req(); r != "EXTEND k 5 2" {
+		t.Fatalf("request %q", r)
+	}
+	cancel()
+	if err := recv(t, ch); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Extend: %v", err)
+	}
+	if got, want := l.Remaining(), 2*time.Second-Margin(2*time.Second); got != want {
+		t.Fatalf("Remaining after an abandoned 2 s extend: %v, want %v", got, want)
+	}
+	f.write("OK") // the abandoned EXTEND's reply
+	// OK sets the deadline from the send time.
+	ch = async(func() error { return l.Extend(context.Background(), 30*time.Second) })
+	if r := f.req(); r != "EXTEND k 5 30" {
+		t.Fatalf("request %q", r)
+	}
+	f.write("OK")
+	if err := recv(t, ch); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := l.Remaining(), 30*time.Second-Margin(30*time.Second); got != want {
+		t.Fatalf("Remaining after OK: %v, want %v", got, want)
+	}
+}
+
+// Client.Close fires every held Lock's lost signal before the sidecar
+// sees the connection close (and releases the lock, handing its key on):
+// a holder is never told after the key may be someone else's (issue 39).
+func TestCloseFiresLostBeforeTheSidecarReleases(t *testing.T) {
+	cc, sc := net.Pipe()
+	f := &fakeEnd{t: t, conn: sc, reqs: make(chan string, 64)}
+	var held atomic.Pointer[Lock]
+	lostAtEOF := make(chan bool, 1)
+	go func() {
+		defer close(f.reqs)
+		br := bufio.NewReader(sc)
+		for {
+			line, err := br.ReadString('\n')
+			if err != nil {
+				// The sidecar's view: the connection closed, and it would
+				// release every lock of it now.
+				if l := held.Load(); l != nil {
+					lostAtEOF <- isLost(l)
+				}
+				return
+			}
+			f.reqs <- strings.TrimSuffix(line, "\n")
+		}
+	}()
+	c, err := newClient(cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sc.Close() })
+	if got := f.req(); got != "HELLO 5 events" {
+		t.Fatalf("first line %q", got)
+	}
+	f.write("HELLO 5 events")
+	l := takeLock(t, c, f, "k", 30*time.Second, nil, "OK 5")
+	held.Store(l)
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case lost := <-lostAtEOF:
+		if !lost {
+			t.Fatal("the sidecar saw the connection close before the lock's lost signal fired")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the fake sidecar never saw the close")
+	}
+	if got := l.LostReason(); got != LostDisconnected {
+		t.Fatalf("lost reason %q, want %q", got, LostDisconnected)
+	}
 }
 
 // The connection's end fires every lock with "disconnected".

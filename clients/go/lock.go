@@ -93,8 +93,12 @@ type Lock struct {
 	mu       sync.Mutex
 	deadline time.Time   // the local validity deadline
 	timer    *time.Timer // fires at deadline (re-armed by Extend)
-	reason   string      // why it was lost; "" while it is not
-	released bool        // Release was called: no signal any more
+	// extends are the ends of the EXTENDs in flight (send time + lease −
+	// Margin), by Extend call: deadline is never later than any of them
+	// (Extend).
+	extends  map[*time.Time]struct{}
+	reason   string // why it was lost; "" while it is not
+	released bool   // Release was called: no signal any more
 }
 
 // Block is the name AcquireBlock's callers know a block's Lock by.
@@ -179,22 +183,39 @@ func (l *Lock) Remaining() time.Duration {
 // local deadline moves to this call's send time + lease − Margin. A lease
 // shorter than what is left is allowed (the lease is "from now").
 //
+// From the moment the EXTEND is sent, and after any outcome but success
+// or a definite loss, the local deadline is the earlier of the previous
+// deadline and this call's send time + lease − Margin: the extend may have
+// applied, and a shorter lease then ends the holding (and hands the key
+// on) before the previous deadline (issue 39). For an extend that
+// lengthens the lease this is the previous deadline. Remaining and the
+// lost signal follow it.
+//
 // A lost Lock is not extended: Extend returns its *LostError (errors.Is
 // ErrLockLost) and sends nothing. If the lock is lost while the EXTEND is
 // in flight (its deadline passed meanwhile), Extend returns that error too,
 // even if the sidecar did extend: a fired signal is never taken back;
 // Release the lock. ErrIndeterminate: the lease may or may not have been
-// renewed, and the previous deadline stays. ErrNotHeld, ErrTokenMismatch
+// renewed, and the deadline stays the earlier one above. ErrNotHeld, ErrTokenMismatch
 // and owner_mismatch (*Error): the lock is gone, and Lost fires (moved).
 // Other *Errors (unavailable, no_quorum, not_supported, ...) and errors of
-// ctx leave the lock as it was. A released Lock gives ErrNotHeld without
-// sending anything.
+// ctx (the EXTEND may still run) leave the earlier deadline too. A
+// released Lock gives ErrNotHeld without sending anything.
 func (l *Lock) Extend(ctx context.Context, lease time.Duration) error {
 	if err := checkLease(lease); err != nil {
 		return err
 	}
+	sent := l.c.clock()
+	end := sent.Add(lease - Margin(lease))
 	l.mu.Lock()
 	lost, released := l.lostErrLocked(), l.released
+	if lost == nil && !released {
+		if l.extends == nil {
+			l.extends = map[*time.Time]struct{}{}
+		}
+		l.extends[&end] = struct{}{}
+		l.capLocked(end)
+	}
 	l.mu.Unlock()
 	switch {
 	case lost != nil:
@@ -202,8 +223,10 @@ func (l *Lock) Extend(ctx context.Context, lease time.Duration) error {
 	case released:
 		return &Error{Code: "not_held", Message: "the lock was released (nothing sent)"}
 	}
-	sent := l.c.clock()
 	err := l.cn.extend(ctx, l.keys[0], l.token, lease)
+	l.mu.Lock()
+	delete(l.extends, &end)
+	l.mu.Unlock()
 	var e *Error
 	switch {
 	case err == nil:
@@ -221,10 +244,29 @@ func (l *Lock) Extend(ctx context.Context, lease time.Duration) error {
 		return lost
 	}
 	if !l.released {
-		l.deadline = sent.Add(lease - Margin(lease))
+		l.deadline = end
+		for other := range l.extends {
+			l.deadline = minTime(l.deadline, *other)
+		}
 		l.timer.Reset(l.deadline.Sub(l.c.clock()))
 	}
 	return nil
+}
+
+// capLocked moves the deadline to end if end is earlier (an EXTEND sent
+// at end's send time may shorten the lease). Requires l.mu.
+func (l *Lock) capLocked(end time.Time) {
+	if end.Before(l.deadline) {
+		l.deadline = end
+		l.timer.Reset(l.deadline.Sub(l.c.clock()))
+	}
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // Release releases the lock (every key of a block) in one request:
@@ -366,7 +408,9 @@ func grantToken(reply string) (uint64, bool) {
 
 // Extend sends EXTEND: key (for a block, any of its keys) held by this
 // Client under token gets a new lease (whole seconds 1..250) from now.
-// nil when extended; ErrIndeterminate (count on the previous lease); an
+// nil when extended; ErrIndeterminate (count on the earlier of the
+// previous deadline and this call's send time + lease − Margin: a shorter
+// lease may have applied; the same while the EXTEND is in flight); an
 // *Error: ErrNotHeld / ErrTokenMismatch / owner_mismatch (the lock is
 // gone), release_in_progress, extend_in_progress, unavailable,
 // not_supported (the cluster does not extend yet), .... Lock.Extend is

@@ -306,20 +306,21 @@ class Connection {
 
   /** @param {SidecarConnectionError} err */
   fail(err) {
-    if (!this.error) {
-      this.error = err;
-      this.socket.destroy();
-    }
+    const first = !this.error;
+    if (first) this.error = err;
+    // The session is over: the sidecar releases its locks (or, if it died,
+    // their leases run out). They are told first: on close, destroying
+    // the socket makes the sidecar release them and hand their keys on
+    // (issue 39).
+    const locks = [...this.locks.values()].flatMap((set) => [...set]);
+    this.locks.clear();
+    for (const lock of locks) lock[kLose]('disconnected', false);
+    if (first) this.socket.destroy();
     const entries = this.pending.slice(this.head);
     this.pending = [];
     this.head = 0;
     this.queuedHooks.clear();
     for (const e of entries) e.reject(err);
-    // The session is over: the sidecar releases its locks (or, if it died,
-    // their leases run out).
-    const locks = [...this.locks.values()].flatMap((set) => [...set]);
-    this.locks.clear();
-    for (const lock of locks) lock[kLose]('disconnected', false);
   }
 
   async close() {

@@ -55,6 +55,12 @@ class Lock {
   #controller = new AbortController();
   /** performance.now() time after which the lock must not be used */
   #deadline;
+  /**
+   * The caps of the EXTENDs in flight ({cap}: send time + lease − margin);
+   * the deadline is never later than any of them (see extend).
+   * @type {Set<{cap: number}>}
+   */
+  #extends = new Set();
   /** @type {NodeJS.Timeout|null} */
   #timer = null;
   /** @type {string|null} */
@@ -157,13 +163,21 @@ class Lock {
    * from the moment this call writes it. On `OK` the local deadline moves to
    * that send time + lease − margin (a shorter lease moves it earlier).
    *
+   * From the send on, and after any outcome but `OK` or a definite loss
+   * (IndeterminateError, another ServerError, a connection error), the
+   * local deadline is the **earlier** of the previous one and the send
+   * time + lease − margin: the extend may have applied, and a shorter
+   * lease then ends the lock (and hands the key on) before the previous
+   * deadline. For an extend that lengthens the lease that is the previous
+   * deadline.
+   *
    * Rejects with TypeError/RangeError for a lease that is not an integer
    * 1..250, and with LockLostError when the lock is already lost (or was
    * released: reason `released`), both before anything is sent; with
    * ServerError (`.code`) for an `ERR` — `not_held`, `token_mismatch`,
    * `owner_mismatch` mean the lock is gone and its signal fires (`moved`) —
-   * with IndeterminateError when the outcome is unknown (count on the old
-   * deadline, which stays), and with LockLostError if the lock was lost
+   * with IndeterminateError when the outcome is unknown (count on the
+   * earlier deadline above), and with LockLostError if the lock was lost
    * while the EXTEND was in flight (the sidecar may then hold it for the new
    * lease: release it).
    * @param {number} lease whole seconds 1..250
@@ -175,14 +189,27 @@ class Lock {
     this.#checkDeadline();
     if (this.#lostReason !== null) throw new LockLostError(this.#lostReason);
     const sentAt = performance.now();
-    const reply = await this.#call(line, p.RELEASE_DEADLINE);
+    const mine = { cap: validUntil(sentAt, lease) };
+    this.#extends.add(mine);
+    if (mine.cap < this.#deadline) {
+      this.#deadline = mine.cap;
+      this.#arm();
+    }
+    let reply;
+    try {
+      reply = await this.#call(line, p.RELEASE_DEADLINE);
+    } finally {
+      this.#extends.delete(mine);
+    }
     if (reply === 'OK') {
       if (this.#released) return;
       if (this.#lostReason !== null) {
         throw new LockLostError(this.#lostReason,
           `${LockLostError.describe(this.#lostReason)}, while its EXTEND was in flight (the EXTEND succeeded: release the lock)`);
       }
-      this.#deadline = validUntil(sentAt, lease);
+      let deadline = mine.cap;
+      for (const other of this.#extends) deadline = Math.min(deadline, other.cap);
+      this.#deadline = deadline;
       this.#arm();
       return;
     }

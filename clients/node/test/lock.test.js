@@ -148,7 +148,7 @@ test('the local deadline: signal at send + lease - margin, then the sidecar even
   assert.equal(lock.signal.reason.reason, 'deadline'); // the signal fired once
 });
 
-test('extend: OK re-arms the deadline from its send time; INDETERMINATE keeps the old one; not_held loses the lock', async () => {
+test('extend: OK re-arms the deadline from its send time; INDETERMINATE keeps the earlier of the old one and send time + lease; not_held loses the lock', async () => {
   let extendReply = 'OK';
   const { fake, client } = await setup((line) => (line.startsWith('EXTEND') ? extendReply : undefined));
   // Lease 2: the deadline (1.73 s) leaves a loaded machine time for the
@@ -167,13 +167,35 @@ test('extend: OK re-arms the deadline from its send time; INDETERMINATE keeps th
 
   extendReply = 'INDETERMINATE';
   const before = lock.remaining();
+  await assert.rejects(lock.extend(100), ticketing.IndeterminateError);
+  assert.ok(lock.remaining() <= before && lock.remaining() > 5, 'a longer extend: the old deadline stays');
+  // A shorter one may have applied (issue 39): send time + lease − margin.
   await assert.rejects(lock.extend(5), ticketing.IndeterminateError);
-  assert.ok(lock.remaining() <= before && lock.remaining() > 5, 'the old deadline stays');
+  assert.ok(lock.remaining() <= 5 - 0.3 && lock.remaining() > 3, `a shorter extend: the earlier end (remaining ${lock.remaining()})`);
+  assert.equal(lock.signal.aborted, false);
 
   extendReply = 'ERR not_held not held';
   await assert.rejects(lock.extend(5), (e) => e instanceof ticketing.ServerError && e.code === 'not_held');
   assert.equal(lock.lostReason, 'moved');
   assert.equal(lock.signal.aborted, true);
+});
+
+test('a shorter extend caps the deadline from its send on and fires at it after INDETERMINATE (issue 39)', async () => {
+  let extendPeer = null;
+  const { client } = await setup((line, peer) => {
+    if (!line.startsWith('EXTEND')) return undefined;
+    extendPeer = peer;
+    return null; // answered below
+  });
+  const lock = await client.lock('k', { lease: 60, wait: 0 });
+  const pending = lock.extend(1); // 1 s − 260 ms
+  assert.ok(lock.remaining() <= 0.74, `in flight: remaining ${lock.remaining()}, want at most 0.74`);
+  while (extendPeer === null) await sleep(5);
+  extendPeer.write('INDETERMINATE\n');
+  await assert.rejects(pending, ticketing.IndeterminateError);
+  assert.ok(lock.remaining() <= 0.74);
+  await aborted(lock.signal);
+  assert.equal(lock.lostReason, 'deadline');
 });
 
 test('a block lock extends by its first key and is lost as one', async () => {

@@ -39,6 +39,9 @@ class ScriptedSidecar:
         self.next_token = 100
         self.replies: Dict[str, str] = {}  # verb -> reply override
         self.before_reply: Optional[Callable[[str], List[str]]] = None
+        #: Called when a connection's client side closed (the sidecar would
+        #: release that session's locks now).
+        self.on_eof: Optional[Callable[[], None]] = None
         self.conns: List[socket.socket] = []
         self._wlock = threading.Lock()
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -83,6 +86,8 @@ class ScriptedSidecar:
                     self._write(conn, "".join(x + "\n" for x in out))
         except OSError:
             pass
+        if self.on_eof is not None:
+            self.on_eof()
 
     def _write(self, conn: socket.socket, data: str) -> None:
         b = data.encode()
@@ -378,6 +383,57 @@ class SyncLockLost(unittest.TestCase):
         self.assertLessEqual(lock.remaining(), before)
         self.assertFalse(lock.lost.is_set())
 
+    def test_extend_indeterminate_shorter_counts_on_the_earlier_end(self) -> None:
+        # Issue 39: a shorter EXTEND may have applied: from its send on,
+        # and after INDETERMINATE, the deadline is at most send + validity.
+        self.fake.replies["EXTEND"] = "INDETERMINATE"
+        in_flight: List[float] = []
+        lock = self.client.lock("k", lease=60, wait=0)
+        lock.acquire()
+        self.fake.before_reply = lambda line: (in_flight.append(lock.remaining()) or []) if line.startswith("EXTEND") else []
+        with self.assertRaises(ticketing.IndeterminateError):
+            lock.extend(5)
+        self.assertEqual(len(in_flight), 1)
+        self.assertLessEqual(in_flight[0], p.validity(5))
+        self.assertGreater(in_flight[0], 0)
+        self.assertLessEqual(lock.remaining(), p.validity(5))
+        self.assertGreater(lock.remaining(), 0)
+        self.assertFalse(lock.lost.is_set())
+        # A longer one leaves that deadline; OK then moves it.
+        with self.assertRaises(ticketing.IndeterminateError):
+            lock.extend(100)
+        self.assertLessEqual(lock.remaining(), p.validity(5))
+        del self.fake.replies["EXTEND"]
+        lock.extend(100)
+        self.assertGreater(lock.remaining(), p.validity(60))
+
+    def test_close_fires_lost_before_the_sidecar_sees_the_close(self) -> None:
+        # Issue 39: the sidecar releases a closed session's locks and hands
+        # their keys on; the holder must be told before that.
+        lock = self.client.lock("k", lease=30, wait=0)
+        lock.acquire()
+        at_eof: List[bool] = []
+        seen = threading.Event()
+
+        def eof() -> None:
+            at_eof.append(lock.lost.is_set())
+            seen.set()
+
+        self.fake.on_eof = eof
+        self.client.close()
+        self.assertTrue(seen.wait(WAIT))
+        self.assertEqual(at_eof, [True])
+        self.assertEqual(lock.lost_reason, "disconnected")
+
+    def test_extend_shorter_indeterminate_fires_at_the_earlier_end(self) -> None:
+        self.fake.replies["EXTEND"] = "INDETERMINATE"
+        lock = self.client.lock("k", lease=60, wait=0)
+        lock.acquire()
+        with self.assertRaises(ticketing.IndeterminateError):
+            lock.extend(1)  # validity(1) = 0.74 s
+        self.assertTrue(lock.lost.wait(WAIT))
+        self.assertEqual(lock.lost_reason, "deadline")
+
     def test_deadline_then_event_replaces_reason(self) -> None:
         lock = self.client.lock("k", lease=1, wait=0)
         token = lock.acquire()
@@ -503,6 +559,25 @@ class AsyncLockLost(unittest.TestCase):
             self.fake.push(f"! LOST {t2} expired k2")
             await client.ping()
             self.assertEqual(lock2.lost_reason, "expired")
+
+        self.run_async(body)
+
+    def test_extend_indeterminate_shorter_counts_on_the_earlier_end(self) -> None:
+        async def body(client: ticketing.AsyncClient) -> None:
+            self.fake.replies["EXTEND"] = "INDETERMINATE"
+            lock = client.lock("k", lease=60, wait=0)
+            await lock.acquire()
+            task = asyncio.ensure_future(lock.extend(5))
+            await asyncio.sleep(0)  # sent, not answered
+            self.assertLessEqual(lock.remaining(), p.validity(5))
+            with self.assertRaises(ticketing.IndeterminateError):
+                await task
+            self.assertLessEqual(lock.remaining(), p.validity(5))
+            self.assertGreater(lock.remaining(), 0)
+            self.assertFalse(lock.lost.is_set())
+            del self.fake.replies["EXTEND"]
+            await lock.extend(100)
+            self.assertGreater(lock.remaining(), p.validity(60))
 
         self.run_async(body)
 

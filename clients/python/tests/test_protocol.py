@@ -357,6 +357,33 @@ class LockStateCore(unittest.TestCase):
         self.assertFalse(released.lose("expired", True))
         self.assertRaises(RuntimeError, released.begin_release)
 
+    def test_extend_caps_the_deadline(self) -> None:
+        # Issue 39: an EXTEND to a shorter lease may apply whatever its
+        # answer says (INDETERMINATE), and its lease counts from when it
+        # did: from its send on, the deadline is at most send + validity.
+        st = p.LockState.of_key("k", 60, 5)
+        self.assertTrue(st.arm(st.granted(3, 0.0)))  # 0 + validity(60)
+        cap = st.begin_extend(5, 10.0)
+        self.assertAlmostEqual(cap, 10.0 + p.validity(5))
+        self.assertAlmostEqual(st.capped(cap), cap)  # shorter: the cap
+        longer = st.begin_extend(100, 11.0)
+        self.assertAlmostEqual(st.capped(longer), cap)  # the earlier in flight
+        st.end_extend(longer)
+        self.assertTrue(st.arm(st.capped(cap)))
+        st.end_extend(cap)  # INDETERMINATE: the deadline stays capped
+        self.assertAlmostEqual(st.deadline, 10.0 + p.validity(5))
+        # A longer extend leaves the previous deadline.
+        st2 = p.LockState.of_key("k", 60, 5)
+        st2.arm(st2.granted(4, 0.0))
+        mine = st2.begin_extend(100, 10.0)
+        self.assertAlmostEqual(st2.capped(mine), p.validity(60))
+        st2.end_extend(mine)  # answered OK
+        # OK: send time + validity, at most another EXTEND's cap in flight.
+        other = st2.begin_extend(2, 12.0)
+        self.assertAlmostEqual(st2.extended_deadline(10.5, 100), other)
+        st2.end_extend(other)
+        self.assertAlmostEqual(st2.extended_deadline(10.5, 100), 10.5 + p.validity(100))
+
     def test_extend_decisions(self) -> None:
         st = p.LockState.of_key("k", 10, 5)
         self.assertRaises(RuntimeError, st.extend_line, 10)  # not held

@@ -295,12 +295,14 @@ class LockState:
     local reason (``deadline``, ``disconnected``) replaces the reported
     reason, being the more definite news; a released lock never fires. The
     local deadline is the send time of the ACQUIRE (or of the last
-    successful EXTEND) + lease − :func:`lease_margin`. Times are the
+    successful EXTEND) + lease − :func:`lease_margin`, never later than
+    the send time + lease − margin of an EXTEND in flight or of one whose
+    outcome is not a success (:meth:`begin_extend`). Times are the
     shell's clock (``time.monotonic()``, the loop's ``time()``).
     """
 
     __slots__ = ("keys", "block", "lease", "wait", "on_queued", "label", "token", "held_token",
-                 "used", "reason", "released", "deadline")
+                 "used", "reason", "released", "deadline", "extends")
 
     def __init__(
         self,
@@ -328,6 +330,8 @@ class LockState:
         self.reason: Optional[str] = None
         self.released = False
         self.deadline: Optional[float] = None
+        #: The caps of the EXTENDs in flight (:meth:`begin_extend`).
+        self.extends: List[float] = []
 
     @classmethod
     def of_key(
@@ -413,6 +417,38 @@ class LockState:
         if self.reason is not None:
             raise self.lost_error()
         return line
+
+    def begin_extend(self, lease: int, now: float) -> float:
+        """Start an EXTEND of *lease* about to be sent at or after *now*:
+        record its cap, ``now + validity(lease)``, and return it. Until the
+        EXTEND is answered, and after any outcome but ``OK`` or a definite
+        loss, the local deadline is at most the cap (the shell arms
+        :meth:`capped`): the extend may have applied, and a lease shorter
+        than what was left ends the lock before the previous deadline
+        (issue 39). Pair with :meth:`end_extend`."""
+        cap = now + validity(lease)
+        self.extends.append(cap)
+        return cap
+
+    def end_extend(self, cap: float) -> None:
+        """The EXTEND of *cap* was answered (or given up on)."""
+        try:
+            self.extends.remove(cap)
+        except ValueError:
+            pass
+
+    def capped(self, deadline: float) -> float:
+        """*deadline* lowered to every cap of an EXTEND in flight, and to the
+        current deadline if earlier: what the lock may count on now."""
+        if self.deadline is not None:
+            deadline = min(deadline, self.deadline)
+        return min([deadline, *self.extends])
+
+    def extended_deadline(self, sent: float, lease: int) -> float:
+        """The deadline after an ``OK`` to an EXTEND of *lease* sent at
+        *sent* (its own cap ended first): send time + validity, at most the
+        cap of another EXTEND still in flight."""
+        return min([sent + validity(lease), *self.extends])
 
     def extend_replied(self, reply: str) -> Tuple[Optional[Exception], bool]:
         """The outcome of an EXTEND's reply: (the error to raise or None,

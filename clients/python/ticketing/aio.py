@@ -140,13 +140,15 @@ class _AsyncConnection:
             elif isinstance(d, p.Lost):
                 d.target._lose(d.reason, d.from_sidecar)
             elif isinstance(d, p.Teardown):
+                # The locks are told first: closing the socket makes the
+                # sidecar release them and hand their keys on (issue 39).
+                for lock in d.locks:
+                    lock._lose(p.REASON_DISCONNECTED, False)
                 if d.first:
                     self._writer.close()
                 for req in d.requests:
                     if not req.handle.done():
                         req.handle.set_exception(d.error)
-                for lock in d.locks:
-                    lock._lose(p.REASON_DISCONNECTED, False)
 
     async def close(self) -> None:
         self._carry_out([self._session.fail(SidecarConnectionError("client closed"))])
@@ -489,7 +491,15 @@ class AsyncLock(p.LockView):
         conn = self._conn
         if conn is None:
             raise self._state.lost_error()
-        reply, sent, _ = await self.client._call_at(line, p.RELEASE_DEADLINE, None, conn)
+        # From the send on the deadline is at most this EXTEND's cap, and
+        # stays so unless it succeeds (see ticketing.Lock.extend).
+        cap = self._state.begin_extend(lease, asyncio.get_running_loop().time())
+        self._arm(self._state.capped(cap))
+        self._check_deadline()
+        try:
+            reply, sent, _ = await self.client._call_at(line, p.RELEASE_DEADLINE, None, conn)
+        finally:
+            self._state.end_extend(cap)
         err, fire = self._state.extend_replied(reply)
         if fire:
             self._fire()
@@ -497,7 +507,7 @@ class AsyncLock(p.LockView):
             raise err
         if not self._state.extended(lease):
             raise self._state.lost_error()  # lost while the EXTEND was under way
-        self._arm(sent + p.validity(lease))
+        self._arm(self._state.extended_deadline(sent, lease))
 
     async def release(self) -> None:
         """Release the lock; sends RELEASE also after a loss (see

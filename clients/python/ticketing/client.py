@@ -255,6 +255,11 @@ class _Connection:
     def close(self) -> None:
         with self._lock:
             td = self._session.fail(SidecarConnectionError("client closed"))
+        # Its locks are told first: closing the socket makes the sidecar
+        # release them and hand their keys on (issue 39).
+        for lock in td.locks:
+            lock._lose(p.REASON_DISCONNECTED, False)
+        with self._lock:
             self._end_locked(td)
         self._carry_out([td])
         if self._reader is not None and not self.on_reader_thread():
@@ -694,14 +699,22 @@ class Lock(p.LockView):
         token, the keys' queues untouched (``EXTEND``). On success the local
         deadline moves to this call's send time + *lease* − margin.
 
+        From the send on, and after any outcome but success or a definite
+        loss (an error, a timeout, an exception), the local deadline is the
+        earlier of the previous one and this call's send time + *lease* −
+        margin: the extend may have applied, and a lease shorter than what
+        was left ends the lock (and hands the keys on) before the previous
+        deadline. For an extend that lengthens the lease that is the
+        previous deadline.
+
         :raises ValueError, TypeError: invalid *lease* (nothing sent).
         :raises LockLostError: the lock is already lost (nothing sent), or
             it was lost while the EXTEND was under way.
         :raises ServerError: ``ERR`` from the sidecar; ``not_held``,
             ``token_mismatch`` and ``owner_mismatch`` mean the lock is gone
             (its :attr:`lost` is set, reason ``"moved"``).
-        :raises IndeterminateError: no definite reply; count on the previous
-            deadline, which stays.
+        :raises IndeterminateError: no definite reply; count on the earlier
+            deadline above (the previous one for a longer lease).
         :raises RuntimeError: the lock is not held (not acquired, or released).
         """
         self._check_deadline()
@@ -710,17 +723,25 @@ class Lock(p.LockView):
             conn = self._conn
         if conn is None:
             raise self._state.lost_error()
-        reply, sent, _ = self.client._call_at(line, p.RELEASE_DEADLINE, None, conn)
+        with self._mu:
+            cap = self._state.begin_extend(lease, time.monotonic())
+        self._arm_capped(cap)
+        try:
+            reply, sent, _ = self.client._call_at(line, p.RELEASE_DEADLINE, None, conn)
+        finally:
+            with self._mu:
+                self._state.end_extend(cap)
         with self._mu:
             err, fire = self._state.extend_replied(reply)
             ok = err is None and self._state.extended(lease)
+            deadline = self._state.extended_deadline(sent, lease)
         if fire:
             self._fire()
         if err is not None:
             raise err
         if not ok:
             raise self._state.lost_error()
-        self._arm(sent + p.validity(lease))
+        self._arm(deadline)
 
     def release(self) -> None:
         """Release the lock, every key of a block (see :meth:`Client.release`).
@@ -774,8 +795,18 @@ class Lock(p.LockView):
 
     def _arm(self, deadline: float) -> None:
         """Move the local deadline to *deadline* and (re)start its timer."""
+        self._arm_with(lambda: deadline)
+
+    def _arm_capped(self, cap: float) -> None:
+        """Lower the local deadline to *cap* if that is earlier (an EXTEND
+        in flight)."""
+        self._arm_with(lambda: self._state.capped(cap))
+        self._check_deadline()  # a cap already passed fires now
+
+    def _arm_with(self, deadline_of: Callable[[], float]) -> None:
         with self._mu:
             conn, old = self._conn, self._timer
+            deadline = deadline_of()
             if conn is None or not self._state.arm(deadline):
                 return
             conn.timers.cancel(old)
