@@ -88,3 +88,15 @@ func ClientConns(n *Node) int {
 	defer n.mu.Unlock()
 	return len(n.conns)
 }
+
+// WrapLogStore puts test stores around node cfg's log store (tests only):
+// under sits between the log verifier and the store (what the node reads
+// back), over between Raft's log cache and the verifier (what the node
+// writes). Either may be nil.
+func WrapLogStore(cfg *Config, under, over func(raft.LogStore) raft.LogStore) {
+	cfg.storeWrap = storeWrap{under: under, over: over}
+}
+
+// CheckpointKind is the kind byte of a log verification checkpoint
+// (tests only).
+const CheckpointKind = entryCheckpoint
