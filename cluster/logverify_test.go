@@ -252,3 +252,47 @@ func tableOf(t *testing.T, c *testCluster, i int) []byte {
 	}
 	return b.Bytes()
 }
+
+// Mixed versions: while a member speaks version 9 (the cluster version
+// stays 9), the leader appends no checkpoint, whatever its own version:
+// a version 9 build would not know the entry. Every node still runs
+// its verifier and counts nothing.
+func TestLogVerificationWaitsForTheClusterVersion(t *testing.T) {
+	c := startClusterOpts(t, local.Options{Tune: func(cfg *cluster.Config) {
+		if cfg.NodeID == "n3" {
+			cfg.ProtocolVersion = wire.VersionLogVerify - 1
+		}
+		cfg.LogVerifyInterval = 50 * time.Millisecond
+		cfg.LogVerifyEntries = 16
+	}})
+	li := c.leader()
+	lc := c.client()
+	defer lc.close()
+	deadline := time.Now().Add(time.Second)
+	for k := 0; time.Now().Before(deadline); k++ {
+		key := fmt.Sprintf("mixed/%d", k%20)
+		if r := lc.do(acquireMsg(key, "o", 30, 0)); r.Type == wire.TypeGranted {
+			lc.do(releaseMsg(key, "o", r.Token))
+		}
+	}
+	for i := range c.Size() {
+		if v := c.Node(i).ClusterVersion(); v != wire.VersionLogVerify-1 {
+			t.Fatalf("%s: cluster version %d, want %d", c.ID(i), v, wire.VersionLogVerify-1)
+		}
+		n, err := cluster.EntriesOfKind(c.Node(i), cluster.CheckpointKind)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n != 0 {
+			t.Errorf("%s: %d checkpoints in the log at cluster version %d", c.ID(i), n, wire.VersionLogVerify-1)
+		}
+		for _, r := range []string{"ok", "storage_corruption", "in_flight_corruption", "unverified"} {
+			if v := verifyMetric(t, c, i, r); v != 0 {
+				t.Errorf("%s: %s = %v", c.ID(i), r, v)
+			}
+		}
+	}
+	if n, _ := lookupMetric(t, c.Node(li).MetricsRegistry(), "ticketing_node_log_checkpoints_total"); n != 0 {
+		t.Errorf("the leader appended %v checkpoints", n)
+	}
+}
