@@ -3,6 +3,7 @@ package cluster
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -70,51 +71,44 @@ var verifyResultNames = [numVerifyResults]string{"ok", "storage_corruption", "in
 // verifiedStore is a node's log store behind raft-wal's verifier: the log
 // goes through the verifier, the stable store (term, vote) straight to
 // the store.
+//
+// When the log's tail is cut off (a new leader overwrites a follower's
+// uncommitted entries, or an installed snapshot replaces the whole log of
+// a raft-wal node), the verifier starts over: its running checksum had
+// summed the deleted entries as well as what replaces them, so the range
+// it is in would not match the leader's (a follower would report
+// in-flight corruption), or, were this node to lead next, every node's
+// copy would not match the checksum it appends (every node would report
+// storage corruption). A fresh verifier sums from the next entry stored:
+// the next range is only read back, not compared as written (its start
+// differs from the leader's), and the one after is checked in full.
 type verifiedStore struct {
-	*verifier.LogStore
 	raft.StableStore
-	base LogStore
+	base   LogStore
+	under  *verifierBase
+	report verifier.ReportFn
+
+	// mu orders appends (read-locked: Raft appends from one goroutine)
+	// before a restart of the verifier (locked), so that no append meets
+	// a verifier being closed.
+	mu sync.RWMutex
+	v  atomic.Pointer[verifier.LogStore]
 }
 
 // verifierBase is the store under the verifier: it says whether it is
 // monotonic (raft-wal is) and hides its Close (the verifier closes only
-// its checker; verifiedStore.Close closes the store once), and it
-// remembers where the log's tail was last cut off. A follower whose
-// uncommitted tail a new leader overwrites has summed the entries it
-// deleted as well as their replacements, so its written sum over that
-// range differs from the leader's without any corruption: such a range
-// is counted unverified, not in-flight corruption (classifyVerification).
+// its checker; verifiedStore.Close closes the store once).
 type verifierBase struct {
 	raft.LogStore
 	mono bool
-	// cut is the lowest index removed by the latest deletion of the
-	// log's tail (0: none since the node started).
-	cut atomic.Uint64
 }
 
 func (b *verifierBase) IsMonotonic() bool { return b.mono }
 
-// DeleteRange deletes [lo, hi], remembering lo when it cuts off the tail
-// (a deletion from the head, log compaction, leaves the last entry).
-func (b *verifierBase) DeleteRange(lo, hi uint64) error {
-	last, err := b.LogStore.LastIndex()
-	if err != nil {
-		return err
-	}
-	if err := b.LogStore.DeleteRange(lo, hi); err != nil {
-		return err
-	}
-	if hi >= last && last > 0 {
-		b.cut.Store(lo)
-	}
-	return nil
-}
-
-// newVerifiedStore wraps base; report gets every verification's result
-// and where the log's tail was last cut off. wrap, when set, goes
-// between the verifier and base (tests: a store that reads back
-// something else).
-func newVerifiedStore(base LogStore, report func(verifier.VerificationReport, uint64), wrap func(raft.LogStore) raft.LogStore) *verifiedStore {
+// newVerifiedStore wraps base; report gets every verification's result.
+// wrap, when set, goes between the verifier and base (tests: a store that
+// reads back something else).
+func newVerifiedStore(base LogStore, report verifier.ReportFn, wrap func(raft.LogStore) raft.LogStore) *verifiedStore {
 	mono := false
 	if m, ok := base.(raft.MonotonicLogStore); ok {
 		mono = m.IsMonotonic()
@@ -123,27 +117,65 @@ func newVerifiedStore(base LogStore, report func(verifier.VerificationReport, ui
 	if wrap != nil {
 		under = wrap(under)
 	}
-	vb := &verifierBase{LogStore: under, mono: mono}
-	return &verifiedStore{
-		LogStore: verifier.NewLogStore(vb, isCheckpoint, func(r verifier.VerificationReport) { report(r, vb.cut.Load()) },
-			&metrics.NoOpCollector{}),
-		StableStore: base,
-		base:        base,
+	s := &verifiedStore{StableStore: base, base: base, under: &verifierBase{LogStore: under, mono: mono}, report: report}
+	s.v.Store(s.newVerifier())
+	return s
+}
+
+func (s *verifiedStore) newVerifier() *verifier.LogStore {
+	return verifier.NewLogStore(s.under, isCheckpoint, s.report, &metrics.NoOpCollector{})
+}
+
+// FirstIndex, LastIndex and GetLog read the store.
+func (s *verifiedStore) FirstIndex() (uint64, error)            { return s.under.FirstIndex() }
+func (s *verifiedStore) LastIndex() (uint64, error)             { return s.under.LastIndex() }
+func (s *verifiedStore) GetLog(index uint64, l *raft.Log) error { return s.under.GetLog(index, l) }
+
+// IsMonotonic is the store's.
+func (s *verifiedStore) IsMonotonic() bool { return s.under.mono }
+
+// StoreLog and StoreLogs append through the verifier.
+func (s *verifiedStore) StoreLog(l *raft.Log) error { return s.StoreLogs([]*raft.Log{l}) }
+
+func (s *verifiedStore) StoreLogs(logs []*raft.Log) error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.v.Load().StoreLogs(logs)
+}
+
+// DeleteRange deletes [lo, hi]; when that cuts off the log's tail (a
+// deletion from the head, log compaction, leaves the last entry), the
+// verifier starts over.
+func (s *verifiedStore) DeleteRange(lo, hi uint64) error {
+	last, err := s.under.LastIndex()
+	if err != nil {
+		return err
 	}
+	if err := s.under.DeleteRange(lo, hi); err != nil {
+		return err
+	}
+	if hi < last {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	// The old verifier delivers a report it already queued, then stops.
+	return s.v.Swap(s.newVerifier()).Close()
 }
 
 // Close stops the verifier, then closes the store.
 func (s *verifiedStore) Close() error {
-	err := s.LogStore.Close()
+	s.mu.Lock()
+	err := s.v.Load().Close()
+	s.mu.Unlock()
 	if cerr := s.base.Close(); err == nil {
 		err = cerr
 	}
 	return err
 }
 
-// classifyVerification is the result of a verifier's report; cut is
-// where the node's log tail was last cut off (verifierBase).
-func classifyVerification(r verifier.VerificationReport, cut uint64) int {
+// classifyVerification is the result of a verifier's report.
+func classifyVerification(r verifier.VerificationReport) int {
 	var mismatch verifier.ErrChecksumMismatch
 	switch {
 	case r.Err == nil:
@@ -151,11 +183,8 @@ func classifyVerification(r verifier.VerificationReport, cut uint64) int {
 	case errors.As(r.Err, &mismatch):
 		// The verifier compares the written sum first: when it differs
 		// (and is known: zero is "not written over this whole range since
-		// the node started"), it reports that and reads nothing back.
+		// the verifier started"), it reports that and reads nothing back.
 		if r.WrittenSum != 0 && r.WrittenSum != r.ExpectedSum {
-			if cut >= r.Range.Start && cut < r.Range.End {
-				return verifyUnverified // a new leader overwrote part of the range
-			}
 			return verifyInFlight
 		}
 		return verifyStorage
@@ -165,13 +194,13 @@ func classifyVerification(r verifier.VerificationReport, cut uint64) int {
 
 // logVerified is the verifier's ReportFn: it counts and logs one verified
 // range. It runs on the verifier's goroutine, one report at a time.
-func (n *Node) logVerified(r verifier.VerificationReport, cut uint64) {
+func (n *Node) logVerified(r verifier.VerificationReport) {
 	select {
 	case <-n.closing:
 		return // the store is closing under it: nothing to tell
 	default:
 	}
-	res := classifyVerification(r, cut)
+	res := classifyVerification(r)
 	n.metrics.logVerifications[res].Inc()
 	// Range is [Start, End): End is the checkpoint's own index.
 	attrs := []any{"first_index", r.Range.Start, "last_index", r.Range.End - 1, "checkpoint_index", r.Range.End}
@@ -192,9 +221,6 @@ func (n *Node) logVerified(r verifier.VerificationReport, cut uint64) {
 		switch {
 		case errors.Is(r.Err, verifier.ErrRangeMismatch):
 			n.log.Info("log range not verified: it is no longer (or not yet) in this node's log", attrs...)
-		case cut >= r.Range.Start && cut < r.Range.End:
-			n.log.Info("log range not verified: a new leader overwrote this node's entries from an index in it",
-				append(attrs, "overwritten_from", cut)...)
 		default:
 			n.log.Warn("log range not verified", append(attrs, "err", r.Err)...)
 		}
