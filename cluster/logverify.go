@@ -218,10 +218,9 @@ func (n *Node) logVerified(r verifier.VerificationReport) {
 			"differ from what the leader wrote; replace this node with a fresh data dir "+
 			"(docs/operations.md, \"Log verification\")", append(append(attrs, sums...), "err", r.Err)...)
 	default:
-		switch {
-		case errors.Is(r.Err, verifier.ErrRangeMismatch):
+		if errors.Is(r.Err, verifier.ErrRangeMismatch) {
 			n.log.Info("log range not verified: it is no longer (or not yet) in this node's log", attrs...)
-		default:
+		} else {
 			n.log.Warn("log range not verified", append(attrs, "err", r.Err)...)
 		}
 	}
