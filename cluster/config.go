@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hashicorp/raft"
+
 	"ticketing/cluster/wire"
 )
 
@@ -131,6 +133,26 @@ type Config struct {
 	// DefaultPeerTimeout.
 	PeerTimeout time.Duration
 
+	// DisableLogVerify turns online log verification off on this node
+	// (logverify.go): its log store keeps no checksums and checks
+	// nothing, and as the serving leader it appends no checkpoints (it
+	// still applies other leaders' checkpoints, as no-ops). false, the
+	// default: verification on, as docs/operations.md ("Log
+	// verification") describes.
+	DisableLogVerify bool
+	// LogVerifyInterval is the longest the serving leader goes between
+	// two log verification checkpoints while entries are appended (an
+	// idle log gets none); LogVerifyEntries the most entries it lets
+	// pass between two: a checkpoint is appended at whichever comes
+	// first, so each verified range is at most about LogVerifyEntries
+	// entries, which every node reads back once. A range must still be
+	// in a node's log when its checkpoint arrives (TrailingLogs above
+	// LogVerifyEntries), or that node counts it unverified. Zero:
+	// DefaultLogVerifyInterval (a duration), DefaultLogVerifyEntries
+	// (entries).
+	LogVerifyInterval time.Duration
+	LogVerifyEntries  uint64
+
 	// HandshakeTimeout bounds a client or peer handshake. Zero:
 	// DefaultHandshakeTimeout.
 	HandshakeTimeout time.Duration
@@ -211,12 +233,23 @@ type Config struct {
 	PeerNet PeerNet
 	// ProtocolVersion is the newest protocol version the node speaks, on
 	// its client and peer ports alike (and so the cluster version it
-	// helps record): 0 = wire.ProtocolVersion (8, labels). Lower plays
+	// helps record): 0 = wire.ProtocolVersion (10, log verification). Lower plays
 	// an older build: tests of a rolling upgrade run some nodes at 6, so
 	// that the cluster version stays 6 until every member speaks 7; a
 	// node below the cluster version is never made a voter or handed the
 	// leadership (members.go, handover.go).
 	ProtocolVersion uint16
+
+	// storeWrap wraps the log store (tests only: export_test.go).
+	storeWrap storeWrap
+}
+
+// storeWrap is where a test puts its own raft.LogStore around a node's:
+// under, between the log verifier and the store (what the node reads
+// back); over, between Raft (its log cache) and the verifier (what the
+// node writes). nil: nothing.
+type storeWrap struct {
+	under, over func(raft.LogStore) raft.LogStore
 }
 
 // Defaults. The Raft timeouts are tuned so that a new leader grants within
@@ -249,11 +282,17 @@ const (
 	// compare, 64 clients on one key through a sidecar, alternating runs):
 	// bolt 483–499 → 558–566 hand-offs/s, wal 815–847 → 875–918, FIFO
 	// 100 % throughout; uncontended throughput unchanged.
-	DefaultProposeLinger      = 2 * time.Millisecond
-	DefaultSnapshotThreshold  = 16384
-	DefaultSnapshotInterval   = 30 * time.Second
-	DefaultTrailingLogs       = 10240
-	DefaultPeerTimeout        = 5 * time.Second
+	DefaultProposeLinger     = 2 * time.Millisecond
+	DefaultSnapshotThreshold = 16384
+	DefaultSnapshotInterval  = 30 * time.Second
+	DefaultTrailingLogs      = 10240
+	DefaultPeerTimeout       = 5 * time.Second
+	// The log verification checkpoints: one a minute on a quiet cluster
+	// (Consul's interval), and one per 4096 entries under load, a range
+	// well inside DefaultTrailingLogs that every node reads back in a
+	// few milliseconds (BenchmarkLogVerify).
+	DefaultLogVerifyInterval  = time.Minute
+	DefaultLogVerifyEntries   = 4096
 	DefaultHandshakeTimeout   = 5 * time.Second
 	DefaultMaxInFlightPerConn = 4096
 	DefaultMaxClientConns     = 10000
@@ -295,6 +334,8 @@ func DefaultConfig() Config {
 		SnapshotInterval:    DefaultSnapshotInterval,
 		TrailingLogs:        DefaultTrailingLogs,
 		PeerTimeout:         DefaultPeerTimeout,
+		LogVerifyInterval:   DefaultLogVerifyInterval,
+		LogVerifyEntries:    DefaultLogVerifyEntries,
 		HandshakeTimeout:    DefaultHandshakeTimeout,
 		MaxInFlightPerConn:  DefaultMaxInFlightPerConn,
 		MaxClientConns:      DefaultMaxClientConns,
@@ -404,6 +445,9 @@ func (c Config) Validate() error {
 	}
 	if c.HeartbeatTimeout < 5*time.Millisecond || c.ElectionTimeout < 5*time.Millisecond {
 		return bad("heartbeat and election timeouts must be at least 5ms")
+	}
+	if c.LogVerifyInterval < 10*time.Millisecond {
+		return bad("log verify interval %v is below 10ms", c.LogVerifyInterval)
 	}
 	if c.MaxAppendEntries < 1 || c.MaxAppendEntries > 1024 {
 		return bad("max append entries must be 1..1024")

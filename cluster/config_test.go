@@ -59,7 +59,7 @@ func TestDefaultsWrittenOnce(t *testing.T) {
 		}
 		return false
 	})
-	if want := 24; promised != want {
+	if want := 26; promised != want {
 		t.Errorf("%d fields of Config promise a default, want %d (update this count with a new tunable)", promised, want)
 	}
 }

@@ -88,3 +88,39 @@ func ClientConns(n *Node) int {
 	defer n.mu.Unlock()
 	return len(n.conns)
 }
+
+// WrapLogStore puts test stores around node cfg's log store (tests only):
+// under sits between the log verifier and the store (what the node reads
+// back), over between Raft's log cache and the verifier (what the node
+// writes). Either may be nil.
+func WrapLogStore(cfg *Config, under, over func(raft.LogStore) raft.LogStore) {
+	cfg.storeWrap = storeWrap{under: under, over: over}
+}
+
+// CheckpointKind is the kind byte of a log verification checkpoint
+// (tests only).
+const CheckpointKind = entryCheckpoint
+
+// EntriesOfKind counts the command entries of node n's log whose data
+// starts with kind (tests only).
+func EntriesOfKind(n *Node, kind byte) (int, error) {
+	first, err := n.store.FirstIndex()
+	if err != nil {
+		return 0, err
+	}
+	last, err := n.store.LastIndex()
+	if err != nil {
+		return 0, err
+	}
+	count := 0
+	for i := max(first, 1); i <= last; i++ {
+		var l raft.Log
+		if err := n.store.GetLog(i, &l); err != nil {
+			return 0, err
+		}
+		if l.Type == raft.LogCommand && len(l.Data) > 0 && l.Data[0] == kind {
+			count++
+		}
+	}
+	return count, nil
+}

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"sort"
 	"sync"
+	"time"
 
 	"github.com/hashicorp/raft"
 
@@ -38,14 +39,22 @@ import (
 //	    from wire.VersionBlocks — only once it says so. A node older than
 //	    'V' logs it as an unknown kind and skips it, which is harmless: it
 //	    is written only when no such node is a member)
+//	'C' log verification checkpoint: leader_time u64 (Unix ms)
+//	    (the serving leader appends one every so often, from cluster
+//	    version wire.VersionLogVerify; the log store's verifier writes
+//	    the checksum of the entries since the previous one into its Raft
+//	    Extensions and every node checks its stored copy against it, see
+//	    logverify.go. Applying it changes nothing, and the payload is
+//	    not read: a node applies any 'C' alike)
 //
 // An entry that does not decode is skipped on every replica alike (the same
 // bytes fail the same way everywhere) and logged.
 const (
-	entryLockBatch byte = 'L'
-	entryAnnounce  byte = 'A'
-	entryDomain    byte = 'D'
-	entryVersion   byte = 'V'
+	entryLockBatch  byte = 'L'
+	entryAnnounce   byte = 'A'
+	entryDomain     byte = 'D'
+	entryVersion    byte = 'V'
+	entryCheckpoint byte = 'C'
 )
 
 // applied is one applied command and what it did, handed to the node after
@@ -169,6 +178,9 @@ func (f *fsm) applyLocked(logs []*raft.Log, announced func(id, addr string)) []a
 			if v := binary.BigEndian.Uint16(l.Data[1:]); v > f.clusterVersion {
 				f.clusterVersion = v
 			}
+		case entryCheckpoint:
+			// Log verification only (the log store's verifier checked
+			// it when it was stored): nothing to apply.
 		default:
 			f.log.Error("skipping log entry of unknown kind", "index", l.Index, "kind", l.Data[0])
 		}
@@ -187,6 +199,18 @@ func encodeDomain(domain string, floor uint64) []byte {
 	b := []byte{entryDomain, byte(len(domain))}
 	b = append(b, domain...)
 	return binary.BigEndian.AppendUint64(b, floor)
+}
+
+// encodeCheckpoint is a log verification checkpoint stamped with the
+// leader's wall clock.
+func encodeCheckpoint(now time.Time) []byte {
+	return binary.BigEndian.AppendUint64([]byte{entryCheckpoint}, uint64(now.UnixMilli()))
+}
+
+// isCheckpoint recognizes a checkpoint entry (verifier.IsCheckpointFn): it
+// runs on every entry the log store stores, so it only looks at the kind.
+func isCheckpoint(l *raft.Log) (bool, error) {
+	return l.Type == raft.LogCommand && len(l.Data) > 0 && l.Data[0] == entryCheckpoint, nil
 }
 
 func encodeClusterVersion(v uint16) []byte {

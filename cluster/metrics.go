@@ -65,6 +65,11 @@ type nodeMetrics struct {
 	snapshotsTaken  prometheus.Counter
 	snapshotBytes   prometheus.Counter
 	restores        prometheus.Counter
+	// logVerifications counts the verified log ranges by result
+	// (logverify.go); logCheckpoints the checkpoints this node appended
+	// as the serving leader.
+	logVerifications [numVerifyResults]prometheus.Counter
+	logCheckpoints   prometheus.Counter
 }
 
 func newNodeMetrics(n *Node) *nodeMetrics {
@@ -146,8 +151,19 @@ func newNodeMetrics(n *Node) *nodeMetrics {
 		Name: "ticketing_node_snapshot_restores_total",
 		Help: "Snapshots restored into the state machine (at start, or installed from the leader).",
 	})
+	ver := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ticketing_node_log_verifications_total",
+		Help: "Log ranges (the entries between two verification checkpoints) this node checked, by result: ok, storage_corruption (read back from this node's log store, they differ from what the leader wrote), in_flight_corruption (what this node received and wrote differs from what the leader wrote), unverified (the range was no longer in this node's log, a read failed, or a range was skipped).",
+	}, []string{"result"})
+	for r, name := range verifyResultNames {
+		m.logVerifications[r] = ver.WithLabelValues(name)
+	}
+	m.logCheckpoints = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ticketing_node_log_checkpoints_total",
+		Help: "Log verification checkpoints this node appended as the serving leader.",
+	})
 	m.reg.MustRegister(acq, rel, ext, blk, lat, hol, m.expiries, m.lostEvents, m.handoffs, m.abandonedGrants, m.sessionRefusals,
-		m.leaderChanges, m.snapshotsTaken, m.snapshotBytes, m.restores, newNodeCollector(n))
+		m.leaderChanges, m.snapshotsTaken, m.snapshotBytes, m.restores, ver, m.logCheckpoints, newNodeCollector(n))
 	return m
 }
 

@@ -607,9 +607,9 @@ func TestRequestAllowed(t *testing.T) {
 	if VersionSessions != VersionExtend+1 {
 		t.Errorf("VersionSessions %d", VersionSessions)
 	}
-	if VersionStrictMatch != ProtocolVersion || VersionLabels != VersionStrictMatch-1 || VersionSessions != VersionLabels-1 || VersionExtend <= VersionBlocks || VersionBlocks <= VersionQueued {
-		t.Errorf("VersionStrictMatch %d, VersionLabels %d, VersionSessions %d, VersionExtend %d, VersionBlocks %d, ProtocolVersion %d", VersionStrictMatch,
-			VersionLabels, VersionSessions, VersionExtend, VersionBlocks, ProtocolVersion)
+	if VersionLogVerify != ProtocolVersion || VersionStrictMatch != VersionLogVerify-1 || VersionLabels != VersionStrictMatch-1 || VersionSessions != VersionLabels-1 || VersionExtend <= VersionBlocks || VersionBlocks <= VersionQueued {
+		t.Errorf("VersionLogVerify %d, VersionStrictMatch %d, VersionLabels %d, VersionSessions %d, VersionExtend %d, VersionBlocks %d, ProtocolVersion %d",
+			VersionLogVerify, VersionStrictMatch, VersionLabels, VersionSessions, VersionExtend, VersionBlocks, ProtocolVersion)
 	}
 }
 

@@ -85,7 +85,14 @@ import "ticketing/locksm"
 //	    leaving them to their leases (finding 6), and the log may carry
 //	    op 13, the ack-only entry the leader proposes after a quiet
 //	    session's 'k' (finding 5).
-const ProtocolVersion = 9
+//	10 — online log verification (issue 40): no frame changes. The log
+//	    may carry the checkpoint entry 'C', which the serving leader
+//	    appends every so often and whose Raft Extensions carry the
+//	    checksum of the entries since the previous one; every node checks
+//	    its stored copy against it. A version 9 node would log 'C' as an
+//	    entry of unknown kind, so the leader appends one only once the
+//	    cluster version is 10 (VersionLogVerify).
+const ProtocolVersion = 10
 
 // NewestProtocolVersion is the newest version this build implements:
 // ProtocolVersion, unless a newer version is being built, which is then
@@ -138,6 +145,13 @@ const VersionStrictMatch = 9
 // after a quiet session's 'k', so that its acknowledged outcomes leave the
 // table. An older node could not decode it.
 const VersionAckEntry = 9
+
+// VersionLogVerify is the first cluster version whose log may carry the
+// checkpoint entry 'C' of online log verification (cluster/logverify.go):
+// the serving leader appends one only once the cluster version is at least
+// this, so that no member of an older build meets an entry kind it does
+// not know.
+const VersionLogVerify = 10
 
 // SecretLen is the length of a session's secret in bytes.
 const SecretLen = 16

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"ticketing/cluster"
 )
@@ -176,6 +177,46 @@ func TestCheckPeerAddr(t *testing.T) {
 		err := checkPeerAddr(tc.id, tc.peerAddr, tc.peers)
 		if (err == nil) != tc.ok || (err != nil && !errors.Is(err, errPeerAddrMismatch)) {
 			t.Errorf("%s at %s: %v, want ok %v", tc.id, tc.peerAddr, err, tc.ok)
+		}
+	}
+}
+
+// --log-verify (on by default) and --log-verify-interval reach the node's
+// Config.
+func TestNodeLogVerifyFlags(t *testing.T) {
+	dir := t.TempDir()
+	sec, peer := secretFile(t, dir, "c.secret"), secretFile(t, dir, "p.secret")
+	if err := os.WriteFile(peer, []byte("fedcba9876543210fedcba9876543210\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := []string{"--id", "n1", "--data-dir", filepath.Join(dir, "d"), "--client-addr", "127.0.0.1:0",
+		"--peer-addr", "127.0.0.1:7501", "--peers", "n1=127.0.0.1:7501,n2=127.0.0.1:7502,n3=127.0.0.1:7503",
+		"--secret-file", sec, "--peer-secret-file", peer}
+	for _, tc := range []struct {
+		flags   []string
+		off     bool
+		every   time.Duration
+		wantErr bool
+	}{
+		{nil, false, cluster.DefaultLogVerifyInterval, false},
+		{[]string{"--log-verify=false"}, true, cluster.DefaultLogVerifyInterval, false},
+		{[]string{"--log-verify-interval", "10s"}, false, 10 * time.Second, false},
+		{[]string{"--log-verify-interval", "1ms"}, false, 0, true},
+	} {
+		var out, errb bytes.Buffer
+		cfg, _, code := nodeConfig("ticketing node", append(append([]string{}, base...), tc.flags...), &out, &errb, nil)
+		if tc.wantErr {
+			if cfg != nil || code == 0 || !strings.Contains(errb.String(), "log verify interval") {
+				t.Errorf("%v: config %v, exit %d, stderr %q; want refused", tc.flags, cfg != nil, code, errb.String())
+			}
+			continue
+		}
+		if cfg == nil {
+			t.Fatalf("%v: exit %d: %s", tc.flags, code, errb.String())
+		}
+		if cfg.DisableLogVerify != tc.off || cfg.LogVerifyInterval != tc.every || cfg.LogVerifyEntries != cluster.DefaultLogVerifyEntries {
+			t.Errorf("%v: DisableLogVerify %v, LogVerifyInterval %v, LogVerifyEntries %d", tc.flags, cfg.DisableLogVerify,
+				cfg.LogVerifyInterval, cfg.LogVerifyEntries)
 		}
 	}
 }

@@ -179,12 +179,17 @@ func nodeConfig(name string, args []string, stdout, stderr io.Writer, extra func
 		adminSecret             string
 		tf                      tlsFlags
 		logs                    logFlags
+		logVerify               bool
 	)
 	fs.StringVar(&cfg.NodeID, "id", "", "this node's id (1-64 of A-Z a-z 0-9 . _ -)")
 	fs.StringVar(&cfg.DataDir, "data-dir", "", "directory for the Raft log, stable store and snapshots")
 	fs.Var(&cfg.LogStore, "log-store", "Raft log store `KIND`: auto (the store the data dir holds; wal in a new one), wal (raft-wal, "+
 		"segment files, one fsync per append) or bolt (raft-boltdb, one file raft.db, two fsyncs per append); fixed per data dir, "+
 		"a node refuses a data dir the other wrote (to move a node, replace it with a fresh data dir: docs/operations.md)")
+	fs.BoolVar(&logVerify, "log-verify", true, "online log verification: the leader appends checksum checkpoints and this node checks its stored log "+
+		"against them (mismatches: ticketing_node_log_verifications_total and an error log; docs/operations.md, \"Log verification\")")
+	fs.DurationVar(&cfg.LogVerifyInterval, "log-verify-interval", d.LogVerifyInterval, "longest time between two log verification checkpoints "+
+		"while entries are appended (one also comes every 4096 entries)")
 	fs.StringVar(&cfg.ClientAddr, "client-addr", "", "HOST:PORT to serve clients on")
 	fs.StringVar(&cfg.AdvertiseClientAddr, "advertise-client-addr", "", "client address handed to clients in M replies (default: --client-addr)")
 	fs.StringVar(&cfg.PeerAddr, "peer-addr", "", "HOST:PORT to serve Raft peers on (must match this node's entry in --peers; the node refuses to start otherwise)")
@@ -221,6 +226,7 @@ func nodeConfig(name string, args []string, stdout, stderr io.Writer, extra func
 	}
 	log, _ := logs.logger(stderr)
 	cfg.Logger = log
+	cfg.DisableLogVerify = !logVerify
 	cfg.Peers = peers.peers
 	if secretFile == "" || peerSecFile == "" {
 		return nil, nil, fl.bad("--secret-file and --peer-secret-file are required")
