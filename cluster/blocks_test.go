@@ -166,6 +166,12 @@ func TestClusterVersionRisesWhenEveryMemberSpeaksIt(t *testing.T) {
 	if _, err := c.Leader(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// Every node must hold the entry before the nodes stop: a follower
+	// that had received nothing yet had an empty log (FirstIndex 0), and
+	// the rewrite below failed with "log not found" (seen under load).
+	for i := range c.Size() {
+		testkit.WaitFor(t, "every node to apply the bootstrap's cluster version", 20*time.Second, func() bool { return c.Node(i).ClusterVersion() == wire.ProtocolVersion })
+	}
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
