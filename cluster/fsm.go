@@ -148,6 +148,8 @@ func (f *fsm) applyLocked(logs []*raft.Log, announced func(id, addr string)) []a
 			// cluster never applies one entry two ways (locksm.MATRIX.md,
 			// "Matching before protocol version 9").
 			f.state.SetLegacyMatching(f.clusterVersion < wire.VersionStrictMatch)
+			// From version 10 an extend never shortens a lease (same switch).
+			f.state.SetExtendMayShorten(f.clusterVersion < wire.VersionExtendNeverShortens)
 			for _, c := range cmds {
 				res, eff := f.state.Apply(c, nil)
 				out = append(out, applied{Cmd: c, Res: res, Effects: eff, Term: l.Term})

@@ -296,8 +296,13 @@ const (
 // Result is the outcome of a command for its proposer.
 type Result struct {
 	Status Status
-	Token  uint64 // StatusGranted
-	Err    error  // StatusRejected: one of the sentinels above
+	// LeaseKept: StatusExtended, and the holding was left as it was: its
+	// lease already ends no sooner than the extend's Now + its lease
+	// (SetExtendMayShorten off, cluster version 10). The leader then arms
+	// no new lease timer: the running one stands.
+	LeaseKept bool
+	Token     uint64 // StatusGranted
+	Err       error  // StatusRejected: one of the sentinels above
 	// Serial is the serial of the outcome recorded for the command itself
 	// (a lock command of a session that was applied and is final); 0 if
 	// none was recorded (no session, queued, or rejected before it applied:

@@ -122,6 +122,15 @@ func modelValid(s string, limit int) bool {
 	return true
 }
 
+// leaseStart is when holding i's lease counts from: its latest extend,
+// else its grant.
+func (m *model) leaseStart(i int) int64 {
+	if m.holds[i].renewed {
+		return m.holds[i].h.RenewedAt
+	}
+	return m.holds[i].h.GrantedAt
+}
+
 func (m *model) holdIndex(key string) int {
 	for i, h := range m.holds {
 		if h.key == key {
@@ -283,6 +292,11 @@ func (m *model) lock(c Command) (Result, []Effect) {
 		i := m.holdIndex(c.Key)
 		if !m.matches(i, c) {
 			return reject(ErrNotHeld)
+		}
+		// From protocol version 10 an extend never shortens a lease: one
+		// that would end sooner leaves the holding as it is.
+		if h := m.holds[i].h; leaseEnd(c.Now, c.LeaseSec) <= leaseEnd(m.leaseStart(i), h.LeaseSec) {
+			return Result{Status: StatusExtended, LeaseKept: true}, nil
 		}
 		// Every key held under the token: the key, or its whole block.
 		for j := range m.holds {

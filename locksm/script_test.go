@@ -29,6 +29,7 @@ package locksm
 //	drop-sessionless
 //	apply   op= [any field]      a raw Command, for unknown ops
 //	legacy-matching on|off       State.SetLegacyMatching
+//	extend-may-shorten on|off    State.SetExtendMayShorten
 //	state                        holders and queues, keys ascending, then sessions
 //
 // acquire, acquire-block, release and extend also take session= seq= ack=
@@ -86,6 +87,16 @@ func runScriptCommand(t *testing.T, c scripttest.Case, s *State) string {
 			t.Fatalf("%s: want legacy-matching on|off", where)
 		}
 		s.SetLegacyMatching(on)
+		return "ok"
+	}
+	if name, arg, ok := strings.Cut(c.Cmd, " "); ok && name == "extend-may-shorten" {
+		// extend-may-shorten on|off: State.SetExtendMayShorten (the
+		// cluster's switch while some member is older than version 10).
+		on, ok := map[string]bool{"on": true, "off": false}[strings.TrimSpace(arg)]
+		if !ok {
+			t.Fatalf("%s: want extend-may-shorten on|off", where)
+		}
+		s.SetExtendMayShorten(on)
 		return "ok"
 	}
 	name, args, err := scripttest.ParseCommand(c.Cmd)
@@ -240,6 +251,9 @@ func formatResult(res Result, effects []Effect) string {
 	b.WriteString(statusNames[res.Status])
 	if res.Status == StatusGranted {
 		fmt.Fprintf(&b, " token=%d", res.Token)
+	}
+	if res.LeaseKept {
+		b.WriteString(" lease-kept")
 	}
 	if res.Err != nil {
 		name, ok := errNames[res.Err]

@@ -80,6 +80,10 @@ type State struct {
 	// Not in snapshots: the cluster derives it from its cluster version,
 	// which they carry.
 	legacyMatch bool
+	// extendMayShorten: the rule of protocol versions up to 9
+	// (SetExtendMayShorten): an extend sets its holding's lease from its
+	// Now, even to end sooner. Not in snapshots, like legacyMatch.
+	extendMayShorten bool
 }
 
 // waiterRef names one queued waiter: its primary key (a block's first
@@ -276,16 +280,17 @@ func validateBlockKeys(keys []string) error {
 // when a later command grants or times it out (Effect.Serial).
 func (s *State) Apply(cmd Command, effects []Effect) (Result, []Effect) {
 	r, serial, effects := s.apply(&cmd, effects)
-	return Result{Status: r.Status, Token: r.Token, Err: r.Err, Serial: serial}, effects
+	return Result{Status: r.Status, LeaseKept: r.LeaseKept, Token: r.Token, Err: r.Err, Serial: serial}, effects
 }
 
 // result is Result without Serial. Four words, so the compiler keeps it
 // in registers through the internal calls; Result's five words go through
 // memory at every return and copy (BenchmarkApplyHandoff +15%).
 type result struct {
-	Status Status
-	Token  uint64
-	Err    error
+	Status    Status
+	LeaseKept bool // shares Status's word
+	Token     uint64
+	Err       error
 }
 
 func (s *State) apply(cmd *Command, effects []Effect) (result, uint64, []Effect) {
@@ -507,6 +512,20 @@ func (s *State) MatchesHolding(key, owner string, token, session uint64) bool {
 // log), so that every replica applies every entry alike.
 func (s *State) SetLegacyMatching(on bool) { s.legacyMatch = on }
 
+// SetExtendMayShorten chooses what an extend does to a lease that would
+// end later than the extend's Now + its lease: on, the rule of protocol
+// versions up to 9 (the lease is set from the extend's Now, and ends
+// sooner); off (New's default), the rule of version 10: the holding is
+// left as it is and the extend still succeeds (Result.LeaseKept), since
+// its lease already runs at least as long as asked. An extend that was
+// answered indeterminate, or never answered, may reach the leader after
+// a later extend was told it succeeded; under the older rule a shorter
+// one then cut that lease short and the key went to another caller
+// inside it (issue 39, attack round 5). Like SetLegacyMatching it is
+// part of the replicated semantics: the caller sets it from the cluster
+// version in the log.
+func (s *State) SetExtendMayShorten(on bool) { s.extendMayShorten = on }
+
 // extend renews the lease of the holding of cmd.Key, matched exactly as a
 // release matches (matchHolder): the holding's lease becomes cmd.LeaseSec from cmd.Now.
 // For a block every key's entry gets the lease (their leaseSec fields
@@ -517,6 +536,15 @@ func (s *State) extend(cmd *Command) result {
 	if err != nil {
 		return result{Status: StatusRejected, Err: err}
 	}
+	if !s.extendMayShorten {
+		start := e.grantedAt
+		if at, ok := s.renewed[e.token]; ok {
+			start = at
+		}
+		if leaseEnd(cmd.Now, cmd.LeaseSec) <= leaseEnd(start, e.leaseSec) {
+			return result{Status: StatusExtended, LeaseKept: true}
+		}
+	}
 	if keys, ok := s.blocks[e.token]; ok {
 		for _, k := range keys {
 			s.own(k, s.keys[k]).leaseSec = cmd.LeaseSec
@@ -526,6 +554,17 @@ func (s *State) extend(cmd *Command) result {
 	}
 	s.renewed[e.token] = cmd.Now
 	return result{Status: StatusExtended}
+}
+
+// leaseEnd is start + sec seconds in Unix ms, saturating at the largest
+// int64 (a Now stamp is a leader's clock, but a replicated rule must not
+// wrap on any value).
+func leaseEnd(start int64, sec uint32) int64 {
+	d := int64(sec) * 1000
+	if start > math.MaxInt64-d {
+		return math.MaxInt64
+	}
+	return start + d
 }
 
 // expire deliberately ignores the owner: the leader's lease timer knows only

@@ -1130,7 +1130,9 @@ func (k *Core[C]) Applied(now time.Time, batch []Applied) {
 		if k.leading && a.Res.Status == locksm.StatusGranted {
 			k.armExpiry(now, key, a.Res.Token, c.LeaseSec)
 		}
-		if k.leading && a.Res.Status == locksm.StatusExtended {
+		if k.leading && a.Res.Status == locksm.StatusExtended && !a.Res.LeaseKept {
+			// (A kept lease arms nothing: the running timer ends it no
+			// sooner than the extend asked.)
 			// Before the extend's own pending is resolved below, which may
 			// decide a deferred timer of the token: it must find this one.
 			at := k.armExpiry(now, c.Key, c.Token, c.LeaseSec)

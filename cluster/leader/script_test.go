@@ -386,6 +386,7 @@ func (h *harness) run(line string) (string, error) {
 		for i, c := range h.log[:n] {
 			c.Now = h.now().UnixMilli()
 			h.st.SetLegacyMatching(*h.version < wire.VersionStrictMatch) // as the FSM does
+			h.st.SetExtendMayShorten(*h.version < wire.VersionExtendNeverShortens)
 			res, eff := h.st.Apply(c, nil)
 			fmt.Fprintf(&b, "applied %s: %s\n", fmtCmd(c), fmtResult(res, eff))
 			batch = append(batch, Applied{Cmd: c, Res: res, Effects: eff, Term: h.logTerm[i]})
@@ -637,6 +638,9 @@ func fmtResult(res locksm.Result, effects []locksm.Effect) string {
 	b.WriteString(statusNames[res.Status])
 	if res.Status == locksm.StatusGranted {
 		fmt.Fprintf(&b, " token=%d", res.Token)
+	}
+	if res.LeaseKept {
+		b.WriteString(" lease-kept")
 	}
 	if res.Err != nil {
 		fmt.Fprintf(&b, " err=%q", res.Err)

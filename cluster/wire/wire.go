@@ -91,7 +91,13 @@ import "ticketing/locksm"
 //	    checksum of the entries since the previous one; every node checks
 //	    its stored copy against it. A version 9 node would log 'C' as an
 //	    entry of unknown kind, so the leader appends one only once the
-//	    cluster version is 10 (VersionLogVerify).
+//	    cluster version is 10 (VersionLogVerify). From the 'V' entry that
+//	    raises the cluster version to 10 an extend never shortens a lease
+//	    (VersionExtendNeverShortens): an extend 'e' whose lease from now
+//	    would end before the holding's current lease is answered K and
+//	    changes nothing, so an extend that was answered U (or never
+//	    answered) and reaches the leader late cannot cut short a lease a
+//	    later extend was told K for (issue 39, attack round 5).
 const ProtocolVersion = 10
 
 // NewestProtocolVersion is the newest version this build implements:
@@ -152,6 +158,13 @@ const VersionAckEntry = 9
 // this, so that no member of an older build meets an entry kind it does
 // not know.
 const VersionLogVerify = 10
+
+// VersionExtendNeverShortens is the first cluster version at which an
+// extend never shortens a lease (locksm.State.SetExtendMayShorten off): a
+// holding's lease then ends at the later of its current end and the
+// extend's Now + its lease. Before it, an extend sets the lease from its
+// Now, shorter or not. Every replica switches at the 'V' entry.
+const VersionExtendNeverShortens = 10
 
 // SecretLen is the length of a session's secret in bytes.
 const SecretLen = 16
