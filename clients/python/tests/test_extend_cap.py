@@ -1,5 +1,5 @@
-"""Attack round 5 (issue 39): a concurrent EXTEND's OK lifts the cap of
-another EXTEND in flight (sync client).
+"""Issue 39 (attack round 5): a concurrent EXTEND's OK must not lift the cap
+of another EXTEND in flight (sync client).
 
 Lock.extend computes the new deadline under the lock's mutex
 (extended_deadline: min(send + validity, caps in flight)), releases the
@@ -14,13 +14,16 @@ and hands the key on ~95 s before this holder's deadline.
 
 The pause between the two steps is a GIL switch (every 5 ms by default)
 or any preemption; the test makes it deterministic by holding the first
-thread at _arm until the second EXTEND reached the sidecar.
+thread just before it arms its OK's deadline (_arm_with) until the second
+EXTEND reached the sidecar. Fixed: the OK's deadline is computed inside
+_arm_with, under the mutex, so it takes in the second EXTEND's cap.
 """
 
 from __future__ import annotations
 
 import threading
 import unittest
+from typing import Callable
 
 import ticketing
 from ticketing import _protocol as p
@@ -28,7 +31,7 @@ from ticketing import _protocol as p
 from .test_lost import WAIT, ScriptedSidecar
 
 
-class Attack5ConcurrentExtend(unittest.TestCase):
+class ConcurrentExtendCap(unittest.TestCase):
     def setUp(self) -> None:
         self.fake = ScriptedSidecar()
         self.client = ticketing.Client(self.fake.path)
@@ -37,7 +40,7 @@ class Attack5ConcurrentExtend(unittest.TestCase):
         self.client.close()
         self.fake.close()
 
-    def test_attack5_ok_of_one_extend_lifts_the_cap_of_another_in_flight(self) -> None:
+    def test_ok_of_one_extend_keeps_the_cap_of_another_in_flight(self) -> None:
         lock = self.client.lock("k", lease=60, wait=0)
         token = lock.acquire()
         orig_answer = self.fake.answer
@@ -52,17 +55,18 @@ class Attack5ConcurrentExtend(unittest.TestCase):
         self.fake.before_reply = lambda line: (second_sent.set() or []) if line == f"EXTEND k {token} 5" else []
 
         first_computed = threading.Event()
-        orig_arm = lock._arm
+        orig_arm_with = lock._arm_with
         calls = [0]
 
-        def slow_arm(deadline: float) -> None:
-            calls[0] += 1
-            if calls[0] == 1:  # the first OK: its deadline is computed, not armed yet
-                first_computed.set()
-                second_sent.wait(WAIT)
-            orig_arm(deadline)
+        def slow_arm_with(deadline_of: Callable[[], float]) -> None:
+            if threading.current_thread() is t1:
+                calls[0] += 1
+                if calls[0] == 2:  # the first OK (1: its own cap): recorded, not armed yet
+                    first_computed.set()
+                    second_sent.wait(WAIT)
+            orig_arm_with(deadline_of)
 
-        lock._arm = slow_arm  # type: ignore[method-assign]
+        lock._arm_with = slow_arm_with  # type: ignore[method-assign]
         t1 = threading.Thread(target=lambda: lock.extend(100))
         t1.start()
         self.assertTrue(first_computed.wait(WAIT))
