@@ -341,6 +341,13 @@ func (o *acqOp) answerLocked(lk Lock, err error, fx *effects) {
 		}
 	}
 	f := func() {
+		if err == nil && b.heldTaken.Load() {
+			// Close took the holdings (this one among them: it registered
+			// before qclosed) and reports and releases them: delivered now,
+			// the caller would count on a key being released.
+			err = fmt.Errorf("%w: granted (token %d) but the broker closed before it was delivered: not acquired, and the grant is released", ErrClosed, lk.Token)
+			lk = Lock{}
+		}
 		b.metrics.acquired(err, begun)
 		done(lk, err)
 	}

@@ -74,6 +74,11 @@ type Broker struct {
 	hmu       sync.Mutex
 	held      map[uint64]*heldLock
 	heldSweep int // len(held) at which registering sweeps out ended holdings
+	// heldTaken is set (under hmu) once Close took held to report and
+	// release: from then on no holding of the broker may be counted on,
+	// so a grant not delivered yet is answered ErrClosed, and a WatchLost
+	// is told LostCompensated at once (issue 39, attack round 5).
+	heldTaken atomic.Bool
 	// sent are the acquires written and not over (under qmu), so that
 	// Close can cancel them and wait for their grants, if any, to be
 	// released; sentIdle, made by Close, is closed once none is left.
@@ -1302,7 +1307,11 @@ func (b *Broker) Info() Info {
 //     of it is told LostCompensated, before anything is released. A
 //     holder that does not watch learns it from Close itself: once Close
 //     is called, no lock of the broker may be counted on (ValidUntil
-//     notwithstanding).
+//     notwithstanding). A grant registered before Close but not yet
+//     delivered to its caller when Close takes the held locks is
+//     answered ErrClosed (and released with them); a Lock whose
+//     WatchLost is called only after that (its Acquire returned just
+//     before) is told LostCompensated at once, inside WatchLost.
 //   - Then each is released (an exact-match release, as Compensate,
 //     within Config.ReleaseDeadline), queued releases finish (each within
 //     its own deadline), and with a cluster session its close (`d`)

@@ -153,14 +153,28 @@ func (b *Broker) ExtendAsync(l Lock, lease time.Duration, done func(Lock, error)
 // holder's release: fn(LostExpired) when the leader's lost event for its
 // token arrives, fn(LostMoved) when an Extend of it is refused as not
 // held, fn(LostCompensated) when Close ends it (before it is released).
-// fn runs on a connection's reader goroutine, a release worker or the
-// goroutine calling Close, and must not block. stop ends the watch (call it once the lock is released);
+// Once Close has taken the broker's held locks to report and release them,
+// WatchLost calls fn(LostCompensated) at once, before it returns (the
+// holding, if it was still held, is being released; a Lock delivered just
+// before Close and watched just after is told so), and its stop does
+// nothing. fn runs on a connection's reader goroutine, a release worker,
+// the goroutine calling Close or the one calling WatchLost, and must not
+// block. stop ends the watch (call it once the lock is released);
 // after stop returns, fn is not called. The event is a prompt, never a
 // promise: a connection that drops or a leader change can swallow it, so
 // a holder still ends its critical section by l.ValidUntil.
 func (b *Broker) WatchLost(l Lock, fn func(LostReason)) (stop func()) {
 	w := &lostWatch{lock: l, fn: fn}
 	b.lmu.Lock()
+	// Under lmu: a watch added before Close took the holdings is fired by
+	// Close's fireLost (which takes lmu after takeHeld), one after is
+	// fired here.
+	if b.heldTaken.Load() {
+		b.lmu.Unlock()
+		b.metrics.lost[LostCompensated].Inc()
+		fn(LostCompensated)
+		return func() {}
+	}
 	b.lost[l.Token] = append(b.lost[l.Token], w)
 	b.lmu.Unlock()
 	return func() {

@@ -80,6 +80,7 @@ func (b *Broker) extended(l Lock) {
 func (b *Broker) takeHeld() []Lock {
 	b.hmu.Lock()
 	defer b.hmu.Unlock()
+	b.heldTaken.Store(true) // no grant registers any more (qclosed): held stays empty
 	ls := make([]Lock, 0, len(b.held))
 	for _, h := range b.held {
 		ls = append(ls, h.lock)

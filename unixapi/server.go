@@ -199,7 +199,8 @@ func (s *Server) Stats() Stats {
 }
 
 // Close stops accepting, ends every session (releasing each held lock with
-// Compensate and cancelling pending acquires), waits up to CloseTimeout for
+// Compensate once the session's LOST lines are written, within a second,
+// else leaving it to its lease; and cancelling pending acquires), waits up to CloseTimeout for
 // in-flight requests, and removes the socket file (not an inherited one:
 // Config.Listener). The broker is the
 // caller's to close, afterwards.
@@ -222,9 +223,16 @@ func (s *Server) Close() error {
 	if fi, lerr := os.Lstat(s.cfg.Path); s.sockFI != nil && lerr == nil && os.SameFile(fi, s.sockFI) {
 		os.Remove(s.cfg.Path)
 	}
+	// In parallel: each waits (bounded) for its LOST lines to be written.
+	var ended sync.WaitGroup
 	for _, ss := range sessions {
-		ss.endCause("server closing", ErrServerClosed)
+		ended.Add(1)
+		go func() {
+			defer ended.Done()
+			ss.endCause("server closing", ErrServerClosed)
+		}()
 	}
+	ended.Wait()
 	done := make(chan struct{})
 	go func() { s.wg.Wait(); close(done) }()
 	select {

@@ -78,6 +78,15 @@ type session struct {
 	ended   bool              // end ran: held locks were handed to Compensate
 	work    sync.WaitGroup
 
+	// evQueued counts the event lines ever queued (evq), evWritten those
+	// the writer has written (a Write that returned without error);
+	// flushed is closed, and replaced, whenever evWritten grows, and when
+	// a write fails (writeFailed: the peer is gone). endCause waits on
+	// them (bounded) before it releases the locks it tells lost.
+	evQueued, evWritten uint64
+	flushed             chan struct{}
+	writeFailed         bool
+
 	// replies holds one entry per request, in request order, from
 	// replies[rhead] on (a queue that grows as needed and is never
 	// preallocated). An entry is running until its request ends; the
@@ -138,6 +147,7 @@ func newSession(srv *Server, c *net.UnixConn, id uint64, log *slog.Logger) *sess
 		wake:       make(chan struct{}, 1),
 		held:       map[heldKey]*holding{},
 		pend:       map[*acq]struct{}{},
+		flushed:    make(chan struct{}),
 	}
 	ss.space = sync.NewCond(&ss.mu)
 	ss.ctx, ss.cancel = context.WithCancelCause(context.Background())
@@ -236,6 +246,48 @@ func (ss *session) peerHungUp() bool {
 		}
 	})
 	return hup
+}
+
+// queueEventsLocked queues event lines for the writer. Requires mu.
+func (ss *session) queueEventsLocked(lines ...string) {
+	ss.evq = append(ss.evq, lines...)
+	ss.evQueued += uint64(len(lines))
+}
+
+// flushedLocked records n more event lines written, or a failed write,
+// and wakes whoever waits for them (endCause). Requires mu.
+func (ss *session) flushedLocked(n uint64, failed bool) {
+	ss.evWritten += n
+	ss.writeFailed = ss.writeFailed || failed
+	close(ss.flushed)
+	ss.flushed = make(chan struct{})
+}
+
+// lostTellWait bounds how long a session's end waits for its
+// `! LOST compensated` lines to be written before it releases those locks
+// (endCause).
+const lostTellWait = time.Second
+
+// waitTold waits, at most d, for the writer to have written the first
+// target event lines; true if it did, or if a write failed (the peer is
+// gone: nobody left to tell).
+func (ss *session) waitTold(target uint64, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	for ss.evWritten < target && !ss.writeFailed {
+		ch := ss.flushed
+		ss.mu.Unlock()
+		select {
+		case <-ch:
+		case <-t.C:
+			ss.mu.Lock()
+			return ss.evWritten >= target || ss.writeFailed
+		}
+		ss.mu.Lock()
+	}
+	return true
 }
 
 func (ss *session) kickWriter() {
@@ -431,7 +483,7 @@ func (a *acq) queued() {
 	ss.mu.Lock()
 	tell := ss.queued && !a.finished && !ss.ended
 	if tell {
-		ss.evq = append(ss.evq, FormatQueued(a.n, a.keys))
+		ss.queueEventsLocked(FormatQueued(a.n, a.keys))
 	}
 	ss.mu.Unlock()
 	if tell {
@@ -627,7 +679,11 @@ func (ss *session) lostLineLocked(h *holding, reason string) string {
 func (ss *session) end(why string) { ss.endCause(why, nil) }
 
 // endCause is end with the cause its pending acquires are cancelled with
-// (nil: context.Canceled).
+// (nil: context.Canceled). With events on, it releases the held locks
+// only once their `! LOST compensated` lines are written, waiting at most
+// lostTellWait; not written by then, it leaves them to their leases (a
+// failed write releases them: the peer is gone). It may block that long:
+// never call it on the writer's goroutine but after a failed write.
 func (ss *session) endCause(why string, cause error) {
 	ss.mu.Lock()
 	if ss.ended {
@@ -638,6 +694,7 @@ func (ss *session) endCause(why string, cause error) {
 	ss.space.Broadcast() // a reader waiting for room stops waiting
 	var locks []sidecar.Lock
 	var watched []*holding
+	tell := false               // the LOST lines must reach the peer before the release
 	seen := map[*holding]bool{} // a block is filed under each of its keys
 	for _, h := range ss.held {
 		if seen[h] {
@@ -657,11 +714,13 @@ func (ss *session) endCause(why string, cause error) {
 			evs = append(evs, ss.lostLineLocked(h, sidecar.LostCompensated.String()))
 		}
 		sortEvents(evs)
-		ss.evq = append(ss.evq, evs...)
+		ss.queueEventsLocked(evs...)
 		for range evs {
 			ss.srv.lostEvent(sidecar.LostCompensated, true)
 		}
+		tell = !ss.writeFailed
 	}
+	told := ss.evQueued
 	var cancels []func(error)
 	for a := range ss.pend {
 		if a.cancel != nil {
@@ -680,10 +739,19 @@ func (ss *session) endCause(why string, cause error) {
 	for _, h := range watched {
 		h.unwatch() // its end is ours now
 	}
+	ss.kickWriter()
+	// A peer that still reads learns of the loss before the key moves on:
+	// the release waits (bounded) for the LOST lines to be written. Not
+	// written in time (the peer does not read), the locks are left to
+	// their leases, which the peer's own clock counts too.
+	if tell && !ss.waitTold(told, lostTellWait) {
+		ss.log.Warn("connection ended holding locks it could not be told lost in time; leaving them to their leases",
+			"why", why, "locks", len(locks), "waited", lostTellWait)
+		locks = nil
+	}
 	for _, l := range locks {
 		ss.srv.broker.Compensate(l)
 	}
-	ss.kickWriter()
 	// Unblock the reader if the server ends us (Close).
 	ss.conn.CloseRead()
 }
@@ -693,10 +761,18 @@ func (ss *session) endCause(why string, cause error) {
 func (ss *session) writeLoop() {
 	defer close(ss.writerDone)
 	var buf []byte
+	var nev uint64 // event lines in buf
 	failed := false
 	flush := func() {
 		if len(buf) > 0 && !failed {
-			if _, err := ss.conn.Write(buf); err != nil {
+			_, err := ss.conn.Write(buf)
+			ss.mu.Lock()
+			if err != nil {
+				nev = 0 // not written
+			}
+			ss.flushedLocked(nev, err != nil)
+			ss.mu.Unlock()
+			if err != nil {
 				// The peer is gone: end the session now rather than when
 				// the reader notices, and keep draining so nothing blocks.
 				failed = true
@@ -704,7 +780,7 @@ func (ss *session) writeLoop() {
 				ss.end("write: " + err.Error())
 			}
 		}
-		buf = buf[:0]
+		buf, nev = buf[:0], 0
 	}
 	for {
 		ss.mu.Lock()
@@ -715,6 +791,7 @@ func (ss *session) writeLoop() {
 				buf = append(buf, ev...)
 				buf = append(buf, '\n')
 			}
+			nev += uint64(len(ss.evq))
 			clear(ss.evq)
 			ss.evq = ss.evq[:0]
 			if ss.rhead < len(ss.replies) && ss.replies[ss.rhead].done {
@@ -902,7 +979,7 @@ func (ss *session) lost(h *holding, why sidecar.LostReason) {
 	ss.forgetLocked(h)
 	tell := ss.events
 	if tell {
-		ss.evq = append(ss.evq, ss.lostLineLocked(h, why.String()))
+		ss.queueEventsLocked(ss.lostLineLocked(h, why.String()))
 	}
 	ss.mu.Unlock()
 	ss.srv.lostEvent(why, tell)

@@ -172,8 +172,13 @@ type conn struct {
 	// Hello holds across a round trip.
 	labelled atomic.Bool
 
-	lmu   sync.Mutex       // guards locks
+	lmu   sync.Mutex       // guards locks and lostDone
 	locks map[uint64]*Lock // the Locks that events may name, by token
+	// lostDone: lostAll ran (Close, or the connection ended). A grant the
+	// reader reads after it (already buffered) makes a Lock lost at once,
+	// LostDisconnected, before it is returned: the sidecar sees (or soon
+	// sees) the close and releases it (issue 39, attack round 5).
+	lostDone bool
 
 	// domain is the fencing domain INFO named on this connection (guarded
 	// by mu), "" until one did: a sidecar holds to the first domain it
@@ -349,7 +354,9 @@ func (c *Client) Done() <-chan struct{} {
 // The sidecar releases every lock this Client still holds and cancels its
 // pending acquires. Every Lock still held is lost (LostDisconnected: its
 // Context is cancelled, Lost closed) before the connection closes, so
-// before the sidecar can release it and hand its key on.
+// before the sidecar can release it and hand its key on; so is a Lock
+// whose grant was on its way (read after Close began): an Acquire
+// returning during or after Close returns a Lock already lost.
 func (c *Client) Close() error {
 	c.mu.Lock()
 	c.closed = true

@@ -444,14 +444,21 @@ func (cn *conn) extend(ctx context.Context, key string, token uint64, lease time
 	return outcome("EXTEND", r)
 }
 
-// register makes l findable by the events of its token.
+// register makes l findable by the events of its token; once lostAll ran
+// (the connection is closed or ended), it fires l's LostDisconnected
+// instead, before l is returned.
 func (cn *conn) register(l *Lock) {
 	cn.lmu.Lock()
-	defer cn.lmu.Unlock()
+	if cn.lostDone {
+		cn.lmu.Unlock()
+		l.fire(LostDisconnected, false)
+		return
+	}
 	if cn.locks == nil {
 		cn.locks = make(map[uint64]*Lock)
 	}
 	cn.locks[l.token] = l
+	cn.lmu.Unlock()
 }
 
 // forget stops routing events to l.
@@ -513,11 +520,13 @@ func parseLost(line string, labelled bool) (token uint64, reason string, ok bool
 	return t, f[3], true
 }
 
-// lostAll fires LostDisconnected on every Lock: the connection ended.
+// lostAll fires LostDisconnected on every Lock, and on every Lock
+// registered later (register): the connection ended.
 func (cn *conn) lostAll() {
 	cn.lmu.Lock()
 	locks := cn.locks
 	cn.locks = nil
+	cn.lostDone = true
 	cn.lmu.Unlock()
 	for _, l := range locks {
 		l.fire(LostDisconnected, false)

@@ -734,14 +734,16 @@ class Lock(p.LockView):
         with self._mu:
             err, fire = self._state.extend_replied(reply)
             ok = err is None and self._state.extended(lease)
-            deadline = self._state.extended_deadline(sent, lease)
         if fire:
             self._fire()
         if err is not None:
             raise err
         if not ok:
             raise self._state.lost_error()
-        self._arm(deadline)
+        # The deadline is computed where it is armed, under the one mutex
+        # hold: computed before and armed after, it would lift the cap of
+        # another thread's EXTEND begun in between (issue 39, attack round 5).
+        self._arm_with(lambda: self._state.extended_deadline(sent, lease))
 
     def release(self) -> None:
         """Release the lock, every key of a block (see :meth:`Client.release`).
