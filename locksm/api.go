@@ -296,13 +296,13 @@ const (
 // Result is the outcome of a command for its proposer.
 type Result struct {
 	Status Status
-	// LeaseKept: StatusExtended, and the holding was left as it was: its
-	// lease already ends no sooner than the extend's Now + its lease
-	// (SetExtendMayShorten off, cluster version 10). The leader then arms
-	// no new lease timer: the running one stands.
-	LeaseKept bool
-	Token     uint64 // StatusGranted
-	Err       error  // StatusRejected: one of the sentinels above
+	// LeaseSec: StatusExtended, the holding's lease from the extend's Now
+	// (the extend's own, or the holding's longer one: from cluster
+	// version 10 an extend never lowers it, SetExtendMayShorten). The
+	// leader arms its lease timer with it.
+	LeaseSec uint32
+	Token    uint64 // StatusGranted
+	Err      error  // StatusRejected: one of the sentinels above
 	// Serial is the serial of the outcome recorded for the command itself
 	// (a lock command of a session that was applied and is final); 0 if
 	// none was recorded (no session, queued, or rejected before it applied:

@@ -122,15 +122,6 @@ func modelValid(s string, limit int) bool {
 	return true
 }
 
-// leaseStart is when holding i's lease counts from: its latest extend,
-// else its grant.
-func (m *model) leaseStart(i int) int64 {
-	if m.holds[i].renewed {
-		return m.holds[i].h.RenewedAt
-	}
-	return m.holds[i].h.GrantedAt
-}
-
 func (m *model) holdIndex(key string) int {
 	for i, h := range m.holds {
 		if h.key == key {
@@ -293,18 +284,16 @@ func (m *model) lock(c Command) (Result, []Effect) {
 		if !m.matches(i, c) {
 			return reject(ErrNotHeld)
 		}
-		// From protocol version 10 an extend never shortens a lease: one
-		// that would end sooner leaves the holding as it is.
-		if h := m.holds[i].h; leaseEnd(c.Now, c.LeaseSec) <= leaseEnd(m.leaseStart(i), h.LeaseSec) {
-			return Result{Status: StatusExtended, LeaseKept: true}, nil
-		}
+		// From protocol version 10 an extend never lowers a holding's
+		// lease: it renews the longer of the two from its now.
+		lease := max(c.LeaseSec, m.holds[i].h.LeaseSec)
 		// Every key held under the token: the key, or its whole block.
 		for j := range m.holds {
 			if h := &m.holds[j]; h.h.Token == c.Token {
-				h.h.LeaseSec, h.h.RenewedAt, h.renewed = c.LeaseSec, c.Now, true
+				h.h.LeaseSec, h.h.RenewedAt, h.renewed = lease, c.Now, true
 			}
 		}
-		return Result{Status: StatusExtended}, nil
+		return Result{Status: StatusExtended, LeaseSec: lease}, nil
 	case OpExpire:
 		i := m.holdIndex(c.Key)
 		if i < 0 || m.holds[i].h.Token != c.Token {

@@ -252,8 +252,8 @@ func formatResult(res Result, effects []Effect) string {
 	if res.Status == StatusGranted {
 		fmt.Fprintf(&b, " token=%d", res.Token)
 	}
-	if res.LeaseKept {
-		b.WriteString(" lease-kept")
+	if res.Status == StatusExtended {
+		fmt.Fprintf(&b, " lease=%d", res.LeaseSec)
 	}
 	if res.Err != nil {
 		name, ok := errNames[res.Err]

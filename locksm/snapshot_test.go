@@ -860,9 +860,6 @@ func TestSnapshotVersionFollowsRenewals(t *testing.T) {
 // time, block membership; the copy goes on like the original.
 func TestSnapshotRoundTripRenewals(t *testing.T) {
 	s := sampleState(t)
-	// The extreme stamps below renew in any order only under the older
-	// rule (an extend may shorten): the round trip is what is tested.
-	s.SetExtendMayShorten(true)
 	block, _ := s.Apply(Command{Op: OpAcquireBlock, Keys: []string{"s3", "s1", "s2"}, Owner: "b", LeaseSec: 10, Now: 100}, nil)
 	extend := func(key string, lease uint32, now int64) {
 		t.Helper()

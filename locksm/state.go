@@ -280,17 +280,17 @@ func validateBlockKeys(keys []string) error {
 // when a later command grants or times it out (Effect.Serial).
 func (s *State) Apply(cmd Command, effects []Effect) (Result, []Effect) {
 	r, serial, effects := s.apply(&cmd, effects)
-	return Result{Status: r.Status, LeaseKept: r.LeaseKept, Token: r.Token, Err: r.Err, Serial: serial}, effects
+	return Result{Status: r.Status, LeaseSec: r.LeaseSec, Token: r.Token, Err: r.Err, Serial: serial}, effects
 }
 
 // result is Result without Serial. Four words, so the compiler keeps it
 // in registers through the internal calls; Result's five words go through
 // memory at every return and copy (BenchmarkApplyHandoff +15%).
 type result struct {
-	Status    Status
-	LeaseKept bool // shares Status's word
-	Token     uint64
-	Err       error
+	Status   Status
+	LeaseSec uint32 // shares Status's word
+	Token    uint64
+	Err      error
 }
 
 func (s *State) apply(cmd *Command, effects []Effect) (result, uint64, []Effect) {
@@ -512,18 +512,19 @@ func (s *State) MatchesHolding(key, owner string, token, session uint64) bool {
 // log), so that every replica applies every entry alike.
 func (s *State) SetLegacyMatching(on bool) { s.legacyMatch = on }
 
-// SetExtendMayShorten chooses what an extend does to a lease that would
-// end later than the extend's Now + its lease: on, the rule of protocol
-// versions up to 9 (the lease is set from the extend's Now, and ends
-// sooner); off (New's default), the rule of version 10: the holding is
-// left as it is and the extend still succeeds (Result.LeaseKept), since
-// its lease already runs at least as long as asked. An extend that was
-// answered indeterminate, or never answered, may reach the leader after
-// a later extend was told it succeeded; under the older rule a shorter
-// one then cut that lease short and the key went to another caller
-// inside it (issue 39, attack round 5). Like SetLegacyMatching it is
-// part of the replicated semantics: the caller sets it from the cluster
-// version in the log.
+// SetExtendMayShorten chooses what an extend does to a holding whose
+// lease is longer than the extend asks for: on, the rule of protocol
+// versions up to 9 (the lease becomes the extend's, counted from its Now,
+// and may end sooner than before); off (New's default), the rule of
+// version 10: an extend never lowers a holding's lease, it renews the
+// longer one from its Now (Result.LeaseSec says which). An extend that
+// was answered indeterminate, or never answered, may reach the leader
+// after a later extend was told it succeeded; under the older rule a
+// shorter one then cut that lease short and the key went to another
+// caller inside it (issue 39, attack round 5). No time is compared (a
+// leader's clock may jump): lease lengths only. Like SetLegacyMatching
+// it is part of the replicated semantics: the caller sets it from the
+// cluster version in the log.
 func (s *State) SetExtendMayShorten(on bool) { s.extendMayShorten = on }
 
 // extend renews the lease of the holding of cmd.Key, matched exactly as a
@@ -536,35 +537,19 @@ func (s *State) extend(cmd *Command) result {
 	if err != nil {
 		return result{Status: StatusRejected, Err: err}
 	}
+	lease := cmd.LeaseSec
 	if !s.extendMayShorten {
-		start := e.grantedAt
-		if at, ok := s.renewed[e.token]; ok {
-			start = at
-		}
-		if leaseEnd(cmd.Now, cmd.LeaseSec) <= leaseEnd(start, e.leaseSec) {
-			return result{Status: StatusExtended, LeaseKept: true}
-		}
+		lease = max(lease, e.leaseSec)
 	}
 	if keys, ok := s.blocks[e.token]; ok {
 		for _, k := range keys {
-			s.own(k, s.keys[k]).leaseSec = cmd.LeaseSec
+			s.own(k, s.keys[k]).leaseSec = lease
 		}
 	} else {
-		s.own(cmd.Key, e).leaseSec = cmd.LeaseSec
+		s.own(cmd.Key, e).leaseSec = lease
 	}
 	s.renewed[e.token] = cmd.Now
-	return result{Status: StatusExtended}
-}
-
-// leaseEnd is start + sec seconds in Unix ms, saturating at the largest
-// int64 (a Now stamp is a leader's clock, but a replicated rule must not
-// wrap on any value).
-func leaseEnd(start int64, sec uint32) int64 {
-	d := int64(sec) * 1000
-	if start > math.MaxInt64-d {
-		return math.MaxInt64
-	}
-	return start + d
+	return result{Status: StatusExtended, LeaseSec: lease}
 }
 
 // expire deliberately ignores the owner: the leader's lease timer knows only

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"ticketing/cluster"
+	"ticketing/cluster/local"
 	"ticketing/cluster/netfault"
 	"ticketing/cluster/testkit"
 	"ticketing/cluster/wire"
@@ -18,9 +20,23 @@ import (
 // previous ValidUntil (the rule documented before) made two holders. The
 // holder counts on the earlier of its previous ValidUntil and the moment
 // the extend was asked for + the new lease, and the next holder is granted
-// the key only after that.
+// the key only after that. The cluster runs at protocol version 9: from
+// version 10 an extend never lowers a lease, so the shorter one would not
+// hand the key on (TestDelayedIndeterminateExtendCannotShortenALaterExtend),
+// and the rule is what keeps a holder safe on an older cluster.
 func TestIndeterminateShorterExtendCountsOnTheEarlierEnd(t *testing.T) {
-	c := startCluster(t)
+	c, err := local.Start(local.Options{Dir: t.TempDir(), Logger: testLogger(), Tune: func(cfg *cluster.Config) {
+		local.FastRaft(cfg)
+		cfg.ProtocolVersion = wire.VersionStrictMatch
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	leaderOf(t, c)
+	if v := c.Node(leaderOf(t, c)).ClusterVersion(); v != wire.VersionStrictMatch {
+		t.Fatalf("cluster version %d, want %d", v, wire.VersionStrictMatch)
+	}
 	var deaf atomic.Bool // from the extend on, nothing reaches the holder's broker
 	f := netfault.NewFrames(func(fr netfault.Frame) netfault.Verdict {
 		if fr.Dir == netfault.Sent && fr.Msg.Type == wire.TypeExtend {

@@ -1130,12 +1130,14 @@ func (k *Core[C]) Applied(now time.Time, batch []Applied) {
 		if k.leading && a.Res.Status == locksm.StatusGranted {
 			k.armExpiry(now, key, a.Res.Token, c.LeaseSec)
 		}
-		if k.leading && a.Res.Status == locksm.StatusExtended && !a.Res.LeaseKept {
-			// (A kept lease arms nothing: the running timer ends it no
-			// sooner than the extend asked.)
+		if k.leading && a.Res.Status == locksm.StatusExtended {
 			// Before the extend's own pending is resolved below, which may
 			// decide a deferred timer of the token: it must find this one.
-			at := k.armExpiry(now, c.Key, c.Token, c.LeaseSec)
+			// With the lease the state renewed: from cluster version 10
+			// never lower than the holding's, so this timer is never
+			// earlier than one armed before it for the token (apply
+			// times only grow), and superseding them shortens nothing.
+			at := k.armExpiry(now, c.Key, c.Token, a.Res.LeaseSec)
 			k.extendedUntil[c.Token] = at
 		}
 		// freedAt: when the key this command frees was freed, as the

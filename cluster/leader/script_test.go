@@ -639,8 +639,8 @@ func fmtResult(res locksm.Result, effects []locksm.Effect) string {
 	if res.Status == locksm.StatusGranted {
 		fmt.Fprintf(&b, " token=%d", res.Token)
 	}
-	if res.LeaseKept {
-		b.WriteString(" lease-kept")
+	if res.Status == locksm.StatusExtended {
+		fmt.Fprintf(&b, " lease=%d", res.LeaseSec)
 	}
 	if res.Err != nil {
 		fmt.Fprintf(&b, " err=%q", res.Err)

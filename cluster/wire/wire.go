@@ -93,11 +93,10 @@ import "ticketing/locksm"
 //	    entry of unknown kind, so the leader appends one only once the
 //	    cluster version is 10 (VersionLogVerify). From the 'V' entry that
 //	    raises the cluster version to 10 an extend never shortens a lease
-//	    (VersionExtendNeverShortens): an extend 'e' whose lease from now
-//	    would end before the holding's current lease is answered K and
-//	    changes nothing, so an extend that was answered U (or never
-//	    answered) and reaches the leader late cannot cut short a lease a
-//	    later extend was told K for (issue 39, attack round 5).
+//	    (VersionExtendNeverShortens): an extend 'e' renews the longer of
+//	    the holding's lease and its own, so an extend that was answered U
+//	    (or never answered) and reaches the leader late cannot cut short
+//	    a lease a later extend was told K for (issue 39, attack round 5).
 const ProtocolVersion = 10
 
 // NewestProtocolVersion is the newest version this build implements:
@@ -160,10 +159,10 @@ const VersionAckEntry = 9
 const VersionLogVerify = 10
 
 // VersionExtendNeverShortens is the first cluster version at which an
-// extend never shortens a lease (locksm.State.SetExtendMayShorten off): a
-// holding's lease then ends at the later of its current end and the
-// extend's Now + its lease. Before it, an extend sets the lease from its
-// Now, shorter or not. Every replica switches at the 'V' entry.
+// extend never lowers a lease (locksm.State.SetExtendMayShorten off): the
+// holding's lease becomes the longer of its own and the extend's, counted
+// from the extend's Now. Before it, an extend sets the extend's lease from
+// its Now, shorter or not. Every replica switches at the 'V' entry.
 const VersionExtendNeverShortens = 10
 
 // SecretLen is the length of a session's secret in bytes.
