@@ -67,9 +67,9 @@ type lostWatch struct {
 // The returned Lock's ValidUntil is what the holder may count on. From the
 // moment Extend is called until it returns, and after any outcome but
 // success or a definite loss, that is the earlier of l.ValidUntil and the
-// moment of this call + lease: the extend may have applied, and a lease
-// shorter than what was left then ends the holding (and hands the key on)
-// before l.ValidUntil. For an extend that lengthens the lease it is
+// moment of this call + lease: the extend may have applied, and on a
+// cluster below version 10 (where an extend may lower a lease) a shorter
+// lease then ends the holding (and hands the key on) before l.ValidUntil. For an extend that lengthens the lease it is
 // l.ValidUntil. Errors returned before anything is sent (an invalid
 // lease, ErrClosed from ExtendAsync) return l unchanged.
 //

@@ -180,14 +180,16 @@ func (l *Lock) Remaining() time.Duration {
 
 // Extend renews the lease (whole seconds 1..250) counted from now, under
 // the same token (unixapi/PROTOCOL.md, "Extending a lease"): on success the
-// local deadline moves to this call's send time + lease − Margin. A lease
-// shorter than what is left is allowed (the lease is "from now").
+// local deadline moves to this call's send time + lease − Margin. From
+// cluster version 10 the cluster never lowers a lease (a shorter one
+// renews the longer lease from now); below it a shorter lease ends the
+// holding sooner.
 //
 // From the moment the EXTEND is sent, and after any outcome but success
 // or a definite loss, the local deadline is the earlier of the previous
 // deadline and this call's send time + lease − Margin: the extend may have
-// applied, and a shorter lease then ends the holding (and hands the key
-// on) before the previous deadline (issue 39). For an extend that
+// applied, and on a cluster below version 10 a shorter lease then ends the
+// holding (and hands the key on) before the previous deadline (issue 39). For an extend that
 // lengthens the lease this is the previous deadline. Remaining and the
 // lost signal follow it.
 //

@@ -702,9 +702,9 @@ class Lock(p.LockView):
         From the send on, and after any outcome but success or a definite
         loss (an error, a timeout, an exception), the local deadline is the
         earlier of the previous one and this call's send time + *lease* −
-        margin: the extend may have applied, and a lease shorter than what
-        was left ends the lock (and hands the keys on) before the previous
-        deadline. For an extend that lengthens the lease that is the
+        margin: the extend may have applied, and on a cluster below
+        version 10 a lease shorter than what was left ends the lock (and
+        hands the keys on) before the previous deadline. For an extend that lengthens the lease that is the
         previous deadline.
 
         :raises ValueError, TypeError: invalid *lease* (nothing sent).
