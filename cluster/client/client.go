@@ -36,6 +36,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -650,6 +651,14 @@ func (c *Conn) writeLoop() {
 		case <-c.dead:
 			return
 		}
+		// Let the goroutines already runnable (a sidecar's sessions,
+		// each with a request read) add theirs first: one TLS record and
+		// one write then carry them all, instead of a write for the first
+		// and another for the rest. Measured at 256 clients: about ten
+		// requests per write instead of one or two, and a tenth less CPU
+		// per cycle in the sidecar and the leader. With nothing else
+		// runnable it returns at once.
+		runtime.Gosched()
 		c.wmu.Lock()
 		if c.closed {
 			c.wmu.Unlock()
