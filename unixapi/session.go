@@ -98,6 +98,17 @@ type session struct {
 	running int
 	rclosed bool // the reader is done: no more entries
 	space   *sync.Cond
+
+	// writerIdle: the writer waits for a wake-up with nothing of its own
+	// to write. direct: a goroutine that answered a request is writing
+	// the replies it took from the head of replies itself (finish), so
+	// the writer must not write until it is done. carry holds what a
+	// direct write could not write at once, for the writer to write
+	// first. writerGone: the writer returned.
+	writerIdle bool
+	direct     bool
+	carry      []byte
+	writerGone bool
 }
 
 type heldKey struct {
@@ -196,13 +207,39 @@ func (ss *session) waitWork() {
 
 // readLoop reads and dispatches requests until EOF, an error or an
 // over-long line, and says why it stopped and whether it was a clean EOF.
+//
+// It reads through the socket's raw descriptor and dispatches every
+// complete line of a read before reading again. A read that returned less
+// than the buffer drained the socket, so the reader then waits for the
+// poller rather than making the read that would only find it empty (the
+// net package's Read makes it: a system call per request). This is safe
+// because Go's poller is edge-triggered and its readiness is reset only
+// when a RawRead starts, never inside one: data that arrives after a read
+// leaves the descriptor ready, and the wait returns at once.
 func (ss *session) readLoop() (why string, eof bool) {
+	raw, err := ss.conn.SyscallConn()
+	if err != nil {
+		return "read: " + err.Error(), false
+	}
 	buf := make([]byte, 512)
 	split := NewLineSplitter(ss.srv.cfg.MaxLineLen)
 	stopped := false
-	for {
-		n, err := ss.conn.Read(buf)
-		if n > 0 {
+	var readErr, lineErr error
+	read := func(fd uintptr) bool {
+		for {
+			n, err := unix.Read(int(fd), buf)
+			switch {
+			case err == unix.EINTR:
+				continue
+			case err == unix.EAGAIN:
+				return false
+			case err != nil:
+				readErr = err
+				return true
+			case n == 0:
+				readErr = io.EOF
+				return true
+			}
 			ferr := split.Feed(buf[:n], func(line []byte) bool {
 				if !ss.dispatch(line) {
 					stopped = true
@@ -211,21 +248,33 @@ func (ss *session) readLoop() (why string, eof bool) {
 				return true
 			})
 			if stopped {
-				return "session ended", false
+				return true
 			}
 			if ferr != nil {
-				ss.log.Info("line too long; closing", "err", ferr)
-				ss.push(&reply{line: replyFor(ferr), done: true})
-				return "line too long", false
+				lineErr = ferr
+				return true
 			}
-		}
-		if err != nil {
-			if split.Buffered() > 0 {
-				ss.log.Debug("connection ended inside a line; partial line ignored", "bytes", split.Buffered())
+			if n < len(buf) {
+				return false
 			}
-			return "read: " + err.Error(), errors.Is(err, io.EOF)
 		}
 	}
+	err = raw.Read(read)
+	switch {
+	case stopped:
+		return "session ended", false
+	case lineErr != nil:
+		ss.log.Info("line too long; closing", "err", lineErr)
+		ss.push(&reply{line: replyFor(lineErr), done: true})
+		return "line too long", false
+	}
+	if readErr == nil {
+		readErr = err // the poller's: the connection was closed
+	}
+	if split.Buffered() > 0 {
+		ss.log.Debug("connection ended inside a line; partial line ignored", "bytes", split.Buffered())
+	}
+	return "read: " + readErr.Error(), errors.Is(readErr, io.EOF)
 }
 
 // peerHungUp reports whether the peer closed its end entirely (POLLHUP), as
@@ -314,23 +363,121 @@ func (ss *session) push(r *reply) bool {
 	}
 	ss.replies = append(ss.replies, r)
 	if !r.done {
+		// Nothing for the writer yet: whoever answers it kicks (finish).
 		r.queued = true
 		ss.running++
+		ss.mu.Unlock()
+		return true
 	}
 	ss.mu.Unlock()
 	ss.kickWriter()
 	return true
 }
 
-// finish answers r (a running entry) with line.
+// finish answers r (a running entry) with line. When the writer is idle
+// and r's reply is next to go, the caller writes it itself, without
+// blocking (writeDirect): a wake-up of the writer per reply is most of
+// what a reply costs.
 func (ss *session) finish(r *reply, line string) {
 	ss.mu.Lock()
 	r.line, r.done = line, true
 	if r.queued {
 		ss.running--
 	}
+	if out := ss.takeDirectLocked(); out != nil {
+		ss.mu.Unlock()
+		ss.writeDirect(out)
+		return
+	}
 	ss.mu.Unlock()
 	ss.kickWriter()
+}
+
+// takeDirectLocked takes the answered replies at the head of the queue
+// for a direct write, if the writer is idle and nobody else writes:
+// nil if not (then the writer is kicked). Event lines and lazy replies
+// stay the writer's. Requires mu.
+func (ss *session) takeDirectLocked() []byte {
+	if !ss.writerIdle || ss.direct || ss.writerGone || ss.writeFailed || len(ss.evq) > 0 || ss.carry != nil {
+		return nil
+	}
+	var out []byte
+	for ss.rhead < len(ss.replies) {
+		r := ss.replies[ss.rhead]
+		if !r.done || r.lazy != nil {
+			break
+		}
+		out = append(out, r.line...)
+		out = append(out, '\n')
+		ss.popLocked()
+	}
+	if out != nil {
+		ss.direct = true
+	}
+	return out
+}
+
+// writeDirect writes out without blocking; what the socket does not take
+// at once (or a failed write's bytes) goes to the writer, which writes it
+// before anything else and handles the failure.
+func (ss *session) writeDirect(out []byte) {
+	n := 0
+	var werr error
+	if raw, err := ss.conn.SyscallConn(); err != nil {
+		werr = err
+	} else if err := raw.Write(func(fd uintptr) bool {
+		for n < len(out) {
+			k, err := unix.Write(int(fd), out[n:])
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil {
+				if err != unix.EAGAIN {
+					werr = err
+				}
+				return true
+			}
+			n += k
+		}
+		return true
+	}); err != nil {
+		werr = err
+	}
+	ss.mu.Lock()
+	ss.direct = false
+	kick := false
+	if n < len(out) {
+		ss.carry = out[n:]
+		kick = true
+	} else {
+		kick = len(ss.evq) > 0 || (ss.rhead < len(ss.replies) && ss.replies[ss.rhead].done) || ss.rclosed
+	}
+	ss.mu.Unlock()
+	if werr != nil {
+		ss.log.Debug("direct write failed; the writer retries and ends the session", "err", werr)
+	}
+	if kick {
+		ss.kickWriter()
+	}
+}
+
+// popLocked removes the head of replies. Requires mu.
+func (ss *session) popLocked() {
+	ss.replies[ss.rhead] = nil
+	if ss.rhead++; ss.rhead == len(ss.replies) {
+		// Empty: start over, and let a burst's array go.
+		if cap(ss.replies) > 1024 {
+			ss.replies = nil
+		} else {
+			ss.replies = ss.replies[:0]
+		}
+		ss.rhead = 0
+	} else if ss.rhead >= 1024 && ss.rhead*2 >= len(ss.replies) {
+		n := copy(ss.replies, ss.replies[ss.rhead:])
+		clear(ss.replies[n:])
+		ss.replies, ss.rhead = ss.replies[:n], 0
+	}
+	ss.space.Broadcast()
 }
 
 // refuse answers the request being dispatched with err, an ERR the
@@ -535,7 +682,9 @@ func (a *acq) done(l sidecar.Lock, err error) {
 		ss.srv.broker.Compensate(l)
 		line = replyFor(ss.endedErr())
 	case err == nil:
-		ss.log.Debug("lock granted", lockAttrs(l)...)
+		if ss.log.Enabled(context.Background(), slog.LevelDebug) {
+			ss.log.Debug("lock granted", lockAttrs(l)...)
+		}
 		line = "OK " + strconv.FormatUint(l.Token, 10)
 	case ended && (errors.Is(err, context.Canceled) || errors.Is(err, ErrServerClosed)):
 		line = replyFor(ss.endedErr())
@@ -760,6 +909,11 @@ func (ss *session) endCause(why string, cause error) {
 // ready into one write, and flushes before waiting for one that is not.
 func (ss *session) writeLoop() {
 	defer close(ss.writerDone)
+	defer func() {
+		ss.mu.Lock()
+		ss.writerGone, ss.writerIdle = true, false
+		ss.mu.Unlock()
+	}()
 	var buf []byte
 	var nev uint64 // event lines in buf
 	failed := false
@@ -785,48 +939,51 @@ func (ss *session) writeLoop() {
 	for {
 		ss.mu.Lock()
 		for {
-			// Events first: they answer nothing, so they never wait for a
-			// reply, and they go between whole reply lines.
-			for _, ev := range ss.evq {
-				buf = append(buf, ev...)
-				buf = append(buf, '\n')
+			if ss.direct {
+				// Someone writes replies it took from the head; it kicks
+				// when done if there is more.
+			} else {
+				if ss.carry != nil {
+					// What a direct write left: it goes first.
+					buf = append(buf, ss.carry...)
+					ss.carry = nil
+				}
+				// Events first: they answer nothing, so they never wait
+				// for a reply, and they go between whole reply lines.
+				for _, ev := range ss.evq {
+					buf = append(buf, ev...)
+					buf = append(buf, '\n')
+				}
+				nev += uint64(len(ss.evq))
+				clear(ss.evq)
+				ss.evq = ss.evq[:0]
+				if ss.rhead < len(ss.replies) && ss.replies[ss.rhead].done {
+					break
+				}
+				if ss.rclosed && ss.rhead == len(ss.replies) {
+					ss.mu.Unlock()
+					flush()
+					return
+				}
 			}
-			nev += uint64(len(ss.evq))
-			clear(ss.evq)
-			ss.evq = ss.evq[:0]
-			if ss.rhead < len(ss.replies) && ss.replies[ss.rhead].done {
-				break
-			}
-			if ss.rclosed && ss.rhead == len(ss.replies) {
+			if len(buf) > 0 {
 				ss.mu.Unlock()
 				flush()
-				return
+				ss.mu.Lock()
+				continue
 			}
+			ss.writerIdle = true
 			ss.mu.Unlock()
-			flush()
 			select {
 			case <-ss.wake:
 			case <-ss.srv.hardCtx.Done():
 				return // Close's grace period is over: stop answering
 			}
 			ss.mu.Lock()
+			ss.writerIdle = false
 		}
 		r := ss.replies[ss.rhead]
-		ss.replies[ss.rhead] = nil
-		if ss.rhead++; ss.rhead == len(ss.replies) {
-			// Empty: start over, and let a burst's array go.
-			if cap(ss.replies) > 1024 {
-				ss.replies = nil
-			} else {
-				ss.replies = ss.replies[:0]
-			}
-			ss.rhead = 0
-		} else if ss.rhead >= 1024 && ss.rhead*2 >= len(ss.replies) {
-			n := copy(ss.replies, ss.replies[ss.rhead:])
-			clear(ss.replies[n:])
-			ss.replies, ss.rhead = ss.replies[:n], 0
-		}
-		ss.space.Broadcast()
+		ss.popLocked()
 		more := ss.rhead < len(ss.replies) && ss.replies[ss.rhead].done
 		ss.mu.Unlock()
 		line := r.line
