@@ -308,12 +308,20 @@ func (b *Broker) kickLocked() {
 
 // armLocked sets o's one timer to fire at at (Config.Now's clock).
 func (o *acqOp) armLocked(at time.Time) {
+	d := max(at.Sub(o.b.cfg.Now()), 0)
 	if o.timer != nil {
+		if o.timer.Reset(d) {
+			// It had not fired: its func now runs at the new time, once,
+			// and the generation it carries stays the current one.
+			return
+		}
+		// It fired, or was stopped: Reset scheduled its func again, for
+		// a generation that is over.
 		o.timer.Stop()
 	}
 	o.gen++
 	gen := o.gen
-	o.timer = time.AfterFunc(max(at.Sub(o.b.cfg.Now()), 0), func() { o.onTimer(gen) })
+	o.timer = time.AfterFunc(d, func() { o.onTimer(gen) })
 }
 
 // answerLocked records the outcome; done runs once qmu is released, or,

@@ -63,6 +63,13 @@ type Broker struct {
 	// the workers stay until it is 0 once the queue is closed.
 	rasync int
 
+	// dmu guards the first attempts' deadline list and its timer (a
+	// leaf; deadlines.go); darmed says dtimer is set.
+	dmu    sync.Mutex
+	dlist  deadlineList
+	dtimer *time.Timer
+	darmed bool
+
 	// lmu guards lost (a leaf): the holdings whose lost events someone
 	// watches, by token (WatchLost).
 	lmu  sync.Mutex
@@ -176,9 +183,12 @@ type releaseJob struct {
 
 	// amu guards the first attempt's end: its reply (a Done hook) and its
 	// deadline timer race for it, and the one that sets over settles it.
-	amu   sync.Mutex
-	over  bool
-	timer *time.Timer
+	amu  sync.Mutex
+	over bool
+	// dprev, dnext: its place in the first attempts' deadline list while
+	// dlisted (Broker.dmu; deadlines.go).
+	dprev, dnext *releaseJob
+	dlisted      bool
 }
 
 // New starts a broker; its connections come up in the background.
@@ -984,7 +994,7 @@ func (b *Broker) startRelease(job *releaseJob) bool {
 	}
 	job.amu.Lock()
 	if !job.over {
-		job.timer = time.AfterFunc(max(job.deadline.Sub(b.cfg.Now()), 0), func() { b.releaseTimedOut(job) })
+		b.watchDeadline(job)
 	}
 	job.amu.Unlock()
 	return true
@@ -992,22 +1002,20 @@ func (b *Broker) startRelease(job *releaseJob) bool {
 
 // endAttempt claims the end of job's first attempt for the caller: false
 // if its reply or its deadline already did.
-func (job *releaseJob) endAttempt() bool {
+func (b *Broker) endAttempt(job *releaseJob) bool {
 	job.amu.Lock()
 	defer job.amu.Unlock()
 	if job.over {
 		return false
 	}
 	job.over = true
-	if job.timer != nil {
-		job.timer.Stop()
-	}
+	b.unwatchDeadline(job)
 	return true
 }
 
 // releaseReplied is the first attempt's Done hook.
 func (b *Broker) releaseReplied(job *releaseJob, call *client.Call) {
-	if !job.endAttempt() {
+	if !b.endAttempt(job) {
 		return // its deadline passed first: reported Indeterminate
 	}
 	if call.Err == nil {
@@ -1028,7 +1036,7 @@ func (b *Broker) releaseReplied(job *releaseJob, call *client.Call) {
 
 // releaseTimedOut is the first attempt's deadline.
 func (b *Broker) releaseTimedOut(job *releaseJob) {
-	if !job.endAttempt() {
+	if !b.endAttempt(job) {
 		return
 	}
 	b.settleAsync(job, fmt.Errorf("%w: %s got no reply within %v", ErrIndeterminate, job.what(), b.cfg.ReleaseDeadline))

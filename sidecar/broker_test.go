@@ -831,3 +831,59 @@ func TestBrokerReleasesAreSentWithoutAWorker(t *testing.T) {
 		})
 	}
 }
+
+// Releases whose replies never come time out each at its own deadline,
+// not before and not much after: their first attempts share one timer
+// (deadlines.go), armed for the earliest and re-armed for the next.
+func TestReleaseDeadlinesShareOneTimer(t *testing.T) {
+	c := startCluster(t)
+	li := leaderOf(t, c)
+	d := &stallDialer{}
+	const deadline = time.Second
+	b := newBroker(t, c, func(cfg *Config) {
+		seedOnly(cfg, c.ClientAddr(li))
+		cfg.Dialer = d.dial
+		sessionsOff(cfg)
+		cfg.ReleaseDeadline = deadline
+	})
+	ctx := ctxT(t, 60*time.Second)
+	var locks []Lock
+	for i := 0; i < 5; i++ {
+		lk, err := b.Acquire(ctx, fmt.Sprintf("k%d", i), "a", 60*time.Second, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		locks = append(locks, lk)
+	}
+	for _, sc := range d.all() {
+		sc.mu.Lock()
+		sc.stallReads = true // the releases are written; their replies are held back
+		sc.mu.Unlock()
+	}
+	type result struct {
+		i    int
+		err  error
+		took time.Duration
+	}
+	out := make(chan result, len(locks))
+	for i, lk := range locks {
+		start := time.Now()
+		if err := b.ReleaseAsync(lk, func(err error) { out <- result{i, err, time.Since(start)} }); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(150 * time.Millisecond)
+	}
+	for range locks {
+		select {
+		case r := <-out:
+			if !errors.Is(r.err, ErrIndeterminate) {
+				t.Errorf("release %d: %v, want ErrIndeterminate", r.i, r.err)
+			}
+			if r.took < deadline-20*time.Millisecond || r.took > deadline+2*time.Second {
+				t.Errorf("release %d ended after %v, want its own deadline of %v", r.i, r.took, deadline)
+			}
+		case <-ctx.Done():
+			t.Fatal("a release never ended: its deadline did not fire")
+		}
+	}
+}
