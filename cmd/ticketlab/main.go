@@ -25,6 +25,7 @@ import (
 )
 
 func main() {
+	compare.ServeLineFloorIfAsked()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := Main(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"ticketing/cluster"
+	"ticketing/cmd/ticketlab/internal/compare"
 	"ticketing/cmd/ticketlab/internal/labtest"
 	"ticketing/sidecar"
 )
@@ -45,6 +46,7 @@ func binaries(t *testing.T) (ticketing, ticketlab string) {
 }
 
 func TestMain(m *testing.M) {
+	compare.ServeLineFloorIfAsked()
 	code := m.Run()
 	for _, c := range cleanups {
 		c()

@@ -31,7 +31,7 @@ import (
 )
 
 // AllSystems in report order.
-var AllSystems = []string{"ticketing-sidecar", "ticketing-broker", "etcd", "zookeeper", "redis"}
+var AllSystems = []string{"ticketing-sidecar", "ticketing-broker", "etcd", "zookeeper", "redis", "line-floor"}
 
 // AllWorkloads in report order.
 var AllWorkloads = []string{Uncontended, Contended, Mixed}
@@ -289,6 +289,16 @@ func Run(ctx context.Context, o Options, stdout io.Writer) error {
 			continue
 		}
 		systems[name] = s
+	}
+	if has(o.Systems, "line-floor") {
+		lf, err := startLineFloor(ctx)
+		if err != nil {
+			msg := fmt.Sprintf("line-floor not measured: %v", err)
+			fmt.Fprintln(stdout, msg)
+			rep.Notes = append(rep.Notes, msg)
+		} else {
+			systems["line-floor"] = lf
+		}
 	}
 	for _, name := range o.Systems {
 		if s, ok := systems[name]; ok {

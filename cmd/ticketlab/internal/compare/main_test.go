@@ -22,11 +22,16 @@ import (
 // at 1 and 4 clients for 200 ms per run and checks the three output files.
 // With TICKETBENCH_PEERS=1 the peers are measured too (they must be up:
 // peers.sh start DIR).
+func TestMain(m *testing.M) {
+	ServeLineFloorIfAsked() // the line floor's server is this binary, re-executed
+	os.Exit(m.Run())
+}
+
 func TestShortRun(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a cluster; not in -short")
 	}
-	systems := "ticketing-sidecar,ticketing-broker"
+	systems := "ticketing-sidecar,ticketing-broker,line-floor"
 	if os.Getenv("TICKETBENCH_PEERS") == "1" {
 		systems = strings.Join(AllSystems, ",")
 	}
@@ -71,6 +76,9 @@ func TestShortRun(t *testing.T) {
 		if isTicketing(r.System) {
 			checkProcs(t, r)
 		}
+		if r.System == "line-floor" && (len(r.Procs) != 1 || r.Procs[0].Name != "line-floor" || r.Procs[0].Pid <= 0) {
+			t.Errorf("line-floor %s %d: processes %+v, want the line floor's own", r.Workload, r.Clients, r.Procs)
+		}
 	}
 	if rep.Floors != nil {
 		t.Errorf("--floor-duration 0 measured floors: %+v", rep.Floors)
@@ -83,12 +91,12 @@ func TestShortRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range []string{"| ticketing-sidecar | 1 |", "| ticketing-broker | 4 |", "### Contended: hand-off and fairness", "![ops/s by clients](plot.svg)"} {
+	for _, s := range []string{"| ticketing-sidecar | 1 |", "| ticketing-broker | 4 |", "| line-floor | 4 |", "### Contended: hand-off and fairness", "![ops/s by clients](plot.svg)"} {
 		if !bytes.Contains(md, []byte(s)) {
 			t.Errorf("results.md lacks %q", s)
 		}
 	}
-	checkSVG(t, filepath.Join(out, "plot.svg"), 2*3)
+	checkSVG(t, filepath.Join(out, "plot.svg"), 3*3)
 }
 
 // checkProcs checks that a Ticketing run names its server processes: the

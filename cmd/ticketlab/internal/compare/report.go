@@ -331,6 +331,7 @@ func (r *Report) Markdown() string {
 		}
 	}
 	r.cpuSection(&b)
+	r.lineFloorSection(&b)
 	var errNotes []string
 	for _, x := range r.Results {
 		if x.Errors > 0 && x.FirstError != "" {
