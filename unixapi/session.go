@@ -121,8 +121,12 @@ type holding struct {
 	releasing bool // a RELEASE for it is running
 	extending bool // an EXTEND of it is running
 	// stopWatch ends the broker's lost watch of the lock (WatchLost);
-	// called once the connection no longer holds it.
+	// called once the connection no longer holds it. unwatched: the
+	// connection let go of it (session.unwatch) before acq.done had set
+	// stopWatch, which then stops the watch itself. Both under
+	// session.mu.
 	stopWatch func()
+	unwatched bool
 }
 
 // reply is the answer to one request; done once line is set (under
@@ -208,38 +212,20 @@ func (ss *session) waitWork() {
 // readLoop reads and dispatches requests until EOF, an error or an
 // over-long line, and says why it stopped and whether it was a clean EOF.
 //
-// It reads through the socket's raw descriptor and dispatches every
-// complete line of a read before reading again. A read that returned less
-// than the buffer drained the socket, so the reader then waits for the
-// poller rather than making the read that would only find it empty (the
-// net package's Read makes it: a system call per request). This is safe
-// because Go's poller is edge-triggered and its readiness is reset only
-// when a RawRead starts, never inside one: data that arrives after a read
-// leaves the descriptor ready, and the wait returns at once.
+// It reads again after a read that returned less than its buffer, though
+// that read usually finds the socket empty (a system call per request): a
+// peer's close that arrives with its last bytes raises no edge of its own
+// for the poller once that read took the bytes, so a reader that waited
+// for the poller instead would never see the EOF (a crashed client's
+// session, its queued ACQUIREs and its locks, would stay;
+// TestCrashAfterWaitingAcquireEndsSession).
 func (ss *session) readLoop() (why string, eof bool) {
-	raw, err := ss.conn.SyscallConn()
-	if err != nil {
-		return "read: " + err.Error(), false
-	}
 	buf := make([]byte, 512)
 	split := NewLineSplitter(ss.srv.cfg.MaxLineLen)
 	stopped := false
-	var readErr, lineErr error
-	read := func(fd uintptr) bool {
-		for {
-			n, err := unix.Read(int(fd), buf)
-			switch {
-			case err == unix.EINTR:
-				continue
-			case err == unix.EAGAIN:
-				return false
-			case err != nil:
-				readErr = err
-				return true
-			case n == 0:
-				readErr = io.EOF
-				return true
-			}
+	for {
+		n, err := ss.conn.Read(buf)
+		if n > 0 {
 			ferr := split.Feed(buf[:n], func(line []byte) bool {
 				if !ss.dispatch(line) {
 					stopped = true
@@ -248,33 +234,21 @@ func (ss *session) readLoop() (why string, eof bool) {
 				return true
 			})
 			if stopped {
-				return true
+				return "session ended", false
 			}
 			if ferr != nil {
-				lineErr = ferr
-				return true
-			}
-			if n < len(buf) {
-				return false
+				ss.log.Info("line too long; closing", "err", ferr)
+				ss.push(&reply{line: replyFor(ferr), done: true})
+				return "line too long", false
 			}
 		}
+		if err != nil {
+			if split.Buffered() > 0 {
+				ss.log.Debug("connection ended inside a line; partial line ignored", "bytes", split.Buffered())
+			}
+			return "read: " + err.Error(), errors.Is(err, io.EOF)
+		}
 	}
-	err = raw.Read(read)
-	switch {
-	case stopped:
-		return "session ended", false
-	case lineErr != nil:
-		ss.log.Info("line too long; closing", "err", lineErr)
-		ss.push(&reply{line: replyFor(lineErr), done: true})
-		return "line too long", false
-	}
-	if readErr == nil {
-		readErr = err // the poller's: the connection was closed
-	}
-	if split.Buffered() > 0 {
-		ss.log.Debug("connection ended inside a line; partial line ignored", "bytes", split.Buffered())
-	}
-	return "read: " + readErr.Error(), errors.Is(readErr, io.EOF)
 }
 
 // peerHungUp reports whether the peer closed its end entirely (POLLHUP), as
@@ -667,8 +641,12 @@ func (a *acq) done(l sidecar.Lock, err error) {
 	if h != nil {
 		stop := ss.srv.broker.WatchLost(l, func(why sidecar.LostReason) { ss.lost(h, why) })
 		ss.mu.Lock()
-		h.stopWatch = stop
-		gone := ss.held[heldKey{l.Key, l.Token}] != h // released or lost meanwhile
+		// Released, lost or let go by the session's end meanwhile: the
+		// watch is over before it was recorded.
+		gone := ss.held[heldKey{l.Key, l.Token}] != h || h.unwatched
+		if !gone {
+			h.stopWatch = stop
+		}
 		ss.mu.Unlock()
 		if gone {
 			stop()
@@ -782,7 +760,7 @@ func (ss *session) released(k heldKey, h *holding, r *reply, err error) {
 	ended := ss.ended
 	ss.mu.Unlock()
 	if definite {
-		h.unwatch()
+		ss.unwatch(h)
 	}
 	if ended && !definite {
 		ss.srv.broker.Compensate(h.lock)
@@ -886,7 +864,7 @@ func (ss *session) endCause(why string, cause error) {
 		ss.log.Info("connection ended holding locks; releasing them", "why", why, "locks", len(locks))
 	}
 	for _, h := range watched {
-		h.unwatch() // its end is ours now
+		ss.unwatch(h) // its end is ours now
 	}
 	ss.kickWriter()
 	// A peer that still reads learns of the loss before the key moves on:
@@ -1116,10 +1094,15 @@ func lockAttrs(l sidecar.Lock) []any {
 	return []any{"key", l.Key, "token", l.Token, "label", l.Label}
 }
 
-// unwatch ends the broker's lost watch of h, if it was set up.
-func (h *holding) unwatch() {
-	if h.stopWatch != nil {
-		h.stopWatch()
+// unwatch ends the broker's lost watch of h: now if acq.done has set it
+// up, else acq.done stops it as soon as it has (unwatched).
+func (ss *session) unwatch(h *holding) {
+	ss.mu.Lock()
+	stop := h.stopWatch
+	h.stopWatch, h.unwatched = nil, true
+	ss.mu.Unlock()
+	if stop != nil {
+		stop()
 	}
 }
 
