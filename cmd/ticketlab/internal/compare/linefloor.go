@@ -14,17 +14,17 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // The line floor ("line-floor" in --systems) is what the sidecar's local
 // protocol costs by itself: a server of the lab's, in its own process,
 // speaking the same ACQUIRE/RELEASE lines on a unix socket with the least
-// a Go server can do per request: a goroutine per connection, one read per
-// request (every line of a read handled before the next, no read that only
-// finds the socket empty), one write per reply straight from the goroutine
-// that decides it, and an in-memory FIFO lock table under one mutex. No
+// a Go server can do per request: a goroutine per connection reading as
+// the sidecar does (every line of a read handled before the next read,
+// and the read that finds the socket empty, which a server needs to see a
+// peer's close that came with its last bytes), one write per reply
+// straight from the goroutine that decides it, and an in-memory FIFO lock
+// table under one mutex. No
 // replication, no disk, no TLS, no leader to send to. Against the
 // sidecar's own CPU per cycle, the difference is what the sidecar adds to
 // the socket I/O every sidecar pays: the broker, its connection to the
@@ -103,42 +103,25 @@ func (fc *floorConn) reply(line string) {
 func (t *floorTable) serve(c *net.UnixConn) {
 	fc := &floorConn{c: c, held: map[string]uint64{}}
 	defer t.drop(fc)
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return
-	}
 	buf := make([]byte, 512)
 	var line []byte
-	_ = raw.Read(func(fd uintptr) bool {
-		for {
-			n, err := unix.Read(int(fd), buf)
-			switch {
-			case err == unix.EINTR:
-				continue
-			case err == unix.EAGAIN:
-				return false
-			case err != nil || n == 0:
-				return true
+	for {
+		n, err := c.Read(buf)
+		p := buf[:n]
+		for len(p) > 0 {
+			i := bytes.IndexByte(p, '\n')
+			if i < 0 {
+				line = append(line, p...)
+				break
 			}
-			p := buf[:n]
-			for len(p) > 0 {
-				i := bytes.IndexByte(p, '\n')
-				if i < 0 {
-					line = append(line, p...)
-					break
-				}
-				line = append(line, p[:i]...)
-				t.handle(fc, string(line))
-				line, p = line[:0], p[i+1:]
-			}
-			if len(line) > 4096 {
-				return true
-			}
-			if n < len(buf) {
-				return false
-			}
+			line = append(line, p[:i]...)
+			t.handle(fc, string(line))
+			line, p = line[:0], p[i+1:]
 		}
-	})
+		if err != nil || len(line) > 4096 {
+			return
+		}
+	}
 }
 
 // handle answers ACQUIRE key lease wait (granted now or when the key
@@ -277,7 +260,7 @@ func startLineFloor(ctx context.Context) (*lineFloor, error) {
 func (lf *lineFloor) Name() string { return "line-floor" }
 func (lf *lineFloor) Setup() string {
 	return "the lab's own server (one process) speaking the sidecar's ACQUIRE/RELEASE lines on a unix socket with the least Go can do per request " +
-		"(a goroutine per connection, one read per request, one write per reply, an in-memory FIFO lock table; no replication, disk or TLS): " +
+		"(a goroutine per connection reading as the sidecar does, one write per reply, an in-memory FIFO lock table; no replication, disk or TLS): " +
 		"the floor under the sidecar's local protocol"
 }
 func (lf *lineFloor) Version() string                         { return "lab" }
