@@ -285,14 +285,19 @@ func (lf *lineFloor) Clients(ctx context.Context, n int) ([]Client, func(), erro
 }
 
 func (lf *lineFloor) Close() {
-	lf.stdin.Close()
-	done := make(chan error, 1)
-	go func() { done <- lf.cmd.Wait() }()
+	// Its stdin closing ends it; its exit status says nothing the run
+	// needs (killed, it would say so).
+	_ = lf.stdin.Close()
+	exited := make(chan struct{})
+	go func() {
+		_ = lf.cmd.Wait()
+		close(exited)
+	}()
 	select {
-	case <-done:
+	case <-exited:
 	case <-time.After(5 * time.Second):
 		_ = lf.cmd.Process.Kill() // it should have ended with its stdin
-		<-done
+		<-exited
 	}
 	os.RemoveAll(lf.dir)
 }
