@@ -308,7 +308,7 @@ func checkSVG(t *testing.T, path string, minLines int) {
 // TestReport renders a report from made-up results: ratios and escaping.
 func TestReport(t *testing.T) {
 	rep := &Report{Config: ReportConfig{Systems: AllSystems, Workloads: AllWorkloads, Clients: []int{1, 16}, DurationS: 1, MixedKeys: MixedKeys, MixedZipfS: MixedZipfS}}
-	ops := map[string]float64{"ticketing-sidecar": 300, "ticketing-broker": 400, "etcd": 100, "zookeeper": 150, "redis": 3000}
+	ops := map[string]float64{"ticketing-sidecar": 300, "ticketing-broker": 400, "etcd": 100, "zookeeper": 150, "redis": 3000, "line-floor": 9000}
 	for _, w := range AllWorkloads {
 		for _, n := range []int{1, 16} {
 			for _, s := range AllSystems {
@@ -328,6 +328,10 @@ func TestReport(t *testing.T) {
 		if x.System == "etcd" && x.Skipped == "" {
 			x.CPUNote = "CPU not measured: pid of etcd-1: missing"
 		}
+		if x.System == "line-floor" {
+			x.Procs = []ProcCPU{{Name: "line-floor", Role: "sidecar", Pid: 11, CPUms: 6, USPerCycle: 6}}
+			x.ServerCPUms, x.ServerCPUus = 6, 6
+		}
 	}
 	rep.Floors = &Floors{Disk: &DiskFloor{LogStore: "bolt", Stores: 3, EntryBytes: 512, Appends: 100, AppendP50ms: 0.5, CommitMs: 1, HandoffsPerS: 1000},
 		Library: &LibraryFloor{LogStore: "bolt", Nodes: 3, EntryBytes: 100, Commits: 100, CommitP50ms: 1.25, CycleMs: 2.5}}
@@ -341,7 +345,8 @@ func TestReport(t *testing.T) {
 		"| ticketing-sidecar | 1.00 | 0.40× | 1.00× |",
 		"Cycle p99 ÷ p50 at 16 clients", "| redis | 2.50× | 2.50× | 2.50× |",
 		"| ticketing-sidecar | mixed | 16 | 132 | n1 leader 39.2, n2 26.0, n3 26.0, sidecar1 40.5 | 30.2 | 0.20 |",
-		"| etcd | uncontended | 1 | – | CPU not measured: pid of etcd-1: missing | | |"} {
+		"| etcd | uncontended | 1 | – | CPU not measured: pid of etcd-1: missing | | |",
+		"## The sidecar against the line floor", "| uncontended | 16 | 40.5 | 6.0 | 6.75× | 4800 | 144000 |"} {
 		if !strings.Contains(md, s) {
 			t.Errorf("markdown lacks %q:\n%s", s, md)
 		}
