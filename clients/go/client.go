@@ -202,6 +202,7 @@ type call struct {
 	onQueued func()
 	keys     []string
 	n        uint64 // the call's position among the lines written
+	written  bool   // enqueue wrote the line (set by the caller's goroutine)
 	mu       sync.Mutex
 	orphaned bool
 	hello    bool // the HELLO sent by Dial: an ERR to it may be a refusal
@@ -910,6 +911,7 @@ func (cn *conn) enqueue(cl *call) error {
 	}
 	cn.written++
 	cn.c.sent.Add(1)
+	cl.written = true
 	return nil
 }
 

@@ -401,6 +401,108 @@ func TestLockExtendShorterIndeterminate(t *testing.T) {
 	}
 }
 
+// Two EXTENDs of one Lock under way at once may apply in either order (the
+// sidecar runs a connection's requests concurrently). The first one's OK
+// must stay at most the second's end also when the second's caller gave up
+// before its answer: dropping the second's cap when its Extend returned
+// let the OK lift the deadline 95 s past the lease the cluster may hold.
+func TestLockExtendOKKeepsTheCapOfAnAbandonedExtend(t *testing.T) {
+	c, f := pipeClient(t, "HELLO 3 events")
+	clk := &fakeClock{t: time.Unix(1000, 0)}
+	c.now = clk.now
+	l := takeLock(t, c, f, "k", 60*time.Second, nil, "OK 5")
+	first := async(func() error { return l.Extend(context.Background(), 100*time.Second) })
+	if r := f.req(); r != "EXTEND k 5 100" {
+		t.Fatalf("request %q", r)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	second := async(func() error { return l.Extend(ctx, 5*time.Second) })
+	if r := f.req(); r != "EXTEND k 5 5" {
+		t.Fatalf("request %q", r)
+	}
+	cancel()
+	if err := recv(t, second); !errors.Is(err, context.Canceled) {
+		t.Fatalf("second Extend: %v", err)
+	}
+	f.write("OK")
+	if err := recv(t, first); err != nil {
+		t.Fatalf("first Extend: %v", err)
+	}
+	short := 5*time.Second - Margin(5*time.Second)
+	if got := l.Remaining(); got > short {
+		t.Fatalf("Remaining %v after the first EXTEND's OK, want at most %v: the abandoned 5 s EXTEND may still apply after it", got, short)
+	}
+	// Its answer comes: from then on a new EXTEND is free of its cap.
+	f.write("OK")
+	ping := async(func() error { return c.Ping(context.Background()) })
+	if r := f.req(); r != "PING" {
+		t.Fatalf("request %q", r)
+	}
+	f.write("PONG")
+	if err := recv(t, ping); err != nil {
+		t.Fatal(err)
+	}
+	third := async(func() error { return l.Extend(context.Background(), 30*time.Second) })
+	if r := f.req(); r != "EXTEND k 5 30" {
+		t.Fatalf("request %q", r)
+	}
+	f.write("OK")
+	if err := recv(t, third); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := l.Remaining(), 30*time.Second-Margin(30*time.Second); got != want {
+		t.Fatalf("Remaining after a later EXTEND's OK: %v, want %v", got, want)
+	}
+	// An Extend whose ctx ended before anything was sent bounds nothing.
+	done, stop := context.WithCancel(context.Background())
+	stop()
+	if err := l.Extend(done, 2*time.Second); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Extend with an ended ctx: %v", err)
+	}
+	fourth := async(func() error { return l.Extend(context.Background(), 40*time.Second) })
+	if r := f.req(); r != "EXTEND k 5 40" {
+		t.Fatalf("request %q (the Extend with an ended ctx sent something?)", r)
+	}
+	f.write("OK")
+	if err := recv(t, fourth); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := l.Remaining(), 40*time.Second-Margin(40*time.Second); got != want {
+		t.Fatalf("Remaining after an EXTEND's OK: %v, want %v (an unsent EXTEND still capped it)", got, want)
+	}
+}
+
+// Of two EXTENDs answered OK in turn, whichever Extend call takes its OK
+// last, the deadline is at most the shorter one's end: either may have
+// applied last.
+func TestLockConcurrentExtendOKs(t *testing.T) {
+	c, f := pipeClient(t, "HELLO 3 events")
+	clk := &fakeClock{t: time.Unix(1000, 0)}
+	c.now = clk.now
+	l := takeLock(t, c, f, "k", 60*time.Second, nil, "OK 5")
+	short := 5*time.Second - Margin(5*time.Second)
+	for i := range 50 {
+		first := async(func() error { return l.Extend(context.Background(), 100*time.Second) })
+		if r := f.req(); r != "EXTEND k 5 100" {
+			t.Fatalf("request %q", r)
+		}
+		second := async(func() error { return l.Extend(context.Background(), 5*time.Second) })
+		if r := f.req(); r != "EXTEND k 5 5" {
+			t.Fatalf("request %q", r)
+		}
+		f.write("OK", "OK")
+		if err := recv(t, first); err != nil {
+			t.Fatal(err)
+		}
+		if err := recv(t, second); err != nil {
+			t.Fatal(err)
+		}
+		if got := l.Remaining(); got > short {
+			t.Fatalf("round %d: Remaining %v after both OKs, want at most %v", i, got, short)
+		}
+	}
+}
+
 // Client.Close fires every held Lock's lost signal before the sidecar
 // sees the connection close (and releases the lock, handing its key on):
 // a holder is never told after the key may be someone else's (issue 39).

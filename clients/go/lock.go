@@ -93,12 +93,23 @@ type Lock struct {
 	mu       sync.Mutex
 	deadline time.Time   // the local validity deadline
 	timer    *time.Timer // fires at deadline (re-armed by Extend)
-	// extends are the ends of the EXTENDs in flight (send time + lease −
-	// Margin), by Extend call: deadline is never later than any of them
-	// (Extend).
-	extends  map[*time.Time]struct{}
-	reason   string // why it was lost; "" while it is not
-	released bool   // Release was called: no signal any more
+	// extends are the EXTENDs that bound deadline (Extend): those the
+	// sidecar has not answered, and those it answered while an Extend call
+	// that ran at the same time is not finished.
+	extends []*extendRec
+	// extendClock counts the begins and answers of EXTENDs, to tell which
+	// ran at the same time; extending counts the Extend calls not finished.
+	extendClock uint64
+	extending   int
+	reason      string // why it was lost; "" while it is not
+	released    bool   // Release was called: no signal any more
+}
+
+// extendRec is one EXTEND of a Lock.
+type extendRec struct {
+	end      time.Time // its send time + lease − Margin: the lock's end if it applied last
+	begun    uint64    // when it began, on the Lock's extendClock
+	answered uint64    // when the sidecar answered it, on the same clock; 0 until then
 }
 
 // Block is the name AcquireBlock's callers know a block's Lock by.
@@ -180,7 +191,12 @@ func (l *Lock) Remaining() time.Duration {
 
 // Extend renews the lease (whole seconds 1..250) counted from now, under
 // the same token (unixapi/PROTOCOL.md, "Extending a lease"): on success the
-// local deadline moves to this call's send time + lease − Margin. From
+// local deadline moves to this call's send time + lease − Margin, at most
+// the send time + lease − Margin of every other EXTEND of this Lock that
+// ran at the same time (sent before this one was answered, answered after
+// it was sent), whatever became of it and whether or not its caller still
+// waited: the sidecar runs a connection's requests concurrently, so either
+// may have applied last. From
 // cluster version 10 the cluster never lowers a lease (a shorter one
 // renews the longer lease from now); below it a shorter lease ends the
 // holding sooner.
@@ -211,11 +227,9 @@ func (l *Lock) Extend(ctx context.Context, lease time.Duration) error {
 	end := sent.Add(lease - Margin(lease))
 	l.mu.Lock()
 	lost, released := l.lostErrLocked(), l.released
+	var ext *extendRec
 	if lost == nil && !released {
-		if l.extends == nil {
-			l.extends = map[*time.Time]struct{}{}
-		}
-		l.extends[&end] = struct{}{}
+		ext = l.beginExtendLocked(end)
 		l.capLocked(end)
 	}
 	l.mu.Unlock()
@@ -225,10 +239,8 @@ func (l *Lock) Extend(ctx context.Context, lease time.Duration) error {
 	case released:
 		return &Error{Code: "not_held", Message: "the lock was released (nothing sent)"}
 	}
-	err := l.cn.extend(ctx, l.keys[0], l.token, lease)
-	l.mu.Lock()
-	delete(l.extends, &end)
-	l.mu.Unlock()
+	defer l.finishExtend()
+	err := l.cn.extend(ctx, l.keys[0], l.token, lease, func() { l.settleExtend(ext) })
 	var e *Error
 	switch {
 	case err == nil:
@@ -246,13 +258,71 @@ func (l *Lock) Extend(ctx context.Context, lease time.Duration) error {
 		return lost
 	}
 	if !l.released {
-		l.deadline = end
-		for other := range l.extends {
-			l.deadline = minTime(l.deadline, *other)
-		}
+		l.deadline = l.extendedDeadlineLocked(ext)
 		l.timer.Reset(l.deadline.Sub(l.c.clock()))
 	}
 	return nil
+}
+
+// beginExtendLocked records an EXTEND ending at end, about to be sent.
+// Requires l.mu.
+func (l *Lock) beginExtendLocked(end time.Time) *extendRec {
+	l.extendClock++
+	ext := &extendRec{end: end, begun: l.extendClock}
+	l.extends = append(l.extends, ext)
+	l.extending++
+	return ext
+}
+
+// settleExtend records that the sidecar answered ext. It runs on the
+// connection's reader, also when Extend's caller gave up waiting (the
+// EXTEND may still have applied until then); a connection that ends
+// answers nothing, and loses the Lock.
+func (l *Lock) settleExtend(ext *extendRec) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.extendClock++
+	ext.answered = l.extendClock
+	l.forgetExtendsLocked()
+}
+
+// finishExtend ends an Extend call (after it set the deadline, or with its
+// error).
+func (l *Lock) finishExtend() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.extending--
+	l.forgetExtendsLocked()
+}
+
+// forgetExtendsLocked drops the answered EXTENDs once no Extend call is
+// under way: an answered one bounds only the calls under way when it was
+// answered. Requires l.mu.
+func (l *Lock) forgetExtendsLocked() {
+	if l.extending > 0 {
+		return
+	}
+	kept := l.extends[:0]
+	for _, x := range l.extends {
+		if x.answered == 0 {
+			kept = append(kept, x)
+		}
+	}
+	clear(l.extends[len(kept):])
+	l.extends = kept
+}
+
+// extendedDeadlineLocked is the deadline after an OK to ext: its end, at
+// most the end of every other EXTEND that ran at the same time (not
+// answered yet, or answered after ext began). Requires l.mu.
+func (l *Lock) extendedDeadlineLocked(ext *extendRec) time.Time {
+	d := ext.end
+	for _, x := range l.extends {
+		if x != ext && (x.answered == 0 || x.answered > ext.begun) {
+			d = minTime(d, x.end)
+		}
+	}
+	return d
 }
 
 // capLocked moves the deadline to end if end is earlier (an EXTEND sent
@@ -431,12 +501,21 @@ func (c *Client) Extend(ctx context.Context, key string, token uint64, lease tim
 	if err != nil {
 		return err
 	}
-	return cn.extend(ctx, key, token, lease)
+	return cn.extend(ctx, key, token, lease, nil)
 }
 
 // extend sends EXTEND on this connection (arguments checked).
-func (cn *conn) extend(ctx context.Context, key string, token uint64, lease time.Duration) error {
-	r, err := cn.do(ctx, fmt.Sprintf("EXTEND %s %d %d", key, token, lease/time.Second))
+// answered, if not nil, runs on the reader when the reply comes, even if
+// ctx ended first.
+func (cn *conn) extend(ctx context.Context, key string, token uint64, lease time.Duration, answered func()) error {
+	cl := &call{line: fmt.Sprintf("EXTEND %s %d %d", key, token, lease/time.Second)}
+	if answered != nil {
+		cl.onReply = func(string) { answered() }
+	}
+	r, err := cn.roundTrip(ctx, cl)
+	if err != nil && !cl.written && answered != nil {
+		answered() // nothing was sent (ctx ended first, or the connection did)
+	}
 	if err != nil {
 		return err
 	}

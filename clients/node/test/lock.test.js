@@ -198,6 +198,30 @@ test('a shorter extend caps the deadline from its send on and fires at it after 
   assert.equal(lock.lostReason, 'deadline');
 });
 
+test('of two extends under way at once, the first one\'s OK stays at most the second\'s end, whatever its outcome (issue 39)', async () => {
+  // The sidecar runs a connection's requests concurrently, so either may
+  // apply last. Replies come in order and settle in order here, and the
+  // second cannot give up before the first (its reply deadline is never
+  // earlier), so the first's OK is always handled with the second under way.
+  for (const second of ['OK', 'INDETERMINATE', 'ERR unavailable no leader']) {
+    const peers = [];
+    const { client } = await setup((line, peer) => {
+      if (!line.startsWith('EXTEND')) return undefined;
+      peers.push(peer);
+      return null; // answered below, both in one write
+    });
+    const lock = await client.lock('k', { lease: 60, wait: 0 });
+    const first = lock.extend(100);
+    const other = lock.extend(5).catch((e) => e);
+    while (peers.length < 2) await sleep(5);
+    peers[0].write(`OK\n${second}\n`);
+    await first;
+    const err = await other;
+    assert.equal(second === 'OK', err === undefined, `${second}: ${err}`);
+    assert.ok(lock.remaining() <= 5 - 0.3, `${second}: remaining ${lock.remaining()} after the first extend's OK, want at most 4.7`);
+  }
+});
+
 test('a block lock extends by its first key and is lost as one', async () => {
   const { fake, client } = await setup();
   const lock = await client.lockBlock(['s/2', 's/1'], { lease: 10, wait: 0 });

@@ -17,10 +17,18 @@ or any preemption; the test makes it deterministic by holding the first
 thread just before it arms its OK's deadline (_arm_with) until the second
 EXTEND reached the sidecar. Fixed: the OK's deadline is computed inside
 _arm_with, under the mutex, so it takes in the second EXTEND's cap.
+
+Its first form raced: when the second EXTEND's INDETERMINATE was handled
+before the first thread armed, the second's cap was already dropped (it
+was no longer in flight) and the OK lifted the deadline anyway. An EXTEND
+answered while another is under way now keeps bounding that one's OK
+(LockState.settle_extend); the tests below pin each order, and the same
+for the asyncio client when the second caller gives up (cancelled).
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import unittest
 from typing import Callable
@@ -29,6 +37,24 @@ import ticketing
 from ticketing import _protocol as p
 
 from .test_lost import WAIT, ScriptedSidecar
+
+
+def _hold_arm(lock: ticketing.Lock, thread: Callable[[], threading.Thread], before: threading.Event,
+              until: threading.Event) -> None:
+    """Hold *thread*'s second _arm_with of *lock* (the first is its own cap,
+    the second its OK's deadline): set *before*, then wait for *until*."""
+    orig = lock._arm_with
+    calls = [0]
+
+    def held(deadline_of: Callable[[], float]) -> None:
+        if threading.current_thread() is thread():
+            calls[0] += 1
+            if calls[0] == 2:
+                before.set()
+                until.wait(WAIT)
+        orig(deadline_of)
+
+    lock._arm_with = held  # type: ignore[method-assign]
 
 
 class ConcurrentExtendCap(unittest.TestCase):
@@ -79,6 +105,82 @@ class ConcurrentExtendCap(unittest.TestCase):
             left, p.validity(5),
             f"two holders: the lock counts on {left:.1f} s after an EXTEND to 5 s that may have applied "
             f"(the cluster hands the key on within 5 s); the first EXTEND's OK lifted the second's cap")
+
+    def test_ok_handled_after_the_other_extend_was_answered(self) -> None:
+        # The first thread arms its OK only after the second EXTEND's
+        # INDETERMINATE was handled and its call is over: the order that
+        # made the first form of this test fail in CI.
+        lock = self.client.lock("k", lease=60, wait=0)
+        token = lock.acquire()
+        orig_answer = self.fake.answer
+        self.fake.answer = lambda line: (  # type: ignore[method-assign]
+            "INDETERMINATE" if line == f"EXTEND k {token} 5" else orig_answer(line))
+        first_ok, second_done = threading.Event(), threading.Event()
+        t1 = threading.Thread(target=lambda: lock.extend(100))
+        _hold_arm(lock, lambda: t1, first_ok, second_done)
+        t1.start()
+        self.assertTrue(first_ok.wait(WAIT))
+        with self.assertRaises(ticketing.IndeterminateError):
+            lock.extend(5)
+        second_done.set()
+        t1.join(WAIT)
+        self.assertFalse(t1.is_alive())
+        self.assertLessEqual(lock.remaining(), p.validity(5),
+                             "the first EXTEND's OK lifted the cap of the second, answered INDETERMINATE meanwhile")
+
+    def test_ok_handled_after_the_other_extend_succeeded(self) -> None:
+        # The two may apply in either order: after both OKs the deadline is
+        # at most the shorter one's (the sidecar runs them concurrently).
+        lock = self.client.lock("k", lease=60, wait=0)
+        lock.acquire()
+        first_ok, second_done = threading.Event(), threading.Event()
+        t1 = threading.Thread(target=lambda: lock.extend(100))
+        _hold_arm(lock, lambda: t1, first_ok, second_done)
+        t1.start()
+        self.assertTrue(first_ok.wait(WAIT))
+        lock.extend(5)
+        second_done.set()
+        t1.join(WAIT)
+        self.assertFalse(t1.is_alive())
+        self.assertLessEqual(lock.remaining(), p.validity(5),
+                             "the first EXTEND's late OK lifted the deadline the second one's OK set")
+
+
+class AsyncConcurrentExtendCap(unittest.TestCase):
+    def setUp(self) -> None:
+        self.fake = ScriptedSidecar()
+
+    def tearDown(self) -> None:
+        self.fake.close()
+
+    def test_ok_keeps_the_cap_of_a_cancelled_extend(self) -> None:
+        # The second caller gives up (its task is cancelled) while its
+        # EXTEND is written: it may still apply, after the first. The
+        # first's OK must stay at most the second's cap.
+        async def main() -> None:
+            async with ticketing.AsyncClient(self.fake.path) as client:
+                lock = client.lock("k", lease=60, wait=0)
+                token = await lock.acquire()
+                go = threading.Event()
+                self.fake.before_reply = lambda line: (
+                    go.wait(WAIT) and []) if line == f"EXTEND k {token} 100" else []
+                first = asyncio.ensure_future(lock.extend(100))
+                await asyncio.sleep(0)
+                second = asyncio.ensure_future(lock.extend(5))
+                await asyncio.sleep(0)
+                second.cancel()
+                with self.assertRaises(asyncio.CancelledError):
+                    await second
+                go.set()
+                await asyncio.wait_for(first, WAIT)
+                self.assertLessEqual(
+                    lock.remaining(), p.validity(5),
+                    "the first EXTEND's OK lifted the cap of the second, whose caller gave up before its answer")
+                await client.ping()  # the second's OK has come: later extends are free of its cap
+                await lock.extend(100)
+                self.assertGreater(lock.remaining(), p.validity(60))
+
+        asyncio.run(main())
 
 
 if __name__ == "__main__":

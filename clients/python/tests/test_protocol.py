@@ -363,26 +363,77 @@ class LockStateCore(unittest.TestCase):
         # did: from its send on, the deadline is at most send + validity.
         st = p.LockState.of_key("k", 60, 5)
         self.assertTrue(st.arm(st.granted(3, 0.0)))  # 0 + validity(60)
-        cap = st.begin_extend(5, 10.0)
-        self.assertAlmostEqual(cap, 10.0 + p.validity(5))
-        self.assertAlmostEqual(st.capped(cap), cap)  # shorter: the cap
+        short = st.begin_extend(5, 10.0)
+        self.assertAlmostEqual(short.cap, 10.0 + p.validity(5))
+        self.assertAlmostEqual(st.capped(short.cap), short.cap)  # shorter: the cap
         longer = st.begin_extend(100, 11.0)
-        self.assertAlmostEqual(st.capped(longer), cap)  # the earlier in flight
-        st.end_extend(longer)
-        self.assertTrue(st.arm(st.capped(cap)))
-        st.end_extend(cap)  # INDETERMINATE: the deadline stays capped
+        self.assertAlmostEqual(st.capped(longer.cap), short.cap)  # the earlier in flight
+        st.settle_extend(longer)
+        st.finish_extend(longer)
+        self.assertTrue(st.arm(st.capped(short.cap)))
+        st.settle_extend(short)  # INDETERMINATE: the deadline stays capped
+        st.finish_extend(short)
         self.assertAlmostEqual(st.deadline, 10.0 + p.validity(5))
+        self.assertEqual(st.extends, [])  # nothing under way: nothing kept
         # A longer extend leaves the previous deadline.
         st2 = p.LockState.of_key("k", 60, 5)
         st2.arm(st2.granted(4, 0.0))
         mine = st2.begin_extend(100, 10.0)
-        self.assertAlmostEqual(st2.capped(mine), p.validity(60))
-        st2.end_extend(mine)  # answered OK
+        self.assertAlmostEqual(st2.capped(mine.cap), p.validity(60))
         # OK: send time + validity, at most another EXTEND's cap in flight.
         other = st2.begin_extend(2, 12.0)
-        self.assertAlmostEqual(st2.extended_deadline(10.5, 100), other)
-        st2.end_extend(other)
-        self.assertAlmostEqual(st2.extended_deadline(10.5, 100), 10.5 + p.validity(100))
+        st2.settle_extend(mine)  # answered OK
+        self.assertAlmostEqual(st2.extended_deadline(mine, 10.5, 100), other.cap)
+        st2.finish_extend(mine)
+        st2.settle_extend(other)
+        st2.finish_extend(other)
+        # One begun after the last answered call is over is not bounded by it.
+        third = st2.begin_extend(100, 20.0)
+        st2.settle_extend(third)
+        self.assertAlmostEqual(st2.extended_deadline(third, 20.5, 100), 20.5 + p.validity(100))
+        st2.finish_extend(third)
+
+    def test_extend_ok_keeps_the_cap_of_one_answered_meanwhile(self) -> None:
+        # The sidecar runs a connection's requests concurrently, so of two
+        # EXTENDs under way at once either may apply last. The OK of the
+        # first, handled after the second was answered (INDETERMINATE, an
+        # OK, or a caller that gave up), stays at most the second's cap:
+        # dropping that cap when the second was answered lifted the
+        # deadline 95 s past the lease the cluster may hold.
+        for outcome in ("indeterminate", "ok", "abandoned"):
+            with self.subTest(outcome=outcome):
+                st = p.LockState.of_key("k", 60, 5)
+                st.arm(st.granted(4, 0.0))
+                first = st.begin_extend(100, 10.0)
+                second = st.begin_extend(5, 10.1)
+                st.arm(st.capped(second.cap))
+                if outcome == "abandoned":
+                    st.finish_extend(second)  # the caller gave up: not answered yet
+                    st.settle_extend(first)
+                else:
+                    st.settle_extend(first)
+                    st.settle_extend(second)
+                    st.finish_extend(second)
+                self.assertAlmostEqual(st.extended_deadline(first, 10.0, 100), second.cap)
+                st.finish_extend(first)
+                if outcome == "abandoned":
+                    self.assertEqual(st.extends, [second])  # until the sidecar answers it
+                    st.settle_extend(second)
+                self.assertEqual(st.extends, [])
+        # An EXTEND answered before another began does not bound it.
+        st = p.LockState.of_key("k", 60, 5)
+        st.arm(st.granted(4, 0.0))
+        slow = st.begin_extend(5, 10.0)  # keeps a call under way throughout
+        early = st.begin_extend(2, 10.1)
+        st.settle_extend(early)
+        st.finish_extend(early)
+        late = st.begin_extend(100, 11.0)
+        st.settle_extend(late)
+        self.assertAlmostEqual(st.extended_deadline(late, 11.0, 100), slow.cap)  # slow is still in flight
+        st.settle_extend(slow)
+        self.assertAlmostEqual(st.extended_deadline(late, 11.0, 100), slow.cap)  # answered after late began
+        self.assertLess(early.cap, slow.cap)
+        self.assertAlmostEqual(st.extended_deadline(slow, 10.0, 5), early.cap)  # early ran beside slow
 
     def test_extend_decisions(self) -> None:
         st = p.LockState.of_key("k", 10, 5)

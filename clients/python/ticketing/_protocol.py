@@ -287,6 +287,22 @@ REASON_DISCONNECTED = "disconnected"
 LOCAL_REASONS = frozenset({REASON_DEADLINE, REASON_DISCONNECTED})
 
 
+class Extend:
+    """One EXTEND of a lock (:meth:`LockState.begin_extend`)."""
+
+    __slots__ = ("cap", "begun", "answered")
+
+    def __init__(self, cap: float, begun: int) -> None:
+        #: Its send time + lease − margin: the end of the lock if it
+        #: applied last.
+        self.cap = cap
+        #: When it began, on the lock's extend clock.
+        self.begun = begun
+        #: When the sidecar answered it (or its connection ended), on the
+        #: same clock; None until then.
+        self.answered: Optional[int] = None
+
+
 class LockState:
     """The sans-IO state of one lock object (``Lock``, ``AsyncLock``); the
     shells add the locking, the Event, the timer and the requests.
@@ -296,13 +312,14 @@ class LockState:
     reason, being the more definite news; a released lock never fires. The
     local deadline is the send time of the ACQUIRE (or of the last
     successful EXTEND) + lease − :func:`lease_margin`, never later than
-    the send time + lease − margin of an EXTEND in flight or of one whose
-    outcome is not a success (:meth:`begin_extend`). Times are the
+    the send time + lease − margin of an EXTEND in flight, of one whose
+    outcome is not a success, or of one that ran at the same time as the
+    EXTEND whose success set it (:meth:`begin_extend`). Times are the
     shell's clock (``time.monotonic()``, the loop's ``time()``).
     """
 
     __slots__ = ("keys", "block", "lease", "wait", "on_queued", "label", "token", "held_token",
-                 "used", "reason", "released", "deadline", "extends")
+                 "used", "reason", "released", "deadline", "extends", "_extend_clock", "_extending")
 
     def __init__(
         self,
@@ -330,8 +347,15 @@ class LockState:
         self.reason: Optional[str] = None
         self.released = False
         self.deadline: Optional[float] = None
-        #: The caps of the EXTENDs in flight (:meth:`begin_extend`).
-        self.extends: List[float] = []
+        #: The EXTENDs that bound the deadline (:meth:`begin_extend`): those
+        #: the sidecar has not answered, and those it answered while a call
+        #: that ran at the same time is not finished.
+        self.extends: List[Extend] = []
+        #: Counts begins and answers of EXTENDs, to tell which ran at the
+        #: same time.
+        self._extend_clock = 0
+        #: extend calls not finished (:meth:`finish_extend`).
+        self._extending = 0
 
     @classmethod
     def of_key(
@@ -418,37 +442,60 @@ class LockState:
             raise self.lost_error()
         return line
 
-    def begin_extend(self, lease: int, now: float) -> float:
+    def begin_extend(self, lease: int, now: float) -> "Extend":
         """Start an EXTEND of *lease* about to be sent at or after *now*:
-        record its cap, ``now + validity(lease)``, and return it. Until the
-        EXTEND is answered, and after any outcome but ``OK`` or a definite
-        loss, the local deadline is at most the cap (the shell arms
-        :meth:`capped`): the extend may have applied, and a lease shorter
-        than what was left ends the lock before the previous deadline
-        (issue 39). Pair with :meth:`end_extend`."""
-        cap = now + validity(lease)
-        self.extends.append(cap)
-        return cap
+        record it with its cap, ``now + validity(lease)``, and return it.
+        Until the EXTEND is answered, and after any outcome but ``OK`` or a
+        definite loss, the local deadline is at most the cap (the shell
+        arms :meth:`capped`): the extend may have applied, and a lease
+        shorter than what was left ends the lock before the previous
+        deadline (issue 39). The shell calls :meth:`settle_extend` when the
+        sidecar answers it (or its connection ends), even after the caller
+        gave up waiting, and :meth:`finish_extend` when the call is over."""
+        self._extend_clock += 1
+        ext = Extend(now + validity(lease), self._extend_clock)
+        self.extends.append(ext)
+        self._extending += 1
+        return ext
 
-    def end_extend(self, cap: float) -> None:
-        """The EXTEND of *cap* was answered (or given up on)."""
-        try:
-            self.extends.remove(cap)
-        except ValueError:
-            pass
+    def settle_extend(self, ext: "Extend") -> None:
+        """The sidecar answered *ext*, or its connection ended (idempotent).
+        Its cap still bounds the deadline an ``OK`` of an EXTEND that ran at
+        the same time sets: the sidecar runs a connection's requests
+        concurrently, so either may have applied last."""
+        if ext.answered is None:
+            self._extend_clock += 1
+            ext.answered = self._extend_clock
+            self._forget_extends()
+
+    def finish_extend(self, ext: "Extend") -> None:
+        """The extend call of *ext* is over: its deadline armed, or its
+        error raised (the sidecar may not have answered yet)."""
+        self._extending -= 1
+        self._forget_extends()
+
+    def _forget_extends(self) -> None:
+        # An answered EXTEND bounds only calls under way when it was
+        # answered; once none is, only the unanswered ones count.
+        if self._extending == 0:
+            self.extends = [e for e in self.extends if e.answered is None]
 
     def capped(self, deadline: float) -> float:
-        """*deadline* lowered to every cap of an EXTEND in flight, and to the
-        current deadline if earlier: what the lock may count on now."""
+        """*deadline* lowered to every cap of an EXTEND that bounds the
+        deadline, and to the current deadline if earlier: what the lock may
+        count on now."""
         if self.deadline is not None:
             deadline = min(deadline, self.deadline)
-        return min([deadline, *self.extends])
+        return min([deadline, *(e.cap for e in self.extends)])
 
-    def extended_deadline(self, sent: float, lease: int) -> float:
-        """The deadline after an ``OK`` to an EXTEND of *lease* sent at
-        *sent* (its own cap ended first): send time + validity, at most the
-        cap of another EXTEND still in flight."""
-        return min([sent + validity(lease), *self.extends])
+    def extended_deadline(self, ext: "Extend", sent: float, lease: int) -> float:
+        """The deadline after an ``OK`` to *ext*, an EXTEND of *lease* sent
+        at *sent*: send time + validity, at most the cap of every other
+        EXTEND that ran at the same time, whatever its outcome (one not
+        answered yet, or answered after *ext* began)."""
+        return min([sent + validity(lease),
+                    *(e.cap for e in self.extends
+                      if e is not ext and (e.answered is None or e.answered > ext.begun))])
 
     def extend_replied(self, reply: str) -> Tuple[Optional[Exception], bool]:
         """The outcome of an EXTEND's reply: (the error to raise or None,

@@ -245,11 +245,21 @@ class AsyncClient:
         conn: Optional[_AsyncConnection] = None,
         keys: Sequence[str] = (),
         on_queued: Optional[Callable[[], object]] = None,
+        on_done: Optional[Callable[[Optional[asyncio.Future]], object]] = None,
     ) -> Tuple[str, float, _AsyncConnection]:
-        """:meth:`_call` that also returns the send time and the connection."""
-        if conn is None:
-            conn = await self._connection()
-        fut, deadline, sent = conn.submit(line, self._budget(sidecar_bound), keys=keys, on_queued=on_queued)
+        """:meth:`_call` that also returns the send time and the connection.
+        *on_done* runs once the sidecar answered or the connection ended,
+        even when this call gave up waiting first."""
+        try:
+            if conn is None:
+                conn = await self._connection()
+            fut, deadline, sent = conn.submit(line, self._budget(sidecar_bound), keys=keys, on_queued=on_queued)
+        except BaseException:
+            if on_done is not None:
+                on_done(None)  # nothing sent, or the connection ended: no answer will come
+            raise
+        if on_done is not None:
+            fut.add_done_callback(on_done)
         self._sent += 1
         await conn.drain()
         timeout = None if deadline is None else max(0.0, deadline - asyncio.get_running_loop().time())
@@ -493,21 +503,25 @@ class AsyncLock(p.LockView):
             raise self._state.lost_error()
         # From the send on the deadline is at most this EXTEND's cap, and
         # stays so unless it succeeds (see ticketing.Lock.extend).
-        cap = self._state.begin_extend(lease, asyncio.get_running_loop().time())
-        self._arm(self._state.capped(cap))
-        self._check_deadline()
+        ext = self._state.begin_extend(lease, asyncio.get_running_loop().time())
         try:
-            reply, sent, _ = await self.client._call_at(line, p.RELEASE_DEADLINE, None, conn)
+            self._arm(self._state.capped(ext.cap))
+            self._check_deadline()
+            reply, sent, _ = await self.client._call_at(
+                line, p.RELEASE_DEADLINE, None, conn, on_done=lambda _: self._state.settle_extend(ext)
+            )
+            err, fire = self._state.extend_replied(reply)
+            if fire:
+                self._fire()
+            if err is not None:
+                raise err
+            if not self._state.extended(lease):
+                raise self._state.lost_error()  # lost while the EXTEND was under way
+            # At most the cap of every EXTEND that ran at the same time,
+            # answered or not (another task's, issue 39).
+            self._arm(self._state.extended_deadline(ext, sent, lease))
         finally:
-            self._state.end_extend(cap)
-        err, fire = self._state.extend_replied(reply)
-        if fire:
-            self._fire()
-        if err is not None:
-            raise err
-        if not self._state.extended(lease):
-            raise self._state.lost_error()  # lost while the EXTEND was under way
-        self._arm(self._state.extended_deadline(sent, lease))
+            self._state.finish_extend(ext)
 
     async def release(self) -> None:
         """Release the lock; sends RELEASE also after a loss (see

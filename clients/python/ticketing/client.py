@@ -367,16 +367,26 @@ class Client:
         conn: Optional[_Connection] = None,
         keys: Sequence[str] = (),
         on_queued: Optional[Callable[[], object]] = None,
+        on_done: Optional[Callable[[Optional[Future]], object]] = None,
     ) -> Tuple[str, float, _Connection]:
         """:meth:`_call` that also returns the send time and the connection
-        (a lock's validity counts from the send time)."""
+        (a lock's validity counts from the send time). *on_done* runs once
+        the sidecar answered or the connection ended, even when this call
+        gave up waiting first (on the reader thread, or here)."""
         if conn is None:
             conn = self._connection()
-        if conn.on_reader_thread():
-            # An on_queued callback runs on the reader thread, which would
-            # have to read the very reply it waits for.
-            raise RuntimeError("an on_queued callback must not wait for a reply of the same client")
-        fut, deadline, sent = conn.submit(line, self._budget(sidecar_bound), keys=keys, on_queued=on_queued)
+        try:
+            if conn.on_reader_thread():
+                # An on_queued callback runs on the reader thread, which
+                # would have to read the very reply it waits for.
+                raise RuntimeError("an on_queued callback must not wait for a reply of the same client")
+            fut, deadline, sent = conn.submit(line, self._budget(sidecar_bound), keys=keys, on_queued=on_queued)
+        except BaseException:
+            if on_done is not None:
+                on_done(None)  # nothing sent, or the connection ended: no answer will come
+            raise
+        if on_done is not None:
+            fut.add_done_callback(on_done)  # at once if already answered
         with self._lock:
             self._sent += 1
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -697,7 +707,10 @@ class Lock(p.LockView):
     def extend(self, lease: int) -> None:
         """Renew the lease: *lease* whole seconds (1..250) from now, same
         token, the keys' queues untouched (``EXTEND``). On success the local
-        deadline moves to this call's send time + *lease* − margin.
+        deadline moves to this call's send time + *lease* − margin, at most
+        the send time + lease − margin of every other EXTEND of this lock
+        that ran at the same time, whatever became of it: the sidecar runs
+        them concurrently, so either may have applied last.
 
         From the send on, and after any outcome but success or a definite
         loss (an error, a timeout, an exception), the local deadline is the
@@ -724,26 +737,34 @@ class Lock(p.LockView):
         if conn is None:
             raise self._state.lost_error()
         with self._mu:
-            cap = self._state.begin_extend(lease, time.monotonic())
-        self._arm_capped(cap)
+            ext = self._state.begin_extend(lease, time.monotonic())
         try:
-            reply, sent, _ = self.client._call_at(line, p.RELEASE_DEADLINE, None, conn)
+            self._arm_capped(ext.cap)
+            reply, sent, _ = self.client._call_at(
+                line, p.RELEASE_DEADLINE, None, conn, on_done=lambda _: self._extend_answered(ext)
+            )
+            with self._mu:
+                err, fire = self._state.extend_replied(reply)
+                ok = err is None and self._state.extended(lease)
+            if fire:
+                self._fire()
+            if err is not None:
+                raise err
+            if not ok:
+                raise self._state.lost_error()
+            # The deadline is computed where it is armed, under the one
+            # mutex hold: computed before and armed after, it would lift the
+            # cap of another thread's EXTEND begun in between (issue 39,
+            # attack round 5). An EXTEND answered meanwhile still caps it
+            # until this call is finished (LockState.settle_extend).
+            self._arm_with(lambda: self._state.extended_deadline(ext, sent, lease))
         finally:
             with self._mu:
-                self._state.end_extend(cap)
+                self._state.finish_extend(ext)
+
+    def _extend_answered(self, ext: p.Extend) -> None:
         with self._mu:
-            err, fire = self._state.extend_replied(reply)
-            ok = err is None and self._state.extended(lease)
-        if fire:
-            self._fire()
-        if err is not None:
-            raise err
-        if not ok:
-            raise self._state.lost_error()
-        # The deadline is computed where it is armed, under the one mutex
-        # hold: computed before and armed after, it would lift the cap of
-        # another thread's EXTEND begun in between (issue 39, attack round 5).
-        self._arm_with(lambda: self._state.extended_deadline(sent, lease))
+            self._state.settle_extend(ext)
 
     def release(self) -> None:
         """Release the lock, every key of a block (see :meth:`Client.release`).
