@@ -108,7 +108,7 @@ func TestBadFieldsGetDefiniteErrors(t *testing.T) {
 	}{
 		{acquireMsg("k", "o", 0, 0), wire.CodeInvalidLease},
 		{acquireMsg("k", "o", 251, 0), wire.CodeInvalidLease},
-		{acquireMsg("k", "o", 10, 301*time.Second), wire.CodeInvalidWait},
+		{acquireMsg("k", "o", 10, 3601*time.Second), wire.CodeInvalidWait},
 		{acquireMsg("bad key", "o", 10, 0), wire.CodeInvalidKey},
 		{acquireMsg("k", "own\x01er", 10, 0), wire.CodeInvalidOwner},
 	}

@@ -150,6 +150,8 @@ func (f *fsm) applyLocked(logs []*raft.Log, announced func(id, addr string)) []a
 			f.state.SetLegacyMatching(f.clusterVersion < wire.VersionStrictMatch)
 			// From version 10 an extend never shortens a lease (same switch).
 			f.state.SetExtendMayShorten(f.clusterVersion < wire.VersionExtendNeverShortens)
+			// From version 11 a wait may be an hour (same switch).
+			f.state.SetShortWaits(f.clusterVersion < wire.VersionLongWaits)
 			for _, c := range cmds {
 				res, eff := f.state.Apply(c, nil)
 				out = append(out, applied{Cmd: c, Res: res, Effects: eff, Term: l.Term})

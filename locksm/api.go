@@ -113,9 +113,14 @@ const (
 	// outside is rejected with ErrInvalidLease, never clamped.
 	MinLeaseSec = 1
 	MaxLeaseSec = 250
-	// MaxWaitMs is the longest wait bound in milliseconds (5 minutes).
-	// 0 means one immediate try. There is no infinite wait.
-	MaxWaitMs = 300_000
+	// MaxWaitMs is the longest wait bound in milliseconds (one hour: a
+	// waiting room holds buyers for tens of minutes). 0 means one
+	// immediate try. There is no infinite wait.
+	MaxWaitMs = 3_600_000
+	// MaxShortWaitMs is the longest wait before protocol version 11 (5
+	// minutes): while some member of the cluster is older, every replica
+	// rejects a longer one (State.SetShortWaits).
+	MaxShortWaitMs = 300_000
 	// MinBlockKeys and MaxBlockKeys bound the keys of one OpAcquireBlock
 	// (a seat block: several keys granted together under one token). The
 	// keys must be distinct; anything else is ErrInvalidBlock.

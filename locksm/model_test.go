@@ -202,7 +202,7 @@ func (m *model) apply1(c Command) (Result, []Effect) {
 		return reject(ErrInvalidLease)
 	}
 	if c.Op == OpAcquire || c.Op == OpAcquireBlock {
-		if c.WaitMs > 300000 {
+		if c.WaitMs > 3600000 { // one hour (protocol version 11)
 			return reject(ErrInvalidWait)
 		}
 	}

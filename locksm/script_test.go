@@ -30,6 +30,7 @@ package locksm
 //	apply   op= [any field]      a raw Command, for unknown ops
 //	legacy-matching on|off       State.SetLegacyMatching
 //	extend-may-shorten on|off    State.SetExtendMayShorten
+//	short-waits on|off           State.SetShortWaits
 //	state                        holders and queues, keys ascending, then sessions
 //
 // acquire, acquire-block, release and extend also take session= seq= ack=
@@ -87,6 +88,16 @@ func runScriptCommand(t *testing.T, c scripttest.Case, s *State) string {
 			t.Fatalf("%s: want legacy-matching on|off", where)
 		}
 		s.SetLegacyMatching(on)
+		return "ok"
+	}
+	if name, arg, ok := strings.Cut(c.Cmd, " "); ok && name == "short-waits" {
+		// short-waits on|off: State.SetShortWaits (the cluster's switch
+		// while some member is older than version 11).
+		on, ok := map[string]bool{"on": true, "off": false}[strings.TrimSpace(arg)]
+		if !ok {
+			t.Fatalf("%s: want short-waits on|off", where)
+		}
+		s.SetShortWaits(on)
 		return "ok"
 	}
 	if name, arg, ok := strings.Cut(c.Cmd, " "); ok && name == "extend-may-shorten" {

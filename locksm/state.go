@@ -84,6 +84,10 @@ type State struct {
 	// (SetExtendMayShorten): an extend sets its holding's lease from its
 	// Now, even to end sooner. Not in snapshots, like legacyMatch.
 	extendMayShorten bool
+	// shortWaits: the rule of protocol versions up to 10 (SetShortWaits):
+	// a wait above MaxShortWaitMs is ErrInvalidWait. Not in snapshots,
+	// like legacyMatch.
+	shortWaits bool
 }
 
 // waiterRef names one queued waiter: its primary key (a block's first
@@ -296,6 +300,9 @@ type result struct {
 func (s *State) apply(cmd *Command, effects []Effect) (result, uint64, []Effect) {
 	if err := validateCommand(cmd); err != nil {
 		return result{Status: StatusRejected, Err: err}, 0, effects
+	}
+	if s.shortWaits && cmd.WaitMs > MaxShortWaitMs && (cmd.Op == OpAcquire || cmd.Op == OpAcquireBlock) {
+		return result{Status: StatusRejected, Err: ErrInvalidWait}, 0, effects
 	}
 	var ss *session
 	if cmd.Session != 0 && sessionBearing(cmd.Op) {
@@ -526,6 +533,17 @@ func (s *State) SetLegacyMatching(on bool) { s.legacyMatch = on }
 // it is part of the replicated semantics: the caller sets it from the
 // cluster version in the log.
 func (s *State) SetExtendMayShorten(on bool) { s.extendMayShorten = on }
+
+// SetShortWaits chooses the longest wait an acquire may ask for: on, the
+// rule of protocol versions up to 10 (MaxShortWaitMs, 5 minutes; a longer
+// wait is ErrInvalidWait); off (New's default), the rule of version 11
+// (MaxWaitMs, one hour). A leader proposes a longer wait only once every
+// member runs version 11, so no entry should meet the older rule; the
+// switch makes sure of it, since a replica of an older build would reject
+// what the others queue. Like SetLegacyMatching it is part of the
+// replicated semantics: the caller sets it from the cluster version in
+// the log.
+func (s *State) SetShortWaits(on bool) { s.shortWaits = on }
 
 // extend renews the lease of the holding of cmd.Key, matched exactly as a
 // release matches (matchHolder): the holding's lease becomes cmd.LeaseSec from cmd.Now.

@@ -86,7 +86,7 @@ func checkAcquire(key, owner string, lease, wait time.Duration) error {
 		return fmt.Errorf("%w: lease %v is not whole seconds in 1..250", locksm.ErrInvalidLease, lease)
 	}
 	if wait < 0 || wait%time.Millisecond != 0 || wait > locksm.MaxWaitMs*time.Millisecond {
-		return fmt.Errorf("%w: wait %v is not whole milliseconds in 0..300s", locksm.ErrInvalidWait, wait)
+		return fmt.Errorf("%w: wait %v is not whole milliseconds in 0..%v", locksm.ErrInvalidWait, wait, locksm.MaxWaitMs*time.Millisecond)
 	}
 	if err := locksm.ValidateKey(key); err != nil {
 		return err
@@ -176,7 +176,9 @@ func (b *Broker) AcquireAsyncOpts(keys []string, owner string, lease, wait time.
 
 // Acquire asks for key on behalf of owner. lease must be whole seconds in
 // 1..250 s; wait is the bound on waiting for the turn (0 = one try) and must
-// be a whole number of milliseconds up to 300 s. It returns the Lock, or
+// be a whole number of milliseconds up to an hour (locksm.MaxWaitMs; over 5
+// minutes only once the cluster runs protocol version 11, else
+// wire.ErrNotSupported). It returns the Lock, or
 // ErrBusy, ErrTimeout, ErrIndeterminate, ErrMoved, ErrUnavailable,
 // ErrTooManyWaiters, a field error (locksm.ErrInvalidKey, ...) or an error
 // wrapping ctx.Err() (not acquired; a grant that arrives later is released
@@ -735,6 +737,14 @@ func (b *Broker) sendSome(conn *client.Conn) sendResult {
 			// label, which the caller asked inspect and the logs to show.
 			o.answerLocked(Lock{}, fmt.Errorf("%w: the leader speaks protocol version %d; labels need %d",
 				wire.ErrNotSupported, v, wire.VersionLabels), &fx)
+			b.endLocked(o, &fx)
+			continue
+		}
+		if v := conn.Peer().Version; m.WaitMs > locksm.MaxShortWaitMs && v < wire.VersionLongWaits {
+			// Definite: an older leader would answer invalid_wait, which
+			// reads as the caller's mistake rather than the cluster's age.
+			o.answerLocked(Lock{}, fmt.Errorf("%w: the leader speaks protocol version %d; waits over %d s need %d",
+				wire.ErrNotSupported, v, locksm.MaxShortWaitMs/1000, wire.VersionLongWaits), &fx)
 			b.endLocked(o, &fx)
 			continue
 		}

@@ -2,11 +2,13 @@ package sidecar
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
 
 	"ticketing/cluster/testkit"
+	"ticketing/cluster/wire"
 	"ticketing/locksm"
 )
 
@@ -53,5 +55,47 @@ func TestBrokerWaitingRoomOnAVersion3Connection(t *testing.T) {
 		if err := b.Release(ctx, r.lk); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// A wait over 5 minutes needs the leader at protocol version 11: against
+// an older connection the broker answers wire.ErrNotSupported itself,
+// definite and never sent (an older leader would answer invalid_wait,
+// which reads as the caller's mistake); a 5-minute wait works as before,
+// and on a version 11 connection an hour-long waiter queues.
+func TestBrokerLongWaitNeedsVersion11(t *testing.T) {
+	c := startCluster(t)
+	old := newBroker(t, c, func(cfg *Config) { cfg.maxVersion = wire.VersionLogVerify })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	holder, err := old.Acquire(ctx, "lw/k", "holder", 30*time.Second, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.Acquire(ctx, "lw/k", "w", 30*time.Second, 5*time.Minute+time.Millisecond); !errors.Is(err, wire.ErrNotSupported) {
+		t.Fatalf("a wait of 300.001 s on a version 10 connection: %v, want wire.ErrNotSupported", err)
+	}
+	leader := leaderOf(t, c)
+	n := -1
+	c.Node(leader).ReadState(func(st *locksm.State) { n = len(st.Waiters("lw/k")) })
+	if n != 0 {
+		t.Fatalf("%d waiters queued: the refused acquire was sent", n)
+	}
+	b := newBroker(t, c, nil)
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.Acquire(ctx, "lw/k", "w", 30*time.Second, time.Hour)
+		done <- err
+	}()
+	testkit.WaitFor(t, "the hour-long waiter queued at the leader", 30*time.Second, func() bool {
+		var ws []locksm.Waiter
+		c.Node(leader).ReadState(func(st *locksm.State) { ws = st.Waiters("lw/k") })
+		return len(ws) == 1 && ws[0].WaitMs > locksm.MaxShortWaitMs // the wait left when sent
+	})
+	if err := old.Release(ctx, holder); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("the hour-long waiter: %v", err)
 	}
 }

@@ -21,9 +21,9 @@ const (
 	// HELLO and the longer line limit; version 3 EXTEND, HELLO's events
 	// option and the LOST event lines it turns on; version 4 the QUEUED
 	// event; version 5 owner labels (ACQUIRE's label= field, HELD and LOST
-	// with labels). HELLO answers the lower of it and the client's
-	// version; INFO reports it as protocol=.
-	ProtocolVersion = 5
+	// with labels); version 6 waits up to an hour. HELLO answers the lower
+	// of it and the client's version; INFO reports it as protocol=.
+	ProtocolVersion = 6
 	// VersionEvents is the first version with EXTEND and events.
 	VersionEvents = 3
 	// VersionQueued is the first version with the QUEUED event.
@@ -32,6 +32,11 @@ const (
 	// end with a label= field, and HELD and LOST show each lock's label.
 	// Only a connection whose latest HELLO agreed it speaks it.
 	VersionLabels = 5
+	// VersionLongWaits is the first version whose ACQUIRE may wait longer
+	// than MaxShortWait, up to MaxWait. A connection whose latest HELLO
+	// agreed an older version gets invalid_wait above MaxShortWait, as
+	// before.
+	VersionLongWaits = 6
 	// LabelField begins ACQUIRE's label field (version 5).
 	LabelField = "label="
 	// NoLabel stands for "no label" where a label has a place (HELD and
@@ -42,12 +47,16 @@ const (
 	// version 2, an ACQUIRE of a block of locksm.MaxBlockKeys keys of 255
 	// bytes with the lease "250" and the wait "300.000", is
 	// 8+16*255+15+12 = 4115 bytes, so 4608 leaves room for future optional
-	// fields (version 5's label field adds at most 1+6+64 = 71). (Version 1's limit was 1024: its longest request, a RELEASE
+	// fields (version 5's label field adds at most 1+6+64 = 71, version
+	// 6's wait "3600.000" one byte). (Version 1's limit was 1024: its longest request, a RELEASE
 	// with a 255-byte key and a 20-digit token, is 284 bytes.) A
 	// LineSplitter does not allocate the limit up front.
 	DefaultMaxLineLen = 4608
-	// MaxWait is the longest wait an ACQUIRE may ask for.
+	// MaxWait is the longest wait an ACQUIRE may ask for (version 6: an
+	// hour).
 	MaxWait = locksm.MaxWaitMs * time.Millisecond
+	// MaxShortWait is the longest wait before version 6 (5 minutes).
+	MaxShortWait = locksm.MaxShortWaitMs * time.Millisecond
 	// snippetLen bounds how much of the offending input an error quotes.
 	snippetLen = 32
 	// maxFields is the most fields a valid request has: ACQUIRE, its
@@ -55,8 +64,8 @@ const (
 	maxFields = 1 + locksm.MaxBlockKeys + 2 + 1
 	// maxValidLineLen is the length of the longest valid request line
 	// without leading zeros and "\r": "ACQUIRE " + 16 keys of 255 bytes
-	// and the 15 spaces between them + " 250 300.000".
-	maxValidLineLen = len("ACQUIRE ") + locksm.MaxBlockKeys*locksm.MaxKeyLen + locksm.MaxBlockKeys - 1 + len(" 250 300.000")
+	// and the 15 spaces between them + " 250 3600.000".
+	maxValidLineLen = len("ACQUIRE ") + locksm.MaxBlockKeys*locksm.MaxKeyLen + locksm.MaxBlockKeys - 1 + len(" 250 3600.000")
 )
 
 // Verb is a request verb.
@@ -121,7 +130,8 @@ func ParseLine(line []byte) (Request, error) { return ParseLineVersion(line, Ver
 
 // ParseLineVersion is ParseLine for a connection that agreed version: from
 // VersionLabels on, an ACQUIRE whose last field starts with LabelField
-// carries that label. The label comes after the wait, the one place no key
+// carries that label; from VersionLongWaits on, its wait may be up to
+// MaxWait (before, MaxShortWait). The label comes after the wait, the one place no key
 // can be (the wait is digits), so no key is ever taken for a label, and a
 // line that older versions read (they answer it invalid_wait) keeps its
 // meaning for them.
@@ -167,7 +177,7 @@ func ParseLineVersion(line []byte, version uint16) (Request, error) {
 			}
 			n--
 		}
-		r, err := parseAcquire(line, f[:min(n, len(f))], n)
+		r, err := parseAcquire(line, f[:min(n, len(f))], n, version)
 		r.Label = label
 		return r, err
 	case VerbRelease:
@@ -223,8 +233,9 @@ func arity(verb Verb, want, n int) error {
 // parseAcquire parses "ACQUIRE <key> [<key> ...] <lease> <wait>": the
 // field count decides, the last two fields are the lease and the wait and
 // every field before them a key. f holds the first fields of the line (all
-// of them when n <= maxFields), n is how many the line has.
-func parseAcquire(line []byte, f [][]byte, n int) (Request, error) {
+// of them when n <= maxFields), n is how many the line has; version, the
+// connection's, bounds the wait.
+func parseAcquire(line []byte, f [][]byte, n int, version uint16) (Request, error) {
 	nkeys := n - 3
 	switch {
 	case nkeys < 1:
@@ -248,7 +259,11 @@ func parseAcquire(line []byte, f [][]byte, n int) (Request, error) {
 	if r.Lease, err = parseLease(f[n-2]); err != nil {
 		return Request{}, err
 	}
-	if r.Wait, err = parseWait(f[n-1]); err != nil {
+	maxWait := MaxShortWait
+	if version >= VersionLongWaits {
+		maxWait = MaxWait
+	}
+	if r.Wait, err = parseWait(f[n-1], maxWait); err != nil {
 		return Request{}, err
 	}
 	if nkeys == 1 {
@@ -315,13 +330,18 @@ func parseLease(b []byte) (time.Duration, error) {
 
 // parseWait accepts DIGITS or DIGITS "." 1*3DIGIT: seconds down to
 // milliseconds, without signs, exponents or rounding, so two clients that
-// send the same text always mean the same wait.
-func parseWait(b []byte) (time.Duration, error) {
+// send the same text always mean the same wait. maxWait is the version's
+// bound (MaxShortWait, or MaxWait from version 6).
+func parseWait(b []byte, maxWait time.Duration) (time.Duration, error) {
 	bad := func() (time.Duration, error) {
-		return 0, fmt.Errorf("%w: %s (seconds 0..%d, up to 3 decimals, e.g. 2.5)", locksm.ErrInvalidWait, snippet(b), int(MaxWait/time.Second))
+		if maxWait < MaxWait {
+			return 0, fmt.Errorf("%w: %s (seconds 0..%d, up to 3 decimals, e.g. 2.5; up to %d after HELLO %d)", locksm.ErrInvalidWait,
+				snippet(b), int(maxWait/time.Second), int(MaxWait/time.Second), VersionLongWaits)
+		}
+		return 0, fmt.Errorf("%w: %s (seconds 0..%d, up to 3 decimals, e.g. 2.5)", locksm.ErrInvalidWait, snippet(b), int(maxWait/time.Second))
 	}
 	whole, frac, dot := bytes.Cut(b, []byte("."))
-	sec, ok := digits(whole, 3)
+	sec, ok := digits(whole, 4)
 	if !ok {
 		return bad()
 	}
@@ -340,7 +360,7 @@ func parseWait(b []byte) (time.Duration, error) {
 		ms = f
 	}
 	d := time.Duration(sec)*time.Second + time.Duration(ms)*time.Millisecond
-	if d > MaxWait {
+	if d > maxWait {
 		return bad()
 	}
 	return d, nil

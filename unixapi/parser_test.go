@@ -40,7 +40,7 @@ func TestParseLineValid(t *testing.T) {
 		{"ACQUIRE k K 250 299.999", Request{Verb: VerbAcquire, Keys: []string{"k", "K"}, Lease: 250 * time.Second, Wait: 299999 * time.Millisecond}},
 		{"ACQUIRE a ab abc 010 007", Request{Verb: VerbAcquire, Keys: []string{"a", "ab", "abc"}, Lease: 10 * time.Second, Wait: 7 * time.Second}},
 		{"ACQUIRE " + strings.Join(blockKeys(16, 1), " ") + " 10 0.5", Request{Verb: VerbAcquire, Keys: blockKeys(16, 1), Lease: 10 * time.Second, Wait: 500 * time.Millisecond}},
-		{longestValidLine(), Request{Verb: VerbAcquire, Keys: blockKeys(16, 255), Lease: 250 * time.Second, Wait: MaxWait}},
+		{longestShortWaitLine(), Request{Verb: VerbAcquire, Keys: blockKeys(16, 255), Lease: 250 * time.Second, Wait: MaxShortWait}},
 		{"HELLO 1", Request{Verb: VerbHello, Version: 1}},
 		{"HELLO 2", Request{Verb: VerbHello, Version: 2}},
 		{"HELLO 3\r", Request{Verb: VerbHello, Version: 3}},
@@ -154,21 +154,72 @@ func blockKeys(n, l int) []string {
 }
 
 // longestValidLine is the longest valid request without leading zeros: a
-// block of 16 keys of 255 bytes, the longest lease and the longest wait.
+// block of 16 keys of 255 bytes, the longest lease and the longest wait
+// (version 6: an hour).
 func longestValidLine() string {
+	return "ACQUIRE " + strings.Join(blockKeys(16, 255), " ") + " 250 3600.000"
+}
+
+// longestShortWaitLine is longestValidLine before version 6 (5 minutes).
+func longestShortWaitLine() string {
 	return "ACQUIRE " + strings.Join(blockKeys(16, 255), " ") + " 250 300.000"
 }
 
 func TestLongestValidLine(t *testing.T) {
 	l := longestValidLine()
-	if len(l) != maxValidLineLen || maxValidLineLen != 4115 || len(l)+len("\r") > DefaultMaxLineLen {
+	if len(l) != maxValidLineLen || maxValidLineLen != 4116 || len(l)+len("\r") > DefaultMaxLineLen {
 		t.Fatalf("longest valid line %d bytes, maxValidLineLen %d, limit %d", len(l), maxValidLineLen, DefaultMaxLineLen)
+	}
+	if r, err := ParseLineVersion([]byte(l), VersionLongWaits); err != nil || r.Wait != MaxWait {
+		t.Fatalf("the longest valid line on a version %d connection: %+v, %v", VersionLongWaits, r.Wait, err)
 	}
 	// One key more still fits in a line (4371 bytes): it is answered
 	// invalid_keys, and the connection stays usable.
 	l17 := "ACQUIRE " + strings.Join(blockKeys(17, 255), " ") + " 250 300.000"
 	if _, err := ParseLine([]byte(l17)); len(l17) > DefaultMaxLineLen || codeOf(err) != "invalid_keys" {
 		t.Fatalf("17 keys of 255 bytes, %d bytes: %v", len(l17), err)
+	}
+}
+
+// Version 6 waits up to an hour; a connection that agreed an older version
+// keeps the 5-minute bound, and its error says how to get the longer one.
+func TestParseWaitByVersion(t *testing.T) {
+	for _, tc := range []struct {
+		in      string
+		version uint16
+		want    time.Duration
+		err     bool
+	}{
+		{"ACQUIRE k 10 300", VersionLabels, MaxShortWait, false},
+		{"ACQUIRE k 10 300.001", VersionLabels, 0, true},
+		{"ACQUIRE k 10 301", 0, 0, true},
+		{"ACQUIRE k 10 3600", VersionLabels, 0, true},
+		{"ACQUIRE k 10 301", VersionLongWaits, 301 * time.Second, false},
+		{"ACQUIRE k 10 3600", VersionLongWaits, MaxWait, false},
+		{"ACQUIRE k 10 3600.000", VersionLongWaits, MaxWait, false},
+		{"ACQUIRE k 10 1800.5", VersionLongWaits, 1800500 * time.Millisecond, false},
+		{"ACQUIRE a b 10 3599.999", VersionLongWaits, 3599999 * time.Millisecond, false},
+		{"ACQUIRE k 10 3600.001", VersionLongWaits, 0, true},
+		{"ACQUIRE k 10 3601", VersionLongWaits, 0, true},
+		{"ACQUIRE k 10 10000", VersionLongWaits, 0, true},
+		{"ACQUIRE k 10 99999", 65535, 0, true},
+		{"ACQUIRE k 10 3600 label=x", VersionLongWaits, MaxWait, false},
+		{"ACQUIRE k 10 0300", VersionLabels, MaxShortWait, false},
+	} {
+		r, err := ParseLineVersion([]byte(tc.in), tc.version)
+		if tc.err {
+			if !errors.Is(err, locksm.ErrInvalidWait) {
+				t.Errorf("%q on version %d: %+v, %v; want invalid_wait", tc.in, tc.version, r, err)
+			}
+			continue
+		}
+		if err != nil || r.Wait != tc.want {
+			t.Errorf("%q on version %d: wait %v, %v; want %v", tc.in, tc.version, r.Wait, err, tc.want)
+		}
+	}
+	_, err := ParseLineVersion([]byte("ACQUIRE k 10 301"), VersionLabels)
+	if err == nil || !strings.Contains(err.Error(), "up to 3600 after HELLO 6") {
+		t.Errorf("a version 5 connection's long wait: %v; want the error to say how to get one", err)
 	}
 }
 
@@ -244,7 +295,7 @@ func TestSplitEveryOffsetBlock(t *testing.T) {
 	atLimit := "ACQUIRE " + strings.Join(blockKeys(16, 255), " ") + " 250 "
 	atLimit += strings.Repeat("0", DefaultMaxLineLen-len(atLimit))
 	atLimitCR := atLimit[:DefaultMaxLineLen-1] + "\r"
-	stream := []byte("HELLO 2\n" + longestValidLine() + "\r\nACQUIRE a b c 30 2.5\n" + atLimit + "\n" + atLimitCR + "\nPING\n")
+	stream := []byte("HELLO 2\n" + longestShortWaitLine() + "\r\nACQUIRE a b c 30 2.5\n" + atLimit + "\n" + atLimitCR + "\nPING\n")
 	want, err := splitAll(DefaultMaxLineLen, stream)
 	if err != nil || len(want) != 6 || len(want[3]) != DefaultMaxLineLen || len(want[4]) != DefaultMaxLineLen {
 		t.Fatalf("whole: %d lines, %v", len(want), err)

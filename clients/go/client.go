@@ -111,15 +111,21 @@ var (
 // Limits of the protocol, checked before sending.
 const (
 	MaxLease = 250 * time.Second
-	MaxWait  = 300 * time.Second
+	// MaxWait is the longest wait: an hour, from a sidecar of protocol
+	// version 6 on a cluster of protocol version 11.
+	MaxWait = time.Hour
+	// MaxShortWait is the longest wait a sidecar older than protocol
+	// version 6 takes (a longer one is ErrNotSupported, nothing sent).
+	MaxShortWait = 300 * time.Second
 	// MaxBlockKeys is the most keys one AcquireBlock may name.
 	MaxBlockKeys = 16
 )
 
 // ProtocolVersion is the version of unixapi/PROTOCOL.md this client
-// speaks: 5, which added owner labels (version 4 the QUEUED event,
-// version 3 EXTEND and the lost events, version 2 seat blocks and HELLO).
-const ProtocolVersion = 5
+// speaks: 6, which raised the longest wait to an hour (version 5 owner
+// labels, version 4 the QUEUED event, version 3 EXTEND and the lost
+// events, version 2 seat blocks and HELLO).
+const ProtocolVersion = 6
 
 // MaxLabelLen is the longest owner label (WithLabel) in bytes.
 const MaxLabelLen = 64
@@ -456,7 +462,9 @@ func (cn *conn) fencingDomain(ctx context.Context) (string, error) {
 }
 
 // Acquire takes key for lease (whole seconds, 1..250 s), waiting at most
-// wait (milliseconds, 0 = one immediate try, at most 300 s) for its turn.
+// wait (milliseconds, 0 = one immediate try, at most an hour: MaxWait; over
+// MaxShortWait the sidecar must speak protocol version 6, else
+// ErrNotSupported, nothing sent) for its turn.
 // It returns the fencing token, or ErrBusy, ErrTimeout, ErrIndeterminate,
 // an *Error, or an error wrapping ctx.Err() or ErrClosed (not acquired).
 //
@@ -495,6 +503,23 @@ func (cn *conn) checkLabel(ctx context.Context, label string) error {
 	}
 	if v < 5 {
 		return fmt.Errorf("%w: a label needs protocol version 5, and the sidecar speaks version %d: upgrade the sidecar", ErrNotSupported, v)
+	}
+	return nil
+}
+
+// checkWait checks that the sidecar takes a wait over MaxShortWait
+// (version 6): an older one would answer invalid_wait, which reads as the
+// caller's mistake.
+func (cn *conn) checkWait(ctx context.Context, wait time.Duration) error {
+	if wait <= MaxShortWait {
+		return nil
+	}
+	v, err := cn.hello(ctx)
+	if err != nil {
+		return err
+	}
+	if v < 6 {
+		return fmt.Errorf("%w: a wait over %v needs protocol version 6, and the sidecar speaks version %d: upgrade the sidecar", ErrNotSupported, MaxShortWait, v)
 	}
 	return nil
 }
@@ -618,7 +643,7 @@ func checkDurations(lease, wait time.Duration) error {
 		return err
 	}
 	if wait%time.Millisecond != 0 || wait < 0 || wait > MaxWait {
-		return fmt.Errorf("%w: wait %v: whole milliseconds 0..300s", ErrInvalidArgument, wait)
+		return fmt.Errorf("%w: wait %v: whole milliseconds 0..%v", ErrInvalidArgument, wait, MaxWait)
 	}
 	return nil
 }
@@ -646,6 +671,9 @@ func checkKeys(keys []string) error {
 // returns the token.
 func (cn *conn) acquire(ctx context.Context, keys []string, lease, wait time.Duration, o acquireOpts) (uint64, error) {
 	if err := cn.checkLabel(ctx, o.label); err != nil {
+		return 0, err
+	}
+	if err := cn.checkWait(ctx, wait); err != nil {
 		return 0, err
 	}
 	cl := &call{line: acquireLine(keys, lease, wait, o.label), onQueued: o.queued, keys: keys, onOrphan: func(reply string) {

@@ -44,8 +44,8 @@ func pipeClient(t *testing.T, hello string) (*Client, *fakeEnd) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close(); sc.Close() })
-	if got := f.req(); got != "HELLO 5 events" {
-		t.Fatalf("first line %q, want HELLO 5 events", got)
+	if got := f.req(); got != "HELLO 6 events" {
+		t.Fatalf("first line %q, want HELLO 6 events", got)
 	}
 	if hello != "" {
 		f.write(hello)
@@ -532,10 +532,10 @@ func TestCloseFiresLostBeforeTheSidecarReleases(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sc.Close() })
-	if got := f.req(); got != "HELLO 5 events" {
+	if got := f.req(); got != "HELLO 6 events" {
 		t.Fatalf("first line %q", got)
 	}
-	f.write("HELLO 5 events")
+	f.write("HELLO 6 events")
 	l := takeLock(t, c, f, "k", 30*time.Second, nil, "OK 5")
 	held.Store(l)
 	if err := c.Close(); err != nil {
@@ -580,7 +580,7 @@ func TestLockDisconnected(t *testing.T) {
 func TestHelloVersion2Sidecar(t *testing.T) {
 	c, f := pipeClient(t, "ERR bad_request unknown HELLO option")
 	ch := async(func() error { _, err := c.Events(context.Background()); return err })
-	if r := f.req(); r != "HELLO 5" {
+	if r := f.req(); r != "HELLO 6" {
 		t.Fatalf("request %q", r)
 	}
 	f.write("HELLO 2")
@@ -672,4 +672,34 @@ func FuzzReadLoop(f *testing.F) {
 		cancel()
 		_ = l.Release(ctx)
 	})
+}
+
+// A wait over 5 minutes (up to an hour) needs a sidecar of protocol
+// version 6: an older one is refused here, nothing sent (it would answer
+// invalid_wait, which reads as the caller's mistake); over an hour is an
+// argument error.
+func TestLongWaitNeedsVersion6(t *testing.T) {
+	c, f := pipeClient(t, "HELLO 5 events")
+	if _, err := c.Lock(context.Background(), "k", 30*time.Second, MaxShortWait+time.Millisecond); !errors.Is(err, ErrNotSupported) {
+		t.Fatalf("a 300.001 s wait from a version 5 sidecar: %v, want ErrNotSupported", err)
+	}
+	if _, err := c.AcquireBlock(context.Background(), []string{"a", "b"}, 30*time.Second, time.Hour); !errors.Is(err, ErrNotSupported) {
+		t.Fatalf("an hour-long block wait from a version 5 sidecar: %v, want ErrNotSupported", err)
+	}
+	if _, err := c.Lock(context.Background(), "k", 30*time.Second, MaxWait+time.Millisecond); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("a wait over an hour: %v, want ErrInvalidArgument", err)
+	}
+	f.noReq()
+	l := takeLock(t, c, f, "k", 30*time.Second, nil, "OK 5") // 5 minutes and less as before
+	_ = l
+
+	c6, f6 := pipeClient(t, "HELLO 6 events")
+	ch := async(func() error { _, err := c6.Lock(context.Background(), "k", 30*time.Second, time.Hour); return err })
+	if r := f6.req(); r != "ACQUIRE k 30 3600.000" {
+		t.Fatalf("request %q", r)
+	}
+	f6.write("OK 7")
+	if err := recv(t, ch); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -439,6 +439,9 @@ func (cn *conn) lockKeys(ctx context.Context, keys []string, lease, wait time.Du
 	if err := cn.checkLabel(ctx, o.label); err != nil {
 		return nil, err
 	}
+	if err := cn.checkWait(ctx, wait); err != nil {
+		return nil, err
+	}
 	var l *Lock // set by the reader before the reply is delivered
 	sent := cn.c.clock()
 	onReply := func(reply string) {

@@ -827,6 +827,13 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 			wire.ErrNotSupported, wire.VersionExtend, k.table.ClusterVersion(), "30s")))
 		return true
 	}
+	if cmd.WaitMs > locksm.MaxShortWaitMs && k.table.ClusterVersion() < wire.VersionLongWaits {
+		// Older members would reject the entry the others queue.
+		k.reply(cmd.Op, OutcomeError)
+		k.send(cn, errReply(m.ID, fmt.Errorf("%w: waits over %d s need every member at protocol version %d; the cluster version is %d (upgrade every node, or wait at most %d s; the leader records the new version within %s)",
+			wire.ErrNotSupported, locksm.MaxShortWaitMs/1000, wire.VersionLongWaits, k.table.ClusterVersion(), locksm.MaxShortWaitMs/1000, "30s")))
+		return true
+	}
 	if cmd.Label != "" && k.table.ClusterVersion() < wire.VersionLabels {
 		// Refused rather than sent without its label: the caller asked
 		// for a name that inspect and the logs would not show.

@@ -24,10 +24,12 @@ import (
 )
 
 // LatencyBuckets are the histogram buckets (seconds) of the request
-// latencies: 100 µs to 5 min, the longest wait an acquire may ask for.
+// latencies: 100 µs to an hour, the longest wait an acquire may ask for
+// (5 minutes before protocol version 11; the buckets up to 300 s are
+// unchanged, so dashboards built on them keep their meaning).
 var LatencyBuckets = []float64{
 	0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-	0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300,
+	0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600,
 }
 
 // Options configure Listen.

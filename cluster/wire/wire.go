@@ -97,7 +97,15 @@ import "ticketing/locksm"
 //	    the holding's lease and its own, so an extend that was answered U
 //	    (or never answered) and reaches the leader late cannot cut short
 //	    a lease a later extend was told K for (issue 39, attack round 5).
-const ProtocolVersion = 10
+//	11 — long waits (issue 41): no frame changes. An acquire 'a' or block
+//	    acquire 'b' may wait up to an hour (wait_ms up to
+//	    locksm.MaxWaitMs, 3,600,000) instead of 5 minutes. A version 10
+//	    node would reject such an entry that the others queue, so the
+//	    leader proposes one only once the cluster version is 11
+//	    (VersionLongWaits) and answers it E not_supported before; every
+//	    replica applies the 5-minute bound until the 'V' entry that
+//	    raises the cluster version to 11 (locksm.State.SetShortWaits).
+const ProtocolVersion = 11
 
 // NewestProtocolVersion is the newest version this build implements:
 // ProtocolVersion, unless a newer version is being built, which is then
@@ -164,6 +172,14 @@ const VersionLogVerify = 10
 // from the extend's Now. Before it, an extend sets the extend's lease from
 // its Now, shorter or not. Every replica switches at the 'V' entry.
 const VersionExtendNeverShortens = 10
+
+// VersionLongWaits is the first cluster version whose acquires may wait
+// longer than 5 minutes (locksm.MaxShortWaitMs), up to an hour
+// (locksm.MaxWaitMs): the leader proposes a longer wait only once the
+// cluster version is at least this, and every replica rejects one before
+// (locksm.State.SetShortWaits). It changes no frame: a connection of any
+// version may ask, and gets not_supported while the cluster is older.
+const VersionLongWaits = 11
 
 // SecretLen is the length of a session's secret in bytes.
 const SecretLen = 16

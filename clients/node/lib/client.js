@@ -490,7 +490,8 @@ class Client {
    * @param {string} key 1..255 characters in 0x21..0x7E
    * @param {object} [options]
    * @param {number} [options.lease=30] whole seconds 1..250
-   * @param {number} [options.wait=5] seconds 0..300, millisecond precision;
+   * @param {number} [options.wait=5] seconds 0..3600 (over 300 needs a sidecar
+   *   of protocol version 6, else NotSupportedError, nothing sent), millisecond precision;
    *   0 = one immediate try
    * @param {QueuedHook|null} [options.onQueued] called (at most once, before
    *   the promise settles) when the sidecar reports that the cluster
@@ -513,6 +514,7 @@ class Client {
     const queued = this.#queued([key], onQueued);
     const conn = this.#connection();
     if (field) await this.#needLabels(conn);
+    if (waitSeconds > p.MAX_SHORT_WAIT) await this.#needLongWaits(conn);
     return p.parseAcquire(await this.#call(line + field, waitSeconds, (reply) => this.#releaseLateGrant(key, reply), conn, queued));
   }
 
@@ -546,6 +548,7 @@ class Client {
     const queued = this.#queued([key], onQueued);
     const conn = this.#connection();
     if (field) await this.#needLabels(conn);
+    if (waitSeconds > p.MAX_SHORT_WAIT) await this.#needLongWaits(conn);
     return this.#lock(conn, line + field, waitSeconds, [key], lease, queued, p.checkLabel(label));
   }
 
@@ -565,6 +568,7 @@ class Client {
     const conn = this.#connection();
     if (ks.length > 1) await this.#needBlocks(conn);
     if (field) await this.#needLabels(conn);
+    if (waitSeconds > p.MAX_SHORT_WAIT) await this.#needLongWaits(conn);
     return this.#lock(conn, line + field, waitSeconds, ks, lease, queued, p.checkLabel(label));
   }
 
@@ -596,6 +600,19 @@ class Client {
     const v = await this.#hello(conn);
     if (v < 5) {
       throw new NotSupportedError(`an owner label needs protocol version 5; the sidecar at ${this.path} `
+        + `speaks version ${v}: upgrade the sidecar`);
+    }
+  }
+
+  /**
+   * A wait over 300 s needs protocol version 6: an older sidecar would
+   * answer invalid_wait, which reads as the caller's mistake.
+   * @param {Connection} conn
+   */
+  async #needLongWaits(conn) {
+    const v = await this.#hello(conn);
+    if (v < 6) {
+      throw new NotSupportedError(`a wait over ${p.MAX_SHORT_WAIT} s needs protocol version 6; the sidecar at ${this.path} `
         + `speaks version ${v}: upgrade the sidecar`);
     }
   }
@@ -638,12 +655,13 @@ class Client {
     const conn = this.#connection();
     if (ks.length > 1) await this.#needBlocks(conn);
     if (field) await this.#needLabels(conn);
+    if (waitSeconds > p.MAX_SHORT_WAIT) await this.#needLongWaits(conn);
     return p.parseAcquire(await this.#call(line + field, waitSeconds, (reply) => this.#releaseLateGrant(ks[0], reply), conn, queued));
   }
 
   /**
    * The protocol version this client and the sidecar both speak: the reply
-   * to the `HELLO 5 events` every connection sends first (1 for a version-1
+   * to the `HELLO 6 events` every connection sends first (1 for a version-1
    * sidecar, which does not know `HELLO`; 2 for a version-2 sidecar, which
    * refuses the `events` option; 3 for a sidecar that sends `! LOST` but not
    * `! QUEUED`).

@@ -12,16 +12,19 @@ const {
 
 const MIN_LEASE = 1;
 const MAX_LEASE = 250;
-const MAX_WAIT = 300;
+/** The longest wait in seconds: an hour, from a sidecar of protocol version 6. */
+const MAX_WAIT = 3600;
+/** The longest wait a sidecar older than protocol version 6 takes, seconds. */
+const MAX_SHORT_WAIT = 300;
 const MAX_KEY_LEN = 255;
 const MAX_TOKEN = (1n << 64n) - 1n;
 const RELEASE_DEADLINE = 5;
 /**
  * The version of unixapi/PROTOCOL.md this client speaks (2: seat blocks,
  * HELLO; 3: EXTEND and the `! LOST` event lines; 4: the `! QUEUED` event
- * lines).
+ * lines; 5: owner labels; 6: waits up to an hour).
  */
-const PROTOCOL_VERSION = 5;
+const PROTOCOL_VERSION = 6;
 /** The longest owner label (`label=`, version 5) in bytes. */
 const MAX_LABEL_LEN = 64;
 /**
@@ -71,7 +74,7 @@ function checkLease(lease) {
 }
 
 /**
- * @param {unknown} wait seconds 0..300, at most millisecond precision
+ * @param {unknown} wait seconds 0..3600, at most millisecond precision
  * @returns {number} the wait in whole milliseconds
  */
 function waitMillis(wait) {
@@ -540,7 +543,7 @@ function parseHeldLocks(reply) {
 }
 
 module.exports = {
-  MIN_LEASE, MAX_LEASE, MAX_WAIT, MAX_KEY_LEN, MAX_TOKEN, RELEASE_DEADLINE, SOCKET_ENV, DEFAULT_SOCKET,
+  MIN_LEASE, MAX_LEASE, MAX_WAIT, MAX_SHORT_WAIT, MAX_KEY_LEN, MAX_TOKEN, RELEASE_DEADLINE, SOCKET_ENV, DEFAULT_SOCKET,
   PROTOCOL_VERSION, MAX_BLOCK_KEYS, MARGIN_BASE_MS, MARGIN_LEASE_FRACTION,
   defaultPath, checkKey, checkKeys, checkLease, waitMillis, formatWait, toToken, checkRaw, checkOnQueued,
   MAX_LABEL_LEN, checkLabel, labelField,

@@ -47,7 +47,7 @@ test('block lines and argument checks', async () => {
   assert.equal(p.parseHello('HELLO 4'), 4);
   assert.equal(p.parseHello('HELLO 5'), 5);
   assert.equal(p.parseHello('ERR unknown_verb unixapi: unknown verb: "HELLO"'), 1);
-  assert.throws(() => p.parseHello('HELLO 6'), ticketing.ProtocolError);
+  assert.throws(() => p.parseHello('HELLO 7'), ticketing.ProtocolError);
   assert.throws(() => p.parseHello('ERR bad_request x'), ticketing.ServerError);
   const c = new Client({ path: '/nonexistent/ticketing.sock' });
   await assert.rejects(c.acquireBlock(['a', 'a']), RangeError);
@@ -146,7 +146,7 @@ test('a version-1 sidecar: a block is NotSupportedError, nothing but HELLO sent'
     }
     await assert.rejects(c.withBlock(['a', 'b'], () => assert.fail('entered')), ticketing.NotSupportedError);
     assert.equal(await c.hello(), 1);
-    assert.deepEqual(lines, ['HELLO 5 events', 'ACQUIRE only 30 0']);
+    assert.deepEqual(lines, ['HELLO 6 events', 'ACQUIRE only 30 0']);
     await c.close();
   } finally {
     await new Promise((r) => server.close(r));

@@ -33,10 +33,10 @@ async function setup(respond) {
   return { fake, client };
 }
 
-test('every connection starts with HELLO 5 events; the reply says whether events come', async () => {
+test('every connection starts with HELLO 6 events; the reply says whether events come', async () => {
   const { fake, client } = await setup();
   await client.ping();
-  assert.deepEqual(fake.lines, ['HELLO 5 events', 'PING']);
+  assert.deepEqual(fake.lines, ['HELLO 6 events', 'PING']);
   assert.equal(await client.hello(), 4);
   assert.equal(await client.eventsEnabled(), true);
 
@@ -323,4 +323,21 @@ test('once its lock is released (or never taken) an idle client lets the process
   assert.equal(signal, null, 'the child had to be killed: something kept it alive');
   assert.equal(code, 0);
   assert.match(out, /^released [0-9]+/);
+});
+
+test('a wait over 300 s needs a sidecar of version 6: NotSupportedError from an older one, nothing sent; over an hour is a RangeError (issue 41)', async () => {
+  // The fake sidecar answers HELLO 4 events (a version-4 sidecar).
+  const { fake, client } = await setup();
+  await assert.rejects(client.acquire('k', { lease: 30, wait: 300.001 }), ticketing.NotSupportedError);
+  await assert.rejects(client.lock('k', { lease: 30, wait: 3600 }), ticketing.NotSupportedError);
+  await assert.rejects(client.acquireBlock(['a', 'b'], { lease: 30, wait: 301 }), ticketing.NotSupportedError);
+  await assert.rejects(client.lockBlock(['a', 'b'], { lease: 30, wait: 301 }), ticketing.NotSupportedError);
+  await assert.rejects(client.acquire('k', { lease: 30, wait: 3600.001 }), RangeError);
+  assert.deepEqual(fake.lines.filter((l) => l.startsWith('ACQUIRE')), []);
+  await client.acquire('k', { lease: 30, wait: 300 });
+  assert.deepEqual(fake.lines.filter((l) => l.startsWith('ACQUIRE')), ['ACQUIRE k 30 300']);
+
+  const { fake: v6, client: c6 } = await setup((line) => (line.startsWith('HELLO') ? 'HELLO 6 events' : undefined));
+  await c6.acquire('k', { lease: 30, wait: 3600 });
+  assert.deepEqual(v6.lines.filter((l) => l.startsWith('ACQUIRE')), ['ACQUIRE k 30 3600']);
 });

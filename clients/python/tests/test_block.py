@@ -60,9 +60,10 @@ class BlockArguments(unittest.TestCase):
         self.assertEqual(p.parse_hello("HELLO 1"), 1)
         self.assertEqual(p.parse_hello('ERR unknown_verb unixapi: unknown verb: "HELLO" (verbs are ...)'), 1)
         self.assertEqual(p.parse_hello_reply("HELLO 4 events"), (4, True))
+        self.assertEqual(p.parse_hello_reply("HELLO 6 events"), (6, True))
         self.assertEqual(p.parse_hello_reply("HELLO 3 events"), (3, True))
         self.assertEqual(p.parse_hello_reply("HELLO 2"), (2, False))
-        for bad in ("HELLO 6", "HELLO 6 events", "HELLO 4 events ", "HELLO 2 events", "HELLO 3 bogus", "HELLO 3 ", "HELLO x", "HELLO", "OK"):
+        for bad in ("HELLO 7", "HELLO 7 events", "HELLO 4 events ", "HELLO 2 events", "HELLO 3 bogus", "HELLO 3 ", "HELLO x", "HELLO", "OK"):
             with self.subTest(reply=bad), self.assertRaises(ticketing.ProtocolError):
                 p.parse_hello(bad)
         with self.assertRaises(ticketing.ServerError) as cm:
@@ -258,7 +259,7 @@ class Version1SidecarTest(unittest.TestCase):
                 with c.lock_block(["a", "b"]):
                     self.fail("entered")
             self.assertEqual(c.hello(), 1)
-        self.assertEqual(self.fake.lines, ["HELLO 5 events", "ACQUIRE only 30 0"])
+        self.assertEqual(self.fake.lines, ["HELLO 6 events", "ACQUIRE only 30 0"])
 
     def test_async(self) -> None:
         async def body() -> None:
@@ -272,7 +273,7 @@ class Version1SidecarTest(unittest.TestCase):
                 self.assertEqual(await c.acquire_block(["only"], lease=30, wait=0), 7)
 
         asyncio.run(body())
-        self.assertEqual(self.fake.lines, ["HELLO 5 events", "ACQUIRE only 30 0"])
+        self.assertEqual(self.fake.lines, ["HELLO 6 events", "ACQUIRE only 30 0"])
 
 
 if __name__ == "__main__":

@@ -48,8 +48,8 @@ from .errors import (
 
 #: The version of unixapi/PROTOCOL.md this client speaks (2: seat blocks,
 #: HELLO; 3: EXTEND and the ``! LOST`` event lines; 4: the ``! QUEUED``
-#: event line; 5: owner labels).
-PROTOCOL_VERSION = 5
+#: event line; 5: owner labels; 6: waits up to an hour).
+PROTOCOL_VERSION = 6
 #: The longest owner label (``label=``) in bytes (version 5).
 MAX_LABEL_LEN = 64
 #: The most keys of one block acquire (distinct keys).
@@ -57,8 +57,11 @@ MAX_BLOCK_KEYS = 16
 
 #: Lease bounds, whole seconds.
 MIN_LEASE, MAX_LEASE = 1, 250
-#: Longest wait, seconds (millisecond precision).
-MAX_WAIT = 300
+#: Longest wait, seconds (millisecond precision): an hour, from a sidecar
+#: of protocol version 6 (:data:`MAX_SHORT_WAIT` before).
+MAX_WAIT = 3600
+#: Longest wait a sidecar older than protocol version 6 takes, seconds.
+MAX_SHORT_WAIT = 300
 #: Longest key, bytes (each 0x21..0x7E).
 MAX_KEY_LEN = 255
 #: Largest fencing token (u64).
@@ -116,7 +119,7 @@ def check_lease(lease: int) -> int:
 
 
 def wait_millis(wait: Number) -> int:
-    """Validate a wait (seconds, 0..300, at most millisecond precision) and
+    """Validate a wait (seconds, 0..3600, at most millisecond precision) and
     return it in whole milliseconds."""
     if isinstance(wait, bool) or not isinstance(wait, (Real, Decimal)):
         raise TypeError(f"wait must be a number of seconds, not {type(wait).__name__} {wait!r}")
@@ -610,6 +613,17 @@ def late_grant_release(key: str, reply: str) -> Optional[str]:
     except TicketingError:
         return None
     return release_line(key, token)
+
+
+def check_wait(wait_s: float, version: int, path: str) -> None:
+    """A wait over :data:`MAX_SHORT_WAIT` needs protocol version 6: an older
+    sidecar would answer ``invalid_wait``, which reads as the caller's
+    mistake (nothing is sent)."""
+    if wait_s > MAX_SHORT_WAIT and version < 6:
+        raise NotSupportedError(
+            f"a wait over {MAX_SHORT_WAIT} s needs protocol version 6; the sidecar at {path} speaks version {version}: "
+            "upgrade the sidecar"
+        )
 
 
 def check_blocks(version: int, path: str) -> None:

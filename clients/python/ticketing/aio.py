@@ -329,6 +329,8 @@ class AsyncClient:
             p.check_blocks(await self._hello(conn), self.path)
         if p.check_label(label):
             p.check_labels(await self._hello(conn), self.path)
+        if wait_s > p.MAX_SHORT_WAIT:
+            p.check_wait(wait_s, await self._hello(conn), self.path)
         reply, sent, conn = await self._call_at(line, wait_s, self._compensator(keys[0]), conn, keys, on_queued)
         return p.parse_acquire(reply), sent, conn
 

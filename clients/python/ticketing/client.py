@@ -415,6 +415,8 @@ class Client:
             p.check_blocks(self._hello(conn), self.path)
         if p.check_label(label):
             p.check_labels(self._hello(conn), self.path)
+        if wait_s > p.MAX_SHORT_WAIT:
+            p.check_wait(wait_s, self._hello(conn), self.path)
         reply, sent, conn = self._call_at(line, wait_s, self._compensator(keys[0]), conn, keys, on_queued)
         return p.parse_acquire(reply), sent, conn
 
@@ -432,7 +434,8 @@ class Client:
 
         :param lease: whole seconds, 1..250: the sidecar-side safety net
             after which the lock is taken back if not released.
-        :param wait: seconds to wait for the turn, 0..300 with millisecond
+        :param wait: seconds to wait for the turn, 0..3600 (over 300 needs a
+            sidecar of protocol version 6) with millisecond
             precision; 0 means one immediate try.
         :param on_queued: called with no arguments when the sidecar reports
             (``! QUEUED``) that the cluster committed this acquire into the

@@ -164,9 +164,9 @@ func TestValuesInTheUnitsTyped(t *testing.T) {
 		{[]string{"lock", "--lease", "300", "k", "--", "true"}, "--lease 300: want whole seconds 1..250"},
 		{[]string{"lock", "--lease", "251", "k", "--", "true"}, "--lease 251: want whole seconds 1..250"},
 		{[]string{"acquire", "--lease", "0", "k"}, "--lease 0: want whole seconds 1..250"},
-		{[]string{"lock", "--wait", "301", "k", "--", "true"}, "--wait 301: want seconds 0..300"},
-		{[]string{"acquire", "--wait", "0.0005", "k"}, "--wait 0.0005: want seconds 0..300 with at most 3 decimals"},
-		{[]string{"acquire", "--wait", "-1", "k"}, "--wait -1: want seconds 0..300"},
+		{[]string{"lock", "--wait", "3601", "k", "--", "true"}, "--wait 3601: want seconds 0..3600"},
+		{[]string{"acquire", "--wait", "0.0005", "k"}, "--wait 0.0005: want seconds 0..3600 with at most 3 decimals"},
+		{[]string{"acquire", "--wait", "-1", "k"}, "--wait -1: want seconds 0..3600"},
 		{[]string{"release", "seats/1", "abc"}, `token "abc": want the decimal token`},
 		{[]string{"release", "seats/1", "0"}, `token "0": want the decimal token`},
 	} {

@@ -91,7 +91,7 @@ func (c *clientFlags) register(fs *flag.FlagSet, withLock bool) {
 	fs.StringVar(&c.socket, "socket", defaultSocket(), "the sidecar's unix socket: $TICKETING_SOCKET when set, else ./ticketing.sock")
 	if withLock {
 		fs.IntVar(&c.lease, "lease", 60, "lease in whole seconds (1..250): the server takes the lock back after it")
-		fs.Float64Var(&c.wait, "wait", 30, "seconds to wait for the turn, millisecond precision (0 = one immediate try, at most 300)")
+		fs.Float64Var(&c.wait, "wait", 30, "seconds to wait for the turn, millisecond precision (0 = one immediate try, at most 3600; over 300 needs a sidecar and cluster of this release)")
 		fs.StringVar(&c.label, "label", "", "an owner `label` for the lock (a job name, a request id: 1..64 bytes of visible ASCII, no spaces), shown by `ticketing inspect`, the sidecar's HELD and log; needs every node at cluster protocol version 8 (ticketing status --json: cluster_version)")
 	}
 }
@@ -111,8 +111,8 @@ func (c *clientFlags) check() string {
 		return fmt.Sprintf("--lease %d: want whole seconds 1..250", c.lease)
 	}
 	ms := c.wait * 1000
-	if c.wait < 0 || c.wait > 300 || math.IsNaN(c.wait) || math.Abs(ms-math.Round(ms)) > 1e-6 {
-		return fmt.Sprintf("--wait %s: want seconds 0..300 with at most 3 decimals",
+	if c.wait < 0 || c.wait > 3600 || math.IsNaN(c.wait) || math.Abs(ms-math.Round(ms)) > 1e-6 {
+		return fmt.Sprintf("--wait %s: want seconds 0..3600 with at most 3 decimals",
 			strconv.FormatFloat(c.wait, 'f', -1, 64))
 	}
 	return labelProblem(c.label)
