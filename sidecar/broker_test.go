@@ -162,7 +162,7 @@ func TestBrokerTimeoutAndFieldErrors(t *testing.T) {
 		{0, 0, "k", locksm.ErrInvalidLease},
 		{1500 * time.Millisecond, 0, "k", locksm.ErrInvalidLease},
 		{251 * time.Second, 0, "k", locksm.ErrInvalidLease},
-		{time.Second, 301 * time.Second, "k", locksm.ErrInvalidWait},
+		{time.Second, 3601 * time.Second, "k", locksm.ErrInvalidWait},
 		{time.Second, 0, "bad key", locksm.ErrInvalidKey},
 	} {
 		if _, err := b.Acquire(ctx, tc.key, "a", tc.lease, tc.wait); !errors.Is(err, tc.want) {
