@@ -188,3 +188,33 @@ test('conditionalUpdate: the single-statement form', { skip }, async () => {
     dialect: 'postgres', table: 'accounts', set: 'balance = $1', where: 'id = $2', params: [1, 'bob'], token: 5n,
   }), StaleTokenError);
 });
+
+// A pg Client behind an adapter that reports `rowCount` as a driver may that
+// does not know it (absent, null, -1): the fence cannot tell a stale token
+// from a write, so it must refuse, not read "not 0" as success.
+const countless = (db, rowCount) => ({
+  query: async (sql, params) => {
+    const r = await db.query(sql, params);
+    return rowCount === 'absent' ? { rows: r.rows } : { rows: r.rows, rowCount };
+  },
+});
+
+test('no row count from the adapter: a stale token is refused and writes nothing', { skip }, async () => {
+  const db = await connect();
+  assert.equal(await write(db, 'k-rc', 10n, 'rc-first'), true);
+  await db.query('INSERT INTO accounts (id, balance, fence_token) VALUES ($1, 100, $2)', ['rc', fence.encodeToken(10n)]);
+  for (const [i, rc] of ['absent', null, -1, 1.5].entries()) {
+    await assert.rejects(fence.withFence(countless(db, rc), opts('k-rc', 9n), (tx) =>
+      tx.query('INSERT INTO ledger (id, note) VALUES ($1, $2)', [`rc-stale${i}`, 'k-rc'])),
+    (e) => e instanceof fence.RowCountError && e.code === 'row_count', `rowCount ${rc}`);
+    assert.equal(await ledgerHas(db, `rc-stale${i}`), false, `rowCount ${rc}: the stale write committed`);
+    await assert.rejects(fence.withFenceBlock(countless(db, rc), blockOpts(['k-rc', 'k-rc2'], 9n), (tx) =>
+      tx.query('INSERT INTO ledger (id, note) VALUES ($1, $2)', [`rc-bstale${i}`, 'k-rc'])), fence.RowCountError);
+    assert.equal(await ledgerHas(db, `rc-bstale${i}`), false, `rowCount ${rc}: the stale block write committed`);
+    await assert.rejects(fence.conditionalUpdate(countless(db, rc), {
+      dialect: 'postgres', table: 'accounts', set: 'balance = $1', where: 'id = $2', params: [1, 'rc'], token: 9n,
+    }), fence.RowCountError, `rowCount ${rc}: a stale update reported success`);
+  }
+  assert.equal(await fence.highWater(db, opts('k-rc')), 10n);
+  assert.equal(await fence.highWater(db, opts('k-rc2')), 0n);
+});

@@ -10,7 +10,10 @@
  * transaction as the write.
  *
  * The adapter is anything with `query(sql, params) → Promise<{ rowCount }>`
- * (or a plain `{ rowCount }`): a `pg` Client (or a client checked out of a
+ * (or a plain `{ rowCount }`), where `rowCount` is the number of rows the
+ * statement changed, an integer: without one the helpers cannot tell a stale
+ * token from a write, and reject with RowCountError (rolling back the
+ * transactions they opened). A `pg` Client (or a client checked out of a
  * Pool — a transaction needs one connection) fits as is; for better-sqlite3:
  *
  *   const adapter = { query: (sql, params) => {
@@ -58,6 +61,36 @@ class StaleTokenError extends TicketingError {
   constructor(message = 'stale fencing token') {
     super(message, 'stale_token');
   }
+}
+
+/**
+ * The adapter reported no row count for a fenced statement, or one the fence
+ * did not expect: the helpers cannot tell a stale token from a write, so
+ * they stop (and roll back the transactions they opened) instead of
+ * guessing. Not StaleTokenError: the adapter or the statement is wrong.
+ */
+class RowCountError extends TicketingError {
+  constructor(message = 'no usable row count') {
+    super(message, 'row_count');
+  }
+}
+
+/**
+ * The number of rows a statement changed, as the adapter reported it. A
+ * missing count (undefined, null, NaN, -1) must not read as "not 0": that
+ * let a stale token's write commit.
+ * @param {unknown} res
+ * @param {string} what
+ * @returns {number}
+ */
+function rowCount(res, what) {
+  let n = res ? res.rowCount : undefined;
+  if (typeof n === 'bigint') n = Number(n);
+  if (!Number.isSafeInteger(n) || n < 0) {
+    throw new RowCountError(`${what}: the adapter reported no row count (rowCount ${n}); ` +
+      'the fence needs { rowCount: <rows changed> } from query()');
+  }
+  return n;
 }
 
 /** @param {bigint|string|number} token */
@@ -144,9 +177,11 @@ async function advance(db, { dialect, domain, client, key, token, table = DEFAUL
   const t = nonZero(token);
   domain = await domainOf({ domain, client });
   const res = await db.query(advanceSql(dialect, table), [domain, key, encodeToken(t)]);
-  if (!res || Number(res.rowCount) === 0) {
+  const n = rowCount(res, `fence ${domain}/${key}`);
+  if (n === 0) {
     throw new StaleTokenError(`${domain}/${key}: token ${t} is older than the stored high-water mark`);
   }
+  if (n !== 1) throw new RowCountError(`fence ${domain}/${key}: the upsert changed ${n} rows, not 1`);
 }
 
 /**
@@ -277,13 +312,14 @@ async function conditionalUpdate(db, { dialect, table, set, where, params = [], 
     args = [enc, ...params, enc];
   }
   const res = await db.query(sql, args);
-  const n = Number(res && res.rowCount);
+  const n = rowCount(res, `update ${table}`);
   if (n < want) throw new StaleTokenError(`update ${table} with token ${t} changed ${n} of ${want} rows`);
   return n;
 }
 
 module.exports = {
   StaleTokenError,
+  RowCountError,
   domainOf,
   advance,
   advanceBlock,
