@@ -37,8 +37,36 @@ SQLITE_SCHEMA = os.path.join(os.path.dirname(__file__), "..", "..", "schema", "f
 PG_SCHEMA = os.path.join(os.path.dirname(__file__), "..", "..", "schema", "fence.postgres.sql")
 
 
+class _Countless:
+    """A connection whose cursors report ``rowcount`` -1, as DB-API allows a
+    driver that cannot tell the rows a statement changed."""
+
+    def __init__(self, conn):
+        self._conn = conn
+
+    def cursor(self):
+        return _CountlessCursor(self._conn.cursor())
+
+    def __getattr__(self, name):
+        return getattr(self._conn, name)
+
+
+class _CountlessCursor:
+    rowcount = -1
+
+    def __init__(self, cur):
+        self._cur = cur
+
+    def __getattr__(self, name):
+        return getattr(self._cur, name)
+
+
 class Base:
     """Tests shared by both databases. Subclasses provide connect() and q()."""
+
+    #: How fenced() must open a transaction on a wrapped connection, whose
+    #: driver it cannot recognise.
+    begin = None
 
     def connect(self):  # pragma: no cover - abstract
         raise NotImplementedError
@@ -188,6 +216,30 @@ class Base:
         self.assertFalse(self.ledger_has(newer_conn, "stale"))
         self.assertEqual(self.marks(newer_conn, "x", "y"), [12, 12])
 
+    def test_no_rowcount_refused(self):
+        # rowcount -1 read as "not 0" let a stale token's write commit.
+        conn = self.connect()
+        self.assertTrue(self.write(conn, "k-rc", 10, "rc-first"))
+        f = fence.Fence.for_connection(conn)
+        blind = _Countless(conn)
+        with self.assertRaises(fence.RowCountError) as cm:
+            with fence.fenced(blind, "test", "k-rc", 9, paramstyle=f.paramstyle, begin=self.begin) as cur:
+                cur.execute(self.q("INSERT INTO ledger (id, note) VALUES (?, ?)"), ("rc-stale", "k-rc"))
+        self.assertEqual(cm.exception.code, "row_count")
+        self.assertFalse(self.ledger_has(conn, "rc-stale"), "the stale write committed")
+        with self.assertRaises(fence.RowCountError):
+            with fence.fenced_block(blind, "test", ["k-rc", "k-rc2"], 9, paramstyle=f.paramstyle, begin=self.begin) as cur:
+                cur.execute(self.q("INSERT INTO ledger (id, note) VALUES (?, ?)"), ("rc-bstale", "k-rc"))
+        self.assertFalse(self.ledger_has(conn, "rc-bstale"), "the stale block write committed")
+        self.assertEqual(self.marks(conn, "k-rc", "k-rc2"), [10, 0])
+        cur = conn.cursor()
+        cur.execute(self.q("INSERT INTO accounts (id, balance, fence_token) VALUES (?, 100, ?)"), ("rc", fence.encode_token(10)))
+        conn.commit()
+        p = "?" if f.paramstyle == "qmark" else "%s"
+        with self.assertRaises(fence.RowCountError):
+            f.update(blind.cursor(), "accounts", f"balance = {p}", f"id = {p}", (1, "rc"), 9)
+        conn.rollback()
+
     def test_update_single_statement(self):
         conn = self.connect()
         cur = conn.cursor()
@@ -225,6 +277,8 @@ class Base:
 
 
 class SQLiteFenceTest(Base, unittest.TestCase):
+    begin = "BEGIN IMMEDIATE"
+
     def setUp(self):
         self.dir = tempfile.TemporaryDirectory()
         self.addCleanup(self.dir.cleanup)

@@ -63,6 +63,7 @@ from .errors import TicketingError
 
 __all__ = [
     "StaleTokenError",
+    "RowCountError",
     "Fence",
     "fenced",
     "domain_of",
@@ -88,6 +89,27 @@ class StaleTokenError(TicketingError):
     """
 
     code = "stale_token"
+
+
+class RowCountError(TicketingError):
+    """The driver reported no row count for a fenced statement (DB-API's
+    ``rowcount == -1``), or one the fence did not expect.
+
+    Without the count the helpers cannot tell a stale token from a write,
+    so they stop instead of guessing; :func:`fenced` rolls back. Not a
+    :class:`StaleTokenError`: the driver or the statement is wrong.
+    """
+
+    code = "row_count"
+
+
+def _rowcount(cursor: Any, what: str) -> int:
+    """The rows the cursor's last statement changed. DB-API allows -1 ("not
+    known"); read as "not 0" it let a stale token's write commit."""
+    n = getattr(cursor, "rowcount", None)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise RowCountError(f"{what}: the driver reported no row count (rowcount {n!r})")
+    return n
 
 
 def encode_token(token: int) -> int:
@@ -160,14 +182,19 @@ class Fence:
     def advance(self, cursor: Any, domain: str, key: str, token: int) -> None:
         """Raise (domain, key)'s high-water mark to ``token`` in the cursor's
         open transaction, or raise :class:`StaleTokenError` (the caller must
-        then roll back). Run it before the reads and writes it protects."""
+        then roll back). Run it before the reads and writes it protects.
+        :class:`RowCountError` if the driver does not report the rows the
+        upsert changed (``rowcount`` -1): roll back as well."""
         if token == 0:
             raise ValueError("token 0 (tokens start at 1)")
         cursor.execute(self.advance_sql(), (domain, key, encode_token(token)))
-        if cursor.rowcount == 0:
+        n = _rowcount(cursor, f"fence {domain}/{key}")
+        if n == 0:
             raise StaleTokenError(
                 f"{domain}/{key}: token {token} is older than the stored high-water mark"
             )
+        if n != 1:
+            raise RowCountError(f"fence {domain}/{key}: the upsert changed {n} rows, not 1")
 
     def advance_block(self, cursor: Any, domain: str, keys: Iterable[str], token: int) -> None:
         """:meth:`advance` for a seat block, whose keys share one token:
@@ -285,11 +312,10 @@ class Fence:
             f"UPDATE {table} SET {column} = {p}, {set_sql} WHERE ({where_sql}) AND {column} <= {p}",
             (enc, *params, enc),
         )
-        if cursor.rowcount < want:
-            raise StaleTokenError(
-                f"update {table} with token {token} changed {cursor.rowcount} of {want} rows"
-            )
-        return cursor.rowcount
+        n = _rowcount(cursor, f"update {table}")
+        if n < want:
+            raise StaleTokenError(f"update {table} with token {token} changed {n} of {want} rows")
+        return n
 
 
 def domain_of(domain: Any) -> str:
