@@ -68,6 +68,13 @@ import (
 // caller rolls it back, Do and Update do so themselves.
 var ErrStale = errors.New("fence: stale fencing token")
 
+// ErrRowCount means a fenced statement did not report the number of rows
+// it changed (a driver whose RowsAffected is negative), or reported one the
+// fence did not expect. Without the count a stale token cannot be told
+// from a write, so the helpers stop instead of guessing: Do rolls back;
+// Advance's and Update's callers inside a transaction must roll it back.
+var ErrRowCount = errors.New("fence: unexpected row count")
+
 // Dialect selects the SQL placeholders of a database.
 type Dialect int
 
@@ -185,10 +192,13 @@ func (f Fence) Advance(ctx context.Context, tx *sql.Tx, domain, key string, toke
 	if err != nil {
 		return fmt.Errorf("fence: advance %s/%s: rows affected: %w", domain, key, err)
 	}
-	if n == 0 {
+	switch n {
+	case 1:
+		return nil
+	case 0:
 		return fmt.Errorf("%w: %s/%s token %d is older than the stored high-water mark", ErrStale, domain, key, token)
 	}
-	return nil
+	return fmt.Errorf("%w: advance %s/%s: the upsert changed %d rows, not 1", ErrRowCount, domain, key, n)
 }
 
 // AdvanceBlock is Advance for a seat block, whose keys share one token: it
@@ -350,8 +360,10 @@ type Update struct {
 	Args    []any  // arguments of Set and Where, in placeholder order
 	// Column is the row's token column; empty means "fence_token".
 	Column string
-	// Want is the number of rows the update must change; 0 means at least
-	// one. Fewer is ErrStale.
+	// Want is the number of rows the update must change; 0 means 1 (the
+	// zero value is the common case, one row; never "no check"), as want=0
+	// in the Python and Node.js helpers. Fewer is ErrStale, more is
+	// ErrRowCount, negative is an error.
 	Want int64
 }
 
@@ -383,6 +395,10 @@ func (u Update) Exec(ctx context.Context, ex Execer, token uint64) (sql.Result, 
 	if err := checkToken(token); err != nil {
 		return nil, err
 	}
+	want, err := u.want()
+	if err != nil {
+		return nil, err
+	}
 	q, args := u.SQL(token)
 	res, err := ex.ExecContext(ctx, q, args...)
 	if err != nil {
@@ -392,12 +408,24 @@ func (u Update) Exec(ctx context.Context, ex Execer, token uint64) (sql.Result, 
 	if err != nil {
 		return nil, fmt.Errorf("fence: update %s: rows affected: %w", u.Table, err)
 	}
-	want := u.Want
-	if want == 0 {
-		want = 1
-	}
-	if n < want {
+	switch {
+	case n == want:
+		return res, nil
+	case n < 0:
+		return res, fmt.Errorf("%w: update %s: the driver reported %d rows affected", ErrRowCount, u.Table, n)
+	case n < want:
 		return res, fmt.Errorf("%w: update %s with token %d changed %d of %d rows", ErrStale, u.Table, token, n, want)
 	}
-	return res, nil
+	return res, fmt.Errorf("%w: update %s with token %d changed %d rows, not %d", ErrRowCount, u.Table, token, n, want)
+}
+
+// want is the number of rows the update must change: Want, 0 meaning 1.
+func (u Update) want() (int64, error) {
+	switch {
+	case u.Want < 0:
+		return 0, fmt.Errorf("fence: update %s: Want %d (rows must be 1 or more; 0 means 1)", u.Table, u.Want)
+	case u.Want == 0:
+		return 1, nil
+	}
+	return u.Want, nil
 }

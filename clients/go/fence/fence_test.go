@@ -459,3 +459,59 @@ func TestConcurrentStaleBlockWaitsAndLoses(t *testing.T) {
 		}
 	})
 }
+
+// TestUpdateWantZeroMeansOne: Want 0 is the one-row case, as want=0 in the
+// Python and Node.js helpers: never "no check", never "at least one".
+func TestUpdateWantZeroMeansOne(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d db) {
+		ctx := context.Background()
+		for id, tok := range map[string]uint64{"w1": 10, "w2": 1, "w3": 1} {
+			if _, err := d.Exec(d.q(`INSERT INTO accounts (id, balance, fence_token) VALUES ($1, 100, $2)`), id, fence.Encode(tok)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		upd := func(ex fence.Execer, where string, args []any, want int64, token uint64) error {
+			u := fence.Update{Dialect: d.d, Table: "accounts", Set: d.q("balance = $1"), Where: d.q(where), Args: args, Want: want}
+			_, err := u.Exec(ctx, ex, token)
+			return err
+		}
+		balances := func() []int {
+			var out []int
+			for _, id := range []string{"w1", "w2", "w3"} {
+				var b int
+				if err := d.QueryRow(d.q(`SELECT balance FROM accounts WHERE id = $1`), id).Scan(&b); err != nil {
+					t.Fatal(err)
+				}
+				out = append(out, b)
+			}
+			return out
+		}
+		// A stale token on the one row: stale, not "no check".
+		if err := upd(d.DB, "id = $2", []any{1, "w1"}, 0, 9); !errors.Is(err, fence.ErrStale) {
+			t.Fatalf("Want 0, stale row: %v, want ErrStale", err)
+		}
+		// Two rows where one is expected: not a success (in the caller's
+		// transaction, which rolls back).
+		tx, err := d.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = upd(tx, "id IN ($2, $3)", []any{2, "w2", "w3"}, 0, 5)
+		tx.Rollback()
+		if err == nil {
+			t.Fatal("Want 0 and two rows changed: success, want an error (0 means 1)")
+		}
+		if got := balances(); !slices.Equal(got, []int{100, 100, 100}) {
+			t.Fatalf("balances %v", got)
+		}
+		if err := upd(d.DB, "id = $2", []any{3, "w2"}, -1, 5); err == nil || errors.Is(err, fence.ErrStale) {
+			t.Fatalf("Want -1: %v", err)
+		}
+		if err := upd(d.DB, "id = $2", []any{4, "w2"}, 0, 5); err != nil {
+			t.Fatalf("Want 0, one fresh row: %v", err)
+		}
+		if got := balances(); !slices.Equal(got, []int{100, 4, 100}) {
+			t.Fatalf("balances %v", got)
+		}
+	})
+}

@@ -218,3 +218,24 @@ test('no row count from the adapter: a stale token is refused and writes nothing
   assert.equal(await fence.highWater(db, opts('k-rc')), 10n);
   assert.equal(await fence.highWater(db, opts('k-rc2')), 0n);
 });
+
+test('conditionalUpdate: want 0 means one row, never "no check"', { skip }, async () => {
+  const db = await connect();
+  for (const [id, tok] of [['w1', 10n], ['w2', 1n], ['w3', 1n]]) {
+    await db.query('INSERT INTO accounts (id, balance, fence_token) VALUES ($1, 100, $2)', [id, fence.encodeToken(tok)]);
+  }
+  const upd = (where, params, want, token) => fence.conditionalUpdate(db, {
+    dialect: 'postgres', table: 'accounts', set: 'balance = $1', where, params, token, want,
+  });
+  const balances = async () => (await db.query("SELECT balance FROM accounts WHERE id LIKE 'w%' ORDER BY id")).rows.map((r) => r.balance);
+  await assert.rejects(upd('id = $2', [1, 'w1'], 0, 9n), StaleTokenError, 'want 0 and a stale row');
+  assert.deepEqual(await balances(), [100, 100, 100]);
+  // Two rows where one is expected: not a success (in a transaction, rolled back).
+  await db.query('BEGIN');
+  await assert.rejects(upd('id IN ($2, $3)', [2, 'w2', 'w3'], 0, 5n), TicketingError, 'want 0 and two rows');
+  await db.query('ROLLBACK');
+  assert.deepEqual(await balances(), [100, 100, 100]);
+  await assert.rejects(upd('id = $2', [3, 'w2'], -1, 5n), RangeError);
+  assert.equal(await upd('id = $2', [4, 'w2'], 0, 5n), 1);
+  assert.deepEqual(await balances(), [100, 4, 100]);
+});

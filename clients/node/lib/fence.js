@@ -295,10 +295,13 @@ async function inTransaction(db, begin, fenceFirst, fn) {
  * `UPDATE table SET column = <token>, set WHERE (where) AND column <= <token>`.
  * `set`/`where` use the dialect's placeholders for `params` ($1..$n, or ?
  * in order). Rejects with StaleTokenError if fewer than `want` rows changed
- * (a newer token wrote them, or they do not exist). Resolves to the count.
+ * (a newer token wrote them, or they do not exist), RowCountError if more
+ * did. `want` 0 means 1, never "no check" (as `Want` 0 in Go and `want=0`
+ * in Python). Resolves to the count.
  */
 async function conditionalUpdate(db, { dialect, table, set, where, params = [], token, column = 'fence_token', want = 1 }) {
   const t = nonZero(token);
+  want = wantRows(want);
   const enc = encodeToken(t);
   let sql;
   let args;
@@ -314,7 +317,15 @@ async function conditionalUpdate(db, { dialect, table, set, where, params = [], 
   const res = await db.query(sql, args);
   const n = rowCount(res, `update ${table}`);
   if (n < want) throw new StaleTokenError(`update ${table} with token ${t} changed ${n} of ${want} rows`);
+  if (n > want) throw new RowCountError(`update ${table} with token ${t} changed ${n} rows, not ${want}`);
   return n;
+}
+
+/** The rows an update must change: `want`, 0 meaning 1. */
+function wantRows(want) {
+  if (!Number.isSafeInteger(want)) throw new TypeError(`want must be an integer, not ${typeof want}`);
+  if (want < 0) throw new RangeError(`want ${want} (rows must be 1 or more; 0 means 1)`);
+  return want || 1;
 }
 
 module.exports = {

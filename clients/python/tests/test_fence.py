@@ -276,6 +276,45 @@ class Base:
         conn.rollback()
 
 
+    def test_update_want_zero_means_one(self):
+        # want=0 was "no stale check"; it is the one-row case, as Want 0 in
+        # Go and want: 0 in Node.js.
+        conn = self.connect()
+        cur = conn.cursor()
+        for id_, tok in (("w1", 10), ("w2", 1), ("w3", 1)):
+            cur.execute(
+                self.q("INSERT INTO accounts (id, balance, fence_token) VALUES (?, 100, ?)"),
+                (id_, fence.encode_token(tok)),
+            )
+        conn.commit()
+        f = fence.Fence.for_connection(conn)
+        p = "?" if f.paramstyle == "qmark" else "%s"
+
+        def balances():
+            cur.execute(self.q("SELECT id, balance FROM accounts WHERE id LIKE 'w%' ORDER BY id"))
+            out = [b for _, b in cur.fetchall()]
+            self.end_read(conn)
+            return out
+
+        with self.assertRaises(fence.StaleTokenError):
+            f.update(cur, "accounts", f"balance = {p}", f"id = {p}", (1, "w1"), 9, want=0)
+        conn.rollback()
+        self.assertEqual(balances(), [100, 100, 100])
+        # Two rows where one is expected: not a success (in a transaction,
+        # rolled back).
+        if self.begin:
+            cur.execute(self.begin)
+        with self.assertRaises(ticketing.TicketingError):
+            f.update(cur, "accounts", f"balance = {p}", f"id IN ({p}, {p})", (2, "w2", "w3"), 5, want=0)
+        conn.rollback()
+        self.assertEqual(balances(), [100, 100, 100])
+        with self.assertRaises(ValueError):
+            f.update(cur, "accounts", f"balance = {p}", f"id = {p}", (3, "w2"), 5, want=-1)
+        self.assertEqual(f.update(cur, "accounts", f"balance = {p}", f"id = {p}", (4, "w2"), 5, want=0), 1)
+        conn.commit()
+        self.assertEqual(balances(), [100, 4, 100])
+
+
 class SQLiteFenceTest(Base, unittest.TestCase):
     begin = "BEGIN IMMEDIATE"
 

@@ -299,11 +299,14 @@ class Fence:
         AND column <= <token>``; ``set_sql`` and ``where_sql`` use the
         paramstyle's placeholders for ``params`` (``qmark``/``%s``: in order).
         Raises :class:`StaleTokenError` if fewer than ``want`` rows changed:
-        a newer token wrote them, or they do not exist. Returns the count.
-        Atomic by itself; commit as usual for the driver.
+        a newer token wrote them, or they do not exist;
+        :class:`RowCountError` if more did. ``want`` 0 means 1, never "no
+        check" (as ``Want`` 0 in Go and ``want: 0`` in Node.js). Returns the
+        count. Atomic by itself; commit as usual for the driver.
         """
         if token == 0:
             raise ValueError("token 0 (tokens start at 1)")
+        want = _want(want)
         if self.paramstyle == "numeric":
             raise ValueError("update() supports positional paramstyles only (qmark, format, pyformat)")
         (p,) = _placeholders(self.paramstyle, 1)
@@ -315,7 +318,18 @@ class Fence:
         n = _rowcount(cursor, f"update {table}")
         if n < want:
             raise StaleTokenError(f"update {table} with token {token} changed {n} of {want} rows")
+        if n > want:
+            raise RowCountError(f"update {table} with token {token} changed {n} rows, not {want}")
         return n
+
+
+def _want(want: Any) -> int:
+    """The rows an update must change: ``want``, 0 meaning 1."""
+    if isinstance(want, bool) or not isinstance(want, int):
+        raise TypeError(f"want must be an int, not {type(want).__name__}")
+    if want < 0:
+        raise ValueError(f"want {want} (rows must be 1 or more; 0 means 1)")
+    return want or 1
 
 
 def domain_of(domain: Any) -> str:
