@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -512,6 +513,129 @@ func TestUpdateWantZeroMeansOne(t *testing.T) {
 		}
 		if got := balances(); !slices.Equal(got, []int{100, 4, 100}) {
 			t.Fatalf("balances %v", got)
+		}
+	})
+}
+
+// TestUpdateSeveralRowsAllOrNothing: the single-statement form over several
+// rows, outside a transaction, where a newer token holds one of them. It
+// changed the others, committed them, and then reported ErrStale; now it
+// changes none. Likewise when Where does not match exactly Want rows.
+func TestUpdateSeveralRowsAllOrNothing(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d db) {
+		ctx := context.Background()
+		for id, tok := range map[string]uint64{"a": 12, "b": 10, "c": 10} {
+			if _, err := d.Exec(d.q(`INSERT INTO accounts (id, balance, fence_token) VALUES ($1, 100, $2)`), id, fence.Encode(tok)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		state := func() string {
+			rows, err := d.Query(`SELECT id, balance, fence_token FROM accounts ORDER BY id`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rows.Close()
+			var b strings.Builder
+			for rows.Next() {
+				var id string
+				var bal int
+				var tok int64
+				if err := rows.Scan(&id, &bal, &tok); err != nil {
+					t.Fatal(err)
+				}
+				fmt.Fprintf(&b, "%s=%d@%d ", id, bal, fence.Decode(tok))
+			}
+			if err := rows.Err(); err != nil {
+				t.Fatal(err)
+			}
+			return b.String()
+		}
+		upd := func(ex fence.Execer, where string, args []any, want int64, token uint64) error {
+			u := fence.Update{Dialect: d.d, Table: "accounts", Set: d.q("balance = balance - $1"), Where: d.q(where), Args: args, Want: want}
+			_, err := u.Exec(ctx, ex, token)
+			return err
+		}
+		const start = "a=100@12 b=100@10 c=100@10 "
+		for _, c := range []struct {
+			name  string
+			where string
+			args  []any
+			want  int64
+		}{
+			{"a newer token on one row", "id IN ($2, $3)", []any{5, "a", "b"}, 2},
+			{"Where matches more rows than Want", "id IN ($2, $3)", []any{5, "b", "c"}, 1},
+			{"Where matches fewer rows than Want", "id IN ($2, $3)", []any{5, "b", "zz"}, 2},
+		} {
+			if err := upd(d.DB, c.where, c.args, c.want, 11); !errors.Is(err, fence.ErrStale) {
+				t.Fatalf("%s: %v, want ErrStale", c.name, err)
+			}
+			if got := state(); got != start {
+				t.Fatalf("%s: rows %q after ErrStale, want %q (unchanged)", c.name, got, start)
+			}
+		}
+		if err := upd(d.DB, "id IN ($2, $3)", []any{5, "b", "c"}, 2, 11); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := state(), "a=100@12 b=95@11 c=95@11 "; got != want {
+			t.Fatalf("rows %q, want %q", got, want)
+		}
+		// Placeholders SQLite counts to pass Where's arguments twice: a ? in
+		// a string or comment is none, a numbered one is refused.
+		if d.d == fence.SQLite {
+			u := fence.Update{Dialect: d.d, Table: "accounts", Set: "balance = balance - ? /* ? */, id = id || '?'''", Where: "id = ? -- ?\n", Args: []any{1, "zz"}}
+			if _, err := u.Exec(ctx, d.DB, 11); !errors.Is(err, fence.ErrStale) {
+				t.Fatalf("quoted ?: %v, want ErrStale (no row zz)", err)
+			}
+			u = fence.Update{Dialect: d.d, Table: "accounts", Set: "balance = ?1", Where: "id = ?2", Args: []any{1, "b"}}
+			if _, err := u.Exec(ctx, d.DB, 11); err == nil || errors.Is(err, fence.ErrStale) {
+				t.Fatalf("numbered placeholders: %v, want a refusal", err)
+			}
+		}
+	})
+}
+
+// TestUpdateWaitsForNewerHolder: a newer holder has written one of the rows
+// in an open transaction; the stale holder's update of both rows waits for
+// it and, once it commits, changes neither (in PostgreSQL, FOR UPDATE reads
+// the committed token; a plain check would have read the old one and
+// changed the other row).
+func TestUpdateWaitsForNewerHolder(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d db) {
+		ctx := context.Background()
+		for _, id := range []string{"a", "b"} {
+			if _, err := d.Exec(d.q(`INSERT INTO accounts (id, balance, fence_token) VALUES ($1, 100, $2)`), id, fence.Encode(10)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		newer, err := d.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer newer.Rollback()
+		u := fence.Update{Dialect: d.d, Table: "accounts", Set: d.q("balance = $1"), Where: d.q("id = $2"), Args: []any{50, "a"}}
+		if _, err := u.Exec(ctx, newer, 12); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			u := fence.Update{Dialect: d.d, Table: "accounts", Set: d.q("balance = $1"), Where: d.q("id IN ($2, $3)"), Args: []any{0, "a", "b"}, Want: 2}
+			_, err := u.Exec(ctx, d.DB, 11)
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			t.Fatalf("the stale update finished while the newer transaction was open: %v", err)
+		case <-time.After(300 * time.Millisecond):
+		}
+		if err := newer.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; !errors.Is(err, fence.ErrStale) {
+			t.Fatalf("stale update: %v, want ErrStale", err)
+		}
+		var b int
+		if err := d.QueryRow(d.q(`SELECT balance FROM accounts WHERE id = $1`), "b").Scan(&b); err != nil || b != 100 {
+			t.Fatalf("row b: balance %d (%v), want 100: the stale holder wrote it", b, err)
 		}
 	})
 }

@@ -239,3 +239,51 @@ test('conditionalUpdate: want 0 means one row, never "no check"', { skip }, asyn
   assert.equal(await upd('id = $2', [4, 'w2'], 0, 5n), 1);
   assert.deepEqual(await balances(), [100, 4, 100]);
 });
+
+const accounts = async (db, ids) => (await db.query('SELECT id, balance, fence_token FROM accounts WHERE id = ANY($1) ORDER BY id', [ids]))
+  .rows.map((r) => `${r.id}=${r.balance}@${fence.decodeToken(r.fence_token)}`).join(' ');
+
+test('conditionalUpdate over several rows writes all or none, outside a transaction', { skip }, async () => {
+  // A newer token on one of the rows: the form changed (and committed) the
+  // others, then rejected; now it changes none.
+  const db = await connect();
+  for (const [id, tok] of [['ma', 12n], ['mb', 10n], ['mc', 10n]]) {
+    await db.query('INSERT INTO accounts (id, balance, fence_token) VALUES ($1, 100, $2)', [id, fence.encodeToken(tok)]);
+  }
+  const ids = ['ma', 'mb', 'mc'];
+  const upd = (params, want) => fence.conditionalUpdate(db, {
+    dialect: 'postgres', table: 'accounts', set: 'balance = balance - $1', where: 'id IN ($2, $3)', params, token: 11n, want,
+  });
+  const start = 'ma=100@12 mb=100@10 mc=100@10';
+  for (const [name, params, want] of [
+    ['a newer token on one row', [5, 'ma', 'mb'], 2],
+    ['where matches more rows than want', [5, 'mb', 'mc'], 1],
+    ['where matches fewer rows than want', [5, 'mb', 'zz'], 2],
+  ]) {
+    await assert.rejects(upd(params, want), StaleTokenError, name);
+    assert.equal(await accounts(db, ids), start, `${name}: the stale holder wrote`);
+  }
+  assert.equal(await upd([5, 'mb', 'mc'], 2), 2);
+  assert.equal(await accounts(db, ids), 'ma=100@12 mb=95@11 mc=95@11');
+});
+
+test('conditionalUpdate waits for a newer holder of one of its rows, then writes none', { skip }, async () => {
+  const newer = await connect();
+  const stale = await connect();
+  for (const id of ['na', 'nb']) {
+    await newer.query('INSERT INTO accounts (id, balance, fence_token) VALUES ($1, 100, $2)', [id, fence.encodeToken(10n)]);
+  }
+  const upd = (db, where, params, want, token) => fence.conditionalUpdate(db, {
+    dialect: 'postgres', table: 'accounts', set: 'balance = $1', where, params, token, want,
+  });
+  await newer.query('BEGIN');
+  await upd(newer, 'id = $2', [50, 'na'], 1, 12n);
+  let settled = false;
+  const pending = upd(stale, 'id IN ($2, $3)', [0, 'na', 'nb'], 2, 11n).finally(() => { settled = true; });
+  pending.catch(() => {});
+  await new Promise((r) => setTimeout(r, 300));
+  assert.equal(settled, false, 'the stale update must wait for the open newer transaction');
+  await newer.query('COMMIT');
+  await assert.rejects(pending, StaleTokenError);
+  assert.equal(await accounts(newer, ['na', 'nb']), 'na=50@12 nb=100@10');
+});

@@ -290,14 +290,31 @@ async function inTransaction(db, begin, fenceFirst, fn) {
 }
 
 /**
- * Single-statement form for a row that carries its own token column
- * (`BIGINT NOT NULL DEFAULT -9223372036854775808`, i.e. ZERO): runs
- * `UPDATE table SET column = <token>, set WHERE (where) AND column <= <token>`.
- * `set`/`where` use the dialect's placeholders for `params` ($1..$n, or ?
- * in order). Rejects with StaleTokenError if fewer than `want` rows changed
- * (a newer token wrote them, or they do not exist), RowCountError if more
- * did. `want` 0 means 1, never "no check" (as `Want` 0 in Go and `want=0`
- * in Python). Resolves to the count.
+ * Single-statement form for rows that carry their own token column
+ * (`BIGINT NOT NULL DEFAULT -9223372036854775808`, i.e. ZERO): one statement
+ * that writes every row `where` matches, or none:
+ *
+ *   UPDATE table SET column = <token>, set
+ *    WHERE (where) AND column <= <token>
+ *      AND (SELECT count(*) = <want> AND max(column) <= <token>
+ *             FROM (SELECT column FROM table WHERE (where) FOR UPDATE) AS ticketing_fence_rows)
+ *
+ * (SQLite: without FOR UPDATE; a statement there runs alone.) It writes only
+ * when `where` matches exactly `want` rows and none has a newer token, so a
+ * stale token changes no row, outside a transaction too. In PostgreSQL
+ * FOR UPDATE waits for a newer holder's open transaction on those rows and
+ * reads what it committed.
+ *
+ * `set`/`where` use the dialect's placeholders for `params` ($1..$n, or ? in
+ * order). `where` appears twice: in PostgreSQL it reuses its $n; in SQLite
+ * its params, found by counting the ?s of `set` (outside quotes and
+ * comments; numbered or named parameters are refused), are passed twice.
+ *
+ * Rejects with StaleTokenError when it changed no row (a row's token is
+ * newer, or `where` does not match `want` rows): nothing was written.
+ * `want` 0 means 1, never "no check" (as `Want` 0 in Go and `want=0` in
+ * Python). RowCountError for any other count, which the statement should
+ * not give (roll back a transaction it ran in). Resolves to the count.
  */
 async function conditionalUpdate(db, { dialect, table, set, where, params = [], token, column = 'fence_token', want = 1 }) {
   const t = nonZero(token);
@@ -307,17 +324,66 @@ async function conditionalUpdate(db, { dialect, table, set, where, params = [], 
   let args;
   if (dialect === 'postgres') {
     const p = `$${params.length + 1}`;
-    sql = `UPDATE ${table} SET ${column} = ${p}, ${set} WHERE (${where}) AND ${column} <= ${p}`;
-    args = [...params, enc];
+    const w = `$${params.length + 2}`;
+    sql = `UPDATE ${table} SET ${column} = ${p}, ${set} WHERE (${where}) AND ${column} <= ${p} ` +
+      `AND (SELECT count(*) = ${w} AND max(${column}) <= ${p} ` +
+      `FROM (SELECT ${column} FROM ${table} WHERE (${where}) FOR UPDATE) AS ${ROWS})`;
+    args = [...params, enc, want];
   } else {
     placeholders(dialect, 0);
-    sql = `UPDATE ${table} SET ${column} = ?, ${set} WHERE (${where}) AND ${column} <= ?`;
-    args = [enc, ...params, enc];
+    const nSet = qmarks(set);
+    const nWhere = qmarks(where);
+    if (nSet + nWhere !== params.length) {
+      throw new RangeError(`set and where have ${nSet + nWhere} placeholders, params ${params.length} values`);
+    }
+    sql = `UPDATE ${table} SET ${column} = ?, ${set} WHERE (${where}) AND ${column} <= ? ` +
+      `AND (SELECT count(*) = ? AND max(${column}) <= ? FROM (SELECT ${column} FROM ${table} WHERE (${where})) AS ${ROWS})`;
+    args = [enc, ...params, enc, want, enc, ...params.slice(nSet)];
   }
   const res = await db.query(sql, args);
   const n = rowCount(res, `update ${table}`);
-  if (n < want) throw new StaleTokenError(`update ${table} with token ${t} changed ${n} of ${want} rows`);
-  if (n > want) throw new RowCountError(`update ${table} with token ${t} changed ${n} rows, not ${want}`);
+  if (n === want) return n;
+  if (n === 0) {
+    throw new StaleTokenError(`update ${table} with token ${t} changed no row ` +
+      `(a newer token holds one of the rows, or where does not match ${want} rows)`);
+  }
+  throw new RowCountError(`update ${table} with token ${t} changed ${n} rows, not ${want} or none`);
+}
+
+/** Names the rows conditionalUpdate checks (a derived table); unusual enough not to clash. */
+const ROWS = 'ticketing_fence_rows';
+
+/**
+ * The ? placeholders of an SQLite fragment, outside quoted strings and
+ * identifiers and comments. The count splits params between set and where;
+ * a numbered (?1) or named (:a, @a, $a) parameter would make that split
+ * wrong, so it is refused.
+ * @param {string} s
+ * @returns {number}
+ */
+function qmarks(s) {
+  let n = 0;
+  for (let i = 0; i < s.length; i++) {
+    const c = s[i];
+    const next = s[i + 1] || '';
+    if (c === "'" || c === '"' || c === '`' || c === '[') {
+      const j = s.indexOf(c === '[' ? ']' : c, i + 1);
+      if (j < 0) throw new RangeError(`unterminated ${c} in ${JSON.stringify(s)}`);
+      i = j; // a doubled quote is two quoted runs in a row
+    } else if (c === '-' && next === '-') {
+      const j = s.indexOf('\n', i);
+      i = j < 0 ? s.length : j;
+    } else if (c === '/' && next === '*') {
+      const j = s.indexOf('*/', i + 2);
+      if (j < 0) throw new RangeError(`unterminated comment in ${JSON.stringify(s)}`);
+      i = j + 1;
+    } else if (c === '?') {
+      if (/[0-9]/.test(next)) throw new RangeError(`numbered parameter in ${JSON.stringify(s)}: use ? only`);
+      n++;
+    } else if ((c === ':' || c === '@' || c === '$') && /[A-Za-z_]/.test(next)) {
+      throw new RangeError(`named parameter in ${JSON.stringify(s)}: use ? only`);
+    }
+  }
   return n;
 }
 

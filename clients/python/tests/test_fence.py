@@ -315,6 +315,93 @@ class Base:
         self.assertEqual(balances(), [100, 4, 100])
 
 
+    def autocommit(self, conn):
+        """conn with every statement in a transaction of its own."""
+        return conn
+
+    def accounts(self, conn) -> str:
+        cur = conn.cursor()
+        cur.execute("SELECT id, balance, fence_token FROM accounts ORDER BY id")
+        out = " ".join(f"{i}={b}@{fence.decode_token(t)}" for i, b, t in cur.fetchall())
+        self.end_read(conn)
+        return out
+
+    def test_update_several_rows_all_or_nothing(self):
+        # Outside a transaction, a newer token on one of the rows: the form
+        # changed (and committed) the others, then raised; now it changes none.
+        conn = self.autocommit(self.connect())
+        cur = conn.cursor()
+        for id_, tok in (("a", 12), ("b", 10), ("c", 10)):
+            cur.execute(
+                self.q("INSERT INTO accounts (id, balance, fence_token) VALUES (?, 100, ?)"),
+                (id_, fence.encode_token(tok)),
+            )
+        f = fence.Fence.for_connection(conn)
+        p = "?" if f.paramstyle == "qmark" else "%s"
+        start = "a=100@12 b=100@10 c=100@10"
+        for name, params, want in (
+            ("a newer token on one row", (5, "a", "b"), 2),
+            ("the WHERE matches more rows than want", (5, "b", "c"), 1),
+            ("the WHERE matches fewer rows than want", (5, "b", "zz"), 2),
+        ):
+            with self.subTest(name):
+                with self.assertRaises(fence.StaleTokenError):
+                    f.update(cur, "accounts", f"balance = balance - {p}", f"id IN ({p}, {p})", params, 11, want=want)
+                self.assertEqual(self.accounts(conn), start)
+        self.assertEqual(f.update(cur, "accounts", f"balance = balance - {p}", f"id IN ({p}, {p})", (5, "b", "c"), 11, want=2), 2)
+        self.assertEqual(self.accounts(conn), "a=100@12 b=95@11 c=95@11")
+        if f.paramstyle == "qmark":
+            # A ? in a string or comment is no placeholder; numbered ones are refused.
+            with self.assertRaises(fence.StaleTokenError):
+                f.update(cur, "accounts", "balance = balance - ? /* ? */, id = id || '?'''", "id = ? -- ?\n", (1, "zz"), 11)
+            with self.assertRaises(ValueError):
+                f.update(cur, "accounts", "balance = ?1", "id = ?2", (1, "b"), 11)
+        else:
+            with self.assertRaises(fence.StaleTokenError):
+                f.update(cur, "accounts", "balance = balance - %s, id = id || '%%'", "id = %s", (1, "zz"), 11)
+            with self.assertRaises(ValueError):
+                f.update(cur, "accounts", "balance = %(b)s", "id = %s", (1, "b"), 11)
+        with self.assertRaises(ValueError):
+            f.update(cur, "accounts", f"balance = {p}", f"id = {p}", (1,), 11)
+
+    def test_update_waits_for_newer_holder(self):
+        # A newer holder wrote one of the rows in an open transaction: the
+        # stale update of both waits, then changes neither.
+        newer, stale = self.connect(), self.autocommit(self.connect())
+        cur = newer.cursor()
+        for id_ in ("a", "b"):
+            cur.execute(
+                self.q("INSERT INTO accounts (id, balance, fence_token) VALUES (?, 100, ?)"),
+                (id_, fence.encode_token(10)),
+            )
+        newer.commit()
+        f = fence.Fence.for_connection(newer)
+        p = "?" if f.paramstyle == "qmark" else "%s"
+        if self.begin:
+            cur.execute(self.begin)
+        f.update(cur, "accounts", f"balance = {p}", f"id = {p}", (50, "a"), 12)
+        result = {}
+
+        def run():
+            try:
+                f.update(stale.cursor(), "accounts", f"balance = {p}", f"id IN ({p}, {p})", (0, "a", "b"), 11, want=2)
+                result["err"] = None
+            except Exception as e:  # reported below
+                result["err"] = e
+
+        t = threading.Thread(target=run)
+        t.start()
+        time.sleep(0.3)
+        self.assertTrue(t.is_alive(), "the stale update must wait for the open newer transaction")
+        if self.begin:
+            cur.execute("COMMIT")
+        else:
+            newer.commit()
+        t.join(15)
+        self.assertIsInstance(result["err"], fence.StaleTokenError)
+        self.assertEqual(self.accounts(newer), "a=50@12 b=100@10")
+
+
 class SQLiteFenceTest(Base, unittest.TestCase):
     begin = "BEGIN IMMEDIATE"
 
@@ -401,6 +488,10 @@ class PostgresFenceTest(Base, unittest.TestCase):  # pragma: no cover - depends 
 
     def end_read(self, conn) -> None:
         conn.rollback()
+
+    def autocommit(self, conn):
+        conn.autocommit = True
+        return conn
 
 
 if __name__ == "__main__":

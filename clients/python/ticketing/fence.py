@@ -292,35 +292,109 @@ class Fence:
         column: str = "fence_token",
         want: int = 1,
     ) -> int:
-        """Single-statement form for a row that carries its own token column
-        (``BIGINT NOT NULL DEFAULT -9223372036854775808``, i.e. :data:`ZERO`).
+        """Single-statement form for rows that carry their own token column
+        (``BIGINT NOT NULL DEFAULT -9223372036854775808``, i.e. :data:`ZERO`):
+        one statement that writes every row ``where_sql`` matches, or none::
 
-        Runs ``UPDATE table SET column = <token>, set_sql WHERE (where_sql)
-        AND column <= <token>``; ``set_sql`` and ``where_sql`` use the
-        paramstyle's placeholders for ``params`` (``qmark``/``%s``: in order).
-        Raises :class:`StaleTokenError` if fewer than ``want`` rows changed:
-        a newer token wrote them, or they do not exist;
-        :class:`RowCountError` if more did. ``want`` 0 means 1, never "no
-        check" (as ``Want`` 0 in Go and ``want: 0`` in Node.js). Returns the
-        count. Atomic by itself; commit as usual for the driver.
+            UPDATE table SET column = <token>, set_sql
+             WHERE (where_sql) AND column <= <token>
+               AND (SELECT count(*) = <want> AND max(column) <= <token>
+                      FROM (SELECT column FROM table WHERE (where_sql) FOR UPDATE) AS ticketing_fence_rows)
+
+        (SQLite, paramstyle ``qmark``: without ``FOR UPDATE``; a statement
+        there runs alone. ``format``/``pyformat`` is taken for PostgreSQL.
+        The statement starts with ``UPDATE``: sqlite3 before Python 3.12
+        reports ``rowcount`` -1 for one that starts with ``WITH``.)
+        It writes only when ``where_sql`` matches exactly ``want`` rows and
+        none has a newer token, so a stale token changes no row, outside a
+        transaction too. In PostgreSQL ``FOR UPDATE`` waits for a newer
+        holder's open transaction on those rows and reads what it committed.
+
+        ``set_sql`` and ``where_sql`` use the paramstyle's placeholders for
+        ``params``, in order (``?`` or ``%s``; no numbered or named ones):
+        ``where_sql`` appears twice, so its parameters, found by counting the
+        placeholders of ``set_sql``, are passed twice.
+
+        Raises :class:`StaleTokenError` when it changed no row (a row's token
+        is newer, or ``where_sql`` does not match ``want`` rows): nothing was
+        written. ``want`` 0 means 1, never "no check" (as ``Want`` 0 in Go
+        and ``want: 0`` in Node.js). :class:`RowCountError` for any other
+        count, which the statement should not give (roll back a transaction
+        it ran in). Returns the count; commit as usual for the driver.
         """
         if token == 0:
             raise ValueError("token 0 (tokens start at 1)")
         want = _want(want)
         if self.paramstyle == "numeric":
             raise ValueError("update() supports positional paramstyles only (qmark, format, pyformat)")
+        params = tuple(params)
+        n_set, n_where = _count_placeholders(set_sql, self.paramstyle), _count_placeholders(where_sql, self.paramstyle)
+        if n_set + n_where != len(params):
+            raise ValueError(f"set_sql and where_sql have {n_set + n_where} placeholders, params {len(params)} values")
         (p,) = _placeholders(self.paramstyle, 1)
+        lock = "" if self.paramstyle == "qmark" else " FOR UPDATE"
         enc = encode_token(token)
         cursor.execute(
-            f"UPDATE {table} SET {column} = {p}, {set_sql} WHERE ({where_sql}) AND {column} <= {p}",
-            (enc, *params, enc),
+            f"UPDATE {table} SET {column} = {p}, {set_sql} WHERE ({where_sql}) AND {column} <= {p} "
+            f"AND (SELECT count(*) = {p} AND max({column}) <= {p} "
+            f"FROM (SELECT {column} FROM {table} WHERE ({where_sql}){lock}) AS {_ROWS_CTE})",
+            (enc, *params, enc, want, enc, *params[n_set:]),
         )
         n = _rowcount(cursor, f"update {table}")
-        if n < want:
-            raise StaleTokenError(f"update {table} with token {token} changed {n} of {want} rows")
-        if n > want:
-            raise RowCountError(f"update {table} with token {token} changed {n} rows, not {want}")
-        return n
+        if n == want:
+            return n
+        if n == 0:
+            raise StaleTokenError(
+                f"update {table} with token {token} changed no row "
+                f"(a newer token holds one of the rows, or the WHERE does not match {want} rows)"
+            )
+        raise RowCountError(f"update {table} with token {token} changed {n} rows, not {want} or none")
+
+
+#: Names the rows update() checks (a derived table); unusual enough not to
+#: clash with a caller's name.
+_ROWS_CTE = "ticketing_fence_rows"
+
+
+def _count_placeholders(sql: str, paramstyle: str) -> int:
+    """The positional placeholders of an SQL fragment. They split update()'s
+    params between set_sql and where_sql, so a numbered or named one, which
+    would make the split wrong, is refused. sqlite3 parses the SQL: a ? in
+    a quoted string, identifier or comment is none. psycopg does not: every
+    %s (%b, %t) is one, %% is a literal %."""
+    n, i = 0, 0
+    while i < len(sql):
+        c = sql[i]
+        nxt = sql[i + 1] if i + 1 < len(sql) else ""
+        if paramstyle != "qmark":
+            if c == "%":
+                if nxt in ("s", "b", "t"):
+                    n += 1
+                elif nxt != "%":
+                    raise ValueError(f"placeholder %{nxt} in {sql!r}: use %s only (and %% for %)")
+                i += 2
+                continue
+        elif c in "'\"`[":
+            j = sql.find("]" if c == "[" else c, i + 1)
+            if j < 0:
+                raise ValueError(f"unterminated {c} in {sql!r}")
+            i = j  # a doubled quote is two quoted runs in a row
+        elif c == "-" and nxt == "-":
+            j = sql.find("\n", i)
+            i = len(sql) if j < 0 else j
+        elif c == "/" and nxt == "*":
+            j = sql.find("*/", i + 2)
+            if j < 0:
+                raise ValueError(f"unterminated comment in {sql!r}")
+            i = j + 1
+        elif c == "?":
+            if nxt.isdigit():
+                raise ValueError(f"numbered parameter in {sql!r}: use ? only")
+            n += 1
+        elif c in ":@$" and (nxt.isalpha() or nxt == "_"):
+            raise ValueError(f"named parameter in {sql!r}: use ? only")
+        i += 1
+    return n
 
 
 def _want(want: Any) -> int:
