@@ -57,9 +57,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	ticketing "ticketing/clients/go"
 )
@@ -131,6 +133,16 @@ type Fence struct {
 	// PRIMARY KEY (domain, key). Empty means DefaultTable. It is put into the
 	// SQL as written: a trusted identifier, never user input.
 	Table string
+	// Retries is how many more times Do, DoBlock and DoLock run the whole
+	// transaction (begin, advance, fn, commit), with the same token, after
+	// PostgreSQL aborted it with a serialization failure or a deadlock
+	// (SQLSTATE 40001 or 40P01, see Retryable): at REPEATABLE READ and
+	// SERIALIZABLE the legitimate holder gets 40001 when another
+	// transaction changed the fence row after its snapshot began. 0 means
+	// no retry. A retry runs fn again, so fn must have no effect outside
+	// the transaction. A stale token stays stale: its retry ends in
+	// ErrStale.
+	Retries int
 }
 
 // New returns the Fence of a database of dialect d using DefaultTable.
@@ -261,14 +273,49 @@ func (f Fence) HighWater(ctx context.Context, q interface {
 
 // Do runs fn in a new transaction of db that starts with Advance, and
 // commits it if fn returns nil; on any error (ErrStale included) it rolls
-// back and returns the error. opts may be nil.
+// back and returns the error. opts may be nil. With f.Retries it runs it
+// all again after a serialization failure or deadlock (Fence.Retries).
 //
 // For SQLite, open the database so that transactions take the write lock
 // at BEGIN (modernc.org/sqlite: "_txlock=immediate"), and set a busy
 // timeout; otherwise two writers can deadlock on the lock upgrade and one
 // gets SQLITE_BUSY.
 func (f Fence) Do(ctx context.Context, db *sql.DB, opts *sql.TxOptions, domain, key string, token uint64, fn func(tx *sql.Tx) error) error {
-	return inTx(ctx, db, opts, func(tx *sql.Tx) error { return f.Advance(ctx, tx, domain, key, token) }, fn)
+	return f.inTx(ctx, db, opts, func(tx *sql.Tx) error { return f.Advance(ctx, tx, domain, key, token) }, fn)
+}
+
+// Retryable reports whether err (or an error it wraps) is a PostgreSQL
+// serialization failure (SQLSTATE 40001) or deadlock (40P01): the
+// transaction was rolled back and may be run again from the start, with
+// the same token. The driver's error must have a SQLState() string method
+// (pgx's *pgconn.PgError, lib/pq's *pq.Error).
+func Retryable(err error) bool {
+	var pe interface{ SQLState() string }
+	if !errors.As(err, &pe) {
+		return false
+	}
+	switch pe.SQLState() {
+	case "40001", "40P01":
+		return true
+	}
+	return false
+}
+
+// inTx is inTx again after a Retryable error, up to f.Retries times, after
+// a short random pause that lets the transaction it conflicted with finish.
+func (f Fence) inTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, advance, fn func(tx *sql.Tx) error) error {
+	for attempt := 0; ; attempt++ {
+		err := inTx(ctx, db, opts, advance, fn)
+		if err == nil || attempt >= f.Retries || !Retryable(err) {
+			return err
+		}
+		pause := time.Duration(rand.Int64N(int64(5*time.Millisecond) << min(attempt, 6)))
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(pause):
+		}
+	}
 }
 
 // inTx runs advance and then fn in a new transaction of db, committing if
@@ -304,7 +351,7 @@ func (f Fence) DoBlock(ctx context.Context, db *sql.DB, opts *sql.TxOptions, dom
 	if _, err := keySet(keys, token); err != nil {
 		return err
 	}
-	return inTx(ctx, db, opts, func(tx *sql.Tx) error { return f.AdvanceBlock(ctx, tx, domain, keys, token) }, fn)
+	return f.inTx(ctx, db, opts, func(tx *sql.Tx) error { return f.AdvanceBlock(ctx, tx, domain, keys, token) }, fn)
 }
 
 // AdvanceLock is AdvanceBlock for the keys and the token of lk, under its

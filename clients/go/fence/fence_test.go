@@ -639,3 +639,79 @@ func TestUpdateWaitsForNewerHolder(t *testing.T) {
 		}
 	})
 }
+
+// TestRetrySerializationFailure: at SERIALIZABLE, holders that wait on the
+// fence row while another transaction writes it get SQLSTATE 40001 when it
+// commits, the legitimate newer holder included. With Retries the helpers
+// run the transaction again with the same token: the newer holder writes,
+// the stale one still gets ErrStale.
+func TestRetrySerializationFailure(t *testing.T) {
+	d := openPostgres(t)
+	ctx := context.Background()
+	ser := &sql.TxOptions{Isolation: sql.LevelSerializable}
+	// run writes a ledger row under token in a Do at SERIALIZABLE, while a
+	// transaction under token 11 holds the fence row until release.
+	type result struct {
+		err   error
+		wrote bool
+	}
+	race := func(key string, retries int, tokens ...uint64) []result {
+		t.Helper()
+		if err, _ := advance(t, d, key, 10, key+"-first"); err != nil {
+			t.Fatal(err)
+		}
+		hold, err := d.BeginTx(ctx, ser)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.f.Advance(ctx, hold, "test", key, 11); err != nil {
+			t.Fatal(err)
+		}
+		f := d.f
+		f.Retries = retries
+		out := make([]result, len(tokens))
+		done := make(chan struct{})
+		for i, tok := range tokens {
+			go func() {
+				defer func() { done <- struct{}{} }()
+				note := fmt.Sprintf("%s-%d", key, tok)
+				out[i].err = f.Do(ctx, d.DB, ser, "test", key, tok, func(tx *sql.Tx) error {
+					_, err := tx.ExecContext(ctx, `INSERT INTO ledger (id, note) VALUES ($1, $2)`, note, key)
+					return err
+				})
+				var n int
+				if err := d.QueryRow(`SELECT count(*) FROM ledger WHERE id = $1`, note).Scan(&n); err != nil {
+					out[i].err = err
+				}
+				out[i].wrote = n == 1
+			}()
+		}
+		time.Sleep(300 * time.Millisecond) // the writers wait on the fence row
+		if err := hold.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		for range tokens {
+			<-done
+		}
+		return out
+	}
+	// Without retries the newer holder (12) fails with 40001, as documented.
+	if r := race("k0", 0, 12); !fence.Retryable(r[0].err) || errors.Is(r[0].err, fence.ErrStale) || r[0].wrote {
+		t.Fatalf("no retry: %v (wrote %v), want a serialization failure", r[0].err, r[0].wrote)
+	}
+	// With retries: two concurrent writers, the newer one writes, the
+	// stale one (10, below the holder's 11) is rejected.
+	r := race("k1", 3, 12, 10)
+	if r[0].err != nil || !r[0].wrote {
+		t.Fatalf("newer holder with retries: %v (wrote %v)", r[0].err, r[0].wrote)
+	}
+	if !errors.Is(r[1].err, fence.ErrStale) || r[1].wrote {
+		t.Fatalf("stale holder with retries: %v (wrote %v), want ErrStale", r[1].err, r[1].wrote)
+	}
+	if hw, err := d.f.HighWater(ctx, d.DB, "test", "k1"); err != nil || hw != 12 {
+		t.Fatalf("high-water %d, %v", hw, err)
+	}
+	if fence.Retryable(errors.New("40001")) || fence.Retryable(fence.ErrStale) {
+		t.Fatal("Retryable of errors without a SQLSTATE")
+	}
+}
