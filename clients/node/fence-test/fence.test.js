@@ -287,3 +287,35 @@ test('conditionalUpdate waits for a newer holder of one of its rows, then writes
   await assert.rejects(pending, StaleTokenError);
   assert.equal(await accounts(newer, ['na', 'nb']), 'na=50@12 nb=100@10');
 });
+
+test('withFence retries: at SERIALIZABLE the newer holder gets 40001, and writes on a retry with the same token', { skip }, async () => {
+  // Writers wait on the fence row while a transaction under token 11 holds
+  // it; when it commits, each gets a serialization failure (40001).
+  const race = async (key, retries, tokens) => {
+    const setup = await connect();
+    assert.equal(await write(setup, key, 10n, `${key}-first`), true);
+    await setup.query('BEGIN ISOLATION LEVEL SERIALIZABLE');
+    await fence.advance(setup, opts(key, 11n));
+    const writers = await Promise.all(tokens.map(() => connect()));
+    const runs = tokens.map((token, i) => fence.withFence(writers[i],
+      { ...opts(key, token), begin: 'BEGIN ISOLATION LEVEL SERIALIZABLE', retries },
+      (tx) => tx.query('INSERT INTO ledger (id, note) VALUES ($1, $2)', [`${key}-${token}`, key]))
+      .then(() => null, (e) => e));
+    await new Promise((r) => setTimeout(r, 300));
+    await setup.query('COMMIT');
+    const errs = await Promise.all(runs);
+    const wrote = await Promise.all(tokens.map((token) => ledgerHas(setup, `${key}-${token}`)));
+    return tokens.map((_, i) => ({ err: errs[i], wrote: wrote[i] }));
+  };
+  const [alone] = await race('ser0', 0, [12n]);
+  assert.ok(fence.isRetryable(alone.err), `no retry: ${alone.err}, want a serialization failure`);
+  assert.equal(alone.err.code, '40001');
+  assert.equal(alone.wrote, false);
+  const [newer, stale] = await race('ser1', 3, [12n, 10n]);
+  assert.equal(newer.err, null, `newer holder with retries: ${newer.err}`);
+  assert.equal(newer.wrote, true);
+  assert.ok(stale.err instanceof StaleTokenError, `stale holder with retries: ${stale.err}`);
+  assert.equal(stale.wrote, false);
+  assert.equal(await fence.highWater(await connect(), opts('ser1')), 12n);
+  assert.equal(fence.isRetryable(new StaleTokenError()), false);
+});

@@ -244,27 +244,36 @@ async function highWater(db, { dialect, domain, key, table = DEFAULT_TABLE }) {
  * before fn runs) rolls back and is rethrown. Resolves to fn's result.
  * `opts.client` (the Client that took the lock) gives the fencing domain,
  * asked before BEGIN; `opts.domain` gives it explicitly.
+ *
+ * `opts.retries` (default 0) is how many more times the whole transaction
+ * (BEGIN, advance, fn, COMMIT) runs, with the same token, after PostgreSQL
+ * aborted it with a serialization failure or a deadlock (SQLSTATE 40001 or
+ * 40P01, `isRetryable`): at REPEATABLE READ and SERIALIZABLE (`begin:
+ * 'BEGIN ISOLATION LEVEL SERIALIZABLE'`) the legitimate holder gets 40001
+ * when another transaction changed the fence row after its snapshot began.
+ * A retry runs fn again, so fn must have no effect outside the transaction.
+ * A stale token stays stale: its retry rejects with StaleTokenError.
  * @template T
  * @param {{query: Function}} db one connection
- * @param {{dialect: 'postgres'|'sqlite', client?: object, domain?: string, key: string, token: bigint|string|number, table?: string, begin?: string}} opts
+ * @param {{dialect: 'postgres'|'sqlite', client?: object, domain?: string, key: string, token: bigint|string|number, table?: string, begin?: string, retries?: number}} opts
  * @param {(db: {query: Function}) => Promise<T>} fn
  * @returns {Promise<T>}
  */
 async function withFence(db, opts, fn) {
   nonZero(opts.token);
   const domain = await domainOf(opts);
-  return inTransaction(db, opts.begin, () => advance(db, { ...opts, domain }), fn);
+  return inTransaction(db, opts, () => advance(db, { ...opts, domain }), fn);
 }
 
 /**
  * `withFence` for a seat block: fn(db) runs in a transaction that starts
  * with `advanceBlock` of every key of `opts.keys` to the block's one token.
  * A stale token on any key rejects with StaleTokenError before fn runs and
- * rolls back: no mark raised, nothing written. `client` / `domain` as for
- * `withFence`.
+ * rolls back: no mark raised, nothing written. `client` / `domain` and
+ * `retries` as for `withFence`.
  * @template T
  * @param {{query: Function}} db one connection
- * @param {{dialect: 'postgres'|'sqlite', client?: object, domain?: string, keys: string[], token: bigint|string|number, table?: string, begin?: string}} opts
+ * @param {{dialect: 'postgres'|'sqlite', client?: object, domain?: string, keys: string[], token: bigint|string|number, table?: string, begin?: string, retries?: number}} opts
  * @param {(db: {query: Function}) => Promise<T>} fn
  * @returns {Promise<T>}
  */
@@ -272,10 +281,37 @@ async function withFenceBlock(db, opts, fn) {
   nonZero(opts.token);
   keySet(opts.keys);
   const domain = await domainOf(opts);
-  return inTransaction(db, opts.begin, () => advanceBlock(db, { ...opts, domain }), fn);
+  return inTransaction(db, opts, () => advanceBlock(db, { ...opts, domain }), fn);
 }
 
-async function inTransaction(db, begin, fenceFirst, fn) {
+/**
+ * Whether `e` is a PostgreSQL serialization failure (SQLSTATE 40001) or
+ * deadlock (40P01), as `pg` reports them in `e.code`: the transaction was
+ * rolled back and may be run again from the start, with the same token.
+ * @param {unknown} e
+ * @returns {boolean}
+ */
+function isRetryable(e) {
+  return e instanceof Error && !(e instanceof TicketingError) &&
+    (/** @type {any} */ (e).code === '40001' || /** @type {any} */ (e).code === '40P01');
+}
+
+/** inTransactionOnce again after an isRetryable error, up to opts.retries times. */
+async function inTransaction(db, opts, fenceFirst, fn) {
+  const retries = opts.retries ?? 0;
+  if (!Number.isSafeInteger(retries) || retries < 0) throw new RangeError(`retries must be an integer >= 0, not ${retries}`);
+  for (let attempt = 0; ; attempt++) {
+    try {
+      return await inTransactionOnce(db, opts.begin, fenceFirst, fn);
+    } catch (e) {
+      if (attempt >= retries || !isRetryable(e)) throw e;
+      // A short random pause lets the transaction it conflicted with finish.
+      await new Promise((resolve) => setTimeout(resolve, Math.random() * (5 << Math.min(attempt, 6))));
+    }
+  }
+}
+
+async function inTransactionOnce(db, begin, fenceFirst, fn) {
   await db.query(begin || 'BEGIN', []);
   let result;
   try {
@@ -404,6 +440,7 @@ module.exports = {
   highWater,
   withFence,
   withFenceBlock,
+  isRetryable,
   conditionalUpdate,
   encodeToken,
   decodeToken,
