@@ -493,6 +493,51 @@ class PostgresFenceTest(Base, unittest.TestCase):  # pragma: no cover - depends 
         conn.autocommit = True
         return conn
 
+    def test_retry_serialization_failure(self):
+        # At SERIALIZABLE, writers that wait on the fence row while another
+        # transaction writes it get 40001 when it commits, the legitimate
+        # newer holder included; with retries it writes on a retry with the
+        # same token, and the stale one still gets StaleTokenError.
+        def race(key, retries, tokens):
+            setup = self.connect()
+            self.assertTrue(self.write(setup, key, 10, f"{key}-first"))
+            setup.isolation_level = _pg.IsolationLevel.SERIALIZABLE
+            fence.Fence.for_connection(setup).advance(setup.cursor(), "test", key, 11)
+            out = [None] * len(tokens)
+
+            def run(i, token):
+                conn = self.connect()
+                conn.isolation_level = _pg.IsolationLevel.SERIALIZABLE
+
+                def insert(cur):
+                    cur.execute("INSERT INTO ledger (id, note) VALUES (%s, %s)", (f"{key}-{token}", key))
+
+                try:
+                    fence.run_fenced(conn, "test", key, token, insert, retries=retries)
+                    out[i] = None
+                except Exception as e:  # reported below
+                    out[i] = e
+
+            threads = [threading.Thread(target=run, args=(i, t)) for i, t in enumerate(tokens)]
+            for t in threads:
+                t.start()
+            time.sleep(0.3)
+            setup.commit()
+            for t in threads:
+                t.join(15)
+            return [(out[i], self.ledger_has(setup, f"{key}-{t}")) for i, t in enumerate(tokens)]
+
+        ((err, wrote),) = race("ser0", 0, [12])
+        self.assertTrue(fence.is_retryable(err), f"no retry: {err!r}, want a serialization failure")
+        self.assertFalse(wrote)
+        (newer_err, newer_wrote), (stale_err, stale_wrote) = race("ser1", 3, [12, 10])
+        self.assertIsNone(newer_err)
+        self.assertTrue(newer_wrote)
+        self.assertIsInstance(stale_err, fence.StaleTokenError)
+        self.assertFalse(stale_wrote)
+        self.assertEqual(self.marks(self.connect(), "ser1"), [12])
+        self.assertFalse(fence.is_retryable(fence.StaleTokenError("x")))
+
 
 if __name__ == "__main__":
     unittest.main()

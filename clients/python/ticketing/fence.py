@@ -55,8 +55,10 @@ sqlite3, ``%s`` for psycopg / psycopg2).
 from __future__ import annotations
 
 import contextlib
+import random
 import sys
-from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, Union
+import time
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, TypeVar, Union
 
 from ._protocol import MAX_TOKEN
 from .errors import TicketingError
@@ -68,6 +70,9 @@ __all__ = [
     "fenced",
     "domain_of",
     "fenced_block",
+    "run_fenced",
+    "run_fenced_block",
+    "is_retryable",
     "encode_token",
     "decode_token",
     "DEFAULT_TABLE",
@@ -463,6 +468,90 @@ def fenced_block(
     :meth:`Fence.block_transaction`. ``domain`` as for :func:`fenced`."""
     f = Fence(paramstyle or _paramstyle_of(conn), table)
     return f.block_transaction(conn, domain_of(domain), keys, token, begin=begin)
+
+
+T = TypeVar("T")
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Whether ``exc`` is a PostgreSQL serialization failure (SQLSTATE 40001)
+    or deadlock (40P01), as psycopg (``sqlstate``) or psycopg2 (``pgcode``)
+    reports it: the transaction was rolled back and may be run again from
+    the start, with the same token."""
+    code = getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)
+    return code in ("40001", "40P01")
+
+
+def run_fenced(
+    conn: Any,
+    domain: Union[str, Any],
+    key: str,
+    token: int,
+    fn: Callable[[Any], T],
+    *,
+    retries: int = 0,
+    table: str = DEFAULT_TABLE,
+    paramstyle: Optional[str] = None,
+    begin: Optional[str] = None,
+) -> T:
+    """``fn(cur)`` in :func:`fenced`'s transaction; returns its result.
+
+    A ``with`` block cannot be run again; a function can. ``retries``
+    (default 0) is how many more times the whole transaction (begin,
+    advance, ``fn``, commit) runs, with the same token, after PostgreSQL
+    aborted it with a serialization failure or deadlock (40001, 40P01;
+    :func:`is_retryable`): at REPEATABLE READ and SERIALIZABLE the
+    legitimate holder gets 40001 when another transaction changed the fence
+    row after its snapshot began. A retry runs ``fn`` again, so it must have
+    no effect outside the transaction. A stale token stays stale: its retry
+    raises :class:`StaleTokenError`. Other arguments as for :func:`fenced`.
+    """
+    d = domain_of(domain)
+
+    def once() -> T:
+        with fenced(conn, d, key, token, table=table, paramstyle=paramstyle, begin=begin) as cur:
+            return fn(cur)
+
+    return _retry(once, retries)
+
+
+def run_fenced_block(
+    conn: Any,
+    domain: Union[str, Any],
+    keys: Iterable[str],
+    token: int,
+    fn: Callable[[Any], T],
+    *,
+    retries: int = 0,
+    table: str = DEFAULT_TABLE,
+    paramstyle: Optional[str] = None,
+    begin: Optional[str] = None,
+) -> T:
+    """:func:`run_fenced` for a seat block: ``fn(cur)`` in
+    :func:`fenced_block`'s transaction, ``retries`` as for :func:`run_fenced`."""
+    d = domain_of(domain)
+    ks = _key_set(keys, token)
+
+    def once() -> T:
+        with fenced_block(conn, d, ks, token, table=table, paramstyle=paramstyle, begin=begin) as cur:
+            return fn(cur)
+
+    return _retry(once, retries)
+
+
+def _retry(once: Callable[[], T], retries: int) -> T:
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"retries must be an int >= 0, not {retries!r}")
+    attempt = 0
+    while True:
+        try:
+            return once()
+        except Exception as e:
+            if attempt >= retries or not is_retryable(e):
+                raise
+        # A short random pause lets the transaction it conflicted with finish.
+        time.sleep(random.uniform(0, 0.005 * 2 ** min(attempt, 6)))
+        attempt += 1
 
 
 def _key_set(keys: Iterable[str], token: int) -> List[str]:
