@@ -27,6 +27,10 @@
 //     token column: one UPDATE that writes every row its WHERE clause
 //     matches, exactly Want of them, only if none has a newer token, and
 //     otherwise writes none, inside a transaction or alone.
+//   - [Fence.Retries] runs Do, DoBlock and DoLock again, with the same
+//     token, after a PostgreSQL serialization failure or deadlock
+//     ([Retryable]), which REPEATABLE READ and SERIALIZABLE give even the
+//     legitimate holder.
 //
 // Updating the fencing row in its own transaction and writing the data
 // afterwards is NOT safe: a holder can stall between the two (see

@@ -715,3 +715,63 @@ func TestRetrySerializationFailure(t *testing.T) {
 		t.Fatal("Retryable of errors without a SQLSTATE")
 	}
 }
+
+// TestTimeoutsFreeTheNextHolder pins FENCING.md's timeout settings, in the
+// pgx DSN form it shows: a stale holder that stalls inside its transaction
+// holds the fence row; idle_in_transaction_session_timeout ends its session
+// so that the next holder goes on, and lock_timeout bounds the next
+// holder's wait (SQLSTATE 55P03) when nothing ends it.
+func TestTimeoutsFreeTheNextHolder(t *testing.T) {
+	d := openPostgres(t)
+	ctx := context.Background()
+	var schema string
+	if err := d.QueryRow(`SELECT current_schema()`).Scan(&schema); err != nil {
+		t.Fatal(err)
+	}
+	open := func(params string) *sql.DB {
+		t.Helper()
+		db, err := sql.Open("pgx", os.Getenv("TICKETING_TEST_PG_DSN")+"&search_path="+schema+params)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		return db
+	}
+	stall := func(db *sql.DB, key string) *sql.Tx {
+		t.Helper()
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.f.Advance(ctx, tx, "test", key, 10); err != nil {
+			t.Fatal(err)
+		}
+		return tx // and then nothing: the holder stalled
+	}
+	next := func(db *sql.DB, key string) error {
+		return d.f.Do(ctx, db, nil, "test", key, 11, func(*sql.Tx) error { return nil })
+	}
+
+	stalled := stall(open("&idle_in_transaction_session_timeout=500ms"), "idle")
+	start := time.Now()
+	if err := next(d.DB, "idle"); err != nil {
+		t.Fatalf("next holder after the stalled session ended: %v", err)
+	}
+	if el := time.Since(start); el < 300*time.Millisecond {
+		t.Fatalf("the next holder did not wait for the stalled one (%v)", el)
+	}
+	if err := stalled.Commit(); err == nil {
+		t.Fatal("the stalled holder committed after its session was ended")
+	}
+	if hw, err := d.f.HighWater(ctx, d.DB, "test", "idle"); err != nil || hw != 11 {
+		t.Fatalf("high-water %d, %v", hw, err)
+	}
+
+	stalled = stall(d.DB, "lock")
+	defer stalled.Rollback()
+	err := next(open("&lock_timeout=300ms"), "lock")
+	var pe interface{ SQLState() string }
+	if !errors.As(err, &pe) || pe.SQLState() != "55P03" || fence.Retryable(err) {
+		t.Fatalf("next holder behind a stalled one with lock_timeout: %v, want SQLSTATE 55P03", err)
+	}
+}
