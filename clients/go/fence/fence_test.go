@@ -3,6 +3,7 @@ package fence_test
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"math"
@@ -773,5 +774,85 @@ func TestTimeoutsFreeTheNextHolder(t *testing.T) {
 	var pe interface{ SQLState() string }
 	if !errors.As(err, &pe) || pe.SQLState() != "55P03" || fence.Retryable(err) {
 		t.Fatalf("next holder behind a stalled one with lock_timeout: %v, want SQLSTATE 55P03", err)
+	}
+}
+
+// countless is a database/sql connector whose results report -1 rows
+// affected, as a driver may that does not know the count.
+type countless struct {
+	drv driver.Driver
+	dsn string
+}
+
+func (c countless) Connect(context.Context) (driver.Conn, error) {
+	conn, err := c.drv.Open(c.dsn)
+	if err != nil {
+		return nil, err
+	}
+	return countlessConn{conn}, nil
+}
+
+func (c countless) Driver() driver.Driver { return c.drv }
+
+type countlessConn struct{ driver.Conn }
+
+func (c countlessConn) Prepare(q string) (driver.Stmt, error) {
+	s, err := c.Conn.Prepare(q)
+	if err != nil {
+		return nil, err
+	}
+	return countlessStmt{s}, nil
+}
+
+type countlessStmt struct{ driver.Stmt }
+
+func (s countlessStmt) Exec(args []driver.Value) (driver.Result, error) {
+	//lint:ignore SA1019 the wrapper hides the context forms, so database/sql calls this one
+	r, err := s.Stmt.Exec(args)
+	if err != nil {
+		return nil, err
+	}
+	return countlessResult{r}, nil
+}
+
+type countlessResult struct{ driver.Result }
+
+func (countlessResult) RowsAffected() (int64, error) { return -1, nil }
+
+// TestNoRowCount: a driver that reports no row count (-1) cannot tell a
+// stale token from a write; the helpers stop with ErrRowCount and Do
+// rolls back, as Python (rowcount -1) and Node.js (no rowCount) do.
+func TestNoRowCount(t *testing.T) {
+	d := openSQLite(t)
+	ctx := context.Background()
+	if err, _ := advance(t, d, "k", 10, "first"); err != nil {
+		t.Fatal(err)
+	}
+	var file string
+	if err := d.QueryRow(`SELECT file FROM pragma_database_list WHERE name = 'main'`).Scan(&file); err != nil {
+		t.Fatal(err)
+	}
+	blind := sql.OpenDB(countless{drv: d.Driver(), dsn: sqliteDSN(file)})
+	defer blind.Close()
+	err := d.f.Do(ctx, blind, nil, "test", "k", 9, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO ledger (id, note) VALUES (?, ?)`, "stale", "k")
+		return err
+	})
+	var n int
+	if qerr := d.QueryRow(`SELECT count(*) FROM ledger WHERE id = 'stale'`).Scan(&n); qerr != nil {
+		t.Fatal(qerr)
+	}
+	if n != 0 {
+		t.Fatalf("a stale token's write committed through a driver without row counts (err %v)", err)
+	}
+	if !errors.Is(err, fence.ErrRowCount) {
+		t.Fatalf("Do: %v, want ErrRowCount", err)
+	}
+	if _, err := d.Exec(`INSERT INTO accounts (id, balance, fence_token) VALUES ('rc', 100, ?)`, fence.Encode(10)); err != nil {
+		t.Fatal(err)
+	}
+	u := fence.Update{Dialect: fence.SQLite, Table: "accounts", Set: "balance = ?", Where: "id = ?", Args: []any{1, "rc"}}
+	if _, err := u.Exec(ctx, blind, 9); !errors.Is(err, fence.ErrRowCount) {
+		t.Fatalf("Update: %v, want ErrRowCount", err)
 	}
 }
