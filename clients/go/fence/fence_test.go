@@ -57,7 +57,20 @@ func sqliteDSN(path string) string {
 
 func openSQLite(t *testing.T) db {
 	t.Helper()
-	sdb, err := sql.Open("sqlite", sqliteDSN(filepath.Join(t.TempDir(), "fence.db")))
+	return openSQLiteDSN(t, sqliteDSN(filepath.Join(t.TempDir(), "fence.db")))
+}
+
+// openSQLiteJournal is openSQLite with the rollback journal instead of WAL:
+// the other way SQLite runs, in which readers and the writer share locks
+// differently.
+func openSQLiteJournal(t *testing.T) db {
+	t.Helper()
+	return openSQLiteDSN(t, "file:"+filepath.Join(t.TempDir(), "fence.db")+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(DELETE)&_txlock=immediate")
+}
+
+func openSQLiteDSN(t *testing.T, dsn string) db {
+	t.Helper()
+	sdb, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,9 +129,11 @@ func setup(t *testing.T, sdb *sql.DB, d fence.Dialect) db {
 	return db{DB: sdb, f: fence.New(d), d: d}
 }
 
-// forEachDB runs body against SQLite and, when one is available, PostgreSQL.
+// forEachDB runs body against SQLite (WAL and rollback journal) and, when
+// one is available, PostgreSQL.
 func forEachDB(t *testing.T, body func(t *testing.T, d db)) {
 	t.Run("sqlite", func(t *testing.T) { body(t, openSQLite(t)) })
+	t.Run("sqlite-journal", func(t *testing.T) { body(t, openSQLiteJournal(t)) })
 	t.Run("postgres", func(t *testing.T) { body(t, openPostgres(t)) })
 }
 

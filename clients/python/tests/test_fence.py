@@ -404,13 +404,14 @@ class Base:
 
 class SQLiteFenceTest(Base, unittest.TestCase):
     begin = "BEGIN IMMEDIATE"
+    journal_mode = "WAL"
 
     def setUp(self):
         self.dir = tempfile.TemporaryDirectory()
         self.addCleanup(self.dir.cleanup)
         self.path = os.path.join(self.dir.name, "fence.db")
         conn = sqlite3.connect(self.path, isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA journal_mode={self.journal_mode}")
         with open(SQLITE_SCHEMA) as fh:
             conn.executescript(fh.read())
         conn.execute(
@@ -448,6 +449,12 @@ class SQLiteFenceTest(Base, unittest.TestCase):
                 fence.encode_token(bad)
         with self.assertRaises(TypeError):
             fence.encode_token("5")  # type: ignore[arg-type]
+
+
+class SQLiteRollbackJournalFenceTest(SQLiteFenceTest):
+    """The same tests with SQLite's rollback journal instead of WAL."""
+
+    journal_mode = "DELETE"
 
 
 @unittest.skipUnless(PG_DSN, "TICKETING_TEST_PG_DSN is not set (make test starts PostgreSQL with .ci/postgres.sh)")
