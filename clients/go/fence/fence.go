@@ -406,14 +406,15 @@ type Execer interface {
 //	          FROM (SELECT <Column> FROM <Table> WHERE (<Where>) FOR UPDATE) AS ticketing_fence_rows)
 //
 // (SQLite: without FOR UPDATE; a statement there runs alone. The
-// statement starts with UPDATE, for drivers that count rows only then.) The
-// last
-// condition holds only when Where matches exactly Want rows and none has a
-// newer token, so a stale token changes no row even when Where matches
-// several and only some are newer: outside a transaction too, nothing of
-// a stale holder's write commits. In PostgreSQL, FOR UPDATE waits for a
-// newer holder's open transaction on those rows and then reads what it
-// committed (READ COMMITTED), so the check sees the latest tokens.
+// statement starts with UPDATE, for drivers that count rows only then.)
+// The last condition holds only when Where matches exactly Want rows and
+// none has a newer token, so a stale token changes no row even when Where
+// matches several and only some are newer: outside a transaction too,
+// nothing of a stale holder's write commits. In PostgreSQL, FOR UPDATE
+// waits for a newer holder's open transaction on those rows and then reads
+// what it committed (READ COMMITTED), so the check sees the latest tokens;
+// at REPEATABLE READ and SERIALIZABLE it fails instead with SQLSTATE
+// 40001, having written nothing (Retryable; Exec does not retry).
 //
 // Set and Where use the dialect's placeholders for Args ($1..$n in
 // PostgreSQL, ? in SQLite); the token's and Want's placeholders are added

@@ -308,8 +308,8 @@ class Fence:
 
         (SQLite, paramstyle ``qmark``: without ``FOR UPDATE``; a statement
         there runs alone. ``format``/``pyformat`` is taken for PostgreSQL.
-        The statement starts with ``UPDATE``: sqlite3 before Python 3.12
-        reports ``rowcount`` -1 for one that starts with ``WITH``.)
+        The statement starts with ``UPDATE``: Python 3.11's sqlite3 reports
+        ``rowcount`` -1 for one that starts with ``WITH``.)
         It writes only when ``where_sql`` matches exactly ``want`` rows and
         none has a newer token, so a stale token changes no row, outside a
         transaction too. In PostgreSQL ``FOR UPDATE`` waits for a newer
