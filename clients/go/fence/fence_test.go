@@ -656,6 +656,54 @@ func TestUpdateWaitsForNewerHolder(t *testing.T) {
 	})
 }
 
+// TestUpdateRepeatableRead: at REPEATABLE READ, the single-statement form
+// that meets a row a newer holder committed after its snapshot fails with
+// 40001 (FENCING.md), having written nothing.
+func TestUpdateRepeatableRead(t *testing.T) {
+	d := openPostgres(t)
+	ctx := context.Background()
+	for _, id := range []string{"a", "b"} {
+		if _, err := d.Exec(`INSERT INTO accounts (id, balance, fence_token) VALUES ($1, 100, $2)`, id, fence.Encode(10)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	newer, err := d.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer newer.Rollback()
+	u := fence.Update{Dialect: fence.Postgres, Table: "accounts", Set: "balance = $1", Where: "id = $2", Args: []any{50, "a"}}
+	if _, err := u.Exec(ctx, newer, 12); err != nil {
+		t.Fatal(err)
+	}
+	stale, err := d.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stale.Rollback()
+	if _, err := stale.ExecContext(ctx, `SELECT 1`); err != nil { // the snapshot
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		u := fence.Update{Dialect: fence.Postgres, Table: "accounts", Set: "balance = $1", Where: "id IN ($2, $3)", Args: []any{0, "a", "b"}, Want: 2}
+		_, err := u.Exec(ctx, stale, 11)
+		done <- err
+	}()
+	time.Sleep(300 * time.Millisecond)
+	if err := newer.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !fence.Retryable(err) {
+		t.Fatalf("stale update at REPEATABLE READ: %v, want SQLSTATE 40001", err)
+	}
+	stale.Rollback()
+	var b int
+	if err := d.QueryRow(`SELECT balance FROM accounts WHERE id = 'b'`).Scan(&b); err != nil || b != 100 {
+		t.Fatalf("row b: balance %d (%v), want 100", b, err)
+	}
+}
+
 // TestRetrySerializationFailure: at SERIALIZABLE, holders that wait on the
 // fence row while another transaction writes it get SQLSTATE 40001 when it
 // commits, the legitimate newer holder included. With Retries the helpers
