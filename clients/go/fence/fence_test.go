@@ -731,6 +731,10 @@ func TestRetrySerializationFailure(t *testing.T) {
 		if err := d.f.Advance(ctx, hold, "test", key, 11); err != nil {
 			t.Fatal(err)
 		}
+		var holdPID int
+		if err := hold.QueryRowContext(ctx, `SELECT pg_backend_pid()`).Scan(&holdPID); err != nil {
+			t.Fatal(err)
+		}
 		f := d.f
 		f.Retries = retries
 		out := make([]result, len(tokens))
@@ -750,7 +754,21 @@ func TestRetrySerializationFailure(t *testing.T) {
 				out[i].wrote = n == 1
 			}()
 		}
-		time.Sleep(300 * time.Millisecond) // the writers wait on the fence row
+		// The 40001 needs each writer's snapshot taken before hold commits:
+		// wait until all of them wait on hold's row lock.
+		for deadline := time.Now().Add(20 * time.Second); ; {
+			var waiting int
+			if err := d.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, holdPID).Scan(&waiting); err != nil {
+				t.Fatal(err)
+			}
+			if waiting == len(tokens) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d of %d writers wait on the fence row", waiting, len(tokens))
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
 		if err := hold.Commit(); err != nil {
 			t.Fatal(err)
 		}

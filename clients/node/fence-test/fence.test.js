@@ -296,12 +296,21 @@ test('withFence retries: at SERIALIZABLE the newer holder gets 40001, and writes
     assert.equal(await write(setup, key, 10n, `${key}-first`), true);
     await setup.query('BEGIN ISOLATION LEVEL SERIALIZABLE');
     await fence.advance(setup, opts(key, 11n));
+    const holdPid = (await setup.query('SELECT pg_backend_pid() AS pid')).rows[0].pid;
+    const watch = await connect();
     const writers = await Promise.all(tokens.map(() => connect()));
     const runs = tokens.map((token, i) => fence.withFence(writers[i],
       { ...opts(key, token), begin: 'BEGIN ISOLATION LEVEL SERIALIZABLE', retries },
       (tx) => tx.query('INSERT INTO ledger (id, note) VALUES ($1, $2)', [`${key}-${token}`, key]))
       .then(() => null, (e) => e));
-    await new Promise((r) => setTimeout(r, 300));
+    // The 40001 needs each writer's snapshot taken before setup commits:
+    // wait until all of them wait on its row lock.
+    for (const deadline = Date.now() + 20000; ;) {
+      const r = await watch.query('SELECT count(*)::int AS n FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))', [holdPid]);
+      if (r.rows[0].n === tokens.length) break;
+      assert.ok(Date.now() < deadline, `${r.rows[0].n} of ${tokens.length} writers wait on the fence row`);
+      await new Promise((res) => setTimeout(res, 10));
+    }
     await setup.query('COMMIT');
     const errs = await Promise.all(runs);
     const wrote = await Promise.all(tokens.map((token) => ledgerHas(setup, `${key}-${token}`)));

@@ -509,7 +509,11 @@ class PostgresFenceTest(Base, unittest.TestCase):  # pragma: no cover - depends 
             setup = self.connect()
             self.assertTrue(self.write(setup, key, 10, f"{key}-first"))
             setup.isolation_level = _pg.IsolationLevel.SERIALIZABLE
-            fence.Fence.for_connection(setup).advance(setup.cursor(), "test", key, 11)
+            hold = setup.cursor()
+            fence.Fence.for_connection(setup).advance(hold, "test", key, 11)
+            hold.execute("SELECT pg_backend_pid()")
+            hold_pid = hold.fetchone()[0]
+            watch = self.autocommit(self.connect())
             out = [None] * len(tokens)
 
             def run(i, token):
@@ -528,7 +532,17 @@ class PostgresFenceTest(Base, unittest.TestCase):  # pragma: no cover - depends 
             threads = [threading.Thread(target=run, args=(i, t)) for i, t in enumerate(tokens)]
             for t in threads:
                 t.start()
-            time.sleep(0.3)
+            # The 40001 needs each writer's snapshot taken before setup
+            # commits: wait until all of them wait on its row lock.
+            deadline = time.monotonic() + 20
+            while True:
+                cur = watch.cursor()
+                cur.execute("SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", (hold_pid,))
+                waiting = cur.fetchone()[0]
+                if waiting == len(tokens):
+                    break
+                self.assertLess(time.monotonic(), deadline, f"{waiting} of {len(tokens)} writers wait on the fence row")
+                time.sleep(0.01)
             setup.commit()
             for t in threads:
                 t.join(15)
