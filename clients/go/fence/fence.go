@@ -23,9 +23,14 @@
 //     domain field on the lock's connection), so that a caller cannot
 //     fence under the wrong domain. [Domain] is the domain of a Client,
 //     for the forms that take it as an argument.
-//   - [Fence.Update] is the single-statement form for a row that carries its
-//     own token column: an UPDATE whose WHERE clause also requires the row's
-//     token to be older than (or equal to) this one.
+//   - [Update] is the single-statement form for rows that carry their own
+//     token column: one UPDATE that writes every row its WHERE clause
+//     matches, exactly Want of them, only if none has a newer token, and
+//     otherwise writes none, inside a transaction or alone.
+//   - [Fence.Retries] runs Do, DoBlock and DoLock again, with the same
+//     token, after a PostgreSQL serialization failure or deadlock
+//     ([Retryable]), which REPEATABLE READ and SERIALIZABLE give even the
+//     legitimate holder.
 //
 // Updating the fencing row in its own transaction and writing the data
 // afterwards is NOT safe: a holder can stall between the two (see
@@ -56,17 +61,30 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
+	"time"
 
 	ticketing "ticketing/clients/go"
 )
 
 // ErrStale means the token is older than the high-water mark the store
 // already holds for the key: the lock was lost (its lease ran out) and a
-// newer holder has written. The transaction must not commit; Advance's
-// caller rolls it back, Do and Update do so themselves.
+// newer holder has written. The transaction must not commit: Advance's
+// caller rolls it back, Do rolls back itself; Update wrote nothing (its one
+// statement changes all its rows or none), but a transaction it ran in
+// must not commit either, since the writes made under the token before it
+// are as stale.
 var ErrStale = errors.New("fence: stale fencing token")
+
+// ErrRowCount means a fenced statement did not report the number of rows
+// it changed (a driver whose RowsAffected is negative), or reported one the
+// fence did not expect. Without the count a stale token cannot be told
+// from a write, so the helpers stop instead of guessing: Do rolls back;
+// Advance's and Update's callers inside a transaction must roll it back.
+var ErrRowCount = errors.New("fence: unexpected row count")
 
 // Dialect selects the SQL placeholders of a database.
 type Dialect int
@@ -119,6 +137,16 @@ type Fence struct {
 	// PRIMARY KEY (domain, key). Empty means DefaultTable. It is put into the
 	// SQL as written: a trusted identifier, never user input.
 	Table string
+	// Retries is how many more times Do, DoBlock and DoLock run the whole
+	// transaction (begin, advance, fn, commit), with the same token, after
+	// PostgreSQL aborted it with a serialization failure or a deadlock
+	// (SQLSTATE 40001 or 40P01, see Retryable): at REPEATABLE READ and
+	// SERIALIZABLE the legitimate holder gets 40001 when another
+	// transaction changed the fence row after its snapshot began. 0 means
+	// no retry. A retry runs fn again, so fn must have no effect outside
+	// the transaction. A stale token stays stale: its retry ends in
+	// ErrStale.
+	Retries int
 }
 
 // New returns the Fence of a database of dialect d using DefaultTable.
@@ -185,10 +213,13 @@ func (f Fence) Advance(ctx context.Context, tx *sql.Tx, domain, key string, toke
 	if err != nil {
 		return fmt.Errorf("fence: advance %s/%s: rows affected: %w", domain, key, err)
 	}
-	if n == 0 {
+	switch n {
+	case 1:
+		return nil
+	case 0:
 		return fmt.Errorf("%w: %s/%s token %d is older than the stored high-water mark", ErrStale, domain, key, token)
 	}
-	return nil
+	return fmt.Errorf("%w: advance %s/%s: the upsert changed %d rows, not 1", ErrRowCount, domain, key, n)
 }
 
 // AdvanceBlock is Advance for a seat block, whose keys share one token: it
@@ -246,14 +277,49 @@ func (f Fence) HighWater(ctx context.Context, q interface {
 
 // Do runs fn in a new transaction of db that starts with Advance, and
 // commits it if fn returns nil; on any error (ErrStale included) it rolls
-// back and returns the error. opts may be nil.
+// back and returns the error. opts may be nil. With f.Retries it runs it
+// all again after a serialization failure or deadlock (Fence.Retries).
 //
 // For SQLite, open the database so that transactions take the write lock
 // at BEGIN (modernc.org/sqlite: "_txlock=immediate"), and set a busy
 // timeout; otherwise two writers can deadlock on the lock upgrade and one
 // gets SQLITE_BUSY.
 func (f Fence) Do(ctx context.Context, db *sql.DB, opts *sql.TxOptions, domain, key string, token uint64, fn func(tx *sql.Tx) error) error {
-	return inTx(ctx, db, opts, func(tx *sql.Tx) error { return f.Advance(ctx, tx, domain, key, token) }, fn)
+	return f.inTx(ctx, db, opts, func(tx *sql.Tx) error { return f.Advance(ctx, tx, domain, key, token) }, fn)
+}
+
+// Retryable reports whether err (or an error it wraps) is a PostgreSQL
+// serialization failure (SQLSTATE 40001) or deadlock (40P01): the
+// transaction was rolled back and may be run again from the start, with
+// the same token. The driver's error must have a SQLState() string method
+// (pgx's *pgconn.PgError, lib/pq's *pq.Error).
+func Retryable(err error) bool {
+	var pe interface{ SQLState() string }
+	if !errors.As(err, &pe) {
+		return false
+	}
+	switch pe.SQLState() {
+	case "40001", "40P01":
+		return true
+	}
+	return false
+}
+
+// inTx is inTx again after a Retryable error, up to f.Retries times, after
+// a short random pause that lets the transaction it conflicted with finish.
+func (f Fence) inTx(ctx context.Context, db *sql.DB, opts *sql.TxOptions, advance, fn func(tx *sql.Tx) error) error {
+	for attempt := 0; ; attempt++ {
+		err := inTx(ctx, db, opts, advance, fn)
+		if err == nil || attempt >= f.Retries || !Retryable(err) {
+			return err
+		}
+		pause := time.Duration(rand.Int64N(int64(5*time.Millisecond) << min(attempt, 6)))
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(pause):
+		}
+	}
 }
 
 // inTx runs advance and then fn in a new transaction of db, committing if
@@ -289,7 +355,7 @@ func (f Fence) DoBlock(ctx context.Context, db *sql.DB, opts *sql.TxOptions, dom
 	if _, err := keySet(keys, token); err != nil {
 		return err
 	}
-	return inTx(ctx, db, opts, func(tx *sql.Tx) error { return f.AdvanceBlock(ctx, tx, domain, keys, token) }, fn)
+	return f.inTx(ctx, db, opts, func(tx *sql.Tx) error { return f.AdvanceBlock(ctx, tx, domain, keys, token) }, fn)
 }
 
 // AdvanceLock is AdvanceBlock for the keys and the token of lk, under its
@@ -329,19 +395,35 @@ type Execer interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }
 
-// Update is the single-statement form of a fenced write, for a row that
-// keeps its own token column (declared "BIGINT NOT NULL DEFAULT
+// Update is the single-statement form of a fenced write, for rows that
+// keep their own token column (declared "BIGINT NOT NULL DEFAULT
 // -9223372036854775808", i.e. Zero, for rows not yet written under a lock).
-// It runs
+// It runs one statement that writes all the rows Where matches, or none:
 //
-//	UPDATE <Table> SET <Column> = <token>, <Set> WHERE (<Where>) AND <Column> <= <token>
+//	UPDATE <Table> SET <Column> = <token>, <Set>
+//	 WHERE (<Where>) AND <Column> <= <token>
+//	   AND (SELECT count(*) = <Want> AND max(<Column>) <= <token>
+//	          FROM (SELECT <Column> FROM <Table> WHERE (<Where>) FOR UPDATE) AS ticketing_fence_rows)
+//
+// (SQLite: without FOR UPDATE; a statement there runs alone. The
+// statement starts with UPDATE, for drivers that count rows only then.)
+// The last condition holds only when Where matches exactly Want rows and
+// none has a newer token, so a stale token changes no row even when Where
+// matches several and only some are newer: outside a transaction too,
+// nothing of a stale holder's write commits. In PostgreSQL, FOR UPDATE
+// waits for a newer holder's open transaction on those rows and then reads
+// what it committed (READ COMMITTED), so the check sees the latest tokens;
+// at REPEATABLE READ and SERIALIZABLE it fails instead with SQLSTATE
+// 40001, having written nothing (Retryable; Exec does not retry).
 //
 // Set and Where use the dialect's placeholders for Args ($1..$n in
-// PostgreSQL, ? in SQLite); the token's placeholders are added around
-// them (see SQL). Exec returns an error wrapping ErrStale when no row matched, which
-// means the row's token is newer, or no row satisfies Where: make sure Where
-// matches exactly the rows you expect to exist (check RowsAffected against
-// the expected count with Want).
+// PostgreSQL, ? in SQLite); the token's and Want's placeholders are added
+// (see SQL). Where appears twice: in PostgreSQL it reuses its $n; in
+// SQLite its arguments are passed twice, found by counting the ?s of Set
+// (outside quotes and comments; numbered or named parameters are refused).
+//
+// Exec returns an error wrapping ErrStale when no row changed: a row's
+// token is newer, or Where does not match exactly Want rows.
 type Update struct {
 	Dialect Dialect
 	Table   string // trusted identifier
@@ -350,40 +432,125 @@ type Update struct {
 	Args    []any  // arguments of Set and Where, in placeholder order
 	// Column is the row's token column; empty means "fence_token".
 	Column string
-	// Want is the number of rows the update must change; 0 means at least
-	// one. Fewer is ErrStale.
+	// Want is the number of rows Where must match and the update change; 0
+	// means 1 (the zero value is the common case, one row; never "no
+	// check"), as want=0 in the Python and Node.js helpers. Negative is an
+	// error.
 	Want int64
 }
 
+// rowsCTE names the rows the fence checks (a derived table); unusual
+// enough not to clash with a caller's name.
+const rowsCTE = "ticketing_fence_rows"
+
 // SQL returns the statement and its arguments for token. In PostgreSQL the
-// token is $n+1 (n = len(Args)); in SQLite, whose ? placeholders are
-// positional, the token's assignment comes first in SET and its
-// comparison last in WHERE, so the arguments are token, Args..., token.
-func (u Update) SQL(token uint64) (string, []any) {
+// token is $n+1 and Want $n+2 (n = len(Args)), and Where is repeated as
+// written. In SQLite, whose ? placeholders are positional, the arguments
+// are token, Set's, Where's, token, Want, token, Where's.
+func (u Update) SQL(token uint64) (string, []any, error) {
 	col := u.Column
 	if col == "" {
 		col = "fence_token"
 	}
+	want, err := u.want()
+	if err != nil {
+		return "", nil, err
+	}
 	tok := Encode(token)
 	if u.Dialect == Postgres {
-		p := u.Dialect.placeholder(len(u.Args) + 1)
+		p, w := u.Dialect.placeholder(len(u.Args)+1), u.Dialect.placeholder(len(u.Args)+2)
 		return "UPDATE " + u.Table + " SET " + col + " = " + p + ", " + u.Set +
-				" WHERE (" + u.Where + ") AND " + col + " <= " + p,
-			append(append([]any(nil), u.Args...), tok)
+				" WHERE (" + u.Where + ") AND " + col + " <= " + p +
+				" AND (SELECT count(*) = " + w + " AND max(" + col + ") <= " + p +
+				" FROM (SELECT " + col + " FROM " + u.Table + " WHERE (" + u.Where + ") FOR UPDATE) AS " + rowsCTE + ")",
+			append(append([]any(nil), u.Args...), tok, want), nil
 	}
-	args := make([]any, 0, len(u.Args)+2)
-	args = append(append(append(args, tok), u.Args...), tok)
+	nSet, err := qmarks(u.Set)
+	if err != nil {
+		return "", nil, fmt.Errorf("fence: update %s: Set: %w", u.Table, err)
+	}
+	nWhere, err := qmarks(u.Where)
+	if err != nil {
+		return "", nil, fmt.Errorf("fence: update %s: Where: %w", u.Table, err)
+	}
+	if nSet+nWhere != len(u.Args) {
+		return "", nil, fmt.Errorf("fence: update %s: Set and Where have %d placeholders, Args %d values", u.Table, nSet+nWhere, len(u.Args))
+	}
+	args := make([]any, 0, len(u.Args)+nWhere+4)
+	args = append(args, tok)
+	args = append(args, u.Args...)
+	args = append(args, tok, want, tok)
+	args = append(args, u.Args[nSet:]...)
 	return "UPDATE " + u.Table + " SET " + col + " = ?, " + u.Set +
-		" WHERE (" + u.Where + ") AND " + col + " <= ?", args
+		" WHERE (" + u.Where + ") AND " + col + " <= ?" +
+		" AND (SELECT count(*) = ? AND max(" + col + ") <= ?" +
+		" FROM (SELECT " + col + " FROM " + u.Table + " WHERE (" + u.Where + ")) AS " + rowsCTE + ")", args, nil
 }
 
-// Exec runs the update for token on ex (inside a transaction or alone: it is
-// one statement, atomic by itself).
+// qmarks counts the ? placeholders of an SQLite expression, outside
+// quoted strings and identifiers and comments. The count splits Args
+// between Set and Where; a numbered (?1) or named (:a, @a, $a) parameter
+// would make that split wrong, so it is refused.
+func qmarks(s string) (int, error) {
+	n := 0
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case '\'', '"', '`', '[':
+			end := c
+			if c == '[' {
+				end = ']'
+			}
+			j := strings.IndexByte(s[i+1:], end)
+			if j < 0 {
+				return 0, fmt.Errorf("unterminated %c in %q", c, s)
+			}
+			i += j + 1 // a doubled quote is two quoted runs in a row
+		case '-':
+			if i+1 < len(s) && s[i+1] == '-' {
+				j := strings.IndexByte(s[i:], '\n')
+				if j < 0 {
+					return n, nil
+				}
+				i += j
+			}
+		case '/':
+			if i+1 < len(s) && s[i+1] == '*' {
+				j := strings.Index(s[i+2:], "*/")
+				if j < 0 {
+					return 0, fmt.Errorf("unterminated comment in %q", s)
+				}
+				i += j + 3
+			}
+		case '?':
+			if i+1 < len(s) && s[i+1] >= '0' && s[i+1] <= '9' {
+				return 0, fmt.Errorf("numbered parameter in %q: use ? only", s)
+			}
+			n++
+		case ':', '@', '$':
+			if i+1 < len(s) && (s[i+1] == '_' || s[i+1] >= 'a' && s[i+1] <= 'z' || s[i+1] >= 'A' && s[i+1] <= 'Z') {
+				return 0, fmt.Errorf("named parameter in %q: use ? only", s)
+			}
+		}
+	}
+	return n, nil
+}
+
+// Exec runs the update for token on ex, inside a transaction or alone: it
+// is one statement that writes Want rows or none. On ErrStale nothing was
+// written; on ErrRowCount (a count other than 0 or Want, which the
+// statement should not give) roll back the transaction if there is one.
 func (u Update) Exec(ctx context.Context, ex Execer, token uint64) (sql.Result, error) {
 	if err := checkToken(token); err != nil {
 		return nil, err
 	}
-	q, args := u.SQL(token)
+	want, err := u.want()
+	if err != nil {
+		return nil, err
+	}
+	q, args, err := u.SQL(token)
+	if err != nil {
+		return nil, err
+	}
 	res, err := ex.ExecContext(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("fence: update %s: %w", u.Table, err)
@@ -392,12 +559,22 @@ func (u Update) Exec(ctx context.Context, ex Execer, token uint64) (sql.Result, 
 	if err != nil {
 		return nil, fmt.Errorf("fence: update %s: rows affected: %w", u.Table, err)
 	}
-	want := u.Want
-	if want == 0 {
-		want = 1
+	switch n {
+	case want:
+		return res, nil
+	case 0:
+		return res, fmt.Errorf("%w: update %s with token %d changed no row (a newer token holds one of the rows, or Where does not match %d rows)", ErrStale, u.Table, token, want)
 	}
-	if n < want {
-		return res, fmt.Errorf("%w: update %s with token %d changed %d of %d rows", ErrStale, u.Table, token, n, want)
+	return res, fmt.Errorf("%w: update %s with token %d changed %d rows, not %d or none", ErrRowCount, u.Table, token, n, want)
+}
+
+// want is the number of rows the update must change: Want, 0 meaning 1.
+func (u Update) want() (int64, error) {
+	switch {
+	case u.Want < 0:
+		return 0, fmt.Errorf("fence: update %s: Want %d (rows must be 1 or more; 0 means 1)", u.Table, u.Want)
+	case u.Want == 0:
+		return 1, nil
 	}
-	return res, nil
+	return u.Want, nil
 }

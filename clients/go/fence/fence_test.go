@@ -3,7 +3,9 @@ package fence_test
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -55,7 +57,20 @@ func sqliteDSN(path string) string {
 
 func openSQLite(t *testing.T) db {
 	t.Helper()
-	sdb, err := sql.Open("sqlite", sqliteDSN(filepath.Join(t.TempDir(), "fence.db")))
+	return openSQLiteDSN(t, sqliteDSN(filepath.Join(t.TempDir(), "fence.db")))
+}
+
+// openSQLiteJournal is openSQLite with the rollback journal instead of WAL:
+// the other way SQLite runs, in which readers and the writer share locks
+// differently.
+func openSQLiteJournal(t *testing.T) db {
+	t.Helper()
+	return openSQLiteDSN(t, "file:"+filepath.Join(t.TempDir(), "fence.db")+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(DELETE)&_txlock=immediate")
+}
+
+func openSQLiteDSN(t *testing.T, dsn string) db {
+	t.Helper()
+	sdb, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,9 +129,11 @@ func setup(t *testing.T, sdb *sql.DB, d fence.Dialect) db {
 	return db{DB: sdb, f: fence.New(d), d: d}
 }
 
-// forEachDB runs body against SQLite and, when one is available, PostgreSQL.
+// forEachDB runs body against SQLite (WAL and rollback journal) and, when
+// one is available, PostgreSQL.
 func forEachDB(t *testing.T, body func(t *testing.T, d db)) {
 	t.Run("sqlite", func(t *testing.T) { body(t, openSQLite(t)) })
+	t.Run("sqlite-journal", func(t *testing.T) { body(t, openSQLiteJournal(t)) })
 	t.Run("postgres", func(t *testing.T) { body(t, openPostgres(t)) })
 }
 
@@ -458,4 +475,465 @@ func TestConcurrentStaleBlockWaitsAndLoses(t *testing.T) {
 			t.Fatalf("marks %v", got)
 		}
 	})
+}
+
+// TestUpdateWantZeroMeansOne: Want 0 is the one-row case, as want=0 in the
+// Python and Node.js helpers: never "no check", never "at least one".
+func TestUpdateWantZeroMeansOne(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d db) {
+		ctx := context.Background()
+		for id, tok := range map[string]uint64{"w1": 10, "w2": 1, "w3": 1} {
+			if _, err := d.Exec(d.q(`INSERT INTO accounts (id, balance, fence_token) VALUES ($1, 100, $2)`), id, fence.Encode(tok)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		upd := func(ex fence.Execer, where string, args []any, want int64, token uint64) error {
+			u := fence.Update{Dialect: d.d, Table: "accounts", Set: d.q("balance = $1"), Where: d.q(where), Args: args, Want: want}
+			_, err := u.Exec(ctx, ex, token)
+			return err
+		}
+		balances := func() []int {
+			var out []int
+			for _, id := range []string{"w1", "w2", "w3"} {
+				var b int
+				if err := d.QueryRow(d.q(`SELECT balance FROM accounts WHERE id = $1`), id).Scan(&b); err != nil {
+					t.Fatal(err)
+				}
+				out = append(out, b)
+			}
+			return out
+		}
+		// A stale token on the one row: stale, not "no check".
+		if err := upd(d.DB, "id = $2", []any{1, "w1"}, 0, 9); !errors.Is(err, fence.ErrStale) {
+			t.Fatalf("Want 0, stale row: %v, want ErrStale", err)
+		}
+		// Two rows where one is expected: not a success (in the caller's
+		// transaction, which rolls back).
+		tx, err := d.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = upd(tx, "id IN ($2, $3)", []any{2, "w2", "w3"}, 0, 5)
+		tx.Rollback()
+		if err == nil {
+			t.Fatal("Want 0 and two rows changed: success, want an error (0 means 1)")
+		}
+		if got := balances(); !slices.Equal(got, []int{100, 100, 100}) {
+			t.Fatalf("balances %v", got)
+		}
+		if err := upd(d.DB, "id = $2", []any{3, "w2"}, -1, 5); err == nil || errors.Is(err, fence.ErrStale) {
+			t.Fatalf("Want -1: %v", err)
+		}
+		if err := upd(d.DB, "id = $2", []any{4, "w2"}, 0, 5); err != nil {
+			t.Fatalf("Want 0, one fresh row: %v", err)
+		}
+		if got := balances(); !slices.Equal(got, []int{100, 4, 100}) {
+			t.Fatalf("balances %v", got)
+		}
+	})
+}
+
+// TestUpdateSeveralRowsAllOrNothing: the single-statement form over several
+// rows, outside a transaction, where a newer token holds one of them. It
+// changed the others, committed them, and then reported ErrStale; now it
+// changes none. Likewise when Where does not match exactly Want rows.
+func TestUpdateSeveralRowsAllOrNothing(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d db) {
+		ctx := context.Background()
+		for id, tok := range map[string]uint64{"a": 12, "b": 10, "c": 10} {
+			if _, err := d.Exec(d.q(`INSERT INTO accounts (id, balance, fence_token) VALUES ($1, 100, $2)`), id, fence.Encode(tok)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		state := func() string {
+			rows, err := d.Query(`SELECT id, balance, fence_token FROM accounts ORDER BY id`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rows.Close()
+			var b strings.Builder
+			for rows.Next() {
+				var id string
+				var bal int
+				var tok int64
+				if err := rows.Scan(&id, &bal, &tok); err != nil {
+					t.Fatal(err)
+				}
+				fmt.Fprintf(&b, "%s=%d@%d ", id, bal, fence.Decode(tok))
+			}
+			if err := rows.Err(); err != nil {
+				t.Fatal(err)
+			}
+			return b.String()
+		}
+		upd := func(ex fence.Execer, where string, args []any, want int64, token uint64) error {
+			u := fence.Update{Dialect: d.d, Table: "accounts", Set: d.q("balance = balance - $1"), Where: d.q(where), Args: args, Want: want}
+			_, err := u.Exec(ctx, ex, token)
+			return err
+		}
+		const start = "a=100@12 b=100@10 c=100@10 "
+		for _, c := range []struct {
+			name  string
+			where string
+			args  []any
+			want  int64
+		}{
+			{"a newer token on one row", "id IN ($2, $3)", []any{5, "a", "b"}, 2},
+			{"Where matches more rows than Want", "id IN ($2, $3)", []any{5, "b", "c"}, 1},
+			{"Where matches fewer rows than Want", "id IN ($2, $3)", []any{5, "b", "zz"}, 2},
+		} {
+			if err := upd(d.DB, c.where, c.args, c.want, 11); !errors.Is(err, fence.ErrStale) {
+				t.Fatalf("%s: %v, want ErrStale", c.name, err)
+			}
+			if got := state(); got != start {
+				t.Fatalf("%s: rows %q after ErrStale, want %q (unchanged)", c.name, got, start)
+			}
+		}
+		if err := upd(d.DB, "id IN ($2, $3)", []any{5, "b", "c"}, 2, 11); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := state(), "a=100@12 b=95@11 c=95@11 "; got != want {
+			t.Fatalf("rows %q, want %q", got, want)
+		}
+		// Placeholders SQLite counts to pass Where's arguments twice: a ? in
+		// a string or comment is none, a numbered one is refused.
+		if d.d == fence.SQLite {
+			u := fence.Update{Dialect: d.d, Table: "accounts", Set: "balance = balance - ? /* ? */, id = id || '?'''", Where: "id = ? -- ?\n", Args: []any{1, "zz"}}
+			if _, err := u.Exec(ctx, d.DB, 11); !errors.Is(err, fence.ErrStale) {
+				t.Fatalf("quoted ?: %v, want ErrStale (no row zz)", err)
+			}
+			u = fence.Update{Dialect: d.d, Table: "accounts", Set: "balance = ?1", Where: "id = ?2", Args: []any{1, "b"}}
+			if _, err := u.Exec(ctx, d.DB, 11); err == nil || errors.Is(err, fence.ErrStale) {
+				t.Fatalf("numbered placeholders: %v, want a refusal", err)
+			}
+		}
+	})
+}
+
+// TestUpdateWaitsForNewerHolder: a newer holder has written one of the rows
+// in an open transaction; the stale holder's update of both rows waits for
+// it and, once it commits, changes neither (in PostgreSQL, FOR UPDATE reads
+// the committed token; a plain check would have read the old one and
+// changed the other row).
+func TestUpdateWaitsForNewerHolder(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d db) {
+		ctx := context.Background()
+		for _, id := range []string{"a", "b"} {
+			if _, err := d.Exec(d.q(`INSERT INTO accounts (id, balance, fence_token) VALUES ($1, 100, $2)`), id, fence.Encode(10)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		newer, err := d.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer newer.Rollback()
+		u := fence.Update{Dialect: d.d, Table: "accounts", Set: d.q("balance = $1"), Where: d.q("id = $2"), Args: []any{50, "a"}}
+		if _, err := u.Exec(ctx, newer, 12); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			u := fence.Update{Dialect: d.d, Table: "accounts", Set: d.q("balance = $1"), Where: d.q("id IN ($2, $3)"), Args: []any{0, "a", "b"}, Want: 2}
+			_, err := u.Exec(ctx, d.DB, 11)
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			t.Fatalf("the stale update finished while the newer transaction was open: %v", err)
+		case <-time.After(300 * time.Millisecond):
+		}
+		if err := newer.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; !errors.Is(err, fence.ErrStale) {
+			t.Fatalf("stale update: %v, want ErrStale", err)
+		}
+		var b int
+		if err := d.QueryRow(d.q(`SELECT balance FROM accounts WHERE id = $1`), "b").Scan(&b); err != nil || b != 100 {
+			t.Fatalf("row b: balance %d (%v), want 100: the stale holder wrote it", b, err)
+		}
+	})
+}
+
+// TestUpdateRepeatableRead: at REPEATABLE READ, the single-statement form
+// that meets a row a newer holder committed after its snapshot fails with
+// 40001 (FENCING.md), having written nothing.
+func TestUpdateRepeatableRead(t *testing.T) {
+	d := openPostgres(t)
+	ctx := context.Background()
+	for _, id := range []string{"a", "b"} {
+		if _, err := d.Exec(`INSERT INTO accounts (id, balance, fence_token) VALUES ($1, 100, $2)`, id, fence.Encode(10)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	newer, err := d.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer newer.Rollback()
+	u := fence.Update{Dialect: fence.Postgres, Table: "accounts", Set: "balance = $1", Where: "id = $2", Args: []any{50, "a"}}
+	if _, err := u.Exec(ctx, newer, 12); err != nil {
+		t.Fatal(err)
+	}
+	stale, err := d.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stale.Rollback()
+	if _, err := stale.ExecContext(ctx, `SELECT 1`); err != nil { // the snapshot
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		u := fence.Update{Dialect: fence.Postgres, Table: "accounts", Set: "balance = $1", Where: "id IN ($2, $3)", Args: []any{0, "a", "b"}, Want: 2}
+		_, err := u.Exec(ctx, stale, 11)
+		done <- err
+	}()
+	time.Sleep(300 * time.Millisecond)
+	if err := newer.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !fence.Retryable(err) {
+		t.Fatalf("stale update at REPEATABLE READ: %v, want SQLSTATE 40001", err)
+	}
+	stale.Rollback()
+	var b int
+	if err := d.QueryRow(`SELECT balance FROM accounts WHERE id = 'b'`).Scan(&b); err != nil || b != 100 {
+		t.Fatalf("row b: balance %d (%v), want 100", b, err)
+	}
+}
+
+// TestRetrySerializationFailure: at SERIALIZABLE, holders that wait on the
+// fence row while another transaction writes it get SQLSTATE 40001 when it
+// commits, the legitimate newer holder included. With Retries the helpers
+// run the transaction again with the same token: the newer holder writes,
+// the stale one still gets ErrStale.
+func TestRetrySerializationFailure(t *testing.T) {
+	d := openPostgres(t)
+	ctx := context.Background()
+	ser := &sql.TxOptions{Isolation: sql.LevelSerializable}
+	// run writes a ledger row under token in a Do at SERIALIZABLE, while a
+	// transaction under token 11 holds the fence row until release.
+	type result struct {
+		err   error
+		wrote bool
+	}
+	race := func(key string, retries int, tokens ...uint64) []result {
+		t.Helper()
+		if err, _ := advance(t, d, key, 10, key+"-first"); err != nil {
+			t.Fatal(err)
+		}
+		hold, err := d.BeginTx(ctx, ser)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.f.Advance(ctx, hold, "test", key, 11); err != nil {
+			t.Fatal(err)
+		}
+		var holdPID int
+		if err := hold.QueryRowContext(ctx, `SELECT pg_backend_pid()`).Scan(&holdPID); err != nil {
+			t.Fatal(err)
+		}
+		f := d.f
+		f.Retries = retries
+		out := make([]result, len(tokens))
+		done := make(chan struct{})
+		for i, tok := range tokens {
+			go func() {
+				defer func() { done <- struct{}{} }()
+				note := fmt.Sprintf("%s-%d", key, tok)
+				out[i].err = f.Do(ctx, d.DB, ser, "test", key, tok, func(tx *sql.Tx) error {
+					_, err := tx.ExecContext(ctx, `INSERT INTO ledger (id, note) VALUES ($1, $2)`, note, key)
+					return err
+				})
+				var n int
+				if err := d.QueryRow(`SELECT count(*) FROM ledger WHERE id = $1`, note).Scan(&n); err != nil {
+					out[i].err = err
+				}
+				out[i].wrote = n == 1
+			}()
+		}
+		// The 40001 needs each writer's snapshot taken before hold commits:
+		// wait until all of them wait on hold's row lock.
+		for deadline := time.Now().Add(20 * time.Second); ; {
+			var waiting int
+			if err := d.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, holdPID).Scan(&waiting); err != nil {
+				t.Fatal(err)
+			}
+			if waiting == len(tokens) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d of %d writers wait on the fence row", waiting, len(tokens))
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if err := hold.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		for range tokens {
+			<-done
+		}
+		return out
+	}
+	// Without retries the newer holder (12) fails with 40001, as documented.
+	if r := race("k0", 0, 12); !fence.Retryable(r[0].err) || errors.Is(r[0].err, fence.ErrStale) || r[0].wrote {
+		t.Fatalf("no retry: %v (wrote %v), want a serialization failure", r[0].err, r[0].wrote)
+	}
+	// With retries: two concurrent writers, the newer one writes, the
+	// stale one (10, below the holder's 11) is rejected.
+	r := race("k1", 3, 12, 10)
+	if r[0].err != nil || !r[0].wrote {
+		t.Fatalf("newer holder with retries: %v (wrote %v)", r[0].err, r[0].wrote)
+	}
+	if !errors.Is(r[1].err, fence.ErrStale) || r[1].wrote {
+		t.Fatalf("stale holder with retries: %v (wrote %v), want ErrStale", r[1].err, r[1].wrote)
+	}
+	if hw, err := d.f.HighWater(ctx, d.DB, "test", "k1"); err != nil || hw != 12 {
+		t.Fatalf("high-water %d, %v", hw, err)
+	}
+	if fence.Retryable(errors.New("40001")) || fence.Retryable(fence.ErrStale) {
+		t.Fatal("Retryable of errors without a SQLSTATE")
+	}
+}
+
+// TestTimeoutsFreeTheNextHolder pins FENCING.md's timeout settings, in the
+// pgx DSN form it shows: a stale holder that stalls inside its transaction
+// holds the fence row; idle_in_transaction_session_timeout ends its session
+// so that the next holder goes on, and lock_timeout bounds the next
+// holder's wait (SQLSTATE 55P03) when nothing ends it.
+func TestTimeoutsFreeTheNextHolder(t *testing.T) {
+	d := openPostgres(t)
+	ctx := context.Background()
+	var schema string
+	if err := d.QueryRow(`SELECT current_schema()`).Scan(&schema); err != nil {
+		t.Fatal(err)
+	}
+	open := func(params string) *sql.DB {
+		t.Helper()
+		db, err := sql.Open("pgx", os.Getenv("TICKETING_TEST_PG_DSN")+"&search_path="+schema+params)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		return db
+	}
+	stall := func(db *sql.DB, key string) *sql.Tx {
+		t.Helper()
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.f.Advance(ctx, tx, "test", key, 10); err != nil {
+			t.Fatal(err)
+		}
+		return tx // and then nothing: the holder stalled
+	}
+	next := func(db *sql.DB, key string) error {
+		return d.f.Do(ctx, db, nil, "test", key, 11, func(*sql.Tx) error { return nil })
+	}
+
+	stalled := stall(open("&idle_in_transaction_session_timeout=500ms"), "idle")
+	start := time.Now()
+	if err := next(d.DB, "idle"); err != nil {
+		t.Fatalf("next holder after the stalled session ended: %v", err)
+	}
+	if el := time.Since(start); el < 300*time.Millisecond {
+		t.Fatalf("the next holder did not wait for the stalled one (%v)", el)
+	}
+	if err := stalled.Commit(); err == nil {
+		t.Fatal("the stalled holder committed after its session was ended")
+	}
+	if hw, err := d.f.HighWater(ctx, d.DB, "test", "idle"); err != nil || hw != 11 {
+		t.Fatalf("high-water %d, %v", hw, err)
+	}
+
+	stalled = stall(d.DB, "lock")
+	defer stalled.Rollback()
+	err := next(open("&lock_timeout=300ms"), "lock")
+	var pe interface{ SQLState() string }
+	if !errors.As(err, &pe) || pe.SQLState() != "55P03" || fence.Retryable(err) {
+		t.Fatalf("next holder behind a stalled one with lock_timeout: %v, want SQLSTATE 55P03", err)
+	}
+}
+
+// countless is a database/sql connector whose results report -1 rows
+// affected, as a driver may that does not know the count.
+type countless struct {
+	drv driver.Driver
+	dsn string
+}
+
+func (c countless) Connect(context.Context) (driver.Conn, error) {
+	conn, err := c.drv.Open(c.dsn)
+	if err != nil {
+		return nil, err
+	}
+	return countlessConn{conn}, nil
+}
+
+func (c countless) Driver() driver.Driver { return c.drv }
+
+type countlessConn struct{ driver.Conn }
+
+func (c countlessConn) Prepare(q string) (driver.Stmt, error) {
+	s, err := c.Conn.Prepare(q)
+	if err != nil {
+		return nil, err
+	}
+	return countlessStmt{s}, nil
+}
+
+type countlessStmt struct{ driver.Stmt }
+
+func (s countlessStmt) Exec(args []driver.Value) (driver.Result, error) {
+	//lint:ignore SA1019 the wrapper hides the context forms, so database/sql calls this one
+	r, err := s.Stmt.Exec(args)
+	if err != nil {
+		return nil, err
+	}
+	return countlessResult{r}, nil
+}
+
+type countlessResult struct{ driver.Result }
+
+func (countlessResult) RowsAffected() (int64, error) { return -1, nil }
+
+// TestNoRowCount: a driver that reports no row count (-1) cannot tell a
+// stale token from a write; the helpers stop with ErrRowCount and Do
+// rolls back, as Python (rowcount -1) and Node.js (no rowCount) do.
+func TestNoRowCount(t *testing.T) {
+	d := openSQLite(t)
+	ctx := context.Background()
+	if err, _ := advance(t, d, "k", 10, "first"); err != nil {
+		t.Fatal(err)
+	}
+	var file string
+	if err := d.QueryRow(`SELECT file FROM pragma_database_list WHERE name = 'main'`).Scan(&file); err != nil {
+		t.Fatal(err)
+	}
+	blind := sql.OpenDB(countless{drv: d.Driver(), dsn: sqliteDSN(file)})
+	defer blind.Close()
+	err := d.f.Do(ctx, blind, nil, "test", "k", 9, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO ledger (id, note) VALUES (?, ?)`, "stale", "k")
+		return err
+	})
+	var n int
+	if qerr := d.QueryRow(`SELECT count(*) FROM ledger WHERE id = 'stale'`).Scan(&n); qerr != nil {
+		t.Fatal(qerr)
+	}
+	if n != 0 {
+		t.Fatalf("a stale token's write committed through a driver without row counts (err %v)", err)
+	}
+	if !errors.Is(err, fence.ErrRowCount) {
+		t.Fatalf("Do: %v, want ErrRowCount", err)
+	}
+	if _, err := d.Exec(`INSERT INTO accounts (id, balance, fence_token) VALUES ('rc', 100, ?)`, fence.Encode(10)); err != nil {
+		t.Fatal(err)
+	}
+	u := fence.Update{Dialect: fence.SQLite, Table: "accounts", Set: "balance = ?", Where: "id = ?", Args: []any{1, "rc"}}
+	if _, err := u.Exec(ctx, blind, 9); !errors.Is(err, fence.ErrRowCount) {
+		t.Fatalf("Update: %v, want ErrRowCount", err)
+	}
 }

@@ -10,7 +10,10 @@
  * transaction as the write.
  *
  * The adapter is anything with `query(sql, params) → Promise<{ rowCount }>`
- * (or a plain `{ rowCount }`): a `pg` Client (or a client checked out of a
+ * (or a plain `{ rowCount }`), where `rowCount` is the number of rows the
+ * statement changed, an integer: without one the helpers cannot tell a stale
+ * token from a write, and reject with RowCountError (rolling back the
+ * transactions they opened). A `pg` Client (or a client checked out of a
  * Pool — a transaction needs one connection) fits as is; for better-sqlite3:
  *
  *   const adapter = { query: (sql, params) => {
@@ -58,6 +61,36 @@ class StaleTokenError extends TicketingError {
   constructor(message = 'stale fencing token') {
     super(message, 'stale_token');
   }
+}
+
+/**
+ * The adapter reported no row count for a fenced statement, or one the fence
+ * did not expect: the helpers cannot tell a stale token from a write, so
+ * they stop (and roll back the transactions they opened) instead of
+ * guessing. Not StaleTokenError: the adapter or the statement is wrong.
+ */
+class RowCountError extends TicketingError {
+  constructor(message = 'no usable row count') {
+    super(message, 'row_count');
+  }
+}
+
+/**
+ * The number of rows a statement changed, as the adapter reported it. A
+ * missing count (undefined, null, NaN, -1) must not read as "not 0": that
+ * let a stale token's write commit.
+ * @param {unknown} res
+ * @param {string} what
+ * @returns {number}
+ */
+function rowCount(res, what) {
+  let n = res ? res.rowCount : undefined;
+  if (typeof n === 'bigint') n = Number(n);
+  if (!Number.isSafeInteger(n) || n < 0) {
+    throw new RowCountError(`${what}: the adapter reported no row count (rowCount ${n}); ` +
+      'the fence needs { rowCount: <rows changed> } from query()');
+  }
+  return n;
 }
 
 /** @param {bigint|string|number} token */
@@ -144,9 +177,11 @@ async function advance(db, { dialect, domain, client, key, token, table = DEFAUL
   const t = nonZero(token);
   domain = await domainOf({ domain, client });
   const res = await db.query(advanceSql(dialect, table), [domain, key, encodeToken(t)]);
-  if (!res || Number(res.rowCount) === 0) {
+  const n = rowCount(res, `fence ${domain}/${key}`);
+  if (n === 0) {
     throw new StaleTokenError(`${domain}/${key}: token ${t} is older than the stored high-water mark`);
   }
+  if (n !== 1) throw new RowCountError(`fence ${domain}/${key}: the upsert changed ${n} rows, not 1`);
 }
 
 /**
@@ -209,27 +244,36 @@ async function highWater(db, { dialect, domain, key, table = DEFAULT_TABLE }) {
  * before fn runs) rolls back and is rethrown. Resolves to fn's result.
  * `opts.client` (the Client that took the lock) gives the fencing domain,
  * asked before BEGIN; `opts.domain` gives it explicitly.
+ *
+ * `opts.retries` (default 0) is how many more times the whole transaction
+ * (BEGIN, advance, fn, COMMIT) runs, with the same token, after PostgreSQL
+ * aborted it with a serialization failure or a deadlock (SQLSTATE 40001 or
+ * 40P01, `isRetryable`): at REPEATABLE READ and SERIALIZABLE (`begin:
+ * 'BEGIN ISOLATION LEVEL SERIALIZABLE'`) the legitimate holder gets 40001
+ * when another transaction changed the fence row after its snapshot began.
+ * A retry runs fn again, so fn must have no effect outside the transaction.
+ * A stale token stays stale: its retry rejects with StaleTokenError.
  * @template T
  * @param {{query: Function}} db one connection
- * @param {{dialect: 'postgres'|'sqlite', client?: object, domain?: string, key: string, token: bigint|string|number, table?: string, begin?: string}} opts
+ * @param {{dialect: 'postgres'|'sqlite', client?: object, domain?: string, key: string, token: bigint|string|number, table?: string, begin?: string, retries?: number}} opts
  * @param {(db: {query: Function}) => Promise<T>} fn
  * @returns {Promise<T>}
  */
 async function withFence(db, opts, fn) {
   nonZero(opts.token);
   const domain = await domainOf(opts);
-  return inTransaction(db, opts.begin, () => advance(db, { ...opts, domain }), fn);
+  return inTransaction(db, opts, () => advance(db, { ...opts, domain }), fn);
 }
 
 /**
  * `withFence` for a seat block: fn(db) runs in a transaction that starts
  * with `advanceBlock` of every key of `opts.keys` to the block's one token.
  * A stale token on any key rejects with StaleTokenError before fn runs and
- * rolls back: no mark raised, nothing written. `client` / `domain` as for
- * `withFence`.
+ * rolls back: no mark raised, nothing written. `client` / `domain` and
+ * `retries` as for `withFence`.
  * @template T
  * @param {{query: Function}} db one connection
- * @param {{dialect: 'postgres'|'sqlite', client?: object, domain?: string, keys: string[], token: bigint|string|number, table?: string, begin?: string}} opts
+ * @param {{dialect: 'postgres'|'sqlite', client?: object, domain?: string, keys: string[], token: bigint|string|number, table?: string, begin?: string, retries?: number}} opts
  * @param {(db: {query: Function}) => Promise<T>} fn
  * @returns {Promise<T>}
  */
@@ -237,10 +281,37 @@ async function withFenceBlock(db, opts, fn) {
   nonZero(opts.token);
   keySet(opts.keys);
   const domain = await domainOf(opts);
-  return inTransaction(db, opts.begin, () => advanceBlock(db, { ...opts, domain }), fn);
+  return inTransaction(db, opts, () => advanceBlock(db, { ...opts, domain }), fn);
 }
 
-async function inTransaction(db, begin, fenceFirst, fn) {
+/**
+ * Whether `e` is a PostgreSQL serialization failure (SQLSTATE 40001) or
+ * deadlock (40P01), as `pg` reports them in `e.code`: the transaction was
+ * rolled back and may be run again from the start, with the same token.
+ * @param {unknown} e
+ * @returns {boolean}
+ */
+function isRetryable(e) {
+  return e instanceof Error && !(e instanceof TicketingError) &&
+    (/** @type {any} */ (e).code === '40001' || /** @type {any} */ (e).code === '40P01');
+}
+
+/** inTransactionOnce again after an isRetryable error, up to opts.retries times. */
+async function inTransaction(db, opts, fenceFirst, fn) {
+  const retries = opts.retries ?? 0;
+  if (!Number.isSafeInteger(retries) || retries < 0) throw new RangeError(`retries must be an integer >= 0, not ${retries}`);
+  for (let attempt = 0; ; attempt++) {
+    try {
+      return await inTransactionOnce(db, opts.begin, fenceFirst, fn);
+    } catch (e) {
+      if (attempt >= retries || !isRetryable(e)) throw e;
+      // A short random pause lets the transaction it conflicted with finish.
+      await new Promise((resolve) => setTimeout(resolve, Math.random() * (5 << Math.min(attempt, 6))));
+    }
+  }
+}
+
+async function inTransactionOnce(db, begin, fenceFirst, fn) {
   await db.query(begin || 'BEGIN', []);
   let result;
   try {
@@ -255,35 +326,113 @@ async function inTransaction(db, begin, fenceFirst, fn) {
 }
 
 /**
- * Single-statement form for a row that carries its own token column
- * (`BIGINT NOT NULL DEFAULT -9223372036854775808`, i.e. ZERO): runs
- * `UPDATE table SET column = <token>, set WHERE (where) AND column <= <token>`.
- * `set`/`where` use the dialect's placeholders for `params` ($1..$n, or ?
- * in order). Rejects with StaleTokenError if fewer than `want` rows changed
- * (a newer token wrote them, or they do not exist). Resolves to the count.
+ * Single-statement form for rows that carry their own token column
+ * (`BIGINT NOT NULL DEFAULT -9223372036854775808`, i.e. ZERO): one statement
+ * that writes every row `where` matches, or none:
+ *
+ *   UPDATE table SET column = <token>, set
+ *    WHERE (where) AND column <= <token>
+ *      AND (SELECT count(*) = <want> AND max(column) <= <token>
+ *             FROM (SELECT column FROM table WHERE (where) FOR UPDATE) AS ticketing_fence_rows)
+ *
+ * (SQLite: without FOR UPDATE; a statement there runs alone.) It writes only
+ * when `where` matches exactly `want` rows and none has a newer token, so a
+ * stale token changes no row, outside a transaction too. In PostgreSQL
+ * FOR UPDATE waits for a newer holder's open transaction on those rows and
+ * reads what it committed.
+ *
+ * `set`/`where` use the dialect's placeholders for `params` ($1..$n, or ? in
+ * order). `where` appears twice: in PostgreSQL it reuses its $n; in SQLite
+ * its params, found by counting the ?s of `set` (outside quotes and
+ * comments; numbered or named parameters are refused), are passed twice.
+ *
+ * Rejects with StaleTokenError when it changed no row (a row's token is
+ * newer, or `where` does not match `want` rows): nothing was written.
+ * `want` 0 means 1, never "no check" (as `Want` 0 in Go and `want=0` in
+ * Python). RowCountError for any other count, which the statement should
+ * not give (roll back a transaction it ran in). Resolves to the count.
  */
 async function conditionalUpdate(db, { dialect, table, set, where, params = [], token, column = 'fence_token', want = 1 }) {
   const t = nonZero(token);
+  want = wantRows(want);
   const enc = encodeToken(t);
   let sql;
   let args;
   if (dialect === 'postgres') {
     const p = `$${params.length + 1}`;
-    sql = `UPDATE ${table} SET ${column} = ${p}, ${set} WHERE (${where}) AND ${column} <= ${p}`;
-    args = [...params, enc];
+    const w = `$${params.length + 2}`;
+    sql = `UPDATE ${table} SET ${column} = ${p}, ${set} WHERE (${where}) AND ${column} <= ${p} ` +
+      `AND (SELECT count(*) = ${w} AND max(${column}) <= ${p} ` +
+      `FROM (SELECT ${column} FROM ${table} WHERE (${where}) FOR UPDATE) AS ${ROWS})`;
+    args = [...params, enc, want];
   } else {
     placeholders(dialect, 0);
-    sql = `UPDATE ${table} SET ${column} = ?, ${set} WHERE (${where}) AND ${column} <= ?`;
-    args = [enc, ...params, enc];
+    const nSet = qmarks(set);
+    const nWhere = qmarks(where);
+    if (nSet + nWhere !== params.length) {
+      throw new RangeError(`set and where have ${nSet + nWhere} placeholders, params ${params.length} values`);
+    }
+    sql = `UPDATE ${table} SET ${column} = ?, ${set} WHERE (${where}) AND ${column} <= ? ` +
+      `AND (SELECT count(*) = ? AND max(${column}) <= ? FROM (SELECT ${column} FROM ${table} WHERE (${where})) AS ${ROWS})`;
+    args = [enc, ...params, enc, want, enc, ...params.slice(nSet)];
   }
   const res = await db.query(sql, args);
-  const n = Number(res && res.rowCount);
-  if (n < want) throw new StaleTokenError(`update ${table} with token ${t} changed ${n} of ${want} rows`);
+  const n = rowCount(res, `update ${table}`);
+  if (n === want) return n;
+  if (n === 0) {
+    throw new StaleTokenError(`update ${table} with token ${t} changed no row ` +
+      `(a newer token holds one of the rows, or where does not match ${want} rows)`);
+  }
+  throw new RowCountError(`update ${table} with token ${t} changed ${n} rows, not ${want} or none`);
+}
+
+/** Names the rows conditionalUpdate checks (a derived table); unusual enough not to clash. */
+const ROWS = 'ticketing_fence_rows';
+
+/**
+ * The ? placeholders of an SQLite fragment, outside quoted strings and
+ * identifiers and comments. The count splits params between set and where;
+ * a numbered (?1) or named (:a, @a, $a) parameter would make that split
+ * wrong, so it is refused.
+ * @param {string} s
+ * @returns {number}
+ */
+function qmarks(s) {
+  let n = 0;
+  for (let i = 0; i < s.length; i++) {
+    const c = s[i];
+    const next = s[i + 1] || '';
+    if (c === "'" || c === '"' || c === '`' || c === '[') {
+      const j = s.indexOf(c === '[' ? ']' : c, i + 1);
+      if (j < 0) throw new RangeError(`unterminated ${c} in ${JSON.stringify(s)}`);
+      i = j; // a doubled quote is two quoted runs in a row
+    } else if (c === '-' && next === '-') {
+      const j = s.indexOf('\n', i);
+      i = j < 0 ? s.length : j;
+    } else if (c === '/' && next === '*') {
+      const j = s.indexOf('*/', i + 2);
+      if (j < 0) throw new RangeError(`unterminated comment in ${JSON.stringify(s)}`);
+      i = j + 1;
+    } else if (c === '?') {
+      if (/[0-9]/.test(next)) throw new RangeError(`numbered parameter in ${JSON.stringify(s)}: use ? only`);
+      n++;
+    } else if ((c === ':' || c === '@' || c === '$') && /[A-Za-z_]/.test(next)) {
+      throw new RangeError(`named parameter in ${JSON.stringify(s)}: use ? only`);
+    }
+  }
   return n;
+}
+
+/** The rows an update must change: `want`, 0 meaning 1. */
+function wantRows(want) {
+  if (!Number.isSafeInteger(want)) throw new TypeError(`want must be an integer, not ${typeof want}`);
+  if (want < 0) throw new RangeError(`want ${want} (rows must be 1 or more; 0 means 1)`);
+  return want || 1;
 }
 
 module.exports = {
   StaleTokenError,
+  RowCountError,
   domainOf,
   advance,
   advanceBlock,
@@ -291,6 +440,7 @@ module.exports = {
   highWater,
   withFence,
   withFenceBlock,
+  isRetryable,
   conditionalUpdate,
   encodeToken,
   decodeToken,

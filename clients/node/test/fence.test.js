@@ -76,3 +76,27 @@ test('withFenceBlock rolls back on a stale key before the callback', async () =>
   assert.deepEqual(stmts, ['BEGIN', 'INSERT', 'INSERT', 'COMMIT']);
   await assert.rejects(fence.withFenceBlock(db, { dialect: 'sqlite', domain: 'd', keys: [], token: 3n }, async () => {}), RangeError);
 });
+
+test('conditionalUpdate (SQLite): one statement; where\'s params passed twice, counted past quotes and comments', async () => {
+  // The same statement as Go's fence.Update and Python's Fence.update, which
+  // run it on a real SQLite (clients/go/fence, clients/python/tests/test_fence.py).
+  const calls = [];
+  const db = { query: async (sql, params) => { calls.push([sql, params]); return { rowCount: 2 }; } };
+  const enc = fence.encodeToken(11n);
+  assert.equal(await fence.conditionalUpdate(db, {
+    dialect: 'sqlite', table: 'accounts', set: "balance = balance - ? /* ? */, note = '?'''", where: 'id IN (?, ?) -- ?\n',
+    params: [5, 'b', 'c'], token: 11n, want: 2,
+  }), 2);
+  assert.equal(calls[0][0], "UPDATE accounts SET fence_token = ?, balance = balance - ? /* ? */, note = '?''' " +
+    'WHERE (id IN (?, ?) -- ?\n) AND fence_token <= ? AND (SELECT count(*) = ? AND max(fence_token) <= ? ' +
+    'FROM (SELECT fence_token FROM accounts WHERE (id IN (?, ?) -- ?\n)) AS ticketing_fence_rows)');
+  assert.deepEqual(calls[0][1], [enc, 5, 'b', 'c', enc, 2, enc, 'b', 'c']);
+  for (const [set, where, params] of [['balance = ?1', 'id = ?2', [1, 'b']], ['balance = :b', 'id = ?', [1, 'b']], ['balance = ?', 'id = ?', [1]]]) {
+    await assert.rejects(fence.conditionalUpdate(db, { dialect: 'sqlite', table: 'accounts', set, where, params, token: 11n }), RangeError);
+  }
+  // 0 rows: stale (nothing written); another count than want or 0: RowCountError.
+  db.query = async () => ({ rowCount: 0 });
+  await assert.rejects(fence.conditionalUpdate(db, { dialect: 'sqlite', table: 'a', set: 'x = ?', where: 'id = ?', params: [1, 2], token: 3n }), StaleTokenError);
+  db.query = async () => ({ rowCount: 2 });
+  await assert.rejects(fence.conditionalUpdate(db, { dialect: 'sqlite', table: 'a', set: 'x = ?', where: 'id = ?', params: [1, 2], token: 3n }), fence.RowCountError);
+});

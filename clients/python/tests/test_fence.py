@@ -37,8 +37,36 @@ SQLITE_SCHEMA = os.path.join(os.path.dirname(__file__), "..", "..", "schema", "f
 PG_SCHEMA = os.path.join(os.path.dirname(__file__), "..", "..", "schema", "fence.postgres.sql")
 
 
+class _Countless:
+    """A connection whose cursors report ``rowcount`` -1, as DB-API allows a
+    driver that cannot tell the rows a statement changed."""
+
+    def __init__(self, conn):
+        self._conn = conn
+
+    def cursor(self):
+        return _CountlessCursor(self._conn.cursor())
+
+    def __getattr__(self, name):
+        return getattr(self._conn, name)
+
+
+class _CountlessCursor:
+    rowcount = -1
+
+    def __init__(self, cur):
+        self._cur = cur
+
+    def __getattr__(self, name):
+        return getattr(self._cur, name)
+
+
 class Base:
     """Tests shared by both databases. Subclasses provide connect() and q()."""
+
+    #: How fenced() must open a transaction on a wrapped connection, whose
+    #: driver it cannot recognise.
+    begin = None
 
     def connect(self):  # pragma: no cover - abstract
         raise NotImplementedError
@@ -188,6 +216,30 @@ class Base:
         self.assertFalse(self.ledger_has(newer_conn, "stale"))
         self.assertEqual(self.marks(newer_conn, "x", "y"), [12, 12])
 
+    def test_no_rowcount_refused(self):
+        # rowcount -1 read as "not 0" let a stale token's write commit.
+        conn = self.connect()
+        self.assertTrue(self.write(conn, "k-rc", 10, "rc-first"))
+        f = fence.Fence.for_connection(conn)
+        blind = _Countless(conn)
+        with self.assertRaises(fence.RowCountError) as cm:
+            with fence.fenced(blind, "test", "k-rc", 9, paramstyle=f.paramstyle, begin=self.begin) as cur:
+                cur.execute(self.q("INSERT INTO ledger (id, note) VALUES (?, ?)"), ("rc-stale", "k-rc"))
+        self.assertEqual(cm.exception.code, "row_count")
+        self.assertFalse(self.ledger_has(conn, "rc-stale"), "the stale write committed")
+        with self.assertRaises(fence.RowCountError):
+            with fence.fenced_block(blind, "test", ["k-rc", "k-rc2"], 9, paramstyle=f.paramstyle, begin=self.begin) as cur:
+                cur.execute(self.q("INSERT INTO ledger (id, note) VALUES (?, ?)"), ("rc-bstale", "k-rc"))
+        self.assertFalse(self.ledger_has(conn, "rc-bstale"), "the stale block write committed")
+        self.assertEqual(self.marks(conn, "k-rc", "k-rc2"), [10, 0])
+        cur = conn.cursor()
+        cur.execute(self.q("INSERT INTO accounts (id, balance, fence_token) VALUES (?, 100, ?)"), ("rc", fence.encode_token(10)))
+        conn.commit()
+        p = "?" if f.paramstyle == "qmark" else "%s"
+        with self.assertRaises(fence.RowCountError):
+            f.update(blind.cursor(), "accounts", f"balance = {p}", f"id = {p}", (1, "rc"), 9)
+        conn.rollback()
+
     def test_update_single_statement(self):
         conn = self.connect()
         cur = conn.cursor()
@@ -224,13 +276,142 @@ class Base:
         conn.rollback()
 
 
+    def test_update_want_zero_means_one(self):
+        # want=0 was "no stale check"; it is the one-row case, as Want 0 in
+        # Go and want: 0 in Node.js.
+        conn = self.connect()
+        cur = conn.cursor()
+        for id_, tok in (("w1", 10), ("w2", 1), ("w3", 1)):
+            cur.execute(
+                self.q("INSERT INTO accounts (id, balance, fence_token) VALUES (?, 100, ?)"),
+                (id_, fence.encode_token(tok)),
+            )
+        conn.commit()
+        f = fence.Fence.for_connection(conn)
+        p = "?" if f.paramstyle == "qmark" else "%s"
+
+        def balances():
+            cur.execute(self.q("SELECT id, balance FROM accounts WHERE id LIKE 'w%' ORDER BY id"))
+            out = [b for _, b in cur.fetchall()]
+            self.end_read(conn)
+            return out
+
+        with self.assertRaises(fence.StaleTokenError):
+            f.update(cur, "accounts", f"balance = {p}", f"id = {p}", (1, "w1"), 9, want=0)
+        conn.rollback()
+        self.assertEqual(balances(), [100, 100, 100])
+        # Two rows where one is expected: not a success (in a transaction,
+        # rolled back).
+        if self.begin:
+            cur.execute(self.begin)
+        with self.assertRaises(ticketing.TicketingError):
+            f.update(cur, "accounts", f"balance = {p}", f"id IN ({p}, {p})", (2, "w2", "w3"), 5, want=0)
+        conn.rollback()
+        self.assertEqual(balances(), [100, 100, 100])
+        with self.assertRaises(ValueError):
+            f.update(cur, "accounts", f"balance = {p}", f"id = {p}", (3, "w2"), 5, want=-1)
+        self.assertEqual(f.update(cur, "accounts", f"balance = {p}", f"id = {p}", (4, "w2"), 5, want=0), 1)
+        conn.commit()
+        self.assertEqual(balances(), [100, 4, 100])
+
+
+    def autocommit(self, conn):
+        """conn with every statement in a transaction of its own."""
+        return conn
+
+    def accounts(self, conn) -> str:
+        cur = conn.cursor()
+        cur.execute("SELECT id, balance, fence_token FROM accounts ORDER BY id")
+        out = " ".join(f"{i}={b}@{fence.decode_token(t)}" for i, b, t in cur.fetchall())
+        self.end_read(conn)
+        return out
+
+    def test_update_several_rows_all_or_nothing(self):
+        # Outside a transaction, a newer token on one of the rows: the form
+        # changed (and committed) the others, then raised; now it changes none.
+        conn = self.autocommit(self.connect())
+        cur = conn.cursor()
+        for id_, tok in (("a", 12), ("b", 10), ("c", 10)):
+            cur.execute(
+                self.q("INSERT INTO accounts (id, balance, fence_token) VALUES (?, 100, ?)"),
+                (id_, fence.encode_token(tok)),
+            )
+        f = fence.Fence.for_connection(conn)
+        p = "?" if f.paramstyle == "qmark" else "%s"
+        start = "a=100@12 b=100@10 c=100@10"
+        for name, params, want in (
+            ("a newer token on one row", (5, "a", "b"), 2),
+            ("the WHERE matches more rows than want", (5, "b", "c"), 1),
+            ("the WHERE matches fewer rows than want", (5, "b", "zz"), 2),
+        ):
+            with self.subTest(name):
+                with self.assertRaises(fence.StaleTokenError):
+                    f.update(cur, "accounts", f"balance = balance - {p}", f"id IN ({p}, {p})", params, 11, want=want)
+                self.assertEqual(self.accounts(conn), start)
+        self.assertEqual(f.update(cur, "accounts", f"balance = balance - {p}", f"id IN ({p}, {p})", (5, "b", "c"), 11, want=2), 2)
+        self.assertEqual(self.accounts(conn), "a=100@12 b=95@11 c=95@11")
+        if f.paramstyle == "qmark":
+            # A ? in a string or comment is no placeholder; numbered ones are refused.
+            with self.assertRaises(fence.StaleTokenError):
+                f.update(cur, "accounts", "balance = balance - ? /* ? */, id = id || '?'''", "id = ? -- ?\n", (1, "zz"), 11)
+            with self.assertRaises(ValueError):
+                f.update(cur, "accounts", "balance = ?1", "id = ?2", (1, "b"), 11)
+        else:
+            with self.assertRaises(fence.StaleTokenError):
+                f.update(cur, "accounts", "balance = balance - %s, id = id || '%%'", "id = %s", (1, "zz"), 11)
+            with self.assertRaises(ValueError):
+                f.update(cur, "accounts", "balance = %(b)s", "id = %s", (1, "b"), 11)
+        with self.assertRaises(ValueError):
+            f.update(cur, "accounts", f"balance = {p}", f"id = {p}", (1,), 11)
+
+    def test_update_waits_for_newer_holder(self):
+        # A newer holder wrote one of the rows in an open transaction: the
+        # stale update of both waits, then changes neither.
+        newer, stale = self.connect(), self.autocommit(self.connect())
+        cur = newer.cursor()
+        for id_ in ("a", "b"):
+            cur.execute(
+                self.q("INSERT INTO accounts (id, balance, fence_token) VALUES (?, 100, ?)"),
+                (id_, fence.encode_token(10)),
+            )
+        newer.commit()
+        f = fence.Fence.for_connection(newer)
+        p = "?" if f.paramstyle == "qmark" else "%s"
+        if self.begin:
+            cur.execute(self.begin)
+        f.update(cur, "accounts", f"balance = {p}", f"id = {p}", (50, "a"), 12)
+        result = {}
+
+        def run():
+            try:
+                f.update(stale.cursor(), "accounts", f"balance = {p}", f"id IN ({p}, {p})", (0, "a", "b"), 11, want=2)
+                result["err"] = None
+            except Exception as e:  # reported below
+                result["err"] = e
+
+        t = threading.Thread(target=run)
+        t.start()
+        time.sleep(0.3)
+        self.assertTrue(t.is_alive(), "the stale update must wait for the open newer transaction")
+        if self.begin:
+            cur.execute("COMMIT")
+        else:
+            newer.commit()
+        t.join(15)
+        self.assertIsInstance(result["err"], fence.StaleTokenError)
+        self.assertEqual(self.accounts(newer), "a=50@12 b=100@10")
+
+
 class SQLiteFenceTest(Base, unittest.TestCase):
+    begin = "BEGIN IMMEDIATE"
+    journal_mode = "WAL"
+
     def setUp(self):
         self.dir = tempfile.TemporaryDirectory()
         self.addCleanup(self.dir.cleanup)
         self.path = os.path.join(self.dir.name, "fence.db")
         conn = sqlite3.connect(self.path, isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA journal_mode={self.journal_mode}")
         with open(SQLITE_SCHEMA) as fh:
             conn.executescript(fh.read())
         conn.execute(
@@ -268,6 +449,12 @@ class SQLiteFenceTest(Base, unittest.TestCase):
                 fence.encode_token(bad)
         with self.assertRaises(TypeError):
             fence.encode_token("5")  # type: ignore[arg-type]
+
+
+class SQLiteRollbackJournalFenceTest(SQLiteFenceTest):
+    """The same tests with SQLite's rollback journal instead of WAL."""
+
+    journal_mode = "DELETE"
 
 
 @unittest.skipUnless(PG_DSN, "TICKETING_TEST_PG_DSN is not set (make test starts PostgreSQL with .ci/postgres.sh)")
@@ -308,6 +495,69 @@ class PostgresFenceTest(Base, unittest.TestCase):  # pragma: no cover - depends 
 
     def end_read(self, conn) -> None:
         conn.rollback()
+
+    def autocommit(self, conn):
+        conn.autocommit = True
+        return conn
+
+    def test_retry_serialization_failure(self):
+        # At SERIALIZABLE, writers that wait on the fence row while another
+        # transaction writes it get 40001 when it commits, the legitimate
+        # newer holder included; with retries it writes on a retry with the
+        # same token, and the stale one still gets StaleTokenError.
+        def race(key, retries, tokens):
+            setup = self.connect()
+            self.assertTrue(self.write(setup, key, 10, f"{key}-first"))
+            setup.isolation_level = _pg.IsolationLevel.SERIALIZABLE
+            hold = setup.cursor()
+            fence.Fence.for_connection(setup).advance(hold, "test", key, 11)
+            hold.execute("SELECT pg_backend_pid()")
+            hold_pid = hold.fetchone()[0]
+            watch = self.autocommit(self.connect())
+            out = [None] * len(tokens)
+
+            def run(i, token):
+                conn = self.connect()
+                conn.isolation_level = _pg.IsolationLevel.SERIALIZABLE
+
+                def insert(cur):
+                    cur.execute("INSERT INTO ledger (id, note) VALUES (%s, %s)", (f"{key}-{token}", key))
+
+                try:
+                    fence.run_fenced(conn, "test", key, token, insert, retries=retries)
+                    out[i] = None
+                except Exception as e:  # reported below
+                    out[i] = e
+
+            threads = [threading.Thread(target=run, args=(i, t)) for i, t in enumerate(tokens)]
+            for t in threads:
+                t.start()
+            # The 40001 needs each writer's snapshot taken before setup
+            # commits: wait until all of them wait on its row lock.
+            deadline = time.monotonic() + 20
+            while True:
+                cur = watch.cursor()
+                cur.execute("SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", (hold_pid,))
+                waiting = cur.fetchone()[0]
+                if waiting == len(tokens):
+                    break
+                self.assertLess(time.monotonic(), deadline, f"{waiting} of {len(tokens)} writers wait on the fence row")
+                time.sleep(0.01)
+            setup.commit()
+            for t in threads:
+                t.join(15)
+            return [(out[i], self.ledger_has(setup, f"{key}-{t}")) for i, t in enumerate(tokens)]
+
+        ((err, wrote),) = race("ser0", 0, [12])
+        self.assertTrue(fence.is_retryable(err), f"no retry: {err!r}, want a serialization failure")
+        self.assertFalse(wrote)
+        (newer_err, newer_wrote), (stale_err, stale_wrote) = race("ser1", 3, [12, 10])
+        self.assertIsNone(newer_err)
+        self.assertTrue(newer_wrote)
+        self.assertIsInstance(stale_err, fence.StaleTokenError)
+        self.assertFalse(stale_wrote)
+        self.assertEqual(self.marks(self.connect(), "ser1"), [12])
+        self.assertFalse(fence.is_retryable(fence.StaleTokenError("x")))
 
 
 if __name__ == "__main__":

@@ -55,18 +55,24 @@ sqlite3, ``%s`` for psycopg / psycopg2).
 from __future__ import annotations
 
 import contextlib
+import random
 import sys
-from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, Union
+import time
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, TypeVar, Union
 
 from ._protocol import MAX_TOKEN
 from .errors import TicketingError
 
 __all__ = [
     "StaleTokenError",
+    "RowCountError",
     "Fence",
     "fenced",
     "domain_of",
     "fenced_block",
+    "run_fenced",
+    "run_fenced_block",
+    "is_retryable",
     "encode_token",
     "decode_token",
     "DEFAULT_TABLE",
@@ -88,6 +94,27 @@ class StaleTokenError(TicketingError):
     """
 
     code = "stale_token"
+
+
+class RowCountError(TicketingError):
+    """The driver reported no row count for a fenced statement (DB-API's
+    ``rowcount == -1``), or one the fence did not expect.
+
+    Without the count the helpers cannot tell a stale token from a write,
+    so they stop instead of guessing; :func:`fenced` rolls back. Not a
+    :class:`StaleTokenError`: the driver or the statement is wrong.
+    """
+
+    code = "row_count"
+
+
+def _rowcount(cursor: Any, what: str) -> int:
+    """The rows the cursor's last statement changed. DB-API allows -1 ("not
+    known"); read as "not 0" it let a stale token's write commit."""
+    n = getattr(cursor, "rowcount", None)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise RowCountError(f"{what}: the driver reported no row count (rowcount {n!r})")
+    return n
 
 
 def encode_token(token: int) -> int:
@@ -160,14 +187,19 @@ class Fence:
     def advance(self, cursor: Any, domain: str, key: str, token: int) -> None:
         """Raise (domain, key)'s high-water mark to ``token`` in the cursor's
         open transaction, or raise :class:`StaleTokenError` (the caller must
-        then roll back). Run it before the reads and writes it protects."""
+        then roll back). Run it before the reads and writes it protects.
+        :class:`RowCountError` if the driver does not report the rows the
+        upsert changed (``rowcount`` -1): roll back as well."""
         if token == 0:
             raise ValueError("token 0 (tokens start at 1)")
         cursor.execute(self.advance_sql(), (domain, key, encode_token(token)))
-        if cursor.rowcount == 0:
+        n = _rowcount(cursor, f"fence {domain}/{key}")
+        if n == 0:
             raise StaleTokenError(
                 f"{domain}/{key}: token {token} is older than the stored high-water mark"
             )
+        if n != 1:
+            raise RowCountError(f"fence {domain}/{key}: the upsert changed {n} rows, not 1")
 
     def advance_block(self, cursor: Any, domain: str, keys: Iterable[str], token: int) -> None:
         """:meth:`advance` for a seat block, whose keys share one token:
@@ -265,31 +297,118 @@ class Fence:
         column: str = "fence_token",
         want: int = 1,
     ) -> int:
-        """Single-statement form for a row that carries its own token column
-        (``BIGINT NOT NULL DEFAULT -9223372036854775808``, i.e. :data:`ZERO`).
+        """Single-statement form for rows that carry their own token column
+        (``BIGINT NOT NULL DEFAULT -9223372036854775808``, i.e. :data:`ZERO`):
+        one statement that writes every row ``where_sql`` matches, or none::
 
-        Runs ``UPDATE table SET column = <token>, set_sql WHERE (where_sql)
-        AND column <= <token>``; ``set_sql`` and ``where_sql`` use the
-        paramstyle's placeholders for ``params`` (``qmark``/``%s``: in order).
-        Raises :class:`StaleTokenError` if fewer than ``want`` rows changed:
-        a newer token wrote them, or they do not exist. Returns the count.
-        Atomic by itself; commit as usual for the driver.
+            UPDATE table SET column = <token>, set_sql
+             WHERE (where_sql) AND column <= <token>
+               AND (SELECT count(*) = <want> AND max(column) <= <token>
+                      FROM (SELECT column FROM table WHERE (where_sql) FOR UPDATE) AS ticketing_fence_rows)
+
+        (SQLite, paramstyle ``qmark``: without ``FOR UPDATE``; a statement
+        there runs alone. ``format``/``pyformat`` is taken for PostgreSQL.
+        The statement starts with ``UPDATE``: Python 3.11's sqlite3 reports
+        ``rowcount`` -1 for one that starts with ``WITH``.)
+        It writes only when ``where_sql`` matches exactly ``want`` rows and
+        none has a newer token, so a stale token changes no row, outside a
+        transaction too. In PostgreSQL ``FOR UPDATE`` waits for a newer
+        holder's open transaction on those rows and reads what it committed.
+
+        ``set_sql`` and ``where_sql`` use the paramstyle's placeholders for
+        ``params``, in order (``?`` or ``%s``; no numbered or named ones):
+        ``where_sql`` appears twice, so its parameters, found by counting the
+        placeholders of ``set_sql``, are passed twice.
+
+        Raises :class:`StaleTokenError` when it changed no row (a row's token
+        is newer, or ``where_sql`` does not match ``want`` rows): nothing was
+        written. ``want`` 0 means 1, never "no check" (as ``Want`` 0 in Go
+        and ``want: 0`` in Node.js). :class:`RowCountError` for any other
+        count, which the statement should not give (roll back a transaction
+        it ran in). Returns the count; commit as usual for the driver.
         """
         if token == 0:
             raise ValueError("token 0 (tokens start at 1)")
+        want = _want(want)
         if self.paramstyle == "numeric":
             raise ValueError("update() supports positional paramstyles only (qmark, format, pyformat)")
+        params = tuple(params)
+        n_set, n_where = _count_placeholders(set_sql, self.paramstyle), _count_placeholders(where_sql, self.paramstyle)
+        if n_set + n_where != len(params):
+            raise ValueError(f"set_sql and where_sql have {n_set + n_where} placeholders, params {len(params)} values")
         (p,) = _placeholders(self.paramstyle, 1)
+        lock = "" if self.paramstyle == "qmark" else " FOR UPDATE"
         enc = encode_token(token)
         cursor.execute(
-            f"UPDATE {table} SET {column} = {p}, {set_sql} WHERE ({where_sql}) AND {column} <= {p}",
-            (enc, *params, enc),
+            f"UPDATE {table} SET {column} = {p}, {set_sql} WHERE ({where_sql}) AND {column} <= {p} "
+            f"AND (SELECT count(*) = {p} AND max({column}) <= {p} "
+            f"FROM (SELECT {column} FROM {table} WHERE ({where_sql}){lock}) AS {_ROWS_CTE})",
+            (enc, *params, enc, want, enc, *params[n_set:]),
         )
-        if cursor.rowcount < want:
+        n = _rowcount(cursor, f"update {table}")
+        if n == want:
+            return n
+        if n == 0:
             raise StaleTokenError(
-                f"update {table} with token {token} changed {cursor.rowcount} of {want} rows"
+                f"update {table} with token {token} changed no row "
+                f"(a newer token holds one of the rows, or the WHERE does not match {want} rows)"
             )
-        return cursor.rowcount
+        raise RowCountError(f"update {table} with token {token} changed {n} rows, not {want} or none")
+
+
+#: Names the rows update() checks (a derived table); unusual enough not to
+#: clash with a caller's name.
+_ROWS_CTE = "ticketing_fence_rows"
+
+
+def _count_placeholders(sql: str, paramstyle: str) -> int:
+    """The positional placeholders of an SQL fragment. They split update()'s
+    params between set_sql and where_sql, so a numbered or named one, which
+    would make the split wrong, is refused. sqlite3 parses the SQL: a ? in
+    a quoted string, identifier or comment is none. psycopg does not: every
+    %s (%b, %t) is one, %% is a literal %."""
+    n, i = 0, 0
+    while i < len(sql):
+        c = sql[i]
+        nxt = sql[i + 1] if i + 1 < len(sql) else ""
+        if paramstyle != "qmark":
+            if c == "%":
+                if nxt in ("s", "b", "t"):
+                    n += 1
+                elif nxt != "%":
+                    raise ValueError(f"placeholder %{nxt} in {sql!r}: use %s only (and %% for %)")
+                i += 2
+                continue
+        elif c in "'\"`[":
+            j = sql.find("]" if c == "[" else c, i + 1)
+            if j < 0:
+                raise ValueError(f"unterminated {c} in {sql!r}")
+            i = j  # a doubled quote is two quoted runs in a row
+        elif c == "-" and nxt == "-":
+            j = sql.find("\n", i)
+            i = len(sql) if j < 0 else j
+        elif c == "/" and nxt == "*":
+            j = sql.find("*/", i + 2)
+            if j < 0:
+                raise ValueError(f"unterminated comment in {sql!r}")
+            i = j + 1
+        elif c == "?":
+            if nxt.isdigit():
+                raise ValueError(f"numbered parameter in {sql!r}: use ? only")
+            n += 1
+        elif c in ":@$" and (nxt.isalpha() or nxt == "_"):
+            raise ValueError(f"named parameter in {sql!r}: use ? only")
+        i += 1
+    return n
+
+
+def _want(want: Any) -> int:
+    """The rows an update must change: ``want``, 0 meaning 1."""
+    if isinstance(want, bool) or not isinstance(want, int):
+        raise TypeError(f"want must be an int, not {type(want).__name__}")
+    if want < 0:
+        raise ValueError(f"want {want} (rows must be 1 or more; 0 means 1)")
+    return want or 1
 
 
 def domain_of(domain: Any) -> str:
@@ -349,6 +468,90 @@ def fenced_block(
     :meth:`Fence.block_transaction`. ``domain`` as for :func:`fenced`."""
     f = Fence(paramstyle or _paramstyle_of(conn), table)
     return f.block_transaction(conn, domain_of(domain), keys, token, begin=begin)
+
+
+T = TypeVar("T")
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Whether ``exc`` is a PostgreSQL serialization failure (SQLSTATE 40001)
+    or deadlock (40P01), as psycopg (``sqlstate``) or psycopg2 (``pgcode``)
+    reports it: the transaction was rolled back and may be run again from
+    the start, with the same token."""
+    code = getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)
+    return code in ("40001", "40P01")
+
+
+def run_fenced(
+    conn: Any,
+    domain: Union[str, Any],
+    key: str,
+    token: int,
+    fn: Callable[[Any], T],
+    *,
+    retries: int = 0,
+    table: str = DEFAULT_TABLE,
+    paramstyle: Optional[str] = None,
+    begin: Optional[str] = None,
+) -> T:
+    """``fn(cur)`` in :func:`fenced`'s transaction; returns its result.
+
+    A ``with`` block cannot be run again; a function can. ``retries``
+    (default 0) is how many more times the whole transaction (begin,
+    advance, ``fn``, commit) runs, with the same token, after PostgreSQL
+    aborted it with a serialization failure or deadlock (40001, 40P01;
+    :func:`is_retryable`): at REPEATABLE READ and SERIALIZABLE the
+    legitimate holder gets 40001 when another transaction changed the fence
+    row after its snapshot began. A retry runs ``fn`` again, so it must have
+    no effect outside the transaction. A stale token stays stale: its retry
+    raises :class:`StaleTokenError`. Other arguments as for :func:`fenced`.
+    """
+    d = domain_of(domain)
+
+    def once() -> T:
+        with fenced(conn, d, key, token, table=table, paramstyle=paramstyle, begin=begin) as cur:
+            return fn(cur)
+
+    return _retry(once, retries)
+
+
+def run_fenced_block(
+    conn: Any,
+    domain: Union[str, Any],
+    keys: Iterable[str],
+    token: int,
+    fn: Callable[[Any], T],
+    *,
+    retries: int = 0,
+    table: str = DEFAULT_TABLE,
+    paramstyle: Optional[str] = None,
+    begin: Optional[str] = None,
+) -> T:
+    """:func:`run_fenced` for a seat block: ``fn(cur)`` in
+    :func:`fenced_block`'s transaction, ``retries`` as for :func:`run_fenced`."""
+    d = domain_of(domain)
+    ks = _key_set(keys, token)
+
+    def once() -> T:
+        with fenced_block(conn, d, ks, token, table=table, paramstyle=paramstyle, begin=begin) as cur:
+            return fn(cur)
+
+    return _retry(once, retries)
+
+
+def _retry(once: Callable[[], T], retries: int) -> T:
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"retries must be an int >= 0, not {retries!r}")
+    attempt = 0
+    while True:
+        try:
+            return once()
+        except Exception as e:
+            if attempt >= retries or not is_retryable(e):
+                raise
+        # A short random pause lets the transaction it conflicted with finish.
+        time.sleep(random.uniform(0, 0.005 * 2 ** min(attempt, 6)))
+        attempt += 1
 
 
 def _key_set(keys: Iterable[str], token: int) -> List[str]:
