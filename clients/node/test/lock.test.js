@@ -222,6 +222,53 @@ test('of two extends under way at once, the first one\'s OK stays at most the se
   }
 });
 
+// ATTACK (attack branch): the second extend's OK must stay at most the
+// first's end when the first ran at the same time, whatever the first's
+// outcome: the sidecar may apply the first (a shorter lease) last. Replies
+// come in order, so the first's call returns (and dropped its cap) before
+// the second's OK is handled.
+test('ATTACK: of two extends under way at once, the second one\'s OK stays at most the first\'s end, whatever its outcome (issue 39)', async () => {
+  for (const first of ['OK', 'INDETERMINATE', 'ERR unavailable no leader']) {
+    const peers = [];
+    const { client } = await setup((line, peer) => {
+      if (!line.startsWith('EXTEND')) return undefined;
+      peers.push(peer);
+      return null; // answered below, both in one write
+    });
+    const lock = await client.lock('k', { lease: 60, wait: 0 });
+    const one = lock.extend(5).catch((e) => e);
+    const two = lock.extend(100);
+    while (peers.length < 2) await sleep(5);
+    peers[0].write(`${first}\nOK\n`);
+    const err = await one;
+    await two;
+    assert.equal(first === 'OK', err === undefined, `${first}: ${err}`);
+    assert.ok(lock.remaining() <= 5 - 0.3, `${first}: remaining ${lock.remaining()} after the second extend's OK, want at most 4.7`);
+  }
+});
+
+// ATTACK (attack branch): an extend whose caller gave up (local reply
+// timeout) is still in flight; a later extend's OK must stay at most its end.
+test('ATTACK: an extend that timed out locally still caps the OK of an extend sent while it was in flight (issue 39)', async () => {
+  const peers = [];
+  const fake = await new FakeSidecar((line, peer) => {
+    if (!line.startsWith('EXTEND')) return undefined;
+    peers.push(peer);
+    return null; // answered below
+  }).start();
+  const client = new Client({ path: fake.path, replyGrace: 0.05 });
+  cleanup.push(() => fake.stop(), () => client.close());
+  const lock = await client.lock('k', { lease: 60, wait: 0 });
+  // Its reply never comes in time (5 s + 0.05 s): IndeterminateError, the
+  // EXTEND still with the sidecar, which may apply it after the next one.
+  await assert.rejects(lock.extend(30), ticketing.IndeterminateError);
+  const two = lock.extend(200);
+  while (peers.length < 2) await sleep(5);
+  peers[0].write('OK\nOK\n'); // the first (late), then the second
+  await two;
+  assert.ok(lock.remaining() <= 30 - 0.55 - 5, `remaining ${lock.remaining()} after the second extend's OK, want at most the first's end (~24.4)`);
+});
+
 test('a block lock extends by its first key and is lost as one', async () => {
   const { fake, client } = await setup();
   const lock = await client.lockBlock(['s/2', 's/1'], { lease: 10, wait: 0 });
