@@ -267,6 +267,12 @@ test('ATTACK: an extend that timed out locally still caps the OK of an extend se
   peers[0].write('OK\nOK\n'); // the first (late), then the second
   await two;
   assert.ok(lock.remaining() <= 30 - 0.55 - 5, `remaining ${lock.remaining()} after the second extend's OK, want at most the first's end (~24.4)`);
+  // Both answered and no call under way: nothing caps a later extend.
+  const three = lock.extend(100);
+  while (peers.length < 3) await sleep(5);
+  peers[0].write('OK\n');
+  await three;
+  assert.ok(lock.remaining() > 90, `remaining ${lock.remaining()} after a lone extend's OK, want ~98.7`);
 });
 
 test('a block lock extends by its first key and is lost as one', async () => {
