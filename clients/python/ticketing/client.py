@@ -246,11 +246,14 @@ class _Connection:
             elif isinstance(d, p.Lost):
                 d.target._lose(d.reason, d.from_sidecar)
             elif isinstance(d, p.Teardown):
+                # The locks are told first: a caller woken by its request's
+                # failure must find them lost (the session is gone, and the
+                # sidecar releases its locks and hands their keys on).
+                for lock in d.locks:
+                    lock._lose(p.REASON_DISCONNECTED, False)
                 for req in d.requests:
                     if not req.handle.done():
                         req.handle.set_exception(d.error)
-                for lock in d.locks:
-                    lock._lose(p.REASON_DISCONNECTED, False)
 
     def close(self) -> None:
         with self._lock:
