@@ -1,0 +1,64 @@
+package ticketing
+
+// ATTACK (attack branch): interleavings of a Lock's local deadline and
+// lost signal found by adversarial testing.
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+// The connection ends (the sidecar closed it: it releases the session's
+// locks and may hand their keys on) and an Extend runs right then. The
+// reader publishes the connection's error (cn.err) before it loses the
+// Locks (lostAll), so a call made in between fails with ErrClosed while
+// its Lock is not lost: Extend returns ErrClosed and Lost() is open,
+// Remaining() > 0, although the session is gone. The same for any call
+// (Ping, Release) whose caller then checks its Lock. The reader's pause
+// between the two steps (a preemption in the wild) is made deterministic
+// by holding cn.lmu, which lostAll takes first.
+func TestAttackExtendFailingWithTheConnectionFindsTheLockLost(t *testing.T) {
+	c, f := pipeClient(t, "HELLO 3 events")
+	l := takeLock(t, c, f, "k", 60*time.Second, nil, "OK 5")
+	cn := l.cn
+	cn.lmu.Lock()
+	held := true
+	unhold := func() {
+		if held {
+			held = false
+			cn.lmu.Unlock()
+		}
+	}
+	defer unhold()
+	f.conn.Close() // the sidecar ends the connection
+	// Until the reader published the end (or is held before it).
+	for deadline := time.Now().Add(200 * time.Millisecond); cn.alive() && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	type res struct {
+		err  error
+		lost bool
+		left time.Duration
+	}
+	ch := async(func() res {
+		err := l.Extend(context.Background(), 30*time.Second)
+		return res{err, isLost(l), l.Remaining()}
+	})
+	var r res
+	select {
+	case r = <-ch:
+	case <-time.After(200 * time.Millisecond):
+		unhold() // the Extend waits for the Locks to be lost: let it
+		r = recv(t, ch)
+	}
+	unhold()
+	if !errors.Is(r.err, ErrClosed) {
+		t.Fatalf("Extend: %v, want ErrClosed", r.err)
+	}
+	waitLost(t, l, LostDisconnected)
+	if !r.lost || r.left != 0 {
+		t.Fatalf("Extend returned ErrClosed with its Lock not lost (lost %v, Remaining %v): the session is gone", r.lost, r.left)
+	}
+}
