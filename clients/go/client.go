@@ -905,6 +905,10 @@ func (cn *conn) enqueue(cl *call) error {
 	if _, err := cn.nc.Write([]byte(cl.line + "\n")); err != nil {
 		cn.pending = cn.pending[:len(cn.pending)-1]
 		delete(cn.queuedCalls, cl.n)
+		// The Locks are lost before anyone can see the connection's end
+		// (cn.err, under cn.mu): a caller failing with ErrClosed finds its
+		// Lock lost. Lock order: cn.mu before cn.lmu before a Lock's mu.
+		cn.lostAll()
 		cn.err = err
 		cn.nc.Close()
 		return fmt.Errorf("%w: %w", ErrClosed, err)
@@ -981,6 +985,10 @@ func (cn *conn) readLoop() {
 	if refusal != nil {
 		err = refusal
 	}
+	// The Locks are lost before the connection's end is published
+	// (cn.err): a call that fails with ErrClosed from then on finds its
+	// Lock lost (the session is gone: the sidecar releases its locks).
+	cn.lostAll()
 	cn.mu.Lock()
 	if cn.err == nil {
 		cn.err = err
@@ -990,7 +998,6 @@ func (cn *conn) readLoop() {
 	cn.mu.Unlock()
 	cn.nc.Close()
 	cn.helloOnce.Do(func() { close(cn.helloDone) })
-	cn.lostAll()
 	for _, cl := range pending {
 		close(cl.ch)
 	}
