@@ -11,6 +11,7 @@ import unittest
 from typing import List
 
 import ticketing
+from ticketing import _protocol as p
 
 from .test_lost import WAIT, ScriptedSidecar
 
@@ -66,3 +67,48 @@ class ConnectionLossMidExtend(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ExtendAsTheConnectionEnds(unittest.TestCase):
+    def setUp(self) -> None:
+        self.fake = ScriptedSidecar()
+        self.client = ticketing.Client(self.fake.path)
+
+    def tearDown(self) -> None:
+        self.client.close()
+        self.fake.close()
+
+    def test_extend_as_the_connection_ends_finds_the_lock_lost(self) -> None:
+        """The sidecar closes the connection; an extend starts right then.
+        The reader records the end in the session (under the connection's
+        lock), then loses the lock objects outside it (_carry_out); an
+        extend in between fails at once with SidecarConnectionError (the
+        session refuses to send) while its lock is not lost, remaining() >
+        0, although the session is gone. The reader's pause between the
+        two steps (a thread switch in the wild) is made deterministic by
+        holding its _carry_out of the teardown for a moment."""
+        lock = self.client.lock("k", lease=60, wait=0)
+        lock.acquire()
+        conn = lock._conn
+        assert conn is not None
+        orig_carry_out = conn._carry_out
+        paused = threading.Event()
+
+        def carry_out(decisions: object) -> None:
+            decisions = list(decisions)  # type: ignore[call-overload]
+            if conn.on_reader_thread() and any(isinstance(d, p.Teardown) for d in decisions):
+                paused.set()
+                time.sleep(0.3)  # the reader thread preempted
+            orig_carry_out(decisions)
+
+        conn._carry_out = carry_out  # type: ignore[method-assign]
+        self.fake.drop()
+        self.assertTrue(paused.wait(WAIT))
+        # Refused as lost (nothing sent) or by the ended connection.
+        with self.assertRaises((ticketing.SidecarConnectionError, ticketing.LockLostError)):
+            lock.extend(30)
+        seen_lost, seen_remaining = lock.lost.is_set(), lock.remaining()
+        self.assertTrue(lock.lost.wait(WAIT))
+        self.assertTrue(seen_lost and seen_remaining == 0,
+                        f"extend raised SidecarConnectionError with the lock not lost "
+                        f"(lost={seen_lost}, remaining={seen_remaining:.1f} s): the session is gone")
