@@ -223,6 +223,11 @@ class _Connection:
                 return
 
     def _end_locked(self, td: p.Teardown) -> None:
+        # The lock objects are lost before the end is seen (under _lock): a
+        # request refused from here on (the session raises its error) finds
+        # its lock lost. Lock order: _lock before a Lock's _mu.
+        for lock in td.locks:
+            lock._lose(p.REASON_DISCONNECTED, False)
         if td.first:
             try:
                 self._sock.shutdown(socket.SHUT_RDWR)
