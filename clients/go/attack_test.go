@@ -62,3 +62,26 @@ func TestAttackExtendFailingWithTheConnectionFindsTheLockLost(t *testing.T) {
 		t.Fatalf("Extend returned ErrClosed with its Lock not lost (lost %v, Remaining %v): the session is gone", r.lost, r.left)
 	}
 }
+
+// An Extend whose ctx has already ended sends nothing (it returns ctx's
+// error), yet it lowered the Lock's deadline to its own send time + lease
+// − Margin for good: a Lock of 60 s, Extend(ended ctx, 2 s), and the Lock
+// is lost (LostDeadline) 1.73 s later although no EXTEND ever left and the
+// cluster holds the lease for 60 s. Liveness: the holder gives up a lock
+// it holds.
+func TestAttackExtendWithAnEndedContextLeavesTheDeadline(t *testing.T) {
+	c, f := pipeClient(t, "HELLO 3 events")
+	clk := &fakeClock{t: time.Unix(1000, 0)}
+	c.now = clk.now
+	l := takeLock(t, c, f, "k", 60*time.Second, nil, "OK 5")
+	before := l.Remaining()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := l.Extend(ctx, 2*time.Second); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Extend with an ended ctx: %v", err)
+	}
+	f.noReq()
+	if got := l.Remaining(); got != before {
+		t.Fatalf("Remaining %v after an Extend that sent nothing, want %v (unchanged)", got, before)
+	}
+}
