@@ -225,10 +225,11 @@ func (l *Lock) Extend(ctx context.Context, lease time.Duration) error {
 	}
 	sent := l.c.clock()
 	end := sent.Add(lease - Margin(lease))
+	ctxErr := ctx.Err() // ended already: nothing is sent, nothing capped
 	l.mu.Lock()
 	lost, released := l.lostErrLocked(), l.released
 	var ext *extendRec
-	if lost == nil && !released {
+	if lost == nil && !released && ctxErr == nil {
 		ext = l.beginExtendLocked(end)
 		l.capLocked(end)
 	}
@@ -238,6 +239,8 @@ func (l *Lock) Extend(ctx context.Context, lease time.Duration) error {
 		return lost
 	case released:
 		return &Error{Code: "not_held", Message: "the lock was released (nothing sent)"}
+	case ctxErr != nil:
+		return ctxErr
 	}
 	defer l.finishExtend()
 	err := l.cn.extend(ctx, l.keys[0], l.token, lease, func() { l.settleExtend(ext) })
