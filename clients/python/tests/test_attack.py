@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 import unittest
-from typing import List
+from typing import List, Optional
 
 import ticketing
 from ticketing import _protocol as p
@@ -112,3 +112,163 @@ class ExtendAsTheConnectionEnds(unittest.TestCase):
         self.assertTrue(seen_lost and seen_remaining == 0,
                         f"extend raised SidecarConnectionError with the lock not lost "
                         f"(lost={seen_lost}, remaining={seen_remaining:.1f} s): the session is gone")
+
+
+# -- random interleavings of concurrent extends (these hold) -------------------
+
+import asyncio  # noqa: E402
+import os  # noqa: E402
+import random  # noqa: E402
+import socket  # noqa: E402
+import tempfile  # noqa: E402
+from typing import Any, Dict  # noqa: E402
+
+
+def _bound(recs: List[Dict[str, Any]]) -> float:
+    """The earliest end (receive time + validity) of an EXTEND that may have
+    applied last: one not followed by an OK EXTEND received after it was
+    answered."""
+    bound = float("inf")
+    for e in recs:
+        if not any(f is not e and f["outcome"] == "OK" and f["recv"] > e["answer"] for f in recs):
+            bound = min(bound, e["recv"] + p.validity(e["lease"]))
+    return bound
+
+
+def _outcome(rng: random.Random) -> str:
+    o = rng.random()
+    return "OK" if o < 0.6 else "INDETERMINATE" if o < 0.8 else "ERR unavailable no leader"
+
+
+class _InOrderFake:
+    """A sidecar that answers HELLO and ACQUIRE at once and EXTENDs when the
+    test says (reply_oldest), in order."""
+
+    def __init__(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="tk-attack-")
+        self.path = os.path.join(self.dir, "s.sock")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(self.path)
+        self.sock.listen()
+        self.pending: List[Dict[str, Any]] = []
+        self.received = 0
+        self.mu = threading.Lock()
+        self.conn: Any = None
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        conn, _ = self.sock.accept()
+        self.conn = conn
+        token = 100
+        try:
+            with conn.makefile("rb") as f:
+                for raw in f:
+                    line = raw.decode().rstrip("\n")
+                    if line.startswith("HELLO"):
+                        conn.sendall(b"HELLO 4 events\n")
+                    elif line.startswith("ACQUIRE"):
+                        token += 1
+                        conn.sendall(f"OK {token}\n".encode())
+                    elif line.startswith("EXTEND"):
+                        with self.mu:
+                            self.pending.append({"lease": int(line.split()[3]), "recv": time.monotonic()})
+                            self.received += 1
+        except OSError:
+            pass
+
+    def reply_oldest(self, outcome: str) -> Optional[Dict[str, Any]]:
+        with self.mu:
+            if not self.pending:
+                return None
+            r = self.pending.pop(0)
+            r["outcome"], r["answer"] = outcome, time.monotonic()
+            self.conn.sendall((outcome + "\n").encode())
+            return r
+
+    def close(self) -> None:
+        self.sock.close()
+        if self.conn is not None:
+            self.conn.close()
+        os.unlink(self.path)
+        os.rmdir(self.dir)
+
+
+class StressConcurrentExtends(unittest.TestCase):
+    ROUNDS = 40
+
+    def test_sync_threads(self) -> None:
+        for seed in range(1, self.ROUNDS + 1):
+            rng = random.Random(seed)
+            fake = _InOrderFake()
+            client = ticketing.Client(fake.path)
+            try:
+                lock = client.lock("k", lease=200, wait=0)
+                lock.acquire()
+                base = client.requests_sent
+                n = rng.randint(2, 6)
+                threads: List[threading.Thread] = []
+                recs: List[Dict[str, Any]] = []
+
+                def ext(lease: int) -> None:
+                    try:
+                        lock.extend(lease)
+                    except ticketing.TicketingError:
+                        pass
+
+                while (len(threads) < n or any(t.is_alive() for t in threads) or fake.pending
+                       or fake.received < client.requests_sent - base):
+                    if len(threads) < n and rng.random() < 0.5:
+                        t = threading.Thread(target=ext, args=(rng.randint(1, 199),))
+                        t.start()
+                        threads.append(t)
+                    else:
+                        r = fake.reply_oldest(_outcome(rng))
+                        if r is not None:
+                            recs.append(r)
+                    time.sleep(rng.choice([0, 0, 0.0005, 0.002]))
+                now = time.monotonic()
+                left, bound = lock.remaining(), _bound(recs)
+                self.assertLessEqual(now + left, bound + 0.001,
+                                     f"seed {seed}: remaining {left:.2f} s, want at most {bound - now:.2f} s; "
+                                     f"{[(r['lease'], r['outcome']) for r in recs]}")
+            finally:
+                client.close()
+                fake.close()
+
+    def test_asyncio_tasks_some_cancelled(self) -> None:
+        async def one(seed: int) -> None:
+            rng = random.Random(seed)
+            loop = asyncio.get_running_loop()
+            fake = _InOrderFake()
+            client = ticketing.AsyncClient(fake.path)
+            try:
+                lock = client.lock("k", lease=200, wait=0)
+                await lock.acquire()
+                base = client.requests_sent
+                n = rng.randint(2, 6)
+                tasks: List[asyncio.Future] = []
+                recs: List[Dict[str, Any]] = []
+                while (len(tasks) < n or any(not t.done() for t in tasks) or fake.pending
+                       or fake.received < client.requests_sent - base):
+                    if len(tasks) < n and rng.random() < 0.5:
+                        t = asyncio.ensure_future(lock.extend(rng.randint(1, 199)))
+                        tasks.append(t)
+                        if rng.random() < 0.25:
+                            loop.call_later(rng.choice([0, 0.0005, 0.002]), t.cancel)
+                    else:
+                        r = fake.reply_oldest(_outcome(rng))
+                        if r is not None:
+                            recs.append(r)
+                    await asyncio.sleep(rng.choice([0, 0, 0.0005, 0.002]))
+                await asyncio.gather(*tasks, return_exceptions=True)
+                now = time.monotonic()
+                left, bound = lock.remaining(), _bound(recs)
+                self.assertLessEqual(now + left, bound + 0.001,
+                                     f"seed {seed}: remaining {left:.2f} s, want at most {bound - now:.2f} s; "
+                                     f"{[(r['lease'], r['outcome']) for r in recs]}")
+            finally:
+                await client.close()
+                fake.close()
+
+        for seed in range(1, self.ROUNDS + 1):
+            asyncio.run(one(seed))
