@@ -8,6 +8,7 @@ const assert = require('node:assert/strict');
 const { spawn } = require('node:child_process');
 const path = require('node:path');
 const { afterEach, test } = require('node:test');
+const { performance } = require('node:perf_hooks');
 const ticketing = require('..');
 const p = require('../lib/protocol');
 const { FakeSidecar } = require('../support/fakesidecar');
@@ -273,6 +274,58 @@ test('ATTACK: an extend that timed out locally still caps the OK of an extend se
   peers[0].write('OK\n');
   await three;
   assert.ok(lock.remaining() > 90, `remaining ${lock.remaining()} after a lone extend's OK, want ~98.7`);
+});
+
+// ATTACK (attack branch): random interleavings of extends of one lock
+// against in-order replies of random outcomes; the deadline stays at most
+// the end of every EXTEND that may have applied last (one not followed by
+// an OK EXTEND sent after it was answered). It catches the bug of the two
+// ATTACK tests above.
+test('ATTACK: random concurrent extends keep the deadline at most the end of every EXTEND that may have applied last', async () => {
+  const validity = (lease) => lease * 1000 - p.marginMillis(lease);
+  for (let seed = 1; seed <= 60; seed++) {
+    let st = seed;
+    const rnd = () => { st = (st * 1103515245 + 12345) % 2147483648; return st / 2147483648; };
+    let peer = null;
+    const { fake, client } = await setup((line, pr) => {
+      if (!line.startsWith('EXTEND')) return undefined;
+      peer = pr;
+      return null;
+    });
+    const lock = await client.lock('k', { lease: 200, wait: 0 });
+    const queue = [];
+    const recs = [];
+    const calls = [];
+    const n = 2 + Math.floor(rnd() * 5);
+    while (calls.length < n || queue.length > 0) {
+      if (calls.length < n && (rnd() < 0.5 || queue.length === 0)) {
+        const rec = { lease: 1 + Math.floor(rnd() * 199) };
+        calls.push(lock.extend(rec.lease).catch(() => {}));
+        rec.sentAt = performance.now(); // the write happened in the call
+        queue.push(rec);
+      } else {
+        while (fake.lines.filter((l) => l.startsWith('EXTEND')).length < calls.length) await sleep(1);
+        const rec = queue.shift();
+        const o = rnd();
+        rec.outcome = o < 0.6 ? 'OK' : o < 0.8 ? 'INDETERMINATE' : 'ERR unavailable no leader';
+        rec.answerAt = performance.now();
+        recs.push(rec);
+        peer.write(`${rec.outcome}\n`);
+      }
+      if (rnd() < 0.5) await sleep(rnd() < 0.5 ? 0 : 2);
+    }
+    await Promise.all(calls);
+    const now = performance.now();
+    const deadline = now + lock.remaining() * 1000;
+    let bound = Infinity;
+    for (const e of recs) {
+      if (!recs.some((f) => f !== e && f.outcome === 'OK' && f.sentAt > e.answerAt)) {
+        bound = Math.min(bound, e.sentAt + validity(e.lease));
+      }
+    }
+    assert.ok(deadline <= bound + 1, `seed ${seed}: remaining ${lock.remaining()} s, want at most ${(bound - now) / 1000} s; `
+      + JSON.stringify(recs.map((r) => [r.lease, r.outcome])));
+  }
 });
 
 test('a block lock extends by its first key and is lost as one', async () => {
