@@ -85,3 +85,25 @@ func TestAttackExtendWithAnEndedContextLeavesTheDeadline(t *testing.T) {
 		t.Fatalf("Remaining %v after an Extend that sent nothing, want %v (unchanged)", got, before)
 	}
 }
+
+// Client.Release of a Lock's key and token frees the key (the cluster may
+// hand it on at once, and the sidecar sends no lost event for a release),
+// but the Lock is not told: Remaining() stays > 0 and its Context is never
+// cancelled, so a part of the program holding the Lock goes on believing
+// it holds the key for the rest of its lease. Node's client.release marks
+// such a Lock released (its remaining() is 0 from the call on).
+func TestAttackClientReleaseOfALocksKeyEndsTheLock(t *testing.T) {
+	c, f := pipeClient(t, "HELLO 3 events")
+	l := takeLock(t, c, f, "k", 60*time.Second, nil, "OK 5")
+	ch := async(func() error { return c.Release(context.Background(), "k", 5) })
+	if r := f.req(); r != "RELEASE k 5" {
+		t.Fatalf("request %q", r)
+	}
+	f.write("OK")
+	if err := recv(t, ch); err != nil {
+		t.Fatal(err)
+	}
+	if left := l.Remaining(); left != 0 {
+		t.Fatalf("Remaining %v after Client.Release of the Lock's key and token, want 0: the key is free", left)
+	}
+}
