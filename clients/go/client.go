@@ -692,7 +692,15 @@ func (c *Client) Release(ctx context.Context, key string, token uint64) error {
 	if token == 0 {
 		return fmt.Errorf("%w: token 0 (tokens start at 1)", ErrInvalidArgument)
 	}
-	r, err := c.do(ctx, releaseLine(key, token))
+	cn, err := c.conn(ctx)
+	if err != nil {
+		return err
+	}
+	// A Lock of this connection with that token and key is released from
+	// now on, as by Lock.Release: the key may be handed on at once, and
+	// the sidecar sends no lost event for a release.
+	cn.releasing(key, token)
+	r, err := cn.do(ctx, releaseLine(key, token))
 	if err != nil {
 		return err
 	}

@@ -203,6 +203,14 @@ class _Connection:
         with self._lock:
             self._session.unregister(lock.held_token, lock)
 
+    def releasing(self, key: str, token: int) -> None:
+        """A lock object of *token* with *key* is released from now on
+        (``Client.release`` of its key and token)."""
+        with self._lock:
+            lock = self._session.releasing(token, key)
+        if lock is not None:
+            lock._released_by_client()
+
     def _read_loop(self) -> None:
         while True:
             try:
@@ -534,7 +542,12 @@ class Client:
             5-second release deadline; the lease remains the safety net.
         """
         line = p.release_line(key, token)
-        p.parse_release(self._call(line, p.RELEASE_DEADLINE))
+        conn = self._connection()
+        # A lock object of this connection for key and token is released
+        # from now on, as by Lock.release: the key may be handed on at once,
+        # and the sidecar sends no lost event for a release.
+        conn.releasing(key, token)
+        p.parse_release(self._call(line, p.RELEASE_DEADLINE, conn=conn))
 
     def ping(self) -> None:
         """Round-trip ``PING``/``PONG`` to the sidecar."""
@@ -791,6 +804,15 @@ class Lock(p.LockView):
             conn.timers.cancel(timer)
             conn.unregister(self)
         self.client.release(self.key, token)
+
+    def _released_by_client(self) -> None:
+        """``Client.release`` of this lock's key and token: released, its
+        signal stops."""
+        with self._mu:
+            self._state.released = True
+            conn, timer, self._timer = self._conn, self._timer, None
+        if conn is not None:
+            conn.timers.cancel(timer)
 
     def __enter__(self) -> int:
         return self.acquire()
