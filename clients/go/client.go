@@ -720,7 +720,15 @@ func (c *Client) Release(ctx context.Context, key string, token uint64) error {
 	if token == 0 {
 		return fmt.Errorf("%w: token 0 (tokens start at 1)", ErrInvalidArgument)
 	}
-	r, err := c.do(ctx, releaseLine(key, token))
+	cn, err := c.conn(ctx)
+	if err != nil {
+		return err
+	}
+	// A Lock of this connection with that token and key is released from
+	// now on, as by Lock.Release: the key may be handed on at once, and
+	// the sidecar sends no lost event for a release.
+	cn.releasing(key, token)
+	r, err := cn.do(ctx, releaseLine(key, token))
 	if err != nil {
 		return err
 	}
@@ -933,6 +941,10 @@ func (cn *conn) enqueue(cl *call) error {
 	if _, err := cn.nc.Write([]byte(cl.line + "\n")); err != nil {
 		cn.pending = cn.pending[:len(cn.pending)-1]
 		delete(cn.queuedCalls, cl.n)
+		// The Locks are lost before anyone can see the connection's end
+		// (cn.err, under cn.mu): a caller failing with ErrClosed finds its
+		// Lock lost. Lock order: cn.mu before cn.lmu before a Lock's mu.
+		cn.lostAll()
 		cn.err = err
 		cn.nc.Close()
 		return fmt.Errorf("%w: %w", ErrClosed, err)
@@ -1009,6 +1021,10 @@ func (cn *conn) readLoop() {
 	if refusal != nil {
 		err = refusal
 	}
+	// The Locks are lost before the connection's end is published
+	// (cn.err): a call that fails with ErrClosed from then on finds its
+	// Lock lost (the session is gone: the sidecar releases its locks).
+	cn.lostAll()
 	cn.mu.Lock()
 	if cn.err == nil {
 		cn.err = err
@@ -1018,7 +1034,6 @@ func (cn *conn) readLoop() {
 	cn.mu.Unlock()
 	cn.nc.Close()
 	cn.helloOnce.Do(func() { close(cn.helloDone) })
-	cn.lostAll()
 	for _, cl := range pending {
 		close(cl.ch)
 	}

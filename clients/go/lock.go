@@ -225,10 +225,11 @@ func (l *Lock) Extend(ctx context.Context, lease time.Duration) error {
 	}
 	sent := l.c.clock()
 	end := sent.Add(lease - Margin(lease))
+	ctxErr := ctx.Err() // ended already: nothing is sent, nothing capped
 	l.mu.Lock()
 	lost, released := l.lostErrLocked(), l.released
 	var ext *extendRec
-	if lost == nil && !released {
+	if lost == nil && !released && ctxErr == nil {
 		ext = l.beginExtendLocked(end)
 		l.capLocked(end)
 	}
@@ -238,6 +239,8 @@ func (l *Lock) Extend(ctx context.Context, lease time.Duration) error {
 		return lost
 	case released:
 		return &Error{Code: "not_held", Message: "the lock was released (nothing sent)"}
+	case ctxErr != nil:
+		return ctxErr
 	}
 	defer l.finishExtend()
 	err := l.cn.extend(ctx, l.keys[0], l.token, lease, func() { l.settleExtend(ext) })
@@ -351,16 +354,21 @@ func minTime(a, b time.Time) time.Time {
 // this call on the lock's lost signal does not fire any more: its timer is
 // stopped and events for it are ignored.
 func (l *Lock) Release(ctx context.Context) error {
-	l.mu.Lock()
-	l.released = true
-	l.timer.Stop()
-	l.mu.Unlock()
+	l.markReleased()
 	l.cn.forget(l)
 	r, err := l.cn.do(ctx, releaseLine(l.keys[0], l.token))
 	if err != nil {
 		return err
 	}
 	return releaseOutcome(r)
+}
+
+// markReleased stops the lock's signal: it is being released.
+func (l *Lock) markReleased() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.released = true
+	l.timer.Stop()
 }
 
 // lostErrLocked is the lock's *LostError, nil while it is not lost.
@@ -543,6 +551,20 @@ func (cn *conn) register(l *Lock) {
 	}
 	cn.locks[l.token] = l
 	cn.lmu.Unlock()
+}
+
+// releasing marks the Lock of token released (Client.Release of one of
+// its keys with its token) and stops routing events to it.
+func (cn *conn) releasing(key string, token uint64) {
+	cn.lmu.Lock()
+	l := cn.locks[token]
+	if l == nil || !slices.Contains(l.keys, key) {
+		cn.lmu.Unlock()
+		return
+	}
+	delete(cn.locks, token)
+	cn.lmu.Unlock()
+	l.markReleased()
 }
 
 // forget stops routing events to l.

@@ -450,17 +450,24 @@ class Client {
    *   the current one, opened if need be)
    * @param {{keys: string[], hook: QueuedHook}|null} [queued] an ACQUIRE's
    *   keys and onQueued hook (called until the caller gives up waiting)
+   * @param {(() => void)|null} [onAnswer] called once the sidecar answered
+   *   the line or the connection ended (or at once when nothing was sent),
+   *   whether or not the caller still waits; before the returned promise
+   *   settles when it does
    * @returns {Promise<string>}
    */
-  #call(line, bound, onLate = null, conn = null, queued = null) {
+  #call(line, bound, onLate = null, conn = null, queued = null, onAnswer = null) {
     let submitted;
     try {
       submitted = (conn ?? this.#connection()).submit(line, this.#budget(bound), queued);
     } catch (e) {
+      if (onAnswer) onAnswer(); // nothing sent: no answer will come
       return Promise.reject(e);
     }
     this.#sent++;
     const { reply, deadline, forgetQueued } = submitted;
+    // Registered first, so it runs before the caller's continuation.
+    if (onAnswer) reply.then(() => onAnswer(), () => onAnswer());
     if (deadline === null) return reply;
     const ms = Math.max(0, deadline - performance.now());
     return new Promise((resolve, reject) => {
@@ -588,7 +595,7 @@ class Client {
     const sentAt = performance.now();
     const token = p.parseAcquire(await this.#call(line, waitSeconds, (reply) => this.#releaseLateGrant(keys[0], reply), conn, queued));
     return new Lock({
-      call: (l, bound) => this.#call(l, bound, null, conn), conn, keys, token, lease, sentAt, label,
+      call: (l, bound, onAnswer = null) => this.#call(l, bound, null, conn, null, onAnswer), conn, keys, token, lease, sentAt, label,
     });
   }
 

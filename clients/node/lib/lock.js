@@ -56,11 +56,17 @@ class Lock {
   /** performance.now() time after which the lock must not be used */
   #deadline;
   /**
-   * The caps of the EXTENDs in flight ({cap}: send time + lease − margin);
-   * the deadline is never later than any of them (see extend).
-   * @type {Set<{cap: number}>}
+   * The EXTENDs that bound the deadline (see extend): those the sidecar has
+   * not answered, and those it answered while an extend call that ran at
+   * the same time is not finished. cap: send time + lease − margin; begun,
+   * answered: when, on #extendClock (answered 0 until then).
+   * @type {{cap: number, begun: number, answered: number}[]}
    */
-  #extends = new Set();
+  #extends = [];
+  /** Counts the begins and answers of EXTENDs, to tell which overlapped. */
+  #extendClock = 0;
+  /** extend calls not finished */
+  #extending = 0;
   /** @type {NodeJS.Timeout|null} */
   #timer = null;
   /** @type {string|null} */
@@ -189,33 +195,65 @@ class Lock {
     this.#checkDeadline();
     if (this.#lostReason !== null) throw new LockLostError(this.#lostReason);
     const sentAt = performance.now();
-    const mine = { cap: validUntil(sentAt, lease) };
-    this.#extends.add(mine);
+    const mine = { cap: validUntil(sentAt, lease), begun: ++this.#extendClock, answered: 0 };
+    this.#extends.push(mine);
+    this.#extending++;
     if (mine.cap < this.#deadline) {
       this.#deadline = mine.cap;
       this.#arm();
     }
     let reply;
     try {
-      reply = await this.#call(line, p.RELEASE_DEADLINE);
-    } finally {
-      this.#extends.delete(mine);
-    }
-    if (reply === 'OK') {
-      if (this.#released) return;
-      if (this.#lostReason !== null) {
-        throw new LockLostError(this.#lostReason,
-          `${LockLostError.describe(this.#lostReason)}, while its EXTEND was in flight (the EXTEND succeeded: release the lock)`);
+      // The record stays until the sidecar answers (even after this call
+      // gave up waiting: the EXTEND may still apply) and while a call that
+      // ran at the same time is under way.
+      reply = await this.#call(line, p.RELEASE_DEADLINE, () => this.#settleExtend(mine));
+      if (reply === 'OK') {
+        if (this.#released) return;
+        if (this.#lostReason !== null) {
+          throw new LockLostError(this.#lostReason,
+            `${LockLostError.describe(this.#lostReason)}, while its EXTEND was in flight (the EXTEND succeeded: release the lock)`);
+        }
+        // At most the cap of every other EXTEND that ran at the same time
+        // (not answered yet, or answered after this one was sent), whatever
+        // its outcome: the sidecar may have applied it last (issue 39).
+        let deadline = mine.cap;
+        for (const other of this.#extends) {
+          if (other !== mine && (other.answered === 0 || other.answered > mine.begun)) {
+            deadline = Math.min(deadline, other.cap);
+          }
+        }
+        this.#deadline = deadline;
+        this.#arm();
+        return;
       }
-      let deadline = mine.cap;
-      for (const other of this.#extends) deadline = Math.min(deadline, other.cap);
-      this.#deadline = deadline;
-      this.#arm();
-      return;
+    } finally {
+      this.#finishExtend();
     }
     const err = p.errorFrom(reply);
     if (err instanceof ServerError && GONE_CODES.has(err.code)) this.#lose('moved', true);
     throw err;
+  }
+
+  /** The sidecar answered `ext` (or the connection ended, or nothing was sent). */
+  #settleExtend(ext) {
+    if (ext.answered !== 0) return;
+    ext.answered = ++this.#extendClock;
+    this.#forgetExtends();
+  }
+
+  /** An extend call is over (its deadline set, or its error thrown). */
+  #finishExtend() {
+    this.#extending--;
+    this.#forgetExtends();
+  }
+
+  /**
+   * An answered EXTEND bounds only the calls under way when it was
+   * answered; once none is, only the unanswered ones count.
+   */
+  #forgetExtends() {
+    if (this.#extending === 0) this.#extends = this.#extends.filter((x) => x.answered === 0);
   }
 
   /**

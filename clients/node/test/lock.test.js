@@ -8,6 +8,7 @@ const assert = require('node:assert/strict');
 const { spawn } = require('node:child_process');
 const path = require('node:path');
 const { afterEach, test } = require('node:test');
+const { performance } = require('node:perf_hooks');
 const ticketing = require('..');
 const p = require('../lib/protocol');
 const { FakeSidecar } = require('../support/fakesidecar');
@@ -219,6 +220,111 @@ test('of two extends under way at once, the first one\'s OK stays at most the se
     const err = await other;
     assert.equal(second === 'OK', err === undefined, `${second}: ${err}`);
     assert.ok(lock.remaining() <= 5 - 0.3, `${second}: remaining ${lock.remaining()} after the first extend's OK, want at most 4.7`);
+  }
+});
+
+// ATTACK (attack branch): the second extend's OK must stay at most the
+// first's end when the first ran at the same time, whatever the first's
+// outcome: the sidecar may apply the first (a shorter lease) last. Replies
+// come in order, so the first's call returns (and dropped its cap) before
+// the second's OK is handled.
+test('ATTACK: of two extends under way at once, the second one\'s OK stays at most the first\'s end, whatever its outcome (issue 39)', async () => {
+  for (const first of ['OK', 'INDETERMINATE', 'ERR unavailable no leader']) {
+    const peers = [];
+    const { client } = await setup((line, peer) => {
+      if (!line.startsWith('EXTEND')) return undefined;
+      peers.push(peer);
+      return null; // answered below, both in one write
+    });
+    const lock = await client.lock('k', { lease: 60, wait: 0 });
+    const one = lock.extend(5).catch((e) => e);
+    const two = lock.extend(100);
+    while (peers.length < 2) await sleep(5);
+    peers[0].write(`${first}\nOK\n`);
+    const err = await one;
+    await two;
+    assert.equal(first === 'OK', err === undefined, `${first}: ${err}`);
+    assert.ok(lock.remaining() <= 5 - 0.3, `${first}: remaining ${lock.remaining()} after the second extend's OK, want at most 4.7`);
+  }
+});
+
+// ATTACK (attack branch): an extend whose caller gave up (local reply
+// timeout) is still in flight; a later extend's OK must stay at most its end.
+test('ATTACK: an extend that timed out locally still caps the OK of an extend sent while it was in flight (issue 39)', async () => {
+  const peers = [];
+  const fake = await new FakeSidecar((line, peer) => {
+    if (!line.startsWith('EXTEND')) return undefined;
+    peers.push(peer);
+    return null; // answered below
+  }).start();
+  const client = new Client({ path: fake.path, replyGrace: 0.05 });
+  cleanup.push(() => fake.stop(), () => client.close());
+  const lock = await client.lock('k', { lease: 60, wait: 0 });
+  // Its reply never comes in time (5 s + 0.05 s): IndeterminateError, the
+  // EXTEND still with the sidecar, which may apply it after the next one.
+  await assert.rejects(lock.extend(30), ticketing.IndeterminateError);
+  const two = lock.extend(200);
+  while (peers.length < 2) await sleep(5);
+  peers[0].write('OK\nOK\n'); // the first (late), then the second
+  await two;
+  assert.ok(lock.remaining() <= 30 - 0.55 - 5, `remaining ${lock.remaining()} after the second extend's OK, want at most the first's end (~24.4)`);
+  // Both answered and no call under way: nothing caps a later extend.
+  const three = lock.extend(100);
+  while (peers.length < 3) await sleep(5);
+  peers[0].write('OK\n');
+  await three;
+  assert.ok(lock.remaining() > 90, `remaining ${lock.remaining()} after a lone extend's OK, want ~98.7`);
+});
+
+// ATTACK (attack branch): random interleavings of extends of one lock
+// against in-order replies of random outcomes; the deadline stays at most
+// the end of every EXTEND that may have applied last (one not followed by
+// an OK EXTEND sent after it was answered). It catches the bug of the two
+// ATTACK tests above.
+test('ATTACK: random concurrent extends keep the deadline at most the end of every EXTEND that may have applied last', async () => {
+  const validity = (lease) => lease * 1000 - p.marginMillis(lease);
+  for (let seed = 1; seed <= 60; seed++) {
+    let st = seed;
+    const rnd = () => { st = (st * 1103515245 + 12345) % 2147483648; return st / 2147483648; };
+    let peer = null;
+    const { fake, client } = await setup((line, pr) => {
+      if (!line.startsWith('EXTEND')) return undefined;
+      peer = pr;
+      return null;
+    });
+    const lock = await client.lock('k', { lease: 200, wait: 0 });
+    const queue = [];
+    const recs = [];
+    const calls = [];
+    const n = 2 + Math.floor(rnd() * 5);
+    while (calls.length < n || queue.length > 0) {
+      if (calls.length < n && (rnd() < 0.5 || queue.length === 0)) {
+        const rec = { lease: 1 + Math.floor(rnd() * 199) };
+        calls.push(lock.extend(rec.lease).catch(() => {}));
+        rec.sentAt = performance.now(); // the write happened in the call
+        queue.push(rec);
+      } else {
+        while (fake.lines.filter((l) => l.startsWith('EXTEND')).length < calls.length) await sleep(1);
+        const rec = queue.shift();
+        const o = rnd();
+        rec.outcome = o < 0.6 ? 'OK' : o < 0.8 ? 'INDETERMINATE' : 'ERR unavailable no leader';
+        rec.answerAt = performance.now();
+        recs.push(rec);
+        peer.write(`${rec.outcome}\n`);
+      }
+      if (rnd() < 0.5) await sleep(rnd() < 0.5 ? 0 : 2);
+    }
+    await Promise.all(calls);
+    const now = performance.now();
+    const deadline = now + lock.remaining() * 1000;
+    let bound = Infinity;
+    for (const e of recs) {
+      if (!recs.some((f) => f !== e && f.outcome === 'OK' && f.sentAt > e.answerAt)) {
+        bound = Math.min(bound, e.sentAt + validity(e.lease));
+      }
+    }
+    assert.ok(deadline <= bound + 1, `seed ${seed}: remaining ${lock.remaining()} s, want at most ${(bound - now) / 1000} s; `
+      + JSON.stringify(recs.map((r) => [r.lease, r.outcome])));
   }
 });
 

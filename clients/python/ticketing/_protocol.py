@@ -1197,6 +1197,16 @@ class Session:
         self._locks[token] = lock
         return None
 
+    def releasing(self, token: int, key: str) -> Any:
+        """A release of *key* under *token* (``client.release``): the lock
+        object registered under it with that key, no longer routed to (the
+        shell marks it released), or None."""
+        lock = self._locks.get(token)
+        if lock is None or key not in lock.keys:
+            return None
+        del self._locks[token]
+        return lock
+
     def unregister(self, token: Optional[int], lock: Any) -> None:
         """Stop routing events of *token* to *lock* (it is released)."""
         if token is not None and self._locks.get(token) is lock:

@@ -115,6 +115,12 @@ class _AsyncConnection:
     def unregister(self, lock: "AsyncLock") -> None:
         self._session.unregister(lock.held_token, lock)
 
+    def releasing(self, key: str, token: int) -> None:
+        """A lock object of *token* with *key* is released from now on."""
+        lock = self._session.releasing(token, key)
+        if lock is not None:
+            lock._released_by_client()
+
     async def _read_loop(self) -> None:
         try:
             while self._session.alive:
@@ -354,7 +360,11 @@ class AsyncClient:
     async def release(self, key: str, token: int) -> None:
         """Release *key* held under *token*; see :meth:`ticketing.Client.release`."""
         line = p.release_line(key, token)
-        p.parse_release(await self._call(line, p.RELEASE_DEADLINE))
+        conn = await self._connection()
+        # A lock object of this connection for key and token is released
+        # from now on (see ticketing.Client.release).
+        conn.releasing(key, token)
+        p.parse_release(await self._call(line, p.RELEASE_DEADLINE, conn=conn))
 
     async def ping(self) -> None:
         """Round-trip ``PING``/``PONG`` to the sidecar."""
@@ -535,6 +545,11 @@ class AsyncLock(p.LockView):
         if self._conn is not None:
             self._conn.unregister(self)
         await self.client.release(self.key, token)
+
+    def _released_by_client(self) -> None:
+        """``AsyncClient.release`` of this lock's key and token."""
+        self._state.released = True
+        self._cancel_timer()
 
     async def __aenter__(self) -> int:
         return await self.acquire()

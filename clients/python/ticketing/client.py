@@ -203,6 +203,14 @@ class _Connection:
         with self._lock:
             self._session.unregister(lock.held_token, lock)
 
+    def releasing(self, key: str, token: int) -> None:
+        """A lock object of *token* with *key* is released from now on
+        (``Client.release`` of its key and token)."""
+        with self._lock:
+            lock = self._session.releasing(token, key)
+        if lock is not None:
+            lock._released_by_client()
+
     def _read_loop(self) -> None:
         while True:
             try:
@@ -223,6 +231,11 @@ class _Connection:
                 return
 
     def _end_locked(self, td: p.Teardown) -> None:
+        # The lock objects are lost before the end is seen (under _lock): a
+        # request refused from here on (the session raises its error) finds
+        # its lock lost. Lock order: _lock before a Lock's _mu.
+        for lock in td.locks:
+            lock._lose(p.REASON_DISCONNECTED, False)
         if td.first:
             try:
                 self._sock.shutdown(socket.SHUT_RDWR)
@@ -246,11 +259,14 @@ class _Connection:
             elif isinstance(d, p.Lost):
                 d.target._lose(d.reason, d.from_sidecar)
             elif isinstance(d, p.Teardown):
+                # The locks are told first: a caller woken by its request's
+                # failure must find them lost (the session is gone, and the
+                # sidecar releases its locks and hands their keys on).
+                for lock in d.locks:
+                    lock._lose(p.REASON_DISCONNECTED, False)
                 for req in d.requests:
                     if not req.handle.done():
                         req.handle.set_exception(d.error)
-                for lock in d.locks:
-                    lock._lose(p.REASON_DISCONNECTED, False)
 
     def close(self) -> None:
         with self._lock:
@@ -529,7 +545,12 @@ class Client:
             5-second release deadline; the lease remains the safety net.
         """
         line = p.release_line(key, token)
-        p.parse_release(self._call(line, p.RELEASE_DEADLINE))
+        conn = self._connection()
+        # A lock object of this connection for key and token is released
+        # from now on, as by Lock.release: the key may be handed on at once,
+        # and the sidecar sends no lost event for a release.
+        conn.releasing(key, token)
+        p.parse_release(self._call(line, p.RELEASE_DEADLINE, conn=conn))
 
     def ping(self) -> None:
         """Round-trip ``PING``/``PONG`` to the sidecar."""
@@ -786,6 +807,15 @@ class Lock(p.LockView):
             conn.timers.cancel(timer)
             conn.unregister(self)
         self.client.release(self.key, token)
+
+    def _released_by_client(self) -> None:
+        """``Client.release`` of this lock's key and token: released, its
+        signal stops."""
+        with self._mu:
+            self._state.released = True
+            conn, timer, self._timer = self._conn, self._timer, None
+        if conn is not None:
+            conn.timers.cancel(timer)
 
     def __enter__(self) -> int:
         return self.acquire()
