@@ -28,6 +28,13 @@ type waitQueue struct {
 	// off is the number of elements popped off ws's front since index
 	// was built.
 	off int
+	// rank counts the live waiters by absolute position (an index in ws
+	// plus off), so that a waiter's place in line is O(log n) however
+	// long the queue (position). Built on the first position asked
+	// (nil until then: most queues are never asked), kept by push and
+	// removeAt, dropped when reindex or compact renumber the positions or
+	// when it grew to twice the queue.
+	rank *fenwick
 }
 
 // indexFrom is the length at which a queue builds its ref index, and
@@ -56,6 +63,13 @@ func (q *waitQueue) head() *Waiter { return &q.ws[0] }
 func (q *waitQueue) push(w Waiter) {
 	q.ws = append(q.ws, w)
 	q.live++
+	if q.rank != nil {
+		if i := q.rankIndex(len(q.ws) - 1); i < 2*len(q.ws)+rankSlack {
+			q.rank.set(i, 1)
+		} else {
+			q.rank = nil // most of it counts the long gone: rebuilt when asked
+		}
+	}
 	switch {
 	case q.index != nil:
 		q.index[w.Ref] = len(q.ws) - 1 + q.off
@@ -66,6 +80,7 @@ func (q *waitQueue) push(w Waiter) {
 
 // reindex builds the index afresh (off becomes 0).
 func (q *waitQueue) reindex() {
+	q.rank = nil // positions are renumbered
 	if q.index == nil {
 		q.index = make(map[uint64]int, len(q.ws))
 	} else {
@@ -108,10 +123,13 @@ func (q *waitQueue) removeAt(i int) {
 	if q.index != nil {
 		delete(q.index, q.ws[i].Ref)
 	}
+	if q.rank != nil {
+		q.rank.set(q.rankIndex(i), 0)
+	}
 	q.ws[i] = Waiter{} // a hole; and the GC may have the owner string
 	q.live--
 	if q.live == 0 {
-		q.ws, q.off = q.ws[:0], 0
+		q.ws, q.off, q.rank = q.ws[:0], 0, nil
 		if q.index != nil {
 			clear(q.index)
 		}
@@ -131,6 +149,9 @@ func (q *waitQueue) removeAt(i int) {
 		end--
 	}
 	q.ws = q.ws[:end]
+	if q.rank != nil && q.rankIndex(0) > len(q.ws)+rankSlack {
+		q.rank = nil // most of it counts the long gone: rebuilt when asked
+	}
 	if holes := len(q.ws) - q.live; holes > compactFrom && holes > q.live {
 		q.compact()
 	}
@@ -138,6 +159,7 @@ func (q *waitQueue) removeAt(i int) {
 
 // compact closes the holes, keeping the order.
 func (q *waitQueue) compact() {
+	q.rank = nil // positions are renumbered
 	live := q.ws[:0]
 	for i := range q.ws {
 		if !hole(&q.ws[i]) {
@@ -149,6 +171,90 @@ func (q *waitQueue) compact() {
 	if q.index != nil {
 		q.reindex()
 	}
+}
+
+// rankSlack lets a short queue's rank tree grow a little past twice the
+// queue before it is rebuilt.
+const rankSlack = 64
+
+// rankIndex is the rank tree's index of ws[i]: its absolute position
+// (i + off) counted from where the tree began.
+func (q *waitQueue) rankIndex(i int) int { return i + q.off - q.rank.base }
+
+// position is the place in line of the waiter at index i of ws: 1 for the
+// head, counting only live waiters. O(log n) once the rank tree is built;
+// building it is O(n), once per renumbering of the queue.
+func (q *waitQueue) position(i int) int {
+	if q.rank == nil {
+		q.rank = &fenwick{base: q.off}
+		q.rank.build(len(q.ws), func(j int) bool { return !hole(&q.ws[j]) })
+	}
+	return q.rank.prefix(q.rankIndex(i)) + 1
+}
+
+// fenwick is a binary indexed tree of 0/1 counts over 0..n-1 that grows
+// at the end: set and prefix are O(log n).
+type fenwick struct {
+	// base is the absolute position (ws index + off) of element 0.
+	base int
+	// tree is the 1-based tree (tree[0] unused); vals the counts, so
+	// that set knows the difference.
+	tree []int32
+	vals []bool
+}
+
+// build makes the tree of n elements, element j live(j).
+func (f *fenwick) build(n int, live func(j int) bool) {
+	f.tree = make([]int32, n+1)
+	f.vals = make([]bool, n)
+	for j := range n {
+		if live(j) {
+			f.vals[j] = true
+			f.tree[j+1]++
+		}
+	}
+	for k := 1; k <= n; k++ { // O(n): push each node's sum to its parent
+		if p := k + k&-k; p <= n {
+			f.tree[p] += f.tree[k]
+		}
+	}
+}
+
+// set makes element j count one (live) or zero, growing the tree when j
+// is past its end (the elements between count zero).
+func (f *fenwick) set(j int, live int) {
+	for len(f.vals) <= j {
+		f.appendZero()
+	}
+	if f.vals[j] == (live == 1) {
+		return
+	}
+	f.vals[j] = live == 1
+	d := int32(1)
+	if live == 0 {
+		d = -1
+	}
+	for k := j + 1; k < len(f.tree); k += k & -k {
+		f.tree[k] += d
+	}
+}
+
+// appendZero adds a zero element at the end: its node covers
+// (k-lowbit(k), k], whose sum is the sum of the elements before it in
+// that range.
+func (f *fenwick) appendZero() {
+	k := len(f.tree) // the new node's 1-based index
+	f.vals = append(f.vals, false)
+	f.tree = append(f.tree, int32(f.prefix(k-1)-f.prefix(k-k&-k)))
+}
+
+// prefix is the count of live elements 0..j-1.
+func (f *fenwick) prefix(j int) int {
+	n := 0
+	for k := min(j, len(f.vals)); k > 0; k -= k & -k {
+		n += int(f.tree[k])
+	}
+	return n
 }
 
 // each calls fn for every waiter, head first.

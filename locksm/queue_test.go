@@ -170,3 +170,123 @@ func BenchmarkCancelWaiters(b *testing.B) {
 		})
 	}
 }
+
+// A waiter's place in line (waitQueue.position, State.Position) against a
+// naive count of the live waiters before it, through random pushes, pops,
+// removals from the middle, compactions and reindexes, with the rank tree
+// built at random moments (it is built on the first question).
+func TestPositionAgainstNaiveCount(t *testing.T) {
+	defer func(i, c int) { indexFrom, compactFrom = i, c }(indexFrom, compactFrom)
+	for seed := range 200 {
+		r := rand.New(rand.NewPCG(uint64(seed), 41))
+		indexFrom, compactFrom = 1+r.IntN(40), 1+r.IntN(20)
+		q := &waitQueue{}
+		var model []uint64 // live refs, head first
+		next := uint64(1)
+		for step := range 2000 {
+			switch op := r.IntN(10); {
+			case op < 4 || len(model) == 0:
+				q.push(Waiter{Owner: "o", Ref: next, LeaseSec: 1})
+				model = append(model, next)
+				next++
+			case op < 6:
+				q.popHead()
+				model = model[1:]
+			case op < 8:
+				k := r.IntN(len(model))
+				i := q.find(model[k])
+				if i < 0 {
+					t.Fatalf("seed %d step %d: ref %d not found", seed, step, model[k])
+				}
+				q.removeAt(i)
+				model = append(model[:k], model[k+1:]...)
+			default:
+				if len(model) == 0 {
+					continue
+				}
+				for _, k := range []int{0, r.IntN(len(model)), len(model) - 1} {
+					i := q.find(model[k])
+					if got := q.position(i); got != k+1 {
+						t.Fatalf("seed %d step %d: ref %d at %d of %d: position %d", seed, step, model[k], k+1, len(model), got)
+					}
+				}
+			}
+			if q.len() != len(model) {
+				t.Fatalf("seed %d step %d: len %d, want %d", seed, step, q.len(), len(model))
+			}
+			// The tree never grows without bound: what lies before the
+			// queue's head is at most the queue plus the slack, and it
+			// reaches at most one past the tail.
+			if q.rank != nil && (q.rankIndex(0) > len(q.ws)+rankSlack || len(q.rank.vals) > q.rankIndex(0)+len(q.ws)+2*len(q.ws)+rankSlack) {
+				t.Fatalf("seed %d step %d: rank tree of %d starting %d before a queue of %d", seed, step, len(q.rank.vals), q.rankIndex(0), len(q.ws))
+			}
+		}
+	}
+}
+
+// State.Position: the place of each waiter of a key, a block waiter's in
+// each of its keys, none for the holder or an unknown ref, and places that
+// move up as the line moves.
+func TestStatePosition(t *testing.T) {
+	s := New()
+	apply := func(c Command) Result {
+		t.Helper()
+		res, _ := s.Apply(c, nil)
+		return res
+	}
+	if res := apply(Command{Op: OpAcquire, Key: "k", Owner: "h", LeaseSec: 10, Now: 1}); res.Status != StatusGranted {
+		t.Fatal(res)
+	}
+	for i := range uint64(5) {
+		apply(Command{Op: OpAcquire, Key: "k", Owner: "w", Ref: 10 + i, LeaseSec: 10, WaitMs: 1000, Now: 2})
+	}
+	apply(Command{Op: OpAcquire, Key: "m", Owner: "h", LeaseSec: 10, Now: 1})
+	apply(Command{Op: OpAcquireBlock, Keys: []string{"m", "k"}, Owner: "b", Ref: 20, LeaseSec: 10, WaitMs: 1000, Now: 3})
+	for ref, want := range map[uint64]int{10: 1, 12: 3, 14: 5, 20: 6} {
+		if got, ok := s.Position("k", ref); !ok || got != want {
+			t.Errorf("k ref %d: %d %v, want %d", ref, got, ok, want)
+		}
+	}
+	if got, ok := s.Position("m", 20); !ok || got != 1 {
+		t.Errorf("the block on m: %d %v, want 1", got, ok)
+	}
+	for _, c := range []struct {
+		key string
+		ref uint64
+	}{{"k", 0}, {"k", 99}, {"x", 10}} {
+		if got, ok := s.Position(c.key, c.ref); ok {
+			t.Errorf("%s ref %d: %d, want none", c.key, c.ref, got)
+		}
+	}
+	apply(Command{Op: OpCancelWait, Key: "k", Ref: 11, Now: 4})
+	apply(Command{Op: OpRelease, Key: "k", Owner: "h", Token: 1, Now: 5}) // ref 10 takes k
+	for ref, want := range map[uint64]int{12: 1, 13: 2, 14: 3, 20: 4} {
+		if got, ok := s.Position("k", ref); !ok || got != want {
+			t.Errorf("after a cancel and a hand-off: k ref %d: %d %v, want %d", ref, got, ok, want)
+		}
+	}
+}
+
+// The place in line in a waiting room of 100,000 on one key, asked after
+// every hand-off (the line moves up one, a newcomer joins the tail): its
+// cost must not grow with the line (go test -bench Position ./locksm).
+func BenchmarkPositionInWaitingRoom(b *testing.B) {
+	for _, n := range []int{1_000, 100_000} {
+		b.Run(fmt.Sprintf("waiters=%d", n), func(b *testing.B) {
+			q := &waitQueue{}
+			for i := range n {
+				q.push(Waiter{Owner: "o", Ref: uint64(i + 1), LeaseSec: 1})
+			}
+			next := uint64(n + 1)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				q.popHead()
+				q.push(Waiter{Owner: "o", Ref: next, LeaseSec: 1})
+				next++
+				if p := q.position(q.find(next - uint64(n/2))); p != n-n/2+1 {
+					b.Fatalf("position %d", p)
+				}
+			}
+		})
+	}
+}

@@ -1007,6 +1007,27 @@ func (s *State) Waiters(key string) []Waiter {
 	return nil
 }
 
+// Position is the place in line of the waiter ref on key: 1 for the head
+// of the key's queue, counting only the waiters still queued (a block
+// waiter has a place in each of its keys' queues). False if ref does not
+// wait on key. O(log n) in the queue's length after the first call since
+// the queue was last renumbered (O(n) then), so a waiting room of 100,000
+// can be asked every second without work proportional to the line at
+// every hand-off. It changes no replicated state, but it is not a pure
+// read either (it keeps the queue's rank tree): call it where Apply may
+// be called, not on a Frozen view.
+func (s *State) Position(key string, ref uint64) (int, bool) {
+	e := s.keys[key]
+	if e == nil {
+		return 0, false
+	}
+	i := e.queue.find(ref)
+	if i < 0 {
+		return 0, false
+	}
+	return e.queue.position(i), true
+}
+
 // RaiseTokenFloor makes the next token issued greater than floor (it never
 // lowers the counter). A cluster calls it once, through a committed log
 // entry, when its fencing domain is created, so that a new domain's tokens
