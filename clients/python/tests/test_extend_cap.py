@@ -183,5 +183,36 @@ class AsyncConcurrentExtendCap(unittest.TestCase):
         asyncio.run(main())
 
 
+class ExtendFromOnQueued(unittest.TestCase):
+    """An extend() from an on_queued callback (the reader thread) is refused
+    with RuntimeError before anything is recorded: it used to lower the
+    lock's deadline to the unsent EXTEND's end first (liveness: the lock
+    was lost early though nothing changed in the cluster)."""
+
+    def test_refused_before_the_deadline_moves(self) -> None:
+        from .test_queued import QueuingSidecar
+
+        fake = QueuingSidecar()
+        try:
+            with ticketing.Client(fake.path) as c:
+                held = c.lock("h", lease=60, wait=0)
+                held.acquire()
+                before = held.remaining()
+                errors = []
+
+                def on_queued() -> None:
+                    try:
+                        held.extend(2)
+                    except RuntimeError as e:
+                        errors.append(e)
+
+                c.acquire("k", lease=30, wait=5, on_queued=on_queued)
+                self.assertEqual(len(errors), 1, errors)
+                self.assertGreater(held.remaining(), before - 5, "the refused extend lowered the deadline")
+                self.assertEqual(fake.sent("EXTEND"), [])
+        finally:
+            fake.close()
+
+
 if __name__ == "__main__":
     unittest.main()

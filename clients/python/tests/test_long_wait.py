@@ -54,3 +54,4 @@ class LongWaitVersion(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+

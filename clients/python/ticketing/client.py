@@ -760,6 +760,11 @@ class Lock(p.LockView):
             conn = self._conn
         if conn is None:
             raise self._state.lost_error()
+        if conn.on_reader_thread():
+            # From an on_queued callback: the reader would have to read
+            # the very reply this waits for. Refused before the EXTEND's
+            # cap lowers the deadline, since nothing is sent.
+            raise RuntimeError("an on_queued callback must not wait for a reply of the same client")
         with self._mu:
             ext = self._state.begin_extend(lease, time.monotonic())
         try:
