@@ -13,17 +13,10 @@ from typing import List, Optional
 import ticketing
 from ticketing import _protocol as p
 
-from .test_lost import WAIT, ScriptedSidecar
+from .test_lost import WAIT, ScriptedSidecar, SyncFakeCase
 
 
-class ConnectionLossMidExtend(unittest.TestCase):
-    def setUp(self) -> None:
-        self.fake = ScriptedSidecar()
-        self.client = ticketing.Client(self.fake.path)
-
-    def tearDown(self) -> None:
-        self.client.close()
-        self.fake.close()
+class ConnectionLossMidExtend(SyncFakeCase):
 
     def test_extend_failing_with_the_connection_finds_the_lock_lost(self) -> None:
         """The sidecar closes the connection while an EXTEND is in flight
@@ -65,18 +58,8 @@ class ConnectionLossMidExtend(unittest.TestCase):
                         f"(lost={seen_lost}, remaining={seen_remaining:.1f} s): the session is gone")
 
 
-if __name__ == "__main__":
-    unittest.main()
 
-
-class ExtendAsTheConnectionEnds(unittest.TestCase):
-    def setUp(self) -> None:
-        self.fake = ScriptedSidecar()
-        self.client = ticketing.Client(self.fake.path)
-
-    def tearDown(self) -> None:
-        self.client.close()
-        self.fake.close()
+class ExtendAsTheConnectionEnds(SyncFakeCase):
 
     def test_extend_as_the_connection_ends_finds_the_lock_lost(self) -> None:
         """The sidecar closes the connection; an extend starts right then.
@@ -303,3 +286,7 @@ class ClientReleaseOfALocksKey(unittest.TestCase):
                 return lock.remaining()
 
         self.assertEqual(asyncio.run(run()), 0.0, "the key is free")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -36,7 +36,7 @@ from typing import Callable
 import ticketing
 from ticketing import _protocol as p
 
-from .test_lost import WAIT, ScriptedSidecar
+from .test_lost import WAIT, ScriptedSidecar, SyncFakeCase
 
 
 def _hold_arm(lock: ticketing.Lock, thread: Callable[[], threading.Thread], before: threading.Event,
@@ -57,14 +57,7 @@ def _hold_arm(lock: ticketing.Lock, thread: Callable[[], threading.Thread], befo
     lock._arm_with = held  # type: ignore[method-assign]
 
 
-class ConcurrentExtendCap(unittest.TestCase):
-    def setUp(self) -> None:
-        self.fake = ScriptedSidecar()
-        self.client = ticketing.Client(self.fake.path)
-
-    def tearDown(self) -> None:
-        self.client.close()
-        self.fake.close()
+class ConcurrentExtendCap(SyncFakeCase):
 
     def test_ok_of_one_extend_keeps_the_cap_of_another_in_flight(self) -> None:
         lock = self.client.lock("k", lease=60, wait=0)

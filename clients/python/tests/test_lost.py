@@ -273,7 +273,9 @@ class InterleavedEventsFuzz(unittest.TestCase):
         asyncio.run(body())
 
 
-class SyncLockLost(unittest.TestCase):
+class SyncFakeCase(unittest.TestCase):
+    """A sync Client of a fresh ScriptedSidecar, both closed after the test."""
+
     def setUp(self) -> None:
         self.fake = ScriptedSidecar()
         self.client = ticketing.Client(self.fake.path)
@@ -281,6 +283,9 @@ class SyncLockLost(unittest.TestCase):
     def tearDown(self) -> None:
         self.client.close()
         self.fake.close()
+
+
+class SyncLockLost(SyncFakeCase):
 
     def test_hello_first_and_events_on(self) -> None:
         self.client.ping()
