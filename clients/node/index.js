@@ -18,9 +18,9 @@ const { Client, Lock, DEFAULT_REPLY_GRACE } = require('./lib/client');
 const protocol = require('./lib/protocol');
 const fence = require('./lib/fence');
 
-const { StaleTokenError } = fence;
+const { StaleTokenError, RowCountError } = fence;
 const {
-  MIN_LEASE, MAX_LEASE, MAX_WAIT, MAX_KEY_LEN, MAX_TOKEN, MAX_BLOCK_KEYS, PROTOCOL_VERSION,
+  MIN_LEASE, MAX_LEASE, MAX_WAIT, MAX_SHORT_WAIT, MAX_KEY_LEN, MAX_TOKEN, MAX_BLOCK_KEYS, PROTOCOL_VERSION,
   MARGIN_BASE_MS, MARGIN_LEASE_FRACTION,
 } = protocol;
 
@@ -34,10 +34,12 @@ module.exports = {
   DEFAULT_REPLY_GRACE,
   ...require('./lib/errors'),
   StaleTokenError,
+  RowCountError,
   fence,
   MIN_LEASE,
   MAX_LEASE,
   MAX_WAIT,
+  MAX_SHORT_WAIT,
   MAX_KEY_LEN,
   MAX_TOKEN,
   MAX_BLOCK_KEYS,

@@ -25,6 +25,7 @@ from ._protocol import (
     MAX_BLOCK_KEYS,
     MAX_KEY_LEN,
     MAX_LEASE,
+    MAX_SHORT_WAIT,
     MAX_TOKEN,
     MAX_WAIT,
     MIN_LEASE,
@@ -49,7 +50,7 @@ from .errors import (
     TicketingError,
 )
 from . import fence
-from .fence import StaleTokenError, fenced, fenced_block
+from .fence import RowCountError, StaleTokenError, fenced, fenced_block
 
 __version__ = "0.1.0"
 
@@ -73,12 +74,14 @@ __all__ = [
     "NoDomainError",
     "LockLostError",
     "StaleTokenError",
+    "RowCountError",
     "fence",
     "fenced",
     "fenced_block",
     "MIN_LEASE",
     "MAX_LEASE",
     "MAX_WAIT",
+    "MAX_SHORT_WAIT",
     "MAX_KEY_LEN",
     "MAX_TOKEN",
     "MAX_BLOCK_KEYS",
