@@ -1,6 +1,7 @@
 package cluster_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -76,4 +77,72 @@ func TestLongWaitQueuesAndIsGranted(t *testing.T) {
 	if w.Err != nil || w.Reply.Type != wire.TypeGranted || w.Reply.Token <= tok {
 		t.Fatalf("the hour-long waiter: %v %s", w.Err, describe(w.Reply))
 	}
+}
+
+// A rolling upgrade from version 10 to 11: while any member is still at
+// 10 the cluster version stays 10 and every leader (old or new) refuses a
+// long wait before proposing it, so no entry the old member would reject
+// reaches the log; a 5-minute waiter queued before the upgrade keeps its
+// place on every node while the followers restart; once the last member
+// runs 11 the cluster version rises and an hour-long waiter queues on
+// every node alike.
+func TestLongWaitsThroughARollingUpgrade(t *testing.T) {
+	c := startClusterOpts(t, local.Options{Tune: func(cfg *cluster.Config) { cfg.ProtocolVersion = wire.VersionLogVerify }})
+	long := func(owner string) wire.Msg { return acquireMsg("k", owner, 30, time.Hour) }
+	li := c.leader()
+	tok := mustGrant(t, do(t, c.dial(li), acquireMsg("k", "h", 200, 0)))
+	if _, err := c.dial(li).Start(acquireMsg("k", "early", 30, locksm.MaxShortWaitMs*time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	queuesAre := func(what string, owners ...string) {
+		t.Helper()
+		for i := range c.Size() {
+			testkit.WaitFor(t, fmt.Sprintf("%s: node %d's queue of k is %v", what, i, owners), 20*time.Second, func() bool {
+				kr, err := c.Node(i).Inspect("k")
+				if err != nil || kr.Holder == nil || kr.Holder.Token != tok || len(kr.Queue) != len(owners) {
+					return false
+				}
+				for j, w := range kr.Queue {
+					if w.Owner != owners[j] {
+						return false
+					}
+				}
+				return true
+			})
+		}
+	}
+	queuesAre("before the upgrade", "early")
+	for step, i := range []int{(li + 1) % 3, (li + 2) % 3, li} {
+		if err := c.Stop(i); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.RestartWith(i, func(cfg *cluster.Config) { cfg.ProtocolVersion = wire.VersionLongWaits }); err != nil {
+			t.Fatal(err)
+		}
+		cur := c.leader()
+		if step < 2 {
+			// A member still at 10: refused by whichever leader serves.
+			if v := c.Node(cur).ClusterVersion(); v != wire.VersionLogVerify {
+				t.Fatalf("step %d: cluster version %d with a member at 10", step, v)
+			}
+			if r := do(t, c.dial(cur), long("refused")); r.Type != wire.TypeError || r.Code != wire.CodeNotSupported {
+				t.Fatalf("step %d: an hour-long wait with a member at 10: %s, want E(not_supported)", step, describe(r))
+			}
+		}
+		if step < 2 {
+			queuesAre(fmt.Sprintf("after node %d runs 11", i), "early")
+		} else {
+			// The leader's restart ended the waiter's connection: a
+			// waiter without a session leaves the line at a leader change.
+			queuesAre("after the leader's restart")
+		}
+	}
+	cur := c.leader()
+	testkit.WaitFor(t, "cluster version 11", 30*time.Second, func() bool {
+		return c.Node(cur).ClusterVersion() >= wire.VersionLongWaits
+	})
+	if _, err := c.dial(c.leader()).Start(long("late")); err != nil {
+		t.Fatal(err)
+	}
+	queuesAre("after the upgrade", "late")
 }
