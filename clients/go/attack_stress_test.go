@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-// ATTACK (attack branch): random interleavings of concurrent Extends of one
+// Random interleavings of concurrent Extends of one
 // Lock (goroutines, some abandoning their call by ctx at random moments)
 // against a sidecar that answers in order with random outcomes, at random
 // moments. After each round the Lock's deadline must be at most the end

@@ -1,7 +1,7 @@
 package ticketing
 
-// ATTACK (attack branch): interleavings of a Lock's local deadline and
-// lost signal found by adversarial testing.
+// Interleavings of a Lock's local deadline and
+// lost signal found by an adversarial test round (issue 39 follow-up).
 
 import (
 	"context"

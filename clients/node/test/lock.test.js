@@ -199,58 +199,39 @@ test('a shorter extend caps the deadline from its send on and fires at it after 
   assert.equal(lock.lostReason, 'deadline');
 });
 
-test('of two extends under way at once, the first one\'s OK stays at most the second\'s end, whatever its outcome (issue 39)', async () => {
-  // The sidecar runs a connection's requests concurrently, so either may
-  // apply last. Replies come in order and settle in order here, and the
-  // second cannot give up before the first (its reply deadline is never
-  // earlier), so the first's OK is always handled with the second under way.
-  for (const second of ['OK', 'INDETERMINATE', 'ERR unavailable no leader']) {
-    const peers = [];
-    const { client } = await setup((line, peer) => {
-      if (!line.startsWith('EXTEND')) return undefined;
-      peers.push(peer);
-      return null; // answered below, both in one write
-    });
-    const lock = await client.lock('k', { lease: 60, wait: 0 });
-    const first = lock.extend(100);
-    const other = lock.extend(5).catch((e) => e);
-    while (peers.length < 2) await sleep(5);
-    peers[0].write(`OK\n${second}\n`);
-    await first;
-    const err = await other;
-    assert.equal(second === 'OK', err === undefined, `${second}: ${err}`);
-    assert.ok(lock.remaining() <= 5 - 0.3, `${second}: remaining ${lock.remaining()} after the first extend's OK, want at most 4.7`);
+// Two extends of one lock under way at once may apply in either order (the
+// sidecar runs a connection's requests concurrently), so after an OK the
+// deadline is at most the end of the other one, whatever its outcome and
+// whichever reply comes first: replies come in order, so the first call
+// returns before the second's OK is handled (it used to drop its cap then).
+test('of two extends under way at once, an OK stays at most the other one\'s end, whatever its outcome and the order (issue 39)', async () => {
+  for (const shortFirst of [true, false]) {
+    for (const other of ['OK', 'INDETERMINATE', 'ERR unavailable no leader']) {
+      const peers = [];
+      const { client } = await setup((line, peer) => {
+        if (!line.startsWith('EXTEND')) return undefined;
+        peers.push(peer);
+        return null; // answered below, both in one write
+      });
+      const lock = await client.lock('k', { lease: 60, wait: 0 });
+      const [first, second] = shortFirst ? [5, 100] : [100, 5];
+      const one = lock.extend(first).catch((e) => e);
+      const two = lock.extend(second).catch((e) => e);
+      while (peers.length < 2) await sleep(5);
+      // The long one is answered OK, the short one `other`.
+      peers[0].write(shortFirst ? `${other}\nOK\n` : `OK\n${other}\n`);
+      const [shortErr, longErr] = shortFirst ? [await one, await two] : [await two, await one];
+      const what = `short extend ${shortFirst ? 'first' : 'second'}, answered ${other}`;
+      assert.equal(longErr, undefined, what);
+      assert.equal(other === 'OK', shortErr === undefined, `${what}: ${shortErr}`);
+      assert.ok(lock.remaining() <= 5 - 0.3, `${what}: remaining ${lock.remaining()} after the long extend's OK, want at most 4.7`);
+    }
   }
 });
 
-// ATTACK (attack branch): the second extend's OK must stay at most the
-// first's end when the first ran at the same time, whatever the first's
-// outcome: the sidecar may apply the first (a shorter lease) last. Replies
-// come in order, so the first's call returns (and dropped its cap) before
-// the second's OK is handled.
-test('ATTACK: of two extends under way at once, the second one\'s OK stays at most the first\'s end, whatever its outcome (issue 39)', async () => {
-  for (const first of ['OK', 'INDETERMINATE', 'ERR unavailable no leader']) {
-    const peers = [];
-    const { client } = await setup((line, peer) => {
-      if (!line.startsWith('EXTEND')) return undefined;
-      peers.push(peer);
-      return null; // answered below, both in one write
-    });
-    const lock = await client.lock('k', { lease: 60, wait: 0 });
-    const one = lock.extend(5).catch((e) => e);
-    const two = lock.extend(100);
-    while (peers.length < 2) await sleep(5);
-    peers[0].write(`${first}\nOK\n`);
-    const err = await one;
-    await two;
-    assert.equal(first === 'OK', err === undefined, `${first}: ${err}`);
-    assert.ok(lock.remaining() <= 5 - 0.3, `${first}: remaining ${lock.remaining()} after the second extend's OK, want at most 4.7`);
-  }
-});
-
-// ATTACK (attack branch): an extend whose caller gave up (local reply
-// timeout) is still in flight; a later extend's OK must stay at most its end.
-test('ATTACK: an extend that timed out locally still caps the OK of an extend sent while it was in flight (issue 39)', async () => {
+// An extend whose caller gave up (local reply timeout) is still in flight;
+// a later extend's OK must stay at most its end.
+test('an extend that timed out locally still caps the OK of an extend sent while it was in flight (issue 39)', async () => {
   const peers = [];
   const fake = await new FakeSidecar((line, peer) => {
     if (!line.startsWith('EXTEND')) return undefined;
@@ -276,12 +257,11 @@ test('ATTACK: an extend that timed out locally still caps the OK of an extend se
   assert.ok(lock.remaining() > 90, `remaining ${lock.remaining()} after a lone extend's OK, want ~98.7`);
 });
 
-// ATTACK (attack branch): random interleavings of extends of one lock
-// against in-order replies of random outcomes; the deadline stays at most
-// the end of every EXTEND that may have applied last (one not followed by
-// an OK EXTEND sent after it was answered). It catches the bug of the two
-// ATTACK tests above.
-test('ATTACK: random concurrent extends keep the deadline at most the end of every EXTEND that may have applied last', async () => {
+// Random interleavings of extends of one lock against in-order replies of
+// random outcomes; the deadline stays at most the end of every EXTEND that
+// may have applied last (one not followed by an OK EXTEND sent after it
+// was answered). It catches the bug of the two tests above.
+test('random concurrent extends keep the deadline at most the end of every EXTEND that may have applied last', async () => {
   const validity = (lease) => lease * 1000 - p.marginMillis(lease);
   for (let seed = 1; seed <= 60; seed++) {
     let st = seed;

@@ -1,5 +1,5 @@
-"""ATTACK (attack branch): interleavings of the lock objects' local
-deadline and lost signal found by adversarial testing; each test names the
+"""Interleavings of the lock objects' local
+deadline and lost signal found by an adversarial test round; each test names the
 scenario. Scripted sidecar on a real unix socket (test_lost.ScriptedSidecar).
 """
 
