@@ -261,7 +261,7 @@ func (n *Node) Inspect(key string) (wire.KeyReport, error) {
 		r.Holder = hr
 	}
 	for i, w := range ws {
-		wr := wire.WaiterReport{Owner: w.Owner, Ref: w.Ref, LeaseSec: w.LeaseSec, WaitMs: w.WaitMs,
+		wr := wire.WaiterReport{Position: i + 1, Owner: w.Owner, Ref: w.Ref, LeaseSec: w.LeaseSec, WaitMs: w.WaitMs,
 			EnqueuedAtUnixMs: w.EnqueuedAt, WaitedMs: max(0, nowMs-w.EnqueuedAt),
 			WaitRemainingMs: max(0, w.EnqueuedAt+int64(w.WaitMs)-nowMs), WaitFrom: wire.FromClockEstimate, BlockKeys: w.Keys,
 			Session: sessionHex(w.Session), Label: wlabels[i]}

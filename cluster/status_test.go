@@ -156,7 +156,7 @@ func TestInspectKey(t *testing.T) {
 			waitMs uint32
 		}{{"bob", 20, 60_000}, {"carol", 25, 50_000}} {
 			w := kr.Queue[i]
-			if w.Owner != want.owner || w.LeaseSec != want.lease || w.WaitMs != want.waitMs || w.Ref == 0 ||
+			if w.Position != i+1 || w.Owner != want.owner || w.LeaseSec != want.lease || w.WaitMs != want.waitMs || w.Ref == 0 ||
 				w.EnqueuedAtUnixMs < h.GrantedAtUnixMs || w.WaitedMs < 0 || w.WaitFrom != from ||
 				w.WaitRemainingMs <= 0 || w.WaitRemainingMs > int64(want.waitMs) {
 				t.Fatalf("waiter %d = %+v, want %s (from %s)", i, w, want.owner, from)

@@ -252,7 +252,11 @@ type HolderReport struct {
 
 // WaiterReport is one queued acquire.
 type WaiterReport struct {
-	Owner string `json:"owner"`
+	// Position is the waiter's place in line: 1 for the head of the
+	// key's queue (the next to be granted), counting only waiters still
+	// queued. The rows are listed in this order.
+	Position int    `json:"position"`
+	Owner    string `json:"owner"`
 	// Ref is the leader's reference of the request (it also appears in the
 	// leader's logs).
 	Ref      uint64 `json:"ref"`
