@@ -703,3 +703,62 @@ func TestLongWaitNeedsVersion6(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A grant whose wait took more than half its lease is renewed by one
+// EXTEND of the same lease before Lock returns (a wait may be an hour, a
+// lease at most 250 s): on OK the deadline counts from the EXTEND's send;
+// on not_held the Lock comes lost (moved); on any other outcome the
+// deadline stays the ACQUIRE's send + lease − margin (here passed: lost,
+// deadline). A grant with more than half its lease left is not renewed.
+func TestLockRenewsAGrantThatWaitedLong(t *testing.T) {
+	c, f := pipeClient(t, "HELLO 6 events")
+	clk := &fakeClock{t: time.Unix(1000, 0)}
+	c.now = clk.now
+	lease := 10 * time.Second
+	validity := lease - Margin(lease)
+	for _, tc := range []struct {
+		reply  string
+		lost   string
+		remain time.Duration
+	}{{"OK", "", validity}, {"ERR not_held not held", LostMoved, 0}, {"INDETERMINATE", LostDeadline, 0}} {
+		ch := async(func() lockRes {
+			l, err := c.Lock(context.Background(), "k", lease, time.Hour)
+			return lockRes{l, err}
+		})
+		if r := f.req(); r != "ACQUIRE k 10 3600.000" {
+			t.Fatalf("request %q", r)
+		}
+		clk.add(30 * time.Second) // the turn comes after three leases
+		f.write("OK 7")
+		if r := f.req(); r != "EXTEND k 7 10" {
+			t.Fatalf("%s: request %q, want the grant's renewal", tc.reply, r)
+		}
+		f.write(tc.reply)
+		res := recv(t, ch)
+		if res.err != nil {
+			t.Fatalf("%s: Lock: %v", tc.reply, res.err)
+		}
+		if tc.lost == "" {
+			if got := res.l.Remaining(); got != tc.remain || isLost(res.l) {
+				t.Fatalf("renewed: Remaining %v (want %v), lost %v", got, tc.remain, isLost(res.l))
+			}
+		} else {
+			waitLost(t, res.l, tc.lost)
+		}
+	}
+	// Granted with more than half its lease left: no renewal.
+	ch := async(func() lockRes {
+		l, err := c.Lock(context.Background(), "k", lease, time.Hour)
+		return lockRes{l, err}
+	})
+	if r := f.req(); r != "ACQUIRE k 10 3600.000" {
+		t.Fatalf("request %q", r)
+	}
+	clk.add(4 * time.Second)
+	f.write("OK 8")
+	res := recv(t, ch)
+	if res.err != nil || res.l.Remaining() != validity-4*time.Second {
+		t.Fatalf("Lock: %v, Remaining %v", res.err, res.l.Remaining())
+	}
+	f.noReq()
+}

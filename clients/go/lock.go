@@ -101,8 +101,11 @@ type Lock struct {
 	// ran at the same time; extending counts the Extend calls not finished.
 	extendClock uint64
 	extending   int
-	reason      string // why it was lost; "" while it is not
-	released    bool   // Release was called: no signal any more
+	// renewing: the grant's own renewal is deciding the deadline
+	// (lockKeys, renewAfterWait): the timer does not fire the signal.
+	renewing bool
+	reason   string // why it was lost; "" while it is not
+	released bool   // Release was called: no signal any more
 }
 
 // extendRec is one EXTEND of a Lock.
@@ -119,8 +122,15 @@ type Block = Lock
 // ACQUIRE was sent at sent for lease. The caller registers it with the
 // Client.
 func newLock(cn *conn, keys []string, token uint64, label string, lease time.Duration, sent time.Time) *Lock {
+	return newLockRenewing(cn, keys, token, label, lease, sent, false)
+}
+
+// newLockRenewing is newLock whose timer, when renewing, leaves the signal
+// to renewAfterWait (set before the timer runs: a grant that waited past
+// its deadline would fire at once).
+func newLockRenewing(cn *conn, keys []string, token uint64, label string, lease time.Duration, sent time.Time, renewing bool) *Lock {
 	c := cn.c
-	l := &Lock{c: c, cn: cn, keys: keys, token: token, label: label, deadline: sent.Add(lease - Margin(lease))}
+	l := &Lock{c: c, cn: cn, keys: keys, token: token, label: label, deadline: sent.Add(lease - Margin(lease)), renewing: renewing}
 	l.ctx, l.cancel = context.WithCancelCause(context.Background())
 	l.mu.Lock()
 	defer l.mu.Unlock() // the timer's callback waits for l.timer to be set
@@ -384,7 +394,7 @@ func (l *Lock) lostErrLocked() error {
 // itself.
 func (l *Lock) onDeadline() {
 	l.mu.Lock()
-	if l.reason != "" || l.released {
+	if l.reason != "" || l.released || l.renewing {
 		l.mu.Unlock()
 		return
 	}
@@ -417,7 +427,12 @@ func (l *Lock) fire(reason string, fromSidecar bool) {
 
 // Lock takes key like Acquire (same arguments, options, results and
 // context rules) and returns it as a Lock, which carries the lost signal
-// and can Extend.
+// and can Extend. A grant whose wait took more than half its lease is
+// renewed with one EXTEND of the same lease before Lock returns (a wait
+// can be an hour, a lease at most 250 s; renewAfterWait): on OK the
+// Lock's deadline counts from the EXTEND's send, on not_held the Lock
+// comes lost (LostMoved), on anything else the deadline stays the
+// ACQUIRE's send + lease − Margin.
 func (c *Client) Lock(ctx context.Context, key string, lease, wait time.Duration, opts ...AcquireOption) (*Lock, error) {
 	if err := checkDurations(lease, wait); err != nil {
 		return nil, err
@@ -454,7 +469,7 @@ func (cn *conn) lockKeys(ctx context.Context, keys []string, lease, wait time.Du
 	sent := cn.c.clock()
 	onReply := func(reply string) {
 		if tok, ok := grantToken(reply); ok {
-			l = newLock(cn, keys, tok, o.label, lease, sent)
+			l = newLockRenewing(cn, keys, tok, o.label, lease, sent, true) // lockKeys decides first (renewAfterWait)
 			cn.register(l)
 		}
 	}
@@ -471,6 +486,7 @@ func (cn *conn) lockKeys(ctx context.Context, keys []string, lease, wait time.Du
 		return nil, err
 	}
 	if l != nil {
+		l.renewAfterWait(ctx, lease)
 		return l, nil
 	}
 	if _, ok := strings.CutPrefix(r, "OK "); ok {
@@ -516,6 +532,47 @@ func (c *Client) Extend(ctx context.Context, key string, token uint64, lease tim
 }
 
 // extend sends EXTEND on this connection (arguments checked).
+// renewAfterWait runs once on a new grant, before the caller has the Lock.
+// Its deadline counts from the ACQUIRE's send, so a grant whose wait took
+// more than half its lease would come with little of it left, or already
+// lost: a wait can be an hour, a lease at most 250 s. Such a grant is
+// renewed by one EXTEND of the same lease first: its OK proves, through
+// the log, that the token still held the key when it applied, and the
+// deadline then counts from the EXTEND's send. Any other outcome leaves
+// the deadline the ACQUIRE's send gave (the signal fires now if that has
+// passed), except a definite not_held, which loses the Lock (moved).
+func (l *Lock) renewAfterWait(ctx context.Context, lease time.Duration) {
+	validity := lease - Margin(lease)
+	l.mu.Lock()
+	short := l.deadline.Sub(l.c.clock()) < validity/2 && l.reason == "" && !l.released
+	l.mu.Unlock()
+	var err error
+	sent := l.c.clock()
+	if short {
+		// Recorded like any extend: until the sidecar answers it, a later
+		// Extend's OK stays at most its end (it may apply late).
+		l.mu.Lock()
+		ext := l.beginExtendLocked(sent.Add(validity))
+		l.mu.Unlock()
+		err = l.cn.extend(ctx, l.keys[0], l.token, lease, func() { l.settleExtend(ext) })
+		l.finishExtend()
+	}
+	var e *Error
+	if short && errors.As(err, &e) && (e.Code == "not_held" || e.Code == "token_mismatch" || e.Code == "owner_mismatch") {
+		l.fire(LostMoved, true)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.renewing = false
+	if l.reason != "" || l.released {
+		return
+	}
+	if short && err == nil {
+		l.deadline = sent.Add(validity)
+	}
+	l.timer.Reset(l.deadline.Sub(l.c.clock()))
+}
+
 // answered, if not nil, runs on the reader when the reply comes, even if
 // ctx ended first.
 func (cn *conn) extend(ctx context.Context, key string, token uint64, lease time.Duration, answered func()) error {

@@ -6,7 +6,7 @@ const p = require('./protocol');
 const {
   IndeterminateError, NoDomainError, NotSupportedError, ServerError, SidecarConnectionError, TicketingError,
 } = require('./errors');
-const { Lock, kLose, kReleasing } = require('./lock');
+const { Lock, kLose, kReleasing, kRenewAfterWait } = require('./lock');
 
 const NO_SIDECAR_HINT = 'start one with `ticketing dev` (a local cluster and its sidecar) or '
   + '`ticketing sidecar` (beside a cluster), or give the path of a running sidecar\'s socket';
@@ -594,9 +594,11 @@ class Client {
     // is the conservative start.
     const sentAt = performance.now();
     const token = p.parseAcquire(await this.#call(line, waitSeconds, (reply) => this.#releaseLateGrant(keys[0], reply), conn, queued));
-    return new Lock({
-      call: (l, bound, onAnswer = null) => this.#call(l, bound, null, conn, null, onAnswer), conn, keys, token, lease, sentAt, label,
+    const lock = new Lock({
+      call: (l, bound, onAnswer = null) => this.#call(l, bound, null, conn, null, onAnswer), conn, keys, token, lease, sentAt, label, renew: true,
     });
+    await lock[kRenewAfterWait](lease);
+    return lock;
   }
 
   /**

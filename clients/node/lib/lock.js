@@ -25,6 +25,7 @@ const LOCAL_REASONS = new Set(['deadline', 'disconnected']);
 /** Internal entry points for the connection, kept off the public surface. */
 const kLose = Symbol('lose');
 const kReleasing = Symbol('releasing');
+const kRenewAfterWait = Symbol('renewAfterWait');
 
 /**
  * A held lock: one key, or every key of a block, under one fencing token.
@@ -89,7 +90,7 @@ class Lock {
    * @param {string} [o.label] the owner label of the ACQUIRE ('' or absent: none)
    * @private
    */
-  constructor({ call, conn, keys, token, lease, sentAt, label = '' }) {
+  constructor({ call, conn, keys, token, lease, sentAt, label = '', renew = false }) {
     this.#call = call;
     this.#conn = conn;
     this.#keys = Object.freeze([...keys]);
@@ -98,8 +99,52 @@ class Lock {
     this.#deadline = validUntil(sentAt, lease);
     this.#holding = true;
     conn.holdStarted();
-    this.#arm();
+    // A grant to be renewed (kRenewAfterWait) arms its timer only after:
+    // its deadline may have passed while it waited.
+    if (!renew) this.#arm();
     conn.register(this); // may lose it at once (a connection already gone)
+  }
+
+  /**
+   * Renew a new grant, before its caller has it, with one EXTEND of its
+   * own lease, when its wait took more than half the lease: its deadline
+   * counts from the ACQUIRE's send, and a wait can be an hour while a
+   * lease is at most 250 s. OK proves through the log that the token still
+   * held the key when it applied: the deadline then counts from the
+   * EXTEND's send. A definite not_held loses the lock (moved); anything
+   * else leaves the ACQUIRE's deadline. The EXTEND is recorded like any
+   * extend's, so a later extend's OK stays at most its end until the
+   * sidecar answers it.
+   * @param {number} lease seconds
+   * @private
+   */
+  async [kRenewAfterWait](lease) {
+    const validity = lease * 1000 - p.marginMillis(lease);
+    if (this.#deadline - performance.now() >= validity / 2) {
+      this.#arm();
+      this.#checkDeadline();
+      return;
+    }
+    const sentAt = performance.now();
+    const mine = { cap: validUntil(sentAt, lease), begun: ++this.#extendClock, answered: 0 };
+    this.#extends.push(mine);
+    this.#extending++;
+    let reply = null;
+    try {
+      reply = await this.#call(p.extendLine(this.#keys[0], this.#token, lease), p.RELEASE_DEADLINE, () => this.#settleExtend(mine));
+    } catch {
+      // no answer: the ACQUIRE's deadline stays
+    } finally {
+      this.#finishExtend();
+    }
+    if (reply === 'OK') {
+      this.#deadline = mine.cap; // no other extend ran: the caller does not have the lock yet
+    } else if (reply !== null) {
+      const err = p.errorFrom(reply);
+      if (err instanceof ServerError && GONE_CODES.has(err.code)) this.#lose('moved', true);
+    }
+    this.#arm();
+    this.#checkDeadline();
   }
 
   /** The fencing token (a BigInt), as `acquire` resolves with. */
@@ -350,4 +395,4 @@ function validUntil(sentAt, lease) {
   return sentAt + lease * 1000 - p.marginMillis(lease);
 }
 
-module.exports = { Lock, kLose, kReleasing, validUntil };
+module.exports = { Lock, kLose, kReleasing, kRenewAfterWait, validUntil };

@@ -427,3 +427,24 @@ test('a wait over 300 s needs a sidecar of version 6: NotSupportedError from an 
   await c6.acquire('k', { lease: 30, wait: 3600 });
   assert.deepEqual(v6.lines.filter((l) => l.startsWith('ACQUIRE')), ['ACQUIRE k 30 3600']);
 });
+
+test('a grant whose wait took more than half its lease is renewed once before lock() resolves (issue 41: waits of an hour, leases of at most 250 s)', async () => {
+  let extendReply = 'OK';
+  let token = 100;
+  const { fake, client } = await setup((line, peer) => {
+    if (line.startsWith('ACQUIRE')) {
+      const t = token++;
+      setTimeout(() => peer.write(`OK ${t}\n`), 600); // of a 1 s lease: 0.74 s of validity, half is 0.37
+      return null;
+    }
+    return line.startsWith('EXTEND') ? extendReply : undefined;
+  });
+  const lock = await client.lock('k', { lease: 1, wait: 300 });
+  assert.deepEqual(fake.lines.filter((l) => l.startsWith('EXTEND')), [`EXTEND k ${lock.token} 1`]);
+  assert.ok(lock.remaining() > 0.5, `remaining ${lock.remaining()}: the renewal's OK did not move the deadline`);
+  await lock.release();
+  extendReply = 'ERR not_held the lease ran out';
+  const gone = await client.lock('k2', { lease: 1, wait: 300 });
+  await aborted(gone.signal);
+  assert.equal(gone.lostReason, 'moved');
+});

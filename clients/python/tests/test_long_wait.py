@@ -8,6 +8,7 @@ scenario long_wait_queues_and_is_granted."""
 from __future__ import annotations
 
 import asyncio
+import time
 import unittest
 
 import ticketing
@@ -50,6 +51,59 @@ class LongWaitVersion(unittest.TestCase):
         with ticketing.Client(self.fake.path) as c:
             c.acquire("k", lease=30, wait=3600)
             self.assertEqual(self.fake.sent("ACQUIRE"), ["ACQUIRE k 30 3600"])
+
+
+class RenewAfterWait(unittest.TestCase):
+    """A grant whose wait took more than half its lease is renewed by one
+    EXTEND of the same lease before acquire() returns (a wait may be an
+    hour, a lease at most 250 s): on OK the deadline counts from the
+    EXTEND's send; on not_held the lock is lost (moved); on anything else
+    the deadline stays the ACQUIRE's. A grant with more than half its lease
+    left is not renewed."""
+
+    def setUp(self) -> None:
+        self.fake = ScriptedSidecar()
+        self.delay = 0.0
+        self.fake.before_reply = lambda line: (time.sleep(self.delay) or []) if line.startswith("ACQUIRE") else []
+
+    def tearDown(self) -> None:
+        self.fake.close()
+
+    def test_sync(self) -> None:
+        with ticketing.Client(self.fake.path) as c:
+            self.delay = 0.6  # of a 1 s lease: 0.74 s of validity, half is 0.37
+            lock = c.lock("k", lease=1, wait=300)
+            token = lock.acquire()
+            self.assertEqual(self.fake.sent("EXTEND"), [f"EXTEND k {token} 1"])
+            self.assertGreater(lock.remaining(), 0.5, "the renewal's OK did not move the deadline")
+            self.assertFalse(lock.lost.is_set())
+            lock.release()
+            self.fake.replies["EXTEND"] = "ERR not_held the lease ran out"
+            gone = c.lock("k2", lease=1, wait=300)
+            gone.acquire()
+            self.assertTrue(gone.lost.is_set())
+            self.assertEqual(gone.lost_reason, "moved")
+            self.fake.replies["EXTEND"] = "INDETERMINATE"
+            unknown = c.lock("k3", lease=1, wait=300)
+            unknown.acquire()
+            self.assertLessEqual(unknown.remaining(), p.validity(1) - 0.6 + 0.05)  # the ACQUIRE's deadline
+            del self.fake.replies["EXTEND"]
+            self.delay = 0.0
+            quick = c.lock("k4", lease=10, wait=300)
+            quick.acquire()
+            self.assertEqual(len(self.fake.sent("EXTEND")), 3, "a grant with most of its lease left was renewed")
+
+    def test_async(self) -> None:
+        async def main() -> None:
+            async with ticketing.AsyncClient(self.fake.path) as c:
+                self.delay = 0.6
+                lock = c.lock("k", lease=1, wait=300)
+                token = await lock.acquire()
+                self.assertEqual(self.fake.sent("EXTEND"), [f"EXTEND k {token} 1"])
+                self.assertGreater(lock.remaining(), 0.5)
+                await lock.release()
+
+        asyncio.run(main())
 
 
 if __name__ == "__main__":

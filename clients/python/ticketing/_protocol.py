@@ -398,6 +398,34 @@ class LockState:
         self.token = self.held_token = token
         return sent + validity(self.lease)
 
+    def renewal_line(self, deadline: float, now: float) -> Optional[str]:
+        """The EXTEND that renews a new grant before its caller has it, or
+        None. The deadline counts from the ACQUIRE's send, so a grant whose
+        wait took more than half its lease would come with little of it
+        left, or already lost (a wait can be an hour, a lease at most 250
+        s): such a grant is renewed once with its own lease first."""
+        if deadline - now >= validity(self.lease) / 2 or self.token is None:
+            return None
+        return extend_line(self.keys[0], self.token, self.lease)
+
+    def renewed(self, reply: Optional[str], sent: float, deadline: float) -> Tuple[float, bool]:
+        """The outcome of the grant's renewal sent at *sent* (*reply* None:
+        no reply, an error): (the deadline, whether the lock is gone).
+        ``OK`` proves through the log that the token still held the key
+        when it applied, so the deadline counts from its send; a definite
+        ``not_held`` (or a mismatch) means the lock is gone (``moved``);
+        anything else leaves *deadline*, the ACQUIRE's."""
+        if reply == "OK":
+            return sent + validity(self.lease), False
+        if reply is not None:
+            try:
+                parse_extend(reply)
+            except ServerError as e:
+                return deadline, e.code in EXTEND_LOST_CODES
+            except TicketingError:
+                pass
+        return deadline, False
+
     def arm(self, deadline: float) -> bool:
         """Move the local deadline to *deadline*; False (nothing moved) once
         lost or released: the shell then starts no timer."""

@@ -502,8 +502,26 @@ class AsyncLock(p.LockView):
         token, sent, conn = await self.client._grant(st.keys, st.lease, st.wait, st.block, st.on_queued, st.label)
         deadline = st.granted(token, sent)
         self._conn = conn
+        gone = False
+        line = st.renewal_line(deadline, asyncio.get_running_loop().time())
+        if line is not None:
+            # Renewed before the caller has it (see ticketing.Lock.acquire).
+            ext = st.begin_extend(st.lease, asyncio.get_running_loop().time())
+            reply: Optional[str] = None
+            e_sent = asyncio.get_running_loop().time()
+            try:
+                reply, e_sent, _ = await self.client._call_at(
+                    line, p.RELEASE_DEADLINE, None, conn, on_done=lambda _: st.settle_extend(ext)
+                )
+            except TicketingError:
+                pass  # no answer: the ACQUIRE's deadline stays
+            finally:
+                st.finish_extend(ext)
+            deadline, gone = st.renewed(reply, e_sent, deadline)
         self._arm(deadline)
         conn.register(self)
+        if gone:
+            self._lose(p.REASON_MOVED, True)
         return token
 
     async def extend(self, lease: int) -> None:

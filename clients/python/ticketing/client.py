@@ -724,8 +724,29 @@ class Lock(p.LockView):
         with self._mu:
             deadline = st.granted(token, sent)
             self._conn = conn
+        gone = False
+        line = st.renewal_line(deadline, time.monotonic())
+        if line is not None:
+            # Recorded like any extend: until the sidecar answers it, a
+            # later extend's OK stays at most its end (it may apply late).
+            with self._mu:
+                ext = st.begin_extend(st.lease, time.monotonic())
+            reply: Optional[str] = None
+            e_sent = time.monotonic()
+            try:
+                reply, e_sent, _ = self.client._call_at(
+                    line, p.RELEASE_DEADLINE, None, conn, on_done=lambda _: self._extend_answered(ext)
+                )
+            except TicketingError:
+                pass  # no answer: the ACQUIRE's deadline stays
+            finally:
+                with self._mu:
+                    st.finish_extend(ext)
+            deadline, gone = st.renewed(reply, e_sent, deadline)
         self._arm(deadline)
         conn.register(self)
+        if gone:
+            self._lose(p.REASON_MOVED, True)
         return token
 
     def extend(self, lease: int) -> None:

@@ -349,7 +349,9 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	// The lock's deadline counts from the ACQUIRE's send, so a grant that
 	// waited has less than a lease left: renew it once, so COMMAND has a
 	// whole lease from its start (or, while renewing, until the first
-	// renewal). A failure here is no loss: the deadline stays.
+	// renewal). The client has already renewed a grant that waited more
+	// than half its lease (which may have come lost otherwise); this
+	// renews a shorter wait. A failure here is no loss: the deadline stays.
 	if lk.Remaining() < lease-ticketing.Margin(lease)-time.Second {
 		if err := extendOnce(lk, lease); err != nil && !errors.Is(err, ticketing.ErrLockLost) {
 			fmt.Fprintf(stderr, "ticketing lock: extend of %s (token %d) after the wait: %v; the lock is valid for %v\n",
