@@ -406,6 +406,8 @@ class LockState:
         s): such a grant is renewed once with its own lease first."""
         if deadline - now >= validity(self.lease) / 2 or self.token is None:
             return None
+        if self.reason is not None or self.released:
+            return None  # lost or released meanwhile (registered before the renewal)
         return extend_line(self.keys[0], self.token, self.lease)
 
     def renewed(self, reply: Optional[str], sent: float, deadline: float) -> Tuple[float, bool]:

@@ -502,6 +502,7 @@ class AsyncLock(p.LockView):
         token, sent, conn = await self.client._grant(st.keys, st.lease, st.wait, st.block, st.on_queued, st.label)
         deadline = st.granted(token, sent)
         self._conn = conn
+        conn.register(self)  # before the renewal (see ticketing.Lock.acquire)
         gone = False
         line = st.renewal_line(deadline, asyncio.get_running_loop().time())
         if line is not None:
@@ -515,14 +516,34 @@ class AsyncLock(p.LockView):
                 )
             except TicketingError:
                 pass  # no answer: the ACQUIRE's deadline stays
+            except asyncio.CancelledError:
+                # Cancelled before the caller has the lock: like a cancelled
+                # acquire's late grant, it is released (else the key stays
+                # held by nobody for the lease, or a renewed one).
+                self._abandon(conn)
+                raise
             finally:
                 st.finish_extend(ext)
             deadline, gone = st.renewed(reply, e_sent, deadline)
         self._arm(deadline)
-        conn.register(self)
         if gone:
             self._lose(p.REASON_MOVED, True)
         return token
+
+    def _abandon(self, conn: "_AsyncConnection") -> None:
+        """Release a grant its caller will never have (acquire cancelled
+        during the renewal): no signal any more, RELEASE sent, its reply
+        ignored."""
+        st = self._state
+        st.released = True
+        self._cancel_timer()
+        conn.unregister(self)
+        if st.token is None or not conn.alive:
+            return
+        try:
+            conn.submit(p.release_line(st.keys[0], st.token), self.client._budget(p.RELEASE_DEADLINE))
+        except TicketingError:
+            pass  # the session is gone (and released it)
 
     async def extend(self, lease: int) -> None:
         """Renew the lease (``EXTEND``); see :meth:`ticketing.Lock.extend`."""

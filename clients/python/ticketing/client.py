@@ -724,8 +724,13 @@ class Lock(p.LockView):
         with self._mu:
             deadline = st.granted(token, sent)
             self._conn = conn
+        # Registered before the renewal: a ``! LOST`` event, the
+        # connection's end or a Client.release of this token while the
+        # EXTEND is under way reaches the lock (_arm then arms nothing).
+        conn.register(self)
         gone = False
-        line = st.renewal_line(deadline, time.monotonic())
+        with self._mu:
+            line = st.renewal_line(deadline, time.monotonic())
         if line is not None:
             # Recorded like any extend: until the sidecar answers it, a
             # later extend's OK stays at most its end (it may apply late).
@@ -744,7 +749,6 @@ class Lock(p.LockView):
                     st.finish_extend(ext)
             deadline, gone = st.renewed(reply, e_sent, deadline)
         self._arm(deadline)
-        conn.register(self)
         if gone:
             self._lose(p.REASON_MOVED, True)
         return token
