@@ -1,0 +1,66 @@
+'use strict';
+
+// Attack round on the renewal of a grant that waited (commit 9a76315):
+// interleavings while the renewal's EXTEND is in flight, before lock()
+// resolves.
+
+const assert = require('node:assert/strict');
+const { afterEach, test } = require('node:test');
+const ticketing = require('..');
+const { FakeSidecar } = require('../support/fakesidecar');
+
+const { Client } = ticketing;
+
+let cleanup = [];
+afterEach(async () => {
+  for (const f of cleanup.reverse()) await f();
+  cleanup = [];
+});
+
+async function setup(respond) {
+  const fake = await new FakeSidecar(respond).start();
+  const client = new Client({ path: fake.path });
+  cleanup.push(() => fake.stop(), () => client.close());
+  return { fake, client };
+}
+
+test('a ! LOST event during the renewal, then INDETERMINATE: the lock comes lost (expired)', async () => {
+  const { fake, client } = await setup((line, peer) => {
+    if (line.startsWith('ACQUIRE')) {
+      setTimeout(() => peer.write('OK 100\n'), 500); // of a 1 s lease: 0.24 s of the ACQUIRE's validity left
+      return null;
+    }
+    if (line.startsWith('EXTEND')) {
+      peer.write('! LOST 100 expired k\n');
+      return 'INDETERMINATE';
+    }
+    return undefined;
+  });
+  const lock = await client.lock('k', { lease: 1, wait: 300 });
+  assert.equal(fake.lines.filter((l) => l.startsWith('EXTEND')).length, 1);
+  assert.equal(lock.lostReason, 'expired');
+  assert.equal(lock.remaining(), 0);
+  assert.ok(lock.signal.aborted);
+});
+
+test('client.release of the token during the renewal: the lock comes released, no validity', async () => {
+  let client;
+  let released;
+  const { client: c } = await setup((line, peer) => {
+    if (line.startsWith('ACQUIRE')) {
+      setTimeout(() => peer.write('OK 100\n'), 500);
+      return null;
+    }
+    if (line.startsWith('EXTEND')) {
+      released = client.release('k', 100n);
+      setTimeout(() => peer.write('OK\n'), 100); // the EXTEND's OK, then the RELEASE's (default)
+      return null;
+    }
+    return undefined;
+  });
+  client = c;
+  const lock = await client.lock('k', { lease: 1, wait: 300 });
+  await released;
+  assert.equal(lock.released, true);
+  assert.equal(lock.remaining(), 0);
+});
