@@ -79,5 +79,39 @@ class RenewalInterleavings(unittest.TestCase):
                              "the key was released (RELEASE OK) yet the lock reports validity")
 
 
+    def test_lost_event_during_renewal_then_indeterminate(self) -> None:
+        """A ``! LOST`` event read while the renewal is in flight, then an
+        INDETERMINATE reply: the lock comes lost (expired), sync and async,
+        though the ACQUIRE's deadline has not passed."""
+
+        def before(line: str):
+            if line.startswith("ACQUIRE"):
+                time.sleep(0.5)  # of a 1 s lease: 0.24 s of the ACQUIRE's validity left
+            elif line.startswith("EXTEND"):
+                tok = line.split(" ")[2]
+                return [f"! LOST {tok} expired k"]
+            return []
+
+        self.fake.before_reply = before
+        self.fake.replies["EXTEND"] = "INDETERMINATE"
+        with ticketing.Client(self.fake.path) as c:
+            lock = c.lock("k", lease=1, wait=300)
+            lock.acquire()
+            self.assertTrue(lock.lost.is_set())
+            self.assertEqual(lock.lost_reason, "expired")
+            self.assertEqual(lock.remaining(), 0.0)
+
+        async def main() -> None:
+            async with ticketing.AsyncClient(self.fake.path) as c:
+                lock = c.lock("k", lease=1, wait=300)
+                await lock.acquire()
+                await asyncio.sleep(0)
+                self.assertTrue(lock.lost.is_set())
+                self.assertEqual(lock.lost_reason, "expired")
+                self.assertEqual(lock.remaining(), 0.0)
+
+        asyncio.run(main())
+
+
 if __name__ == "__main__":
     unittest.main()
