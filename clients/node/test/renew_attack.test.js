@@ -64,3 +64,18 @@ test('client.release of the token during the renewal: the lock comes released, n
   assert.equal(lock.released, true);
   assert.equal(lock.remaining(), 0);
 });
+
+test('a grant with more than half its lease left is not renewed (lock and withLock)', async () => {
+  const { fake, client } = await setup((line, peer) => {
+    if (line.startsWith('ACQUIRE')) {
+      setTimeout(() => peer.write(`OK ${100 + fake.lines.length}\n`), 200); // of a 2 s lease: 1.53 s of 1.73 s left
+      return null;
+    }
+    return undefined;
+  });
+  const lock = await client.lock('k', { lease: 2, wait: 300 });
+  assert.ok(lock.remaining() > 1.4 && lock.remaining() < 1.55, `remaining ${lock.remaining()}`);
+  await lock.release();
+  await client.withLock('k', { lease: 2, wait: 300 }, async () => {});
+  assert.deepEqual(fake.lines.filter((l) => l.startsWith('EXTEND')), []);
+});
