@@ -704,12 +704,12 @@ func TestLongWaitNeedsVersion6(t *testing.T) {
 	}
 }
 
-// A grant whose wait took more than half its lease is renewed by one
+// A grant that arrives with less than half its validity left is renewed by one
 // EXTEND of the same lease before Lock returns (a wait may be an hour, a
 // lease at most 250 s): on OK the deadline counts from the EXTEND's send;
 // on not_held the Lock comes lost (moved); on any other outcome the
 // deadline stays the ACQUIRE's send + lease − margin (here passed: lost,
-// deadline). A grant with more than half its lease left is not renewed.
+// deadline). A grant with more than half its validity left is not renewed.
 func TestLockRenewsAGrantThatWaitedLong(t *testing.T) {
 	c, f := pipeClient(t, "HELLO 6 events")
 	clk := &fakeClock{t: time.Unix(1000, 0)}
@@ -746,7 +746,7 @@ func TestLockRenewsAGrantThatWaitedLong(t *testing.T) {
 			waitLost(t, res.l, tc.lost)
 		}
 	}
-	// Granted with more than half its lease left: no renewal.
+	// Granted with more than half its validity left: no renewal.
 	ch := async(func() lockRes {
 		l, err := c.Lock(context.Background(), "k", lease, time.Hour)
 		return lockRes{l, err}

@@ -427,7 +427,7 @@ func (l *Lock) fire(reason string, fromSidecar bool) {
 
 // Lock takes key like Acquire (same arguments, options, results and
 // context rules) and returns it as a Lock, which carries the lost signal
-// and can Extend. A grant whose wait took more than half its lease is
+// and can Extend. A grant that arrives with less than half its validity (lease − Margin) left is
 // renewed with one EXTEND of the same lease before Lock returns (a wait
 // can be an hour, a lease at most 250 s; renewAfterWait): on OK the
 // Lock's deadline counts from the EXTEND's send, on not_held the Lock
@@ -533,9 +533,10 @@ func (c *Client) Extend(ctx context.Context, key string, token uint64, lease tim
 
 // extend sends EXTEND on this connection (arguments checked).
 // renewAfterWait runs once on a new grant, before the caller has the Lock.
-// Its deadline counts from the ACQUIRE's send, so a grant whose wait took
-// more than half its lease would come with little of it left, or already
-// lost: a wait can be an hour, a lease at most 250 s. Such a grant is
+// Its deadline counts from the ACQUIRE's send, so a grant that waited long
+// comes with little of it left, or already lost: a wait can be an hour, a
+// lease at most 250 s. A grant with less than half its validity (lease −
+// Margin) left is
 // renewed by one EXTEND of the same lease first: its OK proves, through
 // the log, that the token still held the key when it applied, and the
 // deadline then counts from the EXTEND's send. Any other outcome leaves

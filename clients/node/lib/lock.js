@@ -107,7 +107,7 @@ class Lock {
 
   /**
    * Renew a new grant, before its caller has it, with one EXTEND of its
-   * own lease, when its wait took more than half the lease: its deadline
+   * own lease, when less than half its validity (lease − margin) is left: its deadline
    * counts from the ACQUIRE's send, and a wait can be an hour while a
    * lease is at most 250 s. OK proves through the log that the token still
    * held the key when it applied: the deadline then counts from the

@@ -400,10 +400,11 @@ class LockState:
 
     def renewal_line(self, deadline: float, now: float) -> Optional[str]:
         """The EXTEND that renews a new grant before its caller has it, or
-        None. The deadline counts from the ACQUIRE's send, so a grant whose
-        wait took more than half its lease would come with little of it
-        left, or already lost (a wait can be an hour, a lease at most 250
-        s): such a grant is renewed once with its own lease first."""
+        None. The deadline counts from the ACQUIRE's send, so a grant that
+        waited long comes with little of it left, or already lost (a wait
+        can be an hour, a lease at most 250 s): a grant with less than half
+        its validity (lease − margin) left is renewed once with its own
+        lease first."""
         if deadline - now >= validity(self.lease) / 2 or self.token is None:
             return None
         if self.reason is not None or self.released:
