@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -264,4 +265,74 @@ func handOffToBob(t *testing.T, c *testCluster, li int, a, b *client.Conn, t1 ui
 	}
 	c.converged("seats/1", locksm.Holder{Owner: "bob", Token: t2}, true)
 	return t2
+}
+
+// snapshotIndex is the index of node i's latest snapshot (0: none).
+func (c *testCluster) snapshotIndex(i int) uint64 {
+	n, _ := strconv.ParseUint(c.Node(i).Raft().Stats()["last_snapshot_index"], 10, 64)
+	return n
+}
+
+// restartFromOwnSnapshot has follower fi of leader li take a snapshot of
+// what it applied and restart from it, and returns the applied index the
+// snapshot covers: after it the node's state comes from the snapshot, and
+// the log after it holds nothing applied before.
+func (c *testCluster) restartFromOwnSnapshot(fi int) uint64 {
+	t := c.t
+	t.Helper()
+	applied := c.Node(fi).Raft().AppliedIndex()
+	if err := c.Node(fi).Raft().Snapshot().Error(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Stop(fi); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Restart(fi); err != nil {
+		t.Fatal(err)
+	}
+	if si := c.snapshotIndex(fi); si < applied {
+		t.Fatalf("restarted follower's snapshot index %d, before its applied index %d", si, applied)
+	}
+	return applied
+}
+
+// restoreByInstallSnapshot stops the follower that is neither li nor fi,
+// grants on 30 keys and compacts the running nodes' logs past its last
+// entry, and restarts it, so that it can only catch up by InstallSnapshot;
+// it returns that follower once it has restored.
+func (c *testCluster) restoreByInstallSnapshot(li, fi int) int {
+	t := c.t
+	t.Helper()
+	fo := (fi + 1) % c.Size()
+	if fo == li {
+		fo = (fo + 1) % c.Size()
+	}
+	if err := c.Stop(fo); err != nil {
+		t.Fatal(err)
+	}
+	behind := c.Node(li).Raft().LastIndex()
+	lc := c.client()
+	defer lc.close()
+	var last uint64
+	for i := 0; i < 30; i++ {
+		last = mustGrant(t, lc.do(acquireMsg(fmt.Sprintf("fill/%d", i), "o", 200, 0)))
+	}
+	for _, i := range []int{li, fi} {
+		testkit.WaitFor(t, "the running nodes applied every grant", 10*time.Second, func() bool {
+			return c.Node(i).LastToken() == last
+		})
+		if err := c.Node(i).Raft().Snapshot().Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if first, err := cluster.LogFirstIndex(c.Node(li)); err != nil || first <= behind {
+		t.Fatalf("the leader's first log index %d (%v), want above the stopped follower's %d", first, err, behind)
+	}
+	if err := c.Restart(fo); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, "the follower restored from an installed snapshot", 20*time.Second, func() bool {
+		return c.Node(fo).LastToken() == last && c.snapshotIndex(fo) > behind
+	})
+	return fo
 }

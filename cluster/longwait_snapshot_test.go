@@ -1,8 +1,6 @@
 package cluster_test
 
 import (
-	"fmt"
-	"strconv"
 	"testing"
 	"time"
 
@@ -56,61 +54,14 @@ func TestLongWaitersSurviveSnapshotRestore(t *testing.T) {
 	for i := range c.Size() {
 		queueIs("before any snapshot", i, "w1")
 	}
-	snapshotIndex := func(i int) uint64 {
-		n, _ := strconv.ParseUint(c.Node(i).Raft().Stats()["last_snapshot_index"], 10, 64)
-		return n
-	}
-
 	fi := follower(c, li)
-	queuedAt := c.Node(fi).Raft().AppliedIndex()
-	if err := c.Node(fi).Raft().Snapshot().Error(); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Stop(fi); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Restart(fi); err != nil {
-		t.Fatal(err)
-	}
-	if si := snapshotIndex(fi); si < queuedAt {
-		t.Fatalf("restarted follower's snapshot index %d, before the waiter's applied index %d", si, queuedAt)
-	}
+	c.restartFromOwnSnapshot(fi)
 	queueIs("a follower restarted from its snapshot", fi, "w1")
 	if v := c.Node(fi).ClusterVersion(); v < wire.VersionLongWaits {
 		t.Fatalf("a follower restarted from its snapshot: cluster version %d", v)
 	}
 
-	fo := (fi + 1) % c.Size()
-	if fo == li {
-		fo = (fo + 1) % c.Size()
-	}
-	if err := c.Stop(fo); err != nil {
-		t.Fatal(err)
-	}
-	behind := c.Node(li).Raft().LastIndex()
-	lc := c.client()
-	defer lc.close()
-	var last uint64
-	for i := 0; i < 30; i++ {
-		last = mustGrant(t, lc.do(acquireMsg(fmt.Sprintf("fill/%d", i), "o", 200, 0)))
-	}
-	for _, i := range []int{li, fi} {
-		testkit.WaitFor(t, "the running nodes applied every grant", 10*time.Second, func() bool {
-			return c.Node(i).LastToken() == last
-		})
-		if err := c.Node(i).Raft().Snapshot().Error(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if first, err := cluster.LogFirstIndex(c.Node(li)); err != nil || first <= behind {
-		t.Fatalf("the leader's first log index %d (%v), want above the stopped follower's %d", first, err, behind)
-	}
-	if err := c.Restart(fo); err != nil {
-		t.Fatal(err)
-	}
-	testkit.WaitFor(t, "the follower restored from an installed snapshot", 20*time.Second, func() bool {
-		return c.Node(fo).LastToken() == last && snapshotIndex(fo) > behind
-	})
+	fo := c.restoreByInstallSnapshot(li, fi)
 	queueIs("a follower restored by InstallSnapshot", fo, "w1")
 
 	// After both restores: a second hour-long waiter joins every queue.

@@ -91,4 +91,27 @@ class FakeSidecar {
   }
 }
 
-module.exports = { FakeSidecar };
+/**
+ * The setup of a test file whose tests each start fake sidecars with
+ * clients of them: returns `setup(respond)`, which starts a FakeSidecar
+ * answering with `respond` and a Client of it, both stopped after the test
+ * (registered with the `afterEach` given, node:test's).
+ * @param {(fn: () => Promise<void>) => void} afterEach
+ */
+function fakeSidecarSetup(afterEach) {
+  // Required here, not at the top: the client requires nothing of this file.
+  const { Client } = require('..');
+  let cleanup = [];
+  afterEach(async () => {
+    for (const f of cleanup.reverse()) await f();
+    cleanup = [];
+  });
+  return async function setup(respond) {
+    const fake = await new FakeSidecar(respond).start();
+    const client = new Client({ path: fake.path });
+    cleanup.push(() => fake.stop(), () => client.close());
+    return { fake, client };
+  };
+}
+
+module.exports = { FakeSidecar, fakeSidecarSetup };

@@ -7,22 +7,10 @@
 const assert = require('node:assert/strict');
 const { afterEach, test } = require('node:test');
 const ticketing = require('..');
-const { FakeSidecar } = require('../support/fakesidecar');
+const { fakeSidecarSetup } = require('../support/fakesidecar');
 
-const { Client } = ticketing;
 
-let cleanup = [];
-afterEach(async () => {
-  for (const f of cleanup.reverse()) await f();
-  cleanup = [];
-});
-
-async function setup(respond) {
-  const fake = await new FakeSidecar(respond).start();
-  const client = new Client({ path: fake.path });
-  cleanup.push(() => fake.stop(), () => client.close());
-  return { fake, client };
-}
+const setup = fakeSidecarSetup(afterEach);
 
 test('a ! LOST event during the renewal, then INDETERMINATE: the lock comes lost (expired)', async () => {
   const { fake, client } = await setup((line, peer) => {
