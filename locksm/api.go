@@ -134,6 +134,11 @@ const (
 	// SecretHashLen is the length of a session's SecretHash: a SHA-256 of
 	// the broker's secret (the secret itself never enters the log).
 	SecretHashLen = 32
+	// MaxPermits is the largest n of a semaphore key (OpSetPermits): a
+	// general-admission section or a waiting room's checkout. Each held
+	// permit costs its slot (about 64 bytes) on every replica, so the
+	// bound keeps a full semaphore under 10 MB.
+	MaxPermits = 100_000
 )
 
 // Op names a command.
@@ -213,10 +218,23 @@ const (
 	// stay in the table, and in every snapshot, until its next command.
 	// Noop if the session is unknown (it ended).
 	OpAckSession Op = 13
+	// OpAcquirePermit asks for one permit of the semaphore Key, with the
+	// fields and outcomes of OpAcquire: granted at once (Result.Slot, the
+	// lowest free slot, with a fresh token) if fewer than its n permits
+	// are held and nobody waits, Busy with WaitMs == 0, else queued at the
+	// tail under Ref. ErrNotSemaphore if Key is not defined as a
+	// semaphore (MATRIX.md, "Semaphores").
+	OpAcquirePermit Op = 14
+	// OpSetPermits defines Key as a semaphore of Permits permits
+	// (1..MaxPermits), or changes its n: raising it grants waiters in the
+	// same command, lowering it ends no permit. Permits 0 removes the
+	// definition of an idle semaphore (else ErrInUse). ErrInUse too when
+	// Key is held or reserved as a lock.
+	OpSetPermits Op = 15
 )
 
 // maxOp is the highest op this version knows.
-const maxOp = OpAckSession
+const maxOp = OpSetPermits
 
 // Command is one replicated state change. The leader fills Now with its wall
 // clock (Unix milliseconds) when it proposes; the state machine records it
@@ -246,8 +264,11 @@ type Command struct {
 	// OpCancelWait. The state machine ignores it for releases. Unique per proposer; the
 	// state machine rejects an acquire whose Ref is already queued on Key.
 	Ref      uint64
-	LeaseSec uint32 // OpAcquire, OpAcquireBlock, OpExtend: MinLeaseSec..MaxLeaseSec
-	WaitMs   uint32 // OpAcquire, OpAcquireBlock: 0..MaxWaitMs
+	LeaseSec uint32 // OpAcquire, OpAcquirePermit, OpAcquireBlock, OpExtend: MinLeaseSec..MaxLeaseSec
+	WaitMs   uint32 // OpAcquire, OpAcquirePermit, OpAcquireBlock: 0..MaxWaitMs
+	// Permits is a semaphore's n (OpSetPermits): 1..MaxPermits, or 0 to
+	// remove the definition.
+	Permits uint32
 
 	// Session names the session of a lock command (OpAcquire,
 	// OpAcquireBlock, OpRelease, OpExtend; 0: none, today's semantics) or
@@ -296,6 +317,7 @@ const (
 	StatusSessionExpired // OpExpireSession done (waiters timed out, hand-offs in Effects)
 	StatusSessionClosed  // OpCloseSession done (as an expiry)
 	StatusAcked          // OpAckSession done: the outcomes up to Ack dropped
+	StatusPermitsSet     // OpSetPermits done (grants of a raise in Effects)
 )
 
 // Result is the outcome of a command for its proposer.
@@ -307,7 +329,10 @@ type Result struct {
 	// leader arms its lease timer with it.
 	LeaseSec uint32
 	Token    uint64 // StatusGranted
-	Err      error  // StatusRejected: one of the sentinels above
+	// Slot: StatusGranted of OpAcquirePermit, the permit's slot
+	// (0..n-1); 0 for a lock.
+	Slot uint32
+	Err  error // StatusRejected: one of the sentinels above
 	// Serial is the serial of the outcome recorded for the command itself
 	// (a lock command of a session that was applied and is final); 0 if
 	// none was recorded (no session, queued, or rejected before it applied:
@@ -344,6 +369,9 @@ type Effect struct {
 	Owner    string
 	Ref      uint64
 	Token    uint64 // EffectGranted
+	// Slot: EffectGranted of a semaphore's waiter, the permit's slot; 0
+	// for a lock.
+	Slot uint32
 	// Session and Seq are the waiter's (0 if it has none). Serial is the
 	// outcome recorded for it (a grant, or a timeout by cancel or
 	// drop-waiters); 0 when nothing was recorded: no session, or the
@@ -368,6 +396,10 @@ type Holder struct {
 	Session, Seq uint64
 	// Label is the acquire's label ("" if none).
 	Label string
+	// Permit: a permit of a semaphore key, in Slot (0..n-1); false for a
+	// lock, whose Slot is 0.
+	Permit bool
+	Slot   uint32
 }
 
 // Waiter is one queued acquire.

@@ -25,10 +25,12 @@ package locksm
 //	11  OpCloseSession    now:varint session:uvarint
 //	12  OpDropSessionless (none)
 //	13  OpAckSession      session:uvarint ack:uvarint
+//	14  OpAcquirePermit   fields of op 1
+//	15  OpSetPermits      now:varint key:string permits:uvarint
 //
-//	op|0x80 (op 1, 2, 6, 7 only): a lock command of a session
+//	op|0x80 (op 1, 2, 6, 7, 14 only): a lock command of a session
 //	    = session:uvarint(1..) seq:uvarint ack:uvarint fields(op)
-//	op|0x40 (op 1, 6 only; with or without 0x80): a labelled acquire
+//	op|0x40 (op 1, 6, 14 only; with or without 0x80): a labelled acquire
 //	    = [session fields] label:string(1..MaxLabelLen) fields(op)
 //
 // Op 6 came with blocks (protocol version 5): a node older than that
@@ -59,6 +61,12 @@ package locksm
 // one is byte for byte what older nodes wrote, and the batch version is
 // still 1. The flag with an empty label, or on any other op, is corrupt.
 //
+// Ops 14 and 15 came with semaphores (protocol version 13) in the same
+// way: a node older than that cannot decode them, so a leader proposes
+// them only once the cluster version is 13; every other entry is
+// unchanged and the batch version is still 1. A permit count must fit in
+// uint32 (Apply rejects one above MaxPermits).
+//
 // Only the fields an op uses are carried; the others decode as zero (Apply
 // ignores them anyway). Now is carried only by ops that record it (grant or
 // enqueue time). A key is at most MaxKeyLen bytes and an owner at most
@@ -68,9 +76,9 @@ package locksm
 //
 // DecodeBatch rejects, wrapping ErrCorruptCommand: an unknown version, a
 // count above MaxBatch or above the bytes left (every command takes at
-// least one byte), truncation, trailing bytes, an unknown op (0, 13..127,
-// the session flag on an op other than 1, 2, 6, 7 or with session 0, the
-// label flag on an op other than 1, 6 or with an empty label), an
+// least one byte), truncation, trailing bytes, an unknown op (0, 16..63,
+// the session flag on an op other than 1, 2, 6, 7, 14 or with session 0,
+// the label flag on an op other than 1, 6, 14 or with an empty label), an
 // over-long string (a secret hash above SecretHashLen bytes), a non-minimal varint, a lease or wait above
 // uint32, a block of more than MaxBlockKeys keys.
 
@@ -138,7 +146,7 @@ func AppendBatch(dst []byte, cmds []Command) []byte {
 			dst = appendString(dst, label, MaxLabelLen)
 		}
 		switch c.Op {
-		case OpAcquire:
+		case OpAcquire, OpAcquirePermit:
 			dst = binary.AppendVarint(dst, c.Now)
 			dst = appendString(dst, c.Key, MaxKeyLen)
 			dst = appendString(dst, c.Owner, MaxOwnerLen)
@@ -203,6 +211,10 @@ func AppendBatch(dst []byte, cmds []Command) []byte {
 		case OpAckSession:
 			dst = binary.AppendUvarint(dst, c.Session)
 			dst = binary.AppendUvarint(dst, c.Ack)
+		case OpSetPermits:
+			dst = binary.AppendVarint(dst, c.Now)
+			dst = appendString(dst, c.Key, MaxKeyLen)
+			dst = binary.AppendUvarint(dst, uint64(c.Permits))
 		}
 	}
 	return dst
@@ -211,11 +223,13 @@ func AppendBatch(dst []byte, cmds []Command) []byte {
 // sessionBearing reports whether op is a lock command that may name a
 // session (its Session, Seq and Ack fields).
 func sessionBearing(op Op) bool {
-	return op == OpAcquire || op == OpRelease || op == OpAcquireBlock || op == OpExtend
+	return op == OpAcquire || op == OpRelease || op == OpAcquireBlock || op == OpExtend || op == OpAcquirePermit
 }
 
 // labelBearing reports whether op may carry a label: the acquires.
-func labelBearing(op Op) bool { return op == OpAcquire || op == OpAcquireBlock }
+func labelBearing(op Op) bool {
+	return op == OpAcquire || op == OpAcquireBlock || op == OpAcquirePermit
+}
 
 func appendString(dst []byte, s string, limit int) []byte {
 	if len(s) > limit {
@@ -276,7 +290,7 @@ func DecodeBatch(b []byte, into []Command) ([]Command, error) {
 			}
 		}
 		switch c.Op {
-		case OpAcquire:
+		case OpAcquire, OpAcquirePermit:
 			c.Now = d.varint()
 			c.Key = d.string(MaxKeyLen)
 			c.Owner = d.string(MaxOwnerLen)
@@ -350,6 +364,10 @@ func DecodeBatch(b []byte, into []Command) ([]Command, error) {
 		case OpAckSession:
 			c.Session = d.uvarint()
 			c.Ack = d.uvarint()
+		case OpSetPermits:
+			c.Now = d.varint()
+			c.Key = d.string(MaxKeyLen)
+			c.Permits = d.uint32()
 		case OpDropSessionless:
 		default:
 			if d.err == nil {

@@ -49,6 +49,12 @@ func sampleCommands() []Command {
 		{Op: OpExpireSession, Now: -9, Session: 0, Epoch: 0},
 		{Op: OpCloseSession, Now: 10, Session: 7},
 		{Op: OpDropSessionless},
+		// Semaphores (ops 14 and 15).
+		{Op: OpAcquirePermit, Now: 11, Key: "s", Owner: "a", Ref: 4, LeaseSec: 10, WaitMs: MaxWaitMs},
+		{Op: OpAcquirePermit, Now: 12, Key: "s", Owner: "a", Ref: 5, LeaseSec: 10, Label: "job", Session: 7, Seq: 2, Ack: 1},
+		{Op: OpSetPermits, Now: 13, Key: "s", Permits: MaxPermits},
+		{Op: OpSetPermits, Now: math.MinInt64, Key: long, Permits: math.MaxUint32},
+		{Op: OpSetPermits, Now: 0, Key: "s", Permits: 0},
 	}
 }
 
@@ -148,7 +154,7 @@ func TestCodecSessionlessUnchanged(t *testing.T) {
 
 func TestCodecQuick(t *testing.T) {
 	f := func(op uint8, now int64, key, owner string, token, ref uint64, lease, wait uint32) bool {
-		c := Command{Op: Op(op%uint8(maxOp) + 1), Now: now, Key: key, Owner: owner, Token: token, Ref: ref, LeaseSec: lease, WaitMs: wait}
+		c := Command{Op: Op(op%uint8(maxOp) + 1), Now: now, Key: key, Owner: owner, Token: token, Ref: ref, LeaseSec: lease, WaitMs: wait, Permits: wait}
 		if c.Op == OpAcquireBlock {
 			c.Keys = []string{key, owner, key + "x"}
 		}

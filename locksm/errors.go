@@ -58,4 +58,15 @@ var (
 	// ErrStaleEpoch: a resume whose attach epoch is not the session's (it
 	// was resumed since the leader looked).
 	ErrStaleEpoch = errors.New("locksm: stale session epoch")
+	// ErrIsSemaphore: a lock acquire (OpAcquire, or a block naming it) of
+	// a key defined as a semaphore: take a permit of it (OpAcquirePermit).
+	ErrIsSemaphore = errors.New("locksm: key is a semaphore")
+	// ErrNotSemaphore: a permit acquire of a key not defined as a
+	// semaphore, or OpSetPermits 0 of one.
+	ErrNotSemaphore = errors.New("locksm: key is not a semaphore")
+	// ErrInvalidPermits: OpSetPermits with n above MaxPermits.
+	ErrInvalidPermits = errors.New("locksm: invalid permits")
+	// ErrInUse: OpSetPermits of a key held or reserved as a lock, or the
+	// removal (n 0) of a semaphore with a permit held or a waiter.
+	ErrInUse = errors.New("locksm: key in use")
 )

@@ -19,6 +19,7 @@ import (
 	"bytes"
 	"cmp"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -35,6 +36,9 @@ type model struct {
 	// sessions are the live sessions, in open order; waiters and holdings
 	// carry their (session, seq) in w and h.
 	sessions []*modelSession
+	// sems maps every semaphore key to its n; its permits are holds with
+	// h.Permit set (any number per key), its waiters waits like a lock's.
+	sems map[string]uint32
 }
 
 // modelSession keeps every outcome above its ack, in the order recorded.
@@ -124,11 +128,73 @@ func modelValid(s string, limit int) bool {
 
 func (m *model) holdIndex(key string) int {
 	for i, h := range m.holds {
-		if h.key == key {
+		if h.key == key && !h.h.Permit {
 			return i
 		}
 	}
 	return -1
+}
+
+// permitIndex is the index of the permit of semaphore key under token
+// (-1: none).
+func (m *model) permitIndex(key string, token uint64) int {
+	for i, h := range m.holds {
+		if h.key == key && h.h.Permit && h.h.Token == token {
+			return i
+		}
+	}
+	return -1
+}
+
+// permits lists the permits of semaphore key, in slot order.
+func (m *model) permits(key string) []Holder {
+	var out []Holder
+	for _, h := range m.holds {
+		if h.key == key && h.h.Permit {
+			out = append(out, h.h)
+		}
+	}
+	slices.SortFunc(out, func(a, b Holder) int { return cmp.Compare(a.Slot, b.Slot) })
+	return out
+}
+
+func (m *model) isSem(key string) bool { _, ok := m.sems[key]; return ok }
+
+// semGrant hands free permits of semaphore key to its first waiters, in
+// order, while fewer than n are held, each in the lowest slot nobody
+// holds.
+func (m *model) semGrant(key string, now int64) []Effect {
+	var effects []Effect
+	for {
+		held := m.permits(key)
+		head := -1
+		for i, w := range m.waits {
+			if w.keys[0] == key {
+				head = i
+				break
+			}
+		}
+		if head < 0 || len(held) >= int(m.sems[key]) {
+			return effects
+		}
+		w := m.waits[head]
+		m.waits = slices.Delete(m.waits, head, head+1)
+		m.last++
+		slot := m.lowestFreeSlot(key)
+		m.holds = append(m.holds, modelHold{key: key, h: Holder{Owner: w.w.Owner, Token: m.last, LeaseSec: w.w.LeaseSec, GrantedAt: now,
+			Session: w.w.Session, Seq: w.w.Seq, Label: w.label, Permit: true, Slot: slot}})
+		effects = append(effects, Effect{Kind: EffectGranted, Key: key, Owner: w.w.Owner, Ref: w.w.Ref, Token: m.last, LeaseSec: w.w.LeaseSec,
+			Session: w.w.Session, Seq: w.w.Seq, Serial: m.recordWaiter(w.w, StatusGranted, m.last), Slot: slot})
+	}
+}
+
+// lowestFreeSlot is the lowest slot no permit of key holds.
+func (m *model) lowestFreeSlot(key string) uint32 {
+	for slot := uint32(0); ; slot++ {
+		if !slices.ContainsFunc(m.permits(key), func(h Holder) bool { return h.Slot == slot }) {
+			return slot
+		}
+	}
 }
 
 func (m *model) held(key string) bool { return m.holdIndex(key) >= 0 }
@@ -147,22 +213,30 @@ func (m *model) matches(i int, c Command) bool {
 func (m *model) apply(c Command) (Result, []Effect) {
 	res, eff := m.apply1(c)
 	switch res.Status {
-	case StatusGranted, StatusQueued, StatusReleased, StatusExpired, StatusExtended, StatusSessionExpired, StatusSessionClosed:
+	case StatusGranted, StatusQueued, StatusReleased, StatusExpired, StatusExtended, StatusSessionExpired, StatusSessionClosed,
+		StatusPermitsSet:
 		m.clock = c.Now
 	}
 	return res, eff
 }
 
 func isLockOp(op Op) bool {
-	return op == OpAcquire || op == OpAcquireBlock || op == OpRelease || op == OpExtend
+	return op == OpAcquire || op == OpAcquireBlock || op == OpRelease || op == OpExtend || op == OpAcquirePermit
 }
 
 func (m *model) apply1(c Command) (Result, []Effect) {
 	reject := func(err error) (Result, []Effect) { return Result{Status: StatusRejected, Err: err}, nil }
 	switch c.Op {
-	case OpAcquire, OpRelease, OpExpire, OpCancelWait, OpExtend:
+	case OpAcquire, OpRelease, OpExpire, OpCancelWait, OpExtend, OpAcquirePermit:
 		if !modelValid(c.Key, 255) {
 			return reject(ErrInvalidKey)
+		}
+	case OpSetPermits:
+		if !modelValid(c.Key, 255) {
+			return reject(ErrInvalidKey)
+		}
+		if c.Permits > 100000 {
+			return reject(ErrInvalidPermits)
 		}
 	case OpAcquireBlock:
 		if len(c.Keys) < 2 || len(c.Keys) > 16 {
@@ -192,16 +266,17 @@ func (m *model) apply1(c Command) (Result, []Effect) {
 	default:
 		return reject(ErrInvalidCommand)
 	}
-	if (c.Op == OpAcquire || c.Op == OpAcquireBlock || c.Op == OpRelease || c.Op == OpExtend) && !modelValid(c.Owner, 128) {
+	acquire := c.Op == OpAcquire || c.Op == OpAcquireBlock || c.Op == OpAcquirePermit
+	if (acquire || c.Op == OpRelease || c.Op == OpExtend) && !modelValid(c.Owner, 128) {
 		return reject(ErrInvalidOwner)
 	}
-	if (c.Op == OpAcquire || c.Op == OpAcquireBlock) && c.Label != "" && !modelValid(c.Label, 64) {
+	if acquire && c.Label != "" && !modelValid(c.Label, 64) {
 		return reject(ErrInvalidLabel)
 	}
-	if (c.Op == OpAcquire || c.Op == OpAcquireBlock || c.Op == OpExtend) && (c.LeaseSec < 1 || c.LeaseSec > 250) {
+	if (acquire || c.Op == OpExtend) && (c.LeaseSec < 1 || c.LeaseSec > 250) {
 		return reject(ErrInvalidLease)
 	}
-	if c.Op == OpAcquire || c.Op == OpAcquireBlock {
+	if acquire {
 		if c.WaitMs > 3600000 { // one hour (protocol version 11)
 			return reject(ErrInvalidWait)
 		}
@@ -231,7 +306,52 @@ func (m *model) apply1(c Command) (Result, []Effect) {
 func (m *model) lock(c Command) (Result, []Effect) {
 	reject := func(err error) (Result, []Effect) { return Result{Status: StatusRejected, Err: err}, nil }
 	switch c.Op {
+	case OpSetPermits:
+		n, defined := m.sems[c.Key]
+		switch {
+		case !defined && c.Permits == 0:
+			return reject(ErrNotSemaphore)
+		case !defined && (m.held(c.Key) || len(m.queue(c.Key)) > 0):
+			return reject(ErrInUse)
+		case c.Permits == 0 && (len(m.permits(c.Key)) > 0 || len(m.queue(c.Key)) > 0):
+			return reject(ErrInUse)
+		case c.Permits == 0:
+			delete(m.sems, c.Key)
+			return Result{Status: StatusPermitsSet}, nil
+		}
+		_ = n
+		if m.sems == nil {
+			m.sems = map[string]uint32{}
+		}
+		m.sems[c.Key] = c.Permits
+		return Result{Status: StatusPermitsSet}, m.semGrant(c.Key, c.Now)
+	case OpAcquirePermit:
+		n, ok := m.sems[c.Key]
+		if !ok {
+			return reject(ErrNotSemaphore)
+		}
+		if len(m.queue(c.Key)) == 0 && len(m.permits(c.Key)) < int(n) {
+			m.last++
+			slot := m.lowestFreeSlot(c.Key)
+			m.holds = append(m.holds, modelHold{key: c.Key, h: Holder{Owner: c.Owner, Token: m.last, LeaseSec: c.LeaseSec, GrantedAt: c.Now,
+				Session: c.Session, Seq: c.Seq, Label: c.Label, Permit: true, Slot: slot}})
+			return Result{Status: StatusGranted, Token: m.last, Slot: slot}, nil
+		}
+		if c.WaitMs == 0 {
+			return Result{Status: StatusBusy}, nil
+		}
+		for _, w := range m.queue(c.Key) {
+			if w.Ref == c.Ref {
+				return reject(ErrDuplicateRef)
+			}
+		}
+		m.waits = append(m.waits, modelWait{[]string{c.Key}, Waiter{Owner: c.Owner, Ref: c.Ref, LeaseSec: c.LeaseSec, WaitMs: c.WaitMs, EnqueuedAt: c.Now,
+			Session: c.Session, Seq: c.Seq}, c.Label})
+		return Result{Status: StatusQueued}, nil
 	case OpAcquire:
+		if m.isSem(c.Key) {
+			return reject(ErrIsSemaphore)
+		}
 		if !m.held(c.Key) && len(m.queue(c.Key)) == 0 {
 			m.last++
 			m.holds = append(m.holds, modelHold{key: c.Key, h: Holder{Owner: c.Owner, Token: m.last, LeaseSec: c.LeaseSec, GrantedAt: c.Now,
@@ -250,6 +370,9 @@ func (m *model) lock(c Command) (Result, []Effect) {
 			Session: c.Session, Seq: c.Seq}, c.Label})
 		return Result{Status: StatusQueued}, nil
 	case OpAcquireBlock:
+		if slices.ContainsFunc(c.Keys, m.isSem) {
+			return reject(ErrIsSemaphore)
+		}
 		free := true
 		for _, k := range c.Keys {
 			free = free && !m.held(k) && len(m.queue(k)) == 0
@@ -275,12 +398,18 @@ func (m *model) lock(c Command) (Result, []Effect) {
 		return Result{Status: StatusQueued}, nil
 	case OpRelease:
 		i := m.holdIndex(c.Key)
+		if m.isSem(c.Key) {
+			i = m.permitIndex(c.Key, c.Token)
+		}
 		if !m.matches(i, c) {
 			return reject(ErrNotHeld)
 		}
 		return Result{Status: StatusReleased}, m.free(i, c.Now)
 	case OpExtend:
 		i := m.holdIndex(c.Key)
+		if m.isSem(c.Key) {
+			i = m.permitIndex(c.Key, c.Token)
+		}
 		if !m.matches(i, c) {
 			return reject(ErrNotHeld)
 		}
@@ -296,6 +425,9 @@ func (m *model) lock(c Command) (Result, []Effect) {
 		return Result{Status: StatusExtended, LeaseSec: lease}, nil
 	case OpExpire:
 		i := m.holdIndex(c.Key)
+		if m.isSem(c.Key) {
+			i = m.permitIndex(c.Key, c.Token)
+		}
 		if i < 0 || m.holds[i].h.Token != c.Token {
 			return Result{Status: StatusNoop}, nil
 		}
@@ -426,6 +558,10 @@ func (m *model) lock(c Command) (Result, []Effect) {
 // free ends the holding of m.holds[i] (the key, or its whole block) and
 // decides each freed key again, in the block's order.
 func (m *model) free(i int, now int64) []Effect {
+	if h := m.holds[i]; h.h.Permit {
+		m.holds = slices.Delete(m.holds, i, i+1)
+		return m.semGrant(h.key, now)
+	}
 	keys := []string{m.holds[i].key}
 	if ks := m.holds[i].h.Keys; ks != nil {
 		keys = ks
@@ -440,7 +576,7 @@ func (m *model) free(i int, now int64) []Effect {
 func (m *model) promote(keys []string, now int64) []Effect {
 	var effects []Effect
 	for _, k := range keys {
-		if m.held(k) {
+		if m.held(k) || m.isSem(k) { // a permit waiter leaving frees no permit
 			continue
 		}
 		head := -1
@@ -488,7 +624,13 @@ func (m *model) queue(key string) []Waiter {
 // compare checks that s answers every query as m does.
 func (m *model) compare(s *State, keys []string) error {
 	blocks, renewed := map[uint64]bool{}, map[uint64]bool{}
+	locks, permits := 0, 0
 	for _, h := range m.holds {
+		if h.h.Permit {
+			permits++
+		} else {
+			locks++
+		}
 		if h.h.Keys != nil {
 			blocks[h.h.Token] = true
 		}
@@ -496,13 +638,39 @@ func (m *model) compare(s *State, keys []string) error {
 			renewed[h.h.Token] = true
 		}
 	}
-	if s.LastToken() != m.last || s.NumHeld() != len(m.holds) || s.NumWaiting() != len(m.waits) || s.NumBlocks() != len(blocks) ||
-		s.NumRenewed() != len(renewed) {
-		return fmt.Errorf("counts: state last=%d held=%d waiting=%d blocks=%d renewed=%d, model %d %d %d %d %d",
-			s.LastToken(), s.NumHeld(), s.NumWaiting(), s.NumBlocks(), s.NumRenewed(),
-			m.last, len(m.holds), len(m.waits), len(blocks), len(renewed))
+	if s.LastToken() != m.last || s.NumHeld() != locks || s.NumWaiting() != len(m.waits) || s.NumBlocks() != len(blocks) ||
+		s.NumRenewed() != len(renewed) || s.NumPermitsHeld() != permits || s.NumSemaphores() != len(m.sems) {
+		return fmt.Errorf("counts: state last=%d held=%d waiting=%d blocks=%d renewed=%d permits=%d sems=%d, model %d %d %d %d %d %d %d",
+			s.LastToken(), s.NumHeld(), s.NumWaiting(), s.NumBlocks(), s.NumRenewed(), s.NumPermitsHeld(), s.NumSemaphores(),
+			m.last, locks, len(m.waits), len(blocks), len(renewed), permits, len(m.sems))
+	}
+	for _, k := range slices.Sorted(maps.Keys(m.sems)) {
+		want := Semaphore{Permits: m.sems[k], Held: len(m.permits(k)), Waiting: len(m.queue(k))}
+		if got, ok := s.Semaphore(k); !ok || got != want {
+			return fmt.Errorf("semaphore %q: %+v %v, model %+v", k, got, ok, want)
+		}
+		if got, want := s.PermitHolders(k), m.permits(k); !reflect.DeepEqual(got, want) {
+			return fmt.Errorf("semaphore %q: permits %+v, model %+v", k, got, want)
+		}
+		if g, w := s.Waiters(k), m.queue(k); !reflect.DeepEqual(g, w) {
+			return fmt.Errorf("semaphore %q: waiters %+v, model %+v", k, g, w)
+		}
+		for i, w := range m.queue(k) {
+			if pos, ok := s.Position(k, w.Ref); !ok || pos != i+1 {
+				return fmt.Errorf("semaphore %q: waiter %d at %d %v, model %d", k, w.Ref, pos, ok, i+1)
+			}
+		}
+	}
+	if got := s.Semaphores(); !slices.Equal(got, slices.Sorted(maps.Keys(m.sems))) {
+		return fmt.Errorf("semaphores %q, model %v", got, m.sems)
 	}
 	for _, k := range keys {
+		if m.isSem(k) {
+			if _, ok := s.Holder(k); ok {
+				return fmt.Errorf("semaphore %q has a lock holder", k)
+			}
+			continue
+		}
 		var want *Holder
 		if i := m.holdIndex(k); i >= 0 {
 			want = &m.holds[i].h
@@ -614,6 +782,12 @@ type propertyChecker struct {
 	// tokenSession maps the token of every holding granted for a session
 	// to that session, while both last.
 	tokenSession map[uint64]uint64
+	// Semaphores, from the commands and results alone: each one's n, and
+	// its live permits (token -> slot); permitKey maps a live permit's
+	// token to its key.
+	sems      map[string]uint32
+	permits   map[string]map[uint64]uint32
+	permitKey map[uint64]string
 }
 
 type pendingRef struct {
@@ -625,7 +799,47 @@ type pendingRef struct {
 func newPropertyChecker() *propertyChecker {
 	return &propertyChecker{pending: map[string][]pendingRef{}, gone: map[string]bool{},
 		held: map[string]uint64{}, holding: map[uint64][]string{},
-		live: map[uint64]bool{}, serials: map[uint64]uint64{}, floors: map[uint64]uint64{}, tokenSession: map[uint64]uint64{}}
+		live: map[uint64]bool{}, serials: map[uint64]uint64{}, floors: map[uint64]uint64{}, tokenSession: map[uint64]uint64{},
+		sems: map[string]uint32{}, permits: map[string]map[uint64]uint32{}, permitKey: map[uint64]string{}}
+}
+
+// takePermit checks a permit's grant: the next token, at most n permits
+// of the key held with it, and a slot below n that no live permit of the
+// key holds (one holder per (key, slot): the fencing domain).
+func (p *propertyChecker) takePermit(tok uint64, key string, slot uint32) error {
+	if tok != p.lastToken+1 {
+		return fmt.Errorf("token %d after %d", tok, p.lastToken)
+	}
+	p.lastToken = tok
+	n, ok := p.sems[key]
+	if !ok {
+		return fmt.Errorf("permit of %q, which is not a semaphore", key)
+	}
+	held := p.permits[key]
+	if held == nil {
+		held = map[uint64]uint32{}
+		p.permits[key] = held
+	}
+	if len(held) >= int(n) || slot >= n {
+		return fmt.Errorf("semaphore %q (n %d): permit %d granted in slot %d with %d held", key, n, tok, slot, len(held))
+	}
+	for t, s := range held {
+		if s == slot {
+			return fmt.Errorf("semaphore %q: slot %d granted under %d while held under %d", key, slot, tok, t)
+		}
+	}
+	held[tok] = slot
+	p.permitKey[tok] = key
+	return nil
+}
+
+// endPermit ends the live permit tok.
+func (p *propertyChecker) endPermit(tok uint64) {
+	if k, ok := p.permitKey[tok]; ok {
+		delete(p.permits[k], tok)
+		delete(p.permitKey, tok)
+		delete(p.tokenSession, tok)
+	}
 }
 
 // serial checks that session id gives serial next, after the last one.
@@ -734,7 +948,31 @@ func (p *propertyChecker) observe(c Command, res Result, effects []Effect) error
 		keys = c.Keys
 	}
 	switch res.Status {
+	case StatusPermitsSet:
+		if c.Permits == 0 {
+			if len(p.permits[c.Key]) > 0 {
+				return fmt.Errorf("semaphore %q removed with permits held", c.Key)
+			}
+			delete(p.sems, c.Key)
+		} else {
+			if _, lock := p.held[c.Key]; lock {
+				return fmt.Errorf("semaphore %q defined while held as a lock", c.Key)
+			}
+			p.sems[c.Key] = c.Permits
+		}
 	case StatusGranted:
+		if c.Op == OpAcquirePermit {
+			if err := p.takePermit(res.Token, c.Key, res.Slot); err != nil {
+				return err
+			}
+			if c.Session != 0 {
+				p.tokenSession[res.Token] = c.Session
+			}
+			break
+		}
+		if _, sem := p.sems[c.Key]; sem && c.Op == OpAcquire {
+			return fmt.Errorf("lock acquire of semaphore %q granted", c.Key)
+		}
 		if err := p.take(res.Token, keys); err != nil {
 			return err
 		}
@@ -746,6 +984,9 @@ func (p *propertyChecker) observe(c Command, res Result, effects []Effect) error
 		// among the effects); every other one keeps its lease and forgets
 		// the session.
 		for _, t := range c.Tokens {
+			if p.tokenSession[t] == c.Session {
+				p.endPermit(t)
+			}
 			if p.tokenSession[t] == c.Session && p.holding[t] != nil {
 				for _, k := range p.holding[t] {
 					delete(p.held, k)
@@ -764,6 +1005,7 @@ func (p *propertyChecker) observe(c Command, res Result, effects []Effect) error
 		// session, before the hand-offs among the effects.
 		for t, id := range p.tokenSession {
 			if id == c.Session {
+				p.endPermit(t)
 				for _, k := range p.holding[t] {
 					delete(p.held, k)
 				}
@@ -779,10 +1021,23 @@ func (p *propertyChecker) observe(c Command, res Result, effects []Effect) error
 		delete(p.gone, fmt.Sprint(keys, "/", c.Ref))
 	case StatusExtended:
 		// Only the current holding is extended, and nothing is owed.
+		if _, sem := p.sems[c.Key]; sem {
+			if _, live := p.permits[c.Key][c.Token]; !live || len(effects) > 0 {
+				return fmt.Errorf("extend of permit %d of %q: not live, or effects %+v", c.Token, c.Key, effects)
+			}
+			break
+		}
 		if tok := p.held[c.Key]; tok != c.Token || len(effects) > 0 {
 			return fmt.Errorf("extend of %q under %d, held under %d, effects %+v", c.Key, c.Token, tok, effects)
 		}
 	case StatusReleased, StatusExpired:
+		if _, sem := p.sems[c.Key]; sem {
+			if _, live := p.permits[c.Key][c.Token]; !live {
+				return fmt.Errorf("%v of permit %d of %q, which is not live", res.Status, c.Token, c.Key)
+			}
+			p.endPermit(c.Token)
+			break
+		}
 		tok := p.held[c.Key]
 		if tok != c.Token {
 			return fmt.Errorf("%v of %q under %d, held under %d", res.Status, c.Key, c.Token, tok)
@@ -813,7 +1068,11 @@ func (p *propertyChecker) observe(c Command, res Result, effects []Effect) error
 				}
 				p.pending[k] = q[1:]
 			}
-			if err := p.take(e.Token, ekeys); err != nil {
+			if _, sem := p.sems[e.Key]; sem {
+				if err := p.takePermit(e.Token, e.Key, e.Slot); err != nil {
+					return err
+				}
+			} else if err := p.take(e.Token, ekeys); err != nil {
 				return err
 			}
 			if e.Session != 0 {
@@ -886,6 +1145,9 @@ func (g *gen) command() Command {
 		return g.sessionCommand()
 	}
 	c := g.lockCommand()
+	if g.r.IntN(100) < 18 {
+		c = g.semCommand()
+	}
 	if isLockOp(c.Op) && g.r.IntN(5) < 2 {
 		g.attachSession(&c)
 	}
@@ -982,6 +1244,72 @@ func (g *gen) sessionCommand() Command {
 		c.Op, c.Ack = OpAckSession, g.r.Uint64N(serial+2)
 	default:
 		c.Op = OpDropSessionless
+	}
+	return c
+}
+
+// genSems are the keys semCommand mostly names.
+var genSems = []string{"s", "t"}
+
+// semCommand defines, resizes or removes a semaphore, takes, releases,
+// extends or expires a permit, or cancels a permit waiter; mostly on
+// genSems with small n (so that permits run out and waiters queue),
+// sometimes on a lock key or with a field that the rules refuse.
+func (g *gen) semCommand() Command {
+	c := Command{Now: g.now, Key: g.pick(genSems), Owner: g.pick(genOwners)}
+	if g.r.IntN(12) == 0 {
+		c.Key = g.pick(genKeys) // refused as a lock's, or made a semaphore
+	}
+	held := g.m.permits(c.Key)
+	var h Holder
+	if len(held) > 0 {
+		h = held[g.r.IntN(len(held))]
+	}
+	q := g.m.queue(c.Key)
+	switch x := g.r.IntN(100); {
+	case x < 12:
+		c.Op, c.Permits = OpSetPermits, uint32(g.r.IntN(4))
+		if g.r.IntN(30) == 0 {
+			c.Permits = MaxPermits + 1
+		}
+	case x < 52:
+		c.Op = OpAcquirePermit
+		if g.r.IntN(15) == 0 {
+			c.Op = OpAcquire // a lock acquire of a semaphore
+		}
+		c.LeaseSec = uint32(1 + g.r.IntN(250))
+		if g.r.IntN(4) > 0 {
+			c.WaitMs = uint32(1 + g.r.IntN(MaxWaitMs))
+		}
+		c.Label = g.pick(genLabels)
+		g.nextRef++
+		c.Ref = g.nextRef
+		if len(q) > 0 && g.r.IntN(10) == 0 {
+			c.Ref = q[g.r.IntN(len(q))].Ref // duplicate
+		}
+	case x < 68:
+		c.Op, c.Token = OpRelease, h.Token
+		switch y := g.r.IntN(10); {
+		case y < 7 && len(held) > 0:
+			c.Owner = h.Owner
+		case y < 9:
+			c.Token = g.r.Uint64N(g.m.last + 2)
+		}
+	case x < 78:
+		c.Op, c.Token, c.LeaseSec = OpExtend, h.Token, uint32(1+g.r.IntN(250))
+		if len(held) > 0 && g.r.IntN(4) > 0 {
+			c.Owner = h.Owner
+		}
+	case x < 90:
+		c.Op, c.Token = OpExpire, h.Token
+		if len(held) == 0 || g.r.IntN(4) == 0 {
+			c.Token = g.r.Uint64N(g.m.last + 2)
+		}
+	default:
+		c.Op, c.Ref = OpCancelWait, g.r.Uint64N(g.nextRef+2)
+		if len(q) > 0 && g.r.IntN(4) > 0 {
+			c.Ref = q[g.r.IntN(len(q))].Ref
+		}
 	}
 	return c
 }
@@ -1145,6 +1473,10 @@ func TestModel(t *testing.T) {
 	if missing := cov.sessions.missing(); missing != nil {
 		t.Fatalf("session cells not reached: %v\n%+v", missing, cov.sessions)
 	}
+	// And of "Semaphores".
+	if missing := cov.sems.missing(); missing != nil {
+		t.Fatalf("semaphore cells not reached: %v\n%+v", missing, cov.sems)
+	}
 }
 
 // modelCoverage counts how often TestModel reached the cells that only
@@ -1172,6 +1504,74 @@ type modelCoverage struct {
 	renewedSnapshots                        int // snapshot round trips with renewals in them
 
 	sessions sessionCoverage
+	sems     semCoverage
+}
+
+// semCoverage counts the cells of MATRIX.md "Semaphores" TestModel
+// reached.
+type semCoverage struct {
+	defined, removed, resized, raiseGrants int
+	permitGrants, permitQueued, permitBusy int
+	permitHandoffs, heldAboveN             int // hand-offs by release/expiry; a permit ended while more than n were held
+	isSemaphore, notSemaphore, inUse       int
+	permitExtends, sessionPermitEnds       int
+}
+
+func (c *semCoverage) missing() []string {
+	var out []string
+	for name, n := range map[string]int{"defined": c.defined, "removed": c.removed, "resized": c.resized,
+		"raiseGrants": c.raiseGrants, "permitGrants": c.permitGrants, "permitQueued": c.permitQueued,
+		"permitBusy": c.permitBusy, "permitHandoffs": c.permitHandoffs, "heldAboveN": c.heldAboveN,
+		"isSemaphore": c.isSemaphore, "notSemaphore": c.notSemaphore, "inUse": c.inUse,
+		"permitExtends": c.permitExtends, "sessionPermitEnds": c.sessionPermitEnds} {
+		if n == 0 {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// observe counts what cmd did; pre is the semaphore of its key before it.
+func (c *semCoverage) observe(cmd Command, res Result, effects []Effect, s *State, pre Semaphore, wasSem bool) {
+	switch res.Err {
+	case ErrIsSemaphore:
+		c.isSemaphore++
+	case ErrNotSemaphore:
+		c.notSemaphore++
+	case ErrInUse:
+		c.inUse++
+	}
+	grants := 0
+	for _, e := range effects {
+		if e.Kind == EffectGranted && s.isSemaphore(e.Key) {
+			grants++
+		}
+	}
+	switch {
+	case res.Status == StatusPermitsSet && !wasSem:
+		c.defined++
+	case res.Status == StatusPermitsSet && cmd.Permits == 0:
+		c.removed++
+	case res.Status == StatusPermitsSet:
+		c.resized++
+		c.raiseGrants += grants
+	case cmd.Op == OpAcquirePermit && res.Status == StatusGranted:
+		c.permitGrants++
+	case cmd.Op == OpAcquirePermit && res.Status == StatusQueued:
+		c.permitQueued++
+	case cmd.Op == OpAcquirePermit && res.Status == StatusBusy:
+		c.permitBusy++
+	case wasSem && cmd.Op == OpExtend && res.Status == StatusExtended:
+		c.permitExtends++
+	case wasSem && (res.Status == StatusReleased || res.Status == StatusExpired):
+		c.permitHandoffs += grants
+		if pre.Held > int(pre.Permits) {
+			c.heldAboveN++
+		}
+	case res.Status == StatusSessionExpired || res.Status == StatusSessionClosed:
+		c.sessionPermitEnds += grants
+	}
 }
 
 // sessionCoverage counts the cells of MATRIX.md "Sessions" TestModel
@@ -1476,6 +1876,7 @@ func runModel(t *testing.T, seed uint64, steps int, cov *modelCoverage) (err err
 				_, wasRenewed = s.renewed[h.Token]
 			}
 			pre := preSession(s, decoded[i])
+			preSem, wasSem := s.Semaphore(decoded[i].Key)
 			var res Result
 			res, effects = s.Apply(decoded[i], effects[:0])
 			if res != wantRes || !slices.EqualFunc(effects, wantEff, func(a, b Effect) bool { return reflect.DeepEqual(a, b) }) {
@@ -1483,6 +1884,7 @@ func runModel(t *testing.T, seed uint64, steps int, cov *modelCoverage) (err err
 			}
 			cov.observe(batch[i], res, effects, s, wasRenewed)
 			cov.sessions.observe(batch[i], res, effects, s, pre, g.seqs[batch[i].Session])
+			cov.sems.observe(batch[i], res, effects, s, preSem, wasSem)
 			if err := p.observe(batch[i], res, effects); err != nil {
 				return fmt.Errorf("step %d %+v: %v", step, batch[i], err)
 			}

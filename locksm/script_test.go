@@ -145,6 +145,10 @@ func runScriptCommand(t *testing.T, c scripttest.Case, s *State) string {
 		cmd.Op = OpDropSessionless
 	case "ack-session":
 		cmd.Op = OpAckSession
+	case "acquire-permit":
+		cmd.Op = OpAcquirePermit
+	case "set-permits":
+		cmd.Op = OpSetPermits
 	case "apply":
 	default:
 		t.Fatalf("%s: unknown command %q", where, name)
@@ -192,6 +196,10 @@ func runScriptCommand(t *testing.T, c scripttest.Case, s *State) string {
 			cmd.TimeoutMs = uint32(n)
 		case "hash":
 			cmd.SecretHash = v
+		case "permits":
+			var n uint64
+			n, err = strconv.ParseUint(v, 10, 32)
+			cmd.Permits = uint32(n)
 		case "tokens":
 			for _, t := range strings.Split(v, ",") {
 				n, perr := strconv.ParseUint(t, 10, 64)
@@ -230,7 +238,7 @@ func runScriptCommand(t *testing.T, c scripttest.Case, s *State) string {
 		t.Fatalf("%s: %v", where, err)
 	}
 	checkSnapshotRoundTrip(t, s)
-	return formatResult(res, effects)
+	return formatPermitResult(res, effects, cmd.Op == OpAcquirePermit, s.isSemaphore)
 }
 
 var statusNames = map[Status]string{
@@ -239,7 +247,8 @@ var statusNames = map[Status]string{
 	StatusCanceled: "canceled", StatusNoop: "noop", StatusDropped: "dropped",
 	StatusExtended: "extended", StatusTimedOut: "timed-out", StatusOpened: "opened",
 	StatusResumed: "resumed", StatusSessionExpired: "session-expired", StatusSessionClosed: "session-closed",
-	StatusAcked: "acked",
+	StatusAcked:      "acked",
+	StatusPermitsSet: "permits-set",
 }
 
 var errNames = map[error]string{
@@ -251,6 +260,8 @@ var errNames = map[error]string{
 	ErrInvalidBlock: "ErrInvalidBlock", ErrInvalidSession: "ErrInvalidSession",
 	ErrNoSession: "ErrNoSession", ErrSessionExists: "ErrSessionExists", ErrVoided: "ErrVoided",
 	ErrDuplicateSeq: "ErrDuplicateSeq", ErrStaleEpoch: "ErrStaleEpoch",
+	ErrIsSemaphore: "ErrIsSemaphore", ErrNotSemaphore: "ErrNotSemaphore",
+	ErrInvalidPermits: "ErrInvalidPermits", ErrInUse: "ErrInUse",
 }
 
 var effectNames = map[EffectKind]string{
@@ -258,10 +269,20 @@ var effectNames = map[EffectKind]string{
 }
 
 func formatResult(res Result, effects []Effect) string {
+	return formatPermitResult(res, effects, false, func(string) bool { return false })
+}
+
+// formatPermitResult is formatResult that shows the slot of a permit's
+// grant: of res if permit, of an effect if sem says its key is a
+// semaphore.
+func formatPermitResult(res Result, effects []Effect, permit bool, sem func(key string) bool) string {
 	var b strings.Builder
 	b.WriteString(statusNames[res.Status])
 	if res.Status == StatusGranted {
 		fmt.Fprintf(&b, " token=%d", res.Token)
+		if permit {
+			fmt.Fprintf(&b, " slot=%d", res.Slot)
+		}
 	}
 	if res.Status == StatusExtended {
 		fmt.Fprintf(&b, " lease=%d", res.LeaseSec)
@@ -284,6 +305,9 @@ func formatResult(res Result, effects []Effect) string {
 		fmt.Fprintf(&b, " owner=%s ref=%d", e.Owner, e.Ref)
 		if e.Kind == EffectGranted {
 			fmt.Fprintf(&b, " token=%d lease=%d", e.Token, e.LeaseSec)
+			if sem(e.Key) {
+				fmt.Fprintf(&b, " slot=%d", e.Slot)
+			}
 		}
 		if e.Session != 0 || e.Seq != 0 || e.Serial != 0 {
 			fmt.Fprintf(&b, " session=%d seq=%d serial=%d", e.Session, e.Seq, e.Serial)
@@ -338,7 +362,31 @@ func formatTable(s *State) string {
 	if s.NumSessions() > 0 {
 		fmt.Fprintf(&b, " sessions=%d", s.NumSessions())
 	}
-	for _, k := range s.sortedKeys() {
+	if s.NumSemaphores() > 0 {
+		fmt.Fprintf(&b, " semaphores=%d permits-held=%d", s.NumSemaphores(), s.NumPermitsHeld())
+	}
+	keys := s.sortedKeys()
+	keys = append(keys, s.Semaphores()...)
+	slices.Sort(keys)
+	for _, k := range keys {
+		if m, ok := s.Semaphore(k); ok {
+			fmt.Fprintf(&b, "\n%s: semaphore permits=%d held=%d", k, m.Permits, m.Held)
+			for _, h := range s.PermitHolders(k) {
+				fmt.Fprintf(&b, "\n  permit slot=%d owner=%s token=%d lease=%d granted-at=%d",
+					h.Slot, h.Owner, h.Token, h.LeaseSec, h.GrantedAt)
+				if h.RenewedAt != 0 {
+					fmt.Fprintf(&b, " renewed=%d", h.RenewedAt)
+				}
+				if h.Session != 0 {
+					fmt.Fprintf(&b, " session=%d seq=%d", h.Session, h.Seq)
+				}
+				if h.Label != "" {
+					fmt.Fprintf(&b, " label=%s", h.Label)
+				}
+			}
+			formatWaiters(&b, s, k)
+			continue
+		}
 		if h, ok := s.Holder(k); ok {
 			fmt.Fprintf(&b, "\n%s: holder owner=%s token=%d lease=%d granted-at=%d",
 				k, h.Owner, h.Token, h.LeaseSec, h.GrantedAt)
@@ -357,21 +405,26 @@ func formatTable(s *State) string {
 		} else {
 			fmt.Fprintf(&b, "\n%s: reserved", k)
 		}
-		for _, w := range s.Waiters(k) {
-			fmt.Fprintf(&b, "\n  waiter owner=%s ref=%d lease=%d wait=%d enqueued-at=%d",
-				w.Owner, w.Ref, w.LeaseSec, w.WaitMs, w.EnqueuedAt)
-			if w.Keys != nil {
-				fmt.Fprintf(&b, " block=%s", strings.Join(w.Keys, ","))
-			}
-			if w.Session != 0 {
-				fmt.Fprintf(&b, " session=%d seq=%d", w.Session, w.Seq)
-			}
-			if l := s.WaiterLabel(k, w); l != "" {
-				fmt.Fprintf(&b, " label=%s", l)
-			}
-		}
+		formatWaiters(&b, s, k)
 	}
 	return b.String()
+}
+
+// formatWaiters writes the waiters of key's queue, head first.
+func formatWaiters(b *strings.Builder, s *State, k string) {
+	for _, w := range s.Waiters(k) {
+		fmt.Fprintf(b, "\n  waiter owner=%s ref=%d lease=%d wait=%d enqueued-at=%d",
+			w.Owner, w.Ref, w.LeaseSec, w.WaitMs, w.EnqueuedAt)
+		if w.Keys != nil {
+			fmt.Fprintf(b, " block=%s", strings.Join(w.Keys, ","))
+		}
+		if w.Session != 0 {
+			fmt.Fprintf(b, " session=%d seq=%d", w.Session, w.Seq)
+		}
+		if l := s.WaiterLabel(k, w); l != "" {
+			fmt.Fprintf(b, " label=%s", l)
+		}
+	}
 }
 
 // normalLabel is a label as the codec carries it: one the codec cannot
@@ -391,9 +444,11 @@ func normalize(c Command) Command {
 		n.Session, n.Seq, n.Ack = c.Session, c.Seq, c.Ack
 	}
 	switch c.Op {
-	case OpAcquire:
+	case OpAcquire, OpAcquirePermit:
 		n.Now, n.Owner, n.Ref, n.LeaseSec, n.WaitMs = c.Now, c.Owner, c.Ref, c.LeaseSec, c.WaitMs
 		n.Label = normalLabel(c.Label)
+	case OpSetPermits:
+		n.Now, n.Permits = c.Now, c.Permits
 	case OpRelease:
 		n.Now, n.Owner, n.Token, n.Ref = c.Now, c.Owner, c.Token, c.Ref
 	case OpExpire:
@@ -528,6 +583,9 @@ func checkInvariants(s *State) error {
 			return fmt.Errorf("key %q: queued index out of step", k)
 		}
 	}
+	if err := checkSemaphores(s, tokens, &waiting); err != nil {
+		return err
+	}
 	for ref, ks := range blockSeen {
 		if len(ks) != len(s.blockWaiters[ref]) {
 			return fmt.Errorf("block ref %d queued on %q, its keys are %q", ref, ks, s.blockWaiters[ref])
@@ -566,11 +624,11 @@ func checkInvariants(s *State) error {
 	for r, l := range s.waiterLabels {
 		// A waiter's label outliving its place in the queue would be
 		// given to nobody, and be written into snapshots forever.
-		e := s.keys[r.key]
-		if e == nil || e.queue.find(r.ref) < 0 || ValidateLabel(l) != nil || l == "" {
+		q := s.queueOf(r.key)
+		if q.find(r.ref) < 0 || ValidateLabel(l) != nil || l == "" {
 			return fmt.Errorf("label %q of waiter %d on %q, which is not queued", l, r.ref, r.key)
 		}
-		if w := e.queue.ws[e.queue.find(r.ref)]; w.primary(r.key) != r.key {
+		if w := q.ws[q.find(r.ref)]; w.primary(r.key) != r.key {
 			return fmt.Errorf("label %q of block waiter %d filed under %q, not its first key", l, r.ref, r.key)
 		}
 	}
@@ -583,6 +641,77 @@ func checkInvariants(s *State) error {
 		return fmt.Errorf("waiting/reserved counts %d/%d, actual %d/%d", s.waiting, s.reserved, waiting, reserved)
 	}
 	return checkSessionInvariants(s)
+}
+
+// checkSemaphores checks every semaphore: a valid key that is no lock's,
+// n in bounds, its slots, token index and slot bitmap in step, its
+// queue sound and waiting only while n or more permits are held. Held
+// tokens join tokens and queued waiters waiting.
+func checkSemaphores(s *State, tokens map[uint64][]string, waiting *int) error {
+	for k, m := range s.sems {
+		if ValidateKey(k) != nil || s.keys[k] != nil {
+			return fmt.Errorf("semaphore %q: invalid key or also a lock", k)
+		}
+		if m.permits < 1 || m.permits > MaxPermits {
+			return fmt.Errorf("semaphore %q: %d permits", k, m.permits)
+		}
+		held := 0
+		words := map[uint32]uint64{}
+		for slot, p := range m.held {
+			held++
+			if slot >= MaxPermits || ValidateOwner(p.owner) != nil || p.token == 0 || p.token > s.last ||
+				p.leaseSec < MinLeaseSec || p.leaseSec > MaxLeaseSec {
+				return fmt.Errorf("semaphore %q: slot %d invalid permit %+v (last %d)", k, slot, p, s.last)
+			}
+			if got, ok := m.slotOf[p.token]; !ok || got != slot {
+				return fmt.Errorf("semaphore %q: token %d of slot %d indexed at %d", k, p.token, slot, got)
+			}
+			words[slot/64] |= 1 << (slot % 64)
+			tokens[p.token] = append(tokens[p.token], k)
+		}
+		if held != len(m.slotOf) || !maps.Equal(words, m.words) {
+			return fmt.Errorf("semaphore %q: %d held, %d indexed, words %x, want %x", k, held, len(m.slotOf), m.words, words)
+		}
+		var full []uint32
+		for w, word := range words {
+			if word == ^uint64(0) {
+				full = append(full, w)
+			}
+		}
+		slices.Sort(full)
+		if !slices.Equal(full, m.full) {
+			return fmt.Errorf("semaphore %q: full words %v, want %v", k, m.full, full)
+		}
+		if held < int(m.permits) {
+			// The lowest free slot is below n whenever a grant may happen.
+			lowest := uint32(0)
+			for m.held[lowest] != (permit{}) {
+				lowest++
+			}
+			if got := m.lowestFree(); got != lowest || got >= m.permits {
+				return fmt.Errorf("semaphore %q: lowest free slot %d, want %d (n %d)", k, got, lowest, m.permits)
+			}
+		}
+		if m.queue.len() > 0 && held < int(m.permits) {
+			// A waiter with a free permit in front of it: the line is stuck.
+			return fmt.Errorf("semaphore %q: %d waiters, %d of %d permits held", k, m.queue.len(), held, m.permits)
+		}
+		if m.queue != nil && m.queue.len() == 0 {
+			return fmt.Errorf("semaphore %q: empty queue kept", k)
+		}
+		if err := m.queue.check(); err != nil {
+			return fmt.Errorf("semaphore %q: %w", k, err)
+		}
+		refs := map[uint64]bool{}
+		for _, w := range m.queue.waiters() {
+			if refs[w.Ref] || w.WaitMs == 0 || w.Keys != nil {
+				return fmt.Errorf("semaphore %q: bad waiter %+v", k, w)
+			}
+			refs[w.Ref] = true
+			*waiting++
+		}
+	}
+	return nil
 }
 
 // checkSessionInvariants checks the sessions against the table: each
@@ -620,6 +749,33 @@ func checkSessionInvariants(s *State) error {
 			}
 			sw := sessionWaiter{key: w.primary(k), ref: w.Ref}
 			if old, dup := waiters[w.Session][w.Seq]; dup && (old != sw || w.Keys == nil) {
+				return fmt.Errorf("session %d seq %d queued twice: %+v %+v", w.Session, w.Seq, old, sw)
+			}
+			waiters[w.Session][w.Seq] = sw
+		}
+	}
+	for k, m := range s.sems {
+		for _, p := range m.held {
+			if p.session == 0 {
+				continue
+			}
+			if holdings[p.session] == nil {
+				holdings[p.session] = map[uint64]string{}
+			}
+			holdings[p.session][p.token] = k
+			if p.seq == 0 {
+				return fmt.Errorf("semaphore %q: session %d permit with seq 0", k, p.session)
+			}
+		}
+		for _, w := range m.queue.waiters() {
+			if w.Session == 0 {
+				continue
+			}
+			if waiters[w.Session] == nil {
+				waiters[w.Session] = map[uint64]sessionWaiter{}
+			}
+			sw := sessionWaiter{key: k, ref: w.Ref}
+			if old, dup := waiters[w.Session][w.Seq]; dup {
 				return fmt.Errorf("session %d seq %d queued twice: %+v %+v", w.Session, w.Seq, old, sw)
 			}
 			waiters[w.Session][w.Seq] = sw

@@ -182,6 +182,15 @@ func (s *State) waiterTimedOut(w *Waiter) uint64 {
 	return ss.record(Outcome{Seq: w.Seq, Status: StatusTimedOut}, s.gen)
 }
 
+// endHoldingOf ends the holding under token on key (a session's): a
+// lock's, or a semaphore's permit.
+func (s *State) endHoldingOf(key string, token uint64, now int64, effects []Effect) []Effect {
+	if m := s.sems[key]; m != nil {
+		return s.endPermit(key, m, m.slotOf[token], now, effects)
+	}
+	return s.endHolding(key, s.keys[key], now, effects)
+}
+
 // holdingEnded forgets token among the holdings of session id.
 func (s *State) holdingEnded(id, token uint64) {
 	if ss := s.sessions[id]; ss != nil {
@@ -241,6 +250,16 @@ func (s *State) endSession(cmd *Command, effects []Effect) (result, []Effect) {
 	var decide []string
 	for _, seq := range slices.Sorted(maps.Keys(ss.waiters)) {
 		sw := ss.waiters[seq]
+		if m := s.sems[sw.key]; m != nil {
+			w := m.queue.ws[m.queue.find(sw.ref)]
+			s.takeWaiterLabel(sw.key, &w)
+			effects = append(effects, Effect{
+				Kind: EffectTimedOut, Key: sw.key, Owner: w.Owner, Ref: w.Ref, Session: w.Session, Seq: w.Seq,
+			})
+			s.waiting--
+			s.removePermitWaiter(sw.key, w.Ref)
+			continue
+		}
 		e := s.keys[sw.key]
 		w := e.queue.ws[e.queue.find(sw.ref)]
 		s.takeWaiterLabel(sw.key, &w)
@@ -265,7 +284,7 @@ func (s *State) endSession(cmd *Command, effects []Effect) (result, []Effect) {
 	if cmd.Op == OpExpireSession {
 		for _, t := range cmd.Tokens {
 			if key, ok := ss.holdings[t]; ok {
-				effects = s.endHolding(key, s.keys[key], cmd.Now, effects)
+				effects = s.endHoldingOf(key, t, cmd.Now, effects)
 			}
 		}
 	}
@@ -279,11 +298,19 @@ func (s *State) endSession(cmd *Command, effects []Effect) (result, []Effect) {
 		// for a lease with nobody to release it (issue 39, finding 6).
 		for _, t := range slices.Sorted(maps.Keys(ss.holdings)) {
 			if key, ok := ss.holdings[t]; ok {
-				effects = s.endHolding(key, s.keys[key], cmd.Now, effects)
+				effects = s.endHoldingOf(key, t, cmd.Now, effects)
 			}
 		}
 	}
 	for t, key := range ss.holdings {
+		if m := s.sems[key]; m != nil {
+			m = s.ownSem(key, m)
+			slot := m.slotOf[t]
+			p := m.held[slot]
+			p.session, p.seq = 0, 0
+			m.held[slot] = p
+			continue
+		}
 		keys := []string{key}
 		if b, ok := s.blocks[t]; ok {
 			keys = b
@@ -313,7 +340,7 @@ func (s *State) dropSessionless(effects []Effect) (result, []Effect) {
 	if n == 0 {
 		return s.dropWaiters(effects)
 	}
-	keys := slices.Sorted(maps.Keys(s.queued))
+	keys := s.queuedKeys()
 	type gone struct {
 		key string
 		w   Waiter
@@ -321,7 +348,7 @@ func (s *State) dropSessionless(effects []Effect) (result, []Effect) {
 	var drop []gone
 	told := map[uint64]bool{}
 	for _, k := range keys {
-		s.queued[k].queue.each(func(w *Waiter) {
+		s.queueOf(k).each(func(w *Waiter) {
 			if w.Session != 0 {
 				return
 			}
@@ -338,6 +365,10 @@ func (s *State) dropSessionless(effects []Effect) (result, []Effect) {
 	}
 	for _, g := range drop {
 		s.waiting--
+		if s.isSemaphore(g.key) {
+			s.removePermitWaiter(g.key, g.w.Ref)
+			continue
+		}
 		if g.w.Keys == nil {
 			s.removeWaiter(g.key, g.w.Ref)
 			continue
@@ -348,7 +379,9 @@ func (s *State) dropSessionless(effects []Effect) (result, []Effect) {
 		}
 	}
 	for _, k := range keys {
-		effects = s.promote(k, s.clock, effects)
+		if !s.isSemaphore(k) { // a permit waiter leaving frees no permit
+			effects = s.promote(k, s.clock, effects)
+		}
 	}
 	return result{Status: StatusDropped}, effects
 }
@@ -398,8 +431,8 @@ func (s *State) SessionWaiter(id, seq uint64) (SessionWaiter, bool) {
 	if !ok {
 		return SessionWaiter{}, false
 	}
-	e := s.keys[sw.key]
-	return SessionWaiter{Key: sw.key, Keys: e.queue.ws[e.queue.find(sw.ref)].Keys, Ref: sw.ref}, true
+	q := s.queueOf(sw.key)
+	return SessionWaiter{Key: sw.key, Keys: q.ws[q.find(sw.ref)].Keys, Ref: sw.ref}, true
 }
 
 // SessionWaiters lists the still queued requests of session id in seq
@@ -415,8 +448,8 @@ func (s *State) SessionWaiters(id uint64) []SessionQueued {
 	out := make([]SessionQueued, 0, len(ss.waiters))
 	for _, seq := range slices.Sorted(maps.Keys(ss.waiters)) {
 		sw := ss.waiters[seq]
-		e := s.keys[sw.key]
-		w := e.queue.ws[e.queue.find(sw.ref)]
+		q := s.queueOf(sw.key)
+		w := q.ws[q.find(sw.ref)]
 		out = append(out, SessionQueued{Key: sw.key, Waiter: w, Label: s.WaiterLabel(sw.key, w)})
 	}
 	return out
@@ -460,7 +493,8 @@ func (s *State) snapSessions() []snapSession {
 
 // outcomeErrs are the rejections an outcome can record (all others are
 // decided before a session command applies), numbered 1.. in snapshots.
-var outcomeErrs = [...]error{ErrNotHeld, ErrTokenMismatch, ErrOwnerMismatch, ErrDuplicateRef, ErrTokensExhausted}
+var outcomeErrs = [...]error{ErrNotHeld, ErrTokenMismatch, ErrOwnerMismatch, ErrDuplicateRef, ErrTokensExhausted,
+	ErrIsSemaphore, ErrNotSemaphore}
 
 func outcomeErrCode(err error) byte {
 	for i, e := range outcomeErrs {

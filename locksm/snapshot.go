@@ -24,6 +24,9 @@ package locksm
 //   - 5: owner labels (protocol version 8): written whenever a holder or
 //     a queued waiter has a label; version 4's body (sessions may be
 //     none) with the label of every holder and waiter after its sref.
+//   - 6: semaphores (protocol version 13): written whenever a key is
+//     defined as a semaphore; version 5's body with the semaphores
+//     between the keys and the blocks.
 //
 //	snapshot = magic:"TKSM" version:byte(0x01..0x05) body crc:uint32-le EOF
 //	body v1  = lastToken:uvarint nkeys:uvarint key1*nkeys
@@ -60,6 +63,14 @@ package locksm
 //	           label:string(0..64)]
 //	           nwait:uvarint waiter5*nwait
 //	waiter5  = waiter4 label:string(0..64)
+//	body v6  = lastToken:uvarint clock:varint nkeys:uvarint key5*nkeys
+//	           nsem:uvarint(1..) sem*nsem
+//	           nblocks:uvarint block*nblocks nrenew:uvarint renewal*nrenew
+//	           nsess:uvarint(0..) session*nsess
+//	sem      = name:string permits:uvarint(1..100000)
+//	           nheld:uvarint permit*nheld nwait:uvarint waiter5*nwait
+//	permit   = slot:uvarint owner:string token:uvarint(1..) lease:uvarint
+//	           grantedAt:varint sref label:string(0..64)
 //
 // Every key listed is held or reserved (token 0: not held, its queue head a
 // block that cannot be granted yet); the state keeps no entry for a free
@@ -94,9 +105,14 @@ package locksm
 // waiter's session live with a nonzero seq, a block's keys (held or
 // queued) all naming the same (session, seq), and a session's waiter seqs
 // unique and distinct from its outcomes' seqs; and of labels: each within
-// the label constraints, a held block's keys all carrying the same label.
+// the label constraints, a held block's keys all carrying the same label;
+// and of semaphores: names ascending, none also a lock key, n in
+// 1..MaxPermits, permits in strictly ascending slot order below
+// MaxPermits, their tokens distinct from every other holding's, queued
+// waiters single-key with unique refs, and a queue only while at least n
+// permits are held (else its head would have been granted).
 // Version 2 must have block content, version 3 a renewal, version 4 a
-// session and version 5 a label.
+// session, version 5 a label and version 6 a semaphore.
 
 import (
 	"encoding/binary"
@@ -118,6 +134,7 @@ const (
 	snapV3 = 3
 	snapV4 = 4
 	snapV5 = 5
+	snapV6 = 6
 	// snapBufSize is the I/O chunk of both directions: large enough that a
 	// 1M-key snapshot is a few thousand writes, small enough not to matter.
 	snapBufSize = 64 << 10
@@ -160,13 +177,34 @@ type snapHeader struct {
 	// waiterLabels: the labels of queued waiters (State.waiterLabels).
 	waiterLabels map[waiterRef]string
 	sessions     []snapSession
-	version      byte // snapV1..snapV5 (State.snapVersion)
+	// sems are the semaphores in ascending key order (their structs are
+	// copied on write after a Freeze, so a view may keep the pointers).
+	sems    []frozenSem
+	version byte // snapV1..snapV6 (State.snapVersion)
+}
+
+type frozenSem struct {
+	key string
+	m   *semaphore
+}
+
+// sortedSems lists the semaphores in ascending key order.
+func (s *State) sortedSems() []frozenSem {
+	if len(s.sems) == 0 {
+		return nil
+	}
+	out := make([]frozenSem, 0, len(s.sems))
+	for _, k := range s.Semaphores() {
+		out = append(out, frozenSem{k, s.sems[k]})
+	}
+	return out
 }
 
 // snapHeader is the State's snapshot besides its keys, sharing its maps.
 func (s *State) snapHeader() snapHeader {
 	return snapHeader{last: s.last, clock: s.clock, blocks: s.blocks, renewed: s.renewed,
-		labels: s.labels, waiterLabels: s.waiterLabels, sessions: s.snapSessions(), version: s.snapVersion()}
+		labels: s.labels, waiterLabels: s.waiterLabels, sessions: s.snapSessions(), sems: s.sortedSems(),
+		version: s.snapVersion()}
 }
 
 // writeSnapshot writes n keys, in ascending order, key(i) giving the i-th.
@@ -205,25 +243,30 @@ func writeSnapshot(w io.Writer, hd snapHeader, n int, key func(i int) (string, *
 				}
 			}
 		}
-		sw.buf = binary.AppendUvarint(sw.buf, uint64(e.queue.len()))
-		e.queue.each(func(q *Waiter) {
-			sw.string(q.Owner)
-			sw.buf = binary.AppendUvarint(sw.buf, q.Ref)
-			sw.buf = binary.AppendUvarint(sw.buf, uint64(q.LeaseSec))
-			sw.buf = binary.AppendUvarint(sw.buf, uint64(q.WaitMs))
-			sw.buf = binary.AppendVarint(sw.buf, q.EnqueuedAt)
-			if v2 {
-				sw.keys(q.Keys)
-			}
-			if v4 {
-				sw.sref(q.Session, q.Seq)
-			}
-			if v5 {
-				sw.string(hd.waiterLabels[waiterRef{q.primary(k), q.Ref}])
-			}
-			sw.maybeFlush()
-		})
+		sw.waiters(&hd, k, e.queue, v2, v4, v5)
 		sw.maybeFlush()
+	}
+	if hd.version >= snapV6 {
+		sw.buf = binary.AppendUvarint(sw.buf, uint64(len(hd.sems)))
+		for _, fs := range hd.sems {
+			m := fs.m
+			sw.string(fs.key)
+			sw.buf = binary.AppendUvarint(sw.buf, uint64(m.permits))
+			sw.buf = binary.AppendUvarint(sw.buf, uint64(m.numHeld()))
+			for _, slot := range m.heldSlots() {
+				p := m.held[slot]
+				sw.buf = binary.AppendUvarint(sw.buf, uint64(slot))
+				sw.string(p.owner)
+				sw.buf = binary.AppendUvarint(sw.buf, p.token)
+				sw.buf = binary.AppendUvarint(sw.buf, uint64(p.leaseSec))
+				sw.buf = binary.AppendVarint(sw.buf, p.grantedAt)
+				sw.sref(p.session, p.seq)
+				sw.string(hd.labels[p.token])
+				sw.maybeFlush()
+			}
+			sw.waiters(&hd, fs.key, m.queue, true, true, true)
+			sw.maybeFlush()
+		}
 	}
 	if v2 {
 		tokens := slices.Sorted(maps.Keys(hd.blocks))
@@ -282,6 +325,29 @@ type snapWriter struct {
 	buf []byte
 	crc uint32
 	err error
+}
+
+// waiters writes the queue q of key k: its length, then each waiter in
+// the layout of the snapshot's version.
+func (sw *snapWriter) waiters(hd *snapHeader, k string, q *waitQueue, v2, v4, v5 bool) {
+	sw.buf = binary.AppendUvarint(sw.buf, uint64(q.len()))
+	q.each(func(q *Waiter) {
+		sw.string(q.Owner)
+		sw.buf = binary.AppendUvarint(sw.buf, q.Ref)
+		sw.buf = binary.AppendUvarint(sw.buf, uint64(q.LeaseSec))
+		sw.buf = binary.AppendUvarint(sw.buf, uint64(q.WaitMs))
+		sw.buf = binary.AppendVarint(sw.buf, q.EnqueuedAt)
+		if v2 {
+			sw.keys(q.Keys)
+		}
+		if v4 {
+			sw.sref(q.Session, q.Seq)
+		}
+		if v5 {
+			sw.string(hd.waiterLabels[waiterRef{q.primary(k), q.Ref}])
+		}
+		sw.maybeFlush()
+	})
 }
 
 func (sw *snapWriter) string(s string) {
@@ -352,7 +418,7 @@ func (d *snapReader) read() (*State, error) {
 		return nil, d.fail(errors.New("bad magic"))
 	}
 	version := d.byte()
-	if d.err == nil && (version < snapV1 || version > snapV5) {
+	if d.err == nil && (version < snapV1 || version > snapV6) {
 		return nil, fmt.Errorf("unknown version %d", version)
 	}
 	v2 := version >= snapV2 // the layout of version 2, which 3 and 4 extend
@@ -380,6 +446,7 @@ func (d *snapReader) read() (*State, error) {
 		labels:       make(map[uint64]string),
 		waiterLabels: make(map[waiterRef]string),
 		sessions:     make(map[uint64]*session),
+		sems:         make(map[string]*semaphore),
 		last:         last,
 		clock:        clock,
 	}
@@ -534,6 +601,14 @@ func (d *snapReader) read() (*State, error) {
 		}
 		s.keys[key] = e
 	}
+	if version >= snapV6 {
+		semTokens, semRefs, err := d.readSemaphores(s, labelled)
+		if err != nil {
+			return nil, err
+		}
+		tokens = append(tokens, semTokens...)
+		srefs = append(srefs, semRefs...)
+	}
 	if v2 {
 		if err := d.readBlocks(s); err != nil {
 			return nil, err
@@ -598,6 +673,132 @@ func (d *snapReader) read() (*State, error) {
 		return nil, d.ioErr
 	}
 	return s, nil
+}
+
+// readSemaphores reads the semaphores section (version 6): at least one,
+// names ascending and no lock's. It returns the tokens of the held
+// permits and the session refs of permits and waiters, for the checks
+// every holding gets; labels of permits go to s.labels and count in
+// labelled.
+func (d *snapReader) readSemaphores(s *State, labelled map[uint64]int) ([]uint64, []snapRef, error) {
+	n := d.uvarint()
+	if d.err != nil {
+		return nil, nil, d.err
+	}
+	if n == 0 {
+		return nil, nil, errors.New("version 6 without semaphores")
+	}
+	var tokens []uint64
+	var srefs []snapRef
+	prev := ""
+	for i := range n {
+		key := d.string(MaxKeyLen)
+		permits := d.uvarint()
+		nheld := d.uvarint()
+		switch {
+		case d.err != nil:
+			return nil, nil, fmt.Errorf("semaphore #%d: %w", i, d.err)
+		case ValidateKey(key) != nil:
+			return nil, nil, fmt.Errorf("semaphore #%d: invalid key %q", i, key)
+		case i > 0 && key <= prev:
+			return nil, nil, fmt.Errorf("semaphore #%d: %q not after %q", i, key, prev)
+		case s.keys[key] != nil:
+			return nil, nil, fmt.Errorf("semaphore %q: also a lock key", key)
+		case permits < 1 || permits > MaxPermits:
+			return nil, nil, fmt.Errorf("semaphore %q: %d permits", key, permits)
+		case nheld > MaxPermits:
+			return nil, nil, fmt.Errorf("semaphore %q: %d permits held", key, nheld)
+		}
+		prev = key
+		m := newSemaphore(uint32(permits), 0)
+		next := uint64(0) // the lowest slot the next permit may name
+		for range nheld {
+			slot := d.uvarint()
+			var p permit
+			p.owner = intern(d.string(MaxOwnerLen))
+			p.token = d.uvarint()
+			p.leaseSec = d.uint32()
+			p.grantedAt = d.varint()
+			p.session, p.seq = d.sref()
+			label := d.string(MaxLabelLen)
+			switch {
+			case d.err != nil:
+				return nil, nil, fmt.Errorf("semaphore %q: %w", key, d.err)
+			case slot < next || slot >= MaxPermits:
+				return nil, nil, fmt.Errorf("semaphore %q: slot %d out of order or range", key, slot)
+			case ValidateOwner(p.owner) != nil:
+				return nil, nil, fmt.Errorf("semaphore %q slot %d: invalid owner %q", key, slot, p.owner)
+			case p.token == 0 || p.token > s.last:
+				return nil, nil, fmt.Errorf("semaphore %q slot %d: token %d outside 1..%d", key, slot, p.token, s.last)
+			case p.leaseSec < MinLeaseSec || p.leaseSec > MaxLeaseSec:
+				return nil, nil, fmt.Errorf("semaphore %q slot %d: lease %d", key, slot, p.leaseSec)
+			case ValidateLabel(label) != nil:
+				return nil, nil, fmt.Errorf("semaphore %q slot %d: invalid label %q", key, slot, label)
+			}
+			if _, dup := m.slotOf[p.token]; dup {
+				return nil, nil, fmt.Errorf("semaphore %q: token %d held twice", key, p.token)
+			}
+			m.take(uint32(slot), p)
+			next = slot + 1
+			tokens = append(tokens, p.token)
+			if label != "" {
+				s.labels[p.token] = label
+				labelled[p.token]++
+			}
+			if p.session != 0 {
+				srefs = append(srefs, snapRef{key: key, session: p.session, seq: p.seq, token: p.token})
+			}
+		}
+		nq := d.uvarint()
+		if d.err != nil {
+			return nil, nil, fmt.Errorf("semaphore %q: %w", key, d.err)
+		}
+		if nq > 0 && m.numHeld() < int(m.permits) {
+			return nil, nil, fmt.Errorf("semaphore %q: %d waiters with %d of %d permits held", key, nq, m.numHeld(), m.permits)
+		}
+		if nq > 0 {
+			m.queue = &waitQueue{ws: make([]Waiter, 0, min(nq, 64))}
+		}
+		refs := map[uint64]bool{}
+		for j := range nq {
+			var w Waiter
+			w.Owner = intern(d.string(MaxOwnerLen))
+			w.Ref = d.uvarint()
+			w.LeaseSec = d.uint32()
+			w.WaitMs = d.uint32()
+			w.EnqueuedAt = d.varint()
+			nbk := d.uvarint()
+			w.Session, w.Seq = d.sref()
+			label := d.string(MaxLabelLen)
+			switch {
+			case d.err != nil:
+				return nil, nil, fmt.Errorf("semaphore %q waiter #%d: %w", key, j, d.err)
+			case nbk != 0:
+				return nil, nil, fmt.Errorf("semaphore %q waiter #%d: a block", key, j)
+			case ValidateOwner(w.Owner) != nil:
+				return nil, nil, fmt.Errorf("semaphore %q waiter #%d: invalid owner %q", key, j, w.Owner)
+			case w.LeaseSec < MinLeaseSec || w.LeaseSec > MaxLeaseSec:
+				return nil, nil, fmt.Errorf("semaphore %q waiter #%d: lease %d", key, j, w.LeaseSec)
+			case w.WaitMs == 0 || w.WaitMs > MaxWaitMs:
+				return nil, nil, fmt.Errorf("semaphore %q waiter #%d: wait %d", key, j, w.WaitMs)
+			case ValidateLabel(label) != nil:
+				return nil, nil, fmt.Errorf("semaphore %q waiter #%d: invalid label %q", key, j, label)
+			case refs[w.Ref]:
+				return nil, nil, fmt.Errorf("semaphore %q: ref %d queued twice", key, w.Ref)
+			}
+			refs[w.Ref] = true
+			if label != "" {
+				s.waiterLabels[waiterRef{key, w.Ref}] = label
+			}
+			if w.Session != 0 {
+				srefs = append(srefs, snapRef{key: key, session: w.Session, seq: w.Seq, ref: w.Ref, waiter: true})
+			}
+			m.queue.push(w)
+			s.waiting++
+		}
+		s.sems[key] = m
+	}
+	return tokens, srefs, nil
 }
 
 // readBlocks reads the blocks section: every block's keys must be held

@@ -528,6 +528,8 @@ func FuzzReadSnapshot(f *testing.F) {
 	f.Add(sampleSnapV3().done(), false)
 	f.Add(bytes.Clone(sampleSnapV4().b), true)
 	f.Add(sampleSnapV4().done(), false)
+	f.Add(bytes.Clone(sampleSnapV6().b), true)
+	f.Add(sampleSnapV6().done(), false)
 	f.Add([]byte{}, false)
 	f.Fuzz(func(t *testing.T, b []byte, fixChecksum bool) {
 		// With fixChecksum the input is a snapshot body and the fuzzer
@@ -1062,7 +1064,7 @@ func TestReadSnapshotV4Invariants(t *testing.T) {
 		"outcome granted token 0":           body(one(7)).u(1).session(7, 0, 1, 0, 0, 1).outcome(2, StatusGranted, 0).done(),
 		"outcome granted token never given": body(one(7)).u(1).session(7, 0, 1, 0, 0, 1).outcome(2, StatusGranted, 6).done(),
 		"outcome err 0":                     body(one(7)).u(1).session(7, 0, 1, 0, 0, 1).outcome(2, StatusRejected, 0).done(),
-		"outcome err unknown":               body(one(7)).u(1).session(7, 0, 1, 0, 0, 1).outcome(2, StatusRejected, 6).done(),
+		"outcome err unknown":               body(one(7)).u(1).session(7, 0, 1, 0, 0, 1).outcome(2, StatusRejected, uint64(len(outcomeErrs)+1)).done(),
 		"holder of an unknown session":      body(one(8)).u(1).session(7, 0, 0, 0, 0, 0).done(),
 		"holder session without seq": body(newSnap4(5, 0, 1).s("c").u(4).s("p").u(1).i(0).u(7).u(0).u(0)).
 			u(1).session(7, 0, 0, 0, 0, 0).done(),

@@ -88,6 +88,9 @@ type State struct {
 	// a wait above MaxShortWaitMs is ErrInvalidWait. Not in snapshots,
 	// like legacyMatch.
 	shortWaits bool
+	// sems are the keys defined as semaphores (semaphore.go), apart from
+	// keys: a key is in one map or the other, never both.
+	sems map[string]*semaphore
 }
 
 // waiterRef names one queued waiter: its primary key (a block's first
@@ -176,6 +179,7 @@ func New() *State {
 		labels:       make(map[uint64]string),
 		waiterLabels: make(map[waiterRef]string),
 		sessions:     make(map[uint64]*session),
+		sems:         make(map[string]*semaphore),
 	}
 }
 
@@ -190,11 +194,19 @@ func ValidateCommand(cmd Command) error { return validateCommand(&cmd) }
 // hot path).
 func validateCommand(cmd *Command) error {
 	switch cmd.Op {
-	case OpAcquire:
+	case OpAcquire, OpAcquirePermit:
 		if err := ValidateKey(cmd.Key); err != nil {
 			return err
 		}
 		return validateAcquireFields(cmd)
+	case OpSetPermits:
+		if err := ValidateKey(cmd.Key); err != nil {
+			return err
+		}
+		if cmd.Permits > MaxPermits {
+			return ErrInvalidPermits
+		}
+		return nil
 	case OpRelease:
 		if err := ValidateKey(cmd.Key); err != nil {
 			return err
@@ -284,24 +296,33 @@ func validateBlockKeys(keys []string) error {
 // when a later command grants or times it out (Effect.Serial).
 func (s *State) Apply(cmd Command, effects []Effect) (Result, []Effect) {
 	r, serial, effects := s.apply(&cmd, effects)
-	return Result{Status: r.Status, LeaseSec: r.LeaseSec, Token: r.Token, Err: r.Err, Serial: serial}, effects
+	out := Result{Status: r.Status, Token: r.Token, Err: r.Err, Serial: serial}
+	switch r.Status {
+	case StatusExtended:
+		out.LeaseSec = r.N
+	case StatusGranted:
+		out.Slot = r.N
+	}
+	return out, effects
 }
 
 // result is Result without Serial. Four words, so the compiler keeps it
 // in registers through the internal calls; Result's five words go through
 // memory at every return and copy (BenchmarkApplyHandoff +15%).
 type result struct {
-	Status   Status
-	LeaseSec uint32 // shares Status's word
-	Token    uint64
-	Err      error
+	Status Status
+	// N shares Status's word: Result.LeaseSec of StatusExtended, or
+	// Result.Slot of StatusGranted.
+	N     uint32
+	Token uint64
+	Err   error
 }
 
 func (s *State) apply(cmd *Command, effects []Effect) (result, uint64, []Effect) {
 	if err := validateCommand(cmd); err != nil {
 		return result{Status: StatusRejected, Err: err}, 0, effects
 	}
-	if s.shortWaits && cmd.WaitMs > MaxShortWaitMs && (cmd.Op == OpAcquire || cmd.Op == OpAcquireBlock) {
+	if s.shortWaits && cmd.WaitMs > MaxShortWaitMs && (cmd.Op == OpAcquire || cmd.Op == OpAcquireBlock || cmd.Op == OpAcquirePermit) {
 		return result{Status: StatusRejected, Err: ErrInvalidWait}, 0, effects
 	}
 	var ss *session
@@ -312,19 +333,51 @@ func (s *State) apply(cmd *Command, effects []Effect) (result, uint64, []Effect)
 		}
 	}
 	var res result
+	var m *semaphore // the semaphore cmd.Key names, if any
+	if len(s.sems) > 0 && cmd.Key != "" {
+		m = s.sems[cmd.Key]
+	}
 	switch cmd.Op {
 	case OpAcquire:
+		if m != nil {
+			res = result{Status: StatusRejected, Err: ErrIsSemaphore}
+			break
+		}
 		res = s.acquire(cmd)
+	case OpAcquirePermit:
+		res = s.acquirePermit(cmd)
+	case OpSetPermits:
+		res, effects = s.setPermits(cmd, effects)
 	case OpRelease:
+		if m != nil {
+			res, effects = s.releasePermit(m, cmd, effects)
+			break
+		}
 		res, effects = s.release(cmd, effects)
 	case OpExpire:
+		if m != nil {
+			res, effects = s.expirePermit(m, cmd, effects)
+			break
+		}
 		res, effects = s.expire(cmd, effects)
 	case OpCancelWait:
+		if m != nil {
+			res, effects = s.cancelPermitWait(m, cmd, effects)
+			return res, 0, effects
+		}
 		res, effects = s.cancelWait(cmd, effects)
 		return res, 0, effects
 	case OpAcquireBlock:
+		if len(s.sems) > 0 && slices.ContainsFunc(cmd.Keys, s.isSemaphore) {
+			res = result{Status: StatusRejected, Err: ErrIsSemaphore}
+			break
+		}
 		res = s.acquireBlock(cmd)
 	case OpExtend:
+		if m != nil {
+			res = s.extendPermit(m, cmd)
+			break
+		}
 		res = s.extend(cmd)
 	case OpDropWaiters:
 		res, effects = s.dropWaiters(effects)
@@ -343,7 +396,7 @@ func (s *State) apply(cmd *Command, effects []Effect) (result, uint64, []Effect)
 	}
 	switch res.Status {
 	case StatusGranted, StatusQueued, StatusReleased, StatusExpired, StatusExtended,
-		StatusSessionExpired, StatusSessionClosed:
+		StatusSessionExpired, StatusSessionClosed, StatusPermitsSet:
 		s.clock = cmd.Now
 	}
 	if ss != nil {
@@ -504,6 +557,10 @@ func (s *State) matchHolder(cmd *Command) (*entry, error) {
 // interface for every extend, and a *Command would make its command
 // escape to the heap on every request.
 func (s *State) MatchesHolding(key, owner string, token, session uint64) bool {
+	if m := s.sems[key]; m != nil {
+		_, err := s.matchPermit(m, &Command{Key: key, Owner: owner, Token: token, Session: session})
+		return err == nil
+	}
 	_, err := s.matchHolder(&Command{Key: key, Owner: owner, Token: token, Session: session})
 	return err == nil
 }
@@ -567,7 +624,7 @@ func (s *State) extend(cmd *Command) result {
 		s.own(cmd.Key, e).leaseSec = lease
 	}
 	s.renewed[e.token] = cmd.Now
-	return result{Status: StatusExtended, LeaseSec: lease}
+	return result{Status: StatusExtended, N: lease}
 }
 
 // expire deliberately ignores the owner: the leader's lease timer knows only
@@ -818,14 +875,23 @@ func (s *State) cancelWait(cmd *Command, effects []Effect) (result, []Effect) {
 }
 
 func (s *State) dropWaiters(effects []Effect) (result, []Effect) {
-	keys := make([]string, 0, len(s.queued))
-	for k := range s.queued {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys) // map order must not leak into the effects
+	keys := s.queuedKeys() // sorted: map order must not leak into the effects
 	effects = slices.Grow(effects, s.waiting)
 	told := make(map[uint64]bool, len(s.blockWaiters))
 	for _, k := range keys {
+		if m := s.sems[k]; m != nil {
+			m = s.ownSem(k, m)
+			m.queue.each(func(w *Waiter) {
+				eff := Effect{Kind: EffectDropped, Key: k, Owner: w.Owner, Ref: w.Ref, Session: w.Session, Seq: w.Seq}
+				if w.Session != 0 {
+					eff.Serial = s.waiterTimedOut(w)
+				}
+				effects = append(effects, eff)
+			})
+			s.recycleQueue(m.queue)
+			m.queue = nil
+			continue
+		}
 		e := s.queued[k]
 		e.queue.each(func(w *Waiter) {
 			if w.Keys != nil {
@@ -854,6 +920,22 @@ func (s *State) dropWaiters(effects []Effect) (result, []Effect) {
 	clear(s.waiterLabels)
 	s.waiting = 0
 	return result{Status: StatusDropped}, effects
+}
+
+// queuedKeys lists, in ascending order, every key with a non-empty
+// queue: the lock keys of s.queued and the semaphores that have waiters.
+func (s *State) queuedKeys() []string {
+	keys := make([]string, 0, len(s.queued))
+	for k := range s.queued {
+		keys = append(keys, k)
+	}
+	for k, m := range s.sems {
+		if m.queue.len() > 0 {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	return keys
 }
 
 func (s *State) newEntry() *entry {
@@ -924,7 +1006,7 @@ func (s *State) Freeze() *Frozen {
 	for k, e := range s.keys {
 		keys = append(keys, frozenKey{k, e})
 	}
-	head := s.snapHeader()
+	head := s.snapHeader() // sems: pointers, copied on write from now on
 	head.blocks = cloneOrNil(head.blocks)
 	head.renewed = cloneOrNil(head.renewed)
 	head.labels = cloneOrNil(head.labels)
@@ -945,11 +1027,13 @@ func cloneOrNil[M ~map[K]V, K comparable, V any](m M) M {
 // key implies a queued block).
 func (s *State) hasBlockContent() bool { return len(s.blocks) > 0 || len(s.blockWaiters) > 0 }
 
-// snapVersion is the lowest snapshot version that holds the table: 5 if a
-// holder or waiter has a label, else 4 if a session exists, else 3 if a
+// snapVersion is the lowest snapshot version that holds the table: 6 if a
+// key is a semaphore, else 5 if a holder or waiter has a label, else 4 if a session exists, else 3 if a
 // holding was extended, else 2 if a block is held or queued, else 1.
 func (s *State) snapVersion() byte {
 	switch {
+	case len(s.sems) > 0:
+		return snapV6
 	case s.hasLabels():
 		return snapV5
 	case len(s.sessions) > 0:
@@ -969,7 +1053,8 @@ func (f *Frozen) NumHeld() int { return len(f.keys) }
 func (s *State) LastToken() uint64 { return s.last }
 
 // Holder returns the holder of key, if any, with the time of its latest
-// extension (RenewedAt), its label and, for a block, the block's keys.
+// extension (RenewedAt), its label and, for a block, the block's keys. A
+// semaphore key has no one holder: see PermitHolders.
 func (s *State) Holder(key string) (Holder, bool) {
 	if e := s.keys[key]; e != nil && e.token != 0 {
 		h := e.holder()
@@ -1001,10 +1086,7 @@ func (s *State) Reserved(key string) bool {
 // Waiters returns a copy of key's queue, head first (nil if none). A
 // queued block appears in the queue of each of its keys.
 func (s *State) Waiters(key string) []Waiter {
-	if e := s.keys[key]; e != nil {
-		return e.queue.waiters()
-	}
-	return nil
+	return s.queueOf(key).waiters()
 }
 
 // Position is the place in line of the waiter ref on key: 1 for the head
@@ -1017,15 +1099,23 @@ func (s *State) Waiters(key string) []Waiter {
 // read either (it keeps the queue's rank tree): call it where Apply may
 // be called, not on a Frozen view.
 func (s *State) Position(key string, ref uint64) (int, bool) {
-	e := s.keys[key]
-	if e == nil {
-		return 0, false
-	}
-	i := e.queue.find(ref)
+	q := s.queueOf(key)
+	i := q.find(ref)
 	if i < 0 {
 		return 0, false
 	}
-	return e.queue.position(i), true
+	return q.position(i), true
+}
+
+// queueOf is the queue of key, a lock's or a semaphore's (nil if none).
+func (s *State) queueOf(key string) *waitQueue {
+	if e := s.keys[key]; e != nil {
+		return e.queue
+	}
+	if m := s.sems[key]; m != nil {
+		return m.queue
+	}
+	return nil
 }
 
 // RaiseTokenFloor makes the next token issued greater than floor (it never
@@ -1040,10 +1130,7 @@ func (s *State) RaiseTokenFloor(floor uint64) {
 
 // QueueLen is the length of key's queue (0 if the key is free).
 func (s *State) QueueLen(key string) int {
-	if e := s.keys[key]; e != nil {
-		return e.queue.len()
-	}
-	return 0
+	return s.queueOf(key).len()
 }
 
 // NumHeld is the number of held keys (a block counts each of its keys).
@@ -1085,8 +1172,26 @@ func (s *State) NumRenewed() int { return len(s.renewed) }
 // hot path. fn may apply commands: the keys to visit are fixed when the call
 // starts and each is looked up when its turn comes, so fn sees current
 // holders and a key freed meanwhile is skipped.
+//
+// A semaphore's held permits are visited too, each as a Holder with
+// Permit set, in slot order, in the key's place in the order.
 func (s *State) RangeHolders(fn func(key string, h Holder) bool) {
-	for _, k := range s.sortedKeys() {
+	keys := s.sortedKeys()
+	if len(s.sems) > 0 {
+		for k := range s.sems {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+	}
+	for _, k := range keys {
+		if _, ok := s.sems[k]; ok {
+			for _, h := range s.PermitHolders(k) {
+				if !fn(k, h) {
+					return
+				}
+			}
+			continue
+		}
 		h, ok := s.Holder(k)
 		if !ok {
 			continue // freed meanwhile, or reserved
