@@ -428,8 +428,11 @@ type Outcome struct {
 	Seq    uint64
 	Serial uint64
 	Status Status
-	Token  uint64
-	Err    error
+	// Slot: StatusGranted of a permit acquire, the permit's slot (the
+	// fencing domain a resumed broker must be told with the token).
+	Slot  uint32
+	Token uint64
+	Err   error
 }
 
 // SessionInfo describes a live session.

@@ -93,10 +93,15 @@ func (m *model) used(ms *modelSession, seq uint64) bool {
 
 // recordWaiter records an outcome for session waiter w (0 if none).
 func (m *model) recordWaiter(w Waiter, status Status, token uint64) uint64 {
+	return m.recordWaiterSlot(w, status, token, 0)
+}
+
+// recordWaiterSlot is recordWaiter for a permit's grant in slot.
+func (m *model) recordWaiterSlot(w Waiter, status Status, token uint64, slot uint32) uint64 {
 	if w.Session == 0 {
 		return 0
 	}
-	return m.session(w.Session).record(Outcome{Seq: w.Seq, Status: status, Token: token})
+	return m.session(w.Session).record(Outcome{Seq: w.Seq, Status: status, Token: token, Slot: slot})
 }
 
 type modelHold struct {
@@ -184,7 +189,7 @@ func (m *model) semGrant(key string, now int64) []Effect {
 		m.holds = append(m.holds, modelHold{key: key, h: Holder{Owner: w.w.Owner, Token: m.last, LeaseSec: w.w.LeaseSec, GrantedAt: now,
 			Session: w.w.Session, Seq: w.w.Seq, Label: w.label, Permit: true, Slot: slot}})
 		effects = append(effects, Effect{Kind: EffectGranted, Key: key, Owner: w.w.Owner, Ref: w.w.Ref, Token: m.last, LeaseSec: w.w.LeaseSec,
-			Session: w.w.Session, Seq: w.w.Seq, Serial: m.recordWaiter(w.w, StatusGranted, m.last), Slot: slot})
+			Session: w.w.Session, Seq: w.w.Seq, Serial: m.recordWaiterSlot(w.w, StatusGranted, m.last, slot), Slot: slot})
 	}
 }
 
@@ -294,7 +299,7 @@ func (m *model) apply1(c Command) (Result, []Effect) {
 		ms.trim(c.Ack)
 		res, eff := m.lock(c)
 		if res.Status != StatusQueued {
-			res.Serial = ms.record(Outcome{Seq: c.Seq, Status: res.Status, Token: res.Token, Err: res.Err})
+			res.Serial = ms.record(Outcome{Seq: c.Seq, Status: res.Status, Token: res.Token, Err: res.Err, Slot: res.Slot})
 		}
 		return res, eff
 	}

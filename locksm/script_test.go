@@ -322,6 +322,9 @@ func formatOutcome(o Outcome) string {
 	switch {
 	case o.Status == StatusGranted:
 		s += fmt.Sprintf(" token=%d", o.Token)
+		if o.Slot != 0 {
+			s += fmt.Sprintf(" slot=%d", o.Slot)
+		}
 	case o.Err != nil:
 		s += " err=" + errNames[o.Err]
 	}

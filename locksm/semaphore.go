@@ -246,7 +246,7 @@ func (s *State) grantPermits(key string, m *semaphore, now int64, effects []Effe
 			Session: w.Session, Seq: w.Seq, Slot: slot,
 		}
 		if w.Session != 0 {
-			eff.Serial = s.waiterGranted(&w, key, s.last)
+			eff.Serial = s.waiterGranted(&w, key, s.last, slot)
 		}
 		effects = append(effects, eff)
 	}
@@ -452,4 +452,19 @@ func (s *State) NumPermitsHeld() int {
 		n += m.numHeld()
 	}
 	return n
+}
+
+// hasSlotOutcomes reports whether a session keeps the outcome of a permit
+// grant in a slot other than 0: only snapshot version 6 carries slots
+// (a semaphore may be removed while such an outcome waits for its ack).
+// O(kept outcomes).
+func (s *State) hasSlotOutcomes() bool {
+	for _, ss := range s.sessions {
+		for i := range ss.outcomes {
+			if ss.outcomes[i].Slot != 0 {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -162,16 +162,21 @@ func (s *State) recordCommand(ss *session, cmd *Command, res *result) uint64 {
 	case StatusGranted:
 		ss.holdings[res.Token] = key
 	}
-	return ss.record(Outcome{Seq: cmd.Seq, Status: res.Status, Token: res.Token, Err: res.Err}, s.gen)
+	o := Outcome{Seq: cmd.Seq, Status: res.Status, Token: res.Token, Err: res.Err}
+	if res.Status == StatusGranted {
+		o.Slot = res.N // 0 for a lock
+	}
+	return ss.record(o, s.gen)
 }
 
 // waiterGranted records the hand-off of session waiter w (standing on key,
-// its primary key) under token, and returns the outcome's serial.
-func (s *State) waiterGranted(w *Waiter, key string, token uint64) uint64 {
+// its primary key) under token (a permit's: in slot), and returns the
+// outcome's serial.
+func (s *State) waiterGranted(w *Waiter, key string, token uint64, slot uint32) uint64 {
 	ss := s.sessions[w.Session]
 	delete(ss.waiters, w.Seq)
 	ss.holdings[token] = key
-	return ss.record(Outcome{Seq: w.Seq, Status: StatusGranted, Token: token}, s.gen)
+	return ss.record(Outcome{Seq: w.Seq, Status: StatusGranted, Token: token, Slot: slot}, s.gen)
 }
 
 // waiterTimedOut records that session waiter w left its queues without a

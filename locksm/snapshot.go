@@ -55,6 +55,7 @@ package locksm
 //	           serial:uvarint ack:uvarint epoch:uvarint openedAt:varint
 //	           nout:uvarint(= serial-ack) outcome*nout
 //	outcome  = seq:uvarint(1..) status:byte [status 1 (granted): token:uvarint]
+//	           [version 6, status 1: slot:uvarint(0..99999)]
 //	           [status 0 (rejected): err:byte]
 //	body v5  = body v4 with key5 for key4, waiter5 for waiter4, and
 //	           nsess:uvarint(0..)
@@ -63,8 +64,9 @@ package locksm
 //	           label:string(0..64)]
 //	           nwait:uvarint waiter5*nwait
 //	waiter5  = waiter4 label:string(0..64)
-//	body v6  = lastToken:uvarint clock:varint nkeys:uvarint key5*nkeys
-//	           nsem:uvarint(1..) sem*nsem
+//	body v6  = (outcomes of grants carry their slot, below)
+//	           lastToken:uvarint clock:varint nkeys:uvarint key5*nkeys
+//	           nsem:uvarint(0..) sem*nsem
 //	           nblocks:uvarint block*nblocks nrenew:uvarint renewal*nrenew
 //	           nsess:uvarint(0..) session*nsess
 //	sem      = name:string permits:uvarint(1..100000)
@@ -112,7 +114,8 @@ package locksm
 // waiters single-key with unique refs, and a queue only while at least n
 // permits are held (else its head would have been granted).
 // Version 2 must have block content, version 3 a renewal, version 4 a
-// session, version 5 a label and version 6 a semaphore.
+// session, version 5 a label and version 6 a semaphore or the outcome
+// of a grant in a slot other than 0.
 
 import (
 	"encoding/binary"
@@ -306,6 +309,9 @@ func writeSnapshot(w io.Writer, hd snapHeader, n int, key func(i int) (string, *
 				switch o.Status {
 				case StatusGranted:
 					sw.buf = binary.AppendUvarint(sw.buf, o.Token)
+					if hd.version >= snapV6 {
+						sw.buf = binary.AppendUvarint(sw.buf, uint64(o.Slot))
+					}
 				case StatusRejected:
 					sw.buf = append(sw.buf, outcomeErrCode(o.Err))
 				}
@@ -631,7 +637,7 @@ func (d *snapReader) read() (*State, error) {
 		}
 	}
 	if v4 {
-		if err := d.readSessions(s, version == snapV4); err != nil {
+		if err := d.readSessions(s, version == snapV4, version); err != nil {
 			return nil, err
 		}
 		if err := indexSessionRefs(s, srefs); err != nil {
@@ -675,8 +681,9 @@ func (d *snapReader) read() (*State, error) {
 	return s, nil
 }
 
-// readSemaphores reads the semaphores section (version 6): at least one,
-// names ascending and no lock's. It returns the tokens of the held
+// readSemaphores reads the semaphores section (version 6): names
+// ascending and no lock's (none at all only when a kept outcome names a
+// slot: the version check at the end sees to it). It returns the tokens of the held
 // permits and the session refs of permits and waiters, for the checks
 // every holding gets; labels of permits go to s.labels and count in
 // labelled.
@@ -684,9 +691,6 @@ func (d *snapReader) readSemaphores(s *State, labelled map[uint64]int) ([]uint64
 	n := d.uvarint()
 	if d.err != nil {
 		return nil, nil, d.err
-	}
-	if n == 0 {
-		return nil, nil, errors.New("version 6 without semaphores")
 	}
 	var tokens []uint64
 	var srefs []snapRef
@@ -873,7 +877,7 @@ type snapRef struct {
 
 // readSessions reads the sessions section: at least one session if
 // atLeastOne (version 4), ids ascending, each with its kept outcomes.
-func (d *snapReader) readSessions(s *State, atLeastOne bool) error {
+func (d *snapReader) readSessions(s *State, atLeastOne bool, version byte) error {
 	n := d.uvarint()
 	if d.err == nil && n == 0 && atLeastOne {
 		return errors.New("version 4 without sessions")
@@ -908,6 +912,13 @@ func (d *snapReader) readSessions(s *State, atLeastOne bool) error {
 			switch o.Status {
 			case StatusGranted:
 				o.Token = d.uvarint()
+				if version >= snapV6 {
+					if slot := d.uvarint(); slot >= MaxPermits && d.err == nil {
+						return fmt.Errorf("session %d outcome #%d: slot %d", id, j, slot)
+					} else {
+						o.Slot = uint32(slot)
+					}
+				}
 			case StatusRejected:
 				if c := d.byte(); c >= 1 && int(c) <= len(outcomeErrs) {
 					o.Err = outcomeErrs[c-1]

@@ -686,7 +686,7 @@ func (s *State) endHolding(key string, e *entry, now int64, effects []Effect) []
 			Session: w.Session, Seq: w.Seq,
 		}
 		if w.Session != 0 {
-			eff.Serial = s.waiterGranted(&w, key, s.last)
+			eff.Serial = s.waiterGranted(&w, key, s.last, 0)
 		}
 		return append(effects, eff)
 	}
@@ -733,7 +733,7 @@ func (s *State) promote(key string, now int64, effects []Effect) []Effect {
 			Session: w.Session, Seq: w.Seq,
 		}
 		if w.Session != 0 {
-			eff.Serial = s.waiterGranted(&w, key, s.last)
+			eff.Serial = s.waiterGranted(&w, key, s.last, 0)
 		}
 		return append(effects, eff)
 	}
@@ -755,7 +755,7 @@ func (s *State) promote(key string, now int64, effects []Effect) []Effect {
 		Session: w.Session, Seq: w.Seq,
 	}
 	if w.Session != 0 {
-		eff.Serial = s.waiterGranted(&w, w.Keys[0], s.last)
+		eff.Serial = s.waiterGranted(&w, w.Keys[0], s.last, 0)
 	}
 	return append(effects, eff)
 }
@@ -1028,11 +1028,11 @@ func cloneOrNil[M ~map[K]V, K comparable, V any](m M) M {
 func (s *State) hasBlockContent() bool { return len(s.blocks) > 0 || len(s.blockWaiters) > 0 }
 
 // snapVersion is the lowest snapshot version that holds the table: 6 if a
-// key is a semaphore, else 5 if a holder or waiter has a label, else 4 if a session exists, else 3 if a
+// key is a semaphore or a kept outcome names a slot other than 0, else 5 if a holder or waiter has a label, else 4 if a session exists, else 3 if a
 // holding was extended, else 2 if a block is held or queued, else 1.
 func (s *State) snapVersion() byte {
 	switch {
-	case len(s.sems) > 0:
+	case len(s.sems) > 0 || s.hasSlotOutcomes():
 		return snapV6
 	case s.hasLabels():
 		return snapV5
