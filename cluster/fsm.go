@@ -434,11 +434,10 @@ func (f *fsm) Occupancy(key string) (held bool, keys, queue int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	// A reserved key (unheld, its head a block waiting for its other
-	// keys) has an entry like a held one: an acquire of it joins the
-	// queue and creates no key.
-	_, held = f.state.Holder(key)
-	held = held || f.state.Reserved(key)
-	return held, f.state.NumHeld() + f.state.NumReserved(), f.state.QueueLen(key)
+	// keys) has an entry like a held one, and a semaphore its
+	// definition: an acquire of either joins the queue or takes a
+	// permit, and creates no key.
+	return f.state.Occupied(key), f.state.NumHeld() + f.state.NumReserved(), f.state.QueueLen(key)
 }
 
 // ClusterVersion implements leader.Table.
@@ -448,8 +447,7 @@ func (f *fsm) ClusterVersion() uint16 { return f.getClusterVersion() }
 func (f *fsm) HeldUnder(key string, token uint64) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	h, ok := f.state.Holder(key)
-	return ok && h.Token == token
+	return f.state.HeldUnder(key, token)
 }
 
 // MatchesHolding implements leader.Table.

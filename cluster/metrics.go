@@ -174,7 +174,7 @@ func (m *nodeMetrics) reply(op locksm.Op, r replyResult) {
 	}
 	var c prometheus.Counter
 	switch op {
-	case locksm.OpAcquire, locksm.OpAcquireBlock:
+	case locksm.OpAcquire, locksm.OpAcquireBlock, locksm.OpAcquirePermit:
 		c = m.acquires[r]
 	case locksm.OpRelease:
 		c = m.releases[r]

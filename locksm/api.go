@@ -233,6 +233,12 @@ const (
 	OpSetPermits Op = 15
 )
 
+// SessionOp reports whether op acts on a session itself (open, resume,
+// expire, close, drop-sessionless, ack: 8..13) rather than on the lock
+// table's keys. Ops are numbered in the order they came, so later lock
+// ops (the semaphores' 14 and 15) are not session ops.
+func (op Op) SessionOp() bool { return op >= OpOpenSession && op <= OpAckSession }
+
 // maxOp is the highest op this version knows.
 const maxOp = OpSetPermits
 
@@ -258,7 +264,8 @@ type Command struct {
 	// in matching: releases and extends match by token and owner.
 	Label string
 	Token uint64 // OpRelease, OpExpire, OpExtend
-	// Ref is the proposer's identifier for an acquire or a release (so the
+	// Ref is the proposer's identifier for an acquire, a release or a
+	// set-permits (so the
 	// proposer can match the applied command to the request that owes a
 	// reply): echoed in Effects that concern an acquire's waiter and used by
 	// OpCancelWait. The state machine ignores it for releases. Unique per proposer; the
@@ -468,6 +475,8 @@ type SessionQueued struct {
 	Waiter Waiter
 	// Label is the waiter's label ("" if none).
 	Label string
+	// Permit: it waits for a permit of the semaphore Key.
+	Permit bool
 }
 
 // LeaseEnd is when h's lease ends by the proposers' wall clocks (Unix ms):

@@ -26,7 +26,7 @@ package locksm
 //	12  OpDropSessionless (none)
 //	13  OpAckSession      session:uvarint ack:uvarint
 //	14  OpAcquirePermit   fields of op 1
-//	15  OpSetPermits      now:varint key:string permits:uvarint
+//	15  OpSetPermits      now:varint key:string permits:uvarint ref:uvarint
 //
 //	op|0x80 (op 1, 2, 6, 7, 14 only): a lock command of a session
 //	    = session:uvarint(1..) seq:uvarint ack:uvarint fields(op)
@@ -215,6 +215,7 @@ func AppendBatch(dst []byte, cmds []Command) []byte {
 			dst = binary.AppendVarint(dst, c.Now)
 			dst = appendString(dst, c.Key, MaxKeyLen)
 			dst = binary.AppendUvarint(dst, uint64(c.Permits))
+			dst = binary.AppendUvarint(dst, c.Ref)
 		}
 	}
 	return dst
@@ -368,6 +369,7 @@ func DecodeBatch(b []byte, into []Command) ([]Command, error) {
 			c.Now = d.varint()
 			c.Key = d.string(MaxKeyLen)
 			c.Permits = d.uint32()
+			c.Ref = d.uvarint()
 		case OpDropSessionless:
 		default:
 			if d.err == nil {

@@ -733,7 +733,7 @@ func (m *model) compareSessions(s *State) error {
 		var queued []SessionQueued
 		for _, w := range m.waits {
 			if w.w.Session == ms.id {
-				queued = append(queued, SessionQueued{Key: w.keys[0], Waiter: w.w, Label: w.label})
+				queued = append(queued, SessionQueued{Key: w.keys[0], Waiter: w.w, Label: w.label, Permit: m.isSem(w.keys[0])})
 			}
 		}
 		slices.SortFunc(queued, func(a, b SessionQueued) int { return cmp.Compare(a.Waiter.Seq, b.Waiter.Seq) })

@@ -451,7 +451,7 @@ func normalize(c Command) Command {
 		n.Now, n.Owner, n.Ref, n.LeaseSec, n.WaitMs = c.Now, c.Owner, c.Ref, c.LeaseSec, c.WaitMs
 		n.Label = normalLabel(c.Label)
 	case OpSetPermits:
-		n.Now, n.Permits = c.Now, c.Permits
+		n.Now, n.Permits, n.Ref = c.Now, c.Permits, c.Ref
 	case OpRelease:
 		n.Now, n.Owner, n.Token, n.Ref = c.Now, c.Owner, c.Token, c.Ref
 	case OpExpire:

@@ -386,6 +386,27 @@ func (m *semaphore) permitHolder(slot uint32) Holder {
 		Session: p.session, Seq: p.seq, Slot: slot, Permit: true}
 }
 
+// Occupied reports whether an acquire of key creates no key: it is held,
+// reserved for a block, or a semaphore (whose permits live in its one
+// definition).
+func (s *State) Occupied(key string) bool {
+	if e := s.keys[key]; e != nil {
+		return true // held, or reserved
+	}
+	return s.isSemaphore(key)
+}
+
+// HeldUnder reports whether key is held under token: by its lock holder,
+// or, for a semaphore, by one of its permits.
+func (s *State) HeldUnder(key string, token uint64) bool {
+	if m := s.sems[key]; m != nil {
+		_, ok := m.slotOf[token]
+		return ok
+	}
+	h, ok := s.Holder(key)
+	return ok && h.Token == token
+}
+
 // Semaphore describes a semaphore key (Semaphore).
 type Semaphore struct {
 	// Permits is n; Held the permits held now (more than n after a

@@ -455,7 +455,7 @@ func (s *State) SessionWaiters(id uint64) []SessionQueued {
 		sw := ss.waiters[seq]
 		q := s.queueOf(sw.key)
 		w := q.ws[q.find(sw.ref)]
-		out = append(out, SessionQueued{Key: sw.key, Waiter: w, Label: s.WaiterLabel(sw.key, w)})
+		out = append(out, SessionQueued{Key: sw.key, Waiter: w, Label: s.WaiterLabel(sw.key, w), Permit: s.isSemaphore(sw.key)})
 	}
 	return out
 }

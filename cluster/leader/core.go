@@ -435,7 +435,9 @@ func (p *pending[C]) inFlight() bool { return !p.queued && p.attachment() == nil
 func (p *pending[C]) waiter() bool { return p.acquire() && p.mayWait }
 
 // acquire reports whether p is an acquire, of one key or of a block.
-func (p *pending[C]) acquire() bool { return p.op == locksm.OpAcquire || p.op == locksm.OpAcquireBlock }
+func (p *pending[C]) acquire() bool {
+	return p.op == locksm.OpAcquire || p.op == locksm.OpAcquireBlock || p.op == locksm.OpAcquirePermit
+}
 
 // keySet is the keys p's acquire takes: its block's, or its one key.
 func (p *pending[C]) keySet() []string {
@@ -728,11 +730,14 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 		k.noticeAcked(cn)
 		k.send(cn, wire.Msg{Type: wire.TypeOK, ID: m.ID})
 		return true
-	case wire.TypeAcquireBlock, wire.TypeExtend:
+	case wire.TypeAcquireBlock, wire.TypeExtend, wire.TypeAcquirePermit, wire.TypeSetPermits:
 		if !wire.RequestAllowed(m.Type, cn.version) {
 			what, from := "block acquire", wire.VersionBlocks
-			if m.Type == wire.TypeExtend {
+			switch m.Type {
+			case wire.TypeExtend:
 				what, from = "extend", wire.VersionExtend
+			case wire.TypeAcquirePermit, wire.TypeSetPermits:
+				what, from = "semaphore request", wire.VersionSemaphores
 			}
 			k.send(cn, wire.Msg{Type: wire.TypeError, Code: wire.CodeUnexpectedFrame,
 				Text: fmt.Sprintf("%s on a version %d connection (from version %d)", what, cn.version, from)})
@@ -762,6 +767,10 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 	switch m.Type {
 	case wire.TypeAcquire:
 		cmd = locksm.Command{Op: locksm.OpAcquire, Key: m.Key, Owner: m.Owner, Label: m.Label, LeaseSec: uint32(m.Lease), WaitMs: m.WaitMs}
+	case wire.TypeAcquirePermit:
+		cmd = locksm.Command{Op: locksm.OpAcquirePermit, Key: m.Key, Owner: m.Owner, Label: m.Label, LeaseSec: uint32(m.Lease), WaitMs: m.WaitMs}
+	case wire.TypeSetPermits:
+		cmd = locksm.Command{Op: locksm.OpSetPermits, Key: m.Key, Permits: m.Permits}
 	case wire.TypeAcquireBlock:
 		// The state keeps the keys: a copy, so nothing the caller reuses
 		// can change them.
@@ -786,9 +795,14 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 		k.send(cn, wire.Msg{Type: wire.TypeError, ID: m.ID, Code: wire.CodeDuplicateID, Text: "request id already in flight"})
 		return false
 	}
-	sess, ok := k.sessionOfRequest(cn, m, &cmd)
-	if !ok {
-		return false
+	var sess *session[C]
+	if m.Type != wire.TypeSetPermits {
+		// An operator's set-permits carries no session: setting n twice
+		// is harmless, and its log entry has no session fields.
+		var ok bool
+		if sess, ok = k.sessionOfRequest(cn, m, &cmd); !ok {
+			return false
+		}
 	}
 	if m.Type == wire.TypeCancel {
 		p := cn.inflight[m.Target]
@@ -819,6 +833,12 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 		k.reply(cmd.Op, OutcomeError)
 		k.send(cn, errReply(m.ID, fmt.Errorf("%w: block acquires need every member at protocol version %d; the cluster version is %d (upgrade every node; the leader records the new version within %s)",
 			wire.ErrNotSupported, wire.VersionBlocks, k.table.ClusterVersion(), "30s")))
+		return true
+	}
+	if (cmd.Op == locksm.OpAcquirePermit || cmd.Op == locksm.OpSetPermits) && k.table.ClusterVersion() < wire.VersionSemaphores {
+		k.reply(cmd.Op, OutcomeError)
+		k.send(cn, errReply(m.ID, fmt.Errorf("%w: semaphores need every member at protocol version %d; the cluster version is %d (upgrade every node; the leader records the new version within %s)",
+			wire.ErrNotSupported, wire.VersionSemaphores, k.table.ClusterVersion(), "30s")))
 		return true
 	}
 	if cmd.Op == locksm.OpExtend && k.table.ClusterVersion() < wire.VersionExtend {
@@ -855,7 +875,7 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 	}
 	var keys []string // the keys the acquire takes
 	switch cmd.Op {
-	case locksm.OpAcquire:
+	case locksm.OpAcquire, locksm.OpAcquirePermit:
 		keys = []string{m.Key}
 	case locksm.OpAcquireBlock:
 		keys = cmd.Keys
@@ -939,8 +959,11 @@ func (k *Core[C]) expirySettled(token uint64) {
 
 // releasing reports whether op counts in a connection's releases in flight
 // (a release, or an extend: both concern a lock held already, and neither
-// may wait behind a flood of acquires).
-func releasing(op locksm.Op) bool { return op == locksm.OpRelease || op == locksm.OpExtend }
+// may wait behind a flood of acquires; an operator's set-permits, which
+// must not either: raising n is how an operator relieves such a flood).
+func releasing(op locksm.Op) bool {
+	return op == locksm.OpRelease || op == locksm.OpExtend || op == locksm.OpSetPermits
+}
 
 // flying is how many requests of op cn has in flight (their own command
 // not applied yet): the count MaxInFlightPerConn bounds for op.
@@ -1123,7 +1146,7 @@ func (k *Core[C]) Applied(now time.Time, batch []Applied) {
 		}
 		c := &a.Cmd
 		key := cmdKey(c)
-		if c.Op >= locksm.OpOpenSession {
+		if c.Op.SessionOp() {
 			k.sessionApplied(now, a, batch[i+1:])
 			continue
 		}
@@ -1204,7 +1227,7 @@ func (k *Core[C]) effects(now time.Time, effects []locksm.Effect, freedAt time.T
 				k.event(Event{Kind: EventHandoff})
 			}
 			if p := k.pend[e.Ref]; p != nil && p.queued && p.key == e.Key {
-				if k.granted(p, e.Token, now) && !freedAt.IsZero() {
+				if k.granted(p, e.Token, e.Slot, now) && !freedAt.IsZero() {
 					k.event(Event{Kind: EventHandoffLatency, Latency: now.Sub(freedAt)})
 				}
 			}
@@ -1227,7 +1250,7 @@ func (k *Core[C]) effects(now time.Time, effects []locksm.Effect, freedAt time.T
 func (k *Core[C]) resolve(p *pending[C], res locksm.Result, now time.Time) {
 	switch res.Status {
 	case locksm.StatusGranted:
-		k.granted(p, res.Token, now)
+		k.granted(p, res.Token, res.Slot, now)
 	case locksm.StatusQueued:
 		k.committed(p)
 		// Queued, it is no longer in flight (it stays a waiter).
@@ -1254,7 +1277,7 @@ func (k *Core[C]) resolve(p *pending[C], res locksm.Result, now time.Time) {
 		k.finish(p)
 		k.reply(p.op, OutcomeBusy)
 		k.answer(p, wire.Msg{Type: wire.TypeBusy, ID: p.id})
-	case locksm.StatusReleased, locksm.StatusExtended:
+	case locksm.StatusReleased, locksm.StatusExtended, locksm.StatusPermitsSet:
 		k.finish(p)
 		k.reply(p.op, OutcomeOK)
 		k.answer(p, wire.Msg{Type: wire.TypeOK, ID: p.id})
@@ -1275,11 +1298,12 @@ func (k *Core[C]) resolve(p *pending[C], res locksm.Result, now time.Time) {
 	}
 }
 
-// granted tells p its token, or, if p's connection died before the grant
-// could be written, releases it at once: nobody can know that token, so
-// nobody can use it, and the next waiter should not wait for the lease.
-// It reports whether the grant was told.
-func (k *Core[C]) granted(p *pending[C], token uint64, now time.Time) bool {
+// granted tells p its token (and, for a permit, its slot), or, if p's
+// connection died before the grant could be written, releases it at once:
+// nobody can know that token, so nobody can use it, and the next waiter
+// should not wait for the lease. It reports whether the grant was told.
+func (k *Core[C]) granted(p *pending[C], token uint64, slot uint32, now time.Time) bool {
+	g := wire.Msg{Type: wire.TypeGranted, ID: p.id, Token: token, Permit: p.op == locksm.OpAcquirePermit, Slot: slot}
 	k.finish(p)
 	if s := p.session(); s != nil {
 		// A session's grant waits in the state for the resume when no
@@ -1289,7 +1313,7 @@ func (k *Core[C]) granted(p *pending[C], token uint64, now time.Time) bool {
 			return false
 		}
 		k.event(Event{Kind: EventReply, Op: p.op, Outcome: OutcomeGranted, Queued: p.queued, Latency: now.Sub(p.start), Keys: len(p.keys)})
-		k.send(cn, wire.Msg{Type: wire.TypeGranted, ID: p.id, Token: token})
+		k.send(cn, g)
 		if k.leading {
 			k.told[token] = cn
 		}
@@ -1301,7 +1325,7 @@ func (k *Core[C]) granted(p *pending[C], token uint64, now time.Time) bool {
 		return false
 	}
 	k.event(Event{Kind: EventReply, Op: p.op, Outcome: OutcomeGranted, Queued: p.queued, Latency: now.Sub(p.start), Keys: len(p.keys)})
-	k.send(p.conn, wire.Msg{Type: wire.TypeGranted, ID: p.id, Token: token})
+	k.send(p.conn, g)
 	if k.leading {
 		k.told[token] = p.conn
 	}
@@ -1599,8 +1623,9 @@ func sortedByRef[C comparable](m map[uint64]*pending[C]) []*pending[C] {
 // (Ref 0).
 func Housekeeping(c locksm.Command) bool {
 	switch c.Op {
-	case locksm.OpAcquire, locksm.OpAcquireBlock, locksm.OpExtend:
-		// A block acquire is a request like any other: as housekeeping it
+	case locksm.OpAcquire, locksm.OpAcquireBlock, locksm.OpExtend, locksm.OpAcquirePermit, locksm.OpSetPermits:
+		// A block acquire (a permit acquire, a set-permits) is a request
+		// like any other: as housekeeping it
 		// went ahead of requests written before it, and joined a key's
 		// FIFO queue ahead of a single-key acquire sent earlier (found by
 		// the fourth attack round on issue 39).

@@ -347,7 +347,7 @@ func (rr *randomRun) brokerProposed(c locksm.Command) {
 // per key for queued waiters.
 func (rr *randomRun) sessionsApplied(a Applied) {
 	c := &a.Cmd
-	if c.Session != 0 && c.Op < locksm.OpOpenSession && a.Res.Status == locksm.StatusGranted {
+	if c.Session != 0 && !c.Op.SessionOp() && a.Res.Status == locksm.StatusGranted {
 		rr.sessGrant[seqKey{c.Session, c.Seq}] = a.Res.Token
 	}
 	if c.Op == locksm.OpExpireSession && a.Res.Status == locksm.StatusSessionExpired {

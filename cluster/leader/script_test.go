@@ -127,8 +127,7 @@ type stateTable struct {
 }
 
 func (t stateTable) Occupancy(key string) (bool, int, int) {
-	_, held := t.s.Holder(key)
-	return held || t.s.Reserved(key), t.s.NumHeld() + t.s.NumReserved(), t.s.QueueLen(key)
+	return t.s.Occupied(key), t.s.NumHeld() + t.s.NumReserved(), t.s.QueueLen(key)
 }
 
 func (t stateTable) ClusterVersion() uint16 {
@@ -138,10 +137,7 @@ func (t stateTable) ClusterVersion() uint16 {
 	return *t.version
 }
 
-func (t stateTable) HeldUnder(key string, token uint64) bool {
-	h, ok := t.s.Holder(key)
-	return ok && h.Token == token
-}
+func (t stateTable) HeldUnder(key string, token uint64) bool { return t.s.HeldUnder(key, token) }
 
 func (t stateTable) MatchesHolding(key, owner string, token, session uint64) bool {
 	return t.s.MatchesHolding(key, owner, token, session)
@@ -328,13 +324,18 @@ func (h *harness) run(line string) (string, error) {
 	case "cluster-version":
 		*h.version = uint16(a.int("v", 0))
 	case "acquire", "acquire-block", "release", "extend", "cancel", "ack", "frame", "open-session", "resume", "session-ack",
-		"close-session":
+		"close-session", "acquire-permit", "set-permits":
 		cn := a.need("conn")
 		m := wire.Msg{ID: uint64(a.int("id", 0))}
 		switch name {
 		case "acquire":
 			m.Type, m.Key, m.Owner = wire.TypeAcquire, a.str("key", ""), a.str("owner", "")
 			m.Lease, m.WaitMs, m.Label = uint16(a.int("lease", 0)), uint32(a.int("wait", 0)), a.str("label", "")
+		case "acquire-permit":
+			m.Type, m.Key, m.Owner = wire.TypeAcquirePermit, a.str("key", ""), a.str("owner", "")
+			m.Lease, m.WaitMs, m.Label = uint16(a.int("lease", 0)), uint32(a.int("wait", 0)), a.str("label", "")
+		case "set-permits":
+			m.Type, m.Key, m.Permits = wire.TypeSetPermits, a.str("key", ""), uint32(a.int("permits", 0))
 		case "acquire-block":
 			m.Type, m.Keys, m.Owner = wire.TypeAcquireBlock, strings.Split(a.need("keys"), ","), a.str("owner", "")
 			m.Lease, m.WaitMs, m.Label = uint16(a.int("lease", 0)), uint32(a.int("wait", 0)), a.str("label", "")
@@ -517,6 +518,9 @@ func ms(t time.Time) int64 { return t.Sub(scriptBase).Milliseconds() }
 func fmtMsg(m wire.Msg) string {
 	switch m.Type {
 	case wire.TypeGranted:
+		if m.Permit {
+			return fmt.Sprintf("G id=%d token=%d slot=%d", m.ID, m.Token, m.Slot)
+		}
 		return fmt.Sprintf("G id=%d token=%d", m.ID, m.Token)
 	case wire.TypeMoved:
 		return fmt.Sprintf("M id=%d leader=%q addr=%q", m.ID, m.LeaderID, m.LeaderAddr)
@@ -539,12 +543,12 @@ var opNames = map[locksm.Op]string{
 	locksm.OpCancelWait: "cancel", locksm.OpDropWaiters: "drop-waiters", locksm.OpAcquireBlock: "acquire-block",
 	locksm.OpExtend: "extend", locksm.OpOpenSession: "open-session", locksm.OpResumeSession: "resume-session",
 	locksm.OpExpireSession: "expire-session", locksm.OpCloseSession: "close-session", locksm.OpDropSessionless: "drop-sessionless",
-	locksm.OpAckSession: "ack-session",
+	locksm.OpAckSession: "ack-session", locksm.OpAcquirePermit: "acquire-permit", locksm.OpSetPermits: "set-permits",
 }
 
 func fmtCmd(c locksm.Command) string {
 	s := fmtCmd1(c)
-	if c.Session != 0 && c.Op < locksm.OpOpenSession {
+	if c.Session != 0 && !c.Op.SessionOp() {
 		s += fmt.Sprintf(" session=%d seq=%d ack=%d", c.Session, c.Seq, c.Ack)
 	}
 	return s
@@ -566,6 +570,10 @@ func fmtCmd1(c locksm.Command) string {
 		return fmt.Sprintf("ack-session session=%d ack=%d", c.Session, c.Ack)
 	case locksm.OpAcquire:
 		return fmt.Sprintf("acquire key=%s owner=%s lease=%d wait=%d ref=%d", c.Key, c.Owner, c.LeaseSec, c.WaitMs, c.Ref) + labelSuffix(c.Label)
+	case locksm.OpAcquirePermit:
+		return fmt.Sprintf("acquire-permit key=%s owner=%s lease=%d wait=%d ref=%d", c.Key, c.Owner, c.LeaseSec, c.WaitMs, c.Ref) + labelSuffix(c.Label)
+	case locksm.OpSetPermits:
+		return fmt.Sprintf("set-permits key=%s permits=%d", c.Key, c.Permits)
 	case locksm.OpRelease:
 		return fmt.Sprintf("release key=%s owner=%s token=%d ref=%d", c.Key, c.Owner, c.Token, c.Ref)
 	case locksm.OpExpire:
@@ -626,7 +634,7 @@ var statusNames = map[locksm.Status]string{
 	locksm.StatusCanceled: "canceled", locksm.StatusNoop: "noop", locksm.StatusDropped: "dropped",
 	locksm.StatusExtended: "extended", locksm.StatusTimedOut: "timed-out", locksm.StatusOpened: "opened",
 	locksm.StatusResumed: "resumed", locksm.StatusSessionExpired: "session-expired", locksm.StatusSessionClosed: "session-closed",
-	locksm.StatusAcked: "acked",
+	locksm.StatusAcked: "acked", locksm.StatusPermitsSet: "permits-set",
 }
 
 var effectNames = map[locksm.EffectKind]string{
@@ -638,6 +646,9 @@ func fmtResult(res locksm.Result, effects []locksm.Effect) string {
 	b.WriteString(statusNames[res.Status])
 	if res.Status == locksm.StatusGranted {
 		fmt.Fprintf(&b, " token=%d", res.Token)
+		if res.Slot != 0 {
+			fmt.Fprintf(&b, " slot=%d", res.Slot)
+		}
 	}
 	if res.Status == locksm.StatusExtended {
 		fmt.Fprintf(&b, " lease=%d", res.LeaseSec)
@@ -652,6 +663,9 @@ func fmtResult(res locksm.Result, effects []locksm.Effect) string {
 		fmt.Fprintf(&b, ", %s key=%s ref=%d", effectNames[e.Kind], e.Key, e.Ref)
 		if e.Kind == locksm.EffectGranted {
 			fmt.Fprintf(&b, " token=%d", e.Token)
+			if e.Slot != 0 {
+				fmt.Fprintf(&b, " slot=%d", e.Slot)
+			}
 		}
 		if e.Serial != 0 {
 			fmt.Fprintf(&b, " serial=%d", e.Serial)
@@ -727,12 +741,21 @@ func fmtEvent(e Event) string {
 func formatState(s *locksm.State) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "last-token=%d held=%d waiting=%d\n", s.LastToken(), s.NumHeld(), s.NumWaiting())
+	seen := map[string]bool{}
 	s.RangeHolders(func(k string, h locksm.Holder) bool {
-		fmt.Fprintf(&b, "%s: holder owner=%s token=%d lease=%d", k, h.Owner, h.Token, h.LeaseSec)
+		if h.Permit {
+			fmt.Fprintf(&b, "%s: permit slot=%d owner=%s token=%d lease=%d", k, h.Slot, h.Owner, h.Token, h.LeaseSec)
+		} else {
+			fmt.Fprintf(&b, "%s: holder owner=%s token=%d lease=%d", k, h.Owner, h.Token, h.LeaseSec)
+		}
 		if h.Keys != nil {
 			fmt.Fprintf(&b, " block=%s", strings.Join(h.Keys, ","))
 		}
 		b.WriteString(labelSuffix(h.Label) + "\n")
+		if seen[k] {
+			return true // a semaphore's waiters, listed after its first permit
+		}
+		seen[k] = true
 		for _, w := range s.Waiters(k) {
 			fmt.Fprintf(&b, "  waiter owner=%s ref=%d wait=%d", w.Owner, w.Ref, w.WaitMs)
 			if w.Session != 0 {

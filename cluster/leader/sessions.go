@@ -804,7 +804,9 @@ func (k *Core[C]) resumed(now time.Time, p *pending[C], s *session[C], later []A
 func outcomeMsg(o locksm.Outcome) wire.Msg {
 	switch o.Status {
 	case locksm.StatusGranted:
-		return wire.Msg{Type: wire.TypeGranted, ID: o.Seq, Token: o.Token}
+		// A permit's slot 0 goes without the field: the broker reads a
+		// permit acquire's G without a slot as slot 0.
+		return wire.Msg{Type: wire.TypeGranted, ID: o.Seq, Token: o.Token, Permit: o.Slot != 0, Slot: o.Slot}
 	case locksm.StatusBusy:
 		return wire.Msg{Type: wire.TypeBusy, ID: o.Seq}
 	case locksm.StatusReleased, locksm.StatusExtended:
@@ -832,8 +834,11 @@ func (k *Core[C]) adopt(now time.Time, wall int64, s *session[C], q locksm.Sessi
 	}
 	left := max(w.EnqueuedAt+int64(w.WaitMs)-wall, 0)
 	op := locksm.OpAcquire
-	if w.Keys != nil {
+	switch {
+	case w.Keys != nil:
 		op = locksm.OpAcquireBlock
+	case q.Permit:
+		op = locksm.OpAcquirePermit
 	}
 	p := &pending[C]{conn: s.home, id: w.Seq, op: op, key: q.Key, keys: w.Keys, owner: w.Owner, leaseSec: w.LeaseSec,
 		ref: w.Ref, start: now, deadline: now.Add(time.Duration(left) * time.Millisecond), queued: true, mayWait: true, ext: s.ext}

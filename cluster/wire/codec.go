@@ -227,7 +227,7 @@ func DecodeMsg(typ byte, payload []byte, m *Msg) error {
 		return malformed(typ, fmt.Sprintf("%d bytes > %d (only %s may be longer)", 1+len(payload), bound, TypeName(TypeAcquireBlock)), payload)
 	}
 	switch typ {
-	case TypeAcquire:
+	case TypeAcquire, TypeAcquirePermit:
 		m.Lease = d.u16()
 		m.WaitMs = d.u32()
 		m.Key = d.str8()
@@ -287,6 +287,12 @@ func DecodeMsg(typ byte, payload []byte, m *Msg) error {
 		m.Serial = d.u64()
 	case TypeGranted:
 		m.Token = d.u64()
+		if !d.fail && len(d.b) > 0 {
+			m.Permit, m.Slot = true, d.u32()
+		}
+	case TypeSetPermits:
+		m.Permits = d.u32()
+		m.Key = d.str8()
 	case TypeMoved:
 		m.LeaderAddr = d.str8()
 		m.LeaderID = d.str8()
@@ -380,7 +386,11 @@ func checkFields(m *Msg) error {
 		if m.Event != NoticeHandOver && m.Event != NoticeServing {
 			return fmt.Errorf("%w: notice event %d", ErrMalformed, m.Event)
 		}
-	case TypeAcquire, TypeRelease, TypeExtend:
+	case TypeSetPermits:
+		if len(m.Key) == 0 || len(m.Key) > locksm.MaxKeyLen {
+			return fmt.Errorf("%w: %w: key length %d not in 1..%d", ErrMalformed, locksm.ErrInvalidKey, len(m.Key), locksm.MaxKeyLen)
+		}
+	case TypeAcquire, TypeRelease, TypeExtend, TypeAcquirePermit:
 		if len(m.Key) == 0 || len(m.Key) > locksm.MaxKeyLen {
 			return fmt.Errorf("%w: %w: key length %d not in 1..%d", ErrMalformed, locksm.ErrInvalidKey, len(m.Key), locksm.MaxKeyLen)
 		}
@@ -466,8 +476,10 @@ func payloadLen(m *Msg) (int, error) {
 	}
 	n := 8 // id
 	switch m.Type {
-	case TypeAcquire:
+	case TypeAcquire, TypeAcquirePermit:
 		n += 2 + 4 + s8(m.Key) + s8(m.Owner) + labelLen(m.Label)
+	case TypeSetPermits:
+		n += 4 + s8(m.Key)
 	case TypeAcquireBlock:
 		n += 2 + 4 + s8(m.Owner) + 1 + labelLen(m.Label)
 		if len(m.Keys) > 255 {
@@ -482,8 +494,13 @@ func payloadLen(m *Msg) (int, error) {
 		n += 8 + 2 + s8(m.Key) + s8(m.Owner)
 	case TypeLost:
 		n += 8 + 1 + s8(m.Key)
-	case TypeCancel, TypeGranted, TypeSessionAck:
+	case TypeCancel, TypeSessionAck:
 		n += 8
+	case TypeGranted:
+		n += 8
+		if m.Permit {
+			n += 4
+		}
 	case TypeOpenSession:
 		n += 8 + 4 + SecretLen
 	case TypeResume:
@@ -548,7 +565,7 @@ func AppendMsg(dst []byte, m *Msg) ([]byte, error) {
 	b = append(b, m.Type)
 	b = binary.BigEndian.AppendUint64(b, m.ID)
 	switch m.Type {
-	case TypeAcquire:
+	case TypeAcquire, TypeAcquirePermit:
 		b = binary.BigEndian.AppendUint16(b, m.Lease)
 		b = binary.BigEndian.AppendUint32(b, m.WaitMs)
 		b = appendStr8(b, m.Key)
@@ -556,6 +573,9 @@ func AppendMsg(dst []byte, m *Msg) ([]byte, error) {
 		if m.Label != "" {
 			b = appendStr8(b, m.Label)
 		}
+	case TypeSetPermits:
+		b = binary.BigEndian.AppendUint32(b, m.Permits)
+		b = appendStr8(b, m.Key)
 	case TypeAcquireBlock:
 		b = binary.BigEndian.AppendUint16(b, m.Lease)
 		b = binary.BigEndian.AppendUint32(b, m.WaitMs)
@@ -598,6 +618,9 @@ func AppendMsg(dst []byte, m *Msg) ([]byte, error) {
 		b = binary.BigEndian.AppendUint64(b, m.Serial)
 	case TypeGranted:
 		b = binary.BigEndian.AppendUint64(b, m.Token)
+		if m.Permit {
+			b = binary.BigEndian.AppendUint32(b, m.Slot)
+		}
 	case TypeMoved:
 		b = appendStr8(b, m.LeaderAddr)
 		b = appendStr8(b, m.LeaderID)

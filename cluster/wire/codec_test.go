@@ -394,7 +394,7 @@ func TestDecodeMalformed(t *testing.T) {
 		{"outcomes with an id", 'O', bytes.Join([][]byte{u64(1), u64(5), u64(1)}, nil), []error{ErrMalformed}},
 		{"outcomes session 0", 'O', bytes.Join([][]byte{u64(0), u64(0), u64(1)}, nil), []error{ErrMalformed}},
 		{"outcomes short", 'O', bytes.Join([][]byte{u64(0), u64(5)}, nil), []error{ErrMalformed}},
-		{"unknown type", 'z', u64(1), []error{ErrUnknownType}},
+		{"unknown type", 'q', u64(1), []error{ErrUnknownType}},
 		{"zero type", 0, nil, []error{ErrUnknownType}},
 		{"hello after handshake", TypeHello, nil, []error{ErrUnexpectedFrame}},
 		{"welcome after handshake", TypeWelcome, nil, []error{ErrUnexpectedFrame}},
@@ -425,7 +425,7 @@ func TestAppendRefuses(t *testing.T) {
 		m    Msg
 		want error
 	}{
-		{"unknown type", Msg{Type: 'z', ID: 1}, ErrUnknownType},
+		{"unknown type", Msg{Type: 'q', ID: 1}, ErrUnknownType},
 		{"handshake type", Msg{Type: TypeHello, ID: 1}, ErrUnknownType},
 		{"request id 0", Msg{Type: TypePing}, ErrMalformed},
 		{"reply id 0", Msg{Type: TypeOK}, ErrMalformed},
@@ -607,7 +607,17 @@ func TestRequestAllowed(t *testing.T) {
 	if VersionSessions != VersionExtend+1 {
 		t.Errorf("VersionSessions %d", VersionSessions)
 	}
-	if VersionLongWaits != ProtocolVersion || VersionLogVerify != VersionLongWaits-1 || VersionStrictMatch != VersionLogVerify-1 || VersionLabels != VersionStrictMatch-1 || VersionSessions != VersionLabels-1 || VersionExtend <= VersionBlocks || VersionBlocks <= VersionQueued {
+	for v := uint16(MinProtocolVersion); v <= ProtocolVersion; v++ {
+		for _, req := range []byte{TypeAcquirePermit, TypeSetPermits} {
+			if RequestAllowed(req, v) != (v >= VersionSemaphores) {
+				t.Errorf("RequestAllowed(%s, %d) = %v", TypeName(req), v, RequestAllowed(req, v))
+			}
+		}
+		if ProgressAllowed(TypeAcquirePermit, TypeQueued, v) != (v >= VersionSemaphores) {
+			t.Errorf("ProgressAllowed(g, Q, %d)", v)
+		}
+	}
+	if VersionSemaphores != ProtocolVersion || VersionLongWaits != VersionSemaphores-2 || VersionLogVerify != VersionLongWaits-1 || VersionStrictMatch != VersionLogVerify-1 || VersionLabels != VersionStrictMatch-1 || VersionSessions != VersionLabels-1 || VersionExtend <= VersionBlocks || VersionBlocks <= VersionQueued {
 		t.Errorf("VersionLongWaits %d, VersionLogVerify %d, VersionStrictMatch %d, VersionLabels %d, VersionSessions %d, VersionExtend %d, VersionBlocks %d, ProtocolVersion %d",
 			VersionLongWaits, VersionLogVerify, VersionStrictMatch, VersionLabels, VersionSessions, VersionExtend, VersionBlocks, ProtocolVersion)
 	}

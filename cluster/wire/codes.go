@@ -56,6 +56,11 @@ const (
 	// Session bounds (issue 39; no frame changes, any version 7 or later).
 	CodeTooManySessions Code = 41 // the leader's MaxSessions: an open that would make one live session too many
 	CodeTooManyOutcomes Code = 42 // the leader's MaxSessionOutcomes: an acquire of a session whose unacknowledged outcomes fill it
+	// Semaphores (version 13).
+	CodeIsSemaphore    Code = 43 // locksm.ErrIsSemaphore: a lock acquire (or a block) names a key defined as a semaphore
+	CodeNotSemaphore   Code = 44 // locksm.ErrNotSemaphore: a permit acquire (or a removal) names a key that is not a semaphore
+	CodeInvalidPermits Code = 45 // locksm.ErrInvalidPermits: a set-permits above locksm.MaxPermits
+	CodeInUse          Code = 46 // locksm.ErrInUse: a set-permits of a key held as a lock, or the removal of a semaphore in use
 )
 
 // Sentinel errors of this package (each but ErrRemote, ErrBadConfig and
@@ -193,6 +198,10 @@ var codeTable = []struct {
 	{CodeInvalidSession, locksm.ErrInvalidSession},
 	{CodeStaleEpoch, locksm.ErrStaleEpoch},
 	{CodeBadSession, ErrBadSession},
+	{CodeIsSemaphore, locksm.ErrIsSemaphore},
+	{CodeNotSemaphore, locksm.ErrNotSemaphore},
+	{CodeInvalidPermits, locksm.ErrInvalidPermits},
+	{CodeInUse, locksm.ErrInUse},
 }
 
 // CodeOf maps an error (possibly wrapped) to its wire code; CodeInternal if
@@ -238,6 +247,8 @@ var codeNames = map[Code]string{
 	CodeWrongDomain: "wrong_domain", CodeInvalidKeys: "invalid_keys", CodeNotSupported: "not_supported",
 	CodeNoSession: "no_session", CodeVoided: "voided", CodeDuplicateSeq: "duplicate_seq",
 	CodeSessionExists: "session_exists", CodeInvalidSession: "invalid_session", CodeStaleEpoch: "stale_epoch",
+	CodeIsSemaphore: "is_semaphore", CodeNotSemaphore: "not_semaphore", CodeInvalidPermits: "invalid_permits",
+	CodeInUse: "in_use",
 	CodeBadSession: "bad_session", CodeInvalidLabel: "invalid_label",
 	CodeTooManySessions: "too_many_sessions", CodeTooManyOutcomes: "too_many_outcomes",
 }

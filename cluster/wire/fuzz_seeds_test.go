@@ -549,7 +549,7 @@ func frameSeeds() []namedSeed {
 	add("bad-granted-id0", rawFrame('G', u64(0), u64(1)))
 	add("bad-type-only", []byte{0, 0, 0, 1, 'p'})
 	add("bad-length0", []byte{0, 0, 0, 0})
-	add("bad-unknown-type", rawFrame('z', u64(1)))
+	add("bad-unknown-type", rawFrame('q', u64(1)))
 	add("bad-type-nul", rawFrame(0, u64(1)))
 	add("truncated-header", []byte{0, 0, 0})
 	add("truncated-payload", mustMsg(sampleMsgs()[0])[:20])
@@ -593,7 +593,7 @@ func readerSeeds() []namedSeed {
 	hs := handshakeFrameSeeds()
 	mixed := cat(rawFrame('p', u64(0)), ping,
 		rawFrame('a', u64(9), u16(30), u32(0), s8("k"), s8(rep('o', locksm.MaxOwnerLen+1))), ping,
-		rawFrame('z', u64(1)), hs[0].data, hs[3].data, rawFrame('E', u64(0), u16(0), s16("")), ping)
+		rawFrame('q', u64(1)), hs[0].data, hs[3].data, rawFrame('E', u64(0), u16(0), s16("")), ping)
 	streams := []namedSeed{
 		{"all-valid", all},
 		{"max-frames", cat(maxU, maxE, maxU, ping, maxU, maxE)}, // crosses buffer ends: compaction

@@ -105,7 +105,17 @@ import "ticketing/locksm"
 //	    (VersionLongWaits) and answers it E not_supported before; every
 //	    replica applies the 5-minute bound until the 'V' entry that
 //	    raises the cluster version to 11 (locksm.State.SetShortWaits).
-const ProtocolVersion = 11
+//	12 — reserved for positions in line (issue 41, part 2).
+//	13 — semaphores (issue 41): the permit acquire 'g' (one permit of a
+//	    key an operator defined with n permits; the payload and the
+//	    replies of 'a', and its G carries the permit's slot) and the
+//	    operator's set-permits 'z' (define, resize or remove a
+//	    semaphore; replies of a release). A version 2–12 peer or client
+//	    negotiates its own version and sees neither. The log gains ops
+//	    14 and 15 that an older node cannot decode: the leader proposes
+//	    them only once the cluster version is 13 (VersionSemaphores)
+//	    and answers E not_supported before.
+const ProtocolVersion = 13
 
 // NewestProtocolVersion is the newest version this build implements:
 // ProtocolVersion, unless a newer version is being built, which is then
@@ -181,6 +191,13 @@ const VersionExtendNeverShortens = 10
 // version may ask, and gets not_supported while the cluster is older.
 const VersionLongWaits = 11
 
+// VersionSemaphores is the first version with semaphores: the requests
+// 'g' (permit acquire) and 'z' (set permits) and the slot in a permit's
+// G. A client sends them only on a connection that negotiated at least
+// this, and the leader proposes their commands only once the cluster
+// version is at least this.
+const VersionSemaphores = 13
+
 // SecretLen is the length of a session's secret in bytes.
 const SecretLen = 16
 
@@ -244,6 +261,27 @@ const (
 	// one encoding: absent).
 	TypeAcquireBlock = 'b'
 
+	// TypeAcquirePermit takes one permit of a semaphore key (a key an
+	// operator defined with n permits: TypeSetPermits), FIFO with the
+	// key's other permit waiters. Payload and replies are those of
+	// TypeAcquire; its G carries the permit's slot (0..n-1: the
+	// fencing domain is the key and the slot). A key that is not a
+	// semaphore is E not_semaphore; a plain 'a' of a semaphore key is E
+	// is_semaphore. From version 13 (VersionSemaphores):
+	//
+	//	id u64 | lease_sec u16 | wait_ms u32 | key str8 | owner str8 [| label str8]
+	TypeAcquirePermit = 'g'
+
+	// TypeSetPermits defines key as a semaphore of permits permits
+	// (1..locksm.MaxPermits), changes its n (raising it grants waiters at
+	// once; lowering it ends no permit), or, with 0, removes an idle
+	// semaphore. An operator's request: it carries no session. Replies:
+	// K, E (in_use, not_semaphore, invalid_permits, ...), M, U. From
+	// version 13 (VersionSemaphores):
+	//
+	//	id u64 | permits u32 | key str8
+	TypeSetPermits = 'z'
+
 	// TypeExtend renews the lease of the holding of key under token, held
 	// by owner: its lease becomes lease_sec (locksm.MinLeaseSec..
 	// MaxLeaseSec) from when the leader applies it; the token and the
@@ -296,7 +334,7 @@ const (
 
 	// Replies: every payload starts with the id of the request it answers;
 	// exactly one reply per request.
-	TypeGranted = 'G' // id u64 | token u64                 acquire (or block acquire) granted (after commit)
+	TypeGranted = 'G' // id u64 | token u64 [| slot u32]    acquire (block acquire, permit acquire: with its slot) granted (after commit)
 	TypeBusy    = 'B' // id u64                             definite: not acquired (wait 0, key held; block: a key held or queued)
 	TypeTimeout = 'T' // id u64                             definite: wait ran out, never granted
 	TypeMoved   = 'M' // id u64 | leader_addr str8 | leader_id str8  not executed; empty addr = no leader known
@@ -444,6 +482,12 @@ type Msg struct {
 	// Label is an acquire's or block acquire's label ("" = none; version
 	// 8, VersionLabels).
 	Label string
+	// Permits: TypeSetPermits.
+	Permits uint32
+	// Permit: a TypeGranted that carries Slot (it answers a
+	// TypeAcquirePermit; version 13).
+	Permit bool
+	Slot   uint32
 }
 
 // Member is one server of the Raft configuration, as a members reply lists it.
@@ -500,7 +544,7 @@ func (r Role) String() string {
 func IsRequest(typ byte) bool {
 	switch typ {
 	case TypeAcquire, TypeAcquireBlock, TypeRelease, TypeExtend, TypeCancel, TypePing, TypeStatus, TypeMembers, TypeNoticeAck,
-		TypeOpenSession, TypeResume, TypeSessionAck, TypeCloseSession:
+		TypeOpenSession, TypeResume, TypeSessionAck, TypeCloseSession, TypeAcquirePermit, TypeSetPermits:
 		return true
 	}
 	return false
@@ -521,6 +565,8 @@ func RequestAllowed(req byte, version uint16) bool {
 		return version >= VersionExtend
 	case TypeOpenSession, TypeResume, TypeSessionAck, TypeCloseSession:
 		return version >= VersionSessions
+	case TypeAcquirePermit, TypeSetPermits:
+		return version >= VersionSemaphores
 	}
 	return IsRequest(req)
 }
@@ -554,6 +600,8 @@ func ProgressAllowed(req, typ byte, version uint16) bool {
 		return version >= VersionQueued
 	case TypeAcquireBlock:
 		return version >= VersionBlocks
+	case TypeAcquirePermit:
+		return version >= VersionSemaphores
 	}
 	return false
 }
@@ -588,10 +636,10 @@ func ReplyAllowed(req, reply byte) bool {
 		return IsRequest(req)
 	}
 	switch req {
-	case TypeAcquire, TypeAcquireBlock:
+	case TypeAcquire, TypeAcquireBlock, TypeAcquirePermit:
 		return reply == TypeGranted || reply == TypeBusy || reply == TypeTimeout ||
 			reply == TypeMoved || reply == TypeUnknown
-	case TypeRelease, TypeExtend, TypeCancel, TypeOpenSession, TypeResume, TypeCloseSession:
+	case TypeRelease, TypeExtend, TypeCancel, TypeOpenSession, TypeResume, TypeCloseSession, TypeSetPermits:
 		return reply == TypeOK || reply == TypeMoved || reply == TypeUnknown
 	case TypePing:
 		return reply == TypePong
