@@ -61,7 +61,7 @@ func TestHostileInputOnlyHurtsTheSender(t *testing.T) {
 	}
 
 	for name, bad := range map[string][]byte{
-		"unknown type": frame('z', []byte{1, 2, 3}),
+		"unknown type": frame('q', []byte{1, 2, 3}),
 		"oversize":     binary.BigEndian.AppendUint32(nil, 1<<30),
 		"zero length":  binary.BigEndian.AppendUint32(nil, 0),
 		"truncated":    frame(wire.TypeAcquire, []byte{0, 0, 0, 0, 0, 0, 0, 9, 0}),

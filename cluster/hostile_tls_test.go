@@ -352,7 +352,7 @@ func TestHostileClientsOverTLS(t *testing.T) {
 		}},
 		{"unknown frame type", func(t *testing.T) {
 			tc, r := c.tlsAuthed(t, li)
-			mustWrite(t, tc, frame('z', []byte{1, 2, 3}))
+			mustWrite(t, tc, frame('q', []byte{1, 2, 3}))
 			expectConnError(t, "unknown type", r, wire.CodeUnexpectedFrame)
 		}},
 		{"session open on a version 6 connection", func(t *testing.T) {

@@ -39,6 +39,7 @@ type acqOp struct {
 	key, owner          string
 	keys                []string // a block's keys (key is keys[0]); nil for one key
 	label               string   // AcquireOptions.Label
+	permit              bool     // AcquireOptions.Permit
 	lease, wait         time.Duration
 	waiter              bool      // wait > 0: needs waiter room
 	begun               time.Time // wall clock at the call (latency metric)
@@ -146,6 +147,14 @@ type AcquireOptions struct {
 	// the cluster version 8 (else the leader answers not_supported): it is
 	// never sent without its label.
 	Label string
+	// Permit takes one permit of the semaphore key (one key, never a
+	// block; locksm/MATRIX.md, "Semaphores") instead of the key's lock:
+	// the Lock carries its Slot, and the key and the slot are its fencing
+	// domain. A key that is not a semaphore is locksm.ErrNotSemaphore;
+	// a lock acquire of a semaphore key locksm.ErrIsSemaphore. It needs
+	// the serving leader's connection at cluster protocol version 13
+	// (else wire.ErrNotSupported, definite, nothing sent).
+	Permit bool
 }
 
 // AcquireAsyncOpts is AcquireAsync (one key) or AcquireBlockAsync (2..16
@@ -156,6 +165,11 @@ func (b *Broker) AcquireAsyncOpts(keys []string, owner string, lease, wait time.
 	begun := time.Now()
 	if err := locksm.ValidateLabel(opts.Label); err != nil {
 		err = fmt.Errorf("%w: %q (1..%d bytes of 0x21..0x7E)", err, opts.Label, locksm.MaxLabelLen)
+		b.metrics.acquired(err, begun)
+		return nil, err
+	}
+	if opts.Permit && len(keys) != 1 {
+		err := fmt.Errorf("%w: a permit is of one semaphore key, not a block of %d", locksm.ErrIsSemaphore, len(keys))
 		b.metrics.acquired(err, begun)
 		return nil, err
 	}
@@ -257,7 +271,7 @@ func (b *Broker) startAcquire(key string, keys []string, owner string, lease, wa
 	now := b.cfg.Now()
 	o := &acqOp{b: b, key: key, keys: keys, owner: owner, lease: lease, wait: wait, waiter: wait > 0, begun: begun,
 		waitEnd: now.Add(wait), connectEnd: now.Add(max(wait, b.cfg.LeaderWait)), done: done, queued: opts.Queued,
-		label: opts.Label}
+		label: opts.Label, permit: opts.Permit}
 	var fx effects
 	b.qmu.Lock()
 	if b.qclosed {
@@ -633,6 +647,7 @@ func (b *Broker) acquireReply(lk Lock, r wire.Msg, fx *effects) (Lock, error) {
 	switch r.Type {
 	case wire.TypeGranted:
 		lk.Token = r.Token
+		lk.Slot = r.Slot // a permit's; absent (0) from a resume for slot 0
 		return lk, nil
 	case wire.TypeBusy:
 		return Lock{}, ErrBusy
@@ -748,6 +763,14 @@ func (b *Broker) sendSome(conn *client.Conn) sendResult {
 			b.endLocked(o, &fx)
 			continue
 		}
+		if o.permit {
+			if v := conn.Peer().Version; v < wire.VersionSemaphores {
+				o.answerLocked(Lock{}, permitsNotSupported(v), &fx)
+				b.endLocked(o, &fx)
+				continue
+			}
+			m.Type = wire.TypeAcquirePermit
+		}
 		if o.keys != nil {
 			if v := conn.Peer().Version; v < wire.VersionBlocks {
 				// A definite no: the node cannot take it, and no leader of
@@ -770,7 +793,7 @@ func (b *Broker) sendSome(conn *client.Conn) sendResult {
 		if b.sessionsFor(conn) {
 			b.sessOps[o] = struct{}{}
 		}
-		o.lk = Lock{Key: o.key, Keys: o.keys, Owner: o.owner, Label: o.label, Lease: o.lease, ValidUntil: now.Add(o.lease)}
+		o.lk = Lock{Key: o.key, Keys: o.keys, Owner: o.owner, Label: o.label, Lease: o.lease, ValidUntil: now.Add(o.lease), Permit: o.permit}
 		o.armLocked(now.Add(remaining + b.cfg.ReplyGrace))
 	}
 }

@@ -32,7 +32,11 @@ type Lock struct {
 	// Label is the acquire's owner label (AcquireOptions.Label; "" = none).
 	Label string
 	Token uint64
-	Lease time.Duration
+	// Permit: a permit of the semaphore Key (AcquireOptions.Permit), in
+	// Slot (0..n-1): the key and the slot are its fencing domain.
+	Permit bool
+	Slot   uint32
+	Lease  time.Duration
 	// ValidUntil is a conservative end of the holding: the moment the
 	// acquire was sent plus the lease. The server's lease started later, so
 	// this is never later than the real expiry (clock rate drift aside).

@@ -168,10 +168,15 @@ type slot struct {
 // (see release), and both have the release's budget at the node.
 type releaseJob struct {
 	lock      Lock
-	extendSec uint32    // an extend to this lease (seconds); 0: a release
-	start     time.Time // when it was asked for (latency metric)
-	deadline  time.Time
-	done      func(error) // nil for a compensation nobody waits for
+	extendSec uint32 // an extend to this lease (seconds); 0: a release
+	// setPermits: not a release but an operator's set-permits of
+	// lock.Key to permits (SetPermits): exact and idempotent as well, so
+	// it is sent and resent the same way.
+	setPermits bool
+	permits    uint32
+	start      time.Time // when it was asked for (latency metric)
+	deadline   time.Time
+	done       func(error) // nil for a compensation nobody waits for
 
 	// The retry state, carried from the first attempt (sent by
 	// startRelease, without a worker) to the worker that retries.
@@ -940,6 +945,9 @@ func (b *Broker) Compensate(l Lock) {
 // msg is the request one attempt of job sends.
 func (job *releaseJob) msg() wire.Msg {
 	l := job.lock
+	if job.setPermits {
+		return wire.Msg{Type: wire.TypeSetPermits, Key: l.Key, Permits: job.permits}
+	}
 	if job.extendSec > 0 {
 		return wire.Msg{Type: wire.TypeExtend, Key: l.Key, Owner: l.Owner, Token: l.Token, Lease: uint16(job.extendSec)}
 	}
@@ -948,6 +956,9 @@ func (job *releaseJob) msg() wire.Msg {
 
 // what names job for errors and logs ("release of k token 7").
 func (job *releaseJob) what() string {
+	if job.setPermits {
+		return fmt.Sprintf("set-permits of %s to %d", job.lock.Key, job.permits)
+	}
 	op := "release"
 	if job.extendSec > 0 {
 		op = "extend"
@@ -1052,6 +1063,10 @@ func (b *Broker) settleAsync(job *releaseJob, err error) {
 // finishRelease reports a release's outcome: metrics, then the caller
 // (or, for a compensation, the log).
 func (b *Broker) finishRelease(job *releaseJob, err error) {
+	if job.setPermits {
+		job.done(err)
+		return
+	}
 	if job.extendSec > 0 {
 		b.metrics.extended(job, err)
 		job.done(err)
@@ -1252,7 +1267,7 @@ func (b *Broker) releaseOutcome(job *releaseJob, call *client.Call) (err error, 
 		return nil, true
 	case wire.TypeError:
 		err := fmt.Errorf("%w: %s", wire.ErrOf(r.Code), r.Text)
-		if job.mayHaveRun && releaseGone(err) && job.extendSec == 0 {
+		if job.mayHaveRun && releaseGone(err) && job.extendSec == 0 && !job.setPermits {
 			return fmt.Errorf("%w: %s: an earlier attempt may have released it (its reply was lost), and now the cluster answers: %v",
 				ErrIndeterminate, job.what(), err), true
 		}

@@ -83,6 +83,7 @@ var errorTable = []struct {
 	{locksm.ErrInvalidLease, "", "invalid_lease"},
 	{locksm.ErrInvalidWait, "", "invalid_wait"},
 	{locksm.ErrInvalidLabel, "", "invalid_label"},
+	{locksm.ErrInvalidPermits, "", "invalid_permits"},
 	// Session and server limits.
 	{ErrNotHeld, "", "not_held"},
 	{ErrReleaseInProgress, "", "release_in_progress"},
@@ -105,6 +106,10 @@ var errorTable = []struct {
 	{wire.ErrShuttingDown, "", "shutting_down"},
 	{wire.ErrTooManyInFlight, "", "too_many_in_flight"},
 	{locksm.ErrTokensExhausted, "", "tokens_exhausted"},
+	// Semaphores (version 8): definite, nothing was executed.
+	{locksm.ErrIsSemaphore, "", "is_semaphore"},
+	{locksm.ErrNotSemaphore, "", "not_semaphore"},
+	{locksm.ErrInUse, "", "in_use"},
 	// The cluster's table limits: definite, nothing was executed.
 	{wire.ErrTooManyKeys, "", "too_many_keys"},
 	{wire.ErrNotSupported, "", "not_supported"},

@@ -23,7 +23,9 @@ const (
 	// event; version 5 owner labels (ACQUIRE's label= field, HELD and LOST
 	// with labels); version 6 waits up to an hour. HELLO answers the lower
 	// of it and the client's version; INFO reports it as protocol=.
-	ProtocolVersion = 6
+	// Version 7 is reserved for places in line; version 8 added
+	// semaphores (the PERMIT and PERMITS verbs, OK <token> <slot>).
+	ProtocolVersion = 8
 	// VersionEvents is the first version with EXTEND and events.
 	VersionEvents = 3
 	// VersionQueued is the first version with the QUEUED event.
@@ -37,6 +39,10 @@ const (
 	// agreed an older version gets invalid_wait above MaxShortWait, as
 	// before.
 	VersionLongWaits = 6
+	// VersionSemaphores is the first version with the PERMIT and
+	// PERMITS verbs. The verbs are the opt-in: a client that sends
+	// neither sees nothing new, so they are taken on any connection.
+	VersionSemaphores = 8
 	// LabelField begins ACQUIRE's label field (version 5).
 	LabelField = "label="
 	// NoLabel stands for "no label" where a label has a place (HELD and
@@ -80,11 +86,15 @@ const (
 	VerbHeld
 	VerbHello  // version 2
 	VerbExtend // version 3
+	// VerbPermit takes one permit of a semaphore key; VerbPermits sets a
+	// key's number of permits (version 8).
+	VerbPermit
+	VerbPermits
 )
 
 var verbNames = map[string]Verb{
 	"PING": VerbPing, "ACQUIRE": VerbAcquire, "RELEASE": VerbRelease, "INFO": VerbInfo, "HELD": VerbHeld, "HELLO": VerbHello,
-	"EXTEND": VerbExtend,
+	"EXTEND": VerbExtend, "PERMIT": VerbPermit, "PERMITS": VerbPermits,
 }
 
 // String returns the verb as it appears on the wire.
@@ -115,8 +125,12 @@ type Request struct {
 	Version uint16        // HELLO: the client's version, 1..65535
 	// Events: HELLO named the events option (version 3: LOST lines on).
 	Events bool
-	// Label is an ACQUIRE's owner label (version 5; "" = none).
+	// Label is an ACQUIRE's or PERMIT's owner label (version 5; "" =
+	// none).
 	Label string
+	// Permits is a PERMITS's n: 0..locksm.MaxPermits (0 removes an idle
+	// semaphore).
+	Permits uint32
 }
 
 // Block reports whether r is an ACQUIRE of a block (more than one key).
@@ -164,7 +178,7 @@ func ParseLineVersion(line []byte, version uint16) (Request, error) {
 	}
 	verb, ok := verbNames[string(f[0])]
 	if !ok {
-		return Request{}, fmt.Errorf("%w: %s (verbs are PING, ACQUIRE, RELEASE, EXTEND, INFO, HELD, HELLO; upper case)", ErrUnknownVerb, snippet(f[0]))
+		return Request{}, fmt.Errorf("%w: %s (verbs are PING, ACQUIRE, RELEASE, EXTEND, INFO, HELD, HELLO, PERMIT, PERMITS; upper case)", ErrUnknownVerb, snippet(f[0]))
 	}
 	r := Request{Verb: verb}
 	var err error
@@ -180,6 +194,34 @@ func ParseLineVersion(line []byte, version uint16) (Request, error) {
 		r, err := parseAcquire(line, f[:min(n, len(f))], n, version)
 		r.Label = label
 		return r, err
+	case VerbPermit:
+		// PERMIT <key> <lease> <wait> [label=<label>]: one key, never a
+		// block (a semaphore's permit is one of n, not a set of seats).
+		var label string
+		if n <= len(f) && n > 1 && bytes.HasPrefix(f[n-1], []byte(LabelField)) {
+			if label, err = parseLabel(f[n-1][len(LabelField):]); err != nil {
+				return Request{}, err
+			}
+			n--
+		}
+		if n != 4 {
+			return Request{}, fmt.Errorf("%w: PERMIT takes a key, a lease, a wait and optionally a label, got %d arguments", ErrBadRequest, n-1)
+		}
+		r, err := parseAcquire(line, f[:n], n, max(version, VersionLongWaits))
+		r.Verb, r.Label = VerbPermit, label
+		return r, err
+	case VerbPermits:
+		if n != 3 {
+			return Request{}, arity(verb, 2, n)
+		}
+		if r.Key, err = parseKey(f[1]); err != nil {
+			return Request{}, err
+		}
+		v, ok := digits(f[2], 6)
+		if !ok || v > locksm.MaxPermits {
+			return Request{}, fmt.Errorf("%w: %s (a decimal number 0..%d)", locksm.ErrInvalidPermits, snippet(f[2]), locksm.MaxPermits)
+		}
+		r.Permits = uint32(v)
 	case VerbRelease:
 		if n != 3 {
 			return Request{}, arity(verb, 2, n)

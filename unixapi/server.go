@@ -47,6 +47,9 @@ type Broker interface {
 		done func(sidecar.Lock, error)) (cancel func(error), err error)
 	ReleaseAsync(l sidecar.Lock, done func(error)) error
 	ExtendAsync(l sidecar.Lock, lease time.Duration, done func(sidecar.Lock, error)) error
+	// SetPermitsAsync sets a semaphore's number of permits (PERMITS,
+	// version 8).
+	SetPermitsAsync(key string, n uint32, done func(error)) error
 	WatchLost(l sidecar.Lock, fn func(sidecar.LostReason)) (stop func())
 	Compensate(l sidecar.Lock)
 	Info() sidecar.Info

@@ -520,8 +520,10 @@ func (ss *session) dispatch(line []byte) bool {
 		return ss.push(&reply{line: line, done: true})
 	case VerbExtend:
 		return ss.startExtend(req)
-	case VerbAcquire:
+	case VerbAcquire, VerbPermit:
 		return ss.startAcquire(req)
+	case VerbPermits:
+		return ss.startPermits(req)
 	case VerbRelease:
 		return ss.startRelease(req)
 	}
@@ -570,7 +572,7 @@ func (ss *session) startAcquire(req Request) bool {
 	if !req.Block() {
 		a.keys = []string{req.Key}
 	}
-	opts := sidecar.AcquireOptions{Label: req.Label}
+	opts := sidecar.AcquireOptions{Label: req.Label, Permit: req.Verb == VerbPermit}
 	if a.waiter {
 		// Only a waiter can be queued (wait 0 is granted or BUSY).
 		opts.Queued = a.queued
@@ -664,6 +666,9 @@ func (a *acq) done(l sidecar.Lock, err error) {
 			ss.log.Debug("lock granted", lockAttrs(l)...)
 		}
 		line = "OK " + strconv.FormatUint(l.Token, 10)
+		if l.Permit {
+			line += " " + strconv.FormatUint(uint64(l.Slot), 10)
+		}
 	case ended && (errors.Is(err, context.Canceled) || errors.Is(err, ErrServerClosed)):
 		line = replyFor(ss.endedErr())
 	default:
@@ -1131,6 +1136,43 @@ func (ss *session) lost(h *holding, why sidecar.LostReason) {
 
 // startExtend starts an EXTEND: like a RELEASE, only of a lock this
 // connection holds (else answered at once), and one at a time per lock.
+// startPermits starts a PERMITS (an operator's set-permits): it counts
+// against MaxInFlight with the ACQUIREs of wait 0, so a flood of them is
+// bounded like theirs.
+func (ss *session) startPermits(req Request) bool {
+	ss.mu.Lock()
+	if ss.ended {
+		ss.mu.Unlock()
+		return false
+	}
+	if ss.acquiring >= ss.srv.cfg.MaxInFlight {
+		ss.mu.Unlock()
+		return ss.refuse(fmt.Errorf("%w: at most %d ACQUIREs with wait 0 and PERMITS running at once per connection", ErrTooManyInFlight, ss.srv.cfg.MaxInFlight))
+	}
+	ss.acquiring++
+	ss.work.Add(1)
+	ss.mu.Unlock()
+	r := &reply{}
+	ok := ss.push(r)
+	done := func(err error) {
+		ss.mu.Lock()
+		ss.acquiring--
+		ss.mu.Unlock()
+		line := "OK"
+		if err != nil {
+			line = replyFor(err)
+		} else {
+			ss.log.Info("permits set", "key", req.Key, "permits", req.Permits)
+		}
+		ss.finish(r, line)
+		ss.work.Done()
+	}
+	if err := ss.srv.broker.SetPermitsAsync(req.Key, req.Permits, done); err != nil {
+		done(err)
+	}
+	return ok
+}
+
 func (ss *session) startExtend(req Request) bool {
 	k := heldKey{req.Key, req.Token}
 	ss.mu.Lock()

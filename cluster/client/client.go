@@ -488,8 +488,11 @@ func (c *Conn) StartFunc(m wire.Msg, h Hooks) (*Call, error) {
 	}
 	if !wire.RequestAllowed(m.Type, c.peer.Version) {
 		need := uint16(wire.VersionBlocks)
-		if m.Type == wire.TypeExtend {
+		switch m.Type {
+		case wire.TypeExtend:
 			need = wire.VersionExtend
+		case wire.TypeAcquirePermit, wire.TypeSetPermits:
+			need = wire.VersionSemaphores
 		}
 		return nil, fmt.Errorf("%w: %s needs protocol version %d; %s speaks %d", wire.ErrNotSupported, wire.TypeName(m.Type),
 			need, c.peer.NodeID, c.peer.Version)
@@ -505,7 +508,7 @@ func (c *Conn) StartFunc(m wire.Msg, h Hooks) (*Call, error) {
 		c.wmu.Unlock()
 		return nil, c.closedErr()
 	}
-	if c.handingOver.Load() && (m.Type == wire.TypeAcquire || m.Type == wire.TypeAcquireBlock || m.Type == wire.TypeRelease || m.Type == wire.TypeExtend) {
+	if c.handingOver.Load() && (isSessionLock(m.Type) || m.Type == wire.TypeSetPermits) {
 		c.wmu.Unlock()
 		return nil, fmt.Errorf("%w (%s): %s not sent", ErrHandingOver, c.peer.NodeID, wire.TypeName(m.Type))
 	}

@@ -275,7 +275,7 @@ func (s *Session) attachedTo(c *Conn) bool {
 // session (has a seq whose outcome is recorded).
 func isSessionLock(typ byte) bool {
 	switch typ {
-	case wire.TypeAcquire, wire.TypeAcquireBlock, wire.TypeRelease, wire.TypeExtend:
+	case wire.TypeAcquire, wire.TypeAcquireBlock, wire.TypeRelease, wire.TypeExtend, wire.TypeAcquirePermit:
 		return true
 	}
 	return false
