@@ -220,7 +220,7 @@ function helloEventsLine() {
 }
 
 /**
- * The reply to `HELLO 5 events`: `HELLO <v> events` → events on;
+ * The reply to `HELLO 7 events`: `HELLO <v> events` → events on;
  * `HELLO <v>` → the version both speak has no events; `ERR bad_request` →
  * a version-2 sidecar (it knows HELLO but not the option); `ERR
  * unknown_verb` → version 1. Anything else throws its error.

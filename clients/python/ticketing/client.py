@@ -365,7 +365,7 @@ class Client:
     @property
     def requests_sent(self) -> int:
         """How many requests this client has written so far (all connections),
-        not counting the ``HELLO 4 events`` each connection starts with."""
+        not counting the ``HELLO 7 events`` each connection starts with."""
         return self._sent
 
     def close(self) -> None:
@@ -576,7 +576,7 @@ class Client:
 
     def hello(self) -> int:
         """The protocol version this client and the sidecar both speak: the
-        reply to the ``HELLO 4 events`` every connection starts with (a
+        reply to the ``HELLO 7 events`` every connection starts with (a
         version-2 sidecar, which refuses the events option, is asked again
         with a plain ``HELLO``); 1 for a version-1 sidecar, which does not
         know ``HELLO``."""
