@@ -36,7 +36,7 @@ func TestAcquireBlock(t *testing.T) {
 	a, b := dialT(t, sock), dialT(t, sock)
 	pre := fmt.Sprintf("goblock/%d/", time.Now().UnixNano())
 	keys := []string{pre + "seat/3", pre + "seat/1", pre + "seat/2"}
-	if v, err := a.Hello(ctx); err != nil || v != ticketing.ProtocolVersion {
+	if v, err := a.Hello(ctx); err != nil || v != bothSpeak {
 		t.Fatalf("Hello: %d, %v", v, err)
 	}
 	blk, err := a.AcquireBlock(ctx, keys, 30*time.Second, 0)
@@ -207,7 +207,7 @@ func TestAcquireBlockVersion1Sidecar(t *testing.T) {
 	}
 	// Dial's HELLO (with the events option) is the only one; the block's
 	// ACQUIRE is never sent.
-	want := []string{"HELLO 6 events", "ACQUIRE only 30 0.000"}
+	want := []string{"HELLO 7 events", "ACQUIRE only 30 0.000"}
 	if got := sent(); strings.Join(got, "|") != strings.Join(want, "|") {
 		t.Fatalf("sent %q, want %q", got, want)
 	}

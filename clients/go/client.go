@@ -25,11 +25,13 @@
 // (protocol version 3): its Context is cancelled on the sidecar's lost
 // event, at the local validity deadline, or when the connection ends, and
 // Extend renews its lease. Every Client asks for event lines when it
-// connects (HELLO 4 events); against an older sidecar it works without
+// connects (HELLO 7 events); against an older sidecar it works without
 // them, and a Lock then relies on its local deadline.
 //
 // WithQueued, an option of every acquire, tells the caller when the
-// cluster queued its acquire (protocol version 4's "! QUEUED" event).
+// cluster queued its acquire (protocol version 4's "! QUEUED" event);
+// WithPosition, its place in line and the estimated wait as they change
+// (protocol version 7's "! POSITION" event).
 //
 // Info returns the sidecar's INFO parsed; Domain the cluster's fencing
 // domain, by which fence high-water marks are keyed (clients/go/fence).
@@ -122,10 +124,10 @@ const (
 )
 
 // ProtocolVersion is the version of unixapi/PROTOCOL.md this client
-// speaks: 6, which raised the longest wait to an hour (version 5 owner
-// labels, version 4 the QUEUED event, version 3 EXTEND and the lost
-// events, version 2 seat blocks and HELLO).
-const ProtocolVersion = 6
+// speaks: 7, which added the POSITION event (version 6 waits up to an
+// hour, version 5 owner labels, version 4 the QUEUED event, version 3
+// EXTEND and the lost events, version 2 seat blocks and HELLO).
+const ProtocolVersion = 7
 
 // MaxLabelLen is the longest owner label (WithLabel) in bytes.
 const MaxLabelLen = 64
@@ -159,12 +161,13 @@ type conn struct {
 	err     error      // set once the connection broke or was closed
 	done    chan struct{}
 	// written counts the request lines written on this connection (guarded
-	// by mu), so that a QUEUED event, which names its ACQUIRE by this
-	// count, finds it.
+	// by mu), so that a QUEUED or POSITION event, which names its ACQUIRE
+	// by this count, finds it.
 	written uint64
-	// queuedCalls are the pending ACQUIREs with a WithQueued hook, by
-	// their position among the lines written (guarded by mu).
-	queuedCalls map[uint64]*call
+	// hookCalls are the pending ACQUIREs with a WithQueued or WithPosition
+	// hook, by their position among the lines written (guarded by mu).
+	// A call leaves it when its reply is read, so no hook runs after it.
+	hookCalls map[uint64]*call
 
 	helloMu sync.Mutex // one HELLO at a time
 	version int        // guarded by helloMu: the version HELLO agreed, 0 = not known yet
@@ -206,12 +209,18 @@ type call struct {
 	// onQueued, if set, runs when a QUEUED event names this call (an
 	// ACQUIRE of keys), at most once, unless the caller stopped waiting.
 	onQueued func()
-	keys     []string
-	n        uint64 // the call's position among the lines written
-	written  bool   // enqueue wrote the line (set by the caller's goroutine)
-	mu       sync.Mutex
-	orphaned bool
-	hello    bool // the HELLO sent by Dial: an ERR to it may be a refusal
+	// queuedDone: onQueued ran or was skipped for a QUEUED already
+	// (guarded by the conn's mu): a repeated QUEUED is not news.
+	queuedDone bool
+	// onPosition, if set, runs for each POSITION event that names this
+	// call and one of its keys, unless the caller stopped waiting.
+	onPosition func(Position)
+	keys       []string
+	n          uint64 // the call's position among the lines written
+	written    bool   // enqueue wrote the line (set by the caller's goroutine)
+	mu         sync.Mutex
+	orphaned   bool
+	hello      bool // the HELLO sent by Dial: an ERR to it may be a refusal
 }
 
 // SocketEnv is the environment variable that names the sidecar's socket
@@ -472,7 +481,7 @@ func (cn *conn) fencingDomain(ctx context.Context) (string, error) {
 // once; should the lock be granted anyway, the Client releases it in the
 // background. Give ctx a deadline above wait, or leave it to wait alone.
 //
-// Options: WithQueued.
+// Options: WithQueued, WithPosition, WithLabel.
 func (c *Client) Acquire(ctx context.Context, key string, lease, wait time.Duration, opts ...AcquireOption) (uint64, error) {
 	if err := checkDurations(lease, wait); err != nil {
 		return 0, err
@@ -542,7 +551,8 @@ func (cn *conn) checkWait(ctx context.Context, wait time.Duration) error {
 // acquired.
 //
 // The Block is a Lock (Block is its older name): it also carries the lost
-// signal and can Extend (LockBlock is the same call). Options: WithQueued.
+// signal and can Extend (LockBlock is the same call). Options: WithQueued,
+// WithPosition (one Position per key of the block), WithLabel.
 func (c *Client) AcquireBlock(ctx context.Context, keys []string, lease, wait time.Duration, opts ...AcquireOption) (*Block, error) {
 	if err := checkDurations(lease, wait); err != nil {
 		return nil, err
@@ -676,7 +686,7 @@ func (cn *conn) acquire(ctx context.Context, keys []string, lease, wait time.Dur
 	if err := cn.checkWait(ctx, wait); err != nil {
 		return 0, err
 	}
-	cl := &call{line: acquireLine(keys, lease, wait, o.label), onQueued: o.queued, keys: keys, onOrphan: func(reply string) {
+	cl := &call{line: acquireLine(keys, lease, wait, o.label), onQueued: o.queued, onPosition: o.position, keys: keys, onOrphan: func(reply string) {
 		// Nobody waits for this grant any more: release it so the keys
 		// are not held until the lease ends (RELEASE of any key of a
 		// block frees all of them).
@@ -932,15 +942,15 @@ func (cn *conn) enqueue(cl *call) error {
 	// Queue before writing: the reply may arrive before Write returns.
 	cn.pending = append(cn.pending, cl)
 	cl.n = cn.written + 1
-	if cl.onQueued != nil {
-		if cn.queuedCalls == nil {
-			cn.queuedCalls = make(map[uint64]*call)
+	if cl.onQueued != nil || cl.onPosition != nil {
+		if cn.hookCalls == nil {
+			cn.hookCalls = make(map[uint64]*call)
 		}
-		cn.queuedCalls[cl.n] = cl
+		cn.hookCalls[cl.n] = cl
 	}
 	if _, err := cn.nc.Write([]byte(cl.line + "\n")); err != nil {
 		cn.pending = cn.pending[:len(cn.pending)-1]
-		delete(cn.queuedCalls, cl.n)
+		delete(cn.hookCalls, cl.n)
 		// The Locks are lost before anyone can see the connection's end
 		// (cn.err, under cn.mu): a caller failing with ErrClosed finds its
 		// Lock lost. Lock order: cn.mu before cn.lmu before a Lock's mu.
@@ -995,8 +1005,8 @@ func (cn *conn) readLoop() {
 		cl := cn.pending[0]
 		cn.pending[0] = nil
 		cn.pending = cn.pending[1:]
-		if cl.onQueued != nil {
-			delete(cn.queuedCalls, cl.n) // a QUEUED comes before the reply or not at all
+		if cl.onQueued != nil || cl.onPosition != nil {
+			delete(cn.hookCalls, cl.n) // QUEUED and POSITION come before the reply or not at all
 		}
 		cn.mu.Unlock()
 		if cl.hello && refusal == nil {
@@ -1030,7 +1040,7 @@ func (cn *conn) readLoop() {
 		cn.err = err
 	}
 	pending := cn.pending
-	cn.pending, cn.queuedCalls = nil, nil
+	cn.pending, cn.hookCalls = nil, nil
 	cn.mu.Unlock()
 	cn.nc.Close()
 	cn.helloOnce.Do(func() { close(cn.helloDone) })

@@ -44,8 +44,8 @@ func pipeClient(t *testing.T, hello string) (*Client, *fakeEnd) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close(); sc.Close() })
-	if got := f.req(); got != "HELLO 6 events" {
-		t.Fatalf("first line %q, want HELLO 6 events", got)
+	if got := f.req(); got != "HELLO 7 events" {
+		t.Fatalf("first line %q, want HELLO 7 events", got)
 	}
 	if hello != "" {
 		f.write(hello)
@@ -532,7 +532,7 @@ func TestCloseFiresLostBeforeTheSidecarReleases(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sc.Close() })
-	if got := f.req(); got != "HELLO 6 events" {
+	if got := f.req(); got != "HELLO 7 events" {
 		t.Fatalf("first line %q", got)
 	}
 	f.write("HELLO 6 events")
@@ -580,7 +580,7 @@ func TestLockDisconnected(t *testing.T) {
 func TestHelloVersion2Sidecar(t *testing.T) {
 	c, f := pipeClient(t, "ERR bad_request unknown HELLO option")
 	ch := async(func() error { _, err := c.Events(context.Background()); return err })
-	if r := f.req(); r != "HELLO 6" {
+	if r := f.req(); r != "HELLO 7" {
 		t.Fatalf("request %q", r)
 	}
 	f.write("HELLO 2")
@@ -616,6 +616,7 @@ func FuzzReadLoop(f *testing.F) {
 	f.Add("! LOST 7 expired k\n!\nERR x y\r\n! LOST 7 moved k\nHELD 0")
 	f.Add("!!\n! LOST 7\n\n! LOST 7 expired k k2\nOK")
 	f.Add("BUSY\n!LOST 7 expired k\nTIMEOUT\n! FUTURE\n")
+	f.Add("! POSITION 2 3 - k\nOK 1\n! POSITION 2 x 1 k\n! POSITION 3 1 0 k\nPONG")
 	f.Fuzz(func(t *testing.T, data string) {
 		lines := strings.Split(data, "\n")
 		if len(lines) > 200 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -473,7 +474,7 @@ func (cn *conn) lockKeys(ctx context.Context, keys []string, lease, wait time.Du
 			cn.register(l)
 		}
 	}
-	r, err := cn.roundTrip(ctx, &call{line: acquireLine(keys, lease, wait, o.label), onReply: onReply, onQueued: o.queued, keys: keys,
+	r, err := cn.roundTrip(ctx, &call{line: acquireLine(keys, lease, wait, o.label), onReply: onReply, onQueued: o.queued, onPosition: o.position, keys: keys,
 		onOrphan: func(reply string) {
 			// Nobody waits for this grant any more: release it so the
 			// keys are not held until the lease ends (RELEASE of any key
@@ -634,16 +635,22 @@ func (cn *conn) forget(l *Lock) {
 	}
 }
 
-// event handles one event line (it starts with "!"). Two mean something:
+// event handles one event line (it starts with "!"). Three mean something:
 // "! LOST <token> <reason> <key>..." (version 3): the lock of that token
 // is lost; "! QUEUED <n> <key>..." (version 4): the n-th request line
-// written, an ACQUIRE of those keys, was queued. Lines of other names,
-// tokens of no Lock of this Client, positions of no ACQUIRE waiting for
-// a QUEUED, and malformed lines are ignored: an event never answers a
-// request, so ignoring one cannot shift the replies.
+// written, an ACQUIRE of those keys, was queued; "! POSITION <n>
+// <position> <estimate|-> <key>" (version 7): that ACQUIRE's place in
+// key's line. Lines of other names, tokens of no Lock of this Client,
+// request numbers of no ACQUIRE waiting with a hook, and malformed lines
+// are ignored: an event never answers a request, so ignoring one cannot
+// shift the replies.
 func (cn *conn) event(line string) {
 	if n, keys, ok := parseQueued(line); ok {
 		cn.queuedEvent(n, keys)
+		return
+	}
+	if n, pos, ok := parsePosition(line); ok {
+		cn.positionEvent(n, pos)
 		return
 	}
 	tok, reason, ok := parseLost(line, cn.labelled.Load())
@@ -702,8 +709,9 @@ func (cn *conn) lostAll() {
 type AcquireOption func(*acquireOpts)
 
 type acquireOpts struct {
-	queued func()
-	label  string
+	queued   func()
+	position func(Position)
+	label    string
 }
 
 func acquireOptions(opts []AcquireOption) acquireOpts {
@@ -734,6 +742,86 @@ func WithQueued(fn func()) AcquireOption {
 	return func(o *acquireOpts) { o.queued = fn }
 }
 
+// Position is one report of an acquire's place in the line of one of its
+// keys (unixapi/PROTOCOL.md, version 7's "! POSITION" event).
+type Position struct {
+	// Key is the key whose line this is: a block's acquire waits in the
+	// line of each of its keys and is told its place in each.
+	Key string
+	// Position is the place in Key's line: 1 is next in line.
+	Position int
+	// Estimate is the estimated wait that remains (whole seconds) when
+	// EstimateKnown. Without one (the sidecar sent "-": the cluster has not
+	// yet seen the key handed on often enough to tell) it is 0 and
+	// EstimateKnown false.
+	Estimate      time.Duration
+	EstimateKnown bool
+}
+
+// WithPosition has fn called with the acquire's place in line each time
+// the sidecar reports it (unixapi/PROTOCOL.md, version 7): at most about
+// once a second, and only when the place changed. A block's acquire gets
+// one Position per key. The reports are informational: the acquire's
+// result means what it means without them.
+//
+// fn is called in the order the reports came, only before the acquire
+// returns and never after (if ctx ends first, not from then on), on the
+// Client's reader goroutine: it must not block, nor call the Client. It
+// is never called for wait 0 or an acquire granted without waiting,
+// against a sidecar older than protocol version 7, and a leader change
+// may delay or swallow a report: a prompt, never a promise.
+func WithPosition(fn func(Position)) AcquireOption {
+	return func(o *acquireOpts) { o.position = fn }
+}
+
+// positionEvent runs the WithPosition hook of the ACQUIRE written n-th,
+// if it is pending with one and waits for pos.Key.
+func (cn *conn) positionEvent(n uint64, pos Position) {
+	cn.mu.Lock()
+	cl := cn.hookCalls[n]
+	cn.mu.Unlock()
+	if cl == nil || cl.onPosition == nil || !slices.Contains(cl.keys, pos.Key) {
+		return
+	}
+	// Under cl.mu, as for QUEUED: a caller whose ctx ends waits for the
+	// hook to return, and after that the hook is not called.
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	if !cl.orphaned {
+		cl.onPosition(pos)
+	}
+}
+
+// maxEstimateSeconds is the longest estimate a time.Duration holds.
+const maxEstimateSeconds = uint64(math.MaxInt64 / int64(time.Second))
+
+// parsePosition reads "! POSITION <n> <position> <estimate-seconds|->
+// <key>" (exactly six fields; decimals without sign, n and position at
+// least 1).
+func parsePosition(line string) (n uint64, pos Position, ok bool) {
+	f := strings.Split(line, " ")
+	if len(f) != 6 || f[0] != "!" || f[1] != "POSITION" || checkKey(f[5]) != nil {
+		return 0, Position{}, false
+	}
+	n, err := strconv.ParseUint(f[2], 10, 64)
+	if err != nil || n == 0 {
+		return 0, Position{}, false
+	}
+	p, err := strconv.ParseUint(f[3], 10, 63) // fits an int
+	if err != nil || p == 0 {
+		return 0, Position{}, false
+	}
+	pos = Position{Key: f[5], Position: int(p)}
+	if f[4] != "-" {
+		e, err := strconv.ParseUint(f[4], 10, 64)
+		if err != nil || e > maxEstimateSeconds {
+			return 0, Position{}, false
+		}
+		pos.Estimate, pos.EstimateKnown = time.Duration(e)*time.Second, true
+	}
+	return n, pos, true
+}
+
 // WithLabel attaches an owner label to this acquire: a short name for
 // people (a job's name, a request id; 1..MaxLabelLen bytes of visible
 // ASCII, not "-"). The cluster keeps it with the holding: `ticketing
@@ -750,12 +838,12 @@ func WithLabel(label string) AcquireOption {
 // is pending with one and names keys.
 func (cn *conn) queuedEvent(n uint64, keys []string) {
 	cn.mu.Lock()
-	cl := cn.queuedCalls[n]
-	if cl == nil || !slices.Equal(cl.keys, keys) {
+	cl := cn.hookCalls[n]
+	if cl == nil || cl.onQueued == nil || cl.queuedDone || !slices.Equal(cl.keys, keys) {
 		cn.mu.Unlock()
 		return
 	}
-	delete(cn.queuedCalls, n) // at most once
+	cl.queuedDone = true // at most once
 	cn.mu.Unlock()
 	// Under cl.mu: a caller whose ctx ends waits for the hook to return
 	// before it returns, and after it returned the hook is not called.

@@ -37,6 +37,23 @@ function connectErrorMessage(path, err) {
  * @returns {void}
  */
 
+/**
+ * What an ACQUIRE's `onPosition` option is called with each time the
+ * sidecar reports its place in the line of one of its keys (version 7's
+ * `! POSITION`).
+ * @callback PositionHook
+ * @param {{key: string, position: number, estimate: number|null}} report
+ *   the key whose line it is (a block: one report per key), the place in
+ *   it (1 = next), and the estimated wait left in whole seconds (null: the
+ *   cluster has no estimate yet)
+ * @returns {void}
+ */
+
+/**
+ * An ACQUIRE's event hooks, by its request line number on the connection.
+ * @typedef {{keys: string[], hook: QueuedHook|null, onPosition: PositionHook|null, queuedDone?: boolean}} AcquireHooks
+ */
+
 /** Seconds a reply may take beyond the sidecar's own bound. */
 const DEFAULT_REPLY_GRACE = 10;
 
@@ -48,13 +65,29 @@ const DEFAULT_REPLY_GRACE = 10;
 const ORPHAN_LOSSES = 64;
 
 /**
+ * Call an acquire's event hook. The caller's bug must not stop the reading
+ * of replies (the next line may be this very ACQUIRE's grant): a throw is
+ * reported as an EventTarget reports a throwing listener, as an uncaught
+ * exception.
+ * @param {Function} hook
+ * @param {object} arg
+ */
+function callHook(hook, arg) {
+  try {
+    hook(arg);
+  } catch (e) {
+    process.nextTick(() => { throw e; });
+  }
+}
+
+/**
  * One unix-socket connection (= one sidecar session). Requests are written
  * in call order and their pending entries queued in the same order; replies
  * (one line each, in request order) settle the oldest entry. Event lines
  * (`! ...`) are set aside and never counted as replies: `! LOST` fires the
  * lost signal of this connection's Lock objects with that token; `! QUEUED
- * <n> ...` calls the onQueued hook of the pending ACQUIRE that was the
- * connection's n-th request line.
+ * <n> ...` and `! POSITION <n> ...` call the onQueued and onPosition hooks
+ * of the pending ACQUIRE that was the connection's n-th request line.
  * @private
  */
 class Connection {
@@ -69,10 +102,14 @@ class Connection {
     /**
      * How many request lines were written on this connection: the sidecar
      * numbers them the same way (every line gets one reply), and names an
-     * ACQUIRE in its `! QUEUED` event by that number.
+     * ACQUIRE in its `! QUEUED` and `! POSITION` events by that number.
      */
     this.written = 0;
-    /** @type {Map<number, {keys: string[], hook: QueuedHook}>} pending ACQUIREs with a hook, by number */
+    /**
+     * Pending ACQUIREs with a hook, by number; an entry leaves when its
+     * reply comes (or the caller gives up), so no hook runs after it.
+     * @type {Map<number, AcquireHooks>}
+     */
     this.queuedHooks = new Map();
     this.head = 0;
     this.tailDeadline = null;
@@ -164,8 +201,8 @@ class Connection {
    * @param {string} line
    * @param {number|null} budget seconds the sidecar may take for this
    *   request alone (null: unbounded)
-   * @param {{keys: string[], hook: QueuedHook}|null} [queued] for an
-   *   ACQUIRE: its keys, and what to call on its `! QUEUED` event
+   * @param {AcquireHooks|null} [queued] for an ACQUIRE: its keys, and what
+   *   to call on its `! QUEUED` and `! POSITION` events
    * @returns {{reply: Promise<string>, deadline: number|null, forgetQueued: () => void}}
    */
   submit(line, budget, queued = null) {
@@ -233,6 +270,10 @@ class Connection {
       this.onQueued(ev);
       return;
     }
+    if (ev.name === 'POSITION') {
+      this.onPosition(ev);
+      return;
+    }
     const locks = this.locks.get(ev.token);
     if (!locks) {
       this.orphanLosses.delete(ev.token);
@@ -252,16 +293,22 @@ class Connection {
    */
   onQueued(ev) {
     const q = this.queuedHooks.get(ev.n);
-    if (!q || q.keys.length !== ev.keys.length || !q.keys.every((k, i) => k === ev.keys[i])) return;
-    this.queuedHooks.delete(ev.n);
-    try {
-      q.hook({ keys: [...q.keys] });
-    } catch (e) {
-      // The caller's bug must not stop the reading of replies (the next
-      // line may be this very ACQUIRE's grant): report it as an
-      // EventTarget reports a throwing listener, as an uncaught exception.
-      process.nextTick(() => { throw e; });
-    }
+    if (!q || !q.hook || q.queuedDone) return;
+    if (q.keys.length !== ev.keys.length || !q.keys.every((k, i) => k === ev.keys[i])) return;
+    q.queuedDone = true; // at most once
+    callHook(q.hook, { keys: [...q.keys] });
+  }
+
+  /**
+   * `! POSITION <n> <position> <estimate|-> <key>`: the onPosition hook of
+   * the pending ACQUIRE written as the n-th line, if it waits for that key;
+   * every report, in the order read, and none after its reply settles it.
+   * @param {import('./protocol').PositionEvent} ev
+   */
+  onPosition(ev) {
+    const q = this.queuedHooks.get(ev.n);
+    if (!q || !q.onPosition || !q.keys.includes(ev.report.key)) return;
+    callHook(q.onPosition, { ...ev.report });
   }
 
   /**
@@ -347,12 +394,13 @@ class Connection {
  * numbers. `release` also accepts decimal strings. Compare tokens with `<`,
  * `>`; store them as strings (`String(token)`) or u64 columns.
  *
- * Every connection starts with `HELLO 5 events` (pipelined before the first
+ * Every connection starts with `HELLO 7 events` (pipelined before the first
  * request), so the sidecar tells it when a lock it holds is lost; `lock` and
  * `lockBlock` return {@link Lock} objects whose `signal` reports it. Against
  * an older sidecar (no events) locks still fire at their local deadline.
  * A version-4 sidecar also says when a waiting ACQUIRE joined its keys'
- * queues: the `onQueued` option of the acquire methods.
+ * queues: the `onQueued` option of the acquire methods; a version-7 one
+ * reports its place in line as it changes: the `onPosition` option.
  *
  * An idle client does not keep the Node.js process alive; one with a
  * pending request or a held {@link Lock} (taken with `lock`/`lockBlock`,
@@ -416,7 +464,7 @@ class Client {
   }
 
   /**
-   * Send `HELLO 5 events` on `conn` (its first request, or again after a
+   * Send `HELLO 7 events` on `conn` (its first request, or again after a
    * HELLO that got no usable reply) and record what the sidecar agreed.
    * @param {Connection} conn
    */
@@ -448,8 +496,8 @@ class Client {
    *   if the caller gave up waiting for it
    * @param {Connection|null} [conn] the connection to send on (default:
    *   the current one, opened if need be)
-   * @param {{keys: string[], hook: QueuedHook}|null} [queued] an ACQUIRE's
-   *   keys and onQueued hook (called until the caller gives up waiting)
+   * @param {AcquireHooks|null} [queued] an ACQUIRE's keys and its onQueued
+   *   and onPosition hooks (called until the caller gives up waiting)
    * @param {(() => void)|null} [onAnswer] called once the sidecar answered
    *   the line or the connection ended (or at once when nothing was sent),
    *   whether or not the caller still waits; before the returned promise
@@ -507,6 +555,16 @@ class Client {
    *   grant without waiting, for `wait: 0`, or by a sidecar older than
    *   protocol version 4; a leader change may swallow it. A prompt for tests
    *   and progress display, not a condition for correctness.
+   * @param {PositionHook|null} [options.onPosition] called with `{key,
+   *   position, estimate}` each time the sidecar (protocol version 7) reports
+   *   this ACQUIRE's place in a key's line (1 = next; `estimate`: whole
+   *   seconds of estimated wait left, or null while there is none): at most
+   *   about once a second, only when the place changed, a block once per
+   *   key; in the order reported, only before the promise settles and not
+   *   once the call gave up waiting. Never for `wait: 0` or a grant without
+   *   waiting, nor from an older sidecar; a leader change may delay a
+   *   report. Informational: the outcome means the same without it. A
+   *   throwing hook is reported as an uncaught exception, as for onQueued.
    * @param {string|null} [options.label] an owner label (version 5): a short
    *   name for people (a job, a request id; 1..64 characters of visible
    *   ASCII, not `-`) that the cluster keeps with the holding: `ticketing
@@ -515,10 +573,10 @@ class Client {
    *   cluster of protocol version 8 (else ServerError `not_supported`).
    * @returns {Promise<bigint>}
    */
-  async acquire(key, { lease = 30, wait = 5, onQueued = null, label = null } = {}) {
+  async acquire(key, { lease = 30, wait = 5, onQueued = null, onPosition = null, label = null } = {}) {
     const { line, waitSeconds } = p.acquireLine(key, lease, wait);
     const field = p.labelField(label);
-    const queued = this.#queued([key], onQueued);
+    const queued = this.#queued([key], onQueued, onPosition);
     const conn = this.#connection();
     if (field) await this.#needLabels(conn);
     if (waitSeconds > p.MAX_SHORT_WAIT) await this.#needLongWaits(conn);
@@ -528,11 +586,13 @@ class Client {
   /**
    * @param {string[]} keys
    * @param {unknown} onQueued
-   * @returns {{keys: string[], hook: QueuedHook}|null}
+   * @param {unknown} onPosition
+   * @returns {AcquireHooks|null}
    */
-  #queued(keys, onQueued) {
+  #queued(keys, onQueued, onPosition) {
     const hook = p.checkOnQueued(onQueued);
-    return hook === null ? null : { keys, hook };
+    const pos = p.checkOnPosition(onPosition);
+    return hook === null && pos === null ? null : { keys, hook, onPosition: pos };
   }
 
   /**
@@ -546,13 +606,13 @@ class Client {
    * the connection ends, whichever is first. Rejects as `acquire` does.
    *
    * @param {string} key 1..255 characters in 0x21..0x7E
-   * @param {{lease?: number, wait?: number, onQueued?: QueuedHook|null, label?: string|null}} [options] as for `acquire`
+   * @param {{lease?: number, wait?: number, onQueued?: QueuedHook|null, onPosition?: PositionHook|null, label?: string|null}} [options] as for `acquire`
    * @returns {Promise<Lock>}
    */
-  async lock(key, { lease = 30, wait = 5, onQueued = null, label = null } = {}) {
+  async lock(key, { lease = 30, wait = 5, onQueued = null, onPosition = null, label = null } = {}) {
     const { line, waitSeconds } = p.acquireLine(key, lease, wait);
     const field = p.labelField(label);
-    const queued = this.#queued([key], onQueued);
+    const queued = this.#queued([key], onQueued, onPosition);
     const conn = this.#connection();
     if (field) await this.#needLabels(conn);
     if (waitSeconds > p.MAX_SHORT_WAIT) await this.#needLongWaits(conn);
@@ -565,13 +625,13 @@ class Client {
    * one. Rejects as `acquireBlock` does.
    *
    * @param {string[]} keys 1..16 distinct keys
-   * @param {{lease?: number, wait?: number, onQueued?: QueuedHook|null, label?: string|null}} [options] as for `acquire`
+   * @param {{lease?: number, wait?: number, onQueued?: QueuedHook|null, onPosition?: PositionHook|null, label?: string|null}} [options] as for `acquire`
    * @returns {Promise<Lock>}
    */
-  async lockBlock(keys, { lease = 30, wait = 5, onQueued = null, label = null } = {}) {
+  async lockBlock(keys, { lease = 30, wait = 5, onQueued = null, onPosition = null, label = null } = {}) {
     const { line, waitSeconds, keys: ks } = p.acquireBlockLine(keys, lease, wait);
     const field = p.labelField(label);
-    const queued = this.#queued(ks, onQueued);
+    const queued = this.#queued(ks, onQueued, onPosition);
     const conn = this.#connection();
     if (ks.length > 1) await this.#needBlocks(conn);
     if (field) await this.#needLabels(conn);
@@ -586,7 +646,7 @@ class Client {
    * @param {number} waitSeconds
    * @param {string[]} keys
    * @param {number} lease
-   * @param {{keys: string[], hook: QueuedHook}|null} queued
+   * @param {AcquireHooks|null} queued
    * @param {string} label the owner label ('' for none)
    */
   async #lock(conn, line, waitSeconds, keys, lease, queued, label) {
@@ -653,14 +713,15 @@ class Client {
    * anything is sent; the other rejections are `acquire`'s.
    *
    * @param {string[]} keys
-   * @param {{lease?: number, wait?: number, onQueued?: QueuedHook|null}} [options]
-   *   as for `acquire`; `onQueued` once the block is in every key's queue
+   * @param {{lease?: number, wait?: number, onQueued?: QueuedHook|null, onPosition?: PositionHook|null}} [options]
+   *   as for `acquire`; `onQueued` once the block is in every key's queue,
+   *   `onPosition` with its place in each key's line
    * @returns {Promise<bigint>}
    */
-  async acquireBlock(keys, { lease = 30, wait = 5, onQueued = null, label = null } = {}) {
+  async acquireBlock(keys, { lease = 30, wait = 5, onQueued = null, onPosition = null, label = null } = {}) {
     const { line, waitSeconds, keys: ks } = p.acquireBlockLine(keys, lease, wait);
     const field = p.labelField(label);
-    const queued = this.#queued(ks, onQueued);
+    const queued = this.#queued(ks, onQueued, onPosition);
     const conn = this.#connection();
     if (ks.length > 1) await this.#needBlocks(conn);
     if (field) await this.#needLabels(conn);
@@ -670,7 +731,7 @@ class Client {
 
   /**
    * The protocol version this client and the sidecar both speak: the reply
-   * to the `HELLO 6 events` every connection sends first (1 for a version-1
+   * to the `HELLO 7 events` every connection sends first (1 for a version-1
    * sidecar, which does not know `HELLO`; 2 for a version-2 sidecar, which
    * refuses the `events` option; 3 for a sidecar that sends `! LOST` but not
    * `! QUEUED`).
@@ -786,7 +847,7 @@ class Client {
    *
    * @template T
    * @param {string} key
-   * @param {{lease?: number, wait?: number, onQueued?: QueuedHook|null}} options as for `acquire`
+   * @param {{lease?: number, wait?: number, onQueued?: QueuedHook|null, onPosition?: PositionHook|null}} options as for `acquire`
    * @param {(token: bigint, lock: Lock) => T | Promise<T>} fn
    * @returns {Promise<T>}
    */
@@ -821,7 +882,7 @@ class Client {
    *
    * @template T
    * @param {string[]} keys
-   * @param {{lease?: number, wait?: number, onQueued?: QueuedHook|null}} options as for `acquire`
+   * @param {{lease?: number, wait?: number, onQueued?: QueuedHook|null, onPosition?: PositionHook|null}} options as for `acquire`
    * @param {(token: bigint, lock: Lock) => T | Promise<T>} fn
    * @returns {Promise<T>}
    */

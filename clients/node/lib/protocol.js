@@ -22,9 +22,10 @@ const RELEASE_DEADLINE = 5;
 /**
  * The version of unixapi/PROTOCOL.md this client speaks (2: seat blocks,
  * HELLO; 3: EXTEND and the `! LOST` event lines; 4: the `! QUEUED` event
- * lines; 5: owner labels; 6: waits up to an hour).
+ * lines; 5: owner labels; 6: waits up to an hour; 7: the `! POSITION` event
+ * lines).
  */
-const PROTOCOL_VERSION = 6;
+const PROTOCOL_VERSION = 7;
 /** The longest owner label (`label=`, version 5) in bytes. */
 const MAX_LABEL_LEN = 64;
 /**
@@ -130,6 +131,16 @@ function checkOnQueued(hook) {
   return hook;
 }
 
+/**
+ * @param {unknown} hook an acquire's `onPosition` option
+ * @returns {Function|null} the function, or null for none
+ */
+function checkOnPosition(hook) {
+  if (hook === undefined || hook === null) return null;
+  if (typeof hook !== 'function') throw new TypeError(`onPosition must be a function, not ${typeof hook}`);
+  return hook;
+}
+
 /** @param {unknown} line @returns {string} */
 function checkRaw(line) {
   if (typeof line !== 'string') throw new TypeError(`line must be a string, not ${typeof line}`);
@@ -209,7 +220,7 @@ function helloEventsLine() {
 }
 
 /**
- * The reply to `HELLO 5 events`: `HELLO <v> events` → events on;
+ * The reply to `HELLO 7 events`: `HELLO <v> events` → events on;
  * `HELLO <v>` → the version both speak has no events; `ERR bad_request` →
  * a version-2 sidecar (it knows HELLO but not the option); `ERR
  * unknown_verb` → version 1. Anything else throws its error.
@@ -294,6 +305,15 @@ function isEventLine(line) {
  * @property {string[]} keys the ACQUIRE's keys in the order asked
  */
 
+/**
+ * @typedef {object} PositionEvent
+ * @property {'POSITION'} name
+ * @property {number} n the ACQUIRE's request line number, as for QUEUED
+ * @property {{key: string, position: number, estimate: number|null}} report
+ *   its place in key's line (1 = next) and the estimated wait left in whole
+ *   seconds (null: the sidecar sent `-`, no estimate yet)
+ */
+
 /** @param {string[]} keys @returns {boolean} every one a well-formed key */
 function wellFormedKeys(keys) {
   return keys.every((k) => k.length >= 1 && k.length <= MAX_KEY_LEN && /^[\x21-\x7e]+$/.test(k));
@@ -303,7 +323,7 @@ function wellFormedKeys(keys) {
  * Parse an event line. Returns null for an event this client does not know
  * (later versions may add some) and for a malformed line: both are ignored.
  * @param {string} line
- * @returns {LostEvent|QueuedEvent|null}
+ * @returns {LostEvent|QueuedEvent|PositionEvent|null}
  */
 function parseEvent(line, labelled = false) {
   if (!line.startsWith('! ')) return null;
@@ -333,6 +353,20 @@ function parseEvent(line, labelled = false) {
       if (n < 1 || !Number.isSafeInteger(n)) return null;
       if (!wellFormedKeys(keys)) return null;
       return { name: 'QUEUED', n, keys };
+    }
+    case 'POSITION': {
+      // ! POSITION <n> <position> <estimate-seconds|-> <key>
+      if (words.length !== 5) return null;
+      const [, nText, posText, estText, key] = words;
+      // Decimal digits only, within what a number holds exactly.
+      const dec = (t) => (/^[0-9]{1,16}$/.test(t) && Number.isSafeInteger(Number(t)) ? Number(t) : null);
+      const n = dec(nText);
+      const position = dec(posText);
+      const estimate = estText === '-' ? null : dec(estText);
+      if (n === null || n < 1 || position === null || position < 1) return null;
+      if (estimate === null && estText !== '-') return null;
+      if (!wellFormedKeys([key])) return null;
+      return { name: 'POSITION', n, report: { key, position, estimate } };
     }
     default:
       return null;
@@ -545,7 +579,7 @@ function parseHeldLocks(reply) {
 module.exports = {
   MIN_LEASE, MAX_LEASE, MAX_WAIT, MAX_SHORT_WAIT, MAX_KEY_LEN, MAX_TOKEN, RELEASE_DEADLINE, SOCKET_ENV, DEFAULT_SOCKET,
   PROTOCOL_VERSION, MAX_BLOCK_KEYS, MARGIN_BASE_MS, MARGIN_LEASE_FRACTION,
-  defaultPath, checkKey, checkKeys, checkLease, waitMillis, formatWait, toToken, checkRaw, checkOnQueued,
+  defaultPath, checkKey, checkKeys, checkLease, waitMillis, formatWait, toToken, checkRaw, checkOnQueued, checkOnPosition,
   MAX_LABEL_LEN, checkLabel, labelField,
   acquireLine, acquireBlockLine, helloLine, helloEventsLine, parseHello, parseHelloEvents, releaseLine,
   extendLine, marginMillis, isEventLine, parseEvent, LineReader,

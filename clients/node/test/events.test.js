@@ -46,7 +46,10 @@ const IGNORED_EVENTS = ['!', '! ', '!LOST 5 expired k', '! LOST', '! LOST 5', '!
   '!! LOST 5 expired k', '! LOST 5 expired k\tj', `! LOST 5 expired ${'x'.repeat(256)}`,
   '! QUEUED', '! QUEUED 3', '! QUEUED 0 k', '! QUEUED -1 k', '! QUEUED x k', '! QUEUED 3.0 k', '! QUEUED +3 k',
   '! QUEUED 12345678901234567 k', '! QUEUED 9007199254740993 k', '! QUEUED 3  k', '! QUEUED 3 k ', '! queued 3 k',
-  '!QUEUED 3 k', '! QUEUED 3 k\tj', `! QUEUED 3 ${'x'.repeat(256)}`, '! QUEUED 3 mé'];
+  '!QUEUED 3 k', '! QUEUED 3 k\tj', `! QUEUED 3 ${'x'.repeat(256)}`, '! QUEUED 3 mé',
+  '! POSITION', '! POSITION 3 1 -', '! POSITION 3 0 - k', '! POSITION 0 1 - k', '! POSITION 3 1 x k',
+  '! POSITION 3 1 5 k j', '! POSITION 3 +1 5 k', '! POSITION 3 1 5.0 k', '! POSITION 3 1  k', '! position 3 1 5 k',
+  '! POSITION 3 1 12345678901234567 k', `! POSITION 3 1 - ${'x'.repeat(256)}`, '! POSITION 3 1 - mé'];
 
 /** @returns {{line: string, event: object}} a well-formed LOST event */
 function lostEvent(r) {
@@ -63,6 +66,18 @@ function queuedEvent(r) {
   return { line: `! QUEUED ${n} ${keys.join(' ')}`, event: { name: 'QUEUED', n, keys } };
 }
 
+/** @returns {{line: string, event: object}} a well-formed POSITION event */
+function positionEvent(r) {
+  const n = r.pick([1, 2, 3, 9007199254740991, 1 + r.int(1e6)]);
+  const position = r.pick([1, 2, 1 + r.int(1e5)]);
+  const estimate = r.pick([null, 0, 1 + r.int(3600)]);
+  const key = `seats/${r.int(100)}`;
+  return {
+    line: `! POSITION ${n} ${position} ${estimate === null ? '-' : estimate} ${key}`,
+    event: { name: 'POSITION', n, report: { key, position, estimate } },
+  };
+}
+
 /** A random stream of replies and events, and what a reader must make of it. */
 function randomStream(r) {
   const replies = [];
@@ -77,7 +92,7 @@ function randomStream(r) {
       replies.push(reply);
       text += reply + eol;
     } else if (roll < 0.75) {
-      const ev = r.next() < 0.5 ? lostEvent(r) : queuedEvent(r);
+      const ev = r.pick([lostEvent, queuedEvent, positionEvent])(r);
       events.push(ev.event);
       text += ev.line + eol;
     } else {
@@ -259,14 +274,14 @@ test('onQueued: withLock and withBlock pass it on; a new connection counts from 
   fake.send('! QUEUED 2 k\nOK 5\n');
   assert.equal(await section, 5n);
   assert.deepEqual(seen, [['k']]);
-  assert.deepEqual(fake.lines, ['HELLO 6 events', 'ACQUIRE k 30 5', 'RELEASE k 5']);
+  assert.deepEqual(fake.lines, ['HELLO 7 events', 'ACQUIRE k 30 5', 'RELEASE k 5']);
 
   fake.peer.destroy(); // the sidecar ends the session
   for (let i = 0; i < 2000 && client.connected; i++) await sleep(5);
   assert.equal(client.connected, false);
   const block = client.withBlock(['a', 'b'], { wait: 5, onQueued: (q) => seen.push(q.keys) }, (token) => token);
   await fake.waitLines(5); // HELLO, ACQUIRE on the new connection
-  assert.deepEqual(fake.lines.slice(3), ['HELLO 6 events', 'ACQUIRE a b 30 5']);
+  assert.deepEqual(fake.lines.slice(3), ['HELLO 7 events', 'ACQUIRE a b 30 5']);
   fake.send('! QUEUED 2 a b\nOK 6\n');
   assert.equal(await block, 6n);
   assert.deepEqual(seen, [['k'], ['a', 'b']]);

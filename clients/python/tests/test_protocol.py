@@ -137,7 +137,7 @@ class ReplyParsing(unittest.TestCase):
 def started(hello_reply: "str | None" = None) -> "tuple[p.Session, p.Request]":
     s = p.Session("/x.sock")
     hello, data = s.start(0.0, handle="hello")
-    assert data == b"HELLO 6 events\n", data
+    assert data == b"HELLO 7 events\n", data
     if hello_reply is not None:
         s.receive_line(hello_reply)
     return s, hello
@@ -247,6 +247,52 @@ class SessionCore(unittest.TestCase):
                     "! queued 1 k", "! QUEUED " + "1" * 5000 + " k"):
             with self.subTest(line=bad):
                 self.assertIsNone(p.parse_event(bad))
+
+    def test_positions_every_split_and_matched_by_request_and_key(self) -> None:
+        # Reports of line 2 (a block of a and b) and line 3 (k) among
+        # malformed ones and replies: each reaches its request while it is
+        # pending, for one of its keys only, whatever the split.
+        script = (b"HELLO 7 events\n! POSITION 2 4 - a\n! POSITION 3 9 12 k\n! POSITION 2 0 1 a\n"
+                  b"! POSITION 2 3 - z\n! POSITION 2 2 5 b\n! POSITION 4 1 1 k\n! POSITION 2 1 5 b extra\n"
+                  b"! POSITION 3 1 0 k\r\nOK 12\n! POSITION 2 1 0 a\n! POSITION 3 1 - k\nTIMEOUT\n"
+                  b"! POSITION 3 1 0 k\nPONG\n")
+
+        def run(cuts: "list[int]") -> "list[object]":
+            s, _ = started()
+            s.send("ACQUIRE a b 10 5", None, 0.0, keys=["a", "b"], on_position=lambda pos: None)
+            s.send("ACQUIRE k 10 5", None, 0.0, keys=["k"], on_position=lambda pos: None)
+            s.send("PING", None, 0.0)
+            out: "list[object]" = []
+            prev = 0
+            for cut in cuts + [len(script)]:
+                out.extend(s.receive_data(script[prev:cut]))
+                prev = cut
+            return [(type(d).__name__, getattr(d, "request", None) and d.request.position,
+                     getattr(d, "line", None) or getattr(d, "position", None)) for d in out]
+
+        whole = run([])
+        self.assertEqual(whole, [
+            ("Reply", 1, "HELLO 7 events"),
+            ("Positioned", 2, p.Position("a", 4, None)),
+            ("Positioned", 3, p.Position("k", 9, 12)),
+            ("Positioned", 2, p.Position("b", 2, 5)),
+            ("Positioned", 3, p.Position("k", 1, 0)),
+            ("Reply", 2, "OK 12"),
+            ("Positioned", 3, p.Position("k", 1, None)),
+            ("Reply", 3, "TIMEOUT"),
+            ("Reply", 4, "PONG"),
+        ])
+        for i in range(len(script) + 1):
+            self.assertEqual(run([i]), whole, f"split at {i}")
+        self.assertEqual(run(list(range(1, len(script)))), whole, "byte by byte")
+
+    def test_positions_only_with_a_hook(self) -> None:
+        s, _ = started("HELLO 7 events")
+        quiet, _ = s.send("ACQUIRE k 10 5", None, 0.0, keys=["k"], on_queued=lambda: None)
+        self.assertEqual(s.receive_line("! POSITION 2 1 - k"), [])
+        self.assertEqual(s.receive_line("! QUEUED 2 k"), [p.Queued(quiet)])
+        self.assertIsNone(p.parse_event("! POSITION 3 " + "1" * 5000 + " - k"))
+        self.assertIsNone(p.parse_event("! POSITION 3 1 " + "1" * 5000 + " k"))
 
     def test_huge_numbers_are_protocol_errors(self) -> None:
         # int() raises ValueError past 4300 digits; a reply must not.

@@ -33,6 +33,7 @@ from ._protocol import (
     Info,
     HeldLock,
     Member,
+    Position,
 )
 from .aio import AsyncClient, AsyncLock
 from .client import Client, Lock
@@ -62,6 +63,7 @@ __all__ = [
     "Info",
     "Member",
     "HeldLock",
+    "Position",
     "TicketingError",
     "BusyError",
     "LockTimeoutError",

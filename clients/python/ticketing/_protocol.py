@@ -6,8 +6,9 @@ shells, :mod:`ticketing.client` (a socket and a reader thread) and
 :mod:`ticketing.aio` (an asyncio stream and a reader task), write the bytes
 this module formats, feed it the bytes they read, and carry out what it
 decides: which future a reply line answers, which ``on_queued`` callback a
-``! QUEUED`` event calls, which lock object a ``! LOST`` event reaches, what
-a lost connection fails. So a fix of the protocol lands here, once.
+``! QUEUED`` event calls and which ``on_position`` callback a ``! POSITION``
+event calls, which lock object a ``! LOST`` event reaches, what a lost
+connection fails. So a fix of the protocol lands here, once.
 
 - Argument checks and request lines: :func:`acquire_line`,
   :func:`release_line`, ... (raise ``ValueError`` / ``TypeError`` before
@@ -48,8 +49,9 @@ from .errors import (
 
 #: The version of unixapi/PROTOCOL.md this client speaks (2: seat blocks,
 #: HELLO; 3: EXTEND and the ``! LOST`` event lines; 4: the ``! QUEUED``
-#: event line; 5: owner labels; 6: waits up to an hour).
-PROTOCOL_VERSION = 6
+#: event line; 5: owner labels; 6: waits up to an hour; 7: the
+#: ``! POSITION`` event line).
+PROTOCOL_VERSION = 7
 #: The longest owner label (``label=``) in bytes (version 5).
 MAX_LABEL_LEN = 64
 #: The most keys of one block acquire (distinct keys).
@@ -214,7 +216,8 @@ def hello_line() -> str:
 
 
 #: The first request of every connection: agree the version and turn the
-#: event lines on (``! LOST`` from version 3, ``! QUEUED`` from version 4).
+#: event lines on (``! LOST`` from version 3, ``! QUEUED`` from version 4,
+#: ``! POSITION`` from version 7).
 HELLO_EVENTS_LINE = f"HELLO {PROTOCOL_VERSION} events"
 
 
@@ -321,7 +324,7 @@ class LockState:
     shell's clock (``time.monotonic()``, the loop's ``time()``).
     """
 
-    __slots__ = ("keys", "block", "lease", "wait", "on_queued", "label", "token", "held_token",
+    __slots__ = ("keys", "block", "lease", "wait", "on_queued", "on_position", "label", "token", "held_token",
                  "used", "reason", "released", "deadline", "extends", "_extend_clock", "_extending")
 
     def __init__(
@@ -332,6 +335,7 @@ class LockState:
         block: bool,
         on_queued: Optional[Callable[[], Any]] = None,
         label: Optional[str] = None,
+        on_position: Optional[Callable[["Position"], Any]] = None,
     ) -> None:
         #: Every key of the lock (a block's keys, in the order given).
         self.keys: Tuple[str, ...] = tuple(keys)
@@ -342,6 +346,7 @@ class LockState:
         self.lease = lease
         self.wait = wait
         self.on_queued = on_queued
+        self.on_position = on_position
         #: The fencing token while held, else None.
         self.token: Optional[int] = None
         #: The token granted, kept after release (for LockLostError).
@@ -368,10 +373,12 @@ class LockState:
         wait: Number,
         on_queued: Optional[Callable[[], Any]] = None,
         label: Optional[str] = None,
+        on_position: Optional[Callable[["Position"], Any]] = None,
     ) -> "LockState":
         """The state of ``client.lock(key, ...)``; arguments checked now."""
         acquire_line(key, lease, wait)
-        return cls((key,), lease, wait, False, check_on_queued(on_queued), check_label(label))
+        return cls((key,), lease, wait, False, check_on_queued(on_queued), check_label(label),
+                   check_on_position(on_position))
 
     @classmethod
     def of_block(
@@ -381,11 +388,13 @@ class LockState:
         wait: Number,
         on_queued: Optional[Callable[[], Any]] = None,
         label: Optional[str] = None,
+        on_position: Optional[Callable[["Position"], Any]] = None,
     ) -> "LockState":
         """The state of ``client.lock_block(keys, ...)``; arguments checked now."""
         keys = check_keys(keys)
         acquire_block_line(keys, lease, wait)
-        return cls(keys, lease, wait, True, check_on_queued(on_queued), check_label(label))
+        return cls(keys, lease, wait, True, check_on_queued(on_queued), check_label(label),
+                   check_on_position(on_position))
 
     def begin_acquire(self) -> None:
         """A lock object is used once."""
@@ -592,6 +601,15 @@ def check_on_queued(on_queued: Optional[Callable[[], Any]]) -> Optional[Callable
     return on_queued
 
 
+def check_on_position(
+    on_position: Optional[Callable[["Position"], Any]],
+) -> Optional[Callable[["Position"], Any]]:
+    """Validate an ``on_position`` argument: None or a callable."""
+    if on_position is not None and not callable(on_position):
+        raise TypeError(f"on_position must be a callable or None, not {type(on_position).__name__}")
+    return on_position
+
+
 def check_label(label: Optional[str]) -> Optional[str]:
     """Validate an owner label: None or "" (none), else 1..64 bytes of
     visible ASCII (0x21..0x7E), not ``-``."""
@@ -694,7 +712,47 @@ class QueuedEvent:
     keys: Tuple[str, ...]
 
 
-def parse_event(line: str, labelled: bool = False) -> Optional[Union[LostEvent, QueuedEvent]]:
+@dataclass(frozen=True)
+class Position:
+    """An acquire's place in the line of one of its keys, as the sidecar
+    reports it (``! POSITION``, version 7); what ``on_position`` is called
+    with."""
+
+    #: The key whose line this is (a block waits in each of its keys' lines
+    #: and is told its place in each).
+    key: str
+    #: The place in the line: 1 is next.
+    position: int
+    #: The estimated wait left, whole seconds; None while the cluster has
+    #: no estimate (the sidecar sent ``-``). A guess, not a promise.
+    estimate: Optional[int]
+
+
+@dataclass(frozen=True)
+class PositionEvent:
+    """A parsed ``! POSITION <n> <position> <estimate|-> <key>`` line
+    (version 7): the ACQUIRE written as request line *n* of the connection
+    (counted as for ``! QUEUED``) stands at *report*'s place in the line of
+    *report.key*. Sent only while it waits, before its reply; informational."""
+
+    n: int
+    report: Position
+
+
+def _parse_position(words: List[str]) -> Optional[PositionEvent]:
+    if len(words) != 6:
+        return None
+    n, place = _decimal(words[2]), _decimal(words[3])
+    estimate = None if words[4] == "-" else _decimal(words[4])
+    key = words[5]
+    if n is None or n < 1 or place is None or place < 1 or (estimate is None and words[4] != "-"):
+        return None
+    if not 1 <= len(key) <= MAX_KEY_LEN or not all("\x21" <= ch <= "\x7e" for ch in key):
+        return None
+    return PositionEvent(n, Position(key, place, estimate))
+
+
+def parse_event(line: str, labelled: bool = False) -> Optional[Union[LostEvent, QueuedEvent, PositionEvent]]:
     """Parse an event line; None for an event this client does not know
     (another name, a later version's) or a malformed one: both are ignored,
     and neither may disturb the matching of replies.
@@ -710,6 +768,8 @@ def parse_event(line: str, labelled: bool = False) -> Optional[Union[LostEvent, 
         del words[4]  # the label: the lock knows its own
     if len(words) < 4 or words[0] != "!":
         return None
+    if words[1] == "POSITION":
+        return _parse_position(words)
     if words[1] == "QUEUED":
         position, keys = _decimal(words[2]), words[3:]
         if position is None or position < 1 or not all(keys):
@@ -989,6 +1049,9 @@ class Request:
     handle: Any = None
     #: True once its ``! QUEUED`` arrived.
     queued: bool = False
+    #: Called (by the shell) with a :class:`Position` for each of the
+    #: ACQUIRE's ``! POSITION`` lines.
+    on_position: Optional[Callable[[Position], Any]] = None
 
 
 @dataclass(frozen=True)
@@ -1004,6 +1067,14 @@ class Queued:
     """Decision: call ``request.on_queued()`` (its ACQUIRE joined the queue)."""
 
     request: Request
+
+
+@dataclass(frozen=True)
+class Positioned:
+    """Decision: call ``request.on_position(position)`` (its place in a line)."""
+
+    request: Request
+    position: Position
 
 
 @dataclass(frozen=True)
@@ -1033,7 +1104,8 @@ class Session:
     The shell writes the bytes :meth:`send` returns, in the order it got
     them, and feeds every byte it reads to :meth:`receive_data` (end of
     stream: :meth:`eof`); it carries out the decisions these return:
-    :class:`Reply`, :class:`Queued`, :class:`Lost`, :class:`Teardown`. The
+    :class:`Reply`, :class:`Queued`, :class:`Positioned`, :class:`Lost`,
+    :class:`Teardown`. The
     first request is :data:`HELLO_EVENTS_LINE` (:meth:`start`). Not
     thread-safe: the blocking shell calls it under its lock.
 
@@ -1041,9 +1113,9 @@ class Session:
       oldest pending request.
     - Lines starting with ``!`` are events, never replies. ``! LOST``
       reaches the lock object registered under its token (or waits for it,
-      :data:`UNCLAIMED_EVENTS`); ``! QUEUED <n>`` reaches the pending
-      ACQUIRE written as line *n* (every line written counts); the rest is
-      ignored.
+      :data:`UNCLAIMED_EVENTS`); ``! QUEUED <n>`` and ``! POSITION <n>``
+      reach the pending ACQUIRE written as line *n* (every line written
+      counts); the rest is ignored.
     - A reply with no request pending ends the connection.
     """
 
@@ -1087,6 +1159,7 @@ class Session:
         handle: Any = None,
         keys: Sequence[str] = (),
         on_queued: Optional[Callable[[], Any]] = None,
+        on_position: Optional[Callable[[Position], Any]] = None,
     ) -> Tuple[Request, bytes]:
         """Record a request sent at *now*; return it and the bytes to write
         (the shell writes them before anything it sends later).
@@ -1094,7 +1167,8 @@ class Session:
         *budget* is how long the sidecar may take for this request alone
         (None: unbounded). Replies come in order, so its deadline is never
         earlier than that of the request ahead of it. *keys*: an ACQUIRE's
-        keys, to match its ``! QUEUED``; *on_queued* is then called for it.
+        keys, to match its ``! QUEUED`` and ``! POSITION``; *on_queued* and
+        *on_position* are then called for them.
 
         :raises SidecarConnectionError: the connection is over.
         """
@@ -1107,7 +1181,7 @@ class Session:
                 deadline = max(deadline, self._tail_deadline)
         self._tail_deadline = deadline
         self.written += 1
-        req = Request(self.written, now, deadline, tuple(keys), on_queued, handle)
+        req = Request(self.written, now, deadline, tuple(keys), on_queued, handle, on_position=on_position)
         self._pending.append(req)
         if keys:
             self._acquires[req.position] = req
@@ -1143,6 +1217,8 @@ class Session:
                 return self._route_lost(ev)
             if isinstance(ev, QueuedEvent):
                 return self._route_queued(ev)
+            if isinstance(ev, PositionEvent):
+                return self._route_position(ev)
             return []  # an event of a later version, or malformed: ignored
         if not self._pending:
             return [self.fail(SidecarConnectionError(
@@ -1215,6 +1291,14 @@ class Session:
             return []
         req.queued = True
         return [Queued(req)] if req.on_queued is not None else []
+
+    def _route_position(self, ev: PositionEvent) -> List[Any]:
+        # Only a pending ACQUIRE that waits for that key: its reply removes
+        # it from _acquires, so nothing is called after the reply.
+        req = self._acquires.get(ev.n)
+        if req is None or req.on_position is None or ev.report.key not in req.keys:
+            return []
+        return [Positioned(req, ev.report)]
 
     def register(self, token: int, lock: Any) -> Optional[Lost]:
         """Route ``! LOST`` events of *token* to *lock* from now on. An event

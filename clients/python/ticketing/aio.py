@@ -37,7 +37,7 @@ class _AsyncConnection:
     session and written synchronously, so the order of writes is the order
     of its queue; one reader task feeds the bytes it reads to the session
     and carries out its decisions (reply futures, ``on_queued`` callbacks,
-    lost lock objects). The first request is ``HELLO 4 events``; lock
+    lost lock objects). The first request is ``HELLO 7 events``; lock
     deadlines are the loop's timers."""
 
     def __init__(self, path: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -79,13 +79,16 @@ class _AsyncConnection:
         *,
         keys: Sequence[str] = (),
         on_queued: Optional[Callable[[], object]] = None,
+        on_position: Optional[Callable[[p.Position], object]] = None,
     ) -> Tuple[asyncio.Future, Optional[float], float]:
         """Write *line* (synchronously, so the order of writes is the order
         of the queue); return its reply future, the local deadline and the
         send time (the loop's clock)."""
         fut = self._loop.create_future()
         req = self._write(
-            lambda now: self._session.send(line, budget, now, handle=fut, keys=keys, on_queued=on_queued)
+            lambda now: self._session.send(
+                line, budget, now, handle=fut, keys=keys, on_queued=on_queued, on_position=on_position
+            )
         )
         return fut, req.deadline, req.sent
 
@@ -142,6 +145,13 @@ class _AsyncConnection:
                 except Exception as e:  # noqa: BLE001 - a caller's bug must not stop the reader
                     self._loop.call_exception_handler(
                         {"message": "ticketing: on_queued callback raised", "exception": e}
+                    )
+            elif isinstance(d, p.Positioned):
+                try:
+                    d.request.on_position(d.position)  # type: ignore[misc]
+                except Exception as e:  # noqa: BLE001 - a caller's bug must not stop the reader
+                    self._loop.call_exception_handler(
+                        {"message": "ticketing: on_position callback raised", "exception": e}
                     )
             elif isinstance(d, p.Lost):
                 d.target._lose(d.reason, d.from_sidecar)
@@ -205,7 +215,7 @@ class AsyncClient:
     @property
     def requests_sent(self) -> int:
         """How many requests this client has written so far (all connections),
-        not counting the ``HELLO 4 events`` each connection starts with."""
+        not counting the ``HELLO 7 events`` each connection starts with."""
         return self._sent
 
     async def close(self) -> None:
@@ -252,6 +262,7 @@ class AsyncClient:
         keys: Sequence[str] = (),
         on_queued: Optional[Callable[[], object]] = None,
         on_done: Optional[Callable[[Optional[asyncio.Future]], object]] = None,
+        on_position: Optional[Callable[[p.Position], object]] = None,
     ) -> Tuple[str, float, _AsyncConnection]:
         """:meth:`_call` that also returns the send time and the connection.
         *on_done* runs once the sidecar answered or the connection ended,
@@ -259,7 +270,9 @@ class AsyncClient:
         try:
             if conn is None:
                 conn = await self._connection()
-            fut, deadline, sent = conn.submit(line, self._budget(sidecar_bound), keys=keys, on_queued=on_queued)
+            fut, deadline, sent = conn.submit(
+                line, self._budget(sidecar_bound), keys=keys, on_queued=on_queued, on_position=on_position
+            )
         except BaseException:
             if on_done is not None:
                 on_done(None)  # nothing sent, or the connection ended: no answer will come
@@ -290,6 +303,7 @@ class AsyncClient:
         *,
         on_queued: Optional[Callable[[], object]] = None,
         label: Optional[str] = None,
+        on_position: Optional[Callable[[p.Position], object]] = None,
     ) -> int:
         """Acquire *key* and return its fencing token; see
         :meth:`ticketing.Client.acquire`. If the calling task is cancelled, a
@@ -299,8 +313,13 @@ class AsyncClient:
         coroutine returns) when the cluster committed this acquire into the
         key's FIFO queue (``! QUEUED``); see :meth:`ticketing.Client.acquire`.
         Keep it quick; an exception it raises goes to the loop's exception
-        handler. *label*: an owner label; see :meth:`ticketing.Client.acquire`."""
-        return (await self._grant((key,), lease, wait, False, on_queued, label))[0]
+        handler. *on_position* is called (with a :class:`ticketing.Position`,
+        in the event loop, in the order reported, only before this coroutine
+        returns or raises) with this acquire's place in line as the sidecar
+        reports it (``! POSITION``, version 7); see
+        :meth:`ticketing.Client.acquire`. The same rules as *on_queued*.
+        *label*: an owner label; see :meth:`ticketing.Client.acquire`."""
+        return (await self._grant((key,), lease, wait, False, on_queued, label, on_position))[0]
 
     async def acquire_block(
         self,
@@ -310,12 +329,14 @@ class AsyncClient:
         *,
         on_queued: Optional[Callable[[], object]] = None,
         label: Optional[str] = None,
+        on_position: Optional[Callable[[p.Position], object]] = None,
     ) -> int:
         """Acquire a seat block (1..16 distinct keys, all or none, under one
         token) and return the token; see :meth:`ticketing.Client.acquire_block`.
         If the calling task is cancelled, a block granted later is released
-        automatically. *on_queued*: see :meth:`acquire`."""
-        return (await self._grant(p.check_keys(keys), lease, wait, True, on_queued, label))[0]
+        automatically. *on_queued*, *on_position* (once per key): see
+        :meth:`acquire`."""
+        return (await self._grant(p.check_keys(keys), lease, wait, True, on_queued, label, on_position))[0]
 
     async def _grant(
         self,
@@ -325,11 +346,13 @@ class AsyncClient:
         block: bool,
         on_queued: Optional[Callable[[], object]],
         label: Optional[str] = None,
+        on_position: Optional[Callable[[p.Position], object]] = None,
     ) -> Tuple[int, float, _AsyncConnection]:
         """ACQUIRE one key or a block; the token, the send time and the
         connection that holds it."""
         line, wait_s, keys = p.grant_line(keys, lease, wait, block, label)
         p.check_on_queued(on_queued)
+        p.check_on_position(on_position)
         conn = await self._connection()
         if len(keys) > 1:
             p.check_blocks(await self._hello(conn), self.path)
@@ -337,12 +360,27 @@ class AsyncClient:
             p.check_labels(await self._hello(conn), self.path)
         if wait_s > p.MAX_SHORT_WAIT:
             p.check_wait(wait_s, await self._hello(conn), self.path)
-        reply, sent, conn = await self._call_at(line, wait_s, self._compensator(keys[0]), conn, keys, on_queued)
+        hook = None
+        if on_position is not None:
+            report_to = on_position
+
+            def hook(position: p.Position) -> None:
+                if report_to is not None:
+                    report_to(position)
+
+        try:
+            reply, sent, conn = await self._call_at(
+                line, wait_s, self._compensator(keys[0]), conn, keys, on_queued, on_position=hook
+            )
+        finally:
+            # Answered, given up or cancelled: no report reaches the caller
+            # from now on, though the request may still wait at the sidecar.
+            report_to = None
         return p.parse_acquire(reply), sent, conn
 
     async def hello(self) -> int:
         """The protocol version both speak (the reply to the connection's
-        first request, ``HELLO 4 events``); see :meth:`ticketing.Client.hello`."""
+        first request, ``HELLO 7 events``); see :meth:`ticketing.Client.hello`."""
         return await self._hello(await self._connection())
 
     async def _hello(self, conn: _AsyncConnection) -> int:
@@ -400,6 +438,7 @@ class AsyncClient:
         *,
         on_queued: Optional[Callable[[], object]] = None,
         label: Optional[str] = None,
+        on_position: Optional[Callable[[p.Position], object]] = None,
     ) -> "AsyncLock":
         """An :class:`AsyncLock` on *key*::
 
@@ -407,9 +446,9 @@ class AsyncClient:
                 ...
 
         The arguments are checked now; acquired on entry, released on exit.
-        *on_queued* and *label*: see :meth:`acquire`.
+        *on_queued*, *on_position* and *label*: see :meth:`acquire`.
         """
-        return AsyncLock._of(self, p.LockState.of_key(key, lease, wait, on_queued, label))
+        return AsyncLock._of(self, p.LockState.of_key(key, lease, wait, on_queued, label, on_position))
 
     def lock_block(
         self,
@@ -419,6 +458,7 @@ class AsyncClient:
         *,
         on_queued: Optional[Callable[[], object]] = None,
         label: Optional[str] = None,
+        on_position: Optional[Callable[[p.Position], object]] = None,
     ) -> "AsyncLock":
         """An :class:`AsyncLock` on a seat block::
 
@@ -426,9 +466,10 @@ class AsyncClient:
                 ...
 
         The arguments are checked now; acquired on entry, released (every
-        key) on exit. *on_queued* and *label*: see :meth:`acquire`.
+        key) on exit. *on_queued*, *on_position* and *label*: see
+        :meth:`acquire`.
         """
-        return AsyncLock._of(self, p.LockState.of_block(keys, lease, wait, on_queued, label))
+        return AsyncLock._of(self, p.LockState.of_block(keys, lease, wait, on_queued, label, on_position))
 
     def _compensator(self, key: str) -> Callable[[asyncio.Future], None]:
         def release_late_grant(fut: asyncio.Future) -> None:
@@ -466,11 +507,12 @@ class AsyncLock(p.LockView):
         keys: Optional[Sequence[str]] = None,
         on_queued: Optional[Callable[[], object]] = None,
         label: Optional[str] = None,
+        on_position: Optional[Callable[[p.Position], object]] = None,
     ) -> None:
         if keys is None:
-            state = p.LockState.of_key(key, lease, wait, on_queued, label)
+            state = p.LockState.of_key(key, lease, wait, on_queued, label, on_position)
         else:
-            state = p.LockState.of_block(keys, lease, wait, on_queued, label)
+            state = p.LockState.of_block(keys, lease, wait, on_queued, label, on_position)
         self._init(client, state)
 
     @classmethod
@@ -499,7 +541,9 @@ class AsyncLock(p.LockView):
         """Acquire the lock; return the token."""
         st = self._state
         st.begin_acquire()
-        token, sent, conn = await self.client._grant(st.keys, st.lease, st.wait, st.block, st.on_queued, st.label)
+        token, sent, conn = await self.client._grant(
+            st.keys, st.lease, st.wait, st.block, st.on_queued, st.label, st.on_position
+        )
         deadline = st.granted(token, sent)
         self._conn = conn
         conn.register(self)  # before the renewal (see ticketing.Lock.acquire)

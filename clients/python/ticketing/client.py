@@ -108,6 +108,27 @@ class _Timers:
                 fn()  # Lock._check_deadline: sets an Event, never raises
 
 
+class _HookGate:
+    """An ``on_position`` callback that is called only until :meth:`close`:
+    the acquire it belongs to has returned or raised, and its caller gets no
+    report after that. Its mutex makes :meth:`close` wait for a call under
+    way on the reader thread."""
+
+    def __init__(self, fn: Callable[[p.Position], object]) -> None:
+        self._fn = fn
+        self._mu = threading.Lock()
+        self._open = True
+
+    def __call__(self, position: p.Position) -> None:
+        with self._mu:
+            if self._open:
+                self._fn(position)
+
+    def close(self) -> None:
+        with self._mu:
+            self._open = False
+
+
 class _Connection:
     """One unix-socket connection (= one sidecar session): the I/O shell of
     a :class:`ticketing._protocol.Session`, which makes every decision.
@@ -115,8 +136,8 @@ class _Connection:
     Requests are recorded by the session and written under ``_lock``, so the
     order of writes is the order of its queue. One reader thread feeds the
     bytes it reads to the session and carries out its decisions outside the
-    lock: it settles reply futures, calls ``on_queued`` callbacks, loses
-    lock objects. The first request is ``HELLO 4 events``.
+    lock: it settles reply futures, calls ``on_queued`` and ``on_position``
+    callbacks, loses lock objects. The first request is ``HELLO 7 events``.
 
     Lock order: ``_lock`` before a Lock's ``_mu`` before the timers'.
     """
@@ -167,12 +188,15 @@ class _Connection:
         *,
         keys: Sequence[str] = (),
         on_queued: Optional[Callable[[], object]] = None,
+        on_position: Optional[Callable[[p.Position], object]] = None,
     ) -> Tuple[Future, Optional[float], float]:
         """Write *line*; return its reply future, the local deadline and the
         send time (monotonic); see :meth:`ticketing._protocol.Session.send`."""
         fut: Future = Future()
         req = self._write(
-            lambda now: self._session.send(line, budget, now, handle=fut, keys=keys, on_queued=on_queued)
+            lambda now: self._session.send(
+                line, budget, now, handle=fut, keys=keys, on_queued=on_queued, on_position=on_position
+            )
         )
         return fut, req.deadline, req.sent
 
@@ -256,6 +280,11 @@ class _Connection:
                     d.request.on_queued()  # type: ignore[misc]
                 except Exception:  # noqa: BLE001 - a caller's bug must not stop the reader
                     _log.exception("ticketing: on_queued callback raised")
+            elif isinstance(d, p.Positioned):
+                try:
+                    d.request.on_position(d.position)  # type: ignore[misc]
+                except Exception:  # noqa: BLE001 - a caller's bug must not stop the reader
+                    _log.exception("ticketing: on_position callback raised")
             elif isinstance(d, p.Lost):
                 d.target._lose(d.reason, d.from_sidecar)
             elif isinstance(d, p.Teardown):
@@ -336,7 +365,7 @@ class Client:
     @property
     def requests_sent(self) -> int:
         """How many requests this client has written so far (all connections),
-        not counting the ``HELLO 4 events`` each connection starts with."""
+        not counting the ``HELLO 7 events`` each connection starts with."""
         return self._sent
 
     def close(self) -> None:
@@ -384,6 +413,7 @@ class Client:
         keys: Sequence[str] = (),
         on_queued: Optional[Callable[[], object]] = None,
         on_done: Optional[Callable[[Optional[Future]], object]] = None,
+        on_position: Optional[Callable[[p.Position], object]] = None,
     ) -> Tuple[str, float, _Connection]:
         """:meth:`_call` that also returns the send time and the connection
         (a lock's validity counts from the send time). *on_done* runs once
@@ -393,10 +423,12 @@ class Client:
             conn = self._connection()
         try:
             if conn.on_reader_thread():
-                # An on_queued callback runs on the reader thread, which
-                # would have to read the very reply it waits for.
-                raise RuntimeError("an on_queued callback must not wait for a reply of the same client")
-            fut, deadline, sent = conn.submit(line, self._budget(sidecar_bound), keys=keys, on_queued=on_queued)
+                # An on_queued or on_position callback runs on the reader
+                # thread, which would have to read the very reply it waits for.
+                raise RuntimeError("an on_queued or on_position callback must not wait for a reply of the same client")
+            fut, deadline, sent = conn.submit(
+                line, self._budget(sidecar_bound), keys=keys, on_queued=on_queued, on_position=on_position
+            )
         except BaseException:
             if on_done is not None:
                 on_done(None)  # nothing sent, or the connection ended: no answer will come
@@ -421,11 +453,13 @@ class Client:
         block: bool,
         on_queued: Optional[Callable[[], object]],
         label: Optional[str] = None,
+        on_position: Optional[Callable[[p.Position], object]] = None,
     ) -> Tuple[int, float, _Connection]:
         """ACQUIRE one key or a block; the token, the send time and the
         connection that holds it."""
         line, wait_s, keys = p.grant_line(keys, lease, wait, block, label)
         p.check_on_queued(on_queued)
+        p.check_on_position(on_position)
         conn = self._connection()
         if len(keys) > 1:
             p.check_blocks(self._hello(conn), self.path)
@@ -433,7 +467,17 @@ class Client:
             p.check_labels(self._hello(conn), self.path)
         if wait_s > p.MAX_SHORT_WAIT:
             p.check_wait(wait_s, self._hello(conn), self.path)
-        reply, sent, conn = self._call_at(line, wait_s, self._compensator(keys[0]), conn, keys, on_queued)
+        gate = None if on_position is None else _HookGate(on_position)
+        try:
+            reply, sent, conn = self._call_at(
+                line, wait_s, self._compensator(keys[0]), conn, keys, on_queued, on_position=gate
+            )
+        finally:
+            if gate is not None:
+                # Given up (a timeout, an exception) or answered: no report
+                # reaches the caller from now on, though the request may
+                # still wait at the sidecar.
+                gate.close()
         return p.parse_acquire(reply), sent, conn
 
     def acquire(
@@ -444,6 +488,7 @@ class Client:
         *,
         on_queued: Optional[Callable[[], object]] = None,
         label: Optional[str] = None,
+        on_position: Optional[Callable[[p.Position], object]] = None,
     ) -> int:
         """Acquire *key*; return its fencing token (an int that strictly
         increases with every grant, cluster-wide).
@@ -464,6 +509,19 @@ class Client:
             connection's reader thread: keep it quick, and do not wait for
             a reply of this client in it (``RuntimeError``); an exception
             it raises is logged (logger ``ticketing``) and dropped.
+        :param on_position: called with a :class:`ticketing.Position`
+            (``key``, ``position``: 1 = next in line, ``estimate``: whole
+            seconds of estimated wait left, or None when the cluster has
+            none yet) each time the sidecar reports this acquire's place in
+            line (``! POSITION``, protocol version 7): at most about once a
+            second, only when the place changed, a block once per key. In
+            the order reported, only before this call returns or raises,
+            never after; never for ``wait=0`` or an acquire granted at once,
+            nor from a sidecar before version 7; a leader change may delay
+            a report. Informational: the outcome means the same without it.
+            It runs on the reader thread like *on_queued*, under the same
+            rules (quick; no reply of this client awaited in it; an
+            exception is logged and dropped).
         :param label: an owner label (version 5): a short name for people
             (a job, a request id; 1..64 bytes of visible ASCII, not ``-``)
             that the cluster keeps with the holding; ``ticketing inspect``
@@ -479,7 +537,7 @@ class Client:
         :raises ServerError: ``ERR`` from the sidecar (``.code``).
         :raises SidecarConnectionError: sidecar unreachable / connection lost.
         """
-        return self._grant((key,), lease, wait, False, on_queued, label)[0]
+        return self._grant((key,), lease, wait, False, on_queued, label, on_position)[0]
 
     def acquire_block(
         self,
@@ -489,6 +547,7 @@ class Client:
         *,
         on_queued: Optional[Callable[[], object]] = None,
         label: Optional[str] = None,
+        on_position: Optional[Callable[[p.Position], object]] = None,
     ) -> int:
         """Acquire a seat block: every key of *keys* (1..16 distinct keys)
         at once or none, under one fencing token, which is returned.
@@ -499,8 +558,9 @@ class Client:
         runs out no key is acquired. ``release(key, token)`` naming *any* of
         its keys releases the whole block; closing the client releases it
         too. One key is :meth:`acquire`. *on_queued* is called once the
-        block is in every key's queue (see :meth:`acquire`); *label* is the
-        block's owner label (see :meth:`acquire`).
+        block is in every key's queue (see :meth:`acquire`); *on_position*
+        with the block's place in each key's line (see :meth:`acquire`);
+        *label* is the block's owner label (see :meth:`acquire`).
 
         A block needs protocol version 2: the first one on a connection
         sends ``HELLO`` (see :meth:`hello`).
@@ -512,11 +572,11 @@ class Client:
         :raises BusyError, LockTimeoutError, IndeterminateError, ServerError,
             SidecarConnectionError: as for :meth:`acquire`.
         """
-        return self._grant(p.check_keys(keys), lease, wait, True, on_queued, label)[0]
+        return self._grant(p.check_keys(keys), lease, wait, True, on_queued, label, on_position)[0]
 
     def hello(self) -> int:
         """The protocol version this client and the sidecar both speak: the
-        reply to the ``HELLO 4 events`` every connection starts with (a
+        reply to the ``HELLO 7 events`` every connection starts with (a
         version-2 sidecar, which refuses the events option, is asked again
         with a plain ``HELLO``); 1 for a version-1 sidecar, which does not
         know ``HELLO``."""
@@ -597,6 +657,7 @@ class Client:
         *,
         on_queued: Optional[Callable[[], object]] = None,
         label: Optional[str] = None,
+        on_position: Optional[Callable[[p.Position], object]] = None,
     ) -> "Lock":
         """A :class:`Lock` on *key*, to use as a context manager::
 
@@ -604,10 +665,11 @@ class Client:
                 ...  # critical section; use token for fencing writes
 
         The arguments are checked now; the lock is acquired on entry and
-        released on exit, also when the block raises. *on_queued* and
-        *label* (the lock's :attr:`Lock.label`): see :meth:`acquire`.
+        released on exit, also when the block raises. *on_queued*,
+        *on_position* and *label* (the lock's :attr:`Lock.label`): see
+        :meth:`acquire`.
         """
-        return Lock._of(self, p.LockState.of_key(key, lease, wait, on_queued, label))
+        return Lock._of(self, p.LockState.of_key(key, lease, wait, on_queued, label, on_position))
 
     def lock_block(
         self,
@@ -617,6 +679,7 @@ class Client:
         *,
         on_queued: Optional[Callable[[], object]] = None,
         label: Optional[str] = None,
+        on_position: Optional[Callable[[p.Position], object]] = None,
     ) -> "Lock":
         """A :class:`Lock` on a seat block (see :meth:`acquire_block`), to
         use as a context manager::
@@ -626,9 +689,9 @@ class Client:
 
         The arguments are checked now; the block is acquired on entry and
         released (every key) on exit, also when the body raises.
-        *on_queued* and *label*: see :meth:`acquire`.
+        *on_queued*, *on_position* and *label*: see :meth:`acquire`.
         """
-        return Lock._of(self, p.LockState.of_block(keys, lease, wait, on_queued, label))
+        return Lock._of(self, p.LockState.of_block(keys, lease, wait, on_queued, label, on_position))
 
     def _compensator(self, key: str) -> Callable[[Future], None]:
         """Callback for an acquire the caller gave up on: release a late grant."""
@@ -684,11 +747,12 @@ class Lock(p.LockView):
         keys: Optional[Sequence[str]] = None,
         on_queued: Optional[Callable[[], object]] = None,
         label: Optional[str] = None,
+        on_position: Optional[Callable[[p.Position], object]] = None,
     ) -> None:
         if keys is None:
-            state = p.LockState.of_key(key, lease, wait, on_queued, label)
+            state = p.LockState.of_key(key, lease, wait, on_queued, label, on_position)
         else:
-            state = p.LockState.of_block(keys, lease, wait, on_queued, label)
+            state = p.LockState.of_block(keys, lease, wait, on_queued, label, on_position)
         self._init(client, state)
 
     @classmethod
@@ -720,7 +784,9 @@ class Lock(p.LockView):
         """Acquire the lock (see :meth:`Client.acquire`); return the token."""
         st = self._state
         st.begin_acquire()
-        token, sent, conn = self.client._grant(st.keys, st.lease, st.wait, st.block, st.on_queued, st.label)
+        token, sent, conn = self.client._grant(
+            st.keys, st.lease, st.wait, st.block, st.on_queued, st.label, st.on_position
+        )
         with self._mu:
             deadline = st.granted(token, sent)
             self._conn = conn
@@ -786,10 +852,10 @@ class Lock(p.LockView):
         if conn is None:
             raise self._state.lost_error()
         if conn.on_reader_thread():
-            # From an on_queued callback: the reader would have to read
-            # the very reply this waits for. Refused before the EXTEND's
-            # cap lowers the deadline, since nothing is sent.
-            raise RuntimeError("an on_queued callback must not wait for a reply of the same client")
+            # From an on_queued or on_position callback: the reader would
+            # have to read the very reply this waits for. Refused before the
+            # EXTEND's cap lowers the deadline, since nothing is sent.
+            raise RuntimeError("an on_queued or on_position callback must not wait for a reply of the same client")
         with self._mu:
             ext = self._state.begin_extend(lease, time.monotonic())
         try:

@@ -279,13 +279,20 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			"SIGKILL after --kill-grace, and lock exits 80.\n\n"+
 			"With --verbose, lock says on stderr when it waits in line: once the cluster has\n"+
 			"queued its request behind a holder, it prints\n"+
-			"  ticketing lock: queued on KEY (waiting up to Ns)", stdout, stderr)
+			"  ticketing lock: queued on KEY (waiting up to Ns)\n"+
+			"and then, each time its place in line or the estimate changes (from a sidecar\n"+
+			"of protocol version 7, at most about once a second; a block: per KEY),\n"+
+			"  ticketing lock: position P in line for KEY (about Ss)\n"+
+			"or, while the cluster has no estimate yet,\n"+
+			"  ticketing lock: position P in line for KEY (no estimate yet)\n"+
+			"P is 1 when it is next; S is the estimated wait left, in whole seconds.", stdout, stderr)
 	cf.register(fs.FlagSet, true)
 	fs.Var(&every, "extend-every", "renew the lease (by --lease) this often while COMMAND runs: auto (a third of the lease), "+
 		"a duration below the lease less its margin such as 10s, or 0 (never, as --no-extend)")
 	fs.BoolVar(&noExtend, "no-extend", false, "never renew the lease: COMMAND has one lease (as --extend-every 0)")
 	fs.DurationVar(&grace, "kill-grace", defaultKillGrace, "when the lock is lost: how long COMMAND has between SIGTERM and SIGKILL")
-	fs.BoolVar(&verbose, "verbose", false, "say on stderr when the request is queued behind a holder (it waits for its turn)")
+	fs.BoolVar(&verbose, "verbose", false, "say on stderr when the request is queued behind a holder (it waits for its turn), "+
+		"then its place in line and the estimated wait as they change")
 	if code, ok := fs.parse(args); !ok {
 		return code
 	}
@@ -338,7 +345,7 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		// one short write.
 		opts = append(opts, ticketing.WithQueued(func() {
 			fmt.Fprintf(stderr, "ticketing lock: queued on %s (waiting up to %ss)\n", what, strconv.FormatFloat(cf.wait, 'f', -1, 64))
-		}))
+		}), ticketing.WithPosition(positionPrinter(stderr)))
 	}
 	lk, err := lockKeys(ctx, c, keys, lease, wait, opts...)
 	if err != nil {
@@ -666,6 +673,26 @@ func oneShot(ctx context.Context, name, about string, args []string, stdout, std
 	}
 	fmt.Fprintln(stdout, out)
 	return ExitOK
+}
+
+// positionPrinter is lock --verbose's WithPosition hook: one line per
+// report whose place or estimate differs from the last one printed for
+// its key (a leader change may repeat a report; a repeat says nothing
+// new). The format is documented in lock's --help and clients/README.md, for
+// people and for scripts that read it: keep it stable.
+func positionPrinter(w io.Writer) func(ticketing.Position) {
+	last := make(map[string]ticketing.Position) // only the reader goroutine calls the hook
+	return func(p ticketing.Position) {
+		if prev, ok := last[p.Key]; ok && prev == p {
+			return
+		}
+		last[p.Key] = p
+		est := "no estimate yet"
+		if p.EstimateKnown {
+			est = fmt.Sprintf("about %ds", p.Estimate/time.Second)
+		}
+		fmt.Fprintf(w, "ticketing lock: position %d in line for %s (%s)\n", p.Position, p.Key, est)
+	}
 }
 
 // lockKeys takes one key, or several as one seat block, as a Lock.
