@@ -153,6 +153,12 @@ func fitAdminReply(rep *wire.AdminReply) []byte {
 			return fb
 		}
 	}
+	if k := rep.Key; k != nil && len(k.Permits) > 0 {
+		// The queue is empty by now: then the permits are cut short.
+		if fb, ok := fitPrefix(rep, &k.Permits, &k.PermitsTruncated); ok {
+			return fb
+		}
+	}
 	if st := rep.Status; st != nil && len(st.Sessions) > 0 {
 		if fb, ok := fitPrefix(rep, &st.Sessions, &st.SessionsTruncated); ok {
 			return fb

@@ -276,6 +276,7 @@ type nodeCollector struct {
 	n *Node
 
 	keysHeld, waiters, lastToken, pending, proposalQueue, conns, serving *prometheus.Desc
+	semaphores, permitsHeld                                              *prometheus.Desc
 	raftState, term, commit, applied, lastIndex, leaderKnown, members    *prometheus.Desc
 	snapSize, snapIndex                                                  *prometheus.Desc
 	authFailures, limitRefusals, closes, info                            *prometheus.Desc
@@ -288,6 +289,8 @@ func newNodeCollector(n *Node) *nodeCollector {
 	return &nodeCollector{
 		n:             n,
 		keysHeld:      d("ticketing_node_keys_held", "Keys held in this node's applied lock table."),
+		semaphores:    d("ticketing_node_semaphores", "Keys defined as semaphores in this node's applied lock table."),
+		permitsHeld:   d("ticketing_node_permits_held", "Semaphore permits held in this node's applied lock table, over all semaphores."),
 		waiters:       d("ticketing_node_waiters", "Queued waiters over all keys in this node's applied lock table (queue depth)."),
 		lastToken:     d("ticketing_node_last_token", "The highest fencing token this node has applied."),
 		pending:       d("ticketing_node_pending_requests", "Client requests whose reply this node owes (proposed, or queued waiters)."),
@@ -311,7 +314,7 @@ func newNodeCollector(n *Node) *nodeCollector {
 }
 
 func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.keysHeld, c.waiters, c.lastToken, c.pending, c.proposalQueue, c.conns, c.serving,
+	for _, d := range []*prometheus.Desc{c.keysHeld, c.semaphores, c.permitsHeld, c.waiters, c.lastToken, c.pending, c.proposalQueue, c.conns, c.serving,
 		c.raftState, c.term, c.commit, c.applied, c.lastIndex, c.leaderKnown, c.members, c.snapSize, c.snapIndex,
 		c.authFailures, c.limitRefusals, c.closes, c.info} {
 		ch <- d
@@ -334,12 +337,15 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	gauge(c.info, 1, n.cfg.NodeID, n.serverID, n.cfg.ClusterID)
 
-	var held, waiting int
+	var held, waiting, sems, permits int
 	var last uint64
 	n.fsm.read(func(st *locksm.State) {
 		held, waiting, last = st.NumHeld(), st.NumWaiting(), st.LastToken()
+		sems, permits = st.NumSemaphores(), st.NumPermitsHeld()
 	})
 	gauge(c.keysHeld, float64(held))
+	gauge(c.semaphores, float64(sems))
+	gauge(c.permitsHeld, float64(permits))
 	gauge(c.waiters, float64(waiting))
 	gauge(c.lastToken, float64(last))
 

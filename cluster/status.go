@@ -194,6 +194,8 @@ func (n *Node) Inspect(key string) (wire.KeyReport, error) {
 	r := wire.KeyReport{Key: key, ServerID: n.serverID, Role: n.role(), Leader: string(leader), Queue: []wire.WaiterReport{}}
 	var (
 		h        locksm.Holder
+		permits  []locksm.Holder // a semaphore's, slot order
+		permExt  []time.Time     // the leader's deadlines of extended permits (zero: none)
 		ws       []locksm.Waiter
 		wlabels  []string    // the labels of ws ("" for none)
 		waitDL   []time.Time // the leader's wait deadlines, per listed waiter (zero: unknown)
@@ -205,6 +207,13 @@ func (n *Node) Inspect(key string) (wire.KeyReport, error) {
 	n.mu.Lock()
 	n.fsm.read(func(st *locksm.State) {
 		h, r.Held = st.Holder(key)
+		if sem, ok := st.Semaphore(key); ok {
+			r.Semaphore = &wire.SemaphoreReport{Permits: sem.Permits, Held: sem.Held}
+			permits = st.PermitHolders(key)
+			if len(permits) > MaxInspectQueue {
+				permits, r.PermitsTruncated = permits[:MaxInspectQueue], true
+			}
+		}
 		r.Reserved = st.Reserved(key)
 		r.QueueLen = st.QueueLen(key)
 		if r.QueueLen > 0 {
@@ -222,6 +231,12 @@ func (n *Node) Inspect(key string) (wire.KeyReport, error) {
 	if r.Held && leading {
 		extUntil, extended = n.core.ExtendedUntil(h.Token)
 	}
+	if leading && len(permits) > 0 {
+		permExt = make([]time.Time, len(permits))
+		for i, p := range permits {
+			permExt[i], _ = n.core.ExtendedUntil(p.Token)
+		}
+	}
 	if leading {
 		// Every queued waiter is a request in this leader's pending
 		// table: queued by it, or a session's waiter adopted when it
@@ -237,7 +252,7 @@ func (n *Node) Inspect(key string) (wire.KeyReport, error) {
 	mono := time.Now()
 	nowMs := n.cfg.Now().UnixMilli()
 	r.AtUnixMs = nowMs
-	if r.Held {
+	holderReport := func(h locksm.Holder, extUntil time.Time, extended bool) *wire.HolderReport {
 		hr := &wire.HolderReport{Owner: h.Owner, Token: h.Token, LeaseSec: h.LeaseSec, GrantedAtUnixMs: h.GrantedAt,
 			RenewedAtUnixMs: h.RenewedAt, HeldMs: max(0, nowMs-h.GrantedAt)}
 		hr.LeaseRemainingMs = max(0, h.LeaseEnd()-nowMs)
@@ -258,7 +273,21 @@ func (n *Node) Inspect(key string) (wire.KeyReport, error) {
 		}
 		hr.LeaseEndsAtUnixMs = nowMs + hr.LeaseRemainingMs
 		hr.BlockKeys, hr.Session, hr.Label = h.Keys, sessionHex(h.Session), h.Label
-		r.Holder = hr
+		if h.Permit {
+			slot := h.Slot
+			hr.Slot = &slot
+		}
+		return hr
+	}
+	if r.Held {
+		r.Holder = holderReport(h, extUntil, extended)
+	}
+	for i, p := range permits {
+		var until time.Time
+		if permExt != nil {
+			until = permExt[i]
+		}
+		r.Permits = append(r.Permits, *holderReport(p, until, !until.IsZero()))
 	}
 	for i, w := range ws {
 		wr := wire.WaiterReport{Position: i + 1, Owner: w.Owner, Ref: w.Ref, LeaseSec: w.LeaseSec, WaitMs: w.WaitMs,

@@ -217,6 +217,22 @@ type KeyReport struct {
 	QueueLen       int            `json:"queue_len"`
 	Queue          []WaiterReport `json:"queue"`
 	QueueTruncated bool           `json:"queue_truncated,omitempty"`
+	// Semaphore is set when the key is defined as a semaphore (version
+	// 13; locksm/MATRIX.md, "Semaphores"): Held is then false and Holder
+	// nil, and Permits lists its held permits in slot order (the first
+	// 1000 only, PermitsTruncated saying so; fewer over the admin port
+	// when they do not fit one frame).
+	Semaphore        *SemaphoreReport `json:"semaphore,omitempty"`
+	Permits          []HolderReport   `json:"permits,omitempty"`
+	PermitsTruncated bool             `json:"permits_truncated,omitempty"`
+}
+
+// SemaphoreReport describes a semaphore key.
+type SemaphoreReport struct {
+	// Permits is its n; Held the permits held (more than n after n was
+	// lowered, until they end).
+	Permits uint32 `json:"permits"`
+	Held    int    `json:"held"`
 }
 
 // HolderReport is the holder of a key.
@@ -248,6 +264,9 @@ type HolderReport struct {
 	Session string `json:"session,omitempty"`
 	// Label is the label its acquire carried ("" without one; version 8).
 	Label string `json:"label,omitempty"`
+	// Slot is a permit's slot (KeyReport.Permits; its fencing domain is
+	// the key and the slot); nil for a lock's holder.
+	Slot *uint32 `json:"slot,omitempty"`
 }
 
 // WaiterReport is one queued acquire.

@@ -367,6 +367,8 @@ func printKey(w *errWriter, k *wire.KeyReport) {
 		fmt.Fprintf(tw, "Lease ends:\t%s\n", time.UnixMilli(h.LeaseEndsAtUnixMs).UTC().Format("2006-01-02 15:04:05.000 MST"))
 	case k.Reserved:
 		fmt.Fprintf(tw, "Holder:\tnone (reserved: the first waiter is a block waiting for its other keys)\n")
+	case k.Semaphore != nil:
+		fmt.Fprintf(tw, "Semaphore:\t%d permits, %d held\n", k.Semaphore.Permits, k.Semaphore.Held)
 	default:
 		fmt.Fprintf(tw, "Holder:\tnone (not held)\n")
 	}
@@ -376,6 +378,7 @@ func printKey(w *errWriter, k *wire.KeyReport) {
 	}
 	fmt.Fprintf(tw, "Queue:\t%s\n", queue)
 	_ = tw.Flush() // its write error is kept by w
+	printPermits(w, k)
 	if len(k.Queue) == 0 {
 		return
 	}
@@ -406,6 +409,35 @@ func printKey(w *errWriter, k *wire.KeyReport) {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%ds\t%s\t%s\n", i+1, owner, fmtMs(q.WaitedMs), left, q.LeaseSec, orDash(q.Session), block)
 	}
 	_ = tw.Flush() // its write error is kept by w
+	if estimated {
+		fmt.Fprintln(w, "(~: estimated from the leader's time stamps and this node's clock)")
+	}
+}
+
+// printPermits lists a semaphore's held permits, slot order.
+func printPermits(w *errWriter, k *wire.KeyReport) {
+	if len(k.Permits) == 0 {
+		return
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SLOT\tOWNER\tLABEL\tTOKEN\tHELD\tLEASE LEFT\tSESSION")
+	estimated := false
+	for _, p := range k.Permits {
+		left := fmtMs(p.LeaseRemainingMs)
+		if p.LeaseFrom != wire.FromLeaderTimer {
+			left, estimated = "~"+left, true
+		}
+		var slot uint32
+		if p.Slot != nil {
+			slot = *p.Slot
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\n", slot, p.Owner, orDash(p.Label), p.Token, fmtMs(p.HeldMs), left, orDash(p.Session))
+	}
+	_ = tw.Flush() // its write error is kept by w
+	if k.PermitsTruncated {
+		fmt.Fprintf(w, "(first %d of %d permits shown)\n", len(k.Permits), k.Semaphore.Held)
+	}
 	if estimated {
 		fmt.Fprintln(w, "(~: estimated from the leader's time stamps and this node's clock)")
 	}
