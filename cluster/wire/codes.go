@@ -248,7 +248,7 @@ var codeNames = map[Code]string{
 	CodeNoSession: "no_session", CodeVoided: "voided", CodeDuplicateSeq: "duplicate_seq",
 	CodeSessionExists: "session_exists", CodeInvalidSession: "invalid_session", CodeStaleEpoch: "stale_epoch",
 	CodeIsSemaphore: "is_semaphore", CodeNotSemaphore: "not_semaphore", CodeInvalidPermits: "invalid_permits",
-	CodeInUse: "in_use",
+	CodeInUse:      "in_use",
 	CodeBadSession: "bad_session", CodeInvalidLabel: "invalid_label",
 	CodeTooManySessions: "too_many_sessions", CodeTooManyOutcomes: "too_many_outcomes",
 }
