@@ -94,7 +94,7 @@ func TestMultiLeaderSessions(t *testing.T) {
 			want := map[string]int{"leader changes": cov.elections, "grants told": cov.told,
 				"grants applied late by a new leader": cov.lateGrants, "session expiries": cov.sessionExpiries,
 				"untold grants released": cov.untoldReleased, "leases expired": cov.expired, "resumes": cov.resumes,
-				"extends told": cov.extends}
+				"extends told": cov.extends, "permits told": cov.permitsTold, "permits told together": cov.permitsTogether}
 			if reorder {
 				want["hand-overs"], want["failed hand-overs"], want["cancels"], want["blocks told"] =
 					cov.handovers, cov.handoverFails, cov.cancels, cov.blocksTold
@@ -111,6 +111,8 @@ func TestMultiLeaderSessions(t *testing.T) {
 
 type mlCoverage struct {
 	elections, told, lateGrants, sessionExpiries, untoldReleased, expired, resumes, extends int
+	// permits told, and told while the other permit was held
+	permitsTold, permitsTogether int
 	// attack round 4 (reorder): hand-overs begun, failed; cancels sent
 	handovers, handoverFails, cancels, blocksTold int
 }
@@ -187,7 +189,18 @@ type told struct {
 	keys        []string // a block's keys (nil: key alone)
 	leaseEnd    time.Duration
 	renewedSent time.Duration // when the extend that set leaseEnd was written
+	// permit: a permit of the semaphore mlSemKey, in slot.
+	permit bool
+	slot   uint32
 }
+
+// mlSemKey is a semaphore of mlPermits permits in every replica's table
+// from the start (as if restored from a snapshot): brokers take permits
+// of it beside their locks (issue 41).
+const (
+	mlSemKey  = "s"
+	mlPermits = 2
+)
 
 type mlSim struct {
 	r     *rand.Rand
@@ -242,6 +255,9 @@ func newMLSim(seed uint64, cov *mlCoverage) *mlSim {
 	for i := range 3 {
 		id := fmt.Sprintf("n%d", i+1)
 		n := &mlNode{id: id, st: locksm.New(), dir: &directory{addrs: map[string]string{}}}
+		if res, _ := n.st.Apply(locksm.Command{Op: locksm.OpSetPermits, Key: mlSemKey, Permits: mlPermits}, nil); res.Status != locksm.StatusPermitsSet {
+			panic(fmt.Sprintf("define %s: %+v", mlSemKey, res))
+		}
 		n.k = New[string](Config{ServerID: id, Advertise: id + ":7000", MaxInFlightPerConn: 16, MaxKeys: 100,
 			MaxWaitersPerKey: 16, MaxWaitersPerConn: 32, FirstRef: uint64(i+1) << 40}, stateTable{n.st, &v}, n.dir)
 		s.nodes = append(s.nodes, n)
@@ -495,7 +511,7 @@ func (s *mlSim) applyTo(n, upTo int) {
 func (s *mlSim) liveTold(st *locksm.State) []uint64 {
 	var live []uint64
 	for tok, h := range s.told {
-		if hd, ok := st.Holder(h.key); ok && hd.Token == tok {
+		if st.HeldUnder(h.key, tok) {
 			live = append(live, tok)
 		}
 	}
@@ -516,7 +532,7 @@ func (s *mlSim) oracle(st *locksm.State, c locksm.Command, res locksm.Result, li
 	}
 	for _, tok := range live {
 		h := s.told[tok]
-		if hd, ok := st.Holder(h.key); ok && hd.Token == tok {
+		if st.HeldUnder(h.key, tok) {
 			continue
 		}
 		delete(s.told, tok)
@@ -673,6 +689,11 @@ func (s *mlSim) brokerStep(b *mlBroker) {
 			key := mlKeys[s.pick(len(mlKeys))]
 			lease := []int{1, 2, 4, 30}[s.pick(4)]
 			waits := []uint32{0, 300, 3000, 10000}
+			if s.pick(3) == 0 {
+				s.write(b, mlReq{op: wire.TypeAcquirePermit, key: mlSemKey, lease: lease},
+					wire.Msg{Type: wire.TypeAcquirePermit, Key: mlSemKey, Owner: b.name, Lease: uint16(lease), WaitMs: waits[s.pick(len(waits))]})
+				break
+			}
 			if s.reorder && s.pick(3) == 0 {
 				// A block of both keys (attack round 4).
 				keys := []string{"a", "b"}
@@ -698,7 +719,7 @@ func (s *mlSim) brokerStep(b *mlBroker) {
 			// Cancel a waiting acquire (attack round 4): its T must mean
 			// never granted.
 			for _, seq := range slices.Sorted(maps.Keys(b.pending)) {
-				if op := b.pending[seq].op; op == wire.TypeAcquire || op == wire.TypeAcquireBlock {
+				if op := b.pending[seq].op; op == wire.TypeAcquire || op == wire.TypeAcquireBlock || op == wire.TypeAcquirePermit {
 					b.ids++
 					s.note("%s cancels seq %d", b.conn, seq)
 					s.cov.cancels++
@@ -793,7 +814,14 @@ func (s *mlSim) deliver(to string, m wire.Msg) {
 	case wire.TypeGranted:
 		s.cov.told++
 		end := r.sentAt + time.Duration(r.lease)*time.Second
+		if r.op == wire.TypeAcquirePermit {
+			s.permitTold(b, m, end)
+			break
+		}
 		for tok, h := range s.told {
+			if h.permit {
+				continue
+			}
 			// (A G that arrives after its own lease ran out, by a
 			// resume, tells its holder nothing it may act on.)
 			if tok != m.Token && mlOverlap(h.key, h.keys, r.key, r.keys) && s.clock < h.leaseEnd && s.clock < end {
@@ -826,12 +854,44 @@ func (s *mlSim) deliver(to string, m wire.Msg) {
 			}
 		}
 	case wire.TypeError:
-		if r.op != wire.TypeAcquire && r.op != wire.TypeAcquireBlock {
+		if r.op != wire.TypeAcquire && r.op != wire.TypeAcquireBlock && r.op != wire.TypeAcquirePermit {
 			delete(b.held, r.token) // not held (any more)
 		}
 	case wire.TypeUnknown:
 		s.fail("U to %s seq %d: a session request is never indeterminate", b.name, seq)
 	}
+}
+
+// permitTold checks a permit's G told to b (its lease, counted from when
+// it was written, until end): a slot below n, never one another broker
+// was told and still holds by its lease, and never more than n permits
+// told with their leases running at once.
+func (s *mlSim) permitTold(b *mlBroker, m wire.Msg, end time.Duration) {
+	s.cov.permitsTold++
+	if m.Slot >= mlPermits {
+		s.fail("%s told a permit of %s in slot %d (n %d)", b.name, mlSemKey, m.Slot, mlPermits)
+	}
+	live := 0
+	for tok, h := range s.told {
+		if !h.permit || tok == m.Token || s.clock >= h.leaseEnd || s.clock >= end {
+			continue
+		}
+		live++
+		if h.slot == m.Slot {
+			s.fail("%s told slot %d of %s under token %d while %s holds it under token %d until %dms",
+				b.name, m.Slot, mlSemKey, m.Token, h.broker, tok, h.leaseEnd.Milliseconds())
+		}
+	}
+	if live > 0 {
+		s.cov.permitsTogether++
+	}
+	if live+1 > mlPermits {
+		s.fail("%s told a permit of %s under token %d while %d others are held with their leases running (n %d)",
+			b.name, mlSemKey, m.Token, live, mlPermits)
+	}
+	s.told[m.Token] = told{broker: b.name, key: mlSemKey, leaseEnd: end, permit: true, slot: m.Slot}
+	b.held[m.Token] = mlSemKey
+	s.note("%s told G permit %s slot %d token %d lease until %dms", b.name, mlSemKey, m.Slot, m.Token, end.Milliseconds())
 }
 
 func (s *mlSim) attachAnswered(b *mlBroker, m wire.Msg) {
