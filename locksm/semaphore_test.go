@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"testing"
 )
 
@@ -195,5 +196,76 @@ func TestReadSnapshotV6Invariants(t *testing.T) {
 		if !errors.Is(err, ErrCorruptSnapshot) {
 			t.Errorf("%s: %v, want ErrCorruptSnapshot", name, err)
 		}
+	}
+}
+
+// fullSemaphore is a state with semaphore "s" of n permits, all held, and
+// waiters queued behind them; it returns the tokens by slot.
+func fullSemaphore(b testing.TB, n, waiters int) (*State, []uint64) {
+	s := New()
+	s.Apply(Command{Op: OpSetPermits, Key: "s", Permits: uint32(n)}, nil)
+	owners := benchKeys(16)
+	tokens := make([]uint64, n)
+	for i := range n {
+		res, _ := s.Apply(Command{Op: OpAcquirePermit, Key: "s", Owner: owners[i%16], LeaseSec: 30, Ref: uint64(i + 1)}, nil)
+		if res.Status != StatusGranted {
+			b.Fatal(res)
+		}
+		tokens[res.Slot] = res.Token
+	}
+	for i := range waiters {
+		res, _ := s.Apply(Command{Op: OpAcquirePermit, Key: "s", Owner: owners[i%16], LeaseSec: 30, WaitMs: 1000, Ref: uint64(n + i + 1)}, nil)
+		if res.Status != StatusQueued {
+			b.Fatal(res)
+		}
+	}
+	return s, tokens
+}
+
+// BenchmarkApplyPermitHandoff: a release of one permit of a semaphore of
+// n, all held, hands the freed slot to the queue's head (and a new waiter
+// joins the tail), as BenchmarkApplyHandoff does for a lock.
+func BenchmarkApplyPermitHandoff(b *testing.B) {
+	for _, n := range []int{1, 1000, MaxPermits} {
+		b.Run(fmt.Sprintf("n=%d", n), func(b *testing.B) {
+			s, tokens := fullSemaphore(b, n, 8)
+			owners := benchKeys(16)
+			r := rand.New(rand.NewPCG(1, 2))
+			ref := uint64(1 << 40)
+			var eff []Effect
+			b.ReportAllocs()
+			for b.Loop() {
+				ref++
+				s.Apply(Command{Op: OpAcquirePermit, Key: "s", Owner: owners[ref%16], LeaseSec: 30, WaitMs: 1000, Ref: ref}, eff[:0])
+				slot := r.IntN(n)
+				h := s.sems["s"].held[uint32(slot)]
+				_, eff = s.Apply(Command{Op: OpRelease, Key: "s", Owner: h.owner, Token: tokens[slot]}, eff[:0])
+				if len(eff) != 1 || eff[0].Slot != uint32(slot) {
+					b.Fatal(eff)
+				}
+				tokens[slot] = eff[0].Token
+			}
+		})
+	}
+}
+
+// BenchmarkSemaphoreMemory reports the heap a semaphore of MaxPermits
+// permits, all held, costs per permit (the map of held slots, the token
+// index and the slot bitmap), and a snapshot's bytes per permit.
+func BenchmarkSemaphoreMemory(b *testing.B) {
+	for b.Loop() {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		s, _ := fullSemaphore(b, MaxPermits, 0)
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/MaxPermits, "heap-B/permit")
+		var buf bytes.Buffer
+		if err := s.WriteSnapshot(&buf); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(buf.Len())/MaxPermits, "snapshot-B/permit")
+		runtime.KeepAlive(s)
 	}
 }
