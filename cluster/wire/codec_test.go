@@ -67,6 +67,8 @@ func sampleMsgs() []Msg {
 		{Type: TypeCloseSession, ID: 15},
 		{Type: TypeOutcomes, Session: 7, Serial: 1001},
 		{Type: TypeOutcomes, Session: ^uint64(0), Serial: ^uint64(0)},
+		{Type: TypePosition, ID: 16, Position: 1, EstimateMs: 2500, Key: "event:42"},
+		{Type: TypePosition, ID: ^uint64(0), Position: ^uint32(0), EstimateMs: EstimateUnknown, Key: strings.Repeat("k", locksm.MaxKeyLen)},
 	}
 }
 
@@ -398,6 +400,11 @@ func TestDecodeMalformed(t *testing.T) {
 		{"zero type", 0, nil, []error{ErrUnknownType}},
 		{"hello after handshake", TypeHello, nil, []error{ErrUnexpectedFrame}},
 		{"welcome after handshake", TypeWelcome, nil, []error{ErrUnexpectedFrame}},
+		{"position id 0", TypePosition, bytes.Join([][]byte{u64(0), u32(1), u32(5), s8("k")}, nil), []error{ErrMalformed}},
+		{"position 0", TypePosition, bytes.Join([][]byte{u64(1), u32(0), u32(5), s8("k")}, nil), []error{ErrMalformed}},
+		{"position empty key", TypePosition, bytes.Join([][]byte{u64(1), u32(1), u32(5), s8("")}, nil), []error{ErrMalformed}},
+		{"position no key", TypePosition, bytes.Join([][]byte{u64(1), u32(1), u32(5)}, nil), []error{ErrMalformed}},
+		{"position trailing", TypePosition, bytes.Join([][]byte{u64(1), u32(1), u32(5), s8("k"), {0}}, nil), []error{ErrMalformed}},
 	}
 	for _, c := range cases {
 		var m Msg
@@ -571,6 +578,12 @@ func TestProgressAllowed(t *testing.T) {
 		{TypeAcquireBlock, TypeQueued, VersionBlocks + 1, true},
 		{TypeAcquireBlock, TypeQueued, VersionQueued, false}, // never sent on a version 4 connection
 		{TypeAcquireBlock, TypeGranted, VersionBlocks, false},
+		{TypeAcquire, TypePosition, VersionPositions, true},
+		{TypeAcquireBlock, TypePosition, VersionPositions, true},
+		{TypeAcquire, TypePosition, VersionPositions - 1, false},
+		{TypeAcquireBlock, TypePosition, VersionPositions - 1, false},
+		{TypeRelease, TypePosition, VersionPositions, false},
+		{TypePing, TypePosition, VersionPositions, false},
 	} {
 		if got := ProgressAllowed(tc.req, tc.typ, tc.version); got != tc.want {
 			t.Errorf("ProgressAllowed(%s, %s, %d) = %v", TypeName(tc.req), TypeName(tc.typ), tc.version, got)
@@ -607,9 +620,9 @@ func TestRequestAllowed(t *testing.T) {
 	if VersionSessions != VersionExtend+1 {
 		t.Errorf("VersionSessions %d", VersionSessions)
 	}
-	if VersionLongWaits != ProtocolVersion || VersionLogVerify != VersionLongWaits-1 || VersionStrictMatch != VersionLogVerify-1 || VersionLabels != VersionStrictMatch-1 || VersionSessions != VersionLabels-1 || VersionExtend <= VersionBlocks || VersionBlocks <= VersionQueued {
-		t.Errorf("VersionLongWaits %d, VersionLogVerify %d, VersionStrictMatch %d, VersionLabels %d, VersionSessions %d, VersionExtend %d, VersionBlocks %d, ProtocolVersion %d",
-			VersionLongWaits, VersionLogVerify, VersionStrictMatch, VersionLabels, VersionSessions, VersionExtend, VersionBlocks, ProtocolVersion)
+	if VersionPositions != ProtocolVersion || VersionLongWaits != VersionPositions-1 || VersionLogVerify != VersionLongWaits-1 || VersionStrictMatch != VersionLogVerify-1 || VersionLabels != VersionStrictMatch-1 || VersionSessions != VersionLabels-1 || VersionExtend <= VersionBlocks || VersionBlocks <= VersionQueued {
+		t.Errorf("VersionPositions %d, VersionLongWaits %d, VersionLogVerify %d, VersionStrictMatch %d, VersionLabels %d, VersionSessions %d, VersionExtend %d, VersionBlocks %d, ProtocolVersion %d",
+			VersionPositions, VersionLongWaits, VersionLogVerify, VersionStrictMatch, VersionLabels, VersionSessions, VersionExtend, VersionBlocks, ProtocolVersion)
 	}
 }
 

@@ -105,7 +105,12 @@ import "ticketing/locksm"
 //	    (VersionLongWaits) and answers it E not_supported before; every
 //	    replica applies the 5-minute bound until the 'V' entry that
 //	    raises the cluster version to 11 (locksm.State.SetShortWaits).
-const ProtocolVersion = 11
+//	12 — places in line (issue 41): the progress frame 'R' (TypePosition)
+//	    tells a queued acquire its exact place in one key's line and an
+//	    estimated wait, pushed by the leader at most once per
+//	    PositionInterval and only when the place changed. No log change:
+//	    a version 11 node or client never sees it.
+const ProtocolVersion = 12
 
 // NewestProtocolVersion is the newest version this build implements:
 // ProtocolVersion, unless a newer version is being built, which is then
@@ -180,6 +185,12 @@ const VersionExtendNeverShortens = 10
 // (locksm.State.SetShortWaits). It changes no frame: a connection of any
 // version may ask, and gets not_supported while the cluster is older.
 const VersionLongWaits = 11
+
+// VersionPositions is the first version with the progress frame 'R'
+// (TypePosition): a leader sends it only on connections that negotiated
+// it, so a client of an older version never sees one. (Version 13 is
+// taken by semaphores.)
+const VersionPositions = 12
 
 // SecretLen is the length of a session's secret in bytes.
 const SecretLen = 16
@@ -365,6 +376,29 @@ const (
 	// the replies of each applied entry that recorded outcomes of the
 	// session, and in a resume's answer.
 	TypeOutcomes = 'O'
+
+	// TypePosition is a progress frame (server → client, from version 12,
+	// VersionPositions, only on connections that negotiated it):
+	//
+	//	id u64 | position u32 | estimate_ms u32 | key str8
+	//
+	// The queued acquire id stands at position (1 = next) in key's line
+	// at the leader's latest walk of that line, and the leader estimates
+	// its wait at estimate_ms (EstimateUnknown: not enough hand-offs seen
+	// yet). A block acquire waits in each of its keys' lines and gets one
+	// per key, which is why the key is in the frame. Like Q it is not a
+	// reply: any number may come before the acquire's one reply, none
+	// after it. Not 'W', the design's first name: 'W' is the handshake's
+	// Welcome, and a Welcome after the handshake is unexpected_frame.
+	TypePosition = 'R'
+)
+
+// EstimateUnknown is a TypePosition's estimate_ms when the leader cannot
+// estimate the wait yet; MaxEstimateMs is the largest estimate sent (a
+// longer one is capped to it: about 49 days, far beyond any wait).
+const (
+	EstimateUnknown = ^uint32(0)
+	MaxEstimateMs   = EstimateUnknown - 1
 )
 
 // LostReason says why a TypeLost holding ended.
@@ -441,6 +475,10 @@ type Msg struct {
 	Event NoticeEvent
 	// TypeLost (with Token and Key).
 	Reason LostReason
+	// TypePosition (with Key): the place in line (1 = next) and the
+	// estimated wait in ms (EstimateUnknown: none).
+	Position   uint32
+	EstimateMs uint32
 	// Label is an acquire's or block acquire's label ("" = none; version
 	// 8, VersionLabels).
 	Label string
@@ -536,8 +574,8 @@ func IsEvent(typ byte) bool { return typ == TypeLost || typ == TypeOutcomes }
 
 // IsProgress reports whether typ is a progress frame: server → client,
 // carrying the id of a request in flight, but not that request's reply
-// (the reply follows). TypeQueued is the only one.
-func IsProgress(typ byte) bool { return typ == TypeQueued }
+// (the reply follows): TypeQueued and TypePosition.
+func IsProgress(typ byte) bool { return typ == TypeQueued || typ == TypePosition }
 
 // ProgressAllowed reports whether a progress frame of type typ may be sent
 // for a request of type req on a connection that negotiated version
@@ -545,7 +583,13 @@ func IsProgress(typ byte) bool { return typ == TypeQueued }
 // VersionQueued (a block acquire: on its version 5 connection), and only
 // before the acquire's reply. A client treats any other progress frame as a
 // protocol violation.
+//
+// R (TypePosition) likewise, only from VersionPositions, any number of
+// times before the reply.
 func ProgressAllowed(req, typ byte, version uint16) bool {
+	if typ == TypePosition {
+		return (req == TypeAcquire || req == TypeAcquireBlock) && version >= VersionPositions
+	}
 	if typ != TypeQueued {
 		return false
 	}
