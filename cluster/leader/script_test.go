@@ -18,7 +18,9 @@ package leader
 // knows of the leader. Commands:
 //
 //	config [server=] [addr=] [max-inflight=] [max-keys=] [max-waiters=]
-//	       [max-conn-waiters=] [max-sessions=] [max-outcomes=]
+//	       [max-conn-waiters=] [max-sessions=] [max-outcomes=] [positions=]
+//	                             (positions: the PositionInterval in ms;
+//	                             0, the default, sends none)
 //	                             a fresh core, table, log and clock
 //	leader id=                   the leader Raft knows ("" none)
 //	address id= addr=            a client address the log records
@@ -156,6 +158,7 @@ func (t stateTable) SessionOutcomes(id uint64) []locksm.Outcome   { return t.s.S
 func (t stateTable) SessionWaiters(id uint64) []locksm.SessionQueued {
 	return t.s.SessionWaiters(id)
 }
+func (t stateTable) RangeWaiters(key string, fn func(*locksm.Waiter) bool) { t.s.RangeWaiters(key, fn) }
 
 // directory is what Raft and the log know of the leader.
 type directory struct {
@@ -292,7 +295,8 @@ func (h *harness) run(line string) (string, error) {
 		cfg := Config{ServerID: a.str("server", ""), Advertise: a.str("addr", ""),
 			MaxInFlightPerConn: a.int("max-inflight", 0), MaxKeys: a.int("max-keys", 0),
 			MaxWaitersPerKey: a.int("max-waiters", 0), MaxWaitersPerConn: a.int("max-conn-waiters", 0),
-			MaxSessions: a.int("max-sessions", 0), MaxSessionOutcomes: a.int("max-outcomes", 0)}
+			MaxSessions: a.int("max-sessions", 0), MaxSessionOutcomes: a.int("max-outcomes", 0),
+			PositionInterval: time.Duration(a.int("positions", 0)) * time.Millisecond}
 		if a.err != nil {
 			return "", a.err
 		}
@@ -530,6 +534,12 @@ func fmtMsg(m wire.Msg) string {
 		return fmt.Sprintf("X %s key=%s token=%d", m.Reason, m.Key, m.Token)
 	case wire.TypeOutcomes:
 		return fmt.Sprintf("O session=%d serial=%d", m.Session, m.Serial)
+	case wire.TypePosition:
+		est := "-"
+		if m.EstimateMs != wire.EstimateUnknown {
+			est = strconv.FormatUint(uint64(m.EstimateMs), 10)
+		}
+		return fmt.Sprintf("R id=%d key=%s position=%d estimate=%s", m.ID, m.Key, m.Position, est)
 	}
 	return fmt.Sprintf("%c id=%d", m.Type, m.ID)
 }
@@ -668,6 +678,8 @@ func fmtTimer(t Timer) string {
 		return fmt.Sprintf("wait key=%s ref=%d at=%d epoch=%d", t.Key, t.Ref, ms(t.At), t.Epoch)
 	case TimerSession:
 		return fmt.Sprintf("session %d gen=%d at=%d epoch=%d", t.Session, t.Gen, ms(t.At), t.Epoch)
+	case TimerPositions:
+		return fmt.Sprintf("positions at=%d epoch=%d", ms(t.At), t.Epoch)
 	}
 	return fmt.Sprintf("kind=%d", t.Kind)
 }
@@ -843,6 +855,14 @@ func (k *Core[C]) check() error {
 				}
 			}
 		}
+	}
+	for ref := range k.blockTold {
+		if p := k.pend[ref]; p == nil || p.keys == nil {
+			return fmt.Errorf("places told kept for ref %d, which is no block owed here", ref)
+		}
+	}
+	if !k.leading && (len(k.posDirty) > 0 || k.posArmed != 0) {
+		return fmt.Errorf("not leading, with %d lines marked (walk armed in epoch %d)", len(k.posDirty), k.posArmed)
 	}
 	if total != k.uncommittedTotal {
 		return fmt.Errorf("uncommitted total %d, counted %d", k.uncommittedTotal, total)

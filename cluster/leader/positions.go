@@ -1,0 +1,206 @@
+package leader
+
+// Places in line (issue 41, part 2; PROTOCOL.md "R position").
+//
+// The leader pushes each waiter it owes a reply its exact place in line,
+// per key and per interval, never per hand-off: a command that moves a
+// key's line (a waiter joins it, is handed the key, times out, is
+// cancelled or dropped) only marks the key. The first mark arms one
+// TimerPositions PositionInterval later; when it is due the core walks
+// each marked key's queue once, head to tail, where a running count is
+// every waiter's place (no rank tree, no copy of the line), and queues an
+// R for each waiter owed here on a version 12 connection whose place
+// differs from the last it was told. So the work is the length of the
+// lines that moved, once per interval, and a line that stands still
+// costs nothing; a waiter hears at most one R per key and interval.
+//
+// The estimate is the key's mean interval between hand-offs times the
+// place. Every node keeps that mean from the log (Applied runs on
+// followers too, in log order, on the commands' Now stamps), so a new
+// leader estimates as the old one did.
+
+import (
+	"maps"
+	"slices"
+	"time"
+
+	"ticketing/cluster/wire"
+	"ticketing/locksm"
+)
+
+// rateShift is the weight of the newest interval in a key's mean: 1/8,
+// as TCP's smoothed RTT, so one slow holder moves the estimate by an
+// eighth of the difference, and a line whose pace changes is followed
+// within a dozen or so hand-offs.
+const rateShift = 3
+
+// handoffRate is what a node knows of one key's pace.
+type handoffRate struct {
+	last int64 // the Now (Unix ms) of the latest hand-off
+	mean int64 // the mean interval between hand-offs, ms (valid once n >= 2)
+	n    int   // hand-offs seen, saturating at 2
+}
+
+// positionsOn reports whether this core sends positions at all (a core
+// configured without an interval, as the older scripts, never does).
+func (k *Core[C]) positionsOn() bool { return k.cfg.PositionInterval > 0 }
+
+// moved marks keys whose lines moved, and arms the walk if none is armed
+// in this epoch. Only a leader walks.
+func (k *Core[C]) moved(now time.Time, keys ...string) {
+	if !k.positionsOn() || !k.leading {
+		return
+	}
+	for _, key := range keys {
+		k.posDirty[key] = struct{}{}
+	}
+	if k.posArmed != k.epoch {
+		k.posArmed = k.epoch
+		k.rd.Timers = append(k.rd.Timers, Timer{At: now.Add(k.cfg.PositionInterval), Kind: TimerPositions, Epoch: k.epoch})
+	}
+}
+
+// movedBy marks the lines an applied command moved: its own waiter's
+// (queued), and the keys of its effects (hand-offs, timeouts, drops).
+func (k *Core[C]) movedBy(now time.Time, a *Applied) {
+	if !k.positionsOn() || !k.leading {
+		return
+	}
+	if a.Res.Status == locksm.StatusQueued {
+		if a.Cmd.Op == locksm.OpAcquireBlock {
+			k.moved(now, a.Cmd.Keys...)
+		} else {
+			k.moved(now, a.Cmd.Key)
+		}
+	}
+	for i := range a.Effects {
+		e := &a.Effects[i]
+		if e.Keys != nil {
+			k.moved(now, e.Keys...)
+		} else {
+			k.moved(now, e.Key)
+		}
+	}
+}
+
+// notePace folds an applied command's hand-offs into its keys' means, on
+// every node, and forgets the pace of a key whose line emptied. stamp is
+// the command's Now.
+func (k *Core[C]) notePace(a *Applied) {
+	if !k.positionsOn() {
+		return
+	}
+	for i := range a.Effects {
+		e := &a.Effects[i]
+		keys := e.Keys
+		if keys == nil {
+			keys = []string{e.Key}
+		}
+		for _, key := range keys {
+			if e.Kind == locksm.EffectGranted {
+				k.handoff(key, a.Cmd.Now)
+			}
+			if _, ok := k.rates[key]; ok {
+				if _, _, queue := k.table.Occupancy(key); queue == 0 {
+					delete(k.rates, key)
+				}
+			}
+		}
+	}
+}
+
+// handoff records a hand-off of key at stamp (Unix ms).
+func (k *Core[C]) handoff(key string, stamp int64) {
+	r := k.rates[key]
+	if r == nil {
+		r = &handoffRate{}
+		k.rates[key] = r
+	}
+	if r.n > 0 {
+		// Stamps come from successive leaders' wall clocks: one that
+		// steps back must not make a negative interval.
+		iv := max(stamp-r.last, 0)
+		if r.n == 1 {
+			r.mean = iv
+		} else {
+			r.mean += (iv - r.mean) >> rateShift
+		}
+	}
+	r.last = stamp
+	r.n = min(r.n+1, 2)
+}
+
+// estimate is the wait of the waiter at pos on key, in ms, or
+// wire.EstimateUnknown before two hand-offs of key were seen.
+func (k *Core[C]) estimate(key string, pos int) uint32 {
+	r := k.rates[key]
+	if r == nil || r.n < 2 {
+		return wire.EstimateUnknown
+	}
+	ms := uint64(r.mean) * uint64(pos)
+	if r.mean > 0 && ms/uint64(r.mean) != uint64(pos) || ms > uint64(wire.MaxEstimateMs) {
+		return wire.MaxEstimateMs
+	}
+	return uint32(ms)
+}
+
+// walkPositions is the due TimerPositions: each marked line is walked
+// once, and every waiter owed here on a connection that takes positions
+// is told its place if it changed.
+func (k *Core[C]) walkPositions() {
+	k.posArmed = 0
+	keys := slices.Sorted(maps.Keys(k.posDirty))
+	clear(k.posDirty)
+	for _, key := range keys {
+		pos := 0
+		k.table.RangeWaiters(key, func(w *locksm.Waiter) bool {
+			pos++
+			p := k.pend[w.Ref]
+			if p == nil || !p.queued {
+				return true // not owed here (another leader's, or its connection's gone)
+			}
+			cn := k.dest(p)
+			if cn == nil || cn.dead || cn.version < wire.VersionPositions {
+				return true
+			}
+			if !k.tellPosition(p, key, pos) {
+				return true
+			}
+			k.send(cn, wire.Msg{Type: wire.TypePosition, ID: p.id, Position: uint32(min(pos, int(^uint32(0)))),
+				EstimateMs: k.estimate(key, pos), Key: key})
+			return true
+		})
+	}
+}
+
+// tellPosition records that p is told pos on key, and reports whether
+// that is news to it.
+func (k *Core[C]) tellPosition(p *pending[C], key string, pos int) bool {
+	v := uint32(min(pos, int(^uint32(0))))
+	if p.keys == nil {
+		if p.told == v {
+			return false
+		}
+		p.told = v
+		return true
+	}
+	told := k.blockTold[p.ref]
+	if told == nil {
+		told = make([]uint32, len(p.keys))
+		k.blockTold[p.ref] = told
+	}
+	i := slices.Index(p.keys, key)
+	if i < 0 || told[i] == v {
+		return false
+	}
+	told[i] = v
+	return true
+}
+
+// untell forgets what p was told (its replies go to a new connection,
+// which has heard nothing), and marks its lines so the next walk tells it.
+func (k *Core[C]) untell(now time.Time, p *pending[C]) {
+	p.told = 0
+	delete(k.blockTold, p.ref)
+	k.moved(now, p.keySet()...)
+}
