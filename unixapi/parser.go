@@ -21,9 +21,10 @@ const (
 	// HELLO and the longer line limit; version 3 EXTEND, HELLO's events
 	// option and the LOST event lines it turns on; version 4 the QUEUED
 	// event; version 5 owner labels (ACQUIRE's label= field, HELD and LOST
-	// with labels); version 6 waits up to an hour. HELLO answers the lower
-	// of it and the client's version; INFO reports it as protocol=.
-	ProtocolVersion = 6
+	// with labels); version 6 waits up to an hour; version 7 the POSITION
+	// event. HELLO answers the lower of it and the client's version; INFO
+	// reports it as protocol=.
+	ProtocolVersion = 7
 	// VersionEvents is the first version with EXTEND and events.
 	VersionEvents = 3
 	// VersionQueued is the first version with the QUEUED event.
@@ -37,6 +38,10 @@ const (
 	// agreed an older version gets invalid_wait above MaxShortWait, as
 	// before.
 	VersionLongWaits = 6
+	// VersionPositions is the first version with the POSITION event: a
+	// waiting ACQUIRE's place in line, written only when the latest HELLO
+	// agreed it with events.
+	VersionPositions = 7
 	// LabelField begins ACQUIRE's label field (version 5).
 	LabelField = "label="
 	// NoLabel stands for "no label" where a label has a place (HELD and

@@ -28,19 +28,19 @@ func leaderQueueLen(t *testing.T, k string) int {
 }
 
 // Version 4: HELLO agrees it (with or without events); a higher version
-// agrees the newest (6, long waits), which INFO says.
+// agrees the newest (7, positions), which INFO says.
 func TestHelloVersion4(t *testing.T) {
 	s := serve(t, nil)
 	c := dial(t, s)
 	for _, tc := range []struct{ hello, reply string }{
-		{"HELLO 4 events", "HELLO 4 events"}, {"HELLO 9 events", "HELLO 6 events"}, {"HELLO 65535", "HELLO 6"},
+		{"HELLO 4 events", "HELLO 4 events"}, {"HELLO 9 events", "HELLO 7 events"}, {"HELLO 65535", "HELLO 7"},
 		{"HELLO 4", "HELLO 4"}, {"HELLO 3 events", "HELLO 3 events"},
 	} {
 		expect(t, c.do(tc.hello), tc.reply)
 	}
 	expectPrefix(t, c.do("INFO"), "INFO cluster=")
-	if info := c.do("INFO"); !strings.Contains(info, " protocol=6 ") {
-		t.Fatalf("INFO %q does not say protocol=6", info)
+	if info := c.do("INFO"); !strings.Contains(info, " protocol=7 ") {
+		t.Fatalf("INFO %q does not say protocol=7", info)
 	}
 }
 

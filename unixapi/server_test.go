@@ -499,10 +499,10 @@ func TestHelloAndProtocolVersion(t *testing.T) {
 	c := dial(t, s)
 	expect(t, c.do("PING"), "PONG") // HELLO is optional
 	for _, tc := range []struct{ hello, reply string }{
-		{"HELLO 1", "HELLO 1"}, {"HELLO 2", "HELLO 2"}, {"HELLO 3", "HELLO 3"}, {"HELLO 65535", "HELLO 6"}, {"HELLO 1\r", "HELLO 1"},
+		{"HELLO 1", "HELLO 1"}, {"HELLO 2", "HELLO 2"}, {"HELLO 3", "HELLO 3"}, {"HELLO 65535", "HELLO 7"}, {"HELLO 1\r", "HELLO 1"},
 		// The events option (version 3): echoed when the version both
 		// speak has events, silently off below it.
-		{"HELLO 3 events", "HELLO 3 events"}, {"HELLO 9 events", "HELLO 6 events"}, {"HELLO 2 events", "HELLO 2"},
+		{"HELLO 3 events", "HELLO 3 events"}, {"HELLO 9 events", "HELLO 7 events"}, {"HELLO 2 events", "HELLO 2"},
 		{"HELLO 3", "HELLO 3"},
 	} {
 		expect(t, c.do(tc.hello), tc.reply)
@@ -510,7 +510,7 @@ func TestHelloAndProtocolVersion(t *testing.T) {
 	for _, l := range []string{"HELLO", "HELLO 0", "HELLO 65536", "HELLO two", "HELLO 2 3", "HELLO 3 EVENTS", "HELLO 3 events x", "HELLO 3  events"} {
 		expectPrefix(t, c.do(l), "ERR bad_request ")
 	}
-	expect(t, c.do("INFO"), "INFO cluster=- leader=- connected=0/0 domain=- members=- protocol=6 sessions=auto session=- session_state=- "+
+	expect(t, c.do("INFO"), "INFO cluster=- leader=- connected=0/0 domain=- members=- protocol=7 sessions=auto session=- session_state=- "+
 		"session_timeout_ms=0 session_resumes=0 session_opens=0 session_held=0 session_last_resume=outcomes:0,queued:0,void:0,repeated:0")
 	// EXTEND, like RELEASE, of a lock this connection does not hold is
 	// answered at once; its fields are checked first.
