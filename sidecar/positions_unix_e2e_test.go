@@ -319,3 +319,71 @@ func TestE2EPositionsAreExactAndOnlyGoDown(t *testing.T) {
 		t.Fatal("no POSITION at all")
 	}
 }
+
+// Across a leader kill the places go on: the broker's session keeps its
+// waiters in line, the new leader walks the replicated queues, and once
+// the session resumed there every waiter is told its place again (the
+// same: the line did not move), by the new leader; a release there moves
+// the line, and every place goes down by one, exactly.
+func TestE2EPositionsContinueAfterLeaderKill(t *testing.T) {
+	c, li, path := startPositionsSetup(t)
+	holder := dialUnix(t, path)
+	holder.send("ACQUIRE pos/kill 60 0")
+	ok := holder.read(30 * time.Second)
+	if !strings.HasPrefix(ok, "OK ") {
+		t.Fatalf("holder: %q", ok)
+	}
+	const n = 5
+	var live []*posWaiter
+	v7 := map[*posWaiter]bool{}
+	for i := range n {
+		w := startPosWaiter(t, path, fmt.Sprintf("w%d", i+1), "HELLO 7 events", "pos/kill")
+		v7[w] = true
+		live = append(live, w)
+		expectLine(live)
+	}
+	settle(t, "every waiter told its first place", live, v7)
+	before := map[*posWaiter]int{}
+	for _, w := range live {
+		_, before[w], _, _ = w.state()
+	}
+
+	if err := c.Stop(li); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, "every waiter told its place by the new leader", 30*time.Second, func() bool {
+		for i, w := range live {
+			w.checkClean(t)
+			if last, told, reply, _ := w.state(); reply != "" || last != i+1 || told <= before[w] {
+				if reply != "" {
+					t.Fatalf("%s answered %q across the leader kill", w.name, reply)
+				}
+				return false
+			}
+		}
+		return true
+	})
+	nl, err := c.Leader(t.Context())
+	if err != nil || nl == li {
+		t.Fatalf("new leader %d (killed %d): %v", nl, li, err)
+	}
+
+	// The new leader moves the line: a release hands the key to w1, and
+	// every other place goes down by one.
+	head := live[0]
+	head.expect(0)
+	live = live[1:]
+	expectLine(live)
+	holder.send("RELEASE pos/kill " + strings.TrimPrefix(ok, "OK "))
+	if r := holder.read(60 * time.Second); r != "OK" {
+		t.Fatalf("RELEASE on the new leader: %q", r)
+	}
+	settle(t, "the places after a hand-off by the new leader", live, v7)
+	testkit.WaitFor(t, "w1 granted", 20*time.Second, func() bool {
+		_, _, reply, _ := head.state()
+		return strings.HasPrefix(reply, "OK ")
+	})
+	for w := range v7 {
+		w.checkClean(t)
+	}
+}
