@@ -498,6 +498,16 @@ func (b *Broker) dial(ctx context.Context, s *slot) (*client.Conn, error) {
 		b.log.Error("refusing a node of another fencing domain", "addr", s.addr, "err", err)
 		return nil, err
 	}
+	if conn.Peer().Version >= wire.VersionPositions {
+		// Places in line for the acquires this connection will carry
+		// (AcquireOptions.Position), asked before any of them. Never on
+		// an older node: it would close the connection on the unknown
+		// frame. Its K needs no waiting for: the node takes requests in
+		// order.
+		if _, err := conn.WatchPositions(); err != nil {
+			b.log.Debug("asking for places in line", "addr", s.addr, "err", err)
+		}
+	}
 	return conn, nil
 }
 

@@ -495,8 +495,11 @@ func (c *Conn) StartFunc(m wire.Msg, h Hooks) (*Call, error) {
 	}
 	if !wire.RequestAllowed(m.Type, c.peer.Version) {
 		need := uint16(wire.VersionBlocks)
-		if m.Type == wire.TypeExtend {
+		switch m.Type {
+		case wire.TypeExtend:
 			need = wire.VersionExtend
+		case wire.TypeWatchPositions:
+			need = wire.VersionPositions
 		}
 		return nil, fmt.Errorf("%w: %s needs protocol version %d; %s speaks %d", wire.ErrNotSupported, wire.TypeName(m.Type),
 			need, c.peer.NodeID, c.peer.Version)
@@ -864,6 +867,18 @@ func (c *Conn) queued(id uint64) error {
 		call.hooks.Queued(call)
 	}
 	return nil
+}
+
+// WatchPositions asks the node for places in line on this connection
+// (the request w, version 12): from its K on, the leader tells this
+// connection's queued acquires their places (R frames, to each call's
+// Hooks.Position), every one of them at the next walk of its line. It
+// returns the request's call without waiting for the K. On a connection
+// older than wire.VersionPositions it sends nothing and returns
+// wire.ErrNotSupported: an older node would take w for an unknown frame
+// and close the connection.
+func (c *Conn) WatchPositions() (*Call, error) {
+	return c.Start(wire.Msg{Type: wire.TypeWatchPositions})
 }
 
 // position hands a place in line (R) to its call's Position hook. An R

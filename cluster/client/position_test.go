@@ -24,11 +24,18 @@ func TestPositionHookBeforeTheReply(t *testing.T) {
 			ids <- m.ID
 		case wire.TypePing:
 			sc.reply(t, wire.Msg{Type: wire.TypePong, ID: m.ID})
+		case wire.TypeWatchPositions:
+			sc.reply(t, wire.Msg{Type: wire.TypeOK, ID: m.ID})
 		}
 	})
 	c := s.dial(t)
 	if c.Peer().Version < wire.VersionPositions {
 		t.Fatalf("negotiated version %d", c.Peer().Version)
+	}
+	if w, err := c.WatchPositions(); err != nil {
+		t.Fatal(err)
+	} else if <-w.Done; w.Err != nil || w.Reply.Type != wire.TypeOK {
+		t.Fatalf("w: %+v %v", w.Reply, w.Err)
 	}
 	var mu sync.Mutex
 	var got []wire.Msg
@@ -61,6 +68,22 @@ func TestPositionHookBeforeTheReply(t *testing.T) {
 	sc.reply(t, wire.Msg{Type: wire.TypeGranted, ID: id, Token: 7})
 	if done := h.wait(t); done != call || call.Reply.Type != wire.TypeGranted {
 		t.Fatalf("call %+v", call)
+	}
+}
+
+// A connection older than version 12 never asks: WatchPositions sends
+// nothing and says not supported (an older node would close the
+// connection on an unknown frame).
+func TestWatchPositionsNotOnAnOlderConnection(t *testing.T) {
+	s := newFakeServerV(t, wire.VersionPositions-1, func(sc *srvConn, m wire.Msg) {
+		t.Errorf("the node read %s", wire.TypeName(m.Type))
+	})
+	c := s.dial(t)
+	if _, err := c.WatchPositions(); !errors.Is(err, wire.ErrNotSupported) {
+		t.Fatalf("WatchPositions on a version %d connection: %v, want ErrNotSupported", c.Peer().Version, err)
+	}
+	if c.InFlight() != 0 {
+		t.Fatalf("%d in flight", c.InFlight())
 	}
 }
 

@@ -500,6 +500,9 @@ type conn[C comparable] struct {
 	// closing: told to close (Ready.Closes); nothing more of its
 	// session is sent on it.
 	closing bool
+	// positions: it asked for places in line (wire.TypeWatchPositions,
+	// version 12); only then does it get R frames.
+	positions bool
 }
 
 // Core is the leader's request handling; see the package comment. C is the
@@ -757,6 +760,15 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 	switch m.Type {
 	case wire.TypeNoticeAck:
 		k.noticeAcked(cn)
+		k.send(cn, wire.Msg{Type: wire.TypeOK, ID: m.ID})
+		return true
+	case wire.TypeWatchPositions:
+		if !wire.RequestAllowed(m.Type, cn.version) {
+			k.send(cn, wire.Msg{Type: wire.TypeError, Code: wire.CodeUnexpectedFrame,
+				Text: fmt.Sprintf("positions request on a version %d connection (from version %d)", cn.version, wire.VersionPositions)})
+			return false
+		}
+		k.watchPositions(now, cn)
 		k.send(cn, wire.Msg{Type: wire.TypeOK, ID: m.ID})
 		return true
 	case wire.TypeAcquireBlock, wire.TypeExtend:

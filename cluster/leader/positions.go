@@ -160,7 +160,7 @@ func (k *Core[C]) walkPositions() {
 				return true // not owed here (another leader's, or its connection's gone)
 			}
 			cn := k.dest(p)
-			if cn == nil || cn.dead || cn.version < wire.VersionPositions {
+			if cn == nil || cn.dead || !cn.positions {
 				return true
 			}
 			if !k.tellPosition(p, key, pos) {
@@ -195,6 +195,22 @@ func (k *Core[C]) tellPosition(p *pending[C], key string, pos int) bool {
 	}
 	told[i] = v
 	return true
+}
+
+// watchPositions turns places in line on for cn (its 'w'): every waiter
+// owed on it is told its place at the next walk, moved or not (nothing
+// was told on cn before). The scan of what this leader owes is once per
+// connection.
+func (k *Core[C]) watchPositions(now time.Time, cn *conn[C]) {
+	if cn.positions {
+		return
+	}
+	cn.positions = true
+	for _, p := range sortedByRef(k.pend) {
+		if p.queued && k.dest(p) == cn {
+			k.untell(now, p)
+		}
+	}
 }
 
 // untell forgets what p was told (its replies go to a new connection,

@@ -109,7 +109,9 @@ type randomRun struct {
 	dead   map[string]bool
 	// version: each connection's protocol version.
 	version map[string]uint16
-	conns   int
+	// watching: the connections that asked for places in line (w).
+	watching map[string]bool
+	conns    int
 
 	// What the log did, by ref.
 	granted  map[uint64]uint64 // ref → token
@@ -153,7 +155,7 @@ func runRandom(seed uint64, steps int, cov *coverage) error {
 		r:      rand.New(rand.NewPCG(seed, 7)),
 		reqs:   map[reqKey]*reqInfo{},
 		byRef:  map[uint64]*reqInfo{},
-		nextID: map[string]uint64{}, dead: map[string]bool{}, version: map[string]uint16{},
+		nextID: map[string]uint64{}, dead: map[string]bool{}, version: map[string]uint16{}, watching: map[string]bool{},
 		granted: map[uint64]uint64{}, busy: map[uint64]bool{}, released: map[uint64]bool{},
 		timedOut: map[uint64]bool{}, dropped: map[uint64]bool{}, applied: map[uint64]bool{},
 		compensated: map[uint64]bool{}, cancelled: map[uint64]bool{},
@@ -325,6 +327,9 @@ func (rr *randomRun) step() {
 		rr.version[name] = version
 		rr.open = append(rr.open, name)
 		rr.do(fmt.Sprintf("open conn=%s version=%d", name, version))
+		if version >= wire.VersionPositions && rr.pick(3) != 0 {
+			rr.watch(name)
+		}
 	case x < 9:
 		i := rr.pick(len(rr.open))
 		name := rr.open[i]
@@ -422,8 +427,22 @@ func (rr *randomRun) step() {
 		}
 	default:
 		c := rr.open[rr.pick(len(rr.open))]
+		if rr.version[c] >= wire.VersionPositions && rr.pick(2) == 0 {
+			rr.watch(c)
+			return
+		}
 		rr.request(c, wire.TypeNoticeAck, fmt.Sprintf("ack conn=%s id=%%d", c))
 	}
+}
+
+// watch asks for places in line on c (w): answered K at once, and from
+// then on c may get R.
+func (rr *randomRun) watch(c string) {
+	rr.request(c, wire.TypeWatchPositions, fmt.Sprintf("watch conn=%s id=%%d", c))
+	if info := rr.reqs[reqKey{c, rr.nextID[c]}]; len(info.replies) != 1 || info.replies[0].Type != wire.TypeOK {
+		rr.fail("w on %s answered %v, want K", c, info.replies)
+	}
+	rr.watching[c] = true
 }
 
 // request sends one request with the connection's next id (line has a %d
@@ -514,6 +533,8 @@ func (rr *randomRun) positionSent(to string, info *reqInfo, m wire.Msg) {
 	switch {
 	case !wire.ProgressAllowed(info.op, m.Type, rr.version[to]):
 		rr.fail("R to %s/%d: request %c on a version %d connection", to, m.ID, info.op, rr.version[to])
+	case !rr.watching[to]:
+		rr.fail("R to %s/%d: the connection did not ask for places", to, m.ID)
 	case rr.dead[to]:
 		rr.fail("R to %s/%d: the connection is closed", to, m.ID)
 	case len(info.replies) > 0:

@@ -50,6 +50,7 @@ package leader
 //	                             the session frames o, y, k, d (version 7;
 //	                             timeout 10000 ms and secret "s<session>"
 //	                             by default)
+//	watch conn= id=              ask for places in line (w, version 12)
 //	frame conn= type= [id=]      any other frame type (one character)
 //	append op= [key= owner= token= ref= lease= wait= session= seq= ack= epoch=
 //	       secret= timeout= term=]
@@ -332,7 +333,7 @@ func (h *harness) run(line string) (string, error) {
 	case "cluster-version":
 		*h.version = uint16(a.int("v", 0))
 	case "acquire", "acquire-block", "release", "extend", "cancel", "ack", "frame", "open-session", "resume", "session-ack",
-		"close-session":
+		"close-session", "watch":
 		cn := a.need("conn")
 		m := wire.Msg{ID: uint64(a.int("id", 0))}
 		switch name {
@@ -365,6 +366,8 @@ func (h *harness) run(line string) (string, error) {
 			m.Type = wire.TypeCloseSession
 		case "frame":
 			m.Type = a.need("type")[0]
+		case "watch":
+			m.Type = wire.TypeWatchPositions
 		}
 		if a.err != nil {
 			return "", a.err

@@ -504,7 +504,8 @@ func payloadLen(m *Msg) (int, error) {
 		n += 8 + SecretLen + 8 + 8
 	case TypeOutcomes:
 		n += 8 + 8
-	case TypePing, TypeStatus, TypeMembers, TypeNoticeAck, TypeBusy, TypeTimeout, TypeOK, TypePong, TypeQueued, TypeCloseSession:
+	case TypePing, TypeStatus, TypeMembers, TypeNoticeAck, TypeBusy, TypeTimeout, TypeOK, TypePong, TypeQueued, TypeCloseSession,
+		TypeWatchPositions:
 	case TypeMoved:
 		n += s8(m.LeaderAddr) + s8(m.LeaderID)
 	case TypeNotice:

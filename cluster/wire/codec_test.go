@@ -68,6 +68,7 @@ func sampleMsgs() []Msg {
 		{Type: TypeOutcomes, Session: 7, Serial: 1001},
 		{Type: TypeOutcomes, Session: ^uint64(0), Serial: ^uint64(0)},
 		{Type: TypePosition, ID: 16, Position: 1, EstimateMs: 2500, Key: "event:42"},
+		{Type: TypeWatchPositions, ID: 17},
 		{Type: TypePosition, ID: ^uint64(0), Position: ^uint32(0), EstimateMs: EstimateUnknown, Key: strings.Repeat("k", locksm.MaxKeyLen)},
 	}
 }
@@ -510,7 +511,9 @@ func TestReplyAllowed(t *testing.T) {
 		ReplyAllowed(TypePing, TypeGranted) || ReplyAllowed(TypeRelease, TypeGranted) ||
 		ReplyAllowed(TypeGranted, TypeError) || !ReplyAllowed(TypeCancel, TypeOK) ||
 		!ReplyAllowed(TypeNoticeAck, TypeOK) || ReplyAllowed(TypeNoticeAck, TypeMoved) ||
-		ReplyAllowed(TypeAcquire, TypeNotice) || ReplyAllowed(TypeNotice, TypeOK) {
+		ReplyAllowed(TypeAcquire, TypeNotice) || ReplyAllowed(TypeNotice, TypeOK) ||
+		!ReplyAllowed(TypeWatchPositions, TypeOK) || !ReplyAllowed(TypeWatchPositions, TypeError) ||
+		ReplyAllowed(TypeWatchPositions, TypeMoved) || ReplyAllowed(TypeAcquire, TypePosition) {
 		t.Error("ReplyAllowed table wrong")
 	}
 	// A block acquire's replies are exactly an acquire's.
@@ -601,7 +604,7 @@ func TestRequestAllowed(t *testing.T) {
 			}
 		}
 		if RequestAllowed(TypeNoticeAck, v) != (v >= VersionNotices) || RequestAllowed(TypeAcquireBlock, v) != (v >= VersionBlocks) ||
-			RequestAllowed(TypeExtend, v) != (v >= VersionExtend) {
+			RequestAllowed(TypeExtend, v) != (v >= VersionExtend) || RequestAllowed(TypeWatchPositions, v) != (v >= VersionPositions) {
 			t.Errorf("version %d: n %v, b %v, e %v", v, RequestAllowed(TypeNoticeAck, v), RequestAllowed(TypeAcquireBlock, v), RequestAllowed(TypeExtend, v))
 		}
 		if RequestAllowed(TypeGranted, v) || RequestAllowed(TypeQueued, v) || RequestAllowed(TypeHello, v) || RequestAllowed(TypeLost, v) ||

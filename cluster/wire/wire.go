@@ -105,11 +105,12 @@ import "ticketing/locksm"
 //	    (VersionLongWaits) and answers it E not_supported before; every
 //	    replica applies the 5-minute bound until the 'V' entry that
 //	    raises the cluster version to 11 (locksm.State.SetShortWaits).
-//	12 — places in line (issue 41): the progress frame 'R' (TypePosition)
-//	    tells a queued acquire its exact place in one key's line and an
-//	    estimated wait, pushed by the leader at most once per
-//	    PositionInterval and only when the place changed. No log change:
-//	    a version 11 node or client never sees it.
+//	12 — places in line (issue 41): a connection that asks with the
+//	    request 'w' (TypeWatchPositions) gets the progress frame 'R'
+//	    (TypePosition), which tells a queued acquire its exact place in
+//	    one key's line and an estimated wait, pushed by the leader at
+//	    most once per PositionInterval and only when the place changed.
+//	    No log change: a version 11 node or client never sees either.
 const ProtocolVersion = 12
 
 // NewestProtocolVersion is the newest version this build implements:
@@ -186,10 +187,11 @@ const VersionExtendNeverShortens = 10
 // version may ask, and gets not_supported while the cluster is older.
 const VersionLongWaits = 11
 
-// VersionPositions is the first version with the progress frame 'R'
-// (TypePosition): a leader sends it only on connections that negotiated
-// it, so a client of an older version never sees one. (Version 13 is
-// taken by semaphores.)
+// VersionPositions is the first version with the request 'w'
+// (TypeWatchPositions) and the progress frame 'R' (TypePosition): a
+// leader sends R only on connections that negotiated it and asked with
+// w, so a client of an older version, or one that does not ask, never
+// sees one. (Version 13 is taken by semaphores.)
 const VersionPositions = 12
 
 // SecretLen is the length of a session's secret in bytes.
@@ -304,6 +306,20 @@ const (
 	//
 	//	id u64
 	TypeCloseSession = 'd'
+
+	// TypeWatchPositions asks for places in line on this connection
+	// (version 12, VersionPositions):
+	//
+	//	id u64
+	//
+	// From its K on, the node's leader sends R (TypePosition) for this
+	// connection's queued acquires (a session's: while the session is
+	// attached to it); the next walk tells every one of them its place.
+	// Without it a connection gets no R, so a client that does not ask
+	// reads exactly what version 11 sent. Answered K by any node (the
+	// choice is the connection's, kept by every node's core); per
+	// connection, never undone.
+	TypeWatchPositions = 'w'
 
 	// Replies: every payload starts with the id of the request it answers;
 	// exactly one reply per request.
@@ -538,7 +554,7 @@ func (r Role) String() string {
 func IsRequest(typ byte) bool {
 	switch typ {
 	case TypeAcquire, TypeAcquireBlock, TypeRelease, TypeExtend, TypeCancel, TypePing, TypeStatus, TypeMembers, TypeNoticeAck,
-		TypeOpenSession, TypeResume, TypeSessionAck, TypeCloseSession:
+		TypeOpenSession, TypeResume, TypeSessionAck, TypeCloseSession, TypeWatchPositions:
 		return true
 	}
 	return false
@@ -559,6 +575,8 @@ func RequestAllowed(req byte, version uint16) bool {
 		return version >= VersionExtend
 	case TypeOpenSession, TypeResume, TypeSessionAck, TypeCloseSession:
 		return version >= VersionSessions
+	case TypeWatchPositions:
+		return version >= VersionPositions
 	}
 	return IsRequest(req)
 }
@@ -643,7 +661,7 @@ func ReplyAllowed(req, reply byte) bool {
 		return reply == TypeStatusR
 	case TypeMembers:
 		return reply == TypeMembersR
-	case TypeNoticeAck, TypeSessionAck:
+	case TypeNoticeAck, TypeSessionAck, TypeWatchPositions:
 		return reply == TypeOK
 	}
 	return false
