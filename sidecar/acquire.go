@@ -151,9 +151,8 @@ type AcquireOptions struct {
 	// after done runs: a caller ignores a Position that reaches it after
 	// its outcome (unixapi does: no line after the reply). A prompt, not a
 	// promise: a leader older than version 12 never sends one (the broker
-	// asks for nothing: the leader pushes positions on every connection
-	// that negotiated 12), and a leader change can delay one by an
-	// interval.
+	// asks for places, with w, only on connections that negotiated 12),
+	// and a leader change can delay one by an interval.
 	Position func(Place)
 	// Label is the caller's owner label ("" = none): 1..locksm.MaxLabelLen
 	// bytes of the key alphabet (else locksm.ErrInvalidLabel, not sent).
