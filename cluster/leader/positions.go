@@ -199,14 +199,20 @@ func (k *Core[C]) tellPosition(p *pending[C], key string, pos int) bool {
 
 // watchPositions turns places in line on for cn (its 'w'): every waiter
 // owed on it is told its place at the next walk, moved or not (nothing
-// was told on cn before). The scan of what this leader owes is once per
-// connection.
+// was told on cn before). It looks only at cn's own waiters, or those of
+// the session attached to it (owed on the session's home connection),
+// once per connection: a client cannot make it scan every waiter of the
+// leader.
 func (k *Core[C]) watchPositions(now time.Time, cn *conn[C]) {
 	if cn.positions {
 		return
 	}
 	cn.positions = true
-	for _, p := range sortedByRef(k.pend) {
+	owed := cn.inflight
+	if s := cn.sess; s != nil {
+		owed = s.home.inflight
+	}
+	for _, p := range sortedByRef(owed) {
 		if p.queued && k.dest(p) == cn {
 			k.untell(now, p)
 		}
