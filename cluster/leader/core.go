@@ -603,6 +603,9 @@ type Core[C comparable] struct {
 	posArmed  uint64
 	blockTold map[uint64][]uint32
 	rates     map[string]*handoffRate
+	// walkRefs: the refs of the line being walked, copied out of the
+	// table (reused between the lines of one walk).
+	walkRefs []uint64
 
 	rd Ready[C]
 }

@@ -151,25 +151,40 @@ func (k *Core[C]) walkPositions() {
 	k.posArmed = 0
 	keys := slices.Sorted(maps.Keys(k.posDirty))
 	clear(k.posDirty)
+	longest := 0
 	for _, key := range keys {
-		pos := 0
+		// The table is read under the node's fsm lock, which apply
+		// needs: only the refs are copied there (a line of 100,000 in
+		// well under a millisecond), the rest is done outside it.
+		refs := k.walkRefs[:0]
 		k.table.RangeWaiters(key, func(w *locksm.Waiter) bool {
-			pos++
-			p := k.pend[w.Ref]
+			refs = append(refs, w.Ref)
+			return true
+		})
+		k.walkRefs = refs
+		longest = max(longest, len(refs))
+		for i, ref := range refs {
+			pos := i + 1
+			p := k.pend[ref]
 			if p == nil || !p.queued {
-				return true // not owed here (another leader's, or its connection's gone)
+				continue // not owed here (another leader's, or its connection's gone)
 			}
 			cn := k.dest(p)
 			if cn == nil || cn.dead || !cn.positions {
-				return true
+				continue
 			}
 			if !k.tellPosition(p, key, pos) {
-				return true
+				continue
 			}
 			k.send(cn, wire.Msg{Type: wire.TypePosition, ID: p.id, Position: uint32(min(pos, int(^uint32(0)))),
 				EstimateMs: k.estimate(key, pos), Key: key})
-			return true
-		})
+		}
+	}
+	if cap(k.walkRefs) > 4*max(longest, 1024) {
+		// A drained waiting room's line is not kept for the next walk;
+		// a full one's is (8 bytes a waiter, beside the hundreds each
+		// costs the leader), so its walks allocate nothing.
+		k.walkRefs = nil
 	}
 }
 
