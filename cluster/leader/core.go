@@ -293,6 +293,9 @@ const (
 	// (Keys: the replies it owed, answered U). The caller drops what it
 	// queued for proposal, as when Raft says leadership was lost.
 	EventSuperseded
+	// EventPositionsSent: a walk of the lines that moved told Keys
+	// waiters their places (R frames queued; none: no event).
+	EventPositionsSent
 )
 
 // Event is something for the metrics (or the log) to record.
@@ -301,7 +304,7 @@ type Event struct {
 	Op      locksm.Op     // EventReply, EventUnexpectedResult
 	Outcome Outcome       // EventReply
 	Queued  bool          // EventReply of a grant
-	Keys    int           // EventReply of a grant of a block: its number of keys (0 for one key); EventLostSent: connections told
+	Keys    int           // EventReply of a grant of a block: its number of keys (0 for one key); EventLostSent: connections told; EventPositionsSent: R frames
 	Latency time.Duration // EventReply of a grant, EventHandoffLatency
 	Status  locksm.Status // EventUnexpectedResult
 }

@@ -151,7 +151,7 @@ func (k *Core[C]) walkPositions() {
 	k.posArmed = 0
 	keys := slices.Sorted(maps.Keys(k.posDirty))
 	clear(k.posDirty)
-	longest := 0
+	longest, sent := 0, 0
 	for _, key := range keys {
 		// The table is read under the node's fsm lock, which apply
 		// needs: only the refs are copied there (a line of 100,000 in
@@ -178,7 +178,11 @@ func (k *Core[C]) walkPositions() {
 			}
 			k.send(cn, wire.Msg{Type: wire.TypePosition, ID: p.id, Position: uint32(min(pos, int(^uint32(0)))),
 				EstimateMs: k.estimate(key, pos), Key: key})
+			sent++
 		}
+	}
+	if sent > 0 {
+		k.event(Event{Kind: EventPositionsSent, Keys: sent})
 	}
 	if cap(k.walkRefs) > 4*max(longest, 1024) {
 		// A drained waiting room's line is not kept for the next walk;

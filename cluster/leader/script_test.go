@@ -733,6 +733,8 @@ func fmtEvent(e Event) string {
 		return "refused session-outcomes"
 	case EventSuperseded:
 		return fmt.Sprintf("superseded owed=%d", e.Keys)
+	case EventPositionsSent:
+		return fmt.Sprintf("positions-sent n=%d", e.Keys)
 	case EventUnexpectedResult:
 		return fmt.Sprintf("unexpected-result op=%s status=%s", opNames[e.Op], statusNames[e.Status])
 	}
