@@ -502,9 +502,20 @@ func (b *Broker) dial(ctx context.Context, s *slot) (*client.Conn, error) {
 		// Places in line for the acquires this connection will carry
 		// (AcquireOptions.Position), asked before any of them. Never on
 		// an older node: it would close the connection on the unknown
-		// frame. Its K needs no waiting for: the node takes requests in
-		// order.
-		if _, err := conn.WatchPositions(); err != nil {
+		// frame. Its K is waited for (one round trip, like the
+		// handshake's): a session attaches only to a connection with
+		// nothing in flight (client.ErrConnBusy), and a fresh
+		// connection is dialled to attach one.
+		call, err := conn.WatchPositions()
+		if err == nil {
+			select {
+			case <-call.Done:
+				err = call.Err
+			case <-ctx.Done():
+				err = ctx.Err()
+			}
+		}
+		if err != nil {
 			b.log.Debug("asking for places in line", "addr", s.addr, "err", err)
 		}
 	}
