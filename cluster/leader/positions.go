@@ -8,11 +8,14 @@ package leader
 // cancelled or dropped) only marks the key. The first mark arms one
 // TimerPositions PositionInterval later; when it is due the core walks
 // each marked key's queue once, head to tail, where a running count is
-// every waiter's place (no rank tree, no copy of the line), and queues an
-// R for each waiter owed here on a version 12 connection whose place
-// differs from the last it was told. So the work is the length of the
-// lines that moved, once per interval, and a line that stands still
-// costs nothing; a waiter hears at most one R per key and interval.
+// every waiter's place (no rank tree; only the refs are copied out of the
+// table, under its lock), and queues an R for each waiter owed here on a
+// connection that asked for places (w, version 12) whose place differs
+// from the last it was told. So the work is the length of the lines that
+// moved, once per interval, and a line that stands still costs nothing; a
+// waiter hears at most one R per key and interval. (A line that only grew
+// is walked whole too, to tell its newcomers: O(line) per interval, not
+// per join.)
 //
 // The estimate is the key's mean interval between hand-offs times the
 // place. Every node keeps that mean from the log (Applied runs on
