@@ -17,7 +17,10 @@ import (
 
 	"ticketing/cluster"
 	"ticketing/cluster/local"
+	"ticketing/cluster/obs"
 	"ticketing/cluster/testkit"
+	"ticketing/cluster/wire"
+	"ticketing/sidecar"
 	"ticketing/unixapi"
 )
 
@@ -29,10 +32,18 @@ const posInterval = 100 * time.Millisecond
 // settled on the leader (its session attached) and a unix API server on
 // it; it returns the cluster, the leader and the socket's path.
 func startPositionsSetup(t *testing.T) (*local.Cluster, int, string) {
+	c, li, path, _ := startPositionsSetupV(t, 0)
+	return c, li, path
+}
+
+// startPositionsSetupV is startPositionsSetup with nodes of protocol
+// version (0: the newest).
+func startPositionsSetupV(t *testing.T, version uint16) (*local.Cluster, int, string, *sidecar.Broker) {
 	t.Helper()
 	c, err := local.Start(local.Options{Dir: t.TempDir(), Logger: slog.New(slog.DiscardHandler), Tune: func(cfg *cluster.Config) {
 		local.FastRaft(cfg)
 		cfg.PositionInterval = posInterval
+		cfg.ProtocolVersion = version
 	}})
 	if err != nil {
 		t.Fatal(err)
@@ -55,7 +66,7 @@ func startPositionsSetup(t *testing.T) (*local.Cluster, int, string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { srv.Close() })
-	return c, li, srv.Path()
+	return c, li, srv.Path(), b
 }
 
 // posWaiter is one unix connection with one waiting ACQUIRE: a reader
@@ -388,5 +399,49 @@ func TestE2EPositionsContinueAfterLeaderKill(t *testing.T) {
 	})
 	for w := range v7 {
 		w.checkClean(t)
+	}
+}
+
+// Against nodes of version 11 the broker never asks for places (w would
+// be an unknown frame there, and the node would close the connection):
+// a waiter on a version 7 unix connection is QUEUED and granted as
+// before, with no POSITION, and no node ever closed a connection of the
+// sidecar for an unexpected frame.
+func TestE2ENoPositionsFromAVersion11Leader(t *testing.T) {
+	c, li, path, b := startPositionsSetupV(t, wire.VersionPositions-1)
+	holder := dialUnix(t, path)
+	holder.send("ACQUIRE pos/old 60 0")
+	ok := holder.read(30 * time.Second)
+	if !strings.HasPrefix(ok, "OK ") {
+		t.Fatalf("holder: %q", ok)
+	}
+	w1 := startPosWaiter(t, path, "w1", "HELLO 7 events", "pos/old")
+	w2 := startPosWaiter(t, path, "w2", "HELLO 7 events", "pos/old")
+	time.Sleep(5 * posInterval) // walks would have told them by now
+	holder.send("RELEASE pos/old " + strings.TrimPrefix(ok, "OK "))
+	if r := holder.read(30 * time.Second); r != "OK" {
+		t.Fatalf("RELEASE: %q", r)
+	}
+	testkit.WaitFor(t, "w1 granted", 20*time.Second, func() bool {
+		_, _, reply, _ := w1.state()
+		return strings.HasPrefix(reply, "OK ")
+	})
+	time.Sleep(5 * posInterval)
+	for _, w := range []*posWaiter{w1, w2} {
+		// Any POSITION is an error in its record (nothing was expected).
+		w.checkClean(t)
+		if _, told, _, _ := w.state(); told != 0 {
+			t.Fatalf("%s was told %d places by a version 11 leader", w.name, told)
+		}
+	}
+	for i := range c.Size() {
+		if v, _, err := obs.Value(c.Node(i).MetricsRegistry(), "ticketing_node_positions_sent_total"); err != nil || v != 0 {
+			t.Fatalf("node %d (leader %d): positions sent %v %v", i, li, v, err)
+		}
+	}
+	// A w on a version 11 connection would have closed it (an unknown
+	// frame), and the session would have resumed on a new one.
+	if si := b.Info().Session; si == nil || si.State != "attached" || si.Resumes != 0 {
+		t.Fatalf("the broker's session %+v, want attached and never resumed", si)
 	}
 }
