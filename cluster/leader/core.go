@@ -602,7 +602,7 @@ type Core[C comparable] struct {
 	// (0: none); blockTold: what each block waiter was told per key (by
 	// ref, in the order of its keys); rates: every key's pace of
 	// hand-offs, kept on every node from the log.
-	posDirty  map[string]struct{}
+	posDirty  map[string]lineMark
 	posArmed  uint64
 	blockTold map[uint64][]uint32
 	rates     map[string]*handoffRate
@@ -636,7 +636,7 @@ func New[C comparable](cfg Config, table Table, dir Directory) *Core[C] {
 		untold:        map[uint64]untoldGrant{},
 		markAt:        map[uint64]int{},
 		heldExtends:   map[uint64][]locksm.Command{},
-		posDirty:      map[string]struct{}{},
+		posDirty:      map[string]lineMark{},
 		blockTold:     map[uint64][]uint32{},
 		rates:         map[string]*handoffRate{},
 	}

@@ -13,9 +13,9 @@ package leader
 // connection that asked for places (w, version 12) whose place differs
 // from the last it was told. So the work is the length of the lines that
 // moved, once per interval, and a line that stands still costs nothing; a
-// waiter hears at most one R per key and interval. (A line that only grew
-// is walked whole too, to tell its newcomers: O(line) per interval, not
-// per join.)
+// waiter hears at most one R per key and interval. A line that only grew
+// since the last walk is not walked at all: its newcomers stand at its
+// tail, so its length tells their places (O(joins) per interval).
 //
 // The estimate is the key's mean interval between hand-offs times the
 // place. Every node keeps that mean from the log (Applied runs on
@@ -48,6 +48,16 @@ type handoffRate struct {
 // configured without an interval, as the older scripts, never does).
 func (k *Core[C]) positionsOn() bool { return k.cfg.PositionInterval > 0 }
 
+// lineMark is how a key's line moved since the last walk: only by
+// waiters joining its tail (joined, in order: the walk tells just them,
+// from the line's length, without walking it), or otherwise (full: a
+// departure changed places ahead of others, or a connection must be told
+// every place again).
+type lineMark struct {
+	full   bool
+	joined []uint64
+}
+
 // moved marks keys whose lines moved, and arms the walk if none is armed
 // in this epoch. Only a leader walks.
 func (k *Core[C]) moved(now time.Time, keys ...string) {
@@ -55,8 +65,28 @@ func (k *Core[C]) moved(now time.Time, keys ...string) {
 		return
 	}
 	for _, key := range keys {
-		k.posDirty[key] = struct{}{}
+		k.posDirty[key] = lineMark{full: true}
 	}
+	k.armWalk(now)
+}
+
+// joined marks that waiter ref joined the tail of key's line. As long as
+// nothing else moved the line before the walk, the walk tells only the
+// waiters that joined: O(joins), not O(line), for a line that only grows
+// (a waiting room filling up).
+func (k *Core[C]) joined(now time.Time, key string, ref uint64) {
+	if !k.positionsOn() || !k.leading {
+		return
+	}
+	if m, ok := k.posDirty[key]; !ok || !m.full {
+		m.joined = append(m.joined, ref)
+		k.posDirty[key] = m
+	}
+	k.armWalk(now)
+}
+
+// armWalk arms the walk if none is armed in this epoch.
+func (k *Core[C]) armWalk(now time.Time) {
 	if k.posArmed != k.epoch {
 		k.posArmed = k.epoch
 		k.rd.Timers = append(k.rd.Timers, Timer{At: now.Add(k.cfg.PositionInterval), Kind: TimerPositions, Epoch: k.epoch})
@@ -71,9 +101,11 @@ func (k *Core[C]) movedBy(now time.Time, a *Applied) {
 	}
 	if a.Res.Status == locksm.StatusQueued {
 		if a.Cmd.Op == locksm.OpAcquireBlock {
-			k.moved(now, a.Cmd.Keys...)
+			for _, key := range a.Cmd.Keys {
+				k.joined(now, key, a.Cmd.Ref)
+			}
 		} else {
-			k.moved(now, a.Cmd.Key)
+			k.joined(now, a.Cmd.Key, a.Cmd.Ref)
 		}
 	}
 	for i := range a.Effects {
@@ -153,21 +185,14 @@ func (k *Core[C]) estimate(key string, pos int) uint32 {
 func (k *Core[C]) walkPositions() {
 	k.posArmed = 0
 	keys := slices.Sorted(maps.Keys(k.posDirty))
-	clear(k.posDirty)
+	marks := k.posDirty
+	k.posDirty = make(map[string]lineMark, len(marks))
 	longest, sent := 0, 0
 	for _, key := range keys {
-		// The table is read under the node's fsm lock, which apply
-		// needs: only the refs are copied there (a line of 100,000 in
-		// well under a millisecond), the rest is done outside it.
-		refs := k.walkRefs[:0]
-		k.table.RangeWaiters(key, func(w *locksm.Waiter) bool {
-			refs = append(refs, w.Ref)
-			return true
-		})
-		k.walkRefs = refs
+		refs, first := k.lineToTell(key, marks[key])
 		longest = max(longest, len(refs))
 		for i, ref := range refs {
-			pos := i + 1
+			pos := first + i
 			p := k.pend[ref]
 			if p == nil || !p.queued {
 				continue // not owed here (another leader's, or its connection's gone)
@@ -193,6 +218,28 @@ func (k *Core[C]) walkPositions() {
 		// costs the leader), so its walks allocate nothing.
 		k.walkRefs = nil
 	}
+}
+
+// lineToTell is what the walk of key's line looks at: the refs of the
+// waiters to tell and the place of the first. Only joins since the last
+// walk: those, at the tail (the line's length says where). Else the whole
+// line: the table is read under the node's fsm lock, which apply needs,
+// so only the refs are copied there (a line of 100,000 in well under a
+// millisecond) and the rest is done outside it.
+func (k *Core[C]) lineToTell(key string, m lineMark) (refs []uint64, first int) {
+	if !m.full {
+		if _, _, n := k.table.Occupancy(key); n >= len(m.joined) {
+			return m.joined, n - len(m.joined) + 1
+		}
+		// Cannot be (a departure marks the line full): walk it.
+	}
+	refs = k.walkRefs[:0]
+	k.table.RangeWaiters(key, func(w *locksm.Waiter) bool {
+		refs = append(refs, w.Ref)
+		return true
+	})
+	k.walkRefs = refs
+	return refs, 1
 }
 
 // tellPosition records that p is told pos on key, and reports whether

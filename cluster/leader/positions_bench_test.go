@@ -137,3 +137,43 @@ func TestPositionWalkOncePerInterval(t *testing.T) {
 		t.Fatalf("one walk after three hand-offs told %d places, want %d", sent, 1000)
 	}
 }
+
+// countingTable counts the walks of whole lines.
+type countingTable struct {
+	stateTable
+	walks *int
+}
+
+func (t countingTable) RangeWaiters(key string, fn func(*locksm.Waiter) bool) {
+	*t.walks++
+	t.stateTable.RangeWaiters(key, fn)
+}
+
+// A line that only grew since the last walk is not walked: its newcomers
+// are told their places (at its tail) from its length alone, so a
+// waiting room filling up costs the walk its joins, not its length. Any
+// departure makes the next walk read the whole line again.
+func TestPositionWalkOfAGrowingLine(t *testing.T) {
+	r := newPositionsRoom(t, 1000)
+	walks := 0
+	r.k.table = countingTable{stateTable{s: r.st}, &walks}
+	for range 5 {
+		r.request(&wire.Msg{Type: wire.TypeAcquire, Key: "room", Owner: "w", Lease: 250, WaitMs: 3_600_000})
+	}
+	r.apply()
+	r.k.TimerDue(Timer{Kind: TimerPositions, Epoch: r.k.epoch})
+	var places []uint32
+	for _, s := range r.k.Ready().Sends {
+		if s.Msg.Type == wire.TypePosition {
+			places = append(places, s.Msg.Position)
+		}
+	}
+	r.k.Advance()
+	if walks != 0 || len(places) != 5 || places[0] != 1001 || places[4] != 1005 {
+		t.Fatalf("after 5 joins: %d walks of the line, places told %v; want none, 1001..1005", walks, places)
+	}
+	r.step() // a hand-off: every place moves
+	if sent := r.walk(); walks != 1 || sent != 1000+5 {
+		t.Fatalf("after a hand-off: %d walks, %d places told; want 1, %d", walks, sent, 1005)
+	}
+}
