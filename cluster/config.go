@@ -206,6 +206,15 @@ type Config struct {
 	// acks every 200 ms, so it never meets it. Zero:
 	// DefaultMaxSessionOutcomes.
 	MaxSessionOutcomes int
+	// PositionInterval is how often the leader walks the lines that moved
+	// and tells their waiters their places (the R frame, protocol version
+	// 12): no waiter hears its place more than once per interval, a new
+	// waiter hears its first within one, and the work is one walk of
+	// each moved line per interval, never one per hand-off. Shorter
+	// intervals cost the leader a walk of a busy line more often (a
+	// 100,000-waiter line: BenchmarkPositionWalk) and every waiter a
+	// frame more often. 10ms..1m; zero: DefaultPositionInterval.
+	PositionInterval time.Duration
 	// MaxHandshakesPerIP bounds the connections from one IP address that
 	// are between accept and a finished handshake, on each port; more are
 	// closed at once. Zero: DefaultMaxHandshakesPerIP.
@@ -311,9 +320,13 @@ const (
 	// sidecar that acks every 200 ms can have unacknowledged, even when a
 	// whole connection's waiting room (MaxWaitersPerConn) times out at
 	// once; a client that never acks meets it.
-	DefaultMaxSessions         = 10_000
-	DefaultMaxSessionOutcomes  = 262_144
-	DefaultMaxHandshakesPerIP  = 64
+	DefaultMaxSessions        = 10_000
+	DefaultMaxSessionOutcomes = 262_144
+	DefaultMaxHandshakesPerIP = 64
+	// One place a second: as often as a person watching a waiting room
+	// reads it, and rare enough that a 100,000-waiter line costs the
+	// leader a walk of a few milliseconds per second at most.
+	DefaultPositionInterval    = time.Second
 	DefaultAuthFailureDelay    = 500 * time.Millisecond
 	DefaultAuthFailureDelayMax = 8 * time.Second
 )
@@ -346,6 +359,7 @@ func DefaultConfig() Config {
 		MaxWaitersPerConn:   DefaultMaxWaitersPerConn,
 		MaxSessions:         DefaultMaxSessions,
 		MaxSessionOutcomes:  DefaultMaxSessionOutcomes,
+		PositionInterval:    DefaultPositionInterval,
 		MaxHandshakesPerIP:  DefaultMaxHandshakesPerIP,
 		AuthFailureDelay:    DefaultAuthFailureDelay,
 		AuthFailureDelayMax: DefaultAuthFailureDelayMax,
@@ -448,6 +462,9 @@ func (c Config) Validate() error {
 	}
 	if c.LogVerifyInterval < 10*time.Millisecond {
 		return bad("log verify interval %v is below 10ms", c.LogVerifyInterval)
+	}
+	if c.PositionInterval < 10*time.Millisecond || c.PositionInterval > time.Minute {
+		return bad("position interval %v not in 10ms..1m", c.PositionInterval)
 	}
 	if c.MaxAppendEntries < 1 || c.MaxAppendEntries > 1024 {
 		return bad("max append entries must be 1..1024")

@@ -503,6 +503,15 @@ func (f *fsm) SessionWaiters(id uint64) []locksm.SessionQueued {
 	return f.state.SessionWaiters(id)
 }
 
+// RangeWaiters implements leader.Table: the walk of one line for
+// positions, under mu (a pure read of the state, so it never races the
+// caches Apply keeps); fn runs under mu and must take no lock.
+func (f *fsm) RangeWaiters(key string, fn func(w *locksm.Waiter) bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.state.RangeWaiters(key, fn)
+}
+
 func (f *fsm) clientAddr(id string) string {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -56,6 +56,7 @@ type nodeMetrics struct {
 	handoffLatency  prometheus.Observer
 	expiries        prometheus.Counter
 	lostEvents      prometheus.Counter
+	positionsSent   prometheus.Counter
 	handoffs        prometheus.Counter
 	abandonedGrants prometheus.Counter
 	// sessionRefusals counts opens and resumes refused before anything
@@ -123,6 +124,10 @@ func newNodeMetrics(n *Node) *nodeMetrics {
 		Name: "ticketing_node_lost_events_total",
 		Help: "Lost events (X frames) the leader sent to tell holders their lease expired: one per connection told (the grant's own connection, or every version 6 connection when that one had closed).",
 	})
+	m.positionsSent = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ticketing_node_positions_sent_total",
+		Help: "Places in line (R frames, protocol version 12) the leader told waiters on connections that asked for them: at most one per waiter, key and position interval, only when the place changed.",
+	})
 	m.handoffs = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ticketing_node_handoffs_total",
 		Help: "Keys handed to a queued waiter (by a release or an expiry), counted by the leader when it applied them.",
@@ -162,7 +167,7 @@ func newNodeMetrics(n *Node) *nodeMetrics {
 		Name: "ticketing_node_log_checkpoints_total",
 		Help: "Log verification checkpoints this node appended as the serving leader.",
 	})
-	m.reg.MustRegister(acq, rel, ext, blk, lat, hol, m.expiries, m.lostEvents, m.handoffs, m.abandonedGrants, m.sessionRefusals,
+	m.reg.MustRegister(acq, rel, ext, blk, lat, hol, m.expiries, m.lostEvents, m.positionsSent, m.handoffs, m.abandonedGrants, m.sessionRefusals,
 		m.leaderChanges, m.snapshotsTaken, m.snapshotBytes, m.restores, ver, m.logCheckpoints, newNodeCollector(n))
 	return m
 }
@@ -210,6 +215,8 @@ func (n *Node) record(e leader.Event) {
 		m.handoffs.Inc()
 	case leader.EventLostSent:
 		m.lostEvents.Add(float64(e.Keys))
+	case leader.EventPositionsSent:
+		m.positionsSent.Add(float64(e.Keys))
 	case leader.EventAbandonedGrant:
 		m.abandonedGrants.Inc()
 	case leader.EventSessionRefused:

@@ -215,7 +215,8 @@ func (n *Node) start() error {
 		// Refs only need to be unique among one leader's in-flight
 		// requests; a random start keeps them apart from refs of earlier
 		// leaders too.
-		FirstRef: binary.BigEndian.Uint64(seed[:]) >> 1,
+		FirstRef:         binary.BigEndian.Uint64(seed[:]) >> 1,
+		PositionInterval: cfg.PositionInterval,
 	}, n.fsm, nodeDirectory{n})
 	peerLn := cfg.PeerListener
 	if peerLn == nil {

@@ -51,6 +51,8 @@ type acqOp struct {
 	queued  func()
 	queuing bool
 	held    func()
+	// position is AcquireOptions.Position (set at creation).
+	position func(Place)
 
 	st          opState
 	answered    bool  // done was called; the call may still be live at the node
@@ -138,6 +140,21 @@ type AcquireOptions struct {
 	// node older than protocol version 4 never sends it, and a leader
 	// change can swallow it.
 	Queued func()
+	// Position, if not nil, is called with each place in line the
+	// cluster's leader tells the queued acquire (the cluster protocol's R
+	// frame, version 12): at most once per key and the leader's position
+	// interval, only when the place changed, a block once per key. It runs
+	// on the cluster connection's reader goroutine with none of the
+	// broker's locks held and must not block. The final reply comes on
+	// that goroutine after every R, so done follows the last Position;
+	// but an acquire answered elsewhere (its cancel, its deadline, the
+	// cluster connection ending) may see one Position run while or just
+	// after done runs: a caller ignores a Position that reaches it after
+	// its outcome (unixapi does: no line after the reply). A prompt, not a
+	// promise: a leader older than version 12 never sends one (the broker
+	// asks for places, with w, only on connections that negotiated 12),
+	// and a leader change can delay one by an interval.
+	Position func(Place)
 	// Label is the caller's owner label ("" = none): 1..locksm.MaxLabelLen
 	// bytes of the key alphabet (else locksm.ErrInvalidLabel, not sent).
 	// It is sent with the acquire and kept by the cluster with the
@@ -155,6 +172,18 @@ type AcquireOptions struct {
 	// the serving leader's connection at cluster protocol version 13
 	// (else wire.ErrNotSupported, definite, nothing sent).
 	Permit bool
+}
+
+// Place is a queued acquire's place in one key's line at the leader's
+// latest walk of it (AcquireOptions.Position).
+type Place struct {
+	Key      string
+	Position uint32 // 1 = next
+	// Estimate is the leader's estimate of the wait: Position times the
+	// key's mean interval between hand-offs. Unknown (false) until the
+	// leader saw two hand-offs of the key.
+	Estimate      time.Duration
+	EstimateKnown bool
 }
 
 // AcquireAsyncOpts is AcquireAsync (one key) or AcquireBlockAsync (2..16
@@ -271,7 +300,7 @@ func (b *Broker) startAcquire(key string, keys []string, owner string, lease, wa
 	now := b.cfg.Now()
 	o := &acqOp{b: b, key: key, keys: keys, owner: owner, lease: lease, wait: wait, waiter: wait > 0, begun: begun,
 		waitEnd: now.Add(wait), connectEnd: now.Add(max(wait, b.cfg.LeaderWait)), done: done, queued: opts.Queued,
-		label: opts.Label, permit: opts.Permit}
+		label: opts.Label, permit: opts.Permit, position: opts.Position}
 	var fx effects
 	b.qmu.Lock()
 	if b.qclosed {
@@ -535,6 +564,23 @@ func (o *acqOp) onQueued(call *client.Call) {
 	fx.run()
 }
 
+// onPosition passes a place in line (R) on to the caller, unless the
+// acquire was answered already or moved on from that call.
+func (o *acqOp) onPosition(call *client.Call, m wire.Msg) {
+	b := o.b
+	b.qmu.Lock()
+	live := o.call == call && !o.answered && o.st != stDone
+	b.qmu.Unlock()
+	if !live {
+		return
+	}
+	p := Place{Key: m.Key, Position: m.Position}
+	if m.EstimateMs != wire.EstimateUnknown {
+		p.Estimate, p.EstimateKnown = time.Duration(m.EstimateMs)*time.Millisecond, true
+	}
+	o.position(p)
+}
+
 // runQueued calls the caller's Queued callback, then the outcome if it was
 // decided meanwhile (answerLocked held it back), so that done never runs
 // before Queued returned.
@@ -782,7 +828,11 @@ func (b *Broker) sendSome(conn *client.Conn) sendResult {
 			}
 			m.Type, m.Key, m.Keys = wire.TypeAcquireBlock, "", o.keys
 		}
-		call, err := conn.StartFunc(m, client.Hooks{Queued: o.onQueued, Done: o.onDone})
+		hooks := client.Hooks{Queued: o.onQueued, Done: o.onDone}
+		if o.position != nil {
+			hooks.Position = o.onPosition
+		}
+		call, err := conn.StartFunc(m, hooks)
 		if err != nil {
 			b.sc.requeue(o) // nothing written
 			return sendFailed

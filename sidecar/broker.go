@@ -503,6 +503,27 @@ func (b *Broker) dial(ctx context.Context, s *slot) (*client.Conn, error) {
 		b.log.Error("refusing a node of another fencing domain", "addr", s.addr, "err", err)
 		return nil, err
 	}
+	if conn.Peer().Version >= wire.VersionPositions {
+		// Places in line for the acquires this connection will carry
+		// (AcquireOptions.Position), asked before any of them. Never on
+		// an older node: it would close the connection on the unknown
+		// frame. Its K is waited for (one round trip, like the
+		// handshake's): a session attaches only to a connection with
+		// nothing in flight (client.ErrConnBusy), and a fresh
+		// connection is dialled to attach one.
+		call, err := conn.WatchPositions()
+		if err == nil {
+			select {
+			case <-call.Done:
+				err = call.Err
+			case <-ctx.Done():
+				err = ctx.Err()
+			}
+		}
+		if err != nil {
+			b.log.Debug("asking for places in line", "addr", s.addr, "err", err)
+		}
+	}
 	return conn, nil
 }
 

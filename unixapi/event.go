@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"ticketing/locksm"
 )
@@ -39,6 +40,15 @@ import (
 // ACQUIRE of those keys, into the keys' FIFO queues; its reply still
 // follows, after this line. Written only when the latest HELLO agreed
 // version 4 or later with events.
+//
+//	! POSITION <n> <position> <estimate-seconds|-> <key>
+//
+// (version 7) The connection's n-th request line, a waiting ACQUIRE,
+// stands at position (1 = next) in key's line, as the cluster's leader
+// counted it; it expects to wait about estimate-seconds (whole seconds,
+// rounded up), "-" when the leader cannot tell yet. A block gets one
+// line per key. Written only before the ACQUIRE's reply, when the latest
+// HELLO agreed version 7 or later with events.
 const (
 	// EventPrefix begins every event line and no reply line.
 	EventPrefix = "! "
@@ -48,6 +58,10 @@ const (
 	EventLost = "LOST"
 	// EventQueued is the event version 4 added.
 	EventQueued = "QUEUED"
+	// EventPosition is the event version 7 added.
+	EventPosition = "POSITION"
+	// NoEstimate stands for an unknown estimate in a POSITION line.
+	NoEstimate = "-"
 )
 
 // LostReasons are the reasons a LOST event may name (version 3). A client
@@ -59,10 +73,16 @@ type Event struct {
 	Name   string // EventLost, EventQueued
 	Token  uint64 // LOST
 	Reason string // LOST
-	// N is QUEUED's request position: the ACQUIRE was the N-th request
-	// line read on the connection (1-based, every line counts).
-	N    uint64
-	Keys []string // LOST, QUEUED
+	// N is QUEUED's and POSITION's request position: the ACQUIRE was
+	// the N-th request line read on the connection (1-based, every line
+	// counts).
+	N uint64
+	// Position is POSITION's place in line (1 = next), EstimateSec its
+	// estimate in whole seconds (-1: unknown, "-"); Keys holds its one
+	// key.
+	Position    uint64
+	EstimateSec int64
+	Keys        []string // LOST, QUEUED
 	// Label is a LOST lock's label (version 5; "" for none, and always
 	// "" before version 5).
 	Label string
@@ -112,6 +132,18 @@ func FormatQueued(n uint64, keys []string) string {
 	return b.String()
 }
 
+// FormatPosition is the POSITION event line for the n-th request of a
+// connection, waiting at position in key's line with an estimate (known:
+// false writes NoEstimate), in whole seconds rounded up (without "\n").
+func FormatPosition(n uint64, position uint32, estimate time.Duration, known bool, key string) string {
+	est := NoEstimate
+	if known {
+		est = strconv.FormatInt(int64((max(estimate, 0)+time.Second-1)/time.Second), 10)
+	}
+	return EventPrefix + EventPosition + " " + strconv.FormatUint(n, 10) + " " + strconv.FormatUint(uint64(position), 10) +
+		" " + est + " " + key
+}
+
 // IsEvent reports whether line (without its "\n") is an event line.
 func IsEvent(line []byte) bool { return bytes.HasPrefix(line, []byte(EventPrefix)) }
 
@@ -138,6 +170,8 @@ func ParseEventVersion(line []byte, version uint16) (Event, error) {
 	case EventLost:
 	case EventQueued:
 		return parseQueued(line, f)
+	case EventPosition:
+		return parsePosition(line, f)
 	default:
 		return ev, nil
 	}
@@ -175,6 +209,35 @@ func ParseEventVersion(line []byte, version uint16) (Event, error) {
 		}
 		ev.Keys = append(ev.Keys, key)
 	}
+	return ev, nil
+}
+
+// parsePosition parses the fields f of the POSITION event line.
+func parsePosition(line []byte, f [][]byte) (Event, error) {
+	if len(f) != 5 {
+		return Event{}, fmt.Errorf("%w: POSITION takes a request position, a place, an estimate and a key: %s", ErrBadRequest, snippet(line))
+	}
+	n, err := parseToken(f[1])
+	if err != nil {
+		return Event{}, fmt.Errorf("%w: POSITION request position: %w", ErrBadRequest, err)
+	}
+	pos, err := parseToken(f[2])
+	if err != nil {
+		return Event{}, fmt.Errorf("%w: POSITION place: %w", ErrBadRequest, err)
+	}
+	ev := Event{Name: EventPosition, N: n, Position: pos, EstimateSec: -1}
+	if string(f[3]) != NoEstimate {
+		sec, err := strconv.ParseUint(string(f[3]), 10, 32)
+		if err != nil {
+			return Event{}, fmt.Errorf("%w: POSITION estimate %s", ErrBadRequest, snippet(f[3]))
+		}
+		ev.EstimateSec = int64(sec)
+	}
+	key, err := parseKey(f[4])
+	if err != nil {
+		return Event{}, fmt.Errorf("%w: POSITION key: %w", ErrBadRequest, err)
+	}
+	ev.Keys = []string{key}
 	return ev, nil
 }
 

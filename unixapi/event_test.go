@@ -2,9 +2,11 @@ package unixapi_test
 
 import (
 	"errors"
+	"math"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"ticketing/unixapi"
 )
@@ -20,9 +22,13 @@ func TestParseEvent(t *testing.T) {
 		{"! LATER whatever it says", unixapi.Event{Name: "LATER"}},
 		{"! QUEUED 2 k", unixapi.Event{Name: "QUEUED", N: 2, Keys: []string{"k"}}},
 		{"! QUEUED 18446744073709551615 s/2 s/1", unixapi.Event{Name: "QUEUED", N: 1<<64 - 1, Keys: []string{"s/2", "s/1"}}},
+		{"! POSITION 4 12 30 k", unixapi.Event{Name: "POSITION", N: 4, Position: 12, EstimateSec: 30, Keys: []string{"k"}}},
+		{"! POSITION 4 1 - s/2", unixapi.Event{Name: "POSITION", N: 4, Position: 1, EstimateSec: -1, Keys: []string{"s/2"}}},
+		{"! POSITION 4 1 0 k", unixapi.Event{Name: "POSITION", N: 4, Position: 1, EstimateSec: 0, Keys: []string{"k"}}},
 	} {
 		ev, err := unixapi.ParseEvent([]byte(tc.line))
 		if err != nil || ev.Name != tc.want.Name || ev.Token != tc.want.Token || ev.Reason != tc.want.Reason || ev.N != tc.want.N ||
+			ev.Position != tc.want.Position || ev.EstimateSec != tc.want.EstimateSec ||
 			strings.Join(ev.Keys, " ") != strings.Join(tc.want.Keys, " ") {
 			t.Errorf("%q: %+v %v, want %+v", tc.line, ev, err, tc.want)
 		}
@@ -35,6 +41,9 @@ func TestParseEvent(t *testing.T) {
 		"! QUEUED", "! QUEUED 2", "! QUEUED 0 k", "! QUEUED x k", "! QUEUED -1 k", "! QUEUED 2  k", "! QUEUED 2 k ",
 		"! QUEUED 2 k\x01", "! QUEUED 18446744073709551616 k", "! QUEUED 2 " + strings.Repeat("k", 256),
 		"! QUEUED 2" + strings.Repeat(" k", 17),
+		"! POSITION", "! POSITION 4 1 - ", "! POSITION 4 1 -", "! POSITION 0 1 - k", "! POSITION 4 0 - k", "! POSITION 4 1 x k",
+		"! POSITION 4 1 -1 k", "! POSITION 4 1 - k k", "! POSITION 4 1  - k", "! POSITION 4 1 - k\x01",
+		"! POSITION 4 1 4294967296 k", "! POSITION 4 1 - " + strings.Repeat("k", 256),
 	} {
 		if ev, err := unixapi.ParseEvent([]byte(line)); !errors.Is(err, unixapi.ErrBadRequest) {
 			t.Errorf("%q: %+v %v, want ErrBadRequest", line, ev, err)
@@ -46,6 +55,19 @@ func TestParseEvent(t *testing.T) {
 	if got := unixapi.FormatQueued(3, []string{"s/2", "s/1"}); got != "! QUEUED 3 s/2 s/1" {
 		t.Errorf("FormatQueued: %q", got)
 	}
+	// Whole seconds, rounded up: 1 ms is 1 s, 2000 ms 2 s, 2001 ms 3 s.
+	for _, tc := range []struct {
+		est   time.Duration
+		known bool
+		want  string
+	}{
+		{0, true, "! POSITION 5 3 0 k"}, {time.Millisecond, true, "! POSITION 5 3 1 k"}, {2 * time.Second, true, "! POSITION 5 3 2 k"},
+		{2001 * time.Millisecond, true, "! POSITION 5 3 3 k"}, {time.Hour, false, "! POSITION 5 3 - k"},
+	} {
+		if got := unixapi.FormatPosition(5, 3, tc.est, tc.known, "k"); got != tc.want {
+			t.Errorf("FormatPosition(%v, %v): %q, want %q", tc.est, tc.known, got, tc.want)
+		}
+	}
 }
 
 // FuzzParseEvent: any line parses or fails with ErrBadRequest, never
@@ -54,7 +76,8 @@ func TestParseEvent(t *testing.T) {
 // line that is not an event is never parsed as one.
 func FuzzParseEvent(f *testing.F) {
 	for _, s := range []string{"! LOST 7 expired k", "! LOST 1 moved a b", "! X", "OK 7", "! LOST 1 expired k k", "",
-		"! QUEUED 3 k", "! QUEUED 12 a b c", "! QUEUED 0 k", "! QUEUED 007 k"} {
+		"! QUEUED 3 k", "! QUEUED 12 a b c", "! QUEUED 0 k", "! QUEUED 007 k", "! POSITION 3 1 - k", "! POSITION 3 9 27 k",
+		"! POSITION 3 9 027 k"} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, line []byte) {
@@ -73,6 +96,13 @@ func FuzzParseEvent(f *testing.F) {
 			out := unixapi.FormatLost(ev.Token, ev.Reason, ev.Keys)
 			again, err := unixapi.ParseEvent([]byte(out))
 			if err != nil || again.Token != ev.Token || again.Reason != ev.Reason || !slices.Equal(again.Keys, ev.Keys) {
+				t.Fatalf("%q parsed as %+v, formats as %q, which parses as %+v %v", line, ev, out, again, err)
+			}
+		}
+		if ev.Name == unixapi.EventPosition && ev.Position <= math.MaxUint32 {
+			out := unixapi.FormatPosition(ev.N, uint32(ev.Position), time.Duration(ev.EstimateSec)*time.Second, ev.EstimateSec >= 0, ev.Keys[0])
+			again, err := unixapi.ParseEvent([]byte(out))
+			if err != nil || again.N != ev.N || again.Position != ev.Position || again.EstimateSec != ev.EstimateSec || !slices.Equal(again.Keys, ev.Keys) {
 				t.Fatalf("%q parsed as %+v, formats as %q, which parses as %+v %v", line, ev, out, again, err)
 			}
 		}

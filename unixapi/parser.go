@@ -21,10 +21,10 @@ const (
 	// HELLO and the longer line limit; version 3 EXTEND, HELLO's events
 	// option and the LOST event lines it turns on; version 4 the QUEUED
 	// event; version 5 owner labels (ACQUIRE's label= field, HELD and LOST
-	// with labels); version 6 waits up to an hour. HELLO answers the lower
-	// of it and the client's version; INFO reports it as protocol=.
-	// Version 7 is reserved for places in line; version 8 added
-	// semaphores (the PERMIT and PERMITS verbs, OK <token> <slot>).
+	// with labels); version 6 waits up to an hour; version 7 the POSITION
+	// event; version 8 semaphores (the PERMIT and PERMITS verbs, OK
+	// <token> <slot>). HELLO answers the lower of it and the client's
+	// version; INFO reports it as protocol=.
 	ProtocolVersion = 8
 	// VersionEvents is the first version with EXTEND and events.
 	VersionEvents = 3
@@ -39,6 +39,10 @@ const (
 	// agreed an older version gets invalid_wait above MaxShortWait, as
 	// before.
 	VersionLongWaits = 6
+	// VersionPositions is the first version with the POSITION event: a
+	// waiting ACQUIRE's place in line, written only when the latest HELLO
+	// agreed it with events.
+	VersionPositions = 7
 	// VersionSemaphores is the first version with the PERMIT and
 	// PERMITS verbs. The verbs are the opt-in: a client that sends
 	// neither sees nothing new, so they are taken on any connection.

@@ -41,7 +41,7 @@ func TestHelloVersion4(t *testing.T) {
 	}
 	expectPrefix(t, c.do("INFO"), "INFO cluster=")
 	if info := c.do("INFO"); !strings.Contains(info, fmt.Sprintf(" protocol=%d ", unixapi.ProtocolVersion)) {
-		t.Fatalf("INFO %q does not say protocol=6", info)
+		t.Fatalf("INFO %q does not say protocol=%d", info, unixapi.ProtocolVersion)
 	}
 }
 

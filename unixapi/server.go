@@ -93,10 +93,16 @@ type Server struct {
 	// queuedTold counts the QUEUED event lines queued for connections
 	// (Stats.QueuedEvents).
 	queuedTold atomic.Uint64
+	// positionTold counts the POSITION event lines queued for
+	// connections (Stats.PositionEvents).
+	positionTold atomic.Uint64
 }
 
 // queuedEvent counts a QUEUED line queued for a connection.
 func (s *Server) queuedEvent() { s.queuedTold.Add(1) }
+
+// positionEvent counts a POSITION line queued for a connection.
+func (s *Server) positionEvent() { s.positionTold.Add(1) }
 
 // lostEvent counts a lock a connection lost (why), and whether it was told.
 func (s *Server) lostEvent(why sidecar.LostReason, told bool) {
@@ -189,12 +195,15 @@ type Stats struct {
 	// QueuedEvents counts the QUEUED event lines queued for connections
 	// (version 4 with events on).
 	QueuedEvents uint64
+	// PositionEvents counts the POSITION event lines queued for
+	// connections (version 7 with events on).
+	PositionEvents uint64
 }
 
 // Stats returns the server's refusal counters (they only grow).
 func (s *Server) Stats() Stats {
 	st := Stats{Forbidden: s.forbidden.Load(), TooManyConns: s.tooMany.Load(), PacedRefusals: s.paced.Load(),
-		QueuedEvents: s.queuedTold.Load()}
+		QueuedEvents: s.queuedTold.Load(), PositionEvents: s.positionTold.Load()}
 	for i := range s.lostTold {
 		st.LostEvents[i] = s.lostTold[i].Load()
 	}

@@ -69,6 +69,9 @@ type session struct {
 	// before the next reply line, never inside one).
 	events bool
 	queued bool
+	// positions: it agreed version 7 or later with events, so POSITION
+	// lines are written.
+	positions bool
 	// version is the version the latest HELLO agreed (0 before any): from
 	// VersionLabels on, ACQUIRE takes a label and HELD and LOST show
 	// labels. Written by the reader under mu; the reader reads it alone.
@@ -514,7 +517,7 @@ func (ss *session) dispatch(line []byte) bool {
 			line += " " + HelloEvents
 		}
 		ss.mu.Lock()
-		ss.events, ss.queued = on, on && v >= VersionQueued
+		ss.events, ss.queued, ss.positions = on, on && v >= VersionQueued, on && v >= VersionPositions
 		ss.version = uint16(v)
 		ss.mu.Unlock()
 		return ss.push(&reply{line: line, done: true})
@@ -576,6 +579,7 @@ func (ss *session) startAcquire(req Request) bool {
 	if a.waiter {
 		// Only a waiter can be queued (wait 0 is granted or BUSY).
 		opts.Queued = a.queued
+		opts.Position = a.position
 	}
 	cancel, err = ss.srv.broker.AcquireAsyncOpts(a.keys, ss.owner, req.Lease, req.Wait, opts, a.done)
 	if err != nil {
@@ -611,6 +615,26 @@ func (a *acq) queued() {
 	ss.mu.Unlock()
 	if tell {
 		ss.srv.queuedEvent()
+		ss.kickWriter()
+	}
+}
+
+// position is the broker's word of the ACQUIRE's place in one key's line:
+// with version 7 events on, the connection is told (POSITION) unless the
+// ACQUIRE is answered already (finished is set under mu before its reply
+// is queued, so no POSITION line ever follows the reply). The sidecar adds
+// no rate limit of its own: the leader's interval bounds it. It runs on a
+// broker goroutine and must not block.
+func (a *acq) position(p sidecar.Place) {
+	ss := a.ss
+	ss.mu.Lock()
+	tell := ss.positions && !a.finished && !ss.ended
+	if tell {
+		ss.queueEventsLocked(FormatPosition(a.n, p.Position, p.Estimate, p.EstimateKnown, p.Key))
+	}
+	ss.mu.Unlock()
+	if tell {
+		ss.srv.positionEvent()
 		ss.kickWriter()
 	}
 }

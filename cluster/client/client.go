@@ -461,6 +461,13 @@ type Hooks struct {
 	// Done runs on another goroutine, when the connection is being closed
 	// at that moment: a caller must treat a Queued after Done as nothing.
 	Queued func(*Call)
+	// Position runs for each place in line the node tells the queued
+	// acquire (an R frame, version 12: pos carries the key, Position and
+	// EstimateMs), any number of times before its final reply, on the
+	// reader goroutine like Queued (and like Queued, one that runs while
+	// Done runs elsewhere, at the connection's close, is to be ignored).
+	// nil: positions are dropped.
+	Position func(c *Call, pos wire.Msg)
 	// Done runs once, right after the call completed (Reply or Err set and
 	// the Done channel closed): on its reply, on the death of the
 	// connection, or on Abandon withdrawing it.
@@ -493,6 +500,8 @@ func (c *Conn) StartFunc(m wire.Msg, h Hooks) (*Call, error) {
 			need = wire.VersionExtend
 		case wire.TypeAcquirePermit, wire.TypeSetPermits:
 			need = wire.VersionSemaphores
+		case wire.TypeWatchPositions:
+			need = wire.VersionPositions
 		}
 		return nil, fmt.Errorf("%w: %s needs protocol version %d; %s speaks %d", wire.ErrNotSupported, wire.TypeName(m.Type),
 			need, c.peer.NodeID, c.peer.Version)
@@ -747,6 +756,14 @@ func (c *Conn) readLoop() {
 			c.shutdown(fmt.Errorf("%w: server error %s: %w: %q", ErrProtocol, m.Code, wire.ErrOf(m.Code), m.Text))
 			return
 		}
+		if m.Type == wire.TypePosition {
+			if err := c.position(&m); err != nil {
+				c.shutdown(err)
+				return
+			}
+			c.markServed()
+			continue
+		}
 		if m.Type == wire.TypeQueued {
 			if err := c.queued(m.ID); err != nil {
 				c.shutdown(err)
@@ -850,6 +867,40 @@ func (c *Conn) queued(id uint64) error {
 	}
 	if call.hooks.Queued != nil {
 		call.hooks.Queued(call)
+	}
+	return nil
+}
+
+// WatchPositions asks the node for places in line on this connection
+// (the request w, version 12): from its K on, the leader tells this
+// connection's queued acquires their places (R frames, to each call's
+// Hooks.Position), every one of them at the next walk of its line. It
+// returns the request's call without waiting for the K. On a connection
+// older than wire.VersionPositions it sends nothing and returns
+// wire.ErrNotSupported: an older node would take w for an unknown frame
+// and close the connection.
+func (c *Conn) WatchPositions() (*Call, error) {
+	return c.Start(wire.Msg{Type: wire.TypeWatchPositions})
+}
+
+// position hands a place in line (R) to its call's Position hook. An R
+// for an id not in flight, for anything but an acquire, or on a
+// connection older than version 12 is a protocol violation (rule 4).
+func (c *Conn) position(m *wire.Msg) error {
+	if c.peer.Version < wire.VersionPositions {
+		return fmt.Errorf("%w: R frame on a version %d connection", ErrProtocol, c.peer.Version)
+	}
+	c.pmu.Lock()
+	call := c.pending[m.ID]
+	c.pmu.Unlock()
+	switch {
+	case call == nil:
+		return fmt.Errorf("%w: R for unknown id %d", ErrProtocol, m.ID)
+	case !wire.ProgressAllowed(call.reqType, wire.TypePosition, c.peer.Version):
+		return fmt.Errorf("%w: R for request %s (id %d), not an acquire", ErrProtocol, wire.TypeName(call.reqType), m.ID)
+	}
+	if call.hooks.Position != nil {
+		call.hooks.Position(call, *m)
 	}
 	return nil
 }

@@ -132,6 +132,12 @@ type Config struct {
 	// FirstRef+1, FirstRef+2, ... Zero is a valid start. A node starts at
 	// a random value, so refs of different leaders stay apart.
 	FirstRef uint64
+	// PositionInterval is how often the leader walks the lines that moved
+	// and tells their waiters their places (wire.TypePosition, version
+	// 12): the bound on how often one waiter hears its place, and the
+	// delay before a new waiter hears its first. Zero: positions are
+	// never sent (the node always sets one; see cluster.Config).
+	PositionInterval time.Duration
 }
 
 // Validate checks the fields.
@@ -143,6 +149,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: limits must be at least 1", ErrBadConfig)
 	case c.MaxSessions < 0, c.MaxSessionOutcomes < 0:
 		return fmt.Errorf("%w: session limits must not be negative", ErrBadConfig)
+	case c.PositionInterval < 0:
+		return fmt.Errorf("%w: position interval must not be negative", ErrBadConfig)
 	}
 	return nil
 }
@@ -181,6 +189,10 @@ type Table interface {
 	// SessionWaiters lists the still queued requests of session id in seq
 	// order.
 	SessionWaiters(id uint64) []locksm.SessionQueued
+	// RangeWaiters calls fn for every waiter still queued on key, head
+	// first, until fn returns false (locksm.State.RangeWaiters): the walk
+	// of a line for positions. fn must take no lock.
+	RangeWaiters(key string, fn func(w *locksm.Waiter) bool)
 }
 
 // Directory tells the core who leads, for the hint of an M reply.
@@ -281,6 +293,9 @@ const (
 	// (Keys: the replies it owed, answered U). The caller drops what it
 	// queued for proposal, as when Raft says leadership was lost.
 	EventSuperseded
+	// EventPositionsSent: a walk of the lines that moved told Keys
+	// waiters their places (R frames queued; none: no event).
+	EventPositionsSent
 )
 
 // Event is something for the metrics (or the log) to record.
@@ -289,7 +304,7 @@ type Event struct {
 	Op      locksm.Op     // EventReply, EventUnexpectedResult
 	Outcome Outcome       // EventReply
 	Queued  bool          // EventReply of a grant
-	Keys    int           // EventReply of a grant of a block: its number of keys (0 for one key); EventLostSent: connections told
+	Keys    int           // EventReply of a grant of a block: its number of keys (0 for one key); EventLostSent: connections told; EventPositionsSent: R frames
 	Latency time.Duration // EventReply of a grant, EventHandoffLatency
 	Status  locksm.Status // EventUnexpectedResult
 }
@@ -303,6 +318,9 @@ const (
 	// TimerSession: propose OpExpireSession(Session) if it is still
 	// without a connection since the detach that armed it (Gen).
 	TimerSession
+	// TimerPositions: walk the lines that moved since the last walk and
+	// tell their waiters their places (positions.go).
+	TimerPositions
 )
 
 // Timer is a timer to arm: at At (a reading of the caller's monotonic
@@ -394,6 +412,9 @@ type pending[C comparable] struct {
 	// its own command not applied yet), and if mayWait (wait > 0) in
 	// Core.uncommitted too.
 	uncommitted, mayWait bool
+	// told: the place in line this leader last told it (0: none yet); a
+	// block's places are in Core.blockTold.
+	told uint32
 	// ext: what a session's request adds (nil: none); see pendingExt.
 	ext *pendingExt[C]
 }
@@ -484,6 +505,9 @@ type conn[C comparable] struct {
 	// closing: told to close (Ready.Closes); nothing more of its
 	// session is sent on it.
 	closing bool
+	// positions: it asked for places in line (wire.TypeWatchPositions,
+	// version 12); only then does it get R frames.
+	positions bool
 }
 
 // Core is the leader's request handling; see the package comment. C is the
@@ -575,6 +599,19 @@ type Core[C comparable] struct {
 	marks  []sessMark
 	markAt map[uint64]int
 
+	// Places in line (positions.go). posDirty: the keys whose lines moved
+	// since the last walk; posArmed: the epoch whose walk timer is armed
+	// (0: none); blockTold: what each block waiter was told per key (by
+	// ref, in the order of its keys); rates: every key's pace of
+	// hand-offs, kept on every node from the log.
+	posDirty  map[string]lineMark
+	posArmed  uint64
+	blockTold map[uint64][]uint32
+	rates     map[string]*handoffRate
+	// walkRefs: the refs of the line being walked, copied out of the
+	// table (reused between the lines of one walk).
+	walkRefs []uint64
+
 	rd Ready[C]
 }
 
@@ -601,6 +638,9 @@ func New[C comparable](cfg Config, table Table, dir Directory) *Core[C] {
 		untold:        map[uint64]untoldGrant{},
 		markAt:        map[uint64]int{},
 		heldExtends:   map[uint64][]locksm.Command{},
+		posDirty:      map[string]lineMark{},
+		blockTold:     map[uint64][]uint32{},
+		rates:         map[string]*handoffRate{},
 	}
 }
 
@@ -728,6 +768,15 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 	switch m.Type {
 	case wire.TypeNoticeAck:
 		k.noticeAcked(cn)
+		k.send(cn, wire.Msg{Type: wire.TypeOK, ID: m.ID})
+		return true
+	case wire.TypeWatchPositions:
+		if !wire.RequestAllowed(m.Type, cn.version) {
+			k.send(cn, wire.Msg{Type: wire.TypeError, Code: wire.CodeUnexpectedFrame,
+				Text: fmt.Sprintf("positions request on a version %d connection (from version %d)", cn.version, wire.VersionPositions)})
+			return false
+		}
+		k.watchPositions(now, cn)
 		k.send(cn, wire.Msg{Type: wire.TypeOK, ID: m.ID})
 		return true
 	case wire.TypeAcquireBlock, wire.TypeExtend, wire.TypeAcquirePermit, wire.TypeSetPermits:
@@ -1052,6 +1101,9 @@ func (k *Core[C]) finish(p *pending[C]) {
 	}
 	k.committed(p)
 	delete(k.pend, p.ref)
+	if p.keys != nil {
+		delete(k.blockTold, p.ref)
+	}
 	p.conn.unowe(p)
 	if p.op == locksm.OpExtend && p.token != 0 {
 		k.extendSettled(p.token)
@@ -1144,6 +1196,8 @@ func (k *Core[C]) Applied(now time.Time, batch []Applied) {
 			_, owed := k.LoseLeadership(fmt.Sprintf("an entry of term %d applied in the leadership of term %d: a newer leader appended it", a.Term, term))
 			k.event(Event{Kind: EventSuperseded, Keys: owed})
 		}
+		k.notePace(a)
+		k.movedBy(now, a)
 		c := &a.Cmd
 		key := cmdKey(c)
 		if c.Op.SessionOp() {
@@ -1421,6 +1475,8 @@ func (k *Core[C]) TimerDue(t Timer) {
 		}
 	case TimerSession:
 		k.sessionTimerDue(t)
+	case TimerPositions:
+		k.walkPositions()
 	}
 }
 
@@ -1513,6 +1569,9 @@ func (k *Core[C]) LoseLeadership(why string) (wasLeading bool, owed int) {
 	clear(k.deferred)
 	clear(k.extendedUntil)
 	clear(k.told)
+	clear(k.posDirty)
+	clear(k.blockTold)
+	k.posArmed = 0
 	k.dropSessions()
 	for _, p := range ps {
 		p.uncommitted = false

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"ticketing/cluster/wire"
 	"ticketing/locksm"
@@ -63,7 +64,8 @@ func TestRandomized(t *testing.T) {
 	for name, n := range map[string]int{"extends applied": cov.extended, "extend refusals": cov.extendRefused,
 		"lost events": cov.lost, "lost events broadcast": cov.lostBroadcast, "expiries deferred": cov.deferred,
 		"resumes answered": cov.resumed, "seqs voided": cov.voids, "session expiries": cov.sessionExpiries,
-		"untold grants released": cov.untoldReleased, "sessions closed": cov.closes} {
+		"untold grants released": cov.untoldReleased, "sessions closed": cov.closes,
+		"positions told": cov.positions, "positions that went down": cov.positionsMoved} {
 		if n == 0 {
 			t.Errorf("no %s in %d runs", name, seeds)
 		}
@@ -75,6 +77,7 @@ func TestRandomized(t *testing.T) {
 type coverage struct {
 	extended, extendRefused, lost, lostBroadcast, deferred           int
 	resumes, resumed, voids, sessionExpiries, untoldReleased, closes int
+	positions, positionsMoved                                        int
 }
 
 type reqKey struct {
@@ -90,6 +93,8 @@ type reqInfo struct {
 	moved   bool // answered M
 	queuedQ int  // Q frames received
 	wantQ   bool // applied as queued while owed, on a version 4 connection
+	// places: the latest place told per key (R frames, version 12).
+	places map[string]uint32
 }
 
 type randomRun struct {
@@ -104,7 +109,9 @@ type randomRun struct {
 	dead   map[string]bool
 	// version: each connection's protocol version.
 	version map[string]uint16
-	conns   int
+	// watching: the connections that asked for places in line (w).
+	watching map[string]bool
+	conns    int
 
 	// What the log did, by ref.
 	granted  map[uint64]uint64 // ref → token
@@ -148,7 +155,7 @@ func runRandom(seed uint64, steps int, cov *coverage) error {
 		r:      rand.New(rand.NewPCG(seed, 7)),
 		reqs:   map[reqKey]*reqInfo{},
 		byRef:  map[uint64]*reqInfo{},
-		nextID: map[string]uint64{}, dead: map[string]bool{}, version: map[string]uint16{},
+		nextID: map[string]uint64{}, dead: map[string]bool{}, version: map[string]uint16{}, watching: map[string]bool{},
 		granted: map[uint64]uint64{}, busy: map[uint64]bool{}, released: map[uint64]bool{},
 		timedOut: map[uint64]bool{}, dropped: map[uint64]bool{}, applied: map[uint64]bool{},
 		compensated: map[uint64]bool{}, cancelled: map[uint64]bool{},
@@ -157,7 +164,8 @@ func runRandom(seed uint64, steps int, cov *coverage) error {
 		sessions: seed%2 == 1, brokerOf: map[string]*broker{}, sessGrant: map[seqKey]uint64{},
 		expiredSessions: map[uint64]bool{}, queues: map[string][]uint64{}, brokerCancels: map[uint64]bool{},
 	}
-	rr.h = newHarness(Config{MaxKeys: 3, MaxWaitersPerKey: 2, MaxInFlightPerConn: 4, MaxWaitersPerConn: 3})
+	rr.h = newHarness(Config{MaxKeys: 3, MaxWaitersPerKey: 2, MaxInFlightPerConn: 4, MaxWaitersPerConn: 3,
+		PositionInterval: 300 * time.Millisecond})
 	if rr.sessions {
 		*rr.h.version = wire.VersionSessions
 	}
@@ -314,10 +322,14 @@ func (rr *randomRun) step() {
 	case x < 6 || len(rr.open) == 0:
 		rr.conns++
 		name := fmt.Sprintf("c%d", rr.conns)
-		version := []uint16{2, wire.VersionNotices, wire.VersionQueued, wire.VersionBlocks, wire.VersionBlocks, wire.VersionExtend, wire.VersionExtend}[rr.pick(7)]
+		version := []uint16{2, wire.VersionNotices, wire.VersionQueued, wire.VersionBlocks, wire.VersionBlocks, wire.VersionExtend, wire.VersionExtend,
+			wire.VersionPositions, wire.VersionPositions}[rr.pick(9)]
 		rr.version[name] = version
 		rr.open = append(rr.open, name)
 		rr.do(fmt.Sprintf("open conn=%s version=%d", name, version))
+		if version >= wire.VersionPositions && rr.pick(3) != 0 {
+			rr.watch(name)
+		}
 	case x < 9:
 		i := rr.pick(len(rr.open))
 		name := rr.open[i]
@@ -415,8 +427,22 @@ func (rr *randomRun) step() {
 		}
 	default:
 		c := rr.open[rr.pick(len(rr.open))]
+		if rr.version[c] >= wire.VersionPositions && rr.pick(2) == 0 {
+			rr.watch(c)
+			return
+		}
 		rr.request(c, wire.TypeNoticeAck, fmt.Sprintf("ack conn=%s id=%%d", c))
 	}
+}
+
+// watch asks for places in line on c (w): answered K at once, and from
+// then on c may get R.
+func (rr *randomRun) watch(c string) {
+	rr.request(c, wire.TypeWatchPositions, fmt.Sprintf("watch conn=%s id=%%d", c))
+	if info := rr.reqs[reqKey{c, rr.nextID[c]}]; len(info.replies) != 1 || info.replies[0].Type != wire.TypeOK {
+		rr.fail("w on %s answered %v, want K", c, info.replies)
+	}
+	rr.watching[c] = true
 }
 
 // request sends one request with the connection's next id (line has a %d
@@ -497,6 +523,39 @@ func (rr *randomRun) logApplied(a Applied) {
 	}
 }
 
+// positionSent checks an R: for an acquire owed on a version 12
+// connection, before its reply, only from a walk (a due timer), exact
+// (its place in the line the log built, in enqueue order), and lower than
+// the place it was told before on that key.
+func (rr *randomRun) positionSent(to string, info *reqInfo, m wire.Msg) {
+	phase, _, _ := strings.Cut(rr.phase, " ")
+	place := slices.Index(rr.queues[m.Key], info.ref) + 1
+	switch {
+	case !wire.ProgressAllowed(info.op, m.Type, rr.version[to]):
+		rr.fail("R to %s/%d: request %c on a version %d connection", to, m.ID, info.op, rr.version[to])
+	case !rr.watching[to]:
+		rr.fail("R to %s/%d: the connection did not ask for places", to, m.ID)
+	case rr.dead[to]:
+		rr.fail("R to %s/%d: the connection is closed", to, m.ID)
+	case len(info.replies) > 0:
+		rr.fail("R to %s/%d after its reply %s", to, m.ID, fmtMsg(info.replies[0]))
+	case phase != "advance":
+		rr.fail("R to %s/%d during %q, not at a walk", to, m.ID, rr.phase)
+	case place == 0 || uint32(place) != m.Position:
+		rr.fail("R %s to %s: ref %d stands at %d in %s's line %v", fmtMsg(m), to, info.ref, place, m.Key, rr.queues[m.Key])
+	case info.places[m.Key] != 0 && m.Position >= info.places[m.Key]:
+		rr.fail("R %s to %s: told %d before (no news, or up)", fmtMsg(m), to, info.places[m.Key])
+	}
+	if info.places == nil {
+		info.places = map[string]uint32{}
+	}
+	rr.cov.positions++
+	if info.places[m.Key] != 0 {
+		rr.cov.positionsMoved++
+	}
+	info.places[m.Key] = m.Position
+}
+
 func (rr *randomRun) sent(s Send[string]) {
 	m := s.Msg
 	if b := rr.brokerOf[s.To]; b != nil {
@@ -513,6 +572,10 @@ func (rr *randomRun) sent(s Send[string]) {
 	info := rr.reqs[reqKey{s.To, m.ID}]
 	if info == nil {
 		rr.fail("reply %s to %s answers no request", fmtMsg(m), s.To)
+		return
+	}
+	if m.Type == wire.TypePosition {
+		rr.positionSent(s.To, info, m)
 		return
 	}
 	if m.Type == wire.TypeQueued {

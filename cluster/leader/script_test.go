@@ -18,7 +18,9 @@ package leader
 // knows of the leader. Commands:
 //
 //	config [server=] [addr=] [max-inflight=] [max-keys=] [max-waiters=]
-//	       [max-conn-waiters=] [max-sessions=] [max-outcomes=]
+//	       [max-conn-waiters=] [max-sessions=] [max-outcomes=] [positions=]
+//	                             (positions: the PositionInterval in ms;
+//	                             0, the default, sends none)
 //	                             a fresh core, table, log and clock
 //	leader id=                   the leader Raft knows ("" none)
 //	address id= addr=            a client address the log records
@@ -48,6 +50,7 @@ package leader
 //	                             the session frames o, y, k, d (version 7;
 //	                             timeout 10000 ms and secret "s<session>"
 //	                             by default)
+//	watch conn= id=              ask for places in line (w, version 12)
 //	frame conn= type= [id=]      any other frame type (one character)
 //	append op= [key= owner= token= ref= lease= wait= session= seq= ack= epoch=
 //	       secret= timeout= term=]
@@ -152,6 +155,7 @@ func (t stateTable) SessionOutcomes(id uint64) []locksm.Outcome   { return t.s.S
 func (t stateTable) SessionWaiters(id uint64) []locksm.SessionQueued {
 	return t.s.SessionWaiters(id)
 }
+func (t stateTable) RangeWaiters(key string, fn func(*locksm.Waiter) bool) { t.s.RangeWaiters(key, fn) }
 
 // directory is what Raft and the log know of the leader.
 type directory struct {
@@ -288,7 +292,8 @@ func (h *harness) run(line string) (string, error) {
 		cfg := Config{ServerID: a.str("server", ""), Advertise: a.str("addr", ""),
 			MaxInFlightPerConn: a.int("max-inflight", 0), MaxKeys: a.int("max-keys", 0),
 			MaxWaitersPerKey: a.int("max-waiters", 0), MaxWaitersPerConn: a.int("max-conn-waiters", 0),
-			MaxSessions: a.int("max-sessions", 0), MaxSessionOutcomes: a.int("max-outcomes", 0)}
+			MaxSessions: a.int("max-sessions", 0), MaxSessionOutcomes: a.int("max-outcomes", 0),
+			PositionInterval: time.Duration(a.int("positions", 0)) * time.Millisecond}
 		if a.err != nil {
 			return "", a.err
 		}
@@ -324,7 +329,7 @@ func (h *harness) run(line string) (string, error) {
 	case "cluster-version":
 		*h.version = uint16(a.int("v", 0))
 	case "acquire", "acquire-block", "release", "extend", "cancel", "ack", "frame", "open-session", "resume", "session-ack",
-		"close-session", "acquire-permit", "set-permits":
+		"close-session", "acquire-permit", "set-permits", "watch":
 		cn := a.need("conn")
 		m := wire.Msg{ID: uint64(a.int("id", 0))}
 		switch name {
@@ -362,6 +367,8 @@ func (h *harness) run(line string) (string, error) {
 			m.Type = wire.TypeCloseSession
 		case "frame":
 			m.Type = a.need("type")[0]
+		case "watch":
+			m.Type = wire.TypeWatchPositions
 		}
 		if a.err != nil {
 			return "", a.err
@@ -534,6 +541,12 @@ func fmtMsg(m wire.Msg) string {
 		return fmt.Sprintf("X %s key=%s token=%d", m.Reason, m.Key, m.Token)
 	case wire.TypeOutcomes:
 		return fmt.Sprintf("O session=%d serial=%d", m.Session, m.Serial)
+	case wire.TypePosition:
+		est := "-"
+		if m.EstimateMs != wire.EstimateUnknown {
+			est = strconv.FormatUint(uint64(m.EstimateMs), 10)
+		}
+		return fmt.Sprintf("R id=%d key=%s position=%d estimate=%s", m.ID, m.Key, m.Position, est)
 	}
 	return fmt.Sprintf("%c id=%d", m.Type, m.ID)
 }
@@ -682,6 +695,8 @@ func fmtTimer(t Timer) string {
 		return fmt.Sprintf("wait key=%s ref=%d at=%d epoch=%d", t.Key, t.Ref, ms(t.At), t.Epoch)
 	case TimerSession:
 		return fmt.Sprintf("session %d gen=%d at=%d epoch=%d", t.Session, t.Gen, ms(t.At), t.Epoch)
+	case TimerPositions:
+		return fmt.Sprintf("positions at=%d epoch=%d", ms(t.At), t.Epoch)
 	}
 	return fmt.Sprintf("kind=%d", t.Kind)
 }
@@ -732,6 +747,8 @@ func fmtEvent(e Event) string {
 		return "refused session-outcomes"
 	case EventSuperseded:
 		return fmt.Sprintf("superseded owed=%d", e.Keys)
+	case EventPositionsSent:
+		return fmt.Sprintf("positions-sent n=%d", e.Keys)
 	case EventUnexpectedResult:
 		return fmt.Sprintf("unexpected-result op=%s status=%s", opNames[e.Op], statusNames[e.Status])
 	}
@@ -866,6 +883,14 @@ func (k *Core[C]) check() error {
 				}
 			}
 		}
+	}
+	for ref := range k.blockTold {
+		if p := k.pend[ref]; p == nil || p.keys == nil {
+			return fmt.Errorf("places told kept for ref %d, which is no block owed here", ref)
+		}
+	}
+	if !k.leading && (len(k.posDirty) > 0 || k.posArmed != 0) {
+		return fmt.Errorf("not leading, with %d lines marked (walk armed in epoch %d)", len(k.posDirty), k.posArmed)
 	}
 	if total != k.uncommittedTotal {
 		return fmt.Errorf("uncommitted total %d, counted %d", k.uncommittedTotal, total)

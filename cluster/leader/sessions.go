@@ -789,6 +789,11 @@ func (k *Core[C]) resumed(now time.Time, p *pending[C], s *session[C], later []A
 	seqs := make([]uint64, 0, len(queued)+len(left))
 	for _, q := range queued {
 		seqs = append(seqs, q.Waiter.Seq)
+		if op := k.pend[q.Waiter.Ref]; op != nil && op.session() == s {
+			// The new connection has heard no place: the next walk
+			// tells it, whatever the old one was told.
+			k.untell(now, op)
+		}
 	}
 	seqs = append(seqs, left...)
 	slices.Sort(seqs)
@@ -846,6 +851,8 @@ func (k *Core[C]) adopt(now time.Time, wall int64, s *session[C], q locksm.Sessi
 	s.home.owe(p)
 	k.sessQueued++
 	k.rd.Timers = append(k.rd.Timers, Timer{At: p.deadline, Kind: TimerWait, Key: p.key, Ref: p.ref, Epoch: k.epoch})
+	// Owed here from now on: the next walk tells it its place.
+	k.moved(now, p.keySet()...)
 }
 
 // adoptSessions (Serve) adopts every session of the table: its queued

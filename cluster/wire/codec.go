@@ -269,6 +269,10 @@ func DecodeMsg(typ byte, payload []byte, m *Msg) error {
 		m.Token = d.u64()
 		m.Reason = LostReason(d.u8())
 		m.Key = d.str8()
+	case TypePosition:
+		m.Position = d.u32()
+		m.EstimateMs = d.u32()
+		m.Key = d.str8()
 	case TypeCancel:
 		m.Target = d.u64()
 	case TypeOpenSession:
@@ -423,6 +427,14 @@ func checkFields(m *Msg) error {
 		if m.Target == 0 {
 			return fmt.Errorf("%w: cancel target 0", ErrMalformed)
 		}
+	case TypePosition:
+		if m.Position == 0 {
+			return fmt.Errorf("%w: position 0 (the head is 1)", ErrMalformed)
+		}
+		if len(m.Key) == 0 || len(m.Key) > locksm.MaxKeyLen {
+			// Plain malformed: progress is not answered under its id.
+			return fmt.Errorf("%w: position key length %d not in 1..%d", ErrMalformed, len(m.Key), locksm.MaxKeyLen)
+		}
 	case TypeError:
 		if m.Code == 0 {
 			return fmt.Errorf("%w: error code 0", ErrMalformed)
@@ -494,6 +506,8 @@ func payloadLen(m *Msg) (int, error) {
 		n += 8 + 2 + s8(m.Key) + s8(m.Owner)
 	case TypeLost:
 		n += 8 + 1 + s8(m.Key)
+	case TypePosition:
+		n += 4 + 4 + s8(m.Key)
 	case TypeCancel, TypeSessionAck:
 		n += 8
 	case TypeGranted:
@@ -507,7 +521,8 @@ func payloadLen(m *Msg) (int, error) {
 		n += 8 + SecretLen + 8 + 8
 	case TypeOutcomes:
 		n += 8 + 8
-	case TypePing, TypeStatus, TypeMembers, TypeNoticeAck, TypeBusy, TypeTimeout, TypeOK, TypePong, TypeQueued, TypeCloseSession:
+	case TypePing, TypeStatus, TypeMembers, TypeNoticeAck, TypeBusy, TypeTimeout, TypeOK, TypePong, TypeQueued, TypeCloseSession,
+		TypeWatchPositions:
 	case TypeMoved:
 		n += s8(m.LeaderAddr) + s8(m.LeaderID)
 	case TypeNotice:
@@ -599,6 +614,10 @@ func AppendMsg(dst []byte, m *Msg) ([]byte, error) {
 	case TypeLost:
 		b = binary.BigEndian.AppendUint64(b, m.Token)
 		b = append(b, byte(m.Reason))
+		b = appendStr8(b, m.Key)
+	case TypePosition:
+		b = binary.BigEndian.AppendUint32(b, m.Position)
+		b = binary.BigEndian.AppendUint32(b, m.EstimateMs)
 		b = appendStr8(b, m.Key)
 	case TypeCancel:
 		b = binary.BigEndian.AppendUint64(b, m.Target)

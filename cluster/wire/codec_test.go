@@ -67,6 +67,9 @@ func sampleMsgs() []Msg {
 		{Type: TypeCloseSession, ID: 15},
 		{Type: TypeOutcomes, Session: 7, Serial: 1001},
 		{Type: TypeOutcomes, Session: ^uint64(0), Serial: ^uint64(0)},
+		{Type: TypePosition, ID: 16, Position: 1, EstimateMs: 2500, Key: "event:42"},
+		{Type: TypeWatchPositions, ID: 17},
+		{Type: TypePosition, ID: ^uint64(0), Position: ^uint32(0), EstimateMs: EstimateUnknown, Key: strings.Repeat("k", locksm.MaxKeyLen)},
 	}
 }
 
@@ -398,6 +401,11 @@ func TestDecodeMalformed(t *testing.T) {
 		{"zero type", 0, nil, []error{ErrUnknownType}},
 		{"hello after handshake", TypeHello, nil, []error{ErrUnexpectedFrame}},
 		{"welcome after handshake", TypeWelcome, nil, []error{ErrUnexpectedFrame}},
+		{"position id 0", TypePosition, bytes.Join([][]byte{u64(0), u32(1), u32(5), s8("k")}, nil), []error{ErrMalformed}},
+		{"position 0", TypePosition, bytes.Join([][]byte{u64(1), u32(0), u32(5), s8("k")}, nil), []error{ErrMalformed}},
+		{"position empty key", TypePosition, bytes.Join([][]byte{u64(1), u32(1), u32(5), s8("")}, nil), []error{ErrMalformed}},
+		{"position no key", TypePosition, bytes.Join([][]byte{u64(1), u32(1), u32(5)}, nil), []error{ErrMalformed}},
+		{"position trailing", TypePosition, bytes.Join([][]byte{u64(1), u32(1), u32(5), s8("k"), {0}}, nil), []error{ErrMalformed}},
 	}
 	for _, c := range cases {
 		var m Msg
@@ -503,7 +511,9 @@ func TestReplyAllowed(t *testing.T) {
 		ReplyAllowed(TypePing, TypeGranted) || ReplyAllowed(TypeRelease, TypeGranted) ||
 		ReplyAllowed(TypeGranted, TypeError) || !ReplyAllowed(TypeCancel, TypeOK) ||
 		!ReplyAllowed(TypeNoticeAck, TypeOK) || ReplyAllowed(TypeNoticeAck, TypeMoved) ||
-		ReplyAllowed(TypeAcquire, TypeNotice) || ReplyAllowed(TypeNotice, TypeOK) {
+		ReplyAllowed(TypeAcquire, TypeNotice) || ReplyAllowed(TypeNotice, TypeOK) ||
+		!ReplyAllowed(TypeWatchPositions, TypeOK) || !ReplyAllowed(TypeWatchPositions, TypeError) ||
+		ReplyAllowed(TypeWatchPositions, TypeMoved) || ReplyAllowed(TypeAcquire, TypePosition) {
 		t.Error("ReplyAllowed table wrong")
 	}
 	// A block acquire's replies are exactly an acquire's.
@@ -571,6 +581,12 @@ func TestProgressAllowed(t *testing.T) {
 		{TypeAcquireBlock, TypeQueued, VersionBlocks + 1, true},
 		{TypeAcquireBlock, TypeQueued, VersionQueued, false}, // never sent on a version 4 connection
 		{TypeAcquireBlock, TypeGranted, VersionBlocks, false},
+		{TypeAcquire, TypePosition, VersionPositions, true},
+		{TypeAcquireBlock, TypePosition, VersionPositions, true},
+		{TypeAcquire, TypePosition, VersionPositions - 1, false},
+		{TypeAcquireBlock, TypePosition, VersionPositions - 1, false},
+		{TypeRelease, TypePosition, VersionPositions, false},
+		{TypePing, TypePosition, VersionPositions, false},
 	} {
 		if got := ProgressAllowed(tc.req, tc.typ, tc.version); got != tc.want {
 			t.Errorf("ProgressAllowed(%s, %s, %d) = %v", TypeName(tc.req), TypeName(tc.typ), tc.version, got)
@@ -588,7 +604,7 @@ func TestRequestAllowed(t *testing.T) {
 			}
 		}
 		if RequestAllowed(TypeNoticeAck, v) != (v >= VersionNotices) || RequestAllowed(TypeAcquireBlock, v) != (v >= VersionBlocks) ||
-			RequestAllowed(TypeExtend, v) != (v >= VersionExtend) {
+			RequestAllowed(TypeExtend, v) != (v >= VersionExtend) || RequestAllowed(TypeWatchPositions, v) != (v >= VersionPositions) {
 			t.Errorf("version %d: n %v, b %v, e %v", v, RequestAllowed(TypeNoticeAck, v), RequestAllowed(TypeAcquireBlock, v), RequestAllowed(TypeExtend, v))
 		}
 		if RequestAllowed(TypeGranted, v) || RequestAllowed(TypeQueued, v) || RequestAllowed(TypeHello, v) || RequestAllowed(TypeLost, v) ||
@@ -617,9 +633,9 @@ func TestRequestAllowed(t *testing.T) {
 			t.Errorf("ProgressAllowed(g, Q, %d)", v)
 		}
 	}
-	if VersionSemaphores != ProtocolVersion || VersionLongWaits != VersionSemaphores-2 || VersionLogVerify != VersionLongWaits-1 || VersionStrictMatch != VersionLogVerify-1 || VersionLabels != VersionStrictMatch-1 || VersionSessions != VersionLabels-1 || VersionExtend <= VersionBlocks || VersionBlocks <= VersionQueued {
-		t.Errorf("VersionLongWaits %d, VersionLogVerify %d, VersionStrictMatch %d, VersionLabels %d, VersionSessions %d, VersionExtend %d, VersionBlocks %d, ProtocolVersion %d",
-			VersionLongWaits, VersionLogVerify, VersionStrictMatch, VersionLabels, VersionSessions, VersionExtend, VersionBlocks, ProtocolVersion)
+	if VersionSemaphores != ProtocolVersion || VersionPositions != VersionSemaphores-1 || VersionLongWaits != VersionPositions-1 || VersionLogVerify != VersionLongWaits-1 || VersionStrictMatch != VersionLogVerify-1 || VersionLabels != VersionStrictMatch-1 || VersionSessions != VersionLabels-1 || VersionExtend <= VersionBlocks || VersionBlocks <= VersionQueued {
+		t.Errorf("VersionSemaphores %d, VersionPositions %d, VersionLongWaits %d, VersionLogVerify %d, VersionStrictMatch %d, VersionLabels %d, VersionSessions %d, VersionExtend %d, VersionBlocks %d, ProtocolVersion %d",
+			VersionSemaphores, VersionPositions, VersionLongWaits, VersionLogVerify, VersionStrictMatch, VersionLabels, VersionSessions, VersionExtend, VersionBlocks, ProtocolVersion)
 	}
 }
 

@@ -485,6 +485,10 @@ func checkMsgBounds(t *testing.T, m *Msg, raw []byte) {
 		if m.Target == 0 {
 			t.Fatal("cancel target 0")
 		}
+	case TypePosition:
+		if m.Position == 0 || len(m.Key) < 1 || len(m.Key) > locksm.MaxKeyLen || m.Owner != "" {
+			t.Fatalf("position %+v", m)
+		}
 	case TypeOpenSession, TypeResume, TypeOutcomes:
 		if m.Session == 0 {
 			t.Fatalf("%q for session 0", m.Type)

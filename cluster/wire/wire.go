@@ -105,7 +105,12 @@ import "ticketing/locksm"
 //	    (VersionLongWaits) and answers it E not_supported before; every
 //	    replica applies the 5-minute bound until the 'V' entry that
 //	    raises the cluster version to 11 (locksm.State.SetShortWaits).
-//	12 — reserved for positions in line (issue 41, part 2).
+//	12 — places in line (issue 41): a connection that asks with the
+//	    request 'w' (TypeWatchPositions) gets the progress frame 'R'
+//	    (TypePosition), which tells a queued acquire its exact place in
+//	    one key's line and an estimated wait, pushed by the leader at
+//	    most once per PositionInterval and only when the place changed.
+//	    No log change: a version 11 node or client never sees either.
 //	13 — semaphores (issue 41): the permit acquire 'g' (one permit of a
 //	    key an operator defined with n permits; the payload and the
 //	    replies of 'a', and its G carries the permit's slot) and the
@@ -190,6 +195,13 @@ const VersionExtendNeverShortens = 10
 // (locksm.State.SetShortWaits). It changes no frame: a connection of any
 // version may ask, and gets not_supported while the cluster is older.
 const VersionLongWaits = 11
+
+// VersionPositions is the first version with the request 'w'
+// (TypeWatchPositions) and the progress frame 'R' (TypePosition): a
+// leader sends R only on connections that negotiated it and asked with
+// w, so a client of an older version, or one that does not ask, never
+// sees one. (Version 13 is taken by semaphores.)
+const VersionPositions = 12
 
 // VersionSemaphores is the first version with semaphores: the requests
 // 'g' (permit acquire) and 'z' (set permits) and the slot in a permit's
@@ -332,6 +344,20 @@ const (
 	//	id u64
 	TypeCloseSession = 'd'
 
+	// TypeWatchPositions asks for places in line on this connection
+	// (version 12, VersionPositions):
+	//
+	//	id u64
+	//
+	// From its K on, the node's leader sends R (TypePosition) for this
+	// connection's queued acquires (a session's: while the session is
+	// attached to it); the next walk tells every one of them its place.
+	// Without it a connection gets no R, so a client that does not ask
+	// reads exactly what version 11 sent. Answered K by any node (the
+	// choice is the connection's, kept by every node's core); per
+	// connection, never undone.
+	TypeWatchPositions = 'w'
+
 	// Replies: every payload starts with the id of the request it answers;
 	// exactly one reply per request.
 	TypeGranted = 'G' // id u64 | token u64 [| slot u32]    acquire (block acquire, permit acquire: with its slot) granted (after commit)
@@ -403,6 +429,29 @@ const (
 	// the replies of each applied entry that recorded outcomes of the
 	// session, and in a resume's answer.
 	TypeOutcomes = 'O'
+
+	// TypePosition is a progress frame (server → client, from version 12,
+	// VersionPositions, only on connections that negotiated it):
+	//
+	//	id u64 | position u32 | estimate_ms u32 | key str8
+	//
+	// The queued acquire id stands at position (1 = next) in key's line
+	// at the leader's latest walk of that line, and the leader estimates
+	// its wait at estimate_ms (EstimateUnknown: not enough hand-offs seen
+	// yet). A block acquire waits in each of its keys' lines and gets one
+	// per key, which is why the key is in the frame. Like Q it is not a
+	// reply: any number may come before the acquire's one reply, none
+	// after it. Not 'W', the design's first name: 'W' is the handshake's
+	// Welcome, and a Welcome after the handshake is unexpected_frame.
+	TypePosition = 'R'
+)
+
+// EstimateUnknown is a TypePosition's estimate_ms when the leader cannot
+// estimate the wait yet; MaxEstimateMs is the largest estimate sent (a
+// longer one is capped to it: about 49 days, far beyond any wait).
+const (
+	EstimateUnknown = ^uint32(0)
+	MaxEstimateMs   = EstimateUnknown - 1
 )
 
 // LostReason says why a TypeLost holding ended.
@@ -479,6 +528,10 @@ type Msg struct {
 	Event NoticeEvent
 	// TypeLost (with Token and Key).
 	Reason LostReason
+	// TypePosition (with Key): the place in line (1 = next) and the
+	// estimated wait in ms (EstimateUnknown: none).
+	Position   uint32
+	EstimateMs uint32
 	// Label is an acquire's or block acquire's label ("" = none; version
 	// 8, VersionLabels).
 	Label string
@@ -544,7 +597,7 @@ func (r Role) String() string {
 func IsRequest(typ byte) bool {
 	switch typ {
 	case TypeAcquire, TypeAcquireBlock, TypeRelease, TypeExtend, TypeCancel, TypePing, TypeStatus, TypeMembers, TypeNoticeAck,
-		TypeOpenSession, TypeResume, TypeSessionAck, TypeCloseSession, TypeAcquirePermit, TypeSetPermits:
+		TypeOpenSession, TypeResume, TypeSessionAck, TypeCloseSession, TypeAcquirePermit, TypeSetPermits, TypeWatchPositions:
 		return true
 	}
 	return false
@@ -567,6 +620,8 @@ func RequestAllowed(req byte, version uint16) bool {
 		return version >= VersionSessions
 	case TypeAcquirePermit, TypeSetPermits:
 		return version >= VersionSemaphores
+	case TypeWatchPositions:
+		return version >= VersionPositions
 	}
 	return IsRequest(req)
 }
@@ -582,8 +637,8 @@ func IsEvent(typ byte) bool { return typ == TypeLost || typ == TypeOutcomes }
 
 // IsProgress reports whether typ is a progress frame: server → client,
 // carrying the id of a request in flight, but not that request's reply
-// (the reply follows). TypeQueued is the only one.
-func IsProgress(typ byte) bool { return typ == TypeQueued }
+// (the reply follows): TypeQueued and TypePosition.
+func IsProgress(typ byte) bool { return typ == TypeQueued || typ == TypePosition }
 
 // ProgressAllowed reports whether a progress frame of type typ may be sent
 // for a request of type req on a connection that negotiated version
@@ -591,7 +646,13 @@ func IsProgress(typ byte) bool { return typ == TypeQueued }
 // VersionQueued (a block acquire: on its version 5 connection), and only
 // before the acquire's reply. A client treats any other progress frame as a
 // protocol violation.
+//
+// R (TypePosition) likewise, only from VersionPositions, any number of
+// times before the reply.
 func ProgressAllowed(req, typ byte, version uint16) bool {
+	if typ == TypePosition {
+		return (req == TypeAcquire || req == TypeAcquireBlock || req == TypeAcquirePermit) && version >= VersionPositions
+	}
 	if typ != TypeQueued {
 		return false
 	}
@@ -647,7 +708,7 @@ func ReplyAllowed(req, reply byte) bool {
 		return reply == TypeStatusR
 	case TypeMembers:
 		return reply == TypeMembersR
-	case TypeNoticeAck, TypeSessionAck:
+	case TypeNoticeAck, TypeSessionAck, TypeWatchPositions:
 		return reply == TypeOK
 	}
 	return false

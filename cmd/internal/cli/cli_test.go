@@ -220,3 +220,41 @@ func TestNodeLogVerifyFlags(t *testing.T) {
 		}
 	}
 }
+
+// --position-interval reaches the node's Config (default 1 s), and one
+// outside 10ms..1m is refused.
+func TestNodePositionIntervalFlag(t *testing.T) {
+	dir := t.TempDir()
+	sec, peer := secretFile(t, dir, "c.secret"), secretFile(t, dir, "p.secret")
+	if err := os.WriteFile(peer, []byte("fedcba9876543210fedcba9876543210\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := []string{"--id", "n1", "--data-dir", filepath.Join(dir, "d"), "--client-addr", "127.0.0.1:0",
+		"--peer-addr", "127.0.0.1:7501", "--peers", "n1=127.0.0.1:7501,n2=127.0.0.1:7502,n3=127.0.0.1:7503",
+		"--secret-file", sec, "--peer-secret-file", peer}
+	for _, tc := range []struct {
+		flags   []string
+		want    time.Duration
+		wantErr bool
+	}{
+		{nil, time.Second, false},
+		{[]string{"--position-interval", "250ms"}, 250 * time.Millisecond, false},
+		{[]string{"--position-interval", "1ms"}, 0, true},
+		{[]string{"--position-interval", "2m"}, 0, true},
+	} {
+		var out, errb bytes.Buffer
+		cfg, _, code := nodeConfig("ticketing node", append(append([]string{}, base...), tc.flags...), &out, &errb, nil)
+		if tc.wantErr {
+			if cfg != nil || code == 0 || !strings.Contains(errb.String(), "position interval") {
+				t.Errorf("%v: config %v, exit %d, stderr %q; want refused", tc.flags, cfg != nil, code, errb.String())
+			}
+			continue
+		}
+		if cfg == nil {
+			t.Fatalf("%v: exit %d: %s", tc.flags, code, errb.String())
+		}
+		if cfg.PositionInterval != tc.want {
+			t.Errorf("%v: PositionInterval %v, want %v", tc.flags, cfg.PositionInterval, tc.want)
+		}
+	}
+}

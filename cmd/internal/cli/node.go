@@ -190,6 +190,8 @@ func nodeConfig(name string, args []string, stdout, stderr io.Writer, extra func
 		"against them (mismatches: ticketing_node_log_verifications_total and an error log; docs/operations.md, \"Log verification\")")
 	fs.DurationVar(&cfg.LogVerifyInterval, "log-verify-interval", d.LogVerifyInterval, "longest time between two log verification checkpoints "+
 		"while entries are appended (one also comes every 4096 entries)")
+	fs.DurationVar(&cfg.PositionInterval, "position-interval", d.PositionInterval, "how often the leader tells waiters their "+
+		"places in line (at most one position per waiter and interval; 10ms..1m)")
 	fs.StringVar(&cfg.ClientAddr, "client-addr", "", "HOST:PORT to serve clients on")
 	fs.StringVar(&cfg.AdvertiseClientAddr, "advertise-client-addr", "", "client address handed to clients in M replies (default: --client-addr)")
 	fs.StringVar(&cfg.PeerAddr, "peer-addr", "", "HOST:PORT to serve Raft peers on (must match this node's entry in --peers; the node refuses to start otherwise)")
