@@ -25,7 +25,7 @@ func permitOf(t *testing.T, reply string) (token uint64, slot uint32) {
 // Semaphores over the socket (version 8), through a real sidecar broker
 // and a real cluster: PERMITS defines a key with n permits; PERMIT takes
 // one with its own token and the lowest free slot, queues FIFO (QUEUED
-// comes as for an ACQUIRE), and a release hands the freed slot to the
+// and POSITION come as for an ACQUIRE), and a release hands the freed slot to the
 // head with a fresh token; a lock's ACQUIRE of the key and a PERMIT of a
 // lock key are definite errors; EXTEND, HELD and RELEASE work per permit
 // by token; raising n grants a waiter at once; an idle semaphore can be
@@ -45,6 +45,9 @@ func TestPermitsOverTheSocket(t *testing.T) {
 	c.send("PERMIT " + k + " 30 20")
 	// The line number of that PERMIT on c: its third request line.
 	expect(t, c.read(), fmt.Sprintf("! QUEUED 3 %s", k))
+	// Its place in line comes as for an ACQUIRE's (version 7): first, no
+	// estimate before two hand-offs.
+	expect(t, c.read(), fmt.Sprintf("! POSITION 3 1 - %s", k))
 
 	expectPrefix(t, a.do("ACQUIRE "+k+" 30 0"), "ERR is_semaphore ")
 	expectPrefix(t, a.do("ACQUIRE "+lockKey+" "+k+" 30 0"), "ERR is_semaphore ")
