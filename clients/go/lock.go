@@ -83,11 +83,11 @@ func Margin(lease time.Duration) time.Duration {
 //
 // A Lock is safe for concurrent use.
 type Lock struct {
-	c      *Client
-	cn     *conn // the connection (session) that holds it
-	keys   []string
-	token  uint64
-	label  string // the owner label it was acquired with ("": none)
+	c     *Client
+	cn    *conn // the connection (session) that holds it
+	keys  []string
+	token uint64
+	label string // the owner label it was acquired with ("": none)
 	// permit: a permit of a semaphore key (AcquirePermit), held in slot;
 	// both are set before the Lock is registered and never change.
 	permit bool
@@ -490,7 +490,7 @@ func (cn *conn) lock(ctx context.Context, keys []string, lease, wait time.Durati
 		}
 		if ok {
 			l = newLockRenewing(cn, keys, tok, o.label, lease, sent, true) // lockKeys decides first (renewAfterWait)
-			l.permit, l.slot = permit, slot // before anyone else sees l
+			l.permit, l.slot = permit, slot                                // before anyone else sees l
 			cn.register(l)
 		}
 	}
