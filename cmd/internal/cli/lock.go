@@ -152,7 +152,7 @@ var (
 		&ticketing.Error{Code: "moved"}, &ticketing.Error{Code: "no_quorum"},
 		&ticketing.Error{Code: "shutting_down"}, &ticketing.Error{Code: "too_many_connections"}}
 	usageErrs = []error{ticketing.ErrInvalidArgument, ticketing.ErrInvalidKey, ticketing.ErrInvalidKeys,
-		ticketing.ErrInvalidLease, ticketing.ErrInvalidWait}
+		ticketing.ErrInvalidLease, ticketing.ErrInvalidWait, ticketing.ErrInvalidPermits}
 )
 
 // clientExit maps a client error to an exit code.
