@@ -125,3 +125,26 @@ func TestPermitVersion7Sidecar(t *testing.T) {
 	}
 	f.noReq()
 }
+
+// A waiting permit's place in line reaches its WithPosition hook, as an
+// acquire's: the PERMIT is the second line written (after the HELLO).
+func TestPermitPosition(t *testing.T) {
+	c, f := pipeClient(t, "HELLO 8 events")
+	var got []Position
+	ch := async(func() lockRes {
+		l, err := c.LockPermit(context.Background(), "room", 30*time.Second, 5*time.Second, WithPosition(func(p Position) { got = append(got, p) }))
+		return lockRes{l, err}
+	})
+	if r := f.req(); r != "PERMIT room 30 5.000" {
+		t.Fatalf("request %q", r)
+	}
+	f.write("! QUEUED 2 room", "! POSITION 2 3 - room", "! POSITION 2 1 4 room", "OK 9 1")
+	res := recv(t, ch)
+	if res.err != nil || res.l.Slot() != 1 {
+		t.Fatalf("LockPermit: %v", res.err)
+	}
+	want := []Position{{Key: "room", Position: 3}, {Key: "room", Position: 1, Estimate: 4 * time.Second, EstimateKnown: true}}
+	if len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
+		t.Fatalf("positions %+v, want %+v", got, want)
+	}
+}

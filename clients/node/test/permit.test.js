@@ -165,3 +165,17 @@ test('real sidecar: withPermit releases on exit, also when fn throws', async () 
     await admin.close();
   }
 });
+
+test('fake: a waiting permit gets onQueued and onPosition, as an acquire', async () => {
+  const positions = [];
+  let queued = 0;
+  const { client } = await setup((line) => {
+    if (line.startsWith('HELLO')) return 'HELLO 8 events';
+    if (line.startsWith('PERMIT ')) return '! QUEUED 2 room\n! POSITION 2 3 - room\n! POSITION 2 1 4 room\nOK 9 1';
+    return undefined;
+  });
+  const lk = await client.lockPermit('room', { lease: 30, wait: 5, onQueued: () => { queued++; }, onPosition: (p) => positions.push(p) });
+  assert.equal(lk.slot, 1);
+  assert.equal(queued, 1);
+  assert.deepEqual(positions, [{ key: 'room', position: 3, estimate: null }, { key: 'room', position: 1, estimate: 4 }]);
+});

@@ -106,6 +106,20 @@ class SyncFake(unittest.TestCase):
         self.assertEqual(self.fake.sent("RELEASE"), ["RELEASE room 101"])
         self.assertEqual(lk.slot, 3)  # kept after release
 
+    def test_queued_and_positions(self) -> None:
+        # A waiting permit gets on_queued and on_position, as an acquire:
+        # the PERMIT is the connection's second line (after the HELLO).
+        self.fake.before_reply = lambda line: (
+            ["! QUEUED 2 room", "! POSITION 2 3 - room", "! POSITION 2 1 4 room"] if line.startswith("PERMIT ") else []
+        )
+        queued, positions = [], []
+        lk = self.client.lock_permit("room", lease=30, wait=5, on_queued=lambda: queued.append(1),
+                                     on_position=positions.append)
+        with lk:
+            self.assertEqual(lk.slot, 3)
+        self.assertEqual(queued, [1])
+        self.assertEqual(positions, [ticketing.Position("room", 3, None), ticketing.Position("room", 1, 4)])
+
     def test_errors(self) -> None:
         self.fake.replies["PERMIT"] = "ERR not_semaphore room is no semaphore"
         with self.assertRaises(ticketing.NotSemaphoreError):
