@@ -68,9 +68,11 @@ func Margin(lease time.Duration) time.Duration {
 	return 250*time.Millisecond + lease/100
 }
 
-// Lock is a lock (one key) or a seat block (several keys, one token) held
-// through a Client, that knows when it is lost. Take one with Client.Lock
-// or Client.LockBlock (AcquireBlock returns one too).
+// Lock is a lock (one key), a seat block (several keys, one token) or a
+// permit of a semaphore key (Permit, Slot, FenceKey) held through a
+// Client, that knows when it is lost. Take one with Client.Lock,
+// Client.LockBlock or Client.LockPermit (AcquireBlock and AcquirePermit
+// return one too).
 //
 // Its Context is cancelled at the first of: the sidecar's "! LOST" event
 // for it (the lease expired through the log, the key moved on, or the

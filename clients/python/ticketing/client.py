@@ -794,8 +794,10 @@ class Client:
 
 
 class Lock(p.LockView):
-    """A lock on one key, or on a seat block, through a :class:`Client`;
-    see :meth:`Client.lock` and :meth:`Client.lock_block`.
+    """A lock on one key, on a seat block, or one permit of a semaphore key
+    (``slot``, ``fence_key``), through a :class:`Client`; see
+    :meth:`Client.lock`, :meth:`Client.lock_block` and
+    :meth:`Client.lock_permit`.
 
     Use once: ``with lock as token:``, or :meth:`acquire` then
     :meth:`release`. ``keys`` lists every key (one for :meth:`Client.lock`);
