@@ -498,6 +498,9 @@ func (cn *conn) fencingDomain(ctx context.Context) (string, error) {
 // once; should the lock be granted anyway, the Client releases it in the
 // background. Give ctx a deadline above wait, or leave it to wait alone.
 //
+// A key that is a semaphore is ErrIsSemaphore: take a permit of it
+// (AcquirePermit).
+//
 // Options: WithQueued, WithPosition, WithLabel.
 func (c *Client) Acquire(ctx context.Context, key string, lease, wait time.Duration, opts ...AcquireOption) (uint64, error) {
 	if err := checkDurations(lease, wait); err != nil {

@@ -44,6 +44,10 @@ const kRenewAfterWait = Symbol('renewAfterWait');
  * Its timers never keep the process alive, but the lock does while it is
  * held: its connection's socket stays ref'd until the lock is lost or
  * released, so a script that only awaits `signal` runs until then.
+ *
+ * A permit of a semaphore key (`lockPermit`, `withPermit`) is a Lock too,
+ * with its `slot` and `fenceKey` (`<key>#<slot>`); it is renewed, extended,
+ * lost and released by its token exactly as a lock.
  */
 class Lock {
   /** @type {(line: string, bound: number) => Promise<string>} */
