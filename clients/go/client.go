@@ -25,13 +25,17 @@
 // (protocol version 3): its Context is cancelled on the sidecar's lost
 // event, at the local validity deadline, or when the connection ends, and
 // Extend renews its lease. Every Client asks for event lines when it
-// connects (HELLO 7 events); against an older sidecar it works without
+// connects (HELLO 8 events); against an older sidecar it works without
 // them, and a Lock then relies on its local deadline.
 //
 // WithQueued, an option of every acquire, tells the caller when the
 // cluster queued its acquire (protocol version 4's "! QUEUED" event);
 // WithPosition, its place in line and the estimated wait as they change
 // (protocol version 7's "! POSITION" event).
+//
+// AcquirePermit (LockPermit) takes one permit of a semaphore key and
+// returns it as a Lock with its Slot (protocol version 8); SetPermits,
+// an operator's call, defines a key's number of permits.
 //
 // Info returns the sidecar's INFO parsed; Domain the cluster's fencing
 // domain, by which fence high-water marks are keyed (clients/go/fence).
@@ -108,6 +112,18 @@ var (
 	// (its release queue has no size bound), so no reply carries this
 	// code; kept so that code testing for it still compiles.
 	ErrReleaseQueueFull = &Error{Code: "release_queue_full"}
+	// ErrIsSemaphore: an acquire (Acquire, Lock, a block) named a key that
+	// is a semaphore; take a permit of it (AcquirePermit). Nothing acquired.
+	ErrIsSemaphore = &Error{Code: "is_semaphore"}
+	// ErrNotSemaphore: AcquirePermit of a key that is not a semaphore
+	// (SetPermits makes it one), or SetPermits 0 of such a key.
+	ErrNotSemaphore = &Error{Code: "not_semaphore"}
+	// ErrInvalidPermits: SetPermits' n outside 0..MaxPermits (the
+	// sidecar's own check; SetPermits checks before sending).
+	ErrInvalidPermits = &Error{Code: "invalid_permits"}
+	// ErrInUse: SetPermits of a key held as a lock, or SetPermits 0 of a
+	// semaphore with a permit held or someone waiting. Nothing changed.
+	ErrInUse = &Error{Code: "in_use"}
 )
 
 // Limits of the protocol, checked before sending.
@@ -124,10 +140,11 @@ const (
 )
 
 // ProtocolVersion is the version of unixapi/PROTOCOL.md this client
-// speaks: 7, which added the POSITION event (version 6 waits up to an
+// speaks: 8, which added semaphores (PERMIT and PERMITS: AcquirePermit,
+// LockPermit, SetPermits), version 7 the POSITION event (version 6 waits up to an
 // hour, version 5 owner labels, version 4 the QUEUED event, version 3
 // EXTEND and the lost events, version 2 seat blocks and HELLO).
-const ProtocolVersion = 7
+const ProtocolVersion = 8
 
 // MaxLabelLen is the longest owner label (WithLabel) in bytes.
 const MaxLabelLen = 64
@@ -480,6 +497,9 @@ func (cn *conn) fencingDomain(ctx context.Context) (string, error) {
 // If ctx ends while the request is with the sidecar, Acquire returns at
 // once; should the lock be granted anyway, the Client releases it in the
 // background. Give ctx a deadline above wait, or leave it to wait alone.
+//
+// A key that is a semaphore is ErrIsSemaphore: take a permit of it
+// (AcquirePermit).
 //
 // Options: WithQueued, WithPosition, WithLabel.
 func (c *Client) Acquire(ctx context.Context, key string, lease, wait time.Duration, opts ...AcquireOption) (uint64, error) {

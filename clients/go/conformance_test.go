@@ -186,7 +186,7 @@ func runSuite(t *testing.T, sock string, restart func(), scs []scenario) {
 	run := time.Now().UnixNano()
 	for _, sc := range scs {
 		t.Run(sc.Name, func(t *testing.T) {
-			r := &runner{t: t, sock: sock, restart: restart, conns: map[string]*ticketing.Client{}, tokens: map[string]uint64{},
+			r := &runner{t: t, sock: sock, restart: restart, conns: map[string]*ticketing.Client{}, tokens: map[string]uint64{}, slots: map[string]int{},
 				locks: map[string]*ticketing.Lock{}, since: map[*ticketing.Lock]time.Time{}, bg: map[string]chan result{}, queued: map[string]chan struct{}{},
 				prefix: fmt.Sprintf("go/%d/%s/", run, sc.Name), pads: map[string]int{}}
 			for name, opts := range sc.Keys {
@@ -210,6 +210,7 @@ type runner struct {
 	pads    map[string]int
 	conns   map[string]*ticketing.Client
 	tokens  map[string]uint64 // guarded by mu: background calls read it
+	slots   map[string]int    // the slot of each saved permit (slot_of)
 	locks   map[string]*ticketing.Lock
 	// since is when the call that took or last extended each lock began:
 	// its local deadline counts from a send no earlier than that.
@@ -237,8 +238,10 @@ type result struct {
 	held  map[string]uint64
 	// labels is, when the held step names labels, HeldLocks' entries.
 	labels []ticketing.HeldLock
-	dur    time.Duration
-	err    error
+	// slot is a permit's slot (acquire_permit), 0 for anything else.
+	slot int
+	dur  time.Duration
+	err  error
 }
 
 // hangGuard bounds a wait only so that a broken library fails instead of
@@ -473,8 +476,8 @@ func (r *runner) step(i int, st map[string]json.RawMessage) {
 		q := make(chan struct{}, 1)
 		r.queued[id] = q
 		opts = append(opts, ticketing.WithQueued(func() { q <- struct{}{} }))
-		if op == "acquire_block" {
-			// A block's ACQUIRE follows the Client's HELLO: agree the
+		if op == "acquire_block" || op == "acquire_permit" {
+			// A block's ACQUIRE (a PERMIT) follows the Client's HELLO: agree the
 			// version first, so the next line written is the ACQUIRE.
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			_, err := c.Hello(ctx)
@@ -599,6 +602,25 @@ func (r *runner) call(c *ticketing.Client, op string, st map[string]json.RawMess
 		}
 		if errors.Is(err, ticketing.ErrLockLost) {
 			return result{kind: "lost", err: err}
+		}
+	case "acquire_permit":
+		lease, ok1 := seconds(st, "lease")
+		wait, ok2 := seconds(st, "wait")
+		if !ok1 || !ok2 {
+			return result{kind: "arg_error"}
+		}
+		var l *ticketing.Lock
+		if l, err = c.AcquirePermit(ctx, key, lease, wait, opts...); err == nil {
+			if !l.Permit() || l.FenceKey() != ticketing.PermitFenceKey(key, l.Slot()) {
+				r.t.Errorf("a permit: Permit %v, FenceKey %q", l.Permit(), l.FenceKey())
+			}
+			return result{kind: "ok", token: l.Token(), slot: l.Slot()}
+		}
+	case "set_permits":
+		var n int
+		field(st, "permits", &n)
+		if err = c.SetPermits(ctx, key, n); err == nil {
+			return result{kind: "ok"}
 		}
 	case "release":
 		tok := r.tok(str(st, "token"))
@@ -795,9 +817,16 @@ func (r *runner) check(where string, st map[string]json.RawMessage, res result) 
 			t.Fatalf("%s: Lock.Label() = %q, want %q", where, got, deref(want))
 		}
 	}
+	if n, ok := num(st, "slot"); ok && res.slot != int(n) {
+		t.Fatalf("%s: slot %d, want %v", where, res.slot, n)
+	}
+	if name := str(st, "slot_of"); name != "" && res.slot != r.slots[name] {
+		t.Fatalf("%s: slot %d, want %s's slot %d", where, res.slot, name, r.slots[name])
+	}
 	if name := str(st, "save"); name != "" {
 		r.mu.Lock()
 		r.tokens[name] = res.token
+		r.slots[name] = res.slot
 		r.mu.Unlock()
 		if res.lock != nil {
 			r.locks[name] = res.lock

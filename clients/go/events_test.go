@@ -44,8 +44,8 @@ func pipeClient(t *testing.T, hello string) (*Client, *fakeEnd) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close(); sc.Close() })
-	if got := f.req(); got != "HELLO 7 events" {
-		t.Fatalf("first line %q, want HELLO 7 events", got)
+	if got := f.req(); got != "HELLO 8 events" {
+		t.Fatalf("first line %q, want HELLO 8 events", got)
 	}
 	if hello != "" {
 		f.write(hello)
@@ -532,7 +532,7 @@ func TestCloseFiresLostBeforeTheSidecarReleases(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sc.Close() })
-	if got := f.req(); got != "HELLO 7 events" {
+	if got := f.req(); got != "HELLO 8 events" {
 		t.Fatalf("first line %q", got)
 	}
 	f.write("HELLO 6 events")
@@ -580,7 +580,7 @@ func TestLockDisconnected(t *testing.T) {
 func TestHelloVersion2Sidecar(t *testing.T) {
 	c, f := pipeClient(t, "ERR bad_request unknown HELLO option")
 	ch := async(func() error { _, err := c.Events(context.Background()); return err })
-	if r := f.req(); r != "HELLO 7" {
+	if r := f.req(); r != "HELLO 8" {
 		t.Fatalf("request %q", r)
 	}
 	f.write("HELLO 2")

@@ -68,9 +68,11 @@ func Margin(lease time.Duration) time.Duration {
 	return 250*time.Millisecond + lease/100
 }
 
-// Lock is a lock (one key) or a seat block (several keys, one token) held
-// through a Client, that knows when it is lost. Take one with Client.Lock
-// or Client.LockBlock (AcquireBlock returns one too).
+// Lock is a lock (one key), a seat block (several keys, one token) or a
+// permit of a semaphore key (Permit, Slot, FenceKey) held through a
+// Client, that knows when it is lost. Take one with Client.Lock,
+// Client.LockBlock or Client.LockPermit (AcquireBlock and AcquirePermit
+// return one too).
 //
 // Its Context is cancelled at the first of: the sidecar's "! LOST" event
 // for it (the lease expired through the log, the key moved on, or the
@@ -83,11 +85,15 @@ func Margin(lease time.Duration) time.Duration {
 //
 // A Lock is safe for concurrent use.
 type Lock struct {
-	c      *Client
-	cn     *conn // the connection (session) that holds it
-	keys   []string
-	token  uint64
-	label  string // the owner label it was acquired with ("": none)
+	c     *Client
+	cn    *conn // the connection (session) that holds it
+	keys  []string
+	token uint64
+	label string // the owner label it was acquired with ("": none)
+	// permit: a permit of a semaphore key (AcquirePermit), held in slot;
+	// both are set before the Lock is registered and never change.
+	permit bool
+	slot   int
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
@@ -460,6 +466,12 @@ func (c *Client) LockBlock(ctx context.Context, keys []string, lease, wait time.
 // the grant, before any event line that follows the grant can be
 // dispatched.
 func (cn *conn) lockKeys(ctx context.Context, keys []string, lease, wait time.Duration, o acquireOpts) (*Lock, error) {
+	return cn.lock(ctx, keys, lease, wait, o, false)
+}
+
+// lock is lockKeys, or, when permit, the PERMIT of keys[0] (one key),
+// whose grant names the permit's slot too.
+func (cn *conn) lock(ctx context.Context, keys []string, lease, wait time.Duration, o acquireOpts, permit bool) (*Lock, error) {
 	if err := cn.checkLabel(ctx, o.label); err != nil {
 		return nil, err
 	}
@@ -468,13 +480,23 @@ func (cn *conn) lockKeys(ctx context.Context, keys []string, lease, wait time.Du
 	}
 	var l *Lock // set by the reader before the reply is delivered
 	sent := cn.c.clock()
+	line, verb := acquireLine(keys, lease, wait, o.label), "ACQUIRE"
+	if permit {
+		line, verb = permitLine(keys[0], lease, wait, o.label), "PERMIT"
+	}
 	onReply := func(reply string) {
-		if tok, ok := grantToken(reply); ok {
+		tok, ok := grantToken(reply)
+		slot := 0
+		if permit {
+			tok, slot, ok = permitGrant(reply)
+		}
+		if ok {
 			l = newLockRenewing(cn, keys, tok, o.label, lease, sent, true) // lockKeys decides first (renewAfterWait)
+			l.permit, l.slot = permit, slot                                // before anyone else sees l
 			cn.register(l)
 		}
 	}
-	r, err := cn.roundTrip(ctx, &call{line: acquireLine(keys, lease, wait, o.label), onReply: onReply, onQueued: o.queued, onPosition: o.position, keys: keys,
+	r, err := cn.roundTrip(ctx, &call{line: line, onReply: onReply, onQueued: o.queued, onPosition: o.position, keys: keys,
 		onOrphan: func(reply string) {
 			// Nobody waits for this grant any more: release it so the
 			// keys are not held until the lease ends (RELEASE of any key
@@ -491,9 +513,12 @@ func (cn *conn) lockKeys(ctx context.Context, keys []string, lease, wait time.Du
 		return l, nil
 	}
 	if _, ok := strings.CutPrefix(r, "OK "); ok {
-		return nil, unexpected("ACQUIRE", r)
+		return nil, unexpected(verb, r)
 	}
-	return nil, outcome("ACQUIRE", r)
+	if permit {
+		return nil, permitOutcome(verb, r)
+	}
+	return nil, outcome(verb, r)
 }
 
 // grantToken is the token of an "OK <token>" reply.

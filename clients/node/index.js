@@ -21,7 +21,7 @@ const fence = require('./lib/fence');
 const { StaleTokenError, RowCountError } = fence;
 const {
   MIN_LEASE, MAX_LEASE, MAX_WAIT, MAX_SHORT_WAIT, MAX_KEY_LEN, MAX_TOKEN, MAX_BLOCK_KEYS, PROTOCOL_VERSION,
-  MARGIN_BASE_MS, MARGIN_LEASE_FRACTION,
+  MARGIN_BASE_MS, MARGIN_LEASE_FRACTION, MAX_PERMITS, fenceKey,
 } = protocol;
 
 // Only names and a spread of require() itself: the forms Node.js's static
@@ -46,4 +46,6 @@ module.exports = {
   PROTOCOL_VERSION,
   MARGIN_BASE_MS,
   MARGIN_LEASE_FRACTION,
+  MAX_PERMITS,
+  fenceKey,
 };

@@ -360,17 +360,50 @@ func (f Fence) DoBlock(ctx context.Context, db *sql.DB, opts *sql.TxOptions, dom
 
 // AdvanceLock is AdvanceBlock for the keys and the token of lk, under its
 // fencing domain (lk.Domain: INFO's domain field on the connection that
-// took it), inside tx: for one key as for a seat block.
+// took it), inside tx: for one key as for a seat block. For a permit
+// (lk.Permit) the fenced resource is lk.FenceKey, "<key>#<slot>": each
+// slot of a semaphore is its own fencing domain (AdvancePermit).
 func (f Fence) AdvanceLock(ctx context.Context, tx *sql.Tx, lk *ticketing.Lock) error {
 	domain, err := lockDomain(ctx, lk)
 	if err != nil {
 		return err
 	}
-	return f.AdvanceBlock(ctx, tx, domain, lk.Keys(), lk.Token())
+	return f.AdvanceBlock(ctx, tx, domain, lockFenceKeys(lk), lk.Token())
 }
 
-// DoLock is DoBlock for the keys and the token of lk, under its fencing
-// domain (lk.Domain): fn runs in a new transaction of db that starts with
+// lockFenceKeys are the fenced resources of lk: its keys, or for a permit
+// its "<key>#<slot>".
+func lockFenceKeys(lk *ticketing.Lock) []string {
+	if lk.Permit() {
+		return []string{lk.FenceKey()}
+	}
+	return lk.Keys()
+}
+
+// AdvancePermit is Advance for a permit of a semaphore key: the fenced
+// resource is "<key>#<slot>" (ticketing.PermitFenceKey), since the cluster
+// hands each slot on with tokens that increase per slot, not across the
+// slots (unixapi/PROTOCOL.md, "Semaphores"). A stale holder of slot s is
+// refused once a newer token wrote slot s; holders of other slots are not
+// affected.
+func (f Fence) AdvancePermit(ctx context.Context, tx *sql.Tx, domain, key string, slot int, token uint64) error {
+	if slot < 0 {
+		return fmt.Errorf("fence: permit slot %d of %s: want 0 or more", slot, key)
+	}
+	return f.Advance(ctx, tx, domain, ticketing.PermitFenceKey(key, slot), token)
+}
+
+// DoPermit is Do for a permit: fn runs in a new transaction of db that
+// starts with AdvancePermit. DoLock does the same given the permit's Lock.
+func (f Fence) DoPermit(ctx context.Context, db *sql.DB, opts *sql.TxOptions, domain, key string, slot int, token uint64, fn func(tx *sql.Tx) error) error {
+	if slot < 0 {
+		return fmt.Errorf("fence: permit slot %d of %s: want 0 or more", slot, key)
+	}
+	return f.Do(ctx, db, opts, domain, ticketing.PermitFenceKey(key, slot), token, fn)
+}
+
+// DoLock is DoBlock for the keys and the token of lk (a permit's
+// "<key>#<slot>", see AdvanceLock), under its fencing domain (lk.Domain): fn runs in a new transaction of db that starts with
 // AdvanceLock, and commits if fn returns nil. A stale token (a newer
 // holder wrote) is an error wrapping ErrStale, with nothing written. The
 // domain is asked before the transaction begins (once per connection).
@@ -379,7 +412,7 @@ func (f Fence) DoLock(ctx context.Context, db *sql.DB, opts *sql.TxOptions, lk *
 	if err != nil {
 		return err
 	}
-	return f.DoBlock(ctx, db, opts, domain, lk.Keys(), lk.Token(), fn)
+	return f.DoBlock(ctx, db, opts, domain, lockFenceKeys(lk), lk.Token(), fn)
 }
 
 func lockDomain(ctx context.Context, lk *ticketing.Lock) (string, error) {

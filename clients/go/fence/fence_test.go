@@ -17,6 +17,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 	_ "modernc.org/sqlite"
 
+	ticketing "ticketing/clients/go"
 	"ticketing/clients/go/fence"
 )
 
@@ -936,4 +937,52 @@ func TestNoRowCount(t *testing.T) {
 	if _, err := u.Exec(ctx, blind, 9); !errors.Is(err, fence.ErrRowCount) {
 		t.Fatalf("Update: %v, want ErrRowCount", err)
 	}
+}
+
+// Permits: one fencing domain per slot. A stale holder of slot 0 is
+// refused once a newer token wrote slot 0, while the holder of slot 1,
+// whose token is older than that newer one, is not affected: tokens of a
+// semaphore increase per slot, so slots fenced under the bare key would
+// refuse it wrongly.
+func TestDoPermitOneDomainPerSlot(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d db) {
+		ctx := context.Background()
+		const key = "checkout"
+		ok := func(slot int, token uint64) error {
+			return d.f.DoPermit(ctx, d.DB, nil, "test", key, slot, token, func(*sql.Tx) error { return nil })
+		}
+		// Slot 0 held by token 10, slot 1 by token 11.
+		if err := ok(0, 10); err != nil {
+			t.Fatal(err)
+		}
+		if err := ok(1, 11); err != nil {
+			t.Fatal(err)
+		}
+		// Token 10 lost slot 0 (its lease ran out); token 12 took slot 0 and wrote.
+		if err := ok(0, 12); err != nil {
+			t.Fatal(err)
+		}
+		// The stale holder of slot 0 is refused, with nothing written.
+		ran := false
+		err := d.f.DoPermit(ctx, d.DB, nil, "test", key, 0, 10, func(*sql.Tx) error { ran = true; return nil })
+		if !errors.Is(err, fence.ErrStale) || ran {
+			t.Fatalf("stale holder of slot 0: %v (fn ran %v), want ErrStale", err, ran)
+		}
+		// The holder of slot 1 (token 11 < 12) still writes.
+		if err := ok(1, 11); err != nil {
+			t.Fatalf("holder of slot 1 after slot 0 moved on: %v", err)
+		}
+		for slot, want := range []uint64{12, 11} {
+			hw, err := d.f.HighWater(ctx, d.DB, "test", ticketing.PermitFenceKey(key, slot))
+			if err != nil || hw != want {
+				t.Fatalf("high-water of %s#%d: %d, %v; want %d", key, slot, hw, err, want)
+			}
+		}
+		if hw, err := d.f.HighWater(ctx, d.DB, "test", key); err != nil || hw != 0 {
+			t.Fatalf("high-water of the bare key: %d, %v; want none", hw, err)
+		}
+		if err := ok(-1, 13); err == nil {
+			t.Fatal("slot -1 accepted")
+		}
+	})
 }

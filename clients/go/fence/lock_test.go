@@ -130,3 +130,52 @@ func TestDoLockUsesTheSidecarsDomain(t *testing.T) {
 		}
 	}
 }
+
+// DoLock of a permit's Lock fences "<key>#<slot>" under the domain: each
+// permit marks its own slot, never the bare key; after a newer token wrote
+// slot s the holder of slot s is stale, the holder of the other slot not.
+func TestDoLockOfAPermitFencesItsSlot(t *testing.T) {
+	ctx := context.Background()
+	c := sidecarClient(t)
+	d := openSQLite(t)
+	domain, err := fence.Domain(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := "fence-permit/" + t.Name()
+	if err := c.SetPermits(ctx, key, 2); err != nil {
+		t.Fatal(err)
+	}
+	var lks []*ticketing.Lock
+	for range 2 {
+		lk, err := c.LockPermit(ctx, key, 30*time.Second, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = lk.Release(context.Background()) }() // its lease ends anyway
+		lks = append(lks, lk)
+	}
+	for _, lk := range lks {
+		if err := d.f.DoLock(ctx, d.DB, nil, lk, func(*sql.Tx) error { return nil }); err != nil {
+			t.Fatalf("DoLock of slot %d: %v", lk.Slot(), err)
+		}
+		if hw, err := d.f.HighWater(ctx, d.DB, domain, lk.FenceKey()); err != nil || hw != lk.Token() {
+			t.Fatalf("%s: %d, %v; want %d", lk.FenceKey(), hw, err, lk.Token())
+		}
+	}
+	if hw, err := d.f.HighWater(ctx, d.DB, domain, key); err != nil || hw != 0 {
+		t.Fatalf("the bare key: %d, %v; want no mark", hw, err)
+	}
+	// A newer holder wrote the first permit's slot.
+	first, second := lks[0], lks[1]
+	newer := max(first.Token(), second.Token()) + 1
+	if err := d.f.DoPermit(ctx, d.DB, nil, domain, key, first.Slot(), newer, func(*sql.Tx) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.f.DoLock(ctx, d.DB, nil, first, func(*sql.Tx) error { return nil }); !errors.Is(err, fence.ErrStale) {
+		t.Fatalf("stale holder of slot %d: %v, want ErrStale", first.Slot(), err)
+	}
+	if err := d.f.DoLock(ctx, d.DB, nil, second, func(*sql.Tx) error { return nil }); err != nil {
+		t.Fatalf("holder of slot %d: %v", second.Slot(), err)
+	}
+}

@@ -328,3 +328,20 @@ test('withFence retries: at SERIALIZABLE the newer holder gets 40001, and writes
   assert.equal(await fence.highWater(await connect(), opts('ser1')), 12n);
   assert.equal(fence.isRetryable(new StaleTokenError()), false);
 });
+
+test('withFencePermit: one fencing domain per slot', { skip }, async () => {
+  // Slot 0 held by token 10, slot 1 by 11; 12 takes slot 0 and writes: the
+  // stale holder of slot 0 is refused, the holder of slot 1 (11 < 12) is not.
+  const db = await connect();
+  const p = (slot, token) => ({ dialect: 'postgres', domain: 'test', key: 'checkout', slot, token });
+  await fence.withFencePermit(db, p(0, 10n), async () => {});
+  await fence.withFencePermit(db, { dialect: 'postgres', domain: 'test', permit: { key: 'checkout', token: 11n, slot: 1 } }, async () => {});
+  await fence.withFencePermit(db, p(0, 12n), async () => {});
+  let ran = false;
+  await assert.rejects(fence.withFencePermit(db, p(0, 10n), async () => { ran = true; }), StaleTokenError);
+  assert.equal(ran, false);
+  await fence.withFencePermit(db, p(1, 11n), async () => {});
+  assert.equal(await fence.highWater(db, { dialect: 'postgres', domain: 'test', key: 'checkout#0' }), 12n);
+  assert.equal(await fence.highWater(db, { dialect: 'postgres', domain: 'test', key: 'checkout#1' }), 11n);
+  assert.equal(await fence.highWater(db, { dialect: 'postgres', domain: 'test', key: 'checkout' }), 0n);
+});

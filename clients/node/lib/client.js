@@ -394,7 +394,7 @@ class Connection {
  * numbers. `release` also accepts decimal strings. Compare tokens with `<`,
  * `>`; store them as strings (`String(token)`) or u64 columns.
  *
- * Every connection starts with `HELLO 7 events` (pipelined before the first
+ * Every connection starts with `HELLO 8 events` (pipelined before the first
  * request), so the sidecar tells it when a lock it holds is lost; `lock` and
  * `lockBlock` return {@link Lock} objects whose `signal` reports it. Against
  * an older sidecar (no events) locks still fire at their local deadline.
@@ -464,7 +464,7 @@ class Client {
   }
 
   /**
-   * Send `HELLO 7 events` on `conn` (its first request, or again after a
+   * Send `HELLO 8 events` on `conn` (its first request, or again after a
    * HELLO that got no usable reply) and record what the sidecar agreed.
    * @param {Connection} conn
    */
@@ -649,16 +649,114 @@ class Client {
    * @param {AcquireHooks|null} queued
    * @param {string} label the owner label ('' for none)
    */
-  async #lock(conn, line, waitSeconds, keys, lease, queued, label) {
+  async #lock(conn, line, waitSeconds, keys, lease, queued, label, permit = false) {
     // The lease counts from the grant, which comes after this: the send time
     // is the conservative start.
     const sentAt = performance.now();
-    const token = p.parseAcquire(await this.#call(line, waitSeconds, (reply) => this.#releaseLateGrant(keys[0], reply), conn, queued));
+    const reply = await this.#call(line, waitSeconds, (r) => this.#releaseLateGrant(keys[0], r), conn, queued);
+    const { token, slot } = permit ? p.parsePermit(reply) : { token: p.parseAcquire(reply), slot: null };
     const lock = new Lock({
-      call: (l, bound, onAnswer = null) => this.#call(l, bound, null, conn, null, onAnswer), conn, keys, token, lease, sentAt, label, renew: true,
+      call: (l, bound, onAnswer = null) => this.#call(l, bound, null, conn, null, onAnswer), conn, keys, token, lease, sentAt, label, renew: true, slot,
     });
     await lock[kRenewAfterWait](lease);
     return lock;
+  }
+
+  /**
+   * Take one permit of the semaphore `key` (`PERMIT`, protocol version 8)
+   * and resolve with `{key, token, slot, fenceKey}`: its own fencing token
+   * (a BigInt; release and extend it by `(key, token)` like a lock), its
+   * slot 0..n-1 (the lowest free at the grant) and `fenceKey`,
+   * `<key>#<slot>`, the resource to fence its writes under. Options and
+   * rejections are `acquire`'s (permits are FIFO with the key's other
+   * waiters), plus NotSemaphoreError (the key is no semaphore: an operator
+   * makes it one, `setPermits`, `ticketing permits set`) and
+   * NotSupportedError (a sidecar before version 8, nothing sent).
+   *
+   * @param {string} key
+   * @param {{lease?: number, wait?: number, onQueued?: QueuedHook|null, onPosition?: PositionHook|null, label?: string|null}} [options] as for `acquire`
+   * @returns {Promise<{key: string, token: bigint, slot: number, fenceKey: string}>}
+   */
+  async acquirePermit(key, { lease = 30, wait = 5, onQueued = null, onPosition = null, label = null } = {}) {
+    const { line, waitSeconds } = p.permitLine(key, lease, wait);
+    const field = p.labelField(label);
+    const queued = this.#queued([key], onQueued, onPosition);
+    const conn = this.#connection();
+    await this.#needPermits(conn);
+    const { token, slot } = p.parsePermit(await this.#call(line + field, waitSeconds, (reply) => this.#releaseLateGrant(key, reply), conn, queued));
+    return { key, token, slot, fenceKey: p.fenceKey(key, slot) };
+  }
+
+  /**
+   * Take one permit of the semaphore `key` (see `acquirePermit`) and resolve
+   * with a {@link Lock} whose `slot` is the permit's and `fenceKey`
+   * `<key>#<slot>`: it is renewed on the grant, extended, lost and
+   * released (by its token) exactly as `lock`'s.
+   *
+   * @param {string} key
+   * @param {{lease?: number, wait?: number, onQueued?: QueuedHook|null, onPosition?: PositionHook|null, label?: string|null}} [options] as for `acquire`
+   * @returns {Promise<Lock>}
+   */
+  async lockPermit(key, { lease = 30, wait = 5, onQueued = null, onPosition = null, label = null } = {}) {
+    const { line, waitSeconds } = p.permitLine(key, lease, wait);
+    const field = p.labelField(label);
+    const queued = this.#queued([key], onQueued, onPosition);
+    const conn = this.#connection();
+    await this.#needPermits(conn);
+    return this.#lock(conn, line + field, waitSeconds, [key], lease, queued, p.checkLabel(label), true);
+  }
+
+  /**
+   * Take one permit of `key` (see `lockPermit`), run `fn(token, lock)`,
+   * release it, and return what `fn` returned; released even if `fn`
+   * throws, as `withLock`. `lock.slot` and `lock.fenceKey` name its
+   * fencing domain.
+   *
+   * @template T
+   * @param {string} key
+   * @param {{lease?: number, wait?: number, onQueued?: QueuedHook|null, onPosition?: PositionHook|null, label?: string|null}} options as for `acquire`
+   * @param {(token: bigint, lock: Lock) => T | Promise<T>} fn
+   * @returns {Promise<T>}
+   */
+  async withPermit(key, options, fn) {
+    if (typeof options === 'function') [options, fn] = [{}, options];
+    if (typeof fn !== 'function') throw new TypeError('withPermit needs a function');
+    return this.#withLock(await this.lockPermit(key, options), fn);
+  }
+
+  /**
+   * Make `key` a semaphore of `n` permits (1..100000), change the n of one,
+   * or with 0 remove an idle one (`PERMITS`, protocol version 8): an
+   * operator's call. Raising n grants waiters at once; lowering it takes no
+   * permit from a holder. Exact and idempotent: after IndeterminateError
+   * call it again. Rejects with InUseError (the key is held as a lock; 0
+   * while a permit is held or someone waits), NotSemaphoreError (0 of a
+   * key that is none), NotSupportedError (a sidecar before version 8,
+   * nothing sent), IndeterminateError, ServerError; TypeError/RangeError
+   * for bad arguments (nothing sent).
+   *
+   * @param {string} key
+   * @param {number} n 0..100000
+   * @returns {Promise<void>}
+   */
+  async setPermits(key, n) {
+    const line = p.permitsLine(key, n);
+    const conn = this.#connection();
+    await this.#needPermits(conn);
+    p.parsePermits(await this.#call(line, p.RELEASE_DEADLINE, null, conn));
+  }
+
+  /**
+   * Semaphores need protocol version 8: an older sidecar would answer
+   * unknown_verb.
+   * @param {Connection} conn
+   */
+  async #needPermits(conn) {
+    const v = await this.#hello(conn);
+    if (v < p.PERMIT_VERSION) {
+      throw new NotSupportedError(`semaphores need protocol version ${p.PERMIT_VERSION}; the sidecar at ${this.path} `
+        + `speaks version ${v}: upgrade the sidecar`);
+    }
   }
 
   /**
@@ -731,7 +829,7 @@ class Client {
 
   /**
    * The protocol version this client and the sidecar both speak: the reply
-   * to the `HELLO 7 events` every connection sends first (1 for a version-1
+   * to the `HELLO 8 events` every connection sends first (1 for a version-1
    * sidecar, which does not know `HELLO`; 2 for a version-2 sidecar, which
    * refuses the `events` option; 3 for a sidecar that sends `! LOST` but not
    * `! QUEUED`).
@@ -895,7 +993,8 @@ class Client {
   #releaseLateGrant(key, reply) {
     let token;
     try {
-      token = p.parseAcquire(reply);
+      // A permit's grant names its slot too: `OK <token> <slot>`.
+      token = reply.split(' ').length === 3 ? p.parsePermit(reply).token : p.parseAcquire(reply);
     } catch {
       return; // not granted
     }

@@ -164,8 +164,46 @@ class LockLostError extends TicketingError {
   }
 }
 
+/**
+ * `ERR is_semaphore`: an acquire (`acquire`, `lock`, a block) named a
+ * semaphore key; take a permit of it (`acquirePermit`, `lockPermit`).
+ * Definite: nothing acquired.
+ */
+class IsSemaphoreError extends ServerError {}
+
+/**
+ * `ERR not_semaphore`: a permit of a key that is not a semaphore (an
+ * operator makes it one: `setPermits`, `ticketing permits set`), or
+ * `setPermits(key, 0)` of such a key. Definite: nothing changed.
+ */
+class NotSemaphoreError extends ServerError {}
+
+/**
+ * `ERR invalid_permits`: a number of permits outside 0..100000 (the
+ * sidecar's own check; `setPermits` checks before sending).
+ */
+class InvalidPermitsError extends ServerError {}
+
+/**
+ * `ERR in_use`: `setPermits` of a key held as a lock, or `setPermits(key, 0)`
+ * while a permit is held or someone waits. Definite: nothing changed.
+ */
+class InUseError extends ServerError {}
+
+/** The ServerError subclass of each code that has one. */
+const SERVER_ERRORS = Object.freeze({
+  is_semaphore: IsSemaphoreError,
+  not_semaphore: NotSemaphoreError,
+  invalid_permits: InvalidPermitsError,
+  in_use: InUseError,
+});
+
 module.exports = {
   TicketingError,
+  IsSemaphoreError,
+  NotSemaphoreError,
+  InvalidPermitsError,
+  InUseError,
   NoDomainError,
   BusyError,
   LockTimeoutError,
@@ -176,4 +214,5 @@ module.exports = {
   SidecarConnectionError,
   NotSupportedError,
   LockLostError,
+  SERVER_ERRORS,
 };

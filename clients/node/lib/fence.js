@@ -49,7 +49,7 @@
  */
 
 const { TicketingError } = require('./errors');
-const { MAX_TOKEN } = require('./protocol');
+const { MAX_TOKEN, fenceKey } = require('./protocol');
 
 const DEFAULT_TABLE = 'ticketing_fence';
 const OFFSET = 1n << 63n;
@@ -285,6 +285,47 @@ async function withFenceBlock(db, opts, fn) {
 }
 
 /**
+ * The fenced resource and token of a permit: `{key: '<key>#<slot>', token}`.
+ * `opts.permit` is what `acquirePermit` resolves with or a `lockPermit`
+ * Lock (both carry key, token and slot); without it, `opts.key`,
+ * `opts.slot` and `opts.token` name the permit.
+ * @param {{permit?: {key?: string, keys?: readonly string[], token: bigint, slot: number|null}, key?: string, slot?: number, token?: bigint|string|number}} opts
+ * @returns {{key: string, token: bigint|string|number}}
+ */
+function permitFenceKey(opts) {
+  const { permit } = opts;
+  if (permit !== undefined && permit !== null) {
+    const key = permit.key ?? (permit.keys && permit.keys[0]);
+    if (typeof key !== 'string' || !Number.isInteger(permit.slot)) {
+      throw new TypeError('permit must be what acquirePermit resolves with or a lockPermit Lock (key, token and slot)');
+    }
+    return { key: fenceKey(key, permit.slot), token: permit.token };
+  }
+  if (typeof opts.key !== 'string') throw new TypeError('pass `permit`, or `key`, `slot` and `token`');
+  if (!Number.isInteger(opts.slot) || opts.slot < 0) throw new RangeError(`permit slot ${opts.slot}: want an integer, 0 or more`);
+  return { key: fenceKey(opts.key, opts.slot), token: opts.token };
+}
+
+/**
+ * `withFence` for a permit of a semaphore key: the fenced resource is
+ * `<key>#<slot>`, one fencing domain per slot (tokens of a semaphore
+ * increase per slot, not across its slots). A stale holder of slot s is
+ * refused once a newer token wrote slot s; holders of other slots are not
+ * affected. `opts.permit` (or `key`, `slot`, `token`) as for
+ * `permitFenceKey`; the other options as for `withFence`.
+ * @template T
+ * @param {{query: Function}} db one connection
+ * @param {object} opts
+ * @param {(db: {query: Function}) => Promise<T>} fn
+ * @returns {Promise<T>}
+ */
+async function withFencePermit(db, opts, fn) {
+  const { key, token } = permitFenceKey(opts);
+  const { permit: _p, slot: _s, ...rest } = opts;
+  return withFence(db, { ...rest, key, token }, fn);
+}
+
+/**
  * Whether `e` is a PostgreSQL serialization failure (SQLSTATE 40001) or
  * deadlock (40P01), as `pg` reports them in `e.code`: the transaction was
  * rolled back and may be run again from the start, with the same token.
@@ -440,6 +481,8 @@ module.exports = {
   highWater,
   withFence,
   withFenceBlock,
+  withFencePermit,
+  permitFenceKey,
   isRetryable,
   conditionalUpdate,
   encodeToken,

@@ -44,6 +44,10 @@ const kRenewAfterWait = Symbol('renewAfterWait');
  * Its timers never keep the process alive, but the lock does while it is
  * held: its connection's socket stays ref'd until the lock is lost or
  * released, so a script that only awaits `signal` runs until then.
+ *
+ * A permit of a semaphore key (`lockPermit`, `withPermit`) is a Lock too,
+ * with its `slot` and `fenceKey` (`<key>#<slot>`); it is renewed, extended,
+ * lost and released by its token exactly as a lock.
  */
 class Lock {
   /** @type {(line: string, bound: number) => Promise<string>} */
@@ -75,6 +79,8 @@ class Lock {
   #released = false;
   /** @type {string|null} */
   #label = null;
+  /** A permit's slot (`lockPermit`), null for a lock. @type {number|null} */
+  #slot = null;
   /** Counted in the connection's `holding` (keeps the process alive). */
   #holding = false;
 
@@ -88,14 +94,16 @@ class Lock {
    * @param {number} o.lease seconds
    * @param {number} o.sentAt performance.now() when the ACQUIRE was written
    * @param {string} [o.label] the owner label of the ACQUIRE ('' or absent: none)
+   * @param {number|null} [o.slot] a permit's slot (PERMIT), null for a lock
    * @private
    */
-  constructor({ call, conn, keys, token, lease, sentAt, label = '', renew = false }) {
+  constructor({ call, conn, keys, token, lease, sentAt, label = '', renew = false, slot = null }) {
     this.#call = call;
     this.#conn = conn;
     this.#keys = Object.freeze([...keys]);
     this.#token = token;
     this.#label = label || null;
+    this.#slot = slot;
     this.#deadline = validUntil(sentAt, lease);
     this.#holding = true;
     conn.holdStarted();
@@ -150,6 +158,29 @@ class Lock {
   /** The fencing token (a BigInt), as `acquire` resolves with. */
   get token() {
     return this.#token;
+  }
+
+  /** True for a permit of a semaphore key (`lockPermit`). */
+  get permit() {
+    return this.#slot !== null;
+  }
+
+  /**
+   * A permit's slot, 0..n-1 (the lowest free at the grant), or null for a
+   * lock. (key, slot) is the permit's fencing domain: see `fenceKey`.
+   * @returns {number|null}
+   */
+  get slot() {
+    return this.#slot;
+  }
+
+  /**
+   * The resource the lock's writes are fenced under: `<key>#<slot>` for a
+   * permit, else the (first) key.
+   * @returns {string}
+   */
+  get fenceKey() {
+    return this.#slot === null ? this.#keys[0] : p.fenceKey(this.#keys[0], this.#slot);
   }
 
   /** The keys of the lock (one key, or a block's keys in the order asked for). */

@@ -7,7 +7,7 @@
  */
 
 const {
-  BusyError, LockTimeoutError, IndeterminateError, ServerError, ProtocolError,
+  BusyError, LockTimeoutError, IndeterminateError, ServerError, ProtocolError, NotSupportedError, SERVER_ERRORS,
 } = require('./errors');
 
 const MIN_LEASE = 1;
@@ -25,7 +25,11 @@ const RELEASE_DEADLINE = 5;
  * lines; 5: owner labels; 6: waits up to an hour; 7: the `! POSITION` event
  * lines).
  */
-const PROTOCOL_VERSION = 7;
+const PROTOCOL_VERSION = 8;
+/** The protocol version of `PERMIT` and `PERMITS` (semaphores). */
+const PERMIT_VERSION = 8;
+/** The most permits of one semaphore key (`setPermits`). */
+const MAX_PERMITS = 100000;
 /** The longest owner label (`label=`, version 5) in bytes. */
 const MAX_LABEL_LEN = 64;
 /**
@@ -220,7 +224,7 @@ function helloEventsLine() {
 }
 
 /**
- * The reply to `HELLO 7 events`: `HELLO <v> events` → events on;
+ * The reply to `HELLO 8 events`: `HELLO <v> events` → events on;
  * `HELLO <v>` → the version both speak has no events; `ERR bad_request` →
  * a version-2 sidecar (it knows HELLO but not the option); `ERR
  * unknown_verb` → version 1. Anything else throws its error.
@@ -420,7 +424,8 @@ function errorFrom(reply) {
   if (reply === 'ERR' || reply.startsWith('ERR ')) {
     const sp = reply.indexOf(' ', 4);
     const code = sp < 0 ? reply.slice(4) : reply.slice(4, sp);
-    return new ServerError(code || 'unknown', sp < 0 ? '' : reply.slice(sp + 1));
+    const Err = SERVER_ERRORS[code] || ServerError;
+    return new Err(code || 'unknown', sp < 0 ? '' : reply.slice(sp + 1));
   }
   return new ProtocolError(`unexpected reply ${JSON.stringify(reply)}`);
 }
@@ -436,6 +441,55 @@ function parseAcquire(reply) {
     throw new ProtocolError(`bad token in reply ${JSON.stringify(reply)}`);
   }
   throw errorFrom(reply);
+}
+
+/** The fenced resource of a permit: `<key>#<slot>` (one fencing domain per slot). */
+function fenceKey(key, slot) {
+  return `${key}#${slot}`;
+}
+
+/** Check the arguments; the PERMIT line (without a label) and the wait in seconds. */
+function permitLine(key, lease, wait) {
+  const { line, waitSeconds } = acquireLine(key, lease, wait);
+  return { line: 'PERMIT' + line.slice('ACQUIRE'.length), waitSeconds };
+}
+
+/**
+ * A PERMIT or PERMITS refusal; `unknown_verb` (a sidecar that does not know
+ * the verb after all) is NotSupportedError.
+ */
+function permitError(reply) {
+  const err = errorFrom(reply);
+  if (err instanceof ServerError && err.code === 'unknown_verb') {
+    return new NotSupportedError(`the sidecar does not know semaphores: ${err.message}`);
+  }
+  return err;
+}
+
+/** `OK <token> <slot>` → {token (bigint), slot (number)}; otherwise throws the matching error. */
+function parsePermit(reply) {
+  if (reply.startsWith('OK ')) {
+    const m = /^OK ([0-9]{1,20}) ([0-9]{1,6})$/.exec(reply);
+    if (m) {
+      const token = BigInt(m[1]);
+      const slot = Number(m[2]);
+      if (token >= 1n && token <= MAX_TOKEN && slot < MAX_PERMITS) return { token, slot };
+    }
+    throw new ProtocolError(`bad permit grant ${JSON.stringify(reply)}`);
+  }
+  throw permitError(reply);
+}
+
+/** Check the arguments; the PERMITS line. */
+function permitsLine(key, n) {
+  checkKey(key);
+  if (typeof n !== 'number' || !Number.isInteger(n)) throw new TypeError(`permits must be an integer, not ${typeof n === 'number' ? n : typeof n}`);
+  if (n < 0 || n > MAX_PERMITS) throw new RangeError(`permits ${n}: 0..${MAX_PERMITS}`);
+  return `PERMITS ${key} ${n}`;
+}
+
+function parsePermits(reply) {
+  if (reply !== 'OK') throw permitError(reply);
 }
 
 function parseRelease(reply) {
@@ -578,7 +632,8 @@ function parseHeldLocks(reply) {
 
 module.exports = {
   MIN_LEASE, MAX_LEASE, MAX_WAIT, MAX_SHORT_WAIT, MAX_KEY_LEN, MAX_TOKEN, RELEASE_DEADLINE, SOCKET_ENV, DEFAULT_SOCKET,
-  PROTOCOL_VERSION, MAX_BLOCK_KEYS, MARGIN_BASE_MS, MARGIN_LEASE_FRACTION,
+  PROTOCOL_VERSION, MAX_BLOCK_KEYS, MARGIN_BASE_MS, MARGIN_LEASE_FRACTION, PERMIT_VERSION, MAX_PERMITS,
+  fenceKey, permitLine, parsePermit, permitsLine, parsePermits,
   defaultPath, checkKey, checkKeys, checkLease, waitMillis, formatWait, toToken, checkRaw, checkOnQueued, checkOnPosition,
   MAX_LABEL_LEN, checkLabel, labelField,
   acquireLine, acquireBlockLine, helloLine, helloEventsLine, parseHello, parseHelloEvents, releaseLine,

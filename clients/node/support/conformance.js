@@ -80,6 +80,8 @@ class Runner {
     this.conns = new Map();
     /** @type {Map<string, bigint>} */
     this.tokens = new Map();
+    /** The slot of each saved permit (slot_of). */
+    this.slots = new Map();
     /** @type {Map<string, ticketing.Lock>} */
     this.locks = new Map();
     // When the call that took or last extended each saved lock began
@@ -146,6 +148,17 @@ class Runner {
       case 'acquire_block':
         promise = client.acquireBlock(step.block.map((n) => this.key(n)), acq).then((token) => ({ kind: 'ok', token }));
         break;
+      case 'acquire_permit': {
+        const key = this.stepKey(step);
+        promise = client.acquirePermit(key, acq).then((permit) => {
+          if (permit.fenceKey !== ticketing.fenceKey(key, permit.slot)) throw new ScenarioFailure(`permit fenceKey ${permit.fenceKey}`);
+          return { kind: 'ok', token: permit.token, slot: permit.slot };
+        });
+        break;
+      }
+      case 'set_permits':
+        promise = client.setPermits(this.stepKey(step), step.permits).then(() => ({ kind: 'ok' }));
+        break;
       case 'lock':
         promise = client.lock(this.stepKey(step), acq).then((lock) => ({ kind: 'ok', token: lock.token, lock }));
         break;
@@ -200,9 +213,16 @@ class Runner {
     if (step.reply !== undefined && out.reply !== step.reply) {
       throw new ScenarioFailure(`expected reply ${JSON.stringify(step.reply)}, got ${JSON.stringify(out.reply)}`);
     }
+    if (step.slot !== undefined && out.slot !== step.slot) {
+      throw new ScenarioFailure(`expected slot ${step.slot}, got ${out.slot} (${show(out)})`);
+    }
+    if (step.slot_of !== undefined && out.slot !== this.slots.get(step.slot_of)) {
+      throw new ScenarioFailure(`expected ${step.slot_of}'s slot ${this.slots.get(step.slot_of)}, got ${out.slot}`);
+    }
     if (step.save !== undefined) {
       if (typeof out.token !== 'bigint') throw new ScenarioFailure(`no token to save in ${show(out)}`);
       this.tokens.set(step.save, out.token);
+      this.slots.set(step.save, out.slot);
       if (out.lock) {
         this.locks.set(step.save, out.lock);
         this.since.set(step.save, performance.now() - elapsed * 1000);
@@ -466,13 +486,21 @@ class Runner {
     if (step.background !== undefined) {
       // The request is written synchronously by perform(); a block's
       // ACQUIRE is, once its connection has agreed the version with HELLO.
-      if (step.op === 'acquire_block') await this.conn(step.conn).hello();
+      if (step.op === 'acquire_block' || step.op === 'acquire_permit') await this.conn(step.conn).hello();
       const bg = { done: false, queued: false };
       bg.wasQueued = new Promise((resolve) => {
         bg.onQueued = () => { bg.queued = true; resolve(); };
       });
+      const client = this.conn(step.conn);
+      const sent = client.requestsSent;
       bg.promise = this.perform(step, bg.onQueued).then((r) => { bg.done = true; bg.result = r; return r; });
       this.background.set(step.background, bg);
+      // A PERMIT is written after the client checked the agreed version
+      // (an await): wait until it is written, so that the next step's
+      // request comes after it.
+      while (step.op === 'acquire_permit' && client.requestsSent === sent && !bg.done) {
+        await new Promise((r) => setTimeout(r, 1));
+      }
       return;
     }
     const { out, elapsed } = await this.perform(step);

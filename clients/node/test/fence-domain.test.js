@@ -81,3 +81,37 @@ test('withFence and withFenceBlock given the client fence under its domain', asy
     await c.close();
   }
 });
+
+test('withFencePermit fences each permit under <key>#<slot>: a stale holder of a slot is refused, the other slot is not', async () => {
+  const admin = new Client({ path: dev.socket });
+  const c = new Client({ path: dev.socket });
+  const key = `fence-permit-${crypto.randomBytes(4).toString('hex')}`;
+  try {
+    const domain = await c.domain();
+    await admin.setPermits(key, 2);
+    const db = memoryDb();
+    const first = await c.lockPermit(key, { lease: 30, wait: 0 });
+    const second = await c.acquirePermit(key, { lease: 30, wait: 0 });
+    await fence.withFencePermit(db, { dialect: 'postgres', client: c, permit: first }, async () => {});
+    await fence.withFencePermit(db, { dialect: 'postgres', client: c, permit: second }, async () => {});
+    assert.equal(db.mark(domain, first.fenceKey), first.token);
+    assert.equal(db.mark(domain, second.fenceKey), second.token);
+    assert.equal(db.mark(domain, key), 0n);
+    // A newer token wrote the first permit's slot.
+    const newer = (first.token > second.token ? first.token : second.token) + 1n;
+    await fence.withFencePermit(db, { dialect: 'postgres', domain, key, slot: first.slot, token: newer }, async () => {});
+    let ran = false;
+    await assert.rejects(
+      fence.withFencePermit(db, { dialect: 'postgres', client: c, permit: first }, async () => { ran = true; }),
+      StaleTokenError,
+    );
+    assert.equal(ran, false);
+    await fence.withFencePermit(db, { dialect: 'postgres', client: c, permit: second }, async () => {});
+    await assert.rejects(fence.withFencePermit(db, { dialect: 'postgres', domain, key, slot: -1, token: 5n }, async () => {}), RangeError);
+    await first.release();
+    await c.release(key, second.token);
+  } finally {
+    await c.close();
+    await admin.close();
+  }
+});

@@ -53,6 +53,8 @@ class Outcome:
     held: List[Tuple[str, int]] = field(default_factory=list)
     #: held_locks()'s entries, when the held step names labels.
     held_locks: Optional[List[ticketing.HeldLock]] = None
+    #: A permit's slot (acquire_permit), else None.
+    slot: Optional[int] = None
     detail: str = ""
 
     def __str__(self) -> str:
@@ -187,6 +189,7 @@ class Runner:
         self.key_opts: Dict[str, Dict[str, Any]] = scenario.get("keys", {})
         self.conns: Dict[str, Any] = {}
         self.tokens: Dict[str, int] = {}
+        self.slots: Dict[str, Optional[int]] = {}  # the slot of each saved permit (slot_of)
         self.locks: Dict[str, Any] = {}
         # When the call that took or last extended each saved lock began
         # (time.monotonic()): its local deadline counts from a send no
@@ -244,6 +247,17 @@ class Runner:
                     client, "acquire_block", keys, step["lease"], step["wait"], on_queued=on_queued, label=label
                 )
                 return Outcome("ok", token=token)
+            if op == "acquire_permit":
+                permit = await call(
+                    client, "acquire_permit", self.step_key(step), step["lease"], step["wait"], on_queued=on_queued,
+                    label=label,
+                )
+                if permit.fence_key != ticketing.fence_key(self.step_key(step), permit.slot):
+                    raise ScenarioFailure(f"permit {permit}: fence_key {permit.fence_key!r}")
+                return Outcome("ok", token=permit.token, slot=permit.slot)
+            if op == "set_permits":
+                await call(client, "set_permits", self.step_key(step), step["permits"])
+                return Outcome("ok")
             if op in ("lock", "lock_block"):
                 if op == "lock":
                     lock = client.lock(self.step_key(step), step["lease"], step["wait"], on_queued=on_queued, label=label)
@@ -298,10 +312,15 @@ class Runner:
                 raise ScenarioFailure(f"expected error code {' or '.join(codes)}, got {out}")
         if "reply" in step and out.reply != step["reply"]:
             raise ScenarioFailure(f"expected reply {step['reply']!r}, got {out.reply!r}")
+        if "slot" in step and out.slot != step["slot"]:
+            raise ScenarioFailure(f"expected slot {step['slot']}, got {out.slot} ({out})")
+        if "slot_of" in step and out.slot != self.slots[step["slot_of"]]:
+            raise ScenarioFailure(f"expected {step['slot_of']}'s slot {self.slots[step['slot_of']]}, got {out.slot}")
         if "save" in step:
             if out.token is None:
                 raise ScenarioFailure(f"no token to save in {out}")
             self.tokens[step["save"]] = out.token
+            self.slots[step["save"]] = out.slot
             if out.lock is not None:
                 self.locks[step["save"]] = out.lock
                 self.since[step["save"]] = time.monotonic() - elapsed
@@ -442,7 +461,7 @@ class Runner:
             # block's ACQUIRE follows the connection's HELLO: agree the
             # version first, so the next request written is the ACQUIRE.
             client = self.conn(step["conn"])
-            if op == "acquire_block":
+            if op in ("acquire_block", "acquire_permit"):
                 await self.adapter.call(client, "hello")
             # Every background request carries the queued hook (it is
             # called only for an acquire), for a later await_queued.

@@ -111,6 +111,37 @@ class Base:
         # Other keys and domains are independent.
         self.assertTrue(self.write(conn, "seats/43", 1, "other"))
 
+    def test_permits_one_domain_per_slot(self):
+        # Slot 0 held by token 10, slot 1 by 11; 12 takes slot 0 and writes:
+        # the stale holder of slot 0 is refused, the holder of slot 1
+        # (11 < 12) is not, since each slot is its own fencing domain.
+        conn = self.connect()
+
+        def write(permit, note, **kw) -> bool:
+            try:
+                with fence.fenced_permit(conn, "test", permit, **kw) as cur:
+                    cur.execute(self.q("INSERT INTO ledger (id, note) VALUES (?, ?)"), (note, "p"))
+                return True
+            except fence.StaleTokenError:
+                return False
+
+        self.assertTrue(write(ticketing.Permit("checkout", 10, 0), "p0"))
+        self.assertTrue(write(ticketing.Permit("checkout", 11, 1), "p1"))
+        self.assertTrue(write("checkout", "p2", token=12, slot=0))
+        self.assertFalse(write(ticketing.Permit("checkout", 10, 0), "p3"))
+        self.assertFalse(self.ledger_has(conn, "p3"))
+        self.assertTrue(write(ticketing.Permit("checkout", 11, 1), "p4"))
+        cur = conn.cursor()
+        f = fence.Fence.for_connection(conn)
+        self.assertEqual(f.high_water(cur, "test", "checkout#0"), 12)
+        self.assertEqual(f.high_water(cur, "test", "checkout#1"), 11)
+        self.assertEqual(f.high_water(cur, "test", "checkout"), 0)
+        self.end_read(conn)
+        with self.assertRaises(TypeError):
+            fence.fenced_permit(conn, "test", "checkout", token=1)
+        with self.assertRaises(ValueError):
+            fence.fenced_permit(conn, "test", "checkout", token=1, slot=-1)
+
     def test_exception_rolls_back_fence(self):
         conn = self.connect()
         with self.assertRaises(KeyError):

@@ -42,6 +42,7 @@ from .errors import (
     NoDomainError,
     NotSupportedError,
     ProtocolError,
+    SERVER_ERRORS,
     ServerError,
     SidecarConnectionError,
     TicketingError,
@@ -50,8 +51,12 @@ from .errors import (
 #: The version of unixapi/PROTOCOL.md this client speaks (2: seat blocks,
 #: HELLO; 3: EXTEND and the ``! LOST`` event lines; 4: the ``! QUEUED``
 #: event line; 5: owner labels; 6: waits up to an hour; 7: the
-#: ``! POSITION`` event line).
-PROTOCOL_VERSION = 7
+#: ``! POSITION`` event line; 8: semaphores, ``PERMIT`` and ``PERMITS``).
+PROTOCOL_VERSION = 8
+#: The protocol version of ``PERMIT`` and ``PERMITS`` (semaphores).
+PERMIT_VERSION = 8
+#: The most permits of one semaphore key (``set_permits``).
+MAX_PERMITS = 100000
 #: The longest owner label (``label=``) in bytes (version 5).
 MAX_LABEL_LEN = 64
 #: The most keys of one block acquire (distinct keys).
@@ -324,7 +329,7 @@ class LockState:
     shell's clock (``time.monotonic()``, the loop's ``time()``).
     """
 
-    __slots__ = ("keys", "block", "lease", "wait", "on_queued", "on_position", "label", "token", "held_token",
+    __slots__ = ("keys", "block", "permit", "slot", "lease", "wait", "on_queued", "on_position", "label", "token", "held_token",
                  "used", "reason", "released", "deadline", "extends", "_extend_clock", "_extending")
 
     def __init__(
@@ -336,10 +341,15 @@ class LockState:
         on_queued: Optional[Callable[[], Any]] = None,
         label: Optional[str] = None,
         on_position: Optional[Callable[["Position"], Any]] = None,
+        permit: bool = False,
     ) -> None:
         #: Every key of the lock (a block's keys, in the order given).
         self.keys: Tuple[str, ...] = tuple(keys)
         self.block = block
+        #: A permit of a semaphore key (PERMIT), not a lock.
+        self.permit = permit
+        #: A permit's slot once granted (kept after release), else None.
+        self.slot: Optional[int] = None
         #: The owner label the ACQUIRE carries (version 5), else None.
         self.label: Optional[str] = label or None
         #: The lease of the acquire, then of the last successful extend.
@@ -379,6 +389,21 @@ class LockState:
         acquire_line(key, lease, wait)
         return cls((key,), lease, wait, False, check_on_queued(on_queued), check_label(label),
                    check_on_position(on_position))
+
+    @classmethod
+    def of_permit(
+        cls,
+        key: str,
+        lease: int,
+        wait: Number,
+        on_queued: Optional[Callable[[], Any]] = None,
+        label: Optional[str] = None,
+        on_position: Optional[Callable[["Position"], Any]] = None,
+    ) -> "LockState":
+        """The state of ``client.lock_permit(key, ...)``; arguments checked now."""
+        permit_line(key, lease, wait, label)
+        return cls((key,), lease, wait, False, check_on_queued(on_queued), check_label(label),
+                   check_on_position(on_position), permit=True)
 
     @classmethod
     def of_block(
@@ -632,11 +657,15 @@ def check_labels(version: int, path: str) -> None:
 
 
 def grant_line(
-    keys: Sequence[str], lease: int, wait: Number, block: bool, label: Optional[str] = None
+    keys: Sequence[str], lease: int, wait: Number, block: bool, label: Optional[str] = None, permit: bool = False
 ) -> Tuple[str, float, List[str]]:
     """Check an acquire of one key (*block* False: ``keys[0]``) or of a
-    block, with its owner *label* (version 5) if any; return its line, its
-    wait in seconds and its keys."""
+    block, or with *permit* the PERMIT of ``keys[0]``, with its owner
+    *label* (version 5) if any; return its line, its wait in seconds and
+    its keys."""
+    if permit:
+        line, wait_s = permit_line(keys[0], lease, wait, label)
+        return line, wait_s, [keys[0]]
     label = check_label(label)
     suffix = f" label={label}" if label else ""
     if block:
@@ -658,7 +687,8 @@ def late_grant_release(key: str, reply: str) -> Optional[str]:
     RELEASE line that frees a grant which came anyway, or None if the reply
     granted nothing."""
     try:
-        token = parse_acquire(reply)
+        # A permit's grant names its slot too: "OK <token> <slot>".
+        token = parse_permit(reply)[0] if reply.count(" ") == 2 else parse_acquire(reply)
     except TicketingError:
         return None
     return release_line(key, token)
@@ -794,7 +824,7 @@ def _error_from(reply: str) -> Exception:
     if reply.startswith("ERR ") or reply == "ERR":
         parts = reply.split(" ", 2)
         code = parts[1] if len(parts) > 1 and parts[1] else "unknown"
-        return ServerError(code, parts[2] if len(parts) > 2 else "")
+        return SERVER_ERRORS.get(code, ServerError)(code, parts[2] if len(parts) > 2 else "")
     return ProtocolError(f"unexpected reply {reply!r}")
 
 
@@ -806,6 +836,83 @@ def parse_acquire(reply: str) -> int:
             return token
         raise ProtocolError(f"bad token in reply {reply!r}")
     raise _error_from(reply)
+
+
+def fence_key(key: str, slot: int) -> str:
+    """The fenced resource of a permit: ``<key>#<slot>`` (one fencing
+    domain per slot, unixapi/PROTOCOL.md "Semaphores")."""
+    return f"{key}#{slot}"
+
+
+@dataclass(frozen=True)
+class Permit:
+    """One permit of a semaphore key (``acquire_permit``): its *token* (its
+    own fencing token; release and extend it by ``(key, token)`` like a
+    lock) and its *slot*, 0..n-1. Fence its writes under
+    :attr:`fence_key`."""
+
+    key: str
+    token: int
+    slot: int
+
+    @property
+    def fence_key(self) -> str:
+        """``<key>#<slot>``: the resource the permit's writes are fenced under."""
+        return fence_key(self.key, self.slot)
+
+
+def permit_line(key: str, lease: int, wait: Number, label: Optional[str] = None) -> "tuple[str, float]":
+    """Check the arguments; return the PERMIT line and the wait in seconds."""
+    line, wait_s = acquire_line(key, lease, wait)
+    label = check_label(label)
+    return "PERMIT" + line[len("ACQUIRE"):] + (f" label={label}" if label else ""), wait_s
+
+
+def check_permits_version(version: int, path: str) -> None:
+    """Semaphores need protocol version 8 (nothing is sent before)."""
+    if version < PERMIT_VERSION:
+        raise NotSupportedError(
+            f"semaphores need protocol version {PERMIT_VERSION}; the sidecar at {path} speaks version {version}: "
+            "upgrade the sidecar"
+        )
+
+
+def _permit_error(reply: str) -> Exception:
+    """A PERMIT or PERMITS refusal; ``unknown_verb`` (a sidecar that does
+    not know the verb after all) is NotSupportedError."""
+    err = _error_from(reply)
+    if isinstance(err, ServerError) and err.code == "unknown_verb":
+        return NotSupportedError(f"the sidecar does not know semaphores: {err.message}")
+    return err
+
+
+def parse_permit(reply: str) -> Tuple[int, int]:
+    """``OK <token> <slot>`` → (token, slot); anything else → the matching
+    exception."""
+    if reply.startswith("OK "):
+        parts = reply[3:].split(" ")
+        token = _decimal(parts[0]) if len(parts) == 2 else None
+        slot = _decimal(parts[1], 6) if len(parts) == 2 else None
+        if token is not None and 1 <= token <= MAX_TOKEN and slot is not None and slot < MAX_PERMITS:
+            return token, slot
+        raise ProtocolError(f"bad permit grant {reply!r}")
+    raise _permit_error(reply)
+
+
+def permits_line(key: str, n: int) -> str:
+    """Check the arguments; return the PERMITS line."""
+    check_key(key)
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"permits must be an int, not {type(n).__name__}")
+    if not 0 <= n <= MAX_PERMITS:
+        raise ValueError(f"permits {n}: 0..{MAX_PERMITS}")
+    return f"PERMITS {key} {n}"
+
+
+def parse_permits(reply: str) -> None:
+    """``OK`` → None; anything else → the matching exception."""
+    if reply != "OK":
+        raise _permit_error(reply)
 
 
 def parse_release(reply: str) -> None:
@@ -1394,6 +1501,24 @@ class LockView:
     def token(self) -> Optional[int]:
         """The fencing token while held, else None."""
         return self._state.token
+
+    @property
+    def permit(self) -> bool:
+        """True for a permit of a semaphore key (``lock_permit``)."""
+        return self._state.permit
+
+    @property
+    def slot(self) -> Optional[int]:
+        """A permit's slot (0..n-1) once granted, kept after release; None
+        for a lock or before the grant."""
+        return self._state.slot
+
+    @property
+    def fence_key(self) -> str:
+        """The resource the lock's writes are fenced under: ``<key>#<slot>``
+        for a granted permit, else the (first) key."""
+        st = self._state
+        return fence_key(st.keys[0], st.slot) if st.permit and st.slot is not None else st.keys[0]
 
     @property
     def held_token(self) -> Optional[int]:

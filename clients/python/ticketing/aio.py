@@ -37,7 +37,7 @@ class _AsyncConnection:
     session and written synchronously, so the order of writes is the order
     of its queue; one reader task feeds the bytes it reads to the session
     and carries out its decisions (reply futures, ``on_queued`` callbacks,
-    lost lock objects). The first request is ``HELLO 7 events``; lock
+    lost lock objects). The first request is ``HELLO 8 events``; lock
     deadlines are the loop's timers."""
 
     def __init__(self, path: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -215,7 +215,7 @@ class AsyncClient:
     @property
     def requests_sent(self) -> int:
         """How many requests this client has written so far (all connections),
-        not counting the ``HELLO 7 events`` each connection starts with."""
+        not counting the ``HELLO 8 events`` each connection starts with."""
         return self._sent
 
     async def close(self) -> None:
@@ -347,13 +347,17 @@ class AsyncClient:
         on_queued: Optional[Callable[[], object]],
         label: Optional[str] = None,
         on_position: Optional[Callable[[p.Position], object]] = None,
-    ) -> Tuple[int, float, _AsyncConnection]:
-        """ACQUIRE one key or a block; the token, the send time and the
-        connection that holds it."""
-        line, wait_s, keys = p.grant_line(keys, lease, wait, block, label)
+        permit: bool = False,
+    ) -> Tuple[int, float, _AsyncConnection, Optional[int]]:
+        """ACQUIRE one key or a block, or with *permit* the PERMIT of one
+        key; the token, the send time, the connection that holds it and a
+        permit's slot (None for a lock)."""
+        line, wait_s, keys = p.grant_line(keys, lease, wait, block, label, permit)
         p.check_on_queued(on_queued)
         p.check_on_position(on_position)
         conn = await self._connection()
+        if permit:
+            p.check_permits_version(await self._hello(conn), self.path)
         if len(keys) > 1:
             p.check_blocks(await self._hello(conn), self.path)
         if p.check_label(label):
@@ -376,11 +380,14 @@ class AsyncClient:
             # Answered, given up or cancelled: no report reaches the caller
             # from now on, though the request may still wait at the sidecar.
             report_to = None
-        return p.parse_acquire(reply), sent, conn
+        if permit:
+            token, slot = p.parse_permit(reply)
+            return token, sent, conn, slot
+        return p.parse_acquire(reply), sent, conn, None
 
     async def hello(self) -> int:
         """The protocol version both speak (the reply to the connection's
-        first request, ``HELLO 7 events``); see :meth:`ticketing.Client.hello`."""
+        first request, ``HELLO 8 events``); see :meth:`ticketing.Client.hello`."""
         return await self._hello(await self._connection())
 
     async def _hello(self, conn: _AsyncConnection) -> int:
@@ -429,6 +436,81 @@ class AsyncClient:
         """Send one request line as is; return the reply line verbatim
         (see :meth:`ticketing.Client.raw`)."""
         return await self._call(p.check_raw(line), p.MAX_WAIT + p.RELEASE_DEADLINE)
+
+    async def acquire_permit(
+        self,
+        key: str,
+        lease: int = 30,
+        wait: p.Number = 5,
+        *,
+        on_queued: Optional[Callable[[], object]] = None,
+        label: Optional[str] = None,
+        on_position: Optional[Callable[[p.Position], object]] = None,
+    ) -> p.Permit:
+        """Take one permit of the semaphore *key* (``PERMIT``, protocol
+        version 8); return it as a :class:`ticketing.Permit` (``key``,
+        ``token``: its own fencing token, ``slot``: 0..n-1, the lowest free
+        at the grant; ``fence_key``: ``<key>#<slot>``, the resource to fence
+        its writes under). The arguments, *on_queued*, *on_position*,
+        *label* and the outcomes are those of :meth:`acquire`: permits are
+        FIFO with the key's other waiters. Release it with
+        ``release(key, permit.token)``, extend it like a lock.
+
+        :raises NotSemaphoreError: *key* is not a semaphore (an operator
+            makes it one: :meth:`set_permits`, ``ticketing permits set``).
+        :raises NotSupportedError: the sidecar is older than version 8
+            (nothing sent).
+        :raises BusyError, LockTimeoutError, IndeterminateError, ServerError,
+            SidecarConnectionError: as for :meth:`acquire`.
+        """
+        token, _, _, slot = await self._grant((key,), lease, wait, False, on_queued, label, on_position, True)
+        assert slot is not None
+        return p.Permit(key, token, slot)
+
+    async def set_permits(self, key: str, n: int) -> None:
+        """Make *key* a semaphore of *n* permits (1..100000), change the *n*
+        of one, or with 0 remove an idle one (``PERMITS``, protocol version
+        8): an operator's call. Raising *n* grants waiters at once; lowering
+        it takes no permit from a holder. Exact and idempotent: after
+        :class:`IndeterminateError` call it again.
+
+        :raises ValueError, TypeError: invalid argument (nothing sent).
+        :raises InUseError: *key* is held as a lock, or *n* is 0 while a
+            permit is held or someone waits.
+        :raises NotSemaphoreError: *n* is 0 and *key* is no semaphore.
+        :raises NotSupportedError: the sidecar is older than version 8
+            (nothing sent).
+        :raises IndeterminateError: it may or may not have applied.
+        :raises ServerError: another ``ERR`` (``not_supported``: the
+            cluster has no semaphores yet).
+        """
+        line = p.permits_line(key, n)
+        conn = await self._connection()
+        p.check_permits_version(await self._hello(conn), self.path)
+        p.parse_permits(await self._call(line, p.RELEASE_DEADLINE, conn=conn))
+
+    def lock_permit(
+        self,
+        key: str,
+        lease: int = 30,
+        wait: p.Number = 5,
+        *,
+        on_queued: Optional[Callable[[], object]] = None,
+        label: Optional[str] = None,
+        on_position: Optional[Callable[[p.Position], object]] = None,
+    ) -> "AsyncLock":
+        """A :class:`AsyncLock` holding one permit of the semaphore *key*
+        (see :meth:`acquire_permit`)::
+
+            permit = client.lock_permit("checkout", lease=30, wait=60)
+            async with permit as token:
+                ...  # permit.slot; fence writes under permit.fence_key ("checkout#<slot>")
+
+        As for :meth:`lock`, entering yields the token; the slot and
+        ``fence_key`` are on the object. Acquired on entry, released (by its
+        token) on exit, renewed on the grant and lost exactly as a lock.
+        """
+        return AsyncLock._of(self, p.LockState.of_permit(key, lease, wait, on_queued, label, on_position))
 
     def lock(
         self,
@@ -541,9 +623,10 @@ class AsyncLock(p.LockView):
         """Acquire the lock; return the token."""
         st = self._state
         st.begin_acquire()
-        token, sent, conn = await self.client._grant(
-            st.keys, st.lease, st.wait, st.block, st.on_queued, st.label, st.on_position
+        token, sent, conn, slot = await self.client._grant(
+            st.keys, st.lease, st.wait, st.block, st.on_queued, st.label, st.on_position, st.permit
         )
+        st.slot = slot  # before anyone sees the lock held
         deadline = st.granted(token, sent)
         self._conn = conn
         conn.register(self)  # before the renewal (see ticketing.Lock.acquire)

@@ -137,7 +137,7 @@ class _Connection:
     order of writes is the order of its queue. One reader thread feeds the
     bytes it reads to the session and carries out its decisions outside the
     lock: it settles reply futures, calls ``on_queued`` and ``on_position``
-    callbacks, loses lock objects. The first request is ``HELLO 7 events``.
+    callbacks, loses lock objects. The first request is ``HELLO 8 events``.
 
     Lock order: ``_lock`` before a Lock's ``_mu`` before the timers'.
     """
@@ -365,7 +365,7 @@ class Client:
     @property
     def requests_sent(self) -> int:
         """How many requests this client has written so far (all connections),
-        not counting the ``HELLO 7 events`` each connection starts with."""
+        not counting the ``HELLO 8 events`` each connection starts with."""
         return self._sent
 
     def close(self) -> None:
@@ -454,13 +454,17 @@ class Client:
         on_queued: Optional[Callable[[], object]],
         label: Optional[str] = None,
         on_position: Optional[Callable[[p.Position], object]] = None,
-    ) -> Tuple[int, float, _Connection]:
-        """ACQUIRE one key or a block; the token, the send time and the
-        connection that holds it."""
-        line, wait_s, keys = p.grant_line(keys, lease, wait, block, label)
+        permit: bool = False,
+    ) -> Tuple[int, float, _Connection, Optional[int]]:
+        """ACQUIRE one key or a block, or with *permit* the PERMIT of one
+        key; the token, the send time, the connection that holds it and a
+        permit's slot (None for a lock)."""
+        line, wait_s, keys = p.grant_line(keys, lease, wait, block, label, permit)
         p.check_on_queued(on_queued)
         p.check_on_position(on_position)
         conn = self._connection()
+        if permit:
+            p.check_permits_version(self._hello(conn), self.path)
         if len(keys) > 1:
             p.check_blocks(self._hello(conn), self.path)
         if p.check_label(label):
@@ -478,7 +482,10 @@ class Client:
                 # reaches the caller from now on, though the request may
                 # still wait at the sidecar.
                 gate.close()
-        return p.parse_acquire(reply), sent, conn
+        if permit:
+            token, slot = p.parse_permit(reply)
+            return token, sent, conn, slot
+        return p.parse_acquire(reply), sent, conn, None
 
     def acquire(
         self,
@@ -576,7 +583,7 @@ class Client:
 
     def hello(self) -> int:
         """The protocol version this client and the sidecar both speak: the
-        reply to the ``HELLO 7 events`` every connection starts with (a
+        reply to the ``HELLO 8 events`` every connection starts with (a
         version-2 sidecar, which refuses the events option, is asked again
         with a plain ``HELLO``); 1 for a version-1 sidecar, which does not
         know ``HELLO``."""
@@ -649,6 +656,81 @@ class Client:
         """
         return self._call(p.check_raw(line), p.MAX_WAIT + p.RELEASE_DEADLINE)
 
+    def acquire_permit(
+        self,
+        key: str,
+        lease: int = 30,
+        wait: p.Number = 5,
+        *,
+        on_queued: Optional[Callable[[], object]] = None,
+        label: Optional[str] = None,
+        on_position: Optional[Callable[[p.Position], object]] = None,
+    ) -> p.Permit:
+        """Take one permit of the semaphore *key* (``PERMIT``, protocol
+        version 8); return it as a :class:`ticketing.Permit` (``key``,
+        ``token``: its own fencing token, ``slot``: 0..n-1, the lowest free
+        at the grant; ``fence_key``: ``<key>#<slot>``, the resource to fence
+        its writes under). The arguments, *on_queued*, *on_position*,
+        *label* and the outcomes are those of :meth:`acquire`: permits are
+        FIFO with the key's other waiters. Release it with
+        ``release(key, permit.token)``, extend it like a lock.
+
+        :raises NotSemaphoreError: *key* is not a semaphore (an operator
+            makes it one: :meth:`set_permits`, ``ticketing permits set``).
+        :raises NotSupportedError: the sidecar is older than version 8
+            (nothing sent).
+        :raises BusyError, LockTimeoutError, IndeterminateError, ServerError,
+            SidecarConnectionError: as for :meth:`acquire`.
+        """
+        token, _, _, slot = self._grant((key,), lease, wait, False, on_queued, label, on_position, True)
+        assert slot is not None
+        return p.Permit(key, token, slot)
+
+    def set_permits(self, key: str, n: int) -> None:
+        """Make *key* a semaphore of *n* permits (1..100000), change the *n*
+        of one, or with 0 remove an idle one (``PERMITS``, protocol version
+        8): an operator's call. Raising *n* grants waiters at once; lowering
+        it takes no permit from a holder. Exact and idempotent: after
+        :class:`IndeterminateError` call it again.
+
+        :raises ValueError, TypeError: invalid argument (nothing sent).
+        :raises InUseError: *key* is held as a lock, or *n* is 0 while a
+            permit is held or someone waits.
+        :raises NotSemaphoreError: *n* is 0 and *key* is no semaphore.
+        :raises NotSupportedError: the sidecar is older than version 8
+            (nothing sent).
+        :raises IndeterminateError: it may or may not have applied.
+        :raises ServerError: another ``ERR`` (``not_supported``: the
+            cluster has no semaphores yet).
+        """
+        line = p.permits_line(key, n)
+        conn = self._connection()
+        p.check_permits_version(self._hello(conn), self.path)
+        p.parse_permits(self._call(line, p.RELEASE_DEADLINE, conn=conn))
+
+    def lock_permit(
+        self,
+        key: str,
+        lease: int = 30,
+        wait: p.Number = 5,
+        *,
+        on_queued: Optional[Callable[[], object]] = None,
+        label: Optional[str] = None,
+        on_position: Optional[Callable[[p.Position], object]] = None,
+    ) -> "Lock":
+        """A :class:`Lock` holding one permit of the semaphore *key*
+        (see :meth:`acquire_permit`)::
+
+            permit = client.lock_permit("checkout", lease=30, wait=60)
+            with permit as token:
+                ...  # permit.slot; fence writes under permit.fence_key ("checkout#<slot>")
+
+        As for :meth:`lock`, entering yields the token; the slot and
+        ``fence_key`` are on the object. Acquired on entry, released (by its
+        token) on exit, renewed on the grant and lost exactly as a lock.
+        """
+        return Lock._of(self, p.LockState.of_permit(key, lease, wait, on_queued, label, on_position))
+
     def lock(
         self,
         key: str,
@@ -712,8 +794,10 @@ class Client:
 
 
 class Lock(p.LockView):
-    """A lock on one key, or on a seat block, through a :class:`Client`;
-    see :meth:`Client.lock` and :meth:`Client.lock_block`.
+    """A lock on one key, on a seat block, or one permit of a semaphore key
+    (``slot``, ``fence_key``), through a :class:`Client`; see
+    :meth:`Client.lock`, :meth:`Client.lock_block` and
+    :meth:`Client.lock_permit`.
 
     Use once: ``with lock as token:``, or :meth:`acquire` then
     :meth:`release`. ``keys`` lists every key (one for :meth:`Client.lock`);
@@ -784,9 +868,10 @@ class Lock(p.LockView):
         """Acquire the lock (see :meth:`Client.acquire`); return the token."""
         st = self._state
         st.begin_acquire()
-        token, sent, conn = self.client._grant(
-            st.keys, st.lease, st.wait, st.block, st.on_queued, st.label, st.on_position
+        token, sent, conn, slot = self.client._grant(
+            st.keys, st.lease, st.wait, st.block, st.on_queued, st.label, st.on_position, st.permit
         )
+        st.slot = slot  # before anyone sees the lock held
         with self._mu:
             deadline = st.granted(token, sent)
             self._conn = conn

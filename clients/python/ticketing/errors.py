@@ -19,6 +19,10 @@ exception                  meaning                                    held?
 :class:`NotSupportedError`  a block, and the sidecar is too old       no
 =========================  =========================================  ==========
 
+The codes of semaphores are :class:`ServerError` subclasses:
+:class:`IsSemaphoreError`, :class:`NotSemaphoreError`,
+:class:`InvalidPermitsError` and :class:`InUseError`.
+
 A lock object whose lost signal fired raises :class:`LockLostError` from
 ``extend`` and on leaving its ``with`` block.
 
@@ -42,6 +46,10 @@ __all__ = [
     "SidecarConnectionError",
     "NotSupportedError",
     "NoDomainError",
+    "IsSemaphoreError",
+    "NotSemaphoreError",
+    "InvalidPermitsError",
+    "InUseError",
     "LockLostError",
 ]
 
@@ -109,6 +117,50 @@ class ServerError(TicketingError):
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}" if self.message else self.code
+
+
+class IsSemaphoreError(ServerError):
+    """``ERR is_semaphore``: an acquire (``acquire``, ``lock``, a block)
+    named a semaphore key; take a permit of it (``acquire_permit``,
+    ``lock_permit``). Definite: nothing acquired."""
+
+    def __init__(self, code: str = "is_semaphore", message: str = "") -> None:
+        super().__init__(code, message)
+
+
+class NotSemaphoreError(ServerError):
+    """``ERR not_semaphore``: a permit of a key that is not a semaphore (an
+    operator makes it one: ``set_permits``, ``ticketing permits set``), or
+    ``set_permits(key, 0)`` of such a key. Definite: nothing changed."""
+
+    def __init__(self, code: str = "not_semaphore", message: str = "") -> None:
+        super().__init__(code, message)
+
+
+class InvalidPermitsError(ServerError):
+    """``ERR invalid_permits``: a number of permits outside 0..100000 (the
+    sidecar's own check; ``set_permits`` checks before sending)."""
+
+    def __init__(self, code: str = "invalid_permits", message: str = "") -> None:
+        super().__init__(code, message)
+
+
+class InUseError(ServerError):
+    """``ERR in_use``: ``set_permits`` of a key held as a lock, or
+    ``set_permits(key, 0)`` while a permit is held or someone waits.
+    Definite: nothing changed."""
+
+    def __init__(self, code: str = "in_use", message: str = "") -> None:
+        super().__init__(code, message)
+
+
+#: The ServerError subclass of each code that has one.
+SERVER_ERRORS = {
+    "is_semaphore": IsSemaphoreError,
+    "not_semaphore": NotSemaphoreError,
+    "invalid_permits": InvalidPermitsError,
+    "in_use": InUseError,
+}
 
 
 class ProtocolError(TicketingError):

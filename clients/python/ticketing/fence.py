@@ -60,7 +60,7 @@ import sys
 import time
 from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, TypeVar, Union
 
-from ._protocol import MAX_TOKEN
+from ._protocol import MAX_TOKEN, fence_key
 from .errors import TicketingError
 
 __all__ = [
@@ -70,6 +70,8 @@ __all__ = [
     "fenced",
     "domain_of",
     "fenced_block",
+    "fenced_permit",
+    "permit_fence_key",
     "run_fenced",
     "run_fenced_block",
     "is_retryable",
@@ -468,6 +470,44 @@ def fenced_block(
     :meth:`Fence.block_transaction`. ``domain`` as for :func:`fenced`."""
     f = Fence(paramstyle or _paramstyle_of(conn), table)
     return f.block_transaction(conn, domain_of(domain), keys, token, begin=begin)
+
+
+def permit_fence_key(permit: Any, token: Optional[int] = None, slot: Optional[int] = None) -> "tuple[str, int]":
+    """The fenced resource and token of a permit: ``("<key>#<slot>",
+    token)``. *permit* is a :class:`ticketing.Permit` (``acquire_permit``)
+    or a permit's lock object (``lock_permit``, held), which carry both;
+    or the semaphore key, with *token* and *slot* given."""
+    if isinstance(permit, str):
+        if token is None or slot is None:
+            raise TypeError("a permit given by its key needs token= and slot=")
+        if isinstance(slot, bool) or not isinstance(slot, int) or slot < 0:
+            raise ValueError(f"permit slot {slot!r}: want an int, 0 or more")
+        return fence_key(permit, slot), token
+    p_slot, p_token = getattr(permit, "slot", None), getattr(permit, "token", None)
+    if p_slot is None or p_token is None:
+        raise TypeError(f"not a held permit: {permit!r} (want a ticketing.Permit, a held lock_permit, or key, token=, slot=)")
+    return fence_key(permit.key, p_slot), p_token
+
+
+def fenced_permit(
+    conn: Any,
+    domain: Union[str, Any],
+    permit: Any,
+    token: Optional[int] = None,
+    slot: Optional[int] = None,
+    *,
+    table: str = DEFAULT_TABLE,
+    paramstyle: Optional[str] = None,
+    begin: Optional[str] = None,
+):
+    """``with fenced_permit(conn, client, permit) as cur:`` — :func:`fenced`
+    for a permit of a semaphore key: the fenced resource is
+    ``<key>#<slot>``, one fencing domain per slot (tokens of a semaphore
+    increase per slot, not across its slots). A stale holder of slot *s* is
+    refused once a newer token wrote slot *s*; holders of other slots are
+    not affected. *permit* as for :func:`permit_fence_key`."""
+    key, tok = permit_fence_key(permit, token, slot)
+    return fenced(conn, domain, key, tok, table=table, paramstyle=paramstyle, begin=begin)
 
 
 T = TypeVar("T")

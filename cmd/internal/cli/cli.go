@@ -40,6 +40,7 @@ func commands() []command {
 		{"inspect", "one key: its holder, lease, and queue of waiters", runInspect},
 		{"lock", "run a command while holding a lock (like flock(1))", runLock},
 		{"acquire", "take a lock through the sidecar and print its token", runAcquire},
+		{"permits", "set a semaphore key's number of permits (permits set KEY N)", runPermits},
 		{"release", "send one RELEASE through the sidecar (debugging)", runRelease},
 		{"ping", "check that the sidecar answers", runPing},
 		{"info", "print the sidecar's view of the cluster", runInfo},

@@ -13,6 +13,7 @@ import (
 var subcommands = map[string][]string{
 	"members": {"list", "add-learner", "promote", "remove", "replace"},
 	"certs":   {"ca", "node", "client"},
+	"permits": {"set"},
 }
 
 // runCompletion is `ticketing completion bash`: a bash completion script

@@ -32,7 +32,7 @@ func productInvocations(t *testing.T) []invocation {
 	for _, c := range commands() {
 		code := ExitUsage
 		switch c.name {
-		case "lock", "acquire", "release", "ping", "info":
+		case "lock", "acquire", "release", "ping", "info", "permits":
 			code = ExitLockUsage // EX_USAGE, their documented code (unixapi/PROTOCOL.md)
 		}
 		out = append(out, invocation{[]string{c.name}, code})
@@ -72,7 +72,7 @@ func TestHelpOnStdoutExitsZero(t *testing.T) {
 // Each client command's -h lists the exit codes it can return: lock's
 // COMMAND and its 80 belong to lock alone; all list 64 and 69.
 func TestClientHelpListsItsOwnExitCodes(t *testing.T) {
-	for _, name := range []string{"lock", "acquire", "release", "ping", "info"} {
+	for _, name := range []string{"lock", "acquire", "release", "ping", "info", "permits"} {
 		code, out, _ := runMain(name, "-h")
 		_, codes, ok := strings.Cut(out, "\nexit codes: ")
 		if code != ExitOK || !ok {
@@ -142,6 +142,10 @@ func TestBadInvocationOneLineThenUsage(t *testing.T) {
 		{[]string{"acquire"}, ExitLockUsage, "ticketing acquire: want one KEY"},
 		{[]string{"release", "k"}, ExitLockUsage, "ticketing release: want KEY and TOKEN"},
 		{[]string{"ping", "x"}, ExitLockUsage, "ticketing ping: want no arguments"},
+		{[]string{"permits"}, ExitLockUsage, "ticketing permits: want the subcommand set"},
+		{[]string{"permits", "set", "k"}, ExitLockUsage, "ticketing permits: want KEY and N"},
+		{[]string{"permits", "set", "k", "-1"}, ExitLockUsage, `ticketing permits: N "-1"`},
+		{[]string{"lock", "--permit", "a", "b", "--", "true"}, ExitLockUsage, "ticketing lock: --permit takes one KEY"},
 		{[]string{"completion"}, ExitUsage, "ticketing completion: want the shell"},
 		{[]string{"completion", "fish"}, ExitUsage, "ticketing completion: want the shell"},
 	} {
@@ -293,6 +297,9 @@ func TestBashCompletion(t *testing.T) {
 		{[]string{"ticketing", "members", "rep"}, "replace"},
 		{[]string{"ticketing", "members", "list", "--admin-s"}, "--admin-secret-file"},
 		{[]string{"ticketing", "certs", "n"}, "node"},
+		{[]string{"ticketing", "pe"}, "permits"},
+		{[]string{"ticketing", "permits", "s"}, "set"},
+		{[]string{"ticketing", "lock", "--perm"}, "--permit"},
 		{[]string{"ticketing", "certs", "node", "--ho"}, "--host"},
 		{[]string{"ticketing", "node", "--peer-s"}, "--peer-secret-file"},
 		{[]string{"ticketing", "sidecar", "--socket-m"}, "--socket-mode"},

@@ -70,6 +70,11 @@ func exitHelp(name string) string {
 			"  78 any other error (another ERR reply such as forbidden; the token could not\n" +
 			"  be written, and the lock was released), 79 the release was not confirmed, or\n" +
 			"  (--hold) the connection to the sidecar was lost while holding."
+	case "permits":
+		return "exit codes: 0 set; " + usage + ",\n  " + unavailable + ",\n" +
+			"  77 indeterminate (it may or may not have applied: run it again),\n" +
+			"  78 any other error (in_use: held as a lock, or permits held or awaited;\n" +
+			"  not_semaphore: 0 of a key that is no semaphore; not_supported)."
 	case "release":
 		return "exit codes: 0 released; " + usage + ",\n  " + unavailable + ",\n" +
 			"  78 any other error (not_held: not this connection's lock; token_mismatch),\n" +
@@ -147,7 +152,7 @@ var (
 		&ticketing.Error{Code: "moved"}, &ticketing.Error{Code: "no_quorum"},
 		&ticketing.Error{Code: "shutting_down"}, &ticketing.Error{Code: "too_many_connections"}}
 	usageErrs = []error{ticketing.ErrInvalidArgument, ticketing.ErrInvalidKey, ticketing.ErrInvalidKeys,
-		ticketing.ErrInvalidLease, ticketing.ErrInvalidWait}
+		ticketing.ErrInvalidLease, ticketing.ErrInvalidWait, ticketing.ErrInvalidPermits}
 )
 
 // clientExit maps a client error to an exit code.
@@ -259,8 +264,8 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var every extendEvery
 	var noExtend bool
 	var grace time.Duration
-	var verbose bool
-	fs := newClientFlags("lock", "[--socket PATH] [--lease S] [--wait S] [--label L] [--extend-every D|--no-extend] [--kill-grace D] [--verbose] KEY [KEY...] -- COMMAND [ARG...]",
+	var verbose, permit bool
+	fs := newClientFlags("lock", "[--socket PATH] [--lease S] [--wait S] [--label L] [--permit] [--extend-every D|--no-extend] [--kill-grace D] [--verbose] KEY [KEY...] -- COMMAND [ARG...]",
 		"Takes the lock KEY through the sidecar, runs COMMAND with TICKETING_KEY,\n"+
 			"TICKETING_KEYS and TICKETING_TOKEN in its environment, and releases the lock\n"+
 			"when COMMAND exits (like flock(1)). Signals are passed on to COMMAND.\n\n"+
@@ -268,6 +273,11 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			"takes them as one seat block: all at once or none, under one token, released\n"+
 			"together. TICKETING_KEY is the first KEY, TICKETING_KEYS all of them separated\n"+
 			"by spaces.\n\n"+
+			"With --permit, KEY (one) is a semaphore (`ticketing permits set KEY N`) and\n"+
+			"lock holds one of its N permits while COMMAND runs: TICKETING_TOKEN is the\n"+
+			"permit's own token, TICKETING_SLOT its slot (0..N-1) and TICKETING_FENCE_KEY\n"+
+			"KEY#SLOT, the resource to fence COMMAND's writes under (one fencing domain per\n"+
+			"slot). It is renewed, lost and released as a lock is.\n\n"+
 			"While COMMAND runs, lock renews the lease (by --lease) every third of it\n"+
 			"(--extend-every auto, the default), so COMMAND may run as long as it needs:\n"+
 			"one renewal may fail and the next still comes before the lease ends.\n"+
@@ -291,6 +301,8 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		"a duration below the lease less its margin such as 10s, or 0 (never, as --no-extend)")
 	fs.BoolVar(&noExtend, "no-extend", false, "never renew the lease: COMMAND has one lease (as --extend-every 0)")
 	fs.DurationVar(&grace, "kill-grace", defaultKillGrace, "when the lock is lost: how long COMMAND has between SIGTERM and SIGKILL")
+	fs.BoolVar(&permit, "permit", false, "take one permit of the semaphore KEY (one KEY) instead of a lock; "+
+		"TICKETING_SLOT and TICKETING_FENCE_KEY (KEY#SLOT) join the environment")
 	fs.BoolVar(&verbose, "verbose", false, "say on stderr when the request is queued behind a holder (it waits for its turn), "+
 		"then its place in line and the estimated wait as they change")
 	if code, ok := fs.parse(args); !ok {
@@ -311,6 +323,8 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return fs.bad("want a COMMAND to run after the KEYs %q", keys)
 	case len(keys) > ticketing.MaxBlockKeys:
 		return fs.bad("%d KEYs: a block has at most %d", len(keys), ticketing.MaxBlockKeys)
+	case permit && len(keys) > 1:
+		return fs.bad("--permit takes one KEY (a semaphore), got %d: %q", len(keys), keys)
 	}
 	if k := repeated(keys); k != "" {
 		return fs.bad("KEY %q named twice: the keys of a block are distinct", k)
@@ -347,12 +361,22 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "ticketing lock: queued on %s (waiting up to %ss)\n", what, strconv.FormatFloat(cf.wait, 'f', -1, 64))
 		}), ticketing.WithPosition(positionPrinter(stderr)))
 	}
-	lk, err := lockKeys(ctx, c, keys, lease, wait, opts...)
+	var lk *ticketing.Lock
+	var err error
+	if permit {
+		what = "permit of " + keys[0]
+		lk, err = c.LockPermit(ctx, keys[0], lease, wait, opts...)
+	} else {
+		lk, err = lockKeys(ctx, c, keys, lease, wait, opts...)
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "ticketing lock: %s: %v\n", strings.Join(keys, " "), err)
 		return clientExit(err)
 	}
 	tok := lk.Token()
+	if permit {
+		what = fmt.Sprintf("permit %s", lk.FenceKey())
+	}
 	// The lock's deadline counts from the ACQUIRE's send, so a grant that
 	// waited has less than a lease left: renew it once, so COMMAND has a
 	// whole lease from its start (or, while renewing, until the first
@@ -376,6 +400,9 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
 	cmd.Env = append(os.Environ(), "TICKETING_KEY="+keys[0], "TICKETING_KEYS="+strings.Join(keys, " "),
 		"TICKETING_TOKEN="+strconv.FormatUint(tok, 10))
+	if permit {
+		cmd.Env = append(cmd.Env, "TICKETING_SLOT="+strconv.Itoa(lk.Slot()), "TICKETING_FENCE_KEY="+lk.FenceKey())
+	}
 	// Signals to us are passed on to the command, which decides when to
 	// stop; we release only after it has exited.
 	sigs := make(chan os.Signal, 8)
@@ -702,4 +729,54 @@ func lockKeys(ctx context.Context, c *ticketing.Client, keys []string, lease, wa
 		return c.Lock(ctx, keys[0], lease, wait, opts...)
 	}
 	return c.LockBlock(ctx, keys, lease, wait, opts...)
+}
+
+// runPermits is `ticketing permits set KEY N`: an operator defines a
+// semaphore key of N permits (PERMITS through the sidecar), changes its N,
+// or with 0 removes an idle one.
+func runPermits(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	var cf clientFlags
+	fs := newClientFlags("permits", "set [--socket PATH] KEY N",
+		"Makes KEY a semaphore of N permits (1..100000), changes the N of one, or with\n"+
+			"N 0 removes an idle one. Raising N grants waiters at once; lowering it takes\n"+
+			"no permit from a holder (new grants wait until fewer than N are held). A key\n"+
+			"held as a lock cannot be made one, and 0 is refused while a permit is held or\n"+
+			"someone waits (in_use). Take a permit with `ticketing lock --permit KEY --\n"+
+			"COMMAND`. The request is exact and idempotent: after an indeterminate outcome\n"+
+			"(exit 77) run it again. Needs a sidecar of protocol version 8 and every node\n"+
+			"at cluster protocol version 13.", stdout, stderr)
+	cf.register(fs.FlagSet, false)
+	set := len(args) > 0 && args[0] == "set"
+	if set {
+		args = args[1:]
+	}
+	// Parsed also without "set", so that -h and a bad flag are answered
+	// as on every command.
+	if code, ok := fs.parse(args); !ok {
+		return code
+	}
+	if !set {
+		return fs.bad("want the subcommand set: ticketing permits set KEY N")
+	}
+	if fs.NArg() != 2 {
+		return fs.bad("want KEY and N, got %d arguments %q", fs.NArg(), fs.Args())
+	}
+	key := fs.Arg(0)
+	n, err := strconv.Atoi(fs.Arg(1))
+	if err != nil || n < 0 || n > ticketing.MaxPermits {
+		return fs.bad("N %q: want the number of permits, 0..%d (0 removes an idle semaphore)", fs.Arg(1), ticketing.MaxPermits)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	c, code := dial(ctx, "permits", cf.socket, stderr)
+	if c == nil {
+		return code
+	}
+	defer c.Close()
+	if err := c.SetPermits(ctx, key, n); err != nil {
+		fmt.Fprintf(stderr, "ticketing permits: %s %d: %v\n", key, n, err)
+		return clientExit(err)
+	}
+	fmt.Fprintln(stdout, "OK")
+	return ExitOK
 }
