@@ -168,3 +168,33 @@ func TestSemaphoresNeedVersion13(t *testing.T) {
 	mustType(t, do(t, conn, setPermitsMsg("s", 2)), wire.TypeOK)
 	mustPermit(t, do(t, conn, permitMsg("s", "a", 30, 0)), 0)
 }
+
+// MaxKeys bounds the lock table's memory (a node's key table, every
+// replica's and every snapshot's): a semaphore's definition and each of
+// its permits are holdings in that table like a key, so they count
+// against it. Before, a client could define semaphores and take up to
+// 100,000 permits of each with the lock table "full": the bound that
+// turns a flood into too_many_keys did not see them.
+func TestSemaphoresCountAgainstMaxKeys(t *testing.T) {
+	c := startClusterOpts(t, local.Options{Tune: func(cfg *cluster.Config) { cfg.MaxKeys = 4 }})
+	li := c.leader()
+	testkit.WaitFor(t, "cluster version 13", 15*time.Second, func() bool {
+		return c.Node(li).ClusterVersion() >= wire.VersionSemaphores
+	})
+	lc := c.dial(li)
+	mustType(t, do(t, lc, setPermitsMsg("s", 100)), wire.TypeOK) // 1
+	mustPermit(t, do(t, lc, permitMsg("s", "a", 60, 0)), 0)      // 2
+	mustPermit(t, do(t, lc, permitMsg("s", "a", 60, 0)), 1)      // 3
+	mustGrant(t, do(t, lc, acquireMsg("lock", "a", 60, 0)))      // 4
+	if r := do(t, lc, permitMsg("s", "a", 60, 0)); r.Type != wire.TypeError || r.Code != wire.CodeTooManyKeys {
+		t.Fatalf("a fifth holding (a permit) with MaxKeys 4: %s, want E(too_many_keys)", describe(r))
+	}
+	if r := do(t, lc, setPermitsMsg("t", 5)); r.Type != wire.TypeError || r.Code != wire.CodeTooManyKeys {
+		t.Fatalf("a new semaphore with MaxKeys 4 reached: %s, want E(too_many_keys)", describe(r))
+	}
+	if r := do(t, lc, acquireMsg("lock2", "a", 60, 0)); r.Type != wire.TypeError || r.Code != wire.CodeTooManyKeys {
+		t.Fatalf("a fifth holding (a lock) with MaxKeys 4: %s, want E(too_many_keys)", describe(r))
+	}
+	// Resizing a defined semaphore creates nothing: still allowed.
+	mustType(t, do(t, lc, setPermitsMsg("s", 3)), wire.TypeOK)
+}
