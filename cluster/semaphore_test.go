@@ -7,9 +7,11 @@ import (
 	"time"
 
 	"ticketing/cluster"
+	"ticketing/cluster/client"
 	"ticketing/cluster/local"
 	"ticketing/cluster/testkit"
 	"ticketing/cluster/wire"
+	"ticketing/locksm"
 )
 
 func permitMsg(key, owner string, lease uint16, wait time.Duration) wire.Msg {
@@ -197,4 +199,41 @@ func TestSemaphoresCountAgainstMaxKeys(t *testing.T) {
 	}
 	// Resizing a defined semaphore creates nothing: still allowed.
 	mustType(t, do(t, lc, setPermitsMsg("s", 3)), wire.TypeOK)
+}
+
+// A burst of set-permits defining new semaphores, pipelined on one
+// connection so none is applied before the next is admitted, cannot
+// overshoot MaxKeys: a definition in flight counts as one, as an acquire
+// in flight does.
+func TestSetPermitsBurstCannotOvershootMaxKeys(t *testing.T) {
+	c := startClusterOpts(t, local.Options{Tune: func(cfg *cluster.Config) { cfg.MaxKeys = 4 }})
+	li := c.leader()
+	testkit.WaitFor(t, "cluster version 13", 15*time.Second, func() bool {
+		return c.Node(li).ClusterVersion() >= wire.VersionSemaphores
+	})
+	lc := c.dial(li)
+	var calls []*client.Call
+	for i := range 12 {
+		call, err := lc.Start(setPermitsMsg(fmt.Sprintf("s%d", i), 2))
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls = append(calls, call)
+	}
+	ok := 0
+	for _, call := range calls {
+		<-call.Done
+		switch r := call.Reply; {
+		case r.Type == wire.TypeOK:
+			ok++
+		case r.Type == wire.TypeError && r.Code == wire.CodeTooManyKeys:
+		default:
+			t.Fatalf("set-permits: %s", describe(r))
+		}
+	}
+	var defined int
+	c.Node(li).ReadState(func(st *locksm.State) { defined = st.NumSemaphores() })
+	if ok > 4 || defined > 4 {
+		t.Fatalf("%d set-permits succeeded, %d semaphores defined with MaxKeys 4", ok, defined)
+	}
 }

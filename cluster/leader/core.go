@@ -391,7 +391,8 @@ type pending[C comparable] struct {
 	deadline time.Time // acquire: when its wait runs out
 	queued   bool      // acquire applied as StatusQueued, not yet granted/timed out
 	cancel   bool      // the client asked to cancel it
-	// uncommitted: an acquire counted in Core.uncommittedTotal (proposed,
+	// uncommitted: an acquire (or a set-permits that may define a new
+	// semaphore) counted in Core.uncommittedTotal (proposed,
 	// its own command not applied yet), and if mayWait (wait > 0) in
 	// Core.uncommitted too.
 	uncommitted, mayWait bool
@@ -906,6 +907,7 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 			return true
 		}
 	}
+	defining := false // a set-permits that may define a new semaphore
 	if cmd.Op == locksm.OpSetPermits && cmd.Permits > 0 {
 		// A new definition is sticky table memory, as a key is: MaxKeys
 		// bounds it (a resize of a defined semaphore adds nothing).
@@ -914,6 +916,8 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 			k.send(cn, errReply(m.ID, err))
 			return true
 		}
+		held, _, _ := k.table.Occupancy(m.Key)
+		defining = !held
 	}
 	k.nextRef++
 	cmd.Ref = k.nextRef
@@ -930,6 +934,12 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 			}
 			k.uncommittedTotal++
 		}
+	}
+	if defining {
+		// Counted until applied, as an acquire's key is: a pipelined
+		// burst of definitions cannot pass the bound before any applies.
+		p.uncommitted = true
+		k.uncommittedTotal++
 	}
 	k.pend[p.ref] = p
 	cn.owe(p)
