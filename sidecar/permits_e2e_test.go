@@ -2,7 +2,9 @@ package sidecar
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -177,5 +179,63 @@ func TestE2EPermitOutcomeReplayKeepsSlot(t *testing.T) {
 			}
 			_ = others
 		})
+	}
+}
+
+// A set-permits is not exact as a release is: a resend after an attempt
+// whose reply was lost meets the state the first attempt left (and any
+// set-permits applied since), so its answer says nothing of the first.
+// Removing a semaphore whose K is lost with its connection: the first
+// attempt removed it, and the caller must not be told a definite
+// not_semaphore ("it never was one") from a resend; nor may a resend
+// apply a stale n over a later operator's (so it is not resent at all:
+// ErrIndeterminate, as the doc says "sending it again is harmless" is
+// the operator's call).
+func TestE2ESetPermitsLostReplyIsNotResent(t *testing.T) {
+	f := netfault.NewFrames(nil)
+	c, b := startFramesCluster(t, f)
+	ctx := ctxT(t, 60*time.Second)
+	testkit.WaitFor(t, "cluster version 13", 20*time.Second, func() bool {
+		return c.Node(leaderOf(t, c)).ClusterVersion() >= wire.VersionSemaphores
+	})
+	if err := b.SetPermits(ctx, "s", 2); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var zid uint64
+	sent := 0
+	f.SetRule(func(fr netfault.Frame) netfault.Verdict {
+		mu.Lock()
+		defer mu.Unlock()
+		m := fr.Msg
+		switch {
+		case fr.Dir == netfault.Sent && m.Type == wire.TypeSetPermits:
+			sent++
+			if zid == 0 {
+				zid = m.ID
+			}
+		case fr.Dir == netfault.Received && m.Type == wire.TypeOK && zid != 0 && m.ID == zid:
+			zid = ^uint64(0) // once
+			return netfault.Cut
+		}
+		return netfault.Pass
+	})
+	err := b.SetPermits(ctx, "s", 0)
+	li := leaderOf(t, c)
+	var defined bool
+	testkit.WaitFor(t, "the removal applied", 10*time.Second, func() bool {
+		c.Node(li).ReadState(func(st *locksm.State) { _, defined = st.Semaphore("s") })
+		return !defined
+	})
+	if errors.Is(err, locksm.ErrNotSemaphore) {
+		t.Fatalf("set-permits 0 whose first attempt removed the semaphore: %v (a resend's answer), want nil or ErrIndeterminate", err)
+	}
+	if err != nil && !errors.Is(err, ErrIndeterminate) {
+		t.Fatalf("set-permits 0: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if sent != 1 {
+		t.Fatalf("the set-permits was written %d times; a written set-permits must not be resent", sent)
 	}
 }
