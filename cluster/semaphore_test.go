@@ -237,3 +237,45 @@ func TestSetPermitsBurstCannotOvershootMaxKeys(t *testing.T) {
 		t.Fatalf("%d set-permits succeeded, %d semaphores defined with MaxKeys 4", ok, defined)
 	}
 }
+
+// Lowering n while permits are held and waiters queue, then the leader's
+// death: the new leader grants nobody while n or more are held (a permit
+// in a slot at or above the new n stays held, none is granted there), and
+// the first grant after enough releases takes the lowest free slot below
+// n, to the queue's head.
+func TestSemaphoreLoweredThenLeaderDies(t *testing.T) {
+	c := startCluster(t, 3)
+	li := c.leader()
+	testkit.WaitFor(t, "cluster version 13", 15*time.Second, func() bool {
+		return c.Node(li).ClusterVersion() >= wire.VersionSemaphores
+	})
+	lc := c.dial(li)
+	mustType(t, do(t, lc, setPermitsMsg("s", 3)), wire.TypeOK)
+	var toks []uint64
+	for i := range 3 {
+		toks = append(toks, mustPermit(t, do(t, lc, permitMsg("s", "h", 200, 0)), uint32(i)))
+	}
+	mustType(t, do(t, lc, setPermitsMsg("s", 1)), wire.TypeOK)
+	if err := c.Stop(li); err != nil {
+		t.Fatal(err)
+	}
+	nl := c.leader()
+	nc := c.dial(nl)
+	w, err := nc.Start(permitMsg("s", "w", 200, 30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Two releases leave one held (slot 2, above n=1): still n held.
+	mustType(t, do(t, nc, releaseMsg("s", "h", toks[0])), wire.TypeOK)
+	mustType(t, do(t, nc, releaseMsg("s", "h", toks[1])), wire.TypeOK)
+	select {
+	case <-w.Done:
+		t.Fatalf("granted while %d permits are held with n=1: %s", 1, describe(w.Reply))
+	case <-time.After(500 * time.Millisecond):
+	}
+	mustType(t, do(t, nc, releaseMsg("s", "h", toks[2])), wire.TypeOK)
+	<-w.Done
+	if tok := mustPermit(t, w.Reply, 0); tok <= toks[2] {
+		t.Fatalf("token %d not above %d", tok, toks[2])
+	}
+}
