@@ -279,3 +279,39 @@ func TestSemaphoreLoweredThenLeaderDies(t *testing.T) {
 		t.Fatalf("token %d not above %d", tok, toks[2])
 	}
 }
+
+// A pipelined burst of permit acquires cannot overshoot MaxKeys either:
+// each in flight counts as a holding until applied.
+func TestPermitBurstCannotOvershootMaxKeys(t *testing.T) {
+	c := startClusterOpts(t, local.Options{Tune: func(cfg *cluster.Config) { cfg.MaxKeys = 4 }})
+	li := c.leader()
+	testkit.WaitFor(t, "cluster version 13", 15*time.Second, func() bool {
+		return c.Node(li).ClusterVersion() >= wire.VersionSemaphores
+	})
+	lc := c.dial(li)
+	mustType(t, do(t, lc, setPermitsMsg("s", 100)), wire.TypeOK)
+	var calls []*client.Call
+	for range 12 {
+		call, err := lc.Start(permitMsg("s", "a", 60, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls = append(calls, call)
+	}
+	granted := 0
+	for _, call := range calls {
+		<-call.Done
+		switch r := call.Reply; {
+		case r.Type == wire.TypeGranted:
+			granted++
+		case r.Type == wire.TypeError && r.Code == wire.CodeTooManyKeys:
+		default:
+			t.Fatalf("permit: %s", describe(r))
+		}
+	}
+	var held int
+	c.Node(li).ReadState(func(st *locksm.State) { held = st.NumPermitsHeld() })
+	if granted > 3 || held > 3 {
+		t.Fatalf("%d permits granted, %d held, with MaxKeys 4 and the semaphore's definition counted", granted, held)
+	}
+}
