@@ -180,7 +180,9 @@ type Config struct {
 	MaxReplyBacklog int
 	// MaxKeys bounds the keys held at once (plus acquires not yet
 	// committed); an acquire that could create one more gets E
-	// too_many_keys. Zero: DefaultMaxKeys.
+	// too_many_keys. Semaphores defined and permits held count as keys
+	// (a permit acquire, or a set-permits defining a new semaphore, gets
+	// too_many_keys at the bound). Zero: DefaultMaxKeys.
 	MaxKeys int
 	// MaxWaitersPerKey bounds one key's queue (plus acquires for it not
 	// yet committed); one more gets E too_many_waiters. The count errs on

@@ -437,7 +437,11 @@ func (f *fsm) Occupancy(key string) (held bool, keys, queue int) {
 	// keys) has an entry like a held one, and a semaphore its
 	// definition: an acquire of either joins the queue or takes a
 	// permit, and creates no key.
-	return f.state.Occupied(key), f.state.NumHeld() + f.state.NumReserved(), f.state.QueueLen(key)
+	// Semaphores and their permits are holdings as keys are: MaxKeys,
+	// which bounds the table's memory, counts them (else a client could
+	// take 100,000 permits of each of any number of semaphores past it).
+	n := f.state.NumHeld() + f.state.NumReserved() + f.state.NumSemaphores() + f.state.NumPermitsHeld()
+	return f.state.Occupied(key), n, f.state.QueueLen(key)
 }
 
 // ClusterVersion implements leader.Table.

@@ -7,9 +7,11 @@ import (
 	"time"
 
 	"ticketing/cluster"
+	"ticketing/cluster/client"
 	"ticketing/cluster/local"
 	"ticketing/cluster/testkit"
 	"ticketing/cluster/wire"
+	"ticketing/locksm"
 )
 
 func permitMsg(key, owner string, lease uint16, wait time.Duration) wire.Msg {
@@ -167,4 +169,149 @@ func TestSemaphoresNeedVersion13(t *testing.T) {
 	conn = c.dial(nl)
 	mustType(t, do(t, conn, setPermitsMsg("s", 2)), wire.TypeOK)
 	mustPermit(t, do(t, conn, permitMsg("s", "a", 30, 0)), 0)
+}
+
+// MaxKeys bounds the lock table's memory (a node's key table, every
+// replica's and every snapshot's): a semaphore's definition and each of
+// its permits are holdings in that table like a key, so they count
+// against it. Before, a client could define semaphores and take up to
+// 100,000 permits of each with the lock table "full": the bound that
+// turns a flood into too_many_keys did not see them.
+func TestSemaphoresCountAgainstMaxKeys(t *testing.T) {
+	c := startClusterOpts(t, local.Options{Tune: func(cfg *cluster.Config) { cfg.MaxKeys = 4 }})
+	li := c.leader()
+	testkit.WaitFor(t, "cluster version 13", 15*time.Second, func() bool {
+		return c.Node(li).ClusterVersion() >= wire.VersionSemaphores
+	})
+	lc := c.dial(li)
+	mustType(t, do(t, lc, setPermitsMsg("s", 100)), wire.TypeOK) // 1
+	mustPermit(t, do(t, lc, permitMsg("s", "a", 60, 0)), 0)      // 2
+	mustPermit(t, do(t, lc, permitMsg("s", "a", 60, 0)), 1)      // 3
+	mustGrant(t, do(t, lc, acquireMsg("lock", "a", 60, 0)))      // 4
+	if r := do(t, lc, permitMsg("s", "a", 60, 0)); r.Type != wire.TypeError || r.Code != wire.CodeTooManyKeys {
+		t.Fatalf("a fifth holding (a permit) with MaxKeys 4: %s, want E(too_many_keys)", describe(r))
+	}
+	if r := do(t, lc, setPermitsMsg("t", 5)); r.Type != wire.TypeError || r.Code != wire.CodeTooManyKeys {
+		t.Fatalf("a new semaphore with MaxKeys 4 reached: %s, want E(too_many_keys)", describe(r))
+	}
+	if r := do(t, lc, acquireMsg("lock2", "a", 60, 0)); r.Type != wire.TypeError || r.Code != wire.CodeTooManyKeys {
+		t.Fatalf("a fifth holding (a lock) with MaxKeys 4: %s, want E(too_many_keys)", describe(r))
+	}
+	// Resizing a defined semaphore creates nothing: still allowed.
+	mustType(t, do(t, lc, setPermitsMsg("s", 3)), wire.TypeOK)
+}
+
+// A burst of set-permits defining new semaphores, pipelined on one
+// connection so none is applied before the next is admitted, cannot
+// overshoot MaxKeys: a definition in flight counts as one, as an acquire
+// in flight does.
+func TestSetPermitsBurstCannotOvershootMaxKeys(t *testing.T) {
+	c := startClusterOpts(t, local.Options{Tune: func(cfg *cluster.Config) { cfg.MaxKeys = 4 }})
+	li := c.leader()
+	testkit.WaitFor(t, "cluster version 13", 15*time.Second, func() bool {
+		return c.Node(li).ClusterVersion() >= wire.VersionSemaphores
+	})
+	lc := c.dial(li)
+	var calls []*client.Call
+	for i := range 12 {
+		call, err := lc.Start(setPermitsMsg(fmt.Sprintf("s%d", i), 2))
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls = append(calls, call)
+	}
+	ok := 0
+	for _, call := range calls {
+		<-call.Done
+		switch r := call.Reply; {
+		case r.Type == wire.TypeOK:
+			ok++
+		case r.Type == wire.TypeError && r.Code == wire.CodeTooManyKeys:
+		default:
+			t.Fatalf("set-permits: %s", describe(r))
+		}
+	}
+	var defined int
+	c.Node(li).ReadState(func(st *locksm.State) { defined = st.NumSemaphores() })
+	if ok > 4 || defined > 4 {
+		t.Fatalf("%d set-permits succeeded, %d semaphores defined with MaxKeys 4", ok, defined)
+	}
+}
+
+// Lowering n while permits are held and waiters queue, then the leader's
+// death: the new leader grants nobody while n or more are held (a permit
+// in a slot at or above the new n stays held, none is granted there), and
+// the first grant after enough releases takes the lowest free slot below
+// n, to the queue's head.
+func TestSemaphoreLoweredThenLeaderDies(t *testing.T) {
+	c := startCluster(t, 3)
+	li := c.leader()
+	testkit.WaitFor(t, "cluster version 13", 15*time.Second, func() bool {
+		return c.Node(li).ClusterVersion() >= wire.VersionSemaphores
+	})
+	lc := c.dial(li)
+	mustType(t, do(t, lc, setPermitsMsg("s", 3)), wire.TypeOK)
+	var toks []uint64
+	for i := range 3 {
+		toks = append(toks, mustPermit(t, do(t, lc, permitMsg("s", "h", 200, 0)), uint32(i)))
+	}
+	mustType(t, do(t, lc, setPermitsMsg("s", 1)), wire.TypeOK)
+	if err := c.Stop(li); err != nil {
+		t.Fatal(err)
+	}
+	nl := c.leader()
+	nc := c.dial(nl)
+	w, err := nc.Start(permitMsg("s", "w", 200, 30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Two releases leave one held (slot 2, above n=1): still n held.
+	mustType(t, do(t, nc, releaseMsg("s", "h", toks[0])), wire.TypeOK)
+	mustType(t, do(t, nc, releaseMsg("s", "h", toks[1])), wire.TypeOK)
+	select {
+	case <-w.Done:
+		t.Fatalf("granted while %d permits are held with n=1: %s", 1, describe(w.Reply))
+	case <-time.After(500 * time.Millisecond):
+	}
+	mustType(t, do(t, nc, releaseMsg("s", "h", toks[2])), wire.TypeOK)
+	<-w.Done
+	if tok := mustPermit(t, w.Reply, 0); tok <= toks[2] {
+		t.Fatalf("token %d not above %d", tok, toks[2])
+	}
+}
+
+// A pipelined burst of permit acquires cannot overshoot MaxKeys either:
+// each in flight counts as a holding until applied.
+func TestPermitBurstCannotOvershootMaxKeys(t *testing.T) {
+	c := startClusterOpts(t, local.Options{Tune: func(cfg *cluster.Config) { cfg.MaxKeys = 4 }})
+	li := c.leader()
+	testkit.WaitFor(t, "cluster version 13", 15*time.Second, func() bool {
+		return c.Node(li).ClusterVersion() >= wire.VersionSemaphores
+	})
+	lc := c.dial(li)
+	mustType(t, do(t, lc, setPermitsMsg("s", 100)), wire.TypeOK)
+	var calls []*client.Call
+	for range 12 {
+		call, err := lc.Start(permitMsg("s", "a", 60, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls = append(calls, call)
+	}
+	granted := 0
+	for _, call := range calls {
+		<-call.Done
+		switch r := call.Reply; {
+		case r.Type == wire.TypeGranted:
+			granted++
+		case r.Type == wire.TypeError && r.Code == wire.CodeTooManyKeys:
+		default:
+			t.Fatalf("permit: %s", describe(r))
+		}
+	}
+	var held int
+	c.Node(li).ReadState(func(st *locksm.State) { held = st.NumPermitsHeld() })
+	if granted > 3 || held > 3 {
+		t.Fatalf("%d permits granted, %d held, with MaxKeys 4 and the semaphore's definition counted", granted, held)
+	}
 }

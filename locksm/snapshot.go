@@ -743,6 +743,7 @@ func (d *snapReader) readSemaphores(s *State, labelled map[uint64]int) ([]uint64
 				return nil, nil, fmt.Errorf("semaphore %q: token %d held twice", key, p.token)
 			}
 			m.take(uint32(slot), p)
+			s.permitsHeld++
 			next = slot + 1
 			tokens = append(tokens, p.token)
 			if label != "" {

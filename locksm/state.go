@@ -54,6 +54,9 @@ type State struct {
 	// reserved counts entries without a holder (their queue head is a
 	// block waiting for its other keys).
 	reserved int
+	// permitsHeld counts the permits held over all semaphores (sems), so
+	// that the leader's MaxKeys bound can count them in O(1).
+	permitsHeld int
 	// clock is the Now of the latest command that changed the table and
 	// carries one (acquires, releases, expiries, extends). A cancel
 	// carries no Now, yet the cancel of a queued block can grant keys

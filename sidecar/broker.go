@@ -170,8 +170,9 @@ type releaseJob struct {
 	lock      Lock
 	extendSec uint32 // an extend to this lease (seconds); 0: a release
 	// setPermits: not a release but an operator's set-permits of
-	// lock.Key to permits (SetPermits): exact and idempotent as well, so
-	// it is sent and resent the same way.
+	// lock.Key to permits (SetPermits): sent the same way, and resent
+	// only while no attempt may have run (setPermitsNoResend: it is not
+	// exact, so a resend could answer or apply wrongly).
 	setPermits bool
 	permits    uint32
 	start      time.Time // when it was asked for (latency metric)
@@ -1281,7 +1282,7 @@ func (b *Broker) releaseOutcome(job *releaseJob, call *client.Call) (err error, 
 			// sending it again is a new request, not a resend.
 			job.mayHaveRun = true
 		}
-		return nil, false
+		return b.setPermitsNoResend(job)
 	}
 	switch r := call.Reply; r.Type {
 	case wire.TypeOK:
@@ -1307,8 +1308,23 @@ func (b *Broker) releaseOutcome(job *releaseJob, call *client.Call) (err error, 
 		b.forgetLeader()
 		job.last = fmt.Errorf("reply %s: %s", wire.TypeName(r.Type), r.Text)
 		job.mayHaveRun = job.mayHaveRun || r.Type == wire.TypeUnknown
+		return b.setPermitsNoResend(job)
+	}
+}
+
+// setPermitsNoResend settles a set-permits whose attempt may have run
+// (written, no definite reply) as ErrIndeterminate instead of resending
+// it. Unlike a release it is not exact: a resend meets whatever the first
+// attempt and any later set-permits left, so its answer says nothing of
+// the first (a removal's resend answers not_semaphore, "never was one"),
+// and applied after another operator's set-permits it would put a stale n
+// back (raising it grants waiters). Any other job goes on being retried.
+func (b *Broker) setPermitsNoResend(job *releaseJob) (error, bool) {
+	if !job.setPermits || !job.mayHaveRun {
 		return nil, false
 	}
+	return fmt.Errorf("%w: %s: it was sent and no definite reply came (%v); it may have applied, and is not sent again",
+		ErrIndeterminate, job.what(), job.last), true
 }
 
 // releaseGone reports whether a release's definite error says the holding

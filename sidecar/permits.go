@@ -12,14 +12,18 @@ import (
 // changes its n (raising it grants waiters at once; lowering it ends no
 // permit), or, with n = 0, removes an idle semaphore (locksm/MATRIX.md,
 // "Semaphores"). It is an operator's request, sent to the leader as a
-// release is: exact and idempotent, so it is retried (never on a written
-// attempt's M alone) until Config.ReleaseDeadline, and nil only on a
-// success reply. Otherwise a definite cluster error (locksm.ErrInUse,
-// ErrNotSemaphore, ErrInvalidPermits, locksm.ErrInvalidKey;
-// wire.ErrNotSupported before every node runs protocol version 13),
-// ErrIndeterminate (the deadline passed without a definite reply: it may
-// have applied; sending it again is harmless), ErrClosed, or ctx's error
-// (it goes on in the background).
+// release is, and retried until Config.ReleaseDeadline only while no
+// attempt may have run (nothing written, or an M for a written one): it
+// is not exact as a release is, so a resend of one whose reply was lost
+// could be answered by the state the first left (a removal's resend:
+// not_semaphore) or put a stale n over a later set-permits. It returns
+// nil only on a success reply. Otherwise a definite cluster error
+// (locksm.ErrInUse, ErrNotSemaphore, ErrInvalidPermits,
+// locksm.ErrInvalidKey; wire.ErrNotSupported before every node runs
+// protocol version 13), ErrIndeterminate (written without a definite
+// reply, or the deadline passed: it may have applied; read the key's
+// inspect, or send it again knowing it may now apply twice), ErrClosed,
+// or ctx's error (it goes on in the background).
 func (b *Broker) SetPermits(ctx context.Context, key string, n uint32) error {
 	ch := make(chan error, 1)
 	if err := b.SetPermitsAsync(key, n, func(err error) { ch <- err }); err != nil {

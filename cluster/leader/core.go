@@ -164,8 +164,9 @@ type Table interface {
 	// acquires are taken from wire.VersionBlocks on.
 	ClusterVersion() uint16
 	// Occupancy reports, in one look, whether key has an entry (held, or
-	// reserved for a block), how many keys have one in all, and the
-	// length of key's queue.
+	// reserved for a block, or defined as a semaphore), how many holdings
+	// the table has in all (keys with an entry, semaphores defined and
+	// permits held: what MaxKeys bounds), and the length of key's queue.
 	Occupancy(key string) (held bool, keys, queue int)
 	// HeldUnder reports whether key is held under token.
 	HeldUnder(key string, token uint64) bool
@@ -408,7 +409,8 @@ type pending[C comparable] struct {
 	deadline time.Time // acquire: when its wait runs out
 	queued   bool      // acquire applied as StatusQueued, not yet granted/timed out
 	cancel   bool      // the client asked to cancel it
-	// uncommitted: an acquire counted in Core.uncommittedTotal (proposed,
+	// uncommitted: an acquire (or a set-permits that may define a new
+	// semaphore) counted in Core.uncommittedTotal (proposed,
 	// its own command not applied yet), and if mayWait (wait > 0) in
 	// Core.uncommitted too.
 	uncommitted, mayWait bool
@@ -948,11 +950,23 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 				wire.ErrTooManyWaiters, cn.waiters, k.cfg.MaxWaitersPerConn)))
 			return true
 		}
-		if err := k.admitAcquire(keys, m.WaitMs > 0); err != nil {
+		if err := k.admitAcquire(keys, m.WaitMs > 0, cmd.Op == locksm.OpAcquirePermit); err != nil {
 			k.reply(cmd.Op, OutcomeError)
 			k.send(cn, errReply(m.ID, err))
 			return true
 		}
+	}
+	defining := false // a set-permits that may define a new semaphore
+	if cmd.Op == locksm.OpSetPermits && cmd.Permits > 0 {
+		// A new definition is sticky table memory, as a key is: MaxKeys
+		// bounds it (a resize of a defined semaphore adds nothing).
+		if err := k.admitAcquire([]string{m.Key}, false, false); err != nil {
+			k.reply(cmd.Op, OutcomeError)
+			k.send(cn, errReply(m.ID, err))
+			return true
+		}
+		held, _, _ := k.table.Occupancy(m.Key)
+		defining = !held
 	}
 	k.nextRef++
 	cmd.Ref = k.nextRef
@@ -969,6 +983,12 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 			}
 			k.uncommittedTotal++
 		}
+	}
+	if defining {
+		// Counted until applied, as an acquire's key is: a pipelined
+		// burst of definitions cannot pass the bound before any applies.
+		p.uncommitted = true
+		k.uncommittedTotal++
 	}
 	k.pend[p.ref] = p
 	cn.owe(p)
@@ -1056,13 +1076,16 @@ func (cn *conn[C]) count(p *pending[C], d int) {
 // (one key, or a block's; mayWait: its wait is not zero, so it can join
 // the queues). Acquires proposed but not yet applied count as if each of
 // their keys were created and, if they may wait, joined by them, so a
-// burst cannot overshoot.
-func (k *Core[C]) admitAcquire(keys []string, mayWait bool) error {
+// burst cannot overshoot. permit: a permit acquire, which adds a holding
+// (a permit is table memory like a key) even though its key is defined
+// already; it counts as fresh, so at the bound it is refused even where
+// it would only queue.
+func (k *Core[C]) admitAcquire(keys []string, mayWait, permit bool) error {
 	fresh, total := 0, 0
 	for _, key := range keys {
 		held, n, queue := k.table.Occupancy(key)
 		total = n
-		if !held {
+		if !held || permit {
 			fresh++
 		}
 		if mayWait && queue+k.uncommitted[key] >= k.cfg.MaxWaitersPerKey {

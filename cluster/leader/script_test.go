@@ -130,7 +130,7 @@ type stateTable struct {
 }
 
 func (t stateTable) Occupancy(key string) (bool, int, int) {
-	return t.s.Occupied(key), t.s.NumHeld() + t.s.NumReserved(), t.s.QueueLen(key)
+	return t.s.Occupied(key), t.s.NumHeld() + t.s.NumReserved() + t.s.NumSemaphores() + t.s.NumPermitsHeld(), t.s.QueueLen(key)
 }
 
 func (t stateTable) ClusterVersion() uint16 {
