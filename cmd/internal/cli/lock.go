@@ -72,7 +72,8 @@ func exitHelp(name string) string {
 			"  (--hold) the connection to the sidecar was lost while holding."
 	case "permits":
 		return "exit codes: 0 set; " + usage + ",\n  " + unavailable + ",\n" +
-			"  77 indeterminate (it may or may not have applied: run it again),\n" +
+			"  77 indeterminate (it may or may not have applied: check the key with\n" +
+			"  ticketing inspect before setting it again),\n" +
 			"  78 any other error (in_use: held as a lock, or permits held or awaited;\n" +
 			"  not_semaphore: 0 of a key that is no semaphore; not_supported)."
 	case "release":
@@ -742,8 +743,9 @@ func runPermits(ctx context.Context, args []string, stdout, stderr io.Writer) in
 			"no permit from a holder (new grants wait until fewer than N are held). A key\n"+
 			"held as a lock cannot be made one, and 0 is refused while a permit is held or\n"+
 			"someone waits (in_use). Take a permit with `ticketing lock --permit KEY --\n"+
-			"COMMAND`. The request is exact and idempotent: after an indeterminate outcome\n"+
-			"(exit 77) run it again. Needs a sidecar of protocol version 8 and every node\n"+
+			"COMMAND`. After an indeterminate outcome (exit 77) it may or may not have\n"+
+			"applied: check the key (`ticketing inspect`) before setting it again, since a\n"+
+			"repeat meets the state the first one left. Needs a sidecar of protocol version 8 and every node\n"+
 			"at cluster protocol version 13.", stdout, stderr)
 	cf.register(fs.FlagSet, false)
 	set := len(args) > 0 && args[0] == "set"
