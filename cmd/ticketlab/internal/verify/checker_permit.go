@@ -45,11 +45,19 @@ type PermitReport struct {
 	// decided and refused; Late those made past the lease on purpose.
 	Grants, HandOffs, Indeterminate, Writes, Stale, Late int
 	// MaxHeld is, per key, the most holdings live at one grant; MaxN the
-	// largest n allowed at such a grant; Sets the PERMITS answered OK
-	// (with n), FIFOChecked the grant pairs ordered by the FIFO check.
+	// largest n allowed at such a grant.
 	MaxHeld, MaxN map[string]int
-	Sets          []string
-	FIFOChecked   int
+	// HeldAtN is, per key and per n allowed at a grant, the most holdings
+	// live at such a grant: what each n (defined, raised, lowered) let in.
+	HeldAtN map[string]map[int]int
+	// Sets are the PERMITS answered OK ("sem/0=3"); AtSets the same with
+	// how many permits of the key were surely held when the answer was
+	// read ("sem/0=2: 5 held"): a lowering below that left holders above
+	// the new n, whom the count at each later grant allows for.
+	Sets, AtSets []string
+	// FIFOChecked is the grants checked against the waiters queued before
+	// they were sent.
+	FIFOChecked int
 }
 
 // permitGrants returns the OK PERMITs of ops.
@@ -85,7 +93,7 @@ func permitEnds(ops []Op, grants []Op) map[int64]int64 {
 // checkPermits runs the permit checks on the history and the permit
 // store's log.
 func checkPermits(ops []Op, store []StoreRec, bad func(string, string, ...any)) PermitReport {
-	r := PermitReport{MaxHeld: map[string]int{}, MaxN: map[string]int{}}
+	r := PermitReport{MaxHeld: map[string]int{}, MaxN: map[string]int{}, HeldAtN: map[string]map[int]int{}}
 	grants := permitGrants(ops)
 	r.Grants = len(grants)
 	end := permitEnds(ops, grants)
@@ -136,27 +144,62 @@ func checkPermits(ops []Op, store []StoreRec, bad func(string, string, ...any)) 
 	}
 	for key, gs := range byKey {
 		sort.SliceStable(gs, func(i, j int) bool { return gs[i].Cmp < gs[j].Cmp })
-		for i, g := range gs {
+		// The holdings live at the grant being checked, pruned as grants
+		// go by (grants in read order; a holding is live from its grant
+		// read to its end), so the sweep stays linear in the grants.
+		var live []Op
+		for _, g := range gs {
 			if g.Slot < 0 || maxEver[key] > 0 && g.Slot >= maxEver[key] {
 				bad("permit-slot", "w%d token %d got slot %d of %s, whose n was never above %d", g.Worker, g.Token, g.Slot, key, maxEver[key])
 			}
-			held := 0
-			for _, h := range gs[:i+1] {
-				if h.Cmp <= g.Cmp && g.Cmp < end[h.ID] || h.ID == g.ID {
-					held++
-					if h.ID != g.ID && h.Slot == g.Slot {
-						bad("permit-slot", "%s slot %d: w%d token %d granted at %s while w%d token %d held it (until %s at the earliest)",
-							key, g.Slot, g.Worker, g.Token, ts(g.Cmp), h.Worker, h.Token, ts(end[h.ID]))
-					}
+			kept := live[:0]
+			for _, h := range live {
+				if g.Cmp < end[h.ID] {
+					kept = append(kept, h)
 				}
+			}
+			live = kept
+			for _, h := range live {
+				if h.Slot == g.Slot {
+					bad("permit-slot", "%s slot %d: w%d token %d granted at %s while w%d token %d held it (until %s at the earliest)",
+						key, g.Slot, g.Worker, g.Token, ts(g.Cmp), h.Worker, h.Token, ts(end[h.ID]))
+				}
+			}
+			held := len(live) + 1 // g itself
+			if g.Cmp < end[g.ID] {
+				live = append(live, g)
 			}
 			n := nAt(g)
 			r.MaxHeld[key] = max(r.MaxHeld[key], held)
 			r.MaxN[key] = max(r.MaxN[key], n)
+			if r.HeldAtN[key] == nil {
+				r.HeldAtN[key] = map[int]int{}
+			}
+			r.HeldAtN[key][n] = max(r.HeldAtN[key][n], held)
 			if held > n {
 				bad("permits-n", "%s: w%d token %d granted at %s with %d permits held (itself included) and n at most %d then",
 					key, g.Worker, g.Token, ts(g.Cmp), held, n)
 			}
+		}
+	}
+
+	var setKeys []string
+	for k := range sets {
+		setKeys = append(setKeys, k)
+	}
+	sort.Strings(setKeys)
+	for _, k := range setKeys {
+		for _, st := range sets[k] {
+			if st.Result != ResOK {
+				continue
+			}
+			held := 0
+			for _, g := range byKey[st.Key] {
+				if g.Cmp <= st.Cmp && st.Cmp < end[g.ID] {
+					held++
+				}
+			}
+			r.AtSets = append(r.AtSets, fmt.Sprintf("%s=%d: %d held", st.Key, st.N, held))
 		}
 	}
 
@@ -193,22 +236,35 @@ func checkPermits(ops []Op, store []StoreRec, bad func(string, string, ...any)) 
 		hw[rec.Key] = rec.Token
 	}
 
-	// FIFO among waiters of a key.
-	for key, gs := range byKey {
-		_ = key
+	// FIFO among waiters of a key: every grant b against the waiters
+	// queued before b was sent, by a sweep (the largest token among them
+	// must be below b's), linear after the sorts.
+	for _, gs := range byKey {
+		var queued []Op
 		for _, a := range gs {
-			if a.Queued == 0 {
+			if a.Queued != 0 {
+				queued = append(queued, a)
+			}
+		}
+		sort.Slice(queued, func(i, j int) bool { return queued[i].Queued < queued[j].Queued })
+		bs := append([]Op(nil), gs...)
+		sort.Slice(bs, func(i, j int) bool { return bs[i].Inv < bs[j].Inv })
+		var ahead Op // the largest-token waiter queued so far
+		j := 0
+		for _, b := range bs {
+			for j < len(queued) && queued[j].Queued < b.Inv {
+				if queued[j].Token > ahead.Token {
+					ahead = queued[j]
+				}
+				j++
+			}
+			if j == 0 {
 				continue
 			}
-			for _, b := range gs {
-				if b.ID == a.ID || a.Queued >= b.Inv {
-					continue
-				}
-				r.FIFOChecked++
-				if b.Token < a.Token {
-					bad("permit-fifo", "%s: w%d token %d was sent at %s after w%d's PERMIT was queued (at %s) and was granted before it (token %d)",
-						a.Key, b.Worker, b.Token, ts(b.Inv), a.Worker, ts(a.Queued), a.Token)
-				}
+			r.FIFOChecked++
+			if ahead.Token > b.Token {
+				bad("permit-fifo", "%s: w%d token %d was sent at %s after w%d's PERMIT was queued (at %s) and was granted before it (token %d)",
+					b.Key, b.Worker, b.Token, ts(b.Inv), ahead.Worker, ts(ahead.Queued), ahead.Token)
 			}
 		}
 	}
@@ -227,10 +283,20 @@ func permitSummary(keys []string, plan []int, p PermitReport) string {
 	for _, n := range plan {
 		ns = append(ns, strconv.Itoa(n))
 	}
-	fmt.Fprintf(&b, "permits: %s, n %s; %d grants (%d hand-offs after `! QUEUED`), %d indeterminate; fenced writes of key#slot %d (%d refused, %d late on purpose); %d FIFO pairs checked; PERMITS answered OK: %s\n",
-		strings.Join(keys, ","), strings.Join(ns, " → "), p.Grants, p.HandOffs, p.Indeterminate, p.Writes, p.Stale, p.Late, p.FIFOChecked, strings.Join(p.Sets, " "))
+	fmt.Fprintf(&b, "permits: %s, n %s; %d grants (%d hand-offs after `! QUEUED`), %d indeterminate; fenced writes of key#slot %d (%d refused, %d late on purpose); %d grants checked for FIFO; PERMITS answered OK, with the permits held then: %s\n",
+		strings.Join(keys, ","), strings.Join(ns, " → "), p.Grants, p.HandOffs, p.Indeterminate, p.Writes, p.Stale, p.Late, p.FIFOChecked, strings.Join(p.AtSets, ", "))
 	for _, k := range keys {
-		fmt.Fprintf(&b, "  %s: at most %d held at a grant, n at most %d then\n", k, p.MaxHeld[k], p.MaxN[k])
+		var ns []int
+		for n := range p.HeldAtN[k] {
+			ns = append(ns, n)
+		}
+		sort.Ints(ns)
+		var per []string
+		for _, n := range ns {
+			per = append(per, fmt.Sprintf("n %d: %d", n, p.HeldAtN[k][n]))
+		}
+		fmt.Fprintf(&b, "  %s: at most %d held at a grant (n at most %d); by the n allowed at the grant, the most held: %s\n",
+			k, p.MaxHeld[k], p.MaxN[k], strings.Join(per, ", "))
 	}
 	return b.String()
 }

@@ -65,6 +65,15 @@ func TestPermitCheckAcceptsAGoodHistory(t *testing.T) {
 	if p.Grants != 5 || p.MaxHeld["s"] != 3 || p.MaxN["s"] != 3 || p.Writes != 4 || p.Stale != 1 || p.Late != 1 {
 		t.Fatalf("report %+v", p)
 	}
+	// What each n let in: 2 under the first n, 3 after the raise, 1 after
+	// the lowering (d waited for all three to end).
+	if h := p.HeldAtN["s"]; len(h) != 3 || h[2] != 2 || h[3] != 3 || h[1] != 1 {
+		t.Fatalf("held at n %v", h)
+	}
+	// The lowering to 1 was answered with 3 held.
+	if got := strings.Join(p.AtSets, ", "); got != "s=2: 0 held, s=3: 3 held, s=1: 3 held" {
+		t.Fatalf("at sets %q", got)
+	}
 }
 
 func TestPermitCheckFindsMoreThanN(t *testing.T) {
