@@ -193,3 +193,21 @@ func TestPermitTokensCountForNoLeak(t *testing.T) {
 		t.Fatalf("violations %v unknown %d", r.Violations, r.UnknownTokens)
 	}
 }
+
+// The summary names the permit workload, or its absence, and a replay
+// line that reproduces a non-default one.
+func TestPermitSummary(t *testing.T) {
+	r := Result{Config: Config{Seed: 1, Nodes: 3, PermitsN: 2, PermitKeys: 1, PermitWorkers: 4}, PermitKeys: []string{"sem/0"}, PermitPlan: []int{2, 4, 1}}
+	r.Check.Permits = PermitReport{Grants: 7, HeldAtN: map[string]map[int]int{"sem/0": {2: 2, 4: 3}}, MaxHeld: map[string]int{"sem/0": 3}, MaxN: map[string]int{"sem/0": 4}}
+	s := r.Summary()
+	for _, want := range []string{"permits: sem/0, n 2 → 4 → 1; 7 grants", "sem/0: at most 3 held at a grant (n at most 4); by the n allowed at the grant, the most held: n 2: 2, n 4: 3",
+		"--permits-n 2 --permit-keys 1 --permit-workers 4"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("summary lacks %q:\n%s", want, s)
+		}
+	}
+	r = Result{Config: Config{Seed: 1, Nodes: 3, PermitsN: -1}}
+	if s := r.Summary(); !strings.Contains(s, "permits: no permit workload") || !strings.Contains(s, "--permits-n -1") {
+		t.Errorf("summary without permits:\n%s", s)
+	}
+}

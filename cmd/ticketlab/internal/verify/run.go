@@ -875,6 +875,13 @@ func (r *Result) Summary() string {
 	if c.MaxIndeterminateShare != DefaultMaxIndeterminateShare {
 		wipe += fmt.Sprintf(" --max-indeterminate-share %v", max(c.MaxIndeterminateShare, 0))
 	}
+	// The permit workload's shape, when not the default (issue 41): the
+	// seeds of its workers and the n change depend on it.
+	if c.PermitsN < 0 {
+		wipe += " --permits-n -1"
+	} else if c.PermitsN > 0 && (c.PermitsN != DefaultPermitsN || c.PermitKeys != DefaultPermitKeys || c.PermitWorkers != DefaultPermitWorkers) {
+		wipe += fmt.Sprintf(" --permits-n %d --permit-keys %d --permit-workers %d", c.PermitsN, c.PermitKeys, c.PermitWorkers)
+	}
 	fmt.Fprintf(&b, "replay: ticketlab verify --seed %d --nodes %d --duration %v --workers %d%s\n", c.Seed, c.Nodes, c.Duration, c.Workers, wipe)
 	return b.String()
 }
