@@ -211,3 +211,22 @@ func TestPermitSummary(t *testing.T) {
 		t.Errorf("summary without permits:\n%s", s)
 	}
 }
+
+// A killed sidecar answers no PERMIT: one answered OK while it was down is
+// a dead-sidecar violation, as an ACQUIRE's would be; INDETERMINATE is
+// what its worker must see.
+func TestPermitCheckKilledSidecarAnswersNothing(t *testing.T) {
+	build := func(res string, tok uint64) []Op {
+		var h hist
+		h.permits("s", 2, 0, 5, ResOK)
+		h.add(Op{Worker: -1, Kind: KindFault, Fault: FaultKillSidecar, Target: "sidecar1", Sidecar: 1, Inv: 100, Cmp: 1500})
+		h.add(Op{Worker: 1, Sidecar: 1, Kind: KindPermit, Key: "s", LeaseMs: 1000, WaitMs: 5000, Inv: 50, Cmp: 4000, Result: res, Token: tok})
+		return h.ops
+	}
+	if r := Check(build(ResIndeterminate, 0), nil, FinalState{}, CheckOptions{}); len(r.Violations) != 0 || r.KilledInFlight != 1 {
+		t.Fatalf("violations %v, in flight %d", r.Violations, r.KilledInFlight)
+	}
+	if got := checks(Check(build(ResOK, 1), nil, FinalState{}, CheckOptions{})); got != "dead-sidecar" {
+		t.Fatalf("violations %q, want dead-sidecar", got)
+	}
+}
