@@ -58,6 +58,8 @@ type PermitReport struct {
 	// FIFOChecked is the grants checked against the waiters queued before
 	// they were sent.
 	FIFOChecked int
+	// Lost counts the `! LOST` events of permits read, by reason.
+	Lost map[string]int
 }
 
 // permitGrants returns the OK PERMITs of ops.
@@ -93,7 +95,7 @@ func permitEnds(ops []Op, grants []Op) map[int64]int64 {
 // checkPermits runs the permit checks on the history and the permit
 // store's log.
 func checkPermits(ops []Op, store []StoreRec, bad func(string, string, ...any)) PermitReport {
-	r := PermitReport{MaxHeld: map[string]int{}, MaxN: map[string]int{}, HeldAtN: map[string]map[int]int{}}
+	r := PermitReport{MaxHeld: map[string]int{}, MaxN: map[string]int{}, HeldAtN: map[string]map[int]int{}, Lost: map[string]int{}}
 	grants := permitGrants(ops)
 	r.Grants = len(grants)
 	end := permitEnds(ops, grants)
@@ -101,6 +103,8 @@ func checkPermits(ops []Op, store []StoreRec, bad func(string, string, ...any)) 
 	maxEver := map[string]int{}
 	for _, op := range ops {
 		switch {
+		case op.Kind == KindPermitLost:
+			r.Lost[op.Reason]++
 		case op.Kind == KindPermit && op.Result == ResIndeterminate:
 			r.Indeterminate++
 		case op.Kind == KindPermit && op.Result == ResOK && op.Queued != 0:
@@ -279,12 +283,16 @@ func permitSummary(keys []string, plan []int, p PermitReport) string {
 		return "permits: no permit workload (--permits-n -1, or the cluster refused PERMITS)\n"
 	}
 	var b strings.Builder
+	lost := 0
+	for _, n := range p.Lost {
+		lost += n
+	}
 	var ns []string
 	for _, n := range plan {
 		ns = append(ns, strconv.Itoa(n))
 	}
-	fmt.Fprintf(&b, "permits: %s, n %s; %d grants (%d hand-offs after `! QUEUED`), %d indeterminate; fenced writes of key#slot %d (%d refused, %d late on purpose); %d grants checked for FIFO; PERMITS answered OK, with the permits held then: %s\n",
-		strings.Join(keys, ","), strings.Join(ns, " → "), p.Grants, p.HandOffs, p.Indeterminate, p.Writes, p.Stale, p.Late, p.FIFOChecked, strings.Join(p.AtSets, ", "))
+	fmt.Fprintf(&b, "permits: %s, n %s; %d grants (%d hand-offs after `! QUEUED`), %d indeterminate; fenced writes of key#slot %d (%d refused, %d late on purpose); %d grants checked for FIFO; %d `! LOST` events (expired %d); PERMITS answered OK, with the permits held then: %s\n",
+		strings.Join(keys, ","), strings.Join(ns, " → "), p.Grants, p.HandOffs, p.Indeterminate, p.Writes, p.Stale, p.Late, p.FIFOChecked, lost, p.Lost["expired"], strings.Join(p.AtSets, ", "))
 	for _, k := range keys {
 		var ns []int
 		for n := range p.HeldAtN[k] {

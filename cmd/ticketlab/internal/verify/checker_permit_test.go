@@ -55,6 +55,7 @@ func TestPermitCheckAcceptsAGoodHistory(t *testing.T) {
 	// d's lease (1 s from its send at 150) ran out: e takes its slot.
 	e := h.permit(4, "s", 1200, 1210, ResOK, 5, 0)
 	we := h.permitWrite(e, 1220, 1221, ResOK)
+	h.add(Op{Worker: d.Worker, Kind: KindPermitLost, Key: "s", Token: d.Token, Reason: "expired", Inv: 1160, Cmp: 1160})
 	late := h.add(Op{Worker: d.Worker, Kind: KindPermitWrite, Key: "s", Token: d.Token, Slot: 0, Acq: d.ID, Inv: 1300, Cmp: 1301, Result: ResRejected, Late: true})
 	store := []StoreRec{permitRec(wa, true), permitRec(wd, true), permitRec(we, true), permitRec(late, false)}
 	r := permitCheck(&h, store, FinalState{LastToken: 5})
@@ -62,7 +63,7 @@ func TestPermitCheckAcceptsAGoodHistory(t *testing.T) {
 		t.Fatalf("violations %v", r.Violations)
 	}
 	p := r.Permits
-	if p.Grants != 5 || p.MaxHeld["s"] != 3 || p.MaxN["s"] != 3 || p.Writes != 4 || p.Stale != 1 || p.Late != 1 {
+	if p.Grants != 5 || p.MaxHeld["s"] != 3 || p.MaxN["s"] != 3 || p.Writes != 4 || p.Stale != 1 || p.Late != 1 || p.Lost["expired"] != 1 {
 		t.Fatalf("report %+v", p)
 	}
 	// What each n let in: 2 under the first n, 3 after the raise, 1 after

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+
+	"ticketing/unixapi"
 	"time"
 )
 
@@ -27,6 +29,7 @@ const (
 	KindPermitRelease = "permit-release" // a RELEASE of a permit (Acq, Token)
 	KindPermitExtend  = "permit-extend"  // an EXTEND of a permit (Acq, Token, LeaseMs: the new lease)
 	KindPermits       = "permits"        // a PERMITS <key> <n> of the controller (N)
+	KindPermitLost    = "permit-lost"    // a `! LOST` event of a permit's token read (Token, Reason; Inv = Cmp = when)
 )
 
 // PermitParams configures one permit worker.
@@ -53,8 +56,9 @@ func permitResource(key string, slot int) string { return key + "#" + strconv.It
 // <key>#<slot> → RELEASE until ctx ends, as runWorker does for locks.
 func runPermitWorker(ctx context.Context, p PermitParams, write writeFunc, emit func(Op)) {
 	rng := rand.New(rand.NewSource(p.Seed))
-	seq := int64(0)
-	nextID := func() int64 { seq++; return int64(p.ID+1)<<32 | seq }
+	// The reader goroutine numbers the LOST events it records too.
+	var seq atomic.Int64
+	nextID := func() int64 { return int64(p.ID+1)<<32 | seq.Add(1) }
 	now := func() int64 { return time.Now().UnixNano() }
 	var lc *lineConn
 	conn := 0
@@ -73,7 +77,15 @@ func runPermitWorker(ctx context.Context, p PermitParams, write writeFunc, emit 
 		if lc == nil {
 			dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			var err error
-			lc, err = dialLine(dctx, p.Socket, nil)
+			// `! LOST` events are recorded (counted in the summary; the
+			// holding's end is already bounded by its lease).
+			lc, err = dialLine(dctx, p.Socket, func(ev unixapi.Event, at int64) {
+				op := Op{ID: nextID(), Worker: p.ID, Kind: KindPermitLost, Token: ev.Token, Reason: ev.Reason, Inv: at, Cmp: at, Conn: conn + 1}
+				if len(ev.Keys) > 0 {
+					op.Key = ev.Keys[0]
+				}
+				emit(op)
+			})
 			cancel()
 			if err != nil {
 				lc = nil
