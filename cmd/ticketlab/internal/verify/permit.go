@@ -79,8 +79,11 @@ func runPermitWorker(ctx context.Context, p PermitParams, write writeFunc, emit 
 			var err error
 			// `! LOST` events are recorded (counted in the summary; the
 			// holding's end is already bounded by its lease).
+			// (The reader goroutine gets its own copy of the session's
+			// number: conn changes under it on the next dial.)
+			cn := conn + 1
 			lc, err = dialLine(dctx, p.Socket, func(ev unixapi.Event, at int64) {
-				op := Op{ID: nextID(), Worker: p.ID, Kind: KindPermitLost, Token: ev.Token, Reason: ev.Reason, Inv: at, Cmp: at, Conn: conn + 1}
+				op := Op{ID: nextID(), Worker: p.ID, Kind: KindPermitLost, Token: ev.Token, Reason: ev.Reason, Inv: at, Cmp: at, Conn: cn}
 				if len(ev.Keys) > 0 {
 					op.Key = ev.Keys[0]
 				}
