@@ -116,6 +116,8 @@ func checkKilledSidecars(ops []Op, grants []Op, r *CheckReport, bad func(string,
 	for _, op := range ops {
 		switch op.Kind {
 		case KindAcquire, KindRelease, KindExtend:
+		case KindPermit, KindPermitRelease, KindPermitExtend:
+			// A dead sidecar answers no permit request either (issue 41).
 		default:
 			continue
 		}

@@ -92,6 +92,10 @@ type Op struct {
 	// used, stamped by the harness; on a kill-sidecar fault, the sidecar
 	// killed. 0: unknown (a history of an older lab).
 	Sidecar int `json:"sidecar,omitempty"`
+	// Slot is a permit's slot (issue 41: KindPermit and its write, extend
+	// and release; with Key its fencing domain); N a PERMITS op's n.
+	Slot int `json:"slot,omitempty"`
+	N    int `json:"n,omitempty"`
 }
 
 // opKeys returns every key op is about: a block's keys, or its one key.

@@ -139,7 +139,22 @@ type Config struct {
 	NodeArgs []string
 	// Logger receives progress lines; nil discards them.
 	Logger *slog.Logger
+	// Issue 41: semaphores. PermitsN is the n each of PermitKeys
+	// semaphore keys is defined with at the start (zero: DefaultPermitsN;
+	// negative: no permit workers); PermitWorkers in-harness workers take
+	// their permits (permit.go). A third into the nemesis n is raised by 2
+	// (waiters granted at once), two thirds in lowered to max(1, n-1)
+	// (holders keep their permits; new grants wait). Zero: the defaults.
+	PermitsN, PermitKeys, PermitWorkers int
 }
+
+// Defaults of the permit workload (issue 41): small, so that permits are
+// contended and the n change matters.
+const (
+	DefaultPermitsN      = 3
+	DefaultPermitKeys    = 2
+	DefaultPermitWorkers = 6
+)
 
 func (c Config) withDefaults() Config {
 	if c.Nodes == 0 {
@@ -192,6 +207,15 @@ func (c Config) withDefaults() Config {
 	}
 	if c.LineWaiters == 0 {
 		c.LineWaiters = DefaultLineWaiters
+	}
+	if c.PermitsN == 0 {
+		c.PermitsN = DefaultPermitsN
+	}
+	if c.PermitKeys == 0 {
+		c.PermitKeys = DefaultPermitKeys
+	}
+	if c.PermitWorkers == 0 {
+		c.PermitWorkers = DefaultPermitWorkers
 	}
 	return c
 }
@@ -249,6 +273,10 @@ type Result struct {
 	Inconclusive []string
 	// History is the history file.
 	History string
+	// PermitKeys are the semaphores the permit workers used (none: no
+	// permit workload), PermitPlan their n in order (issue 41).
+	PermitKeys []string
+	PermitPlan []int
 }
 
 // Passed reports whether the run proved what it checks: no violation and
@@ -364,6 +392,65 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 				ok, _ := store.WriteBlock(keys, token, worker, op)
 				return ok, nil
 			}, func(op Op) { op.Sidecar = wp.Sidecar; h.Add(op) })
+		}()
+	}
+	// The permit workload (issue 41): the semaphores are defined first, on
+	// the first sidecar; a cluster that does not speak them yet (ERR
+	// not_supported: an older --node-lab) runs without it, as the summary
+	// says.
+	permitStore := NewStore()
+	var permitKeys []string
+	var permitPlan []int // the n in order: defined, raised, lowered
+	if cfg.PermitsN > 0 {
+		pid := cfg.Workers + cfg.ProcWorkers + cfg.PermitWorkers // the controller's worker id
+		emit := func(op Op) { op.Sidecar = 1; h.Add(op) }
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		for i := 0; i < cfg.PermitKeys; i++ {
+			k := fmt.Sprintf("sem/%d", i)
+			if !setPermits(sctx, p.SidecarSocket(0), pid, k, cfg.PermitsN, emit) {
+				break
+			}
+			permitKeys = append(permitKeys, k)
+		}
+		cancel()
+		if len(permitKeys) < cfg.PermitKeys {
+			logf("permits: PERMITS refused or unanswered (see the history): no permit workload")
+			permitKeys = nil
+		}
+	}
+	if len(permitKeys) > 0 {
+		permitPlan = []int{cfg.PermitsN, cfg.PermitsN + 2, max(1, cfg.PermitsN-1)}
+		for i := 0; i < cfg.PermitWorkers; i++ {
+			id := cfg.Workers + cfg.ProcWorkers + i
+			pp := PermitParams{ID: id, Seed: cfg.Seed*1000 + int64(id), Socket: p.SidecarSocket(id % p.Sidecars()), Sidecar: id%p.Sidecars() + 1,
+				Keys: permitKeys, HoldMin: 0, HoldMax: 400 * time.Millisecond, LateProb: 0.05, ExtendProb: 0.2}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				runPermitWorker(wctx, pp, func(keys []string, token uint64, worker int, op int64) (bool, error) {
+					ok, _ := permitStore.WriteBlock(keys, token, worker, op)
+					return ok, nil
+				}, func(op Op) { op.Sidecar = pp.Sidecar; h.Add(op) })
+			}()
+		}
+		// The n change, under the nemesis: after the warm-up and a third of
+		// it, raise; after two thirds, lower.
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pid := cfg.Workers + cfg.ProcWorkers + cfg.PermitWorkers
+			sock := p.SidecarSocket(1 % p.Sidecars())
+			emit := func(op Op) { op.Sidecar = 1%p.Sidecars() + 1; h.Add(op) }
+			for _, n := range permitPlan[1:] {
+				sleepCtx(wctx, cfg.Duration/3)
+				if wctx.Err() != nil {
+					return
+				}
+				for _, k := range permitKeys {
+					setPermits(wctx, sock, pid, k, n, emit)
+				}
+				logf("permits: n of %s set to %d", strings.Join(permitKeys, ","), n)
+			}
 		}()
 	}
 	werr, err := os.Create(filepath.Join(cfg.Dir, "workers.log"))
@@ -517,7 +604,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 
 	res.Check = Check(ops, store.Log(), final, CheckOptions{Dir: cfg.Dir, LinearizeTimeout: cfg.LinearizeTimeout,
-		IndeterminateWindow: IndeterminateWindow, MaxIndeterminateShare: cfg.MaxIndeterminateShare})
+		IndeterminateWindow: IndeterminateWindow, MaxIndeterminateShare: cfg.MaxIndeterminateShare, PermitStore: permitStore.Log()})
+	res.PermitKeys, res.PermitPlan = permitKeys, permitPlan
 	res.Violations = append(res.Check.Violations, viol...)
 	res.Inconclusive = res.Check.Inconclusive
 	res.Elapsed = time.Since(start)
@@ -711,6 +799,7 @@ func (r *Result) Summary() string {
 		fmt.Fprintf(&b, "lost signal: events expired %d, moved %d, compensated %d; before the next holder's grant: %d checked, %s (tolerance %v), %d exempt (a process on the path was stopped)\n",
 			ck.LostEvents["expired"], ck.LostEvents["moved"], ck.LostEvents["compensated"], ck.LostChecked, lag, LostDeliveryTolerance, ck.LostExempt)
 	}
+	b.WriteString(permitSummary(r.PermitKeys, r.PermitPlan, ck.Permits))
 	if ck.SidecarKills > 0 {
 		fmt.Fprintf(&b, "killed sidecars: %d kills; %d operations in flight at a kill (answered by nobody: INDETERMINATE); %d holdings delivered before a kill checked to keep their leases\n",
 			ck.SidecarKills, ck.KilledInFlight, ck.KilledHoldings)
@@ -785,6 +874,13 @@ func (r *Result) Summary() string {
 	}
 	if c.MaxIndeterminateShare != DefaultMaxIndeterminateShare {
 		wipe += fmt.Sprintf(" --max-indeterminate-share %v", max(c.MaxIndeterminateShare, 0))
+	}
+	// The permit workload's shape, when not the default (issue 41): the
+	// seeds of its workers and the n change depend on it.
+	if c.PermitsN < 0 {
+		wipe += " --permits-n -1"
+	} else if c.PermitsN > 0 && (c.PermitsN != DefaultPermitsN || c.PermitKeys != DefaultPermitKeys || c.PermitWorkers != DefaultPermitWorkers) {
+		wipe += fmt.Sprintf(" --permits-n %d --permit-keys %d --permit-workers %d", c.PermitsN, c.PermitKeys, c.PermitWorkers)
 	}
 	fmt.Fprintf(&b, "replay: ticketlab verify --seed %d --nodes %d --duration %v --workers %d%s\n", c.Seed, c.Nodes, c.Duration, c.Workers, wipe)
 	return b.String()
