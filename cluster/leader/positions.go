@@ -24,6 +24,7 @@ package leader
 
 import (
 	"maps"
+	"math/bits"
 	"slices"
 	"time"
 
@@ -37,10 +38,21 @@ import (
 // within a dozen or so hand-offs.
 const rateShift = 3
 
+// rateFrac is the number of fraction bits of a key's mean interval. The
+// stamps are whole milliseconds, and a hot key hands off several times in
+// one: kept in whole milliseconds, the mean of intervals of 0 and 1 ms
+// stayed 0 for ever (an eighth of a 1 ms step rounds to nothing), and
+// every estimate of a fast line said 0 s.
+const rateFrac = 16
+
+// maxInterval caps one interval (ms) before it is scaled by rateFrac: a
+// leader whose clock jumps ahead by years must not overflow the mean.
+const maxInterval = 1 << 40
+
 // handoffRate is what a node knows of one key's pace.
 type handoffRate struct {
 	last int64 // the Now (Unix ms) of the latest hand-off
-	mean int64 // the mean interval between hand-offs, ms (valid once n >= 2)
+	mean int64 // the mean interval between hand-offs, in ms << rateFrac (valid once n >= 2)
 	n    int   // hand-offs seen, saturating at 2
 }
 
@@ -154,7 +166,7 @@ func (k *Core[C]) handoff(key string, stamp int64) {
 	if r.n > 0 {
 		// Stamps come from successive leaders' wall clocks: one that
 		// steps back must not make a negative interval.
-		iv := max(stamp-r.last, 0)
+		iv := min(max(stamp-r.last, 0), maxInterval) << rateFrac
 		if r.n == 1 {
 			r.mean = iv
 		} else {
@@ -172,8 +184,12 @@ func (k *Core[C]) estimate(key string, pos int) uint32 {
 	if r == nil || r.n < 2 {
 		return wire.EstimateUnknown
 	}
-	ms := uint64(r.mean) * uint64(pos)
-	if r.mean > 0 && ms/uint64(r.mean) != uint64(pos) || ms > uint64(wire.MaxEstimateMs) {
+	hi, lo := bits.Mul64(uint64(r.mean), uint64(pos))
+	if hi>>rateFrac != 0 {
+		return wire.MaxEstimateMs
+	}
+	ms := hi<<(64-rateFrac) | lo>>rateFrac
+	if ms > uint64(wire.MaxEstimateMs) {
 		return wire.MaxEstimateMs
 	}
 	return uint32(ms)
