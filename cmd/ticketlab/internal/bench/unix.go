@@ -251,3 +251,26 @@ func vmRSS(pid int) (int, error) {
 	}
 	return 0, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
 }
+
+// cpuTime is a process's CPU time, user and system, from /proc/PID/stat
+// (in clock ticks of 10 ms: USER_HZ is 100 on Linux).
+func cpuTime(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) is in parentheses and may hold spaces:
+	// the fields after it start past the last ')'.
+	i := strings.LastIndexByte(string(b), ')')
+	f := strings.Fields(string(b[i+1:]))
+	if i < 0 || len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %q", pid, b)
+	}
+	// utime and stime are fields 14 and 15, so 12 and 13 after the name.
+	u, err1 := strconv.ParseUint(f[11], 10, 64)
+	st, err2 := strconv.ParseUint(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: %q", pid, b)
+	}
+	return time.Duration(u+st) * 10 * time.Millisecond, nil
+}

@@ -21,6 +21,7 @@ import (
 
 	ticketing "ticketing/clients/go"
 	"ticketing/cluster/localproc"
+	"ticketing/unixapi"
 )
 
 // WaitRoomOptions configures RunWaitRoom (`ticketlab bench waitroom`).
@@ -54,6 +55,11 @@ type WaitRoomOptions struct {
 	// the k-th kill once k/(Kills+1) of the room has a final reply. Zero:
 	// none (issue 20's room); issue 31's target is 3.
 	Kills int
+	// Positions makes every room connection agree `HELLO 7 events`, so
+	// the sidecar pushes each waiter's `! POSITION` (issue 41); the report
+	// then gives the events' rate, whether each waiter's place only went
+	// down, and the estimates' error against the actual grants.
+	Positions bool
 	// Out hears the progress and the report.
 	Out io.Writer
 }
@@ -77,6 +83,7 @@ func setupWaitRoom(fs *flag.FlagSet, e *env) func(context.Context) error {
 	fs.DurationVar(&o.Warmup, "warmup", 2*time.Second, "warm-up of the baseline before its window")
 	fs.DurationVar(&o.Stall, "stall", 60*time.Second, "give up the drain when no waiter was granted for this long")
 	fs.IntVar(&o.Kills, "kills", 0, "SIGKILLs of the serving leader while the room drains, evenly spread over it (each restarted at once); 0: none")
+	fs.BoolVar(&o.Positions, "positions", false, "every room connection asks for its waiters' places in line (HELLO 7 events): report the `! POSITION` events' rate, their monotony and the estimates' error")
 	fs.IntVar(&o.MaxWaitersPerKey, "max-waiters-per-key", 0, "the nodes' --max-waiters-per-key (default: the room plus 2 batches of 4,096 and 1,024: near its bound a node may refuse up to one batch early)")
 	return func(ctx context.Context) error {
 		if o.Waiters < 1 || o.PerConn < 1 || o.BaselineWaiters < 1 || o.Duration <= 0 || o.Kills < 0 {
@@ -130,6 +137,48 @@ type WaitRoomReport struct {
 	FIFO []string
 	// Kills are the leader SIGKILLs during the drain, in order.
 	Kills []RoomKill
+	// LeaderCPU is the leader process's CPU time (user + system) while
+	// the room filled and stood full, and while it drained (0: unknown,
+	// e.g. after a kill).
+	LeaderCPUFill, LeaderCPUDrain time.Duration
+	// Pos is what the `! POSITION` events showed (--positions), nil
+	// without them.
+	Pos *PositionStats
+}
+
+// PositionStats sums up the `! POSITION` events of a room.
+type PositionStats struct {
+	// Events is how many were read, FillEvents of them before the gate's
+	// release, DrainEvents from it until the last grant.
+	Events, FillEvents, DrainEvents int
+	// PeakPerSec is the most read in one wall-clock second.
+	PeakPerSec int
+	// Told is how many waiters heard at least one; Untold the granted
+	// ones that never did.
+	Told, Untold int
+	// Rises counts events whose place was above the waiter's previous
+	// one (the place only goes down); Zero those with a place below 1;
+	// FirstRise describes the first of either.
+	Rises, Zero int
+	FirstRise   string
+	// TooLow counts events whose place was below what the grants allow:
+	// a waiter told place p at read time r has exactly p−1 waiters ahead
+	// at the moment the leader counted (some τ ≤ r), so its grant index
+	// in the room is the grants committed by τ plus p−1. A grant j cannot
+	// commit before grant j−1 was read (its holder's RELEASE is sent only
+	// then), so at most readBy(r)+1 grants committed by τ, and p must be at
+	// least g−readBy(r), with g its 0-based grant index. (The place's
+	// upper bound needs τ's lower bound, which a pipelined room cannot
+	// tell; ticketlab verify checks both on lines of known order.)
+	TooLow   int
+	FirstLow string
+	// Err are the estimates' errors: the actual grant read time minus
+	// (event read time + estimate), one per event with an estimate;
+	// FirstErr the same for each waiter's first such event. Estimates are
+	// whole seconds, rounded up.
+	Err, FirstErr []time.Duration
+	// NoEstimate counts events with `-`.
+	NoEstimate int
 }
 
 // RoomKill is one leader SIGKILL during the drain.
@@ -221,6 +270,35 @@ func (r *WaitRoomReport) String() string {
 			}
 			fmt.Fprintf(&b, "kill %d: leader %s SIGKILLed with %d of the room answered (%d granted); %s\n", i+1, k.Leader, k.Finals, k.Granted, next)
 		}
+	}
+	if r.LeaderCPUFill > 0 || r.LeaderCPUDrain > 0 {
+		perGrant := 0.0
+		if r.Granted > 0 {
+			perGrant = float64(r.LeaderCPUDrain.Microseconds()) / float64(r.Granted)
+		}
+		fmt.Fprintf(&b, "| leader CPU (user+system) | | filling and full: %v; draining: %v, %.0f µs per grant | | |\n",
+			r.LeaderCPUFill.Round(10*time.Millisecond), r.LeaderCPUDrain.Round(10*time.Millisecond), perGrant)
+	}
+	if ps := r.Pos; ps != nil {
+		drainRate := 0.0
+		if r.Drain > 0 {
+			drainRate = float64(ps.DrainEvents) / r.Drain.Seconds()
+		}
+		fmt.Fprintf(&b, "| `! POSITION` events read | | %d (%d while filling and full, %d while draining: %.0f/s; peak %d in one second) | | |\n",
+			ps.Events, ps.FillEvents, ps.DrainEvents, drainRate, ps.PeakPerSec)
+		fmt.Fprintf(&b, "| waiters told their place | | %d of %d; granted without a place told: %d | | |\n", ps.Told, r.Waiters, ps.Untold)
+		mono := "yes"
+		if ps.Rises+ps.Zero > 0 {
+			mono = fmt.Sprintf("**no**: %d rises, %d below 1; the first: %s", ps.Rises, ps.Zero, ps.FirstRise)
+		}
+		fmt.Fprintf(&b, "| every place ≥ 1 and only going down | | %s | yes | %s |\n", mono, met(ps.Rises+ps.Zero == 0))
+		low := "none"
+		if ps.TooLow > 0 {
+			low = fmt.Sprintf("**%d**; the first: %s", ps.TooLow, ps.FirstLow)
+		}
+		fmt.Fprintf(&b, "| places below the waiters certainly ahead | | %s | none | %s |\n", low, met(ps.TooLow == 0))
+		fmt.Fprintf(&b, "| estimate error, every event (grant − (read + estimate)) | | %s; %d events said `-` | | |\n", errSummary(ps.Err), ps.NoEstimate)
+		fmt.Fprintf(&b, "| estimate error, each waiter's first estimate | | %s | | |\n", errSummary(ps.FirstErr))
 	}
 	if r.GateRefused > 0 {
 		fmt.Fprintf(&b, "the gate's RELEASE of room/hot was refused %d times, the last: %s\n", r.GateRefused, r.GateErr)
@@ -329,7 +407,8 @@ func RunWaitRoom(ctx context.Context, o WaitRoomOptions) (*WaitRoomReport, error
 	say("filling the room: %d waiters on %d connections", o.Waiters, conns)
 	room := &room{}
 	fillStart := time.Now()
-	if err := room.start(sock, o.Waiters, o.PerConn); err != nil {
+	cpu0, _ := cpuTime(p.Pid(li))
+	if err := room.start(sock, o.Waiters, o.PerConn, o.Positions); err != nil {
 		room.close()
 		return nil, err
 	}
@@ -372,6 +451,10 @@ func RunWaitRoom(ctx context.Context, o WaitRoomOptions) (*WaitRoomReport, error
 	r.FullSecond = second.window(f0, f1)
 	r.FullFailed, _ = second.failures(f0, f1)
 	say("room full: second client %v", r.FullSecond)
+	cpu1, err1 := cpuTime(p.Pid(li))
+	if cpu0 > 0 && err1 == nil {
+		r.LeaderCPUFill = cpu1 - cpu0
+	}
 
 	// Drain: the gate releases, every waiter releases at once on its grant.
 	d0 := time.Now()
@@ -453,6 +536,12 @@ func RunWaitRoom(ctx context.Context, o WaitRoomOptions) (*WaitRoomReport, error
 		time.Sleep(20 * time.Millisecond)
 	}
 	r.Drain = lastGrant.Sub(d0)
+	if cpu2, err := cpuTime(p.Pid(li)); err == nil && len(r.Kills) == 0 && cpu1 > 0 {
+		r.LeaderCPUDrain = cpu2 - cpu1
+	}
+	if o.Positions {
+		r.Pos = room.positionStats(d0, lastGrant)
+	}
 	r.DrainSecond = second.window(d0, lastGrant)
 	var first error
 	r.DrainFailed, first = second.failures(d0, lastGrant)
@@ -460,6 +549,25 @@ func RunWaitRoom(ctx context.Context, o WaitRoomOptions) (*WaitRoomReport, error
 	room.report(r)
 	say("drained: %d grants in %v", r.Granted, r.Drain.Round(time.Millisecond))
 	return r, nil
+}
+
+// errSummary gives the median and p90 of the errors' absolute values, and
+// the signed median (late > 0: the grant came after the estimate).
+func errSummary(errs []time.Duration) string {
+	if len(errs) == 0 {
+		return "no estimates"
+	}
+	abs := make([]time.Duration, len(errs))
+	signed := append([]time.Duration(nil), errs...)
+	for i, e := range errs {
+		abs[i] = max(e, -e)
+	}
+	sort.Slice(abs, func(i, j int) bool { return abs[i] < abs[j] })
+	sort.Slice(signed, func(i, j int) bool { return signed[i] < signed[j] })
+	q := func(d []time.Duration, f float64) time.Duration {
+		return d[int(f*float64(len(d)-1))].Round(time.Millisecond)
+	}
+	return fmt.Sprintf("|error| median %v, p90 %v (signed median %v; %d estimates)", q(abs, 0.5), q(abs, 0.9), q(signed, 0.5), len(errs))
 }
 
 func errString(err error) string {
@@ -708,11 +816,35 @@ type room struct {
 	sample    map[string]string // the first whole reply of each kind in other
 	fifo      []string
 	closed    bool
+
+	// With positions (HELLO 7 events): every `! POSITION` read, and each
+	// waiter's grant (its index in tokens, -1 until granted). A waiter is
+	// numbered connection × perConn + its line on the connection.
+	positions bool
+	perConn   int
+	events    []posEvent
+	grantOf   []int32
+	badEvents []string // event lines that did not parse
 }
 
-func (rm *room) start(sock string, waiters, perConn int) error {
+// posEvent is one `! POSITION` read by the room.
+type posEvent struct {
+	at     int64 // read time, UnixNano
+	waiter int32
+	pos    int32
+	estMs  int32 // the estimate in ms; -1: "-"
+}
+
+func (rm *room) start(sock string, waiters, perConn int, positions bool) error {
 	rm.other = map[string]int{}
 	rm.sample = map[string]string{}
+	rm.positions, rm.perConn = positions, perConn
+	if positions {
+		rm.grantOf = make([]int32, waiters)
+		for i := range rm.grantOf {
+			rm.grantOf[i] = -1
+		}
+	}
 	for i := 0; waiters > 0; i++ {
 		n := min(perConn, waiters)
 		waiters -= n
@@ -721,7 +853,11 @@ func (rm *room) start(sock string, waiters, perConn int) error {
 			return fmt.Errorf("room connection %d: %w", i+1, err)
 		}
 		rm.conns = append(rm.conns, c)
-		if _, err := io.WriteString(c, strings.Repeat("ACQUIRE room/hot 250 300\n", n)); err != nil {
+		hello := ""
+		if positions {
+			hello = "HELLO 7 " + unixapi.HelloEvents + "\n"
+		}
+		if _, err := io.WriteString(c, hello+strings.Repeat("ACQUIRE room/hot 250 300\n", n)); err != nil {
 			return fmt.Errorf("room connection %d: %w", i+1, err)
 		}
 		rm.wg.Add(1)
@@ -734,8 +870,25 @@ func (rm *room) read(i int, c net.Conn, n int) {
 	defer rm.wg.Done()
 	br := bufio.NewReader(c)
 	var prev uint64
-	for line := 0; line < n; line++ {
+	if rm.positions {
+		// HELLO's reply comes first (no event can precede it: nothing is
+		// pending yet).
 		s, err := br.ReadString('\n')
+		if err == nil && s != "HELLO 7 "+unixapi.HelloEvents+"\n" {
+			err = fmt.Errorf("HELLO 7 %s answered %q", unixapi.HelloEvents, strings.TrimSpace(s))
+		}
+		if err != nil {
+			rm.mu.Lock()
+			if !rm.closed {
+				rm.other["HELLO: "+err.Error()] += n
+				rm.finals += n
+			}
+			rm.mu.Unlock()
+			return
+		}
+	}
+	for line := 0; line < n; line++ {
+		s, err := rm.readReply(br, i)
 		if err != nil {
 			rm.mu.Lock()
 			if !rm.closed {
@@ -775,6 +928,9 @@ func (rm *room) read(i int, c net.Conn, n int) {
 		rm.tokens = append(rm.tokens, t)
 		rm.lastGrant = time.Now()
 		rm.grantAt = append(rm.grantAt, rm.lastGrant)
+		if rm.positions {
+			rm.grantOf[i*rm.perConn+line] = int32(len(rm.tokens) - 1)
+		}
 		rm.holding = true
 		rm.mu.Unlock()
 		// The next grant can only come after this RELEASE is sent: one read
@@ -789,7 +945,7 @@ func (rm *room) read(i int, c net.Conn, n int) {
 	// The releases' replies follow; the connection stays open until the
 	// room is closed (closing it would only release what is released).
 	for line := 0; ; line++ {
-		s, err := br.ReadString('\n')
+		s, err := rm.readReply(br, i)
 		if err != nil {
 			return
 		}
@@ -798,6 +954,47 @@ func (rm *room) read(i int, c net.Conn, n int) {
 			rm.other["RELEASE -> "+strings.TrimSpace(s)]++
 			rm.mu.Unlock()
 		}
+	}
+}
+
+// readReply reads connection i's next reply line, recording the event
+// lines before it (`! POSITION`; the others, `! QUEUED` among them, are
+// skipped).
+func (rm *room) readReply(br *bufio.Reader, i int) (string, error) {
+	for {
+		s, err := br.ReadString('\n')
+		if err != nil || !strings.HasPrefix(s, "! ") {
+			return s, err
+		}
+		if !strings.HasPrefix(s, "! POSITION ") {
+			continue
+		}
+		at := time.Now().UnixNano()
+		// ! POSITION <n> <position> <estimate-seconds|-> <key>; n counts the
+		// connection's request lines from 1, HELLO's included, so its k-th
+		// ACQUIRE (from 0) is line k+2: all were written before any RELEASE.
+		f := strings.Fields(s)
+		var ev posEvent
+		ok := len(f) == 6
+		if ok {
+			n, err1 := strconv.Atoi(f[2])
+			pos, err2 := strconv.Atoi(f[3])
+			est := -1
+			var err3 error
+			if f[4] != "-" {
+				est, err3 = strconv.Atoi(f[4])
+				est *= 1000
+			}
+			ok = err1 == nil && err2 == nil && err3 == nil && n >= 2 && n-2 < rm.perConn
+			ev = posEvent{at: at, waiter: int32(i*rm.perConn + n - 2), pos: int32(pos), estMs: int32(est)}
+		}
+		rm.mu.Lock()
+		if ok && int(ev.waiter) < len(rm.grantOf) {
+			rm.events = append(rm.events, ev)
+		} else if len(rm.badEvents) < 10 {
+			rm.badEvents = append(rm.badEvents, strings.TrimSpace(s))
+		}
+		rm.mu.Unlock()
 	}
 }
 
@@ -844,6 +1041,73 @@ func (rm *room) report(r *WaitRoomReport) {
 		}
 	}
 	r.FIFO = append(r.FIFO, rm.fifo...)
+}
+
+// positionStats sums up the `! POSITION` events read (see
+// PositionStats); drainFrom is the gate's release, drainTo the last grant.
+func (rm *room) positionStats(drainFrom, drainTo time.Time) *PositionStats {
+	rm.mu.Lock()
+	defer rm.mu.Unlock()
+	ps := &PositionStats{Events: len(rm.events)}
+	last := make([]int32, len(rm.grantOf)) // each waiter's latest place told; 0: none
+	firstEst := make([]bool, len(rm.grantOf))
+	perSec := map[int64]int{}
+	readBy := func(at int64) int { // grants read by at
+		return sort.Search(len(rm.grantAt), func(j int) bool { return rm.grantAt[j].UnixNano() > at })
+	}
+	for _, ev := range rm.events {
+		switch {
+		case ev.at < drainFrom.UnixNano():
+			ps.FillEvents++
+		case ev.at <= drainTo.UnixNano():
+			ps.DrainEvents++
+		}
+		perSec[ev.at/int64(time.Second)]++
+		w := ev.waiter
+		if ev.pos < 1 || (last[w] != 0 && ev.pos > last[w]) {
+			if ev.pos < 1 {
+				ps.Zero++
+			} else {
+				ps.Rises++
+			}
+			if ps.FirstRise == "" {
+				ps.FirstRise = fmt.Sprintf("waiter %d told place %d after %d", w, ev.pos, last[w])
+			}
+		}
+		if last[w] == 0 {
+			ps.Told++
+		}
+		last[w] = ev.pos
+		g := rm.grantOf[w]
+		if g < 0 {
+			continue
+		}
+		if lo := int(g) - readBy(ev.at); int(ev.pos) < lo {
+			ps.TooLow++
+			if ps.FirstLow == "" {
+				ps.FirstLow = fmt.Sprintf("waiter %d told place %d while %d grants ahead of it were not read yet (it was grant %d of the room)", w, ev.pos, lo, g+1)
+			}
+		}
+		if ev.estMs < 0 {
+			ps.NoEstimate++
+			continue
+		}
+		e := rm.grantAt[g].Sub(time.Unix(0, ev.at+int64(ev.estMs)*int64(time.Millisecond)))
+		ps.Err = append(ps.Err, e)
+		if !firstEst[w] {
+			firstEst[w] = true
+			ps.FirstErr = append(ps.FirstErr, e)
+		}
+	}
+	for _, n := range perSec {
+		ps.PeakPerSec = max(ps.PeakPerSec, n)
+	}
+	for w, g := range rm.grantOf {
+		if g >= 0 && last[w] == 0 {
+			ps.Untold++
+		}
+	}
+	return ps
 }
 
 func (rm *room) close() {
