@@ -32,11 +32,24 @@ import (
 	"ticketing/locksm"
 )
 
-// rateShift is the weight of the newest interval in a key's mean: 1/8,
-// as TCP's smoothed RTT, so one slow holder moves the estimate by an
-// eighth of the difference, and a line whose pace changes is followed
-// within a dozen or so hand-offs.
+// rateShift is the weight of the newest sample in a key's mean: 1/8, as
+// TCP's smoothed RTT, so one slow holder moves the estimate by an eighth
+// of the difference, and a line whose pace changes is followed within a
+// dozen or so samples.
 const rateShift = 3
+
+// rateSampleMs is the shortest stretch of a key's hand-offs (by their
+// stamps, ms) that makes one sample of its pace: the sample is the
+// stretch's length over its hand-offs. A slow line (a hand-off a second
+// or slower) samples every hand-off's interval; a fast one averages a
+// second of them, so the mean follows its pace over seconds, stalls
+// included. Per hand-off, a fast line's mean followed the last dozen
+// intervals only: the line moves in bursts between the leader's other
+// work (its walks of the lines among it), and a waiter far back was
+// promised the bursts' pace, seconds too early (bench waitroom
+// --positions: a first estimate off by 11 s at the median on a line of
+// 100,000 that drained in 67 s).
+const rateSampleMs = 1000
 
 // rateFrac is the number of fraction bits of a key's mean interval. The
 // stamps are whole milliseconds, and a hot key hands off several times in
@@ -45,15 +58,20 @@ const rateShift = 3
 // every estimate of a fast line said 0 s.
 const rateFrac = 16
 
-// maxInterval caps one interval (ms) before it is scaled by rateFrac: a
-// leader whose clock jumps ahead by years must not overflow the mean.
+// maxInterval caps one sample's stretch (ms) before it is scaled by
+// rateFrac: a leader whose clock jumps ahead by years must not overflow
+// the mean.
 const maxInterval = 1 << 40
 
-// handoffRate is what a node knows of one key's pace.
+// handoffRate is what a node knows of one key's pace: its mean interval
+// between hand-offs, from samples of at least rateSampleMs.
 type handoffRate struct {
-	last int64 // the Now (Unix ms) of the latest hand-off
-	mean int64 // the mean interval between hand-offs, in ms << rateFrac (valid once n >= 2)
-	n    int   // hand-offs seen, saturating at 2
+	seen  bool  // a hand-off was seen: start is its stamp
+	start int64 // the Now (Unix ms) of the hand-off that opened the sample
+	last  int64 // the Now of the latest hand-off
+	count int64 // hand-offs since start
+	mean  int64 // the mean interval between hand-offs, in ms << rateFrac (valid once valid)
+	valid bool  // a sample was taken into mean
 }
 
 // positionsOn reports whether this core sends positions at all (a core
@@ -163,28 +181,41 @@ func (k *Core[C]) handoff(key string, stamp int64) {
 		r = &handoffRate{}
 		k.rates[key] = r
 	}
-	if r.n > 0 {
-		// Stamps come from successive leaders' wall clocks: one that
-		// steps back must not make a negative interval.
-		iv := min(max(stamp-r.last, 0), maxInterval) << rateFrac
-		if r.n == 1 {
-			r.mean = iv
+	// Stamps come from successive leaders' wall clocks: one that steps
+	// back opens a new sample rather than make a negative stretch.
+	if !r.seen || stamp < r.last {
+		r.seen, r.start, r.last, r.count = true, stamp, stamp, 0
+		return
+	}
+	r.last = stamp
+	r.count++
+	if span := stamp - r.start; span >= rateSampleMs {
+		iv := (min(span, maxInterval) << rateFrac) / r.count
+		if !r.valid {
+			r.mean, r.valid = iv, true
 		} else {
 			r.mean += (iv - r.mean) >> rateShift
 		}
+		r.start, r.count = stamp, 0
 	}
-	r.last = stamp
-	r.n = min(r.n+1, 2)
 }
 
 // estimate is the wait of the waiter at pos on key, in ms, or
-// wire.EstimateUnknown before two hand-offs of key were seen.
+// wire.EstimateUnknown before two hand-offs of key were seen. Until a
+// whole sample was taken it is the open sample's pace.
 func (k *Core[C]) estimate(key string, pos int) uint32 {
 	r := k.rates[key]
-	if r == nil || r.n < 2 {
+	if r == nil {
 		return wire.EstimateUnknown
 	}
-	hi, lo := bits.Mul64(uint64(r.mean), uint64(pos))
+	mean := r.mean
+	if !r.valid {
+		if r.count == 0 {
+			return wire.EstimateUnknown
+		}
+		mean = ((r.last - r.start) << rateFrac) / r.count
+	}
+	hi, lo := bits.Mul64(uint64(mean), uint64(pos))
 	if hi>>rateFrac != 0 {
 		return wire.MaxEstimateMs
 	}
