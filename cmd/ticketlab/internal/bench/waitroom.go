@@ -83,7 +83,7 @@ func setupWaitRoom(fs *flag.FlagSet, e *env) func(context.Context) error {
 	fs.DurationVar(&o.Warmup, "warmup", 2*time.Second, "warm-up of the baseline before its window")
 	fs.DurationVar(&o.Stall, "stall", 60*time.Second, "give up the drain when no waiter was granted for this long")
 	fs.IntVar(&o.Kills, "kills", 0, "SIGKILLs of the serving leader while the room drains, evenly spread over it (each restarted at once); 0: none")
-	fs.BoolVar(&o.Positions, "positions", false, "every room connection asks for its waiters' places in line (HELLO 7 events): report the `! POSITION` events' rate, their monotony and the estimates' error")
+	fs.BoolVar(&o.Positions, "positions", false, "every room connection asks for its waiters' places in line (HELLO 7 events): report the ! POSITION events' rate, their monotony and the estimates' error")
 	fs.IntVar(&o.MaxWaitersPerKey, "max-waiters-per-key", 0, "the nodes' --max-waiters-per-key (default: the room plus 2 batches of 4,096 and 1,024: near its bound a node may refuse up to one batch early)")
 	return func(ctx context.Context) error {
 		if o.Waiters < 1 || o.PerConn < 1 || o.BaselineWaiters < 1 || o.Duration <= 0 || o.Kills < 0 {
