@@ -777,17 +777,25 @@ func releaseOutcome(r string) error {
 }
 
 // Held returns the locks this connection holds, key to token (each key of
-// a block maps to the block's token). HeldLocks also gives their labels.
+// a block maps to the block's token). A semaphore key of which it holds
+// several permits maps to the newest permit's token: HeldLocks lists each
+// permit, and gives the labels.
 func (c *Client) Held(ctx context.Context) (map[string]uint64, error) {
 	hl, err := c.HeldLocks(ctx)
 	if err != nil {
 		return nil, err
 	}
+	return heldByKey(hl), nil
+}
+
+// heldByKey maps HELD's entries key to token, the newest token of a key
+// listed more than once (permits of one semaphore).
+func heldByKey(hl []HeldLock) map[string]uint64 {
 	out := make(map[string]uint64, len(hl))
 	for _, h := range hl {
-		out[h.Key] = h.Token
+		out[h.Key] = max(out[h.Key], h.Token)
 	}
-	return out, nil
+	return out
 }
 
 // HeldLock is one entry of HELD: a key this connection holds, its token,
@@ -801,7 +809,9 @@ type HeldLock struct {
 
 // HeldLocks returns the locks this connection holds as HELD lists them:
 // sorted by key, one entry per key (a block's keys share its token and
-// label), each with its label on a version-5 connection.
+// label) and per permit (a semaphore key of which it holds several permits
+// is listed once for each, with its token), each with its label on a
+// version-5 connection.
 func (c *Client) HeldLocks(ctx context.Context) ([]HeldLock, error) {
 	cn, err := c.conn(ctx)
 	if err != nil {

@@ -76,3 +76,17 @@ func TestParseLostLabelled(t *testing.T) {
 		t.Fatal("version 5 without keys accepted")
 	}
 }
+
+// Two permits of one semaphore key are two entries of HELD: HeldLocks
+// keeps both, Held maps the key to the newer token (it kept whichever
+// came last in the line).
+func TestHeldOfTwoPermitsOfOneKey(t *testing.T) {
+	hl, err := parseHeld("HELD 3 a:5 - room:9 - room:7 -", true)
+	if err != nil || len(hl) != 3 {
+		t.Fatalf("parseHeld: %v %+v", err, hl)
+	}
+	m := heldByKey(hl)
+	if len(m) != 2 || m["a"] != 5 || m["room"] != 9 {
+		t.Fatalf("Held of two permits of room (tokens 9 and 7): %v, want room:9", m)
+	}
+}
