@@ -870,6 +870,12 @@ func (c *Client) Do(ctx context.Context, line string) (string, error) {
 	return c.do(ctx, line)
 }
 
+// CheckKey reports whether key is a valid lock key: 1..255 bytes of
+// visible ASCII (0x21..0x7E), the protocol's rule. The error wraps
+// ErrInvalidArgument and says what is wrong. Every method checks its keys
+// before sending; this lets a program (a CLI) check them before it dials.
+func CheckKey(key string) error { return checkKey(key) }
+
 // checkKey applies the protocol's key rule: 1..255 bytes of 0x21..0x7E.
 func checkKey(key string) error {
 	if len(key) == 0 || len(key) > 255 {

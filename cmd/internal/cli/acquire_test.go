@@ -60,3 +60,61 @@ func TestAcquireReleasesWhenTheTokenCannotBeWritten(t *testing.T) {
 		}
 	}
 }
+
+// acquire --hold renews the lease as lock does: a 1-second lock is still
+// held three leases later, and released at SIGINT (the context's end).
+// Before issue 42 it kept running silently past the lease's end.
+func TestAcquireHoldRenewsItsLease(t *testing.T) {
+	sock := devSidecar(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, err := ticketing.Dial(ctx, sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	key := fmt.Sprintf("acqhold/%d", time.Now().UnixNano())
+	hctx, stop := context.WithCancel(ctx)
+	var out, errb syncBuffer
+	done := make(chan int, 1)
+	go func() { done <- runAcquire(hctx, []string{"--socket", sock, "--lease", "1", "--wait", "0", "--hold", key}, &out, &errb) }()
+	for out.String() == "" {
+		select {
+		case code := <-done:
+			t.Fatalf("acquire --hold exited %d before printing a token: %q", code, errb.String())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	time.Sleep(3 * time.Second)
+	if _, err := c.Acquire(ctx, key, time.Second, 0); !errors.Is(err, ticketing.ErrBusy) {
+		t.Fatalf("3 s into a 1 s lease held by acquire --hold: another acquire got %v, want busy (renewed); stderr %q", err, errb.String())
+	}
+	stop()
+	if code := <-done; code != ExitOK {
+		t.Fatalf("acquire --hold exited %d at SIGINT, want 0; stderr %q", code, errb.String())
+	}
+	tok, err := c.Acquire(ctx, key, time.Second, 0)
+	if err != nil {
+		t.Fatalf("after acquire --hold exited, the key: %v, want it released", err)
+	}
+	_ = c.Release(ctx, key, tok)
+}
+
+// acquire --hold --no-extend keeps one lease: when it ends, the command
+// says the lock is lost, in its own name, and exits 80. Before issue 42 it
+// ran on and exited 79 with a message of lock's.
+func TestAcquireHoldNoExtendSaysTheLockIsLost(t *testing.T) {
+	sock := devSidecar(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	key := fmt.Sprintf("acqlost/%d", time.Now().UnixNano())
+	var out, errb syncBuffer
+	start := time.Now()
+	code := runAcquire(ctx, []string{"--socket", sock, "--lease", "1", "--wait", "0", "--hold", "--no-extend", key}, &out, &errb)
+	if code != ExitLost || !strings.HasPrefix(errb.String(), "ticketing acquire: lock "+key) || !strings.Contains(errb.String(), "lost") {
+		t.Fatalf("acquire --hold --no-extend: exit %d after %v, stderr %q; want 80 and acquire's own loss message", code, time.Since(start), errb.String())
+	}
+	if got := runAcquire(ctx, []string{"--socket", sock, "--no-extend", key}, &out, &errb); got != ExitLockUsage {
+		t.Errorf("--no-extend without --hold: exit %d, want 64", got)
+	}
+}

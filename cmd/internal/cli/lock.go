@@ -69,7 +69,9 @@ func exitHelp(name string) string {
 			usage + ",\n  " + unavailable + ",\n  " + notTaken + ",\n" +
 			"  78 any other error (another ERR reply such as forbidden; the token could not\n" +
 			"  be written, and the lock was released), 79 the release was not confirmed, or\n" +
-			"  (--hold) the connection to the sidecar was lost while holding."
+			"  (--hold) the connection to the sidecar was lost while holding, 80 (--hold)\n" +
+			"  the lock was lost while holding (its lease ran out: --no-extend, or the\n" +
+			"  renewals failed)."
 	case "permits":
 		return "exit codes: 0 set; " + usage + ",\n  " + unavailable + ",\n" +
 			"  77 indeterminate (it may or may not have applied: check the key with\n" +
@@ -241,6 +243,15 @@ func (e *extendEvery) Set(s string) error {
 // so a 60 s lease costs one commit every 20 s.
 const autoExtendFraction = 3
 
+// maxExtendEvery is the longest renewal period for a lease: half of what
+// the lock's local deadline leaves (lease − margin), so that two renewals
+// fall inside every lease and one may fail (unavailable during an
+// election, INDETERMINATE, a slow reply) while the next still lands before
+// the deadline. A period just under the deadline left no room for either.
+func maxExtendEvery(lease time.Duration) time.Duration {
+	return ((lease - ticketing.Margin(lease)) / 2).Truncate(time.Millisecond)
+}
+
 // interval is the renewal period for a lease: 0 means never.
 func (e extendEvery) interval(lease time.Duration, off bool) time.Duration {
 	switch {
@@ -299,7 +310,7 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			"P is 1 when it is next; S is the estimated wait left, in whole seconds.", stdout, stderr)
 	cf.register(fs.FlagSet, true)
 	fs.Var(&every, "extend-every", "renew the lease (by --lease) this often while COMMAND runs: auto (a third of the lease), "+
-		"a duration below the lease less its margin such as 10s, or 0 (never, as --no-extend)")
+		"a duration of at most half the lease less its margin such as 10s, or 0 (never, as --no-extend)")
 	fs.BoolVar(&noExtend, "no-extend", false, "never renew the lease: COMMAND has one lease (as --extend-every 0)")
 	fs.DurationVar(&grace, "kill-grace", defaultKillGrace, "when the lock is lost: how long COMMAND has between SIGTERM and SIGKILL")
 	fs.BoolVar(&permit, "permit", false, "take one permit of the semaphore KEY (one KEY) instead of a lock; "+
@@ -330,6 +341,9 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if k := repeated(keys); k != "" {
 		return fs.bad("KEY %q named twice: the keys of a block are distinct", k)
 	}
+	if why := badKey(keys...); why != "" {
+		return fs.bad("%s", why)
+	}
 	if why := cf.check(); why != "" {
 		return fs.bad("%s", why)
 	}
@@ -337,9 +351,9 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if noExtend && every.set && every.d != 0 {
 		return fs.bad("--no-extend and --extend-every %v: give one of them", every.d)
 	}
-	if valid := lease - ticketing.Margin(lease); every.set && (every.d < 0 || every.d >= valid) {
-		return fs.bad("--extend-every %v: want auto, 0 (off) or a duration below the lease less its margin (%v for --lease %d)",
-			every.d, valid, cf.lease)
+	if most := maxExtendEvery(lease); every.set && (every.d < 0 || every.d > most) {
+		return fs.bad("--extend-every %v: want auto, 0 (off) or at most half the lease less its margin (%v for --lease %d), "+
+			"so that a renewal may fail and the next still lands in time", every.d, most, cf.lease)
 	}
 	period := every.interval(lease, noExtend)
 	if grace < 0 {
@@ -393,7 +407,7 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	select {
 	case <-lk.Lost():
 		fmt.Fprintf(stderr, "ticketing lock: lock %s (token %d) lost before COMMAND started (%s)\n", what, tok, lk.LostReason())
-		releaseOrReport(lk, what, stderr)
+		releaseOrReport("lock", lk, what, stderr)
 		return ExitLost
 	default:
 	}
@@ -411,7 +425,7 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	defer signal.Stop(sigs)
 	if err := cmd.Start(); err != nil {
 		fmt.Fprintln(stderr, "ticketing lock:", err)
-		releaseOrReport(lk, what, stderr)
+		releaseOrReport("lock", lk, what, stderr)
 		return ExitLockError
 	}
 	exited := make(chan struct{})
@@ -476,7 +490,7 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "ticketing lock: the command exited with %d after the lock was lost\n", code)
 		return ExitLost
 	}
-	if !releaseOrReport(lk, what, stderr) {
+	if !releaseOrReport("lock", lk, what, stderr) {
 		fmt.Fprintf(stderr, "ticketing lock: the command exited with %d\n", code)
 		return ExitUnconfirmed
 	}
@@ -541,11 +555,11 @@ func repeated(keys []string) string {
 // releaseOrReport releases lk (a block: all of its keys) with its own
 // deadline (the caller's context may be cancelled by the signal that
 // stopped the command) and reports failure, naming the lock as what.
-func releaseOrReport(lk *ticketing.Lock, what string, stderr io.Writer) bool {
+func releaseOrReport(name string, lk *ticketing.Lock, what string, stderr io.Writer) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := lk.Release(ctx); err != nil {
-		fmt.Fprintf(stderr, "ticketing lock: release of %s (token %d) not confirmed: %v; the lease ends it at the latest\n", what, lk.Token(), err)
+		fmt.Fprintf(stderr, "ticketing %s: release of %s (token %d) not confirmed: %v; the lease ends it at the latest\n", name, what, lk.Token(), err)
 		return false
 	}
 	return true
@@ -557,16 +571,23 @@ func releaseOrReport(lk *ticketing.Lock, what string, stderr io.Writer) bool {
 // is kept until SIGINT/SIGTERM.
 func runAcquire(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var cf clientFlags
-	var hold bool
-	fs := newClientFlags("acquire", "[--socket PATH] [--lease S] [--wait S] [--label L] [--hold] KEY [KEY...]",
+	var hold, noExtend bool
+	fs := newClientFlags("acquire", "[--socket PATH] [--lease S] [--wait S] [--label L] [--hold [--no-extend]] KEY [KEY...]",
 		"Prints the token. A lock belongs to the connection that took it: without\n"+
 			"--hold it is released again before the command exits (a probe); with --hold\n"+
-			"the command keeps it until SIGINT or SIGTERM, then releases it. Several KEYs\n"+
-			"(at most 16, distinct) are one seat block: all or none, under one token.", stdout, stderr)
+			"the command keeps it until SIGINT or SIGTERM, renewing its lease every third\n"+
+			"of it (as lock does; --no-extend: never), then releases it. If the lock is\n"+
+			"lost meanwhile (its lease ran out, the renewals failed) it says so and exits\n"+
+			"80. Several KEYs (at most 16, distinct) are one seat block: all or none,\n"+
+			"under one token.", stdout, stderr)
 	cf.register(fs.FlagSet, true)
-	fs.BoolVar(&hold, "hold", false, "keep the lock until SIGINT/SIGTERM (or the lease ends), then release it")
+	fs.BoolVar(&hold, "hold", false, "keep the lock until SIGINT/SIGTERM, renewing its lease every third of it as lock does, then release it")
+	fs.BoolVar(&noExtend, "no-extend", false, "with --hold: never renew the lease, so the lock ends with it (the command then exits 80)")
 	if code, ok := fs.parse(args); !ok {
 		return code
+	}
+	if noExtend && !hold {
+		return fs.bad("--no-extend is for --hold: without it the lock is released at once")
 	}
 	keys := fs.Args()
 	switch {
@@ -577,6 +598,9 @@ func runAcquire(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	}
 	if k := repeated(keys); k != "" {
 		return fs.bad("KEY %q named twice: the keys of a block are distinct", k)
+	}
+	if why := badKey(keys...); why != "" {
+		return fs.bad("%s", why)
 	}
 	if why := cf.check(); why != "" {
 		return fs.bad("%s", why)
@@ -604,23 +628,65 @@ func runAcquire(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	// pipe can read the token.
 	if _, err := fmt.Fprintln(stdout, lk.Token()); err != nil {
 		fmt.Fprintf(stderr, "ticketing acquire: %s: the token could not be written to stdout (%v); releasing the lock\n", what, err)
-		if !releaseOrReport(lk, what, stderr) {
+		if !releaseOrReport("acquire", lk, what, stderr) {
 			return ExitUnconfirmed
 		}
 		return ExitLockError
 	}
 	if hold {
-		select {
-		case <-ctx.Done():
-		case <-c.Done():
-			fmt.Fprintf(stderr, "ticketing acquire: connection to the sidecar lost; %s released\n", what)
-			return ExitUnconfirmed
+		if code, kept := holdLock(ctx, c, lk, what, lease, noExtend, stderr); !kept {
+			return code
 		}
 	}
-	if !releaseOrReport(lk, what, stderr) {
+	if !releaseOrReport("acquire", lk, what, stderr) {
 		return ExitUnconfirmed
 	}
 	return ExitOK
+}
+
+// holdLock is acquire --hold: it keeps lk until ctx ends (SIGINT or
+// SIGTERM), renewing the lease every lease/3 unless noExtend. kept is
+// false when the lock or the connection was lost meanwhile; code is then
+// the command's exit code (80 lost, 79 connection lost).
+func holdLock(ctx context.Context, c *ticketing.Client, lk *ticketing.Lock, what string, lease time.Duration,
+	noExtend bool, stderr io.Writer) (code int, kept bool) {
+	var tick <-chan time.Time
+	if !noExtend {
+		t := time.NewTicker(lease / autoExtendFraction)
+		defer t.Stop()
+		tick = t.C
+	}
+	// One EXTEND at a time; a tick while one runs is skipped.
+	extended := make(chan error, 1)
+	extending := false
+	for {
+		select {
+		case <-ctx.Done():
+			return ExitOK, true
+		case <-c.Done():
+			fmt.Fprintf(stderr, "ticketing acquire: connection to the sidecar lost; the sidecar releases %s (token %d)\n", what, lk.Token())
+			return ExitUnconfirmed, false
+		case <-tick:
+			if !extending {
+				extending = true
+				go func() { extended <- extendOnce(lk, lease) }()
+			}
+		case err := <-extended:
+			extending = false
+			if err != nil && !errors.Is(err, ticketing.ErrLockLost) {
+				fmt.Fprintf(stderr, "ticketing acquire: extend of %s (token %d): %v; valid for %v more unless a later extend succeeds\n",
+					what, lk.Token(), err, lk.Remaining().Round(time.Millisecond))
+			}
+		case <-lk.Lost():
+			fmt.Fprintf(stderr, "ticketing acquire: lock %s (token %d) lost (%s): no longer held\n", what, lk.Token(), lk.LostReason())
+			// Lost to the local deadline only, it may still be held:
+			// releasing frees it sooner; its failure is expected.
+			rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			_ = lk.Release(rctx)
+			cancel()
+			return ExitLost, false
+		}
+	}
 }
 
 // runRelease sends one RELEASE. Only the connection that acquired a lock
@@ -638,6 +704,9 @@ func runRelease(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	}
 	if fs.NArg() != 2 {
 		return fs.bad("want KEY and TOKEN, got %d arguments %q", fs.NArg(), fs.Args())
+	}
+	if why := badKey(fs.Arg(0)); why != "" {
+		return fs.bad("%s", why)
 	}
 	tok, err := strconv.ParseUint(fs.Arg(1), 10, 64)
 	if err != nil || tok == 0 {
@@ -724,6 +793,19 @@ func positionPrinter(w io.Writer) func(ticketing.Position) {
 }
 
 // lockKeys takes one key, or several as one seat block, as a Lock.
+// badKey says why the first of keys that breaks the protocol's key rule
+// is refused ("" when none does): checked before the sidecar is dialled,
+// so a typo is a usage error (64, with the usage line) whether or not a
+// sidecar runs.
+func badKey(keys ...string) string {
+	for _, k := range keys {
+		if err := ticketing.CheckKey(k); err != nil {
+			return fmt.Sprintf("KEY %q: want 1 to 255 bytes of visible ASCII (no spaces or control characters)", k)
+		}
+	}
+	return ""
+}
+
 func lockKeys(ctx context.Context, c *ticketing.Client, keys []string, lease, wait time.Duration,
 	opts ...ticketing.AcquireOption) (*ticketing.Lock, error) {
 	if len(keys) == 1 {
@@ -764,6 +846,9 @@ func runPermits(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return fs.bad("want KEY and N, got %d arguments %q", fs.NArg(), fs.Args())
 	}
 	key := fs.Arg(0)
+	if why := badKey(key); why != "" {
+		return fs.bad("%s", why)
+	}
 	n, err := strconv.Atoi(fs.Arg(1))
 	if err != nil || n < 0 || n > ticketing.MaxPermits {
 		return fs.bad("N %q: want the number of permits, 0..%d (0 removes an idle semaphore)", fs.Arg(1), ticketing.MaxPermits)

@@ -246,7 +246,10 @@ func TestLockExtendArguments(t *testing.T) {
 		args []string
 		why  string
 	}{
-		{[]string{"lock", "--lease", "2", "--extend-every", "2s", "k", "--", "true"}, "ticketing lock: --extend-every 2s: want auto, 0 (off) or a duration below the lease less its margin (1.73s for --lease 2)"},
+		{[]string{"lock", "--lease", "2", "--extend-every", "2s", "k", "--", "true"}, "ticketing lock: --extend-every 2s: want auto, 0 (off) or at most half the lease less its margin (865ms for --lease 2), so that a renewal may fail and the next still lands in time"},
+		// Accepted before issue 42: 0.02 s before the lock's deadline, no
+		// room for a renewal to fail or be slow.
+		{[]string{"lock", "--lease", "3", "--extend-every", "2.7s", "k", "--", "true"}, "ticketing lock: --extend-every 2.7s: want auto, 0 (off) or at most half the lease less its margin (1.36s for --lease 3)"},
 		{[]string{"lock", "--no-extend", "--extend-every", "5s", "k", "--", "true"}, "ticketing lock: --no-extend and --extend-every 5s: give one of them"},
 		{[]string{"lock", "--extend-every", "often", "k", "--", "true"}, "ticketing lock: invalid value \"often\" for flag -extend-every: want a duration such as 10s, 0 (off) or auto"},
 		{[]string{"lock", "--lease", "2", "--extend-every", "1.8s", "k", "--", "true"}, "ticketing lock: --extend-every 1.8s:"},
@@ -257,6 +260,43 @@ func TestLockExtendArguments(t *testing.T) {
 		code, out, errs := runMain(tc.args...)
 		if code != ExitLockUsage || out != "" || !strings.HasPrefix(errs, tc.why) || !strings.Contains(errs, "\nusage: ") {
 			t.Errorf("%q: exit %d, stdout %q, stderr %q; want 64 and %q, then the usage", tc.args, code, out, errs, tc.why)
+		}
+	}
+}
+
+// The longest --extend-every a lease takes is accepted: it gets as far as
+// dialling the sidecar (here none: 69).
+func TestLockExtendEveryAtItsBound(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "none.sock")
+	code, _, errs := runMain("lock", "--socket", sock, "--lease", "3", "--extend-every", "1.36s", "k", "--", "true")
+	if code != ExitUnavailable {
+		t.Fatalf("--lease 3 --extend-every 1.36s: exit %d, stderr %q; want 69 (accepted, no sidecar)", code, errs)
+	}
+}
+
+// A key the protocol refuses is a usage error (64, with the usage line;
+// inspect, an admin command, 2)
+// found before the sidecar is dialled: the same with no sidecar running,
+// where it used to be 69 (the key was checked only once connected).
+func TestKeysCheckedBeforeDialling(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "none.sock")
+	long := strings.Repeat("k", 256)
+	for _, args := range [][]string{
+		{"acquire", "--socket", sock, "bad key"},
+		{"acquire", "--socket", sock, "ok", long},
+		{"lock", "--socket", sock, "tab\tkey", "--", "true"},
+		{"lock", "--socket", sock, "--permit", "é", "--", "true"},
+		{"release", "--socket", sock, "bad key", "7"},
+		{"permits", "set", "--socket", sock, "bad key", "3"},
+		{"inspect", "--admin", "127.0.0.1:1", "bad key"},
+	} {
+		want := ExitLockUsage
+		if args[0] == "inspect" {
+			want = 2 // the admin commands' usage code
+		}
+		code, out, errs := runMain(args...)
+		if code != want || out != "" || !strings.Contains(errs, "want 1 to 255 bytes of visible ASCII") || !strings.Contains(errs, "\nusage: ") {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want %d, the key's rule and the usage", args, code, out, errs, want)
 		}
 	}
 }

@@ -67,6 +67,9 @@ time stamps and that node's clock.`, stdout, stderr)
 		}
 		return fs.bad("want one KEY, got %q", got)
 	}
+	if why := badKey(key); why != "" {
+		return fs.bad("%s", why)
+	}
 	return af.run(ctx, "ticketing inspect", wire.AdminRequest{Op: "inspect", Key: key}, stdout, stderr)
 }
 

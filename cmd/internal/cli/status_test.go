@@ -152,7 +152,9 @@ func TestStatusAndInspect(t *testing.T) {
 		t.Fatalf("status from a follower: exit %d\n%s%s", code, out, errs)
 	}
 
-	if code, _, errs := run(append([]string{"inspect", "has space"}, flags...)...); code != ExitError || !strings.Contains(errs, "invalid key") {
+	// An invalid key is a usage error found before any node is asked
+	// (issue 42: before, the node's refusal exited 1).
+	if code, _, errs := run(append([]string{"inspect", "has space"}, flags...)...); code != ExitUsage || !strings.Contains(errs, "visible ASCII") {
 		t.Fatalf("inspect of an invalid key: exit %d\n%s", code, errs)
 	}
 	if code, _, _ := run(append([]string{"inspect"}, flags...)...); code != ExitUsage {
