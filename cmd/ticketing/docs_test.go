@@ -671,6 +671,64 @@ func TestDocProtocolVersion(t *testing.T) {
 	}
 }
 
+// TestDocClientsHello holds what the documents and the clients' own doc
+// comments say the libraries send first ("connects with `HELLO N events`",
+// "starts with", "the first request is") to the version they send: each
+// client's protocol constant, which must be the sidecar's. (clients/README.md
+// and the Python docs once said `HELLO 4 events` while the clients sent 5.)
+func TestDocClientsHello(t *testing.T) {
+	root := repoRoot(t)
+	want := strconv.Itoa(unixapi.ProtocolVersion)
+	consts := []struct{ file, re string }{
+		{"clients/python/ticketing/_protocol.py", `(?m)^PROTOCOL_VERSION = (\d+)$`},
+		{"clients/node/lib/protocol.js", `(?m)^const PROTOCOL_VERSION = (\d+);$`},
+		{"clients/go/client.go", `(?m)^const ProtocolVersion = (\d+)$`},
+	}
+	for _, c := range consts {
+		b, err := os.ReadFile(filepath.Join(root, c.file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := regexp.MustCompile(c.re).FindSubmatch(b)
+		if m == nil {
+			t.Errorf("%s: no protocol version constant (%s)", c.file, c.re)
+		} else if string(m[1]) != want {
+			t.Errorf("%s: the client speaks version %s; the sidecar speaks %s", c.file, m[1], want)
+		}
+	}
+	files := []string{"clients/README.md"}
+	for _, pat := range []string{"clients/*/README.md", "clients/go/*.go", "clients/python/ticketing/*.py", "clients/node/lib/*.js"} {
+		more, _ := filepath.Glob(filepath.Join(root, pat))
+		for _, f := range more {
+			if rel, _ := filepath.Rel(root, f); !strings.HasSuffix(rel, "_test.go") {
+				files = append(files, rel)
+			}
+		}
+	}
+	// A claim about what the library sends: "connects with", "starts
+	// with", "first request is", "sends", then the HELLO line (quoted).
+	claim := regexp.MustCompile("(?i)(connects with|starts? with|first request is|first request, |sends?|pipelined before[^`]*)\\s*[`']{1,2}HELLO (\\d+) events")
+	seen := 0
+	for _, f := range files {
+		b, err := os.ReadFile(filepath.Join(root, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		text := strings.Join(strings.Fields(string(b)), " ") // claims wrap across lines
+		text = strings.NewReplacer("// ", "", "# ", "", "* ", "").Replace(text)
+		for _, m := range claim.FindAllStringSubmatch(text, -1) {
+			seen++
+			if m[2] != want {
+				t.Errorf("%s: %q: the clients send HELLO %s events", f, m[0], want)
+			}
+		}
+	}
+	t.Logf("%d claims checked", seen)
+	if seen < 4 {
+		t.Errorf("found %d claims of the HELLO the clients send; clients/README.md, the Python and Node READMEs and the clients' doc comments make them", seen)
+	}
+}
+
 // TestDocMetrics: every ticketing_* metric a real node and a real sidecar
 // serve on /metrics has its row in docs/operations.md's metric tables
 // (ticketing_node_block_grants_total once had none).

@@ -48,6 +48,10 @@ remove refuses when the remaining voters would not form a majority of answering 
 when fewer than 3 voters would stay, except that it may leave 2 when the voter removed does
 not answer (the cluster then survives as many failures as before: none).`
 
+// listNoLeaderWait is how long members list looks for a leader before it
+// says that none leads, and what each address answered.
+const listNoLeaderWait = 3 * time.Second
+
 // runMembers is `ticketing members list|add-learner|promote|remove|replace`:
 // membership changes through the nodes' admin ports (cluster/admin.go).
 func runMembers(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -74,6 +78,12 @@ func runMembers(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	}
 	ctx, cancel := context.WithTimeout(ctx, af.timeout)
 	defer cancel()
+	if cmd == "list" && a.NoLeaderWait == 0 {
+		// A read: an election takes a second or two, and an operator
+		// looking at a cluster with no leader wants to know it now, with
+		// what each address said, rather than 30 s of silence.
+		a.NoLeaderWait = listNoLeaderWait
+	}
 	switch cmd {
 	case "list":
 		var rep wire.AdminReply

@@ -2,10 +2,12 @@ package cli
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 )
 
 // `ticketing members list` and `replace` against a real TLS cluster: a
@@ -72,4 +74,37 @@ func TestMembersListAndReplace(t *testing.T) {
 	if code, out := run("remove", newID); code != ExitError || !strings.Contains(out, "3") {
 		t.Fatalf("remove of a voter of 3: exit %d\n%s", code, out)
 	}
+}
+
+// With no leader (two voters of three stopped), members list answers
+// within seconds with what each address said, rather than waiting 30 s
+// in silence (issue 42).
+func TestMembersListWithoutALeaderAnswersSoon(t *testing.T) {
+	c, flags := adminTestCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	li, err := c.Leader(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The leader and one follower stop: the follower left can elect no one.
+	other := (li + 1) % 3
+	for _, i := range []int{li, other} {
+		if err := c.Stop(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var out, errb bytes.Buffer
+	start := time.Now()
+	code := Main(append([]string{"members", "list"}, flags...), &out, &errb)
+	took := time.Since(start)
+	if code != ExitError || !strings.Contains(errb.String(), "no node led") || !strings.Contains(errb.String(), c.AdminAddr(li)) ||
+		!strings.Contains(errb.String(), c.AdminAddr((li+2)%3)) {
+		t.Fatalf("members list with no leader: exit %d after %v\n%s%s", code, took, out.String(), errb.String())
+	}
+	// Not a bound on speed: 30 s is the old wait, which this must not be.
+	if took >= 20*time.Second {
+		t.Fatalf("members list with no leader took %v (the old silent wait was 30 s)\n%s", took, errb.String())
+	}
+	t.Logf("members list with no leader, after %v:\n%s", took.Round(time.Millisecond), errb.String())
 }
