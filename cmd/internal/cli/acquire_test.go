@@ -77,7 +77,9 @@ func TestAcquireHoldRenewsItsLease(t *testing.T) {
 	hctx, stop := context.WithCancel(ctx)
 	var out, errb syncBuffer
 	done := make(chan int, 1)
-	go func() { done <- runAcquire(hctx, []string{"--socket", sock, "--lease", "1", "--wait", "0", "--hold", key}, &out, &errb) }()
+	go func() {
+		done <- runAcquire(hctx, []string{"--socket", sock, "--lease", "1", "--wait", "0", "--hold", key}, &out, &errb)
+	}()
 	for out.String() == "" {
 		select {
 		case code := <-done:
