@@ -52,8 +52,10 @@ type nodeMetrics struct {
 	blockGrants [locksm.MaxBlockKeys + 1]prometheus.Counter
 	// acquireLatency[0]: granted by its own command; [1]: granted from the
 	// queue (the wait included).
-	acquireLatency  [2]prometheus.Observer
-	handoffLatency  prometheus.Observer
+	acquireLatency [2]prometheus.Observer
+	handoffLatency prometheus.Observer
+	// commitLatency: from a batch's proposal to its apply on the leader.
+	commitLatency   prometheus.Observer
 	expiries        prometheus.Counter
 	lostEvents      prometheus.Counter
 	positionsSent   prometheus.Counter
@@ -116,6 +118,12 @@ func newNodeMetrics(n *Node) *nodeMetrics {
 		Buckets: obs.LatencyBuckets,
 	})
 	m.handoffLatency = hol
+	cl := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "ticketing_node_commit_duration_seconds",
+		Help:    "Leader side: from a batch's proposal to Raft to its apply on this node (a majority's fsync and the round trips included).",
+		Buckets: obs.LatencyBuckets,
+	})
+	m.commitLatency = cl
 	m.expiries = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ticketing_node_expiries_total",
 		Help: "Leases that ran out, counted by the leader when it applied the expiry.",
@@ -167,7 +175,7 @@ func newNodeMetrics(n *Node) *nodeMetrics {
 		Name: "ticketing_node_log_checkpoints_total",
 		Help: "Log verification checkpoints this node appended as the serving leader.",
 	})
-	m.reg.MustRegister(acq, rel, ext, blk, lat, hol, m.expiries, m.lostEvents, m.positionsSent, m.handoffs, m.abandonedGrants, m.sessionRefusals,
+	m.reg.MustRegister(acq, rel, ext, blk, lat, hol, cl, m.expiries, m.lostEvents, m.positionsSent, m.handoffs, m.abandonedGrants, m.sessionRefusals,
 		m.leaderChanges, m.snapshotsTaken, m.snapshotBytes, m.restores, ver, m.logCheckpoints, newNodeCollector(n))
 	return m
 }

@@ -106,8 +106,10 @@ type Node struct {
 	conns      map[*clientConn]struct{} // every accepted client connection
 	closed     bool
 
-	stats      nodeStats
-	metrics    *nodeMetrics
+	stats   nodeStats
+	metrics *nodeMetrics
+	// commits are the latest batches' commit latencies (the console's).
+	commits    commitWindow
 	clientGate *gate
 	// memberMu serializes membership changes (a leaf: held across Raft
 	// configuration calls, never while taking another lock).
@@ -126,7 +128,8 @@ type Node struct {
 type batchFuture struct {
 	f     raft.ApplyFuture
 	cmds  []locksm.Command
-	epoch uint64 // the core's leadership epoch that proposed cmds
+	epoch uint64    // the core's leadership epoch that proposed cmds
+	at    time.Time // when it was proposed
 }
 
 // New starts a node: opens (or bootstraps) its data dir, starts Raft and
@@ -782,9 +785,10 @@ func (n *Node) proposeLoop() {
 			<-n.slots
 			continue
 		}
+		at := time.Now()
 		f := n.raft.Apply(entry, 0)
 		select {
-		case n.futures <- batchFuture{f: f, cmds: batch, epoch: epoch}:
+		case n.futures <- batchFuture{f: f, cmds: batch, epoch: epoch, at: at}:
 		case <-n.closing:
 			return
 		}
@@ -868,6 +872,11 @@ func (n *Node) futureWaiter(failed chan<- failedBatch) {
 		err := bf.f.Error()
 		<-n.slots
 		if err == nil {
+			if !bf.at.IsZero() {
+				done := time.Now()
+				n.commits.add(done, done.Sub(bf.at))
+				n.metrics.commitLatency.Observe(done.Sub(bf.at).Seconds())
+			}
 			continue
 		}
 		select {

@@ -342,3 +342,17 @@ func (k *Core[C]) untell(now time.Time, p *pending[C]) {
 	delete(k.blockTold, p.ref)
 	k.moved(now, p.keySet()...)
 }
+
+// HandoffsPerSec is key's recent hand-off rate, from the mean interval
+// its waiters' estimates use; false while unknown (fewer than two
+// hand-offs seen, or its line emptied since). For the operators' console.
+func (k *Core[C]) HandoffsPerSec(key string) (float64, bool) {
+	ms := k.estimate(key, 1<<16) // 2^16 places: the mean in ms with 16 bits of fraction kept
+	if ms == wire.EstimateUnknown {
+		return 0, false
+	}
+	if ms == 0 {
+		return 0, false
+	}
+	return float64(1<<16) * 1000 / float64(ms), true
+}
