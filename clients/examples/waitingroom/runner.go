@@ -38,7 +38,7 @@ type config struct {
 
 func defaultConfig() config {
 	return config{Buyers: 2000, Permits: 50, Tickets: 1500, Checkout: 200 * time.Millisecond, Lease: 60 * time.Second,
-		Kill: true, Stall: true, StallLease: 2 * time.Second}
+		Kill: true, Stall: true, StallLease: time.Second}
 }
 
 // posEvent is one "! POSITION" a buyer received.
@@ -165,8 +165,13 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*report, error) {
 		admitted atomic.Int64
 		left     atomic.Int64 // buyers not finished
 		killNow  = make(chan struct{})
-		wg       sync.WaitGroup
-		logMu    sync.Mutex
+		// stallSettled is closed once the stalled buyer's slot has a newer
+		// writer (or it gave up): the kill waits for it, since a new
+		// leader gives every holder a fresh lease, which could hold the
+		// stalled buyer's slot until the line has run out.
+		stallSettled = make(chan struct{})
+		wg           sync.WaitGroup
+		logMu        sync.Mutex
 	)
 	verbose := func(format string, args ...any) {
 		if cfg.Verbose {
@@ -209,7 +214,7 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*report, error) {
 			defer c.Close()
 			defer close(ended)
 			defer left.Add(-1)
-			b.run(saleCtx, c, st, cfg, domain, key, sale, queued, onAdmit, &left, verbose)
+			b.run(saleCtx, c, st, cfg, domain, key, sale, queued, onAdmit, &left, stallSettled, verbose)
 		}()
 		select {
 		case <-queued:
@@ -243,6 +248,13 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*report, error) {
 		case <-killNow:
 		case <-saleCtx.Done():
 			return
+		}
+		if stallN > 0 {
+			select {
+			case <-stallSettled:
+			case <-saleCtx.Done():
+				return
+			}
 		}
 		li, id, err := cl.leader(saleCtx)
 		if err != nil {
@@ -299,7 +311,7 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*report, error) {
 // run is one buyer: take a permit of key (wait up to an hour, recording
 // every position), check out (a fenced write), release.
 func (b *buyer) run(ctx context.Context, c *ticketing.Client, st *store, cfg config, domain, key, sale string,
-	queued chan struct{}, onAdmit func(), left *atomic.Int64, verbose func(string, ...any)) {
+	queued chan struct{}, onAdmit func(), left *atomic.Int64, stallSettled chan struct{}, verbose func(string, ...any)) {
 	lease := cfg.Lease
 	if b.stall {
 		lease = cfg.StallLease
@@ -317,6 +329,9 @@ func (b *buyer) run(ctx context.Context, c *ticketing.Client, st *store, cfg con
 	if err != nil {
 		b.Err = err
 		verbose("buyer %d: not admitted: %v", b.N, err)
+		if b.stall {
+			close(stallSettled)
+		}
 		return
 	}
 	b.Admitted, b.Token, b.Slot = time.Now(), lk.Token(), lk.Slot()
@@ -324,7 +339,7 @@ func (b *buyer) run(ctx context.Context, c *ticketing.Client, st *store, cfg con
 	verbose("buyer %d admitted: token %d slot %d", b.N, b.Token, b.Slot)
 
 	if b.stall {
-		b.stallAndWrite(ctx, st, domain, sale, lk, left)
+		b.stallAndWrite(ctx, st, domain, sale, lk, left, stallSettled)
 		return
 	}
 	// The buyer's time at checkout (choosing, paying), then the write.
@@ -356,7 +371,14 @@ func (b *buyer) run(ctx context.Context, c *ticketing.Client, st *store, cfg con
 // slot before every other buyer left (or within a minute), it does not
 // write at all: the fence could not tell it from the slot's holder, so
 // the demonstration would be an unfenced stale write.
-func (b *buyer) stallAndWrite(ctx context.Context, st *store, domain, sale string, lk *ticketing.Lock, left *atomic.Int64) {
+func (b *buyer) stallAndWrite(ctx context.Context, st *store, domain, sale string, lk *ticketing.Lock, left *atomic.Int64, settled chan struct{}) {
+	defer func() {
+		select {
+		case <-settled:
+		default:
+			close(settled)
+		}
+	}()
 	deadline := time.Now().Add(time.Minute)
 	for {
 		hw, err := st.fence.HighWater(ctx, st.DB, domain, lk.FenceKey())
@@ -369,6 +391,7 @@ func (b *buyer) stallAndWrite(ctx context.Context, st *store, domain, sale strin
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	close(settled)
 	switch err := st.checkout(ctx, domain, lk.FenceKey(), sale, b.N, b.Slot, b.Token); {
 	case errors.Is(err, fence.ErrStale):
 		b.Outcome = "stale"
