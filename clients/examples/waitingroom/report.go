@@ -263,8 +263,8 @@ func (r *report) print(w io.Writer) {
 		if k.NewLeader != "" {
 			fmt.Fprintf(w, "; %s leads", k.NewLeader)
 		}
-		if k.NextAdmission > 0 {
-			fmt.Fprintf(w, "; next admission %.2fs after the kill", k.NextAdmission.Seconds())
+		if k.Pause > 0 {
+			fmt.Fprintf(w, "; the line stood still %.2fs (longest gap between admissions), moving again %.2fs after the kill", k.Pause.Seconds(), k.Resumed.Seconds())
 		}
 		if k.Restarted {
 			fmt.Fprintf(w, "; %s restarted from its data dir", k.Node)

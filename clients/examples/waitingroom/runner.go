@@ -76,10 +76,15 @@ func (b *buyer) events() []posEvent {
 type killRecord struct {
 	Node, NewLeader string
 	At              time.Time
-	Admitted        int           // admissions before the kill
-	NextAdmission   time.Duration // from the SIGKILL to the first admission after it; 0 = none
-	Restarted       bool
-	Err             string
+	Admitted        int // admissions before the kill
+	// Pause is the longest gap between two consecutive admissions that
+	// ends after the SIGKILL, and Resumed when it ended, from the SIGKILL:
+	// the line standing still for the election. (The first admission after
+	// the SIGKILL says little: a grant the old leader committed can reach
+	// its buyer just after.) 0 when no admission came after the kill.
+	Pause, Resumed time.Duration
+	Restarted      bool
+	Err            string
 }
 
 // run starts the cluster, runs the sale and audits the database. Progress
@@ -291,13 +296,7 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*report, error) {
 	<-killDone
 	if cfg.Kill {
 		rep.Kill = &kill
-		for _, b := range buyers {
-			if !b.Admitted.IsZero() && b.Admitted.After(kill.At) {
-				if d := b.Admitted.Sub(kill.At); kill.NextAdmission == 0 || d < kill.NextAdmission {
-					kill.NextAdmission = d
-				}
-			}
-		}
+		kill.measurePause(buyers)
 	}
 	rep.Buyers = buyers
 	rep.Elapsed = time.Since(start)
@@ -477,4 +476,23 @@ func sidecarDomain(ctx context.Context, c *ticketing.Client) (string, error) {
 func sortDurations(d []time.Duration) []time.Duration {
 	sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
 	return d
+}
+
+// measurePause fills Pause and Resumed from the buyers' admission times.
+func (k *killRecord) measurePause(buyers []*buyer) {
+	if k.At.IsZero() {
+		return
+	}
+	var at []time.Time
+	for _, b := range buyers {
+		if !b.Admitted.IsZero() {
+			at = append(at, b.Admitted)
+		}
+	}
+	sort.Slice(at, func(i, j int) bool { return at[i].Before(at[j]) })
+	for i := 1; i < len(at); i++ {
+		if at[i].After(k.At) && at[i].Sub(at[i-1]) > k.Pause {
+			k.Pause, k.Resumed = at[i].Sub(at[i-1]), at[i].Sub(k.At)
+		}
+	}
 }

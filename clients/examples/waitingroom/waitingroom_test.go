@@ -54,7 +54,7 @@ func shortSale(t *testing.T, db string) {
 	if rep.WentUp != 0 || rep.Told == 0 || rep.WithEstimate == 0 {
 		t.Errorf("positions: %d buyers told, %d went up, %d events with an estimate", rep.Told, rep.WentUp, rep.WithEstimate)
 	}
-	if k := rep.Kill; k == nil || k.Node == "" || k.NextAdmission <= 0 || !k.Restarted || k.Admitted < cfg.Buyers/2 || k.Admitted >= cfg.Buyers {
+	if k := rep.Kill; k == nil || k.Node == "" || k.Pause <= 0 || k.Resumed <= 0 || !k.Restarted || k.Admitted < cfg.Buyers/2 || k.Admitted >= cfg.Buyers {
 		t.Errorf("leader kill: %+v; want it mid-sale, sales going on after it, the node restarted", k)
 	}
 	if s := rep.Stalled; s == nil || s.Outcome != "stale" {
