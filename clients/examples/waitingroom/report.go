@@ -259,7 +259,7 @@ func (r *report) print(w io.Writer) {
 		fmt.Fprintf(w, "  estimate error:     no event carried an estimate\n")
 	}
 	if k := r.Kill; k != nil {
-		fmt.Fprintf(w, "  leader kill:        %s SIGKILLed after %d of %d admissions", orDash(k.Node), k.Admitted, len(r.Buyers))
+		fmt.Fprintf(w, "  leader kill:        %s SIGKILLed %.1fs into the sale, after %d of %d admissions", orDash(k.Node), k.At.Sub(r.Opened).Seconds(), k.Admitted, len(r.Buyers))
 		if k.NewLeader != "" {
 			fmt.Fprintf(w, "; %s leads", k.NewLeader)
 		}
