@@ -153,6 +153,7 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*report, error) {
 		doors = append(doors, lk)
 	}
 	stopExtend := keepExtended(ctx, doors, logf)
+	defer stopExtend() // on an early return; the opening stops it first
 
 	buyers := make([]*buyer, cfg.Buyers)
 	// The stalled buyer is one of the first admitted at the opening, so
@@ -406,11 +407,12 @@ func (b *buyer) stallAndWrite(ctx context.Context, st *store, domain, sale strin
 }
 
 // keepExtended renews the doors' permits until the returned stop is
-// called, so that a line that takes longer to form than a lease does not
-// open the doors early.
+// called (once or more), so that a line that takes longer to form than a
+// lease does not open the doors early.
 func keepExtended(ctx context.Context, locks []*ticketing.Lock, logf func(string, ...any)) (stop func()) {
 	done := make(chan struct{})
 	finished := make(chan struct{})
+	var once sync.Once
 	go func() {
 		defer close(finished)
 		t := time.NewTicker(ticketing.MaxLease / 4)
@@ -430,7 +432,7 @@ func keepExtended(ctx context.Context, locks []*ticketing.Lock, logf func(string
 			}
 		}
 	}()
-	return func() { close(done); <-finished }
+	return func() { once.Do(func() { close(done) }); <-finished }
 }
 
 // setPermits defines key with n permits. An INDETERMINATE (a leader
