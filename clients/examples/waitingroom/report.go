@@ -36,6 +36,10 @@ type report struct {
 	// kill (received and admitted on the same side of it): the
 	// estimator's own error, without the election's pause it cannot know.
 	CalmAbs []time.Duration
+	// ZeroEst counts the events whose estimate was 0 s although more
+	// buyers stood ahead than the checkout admits at once: a wait of at
+	// least one checkout, estimated as none.
+	ZeroEst int
 
 	// Sales and the fence.
 	Sold, SoldOut, Stale, NotWritten int // buyers' outcomes
@@ -108,6 +112,9 @@ func (r *report) check() {
 				continue
 			}
 			r.WithEstimate++
+			if e.Estimate == 0 && e.Position > r.Cfg.Permits {
+				r.ZeroEst++
+			}
 			d := b.Admitted.Sub(e.At.Add(e.Estimate)) // > 0: later than predicted
 			r.ErrSigned = append(r.ErrSigned, d)
 			r.ErrAbs = append(r.ErrAbs, d.Abs())
@@ -251,12 +258,16 @@ func (r *report) print(w io.Writer) {
 			r.WithEstimate, secs(quantile(r.ErrAbs, 0.5)), secs(quantile(r.ErrAbs, 0.9)), signed(quantile(r.ErrSigned, 0.5)))
 		fmt.Fprintf(w, "                      each buyer's first estimate (%d): median %s, p90 %s; signed median %s\n",
 			len(r.FirstAbs), secs(quantile(r.FirstAbs, 0.5)), secs(quantile(r.FirstAbs, 0.9)), signed(quantile(r.FirstSig, 0.5)))
+		fmt.Fprintf(w, "                      estimates of 0s with more than %d (the permits) ahead: %d events\n", c.Permits, r.ZeroEst)
 		if r.Kill != nil && len(r.CalmAbs) > 0 {
 			fmt.Fprintf(w, "                      waits that did not span the leader kill (%d events): median %s, p90 %s\n",
 				len(r.CalmAbs), secs(quantile(r.CalmAbs, 0.5)), secs(quantile(r.CalmAbs, 0.9)))
 		}
 	} else {
 		fmt.Fprintf(w, "  estimate error:     no event carried an estimate\n")
+	}
+	for _, n := range sampleBuyers(len(r.Buyers)) {
+		fmt.Fprintf(w, "  buyer #%-5d told:   %s\n", n, r.timeline(r.Buyers[n-1]))
 	}
 	if k := r.Kill; k != nil {
 		fmt.Fprintf(w, "  leader kill:        %s SIGKILLed %.1fs into the sale, after %d of %d admissions", orDash(k.Node), k.At.Sub(r.Opened).Seconds(), k.Admitted, len(r.Buyers))
@@ -383,4 +394,42 @@ func first(v []string, n int) []string {
 		return append(v[:n:n], fmt.Sprintf("… %d more", len(v)-n))
 	}
 	return v
+}
+
+// sampleBuyers are the arrival ranks whose timelines the report shows:
+// the middle of the line and its end.
+func sampleBuyers(n int) []int {
+	if n < 2 {
+		return nil
+	}
+	return []int{n / 2, n}
+}
+
+// timeline is what buyer b was told, as "+t position (estimate)" from
+// the opening (negative: while the line formed), and its admission, at
+// most 8 events (the first ones and the last).
+func (r *report) timeline(b *buyer) string {
+	ev := b.events()
+	var parts []string
+	for i, e := range ev {
+		if len(ev) > 8 && i >= 6 && i < len(ev)-2 {
+			if i == 6 {
+				parts = append(parts, "…")
+			}
+			continue
+		}
+		est := "-"
+		if e.Known {
+			est = fmt.Sprintf("%ds", int(e.Estimate.Seconds()))
+		}
+		parts = append(parts, fmt.Sprintf("%+.1fs #%d (%s)", e.At.Sub(r.Opened).Seconds(), e.Position, est))
+	}
+	end := "not admitted"
+	if !b.Admitted.IsZero() {
+		end = fmt.Sprintf("admitted %+.1fs, %s", b.Admitted.Sub(r.Opened).Seconds(), orDash(b.Outcome))
+	}
+	if len(parts) == 0 {
+		return "no position; " + end
+	}
+	return strings.Join(parts, ", ") + "; " + end
 }
