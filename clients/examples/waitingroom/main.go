@@ -48,6 +48,10 @@ func runMain(args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
+	// A closed stdout or stderr (`| head`) would kill the process by
+	// SIGPIPE before its defers stop the node and sidecar processes it
+	// started, leaving them running: the writes fail instead.
+	signal.Ignore(syscall.SIGPIPE)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Minute)
