@@ -88,9 +88,10 @@ verify-long: build lab
 	./bin/ticketlab verify --binary bin/ticketing --duration 30m --nodes 5
 
 # Only what uses PostgreSQL: the fence helpers (Go, Node.js, Python when the
-# system Python has psycopg) and the ticket-sale example, on a throwaway server.
+# system Python has psycopg) and the ticket-sale and waiting-room examples, on a
+# throwaway server.
 test-postgres: build
-	./.ci/postgres.sh sh -c 'TICKETING_BIN=$(CURDIR)/bin/ticketing $(GO) test -count=1 ./clients/go/fence ./clients/examples/ticketsale && $(MAKE) test-fence-node test-fence-python-pg'
+	./.ci/postgres.sh sh -c 'TICKETING_BIN=$(CURDIR)/bin/ticketing $(GO) test -count=1 ./clients/go/fence ./clients/examples/ticketsale ./clients/examples/waitingroom && $(MAKE) test-fence-node test-fence-python-pg'
 
 # The Node.js fence helpers against PostgreSQL through `pg`, a dev dependency
 # of the test package clients/node/fence-test only (the client has none).

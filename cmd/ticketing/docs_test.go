@@ -21,6 +21,10 @@ package main
 //	         and cluster-id prod (n1 runs from its node.conf): the docs'
 //	         example cluster, bootstrapped once
 //	scratch  in a new empty directory, nothing running
+//	repo     in the repository's root, nothing running, with TICKETING_BIN
+//	         set to the binary under test too: for `go run ./clients/...`
+//	         examples that start their own cluster from it (the
+//	         waiting-room example in docs/verification.md)
 //
 // A marker may end in "hold KEY for Ns" (dev only): before the block
 // starts, the test takes KEY on a connection of its own and releases it N
@@ -135,7 +139,7 @@ func docExamples(t *testing.T) []docExample {
 				continue
 			}
 			ex := docExample{file: f, line: i + 1, env: m[1], output: m[2] == " output", sidecar: m[2] == " sidecar", hold: m[3]}
-			if ex.env != "dev" && ex.env != "nodes" && ex.env != "scratch" {
+			if ex.env != "dev" && ex.env != "nodes" && ex.env != "scratch" && ex.env != "repo" {
 				t.Errorf("%s: unknown environment %q", ex, ex.env)
 			}
 			if ex.sidecar && (ex.env != "nodes" || ex.hold != "") {
@@ -278,8 +282,11 @@ func TestDocExamples(t *testing.T) {
 	for _, e := range examples {
 		t.Run(e.String(), func(t *testing.T) {
 			dir := dirs[e.env]
-			if e.env == "scratch" {
+			switch e.env {
+			case "scratch":
 				dir = t.TempDir()
+			case "repo":
+				dir = ph.repo
 			}
 			sh, want := e.script()
 			sh = ph.apply(sh, dir)
@@ -294,7 +301,12 @@ func TestDocExamples(t *testing.T) {
 			cmd := exec.CommandContext(ctx, "bash", "-e", "-o", "pipefail", "-c", sh)
 			cmd.Dir = dir
 			cmd.Env = append(withoutEnv(os.Environ(), "TICKETING_SOCKET", "PATH", "TICKETING_ADMIN", "TICKETING_ADMIN_SECRET_FILE",
-				"TICKETING_TLS_CA", "TICKETING_CLUSTER_ID"), "PATH="+path)
+				"TICKETING_TLS_CA", "TICKETING_CLUSTER_ID", "TICKETING_BIN"), "PATH="+path)
+			if e.env == "repo" {
+				// The example starts its own nodes and sidecar from the
+				// binary under test rather than building one.
+				cmd.Env = append(cmd.Env, "TICKETING_BIN="+binary)
+			}
 			if e.sidecar {
 				checkDocSidecar(t, e, cmd, sh)
 				return
