@@ -1559,6 +1559,7 @@ func (k *Core[C]) Serve(now time.Time, wall int64, epoch uint64) (holders int, o
 	}
 	holders = k.armHolders(now)
 	k.adoptSessions(now, wall)
+	k.restartPaceSamples()
 	k.ownTerm = true // the caller's barrier came before
 	k.ready = true
 	// Only a hand-over of this leadership decides: one begun in an

@@ -96,3 +96,32 @@ func TestEstimateOfAClockJumpSaturates(t *testing.T) {
 		t.Errorf("estimate for place 3 at 2000 ms per hand-off: %d, want 6000", got)
 	}
 }
+
+// A new leader does not count the election before it as a hand-off
+// interval: its first sample of a key's pace starts at its own first
+// hand-off, and the mean of before stands until then.
+func TestEstimateSkipsTheElection(t *testing.T) {
+	k := New[int](defaultConfig(Config{PositionInterval: time.Second}), stateTable{s: locksm.New()}, &directory{})
+	base := int64(1_700_000_000_000)
+	for i := range 3000 { // 5 ms a hand-off for 15 s
+		k.handoff("hot", base+int64(i)*5)
+	}
+	before := k.estimate("hot", 1000)
+	if before < 4500 || before > 5500 {
+		t.Fatalf("estimate for place 1000 at 5 ms a hand-off: %d ms", before)
+	}
+	// The leader dies; 1.6 s later this core leads and serves.
+	k.GainLeadership(1)
+	_, epoch := k.Leading()
+	now := time.Now()
+	if _, ok := k.Serve(now, now.UnixMilli(), epoch); !ok {
+		t.Fatal("Serve refused")
+	}
+	resume := base + 3000*5 + 1600
+	for i := range 400 { // 5 ms a hand-off again, for 2 s
+		k.handoff("hot", resume+int64(i)*5)
+	}
+	if after := k.estimate("hot", 1000); after < 4500 || after > 5500 {
+		t.Fatalf("estimate for place 1000 at 5 ms a hand-off, after an election of 1.6 s: %d ms, want about %d (the election is no hand-off interval)", after, before)
+	}
+}
