@@ -119,7 +119,7 @@ type Session struct {
 	Holdings int    `json:"holdings"`
 	// Attached: a connection of the session is attached to this leader
 	// (nil: this node does not lead).
-	Attached *bool `json:"attached,omitempty"`
+	Attached *bool  `json:"attached,omitempty"`
 	Resumes  uint64 `json:"resumes"`
 }
 
