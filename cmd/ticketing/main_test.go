@@ -606,3 +606,25 @@ func TestNodeRefusesPeersEntryOtherThanPeerAddr(t *testing.T) {
 		t.Errorf("the refused node created its data dir")
 	}
 }
+
+// A web console beyond loopback needs TLS and the admin secret: a node
+// asked for one without refuses to start, and says what it needs.
+func TestNodeRefusesAnExposedConsole(t *testing.T) {
+	dir := t.TempDir()
+	secret := filepath.Join(dir, "s")
+	peer := filepath.Join(dir, "p")
+	for _, f := range []string{secret, peer} {
+		if err := os.WriteFile(f, []byte(f+"-0123456789abcdef0123456789abcdef\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.Command(binary, "node", "--id", "n1", "--data-dir", filepath.Join(dir, "d"),
+		"--client-addr", "127.0.0.1:0", "--peer-addr", "127.0.0.1:1",
+		"--peers", "n1=127.0.0.1:1,n2=127.0.0.1:2,n3=127.0.0.1:3",
+		"--secret-file", secret, "--peer-secret-file", peer, "--console-addr", "0.0.0.0:0")
+	out, err := cmd.CombinedOutput()
+	ee, ok := err.(*exec.ExitError)
+	if !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), "--console-addr beyond loopback needs TLS") {
+		t.Fatalf("a console on 0.0.0.0 without TLS and admin secret: %v\n%s", err, out)
+	}
+}

@@ -47,16 +47,22 @@ func RunNode(ctx context.Context, args []string, stdout, stderr io.Writer, o Nod
 	var (
 		prof    pprofFlag
 		metrics metricsFlag
+		con     consoleFlag
 	)
 	cfg, log, code := nodeConfig(name, args, stdout, stderr, func(fs *flag.FlagSet) {
 		prof.register(fs)
 		metrics.register(fs)
+		con.register(fs)
 		if o.Flags != nil {
 			o.Flags(fs)
 		}
 	})
 	if cfg == nil {
 		return code
+	}
+	if err := con.check(cfg); err != nil {
+		fmt.Fprintln(stderr, name+": refusing to start:", err)
+		return ExitUsage
 	}
 	if o.Setup != nil {
 		if err := o.Setup(ctx, cfg, log); err != nil {
@@ -87,6 +93,15 @@ func RunNode(ctx context.Context, args []string, stdout, stderr io.Writer, o Nod
 		msrv.Handle("/v1/", n.ReportHandler())
 		// Closed after the node: /readyz says 503 while it shuts down.
 		defer msrv.Close()
+	}
+	stopConsole, err := con.start(ctx, n, cfg, log)
+	if err != nil {
+		fmt.Fprintln(stderr, name+": --console-addr:", err)
+		n.Close()
+		return ExitUsage
+	}
+	if stopConsole != nil {
+		defer stopConsole()
 	}
 	sd := startSystemd(log, func() (bool, string) { return nodeStatus(n) }, func() error { return nodeAlive(n) })
 	defer sd.close()
@@ -119,10 +134,12 @@ func runBootstrap(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	var (
 		prof    pprofFlag
 		metrics metricsFlag
+		con     consoleFlag
 	)
 	cfg, _, code := nodeConfig("ticketing bootstrap", args, stdout, stderr, func(fs *flag.FlagSet) {
 		prof.register(fs)
 		metrics.register(fs)
+		con.register(fs)
 		fs.BoolVar(&newDomain, "new-domain", false, "required: yes, create a new cluster and fencing domain")
 		fs.Uint64Var(&floor, "token-floor", 0, "the new domain's tokens start above this (default: the clock in µs; "+
 			"give the old domain's highest token when replacing a lost cluster)")
