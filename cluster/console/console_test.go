@@ -192,4 +192,3 @@ func TestConsoleStreamShowsALine(t *testing.T) {
 		t.Fatalf("an invalid key: %v, want 400", bad)
 	}
 }
-

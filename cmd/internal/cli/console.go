@@ -45,29 +45,31 @@ func (c *consoleFlag) start(ctx context.Context, n *cluster.Node, cfg *cluster.C
 	if c.addr == "" {
 		return nil, nil
 	}
-	return serveConsole(ctx, c.addr, n, cfg, log)
+	_, stop, err = serveConsole(ctx, c.addr, n.ConsoleSource(), cfg.AdminSecret, cfg.ClientTLS, log)
+	return stop, err
 }
 
-// serveConsole serves n's console on addr: HTTPS with the client port's
-// certificate when cfg has one and addr is beyond loopback, else HTTP; with
-// the admin secret when cfg has one.
-func serveConsole(ctx context.Context, addr string, n *cluster.Node, cfg *cluster.Config, log *slog.Logger) (stop func(), err error) {
+// serveConsole serves source's console on addr: HTTPS with tlsCfg's
+// certificate when it is set and addr is beyond loopback, else HTTP; with
+// a login when secret is set.
+func serveConsole(ctx context.Context, addr string, source console.Source, secret []byte, tlsCfg *tls.Config,
+	log *slog.Logger) (url string, stop func(), err error) {
 	log = log.With("part", "console")
-	useTLS := cfg.ClientTLS != nil && !isLoopback(addr)
-	ccfg := console.DefaultConfig(n.ConsoleSource())
-	ccfg.Secret, ccfg.SecureCookie, ccfg.Logger = cfg.AdminSecret, useTLS, log
+	useTLS := tlsCfg != nil && !isLoopback(addr)
+	ccfg := console.DefaultConfig(source)
+	ccfg.Secret, ccfg.SecureCookie, ccfg.Logger = secret, useTLS, log
 	con, err := console.New(ccfg)
 	if err != nil {
-		return nil, err
+		return "", nil, err
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, err
+		return "", nil, err
 	}
 	srv := &http.Server{Handler: con.Handler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 	scheme := "http"
 	if useTLS {
-		tc := cfg.ClientTLS.Clone()
+		tc := tlsCfg.Clone()
 		tc.NextProtos = []string{"h2", "http/1.1"}
 		tc.ClientAuth = tls.NoClientCert // a browser presents none: the secret authenticates
 		ln = tls.NewListener(ln, tc)
@@ -80,8 +82,9 @@ func serveConsole(ctx context.Context, addr string, n *cluster.Node, cfg *cluste
 			log.Error("console stopped", "err", err)
 		}
 	}()
-	log.Info("serving the web console", "url", scheme+"://"+ln.Addr().String()+"/", "login", cfg.AdminSecret != nil)
-	return func() {
+	url = scheme + "://" + ln.Addr().String() + "/"
+	log.Info("serving the web console", "url", url, "login", secret != nil)
+	return url, func() {
 		cancel()
 		sctx, done := context.WithTimeout(context.Background(), 2*time.Second)
 		defer done()

@@ -15,7 +15,9 @@ import (
 
 	ticketing "ticketing/clients/go"
 	"ticketing/cluster"
+	"ticketing/cluster/console"
 	"ticketing/cluster/local"
+	"ticketing/cluster/wire"
 	"ticketing/sidecar"
 	"ticketing/unixapi"
 )
@@ -35,15 +37,18 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) (code 
 		plain    bool
 		store    = cluster.DefaultLogStore
 		logs     logFlags
+		conAddr  string
 	)
 	fs.StringVar(&dir, "dir", "", "directory for the nodes' data and secrets (default: a new temporary directory, removed on exit)")
 	fs.StringVar(&socket, "socket", "./ticketing.sock", "unix socket of the sidecar that dev runs in process, connected to its nodes")
-	fs.IntVar(&basePort, "base-port", 7400, "node i listens for clients on 127.0.0.1:BASE+i, for peers on BASE+100+i and for admin requests on BASE+200+i; 0 picks free ports. "+
+	fs.IntVar(&basePort, "base-port", 7400, "node i listens for clients on 127.0.0.1:BASE+i, for peers on BASE+100+i and for admin requests on BASE+200+i, and the console on BASE+300; 0 picks free ports. "+
 		"A --dir that holds a cluster keeps the ports it was created with (saved in DIR/addrs); another --base-port is refused")
 	fs.IntVar(&nodes, "nodes", 3, "number of nodes: 3 or 5")
 	fs.BoolVar(&plain, "plaintext", false, "run the ports without TLS (default: TLS with a throwaway CA in DIR/tls)")
 	fs.Var(&store, "log-store", "the nodes' Raft log store `KIND` (ticketing node's --log-store): auto (wal for a new --dir, "+
 		"a --dir that holds a cluster keeps the store it was created with), bolt or wal (another store than the --dir's is refused)")
+	fs.StringVar(&conAddr, "console-addr", "", "loopback HOST:PORT of the web console, which shows whichever node leads "+
+		"(default: 127.0.0.1:BASE+300, a free port with --base-port 0; off: none)")
 	logs.register(fs.FlagSet, "warn")
 	if code, ok := fs.parse(args); !ok {
 		return code
@@ -54,8 +59,11 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) (code 
 	if nodes != 3 && nodes != 5 {
 		return fs.bad("--nodes %d: want 3 or 5", nodes)
 	}
-	if basePort < 0 || basePort > 65535-200 {
-		return fs.bad("--base-port %d: want 0 (free ports) or 1..65335", basePort)
+	if basePort < 0 || basePort > 65535-300 {
+		return fs.bad("--base-port %d: want 0 (free ports) or 1..65235", basePort)
+	}
+	if conAddr != "" && conAddr != "off" && !isLoopback(conAddr) {
+		return fs.bad("--console-addr %s: dev serves its console on loopback only", conAddr)
 	}
 	log, _ := logs.logger(stderr)
 	given := map[string]bool{}
@@ -162,6 +170,22 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) (code 
 	}
 	defer stopSidecar(b, srv, log)
 	fmt.Fprintf(stdout, "  sidecar socket: %s\n", shown)
+	if conAddr != "off" {
+		if conAddr == "" {
+			conAddr = "127.0.0.1:0"
+			if basePort != 0 {
+				conAddr = fmt.Sprintf("127.0.0.1:%d", basePort+300)
+			}
+		}
+		url, stop, err := serveConsole(ctx, conAddr, leaderSource{c}, adminSecret, nil, log)
+		if err != nil {
+			nodeLogs.failed()
+			fmt.Fprintln(stderr, "ticketing dev: --console-addr:", err)
+			return ExitError
+		}
+		defer stop()
+		fmt.Fprintf(stdout, "  console: %s (log in with the admin secret, %s)\n", url, secretAbs)
+	}
 	wctx, cancel = context.WithTimeout(ctx, 30*time.Second)
 	err = ticketing.WaitReady(wctx, ucfg.Path)
 	cancel()
@@ -181,6 +205,41 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) (code 
 	nodeLogs.stopping()
 	fmt.Fprintln(stdout, "ticketing dev: stopping")
 	return ExitOK
+}
+
+// leaderSource is dev's console: whichever node leads (its cluster runs in
+// this process), else the first node that runs.
+type leaderSource struct{ c *local.Cluster }
+
+func (l leaderSource) node() *cluster.Node {
+	var first *cluster.Node
+	for i := 0; i < l.c.Size(); i++ {
+		n := l.c.Node(i)
+		if n == nil {
+			continue
+		}
+		if n.Serving() {
+			return n
+		}
+		if first == nil {
+			first = n
+		}
+	}
+	return first
+}
+
+func (l leaderSource) Sample(lines int) console.Sample {
+	if n := l.node(); n != nil {
+		return n.ConsoleSource().Sample(lines)
+	}
+	return console.Sample{Role: "shutdown"}
+}
+
+func (l leaderSource) Key(key string) (wire.KeyReport, error) {
+	if n := l.node(); n != nil {
+		return n.Inspect(key)
+	}
+	return wire.KeyReport{}, cluster.ErrClosing
 }
 
 // absOr returns path made absolute, or as it is if that fails.
