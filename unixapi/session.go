@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -77,9 +78,12 @@ type session struct {
 	// labels. Written by the reader under mu; the reader reads it alone.
 	version uint16
 	evq     []string
-	pend    map[*acq]struct{} // ACQUIREs running, to cancel at the end
-	ended   bool              // end ran: held locks were handed to Compensate
-	work    sync.WaitGroup
+	// evGen counts the times the writer took evq: an index into evq
+	// remembered under an older generation points at nothing.
+	evGen uint64
+	pend  map[*acq]struct{} // ACQUIREs running, to cancel at the end
+	ended bool              // end ran: held locks were handed to Compensate
+	work  sync.WaitGroup
 
 	// evQueued counts the event lines ever queued (evq), evWritten those
 	// the writer has written (a Write that returned without error);
@@ -151,6 +155,24 @@ type acq struct {
 	waiter   bool
 	cancel   func(error) // the broker's; nil until AcquireAsync returned
 	finished bool
+	// places are its POSITION lines per key (one, or a block's keys):
+	// the last place queued, and where its line waits in evq while it is
+	// not written yet. Guarded by the session's mu.
+	places []placeTold
+}
+
+// placeTold is what a connection was told, or is about to be told, of one
+// ACQUIRE's place in one key's line. A new place for the same key
+// replaces a line the writer has not written yet, and a place equal to
+// the last one queued is not queued again (a new cluster leader tells
+// every waiter its place once more): so a connection that stops reading
+// holds at most one POSITION line per pending ACQUIRE and key, however
+// long it stalls, and is told a place only when it changed.
+type placeTold struct {
+	key   string
+	place int64  // -1: none queued yet
+	gen   uint64 // the evq generation of idx; stale once the writer took evq
+	idx   int    // its line's index in evq
 }
 
 // replySlack is how many answered replies beyond MaxInFlight a connection
@@ -630,13 +652,38 @@ func (a *acq) position(p sidecar.Place) {
 	ss.mu.Lock()
 	tell := ss.positions && !a.finished && !ss.ended
 	if tell {
-		ss.queueEventsLocked(FormatPosition(a.n, p.Position, p.Estimate, p.EstimateKnown, p.Key))
+		tell = a.queuePlaceLocked(p)
 	}
 	ss.mu.Unlock()
 	if tell {
 		ss.srv.positionEvent()
 		ss.kickWriter()
 	}
+}
+
+// queuePlaceLocked queues p's POSITION line (see placeTold), replacing
+// the key's line not written yet; false when p is the place last queued.
+// Requires the session's mu.
+func (a *acq) queuePlaceLocked(p sidecar.Place) bool {
+	ss := a.ss
+	line := FormatPosition(a.n, p.Position, p.Estimate, p.EstimateKnown, p.Key)
+	i := slices.IndexFunc(a.places, func(t placeTold) bool { return t.key == p.Key })
+	if i < 0 {
+		a.places = append(a.places, placeTold{key: p.Key, place: -1})
+		i = len(a.places) - 1
+	}
+	t := &a.places[i]
+	switch {
+	case t.place == int64(p.Position):
+		return false
+	case t.gen == ss.evGen && t.idx < len(ss.evq) && t.place >= 0:
+		ss.evq[t.idx] = line // not written yet: the newer place replaces it
+	default:
+		t.gen, t.idx = ss.evGen, len(ss.evq)
+		ss.queueEventsLocked(line)
+	}
+	t.place = int64(p.Position)
+	return true
 }
 
 // done is the broker's callback for the ACQUIRE (or its immediate
@@ -964,6 +1011,7 @@ func (ss *session) writeLoop() {
 				nev += uint64(len(ss.evq))
 				clear(ss.evq)
 				ss.evq = ss.evq[:0]
+				ss.evGen++
 				if ss.rhead < len(ss.replies) && ss.replies[ss.rhead].done {
 					break
 				}
