@@ -213,8 +213,8 @@ func (k *Core[C]) restartPaceSamples() {
 }
 
 // estimate is the wait of the waiter at pos on key, in ms, or
-// wire.EstimateUnknown before two hand-offs of key were seen. Until a
-// whole sample was taken it is the open sample's pace.
+// wire.EstimateUnknown before two hand-offs of key were seen at different
+// times. Until a whole sample was taken it is the open sample's pace.
 func (k *Core[C]) estimate(key string, pos int) uint32 {
 	r := k.rates[key]
 	if r == nil {
@@ -222,7 +222,11 @@ func (k *Core[C]) estimate(key string, pos int) uint32 {
 	}
 	mean := r.mean
 	if !r.valid {
-		if r.count == 0 {
+		// Hand-offs of one command (a raise of a semaphore's n grants
+		// several) share its stamp: no time has passed between them, which
+		// says nothing of the pace (the attack round saw 0 s promised
+		// behind 250 s leases).
+		if r.count == 0 || r.last == r.start {
 			return wire.EstimateUnknown
 		}
 		mean = ((r.last - r.start) << rateFrac) / r.count

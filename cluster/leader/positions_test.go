@@ -125,3 +125,21 @@ func TestEstimateSkipsTheElection(t *testing.T) {
 		t.Fatalf("estimate for place 1000 at 5 ms a hand-off, after an election of 1.6 s: %d ms, want about %d (the election is no hand-off interval)", after, before)
 	}
 }
+
+// A raise of a semaphore's n grants several waiters in one command, under
+// one stamp: until time passed between two hand-offs the pace is unknown,
+// never 0 ms (the attack round of issue 41 saw waiters behind 250 s
+// leases promised 0 s).
+func TestEstimateUnknownFromOneCommandsHandoffs(t *testing.T) {
+	k := New[int](defaultConfig(Config{PositionInterval: time.Second}), stateTable{s: locksm.New()}, &directory{})
+	for range 3 {
+		k.handoff("s", 5000)
+	}
+	if got := k.estimate("s", 2); got != wire.EstimateUnknown {
+		t.Fatalf("estimate after 3 hand-offs of one stamp: %d ms, want unknown", got)
+	}
+	k.handoff("s", 65000)
+	if got := k.estimate("s", 2); got != 40000 {
+		t.Fatalf("estimate for place 2 after 3 hand-offs at 5 s and one at 65 s: %d ms, want 40,000 (60 s for 3)", got)
+	}
+}
