@@ -444,6 +444,13 @@ func (f *fsm) Occupancy(key string) (held bool, keys, queue int) {
 	return f.state.Occupied(key), n, f.state.QueueLen(key)
 }
 
+// Semaphore implements leader.Table.
+func (f *fsm) Semaphore(key string) (locksm.Semaphore, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.state.Semaphore(key)
+}
+
 // ClusterVersion implements leader.Table.
 func (f *fsm) ClusterVersion() uint16 { return f.getClusterVersion() }
 

@@ -168,6 +168,9 @@ type Table interface {
 	// the table has in all (keys with an entry, semaphores defined and
 	// permits held: what MaxKeys bounds), and the length of key's queue.
 	Occupancy(key string) (held bool, keys, queue int)
+	// Semaphore describes key's semaphore (its n and the permits held):
+	// false if key is not one.
+	Semaphore(key string) (locksm.Semaphore, bool)
 	// HeldUnder reports whether key is held under token.
 	HeldUnder(key string, token uint64) bool
 	// MatchesHolding reports whether a release or extend of key by owner
@@ -542,6 +545,9 @@ type Core[C comparable] struct {
 	// wait per key (for MaxWaitersPerKey), all in total (for MaxKeys).
 	uncommitted      map[string]int
 	uncommittedTotal int
+	// raising: the grants each set-permits raise not applied yet may make
+	// (by ref), counted in uncommittedTotal.
+	raising map[uint64]int
 	// expiring: when the lease of each expiry this leader proposed ran
 	// out (by token), for the hand-off latency; emptied on apply.
 	expiring map[uint64]time.Time
@@ -629,6 +635,7 @@ func New[C comparable](cfg Config, table Table, dir Directory) *Core[C] {
 		conns:         map[C]*conn[C]{},
 		nextRef:       cfg.FirstRef,
 		uncommitted:   map[string]int{},
+		raising:       map[uint64]int{},
 		expiring:      map[uint64]time.Time{},
 		extending:     map[uint64]int{},
 		deferred:      map[uint64]Timer{},
@@ -957,9 +964,10 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 		}
 	}
 	defining := false // a set-permits that may define a new semaphore
+	raiseGrants := 0  // the permits a raise may grant at once
 	if cmd.Op == locksm.OpSetPermits && cmd.Permits > 0 {
 		// A new definition is sticky table memory, as a key is: MaxKeys
-		// bounds it (a resize of a defined semaphore adds nothing).
+		// bounds it.
 		if err := k.admitAcquire([]string{m.Key}, false, false); err != nil {
 			k.reply(cmd.Op, OutcomeError)
 			k.send(cn, errReply(m.ID, err))
@@ -967,6 +975,15 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 		}
 		held, _, _ := k.table.Occupancy(m.Key)
 		defining = !held
+		// A raise grants waiters in the same command, each a holding
+		// MaxKeys counts, although none was admitted as one: a waiter
+		// counts only while it joins. The attack round raised a semaphore
+		// of 1 with 6 waiters to 7 past --max-keys 4.
+		if err := k.admitRaise(m.Key, cmd.Permits, &raiseGrants); err != nil {
+			k.reply(cmd.Op, OutcomeError)
+			k.send(cn, errReply(m.ID, err))
+			return true
+		}
 	}
 	k.nextRef++
 	cmd.Ref = k.nextRef
@@ -989,6 +1006,11 @@ func (k *Core[C]) Request(now time.Time, h C, m *wire.Msg) bool {
 		// burst of definitions cannot pass the bound before any applies.
 		p.uncommitted = true
 		k.uncommittedTotal++
+	}
+	if raiseGrants > 0 {
+		// So are a raise's grants, so that a burst of raises cannot.
+		k.raising[p.ref] = raiseGrants
+		k.uncommittedTotal += raiseGrants
 	}
 	k.pend[p.ref] = p
 	cn.owe(p)
@@ -1100,9 +1122,32 @@ func (k *Core[C]) admitAcquire(keys []string, mayWait, permit bool) error {
 	return nil
 }
 
+// admitRaise refuses a set-permits of key to n that would grant more
+// waiters at once than MaxKeys leaves room for, and sets *grants to how
+// many it may grant (0 for a definition or a lowering).
+func (k *Core[C]) admitRaise(key string, n uint32, grants *int) error {
+	sem, ok := k.table.Semaphore(key)
+	if !ok || int(n) <= sem.Held {
+		return nil
+	}
+	_, total, queue := k.table.Occupancy(key)
+	g := min(int(n)-sem.Held, queue)
+	if g > 0 && total+k.uncommittedTotal+g > k.cfg.MaxKeys {
+		k.event(Event{Kind: EventRefusedKeys})
+		return fmt.Errorf("%w: raising %q to %d permits would grant %d waiters with %d keys held or being acquired; this node allows %d",
+			wire.ErrTooManyKeys, key, n, g, total+k.uncommittedTotal, k.cfg.MaxKeys)
+	}
+	*grants = g
+	return nil
+}
+
 // committed drops p from the uncommitted-acquire counts (its command was
 // applied, or will never be). Idempotent.
 func (k *Core[C]) committed(p *pending[C]) {
+	if g, ok := k.raising[p.ref]; ok {
+		k.uncommittedTotal -= g
+		delete(k.raising, p.ref)
+	}
 	if !p.uncommitted {
 		return
 	}
@@ -1584,7 +1629,7 @@ func (k *Core[C]) LoseLeadership(why string) (wasLeading bool, owed int) {
 	owed = len(ps) - k.sessQueued
 	k.sessQueued = 0
 	k.pend = map[uint64]*pending[C]{}
-	k.uncommitted, k.uncommittedTotal = map[string]int{}, 0
+	k.uncommitted, k.uncommittedTotal, k.raising = map[string]int{}, 0, map[uint64]int{}
 	clear(k.expiring)
 	clear(k.heldExtends)
 	clear(k.refusedReleases)

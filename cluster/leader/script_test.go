@@ -142,6 +142,8 @@ func (t stateTable) ClusterVersion() uint16 {
 
 func (t stateTable) HeldUnder(key string, token uint64) bool { return t.s.HeldUnder(key, token) }
 
+func (t stateTable) Semaphore(key string) (locksm.Semaphore, bool) { return t.s.Semaphore(key) }
+
 func (t stateTable) MatchesHolding(key, owner string, token, session uint64) bool {
 	return t.s.MatchesHolding(key, owner, token, session)
 }
@@ -891,6 +893,12 @@ func (k *Core[C]) check() error {
 	}
 	if !k.leading && (len(k.posDirty) > 0 || k.posArmed != 0) {
 		return fmt.Errorf("not leading, with %d lines marked (walk armed in epoch %d)", len(k.posDirty), k.posArmed)
+	}
+	for ref, g := range k.raising {
+		if p := k.pend[ref]; p == nil || p.op != locksm.OpSetPermits || g <= 0 {
+			return fmt.Errorf("%d grants of a raise counted for ref %d, which is no set-permits owed here", g, ref)
+		}
+		total += g
 	}
 	if total != k.uncommittedTotal {
 		return fmt.Errorf("uncommitted total %d, counted %d", k.uncommittedTotal, total)
