@@ -88,6 +88,9 @@ type fsm struct {
 	state       *locksm.State
 	clientAddrs map[string]string // server id → advertised client address
 	domain      string            // the fencing domain; "" until the first 'D'
+	// domainKnown is closed once domain is set (by a 'D' or a snapshot):
+	// client handshakes wait for it (server.go).
+	domainKnown chan struct{}
 	// clusterVersion is the highest 'V' applied: the protocol version
 	// every member speaks (0: none recorded).
 	clusterVersion uint16
@@ -99,7 +102,7 @@ type fsm struct {
 }
 
 func newFSM(sink applySink, log *slog.Logger) *fsm {
-	return &fsm{sink: sink, log: log, state: locksm.New(), clientAddrs: map[string]string{}}
+	return &fsm{sink: sink, log: log, state: locksm.New(), clientAddrs: map[string]string{}, domainKnown: make(chan struct{})}
 }
 
 // Apply implements raft.FSM.
@@ -173,6 +176,7 @@ func (f *fsm) applyLocked(logs []*raft.Log, announced func(id, addr string)) []a
 			if f.domain == "" {
 				f.domain = domain
 				f.state.RaiseTokenFloor(floor)
+				f.noteDomainLocked()
 			}
 		case entryVersion:
 			if len(l.Data) != 3 {
@@ -357,6 +361,7 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	}
 	f.mu.Lock()
 	f.state, f.clientAddrs, f.domain, f.clusterVersion = st, addrs, domain, clusterVersion
+	f.noteDomainLocked()
 	f.mu.Unlock()
 	if f.metrics != nil {
 		f.metrics.restores.Inc()
@@ -420,6 +425,21 @@ func (f *fsm) getClusterVersion() uint16 {
 }
 
 // getDomain returns the fencing domain ("" before the first 'D' entry).
+// noteDomainLocked closes domainKnown once the domain is set. Requires mu.
+func (f *fsm) noteDomainLocked() {
+	if f.domain == "" {
+		return
+	}
+	select {
+	case <-f.domainKnown:
+	default:
+		close(f.domainKnown)
+	}
+}
+
+// domainSet is closed once this node knows its cluster's fencing domain.
+func (f *fsm) domainSet() <-chan struct{} { return f.domainKnown }
+
 func (f *fsm) getDomain() string {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -154,6 +154,36 @@ func (n *Node) serveConn(cc *clientConn) {
 	}
 }
 
+// awaitDomain waits, until shortly before deadline, for this node to know
+// its cluster's fencing domain: a client is told the domain in the
+// handshake and holds on to it (a sidecar pins it, and its fence helpers
+// write under it), so a node that has not applied it yet (starting, or
+// behind its leader) must not answer "" and let the client go on without
+// one. A sidecar that reached a cluster as it started never learned its
+// domain, and one pinned to another domain was served all the same
+// (attack round of issue 41). The client sees a handshake timeout and
+// dials again after its backoff.
+func (n *Node) awaitDomain(deadline time.Time) error {
+	select {
+	case <-n.fsm.domainSet():
+		return nil
+	default:
+	}
+	t := time.NewTimer(max(0, time.Until(deadline)-domainWaitMargin))
+	defer t.Stop()
+	select {
+	case <-n.fsm.domainSet():
+		return nil
+	case <-t.C:
+	case <-n.closing:
+	}
+	return fmt.Errorf("%w: this node does not know its cluster's fencing domain yet (not bootstrapped, or still applying its log)", wire.ErrHandshakeTimeout)
+}
+
+// domainWaitMargin is what awaitDomain leaves of the handshake's time to
+// tell the client why it gives up.
+const domainWaitMargin = 500 * time.Millisecond
+
 // admitClient runs a new connection's admission (see admission.go): the
 // per-IP gate, TLS when configured, and the authentication handshake, and
 // returns the negotiated protocol version. On failure it holds the
@@ -165,9 +195,16 @@ func (n *Node) admitClient(cc *clientConn) (uint16, bool) {
 		n.stats.gateRefusals.Add(1)
 		return 0, false
 	}
-	_ = cc.c.SetDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
+	deadline := time.Now().Add(n.cfg.HandshakeTimeout)
+	_ = cc.c.SetDeadline(deadline)
 	rw, binding, err := secureAccept(cc.c, n.cfg.ClientTLS)
 	var peer wire.Peer
+	if err == nil {
+		err = n.awaitDomain(deadline)
+		if err != nil {
+			writeConnError(rw, err)
+		}
+	}
 	if err == nil {
 		peer, err = wire.ServerHandshake(rw, wire.HandshakeConfig{
 			Kind:           wire.KindClient,
