@@ -7,12 +7,16 @@ waiter, lock objects released on exit)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
+import sqlite3
+import tempfile
 import threading
 import unittest
 
 import ticketing
 from ticketing import _protocol as p
+from ticketing import fence
 from ticketing.aio import AsyncClient
 
 from ._dev import DevCluster
@@ -262,12 +266,6 @@ class Real(unittest.TestCase):
         # holdings with their own tokens; each writes through the fence
         # helpers on SQLite, the newer token first, and neither live holder
         # is refused (under "<key>#<slot>" they shared one fence row).
-        import os
-        import sqlite3
-        import tempfile
-
-        from ticketing import fence
-
         k = self.key
         c = self.client()
         c.set_permits(k, 2)
