@@ -25,7 +25,7 @@ func (l *Lock) Permit() bool { return l.permit }
 func (l *Lock) Slot() int { return l.slot }
 
 // FenceKey is the name of the resource the Lock's writes are fenced
-// under: "<key>#<slot>" for a permit (one fencing domain per slot,
+// under: "<key> <slot>" for a permit (one fencing domain per slot,
 // unixapi/PROTOCOL.md "Semaphores"), the key for a lock (a block's first
 // key; fence each of a block's keys under its own name).
 func (l *Lock) FenceKey() string {
@@ -36,9 +36,14 @@ func (l *Lock) FenceKey() string {
 }
 
 // PermitFenceKey is the fenced resource of slot of the semaphore key:
-// "<key>#<slot>".
+// "<key> <slot>", the key and the slot joined by a space (e.g.
+// "checkout 0"). A key is 1..255 bytes of 0x21..0x7E, so it never holds a
+// space: no lock key can name a slot's fencing domain, and no two (key,
+// slot) pairs share one. (With any byte a key may hold, "#" say, the lock
+// "checkout#0" and slot 0 of the semaphore "checkout" would share one
+// high-water mark, and one would refuse the other's live holder.)
 func PermitFenceKey(key string, slot int) string {
-	return key + "#" + strconv.Itoa(slot)
+	return key + " " + strconv.Itoa(slot)
 }
 
 // AcquirePermit takes one permit of the semaphore key (PERMIT, protocol
@@ -50,7 +55,7 @@ func PermitFenceKey(key string, slot int) string {
 // FIFO with the key's other waiters, its Release and Extend name its
 // token, its lost signal works as a lock's, and a grant with less than
 // half its validity left is renewed before it is returned. Fence its
-// writes under FenceKey ("<key>#<slot>").
+// writes under FenceKey ("<key> <slot>").
 //
 // A key that is not a semaphore is ErrNotSemaphore (an operator makes it
 // one: SetPermits, `ticketing permits set`); Acquire of a semaphore key is

@@ -48,7 +48,7 @@ func TestPermitsRealSidecar(t *testing.T) {
 	if !a.Permit() || !b.Permit() || a.Slot() == b.Slot() || a.Token() == b.Token() || a.Slot()+b.Slot() != 1 {
 		t.Fatalf("grants: slot %d token %d, slot %d token %d", a.Slot(), a.Token(), b.Slot(), b.Token())
 	}
-	if a.FenceKey() != fmt.Sprintf("%s#%d", k, a.Slot()) {
+	if a.FenceKey() != fmt.Sprintf("%s %d", k, a.Slot()) {
 		t.Fatalf("FenceKey %q", a.FenceKey())
 	}
 	if _, err := dial().AcquirePermit(ctx, k, 30*time.Second, 0); !errors.Is(err, ticketing.ErrBusy) {

@@ -30,7 +30,7 @@ func TestPermitFake(t *testing.T) {
 	}
 	<-queued
 	l := res.l
-	if !l.Permit() || l.Slot() != 3 || l.Token() != 41 || l.Key() != "room" || l.FenceKey() != "room#3" || l.Label() != "job-1" {
+	if !l.Permit() || l.Slot() != 3 || l.Token() != 41 || l.Key() != "room" || l.FenceKey() != "room 3" || l.Label() != "job-1" {
 		t.Fatalf("permit %v %d %d %q %q", l.Permit(), l.Slot(), l.Token(), l.Key(), l.FenceKey())
 	}
 	// The lost event of its token reaches it, as for a lock.
@@ -146,5 +146,30 @@ func TestPermitPosition(t *testing.T) {
 	want := []Position{{Key: "room", Position: 3}, {Key: "room", Position: 1, Estimate: 4 * time.Second, EstimateKnown: true}}
 	if len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
 		t.Fatalf("positions %+v, want %+v", got, want)
+	}
+}
+
+// PermitFenceKey joins the key and the slot with a space, a byte no key
+// holds: the fencing domain of a slot is never the name of a lock key (the
+// lock "checkout#0" and slot 0 of the semaphore "checkout" were one fence
+// row under "<key>#<slot>", and each refused the other's live holder).
+func TestPermitFenceKeyIsNoKey(t *testing.T) {
+	if got := PermitFenceKey("checkout", 0); got != "checkout 0" {
+		t.Fatalf("PermitFenceKey(checkout, 0) = %q, want %q", got, "checkout 0")
+	}
+	long := make([]byte, 255)
+	for i := range long {
+		long[i] = '#'
+	}
+	for _, key := range []string{"checkout", "checkout#0", "a", "#", "k-1/x:y", string(long)} {
+		if err := checkKey(key); err != nil {
+			t.Fatalf("test key %q: %v", key, err)
+		}
+		for _, slot := range []int{0, 1, 9, 10, MaxPermits - 1} {
+			fk := PermitFenceKey(key, slot)
+			if err := checkKey(fk); err == nil {
+				t.Fatalf("PermitFenceKey(%q, %d) = %q is also a lock key", key, slot, fk)
+			}
+		}
 	}
 }

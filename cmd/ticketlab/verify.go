@@ -42,7 +42,7 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs.Float64Var(&cfg.BlockShare, "block-share", verify.DefaultBlockShare, "share of acquires that are blocks of 2-4 keys under one token (0: none)")
 	fs.IntVar(&cfg.PermitsN, "permits-n", verify.DefaultPermitsN, "semaphores: the n each permit key is defined with (raised by 2 a third into the nemesis, lowered to n-1 at two thirds); -1: no permit workload")
 	fs.IntVar(&cfg.PermitKeys, "permit-keys", verify.DefaultPermitKeys, "semaphores: how many keys sem/0.. the permit workers take permits of")
-	fs.IntVar(&cfg.PermitWorkers, "permit-workers", verify.DefaultPermitWorkers, "semaphores: in-harness workers that take permits (PERMIT, fenced write of key#slot, RELEASE)")
+	fs.IntVar(&cfg.PermitWorkers, "permit-workers", verify.DefaultPermitWorkers, "semaphores: in-harness workers that take permits (PERMIT, fenced write of \"key slot\", RELEASE)")
 	fs.IntVar(&cfg.LineKeys, "line-keys", verify.DefaultLineKeys, "kill-leader-queues: fresh keys that get a long queue before the leader is killed")
 	fs.IntVar(&cfg.LineWaiters, "line-waiters", verify.DefaultLineWaiters, "kill-leader-queues: waiters queued on each of those keys, one at a time")
 	fs.StringVar(&out, "out", "", "output directory: history, summary, logs, data dirs (default: a new temporary directory)")

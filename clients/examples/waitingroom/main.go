@@ -4,7 +4,7 @@
 // exact place in line and an estimated wait as the line moves, while the
 // cluster's leader is SIGKILLed in the middle of the sale. Each admitted
 // buyer checks out with a write fenced on its permit's slot
-// (<key>#<slot>): one ticket off the inventory, or "sold out".
+// ("<key> <slot>"): one ticket off the inventory, or "sold out".
 //
 //	go run ./clients/examples/waitingroom                      # 2000 buyers, 50 permits, SQLite
 //	go run ./clients/examples/waitingroom --db postgres://...  # PostgreSQL

@@ -297,7 +297,7 @@ func (r *report) print(w io.Writer) {
 	}
 	fmt.Fprintf(w, "  fence audit:        oversold: %s; inventory adds up: %s (remaining %d = %d − %d); ledger rows %d sold + %d sold out = %d checkouts, one per buyer, each under its permit's token and slot\n",
 		yesNo(r.LedgerSold > a.Capacity), adds, a.Remaining, a.Capacity, r.LedgerSold, r.LedgerSold, r.LedgerSoldOut, len(a.Rows))
-	fmt.Fprintf(w, "                      %d of %d slots' fence high-water (%s#<slot>) is the newest token written on the slot; tokens only rose on every slot\n",
+	fmt.Fprintf(w, "                      %d of %d slots' fence high-water (\"%s <slot>\") is the newest token written on the slot; tokens only rose on every slot\n",
 		r.SlotsOK, r.Slots, r.Key)
 	if len(r.ReleaseErrs) > 0 {
 		fmt.Fprintf(w, "  release errors:     %d (%s)\n", len(r.ReleaseErrs), strings.Join(first(r.ReleaseErrs, 5), "; "))

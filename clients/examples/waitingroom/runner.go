@@ -367,7 +367,7 @@ func (b *buyer) run(ctx context.Context, c *ticketing.Client, st *store, cfg con
 // without writing (a GC pause, a stopped VM), so the cluster hands its
 // slot on; once the slot's next holder has written, it wakes and writes
 // with its old token, ignoring its permit's lost signal on purpose. The
-// fence on <key>#<slot> must refuse the write. If nobody else wrote the
+// fence on "<key> <slot>" must refuse the write. If nobody else wrote the
 // slot before every other buyer left (or within a minute), it does not
 // write at all: the fence could not tell it from the slot's holder, so
 // the demonstration would be an unfenced stale write.

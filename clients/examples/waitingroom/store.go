@@ -117,7 +117,7 @@ func (s *store) setup(ctx context.Context, sale string, capacity int) error {
 var errSoldOut = errors.New("sold out")
 
 // checkout is one admitted buyer's fenced write, in one transaction:
-// raise the fence of the permit's fencing key (<key>#<slot>) to token
+// raise the fence of the permit's fencing key ("<key> <slot>") to token
 // (fence.Do; ErrStale and nothing written if a newer holder of that slot
 // wrote), then take one ticket off the counter if one is left and write
 // the buyer's ledger row, or, sold out, a row saying so (the fence is
@@ -163,7 +163,7 @@ type audit struct {
 	Capacity, Remaining int
 	Rows                []checkoutRow // in seq order
 	// HighWater is the fence's high-water mark of each slot that has one
-	// (fence key <key>#<slot>).
+	// (fence key "<key> <slot>").
 	HighWater map[int]uint64
 }
 

@@ -361,7 +361,7 @@ func (f Fence) DoBlock(ctx context.Context, db *sql.DB, opts *sql.TxOptions, dom
 // AdvanceLock is AdvanceBlock for the keys and the token of lk, under its
 // fencing domain (lk.Domain: INFO's domain field on the connection that
 // took it), inside tx: for one key as for a seat block. For a permit
-// (lk.Permit) the fenced resource is lk.FenceKey, "<key>#<slot>": each
+// (lk.Permit) the fenced resource is lk.FenceKey, "<key> <slot>": each
 // slot of a semaphore is its own fencing domain (AdvancePermit).
 func (f Fence) AdvanceLock(ctx context.Context, tx *sql.Tx, lk *ticketing.Lock) error {
 	domain, err := lockDomain(ctx, lk)
@@ -372,7 +372,7 @@ func (f Fence) AdvanceLock(ctx context.Context, tx *sql.Tx, lk *ticketing.Lock) 
 }
 
 // lockFenceKeys are the fenced resources of lk: its keys, or for a permit
-// its "<key>#<slot>".
+// its "<key> <slot>".
 func lockFenceKeys(lk *ticketing.Lock) []string {
 	if lk.Permit() {
 		return []string{lk.FenceKey()}
@@ -381,7 +381,7 @@ func lockFenceKeys(lk *ticketing.Lock) []string {
 }
 
 // AdvancePermit is Advance for a permit of a semaphore key: the fenced
-// resource is "<key>#<slot>" (ticketing.PermitFenceKey), since the cluster
+// resource is "<key> <slot>" (ticketing.PermitFenceKey), since the cluster
 // hands each slot on with tokens that increase per slot, not across the
 // slots (unixapi/PROTOCOL.md, "Semaphores"). A stale holder of slot s is
 // refused once a newer token wrote slot s; holders of other slots are not
@@ -403,7 +403,7 @@ func (f Fence) DoPermit(ctx context.Context, db *sql.DB, opts *sql.TxOptions, do
 }
 
 // DoLock is DoBlock for the keys and the token of lk (a permit's
-// "<key>#<slot>", see AdvanceLock), under its fencing domain (lk.Domain): fn runs in a new transaction of db that starts with
+// "<key> <slot>", see AdvanceLock), under its fencing domain (lk.Domain): fn runs in a new transaction of db that starts with
 // AdvanceLock, and commits if fn returns nil. A stale token (a newer
 // holder wrote) is an error wrapping ErrStale, with nothing written. The
 // domain is asked before the transaction begins (once per connection).

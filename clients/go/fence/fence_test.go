@@ -975,7 +975,7 @@ func TestDoPermitOneDomainPerSlot(t *testing.T) {
 		for slot, want := range []uint64{12, 11} {
 			hw, err := d.f.HighWater(ctx, d.DB, "test", ticketing.PermitFenceKey(key, slot))
 			if err != nil || hw != want {
-				t.Fatalf("high-water of %s#%d: %d, %v; want %d", key, slot, hw, err, want)
+				t.Fatalf("high-water of %q: %d, %v; want %d", ticketing.PermitFenceKey(key, slot), hw, err, want)
 			}
 		}
 		if hw, err := d.f.HighWater(ctx, d.DB, "test", key); err != nil || hw != 0 {

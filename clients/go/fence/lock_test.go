@@ -131,7 +131,7 @@ func TestDoLockUsesTheSidecarsDomain(t *testing.T) {
 	}
 }
 
-// DoLock of a permit's Lock fences "<key>#<slot>" under the domain: each
+// DoLock of a permit's Lock fences "<key> <slot>" under the domain: each
 // permit marks its own slot, never the bare key; after a newer token wrote
 // slot s the holder of slot s is stale, the holder of the other slot not.
 func TestDoLockOfAPermitFencesItsSlot(t *testing.T) {
@@ -177,5 +177,53 @@ func TestDoLockOfAPermitFencesItsSlot(t *testing.T) {
 	}
 	if err := d.f.DoLock(ctx, d.DB, nil, second, func(*sql.Tx) error { return nil }); err != nil {
 		t.Fatalf("holder of slot %d: %v", second.Slot(), err)
+	}
+}
+
+// A lock whose key reads like a slot's name ("checkout#0") and slot 0 of
+// the semaphore "checkout" are independent holdings in the cluster, each
+// with its own tokens: their fenced writes are two rows, and neither live
+// holder is refused (under "<key>#<slot>" they shared one row, and the
+// older token of the two was refused once the newer wrote).
+func TestDoLockOfAPermitAndOfALockNamedLikeItsSlot(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c := sidecarClient(t)
+	d := openSQLite(t)
+	domain, err := fence.Domain(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetPermits(ctx, "checkout", 2); err != nil {
+		t.Fatal(err)
+	}
+	permit, err := c.LockPermit(ctx, "checkout", time.Minute, 0)
+	if err != nil || permit.Slot() != 0 {
+		t.Fatalf("permit: %v, %v", permit, err)
+	}
+	defer func() { _ = permit.Release(context.Background()) }()
+	lock, err := c.Lock(ctx, "checkout#0", time.Minute, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lock.Release(context.Background()) }()
+	// The newer token writes first, the older second: on one shared row
+	// the older live holder would be refused.
+	order := []*ticketing.Lock{permit, lock}
+	if permit.Token() < lock.Token() {
+		order = []*ticketing.Lock{lock, permit}
+	}
+	for _, lk := range order {
+		if err := d.f.DoLock(ctx, d.DB, nil, lk, func(*sql.Tx) error { return nil }); err != nil {
+			t.Fatalf("the live holder of %q (token %d, permit %v) is refused: %v", lk.FenceKey(), lk.Token(), lk.Permit(), err)
+		}
+	}
+	for _, lk := range order {
+		if hw, err := d.f.HighWater(ctx, d.DB, domain, lk.FenceKey()); err != nil || hw != lk.Token() {
+			t.Fatalf("%q: %d, %v; want %d", lk.FenceKey(), hw, err, lk.Token())
+		}
+	}
+	if permit.FenceKey() != "checkout 0" {
+		t.Fatalf("the permit's fence key %q, want %q", permit.FenceKey(), "checkout 0")
 	}
 }

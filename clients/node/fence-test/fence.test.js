@@ -341,7 +341,7 @@ test('withFencePermit: one fencing domain per slot', { skip }, async () => {
   await assert.rejects(fence.withFencePermit(db, p(0, 10n), async () => { ran = true; }), StaleTokenError);
   assert.equal(ran, false);
   await fence.withFencePermit(db, p(1, 11n), async () => {});
-  assert.equal(await fence.highWater(db, { dialect: 'postgres', domain: 'test', key: 'checkout#0' }), 12n);
-  assert.equal(await fence.highWater(db, { dialect: 'postgres', domain: 'test', key: 'checkout#1' }), 11n);
+  assert.equal(await fence.highWater(db, { dialect: 'postgres', domain: 'test', key: 'checkout 0' }), 12n);
+  assert.equal(await fence.highWater(db, { dialect: 'postgres', domain: 'test', key: 'checkout 1' }), 11n);
   assert.equal(await fence.highWater(db, { dialect: 'postgres', domain: 'test', key: 'checkout' }), 0n);
 });

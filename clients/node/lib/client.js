@@ -667,7 +667,7 @@ class Client {
    * and resolve with `{key, token, slot, fenceKey}`: its own fencing token
    * (a BigInt; release and extend it by `(key, token)` like a lock), its
    * slot 0..n-1 (the lowest free at the grant) and `fenceKey`,
-   * `<key>#<slot>`, the resource to fence its writes under. Options and
+   * `'<key> <slot>'`, the resource to fence its writes under. Options and
    * rejections are `acquire`'s (permits are FIFO with the key's other
    * waiters), plus NotSemaphoreError (the key is no semaphore: an operator
    * makes it one, `setPermits`, `ticketing permits set`) and
@@ -690,7 +690,7 @@ class Client {
   /**
    * Take one permit of the semaphore `key` (see `acquirePermit`) and resolve
    * with a {@link Lock} whose `slot` is the permit's and `fenceKey`
-   * `<key>#<slot>`: it is renewed on the grant, extended, lost and
+   * `'<key> <slot>'`: it is renewed on the grant, extended, lost and
    * released (by its token) exactly as `lock`'s.
    *
    * @param {string} key

@@ -285,7 +285,7 @@ async function withFenceBlock(db, opts, fn) {
 }
 
 /**
- * The fenced resource and token of a permit: `{key: '<key>#<slot>', token}`.
+ * The fenced resource and token of a permit: `{key: '<key> <slot>', token}`.
  * `opts.permit` is what `acquirePermit` resolves with or a `lockPermit`
  * Lock (both carry key, token and slot); without it, `opts.key`,
  * `opts.slot` and `opts.token` name the permit.
@@ -308,7 +308,7 @@ function permitFenceKey(opts) {
 
 /**
  * `withFence` for a permit of a semaphore key: the fenced resource is
- * `<key>#<slot>`, one fencing domain per slot (tokens of a semaphore
+ * `'<key> <slot>'`, one fencing domain per slot (tokens of a semaphore
  * increase per slot, not across its slots). A stale holder of slot s is
  * refused once a newer token wrote slot s; holders of other slots are not
  * affected. `opts.permit` (or `key`, `slot`, `token`) as for

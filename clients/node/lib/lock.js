@@ -46,7 +46,7 @@ const kRenewAfterWait = Symbol('renewAfterWait');
  * released, so a script that only awaits `signal` runs until then.
  *
  * A permit of a semaphore key (`lockPermit`, `withPermit`) is a Lock too,
- * with its `slot` and `fenceKey` (`<key>#<slot>`); it is renewed, extended,
+ * with its `slot` and `fenceKey` (`'<key> <slot>'`); it is renewed, extended,
  * lost and released by its token exactly as a lock.
  */
 class Lock {
@@ -175,7 +175,7 @@ class Lock {
   }
 
   /**
-   * The resource the lock's writes are fenced under: `<key>#<slot>` for a
+   * The resource the lock's writes are fenced under: `'<key> <slot>'` for a
    * permit, else the (first) key.
    * @returns {string}
    */

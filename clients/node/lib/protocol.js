@@ -443,9 +443,15 @@ function parseAcquire(reply) {
   throw errorFrom(reply);
 }
 
-/** The fenced resource of a permit: `<key>#<slot>` (one fencing domain per slot). */
+/**
+ * The fenced resource of a permit: `'<key> <slot>'`, the key and the slot
+ * joined by a space (`'checkout 0'`; one fencing domain per slot). A key
+ * is 1..255 bytes of 0x21..0x7E and never holds a space, so no lock key
+ * names a slot's fencing domain (with `#`, the lock `checkout#0` and slot
+ * 0 of the semaphore `checkout` shared one high-water mark).
+ */
 function fenceKey(key, slot) {
-  return `${key}#${slot}`;
+  return `${key} ${slot}`;
 }
 
 /** Check the arguments; the PERMIT line (without a label) and the wait in seconds. */

@@ -82,7 +82,7 @@ test('withFence and withFenceBlock given the client fence under its domain', asy
   }
 });
 
-test('withFencePermit fences each permit under <key>#<slot>: a stale holder of a slot is refused, the other slot is not', async () => {
+test('withFencePermit fences each permit under \'<key> <slot>\': a stale holder of a slot is refused, the other slot is not', async () => {
   const admin = new Client({ path: dev.socket });
   const c = new Client({ path: dev.socket });
   const key = `fence-permit-${crypto.randomBytes(4).toString('hex')}`;
@@ -113,5 +113,36 @@ test('withFencePermit fences each permit under <key>#<slot>: a stale holder of a
   } finally {
     await c.close();
     await admin.close();
+  }
+});
+
+test('a lock named like a slot (<key>#0) and slot 0 of <key> fence apart: neither live holder is refused', async () => {
+  const c = new Client({ path: dev.socket });
+  const key = `fence-permit-${crypto.randomBytes(4).toString('hex')}/checkout`;
+  try {
+    const domain = await c.domain();
+    await c.setPermits(key, 2);
+    const db = memoryDb();
+    const permit = await c.lockPermit(key, { lease: 30, wait: 0 });
+    const lock = await c.lock(`${key}#0`, { lease: 30, wait: 0 });
+    assert.equal(permit.slot, 0);
+    // The newer token writes first: on one shared row (as under
+    // '<key>#<slot>') the older live holder would be refused.
+    const order = permit.token > lock.token ? [permit, lock] : [lock, permit];
+    for (const lk of order) {
+      if (lk.permit) {
+        await fence.withFencePermit(db, { dialect: 'postgres', client: c, permit: lk }, async () => {});
+      } else {
+        await fence.withFence(db, { dialect: 'postgres', client: c, key: lk.fenceKey, token: lk.token }, async () => {});
+      }
+    }
+    assert.equal(db.mark(domain, `${key} 0`), permit.token);
+    assert.equal(db.mark(domain, `${key}#0`), lock.token);
+    assert.equal(permit.fenceKey, `${key} 0`);
+    assert.equal(lock.fenceKey, `${key}#0`);
+    await permit.release();
+    await lock.release();
+  } finally {
+    await c.close();
   }
 });

@@ -52,22 +52,31 @@ test('PERMIT and PERMITS lines and replies', () => {
   const e = p.errorFrom('ERR is_semaphore k is a semaphore');
   assert.ok(e instanceof ticketing.ServerError && e instanceof ticketing.IsSemaphoreError);
   assert.equal(e.code, 'is_semaphore');
-  assert.equal(ticketing.fenceKey('k', 3), 'k#3');
+  assert.equal(ticketing.fenceKey('k', 3), 'k 3');
+  // A space joins them, a byte no key holds: no lock key is a slot's fence
+  // key (the lock `checkout#0` was slot 0 of `checkout`'s under '#').
+  for (const key of ['checkout', 'checkout#0', '#', 'a'.repeat(255)]) {
+    for (const slot of [0, 1, 10, ticketing.MAX_PERMITS - 1]) {
+      const fk = ticketing.fenceKey(key, slot);
+      assert.notEqual(fk, 'checkout#0');
+      assert.throws(() => p.checkKey(fk), RangeError, fk);
+    }
+  }
 });
 
 test('fake: acquirePermit, lockPermit, withPermit, setPermits', async () => {
   const { fake, client } = await setup(permitSidecar());
   await client.setPermits('room', 2);
   assert.deepEqual(await client.acquirePermit('room', { lease: 30, wait: 0, label: 'job' }),
-    { key: 'room', token: 101n, slot: 3, fenceKey: 'room#3' });
+    { key: 'room', token: 101n, slot: 3, fenceKey: 'room 3' });
   const lk = await client.lockPermit('room', { lease: 30, wait: 0 });
   assert.equal(lk.permit, true);
   assert.equal(lk.slot, 3);
-  assert.equal(lk.fenceKey, 'room#3');
+  assert.equal(lk.fenceKey, 'room 3');
   assert.equal(lk.token, 102n);
   await lk.release();
   const got = await client.withPermit('room', { lease: 30, wait: 0 }, (token, l) => [token, l.slot, l.fenceKey]);
-  assert.deepEqual(got, [103n, 3, 'room#3']);
+  assert.deepEqual(got, [103n, 3, 'room 3']);
   assert.deepEqual(fake.lines.slice(1), ['PERMITS room 2', 'PERMIT room 30 0 label=job', 'PERMIT room 30 0',
     'RELEASE room 102', 'PERMIT room 30 0', 'RELEASE room 103']);
   // A lock is no permit.

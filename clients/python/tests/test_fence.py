@@ -133,14 +133,31 @@ class Base:
         self.assertTrue(write(ticketing.Permit("checkout", 11, 1), "p4"))
         cur = conn.cursor()
         f = fence.Fence.for_connection(conn)
-        self.assertEqual(f.high_water(cur, "test", "checkout#0"), 12)
-        self.assertEqual(f.high_water(cur, "test", "checkout#1"), 11)
+        self.assertEqual(f.high_water(cur, "test", "checkout 0"), 12)
+        self.assertEqual(f.high_water(cur, "test", "checkout 1"), 11)
         self.assertEqual(f.high_water(cur, "test", "checkout"), 0)
         self.end_read(conn)
         with self.assertRaises(TypeError):
             fence.fenced_permit(conn, "test", "checkout", token=1)
         with self.assertRaises(ValueError):
             fence.fenced_permit(conn, "test", "checkout", token=1, slot=-1)
+
+    def test_permit_and_lock_named_like_its_slot(self):
+        # The lock key "checkout#0" and slot 0 of the semaphore "checkout"
+        # are independent holdings, each with its own tokens: the lock's
+        # newer token writing first must not refuse the live holder of the
+        # slot (under "<key>#<slot>" they shared one fence row).
+        conn = self.connect()
+        self.assertTrue(self.write(conn, "checkout#0", 20, "lock"))
+        with fence.fenced_permit(conn, "test", ticketing.Permit("checkout", 19, 0)) as cur:
+            cur.execute(self.q("INSERT INTO ledger (id, note) VALUES (?, ?)"), ("slot0", "p"))
+        self.assertTrue(self.ledger_has(conn, "slot0"))
+        cur = conn.cursor()
+        f = fence.Fence.for_connection(conn)
+        self.assertEqual(f.high_water(cur, "test", "checkout#0"), 20)
+        self.assertEqual(f.high_water(cur, "test", "checkout 0"), 19)
+        self.end_read(conn)
+        self.assertEqual(ticketing.fence_key("checkout", 0), "checkout 0")
 
     def test_exception_rolls_back_fence(self):
         conn = self.connect()

@@ -7,12 +7,16 @@ waiter, lock objects released on exit)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
+import sqlite3
+import tempfile
 import threading
 import unittest
 
 import ticketing
 from ticketing import _protocol as p
+from ticketing import fence
 from ticketing.aio import AsyncClient
 
 from ._dev import DevCluster
@@ -79,7 +83,15 @@ class Protocol(unittest.TestCase):
         self.assertEqual(cm.exception.code, "is_semaphore")
         # A permit's late grant is released by its token.
         self.assertEqual(p.late_grant_release("k", "OK 12 3"), "RELEASE k 12")
-        self.assertEqual(ticketing.Permit("k", 12, 3).fence_key, "k#3")
+        self.assertEqual(ticketing.Permit("k", 12, 3).fence_key, "k 3")
+        # A space joins them: no key holds one, so no lock key is a slot's
+        # fence key (the lock "checkout#0" was slot 0 of "checkout"'s).
+        for key in ("checkout", "checkout#0", "#", "a" * 255):
+            for slot in (0, 1, 10, ticketing.MAX_PERMITS - 1):
+                fk = ticketing.fence_key(key, slot)
+                self.assertNotEqual(fk, "checkout#0")
+                with self.assertRaises(ValueError):
+                    p.check_key(fk)
 
 
 class SyncFake(unittest.TestCase):
@@ -101,7 +113,7 @@ class SyncFake(unittest.TestCase):
         queued = []
         lk = self.client.lock_permit("room", lease=30, wait=5, on_queued=lambda: queued.append(1))
         with lk as token:
-            self.assertEqual((token, lk.slot, lk.permit, lk.fence_key), (101, 3, True, "room#3"))
+            self.assertEqual((token, lk.slot, lk.permit, lk.fence_key), (101, 3, True, "room 3"))
             self.assertIsNone(self.fake.sent("RELEASE") or None)
         self.assertEqual(self.fake.sent("RELEASE"), ["RELEASE room 101"])
         self.assertEqual(lk.slot, 3)  # kept after release
@@ -156,7 +168,7 @@ class AsyncFake(unittest.TestCase):
                 self.assertEqual(await c.acquire_permit("room", wait=0), ticketing.Permit("room", 101, 3))
                 lk = c.lock_permit("room", lease=30, wait=0)
                 async with lk as token:
-                    self.assertEqual((token, lk.slot, lk.fence_key), (102, 3, "room#3"))
+                    self.assertEqual((token, lk.slot, lk.fence_key), (102, 3, "room 3"))
                 self.assertEqual(fake.sent("RELEASE"), ["RELEASE room 102"])
                 fake.replies["PERMIT"] = "ERR not_semaphore x"
                 with self.assertRaises(ticketing.NotSemaphoreError):
@@ -248,6 +260,41 @@ class Real(unittest.TestCase):
             with self.assertRaises(ticketing.BusyError):
                 self.client().acquire_permit(k, wait=0)
         self.assertEqual(self.client().acquire_permit(k, wait=0).slot, 0)
+
+    def test_permit_and_lock_named_like_its_slot_fence_apart(self) -> None:
+        # The lock "<k>#0" and slot 0 of the semaphore <k> are independent
+        # holdings with their own tokens; each writes through the fence
+        # helpers on SQLite, the newer token first, and neither live holder
+        # is refused (under "<key>#<slot>" they shared one fence row).
+        k = self.key
+        c = self.client()
+        c.set_permits(k, 2)
+        tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(tmp.cleanup)
+        conn = sqlite3.connect(os.path.join(tmp.name, "fence.db"), isolation_level=None)
+        self.addCleanup(conn.close)
+        schema = os.path.join(os.path.dirname(__file__), "..", "..", "schema", "fence.sqlite.sql")
+        with open(schema) as fh:
+            conn.executescript(fh.read())
+        permit, lock = c.lock_permit(k, lease=30, wait=0), c.lock(k + "#0", lease=30, wait=0)
+        with permit as permit_token, lock as lock_token:
+            self.assertEqual(permit.slot, 0)
+            # The newer token writes first: on one shared row the older
+            # live holder would be refused.
+            order = sorted([(permit_token, permit), (lock_token, lock)], key=lambda w: -w[0])
+            for token, lk in order:
+                if lk is permit:
+                    cm = fence.fenced_permit(conn, c, permit)
+                else:
+                    cm = fence.fenced(conn, c, lk.fence_key, token)
+                with cm:
+                    pass
+            f = fence.Fence.for_connection(conn)
+            cur = conn.cursor()
+            domain = c.domain()
+            self.assertEqual(f.high_water(cur, domain, k + " 0"), permit_token)
+            self.assertEqual(f.high_water(cur, domain, k + "#0"), lock_token)
+            self.assertEqual((permit.fence_key, lock.fence_key), (k + " 0", k + "#0"))
 
     def test_async_real(self) -> None:
         assert cluster is not None

@@ -839,9 +839,13 @@ def parse_acquire(reply: str) -> int:
 
 
 def fence_key(key: str, slot: int) -> str:
-    """The fenced resource of a permit: ``<key>#<slot>`` (one fencing
-    domain per slot, unixapi/PROTOCOL.md "Semaphores")."""
-    return f"{key}#{slot}"
+    """The fenced resource of a permit: ``"<key> <slot>"``, the key and the
+    slot joined by a space (``"checkout 0"``; one fencing domain per slot,
+    unixapi/PROTOCOL.md "Semaphores"). A key is 1..255 bytes of 0x21..0x7E
+    and never holds a space, so no lock key names a slot's fencing domain
+    (with ``#``, the lock ``checkout#0`` and slot 0 of the semaphore
+    ``checkout`` shared one high-water mark)."""
+    return f"{key} {slot}"
 
 
 @dataclass(frozen=True)
@@ -857,7 +861,7 @@ class Permit:
 
     @property
     def fence_key(self) -> str:
-        """``<key>#<slot>``: the resource the permit's writes are fenced under."""
+        """``"<key> <slot>"``: the resource the permit's writes are fenced under."""
         return fence_key(self.key, self.slot)
 
 
@@ -1515,7 +1519,7 @@ class LockView:
 
     @property
     def fence_key(self) -> str:
-        """The resource the lock's writes are fenced under: ``<key>#<slot>``
+        """The resource the lock's writes are fenced under: ``"<key> <slot>"``
         for a granted permit, else the (first) key."""
         st = self._state
         return fence_key(st.keys[0], st.slot) if st.permit and st.slot is not None else st.keys[0]

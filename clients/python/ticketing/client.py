@@ -669,7 +669,7 @@ class Client:
         """Take one permit of the semaphore *key* (``PERMIT``, protocol
         version 8); return it as a :class:`ticketing.Permit` (``key``,
         ``token``: its own fencing token, ``slot``: 0..n-1, the lowest free
-        at the grant; ``fence_key``: ``<key>#<slot>``, the resource to fence
+        at the grant; ``fence_key``: ``"<key> <slot>"``, the resource to fence
         its writes under). The arguments, *on_queued*, *on_position*,
         *label* and the outcomes are those of :meth:`acquire`: permits are
         FIFO with the key's other waiters. Release it with
@@ -723,7 +723,7 @@ class Client:
 
             permit = client.lock_permit("checkout", lease=30, wait=60)
             with permit as token:
-                ...  # permit.slot; fence writes under permit.fence_key ("checkout#<slot>")
+                ...  # permit.slot; fence writes under permit.fence_key ("checkout <slot>")
 
         As for :meth:`lock`, entering yields the token; the slot and
         ``fence_key`` are on the object. Acquired on entry, released (by its

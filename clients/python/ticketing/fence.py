@@ -473,7 +473,7 @@ def fenced_block(
 
 
 def permit_fence_key(permit: Any, token: Optional[int] = None, slot: Optional[int] = None) -> "tuple[str, int]":
-    """The fenced resource and token of a permit: ``("<key>#<slot>",
+    """The fenced resource and token of a permit: ``("<key> <slot>",
     token)``. *permit* is a :class:`ticketing.Permit` (``acquire_permit``)
     or a permit's lock object (``lock_permit``, held), which carry both;
     or the semaphore key, with *token* and *slot* given."""
@@ -502,7 +502,7 @@ def fenced_permit(
 ):
     """``with fenced_permit(conn, client, permit) as cur:`` — :func:`fenced`
     for a permit of a semaphore key: the fenced resource is
-    ``<key>#<slot>``, one fencing domain per slot (tokens of a semaphore
+    ``"<key> <slot>"``, one fencing domain per slot (tokens of a semaphore
     increase per slot, not across its slots). A stale holder of slot *s* is
     refused once a newer token wrote slot *s*; holders of other slots are
     not affected. *permit* as for :func:`permit_fence_key`."""

@@ -288,8 +288,9 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			"With --permit, KEY (one) is a semaphore (`ticketing permits set KEY N`) and\n"+
 			"lock holds one of its N permits while COMMAND runs: TICKETING_TOKEN is the\n"+
 			"permit's own token, TICKETING_SLOT its slot (0..N-1) and TICKETING_FENCE_KEY\n"+
-			"KEY#SLOT, the resource to fence COMMAND's writes under (one fencing domain per\n"+
-			"slot). It is renewed, lost and released as a lock is.\n\n"+
+			"\"KEY SLOT\" (a space between: no key holds one, so it names no lock key), the\n"+
+			"resource to fence COMMAND's writes under (one fencing domain per slot; quote\n"+
+			"it in the shell). It is renewed, lost and released as a lock is.\n\n"+
 			"While COMMAND runs, lock renews the lease (by --lease) every third of it\n"+
 			"(--extend-every auto, the default), so COMMAND may run as long as it needs:\n"+
 			"one renewal may fail and the next still comes before the lease ends.\n"+
@@ -314,7 +315,7 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&noExtend, "no-extend", false, "never renew the lease: COMMAND has one lease (as --extend-every 0)")
 	fs.DurationVar(&grace, "kill-grace", defaultKillGrace, "when the lock is lost: how long COMMAND has between SIGTERM and SIGKILL")
 	fs.BoolVar(&permit, "permit", false, "take one permit of the semaphore KEY (one KEY) instead of a lock; "+
-		"TICKETING_SLOT and TICKETING_FENCE_KEY (KEY#SLOT) join the environment")
+		"TICKETING_SLOT and TICKETING_FENCE_KEY (\"KEY SLOT\") join the environment")
 	fs.BoolVar(&verbose, "verbose", false, "say on stderr when the request is queued behind a holder (it waits for its turn), "+
 		"then its place in line and the estimated wait as they change")
 	if code, ok := fs.parse(args); !ok {
@@ -390,7 +391,7 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	tok := lk.Token()
 	if permit {
-		what = fmt.Sprintf("permit %s", lk.FenceKey())
+		what = fmt.Sprintf("permit %s slot %d", keys[0], lk.Slot())
 	}
 	// The lock's deadline counts from the ACQUIRE's send, so a grant that
 	// waited has less than a lease left: renew it once, so COMMAND has a

@@ -12,7 +12,7 @@ import (
 
 // `ticketing permits set` and `ticketing lock --permit` against a real
 // sidecar: set makes a semaphore of 2; two lock --permit commands hold its
-// two slots at once, each sees its own token, slot and KEY#SLOT in its
+// two slots at once, each sees its own token, slot and "KEY SLOT" in its
 // environment; a third would be busy; a plain lock of the key is refused
 // (is_semaphore, 78); set 0 while a permit is held is in_use (78), and
 // once idle removes it, after which lock --permit is not_semaphore (78).
@@ -33,12 +33,12 @@ func TestPermitsSetAndLockPermit(t *testing.T) {
 		t.Fatal(err)
 	}
 	code, out, errs := runLockT("--socket", sock, "--permit", "--wait", "0", key, "--",
-		"sh", "-c", `echo "$TICKETING_KEY $TICKETING_TOKEN $TICKETING_SLOT $TICKETING_FENCE_KEY"`)
+		"sh", "-c", `echo "$TICKETING_KEY|$TICKETING_TOKEN|$TICKETING_SLOT|$TICKETING_FENCE_KEY"`)
 	if code != 0 {
 		t.Fatalf("lock --permit: exit %d, stderr %q", code, errs)
 	}
-	f := strings.Fields(out)
-	want := fmt.Sprintf("%s#%d", key, 1-other.Slot())
+	f := strings.Split(strings.TrimSuffix(out, "\n"), "|")
+	want := fmt.Sprintf("%s %d", key, 1-other.Slot()) // a space: no key holds one
 	if len(f) != 4 || f[0] != key || f[1] == "" || f[1] == fmt.Sprint(other.Token()) || f[2] != fmt.Sprint(1-other.Slot()) || f[3] != want {
 		t.Fatalf("lock --permit environment %q; want the key, a new token, slot %d and %s", out, 1-other.Slot(), want)
 	}

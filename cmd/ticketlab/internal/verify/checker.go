@@ -138,7 +138,7 @@ type CheckOptions struct {
 	// negative: no bound.
 	MaxIndeterminateShare float64
 	// PermitStore is the permit workers' protected resource's log (its
-	// resources are <key>#<slot>; nil without permit workers).
+	// resources are "<key> <slot>"; nil without permit workers).
 	PermitStore []StoreRec
 }
 

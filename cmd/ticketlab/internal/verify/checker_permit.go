@@ -26,7 +26,7 @@ import (
 //     largest of those is allowed.
 //   - permit-slot: no two holdings of one (key, slot) overlap, and every
 //     slot is below the largest n ever set.
-//   - permit-fencing: a write of <key>#<slot> made while its holding was
+//   - permit-fencing: a write of "<key> <slot>" made while its holding was
 //     live (not on purpose past the lease) must be accepted: a refusal
 //     means a newer token of the same slot wrote meanwhile, a second holder
 //     of the slot. And per resource the store's accepted tokens increase.
@@ -291,7 +291,7 @@ func permitSummary(keys []string, plan []int, p PermitReport) string {
 	for _, n := range plan {
 		ns = append(ns, strconv.Itoa(n))
 	}
-	fmt.Fprintf(&b, "permits: %s, n %s; %d grants (%d hand-offs after `! QUEUED`), %d indeterminate; fenced writes of key#slot %d (%d refused, %d late on purpose); %d grants checked for FIFO; %d `! LOST` events (expired %d); PERMITS answered OK, with the permits held then: %s\n",
+	fmt.Fprintf(&b, "permits: %s, n %s; %d grants (%d hand-offs after `! QUEUED`), %d indeterminate; fenced writes of \"key slot\" %d (%d refused, %d late on purpose); %d grants checked for FIFO; %d `! LOST` events (expired %d); PERMITS answered OK, with the permits held then: %s\n",
 		strings.Join(keys, ","), strings.Join(ns, " → "), p.Grants, p.HandOffs, p.Indeterminate, p.Writes, p.Stale, p.Late, p.FIFOChecked, lost, p.Lost["expired"], strings.Join(p.AtSets, ", "))
 	for _, k := range keys {
 		var ns []int

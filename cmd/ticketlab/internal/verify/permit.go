@@ -25,7 +25,7 @@ import (
 // permit grants beside the lock grants (one cluster counter).
 const (
 	KindPermit        = "permit"         // a PERMIT: Key, LeaseMs, WaitMs; Token and Slot when OK
-	KindPermitWrite   = "permit-write"   // a fenced write of the resource <key>#<slot> under Token
+	KindPermitWrite   = "permit-write"   // a fenced write of the resource "<key> <slot>" under Token
 	KindPermitRelease = "permit-release" // a RELEASE of a permit (Acq, Token)
 	KindPermitExtend  = "permit-extend"  // an EXTEND of a permit (Acq, Token, LeaseMs: the new lease)
 	KindPermits       = "permits"        // a PERMITS <key> <n> of the controller (N)
@@ -49,11 +49,12 @@ type PermitParams struct {
 }
 
 // permitResource is the fencing domain of a permit: (key, slot), named as
-// the protocol document says to fence it.
-func permitResource(key string, slot int) string { return key + "#" + strconv.Itoa(slot) }
+// the protocol document and the clients fence it, "<key> <slot>" (a space:
+// no key holds one, so no lock key names it; ticketing.PermitFenceKey).
+func permitResource(key string, slot int) string { return key + " " + strconv.Itoa(slot) }
 
 // runPermitWorker loops PERMIT → (sometimes EXTEND) → fenced write of
-// <key>#<slot> → RELEASE until ctx ends, as runWorker does for locks.
+// "<key> <slot>" → RELEASE until ctx ends, as runWorker does for locks.
 func runPermitWorker(ctx context.Context, p PermitParams, write writeFunc, emit func(Op)) {
 	rng := rand.New(rand.NewSource(p.Seed))
 	// The reader goroutine numbers the LOST events it records too.
