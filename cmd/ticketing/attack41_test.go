@@ -10,6 +10,8 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -157,5 +159,255 @@ func TestAttack41RaisingPermitsOvershootsMaxKeys(t *testing.T) {
 	if held+1 > maxKeys {
 		t.Fatalf("%d permits held on one semaphore (+1 definition = %d holdings) with --max-keys %d: "+
 			"raising n grants queued waiters past the bound", held, held+1, maxKeys)
+	}
+}
+
+// a41Waiter is a unix connection with one waiting PERMIT (or ACQUIRE),
+// request line 2 after HELLO 7 events. Its reader records every line and
+// checks each POSITION as it comes: for its request and key, never after
+// its reply, never higher than the last, and equal to want (the place the
+// test computed for the line as it stands; 0 = none expected now).
+type a41Waiter struct {
+	name string
+	l    *a41Line
+
+	mu    sync.Mutex
+	want  int
+	last  int
+	told  int
+	reply string
+	errs  []string
+}
+
+func a41StartWaiter(t *testing.T, sock, name, req, key string) *a41Waiter {
+	t.Helper()
+	w := &a41Waiter{name: name, l: a41Dial(t, sock)}
+	w.l.send("HELLO 7 events")
+	if r := w.l.read(30 * time.Second); r != "HELLO 7 events" {
+		t.Fatalf("%s: HELLO: %q", name, r)
+	}
+	w.l.send(req)
+	if r := w.l.read(30 * time.Second); r != "! QUEUED 2 "+key {
+		t.Fatalf("%s: %q, want ! QUEUED 2 %s", name, r, key)
+	}
+	w.l.c.SetReadDeadline(time.Time{})
+	go func() {
+		for {
+			s, err := w.l.br.ReadString('\n')
+			if err != nil {
+				return
+			}
+			s = strings.TrimSuffix(s, "\n")
+			w.mu.Lock()
+			f := strings.Fields(s)
+			switch {
+			case !strings.HasPrefix(s, "!"):
+				if w.reply == "" {
+					w.reply = s
+				}
+			case len(f) != 6 || f[1] != "POSITION":
+				w.errs = append(w.errs, fmt.Sprintf("unexpected event %q", s))
+			case w.reply != "":
+				w.errs = append(w.errs, fmt.Sprintf("%q after the reply %q", s, w.reply))
+			case f[2] != "2" || f[5] != key:
+				w.errs = append(w.errs, fmt.Sprintf("%q names another request or key", s))
+			default:
+				pos, _ := strconv.Atoi(f[3])
+				if pos != w.want {
+					w.errs = append(w.errs, fmt.Sprintf("%q: place %d, the line gives %d", s, pos, w.want))
+				}
+				if w.last != 0 && pos > w.last {
+					w.errs = append(w.errs, fmt.Sprintf("%q: went up from %d", s, w.last))
+				}
+				w.last = pos
+				w.told++
+			}
+			w.mu.Unlock()
+		}
+	}()
+	return w
+}
+
+func (w *a41Waiter) expect(n int) { w.mu.Lock(); w.want = n; w.mu.Unlock() }
+
+func (w *a41Waiter) state() (last, told int, reply string, errs []string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.last, w.told, w.reply, append([]string(nil), w.errs...)
+}
+
+func a41ExpectLine(live []*a41Waiter) {
+	for i, w := range live {
+		w.expect(i + 1)
+	}
+}
+
+func a41WaitFor(t *testing.T, what string, d time.Duration, f func() bool) {
+	t.Helper()
+	end := time.Now().Add(d)
+	for !f() {
+		if time.Now().After(end) {
+			t.Fatalf("timed out: %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// a41Settle waits until each waiter of live was told its place in order
+// (and, with since, told more lines than since[w]), failing on any
+// violation recorded meanwhile.
+func a41Settle(t *testing.T, what string, live []*a41Waiter, since map[*a41Waiter]int) {
+	t.Helper()
+	a41WaitFor(t, what, 30*time.Second, func() bool {
+		ok := true
+		for i, w := range live {
+			last, told, reply, errs := w.state()
+			if len(errs) > 0 {
+				t.Fatalf("%s: %s: %s", what, w.name, strings.Join(errs, "; "))
+			}
+			if reply != "" {
+				t.Fatalf("%s: %s answered %q while it should wait", what, w.name, reply)
+			}
+			if last != i+1 || told <= since[w] {
+				ok = false
+			}
+		}
+		return ok
+	})
+}
+
+// a41Granted waits for w's reply and returns its token and slot.
+func a41Granted(t *testing.T, w *a41Waiter) (token string, slot int) {
+	t.Helper()
+	var reply string
+	a41WaitFor(t, w.name+" granted", 30*time.Second, func() bool {
+		_, _, reply, _ = w.state()
+		return reply != ""
+	})
+	f := strings.Fields(reply)
+	if len(f) != 3 || f[0] != "OK" {
+		t.Fatalf("%s: %q, want OK <token> <slot>", w.name, reply)
+	}
+	slot, _ = strconv.Atoi(f[2])
+	return f[1], slot
+}
+
+// Held (regression): the places of permit waiters on real node processes
+// stay exact and only go down through a cancel ahead (a closed unix
+// connection), the leader's SIGKILL, raising n on the new leader (which
+// grants the two head waiters, in FIFO, into the free slots above the
+// held ones), lowering n below the permits held (no grant, no place
+// moves), and the releases that bring the held count below n (a grant
+// into the lowest free slot). Every grant's token is above every earlier
+// one, and no POSITION follows its reply.
+func TestAttack41PermitPositionsAcrossKillRaiseAndLower(t *testing.T) {
+	p, sock := a41Procs(t, "--position-interval", "100ms")
+	op := a41Dial(t, sock)
+	if r := a41SetPermits(t, op, "s", 2); r != "OK" {
+		t.Fatalf("PERMITS s 2: %q", r)
+	}
+	var holdTok []string
+	maxTok := uint64(0)
+	for range 2 {
+		op.send("PERMIT s 120 0")
+		r := op.reply(30 * time.Second)
+		f := strings.Fields(r)
+		if len(f) != 3 || f[0] != "OK" {
+			t.Fatalf("holder: %q", r)
+		}
+		holdTok = append(holdTok, f[1])
+		tok, _ := strconv.ParseUint(f[1], 10, 64)
+		maxTok = max(maxTok, tok)
+	}
+	var live []*a41Waiter
+	for i := range 6 {
+		w := a41StartWaiter(t, sock, fmt.Sprintf("w%d", i+1), "PERMIT s 120 120", "s")
+		live = append(live, w)
+		a41ExpectLine(live)
+	}
+	a41Settle(t, "first places", live, nil)
+
+	// w2 leaves: its connection closes, the sidecar cancels it.
+	gone := live[1]
+	gone.expect(0)
+	live = append(live[:1:1], live[2:]...)
+	a41ExpectLine(live)
+	gone.l.c.Close()
+	a41Settle(t, "places after w2's cancel", live, nil)
+
+	before := map[*a41Waiter]int{}
+	for _, w := range live {
+		_, before[w], _, _ = w.state()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	li, err := p.Leader(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Signal(li, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	a41Settle(t, "places told again by the new leader", live, before)
+
+	// Raise n to 4 on the new leader: the two head waiters are granted,
+	// slots 2 and 3.
+	heads := live[:2]
+	for _, w := range heads {
+		w.expect(0)
+	}
+	live = live[2:]
+	a41ExpectLine(live)
+	if r := a41SetPermits(t, op, "s", 4); r != "OK" {
+		t.Fatalf("PERMITS s 4: %q", r)
+	}
+	var headTok []string
+	for i, w := range heads {
+		tok, slot := a41Granted(t, w)
+		if slot != 2+i {
+			t.Fatalf("%s granted slot %d, want %d", w.name, slot, 2+i)
+		}
+		n, _ := strconv.ParseUint(tok, 10, 64)
+		if n <= maxTok {
+			t.Fatalf("%s token %d not above %d", w.name, n, maxTok)
+		}
+		maxTok = n
+		headTok = append(headTok, tok)
+	}
+	a41Settle(t, "places after the raise", live, nil)
+
+	// Lower n to 1 with 4 held: releasing slots 0, 1 and 2 leaves one
+	// held (slot 3): nobody granted, no place moves.
+	if r := a41SetPermits(t, op, "s", 1); r != "OK" {
+		t.Fatalf("PERMITS s 1: %q", r)
+	}
+	for _, tok := range holdTok {
+		op.send("RELEASE s " + tok)
+		if r := op.reply(30 * time.Second); r != "OK" {
+			t.Fatalf("RELEASE s %s: %q", tok, r)
+		}
+	}
+	heads[0].l.send("RELEASE s " + headTok[0])
+	time.Sleep(time.Second)
+	for _, w := range live {
+		if _, _, reply, errs := w.state(); reply != "" || len(errs) > 0 {
+			t.Fatalf("%s with 1 of n=1 held: %q %v", w.name, reply, errs)
+		}
+	}
+	// The last release frees the section: the head gets slot 0.
+	head := live[0]
+	head.expect(0)
+	live = live[1:]
+	a41ExpectLine(live)
+	heads[1].l.send("RELEASE s " + headTok[1])
+	tok, slot := a41Granted(t, head)
+	if n, _ := strconv.ParseUint(tok, 10, 64); slot != 0 || n <= maxTok {
+		t.Fatalf("%s granted token %s slot %d after the section emptied, want slot 0 and a token above %d", head.name, tok, slot, maxTok)
+	}
+	a41Settle(t, "places after the last hand-off", live, nil)
+	for _, w := range append(heads, gone, head) {
+		if _, _, _, errs := w.state(); len(errs) > 0 {
+			t.Fatalf("%s: %s", w.name, strings.Join(errs, "; "))
+		}
 	}
 }
