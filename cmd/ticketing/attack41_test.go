@@ -6,8 +6,10 @@ package main
 import (
 	"bufio"
 	"context"
+	"database/sql"
 	"fmt"
 	"net"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,7 +18,10 @@ import (
 	"time"
 
 	ticketing "ticketing/clients/go"
+	"ticketing/clients/go/fence"
 	"ticketing/cluster/localproc"
+
+	_ "modernc.org/sqlite"
 )
 
 // a41Line is one raw unix connection to the sidecar: lines written and
@@ -409,5 +414,134 @@ func TestAttack41PermitPositionsAcrossKillRaiseAndLower(t *testing.T) {
 		if _, _, _, errs := w.state(); len(errs) > 0 {
 			t.Fatalf("%s: %s", w.name, strings.Join(errs, "; "))
 		}
+	}
+}
+
+// Finding: the fenced resource of a permit is the string "<key>#<slot>"
+// (ticketing.PermitFenceKey), but '#' is a legal byte of a key, so the
+// lock key "checkout#0" and slot 0 of the semaphore "checkout" are two
+// independent holdings in the cluster (both granted at once, as they
+// should be) that share one high-water mark in the fence table. The live,
+// only-ever holder of slot 0 is then refused as stale (fence.ErrStale)
+// because the lock "checkout#0" wrote with a newer token, although FENCING.md
+// promises "a stale holder of slot s is refused once a newer token wrote
+// slot s" and nothing else wrote slot s. (The reverse holds too: a permit
+// with a newer token makes the lock's holder stale.)
+func TestAttack41PermitFenceKeyCollidesWithALockKey(t *testing.T) {
+	p, sock := a41Procs(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	// A sidecar that handshook before the domain was applied never learns
+	// it (TestAttack41SidecarStartedWithTheClusterNeverLearnsItsDomain):
+	// start it again now that the cluster has one.
+	a41RestartSidecar(ctx, t, p)
+	c, err := ticketing.Dial(ctx, sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for {
+		err = c.SetPermits(ctx, "checkout", 2)
+		if err == nil || ctx.Err() != nil || !strings.Contains(err.Error(), "not_supported") {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		in, err := c.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if in.Domain != "" {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	permit, err := c.LockPermit(ctx, "checkout", time.Minute, 0)
+	if err != nil || permit.Slot() != 0 {
+		t.Fatalf("permit: %v %v", permit, err)
+	}
+	lock, err := c.Lock(ctx, "checkout#0", time.Minute, 0)
+	if err != nil {
+		t.Fatalf("lock checkout#0: %v", err)
+	}
+	t.Logf("permit of checkout: token %d slot %d, fence key %q; lock: key %q token %d",
+		permit.Token(), permit.Slot(), permit.FenceKey(), lock.FenceKey(), lock.Token())
+
+	sdb, err := sql.Open("sqlite", "file:"+filepath.Join(t.TempDir(), "fence.db")+
+		"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sdb.Close()
+	f := fence.New(fence.SQLite)
+	if _, err := sdb.Exec(fence.Schema(fence.SQLite)); err != nil {
+		t.Fatal(err)
+	}
+	// The lock's holder writes what the lock "checkout#0" protects.
+	if err := f.DoLock(ctx, sdb, nil, lock, func(*sql.Tx) error { return nil }); err != nil {
+		t.Fatalf("the lock holder's write: %v", err)
+	}
+	// The live holder of slot 0 (nobody else ever held slot 0) writes lane 0.
+	if err := f.DoLock(ctx, sdb, nil, permit, func(*sql.Tx) error { return nil }); err != nil {
+		t.Fatalf("the live and only holder of checkout slot 0 (token %d) is refused: %v "+
+			"(the lock key %q, token %d, wrote the same fence row %q)",
+			permit.Token(), err, lock.FenceKey(), lock.Token(), permit.FenceKey())
+	}
+}
+
+// a41RestartSidecar kills the sidecar process and starts it again.
+func a41RestartSidecar(ctx context.Context, t *testing.T, p *localproc.Procs) {
+	t.Helper()
+	if err := p.SignalSidecar(0, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.StartSidecar(0); err != nil {
+		t.Fatal(err)
+	}
+	if err := ticketing.WaitReady(ctx, p.SidecarSocket(0)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Side finding (fencing, not the newest features): a sidecar process
+// started together with a new cluster (localproc, or `ticketing node`s and
+// `ticketing sidecar` started by one systemd target) handshakes with the
+// nodes before the bootstrap's domain entry is applied, pins no domain
+// ("" from every node) and never asks again while those connections live:
+// it grants locks for minutes while INFO says domain=- ("it has not reached
+// a node of its cluster yet"), and every fence helper refuses with
+// ErrNoDomain. A restart of the sidecar fixes it.
+func TestAttack41SidecarStartedWithTheClusterNeverLearnsItsDomain(t *testing.T) {
+	_, sock := a41Procs(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, err := ticketing.Dial(ctx, sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	tok, err := c.Acquire(ctx, "k", time.Minute, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("granted token %d", tok)
+	end := time.Now().Add(15 * time.Second)
+	for {
+		in, err := c.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if in.Domain != "" {
+			return
+		}
+		if time.Now().After(end) {
+			t.Fatalf("15 s after granting token %d the sidecar still reports domain=- (INFO %q): fence helpers refuse every write",
+				tok, in.Raw)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
