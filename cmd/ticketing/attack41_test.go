@@ -9,6 +9,7 @@ import (
 	"database/sql"
 	"fmt"
 	"net"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -543,5 +544,152 @@ func TestAttack41SidecarStartedWithTheClusterNeverLearnsItsDomain(t *testing.T) 
 				tok, in.Raw)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// a41Snapshots is how many raft snapshots node i's data dir holds.
+func a41Snapshots(p *localproc.Procs, i int) int {
+	m, _ := filepath.Glob(filepath.Join(p.DataDir(i), "snapshots", "snapshots", "*", "meta.json"))
+	return len(m)
+}
+
+// Held (regression): a semaphore lowered below its held permits, with
+// session waiters queued, survives the SIGKILL of every node and their
+// restart from a snapshot (version 6) plus the log's tail: n, the three
+// held slots (one above n), the waiters' order and their broker session
+// come back; nobody is granted while n or more are held; each release that
+// brings the count below n grants the head the lowest free slot with a
+// token above every earlier one.
+func TestAttack41LoweredSemaphoreSurvivesFullRestartFromSnapshot(t *testing.T) {
+	if testing.Short() {
+		t.Skip("generates a snapshot's worth of entries")
+	}
+	p, sock := a41Procs(t)
+	op := a41Dial(t, sock)
+	if r := a41SetPermits(t, op, "s", 3); r != "OK" {
+		t.Fatalf("PERMITS s 3: %q", r)
+	}
+	var toks []string
+	maxTok := uint64(0)
+	for i := range 3 {
+		op.send("PERMIT s 250 0")
+		f := strings.Fields(op.reply(30 * time.Second))
+		if len(f) != 3 || f[0] != "OK" || f[2] != strconv.Itoa(i) {
+			t.Fatalf("permit %d: %v", i, f)
+		}
+		toks = append(toks, f[1])
+		n, _ := strconv.ParseUint(f[1], 10, 64)
+		maxTok = max(maxTok, n)
+	}
+	if r := a41SetPermits(t, op, "s", 2); r != "OK" {
+		t.Fatalf("PERMITS s 2: %q", r)
+	}
+	w1 := a41StartWaiter(t, sock, "w1", "PERMIT s 250 3600", "s")
+	w2 := a41StartWaiter(t, sock, "w2", "PERMIT s 250 3600", "s")
+	w1.expect(1)
+	w2.expect(2)
+
+	// A snapshot's worth of entries (DefaultSnapshotThreshold 16384):
+	// pipelined resizes of another semaphore.
+	gen := a41Dial(t, sock)
+	if r := a41SetPermits(t, gen, "t", 1); r != "OK" {
+		t.Fatalf("PERMITS t 1: %q", r)
+	}
+	// Small windows: the leader packs commands that arrive together into
+	// one log entry.
+	const window = 4
+	room := make(chan struct{}, window)
+	stop := make(chan struct{})
+	go func() {
+		for i := 0; ; i++ {
+			select {
+			case room <- struct{}{}:
+			case <-stop:
+				return
+			}
+			if _, err := gen.c.Write([]byte(fmt.Sprintf("PERMITS t %d\n", 1+i%7))); err != nil {
+				return
+			}
+		}
+	}()
+	snapped := func() bool {
+		for i := range p.Size() {
+			if a41Snapshots(p, i) == 0 {
+				return false
+			}
+		}
+		return true
+	}
+	start := time.Now()
+	sent := 0
+	for !snapped() {
+		if time.Since(start) > 150*time.Second {
+			out, _ := exec.Command("find", p.DataDir(0), p.DataDir(1)).CombinedOutput()
+			t.Fatalf("no snapshot on every node after %d resizes:\n%s", sent, out)
+		}
+		if r := gen.reply(60 * time.Second); r != "OK" {
+			t.Fatalf("resize %d: %q", sent, r)
+		}
+		sent++
+		<-room
+	}
+	close(stop)
+	t.Logf("%d resizes, %v: a snapshot on every node", sent, time.Since(start))
+	for i := range p.Size() {
+		if err := p.Signal(i, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range p.Size() {
+		if err := p.Start(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := p.Leader(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Release slot 0: slots 1 and 2 held, n = 2: nobody granted.
+	a41Release := func(tok string) {
+		t.Helper()
+		for {
+			op.send("RELEASE s " + tok)
+			r := op.reply(60 * time.Second)
+			if r == "OK" {
+				return
+			}
+			if !strings.Contains(r, "unavailable") && !strings.Contains(r, "INDETERMINATE") || ctx.Err() != nil {
+				t.Fatalf("RELEASE s %s after the restart: %q", tok, r)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	a41Release(toks[0])
+	time.Sleep(time.Second)
+	for _, w := range []*a41Waiter{w1, w2} {
+		if _, _, reply, errs := w.state(); reply != "" || len(errs) > 0 {
+			t.Fatalf("%s with 2 of n=2 held after the restart: %q %v", w.name, reply, errs)
+		}
+	}
+	w1.expect(0)
+	w2.expect(1)
+	a41Release(toks[1])
+	tok, slot := a41Granted(t, w1)
+	if n, _ := strconv.ParseUint(tok, 10, 64); slot != 0 || n <= maxTok {
+		t.Fatalf("w1: token %s slot %d, want slot 0 and a token above %d", tok, slot, maxTok)
+	} else {
+		maxTok = n
+	}
+	w2.expect(0)
+	a41Release(toks[2])
+	tok, slot = a41Granted(t, w2)
+	if n, _ := strconv.ParseUint(tok, 10, 64); slot != 1 || n <= maxTok {
+		t.Fatalf("w2: token %s slot %d, want slot 1 and a token above %d", tok, slot, maxTok)
+	}
+	for _, w := range []*a41Waiter{w1, w2} {
+		if _, _, _, errs := w.state(); len(errs) > 0 {
+			t.Fatalf("%s: %v", w.name, errs)
+		}
 	}
 }
