@@ -8,7 +8,10 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -76,9 +79,15 @@ func (l *a41Line) reply(d time.Duration) string {
 // sidecar process, and waits until the sidecar reaches a leader.
 func a41Procs(t *testing.T, nodeArgs ...string) (*localproc.Procs, string) {
 	t.Helper()
+	return a41ProcsS(t, nil, nodeArgs...)
+}
+
+// a41ProcsS is a41Procs with extra sidecar flags.
+func a41ProcsS(t *testing.T, sidecarArgs []string, nodeArgs ...string) (*localproc.Procs, string) {
+	t.Helper()
 	sockDir := t.TempDir()
 	p, err := localproc.Start(localproc.Options{Binary: binary, Dir: t.TempDir(), SocketDir: sockDir, Sidecars: 1,
-		ExtraArgs: append([]string{"--log-level", "warn"}, nodeArgs...)})
+		SidecarArgs: sidecarArgs, ExtraArgs: append([]string{"--log-level", "warn"}, nodeArgs...)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -692,4 +701,133 @@ func TestAttack41LoweredSemaphoreSurvivesFullRestartFromSnapshot(t *testing.T) {
 			t.Fatalf("%s: %v", w.name, errs)
 		}
 	}
+}
+
+// a41RSS is the resident set of process pid, in bytes.
+func a41RSS(t *testing.T, pid int) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmRSS:" {
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb * 1024
+		}
+	}
+	t.Fatal("no VmRSS")
+	return 0
+}
+
+// Finding (invariant 6): one unix connection that asked for events and
+// stops reading (stalled or hostile) makes the sidecar buffer its
+// `! POSITION` lines without bound: the session's event queue
+// (unixapi/session.go queueEventsLocked) is a plain append, the writer is
+// blocked in Write with no deadline, and nothing closes the connection.
+// Each walk of a moving line queues one line per waiter of the connection
+// (up to MaxWaitersPerSession = 100,000). Here the connection's own
+// permits (lease 1 s, staggered) expire through the log, so the line moves
+// every position interval by itself, and the sidecar process's memory
+// grows by megabytes a second for as long as the connection stays open,
+// until the sidecar (and every other client's locks with it) is killed by
+// the OOM killer.
+func TestAttack41StalledReaderGrowsSidecarMemoryWithoutBound(t *testing.T) {
+	if testing.Short() {
+		t.Skip("measures memory growth over 20 s")
+	}
+	a41PositionFlood(t, false)
+}
+
+// Control (holds): the same flood to a connection that reads its lines
+// leaves the sidecar's memory flat.
+func TestAttack41PositionFloodToAReaderStaysBounded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("measures memory growth over 20 s")
+	}
+	a41PositionFlood(t, true)
+}
+
+func a41PositionFlood(t *testing.T, read bool) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pprofAddr := ln.Addr().String()
+	ln.Close()
+	p, sock := a41ProcsS(t, []string{"--pprof-addr", pprofAddr}, "--position-interval", "100ms")
+	op := a41Dial(t, sock)
+	const n, waiters = 10, 6000
+	if r := a41SetPermits(t, op, "s", n); r != "OK" {
+		t.Fatalf("PERMITS s %d: %q", n, r)
+	}
+	a := a41Dial(t, sock)
+	a.send("HELLO 7 events")
+	if r := a.read(30 * time.Second); r != "HELLO 7 events" {
+		t.Fatalf("HELLO: %q", r)
+	}
+	// n permits of 1 s, 100 ms apart: their expiries (and the hand-offs
+	// that follow, each with a fresh 1 s lease) are spread over the second.
+	for range n {
+		a.send("PERMIT s 1 3600")
+		time.Sleep(100 * time.Millisecond)
+	}
+	var b strings.Builder
+	for range waiters {
+		b.WriteString("PERMIT s 1 3600\n")
+	}
+	go a.c.Write([]byte(b.String())) // and (stalled) never read again
+	if read {
+		go io.Copy(io.Discard, a.br)
+	}
+	if read {
+		a.c.SetReadDeadline(time.Time{})
+	}
+	time.Sleep(8 * time.Second)
+	pid := p.SidecarPid(0)
+	const d = 12 * time.Second
+	var rss []int64
+	for k := range 3 {
+		if k > 0 {
+			time.Sleep(d)
+		}
+		rss = append(rss, a41Heap(t, pprofAddr))
+	}
+	t.Logf("sidecar live heap (after a GC) %d -> %d -> %d MiB, %v apart, one connection of %d waiters (reading: %v; RSS now %d MiB)",
+		rss[0]>>20, rss[1]>>20, rss[2]>>20, d, waiters, read, a41RSS(t, pid)>>20)
+	// The other connection is still served meanwhile (the sidecar is not
+	// stuck, it is accumulating).
+	op.send("PING")
+	if r := op.reply(30 * time.Second); !strings.HasPrefix(r, "PONG") {
+		t.Fatalf("PING: %q", r)
+	}
+	// The live heap after a GC: a reader's stays flat; a sidecar that
+	// keeps what it cannot write grows in every window.
+	if rss[1]-rss[0] > 4<<20 && rss[2]-rss[1] > 4<<20 {
+		t.Fatalf("the sidecar's live heap grew %d -> %d -> %d MiB over %v buffering POSITION lines "+
+			"(reading: %v); no bound, no close", rss[0]>>20, rss[1]>>20, rss[2]>>20, 2*d, read)
+	}
+}
+
+// a41Heap is the sidecar's live heap right after a garbage collection
+// (HeapAlloc of /debug/pprof/heap?gc=1&debug=1 on its --pprof-addr).
+func a41Heap(t *testing.T, addr string) int64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/debug/pprof/heap?gc=1&debug=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "# HeapAlloc = "); ok {
+			n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			return n
+		}
+	}
+	t.Fatal("no HeapAlloc in the heap profile")
+	return 0
 }
