@@ -831,3 +831,33 @@ func a41Heap(t *testing.T, addr string) int64 {
 	t.Fatal("no HeapAlloc in the heap profile")
 	return 0
 }
+
+// Side finding, the same root as the one above, with a safety edge: a
+// sidecar pinned to a fencing domain (`ticketing sidecar --domain D`, so
+// that "a node of another domain is refused: its tokens are not comparable
+// with the ones already handed out") that handshakes with nodes before
+// their domain entry is applied accepts them (the handshake skips the
+// check when the node names no domain, cluster/wire/handshake.go:236) and
+// never checks again: it hands out that cluster's tokens while INFO says
+// domain=D, so fence helpers write them under D's high-water marks.
+func TestAttack41PinnedSidecarServesAnotherDomainsTokens(t *testing.T) {
+	const pinned = "00000000000000000000000000000001"
+	_, sock := a41ProcsS(t, []string{"--domain", pinned})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, err := ticketing.Dial(ctx, sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	tok, err := c.Acquire(ctx, "k", time.Minute, 0)
+	in, ierr := c.Info(ctx)
+	if ierr != nil {
+		t.Fatal(ierr)
+	}
+	if err == nil {
+		t.Fatalf("a sidecar pinned to domain %s granted token %d from a new cluster of another domain (INFO %q)",
+			pinned, tok, in.Raw)
+	}
+	t.Logf("refused: %v", err)
+}
