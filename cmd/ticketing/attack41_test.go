@@ -861,3 +861,97 @@ func TestAttack41PinnedSidecarServesAnotherDomainsTokens(t *testing.T) {
 	}
 	t.Logf("refused: %v", err)
 }
+
+// Held (regression): the leader process is frozen (SIGSTOP) right after a
+// hand-off armed its walk of the line, the cluster elects another leader
+// which moves the line twice more, and only then is the old leader
+// thawed (SIGCONT): its due walk of the line it knew must not reach a
+// waiter (a stale, higher place), and every place told stays exact and
+// only goes down.
+func TestAttack41FrozenOldLeaderWalkIsNeverTold(t *testing.T) {
+	p, sock := a41Procs(t, "--position-interval", "100ms")
+	holder := a41Dial(t, sock)
+	holder.send("ACQUIRE k 250 0")
+	hr := holder.reply(30 * time.Second)
+	if !strings.HasPrefix(hr, "OK ") {
+		t.Fatalf("holder: %q", hr)
+	}
+	var live []*a41Waiter
+	for i := range 5 {
+		w := a41StartWaiter(t, sock, fmt.Sprintf("w%d", i+1), "ACQUIRE k 250 3600", "k")
+		live = append(live, w)
+		a41ExpectLine(live)
+	}
+	a41Settle(t, "first places", live, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	li, err := p.Leader(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Hand-off 1 on the old leader, and freeze it at once: its walk (100
+	// ms later) is due in a stopped process.
+	head := live[0]
+	head.expect(0)
+	live = live[1:]
+	a41ExpectLine(live)
+	holder.send("RELEASE k " + strings.TrimPrefix(hr, "OK "))
+	if r := holder.reply(30 * time.Second); r != "OK" {
+		t.Fatalf("RELEASE: %q", r)
+	}
+	if err := p.Signal(li, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	thawed := false
+	defer func() {
+		if !thawed {
+			p.Signal(li, syscall.SIGCONT)
+		}
+	}()
+	tok, _ := a41GrantedLock(t, head)
+	a41Settle(t, "places after hand-off 1 (new leader)", live, nil)
+	// Two more hand-offs on the new leader.
+	for range 2 {
+		next := live[0]
+		next.expect(0)
+		live = live[1:]
+		a41ExpectLine(live)
+		head.l.send("RELEASE k " + tok)
+		tok, _ = a41GrantedLock(t, next)
+		head = next
+		a41Settle(t, "places after a hand-off on the new leader", live, nil)
+	}
+	before := map[*a41Waiter]int{}
+	for _, w := range live {
+		_, before[w], _, _ = w.state()
+	}
+	if err := p.Signal(li, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	thawed = true
+	time.Sleep(3 * time.Second)
+	for _, w := range live {
+		last, told, reply, errs := w.state()
+		if len(errs) > 0 || reply != "" {
+			t.Fatalf("%s after the old leader thawed: %v %q", w.name, errs, reply)
+		}
+		if told != before[w] {
+			t.Logf("%s told %d more (last %d) after the thaw", w.name, told-before[w], last)
+		}
+	}
+}
+
+// a41GrantedLock waits for w's ACQUIRE reply "OK <token>".
+func a41GrantedLock(t *testing.T, w *a41Waiter) (string, string) {
+	t.Helper()
+	var reply string
+	a41WaitFor(t, w.name+" granted", 60*time.Second, func() bool {
+		_, _, reply, _ = w.state()
+		return reply != ""
+	})
+	f := strings.Fields(reply)
+	if len(f) != 2 || f[0] != "OK" {
+		t.Fatalf("%s: %q, want OK <token>", w.name, reply)
+	}
+	return f[1], reply
+}
