@@ -60,3 +60,62 @@ func TestAttack41EstimateIsZeroAfterARaise(t *testing.T) {
 		t.Fatalf("%d waiters told an estimated wait of 0 s behind 3 permits held for 250 s (two simultaneous hand-offs made the mean interval 0)", len(zero))
 	}
 }
+
+// Held (regression): every mismatch and hostile PERMIT/PERMITS line on the
+// real sidecar gets a clear, definite error and touches nobody's holding:
+// the lock, the semaphore's n, its holder and its waiter are as before.
+func TestAttack41MismatchesAreClearErrors(t *testing.T) {
+	_, sock := a41Procs(t)
+	op := a41Dial(t, sock)
+	if r := a41SetPermits(t, op, "s", 1); r != "OK" {
+		t.Fatal(r)
+	}
+	op.send("PERMIT s 250 0")
+	pr := op.reply(30 * time.Second)
+	if !strings.HasPrefix(pr, "OK ") {
+		t.Fatal(pr)
+	}
+	op.send("ACQUIRE l 250 0")
+	lr := op.reply(30 * time.Second)
+	if !strings.HasPrefix(lr, "OK ") {
+		t.Fatal(lr)
+	}
+	w := a41StartWaiter(t, sock, "w", "PERMIT s 250 600", "s")
+	cases := []struct{ req, want string }{
+		{"ACQUIRE s 10 0", "ERR is_semaphore"},
+		{"ACQUIRE s 10 5", "ERR is_semaphore"},
+		{"ACQUIRE free s 10 5", "ERR is_semaphore"},
+		{"PERMIT l 10 0", "ERR not_semaphore"},
+		{"PERMIT nosuch 10 5", "ERR not_semaphore"},
+		{"PERMITS l 3", "ERR in_use"},
+		{"PERMITS s 0", "ERR in_use"},
+		{"PERMITS nosuch 0", "ERR not_semaphore"},
+		{"PERMITS s 100001", "ERR invalid_permits"},
+		{"PERMITS s -1", "ERR invalid_permits"},
+		{"PERMITS s 4294967297", "ERR invalid_permits"},
+		{"PERMIT s 0 0", "ERR invalid_lease"},
+		{"RELEASE s 1", "ERR token_mismatch"},
+		{"RELEASE s " + strings.Fields(pr)[1] + "0", "ERR token_mismatch"},
+	}
+	for _, c := range cases {
+		op.send(c.req)
+		if r := op.reply(30 * time.Second); !strings.HasPrefix(r, c.want) {
+			t.Errorf("%q: %q, want %s", c.req, r, c.want)
+		}
+	}
+	// Nothing moved: the waiter still waits, the lock and the permit are
+	// still held (their releases succeed), then the waiter is granted.
+	if _, _, reply, errs := w.state(); reply != "" || len(errs) > 0 {
+		t.Fatalf("waiter: %q %v", reply, errs)
+	}
+	w.expect(0)
+	for _, rel := range []string{"RELEASE l " + strings.Fields(lr)[1], "RELEASE s " + strings.Fields(pr)[1]} {
+		op.send(rel)
+		if r := op.reply(30 * time.Second); r != "OK" {
+			t.Fatalf("%s: %q", rel, r)
+		}
+	}
+	if _, slot := a41Granted(t, w); slot != 0 {
+		t.Fatalf("waiter granted slot %d", slot)
+	}
+}
