@@ -209,6 +209,10 @@ func nodeConfig(name string, args []string, stdout, stderr io.Writer, extra func
 		"while entries are appended (one also comes every 4096 entries)")
 	fs.DurationVar(&cfg.PositionInterval, "position-interval", d.PositionInterval, "how often the leader tells waiters their "+
 		"places in line (at most one position per waiter and interval; 10ms..1m)")
+	fs.Uint64Var(&cfg.SnapshotThreshold, "snapshot-threshold", d.SnapshotThreshold, "log entries after the last snapshot that trigger a new one "+
+		"(checked every --snapshot-interval; lower: smaller logs and more snapshots)")
+	fs.DurationVar(&cfg.SnapshotInterval, "snapshot-interval", d.SnapshotInterval, "how often the node checks whether --snapshot-threshold "+
+		"entries came since its last snapshot (at a random time between one and two intervals)")
 	fs.StringVar(&cfg.ClientAddr, "client-addr", "", "HOST:PORT to serve clients on")
 	fs.StringVar(&cfg.AdvertiseClientAddr, "advertise-client-addr", "", "client address handed to clients in M replies (default: --client-addr)")
 	fs.StringVar(&cfg.PeerAddr, "peer-addr", "", "HOST:PORT to serve Raft peers on (must match this node's entry in --peers; the node refuses to start otherwise)")

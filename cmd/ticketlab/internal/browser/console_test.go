@@ -1,0 +1,241 @@
+package browser
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+
+	ticketing "ticketing/clients/go"
+	"ticketing/cmd/ticketlab/internal/labtest"
+)
+
+// devRun is a `ticketing dev` process and what it printed.
+type devRun struct {
+	console, secretFile, socket string
+}
+
+// startDev runs `ticketing dev` on free ports in a new directory and
+// waits for its ready line.
+func startDev(t *testing.T, bin string) devRun {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "tkb") // short: a socket path has at most 107 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	d := devRun{socket: filepath.Join(dir, "t.sock")}
+	cmd := exec.Command(bin, "dev", "--base-port", "0", "--dir", filepath.Join(dir, "d"), "--socket", d.socket)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGINT)
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+	})
+	ready := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(out)
+		closed := false
+		for sc.Scan() {
+			line := strings.TrimSpace(sc.Text())
+			if rest, ok := strings.CutPrefix(line, "console: "); ok {
+				// console: URL (log in with the admin secret, FILE)
+				url, rest, _ := strings.Cut(rest, " ")
+				d.console = url
+				d.secretFile = strings.TrimSuffix(strings.TrimPrefix(rest, "(log in with the admin secret, "), ")")
+			}
+			if strings.Contains(line, "ready in") && !closed {
+				closed = true
+				close(ready)
+			}
+		}
+	}()
+	select {
+	case <-ready:
+	case <-time.After(60 * time.Second):
+		t.Fatal("ticketing dev was not ready within 60 s")
+	}
+	if d.console == "" || d.secretFile == "" {
+		t.Fatalf("ticketing dev printed no console line: %+v", d)
+	}
+	return d
+}
+
+// browserCtx starts headless chromium and collects the page's console
+// errors and uncaught exceptions.
+func browserCtx(t *testing.T) (context.Context, func() []string) {
+	t.Helper()
+	exe, err := exec.LookPath("chromium")
+	if err != nil {
+		t.Fatal("chromium is needed for the console's browser test (make test installs it: .ci/packages)")
+	}
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(exe), chromedp.NoSandbox,
+		chromedp.Flag("disable-gpu", true), chromedp.WindowSize(1400, 1000))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancel := chromedp.NewContext(actx)
+	t.Cleanup(func() { cancel(); cancelAlloc() })
+	var mu sync.Mutex
+	var errs []string
+	chromedp.ListenTarget(ctx, func(ev any) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch e := ev.(type) {
+		case *runtime.EventExceptionThrown:
+			errs = append(errs, "exception: "+e.ExceptionDetails.Error())
+		case *runtime.EventConsoleAPICalled:
+			if e.Type == runtime.APITypeError || e.Type == runtime.APITypeWarning {
+				var parts []string
+				for _, a := range e.Args {
+					parts = append(parts, string(a.Value)+a.Description)
+				}
+				errs = append(errs, fmt.Sprintf("console.%s: %s", e.Type, strings.Join(parts, " ")))
+			}
+		}
+	})
+	return ctx, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), errs...)
+	}
+}
+
+// The console in a real browser, against a real `ticketing dev`: the login
+// with the admin secret, the live stream, a lock taken through the sidecar
+// showing up as the hottest line, the key's holder and its waiter's place
+// in line; no console error or exception on the page all along. With
+// TICKETING_CONSOLE_SCREENSHOT set, the page is saved there as a PNG
+// (docs/operations.md's screenshot: `make console-screenshot`).
+func TestConsoleInARealBrowser(t *testing.T) {
+	bin, cleanup, err := labtest.Ticketing()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cleanup()
+	d := startDev(t, bin)
+	secret, err := os.ReadFile(d.secretFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, pageErrors := browserCtx(t)
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+
+	// The login: the page sends an unauthenticated browser to the form.
+	var loc string
+	if err := chromedp.Run(ctx,
+		chromedp.Navigate(d.console),
+		chromedp.WaitVisible(`input[name="secret"]`, chromedp.ByQuery),
+		chromedp.Location(&loc),
+	); err != nil {
+		t.Fatalf("the login form: %v", err)
+	}
+	if !strings.HasSuffix(loc, "/login") {
+		t.Fatalf("an unauthenticated browser landed on %s, want the login", loc)
+	}
+	if err := chromedp.Run(ctx,
+		chromedp.SendKeys(`input[name="secret"]`, strings.TrimSpace(string(secret)), chromedp.ByQuery),
+		chromedp.Submit(`input[name="secret"]`, chromedp.ByQuery),
+		chromedp.WaitVisible(`#conn.live`, chromedp.ByQuery),
+		chromedp.WaitVisible(`#members tbody tr`, chromedp.ByQuery),
+	); err != nil {
+		t.Fatalf("logging in and the live stream: %v", err)
+	}
+
+	// A lock through the sidecar, and a waiter behind it.
+	cctx, ccancel := context.WithTimeout(context.Background(), time.Minute)
+	defer ccancel()
+	holder, err := ticketing.Dial(cctx, d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	waiter, err := ticketing.Dial(cctx, d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer waiter.Close()
+	taken := time.Now()
+	lk, err := holder.Lock(cctx, "seats/A1", 120*time.Second, 0, ticketing.WithLabel("order-1001"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	queued := make(chan struct{})
+	go func() {
+		_, _ = waiter.Lock(cctx, "seats/A1", 30*time.Second, 60*time.Second, ticketing.WithLabel("order-1002"),
+			ticketing.WithQueued(func() { close(queued) }))
+	}()
+	select {
+	case <-queued:
+	case <-cctx.Done():
+		t.Fatal("the waiter was never queued")
+	}
+	row := `#lines tbody tr[data-key="seats/A1"]`
+	if err := chromedp.Run(ctx, chromedp.WaitVisible(row, chromedp.ByQuery)); err != nil {
+		t.Fatalf("the hottest line never showed seats/A1: %v", err)
+	}
+	shown := time.Since(taken)
+	var rowText string
+	if err := chromedp.Run(ctx, chromedp.Text(row, &rowText, chromedp.ByQuery)); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(rowText, "order-1001") {
+		t.Fatalf("the line's row %q does not name its holder's label", rowText)
+	}
+	t.Logf("a lock taken through the sidecar showed on the page after %v: %q", shown.Round(time.Millisecond), rowText)
+
+	// The key: its holder with its token, and the waiter in place 1.
+	holderSel := fmt.Sprintf(`#keyview .holder[data-token="%d"]`, lk.Token())
+	placeSel := `#keyview #queue tr[data-position="1"]`
+	var holderText, placeText string
+	if err := chromedp.Run(ctx,
+		chromedp.Click(row, chromedp.ByQuery),
+		chromedp.WaitVisible(holderSel, chromedp.ByQuery),
+		chromedp.WaitVisible(placeSel, chromedp.ByQuery),
+		chromedp.Text(holderSel, &holderText, chromedp.ByQuery),
+		chromedp.Text(placeSel, &placeText, chromedp.ByQuery),
+	); err != nil {
+		t.Fatalf("the key's view: %v", err)
+	}
+	if !strings.Contains(holderText, "order-1001") || !strings.Contains(placeText, "order-1002") {
+		t.Fatalf("the key's view: holder %q, place 1 %q", holderText, placeText)
+	}
+	// Let a few more samples come, for the charts (and the screenshot).
+	time.Sleep(3 * time.Second)
+	if path := os.Getenv("TICKETING_CONSOLE_SCREENSHOT"); path != "" {
+		var png []byte
+		if err := chromedp.Run(ctx, chromedp.FullScreenshot(&png, 90)); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, png, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("screenshot: %s", path)
+	}
+	if errs := pageErrors(); len(errs) > 0 {
+		t.Fatalf("the page logged errors:\n%s", strings.Join(errs, "\n"))
+	}
+	_ = lk.Release(cctx)
+}
