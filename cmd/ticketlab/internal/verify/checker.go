@@ -120,6 +120,9 @@ type CheckReport struct {
 	// Issue 41 (checker_permit.go): the permit workers' grants, hand-offs,
 	// writes and the most permits held per key against n.
 	Permits PermitReport
+	// Issue 41 (checker_position.go): the places in line told, and how
+	// they were judged.
+	Positions PositionReport
 }
 
 // CheckOptions tunes Check.
@@ -208,6 +211,7 @@ func Check(ops []Op, store []StoreRec, final FinalState, opts CheckOptions) Chec
 	r.LostMaxLag = math.MinInt64
 	checkLostSignal(ops, grants, &r, bad)
 	checkFIFO(ops, &r, bad)
+	checkPositions(ops, end, &r.Positions, bad)
 	checkKilledSidecars(ops, grants, &r, bad)
 	indeterminateSplit(ops, &r)
 

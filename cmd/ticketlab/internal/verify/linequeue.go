@@ -6,7 +6,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"ticketing/unixapi"
 )
 
 // The long queues of the kill-leader-queues fault (issue 31). Before the
@@ -58,13 +61,18 @@ type lineClient struct {
 	id      int // worker number
 	sidecar int // 1-based
 	lc      *lineConn
-	seq     int64
+	seq     atomic.Int64 // the reader goroutine numbers the positions it records too
 	lastCmp int64
 }
 
+// nextID numbers the session's next op.
+func (c *lineClient) nextID() int64 { return int64(c.id+1)<<32 | c.seq.Add(1) }
+
 func (c *lineClient) emit(op Op) Op {
-	c.seq++
-	op.ID, op.Worker, op.Sidecar = int64(c.id+1)<<32|c.seq, c.id, c.sidecar
+	if op.ID == 0 {
+		op.ID = c.nextID()
+	}
+	op.Worker, op.Sidecar = c.id, c.sidecar
 	c.n.h.Add(op)
 	return op
 }
@@ -81,15 +89,17 @@ func (n *nemesis) dialLineClient(ctx context.Context, j int) (*lineClient, error
 	if err != nil {
 		return nil, fmt.Errorf("line session on sidecar%d: %w", j+1, err)
 	}
-	return &lineClient{n: n, id: id, sidecar: j + 1, lc: lc, lastCmp: time.Now().UnixNano()}, nil
+	c := &lineClient{n: n, id: id, sidecar: j + 1, lc: lc, lastCmp: time.Now().UnixNano()}
+	lc.positions(func(acq int64, ev unixapi.Event, at int64, after bool) { c.emit(positionOp(acq, ev, at, after)) })
+	return c, nil
 }
 
 // acquire sends one ACQUIRE and records it; onQueued runs when its
 // `! QUEUED` is read.
 func (c *lineClient) acquire(ctx context.Context, key string, lease, wait time.Duration, onQueued func(int64)) Op {
 	ms := wait.Milliseconds()
-	op := Op{Kind: KindAcquire, Key: key, LeaseMs: lease.Milliseconds(), WaitMs: ms}
-	r, sent, got, queued, err := c.lc.doAcquire(ctx, fmt.Sprintf("ACQUIRE %s %d %d.%03d", key, lease/time.Second, ms/1000, ms%1000), onQueued)
+	op := Op{ID: c.nextID(), Kind: KindAcquire, Key: key, LeaseMs: lease.Milliseconds(), WaitMs: ms, Proto: c.lc.agreed()}
+	r, sent, got, queued, err := c.lc.doAcquire(ctx, fmt.Sprintf("ACQUIRE %s %d %d.%03d", key, lease/time.Second, ms/1000, ms%1000), op.ID, onQueued)
 	op.Inv, op.Cmp, op.Queued = sent, got, queued
 	classifyAcquireLine(&op, r, err)
 	if err == nil {
@@ -195,7 +205,7 @@ func (n *nemesis) buildLines(ctx context.Context, keys, waiters int) (*lines, er
 					c.release(a)
 				}
 			}()
-			if c.lc.version < 4 {
+			if c.lc.agreed() < 4 {
 				// No `! QUEUED` from a version-3 sidecar: the order is a
 				// guess, which the FIFO check does not rely on.
 				sleepCtx(ctx, 50*time.Millisecond)

@@ -558,7 +558,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		switch op.Kind {
 		case KindFault:
 			res.Faults = append(res.Faults, op)
-		case KindClose, KindEnd:
+		case KindClose, KindEnd, KindPosition:
 		default:
 			res.Ops[op.Kind+" "+op.Result]++
 			if op.Kind == KindAcquire && op.Result == ResOK {
@@ -800,6 +800,7 @@ func (r *Result) Summary() string {
 			ck.LostEvents["expired"], ck.LostEvents["moved"], ck.LostEvents["compensated"], ck.LostChecked, lag, LostDeliveryTolerance, ck.LostExempt)
 	}
 	b.WriteString(permitSummary(r.PermitKeys, r.PermitPlan, ck.Permits))
+	b.WriteString(positionSummary(ck.Positions))
 	if ck.SidecarKills > 0 {
 		fmt.Fprintf(&b, "killed sidecars: %d kills; %d operations in flight at a kill (answered by nobody: INDETERMINATE); %d holdings delivered before a kill checked to keep their leases\n",
 			ck.SidecarKills, ck.KilledInFlight, ck.KilledHoldings)
