@@ -26,7 +26,7 @@ import (
 // (`! LOST <token> moved` before the refusal) — and then writes (late, on
 // purpose: the fence must refuse it if a newer holder wrote) and releases.
 //
-// The extender speaks the local API itself (lineConn: `HELLO 4 events`,
+// The extender speaks the local API itself (lineConn: `HELLO 7 events`,
 // `ACQUIRE`, `EXTEND`, `RELEASE`) and records, besides what every worker
 // records, each EXTEND (send, reply, lease, outcome), each loss event
 // received (reason, receive time) and each stall.

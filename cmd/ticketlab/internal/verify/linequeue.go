@@ -16,12 +16,17 @@ import (
 // leader is killed, the nemesis builds a line on each of a few fresh keys
 // (line/<round>/<k>): a holder takes the key, then waiters queue behind it
 // one at a time, alternating keys and sidecars, each on its own unix
-// session (lineConn, `HELLO 4 events`) and each confirmed by its
+// session (lineConn, `HELLO 7 events`) and each confirmed by its
 // `! QUEUED` event before the next is sent, so the queue order of every key
 // is known and the per-key FIFO check (checker_fifo.go) judges every grant
-// of the line exactly. After the kill and the restart the holders release
-// (again while no leader serves yet), and each granted waiter releases at
-// once, so the line drains in its order. Every request is recorded in the
+// of the line exactly. On sessions that agreed version 7 the kill waits
+// until every waiter was told its place (`! POSITION`, issue 41). After
+// the kill and the restart the holders release (the first key's at once,
+// again while no leader may serve yet; every other key's once its waiters
+// were told their places again by the new leader), and each granted waiter
+// releases at once, so the line drains in its order. The place check
+// (checker_position.go) pins every place told while the line stood still
+// — before the kill and after it — to the unit. Every request is recorded in the
 // history like a worker's, under worker numbers of its own (LineWorkerBase
 // up), so every other check covers the line too.
 //
