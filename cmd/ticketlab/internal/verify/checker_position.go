@@ -60,6 +60,13 @@ type PositionReport struct {
 	// events); AfterKill the same for the faults that killed the leader
 	// (kill-leader, kill-leader-queues).
 	AfterLeader, AfterLeaderEvents, AfterKill int
+	// KeptRetold is the number of waiters queued before a leader kill and
+	// still waiting when their sidecar saw a new leader serve that were
+	// told their places again within keptBound (retoldAfterKills);
+	// KeptLeft those answered sooner without, or under another fault
+	// (nothing owed). A waiter still waiting past the bound untold is a
+	// violation.
+	KeptRetold, KeptLeft int
 }
 
 // positionWaiter is one (request, key) told places.
@@ -71,7 +78,7 @@ type positionWaiter struct {
 
 // checkPositions judges every `! POSITION` event of ops (see above).
 // holdEnd is holdEnds of the lock grants.
-func checkPositions(ops []Op, holdEnd map[int64]int64, r *PositionReport, bad func(string, string, ...any)) {
+func checkPositions(ops []Op, holdEnd map[int64]int64, interval time.Duration, r *PositionReport, bad func(string, string, ...any)) {
 	reqs := map[int64]Op{}
 	var events []Op
 	for _, op := range ops {
@@ -143,7 +150,109 @@ func checkPositions(ops []Op, holdEnd map[int64]int64, r *PositionReport, bad fu
 
 	exactPlaces(ops, order, holdEnd, r, bad)
 	keptAcrossLeaders(ops, order, firstTold(order), r)
+	if interval > 0 {
+		retoldAfterKills(ops, reqs, events, firstTold(order), interval, r, bad)
+	}
 }
+
+// retoldAfterKills: a waiter still in line a while after a new leader
+// served has been told its place again (the resume of its session, or the
+// adoption of its waiters at Serve, makes the new leader tell every place
+// at its next walk, changed or not: cluster/leader/testdata/positions.txt).
+// Judged for the faults that kill the leader (kill-leader,
+// kill-leader-queues), on each request of a version-7 session confirmed
+// queued (QUEUED or a place read) before the kill that was still waiting,
+// and later answered by its sidecar, keptBound(interval) after the first
+// grant its sidecar's workers read of a request sent after the kill (its
+// sidecar had found the new leader by then), when no other fault began
+// meanwhile: by then it must have been told a place (of any of its keys)
+// read more than lineStaleFrames after the kill. A liveness bound, as the
+// recovery bound is one; keptBound is many walks. (The kill-leader-queues
+// fault keeps every other key's line waiting until its waiters were told
+// again, up to lineRetellWait after the restart: a new leader that does
+// not retell leaves them waiting past the bound.)
+func retoldAfterKills(ops []Op, reqs map[int64]Op, events []Op, first map[int64]int64, interval time.Duration, r *PositionReport, bad func(string, string, ...any)) {
+	bound := keptBound(interval)
+	told := map[int64][]int64{} // request → read times of its places
+	for _, ev := range events {
+		told[ev.Acq] = append(told[ev.Acq], ev.Inv)
+	}
+	type grant struct{ inv, cmp int64 }
+	grants := map[int][]grant{}
+	var faults []Op
+	for _, op := range ops {
+		switch {
+		case (op.Kind == KindAcquire || op.Kind == KindPermit) && op.Result == ResOK:
+			grants[op.Sidecar] = append(grants[op.Sidecar], grant{op.Inv, op.Cmp})
+		case op.Kind == KindFault:
+			faults = append(faults, op)
+		}
+	}
+	for _, g := range grants {
+		sort.Slice(g, func(i, j int) bool { return g[i].inv < g[j].inv })
+		for i := len(g) - 2; i >= 0; i-- {
+			g[i].cmp = min(g[i].cmp, g[i+1].cmp)
+		}
+	}
+	ids := make([]int64, 0, len(reqs))
+	for id := range reqs {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	for _, f := range faults {
+		if f.Fault != FaultKillLeader && f.Fault != FaultKillLeaderQueues {
+			continue
+		}
+		for _, id := range ids {
+			w := reqs[id]
+			if w.Proto < lineVersionPositions || w.WaitMs == 0 || !replied(w) || w.Result == ResIndeterminate {
+				continue
+			}
+			qw := w.Queued
+			if t, ok := first[w.ID]; ok && (qw == 0 || t < qw) {
+				qw = t
+			}
+			if qw == 0 || qw >= f.Inv {
+				continue
+			}
+			g := grants[w.Sidecar]
+			i := sort.Search(len(g), func(i int) bool { return g[i].inv >= f.Inv })
+			if i == len(g) {
+				continue
+			}
+			served := g[i].cmp
+			due := served + int64(bound)
+			if w.Cmp <= served {
+				continue // answered before its sidecar saw the new leader serve
+			}
+			ok := false
+			for _, t := range told[w.ID] {
+				if t > f.Inv+int64(lineStaleFrames) && t <= min(w.Cmp, due) {
+					ok = true
+				}
+			}
+			other := false
+			for _, o := range faults {
+				if o.Inv != f.Inv && o.Inv < due && o.Cmp > f.Inv {
+					other = true // another fault may have kept the places from it
+				}
+			}
+			switch {
+			case ok:
+				r.KeptRetold++
+			case w.Cmp <= due || other:
+				r.KeptLeft++ // left the line before the bound, or another fault began: nothing owed
+			default:
+				bad("positions-kept", "w%d's %s of %s (sent %s, queued by %s) still waited at %s, %v after its sidecar's first grant once the leader was killed at %s (%s %s), yet was told no place since the kill",
+					w.Worker, w.Kind, strings.Join(opKeys(w), "+"), ts(w.Inv), ts(qw), ts(due), bound, ts(f.Inv), f.Fault, f.Target)
+			}
+		}
+	}
+}
+
+// keptBound is how soon after a new leader served a waiter that still
+// waits must have been told its place again: a dozen walks and a second.
+func keptBound(interval time.Duration) time.Duration { return 12*interval + time.Second }
 
 // replied reports whether req's reply was read (and not the session's end
 // first: then no reply came, and events buffered before the close may be
@@ -440,6 +549,7 @@ func positionSummary(p PositionReport) string {
 	}
 	return fmt.Sprintf("positions: %d `! POSITION` events to %d waiters (%d of them to permit waiters; requests on sessions that agreed version 7: %d, older: %d); "+
 		"checked: each at least 1, before its reply, never up (%d retold the same place); exact: %d events judged on %d keys whose every request is recorded (%d pinned to the unit); "+
-		"after a leader fault: %d waiters queued before it were told places once a new leader served (%d events; %d across a killed leader)\n",
-		p.Events, p.Waiters, p.PermitEvents, p.Sessions7, p.SessionsOlder, p.Retold, p.Exact, p.ExactKeys, p.Pinned, p.AfterLeader, p.AfterLeaderEvents, p.AfterKill)
+		"after a leader fault: %d waiters queued before it were told places once a new leader served (%d events; %d across a killed leader); "+
+		"retold after a kill: %d waiters still in line when the new leader served were told their places again in time (%d left the line sooner, or another fault began)\n",
+		p.Events, p.Waiters, p.PermitEvents, p.Sessions7, p.SessionsOlder, p.Retold, p.Exact, p.ExactKeys, p.Pinned, p.AfterLeader, p.AfterLeaderEvents, p.AfterKill, p.KeptRetold, p.KeptLeft)
 }

@@ -3,6 +3,7 @@ package verify
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 // Synthetic histories pinning the checks of places in line
@@ -208,5 +209,39 @@ func TestPositionsOfPermits(t *testing.T) {
 	all := strings.Join(details, "\n")
 	if !strings.Contains(all, "went up") || !strings.Contains(all, "not exact") || r.Positions.PermitEvents != 2 {
 		t.Fatalf("violations %q, report %+v", details, r.Positions)
+	}
+}
+
+// A waiter queued before a leader kill that still waits well after the new
+// leader served (here: 1650 + keptBound) must have been told its place
+// again; the line below drains only at 4000.
+func TestPositionsRetoldAfterAKill(t *testing.T) {
+	build := func(retell bool) *hist {
+		var h hist
+		b := LineWorkerBase
+		holder := h.add(Op{Worker: b, Kind: KindAcquire, Key: "line/0/1", LeaseMs: 10000, Inv: 0, Cmp: 10, Result: ResOK, Token: 1, Proto: 7})
+		w := h.add(Op{Worker: b + 1, Kind: KindAcquire, Key: "line/0/1", LeaseMs: 10000, WaitMs: 20000, Inv: 20, Queued: 25 * ms,
+			Cmp: 4010, Result: ResOK, Token: 3, Proto: 7})
+		h.position(w, 1, 300)
+		h.add(Op{Worker: -1, Kind: KindFault, Fault: FaultKillLeaderQueues, Target: "n1", Inv: 500, Cmp: 1500})
+		other := h.add(Op{Worker: 1, Kind: KindAcquire, Key: "seat/0", LeaseMs: 10000, Inv: 1600, Cmp: 1650, Result: ResOK, Token: 2})
+		h.release(other, 1660, 1670, ResOK, "")
+		if retell {
+			h.position(w, 1, 1900)
+		}
+		h.release(holder, 4000, 4005, ResOK, "")
+		h.release(w, 4015, 4020, ResOK, "")
+		return &h
+	}
+	opts := CheckOptions{PositionInterval: 100 * time.Millisecond} // bound 2.2 s: due at 3850
+	if r := Check(build(true).ops, nil, FinalState{}, opts); len(r.Violations) != 0 || r.Positions.KeptRetold != 1 || r.Positions.Retold != 1 {
+		t.Fatalf("violations %v, report %+v", r.Violations, r.Positions)
+	}
+	if got := checks(Check(build(false).ops, nil, FinalState{}, opts)); got != "positions-kept" {
+		t.Fatalf("violations %q, want positions-kept", got)
+	}
+	// Without the interval (nodes that may not tell places) not judged.
+	if r := Check(build(false).ops, nil, FinalState{}, CheckOptions{}); len(r.Violations) != 0 || r.Positions.KeptRetold+r.Positions.KeptLeft != 0 {
+		t.Fatalf("violations %v, report %+v", r.Violations, r.Positions)
 	}
 }

@@ -628,7 +628,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 
 	res.Check = Check(ops, store.Log(), final, CheckOptions{Dir: cfg.Dir, LinearizeTimeout: cfg.LinearizeTimeout,
-		IndeterminateWindow: IndeterminateWindow, MaxIndeterminateShare: cfg.MaxIndeterminateShare, PermitStore: permitStore.Log()})
+		IndeterminateWindow: IndeterminateWindow, MaxIndeterminateShare: cfg.MaxIndeterminateShare, PermitStore: permitStore.Log(),
+		PositionInterval: positionIntervalJudged(res.PositionFlag, cfg.PositionInterval)})
 	res.PermitKeys, res.PermitPlan = permitKeys, permitPlan
 	res.Violations = append(res.Check.Violations, viol...)
 	res.Inconclusive = res.Check.Inconclusive
@@ -667,6 +668,16 @@ func positionFlag(ctx context.Context, cfg Config) string {
 		return ""
 	}
 	return "--position-interval " + cfg.PositionInterval.String()
+}
+
+// positionIntervalJudged is the interval the checker holds the retelling
+// after a leader kill to: only when the nodes were given it (nodes that
+// know the flag tell places).
+func positionIntervalJudged(flag string, d time.Duration) time.Duration {
+	if flag == "" {
+		return 0
+	}
+	return d
 }
 
 // knowsFlag reports whether `bin cmd -h` lists the flag.
