@@ -145,6 +145,11 @@ func (lc *lineConn) read() {
 			}
 			continue
 		}
+		// The reply answers the one request pending: an event about it
+		// read from now on came after its reply (lineConn.position).
+		lc.qmu.Lock()
+		lc.pendingN, lc.pendingID = 0, 0
+		lc.qmu.Unlock()
 		select {
 		case lc.replies <- lineReply{line, at}:
 		default:
