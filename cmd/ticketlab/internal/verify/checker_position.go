@@ -39,7 +39,9 @@ import (
 //     waiters queued before a leader fault began that were told a place
 //     after a new leader served (after the first grant of an acquire sent
 //     after the fault began: the window of checker_indeterminate.go). Their
-//     places are judged by the same exact check as every other.
+//     places are judged by the same exact check as every other, and a
+//     waiter still in line a while after a new leader served must have
+//     been told its place again (retoldAfterKills: positions-kept).
 
 // PositionReport is what checkPositions counted.
 type PositionReport struct {
