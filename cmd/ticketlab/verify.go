@@ -45,6 +45,7 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs.IntVar(&cfg.PermitWorkers, "permit-workers", verify.DefaultPermitWorkers, "semaphores: in-harness workers that take permits (PERMIT, fenced write of \"key slot\", RELEASE)")
 	fs.IntVar(&cfg.LineKeys, "line-keys", verify.DefaultLineKeys, "kill-leader-queues: fresh keys that get a long queue before the leader is killed")
 	fs.IntVar(&cfg.LineWaiters, "line-waiters", verify.DefaultLineWaiters, "kill-leader-queues: waiters queued on each of those keys, one at a time")
+	fs.DurationVar(&cfg.PositionInterval, "position-interval", verify.DefaultPositionInterval, "the nodes' --position-interval: how often the leader tells waiters their places in line (issue 41; 0: not passed, the nodes' default 1s; not passed to a build that lacks the flag)")
 	fs.StringVar(&out, "out", "", "output directory: history, summary, logs, data dirs (default: a new temporary directory)")
 	fs.BoolVar(&cfg.Wipe, "wipe", false, "also wipe nodes' data dirs and restart them at their old addresses (they come back as new servers that cannot vote under the old ids; a wiped majority stops the cluster)")
 	var partitionSidecar, stopSidecar, handOverCut, hostile bool
@@ -106,6 +107,9 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	if cfg.MaxIndeterminateShare <= 0 {
 		cfg.MaxIndeterminateShare = -1 // no bound (likewise)
+	}
+	if cfg.PositionInterval <= 0 {
+		cfg.PositionInterval = -1 // not passed (likewise)
 	}
 	if out == "" {
 		if out, err = os.MkdirTemp("", "ticketlab-verify-"); err != nil {

@@ -176,6 +176,17 @@ func TestVerifyShort(t *testing.T) {
 					}
 				}
 				t.Logf("the lines' confirmed waiters: %v; %d acquires kept their place through a leader fault", byResult, res.Check.QueuedThroughLeaderChange)
+				// Places in line (issue 41): with sessions that agreed
+				// version 7 and nodes that tell places, the lines' waiters
+				// were told theirs, and again by the new leader after each
+				// kill (checker_position.go judges every place told).
+				if pos := res.Check.Positions; pos.Sessions7 > 0 && res.PositionFlag != "" {
+					t.Logf("positions: %d events, %d judged exactly (%d pinned), %d waiters told after a leader kill", pos.Events, pos.Exact, pos.Pinned, pos.AfterKill)
+					if pos.Events == 0 || pos.Exact == 0 || pos.AfterKill == 0 {
+						t.Fatalf("the leader was killed under lines on version-7 sessions, yet %d places were told, %d judged exactly, %d waiters told theirs after a kill",
+							pos.Events, pos.Exact, pos.AfterKill)
+					}
+				}
 				if res.Check.QueuedThroughLeaderChange > 0 && byResult[verify.ResIndeterminate] > 0 {
 					t.Fatalf("the cluster kept its queues through the leader kills, yet %d of the lines' confirmed waiters ended INDETERMINATE", byResult[verify.ResIndeterminate])
 				}

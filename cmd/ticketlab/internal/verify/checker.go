@@ -120,6 +120,9 @@ type CheckReport struct {
 	// Issue 41 (checker_permit.go): the permit workers' grants, hand-offs,
 	// writes and the most permits held per key against n.
 	Permits PermitReport
+	// Issue 41 (checker_position.go): the places in line told, and how
+	// they were judged.
+	Positions PositionReport
 }
 
 // CheckOptions tunes Check.
@@ -140,6 +143,12 @@ type CheckOptions struct {
 	// PermitStore is the permit workers' protected resource's log (its
 	// resources are "<key> <slot>"; nil without permit workers).
 	PermitStore []StoreRec
+	// PositionInterval is the nodes' --position-interval (issue 41): with
+	// it, a waiter still in line a while after a new leader served must
+	// have been told its place again (checker_position.go,
+	// retoldAfterKills). Zero: not judged (the interval is unknown, or
+	// the nodes may not tell places).
+	PositionInterval time.Duration
 }
 
 // DefaultMaxIndeterminateShare is the default bound on the share of
@@ -208,6 +217,7 @@ func Check(ops []Op, store []StoreRec, final FinalState, opts CheckOptions) Chec
 	r.LostMaxLag = math.MinInt64
 	checkLostSignal(ops, grants, &r, bad)
 	checkFIFO(ops, &r, bad)
+	checkPositions(ops, end, opts.PositionInterval, &r.Positions, bad)
 	checkKilledSidecars(ops, grants, &r, bad)
 	indeterminateSplit(ops, &r)
 

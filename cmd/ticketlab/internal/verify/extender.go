@@ -26,7 +26,7 @@ import (
 // (`! LOST <token> moved` before the refusal) — and then writes (late, on
 // purpose: the fence must refuse it if a newer holder wrote) and releases.
 //
-// The extender speaks the local API itself (lineConn: `HELLO 4 events`,
+// The extender speaks the local API itself (lineConn: `HELLO 7 events`,
 // `ACQUIRE`, `EXTEND`, `RELEASE`) and records, besides what every worker
 // records, each EXTEND (send, reply, lease, outcome), each loss event
 // received (reason, receive time) and each stall.
@@ -92,6 +92,13 @@ func runExtender(ctx context.Context, p WorkerParams, write writeFunc, emitOp fu
 				sleepCtx(ctx, 100*time.Millisecond)
 				continue
 			}
+			// Places in line (issue 41): recorded for the checks of
+			// checker_position.go.
+			c.positions(func(acq int64, ev unixapi.Event, at int64, after bool) {
+				op := positionOp(acq, ev, at, after)
+				op.ID, op.Worker, op.Proc, op.Conn = nextID(), p.ID, p.Proc, cn
+				emit(op)
+			})
 			lc, conn = c, conn+1
 		}
 		keys := []string{p.Keys[rng.Intn(len(p.Keys))]}
@@ -120,8 +127,8 @@ func runExtender(ctx context.Context, p WorkerParams, write writeFunc, emitOp fu
 
 		ms := wait.Milliseconds()
 		acq := Op{ID: nextID(), Worker: p.ID, Proc: p.Proc, Conn: conn, Kind: KindAcquire, Key: keys[0], Keys: block,
-			LeaseMs: lease.Milliseconds(), WaitMs: ms}
-		r, sent, got, queued, err := lc.doAcquire(ctx, fmt.Sprintf("ACQUIRE %s %d %d.%03d", strings.Join(keys, " "), lease/time.Second, ms/1000, ms%1000), nil)
+			LeaseMs: lease.Milliseconds(), WaitMs: ms, Proto: lc.agreed()}
+		r, sent, got, queued, err := lc.doAcquire(ctx, fmt.Sprintf("ACQUIRE %s %d %d.%03d", strings.Join(keys, " "), lease/time.Second, ms/1000, ms%1000), acq.ID, nil)
 		acq.Inv, acq.Cmp, acq.Queued = sent, got, queued
 		classifyAcquireLine(&acq, r, err)
 		emit(acq)

@@ -28,6 +28,13 @@ const (
 	// request still pending then may be cut short by its worker
 	// (INDETERMINATE, not the cluster's answer).
 	KindEnd = "end"
+	// KindPosition is a `! POSITION` event read (issue 41): Acq is the
+	// acquire (or permit) it names (0: no request of the session that
+	// waits), Key its key, N the place told, EstSec the estimate in whole
+	// seconds (-1: "-", unknown), Inv = Cmp = when it was read; After is
+	// "reply" when it came after its request's reply (the protocol
+	// forbids it). checker_position.go judges them.
+	KindPosition = "position"
 )
 
 // Results of an operation.
@@ -96,6 +103,12 @@ type Op struct {
 	// and release; with Key its fencing domain); N a PERMITS op's n.
 	Slot int `json:"slot,omitempty"`
 	N    int `json:"n,omitempty"`
+	// Proto is the unix protocol version the session of an acquire or
+	// permit agreed (lineConn: 7 tells places in line, issue 41; 0: a
+	// session that does not record it, the Go client's).
+	Proto int `json:"proto,omitempty"`
+	// EstSec is a position's estimate (KindPosition; -1: unknown).
+	EstSec int64 `json:"est_s,omitempty"`
 }
 
 // opKeys returns every key op is about: a block's keys, or its one key.

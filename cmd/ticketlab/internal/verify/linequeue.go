@@ -6,19 +6,27 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"ticketing/unixapi"
 )
 
 // The long queues of the kill-leader-queues fault (issue 31). Before the
 // leader is killed, the nemesis builds a line on each of a few fresh keys
 // (line/<round>/<k>): a holder takes the key, then waiters queue behind it
 // one at a time, alternating keys and sidecars, each on its own unix
-// session (lineConn, `HELLO 4 events`) and each confirmed by its
+// session (lineConn, `HELLO 7 events`) and each confirmed by its
 // `! QUEUED` event before the next is sent, so the queue order of every key
 // is known and the per-key FIFO check (checker_fifo.go) judges every grant
-// of the line exactly. After the kill and the restart the holders release
-// (again while no leader serves yet), and each granted waiter releases at
-// once, so the line drains in its order. Every request is recorded in the
+// of the line exactly. On sessions that agreed version 7 the kill waits
+// until every waiter was told its place (`! POSITION`, issue 41). After
+// the kill and the restart the holders release (the first key's at once,
+// again while no leader may serve yet; every other key's once its waiters
+// were told their places again by the new leader), and each granted waiter
+// releases at once, so the line drains in its order. The place check
+// (checker_position.go) pins every place told while the line stood still
+// — before the kill and after it — to the unit. Every request is recorded in the
 // history like a worker's, under worker numbers of its own (LineWorkerBase
 // up), so every other check covers the line too.
 //
@@ -58,13 +66,23 @@ type lineClient struct {
 	id      int // worker number
 	sidecar int // 1-based
 	lc      *lineConn
-	seq     int64
+	seq     atomic.Int64 // the reader goroutine numbers the positions it records too
 	lastCmp int64
+	// A waiter's key, whether its ACQUIRE still waits, and when its last
+	// `! POSITION` was read (issue 41: drain waits for the new leader's).
+	key     string
+	waiting atomic.Bool
+	lastPos atomic.Int64
 }
 
+// nextID numbers the session's next op.
+func (c *lineClient) nextID() int64 { return int64(c.id+1)<<32 | c.seq.Add(1) }
+
 func (c *lineClient) emit(op Op) Op {
-	c.seq++
-	op.ID, op.Worker, op.Sidecar = int64(c.id+1)<<32|c.seq, c.id, c.sidecar
+	if op.ID == 0 {
+		op.ID = c.nextID()
+	}
+	op.Worker, op.Sidecar = c.id, c.sidecar
 	c.n.h.Add(op)
 	return op
 }
@@ -81,15 +99,20 @@ func (n *nemesis) dialLineClient(ctx context.Context, j int) (*lineClient, error
 	if err != nil {
 		return nil, fmt.Errorf("line session on sidecar%d: %w", j+1, err)
 	}
-	return &lineClient{n: n, id: id, sidecar: j + 1, lc: lc, lastCmp: time.Now().UnixNano()}, nil
+	c := &lineClient{n: n, id: id, sidecar: j + 1, lc: lc, lastCmp: time.Now().UnixNano()}
+	lc.positions(func(acq int64, ev unixapi.Event, at int64, after bool) {
+		c.emit(positionOp(acq, ev, at, after))
+		c.lastPos.Store(at)
+	})
+	return c, nil
 }
 
 // acquire sends one ACQUIRE and records it; onQueued runs when its
 // `! QUEUED` is read.
 func (c *lineClient) acquire(ctx context.Context, key string, lease, wait time.Duration, onQueued func(int64)) Op {
 	ms := wait.Milliseconds()
-	op := Op{Kind: KindAcquire, Key: key, LeaseMs: lease.Milliseconds(), WaitMs: ms}
-	r, sent, got, queued, err := c.lc.doAcquire(ctx, fmt.Sprintf("ACQUIRE %s %d %d.%03d", key, lease/time.Second, ms/1000, ms%1000), onQueued)
+	op := Op{ID: c.nextID(), Kind: KindAcquire, Key: key, LeaseMs: lease.Milliseconds(), WaitMs: ms, Proto: c.lc.agreed()}
+	r, sent, got, queued, err := c.lc.doAcquire(ctx, fmt.Sprintf("ACQUIRE %s %d %d.%03d", key, lease/time.Second, ms/1000, ms%1000), op.ID, onQueued)
 	op.Inv, op.Cmp, op.Queued = sent, got, queued
 	classifyAcquireLine(&op, r, err)
 	if err == nil {
@@ -130,6 +153,7 @@ type lines struct {
 	mu      sync.Mutex
 	waiters []*lineClient
 	answers map[string]int // the waiters' answers by result
+	retold  []string       // awaitRetell's findings: "<key> <told> of <waiting>"
 }
 
 // buildLines takes a holder on each of keys fresh keys and queues waiters
@@ -173,6 +197,8 @@ func (n *nemesis) buildLines(ctx context.Context, keys, waiters int) (*lines, er
 			if err != nil {
 				return ln, err
 			}
+			c.key = key
+			c.waiting.Store(true)
 			ln.mu.Lock()
 			ln.waiters = append(ln.waiters, c)
 			ln.mu.Unlock()
@@ -187,6 +213,7 @@ func (n *nemesis) buildLines(ctx context.Context, keys, waiters int) (*lines, er
 				// the kill whatever happens (bounded by the wait).
 				actx, cancel := context.WithTimeout(context.Background(), lineWait+30*time.Second)
 				a := c.acquire(actx, key, lineWaiterLease, lineWait, func(int64) { once.Do(func() { close(queued) }) })
+				c.waiting.Store(false)
 				cancel()
 				ln.mu.Lock()
 				ln.answers[a.Result]++
@@ -195,7 +222,7 @@ func (n *nemesis) buildLines(ctx context.Context, keys, waiters int) (*lines, er
 					c.release(a)
 				}
 			}()
-			if c.lc.version < 4 {
+			if c.lc.agreed() < 4 {
 				// No `! QUEUED` from a version-3 sidecar: the order is a
 				// guess, which the FIFO check does not rely on.
 				sleepCtx(ctx, 50*time.Millisecond)
@@ -212,16 +239,47 @@ func (n *nemesis) buildLines(ctx context.Context, keys, waiters int) (*lines, er
 			t.Stop()
 		}
 	}
+	ln.awaitTold(ctx)
 	return ln, nil
+}
+
+// awaitTold waits until every waiter that still waits was told its place
+// (at most lineToldWait; not for sessions without places), so that the
+// kill comes after the old leader told each its place, and the new
+// leader's places can be held against them (issue 41).
+func (ln *lines) awaitTold(ctx context.Context) {
+	deadline := time.Now().Add(lineToldWait)
+	for ctx.Err() == nil && time.Now().Before(deadline) {
+		all := true
+		ln.mu.Lock()
+		for _, c := range ln.waiters {
+			if c.waiting.Load() && c.lc.agreed() >= lineVersionPositions && c.lastPos.Load() == 0 {
+				all = false
+			}
+		}
+		ln.mu.Unlock()
+		if all {
+			return
+		}
+		sleepCtx(ctx, 25*time.Millisecond)
+	}
 }
 
 // drain releases the holders' keys (trying again while no leader serves,
 // within lineReleaseFor), waits until every waiter was answered (and
-// released its grant), and closes every session of the line.
-func (ln *lines) drain() {
+// released its grant), and closes every session of the line. killAt is
+// when the leader was killed: the holder of every other key (the second,
+// the fourth, ...) first waits until that key's waiters were told their
+// places again by the new leader (awaitRetell), so that the places kept
+// across the kill are seen while the line stands still (issue 41); the
+// first key's holder releases at once, while no leader may serve yet.
+func (ln *lines) drain(killAt int64) {
 	for k, c := range ln.holders {
 		if k >= len(ln.grants) || ln.grants[k].Result != ResOK {
 			continue
+		}
+		if k%2 == 1 {
+			ln.awaitRetell(ln.keys[k], killAt)
 		}
 		deadline := time.Now().Add(lineReleaseFor)
 		for {
@@ -256,6 +314,57 @@ func (ln *lines) drain() {
 	}
 }
 
+// Waiting for the new leader's places (awaitRetell): at most
+// lineRetellWait after the restart (a holder's lease outlasts it: a new
+// leader re-arms a full lease for every holder); a place read within
+// lineStaleFrames of the kill may still be the dead leader's.
+const (
+	lineRetellWait  = 5 * time.Second
+	lineStaleFrames = 250 * time.Millisecond
+	// lineToldWait bounds awaitTold: a few of the lab's position
+	// intervals, or two of the product's 1 s.
+	lineToldWait = 2500 * time.Millisecond
+)
+
+// awaitRetell waits until every waiter of key that still waits was told
+// its place after the kill (killAt + lineStaleFrames), at most
+// lineRetellWait; not at all for waiters on sessions that did not agree
+// version 7 (an older sidecar tells no places). It records what it saw
+// for describe.
+func (ln *lines) awaitRetell(key string, killAt int64) {
+	ln.mu.Lock()
+	var ws []*lineClient
+	for _, c := range ln.waiters {
+		if c.key == key && c.lc.agreed() >= lineVersionPositions {
+			ws = append(ws, c)
+		}
+	}
+	ln.mu.Unlock()
+	if len(ws) == 0 {
+		return
+	}
+	since := killAt + int64(lineStaleFrames)
+	deadline := time.Now().Add(lineRetellWait)
+	for {
+		told, waiting := 0, 0
+		for _, c := range ws {
+			if c.waiting.Load() {
+				waiting++
+				if c.lastPos.Load() > since {
+					told++
+				}
+			}
+		}
+		if told == waiting || time.Now().After(deadline) {
+			ln.mu.Lock()
+			ln.retold = append(ln.retold, fmt.Sprintf("%s %d of %d", key, told, waiting))
+			ln.mu.Unlock()
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // describe says what was built and how the waiters were answered.
 func (ln *lines) describe() string {
 	ln.mu.Lock()
@@ -269,6 +378,10 @@ func (ln *lines) describe() string {
 	if len(parts) == 0 {
 		parts = []string{"none yet"}
 	}
-	return fmt.Sprintf("%d waiters on %s (%d confirmed queued); answered: %s",
-		ln.sent, strings.Join(ln.keys, ","), ln.queued, strings.Join(parts, ", "))
+	retold := ""
+	if len(ln.retold) > 0 {
+		retold = "; told their places again by the new leader before the holder released: " + strings.Join(ln.retold, ", ")
+	}
+	return fmt.Sprintf("%d waiters on %s (%d confirmed queued); answered: %s%s",
+		ln.sent, strings.Join(ln.keys, ","), ln.queued, strings.Join(parts, ", "), retold)
 }

@@ -404,13 +404,14 @@ func (n *nemesis) apply(ctx context.Context, st Step) {
 		if err != nil {
 			rec.Detail += " (line incomplete: " + err.Error() + ")"
 		}
+		killAt := time.Now().UnixNano()
 		_ = n.p.Signal(l, syscall.SIGKILL)
 		hold()
 		if err := n.p.Start(l); err != nil {
 			rec.Detail += " (restart failed: " + err.Error() + ")"
 		}
 		rec.Cmp = time.Now().UnixNano() // the heal; the line drains after it
-		ln.drain()
+		ln.drain(killAt)
 		rec.Detail += "; after the kill: " + ln.describe()
 		n.log("nemesis: %s %s: line drained: %s", st.Kind, ids[l], ln.describe())
 	case FaultWipeQuorum:

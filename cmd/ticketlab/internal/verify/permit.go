@@ -96,6 +96,13 @@ func runPermitWorker(ctx context.Context, p PermitParams, write writeFunc, emit 
 				sleepCtx(ctx, 100*time.Millisecond)
 				continue
 			}
+			// Places in line (issue 41): recorded for the checks of
+			// checker_position.go.
+			lc.positions(func(acq int64, ev unixapi.Event, at int64, after bool) {
+				op := positionOp(acq, ev, at, after)
+				op.ID, op.Worker, op.Conn = nextID(), p.ID, cn
+				emit(op)
+			})
 			conn++
 			lastCmp = now()
 		}
@@ -109,8 +116,8 @@ func runPermitWorker(ctx context.Context, p PermitParams, write writeFunc, emit 
 		late := rng.Float64() < p.LateProb
 		extend := !late && rng.Float64() < p.ExtendProb
 
-		acq := Op{ID: nextID(), Worker: p.ID, Kind: KindPermit, Key: key, LeaseMs: lease.Milliseconds(), WaitMs: wait.Milliseconds(), Conn: conn}
-		r, sent, got, queued, err := lc.doAcquire(ctx, fmt.Sprintf("PERMIT %s %d %s", key, int(lease.Seconds()), waitSeconds(wait)), nil)
+		acq := Op{ID: nextID(), Worker: p.ID, Kind: KindPermit, Key: key, LeaseMs: lease.Milliseconds(), WaitMs: wait.Milliseconds(), Conn: conn, Proto: lc.agreed()}
+		r, sent, got, queued, err := lc.doAcquire(ctx, fmt.Sprintf("PERMIT %s %d %s", key, int(lease.Seconds()), waitSeconds(wait)), acq.ID, nil)
 		acq.Inv, acq.Cmp, acq.Queued = sent, got, queued
 		classifyPermit(&acq, r, err)
 		emit(acq)

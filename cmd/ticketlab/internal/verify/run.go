@@ -34,6 +34,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -146,7 +147,18 @@ type Config struct {
 	// (waiters granted at once), two thirds in lowered to max(1, n-1)
 	// (holders keep their permits; new grants wait). Zero: the defaults.
 	PermitsN, PermitKeys, PermitWorkers int
+	// PositionInterval is the nodes' --position-interval (issue 41): how
+	// often the leader tells waiters their places in line, shorter than
+	// the product's 1 s so that a short run sees many places. Zero:
+	// DefaultPositionInterval; negative: not passed (the nodes' default).
+	// It is passed only when the binary's bootstrap and the node
+	// executable both know the flag (an older build runs without it:
+	// Result.PositionFlag says which).
+	PositionInterval time.Duration
 }
+
+// DefaultPositionInterval is verify's --position-interval for its nodes.
+const DefaultPositionInterval = 250 * time.Millisecond
 
 // Defaults of the permit workload (issue 41): small, so that permits are
 // contended and the n change matters.
@@ -217,6 +229,9 @@ func (c Config) withDefaults() Config {
 	if c.PermitWorkers == 0 {
 		c.PermitWorkers = DefaultPermitWorkers
 	}
+	if c.PositionInterval == 0 {
+		c.PositionInterval = DefaultPositionInterval
+	}
 	return c
 }
 
@@ -277,6 +292,9 @@ type Result struct {
 	// permit workload), PermitPlan their n in order (issue 41).
 	PermitKeys []string
 	PermitPlan []int
+	// PositionFlag is the --position-interval flag passed to the nodes
+	// ("": none, see Config.PositionInterval).
+	PositionFlag string
 }
 
 // Passed reports whether the run proved what it checks: no violation and
@@ -323,9 +341,15 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 
 	clusterDir := filepath.Join(cfg.Dir, "cluster")
 	os.RemoveAll(clusterDir)
+	nodeArgs := cfg.NodeArgs
+	if f := positionFlag(ctx, cfg); f != "" {
+		res.PositionFlag = f
+		nodeArgs = append(append([]string(nil), nodeArgs...), strings.Fields(f)...)
+		logf("nodes: %s", f)
+	}
 	p, err := localproc.Start(localproc.Options{
 		Binary: cfg.Binary, Dir: clusterDir, Nodes: cfg.Nodes, ClusterID: "verify",
-		Sidecars: cfg.Sidecars, SocketDir: sockDir, ExtraArgs: cfg.NodeArgs,
+		Sidecars: cfg.Sidecars, SocketDir: sockDir, ExtraArgs: nodeArgs,
 		Command: func(name string, args []string) (string, []string) {
 			if cfg.NodeLab != "" && args[0] == "node" {
 				return cfg.NodeLab, append([]string{args[0], "--fault-file", faultFile(clusterDir, name)}, args[1:]...)
@@ -558,7 +582,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		switch op.Kind {
 		case KindFault:
 			res.Faults = append(res.Faults, op)
-		case KindClose, KindEnd:
+		case KindClose, KindEnd, KindPosition:
 		default:
 			res.Ops[op.Kind+" "+op.Result]++
 			if op.Kind == KindAcquire && op.Result == ResOK {
@@ -604,7 +628,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 
 	res.Check = Check(ops, store.Log(), final, CheckOptions{Dir: cfg.Dir, LinearizeTimeout: cfg.LinearizeTimeout,
-		IndeterminateWindow: IndeterminateWindow, MaxIndeterminateShare: cfg.MaxIndeterminateShare, PermitStore: permitStore.Log()})
+		IndeterminateWindow: IndeterminateWindow, MaxIndeterminateShare: cfg.MaxIndeterminateShare, PermitStore: permitStore.Log(),
+		PositionInterval: positionIntervalJudged(res.PositionFlag, cfg.PositionInterval)})
 	res.PermitKeys, res.PermitPlan = permitKeys, permitPlan
 	res.Violations = append(res.Check.Violations, viol...)
 	res.Inconclusive = res.Check.Inconclusive
@@ -620,6 +645,47 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return res, err
 	}
 	return res, nil
+}
+
+// positionFlag is the --position-interval flag for the nodes (and the
+// bootstrap, which reads the node flags): "" when Config.PositionInterval
+// says not to, when NodeArgs already set it, or when the binary's
+// bootstrap or the node executable does not know it (an older build).
+func positionFlag(ctx context.Context, cfg Config) string {
+	if cfg.PositionInterval < 0 {
+		return ""
+	}
+	for _, a := range cfg.NodeArgs {
+		if strings.HasPrefix(strings.TrimLeft(a, "-"), "position-interval") {
+			return ""
+		}
+	}
+	nodeBin := cfg.Lab
+	if cfg.NodeLab != "" {
+		nodeBin = cfg.NodeLab
+	}
+	if !knowsFlag(ctx, cfg.Binary, "bootstrap", "position-interval") || !knowsFlag(ctx, nodeBin, "node", "position-interval") {
+		return ""
+	}
+	return "--position-interval " + cfg.PositionInterval.String()
+}
+
+// positionIntervalJudged is the interval the checker holds the retelling
+// after a leader kill to: only when the nodes were given it (nodes that
+// know the flag tell places).
+func positionIntervalJudged(flag string, d time.Duration) time.Duration {
+	if flag == "" {
+		return 0
+	}
+	return d
+}
+
+// knowsFlag reports whether `bin cmd -h` lists the flag.
+func knowsFlag(ctx context.Context, bin, cmd, flag string) bool {
+	hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, _ := exec.CommandContext(hctx, bin, cmd, "-h").CombinedOutput()
+	return strings.Contains(string(out), "-"+flag+" ")
 }
 
 // NoGrant is a recovery time that never came: no grant followed.
@@ -683,8 +749,8 @@ func (r *Result) Summary() string {
 	c := r.Config
 	fmt.Fprintf(&b, "ticketlab verify: seed %d, %d nodes, %d sidecars, %d workers + %d worker processes, %d keys, block share %v, nemesis %v (run %v)\n",
 		c.Seed, c.Nodes, c.Sidecars, c.Workers, c.ProcWorkers, c.Keys, max(c.BlockShare, 0), c.Duration, r.Elapsed.Round(time.Second))
-	if len(c.NodeArgs) > 0 {
-		fmt.Fprintf(&b, "node flags: %s\n", strings.Join(c.NodeArgs, " "))
+	if len(c.NodeArgs) > 0 || r.PositionFlag != "" {
+		fmt.Fprintf(&b, "node flags: %s\n", strings.TrimSpace(strings.Join(c.NodeArgs, " ")+" "+r.PositionFlag))
 	}
 	total := 0
 	var kinds []string
@@ -800,6 +866,7 @@ func (r *Result) Summary() string {
 			ck.LostEvents["expired"], ck.LostEvents["moved"], ck.LostEvents["compensated"], ck.LostChecked, lag, LostDeliveryTolerance, ck.LostExempt)
 	}
 	b.WriteString(permitSummary(r.PermitKeys, r.PermitPlan, ck.Permits))
+	b.WriteString(positionSummary(ck.Positions))
 	if ck.SidecarKills > 0 {
 		fmt.Fprintf(&b, "killed sidecars: %d kills; %d operations in flight at a kill (answered by nobody: INDETERMINATE); %d holdings delivered before a kill checked to keep their leases\n",
 			ck.SidecarKills, ck.KilledInFlight, ck.KilledHoldings)
@@ -881,6 +948,9 @@ func (r *Result) Summary() string {
 		wipe += " --permits-n -1"
 	} else if c.PermitsN > 0 && (c.PermitsN != DefaultPermitsN || c.PermitKeys != DefaultPermitKeys || c.PermitWorkers != DefaultPermitWorkers) {
 		wipe += fmt.Sprintf(" --permits-n %d --permit-keys %d --permit-workers %d", c.PermitsN, c.PermitKeys, c.PermitWorkers)
+	}
+	if c.PositionInterval != DefaultPositionInterval {
+		wipe += fmt.Sprintf(" --position-interval %v", max(c.PositionInterval, 0))
 	}
 	fmt.Fprintf(&b, "replay: ticketlab verify --seed %d --nodes %d --duration %v --workers %d%s\n", c.Seed, c.Nodes, c.Duration, c.Workers, wipe)
 	return b.String()

@@ -90,8 +90,9 @@ func runWorker(ctx context.Context, p WorkerParams, write writeFunc, emit func(O
 		return
 	}
 	rng := rand.New(rand.NewSource(p.Seed))
-	seq := int64(0)
-	nextID := func() int64 { seq++; return int64(p.ID+1)<<32 | seq }
+	// The client's reader numbers the places it reports too.
+	var seq atomic.Int64
+	nextID := func() int64 { return int64(p.ID+1)<<32 | seq.Add(1) }
 	now := func() int64 { return time.Now().UnixNano() }
 	var c *ticketing.Client
 	lastCmp := now()
@@ -154,10 +155,23 @@ func runWorker(ctx context.Context, p WorkerParams, write writeFunc, emit func(O
 		var err error
 		var queuedAt atomic.Int64 // set by the client's reader, before Acquire returns
 		onQueued := ticketing.WithQueued(func() { queuedAt.Store(now()) })
+		// Places in line (issue 41): the client calls the hook on its
+		// reader, only before Acquire returns; each is recorded with the
+		// time it ran (no earlier than the event's read), for the checks
+		// of checker_position.go.
+		acqID := acq.ID
+		onPosition := ticketing.WithPosition(func(pos ticketing.Position) {
+			est := int64(-1)
+			if pos.EstimateKnown {
+				est = int64(pos.Estimate / time.Second)
+			}
+			at := now()
+			emit(Op{ID: nextID(), Worker: p.ID, Proc: p.Proc, Kind: KindPosition, Acq: acqID, Key: pos.Key, N: pos.Position, EstSec: est, Inv: at, Cmp: at})
+		})
 		if block != nil {
-			tok, err = acquireBlock(ctx, c, block, lease, wait, onQueued)
+			tok, err = acquireBlock(ctx, c, block, lease, wait, onQueued, onPosition)
 		} else {
-			tok, err = c.Acquire(ctx, key, lease, wait, onQueued)
+			tok, err = c.Acquire(ctx, key, lease, wait, onQueued, onPosition)
 		}
 		acq.Cmp = now()
 		acq.Queued = queuedAt.Load()

@@ -23,11 +23,18 @@ func RunWorkerProcess(ctx context.Context, p WorkerParams, storeSocket string, o
 	sc := &storeClient{path: storeSocket}
 	enc := json.NewEncoder(out)
 	var encErr error
+	// An extender's session reader reports `! LOST` and `! POSITION`
+	// events beside the worker's own operations: one line at a time.
+	var mu sync.Mutex
 	runWorker(ctx, p, sc.write, func(op Op) {
+		mu.Lock()
+		defer mu.Unlock()
 		if err := enc.Encode(op); err != nil && encErr == nil {
 			encErr = err
 		}
 	})
+	mu.Lock()
+	defer mu.Unlock()
 	return encErr
 }
 
