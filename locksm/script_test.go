@@ -27,6 +27,7 @@ package locksm
 //	expire-session  session= epoch= tokens=t1,t2,... now=
 //	close-session   session= now=
 //	drop-sessionless
+//	revoke  key= owner= token= reason= now=
 //	apply   op= [any field]      a raw Command, for unknown ops
 //	legacy-matching on|off       State.SetLegacyMatching
 //	extend-may-shorten on|off    State.SetExtendMayShorten
@@ -42,6 +43,8 @@ package locksm
 // state's first line renewed= (NumRenewed) while any holding is, and
 // sessions= (NumSessions) while any session lives; each session is then
 // listed with its counters, its kept outcomes and its queued requests.
+// The revoke records kept come last, oldest first (revokes= on the first
+// line while any is kept).
 //
 // After every command the runner checks the invariants and that a snapshot
 // round trip and a codec round trip reproduce the state and the command.
@@ -149,6 +152,8 @@ func runScriptCommand(t *testing.T, c scripttest.Case, s *State) string {
 		cmd.Op = OpAcquirePermit
 	case "set-permits":
 		cmd.Op = OpSetPermits
+	case "revoke":
+		cmd.Op = OpRevoke
 	case "apply":
 	default:
 		t.Fatalf("%s: unknown command %q", where, name)
@@ -164,6 +169,8 @@ func runScriptCommand(t *testing.T, c scripttest.Case, s *State) string {
 			cmd.Owner = v
 		case "label":
 			cmd.Label = v
+		case "reason":
+			cmd.Reason = v
 		case "op":
 			var n uint64
 			n, err = strconv.ParseUint(v, 10, 8)
@@ -249,6 +256,7 @@ var statusNames = map[Status]string{
 	StatusResumed: "resumed", StatusSessionExpired: "session-expired", StatusSessionClosed: "session-closed",
 	StatusAcked:      "acked",
 	StatusPermitsSet: "permits-set",
+	StatusRevoked:    "revoked",
 }
 
 var errNames = map[error]string{
@@ -261,11 +269,11 @@ var errNames = map[error]string{
 	ErrNoSession: "ErrNoSession", ErrSessionExists: "ErrSessionExists", ErrVoided: "ErrVoided",
 	ErrDuplicateSeq: "ErrDuplicateSeq", ErrStaleEpoch: "ErrStaleEpoch",
 	ErrIsSemaphore: "ErrIsSemaphore", ErrNotSemaphore: "ErrNotSemaphore",
-	ErrInvalidPermits: "ErrInvalidPermits", ErrInUse: "ErrInUse",
+	ErrInvalidPermits: "ErrInvalidPermits", ErrInUse: "ErrInUse", ErrInvalidReason: "ErrInvalidReason",
 }
 
 var effectNames = map[EffectKind]string{
-	EffectGranted: "granted", EffectTimedOut: "timed-out", EffectDropped: "dropped",
+	EffectGranted: "granted", EffectTimedOut: "timed-out", EffectDropped: "dropped", EffectRevoked: "revoked",
 }
 
 func formatResult(res Result, effects []Effect) string {
@@ -281,6 +289,12 @@ func formatPermitResult(res Result, effects []Effect, permit bool, sem func(key 
 	if res.Status == StatusGranted {
 		fmt.Fprintf(&b, " token=%d", res.Token)
 		if permit {
+			fmt.Fprintf(&b, " slot=%d", res.Slot)
+		}
+	}
+	if res.Status == StatusRevoked {
+		fmt.Fprintf(&b, " token=%d", res.Token)
+		if res.Slot != 0 || len(effects) > 0 && sem(effects[0].Key) {
 			fmt.Fprintf(&b, " slot=%d", res.Slot)
 		}
 	}
@@ -305,6 +319,12 @@ func formatPermitResult(res Result, effects []Effect, permit bool, sem func(key 
 		fmt.Fprintf(&b, " owner=%s ref=%d", e.Owner, e.Ref)
 		if e.Kind == EffectGranted {
 			fmt.Fprintf(&b, " token=%d lease=%d", e.Token, e.LeaseSec)
+			if sem(e.Key) {
+				fmt.Fprintf(&b, " slot=%d", e.Slot)
+			}
+		}
+		if e.Kind == EffectRevoked {
+			fmt.Fprintf(&b, " token=%d", e.Token)
 			if sem(e.Key) {
 				fmt.Fprintf(&b, " slot=%d", e.Slot)
 			}
@@ -349,7 +369,25 @@ func formatState(s *State) string {
 			}
 		}
 	}
+	for _, r := range s.Revokes() {
+		b.WriteString("\n" + formatRevoke(r))
+	}
 	return b.String()
+}
+
+// formatRevoke is a revoke record as the scripts show it.
+func formatRevoke(r Revoke) string {
+	s := fmt.Sprintf("revoke-record key=%s token=%d who=%s at=%d owner=%s", r.Key, r.Token, r.Who, r.At, r.Owner)
+	if r.Label != "" {
+		s += " label=" + r.Label
+	}
+	if r.Permit {
+		s += fmt.Sprintf(" slot=%d", r.Slot)
+	}
+	if r.Keys != nil {
+		s += " block=" + strings.Join(r.Keys, ",")
+	}
+	return s + fmt.Sprintf(" reason=%q", r.Reason)
 }
 
 // formatTable is formatState without the sessions' own lines.
@@ -367,6 +405,9 @@ func formatTable(s *State) string {
 	}
 	if s.NumSemaphores() > 0 {
 		fmt.Fprintf(&b, " semaphores=%d permits-held=%d", s.NumSemaphores(), s.NumPermitsHeld())
+	}
+	if s.NumRevokes() > 0 {
+		fmt.Fprintf(&b, " revokes=%d", s.NumRevokes())
 	}
 	keys := s.sortedKeys()
 	keys = append(keys, s.Semaphores()...)
@@ -473,6 +514,11 @@ func normalize(c Command) Command {
 		n.Key, n.Now, n.Session, n.Epoch = "", c.Now, c.Session, c.Epoch
 		if len(c.Tokens) > 0 {
 			n.Tokens = slices.Clone(c.Tokens)
+		}
+	case OpRevoke:
+		n.Now, n.Owner, n.Token, n.Reason = c.Now, c.Owner, c.Token, c.Reason
+		if len(n.Reason) > MaxReasonLen {
+			n.Reason = badReason
 		}
 	case OpCloseSession:
 		n.Key, n.Now, n.Session = "", c.Now, c.Session
