@@ -689,7 +689,37 @@ func checkInvariants(s *State) error {
 	if waiting != s.waiting || reserved != s.reserved {
 		return fmt.Errorf("waiting/reserved counts %d/%d, actual %d/%d", s.waiting, s.reserved, waiting, reserved)
 	}
+	if err := checkRevokeRecords(s); err != nil {
+		return err
+	}
 	return checkSessionInvariants(s)
+}
+
+// checkRevokeRecords checks the audit records of revokes: within the
+// bound, each key once, every field within its constraint, and a token
+// that was issued (the holding it names has ended: a revoke ends it, and
+// tokens are never reused, so no holding of the table has it).
+func checkRevokeRecords(s *State) error {
+	if len(s.revokes) > MaxRevokeRecords {
+		return fmt.Errorf("%d revoke records, at most %d", len(s.revokes), MaxRevokeRecords)
+	}
+	seen := map[string]bool{}
+	for _, r := range s.revokes {
+		switch {
+		case seen[r.Key] || ValidateKey(r.Key) != nil:
+			return fmt.Errorf("revoke record of %q: twice or invalid", r.Key)
+		case r.Token == 0 || r.Token > s.last || s.HeldUnder(r.Key, r.Token):
+			return fmt.Errorf("revoke record of %q: token %d (last %d) outside 1..last or still held", r.Key, r.Token, s.last)
+		case ValidateOwner(r.Who) != nil || ValidateReason(r.Reason) != nil || ValidateOwner(r.Owner) != nil || ValidateLabel(r.Label) != nil:
+			return fmt.Errorf("revoke record of %q: invalid field %+v", r.Key, r)
+		case !r.Permit && r.Slot != 0, r.Permit && r.Keys != nil:
+			return fmt.Errorf("revoke record of %q: permit %v slot %d keys %q", r.Key, r.Permit, r.Slot, r.Keys)
+		case r.Keys != nil && (validateBlockKeys(r.Keys) != nil || !slices.Contains(r.Keys, r.Key)):
+			return fmt.Errorf("revoke record of %q: block %q", r.Key, r.Keys)
+		}
+		seen[r.Key] = true
+	}
+	return nil
 }
 
 // checkSemaphores checks every semaphore: a valid key that is no lock's,

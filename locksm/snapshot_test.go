@@ -530,6 +530,8 @@ func FuzzReadSnapshot(f *testing.F) {
 	f.Add(sampleSnapV4().done(), false)
 	f.Add(bytes.Clone(sampleSnapV6().b), true)
 	f.Add(sampleSnapV6().done(), false)
+	f.Add(bytes.Clone(sampleSnapV7Records().b), true)
+	f.Add(sampleSnapV7Records().done(), false)
 	f.Add([]byte{}, false)
 	f.Fuzz(func(t *testing.T, b []byte, fixChecksum bool) {
 		// With fixChecksum the input is a snapshot body and the fuzzer
