@@ -326,8 +326,8 @@ type Command struct {
 	// audit record and to the revoked holder.
 	Reason string
 	Token  uint64 // OpRelease, OpExpire, OpExtend, OpRevoke
-	// Ref is the proposer's identifier for an acquire, a release or a
-	// set-permits (so the
+	// Ref is the proposer's identifier for an acquire, a release, a
+	// set-permits or a revoke (so the
 	// proposer can match the applied command to the request that owes a
 	// reply): echoed in Effects that concern an acquire's waiter and used by
 	// OpCancelWait. The state machine ignores it for releases. Unique per proposer; the

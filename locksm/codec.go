@@ -27,7 +27,7 @@ package locksm
 //	13  OpAckSession      session:uvarint ack:uvarint
 //	14  OpAcquirePermit   fields of op 1
 //	15  OpSetPermits      now:varint key:string permits:uvarint ref:uvarint
-//	16  OpRevoke          now:varint key:string owner:string token:uvarint reason:string(0..MaxReasonLen)
+//	16  OpRevoke          now:varint key:string owner:string token:uvarint ref:uvarint reason:string(0..MaxReasonLen)
 //
 //	op|0x80 (op 1, 2, 6, 7, 14 only): a lock command of a session
 //	    = session:uvarint(1..) seq:uvarint ack:uvarint fields(op)
@@ -233,6 +233,7 @@ func AppendBatch(dst []byte, cmds []Command) []byte {
 			dst = appendString(dst, c.Key, MaxKeyLen)
 			dst = appendString(dst, c.Owner, MaxOwnerLen)
 			dst = binary.AppendUvarint(dst, c.Token)
+			dst = binary.AppendUvarint(dst, c.Ref)
 			reason := c.Reason
 			if len(reason) > MaxReasonLen {
 				reason = badReason
@@ -397,6 +398,7 @@ func DecodeBatch(b []byte, into []Command) ([]Command, error) {
 			c.Key = d.string(MaxKeyLen)
 			c.Owner = d.string(MaxOwnerLen)
 			c.Token = d.uvarint()
+			c.Ref = d.uvarint()
 			c.Reason = d.string(MaxReasonLen)
 		case OpDropSessionless:
 		default:

@@ -1376,7 +1376,9 @@ var genReasons = []string{"", "stuck", "stuck since the 14:02 deploy, OPS-123", 
 // under another (one issued before, 0, never issued, a waiter's ref) or
 // on a free or reserved key; now and then with a field the rules refuse.
 func (g *gen) revokeCommand() Command {
-	c := Command{Op: OpRevoke, Now: g.now, Key: g.pick(genKeys), Owner: g.pick([]string{"ops", "alice@ops"}), Reason: g.pick(genReasons)}
+	g.nextRef++
+	c := Command{Op: OpRevoke, Now: g.now, Key: g.pick(genKeys), Owner: g.pick([]string{"ops", "alice@ops"}), Reason: g.pick(genReasons),
+		Ref: g.nextRef}
 	if g.r.IntN(3) == 0 {
 		c.Key = g.pick(genSems)
 	}

@@ -27,7 +27,7 @@ package locksm
 //	expire-session  session= epoch= tokens=t1,t2,... now=
 //	close-session   session= now=
 //	drop-sessionless
-//	revoke  key= owner= token= reason= now=
+//	revoke  key= owner= token= reason= now= [ref=]
 //	apply   op= [any field]      a raw Command, for unknown ops
 //	legacy-matching on|off       State.SetLegacyMatching
 //	extend-may-shorten on|off    State.SetExtendMayShorten
@@ -516,7 +516,7 @@ func normalize(c Command) Command {
 			n.Tokens = slices.Clone(c.Tokens)
 		}
 	case OpRevoke:
-		n.Now, n.Owner, n.Token, n.Reason = c.Now, c.Owner, c.Token, c.Reason
+		n.Now, n.Owner, n.Token, n.Ref, n.Reason = c.Now, c.Owner, c.Token, c.Ref, c.Reason
 		if len(n.Reason) > MaxReasonLen {
 			n.Reason = badReason
 		}
