@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -220,4 +221,29 @@ func TestReadSnapshotV7Invariants(t *testing.T) {
 		t.Fatalf("version 6 with records: %v", err)
 	}
 	checkTruncatedAndFlipped(t, good.done())
+}
+
+// With no token left, a revoked holding cannot be handed on: as for a
+// release, its waiters are dropped and the key is freed; the holder is
+// still told first, and the record kept.
+func TestRevokeTokensExhausted(t *testing.T) {
+	b := newSnap(math.MaxUint64, 1).key("k", "o", math.MaxUint64, 10, 1).waiter("w", 1, 10, 10).done()
+	s, err := ReadSnapshot(bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, eff := s.Apply(Command{Op: OpRevoke, Key: "k", Owner: "ops", Token: math.MaxUint64, Now: 5}, nil)
+	got := formatResult(res, eff)
+	want := fmt.Sprintf("revoked token=%d\neffect revoked key=k owner=o ref=0 token=%d\neffect dropped key=k owner=w ref=1",
+		uint64(math.MaxUint64), uint64(math.MaxUint64))
+	if got != want {
+		t.Fatalf("revoke:\n%s\nwant\n%s", got, want)
+	}
+	if err := checkInvariants(s); err != nil {
+		t.Fatal(err)
+	}
+	if r, ok := s.LastRevoke("k"); !ok || r.Token != math.MaxUint64 || s.NumHeld() != 0 || s.NumWaiting() != 0 {
+		t.Fatal(formatState(s))
+	}
+	checkSnapshotRoundTrip(t, s)
 }
