@@ -455,10 +455,11 @@ type Effect struct {
 	// Slot: EffectGranted of a semaphore's waiter, the permit's slot;
 	// EffectRevoked of a permit, its slot; 0 for a lock.
 	Slot uint32
-	// Session and Seq are the waiter's (0 if it has none). Serial is the
-	// outcome recorded for it (a grant, or a timeout by cancel or
-	// drop-waiters); 0 when nothing was recorded: no session, or the
-	// session's own expiry timed it out.
+	// Session and Seq are the waiter's (0 if it has none), or, of
+	// EffectRevoked, the revoked holding's. Serial is the outcome
+	// recorded for it (a grant, or a timeout by cancel or drop-waiters);
+	// 0 when nothing was recorded: no session, the session's own expiry
+	// timed it out, or a revoke (which records nothing).
 	Session, Seq, Serial uint64
 }
 
