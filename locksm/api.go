@@ -88,6 +88,20 @@
 // entries and snapshots without labels are byte for byte what older nodes
 // wrote.
 //
+// # Revokes
+//
+// OpRevoke is an operator breaking a stuck holding: it names the key and
+// the token of the holding to end, so that a revoke decided on what
+// inspect showed can never end a newer holding of the same key. It ends
+// the holding exactly as an expiry does (hand-off in the same command,
+// session bookkeeping as for an expiry), owes the holder an
+// EffectRevoked (its broker tells it the holding is lost, and why), and
+// keeps an audit record of the latest revoke of each key (LastRevoke),
+// at most MaxRevokeRecords of them. A revoke is safe with fencing: every
+// grant takes a fresh token, so the revoked holder's next fenced write
+// carries a token below the new holder's and is refused by the fence
+// (MATRIX.md, "Revoke").
+//
 // The field constraints and the request × key-state matrix are in MATRIX.md
 // next to this file; the testdata scripts pin every cell of it.
 package locksm
@@ -139,6 +153,29 @@ const (
 	// permit costs its slot (about 64 bytes) on every replica, so the
 	// bound keeps a full semaphore under 10 MB.
 	MaxPermits = 100_000
+	// MaxReasonLen is the longest reason of a revoke (Command.Reason), in
+	// bytes of printable ASCII 0x20..0x7E, spaces allowed but not first
+	// or last; empty means none given (ValidateReason). An operator
+	// writes prose ("stuck since the 14:02 deploy, OPS-123"), so spaces
+	// are allowed, unlike in keys. The alphabet is still safe to print
+	// anywhere the reason goes: no control byte (no CR or LF, so a reason
+	// can neither end a line of the unix line protocol nor forge a line
+	// of the node log; no ESC, so no terminal escape) and no byte above
+	// 0x7E (no invalid UTF-8, no look-alike or bidirectional characters).
+	// Because of the spaces it is never an unquoted field in the middle
+	// of a line: a line protocol carries it quoted, or as the rest of its
+	// line; with no space at either end, trimming a line changes nothing.
+	// 128 bytes hold a sentence and a ticket id, and bound each audit
+	// record.
+	MaxReasonLen = 128
+	// MaxRevokeRecords bounds the audit records of revokes (LastRevoke):
+	// one per key, the latest revoke of it; when a revoke would make
+	// more, the records of the keys revoked longest ago (by log order)
+	// go first. Every replica evicts the same ones, so snapshots agree.
+	// At most MaxKeyLen + MaxOwnerLen*2 + MaxReasonLen + MaxLabelLen
+	// bytes of strings each (plus a block's keys, shared by the records
+	// of its keys): under 1 MB for a full table, on every replica.
+	MaxRevokeRecords = 1024
 )
 
 // Op names a command.
@@ -231,6 +268,25 @@ const (
 	// definition of an idle semaphore (else ErrInUse). ErrInUse too when
 	// Key is held or reserved as a lock.
 	OpSetPermits Op = 15
+	// OpRevoke is an operator ending the holding of Key under Token
+	// (exactly: a lock's holder, any key of a block, which ends the whole
+	// block, or the permit of the semaphore Key under Token), because it
+	// is stuck. Owner is who asked (the operator's identity, the owner
+	// alphabet), Reason why (0..MaxReasonLen bytes, ValidateReason), Now
+	// when. The holding ends as an expiry ends it: the queue head is
+	// granted with a fresh token in the same command, a session's holding
+	// is forgotten by its session with nothing recorded. The result is
+	// StatusRevoked with the revoked Token (and Slot of a permit); the
+	// first effect is EffectRevoked, owed to the revoked holder, then the
+	// hand-off grants. The latest revoke of each key is kept as an audit
+	// record (LastRevoke). Anything else changes nothing: ErrNotHeld if
+	// nothing holds Key (free, reserved for a block, unknown, a semaphore
+	// without a permit held), ErrTokenMismatch if Key is held but not
+	// under Token (a newer holding, or a waiter's ref taken for a token).
+	// Op 16 came with revokes: a node of an older version cannot decode
+	// it (codec.go), so the cluster must propose it only once every member
+	// runs the version that brought it.
+	OpRevoke Op = 16
 )
 
 // SessionOp reports whether op acts on a session itself (open, resume,
@@ -240,7 +296,7 @@ const (
 func (op Op) SessionOp() bool { return op >= OpOpenSession && op <= OpAckSession }
 
 // maxOp is the highest op this version knows.
-const maxOp = OpSetPermits
+const maxOp = OpRevoke
 
 // Command is one replicated state change. The leader fills Now with its wall
 // clock (Unix milliseconds) when it proposes; the state machine records it
@@ -256,16 +312,22 @@ type Command struct {
 	// Keys are the keys of an OpAcquireBlock, in the requester's order (the
 	// first is the block's primary key, named by its effects). The state
 	// keeps this slice (shared, never written): do not change it afterwards.
-	Keys  []string
-	Owner string // OpAcquire, OpAcquireBlock, OpRelease, OpExtend
+	Keys []string
+	// Owner: the requester (OpAcquire, OpAcquireBlock, OpAcquirePermit,
+	// OpRelease, OpExtend), or who revokes (OpRevoke: the operator).
+	Owner string
 	// Label is the caller's label for an acquire (OpAcquire,
 	// OpAcquireBlock): 0..MaxLabelLen bytes in 0x21..0x7E, "" for none.
 	// It names the holding for people (inspect, logs) and plays no part
 	// in matching: releases and extends match by token and owner.
 	Label string
-	Token uint64 // OpRelease, OpExpire, OpExtend
-	// Ref is the proposer's identifier for an acquire, a release or a
-	// set-permits (so the
+	// Reason is why an operator revokes (OpRevoke): 0..MaxReasonLen bytes
+	// of printable ASCII, ValidateReason; "" for none. It goes into the
+	// audit record and to the revoked holder.
+	Reason string
+	Token  uint64 // OpRelease, OpExpire, OpExtend, OpRevoke
+	// Ref is the proposer's identifier for an acquire, a release, a
+	// set-permits or a revoke (so the
 	// proposer can match the applied command to the request that owes a
 	// reply): echoed in Effects that concern an acquire's waiter and used by
 	// OpCancelWait. The state machine ignores it for releases. Unique per proposer; the
@@ -325,6 +387,9 @@ const (
 	StatusSessionClosed  // OpCloseSession done (as an expiry)
 	StatusAcked          // OpAckSession done: the outcomes up to Ack dropped
 	StatusPermitsSet     // OpSetPermits done (grants of a raise in Effects)
+	// StatusRevoked: OpRevoke ended the holding (Result.Token, and
+	// Result.Slot of a permit; EffectRevoked and hand-offs in Effects).
+	StatusRevoked
 )
 
 // Result is the outcome of a command for its proposer.
@@ -335,9 +400,12 @@ type Result struct {
 	// version 10 an extend never lowers it, SetExtendMayShorten). The
 	// leader arms its lease timer with it.
 	LeaseSec uint32
-	Token    uint64 // StatusGranted
+	// Token: StatusGranted, the token granted; StatusRevoked, the token
+	// of the holding revoked.
+	Token uint64
 	// Slot: StatusGranted of OpAcquirePermit, the permit's slot
-	// (0..n-1); 0 for a lock.
+	// (0..n-1); StatusRevoked of a permit, the revoked permit's slot; 0
+	// for a lock.
 	Slot uint32
 	Err  error // StatusRejected: one of the sentinels above
 	// Serial is the serial of the outcome recorded for the command itself
@@ -358,6 +426,14 @@ const (
 	EffectTimedOut
 	// EffectDropped: waiter Ref was removed by OpDropWaiters.
 	EffectDropped
+	// EffectRevoked: the holding of Key (a block's primary key, with
+	// Keys) under Token was ended by OpRevoke. Owed to its holder: Owner,
+	// Session and Seq name it as the holding had them (Session 0: none),
+	// Slot a permit's slot; Ref and Serial are 0 (a holding has no ref,
+	// and its session records nothing, as for an expiry). The leader
+	// tells the holder's connection the holding is lost, with the
+	// command's Reason, before the hand-off grants that follow it.
+	EffectRevoked
 )
 
 // Effect is something a command owes to a party other than its proposer.
@@ -375,14 +451,15 @@ type Effect struct {
 	Keys     []string
 	Owner    string
 	Ref      uint64
-	Token    uint64 // EffectGranted
-	// Slot: EffectGranted of a semaphore's waiter, the permit's slot; 0
-	// for a lock.
+	Token    uint64 // EffectGranted, EffectRevoked
+	// Slot: EffectGranted of a semaphore's waiter, the permit's slot;
+	// EffectRevoked of a permit, its slot; 0 for a lock.
 	Slot uint32
-	// Session and Seq are the waiter's (0 if it has none). Serial is the
-	// outcome recorded for it (a grant, or a timeout by cancel or
-	// drop-waiters); 0 when nothing was recorded: no session, or the
-	// session's own expiry timed it out.
+	// Session and Seq are the waiter's (0 if it has none), or, of
+	// EffectRevoked, the revoked holding's. Serial is the outcome
+	// recorded for it (a grant, or a timeout by cancel or drop-waiters);
+	// 0 when nothing was recorded: no session, the session's own expiry
+	// timed it out, or a revoke (which records nothing).
 	Session, Seq, Serial uint64
 }
 
@@ -477,6 +554,28 @@ type SessionQueued struct {
 	Label string
 	// Permit: it waits for a permit of the semaphore Key.
 	Permit bool
+}
+
+// Revoke is the audit record of the latest revoke of a key
+// (State.LastRevoke): what was ended, by whom, why and when. A block's
+// revoke leaves one record on each of its keys.
+type Revoke struct {
+	// Key is the key the record is about; Keys, for a block, every key
+	// of the revoked block (the requester's order; shared, do not change).
+	Key  string
+	Keys []string
+	// Token is the token of the revoked holding.
+	Token uint64
+	// Who is the revoke's Owner (the operator), Reason its reason, At its
+	// Now (Unix ms).
+	Who, Reason string
+	At          int64
+	// Owner and Label are the revoked holder's.
+	Owner, Label string
+	// Permit: the revoked holding was a permit of the semaphore Key, in
+	// Slot; false for a lock, whose Slot is 0.
+	Permit bool
+	Slot   uint32
 }
 
 // LeaseEnd is when h's lease ends by the proposers' wall clocks (Unix ms):

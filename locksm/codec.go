@@ -27,6 +27,7 @@ package locksm
 //	13  OpAckSession      session:uvarint ack:uvarint
 //	14  OpAcquirePermit   fields of op 1
 //	15  OpSetPermits      now:varint key:string permits:uvarint ref:uvarint
+//	16  OpRevoke          now:varint key:string owner:string token:uvarint ref:uvarint reason:string(0..MaxReasonLen)
 //
 //	op|0x80 (op 1, 2, 6, 7, 14 only): a lock command of a session
 //	    = session:uvarint(1..) seq:uvarint ack:uvarint fields(op)
@@ -67,6 +68,12 @@ package locksm
 // unchanged and the batch version is still 1. A permit count must fit in
 // uint32 (Apply rejects one above MaxPermits).
 //
+// Op 16 came with revokes in the same way: a node older than that cannot
+// decode it (it is an unknown op there, and the whole entry is corrupt to
+// it), so a leader proposes it only once the cluster version says every
+// member knows it; every other entry is unchanged and the batch version is
+// still 1. A reason longer than MaxReasonLen is corrupt.
+//
 // Only the fields an op uses are carried; the others decode as zero (Apply
 // ignores them anyway). Now is carried only by ops that record it (grant or
 // enqueue time). A key is at most MaxKeyLen bytes and an owner at most
@@ -76,7 +83,7 @@ package locksm
 //
 // DecodeBatch rejects, wrapping ErrCorruptCommand: an unknown version, a
 // count above MaxBatch or above the bytes left (every command takes at
-// least one byte), truncation, trailing bytes, an unknown op (0, 16..63,
+// least one byte), truncation, trailing bytes, an unknown op (0, 17..63,
 // the session flag on an op other than 1, 2, 6, 7, 14 or with session 0,
 // the label flag on an op other than 1, 6, 14 or with an empty label), an
 // over-long string (a secret hash above SecretHashLen bytes), a non-minimal varint, a lease or wait above
@@ -102,6 +109,11 @@ const labelFlag = 0x40
 // MaxLabelLen: one byte outside the label alphabet, so Apply rejects the
 // command with ErrInvalidLabel, as ValidateCommand would have.
 const badLabel = " "
+
+// badReason is what AppendBatch writes for a reason longer than
+// MaxReasonLen: one byte outside the reason alphabet, so Apply rejects
+// the command with ErrInvalidReason, as ValidateCommand would have.
+const badReason = "\x00"
 
 // batchVersion is the first byte of every entry. A new layout gets a new
 // version; entries written in an older one stay in the Raft log, so the
@@ -216,6 +228,17 @@ func AppendBatch(dst []byte, cmds []Command) []byte {
 			dst = appendString(dst, c.Key, MaxKeyLen)
 			dst = binary.AppendUvarint(dst, uint64(c.Permits))
 			dst = binary.AppendUvarint(dst, c.Ref)
+		case OpRevoke:
+			dst = binary.AppendVarint(dst, c.Now)
+			dst = appendString(dst, c.Key, MaxKeyLen)
+			dst = appendString(dst, c.Owner, MaxOwnerLen)
+			dst = binary.AppendUvarint(dst, c.Token)
+			dst = binary.AppendUvarint(dst, c.Ref)
+			reason := c.Reason
+			if len(reason) > MaxReasonLen {
+				reason = badReason
+			}
+			dst = appendString(dst, reason, MaxReasonLen)
 		}
 	}
 	return dst
@@ -370,6 +393,13 @@ func DecodeBatch(b []byte, into []Command) ([]Command, error) {
 			c.Key = d.string(MaxKeyLen)
 			c.Permits = d.uint32()
 			c.Ref = d.uvarint()
+		case OpRevoke:
+			c.Now = d.varint()
+			c.Key = d.string(MaxKeyLen)
+			c.Owner = d.string(MaxOwnerLen)
+			c.Token = d.uvarint()
+			c.Ref = d.uvarint()
+			c.Reason = d.string(MaxReasonLen)
 		case OpDropSessionless:
 		default:
 			if d.err == nil {
@@ -485,6 +515,27 @@ func uvarint(b []byte) (uint64, int, error) {
 func ValidateLabel(label string) error {
 	if label != "" && !validIdent(label, MaxLabelLen) {
 		return ErrInvalidLabel
+	}
+	return nil
+}
+
+// ValidateReason checks a revoke's reason: 0..MaxReasonLen bytes in
+// 0x20..0x7E, no space first or last ("" is no reason; MaxReasonLen
+// says why this alphabet). It returns the bare ErrInvalidReason.
+func ValidateReason(reason string) error {
+	if len(reason) > MaxReasonLen {
+		return ErrInvalidReason
+	}
+	if reason == "" {
+		return nil
+	}
+	if reason[0] == ' ' || reason[len(reason)-1] == ' ' {
+		return ErrInvalidReason
+	}
+	for i := 0; i < len(reason); i++ {
+		if c := reason[i]; c < 0x20 || c > 0x7e {
+			return ErrInvalidReason
+		}
 	}
 	return nil
 }

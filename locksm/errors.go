@@ -9,7 +9,11 @@ var (
 	ErrInvalidOwner = errors.New("locksm: invalid owner")
 	// ErrInvalidLabel: an acquire's label longer than MaxLabelLen or with
 	// a byte outside 0x21..0x7E.
-	ErrInvalidLabel   = errors.New("locksm: invalid label")
+	ErrInvalidLabel = errors.New("locksm: invalid label")
+	// ErrInvalidReason: a revoke's reason longer than MaxReasonLen, with
+	// a byte outside 0x20..0x7E, or with a space first or last
+	// (ValidateReason).
+	ErrInvalidReason  = errors.New("locksm: invalid reason")
 	ErrInvalidLease   = errors.New("locksm: invalid lease")
 	ErrInvalidWait    = errors.New("locksm: invalid wait")
 	ErrInvalidCommand = errors.New("locksm: invalid command")
@@ -22,9 +26,15 @@ var (
 	// them, so that an answer never tells which part was right
 	// (matchHolder).
 	ErrNotHeld = errors.New("locksm: key not held")
-	// ErrTokenMismatch: the key is held, but under another token. Only
-	// under SetLegacyMatching (a cluster not all on protocol version 9);
-	// kept so that older outcomes, snapshots and wire codes still decode.
+	// ErrTokenMismatch: the key is held, but under another token. For a
+	// release or an extend only under SetLegacyMatching (a cluster not
+	// all on protocol version 9; kept so that older outcomes, snapshots
+	// and wire codes still decode). For a revoke always: the key is held
+	// (a semaphore: some permit of it), but no holding of it has that
+	// token, so nothing was revoked, and the operator should look again
+	// (inspect) before naming the current token. The revoke's caller holds
+	// the admin secret and may inspect the key anyway, so telling it apart
+	// from ErrNotHeld gives away nothing (unlike for a release: matchHolder).
 	ErrTokenMismatch = errors.New("locksm: token mismatch")
 	// ErrOwnerMismatch: the token matches the holder but the owner does
 	// not. Only under SetLegacyMatching, like ErrTokenMismatch.

@@ -13,7 +13,9 @@ package locksm
 // sessions: serials 1, 2, 3, … per session with nothing skipped, no void
 // seq ever applied, no waiter of an ended session ever granted, and a new
 // leader's drop-sessionless keeping every session waiter in its place (FIFO
-// across leader changes).
+// across leader changes). For revokes: only the holding under the named
+// token ends, its holder is told first, and whoever is granted after it
+// holds a larger token.
 
 import (
 	"bytes"
@@ -39,6 +41,9 @@ type model struct {
 	// sems maps every semaphore key to its n; its permits are holds with
 	// h.Permit set (any number per key), its waiters waits like a lock's.
 	sems map[string]uint32
+	// revokes are the audit records, oldest first; a key's newer revoke
+	// removes its older record.
+	revokes []Revoke
 }
 
 // modelSession keeps every outcome above its ack, in the order recorded.
@@ -125,6 +130,19 @@ func modelValid(s string, limit int) bool {
 	}
 	for _, c := range []byte(s) {
 		if c <= ' ' || c >= 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// modelReason: at most 128 bytes of 0x20..0x7E, no space at either end.
+func modelReason(r string) bool {
+	if len(r) > 128 || strings.HasPrefix(r, " ") || strings.HasSuffix(r, " ") {
+		return false
+	}
+	for _, c := range []byte(r) {
+		if c < ' ' || c >= 0x7f {
 			return false
 		}
 	}
@@ -219,7 +237,7 @@ func (m *model) apply(c Command) (Result, []Effect) {
 	res, eff := m.apply1(c)
 	switch res.Status {
 	case StatusGranted, StatusQueued, StatusReleased, StatusExpired, StatusExtended, StatusSessionExpired, StatusSessionClosed,
-		StatusPermitsSet:
+		StatusPermitsSet, StatusRevoked:
 		m.clock = c.Now
 	}
 	return res, eff
@@ -260,6 +278,16 @@ func (m *model) apply1(c Command) (Result, []Effect) {
 			}
 		}
 	case OpDropWaiters, OpDropSessionless:
+	case OpRevoke:
+		if !modelValid(c.Key, 255) {
+			return reject(ErrInvalidKey)
+		}
+		if !modelValid(c.Owner, 128) {
+			return reject(ErrInvalidOwner)
+		}
+		if !modelReason(c.Reason) {
+			return reject(ErrInvalidReason)
+		}
 	case OpOpenSession:
 		if c.Session == 0 || len(c.SecretHash) != 32 || c.TimeoutMs < 2000 || c.TimeoutMs > 300000 {
 			return reject(ErrInvalidSession)
@@ -437,6 +465,36 @@ func (m *model) lock(c Command) (Result, []Effect) {
 			return Result{Status: StatusNoop}, nil
 		}
 		return Result{Status: StatusExpired}, m.free(i, c.Now)
+	case OpRevoke:
+		i := m.holdIndex(c.Key)
+		if m.isSem(c.Key) {
+			i = m.permitIndex(c.Key, c.Token)
+			if i < 0 && len(m.permits(c.Key)) > 0 {
+				return reject(ErrTokenMismatch)
+			}
+		}
+		switch {
+		case i < 0:
+			return reject(ErrNotHeld)
+		case m.holds[i].h.Token != c.Token:
+			return reject(ErrTokenMismatch)
+		}
+		h := m.holds[i].h
+		keys := []string{c.Key}
+		if h.Keys != nil {
+			keys = h.Keys
+		}
+		m.revokes = slices.DeleteFunc(m.revokes, func(r Revoke) bool { return slices.Contains(keys, r.Key) })
+		for _, k := range keys {
+			m.revokes = append(m.revokes, Revoke{Key: k, Keys: h.Keys, Token: h.Token, Who: c.Owner, Reason: c.Reason, At: c.Now,
+				Owner: h.Owner, Label: h.Label, Permit: h.Permit, Slot: h.Slot})
+		}
+		if n := len(m.revokes) - MaxRevokeRecords; n > 0 {
+			m.revokes = m.revokes[n:]
+		}
+		eff := []Effect{{Kind: EffectRevoked, Key: keys[0], Keys: h.Keys, Owner: h.Owner, Token: h.Token, Slot: h.Slot,
+			Session: h.Session, Seq: h.Seq}}
+		return Result{Status: StatusRevoked, Token: h.Token, Slot: h.Slot}, append(eff, m.free(i, c.Now)...)
 	case OpCancelWait:
 		for i, w := range m.waits {
 			if slices.Contains(w.keys, c.Key) && w.w.Ref == c.Ref {
@@ -664,6 +722,20 @@ func (m *model) compare(s *State, keys []string) error {
 			if pos, ok := s.Position(k, w.Ref); !ok || pos != i+1 {
 				return fmt.Errorf("semaphore %q: waiter %d at %d %v, model %d", k, w.Ref, pos, ok, i+1)
 			}
+		}
+	}
+	if got := s.Revokes(); !reflect.DeepEqual(got, m.revokes) || s.NumRevokes() != len(m.revokes) {
+		return fmt.Errorf("revokes %+v, model %+v", got, m.revokes)
+	}
+	for _, k := range append(slices.Clone(keys), genSems...) {
+		want, wok := Revoke{}, false
+		for _, r := range m.revokes {
+			if r.Key == k {
+				want, wok = r, true
+			}
+		}
+		if got, ok := s.LastRevoke(k); ok != wok || !reflect.DeepEqual(got, want) {
+			return fmt.Errorf("last revoke of %q: %+v %v, model %+v", k, got, ok, want)
 		}
 	}
 	if got := s.Semaphores(); !slices.Equal(got, slices.Sorted(maps.Keys(m.sems))) {
@@ -894,6 +966,12 @@ func (p *propertyChecker) observeSession(c Command, res Result, effects []Effect
 			if e.Serial != 0 || e.Seq != 0 {
 				return fmt.Errorf("effect %+v: a seq or serial without a session", e)
 			}
+		case e.Kind == EffectRevoked:
+			// A revoked holding of a session records nothing, as an
+			// expiry of it records nothing.
+			if e.Serial != 0 {
+				return fmt.Errorf("effect %+v: revoked with a serial", e)
+			}
 		case e.Serial != 0:
 			if c.Op == OpDropSessionless && e.Kind != EffectGranted {
 				return fmt.Errorf("drop-sessionless removed session waiter %+v", e)
@@ -1035,6 +1113,32 @@ func (p *propertyChecker) observe(c Command, res Result, effects []Effect) error
 		if tok := p.held[c.Key]; tok != c.Token || len(effects) > 0 {
 			return fmt.Errorf("extend of %q under %d, held under %d, effects %+v", c.Key, c.Token, tok, effects)
 		}
+	case StatusRejected:
+		if c.Op != OpRevoke {
+			break
+		}
+		// A refused revoke changes nothing; its error says whether the
+		// key is held (a semaphore: some permit of it) at all.
+		_, lock := p.held[c.Key]
+		held := lock || len(p.permits[c.Key]) > 0
+		_, live := p.permits[c.Key][c.Token]
+		matchErr := res.Err == ErrNotHeld || res.Err == ErrTokenMismatch
+		if len(effects) > 0 || matchErr && ((lock && p.held[c.Key] == c.Token) || live || (res.Err == ErrTokenMismatch) != held) {
+			return fmt.Errorf("revoke of %q under %d refused with %v (held %v), effects %+v", c.Key, c.Token, res.Err, held, effects)
+		}
+	case StatusRevoked:
+		// Only the holding under the named token ends, its holder is
+		// owed the first effect, and every grant after it is under a
+		// larger token (fencing refuses the revoked holder's writes).
+		if res.Token != c.Token || len(effects) == 0 || effects[0].Kind != EffectRevoked || effects[0].Token != c.Token {
+			return fmt.Errorf("revoke of %q under %d: %+v %+v", c.Key, c.Token, res, effects)
+		}
+		for _, e := range effects[1:] {
+			if e.Kind != EffectGranted || e.Token <= c.Token {
+				return fmt.Errorf("revoke of %q under %d: then %+v", c.Key, c.Token, e)
+			}
+		}
+		fallthrough
 	case StatusReleased, StatusExpired:
 		if _, sem := p.sems[c.Key]; sem {
 			if _, live := p.permits[c.Key][c.Token]; !live {
@@ -1093,6 +1197,11 @@ func (p *propertyChecker) observe(c Command, res Result, effects []Effect) error
 				p.pending[k] = slices.Delete(slices.Clone(q), i, i+1)
 			}
 			p.gone[fmt.Sprint(ekeys, "/", e.Ref)] = true
+		case EffectRevoked:
+			// Checked with the result: the holding it names ended.
+			if c.Op != OpRevoke || e.Ref != 0 || e.Serial != 0 {
+				return fmt.Errorf("effect %+v of %+v", e, c)
+			}
 		default:
 			return fmt.Errorf("unknown effect %+v", e)
 		}
@@ -1146,6 +1255,9 @@ func (g *gen) blockKeys() []string {
 
 func (g *gen) command() Command {
 	g.now += g.r.Int64N(2000) - 200 // leaders' clocks may step back
+	if g.r.IntN(100) < 6 {
+		return g.revokeCommand()
+	}
 	if g.r.IntN(100) < 14 {
 		return g.sessionCommand()
 	}
@@ -1255,6 +1367,49 @@ func (g *gen) sessionCommand() Command {
 
 // genSems are the keys semCommand mostly names.
 var genSems = []string{"s", "t"}
+
+// genReasons: none, prose with spaces, the longest.
+var genReasons = []string{"", "stuck", "stuck since the 14:02 deploy, OPS-123", strings.Repeat("r", MaxReasonLen)}
+
+// revokeCommand revokes a lock's holding, a block's (by any of its keys)
+// or a semaphore's permit: mostly under the token that holds it, else
+// under another (one issued before, 0, never issued, a waiter's ref) or
+// on a free or reserved key; now and then with a field the rules refuse.
+func (g *gen) revokeCommand() Command {
+	g.nextRef++
+	c := Command{Op: OpRevoke, Now: g.now, Key: g.pick(genKeys), Owner: g.pick([]string{"ops", "alice@ops"}), Reason: g.pick(genReasons),
+		Ref: g.nextRef}
+	if g.r.IntN(3) == 0 {
+		c.Key = g.pick(genSems)
+	}
+	var tokens []uint64
+	if g.m.isSem(c.Key) {
+		for _, h := range g.m.permits(c.Key) {
+			tokens = append(tokens, h.Token)
+		}
+	} else if i := g.m.holdIndex(c.Key); i >= 0 {
+		tokens = append(tokens, g.m.holds[i].h.Token)
+	}
+	switch x := g.r.IntN(10); {
+	case x < 6 && len(tokens) > 0:
+		c.Token = tokens[g.r.IntN(len(tokens))]
+	case x < 8:
+		c.Token = g.r.Uint64N(g.m.last + 2)
+	default:
+		if q := g.m.queue(c.Key); len(q) > 0 {
+			c.Token = q[g.r.IntN(len(q))].Ref
+		}
+	}
+	switch g.r.IntN(30) {
+	case 0:
+		c.Reason = [...]string{" x", "x ", "a\nb", "\x7f", "é", strings.Repeat("r", MaxReasonLen+1)}[g.r.IntN(6)]
+	case 1:
+		c.Owner = [...]string{"", "o p"}[g.r.IntN(2)]
+	case 2:
+		c.Key = "a b"
+	}
+	return c
+}
 
 // semCommand defines, resizes or removes a semaphore, takes, releases,
 // extends or expires a permit, or cancels a permit waiter; mostly on
@@ -1482,6 +1637,10 @@ func TestModel(t *testing.T) {
 	if missing := cov.sems.missing(); missing != nil {
 		t.Fatalf("semaphore cells not reached: %v\n%+v", missing, cov.sems)
 	}
+	// And of "Revoke".
+	if missing := cov.revokes.missing(); missing != nil {
+		t.Fatalf("revoke cells not reached: %v\n%+v", missing, cov.revokes)
+	}
 }
 
 // modelCoverage counts how often TestModel reached the cells that only
@@ -1510,6 +1669,120 @@ type modelCoverage struct {
 
 	sessions sessionCoverage
 	sems     semCoverage
+	revokes  revokeCoverage
+}
+
+// revokeCoverage counts the cells of MATRIX.md "Revoke" TestModel
+// reached.
+type revokeCoverage struct {
+	lock, lockHandoff     int // a lock's holding revoked; ... handed on to its head
+	block, blockOther     int // a block revoked; ... naming a key other than its first
+	permit, permitHandoff int // a permit revoked; ... its slot handed on
+	session, renewed      int // the revoked holding was a session's; was extended
+	replaced              int // a key's older record replaced
+	notHeldFree           int // refused: free or unknown key
+	notHeldReserved       int // refused: reserved key
+	notHeldSem            int // refused: semaphore without a permit held
+	mismatch, mismatchSem int // refused: held under another token
+	mismatchRef           int // ... the token named being a waiter's ref
+	invalid               int // refused: a field out of its constraints
+}
+
+// revokePre is what the revoke coverage needs to know of the state before
+// a command.
+type revokePre struct {
+	reserved, recorded, renewed bool
+	sem                         bool // the key is a semaphore
+	semHeld                     int
+	waiterRef                   bool // the token is the ref of a waiter of the key
+}
+
+func preRevoke(s *State, c Command) revokePre {
+	var p revokePre
+	if c.Op != OpRevoke {
+		return p
+	}
+	p.reserved = s.Reserved(c.Key)
+	_, p.recorded = s.LastRevoke(c.Key)
+	_, p.renewed = s.renewed[c.Token]
+	if m, ok := s.Semaphore(c.Key); ok {
+		p.sem, p.semHeld = true, m.Held
+	}
+	for _, w := range s.Waiters(c.Key) {
+		p.waiterRef = p.waiterRef || w.Ref == c.Token
+	}
+	return p
+}
+
+func (c *revokeCoverage) observe(cmd Command, res Result, effects []Effect, pre revokePre) {
+	if cmd.Op != OpRevoke {
+		return
+	}
+	switch res.Err {
+	case nil:
+	case ErrNotHeld:
+		switch {
+		case pre.reserved:
+			c.notHeldReserved++
+		case pre.sem && pre.semHeld == 0:
+			c.notHeldSem++
+		default:
+			c.notHeldFree++
+		}
+		return
+	case ErrTokenMismatch:
+		c.mismatch++
+		if pre.sem {
+			c.mismatchSem++
+		}
+		if pre.waiterRef {
+			c.mismatchRef++
+		}
+		return
+	default:
+		c.invalid++
+		return
+	}
+	e := effects[0]
+	switch {
+	case e.Keys != nil:
+		c.block++
+		if cmd.Key != e.Keys[0] {
+			c.blockOther++
+		}
+	case pre.sem:
+		c.permit++
+	default:
+		c.lock++
+	}
+	if len(effects) > 1 {
+		if pre.sem {
+			c.permitHandoff++
+		} else {
+			c.lockHandoff++
+		}
+	}
+	if e.Session != 0 {
+		c.session++
+	}
+	if pre.renewed {
+		c.renewed++
+	}
+	if pre.recorded {
+		c.replaced++
+	}
+}
+
+// missing names the counters still at 0 (nil if none).
+func (c revokeCoverage) missing() []string {
+	var out []string
+	v := reflect.ValueOf(c)
+	for i := range v.NumField() {
+		if v.Field(i).Int() == 0 {
+			out = append(out, v.Type().Field(i).Name)
+		}
+	}
+	return out
 }
 
 // semCoverage counts the cells of MATRIX.md "Semaphores" TestModel
@@ -1882,6 +2155,7 @@ func runModel(t *testing.T, seed uint64, steps int, cov *modelCoverage) (err err
 			}
 			pre := preSession(s, decoded[i])
 			preSem, wasSem := s.Semaphore(decoded[i].Key)
+			preRev := preRevoke(s, decoded[i])
 			var res Result
 			res, effects = s.Apply(decoded[i], effects[:0])
 			if res != wantRes || !slices.EqualFunc(effects, wantEff, func(a, b Effect) bool { return reflect.DeepEqual(a, b) }) {
@@ -1890,6 +2164,7 @@ func runModel(t *testing.T, seed uint64, steps int, cov *modelCoverage) (err err
 			cov.observe(batch[i], res, effects, s, wasRenewed)
 			cov.sessions.observe(batch[i], res, effects, s, pre, g.seqs[batch[i].Session])
 			cov.sems.observe(batch[i], res, effects, s, preSem, wasSem)
+			cov.revokes.observe(batch[i], res, effects, preRev)
 			if err := p.observe(batch[i], res, effects); err != nil {
 				return fmt.Errorf("step %d %+v: %v", step, batch[i], err)
 			}

@@ -27,6 +27,7 @@ package locksm
 //	expire-session  session= epoch= tokens=t1,t2,... now=
 //	close-session   session= now=
 //	drop-sessionless
+//	revoke  key= owner= token= reason= now= [ref=]
 //	apply   op= [any field]      a raw Command, for unknown ops
 //	legacy-matching on|off       State.SetLegacyMatching
 //	extend-may-shorten on|off    State.SetExtendMayShorten
@@ -42,6 +43,8 @@ package locksm
 // state's first line renewed= (NumRenewed) while any holding is, and
 // sessions= (NumSessions) while any session lives; each session is then
 // listed with its counters, its kept outcomes and its queued requests.
+// The revoke records kept come last, oldest first (revokes= on the first
+// line while any is kept).
 //
 // After every command the runner checks the invariants and that a snapshot
 // round trip and a codec round trip reproduce the state and the command.
@@ -149,6 +152,8 @@ func runScriptCommand(t *testing.T, c scripttest.Case, s *State) string {
 		cmd.Op = OpAcquirePermit
 	case "set-permits":
 		cmd.Op = OpSetPermits
+	case "revoke":
+		cmd.Op = OpRevoke
 	case "apply":
 	default:
 		t.Fatalf("%s: unknown command %q", where, name)
@@ -164,6 +169,8 @@ func runScriptCommand(t *testing.T, c scripttest.Case, s *State) string {
 			cmd.Owner = v
 		case "label":
 			cmd.Label = v
+		case "reason":
+			cmd.Reason = v
 		case "op":
 			var n uint64
 			n, err = strconv.ParseUint(v, 10, 8)
@@ -249,6 +256,7 @@ var statusNames = map[Status]string{
 	StatusResumed: "resumed", StatusSessionExpired: "session-expired", StatusSessionClosed: "session-closed",
 	StatusAcked:      "acked",
 	StatusPermitsSet: "permits-set",
+	StatusRevoked:    "revoked",
 }
 
 var errNames = map[error]string{
@@ -261,11 +269,11 @@ var errNames = map[error]string{
 	ErrNoSession: "ErrNoSession", ErrSessionExists: "ErrSessionExists", ErrVoided: "ErrVoided",
 	ErrDuplicateSeq: "ErrDuplicateSeq", ErrStaleEpoch: "ErrStaleEpoch",
 	ErrIsSemaphore: "ErrIsSemaphore", ErrNotSemaphore: "ErrNotSemaphore",
-	ErrInvalidPermits: "ErrInvalidPermits", ErrInUse: "ErrInUse",
+	ErrInvalidPermits: "ErrInvalidPermits", ErrInUse: "ErrInUse", ErrInvalidReason: "ErrInvalidReason",
 }
 
 var effectNames = map[EffectKind]string{
-	EffectGranted: "granted", EffectTimedOut: "timed-out", EffectDropped: "dropped",
+	EffectGranted: "granted", EffectTimedOut: "timed-out", EffectDropped: "dropped", EffectRevoked: "revoked",
 }
 
 func formatResult(res Result, effects []Effect) string {
@@ -281,6 +289,12 @@ func formatPermitResult(res Result, effects []Effect, permit bool, sem func(key 
 	if res.Status == StatusGranted {
 		fmt.Fprintf(&b, " token=%d", res.Token)
 		if permit {
+			fmt.Fprintf(&b, " slot=%d", res.Slot)
+		}
+	}
+	if res.Status == StatusRevoked {
+		fmt.Fprintf(&b, " token=%d", res.Token)
+		if res.Slot != 0 || len(effects) > 0 && sem(effects[0].Key) {
 			fmt.Fprintf(&b, " slot=%d", res.Slot)
 		}
 	}
@@ -305,6 +319,12 @@ func formatPermitResult(res Result, effects []Effect, permit bool, sem func(key 
 		fmt.Fprintf(&b, " owner=%s ref=%d", e.Owner, e.Ref)
 		if e.Kind == EffectGranted {
 			fmt.Fprintf(&b, " token=%d lease=%d", e.Token, e.LeaseSec)
+			if sem(e.Key) {
+				fmt.Fprintf(&b, " slot=%d", e.Slot)
+			}
+		}
+		if e.Kind == EffectRevoked {
+			fmt.Fprintf(&b, " token=%d", e.Token)
 			if sem(e.Key) {
 				fmt.Fprintf(&b, " slot=%d", e.Slot)
 			}
@@ -349,7 +369,25 @@ func formatState(s *State) string {
 			}
 		}
 	}
+	for _, r := range s.Revokes() {
+		b.WriteString("\n" + formatRevoke(r))
+	}
 	return b.String()
+}
+
+// formatRevoke is a revoke record as the scripts show it.
+func formatRevoke(r Revoke) string {
+	s := fmt.Sprintf("revoke-record key=%s token=%d who=%s at=%d owner=%s", r.Key, r.Token, r.Who, r.At, r.Owner)
+	if r.Label != "" {
+		s += " label=" + r.Label
+	}
+	if r.Permit {
+		s += fmt.Sprintf(" slot=%d", r.Slot)
+	}
+	if r.Keys != nil {
+		s += " block=" + strings.Join(r.Keys, ",")
+	}
+	return s + fmt.Sprintf(" reason=%q", r.Reason)
 }
 
 // formatTable is formatState without the sessions' own lines.
@@ -367,6 +405,9 @@ func formatTable(s *State) string {
 	}
 	if s.NumSemaphores() > 0 {
 		fmt.Fprintf(&b, " semaphores=%d permits-held=%d", s.NumSemaphores(), s.NumPermitsHeld())
+	}
+	if s.NumRevokes() > 0 {
+		fmt.Fprintf(&b, " revokes=%d", s.NumRevokes())
 	}
 	keys := s.sortedKeys()
 	keys = append(keys, s.Semaphores()...)
@@ -473,6 +514,11 @@ func normalize(c Command) Command {
 		n.Key, n.Now, n.Session, n.Epoch = "", c.Now, c.Session, c.Epoch
 		if len(c.Tokens) > 0 {
 			n.Tokens = slices.Clone(c.Tokens)
+		}
+	case OpRevoke:
+		n.Now, n.Owner, n.Token, n.Ref, n.Reason = c.Now, c.Owner, c.Token, c.Ref, c.Reason
+		if len(n.Reason) > MaxReasonLen {
+			n.Reason = badReason
 		}
 	case OpCloseSession:
 		n.Key, n.Now, n.Session = "", c.Now, c.Session
@@ -643,7 +689,37 @@ func checkInvariants(s *State) error {
 	if waiting != s.waiting || reserved != s.reserved {
 		return fmt.Errorf("waiting/reserved counts %d/%d, actual %d/%d", s.waiting, s.reserved, waiting, reserved)
 	}
+	if err := checkRevokeRecords(s); err != nil {
+		return err
+	}
 	return checkSessionInvariants(s)
+}
+
+// checkRevokeRecords checks the audit records of revokes: within the
+// bound, each key once, every field within its constraint, and a token
+// that was issued (the holding it names has ended: a revoke ends it, and
+// tokens are never reused, so no holding of the table has it).
+func checkRevokeRecords(s *State) error {
+	if len(s.revokes) > MaxRevokeRecords {
+		return fmt.Errorf("%d revoke records, at most %d", len(s.revokes), MaxRevokeRecords)
+	}
+	seen := map[string]bool{}
+	for _, r := range s.revokes {
+		switch {
+		case seen[r.Key] || ValidateKey(r.Key) != nil:
+			return fmt.Errorf("revoke record of %q: twice or invalid", r.Key)
+		case r.Token == 0 || r.Token > s.last || s.HeldUnder(r.Key, r.Token):
+			return fmt.Errorf("revoke record of %q: token %d (last %d) outside 1..last or still held", r.Key, r.Token, s.last)
+		case ValidateOwner(r.Who) != nil || ValidateReason(r.Reason) != nil || ValidateOwner(r.Owner) != nil || ValidateLabel(r.Label) != nil:
+			return fmt.Errorf("revoke record of %q: invalid field %+v", r.Key, r)
+		case !r.Permit && r.Slot != 0, r.Permit && r.Keys != nil:
+			return fmt.Errorf("revoke record of %q: permit %v slot %d keys %q", r.Key, r.Permit, r.Slot, r.Keys)
+		case r.Keys != nil && (validateBlockKeys(r.Keys) != nil || !slices.Contains(r.Keys, r.Key)):
+			return fmt.Errorf("revoke record of %q: block %q", r.Key, r.Keys)
+		}
+		seen[r.Key] = true
+	}
+	return nil
 }
 
 // checkSemaphores checks every semaphore: a valid key that is no lock's,

@@ -27,8 +27,13 @@ package locksm
 //   - 6: semaphores (protocol version 13): written whenever a key is
 //     defined as a semaphore; version 5's body with the semaphores
 //     between the keys and the blocks.
+//   - 7: revokes: written whenever an audit record of a revoke is kept;
+//     version 6's body (semaphores may be none) followed by the records.
+//     A table without records is written exactly as before, so a
+//     cluster that never revoked still installs its snapshots on older
+//     nodes.
 //
-//	snapshot = magic:"TKSM" version:byte(0x01..0x05) body crc:uint32-le EOF
+//	snapshot = magic:"TKSM" version:byte(0x01..0x07) body crc:uint32-le EOF
 //	body v1  = lastToken:uvarint nkeys:uvarint key1*nkeys
 //	key1     = name:string owner:string token:uvarint lease:uvarint
 //	           grantedAt:varint nwait:uvarint waiter1*nwait
@@ -73,6 +78,15 @@ package locksm
 //	           nheld:uvarint permit*nheld nwait:uvarint waiter5*nwait
 //	permit   = slot:uvarint owner:string token:uvarint(1..) lease:uvarint
 //	           grantedAt:varint sref label:string(0..64)
+//	body v7  = body v6 nrev:uvarint(1..1024) revoke*nrev
+//	revoke   = key:string token:uvarint(1..) who:string reason:string(0..128)
+//	           at:varint owner:string label:string(0..64)
+//	           permit:byte(0|1) [permit 1: slot:uvarint(0..99999)]
+//	           nbk:uvarint name:string*nbk
+//
+// Revoke records are in the state's order (oldest revoke first), each key
+// once; nbk is 0 but for a block's record (2..16 keys, its key among
+// them; a permit's never), and a permit's slot is below MaxPermits.
 //
 // Every key listed is held or reserved (token 0: not held, its queue head a
 // block that cannot be granted yet); the state keeps no entry for a free
@@ -114,8 +128,8 @@ package locksm
 // waiters single-key with unique refs, and a queue only while at least n
 // permits are held (else its head would have been granted).
 // Version 2 must have block content, version 3 a renewal, version 4 a
-// session, version 5 a label and version 6 a semaphore or the outcome
-// of a grant in a slot other than 0.
+// session, version 5 a label, version 6 a semaphore or the outcome
+// of a grant in a slot other than 0, and version 7 a revoke record.
 
 import (
 	"encoding/binary"
@@ -138,6 +152,7 @@ const (
 	snapV4 = 4
 	snapV5 = 5
 	snapV6 = 6
+	snapV7 = 7
 	// snapBufSize is the I/O chunk of both directions: large enough that a
 	// 1M-key snapshot is a few thousand writes, small enough not to matter.
 	snapBufSize = 64 << 10
@@ -182,8 +197,10 @@ type snapHeader struct {
 	sessions     []snapSession
 	// sems are the semaphores in ascending key order (their structs are
 	// copied on write after a Freeze, so a view may keep the pointers).
-	sems    []frozenSem
-	version byte // snapV1..snapV6 (State.snapVersion)
+	sems []frozenSem
+	// revokes: State.revokes, never written in place, so shared.
+	revokes []Revoke
+	version byte // snapV1..snapV7 (State.snapVersion)
 }
 
 type frozenSem struct {
@@ -207,7 +224,7 @@ func (s *State) sortedSems() []frozenSem {
 func (s *State) snapHeader() snapHeader {
 	return snapHeader{last: s.last, clock: s.clock, blocks: s.blocks, renewed: s.renewed,
 		labels: s.labels, waiterLabels: s.waiterLabels, sessions: s.snapSessions(), sems: s.sortedSems(),
-		version: s.snapVersion()}
+		revokes: s.revokes, version: s.snapVersion()}
 }
 
 // writeSnapshot writes n keys, in ascending order, key(i) giving the i-th.
@@ -319,6 +336,27 @@ func writeSnapshot(w io.Writer, hd snapHeader, n int, key func(i int) (string, *
 			}
 		}
 	}
+	if hd.version >= snapV7 {
+		sw.buf = binary.AppendUvarint(sw.buf, uint64(len(hd.revokes)))
+		for i := range hd.revokes {
+			r := &hd.revokes[i]
+			sw.string(r.Key)
+			sw.buf = binary.AppendUvarint(sw.buf, r.Token)
+			sw.string(r.Who)
+			sw.string(r.Reason)
+			sw.buf = binary.AppendVarint(sw.buf, r.At)
+			sw.string(r.Owner)
+			sw.string(r.Label)
+			if r.Permit {
+				sw.buf = append(sw.buf, 1)
+				sw.buf = binary.AppendUvarint(sw.buf, uint64(r.Slot))
+			} else {
+				sw.buf = append(sw.buf, 0)
+			}
+			sw.keys(r.Keys)
+			sw.maybeFlush()
+		}
+	}
 	sw.flush()
 	sw.buf = binary.LittleEndian.AppendUint32(sw.buf, sw.crc)
 	sw.write()
@@ -424,7 +462,7 @@ func (d *snapReader) read() (*State, error) {
 		return nil, d.fail(errors.New("bad magic"))
 	}
 	version := d.byte()
-	if d.err == nil && (version < snapV1 || version > snapV6) {
+	if d.err == nil && (version < snapV1 || version > snapV7) {
 		return nil, fmt.Errorf("unknown version %d", version)
 	}
 	v2 := version >= snapV2 // the layout of version 2, which 3 and 4 extend
@@ -644,6 +682,11 @@ func (d *snapReader) read() (*State, error) {
 			return nil, err
 		}
 	}
+	if version >= snapV7 {
+		if err := d.readRevokes(s); err != nil {
+			return nil, err
+		}
+	}
 	for ref, sb := range queuedBlocks {
 		if sb.n != len(sb.w.Keys) {
 			return nil, fmt.Errorf("block ref %d queued on %d of its %d keys", ref, sb.n, len(sb.w.Keys))
@@ -804,6 +847,65 @@ func (d *snapReader) readSemaphores(s *State, labelled map[uint64]int) ([]uint64
 		s.sems[key] = m
 	}
 	return tokens, srefs, nil
+}
+
+// readRevokes reads the revoke records (version 7): 1..MaxRevokeRecords,
+// each within the field constraints of its revoke and its holding, a
+// token in 1..lastToken, each key once; a block's keys a valid block with
+// its key among them, and shared by the records of the same revoke that
+// follow one another, as Apply keeps them.
+func (d *snapReader) readRevokes(s *State) error {
+	n := d.uvarint()
+	switch {
+	case d.err != nil:
+		return fmt.Errorf("revokes: %w", d.err)
+	case n == 0 || n > MaxRevokeRecords:
+		return fmt.Errorf("%d revoke records", n)
+	}
+	seen := make(map[string]bool, n)
+	s.revokes = make([]Revoke, 0, n)
+	for i := range n {
+		var r Revoke
+		r.Key = d.string(MaxKeyLen)
+		r.Token = d.uvarint()
+		r.Who = intern(d.string(MaxOwnerLen))
+		r.Reason = d.string(MaxReasonLen)
+		r.At = d.varint()
+		r.Owner = intern(d.string(MaxOwnerLen))
+		r.Label = d.string(MaxLabelLen)
+		permit := d.byte()
+		var slot uint64
+		if permit == 1 {
+			slot = d.uvarint()
+		}
+		r.Keys = d.keys()
+		switch {
+		case d.err != nil:
+			return fmt.Errorf("revoke #%d: %w", i, d.err)
+		case ValidateKey(r.Key) != nil:
+			return fmt.Errorf("revoke #%d: invalid key %q", i, r.Key)
+		case seen[r.Key]:
+			return fmt.Errorf("revoke #%d: key %q recorded twice", i, r.Key)
+		case r.Token == 0 || r.Token > s.last:
+			return fmt.Errorf("revoke %q: token %d outside 1..%d", r.Key, r.Token, s.last)
+		case ValidateOwner(r.Who) != nil || ValidateReason(r.Reason) != nil:
+			return fmt.Errorf("revoke %q: invalid who %q or reason %q", r.Key, r.Who, r.Reason)
+		case ValidateOwner(r.Owner) != nil || ValidateLabel(r.Label) != nil:
+			return fmt.Errorf("revoke %q: invalid holder %q or label %q", r.Key, r.Owner, r.Label)
+		case permit > 1 || slot >= MaxPermits:
+			return fmt.Errorf("revoke %q: permit %d slot %d", r.Key, permit, slot)
+		case r.Keys != nil && (permit == 1 || validateBlockKeys(r.Keys) != nil || !slices.Contains(r.Keys, r.Key)):
+			return fmt.Errorf("revoke %q: block keys %q", r.Key, r.Keys)
+		}
+		seen[r.Key] = true
+		r.Permit, r.Slot = permit == 1, uint32(slot)
+		if j := len(s.revokes) - 1; r.Keys != nil && j >= 0 && s.revokes[j].Token == r.Token &&
+			slices.Equal(s.revokes[j].Keys, r.Keys) {
+			r.Keys = s.revokes[j].Keys // one slice per revoke, as Apply keeps it
+		}
+		s.revokes = append(s.revokes, r)
+	}
+	return nil
 }
 
 // readBlocks reads the blocks section: every block's keys must be held

@@ -530,6 +530,8 @@ func FuzzReadSnapshot(f *testing.F) {
 	f.Add(sampleSnapV4().done(), false)
 	f.Add(bytes.Clone(sampleSnapV6().b), true)
 	f.Add(sampleSnapV6().done(), false)
+	f.Add(bytes.Clone(sampleSnapV7Records().b), true)
+	f.Add(sampleSnapV7Records().done(), false)
 	f.Add([]byte{}, false)
 	f.Fuzz(func(t *testing.T, b []byte, fixChecksum bool) {
 		// With fixChecksum the input is a snapshot body and the fuzzer
@@ -621,6 +623,13 @@ func TestFrozenWhileApplying(t *testing.T) {
 	if s.NumRenewed() != len(keys)/4 {
 		t.Fatalf("%d renewals before the freeze", s.NumRenewed())
 	}
+	for i := range 10 { // revoke records the view shares
+		k := fmt.Sprintf("pre-%d", i)
+		s.Apply(Command{Op: OpAcquire, Key: k, Owner: "holder", LeaseSec: 30, Now: 1}, nil)
+		if res, _ := s.Apply(Command{Op: OpRevoke, Key: k, Owner: "ops", Token: s.LastToken(), Reason: "r", Now: 2}, nil); res.Status != StatusRevoked {
+			t.Fatal(res)
+		}
+	}
 	var want bytes.Buffer
 	if err := s.WriteSnapshot(&want); err != nil {
 		t.Fatal(err)
@@ -659,6 +668,14 @@ func TestFrozenWhileApplying(t *testing.T) {
 			s.Apply(Command{Op: OpDropWaiters, Now: 1e6}, nil)
 		}
 		s.Apply(Command{Op: OpAcquire, Key: fmt.Sprintf("new-%d", i), Owner: "new", LeaseSec: 30, Now: 1e6}, nil)
+		if i%7 == 0 { // a revoke record added, or one replaced
+			k := fmt.Sprintf("new-%d", i)
+			if i%14 == 0 {
+				k = fmt.Sprintf("pre-%d", i/14%10)
+				s.Apply(Command{Op: OpAcquire, Key: k, Owner: "holder", LeaseSec: 30, Now: 1e6}, nil)
+			}
+			s.Apply(Command{Op: OpRevoke, Key: k, Owner: "ops", Token: s.LastToken(), Now: 1e6}, nil)
+		}
 	}
 	if got := <-done; !bytes.Equal(got, want.Bytes()) {
 		t.Fatalf("frozen view wrote %d bytes that differ from the %d of the moment of the freeze", len(got), want.Len())

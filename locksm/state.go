@@ -94,6 +94,11 @@ type State struct {
 	// sems are the keys defined as semaphores (semaphore.go), apart from
 	// keys: a key is in one map or the other, never both.
 	sems map[string]*semaphore
+	// revokes are the audit records of revokes (revoke.go): the latest
+	// of each key, oldest first by log order, at most MaxRevokeRecords.
+	// Never written in place (a revoke makes a new slice), so a Frozen
+	// view shares it.
+	revokes []Revoke
 }
 
 // waiterRef names one queued waiter: its primary key (a block's first
@@ -234,6 +239,14 @@ func validateCommand(cmd *Command) error {
 		return validateAcquireFields(cmd)
 	case OpOpenSession, OpResumeSession, OpExpireSession, OpCloseSession, OpDropSessionless, OpAckSession:
 		return validateSessionCommand(cmd)
+	case OpRevoke:
+		if err := ValidateKey(cmd.Key); err != nil {
+			return err
+		}
+		if err := ValidateOwner(cmd.Owner); err != nil {
+			return err
+		}
+		return ValidateReason(cmd.Reason)
 	default:
 		return ErrInvalidCommand
 	}
@@ -303,7 +316,7 @@ func (s *State) Apply(cmd Command, effects []Effect) (Result, []Effect) {
 	switch r.Status {
 	case StatusExtended:
 		out.LeaseSec = r.N
-	case StatusGranted:
+	case StatusGranted, StatusRevoked:
 		out.Slot = r.N
 	}
 	return out, effects
@@ -315,7 +328,7 @@ func (s *State) Apply(cmd Command, effects []Effect) (Result, []Effect) {
 type result struct {
 	Status Status
 	// N shares Status's word: Result.LeaseSec of StatusExtended, or
-	// Result.Slot of StatusGranted.
+	// Result.Slot of StatusGranted and StatusRevoked.
 	N     uint32
 	Token uint64
 	Err   error
@@ -393,13 +406,15 @@ func (s *State) apply(cmd *Command, effects []Effect) (result, uint64, []Effect)
 		res, effects = s.endSession(cmd, effects)
 	case OpAckSession:
 		return s.ackSession(cmd), 0, effects
+	case OpRevoke:
+		res, effects = s.revoke(m, cmd, effects)
 	default: // OpDropSessionless; validateCommand rejected everything else
 		res, effects = s.dropSessionless(effects)
 		return res, 0, effects
 	}
 	switch res.Status {
 	case StatusGranted, StatusQueued, StatusReleased, StatusExpired, StatusExtended,
-		StatusSessionExpired, StatusSessionClosed, StatusPermitsSet:
+		StatusSessionExpired, StatusSessionClosed, StatusPermitsSet, StatusRevoked:
 		s.clock = cmd.Now
 	}
 	if ss != nil {
@@ -1030,11 +1045,15 @@ func cloneOrNil[M ~map[K]V, K comparable, V any](m M) M {
 // key implies a queued block).
 func (s *State) hasBlockContent() bool { return len(s.blocks) > 0 || len(s.blockWaiters) > 0 }
 
-// snapVersion is the lowest snapshot version that holds the table: 6 if a
-// key is a semaphore or a kept outcome names a slot other than 0, else 5 if a holder or waiter has a label, else 4 if a session exists, else 3 if a
-// holding was extended, else 2 if a block is held or queued, else 1.
+// snapVersion is the lowest snapshot version that holds the table: 7 if
+// a revoke record is kept, else 6 if a key is a semaphore or a kept
+// outcome names a slot other than 0, else 5 if a holder or waiter has a
+// label, else 4 if a session exists, else 3 if a holding was extended,
+// else 2 if a block is held or queued, else 1.
 func (s *State) snapVersion() byte {
 	switch {
+	case len(s.revokes) > 0:
+		return snapV7
 	case len(s.sems) > 0 || s.hasSlotOutcomes():
 		return snapV6
 	case s.hasLabels():
