@@ -149,11 +149,22 @@ func (k *Core[C]) movedBy(now time.Time, a *Applied) {
 }
 
 // notePace folds an applied command's hand-offs into its keys' means, on
-// every node, and forgets the pace of a key whose line emptied. stamp is
+// every node, and forgets the pace of a key that is free (neither held nor
+// waited for): a key stays held between the hand-offs of a busy line even
+// when its line empties for a moment (one holder, one waiter, taking
+// turns), and its pace must outlive that moment, for the estimates and the
+// console's hand-off rate. Memory: at most one pace per held key. stamp is
 // the command's Now.
 func (k *Core[C]) notePace(a *Applied) {
-	if !k.positionsOn() {
+	if !k.positionsOn() || len(k.rates) == 0 && len(a.Effects) == 0 {
 		return
+	}
+	forget := func(key string) {
+		if _, ok := k.rates[key]; ok {
+			if held, _, queue := k.table.Occupancy(key); !held && queue == 0 {
+				delete(k.rates, key)
+			}
+		}
 	}
 	for i := range a.Effects {
 		e := &a.Effects[i]
@@ -165,14 +176,35 @@ func (k *Core[C]) notePace(a *Applied) {
 			if e.Kind == locksm.EffectGranted {
 				k.handoff(key, a.Cmd.Now)
 			}
-			if _, ok := k.rates[key]; ok {
-				if _, _, queue := k.table.Occupancy(key); queue == 0 {
-					delete(k.rates, key)
-				}
+			forget(key)
+		}
+	}
+	// A release or expiry with nobody waiting frees its key without an
+	// effect.
+	if len(k.rates) > 0 {
+		if a.Cmd.Keys != nil {
+			for _, key := range a.Cmd.Keys {
+				forget(key)
+			}
+		} else if a.Cmd.Key != "" {
+			forget(a.Cmd.Key)
+		}
+	}
+	// Other keys are freed without being named (a block's other keys, a
+	// session's holdings at its expiry): once the paces outnumber twice
+	// the holdings, the free keys' go, so their number stays bounded by
+	// the table's, at an amortized constant cost.
+	if n := len(k.rates); n > minRateSweep {
+		if _, total, _ := k.table.Occupancy(""); n > 2*total {
+			for key := range k.rates {
+				forget(key)
 			}
 		}
 	}
 }
+
+// minRateSweep is the number of paces below which notePace does not sweep.
+const minRateSweep = 1024
 
 // handoff records a hand-off of key at stamp (Unix ms).
 func (k *Core[C]) handoff(key string, stamp int64) {

@@ -143,3 +143,37 @@ func TestEstimateUnknownFromOneCommandsHandoffs(t *testing.T) {
 		t.Fatalf("estimate for place 2 after 3 hand-offs at 5 s and one at 65 s: %d ms, want 40,000 (60 s for 3)", got)
 	}
 }
+
+// A key whose line empties for a moment between hand-offs (one holder and
+// one waiter taking turns) keeps its pace while it is held, and loses it
+// once free: the console's hand-off rate of such a key was always unknown.
+func TestPaceOutlivesAnEmptyLineWhileHeld(t *testing.T) {
+	st := locksm.New()
+	k := New[int](defaultConfig(Config{PositionInterval: time.Second}), stateTable{s: st}, &directory{})
+	now, ref := int64(1_700_000_000_000), uint64(0)
+	apply := func(c locksm.Command) {
+		now += 20
+		c.Now = now
+		res, eff := st.Apply(c, nil)
+		k.notePace(&Applied{Cmd: c, Res: res, Effects: eff})
+	}
+	acquire := func(owner string) {
+		ref++
+		apply(locksm.Command{Op: locksm.OpAcquire, Key: "k", Owner: owner, LeaseSec: 10, WaitMs: 60_000, Ref: ref})
+	}
+	acquire("a")
+	for i := range 200 { // a and b take turns: a hand-off every 40 ms
+		next := []string{"b", "a"}[i%2]
+		acquire(next)
+		h, _ := st.Holder("k")
+		apply(locksm.Command{Op: locksm.OpRelease, Key: "k", Owner: h.Owner, Token: h.Token})
+	}
+	if r, ok := k.HandoffsPerSec("k"); !ok || r < 20 || r > 30 {
+		t.Fatalf("hand-offs per second of a key handed on every 40 ms: %v %v, want about 25", r, ok)
+	}
+	h, _ := st.Holder("k")
+	apply(locksm.Command{Op: locksm.OpRelease, Key: "k", Owner: h.Owner, Token: h.Token})
+	if _, ok := k.rates["k"]; ok {
+		t.Fatal("the pace of a free key is kept")
+	}
+}

@@ -44,14 +44,15 @@ function chart(id, series, nowId, unit) {
   const top = Math.max(1, ...all);
   series.forEach((s, k) => {
     if (s.length < 2) return;
-    const pts = s.map((v, i) => (i * 300 / (MAX - 1)).toFixed(1) + "," + (78 - (v / top) * 74).toFixed(1));
+    const off = MAX - s.length; // the newest sample at the right edge
+    const pts = s.map((v, i) => ((off + i) * 300 / (MAX - 1)).toFixed(1) + "," + (78 - (v / top) * 74).toFixed(1));
     const pl = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
     pl.setAttribute("points", pts.join(" "));
     if (k > 0) pl.setAttribute("class", "second");
     svg.appendChild(pl);
   });
   const last = series.map((s) => s.length ? s[s.length - 1] : 0);
-  $(nowId).textContent = last.map((v) => (v >= 100 ? Math.round(v) : v.toFixed(1))).join(" / ") + (unit || "");
+  $(nowId).textContent = last.map((v) => (v >= 100 || Number.isInteger(v) ? Math.round(v) : v.toFixed(1))).join(" / ") + (unit || "");
 }
 
 function fill(tbody, rows) {
