@@ -3,7 +3,7 @@ GO ?= go
 PYTHON ?= python3
 NODE ?= node
 
-.PHONY: test prepare test-docs vet build lab dev soak-leaders bench-failover bench-throughput bench-blocks bench-extend bench-compare test-lab fuzz test-clients test-python test-node test-verify verify-long \
+.PHONY: test prepare test-docs vet build lab dev console-screenshot soak-leaders bench-failover bench-throughput bench-blocks bench-extend bench-compare test-lab fuzz test-clients test-python test-node test-verify verify-long \
 	test-go test-norace test-postgres test-fence-node test-fence-python-pg deb
 
 # Every test of the project, with the race detector (a few minutes on 2 cores),
@@ -52,6 +52,12 @@ test-docs:
 LAB_ENV = TICKETING_BIN=$(CURDIR)/bin/ticketing TICKETLAB_BIN=$(CURDIR)/bin/ticketlab
 test-lab: build lab
 	$(LAB_ENV) $(SKIPCHECK) -C cmd/ticketlab -- $(GO) test -json -race -count=1 -timeout 20m -skip '^TestVerifyShort$$' ./...
+
+# docs/operations.md's console screenshot, written by the console's browser
+# test (cmd/ticketlab/internal/browser; chromium, headless) against a real
+# `ticketing dev`.
+console-screenshot: build
+	cd cmd/ticketlab && $(LAB_ENV) TICKETING_CONSOLE_SCREENSHOT=$(CURDIR)/docs/images/console.png $(GO) test -count=1 -run '^TestConsoleInARealBrowser$$' ./internal/browser
 
 # The Python and Node.js client suites, side by side (each starts its own
 # `ticketing dev` on free ports, using the binary built once by `build`;

@@ -222,11 +222,34 @@ func TestConsoleInARealBrowser(t *testing.T) {
 	if !strings.Contains(holderText, "order-1001") || !strings.Contains(placeText, "order-1002") {
 		t.Fatalf("the key's view: holder %q, place 1 %q", holderText, placeText)
 	}
-	// Let a few more samples come, for the charts (and the screenshot).
-	time.Sleep(3 * time.Second)
+	// Some traffic for the charts (and the screenshot): clients cycling
+	// acquire → release on a few keys of their own while samples come.
+	busy, stopBusy := context.WithCancel(cctx)
+	var wg sync.WaitGroup
+	for i := range 6 {
+		c, err := ticketing.Dial(cctx, d.socket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := fmt.Sprintf("seats/B%d", 1+i%3)
+			for busy.Err() == nil {
+				if tok, err := c.Acquire(busy, key, 10*time.Second, 5*time.Second); err == nil {
+					time.Sleep(20 * time.Millisecond)
+					_ = c.Release(cctx, key, tok)
+				}
+			}
+		}()
+	}
+	time.Sleep(6 * time.Second)
+	stopBusy()
+	wg.Wait()
 	if path := os.Getenv("TICKETING_CONSOLE_SCREENSHOT"); path != "" {
 		var png []byte
-		if err := chromedp.Run(ctx, chromedp.FullScreenshot(&png, 90)); err != nil {
+		if err := chromedp.Run(ctx, chromedp.FullScreenshot(&png, 100)); err != nil {
 			t.Fatal(err)
 		}
 		if err := os.WriteFile(path, png, 0o644); err != nil {
