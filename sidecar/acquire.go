@@ -709,7 +709,7 @@ func (b *Broker) acquireReply(lk Lock, r wire.Msg, fx *effects) (Lock, error) {
 		fx.add(b.forgetLeader)
 		return Lock{}, fmt.Errorf("%w: %s", ErrIndeterminate, r.Text)
 	case wire.TypeError:
-		return Lock{}, fmt.Errorf("%w: %s", wire.ErrOf(r.Code), r.Text)
+		return Lock{}, wire.RemoteErr(r.Code, r.Text)
 	}
 	return Lock{}, fmt.Errorf("%w: unexpected reply %s", ErrIndeterminate, wire.TypeName(r.Type))
 }

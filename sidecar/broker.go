@@ -1059,7 +1059,7 @@ func (b *Broker) releaseReplied(job *releaseJob, call *client.Call) {
 		case wire.TypeError:
 			// The first attempt: nothing earlier may have run, so a
 			// definite error is what it says.
-			b.settleAsync(job, fmt.Errorf("%w: %s", wire.ErrOf(r.Code), r.Text))
+			b.settleAsync(job, wire.RemoteErr(r.Code, r.Text))
 			return
 		}
 	}
@@ -1288,7 +1288,7 @@ func (b *Broker) releaseOutcome(job *releaseJob, call *client.Call) (err error, 
 	case wire.TypeOK:
 		return nil, true
 	case wire.TypeError:
-		err := fmt.Errorf("%w: %s", wire.ErrOf(r.Code), r.Text)
+		err := wire.RemoteErr(r.Code, r.Text)
 		if job.mayHaveRun && releaseGone(err) && job.extendSec == 0 && !job.setPermits {
 			return fmt.Errorf("%w: %s: an earlier attempt may have released it (its reply was lost), and now the cluster answers: %v",
 				ErrIndeterminate, job.what(), err), true

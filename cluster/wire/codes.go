@@ -2,6 +2,8 @@ package wire
 
 import (
 	"errors"
+	"fmt"
+	"strings"
 
 	"ticketing/locksm"
 )
@@ -213,6 +215,24 @@ func CodeOf(err error) Code {
 		}
 	}
 	return CodeInternal
+}
+
+// RemoteErr is the error of a TypeError reply with code and text: its
+// sentinel (ErrOf) wrapped with the text. The text of a node's reply
+// usually starts with that sentinel's own message (the node wrapped it
+// too); that prefix is not repeated.
+func RemoteErr(code Code, text string) error {
+	sentinel := ErrOf(code)
+	rest, had := strings.CutPrefix(text, sentinel.Error())
+	switch {
+	case !had:
+		return fmt.Errorf("%w: %s", sentinel, text)
+	case rest == "":
+		return sentinel
+	case strings.HasPrefix(rest, ": "):
+		return fmt.Errorf("%w: %s", sentinel, rest[2:])
+	}
+	return fmt.Errorf("%w%s", sentinel, rest) // "wire: too many waiters on key ..."
 }
 
 // ErrOf maps a wire code back to its sentinel (ErrRemote if unknown).
