@@ -66,7 +66,7 @@ func TestConsoleNeedsTheAdminSecret(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r.Body.Close()
+		_ = r.Body.Close()
 		if r.StatusCode != http.StatusUnauthorized {
 			t.Fatalf("GET %s without logging in: %s, want 401", path, r.Status)
 		}
@@ -76,7 +76,7 @@ func TestConsoleNeedsTheAdminSecret(t *testing.T) {
 		t.Fatal(err)
 	}
 	page, _ := io.ReadAll(r.Body)
-	r.Body.Close()
+	_ = r.Body.Close()
 	if !strings.Contains(string(page), `name="secret"`) {
 		t.Fatalf("GET / without logging in did not lead to the login form:\n%s", page)
 	}
@@ -84,7 +84,7 @@ func TestConsoleNeedsTheAdminSecret(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.Body.Close()
+	_ = r.Body.Close()
 	if r2, _ := b.Get(srv.URL + "/api/keys/k"); r2 == nil || r2.StatusCode != http.StatusUnauthorized {
 		t.Fatalf("a wrong secret opened a session")
 	}
@@ -93,7 +93,7 @@ func TestConsoleNeedsTheAdminSecret(t *testing.T) {
 		t.Fatal(err)
 	}
 	page, _ = io.ReadAll(r.Body)
-	r.Body.Close()
+	_ = r.Body.Close()
 	if !strings.Contains(string(page), `id="lines"`) {
 		t.Fatalf("after logging in, / is not the console:\n%s", page)
 	}
@@ -106,7 +106,7 @@ func TestConsoleNeedsTheAdminSecret(t *testing.T) {
 	if err != nil || r.StatusCode != http.StatusOK {
 		t.Fatalf("GET /api/keys/k after logging in: %v %v", err, r)
 	}
-	r.Body.Close()
+	_ = r.Body.Close()
 	if r.Header.Get("Content-Security-Policy") == "" {
 		t.Error("no Content-Security-Policy")
 	}
@@ -129,7 +129,7 @@ func TestConsoleStreamShowsALine(t *testing.T) {
 	if r, err := b.PostForm(srv.URL+"/login", url.Values{"secret": {string(secret)}}); err != nil {
 		t.Fatal(err)
 	} else {
-		r.Body.Close()
+		_ = r.Body.Close()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -153,7 +153,7 @@ func TestConsoleStreamShowsALine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer r.Body.Close()
+	defer func() { _ = r.Body.Close() }()
 	if ct := r.Header.Get("Content-Type"); ct != "text/event-stream" {
 		t.Fatalf("events: Content-Type %q", ct)
 	}
@@ -184,7 +184,7 @@ func TestConsoleStreamShowsALine(t *testing.T) {
 	}
 	var rep wire.KeyReport
 	_ = json.NewDecoder(kr.Body).Decode(&rep)
-	kr.Body.Close()
+	_ = kr.Body.Close()
 	if !rep.Held || rep.Holder.Owner != "alice" || rep.QueueLen != 2 || rep.Queue[0].Owner != "bob" || rep.Queue[1].Position != 2 {
 		t.Fatalf("the key's report: %+v", rep)
 	}
