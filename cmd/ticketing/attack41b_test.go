@@ -5,13 +5,22 @@ package main
 // attack41_test.go).
 
 import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
 	"fmt"
+	"hash/crc64"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
+
+	ticketing "ticketing/clients/go"
 )
 
 // a41bHello dials the sidecar and agrees version 8 (PERMIT).
@@ -147,5 +156,137 @@ func TestAttack41bRaiseRacingPermitAcquiresOvershootsMaxKeys(t *testing.T) {
 			t.Fatalf("round %d: %d holdings with --max-keys %d: the raise granted %d waiters it never counted, "+
 				"while the filler was admitted %d fresh locks into the room they left when they queued", round, held, maxKeys, wgot, fgot)
 		}
+	}
+}
+
+// a41bBlankSnapshotDomains rewrites every raft snapshot of node i's data
+// dir as a cluster without a fencing domain writes it (the domain field
+// "", as a cluster bootstrapped before domains existed snapshots: fsm.go
+// reads version 1 snapshots, which have no domain at all, and writes ""),
+// with meta.json's size and CRC to match.
+func a41bBlankSnapshotDomains(t *testing.T, dir string) int {
+	t.Helper()
+	metas, _ := filepath.Glob(filepath.Join(dir, "snapshots", "snapshots", "*", "meta.json"))
+	for _, mp := range metas {
+		sp := filepath.Join(filepath.Dir(mp), "state.bin")
+		b, err := os.ReadFile(sp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(b) < 6 || string(b[:4]) != "TKSN" || b[4] < 2 {
+			t.Fatalf("%s: not a version 2+ snapshot: % x", sp, b[:min(len(b), 8)])
+		}
+		dl := int(b[5])
+		nb := append(append([]byte(nil), b[:5]...), 0)
+		nb = append(nb, b[6+dl:]...)
+		if err := os.WriteFile(sp, nb, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		var meta map[string]any
+		mb, err := os.ReadFile(mp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(mb, &meta); err != nil {
+			t.Fatal(err)
+		}
+		h := crc64.New(crc64.MakeTable(crc64.ECMA))
+		h.Write(nb)
+		meta["Size"] = len(nb)
+		meta["CRC"] = base64.StdEncoding.EncodeToString(h.Sum(nil))
+		if mb, err = json.Marshal(meta); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(mp, mb, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s: domain %q blanked", sp, b[6:6+dl])
+	}
+	return len(metas)
+}
+
+// Finding (regression of the awaitDomain fix): a node now refuses every
+// client handshake until it knows its fencing domain, but a cluster can
+// have none for good: one bootstrapped before domains existed (fsm.go
+// still reads version 1 snapshots, which carry none, and only bootstrap
+// ever writes a 'D' entry) restores "" from its snapshot and never
+// applies a 'D' again. After an upgrade to this build every node of such
+// a cluster elects a leader and serves its peers, and no client can ever
+// connect: each handshake waits 4.5 s and fails with handshake_timeout.
+// Before, clients connected (domain "", fence helpers refusing with
+// ErrNoDomain, as documented). Here: a cluster whose every snapshot says
+// domain "" (as such a cluster writes them), all nodes SIGKILLed and
+// restarted from them, and a fresh sidecar.
+func TestAttack41bDomainlessClusterRefusesEveryClientForever(t *testing.T) {
+	p, sock := a41Procs(t, "--snapshot-threshold", "1024", "--snapshot-interval", "1s")
+	gen := a41Dial(t, sock)
+	const window = 4
+	room := make(chan struct{}, window)
+	stop := make(chan struct{})
+	go func() {
+		for i := 0; ; i++ {
+			select {
+			case room <- struct{}{}:
+			case <-stop:
+				return
+			}
+			if _, err := gen.c.Write([]byte(fmt.Sprintf("ACQUIRE g%d 1 0\n", i))); err != nil {
+				return
+			}
+		}
+	}()
+	snapped := func() bool {
+		for i := range p.Size() {
+			if a41Snapshots(p, i) == 0 {
+				return false
+			}
+		}
+		return true
+	}
+	start := time.Now()
+	for !snapped() {
+		if time.Since(start) > 120*time.Second {
+			t.Fatal("no snapshot on every node")
+		}
+		if r := gen.reply(60 * time.Second); !strings.HasPrefix(r, "OK ") {
+			t.Fatalf("acquire: %q", r)
+		}
+		<-room
+	}
+	close(stop)
+	t.Logf("a snapshot on every node after %v", time.Since(start))
+	if err := p.SignalSidecar(0, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for i := range p.Size() {
+		if err := p.Signal(i, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(300 * time.Millisecond)
+	for i := range p.Size() {
+		a41bBlankSnapshotDomains(t, p.DataDir(i))
+	}
+	for i := range p.Size() {
+		if err := p.Start(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// (localproc's Leader asks each node's status over its client port:
+	// it cannot reach them either.)
+	if err := p.StartSidecar(0); err != nil {
+		t.Fatal(err)
+	}
+	rctx, rcancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer rcancel()
+	if err := ticketing.WaitReady(rctx, sock); err != nil {
+		log, _ := os.ReadFile(p.LogFile(0))
+		tail := string(log)
+		if n := strings.LastIndex(tail, "client admission refused"); n >= 0 {
+			tail = tail[n:min(len(tail), n+400)]
+		} else {
+			tail = ""
+		}
+		t.Fatalf("a domainless cluster restarted, and for 20 s no client reaches it: %v\nnode 0 log: %s", err, tail)
 	}
 }
