@@ -553,6 +553,19 @@ func (n *Node) gainLeadership() {
 			// session-less waiters that leadership had admitted.
 			return
 		}
+		if n.fsm.getDomain() == "" {
+			// A cluster without a fencing domain (bootstrapped before
+			// domains, its snapshot's domain ""): its first leader creates
+			// one, as bootstrap does, so clients can fence (and connect:
+			// a node answers a client once it knows its domain). Only the
+			// first 'D' of a log counts, so two leaders racing here agree.
+			domain, floor := newDomainID(), uint64(n.cfg.Now().UnixMicro())
+			if err := n.raft.Apply(encodeDomain(domain, floor), timeout).Error(); err != nil {
+				n.log.Warn("creating the cluster's fencing domain failed", "err", err)
+				return
+			}
+			n.log.Warn("this cluster had no fencing domain: created one", "domain", n.fsm.getDomain())
+		}
 		f1 := n.raft.Apply(encodeAnnounce(n.serverID, n.advertise), timeout)
 		// Once every member knows sessions, only the waiters of
 		// session-less connections died with the old leader: a session's

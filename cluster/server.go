@@ -177,8 +177,14 @@ func (n *Node) awaitDomain(deadline time.Time) error {
 	case <-t.C:
 	case <-n.closing:
 	}
-	return fmt.Errorf("%w: this node does not know its cluster's fencing domain yet (not bootstrapped, or still applying its log)", wire.ErrHandshakeTimeout)
+	return fmt.Errorf("%w: %w: not bootstrapped, still applying its log, or its cluster's first leader has not created one yet",
+		wire.ErrHandshakeTimeout, errNoDomainYet)
 }
+
+// errNoDomainYet: a client handshake gave up waiting for the node's
+// fencing domain. It says nothing of the client: not an authentication
+// failure for the per-IP gate.
+var errNoDomainYet = errors.New("cluster: this node does not know its cluster's fencing domain yet")
 
 // domainWaitMargin is what awaitDomain leaves of the handshake's time to
 // tell the client why it gives up.
@@ -221,6 +227,11 @@ func (n *Node) admitClient(cc *clientConn) (uint16, bool) {
 		if err != nil && isTimeout(err) {
 			writeConnError(rw, fmt.Errorf("%w after %v", wire.ErrHandshakeTimeout, n.cfg.HandshakeTimeout))
 		}
+	}
+	if errors.Is(err, errNoDomainYet) {
+		n.clientGate.leave(ip, false)
+		n.log.Debug("client admission deferred", "remote", cc.remote, "err", err)
+		return 0, false
 	}
 	delay, failures := n.clientGate.leave(ip, err != nil)
 	if err != nil {

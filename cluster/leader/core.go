@@ -1131,7 +1131,13 @@ func (k *Core[C]) admitRaise(key string, n uint32, grants *int) error {
 		return nil
 	}
 	_, total, queue := k.table.Occupancy(key)
-	g := min(int(n)-sem.Held, queue)
+	// The waiters it may grant: those queued, and those on their way
+	// (proposed, may wait: counted in uncommittedTotal only until they
+	// apply, which may be before this raise, leaving their room to
+	// others; the second attack round of issue 41 raced six acquires
+	// with a raise past the bound that way). Counting both may refuse a
+	// raise the bound would have allowed; never one past it.
+	g := min(int(n)-sem.Held, queue+k.uncommitted[key])
 	if g > 0 && total+k.uncommittedTotal+g > k.cfg.MaxKeys {
 		k.event(Event{Kind: EventRefusedKeys})
 		return fmt.Errorf("%w: raising %q to %d permits would grant %d waiters with %d keys held or being acquired; this node allows %d",

@@ -66,9 +66,11 @@ type PositionReport struct {
 	// still waiting when their sidecar saw a new leader serve that were
 	// told their places again within keptBound (retoldAfterKills);
 	// KeptLeft those answered sooner without, or under another fault
-	// (nothing owed). A waiter still waiting past the bound untold is a
-	// violation.
-	KeptRetold, KeptLeft int
+	// (nothing owed); KeptUnchanged those whose place may not have
+	// changed since they were last told it (the sidecar passes on only a
+	// changed place: nothing owed). A waiter still waiting past the bound
+	// untold, whose place surely changed, is a violation.
+	KeptRetold, KeptLeft, KeptUnchanged int
 }
 
 // positionWaiter is one (request, key) told places.
@@ -150,10 +152,10 @@ func checkPositions(ops []Op, holdEnd map[int64]int64, interval time.Duration, r
 		}
 	}
 
-	exactPlaces(ops, order, holdEnd, r, bad)
+	aheadOf := exactPlaces(ops, order, holdEnd, r, bad)
 	keptAcrossLeaders(ops, order, firstTold(order), r)
 	if interval > 0 {
-		retoldAfterKills(ops, reqs, events, firstTold(order), interval, r, bad)
+		retoldAfterKills(ops, reqs, events, firstTold(order), aheadOf, interval, r, bad)
 	}
 }
 
@@ -173,11 +175,37 @@ func checkPositions(ops []Op, holdEnd map[int64]int64, interval time.Duration, r
 // fault keeps every other key's line waiting until its waiters were told
 // again, up to lineRetellWait after the restart: a new leader that does
 // not retell leaves them waiting past the bound.)
-func retoldAfterKills(ops []Op, reqs map[int64]Op, events []Op, first map[int64]int64, interval time.Duration, r *PositionReport, bad func(string, string, ...any)) {
+func retoldAfterKills(ops []Op, reqs map[int64]Op, events []Op, first map[int64]int64, aheadOf map[waiterKey][]leaveSpan,
+	interval time.Duration, r *PositionReport, bad func(string, string, ...any)) {
 	bound := keptBound(interval)
 	told := map[int64][]int64{} // request → read times of its places
+	lastOn := map[waiterKey]int64{}
 	for _, ev := range events {
 		told[ev.Acq] = append(told[ev.Acq], ev.Inv)
+		wk := waiterKey{ev.Acq, ev.Key}
+		lastOn[wk] = max(lastOn[wk], ev.Inv)
+	}
+	// changed reports whether w's place on one of its keys surely changed
+	// since it was last told it there, by the time t: a waiter surely
+	// ahead of it and surely still in line when that place was counted
+	// (its earliest leave after the place's read) surely left by t (its
+	// latest leave). The sidecar passes on a place only when it changed
+	// (a new leader's retelling of an unchanged place is not written), so
+	// only such a waiter is owed a new one.
+	changed := func(w Op, t int64) bool {
+		for _, k := range opKeys(w) {
+			wk := waiterKey{w.ID, k}
+			last, ok := lastOn[wk]
+			if !ok {
+				continue
+			}
+			for _, x := range aheadOf[wk] {
+				if x.earliest > last && x.latest <= t {
+					return true
+				}
+			}
+		}
+		return false
 	}
 	type grant struct{ inv, cmp int64 }
 	grants := map[int][]grant{}
@@ -244,6 +272,8 @@ func retoldAfterKills(ops []Op, reqs map[int64]Op, events []Op, first map[int64]
 				r.KeptRetold++
 			case w.Cmp <= due || other:
 				r.KeptLeft++ // left the line before the bound, or another fault began: nothing owed
+			case !changed(w, due-int64(2*interval)-int64(time.Second)):
+				r.KeptUnchanged++ // its place may not have changed: nothing to tell
 			default:
 				bad("positions-kept", "w%d's %s of %s (sent %s, queued by %s) still waited at %s, %v after its sidecar's first grant once the leader was killed at %s (%s %s), yet was told no place since the kill",
 					w.Worker, w.Kind, strings.Join(opKeys(w), "+"), ts(w.Inv), ts(qw), ts(due), bound, ts(f.Inv), f.Fault, f.Target)
@@ -347,7 +377,8 @@ const never64 = int64(math.MaxInt64)
 // leader's retelling (Pinned counts those) — and elsewhere it refutes a
 // place too low (waiters the leader forgot: one sure to be in line is not
 // counted) or too high (more than could be in line since W was sent).
-func exactPlaces(ops []Op, ws []*positionWaiter, holdEnd map[int64]int64, r *PositionReport, bad func(string, string, ...any)) {
+func exactPlaces(ops []Op, ws []*positionWaiter, holdEnd map[int64]int64, r *PositionReport, bad func(string, string, ...any)) map[waiterKey][]leaveSpan {
+	aheadOf := map[waiterKey][]leaveSpan{}
 	// The keys whose every request is recorded: a key some Go-client
 	// worker asked for is not judged.
 	judged := map[string]bool{}
@@ -454,6 +485,8 @@ func exactPlaces(ops []Op, ws []*positionWaiter, holdEnd map[int64]int64, r *Pos
 			case q(x) < w.req.Inv:
 				ahead = append(ahead, earliest(x, k))
 				maybe = append(maybe, latest(x))
+				wk := waiterKey{w.req.ID, k}
+				aheadOf[wk] = append(aheadOf[wk], leaveSpan{earliest(x, k), latest(x)})
 			case x.Inv < qw:
 				maybe = append(maybe, latest(x))
 			}
@@ -483,7 +516,18 @@ func exactPlaces(ops []Op, ws []*positionWaiter, holdEnd map[int64]int64, r *Pos
 			}
 		}
 	}
+	return aheadOf
 }
+
+// waiterKey names one request's line on one key.
+type waiterKey struct {
+	req int64
+	key string
+}
+
+// leaveSpan bounds when a waiter ahead left the line: no earlier than
+// earliest, no later than latest (see exactPlaces).
+type leaveSpan struct{ earliest, latest int64 }
 
 // keptAcrossLeaders counts the waiters queued before a leader fault began
 // that were told a place after a new leader served: after the first grant
@@ -552,6 +596,6 @@ func positionSummary(p PositionReport) string {
 	return fmt.Sprintf("positions: %d `! POSITION` events to %d waiters (%d of them to permit waiters; requests on sessions that agreed version 7: %d, older: %d); "+
 		"checked: each at least 1, before its reply, never up (%d retold the same place); exact: %d events judged on %d keys whose every request is recorded (%d pinned to the unit); "+
 		"after a leader fault: %d waiters queued before it were told places once a new leader served (%d events; %d across a killed leader); "+
-		"retold after a kill: %d waiters still in line when the new leader served were told their places again in time (%d left the line sooner, or another fault began)\n",
-		p.Events, p.Waiters, p.PermitEvents, p.Sessions7, p.SessionsOlder, p.Retold, p.Exact, p.ExactKeys, p.Pinned, p.AfterLeader, p.AfterLeaderEvents, p.AfterKill, p.KeptRetold, p.KeptLeft)
+		"told after a kill: %d waiters still in line when the new leader served were told a place in time (%d left the line sooner, or another fault began; %d kept a place that may not have changed)\n",
+		p.Events, p.Waiters, p.PermitEvents, p.Sessions7, p.SessionsOlder, p.Retold, p.Exact, p.ExactKeys, p.Pinned, p.AfterLeader, p.AfterLeaderEvents, p.AfterKill, p.KeptRetold, p.KeptLeft, p.KeptUnchanged)
 }

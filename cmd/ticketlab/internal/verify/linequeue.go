@@ -317,9 +317,13 @@ func (ln *lines) drain(killAt int64) {
 // Waiting for the new leader's places (awaitRetell): at most
 // lineRetellWait after the restart (a holder's lease outlasts it: a new
 // leader re-arms a full lease for every holder); a place read within
-// lineStaleFrames of the kill may still be the dead leader's.
+// lineStaleFrames of the kill may still be the dead leader's. The new
+// leader tells every waiter its place again, but the line stood still, so
+// the sidecar passes none on (it writes a place only when it changed): the
+// wait gives a wrong place of the new leader's the time to show, where the
+// still line pins it, and is otherwise spent.
 const (
-	lineRetellWait  = 5 * time.Second
+	lineRetellWait  = 1500 * time.Millisecond
 	lineStaleFrames = 250 * time.Millisecond
 	// lineToldWait bounds awaitTold: a few of the lab's position
 	// intervals, or two of the product's 1 s.
