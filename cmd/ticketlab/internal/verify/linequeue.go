@@ -219,6 +219,7 @@ func (n *nemesis) buildLines(ctx context.Context, keys, waiters int) (*lines, er
 				ln.answers[a.Result]++
 				ln.mu.Unlock()
 				if a.Result == ResOK {
+					time.Sleep(min(n.lineHold, lineWaiterLease/2)) // within its lease
 					c.release(a)
 				}
 			}()

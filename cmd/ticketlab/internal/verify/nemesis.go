@@ -155,6 +155,12 @@ type nemesis struct {
 	// waiters per key of each, rounds built, sessions opened.
 	lineKeys, lineWaiters   int
 	lineRounds, lineClients int
+	// lineHold is how long a granted line waiter holds before it
+	// releases (0: at once). With places told, two walks: a line that
+	// drained between two walks would tell its waiters nothing after the
+	// kill (the sidecar writes a place only when it changed, and a new
+	// leader's retelling of the unchanged ones is not passed on).
+	lineHold time.Duration
 }
 
 // replacement is a wiped server's pending replacement: node index and the

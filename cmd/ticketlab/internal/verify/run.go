@@ -514,6 +514,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	nem := newNemesis(p, clusterDir, procs, h, logf)
 	nem.lineKeys, nem.lineWaiters = cfg.LineKeys, cfg.LineWaiters
+	if res.PositionFlag != "" {
+		// The lines' waiters hold two walks each, so the places of those
+		// behind change at a pace the leader's walks tell.
+		nem.lineHold = 2 * cfg.PositionInterval
+	}
 	nctx, stopNemesis := context.WithTimeout(ctx, cfg.Duration+10*time.Second)
 	nem.run(nctx, steps)
 	stopNemesis()
