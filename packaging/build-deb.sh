@@ -100,6 +100,9 @@ install -m 0644 "$top/README.md" "$doc/README.md"
 # The README's documents (its links point into docs/).
 install -d -m 0755 "$doc/docs"
 install -m 0644 "$top"/docs/*.md "$doc/docs/"
+# Their images (docs/operations.md's console screenshot).
+install -d -m 0755 "$doc/docs/images"
+install -m 0644 "$top"/docs/images/*.png "$doc/docs/images/"
 # The local API and the client contract, which the README and docs link to
 # (same relative paths as in the repository, so the links hold).
 install -d -m 0755 "$doc/unixapi" "$doc/clients"
