@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"ticketing/cluster/wire"
+	"ticketing/locksm"
 )
 
 // The admin port (Config.AdminAddr) serves operator tools (`ticketing
@@ -65,6 +67,14 @@ func (n *Node) serveAdmin(raw net.Conn) {
 		if err := wire.WriteFrame(c, wire.TypeAdminReply, b); err != nil {
 			return
 		}
+		if req.Op == wire.AdminOpRevoke {
+			// The request's side of the audit: who asked, from where,
+			// and what came of it (the applied revoke is logged by the
+			// leader that applies it, "lock revoked").
+			n.log.Warn("admin revoke request", "remote", raw.RemoteAddr().String(), "key", req.Key, "token", req.Token,
+				"by", req.By, "reason", req.Reason, "ok", rep.OK, "code", rep.Code, "err", rep.Error)
+			continue
+		}
 		n.log.Info("admin request", "op", req.Op, "id", req.ID, "replaces", req.Replaces, "ok", rep.OK, "err", rep.Error)
 	}
 }
@@ -93,6 +103,9 @@ func (n *Node) admin(req wire.AdminRequest) wire.AdminReply {
 				rep.Members = append(rep.Members, am)
 			}
 			return rep
+		}
+		if errors.Is(err, locksm.ErrInvalidKey) || errors.Is(err, locksm.ErrInvalidOwner) {
+			err = fmt.Errorf("%w: %w", ErrBadConfig, err)
 		}
 	case wire.AdminOpStatus, wire.AdminOpInspect:
 		if req.LeaderOnly {
@@ -124,6 +137,21 @@ func (n *Node) admin(req wire.AdminRequest) wire.AdminReply {
 		}
 	case wire.AdminOpRemove:
 		err = n.Remove(req.ID, timeout)
+	case wire.AdminOpRevoke:
+		if req.Token == 0 {
+			err = fmt.Errorf("%w: a revoke names the token of the holding it ends (inspect the key for it)", ErrBadConfig)
+			break
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		rv, rerr := n.Revoke(ctx, req.Key, req.Token, req.By, req.Reason)
+		cancel()
+		if err = rerr; err == nil {
+			rep := wire.AdminReply{OK: true, Revoked: &rv}
+			if kr, ierr := n.Inspect(req.Key); ierr == nil {
+				rep.Key = &kr
+			}
+			return rep
+		}
 	default:
 		err = fmt.Errorf("%w: unknown admin op %q", ErrBadConfig, req.Op)
 	}

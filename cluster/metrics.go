@@ -57,6 +57,7 @@ type nodeMetrics struct {
 	// commitLatency: from a batch's proposal to its apply on the leader.
 	commitLatency   prometheus.Observer
 	expiries        prometheus.Counter
+	revokes         prometheus.Counter
 	lostEvents      prometheus.Counter
 	positionsSent   prometheus.Counter
 	handoffs        prometheus.Counter
@@ -128,6 +129,10 @@ func newNodeMetrics(n *Node) *nodeMetrics {
 		Name: "ticketing_node_expiries_total",
 		Help: "Leases that ran out, counted by the leader when it applied the expiry.",
 	})
+	m.revokes = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ticketing_node_revokes_total",
+		Help: "Holdings ended by an operator's revoke, counted by the leader when it applied the revoke (each also logged, \"lock revoked\").",
+	})
 	m.lostEvents = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ticketing_node_lost_events_total",
 		Help: "Lost events (X frames) the leader sent to tell holders their lease expired: one per connection told (the grant's own connection, or every version 6 connection when that one had closed).",
@@ -175,7 +180,7 @@ func newNodeMetrics(n *Node) *nodeMetrics {
 		Name: "ticketing_node_log_checkpoints_total",
 		Help: "Log verification checkpoints this node appended as the serving leader.",
 	})
-	m.reg.MustRegister(acq, rel, ext, blk, lat, hol, cl, m.expiries, m.lostEvents, m.positionsSent, m.handoffs, m.abandonedGrants, m.sessionRefusals,
+	m.reg.MustRegister(acq, rel, ext, blk, lat, hol, cl, m.expiries, m.revokes, m.lostEvents, m.positionsSent, m.handoffs, m.abandonedGrants, m.sessionRefusals,
 		m.leaderChanges, m.snapshotsTaken, m.snapshotBytes, m.restores, ver, m.logCheckpoints, newNodeCollector(n))
 	return m
 }
@@ -219,6 +224,14 @@ func (n *Node) record(e leader.Event) {
 		m.handoffLatency.Observe(e.Latency.Seconds())
 	case leader.EventExpiry:
 		m.expiries.Inc()
+	case leader.EventRevoked:
+		m.revokes.Inc()
+		if rv := e.Revoke; rv != nil {
+			// The audit record, as the log keeps it (inspect shows the
+			// key's latest; this line keeps them all).
+			n.log.Warn("lock revoked", "key", rv.Key, "keys", rv.Keys, "token", rv.Token, "holder", rv.Owner,
+				"permit", rv.Permit, "slot", rv.Slot, "by", rv.Who, "reason", rv.Reason, "at_unix_ms", rv.At)
+		}
 	case leader.EventHandoff:
 		m.handoffs.Inc()
 	case leader.EventLostSent:

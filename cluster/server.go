@@ -36,6 +36,12 @@ type clientConn struct {
 	writing  bool // writeLoop runs
 	wake     chan struct{}
 
+	// sink, when set, takes every message for this connection instead
+	// of a socket: an in-process caller's (the admin port's revoke),
+	// called with Node.mu held, so it must not block. Such a connection
+	// has no c, rw or writer.
+	sink func(*wire.Msg)
+
 	// idleMu guards idle and readFrom, and orders the read deadlines set
 	// from them (by the reader before each read, by bound when a session
 	// attaches). A leaf lock.
@@ -373,6 +379,10 @@ func errReply(id uint64, err error) *wire.Msg {
 // send encodes m for the writer. Never blocks; a message that cannot be
 // encoded is a bug, logged and dropped.
 func (cc *clientConn) send(m *wire.Msg) {
+	if cc.sink != nil {
+		cc.sink(m)
+		return
+	}
 	cc.mu.Lock()
 	defer cc.mu.Unlock()
 	if cc.closed || cc.draining {
@@ -458,6 +468,9 @@ func (cc *clientConn) closeLocked() {
 		return
 	}
 	cc.closed = true
+	if cc.sink != nil {
+		return // no socket, no writer
+	}
 	cc.c.Close()
 	close(cc.wake)
 }

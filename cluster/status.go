@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -215,6 +216,9 @@ func (n *Node) Inspect(key string) (wire.KeyReport, error) {
 			}
 		}
 		r.Reserved = st.Reserved(key)
+		if rv, ok := st.LastRevoke(key); ok {
+			r.LastRevoke = revokeReport(rv)
+		}
 		r.QueueLen = st.QueueLen(key)
 		if r.QueueLen > 0 {
 			ws = st.Waiters(key)
@@ -486,4 +490,10 @@ func (n *Node) Stats() Stats {
 		IdleCloses:         s.idleCloses.Load(),
 		SlowConsumerCloses: s.slowConsumerCloses.Load(), ProtocolErrorCloses: s.protocolErrorCloses.Load(),
 	}
+}
+
+// revokeReport is rv as the admin port and the console show it.
+func revokeReport(rv locksm.Revoke) *wire.RevokeReport {
+	return &wire.RevokeReport{Key: rv.Key, Keys: slices.Clone(rv.Keys), Token: rv.Token, By: rv.Who, Reason: rv.Reason,
+		AtUnixMs: rv.At, Owner: rv.Owner, Label: rv.Label, Permit: rv.Permit, Slot: rv.Slot}
 }

@@ -300,17 +300,21 @@ const (
 	// EventPositionsSent: a walk of the lines that moved told Keys
 	// waiters their places (R frames queued; none: no event).
 	EventPositionsSent
+	// EventRevoked: the leader applied an operator's revoke that ended
+	// a holding (Revoke is the audit record).
+	EventRevoked
 )
 
 // Event is something for the metrics (or the log) to record.
 type Event struct {
 	Kind    EventKind
-	Op      locksm.Op     // EventReply, EventUnexpectedResult
-	Outcome Outcome       // EventReply
-	Queued  bool          // EventReply of a grant
-	Keys    int           // EventReply of a grant of a block: its number of keys (0 for one key); EventLostSent: connections told; EventPositionsSent: R frames
-	Latency time.Duration // EventReply of a grant, EventHandoffLatency
-	Status  locksm.Status // EventUnexpectedResult
+	Op      locksm.Op      // EventReply, EventUnexpectedResult
+	Outcome Outcome        // EventReply
+	Queued  bool           // EventReply of a grant
+	Keys    int            // EventReply of a grant of a block: its number of keys (0 for one key); EventLostSent: connections told; EventPositionsSent: R frames
+	Latency time.Duration  // EventReply of a grant, EventHandoffLatency
+	Status  locksm.Status  // EventUnexpectedResult
+	Revoke  *locksm.Revoke // EventRevoked
 }
 
 // TimerKind says what a due timer asks for.
@@ -1053,7 +1057,7 @@ func (k *Core[C]) expirySettled(token uint64) {
 // may wait behind a flood of acquires; an operator's set-permits, which
 // must not either: raising n is how an operator relieves such a flood).
 func releasing(op locksm.Op) bool {
-	return op == locksm.OpRelease || op == locksm.OpExtend || op == locksm.OpSetPermits
+	return op == locksm.OpRelease || op == locksm.OpExtend || op == locksm.OpSetPermits || op == locksm.OpRevoke
 }
 
 // flying is how many requests of op cn has in flight (their own command
@@ -1329,6 +1333,10 @@ func (k *Core[C]) Applied(now time.Time, batch []Applied) {
 				delete(k.told, c.Token)
 				delete(k.untold, c.Token)
 			}
+		case locksm.OpRevoke:
+			if a.Res.Status == locksm.StatusRevoked {
+				k.revokeApplied(a)
+			}
 		case locksm.OpExtend:
 			if a.Res.Status == locksm.StatusExtended {
 				// Whoever extended it knows the token: told.
@@ -1409,6 +1417,12 @@ func (k *Core[C]) resolve(p *pending[C], res locksm.Result, now time.Time) {
 		k.finish(p)
 		k.reply(p.op, OutcomeOK)
 		k.answer(p, wire.Msg{Type: wire.TypeOK, ID: p.id})
+	case locksm.StatusRevoked:
+		// The revoked token, for the operator's tool (an in-process
+		// reply: the admin port answers in JSON).
+		k.finish(p)
+		k.reply(p.op, OutcomeOK)
+		k.answer(p, wire.Msg{Type: wire.TypeOK, ID: p.id, Token: res.Token})
 	case locksm.StatusRejected:
 		k.finish(p)
 		if p.session() != nil && errors.Is(res.Err, locksm.ErrVoided) {
@@ -1464,11 +1478,18 @@ func (k *Core[C]) granted(p *pending[C], token uint64, slot uint32, now time.Tim
 // the connection its grant was told on while that is open, else to every
 // open connection that takes lost events.
 func (k *Core[C]) tellLost(key string, token uint64) {
-	m := wire.Msg{Type: wire.TypeLost, Token: token, Reason: wire.LostExpired, Key: key}
+	k.tellLostMsg(wire.Msg{Type: wire.TypeLost, Token: token, Reason: wire.LostExpired, Key: key}, wire.VersionExtend)
+}
+
+// tellLostMsg sends the lost event m to the connection its token's grant
+// was told on while that is open, else to every open connection that
+// takes such events: those that negotiated at least version.
+func (k *Core[C]) tellLostMsg(m wire.Msg, version uint16) {
+	token := m.Token
 	if cn := k.told[token]; cn != nil && !cn.dead {
 		// An older connection cannot take the event; its holder learns
 		// of the loss as before (a fence, a not-held release).
-		if cn.version >= wire.VersionExtend {
+		if cn.version >= version {
 			k.send(cn, m)
 			k.event(Event{Kind: EventLostSent, Keys: 1})
 		}
@@ -1476,7 +1497,7 @@ func (k *Core[C]) tellLost(key string, token uint64) {
 	}
 	n := 0
 	for _, cn := range k.sortedConns() {
-		if cn.version >= wire.VersionExtend && !cn.dead {
+		if cn.version >= version && !cn.dead {
 			k.send(cn, m)
 			n++
 		}
@@ -1757,7 +1778,7 @@ func sortedByRef[C comparable](m map[uint64]*pending[C]) []*pending[C] {
 // (Ref 0).
 func Housekeeping(c locksm.Command) bool {
 	switch c.Op {
-	case locksm.OpAcquire, locksm.OpAcquireBlock, locksm.OpExtend, locksm.OpAcquirePermit, locksm.OpSetPermits:
+	case locksm.OpAcquire, locksm.OpAcquireBlock, locksm.OpExtend, locksm.OpAcquirePermit, locksm.OpSetPermits, locksm.OpRevoke:
 		// A block acquire (a permit acquire, a set-permits) is a request
 		// like any other: as housekeeping it
 		// went ahead of requests written before it, and joined a key's

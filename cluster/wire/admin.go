@@ -3,6 +3,8 @@ package wire
 import (
 	"errors"
 	"strings"
+
+	"ticketing/locksm"
 )
 
 // The admin protocol: a node's admin port (cluster.Config.AdminAddr) serves
@@ -45,6 +47,10 @@ const (
 	AdminOpRemove     = "remove"      // id: remove a member (leader only)
 	AdminOpStatus     = "status"      // the answering node's StatusReport (any node; leader_only: the leader)
 	AdminOpInspect    = "inspect"     // key: the answering node's KeyReport (any node; leader_only: the leader)
+	// AdminOpRevoke: key, token, reason, by: end the holding of key under
+	// token (leader only; version 14, every member at it). The reply's
+	// revoked says what ended and what was handed on.
+	AdminOpRevoke = "revoke"
 )
 
 // Admin reply codes (AdminReply.Code): stable short names, never renamed;
@@ -58,12 +64,19 @@ const (
 	AdminNoSuchMember = "no_such_member" // the server id is not in the configuration
 	AdminBadRequest   = "bad_request"    // unknown op, bad field, not a JSON request frame
 	AdminInternal     = "internal"       // anything else; see the node's log
+	// Revokes (version 14).
+	AdminNotHeld       = "not_held"       // revoke: the key is not held (by anyone, or not as that holding)
+	AdminTokenMismatch = "token_mismatch" // revoke: the key is held under another token: nothing changed
+	AdminNotSupported  = "not_supported"  // revoke: some member runs a version before 14
+	AdminInvalidReason = "invalid_reason" // revoke: the reason is too long or not printable
+	AdminIndeterminate = "indeterminate"  // revoke: proposed, outcome unknown (inspect the key's last revoke)
 )
 
 // AdminCodes lists every admin reply code, in PROTOCOL.md's order.
 var AdminCodes = []string{
 	AdminNotLeader, AdminNoQuorum, AdminUnsafe, AdminLagging, AdminInProgress,
 	AdminNoSuchMember, AdminBadRequest, AdminInternal,
+	AdminNotHeld, AdminTokenMismatch, AdminNotSupported, AdminInvalidReason, AdminIndeterminate,
 }
 
 // adminCodeTable is the one mapping between the admin reply codes and
@@ -84,6 +97,11 @@ var adminCodeTable = []struct {
 	{AdminInProgress, ErrChangeInProgress},
 	{AdminNoSuchMember, ErrNoSuchMember},
 	{AdminBadRequest, ErrBadRequest},
+	{AdminNotHeld, locksm.ErrNotHeld},
+	{AdminTokenMismatch, locksm.ErrTokenMismatch},
+	{AdminNotSupported, ErrNotSupported},
+	{AdminInvalidReason, locksm.ErrInvalidReason},
+	{AdminIndeterminate, ErrIndeterminate},
 }
 
 // AdminCodeOf is the admin reply code of err (possibly wrapped):

@@ -37,6 +37,16 @@ type AdminRequest struct {
 	// that does not lead, so that a tool walking the addresses finds the
 	// leader.
 	LeaderOnly bool `json:"leader_only,omitempty"`
+	// Token (op "revoke") is the token of the holding to end: a revoke
+	// never ends a holding other than the one its operator saw (0 is
+	// refused; the tool reads the holder's token with inspect first).
+	Token uint64 `json:"token,omitempty"`
+	// Reason (op "revoke") is why: 0..locksm.MaxReasonLen printable
+	// ASCII bytes, kept in the audit record and told to the holder.
+	Reason string `json:"reason,omitempty"`
+	// By (op "revoke") is who revokes, as the tool names its operator
+	// (user@host): an owner id (locksm.MaxOwnerLen, the keys' alphabet).
+	By string `json:"by,omitempty"`
 }
 
 // AdminReply answers an AdminRequest.
@@ -57,6 +67,35 @@ type AdminReply struct {
 	// Key is the answering node's KeyReport (op "inspect"); its queue is
 	// cut short (queue_truncated) to fit the reply in one frame.
 	Key *KeyReport `json:"key,omitempty"`
+	// Revoked is what a revoke ended (op "revoke"), with the token of
+	// the holder it handed the key on to, if any.
+	Revoked *RevokeReport `json:"revoked,omitempty"`
+}
+
+// RevokeReport is the audit record of a revoke (locksm.Revoke): the
+// reply to a revoke, and a key's last revoke in its KeyReport.
+type RevokeReport struct {
+	// Key is the key revoked (the one named); Keys, for a block, all of
+	// the revoked block's keys.
+	Key  string   `json:"key"`
+	Keys []string `json:"keys,omitempty"`
+	// Token is the revoked holding's token.
+	Token uint64 `json:"token"`
+	// By is who revoked, Reason why, AtUnixMs when (the leader's stamp
+	// in the revoke's command).
+	By       string `json:"by"`
+	Reason   string `json:"reason"`
+	AtUnixMs int64  `json:"at_unix_ms"`
+	// Owner and Label are the revoked holder's.
+	Owner string `json:"owner"`
+	Label string `json:"label,omitempty"`
+	// Permit: the revoked holding was a permit of the semaphore Key, in
+	// Slot.
+	Permit bool   `json:"permit,omitempty"`
+	Slot   uint32 `json:"slot,omitempty"`
+	// NextToken (the revoke's reply only) is the token of the waiter the
+	// revoke granted in the same commit (0: nobody was waiting).
+	NextToken uint64 `json:"next_token,omitempty"`
 }
 
 // AdminMember is one member of the configuration with the leader's view
@@ -225,6 +264,9 @@ type KeyReport struct {
 	Semaphore        *SemaphoreReport `json:"semaphore,omitempty"`
 	Permits          []HolderReport   `json:"permits,omitempty"`
 	PermitsTruncated bool             `json:"permits_truncated,omitempty"`
+	// LastRevoke is the latest revoke of the key (version 14), if the
+	// replicated state still keeps one (locksm.MaxRevokeRecords).
+	LastRevoke *RevokeReport `json:"last_revoke,omitempty"`
 }
 
 // SemaphoreReport describes a semaphore key.

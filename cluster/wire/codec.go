@@ -269,6 +269,10 @@ func DecodeMsg(typ byte, payload []byte, m *Msg) error {
 		m.Token = d.u64()
 		m.Reason = LostReason(d.u8())
 		m.Key = d.str8()
+		if m.Reason == LostRevoked {
+			m.Owner = d.str8()
+			m.Text = d.str8()
+		}
 	case TypePosition:
 		m.Position = d.u32()
 		m.EstimateMs = d.u32()
@@ -373,8 +377,15 @@ func checkFields(m *Msg) error {
 		if m.ID != 0 {
 			return fmt.Errorf("%w: lost event with id %d (events answer no request)", ErrMalformed, m.ID)
 		}
-		if m.Reason != LostExpired {
+		if m.Reason != LostExpired && m.Reason != LostRevoked {
 			return fmt.Errorf("%w: lost reason %d", ErrMalformed, m.Reason)
+		}
+		if m.Reason != LostRevoked && (m.Owner != "" || m.Text != "") {
+			return fmt.Errorf("%w: lost event of reason %d names who and why (only a revoke does)", ErrMalformed, m.Reason)
+		}
+		if len(m.Owner) > locksm.MaxOwnerLen || len(m.Text) > locksm.MaxReasonLen {
+			return fmt.Errorf("%w: lost event's who (%d bytes) or why (%d bytes) over %d or %d", ErrMalformed,
+				len(m.Owner), len(m.Text), locksm.MaxOwnerLen, locksm.MaxReasonLen)
 		}
 		if m.Token == 0 {
 			return fmt.Errorf("%w: lost event for token 0", ErrMalformed)
@@ -506,6 +517,9 @@ func payloadLen(m *Msg) (int, error) {
 		n += 8 + 2 + s8(m.Key) + s8(m.Owner)
 	case TypeLost:
 		n += 8 + 1 + s8(m.Key)
+		if m.Reason == LostRevoked {
+			n += s8(m.Owner) + s8(m.Text)
+		}
 	case TypePosition:
 		n += 4 + 4 + s8(m.Key)
 	case TypeCancel, TypeSessionAck:
@@ -615,6 +629,10 @@ func AppendMsg(dst []byte, m *Msg) ([]byte, error) {
 		b = binary.BigEndian.AppendUint64(b, m.Token)
 		b = append(b, byte(m.Reason))
 		b = appendStr8(b, m.Key)
+		if m.Reason == LostRevoked {
+			b = appendStr8(b, m.Owner)
+			b = appendStr8(b, m.Text)
+		}
 	case TypePosition:
 		b = binary.BigEndian.AppendUint32(b, m.Position)
 		b = binary.BigEndian.AppendUint32(b, m.EstimateMs)

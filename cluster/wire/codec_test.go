@@ -633,7 +633,7 @@ func TestRequestAllowed(t *testing.T) {
 			t.Errorf("ProgressAllowed(g, Q, %d)", v)
 		}
 	}
-	if VersionSemaphores != ProtocolVersion || VersionPositions != VersionSemaphores-1 || VersionLongWaits != VersionPositions-1 || VersionLogVerify != VersionLongWaits-1 || VersionStrictMatch != VersionLogVerify-1 || VersionLabels != VersionStrictMatch-1 || VersionSessions != VersionLabels-1 || VersionExtend <= VersionBlocks || VersionBlocks <= VersionQueued {
+	if VersionRevoke != ProtocolVersion || VersionSemaphores != VersionRevoke-1 || VersionPositions != VersionSemaphores-1 || VersionLongWaits != VersionPositions-1 || VersionLogVerify != VersionLongWaits-1 || VersionStrictMatch != VersionLogVerify-1 || VersionLabels != VersionStrictMatch-1 || VersionSessions != VersionLabels-1 || VersionExtend <= VersionBlocks || VersionBlocks <= VersionQueued {
 		t.Errorf("VersionSemaphores %d, VersionPositions %d, VersionLongWaits %d, VersionLogVerify %d, VersionStrictMatch %d, VersionLabels %d, VersionSessions %d, VersionExtend %d, VersionBlocks %d, ProtocolVersion %d",
 			VersionSemaphores, VersionPositions, VersionLongWaits, VersionLogVerify, VersionStrictMatch, VersionLabels, VersionSessions, VersionExtend, VersionBlocks, ProtocolVersion)
 	}

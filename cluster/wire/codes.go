@@ -63,6 +63,8 @@ const (
 	CodeNotSemaphore   Code = 44 // locksm.ErrNotSemaphore: a permit acquire (or a removal) names a key that is not a semaphore
 	CodeInvalidPermits Code = 45 // locksm.ErrInvalidPermits: a set-permits above locksm.MaxPermits
 	CodeInUse          Code = 46 // locksm.ErrInUse: a set-permits of a key held as a lock, or the removal of a semaphore in use
+	// Revokes (version 14; admin port, see AdminCodes).
+	CodeInvalidReason Code = 47 // locksm.ErrInvalidReason: a revoke's reason too long or not printable
 )
 
 // Sentinel errors of this package (each but ErrRemote, ErrBadConfig and
@@ -145,6 +147,11 @@ var (
 	// key. Package cluster's ErrBadConfig matches it (errors.Is), so the
 	// node answers its configuration errors with this code.
 	ErrBadRequest = errors.New("wire: bad request")
+	// ErrIndeterminate (indeterminate): an admin change was proposed but
+	// its outcome is unknown (the leader lost its leadership or the
+	// connection before it applied): it may yet commit. A revoke's
+	// outcome is then read back with inspect (the key's last revoke).
+	ErrIndeterminate = errors.New("wire: outcome unknown")
 )
 
 // codeTable is the one mapping between sentinels and wire codes. Order
@@ -204,6 +211,7 @@ var codeTable = []struct {
 	{CodeNotSemaphore, locksm.ErrNotSemaphore},
 	{CodeInvalidPermits, locksm.ErrInvalidPermits},
 	{CodeInUse, locksm.ErrInUse},
+	{CodeInvalidReason, locksm.ErrInvalidReason},
 }
 
 // CodeOf maps an error (possibly wrapped) to its wire code; CodeInternal if
@@ -268,7 +276,7 @@ var codeNames = map[Code]string{
 	CodeNoSession: "no_session", CodeVoided: "voided", CodeDuplicateSeq: "duplicate_seq",
 	CodeSessionExists: "session_exists", CodeInvalidSession: "invalid_session", CodeStaleEpoch: "stale_epoch",
 	CodeIsSemaphore: "is_semaphore", CodeNotSemaphore: "not_semaphore", CodeInvalidPermits: "invalid_permits",
-	CodeInUse:      "in_use",
+	CodeInUse: "in_use", CodeInvalidReason: "invalid_reason",
 	CodeBadSession: "bad_session", CodeInvalidLabel: "invalid_label",
 	CodeTooManySessions: "too_many_sessions", CodeTooManyOutcomes: "too_many_outcomes",
 }

@@ -120,7 +120,15 @@ import "ticketing/locksm"
 //	    14 and 15 that an older node cannot decode: the leader proposes
 //	    them only once the cluster version is 13 (VersionSemaphores)
 //	    and answers E not_supported before.
-const ProtocolVersion = 13
+//	14 — revokes (issue 42): an operator ends a stuck holding through
+//	    the admin port (AdminOpRevoke). The log gains op 16 that an
+//	    older node cannot decode: the leader proposes it only once the
+//	    cluster version is 14 (VersionRevoke) and answers not_supported
+//	    before. The lost event 'X' gains the reason LostRevoked, whose
+//	    payload adds who revoked and why; the leader sends it only on
+//	    connections that negotiated 14 (an older client learns of the
+//	    loss as before: a fence, a not_held release or extend).
+const ProtocolVersion = 14
 
 // NewestProtocolVersion is the newest version this build implements:
 // ProtocolVersion, unless a newer version is being built, which is then
@@ -209,6 +217,12 @@ const VersionPositions = 12
 // this, and the leader proposes their commands only once the cluster
 // version is at least this.
 const VersionSemaphores = 13
+
+// VersionRevoke is the first version with revokes: the leader proposes
+// an operator's revoke (locksm.OpRevoke) only once the cluster version is
+// at least this, and sends the lost event with LostRevoked only on
+// connections that negotiated at least this.
+const VersionRevoke = 14
 
 // SecretLen is the length of a session's secret in bytes.
 const SecretLen = 16
@@ -405,10 +419,13 @@ const (
 	// request; from version 6, only on connections that negotiated it):
 	//
 	//	id u64 (always 0) | token u64 | reason u8 | key str8
+	//	    [| by str8 | why str8]   (only with reason LostRevoked)
 	//
 	// The leader sends it when it applies the end of a holding that its
 	// holder did not release: LostExpired, the lease ran out and the
-	// expiry was committed. key is the key the expiry named (for a block,
+	// expiry was committed; LostRevoked (version 14), an operator revoked
+	// it, by (Msg.Owner: who, as the operator's tool named them) and why
+	// (Msg.Text: the reason given, possibly empty). key is the key the expiry named (for a block,
 	// one of its keys; the token names the holding). It goes to the
 	// connection the grant was told on when that connection is still
 	// open, else to every open version 6 connection (the holder may have
@@ -459,12 +476,16 @@ type LostReason uint8
 
 const (
 	LostExpired LostReason = 1 // the lease ran out; the expiry was committed
+	LostRevoked LostReason = 2 // an operator's revoke was committed (version 14)
 )
 
 // String names the reason for logs and the unix API.
 func (r LostReason) String() string {
-	if r == LostExpired {
+	switch r {
+	case LostExpired:
 		return "expired"
+	case LostRevoked:
+		return "revoked"
 	}
 	return "unknown"
 }
@@ -495,9 +516,9 @@ type Msg struct {
 	ID     uint64
 	Key    string   // TypeAcquire, TypeRelease (empty for TypeAcquireBlock)
 	Keys   []string // TypeAcquireBlock: 2..16 keys, in the client's order
-	Owner  string
-	Token  uint64 // TypeRelease, TypeExtend, TypeGranted, TypeLost
-	Lease  uint16 // seconds: TypeAcquire, TypeAcquireBlock, TypeExtend
+	Owner  string   // requests; a TypeLost with LostRevoked: who revoked
+	Token  uint64   // TypeRelease, TypeExtend, TypeGranted, TypeLost
+	Lease  uint16   // seconds: TypeAcquire, TypeAcquireBlock, TypeExtend
 	WaitMs uint32
 	Target uint64 // TypeCancel
 	// Sessions: TypeOpenSession (Session, TimeoutMs, Secret), TypeResume
@@ -509,7 +530,7 @@ type Msg struct {
 	High      uint64
 	Serial    uint64
 	Code      Code   // TypeError
-	Text      string // TypeError, TypeUnknown
+	Text      string // TypeError, TypeUnknown; a TypeLost with LostRevoked: why
 	// TypeMoved and TypeStatusR.
 	LeaderAddr string
 	LeaderID   string

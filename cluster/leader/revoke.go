@@ -1,0 +1,90 @@
+package leader
+
+import (
+	"fmt"
+	"time"
+
+	"ticketing/cluster/wire"
+	"ticketing/locksm"
+)
+
+// Revoke takes an operator's revoke, which the admin port passes on: end
+// the holding of key under token, by the operator by, for reason. It is
+// request id of connection h (opened; the node opens one per admin
+// request), whose one reply is K with the revoked token in Msg.Token,
+// E (invalid_reason and the other field errors, not_held,
+// token_mismatch, not_supported before cluster version 14), M (this node
+// does not serve) or U (leadership was lost before it applied: it may
+// yet commit). Like a release it goes through the log, and the next
+// waiter is granted in the same commit; unlike one it carries no owner
+// of the holding and no session: the token alone names what ends, so a
+// revoke decided on an older look at the key changes nothing.
+func (k *Core[C]) Revoke(now time.Time, h C, id uint64, key string, token uint64, by, reason string) {
+	cn := k.conns[h]
+	if cn == nil {
+		k.rd.Sends = append(k.rd.Sends, Send[C]{To: h, Msg: wire.Msg{Type: wire.TypeError, ID: id,
+			Code: wire.CodeInternal, Text: "connection not open"}})
+		return
+	}
+	cmd := locksm.Command{Op: locksm.OpRevoke, Key: key, Owner: by, Token: token, Reason: reason}
+	if err := locksm.ValidateCommand(cmd); err != nil {
+		k.reply(cmd.Op, OutcomeError)
+		k.send(cn, errReply(id, err))
+		return
+	}
+	if _, dup := cn.inflight[id]; dup {
+		k.reply(cmd.Op, OutcomeError)
+		k.send(cn, wire.Msg{Type: wire.TypeError, ID: id, Code: wire.CodeDuplicateID, Text: "request id already in flight"})
+		return
+	}
+	if !k.serving {
+		addr, lid := k.hint()
+		k.reply(cmd.Op, OutcomeMoved)
+		k.send(cn, wire.Msg{Type: wire.TypeMoved, ID: id, LeaderAddr: addr, LeaderID: lid})
+		return
+	}
+	if v := k.table.ClusterVersion(); v < wire.VersionRevoke {
+		// Older members could not decode op 16: their tables would
+		// diverge from the others'.
+		k.reply(cmd.Op, OutcomeError)
+		k.send(cn, errReply(id, fmt.Errorf("%w: revokes need every member at protocol version %d; the cluster version is %d (upgrade every node; the leader records the new version within %s)",
+			wire.ErrNotSupported, wire.VersionRevoke, v, "30s")))
+		return
+	}
+	k.nextRef++
+	cmd.Ref = k.nextRef
+	p := &pending[C]{conn: cn, id: id, op: cmd.Op, key: key, owner: by, ref: cmd.Ref, start: now}
+	k.pend[p.ref] = p
+	cn.owe(p)
+	k.propose(cmd)
+}
+
+// revokeApplied handles a revoke a's that ended a holding: the holder is
+// told (the lost event, before the hand-off grants of the same commit,
+// which Applied answers after this), the token leaves the bookkeeping of
+// told and untold grants as a release's does, and the audit record goes
+// to the events. Its lease timer, still armed, finds the token gone and
+// proposes nothing.
+func (k *Core[C]) revokeApplied(a *Applied) {
+	c := &a.Cmd
+	token := a.Res.Token
+	var rv *locksm.Revoke
+	for _, e := range a.Effects {
+		if e.Kind == locksm.EffectRevoked && e.Token == token {
+			_, permit := k.table.Semaphore(c.Key)
+			r := locksm.Revoke{Key: c.Key, Keys: e.Keys, Token: token, Who: c.Owner, Reason: c.Reason, At: c.Now,
+				Owner: e.Owner, Permit: permit, Slot: e.Slot}
+			rv = &r
+			if k.leading {
+				k.tellLostMsg(wire.Msg{Type: wire.TypeLost, Token: token, Reason: wire.LostRevoked, Key: e.Key,
+					Owner: c.Owner, Text: c.Reason}, wire.VersionRevoke)
+			}
+			break
+		}
+	}
+	delete(k.told, token)
+	delete(k.untold, token)
+	if k.leading && rv != nil {
+		k.event(Event{Kind: EventRevoked, Revoke: rv})
+	}
+}
