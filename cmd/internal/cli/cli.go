@@ -38,6 +38,7 @@ func commands() []command {
 		{"members", "list, add, promote, remove and replace cluster members", runMembers},
 		{"status", "the cluster as the leader sees it: members, lag, domain, locks, tokens", runStatus},
 		{"inspect", "one key: its holder, lease, and queue of waiters", runInspect},
+		{"revoke", "end a stuck holding on an operator's word (audited; the next waiter gets the key)", runRevoke},
 		{"lock", "run a command while holding a lock (like flock(1))", runLock},
 		{"acquire", "take a lock through the sidecar and print its token", runAcquire},
 		{"permits", "set a semaphore key's number of permits (permits set KEY N)", runPermits},

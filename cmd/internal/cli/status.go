@@ -380,6 +380,9 @@ func printKey(w *errWriter, k *wire.KeyReport) {
 		queue += fmt.Sprintf(" (first %d shown)", len(k.Queue))
 	}
 	fmt.Fprintf(tw, "Queue:\t%s\n", queue)
+	if rv := k.LastRevoke; rv != nil {
+		fmt.Fprintf(tw, "Last revoke:\t%s\n", describeRevoke(rv, k.AtUnixMs))
+	}
 	_ = tw.Flush() // its write error is kept by w
 	printPermits(w, k)
 	if len(k.Queue) == 0 {
@@ -476,4 +479,25 @@ func clusterIDHint(err error) string {
 		return "\n(give --cluster-id with the id the nodes were started with: cluster-id in their configuration file)"
 	}
 	return ""
+}
+
+// describeRevoke is one line about a revoke: what it ended, who, why and
+// how long before at (Unix ms; 0: no age).
+func describeRevoke(rv *wire.RevokeReport, at int64) string {
+	what := fmt.Sprintf("token %d of %s", rv.Token, rv.Owner)
+	if rv.Permit {
+		what = fmt.Sprintf("permit %d (token %d) of %s", rv.Slot, rv.Token, rv.Owner)
+	}
+	if rv.Label != "" {
+		what += " (" + rv.Label + ")"
+	}
+	when := time.UnixMilli(rv.AtUnixMs).UTC().Format("2006-01-02 15:04:05 MST")
+	if at > 0 {
+		when += ", " + fmtMs(max(0, at-rv.AtUnixMs)) + " ago"
+	}
+	reason := rv.Reason
+	if reason == "" {
+		reason = "(no reason given)"
+	}
+	return fmt.Sprintf("%s by %s at %s: %s", what, rv.By, when, reason)
 }
