@@ -51,6 +51,9 @@ package leader
 //	                             timeout 10000 ms and secret "s<session>"
 //	                             by default)
 //	watch conn= id=              ask for places in line (w, version 12)
+//	revoke conn= id= key= token= [by=] [reason=]
+//	                             an operator's revoke (Core.Revoke; by
+//	                             "ops" unless told)
 //	frame conn= type= [id=]      any other frame type (one character)
 //	append op= [key= owner= token= ref= lease= wait= session= seq= ack= epoch=
 //	       secret= timeout= term=]
@@ -378,6 +381,14 @@ func (h *harness) run(line string) (string, error) {
 		if !h.k.Request(h.now(), cn, &m) {
 			fmt.Fprintf(&b, "close %s\n", cn)
 		}
+	case "revoke":
+		cn := a.need("conn")
+		id, key, token := uint64(a.int("id", 0)), a.str("key", ""), uint64(a.int("token", 0))
+		by, reason := a.str("by", "ops"), a.str("reason", "")
+		if a.err != nil {
+			return "", a.err
+		}
+		h.k.Revoke(h.now(), cn, id, key, token, by, reason)
 	case "append":
 		term := uint64(a.int("term", int(h.term)))
 		c, err := parseCmd(a)
@@ -540,7 +551,14 @@ func fmtMsg(m wire.Msg) string {
 	case wire.TypeNotice:
 		return fmt.Sprintf("N %s leader=%q addr=%q", m.Event, m.LeaderID, m.LeaderAddr)
 	case wire.TypeLost:
+		if m.Reason == wire.LostRevoked {
+			return fmt.Sprintf("X %s key=%s token=%d by=%s why=%q", m.Reason, m.Key, m.Token, m.Owner, m.Text)
+		}
 		return fmt.Sprintf("X %s key=%s token=%d", m.Reason, m.Key, m.Token)
+	case wire.TypeOK:
+		if m.Token != 0 {
+			return fmt.Sprintf("K id=%d token=%d", m.ID, m.Token)
+		}
 	case wire.TypeOutcomes:
 		return fmt.Sprintf("O session=%d serial=%d", m.Session, m.Serial)
 	case wire.TypePosition:
@@ -559,6 +577,7 @@ var opNames = map[locksm.Op]string{
 	locksm.OpExtend: "extend", locksm.OpOpenSession: "open-session", locksm.OpResumeSession: "resume-session",
 	locksm.OpExpireSession: "expire-session", locksm.OpCloseSession: "close-session", locksm.OpDropSessionless: "drop-sessionless",
 	locksm.OpAckSession: "ack-session", locksm.OpAcquirePermit: "acquire-permit", locksm.OpSetPermits: "set-permits",
+	locksm.OpRevoke: "revoke",
 }
 
 func fmtCmd(c locksm.Command) string {
@@ -589,6 +608,8 @@ func fmtCmd1(c locksm.Command) string {
 		return fmt.Sprintf("acquire-permit key=%s owner=%s lease=%d wait=%d ref=%d", c.Key, c.Owner, c.LeaseSec, c.WaitMs, c.Ref) + labelSuffix(c.Label)
 	case locksm.OpSetPermits:
 		return fmt.Sprintf("set-permits key=%s permits=%d", c.Key, c.Permits)
+	case locksm.OpRevoke:
+		return fmt.Sprintf("revoke key=%s token=%d by=%s ref=%d reason=%q", c.Key, c.Token, c.Owner, c.Ref, c.Reason)
 	case locksm.OpRelease:
 		return fmt.Sprintf("release key=%s owner=%s token=%d ref=%d", c.Key, c.Owner, c.Token, c.Ref)
 	case locksm.OpExpire:
@@ -632,6 +653,9 @@ func parseCmd(a *argReader) (locksm.Command, error) {
 	if c.Op != locksm.OpAcquireBlock {
 		c.Keys = nil
 	}
+	if c.Op == locksm.OpRevoke {
+		c.Reason = a.str("reason", "")
+	}
 	if c.Op == locksm.OpOpenSession {
 		// As a broker's open: the secret's hash (secret "s<session>"
 		// by default, as open-session sends it) and its timeout.
@@ -649,11 +673,12 @@ var statusNames = map[locksm.Status]string{
 	locksm.StatusCanceled: "canceled", locksm.StatusNoop: "noop", locksm.StatusDropped: "dropped",
 	locksm.StatusExtended: "extended", locksm.StatusTimedOut: "timed-out", locksm.StatusOpened: "opened",
 	locksm.StatusResumed: "resumed", locksm.StatusSessionExpired: "session-expired", locksm.StatusSessionClosed: "session-closed",
-	locksm.StatusAcked: "acked", locksm.StatusPermitsSet: "permits-set",
+	locksm.StatusAcked: "acked", locksm.StatusPermitsSet: "permits-set", locksm.StatusRevoked: "revoked",
 }
 
 var effectNames = map[locksm.EffectKind]string{
 	locksm.EffectGranted: "granted", locksm.EffectTimedOut: "timed-out", locksm.EffectDropped: "dropped",
+	locksm.EffectRevoked: "revoked",
 }
 
 func fmtResult(res locksm.Result, effects []locksm.Effect) string {
@@ -668,6 +693,9 @@ func fmtResult(res locksm.Result, effects []locksm.Effect) string {
 	if res.Status == locksm.StatusExtended {
 		fmt.Fprintf(&b, " lease=%d", res.LeaseSec)
 	}
+	if res.Status == locksm.StatusRevoked {
+		fmt.Fprintf(&b, " token=%d", res.Token)
+	}
 	if res.Err != nil {
 		fmt.Fprintf(&b, " err=%q", res.Err)
 	}
@@ -676,7 +704,7 @@ func fmtResult(res locksm.Result, effects []locksm.Effect) string {
 	}
 	for _, e := range effects {
 		fmt.Fprintf(&b, ", %s key=%s ref=%d", effectNames[e.Kind], e.Key, e.Ref)
-		if e.Kind == locksm.EffectGranted {
+		if e.Kind == locksm.EffectGranted || e.Kind == locksm.EffectRevoked {
 			fmt.Fprintf(&b, " token=%d", e.Token)
 			if e.Slot != 0 {
 				fmt.Fprintf(&b, " slot=%d", e.Slot)
@@ -751,6 +779,8 @@ func fmtEvent(e Event) string {
 		return fmt.Sprintf("superseded owed=%d", e.Keys)
 	case EventPositionsSent:
 		return fmt.Sprintf("positions-sent n=%d", e.Keys)
+	case EventRevoked:
+		return fmt.Sprintf("revoked key=%s token=%d holder=%s by=%s reason=%q", e.Revoke.Key, e.Revoke.Token, e.Revoke.Owner, e.Revoke.Who, e.Revoke.Reason)
 	case EventUnexpectedResult:
 		return fmt.Sprintf("unexpected-result op=%s status=%s", opNames[e.Op], statusNames[e.Status])
 	}
