@@ -543,6 +543,20 @@ func (f *fsm) RangeWaiters(key string, fn func(w *locksm.Waiter) bool) {
 	f.state.RangeWaiters(key, fn)
 }
 
+// SessionHolds implements leader.Table.
+func (f *fsm) SessionHolds(id, token uint64) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.state.SessionHolds(id, token)
+}
+
+// RevokeOf implements leader.Table.
+func (f *fsm) RevokeOf(token uint64) (locksm.Revoke, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.state.RevokeOf(token)
+}
+
 func (f *fsm) clientAddr(id string) string {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -85,6 +85,20 @@ func (s *State) LastRevoke(key string) (Revoke, bool) {
 	return Revoke{}, false
 }
 
+// RevokeOf returns the audit record of the revoke that ended the holding
+// of token, if it is still kept (a block's is the record of its first
+// key, the latest record, unless a later revoke of the same key replaced
+// it): for a leader that must tell a holder who learns of its grant only
+// after it was revoked (a session's resume).
+func (s *State) RevokeOf(token uint64) (Revoke, bool) {
+	for i := len(s.revokes) - 1; i >= 0; i-- {
+		if s.revokes[i].Token == token {
+			return s.revokes[i], true
+		}
+	}
+	return Revoke{}, false
+}
+
 // Revokes returns a copy of the audit records kept, oldest first (nil if
 // none): each key's latest revoke, in the log order of those revokes.
 func (s *State) Revokes() []Revoke { return slices.Clone(s.revokes) }

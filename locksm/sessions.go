@@ -196,6 +196,18 @@ func (s *State) endHoldingOf(key string, token uint64, now int64, effects []Effe
 	return s.endHolding(key, s.keys[key], now, effects)
 }
 
+// SessionHolds reports whether session id still holds the holding granted
+// to it under token (false once it ended, however, or if the session is
+// gone).
+func (s *State) SessionHolds(id, token uint64) bool {
+	ss := s.sessions[id]
+	if ss == nil {
+		return false
+	}
+	_, ok := ss.holdings[token]
+	return ok
+}
+
 // holdingEnded forgets token among the holdings of session id.
 func (s *State) holdingEnded(id, token uint64) {
 	if ss := s.sessions[id]; ss != nil {

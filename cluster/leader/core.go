@@ -197,6 +197,12 @@ type Table interface {
 	// first, until fn returns false (locksm.State.RangeWaiters): the walk
 	// of a line for positions. fn must take no lock.
 	RangeWaiters(key string, fn func(w *locksm.Waiter) bool)
+	// SessionHolds reports whether session id still holds what it was
+	// granted under token (locksm.State.SessionHolds).
+	SessionHolds(id, token uint64) bool
+	// RevokeOf is the audit record of the revoke that ended token's
+	// holding, if still kept (locksm.State.RevokeOf).
+	RevokeOf(token uint64) (locksm.Revoke, bool)
 }
 
 // Directory tells the core who leads, for the hint of an M reply.

@@ -37,15 +37,20 @@ import (
 //   - brokers with sessions connect to any node, write lock requests,
 //     lose their connections (a frame in flight is lost with them), are cut
 //     off for a while (together with the old leader, or alone), and resume
-//     wherever a leader serves; time moves, and every node's timers fire.
+//     wherever a leader serves; time moves, and every node's timers fire;
+//   - an operator revokes (issue 42) what some replica, perhaps a stale
+//     one, shows held, or a token nobody holds, through whichever node
+//     it reaches.
 //
 // The oracle is the client's: a holder that was told G (its lease counted
 // from when it wrote the acquire, renewed from when it wrote each extend
 // told K) keeps the key until its lease ends or its own release applies.
 // An expiry, a session's expiry or close, or the leader's release of an
 // abandoned grant may end only holdings nobody was told, or whose lease
-// has run out; and no two brokers are told the same key with both leases
-// running.
+// has run out; an operator's revoke only the holding its token names; and
+// no two brokers are told the same key with both leases running (a
+// revoked holding's lease ends at the revoke's commit: its holder's
+// fenced writes fail from then on).
 //
 // LEADER_MULTI_SEEDS=N runs N seeds in each mode (the long soak, `make
 // soak-leaders`); LEADER_MULTI_SEED=S runs seed S alone;
@@ -94,7 +99,9 @@ func TestMultiLeaderSessions(t *testing.T) {
 			want := map[string]int{"leader changes": cov.elections, "grants told": cov.told,
 				"grants applied late by a new leader": cov.lateGrants, "session expiries": cov.sessionExpiries,
 				"untold grants released": cov.untoldReleased, "leases expired": cov.expired, "resumes": cov.resumes,
-				"extends told": cov.extends, "permits told": cov.permitsTold, "permits told together": cov.permitsTogether}
+				"extends told": cov.extends, "permits told": cov.permitsTold, "permits told together": cov.permitsTogether,
+				"told holdings revoked": cov.revoked, "revokes refused": cov.revokesRefused,
+				"revoked grants replayed by a resume": cov.revokedReplayed}
 			if reorder {
 				want["hand-overs"], want["failed hand-overs"], want["cancels"], want["blocks told"] =
 					cov.handovers, cov.handoverFails, cov.cancels, cov.blocksTold
@@ -115,6 +122,11 @@ type mlCoverage struct {
 	permitsTold, permitsTogether int
 	// attack round 4 (reorder): hand-overs begun, failed; cancels sent
 	handovers, handoverFails, cancels, blocksTold int
+	// issue 42: told holdings an operator's revoke ended; revokes that
+	// changed nothing (another token, or none held)
+	revoked, revokesRefused int
+	// revoked grants a resume replayed (each followed by its lost event)
+	revokedReplayed int
 }
 
 // mlEntry is one log entry: a command of a leader's term.
@@ -192,6 +204,9 @@ type told struct {
 	// permit: a permit of the semaphore mlSemKey, in slot.
 	permit bool
 	slot   uint32
+	// revokedTold: a G of a holding revoked already; its lost event
+	// must end it within the same outputs.
+	revokedTold bool
 }
 
 // mlSemKey is a semaphore of mlPermits permits in every replica's table
@@ -220,8 +235,12 @@ type mlSim struct {
 	conns     map[string]*mlConn
 	brokers   []*mlBroker
 	told      map[uint64]told // token → told holding
-	steps     []string
-	err       error
+	// revokedToks: tokens whose holding a revoke ended (at its first
+	// apply); a G of one (a session's outcome replayed by a resume) must
+	// be followed by its lost event.
+	revokedToks map[uint64]bool
+	steps       []string
+	err         error
 	// toClose: connections a broker closes in answer to a frame, closed
 	// after the outputs being performed (never from inside them).
 	toClose []string
@@ -250,7 +269,8 @@ type mlQueue struct {
 var mlKeys = []string{"a", "b"}
 
 func newMLSim(seed uint64, cov *mlCoverage) *mlSim {
-	s := &mlSim{r: rand.New(rand.NewPCG(seed, 0x6d6c)), cov: cov, leader: -1, conns: map[string]*mlConn{}, told: map[uint64]told{}}
+	s := &mlSim{r: rand.New(rand.NewPCG(seed, 0x6d6c)), cov: cov, leader: -1, conns: map[string]*mlConn{}, told: map[uint64]told{},
+		revokedToks: map[uint64]bool{}}
 	v := uint16(wire.ProtocolVersion)
 	for i := range 3 {
 		id := fmt.Sprintf("n%d", i+1)
@@ -260,6 +280,7 @@ func newMLSim(seed uint64, cov *mlCoverage) *mlSim {
 		}
 		n.k = New[string](Config{ServerID: id, Advertise: id + ":7000", MaxInFlightPerConn: 16, MaxKeys: 100,
 			MaxWaitersPerKey: 16, MaxWaitersPerConn: 32, FirstRef: uint64(i+1) << 40}, stateTable{n.st, &v}, n.dir)
+		n.k.Open("op", 0) // the operator's (operatorRevoke)
 		s.nodes = append(s.nodes, n)
 	}
 	for i := range 3 {
@@ -330,6 +351,8 @@ func (s *mlSim) step() {
 		s.leaderCommit()
 	case x < 40:
 		s.followerApply(s.pick(3))
+	case x < 41:
+		s.operatorRevoke()
 	case x < 55:
 		s.advance(time.Duration(1+s.pick(1500)) * time.Millisecond)
 	default:
@@ -529,6 +552,13 @@ func (s *mlSim) oracle(st *locksm.State, c locksm.Command, res locksm.Result, li
 		s.cov.untoldReleased += len(c.Tokens)
 	case c.Op == locksm.OpExpire && res.Status == locksm.StatusExpired:
 		s.cov.expired++
+	case c.Op == locksm.OpRevoke && res.Status == locksm.StatusRevoked && res.Token != c.Token:
+		s.fail("%s ended token %d", fmtCmd(c), res.Token)
+	case c.Op == locksm.OpRevoke && res.Status != locksm.StatusRevoked:
+		s.cov.revokesRefused++
+	}
+	if c.Op == locksm.OpRevoke && res.Status == locksm.StatusRevoked {
+		s.revokedToks[res.Token] = true
 	}
 	for _, tok := range live {
 		h := s.told[tok]
@@ -537,7 +567,11 @@ func (s *mlSim) oracle(st *locksm.State, c locksm.Command, res locksm.Result, li
 		}
 		delete(s.told, tok)
 		own := c.Op == locksm.OpRelease && c.Ref != 0 && c.Token == tok
-		if !own && s.clock < h.leaseEnd {
+		revoked := c.Op == locksm.OpRevoke && c.Token == tok && res.Status == locksm.StatusRevoked
+		if revoked {
+			s.cov.revoked++
+		}
+		if !own && !revoked && s.clock < h.leaseEnd {
 			s.fail("%s was told %s under token %d with its lease until %dms; %s ended it at %dms",
 				h.broker, h.key, tok, h.leaseEnd.Milliseconds(), fmtCmd(c), s.clock.Milliseconds())
 		}
@@ -585,6 +619,11 @@ func (s *mlSim) drain(n int) {
 		}
 		for _, snd := range sends {
 			s.deliver(snd.To, snd.Msg)
+		}
+		for tok, h := range s.told {
+			if h.revokedTold && s.clock < h.leaseEnd {
+				s.fail("%s was told G %s token %d after its revoke, and no lost event followed", h.broker, h.key, tok)
+			}
 		}
 		s.toClose = append(s.toClose, closes...)
 		if len(nd.k.Ready().Sends)+len(nd.k.Ready().Proposals)+len(nd.k.Ready().Closes)+len(nd.k.Ready().Timers) == 0 &&
@@ -744,6 +783,40 @@ func (s *mlSim) brokerStep(b *mlBroker) {
 	}
 }
 
+// operatorRevoke is an operator's revoke: of a token some replica (perhaps
+// stale) shows held, or now and then of one nobody holds, sent to the
+// node Raft names leader, or to any node (a follower answers M). The
+// operator's connection ("op" on each node, version 0) takes no events,
+// and its replies are not delivered: what the revoke did is the log's.
+func (s *mlSim) operatorRevoke() {
+	st := s.nodes[s.pick(3)].st
+	var key string
+	var token uint64
+	switch s.pick(4) {
+	case 0:
+		key, token = mlKeys[s.pick(len(mlKeys))], uint64(1+s.pick(50))
+	case 1:
+		if ps := st.PermitHolders(mlSemKey); len(ps) > 0 {
+			key, token = mlSemKey, ps[s.pick(len(ps))].Token
+		}
+	default:
+		key = mlKeys[s.pick(len(mlKeys))]
+		if h, ok := st.Holder(key); ok {
+			token = h.Token
+		}
+	}
+	if token == 0 {
+		return
+	}
+	n := s.pick(3)
+	if s.leader >= 0 && s.pick(3) > 0 {
+		n = s.leader
+	}
+	s.note("operator revokes %s token %d on %s", key, token, s.nodes[n].id)
+	s.nodes[n].k.Revoke(s.now(), "op", 1, key, token, "ops", "sim")
+	s.drain(n)
+}
+
 func (s *mlSim) anyHeld(b *mlBroker) uint64 {
 	toks := make([]uint64, 0, len(b.held))
 	for t := range b.held {
@@ -778,6 +851,18 @@ func (s *mlSim) deliver(to string, m wire.Msg) {
 	}
 	b := c.broker
 	switch {
+	case m.Type == wire.TypeLost && m.Reason == wire.LostRevoked:
+		// The holding ended at the revoke's commit: its holder stops
+		// counting on it.
+		if _, ok := b.held[m.Token]; ok {
+			delete(b.held, m.Token)
+			s.note("%s told X revoked token %d", b.name, m.Token)
+		}
+		if h, ok := s.told[m.Token]; ok && h.broker == b.name {
+			h.leaseEnd = min(h.leaseEnd, s.clock)
+			s.told[m.Token] = h
+		}
+		return
 	case m.Type == wire.TypeNotice || m.Type == wire.TypeLost:
 		return
 	case m.Type == wire.TypeOutcomes:
@@ -814,6 +899,16 @@ func (s *mlSim) deliver(to string, m wire.Msg) {
 	case wire.TypeGranted:
 		s.cov.told++
 		end := r.sentAt + time.Duration(r.lease)*time.Second
+		if s.revokedToks[m.Token] {
+			// Revoked before this broker heard of the grant (a resume
+			// replays its outcome): the lost event follows at once, and
+			// it holds nothing. Checked in drain, after the sends.
+			s.note("%s told G %s token %d, revoked already", b.name, r.key, m.Token)
+			s.cov.revokedReplayed++
+			b.held[m.Token] = r.key
+			s.told[m.Token] = told{broker: b.name, key: r.key, keys: r.keys, leaseEnd: end, revokedTold: true}
+			break
+		}
 		if r.op == wire.TypeAcquirePermit {
 			s.permitTold(b, m, end)
 			break

@@ -145,6 +145,10 @@ func (t stateTable) ClusterVersion() uint16 {
 
 func (t stateTable) HeldUnder(key string, token uint64) bool { return t.s.HeldUnder(key, token) }
 
+func (t stateTable) SessionHolds(id, token uint64) bool { return t.s.SessionHolds(id, token) }
+
+func (t stateTable) RevokeOf(token uint64) (locksm.Revoke, bool) { return t.s.RevokeOf(token) }
+
 func (t stateTable) Semaphore(key string) (locksm.Semaphore, bool) { return t.s.Semaphore(key) }
 
 func (t stateTable) MatchesHolding(key, owner string, token, session uint64) bool {
