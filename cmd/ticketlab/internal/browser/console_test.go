@@ -84,9 +84,9 @@ func startDev(t *testing.T, bin string) devRun {
 	return d
 }
 
-// browserCtx starts headless chromium and collects the page's console
-// errors and uncaught exceptions.
-func browserCtx(t *testing.T) (context.Context, func() []string) {
+// browserCtx starts headless chromium (with extra flags, if any) and
+// collects the page's console errors and uncaught exceptions.
+func browserCtx(t *testing.T, extra ...chromedp.ExecAllocatorOption) (context.Context, func() []string) {
 	t.Helper()
 	exe, err := exec.LookPath("chromium")
 	if err != nil {
@@ -94,6 +94,7 @@ func browserCtx(t *testing.T) (context.Context, func() []string) {
 	}
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(exe), chromedp.NoSandbox,
 		chromedp.Flag("disable-gpu", true), chromedp.WindowSize(1400, 1000))
+	opts = append(opts, extra...)
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancel := chromedp.NewContext(actx)
 	t.Cleanup(func() { cancel(); cancelAlloc() })
