@@ -307,7 +307,28 @@ func TestConsoleInARealBrowser(t *testing.T) {
 	if !strings.Contains(holderText, "order-1001") || !strings.Contains(placeText, "order-1002") {
 		t.Fatalf("the key's view: holder %q, place 1 %q", holderText, placeText)
 	}
+	// A second waiter, still in line after the revoke (the screenshot
+	// shows a line).
+	third, err := ticketing.Dial(cctx, d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer third.Close()
+	queued3 := make(chan struct{})
+	go func() {
+		_, _ = third.Lock(cctx, "seats/A1", 30*time.Second, 60*time.Second, ticketing.WithLabel("order-1003"),
+			ticketing.WithQueued(func() { close(queued3) }))
+	}()
+	select {
+	case <-queued3:
+	case <-cctx.Done():
+		t.Fatal("the second waiter was never queued")
+	}
 	revokeFromThePage(t, ctx, lk.Token(), "order-1001", "order-1001 never paid, ticket OPS-17", next)
+	if err := chromedp.Run(ctx, chromedp.WaitVisible(`#keyview #queue tr[data-position="1"][data-owner]`, chromedp.ByQuery),
+		chromedp.Text(placeSel, &placeText, chromedp.ByQuery)); err != nil || !strings.Contains(placeText, "order-1003") {
+		t.Fatalf("after the revoke, place 1 is %q (%v), want order-1003", placeText, err)
+	}
 	// Some traffic for the charts (and the screenshot): clients cycling
 	// acquire → release on a few keys of their own while samples come.
 	busy, stopBusy := context.WithCancel(cctx)
