@@ -360,3 +360,55 @@ func TestConsoleRevokesOnTheLeader(t *testing.T) {
 		t.Fatalf("the key after the revoke: %+v (last revoke %+v)", key, key.LastRevoke)
 	}
 }
+
+// A semaphore's permit is revoked as a lock's holding is (the page has a
+// Revoke button per permit): the waiter gets the revoked permit's slot
+// with a larger token, and the record says it was a permit.
+func TestConsoleRevokesAPermit(t *testing.T) {
+	c, li, srv, secret := liveConsole(t)
+	b := browser(t)
+	login(t, b, srv.URL, secret)
+	csrf := csrfOf(t, b, srv.URL)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := client.Dial(ctx, c.ClientAddr(li), client.Config{Secret: c.ClientSecret, ClusterID: c.ClusterID, TLS: c.ClientTLS})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if r, _, err := conn.Do(ctx, wire.Msg{Type: wire.TypeSetPermits, Key: "room", Permits: 2}); err != nil || r.Type != wire.TypeOK {
+		t.Fatalf("set-permits: %v %+v", err, r)
+	}
+	var toks []uint64
+	for _, who := range []string{"alice", "bob"} {
+		g, _, err := conn.Do(ctx, wire.Msg{Type: wire.TypeAcquirePermit, Key: "room", Owner: who, Lease: 60})
+		if err != nil || g.Type != wire.TypeGranted || !g.Permit {
+			t.Fatalf("%s's permit: %v %+v", who, err, g)
+		}
+		toks = append(toks, g.Token)
+	}
+	carol, err := conn.Start(wire.Msg{Type: wire.TypeAcquirePermit, Key: "room", Owner: "carol", Lease: 30, WaitMs: 60_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for until := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if kr, err := c.Node(li).Inspect("room"); err == nil && kr.QueueLen == 1 {
+			break
+		}
+		if time.Now().After(until) {
+			t.Fatal("carol never queued")
+		}
+	}
+	code, rep := post(t, b, srv.URL, csrf, map[string]any{"key": "room", "token": toks[0], "reason": "alice is gone"}, nil)
+	if code != http.StatusOK || rep.Revoked == nil || !rep.Revoked.Permit || rep.Revoked.Owner != "alice" || rep.Revoked.NextToken <= toks[1] {
+		t.Fatalf("the permit's revoke: %d %+v (tokens %v)", code, rep.Revoked, toks)
+	}
+	select {
+	case <-carol.Done:
+		if m := carol.Reply; carol.Err != nil || m.Type != wire.TypeGranted || !m.Permit || m.Token != rep.Revoked.NextToken || m.Slot != rep.Revoked.Slot {
+			t.Fatalf("carol: %v %+v, want the permit of slot %d, token %d", carol.Err, m, rep.Revoked.Slot, rep.Revoked.NextToken)
+		}
+	case <-ctx.Done():
+		t.Fatal("carol was never granted")
+	}
+}
