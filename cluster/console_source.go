@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"time"
 
 	"ticketing/cluster/console"
@@ -15,6 +16,12 @@ func (n *Node) ConsoleSource() console.Source { return nodeConsole{n} }
 type nodeConsole struct{ n *Node }
 
 func (c nodeConsole) Key(key string) (wire.KeyReport, error) { return c.n.Inspect(key) }
+
+// Revoke is Node.Revoke: on a follower it answers ErrNotLeader (the
+// console names the leader; its own console takes the revoke).
+func (c nodeConsole) Revoke(ctx context.Context, key string, token uint64, by, reason string) (wire.RevokeReport, error) {
+	return c.n.Revoke(ctx, key, token, by, reason)
+}
 
 // consoleWindow is the span of the commit latencies a sample sums up: the
 // console's default interval.

@@ -81,6 +81,15 @@ func (n *Node) Revoke(ctx context.Context, key string, token uint64, by, reason 
 		if h, held := st.Holder(key); held && h.Token > m.Token {
 			rep.NextToken = h.Token
 		}
+		if rep.Permit {
+			// The waiter granted in the revoke's commit took the freed
+			// slot (the lowest free: none was free while it waited).
+			for _, h := range st.PermitHolders(key) {
+				if h.Slot == rep.Slot && h.Token > m.Token {
+					rep.NextToken = h.Token
+				}
+			}
+		}
 	})
 	return rep, nil
 }

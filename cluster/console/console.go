@@ -15,6 +15,7 @@ package console
 
 import (
 	"context"
+	"crypto/rand"
 	"embed"
 	"encoding/json"
 	"errors"
@@ -36,6 +37,11 @@ type Source interface {
 	Sample(lines int) Sample
 	// Key is one key's report, as `ticketing inspect` prints it.
 	Key(key string) (wire.KeyReport, error)
+	// Revoke ends the holding of key under token on an operator's word
+	// (cluster.Node.Revoke): by names the operator, reason says why. It
+	// needs the leader: elsewhere it answers wire.ErrNotLeader (naming
+	// the leader), unless the source forwards it there.
+	Revoke(ctx context.Context, key string, token uint64, by, reason string) (wire.RevokeReport, error)
 }
 
 // Sample is one reading of a node, the unit of the console's stream.
@@ -193,6 +199,12 @@ type Console struct {
 	// subs are the streams' channels; a slow stream misses samples (its
 	// channel holds one) rather than slowing the others.
 	subs map[chan []byte]struct{}
+	// leader is the leader the last sample named (a revoke refused for
+	// not leading names it).
+	leader string
+
+	// csrfKey keys the revoke's CSRF tokens when there is no Secret.
+	csrfKey []byte
 }
 
 // New returns a Console; Run samples its source.
@@ -213,7 +225,9 @@ func New(cfg Config) (*Console, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Console{cfg: cfg, log: log, subs: map[chan []byte]struct{}{}}, nil
+	key := make([]byte, 32)
+	_, _ = rand.Read(key) // crypto/rand does not fail
+	return &Console{cfg: cfg, log: log, subs: map[chan []byte]struct{}{}, csrfKey: key}, nil
 }
 
 // Run samples the source every interval until ctx ends.
@@ -232,13 +246,15 @@ func (c *Console) Run(ctx context.Context) {
 
 // sample takes one sample and sends it to every stream.
 func (c *Console) sample() {
-	b, err := json.Marshal(c.cfg.Source.Sample(MaxLines))
+	smp := c.cfg.Source.Sample(MaxLines)
+	b, err := json.Marshal(smp)
 	if err != nil {
 		c.log.Error("console: a sample does not encode", "err", err) // a bug: every field is plain
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.leader = smp.Leader
 	if len(c.history) == c.cfg.History {
 		copy(c.history, c.history[1:])
 		c.history = c.history[:len(c.history)-1]
@@ -268,7 +284,9 @@ func (c *Console) subscribe() (history [][]byte, ch chan []byte, cancel func()) 
 }
 
 // Handler serves the console: the page and its assets, the stream
-// (/api/events), one key (/api/keys/KEY) and, with a Secret, the login.
+// (/api/events), one key (/api/keys/KEY), the revoke (POST /api/revoke,
+// with the CSRF token of GET /api/csrf; revoke.go) and, with a Secret,
+// the login.
 func (c *Console) Handler() http.Handler {
 	mux := http.NewServeMux()
 	static, _ := fs.Sub(assets, "assets") // cannot fail: the directory is embedded
@@ -280,6 +298,8 @@ func (c *Console) Handler() http.Handler {
 	mux.HandleFunc("POST /login", c.login)
 	mux.Handle("GET /api/events", c.authed(http.HandlerFunc(c.events)))
 	mux.Handle("GET /api/keys/{key...}", c.authed(http.HandlerFunc(c.key)))
+	mux.Handle("GET /api/csrf", c.authed(http.HandlerFunc(c.csrf)))
+	mux.Handle("POST /api/revoke", c.authed(http.HandlerFunc(c.revoke)))
 	return securityHeaders(mux)
 }
 

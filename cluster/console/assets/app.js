@@ -111,13 +111,37 @@ function render() {
   refreshKey();
 }
 
-function holderLine(h, what) {
+function holderLine(h, what, key, permit) {
   const p = el("div", undefined, "holder");
   p.dataset.token = h.token;
   p.appendChild(el("span", what + " "));
   p.appendChild(el("b", h.owner + (h.label ? " · " + h.label : "")));
   p.appendChild(el("span", ", token " + h.token + ", held " + duration(h.held_ms) + ", lease left " + duration(h.lease_remaining_ms) +
     (h.block_keys ? ", block " + h.block_keys.join(" ") : "")));
+  const b = el("button", "Revoke…", "danger small revoke");
+  b.type = "button";
+  b.dataset.token = h.token;
+  b.title = "End this holding now (asks for confirmation and a reason)";
+  b.addEventListener("click", () => openRevoke({ key: key, token: String(h.token), owner: h.owner, label: h.label,
+    what: permit ? "permit in slot " + h.slot : "lock" }));
+  p.appendChild(b);
+  return p;
+}
+
+function when(ms) {
+  const d = new Date(ms);
+  return d.toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC");
+}
+
+function lastRevoke(rv) {
+  const p = el("div", undefined, "lastrevoke");
+  p.id = "lastrevoke";
+  p.dataset.token = rv.token;
+  p.appendChild(el("span", "last revoke: "));
+  p.appendChild(el("b", "token " + rv.token + (rv.permit ? " (permit, slot " + rv.slot + ")" : "") + " of " +
+    rv.owner + (rv.label ? " · " + rv.label : "")));
+  p.appendChild(el("span", " by " + rv.by + " at " + when(rv.at_unix_ms) + (rv.reason ? ": “" + rv.reason + "”" : "") +
+    (rv.keys && rv.keys.length > 1 ? " (block " + rv.keys.join(" ") + ")" : "")));
   return p;
 }
 
@@ -129,9 +153,9 @@ function showKey(rep) {
   v.appendChild(el("h3", rep.key));
   if (rep.semaphore) {
     v.appendChild(el("p", "semaphore: " + rep.semaphore.held + " of " + rep.semaphore.permits + " permits held"));
-    (rep.permits || []).forEach((h) => v.appendChild(holderLine(h, "slot " + h.slot + ":")));
+    (rep.permits || []).forEach((h) => v.appendChild(holderLine(h, "slot " + h.slot + ":", rep.key, true)));
   } else if (rep.held) {
-    v.appendChild(holderLine(rep.holder, "held by"));
+    v.appendChild(holderLine(rep.holder, "held by", rep.key, false));
   } else {
     v.appendChild(el("p", rep.reserved ? "reserved for a block at the head of its line" : "free", "muted"));
   }
@@ -156,6 +180,7 @@ function showKey(rep) {
     });
     v.appendChild(t);
   }
+  if (rep.last_revoke) v.appendChild(lastRevoke(rep.last_revoke));
 }
 
 async function refreshKey() {
@@ -179,8 +204,98 @@ async function refreshKey() {
 }
 
 function pick(key) {
+  if (key !== picked) $("revokeresult").hidden = true;
   picked = key;
   $("keyinput").value = key;
+  refreshKey();
+}
+
+// The revoke: the one change the console makes. The dialog shows what is
+// revoked and asks for a reason; the request carries the session's CSRF
+// token (GET /api/csrf) in a header.
+let revoking = null; // {key, token, owner, label, what} while the dialog is open
+
+function openRevoke(target) {
+  revoking = target;
+  const s = samples[samples.length - 1];
+  $("rv-key").textContent = target.key;
+  $("rv-token").textContent = target.token;
+  $("rv-holder").textContent = target.owner + (target.label ? " · " + target.label : "") + " (" + target.what + ")";
+  $("rv-node").textContent = s ? s.server_id + " (" + s.role + ")" : "–";
+  $("rv-reason").value = "";
+  $("rv-error").hidden = true;
+  $("rv-confirm").disabled = false;
+  $("revokedialog").hidden = false;
+  $("rv-reason").focus();
+}
+
+function closeRevoke() {
+  revoking = null;
+  $("revokedialog").hidden = true;
+}
+
+function showOutcome(ok, code, text) {
+  const r = $("revokeresult");
+  r.textContent = text;
+  r.className = ok ? "ok" : "failed";
+  r.dataset.outcome = code;
+  r.hidden = false;
+}
+
+const explain = {
+  token_mismatch: "the holder changed since the page showed it; reload the key and check again",
+  not_held: "the key is no longer held; reload the key",
+  not_leader: "this node is not the leader: revoke from the leader's console",
+  indeterminate: "the revoke was proposed but its outcome is unknown: the key's last revoke will say whether it happened",
+  not_supported: "a member of the cluster runs a version without revoke",
+  invalid_reason: "the reason must be printable ASCII, at most 128 characters",
+};
+
+async function sendRevoke(e) {
+  e.preventDefault();
+  if (!revoking) return;
+  const reason = $("rv-reason").value.trim();
+  if (!reason) {
+    $("rv-error").textContent = "Say why: the reason goes to the audit log and to the holder.";
+    $("rv-error").hidden = false;
+    return;
+  }
+  const target = revoking;
+  $("rv-confirm").disabled = true;
+  let status = 0;
+  let body = {};
+  try {
+    const c = await fetch("/api/csrf", { credentials: "same-origin" });
+    if (!c.ok) {
+      status = c.status;
+    } else {
+      const csrf = (await c.json()).token;
+      const r = await fetch("/api/revoke", {
+        method: "POST",
+        credentials: "same-origin",
+        headers: { "Content-Type": "application/json", "X-Console-CSRF": csrf },
+        body: JSON.stringify({ key: target.key, token: target.token, reason: reason }),
+      });
+      status = r.status;
+      body = await r.json().catch(() => ({}));
+    }
+  } catch (err) {
+    body = { error: "the node did not answer: " + err };
+  }
+  closeRevoke();
+  if (status === 200 && body.revoked) {
+    const rv = body.revoked;
+    showOutcome(true, "revoked", "Revoked token " + rv.token + " of " + rv.owner + (rv.label ? " · " + rv.label : "") + " on " + rv.key +
+      (rv.next_token ? "; the next holder got token " + rv.next_token + "." : "; nobody was waiting."));
+    if (rv.next_token) $("revokeresult").dataset.nextToken = rv.next_token;
+  } else if (status === 401) {
+    showOutcome(false, "unauthorized", "Not revoked: the session ended; log in again.");
+  } else {
+    const code = body.code || "error";
+    let text = "Not revoked (" + code + "): " + (explain[code] || body.error || "HTTP " + status);
+    if (code === "not_leader") text += body.leader ? " (the leader is " + body.leader + ")." : " (no leader is known now).";
+    showOutcome(false, code, text);
+  }
   refreshKey();
 }
 
@@ -206,5 +321,8 @@ document.addEventListener("DOMContentLoaded", () => {
     const k = $("keyinput").value.trim();
     if (k) pick(k);
   });
+  $("revokeform").addEventListener("submit", sendRevoke);
+  $("rv-cancel").addEventListener("click", closeRevoke);
+  document.addEventListener("keydown", (e) => { if (e.key === "Escape" && revoking) closeRevoke(); });
   connect();
 });

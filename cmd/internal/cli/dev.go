@@ -242,6 +242,14 @@ func (l leaderSource) Key(key string) (wire.KeyReport, error) {
 	return wire.KeyReport{}, cluster.ErrClosing
 }
 
+// Revoke goes to the node that leads (the revoke needs the leader).
+func (l leaderSource) Revoke(ctx context.Context, key string, token uint64, by, reason string) (wire.RevokeReport, error) {
+	if n := l.node(); n != nil {
+		return n.Revoke(ctx, key, token, by, reason)
+	}
+	return wire.RevokeReport{}, cluster.ErrClosing
+}
+
 // absOr returns path made absolute, or as it is if that fails.
 func absOr(path string) string {
 	if a, err := filepath.Abs(path); err == nil {

@@ -84,9 +84,9 @@ func startDev(t *testing.T, bin string) devRun {
 	return d
 }
 
-// browserCtx starts headless chromium and collects the page's console
-// errors and uncaught exceptions.
-func browserCtx(t *testing.T) (context.Context, func() []string) {
+// browserCtx starts headless chromium (with extra flags, if any) and
+// collects the page's console errors and uncaught exceptions.
+func browserCtx(t *testing.T, extra ...chromedp.ExecAllocatorOption) (context.Context, func() []string) {
 	t.Helper()
 	exe, err := exec.LookPath("chromium")
 	if err != nil {
@@ -94,6 +94,7 @@ func browserCtx(t *testing.T) (context.Context, func() []string) {
 	}
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(exe), chromedp.NoSandbox,
 		chromedp.Flag("disable-gpu", true), chromedp.WindowSize(1400, 1000))
+	opts = append(opts, extra...)
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancel := chromedp.NewContext(actx)
 	t.Cleanup(func() { cancel(); cancelAlloc() })
@@ -122,10 +123,88 @@ func browserCtx(t *testing.T) (context.Context, func() []string) {
 	}
 }
 
+// grant is a waiter's outcome: its token, or why it has none.
+type grant struct {
+	token uint64
+	err   error
+}
+
+// revokeFromThePage revokes the holding of the key shown (token, its
+// holder's label) from the page: the holder's Revoke button, the in-page
+// confirmation (which shows the token and asks for a reason: none is
+// refused), then the outcome, the waiter (whose token comes on next) as
+// the new holder with a larger token, and the key's last revoke.
+func revokeFromThePage(t *testing.T, ctx context.Context, token uint64, label, reason string, next <-chan grant) {
+	t.Helper()
+	button := fmt.Sprintf(`#keyview .holder[data-token="%d"] button.revoke`, token)
+	var shownToken, shownHolder string
+	if err := chromedp.Run(ctx,
+		chromedp.Click(button, chromedp.ByQuery),
+		chromedp.WaitVisible(`#revokedialog`, chromedp.ByQuery),
+		chromedp.Text(`#rv-token`, &shownToken, chromedp.ByQuery),
+		chromedp.Text(`#rv-holder`, &shownHolder, chromedp.ByQuery),
+		// No reason, no revoke.
+		chromedp.Click(`#rv-confirm`, chromedp.ByQuery),
+		chromedp.WaitVisible(`#rv-error`, chromedp.ByQuery),
+	); err != nil {
+		t.Fatalf("the revoke's confirmation: %v", err)
+	}
+	if shownToken != fmt.Sprint(token) || !strings.Contains(shownHolder, label) {
+		t.Fatalf("the confirmation shows token %q, holder %q; want %d, %s", shownToken, shownHolder, token, label)
+	}
+	select {
+	case g := <-next:
+		t.Fatalf("the waiter's lock ended (%+v) before the revoke was confirmed", g)
+	default:
+	}
+	var outcome string
+	if err := chromedp.Run(ctx,
+		chromedp.SendKeys(`#rv-reason`, reason, chromedp.ByQuery),
+		chromedp.Click(`#rv-confirm`, chromedp.ByQuery),
+		chromedp.WaitVisible(`#revokeresult[data-outcome="revoked"]`, chromedp.ByQuery),
+		chromedp.WaitNotVisible(`#revokedialog`, chromedp.ByQuery),
+		chromedp.Text(`#revokeresult`, &outcome, chromedp.ByQuery),
+	); err != nil {
+		var shown string
+		_ = chromedp.Run(ctx, chromedp.Text(`#revokeresult`, &shown, chromedp.ByQuery))
+		t.Fatalf("the revoke from the page: %v (the page says %q)", err, shown)
+	}
+	var nextToken uint64
+	select {
+	case g := <-next:
+		if g.err != nil {
+			t.Fatalf("the waiter after the revoke: %v", g.err)
+		}
+		nextToken = g.token
+	case <-time.After(20 * time.Second):
+		t.Fatal("the waiter did not get the key after the revoke")
+	}
+	if nextToken <= token {
+		t.Fatalf("the waiter's token %d after the revoke of %d", nextToken, token)
+	}
+	if !strings.Contains(outcome, fmt.Sprintf("Revoked token %d", token)) || !strings.Contains(outcome, fmt.Sprintf("token %d", nextToken)) {
+		t.Fatalf("the outcome %q does not name the revoked token %d and the next %d", outcome, token, nextToken)
+	}
+	var last string
+	if err := chromedp.Run(ctx,
+		chromedp.WaitVisible(fmt.Sprintf(`#keyview .holder[data-token="%d"]`, nextToken), chromedp.ByQuery),
+		chromedp.WaitVisible(fmt.Sprintf(`#keyview #lastrevoke[data-token="%d"]`, token), chromedp.ByQuery),
+		chromedp.Text(`#keyview #lastrevoke`, &last, chromedp.ByQuery),
+	); err != nil {
+		t.Fatalf("the key after the revoke: %v", err)
+	}
+	if !strings.Contains(last, "by console:") || !strings.Contains(last, reason) {
+		t.Fatalf("the key's last revoke %q does not say who and why", last)
+	}
+	t.Logf("revoked from the page: %q; last revoke: %q", outcome, last)
+}
+
 // The console in a real browser, against a real `ticketing dev`: the login
 // with the admin secret, the live stream, a lock taken through the sidecar
 // showing up as the hottest line, the key's holder and its waiter's place
-// in line; no console error or exception on the page all along. With
+// in line, then a revoke from the page (confirmed with a reason) that
+// hands the key to the waiter with a larger token; no console error or
+// exception on the page all along. With
 // TICKETING_CONSOLE_SCREENSHOT set, the page is saved there as a PNG
 // (docs/operations.md's screenshot: `make console-screenshot`).
 func TestConsoleInARealBrowser(t *testing.T) {
@@ -183,9 +262,15 @@ func TestConsoleInARealBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	queued := make(chan struct{})
+	next := make(chan grant, 1) // the waiter's, once it holds the key
 	go func() {
-		_, _ = waiter.Lock(cctx, "seats/A1", 30*time.Second, 60*time.Second, ticketing.WithLabel("order-1002"),
+		l, err := waiter.Lock(cctx, "seats/A1", 30*time.Second, 60*time.Second, ticketing.WithLabel("order-1002"),
 			ticketing.WithQueued(func() { close(queued) }))
+		if err != nil {
+			next <- grant{err: err}
+			return
+		}
+		next <- grant{token: l.Token()}
 	}()
 	select {
 	case <-queued:
@@ -221,6 +306,28 @@ func TestConsoleInARealBrowser(t *testing.T) {
 	}
 	if !strings.Contains(holderText, "order-1001") || !strings.Contains(placeText, "order-1002") {
 		t.Fatalf("the key's view: holder %q, place 1 %q", holderText, placeText)
+	}
+	// A second waiter, still in line after the revoke (the screenshot
+	// shows a line).
+	third, err := ticketing.Dial(cctx, d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer third.Close()
+	queued3 := make(chan struct{})
+	go func() {
+		_, _ = third.Lock(cctx, "seats/A1", 30*time.Second, 60*time.Second, ticketing.WithLabel("order-1003"),
+			ticketing.WithQueued(func() { close(queued3) }))
+	}()
+	select {
+	case <-queued3:
+	case <-cctx.Done():
+		t.Fatal("the second waiter was never queued")
+	}
+	revokeFromThePage(t, ctx, lk.Token(), "order-1001", "order-1001 never paid, ticket OPS-17", next)
+	if err := chromedp.Run(ctx, chromedp.WaitVisible(`#keyview #queue tr[data-position="1"][data-owner]`, chromedp.ByQuery),
+		chromedp.Text(placeSel, &placeText, chromedp.ByQuery)); err != nil || !strings.Contains(placeText, "order-1003") {
+		t.Fatalf("after the revoke, place 1 is %q (%v), want order-1003", placeText, err)
 	}
 	// Some traffic for the charts (and the screenshot): clients cycling
 	// acquire → release on a few keys of their own while samples come.
