@@ -104,9 +104,6 @@ func (n *Node) admin(req wire.AdminRequest) wire.AdminReply {
 			}
 			return rep
 		}
-		if errors.Is(err, locksm.ErrInvalidKey) || errors.Is(err, locksm.ErrInvalidOwner) {
-			err = fmt.Errorf("%w: %w", ErrBadConfig, err)
-		}
 	case wire.AdminOpStatus, wire.AdminOpInspect:
 		if req.LeaderOnly {
 			if err = n.requireLeader(); err != nil {
@@ -151,6 +148,10 @@ func (n *Node) admin(req wire.AdminRequest) wire.AdminReply {
 				rep.Key = &kr
 			}
 			return rep
+		}
+		if errors.Is(err, locksm.ErrInvalidKey) || errors.Is(err, locksm.ErrInvalidOwner) {
+			// A mistyped key or operator name: bad_request, not internal.
+			err = fmt.Errorf("%w: %w", ErrBadConfig, err)
 		}
 	default:
 		err = fmt.Errorf("%w: unknown admin op %q", ErrBadConfig, req.Op)

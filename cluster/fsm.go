@@ -550,11 +550,11 @@ func (f *fsm) SessionHolds(id, token uint64) bool {
 	return f.state.SessionHolds(id, token)
 }
 
-// RevokeOf implements leader.Table.
-func (f *fsm) RevokeOf(token uint64) (locksm.Revoke, bool) {
+// SessionRevokes implements leader.Table.
+func (f *fsm) SessionRevokes(id uint64) []locksm.Revoke {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.state.RevokeOf(token)
+	return f.state.SessionRevokes(id)
 }
 
 func (f *fsm) clientAddr(id string) string {

@@ -72,24 +72,15 @@ func (n *Node) Revoke(ctx context.Context, key string, token uint64, by, reason 
 	}
 	// The record as the state keeps it (the label and the holder are
 	// the state's); the core answers right after applying it, so the
-	// record is there unless another revoke of the key came after.
+	// record is there unless another revoke of the key came after. The
+	// next holder is the one the revoke's own commit granted (the core's
+	// reply says: a later grant of the key must not pass for it).
 	rep := wire.RevokeReport{Key: key, Token: m.Token, By: by, Reason: reason}
 	n.fsm.read(func(st *locksm.State) {
 		if rv, ok := st.LastRevoke(key); ok && rv.Token == m.Token {
 			rep = *revokeReport(rv)
 		}
-		if h, held := st.Holder(key); held && h.Token > m.Token {
-			rep.NextToken = h.Token
-		}
-		if rep.Permit {
-			// The waiter granted in the revoke's commit took the freed
-			// slot (the lowest free: none was free while it waited).
-			for _, h := range st.PermitHolders(key) {
-				if h.Slot == rep.Slot && h.Token > m.Token {
-					rep.NextToken = h.Token
-				}
-			}
-		}
 	})
+	rep.NextToken = m.High
 	return rep, nil
 }

@@ -576,6 +576,10 @@ type Revoke struct {
 	// Slot; false for a lock, whose Slot is 0.
 	Permit bool
 	Slot   uint32
+	// Session is the revoked holding's session (0: none), as its
+	// EffectRevoked names it: a leader tells a session's broker that
+	// resumes of the revokes of its holdings it may not have heard.
+	Session uint64
 }
 
 // LeaseEnd is when h's lease ends by the proposers' wall clocks (Unix ms):

@@ -487,7 +487,7 @@ func (m *model) lock(c Command) (Result, []Effect) {
 		m.revokes = slices.DeleteFunc(m.revokes, func(r Revoke) bool { return slices.Contains(keys, r.Key) })
 		for _, k := range keys {
 			m.revokes = append(m.revokes, Revoke{Key: k, Keys: h.Keys, Token: h.Token, Who: c.Owner, Reason: c.Reason, At: c.Now,
-				Owner: h.Owner, Label: h.Label, Permit: h.Permit, Slot: h.Slot})
+				Owner: h.Owner, Label: h.Label, Permit: h.Permit, Slot: h.Slot, Session: h.Session})
 		}
 		if n := len(m.revokes) - MaxRevokeRecords; n > 0 {
 			m.revokes = m.revokes[n:]

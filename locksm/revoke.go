@@ -17,7 +17,7 @@ func (s *State) revoke(m *semaphore, cmd *Command, effects []Effect) (result, []
 			return result{Status: StatusRejected, Err: ErrNotHeld}, effects
 		}
 		p := m.held[slot]
-		s.recordRevoke(cmd, nil, Revoke{Owner: p.owner, Label: s.labels[p.token], Permit: true, Slot: slot})
+		s.recordRevoke(cmd, nil, Revoke{Owner: p.owner, Label: s.labels[p.token], Permit: true, Slot: slot, Session: p.session})
 		effects = append(effects, Effect{Kind: EffectRevoked, Key: cmd.Key, Owner: p.owner, Token: p.token, Slot: slot,
 			Session: p.session, Seq: p.seq})
 		effects = s.endPermit(cmd.Key, m, slot, cmd.Now, effects)
@@ -31,7 +31,7 @@ func (s *State) revoke(m *semaphore, cmd *Command, effects []Effect) (result, []
 		return result{Status: StatusRejected, Err: ErrTokenMismatch}, effects
 	}
 	keys := s.blocks[e.token] // nil for a single key
-	s.recordRevoke(cmd, keys, Revoke{Owner: e.owner, Label: s.labels[e.token]})
+	s.recordRevoke(cmd, keys, Revoke{Owner: e.owner, Label: s.labels[e.token], Session: e.session})
 	eff := Effect{Kind: EffectRevoked, Key: cmd.Key, Keys: keys, Owner: e.owner, Token: e.token, Session: e.session, Seq: e.seq}
 	if keys != nil {
 		eff.Key = keys[0]
@@ -85,18 +85,18 @@ func (s *State) LastRevoke(key string) (Revoke, bool) {
 	return Revoke{}, false
 }
 
-// RevokeOf returns the audit record of the revoke that ended the holding
-// of token, if it is still kept (a block's is the record of its first
-// key, the latest record, unless a later revoke of the same key replaced
-// it): for a leader that must tell a holder who learns of its grant only
-// after it was revoked (a session's resume).
-func (s *State) RevokeOf(token uint64) (Revoke, bool) {
-	for i := len(s.revokes) - 1; i >= 0; i-- {
-		if s.revokes[i].Token == token {
-			return s.revokes[i], true
+// SessionRevokes returns the audit records kept of revokes of session
+// id's holdings (a block's, one per key, one after another), oldest
+// first; nil if none: for a leader that tells a resuming broker what was
+// revoked while it was away. O(MaxRevokeRecords).
+func (s *State) SessionRevokes(id uint64) []Revoke {
+	var out []Revoke
+	for _, r := range s.revokes {
+		if r.Session == id && id != 0 {
+			out = append(out, r)
 		}
 	}
-	return Revoke{}, false
+	return out
 }
 
 // Revokes returns a copy of the audit records kept, oldest first (nil if

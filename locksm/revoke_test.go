@@ -152,15 +152,21 @@ func sampleSnapV7(recs ...func(*snapBuilder)) *snapBuilder {
 // sampleSnapV7Records is a valid version 7 snapshot with a lock's, a
 // permit's and a block's records.
 func sampleSnapV7Records() *snapBuilder {
-	return sampleSnapV7(rec("k", 1, "ops", "a reason", "o", "l", 0, 0),
+	return sampleSnapV7(recSession(9, "k", 1, "ops", "a reason", "o", "l", 0, 0),
 		rec("s", 2, "ops", "", "o", "", 1, 99_999),
 		rec("b1", 5, "ops", "", "o", "", 0, 0, "b1", "b2"), rec("b2", 5, "ops", "", "o", "", 0, 0, "b1", "b2"))
 }
 
-// rec is one revoke record: permit 0 or 1 (then slot), keys of a block.
+// rec is one revoke record: permit 0 or 1 (then slot), keys of a block;
+// no session.
 func rec(key string, token uint64, who, reason, owner, label string, permit byte, slot uint64, keys ...string) func(*snapBuilder) {
+	return recSession(0, key, token, who, reason, owner, label, permit, slot, keys...)
+}
+
+// recSession is rec of a session's holding.
+func recSession(session uint64, key string, token uint64, who, reason, owner, label string, permit byte, slot uint64, keys ...string) func(*snapBuilder) {
 	return func(sb *snapBuilder) {
-		sb.s(key).u(token).s(who).s(reason).i(77).s(owner).s(label)
+		sb.s(key).u(token).s(who).s(reason).i(77).s(owner).s(label).u(session)
 		sb.b = append(sb.b, permit)
 		if permit == 1 {
 			sb.u(slot)
@@ -180,6 +186,9 @@ func TestReadSnapshotV7Invariants(t *testing.T) {
 	}
 	if r, ok := s.LastRevoke("s"); !ok || !r.Permit || r.Slot != 99_999 || r.At != 77 {
 		t.Fatalf("%+v %v", r, ok)
+	}
+	if r, ok := s.LastRevoke("k"); !ok || r.Session != 9 {
+		t.Fatalf("a session's record: %+v %v", r, ok)
 	}
 	if !bytes.Equal(snapshotBytes(t, s), good.done()) {
 		t.Fatal("round trip")

@@ -80,7 +80,7 @@ package locksm
 //	           grantedAt:varint sref label:string(0..64)
 //	body v7  = body v6 nrev:uvarint(1..1024) revoke*nrev
 //	revoke   = key:string token:uvarint(1..) who:string reason:string(0..128)
-//	           at:varint owner:string label:string(0..64)
+//	           at:varint owner:string label:string(0..64) session:uvarint
 //	           permit:byte(0|1) [permit 1: slot:uvarint(0..99999)]
 //	           nbk:uvarint name:string*nbk
 //
@@ -347,6 +347,7 @@ func writeSnapshot(w io.Writer, hd snapHeader, n int, key func(i int) (string, *
 			sw.buf = binary.AppendVarint(sw.buf, r.At)
 			sw.string(r.Owner)
 			sw.string(r.Label)
+			sw.buf = binary.AppendUvarint(sw.buf, r.Session)
 			if r.Permit {
 				sw.buf = append(sw.buf, 1)
 				sw.buf = binary.AppendUvarint(sw.buf, uint64(r.Slot))
@@ -873,6 +874,7 @@ func (d *snapReader) readRevokes(s *State) error {
 		r.At = d.varint()
 		r.Owner = intern(d.string(MaxOwnerLen))
 		r.Label = d.string(MaxLabelLen)
+		r.Session = d.uvarint()
 		permit := d.byte()
 		var slot uint64
 		if permit == 1 {

@@ -65,11 +65,11 @@ func AdminDo(ctx context.Context, addr string, cfg AdminConfig, req wire.AdminRe
 	}
 	b, _ := json.Marshal(req)
 	if err := wire.WriteFrame(c, wire.TypeAdminRequest, b); err != nil {
-		return wire.AdminReply{}, err
+		return wire.AdminReply{}, fmt.Errorf("%w: %w", ErrAdminUnanswered, err)
 	}
 	typ, payload, err := wire.NewReader(c).ReadFrame()
 	if err != nil {
-		return wire.AdminReply{}, err
+		return wire.AdminReply{}, fmt.Errorf("%w: %w", ErrAdminUnanswered, err)
 	}
 	var rep wire.AdminReply
 	if typ != wire.TypeAdminReply || json.Unmarshal(payload, &rep) != nil {
@@ -132,6 +132,12 @@ func (a *AdminCluster) Do(ctx context.Context, req wire.AdminRequest) (wire.Admi
 		cancel()
 		if err == nil || (errors.Is(err, ErrAdmin) && !errors.Is(err, wire.ErrNotLeader)) {
 			return rep, err
+		}
+		if req.Op == wire.AdminOpRevoke && errors.Is(err, ErrAdminUnanswered) {
+			// The node may have proposed it: never sent twice (found
+			// by issue 42's attack round).
+			return wire.AdminReply{}, fmt.Errorf("%w: %s: the revoke was sent and no reply came: %w (inspect the key: its last revoke says whether it applied)",
+				wire.ErrIndeterminate, addr, err)
 		}
 		lastErr = fmt.Errorf("%s: %w", addr, err)
 		if ctx.Err() != nil {

@@ -28,6 +28,12 @@ var (
 	// wire.ErrUnsafeChange, ...: wire.AdminErrOf; package cluster's
 	// ErrNotLeader, ... are the same values).
 	ErrAdmin = errors.New("client: admin request failed")
+	// ErrAdminUnanswered wraps an AdminDo failure after the request was
+	// (perhaps partly) written: the node may have received it and acted.
+	// AdminCluster.Do does not send a revoke again after it (the second
+	// one would find the key handed on and answer token_mismatch, as if
+	// nothing had been revoked): it answers wire.ErrIndeterminate.
+	ErrAdminUnanswered = errors.New("client: admin request sent, no reply read")
 	// ErrVoid: a request of a session that was written on a connection
 	// that died, and that the session's resume reported as never applied
 	// (no outcome recorded, not queued): the resume raised the session's

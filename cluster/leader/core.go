@@ -200,9 +200,9 @@ type Table interface {
 	// SessionHolds reports whether session id still holds what it was
 	// granted under token (locksm.State.SessionHolds).
 	SessionHolds(id, token uint64) bool
-	// RevokeOf is the audit record of the revoke that ended token's
-	// holding, if still kept (locksm.State.RevokeOf).
-	RevokeOf(token uint64) (locksm.Revoke, bool)
+	// SessionRevokes lists the kept audit records of revokes of session
+	// id's holdings (locksm.State.SessionRevokes).
+	SessionRevokes(id uint64) []locksm.Revoke
 }
 
 // Directory tells the core who leads, for the hint of an M reply.
@@ -558,6 +558,9 @@ type Core[C comparable] struct {
 	// raising: the grants each set-permits raise not applied yet may make
 	// (by ref), counted in uncommittedTotal.
 	raising map[uint64]int
+	// revokeNext: the token the revoke being resolved granted in its
+	// own commit (Applied sets it for resolve; 0: none).
+	revokeNext uint64
 	// expiring: when the lease of each expiry this leader proposed ran
 	// out (by token), for the hand-off latency; emptied on apply.
 	expiring map[uint64]time.Time
@@ -1313,6 +1316,9 @@ func (k *Core[C]) Applied(now time.Time, batch []Applied) {
 		var freedAt time.Time
 		var own *pending[C] // a session's, resolved after the effects: serial order
 		if p := k.pend[c.Ref]; c.Ref != 0 && p != nil && p.op == c.Op && p.key == key && !p.queued {
+			if c.Op == locksm.OpRevoke {
+				k.revokeNext = handedTo(a.Effects)
+			}
 			if c.Op == locksm.OpRelease {
 				freedAt = p.start
 			}
@@ -1424,11 +1430,12 @@ func (k *Core[C]) resolve(p *pending[C], res locksm.Result, now time.Time) {
 		k.reply(p.op, OutcomeOK)
 		k.answer(p, wire.Msg{Type: wire.TypeOK, ID: p.id})
 	case locksm.StatusRevoked:
-		// The revoked token, for the operator's tool (an in-process
-		// reply: the admin port answers in JSON).
+		// An in-process reply (the admin port answers in JSON): Token
+		// the revoked token, High the token its commit granted next.
 		k.finish(p)
 		k.reply(p.op, OutcomeOK)
-		k.answer(p, wire.Msg{Type: wire.TypeOK, ID: p.id, Token: res.Token})
+		k.answer(p, wire.Msg{Type: wire.TypeOK, ID: p.id, Token: res.Token, High: k.revokeNext})
+		k.revokeNext = 0
 	case locksm.StatusRejected:
 		k.finish(p)
 		if p.session() != nil && errors.Is(res.Err, locksm.ErrVoided) {

@@ -147,7 +147,7 @@ func (t stateTable) HeldUnder(key string, token uint64) bool { return t.s.HeldUn
 
 func (t stateTable) SessionHolds(id, token uint64) bool { return t.s.SessionHolds(id, token) }
 
-func (t stateTable) RevokeOf(token uint64) (locksm.Revoke, bool) { return t.s.RevokeOf(token) }
+func (t stateTable) SessionRevokes(id uint64) []locksm.Revoke { return t.s.SessionRevokes(id) }
 
 func (t stateTable) Semaphore(key string) (locksm.Semaphore, bool) { return t.s.Semaphore(key) }
 
@@ -560,8 +560,8 @@ func fmtMsg(m wire.Msg) string {
 		}
 		return fmt.Sprintf("X %s key=%s token=%d", m.Reason, m.Key, m.Token)
 	case wire.TypeOK:
-		if m.Token != 0 {
-			return fmt.Sprintf("K id=%d token=%d", m.ID, m.Token)
+		if m.Token != 0 { // a revoke's (in-process): the revoked token, and whom its commit granted
+			return fmt.Sprintf("K id=%d token=%d next=%d", m.ID, m.Token, m.High)
 		}
 	case wire.TypeOutcomes:
 		return fmt.Sprintf("O session=%d serial=%d", m.Session, m.Serial)

@@ -775,22 +775,13 @@ func (k *Core[C]) resumed(now time.Time, p *pending[C], s *session[C], later []A
 		if o.Status == locksm.StatusGranted {
 			delete(k.untold, o.Token)
 			if k.table.SessionHolds(s.id, o.Token) {
+				// (A holding that ended is nobody's to tell: a revoked
+				// one's lost event follows, below.)
 				k.told[o.Token] = cn
-			} else if rv, ok := k.table.RevokeOf(o.Token); ok && cn.version >= wire.VersionRevoke {
-				// Revoked while its broker was away, before it heard of
-				// the grant: nobody could be told then (the lost event
-				// went to the connections open at the time), and the G
-				// alone would tell it a holding that ended, with its
-				// lease still running by its clock: the next holder's
-				// too (the multi-leader simulation, issue 42). After an
-				// expiry the G is harmless: the broker's lease, counted
-				// from when it wrote the acquire, ran out before the
-				// leader's.
-				k.send(cn, wire.Msg{Type: wire.TypeLost, Token: o.Token, Reason: wire.LostRevoked, Key: rv.Key, Owner: rv.Who, Text: rv.Reason})
-				k.event(Event{Kind: EventLostSent, Keys: 1})
 			}
 		}
 	}
+	k.tellSessionRevokes(cn, s)
 	queued := k.table.SessionWaiters(s.id)
 	for _, q := range queued {
 		w := &q.Waiter
