@@ -26,6 +26,39 @@ function duration(ms) {
   return Math.floor(m / 60) + " h " + (m % 60) + " min";
 }
 
+// parseJSON is JSON.parse keeping integers of 16 digits or more (tokens
+// are u64, and a double holds integers exactly only up to 2^53) as their
+// decimal strings, so that a token shown or sent back to revoke is the
+// node's, digit for digit: a rounded one could name another holding.
+// Digits inside strings (a reason, a label) are left alone.
+function parseJSON(text) {
+  let out = "", inStr = false, esc = false;
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    if (inStr) {
+      out += c;
+      if (esc) esc = false;
+      else if (c === "\\") esc = true;
+      else if (c === '"') inStr = false;
+      continue;
+    }
+    if (c === '"') { inStr = true; out += c; continue; }
+    if (c >= "0" && c <= "9") {
+      let j = i;
+      while (j < text.length && text[j] >= "0" && text[j] <= "9") j++;
+      const digits = text.slice(i, j);
+      const prev = out.replace(/\s+$/, "").slice(-1);
+      const next = text[j];
+      const whole = (prev === ":" || prev === "[" || prev === ",") && next !== "." && next !== "e" && next !== "E";
+      out += whole && digits.length >= 16 ? '"' + digits + '"' : digits;
+      i = j - 1;
+      continue;
+    }
+    out += c;
+  }
+  return JSON.parse(out);
+}
+
 function rate(key) {
   // per second between consecutive samples of a counter
   const out = [];
@@ -188,7 +221,7 @@ async function refreshKey() {
   fetching = true;
   try {
     const r = await fetch("/api/keys/" + encodeURIComponent(picked).replace(/%2F/g, "/"), { credentials: "same-origin" });
-    const body = await r.json();
+    const body = parseJSON(await r.text());
     if (!r.ok) {
       const v = $("keyview");
       v.textContent = body.error || ("HTTP " + r.status);
@@ -277,7 +310,7 @@ async function sendRevoke(e) {
         body: JSON.stringify({ key: target.key, token: target.token, reason: reason }),
       });
       status = r.status;
-      body = await r.json().catch(() => ({}));
+      body = await r.text().then(parseJSON).catch(() => ({}));
     }
   } catch (err) {
     body = { error: "the node did not answer: " + err };
@@ -307,7 +340,7 @@ function connect() {
     $("conn").className = "badge";
   };
   es.onmessage = (m) => {
-    const s = JSON.parse(m.data);
+    const s = parseJSON(m.data);
     if (samples.length && samples[samples.length - 1].at_unix_ms >= s.at_unix_ms) samples.length = 0; // a reconnect replays the history
     samples.push(s);
     if (samples.length > MAX) samples.shift();

@@ -196,6 +196,16 @@ func revokeFromThePage(t *testing.T, ctx context.Context, token uint64, label, r
 	if !strings.Contains(last, "by console:") || !strings.Contains(last, reason) {
 		t.Fatalf("the key's last revoke %q does not say who and why", last)
 	}
+	// Tokens are u64: the page keeps those past 2^53 digit for digit (a
+	// rounded one shown, or sent back to revoke, could name another
+	// holding), and digits inside strings stay as they are.
+	var exact bool
+	if err := chromedp.Run(ctx, chromedp.Evaluate(`(() => {
+		const v = parseJSON('{"token": 18446744073709551615, "next": [9007199254740993], "at_unix_ms": 1765000000000, "reason": "x:12345678901234567,"}');
+		return v.token === "18446744073709551615" && v.next[0] === "9007199254740993" && v.at_unix_ms === 1765000000000 && v.reason === "x:12345678901234567,";
+	})()`, &exact)); err != nil || !exact {
+		t.Fatalf("the page's parseJSON does not keep large tokens exact: %v", err)
+	}
 	t.Logf("revoked from the page: %q; last revoke: %q", outcome, last)
 }
 
