@@ -1411,7 +1411,7 @@ func (b *Broker) Close() error {
 	// then release them.
 	held := b.takeHeld()
 	for _, l := range held {
-		b.fireLost(l.Token, "", LostCompensated)
+		b.fireLost(l.Token, "", Loss{Reason: LostCompensated})
 	}
 	for _, l := range held {
 		b.log.Info("releasing a lock still held as the broker closes", "key", l.Key, "token", l.Token)

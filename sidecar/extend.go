@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"ticketing/cluster/wire"
@@ -27,7 +28,26 @@ const (
 	// is closing and releases it (Close tells every WatchLost of a lock
 	// still held so before it releases anything).
 	LostCompensated
+	// LostRevoked: an operator revoked it through a node's admin port and
+	// the cluster committed the revoke (the leader's lost event with
+	// wire.LostRevoked, cluster protocol version 14); Loss.By and
+	// Loss.Why say who and why.
+	LostRevoked
 )
+
+// LostReasons are the reasons a watcher may be told, in order.
+var LostReasons = []LostReason{LostExpired, LostMoved, LostCompensated, LostRevoked}
+
+// Loss is what a WatchLoss watcher is told: why the holding ended and,
+// for LostRevoked, who revoked it (By: the operator's id as the admin
+// request named it, 1..128 printable ASCII bytes without spaces) and
+// their reason (Why: 0..128 printable ASCII bytes, no leading or
+// trailing space; "" for none). By and Why are "" for the other reasons.
+type Loss struct {
+	Reason LostReason
+	By     string
+	Why    string
+}
 
 // String is the reason's name in the unix API's LOST event.
 func (r LostReason) String() string {
@@ -38,6 +58,8 @@ func (r LostReason) String() string {
 		return "moved"
 	case LostCompensated:
 		return "compensated"
+	case LostRevoked:
+		return "revoked"
 	}
 	return "unknown"
 }
@@ -45,7 +67,7 @@ func (r LostReason) String() string {
 // lostWatch is one WatchLost registration.
 type lostWatch struct {
 	lock Lock
-	fn   func(LostReason)
+	fn   func(Loss)
 }
 
 // Extend renews l's lease to lease (whole seconds, locksm.MinLeaseSec..
@@ -133,7 +155,7 @@ func (b *Broker) ExtendAsync(l Lock, lease time.Duration, done func(Lock, error)
 			nl.Lease, nl.ValidUntil = lease, start.Add(lease)
 			b.extended(nl)
 		case releaseGone(err):
-			b.fireLost(l.Token, "", LostMoved)
+			b.fireLost(l.Token, "", Loss{Reason: LostMoved})
 		default:
 			nl.ValidUntil = extendCapped(l, start, lease)
 		}
@@ -151,7 +173,8 @@ func (b *Broker) ExtendAsync(l Lock, lease time.Duration, done func(Lock, error)
 
 // WatchLost asks to be told, once, when the holding l ends without its
 // holder's release: fn(LostExpired) when the leader's lost event for its
-// token arrives, fn(LostMoved) when an Extend of it is refused as not
+// token arrives (fn(LostRevoked) when that event says an operator revoked
+// it: WatchLoss tells who and why), fn(LostMoved) when an Extend of it is refused as not
 // held, fn(LostCompensated) when Close ends it (before it is released).
 // Once Close has taken the broker's held locks to report and release them,
 // WatchLost calls fn(LostCompensated) at once, before it returns (the
@@ -164,6 +187,13 @@ func (b *Broker) ExtendAsync(l Lock, lease time.Duration, done func(Lock, error)
 // promise: a connection that drops or a leader change can swallow it, so
 // a holder still ends its critical section by l.ValidUntil.
 func (b *Broker) WatchLost(l Lock, fn func(LostReason)) (stop func()) {
+	return b.WatchLoss(l, func(x Loss) { fn(x.Reason) })
+}
+
+// WatchLoss is WatchLost whose fn is told the whole Loss: its reason and,
+// for LostRevoked, who revoked the holding and why. Everything else is as
+// for WatchLost.
+func (b *Broker) WatchLoss(l Lock, fn func(Loss)) (stop func()) {
 	w := &lostWatch{lock: l, fn: fn}
 	b.lmu.Lock()
 	// Under lmu: a watch added before Close took the holdings is fired by
@@ -172,7 +202,7 @@ func (b *Broker) WatchLost(l Lock, fn func(LostReason)) (stop func()) {
 	if b.heldTaken.Load() {
 		b.lmu.Unlock()
 		b.metrics.lost[LostCompensated].Inc()
-		fn(LostCompensated)
+		fn(Loss{Reason: LostCompensated})
 		return func() {}
 	}
 	b.lost[l.Token] = append(b.lost[l.Token], w)
@@ -192,16 +222,42 @@ func (b *Broker) WatchLost(l Lock, fn func(LostReason)) (stop func()) {
 	}
 }
 
-// onLost takes a node's lost event (a connection's reader goroutine).
+// onLost takes a node's lost event (a connection's reader goroutine):
+// wire.LostRevoked is an operator's revoke (who in ev.Owner, why in
+// ev.Text), any other reason an expiry.
 func (b *Broker) onLost(ev wire.Msg) {
 	b.metrics.lostEvents.Inc()
-	b.fireLost(ev.Token, ev.Key, LostExpired)
+	loss := Loss{Reason: LostExpired}
+	if ev.Reason == wire.LostRevoked {
+		loss = Loss{Reason: LostRevoked, By: revokeText(ev.Owner, 0x21), Why: strings.Trim(revokeText(ev.Text, 0x20), " ")}
+		if loss.By == "" {
+			loss.By = "?"
+		}
+	}
+	b.fireLost(ev.Token, ev.Key, loss)
+}
+
+// revokeText is a revoke's who or why as a node sent it, with every byte
+// outside lo..0x7e replaced by '?' and cut to 128 bytes: a valid one
+// (the leader checked it) is unchanged, and nothing a node sends breaks
+// the line the unix API writes it on.
+func revokeText(s string, lo byte) string {
+	if len(s) > locksm.MaxReasonLen {
+		s = s[:locksm.MaxReasonLen]
+	}
+	b := []byte(s)
+	for i, c := range b {
+		if c < lo || c > 0x7e {
+			b[i] = '?'
+		}
+	}
+	return string(b)
 }
 
 // fireLost tells, and forgets, every watch of the holding under token
 // (whose keys include key, unless key is ""): a node names one key of a
 // block, and a token the broker does not watch is someone else's.
-func (b *Broker) fireLost(token uint64, key string, why LostReason) {
+func (b *Broker) fireLost(token uint64, key string, why Loss) {
 	b.unhold(token) // the holding has ended: nothing for Close to release
 	b.lmu.Lock()
 	ws := b.lost[token]
@@ -221,7 +277,7 @@ func (b *Broker) fireLost(token uint64, key string, why LostReason) {
 	}
 	b.lmu.Unlock()
 	for _, w := range fire {
-		b.metrics.lost[why].Inc()
+		b.metrics.lost[why.Reason].Inc()
 		w.fn(why)
 	}
 }

@@ -94,9 +94,9 @@ type brokerMetrics struct {
 	releases [numReleaseResults]prometheus.Counter
 	extends  [numReleaseResults]prometheus.Counter
 	// lost counts the holdings watchers were told they lost, by reason
-	// (index LostExpired, LostMoved, LostCompensated); lostEvents the nodes' lost events
+	// (index LostExpired, LostMoved, LostCompensated, LostRevoked); lostEvents the nodes' lost events
 	// received (also those for tokens nobody here watches).
-	lost           [LostCompensated + 1]prometheus.Counter
+	lost           [LostRevoked + 1]prometheus.Counter
 	lostEvents     prometheus.Counter
 	compensations  [numReleaseResults]prometheus.Counter
 	acquireLatency prometheus.Observer
@@ -153,14 +153,14 @@ func newBrokerMetrics(b *Broker) *brokerMetrics {
 	}
 	lost := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ticketing_sidecar_locks_lost_total",
-		Help: "Held locks whose watchers were told they ended without their holder's release, by reason: expired (the leader's lost event), moved (an extend was refused as not held), compensated (the broker closed while they were held, and releases them). The lost lines the unix API writes (compensated included) are counted in ticketing_sidecar_local_lost_events_total.",
+		Help: "Held locks whose watchers were told they ended without their holder's release, by reason: expired (the leader's lost event), moved (an extend was refused as not held), compensated (the broker closed while they were held, and releases them), revoked (an operator revoked them: the leader's lost event). The lost lines the unix API writes (compensated included) are counted in ticketing_sidecar_local_lost_events_total.",
 	}, []string{"reason"})
-	for _, r := range []LostReason{LostExpired, LostMoved, LostCompensated} {
+	for _, r := range LostReasons {
 		m.lost[r] = lost.WithLabelValues(r.String())
 	}
 	m.lostEvents = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ticketing_sidecar_lost_events_total",
-		Help: "Lost events (a holding's expiry) received from the nodes, including those for tokens no watcher here holds.",
+		Help: "Lost events (a holding's expiry or an operator's revoke) received from the nodes, including those for tokens no watcher here holds.",
 	})
 	comp := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ticketing_sidecar_compensations_total",

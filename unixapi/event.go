@@ -24,8 +24,9 @@ import (
 // "expired" (its lease ran out and the cluster committed the expiry),
 // "moved" (an EXTEND of it was answered not_held, token_mismatch or
 // owner_mismatch by the cluster: the key is not held under the token any
-// more), or "compensated" (the sidecar released it itself: it is shutting
-// down, or the connection is ending). The keys are every key of the lock
+// more), "compensated" (the sidecar released it itself: it is shutting
+// down, or the connection is ending), or "revoked" (an operator revoked
+// it through a node's admin port and the cluster committed the revoke). The keys are every key of the lock
 // (a block's, in the order asked). After it the connection no longer holds
 // the lock: HELD omits it, RELEASE and EXTEND of it answer not_held.
 //
@@ -49,6 +50,15 @@ import (
 // rounded up), "-" when the leader cannot tell yet. A block gets one
 // line per key. Written only before the ACQUIRE's reply, when the latest
 // HELLO agreed version 7 or later with events.
+//
+//	! REVOKED <token> <by>[ <why>]
+//
+// (version 9) The lock of token was revoked by an operator: by is who (an
+// owner id: 1..128 bytes 0x21..0x7e), why their reason, the rest of the
+// line (1..128 bytes 0x20..0x7e, never starting or ending with a space;
+// omitted with its space when the operator gave none). It comes right
+// before that lock's LOST line (reason "revoked"), exactly once, when the
+// latest HELLO agreed version 9 or later with events.
 const (
 	// EventPrefix begins every event line and no reply line.
 	EventPrefix = "! "
@@ -60,19 +70,26 @@ const (
 	EventQueued = "QUEUED"
 	// EventPosition is the event version 7 added.
 	EventPosition = "POSITION"
+	// EventRevoked is the event version 9 added.
+	EventRevoked = "REVOKED"
 	// NoEstimate stands for an unknown estimate in a POSITION line.
 	NoEstimate = "-"
 )
 
 // LostReasons are the reasons a LOST event may name (version 3). A client
 // treats an unknown reason as a loss all the same.
-var LostReasons = []string{"expired", "moved", "compensated"}
+// "revoked" came with cluster revokes; every events version writes it
+// (version 9 adds the REVOKED line before it).
+var LostReasons = []string{"expired", "moved", "compensated", "revoked"}
 
 // Event is one parsed event line.
 type Event struct {
-	Name   string // EventLost, EventQueued
-	Token  uint64 // LOST
+	Name   string // EventLost, EventQueued, EventPosition, EventRevoked
+	Token  uint64 // LOST, REVOKED
 	Reason string // LOST
+	// By is REVOKED's operator id (who revoked the lock), Why their
+	// reason ("" for none).
+	By, Why string
 	// N is QUEUED's and POSITION's request position: the ACQUIRE was
 	// the N-th request line read on the connection (1-based, every line
 	// counts).
@@ -119,6 +136,18 @@ func formatLost(token uint64, reason, label string, withLabel bool, keys []strin
 	return b.String()
 }
 
+// FormatRevoked is the REVOKED event line (version 9) of the lock of
+// token, revoked by by for why ("": none, written without its space);
+// without "\n". by and why must be valid (locksm.ValidateOwner,
+// locksm.ValidateReason): the sidecar's Loss promises them.
+func FormatRevoked(token uint64, by, why string) string {
+	line := EventPrefix + EventRevoked + " " + strconv.FormatUint(token, 10) + " " + by
+	if why != "" {
+		line += " " + why
+	}
+	return line
+}
+
 // FormatQueued is the QUEUED event line for the n-th request of a
 // connection, an ACQUIRE of keys (without "\n").
 func FormatQueued(n uint64, keys []string) string {
@@ -155,9 +184,14 @@ func ParseEvent(line []byte) (Event, error) { return ParseEventVersion(line, Ver
 
 // ParseEventVersion is ParseEvent on a connection that agreed version:
 // from VersionLabels on, LOST carries the lock's label before its keys.
+// REVOKED (version 9), whose reason is the rest of the line, parses at
+// every version.
 func ParseEventVersion(line []byte, version uint16) (Event, error) {
 	if !IsEvent(line) {
 		return Event{}, fmt.Errorf("%w: not an event line: %s", ErrBadRequest, snippet(line))
+	}
+	if rest, ok := bytes.CutPrefix(line[len(EventPrefix):], []byte(EventRevoked)); ok && (len(rest) == 0 || rest[0] == ' ') {
+		return parseRevoked(line, rest)
 	}
 	f := bytes.Split(line[len(EventPrefix):], []byte(" "))
 	for _, x := range f {
@@ -257,6 +291,33 @@ func parseQueued(line []byte, f [][]byte) (Event, error) {
 			return Event{}, fmt.Errorf("%w: QUEUED key: %w", ErrBadRequest, err)
 		}
 		ev.Keys = append(ev.Keys, key)
+	}
+	return ev, nil
+}
+
+// parseRevoked parses the REVOKED event line; rest is what follows its
+// name: " <token> <by>[ <why>]". why is the rest of the line, so it may
+// hold spaces (never two in a row at its ends: it neither starts nor
+// ends with one).
+func parseRevoked(line, rest []byte) (Event, error) {
+	f := bytes.SplitN(rest, []byte(" "), 4) // "", token, by[, why]
+	if len(f) < 3 {
+		return Event{}, fmt.Errorf("%w: REVOKED takes a token, who revoked and an optional reason: %s", ErrBadRequest, snippet(line))
+	}
+	tok, err := parseToken(f[1])
+	if err != nil {
+		return Event{}, fmt.Errorf("%w: REVOKED token: %w", ErrBadRequest, err)
+	}
+	if locksm.ValidateOwner(string(f[2])) != nil {
+		return Event{}, fmt.Errorf("%w: REVOKED by %s (1..%d bytes 0x21..0x7e)", ErrBadRequest, snippet(f[2]), locksm.MaxOwnerLen)
+	}
+	ev := Event{Name: EventRevoked, Token: tok, By: string(f[2])}
+	if len(f) == 4 {
+		if len(f[3]) == 0 || locksm.ValidateReason(string(f[3])) != nil {
+			return Event{}, fmt.Errorf("%w: REVOKED reason %s (1..%d bytes 0x20..0x7e, no space first or last)", ErrBadRequest,
+				snippet(f[3]), locksm.MaxReasonLen)
+		}
+		ev.Why = string(f[3])
 	}
 	return ev, nil
 }

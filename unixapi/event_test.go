@@ -72,12 +72,14 @@ func TestParseEvent(t *testing.T) {
 
 // FuzzParseEvent: any line parses or fails with ErrBadRequest, never
 // panics; what FormatLost writes for a LOST that parses parses back to
-// the same event, and so does what FormatQueued writes for a QUEUED; and a
+// the same event, and so does what FormatQueued writes for a QUEUED and
+// FormatRevoked for a REVOKED; and a
 // line that is not an event is never parsed as one.
 func FuzzParseEvent(f *testing.F) {
 	for _, s := range []string{"! LOST 7 expired k", "! LOST 1 moved a b", "! X", "OK 7", "! LOST 1 expired k k", "",
 		"! QUEUED 3 k", "! QUEUED 12 a b c", "! QUEUED 0 k", "! QUEUED 007 k", "! POSITION 3 1 - k", "! POSITION 3 9 27 k",
-		"! POSITION 3 9 027 k"} {
+		"! POSITION 3 9 027 k", "! REVOKED 7 ops@host", "! REVOKED 7 ops@host stuck holder", "! REVOKED 7 ops  why",
+		"! REVOKED 7 ops why ", "! LOST 7 revoked k"} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, line []byte) {
@@ -103,6 +105,17 @@ func FuzzParseEvent(f *testing.F) {
 			out := unixapi.FormatPosition(ev.N, uint32(ev.Position), time.Duration(ev.EstimateSec)*time.Second, ev.EstimateSec >= 0, ev.Keys[0])
 			again, err := unixapi.ParseEvent([]byte(out))
 			if err != nil || again.N != ev.N || again.Position != ev.Position || again.EstimateSec != ev.EstimateSec || !slices.Equal(again.Keys, ev.Keys) {
+				t.Fatalf("%q parsed as %+v, formats as %q, which parses as %+v %v", line, ev, out, again, err)
+			}
+		}
+		if ev.Name == unixapi.EventRevoked {
+			// What the sidecar writes for it parses back the same, and
+			// ends as the line does (the reason is the rest of it).
+			out := unixapi.FormatRevoked(ev.Token, ev.By, ev.Why)
+			again, err := unixapi.ParseEvent([]byte(out))
+			if err != nil || again.Name != ev.Name || again.Token != ev.Token || again.By != ev.By || again.Why != ev.Why ||
+				!strings.HasSuffix(out, " "+ev.By+strings.TrimSuffix(" "+ev.Why, " ")) ||
+				!strings.HasSuffix(string(line), " "+ev.By+strings.TrimSuffix(" "+ev.Why, " ")) {
 				t.Fatalf("%q parsed as %+v, formats as %q, which parses as %+v %v", line, ev, out, again, err)
 			}
 		}

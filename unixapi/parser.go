@@ -23,9 +23,10 @@ const (
 	// event; version 5 owner labels (ACQUIRE's label= field, HELD and LOST
 	// with labels); version 6 waits up to an hour; version 7 the POSITION
 	// event; version 8 semaphores (the PERMIT and PERMITS verbs, OK
-	// <token> <slot>). HELLO answers the lower of it and the client's
-	// version; INFO reports it as protocol=.
-	ProtocolVersion = 8
+	// <token> <slot>); version 9 the REVOKED event (who revoked a lock
+	// and why, before its LOST line). HELLO answers the lower of it and
+	// the client's version; INFO reports it as protocol=.
+	ProtocolVersion = 9
 	// VersionEvents is the first version with EXTEND and events.
 	VersionEvents = 3
 	// VersionQueued is the first version with the QUEUED event.
@@ -47,6 +48,12 @@ const (
 	// PERMITS verbs. The verbs are the opt-in: a client that sends
 	// neither sees nothing new, so they are taken on any connection.
 	VersionSemaphores = 8
+	// VersionRevoke is the first version with the REVOKED event: on a
+	// connection whose latest HELLO agreed it with events, the LOST line
+	// of a lock an operator revoked (reason "revoked", which every
+	// version's LOST line names) is preceded by one REVOKED line that
+	// says who revoked it and why.
+	VersionRevoke = 9
 	// LabelField begins ACQUIRE's label field (version 5).
 	LabelField = "label="
 	// NoLabel stands for "no label" where a label has a place (HELD and

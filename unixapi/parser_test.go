@@ -556,3 +556,45 @@ func FuzzParseLine(f *testing.F) {
 		}
 	})
 }
+
+// The event lines a version-9 client reads for a revoked block (REVOKED,
+// whose reason holds spaces, then LOST), between replies, split at every
+// byte offset (and at every pair of offsets), come out as the same lines
+// and parse as the same events.
+func TestSplitEveryOffsetRevokedEvents(t *testing.T) {
+	stream := []byte("OK 41\n! REVOKED 41 ops@host stuck  holder, see INC-7\n! LOST 41 revoked job-1 b a\n! REVOKED 42 ops\n! LOST 42 revoked - k\nPONG\n")
+	want, err := splitAll(DefaultMaxLineLen, stream)
+	if err != nil || len(want) != 6 {
+		t.Fatalf("whole: %q %v", want, err)
+	}
+	for i := 0; i <= len(stream); i++ {
+		for j := i; j <= len(stream); j++ {
+			got, err := splitAll(DefaultMaxLineLen, stream, i, j)
+			if err != nil || strings.Join(got, "|") != strings.Join(want, "|") {
+				t.Fatalf("cut at %d,%d: %q %v", i, j, got, err)
+			}
+		}
+	}
+	wantEv := []Event{
+		{},
+		{Name: EventRevoked, Token: 41, By: "ops@host", Why: "stuck  holder, see INC-7"},
+		{Name: EventLost, Token: 41, Reason: "revoked", Label: "job-1", Keys: []string{"b", "a"}},
+		{Name: EventRevoked, Token: 42, By: "ops"},
+		{Name: EventLost, Token: 42, Reason: "revoked", Keys: []string{"k"}},
+		{},
+	}
+	for i, l := range want {
+		if !IsEvent([]byte(l)) {
+			if wantEv[i].Name != "" {
+				t.Fatalf("line %d %q is not an event", i, l)
+			}
+			continue
+		}
+		ev, err := ParseEventVersion([]byte(l), VersionRevoke)
+		w := wantEv[i]
+		if err != nil || ev.Name != w.Name || ev.Token != w.Token || ev.By != w.By || ev.Why != w.Why || ev.Reason != w.Reason ||
+			ev.Label != w.Label || strings.Join(ev.Keys, " ") != strings.Join(w.Keys, " ") {
+			t.Fatalf("line %d %q: %+v %v, want %+v", i, l, ev, err, w)
+		}
+	}
+}

@@ -50,7 +50,9 @@ type Broker interface {
 	// SetPermitsAsync sets a semaphore's number of permits (PERMITS,
 	// version 8).
 	SetPermitsAsync(key string, n uint32, done func(error)) error
-	WatchLost(l sidecar.Lock, fn func(sidecar.LostReason)) (stop func())
+	// WatchLoss tells fn how a held lock ended without its RELEASE
+	// (the LOST event; for a revoke also who and why, REVOKED, version 9).
+	WatchLoss(l sidecar.Lock, fn func(sidecar.Loss)) (stop func())
 	Compensate(l sidecar.Lock)
 	Info() sidecar.Info
 }
@@ -89,7 +91,7 @@ type Server struct {
 	forbidden, tooMany atomic.Uint64
 	// lostTold counts the LOST event lines queued for connections, by
 	// sidecar.LostReason (Stats.LostEvents).
-	lostTold [sidecar.LostCompensated + 1]atomic.Uint64
+	lostTold [sidecar.LostRevoked + 1]atomic.Uint64
 	// queuedTold counts the QUEUED event lines queued for connections
 	// (Stats.QueuedEvents).
 	queuedTold atomic.Uint64
@@ -190,8 +192,8 @@ type Stats struct {
 	PacedRefusals uint64
 	// LostEvents counts the LOST event lines queued for connections that
 	// turned events on, by reason (index sidecar.LostExpired, LostMoved,
-	// LostCompensated).
-	LostEvents [sidecar.LostCompensated + 1]uint64
+	// LostCompensated, LostRevoked).
+	LostEvents [sidecar.LostRevoked + 1]uint64
 	// QueuedEvents counts the QUEUED event lines queued for connections
 	// (version 4 with events on).
 	QueuedEvents uint64

@@ -482,6 +482,7 @@ func (noClusterBroker) ExtendAsync(sidecar.Lock, time.Duration, func(sidecar.Loc
 }
 func (noClusterBroker) SetPermitsAsync(string, uint32, func(error)) error       { return errNoCluster }
 func (noClusterBroker) WatchLost(sidecar.Lock, func(sidecar.LostReason)) func() { return func() {} }
+func (noClusterBroker) WatchLoss(sidecar.Lock, func(sidecar.Loss)) func()       { return func() {} }
 func (noClusterBroker) Compensate(sidecar.Lock)                                 {}
 func (noClusterBroker) Info() sidecar.Info                                      { return sidecar.Info{} }
 

@@ -71,8 +71,9 @@ type session struct {
 	events bool
 	queued bool
 	// positions: it agreed version 7 or later with events, so POSITION
-	// lines are written.
-	positions bool
+	// lines are written; revokes: version 9 or later with events, so a
+	// revoked lock's LOST line follows a REVOKED line.
+	positions, revokes bool
 	// version is the version the latest HELLO agreed (0 before any): from
 	// VersionLabels on, ACQUIRE takes a label and HELD and LOST show
 	// labels. Written by the reader under mu; the reader reads it alone.
@@ -540,6 +541,7 @@ func (ss *session) dispatch(line []byte) bool {
 		}
 		ss.mu.Lock()
 		ss.events, ss.queued, ss.positions = on, on && v >= VersionQueued, on && v >= VersionPositions
+		ss.revokes = on && v >= VersionRevoke
 		ss.version = uint16(v)
 		ss.mu.Unlock()
 		return ss.push(&reply{line: line, done: true})
@@ -712,7 +714,7 @@ func (a *acq) done(l sidecar.Lock, err error) {
 	}
 	ss.mu.Unlock()
 	if h != nil {
-		stop := ss.srv.broker.WatchLost(l, func(why sidecar.LostReason) { ss.lost(h, why) })
+		stop := ss.srv.broker.WatchLoss(l, func(why sidecar.Loss) { ss.lost(h, why) })
 		ss.mu.Lock()
 		// Released, lost or let go by the session's end meanwhile: the
 		// watch is over before it was recorded.
@@ -1185,9 +1187,11 @@ func (ss *session) unwatch(h *holding) {
 
 // lost is the broker's word that h ended without this connection's
 // RELEASE (it runs on a broker goroutine and must not block): the
-// connection forgets the lock and, with events on, is told. A lock whose
-// RELEASE is running is left to that RELEASE's reply.
-func (ss *session) lost(h *holding, why sidecar.LostReason) {
+// connection forgets the lock and, with events on, is told (a revoke,
+// from version 9, with its REVOKED line right before the LOST line). A
+// lock whose RELEASE is running is left to that RELEASE's reply.
+func (ss *session) lost(h *holding, loss sidecar.Loss) {
+	why := loss.Reason
 	ss.mu.Lock()
 	if ss.ended || h.releasing || ss.held[heldKey{h.lock.Key, h.lock.Token}] != h {
 		ss.mu.Unlock()
@@ -1196,11 +1200,20 @@ func (ss *session) lost(h *holding, why sidecar.LostReason) {
 	ss.forgetLocked(h)
 	tell := ss.events
 	if tell {
-		ss.queueEventsLocked(ss.lostLineLocked(h, why.String()))
+		lost := ss.lostLineLocked(h, why.String())
+		if why == sidecar.LostRevoked && ss.revokes {
+			ss.queueEventsLocked(FormatRevoked(h.lock.Token, loss.By, loss.Why), lost)
+		} else {
+			ss.queueEventsLocked(lost)
+		}
 	}
 	ss.mu.Unlock()
 	ss.srv.lostEvent(why, tell)
-	ss.log.Info("lock lost", append(lockAttrs(h.lock), "why", why)...)
+	attrs := append(lockAttrs(h.lock), "why", why)
+	if why == sidecar.LostRevoked {
+		attrs = append(attrs, "by", loss.By, "reason", loss.Why)
+	}
+	ss.log.Info("lock lost", attrs...)
 	if tell {
 		ss.kickWriter()
 	}

@@ -25,7 +25,7 @@ func (b *slowWatchBroker) AcquireAsyncOpts(keys []string, owner string, lease, w
 	return func(error) {}, nil
 }
 
-func (b *slowWatchBroker) WatchLost(sidecar.Lock, func(sidecar.LostReason)) func() {
+func (b *slowWatchBroker) WatchLoss(sidecar.Lock, func(sidecar.Loss)) func() {
 	b.watches.Add(1)
 	time.Sleep(300 * time.Millisecond)
 	var once atomic.Bool

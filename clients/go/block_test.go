@@ -207,7 +207,7 @@ func TestAcquireBlockVersion1Sidecar(t *testing.T) {
 	}
 	// Dial's HELLO (with the events option) is the only one; the block's
 	// ACQUIRE is never sent.
-	want := []string{"HELLO 8 events", "ACQUIRE only 30 0.000"}
+	want := []string{"HELLO 9 events", "ACQUIRE only 30 0.000"}
 	if got := sent(); strings.Join(got, "|") != strings.Join(want, "|") {
 		t.Fatalf("sent %q, want %q", got, want)
 	}

@@ -25,8 +25,10 @@
 // (protocol version 3): its Context is cancelled on the sidecar's lost
 // event, at the local validity deadline, or when the connection ends, and
 // Extend renews its lease. Every Client asks for event lines when it
-// connects (HELLO 8 events); against an older sidecar it works without
-// them, and a Lock then relies on its local deadline.
+// connects (HELLO 9 events); against an older sidecar it works without
+// them, and a Lock then relies on its local deadline. A Lock an operator
+// revoked is lost with LostRevoked, and (protocol version 9's
+// "! REVOKED" event) Lock.Revoked says who revoked it and why.
 //
 // WithQueued, an option of every acquire, tells the caller when the
 // cluster queued its acquire (protocol version 4's "! QUEUED" event);
@@ -140,11 +142,12 @@ const (
 )
 
 // ProtocolVersion is the version of unixapi/PROTOCOL.md this client
-// speaks: 8, which added semaphores (PERMIT and PERMITS: AcquirePermit,
+// speaks: 9, which added the REVOKED event (who revoked a lock and why:
+// Lock.Revoked), version 8 semaphores (PERMIT and PERMITS: AcquirePermit,
 // LockPermit, SetPermits), version 7 the POSITION event (version 6 waits up to an
 // hour, version 5 owner labels, version 4 the QUEUED event, version 3
 // EXTEND and the lost events, version 2 seat blocks and HELLO).
-const ProtocolVersion = 8
+const ProtocolVersion = 9
 
 // MaxLabelLen is the longest owner label (WithLabel) in bytes.
 const MaxLabelLen = 64
@@ -198,8 +201,11 @@ type conn struct {
 	// Hello holds across a round trip.
 	labelled atomic.Bool
 
-	lmu   sync.Mutex       // guards locks and lostDone
+	lmu   sync.Mutex       // guards locks, lostDone and revoke
 	locks map[uint64]*Lock // the Locks that events may name, by token
+	// revoke is the last "! REVOKED" line read (version 9), for the
+	// "! LOST <token> revoked" line right after it.
+	revoke revokeNote
 	// lostDone: lostAll ran (Close, or the connection ended). A grant the
 	// reader reads after it (already buffered) makes a Lock lost at once,
 	// LostDisconnected, before it is returned: the sidecar sees (or soon

@@ -51,7 +51,7 @@ func closeRace(t *testing.T, n int) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := <-acq; got != "HELLO 8 events" {
+	if got := <-acq; got != "HELLO 9 events" {
 		t.Fatalf("first line %q", got)
 	}
 	go pipeWrite(sc, "HELLO 5 events\n")

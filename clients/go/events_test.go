@@ -44,8 +44,8 @@ func pipeClient(t *testing.T, hello string) (*Client, *fakeEnd) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close(); sc.Close() })
-	if got := f.req(); got != "HELLO 8 events" {
-		t.Fatalf("first line %q, want HELLO 8 events", got)
+	if got := f.req(); got != "HELLO 9 events" {
+		t.Fatalf("first line %q, want HELLO 9 events", got)
 	}
 	if hello != "" {
 		f.write(hello)
@@ -532,7 +532,7 @@ func TestCloseFiresLostBeforeTheSidecarReleases(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sc.Close() })
-	if got := f.req(); got != "HELLO 8 events" {
+	if got := f.req(); got != "HELLO 9 events" {
 		t.Fatalf("first line %q", got)
 	}
 	f.write("HELLO 6 events")
@@ -580,7 +580,7 @@ func TestLockDisconnected(t *testing.T) {
 func TestHelloVersion2Sidecar(t *testing.T) {
 	c, f := pipeClient(t, "ERR bad_request unknown HELLO option")
 	ch := async(func() error { _, err := c.Events(context.Background()); return err })
-	if r := f.req(); r != "HELLO 8" {
+	if r := f.req(); r != "HELLO 9" {
 		t.Fatalf("request %q", r)
 	}
 	f.write("HELLO 2")
@@ -617,6 +617,8 @@ func FuzzReadLoop(f *testing.F) {
 	f.Add("!!\n! LOST 7\n\n! LOST 7 expired k k2\nOK")
 	f.Add("BUSY\n!LOST 7 expired k\nTIMEOUT\n! FUTURE\n")
 	f.Add("! POSITION 2 3 - k\nOK 1\n! POSITION 2 x 1 k\n! POSITION 3 1 0 k\nPONG")
+	f.Add("OK 1\n! REVOKED 7 ops stuck  holder\n! LOST 7 revoked k\nPONG")
+	f.Add("! REVOKED 7 ops\nOK\n! REVOKED 7\n! REVOKED 7 ops x \nHELD 0")
 	f.Fuzz(func(t *testing.T, data string) {
 		lines := strings.Split(data, "\n")
 		if len(lines) > 200 {
@@ -667,6 +669,9 @@ func FuzzReadLoop(f *testing.F) {
 		}
 		if slices.Contains(lines, "! LOST 7 expired k") && !isLost(l) {
 			t.Fatal("a LOST line for the lock did not fire it")
+		}
+		if by, _, ok := l.Revoked(); by != "" && !ok {
+			t.Fatalf("revoked by %q but not lost as revoked (%q)", by, l.LostReason())
 		}
 		// Stop its timer; with an ended context nothing is sent.
 		ctx, cancel := context.WithCancel(context.Background())

@@ -19,7 +19,7 @@ import (
 var ErrLockLost = errors.New("ticketing: lock lost")
 
 // Reasons a Lock is lost (LostError.Reason, Lock.LostReason). The first
-// three are the sidecar's (unixapi/PROTOCOL.md, "Events: the lost
+// four are the sidecar's (unixapi/PROTOCOL.md, "Events: the lost
 // signal"); a later sidecar may name others, which are losses all the same.
 const (
 	// LostExpired: the lease ran out and the cluster committed the expiry.
@@ -29,6 +29,11 @@ const (
 	// LostCompensated: the sidecar released the lock on the connection's
 	// behalf (it is shutting down, or the connection is ending).
 	LostCompensated = "compensated"
+	// LostRevoked: an operator revoked the lock through a node's admin
+	// port and the cluster committed the revoke. Lock.Revoked and
+	// LostError.By and Why tell who and why (from the sidecar's
+	// "! REVOKED" line, protocol version 9; "" before that).
+	LostRevoked = "revoked"
 	// LostDeadline: the local validity deadline passed (send time of the
 	// ACQUIRE or the last successful EXTEND + lease − Margin). The cluster
 	// may still count the lock as held for a moment, but the holder must
@@ -46,10 +51,22 @@ type LostError struct {
 	Reason string   // LostExpired, LostDeadline, ... (the first reason: see Lock.LostReason)
 	Token  uint64   // the lock's fencing token
 	Keys   []string // the lock's keys
+	// By and Why are, for LostRevoked, who revoked the lock and their
+	// reason, as the sidecar's "! REVOKED" line named them (protocol
+	// version 9): "" when it did not (an older sidecar), and Why "" when
+	// the operator gave no reason.
+	By, Why string
 }
 
 func (e *LostError) Error() string {
-	return fmt.Sprintf("ticketing: lock lost (%s): %s, token %d", e.Reason, strings.Join(e.Keys, " "), e.Token)
+	why := e.Reason
+	if e.By != "" {
+		why += " by " + e.By
+		if e.Why != "" {
+			why += ": " + e.Why
+		}
+	}
+	return fmt.Sprintf("ticketing: lock lost (%s): %s, token %d", why, strings.Join(e.Keys, " "), e.Token)
 }
 
 // Is makes errors.Is(err, ErrLockLost) true for a *LostError.
@@ -112,7 +129,10 @@ type Lock struct {
 	// (lockKeys, renewAfterWait): the timer does not fire the signal.
 	renewing bool
 	reason   string // why it was lost; "" while it is not
-	released bool   // Release was called: no signal any more
+	// by and why: who revoked it and their reason, when reason is
+	// LostRevoked and the sidecar said (REVOKED, version 9).
+	by, why  string
+	released bool // Release was called: no signal any more
 }
 
 // extendRec is one EXTEND of a Lock.
@@ -177,13 +197,24 @@ func (l *Lock) Context() context.Context { return l.ctx }
 func (l *Lock) Lost() <-chan struct{} { return l.ctx.Done() }
 
 // LostReason is why the lock was lost ("" while it is not): the first
-// reason, except that the sidecar's event (expired, moved, compensated)
-// replaces LostDeadline or LostDisconnected when it arrives after them,
-// being the more definite news. context.Cause keeps the first reason.
+// reason, except that the sidecar's event (expired, moved, compensated,
+// revoked) replaces LostDeadline or LostDisconnected when it arrives after
+// them, being the more definite news. context.Cause keeps the first reason.
 func (l *Lock) LostReason() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.reason
+}
+
+// Revoked reports whether the lock was lost because an operator revoked
+// it (LostReason is LostRevoked), and if so who revoked it and their
+// reason, as the sidecar's "! REVOKED" line named them (protocol version
+// 9): by is "" when the sidecar did not say (an older one sends only
+// "! LOST <token> revoked ..."), why "" when the operator gave no reason.
+func (l *Lock) Revoked() (by, why string, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.by, l.why, l.reason == LostRevoked
 }
 
 // Remaining is the time left until the local validity deadline; 0 once
@@ -418,17 +449,21 @@ func (l *Lock) onDeadline() {
 // Context; a sidecar reason (fromSidecar) arriving after LostDeadline or
 // LostDisconnected replaces the reported reason. A released lock is not
 // lost.
-func (l *Lock) fire(reason string, fromSidecar bool) {
+func (l *Lock) fire(reason string, fromSidecar bool) { l.fireRevoked(reason, "", "", fromSidecar) }
+
+// fireRevoked is fire that also records, for LostRevoked, who revoked
+// the lock and why (by and why are "" for any other reason).
+func (l *Lock) fireRevoked(reason, by, why string, fromSidecar bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	switch {
 	case l.released:
 	case l.reason == "":
-		l.reason = reason
+		l.reason, l.by, l.why = reason, by, why
 		l.timer.Stop()
-		l.cancel(&LostError{Reason: reason, Token: l.token, Keys: l.Keys()})
+		l.cancel(&LostError{Reason: reason, Token: l.token, Keys: l.Keys(), By: by, Why: why})
 	case fromSidecar && (l.reason == LostDeadline || l.reason == LostDisconnected):
-		l.reason = reason
+		l.reason, l.by, l.why = reason, by, why
 	}
 }
 
@@ -660,12 +695,14 @@ func (cn *conn) forget(l *Lock) {
 	}
 }
 
-// event handles one event line (it starts with "!"). Three mean something:
+// event handles one event line (it starts with "!"). Four mean something:
 // "! LOST <token> <reason> <key>..." (version 3): the lock of that token
 // is lost; "! QUEUED <n> <key>..." (version 4): the n-th request line
 // written, an ACQUIRE of those keys, was queued; "! POSITION <n>
 // <position> <estimate|-> <key>" (version 7): that ACQUIRE's place in
-// key's line. Lines of other names, tokens of no Lock of this Client,
+// key's line; "! REVOKED <token> <by>[ <why>]" (version 9): who revoked
+// the lock of that token and why, noted for the "! LOST <token> revoked"
+// line that comes right after it. Lines of other names, tokens of no Lock of this Client,
 // request numbers of no ACQUIRE waiting with a hook, and malformed lines
 // are ignored: an event never answers a request, so ignoring one cannot
 // shift the replies.
@@ -678,6 +715,12 @@ func (cn *conn) event(line string) {
 		cn.positionEvent(n, pos)
 		return
 	}
+	if tok, by, why, ok := parseRevoked(line); ok {
+		cn.lmu.Lock()
+		cn.revoke = revokeNote{token: tok, by: by, why: why}
+		cn.lmu.Unlock()
+		return
+	}
 	tok, reason, ok := parseLost(line, cn.labelled.Load())
 	if !ok {
 		return
@@ -685,10 +728,58 @@ func (cn *conn) event(line string) {
 	cn.lmu.Lock()
 	l := cn.locks[tok]
 	delete(cn.locks, tok) // at most one LOST per lock
+	note := cn.revoke
+	cn.revoke = revokeNote{}
 	cn.lmu.Unlock()
 	if l != nil {
-		l.fire(reason, true)
+		if reason == LostRevoked && note.token == tok {
+			l.fireRevoked(reason, note.by, note.why, true)
+		} else {
+			l.fire(reason, true)
+		}
 	}
+}
+
+// revokeNote is what a "! REVOKED" line said, kept for the "! LOST" line
+// of the same token that follows it.
+type revokeNote struct {
+	token   uint64
+	by, why string
+}
+
+// parseRevoked reads "! REVOKED <token> <by>[ <why>]" (version 9): why is
+// the rest of the line (it may hold spaces; never at its ends), by one
+// field, both printable ASCII of at most 128 bytes.
+func parseRevoked(line string) (token uint64, by, why string, ok bool) {
+	rest, found := strings.CutPrefix(line, "! REVOKED ")
+	if !found {
+		return 0, "", "", false
+	}
+	f := strings.SplitN(rest, " ", 3)
+	if len(f) < 2 || len(f[1]) == 0 || len(f[1]) > 128 {
+		return 0, "", "", false
+	}
+	t, err := strconv.ParseUint(f[0], 10, 64)
+	if err != nil || t == 0 {
+		return 0, "", "", false
+	}
+	for i := 0; i < len(f[1]); i++ {
+		if c := f[1][i]; c < 0x21 || c > 0x7e {
+			return 0, "", "", false
+		}
+	}
+	if len(f) == 3 {
+		why = f[2]
+		if why == "" || len(why) > 128 || why[0] == ' ' || why[len(why)-1] == ' ' {
+			return 0, "", "", false
+		}
+		for i := 0; i < len(why); i++ {
+			if c := why[i]; c < 0x20 || c > 0x7e {
+				return 0, "", "", false
+			}
+		}
+	}
+	return t, f[1], why, true
 }
 
 // parseLost reads "! LOST <token> <reason> <key> [<key>...]", or, when

@@ -164,7 +164,7 @@ func TestPositionGivenUp(t *testing.T) {
 	}
 }
 
-// The Client asks for version 8 (pipeClient checks "HELLO 8 events"); a
+// The Client asks for version 9 (pipeClient checks "HELLO 9 events"); a
 // version-6 sidecar's answer is taken as it was before: version 6, events
 // on, QUEUED still reported, and an acquire with WithPosition works (it
 // simply gets no positions).

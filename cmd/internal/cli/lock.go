@@ -407,7 +407,7 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	select {
 	case <-lk.Lost():
-		fmt.Fprintf(stderr, "ticketing lock: lock %s (token %d) lost before COMMAND started (%s)\n", what, tok, lk.LostReason())
+		fmt.Fprintf(stderr, "ticketing lock: lock %s (token %d) lost before COMMAND started (%s)\n", what, tok, lostWhy(lk))
 		releaseOrReport("lock", lk, what, stderr)
 		return ExitLost
 	default:
@@ -469,7 +469,7 @@ func runLock(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		case <-lost:
 			lost, tick, wasLost = nil, nil, true
 			fmt.Fprintf(stderr, "ticketing lock: lock %s (token %d) lost (%s) while the command runs: sending it SIGTERM, SIGKILL in %v\n",
-				what, tok, lk.LostReason(), grace)
+				what, tok, lostWhy(lk), grace)
 			_ = cmd.Process.Signal(syscall.SIGTERM) // fails only once the command has exited
 			kill = time.After(grace)
 		case <-kill:
@@ -679,7 +679,7 @@ func holdLock(ctx context.Context, c *ticketing.Client, lk *ticketing.Lock, what
 					what, lk.Token(), err, lk.Remaining().Round(time.Millisecond))
 			}
 		case <-lk.Lost():
-			fmt.Fprintf(stderr, "ticketing acquire: lock %s (token %d) lost (%s): no longer held\n", what, lk.Token(), lk.LostReason())
+			fmt.Fprintf(stderr, "ticketing acquire: lock %s (token %d) lost (%s): no longer held\n", what, lk.Token(), lostWhy(lk))
 			// Lost to the local deadline only, it may still be held:
 			// releasing frees it sooner; its failure is expected.
 			rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -867,4 +867,18 @@ func runPermits(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	}
 	fmt.Fprintln(stdout, "OK")
 	return ExitOK
+}
+
+// lostWhy is why lk was lost, as its messages say it: its reason, and for
+// a revoke who revoked it and why when the sidecar said ("revoked by
+// ops@host: stuck holder").
+func lostWhy(lk *ticketing.Lock) string {
+	why := lk.LostReason()
+	if by, reason, ok := lk.Revoked(); ok && by != "" {
+		why += " by " + by
+		if reason != "" {
+			why += ": " + reason
+		}
+	}
+	return why
 }

@@ -96,7 +96,7 @@ func TestLockVerbosePrintsPositions(t *testing.T) {
 	if code != 0 || out != "ran\n" || errs != want {
 		t.Fatalf("exit %d, stdout %q, stderr:\n%s\nwant:\n%s", code, out, errs, want)
 	}
-	if r := one.requests(); len(r) < 2 || r[0] != "HELLO 8 events" || r[1] != "ACQUIRE k 60 30.000" {
+	if r := one.requests(); len(r) < 2 || r[0] != "HELLO 9 events" || r[1] != "ACQUIRE k 60 30.000" {
 		t.Fatalf("requests %q", r)
 	}
 

@@ -259,10 +259,10 @@ func registerUnixMetrics(reg prometheus.Registerer, srv *unixapi.Server) {
 			ConstLabels: prometheus.Labels{"reason": "too_many_conns"},
 		}, func() float64 { return float64(srv.Stats().TooManyConns) }),
 	)
-	for _, why := range []sidecar.LostReason{sidecar.LostExpired, sidecar.LostMoved, sidecar.LostCompensated} {
+	for _, why := range sidecar.LostReasons {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name:        "ticketing_sidecar_local_lost_events_total",
-			Help:        "LOST event lines written to unix-socket connections that turned events on (HELLO 3 events), by reason: expired, moved, compensated.",
+			Help:        "LOST event lines written to unix-socket connections that turned events on (HELLO 3 events), by reason: expired, moved, compensated, revoked.",
 			ConstLabels: prometheus.Labels{"reason": why.String()},
 		}, func() float64 { return float64(srv.Stats().LostEvents[why]) }))
 	}
