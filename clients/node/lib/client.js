@@ -65,6 +65,13 @@ const DEFAULT_REPLY_GRACE = 10;
 const ORPHAN_LOSSES = 64;
 
 /**
+ * How many `! REVOKED` lines whose `! LOST` has not come a connection keeps
+ * (the oldest forgotten first): the LOST of a revoke follows its REVOKED,
+ * and a REVOKED for a token of no lock of ours is never used.
+ */
+const PENDING_REVOKES = 64;
+
+/**
  * Call an acquire's event hook. The caller's bug must not stop the reading
  * of replies (the next line may be this very ACQUIRE's grant): a throw is
  * reported as an EventTarget reports a throwing listener, as an uncaught
@@ -85,7 +92,9 @@ function callHook(hook, arg) {
  * in call order and their pending entries queued in the same order; replies
  * (one line each, in request order) settle the oldest entry. Event lines
  * (`! ...`) are set aside and never counted as replies: `! LOST` fires the
- * lost signal of this connection's Lock objects with that token; `! QUEUED
+ * lost signal of this connection's Lock objects with that token (a
+ * `! REVOKED` line of that token before it gives a `revoked` loss its who
+ * and why; one for a token of no lock of ours changes nothing); `! QUEUED
  * <n> ...` and `! POSITION <n> ...` call the onQueued and onPosition hooks
  * of the pending ACQUIRE that was the connection's n-th request line.
  * @private
@@ -128,8 +137,17 @@ class Connection {
      * released): while one is, the socket keeps the process alive.
      */
     this.holding = 0;
-    /** @type {Map<bigint, string>} reasons of LOST events for tokens with no Lock (yet) */
+    /**
+     * LOST events for tokens with no Lock (yet): their reason, and who
+     * revoked it and why (a `revoked` loss after a `! REVOKED` line).
+     * @type {Map<bigint, {reason: string, revoke: {by: string, why: string|null}|null}>}
+     */
     this.orphanLosses = new Map();
+    /**
+     * `! REVOKED` lines waiting for the LOST of their token.
+     * @type {Map<bigint, {by: string, why: string|null}>}
+     */
+    this.revokes = new Map();
     this.reader = new p.LineReader((line) => this.onReply(line), (line) => this.onEvent(line));
     this.closed = new Promise((resolve) => { this.onClosed = resolve; });
     const socket = net.createConnection({ path });
@@ -274,14 +292,24 @@ class Connection {
       this.onPosition(ev);
       return;
     }
+    if (ev.name === 'REVOKED') {
+      // Kept for the LOST of its token, which follows it.
+      this.revokes.delete(ev.token);
+      this.revokes.set(ev.token, { by: ev.by, why: ev.why });
+      if (this.revokes.size > PENDING_REVOKES) this.revokes.delete(this.revokes.keys().next().value);
+      return;
+    }
+    const pending = this.revokes.get(ev.token);
+    this.revokes.delete(ev.token);
+    const revoke = pending !== undefined && ev.reason === 'revoked' ? pending : null;
     const locks = this.locks.get(ev.token);
     if (!locks) {
       this.orphanLosses.delete(ev.token);
-      this.orphanLosses.set(ev.token, ev.reason);
+      this.orphanLosses.set(ev.token, { reason: ev.reason, revoke });
       if (this.orphanLosses.size > ORPHAN_LOSSES) this.orphanLosses.delete(this.orphanLosses.keys().next().value);
       return;
     }
-    for (const lock of [...locks]) lock[kLose](ev.reason, true);
+    for (const lock of [...locks]) lock[kLose](ev.reason, true, revoke);
   }
 
   /**
@@ -324,10 +352,10 @@ class Connection {
     let set = this.locks.get(lock.token);
     if (!set) this.locks.set(lock.token, (set = new Set()));
     set.add(lock);
-    const reason = this.orphanLosses.get(lock.token);
-    if (reason !== undefined) {
+    const orphan = this.orphanLosses.get(lock.token);
+    if (orphan !== undefined) {
       this.orphanLosses.delete(lock.token);
-      lock[kLose](reason, true);
+      lock[kLose](orphan.reason, true, orphan.revoke);
     }
   }
 
@@ -394,7 +422,7 @@ class Connection {
  * numbers. `release` also accepts decimal strings. Compare tokens with `<`,
  * `>`; store them as strings (`String(token)`) or u64 columns.
  *
- * Every connection starts with `HELLO 8 events` (pipelined before the first
+ * Every connection starts with `HELLO 9 events` (pipelined before the first
  * request), so the sidecar tells it when a lock it holds is lost; `lock` and
  * `lockBlock` return {@link Lock} objects whose `signal` reports it. Against
  * an older sidecar (no events) locks still fire at their local deadline.
@@ -464,7 +492,7 @@ class Client {
   }
 
   /**
-   * Send `HELLO 8 events` on `conn` (its first request, or again after a
+   * Send `HELLO 9 events` on `conn` (its first request, or again after a
    * HELLO that got no usable reply) and record what the sidecar agreed.
    * @param {Connection} conn
    */
@@ -597,7 +625,8 @@ class Client {
 
   /**
    * Acquire `key` and resolve with a {@link Lock}: its `token`, `keys`,
-   * `label` (the `label` option, or null), a `signal` (AbortSignal) aborted when the lock is lost, `lostReason`,
+   * `label` (the `label` option, or null), a `signal` (AbortSignal) aborted when the lock is lost, `lostReason`
+   * (with `revokedBy` and `revokeReason` for a revoked lock),
    * `remaining()` (seconds), `extend(lease)` and `release()`.
    *
    * The lock is valid until the ACQUIRE's send time + lease − margin
@@ -829,7 +858,7 @@ class Client {
 
   /**
    * The protocol version this client and the sidecar both speak: the reply
-   * to the `HELLO 8 events` every connection sends first (1 for a version-1
+   * to the `HELLO 9 events` every connection sends first (1 for a version-1
    * sidecar, which does not know `HELLO`; 2 for a version-2 sidecar, which
    * refuses the `events` option; 3 for a sidecar that sends `! LOST` but not
    * `! QUEUED`).

@@ -125,37 +125,61 @@ class NoDomainError extends TicketingError {
 }
 
 /**
- * Why a {@link LockLostError} was raised. `expired`, `moved` and
- * `compensated` come from the sidecar's `! LOST` event; `deadline` is the
+ * Why a {@link LockLostError} was raised. `expired`, `moved`,
+ * `compensated` and `revoked` (an operator revoked the lock) come from the
+ * sidecar's `! LOST` event; `deadline` is the
  * lock's local validity deadline (send time + lease − margin);
  * `disconnected` the connection to the sidecar ended; `released`: the
  * lock was released (only an `extend` after `release` reports it; the lost
  * signal never fires for a released lock). A newer sidecar may send other
  * reasons: they are losses all the same.
- * @typedef {'expired'|'moved'|'compensated'|'deadline'|'disconnected'|'released'|string} LostReason
+ * @typedef {'expired'|'moved'|'compensated'|'revoked'|'deadline'|'disconnected'|'released'|string} LostReason
  */
 
 /**
  * The lock is lost: its `signal.reason`, and what `Lock.extend` rejects with
- * after the loss (nothing is sent then). `reason` says why.
+ * after the loss (nothing is sent then). `reason` says why; for `revoked`,
+ * `revokedBy` and `revokeReason` say who revoked it and why when the
+ * sidecar told (its `! REVOKED` line, protocol version 9), and the message
+ * names them (`lock lost: revoked by alice: maintenance`).
  */
 class LockLostError extends TicketingError {
   /**
    * @param {LostReason} reason
    * @param {string} [message]
+   * @param {{revokedBy?: string|null, revokeReason?: string|null}} [revoke]
+   *   who revoked the lock and why
    */
-  constructor(reason, message) {
-    super(message || LockLostError.describe(reason), 'lost');
+  constructor(reason, message, { revokedBy = null, revokeReason = null } = {}) {
+    super(message || LockLostError.describe(reason, revokedBy, revokeReason), 'lost');
     /** @type {LostReason} */
     this.reason = reason;
+    /**
+     * Who revoked the lock (reason `revoked`, from a version-9 sidecar), else null.
+     * @type {string|null}
+     */
+    this.revokedBy = revokedBy;
+    /**
+     * Why it was revoked (null: no reason given, or not known).
+     * @type {string|null}
+     */
+    this.revokeReason = revokeReason;
   }
 
-  /** @param {LostReason} reason */
-  static describe(reason) {
+  /**
+   * @param {LostReason} reason
+   * @param {string|null} [revokedBy]
+   * @param {string|null} [revokeReason]
+   */
+  static describe(reason, revokedBy = null, revokeReason = null) {
     switch (reason) {
       case 'expired': return 'lock lost: its lease ran out (the cluster committed the expiry)';
       case 'moved': return 'lock lost: the key is no longer held under this token (an EXTEND found it moved on)';
       case 'compensated': return 'lock lost: the sidecar released it on the connection\'s behalf';
+      case 'revoked': {
+        if (revokedBy === null) return 'lock lost: revoked by an operator';
+        return `lock lost: revoked by ${revokedBy}${revokeReason ? `: ${revokeReason}` : ''}`;
+      }
       case 'deadline': return 'lock lost: its local validity deadline (send time + lease - margin) passed';
       case 'disconnected': return 'lock lost: the connection to the sidecar ended';
       case 'released': return 'the lock was released';

@@ -31,7 +31,9 @@ const kRenewAfterWait = Symbol('renewAfterWait');
  * A held lock: one key, or every key of a block, under one fencing token.
  *
  * `signal` is an AbortSignal aborted once, when the lock is lost: at the
- * sidecar's `! LOST` event (reason `expired`, `moved`, `compensated`), at
+ * sidecar's `! LOST` event (reason `expired`, `moved`, `compensated`,
+ * `revoked`: an operator revoked it, and from a version-9 sidecar
+ * `revokedBy` and `revokeReason` say who and why), at
  * the local validity deadline (`deadline`: the ACQUIRE's send time, or the
  * last successful EXTEND's, + lease − margin, margin = 250 ms + 1 % of the
  * lease), or when the connection to the sidecar ends (`disconnected`),
@@ -76,6 +78,12 @@ class Lock {
   #timer = null;
   /** @type {string|null} */
   #lostReason = null;
+  /**
+   * Who revoked the lock and why (`! REVOKED`, version 9), with the reason
+   * `revoked`; null otherwise.
+   * @type {{by: string, why: string|null}|null}
+   */
+  #revoke = null;
   #released = false;
   /** @type {string|null} */
   #label = null;
@@ -208,14 +216,42 @@ class Lock {
   }
 
   /**
-   * Why the lock was lost (`expired`, `moved`, `compensated`, `deadline`,
-   * `disconnected`, or a reason a newer sidecar sends), or null while it is
-   * not. A sidecar event after `deadline`/`disconnected` replaces those.
+   * Why the lock was lost (`expired`, `moved`, `compensated`, `revoked`,
+   * `deadline`, `disconnected`, or a reason a newer sidecar sends), or null
+   * while it is not. A sidecar event after `deadline`/`disconnected`
+   * replaces those.
    * @returns {string|null}
    */
   get lostReason() {
     this.#checkDeadline();
     return this.#lostReason;
+  }
+
+  /**
+   * Who revoked the lock (the operator's name, 1..128 visible ASCII
+   * characters) when `lostReason` is `revoked` and the sidecar said so (its
+   * `! REVOKED` line, protocol version 9); null otherwise, and for a revoke
+   * an older sidecar told.
+   * @returns {string|null}
+   */
+  get revokedBy() {
+    return this.#revoke === null ? null : this.#revoke.by;
+  }
+
+  /**
+   * Why the operator revoked the lock (free text, up to 128 characters), as
+   * `revokedBy`; null when no reason was given or the sidecar did not say.
+   * @returns {string|null}
+   */
+  get revokeReason() {
+    return this.#revoke === null ? null : this.#revoke.why;
+  }
+
+  /** The LockLostError of the loss so far, with who revoked it and why. */
+  #lostError(message) {
+    return new LockLostError(this.#lostReason, message, {
+      revokedBy: this.revokedBy, revokeReason: this.revokeReason,
+    });
   }
 
   /** True once the lost signal has fired (checks the deadline first). */
@@ -269,7 +305,7 @@ class Lock {
     const line = p.extendLine(this.#keys[0], this.#token, lease);
     if (this.#released) throw new LockLostError('released');
     this.#checkDeadline();
-    if (this.#lostReason !== null) throw new LockLostError(this.#lostReason);
+    if (this.#lostReason !== null) throw this.#lostError();
     const sentAt = performance.now();
     const mine = { cap: validUntil(sentAt, lease), begun: ++this.#extendClock, answered: 0 };
     this.#extends.push(mine);
@@ -287,8 +323,8 @@ class Lock {
       if (reply === 'OK') {
         if (this.#released) return;
         if (this.#lostReason !== null) {
-          throw new LockLostError(this.#lostReason,
-            `${LockLostError.describe(this.#lostReason)}, while its EXTEND was in flight (the EXTEND succeeded: release the lock)`);
+          throw this.#lostError(`${LockLostError.describe(this.#lostReason, this.revokedBy, this.revokeReason)}, `
+            + 'while its EXTEND was in flight (the EXTEND succeeded: release the lock)');
         }
         // At most the cap of every other EXTEND that ran at the same time
         // (not answered yet, or answered after this one was sent), whatever
@@ -353,9 +389,11 @@ class Lock {
    * replaces a local reason). Called by the connection.
    * @param {string} reason
    * @param {boolean} fromSidecar
+   * @param {{by: string, why: string|null}|null} [revoke] who revoked it
+   *   and why (a `revoked` loss after a `! REVOKED` line)
    */
-  [kLose](reason, fromSidecar) {
-    this.#lose(reason, fromSidecar);
+  [kLose](reason, fromSidecar, revoke = null) {
+    this.#lose(reason, fromSidecar, revoke);
   }
 
   /** Marks the lock released: no more timers, no lost signal. */
@@ -374,16 +412,18 @@ class Lock {
     this.#conn.holdEnded();
   }
 
-  #lose(reason, fromSidecar) {
+  #lose(reason, fromSidecar, revoke = null) {
     if (this.#released) return;
     if (fromSidecar) this.#conn.unregister(this); // at most one event per lock
     if (this.#lostReason === null) {
       this.#lostReason = reason;
+      this.#revoke = revoke;
       this.#disarm();
       this.#endHold();
-      this.#controller.abort(new LockLostError(reason));
+      this.#controller.abort(this.#lostError());
     } else if (fromSidecar && LOCAL_REASONS.has(this.#lostReason)) {
       this.#lostReason = reason;
+      this.#revoke = revoke;
     }
   }
 

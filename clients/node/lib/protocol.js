@@ -23,15 +23,19 @@ const RELEASE_DEADLINE = 5;
  * The version of unixapi/PROTOCOL.md this client speaks (2: seat blocks,
  * HELLO; 3: EXTEND and the `! LOST` event lines; 4: the `! QUEUED` event
  * lines; 5: owner labels; 6: waits up to an hour; 7: the `! POSITION` event
- * lines).
+ * lines; 8: semaphores, `PERMIT` and `PERMITS`; 9: the `! REVOKED` event
+ * line, who revoked a lock and why).
  */
-const PROTOCOL_VERSION = 8;
+const PROTOCOL_VERSION = 9;
 /** The protocol version of `PERMIT` and `PERMITS` (semaphores). */
 const PERMIT_VERSION = 8;
 /** The most permits of one semaphore key (`setPermits`). */
 const MAX_PERMITS = 100000;
 /** The longest owner label (`label=`, version 5) in bytes. */
 const MAX_LABEL_LEN = 64;
+/** The longest `<by>` and `<why>` of a `! REVOKED` line (version 9), bytes. */
+const MAX_REVOKED_BY = 128;
+const MAX_REVOKE_REASON = 128;
 /**
  * The margin by which a lock's local validity deadline precedes the end of
  * its lease (clients/README.md): 250 ms + 1 % of the lease, for the drift
@@ -224,7 +228,7 @@ function helloEventsLine() {
 }
 
 /**
- * The reply to `HELLO 8 events`: `HELLO <v> events` → events on;
+ * The reply to `HELLO 9 events`: `HELLO <v> events` → events on;
  * `HELLO <v>` → the version both speak has no events; `ERR bad_request` →
  * a version-2 sidecar (it knows HELLO but not the option); `ERR
  * unknown_verb` → version 1. Anything else throws its error.
@@ -295,9 +299,21 @@ function isEventLine(line) {
  * @typedef {object} LostEvent
  * @property {'LOST'} name
  * @property {bigint} token
- * @property {string} reason `expired`, `moved`, `compensated` or one a newer
- *   sidecar added (still a loss)
+ * @property {string} reason `expired`, `moved`, `compensated`, `revoked` or
+ *   one a newer sidecar added (still a loss)
  * @property {string[]} keys
+ */
+
+/**
+ * `! REVOKED <token> <by>[ <why>]` (version 9): an operator revoked the lock
+ * of `token`; the `! LOST <token> revoked ...` line that follows is the loss
+ * itself, and takes `by` and `why` along.
+ * @typedef {object} RevokedEvent
+ * @property {'REVOKED'} name
+ * @property {bigint} token
+ * @property {string} by who revoked it (1..128 visible ASCII characters)
+ * @property {string|null} why why (1..128 printable ASCII characters, spaces
+ *   inside), null when no reason was given
  */
 
 /**
@@ -324,13 +340,32 @@ function wellFormedKeys(keys) {
 }
 
 /**
+ * `! REVOKED <token> <by>[ <why>]`: `why` is the rest of the line and may
+ * hold spaces (never at its start or end; omitted with its space when
+ * empty). Null when malformed.
+ * @param {string} line
+ * @returns {RevokedEvent|null}
+ */
+function parseRevoked(line) {
+  const m = /^! REVOKED ([0-9]{1,20}) ([\x21-\x7e]+)(?: ([\x20-\x7e]+))?$/.exec(line);
+  if (!m) return null;
+  const token = BigInt(m[1]);
+  if (token < 1n || token > MAX_TOKEN) return null;
+  const [, , by, why = null] = m;
+  if (by.length > MAX_REVOKED_BY) return null;
+  if (why !== null && (why.length > MAX_REVOKE_REASON || why.startsWith(' ') || why.endsWith(' '))) return null;
+  return { name: 'REVOKED', token, by, why };
+}
+
+/**
  * Parse an event line. Returns null for an event this client does not know
  * (later versions may add some) and for a malformed line: both are ignored.
  * @param {string} line
- * @returns {LostEvent|QueuedEvent|PositionEvent|null}
+ * @returns {LostEvent|QueuedEvent|PositionEvent|RevokedEvent|null}
  */
 function parseEvent(line, labelled = false) {
   if (!line.startsWith('! ')) return null;
+  if (line.startsWith('! REVOKED ')) return parseRevoked(line);
   const words = line.slice(2).split(' ');
   if (labelled && words[0] === 'LOST') {
     // Version 5: the lock's label ('-': none) before its keys.
@@ -641,7 +676,7 @@ module.exports = {
   PROTOCOL_VERSION, MAX_BLOCK_KEYS, MARGIN_BASE_MS, MARGIN_LEASE_FRACTION, PERMIT_VERSION, MAX_PERMITS,
   fenceKey, permitLine, parsePermit, permitsLine, parsePermits,
   defaultPath, checkKey, checkKeys, checkLease, waitMillis, formatWait, toToken, checkRaw, checkOnQueued, checkOnPosition,
-  MAX_LABEL_LEN, checkLabel, labelField,
+  MAX_LABEL_LEN, checkLabel, labelField, MAX_REVOKED_BY, MAX_REVOKE_REASON,
   acquireLine, acquireBlockLine, helloLine, helloEventsLine, parseHello, parseHelloEvents, releaseLine,
   extendLine, marginMillis, isEventLine, parseEvent, LineReader,
   errorFrom, parseAcquire, parseRelease, parsePing, parseInfo, parseHeld, parseHeldLocks,

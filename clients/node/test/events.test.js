@@ -274,14 +274,14 @@ test('onQueued: withLock and withBlock pass it on; a new connection counts from 
   fake.send('! QUEUED 2 k\nOK 5\n');
   assert.equal(await section, 5n);
   assert.deepEqual(seen, [['k']]);
-  assert.deepEqual(fake.lines, ['HELLO 8 events', 'ACQUIRE k 30 5', 'RELEASE k 5']);
+  assert.deepEqual(fake.lines, ['HELLO 9 events', 'ACQUIRE k 30 5', 'RELEASE k 5']);
 
   fake.peer.destroy(); // the sidecar ends the session
   for (let i = 0; i < 2000 && client.connected; i++) await sleep(5);
   assert.equal(client.connected, false);
   const block = client.withBlock(['a', 'b'], { wait: 5, onQueued: (q) => seen.push(q.keys) }, (token) => token);
   await fake.waitLines(5); // HELLO, ACQUIRE on the new connection
-  assert.deepEqual(fake.lines.slice(3), ['HELLO 8 events', 'ACQUIRE a b 30 5']);
+  assert.deepEqual(fake.lines.slice(3), ['HELLO 9 events', 'ACQUIRE a b 30 5']);
   fake.send('! QUEUED 2 a b\nOK 6\n');
   assert.equal(await block, 6n);
   assert.deepEqual(seen, [['k'], ['a', 'b']]);

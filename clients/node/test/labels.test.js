@@ -43,7 +43,7 @@ test('a version-4 sidecar is never sent a label', async () => {
     await assert.rejects(c.acquire('k', { lease: 30, wait: 0, label: 'job' }), ticketing.NotSupportedError);
     await assert.rejects(c.lock('k', { lease: 30, wait: 0, label: 'job' }), ticketing.NotSupportedError);
     assert.equal(await c.acquire('k', { lease: 30, wait: 0 }), 100n);
-    assert.deepEqual(fake.lines, ['HELLO 8 events', 'ACQUIRE k 30 0']);
+    assert.deepEqual(fake.lines, ['HELLO 9 events', 'ACQUIRE k 30 0']);
   } finally {
     await c.close();
     await fake.stop();

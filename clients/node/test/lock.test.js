@@ -34,10 +34,10 @@ async function setup(respond) {
   return { fake, client };
 }
 
-test('every connection starts with HELLO 8 events; the reply says whether events come', async () => {
+test('every connection starts with HELLO 9 events; the reply says whether events come', async () => {
   const { fake, client } = await setup();
   await client.ping();
-  assert.deepEqual(fake.lines, ['HELLO 8 events', 'PING']);
+  assert.deepEqual(fake.lines, ['HELLO 9 events', 'PING']);
   assert.equal(await client.hello(), 4);
   assert.equal(await client.eventsEnabled(), true);
 

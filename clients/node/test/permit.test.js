@@ -33,7 +33,7 @@ function permitSidecar(v = 8, overrides = {}) {
 }
 
 test('PERMIT and PERMITS lines and replies', () => {
-  assert.equal(p.helloEventsLine(), 'HELLO 8 events');
+  assert.equal(p.helloEventsLine(), 'HELLO 9 events');
   assert.deepEqual(p.permitLine('k', 30, 1.5), { line: 'PERMIT k 30 1.5', waitSeconds: 1.5 });
   assert.deepEqual(p.parsePermit('OK 12 0'), { token: 12n, slot: 0 });
   for (const bad of ['OK 12', 'OK 12 x', 'OK 0 1', 'OK 12 100000', 'OK 12 1 2']) {
@@ -103,7 +103,7 @@ test('fake: a version-7 sidecar is sent no PERMIT or PERMITS', async () => {
   await assert.rejects(client.acquirePermit('room', { wait: 0 }), ticketing.NotSupportedError);
   await assert.rejects(client.lockPermit('room', { wait: 0 }), ticketing.NotSupportedError);
   await assert.rejects(client.setPermits('room', 1), ticketing.NotSupportedError);
-  assert.deepEqual(fake.lines, ['HELLO 8 events']);
+  assert.deepEqual(fake.lines, ['HELLO 9 events']);
 });
 
 test('real sidecar: slots, FIFO hand-off, raising n, mismatches', async () => {

@@ -115,13 +115,13 @@ test('onPosition: not called once the call gave up waiting for the reply', async
   }
 });
 
-test('onPosition: a version-6 sidecar is spoken to as before (HELLO 8 sent, version 6 agreed, QUEUED still reported)', async () => {
+test('onPosition: a version-6 sidecar is spoken to as before (HELLO 9 sent, version 6 agreed, QUEUED still reported)', async () => {
   const { fake, client } = await manual('HELLO 6 events');
   const seen = [];
   let queued = 0;
   const got = client.acquire('k', { wait: 5, onPosition: (r) => seen.push(r), onQueued: () => { queued++; } });
   await fake.waitLines(2);
-  assert.deepEqual(fake.lines, ['HELLO 8 events', 'ACQUIRE k 30 5']);
+  assert.deepEqual(fake.lines, ['HELLO 9 events', 'ACQUIRE k 30 5']);
   fake.send('! QUEUED 2 k\nOK 3\n');
   assert.equal(await got, 3n);
   assert.equal(await client.hello(), 6);

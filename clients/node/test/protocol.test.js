@@ -85,8 +85,9 @@ test('reply parsing', () => {
   assert.throws(() => p.parseHeld('HELD 2 a:1'), ticketing.ProtocolError);
 });
 
-test('HELLO replies to HELLO 8 events', () => {
-  assert.equal(p.helloEventsLine(), 'HELLO 8 events');
+test('HELLO replies to HELLO 9 events', () => {
+  assert.equal(p.helloEventsLine(), 'HELLO 9 events');
+  assert.deepEqual(p.parseHelloEvents('HELLO 9 events'), { version: 9, events: true });
   assert.deepEqual(p.parseHelloEvents('HELLO 8 events'), { version: 8, events: true });
   assert.deepEqual(p.parseHelloEvents('HELLO 7 events'), { version: 7, events: true });
   assert.deepEqual(p.parseHelloEvents('HELLO 6 events'), { version: 6, events: true });
@@ -95,7 +96,7 @@ test('HELLO replies to HELLO 8 events', () => {
   assert.deepEqual(p.parseHelloEvents('HELLO 4'), { version: 4, events: false });
   assert.deepEqual(p.parseHelloEvents('ERR bad_request x'), { version: 2, events: false });
   assert.deepEqual(p.parseHelloEvents('ERR unknown_verb x'), { version: 1, events: false });
-  for (const bad of ['HELLO 9 events', 'HELLO 0 events', 'HELLO 4 events x', 'HELLO']) {
+  for (const bad of ['HELLO 10 events', 'HELLO 0 events', 'HELLO 4 events x', 'HELLO']) {
     assert.throws(() => p.parseHelloEvents(bad), ticketing.ProtocolError, bad);
   }
 });

@@ -65,7 +65,8 @@ class BlockArguments(unittest.TestCase):
         self.assertEqual(p.parse_hello_reply("HELLO 2"), (2, False))
         self.assertEqual(p.parse_hello_reply("HELLO 7 events"), (7, True))
         self.assertEqual(p.parse_hello_reply("HELLO 8 events"), (8, True))
-        for bad in ("HELLO 9", "HELLO 9 events", "HELLO 4 events ", "HELLO 2 events", "HELLO 3 bogus", "HELLO 3 ", "HELLO x", "HELLO", "OK"):
+        self.assertEqual(p.parse_hello_reply("HELLO 9 events"), (9, True))
+        for bad in ("HELLO 10", "HELLO 10 events", "HELLO 4 events ", "HELLO 2 events", "HELLO 3 bogus", "HELLO 3 ", "HELLO x", "HELLO", "OK"):
             with self.subTest(reply=bad), self.assertRaises(ticketing.ProtocolError):
                 p.parse_hello(bad)
         with self.assertRaises(ticketing.ServerError) as cm:
@@ -263,7 +264,7 @@ class Version1SidecarTest(unittest.TestCase):
                 with c.lock_block(["a", "b"]):
                     self.fail("entered")
             self.assertEqual(c.hello(), 1)
-        self.assertEqual(self.fake.lines, ["HELLO 8 events", "ACQUIRE only 30 0"])
+        self.assertEqual(self.fake.lines, ["HELLO 9 events", "ACQUIRE only 30 0"])
 
     def test_async(self) -> None:
         async def body() -> None:
@@ -277,7 +278,7 @@ class Version1SidecarTest(unittest.TestCase):
                 self.assertEqual(await c.acquire_block(["only"], lease=30, wait=0), 7)
 
         asyncio.run(body())
-        self.assertEqual(self.fake.lines, ["HELLO 8 events", "ACQUIRE only 30 0"])
+        self.assertEqual(self.fake.lines, ["HELLO 9 events", "ACQUIRE only 30 0"])
 
 
 if __name__ == "__main__":

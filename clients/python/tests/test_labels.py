@@ -75,7 +75,7 @@ class Version4SidecarTest(unittest.TestCase):
                 with self.assertRaises(ticketing.NotSupportedError):
                     c.lock("k", lease=30, wait=0, label="job").acquire()
                 self.assertEqual(c.acquire("k", lease=30, wait=0), 7)
-            self.assertEqual(fake.lines, ["HELLO 8 events", "ACQUIRE k 30 0"])
+            self.assertEqual(fake.lines, ["HELLO 9 events", "ACQUIRE k 30 0"])
         finally:
             fake.close()
 

@@ -289,7 +289,7 @@ class SyncLockLost(SyncFakeCase):
 
     def test_hello_first_and_events_on(self) -> None:
         self.client.ping()
-        self.assertEqual(self.fake.lines[0], "HELLO 8 events")
+        self.assertEqual(self.fake.lines[0], "HELLO 9 events")
         self.assertEqual(self.client.hello(), 4)
         self.assertTrue(self.client._conn.events)  # type: ignore[union-attr]
         self.assertEqual(self.client.requests_sent, 1)  # the HELLO is not counted

@@ -57,7 +57,7 @@ class PermitSidecar(ScriptedSidecar):
 
 class Protocol(unittest.TestCase):
     def test_lines_and_replies(self) -> None:
-        self.assertEqual(p.HELLO_EVENTS_LINE, "HELLO 8 events")
+        self.assertEqual(p.HELLO_EVENTS_LINE, "HELLO 9 events")
         self.assertEqual(p.permit_line("k", 30, 1.5, "job")[0], "PERMIT k 30 1.5 label=job")
         self.assertEqual(p.parse_permit("OK 12 0"), (12, 0))
         for bad in ("OK 12", "OK 12 x", "OK 0 1", "OK 12 100000", "OK 12 1 2"):

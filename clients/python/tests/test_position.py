@@ -101,7 +101,7 @@ class SyncOnPosition(unittest.TestCase):
         token = self.client.acquire("k", 10, 5, on_position=rec)
         returned = list(rec.got)
         self.assertGreater(token, 0)
-        self.assertEqual(self.fake.lines[:3], ["HELLO 8 events", "PING", "ACQUIRE k 10 5"])
+        self.assertEqual(self.fake.lines[:3], ["HELLO 9 events", "PING", "ACQUIRE k 10 5"])
         want = [Position("k", 12, 34), Position("k", 3, None), Position("k", 1, 0)]
         self.assertEqual(returned, want)
         self.assertEqual(set(rec.threads), {"ticketing-reader"})
@@ -186,7 +186,7 @@ class SyncOnPosition(unittest.TestCase):
         self.fake.script = lambda n, keys: [f"! QUEUED {n} k"]
         self.assertEqual(self.client.hello(), 6)
         self.client.acquire("k", 10, 5, on_position=rec, on_queued=lambda: queued.append(1))
-        self.assertEqual(self.fake.lines[0], "HELLO 8 events")
+        self.assertEqual(self.fake.lines[0], "HELLO 9 events")
         self.assertEqual((rec.got, queued), ([], [1]))
 
     def test_bad_argument(self) -> None:
@@ -235,7 +235,7 @@ class AsyncOnPosition(unittest.TestCase):
                     pass
                 await c.acquire("w0", 10, 0, on_position=hook("wait0"))
                 await c.ping()
-                self.assertEqual(self.fake.lines[0], "HELLO 8 events")
+                self.assertEqual(self.fake.lines[0], "HELLO 9 events")
 
                 errors: List[dict] = []
                 loop.set_exception_handler(lambda _loop, ctx: errors.append(ctx))

@@ -137,7 +137,7 @@ class ReplyParsing(unittest.TestCase):
 def started(hello_reply: "str | None" = None) -> "tuple[p.Session, p.Request]":
     s = p.Session("/x.sock")
     hello, data = s.start(0.0, handle="hello")
-    assert data == b"HELLO 8 events\n", data
+    assert data == b"HELLO 9 events\n", data
     if hello_reply is not None:
         s.receive_line(hello_reply)
     return s, hello

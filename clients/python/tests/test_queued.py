@@ -28,7 +28,7 @@ class QueuingSidecar(ScriptedSidecar):
         self._per_conn = threading.local()  # each connection has its thread
 
     def answer(self, line: str) -> str:
-        if line == "HELLO 8 events":
+        if line == "HELLO 9 events":
             return f"HELLO {self.version} events"
         return super().answer(line)
 
@@ -60,7 +60,7 @@ class SyncOnQueued(unittest.TestCase):
         self.client.ping()  # line 2; the ACQUIRE is line 3
         token = self.client.acquire("k", 10, 5, on_queued=self.hook("acquire"))
         self.events.append("returned")
-        self.assertEqual(self.fake.lines[:3], ["HELLO 8 events", "PING", "ACQUIRE k 10 5"])
+        self.assertEqual(self.fake.lines[:3], ["HELLO 9 events", "PING", "ACQUIRE k 10 5"])
         self.assertEqual(self.events, ["acquire on ticketing-reader", "returned"])
         self.assertGreater(token, 0)
 

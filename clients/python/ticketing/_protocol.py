@@ -46,13 +46,15 @@ from .errors import (
     ServerError,
     SidecarConnectionError,
     TicketingError,
+    describe_loss,
 )
 
 #: The version of unixapi/PROTOCOL.md this client speaks (2: seat blocks,
 #: HELLO; 3: EXTEND and the ``! LOST`` event lines; 4: the ``! QUEUED``
 #: event line; 5: owner labels; 6: waits up to an hour; 7: the
-#: ``! POSITION`` event line; 8: semaphores, ``PERMIT`` and ``PERMITS``).
-PROTOCOL_VERSION = 8
+#: ``! POSITION`` event line; 8: semaphores, ``PERMIT`` and ``PERMITS``;
+#: 9: the ``! REVOKED`` event line, who revoked a lock and why).
+PROTOCOL_VERSION = 9
 #: The protocol version of ``PERMIT`` and ``PERMITS`` (semaphores).
 PERMIT_VERSION = 8
 #: The most permits of one semaphore key (``set_permits``).
@@ -222,7 +224,7 @@ def hello_line() -> str:
 
 #: The first request of every connection: agree the version and turn the
 #: event lines on (``! LOST`` from version 3, ``! QUEUED`` from version 4,
-#: ``! POSITION`` from version 7).
+#: ``! POSITION`` from version 7, ``! REVOKED`` from version 9).
 HELLO_EVENTS_LINE = f"HELLO {PROTOCOL_VERSION} events"
 
 
@@ -286,11 +288,15 @@ def validity(lease: float) -> float:
     return lease - lease_margin(lease)
 
 
-# Reasons a lock's lost signal reports. The first three come from the
+# Reasons a lock's lost signal reports. The first four come from the
 # sidecar's event; the last two are the client's own.
 REASON_EXPIRED = "expired"
 REASON_MOVED = "moved"
 REASON_COMPENSATED = "compensated"
+#: An operator revoked the lock (``ticketing`` admin ``revoke``). From a
+#: version-9 sidecar the ``! REVOKED`` line before the ``! LOST`` says who
+#: and why (:attr:`LockView.revoked_by`, :attr:`LockView.revoke_reason`).
+REASON_REVOKED = "revoked"
 REASON_DEADLINE = "deadline"
 REASON_DISCONNECTED = "disconnected"
 #: Reasons the client decides on its own; a sidecar event after one of
@@ -330,7 +336,7 @@ class LockState:
     """
 
     __slots__ = ("keys", "block", "permit", "slot", "lease", "wait", "on_queued", "on_position", "label", "token", "held_token",
-                 "used", "reason", "released", "deadline", "extends", "_extend_clock", "_extending")
+                 "used", "reason", "revoked_by", "revoke_reason", "released", "deadline", "extends", "_extend_clock", "_extending")
 
     def __init__(
         self,
@@ -363,6 +369,10 @@ class LockState:
         self.held_token: Optional[int] = None
         self.used = False
         self.reason: Optional[str] = None
+        #: Who revoked the lock and why (``! REVOKED``, version 9), with
+        #: :attr:`reason` ``"revoked"``; else None.
+        self.revoked_by: Optional[str] = None
+        self.revoke_reason: Optional[str] = None
         self.released = False
         self.deadline: Optional[float] = None
         #: The EXTENDs that bound the deadline (:meth:`begin_extend`): those
@@ -484,20 +494,34 @@ class LockState:
             return 0.0
         return max(0.0, self.deadline - now)
 
-    def lose(self, reason: str, from_sidecar: bool) -> bool:
-        """Record a loss; True when the signal must fire now (the first)."""
+    def lose(
+        self,
+        reason: str,
+        from_sidecar: bool,
+        revoked_by: Optional[str] = None,
+        revoke_reason: Optional[str] = None,
+    ) -> bool:
+        """Record a loss; True when the signal must fire now (the first).
+        *revoked_by* and *revoke_reason*: who revoked it and why (a
+        ``revoked`` loss after a ``! REVOKED`` line), kept with the reason."""
         if self.released:
             return False
         if self.reason is None:
-            self.reason = reason
+            self.reason, self.revoked_by, self.revoke_reason = reason, revoked_by, revoke_reason
             return True
         if from_sidecar and self.reason in LOCAL_REASONS:
-            self.reason = reason
+            self.reason, self.revoked_by, self.revoke_reason = reason, revoked_by, revoke_reason
         return False
 
     def lost_error(self) -> LockLostError:
         """The error of a lost lock (``disconnected`` if no reason yet)."""
-        return LockLostError(self.reason or REASON_DISCONNECTED, self.held_token, self.keys)
+        return LockLostError(self.reason or REASON_DISCONNECTED, self.held_token, self.keys,
+                             revoked_by=self.revoked_by, revoke_reason=self.revoke_reason)
+
+    def lost_text(self) -> str:
+        """The reason of the loss, for a note: ``revoked by alice: why`` when
+        the sidecar said who revoked it."""
+        return describe_loss(self.reason or REASON_DISCONNECTED, self.revoked_by, self.revoke_reason)
 
     def extend_line(self, lease: int) -> str:
         """Check an extend (arguments first; then the lock must be held, and
@@ -604,7 +628,7 @@ class LockState:
         if exc is not None:
             add_note = getattr(exc, "add_note", None)
             if add_note is not None:
-                add_note(f"ticketing: the lock {' '.join(self.keys)} (token {self.held_token}) was lost: {self.reason}")
+                add_note(f"ticketing: the lock {' '.join(self.keys)} (token {self.held_token}) was lost: {self.lost_text()}")
             return
         raise self.lost_error() from release_err
 
@@ -729,6 +753,40 @@ class LostEvent:
     keys: Tuple[str, ...]
 
 
+#: The longest ``<by>`` and ``<why>`` of a ``! REVOKED`` line, bytes.
+MAX_REVOKED_BY = 128
+MAX_REVOKE_REASON = 128
+
+
+@dataclass(frozen=True)
+class RevokedEvent:
+    """A parsed ``! REVOKED <token> <by>[ <why>]`` line (version 9): an
+    operator revoked the lock of *token*; *by* says who, *why* why (None
+    when the operator gave no reason). It comes right before that lock's
+    ``! LOST <token> revoked ...`` line, which is the loss itself: the
+    client keeps *by* and *why* for it."""
+
+    token: int
+    by: str
+    why: Optional[str]
+
+
+def _parse_revoked(line: str) -> Optional[RevokedEvent]:
+    # ``! REVOKED <token> <by>[ <why>]``: *why* is the rest of the line and
+    # may hold spaces (never at its start or end, never empty).
+    token_text, sep, rest = line[len("! REVOKED "):].partition(" ")
+    token = _decimal(token_text)
+    if not sep or token is None or not 1 <= token <= MAX_TOKEN:
+        return None
+    by, sep, why = rest.partition(" ")
+    if not 1 <= len(by) <= MAX_REVOKED_BY or not all("\x21" <= ch <= "\x7e" for ch in by):
+        return None
+    if sep and (not 1 <= len(why) <= MAX_REVOKE_REASON or why[0] == " " or why[-1] == " "
+                or not all("\x20" <= ch <= "\x7e" for ch in why)):
+        return None
+    return RevokedEvent(token, by, why if sep else None)
+
+
 @dataclass(frozen=True)
 class QueuedEvent:
     """A parsed ``! QUEUED <n> <key> [<key> ...]`` line (version 4): the
@@ -782,7 +840,9 @@ def _parse_position(words: List[str]) -> Optional[PositionEvent]:
     return PositionEvent(n, Position(key, place, estimate))
 
 
-def parse_event(line: str, labelled: bool = False) -> Optional[Union[LostEvent, QueuedEvent, PositionEvent]]:
+def parse_event(
+    line: str, labelled: bool = False
+) -> Optional[Union[LostEvent, QueuedEvent, PositionEvent, RevokedEvent]]:
     """Parse an event line; None for an event this client does not know
     (another name, a later version's) or a malformed one: both are ignored,
     and neither may disturb the matching of replies.
@@ -791,6 +851,8 @@ def parse_event(line: str, labelled: bool = False) -> Optional[Union[LostEvent, 
     *labelled* (the connection agreed version 5): LOST carries the lock's
     label (``-``: none) before its keys.
     """
+    if line.startswith("! REVOKED "):
+        return _parse_revoked(line)
     words = line.split(" ")
     if labelled and len(words) >= 2 and words[1] == "LOST":
         if len(words) < 6 or not words[4]:
@@ -1136,7 +1198,8 @@ def parse_held(reply: str) -> List[Tuple[str, int]]:
 #: How many ``! LOST`` events naming a token no lock object is registered
 #: for are remembered: a grant's lock object registers after its reply has
 #: been read, so the reader may see the lock's event first (a very short
-#: lease).
+#: lease). As many ``! REVOKED`` lines whose ``! LOST`` has not come are
+#: remembered too (the oldest forgotten first).
 UNCLAIMED_EVENTS = 1024
 
 
@@ -1190,11 +1253,15 @@ class Positioned:
 
 @dataclass(frozen=True)
 class Lost:
-    """Decision: lose the lock object *target* (``target._lose(reason, from_sidecar)``)."""
+    """Decision: lose the lock object *target* (``target._lose(reason,
+    from_sidecar, revoked_by, revoke_reason)``); *revoked_by* and
+    *revoke_reason* are a revoke's ``! REVOKED`` by and why, else None."""
 
     target: Any
     reason: str
     from_sidecar: bool
+    revoked_by: Optional[str] = None
+    revoke_reason: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -1224,9 +1291,11 @@ class Session:
       oldest pending request.
     - Lines starting with ``!`` are events, never replies. ``! LOST``
       reaches the lock object registered under its token (or waits for it,
-      :data:`UNCLAIMED_EVENTS`); ``! QUEUED <n>`` and ``! POSITION <n>``
-      reach the pending ACQUIRE written as line *n* (every line written
-      counts); the rest is ignored.
+      :data:`UNCLAIMED_EVENTS`); a ``! REVOKED <token>`` line's who and why
+      are kept for that token's ``! LOST <token> revoked`` (version 9; one
+      whose LOST never comes, a token of no lock of ours, changes nothing);
+      ``! QUEUED <n>`` and ``! POSITION <n>`` reach the pending ACQUIRE
+      written as line *n* (every line written counts); the rest is ignored.
     - A reply with no request pending ends the connection.
     """
 
@@ -1250,7 +1319,10 @@ class Session:
         self._acquires: Dict[int, Request] = {}
         self._tail_deadline: Optional[float] = None
         self._locks: Dict[int, Any] = {}
-        self._unclaimed: "OrderedDict[int, str]" = OrderedDict()
+        #: LOST events of tokens no lock registered yet: (reason, by, why).
+        self._unclaimed: "OrderedDict[int, Tuple[str, Optional[str], Optional[str]]]" = OrderedDict()
+        #: REVOKED lines waiting for their token's LOST: (by, why).
+        self._revoked: "OrderedDict[int, Tuple[str, Optional[str]]]" = OrderedDict()
 
     # -- writing ---------------------------------------------------------------
 
@@ -1330,6 +1402,9 @@ class Session:
                 return self._route_queued(ev)
             if isinstance(ev, PositionEvent):
                 return self._route_position(ev)
+            if isinstance(ev, RevokedEvent):
+                self._note_revoked(ev)
+                return []
             return []  # an event of a later version, or malformed: ignored
         if not self._pending:
             return [self.fail(SidecarConnectionError(
@@ -1385,14 +1460,27 @@ class Session:
 
     # -- events ------------------------------------------------------------------
 
+    def _note_revoked(self, ev: RevokedEvent) -> None:
+        # Kept for the LOST line of its token that follows; a token of no
+        # lock of ours gets no LOST, and its entry is forgotten in time.
+        self._revoked.pop(ev.token, None)
+        self._revoked[ev.token] = (ev.by, ev.why)
+        while len(self._revoked) > UNCLAIMED_EVENTS:
+            self._revoked.popitem(last=False)
+
     def _route_lost(self, ev: LostEvent) -> List[Any]:
+        by: Optional[str] = None
+        why: Optional[str] = None
+        revoked = self._revoked.pop(ev.token, None)
+        if revoked is not None and ev.reason == REASON_REVOKED:
+            by, why = revoked
         lock = self._locks.pop(ev.token, None)
         if lock is None:
-            self._unclaimed[ev.token] = ev.reason
+            self._unclaimed[ev.token] = (ev.reason, by, why)
             while len(self._unclaimed) > UNCLAIMED_EVENTS:
                 self._unclaimed.popitem(last=False)
             return []
-        return [Lost(lock, ev.reason, True)]
+        return [Lost(lock, ev.reason, True, by, why)]
 
     def _route_queued(self, ev: QueuedEvent) -> List[Any]:
         # Only a pending ACQUIRE of exactly these keys, once: anything else
@@ -1417,9 +1505,10 @@ class Session:
         the decision to carry out at once."""
         if self.error is not None:
             return Lost(lock, REASON_DISCONNECTED, False)
-        reason = self._unclaimed.pop(token, None)
-        if reason is not None:
-            return Lost(lock, reason, True)
+        unclaimed = self._unclaimed.pop(token, None)
+        if unclaimed is not None:
+            reason, by, why = unclaimed
+            return Lost(lock, reason, True, by, why)
         self._locks[token] = lock
         return None
 
@@ -1532,6 +1621,22 @@ class LockView:
     @property
     def lost_reason(self) -> Optional[str]:
         """None while not lost; else why: ``"expired"``, ``"moved"``,
-        ``"compensated"`` (the sidecar's event), ``"deadline"`` (the local
-        deadline passed) or ``"disconnected"`` (see :class:`ticketing.Lock`)."""
+        ``"compensated"``, ``"revoked"`` (the sidecar's event),
+        ``"deadline"`` (the local deadline passed) or ``"disconnected"``
+        (see :class:`ticketing.Lock`)."""
         return self._state.reason
+
+    @property
+    def revoked_by(self) -> Optional[str]:
+        """Who revoked the lock (the operator's name, 1..128 visible ASCII
+        characters), when :attr:`lost_reason` is ``"revoked"`` and the
+        sidecar said so (its ``! REVOKED`` line, protocol version 9); None
+        otherwise, and for a revoke told by an older sidecar."""
+        return self._state.revoked_by
+
+    @property
+    def revoke_reason(self) -> Optional[str]:
+        """Why the operator revoked the lock (free text, up to 128
+        characters), as :attr:`revoked_by`; None when no reason was given
+        or the sidecar did not say."""
+        return self._state.revoke_reason

@@ -37,7 +37,7 @@ class _AsyncConnection:
     session and written synchronously, so the order of writes is the order
     of its queue; one reader task feeds the bytes it reads to the session
     and carries out its decisions (reply futures, ``on_queued`` callbacks,
-    lost lock objects). The first request is ``HELLO 8 events``; lock
+    lost lock objects). The first request is ``HELLO 9 events``; lock
     deadlines are the loop's timers."""
 
     def __init__(self, path: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -154,7 +154,7 @@ class _AsyncConnection:
                         {"message": "ticketing: on_position callback raised", "exception": e}
                     )
             elif isinstance(d, p.Lost):
-                d.target._lose(d.reason, d.from_sidecar)
+                d.target._lose(d.reason, d.from_sidecar, d.revoked_by, d.revoke_reason)
             elif isinstance(d, p.Teardown):
                 # The locks are told first: closing the socket makes the
                 # sidecar release them and hand their keys on (issue 39).
@@ -215,7 +215,7 @@ class AsyncClient:
     @property
     def requests_sent(self) -> int:
         """How many requests this client has written so far (all connections),
-        not counting the ``HELLO 8 events`` each connection starts with."""
+        not counting the ``HELLO 9 events`` each connection starts with."""
         return self._sent
 
     async def close(self) -> None:
@@ -387,7 +387,7 @@ class AsyncClient:
 
     async def hello(self) -> int:
         """The protocol version both speak (the reply to the connection's
-        first request, ``HELLO 8 events``); see :meth:`ticketing.Client.hello`."""
+        first request, ``HELLO 9 events``); see :meth:`ticketing.Client.hello`."""
         return await self._hello(await self._connection())
 
     async def _hello(self, conn: _AsyncConnection) -> int:
@@ -756,8 +756,10 @@ class AsyncLock(p.LockView):
         if self._state.deadline is not None and self._state.due(asyncio.get_running_loop().time()):
             self._lose(p.REASON_DEADLINE, False)
 
-    def _lose(self, reason: str, from_sidecar: bool) -> None:
-        if self._state.lose(reason, from_sidecar):
+    def _lose(
+        self, reason: str, from_sidecar: bool, revoked_by: Optional[str] = None, revoke_reason: Optional[str] = None
+    ) -> None:
+        if self._state.lose(reason, from_sidecar, revoked_by, revoke_reason):
             self._fire()
 
     def _fire(self) -> None:

@@ -137,7 +137,7 @@ class _Connection:
     order of writes is the order of its queue. One reader thread feeds the
     bytes it reads to the session and carries out its decisions outside the
     lock: it settles reply futures, calls ``on_queued`` and ``on_position``
-    callbacks, loses lock objects. The first request is ``HELLO 8 events``.
+    callbacks, loses lock objects. The first request is ``HELLO 9 events``.
 
     Lock order: ``_lock`` before a Lock's ``_mu`` before the timers'.
     """
@@ -286,7 +286,7 @@ class _Connection:
                 except Exception:  # noqa: BLE001 - a caller's bug must not stop the reader
                     _log.exception("ticketing: on_position callback raised")
             elif isinstance(d, p.Lost):
-                d.target._lose(d.reason, d.from_sidecar)
+                d.target._lose(d.reason, d.from_sidecar, d.revoked_by, d.revoke_reason)
             elif isinstance(d, p.Teardown):
                 # The locks are told first: a caller woken by its request's
                 # failure must find them lost (the session is gone, and the
@@ -365,7 +365,7 @@ class Client:
     @property
     def requests_sent(self) -> int:
         """How many requests this client has written so far (all connections),
-        not counting the ``HELLO 8 events`` each connection starts with."""
+        not counting the ``HELLO 9 events`` each connection starts with."""
         return self._sent
 
     def close(self) -> None:
@@ -583,7 +583,7 @@ class Client:
 
     def hello(self) -> int:
         """The protocol version this client and the sidecar both speak: the
-        reply to the ``HELLO 8 events`` every connection starts with (a
+        reply to the ``HELLO 9 events`` every connection starts with (a
         version-2 sidecar, which refuses the events option, is asked again
         with a plain ``HELLO``); 1 for a version-1 sidecar, which does not
         know ``HELLO``."""
@@ -807,7 +807,9 @@ class Lock(p.LockView):
     (a :class:`threading.Event`) is set, once, at the first of
 
     * the sidecar's ``! LOST`` event for its token (:attr:`lost_reason`
-      ``"expired"``, ``"moved"`` or ``"compensated"``);
+      ``"expired"``, ``"moved"``, ``"compensated"`` or ``"revoked"``: an
+      operator revoked it, and from a version-9 sidecar
+      :attr:`revoked_by` and :attr:`revoke_reason` say who and why);
     * the local validity deadline: the send time of the ``ACQUIRE`` (or of
       the last successful :meth:`extend`) + lease − margin, margin = 250 ms
       + 1 % of the lease (``"deadline"``); it holds even when no event can
@@ -1055,9 +1057,11 @@ class Lock(p.LockView):
         if due:
             self._lose(p.REASON_DEADLINE, False)
 
-    def _lose(self, reason: str, from_sidecar: bool) -> None:
+    def _lose(
+        self, reason: str, from_sidecar: bool, revoked_by: Optional[str] = None, revoke_reason: Optional[str] = None
+    ) -> None:
         with self._mu:
-            fire = self._state.lose(reason, from_sidecar)
+            fire = self._state.lose(reason, from_sidecar, revoked_by, revoke_reason)
         if fire:
             self._fire()
 

@@ -210,21 +210,53 @@ class LockLostError(TicketingError):
     the block itself raised nothing; otherwise the block's exception goes on
     unchanged, see ``Lock.__exit__``).
 
-    :ivar reason: why: ``"expired"``, ``"moved"``, ``"compensated"`` (the
-        sidecar's ``! LOST`` event), ``"deadline"`` (the local validity
-        deadline passed: send time + lease − margin), ``"disconnected"`` (the
-        connection to the sidecar was lost), or a newer sidecar's reason.
+    :ivar reason: why: ``"expired"``, ``"moved"``, ``"compensated"``,
+        ``"revoked"`` (an operator revoked it) (the sidecar's ``! LOST``
+        event), ``"deadline"`` (the local validity deadline passed: send
+        time + lease − margin), ``"disconnected"`` (the connection to the
+        sidecar was lost), or a newer sidecar's reason.
     :ivar token: the lock's fencing token.
     :ivar keys: every key of the lock (a tuple).
+    :ivar revoked_by: with reason ``"revoked"``, who revoked the lock, as
+        the sidecar's ``! REVOKED`` line said (protocol version 9); None
+        otherwise, and for a revoke an older sidecar told.
+    :ivar revoke_reason: with :attr:`revoked_by`, why (None: no reason
+        given).
+
+    The message names them: ``lock k (token 7) lost: revoked by alice:
+    maintenance``.
     """
 
     code = "lost"
 
-    def __init__(self, reason: str, token: Optional[int], keys: Tuple[str, ...], message: str = "") -> None:
+    def __init__(
+        self,
+        reason: str,
+        token: Optional[int],
+        keys: Tuple[str, ...],
+        message: str = "",
+        *,
+        revoked_by: Optional[str] = None,
+        revoke_reason: Optional[str] = None,
+    ) -> None:
         self.reason = reason
         self.token = token
         self.keys = tuple(keys)
-        super().__init__(message or f"lock {' '.join(self.keys)} (token {token}) lost: {reason}")
+        self.revoked_by = revoked_by
+        self.revoke_reason = revoke_reason
+        super().__init__(
+            message
+            or f"lock {' '.join(self.keys)} (token {token}) lost: {describe_loss(reason, revoked_by, revoke_reason)}"
+        )
+
+
+def describe_loss(reason: str, revoked_by: Optional[str] = None, revoke_reason: Optional[str] = None) -> str:
+    """*reason*, with who revoked the lock and why when known: ``revoked by
+    alice: maintenance``, ``revoked by alice``, ``revoked``."""
+    if revoked_by is None:
+        return reason
+    text = f"{reason} by {revoked_by}"
+    return f"{text}: {revoke_reason}" if revoke_reason else text
 
 
 _NO_SIDECAR_HINT = (
