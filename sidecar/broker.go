@@ -74,6 +74,13 @@ type Broker struct {
 	// watches, by token (WatchLost).
 	lmu  sync.Mutex
 	lost map[uint64][]*lostWatch
+	// early: losses of holdings delivered to their callers that nobody
+	// watched yet (a lost event can come right behind its grant: a
+	// resume replays a grant revoked while the broker was away, then its
+	// lost event), told to the first WatchLoss of the token; at most
+	// maxEarlyLosses, the oldest forgotten first (earlyOrder).
+	early      map[uint64]earlyLoss
+	earlyOrder []uint64
 
 	// hmu guards held (a leaf, taken under qmu): the locks granted to
 	// this broker's callers and not released, lost or given up, by token
@@ -214,6 +221,7 @@ func New(cfg Config) (*Broker, error) {
 		kick:     make(chan struct{}, 1),
 		qstop:    make(chan struct{}),
 		lost:     map[uint64][]*lostWatch{},
+		early:    map[uint64]earlyLoss{},
 		sessOps:  map[*acqOp]struct{}{},
 		held:     map[uint64]*heldLock{},
 		sent:     map[*acqOp]struct{}{},

@@ -64,6 +64,16 @@ func (r LostReason) String() string {
 	return "unknown"
 }
 
+// earlyLoss is the loss of a holding nobody watched yet (Broker.early),
+// and the key its lost event named.
+type earlyLoss struct {
+	loss Loss
+	key  string
+}
+
+// maxEarlyLosses bounds Broker.early.
+const maxEarlyLosses = 1024
+
 // lostWatch is one WatchLost registration.
 type lostWatch struct {
 	lock Lock
@@ -196,6 +206,15 @@ func (b *Broker) WatchLost(l Lock, fn func(LostReason)) (stop func()) {
 func (b *Broker) WatchLoss(l Lock, fn func(Loss)) (stop func()) {
 	w := &lostWatch{lock: l, fn: fn}
 	b.lmu.Lock()
+	if e, ok := b.early[l.Token]; ok && (e.key == "" || l.Key == e.key || slices.Contains(l.Keys, e.key)) {
+		// Lost before anyone watched it (a grant a resume replayed,
+		// then its revoke): told now.
+		delete(b.early, l.Token)
+		b.lmu.Unlock()
+		b.metrics.lost[e.loss.Reason].Inc()
+		fn(e.loss)
+		return func() {}
+	}
 	// Under lmu: a watch added before Close took the holdings is fired by
 	// Close's fireLost (which takes lmu after takeHeld), one after is
 	// fired here.
@@ -258,7 +277,7 @@ func revokeText(s string, lo byte) string {
 // (whose keys include key, unless key is ""): a node names one key of a
 // block, and a token the broker does not watch is someone else's.
 func (b *Broker) fireLost(token uint64, key string, why Loss) {
-	b.unhold(token) // the holding has ended: nothing for Close to release
+	held := b.unhold(token) // the holding has ended: nothing for Close to release
 	b.lmu.Lock()
 	ws := b.lost[token]
 	var fire []*lostWatch
@@ -274,6 +293,16 @@ func (b *Broker) fireLost(token uint64, key string, why Loss) {
 		delete(b.lost, token)
 	} else {
 		b.lost[token] = keep
+	}
+	if len(fire) == 0 && held {
+		// Delivered to its caller, not watched yet: kept for the
+		// caller's WatchLoss, which may come a moment later.
+		if len(b.earlyOrder) >= maxEarlyLosses {
+			delete(b.early, b.earlyOrder[0])
+			b.earlyOrder = b.earlyOrder[1:]
+		}
+		b.early[token] = earlyLoss{loss: why, key: key}
+		b.earlyOrder = append(b.earlyOrder, token)
 	}
 	b.lmu.Unlock()
 	for _, w := range fire {

@@ -48,10 +48,12 @@ func (b *Broker) holdLocked(l Lock) {
 }
 
 // unhold forgets the holding under token (released, compensated, lost).
-func (b *Broker) unhold(token uint64) {
+func (b *Broker) unhold(token uint64) (was bool) {
 	b.hmu.Lock()
+	_, was = b.held[token]
 	delete(b.held, token)
 	b.hmu.Unlock()
+	return was
 }
 
 // extending records an extend of the holding under token to lease,
