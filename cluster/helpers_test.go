@@ -37,8 +37,8 @@ func startCluster(t *testing.T, nodes int) *testCluster {
 	return startClusterOpts(t, local.Options{Nodes: nodes})
 }
 
-// startClusterOpts starts a cluster with opts; Dir, Logger and (unless
-// set) PeerNet are filled in, and Tune runs after local.FastRaft.
+// startClusterOpts starts a cluster with opts; Dir and (unless set)
+// Logger and PeerNet are filled in, and Tune runs after local.FastRaft.
 func startClusterOpts(t *testing.T, opts local.Options) *testCluster {
 	t.Helper()
 	faults := netfault.New()
@@ -46,7 +46,10 @@ func startClusterOpts(t *testing.T, opts local.Options) *testCluster {
 		opts.PeerNet = faults
 	}
 	tune := opts.Tune
-	opts.Dir, opts.Logger = t.TempDir(), testLogger(t)
+	opts.Dir = t.TempDir()
+	if opts.Logger == nil {
+		opts.Logger = testLogger(t)
+	}
 	opts.Tune = func(cfg *cluster.Config) {
 		local.FastRaft(cfg)
 		if tune != nil {

@@ -3,6 +3,8 @@ package cluster_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +16,50 @@ import (
 	"ticketing/cluster/wire"
 	"ticketing/locksm"
 )
+
+// auditLog keeps the records logged at warn level and above, their
+// attributes as text.
+type auditLog struct {
+	mu   sync.Mutex
+	recs []map[string]string
+}
+
+func (a *auditLog) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+
+func (a *auditLog) Handle(_ context.Context, r slog.Record) error {
+	m := map[string]string{"msg": r.Message}
+	r.Attrs(func(at slog.Attr) bool {
+		m[at.Key] = at.Value.String()
+		return true
+	})
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.recs = append(a.recs, m)
+	return nil
+}
+
+func (a *auditLog) WithAttrs([]slog.Attr) slog.Handler { return a }
+func (a *auditLog) WithGroup(string) slog.Handler      { return a }
+
+// find is the first record with message msg and the attribute values
+// kv (key, value, ...); nil if none.
+func (a *auditLog) find(msg string, kv ...string) map[string]string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+next:
+	for _, r := range a.recs {
+		if r["msg"] != msg {
+			continue
+		}
+		for i := 0; i+1 < len(kv); i += 2 {
+			if r[kv[i]] != kv[i+1] {
+				continue next
+			}
+		}
+		return r
+	}
+	return nil
+}
 
 // lostEvents collects the lost events a connection hears.
 type lostEvents struct {
@@ -41,7 +87,8 @@ func (l *lostEvents) list() []wire.Msg {
 // release is refused. A second revoke of the same (old) token changes
 // nothing, nor does one of a key nobody holds.
 func TestRevoke(t *testing.T) {
-	c := startClusterOpts(t, local.Options{AdminSecret: adminSecret})
+	audit := &auditLog{}
+	c := startClusterOpts(t, local.Options{AdminSecret: adminSecret, Logger: slog.New(audit)})
 	li := c.leader()
 	testkit.WaitFor(t, "cluster version 14", 40*time.Second, func() bool {
 		return c.Node(li).ClusterVersion() >= wire.VersionRevoke
@@ -108,6 +155,19 @@ func TestRevoke(t *testing.T) {
 		if lr := kr.LastRevoke; lr.Token != t1 || lr.By != "ops@host" || lr.Reason != "app crashed, lock stuck" || lr.Owner != "alice" {
 			t.Fatalf("node %d's last revoke of the key: %+v", i, lr)
 		}
+	}
+	// The audit: the leader's log line with who, which key and token, why
+	// and when; its counter; the request's own line with the remote.
+	li = c.leader()
+	if got := metric(t, c.Node(li).MetricsRegistry(), "ticketing_node_revokes_total"); got != 1 {
+		t.Fatalf("ticketing_node_revokes_total on the leader = %v, want 1", got)
+	}
+	if rec := audit.find("lock revoked"); rec == nil || rec["key"] != "stuck" || rec["token"] != fmt.Sprint(t1) || rec["holder"] != "alice" ||
+		rec["by"] != "ops@host" || rec["reason"] != "app crashed, lock stuck" || rec["at_unix_ms"] == "" {
+		t.Fatalf("the leader's audit line: %v", rec)
+	}
+	if rec := audit.find("admin revoke request", "ok", "true"); rec == nil || rec["remote"] == "" || rec["token"] != fmt.Sprint(t1) || rec["by"] != "ops@host" {
+		t.Fatalf("the admin request's line: %v", rec)
 	}
 	if _, err := a.Do(ctx, wire.AdminRequest{Op: wire.AdminOpRevoke, Key: "free", Token: 5, By: "ops", Reason: "x"}); !errors.Is(err, locksm.ErrNotHeld) {
 		t.Fatalf("revoke of a key nobody holds: %v, want not_held", err)
