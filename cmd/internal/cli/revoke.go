@@ -45,28 +45,9 @@ before it applied): run "ticketing inspect KEY", whose last revoke says.`, stdou
 	fs.Uint64Var(&token, "token", 0, "the token of the holding to end (default: the current holder's, read from the leader)")
 	fs.StringVar(&reason, "reason", "", "why (required; up to 128 bytes of printable ASCII): kept in the audit record and told to the holder")
 	fs.StringVar(&by, "by", "", "who revokes, for the audit record (default USER@HOSTNAME)")
-	var key string
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		key, args = args[0], args[1:]
-	}
-	if code, ok := fs.parse(args); !ok {
+	key, code, ok := parseKeyArg(fs, args, "revoke")
+	if !ok {
 		return code
-	}
-	switch {
-	case key == "" && fs.NArg() == 1:
-		key = fs.Arg(0)
-	case key != "" && fs.NArg() == 0:
-	case key == "" && fs.NArg() == 0:
-		return fs.bad("want the KEY to revoke")
-	default:
-		got := fs.Args()
-		if key != "" {
-			got = append([]string{key}, got...)
-		}
-		return fs.bad("want one KEY, got %q", got)
-	}
-	if why := badKey(key); why != "" {
-		return fs.bad("%s", why)
 	}
 	reason = strings.TrimSpace(reason)
 	if reason == "" {

@@ -47,30 +47,41 @@ it has held it, how much lease is left and when it ends) and its queue, head fir
 how much of its wait is left). Asked of the leader, whose timers give the
 remaining times; from another node they are estimates from the leader's
 time stamps and that node's clock.`, stdout, stderr)
-	var key string
+	key, code, ok := parseKeyArg(fs, args, "inspect")
+	if !ok {
+		return code
+	}
+	return af.run(ctx, "ticketing inspect", wire.AdminRequest{Op: "inspect", Key: key}, stdout, stderr)
+}
+
+// parseKeyArg parses the flags of a command that takes one KEY, before
+// or after its flags, and checks the key before anything is dialled; ok
+// false with the exit code when the invocation is bad (what: the verb,
+// for "want the KEY to inspect").
+func parseKeyArg(fs *cmdFlags, args []string, what string) (key string, code int, ok bool) {
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		key, args = args[0], args[1:]
 	}
 	if code, ok := fs.parse(args); !ok {
-		return code
+		return "", code, false
 	}
 	switch {
 	case key == "" && fs.NArg() == 1:
 		key = fs.Arg(0)
 	case key != "" && fs.NArg() == 0:
 	case key == "" && fs.NArg() == 0:
-		return fs.bad("want the KEY to inspect")
+		return "", fs.bad("want the KEY to %s", what), false
 	default:
 		got := fs.Args()
 		if key != "" {
 			got = append([]string{key}, got...)
 		}
-		return fs.bad("want one KEY, got %q", got)
+		return "", fs.bad("want one KEY, got %q", got), false
 	}
 	if why := badKey(key); why != "" {
-		return fs.bad("%s", why)
+		return "", fs.bad("%s", why), false
 	}
-	return af.run(ctx, "ticketing inspect", wire.AdminRequest{Op: "inspect", Key: key}, stdout, stderr)
+	return key, 0, true
 }
 
 // adminFlags are the flags of the read-only admin commands (the same as
