@@ -3,7 +3,6 @@ package verify
 import (
 	"strings"
 	"testing"
-	"time"
 )
 
 // Synthetic permit histories (issue 41), times in ms as the hist builder's.
@@ -140,18 +139,17 @@ func TestPermitCheckFindsASharedSlot(t *testing.T) {
 // Sent after that holder's grant was read, it was granted while the slot
 // was held: a violation.
 func TestPermitCheckDeadOnArrivalGrant(t *testing.T) {
-	const s = int64(time.Second)
-	var h hist
+	var h hist // times in ms
 	h.permits("s", 1, 0, 5, ResOK)
-	h.permit(1, "s", 1*s+500, 1*s+600, ResOK, 2, 0) // holds slot 0 until 2.0005 s
-	h.permit(0, "s", 10, 2*s, ResOK, 1, 0)          // token 1, its lease over at 1 s
+	h.permit(1, "s", 1500, 1600, ResOK, 2, 0) // holds slot 0 until 2.5 s
+	h.permit(0, "s", 10, 2000, ResOK, 1, 0)   // token 1, its lease over at 1.01 s
 	if got := checks(permitCheck(&h, nil, FinalState{})); got != "" {
 		t.Fatalf("violations %q", got)
 	}
 	var h2 hist
 	h2.permits("s", 1, 0, 5, ResOK)
-	h2.permit(1, "s", 10, 20, ResOK, 1, 0)      // holds slot 0 until 1 s
-	h2.permit(0, "s", 30, 1*s+500, ResOK, 2, 0) // sent after it was read: granted while it held
+	h2.add(Op{Worker: 1, Kind: KindPermit, Key: "s", LeaseMs: 5000, Inv: 10, Cmp: 20, Result: ResOK, Token: 1, Slot: 0}) // holds slot 0 until 5 s
+	h2.permit(0, "s", 30, 2000, ResOK, 2, 0)                                                                             // sent after it was read, its own lease over at 1.03 s: granted while slot 0 was held
 	if got := checks(permitCheck(&h2, nil, FinalState{})); !strings.Contains(got, "permit-slot") {
 		t.Fatalf("violations %q", got)
 	}
