@@ -551,7 +551,7 @@ func (f *fsm) SessionHolds(id, token uint64) bool {
 }
 
 // SessionRevokes implements leader.Table.
-func (f *fsm) SessionRevokes(id uint64) []locksm.Revoke {
+func (f *fsm) SessionRevokes(id uint64) []locksm.SessionRevoke {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.state.SessionRevokes(id)

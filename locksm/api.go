@@ -176,6 +176,12 @@ const (
 	// bytes of strings each (plus a block's keys, shared by the records
 	// of its keys): under 1 MB for a full table, on every replica.
 	MaxRevokeRecords = 1024
+	// MaxSessionRevokes bounds the revokes of sessions' holdings kept
+	// for their brokers (SessionRevoke); the oldest go first.
+	MaxSessionRevokes = 1024
+	// SessionRevokeSlackMs is how long past its holding's lease end a
+	// SessionRevoke is kept.
+	SessionRevokeSlackMs = 60_000
 )
 
 // Op names a command.
@@ -580,6 +586,26 @@ type Revoke struct {
 	// EffectRevoked names it: a leader tells a session's broker that
 	// resumes of the revokes of its holdings it may not have heard.
 	Session uint64
+}
+
+// SessionRevoke is a revoke of a session's holding, kept for the
+// session's broker (State.SessionRevokes): a broker that was away when it
+// applied, or that hears of the grant only in a resume's replayed
+// outcomes, must still be told, whatever other revokes came after (the
+// audit records keep only each key's latest). It is kept until its
+// holding's lease would have ended anyway, by the stamps of the grant or
+// latest extend (LeaseEnd) and a minute's slack for the clocks of
+// different leaders (a broker counts its lease from when it wrote the
+// acquire, before the grant's stamp), or until its session ends; at most
+// MaxSessionRevokes of them.
+type SessionRevoke struct {
+	Session, Token uint64
+	// Key is the holding's key (a block's primary key).
+	Key string
+	// Who and Reason are the revoke's Owner and Reason.
+	Who, Reason string
+	// LeaseEnd is the revoked holding's lease end (Unix ms, its stamps).
+	LeaseEnd int64
 }
 
 // LeaseEnd is when h's lease ends by the proposers' wall clocks (Unix ms):

@@ -18,6 +18,7 @@ func (s *State) revoke(m *semaphore, cmd *Command, effects []Effect) (result, []
 		}
 		p := m.held[slot]
 		s.recordRevoke(cmd, nil, Revoke{Owner: p.owner, Label: s.labels[p.token], Permit: true, Slot: slot, Session: p.session})
+		s.noteSessionRevoke(cmd, p.session, p.token, cmd.Key, s.leaseEndOf(p.token, p.grantedAt, p.leaseSec))
 		effects = append(effects, Effect{Kind: EffectRevoked, Key: cmd.Key, Owner: p.owner, Token: p.token, Slot: slot,
 			Session: p.session, Seq: p.seq})
 		effects = s.endPermit(cmd.Key, m, slot, cmd.Now, effects)
@@ -32,6 +33,11 @@ func (s *State) revoke(m *semaphore, cmd *Command, effects []Effect) (result, []
 	}
 	keys := s.blocks[e.token] // nil for a single key
 	s.recordRevoke(cmd, keys, Revoke{Owner: e.owner, Label: s.labels[e.token], Session: e.session})
+	primary := cmd.Key
+	if keys != nil {
+		primary = keys[0]
+	}
+	s.noteSessionRevoke(cmd, e.session, e.token, primary, s.leaseEndOf(e.token, e.grantedAt, e.leaseSec))
 	eff := Effect{Kind: EffectRevoked, Key: cmd.Key, Keys: keys, Owner: e.owner, Token: e.token, Session: e.session, Seq: e.seq}
 	if keys != nil {
 		eff.Key = keys[0]
@@ -85,19 +91,64 @@ func (s *State) LastRevoke(key string) (Revoke, bool) {
 	return Revoke{}, false
 }
 
-// SessionRevokes returns the audit records kept of revokes of session
-// id's holdings (a block's, one per key, one after another), oldest
-// first; nil if none: for a leader that tells a resuming broker what was
-// revoked while it was away. O(MaxRevokeRecords).
-func (s *State) SessionRevokes(id uint64) []Revoke {
-	var out []Revoke
-	for _, r := range s.revokes {
-		if r.Session == id && id != 0 {
+// leaseEndOf is the lease end (Unix ms) of the holding under token
+// granted at grantedAt with leaseSec: from its latest extend's stamp if
+// it was extended.
+func (s *State) leaseEndOf(token uint64, grantedAt int64, leaseSec uint32) int64 {
+	return max(grantedAt, s.renewed[token]) + int64(leaseSec)*1000
+}
+
+// noteSessionRevoke keeps the revoke cmd of the holding under token of
+// session (0: none, nothing kept) for the session's broker (see
+// SessionRevoke): the notes of ended sessions, and of holdings whose
+// lease (and slack) is over by cmd.Now, go; then the oldest, to keep at
+// most MaxSessionRevokes. A new slice: a Frozen view may share the old.
+func (s *State) noteSessionRevoke(cmd *Command, session, token uint64, key string, leaseEnd int64) {
+	if session == 0 || s.sessions[session] == nil {
+		return
+	}
+	next := make([]SessionRevoke, 0, len(s.sessRevoked)+1)
+	for _, r := range s.sessRevoked {
+		if s.sessions[r.Session] != nil && r.LeaseEnd+SessionRevokeSlackMs > cmd.Now {
+			next = append(next, r)
+		}
+	}
+	if drop := len(next) + 1 - MaxSessionRevokes; drop > 0 {
+		next = slices.Delete(next, 0, drop)
+	}
+	s.sessRevoked = append(next, SessionRevoke{Session: session, Token: token, Key: key, Who: intern(cmd.Owner),
+		Reason: cmd.Reason, LeaseEnd: leaseEnd})
+}
+
+// forgetSessionRevokes drops the notes of session id, which ended: no
+// broker resumes it. A new slice, as ever.
+func (s *State) forgetSessionRevokes(id uint64) {
+	if !slices.ContainsFunc(s.sessRevoked, func(r SessionRevoke) bool { return r.Session == id }) {
+		return
+	}
+	next := slices.DeleteFunc(slices.Clone(s.sessRevoked), func(r SessionRevoke) bool { return r.Session == id })
+	if len(next) == 0 {
+		next = nil
+	}
+	s.sessRevoked = next
+}
+
+// SessionRevokes returns the revokes of session id's holdings kept for
+// its broker (SessionRevoke), oldest first; nil if none: a leader tells
+// them to the broker when it resumes.
+func (s *State) SessionRevokes(id uint64) []SessionRevoke {
+	var out []SessionRevoke
+	for _, r := range s.sessRevoked {
+		if r.Session == id {
 			out = append(out, r)
 		}
 	}
 	return out
 }
+
+// NumSessionRevokes is the number of SessionRevoke notes kept.
+func (s *State) NumSessionRevokes() int { return len(s.sessRevoked) }
+
 
 // Revokes returns a copy of the audit records kept, oldest first (nil if
 // none): each key's latest revoke, in the log order of those revokes.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -146,6 +147,7 @@ func sampleSnapV7(recs ...func(*snapBuilder)) *snapBuilder {
 	for _, r := range recs {
 		r(sb)
 	}
+	sb.u(0) // no session revokes
 	return sb
 }
 
@@ -255,4 +257,45 @@ func TestRevokeTokensExhausted(t *testing.T) {
 		t.Fatal(formatState(s))
 	}
 	checkSnapshotRoundTrip(t, s)
+}
+
+// The revokes of a session's holdings are kept for its broker (whatever
+// later revokes of the same keys do to the audit records) until the
+// holding's lease and a minute's slack are over, or the session ends;
+// snapshots carry them.
+func TestSessionRevokesKeptForTheBroker(t *testing.T) {
+	s := New()
+	open := func(id uint64) {
+		applyOK(t, s, Command{Op: OpOpenSession, Session: id, SecretHash: string(make([]byte, SecretHashLen)), TimeoutMs: 10_000, Now: 1}, StatusOpened)
+	}
+	open(7)
+	open(8)
+	applyOK(t, s, Command{Op: OpAcquire, Key: "k", Owner: "b", LeaseSec: 30, Session: 7, Seq: 1, Now: 1000}, StatusGranted) // token 1
+	applyOK(t, s, Command{Op: OpRevoke, Key: "k", Owner: "ops", Token: 1, Reason: "one", Now: 2000}, StatusRevoked)
+	applyOK(t, s, Command{Op: OpAcquire, Key: "k", Owner: "c", LeaseSec: 10, Now: 3000}, StatusGranted) // token 2, no session
+	applyOK(t, s, Command{Op: OpRevoke, Key: "k", Owner: "ops", Token: 2, Reason: "two", Now: 4000}, StatusRevoked)
+	if r, _ := s.LastRevoke("k"); r.Token != 2 {
+		t.Fatalf("the key's last revoke %+v", r)
+	}
+	got := s.SessionRevokes(7)
+	if len(got) != 1 || got[0] != (SessionRevoke{Session: 7, Token: 1, Key: "k", Who: "ops", Reason: "one", LeaseEnd: 31_000}) {
+		t.Fatalf("session 7's revokes after a later revoke of its key: %+v", got)
+	}
+	applyOK(t, s, Command{Op: OpAcquire, Key: "j", Owner: "d", LeaseSec: 5, Session: 8, Seq: 1, Now: 5000}, StatusGranted) // token 3
+	applyOK(t, s, Command{Op: OpRevoke, Key: "j", Owner: "ops", Token: 3, Now: 6000}, StatusRevoked)
+	r := checkSnapshotRoundTrip(t, s)
+	if !reflect.DeepEqual(r.SessionRevokes(7), s.SessionRevokes(7)) || len(r.SessionRevokes(8)) != 1 {
+		t.Fatalf("restored: %+v %+v", r.SessionRevokes(7), r.SessionRevokes(8))
+	}
+	// Session 8's note outlives its holding's lease (10 s) by the slack;
+	// a revoke after that drops it, not session 7's (31 s + 60 s).
+	applyOK(t, s, Command{Op: OpAcquire, Key: "m", Owner: "e", LeaseSec: 5, Session: 7, Seq: 2, Now: 71_000}, StatusGranted) // token 4
+	applyOK(t, s, Command{Op: OpRevoke, Key: "m", Owner: "ops", Token: 4, Now: 71_001}, StatusRevoked)
+	if n8, n7 := len(s.SessionRevokes(8)), len(s.SessionRevokes(7)); n8 != 0 || n7 != 2 {
+		t.Fatalf("after the slack: session 8 keeps %d, session 7 %d", n8, n7)
+	}
+	applyOK(t, s, Command{Op: OpCloseSession, Session: 7, Now: 72_000}, StatusSessionClosed)
+	if n := s.NumSessionRevokes(); n != 0 {
+		t.Fatalf("%d notes kept after the session closed", n)
+	}
 }

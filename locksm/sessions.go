@@ -338,6 +338,7 @@ func (s *State) endSession(cmd *Command, effects []Effect) (result, []Effect) {
 		}
 	}
 	delete(s.sessions, cmd.Session)
+	s.forgetSessionRevokes(cmd.Session)
 	status := StatusSessionClosed
 	if cmd.Op == OpExpireSession {
 		status = StatusSessionExpired

@@ -78,11 +78,14 @@ package locksm
 //	           nheld:uvarint permit*nheld nwait:uvarint waiter5*nwait
 //	permit   = slot:uvarint owner:string token:uvarint(1..) lease:uvarint
 //	           grantedAt:varint sref label:string(0..64)
-//	body v7  = body v6 nrev:uvarint(1..1024) revoke*nrev
+//	body v7  = body v6 nrev:uvarint(0..1024) revoke*nrev
+//	           nsrev:uvarint(0..1024) srev*nsrev   (nrev + nsrev >= 1)
 //	revoke   = key:string token:uvarint(1..) who:string reason:string(0..128)
 //	           at:varint owner:string label:string(0..64) session:uvarint
 //	           permit:byte(0|1) [permit 1: slot:uvarint(0..99999)]
 //	           nbk:uvarint name:string*nbk
+//	srev     = session:uvarint(1..) token:uvarint(1..) key:string who:string
+//	           reason:string(0..128) leaseEnd:varint
 //
 // Revoke records are in the state's order (oldest revoke first), each key
 // once; nbk is 0 but for a block's record (2..16 keys, its key among
@@ -198,9 +201,10 @@ type snapHeader struct {
 	// sems are the semaphores in ascending key order (their structs are
 	// copied on write after a Freeze, so a view may keep the pointers).
 	sems []frozenSem
-	// revokes: State.revokes, never written in place, so shared.
-	revokes []Revoke
-	version byte // snapV1..snapV7 (State.snapVersion)
+	// revokes, sessRevoked: State's, never written in place, so shared.
+	revokes     []Revoke
+	sessRevoked []SessionRevoke
+	version     byte // snapV1..snapV7 (State.snapVersion)
 }
 
 type frozenSem struct {
@@ -224,7 +228,7 @@ func (s *State) sortedSems() []frozenSem {
 func (s *State) snapHeader() snapHeader {
 	return snapHeader{last: s.last, clock: s.clock, blocks: s.blocks, renewed: s.renewed,
 		labels: s.labels, waiterLabels: s.waiterLabels, sessions: s.snapSessions(), sems: s.sortedSems(),
-		revokes: s.revokes, version: s.snapVersion()}
+		revokes: s.revokes, sessRevoked: s.sessRevoked, version: s.snapVersion()}
 }
 
 // writeSnapshot writes n keys, in ascending order, key(i) giving the i-th.
@@ -355,6 +359,17 @@ func writeSnapshot(w io.Writer, hd snapHeader, n int, key func(i int) (string, *
 				sw.buf = append(sw.buf, 0)
 			}
 			sw.keys(r.Keys)
+			sw.maybeFlush()
+		}
+		sw.buf = binary.AppendUvarint(sw.buf, uint64(len(hd.sessRevoked)))
+		for i := range hd.sessRevoked {
+			r := &hd.sessRevoked[i]
+			sw.buf = binary.AppendUvarint(sw.buf, r.Session)
+			sw.buf = binary.AppendUvarint(sw.buf, r.Token)
+			sw.string(r.Key)
+			sw.string(r.Who)
+			sw.string(r.Reason)
+			sw.buf = binary.AppendVarint(sw.buf, r.LeaseEnd)
 			sw.maybeFlush()
 		}
 	}
@@ -860,7 +875,7 @@ func (d *snapReader) readRevokes(s *State) error {
 	switch {
 	case d.err != nil:
 		return fmt.Errorf("revokes: %w", d.err)
-	case n == 0 || n > MaxRevokeRecords:
+	case n > MaxRevokeRecords:
 		return fmt.Errorf("%d revoke records", n)
 	}
 	seen := make(map[string]bool, n)
@@ -906,6 +921,45 @@ func (d *snapReader) readRevokes(s *State) error {
 			r.Keys = s.revokes[j].Keys // one slice per revoke, as Apply keeps it
 		}
 		s.revokes = append(s.revokes, r)
+	}
+	if len(s.revokes) == 0 {
+		s.revokes = nil
+	}
+	return d.readSessionRevokes(s, n)
+}
+
+// readSessionRevokes reads the revokes kept for sessions' brokers
+// (version 7, after the nrev audit records): 0..MaxSessionRevokes, at
+// least one if nrev is 0 (else the snapshot would be version 6), each of
+// a live session, a token in 1..lastToken, within its revoke's field
+// constraints.
+func (d *snapReader) readSessionRevokes(s *State, nrev uint64) error {
+	n := d.uvarint()
+	switch {
+	case d.err != nil:
+		return fmt.Errorf("session revokes: %w", d.err)
+	case n > MaxSessionRevokes || n+nrev == 0:
+		return fmt.Errorf("%d session revokes beside %d revoke records", n, nrev)
+	}
+	for i := range n {
+		var r SessionRevoke
+		r.Session = d.uvarint()
+		r.Token = d.uvarint()
+		r.Key = d.string(MaxKeyLen)
+		r.Who = intern(d.string(MaxOwnerLen))
+		r.Reason = d.string(MaxReasonLen)
+		r.LeaseEnd = d.varint()
+		switch {
+		case d.err != nil:
+			return fmt.Errorf("session revoke #%d: %w", i, d.err)
+		case s.sessions[r.Session] == nil:
+			return fmt.Errorf("session revoke #%d: no session %d", i, r.Session)
+		case r.Token == 0 || r.Token > s.last:
+			return fmt.Errorf("session revoke #%d: token %d outside 1..%d", i, r.Token, s.last)
+		case ValidateKey(r.Key) != nil || ValidateOwner(r.Who) != nil || ValidateReason(r.Reason) != nil:
+			return fmt.Errorf("session revoke #%d: invalid key %q, who %q or reason %q", i, r.Key, r.Who, r.Reason)
+		}
+		s.sessRevoked = append(s.sessRevoked, r)
 	}
 	return nil
 }

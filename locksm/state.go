@@ -99,6 +99,10 @@ type State struct {
 	// Never written in place (a revoke makes a new slice), so a Frozen
 	// view shares it.
 	revokes []Revoke
+	// sessRevoked: the revokes of sessions' holdings a resuming broker
+	// must be told of (SessionRevokes), oldest first; never written in
+	// place (a Frozen view may share it).
+	sessRevoked []SessionRevoke
 }
 
 // waiterRef names one queued waiter: its primary key (a block's first
@@ -1052,7 +1056,7 @@ func (s *State) hasBlockContent() bool { return len(s.blocks) > 0 || len(s.block
 // else 2 if a block is held or queued, else 1.
 func (s *State) snapVersion() byte {
 	switch {
-	case len(s.revokes) > 0:
+	case len(s.revokes) > 0 || len(s.sessRevoked) > 0:
 		return snapV7
 	case len(s.sems) > 0 || s.hasSlotOutcomes():
 		return snapV6

@@ -201,8 +201,15 @@ type conn struct {
 	// Hello holds across a round trip.
 	labelled atomic.Bool
 
-	lmu   sync.Mutex       // guards locks, lostDone and revoke
+	lmu   sync.Mutex       // guards locks, lostDone, revoke and unclaimed
 	locks map[uint64]*Lock // the Locks that events may name, by token
+	// unclaimed: LOST events of tokens no Lock has yet, for the Lock
+	// registered next under that token: events never wait for replies,
+	// so a lock's LOST can come before its OK (an ACQUIRE answered
+	// behind another's reply, revoked meanwhile: issue 42's second attack
+	// round). At most maxUnclaimed, the oldest forgotten first.
+	unclaimed      map[uint64]unclaimedLoss
+	unclaimedOrder []uint64
 	// revoke is the last "! REVOKED" line read (version 9), for the
 	// "! LOST <token> revoked" line right after it.
 	revoke revokeNote

@@ -665,6 +665,14 @@ func (cn *conn) register(l *Lock) {
 		l.fire(LostDisconnected, false)
 		return
 	}
+	if u, ok := cn.unclaimed[l.token]; ok {
+		// Its LOST came before its OK: lost already.
+		delete(cn.unclaimed, l.token)
+		cn.unclaimedOrder = slices.DeleteFunc(cn.unclaimedOrder, func(t uint64) bool { return t == l.token })
+		cn.lmu.Unlock()
+		u.fire(l)
+		return
+	}
 	if cn.locks == nil {
 		cn.locks = make(map[uint64]*Lock)
 	}
@@ -702,10 +710,11 @@ func (cn *conn) forget(l *Lock) {
 // <position> <estimate|-> <key>" (version 7): that ACQUIRE's place in
 // key's line; "! REVOKED <token> <by>[ <why>]" (version 9): who revoked
 // the lock of that token and why, noted for the "! LOST <token> revoked"
-// line that comes right after it. Lines of other names, tokens of no Lock of this Client,
-// request numbers of no ACQUIRE waiting with a hook, and malformed lines
-// are ignored: an event never answers a request, so ignoring one cannot
-// shift the replies.
+// line that comes right after it. A LOST of a token no Lock has yet is
+// kept (a few) for the Lock of a reply still to come: events never wait
+// for replies. Lines of other names, request numbers of no ACQUIRE
+// waiting with a hook, and malformed lines are ignored: an event never
+// answers a request, so ignoring one cannot shift the replies.
 func (cn *conn) event(line string) {
 	if n, keys, ok := parseQueued(line); ok {
 		cn.queuedEvent(n, keys)
@@ -730,13 +739,47 @@ func (cn *conn) event(line string) {
 	delete(cn.locks, tok) // at most one LOST per lock
 	note := cn.revoke
 	cn.revoke = revokeNote{}
+	loss := unclaimedLoss{reason: reason}
+	if reason == LostRevoked && note.token == tok {
+		loss.revoked, loss.by, loss.why = true, note.by, note.why
+	}
+	if l == nil {
+		// Perhaps the lock of a reply still to come: kept for it.
+		if cn.unclaimed == nil {
+			cn.unclaimed = make(map[uint64]unclaimedLoss)
+		}
+		if _, dup := cn.unclaimed[tok]; !dup {
+			if len(cn.unclaimedOrder) >= maxUnclaimed {
+				delete(cn.unclaimed, cn.unclaimedOrder[0])
+				cn.unclaimedOrder = cn.unclaimedOrder[1:]
+			}
+			cn.unclaimedOrder = append(cn.unclaimedOrder, tok)
+		}
+		cn.unclaimed[tok] = loss
+	}
 	cn.lmu.Unlock()
 	if l != nil {
-		if reason == LostRevoked && note.token == tok {
-			l.fireRevoked(reason, note.by, note.why, true)
-		} else {
-			l.fire(reason, true)
-		}
+		loss.fire(l)
+	}
+}
+
+// unclaimedLoss is a LOST event (with its REVOKED note) of a token no
+// Lock had when it was read (conn.unclaimed).
+type unclaimedLoss struct {
+	reason  string
+	revoked bool // a REVOKED note came with it: by, why
+	by, why string
+}
+
+// maxUnclaimed bounds conn.unclaimed.
+const maxUnclaimed = 64
+
+// fire ends l with the loss.
+func (u unclaimedLoss) fire(l *Lock) {
+	if u.revoked {
+		l.fireRevoked(u.reason, u.by, u.why, true)
+	} else {
+		l.fire(u.reason, true)
 	}
 }
 

@@ -200,9 +200,9 @@ type Table interface {
 	// SessionHolds reports whether session id still holds what it was
 	// granted under token (locksm.State.SessionHolds).
 	SessionHolds(id, token uint64) bool
-	// SessionRevokes lists the kept audit records of revokes of session
-	// id's holdings (locksm.State.SessionRevokes).
-	SessionRevokes(id uint64) []locksm.Revoke
+	// SessionRevokes lists the revokes of session id's holdings kept
+	// for its broker (locksm.State.SessionRevokes).
+	SessionRevokes(id uint64) []locksm.SessionRevoke
 }
 
 // Directory tells the core who leads, for the hint of an M reply.
@@ -306,8 +306,9 @@ const (
 	// EventPositionsSent: a walk of the lines that moved told Keys
 	// waiters their places (R frames queued; none: no event).
 	EventPositionsSent
-	// EventRevoked: the leader applied an operator's revoke that ended
-	// a holding (Revoke is the audit record).
+	// EventRevoked: this node applied an operator's revoke that ended a
+	// holding (Revoke is the audit record; Leading, whether it led):
+	// every node emits it once per revoke.
 	EventRevoked
 )
 
@@ -321,6 +322,7 @@ type Event struct {
 	Latency time.Duration  // EventReply of a grant, EventHandoffLatency
 	Status  locksm.Status  // EventUnexpectedResult
 	Revoke  *locksm.Revoke // EventRevoked
+	Leading bool           // EventRevoked: this node led when it applied it
 }
 
 // TimerKind says what a due timer asks for.

@@ -59,12 +59,12 @@ func (k *Core[C]) Revoke(now time.Time, h C, id uint64, key string, token uint64
 	k.propose(cmd)
 }
 
-// revokeApplied handles a revoke a's that ended a holding: the holder is
-// told (the lost event, before the hand-off grants of the same commit,
-// which Applied answers after this), the token leaves the bookkeeping of
-// told and untold grants as a release's does, and the audit record goes
-// to the events. Its lease timer, still armed, finds the token gone and
-// proposes nothing.
+// revokeApplied handles a revoke a's that ended a holding: a leader
+// tells the holder (the lost event, before the hand-off grants of the
+// same commit, which Applied answers after this), the token leaves the
+// bookkeeping of told and untold grants as a release's does, and every
+// node, leading or not, puts the audit record in its events, once. Its
+// lease timer, still armed, finds the token gone and proposes nothing.
 func (k *Core[C]) revokeApplied(a *Applied) {
 	c := &a.Cmd
 	token := a.Res.Token
@@ -83,8 +83,11 @@ func (k *Core[C]) revokeApplied(a *Applied) {
 	}
 	delete(k.told, token)
 	delete(k.untold, token)
-	if k.leading && rv != nil {
-		k.event(Event{Kind: EventRevoked, Revoke: rv})
+	if rv != nil {
+		// Every node audits every revoke it applies, once, leading or
+		// not: gated on leading, one revoke was audited twice across a
+		// leader change, or by nobody (issue 42's second attack round).
+		k.event(Event{Kind: EventRevoked, Revoke: rv, Leading: k.leading})
 	}
 }
 
@@ -133,27 +136,35 @@ func handedTo(effects []locksm.Effect) uint64 {
 }
 
 // tellSessionRevokes tells cn, the connection session s just resumed
-// on, of the revokes of s's holdings the state keeps: its broker may
-// have been away when they applied, or may have heard of a grant only
-// now, in the outcomes replayed before (the lost event must follow the
-// G: the multi-leader simulation found a broker counting on a holding
-// revoked before it heard of it). A broker ignores the tokens it does
-// not hold. Older connections cannot take the event.
-func (k *Core[C]) tellSessionRevokes(cn *conn[C], s *session[C]) {
+// on, of the revokes of s's holdings the state keeps for its broker
+// (locksm.SessionRevoke: every one whose holding's lease may still run
+// by the broker's clock): the broker may have been away when they
+// applied, or may hear of a grant only now, in the outcomes replayed
+// before (the lost event must follow the G: the multi-leader simulation
+// found a broker counting on a holding revoked before it heard of it). A
+// broker ignores the tokens it does not hold. later is the rest of the
+// resume's batch: a revoke there, applied after the resume, is told when
+// it applies, after the grant it ends (issue 42's second attack round
+// saw X, then G, then X). Older connections cannot take the event.
+func (k *Core[C]) tellSessionRevokes(cn *conn[C], s *session[C], later []Applied) {
 	if cn.version < wire.VersionRevoke {
 		return
 	}
-	var last uint64
 	for _, rv := range k.table.SessionRevokes(s.id) {
-		if rv.Token == last {
-			continue // a block's other keys
+		if revokedIn(later, rv.Token) {
+			continue
 		}
-		last = rv.Token
-		key := rv.Key
-		if len(rv.Keys) > 0 {
-			key = rv.Keys[0]
-		}
-		k.send(cn, wire.Msg{Type: wire.TypeLost, Token: rv.Token, Reason: wire.LostRevoked, Key: key, Owner: rv.Who, Text: rv.Reason})
+		k.send(cn, wire.Msg{Type: wire.TypeLost, Token: rv.Token, Reason: wire.LostRevoked, Key: rv.Key, Owner: rv.Who, Text: rv.Reason})
 		k.event(Event{Kind: EventLostSent, Keys: 1})
 	}
+}
+
+// revokedIn reports whether one of batch revoked token.
+func revokedIn(batch []Applied, token uint64) bool {
+	for i := range batch {
+		if c := &batch[i].Cmd; c.Op == locksm.OpRevoke && c.Token == token && batch[i].Res.Status == locksm.StatusRevoked {
+			return true
+		}
+	}
+	return false
 }

@@ -147,7 +147,7 @@ func (t stateTable) HeldUnder(key string, token uint64) bool { return t.s.HeldUn
 
 func (t stateTable) SessionHolds(id, token uint64) bool { return t.s.SessionHolds(id, token) }
 
-func (t stateTable) SessionRevokes(id uint64) []locksm.Revoke { return t.s.SessionRevokes(id) }
+func (t stateTable) SessionRevokes(id uint64) []locksm.SessionRevoke { return t.s.SessionRevokes(id) }
 
 func (t stateTable) Semaphore(key string) (locksm.Semaphore, bool) { return t.s.Semaphore(key) }
 
@@ -784,7 +784,7 @@ func fmtEvent(e Event) string {
 	case EventPositionsSent:
 		return fmt.Sprintf("positions-sent n=%d", e.Keys)
 	case EventRevoked:
-		return fmt.Sprintf("revoked key=%s token=%d holder=%s by=%s reason=%q", e.Revoke.Key, e.Revoke.Token, e.Revoke.Owner, e.Revoke.Who, e.Revoke.Reason)
+		return fmt.Sprintf("revoked key=%s token=%d holder=%s by=%s reason=%q leading=%v", e.Revoke.Key, e.Revoke.Token, e.Revoke.Owner, e.Revoke.Who, e.Revoke.Reason, e.Leading)
 	case EventUnexpectedResult:
 		return fmt.Sprintf("unexpected-result op=%s status=%s", opNames[e.Op], statusNames[e.Status])
 	}

@@ -781,7 +781,7 @@ func (k *Core[C]) resumed(now time.Time, p *pending[C], s *session[C], later []A
 			}
 		}
 	}
-	k.tellSessionRevokes(cn, s)
+	k.tellSessionRevokes(cn, s, later)
 	queued := k.table.SessionWaiters(s.id)
 	for _, q := range queued {
 		w := &q.Waiter
