@@ -124,4 +124,3 @@ func TestAttack42b_SecondRevokeOfKeyErasesSessionsLostEvent(t *testing.T) {
 		t.Fatalf("the revoked session holder (token %d) was never told of the revoke", tS)
 	}
 }
-

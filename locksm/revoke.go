@@ -149,7 +149,6 @@ func (s *State) SessionRevokes(id uint64) []SessionRevoke {
 // NumSessionRevokes is the number of SessionRevoke notes kept.
 func (s *State) NumSessionRevokes() int { return len(s.sessRevoked) }
 
-
 // Revokes returns a copy of the audit records kept, oldest first (nil if
 // none): each key's latest revoke, in the log order of those revokes.
 func (s *State) Revokes() []Revoke { return slices.Clone(s.revokes) }
