@@ -35,8 +35,10 @@ revoke names exactly it: if the key changed hands in between, nothing is
 revoked (exit 1). A permit of a semaphore, or a block named by any of its
 keys, is revoked by its token (inspect lists them).
 
-Exit status: 0 revoked; 1 refused or failed, nothing revoked (not held,
-held under another token, the cluster not at version 14 yet, no leader);
+Exit status: 0 revoked (or found revoked already: "Already revoked", the
+key's last revoke names that token); 1 refused or failed, nothing revoked
+(not held, held under another token, the cluster not at version 14 yet,
+no leader);
 2 bad flags or arguments; 77 the outcome is unknown (the leadership changed
 before it applied): run "ticketing inspect KEY", whose last revoke says.`, stdout, stderr, 70*time.Second,
 		"print the revoke's record as JSON")
@@ -91,6 +93,15 @@ before it applied): run "ticketing inspect KEY", whose last revoke says.`, stdou
 		fmt.Fprintf(stderr, "%s: revoking %s held by %s, token %d\n", name, key, k.Holder.Owner, token)
 	}
 	rep, err := a.Do(ctx, wire.AdminRequest{Op: wire.AdminOpRevoke, Key: key, Token: token, Reason: reason, By: by})
+	if err != nil && (errors.Is(err, locksm.ErrTokenMismatch) || errors.Is(err, locksm.ErrNotHeld)) {
+		// Perhaps revoked already (a rerun after exit 77, or another
+		// operator): the key's last revoke says.
+		if ir, ierr := a.Do(ctx, wire.AdminRequest{Op: wire.AdminOpInspect, Key: key, LeaderOnly: true}); ierr == nil && ir.Key != nil &&
+			ir.Key.LastRevoke != nil && ir.Key.LastRevoke.Token == token {
+			fmt.Fprintf(stdout, "Already revoked %s: %s\n", key, describeRevoke(ir.Key.LastRevoke, ir.Key.AtUnixMs))
+			return ExitOK
+		}
+	}
 	if err != nil {
 		msg := strings.TrimSpace(err.Error()) + clusterIDHint(err)
 		switch {
@@ -100,6 +111,8 @@ before it applied): run "ticketing inspect KEY", whose last revoke says.`, stdou
 			fmt.Fprintf(stderr, "%s: %s is not held under token %d (not any more): nothing was revoked (%s)\n", name, key, token, msg)
 		case errors.Is(err, wire.ErrIndeterminate):
 			fmt.Fprintf(stderr, "%s: the outcome is unknown: %s\n", name, msg)
+			fmt.Fprintf(stderr, "%s: \"ticketing inspect %s\" shows whether token %d was revoked; to try again, name it: \"ticketing revoke %s --token %d --reason ...\" (it never ends a newer holder, and answers \"Already revoked\" if it was)\n",
+				name, key, token, key, token)
 			return ExitIndeterminate
 		default:
 			fmt.Fprintf(stderr, "%s: %s\n", name, msg)

@@ -82,10 +82,16 @@ func TestRevokeCommand(t *testing.T) {
 		t.Fatalf("inspect after the revoke: exit %d\n%s%s", code, out, errs)
 	}
 
-	// The old token again: refused, nothing changes.
+	// The old token again (a rerun after exit 77): revoked already, as
+	// the key's last revoke says; nothing changes.
 	code, out, errs = run(append([]string{"revoke", "gate/7", "--token", itoa(t1), "--reason", "again"}, flags...)...)
-	if code != ExitError || !strings.Contains(errs, "held under another token than "+itoa(t1)) || !strings.Contains(errs, "nothing was revoked") {
-		t.Fatalf("revoke of the old token: exit %d\n%s%s", code, out, errs)
+	if code != ExitOK || !strings.Contains(out, "Already revoked gate/7: token "+itoa(t1)+" of alice by oncall@ops") {
+		t.Fatalf("revoke of the revoked token again: exit %d\n%s%s", code, out, errs)
+	}
+	// A made-up token: refused, nothing changes.
+	code, out, errs = run(append([]string{"revoke", "gate/7", "--token", itoa(t1 - 1), "--reason", "again"}, flags...)...)
+	if code != ExitError || !strings.Contains(errs, "held under another token than "+itoa(t1-1)) || !strings.Contains(errs, "nothing was revoked") {
+		t.Fatalf("revoke of another token: exit %d\n%s%s", code, out, errs)
 	}
 	if kr, _ := c.Node(li).Inspect("gate/7"); kr.Holder == nil || kr.Holder.Token != t2 {
 		t.Fatalf("bob's holding after a refused revoke: %+v", kr.Holder)
