@@ -44,6 +44,9 @@ type model struct {
 	// revokes are the audit records, oldest first; a key's newer revoke
 	// removes its older record.
 	revokes []Revoke
+	// sessRevoked are the notes of revokes of sessions' holdings, oldest
+	// first.
+	sessRevoked []SessionRevoke
 }
 
 // modelSession keeps every outcome above its ack, in the order recorded.
@@ -492,6 +495,16 @@ func (m *model) lock(c Command) (Result, []Effect) {
 		if n := len(m.revokes) - MaxRevokeRecords; n > 0 {
 			m.revokes = m.revokes[n:]
 		}
+		if h.Session != 0 && m.session(h.Session) != nil {
+			m.sessRevoked = slices.DeleteFunc(m.sessRevoked, func(r SessionRevoke) bool {
+				return m.session(r.Session) == nil || r.LeaseEnd+SessionRevokeSlackMs <= c.Now
+			})
+			if n := len(m.sessRevoked) + 1 - MaxSessionRevokes; n > 0 {
+				m.sessRevoked = m.sessRevoked[n:]
+			}
+			m.sessRevoked = append(m.sessRevoked, SessionRevoke{Session: h.Session, Token: h.Token, Key: keys[0], Who: c.Owner,
+				Reason: c.Reason, LeaseEnd: max(h.GrantedAt, h.RenewedAt) + int64(h.LeaseSec)*1000})
+		}
 		eff := []Effect{{Kind: EffectRevoked, Key: keys[0], Keys: h.Keys, Owner: h.Owner, Token: h.Token, Slot: h.Slot,
 			Session: h.Session, Seq: h.Seq}}
 		return Result{Status: StatusRevoked, Token: h.Token, Slot: h.Slot}, append(eff, m.free(i, c.Now)...)
@@ -580,6 +593,7 @@ func (m *model) lock(c Command) (Result, []Effect) {
 			}
 		}
 		m.sessions = slices.DeleteFunc(m.sessions, func(o *modelSession) bool { return o == ms })
+		m.sessRevoked = slices.DeleteFunc(m.sessRevoked, func(r SessionRevoke) bool { return r.Session == ms.id })
 		if c.Op == OpCloseSession {
 			return Result{Status: StatusSessionClosed}, eff
 		}
@@ -726,6 +740,20 @@ func (m *model) compare(s *State, keys []string) error {
 	}
 	if got := s.Revokes(); !reflect.DeepEqual(got, m.revokes) || s.NumRevokes() != len(m.revokes) {
 		return fmt.Errorf("revokes %+v, model %+v", got, m.revokes)
+	}
+	if s.NumSessionRevokes() != len(m.sessRevoked) {
+		return fmt.Errorf("%d session revoke notes, model %+v", s.NumSessionRevokes(), m.sessRevoked)
+	}
+	for _, ms := range m.sessions {
+		var want []SessionRevoke
+		for _, r := range m.sessRevoked {
+			if r.Session == ms.id {
+				want = append(want, r)
+			}
+		}
+		if got := s.SessionRevokes(ms.id); !reflect.DeepEqual(got, want) {
+			return fmt.Errorf("session %d's revoke notes %+v, model %+v", ms.id, got, want)
+		}
 	}
 	for _, k := range append(slices.Clone(keys), genSems...) {
 		want, wok := Revoke{}, false
