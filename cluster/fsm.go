@@ -157,7 +157,7 @@ func (f *fsm) applyLocked(logs []*raft.Log, announced func(id, addr string)) []a
 			f.state.SetShortWaits(f.clusterVersion < wire.VersionLongWaits)
 			for _, c := range cmds {
 				res, eff := f.state.Apply(c, nil)
-				out = append(out, applied{Cmd: c, Res: res, Effects: eff, Term: l.Term})
+				out = append(out, applied{Cmd: c, Res: res, Effects: eff, Term: l.Term, Index: l.Index})
 			}
 		case entryAnnounce:
 			id, addr, err := decodeAnnounce(l.Data[1:])

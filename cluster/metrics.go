@@ -131,7 +131,7 @@ func newNodeMetrics(n *Node) *nodeMetrics {
 	})
 	m.revokes = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ticketing_node_revokes_total",
-		Help: "Holdings ended by an operator's revoke that this node applied (every node counts each revoke once: take the max across nodes, not the sum; each also logged, \"lock revoked\").",
+		Help: "Holdings ended by an operator's revoke that this node's process applied (every node counts each revoke once: take the max across nodes, not the sum; a restart replays the log since the last snapshot; each also logged, \"lock revoked\", with its log index).",
 	})
 	m.lostEvents = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ticketing_node_lost_events_total",
@@ -230,7 +230,8 @@ func (n *Node) record(e leader.Event) {
 			// The audit record, as the log keeps it (inspect shows the
 			// key's latest; this line keeps them all).
 			n.log.Warn("lock revoked", "key", rv.Key, "keys", rv.Keys, "token", rv.Token, "holder", rv.Owner,
-				"permit", rv.Permit, "slot", rv.Slot, "by", rv.Who, "reason", rv.Reason, "at_unix_ms", rv.At, "leader", e.Leading)
+				"permit", rv.Permit, "slot", rv.Slot, "by", rv.Who, "reason", rv.Reason, "at_unix_ms", rv.At, "leader", e.Leading,
+				"index", e.Index)
 		}
 	case leader.EventHandoff:
 		m.handoffs.Inc()

@@ -176,12 +176,9 @@ const (
 	// bytes of strings each (plus a block's keys, shared by the records
 	// of its keys): under 1 MB for a full table, on every replica.
 	MaxRevokeRecords = 1024
-	// MaxSessionRevokes bounds the revokes of sessions' holdings kept
-	// for their brokers (SessionRevoke); the oldest go first.
+	// MaxSessionRevokes bounds the revokes of one session's holdings
+	// kept for its broker (SessionRevoke); the oldest go first.
 	MaxSessionRevokes = 1024
-	// SessionRevokeSlackMs is how long past its holding's lease end a
-	// SessionRevoke is kept.
-	SessionRevokeSlackMs = 60_000
 )
 
 // Op names a command.
@@ -592,20 +589,24 @@ type Revoke struct {
 // session's broker (State.SessionRevokes): a broker that was away when it
 // applied, or that hears of the grant only in a resume's replayed
 // outcomes, must still be told, whatever other revokes came after (the
-// audit records keep only each key's latest). It is kept until its
-// holding's lease would have ended anyway, by the stamps of the grant or
-// latest extend (LeaseEnd) and a minute's slack for the clocks of
-// different leaders (a broker counts its lease from when it wrote the
-// acquire, before the grant's stamp), or until its session ends; at most
-// MaxSessionRevokes of them.
+// audit records keep only each key's latest). It is kept until the
+// broker acknowledges an outcome recorded after it (its ack passes
+// AfterSerial): a leader tells it on the session's connection before the
+// outcomes watermark (O) of anything recorded later, and again at every
+// resume while it is kept, so such an ack proves the broker read it. No
+// time decides it (issue 42's third attack round: a note pruned by a
+// later leader's clock left a broker holding a revoked lock). Also
+// dropped when the session ends; at most MaxSessionRevokes per session,
+// the oldest first.
 type SessionRevoke struct {
 	Session, Token uint64
 	// Key is the holding's key (a block's primary key).
 	Key string
 	// Who and Reason are the revoke's Owner and Reason.
 	Who, Reason string
-	// LeaseEnd is the revoked holding's lease end (Unix ms, its stamps).
-	LeaseEnd int64
+	// AfterSerial is the session's last outcome serial when the revoke
+	// applied: an ack above it drops the note.
+	AfterSerial uint64
 }
 
 // LeaseEnd is when h's lease ends by the proposers' wall clocks (Unix ms):

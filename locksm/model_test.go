@@ -495,15 +495,11 @@ func (m *model) lock(c Command) (Result, []Effect) {
 		if n := len(m.revokes) - MaxRevokeRecords; n > 0 {
 			m.revokes = m.revokes[n:]
 		}
-		if h.Session != 0 && m.session(h.Session) != nil {
-			m.sessRevoked = slices.DeleteFunc(m.sessRevoked, func(r SessionRevoke) bool {
-				return m.session(r.Session) == nil || r.LeaseEnd+SessionRevokeSlackMs <= c.Now
-			})
-			if n := len(m.sessRevoked) + 1 - MaxSessionRevokes; n > 0 {
-				m.sessRevoked = m.sessRevoked[n:]
-			}
+		if ms := m.session(h.Session); h.Session != 0 && ms != nil {
+			// Kept until the broker acks past it (filtered in check) or
+			// the session ends.
 			m.sessRevoked = append(m.sessRevoked, SessionRevoke{Session: h.Session, Token: h.Token, Key: keys[0], Who: c.Owner,
-				Reason: c.Reason, LeaseEnd: max(h.GrantedAt, h.RenewedAt) + int64(h.LeaseSec)*1000})
+				Reason: c.Reason, AfterSerial: ms.serial})
 		}
 		eff := []Effect{{Kind: EffectRevoked, Key: keys[0], Keys: h.Keys, Owner: h.Owner, Token: h.Token, Slot: h.Slot,
 			Session: h.Session, Seq: h.Seq}}
@@ -741,19 +737,24 @@ func (m *model) compare(s *State, keys []string) error {
 	if got := s.Revokes(); !reflect.DeepEqual(got, m.revokes) || s.NumRevokes() != len(m.revokes) {
 		return fmt.Errorf("revokes %+v, model %+v", got, m.revokes)
 	}
-	if s.NumSessionRevokes() != len(m.sessRevoked) {
-		return fmt.Errorf("%d session revoke notes, model %+v", s.NumSessionRevokes(), m.sessRevoked)
-	}
+	wantN := 0
 	for _, ms := range m.sessions {
 		var want []SessionRevoke
 		for _, r := range m.sessRevoked {
-			if r.Session == ms.id {
+			if r.Session == ms.id && r.AfterSerial >= ms.ack {
 				want = append(want, r)
 			}
+		}
+		if n := len(want) - MaxSessionRevokes; n > 0 {
+			want = want[n:]
 		}
 		if got := s.SessionRevokes(ms.id); !reflect.DeepEqual(got, want) {
 			return fmt.Errorf("session %d's revoke notes %+v, model %+v", ms.id, got, want)
 		}
+		wantN += len(want)
+	}
+	if s.NumSessionRevokes() != wantN {
+		return fmt.Errorf("%d session revoke notes, model %d", s.NumSessionRevokes(), wantN)
 	}
 	for _, k := range append(slices.Clone(keys), genSems...) {
 		want, wok := Revoke{}, false

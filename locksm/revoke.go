@@ -18,7 +18,7 @@ func (s *State) revoke(m *semaphore, cmd *Command, effects []Effect) (result, []
 		}
 		p := m.held[slot]
 		s.recordRevoke(cmd, nil, Revoke{Owner: p.owner, Label: s.labels[p.token], Permit: true, Slot: slot, Session: p.session})
-		s.noteSessionRevoke(cmd, p.session, p.token, cmd.Key, s.leaseEndOf(p.token, p.grantedAt, p.leaseSec))
+		s.noteSessionRevoke(cmd, p.session, p.token, cmd.Key)
 		effects = append(effects, Effect{Kind: EffectRevoked, Key: cmd.Key, Owner: p.owner, Token: p.token, Slot: slot,
 			Session: p.session, Seq: p.seq})
 		effects = s.endPermit(cmd.Key, m, slot, cmd.Now, effects)
@@ -37,7 +37,7 @@ func (s *State) revoke(m *semaphore, cmd *Command, effects []Effect) (result, []
 	if keys != nil {
 		primary = keys[0]
 	}
-	s.noteSessionRevoke(cmd, e.session, e.token, primary, s.leaseEndOf(e.token, e.grantedAt, e.leaseSec))
+	s.noteSessionRevoke(cmd, e.session, e.token, primary)
 	eff := Effect{Kind: EffectRevoked, Key: cmd.Key, Keys: keys, Owner: e.owner, Token: e.token, Session: e.session, Seq: e.seq}
 	if keys != nil {
 		eff.Key = keys[0]
@@ -91,63 +91,62 @@ func (s *State) LastRevoke(key string) (Revoke, bool) {
 	return Revoke{}, false
 }
 
-// leaseEndOf is the lease end (Unix ms) of the holding under token
-// granted at grantedAt with leaseSec: from its latest extend's stamp if
-// it was extended.
-func (s *State) leaseEndOf(token uint64, grantedAt int64, leaseSec uint32) int64 {
-	return max(grantedAt, s.renewed[token]) + int64(leaseSec)*1000
-}
-
 // noteSessionRevoke keeps the revoke cmd of the holding under token of
 // session (0: none, nothing kept) for the session's broker (see
-// SessionRevoke): the notes of ended sessions, and of holdings whose
-// lease (and slack) is over by cmd.Now, go; then the oldest, to keep at
-// most MaxSessionRevokes. A new slice: a Frozen view may share the old.
-func (s *State) noteSessionRevoke(cmd *Command, session, token uint64, key string, leaseEnd int64) {
-	if session == 0 || s.sessions[session] == nil {
+// SessionRevoke), at most MaxSessionRevokes per session (the oldest
+// go). A new slice: a Frozen view may share the old.
+func (s *State) noteSessionRevoke(cmd *Command, session, token uint64, key string) {
+	ss := s.sessions[session]
+	if session == 0 || ss == nil {
 		return
 	}
-	next := make([]SessionRevoke, 0, len(s.sessRevoked)+1)
-	for _, r := range s.sessRevoked {
-		if s.sessions[r.Session] != nil && r.LeaseEnd+SessionRevokeSlackMs > cmd.Now {
-			next = append(next, r)
-		}
+	old := s.sessRevoked[session]
+	next := make([]SessionRevoke, 0, len(old)+1)
+	next = append(next, old[max(0, len(old)+1-MaxSessionRevokes):]...)
+	next = append(next, SessionRevoke{Session: session, Token: token, Key: key, Who: intern(cmd.Owner),
+		Reason: cmd.Reason, AfterSerial: ss.serial})
+	if s.sessRevoked == nil {
+		s.sessRevoked = make(map[uint64][]SessionRevoke)
 	}
-	if drop := len(next) + 1 - MaxSessionRevokes; drop > 0 {
-		next = slices.Delete(next, 0, drop)
+	s.sessRevoked[session] = next
+}
+
+// sessionAcked drops the notes of session id that its ack (ss.ack) has
+// passed: the broker acknowledged an outcome recorded after them, so it
+// read them (SessionRevoke).
+func (s *State) sessionAcked(id uint64, ss *session) {
+	old := s.sessRevoked[id]
+	if len(old) == 0 || old[0].AfterSerial >= ss.ack {
+		return // in serial order: the oldest is passed first
 	}
-	s.sessRevoked = append(next, SessionRevoke{Session: session, Token: token, Key: key, Who: intern(cmd.Owner),
-		Reason: cmd.Reason, LeaseEnd: leaseEnd})
+	i := 0
+	for i < len(old) && old[i].AfterSerial < ss.ack {
+		i++
+	}
+	if i == len(old) {
+		delete(s.sessRevoked, id)
+		return
+	}
+	s.sessRevoked[id] = slices.Clone(old[i:])
 }
 
 // forgetSessionRevokes drops the notes of session id, which ended: no
-// broker resumes it. A new slice, as ever.
-func (s *State) forgetSessionRevokes(id uint64) {
-	if !slices.ContainsFunc(s.sessRevoked, func(r SessionRevoke) bool { return r.Session == id }) {
-		return
-	}
-	next := slices.DeleteFunc(slices.Clone(s.sessRevoked), func(r SessionRevoke) bool { return r.Session == id })
-	if len(next) == 0 {
-		next = nil
-	}
-	s.sessRevoked = next
-}
+// broker resumes it.
+func (s *State) forgetSessionRevokes(id uint64) { delete(s.sessRevoked, id) }
 
 // SessionRevokes returns the revokes of session id's holdings kept for
 // its broker (SessionRevoke), oldest first; nil if none: a leader tells
 // them to the broker when it resumes.
-func (s *State) SessionRevokes(id uint64) []SessionRevoke {
-	var out []SessionRevoke
-	for _, r := range s.sessRevoked {
-		if r.Session == id {
-			out = append(out, r)
-		}
-	}
-	return out
-}
+func (s *State) SessionRevokes(id uint64) []SessionRevoke { return slices.Clone(s.sessRevoked[id]) }
 
 // NumSessionRevokes is the number of SessionRevoke notes kept.
-func (s *State) NumSessionRevokes() int { return len(s.sessRevoked) }
+func (s *State) NumSessionRevokes() int {
+	n := 0
+	for _, rs := range s.sessRevoked {
+		n += len(rs)
+	}
+	return n
+}
 
 // Revokes returns a copy of the audit records kept, oldest first (nil if
 // none): each key's latest revoke, in the log order of those revokes.

@@ -260,9 +260,9 @@ func TestRevokeTokensExhausted(t *testing.T) {
 }
 
 // The revokes of a session's holdings are kept for its broker (whatever
-// later revokes of the same keys do to the audit records) until the
-// holding's lease and a minute's slack are over, or the session ends;
-// snapshots carry them.
+// later revokes of the same keys do to the audit records, and whatever
+// time it is) until the broker acks an outcome recorded after them, or the
+// session ends; snapshots carry them.
 func TestSessionRevokesKeptForTheBroker(t *testing.T) {
 	s := New()
 	open := func(id uint64) {
@@ -270,15 +270,15 @@ func TestSessionRevokesKeptForTheBroker(t *testing.T) {
 	}
 	open(7)
 	open(8)
-	applyOK(t, s, Command{Op: OpAcquire, Key: "k", Owner: "b", LeaseSec: 30, Session: 7, Seq: 1, Now: 1000}, StatusGranted) // token 1
+	applyOK(t, s, Command{Op: OpAcquire, Key: "k", Owner: "b", LeaseSec: 30, Session: 7, Seq: 1, Now: 1000}, StatusGranted) // token 1, serial 1
 	applyOK(t, s, Command{Op: OpRevoke, Key: "k", Owner: "ops", Token: 1, Reason: "one", Now: 2000}, StatusRevoked)
 	applyOK(t, s, Command{Op: OpAcquire, Key: "k", Owner: "c", LeaseSec: 10, Now: 3000}, StatusGranted) // token 2, no session
 	applyOK(t, s, Command{Op: OpRevoke, Key: "k", Owner: "ops", Token: 2, Reason: "two", Now: 4000}, StatusRevoked)
 	if r, _ := s.LastRevoke("k"); r.Token != 2 {
 		t.Fatalf("the key's last revoke %+v", r)
 	}
-	got := s.SessionRevokes(7)
-	if len(got) != 1 || got[0] != (SessionRevoke{Session: 7, Token: 1, Key: "k", Who: "ops", Reason: "one", LeaseEnd: 31_000}) {
+	want := SessionRevoke{Session: 7, Token: 1, Key: "k", Who: "ops", Reason: "one", AfterSerial: 1}
+	if got := s.SessionRevokes(7); len(got) != 1 || got[0] != want {
 		t.Fatalf("session 7's revokes after a later revoke of its key: %+v", got)
 	}
 	applyOK(t, s, Command{Op: OpAcquire, Key: "j", Owner: "d", LeaseSec: 5, Session: 8, Seq: 1, Now: 5000}, StatusGranted) // token 3
@@ -287,15 +287,25 @@ func TestSessionRevokesKeptForTheBroker(t *testing.T) {
 	if !reflect.DeepEqual(r.SessionRevokes(7), s.SessionRevokes(7)) || len(r.SessionRevokes(8)) != 1 {
 		t.Fatalf("restored: %+v %+v", r.SessionRevokes(7), r.SessionRevokes(8))
 	}
-	// Session 8's note outlives its holding's lease (10 s) by the slack;
-	// a revoke after that drops it, not session 7's (31 s + 60 s).
-	applyOK(t, s, Command{Op: OpAcquire, Key: "m", Owner: "e", LeaseSec: 5, Session: 7, Seq: 2, Now: 71_000}, StatusGranted) // token 4
-	applyOK(t, s, Command{Op: OpRevoke, Key: "m", Owner: "ops", Token: 4, Now: 71_001}, StatusRevoked)
-	if n8, n7 := len(s.SessionRevokes(8)), len(s.SessionRevokes(7)); n8 != 0 || n7 != 2 {
-		t.Fatalf("after the slack: session 8 keeps %d, session 7 %d", n8, n7)
+	// Time does not drop a note: an hour later it is still kept.
+	applyOK(t, s, Command{Op: OpAcquire, Key: "m", Owner: "e", LeaseSec: 5, Session: 7, Seq: 2, Now: 3_600_000}, StatusGranted) // token 4, serial 2
+	applyOK(t, s, Command{Op: OpRevoke, Key: "m", Owner: "ops", Token: 4, Now: 3_600_001}, StatusRevoked)
+	if n := len(s.SessionRevokes(7)); n != 2 {
+		t.Fatalf("session 7 keeps %d notes an hour on, want 2", n)
 	}
-	applyOK(t, s, Command{Op: OpCloseSession, Session: 7, Now: 72_000}, StatusSessionClosed)
-	if n := s.NumSessionRevokes(); n != 0 {
-		t.Fatalf("%d notes kept after the session closed", n)
+	// An ack of serial 1 (the grant it was told before the first
+	// revoke) drops nothing; an ack of serial 2, recorded after the
+	// first revoke, drops that one.
+	applyOK(t, s, Command{Op: OpAckSession, Session: 7, Ack: 1, Now: 3_600_002}, StatusAcked)
+	if n := len(s.SessionRevokes(7)); n != 2 {
+		t.Fatalf("after ack 1: %d notes, want 2", n)
+	}
+	applyOK(t, s, Command{Op: OpAckSession, Session: 7, Ack: 2, Now: 3_600_003}, StatusAcked)
+	if got := s.SessionRevokes(7); len(got) != 1 || got[0].Token != 4 {
+		t.Fatalf("after ack 2: %+v, want token 4's note only", got)
+	}
+	applyOK(t, s, Command{Op: OpCloseSession, Session: 7, Now: 3_600_004}, StatusSessionClosed)
+	if n := len(s.SessionRevokes(7)); n != 0 || s.NumSessionRevokes() != 1 {
+		t.Fatalf("after session 7 closed: %d notes of it, %d in all", n, s.NumSessionRevokes())
 	}
 }

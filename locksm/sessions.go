@@ -144,6 +144,7 @@ func (s *State) sessionCheck(cmd *Command) (*session, result) {
 		return nil, result{Status: StatusRejected, Err: ErrDuplicateSeq}
 	}
 	ss.trim(cmd.Ack)
+	s.sessionAcked(cmd.Session, ss)
 	return ss, result{}
 }
 
@@ -234,6 +235,7 @@ func (s *State) resumeSession(cmd *Command) result {
 	ss.epoch++
 	ss.floor = max(ss.floor, cmd.Seq)
 	ss.trim(cmd.Ack)
+	s.sessionAcked(cmd.Session, ss)
 	return result{Status: StatusResumed}
 }
 
@@ -246,6 +248,7 @@ func (s *State) ackSession(cmd *Command) result {
 		return result{Status: StatusNoop}
 	}
 	ss.trim(cmd.Ack)
+	s.sessionAcked(cmd.Session, ss)
 	return result{Status: StatusAcked}
 }
 

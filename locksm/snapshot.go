@@ -79,13 +79,16 @@ package locksm
 //	permit   = slot:uvarint owner:string token:uvarint(1..) lease:uvarint
 //	           grantedAt:varint sref label:string(0..64)
 //	body v7  = body v6 nrev:uvarint(0..1024) revoke*nrev
-//	           nsrev:uvarint(0..1024) srev*nsrev   (nrev + nsrev >= 1)
+//	           nsrev:uvarint srev*nsrev   (nrev + nsrev >= 1)
 //	revoke   = key:string token:uvarint(1..) who:string reason:string(0..128)
 //	           at:varint owner:string label:string(0..64) session:uvarint
 //	           permit:byte(0|1) [permit 1: slot:uvarint(0..99999)]
 //	           nbk:uvarint name:string*nbk
-//	srev     = session:uvarint(1..) token:uvarint(1..) key:string who:string
-//	           reason:string(0..128) leaseEnd:varint
+//	srev     = session:uvarint(1..) afterSerial:uvarint token:uvarint(1..)
+//	           key:string who:string reason:string(0..128)
+//	           (by session ascending, then in the order kept; at most
+//	           1024 per session; afterSerial in ack..serial of a live
+//	           session, ascending within it)
 //
 // Revoke records are in the state's order (oldest revoke first), each key
 // once; nbk is 0 but for a block's record (2..16 keys, its key among
@@ -203,7 +206,7 @@ type snapHeader struct {
 	sems []frozenSem
 	// revokes, sessRevoked: State's, never written in place, so shared.
 	revokes     []Revoke
-	sessRevoked []SessionRevoke
+	sessRevoked map[uint64][]SessionRevoke // a copy of the map in a Frozen view
 	version     byte // snapV1..snapV7 (State.snapVersion)
 }
 
@@ -361,16 +364,22 @@ func writeSnapshot(w io.Writer, hd snapHeader, n int, key func(i int) (string, *
 			sw.keys(r.Keys)
 			sw.maybeFlush()
 		}
-		sw.buf = binary.AppendUvarint(sw.buf, uint64(len(hd.sessRevoked)))
-		for i := range hd.sessRevoked {
-			r := &hd.sessRevoked[i]
-			sw.buf = binary.AppendUvarint(sw.buf, r.Session)
-			sw.buf = binary.AppendUvarint(sw.buf, r.Token)
-			sw.string(r.Key)
-			sw.string(r.Who)
-			sw.string(r.Reason)
-			sw.buf = binary.AppendVarint(sw.buf, r.LeaseEnd)
-			sw.maybeFlush()
+		ids := slices.Sorted(maps.Keys(hd.sessRevoked))
+		n := 0
+		for _, id := range ids {
+			n += len(hd.sessRevoked[id])
+		}
+		sw.buf = binary.AppendUvarint(sw.buf, uint64(n))
+		for _, id := range ids {
+			for _, r := range hd.sessRevoked[id] {
+				sw.buf = binary.AppendUvarint(sw.buf, r.Session)
+				sw.buf = binary.AppendUvarint(sw.buf, r.AfterSerial)
+				sw.buf = binary.AppendUvarint(sw.buf, r.Token)
+				sw.string(r.Key)
+				sw.string(r.Who)
+				sw.string(r.Reason)
+				sw.maybeFlush()
+			}
 		}
 	}
 	sw.flush()
@@ -929,37 +938,50 @@ func (d *snapReader) readRevokes(s *State) error {
 }
 
 // readSessionRevokes reads the revokes kept for sessions' brokers
-// (version 7, after the nrev audit records): 0..MaxSessionRevokes, at
-// least one if nrev is 0 (else the snapshot would be version 6), each of
-// a live session, a token in 1..lastToken, within its revoke's field
-// constraints.
+// (version 7, after the nrev audit records): at least one if nrev is 0
+// (else the snapshot would be version 6), each of a live session, by
+// session ascending, at most MaxSessionRevokes per session, AfterSerial
+// ascending within it and in ack..serial (an ack above drops it), a
+// token in 1..lastToken, within its revoke's field constraints.
 func (d *snapReader) readSessionRevokes(s *State, nrev uint64) error {
 	n := d.uvarint()
 	switch {
 	case d.err != nil:
 		return fmt.Errorf("session revokes: %w", d.err)
-	case n > MaxSessionRevokes || n+nrev == 0:
-		return fmt.Errorf("%d session revokes beside %d revoke records", n, nrev)
+	case n+nrev == 0 || n > uint64(len(s.sessions))*MaxSessionRevokes:
+		return fmt.Errorf("%d session revokes beside %d revoke records and %d sessions", n, nrev, len(s.sessions))
 	}
+	var prev SessionRevoke
 	for i := range n {
 		var r SessionRevoke
 		r.Session = d.uvarint()
+		r.AfterSerial = d.uvarint()
 		r.Token = d.uvarint()
 		r.Key = d.string(MaxKeyLen)
 		r.Who = intern(d.string(MaxOwnerLen))
 		r.Reason = d.string(MaxReasonLen)
-		r.LeaseEnd = d.varint()
+		ss := s.sessions[r.Session]
 		switch {
 		case d.err != nil:
 			return fmt.Errorf("session revoke #%d: %w", i, d.err)
-		case s.sessions[r.Session] == nil:
+		case ss == nil:
 			return fmt.Errorf("session revoke #%d: no session %d", i, r.Session)
+		case i > 0 && (r.Session < prev.Session || r.Session == prev.Session && r.AfterSerial < prev.AfterSerial):
+			return fmt.Errorf("session revoke #%d: session %d serial %d out of order", i, r.Session, r.AfterSerial)
+		case r.AfterSerial < ss.ack || r.AfterSerial > ss.serial:
+			return fmt.Errorf("session revoke #%d: serial %d outside %d..%d", i, r.AfterSerial, ss.ack, ss.serial)
+		case len(s.sessRevoked[r.Session]) >= MaxSessionRevokes:
+			return fmt.Errorf("session revoke #%d: session %d has over %d", i, r.Session, MaxSessionRevokes)
 		case r.Token == 0 || r.Token > s.last:
 			return fmt.Errorf("session revoke #%d: token %d outside 1..%d", i, r.Token, s.last)
 		case ValidateKey(r.Key) != nil || ValidateOwner(r.Who) != nil || ValidateReason(r.Reason) != nil:
 			return fmt.Errorf("session revoke #%d: invalid key %q, who %q or reason %q", i, r.Key, r.Who, r.Reason)
 		}
-		s.sessRevoked = append(s.sessRevoked, r)
+		if s.sessRevoked == nil {
+			s.sessRevoked = make(map[uint64][]SessionRevoke)
+		}
+		s.sessRevoked[r.Session] = append(s.sessRevoked[r.Session], r)
+		prev = r
 	}
 	return nil
 }

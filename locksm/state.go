@@ -99,10 +99,11 @@ type State struct {
 	// Never written in place (a revoke makes a new slice), so a Frozen
 	// view shares it.
 	revokes []Revoke
-	// sessRevoked: the revokes of sessions' holdings a resuming broker
-	// must be told of (SessionRevokes), oldest first; never written in
-	// place (a Frozen view may share it).
-	sessRevoked []SessionRevoke
+	// sessRevoked: by session, the revokes of its holdings its broker
+	// must be told of (SessionRevokes), oldest first; each slice never
+	// written in place (a Frozen view shares them, with a copy of the
+	// map).
+	sessRevoked map[uint64][]SessionRevoke
 }
 
 // waiterRef names one queued waiter: its primary key (a block's first
@@ -1033,6 +1034,7 @@ func (s *State) Freeze() *Frozen {
 	head.renewed = cloneOrNil(head.renewed)
 	head.labels = cloneOrNil(head.labels)
 	head.waiterLabels = cloneOrNil(head.waiterLabels)
+	head.sessRevoked = cloneOrNil(head.sessRevoked) // its slices are never written in place
 	f := &Frozen{keys: keys, head: head}
 	return f
 }

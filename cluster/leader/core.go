@@ -221,6 +221,10 @@ type Applied struct {
 	Effects []locksm.Effect
 	// Term is the Raft term of the log entry it came in (0: unknown).
 	Term uint64
+	// Index is that entry's Raft log index (0: unknown): the audit of a
+	// revoke names it, so that a restarted node's replay of its log can
+	// be told from a new revoke.
+	Index uint64
 }
 
 // Outcome is how a request was answered, for the reply metrics.
@@ -323,6 +327,7 @@ type Event struct {
 	Status  locksm.Status  // EventUnexpectedResult
 	Revoke  *locksm.Revoke // EventRevoked
 	Leading bool           // EventRevoked: this node led when it applied it
+	Index   uint64         // EventRevoked: the log index it came in (0: unknown)
 }
 
 // TimerKind says what a due timer asks for.

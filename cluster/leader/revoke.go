@@ -87,7 +87,7 @@ func (k *Core[C]) revokeApplied(a *Applied) {
 		// Every node audits every revoke it applies, once, leading or
 		// not: gated on leading, one revoke was audited twice across a
 		// leader change, or by nobody (issue 42's second attack round).
-		k.event(Event{Kind: EventRevoked, Revoke: rv, Leading: k.leading})
+		k.event(Event{Kind: EventRevoked, Revoke: rv, Leading: k.leading, Index: a.Index})
 	}
 }
 

@@ -93,22 +93,28 @@ before it applied): run "ticketing inspect KEY", whose last revoke says.`, stdou
 		fmt.Fprintf(stderr, "%s: revoking %s held by %s, token %d\n", name, key, k.Holder.Owner, token)
 	}
 	rep, err := a.Do(ctx, wire.AdminRequest{Op: wire.AdminOpRevoke, Key: key, Token: token, Reason: reason, By: by})
+	last := "" // what the key's last revoke says, when it is of another token
 	if err != nil && (errors.Is(err, locksm.ErrTokenMismatch) || errors.Is(err, locksm.ErrNotHeld)) {
 		// Perhaps revoked already (a rerun after exit 77, or another
-		// operator): the key's last revoke says.
-		if ir, ierr := a.Do(ctx, wire.AdminRequest{Op: wire.AdminOpInspect, Key: key, LeaderOnly: true}); ierr == nil && ir.Key != nil &&
-			ir.Key.LastRevoke != nil && ir.Key.LastRevoke.Token == token {
-			fmt.Fprintf(stdout, "Already revoked %s: %s\n", key, describeRevoke(ir.Key.LastRevoke, ir.Key.AtUnixMs))
-			return ExitOK
+		// operator): the key's last revoke says, while it is the latest
+		// of the key (one is kept per key).
+		if ir, ierr := a.Do(ctx, wire.AdminRequest{Op: wire.AdminOpInspect, Key: key, LeaderOnly: true}); ierr == nil && ir.Key != nil && ir.Key.LastRevoke != nil {
+			if ir.Key.LastRevoke.Token == token {
+				fmt.Fprintf(stdout, "Already revoked %s: %s\n", key, describeRevoke(ir.Key.LastRevoke, ir.Key.AtUnixMs))
+				return ExitOK
+			}
+			last = fmt.Sprintf("; the key's last revoke is of token %d (one is kept per key: token %d may have been revoked before it)", ir.Key.LastRevoke.Token, token)
 		}
 	}
 	if err != nil {
 		msg := strings.TrimSpace(err.Error()) + clusterIDHint(err)
 		switch {
 		case errors.Is(err, locksm.ErrTokenMismatch):
-			fmt.Fprintf(stderr, "%s: %s is held under another token than %d now (the holder changed): nothing was revoked (%s)\n", name, key, token, msg)
+			fmt.Fprintf(stderr, "%s: %s is held under another token than %d now (token %d's holding ended: revoked, released or expired): this run revoked nothing%s (%s)\n",
+				name, key, token, token, last, msg)
 		case errors.Is(err, locksm.ErrNotHeld):
-			fmt.Fprintf(stderr, "%s: %s is not held under token %d (not any more): nothing was revoked (%s)\n", name, key, token, msg)
+			fmt.Fprintf(stderr, "%s: %s is not held under token %d (not any more: revoked, released or expired): this run revoked nothing%s (%s)\n",
+				name, key, token, last, msg)
 		case errors.Is(err, wire.ErrIndeterminate):
 			fmt.Fprintf(stderr, "%s: the outcome is unknown: %s\n", name, msg)
 			fmt.Fprintf(stderr, "%s: \"ticketing inspect %s\" shows whether token %d was revoked; to try again, name it: \"ticketing revoke %s --token %d --reason ...\" (it never ends a newer holder, and answers \"Already revoked\" if it was)\n",

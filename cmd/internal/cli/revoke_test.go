@@ -90,7 +90,7 @@ func TestRevokeCommand(t *testing.T) {
 	}
 	// A made-up token: refused, nothing changes.
 	code, out, errs = run(append([]string{"revoke", "gate/7", "--token", itoa(t1 - 1), "--reason", "again"}, flags...)...)
-	if code != ExitError || !strings.Contains(errs, "held under another token than "+itoa(t1-1)) || !strings.Contains(errs, "nothing was revoked") {
+	if code != ExitError || !strings.Contains(errs, "held under another token than "+itoa(t1-1)) || !strings.Contains(errs, "this run revoked nothing") {
 		t.Fatalf("revoke of another token: exit %d\n%s%s", code, out, errs)
 	}
 	if kr, _ := c.Node(li).Inspect("gate/7"); kr.Holder == nil || kr.Holder.Token != t2 {
