@@ -207,7 +207,7 @@ type snapHeader struct {
 	// revokes, sessRevoked: State's, never written in place, so shared.
 	revokes     []Revoke
 	sessRevoked map[uint64][]SessionRevoke // a copy of the map in a Frozen view
-	version     byte // snapV1..snapV7 (State.snapVersion)
+	version     byte                       // snapV1..snapV7 (State.snapVersion)
 }
 
 type frozenSem struct {
