@@ -153,15 +153,17 @@ func waitLost(t *testing.T, l *Lock, reason string) {
 
 // Event lines before, between and after replies are never replies: each
 // call gets its own reply, the LOST of the lock's token fires it with the
-// sidecar's reason, and unknown events and tokens are ignored.
+// sidecar's reason, and unknown events and tokens are ignored. (A LOST of
+// the lock's own token before its OK fires it too, once it is
+// registered: TestLostBeforeItsOK.)
 func TestEventsBetweenReplies(t *testing.T) {
 	c, f := pipeClient(t, "! LOST 99 expired nobody\nHELLO 3 events")
 	if ev, err := c.Events(context.Background()); err != nil || !ev {
 		t.Fatalf("Events: %v, %v", ev, err)
 	}
-	l := takeLock(t, c, f, "k", 30*time.Second, []string{"! LOST 5 expired k", "! HELLO 3 events"}, "OK 5")
+	l := takeLock(t, c, f, "k", 30*time.Second, []string{"! LOST 7 expired k", "! HELLO 3 events"}, "OK 5")
 	if l.Token() != 5 || l.Key() != "k" || isLost(l) {
-		t.Fatalf("lock %d %q lost=%v: an event before the grant fired it", l.Token(), l.Key(), isLost(l))
+		t.Fatalf("lock %d %q lost=%v: an event of another token before the grant fired it", l.Token(), l.Key(), isLost(l))
 	}
 	// Two requests in flight; the goroutines may send them in either
 	// order, and each reply goes where its request's position says.
@@ -767,4 +769,22 @@ func TestLockRenewsAGrantThatWaitedLong(t *testing.T) {
 		t.Fatalf("Lock: %v, Remaining %v", res.err, res.l.Remaining())
 	}
 	f.noReq()
+}
+
+// Events never wait for replies: a lock's LOST can come before its OK
+// (an ACQUIRE answered behind another's reply, its lock revoked
+// meanwhile; issue 42's second attack round). Tokens never repeat, so it
+// is this lock's: the lock is lost as soon as it is returned, with the
+// REVOKED note's who and why. A LOST of a token no reply ever names is
+// kept (a few) and harms nobody.
+func TestLostBeforeItsOK(t *testing.T) {
+	c, f := pipeClient(t, "HELLO 9 events")
+	if ev, err := c.Events(context.Background()); err != nil || !ev {
+		t.Fatalf("Events: %v, %v", ev, err)
+	}
+	l := takeLock(t, c, f, "k", 30*time.Second, []string{"! LOST 8 expired z", "! REVOKED 5 ops@h app hung", "! LOST 5 revoked - k"}, "OK 5")
+	waitLost(t, l, LostRevoked)
+	if by, why, ok := l.Revoked(); !ok || by != "ops@h" || why != "app hung" {
+		t.Fatalf("Revoked() = %q, %q, %v", by, why, ok)
+	}
 }
