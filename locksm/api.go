@@ -177,7 +177,8 @@ const (
 	// of its keys): under 1 MB for a full table, on every replica.
 	MaxRevokeRecords = 1024
 	// MaxSessionRevokes bounds the revokes of one session's holdings
-	// kept for its broker (SessionRevoke); the oldest go first.
+	// kept for its broker (SessionRevoke): a revoke past them is
+	// refused (ErrRevokesPending).
 	MaxSessionRevokes = 1024
 )
 
@@ -596,8 +597,8 @@ type Revoke struct {
 // resume while it is kept, so such an ack proves the broker read it. No
 // time decides it (issue 42's third attack round: a note pruned by a
 // later leader's clock left a broker holding a revoked lock). Also
-// dropped when the session ends; at most MaxSessionRevokes per session,
-// the oldest first.
+// dropped when the session ends. At most MaxSessionRevokes per session:
+// a revoke past them is refused (ErrRevokesPending), never one dropped.
 type SessionRevoke struct {
 	Session, Token uint64
 	// Key is the holding's key (a block's primary key).

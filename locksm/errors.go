@@ -13,7 +13,13 @@ var (
 	// ErrInvalidReason: a revoke's reason longer than MaxReasonLen, with
 	// a byte outside 0x20..0x7E, or with a space first or last
 	// (ValidateReason).
-	ErrInvalidReason  = errors.New("locksm: invalid reason")
+	ErrInvalidReason = errors.New("locksm: invalid reason")
+	// ErrRevokesPending: a revoke of a session's holding while the
+	// session keeps MaxSessionRevokes notes its broker has not
+	// acknowledged (SessionRevoke): one more would forget a note still
+	// owed (issue 42's fourth attack round). Nothing changed; revoke
+	// again once the broker acks, or its session ends.
+	ErrRevokesPending = errors.New("locksm: the holder's broker has not acknowledged its earlier revokes")
 	ErrInvalidLease   = errors.New("locksm: invalid lease")
 	ErrInvalidWait    = errors.New("locksm: invalid wait")
 	ErrInvalidCommand = errors.New("locksm: invalid command")

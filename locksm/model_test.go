@@ -483,6 +483,17 @@ func (m *model) lock(c Command) (Result, []Effect) {
 			return reject(ErrTokenMismatch)
 		}
 		h := m.holds[i].h
+		if ms := m.session(h.Session); h.Session != 0 && ms != nil {
+			pending := 0
+			for _, r := range m.sessRevoked {
+				if r.Session == ms.id && r.AfterSerial >= ms.ack {
+					pending++
+				}
+			}
+			if pending >= MaxSessionRevokes {
+				return reject(ErrRevokesPending)
+			}
+		}
 		keys := []string{c.Key}
 		if h.Keys != nil {
 			keys = h.Keys
@@ -744,9 +755,6 @@ func (m *model) compare(s *State, keys []string) error {
 			if r.Session == ms.id && r.AfterSerial >= ms.ack {
 				want = append(want, r)
 			}
-		}
-		if n := len(want) - MaxSessionRevokes; n > 0 {
-			want = want[n:]
 		}
 		if got := s.SessionRevokes(ms.id); !reflect.DeepEqual(got, want) {
 			return fmt.Errorf("session %d's revoke notes %+v, model %+v", ms.id, got, want)

@@ -17,6 +17,9 @@ func (s *State) revoke(m *semaphore, cmd *Command, effects []Effect) (result, []
 			return result{Status: StatusRejected, Err: ErrNotHeld}, effects
 		}
 		p := m.held[slot]
+		if s.revokesPending(p.session) {
+			return result{Status: StatusRejected, Err: ErrRevokesPending}, effects
+		}
 		s.recordRevoke(cmd, nil, Revoke{Owner: p.owner, Label: s.labels[p.token], Permit: true, Slot: slot, Session: p.session})
 		s.noteSessionRevoke(cmd, p.session, p.token, cmd.Key)
 		effects = append(effects, Effect{Kind: EffectRevoked, Key: cmd.Key, Owner: p.owner, Token: p.token, Slot: slot,
@@ -30,6 +33,9 @@ func (s *State) revoke(m *semaphore, cmd *Command, effects []Effect) (result, []
 		return result{Status: StatusRejected, Err: ErrNotHeld}, effects
 	case e.token != cmd.Token:
 		return result{Status: StatusRejected, Err: ErrTokenMismatch}, effects
+	}
+	if s.revokesPending(e.session) {
+		return result{Status: StatusRejected, Err: ErrRevokesPending}, effects
 	}
 	keys := s.blocks[e.token] // nil for a single key
 	s.recordRevoke(cmd, keys, Revoke{Owner: e.owner, Label: s.labels[e.token], Session: e.session})
@@ -91,10 +97,17 @@ func (s *State) LastRevoke(key string) (Revoke, bool) {
 	return Revoke{}, false
 }
 
+// revokesPending reports whether session (0: none) keeps
+// MaxSessionRevokes notes already: a revoke of its holding is then
+// refused (ErrRevokesPending) rather than forget one still owed.
+func (s *State) revokesPending(session uint64) bool {
+	return session != 0 && s.sessions[session] != nil && len(s.sessRevoked[session]) >= MaxSessionRevokes
+}
+
 // noteSessionRevoke keeps the revoke cmd of the holding under token of
 // session (0: none, nothing kept) for the session's broker (see
-// SessionRevoke), at most MaxSessionRevokes per session (the oldest
-// go). A new slice: a Frozen view may share the old.
+// SessionRevoke); revoke refused it past MaxSessionRevokes. A new
+// slice: a Frozen view may share the old.
 func (s *State) noteSessionRevoke(cmd *Command, session, token uint64, key string) {
 	ss := s.sessions[session]
 	if session == 0 || ss == nil {
@@ -102,7 +115,7 @@ func (s *State) noteSessionRevoke(cmd *Command, session, token uint64, key strin
 	}
 	old := s.sessRevoked[session]
 	next := make([]SessionRevoke, 0, len(old)+1)
-	next = append(next, old[max(0, len(old)+1-MaxSessionRevokes):]...)
+	next = append(next, old...)
 	next = append(next, SessionRevoke{Session: session, Token: token, Key: key, Who: intern(cmd.Owner),
 		Reason: cmd.Reason, AfterSerial: ss.serial})
 	if s.sessRevoked == nil {

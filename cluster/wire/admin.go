@@ -65,18 +65,19 @@ const (
 	AdminBadRequest   = "bad_request"    // unknown op, bad field, not a JSON request frame
 	AdminInternal     = "internal"       // anything else; see the node's log
 	// Revokes (version 14).
-	AdminNotHeld       = "not_held"       // revoke: the key is not held (by anyone, or not as that holding)
-	AdminTokenMismatch = "token_mismatch" // revoke: the key is held under another token: nothing changed
-	AdminNotSupported  = "not_supported"  // revoke: some member runs a version before 14
-	AdminInvalidReason = "invalid_reason" // revoke: the reason is too long or not printable
-	AdminIndeterminate = "indeterminate"  // revoke: proposed, outcome unknown (inspect the key's last revoke)
+	AdminNotHeld        = "not_held"        // revoke: the key is not held (by anyone, or not as that holding)
+	AdminTokenMismatch  = "token_mismatch"  // revoke: the key is held under another token: nothing changed
+	AdminNotSupported   = "not_supported"   // revoke: some member runs a version before 14
+	AdminInvalidReason  = "invalid_reason"  // revoke: the reason is too long or not printable
+	AdminIndeterminate  = "indeterminate"   // revoke: proposed, outcome unknown (inspect the key's last revoke)
+	AdminRevokesPending = "revokes_pending" // revoke: the holder's broker has not acknowledged 1024 earlier revokes
 )
 
 // AdminCodes lists every admin reply code, in PROTOCOL.md's order.
 var AdminCodes = []string{
 	AdminNotLeader, AdminNoQuorum, AdminUnsafe, AdminLagging, AdminInProgress,
 	AdminNoSuchMember, AdminBadRequest, AdminInternal,
-	AdminNotHeld, AdminTokenMismatch, AdminNotSupported, AdminInvalidReason, AdminIndeterminate,
+	AdminNotHeld, AdminTokenMismatch, AdminNotSupported, AdminInvalidReason, AdminIndeterminate, AdminRevokesPending,
 }
 
 // adminCodeTable is the one mapping between the admin reply codes and
@@ -102,6 +103,7 @@ var adminCodeTable = []struct {
 	{AdminNotSupported, ErrNotSupported},
 	{AdminInvalidReason, locksm.ErrInvalidReason},
 	{AdminIndeterminate, ErrIndeterminate},
+	{AdminRevokesPending, locksm.ErrRevokesPending},
 }
 
 // AdminCodeOf is the admin reply code of err (possibly wrapped):

@@ -64,7 +64,8 @@ const (
 	CodeInvalidPermits Code = 45 // locksm.ErrInvalidPermits: a set-permits above locksm.MaxPermits
 	CodeInUse          Code = 46 // locksm.ErrInUse: a set-permits of a key held as a lock, or the removal of a semaphore in use
 	// Revokes (version 14; admin port, see AdminCodes).
-	CodeInvalidReason Code = 47 // locksm.ErrInvalidReason: a revoke's reason too long or not printable
+	CodeInvalidReason  Code = 47 // locksm.ErrInvalidReason: a revoke's reason too long or not printable
+	CodeRevokesPending Code = 48 // locksm.ErrRevokesPending: the holder's broker has not acknowledged 1024 earlier revokes
 )
 
 // Sentinel errors of this package (each but ErrRemote, ErrBadConfig and
@@ -212,6 +213,7 @@ var codeTable = []struct {
 	{CodeInvalidPermits, locksm.ErrInvalidPermits},
 	{CodeInUse, locksm.ErrInUse},
 	{CodeInvalidReason, locksm.ErrInvalidReason},
+	{CodeRevokesPending, locksm.ErrRevokesPending},
 }
 
 // CodeOf maps an error (possibly wrapped) to its wire code; CodeInternal if
@@ -276,7 +278,7 @@ var codeNames = map[Code]string{
 	CodeNoSession: "no_session", CodeVoided: "voided", CodeDuplicateSeq: "duplicate_seq",
 	CodeSessionExists: "session_exists", CodeInvalidSession: "invalid_session", CodeStaleEpoch: "stale_epoch",
 	CodeIsSemaphore: "is_semaphore", CodeNotSemaphore: "not_semaphore", CodeInvalidPermits: "invalid_permits",
-	CodeInUse: "in_use", CodeInvalidReason: "invalid_reason",
+	CodeInUse: "in_use", CodeInvalidReason: "invalid_reason", CodeRevokesPending: "revokes_pending",
 	CodeBadSession: "bad_session", CodeInvalidLabel: "invalid_label",
 	CodeTooManySessions: "too_many_sessions", CodeTooManyOutcomes: "too_many_outcomes",
 }
