@@ -2,19 +2,12 @@ package ticketing_test
 
 import (
 	"context"
-	"log/slog"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
 	ticketing "ticketing/clients/go"
-	"ticketing/cluster/client"
-	"ticketing/cluster/local"
 	"ticketing/cluster/testkit"
 	"ticketing/cluster/wire"
-	"ticketing/sidecar"
-	"ticketing/unixapi"
 )
 
 // Attack round 2 on issue 42 (revoke). One Client, two Locks pipelined on
@@ -29,47 +22,9 @@ import (
 // told, though the sidecar told it, and it keeps working under a token
 // the cluster revoked until its local deadline or next EXTEND.
 func TestAttack42b_GoClientDropsLostBeforeItsOK(t *testing.T) {
-	secret := []byte("the-admin-secret-0123456789abcdef")
-	c, err := local.Start(local.Options{Dir: t.TempDir(), Logger: slog.New(slog.DiscardHandler), Tune: local.FastRaft, AdminSecret: secret})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	li, err := c.Leader(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	testkit.WaitFor(t, "cluster version 14", 40*time.Second, func() bool {
-		return c.Node(li).ClusterVersion() >= wire.VersionRevoke
-	})
-	bcfg := sidecar.DefaultConfig()
-	bcfg.Addrs, bcfg.Secret, bcfg.ClusterID, bcfg.Logger = c.ClientAddrs(), c.ClientSecret, c.ClusterID, slog.New(slog.DiscardHandler)
-	b, err := sidecar.New(bcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
-	dir, err := os.MkdirTemp("", "tkr")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	ucfg := unixapi.DefaultConfig()
-	ucfg.Path, ucfg.Logger = filepath.Join(dir, "s"), slog.New(slog.DiscardHandler)
-	srv, err := unixapi.Listen(ucfg, b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv.Close() })
-	testkit.WaitFor(t, "the sidecar to know the leader", 30*time.Second, func() bool { return b.Info().Leader != "" })
-
-	var addrs []string
-	for i := 0; i < c.Size(); i++ {
-		addrs = append(addrs, c.AdminAddr(i))
-	}
-	admin := client.AdminCluster{Addrs: addrs, Config: client.AdminConfig{Secret: secret, ClusterID: c.ClusterID, TLS: c.ClientTLS}}
+	_, b, sock, admin := revokeRig(t, ctx)
 
 	// Someone else holds A.
 	other, err := b.Acquire(ctx, "go42b/a", "other-holder", 30*time.Second, 0)
@@ -77,7 +32,7 @@ func TestAttack42b_GoClientDropsLostBeforeItsOK(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	cl, err := ticketing.Dial(ctx, ucfg.Path)
+	cl, err := ticketing.Dial(ctx, sock)
 	if err != nil {
 		t.Fatal(err)
 	}

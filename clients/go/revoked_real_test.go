@@ -26,43 +26,11 @@ import (
 // text says so, and its Release answers not_held. Another Lock of the same
 // Client is untouched.
 func TestLockRevokedRealSidecar(t *testing.T) {
-	secret := []byte("the-admin-secret-0123456789abcdef")
-	c, err := local.Start(local.Options{Dir: t.TempDir(), Logger: slog.New(slog.DiscardHandler), Tune: local.FastRaft, AdminSecret: secret})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	li, err := c.Leader(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	testkit.WaitFor(t, "cluster version 14", 40*time.Second, func() bool {
-		return c.Node(li).ClusterVersion() >= wire.VersionRevoke
-	})
-	bcfg := sidecar.DefaultConfig()
-	bcfg.Addrs, bcfg.Secret, bcfg.ClusterID, bcfg.Logger = c.ClientAddrs(), c.ClientSecret, c.ClusterID, slog.New(slog.DiscardHandler)
-	b, err := sidecar.New(bcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
-	dir, err := os.MkdirTemp("", "tkr")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	ucfg := unixapi.DefaultConfig()
-	ucfg.Path, ucfg.Logger = filepath.Join(dir, "s"), slog.New(slog.DiscardHandler)
-	srv, err := unixapi.Listen(ucfg, b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv.Close() })
-	testkit.WaitFor(t, "the sidecar to know the leader", 30*time.Second, func() bool { return b.Info().Leader != "" })
+	_, _, sock, admin := revokeRig(t, ctx)
 
-	cl, err := ticketing.Dial(ctx, ucfg.Path)
+	cl, err := ticketing.Dial(ctx, sock)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,11 +46,6 @@ func TestLockRevokedRealSidecar(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var addrs []string
-	for i := 0; i < c.Size(); i++ {
-		addrs = append(addrs, c.AdminAddr(i))
-	}
-	admin := client.AdminCluster{Addrs: addrs, Config: client.AdminConfig{Secret: secret, ClusterID: c.ClusterID, TLS: c.ClientTLS}}
 	rep, err := admin.Do(ctx, wire.AdminRequest{Op: wire.AdminOpRevoke, Key: "go/revoked", Token: lk.Token(), By: "ops@host",
 		Reason: "stuck holder,  see INC-7"})
 	if err != nil || rep.Revoked == nil || rep.Revoked.Token != lk.Token() {
@@ -115,4 +78,50 @@ func TestLockRevokedRealSidecar(t *testing.T) {
 	if err := kept.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// revokeRig starts what a revoke's end-to-end tests need: a real 3-node
+// cluster with an admin port at cluster version 14, a real sidecar and
+// its unix socket (sock), and the admin client.
+func revokeRig(t *testing.T, ctx context.Context) (c *local.Cluster, b *sidecar.Broker, sock string, admin client.AdminCluster) {
+	t.Helper()
+	secret := []byte("the-admin-secret-0123456789abcdef")
+	var err error
+	c, err = local.Start(local.Options{Dir: t.TempDir(), Logger: slog.New(slog.DiscardHandler), Tune: local.FastRaft, AdminSecret: secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	li, err := c.Leader(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, "cluster version 14", 40*time.Second, func() bool {
+		return c.Node(li).ClusterVersion() >= wire.VersionRevoke
+	})
+	bcfg := sidecar.DefaultConfig()
+	bcfg.Addrs, bcfg.Secret, bcfg.ClusterID, bcfg.Logger = c.ClientAddrs(), c.ClientSecret, c.ClusterID, slog.New(slog.DiscardHandler)
+	b, err = sidecar.New(bcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	dir, err := os.MkdirTemp("", "tkr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	ucfg := unixapi.DefaultConfig()
+	ucfg.Path, ucfg.Logger = filepath.Join(dir, "s"), slog.New(slog.DiscardHandler)
+	srv, err := unixapi.Listen(ucfg, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	testkit.WaitFor(t, "the sidecar to know the leader", 30*time.Second, func() bool { return b.Info().Leader != "" })
+	var addrs []string
+	for i := 0; i < c.Size(); i++ {
+		addrs = append(addrs, c.AdminAddr(i))
+	}
+	return c, b, ucfg.Path, client.AdminCluster{Addrs: addrs, Config: client.AdminConfig{Secret: secret, ClusterID: c.ClusterID, TLS: c.ClientTLS}}
 }

@@ -24,18 +24,7 @@ import (
 // no told-map entry for the token). One revoke, two "lock revoked" lines
 // on two nodes, the counter summed over the cluster says 2.
 func TestAttack42b_RevokeAuditedTwiceAcrossLeaderChange(t *testing.T) {
-	run := func(h *harness, lines ...string) string {
-		t.Helper()
-		var out strings.Builder
-		for _, l := range lines {
-			got, err := h.run(l)
-			if err != nil {
-				t.Fatalf("%s: %v", l, err)
-			}
-			out.WriteString(got)
-		}
-		return out.String()
-	}
+	run := func(h *harness, lines ...string) string { return runLines(t, h, lines...) }
 	// The old leader: grants k to a (token 1), then an operator revokes it.
 	l1 := newHarness(Config{})
 	out1 := run(l1,
@@ -73,18 +62,7 @@ func TestAttack42b_RevokeAuditedTwiceAcrossLeaderChange(t *testing.T) {
 // revoked" line, no count, on any node, though the revoke is in every
 // replica's state (inspect's last_revoke).
 func TestAttack42b_RevokeAuditedByNobody(t *testing.T) {
-	run := func(h *harness, lines ...string) string {
-		t.Helper()
-		var out strings.Builder
-		for _, l := range lines {
-			got, err := h.run(l)
-			if err != nil {
-				t.Fatalf("%s: %v", l, err)
-			}
-			out.WriteString(got)
-		}
-		return out.String()
-	}
+	run := func(h *harness, lines ...string) string { return runLines(t, h, lines...) }
 	l1 := newHarness(Config{})
 	out1 := run(l1,
 		"gain term=1", "serve",
@@ -173,4 +151,18 @@ func TestAttack42b_ResumeBatchToldRevokeBeforeItsGrant(t *testing.T) {
 	if g < 0 || x < 0 || x < g || nx != 1 {
 		t.Fatalf("the resumed broker heard %q: the revoke's X at %d, the revoked grant's G at %d, %d X in all (want one X, after the G)\n%s", b2, x, g, nx, s)
 	}
+}
+
+// runLines runs script lines on h and returns their output.
+func runLines(t *testing.T, h *harness, lines ...string) string {
+	t.Helper()
+	var out strings.Builder
+	for _, l := range lines {
+		got, err := h.run(l)
+		if err != nil {
+			t.Fatalf("%s: %v", l, err)
+		}
+		out.WriteString(got)
+	}
+	return out.String()
 }

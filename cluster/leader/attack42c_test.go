@@ -50,24 +50,7 @@ func TestAttack42c_ResumeAfterSkewedLeaderPrunedTheNote(t *testing.T) {
 		}
 		all.WriteString(got)
 	}
-	var b2 []string
-	for _, line := range strings.Split(all.String(), "\n") {
-		if strings.HasPrefix(line, "send b2 ") {
-			b2 = append(b2, strings.TrimPrefix(line, "send b2 "))
-		}
-	}
-	g, x := -1, -1
-	for i, m := range b2 {
-		if strings.HasPrefix(m, "G id=1 token=1") {
-			g = i
-		}
-		if strings.HasPrefix(m, "X revoked key=k token=1") {
-			x = i
-		}
-	}
-	if g < 0 || x < g {
-		t.Fatalf("the resumed broker of session 7 heard %q: G of token 1 at %d, its X at %d (want the X after the G)\n%s", b2, g, x, all.String())
-	}
+	wantXAfterG(t, all.String())
 }
 
 // Issue 42, third attack round: the SessionRevoke notes of all sessions
@@ -111,8 +94,15 @@ func TestAttack42c_ResumeAfterOtherRevokesEvictedTheNote(t *testing.T) {
 	run("open conn=b2 version=14")
 	run("resume conn=b2 id=2 session=7 high=0")
 	run("commit")
+	wantXAfterG(t, all.String())
+}
+
+// wantXAfterG checks that broker b2, resumed (the output out), was told
+// the G of token 1 and, after it, the lost event of its revoke.
+func wantXAfterG(t *testing.T, out string) {
+	t.Helper()
 	var b2 []string
-	for _, line := range strings.Split(all.String(), "\n") {
+	for _, line := range strings.Split(out, "\n") {
 		if strings.HasPrefix(line, "send b2 ") {
 			b2 = append(b2, strings.TrimPrefix(line, "send b2 "))
 		}
@@ -127,6 +117,6 @@ func TestAttack42c_ResumeAfterOtherRevokesEvictedTheNote(t *testing.T) {
 		}
 	}
 	if g < 0 || x < g {
-		t.Fatalf("the resumed broker of session 7 heard %q: G of token 1 at %d, its X at %d (want the X after the G)\n%s", b2, g, x, all.String())
+		t.Fatalf("the resumed broker of session 7 heard %q: G of token 1 at %d, its X at %d (want the X after the G)\n%s", b2, g, x, out)
 	}
 }
