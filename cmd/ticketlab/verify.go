@@ -48,12 +48,13 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs.DurationVar(&cfg.PositionInterval, "position-interval", verify.DefaultPositionInterval, "the nodes' --position-interval: how often the leader tells waiters their places in line (issue 41; 0: not passed, the nodes' default 1s; not passed to a build that lacks the flag)")
 	fs.StringVar(&out, "out", "", "output directory: history, summary, logs, data dirs (default: a new temporary directory)")
 	fs.BoolVar(&cfg.Wipe, "wipe", false, "also wipe nodes' data dirs and restart them at their old addresses (they come back as new servers that cannot vote under the old ids; a wiped majority stops the cluster)")
-	var partitionSidecar, stopSidecar, handOverCut, hostile bool
+	var partitionSidecar, stopSidecar, handOverCut, hostile, revoke bool
 	fs.BoolVar(&partitionSidecar, "partition-sidecar", false, "also cut a sidecar off together with the leader right after a grant through it, sometimes past its session timeout (issue 39, finding 1)")
 	fs.BoolVar(&stopSidecar, "stop-sidecar", false, "also SIGTERM a sidecar while a hot key has a holder and queued waiters through it, then restart it; the key must come free (issue 39, finding 6)")
 	fs.BoolVar(&handOverCut, "handover-cut", false, "also have the leader hand over (5 nodes: admin remove of itself; 3: SIGTERM) with its target cut off, under waiters with short waits (issue 39, finding 11)")
 	fs.BoolVar(&hostile, "hostile", false, "also pause a lock holder and flood the cluster client port with EXTENDs and RELEASEs of its and others' tokens under guessed owners (issue 39, findings 7 and 8)")
-	fs.BoolVar(&cfg.OnlyFaults, "only-new-faults", false, "the schedule chooses only among the faults enabled by --partition-sidecar, --stop-sidecar, --handover-cut and --hostile")
+	fs.BoolVar(&revoke, "revoke", false, "also revoke a worker's lock through the admin port by its token (issue 42): its holding ends then, the next waiter takes the key, the worker reads `! LOST revoked`")
+	fs.BoolVar(&cfg.OnlyFaults, "only-new-faults", false, "the schedule chooses only among the faults enabled by --partition-sidecar, --stop-sidecar, --handover-cut, --hostile and --revoke")
 	fs.StringVar(&cfg.NodeLab, "node-lab", "", "run the nodes with this ticketlab executable instead of this one (an older build's lab runs its own node code: how the new faults are shown to find old bugs)")
 	fs.BoolVar(&cfg.ReplaceAll, "replace-all", false, "instead of random faults, replace every node in turn (disk lost, new server swapped in through the admin port)")
 	fs.Func("node-args", "extra flags for every node and the bootstrap, space separated (e.g. \"--log-store bolt\")", func(v string) error {
@@ -88,7 +89,7 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	for _, f := range []struct {
 		on   bool
 		kind string
-	}{{partitionSidecar, verify.FaultPartitionSidecar}, {stopSidecar, verify.FaultStopSidecar}, {handOverCut, verify.FaultHandOverCut}, {hostile, verify.FaultHostile}} {
+	}{{partitionSidecar, verify.FaultPartitionSidecar}, {stopSidecar, verify.FaultStopSidecar}, {handOverCut, verify.FaultHandOverCut}, {hostile, verify.FaultHostile}, {revoke, verify.FaultRevoke}} {
 		if f.on {
 			cfg.Faults = append(cfg.Faults, f.kind)
 		}

@@ -51,7 +51,8 @@ func TestVerifyShort(t *testing.T) {
 	// holder and queued waiters, a hand-over (SIGTERM of the leader, 3
 	// nodes) whose target is cut off under waiters with short waits, and a
 	// hostile client flooding EXTENDs and RELEASEs of a paused holder's
-	// and others' tokens. Each checks its own bound (a key free after the
+	// and others' tokens, and an operator's revoke of a worker's lock
+	// (issue 42). Each checks its own bound (a key free after the
 	// stop, every wait kept, no hostile request answered OK, the paused
 	// holder's lease ending on time) besides every check of the run.
 	i39 := []verify.Step{
@@ -59,6 +60,7 @@ func TestVerifyShort(t *testing.T) {
 		{Kind: verify.FaultStopSidecar, Hold: 1500 * time.Millisecond, Gap: time.Second, R: 2},
 		{Kind: verify.FaultHandOverCut, Hold: 1500 * time.Millisecond, Gap: time.Second, R: 3},
 		{Kind: verify.FaultHostile, Hold: time.Second, Gap: time.Second, R: 4},
+		{Kind: verify.FaultRevoke, Hold: time.Second, Gap: time.Second, R: 5},
 	}
 	for _, tc := range []struct {
 		nodes int

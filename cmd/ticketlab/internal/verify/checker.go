@@ -317,6 +317,14 @@ func holdEnds(ops []Op, grants []Op) map[int64]int64 {
 			if e, ok := end[op.Acq]; ok && op.Inv < e {
 				end[op.Acq] = op.Inv
 			}
+		case KindFault:
+			// An operator's revoke ended the holding when it applied,
+			// after it was sent (FaultRevoke), unless it was refused.
+			if op.Fault == FaultRevoke && op.Acq != 0 && op.Result != ResError {
+				if e, ok := end[op.Acq]; ok && op.Inv < e {
+					end[op.Acq] = op.Inv
+				}
+			}
 		case KindClose:
 			for _, g := range byWorker[op.Worker] {
 				if op.Cmp >= g.Cmp && op.Inv < end[g.ID] && !outlivedSidecar(kills, g, op.Cmp) {

@@ -246,6 +246,18 @@ func checkLostSignal(ops []Op, grants []Op, r *CheckReport, bad func(string, str
 						k, describe(g), ts(ev.Inv), lag.Round(time.Millisecond), describe(n), ts(n.Cmp), LostDeliveryTolerance)
 				}
 			}
+		case "revoked":
+			// An operator's revoke of this token was sent before the
+			// event was read (FaultRevoke; issue 42).
+			sent := false
+			for _, f := range faults {
+				if f.Fault == FaultRevoke && f.Token == t && f.Inv <= ev.Inv {
+					sent = true
+				}
+			}
+			if !sent {
+				bad("lost-signal", "%s: `! LOST revoked` read at %s, but no revoke of its token was sent before", describe(g), ts(ev.Inv))
+			}
 		case "moved":
 			in := false
 			for _, e := range exts[g.ID] {

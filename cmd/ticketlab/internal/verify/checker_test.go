@@ -1133,3 +1133,42 @@ func TestCheckFindsAWaiterGrantedInsideAHolding(t *testing.T) {
 		t.Fatalf("violations %q, want none", got)
 	}
 }
+
+// An operator's revoke (the FaultRevoke nemesis) ends a holding when it
+// applies: the next holder granted after it is no second holder, for the
+// mutual-exclusion check and for the linearizability model; a revoke the
+// cluster refused ends nothing.
+func TestCheckRevokeEndsTheHolding(t *testing.T) {
+	for _, res := range []string{ResOK, ResIndeterminate, ResError} {
+		var h hist
+		a := h.acquire(0, "k", 0, 10, ResOK, 1)
+		h.add(Op{Worker: -1, Kind: KindFault, Fault: FaultRevoke, Key: "k", Token: 1, Acq: a.ID, Inv: 50, Cmp: 60, Result: res})
+		h.acquire(1, "k", 55, 70, ResOK, 2) // granted by the revoke's commit
+		got := checks(Check(h.ops, nil, FinalState{}, CheckOptions{}))
+		if res == ResError {
+			if !strings.Contains(got, "mutual-exclusion") {
+				t.Fatalf("a refused revoke ended the holding: violations %q", got)
+			}
+			continue
+		}
+		if got != "" {
+			t.Fatalf("revoke %s: violations %q", res, got)
+		}
+	}
+}
+
+// A `! LOST revoked` is read only after a revoke of its token was sent.
+func TestCheckLostRevokedNeedsARevoke(t *testing.T) {
+	for _, withRevoke := range []bool{true, false} {
+		var h hist
+		a := h.acquire(0, "k", 0, 10, ResOK, 1)
+		if withRevoke {
+			h.add(Op{Worker: -1, Kind: KindFault, Fault: FaultRevoke, Key: "k", Token: 1, Acq: a.ID, Inv: 50, Cmp: 60, Result: ResOK})
+		}
+		h.lost(a, "revoked", 55)
+		got := checks(Check(h.ops, nil, FinalState{}, CheckOptions{}))
+		if withRevoke && got != "" || !withRevoke && !strings.Contains(got, "lost-signal") {
+			t.Fatalf("revoke sent %v: violations %q", withRevoke, got)
+		}
+	}
+}

@@ -644,6 +644,13 @@ func earliestEnds(ops []Op) map[int64]int64 {
 					exp[g.ID] = min(exp[g.ID], max(op.Inv, g.Inv))
 				}
 			}
+		case KindFault:
+			// An operator's revoke (FaultRevoke) ends the holding when it
+			// applies, after it was sent, as an INDETERMINATE release
+			// may; a refused one changed nothing.
+			if e, ok := exp[op.Acq]; ok && op.Fault == FaultRevoke && op.Acq != 0 && op.Result != ResError {
+				exp[op.Acq] = min(e, op.Inv)
+			}
 		}
 	}
 	// A holding whose release was answered OK was still there when the

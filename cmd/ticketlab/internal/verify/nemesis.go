@@ -592,7 +592,7 @@ func (n *nemesis) apply(ctx context.Context, st Step) {
 		if err != nil {
 			rec.Detail += " (not ready after its restart: " + err.Error() + ")"
 		}
-	case FaultPartitionSidecar, FaultStopSidecar, FaultHandOverCut, FaultHostile:
+	case FaultPartitionSidecar, FaultStopSidecar, FaultHandOverCut, FaultHostile, FaultRevoke:
 		if !n.applyI39(ctx, st, rng, &rec, begin) {
 			return
 		}

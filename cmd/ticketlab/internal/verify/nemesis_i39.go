@@ -2,6 +2,7 @@ package verify
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand"
 	"sort"
@@ -14,6 +15,7 @@ import (
 	ticketing "ticketing/clients/go"
 	"ticketing/cluster/client"
 	"ticketing/cluster/wire"
+	"ticketing/locksm"
 )
 
 // The faults of issue 39 (part 3), each enabled by its own flag of
@@ -54,10 +56,19 @@ const (
 	// off). Releases and extends answered OK would also show as two
 	// holders in the mutual-exclusion check.
 	FaultHostile = "hostile"
+	// FaultRevoke (issue 42): an operator revokes a worker's lock through
+	// the admin port, naming its exact token, while the worker runs on:
+	// the key goes to its next waiter with a larger token in the same
+	// commit, the worker is told (`! LOST … revoked`), and its fenced
+	// writes after that are refused. The checker ends the holding when
+	// the revoke was sent (holdEnds), unless the cluster refused it (the
+	// holding had ended already), so the next holder is no second
+	// holder; every other check still applies to both.
+	FaultRevoke = "revoke"
 )
 
 // I39Faults lists the issue-39 fault kinds.
-var I39Faults = []string{FaultPartitionSidecar, FaultStopSidecar, FaultHandOverCut, FaultHostile}
+var I39Faults = []string{FaultPartitionSidecar, FaultStopSidecar, FaultHandOverCut, FaultHostile, FaultRevoke}
 
 // Bounds of the issue-39 faults' own checks.
 const (
@@ -101,8 +112,56 @@ func (n *nemesis) applyI39(ctx context.Context, st Step, rng *rand.Rand, rec *Op
 		return n.handOverCut(ctx, st, rng, rec, begin)
 	case FaultHostile:
 		return n.hostile(ctx, st, rng, rec, begin)
+	case FaultRevoke:
+		return n.revoke(ctx, st, rng, rec, begin)
 	}
 	return false
+}
+
+// revoke is FaultRevoke: a lock (not a block, not a permit) some worker
+// holds is revoked by its token; rec.Acq names the grant and rec.Result
+// the answer: ok, error (refused: the holding had ended, nothing
+// changed) or indeterminate (it may have applied).
+func (n *nemesis) revoke(ctx context.Context, st Step, rng *rand.Rand, rec *Op, begin func(target, detail string)) bool {
+	if len(n.workers) == 0 {
+		return false
+	}
+	var w *workerProc
+	var held Op
+	for deadline := time.Now().Add(15 * time.Second); w == nil && time.Now().Before(deadline) && ctx.Err() == nil; {
+		for _, k := range rng.Perm(len(n.workers)) {
+			if op, ok := n.workers[k].holds(false); ok && !isBlock(op) && op.Kind == KindAcquire {
+				w, held = n.workers[k], op
+				break
+			}
+		}
+		if w == nil {
+			sleepCtx(ctx, 5*time.Millisecond)
+		}
+	}
+	if w == nil {
+		return false
+	}
+	begin(fmt.Sprintf("w%d", w.id), fmt.Sprintf("revoke of %s token %d (lease %dms) through the admin port", held.Key, held.Token, held.LeaseMs))
+	rec.Token, rec.Keys, rec.Acq, rec.Key = held.Token, held.Keys, held.ID, held.Key
+	actx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	rep, err := n.p.Admin().Do(actx, wire.AdminRequest{Op: wire.AdminOpRevoke, Key: held.Key, Token: held.Token, By: "ticketlab", Reason: "verify nemesis"})
+	cancel()
+	switch {
+	case err == nil:
+		rec.Result = ResOK
+		if rep.Revoked != nil && rep.Revoked.NextToken != 0 {
+			rec.Detail += fmt.Sprintf(": handed to token %d", rep.Revoked.NextToken)
+		}
+	case errors.Is(err, locksm.ErrTokenMismatch) || errors.Is(err, locksm.ErrNotHeld):
+		rec.Result = ResError
+		rec.Detail += ": refused, the holding had ended"
+	default:
+		rec.Result = ResIndeterminate
+		rec.Detail += ": " + err.Error()
+	}
+	sleepCtx(ctx, st.Hold)
+	return true
 }
 
 func (n *nemesis) partitionSidecar(ctx context.Context, st Step, rng *rand.Rand, rec *Op, begin func(target, detail string)) bool {

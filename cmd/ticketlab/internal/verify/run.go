@@ -867,8 +867,8 @@ func (r *Result) Summary() string {
 		}
 		fmt.Fprintf(&b, "extend: %d ok, %d indeterminate, %d refused (the lock was gone), %d failed; stalls past the lease %d (told by `! LOST` %d, by a refused EXTEND %d, still held %d)\n",
 			ck.Extends, ck.ExtendsIndeterminate, ck.ExtendsRefused, ck.ExtendsFailed, ck.Stalls, ck.StallsTold, ck.StallsRefused, ck.StallsStillHeld)
-		fmt.Fprintf(&b, "lost signal: events expired %d, moved %d, compensated %d; before the next holder's grant: %d checked, %s (tolerance %v), %d exempt (a process on the path was stopped)\n",
-			ck.LostEvents["expired"], ck.LostEvents["moved"], ck.LostEvents["compensated"], ck.LostChecked, lag, LostDeliveryTolerance, ck.LostExempt)
+		fmt.Fprintf(&b, "lost signal: events expired %d, moved %d, compensated %d, revoked %d; before the next holder's grant: %d checked, %s (tolerance %v), %d exempt (a process on the path was stopped)\n",
+			ck.LostEvents["expired"], ck.LostEvents["moved"], ck.LostEvents["compensated"], ck.LostEvents["revoked"], ck.LostChecked, lag, LostDeliveryTolerance, ck.LostExempt)
 	}
 	b.WriteString(permitSummary(r.PermitKeys, r.PermitPlan, ck.Permits))
 	b.WriteString(positionSummary(ck.Positions))
